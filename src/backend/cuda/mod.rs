@@ -1,0 +1,1 @@
+//! The CUDA backend: fp16 kernels of our own (kernels/*.cu) compiled with NVRTC.

@@ -1,0 +1,5 @@
+//! The `voxtile` command line: segment, info, inspect.
+
+pub fn run() -> i32 {
+    0
+}

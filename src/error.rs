@@ -1,0 +1,47 @@
+//! One error type for the library; every variant prints as one sentence that names the file or node.
+
+use std::path::PathBuf;
+
+/// Errors of the whole library. Panics are bugs; everything a user can cause lands here.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Reading or writing a file failed at the OS level.
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A NIfTI (or npy) file is malformed, truncated or unsupported.
+    #[error("{}: {msg}", path.display())]
+    Volume { path: PathBuf, msg: String },
+    /// An ONNX file is malformed, or a node uses an op/attribute voxtile does not support.
+    #[error("{}: {msg}", path.display())]
+    Model { path: PathBuf, msg: String },
+    /// A graph-level problem found after loading (shape mismatch, bad window size...).
+    #[error("{0}")]
+    Graph(String),
+    /// Inputs that do not fit together (channels, roi, overlap...).
+    #[error("{0}")]
+    Invalid(String),
+    /// A backend failed (CUDA driver, NVRTC, allocation).
+    #[error("{0}")]
+    Backend(String),
+    /// Device memory ran out: the engine may retry with a smaller batch.
+    #[error("out of device memory: {0}")]
+    OutOfMemory(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { path: path.into(), source }
+    }
+    pub fn volume(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
+        Error::Volume { path: path.into(), msg: msg.into() }
+    }
+    pub fn model(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
+        Error::Model { path: path.into(), msg: msg.into() }
+    }
+}

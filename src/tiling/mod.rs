@@ -1,0 +1,1 @@
+//! Window grids (MONAI and nnU-Net placement), padding, weight maps and fp32 blending.
