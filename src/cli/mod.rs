@@ -1,5 +1,66 @@
-//! The `voxtile` command line: segment, info, inspect.
+//! The `voxtile` command line: segment, info, inspect. `main.rs` only calls [`run`].
 
+mod segment;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(name = "voxtile", version, about = "Segment 3D medical volumes with an ONNX 3D CNN, window by window")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Segment a NIfTI volume with an ONNX model and write the labels as NIfTI.
+    Segment(segment::SegmentArgs),
+    /// Show a NIfTI file's shape, dtype, spacing, orientation, affine and value range.
+    Info {
+        /// .nii or .nii.gz file
+        input: PathBuf,
+    },
+    /// Show an ONNX model's inputs, outputs, ops, parameters and receptive field.
+    Inspect {
+        /// .onnx file
+        model: PathBuf,
+    },
+}
+
+/// Parse arguments, run, print one error line on failure; returns the process exit code.
 pub fn run() -> i32 {
-    0
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return code;
+        }
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("VOXTILE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .without_time()
+        .with_target(false)
+        .try_init();
+    let result = match cli.command {
+        Command::Segment(args) => segment::run(args),
+        Command::Info { input } => crate::volume::read(&input).map(|v| {
+            println!("{}", crate::volume::describe(&input, &v));
+        }),
+        Command::Inspect { model } => crate::model::onnx::load(&model).map(|g| {
+            println!("{}: {}", model.display(), g.summary());
+        }),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("voxtile: error: {e}");
+            1
+        }
+    }
 }

@@ -1,0 +1,350 @@
+//! End to end through the `voxtile` binary: the shipped sample, info/inspect, and bad input.
+
+mod common;
+use common::*;
+use prost::Message;
+use std::path::Path;
+use std::process::Command;
+use voxtile::model::onnx::proto;
+
+fn voxtile(args: &[&str]) -> std::process::Output {
+    Command::new(voxtile_bin()).args(args).output().expect("voxtile runs")
+}
+
+/// A little-endian NIfTI-1 file written by hand (independent of voxtile's writer).
+fn nifti_bytes(dims: &[i16], datatype: i16, bitpix: i16, data: &[u8]) -> Vec<u8> {
+    let mut h = vec![0u8; 352];
+    h[0..4].copy_from_slice(&348i32.to_le_bytes());
+    let mut dim = [1i16; 8];
+    dim[0] = dims.len() as i16;
+    dim[1..=dims.len()].copy_from_slice(dims);
+    for (i, d) in dim.iter().enumerate() {
+        h[40 + 2 * i..42 + 2 * i].copy_from_slice(&d.to_le_bytes());
+    }
+    h[70..72].copy_from_slice(&datatype.to_le_bytes());
+    h[72..74].copy_from_slice(&bitpix.to_le_bytes());
+    for i in 0..8 {
+        h[76 + 4 * i..80 + 4 * i].copy_from_slice(&1f32.to_le_bytes());
+    }
+    h[108..112].copy_from_slice(&352f32.to_le_bytes());
+    h[112..116].copy_from_slice(&1f32.to_le_bytes()); // scl_slope
+    h[254..256].copy_from_slice(&1i16.to_le_bytes()); // sform_code
+    h[280..284].copy_from_slice(&1f32.to_le_bytes()); // srow_x
+    h[300..304].copy_from_slice(&1f32.to_le_bytes()); // srow_y
+    h[320..324].copy_from_slice(&1f32.to_le_bytes()); // srow_z
+    h[344..348].copy_from_slice(b"n+1\0");
+    h.extend_from_slice(data);
+    h
+}
+
+fn f32_volume(dims: &[i16]) -> Vec<u8> {
+    let n: usize = dims.iter().map(|&d| d as usize).product();
+    let data: Vec<u8> = (0..n).flat_map(|i| ((i % 7) as f32 * 0.1).to_le_bytes()).collect();
+    nifti_bytes(dims, 16, 32, &data)
+}
+
+fn gz(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+/// Runs `segment` on a bad input; asserts exit ≠ 0, one error line naming `names`, no output left.
+fn assert_refused(dir: &Path, input: &Path, model: &Path, names: &str, extra: &[&str]) -> String {
+    let out = dir.join("seg_out.nii.gz");
+    let mut args = vec![
+        "segment",
+        input.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ];
+    args.extend_from_slice(extra);
+    let o = voxtile(&args);
+    let stderr = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(!o.status.success(), "expected failure for {}, stderr: {stderr}", input.display());
+    assert_eq!(o.status.code(), Some(1), "exit code, stderr: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    let err_lines: Vec<&&str> = lines.iter().filter(|l| l.starts_with("voxtile: error:")).collect();
+    assert_eq!(err_lines.len(), 1, "one error line expected, got: {stderr}");
+    assert!(err_lines[0].contains(names), "error should name {names}: {stderr}");
+    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    assert!(!out.exists(), "no output file may be left behind");
+    let leftovers: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.contains("voxtile-tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
+    stderr
+}
+
+#[test]
+fn sample_brain_mask_matches_onnxruntime() {
+    let dir = tempdir();
+    let out = dir.path().join("mask.nii.gz");
+    let logits = dir.path().join("prob.nii.gz");
+    let report = dir.path().join("report.json");
+    let o = voxtile(&[
+        "segment",
+        data("mni_t1_128.nii.gz").to_str().unwrap(),
+        "--model",
+        data("deepbrain.onnx").to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--logits",
+        logits.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let input = voxtile::volume::read(&data("mni_t1_128.nii.gz")).unwrap();
+    let ort = voxtile::volume::read(&data("mni_t1_128_prob_ort.nii.gz")).unwrap();
+    let mask = voxtile::volume::read(&out).unwrap();
+    let prob = voxtile::volume::read(&logits).unwrap();
+    // Same geometry as the input.
+    assert_eq!(mask.header.shape(), input.header.shape());
+    assert_eq!(mask.header.affine(), input.header.affine());
+    assert_eq!(mask.header.dtype_name(), "uint8");
+    // Probabilities vs onnxruntime, and the mask vs ORT's thresholded probabilities.
+    let e = rel_l2(prob.data.iter(), ort.data.iter());
+    eprintln!("deepbrain sample: rel L2 of probabilities vs onnxruntime = {e:.3e}");
+    assert!(e < 1e-4, "prob rel L2 {e}");
+    let total = ort.data.len();
+    let agree = mask
+        .data
+        .iter()
+        .zip(ort.data.iter())
+        .filter(|(m, p)| (**m > 0.5) == (**p > 0.5))
+        .count();
+    let brain = mask.data.iter().filter(|m| **m > 0.5).count();
+    eprintln!("deepbrain sample: mask agreement {}/{total}, brain voxels {brain}", agree);
+    assert!(agree as f64 / total as f64 >= 0.9999);
+    assert!(brain > total / 20 && brain < total / 2, "a brain mask, not empty/full: {brain}");
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(r["input_shape"], serde_json::json!([128, 128, 128]));
+    assert!(r["windows"].as_u64().unwrap() >= 1);
+    assert!(r["seconds"]["compute"].as_f64().unwrap() > 0.0);
+    assert!(r["peak_host_bytes"].as_u64().unwrap() > 0);
+    // Existing output is kept without --force, replaced with it.
+    let again = voxtile(&[
+        "segment",
+        data("mni_t1_128.nii.gz").to_str().unwrap(),
+        "--model",
+        data("deepbrain.onnx").to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("--force"));
+}
+
+#[test]
+fn output_readable_by_nibabel() {
+    // CI installs nibabel; elsewhere skip unless asked for.
+    let probe = Command::new("python3").args(["-c", "import nibabel"]).output();
+    if !matches!(&probe, Ok(o) if o.status.success()) {
+        assert!(std::env::var_os("VOXTILE_REQUIRE_NIBABEL").is_none(), "nibabel is required");
+        eprintln!("skipping: python3 nibabel not available");
+        return;
+    }
+    let Some(ct) = shared("fixtures/volumes/ts_example_ct_sm.nii.gz") else { return };
+    let dir = tempdir();
+    let out = dir.path().join("lab.nii.gz");
+    // Any model works for geometry: deepbrain on a small CT (windows padded to 64).
+    let o = voxtile(&[
+        "segment",
+        ct.to_str().unwrap(),
+        "--model",
+        data("deepbrain.onnx").to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--roi",
+        "64,64,32",
+        "--device",
+        "cpu",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let script = r#"
+import sys, nibabel as nib, numpy as np
+a = nib.load(sys.argv[1]); b = nib.load(sys.argv[2])
+assert a.shape[:3] == b.shape, (a.shape, b.shape)
+assert np.allclose(a.affine, b.affine, atol=1e-4), (a.affine, b.affine)
+assert np.allclose(b.header.get_sform(), b.header.get_qform(), atol=1e-4)
+assert b.get_data_dtype() == np.uint8, b.get_data_dtype()
+print("nibabel ok", b.shape, b.get_data_dtype())
+"#;
+    let o = Command::new("python3")
+        .args(["-c", script, ct.to_str().unwrap(), out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn info_and_inspect() {
+    let o = voxtile(&["info", data("mni_t1_128.nii.gz").to_str().unwrap()]);
+    assert!(o.status.success());
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("128"), "{s}");
+    let o = voxtile(&["inspect", data("deepbrain.onnx").to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = String::from_utf8_lossy(&o.stdout).to_lowercase();
+    assert!(s.contains("conv") && s.contains("param"), "{s}");
+}
+
+#[test]
+fn bad_inputs_fail_cleanly() {
+    let dir = tempdir();
+    let d = dir.path();
+    let model = data("deepbrain.onnx");
+    let good = f32_volume(&[16, 16, 8]);
+
+    let p = d.join("truncated.nii");
+    std::fs::write(&p, &good[..good.len() - 100]).unwrap();
+    assert_refused(d, &p, &model, "truncated.nii", &[]);
+
+    let p = d.join("corrupt.nii.gz");
+    let mut z = gz(&good);
+    let n = z.len();
+    for b in &mut z[20..n - 8] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(&p, &z).unwrap();
+    assert_refused(d, &p, &model, "corrupt.nii.gz", &[]);
+
+    let p = d.join("cut.nii.gz");
+    let z = gz(&good);
+    std::fs::write(&p, &z[..z.len() / 2]).unwrap();
+    assert_refused(d, &p, &model, "cut.nii.gz", &[]);
+
+    let p = d.join("zero.nii");
+    std::fs::write(&p, f32_volume(&[16, 0, 8])).unwrap();
+    assert_refused(d, &p, &model, "zero.nii", &[]);
+
+    let p = d.join("negative.nii");
+    std::fs::write(&p, nifti_bytes(&[16, -4, 8], 16, 32, &[0; 64])).unwrap();
+    assert_refused(d, &p, &model, "negative.nii", &[]);
+
+    let p = d.join("huge.nii");
+    std::fs::write(&p, nifti_bytes(&[30000, 30000, 30000], 16, 32, &[0; 64])).unwrap();
+    assert_refused(d, &p, &model, "huge.nii", &[]);
+
+    let p = d.join("notnifti.nii");
+    std::fs::write(&p, b"hello, this is not a NIfTI file at all; hello hello").unwrap();
+    assert_refused(d, &p, &model, "notnifti.nii", &[]);
+
+    let p = d.join("missing.nii.gz");
+    assert_refused(d, &p, &model, "missing.nii.gz", &[]);
+
+    // Two channels for a one-channel model.
+    let p = d.join("twochan.nii");
+    std::fs::write(&p, f32_volume(&[16, 16, 8, 2])).unwrap();
+    assert_refused(d, &p, &model, "twochan.nii", &[]);
+
+    // A model with an op outside the list.
+    let bad_model = d.join("bad_op.onnx");
+    let m = proto::ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![proto::OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+        graph: Some(proto::GraphProto {
+            name: Some("g".into()),
+            node: vec![proto::NodeProto {
+                input: vec!["x".into()],
+                output: vec!["y".into()],
+                name: Some("weird_node".into()),
+                op_type: Some("FancyOp".into()),
+                ..Default::default()
+            }],
+            input: vec![value_info("x")],
+            output: vec![value_info("y")],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    std::fs::write(&bad_model, m.encode_to_vec()).unwrap();
+    let p = d.join("ok.nii");
+    std::fs::write(&p, &good).unwrap();
+    let e = assert_refused(d, &p, &bad_model, "FancyOp", &[]);
+    assert!(e.contains("weird_node"), "{e}");
+
+    // A model file that is not ONNX.
+    let junk = d.join("junk.onnx");
+    std::fs::write(&junk, b"\x08\x07garbage\xff\xff\xff").unwrap();
+    assert_refused(d, &p, &junk, "junk.onnx", &[]);
+
+    // Bad options.
+    assert_refused(d, &p, &model, "overlap", &["--overlap", "1.5"]);
+    assert_refused(d, &p, &model, "roi", &["--roi", "12,12,12"]);
+
+    // Writing over the input is refused even with --force.
+    let o = voxtile(&[
+        "segment",
+        p.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "-o",
+        p.to_str().unwrap(),
+        "--force",
+        "--device",
+        "cpu",
+    ]);
+    assert!(!o.status.success());
+    assert_eq!(std::fs::read(&p).unwrap(), good, "the input is untouched");
+}
+
+#[test]
+fn nan_voxels_are_reported_and_replaced() {
+    let dir = tempdir();
+    let d = dir.path();
+    let n = 16 * 16 * 8;
+    let data_bytes: Vec<u8> = (0..n)
+        .flat_map(|i| (if i % 97 == 0 { f32::NAN } else { (i % 5) as f32 * 0.2 }).to_le_bytes())
+        .collect();
+    let p = d.join("nan.nii");
+    std::fs::write(&p, nifti_bytes(&[16, 16, 8], 16, 32, &data_bytes)).unwrap();
+    let out = d.join("nan_seg.nii");
+    let o = voxtile(&[
+        "segment",
+        p.to_str().unwrap(),
+        "--model",
+        data("deepbrain.onnx").to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(stderr.contains("NaN"), "a warning names the NaN voxels: {stderr}");
+    let seg = voxtile::volume::read(&out).unwrap();
+    assert_eq!(seg.header.shape(), [16, 16, 8]);
+}
+
+fn value_info(name: &str) -> proto::ValueInfoProto {
+    use proto::tensor_shape_proto::{dimension::Value, Dimension};
+    let dims = ["N", "C", "D", "H", "W"]
+        .iter()
+        .map(|d| Dimension { value: Some(Value::DimParam(d.to_string())), ..Default::default() })
+        .collect();
+    proto::ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(proto::TypeProto {
+            value: Some(proto::type_proto::Value::TensorType(proto::type_proto::Tensor {
+                elem_type: Some(1),
+                shape: Some(proto::TensorShapeProto { dim: dims }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
