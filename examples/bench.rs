@@ -1,0 +1,60 @@
+//! Times the engine on one volume: `bench MODEL.onnx VOLUME.npy|DxHxW ROI OVERLAP BATCH REPS DEVICE [LABELS_OUT.npy]`.
+//! Prints one JSON line (median seconds, windows, stage times, peak memory) for tests/gpu/bench.py,
+//! which runs it next to the PyTorch peer in the same device session.
+
+use ndarray::{Array4, Axis};
+use std::time::Instant;
+use voxtile::engine::{Device, Engine, Options};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let a: Vec<String> = std::env::args().collect();
+    if a.len() < 8 {
+        return Err("usage: bench MODEL VOLUME.npy|DxHxW ROI OVERLAP BATCH REPS DEVICE [LABELS_OUT.npy]".into());
+    }
+    let vol: Array4<f32> = if a[2].ends_with(".npy") {
+        let v = voxtile::npy::read_f32(a[2].as_ref())?;
+        let v = v.into_dimensionality::<ndarray::Ix3>()?;
+        v.insert_axis(Axis(0))
+    } else {
+        let d: Vec<usize> = a[2].split('x').map(|s| s.parse()).collect::<Result<_, _>>()?;
+        // Smooth structured data, not zeros.
+        Array4::from_shape_fn((1, d[0], d[1], d[2]), |(_, i, j, k)| {
+            ((i as f32 * 0.05).sin() + (j as f32 * 0.07).cos() * (k as f32 * 0.03).sin()) * 0.7
+        })
+    };
+    let roi: usize = a[3].parse()?;
+    let options = Options {
+        roi: Some([roi; 3]),
+        overlap: [a[4].parse()?; 3],
+        batch: Some(a[5].parse()?),
+        device: a[7].parse::<Device>()?,
+        ..Options::default()
+    };
+    let reps: usize = a[6].parse()?;
+    let t = Instant::now();
+    let mut engine = Engine::from_file(a[1].as_ref(), options)?;
+    let load = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let (labels, _, first) = engine.segment_array(vol.view(), &mut |_, _| {})?;
+    let first_s = t.elapsed().as_secs_f64();
+    let mut times = Vec::new();
+    let mut last = first;
+    for _ in 0..reps {
+        let t = Instant::now();
+        let (_, _, r) = engine.segment_array(vol.view(), &mut |_, _| {})?;
+        times.push(t.elapsed().as_secs_f64());
+        last = r;
+    }
+    times.sort_by(|x, y| x.partial_cmp(y).unwrap());
+    let median = if times.is_empty() { first_s } else { times[times.len() / 2] };
+    if let Some(p) = a.get(8) {
+        let l = labels.mapv(|v| v as f32).into_dyn();
+        voxtile::npy::write_f32(p.as_ref(), &l)?;
+    }
+    let out = serde_json::json!({
+        "device": engine.device_name(), "load_s": load, "first_s": first_s, "median_s": median,
+        "times": times, "report": last,
+    });
+    println!("{out}");
+    Ok(())
+}
