@@ -63,6 +63,63 @@ impl std::str::FromStr for AxisOrder {
     }
 }
 
+/// Intensity normalisation applied to the whole volume before windowing (per channel).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Normalize {
+    None,
+    /// (x − mean) / (std + 1e-8) over the volume: MONAI's NormalizeIntensity, the W3 peer.
+    ZScore,
+    /// nnU-Net's CTNormalization: clip to [lo, hi], then (x − mean) / max(std, 1e-8).
+    Ct { lo: f32, hi: f32, mean: f32, std: f32 },
+}
+
+impl std::str::FromStr for Normalize {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "none" => Ok(Normalize::None),
+            "zscore" => Ok(Normalize::ZScore),
+            _ => {
+                let bad = || {
+                    Error::Invalid(format!(
+                        "unknown normalisation '{s}': use none, zscore or ct:LO,HI,MEAN,STD"
+                    ))
+                };
+                let v: Vec<f32> = s
+                    .strip_prefix("ct:")
+                    .ok_or_else(bad)?
+                    .split(',')
+                    .map(|x| x.trim().parse::<f32>().map_err(|_| bad()))
+                    .collect::<Result<_>>()?;
+                match v.as_slice() {
+                    &[lo, hi, mean, std] if lo <= hi && std > 0.0 => Ok(Normalize::Ct { lo, hi, mean, std }),
+                    _ => Err(bad()),
+                }
+            }
+        }
+    }
+}
+
+/// Normalise each channel in place (f64 sums: a 512²×128 volume overflows f32 precision).
+pub fn normalize(data: &mut Array4<f32>, how: Normalize) {
+    for mut ch in data.outer_iter_mut() {
+        match how {
+            Normalize::None => {}
+            Normalize::ZScore => {
+                let n = ch.len().max(1) as f64;
+                let mean = ch.iter().map(|&v| v as f64).sum::<f64>() / n;
+                let var = ch.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+                let (m, inv) = (mean as f32, 1.0 / (var.sqrt() as f32 + 1e-8));
+                ch.mapv_inplace(|v| (v - m) * inv);
+            }
+            Normalize::Ct { lo, hi, mean, std } => {
+                let inv = 1.0 / std.max(1e-8);
+                ch.mapv_inplace(|v| (v.clamp(lo, hi) - mean) * inv);
+            }
+        }
+    }
+}
+
 /// Everything that decides the result besides the model and the volume.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -80,6 +137,7 @@ pub struct Options {
     pub axis_order: AxisOrder,
     /// Keep the blended raw outputs (what MONAI's sliding_window_inference returns).
     pub keep_logits: bool,
+    pub normalize: Normalize,
 }
 
 impl Default for Options {
@@ -96,6 +154,7 @@ impl Default for Options {
             device: Device::Auto,
             axis_order: AxisOrder::Xyz,
             keep_logits: false,
+            normalize: Normalize::None,
         }
     }
 }
@@ -245,14 +304,18 @@ impl Engine {
     ) -> Result<Segmentation> {
         let t0 = Instant::now();
         let mut nonfinite = 0;
-        let sanitized;
-        let data = if volume.data.iter().any(|v| !v.is_finite()) {
+        let owned;
+        let has_nonfinite = volume.data.iter().any(|v| !v.is_finite());
+        let data = if has_nonfinite || self.options.normalize != Normalize::None {
             let mut d = volume.data.clone();
-            let (nan, inf) = crate::volume::sanitize_nonfinite(&mut d);
-            nonfinite = nan + inf;
-            tracing::warn!("{nan} NaN voxels set to 0, {inf} infinite voxels clamped");
-            sanitized = d;
-            sanitized.view()
+            if has_nonfinite {
+                let (nan, inf) = crate::volume::sanitize_nonfinite(&mut d);
+                nonfinite = nan + inf;
+                tracing::info!("{nan} NaN voxels set to 0, {inf} infinite voxels clamped");
+            }
+            normalize(&mut d, self.options.normalize);
+            owned = d;
+            owned.view()
         } else {
             volume.data.view()
         };

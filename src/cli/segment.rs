@@ -1,6 +1,6 @@
 //! `voxtile segment`: read, segment, write (temp + rename), report.
 
-use crate::engine::{AxisOrder, Device, Engine, Options};
+use crate::engine::{AxisOrder, Device, Engine, Normalize, Options};
 use crate::tiling::{self, BlendMode, PadMode, Placement};
 use crate::{Error, Result};
 use clap::Args;
@@ -51,6 +51,9 @@ pub struct SegmentArgs {
     /// Network axes from the file's: xyz (nibabel/MONAI, default) or zyx (SimpleITK/nnU-Net)
     #[arg(long, default_value = "xyz", value_parser = ["xyz", "zyx"])]
     pub axis_order: String,
+    /// Intensity normalisation before windowing: none, zscore (per volume), ct:LO,HI,MEAN,STD
+    #[arg(long, default_value = "none")]
+    pub normalize: String,
     /// Overwrite existing output files
     #[arg(long)]
     pub force: bool,
@@ -94,6 +97,7 @@ impl SegmentArgs {
             device: self.device.parse::<Device>()?,
             axis_order: self.axis_order.parse::<AxisOrder>()?,
             keep_logits: self.logits.is_some(),
+            normalize: self.normalize.parse::<Normalize>()?,
         })
     }
 }
