@@ -6,14 +6,22 @@ use voxtile::backend::cuda::kernels;
 
 #[test]
 fn every_kernel_family_compiles_without_warnings() {
-    let require = std::env::var("VOXTILE_REQUIRE_NVRTC").map(|v| v == "1").unwrap_or(false);
+    let require = std::env::var("VOXTILE_REQUIRE_NVRTC")
+        .map(|v| v == "1")
+        .unwrap_or(false);
     if !kernels::nvrtc_present() {
-        assert!(!require, "VOXTILE_REQUIRE_NVRTC=1 but libnvrtc could not be loaded (check LD_LIBRARY_PATH)");
+        assert!(
+            !require,
+            "VOXTILE_REQUIRE_NVRTC=1 but libnvrtc could not be loaded (check LD_LIBRARY_PATH)"
+        );
         println!("skipped: libnvrtc not found (set LD_LIBRARY_PATH to a CUDA 13.0 NVRTC)");
         return;
     }
     let (ma, mi) = kernels::nvrtc_version().expect("nvrtc version");
-    println!("NVRTC {ma}.{mi}, include dirs {:?}", kernels::include_dirs());
+    println!(
+        "NVRTC {ma}.{mi}, include dirs {:?}",
+        kernels::include_dirs()
+    );
     let mut failures = Vec::new();
     for arch in ["sm_90", "sm_80"] {
         for (name, src, entries) in kernels::FAMILIES {
@@ -21,7 +29,9 @@ fn every_kernel_family_compiles_without_warnings() {
                 Ok(ptx) => {
                     for e in entries.iter() {
                         if !ptx.contains(&format!(".entry {e}(")) {
-                            failures.push(format!("{name}.cu ({arch}): entry {e} missing from the PTX"));
+                            failures.push(format!(
+                                "{name}.cu ({arch}): entry {e} missing from the PTX"
+                            ));
                         }
                     }
                     println!("{name}.cu {arch}: {} bytes of PTX", ptx.len());
@@ -30,5 +40,9 @@ fn every_kernel_family_compiles_without_warnings() {
             }
         }
     }
-    assert!(failures.is_empty(), "kernel build failures:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "kernel build failures:\n{}",
+        failures.join("\n")
+    );
 }

@@ -15,10 +15,23 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
     (
         "conv",
         include_str!("../../../kernels/conv.cu"),
-        &["conv_igemm_n64_v8", "conv_igemm_n32_v8", "conv_igemm_n64_v1", "conv_igemm_n32_v1"],
+        &[
+            "conv_igemm_n64_v8",
+            "conv_igemm_n32_v8",
+            "conv_igemm_n64_v1",
+            "conv_igemm_n32_v1",
+        ],
     ),
-    ("conv_transpose", include_str!("../../../kernels/conv_transpose.cu"), &["conv_direct"]),
-    ("norm", include_str!("../../../kernels/norm.cu"), &["norm_stats", "norm_finalize", "affine_act"]),
+    (
+        "conv_transpose",
+        include_str!("../../../kernels/conv_transpose.cu"),
+        &["conv_direct"],
+    ),
+    (
+        "norm",
+        include_str!("../../../kernels/norm.cu"),
+        &["norm_stats", "norm_finalize", "affine_act"],
+    ),
     (
         "eltwise",
         include_str!("../../../kernels/eltwise.cu"),
@@ -34,11 +47,20 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
             "ndhwc_to_ncdhw",
         ],
     ),
-    ("pool_resize", include_str!("../../../kernels/pool_resize.cu"), &["pool_kernel", "resize_kernel"]),
+    (
+        "pool_resize",
+        include_str!("../../../kernels/pool_resize.cu"),
+        &["pool_kernel", "resize_kernel"],
+    ),
     (
         "blend",
         include_str!("../../../kernels/blend.cu"),
-        &["gather_window", "blend_window", "blend_normalise", "argmax_channels"],
+        &[
+            "gather_window",
+            "blend_window",
+            "blend_normalise",
+            "argmax_channels",
+        ],
     ),
 ];
 
@@ -109,7 +131,8 @@ pub fn compile_family(name: &str, src: &str, arch: &str) -> Result<String> {
         ));
     }
     let full = family_source(src);
-    let csrc = CString::new(full).map_err(|_| Error::Backend(format!("kernel {name}.cu contains a NUL byte")))?;
+    let csrc = CString::new(full)
+        .map_err(|_| Error::Backend(format!("kernel {name}.cu contains a NUL byte")))?;
     let cname = CString::new(format!("{name}.cu")).expect("static kernel name");
     let mut opts: Vec<String> = vec![
         format!("--gpu-architecture={arch}"),
@@ -124,14 +147,27 @@ pub fn compile_family(name: &str, src: &str, arch: &str) -> Result<String> {
     // SAFETY: as above; the log is NUL-terminated by NVRTC.
     let log = unsafe { nvrtc::get_program_log(prog) }
         .ok()
-        .map(|l| unsafe { CStr::from_ptr(l.as_ptr()) }.to_string_lossy().trim().to_string())
+        .map(|l| {
+            unsafe { CStr::from_ptr(l.as_ptr()) }
+                .to_string_lossy()
+                .trim()
+                .to_string()
+        })
         .unwrap_or_default();
     let ptx = match compiled {
         Ok(()) if log.is_empty() => unsafe { nvrtc::get_ptx(prog) }
-            .map(|p| unsafe { CStr::from_ptr(p.as_ptr()) }.to_string_lossy().into_owned())
+            .map(|p| {
+                unsafe { CStr::from_ptr(p.as_ptr()) }
+                    .to_string_lossy()
+                    .into_owned()
+            })
             .map_err(|e| Error::Backend(format!("NVRTC gave no PTX for {name}.cu: {e}"))),
-        Ok(()) => Err(Error::Backend(format!("kernels/{name}.cu compiled with warnings for {arch}: {log}"))),
-        Err(e) => Err(Error::Backend(format!("kernels/{name}.cu failed to compile for {arch} ({e}): {log}"))),
+        Ok(()) => Err(Error::Backend(format!(
+            "kernels/{name}.cu compiled with warnings for {arch}: {log}"
+        ))),
+        Err(e) => Err(Error::Backend(format!(
+            "kernels/{name}.cu failed to compile for {arch} ({e}): {log}"
+        ))),
     };
     // SAFETY: destroyed once, after its last use.
     let _ = unsafe { nvrtc::destroy_program(prog) };
@@ -144,17 +180,29 @@ fn cache_dir() -> Option<PathBuf> {
             return Some(PathBuf::from(x).join("voxtile"));
         }
     }
-    std::env::var("HOME").ok().map(|h| PathBuf::from(h).join(".cache").join("voxtile"))
+    std::env::var("HOME")
+        .ok()
+        .map(|h| PathBuf::from(h).join(".cache").join("voxtile"))
 }
 
 /// PTX for one family, from the disk cache when source, arch, NVRTC and driver match.
 /// Returns (ptx, came_from_cache). A cache that cannot be written is not an error.
-pub fn ptx_cached(name: &str, src: &str, arch: &str, driver_version: i32) -> Result<(String, bool)> {
+pub fn ptx_cached(
+    name: &str,
+    src: &str,
+    arch: &str,
+    driver_version: i32,
+) -> Result<(String, bool)> {
     let (ma, mi) = nvrtc_version()?;
     let mut h = Sha256::new();
     h.update(family_source(src).as_bytes());
     h.update(format!("|{arch}|nvrtc{ma}.{mi}|driver{driver_version}|fastmath").as_bytes());
-    let key: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
+    let key: String = h
+        .finalize()
+        .iter()
+        .take(12)
+        .map(|b| format!("{b:02x}"))
+        .collect();
     let path = cache_dir().map(|d| d.join(format!("{name}-{arch}-{key}.ptx")));
     if let Some(p) = &path {
         if let Ok(s) = std::fs::read_to_string(p) {
