@@ -39,13 +39,54 @@ __device__ __forceinline__ int in_coord(int o, int k, int s, int p, int d, int n
     return (i * s == num && i < n) ? i : -1;
 }
 
+// 16-byte global->shared copy; `bytes` 0 zero-fills (cp.async on sm_80+, plain copy before).
+__device__ __forceinline__ void cp_async16(half* smem, const half* gmem, int bytes) {
+#if __CUDA_ARCH__ >= 800
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
+#else
+    *reinterpret_cast<uint4*>(smem) = bytes ? *reinterpret_cast<const uint4*>(gmem) : make_uint4(0, 0, 0, 0);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// One BK-deep step of the warp's 32 x BN tile.
+template <int BN>
+__device__ __forceinline__ void mma_tile(const half* As, const half* Bs, int warp,
+                                         wmma::fragment<wmma::accumulator, 16, 16, 16, float> (&acc)[2][BN / 16]) {
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a[2];
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> b;
+#pragma unroll
+        for (int i = 0; i < 2; i++) wmma::load_matrix_sync(a[i], As + (warp * 32 + i * 16) * LDS + kk, LDS);
+#pragma unroll
+        for (int j = 0; j < BN / 16; j++) {
+            wmma::load_matrix_sync(b, Bs + j * 16 * LDS + kk, LDS);
+#pragma unroll
+            for (int i = 0; i < 2; i++) wmma::mma_sync(acc[i][j], a[i], b, acc[i][j]);
+        }
+    }
+}
+
 template <int BN, bool VEC>
 __device__ __forceinline__ void conv_igemm(const ConvParams& p, const half* __restrict__ x,
                                            const half* __restrict__ w, const float* __restrict__ bias,
                                            half* __restrict__ y, const float* __restrict__ slope) {
-    __shared__ __align__(128) unsigned char smem[(BM * (BN + 4) * 4) > ((BM + BN) * LDS * 2)
+    // Two stages of A (BM x BK) and B (BN x BK) tiles; the fp32 epilogue tile reuses them.
+    __shared__ __align__(128) unsigned char smem[(BM * (BN + 4) * 4) > (2 * (BM + BN) * LDS * 2)
                                                      ? (BM * (BN + 4) * 4)
-                                                     : ((BM + BN) * LDS * 2)];
+                                                     : (2 * (BM + BN) * LDS * 2)];
     half* As = reinterpret_cast<half*>(smem);
     half* Bs = As + BM * LDS;
     float* Cs = reinterpret_cast<float*>(smem);
@@ -80,10 +121,13 @@ __device__ __forceinline__ void conv_igemm(const ConvParams& p, const half* __re
         }
     }
 
-    for (int k0 = 0; k0 < K; k0 += BK) {
-        if (VEC) {
-            // 128 rows x 4 vectors of 8 halves; Cin % 8 == 0 so a vector never crosses a tap.
-            const int v = tid & 3;
+    if (VEC) {
+        // Two-stage pipeline: cp.async copies tile k+1 into the other buffers while the tensor
+        // cores work on tile k. Out-of-range gathers are zero-filled (source size 0).
+        const int v = tid & 3;
+        auto load_tile = [&](int stage, int k0) {
+            half* as = As + stage * (BM + BN) * LDS;
+            half* bs = as + BM * LDS;
             const int k = k0 + v * 8;
             int tap = k / p.cin, ci = k - tap * p.cin;
             int tz = tap / taps_hw, rem = tap - tz * taps_hw;
@@ -91,19 +135,42 @@ __device__ __forceinline__ void conv_igemm(const ConvParams& p, const half* __re
 #pragma unroll
             for (int r = 0; r < ROWS; r++) {
                 int row = (tid >> 2) + 32 * r;
-                uint4 val = make_uint4(0, 0, 0, 0);
+                const half* src = x;
+                int bytes = 0;
                 if (rn[r] >= 0 && k < K) {
                     int iz = in_coord(rz[r], tz, p.sd, p.pd, p.dd, p.di, p.transposed);
                     int iy = in_coord(ry[r], ty, p.sh, p.ph, p.dh, p.hi, p.transposed);
                     int ix = in_coord(rx[r], tx, p.sw, p.pw, p.dw, p.wi, p.transposed);
                     if (iz >= 0 && iy >= 0 && ix >= 0) {
-                        i64 off = ((((i64)rn[r] * p.di + iz) * p.hi + iy) * p.wi + ix) * p.cin + ci;
-                        val = *reinterpret_cast<const uint4*>(x + off);
+                        src = x + ((((i64)rn[r] * p.di + iz) * p.hi + iy) * p.wi + ix) * p.cin + ci;
+                        bytes = 16;
                     }
                 }
-                *reinterpret_cast<uint4*>(As + row * LDS + v * 8) = val;
+                cp_async16(as + row * LDS + v * 8, src, bytes);
             }
-        } else {
+            for (int idx = tid; idx < BN * (BK / 8); idx += blockDim.x) {
+                int nrow = idx / (BK / 8), vv = idx % (BK / 8);
+                cp_async16(bs + nrow * LDS + vv * 8, w + (i64)(n0 + nrow) * p.kpad + k0 + vv * 8, 16);
+            }
+            cp_async_commit();
+        };
+        const int nk = (K + BK - 1) / BK;
+        load_tile(0, 0);
+        for (int kt = 0; kt < nk; kt++) {
+            if (kt + 1 < nk) {
+                load_tile((kt + 1) & 1, (kt + 1) * BK);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            const half* as = As + (kt & 1) * (BM + BN) * LDS;
+            const half* bs = as + BM * LDS;
+            mma_tile<BN>(as, bs, warp, acc);
+            __syncthreads();
+        }
+    } else {
+        for (int k0 = 0; k0 < K; k0 += BK) {
             // Small or odd Cin (the 1-channel first conv): one row per thread, element gathers.
             const int row = tid;
             for (int j = 0; j < BK; j++) {
@@ -121,29 +188,15 @@ __device__ __forceinline__ void conv_igemm(const ConvParams& p, const half* __re
                 }
                 As[row * LDS + j] = val;
             }
-        }
-        // B tile: BN rows of BK halves from the padded weight matrix.
-        for (int idx = tid; idx < BN * (BK / 8); idx += blockDim.x) {
-            int nrow = idx / (BK / 8), v = idx % (BK / 8);
-            *reinterpret_cast<uint4*>(Bs + nrow * LDS + v * 8) =
-                *reinterpret_cast<const uint4*>(w + (i64)(n0 + nrow) * p.kpad + k0 + v * 8);
-        }
-        __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> b;
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-                wmma::load_matrix_sync(a[i], As + (warp * 32 + i * 16) * LDS + kk, LDS);
-#pragma unroll
-            for (int j = 0; j < BN / 16; j++) {
-                wmma::load_matrix_sync(b, Bs + j * 16 * LDS + kk, LDS);
-#pragma unroll
-                for (int i = 0; i < 2; i++) wmma::mma_sync(acc[i][j], a[i], b, acc[i][j]);
+            for (int idx = tid; idx < BN * (BK / 8); idx += blockDim.x) {
+                int nrow = idx / (BK / 8), v = idx % (BK / 8);
+                *reinterpret_cast<uint4*>(Bs + nrow * LDS + v * 8) =
+                    *reinterpret_cast<const uint4*>(w + (i64)(n0 + nrow) * p.kpad + k0 + v * 8);
             }
+            __syncthreads();
+            mma_tile<BN>(As, Bs, warp, acc);
+            __syncthreads();
         }
-        __syncthreads();
     }
 
     // Epilogue through shared memory: bias + activation, fp16 store, coalesced along channels.

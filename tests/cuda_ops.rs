@@ -1447,36 +1447,38 @@ fn sliding_window_blend_and_argmax() {
         .is_err());
 }
 
-/// Throughput of the implicit-GEMM conv: 32->32 3^3 on 2x32x128^3 (fp16 NDHWC).
+/// Throughput of the implicit-GEMM conv: 32->32 3^3 on 2x32x128^3 (fp16 NDHWC), and 64->64 on
+/// 2x64x96^3 (the BN=64 tile).
 #[test]
 fn bench_conv_32_32() {
     let Some(mut b) = gpu() else { return };
     let mut r = rng("bench");
-    let (c, s) = (32usize, 128usize);
-    let w = Tensor::new(vec![c, c, 3, 3, 3], r.vec(c * c * 27, 0.03));
-    let g = graph(
-        c,
-        vec![(
-            Op::Conv(Conv {
-                weight: w,
-                bias: None,
-                stride: [1; 3],
-                dilation: [1; 3],
-                pads: [1; 6],
-                groups: 1,
-            }),
-            vec![0],
+    for (c, s) in [(32usize, 128usize), (64, 96)] {
+        let w = Tensor::new(vec![c, c, 3, 3, 3], r.vec(c * c * 27, 0.03));
+        let g = graph(
             c,
-        )],
-    );
-    b.set_poison(false);
-    b.prepare(&g, 2, [s; 3]).unwrap();
-    let x = Array5::from_shape_vec((2, c, s, s, s), r.vec(2 * c * s * s * s, 1.0)).unwrap();
-    b.run(x.view()).unwrap();
-    let ms = b.time_forward(2, 20).unwrap();
-    let flops = 2.0 * (2 * s * s * s) as f64 * c as f64 * (27 * c) as f64;
-    println!(
-        "RESULT bench conv 32->32 3^3 2x32x128^3: {ms:.3} ms, {:.1} TFLOP/s",
-        flops / ms / 1e9
-    );
+            vec![(
+                Op::Conv(Conv {
+                    weight: w,
+                    bias: None,
+                    stride: [1; 3],
+                    dilation: [1; 3],
+                    pads: [1; 6],
+                    groups: 1,
+                }),
+                vec![0],
+                c,
+            )],
+        );
+        b.set_poison(false);
+        b.prepare(&g, 2, [s; 3]).unwrap();
+        let x = Array5::from_shape_vec((2, c, s, s, s), r.vec(2 * c * s * s * s, 1.0)).unwrap();
+        b.run(x.view()).unwrap();
+        let ms = b.time_forward(2, 20).unwrap();
+        let flops = 2.0 * (2 * s * s * s) as f64 * c as f64 * (27 * c) as f64;
+        println!(
+            "RESULT bench conv {c}->{c} 3^3 2x{c}x{s}^3: {ms:.3} ms, {:.1} TFLOP/s",
+            flops / ms / 1e9
+        );
+    }
 }
