@@ -1,1 +1,1702 @@
 //! The CUDA backend: fp16 kernels of our own (kernels/*.cu) compiled with NVRTC.
+//!
+//! Activations live on the device as fp16 NDHWC (channels last, so a conv's GEMM K dimension is
+//! contiguous); accumulation is fp32. `prepare` compiles the graph once per (roi, batch) into a
+//! launch list over preallocated buffers that are reused by liveness; `run` only launches.
+//! cudarc's per-buffer event tracking is switched off: this module orders its own streams.
+
+pub mod kernels;
+pub mod plan;
+
+use crate::backend::Backend;
+use crate::model::graph::{Graph, Op, Tensor};
+use crate::{Error, Result};
+use cudarc::driver::{
+    result as cu, sys, CudaContext, CudaEvent, CudaFunction, CudaStream, PinnedHostSlice,
+};
+use ndarray::{Array3, Array4, Array5, ArrayView3, ArrayView4, ArrayView5};
+use plan::{Act, ConvParams, PoolParams, Shape};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::Instant;
+
+fn drv(what: &str) -> impl Fn(cu::DriverError) -> Error + '_ {
+    move |e| {
+        if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            Error::OutOfMemory(format!("CUDA {what}"))
+        } else {
+            Error::Backend(format!("CUDA {what} failed: {e:?}"))
+        }
+    }
+}
+
+/// Device memory owned by the backend (raw pointer: kernels get plain addresses).
+struct DevBuf {
+    ctx: Arc<CudaContext>,
+    ptr: u64,
+    bytes: usize,
+}
+
+impl DevBuf {
+    fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
+        ctx.bind_to_thread().map_err(drv("bind context"))?;
+        // SAFETY: plain device allocation; freed once in Drop.
+        let ptr = unsafe { cu::malloc_sync(bytes.max(256)) }
+            .map_err(drv(&format!("allocation of {bytes} bytes")))?;
+        Ok(DevBuf {
+            ctx: ctx.clone(),
+            ptr,
+            bytes,
+        })
+    }
+    fn upload<T>(ctx: &Arc<CudaContext>, stream: &CudaStream, data: &[T]) -> Result<Self> {
+        let b = DevBuf::new(ctx, std::mem::size_of_val(data))?;
+        // SAFETY: `b` holds at least size_of_val(data) bytes; synchronised before `data` can go.
+        unsafe { cu::memcpy_htod_async(b.ptr, data, stream.cu_stream()) }.map_err(drv("upload"))?;
+        stream.synchronize().map_err(drv("synchronize"))?;
+        Ok(b)
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by malloc_sync, freed once; the context synchronises first.
+        let _ = self.ctx.synchronize();
+        let _ = unsafe { cu::free_sync(self.ptr) };
+    }
+}
+
+/// One kernel argument, kept alive until the launch reads it.
+enum Arg {
+    I32(i32),
+    I64(i64),
+    F32(f32),
+    Ptr(u64),
+    Conv(ConvParams),
+    Pool(PoolParams),
+}
+
+/// Per-stage GPU times of [`CudaBackend::segment_windows`], measured with CUDA events (ms).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpuTimes {
+    /// Volume + weight map upload (host to device, pinned staging).
+    pub upload_ms: f64,
+    /// Window gather + network, summed over batches.
+    pub compute_ms: f64,
+    /// Weighted accumulation of window logits, plus the final normalise (and argmax).
+    pub blend_ms: f64,
+    /// Result download (device to host).
+    pub download_ms: f64,
+    /// Host wall time of the whole call.
+    pub wall_ms: f64,
+    pub windows: usize,
+    pub batches: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Bin {
+    Add = 0,
+    Mul = 1,
+    Sub = 2,
+    Div = 3,
+}
+
+/// One entry of the launch list. Pointers are final; sizes are per sample (times n at run).
+enum Step {
+    Conv {
+        func: &'static str,
+        p: ConvParams,
+        x: u64,
+        w: u64,
+        bias: u64,
+        y: u64,
+        slope: u64,
+        bn: u32,
+        direct: bool,
+    },
+    Norm {
+        x: u64,
+        y: u64,
+        pix: usize,
+        c: usize,
+        groups: usize,
+        eps: f32,
+        gamma: u64,
+        beta: u64,
+        act: Act,
+        slope: u64,
+    },
+    Affine {
+        x: u64,
+        y: u64,
+        pix: usize,
+        c: usize,
+        ab: u64,
+        act: Act,
+        slope: u64,
+    },
+    Act {
+        x: u64,
+        y: u64,
+        len: usize,
+        c: usize,
+        act: Act,
+        slope: u64,
+    },
+    Binary {
+        a: u64,
+        b: u64,
+        y: u64,
+        len: usize,
+        op: Bin,
+    },
+    BinaryConst {
+        x: u64,
+        k: u64,
+        y: u64,
+        shape: Shape,
+        ks: [i64; 5],
+        op: Bin,
+    },
+    Concat {
+        x: u64,
+        y: u64,
+        pix: usize,
+        cin: usize,
+        ctot: usize,
+        coff: usize,
+    },
+    Copy {
+        x: u64,
+        y: u64,
+        len: usize,
+    },
+    Softmax {
+        x: u64,
+        y: u64,
+        pix: usize,
+        c: usize,
+    },
+    Pool {
+        p: PoolParams,
+        x: u64,
+        y: u64,
+    },
+    Resize {
+        x: u64,
+        y: u64,
+        c: usize,
+        i: [usize; 3],
+        o: [usize; 3],
+        scales: [f32; 3],
+        linear: bool,
+        coord: i32,
+        nmode: i32,
+    },
+}
+
+struct Prepared {
+    batch: usize,
+    roi: [usize; 3],
+    cin: usize,
+    cout: usize,
+    out_spatial: [usize; 3],
+    steps: Vec<Step>,
+    /// Activation buffers (fp16), then constants; all kept alive for the launch list.
+    bufs: Vec<DevBuf>,
+    #[allow(dead_code)]
+    consts: Vec<DevBuf>,
+    input: u64,
+    output: u64,
+    stage_in: DevBuf,
+    stage_out: DevBuf,
+    host_in: PinnedHostSlice<f32>,
+    host_out: PinnedHostSlice<f32>,
+    /// fp64 [batch][Cmax][2] channel sums and f32 [batch][Cmax][2] norm scale/shift.
+    norm_sums: DevBuf,
+    norm_ab: DevBuf,
+    /// Bytes of activation memory the plan allocated (after reuse).
+    activation_bytes: usize,
+}
+
+/// The CUDA fp16 backend on one device.
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    copy: Arc<CudaStream>,
+    funcs: HashMap<&'static str, CudaFunction>,
+    device_name: String,
+    arch: String,
+    sm_count: u32,
+    prepared: Option<Prepared>,
+    poison: bool,
+    /// How many kernel families came from the on-disk PTX cache at start.
+    pub ptx_from_cache: usize,
+}
+
+impl CudaBackend {
+    /// Opens device `device`, compiles (or loads from the cache) every kernel family.
+    /// Returns `Err` (never panics) when there is no driver, no such device or no NVRTC.
+    pub fn new(device: usize) -> Result<Self> {
+        // SAFETY: only tries to dlopen the driver library names.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::Backend(
+                "no CUDA driver found (libcuda.so): install the NVIDIA driver or use the CPU backend".into(),
+            ));
+        }
+        if !kernels::nvrtc_present() {
+            return Err(Error::Backend(
+                "no NVRTC found (libnvrtc.so): add the CUDA toolkit's lib64 folder to LD_LIBRARY_PATH".into(),
+            ));
+        }
+        let count = CudaContext::device_count().map_err(drv("device count (cuInit)"))?;
+        if device >= count.max(0) as usize {
+            return Err(Error::Backend(format!(
+                "CUDA device {device} does not exist ({count} found)"
+            )));
+        }
+        let ctx = CudaContext::new(device).map_err(drv("context creation"))?;
+        // SAFETY: this backend orders its own streams with events; nothing else uses the context's slices.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(drv("stream creation"))?;
+        let copy = ctx.new_stream().map_err(drv("stream creation"))?;
+        let (ma, mi) = ctx
+            .compute_capability()
+            .map_err(drv("compute capability"))?;
+        if ma < 7 {
+            return Err(Error::Backend(format!("CUDA device {device} has compute capability {ma}.{mi}; tensor-core kernels need 7.0 or newer")));
+        }
+        let arch = format!("sm_{ma}{mi}");
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(drv("device attribute"))? as u32;
+        let mut dv = 0i32;
+        // SAFETY: the driver is loaded; valid out pointer.
+        unsafe { sys::cuDriverGetVersion(&mut dv) };
+        let mut funcs = HashMap::new();
+        let mut ptx_from_cache = 0;
+        for (name, src, entries) in kernels::FAMILIES {
+            let (ptx, cached) = kernels::ptx_cached(name, src, &arch, dv)?;
+            ptx_from_cache += cached as usize;
+            let module = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                .map_err(drv(&format!("loading kernels/{name}.cu")))?;
+            for e in entries.iter() {
+                let f = module
+                    .load_function(e)
+                    .map_err(drv(&format!("loading kernel {e}")))?;
+                funcs.insert(*e, f);
+            }
+        }
+        let device_name = ctx.name().unwrap_or_else(|_| "unknown".into());
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            copy,
+            funcs,
+            device_name,
+            arch,
+            sm_count,
+            prepared: None,
+            poison: false,
+            ptx_from_cache,
+        })
+    }
+
+    /// Fill every activation buffer with NaN before each run, so unwritten elements show (tests).
+    pub fn set_poison(&mut self, on: bool) {
+        self.poison = on;
+    }
+
+    /// The device's architecture string, e.g. "sm_90".
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    /// Bytes of device activation memory the prepared plan holds (after liveness reuse).
+    pub fn activation_bytes(&self) -> usize {
+        self.prepared.as_ref().map_or(0, |p| p.activation_bytes)
+    }
+
+    fn launch(
+        &self,
+        stream: &CudaStream,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &mut [Arg],
+    ) -> Result<()> {
+        let f = self
+            .funcs
+            .get(name)
+            .ok_or_else(|| Error::Backend(format!("kernel {name} is not loaded")))?;
+        let mut ptrs: Vec<*mut c_void> = args
+            .iter_mut()
+            .map(|a| match a {
+                Arg::I32(v) => v as *mut i32 as *mut c_void,
+                Arg::I64(v) => v as *mut i64 as *mut c_void,
+                Arg::F32(v) => v as *mut f32 as *mut c_void,
+                Arg::Ptr(v) => v as *mut u64 as *mut c_void,
+                Arg::Conv(v) => v as *mut ConvParams as *mut c_void,
+                Arg::Pool(v) => v as *mut PoolParams as *mut c_void,
+            })
+            .collect();
+        // SAFETY: every pointer points into `args`, alive for the call; the argument lists match
+        // the kernels' signatures (kept in sync with kernels/*.cu by the GPU op tests).
+        unsafe {
+            cu::launch_kernel(
+                f.cu_function(),
+                grid,
+                (block, 1, 1),
+                smem,
+                stream.cu_stream(),
+                &mut ptrs,
+            )
+        }
+        .map_err(drv(&format!("launch of {name}")))
+    }
+
+    /// Grid size for grid-stride elementwise kernels.
+    fn grid_for(&self, total: usize) -> (u32, u32, u32) {
+        let blocks = total.div_ceil(256).clamp(1, self.sm_count as usize * 32);
+        (blocks as u32, 1, 1)
+    }
+
+    fn eltwise(
+        &self,
+        stream: &CudaStream,
+        name: &str,
+        total: usize,
+        args: &mut [Arg],
+    ) -> Result<()> {
+        self.launch(stream, name, self.grid_for(total), 256, 0, args)
+    }
+
+    fn upload_const(&self, consts: &mut Vec<DevBuf>, data: &[f32]) -> Result<u64> {
+        let b = DevBuf::upload(&self.ctx, &self.stream, data)?;
+        let p = b.ptr;
+        consts.push(b);
+        Ok(p)
+    }
+
+    fn act_slope(&self, consts: &mut Vec<DevBuf>, act: &Act) -> Result<u64> {
+        match act {
+            Act::PRelu(s) => self.upload_const(consts, s),
+            _ => Ok(0),
+        }
+    }
+
+    fn build(&self, graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<Prepared> {
+        if batch == 0 || roi.contains(&0) {
+            return Err(Error::Invalid(format!(
+                "batch {batch} and window {roi:?} must be non-zero"
+            )));
+        }
+        let shapes = plan::infer_shapes(graph, roi)?;
+        let cons = plan::consumers(graph);
+        let nn = graph.nodes.len();
+        // Last node that reads each value (the graph output lives to the end).
+        let mut last_use = vec![0usize; graph.values.len()];
+        for (i, n) in graph.nodes.iter().enumerate() {
+            for &v in &n.inputs {
+                last_use[v] = last_use[v].max(i);
+            }
+        }
+        last_use[graph.output] = usize::MAX;
+        let numel = |s: &Shape| s.iter().product::<usize>();
+
+        // Buffer pool: best-fit reuse of freed buffers.
+        let mut bufs: Vec<DevBuf> = Vec::new();
+        let mut free: Vec<usize> = Vec::new();
+        let mut buf_of: Vec<Option<usize>> = vec![None; graph.values.len()];
+        let alloc =
+            |bufs: &mut Vec<DevBuf>, free: &mut Vec<usize>, bytes: usize| -> Result<usize> {
+                let best = free
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &b)| bufs[b].bytes >= bytes)
+                    .min_by_key(|(_, &b)| bufs[b].bytes)
+                    .map(|(i, _)| i);
+                if let Some(i) = best {
+                    return Ok(free.swap_remove(i));
+                }
+                bufs.push(DevBuf::new(&self.ctx, bytes)?);
+                Ok(bufs.len() - 1)
+            };
+        let in_shape = shapes[graph.input];
+        let ib = alloc(&mut bufs, &mut free, batch * numel(&in_shape) * 2)?;
+        buf_of[graph.input] = Some(ib);
+
+        let mut consts: Vec<DevBuf> = Vec::new();
+        let mut steps: Vec<Step> = Vec::new();
+        let mut fused_into: Vec<bool> = vec![false; nn];
+        let mut cmax = 1;
+        for (i, node) in graph.nodes.iter().enumerate() {
+            if fused_into[i] {
+                continue;
+            }
+            let ptr_of =
+                |v: usize, bufs: &Vec<DevBuf>, buf_of: &Vec<Option<usize>>| -> Result<u64> {
+                    buf_of[v].map(|b| bufs[b].ptr).ok_or_else(|| {
+                        Error::Graph(format!(
+                            "node {}: input value {v} was never computed",
+                            node.name
+                        ))
+                    })
+                };
+            let xs: Vec<u64> = node
+                .inputs
+                .iter()
+                .map(|&v| ptr_of(v, &bufs, &buf_of))
+                .collect::<Result<_>>()?;
+            let x = xs[0];
+            let xshape = shapes[node.inputs[0]];
+            // Fuse a following activation into conv / norm epilogues.
+            let fuse = match &node.op {
+                Op::Conv(_)
+                | Op::ConvTranspose(_)
+                | Op::InstanceNorm { .. }
+                | Op::GroupNorm { .. }
+                | Op::ChannelAffine { .. } => plan::fusable_activation(graph, &cons, i),
+                _ => None,
+            };
+            let (act, out_v) = match fuse {
+                Some(j) => {
+                    fused_into[j] = true;
+                    (
+                        Act::of(&graph.nodes[j].op).expect("checked by fusable_activation"),
+                        graph.nodes[j].output,
+                    )
+                }
+                None => (Act::None, node.output),
+            };
+            let oshape = shapes[node.output];
+            cmax = cmax.max(oshape[0]);
+            let ob = alloc(&mut bufs, &mut free, batch * numel(&oshape) * 2)?;
+            buf_of[out_v] = Some(ob);
+            let y = bufs[ob].ptr;
+            let pix = oshape[1] * oshape[2] * oshape[3];
+            let slope = self.act_slope(&mut consts, &act)?;
+            let slope_n = match &act {
+                Act::PRelu(s) => {
+                    if s.len() != 1 && s.len() != oshape[0] {
+                        return Err(Error::Graph(format!(
+                            "node {}: PRelu slope has {} values for {} channels",
+                            node.name,
+                            s.len(),
+                            oshape[0]
+                        )));
+                    }
+                    s.len() as i32
+                }
+                _ => 1,
+            };
+            match &node.op {
+                Op::Conv(c) => {
+                    let w = &c.weight.shape;
+                    steps.push(self.conv_step(
+                        &mut consts,
+                        &c.weight,
+                        c.bias.as_ref(),
+                        c.groups,
+                        false,
+                        xshape,
+                        oshape,
+                        [w[2], w[3], w[4]],
+                        c.stride,
+                        c.dilation,
+                        [c.pads[0], c.pads[1], c.pads[2]],
+                        &act,
+                        x,
+                        y,
+                        slope,
+                        slope_n,
+                    )?);
+                }
+                Op::ConvTranspose(c) => {
+                    let w = &c.weight.shape;
+                    steps.push(self.conv_step(
+                        &mut consts,
+                        &c.weight,
+                        c.bias.as_ref(),
+                        c.groups,
+                        true,
+                        xshape,
+                        oshape,
+                        [w[2], w[3], w[4]],
+                        c.stride,
+                        c.dilation,
+                        [c.pads[0], c.pads[1], c.pads[2]],
+                        &act,
+                        x,
+                        y,
+                        slope,
+                        slope_n,
+                    )?);
+                }
+                Op::InstanceNorm { eps, scale, bias }
+                | Op::GroupNorm {
+                    eps, scale, bias, ..
+                } => {
+                    let groups = match &node.op {
+                        Op::GroupNorm { groups, .. } => *groups,
+                        _ => xshape[0],
+                    };
+                    if scale.len() != xshape[0] || bias.len() != xshape[0] {
+                        return Err(Error::Graph(format!(
+                            "node {}: norm scale/bias length differs from {} channels",
+                            node.name, xshape[0]
+                        )));
+                    }
+                    let gamma = self.upload_const(&mut consts, &scale.data)?;
+                    let beta = self.upload_const(&mut consts, &bias.data)?;
+                    steps.push(Step::Norm {
+                        x,
+                        y,
+                        pix,
+                        c: xshape[0],
+                        groups,
+                        eps: *eps,
+                        gamma,
+                        beta,
+                        act,
+                        slope,
+                    });
+                }
+                Op::ChannelAffine { scale, shift } => {
+                    if scale.len() != xshape[0] || shift.len() != xshape[0] {
+                        return Err(Error::Graph(format!(
+                            "node {}: affine length differs from {} channels",
+                            node.name, xshape[0]
+                        )));
+                    }
+                    let ab: Vec<f32> = scale
+                        .data
+                        .iter()
+                        .zip(&shift.data)
+                        .flat_map(|(a, b)| [*a, *b])
+                        .collect();
+                    let ab = self.upload_const(&mut consts, &ab)?;
+                    steps.push(Step::Affine {
+                        x,
+                        y,
+                        pix,
+                        c: xshape[0],
+                        ab,
+                        act,
+                        slope,
+                    });
+                }
+                op @ (Op::Relu
+                | Op::LeakyRelu { .. }
+                | Op::PRelu { .. }
+                | Op::Elu { .. }
+                | Op::Sigmoid
+                | Op::Tanh) => {
+                    let a = Act::of(op).expect("activation");
+                    let slope = self.act_slope(&mut consts, &a)?;
+                    if let Act::PRelu(s) = &a {
+                        if s.len() != 1 && s.len() != xshape[0] {
+                            return Err(Error::Graph(format!(
+                                "node {}: PRelu slope has {} values for {} channels",
+                                node.name,
+                                s.len(),
+                                xshape[0]
+                            )));
+                        }
+                    }
+                    steps.push(Step::Act {
+                        x,
+                        y,
+                        len: numel(&xshape),
+                        c: xshape[0],
+                        act: a,
+                        slope,
+                    });
+                }
+                Op::Add | Op::Mul | Op::Sub | Op::Div => {
+                    let op = match &node.op {
+                        Op::Add => Bin::Add,
+                        Op::Mul => Bin::Mul,
+                        Op::Sub => Bin::Sub,
+                        _ => Bin::Div,
+                    };
+                    steps.push(Step::Binary {
+                        a: x,
+                        b: xs[1],
+                        y,
+                        len: numel(&xshape),
+                        op,
+                    });
+                }
+                Op::AddConst(t) | Op::MulConst(t) => {
+                    let op = if matches!(node.op, Op::AddConst(_)) {
+                        Bin::Add
+                    } else {
+                        Bin::Mul
+                    };
+                    let ks = const_strides(t, batch, &xshape).ok_or_else(|| {
+                        Error::Graph(format!(
+                            "node {}: constant of shape {:?} does not broadcast to [N,{:?}]",
+                            node.name, t.shape, xshape
+                        ))
+                    })?;
+                    let k = self.upload_const(&mut consts, &t.data)?;
+                    steps.push(Step::BinaryConst {
+                        x,
+                        k,
+                        y,
+                        shape: xshape,
+                        ks,
+                        op,
+                    });
+                }
+                Op::Concat { .. } => {
+                    let mut coff = 0;
+                    for (&v, &xp) in node.inputs.iter().zip(&xs) {
+                        let cin = shapes[v][0];
+                        steps.push(Step::Concat {
+                            x: xp,
+                            y,
+                            pix,
+                            cin,
+                            ctot: oshape[0],
+                            coff,
+                        });
+                        coff += cin;
+                    }
+                }
+                Op::Identity => steps.push(Step::Copy {
+                    x,
+                    y,
+                    len: numel(&xshape),
+                }),
+                Op::Softmax { .. } => steps.push(Step::Softmax {
+                    x,
+                    y,
+                    pix,
+                    c: xshape[0],
+                }),
+                Op::MaxPool(p) | Op::AveragePool(p) => {
+                    let pp = PoolParams {
+                        n: batch as i32,
+                        di: xshape[1] as i32,
+                        hi: xshape[2] as i32,
+                        wi: xshape[3] as i32,
+                        c: xshape[0] as i32,
+                        do_: oshape[1] as i32,
+                        ho: oshape[2] as i32,
+                        wo: oshape[3] as i32,
+                        kd: p.kernel[0] as i32,
+                        kh: p.kernel[1] as i32,
+                        kw: p.kernel[2] as i32,
+                        sd: p.stride[0] as i32,
+                        sh: p.stride[1] as i32,
+                        sw: p.stride[2] as i32,
+                        dd: p.dilation[0] as i32,
+                        dh: p.dilation[1] as i32,
+                        dw: p.dilation[2] as i32,
+                        pd: p.pads[0] as i32,
+                        ph: p.pads[1] as i32,
+                        pw: p.pads[2] as i32,
+                        ped: p.pads[3] as i32,
+                        peh: p.pads[4] as i32,
+                        pew: p.pads[5] as i32,
+                        is_max: matches!(node.op, Op::MaxPool(_)) as i32,
+                        count_include_pad: p.count_include_pad as i32,
+                    };
+                    steps.push(Step::Pool { p: pp, x, y });
+                }
+                Op::Resize(r) => {
+                    let i3 = [xshape[1], xshape[2], xshape[3]];
+                    let (o3, scales) = plan::resize_geometry(r, i3);
+                    use crate::model::graph::{CoordMode, NearestMode};
+                    let coord = match r.coord {
+                        CoordMode::HalfPixel => 0,
+                        CoordMode::PytorchHalfPixel => 1,
+                        CoordMode::AlignCorners => 2,
+                        CoordMode::Asymmetric => 3,
+                    };
+                    let nmode = match r.nearest {
+                        NearestMode::RoundPreferFloor => 0,
+                        NearestMode::RoundPreferCeil => 1,
+                        NearestMode::Floor => 2,
+                        NearestMode::Ceil => 3,
+                    };
+                    steps.push(Step::Resize {
+                        x,
+                        y,
+                        c: xshape[0],
+                        i: i3,
+                        o: o3,
+                        scales,
+                        linear: plan::is_linear(r),
+                        coord,
+                        nmode,
+                    });
+                }
+            }
+            // Release inputs read for the last time here (after the output was placed, so a
+            // kernel never reads and writes one buffer). A fused activation ends at node j.
+            let end = fuse.unwrap_or(i);
+            for &v in &node.inputs {
+                if last_use[v] <= end && v != out_v {
+                    if let Some(b) = buf_of[v].take() {
+                        if !buf_of.iter().any(|o| *o == Some(b)) && !free.contains(&b) {
+                            free.push(b);
+                        }
+                    }
+                }
+            }
+        }
+        let ob = buf_of[graph.output]
+            .ok_or_else(|| Error::Graph("the graph output is never computed".into()))?;
+        let out_shape = shapes[graph.output];
+        let activation_bytes = bufs.iter().map(|b| b.bytes).sum();
+        let in_len = batch * numel(&in_shape);
+        let out_len = batch * numel(&out_shape);
+        // SAFETY: host buffers are written before they are read. Flags 0: cached (not
+        // write-combined) memory, fast to read back on the host.
+        let host_in = unsafe { self.ctx.alloc_pinned_with_flags::<f32>(in_len, 0) }
+            .map_err(drv("pinned allocation"))?;
+        let host_out = unsafe { self.ctx.alloc_pinned_with_flags::<f32>(out_len, 0) }
+            .map_err(drv("pinned allocation"))?;
+        Ok(Prepared {
+            batch,
+            roi,
+            cin: in_shape[0],
+            cout: out_shape[0],
+            out_spatial: [out_shape[1], out_shape[2], out_shape[3]],
+            steps,
+            input: bufs[ib].ptr,
+            output: bufs[ob].ptr,
+            bufs,
+            consts,
+            stage_in: DevBuf::new(&self.ctx, in_len * 4)?,
+            stage_out: DevBuf::new(&self.ctx, out_len * 4)?,
+            host_in,
+            host_out,
+            norm_sums: DevBuf::new(&self.ctx, batch * cmax * 2 * 8)?,
+            norm_ab: DevBuf::new(&self.ctx, batch * cmax * 2 * 4)?,
+            activation_bytes,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn conv_step(
+        &self,
+        consts: &mut Vec<DevBuf>,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        groups: usize,
+        transposed: bool,
+        xs: Shape,
+        os: Shape,
+        k: [usize; 3],
+        stride: [usize; 3],
+        dil: [usize; 3],
+        pads: [usize; 3],
+        act: &Act,
+        x: u64,
+        y: u64,
+        slope: u64,
+        slope_n: i32,
+    ) -> Result<Step> {
+        let cout = os[0];
+        let direct = groups != 1;
+        let bn: u32 = if cout <= 32 { 32 } else { 64 };
+        let cout_pad = cout.div_ceil(64) * 64;
+        let (wh, kpad) =
+            plan::relayout_weight(&weight.data, &weight.shape, groups, transposed, cout_pad);
+        let wb = DevBuf::upload(&self.ctx, &self.stream, &wh)?;
+        let w = wb.ptr;
+        consts.push(wb);
+        let bias = match bias {
+            Some(b) if b.len() == cout => self.upload_const(consts, &b.data)?,
+            Some(b) => {
+                return Err(Error::Graph(format!(
+                    "conv bias has {} values for {cout} channels",
+                    b.len()
+                )))
+            }
+            None => 0,
+        };
+        let p = ConvParams {
+            n: 0,
+            di: xs[1] as i32,
+            hi: xs[2] as i32,
+            wi: xs[3] as i32,
+            cin: if direct { xs[0] as i32 } else { xs[0] as i32 },
+            do_: os[1] as i32,
+            ho: os[2] as i32,
+            wo: os[3] as i32,
+            cout: cout as i32,
+            kd: k[0] as i32,
+            kh: k[1] as i32,
+            kw: k[2] as i32,
+            sd: stride[0] as i32,
+            sh: stride[1] as i32,
+            sw: stride[2] as i32,
+            pd: pads[0] as i32,
+            ph: pads[1] as i32,
+            pw: pads[2] as i32,
+            dd: dil[0] as i32,
+            dh: dil[1] as i32,
+            dw: dil[2] as i32,
+            transposed: transposed as i32,
+            kpad: kpad as i32,
+            groups: groups as i32,
+            ldc: cout as i32,
+            coff: 0,
+            act: act.code(),
+            alpha: act.alpha(),
+            slope_n,
+        };
+        let vec8 = xs[0] % 8 == 0;
+        let func = match (direct, bn, vec8) {
+            (true, _, _) => "conv_direct",
+            (false, 64, true) => "conv_igemm_n64_v8",
+            (false, 64, false) => "conv_igemm_n64_v1",
+            (false, _, true) => "conv_igemm_n32_v8",
+            (false, _, false) => "conv_igemm_n32_v1",
+        };
+        Ok(Step::Conv {
+            func,
+            p,
+            x,
+            w,
+            bias,
+            y,
+            slope,
+            bn,
+            direct,
+        })
+    }
+
+    /// Launches the prepared list for `n` samples on the compute stream.
+    fn run_steps(&self, prep: &Prepared, n: usize) -> Result<()> {
+        let s = &*self.stream;
+        for step in &prep.steps {
+            match step {
+                Step::Conv {
+                    func,
+                    p,
+                    x,
+                    w,
+                    bias,
+                    y,
+                    slope,
+                    bn,
+                    direct,
+                } => {
+                    let mut p = *p;
+                    p.n = n as i32;
+                    if *direct {
+                        let total = n * (p.do_ * p.ho * p.wo * p.cout) as usize;
+                        self.eltwise(
+                            s,
+                            func,
+                            total,
+                            &mut [
+                                Arg::Conv(p),
+                                Arg::Ptr(*x),
+                                Arg::Ptr(*w),
+                                Arg::Ptr(*bias),
+                                Arg::Ptr(*y),
+                                Arg::Ptr(*slope),
+                            ],
+                        )?;
+                    } else {
+                        let m = n * (p.do_ * p.ho * p.wo) as usize;
+                        let grid = (m.div_ceil(128) as u32, (p.cout as u32).div_ceil(*bn), 1);
+                        self.launch(
+                            s,
+                            func,
+                            grid,
+                            128,
+                            0,
+                            &mut [
+                                Arg::Conv(p),
+                                Arg::Ptr(*x),
+                                Arg::Ptr(*w),
+                                Arg::Ptr(*bias),
+                                Arg::Ptr(*y),
+                                Arg::Ptr(*slope),
+                            ],
+                        )?;
+                    }
+                }
+                Step::Norm {
+                    x,
+                    y,
+                    pix,
+                    c,
+                    groups,
+                    eps,
+                    gamma,
+                    beta,
+                    act,
+                    slope,
+                } => {
+                    let sums = prep.norm_sums.ptr;
+                    // SAFETY: zero the fp64 sums this norm accumulates into (stream ordered).
+                    unsafe { cu::memset_d8_async(sums, 0, n * c * 16, s.cu_stream()) }
+                        .map_err(drv("memset"))?;
+                    let chunk = 4096usize;
+                    let grid = (pix.div_ceil(chunk) as u32, n as u32, 1);
+                    self.launch(
+                        s,
+                        "norm_stats",
+                        grid,
+                        256,
+                        (*c * 8) as u32,
+                        &mut [
+                            Arg::Ptr(*x),
+                            Arg::I64(*pix as i64),
+                            Arg::I32(*c as i32),
+                            Arg::I32(*groups as i32),
+                            Arg::I32(chunk as i32),
+                            Arg::Ptr(sums),
+                        ],
+                    )?;
+                    self.launch(
+                        s,
+                        "norm_finalize",
+                        ((n * c).div_ceil(128) as u32, 1, 1),
+                        128,
+                        0,
+                        &mut [
+                            Arg::Ptr(sums),
+                            Arg::Ptr(*x),
+                            Arg::I32(n as i32),
+                            Arg::I64(*pix as i64),
+                            Arg::I32(*c as i32),
+                            Arg::I32(*groups as i32),
+                            Arg::F32(*eps),
+                            Arg::Ptr(*gamma),
+                            Arg::Ptr(*beta),
+                            Arg::Ptr(prep.norm_ab.ptr),
+                        ],
+                    )?;
+                    let total = n * pix * c;
+                    let sn = slope_n(act);
+                    self.eltwise(
+                        s,
+                        "affine_act",
+                        total,
+                        &mut [
+                            Arg::Ptr(*x),
+                            Arg::Ptr(*y),
+                            Arg::I64(total as i64),
+                            Arg::I64(*pix as i64),
+                            Arg::I32(*c as i32),
+                            Arg::Ptr(prep.norm_ab.ptr),
+                            Arg::I32(*c as i32),
+                            Arg::I32(act.code()),
+                            Arg::F32(act.alpha()),
+                            Arg::Ptr(*slope),
+                            Arg::I32(sn),
+                        ],
+                    )?;
+                }
+                Step::Affine {
+                    x,
+                    y,
+                    pix,
+                    c,
+                    ab,
+                    act,
+                    slope,
+                } => {
+                    let total = n * pix * c;
+                    self.eltwise(
+                        s,
+                        "affine_act",
+                        total,
+                        &mut [
+                            Arg::Ptr(*x),
+                            Arg::Ptr(*y),
+                            Arg::I64(total as i64),
+                            Arg::I64(*pix as i64),
+                            Arg::I32(*c as i32),
+                            Arg::Ptr(*ab),
+                            Arg::I32(0),
+                            Arg::I32(act.code()),
+                            Arg::F32(act.alpha()),
+                            Arg::Ptr(*slope),
+                            Arg::I32(slope_n(act)),
+                        ],
+                    )?;
+                }
+                Step::Act {
+                    x,
+                    y,
+                    len,
+                    c,
+                    act,
+                    slope,
+                } => {
+                    let total = n * len;
+                    self.eltwise(
+                        s,
+                        "act_kernel",
+                        total,
+                        &mut [
+                            Arg::Ptr(*x),
+                            Arg::Ptr(*y),
+                            Arg::I64(total as i64),
+                            Arg::I32(*c as i32),
+                            Arg::I32(act.code()),
+                            Arg::F32(act.alpha()),
+                            Arg::Ptr(*slope),
+                            Arg::I32(slope_n(act)),
+                        ],
+                    )?;
+                }
+                Step::Binary { a, b, y, len, op } => {
+                    let total = n * len;
+                    self.eltwise(
+                        s,
+                        "binary_kernel",
+                        total,
+                        &mut [
+                            Arg::Ptr(*a),
+                            Arg::Ptr(*b),
+                            Arg::Ptr(*y),
+                            Arg::I64(total as i64),
+                            Arg::I32(*op as i32),
+                        ],
+                    )?;
+                }
+                Step::BinaryConst {
+                    x,
+                    k,
+                    y,
+                    shape,
+                    ks,
+                    op,
+                } => {
+                    let total = n * shape.iter().product::<usize>();
+                    self.eltwise(
+                        s,
+                        "binary_const_kernel",
+                        total,
+                        &mut [
+                            Arg::Ptr(*x),
+                            Arg::Ptr(*k),
+                            Arg::Ptr(*y),
+                            Arg::I32(shape[1] as i32),
+                            Arg::I32(shape[2] as i32),
+                            Arg::I32(shape[3] as i32),
+                            Arg::I32(shape[0] as i32),
+                            Arg::I64(total as i64),
+                            Arg::I64(ks[0]),
+                            Arg::I64(ks[1]),
+                            Arg::I64(ks[2]),
+                            Arg::I64(ks[3]),
+                            Arg::I64(ks[4]),
+                            Arg::I32(*op as i32),
+                        ],
+                    )?;
+                }
+                Step::Concat {
+                    x,
+                    y,
+                    pix,
+                    cin,
+                    ctot,
+                    coff,
+                } => {
+                    let p = n * pix;
+                    self.eltwise(
+                        s,
+                        "concat_copy",
+                        p * cin,
+                        &mut [
+                            Arg::Ptr(*x),
+                            Arg::Ptr(*y),
+                            Arg::I64(p as i64),
+                            Arg::I32(*cin as i32),
+                            Arg::I32(*ctot as i32),
+                            Arg::I32(*coff as i32),
+                        ],
+                    )?;
+                }
+                Step::Copy { x, y, len } => {
+                    self.eltwise(
+                        s,
+                        "copy_half",
+                        n * len,
+                        &mut [Arg::Ptr(*x), Arg::Ptr(*y), Arg::I64((n * len) as i64)],
+                    )?;
+                }
+                Step::Softmax { x, y, pix, c } => {
+                    self.eltwise(
+                        s,
+                        "softmax_channels",
+                        n * pix,
+                        &mut [
+                            Arg::Ptr(*x),
+                            Arg::Ptr(*y),
+                            Arg::I64((n * pix) as i64),
+                            Arg::I32(*c as i32),
+                        ],
+                    )?;
+                }
+                Step::Pool { p, x, y } => {
+                    let mut p = *p;
+                    p.n = n as i32;
+                    let total = n * (p.do_ * p.ho * p.wo * p.c) as usize;
+                    self.eltwise(
+                        s,
+                        "pool_kernel",
+                        total,
+                        &mut [Arg::Pool(p), Arg::Ptr(*x), Arg::Ptr(*y)],
+                    )?;
+                }
+                Step::Resize {
+                    x,
+                    y,
+                    c,
+                    i,
+                    o,
+                    scales,
+                    linear,
+                    coord,
+                    nmode,
+                } => {
+                    let total = n * c * o.iter().product::<usize>();
+                    self.eltwise(
+                        s,
+                        "resize_kernel",
+                        total,
+                        &mut [
+                            Arg::Ptr(*x),
+                            Arg::Ptr(*y),
+                            Arg::I32(n as i32),
+                            Arg::I32(*c as i32),
+                            Arg::I32(i[0] as i32),
+                            Arg::I32(i[1] as i32),
+                            Arg::I32(i[2] as i32),
+                            Arg::I32(o[0] as i32),
+                            Arg::I32(o[1] as i32),
+                            Arg::I32(o[2] as i32),
+                            Arg::F32(scales[0]),
+                            Arg::F32(scales[1]),
+                            Arg::F32(scales[2]),
+                            Arg::I32(*linear as i32),
+                            Arg::I32(*coord),
+                            Arg::I32(*nmode),
+                        ],
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn poison_buffers(&self, prep: &Prepared) -> Result<()> {
+        for b in &prep.bufs {
+            let len = b.bytes / 2;
+            self.eltwise(
+                &self.stream,
+                "fill_half",
+                len,
+                &mut [Arg::Ptr(b.ptr), Arg::I64(len as i64), Arg::F32(f32::NAN)],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn prepared(&self) -> Result<&Prepared> {
+        self.prepared
+            .as_ref()
+            .ok_or_else(|| Error::Invalid("the CUDA backend was not prepared for a graph".into()))
+    }
+
+    /// Runs the prepared graph on `n` windows already in the NDHWC fp16 input buffer.
+    fn forward(&self, n: usize) -> Result<()> {
+        let prep = self.prepared()?;
+        self.run_steps(prep, n)
+    }
+
+    fn ensure_window_plan(&self, roi: [usize; 3], batch: usize) -> Result<&Prepared> {
+        let prep = self.prepared()?;
+        if prep.roi != roi || prep.batch < batch {
+            return Err(Error::Invalid(format!(
+                "the CUDA backend was prepared for window {:?} batch {}, not window {roi:?} batch {batch}",
+                prep.roi, prep.batch
+            )));
+        }
+        if prep.out_spatial != roi {
+            return Err(Error::Invalid(format!(
+                "the model maps window {roi:?} to {:?}; sliding-window blending needs equal sizes",
+                prep.out_spatial
+            )));
+        }
+        Ok(prep)
+    }
+
+    /// Sliding-window inference on the GPU: the volume `(C, D, H, W)` is uploaded once, windows
+    /// (`starts` in padded coordinates, padded size `padded`, `pad_before` voxels of `cval` before
+    /// the volume) are gathered on the device in batches of `batch`, run, and blended with
+    /// `weights` (roi) into fp32 accumulators and one weight sum; the result is normalised on the
+    /// GPU and returned as blended logits `(Cout, D, H, W)`. `prepare(graph, >= batch, roi)` first.
+    #[allow(clippy::too_many_arguments)]
+    pub fn segment_windows(
+        &mut self,
+        vol: ArrayView4<f32>,
+        padded: [usize; 3],
+        pad_before: [usize; 3],
+        roi: [usize; 3],
+        starts: &[[usize; 3]],
+        weights: ArrayView3<f32>,
+        batch: usize,
+        cval: f32,
+    ) -> Result<(Array4<f32>, GpuTimes)> {
+        let (acc, _labels, times) = self.windows_impl(
+            vol, padded, pad_before, roi, starts, weights, batch, cval, false,
+        )?;
+        Ok((acc.expect("logits requested"), times))
+    }
+
+    /// As [`Self::segment_windows`], but takes the argmax over channels on the GPU and returns
+    /// only the labels `(D, H, W)` (first maximum wins; at most 256 classes).
+    #[allow(clippy::too_many_arguments)]
+    pub fn segment_windows_argmax(
+        &mut self,
+        vol: ArrayView4<f32>,
+        padded: [usize; 3],
+        pad_before: [usize; 3],
+        roi: [usize; 3],
+        starts: &[[usize; 3]],
+        weights: ArrayView3<f32>,
+        batch: usize,
+        cval: f32,
+    ) -> Result<(Array3<u8>, GpuTimes)> {
+        let (_acc, labels, times) = self.windows_impl(
+            vol, padded, pad_before, roi, starts, weights, batch, cval, true,
+        )?;
+        Ok((labels.expect("labels requested"), times))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn windows_impl(
+        &mut self,
+        vol: ArrayView4<f32>,
+        padded: [usize; 3],
+        pad_before: [usize; 3],
+        roi: [usize; 3],
+        starts: &[[usize; 3]],
+        weights: ArrayView3<f32>,
+        batch: usize,
+        cval: f32,
+        argmax: bool,
+    ) -> Result<(Option<Array4<f32>>, Option<Array3<u8>>, GpuTimes)> {
+        let t0 = Instant::now();
+        let prep = self.ensure_window_plan(roi, batch)?;
+        let (c, d, h, w) = vol.dim();
+        if c != prep.cin {
+            return Err(Error::Invalid(format!(
+                "the volume has {c} channels, the model takes {}",
+                prep.cin
+            )));
+        }
+        if batch == 0 {
+            return Err(Error::Invalid("window batch must be at least 1".into()));
+        }
+        if weights.dim() != (roi[0], roi[1], roi[2]) {
+            return Err(Error::Invalid(format!(
+                "weight map {:?} differs from window {roi:?}",
+                weights.dim()
+            )));
+        }
+        for a in 0..3 {
+            if padded[a] < [d, h, w][a] + pad_before[a] || padded[a] < roi[a] {
+                return Err(Error::Invalid(format!("padded size {padded:?} does not hold the volume {:?} after padding {pad_before:?} or the window {roi:?}", [d, h, w])));
+            }
+        }
+        if let Some(s) = starts
+            .iter()
+            .find(|s| (0..3).any(|a| s[a] + roi[a] > padded[a]))
+        {
+            return Err(Error::Invalid(format!(
+                "window start {s:?} + {roi:?} exceeds the padded volume {padded:?}"
+            )));
+        }
+        let cout = prep.cout;
+        if argmax && cout > 256 {
+            return Err(Error::Invalid(format!(
+                "argmax labels are u8: {cout} classes are too many"
+            )));
+        }
+        let vox = d * h * w;
+        let ev = |s: &CudaStream| -> Result<CudaEvent> {
+            s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(drv("event"))
+        };
+        // Upload on the copy stream through pinned staging.
+        let vol_data: Vec<f32> = vol.iter().copied().collect();
+        let wmap: Vec<f32> = weights.iter().copied().collect();
+        // SAFETY: fully written below before the copy reads it.
+        let mut host = unsafe {
+            self.ctx
+                .alloc_pinned_with_flags::<f32>(vol_data.len() + wmap.len(), 0)
+        }
+        .map_err(drv("pinned allocation"))?;
+        {
+            let hs = host.as_mut_slice().map_err(drv("pinned access"))?;
+            hs[..vol_data.len()].copy_from_slice(&vol_data);
+            hs[vol_data.len()..].copy_from_slice(&wmap);
+        }
+        drop(vol_data);
+        let dvol = DevBuf::new(&self.ctx, c * vox * 4)?;
+        let dw = DevBuf::new(&self.ctx, wmap.len() * 4)?;
+        let acc = DevBuf::new(&self.ctx, cout * vox * 4)?;
+        let wsum = DevBuf::new(&self.ctx, vox * 4)?;
+        let labels = DevBuf::new(&self.ctx, if argmax { vox } else { 1 })?;
+        let up0 = ev(&self.copy)?;
+        {
+            let hs = host.as_slice().map_err(drv("pinned access"))?;
+            let nv = c * vox;
+            // SAFETY: destinations hold these many bytes; `host` outlives the synchronisation below.
+            unsafe {
+                cu::memcpy_htod_async(dvol.ptr, &hs[..nv], self.copy.cu_stream())
+                    .map_err(drv("upload"))?;
+                cu::memcpy_htod_async(dw.ptr, &hs[nv..], self.copy.cu_stream())
+                    .map_err(drv("upload"))?;
+            }
+        }
+        let up1 = ev(&self.copy)?;
+        // SAFETY: zeroing our own accumulators on the compute stream.
+        unsafe {
+            cu::memset_d8_async(acc.ptr, 0, cout * vox * 4, self.stream.cu_stream())
+                .map_err(drv("memset"))?;
+            cu::memset_d8_async(wsum.ptr, 0, vox * 4, self.stream.cu_stream())
+                .map_err(drv("memset"))?;
+        }
+        self.stream.wait(&up1).map_err(drv("stream wait"))?;
+        let prep = self.prepared()?;
+        let in_win = prep.cin * roi.iter().product::<usize>();
+        let out_win = cout * roi.iter().product::<usize>();
+        let i32s = |v: usize| Arg::I32(v as i32);
+        let mut marks: Vec<(CudaEvent, CudaEvent, CudaEvent)> = Vec::new();
+        if self.poison {
+            self.poison_buffers(prep)?;
+        }
+        for chunk in starts.chunks(batch) {
+            let e0 = ev(&self.stream)?;
+            for (b, s) in chunk.iter().enumerate() {
+                let dst = prep.input + (b * in_win * 2) as u64;
+                self.eltwise(
+                    &self.stream,
+                    "gather_window",
+                    in_win,
+                    &mut [
+                        Arg::Ptr(dvol.ptr),
+                        Arg::Ptr(dst),
+                        i32s(c),
+                        i32s(d),
+                        i32s(h),
+                        i32s(w),
+                        i32s(s[0]),
+                        i32s(s[1]),
+                        i32s(s[2]),
+                        i32s(pad_before[0]),
+                        i32s(pad_before[1]),
+                        i32s(pad_before[2]),
+                        i32s(roi[0]),
+                        i32s(roi[1]),
+                        i32s(roi[2]),
+                        Arg::F32(cval),
+                    ],
+                )?;
+            }
+            self.run_steps(prep, chunk.len())?;
+            let e1 = ev(&self.stream)?;
+            for (b, s) in chunk.iter().enumerate() {
+                let src = prep.output + (b * out_win * 2) as u64;
+                self.eltwise(
+                    &self.stream,
+                    "blend_window",
+                    out_win / cout.max(1),
+                    &mut [
+                        Arg::Ptr(src),
+                        Arg::Ptr(dw.ptr),
+                        Arg::Ptr(acc.ptr),
+                        Arg::Ptr(wsum.ptr),
+                        i32s(cout),
+                        i32s(d),
+                        i32s(h),
+                        i32s(w),
+                        i32s(s[0]),
+                        i32s(s[1]),
+                        i32s(s[2]),
+                        i32s(pad_before[0]),
+                        i32s(pad_before[1]),
+                        i32s(pad_before[2]),
+                        i32s(roi[0]),
+                        i32s(roi[1]),
+                        i32s(roi[2]),
+                    ],
+                )?;
+            }
+            let e2 = ev(&self.stream)?;
+            marks.push((e0, e1, e2));
+        }
+        let n0 = ev(&self.stream)?;
+        self.eltwise(
+            &self.stream,
+            "blend_normalise",
+            cout * vox,
+            &mut [
+                Arg::Ptr(acc.ptr),
+                Arg::Ptr(wsum.ptr),
+                i32s(cout),
+                Arg::I64(vox as i64),
+            ],
+        )?;
+        if argmax {
+            self.eltwise(
+                &self.stream,
+                "argmax_channels",
+                vox,
+                &mut [
+                    Arg::Ptr(acc.ptr),
+                    Arg::Ptr(labels.ptr),
+                    i32s(cout),
+                    Arg::I64(vox as i64),
+                ],
+            )?;
+        }
+        let n1 = ev(&self.stream)?;
+        // Download on the copy stream once the compute stream is done.
+        self.copy.wait(&n1).map_err(drv("stream wait"))?;
+        let dl0 = ev(&self.copy)?;
+        let (out_acc, out_labels) = if argmax {
+            let mut hl = unsafe { self.ctx.alloc_pinned_with_flags::<u8>(vox, 0) }
+                .map_err(drv("pinned allocation"))?;
+            {
+                let hs = hl.as_mut_slice().map_err(drv("pinned access"))?;
+                // SAFETY: `labels` holds vox bytes; synchronised below before reading `hl`.
+                unsafe { cu::memcpy_dtoh_async(hs, labels.ptr, self.copy.cu_stream()) }
+                    .map_err(drv("download"))?;
+            }
+            self.copy.synchronize().map_err(drv("synchronize"))?;
+            let v = hl.as_slice().map_err(drv("pinned access"))?.to_vec();
+            (
+                None,
+                Some(Array3::from_shape_vec((d, h, w), v).expect("sizes match")),
+            )
+        } else {
+            let mut ha = unsafe { self.ctx.alloc_pinned_with_flags::<f32>(cout * vox, 0) }
+                .map_err(drv("pinned allocation"))?;
+            {
+                let hs = ha.as_mut_slice().map_err(drv("pinned access"))?;
+                // SAFETY: `acc` holds cout*vox floats; synchronised below.
+                unsafe { cu::memcpy_dtoh_async(hs, acc.ptr, self.copy.cu_stream()) }
+                    .map_err(drv("download"))?;
+            }
+            self.copy.synchronize().map_err(drv("synchronize"))?;
+            let v = ha.as_slice().map_err(drv("pinned access"))?.to_vec();
+            (
+                Some(Array4::from_shape_vec((cout, d, h, w), v).expect("sizes match")),
+                None,
+            )
+        };
+        let dl1 = ev(&self.copy)?;
+        dl1.synchronize().map_err(drv("synchronize"))?;
+        let ms = |a: &CudaEvent, b: &CudaEvent| -> Result<f64> {
+            Ok(a.elapsed_ms(b).map_err(drv("event timing"))? as f64)
+        };
+        let mut times = GpuTimes {
+            windows: starts.len(),
+            batches: marks.len(),
+            ..Default::default()
+        };
+        times.upload_ms = ms(&up0, &up1)?;
+        for (e0, e1, e2) in &marks {
+            times.compute_ms += ms(e0, e1)?;
+            times.blend_ms += ms(e1, e2)?;
+        }
+        times.blend_ms += ms(&n0, &n1)?;
+        times.download_ms = ms(&dl0, &dl1)?;
+        times.wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+        Ok((out_acc, out_labels, times))
+    }
+
+    /// Times `reps` runs of the prepared graph on the device input as it is (events), in ms per run.
+    pub fn time_forward(&mut self, n: usize, reps: usize) -> Result<f64> {
+        let prep = self.prepared()?;
+        if n == 0 || n > prep.batch {
+            return Err(Error::Invalid(format!(
+                "batch {n} outside 1..={}",
+                prep.batch
+            )));
+        }
+        self.forward(n)?;
+        let e0 = self
+            .stream
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(drv("event"))?;
+        for _ in 0..reps {
+            self.forward(n)?;
+        }
+        let e1 = self
+            .stream
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(drv("event"))?;
+        e1.synchronize().map_err(drv("synchronize"))?;
+        Ok(e0.elapsed_ms(&e1).map_err(drv("event timing"))? as f64 / reps.max(1) as f64)
+    }
+}
+
+fn slope_n(act: &Act) -> i32 {
+    match act {
+        Act::PRelu(s) => s.len() as i32,
+        _ => 1,
+    }
+}
+
+/// Element strides (N, C, D, H, W) of an NCDHW-broadcast constant, 0 on broadcast axes; None when
+/// its shape does not broadcast to [batch, x].
+fn const_strides(t: &Tensor, batch: usize, x: &Shape) -> Option<[i64; 5]> {
+    let full = [batch, x[0], x[1], x[2], x[3]];
+    let mut shape = t.shape.clone();
+    if shape.len() > 5 {
+        return None;
+    }
+    while shape.len() < 5 {
+        shape.insert(0, 1);
+    }
+    let mut strides = [0i64; 5];
+    let mut acc = 1i64;
+    for a in (0..5).rev() {
+        if shape[a] == full[a] && shape[a] != 1 {
+            strides[a] = acc;
+        } else if shape[a] != 1 || (a == 0 && shape[0] != 1) {
+            return None;
+        }
+        acc *= shape[a] as i64;
+    }
+    // A constant over N that is not broadcast would depend on the batch size: reject.
+    if shape[0] != 1 {
+        return None;
+    }
+    Some(strides)
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> String {
+        format!("cuda:{} {}", self.ctx.ordinal(), self.device_name)
+    }
+
+    fn prepare(&mut self, graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<()> {
+        self.prepared = None;
+        let p = self.build(graph, batch, roi)?;
+        self.stream.synchronize().map_err(drv("synchronize"))?;
+        self.prepared = Some(p);
+        Ok(())
+    }
+
+    fn run(&mut self, input: ArrayView5<f32>) -> Result<Array5<f32>> {
+        let prep = self.prepared.as_mut().ok_or_else(|| {
+            Error::Invalid("the CUDA backend was not prepared for a graph".into())
+        })?;
+        let (n, c, d, h, w) = input.dim();
+        if n == 0 || n > prep.batch || c != prep.cin || [d, h, w] != prep.roi {
+            return Err(Error::Invalid(format!(
+                "input {:?} does not fit the prepared [<= {}, {}, {:?}]",
+                input.dim(),
+                prep.batch,
+                prep.cin,
+                prep.roi
+            )));
+        }
+        let in_len = n * c * d * h * w;
+        {
+            let hs = prep.host_in.as_mut_slice().map_err(drv("pinned access"))?;
+            for (dst, src) in hs[..in_len].iter_mut().zip(input.iter()) {
+                *dst = *src;
+            }
+        }
+        let prep = self.prepared.as_ref().expect("checked above");
+        let s = &*self.stream;
+        let hs = prep.host_in.as_slice().map_err(drv("pinned access"))?;
+        // SAFETY: stage_in holds batch*cin*roi floats >= in_len; synchronised before returning.
+        unsafe { cu::memcpy_htod_async(prep.stage_in.ptr, &hs[..in_len], s.cu_stream()) }
+            .map_err(drv("upload"))?;
+        if self.poison {
+            self.poison_buffers(prep)?;
+        }
+        let sp = d * h * w;
+        self.eltwise(
+            s,
+            "ncdhw_to_ndhwc",
+            in_len,
+            &mut [
+                Arg::Ptr(prep.stage_in.ptr),
+                Arg::Ptr(prep.input),
+                Arg::I32(n as i32),
+                Arg::I32(c as i32),
+                Arg::I64(sp as i64),
+            ],
+        )?;
+        self.run_steps(prep, n)?;
+        let [od, oh, ow] = prep.out_spatial;
+        let osp = od * oh * ow;
+        let out_len = n * prep.cout * osp;
+        self.eltwise(
+            s,
+            "ndhwc_to_ncdhw",
+            out_len,
+            &mut [
+                Arg::Ptr(prep.output),
+                Arg::Ptr(prep.stage_out.ptr),
+                Arg::I32(n as i32),
+                Arg::I32(prep.cout as i32),
+                Arg::I64(osp as i64),
+            ],
+        )?;
+        let cout = prep.cout;
+        let stage_out = prep.stage_out.ptr;
+        let prep = self.prepared.as_mut().expect("checked above");
+        let ho = prep.host_out.as_mut_slice().map_err(drv("pinned access"))?;
+        // SAFETY: host_out holds >= out_len floats; synchronised right after.
+        unsafe { cu::memcpy_dtoh_async(&mut ho[..out_len], stage_out, s.cu_stream()) }
+            .map_err(drv("download"))?;
+        s.synchronize().map_err(drv("running the graph"))?;
+        let v = ho[..out_len].to_vec();
+        Array5::from_shape_vec((n, cout, od, oh, ow), v)
+            .map_err(|e| Error::Backend(format!("output shape: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_without_gpu_is_an_error_not_a_panic() {
+        // On machines with a GPU this simply succeeds; without one it must be Err.
+        match CudaBackend::new(0) {
+            Ok(b) => assert!(b.name().starts_with("cuda:0")),
+            Err(e) => assert!(!e.to_string().is_empty()),
+        }
+    }
+
+    #[test]
+    fn const_strides_broadcast() {
+        let t = Tensor::new(vec![1, 4, 1, 1, 1], vec![0.0; 4]);
+        assert_eq!(const_strides(&t, 2, &[4, 3, 3, 3]), Some([0, 1, 0, 0, 0]));
+        let t = Tensor::new(vec![1, 1, 1, 1, 1], vec![0.0]);
+        assert_eq!(const_strides(&t, 2, &[4, 3, 3, 3]), Some([0; 5]));
+        let t = Tensor::new(vec![1, 4, 3, 1, 1], vec![0.0; 12]);
+        assert_eq!(const_strides(&t, 2, &[4, 3, 5, 5]), Some([0, 3, 1, 0, 0]));
+        let t = Tensor::new(vec![1, 3, 1, 1, 1], vec![0.0; 3]);
+        assert_eq!(const_strides(&t, 2, &[4, 3, 3, 3]), None);
+    }
+}

@@ -1,0 +1,66 @@
+// Direct (CUDA core, fp32 accumulate) convolution for what the implicit GEMM in conv.cu does not
+// take: grouped / depthwise convs and grouped transposed convs. One thread per output element.
+// The weight layout is the GEMM's: [Cout][kd][kh][kw][Cin/groups] fp16, row length `kpad`.
+// (Ungrouped transposed convs run through conv.cu's gather formulation.)
+
+struct ConvParams {
+    int n, di, hi, wi, cin;
+    int do_, ho, wo, cout;
+    int kd, kh, kw;
+    int sd, sh, sw;
+    int pd, ph, pw;
+    int dd, dh, dw;
+    int transposed;
+    int kpad;
+    int groups;
+    int ldc, coff;
+    int act;
+    float alpha;
+    int slope_n;
+};
+
+__device__ __forceinline__ int in_coord_d(int o, int k, int s, int p, int d, int n, int transposed) {
+    if (!transposed) {
+        int i = o * s - p + k * d;
+        return (i >= 0 && i < n) ? i : -1;
+    }
+    int num = o + p - k * d;
+    if (num < 0) return -1;
+    int i = num / s;
+    return (i * s == num && i < n) ? i : -1;
+}
+
+extern "C" __global__ void conv_direct(ConvParams p, const half* __restrict__ x,
+                                       const half* __restrict__ w, const float* __restrict__ bias,
+                                       half* __restrict__ y, const float* __restrict__ slope) {
+    i64 total = (i64)p.n * p.do_ * p.ho * p.wo * p.cout;
+    for (i64 e = blockIdx.x * (i64)blockDim.x + threadIdx.x; e < total; e += (i64)gridDim.x * blockDim.x) {
+        int co = (int)(e % p.cout);
+        i64 m = e / p.cout;
+        int ox = (int)(m % p.wo); i64 t = m / p.wo;
+        int oy = (int)(t % p.ho); t /= p.ho;
+        int oz = (int)(t % p.do_); int n = (int)(t / p.do_);
+        int cin_g = p.cin / p.groups, cout_g = p.cout / p.groups;
+        int g = co / cout_g;
+        const half* wr = w + (i64)co * p.kpad;
+        float acc = 0.f;
+        for (int tz = 0; tz < p.kd; tz++) {
+            int iz = in_coord_d(oz, tz, p.sd, p.pd, p.dd, p.di, p.transposed);
+            if (iz < 0) continue;
+            for (int ty = 0; ty < p.kh; ty++) {
+                int iy = in_coord_d(oy, ty, p.sh, p.ph, p.dh, p.hi, p.transposed);
+                if (iy < 0) continue;
+                for (int tx = 0; tx < p.kw; tx++) {
+                    int ix = in_coord_d(ox, tx, p.sw, p.pw, p.dw, p.wi, p.transposed);
+                    if (ix < 0) continue;
+                    const half* xr = x + ((((i64)n * p.di + iz) * p.hi + iy) * p.wi + ix) * p.cin + g * cin_g;
+                    const half* wt = wr + ((tz * p.kh + ty) * p.kw + tx) * cin_g;
+                    for (int ci = 0; ci < cin_g; ci++) acc += __half2float(xr[ci]) * __half2float(wt[ci]);
+                }
+            }
+        }
+        if (bias) acc += bias[co];
+        acc = act_apply(acc, co, p.act, p.alpha, slope, p.slope_n);
+        y[m * p.ldc + p.coff + co] = __float2half(acc);
+    }
+}

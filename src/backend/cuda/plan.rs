@@ -1,0 +1,444 @@
+//! Host-side planning for the CUDA backend, no GPU needed: per-sample shapes of every value,
+//! activation fusion, kernel parameter blocks (mirrored in kernels/*.cu) and weight re-layout.
+
+use crate::model::graph::{Conv, ConvTranspose, Graph, Op, Pool, Resize, ResizeMode};
+use crate::{Error, Result};
+
+/// Per-sample activation shape: [C, D, H, W].
+pub type Shape = [usize; 4];
+
+/// Activation codes of kernels/common.cuh.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Act {
+    None,
+    Relu,
+    Leaky(f32),
+    PRelu(Vec<f32>),
+    Elu(f32),
+    Sigmoid,
+    Tanh,
+}
+
+impl Act {
+    /// The activation an op applies, if it is a pure elementwise activation.
+    pub fn of(op: &Op) -> Option<Act> {
+        Some(match op {
+            Op::Relu => Act::Relu,
+            Op::LeakyRelu { alpha } => Act::Leaky(*alpha),
+            Op::PRelu { slope } => Act::PRelu(slope.data.clone()),
+            Op::Elu { alpha } => Act::Elu(*alpha),
+            Op::Sigmoid => Act::Sigmoid,
+            Op::Tanh => Act::Tanh,
+            _ => return None,
+        })
+    }
+    pub fn code(&self) -> i32 {
+        match self {
+            Act::None => 0,
+            Act::Relu => 1,
+            Act::Leaky(_) => 2,
+            Act::PRelu(_) => 3,
+            Act::Elu(_) => 4,
+            Act::Sigmoid => 5,
+            Act::Tanh => 6,
+        }
+    }
+    pub fn alpha(&self) -> f32 {
+        match self {
+            Act::Leaky(a) | Act::Elu(a) => *a,
+            _ => 0.0,
+        }
+    }
+}
+
+/// Mirrors `struct ConvParams` in kernels/conv.cu and kernels/conv_transpose.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ConvParams {
+    pub n: i32,
+    pub di: i32,
+    pub hi: i32,
+    pub wi: i32,
+    pub cin: i32,
+    pub do_: i32,
+    pub ho: i32,
+    pub wo: i32,
+    pub cout: i32,
+    pub kd: i32,
+    pub kh: i32,
+    pub kw: i32,
+    pub sd: i32,
+    pub sh: i32,
+    pub sw: i32,
+    pub pd: i32,
+    pub ph: i32,
+    pub pw: i32,
+    pub dd: i32,
+    pub dh: i32,
+    pub dw: i32,
+    pub transposed: i32,
+    pub kpad: i32,
+    pub groups: i32,
+    pub ldc: i32,
+    pub coff: i32,
+    pub act: i32,
+    pub alpha: f32,
+    pub slope_n: i32,
+}
+
+/// Mirrors `struct PoolParams` in kernels/pool_resize.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PoolParams {
+    pub n: i32,
+    pub di: i32,
+    pub hi: i32,
+    pub wi: i32,
+    pub c: i32,
+    pub do_: i32,
+    pub ho: i32,
+    pub wo: i32,
+    pub kd: i32,
+    pub kh: i32,
+    pub kw: i32,
+    pub sd: i32,
+    pub sh: i32,
+    pub sw: i32,
+    pub dd: i32,
+    pub dh: i32,
+    pub dw: i32,
+    pub pd: i32,
+    pub ph: i32,
+    pub pw: i32,
+    pub ped: i32,
+    pub peh: i32,
+    pub pew: i32,
+    pub is_max: i32,
+    pub count_include_pad: i32,
+}
+
+// SAFETY: plain #[repr(C)] structs of i32/f32, laid out as their CUDA twins.
+unsafe impl cudarc::driver::DeviceRepr for ConvParams {}
+unsafe impl cudarc::driver::DeviceRepr for PoolParams {}
+
+fn conv_out(i: usize, k: usize, s: usize, d: usize, pb: usize, pe: usize) -> Option<usize> {
+    let span = d * (k - 1) + 1;
+    let padded = i + pb + pe;
+    if padded < span || s == 0 {
+        return None;
+    }
+    Some((padded - span) / s + 1)
+}
+
+fn pool_out(
+    i: usize,
+    k: usize,
+    s: usize,
+    d: usize,
+    pb: usize,
+    pe: usize,
+    ceil: bool,
+) -> Option<usize> {
+    let span = d * (k - 1) + 1;
+    let padded = i + pb + pe;
+    if padded < span || s == 0 {
+        return None;
+    }
+    let mut o = if ceil {
+        (padded - span).div_ceil(s) + 1
+    } else {
+        (padded - span) / s + 1
+    };
+    // As PyTorch/ONNX: the last window must start inside the input or the begin padding.
+    if ceil && (o - 1) * s >= i + pb {
+        o -= 1;
+    }
+    Some(o)
+}
+
+/// Resize output size and the scales used for coordinate mapping (output/input when sizes are given).
+pub fn resize_geometry(r: &Resize, input: [usize; 3]) -> ([usize; 3], [f32; 3]) {
+    match r.sizes {
+        Some(s) => (s, [0, 1, 2].map(|a| s[a] as f32 / input[a].max(1) as f32)),
+        None => (
+            [0, 1, 2].map(|a| (input[a] as f32 * r.scales[a]).floor() as usize),
+            r.scales,
+        ),
+    }
+}
+
+fn check_conv(name: &str, w: &[usize], cin: usize, groups: usize, transposed: bool) -> Result<()> {
+    if w.len() != 5 || groups == 0 {
+        return Err(Error::Graph(format!(
+            "node {name}: conv weight must be 5D, got {w:?}"
+        )));
+    }
+    let wcin = if transposed { w[0] } else { w[1] * groups };
+    if wcin != cin || cin % groups != 0 {
+        return Err(Error::Graph(format!(
+            "node {name}: weight {w:?} with groups {groups} does not fit {cin} input channels"
+        )));
+    }
+    Ok(())
+}
+
+/// Per-sample shapes of every value for a window `roi` (values never computed stay [0;4]).
+pub fn infer_shapes(graph: &Graph, roi: [usize; 3]) -> Result<Vec<Shape>> {
+    let mut shapes: Vec<Shape> = vec![[0; 4]; graph.values.len()];
+    shapes[graph.input] = [graph.input_channels(), roi[0], roi[1], roi[2]];
+    for node in &graph.nodes {
+        let ins: Vec<Shape> = node
+            .inputs
+            .iter()
+            .map(|&i| shapes.get(i).copied().unwrap_or([0; 4]))
+            .collect();
+        if ins.is_empty() || ins.iter().any(|s| s[0] == 0) {
+            return Err(Error::Graph(format!(
+                "node {}: an input has no computed shape",
+                node.name
+            )));
+        }
+        let x = ins[0];
+        let bad =
+            |what: &str| Error::Graph(format!("node {} ({}): {what}", node.name, node.op.name()));
+        let out: Shape = match &node.op {
+            Op::Conv(Conv {
+                weight,
+                stride,
+                dilation,
+                pads,
+                groups,
+                ..
+            }) => {
+                let w = &weight.shape;
+                check_conv(&node.name, w, x[0], *groups, false)?;
+                let mut o = [w[0], 0, 0, 0];
+                for a in 0..3 {
+                    o[a + 1] = conv_out(
+                        x[a + 1],
+                        w[a + 2],
+                        stride[a],
+                        dilation[a],
+                        pads[a],
+                        pads[a + 3],
+                    )
+                    .ok_or_else(|| bad(&format!("window {roi:?} is too small for the kernel")))?;
+                }
+                o
+            }
+            Op::ConvTranspose(ConvTranspose {
+                weight,
+                stride,
+                dilation,
+                pads,
+                output_padding,
+                groups,
+                ..
+            }) => {
+                let w = &weight.shape;
+                check_conv(&node.name, w, x[0], *groups, true)?;
+                let mut o = [w[1] * groups, 0, 0, 0];
+                for a in 0..3 {
+                    let full = (x[a + 1] - 1) * stride[a]
+                        + dilation[a] * (w[a + 2] - 1)
+                        + output_padding[a]
+                        + 1;
+                    o[a + 1] = full
+                        .checked_sub(pads[a] + pads[a + 3])
+                        .filter(|&v| v > 0)
+                        .ok_or_else(|| bad("pads exceed the output"))?;
+                }
+                o
+            }
+            Op::MaxPool(p) | Op::AveragePool(p) => {
+                let Pool {
+                    kernel,
+                    stride,
+                    dilation,
+                    pads,
+                    ceil_mode,
+                    ..
+                } = p;
+                let mut o = [x[0], 0, 0, 0];
+                for a in 0..3 {
+                    o[a + 1] = pool_out(
+                        x[a + 1],
+                        kernel[a],
+                        stride[a],
+                        dilation[a],
+                        pads[a],
+                        pads[a + 3],
+                        *ceil_mode,
+                    )
+                    .ok_or_else(|| bad(&format!("window {roi:?} is too small for the pool")))?;
+                }
+                o
+            }
+            Op::Resize(r) => {
+                let (s, _) = resize_geometry(r, [x[1], x[2], x[3]]);
+                if s.contains(&0) {
+                    return Err(bad("resize to an empty size"));
+                }
+                [x[0], s[0], s[1], s[2]]
+            }
+            Op::Concat { axis } => {
+                if *axis != 1 {
+                    return Err(bad(
+                        "only channel concatenation (axis 1) is supported on CUDA",
+                    ));
+                }
+                let mut c = 0;
+                for s in &ins {
+                    if s[1..] != x[1..] {
+                        return Err(bad(&format!(
+                            "inputs have different spatial sizes {:?} and {:?}",
+                            x, s
+                        )));
+                    }
+                    c += s[0];
+                }
+                [c, x[1], x[2], x[3]]
+            }
+            Op::Add | Op::Mul | Op::Sub | Op::Div => {
+                if ins.len() != 2 || ins[0] != ins[1] {
+                    return Err(bad(&format!("needs two inputs of one shape, got {ins:?}")));
+                }
+                x
+            }
+            Op::Softmax { axis } => {
+                if *axis != 1 {
+                    return Err(bad(
+                        "only softmax over channels (axis 1) is supported on CUDA",
+                    ));
+                }
+                x
+            }
+            Op::GroupNorm { groups, .. } => {
+                if *groups == 0 || x[0] % groups != 0 {
+                    return Err(bad(&format!(
+                        "{} channels do not split into {groups} groups",
+                        x[0]
+                    )));
+                }
+                x
+            }
+            _ => x,
+        };
+        shapes[node.output] = out;
+    }
+    Ok(shapes)
+}
+
+/// Re-lays a conv / transposed-conv weight as [cout_pad][kpad] f16 bits, element [co][tap][ci] (ci
+/// within the group), zero padded, as the GEMM's B matrix wants it. Returns (data, kpad).
+pub fn relayout_weight(
+    w: &[f32],
+    shape: &[usize],
+    groups: usize,
+    transposed: bool,
+    cout_pad: usize,
+) -> (Vec<half::f16>, usize) {
+    let taps = shape[2] * shape[3] * shape[4];
+    let (cout, cin_g) = if transposed {
+        (shape[1] * groups, shape[0] / groups)
+    } else {
+        (shape[0], shape[1])
+    };
+    let cout_g = cout / groups;
+    let k = taps * cin_g;
+    let kpad = k.div_ceil(32) * 32;
+    let mut out = vec![half::f16::ZERO; cout_pad * kpad];
+    for co in 0..cout {
+        let g = co / cout_g;
+        for t in 0..taps {
+            for ci in 0..cin_g {
+                let src = if transposed {
+                    ((g * cin_g + ci) * shape[1] + (co - g * cout_g)) * taps + t
+                } else {
+                    (co * cin_g + ci) * taps + t
+                };
+                out[co * kpad + t * cin_g + ci] = half::f16::from_f32(w[src]);
+            }
+        }
+    }
+    (out, kpad)
+}
+
+/// For each value, the node indices that consume it.
+pub fn consumers(graph: &Graph) -> Vec<Vec<usize>> {
+    let mut c = vec![Vec::new(); graph.values.len()];
+    for (i, n) in graph.nodes.iter().enumerate() {
+        for &v in &n.inputs {
+            if let Some(list) = c.get_mut(v) {
+                if !list.contains(&i) {
+                    list.push(i);
+                }
+            }
+        }
+    }
+    c
+}
+
+/// Whether node `i`'s output feeds exactly one activation node that can run in its epilogue;
+/// returns that node's index.
+pub fn fusable_activation(graph: &Graph, cons: &[Vec<usize>], i: usize) -> Option<usize> {
+    let out = graph.nodes[i].output;
+    if out == graph.output || cons[out].len() != 1 {
+        return None;
+    }
+    let j = cons[out][0];
+    let nj = &graph.nodes[j];
+    if nj.inputs.len() != 1 || Act::of(&nj.op).is_none() {
+        return None;
+    }
+    Some(j)
+}
+
+/// Whether the resize mode is linear (trilinear in 3D).
+pub fn is_linear(r: &Resize) -> bool {
+    r.mode == ResizeMode::Linear
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_sizes_match_pytorch_formulas() {
+        assert_eq!(conv_out(64, 3, 2, 1, 1, 1), Some(32));
+        assert_eq!(conv_out(64, 3, 1, 4, 4, 4), Some(64));
+        assert_eq!(conv_out(2, 5, 1, 1, 0, 0), None);
+        // ceil mode: 5 with k2 s2 gives 3, floor gives 2.
+        assert_eq!(pool_out(5, 2, 2, 1, 0, 0, true), Some(3));
+        assert_eq!(pool_out(5, 2, 2, 1, 0, 0, false), Some(2));
+    }
+
+    #[test]
+    fn weight_relayout_puts_cin_innermost() {
+        // Conv weight [Cout=2][Cin=3][1][1][2]: element (co, ci, t) = 100co + 10ci + t.
+        let shape = [2, 3, 1, 1, 2];
+        let mut w = vec![0.0; 12];
+        for co in 0..2 {
+            for ci in 0..3 {
+                for t in 0..2 {
+                    w[(co * 3 + ci) * 2 + t] = (100 * co + 10 * ci + t) as f32;
+                }
+            }
+        }
+        let (r, kpad) = relayout_weight(&w, &shape, 1, false, 64);
+        assert_eq!(kpad, 32);
+        assert_eq!(r[1 * kpad + 1 * 3 + 2].to_f32(), 121.0); // co 1, tap 1, ci 2
+        assert_eq!(r[0 * kpad + 6].to_f32(), 0.0); // K padding
+                                                   // Transposed [Cin=3][Cout=2][1][1][2]: element (ci, co, t) = 100ci + 10co + t.
+        let mut wt = vec![0.0; 12];
+        for ci in 0..3 {
+            for co in 0..2 {
+                for t in 0..2 {
+                    wt[(ci * 2 + co) * 2 + t] = (100 * ci + 10 * co + t) as f32;
+                }
+            }
+        }
+        let (r, kpad) = relayout_weight(&wt, &[3, 2, 1, 1, 2], 1, true, 64);
+        assert_eq!(r[1 * kpad + 1 * 3 + 2].to_f32(), 211.0); // co 1, tap 1, ci 2
+    }
+}

@@ -1,0 +1,1484 @@
+//! GPU op tests: every op of the graph IR on the CUDA backend against an independent float64
+//! reference (written here, NCDHW, scatter form for transposed convs) on random inputs.
+//! A fresh seed per run (printed; VOXTILE_SEED=... to replay). Skips without a GPU unless
+//! VOXTILE_REQUIRE_GPU=1. Every run poisons activation buffers with NaN first, so an unwritten
+//! element fails the check. Run on the GPU machine with tests/gpu/run.sh.
+
+use ndarray::{Array3, Array4, Array5};
+use voxtile::backend::cuda::CudaBackend;
+use voxtile::backend::Backend;
+use voxtile::model::graph::*;
+
+// ---------- helpers ----------
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    fn uni(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uni() * scale).collect()
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("VOXTILE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        })
+}
+
+fn rng(tag: &str) -> Rng {
+    let s = seed()
+        ^ tag
+            .bytes()
+            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
+    println!("[{tag}] seed {s} (VOXTILE_SEED to replay applies before the tag hash)");
+    Rng(s)
+}
+
+fn gpu() -> Option<CudaBackend> {
+    let require = std::env::var("VOXTILE_REQUIRE_GPU")
+        .map(|v| v == "1")
+        .unwrap_or(false);
+    match CudaBackend::new(0) {
+        Ok(mut b) => {
+            println!(
+                "{} ({}), kernel families from the PTX cache: {}",
+                b.name(),
+                b.arch(),
+                b.ptx_from_cache
+            );
+            b.set_poison(true);
+            Some(b)
+        }
+        Err(e) => {
+            assert!(!require, "VOXTILE_REQUIRE_GPU=1 but no CUDA backend: {e}");
+            println!("skipped: {e}");
+            None
+        }
+    }
+}
+
+/// f64 NCDHW tensor.
+#[derive(Clone, Debug)]
+struct T {
+    s: [usize; 5],
+    d: Vec<f64>,
+}
+impl T {
+    fn zeros(s: [usize; 5]) -> T {
+        T {
+            s,
+            d: vec![0.0; s.iter().product()],
+        }
+    }
+    fn from(s: [usize; 5], v: &[f32]) -> T {
+        T {
+            s,
+            d: v.iter().map(|&x| x as f64).collect(),
+        }
+    }
+    fn idx(&self, n: usize, c: usize, z: usize, y: usize, x: usize) -> usize {
+        (((n * self.s[1] + c) * self.s[2] + z) * self.s[3] + y) * self.s[4] + x
+    }
+    fn at(&self, n: usize, c: usize, z: usize, y: usize, x: usize) -> f64 {
+        self.d[self.idx(n, c, z, y, x)]
+    }
+    fn map(&self, f: impl Fn(usize, f64) -> f64) -> T {
+        let sp = self.s[2] * self.s[3] * self.s[4];
+        T {
+            s: self.s,
+            d: self
+                .d
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| f((i / sp) % self.s[1], v))
+                .collect(),
+        }
+    }
+}
+
+fn rel_l2(got: &Array5<f32>, want: &T) -> f64 {
+    assert_eq!(got.shape(), &want.s[..], "output shape");
+    let mut num = 0.0;
+    let mut den = 0.0;
+    for (g, w) in got.iter().zip(&want.d) {
+        assert!(
+            g.is_finite(),
+            "non-finite output {g} (unwritten or overflow)"
+        );
+        num += (*g as f64 - w) * (*g as f64 - w);
+        den += w * w;
+    }
+    assert!(
+        den > 0.0,
+        "reference is all zeros: the test would prove nothing"
+    );
+    (num / den).sqrt()
+}
+
+/// A graph of nodes applied in order; each node reads the previous value (or the listed extra
+/// inputs: value ids), channels given per node output.
+fn graph(cin: usize, nodes: Vec<(Op, Vec<usize>, usize)>) -> Graph {
+    let mut values = vec![Value {
+        name: "input".into(),
+        channels: cin,
+    }];
+    let mut ns = Vec::new();
+    for (i, (op, inputs, ch)) in nodes.into_iter().enumerate() {
+        values.push(Value {
+            name: format!("v{}", i + 1),
+            channels: ch,
+        });
+        ns.push(Node {
+            name: format!("n{i}"),
+            op,
+            inputs,
+            output: i + 1,
+        });
+    }
+    let out = values.len() - 1;
+    Graph {
+        name: "t".into(),
+        values,
+        nodes: ns,
+        input: 0,
+        output: out,
+        fixed_input_spatial: [None; 3],
+    }
+}
+
+fn run(b: &mut CudaBackend, g: &Graph, x: &T, batch: usize) -> Array5<f32> {
+    let roi = [x.s[2], x.s[3], x.s[4]];
+    b.prepare(g, batch, roi).expect("prepare");
+    let inp = Array5::from_shape_vec(x.s, x.d.iter().map(|&v| v as f32).collect()).unwrap();
+    b.run(inp.view()).expect("run")
+}
+
+const TOL: f64 = 1e-2;
+
+fn report(name: &str, e: f64) {
+    println!(
+        "RESULT {name:<40} rel_l2 {e:.2e} {}",
+        if e <= TOL { "ok" } else { "FAIL" }
+    );
+    assert!(e <= TOL, "{name}: rel L2 {e:.3e} > {TOL}");
+}
+
+// ---------- f64 references ----------
+
+#[allow(clippy::too_many_arguments)]
+fn conv_ref(
+    x: &T,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    st: [usize; 3],
+    dl: [usize; 3],
+    pads: [usize; 6],
+    groups: usize,
+    transposed: bool,
+    opad: [usize; 3],
+) -> T {
+    let ws = &w.shape;
+    let (n, cin) = (x.s[0], x.s[1]);
+    let k = [ws[2], ws[3], ws[4]];
+    let cout = if transposed { ws[1] * groups } else { ws[0] };
+    let mut o = [n, cout, 0, 0, 0];
+    for a in 0..3 {
+        let i = x.s[a + 2];
+        o[a + 2] = if transposed {
+            (i - 1) * st[a] + dl[a] * (k[a] - 1) + opad[a] + 1 - pads[a] - pads[a + 3]
+        } else {
+            (i + pads[a] + pads[a + 3] - dl[a] * (k[a] - 1) - 1) / st[a] + 1
+        };
+    }
+    let mut y = T::zeros(o);
+    let (cin_g, cout_g) = (cin / groups, cout / groups);
+    let wat = |a: usize, b: usize, z: usize, yy: usize, xx: usize| {
+        w.data[(((a * ws[1] + b) * k[0] + z) * k[1] + yy) * k[2] + xx] as f64
+    };
+    if !transposed {
+        for nn in 0..n {
+            for co in 0..cout {
+                let g = co / cout_g;
+                for oz in 0..o[2] {
+                    for oy in 0..o[3] {
+                        for ox in 0..o[4] {
+                            let mut s = bias.map_or(0.0, |b| b.data[co] as f64);
+                            for cl in 0..cin_g {
+                                for kz in 0..k[0] {
+                                    let iz = (oz * st[0] + kz * dl[0]) as isize - pads[0] as isize;
+                                    if iz < 0 || iz >= x.s[2] as isize {
+                                        continue;
+                                    }
+                                    for ky in 0..k[1] {
+                                        let iy =
+                                            (oy * st[1] + ky * dl[1]) as isize - pads[1] as isize;
+                                        if iy < 0 || iy >= x.s[3] as isize {
+                                            continue;
+                                        }
+                                        for kx in 0..k[2] {
+                                            let ix = (ox * st[2] + kx * dl[2]) as isize
+                                                - pads[2] as isize;
+                                            if ix < 0 || ix >= x.s[4] as isize {
+                                                continue;
+                                            }
+                                            s += x.at(
+                                                nn,
+                                                g * cin_g + cl,
+                                                iz as usize,
+                                                iy as usize,
+                                                ix as usize,
+                                            ) * wat(co, cl, kz, ky, kx);
+                                        }
+                                    }
+                                }
+                            }
+                            let i = y.idx(nn, co, oz, oy, ox);
+                            y.d[i] = s;
+                        }
+                    }
+                }
+            }
+        }
+    } else {
+        // Scatter form: every input voxel adds its kernel footprint to the output.
+        for nn in 0..n {
+            for co in 0..cout {
+                if let Some(b) = bias {
+                    for z in 0..o[2] {
+                        for yy in 0..o[3] {
+                            for xx in 0..o[4] {
+                                let i = y.idx(nn, co, z, yy, xx);
+                                y.d[i] = b.data[co] as f64;
+                            }
+                        }
+                    }
+                }
+            }
+            for ci in 0..cin {
+                let g = ci / cin_g;
+                for iz in 0..x.s[2] {
+                    for iy in 0..x.s[3] {
+                        for ix in 0..x.s[4] {
+                            let v = x.at(nn, ci, iz, iy, ix);
+                            for cl in 0..cout_g {
+                                for kz in 0..k[0] {
+                                    let oz = (iz * st[0] + kz * dl[0]) as isize - pads[0] as isize;
+                                    if oz < 0 || oz >= o[2] as isize {
+                                        continue;
+                                    }
+                                    for ky in 0..k[1] {
+                                        let oy =
+                                            (iy * st[1] + ky * dl[1]) as isize - pads[1] as isize;
+                                        if oy < 0 || oy >= o[3] as isize {
+                                            continue;
+                                        }
+                                        for kx in 0..k[2] {
+                                            let ox = (ix * st[2] + kx * dl[2]) as isize
+                                                - pads[2] as isize;
+                                            if ox < 0 || ox >= o[4] as isize {
+                                                continue;
+                                            }
+                                            let i = y.idx(
+                                                nn,
+                                                g * cout_g + cl,
+                                                oz as usize,
+                                                oy as usize,
+                                                ox as usize,
+                                            );
+                                            y.d[i] += v * wat(ci, cl, kz, ky, kx);
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    y
+}
+
+fn act_ref(op: &Op, c: usize, v: f64) -> f64 {
+    match op {
+        Op::Relu => v.max(0.0),
+        Op::LeakyRelu { alpha } => {
+            if v >= 0.0 {
+                v
+            } else {
+                *alpha as f64 * v
+            }
+        }
+        Op::PRelu { slope } => {
+            if v >= 0.0 {
+                v
+            } else {
+                slope.data[if slope.len() == 1 { 0 } else { c }] as f64 * v
+            }
+        }
+        Op::Elu { alpha } => {
+            if v > 0.0 {
+                v
+            } else {
+                *alpha as f64 * (v.exp() - 1.0)
+            }
+        }
+        Op::Sigmoid => 1.0 / (1.0 + (-v).exp()),
+        Op::Tanh => v.tanh(),
+        _ => unreachable!(),
+    }
+}
+
+fn norm_ref(x: &T, groups: usize, eps: f32, scale: &Tensor, bias: &Tensor) -> T {
+    let [n, c, d, h, w] = x.s;
+    let sp = d * h * w;
+    let cg = c / groups;
+    let mut y = x.clone();
+    for nn in 0..n {
+        for g in 0..groups {
+            let range = (nn * c + g * cg) * sp..(nn * c + (g + 1) * cg) * sp;
+            let cnt = range.len() as f64;
+            let mean = x.d[range.clone()].iter().sum::<f64>() / cnt;
+            let var = x.d[range.clone()]
+                .iter()
+                .map(|v| (v - mean) * (v - mean))
+                .sum::<f64>()
+                / cnt;
+            for i in range {
+                let ch = (i / sp) % c;
+                y.d[i] = (x.d[i] - mean) / (var + eps as f64).sqrt() * scale.data[ch] as f64
+                    + bias.data[ch] as f64;
+            }
+        }
+    }
+    y
+}
+
+fn pool_ref(x: &T, p: &Pool, max: bool, o: [usize; 3]) -> T {
+    let [n, c, d, h, w] = x.s;
+    let mut y = T::zeros([n, c, o[0], o[1], o[2]]);
+    for nn in 0..n {
+        for cc in 0..c {
+            for oz in 0..o[0] {
+                for oy in 0..o[1] {
+                    for ox in 0..o[2] {
+                        let (mut m, mut s, mut cnt, mut cntp) =
+                            (f64::NEG_INFINITY, 0.0, 0usize, 0usize);
+                        for kz in 0..p.kernel[0] {
+                            for ky in 0..p.kernel[1] {
+                                for kx in 0..p.kernel[2] {
+                                    let iz = (oz * p.stride[0] + kz * p.dilation[0]) as isize
+                                        - p.pads[0] as isize;
+                                    let iy = (oy * p.stride[1] + ky * p.dilation[1]) as isize
+                                        - p.pads[1] as isize;
+                                    let ix = (ox * p.stride[2] + kx * p.dilation[2]) as isize
+                                        - p.pads[2] as isize;
+                                    let inpad = iz < (d + p.pads[3]) as isize
+                                        && iy < (h + p.pads[4]) as isize
+                                        && ix < (w + p.pads[5]) as isize;
+                                    if inpad {
+                                        cntp += 1;
+                                    }
+                                    if iz < 0
+                                        || iy < 0
+                                        || ix < 0
+                                        || iz >= d as isize
+                                        || iy >= h as isize
+                                        || ix >= w as isize
+                                    {
+                                        continue;
+                                    }
+                                    let v = x.at(nn, cc, iz as usize, iy as usize, ix as usize);
+                                    m = m.max(v);
+                                    s += v;
+                                    cnt += 1;
+                                }
+                            }
+                        }
+                        let i = y.idx(nn, cc, oz, oy, ox);
+                        y.d[i] = if max {
+                            m
+                        } else {
+                            s / (if p.count_include_pad { cntp } else { cnt }) as f64
+                        };
+                    }
+                }
+            }
+        }
+    }
+    y
+}
+
+// ---------- tests ----------
+
+fn conv_case(
+    b: &mut CudaBackend,
+    r: &mut Rng,
+    name: &str,
+    cin: usize,
+    cout: usize,
+    sp: [usize; 3],
+    k: [usize; 3],
+    st: [usize; 3],
+    dl: [usize; 3],
+    pads: [usize; 6],
+    groups: usize,
+    act: Option<Op>,
+) {
+    let x = T::from(
+        [2, cin, sp[0], sp[1], sp[2]],
+        &r.vec(2 * cin * sp.iter().product::<usize>(), 1.0),
+    );
+    let fan = (cin / groups * k.iter().product::<usize>()) as f32;
+    let w = Tensor::new(
+        vec![cout, cin / groups, k[0], k[1], k[2]],
+        r.vec(
+            cout * cin / groups * k.iter().product::<usize>(),
+            1.0 / fan.sqrt(),
+        ),
+    );
+    let bias = Tensor::new(vec![cout], r.vec(cout, 0.5));
+    let conv = Conv {
+        weight: w.clone(),
+        bias: Some(bias.clone()),
+        stride: st,
+        dilation: dl,
+        pads,
+        groups,
+    };
+    let mut nodes = vec![(Op::Conv(conv), vec![0], cout)];
+    let mut want = conv_ref(&x, &w, Some(&bias), st, dl, pads, groups, false, [0; 3]);
+    if let Some(a) = act {
+        want = want.map(|c, v| act_ref(&a, c, v));
+        nodes.push((a, vec![1], cout));
+    }
+    let got = run(b, &graph(cin, nodes), &x, 2);
+    report(name, rel_l2(&got, &want));
+}
+
+#[test]
+fn conv_variants() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = rng("conv");
+    conv_case(
+        &mut b,
+        &mut r,
+        "conv 3^3 16->32 pad1",
+        16,
+        32,
+        [10, 9, 11],
+        [3; 3],
+        [1; 3],
+        [1; 3],
+        [1; 6],
+        1,
+        None,
+    );
+    conv_case(
+        &mut b,
+        &mut r,
+        "conv 3^3 32->32 pad1 +leaky",
+        32,
+        32,
+        [8, 8, 8],
+        [3; 3],
+        [1; 3],
+        [1; 3],
+        [1; 6],
+        1,
+        Some(Op::LeakyRelu { alpha: 0.01 }),
+    );
+    conv_case(
+        &mut b,
+        &mut r,
+        "conv 3^3 stride2 16->64",
+        16,
+        64,
+        [12, 10, 9],
+        [3; 3],
+        [2; 3],
+        [1; 3],
+        [1; 6],
+        1,
+        None,
+    );
+    conv_case(
+        &mut b,
+        &mut r,
+        "conv 3^3 dilation 4 pad 4 (meshnet) +elu",
+        8,
+        20,
+        [12, 12, 12],
+        [3; 3],
+        [1; 3],
+        [4; 3],
+        [4; 6],
+        1,
+        Some(Op::Elu { alpha: 1.0 }),
+    );
+    conv_case(
+        &mut b,
+        &mut r,
+        "conv Cin=1 3^3 -> 8 +relu",
+        1,
+        8,
+        [11, 10, 9],
+        [3; 3],
+        [1; 3],
+        [1; 3],
+        [1; 6],
+        1,
+        Some(Op::Relu),
+    );
+    conv_case(
+        &mut b,
+        &mut r,
+        "conv Cin=3 asym pads 2x3x1 s(1,2,1)",
+        3,
+        40,
+        [9, 10, 8],
+        [2, 3, 1],
+        [1, 2, 1],
+        [1; 3],
+        [0, 1, 0, 1, 2, 0],
+        1,
+        None,
+    );
+    conv_case(
+        &mut b,
+        &mut r,
+        "conv 1x1x1 head 32->4 +sigmoid",
+        32,
+        4,
+        [8, 9, 10],
+        [1; 3],
+        [1; 3],
+        [1; 3],
+        [0; 6],
+        1,
+        Some(Op::Sigmoid),
+    );
+    conv_case(
+        &mut b,
+        &mut r,
+        "conv 1x1x1 head 20->3",
+        20,
+        3,
+        [8, 9, 10],
+        [1; 3],
+        [1; 3],
+        [1; 3],
+        [0; 6],
+        1,
+        None,
+    );
+    conv_case(
+        &mut b,
+        &mut r,
+        "conv 80->80 3^3 (Cout>64) +tanh",
+        80,
+        80,
+        [6, 6, 6],
+        [3; 3],
+        [1; 3],
+        [1; 3],
+        [1; 6],
+        1,
+        Some(Op::Tanh),
+    );
+    conv_case(
+        &mut b,
+        &mut r,
+        "conv grouped g=4 16->16",
+        16,
+        16,
+        [8, 8, 8],
+        [3; 3],
+        [1; 3],
+        [1; 3],
+        [1; 6],
+        4,
+        None,
+    );
+    let slope = Tensor::new(vec![8], r.vec(8, 0.5));
+    conv_case(
+        &mut b,
+        &mut r,
+        "conv depthwise g=8 8->8 +prelu",
+        8,
+        8,
+        [7, 8, 9],
+        [3; 3],
+        [1; 3],
+        [1; 3],
+        [1; 6],
+        8,
+        Some(Op::PRelu { slope }),
+    );
+}
+
+fn convt_case(
+    b: &mut CudaBackend,
+    r: &mut Rng,
+    name: &str,
+    cin: usize,
+    cout: usize,
+    sp: [usize; 3],
+    k: [usize; 3],
+    st: [usize; 3],
+    pads: [usize; 6],
+    opad: [usize; 3],
+    groups: usize,
+) {
+    let x = T::from(
+        [2, cin, sp[0], sp[1], sp[2]],
+        &r.vec(2 * cin * sp.iter().product::<usize>(), 1.0),
+    );
+    let w = Tensor::new(
+        vec![cin, cout / groups, k[0], k[1], k[2]],
+        r.vec(
+            cin * cout / groups * k.iter().product::<usize>(),
+            1.0 / ((cin / groups) as f32).sqrt(),
+        ),
+    );
+    let bias = Tensor::new(vec![cout], r.vec(cout, 0.5));
+    let ct = ConvTranspose {
+        weight: w.clone(),
+        bias: Some(bias.clone()),
+        stride: st,
+        dilation: [1; 3],
+        pads,
+        output_padding: opad,
+        groups,
+    };
+    let want = conv_ref(&x, &w, Some(&bias), st, [1; 3], pads, groups, true, opad);
+    let got = run(
+        b,
+        &graph(cin, vec![(Op::ConvTranspose(ct), vec![0], cout)]),
+        &x,
+        2,
+    );
+    report(name, rel_l2(&got, &want));
+}
+
+#[test]
+fn conv_transpose_variants() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = rng("convt");
+    convt_case(
+        &mut b,
+        &mut r,
+        "convT k2 s2 32->16 (nnU-Net)",
+        32,
+        16,
+        [5, 6, 7],
+        [2; 3],
+        [2; 3],
+        [0; 6],
+        [0; 3],
+        1,
+    );
+    convt_case(
+        &mut b,
+        &mut r,
+        "convT k3 s2 pads[0,0,0,1,1,1] (deepbrain)",
+        16,
+        8,
+        [5, 4, 6],
+        [3; 3],
+        [2; 3],
+        [0, 0, 0, 1, 1, 1],
+        [0; 3],
+        1,
+    );
+    convt_case(
+        &mut b,
+        &mut r,
+        "convT k3 s2 p1 opad1 (MONAI)",
+        16,
+        8,
+        [5, 4, 6],
+        [3; 3],
+        [2; 3],
+        [1; 6],
+        [1; 3],
+        1,
+    );
+    convt_case(
+        &mut b,
+        &mut r,
+        "convT Cin=3 k3 s2 p1 opad1",
+        3,
+        5,
+        [4, 5, 3],
+        [3; 3],
+        [2; 3],
+        [1; 6],
+        [1; 3],
+        1,
+    );
+    convt_case(
+        &mut b,
+        &mut r,
+        "convT grouped g=2 k2 s2",
+        8,
+        8,
+        [4, 5, 3],
+        [2; 3],
+        [2; 3],
+        [0; 6],
+        [0; 3],
+        2,
+    );
+}
+
+#[test]
+fn norms_and_affine() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = rng("norm");
+    for (name, c, groups, act) in [
+        (
+            "instancenorm C=16 +leaky",
+            16usize,
+            16usize,
+            Some(Op::LeakyRelu { alpha: 0.01 }),
+        ),
+        ("instancenorm C=40", 40, 40, None),
+        (
+            "groupnorm C=32 g=8 +prelu",
+            32,
+            8,
+            Some(Op::PRelu {
+                slope: Tensor::new(vec![1], vec![0.25]),
+            }),
+        ),
+        ("groupnorm C=300 g=3 (C>256)", 300, 3, Some(Op::Relu)),
+    ] {
+        let sp = [9, 10, 11];
+        let n = sp.iter().product::<usize>();
+        // Offset mean (3) so cancellation in the variance would show.
+        let xv: Vec<f32> = r.vec(2 * c * n, 1.0).iter().map(|v| v + 3.0).collect();
+        let x = T::from([2, c, sp[0], sp[1], sp[2]], &xv);
+        let scale = Tensor::new(vec![c], r.vec(c, 1.0));
+        let bias = Tensor::new(vec![c], r.vec(c, 1.0));
+        let op = if groups == c {
+            Op::InstanceNorm {
+                eps: 1e-5,
+                scale: scale.clone(),
+                bias: bias.clone(),
+            }
+        } else {
+            Op::GroupNorm {
+                groups,
+                eps: 1e-5,
+                scale: scale.clone(),
+                bias: bias.clone(),
+            }
+        };
+        let mut want = norm_ref(&x, groups, 1e-5, &scale, &bias);
+        let mut nodes = vec![(op, vec![0], c)];
+        if let Some(a) = act {
+            want = want.map(|ch, v| act_ref(&a, ch, v));
+            nodes.push((a, vec![1], c));
+        }
+        let got = run(&mut b, &graph(c, nodes), &x, 2);
+        report(name, rel_l2(&got, &want));
+    }
+    // ChannelAffine alone.
+    let c = 6;
+    let x = T::from([2, c, 5, 6, 7], &r.vec(2 * c * 210, 2.0));
+    let scale = Tensor::new(vec![c], r.vec(c, 1.0));
+    let shift = Tensor::new(vec![c], r.vec(c, 1.0));
+    let want = x.map(|ch, v| v * scale.data[ch] as f64 + shift.data[ch] as f64);
+    let got = run(
+        &mut b,
+        &graph(c, vec![(Op::ChannelAffine { scale, shift }, vec![0], c)]),
+        &x,
+        2,
+    );
+    report("channel affine", rel_l2(&got, &want));
+}
+
+#[test]
+fn elementwise_concat_softmax() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = rng("eltwise");
+    let c = 5;
+    let s = [2, c, 6, 7, 8];
+    let x = T::from(s, &r.vec(2 * c * 336, 2.0));
+    // Standalone activations (the previous op is not a conv, so nothing fuses).
+    for a in [
+        Op::Relu,
+        Op::LeakyRelu { alpha: 0.1 },
+        Op::PRelu {
+            slope: Tensor::new(vec![c], r.vec(c, 0.5)),
+        },
+        Op::Elu { alpha: 0.7 },
+        Op::Sigmoid,
+        Op::Tanh,
+    ] {
+        let name = format!("activation {}", a.name());
+        let want = x.map(|ch, v| act_ref(&a, ch, v));
+        let got = run(&mut b, &graph(c, vec![(a, vec![0], c)]), &x, 2);
+        report(&name, rel_l2(&got, &want));
+    }
+    // Binary ops on two computed values: v1 = sigmoid(x), v2 = op(x, v1).
+    for (op, f) in [
+        (Op::Add, (|a, b| a + b) as fn(f64, f64) -> f64),
+        (Op::Mul, |a, b| a * b),
+        (Op::Sub, |a, b| a - b),
+        (Op::Div, |a, b| a / b),
+    ] {
+        let name = format!("binary {}", op.name());
+        let sg = x.map(|_, v| 1.0 / (1.0 + (-v).exp()));
+        let want = T {
+            s,
+            d: x.d.iter().zip(&sg.d).map(|(a, b)| f(*a, *b)).collect(),
+        };
+        let got = run(
+            &mut b,
+            &graph(c, vec![(Op::Sigmoid, vec![0], c), (op, vec![0, 1], c)]),
+            &x,
+            2,
+        );
+        report(&name, rel_l2(&got, &want));
+    }
+    // Broadcast constants: per channel, scalar, per (c, d).
+    for (name, shape) in [
+        ("const per-channel", vec![1, c, 1, 1, 1]),
+        ("const scalar", vec![1]),
+        ("const [1,C,D,1,1]", vec![1, c, 6, 1, 1]),
+    ] {
+        let k = Tensor::new(shape.clone(), r.vec(shape.iter().product(), 2.0));
+        let kat = |ch: usize, z: usize| -> f64 {
+            match shape.len() {
+                1 => k.data[0] as f64,
+                _ if shape[2] == 1 => k.data[ch] as f64,
+                _ => k.data[ch * 6 + z] as f64,
+            }
+        };
+        for add in [true, false] {
+            let mut want = x.clone();
+            for (i, v) in want.d.iter_mut().enumerate() {
+                let ch = (i / 336) % c;
+                let z = (i / 56) % 6;
+                *v = if add {
+                    *v + kat(ch, z)
+                } else {
+                    *v * kat(ch, z)
+                };
+            }
+            let op = if add {
+                Op::AddConst(k.clone())
+            } else {
+                Op::MulConst(k.clone())
+            };
+            let got = run(&mut b, &graph(c, vec![(op, vec![0], c)]), &x, 2);
+            report(
+                &format!("{name} {}", if add { "add" } else { "mul" }),
+                rel_l2(&got, &want),
+            );
+        }
+    }
+    // Concat of the input and two derived values along channels (3 inputs, odd widths).
+    let sg = x.map(|_, v| 1.0 / (1.0 + (-v).exp()));
+    let th = x.map(|_, v| v.tanh());
+    let mut want = T::zeros([2, 3 * c, 6, 7, 8]);
+    for n in 0..2 {
+        for (j, src) in [&x, &sg, &th].iter().enumerate() {
+            for ch in 0..c {
+                for z in 0..6 {
+                    for y in 0..7 {
+                        for xx in 0..8 {
+                            let i = want.idx(n, j * c + ch, z, y, xx);
+                            want.d[i] = src.at(n, ch, z, y, xx);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let g = graph(
+        c,
+        vec![
+            (Op::Sigmoid, vec![0], c),
+            (Op::Tanh, vec![0], c),
+            (Op::Concat { axis: 1 }, vec![0, 1, 2], 3 * c),
+        ],
+    );
+    report("concat 3 inputs", rel_l2(&run(&mut b, &g, &x, 2), &want));
+    // Softmax over channels.
+    let sp = 336;
+    let mut want = x.clone();
+    for n in 0..2 {
+        for p in 0..sp {
+            let m = (0..c)
+                .map(|ch| x.d[(n * c + ch) * sp + p])
+                .fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = (0..c)
+                .map(|ch| (x.d[(n * c + ch) * sp + p] - m).exp())
+                .sum();
+            for ch in 0..c {
+                want.d[(n * c + ch) * sp + p] = (x.d[(n * c + ch) * sp + p] - m).exp() / z;
+            }
+        }
+    }
+    report(
+        "softmax channels",
+        rel_l2(
+            &run(
+                &mut b,
+                &graph(c, vec![(Op::Softmax { axis: 1 }, vec![0], c)]),
+                &x,
+                2,
+            ),
+            &want,
+        ),
+    );
+    // Identity (kept when it names an output).
+    report(
+        "identity",
+        rel_l2(
+            &run(&mut b, &graph(c, vec![(Op::Identity, vec![0], c)]), &x, 2),
+            &x,
+        ),
+    );
+    // A smaller batch than prepared: run 1 of 2.
+    b.prepare(&graph(c, vec![(Op::Tanh, vec![0], c)]), 2, [6, 7, 8])
+        .unwrap();
+    let one = T {
+        s: [1, c, 6, 7, 8],
+        d: x.d[..c * 336].to_vec(),
+    };
+    let got = b
+        .run(
+            Array5::from_shape_vec(one.s, one.d.iter().map(|&v| v as f32).collect())
+                .unwrap()
+                .view(),
+        )
+        .unwrap();
+    report(
+        "partial batch 1 of 2",
+        rel_l2(&got, &one.map(|_, v| v.tanh())),
+    );
+}
+
+#[test]
+fn pools_and_resize() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = rng("pool");
+    let c = 6;
+    let x = T::from([2, c, 9, 10, 11], &r.vec(2 * c * 990, 2.0));
+    for (name, p, max, o) in [
+        (
+            "maxpool k2 s2",
+            Pool {
+                kernel: [2; 3],
+                stride: [2; 3],
+                dilation: [1; 3],
+                pads: [0; 6],
+                ceil_mode: false,
+                count_include_pad: false,
+            },
+            true,
+            [4, 5, 5],
+        ),
+        (
+            "maxpool k3 s2 p1 ceil",
+            Pool {
+                kernel: [3; 3],
+                stride: [2; 3],
+                dilation: [1; 3],
+                pads: [1; 6],
+                ceil_mode: true,
+                count_include_pad: false,
+            },
+            true,
+            [5, 6, 6],
+        ),
+        (
+            "avgpool k2 s2",
+            Pool {
+                kernel: [2; 3],
+                stride: [2; 3],
+                dilation: [1; 3],
+                pads: [0; 6],
+                ceil_mode: false,
+                count_include_pad: false,
+            },
+            false,
+            [4, 5, 5],
+        ),
+        (
+            "avgpool k3 s1 p1 include_pad",
+            Pool {
+                kernel: [3; 3],
+                stride: [1; 3],
+                dilation: [1; 3],
+                pads: [1; 6],
+                ceil_mode: false,
+                count_include_pad: true,
+            },
+            false,
+            [9, 10, 11],
+        ),
+        (
+            "avgpool k3 s1 p1 exclude_pad",
+            Pool {
+                kernel: [3; 3],
+                stride: [1; 3],
+                dilation: [1; 3],
+                pads: [1; 6],
+                ceil_mode: false,
+                count_include_pad: false,
+            },
+            false,
+            [9, 10, 11],
+        ),
+    ] {
+        let want = pool_ref(&x, &p, max, o);
+        let op = if max {
+            Op::MaxPool(p)
+        } else {
+            Op::AveragePool(p)
+        };
+        report(
+            name,
+            rel_l2(
+                &run(&mut b, &graph(c, vec![(op, vec![0], c)]), &x, 2),
+                &want,
+            ),
+        );
+    }
+    // Resize: nearest x2 (asymmetric/floor, as PyTorch's nearest export) and trilinear x2
+    // half_pixel (align_corners=False), plus align_corners with explicit sizes.
+    let xs = T::from([2, c, 4, 5, 6], &r.vec(2 * c * 120, 2.0));
+    let near = Resize {
+        mode: ResizeMode::Nearest,
+        coord: CoordMode::Asymmetric,
+        nearest: NearestMode::Floor,
+        scales: [2.0; 3],
+        sizes: None,
+    };
+    let mut want = T::zeros([2, c, 8, 10, 12]);
+    for n in 0..2 {
+        for ch in 0..c {
+            for z in 0..8 {
+                for y in 0..10 {
+                    for xx in 0..12 {
+                        let i = want.idx(n, ch, z, y, xx);
+                        want.d[i] = xs.at(n, ch, z / 2, y / 2, xx / 2);
+                    }
+                }
+            }
+        }
+    }
+    report(
+        "resize nearest x2",
+        rel_l2(
+            &run(
+                &mut b,
+                &graph(c, vec![(Op::Resize(near), vec![0], c)]),
+                &xs,
+                2,
+            ),
+            &want,
+        ),
+    );
+    for (name, coord, sizes) in [
+        ("resize linear x2 half_pixel", CoordMode::HalfPixel, None),
+        (
+            "resize linear align_corners sizes",
+            CoordMode::AlignCorners,
+            Some([7, 9, 13]),
+        ),
+    ] {
+        let rz = Resize {
+            mode: ResizeMode::Linear,
+            coord,
+            nearest: NearestMode::RoundPreferFloor,
+            scales: [2.0; 3],
+            sizes,
+        };
+        let o = sizes.unwrap_or([8, 10, 12]);
+        let ins = [4usize, 5, 6];
+        let src = |a: usize, oc: usize| -> (usize, usize, f64) {
+            let f = match coord {
+                CoordMode::AlignCorners => {
+                    if o[a] == 1 {
+                        0.0
+                    } else {
+                        oc as f64 * (ins[a] - 1) as f64 / (o[a] - 1) as f64
+                    }
+                }
+                _ => ((oc as f64 + 0.5) / (o[a] as f64 / ins[a] as f64) - 0.5).max(0.0),
+            };
+            let f = f.min((ins[a] - 1) as f64);
+            let i0 = f.floor() as usize;
+            (i0, (i0 + 1).min(ins[a] - 1), f - i0 as f64)
+        };
+        let mut want = T::zeros([2, c, o[0], o[1], o[2]]);
+        for n in 0..2 {
+            for ch in 0..c {
+                for z in 0..o[0] {
+                    for y in 0..o[1] {
+                        for xx in 0..o[2] {
+                            let (z0, z1, fz) = src(0, z);
+                            let (y0, y1, fy) = src(1, y);
+                            let (x0, x1, fx) = src(2, xx);
+                            let mut v = 0.0;
+                            for (zi, wz) in [(z0, 1.0 - fz), (z1, fz)] {
+                                for (yi, wy) in [(y0, 1.0 - fy), (y1, fy)] {
+                                    for (xi, wx) in [(x0, 1.0 - fx), (x1, fx)] {
+                                        v += wz * wy * wx * xs.at(n, ch, zi, yi, xi);
+                                    }
+                                }
+                            }
+                            let i = want.idx(n, ch, z, y, xx);
+                            want.d[i] = v;
+                        }
+                    }
+                }
+            }
+        }
+        report(
+            name,
+            rel_l2(
+                &run(
+                    &mut b,
+                    &graph(c, vec![(Op::Resize(rz), vec![0], c)]),
+                    &xs,
+                    2,
+                ),
+                &want,
+            ),
+        );
+    }
+}
+
+/// A small UNet-like chain (conv s2, norm+leaky, convT k2s2, concat skip, head, softmax) as one
+/// graph: checks liveness reuse and fusion together.
+#[test]
+fn small_unet_chain() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = rng("unet");
+    let (cin, f) = (1usize, 16usize);
+    let x = T::from([2, cin, 16, 16, 16], &r.vec(2 * 4096, 1.0));
+    let w1 = Tensor::new(vec![f, cin, 3, 3, 3], r.vec(f * 27, 1.0 / 27f32.sqrt()));
+    let w2 = Tensor::new(
+        vec![2 * f, f, 3, 3, 3],
+        r.vec(2 * f * f * 27, 1.0 / ((f * 27) as f32).sqrt()),
+    );
+    let wt = Tensor::new(
+        vec![2 * f, f, 2, 2, 2],
+        r.vec(2 * f * f * 8, 1.0 / ((2 * f) as f32).sqrt()),
+    );
+    let wh = Tensor::new(
+        vec![3, 2 * f, 1, 1, 1],
+        r.vec(3 * 2 * f, 1.0 / ((2 * f) as f32).sqrt()),
+    );
+    let g1 = Tensor::new(vec![2 * f], r.vec(2 * f, 1.0));
+    let b1 = Tensor::new(vec![2 * f], r.vec(2 * f, 1.0));
+    let conv = |w: &Tensor, s: usize, p: usize| {
+        Op::Conv(Conv {
+            weight: w.clone(),
+            bias: None,
+            stride: [s; 3],
+            dilation: [1; 3],
+            pads: [p; 6],
+            groups: 1,
+        })
+    };
+    let nodes = vec![
+        (conv(&w1, 1, 1), vec![0], f),               // v1
+        (Op::LeakyRelu { alpha: 0.01 }, vec![1], f), // v2 (fused)
+        (conv(&w2, 2, 1), vec![2], 2 * f),           // v3
+        (
+            Op::InstanceNorm {
+                eps: 1e-5,
+                scale: g1.clone(),
+                bias: b1.clone(),
+            },
+            vec![3],
+            2 * f,
+        ), // v4
+        (Op::LeakyRelu { alpha: 0.01 }, vec![4], 2 * f), // v5 (fused)
+        (
+            Op::ConvTranspose(ConvTranspose {
+                weight: wt.clone(),
+                bias: None,
+                stride: [2; 3],
+                dilation: [1; 3],
+                pads: [0; 6],
+                output_padding: [0; 3],
+                groups: 1,
+            }),
+            vec![5],
+            f,
+        ), // v6
+        (Op::Concat { axis: 1 }, vec![6, 2], 2 * f), // v7
+        (conv(&wh, 1, 0), vec![7], 3),               // v8
+        (Op::Softmax { axis: 1 }, vec![8], 3),       // v9
+    ];
+    let leaky = Op::LeakyRelu { alpha: 0.01 };
+    let v2 = conv_ref(&x, &w1, None, [1; 3], [1; 3], [1; 6], 1, false, [0; 3])
+        .map(|c, v| act_ref(&leaky, c, v));
+    let v3 = conv_ref(&v2, &w2, None, [2; 3], [1; 3], [1; 6], 1, false, [0; 3]);
+    let v5 = norm_ref(&v3, 2 * f, 1e-5, &g1, &b1).map(|c, v| act_ref(&leaky, c, v));
+    let v6 = conv_ref(&v5, &wt, None, [2; 3], [1; 3], [0; 6], 1, true, [0; 3]);
+    let mut v7 = T::zeros([2, 2 * f, 16, 16, 16]);
+    let sp = 4096;
+    for n in 0..2 {
+        v7.d[n * 2 * f * sp..(n * 2 * f + f) * sp]
+            .copy_from_slice(&v6.d[n * f * sp..(n + 1) * f * sp]);
+        v7.d[(n * 2 * f + f) * sp..(n + 1) * 2 * f * sp]
+            .copy_from_slice(&v2.d[n * f * sp..(n + 1) * f * sp]);
+    }
+    let v8 = conv_ref(&v7, &wh, None, [1; 3], [1; 3], [0; 6], 1, false, [0; 3]);
+    let mut v9 = v8.clone();
+    for n in 0..2 {
+        for p in 0..sp {
+            let z: f64 = (0..3).map(|c| v8.d[(n * 3 + c) * sp + p].exp()).sum();
+            for c in 0..3 {
+                v9.d[(n * 3 + c) * sp + p] = v8.d[(n * 3 + c) * sp + p].exp() / z;
+            }
+        }
+    }
+    let g = graph(cin, nodes);
+    let got = run(&mut b, &g, &x, 2);
+    println!(
+        "small unet: {} bytes of activation buffers",
+        b.activation_bytes()
+    );
+    report("small unet chain (logits before softmax)", {
+        // Compare softmax output; also require the plan to have reused buffers.
+        rel_l2(&got, &v9)
+    });
+}
+
+/// Sliding windows on the device against a host f64 blend of per-window f64 outputs of a
+/// 1x1x1 conv (so every window's output is exactly computable).
+#[test]
+fn sliding_window_blend_and_argmax() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = rng("sw");
+    let (cin, cout) = (2usize, 4usize);
+    let (d, h, w) = (13usize, 17usize, 11usize);
+    let roi = [8usize, 8, 8];
+    let pad_before = [1usize, 0, 2];
+    let padded = [16usize, 17, 16];
+    let mut starts = Vec::new();
+    for z in [0, 4, 8] {
+        for y in [0, 5, 9] {
+            for x in [0, 8] {
+                starts.push([z, y, x]);
+            }
+        }
+    }
+    let vol = Array4::from_shape_vec((cin, d, h, w), r.vec(cin * d * h * w, 1.0)).unwrap();
+    let wmap = Array3::from_shape_vec(
+        (8, 8, 8),
+        (0..512)
+            .map(|i| 0.1 + ((i * 37) % 100) as f32 / 100.0)
+            .collect(),
+    )
+    .unwrap();
+    let wt = Tensor::new(vec![cout, cin, 1, 1, 1], r.vec(cout * cin, 1.0));
+    let bias = Tensor::new(vec![cout], r.vec(cout, 0.5));
+    let g = graph(
+        cin,
+        vec![(
+            Op::Conv(Conv {
+                weight: wt.clone(),
+                bias: Some(bias.clone()),
+                stride: [1; 3],
+                dilation: [1; 3],
+                pads: [0; 6],
+                groups: 1,
+            }),
+            vec![0],
+            cout,
+        )],
+    );
+    let cval = 0.25f32;
+    // f64 reference.
+    let mut acc = vec![0.0f64; cout * d * h * w];
+    let mut ws = vec![0.0f64; d * h * w];
+    for s in &starts {
+        for z in 0..8 {
+            for y in 0..8 {
+                for x in 0..8 {
+                    let (vz, vy, vx) = (s[0] + z, s[1] + y, s[2] + x);
+                    let inside = |v: usize, p: usize, n: usize| v >= p && v - p < n;
+                    let wv = wmap[[z, y, x]] as f64;
+                    let ins = inside(vz, pad_before[0], d)
+                        && inside(vy, pad_before[1], h)
+                        && inside(vx, pad_before[2], w);
+                    let val = |c: usize| {
+                        if ins {
+                            vol[[
+                                c,
+                                vz - pad_before[0],
+                                vy - pad_before[1],
+                                vx - pad_before[2],
+                            ]] as f64
+                        } else {
+                            cval as f64
+                        }
+                    };
+                    if !ins {
+                        continue;
+                    }
+                    let vi =
+                        ((vz - pad_before[0]) * h + vy - pad_before[1]) * w + vx - pad_before[2];
+                    for co in 0..cout {
+                        let o: f64 = bias.data[co] as f64
+                            + (0..cin)
+                                .map(|ci| wt.data[co * cin + ci] as f64 * val(ci))
+                                .sum::<f64>();
+                        acc[co * d * h * w + vi] += wv * o;
+                    }
+                    ws[vi] += wv;
+                }
+            }
+        }
+    }
+    for (i, a) in acc.iter_mut().enumerate() {
+        *a /= ws[i % (d * h * w)];
+    }
+    for batch in [1usize, 4] {
+        b.prepare(&g, batch, roi).unwrap();
+        let (got, times) = b
+            .segment_windows(
+                vol.view(),
+                padded,
+                pad_before,
+                roi,
+                &starts,
+                wmap.view(),
+                batch,
+                cval,
+            )
+            .unwrap();
+        let want = T {
+            s: [1, cout, d, h, w],
+            d: acc.clone(),
+        };
+        let got5 = got.into_shape_with_order((1, cout, d, h, w)).unwrap();
+        report(
+            &format!("sliding window blend batch {batch}"),
+            rel_l2(&got5, &want),
+        );
+        println!("times {times:?}");
+        let (labels, _) = b
+            .segment_windows_argmax(
+                vol.view(),
+                padded,
+                pad_before,
+                roi,
+                &starts,
+                wmap.view(),
+                batch,
+                cval,
+            )
+            .unwrap();
+        let mut agree = 0usize;
+        let mut close = 0usize;
+        for v in 0..d * h * w {
+            let vals: Vec<f64> = (0..cout).map(|c| acc[c * d * h * w + v]).collect();
+            let best = (0..cout).fold(0, |bi, c| if vals[c] > vals[bi] { c } else { bi });
+            let l = labels.as_slice().unwrap()[v] as usize;
+            if l == best {
+                agree += 1
+            } else if (vals[l] - vals[best]).abs() < 1e-2 {
+                close += 1
+            }
+        }
+        println!(
+            "RESULT argmax batch {batch}: {agree} equal, {close} near-ties, of {}",
+            d * h * w
+        );
+        assert_eq!(
+            agree + close,
+            d * h * w,
+            "argmax labels differ beyond near-ties"
+        );
+    }
+    // Errors, not panics, on bad input.
+    assert!(b
+        .segment_windows(
+            vol.view(),
+            padded,
+            pad_before,
+            [8, 8, 4],
+            &starts,
+            wmap.view(),
+            1,
+            cval
+        )
+        .is_err());
+    assert!(b
+        .segment_windows(
+            vol.view(),
+            padded,
+            pad_before,
+            roi,
+            &[[9, 0, 0]],
+            wmap.view(),
+            1,
+            cval
+        )
+        .is_err());
+}
+
+/// Throughput of the implicit-GEMM conv: 32->32 3^3 on 2x32x128^3 (fp16 NDHWC), and 64->64 on
+/// 2x64x96^3 (the BN=64 tile).
+#[test]
+fn bench_conv_32_32() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = rng("bench");
+    for (c, s) in [(32usize, 128usize), (64, 96)] {
+        let w = Tensor::new(vec![c, c, 3, 3, 3], r.vec(c * c * 27, 0.03));
+        let g = graph(
+            c,
+            vec![(
+                Op::Conv(Conv {
+                    weight: w,
+                    bias: None,
+                    stride: [1; 3],
+                    dilation: [1; 3],
+                    pads: [1; 6],
+                    groups: 1,
+                }),
+                vec![0],
+                c,
+            )],
+        );
+        b.set_poison(false);
+        b.prepare(&g, 2, [s; 3]).unwrap();
+        let x = Array5::from_shape_vec((2, c, s, s, s), r.vec(2 * c * s * s * s, 1.0)).unwrap();
+        b.run(x.view()).unwrap();
+        let ms = b.time_forward(2, 20).unwrap();
+        let flops = 2.0 * (2 * s * s * s) as f64 * c as f64 * (27 * c) as f64;
+        println!(
+            "RESULT bench conv {c}->{c} 3^3 2x{c}x{s}^3: {ms:.3} ms, {:.1} TFLOP/s",
+            flops / ms / 1e9
+        );
+    }
+}

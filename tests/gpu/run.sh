@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs the CUDA GPU suite on a machine with an NVIDIA GPU, from prebuilt test binaries (it builds
+# nothing: the GPU machine has no cargo). On the build machine:
+#   tests/gpu/build.sh            # -> .dev/cuda/{cuda_ops,cuda_kernels_compile,voxtile_lib}
+# then on the GPU machine, from the repository root:
+#   tests/gpu/run.sh [DIR]        # DIR defaults to .dev/cuda
+# Needs libcuda + libnvrtc (LD_LIBRARY_PATH=/usr/local/cuda/lib64) and CUDA headers
+# (/usr/local/cuda/include, or VOXTILE_CUDA_INCLUDE). Prints a table of RESULT lines last.
+# SANITIZE=1 also runs the op tests (not the benchmark) under compute-sanitizer memcheck.
+set -u
+DIR=${1:-.dev/cuda}
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export VOXTILE_REQUIRE_GPU=1 VOXTILE_REQUIRE_NVRTC=1
+export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/voxtile-cache}
+LOG=${OUT:-/tmp}/cuda_suite.log
+: > "$LOG"
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee -a "$LOG"
+status=0
+run() {
+  echo "=== $*" | tee -a "$LOG"
+  "$@" >> "$LOG" 2>&1
+  local rc=$?
+  echo "=== rc $rc" | tee -a "$LOG"
+  [ $rc -eq 0 ] || status=1
+}
+run "$DIR/cuda_kernels_compile" --nocapture
+run "$DIR/voxtile_lib" --test-threads=1 backend::cuda
+# First run fills the PTX cache, the second must load every family from it.
+run "$DIR/cuda_ops" --test-threads=1 --nocapture
+run "$DIR/cuda_ops" --test-threads=1 --nocapture conv_transpose_variants
+if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  run timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$DIR/cuda_ops" --test-threads=1 --skip bench
+fi
+echo "---------------- summary ----------------"
+grep -E "RESULT|panicked|FAILED|failed|from the PTX cache|test result|NVRTC|seed" "$LOG" | grep -v "^\s*$" | sort | uniq -c | sort -k2 | sed 's/^ *//' | cut -c1-150
+exit $status
