@@ -302,13 +302,19 @@ fn monai_grid_random_shapes_match_reference() {
         let g = Grid::new(shape, roi, overlap, Placement::Monai).unwrap();
         let padded: [usize; 3] = [0, 1, 2].map(|a| shape[a].max(roi[a]));
         assert_eq!(g.padded, padded);
-        assert_eq!(g.starts, ref_monai_starts(padded, roi, overlap), "{shape:?} {roi:?} {overlap:?}");
+        assert_eq!(
+            g.starts,
+            ref_monai_starts(padded, roi, overlap),
+            "{shape:?} {roi:?} {overlap:?}"
+        );
         // Every padded voxel is covered, every window fits.
         for a in 0..3 {
             let mut covered = vec![false; padded[a]];
             for st in &g.starts {
                 assert!(st[a] + roi[a] <= padded[a]);
-                covered[st[a]..st[a] + roi[a]].iter_mut().for_each(|c| *c = true);
+                covered[st[a]..st[a] + roi[a]]
+                    .iter_mut()
+                    .for_each(|c| *c = true);
             }
             assert!(covered.iter().all(|&c| c));
         }
@@ -416,7 +422,11 @@ fn grid_rejects_bad_input() {
 
 #[test]
 fn gaussian_map_matches_monai_formula() {
-    for (roi, sig) in [([48, 48, 48], 0.125), ([33, 17, 9], 0.125), ([32, 20, 11], 0.3)] {
+    for (roi, sig) in [
+        ([48, 48, 48], 0.125),
+        ([33, 17, 9], 0.125),
+        ([32, 20, 11], 0.3),
+    ] {
         let m = weight_map(roi, BlendMode::Gaussian, [sig; 3]);
         let r = ref_importance(roi, true, sig);
         assert_eq!(m.dim(), (roi[0], roi[1], roi[2]));
@@ -449,7 +459,10 @@ fn gaussian_map_matches_monai_formula() {
     let m = weight_map([48; 3], BlendMode::Gaussian, [1.0; 3]);
     let corner = (-(23.5f64 * 23.5) / (2.0 * 48.0 * 48.0)).exp().powi(3);
     assert!((m[[0, 0, 0]] as f64 - corner).abs() < 1e-6 * corner);
-    assert_eq!(m.iter().copied().fold(f32::INFINITY, f32::min), m[[0, 0, 0]]);
+    assert_eq!(
+        m.iter().copied().fold(f32::INFINITY, f32::min),
+        m[[0, 0, 0]]
+    );
 }
 
 #[test]
@@ -516,7 +529,10 @@ fn nnunet_gaussian_map() {
             let b = if (*b as f32) == 0.0 { min_nz } else { *b };
             assert!(((*a as f64) - b).abs() <= 1e-6 * b, "{roi:?}: {a} vs {b}");
         }
-        assert_eq!(m[[roi[0] / 2, roi[1] / 2, roi[2] / 2]], NNUNET_VALUE_SCALING);
+        assert_eq!(
+            m[[roi[0] / 2, roi[1] / 2, roi[2] / 2]],
+            NNUNET_VALUE_SCALING
+        );
         assert!(m.iter().all(|&v| v > 0.0 && v <= NNUNET_VALUE_SCALING));
     }
     // 0.05 * 64 = 3.2: radius 13, so index 0 (32 from the centre) was zero and now holds the minimum.
@@ -561,12 +577,20 @@ fn gather_window_any_strides() {
     let (padded, _) = ref_pad(&std_vol.mapv(|v| v as f64), roi, RefPad::Constant(-2.0));
     let mut batch = ndarray::Array5::<f32>::zeros((3, 2, 3, 16, 24 * 12)); // roomy, then strided
     for &st in &g.starts {
-        let mut out = batch.slice_mut(s![1, 1, .., .., ..]).into_shape_with_order((3, 16, 24, 12)).unwrap();
+        let mut out = batch
+            .slice_mut(s![1, 1, .., .., ..])
+            .into_shape_with_order((3, 16, 24, 12))
+            .unwrap();
         out.fill(f32::NAN);
         let mut inv = out.view_mut();
         inv.invert_axis(Axis(3)); // negative stride
         gather_window(vol, &g, st, PadMode::Constant(-2.0), inv.view_mut());
-        let expect = padded.slice(s![.., st[0]..st[0] + 16, st[1]..st[1] + 24, st[2]..st[2] + 12]);
+        let expect = padded.slice(s![
+            ..,
+            st[0]..st[0] + 16,
+            st[1]..st[1] + 24,
+            st[2]..st[2] + 12
+        ]);
         assert_eq!(inv.mapv(|v| v as f64), expect);
     }
 }
@@ -594,13 +618,26 @@ fn blending_a_per_voxel_function_returns_it() {
                 let w = weight_map(roi, mode, [0.125; 3]);
                 let out = run_tiled(vol.view(), &g, w, pad, &f, 3);
                 let (rel, max) = compare(out.view(), &expect);
-                assert!(rel < 1e-6 && max < 1e-5, "{roi:?} {mode:?}: rel {rel:e} max {max:e}");
+                assert!(
+                    rel < 1e-6 && max < 1e-5,
+                    "{roi:?} {mode:?}: rel {rel:e} max {max:e}"
+                );
             }
         }
         let gn = Grid::new([37, 20, 45], roi, ov, Placement::NnUnet).unwrap();
-        let out = run_tiled(vol.view(), &gn, weight_map_nnunet(roi, [0.125; 3]), PadMode::Edge, &f, 3);
+        let out = run_tiled(
+            vol.view(),
+            &gn,
+            weight_map_nnunet(roi, [0.125; 3]),
+            PadMode::Edge,
+            &f,
+            3,
+        );
         let (rel, max) = compare(out.view(), &expect);
-        assert!(rel < 1e-6 && max < 1e-5, "nnunet {roi:?}: rel {rel:e} max {max:e}");
+        assert!(
+            rel < 1e-6 && max < 1e-5,
+            "nnunet {roi:?}: rel {rel:e} max {max:e}"
+        );
     }
 }
 
@@ -635,12 +672,27 @@ fn conformance_on_fixture_cases() {
         assert_eq!([vol.dim().1, vol.dim().2, vol.dim().3], shape);
         let output = format!("{FIXTURES}/{}", case["output"].as_str().unwrap());
         let output = voxtile::npy::read_f32(std::path::Path::new(&output)).unwrap();
-        assert_eq!(&output.shape()[2..], &shape[..], "MONAI's output keeps the volume's size");
+        assert_eq!(
+            &output.shape()[2..],
+            &shape[..],
+            "MONAI's output keeps the volume's size"
+        );
 
         let g = Grid::new(shape, roi, overlap, Placement::Monai).unwrap();
-        let mode = if gaussian { BlendMode::Gaussian } else { BlendMode::Constant };
+        let mode = if gaussian {
+            BlendMode::Gaussian
+        } else {
+            BlendMode::Constant
+        };
         let w = weight_map(roi, mode, [sigma; 3]);
-        let out = run_tiled(vol.view(), &g, w, PadMode::Constant(cval as f32), &positional_f32, 2);
+        let out = run_tiled(
+            vol.view(),
+            &g,
+            w,
+            PadMode::Constant(cval as f32),
+            &positional_f32,
+            2,
+        );
         let expect = ref_sliding_window(
             &vol.mapv(|v| v as f64),
             roi,
@@ -652,26 +704,43 @@ fn conformance_on_fixture_cases() {
         );
         let (rel, max) = compare(out.view(), &expect);
         eprintln!("{}: rel L2 {rel:.2e}, max abs {max:.2e}", case["id"]);
-        assert!(rel < 1e-6 && max < 1e-5, "{}: rel {rel:e} max {max:e}", case["id"]);
+        assert!(
+            rel < 1e-6 && max < 1e-5,
+            "{}: rel {rel:e} max {max:e}",
+            case["id"]
+        );
     }
 }
 
 /// Volumes smaller than the roi (padding, crop back) with constant and replicate padding.
 #[test]
 fn conformance_with_padding() {
-    let vol = random_vol((1, 20, 40, 30), 21);
+    // Odd differences (13 and 3) so that a wrong before/after split shows.
+    let vol = random_vol((1, 19, 40, 29), 21);
     let vol64 = vol.mapv(|v| v as f64);
     let roi = [32, 32, 32];
     for (ov, gaussian) in [([0.25; 3], true), ([0.5, 0.3, 0.0], false)] {
-        let g = Grid::new([20, 40, 30], roi, ov, Placement::Monai).unwrap();
+        let g = Grid::new([19, 40, 29], roi, ov, Placement::Monai).unwrap();
         assert_eq!(g.pad_before, [6, 0, 1]);
         for (pad, rpad) in [
             (PadMode::Constant(0.7), RefPad::Constant(0.7)),
             (PadMode::Edge, RefPad::Replicate),
         ] {
-            let mode = if gaussian { BlendMode::Gaussian } else { BlendMode::Constant };
-            let out = run_tiled(vol.view(), &g, weight_map(roi, mode, [0.125; 3]), pad, &positional_f32, 2);
-            let expect = ref_sliding_window(&vol64, roi, ov, gaussian, 0.125, rpad, &positional_f64);
+            let mode = if gaussian {
+                BlendMode::Gaussian
+            } else {
+                BlendMode::Constant
+            };
+            let out = run_tiled(
+                vol.view(),
+                &g,
+                weight_map(roi, mode, [0.125; 3]),
+                pad,
+                &positional_f32,
+                2,
+            );
+            let expect =
+                ref_sliding_window(&vol64, roi, ov, gaussian, 0.125, rpad, &positional_f64);
             let (rel, max) = compare(out.view(), &expect);
             assert!(rel < 1e-6 && max < 1e-5, "rel {rel:e} max {max:e}");
         }
@@ -686,14 +755,29 @@ fn argmax_first_max_wins() {
     let logits = Array4::from_shape_vec(
         (3, 1, 1, 5),
         vec![
-            1.0, 2.0, 0.0, 1.0, f32::NAN, //
-            1.0, 3.0, 5.0, f32::NAN, 1.0, //
-            1.0, 3.0, 5.0, 9.0, f32::NAN,
+            1.0,
+            2.0,
+            0.0,
+            1.0,
+            f32::NAN, //
+            1.0,
+            3.0,
+            5.0,
+            f32::NAN,
+            1.0, //
+            1.0,
+            3.0,
+            5.0,
+            9.0,
+            f32::NAN,
         ],
     )
     .unwrap();
     // ties -> first; NaN counts as the max (numpy/torch).
-    assert_eq!(argmax(logits.view()).into_raw_vec_and_offset().0, vec![0, 1, 1, 1, 0]);
+    assert_eq!(
+        argmax(logits.view()).into_raw_vec_and_offset().0,
+        vec![0, 1, 1, 1, 0]
+    );
     // Random data against "first index equal to the max".
     let l = random_vol((5, 9, 8, 7), 13).mapv(|v| (v * 3.0).round()); // many ties
     let a = argmax(l.view());
@@ -704,14 +788,22 @@ fn argmax_first_max_wins() {
         assert_eq!(lab as usize, first);
     }
     // Permuted (channels-last) input gives the same labels.
-    let cl = l.view().permuted_axes([1, 2, 3, 0]).as_standard_layout().into_owned();
+    let cl = l
+        .view()
+        .permuted_axes([1, 2, 3, 0])
+        .as_standard_layout()
+        .into_owned();
     assert_eq!(argmax(cl.view().permuted_axes([3, 0, 1, 2])), a);
 }
 
 #[test]
 fn threshold_strictly_above() {
-    let p = Array4::from_shape_vec((1, 1, 2, 3), vec![0.2, 0.5, 0.50001, 0.9, -1.0, f32::NAN]).unwrap();
-    assert_eq!(threshold(p.view(), 0.5).into_raw_vec_and_offset().0, vec![0, 0, 1, 1, 0, 0]);
+    let p =
+        Array4::from_shape_vec((1, 1, 2, 3), vec![0.2, 0.5, 0.50001, 0.9, -1.0, f32::NAN]).unwrap();
+    assert_eq!(
+        threshold(p.view(), 0.5).into_raw_vec_and_offset().0,
+        vec![0, 0, 1, 1, 0, 0]
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -727,14 +819,80 @@ fn parse_triples() {
     assert_eq!(parse_sigma_scale("0.125").unwrap(), [0.125; 3]);
     for bad in ["", "1,2", "0", "a,b,c", "1,2,3,4", "-1", "96,,64", "1.5"] {
         match parse_triple_usize(bad) {
-            Err(Error::Invalid(m)) => assert!(m.contains(&format!("\"{bad}\"")) && !m.contains('\n')),
+            Err(Error::Invalid(m)) => {
+                assert!(m.contains(&format!("\"{bad}\"")) && !m.contains('\n'))
+            }
             other => panic!("{bad:?}: {other:?}"),
         }
     }
     for bad in ["1", "1.0", "-0.1", "nan", "0.5,0.5", "x", "inf"] {
-        assert!(matches!(parse_triple_f64(bad), Err(Error::Invalid(_))), "{bad:?}");
+        assert!(
+            matches!(parse_triple_f64(bad), Err(Error::Invalid(_))),
+            "{bad:?}"
+        );
     }
     for bad in ["0", "-1", "inf", "nan", ""] {
-        assert!(matches!(parse_sigma_scale(bad), Err(Error::Invalid(_))), "{bad:?}");
+        assert!(
+            matches!(parse_sigma_scale(bad), Err(Error::Invalid(_))),
+            "{bad:?}"
+        );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Slab-streaming blender
+
+#[test]
+fn slab_blender_is_bit_identical_to_blender() {
+    let vol = random_vol((1, 45, 21, 26), 31);
+    let cases: Vec<([usize; 3], [usize; 3], [f64; 3], Placement)> = vec![
+        ([45, 21, 26], [16, 16, 16], [0.5; 3], Placement::Monai),
+        (
+            [45, 21, 26],
+            [12, 24, 16],
+            [0.25, 0.5, 0.0],
+            Placement::NnUnet,
+        ),
+        ([45, 21, 26], [7, 30, 8], [0.0; 3], Placement::Monai), // no D overlap, H padded
+        ([45, 21, 26], [50, 8, 8], [0.5; 3], Placement::Monai), // D padded: one slab
+    ];
+    for (shape, roi, ov, placement) in cases {
+        let g = Grid::new(shape, roi, ov, placement).unwrap();
+        let w = weight_map(roi, BlendMode::Gaussian, [0.125; 3]);
+        let full = run_tiled(vol.view(), &g, w.clone(), PadMode::Edge, &positional_f32, 2);
+        let mut sb = SlabBlender::new(2, &g, w);
+        let mut win = Array4::<f32>::zeros((1, roi[0], roi[1], roi[2]));
+        let mut slabs = vec![];
+        for &st in &g.starts {
+            gather_window(vol.view(), &g, st, PadMode::Edge, win.view_mut());
+            slabs.extend(sb.add(st, positional_f32(win.view()).view()));
+        }
+        slabs.extend(sb.finish());
+        let mut next = 0;
+        for sl in &slabs {
+            assert_eq!(
+                sl.d0, next,
+                "{roi:?}: slabs must be contiguous and in order"
+            );
+            let n = sl.data.dim().1;
+            assert!(n > 0);
+            assert_eq!(
+                sl.data,
+                full.slice(s![.., next..next + n, .., ..]),
+                "{roi:?} at {next}"
+            );
+            next += n;
+        }
+        assert_eq!(next, shape[0], "{roi:?}: slabs must cover the volume");
+    }
+}
+
+#[test]
+#[should_panic(expected = "non-decreasing D order")]
+fn slab_blender_rejects_out_of_order_windows() {
+    let g = Grid::new([40, 8, 8], [16, 8, 8], [0.5; 3], Placement::Monai).unwrap();
+    let mut sb = SlabBlender::new(1, &g, weight_map(g.roi, BlendMode::Constant, [0.125; 3]));
+    let y = Array4::<f32>::zeros((1, 16, 8, 8));
+    let _ = sb.add([16, 0, 0], y.view());
+    let _ = sb.add([8, 0, 0], y.view());
 }

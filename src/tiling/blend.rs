@@ -219,15 +219,148 @@ pub fn argmax(logits: ArrayView4<f32>) -> Array3<u16> {
 ///
 /// Panics if there is not exactly one channel: the engine checks the model's output first.
 pub fn threshold(probs: ArrayView4<f32>, t: f32) -> Array3<u16> {
-    assert_eq!(
-        probs.dim().0,
-        1,
-        "threshold: needs a one-channel output"
-    );
+    assert_eq!(probs.dim().0, 1, "threshold: needs a one-channel output");
     let ch = probs.index_axis(Axis(0), 0);
     let mut out = Array3::<u16>::zeros(ch.dim());
     Zip::from(&mut out)
         .and(&ch)
         .par_for_each(|o, &v| *o = u16::from(v > t));
     out
+}
+
+/// Finished D-planes of the blended output: `data` is `(C, n, H, W)`, normalised and cropped, and
+/// holds original planes `d0 .. d0 + n`.
+#[derive(Clone, Debug)]
+pub struct Slab {
+    pub d0: usize,
+    pub data: Array4<f32>,
+}
+
+/// [`Blender`] that keeps only `roi[0]` padded D-planes of accumulators and hands back finished planes
+/// as soon as the windows move past them, so its memory is `C × roi_D × H × W` instead of the whole
+/// volume (117 classes on 512×512×400 would need 49 GB). Windows must arrive with non-decreasing D
+/// origin, as [`Grid::starts`] lists them; the sums, their order and so the results are bit-identical to
+/// [`Blender`]'s.
+pub struct SlabBlender {
+    acc: Array4<f32>,
+    wsum: Array3<f32>,
+    weights: Array3<f32>,
+    grid: Grid,
+    /// Padded D coordinate of buffer plane 0.
+    base: usize,
+}
+
+impl SlabBlender {
+    /// Zeroed accumulators for `roi[0]` planes. Panics if `weights` is not roi-shaped (a caller bug).
+    pub fn new(channels: usize, grid: &Grid, weights: Array3<f32>) -> Self {
+        let (r, p) = (grid.roi, grid.padded);
+        assert_eq!(
+            weights.dim(),
+            (r[0], r[1], r[2]),
+            "SlabBlender::new: weight map must have the roi's shape"
+        );
+        SlabBlender {
+            acc: Array4::zeros((channels, r[0], p[1], p[2])),
+            wsum: Array3::zeros((r[0], p[1], p[2])),
+            weights,
+            grid: grid.clone(),
+            base: 0,
+        }
+    }
+
+    /// Add one window's output `(C, roi)`; when its D origin is past earlier windows', the planes no
+    /// later window can touch are finalised first and returned (`None` if they are all padding).
+    ///
+    /// Panics on a D origin lower than an earlier one, or a window that does not fit (caller bugs).
+    pub fn add(&mut self, start: [usize; 3], logits: ArrayView4<f32>) -> Option<Slab> {
+        let r = self.grid.roi;
+        let c = self.acc.dim().0;
+        assert_eq!(
+            logits.dim(),
+            (c, r[0], r[1], r[2]),
+            "SlabBlender::add: logits must be (C, roi)"
+        );
+        assert!(
+            start[0] >= self.base,
+            "SlabBlender::add: windows must come in non-decreasing D order (got D origin {} after {})",
+            start[0],
+            self.base
+        );
+        for a in 0..3 {
+            assert!(
+                start[a] + r[a] <= self.grid.padded[a],
+                "SlabBlender::add: window {start:?} leaves the padded volume"
+            );
+        }
+        let slab = if start[0] > self.base {
+            self.advance(start[0])
+        } else {
+            None
+        };
+        let region = s![.., start[1]..start[1] + r[1], start[2]..start[2] + r[2]];
+        let w = &self.weights;
+        for (mut acc_c, log_c) in self
+            .acc
+            .axis_iter_mut(Axis(0))
+            .zip(logits.axis_iter(Axis(0)))
+        {
+            Zip::from(acc_c.slice_mut(region))
+                .and(log_c)
+                .and(w)
+                .par_for_each(|a, &l, &w| *a += l * w);
+        }
+        Zip::from(self.wsum.slice_mut(region))
+            .and(w)
+            .par_for_each(|s, &w| *s += w);
+        slab
+    }
+
+    /// Finalise every remaining plane (`None` if they are all padding).
+    pub fn finish(mut self) -> Option<Slab> {
+        let end = self.base + self.grid.roi[0];
+        self.emit(end)
+    }
+
+    /// Normalise and crop padded planes `[base, upto)` into a slab.
+    fn emit(&mut self, upto: usize) -> Option<Slab> {
+        let (b, n) = (self.grid.pad_before, self.grid.shape);
+        // Padded planes [base, upto) ∩ original [b0, b0 + n0), in buffer coordinates.
+        let lo = self.base.max(b[0]);
+        let hi = upto.min(b[0] + n[0]);
+        if lo >= hi {
+            return None;
+        }
+        let (bl, bh) = (lo - self.base, hi - self.base);
+        let (h, w) = (b[1]..b[1] + n[1], b[2]..b[2] + n[2]);
+        let wsum = self.wsum.slice(s![bl..bh, h.clone(), w.clone()]);
+        let mut data = self.acc.slice(s![.., bl..bh, h, w]).to_owned();
+        for mut d_c in data.axis_iter_mut(Axis(0)) {
+            Zip::from(&mut d_c).and(&wsum).par_for_each(|o, &s| *o /= s);
+        }
+        Some(Slab {
+            d0: lo - b[0],
+            data,
+        })
+    }
+
+    /// Emit planes `[base, new_base)` and shift the buffer so plane 0 is `new_base`.
+    fn advance(&mut self, new_base: usize) -> Option<Slab> {
+        let slab = self.emit(new_base.min(self.base + self.grid.roi[0]));
+        let shift = new_base - self.base;
+        let len = self.grid.roi[0];
+        if shift >= len {
+            self.acc.fill(0.0);
+            self.wsum.fill(0.0);
+        } else {
+            let keep = len - shift;
+            let tail = self.acc.slice(s![.., shift.., .., ..]).to_owned();
+            self.acc.slice_mut(s![.., ..keep, .., ..]).assign(&tail);
+            self.acc.slice_mut(s![.., keep.., .., ..]).fill(0.0);
+            let tail = self.wsum.slice(s![shift.., .., ..]).to_owned();
+            self.wsum.slice_mut(s![..keep, .., ..]).assign(&tail);
+            self.wsum.slice_mut(s![keep.., .., ..]).fill(0.0);
+        }
+        self.base = new_base;
+        slab
+    }
 }

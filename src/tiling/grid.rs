@@ -67,8 +67,7 @@ impl Grid {
                 Placement::NnUnet => nnunet_starts(padded[a], roi[a], 1.0 - overlap[a]),
             };
         }
-        let mut starts =
-            Vec::with_capacity(axis_starts.iter().map(Vec::len).product::<usize>());
+        let mut starts = Vec::with_capacity(axis_starts.iter().map(Vec::len).product::<usize>());
         for &d in &axis_starts[0] {
             for &h in &axis_starts[1] {
                 for &w in &axis_starts[2] {

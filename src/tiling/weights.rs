@@ -21,7 +21,11 @@ pub const NNUNET_VALUE_SCALING: f32 = 10.0;
 /// MONAI's clamp of non-positive weights: `clamp(min = max(min(map), 1e-3))`; `1e-3` becomes an f32 scalar.
 fn clamp_like_monai(map: &mut Array3<f32>) {
     let min = map.iter().copied().fold(f32::INFINITY, f32::min);
-    let floor = if (min as f64) > 1e-3 { min } else { 1e-3_f64 as f32 };
+    let floor = if (min as f64) > 1e-3 {
+        min
+    } else {
+        1e-3_f64 as f32
+    };
     map.mapv_inplace(|v| v.max(floor));
 }
 
