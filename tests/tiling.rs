@@ -845,7 +845,8 @@ fn parse_triples() {
 #[test]
 fn slab_blender_is_bit_identical_to_blender() {
     let vol = random_vol((1, 45, 21, 26), 31);
-    let cases: Vec<([usize; 3], [usize; 3], [f64; 3], Placement)> = vec![
+    type Case = ([usize; 3], [usize; 3], [f64; 3], Placement);
+    let cases: Vec<Case> = vec![
         ([45, 21, 26], [16, 16, 16], [0.5; 3], Placement::Monai),
         (
             [45, 21, 26],
