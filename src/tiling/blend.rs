@@ -1,0 +1,366 @@
+//! Gathering windows out of the volume (with virtual padding), fp32 blending, and label extraction.
+
+use super::grid::Grid;
+use ndarray::{s, Array3, Array4, ArrayView4, ArrayViewMut4, Axis, Zip};
+
+/// How voxels of the padded volume outside the original are filled.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PadMode {
+    /// A fixed value (MONAI `padding_mode="constant"`, `cval`).
+    Constant(f32),
+    /// The nearest edge voxel (MONAI / torch `padding_mode="replicate"`).
+    Edge,
+}
+
+/// For each of `len` window positions along one axis, the source index in the unpadded volume, or `None`
+/// where constant padding applies.
+fn source_indices(
+    start: usize,
+    len: usize,
+    pad_before: usize,
+    size: usize,
+    pad: PadMode,
+) -> Vec<Option<usize>> {
+    (0..len)
+        .map(|r| {
+            let p = (start + r) as isize - pad_before as isize;
+            if (0..size as isize).contains(&p) {
+                Some(p as usize)
+            } else {
+                match pad {
+                    PadMode::Constant(_) => None,
+                    PadMode::Edge => Some(p.clamp(0, size as isize - 1) as usize),
+                }
+            }
+        })
+        .collect()
+}
+
+/// Copy one window `(C, roi)` whose origin is `start` (padded coordinates) out of the unpadded volume
+/// `(C, D, H, W)` into `out`, filling the padding on the fly so no padded copy of the volume is made.
+/// `vol` and `out` may have any strides (a permuted view, a slice of a batch buffer).
+///
+/// Panics if the shapes do not match the grid: that is a bug in the caller, not bad user input.
+pub fn gather_window(
+    vol: ArrayView4<f32>,
+    grid: &Grid,
+    start: [usize; 3],
+    pad: PadMode,
+    mut out: ArrayViewMut4<f32>,
+) {
+    let (c, d, h, w) = vol.dim();
+    assert_eq!(
+        [d, h, w],
+        grid.shape,
+        "gather_window: volume shape does not match the grid"
+    );
+    let r = grid.roi;
+    assert_eq!(
+        out.dim(),
+        (c, r[0], r[1], r[2]),
+        "gather_window: output must be (C, roi)"
+    );
+    for a in 0..3 {
+        assert!(
+            start[a] + r[a] <= grid.padded[a],
+            "gather_window: window {start:?} leaves the padded volume"
+        );
+    }
+    let fill = match pad {
+        PadMode::Constant(v) => v,
+        PadMode::Edge => 0.0, // never used: Edge always has a source index
+    };
+    let src: [Vec<Option<usize>>; 3] =
+        [0, 1, 2].map(|a| source_indices(start[a], r[a], grid.pad_before[a], grid.shape[a], pad));
+    // Without padding along W a row is one contiguous range of the source row: copy it straight.
+    let w0 = start[2] as isize - grid.pad_before[2] as isize;
+    let w_straight = w0 >= 0 && w0 as usize + r[2] <= w;
+    for (ci, mut out_c) in out.axis_iter_mut(Axis(0)).enumerate() {
+        let vol_c = vol.index_axis(Axis(0), ci);
+        Zip::indexed(out_c.lanes_mut(Axis(2))).par_for_each(|(rd, rh), mut row| {
+            let (Some(sd), Some(sh)) = (src[0][rd], src[1][rh]) else {
+                row.fill(fill);
+                return;
+            };
+            let src_row = vol_c.slice(s![sd, sh, ..]);
+            if w_straight {
+                row.assign(&src_row.slice(s![w0 as usize..w0 as usize + r[2]]));
+                return;
+            }
+            for (o, si) in row.iter_mut().zip(&src[2]) {
+                *o = match si {
+                    Some(i) => src_row[*i],
+                    None => fill,
+                };
+            }
+        });
+    }
+}
+
+/// fp32 accumulators over the padded volume: `sum(weights * logits)` per channel and `sum(weights)`.
+/// fp32 (never fp16) because fp16 sums overflow on large volumes (nnU-Net issues #2396, #1776).
+pub struct Blender {
+    acc: Array4<f32>,
+    wsum: Array3<f32>,
+    weights: Array3<f32>,
+    grid: Grid,
+    added: usize,
+}
+
+impl Blender {
+    /// Zeroed accumulators for `channels` output channels over `grid`'s padded volume; `weights` is the
+    /// importance map of one window (shape = roi).
+    ///
+    /// Panics if `weights` is not roi-shaped (a caller bug).
+    pub fn new(channels: usize, grid: &Grid, weights: Array3<f32>) -> Self {
+        let r = grid.roi;
+        assert_eq!(
+            weights.dim(),
+            (r[0], r[1], r[2]),
+            "Blender::new: weight map must have the roi's shape"
+        );
+        let p = grid.padded;
+        Blender {
+            acc: Array4::zeros((channels, p[0], p[1], p[2])),
+            wsum: Array3::zeros((p[0], p[1], p[2])),
+            weights,
+            grid: grid.clone(),
+            added: 0,
+        }
+    }
+
+    /// Add one window's output `(C, roi)` at origin `start` (padded coordinates). Products are rounded
+    /// to f32 before the sum, like MONAI's `out += p * w` (no fused multiply-add).
+    ///
+    /// Panics if the shape or origin does not fit the grid (a caller bug).
+    pub fn add(&mut self, start: [usize; 3], logits: ArrayView4<f32>) {
+        let r = self.grid.roi;
+        let c = self.acc.dim().0;
+        assert_eq!(
+            logits.dim(),
+            (c, r[0], r[1], r[2]),
+            "Blender::add: logits must be (C, roi)"
+        );
+        for a in 0..3 {
+            assert!(
+                start[a] + r[a] <= self.grid.padded[a],
+                "Blender::add: window {start:?} leaves the padded volume"
+            );
+        }
+        let region = s![
+            start[0]..start[0] + r[0],
+            start[1]..start[1] + r[1],
+            start[2]..start[2] + r[2]
+        ];
+        let w = &self.weights;
+        for (mut acc_c, log_c) in self
+            .acc
+            .axis_iter_mut(Axis(0))
+            .zip(logits.axis_iter(Axis(0)))
+        {
+            Zip::from(acc_c.slice_mut(region))
+                .and(log_c)
+                .and(w)
+                .par_for_each(|a, &l, &w| *a += l * w);
+        }
+        Zip::from(self.wsum.slice_mut(region))
+            .and(w)
+            .par_for_each(|s, &w| *s += w);
+        self.added += 1;
+    }
+
+    /// Windows added so far.
+    pub fn added(&self) -> usize {
+        self.added
+    }
+
+    /// Divide the sums by the weight sum and crop the padding: `(C, D, H, W)` at the original size, in
+    /// standard layout. Voxels no added window covered come out NaN (0 / 0).
+    pub fn finish(self) -> Array4<f32> {
+        let (b, n) = (self.grid.pad_before, self.grid.shape);
+        let (d, h, w) = (b[0]..b[0] + n[0], b[1]..b[1] + n[1], b[2]..b[2] + n[2]);
+        let wsum = self.wsum.slice(s![d.clone(), h.clone(), w.clone()]);
+        let mut out = self.acc.slice_move(s![.., d, h, w]);
+        for mut out_c in out.axis_iter_mut(Axis(0)) {
+            Zip::from(&mut out_c)
+                .and(&wsum)
+                .par_for_each(|o, &s| *o /= s);
+        }
+        if out.is_standard_layout() {
+            out
+        } else {
+            out.as_standard_layout().into_owned()
+        }
+    }
+}
+
+/// Index of the largest channel per voxel of `(C, D, H, W)`; the first wins on ties, and a NaN counts as
+/// the largest (first NaN wins), like `numpy.argmax` / `torch.argmax`. Channels past 65535 saturate.
+pub fn argmax(logits: ArrayView4<f32>) -> Array3<u16> {
+    let (_, d, h, w) = logits.dim();
+    let mut out = Array3::<u16>::zeros((d, h, w));
+    Zip::from(&mut out)
+        .and(logits.lanes(Axis(0)))
+        .par_for_each(|o, lane| {
+            let mut best = 0usize;
+            let mut best_v = f32::NEG_INFINITY;
+            for (i, &v) in lane.iter().enumerate() {
+                if i == 0 || v > best_v || (v.is_nan() && !best_v.is_nan()) {
+                    best = i;
+                    best_v = v;
+                }
+            }
+            *o = u16::try_from(best).unwrap_or(u16::MAX);
+        });
+    out
+}
+
+/// Labels of a one-channel output `(1, D, H, W)`: 1 where the value is strictly above `t`, else 0.
+///
+/// Panics if there is not exactly one channel: the engine checks the model's output first.
+pub fn threshold(probs: ArrayView4<f32>, t: f32) -> Array3<u16> {
+    assert_eq!(probs.dim().0, 1, "threshold: needs a one-channel output");
+    let ch = probs.index_axis(Axis(0), 0);
+    let mut out = Array3::<u16>::zeros(ch.dim());
+    Zip::from(&mut out)
+        .and(&ch)
+        .par_for_each(|o, &v| *o = u16::from(v > t));
+    out
+}
+
+/// Finished D-planes of the blended output: `data` is `(C, n, H, W)`, normalised and cropped, and
+/// holds original planes `d0 .. d0 + n`.
+#[derive(Clone, Debug)]
+pub struct Slab {
+    pub d0: usize,
+    pub data: Array4<f32>,
+}
+
+/// [`Blender`] that keeps only `roi[0]` padded D-planes of accumulators and hands back finished planes
+/// as soon as the windows move past them, so its memory is `C × roi_D × H × W` instead of the whole
+/// volume (117 classes on 512×512×400 would need 49 GB). Windows must arrive with non-decreasing D
+/// origin, as [`Grid::starts`] lists them; the sums, their order and so the results are bit-identical to
+/// [`Blender`]'s.
+pub struct SlabBlender {
+    acc: Array4<f32>,
+    wsum: Array3<f32>,
+    weights: Array3<f32>,
+    grid: Grid,
+    /// Padded D coordinate of buffer plane 0.
+    base: usize,
+}
+
+impl SlabBlender {
+    /// Zeroed accumulators for `roi[0]` planes. Panics if `weights` is not roi-shaped (a caller bug).
+    pub fn new(channels: usize, grid: &Grid, weights: Array3<f32>) -> Self {
+        let (r, p) = (grid.roi, grid.padded);
+        assert_eq!(
+            weights.dim(),
+            (r[0], r[1], r[2]),
+            "SlabBlender::new: weight map must have the roi's shape"
+        );
+        SlabBlender {
+            acc: Array4::zeros((channels, r[0], p[1], p[2])),
+            wsum: Array3::zeros((r[0], p[1], p[2])),
+            weights,
+            grid: grid.clone(),
+            base: 0,
+        }
+    }
+
+    /// Add one window's output `(C, roi)`; when its D origin is past earlier windows', the planes no
+    /// later window can touch are finalised first and returned (`None` if they are all padding).
+    ///
+    /// Panics on a D origin lower than an earlier one, or a window that does not fit (caller bugs).
+    pub fn add(&mut self, start: [usize; 3], logits: ArrayView4<f32>) -> Option<Slab> {
+        let r = self.grid.roi;
+        let c = self.acc.dim().0;
+        assert_eq!(
+            logits.dim(),
+            (c, r[0], r[1], r[2]),
+            "SlabBlender::add: logits must be (C, roi)"
+        );
+        assert!(
+            start[0] >= self.base,
+            "SlabBlender::add: windows must come in non-decreasing D order (got D origin {} after {})",
+            start[0],
+            self.base
+        );
+        for a in 0..3 {
+            assert!(
+                start[a] + r[a] <= self.grid.padded[a],
+                "SlabBlender::add: window {start:?} leaves the padded volume"
+            );
+        }
+        let slab = if start[0] > self.base {
+            self.advance(start[0])
+        } else {
+            None
+        };
+        let region = s![.., start[1]..start[1] + r[1], start[2]..start[2] + r[2]];
+        let w = &self.weights;
+        for (mut acc_c, log_c) in self
+            .acc
+            .axis_iter_mut(Axis(0))
+            .zip(logits.axis_iter(Axis(0)))
+        {
+            Zip::from(acc_c.slice_mut(region))
+                .and(log_c)
+                .and(w)
+                .par_for_each(|a, &l, &w| *a += l * w);
+        }
+        Zip::from(self.wsum.slice_mut(region))
+            .and(w)
+            .par_for_each(|s, &w| *s += w);
+        slab
+    }
+
+    /// Finalise every remaining plane (`None` if they are all padding).
+    pub fn finish(mut self) -> Option<Slab> {
+        let end = self.base + self.grid.roi[0];
+        self.emit(end)
+    }
+
+    /// Normalise and crop padded planes `[base, upto)` into a slab.
+    fn emit(&mut self, upto: usize) -> Option<Slab> {
+        let (b, n) = (self.grid.pad_before, self.grid.shape);
+        // Padded planes [base, upto) ∩ original [b0, b0 + n0), in buffer coordinates.
+        let lo = self.base.max(b[0]);
+        let hi = upto.min(b[0] + n[0]);
+        if lo >= hi {
+            return None;
+        }
+        let (bl, bh) = (lo - self.base, hi - self.base);
+        let (h, w) = (b[1]..b[1] + n[1], b[2]..b[2] + n[2]);
+        let wsum = self.wsum.slice(s![bl..bh, h.clone(), w.clone()]);
+        let mut data = self.acc.slice(s![.., bl..bh, h, w]).to_owned();
+        for mut d_c in data.axis_iter_mut(Axis(0)) {
+            Zip::from(&mut d_c).and(&wsum).par_for_each(|o, &s| *o /= s);
+        }
+        Some(Slab {
+            d0: lo - b[0],
+            data,
+        })
+    }
+
+    /// Emit planes `[base, new_base)` and shift the buffer so plane 0 is `new_base`.
+    fn advance(&mut self, new_base: usize) -> Option<Slab> {
+        let slab = self.emit(new_base.min(self.base + self.grid.roi[0]));
+        let shift = new_base - self.base;
+        let len = self.grid.roi[0];
+        if shift >= len {
+            self.acc.fill(0.0);
+            self.wsum.fill(0.0);
+        } else {
+            let keep = len - shift;
+            let tail = self.acc.slice(s![.., shift.., .., ..]).to_owned();
+            self.acc.slice_mut(s![.., ..keep, .., ..]).assign(&tail);
+            self.acc.slice_mut(s![.., keep.., .., ..]).fill(0.0);
+            let tail = self.wsum.slice(s![shift.., .., ..]).to_owned();
+            self.wsum.slice_mut(s![..keep, .., ..]).assign(&tail);
+            self.wsum.slice_mut(s![keep.., .., ..]).fill(0.0);
+        }
+        self.base = new_base;
+        slab
+    }
+}
