@@ -16,6 +16,16 @@ use std::path::Path;
 
 /// Largest constant that shape-plumbing ops (Gather, Slice, elementwise folds...) will touch.
 const SMALL: usize = 1 << 22;
+/// Ceiling for strides, dilations and pads: keeps all size arithmetic far from overflow.
+const ATTR_LIMIT: i64 = 1 << 20;
+
+/// Element count of a shape, None on overflow or above [`SMALL`].
+fn small_numel(shape: &[usize]) -> Option<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .filter(|&n| n <= SMALL)
+}
 
 #[derive(Clone, Debug)]
 enum Val {
@@ -174,22 +184,23 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         lw.node(n, &ctx)?;
     }
 
-    let output =
-        match lw.vals.get(&out_name) {
-            Some(Val::Act(v)) => *v,
-            Some(_) => return Err(Error::model(
+    let output = match lw.vals.get(&out_name) {
+        Some(Val::Act(v)) => *v,
+        Some(_) => {
+            return Err(Error::model(
                 path,
                 format!(
                     "graph output \"{out_name}\" is a constant or shape value, not an activation"
                 ),
-            )),
-            None => {
-                return Err(Error::model(
-                    path,
-                    format!("graph output \"{out_name}\" is not computed by any node"),
-                ))
-            }
-        };
+            ))
+        }
+        None => {
+            return Err(Error::model(
+                path,
+                format!("graph output \"{out_name}\" is not computed by any node"),
+            ))
+        }
+    };
     if output == lw.input {
         return Err(Error::model(
             path,
@@ -328,7 +339,7 @@ fn topo_order(
 fn norm_axis(ctx: &Ctx, axis: i64, rank: usize) -> Result<usize> {
     let r = rank as i64;
     let a = if axis < 0 { axis + r } else { axis };
-    if a < 0 || a >= r.max(1) {
+    if a < 0 || a >= r {
         return Err(ctx.err(format!("axis {axis} is out of range for rank {rank}")));
     }
     Ok(a as usize)
@@ -581,8 +592,10 @@ impl Lowerer<'_> {
                 Some(v) if v.len() == 3 => {
                     let mut o = [0; 3];
                     for a in 0..3 {
-                        if v[a] <= 0 {
-                            return Err(ctx.err(format!("attribute {name}={v:?} must be positive")));
+                        if v[a] <= 0 || v[a] > ATTR_LIMIT {
+                            return Err(ctx.err(format!(
+                                "attribute {name}={v:?} must be positive (and at most {ATTR_LIMIT})"
+                            )));
                         }
                         o[a] = v[a] as usize;
                     }
@@ -600,6 +613,9 @@ impl Lowerer<'_> {
             Some(v) if v.len() == 6 => {
                 if v.iter().any(|&p| p < 0) {
                     return Err(ctx.err(format!("attribute pads={v:?} has negative values")));
+                }
+                if v.iter().any(|&p| p > ATTR_LIMIT) {
+                    return Err(ctx.err(format!("attribute pads={v:?} is absurdly large")));
                 }
                 [v[0], v[1], v[2], v[3], v[4], v[5]]
             }
@@ -1017,7 +1033,9 @@ impl Lowerer<'_> {
                             c,
                         );
                         self.values[neg].name.push_str("_neg");
-                        self.nodes.last_mut().map(|nd| nd.name.push_str("_neg"));
+                        if let Some(nd) = self.nodes.last_mut() {
+                            nd.name.push_str("_neg");
+                        }
                         self.emit(ctx, n, Op::AddConst(t(data)), vec![neg], c);
                     }
                     ("Div", true) => {
@@ -1055,6 +1073,9 @@ impl Lowerer<'_> {
                 sa.shape, sb.shape
             ))
         })?;
+        if small_numel(&shape).is_none() {
+            return Err(ctx.err(format!("broadcast result {shape:?} is too large to fold")));
+        }
         let int = sa.int && sb.int;
         let bop = match op {
             "Add" => Bop::Add,
@@ -1161,7 +1182,7 @@ impl Lowerer<'_> {
         let k = self
             .ints(n, "kernel_shape")
             .ok_or_else(|| ctx.err("attribute kernel_shape is missing"))?;
-        if k.len() != 3 || k.iter().any(|&v| v <= 0) {
+        if k.len() != 3 || k.iter().any(|&v| v <= 0 || v > ATTR_LIMIT) {
             return Err(ctx.err(format!(
                 "attribute kernel_shape={k:?} must be 3 positive values (3D pooling)"
             )));
@@ -1518,7 +1539,8 @@ impl Lowerer<'_> {
                         _ => return Err(ctx.err(format!("invalid target shape {dims:?}"))),
                     }
                 }
-                let known: usize = shape.iter().product();
+                let known = small_numel(&shape)
+                    .ok_or_else(|| ctx.err(format!("target shape {dims:?} is too large")))?;
                 if let Some(i) = infer {
                     if known == 0 || total % known != 0 {
                         return Err(
@@ -1831,7 +1853,7 @@ impl Lowerer<'_> {
                 }
                 let shape = broadcast_shape(&s.shape, &t)
                     .ok_or_else(|| ctx.err(format!("cannot expand {:?} to {t:?}", s.shape)))?;
-                if shape.iter().product::<usize>() > SMALL {
+                if small_numel(&shape).is_none() {
                     return Err(ctx.err("expanded constant too large"));
                 }
                 let mut elems = vec![];
@@ -1947,7 +1969,7 @@ impl Lowerer<'_> {
                 let mut j = b;
                 while j < e {
                     idx.push(j as usize);
-                    j += st;
+                    j = j.saturating_add(st);
                 }
             } else {
                 let (b, e) = (
@@ -1957,7 +1979,7 @@ impl Lowerer<'_> {
                 let mut j = b;
                 while j > e {
                     idx.push(j as usize);
-                    j += st;
+                    j = j.saturating_add(st);
                 }
             }
             keep[a] = idx;
