@@ -1170,3 +1170,88 @@ fn corrupted_bytes_do_not_panic() {
     }
     assert!(errors > 0);
 }
+
+/// Semantic mutations of a real model (attributes, inputs, op types, dims): errors or valid
+/// graphs, never panics; a graph that loads passes validate() and shape inference does not panic.
+#[test]
+fn mutated_graphs_do_not_panic() {
+    let bytes = std::fs::read(fixture("models/monai_unet_small.onnx")).unwrap();
+    let base = proto::ModelProto::decode(&bytes[..]).unwrap();
+    let mut state = 0x9E3779B97F4A7C15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let values = [-3i64, -1, 0, 1, 2, 3, 7, 1 << 40, i64::MAX, i64::MIN];
+    let ops = [
+        "Conv",
+        "ConvTranspose",
+        "Concat",
+        "Add",
+        "Reshape",
+        "Resize",
+        "MaxPool",
+        "Softmax",
+        "Gather",
+        "Slice",
+        "Shape",
+        "InstanceNormalization",
+        "PRelu",
+        "Identity",
+    ];
+    let (mut ok, mut err) = (0, 0);
+    for _ in 0..300 {
+        let mut m = base.clone();
+        let g = m.graph.as_mut().unwrap();
+        for _ in 0..1 + next() % 3 {
+            let ni = (next() % g.node.len() as u64) as usize;
+            let names: Vec<String> = g.node.iter().flat_map(|n| n.output.clone()).collect();
+            let n = &mut g.node[ni];
+            match next() % 5 {
+                0 if !n.attribute.is_empty() => {
+                    let ai = (next() % n.attribute.len() as u64) as usize;
+                    let a = &mut n.attribute[ai];
+                    for v in a.ints.iter_mut() {
+                        *v = values[(next() % values.len() as u64) as usize];
+                    }
+                    if a.i.is_some() {
+                        a.i = Some(values[(next() % values.len() as u64) as usize]);
+                    }
+                }
+                1 if !n.input.is_empty() => {
+                    let ii = (next() % n.input.len() as u64) as usize;
+                    n.input[ii] = names[(next() % names.len() as u64) as usize].clone();
+                }
+                2 => n.op_type = Some(ops[(next() % ops.len() as u64) as usize].into()),
+                3 if !n.input.is_empty() => {
+                    n.input.pop();
+                }
+                _ => {
+                    let ti = (next() % g.initializer.len() as u64) as usize;
+                    let t = &mut g.initializer[ti];
+                    if let Some(d) = t.dims.first_mut() {
+                        *d = values[(next() % values.len() as u64) as usize];
+                    }
+                }
+            }
+        }
+        match load_bytes(&m.encode_to_vec(), None, Path::new("mut.onnx")) {
+            Ok(g) => {
+                g.validate().unwrap();
+                let _ = g.infer_shapes(1, [16, 16, 16]);
+                let _ = g.flops(1, [16, 16, 16]);
+                let _ = (g.summary(), g.receptive_field(), g.spatial_divisor());
+                ok += 1;
+            }
+            Err(e) => {
+                let s = e.to_string();
+                assert!(s.starts_with("mut.onnx: "), "{s}");
+                err += 1;
+            }
+        }
+    }
+    eprintln!("mutations: {ok} loaded, {err} rejected");
+    assert!(err > 0);
+}
