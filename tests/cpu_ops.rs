@@ -1375,13 +1375,31 @@ fn strided_view_input() {
 
 // ---------- timing (run: cargo test --test cpu_ops bench -- --ignored --nocapture) ----------
 
+/// Process CPU seconds (user + system) from /proc/self/stat; 0 where unavailable.
+fn cpu_seconds() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let rest = s.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
+}
+
+/// Best wall time of n runs; also prints the CPU seconds of that best run, which is what the
+/// work costs regardless of how loaded the (shared) machine is.
 fn best_of<F: FnMut()>(n: usize, mut f: F) -> f64 {
     let mut best = f64::INFINITY;
+    let mut best_cpu = 0.0;
     for _ in 0..n {
+        let c = cpu_seconds();
         let t = std::time::Instant::now();
         f();
-        best = best.min(t.elapsed().as_secs_f64());
+        let w = t.elapsed().as_secs_f64();
+        if w < best {
+            best = w;
+            best_cpu = cpu_seconds() - c;
+        }
     }
+    eprintln!("    (best wall {best:.3} s, cpu {best_cpu:.2} s)");
     best
 }
 
@@ -1543,5 +1561,91 @@ fn bench_unet() {
         g.nodes.len(),
         t,
         be.last_stats()
+    );
+}
+
+#[test]
+#[ignore]
+fn bench_gemm_raw() {
+    // Raw GEMM throughput for the conv's shapes, to separate GEMM from im2col cost.
+    let mut rng = Rng(30);
+    let (m, k, n) = (65536usize, 864usize, 32usize);
+    let a = rng.vec(m * k);
+    let b = rng.vec(k * n);
+    let mut c = vec![0f32; m * n];
+    for (name, rsa, csa) in [("A row-major", k, 1), ("A col-major", 1, m)] {
+        let t = best_of(5, || unsafe {
+            matrixmultiply::sgemm(
+                m,
+                k,
+                n,
+                1.0,
+                a.as_ptr(),
+                rsa as isize,
+                csa as isize,
+                b.as_ptr(),
+                1,
+                k as isize,
+                0.0,
+                c.as_mut_ptr(),
+                1,
+                m as isize,
+            );
+        });
+        eprintln!(
+            "sgemm {m}x{k}x{n} {name}: {:.2} ms, {:.1} GFLOP/s",
+            t * 1e3,
+            2.0 * (m * k * n) as f64 / t / 1e9
+        );
+    }
+    let t = best_of(5, || unsafe {
+        matrixmultiply::sgemm(
+            n,
+            k,
+            m,
+            1.0,
+            b.as_ptr(),
+            k as isize,
+            1,
+            a.as_ptr(),
+            1,
+            k as isize,
+            0.0,
+            c.as_mut_ptr(),
+            m as isize,
+            1,
+        );
+    });
+    eprintln!(
+        "sgemm {n}x{k}x{m} (W·col): {:.2} ms, {:.1} GFLOP/s",
+        t * 1e3,
+        2.0 * (m * k * n) as f64 / t / 1e9
+    );
+    let q = 1024;
+    let a = rng.vec(q * q);
+    let b = rng.vec(q * q);
+    let mut c = vec![0f32; q * q];
+    let t = best_of(3, || unsafe {
+        matrixmultiply::sgemm(
+            q,
+            q,
+            q,
+            1.0,
+            a.as_ptr(),
+            q as isize,
+            1,
+            b.as_ptr(),
+            q as isize,
+            1,
+            0.0,
+            c.as_mut_ptr(),
+            q as isize,
+            1,
+        );
+    });
+    eprintln!(
+        "sgemm {q}^3: {:.2} ms, {:.1} GFLOP/s",
+        t * 1e3,
+        2.0 * (q * q * q) as f64 / t / 1e9
     );
 }

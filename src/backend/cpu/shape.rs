@@ -377,3 +377,35 @@ pub fn output_shape(op: &Op, inputs: &[Shape]) -> Result<Shape, String> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_out_follows_pytorch_ceil_rule() {
+        // floor vs ceil on an odd size.
+        assert_eq!(pool_out(7, 2, 2, 1, 0, 0, false), Some(3));
+        assert_eq!(pool_out(7, 2, 2, 1, 0, 0, true), Some(4));
+        // ceil would start a window in the end padding only: dropped (PyTorch/ORT).
+        assert_eq!(pool_out(4, 2, 2, 1, 1, 1, true), Some(3));
+        assert_eq!(pool_out(5, 3, 2, 1, 1, 1, true), Some(3));
+        assert_eq!(pool_out(1, 3, 1, 1, 0, 0, false), None);
+    }
+
+    #[test]
+    fn conv_transpose_shape_with_asymmetric_pads() {
+        let p = ConvTranspose {
+            weight: Tensor::new(vec![4, 2, 3, 3, 3], vec![0.0; 216]),
+            bias: None,
+            stride: [2; 3],
+            dilation: [1; 3],
+            pads: [0, 0, 0, 1, 1, 1],
+            output_padding: [0; 3],
+            groups: 1,
+        };
+        // TF SAME upsampling doubles the size: 2*(8-1) + 3 - 1 = 16.
+        assert_eq!(conv_transpose(&[1, 4, 8, 8, 8], &p), Ok([1, 2, 16, 16, 16]));
+        assert!(conv_transpose(&[1, 3, 8, 8, 8], &p).is_err());
+    }
+}

@@ -11,8 +11,9 @@ use crate::Result;
 use ndarray::{Array5, ArrayView5};
 use rayon::prelude::*;
 
-/// Upper bound of one im2col / col2im buffer.
-pub const COL_BUDGET_BYTES: usize = 64 << 20;
+/// Upper bound of one im2col / col2im buffer. Small on purpose: the buffer is written and then
+/// re-read by the GEMM's packing, so keeping it cache-resident matters more than few GEMM calls.
+pub const COL_BUDGET_BYTES: usize = 4 << 20;
 
 /// The half-open range of `o` in `0..count` for which `o * s + off` lies in `0..limit`.
 #[inline]
@@ -275,4 +276,30 @@ pub fn conv_transpose3d<T: Real>(x: ArrayView5<T>, p: &ConvTranspose) -> Result<
         }
     }
     Array5::from_shape_vec(os, out).map_err(|e| err(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::valid_range;
+
+    #[test]
+    fn valid_range_matches_brute_force() {
+        for count in 1..8usize {
+            for s in 1..4usize {
+                for off in -6isize..6 {
+                    for limit in 1..9usize {
+                        let ok: Vec<usize> = (0..count)
+                            .filter(|&o| (0..limit as isize).contains(&((o * s) as isize + off)))
+                            .collect();
+                        let (lo, hi) = valid_range(count, s, off, limit);
+                        assert_eq!(
+                            (lo..hi).collect::<Vec<_>>(),
+                            ok,
+                            "count {count} s {s} off {off} limit {limit}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

@@ -161,3 +161,32 @@ pub fn resize<T: Real>(x: ArrayView5<T>, p: &Resize) -> Result<Array5<T>> {
     }
     Array5::from_shape_vec(os, out).map_err(|e| err(e.to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_modes_break_ties_as_onnx() {
+        use NearestMode::*;
+        assert_eq!(nearest_index(RoundPreferFloor, 1.5, 9), 1);
+        assert_eq!(nearest_index(RoundPreferCeil, 1.5, 9), 2);
+        assert_eq!(nearest_index(RoundPreferFloor, 1.6, 9), 2);
+        assert_eq!(nearest_index(RoundPreferCeil, 1.4, 9), 1);
+        assert_eq!(nearest_index(Floor, 1.9, 9), 1);
+        assert_eq!(nearest_index(Ceil, 1.1, 9), 2);
+        // Clamped into the input on both sides.
+        assert_eq!(nearest_index(RoundPreferCeil, -0.5, 9), 0);
+        assert_eq!(nearest_index(Ceil, 8.2, 9), 8);
+    }
+
+    #[test]
+    fn half_pixel_coordinates() {
+        // Upsampling by 2: output 0 maps to -0.25, output 1 to 0.25.
+        assert_eq!(source_coord(CoordMode::HalfPixel, 0, 2.0, 4, 8), -0.25);
+        assert_eq!(source_coord(CoordMode::HalfPixel, 1, 2.0, 4, 8), 0.25);
+        assert_eq!(source_coord(CoordMode::PytorchHalfPixel, 0, 2.0, 4, 1), 0.0);
+        assert_eq!(source_coord(CoordMode::AlignCorners, 7, 2.0, 4, 8), 3.0);
+        assert_eq!(source_coord(CoordMode::Asymmetric, 3, 2.0, 4, 8), 1.5);
+    }
+}
