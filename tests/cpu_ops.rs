@@ -417,6 +417,7 @@ fn naive_resize(x: &Array5<f64>, p: &Resize) -> Array5<f64> {
     out
 }
 
+#[allow(clippy::too_many_arguments)]
 fn conv_p(
     rng: &mut Rng,
     cin: usize,
@@ -624,6 +625,7 @@ fn conv_chunked_column_buffer() {
     check("conv chunked im2col", &Op::Conv(p), &[&x], &want);
 }
 
+#[allow(clippy::too_many_arguments)]
 fn convt_p(
     rng: &mut Rng,
     cin: usize,
