@@ -1,1 +1,329 @@
 //! The float32 CPU backend: the reference every other backend is checked against.
+//!
+//! Every op is written once, generic over [`Real`], so [`run_graph_f64`] runs the same algorithm
+//! in double precision (the yardstick for the fp16 CUDA kernels). Convolutions are im2col/col2im +
+//! `matrixmultiply` GEMMs (threaded), the rest is rayon over channel planes.
+//!
+//! The executor runs nodes in order and frees every intermediate right after its last consumer;
+//! elementwise ops reuse their input's buffer when that input dies at them.
+
+pub mod ops;
+mod real;
+pub mod shape;
+
+pub use real::Real;
+
+use crate::backend::Backend;
+use crate::model::graph::{Graph, Node};
+use crate::{Error, Result};
+use ndarray::{Array5, ArrayView5};
+use shape::Shape;
+
+/// What the executor measured on the last run (for tests and the memory planner's cross-check).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// Most activation buffers alive at once (input and output included).
+    pub peak_live_buffers: usize,
+    /// Most activation bytes alive at once.
+    pub peak_live_bytes: usize,
+    /// Nodes executed (nodes that do not feed the output are skipped).
+    pub nodes_run: usize,
+}
+
+/// A graph checked for one (batch, roi): shapes, liveness and which nodes matter.
+#[derive(Clone, Debug)]
+struct Plan {
+    batch: usize,
+    roi: [usize; 3],
+    /// Shape of every value at the prepared batch (None: never computed).
+    shapes: Vec<Option<Shape>>,
+    /// Index of the last node reading each value (`usize::MAX` for the graph output).
+    last_use: Vec<usize>,
+    /// Whether each node contributes to the output.
+    needed: Vec<bool>,
+}
+
+fn node_err(node: &Node, e: Error) -> Error {
+    let prefix = format!("node '{}' ({})", node.name, node.op.name());
+    match e {
+        Error::Graph(m) => Error::Graph(format!("{prefix}: {m}")),
+        Error::Invalid(m) => Error::Invalid(format!("{prefix}: {m}")),
+        Error::Backend(m) => Error::Backend(format!("{prefix}: {m}")),
+        other => other,
+    }
+}
+
+fn plan(graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<Plan> {
+    let nv = graph.values.len();
+    if batch == 0 || roi.contains(&0) {
+        return Err(Error::Invalid(format!(
+            "cpu backend: batch {batch} and window {roi:?} must be non-zero"
+        )));
+    }
+    if graph.input >= nv || graph.output >= nv {
+        return Err(Error::Graph(format!(
+            "graph '{}': input or output value id is out of range ({} values)",
+            graph.name, nv
+        )));
+    }
+    for (a, (fixed, r)) in graph.fixed_input_spatial.iter().zip(roi).enumerate() {
+        if let Some(f) = fixed {
+            if *f != r {
+                return Err(Error::Invalid(format!(
+                    "graph '{}' has a fixed input size {f} on spatial axis {a}, but the window is {roi:?}",
+                    graph.name
+                )));
+            }
+        }
+    }
+    let mut shapes: Vec<Option<Shape>> = vec![None; nv];
+    shapes[graph.input] = Some([batch, graph.input_channels(), roi[0], roi[1], roi[2]]);
+    for node in &graph.nodes {
+        let mut ins = Vec::with_capacity(node.inputs.len());
+        for &v in &node.inputs {
+            match shapes.get(v) {
+                Some(Some(s)) => ins.push(*s),
+                Some(None) => {
+                    return Err(node_err(
+                        node,
+                        Error::Graph(format!("reads value {v} before it is computed")),
+                    ));
+                }
+                None => {
+                    return Err(node_err(
+                        node,
+                        Error::Graph(format!("reads value id {v}, out of range")),
+                    ))
+                }
+            }
+        }
+        if node.output >= nv {
+            return Err(node_err(
+                node,
+                Error::Graph(format!("writes value id {}, out of range", node.output)),
+            ));
+        }
+        if shapes[node.output].is_some() {
+            return Err(node_err(
+                node,
+                Error::Graph(format!(
+                    "writes value '{}' that is already computed",
+                    graph.values[node.output].name
+                )),
+            ));
+        }
+        let out =
+            shape::output_shape(&node.op, &ins).map_err(|m| node_err(node, Error::Graph(m)))?;
+        let declared = graph.values[node.output].channels;
+        if out[1] != declared {
+            return Err(node_err(
+                node,
+                Error::Graph(format!(
+                    "produces {} channels but value '{}' declares {declared}",
+                    out[1], graph.values[node.output].name
+                )),
+            ));
+        }
+        shapes[node.output] = Some(out);
+    }
+    if shapes[graph.output].is_none() {
+        return Err(Error::Graph(format!(
+            "graph '{}': no node computes the output value",
+            graph.name
+        )));
+    }
+    // Backward reachability from the output: dead branches (extra exported heads) are skipped.
+    let mut needed_val = vec![false; nv];
+    needed_val[graph.output] = true;
+    let mut needed = vec![false; graph.nodes.len()];
+    for (i, node) in graph.nodes.iter().enumerate().rev() {
+        if needed_val[node.output] {
+            needed[i] = true;
+            for &v in &node.inputs {
+                needed_val[v] = true;
+            }
+        }
+    }
+    let mut last_use = vec![0usize; nv];
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if needed[i] {
+            for &v in &node.inputs {
+                last_use[v] = i;
+            }
+        }
+    }
+    last_use[graph.output] = usize::MAX;
+    Ok(Plan {
+        batch,
+        roi,
+        shapes,
+        last_use,
+        needed,
+    })
+}
+
+/// Runs a planned graph on one batch in precision T.
+fn execute<T: Real>(
+    graph: &Graph,
+    plan: &Plan,
+    input: Array5<T>,
+    stats: &mut RunStats,
+) -> Result<Array5<T>> {
+    let nv = graph.values.len();
+    let mut values: Vec<Option<Array5<T>>> = (0..nv).map(|_| None).collect();
+    let bytes = |a: &Array5<T>| a.len() * std::mem::size_of::<T>();
+    let mut live = 1usize;
+    let mut live_bytes = bytes(&input);
+    *stats = RunStats {
+        peak_live_buffers: live,
+        peak_live_bytes: live_bytes,
+        nodes_run: 0,
+    };
+    values[graph.input] = Some(input);
+    let missing = |node: &Node, v: usize| {
+        node_err(
+            node,
+            Error::Backend(format!(
+                "internal: value {v} is not available (liveness bug)"
+            )),
+        )
+    };
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if !plan.needed[i] {
+            continue;
+        }
+        let out = if ops::is_inplace(&node.op) {
+            let v0 = node.inputs[0];
+            let dies_here = plan.last_use[v0] == i && !node.inputs[1..].contains(&v0);
+            let mut x = if dies_here {
+                let x = values[v0].take().ok_or_else(|| missing(node, v0))?;
+                live -= 1;
+                live_bytes -= bytes(&x);
+                x
+            } else {
+                values[v0].clone().ok_or_else(|| missing(node, v0))?
+            };
+            ops::make_standard(&mut x);
+            let mut rest = Vec::with_capacity(node.inputs.len() - 1);
+            for &v in &node.inputs[1..] {
+                rest.push(values[v].as_ref().ok_or_else(|| missing(node, v))?.view());
+            }
+            ops::apply_inplace(&node.op, &mut x, &rest).map_err(|e| node_err(node, e))?;
+            x
+        } else {
+            let mut ins = Vec::with_capacity(node.inputs.len());
+            for &v in &node.inputs {
+                ins.push(values[v].as_ref().ok_or_else(|| missing(node, v))?.view());
+            }
+            ops::apply(&node.op, &ins).map_err(|e| node_err(node, e))?
+        };
+        live += 1;
+        live_bytes += bytes(&out);
+        values[node.output] = Some(out);
+        stats.peak_live_buffers = stats.peak_live_buffers.max(live);
+        stats.peak_live_bytes = stats.peak_live_bytes.max(live_bytes);
+        stats.nodes_run += 1;
+        for (j, &v) in node.inputs.iter().enumerate() {
+            if plan.last_use[v] == i && !node.inputs[..j].contains(&v) {
+                if let Some(a) = values[v].take() {
+                    live -= 1;
+                    live_bytes -= bytes(&a);
+                }
+            }
+        }
+    }
+    values[graph.output]
+        .take()
+        .ok_or_else(|| Error::Backend("internal: the graph output was not computed".into()))
+}
+
+fn check_input(plan: &Plan, graph: &Graph, d: (usize, usize, usize, usize, usize)) -> Result<()> {
+    let (n, c, sd, sh, sw) = d;
+    if n == 0 || n > plan.batch {
+        return Err(Error::Invalid(format!(
+            "cpu backend: batch of {n} windows, expected 1..={} as prepared",
+            plan.batch
+        )));
+    }
+    if c != graph.input_channels() {
+        return Err(Error::Invalid(format!(
+            "model '{}' expects {} input channels, got {c}",
+            graph.name,
+            graph.input_channels()
+        )));
+    }
+    if [sd, sh, sw] != plan.roi {
+        return Err(Error::Invalid(format!(
+            "cpu backend was prepared for windows {:?}, got {:?}",
+            plan.roi,
+            [sd, sh, sw]
+        )));
+    }
+    Ok(())
+}
+
+/// The f32 CPU backend (rayon + matrixmultiply threads).
+#[derive(Default)]
+pub struct CpuBackend {
+    prepared: Option<(Graph, Plan)>,
+    stats: RunStats,
+}
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Liveness counters of the last [`Backend::run`].
+    pub fn last_stats(&self) -> RunStats {
+        self.stats
+    }
+
+    /// Shape of every value at the prepared batch (`None` for values no node computes).
+    pub fn planned_shapes(&self) -> Option<&[Option<[usize; 5]>]> {
+        self.prepared.as_ref().map(|(_, p)| p.shapes.as_slice())
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> String {
+        format!("cpu ({} threads)", rayon::current_num_threads())
+    }
+
+    fn prepare(&mut self, graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<()> {
+        let p = plan(graph, batch, roi)?;
+        self.prepared = Some((graph.clone(), p));
+        Ok(())
+    }
+
+    fn run(&mut self, input: ArrayView5<f32>) -> Result<Array5<f32>> {
+        let (graph, plan) = self
+            .prepared
+            .as_ref()
+            .ok_or_else(|| Error::Backend("cpu backend: run called before prepare".into()))?;
+        check_input(plan, graph, input.dim())?;
+        let x = input.as_standard_layout().into_owned();
+        execute(graph, plan, x, &mut self.stats)
+    }
+}
+
+fn run_generic<T: Real>(
+    graph: &Graph,
+    input: ArrayView5<T>,
+    stats: &mut RunStats,
+) -> Result<Array5<T>> {
+    let (n, _, d, h, w) = input.dim();
+    let p = plan(graph, n.max(1), [d, h, w])?;
+    check_input(&p, graph, input.dim())?;
+    execute(graph, &p, input.as_standard_layout().into_owned(), stats)
+}
+
+/// Prepares for the input's own shape and runs once, in f32.
+pub fn run_graph(graph: &Graph, input: ArrayView5<f32>) -> Result<Array5<f32>> {
+    run_generic(graph, input, &mut RunStats::default())
+}
+
+/// The same algorithm in f64: the reference the fp16 kernels are checked against.
+pub fn run_graph_f64(graph: &Graph, input: ArrayView5<f64>) -> Result<Array5<f64>> {
+    run_generic(graph, input, &mut RunStats::default())
+}

@@ -1,0 +1,305 @@
+//! Conv and ConvTranspose as GEMMs over NCDHW: im2col (chunked over output rows so the column
+//! buffer stays under [`COL_BUDGET_BYTES`]) + GEMM for Conv, GEMM + col2im scatter-add for
+//! ConvTranspose. The ONNX weight layouts are already the GEMM operands, so nothing is re-laid.
+
+use super::gemm::{gemm, Mat};
+use super::{dims, err, standard};
+use crate::backend::cpu::shape;
+use crate::backend::cpu::Real;
+use crate::model::graph::{Conv, ConvTranspose};
+use crate::Result;
+use ndarray::{Array5, ArrayView5};
+use rayon::prelude::*;
+
+/// Upper bound of one im2col / col2im buffer. Small on purpose: the buffer is written and then
+/// re-read by the GEMM's packing, so keeping it cache-resident matters more than few GEMM calls.
+pub const COL_BUDGET_BYTES: usize = 4 << 20;
+
+/// The half-open range of `o` in `0..count` for which `o * s + off` lies in `0..limit`.
+#[inline]
+fn valid_range(count: usize, s: usize, off: isize, limit: usize) -> (usize, usize) {
+    let s = s as isize;
+    let lo = if off >= 0 { 0 } else { (-off + s - 1) / s };
+    let hi = if limit as isize - off <= 0 {
+        0
+    } else {
+        (limit as isize - off + s - 1) / s
+    };
+    let hi = (hi.max(0) as usize).min(count);
+    let lo = (lo as usize).min(hi);
+    (lo, hi)
+}
+
+fn fill_bias<T: Real>(out: &mut [T], bias: Option<&[T]>, channels: usize, plane: usize) {
+    if let Some(b) = bias {
+        out.par_chunks_mut(plane)
+            .enumerate()
+            .for_each(|(i, p)| p.fill(b[i % channels]));
+    }
+}
+
+/// Rows per chunk so that `k_rows * rows * row_len` elements fit the budget (at least one row).
+fn chunk_rows<T>(k_rows: usize, row_len: usize, total_rows: usize) -> usize {
+    let per_row = (k_rows * row_len * std::mem::size_of::<T>()).max(1);
+    (COL_BUDGET_BYTES / per_row).clamp(1, total_rows.max(1))
+}
+
+/// ONNX Conv (3D, NCDHW) with groups, stride, dilation and asymmetric pads.
+pub fn conv3d<T: Real>(x: ArrayView5<T>, p: &Conv) -> Result<Array5<T>> {
+    let xs = dims(&x);
+    let os = shape::conv(&xs, p).map_err(err)?;
+    let x = standard(&x);
+    let xd = x
+        .as_slice()
+        .ok_or_else(|| err("Conv input is not contiguous".into()))?;
+    let w = T::cast_slice(&p.weight.data);
+    let bias = p.bias.as_ref().map(|b| T::cast_slice(&b.data));
+    let [n, cin, d, h, wd] = xs;
+    let [_, cout, od, oh, ow] = os;
+    let ws = &p.weight.shape;
+    let (kd, kh, kw) = (ws[2], ws[3], ws[4]);
+    let g = p.groups;
+    let (cin_g, cout_g) = (cin / g, cout / g);
+    let ksz = kd * kh * kw;
+    let kk = cin_g * ksz;
+    let (pin, pout) = (d * h * wd, od * oh * ow);
+
+    let mut out = vec![T::ZERO; n * cout * pout];
+    fill_bias(&mut out, bias.as_deref(), cout, pout);
+    let pointwise = ksz == 1 && p.stride == [1, 1, 1] && p.pads == [0; 6];
+    if pointwise {
+        for b in 0..n {
+            for gi in 0..g {
+                gemm(
+                    cout_g,
+                    cin_g,
+                    pout,
+                    &w,
+                    Mat {
+                        off: gi * cout_g * cin_g,
+                        rs: cin_g,
+                        cs: 1,
+                    },
+                    xd,
+                    Mat {
+                        off: (b * cin + gi * cin_g) * pin,
+                        rs: pin,
+                        cs: 1,
+                    },
+                    T::ONE,
+                    &mut out,
+                    Mat {
+                        off: (b * cout + gi * cout_g) * pout,
+                        rs: pout,
+                        cs: 1,
+                    },
+                );
+            }
+        }
+        return Array5::from_shape_vec(os, out).map_err(|e| err(e.to_string()));
+    }
+
+    let [sd, sh, sw] = p.stride;
+    let [dd, dh, dw] = p.dilation;
+    let (pd, ph, pw) = (p.pads[0] as isize, p.pads[1] as isize, p.pads[2] as isize);
+    let total_rows = od * oh;
+    let rows = chunk_rows::<T>(kk, ow, total_rows);
+    let mut col = vec![T::ZERO; kk * rows * ow];
+    for b in 0..n {
+        for gi in 0..g {
+            let mut r0 = 0;
+            while r0 < total_rows {
+                let r1 = (r0 + rows).min(total_rows);
+                let ncols = (r1 - r0) * ow;
+                col[..kk * ncols]
+                    .par_chunks_mut(ncols)
+                    .enumerate()
+                    .for_each(|(kr, dst)| {
+                        let ci = kr / ksz;
+                        let t = kr % ksz;
+                        let (tkd, tkh, tkw) = (t / (kh * kw), (t / kw) % kh, t % kw);
+                        let plane = &xd[(b * cin + gi * cin_g + ci) * pin..][..pin];
+                        let off_w = (tkw * dw) as isize - pw;
+                        let (lo, hi) = valid_range(ow, sw, off_w, wd);
+                        for (r, seg) in (r0..r1).zip(dst.chunks_exact_mut(ow)) {
+                            let (o_d, o_h) = (r / oh, r % oh);
+                            let id = (o_d * sd + tkd * dd) as isize - pd;
+                            let ih = (o_h * sh + tkh * dh) as isize - ph;
+                            if id < 0 || id >= d as isize || ih < 0 || ih >= h as isize {
+                                seg.fill(T::ZERO);
+                                continue;
+                            }
+                            let src = &plane[(id as usize * h + ih as usize) * wd..][..wd];
+                            seg[..lo].fill(T::ZERO);
+                            seg[hi..].fill(T::ZERO);
+                            if sw == 1 {
+                                let s0 = (lo as isize + off_w) as usize;
+                                seg[lo..hi].copy_from_slice(&src[s0..s0 + (hi - lo)]);
+                            } else {
+                                for (o, v) in seg[lo..hi].iter_mut().enumerate() {
+                                    *v = src[(((lo + o) * sw) as isize + off_w) as usize];
+                                }
+                            }
+                        }
+                    });
+                gemm(
+                    cout_g,
+                    kk,
+                    ncols,
+                    &w,
+                    Mat {
+                        off: gi * cout_g * kk,
+                        rs: kk,
+                        cs: 1,
+                    },
+                    &col,
+                    Mat {
+                        off: 0,
+                        rs: ncols,
+                        cs: 1,
+                    },
+                    T::ONE,
+                    &mut out,
+                    Mat {
+                        off: (b * cout + gi * cout_g) * pout + r0 * ow,
+                        rs: pout,
+                        cs: 1,
+                    },
+                );
+                r0 = r1;
+            }
+        }
+    }
+    Array5::from_shape_vec(os, out).map_err(|e| err(e.to_string()))
+}
+
+/// ONNX ConvTranspose (3D, NCDHW) with groups, stride, dilation, asymmetric pads and
+/// output_padding; weight `[Cin, Cout/groups, kd, kh, kw]`.
+pub fn conv_transpose3d<T: Real>(x: ArrayView5<T>, p: &ConvTranspose) -> Result<Array5<T>> {
+    let xs = dims(&x);
+    let os = shape::conv_transpose(&xs, p).map_err(err)?;
+    let x = standard(&x);
+    let xd = x
+        .as_slice()
+        .ok_or_else(|| err("ConvTranspose input is not contiguous".into()))?;
+    let w = T::cast_slice(&p.weight.data);
+    let bias = p.bias.as_ref().map(|b| T::cast_slice(&b.data));
+    let [n, cin, d, h, wd] = xs;
+    let [_, cout, od, oh, ow] = os;
+    let ws = &p.weight.shape;
+    let (kd, kh, kw) = (ws[2], ws[3], ws[4]);
+    let g = p.groups;
+    let (cin_g, cout_g) = (cin / g, cout / g);
+    let ksz = kd * kh * kw;
+    let mrows = cout_g * ksz;
+    let (pin, pout) = (d * h * wd, od * oh * ow);
+    let [sd, sh, sw] = p.stride;
+    let [dd, dh, dw] = p.dilation;
+    let (pd, ph, pw) = (p.pads[0] as isize, p.pads[1] as isize, p.pads[2] as isize);
+
+    let mut out = vec![T::ZERO; n * cout * pout];
+    fill_bias(&mut out, bias.as_deref(), cout, pout);
+    let total_rows = d * h;
+    let rows = chunk_rows::<T>(mrows, wd, total_rows);
+    let mut col = vec![T::ZERO; mrows * rows * wd];
+    for b in 0..n {
+        for gi in 0..g {
+            let mut r0 = 0;
+            while r0 < total_rows {
+                let r1 = (r0 + rows).min(total_rows);
+                let ncols = (r1 - r0) * wd;
+                // col[co * ksz + tap, pixel] = Σ_ci W[ci, co, tap] · x[ci, pixel]
+                gemm(
+                    mrows,
+                    cin_g,
+                    ncols,
+                    &w,
+                    Mat {
+                        off: gi * cin_g * mrows,
+                        rs: 1,
+                        cs: mrows,
+                    },
+                    xd,
+                    Mat {
+                        off: (b * cin + gi * cin_g) * pin + r0 * wd,
+                        rs: pin,
+                        cs: 1,
+                    },
+                    T::ZERO,
+                    &mut col,
+                    Mat {
+                        off: 0,
+                        rs: ncols,
+                        cs: 1,
+                    },
+                );
+                let col = &col[..mrows * ncols];
+                let dst = &mut out[(b * cout + gi * cout_g) * pout..][..cout_g * pout];
+                // Each output channel only receives its own rows: scatter in parallel over them.
+                dst.par_chunks_mut(pout)
+                    .enumerate()
+                    .for_each(|(co, plane)| {
+                        for t in 0..ksz {
+                            let (tkd, tkh, tkw) = (t / (kh * kw), (t / kw) % kh, t % kw);
+                            let src_rows = &col[(co * ksz + t) * ncols..][..ncols];
+                            let off_w = (tkw * dw) as isize - pw;
+                            let (lo, hi) = valid_range(wd, sw, off_w, ow);
+                            if lo >= hi {
+                                continue;
+                            }
+                            for (r, src) in (r0..r1).zip(src_rows.chunks_exact(wd)) {
+                                let (i_d, i_h) = (r / h, r % h);
+                                let o_d = (i_d * sd + tkd * dd) as isize - pd;
+                                let o_h = (i_h * sh + tkh * dh) as isize - ph;
+                                if o_d < 0 || o_d >= od as isize || o_h < 0 || o_h >= oh as isize {
+                                    continue;
+                                }
+                                let drow =
+                                    &mut plane[(o_d as usize * oh + o_h as usize) * ow..][..ow];
+                                if sw == 1 {
+                                    let o0 = (lo as isize + off_w) as usize;
+                                    for (dv, &sv) in
+                                        drow[o0..o0 + (hi - lo)].iter_mut().zip(&src[lo..hi])
+                                    {
+                                        *dv += sv;
+                                    }
+                                } else {
+                                    for (iw, &sv) in src.iter().enumerate().take(hi).skip(lo) {
+                                        drow[((iw * sw) as isize + off_w) as usize] += sv;
+                                    }
+                                }
+                            }
+                        }
+                    });
+                r0 = r1;
+            }
+        }
+    }
+    Array5::from_shape_vec(os, out).map_err(|e| err(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::valid_range;
+
+    #[test]
+    fn valid_range_matches_brute_force() {
+        for count in 1..8usize {
+            for s in 1..4usize {
+                for off in -6isize..6 {
+                    for limit in 1..9usize {
+                        let ok: Vec<usize> = (0..count)
+                            .filter(|&o| (0..limit as isize).contains(&((o * s) as isize + off)))
+                            .collect();
+                        let (lo, hi) = valid_range(count, s, off, limit);
+                        assert_eq!(
+                            (lo..hi).collect::<Vec<_>>(),
+                            ok,
+                            "count {count} s {s} off {off} limit {limit}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! Every IR op on NCDHW arrays, generic over [`Real`] (f32 for the backend, f64 for the
+//! reference). Each op is callable alone; [`apply`] dispatches any [`Op`]. Shapes and parameters
+//! are validated first, so bad input is an `Err`, never a panic.
+
+mod conv;
+mod eltwise;
+mod gemm;
+mod norm;
+mod pool;
+mod resize;
+
+pub use conv::{conv3d, conv_transpose3d, COL_BUDGET_BYTES};
+pub use eltwise::{
+    add, add_const, binary_inplace, concat, const_inplace, div, elu, leaky_relu, mul, mul_const,
+    prelu, relu, sigmoid, softmax, softmax_inplace, sub, tanh, unary_inplace, Binary, Unary,
+};
+pub use norm::{
+    channel_affine, channel_affine_inplace, group_norm, group_norm_inplace, instance_norm,
+    instance_norm_inplace,
+};
+pub use pool::{average_pool3d, max_pool3d};
+pub use resize::resize;
+
+use super::shape::{self, Shape};
+use super::Real;
+use crate::model::graph::Op;
+use crate::{Error, Result};
+use ndarray::{Array5, ArrayView5, CowArray, Ix5};
+
+pub(crate) fn err(msg: String) -> Error {
+    Error::Graph(msg)
+}
+
+pub(crate) fn dims<T>(x: &ArrayView5<T>) -> Shape {
+    let d = x.dim();
+    [d.0, d.1, d.2, d.3, d.4]
+}
+
+/// A C-contiguous view (copying only when the caller passed a strided view).
+pub(crate) fn standard<'a, T: Real>(x: &'a ArrayView5<'a, T>) -> CowArray<'a, T, Ix5> {
+    x.as_standard_layout()
+}
+
+/// Makes an owned array C-contiguous so slice-based kernels can run on it.
+pub(crate) fn make_standard<T: Real>(x: &mut Array5<T>) {
+    if !x.is_standard_layout() {
+        *x = x.as_standard_layout().into_owned();
+    }
+}
+
+/// Whether `op` can overwrite its first input (the executor then hands it the buffer when that
+/// input dies at this node).
+pub fn is_inplace(op: &Op) -> bool {
+    !matches!(
+        op,
+        Op::Conv(_)
+            | Op::ConvTranspose(_)
+            | Op::Concat { .. }
+            | Op::MaxPool(_)
+            | Op::AveragePool(_)
+            | Op::Resize(_)
+    )
+}
+
+/// Runs an in-place-capable op (see [`is_inplace`]) on its first input; `rest` are the others.
+pub fn apply_inplace<T: Real>(op: &Op, x: &mut Array5<T>, rest: &[ArrayView5<T>]) -> Result<()> {
+    let mut shapes = vec![dims(&x.view())];
+    shapes.extend(rest.iter().map(dims));
+    shape::output_shape(op, &shapes).map_err(err)?;
+    match op {
+        Op::InstanceNorm { eps, scale, bias } => instance_norm_inplace(x, *eps, scale, bias),
+        Op::GroupNorm {
+            groups,
+            eps,
+            scale,
+            bias,
+        } => group_norm_inplace(x, *groups, *eps, scale, bias),
+        Op::ChannelAffine { scale, shift } => channel_affine_inplace(x, scale, shift),
+        Op::Relu => unary_inplace(x, Unary::Relu),
+        Op::LeakyRelu { alpha } => unary_inplace(x, Unary::LeakyRelu(*alpha)),
+        Op::Elu { alpha } => unary_inplace(x, Unary::Elu(*alpha)),
+        Op::Sigmoid => unary_inplace(x, Unary::Sigmoid),
+        Op::Tanh => unary_inplace(x, Unary::Tanh),
+        Op::PRelu { slope } => eltwise::prelu_inplace(x, slope),
+        Op::Softmax { axis } => softmax_inplace(x, *axis),
+        Op::Add => binary_inplace(x, rest[0], Binary::Add),
+        Op::Sub => binary_inplace(x, rest[0], Binary::Sub),
+        Op::Mul => binary_inplace(x, rest[0], Binary::Mul),
+        Op::Div => binary_inplace(x, rest[0], Binary::Div),
+        Op::AddConst(t) => const_inplace(x, t, Binary::Add),
+        Op::MulConst(t) => const_inplace(x, t, Binary::Mul),
+        Op::Identity => Ok(()),
+        _ => Err(err(format!("{} cannot run in place", op.name()))),
+    }
+}
+
+/// Runs any op on borrowed inputs and returns a new array.
+pub fn apply<T: Real>(op: &Op, inputs: &[ArrayView5<T>]) -> Result<Array5<T>> {
+    let shapes: Vec<Shape> = inputs.iter().map(dims).collect();
+    shape::output_shape(op, &shapes).map_err(err)?;
+    if is_inplace(op) {
+        let mut x = inputs[0].as_standard_layout().into_owned();
+        apply_inplace(op, &mut x, &inputs[1..])?;
+        return Ok(x);
+    }
+    match op {
+        Op::Conv(p) => conv3d(inputs[0], p),
+        Op::ConvTranspose(p) => conv_transpose3d(inputs[0], p),
+        Op::Concat { axis } => concat(inputs, *axis),
+        Op::MaxPool(p) => max_pool3d(inputs[0], p),
+        Op::AveragePool(p) => average_pool3d(inputs[0], p),
+        Op::Resize(p) => resize(inputs[0], p),
+        _ => Err(err(format!("{} has no out-of-place kernel", op.name()))),
+    }
+}

@@ -1,0 +1,1653 @@
+//! Every CPU op against an independent naive float64 implementation written straight from the
+//! ONNX definitions (direct loops, gather formulations), on deterministic random inputs.
+//! f32 path: rel L2 <= 1e-5; f64 path: rel L2 <= 1e-12. Run with `--nocapture` to see the numbers.
+
+use ndarray::{Array5, ArrayView5, Axis};
+use voxtile::backend::cpu::{ops, run_graph, run_graph_f64, CpuBackend};
+use voxtile::backend::Backend;
+use voxtile::model::graph::*;
+
+// ---------- helpers ----------
+
+struct Rng(u64);
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        // splitmix64
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    fn uni(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.uni()).collect()
+    }
+    fn arr(&mut self, s: [usize; 5]) -> Array5<f32> {
+        Array5::from_shape_vec(s, self.vec(s.iter().product())).unwrap()
+    }
+    fn tensor(&mut self, s: &[usize]) -> Tensor {
+        Tensor::new(s.to_vec(), self.vec(s.iter().product()))
+    }
+}
+
+fn f64a(x: &Array5<f32>) -> Array5<f64> {
+    x.mapv(|v| v as f64)
+}
+
+fn rel_l2(got: &Array5<f64>, want: &Array5<f64>) -> f64 {
+    assert_eq!(got.shape(), want.shape(), "shape mismatch");
+    let mut num = 0.0;
+    let mut den = 0.0;
+    for (a, b) in got.iter().zip(want.iter()) {
+        assert!(a.is_finite(), "non-finite output");
+        num += (a - b) * (a - b);
+        den += b * b;
+    }
+    (num / den.max(1e-300)).sqrt()
+}
+
+/// Runs `op` through the public dispatcher in f32 and f64 and compares both with `want`.
+fn check(name: &str, op: &Op, inputs: &[&Array5<f32>], want: &Array5<f64>) {
+    let v32: Vec<ArrayView5<f32>> = inputs.iter().map(|a| a.view()).collect();
+    let i64s: Vec<Array5<f64>> = inputs.iter().map(|a| f64a(a)).collect();
+    let v64: Vec<ArrayView5<f64>> = i64s.iter().map(|a| a.view()).collect();
+    let got32 = ops::apply(op, &v32).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let got64 = ops::apply(op, &v64).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let e32 = rel_l2(&f64a(&got32), want);
+    let e64 = rel_l2(&got64, want);
+    eprintln!(
+        "{name:<48} f32 relL2 {e32:.2e}   f64 relL2 {e64:.2e}   out {:?}",
+        want.shape()
+    );
+    assert!(e32 <= 1e-5, "{name}: f32 rel L2 {e32:e}");
+    assert!(e64 <= 1e-12, "{name}: f64 rel L2 {e64:e}");
+}
+
+fn sh(a: &Array5<f64>) -> [usize; 5] {
+    let s = a.shape();
+    [s[0], s[1], s[2], s[3], s[4]]
+}
+
+// ---------- naive references (f64, straight from the ONNX definitions) ----------
+
+fn naive_conv(x: &Array5<f64>, p: &Conv) -> Array5<f64> {
+    let [n, cin, d, h, w] = sh(x);
+    let ws = &p.weight.shape;
+    let (cout, cig, k) = (ws[0], ws[1], [ws[2], ws[3], ws[4]]);
+    let cog = cout / p.groups;
+    let ins = [d, h, w];
+    let mut os = [0; 3];
+    for a in 0..3 {
+        os[a] =
+            (ins[a] + p.pads[a] + p.pads[a + 3] - p.dilation[a] * (k[a] - 1) - 1) / p.stride[a] + 1;
+    }
+    assert_eq!(cin, cig * p.groups);
+    let wt = |co: usize, ci: usize, a: usize, b: usize, c: usize| {
+        p.weight.data[(((co * cig + ci) * k[0] + a) * k[1] + b) * k[2] + c] as f64
+    };
+    let mut out = Array5::zeros([n, cout, os[0], os[1], os[2]]);
+    for b in 0..n {
+        for co in 0..cout {
+            let g = co / cog;
+            for z in 0..os[0] {
+                for y in 0..os[1] {
+                    for xx in 0..os[2] {
+                        let mut s = p.bias.as_ref().map_or(0.0, |t| t.data[co] as f64);
+                        for ci in 0..cig {
+                            for a in 0..k[0] {
+                                let id =
+                                    (z * p.stride[0] + a * p.dilation[0]) as i64 - p.pads[0] as i64;
+                                if id < 0 || id >= d as i64 {
+                                    continue;
+                                }
+                                for bb in 0..k[1] {
+                                    let ih = (y * p.stride[1] + bb * p.dilation[1]) as i64
+                                        - p.pads[1] as i64;
+                                    if ih < 0 || ih >= h as i64 {
+                                        continue;
+                                    }
+                                    for c in 0..k[2] {
+                                        let iw = (xx * p.stride[2] + c * p.dilation[2]) as i64
+                                            - p.pads[2] as i64;
+                                        if iw < 0 || iw >= w as i64 {
+                                            continue;
+                                        }
+                                        s += x[[
+                                            b,
+                                            g * cig + ci,
+                                            id as usize,
+                                            ih as usize,
+                                            iw as usize,
+                                        ]] * wt(co, ci, a, bb, c);
+                                    }
+                                }
+                            }
+                        }
+                        out[[b, co, z, y, xx]] = s;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Gather form: out[o] = Σ x[i] w[k] over i·s + k·dil − pad_begin = o.
+fn naive_conv_t(x: &Array5<f64>, p: &ConvTranspose) -> Array5<f64> {
+    let [n, cin, d, h, w] = sh(x);
+    let ws = &p.weight.shape;
+    let (cog, k) = (ws[1], [ws[2], ws[3], ws[4]]);
+    let cig = cin / p.groups;
+    let cout = cog * p.groups;
+    let ins = [d, h, w];
+    let mut os = [0; 3];
+    for a in 0..3 {
+        os[a] = p.stride[a] * (ins[a] - 1) + p.output_padding[a] + (k[a] - 1) * p.dilation[a] + 1
+            - p.pads[a]
+            - p.pads[a + 3];
+    }
+    let wt = |ci: usize, co: usize, a: usize, b: usize, c: usize| {
+        p.weight.data[(((ci * cog + co) * k[0] + a) * k[1] + b) * k[2] + c] as f64
+    };
+    // Input index along an axis for output o and tap t, if any.
+    let src = |a: usize, o: usize, t: usize| -> Option<usize> {
+        let num = o as i64 + p.pads[a] as i64 - (t * p.dilation[a]) as i64;
+        if num < 0 || num % p.stride[a] as i64 != 0 {
+            return None;
+        }
+        let i = (num / p.stride[a] as i64) as usize;
+        (i < ins[a]).then_some(i)
+    };
+    let mut out = Array5::zeros([n, cout, os[0], os[1], os[2]]);
+    for b in 0..n {
+        for co in 0..cout {
+            let g = co / cog;
+            for z in 0..os[0] {
+                for y in 0..os[1] {
+                    for xx in 0..os[2] {
+                        let mut s = p.bias.as_ref().map_or(0.0, |t| t.data[co] as f64);
+                        for ci in 0..cig {
+                            for a in 0..k[0] {
+                                let Some(id) = src(0, z, a) else { continue };
+                                for bb in 0..k[1] {
+                                    let Some(ih) = src(1, y, bb) else { continue };
+                                    for c in 0..k[2] {
+                                        let Some(iw) = src(2, xx, c) else { continue };
+                                        s += x[[b, g * cig + ci, id, ih, iw]]
+                                            * wt(g * cig + ci, co - g * cog, a, bb, c);
+                                    }
+                                }
+                            }
+                        }
+                        out[[b, co, z, y, xx]] = s;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn naive_group_norm(
+    x: &Array5<f64>,
+    groups: usize,
+    eps: f64,
+    scale: &[f32],
+    bias: &[f32],
+) -> Array5<f64> {
+    let [n, c, ..] = sh(x);
+    let cg = c / groups;
+    let mut out = x.clone();
+    for b in 0..n {
+        for g in 0..groups {
+            let vals: Vec<f64> = (0..cg)
+                .flat_map(|j| {
+                    x.index_axis(Axis(0), b)
+                        .index_axis(Axis(0), g * cg + j)
+                        .iter()
+                        .copied()
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            let m = vals.iter().sum::<f64>() / vals.len() as f64;
+            let var = vals.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / vals.len() as f64;
+            for j in 0..cg {
+                let ch = g * cg + j;
+                out.index_axis_mut(Axis(0), b)
+                    .index_axis_mut(Axis(0), ch)
+                    .mapv_inplace(|v| {
+                        (v - m) / (var + eps).sqrt() * scale[ch] as f64 + bias[ch] as f64
+                    });
+            }
+        }
+    }
+    out
+}
+
+fn naive_channel(x: &Array5<f64>, f: impl Fn(usize, f64) -> f64) -> Array5<f64> {
+    let mut out = x.clone();
+    for ((_, c, _, _, _), v) in out.indexed_iter_mut() {
+        *v = f(c, *v);
+    }
+    out
+}
+
+fn naive_softmax(x: &Array5<f64>, axis: usize) -> Array5<f64> {
+    let mut out = x.clone();
+    for mut lane in out.lanes_mut(Axis(axis)) {
+        let m = lane.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let s: f64 = lane.iter().map(|v| (v - m).exp()).sum();
+        lane.mapv_inplace(|v| (v - m).exp() / s);
+    }
+    out
+}
+
+/// PyTorch's pooling_output_shape.
+fn pool_len(i: usize, k: usize, s: usize, d: usize, pb: usize, pe: usize, ceil: bool) -> usize {
+    let num = (i + pb + pe) as i64 - (d * (k - 1)) as i64 - 1;
+    let mut o = if ceil {
+        (num + s as i64 - 1).div_euclid(s as i64)
+    } else {
+        num.div_euclid(s as i64)
+    } + 1;
+    if ceil && (o - 1) * s as i64 >= (i + pb) as i64 {
+        o -= 1;
+    }
+    o as usize
+}
+
+fn naive_pool(x: &Array5<f64>, p: &Pool, max: bool) -> Array5<f64> {
+    let [n, c, d, h, w] = sh(x);
+    let ins = [d, h, w];
+    let os: Vec<usize> = (0..3)
+        .map(|a| {
+            pool_len(
+                ins[a],
+                p.kernel[a],
+                p.stride[a],
+                p.dilation[a],
+                p.pads[a],
+                p.pads[a + 3],
+                p.ceil_mode,
+            )
+        })
+        .collect();
+    let mut out = Array5::zeros([n, c, os[0], os[1], os[2]]);
+    for ((b, ch, z, y, xx), o) in out.indexed_iter_mut() {
+        let o3 = [z, y, xx];
+        let start: Vec<i64> = (0..3)
+            .map(|a| (o3[a] * p.stride[a]) as i64 - p.pads[a] as i64)
+            .collect();
+        let mut m = f64::NEG_INFINITY;
+        let mut s = 0.0;
+        let mut cnt = 0usize;
+        for a in 0..p.kernel[0] {
+            for bb in 0..p.kernel[1] {
+                for cc in 0..p.kernel[2] {
+                    let t = [a, bb, cc];
+                    let idx: Vec<i64> = (0..3)
+                        .map(|q| start[q] + (t[q] * p.dilation[q]) as i64)
+                        .collect();
+                    if (0..3).all(|q| idx[q] >= 0 && idx[q] < ins[q] as i64) {
+                        let v = x[[b, ch, idx[0] as usize, idx[1] as usize, idx[2] as usize]];
+                        m = m.max(v);
+                        s += v;
+                        cnt += 1;
+                    }
+                }
+            }
+        }
+        *o = if max {
+            m
+        } else {
+            let div = if p.count_include_pad {
+                // PyTorch: window clipped to the padded extent (dilation 1 in these tests).
+                assert_eq!(p.dilation, [1, 1, 1]);
+                (0..3)
+                    .map(|q| {
+                        ((start[q] + p.kernel[q] as i64).min((ins[q] + p.pads[q + 3]) as i64)
+                            - start[q]) as usize
+                    })
+                    .product()
+            } else {
+                cnt
+            };
+            s / div as f64
+        };
+    }
+    out
+}
+
+fn coord(mode: CoordMode, o: usize, scale: f32, i: usize, olen: usize) -> f32 {
+    let xo = o as f32;
+    match mode {
+        CoordMode::HalfPixel => (xo + 0.5) / scale - 0.5,
+        CoordMode::PytorchHalfPixel => {
+            if olen > 1 {
+                (xo + 0.5) / scale - 0.5
+            } else {
+                0.0
+            }
+        }
+        CoordMode::AlignCorners => {
+            if olen == 1 {
+                0.0
+            } else {
+                xo * (i as f32 - 1.0) / (olen as f32 - 1.0)
+            }
+        }
+        CoordMode::Asymmetric => xo / scale,
+    }
+}
+
+fn naive_resize(x: &Array5<f64>, p: &Resize) -> Array5<f64> {
+    let [n, c, d, h, w] = sh(x);
+    let ins = [d, h, w];
+    let os: [usize; 3] = match p.sizes {
+        Some(s) => s,
+        None => [0, 1, 2].map(|a| (ins[a] as f32 * p.scales[a]).floor() as usize),
+    };
+    let sc: [f32; 3] = match p.sizes {
+        Some(s) => [0, 1, 2].map(|a| s[a] as f32 / ins[a] as f32),
+        None => p.scales,
+    };
+    let clampi = |v: i64, len: usize| v.clamp(0, len as i64 - 1) as usize;
+    let mut out = Array5::zeros([n, c, os[0], os[1], os[2]]);
+    for ((b, ch, z, y, xx), o) in out.indexed_iter_mut() {
+        let o3 = [z, y, xx];
+        let cs: Vec<f32> = (0..3)
+            .map(|a| coord(p.coord, o3[a], sc[a], ins[a], os[a]))
+            .collect();
+        *o = match p.mode {
+            ResizeMode::Nearest => {
+                let idx: Vec<usize> = (0..3)
+                    .map(|a| {
+                        let v = cs[a];
+                        let r = match p.nearest {
+                            NearestMode::RoundPreferFloor => {
+                                if v == (v as i64) as f32 + 0.5 {
+                                    v.floor()
+                                } else {
+                                    v.round()
+                                }
+                            }
+                            NearestMode::RoundPreferCeil => {
+                                if v == (v as i64) as f32 + 0.5 {
+                                    v.ceil()
+                                } else {
+                                    v.round()
+                                }
+                            }
+                            NearestMode::Floor => v.floor(),
+                            NearestMode::Ceil => v.ceil(),
+                        };
+                        clampi(r as i64, ins[a])
+                    })
+                    .collect();
+                x[[b, ch, idx[0], idx[1], idx[2]]]
+            }
+            ResizeMode::Linear => {
+                // ONNX reference: two neighbours with edge padding, weights from the raw coordinate.
+                let mut s = 0.0;
+                for corner in 0..8 {
+                    let mut wgt = 1.0;
+                    let mut idx = [0usize; 3];
+                    for a in 0..3 {
+                        let v = cs[a] as f64;
+                        let f = v.floor();
+                        let hi = (corner >> (2 - a)) & 1 == 1;
+                        let (i, wa) = if hi {
+                            (f as i64 + 1, v - f)
+                        } else {
+                            (f as i64, 1.0 - (v - f))
+                        };
+                        idx[a] = clampi(i, ins[a]);
+                        wgt *= wa;
+                    }
+                    s += wgt * x[[b, ch, idx[0], idx[1], idx[2]]];
+                }
+                s
+            }
+        };
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn conv_p(
+    rng: &mut Rng,
+    cin: usize,
+    cout: usize,
+    k: [usize; 3],
+    stride: [usize; 3],
+    dil: [usize; 3],
+    pads: [usize; 6],
+    groups: usize,
+    bias: bool,
+) -> Conv {
+    Conv {
+        weight: rng.tensor(&[cout, cin / groups, k[0], k[1], k[2]]),
+        bias: bias.then(|| rng.tensor(&[cout])),
+        stride,
+        dilation: dil,
+        pads,
+        groups,
+    }
+}
+
+// ---------- op tests ----------
+
+#[test]
+fn conv_variants() {
+    let mut rng = Rng(1);
+    let cases: Vec<(&str, [usize; 5], Conv)> = vec![
+        (
+            "conv 3^3 pad1",
+            [2, 3, 6, 7, 5],
+            conv_p(
+                &mut rng,
+                3,
+                4,
+                [3, 3, 3],
+                [1, 1, 1],
+                [1, 1, 1],
+                [1; 6],
+                1,
+                true,
+            ),
+        ),
+        (
+            "conv stride2 asym pads",
+            [1, 4, 9, 8, 7],
+            conv_p(
+                &mut rng,
+                4,
+                5,
+                [3, 2, 3],
+                [2, 2, 3],
+                [1, 1, 1],
+                [0, 1, 2, 1, 0, 1],
+                1,
+                true,
+            ),
+        ),
+        (
+            "conv dilation 2,1,3 pad",
+            [1, 2, 9, 7, 10],
+            conv_p(
+                &mut rng,
+                2,
+                3,
+                [3, 3, 2],
+                [1, 1, 1],
+                [2, 1, 3],
+                [2, 1, 0, 1, 1, 3],
+                1,
+                false,
+            ),
+        ),
+        (
+            "conv groups 2",
+            [2, 4, 5, 5, 5],
+            conv_p(
+                &mut rng,
+                4,
+                6,
+                [3, 3, 3],
+                [1, 2, 1],
+                [1, 1, 1],
+                [1; 6],
+                2,
+                true,
+            ),
+        ),
+        (
+            "conv depthwise",
+            [1, 3, 6, 6, 6],
+            conv_p(
+                &mut rng,
+                3,
+                3,
+                [3, 3, 3],
+                [1, 1, 1],
+                [1, 1, 1],
+                [1; 6],
+                3,
+                true,
+            ),
+        ),
+        (
+            "conv 1x1x1",
+            [2, 5, 4, 6, 3],
+            conv_p(
+                &mut rng,
+                5,
+                7,
+                [1, 1, 1],
+                [1, 1, 1],
+                [1, 1, 1],
+                [0; 6],
+                1,
+                true,
+            ),
+        ),
+        (
+            "conv 1x1x1 groups",
+            [1, 4, 4, 3, 3],
+            conv_p(
+                &mut rng,
+                4,
+                6,
+                [1, 1, 1],
+                [1, 1, 1],
+                [1, 1, 1],
+                [0; 6],
+                2,
+                false,
+            ),
+        ),
+        (
+            "conv 1x1x1 stride2 pad",
+            [1, 3, 5, 5, 5],
+            conv_p(
+                &mut rng,
+                3,
+                2,
+                [1, 1, 1],
+                [2, 2, 2],
+                [1, 1, 1],
+                [1, 0, 1, 0, 1, 1],
+                1,
+                true,
+            ),
+        ),
+        (
+            "conv kernel = input, no pad",
+            [1, 2, 3, 3, 3],
+            conv_p(
+                &mut rng,
+                2,
+                2,
+                [3, 3, 3],
+                [1, 1, 1],
+                [1, 1, 1],
+                [0; 6],
+                1,
+                true,
+            ),
+        ),
+        (
+            "conv large pads",
+            [1, 2, 3, 4, 2],
+            conv_p(
+                &mut rng,
+                2,
+                3,
+                [2, 2, 2],
+                [1, 1, 1],
+                [1, 1, 1],
+                [3, 2, 3, 2, 3, 4],
+                1,
+                true,
+            ),
+        ),
+    ];
+    for (name, s, p) in cases {
+        let x = rng.arr(s);
+        let want = naive_conv(&f64a(&x), &p);
+        check(name, &Op::Conv(p), &[&x], &want);
+    }
+}
+
+#[test]
+fn conv_chunked_column_buffer() {
+    // Large enough that the im2col buffer is split over output rows (K*Wo*4 bytes per row).
+    let mut rng = Rng(11);
+    let p = conv_p(
+        &mut rng,
+        64,
+        4,
+        [3, 3, 3],
+        [1, 1, 1],
+        [1, 1, 1],
+        [1; 6],
+        1,
+        true,
+    );
+    let x = rng.arr([1, 64, 2, 40, 520]);
+    let rows_per_chunk = ops::COL_BUDGET_BYTES / (64 * 27 * 520 * 4);
+    assert!(rows_per_chunk < 2 * 40, "test does not exercise chunking");
+    let want = naive_conv(&f64a(&x), &p);
+    check("conv chunked im2col", &Op::Conv(p), &[&x], &want);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn convt_p(
+    rng: &mut Rng,
+    cin: usize,
+    cout: usize,
+    k: [usize; 3],
+    stride: [usize; 3],
+    dil: [usize; 3],
+    pads: [usize; 6],
+    op: [usize; 3],
+    groups: usize,
+) -> ConvTranspose {
+    ConvTranspose {
+        weight: rng.tensor(&[cin, cout / groups, k[0], k[1], k[2]]),
+        bias: Some(rng.tensor(&[cout])),
+        stride,
+        dilation: dil,
+        pads,
+        output_padding: op,
+        groups,
+    }
+}
+
+#[test]
+fn conv_transpose_variants() {
+    let mut rng = Rng(2);
+    let cases: Vec<(&str, [usize; 5], ConvTranspose)> = vec![
+        (
+            "convT k2 s2",
+            [2, 4, 3, 4, 5],
+            convt_p(
+                &mut rng,
+                4,
+                3,
+                [2, 2, 2],
+                [2, 2, 2],
+                [1, 1, 1],
+                [0; 6],
+                [0; 3],
+                1,
+            ),
+        ),
+        (
+            "convT k3 s2 pads [0,0,0,1,1,1] (TF SAME)",
+            [1, 3, 4, 4, 4],
+            convt_p(
+                &mut rng,
+                3,
+                2,
+                [3, 3, 3],
+                [2, 2, 2],
+                [1, 1, 1],
+                [0, 0, 0, 1, 1, 1],
+                [0; 3],
+                1,
+            ),
+        ),
+        (
+            "convT k3 s2 pad1 output_padding 1",
+            [1, 2, 3, 5, 4],
+            convt_p(
+                &mut rng,
+                2,
+                3,
+                [3, 3, 3],
+                [2, 2, 2],
+                [1, 1, 1],
+                [1; 6],
+                [1, 0, 1],
+                1,
+            ),
+        ),
+        (
+            "convT dilation 2 stride 3,1,2",
+            [1, 2, 3, 4, 3],
+            convt_p(
+                &mut rng,
+                2,
+                2,
+                [2, 3, 2],
+                [3, 1, 2],
+                [2, 2, 1],
+                [1, 0, 2, 0, 1, 1],
+                [1, 0, 0],
+                1,
+            ),
+        ),
+        (
+            "convT groups 2",
+            [2, 4, 3, 3, 4],
+            convt_p(
+                &mut rng,
+                4,
+                6,
+                [3, 2, 3],
+                [2, 2, 1],
+                [1, 1, 1],
+                [1, 0, 1, 1, 0, 1],
+                [0; 3],
+                2,
+            ),
+        ),
+        (
+            "convT k1 s1",
+            [1, 3, 3, 4, 5],
+            convt_p(
+                &mut rng,
+                3,
+                4,
+                [1, 1, 1],
+                [1, 1, 1],
+                [1, 1, 1],
+                [0; 6],
+                [0; 3],
+                1,
+            ),
+        ),
+    ];
+    for (name, s, p) in cases {
+        let x = rng.arr(s);
+        let want = naive_conv_t(&f64a(&x), &p);
+        check(name, &Op::ConvTranspose(p), &[&x], &want);
+    }
+}
+
+#[test]
+fn norms_and_affine() {
+    let mut rng = Rng(3);
+    let x = rng.arr([2, 6, 5, 4, 7]).mapv(|v| 3.0 * v + 1.5); // non-zero mean, non-unit spread
+    let xf = f64a(&x);
+    let (scale, bias) = (rng.tensor(&[6]), rng.tensor(&[6]));
+    let want = naive_group_norm(&xf, 6, 1e-5f32 as f64, &scale.data, &bias.data);
+    check(
+        "InstanceNorm",
+        &Op::InstanceNorm {
+            eps: 1e-5,
+            scale: scale.clone(),
+            bias: bias.clone(),
+        },
+        &[&x],
+        &want,
+    );
+    for g in [1, 2, 3] {
+        let want = naive_group_norm(&xf, g, 1e-3f32 as f64, &scale.data, &bias.data);
+        let op = Op::GroupNorm {
+            groups: g,
+            eps: 1e-3,
+            scale: scale.clone(),
+            bias: bias.clone(),
+        };
+        check(&format!("GroupNorm groups {g}"), &op, &[&x], &want);
+    }
+    let want = naive_channel(&xf, |c, v| v * scale.data[c] as f64 + bias.data[c] as f64);
+    check(
+        "ChannelAffine",
+        &Op::ChannelAffine { scale, shift: bias },
+        &[&x],
+        &want,
+    );
+}
+
+#[test]
+fn activations() {
+    let mut rng = Rng(4);
+    let x = rng.arr([2, 3, 4, 5, 6]).mapv(|v| v * 6.0);
+    let xf = f64a(&x);
+    let slope = rng.tensor(&[3]);
+    let cases: Vec<(&str, Op, Array5<f64>)> = vec![
+        ("Relu", Op::Relu, xf.mapv(|v| v.max(0.0))),
+        (
+            "LeakyRelu 0.01",
+            Op::LeakyRelu { alpha: 0.01 },
+            xf.mapv(|v| if v >= 0.0 { v } else { 0.01f32 as f64 * v }),
+        ),
+        (
+            "Elu 0.7",
+            Op::Elu { alpha: 0.7 },
+            xf.mapv(|v| {
+                if v > 0.0 {
+                    v
+                } else {
+                    0.7f32 as f64 * (v.exp() - 1.0)
+                }
+            }),
+        ),
+        (
+            "Sigmoid",
+            Op::Sigmoid,
+            xf.mapv(|v| 1.0 / (1.0 + (-v).exp())),
+        ),
+        ("Tanh", Op::Tanh, xf.mapv(f64::tanh)),
+        (
+            "PRelu [C]",
+            Op::PRelu {
+                slope: slope.clone(),
+            },
+            naive_channel(&xf, |c, v| {
+                if v >= 0.0 {
+                    v
+                } else {
+                    slope.data[c] as f64 * v
+                }
+            }),
+        ),
+        (
+            "PRelu [1]",
+            Op::PRelu {
+                slope: Tensor::new(vec![1], vec![0.25]),
+            },
+            xf.mapv(|v| if v >= 0.0 { v } else { 0.25 * v }),
+        ),
+        ("Identity", Op::Identity, xf.clone()),
+    ];
+    for (name, op, want) in cases {
+        check(name, &op, &[&x], &want);
+    }
+    // Extreme logits must not overflow.
+    let big = x.mapv(|v| v * 100.0);
+    let want = f64a(&big).mapv(|v| 1.0 / (1.0 + (-v).exp()));
+    check("Sigmoid large", &Op::Sigmoid, &[&big], &want);
+}
+
+#[test]
+fn softmax_axes() {
+    let mut rng = Rng(5);
+    let x = rng.arr([2, 4, 3, 5, 6]).mapv(|v| v * 30.0); // large logits: needs max subtraction
+    for axis in 0..5 {
+        let want = naive_softmax(&f64a(&x), axis);
+        check(
+            &format!("Softmax axis {axis}"),
+            &Op::Softmax { axis },
+            &[&x],
+            &want,
+        );
+    }
+}
+
+#[test]
+fn binary_and_const() {
+    let mut rng = Rng(6);
+    let a = rng.arr([2, 3, 4, 5, 3]);
+    let b = rng.arr([2, 3, 4, 5, 3]).mapv(|v| v + 2.5); // keep divisors away from zero
+    let (af, bf) = (f64a(&a), f64a(&b));
+    check("Add", &Op::Add, &[&a, &b], &(&af + &bf));
+    check("Sub", &Op::Sub, &[&a, &b], &(&af - &bf));
+    check("Mul", &Op::Mul, &[&a, &b], &(&af * &bf));
+    check("Div", &Op::Div, &[&a, &b], &(&af / &bf));
+    for cs in [
+        [1, 3, 1, 1, 1],
+        [1, 1, 4, 5, 3],
+        [2, 3, 4, 5, 3],
+        [1, 1, 1, 1, 1],
+        [1, 3, 1, 5, 1],
+    ] {
+        let c = rng.tensor(&cs);
+        let cv = Array5::from_shape_vec(cs, c.data.iter().map(|&v| v as f64).collect()).unwrap();
+        let cb = cv.broadcast(af.raw_dim()).unwrap();
+        check(
+            &format!("AddConst {cs:?}"),
+            &Op::AddConst(c.clone()),
+            &[&a],
+            &(&af + &cb),
+        );
+        check(
+            &format!("MulConst {cs:?}"),
+            &Op::MulConst(c),
+            &[&a],
+            &(&af * &cb),
+        );
+    }
+}
+
+#[test]
+fn concat_axes() {
+    let mut rng = Rng(7);
+    for axis in 0..5 {
+        let mut s1 = [2, 3, 4, 3, 2];
+        let mut s2 = s1;
+        let mut s3 = s1;
+        s1[axis] = 1;
+        s2[axis] = 2;
+        s3[axis] = 3;
+        let (x1, x2, x3) = (rng.arr(s1), rng.arr(s2), rng.arr(s3));
+        let mut want = Array5::zeros({
+            let mut s = s1;
+            s[axis] = 6;
+            s
+        });
+        for ((i, j, k, l, m), v) in want.indexed_iter_mut() {
+            let idx = [i, j, k, l, m];
+            let t = idx[axis];
+            let mut local = idx;
+            *v = if t < 1 {
+                x1[local] as f64
+            } else if t < 3 {
+                local[axis] = t - 1;
+                x2[local] as f64
+            } else {
+                local[axis] = t - 3;
+                x3[local] as f64
+            };
+        }
+        check(
+            &format!("Concat axis {axis}"),
+            &Op::Concat { axis },
+            &[&x1, &x2, &x3],
+            &want,
+        );
+    }
+}
+
+#[test]
+fn pools() {
+    let mut rng = Rng(8);
+    let pool = |k, s, d, pads, ceil, cip| Pool {
+        kernel: k,
+        stride: s,
+        dilation: d,
+        pads,
+        ceil_mode: ceil,
+        count_include_pad: cip,
+    };
+    let cases: Vec<(&str, [usize; 5], Pool)> = vec![
+        (
+            "k2 s2",
+            [2, 3, 8, 6, 4],
+            pool([2, 2, 2], [2, 2, 2], [1, 1, 1], [0; 6], false, false),
+        ),
+        (
+            "k3 s2 pad1",
+            [1, 2, 7, 6, 5],
+            pool([3, 3, 3], [2, 2, 2], [1, 1, 1], [1; 6], false, false),
+        ),
+        (
+            "k3 s2 pad1 count_include_pad",
+            [1, 2, 7, 6, 5],
+            pool([3, 3, 3], [2, 2, 2], [1, 1, 1], [1; 6], false, true),
+        ),
+        (
+            "k2 s2 ceil_mode (odd)",
+            [1, 2, 7, 5, 3],
+            pool([2, 2, 2], [2, 2, 2], [1, 1, 1], [0; 6], true, false),
+        ),
+        (
+            "k3 s2 ceil_mode pad1 cip",
+            [1, 2, 8, 7, 6],
+            pool([3, 3, 3], [2, 2, 2], [1, 1, 1], [1; 6], true, true),
+        ),
+        (
+            "k3,2,2 s1,2,3 asym pads ceil",
+            [1, 2, 6, 7, 8],
+            pool(
+                [3, 2, 2],
+                [1, 2, 3],
+                [1, 1, 1],
+                [1, 0, 1, 0, 1, 0],
+                true,
+                false,
+            ),
+        ),
+        (
+            "k2 dilation 2 pad",
+            [1, 2, 7, 6, 9],
+            pool(
+                [2, 2, 3],
+                [1, 2, 2],
+                [2, 2, 2],
+                [1, 0, 2, 1, 1, 2],
+                false,
+                false,
+            ),
+        ),
+    ];
+    for (name, s, p) in cases {
+        let x = rng.arr(s);
+        let xf = f64a(&x);
+        check(
+            &format!("MaxPool {name}"),
+            &Op::MaxPool(p.clone()),
+            &[&x],
+            &naive_pool(&xf, &p, true),
+        );
+        check(
+            &format!("AveragePool {name}"),
+            &Op::AveragePool(p.clone()),
+            &[&x],
+            &naive_pool(&xf, &p, false),
+        );
+    }
+}
+
+#[test]
+fn resize_all_modes() {
+    let mut rng = Rng(9);
+    let x = rng.arr([1, 2, 4, 5, 3]);
+    let xf = f64a(&x);
+    let coords = [
+        CoordMode::HalfPixel,
+        CoordMode::PytorchHalfPixel,
+        CoordMode::AlignCorners,
+        CoordMode::Asymmetric,
+    ];
+    let nearests = [
+        NearestMode::RoundPreferFloor,
+        NearestMode::RoundPreferCeil,
+        NearestMode::Floor,
+        NearestMode::Ceil,
+    ];
+    let sizes_cases: [(Option<[usize; 3]>, [f32; 3]); 4] = [
+        (None, [2.0, 2.0, 2.0]),
+        (None, [1.5, 0.6, 2.5]),
+        (Some([7, 3, 1]), [0.0; 3]),
+        (Some([8, 10, 9]), [0.0; 3]),
+    ];
+    for (sizes, scales) in sizes_cases {
+        for coord in coords {
+            let p = Resize {
+                mode: ResizeMode::Linear,
+                coord,
+                nearest: NearestMode::RoundPreferFloor,
+                scales,
+                sizes,
+            };
+            check(
+                &format!("Resize linear {coord:?} {sizes:?} {scales:?}"),
+                &Op::Resize(p.clone()),
+                &[&x],
+                &naive_resize(&xf, &p),
+            );
+            for nearest in nearests {
+                let p = Resize {
+                    mode: ResizeMode::Nearest,
+                    coord,
+                    nearest,
+                    scales,
+                    sizes,
+                };
+                check(
+                    &format!("Resize nearest {coord:?} {nearest:?} {sizes:?}"),
+                    &Op::Resize(p.clone()),
+                    &[&x],
+                    &naive_resize(&xf, &p),
+                );
+            }
+        }
+    }
+}
+
+// ---------- graph-level tests ----------
+
+struct Builder {
+    g: Graph,
+}
+impl Builder {
+    fn new(cin: usize) -> Self {
+        Builder {
+            g: Graph {
+                name: "test".into(),
+                values: vec![Value {
+                    name: "input".into(),
+                    channels: cin,
+                }],
+                nodes: vec![],
+                input: 0,
+                output: 0,
+                fixed_input_spatial: [None; 3],
+            },
+        }
+    }
+    fn add(&mut self, op: Op, inputs: &[usize], channels: usize) -> usize {
+        let id = self.g.values.len();
+        self.g.values.push(Value {
+            name: format!("v{id}"),
+            channels,
+        });
+        self.g.nodes.push(Node {
+            name: format!("{}#{}", op.name(), self.g.nodes.len()),
+            op,
+            inputs: inputs.to_vec(),
+            output: id,
+        });
+        self.g.output = id;
+        id
+    }
+}
+
+#[test]
+fn small_unet_graph_matches_naive_composition() {
+    let mut rng = Rng(10);
+    let c1 = conv_p(
+        &mut rng,
+        2,
+        4,
+        [3, 3, 3],
+        [1, 1, 1],
+        [1, 1, 1],
+        [1; 6],
+        1,
+        true,
+    );
+    let (s1, b1) = (rng.tensor(&[4]), rng.tensor(&[4]));
+    let c2 = conv_p(
+        &mut rng,
+        4,
+        6,
+        [3, 3, 3],
+        [2, 2, 2],
+        [1, 1, 1],
+        [1; 6],
+        1,
+        true,
+    );
+    let ct = convt_p(
+        &mut rng,
+        6,
+        4,
+        [2, 2, 2],
+        [2, 2, 2],
+        [1, 1, 1],
+        [0; 6],
+        [0; 3],
+        1,
+    );
+    let c3 = conv_p(
+        &mut rng,
+        8,
+        3,
+        [1, 1, 1],
+        [1, 1, 1],
+        [1, 1, 1],
+        [0; 6],
+        1,
+        true,
+    );
+
+    let mut b = Builder::new(2);
+    let v = b.add(Op::Conv(c1.clone()), &[0], 4);
+    let v = b.add(
+        Op::InstanceNorm {
+            eps: 1e-5,
+            scale: s1.clone(),
+            bias: b1.clone(),
+        },
+        &[v],
+        4,
+    );
+    let skip = b.add(Op::LeakyRelu { alpha: 0.01 }, &[v], 4);
+    let v = b.add(Op::Conv(c2.clone()), &[skip], 6);
+    let v = b.add(Op::Relu, &[v], 6);
+    let v = b.add(Op::ConvTranspose(ct.clone()), &[v], 4);
+    let v = b.add(Op::Concat { axis: 1 }, &[v, skip], 8);
+    let v = b.add(Op::Conv(c3.clone()), &[v], 3);
+    b.add(Op::Softmax { axis: 1 }, &[v], 3);
+    let g = b.g;
+
+    let x = rng.arr([2, 2, 6, 8, 4]);
+    // Naive composition.
+    let xf = f64a(&x);
+    let a = naive_conv(&xf, &c1);
+    let a = naive_group_norm(&a, 4, 1e-5f32 as f64, &s1.data, &b1.data);
+    let skip_v = a.mapv(|v| if v >= 0.0 { v } else { 0.01f32 as f64 * v });
+    let d = naive_conv(&skip_v, &c2).mapv(|v| v.max(0.0));
+    let u = naive_conv_t(&d, &ct);
+    let cat = ndarray::concatenate(Axis(1), &[u.view(), skip_v.view()]).unwrap();
+    let want = naive_softmax(&naive_conv(&cat, &c3), 1);
+
+    let mut be = CpuBackend::new();
+    be.prepare(&g, 2, [6, 8, 4]).unwrap();
+    let got = be.run(x.view()).unwrap();
+    let e32 = rel_l2(&f64a(&got), &want);
+    // A smaller batch than prepared is allowed.
+    let got1 = be.run(x.slice(ndarray::s![1..2, .., .., .., ..])).unwrap();
+    let e1 = rel_l2(
+        &f64a(&got1),
+        &want.slice(ndarray::s![1..2, .., .., .., ..]).to_owned(),
+    );
+    let got64 = run_graph_f64(&g, xf.view()).unwrap();
+    let e64 = rel_l2(&got64, &want);
+    let e_rg = rel_l2(&f64a(&run_graph(&g, x.view()).unwrap()), &want);
+    eprintln!("graph: backend f32 {e32:.2e}, batch-1 {e1:.2e}, run_graph {e_rg:.2e}, f64 {e64:.2e}; stats {:?}", be.last_stats());
+    assert!(
+        e32 <= 1e-5 && e1 <= 1e-5 && e_rg <= 1e-5,
+        "f32 graph rel L2 {e32:e} / {e1:e} / {e_rg:e}"
+    );
+    assert!(e64 <= 1e-12, "f64 graph rel L2 {e64:e}");
+    // skip is alive across the down/up path, so at most input-free chain + skip + current.
+    assert!(
+        be.last_stats().peak_live_buffers <= 3,
+        "{:?}",
+        be.last_stats()
+    );
+}
+
+#[test]
+fn liveness_frees_intermediates() {
+    let mut rng = Rng(12);
+    let mut b = Builder::new(3);
+    let mut v = 0;
+    for _ in 0..8 {
+        v = b.add(
+            Op::Conv(conv_p(
+                &mut rng,
+                3,
+                3,
+                [3, 3, 3],
+                [1, 1, 1],
+                [1, 1, 1],
+                [1; 6],
+                1,
+                true,
+            )),
+            &[v],
+            3,
+        );
+        v = b.add(Op::Relu, &[v], 3);
+    }
+    // A dead branch (an extra head the output does not need) must not run.
+    b.add(Op::Sigmoid, &[v], 3);
+    let dead = b.g.output;
+    let out = b.add(Op::Tanh, &[v], 3);
+    assert_ne!(dead, out);
+    let g = b.g;
+    let mut be = CpuBackend::new();
+    be.prepare(&g, 1, [5, 5, 5]).unwrap();
+    let x = rng.arr([1, 3, 5, 5, 5]);
+    be.run(x.view()).unwrap();
+    let st = be.last_stats();
+    eprintln!("liveness on a {}-node chain: {st:?}", g.nodes.len());
+    // Conv: its input and output alive; Relu/Tanh run in place on the dying buffer.
+    assert_eq!(st.peak_live_buffers, 2);
+    assert_eq!(st.peak_live_bytes, 2 * 3 * 125 * 4);
+    assert_eq!(st.nodes_run, g.nodes.len() - 1);
+}
+
+#[test]
+fn inplace_does_not_clobber_shared_inputs() {
+    // x feeds both Relu (in-place candidate) and a later Add: Relu must not overwrite x.
+    let mut rng = Rng(13);
+    let mut b = Builder::new(2);
+    let r = b.add(Op::Relu, &[0], 2);
+    let s = b.add(Op::Add, &[r, 0], 2);
+    let _ = b.add(Op::Mul, &[s, s], 2);
+    let x = rng.arr([1, 2, 3, 4, 5]);
+    let xf = f64a(&x);
+    let sum = &xf.mapv(|v| v.max(0.0)) + &xf;
+    let want = &sum * &sum;
+    let got = run_graph(&b.g, x.view()).unwrap();
+    let e = rel_l2(&f64a(&got), &want);
+    assert!(e <= 1e-6, "rel L2 {e}");
+}
+
+#[test]
+fn errors_are_reported_not_panics() {
+    let mut rng = Rng(14);
+    let mut b = Builder::new(2);
+    // Weight expects 3 input channels but the input has 2.
+    b.add(
+        Op::Conv(conv_p(
+            &mut rng,
+            3,
+            4,
+            [3, 3, 3],
+            [1, 1, 1],
+            [1, 1, 1],
+            [1; 6],
+            1,
+            true,
+        )),
+        &[0],
+        4,
+    );
+    let mut be = CpuBackend::new();
+    let e = be.prepare(&b.g, 1, [4, 4, 4]).unwrap_err().to_string();
+    assert!(e.contains("Conv#0") && e.contains("input channels"), "{e}");
+
+    let mut be = CpuBackend::new();
+    assert!(
+        be.run(rng.arr([1, 2, 4, 4, 4]).view()).is_err(),
+        "run before prepare"
+    );
+
+    let mut b = Builder::new(2);
+    b.add(Op::Relu, &[0], 2);
+    let mut be = CpuBackend::new();
+    be.prepare(&b.g, 1, [4, 4, 4]).unwrap();
+    assert!(
+        be.run(rng.arr([1, 3, 4, 4, 4]).view()).is_err(),
+        "wrong channels"
+    );
+    assert!(
+        be.run(rng.arr([2, 2, 4, 4, 4]).view()).is_err(),
+        "batch too large"
+    );
+    assert!(
+        be.run(rng.arr([1, 2, 4, 4, 5]).view()).is_err(),
+        "wrong window"
+    );
+
+    // Kernel larger than the padded input, mismatched binary shapes, bad const broadcast.
+    let x = rng.arr([1, 2, 2, 2, 2]);
+    let p = conv_p(
+        &mut rng,
+        2,
+        2,
+        [3, 3, 3],
+        [1, 1, 1],
+        [1, 1, 1],
+        [0; 6],
+        1,
+        false,
+    );
+    assert!(ops::conv3d(x.view(), &p).is_err());
+    let y = rng.arr([1, 2, 2, 2, 3]);
+    assert!(ops::add(x.view(), y.view()).is_err());
+    assert!(ops::add_const(x.view(), &rng.tensor(&[1, 3, 1, 1, 1])).is_err());
+    assert!(ops::apply(&Op::Softmax { axis: 5 }, &[x.view()]).is_err());
+    // Value used before it is computed.
+    let mut b = Builder::new(2);
+    b.add(Op::Add, &[0, 5], 2);
+    assert!(CpuBackend::new().prepare(&b.g, 1, [2, 2, 2]).is_err());
+    // A fixed-size model refuses another window.
+    let mut b = Builder::new(2);
+    b.add(Op::Relu, &[0], 2);
+    b.g.fixed_input_spatial = [Some(4), None, None];
+    assert!(CpuBackend::new().prepare(&b.g, 1, [5, 4, 4]).is_err());
+}
+
+#[test]
+fn strided_view_input() {
+    // A permuted (non-contiguous) view must give the same result as its contiguous copy.
+    let mut rng = Rng(15);
+    let x = rng.arr([1, 5, 4, 3, 2]);
+    let v = x.view().permuted_axes([0, 4, 2, 3, 1]); // shape [1, 2, 4, 3, 5]
+    let c = v.to_owned();
+    let p = conv_p(
+        &mut rng,
+        2,
+        3,
+        [3, 3, 3],
+        [1, 1, 1],
+        [1, 1, 1],
+        [1; 6],
+        1,
+        true,
+    );
+    let a = ops::conv3d(v, &p).unwrap();
+    let b = ops::conv3d(c.view(), &p).unwrap();
+    assert_eq!(a, b);
+}
+
+// ---------- timing (run: cargo test --test cpu_ops bench -- --ignored --nocapture) ----------
+
+/// Process CPU seconds (user + system) from /proc/self/stat; 0 where unavailable.
+fn cpu_seconds() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let rest = s.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
+}
+
+/// Best wall time of n runs; also prints the CPU seconds of that best run, which is what the
+/// work costs regardless of how loaded the (shared) machine is.
+fn best_of<F: FnMut()>(n: usize, mut f: F) -> f64 {
+    let mut best = f64::INFINITY;
+    let mut best_cpu = 0.0;
+    for _ in 0..n {
+        let c = cpu_seconds();
+        let t = std::time::Instant::now();
+        f();
+        let w = t.elapsed().as_secs_f64();
+        if w < best {
+            best = w;
+            best_cpu = cpu_seconds() - c;
+        }
+    }
+    eprintln!("    (best wall {best:.3} s, cpu {best_cpu:.2} s)");
+    best
+}
+
+#[test]
+#[ignore]
+fn bench_conv_32_to_32_64cubed() {
+    let mut rng = Rng(20);
+    let p = conv_p(
+        &mut rng,
+        32,
+        32,
+        [3, 3, 3],
+        [1, 1, 1],
+        [1, 1, 1],
+        [1; 6],
+        1,
+        true,
+    );
+    let x = rng.arr([1, 32, 64, 64, 64]);
+    let t = best_of(3, || {
+        ops::conv3d(x.view(), &p).unwrap();
+    });
+    let gflop = 2.0 * 32.0 * 32.0 * 27.0 * 64f64.powi(3) / 1e9;
+    eprintln!(
+        "conv 3^3 32->32 on 1x32x64^3: {:.3} s ({:.1} GFLOP/s, {} rayon threads)",
+        t,
+        gflop / t,
+        rayon::current_num_threads()
+    );
+    let p1 = conv_p(
+        &mut rng,
+        32,
+        32,
+        [1, 1, 1],
+        [1, 1, 1],
+        [1, 1, 1],
+        [0; 6],
+        1,
+        true,
+    );
+    let t1 = best_of(3, || {
+        ops::conv3d(x.view(), &p1).unwrap();
+    });
+    eprintln!("conv 1^3 32->32 on 1x32x64^3: {:.3} s", t1);
+    let pt = convt_p(
+        &mut rng,
+        32,
+        16,
+        [3, 3, 3],
+        [2, 2, 2],
+        [1, 1, 1],
+        [0, 0, 0, 1, 1, 1],
+        [0; 3],
+        1,
+    );
+    let xt = rng.arr([1, 32, 32, 32, 32]);
+    let tt = best_of(3, || {
+        ops::conv_transpose3d(xt.view(), &pt).unwrap();
+    });
+    eprintln!("convT 3^3 s2 32->16 on 1x32x32^3 -> 64^3: {:.3} s", tt);
+}
+
+/// A deepbrain-like U-Net: two 3^3 conv+ReLU per level (16, 32, 64, 128 channels), MaxPool 2,
+/// ConvTranspose 3^3 stride 2 with TF-SAME pads, skip Concat, 1^3 conv + Sigmoid.
+fn unet_graph(rng: &mut Rng, feats: &[usize]) -> Graph {
+    let mut b = Builder::new(1);
+    let mut v = 0;
+    let mut cin = 1;
+    let mut skips = vec![];
+    let c3 = |rng: &mut Rng, ci, co| {
+        Op::Conv(conv_p(
+            rng,
+            ci,
+            co,
+            [3, 3, 3],
+            [1, 1, 1],
+            [1, 1, 1],
+            [1; 6],
+            1,
+            true,
+        ))
+    };
+    for (l, &f) in feats.iter().enumerate() {
+        v = b.add(c3(rng, cin, f), &[v], f);
+        v = b.add(Op::Relu, &[v], f);
+        v = b.add(c3(rng, f, f), &[v], f);
+        v = b.add(Op::Relu, &[v], f);
+        cin = f;
+        if l + 1 < feats.len() {
+            skips.push((v, f));
+            let pool = Pool {
+                kernel: [2; 3],
+                stride: [2; 3],
+                dilation: [1; 3],
+                pads: [0; 6],
+                ceil_mode: false,
+                count_include_pad: false,
+            };
+            v = b.add(Op::MaxPool(pool), &[v], f);
+        }
+    }
+    while let Some((s, f)) = skips.pop() {
+        let ct = convt_p(
+            rng,
+            cin,
+            f,
+            [3, 3, 3],
+            [2, 2, 2],
+            [1, 1, 1],
+            [0, 0, 0, 1, 1, 1],
+            [0; 3],
+            1,
+        );
+        v = b.add(Op::ConvTranspose(ct), &[v], f);
+        v = b.add(Op::Relu, &[v], f);
+        v = b.add(Op::Concat { axis: 1 }, &[v, s], 2 * f);
+        v = b.add(c3(rng, 2 * f, f), &[v], f);
+        v = b.add(Op::Relu, &[v], f);
+        v = b.add(c3(rng, f, f), &[v], f);
+        v = b.add(Op::Relu, &[v], f);
+        cin = f;
+    }
+    v = b.add(
+        Op::Conv(conv_p(
+            rng,
+            cin,
+            1,
+            [1, 1, 1],
+            [1, 1, 1],
+            [1, 1, 1],
+            [0; 6],
+            1,
+            true,
+        )),
+        &[v],
+        1,
+    );
+    b.add(Op::Sigmoid, &[v], 1);
+    b.g
+}
+
+#[test]
+#[ignore]
+fn bench_unet() {
+    let size: usize = std::env::var("UNET_SIZE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(64);
+    let mut rng = Rng(21);
+    let g = unet_graph(&mut rng, &[16, 32, 64, 128]);
+    let x = rng.arr([1, 1, size, size, size]);
+    let mut be = CpuBackend::new();
+    be.prepare(&g, 1, [size; 3]).unwrap();
+    let t = best_of(2, || {
+        be.run(x.view()).unwrap();
+    });
+    eprintln!(
+        "deepbrain-like U-Net (16..128 ch, {} nodes) on 1x1x{size}^3: {:.3} s; {:?}",
+        g.nodes.len(),
+        t,
+        be.last_stats()
+    );
+}
+
+#[test]
+#[ignore]
+fn bench_gemm_raw() {
+    // Raw GEMM throughput for the conv's shapes, to separate GEMM from im2col cost.
+    let mut rng = Rng(30);
+    let (m, k, n) = (65536usize, 864usize, 32usize);
+    let a = rng.vec(m * k);
+    let b = rng.vec(k * n);
+    let mut c = vec![0f32; m * n];
+    for (name, rsa, csa) in [("A row-major", k, 1), ("A col-major", 1, m)] {
+        let t = best_of(5, || unsafe {
+            matrixmultiply::sgemm(
+                m,
+                k,
+                n,
+                1.0,
+                a.as_ptr(),
+                rsa as isize,
+                csa as isize,
+                b.as_ptr(),
+                1,
+                k as isize,
+                0.0,
+                c.as_mut_ptr(),
+                1,
+                m as isize,
+            );
+        });
+        eprintln!(
+            "sgemm {m}x{k}x{n} {name}: {:.2} ms, {:.1} GFLOP/s",
+            t * 1e3,
+            2.0 * (m * k * n) as f64 / t / 1e9
+        );
+    }
+    let t = best_of(5, || unsafe {
+        matrixmultiply::sgemm(
+            n,
+            k,
+            m,
+            1.0,
+            b.as_ptr(),
+            k as isize,
+            1,
+            a.as_ptr(),
+            1,
+            k as isize,
+            0.0,
+            c.as_mut_ptr(),
+            m as isize,
+            1,
+        );
+    });
+    eprintln!(
+        "sgemm {n}x{k}x{m} (W·col): {:.2} ms, {:.1} GFLOP/s",
+        t * 1e3,
+        2.0 * (m * k * n) as f64 / t / 1e9
+    );
+    let q = 1024;
+    let a = rng.vec(q * q);
+    let b = rng.vec(q * q);
+    let mut c = vec![0f32; q * q];
+    let t = best_of(3, || unsafe {
+        matrixmultiply::sgemm(
+            q,
+            q,
+            q,
+            1.0,
+            a.as_ptr(),
+            q as isize,
+            1,
+            b.as_ptr(),
+            q as isize,
+            1,
+            0.0,
+            c.as_mut_ptr(),
+            q as isize,
+            1,
+        );
+    });
+    eprintln!(
+        "sgemm {q}^3: {:.2} ms, {:.1} GFLOP/s",
+        t * 1e3,
+        2.0 * (q * q * q) as f64 / t / 1e9
+    );
+}
