@@ -1,5 +1,6 @@
 //! NIfTI I/O against the shared real files, hand-built files of every dtype/byte order, and
 //! corrupted copies. Reference values come from a small independent decoder written here.
+#![allow(clippy::type_complexity)]
 
 use ndarray::{Array3, Array4};
 use std::io::{Read, Write};
@@ -270,7 +271,7 @@ fn label_map_max_and_geometry_of_fixtures() {
     let max = v.data.iter().cloned().fold(f32::MIN, f32::max);
     assert_eq!(max, raw_max);
     assert!(
-        max <= 117.0 && max >= 1.0,
+        (1.0..=117.0).contains(&max),
         "TotalSegmentator has 117 classes, max {max}"
     );
 
@@ -1047,4 +1048,25 @@ fn describe_reports_geometry_and_value_range() {
     // +Inf becomes the finite max, which is the raw max unless that voxel held it.
     let finite_max = v2.data.iter().cloned().fold(f32::MIN, f32::max);
     assert_eq!(v2.data[[0, 1, 0, 0]], finite_max);
+}
+
+#[test]
+fn synthetic_header_writes_and_reads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Header::new([5, 4, 3], 2, [0.5, 0.75, 2.0]);
+    assert_eq!(h.shape(), [5, 4, 3]);
+    assert_eq!(h.channels(), 2);
+    assert_eq!(h.orientation(), "RAS");
+    assert_qform_matches_sform(&h, 0.0);
+    let data = Array4::from_shape_fn((2, 5, 4, 3), |(c, i, j, k)| {
+        (c * 1000 + i * 100 + j * 10 + k) as f32
+    });
+    let out = dir.path().join("syn.nii.gz");
+    volume::write_f32(&out, data.view(), &h).unwrap();
+    let r = volume::read(&out).unwrap();
+    assert_eq!(r.data, data);
+    assert_eq!(r.header.affine(), h.affine());
+    assert_eq!(r.header.spacing(), [0.5, 0.75, 2.0]);
+    assert_eq!((r.header.qform_code, r.header.sform_code), (1, 1));
+    assert_eq!(r.header.xyzt_units, 2);
 }

@@ -198,7 +198,7 @@ fn gram_schmidt(m: &Mat3) -> Mat3 {
             }
         }
         let mut n = dot(v, v).sqrt();
-        if !(n > 1e-6) {
+        if n.is_nan() || n <= 1e-6 {
             // Degenerate column: pick the unit axis most orthogonal to what we have.
             v = (0..3)
                 .map(|a| {

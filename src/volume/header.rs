@@ -184,7 +184,8 @@ pub(crate) fn parse(bytes: &[u8], gzipped: bool) -> Result<Header, String> {
         }
         if magic != b"n+1\0" {
             return Err(format!(
-                "not a NIfTI-1 file (magic {magic:?}, expected \"n+1\"); ANALYZE 7.5 files are not supported"
+                "not a NIfTI-1 file (magic \"{}\", expected \"n+1\"); ANALYZE 7.5 files are not supported",
+                magic.escape_ascii()
             ));
         }
         let mut dim = [0i64; 8];
@@ -243,7 +244,8 @@ pub(crate) fn parse(bytes: &[u8], gzipped: bool) -> Result<Header, String> {
         }
         if magic != b"n+2\0\r\n\x1a\n" {
             return Err(format!(
-                "not a valid NIfTI-2 file (magic {magic:?}, expected \"n+2\\0\\r\\n\\x1a\\n\"; a wrong tail means the file was altered by a text-mode transfer)"
+                "not a valid NIfTI-2 file (magic \"{}\", expected \"n+2\\0\\r\\n\\x1a\\n\"; a wrong tail means the file was altered by a text-mode transfer)",
+                magic.escape_ascii()
             ));
         }
         let mut dim = [0i64; 8];

@@ -37,6 +37,61 @@ impl Volume {
 }
 
 impl Header {
+    /// A float32 NIfTI-1 header for data that has no file of its own (synthetic volumes, npy
+    /// inputs): diag(spacing) affine, RAS, sform and qform code 1 (scanner), units mm.
+    pub fn new(shape: [usize; 3], channels: usize, spacing: [f64; 3]) -> Header {
+        let c = channels.max(1);
+        let d = |v: usize| v.max(1) as i64;
+        Header {
+            version: 1,
+            big_endian: false,
+            gzipped: false,
+            dim: [
+                if c > 1 { 4 } else { 3 },
+                d(shape[0]),
+                d(shape[1]),
+                d(shape[2]),
+                c as i64,
+                1,
+                1,
+                1,
+            ],
+            pixdim: [1.0, spacing[0], spacing[1], spacing[2], 1.0, 1.0, 1.0, 1.0],
+            datatype: header::DT_FLOAT32,
+            bitpix: 32,
+            vox_offset: 352,
+            scl_slope: 1.0,
+            scl_inter: 0.0,
+            cal_max: 0.0,
+            cal_min: 0.0,
+            slice_duration: 0.0,
+            toffset: 0.0,
+            slice_start: 0,
+            slice_end: 0,
+            slice_code: 0,
+            dim_info: 0,
+            xyzt_units: 2, // mm
+            intent_code: 0,
+            intent_p1: 0.0,
+            intent_p2: 0.0,
+            intent_p3: 0.0,
+            intent_name: String::new(),
+            descrip: String::new(),
+            aux_file: String::new(),
+            qform_code: 1,
+            sform_code: 1,
+            quatern_b: 0.0,
+            quatern_c: 0.0,
+            quatern_d: 0.0,
+            qoffset_x: 0.0,
+            qoffset_y: 0.0,
+            qoffset_z: 0.0,
+            srow_x: [spacing[0], 0.0, 0.0, 0.0],
+            srow_y: [0.0, spacing[1], 0.0, 0.0],
+            srow_z: [0.0, 0.0, spacing[2], 0.0],
+        }
+    }
+
     /// Spatial size (nx, ny, nz); missing axes of 1-D/2-D files are 1.
     pub fn shape(&self) -> [usize; 3] {
         self.shape_i64().map(|d| d as usize)

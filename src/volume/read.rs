@@ -155,33 +155,31 @@ fn mem_available() -> Option<u64> {
 /// Refuse a volume whose f32 copy would not fit in memory, before allocating it.
 pub(crate) fn check_memory(path: &Path, h: &Header) -> Result<usize> {
     let n = h.n_values().map_err(|m| Error::volume(path, m))?;
-    let bytes = n.checked_mul(4).unwrap_or(u64::MAX);
+    memory_verdict(n, &dims_str(h), mem_available(), HARD_CAP_BYTES)
+        .map_err(|m| Error::volume(path, m))?;
+    Ok(n as usize)
+}
+
+/// The memory rule on its own (testable with a made-up MemAvailable): n f32 values must fit under
+/// the hard cap, isize::MAX and MemAvailable.
+fn memory_verdict(n: u64, dims: &str, avail: Option<u64>, cap: u64) -> Result<(), String> {
+    let bytes = n.saturating_mul(4);
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    if bytes > HARD_CAP_BYTES || bytes > isize::MAX as u64 {
-        return Err(Error::volume(
-            path,
-            format!(
-                "volume of {} voxels needs {:.1} GiB as float32, above voxtile's limit of {:.0} GiB",
-                dims_str(h),
-                gib(bytes),
-                gib(HARD_CAP_BYTES)
-            ),
+    if bytes > cap || bytes > isize::MAX as u64 {
+        return Err(format!(
+            "volume of {dims} voxels needs {:.1} GiB as float32, above voxtile's limit of {:.0} GiB",
+            gib(bytes),
+            gib(cap)
         ));
     }
-    if let Some(avail) = mem_available() {
-        if bytes > avail {
-            return Err(Error::volume(
-                path,
-                format!(
-                    "volume of {} voxels needs {:.1} GiB as float32 but only {:.1} GiB of memory is available",
-                    dims_str(h),
-                    gib(bytes),
-                    gib(avail)
-                ),
-            ));
-        }
+    match avail {
+        Some(avail) if bytes > avail => Err(format!(
+            "volume of {dims} voxels needs {:.1} GiB as float32 but only {:.1} GiB of memory is available",
+            gib(bytes),
+            gib(avail)
+        )),
+        _ => Ok(()),
     }
-    Ok(n as usize)
 }
 
 /// Decode `bytes` (whole voxels) of one datatype into f32, applying scl_slope/scl_inter in f64.
@@ -274,4 +272,27 @@ pub fn read(path: &Path) -> Result<Volume> {
         .map_err(|e| Error::volume(path, format!("internal shape error: {e}")))?
         .permuted_axes([3, 0, 1, 2]);
     Ok(Volume { data, header: h })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_rule() {
+        let gib = 1u64 << 30;
+        // 1 Gi values = 4 GiB of f32.
+        assert!(memory_verdict(gib, "d", Some(5 * gib), 32 * gib).is_ok());
+        let e = memory_verdict(gib, "1024x1024x1024", Some(3 * gib), 32 * gib).unwrap_err();
+        assert!(
+            e.contains("4.0 GiB") && e.contains("only 3.0 GiB of memory"),
+            "{e}"
+        );
+        let e = memory_verdict(gib, "d", None, 2 * gib).unwrap_err();
+        assert!(e.contains("limit of 2 GiB"), "{e}");
+        assert!(memory_verdict(gib, "d", None, 32 * gib).is_ok());
+        assert!(memory_verdict(u64::MAX / 2, "d", None, u64::MAX).is_err());
+        // The real machine: MemAvailable is parsed.
+        assert!(mem_available().is_some_and(|b| b > 0));
+    }
 }
