@@ -1,4 +1,298 @@
-//! NIfTI-1/2 volumes: reading (any dtype, either byte order, gz), geometry, writing (temp + rename).
+//! NIfTI-1/2 volumes: reading (any scalar dtype, either byte order, gz), geometry, writing
+//! (NIfTI-1, temp + rename).
+//!
+//! Data is held as f32 `(channel, i, j, k)` in the file's own axis order: no reorientation, so
+//! outputs written with the input's header overlay the input voxel for voxel.
 
-/// Placeholder until the reader lands.
-pub struct Volume;
+mod geometry;
+mod header;
+mod read;
+mod write;
+
+pub use geometry::{axcodes, mat44_to_quatern, quatern_to_mat44, AffineSource, Mat4};
+pub use header::Header;
+pub use read::{read, read_header, HARD_CAP_BYTES};
+pub use write::{check_not_input, write_f32, write_labels};
+
+use ndarray::Array4;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// A volume in memory: `data` axes are (channel, i, j, k) of the file (i fastest on disk), with
+/// scl_slope/scl_inter applied. Memory layout is whatever came cheapest (Fortran order from disk).
+#[derive(Debug, Clone)]
+pub struct Volume {
+    pub data: Array4<f32>,
+    pub header: Header,
+}
+
+impl Volume {
+    pub fn shape(&self) -> [usize; 3] {
+        let (_, x, y, z) = self.data.dim();
+        [x, y, z]
+    }
+    pub fn channels(&self) -> usize {
+        self.data.dim().0
+    }
+}
+
+impl Header {
+    /// A float32 NIfTI-1 header for data that has no file of its own (synthetic volumes, npy
+    /// inputs): diag(spacing) affine, RAS, sform and qform code 1 (scanner), units mm.
+    pub fn new(shape: [usize; 3], channels: usize, spacing: [f64; 3]) -> Header {
+        let c = channels.max(1);
+        let d = |v: usize| v.max(1) as i64;
+        Header {
+            version: 1,
+            big_endian: false,
+            gzipped: false,
+            dim: [
+                if c > 1 { 4 } else { 3 },
+                d(shape[0]),
+                d(shape[1]),
+                d(shape[2]),
+                c as i64,
+                1,
+                1,
+                1,
+            ],
+            pixdim: [1.0, spacing[0], spacing[1], spacing[2], 1.0, 1.0, 1.0, 1.0],
+            datatype: header::DT_FLOAT32,
+            bitpix: 32,
+            vox_offset: 352,
+            scl_slope: 1.0,
+            scl_inter: 0.0,
+            cal_max: 0.0,
+            cal_min: 0.0,
+            slice_duration: 0.0,
+            toffset: 0.0,
+            slice_start: 0,
+            slice_end: 0,
+            slice_code: 0,
+            dim_info: 0,
+            xyzt_units: 2, // mm
+            intent_code: 0,
+            intent_p1: 0.0,
+            intent_p2: 0.0,
+            intent_p3: 0.0,
+            intent_name: String::new(),
+            descrip: String::new(),
+            aux_file: String::new(),
+            qform_code: 1,
+            sform_code: 1,
+            quatern_b: 0.0,
+            quatern_c: 0.0,
+            quatern_d: 0.0,
+            qoffset_x: 0.0,
+            qoffset_y: 0.0,
+            qoffset_z: 0.0,
+            srow_x: [spacing[0], 0.0, 0.0, 0.0],
+            srow_y: [0.0, spacing[1], 0.0, 0.0],
+            srow_z: [0.0, 0.0, spacing[2], 0.0],
+        }
+    }
+
+    /// Spatial size (nx, ny, nz); missing axes of 1-D/2-D files are 1.
+    pub fn shape(&self) -> [usize; 3] {
+        self.shape_i64().map(|d| d as usize)
+    }
+
+    /// dim[4] for 4-D files (the channel axis), else 1.
+    pub fn channels(&self) -> usize {
+        self.channels_i64() as usize
+    }
+
+    /// Voxel size from pixdim[1..4], made positive; 0 or non-finite (unset) reads as 1.
+    pub fn spacing(&self) -> [f64; 3] {
+        [1, 2, 3].map(|i| {
+            let p = self.pixdim[i].abs();
+            if p > 0.0 && p.is_finite() {
+                p
+            } else {
+                1.0
+            }
+        })
+    }
+
+    /// nibabel's `get_best_affine`: sform if sform_code > 0, else qform if qform_code > 0, else
+    /// diag(spacing) (NIfTI "method 1").
+    pub fn affine(&self) -> [[f64; 4]; 4] {
+        self.affine_with_source().0
+    }
+
+    /// Axis codes of the best affine, e.g. "RAS" (nibabel `aff2axcodes`).
+    pub fn orientation(&self) -> String {
+        axcodes(&self.affine())
+    }
+
+    /// numpy-style name of the stored datatype ("int16", "float32"...).
+    pub fn dtype_name(&self) -> &'static str {
+        header::datatype_info(self.datatype)
+            .map(|(n, _)| n)
+            .unwrap_or("unknown")
+    }
+}
+
+fn xform_name(code: i32) -> &'static str {
+    match code {
+        0 => "unknown",
+        1 => "scanner",
+        2 => "aligned",
+        3 => "talairach",
+        4 => "mni",
+        5 => "template",
+        _ => "invalid",
+    }
+}
+
+fn space_unit(xyzt: i32) -> &'static str {
+    match xyzt & 0x07 {
+        1 => "m",
+        2 => "mm",
+        3 => "um",
+        _ => "(unit unknown)",
+    }
+}
+
+/// Human summary for `voxtile info`: format, shape, dtype, scaling, spacing, orientation, affine,
+/// and the value range of the loaded data (finite values only, plus NaN/Inf counts).
+pub fn describe(path: &Path, v: &Volume) -> String {
+    let h = &v.header;
+    let mut s = String::new();
+    let [x, y, z] = h.shape();
+    let _ = writeln!(s, "file:        {}", path.display());
+    let _ = writeln!(
+        s,
+        "format:      NIfTI-{}{}, {}-endian",
+        h.version,
+        if h.gzipped { " (gzip)" } else { "" },
+        if h.big_endian { "big" } else { "little" }
+    );
+    let _ = writeln!(
+        s,
+        "shape:       {x} x {y} x {z}, {} channel{}",
+        h.channels(),
+        if h.channels() == 1 { "" } else { "s" }
+    );
+    let scaling = match h.scaling() {
+        Some((sl, it)) => format!(" (scaled: x {sl} + {it})"),
+        None => String::new(),
+    };
+    let _ = writeln!(s, "dtype:       {}{scaling}", h.dtype_name());
+    let sp = h.spacing();
+    let _ = writeln!(
+        s,
+        "spacing:     {} x {} x {} {}",
+        sp[0],
+        sp[1],
+        sp[2],
+        space_unit(h.xyzt_units)
+    );
+    let _ = writeln!(s, "orientation: {}", h.orientation());
+    let (a, src) = h.affine_with_source();
+    let src = match src {
+        AffineSource::Sform => format!("sform, code {} {}", h.sform_code, xform_name(h.sform_code)),
+        AffineSource::Qform => format!("qform, code {} {}", h.qform_code, xform_name(h.qform_code)),
+        AffineSource::Pixdim => "no sform/qform code: diag(pixdim)".to_string(),
+    };
+    let _ = writeln!(s, "affine:      ({src})");
+    for row in &a[..3] {
+        let _ = writeln!(
+            s,
+            "  [{:>11.4} {:>11.4} {:>11.4} {:>11.4} ]",
+            row[0], row[1], row[2], row[3]
+        );
+    }
+    let (mut mn, mut mx, mut sum, mut n, mut nan, mut inf) =
+        (f32::INFINITY, f32::NEG_INFINITY, 0f64, 0u64, 0u64, 0u64);
+    for &val in v.data.iter() {
+        if val.is_nan() {
+            nan += 1;
+        } else if val.is_infinite() {
+            inf += 1;
+        } else {
+            mn = mn.min(val);
+            mx = mx.max(val);
+            sum += val as f64;
+            n += 1;
+        }
+    }
+    if n > 0 {
+        let _ = writeln!(
+            s,
+            "values:      min {mn}, max {mx}, mean {:.6}",
+            sum / n as f64
+        );
+    } else {
+        let _ = writeln!(s, "values:      no finite values");
+    }
+    let _ = write!(s, "non-finite:  {nan} NaN, {inf} Inf");
+    s
+}
+
+/// Replace NaN with 0 and ±Inf with the largest/smallest finite value of the volume (0 if it has
+/// none), so one bad voxel cannot poison a whole window's normalisation. Returns (nan, inf) counts
+/// for the caller to warn about.
+pub fn sanitize_nonfinite(data: &mut Array4<f32>) -> (usize, usize) {
+    let (mut mn, mut mx, mut nan, mut inf) = (f32::INFINITY, f32::NEG_INFINITY, 0usize, 0usize);
+    for &v in data.iter() {
+        if v.is_nan() {
+            nan += 1;
+        } else if v.is_infinite() {
+            inf += 1;
+        } else {
+            mn = mn.min(v);
+            mx = mx.max(v);
+        }
+    }
+    if nan == 0 && inf == 0 {
+        return (0, 0);
+    }
+    if mn > mx {
+        (mn, mx) = (0.0, 0.0);
+    }
+    data.mapv_inplace(|v| {
+        if v.is_nan() {
+            0.0
+        } else if v == f32::INFINITY {
+            mx
+        } else if v == f32::NEG_INFINITY {
+            mn
+        } else {
+            v
+        }
+    });
+    (nan, inf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::Array4;
+
+    #[test]
+    fn sanitize_replaces_with_finite_extremes() {
+        let mut a = Array4::from_shape_vec(
+            (1, 2, 2, 2),
+            vec![
+                1.0,
+                f32::NAN,
+                -3.0,
+                f32::INFINITY,
+                7.5,
+                f32::NEG_INFINITY,
+                f32::NAN,
+                2.0,
+            ],
+        )
+        .unwrap();
+        let (nan, inf) = sanitize_nonfinite(&mut a);
+        assert_eq!((nan, inf), (2, 2));
+        let v: Vec<f32> = a.iter().copied().collect();
+        assert_eq!(v, vec![1.0, 0.0, -3.0, 7.5, 7.5, -3.0, 0.0, 2.0]);
+        let mut all_bad = Array4::from_elem((1, 1, 1, 2), f32::NAN);
+        all_bad[[0, 0, 0, 1]] = f32::INFINITY;
+        assert_eq!(sanitize_nonfinite(&mut all_bad), (1, 1));
+        assert!(all_bad.iter().all(|&v| v == 0.0));
+    }
+}

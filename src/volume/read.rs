@@ -1,0 +1,298 @@
+//! Reading `.nii` / `.nii.gz` (gzip found by magic bytes) into f32, with size checks before any
+//! large allocation and a capped read of compressed streams.
+
+use super::header::{self, datatype_info, Header};
+use super::Volume;
+use crate::{Error, Result};
+use flate2::bufread::MultiGzDecoder;
+use ndarray::{Array4, ShapeBuilder};
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read};
+use std::path::Path;
+
+/// No volume above this many bytes of f32 is loaded, whatever the machine has (2048³ voxels).
+pub const HARD_CAP_BYTES: u64 = 32 << 30;
+
+/// An opened NIfTI stream positioned at byte 0 of the (decompressed) file.
+struct Source {
+    reader: Box<dyn Read>,
+    gz: bool,
+    file_len: u64,
+}
+
+fn open(path: &Path) -> Result<Source> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if meta.is_dir() {
+        return Err(Error::volume(path, "is a directory, not a NIfTI file"));
+    }
+    let mut br = BufReader::with_capacity(1 << 20, file);
+    let head = br.fill_buf().map_err(|e| Error::io(path, e))?;
+    let gz = head.len() >= 2 && head[0] == 0x1f && head[1] == 0x8b;
+    let reader: Box<dyn Read> = if gz {
+        Box::new(MultiGzDecoder::new(br))
+    } else {
+        Box::new(br)
+    };
+    Ok(Source {
+        reader,
+        gz,
+        file_len: meta.len(),
+    })
+}
+
+/// Read until `buf` is full or the stream ends; returns how many bytes were read.
+fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// One sentence for a failed read: gzip decoder errors read as corrupt/truncated compressed data.
+fn read_error(path: &Path, gz: bool, e: io::Error) -> Error {
+    if gz {
+        Error::volume(path, format!("corrupt or truncated gzip stream ({e})"))
+    } else {
+        Error::io(path, e)
+    }
+}
+
+/// Parse the header and leave the stream at vox_offset.
+fn read_header_from(path: &Path, src: &mut Source) -> Result<Header> {
+    let mut buf = [0u8; header::NIFTI2_SIZE];
+    let n = read_full(&mut src.reader, &mut buf[..4]).map_err(|e| read_error(path, src.gz, e))?;
+    if n < 4 {
+        return Err(Error::volume(
+            path,
+            format!("not a NIfTI file (only {n} bytes, a header needs 348)"),
+        ));
+    }
+    let (_, _, size) =
+        header::detect([buf[0], buf[1], buf[2], buf[3]]).map_err(|m| Error::volume(path, m))?;
+    let n =
+        read_full(&mut src.reader, &mut buf[4..size]).map_err(|e| read_error(path, src.gz, e))?;
+    if n < size - 4 {
+        return Err(Error::volume(
+            path,
+            format!("truncated NIfTI header ({} of {size} bytes)", n + 4),
+        ));
+    }
+    let h = header::parse(&buf[..size], src.gz).map_err(|m| Error::volume(path, m))?;
+    let data_bytes = h.data_bytes().map_err(|m| Error::volume(path, m))?;
+    if !src.gz {
+        // Plain files: the size tells at once whether the data is all there.
+        if h.vox_offset >= src.file_len {
+            return Err(Error::volume(
+                path,
+                format!(
+                    "vox_offset {} is past the end of the file ({} bytes)",
+                    h.vox_offset, src.file_len
+                ),
+            ));
+        }
+        let need = h.vox_offset.saturating_add(data_bytes);
+        if need > src.file_len {
+            return Err(Error::volume(
+                path,
+                format!(
+                    "file is truncated: dims {} of {} need {data_bytes} bytes of voxel data from offset {}, but the file has only {} bytes",
+                    dims_str(&h),
+                    h.dtype_name(),
+                    h.vox_offset,
+                    src.file_len
+                ),
+            ));
+        }
+    }
+    // Skip extensions up to the data.
+    let skip = h.vox_offset - size as u64;
+    let skipped = io::copy(&mut (&mut src.reader).take(skip), &mut io::sink())
+        .map_err(|e| read_error(path, src.gz, e))?;
+    if skipped < skip {
+        return Err(Error::volume(
+            path,
+            format!(
+                "vox_offset {} is past the end of the data ({} bytes)",
+                h.vox_offset,
+                size as u64 + skipped
+            ),
+        ));
+    }
+    Ok(h)
+}
+
+fn dims_str(h: &Header) -> String {
+    let s = h.shape();
+    let c = h.channels();
+    if c > 1 {
+        format!("{}x{}x{}x{c}", s[0], s[1], s[2])
+    } else {
+        format!("{}x{}x{}", s[0], s[1], s[2])
+    }
+}
+
+/// Read only the header (and, for plain files, check the data fits the file).
+pub fn read_header(path: &Path) -> Result<Header> {
+    let mut src = open(path)?;
+    read_header_from(path, &mut src)
+}
+
+/// MemAvailable from /proc/meminfo in bytes, if the system says.
+fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+/// Refuse a volume whose f32 copy would not fit in memory, before allocating it.
+pub(crate) fn check_memory(path: &Path, h: &Header) -> Result<usize> {
+    let n = h.n_values().map_err(|m| Error::volume(path, m))?;
+    memory_verdict(n, &dims_str(h), mem_available(), HARD_CAP_BYTES)
+        .map_err(|m| Error::volume(path, m))?;
+    Ok(n as usize)
+}
+
+/// The memory rule on its own (testable with a made-up MemAvailable): n f32 values must fit under
+/// the hard cap, isize::MAX and MemAvailable.
+fn memory_verdict(n: u64, dims: &str, avail: Option<u64>, cap: u64) -> Result<(), String> {
+    let bytes = n.saturating_mul(4);
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    if bytes > cap || bytes > isize::MAX as u64 {
+        return Err(format!(
+            "volume of {dims} voxels needs {:.1} GiB as float32, above voxtile's limit of {:.0} GiB",
+            gib(bytes),
+            gib(cap)
+        ));
+    }
+    match avail {
+        Some(avail) if bytes > avail => Err(format!(
+            "volume of {dims} voxels needs {:.1} GiB as float32 but only {:.1} GiB of memory is available",
+            gib(bytes),
+            gib(avail)
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Decode `bytes` (whole voxels) of one datatype into f32, applying scl_slope/scl_inter in f64.
+fn convert(bytes: &[u8], dt: i16, be: bool, scale: Option<(f64, f64)>, out: &mut Vec<f32>) {
+    macro_rules! conv {
+        ($t:ty, $n:expr) => {{
+            for c in bytes.chunks_exact($n) {
+                let mut a = [0u8; $n];
+                a.copy_from_slice(c);
+                let v = if be {
+                    <$t>::from_be_bytes(a)
+                } else {
+                    <$t>::from_le_bytes(a)
+                };
+                out.push(match scale {
+                    Some((s, i)) => (v as f64 * s + i) as f32,
+                    None => v as f32,
+                });
+            }
+        }};
+    }
+    match dt {
+        header::DT_UINT8 => conv!(u8, 1),
+        header::DT_INT8 => conv!(i8, 1),
+        header::DT_INT16 => conv!(i16, 2),
+        header::DT_UINT16 => conv!(u16, 2),
+        header::DT_INT32 => conv!(i32, 4),
+        header::DT_UINT32 => conv!(u32, 4),
+        header::DT_FLOAT32 => conv!(f32, 4),
+        header::DT_INT64 => conv!(i64, 8),
+        header::DT_UINT64 => conv!(u64, 8),
+        header::DT_FLOAT64 => conv!(f64, 8),
+        _ => {} // parse() refused every other code
+    }
+}
+
+/// Read a whole volume: data as (channel, i, j, k) f32, scaling applied, header kept.
+pub fn read(path: &Path) -> Result<Volume> {
+    let mut src = open(path)?;
+    let h = read_header_from(path, &mut src)?;
+    let n = check_memory(path, &h)?;
+    let (_, bpv) = datatype_info(h.datatype).map_err(|m| Error::volume(path, m))?;
+    let total = n * bpv; // <= 8 * n, n*4 was checked against isize::MAX
+    let mut out: Vec<f32> = Vec::new();
+    out.try_reserve_exact(n).map_err(|_| {
+        Error::volume(
+            path,
+            format!("cannot allocate {n} float32 values for the volume"),
+        )
+    })?;
+    let scale = h.scaling();
+    let mut buf = vec![0u8; (1 << 20).min(total.max(8))];
+    let (mut got, mut filled) = (0usize, 0usize);
+    while got < total {
+        let want = (buf.len() - filled).min(total - got);
+        let k = match src.reader.read(&mut buf[filled..filled + want]) {
+            Ok(k) => k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(read_error(path, src.gz, e)),
+        };
+        if k == 0 {
+            return Err(Error::volume(
+                path,
+                format!(
+                    "file is truncated: dims {} of {} need {total} bytes of voxel data after vox_offset {}, found only {got}",
+                    dims_str(&h),
+                    h.dtype_name(),
+                    h.vox_offset
+                ),
+            ));
+        }
+        got += k;
+        filled += k;
+        let whole = filled / bpv * bpv;
+        convert(&buf[..whole], h.datatype, h.big_endian, scale, &mut out);
+        buf.copy_within(whole..filled, 0);
+        filled -= whole;
+    }
+    if src.gz {
+        // One byte more (the cap): reaching the end of the stream makes the decoder check the CRC;
+        // trailing data after the voxels is ignored, as other readers do.
+        let mut one = [0u8; 1];
+        read_full(&mut src.reader, &mut one).map_err(|e| read_error(path, true, e))?;
+    }
+    let s = h.shape();
+    let c = h.channels();
+    // The file is Fortran-ordered (i fastest, channel slowest): view it as (i, j, k, c) with Fortran
+    // strides, then move the channel axis first. No copy.
+    let data = Array4::from_shape_vec((s[0], s[1], s[2], c).f(), out)
+        .map_err(|e| Error::volume(path, format!("internal shape error: {e}")))?
+        .permuted_axes([3, 0, 1, 2]);
+    Ok(Volume { data, header: h })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_rule() {
+        let gib = 1u64 << 30;
+        // 1 Gi values = 4 GiB of f32.
+        assert!(memory_verdict(gib, "d", Some(5 * gib), 32 * gib).is_ok());
+        let e = memory_verdict(gib, "1024x1024x1024", Some(3 * gib), 32 * gib).unwrap_err();
+        assert!(
+            e.contains("4.0 GiB") && e.contains("only 3.0 GiB of memory"),
+            "{e}"
+        );
+        let e = memory_verdict(gib, "d", None, 2 * gib).unwrap_err();
+        assert!(e.contains("limit of 2 GiB"), "{e}");
+        assert!(memory_verdict(gib, "d", None, 32 * gib).is_ok());
+        assert!(memory_verdict(u64::MAX / 2, "d", None, u64::MAX).is_err());
+        // The real machine: MemAvailable is parsed.
+        assert!(mem_available().is_some_and(|b| b > 0));
+    }
+}
