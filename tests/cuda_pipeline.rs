@@ -73,6 +73,8 @@ struct Net {
     beta: Vec<f32>,
     w2: Vec<f32>,
     b2: Vec<f32>,
+    /// Instance norm after the first conv (its kernel sums with atomics: not bitwise repeatable).
+    norm: bool,
 }
 
 const EPS: f32 = 1e-5;
@@ -90,12 +92,13 @@ impl Net {
             beta: r.vec(f, 0.3),
             w2: r.vec(cout * f, 0.8),
             b2: r.vec(cout, 0.3),
+            norm: true,
         }
     }
 
     fn graph(&self) -> Graph {
         let t = |s: Vec<usize>, d: &Vec<f32>| Tensor::new(s, d.clone());
-        let ops = vec![
+        let mut ops = vec![
             (
                 Op::Conv(Conv {
                     weight: t(vec![self.f, self.cin, 3, 3, 3], &self.w1),
@@ -128,6 +131,9 @@ impl Net {
                 self.cout,
             ),
         ];
+        if !self.norm {
+            ops.remove(1);
+        }
         let mut values = vec![Value {
             name: "input".into(),
             channels: self.cin,
@@ -189,11 +195,19 @@ impl Net {
                     }
                 }
             }
-            let mean = out.iter().sum::<f64>() / sp as f64;
-            let var = out.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / sp as f64;
-            let inv = 1.0 / (var + EPS as f64).sqrt();
+            let (mean, inv) = if self.norm {
+                let mean = out.iter().sum::<f64>() / sp as f64;
+                let var = out.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / sp as f64;
+                (mean, 1.0 / (var + EPS as f64).sqrt())
+            } else {
+                (0.0, 1.0)
+            };
             for v in out.iter_mut() {
-                let n = (*v - mean) * inv * self.gamma[co] as f64 + self.beta[co] as f64;
+                let n = if self.norm {
+                    (*v - mean) * inv * self.gamma[co] as f64 + self.beta[co] as f64
+                } else {
+                    *v
+                };
                 *v = if n > 0.0 { n } else { n * SLOPE as f64 };
             }
         }
@@ -572,7 +586,10 @@ fn injected_oom_then_retry_is_identical() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut b) = gpu() else { return };
     let mut r = rng("oom");
-    let net = Net::random(&mut r, 1, 8, 3);
+    // Without the norm: the pipeline and the conv kernels are deterministic, so the retry must
+    // be bit for bit the clean run (the norm's atomic sums are not, see below).
+    let mut net = Net::random(&mut r, 1, 8, 3);
+    net.norm = false;
     let roi = [32usize; 3];
     b.prepare(&net.graph(), 4, roi).unwrap();
     let size = [70usize, 45, 50];
@@ -592,6 +609,10 @@ fn injected_oom_then_retry_is_identical() {
         )
     };
     let (clean, _) = run(&mut b, 4).unwrap();
+    let want = reference(&net, &vol, before, roi, &starts, &wmap, 0.1);
+    let e = rel_l2(clean.as_slice().unwrap(), &want);
+    println!("RESULT oom test net (no norm) rel L2 to f64 {e:.2e}");
+    assert!(e <= 1e-2);
     std::env::set_var("VOXTILE_INJECT_OOM", "3");
     let first = run(&mut b, 4);
     assert!(
@@ -622,6 +643,24 @@ fn injected_oom_then_retry_is_identical() {
     );
     assert!(same, "retry differs from the clean run");
     assert!(d_small <= 1e-4, "smaller-batch retry differs by {d_small}");
+    // Info: is the same graph with instance norm repeatable run to run? (Not asserted here: the
+    // norm kernel's atomics belong to the op kernels.)
+    net.norm = true;
+    b.prepare(&net.graph(), 4, roi).unwrap();
+    let (n1, _) = run(&mut b, 4).unwrap();
+    let (n2, _) = run(&mut b, 4).unwrap();
+    let diff = n1
+        .iter()
+        .zip(n2.iter())
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    let want = reference(&net, &vol, before, roi, &starts, &wmap, 0.1);
+    println!(
+        "RESULT with instance norm, two clean runs differ in {diff} of {} values (rel L2 to f64 {:.2e} and {:.2e})",
+        n1.len(),
+        rel_l2(n1.as_slice().unwrap(), &want),
+        rel_l2(n2.as_slice().unwrap(), &want)
+    );
 }
 
 /// Stage times against wall time on a larger volume and a heavier net (no reference: timing).
@@ -641,7 +680,7 @@ fn stage_overlap_report() {
     });
     let (padded, before, starts) = grid(size, roi, [0.5; 3]);
     let wmap = gaussian(roi);
-    for (i, argmax) in [false, true, true].into_iter().enumerate() {
+    for (i, argmax) in [false, false, true, true].into_iter().enumerate() {
         let t = if argmax {
             b.segment_windows_argmax(
                 vol.view(),

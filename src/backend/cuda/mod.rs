@@ -246,6 +246,8 @@ pub struct CudaBackend {
     arch: String,
     sm_count: u32,
     prepared: Option<Prepared>,
+    /// Pinned staging of the sliding-window pipeline, kept between calls.
+    pinned: Option<pipeline::PinnedCache>,
     poison: bool,
     /// How many kernel families came from the on-disk PTX cache at start.
     pub ptx_from_cache: usize,
@@ -320,6 +322,7 @@ impl CudaBackend {
             arch,
             sm_count,
             prepared: None,
+            pinned: None,
             poison: false,
             ptx_from_cache,
         })

@@ -20,7 +20,6 @@ use cudarc::driver::{result as cu, sys, CudaEvent, CudaStream, PinnedHostSlice};
 use ndarray::{Array3, Array4, ArrayView3, ArrayView4, Axis};
 use rayon::prelude::*;
 use serde::Serialize;
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -339,13 +338,15 @@ impl CudaBackend {
         }
         mem_reset_peak(&self.ctx);
         let mem_before = cu::mem_get_info().map(|(f, t)| (t - f) as u64).unwrap_or(0);
+        let mut cache = self.pinned.take().unwrap_or_default();
         let r = self.pipeline(
-            vol, pad_before, roi, starts, weights, batch, cval, argmax, t0, mem_before,
+            vol, pad_before, roi, starts, weights, batch, cval, argmax, t0, mem_before, &mut cache,
         );
         if r.is_err() {
             // Nothing may still read or write buffers about to be freed.
             let _ = self.ctx.synchronize();
         }
+        self.pinned = Some(cache);
         r
     }
 
@@ -362,6 +363,7 @@ impl CudaBackend {
         argmax: bool,
         t0: Instant,
         mem_before: u64,
+        cache: &mut PinnedCache,
     ) -> Result<(Out, GpuTimes)> {
         let prep = self.prepared()?;
         let (c, d, h, w) = vol.dim();
@@ -393,39 +395,15 @@ impl CudaBackend {
         let dw = DevBuf::upload(&self.ctx, &self.copy, &wmap)?;
         let acc = DevBuf::new(&self.ctx, ring * cout * hw * 4)?;
         let wsum = DevBuf::new(&self.ctx, ring * hw * 4)?;
+        let chunk = chunk_planes(ring, hw, cout, argmax);
         let out_bytes = if argmax {
-            ring * hw * 2
+            chunk * hw * 2
         } else {
-            ring * cout * hw * 4
+            chunk * cout * hw * 4
         };
         let dev_out = [
             DevBuf::new(&self.ctx, out_bytes)?,
             DevBuf::new(&self.ctx, out_bytes)?,
-        ];
-        // SAFETY (all pinned allocations): written before read. Flags 0: cached, not
-        // write-combined, so the host reads of downloaded planes are fast.
-        let mut pin_in: [PinnedHostSlice<u16>; 2] = [
-            unsafe { self.ctx.alloc_pinned_with_flags::<u16>(in_len, 0) }
-                .map_err(drv("pinned allocation"))?,
-            unsafe { self.ctx.alloc_pinned_with_flags::<u16>(in_len, 0) }
-                .map_err(drv("pinned allocation"))?,
-        ];
-        let (nf, nl) = if argmax {
-            (1, ring * hw)
-        } else {
-            (ring * cout * hw, 1)
-        };
-        let mut pin_f: [PinnedHostSlice<f32>; 2] = [
-            unsafe { self.ctx.alloc_pinned_with_flags::<f32>(nf, 0) }
-                .map_err(drv("pinned allocation"))?,
-            unsafe { self.ctx.alloc_pinned_with_flags::<f32>(nf, 0) }
-                .map_err(drv("pinned allocation"))?,
-        ];
-        let mut pin_l: [PinnedHostSlice<u16>; 2] = [
-            unsafe { self.ctx.alloc_pinned_with_flags::<u16>(nl, 0) }
-                .map_err(drv("pinned allocation"))?,
-            unsafe { self.ctx.alloc_pinned_with_flags::<u16>(nl, 0) }
-                .map_err(drv("pinned allocation"))?,
         ];
         let dl = self.ctx.new_stream().map_err(drv("stream creation"))?;
         let s = &*self.stream;
@@ -464,23 +442,25 @@ impl CudaBackend {
         let mut ev_d2h: Vec<(CudaEvent, CudaEvent)> = Vec::new();
         let i32s = |v: usize| Arg::I32(v as i32);
 
-        let [pa, pb] = &mut pin_in;
+        let PinnedCache { inp, outf, outl } = cache;
+        let [ia, ib] = inp;
         let mut slots: [Option<&mut [u16]>; 2] = [
-            Some(pa.as_mut_slice().map_err(drv("pinned access"))?),
-            Some(pb.as_mut_slice().map_err(drv("pinned access"))?),
+            Some(pinned(&self.ctx, ia, in_len)?),
+            Some(pinned(&self.ctx, ib, in_len)?),
         ];
-        let [fa, fb] = &mut pin_f;
-        let pf: [&mut [f32]; 2] = [
-            fa.as_mut_slice().map_err(drv("pinned access"))?,
-            fb.as_mut_slice().map_err(drv("pinned access"))?,
-        ];
-        let [la, lb] = &mut pin_l;
-        let pl: [&mut [u16]; 2] = [
-            la.as_mut_slice().map_err(drv("pinned access"))?,
-            lb.as_mut_slice().map_err(drv("pinned access"))?,
-        ];
-        let mut pf = pf.map(Some);
-        let mut pl = pl.map(Some);
+        let mut free_out: [Option<HostOut>; 2] = if argmax {
+            let [a, b] = outl;
+            [
+                Some(HostOut::L(pinned(&self.ctx, a, chunk * hw)?)),
+                Some(HostOut::L(pinned(&self.ctx, b, chunk * hw)?)),
+            ]
+        } else {
+            let [a, b] = outf;
+            [
+                Some(HostOut::F(pinned(&self.ctx, a, chunk * cout * hw)?)),
+                Some(HostOut::F(pinned(&self.ctx, b, chunk * cout * hw)?)),
+            ]
+        };
         let dims = [c, d, h, w];
         let batches: Vec<&Step> = sched.iter().filter(|st| st.end > st.begin).collect();
 
@@ -499,7 +479,25 @@ impl CudaBackend {
             t.elapsed().as_secs_f64() * 1e3
         };
         let gather = &gather;
-        let result = std::thread::scope(|sc| -> Result<()> {
+        let out_ref = &mut out;
+        let result = std::thread::scope(|sc| -> Result<f64> {
+            // Finished planes are stored by a worker: it waits for each download, copies it
+            // into the output and hands the pinned slot back.
+            let (tx, rx) = std::sync::mpsc::channel::<(usize, usize, usize, HostOut, CudaEvent)>();
+            let (ack_tx, ack_rx) = std::sync::mpsc::channel::<(usize, HostOut)>();
+            let storer = sc.spawn(move || -> Result<f64> {
+                let mut ms = 0.0;
+                for (slot, p0, np, buf, done) in rx {
+                    done.synchronize().map_err(drv("plane download"))?;
+                    let t = Instant::now();
+                    store_planes(out_ref, &buf, p0, np, hw)?;
+                    ms += t.elapsed().as_secs_f64() * 1e3;
+                    if ack_tx.send((slot, buf)).is_err() {
+                        break;
+                    }
+                }
+                Ok(ms)
+            });
             let mut pending = None;
             if !batches.is_empty() {
                 let buf = slots[0].take().expect("slot 0 free");
@@ -512,8 +510,6 @@ impl CudaBackend {
             let mut in_used: [Option<CudaEvent>; 2] = [None, None];
             let mut h2d_done: [Option<CudaEvent>; 2] = [None, None];
             let mut out_used: [Option<CudaEvent>; 2] = [None, None];
-            // Downloads not yet stored: (slot, first plane, planes, done event).
-            let mut stores: VecDeque<(usize, usize, usize, CudaEvent)> = VecDeque::new();
             let mut nfin = 0usize;
             let mut bi = 0usize;
             for st in &sched {
@@ -610,10 +606,10 @@ impl CudaBackend {
                     let c2 = ev(s)?;
                     ev_cmp.push((c0, c1, c2));
                 }
-                // Finalise complete planes in chunks of at most `ring`.
+                // Finalise complete planes in chunks of at most `chunk` (<= ring) planes.
                 let mut p0 = st.final_lo;
                 while p0 < st.final_hi {
-                    let np = (st.final_hi - p0).min(ring);
+                    let np = (st.final_hi - p0).min(chunk);
                     let slot = nfin % 2;
                     nfin += 1;
                     // The download of finalisation m-2 must have read dev_out[slot] ...
@@ -641,51 +637,60 @@ impl CudaBackend {
                     )?;
                     let f1 = ev(s)?;
                     dl.wait(&f1).map_err(drv("stream wait"))?;
-                    // ... and the host must have stored what the pinned slot held before.
-                    if stores.len() >= 2 {
-                        let (ps, q0, qn, e) = stores.pop_front().expect("len checked");
-                        self.store(&e, ps, q0, qn, &mut pf, &mut pl, &mut out, hw, &mut times)?;
+                    // ... and the store worker must have handed the pinned slot back.
+                    while free_out[slot].is_none() {
+                        match ack_rx.recv() {
+                            Ok((k, buf)) => free_out[k] = Some(buf),
+                            Err(_) => {
+                                drop(tx);
+                                storer.join().map_err(|_| {
+                                    Error::Backend("the plane store thread panicked".into())
+                                })??;
+                                return Err(Error::Backend(
+                                    "the plane store thread stopped".into(),
+                                ));
+                            }
+                        }
                     }
+                    let mut buf = free_out[slot].take().expect("slot returned");
                     let d0 = ev(&dl)?;
-                    // SAFETY: dev_out[slot] holds np planes; the pinned slot is not read before
-                    // d1 is synchronised in `store`.
+                    // SAFETY: dev_out[slot] holds np planes; the worker reads the pinned slot only
+                    // after synchronising `done`.
                     unsafe {
-                        if argmax {
-                            let hs = pl[slot].as_deref_mut().expect("pinned slot");
-                            cu::memcpy_dtoh_async(
+                        match &mut buf {
+                            HostOut::L(hs) => cu::memcpy_dtoh_async(
                                 &mut hs[..np * hw],
                                 dev_out[slot].ptr,
                                 dl.cu_stream(),
-                            )
-                        } else {
-                            let hs = pf[slot].as_deref_mut().expect("pinned slot");
-                            cu::memcpy_dtoh_async(
+                            ),
+                            HostOut::F(hs) => cu::memcpy_dtoh_async(
                                 &mut hs[..np * hw * cout],
                                 dev_out[slot].ptr,
                                 dl.cu_stream(),
-                            )
+                            ),
                         }
                     }
                     .map_err(drv("plane download"))?;
                     let d1 = ev(&dl)?;
                     out_used[slot] = Some(ev(&dl)?);
-                    stores.push_back((slot, p0, np, ev(&dl)?));
+                    tx.send((slot, p0, np, buf, ev(&dl)?))
+                        .map_err(|_| Error::Backend("the plane store thread stopped".into()))?;
                     ev_fin.push((f0, f1));
                     ev_d2h.push((d0, d1));
                     p0 += np;
                 }
             }
-            while let Some((ps, q0, qn, e)) = stores.pop_front() {
-                self.store(&e, ps, q0, qn, &mut pf, &mut pl, &mut out, hw, &mut times)?;
-            }
+            drop(tx);
             times.slabs = nfin;
-            Ok(())
+            storer
+                .join()
+                .map_err(|_| Error::Backend("the plane store thread panicked".into()))?
         });
         if result.is_err() {
             // Nothing may still read or write the buffers dropped on return.
             let _ = self.ctx.synchronize();
         }
-        result?;
+        times.host_store_ms = result?;
         // Every download was waited for in `store`; the compute and copy streams too, for timing.
         s.synchronize().map_err(drv("synchronize"))?;
         cp.synchronize().map_err(drv("synchronize"))?;
@@ -717,45 +722,72 @@ impl CudaBackend {
         times.overlap = sum / times.wall_ms.max(1e-9);
         Ok((out, times))
     }
+}
 
-    /// Waits for a plane download and copies it into the output array.
-    #[allow(clippy::too_many_arguments)]
-    fn store(
-        &self,
-        done: &CudaEvent,
-        slot: usize,
-        p0: usize,
-        np: usize,
-        pf: &mut [Option<&mut [f32]>; 2],
-        pl: &mut [Option<&mut [u16]>; 2],
-        out: &mut Out,
-        hw: usize,
-        times: &mut GpuTimes,
-    ) -> Result<()> {
-        done.synchronize().map_err(drv("plane download"))?;
-        let t = Instant::now();
-        match out {
-            Out::Labels(l) => {
-                let src = pl[slot].as_deref().expect("pinned slot");
-                let dst = l
+/// Pinned host slot of finished planes: f32 logits or u16 labels.
+enum HostOut<'a> {
+    F(&'a mut [f32]),
+    L(&'a mut [u16]),
+}
+
+/// Copies `np` downloaded planes starting at plane `p0` into the output array.
+fn store_planes(out: &mut Out, buf: &HostOut, p0: usize, np: usize, hw: usize) -> Result<()> {
+    match (out, buf) {
+        (Out::Labels(l), HostOut::L(src)) => {
+            let dst = l
+                .as_slice_mut()
+                .ok_or_else(|| Error::Backend("label array is not contiguous".into()))?;
+            dst[p0 * hw..(p0 + np) * hw].copy_from_slice(&src[..np * hw]);
+        }
+        (Out::Logits(a), HostOut::F(src)) => {
+            for (ch, mut plane) in a.axis_iter_mut(Axis(0)).enumerate() {
+                let dst = plane
                     .as_slice_mut()
-                    .ok_or_else(|| Error::Backend("label array is not contiguous".into()))?;
-                dst[p0 * hw..(p0 + np) * hw].copy_from_slice(&src[..np * hw]);
-            }
-            Out::Logits(a) => {
-                let src = pf[slot].as_deref().expect("pinned slot");
-                for (ch, mut plane) in a.axis_iter_mut(Axis(0)).enumerate() {
-                    let dst = plane
-                        .as_slice_mut()
-                        .ok_or_else(|| Error::Backend("logit array is not contiguous".into()))?;
-                    dst[p0 * hw..(p0 + np) * hw]
-                        .copy_from_slice(&src[ch * np * hw..(ch + 1) * np * hw]);
-                }
+                    .ok_or_else(|| Error::Backend("logit array is not contiguous".into()))?;
+                dst[p0 * hw..(p0 + np) * hw]
+                    .copy_from_slice(&src[ch * np * hw..(ch + 1) * np * hw]);
             }
         }
-        times.host_store_ms += t.elapsed().as_secs_f64() * 1e3;
-        Ok(())
+        _ => return Err(Error::Backend("output and staging kinds differ".into())),
     }
+    Ok(())
+}
+
+/// Pinned host staging kept by the backend between calls (allocating pinned memory is slow):
+/// two window-batch buffers (f16 bits) and two finished-plane buffers of each output kind.
+#[derive(Default)]
+pub struct PinnedCache {
+    inp: [Option<PinnedHostSlice<u16>>; 2],
+    outf: [Option<PinnedHostSlice<f32>>; 2],
+    outl: [Option<PinnedHostSlice<u16>>; 2],
+}
+
+/// The cached pinned buffer when it holds `n` elements, else a new one.
+fn pinned<'a, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
+    slot: &'a mut Option<PinnedHostSlice<T>>,
+    n: usize,
+) -> Result<&'a mut [T]> {
+    if slot.as_ref().is_none_or(|p| p.len() < n) {
+        *slot = None;
+        // SAFETY: written before read. Flags 0: cached, not write-combined, so host reads of
+        // downloaded planes are fast.
+        *slot = Some(
+            unsafe { ctx.alloc_pinned_with_flags::<T>(n.max(1), 0) }
+                .map_err(drv("pinned allocation"))?,
+        );
+    }
+    slot.as_mut()
+        .expect("just set")
+        .as_mut_slice()
+        .map_err(drv("pinned access"))
+}
+
+/// Planes finalised (and downloaded) per chunk: about 16 MiB of output per chunk, so staging
+/// stays small and planes stream out in steady pieces.
+pub(crate) fn chunk_planes(ring: usize, hw: usize, cout: usize, argmax: bool) -> usize {
+    let plane = hw * if argmax { 2 } else { cout * 4 };
+    (16usize << 20).div_ceil(plane.max(1)).clamp(1, ring)
 }
 
 fn ev(s: &CudaStream) -> Result<CudaEvent> {
