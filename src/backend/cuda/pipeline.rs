@@ -822,6 +822,7 @@ pub(crate) fn pipeline_bytes(
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)]
 mod tests {
     use super::*;
 
