@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the CUDA GPU suite on a machine with an NVIDIA GPU, from prebuilt test binaries (it builds
 # nothing: the GPU machine has no cargo). On the build machine:
-#   tests/gpu/build.sh            # -> .dev/cuda/{cuda_ops,cuda_kernels_compile,voxtile_lib}
+#   tests/gpu/build.sh            # -> .dev/cuda/{cuda_ops,cuda_kernels_compile,cuda_pipeline,voxtile_lib}
 # then on the GPU machine, from the repository root:
 #   tests/gpu/run.sh [DIR]        # DIR defaults to .dev/cuda
 # Needs libcuda + libnvrtc (LD_LIBRARY_PATH=/usr/local/cuda/lib64) and CUDA headers
@@ -28,6 +28,8 @@ run "$DIR/voxtile_lib" --test-threads=1 backend::cuda
 # First run fills the PTX cache, the second must load every family from it.
 run "$DIR/cuda_ops" --test-threads=1 --nocapture
 run "$DIR/cuda_ops" --test-threads=1 --nocapture conv_transpose_variants
+# The streamed sliding-window pipeline (vs f64, device peak vs D, OOM retry, stage overlap).
+[ -x "$DIR/cuda_pipeline" ] && run "$DIR/cuda_pipeline" --test-threads=1 --nocapture
 if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   run timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$DIR/cuda_ops" --test-threads=1 --skip bench
 fi

@@ -55,12 +55,7 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
     (
         "blend",
         include_str!("../../../kernels/blend.cu"),
-        &[
-            "gather_window",
-            "blend_window",
-            "blend_normalise",
-            "argmax_channels",
-        ],
+        &["blend_window_ring", "finalize_planes"],
     ),
 ];
 

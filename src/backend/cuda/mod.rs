@@ -6,20 +6,20 @@
 //! cudarc's per-buffer event tracking is switched off: this module orders its own streams.
 
 pub mod kernels;
+pub mod pipeline;
 pub mod plan;
+
+pub use pipeline::GpuTimes;
 
 use crate::backend::Backend;
 use crate::model::graph::{Graph, Op, Tensor};
 use crate::{Error, Result};
-use cudarc::driver::{
-    result as cu, sys, CudaContext, CudaEvent, CudaFunction, CudaStream, PinnedHostSlice,
-};
-use ndarray::{Array3, Array4, Array5, ArrayView3, ArrayView4, ArrayView5};
+use cudarc::driver::{result as cu, sys, CudaContext, CudaFunction, CudaStream, PinnedHostSlice};
+use ndarray::{Array5, ArrayView5};
 use plan::{Act, ConvParams, PoolParams, Shape};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
-use std::time::Instant;
 
 fn drv(what: &str) -> impl Fn(cu::DriverError) -> Error + '_ {
     move |e| {
@@ -29,6 +29,36 @@ fn drv(what: &str) -> impl Fn(cu::DriverError) -> Error + '_ {
             Error::Backend(format!("CUDA {what} failed: {e:?}"))
         }
     }
+}
+
+/// Live and high-water device bytes per backend, keyed by the address of its context handle (each
+/// backend owns one `Arc<CudaContext>`), so every `DevBuf` counts without a tracker argument.
+fn mem_table() -> &'static std::sync::Mutex<HashMap<usize, (u64, u64)>> {
+    static T: std::sync::OnceLock<std::sync::Mutex<HashMap<usize, (u64, u64)>>> =
+        std::sync::OnceLock::new();
+    T.get_or_init(Default::default)
+}
+
+fn mem_track(ctx: &Arc<CudaContext>, delta: i64) {
+    let mut t = mem_table().lock().unwrap_or_else(|e| e.into_inner());
+    let e = t.entry(Arc::as_ptr(ctx) as usize).or_insert((0, 0));
+    e.0 = (e.0 as i64 + delta).max(0) as u64;
+    e.1 = e.1.max(e.0);
+}
+
+/// (live, peak) device bytes of the backend owning `ctx`.
+fn mem_stats(ctx: &Arc<CudaContext>) -> (u64, u64) {
+    let t = mem_table().lock().unwrap_or_else(|e| e.into_inner());
+    t.get(&(Arc::as_ptr(ctx) as usize))
+        .copied()
+        .unwrap_or((0, 0))
+}
+
+/// Restarts the high-water mark at the bytes live now.
+fn mem_reset_peak(ctx: &Arc<CudaContext>) {
+    let mut t = mem_table().lock().unwrap_or_else(|e| e.into_inner());
+    let e = t.entry(Arc::as_ptr(ctx) as usize).or_insert((0, 0));
+    e.1 = e.0;
 }
 
 /// Device memory owned by the backend (raw pointer: kernels get plain addresses).
@@ -44,6 +74,7 @@ impl DevBuf {
         // SAFETY: plain device allocation; freed once in Drop.
         let ptr = unsafe { cu::malloc_sync(bytes.max(256)) }
             .map_err(drv(&format!("allocation of {bytes} bytes")))?;
+        mem_track(ctx, bytes.max(256) as i64);
         Ok(DevBuf {
             ctx: ctx.clone(),
             ptr,
@@ -65,6 +96,7 @@ impl Drop for DevBuf {
         // SAFETY: allocated by malloc_sync, freed once; the context synchronises first.
         let _ = self.ctx.synchronize();
         let _ = unsafe { cu::free_sync(self.ptr) };
+        mem_track(&self.ctx, -(self.bytes.max(256) as i64));
     }
 }
 
@@ -76,23 +108,6 @@ enum Arg {
     Ptr(u64),
     Conv(ConvParams),
     Pool(PoolParams),
-}
-
-/// Per-stage GPU times of [`CudaBackend::segment_windows`], measured with CUDA events (ms).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct GpuTimes {
-    /// Volume + weight map upload (host to device, pinned staging).
-    pub upload_ms: f64,
-    /// Window gather + network, summed over batches.
-    pub compute_ms: f64,
-    /// Weighted accumulation of window logits, plus the final normalise (and argmax).
-    pub blend_ms: f64,
-    /// Result download (device to host).
-    pub download_ms: f64,
-    /// Host wall time of the whole call.
-    pub wall_ms: f64,
-    pub windows: usize,
-    pub batches: usize,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -231,6 +246,8 @@ pub struct CudaBackend {
     arch: String,
     sm_count: u32,
     prepared: Option<Prepared>,
+    /// Pinned staging of the sliding-window pipeline, kept between calls.
+    pinned: Option<pipeline::PinnedCache>,
     poison: bool,
     /// How many kernel families came from the on-disk PTX cache at start.
     pub ptx_from_cache: usize,
@@ -258,6 +275,11 @@ impl CudaBackend {
             )));
         }
         let ctx = CudaContext::new(device).map_err(drv("context creation"))?;
+        // A new handle may reuse a dropped one's address: start its counts afresh.
+        mem_table()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(Arc::as_ptr(&ctx) as usize, (0, 0));
         // SAFETY: this backend orders its own streams with events; nothing else uses the context's slices.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(drv("stream creation"))?;
@@ -300,6 +322,7 @@ impl CudaBackend {
             arch,
             sm_count,
             prepared: None,
+            pinned: None,
             poison: false,
             ptx_from_cache,
         })
@@ -1223,311 +1246,6 @@ impl CudaBackend {
         self.run_steps(prep, n)
     }
 
-    fn ensure_window_plan(&self, roi: [usize; 3], batch: usize) -> Result<&Prepared> {
-        let prep = self.prepared()?;
-        if prep.roi != roi || prep.batch < batch {
-            return Err(Error::Invalid(format!(
-                "the CUDA backend was prepared for window {:?} batch {}, not window {roi:?} batch {batch}",
-                prep.roi, prep.batch
-            )));
-        }
-        if prep.out_spatial != roi {
-            return Err(Error::Invalid(format!(
-                "the model maps window {roi:?} to {:?}; sliding-window blending needs equal sizes",
-                prep.out_spatial
-            )));
-        }
-        Ok(prep)
-    }
-
-    /// Sliding-window inference on the GPU: the volume `(C, D, H, W)` is uploaded once, windows
-    /// (`starts` in padded coordinates, padded size `padded`, `pad_before` voxels of `cval` before
-    /// the volume) are gathered on the device in batches of `batch`, run, and blended with
-    /// `weights` (roi) into fp32 accumulators and one weight sum; the result is normalised on the
-    /// GPU and returned as blended logits `(Cout, D, H, W)`. `prepare(graph, >= batch, roi)` first.
-    #[allow(clippy::too_many_arguments)]
-    pub fn segment_windows(
-        &mut self,
-        vol: ArrayView4<f32>,
-        padded: [usize; 3],
-        pad_before: [usize; 3],
-        roi: [usize; 3],
-        starts: &[[usize; 3]],
-        weights: ArrayView3<f32>,
-        batch: usize,
-        cval: f32,
-    ) -> Result<(Array4<f32>, GpuTimes)> {
-        let (acc, _labels, times) = self.windows_impl(
-            vol, padded, pad_before, roi, starts, weights, batch, cval, false,
-        )?;
-        Ok((acc.expect("logits requested"), times))
-    }
-
-    /// As [`Self::segment_windows`], but takes the argmax over channels on the GPU and returns
-    /// only the labels `(D, H, W)` (first maximum wins; at most 256 classes).
-    #[allow(clippy::too_many_arguments)]
-    pub fn segment_windows_argmax(
-        &mut self,
-        vol: ArrayView4<f32>,
-        padded: [usize; 3],
-        pad_before: [usize; 3],
-        roi: [usize; 3],
-        starts: &[[usize; 3]],
-        weights: ArrayView3<f32>,
-        batch: usize,
-        cval: f32,
-    ) -> Result<(Array3<u8>, GpuTimes)> {
-        let (_acc, labels, times) = self.windows_impl(
-            vol, padded, pad_before, roi, starts, weights, batch, cval, true,
-        )?;
-        Ok((labels.expect("labels requested"), times))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn windows_impl(
-        &mut self,
-        vol: ArrayView4<f32>,
-        padded: [usize; 3],
-        pad_before: [usize; 3],
-        roi: [usize; 3],
-        starts: &[[usize; 3]],
-        weights: ArrayView3<f32>,
-        batch: usize,
-        cval: f32,
-        argmax: bool,
-    ) -> Result<(Option<Array4<f32>>, Option<Array3<u8>>, GpuTimes)> {
-        let t0 = Instant::now();
-        let prep = self.ensure_window_plan(roi, batch)?;
-        let (c, d, h, w) = vol.dim();
-        if c != prep.cin {
-            return Err(Error::Invalid(format!(
-                "the volume has {c} channels, the model takes {}",
-                prep.cin
-            )));
-        }
-        if batch == 0 {
-            return Err(Error::Invalid("window batch must be at least 1".into()));
-        }
-        if weights.dim() != (roi[0], roi[1], roi[2]) {
-            return Err(Error::Invalid(format!(
-                "weight map {:?} differs from window {roi:?}",
-                weights.dim()
-            )));
-        }
-        for a in 0..3 {
-            if padded[a] < [d, h, w][a] + pad_before[a] || padded[a] < roi[a] {
-                return Err(Error::Invalid(format!("padded size {padded:?} does not hold the volume {:?} after padding {pad_before:?} or the window {roi:?}", [d, h, w])));
-            }
-        }
-        if let Some(s) = starts
-            .iter()
-            .find(|s| (0..3).any(|a| s[a] + roi[a] > padded[a]))
-        {
-            return Err(Error::Invalid(format!(
-                "window start {s:?} + {roi:?} exceeds the padded volume {padded:?}"
-            )));
-        }
-        let cout = prep.cout;
-        if argmax && cout > 256 {
-            return Err(Error::Invalid(format!(
-                "argmax labels are u8: {cout} classes are too many"
-            )));
-        }
-        let vox = d * h * w;
-        let ev = |s: &CudaStream| -> Result<CudaEvent> {
-            s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(drv("event"))
-        };
-        // Upload on the copy stream through pinned staging.
-        let vol_data: Vec<f32> = vol.iter().copied().collect();
-        let wmap: Vec<f32> = weights.iter().copied().collect();
-        // SAFETY: fully written below before the copy reads it.
-        let mut host = unsafe {
-            self.ctx
-                .alloc_pinned_with_flags::<f32>(vol_data.len() + wmap.len(), 0)
-        }
-        .map_err(drv("pinned allocation"))?;
-        {
-            let hs = host.as_mut_slice().map_err(drv("pinned access"))?;
-            hs[..vol_data.len()].copy_from_slice(&vol_data);
-            hs[vol_data.len()..].copy_from_slice(&wmap);
-        }
-        drop(vol_data);
-        let dvol = DevBuf::new(&self.ctx, c * vox * 4)?;
-        let dw = DevBuf::new(&self.ctx, wmap.len() * 4)?;
-        let acc = DevBuf::new(&self.ctx, cout * vox * 4)?;
-        let wsum = DevBuf::new(&self.ctx, vox * 4)?;
-        let labels = DevBuf::new(&self.ctx, if argmax { vox } else { 1 })?;
-        let up0 = ev(&self.copy)?;
-        {
-            let hs = host.as_slice().map_err(drv("pinned access"))?;
-            let nv = c * vox;
-            // SAFETY: destinations hold these many bytes; `host` outlives the synchronisation below.
-            unsafe {
-                cu::memcpy_htod_async(dvol.ptr, &hs[..nv], self.copy.cu_stream())
-                    .map_err(drv("upload"))?;
-                cu::memcpy_htod_async(dw.ptr, &hs[nv..], self.copy.cu_stream())
-                    .map_err(drv("upload"))?;
-            }
-        }
-        let up1 = ev(&self.copy)?;
-        // SAFETY: zeroing our own accumulators on the compute stream.
-        unsafe {
-            cu::memset_d8_async(acc.ptr, 0, cout * vox * 4, self.stream.cu_stream())
-                .map_err(drv("memset"))?;
-            cu::memset_d8_async(wsum.ptr, 0, vox * 4, self.stream.cu_stream())
-                .map_err(drv("memset"))?;
-        }
-        self.stream.wait(&up1).map_err(drv("stream wait"))?;
-        let prep = self.prepared()?;
-        let in_win = prep.cin * roi.iter().product::<usize>();
-        let out_win = cout * roi.iter().product::<usize>();
-        let i32s = |v: usize| Arg::I32(v as i32);
-        let mut marks: Vec<(CudaEvent, CudaEvent, CudaEvent)> = Vec::new();
-        if self.poison {
-            self.poison_buffers(prep)?;
-        }
-        for chunk in starts.chunks(batch) {
-            let e0 = ev(&self.stream)?;
-            for (b, s) in chunk.iter().enumerate() {
-                let dst = prep.input + (b * in_win * 2) as u64;
-                self.eltwise(
-                    &self.stream,
-                    "gather_window",
-                    in_win,
-                    &mut [
-                        Arg::Ptr(dvol.ptr),
-                        Arg::Ptr(dst),
-                        i32s(c),
-                        i32s(d),
-                        i32s(h),
-                        i32s(w),
-                        i32s(s[0]),
-                        i32s(s[1]),
-                        i32s(s[2]),
-                        i32s(pad_before[0]),
-                        i32s(pad_before[1]),
-                        i32s(pad_before[2]),
-                        i32s(roi[0]),
-                        i32s(roi[1]),
-                        i32s(roi[2]),
-                        Arg::F32(cval),
-                    ],
-                )?;
-            }
-            self.run_steps(prep, chunk.len())?;
-            let e1 = ev(&self.stream)?;
-            for (b, s) in chunk.iter().enumerate() {
-                let src = prep.output + (b * out_win * 2) as u64;
-                self.eltwise(
-                    &self.stream,
-                    "blend_window",
-                    out_win / cout.max(1),
-                    &mut [
-                        Arg::Ptr(src),
-                        Arg::Ptr(dw.ptr),
-                        Arg::Ptr(acc.ptr),
-                        Arg::Ptr(wsum.ptr),
-                        i32s(cout),
-                        i32s(d),
-                        i32s(h),
-                        i32s(w),
-                        i32s(s[0]),
-                        i32s(s[1]),
-                        i32s(s[2]),
-                        i32s(pad_before[0]),
-                        i32s(pad_before[1]),
-                        i32s(pad_before[2]),
-                        i32s(roi[0]),
-                        i32s(roi[1]),
-                        i32s(roi[2]),
-                    ],
-                )?;
-            }
-            let e2 = ev(&self.stream)?;
-            marks.push((e0, e1, e2));
-        }
-        let n0 = ev(&self.stream)?;
-        self.eltwise(
-            &self.stream,
-            "blend_normalise",
-            cout * vox,
-            &mut [
-                Arg::Ptr(acc.ptr),
-                Arg::Ptr(wsum.ptr),
-                i32s(cout),
-                Arg::I64(vox as i64),
-            ],
-        )?;
-        if argmax {
-            self.eltwise(
-                &self.stream,
-                "argmax_channels",
-                vox,
-                &mut [
-                    Arg::Ptr(acc.ptr),
-                    Arg::Ptr(labels.ptr),
-                    i32s(cout),
-                    Arg::I64(vox as i64),
-                ],
-            )?;
-        }
-        let n1 = ev(&self.stream)?;
-        // Download on the copy stream once the compute stream is done.
-        self.copy.wait(&n1).map_err(drv("stream wait"))?;
-        let dl0 = ev(&self.copy)?;
-        let (out_acc, out_labels) = if argmax {
-            let mut hl = unsafe { self.ctx.alloc_pinned_with_flags::<u8>(vox, 0) }
-                .map_err(drv("pinned allocation"))?;
-            {
-                let hs = hl.as_mut_slice().map_err(drv("pinned access"))?;
-                // SAFETY: `labels` holds vox bytes; synchronised below before reading `hl`.
-                unsafe { cu::memcpy_dtoh_async(hs, labels.ptr, self.copy.cu_stream()) }
-                    .map_err(drv("download"))?;
-            }
-            self.copy.synchronize().map_err(drv("synchronize"))?;
-            let v = hl.as_slice().map_err(drv("pinned access"))?.to_vec();
-            (
-                None,
-                Some(Array3::from_shape_vec((d, h, w), v).expect("sizes match")),
-            )
-        } else {
-            let mut ha = unsafe { self.ctx.alloc_pinned_with_flags::<f32>(cout * vox, 0) }
-                .map_err(drv("pinned allocation"))?;
-            {
-                let hs = ha.as_mut_slice().map_err(drv("pinned access"))?;
-                // SAFETY: `acc` holds cout*vox floats; synchronised below.
-                unsafe { cu::memcpy_dtoh_async(hs, acc.ptr, self.copy.cu_stream()) }
-                    .map_err(drv("download"))?;
-            }
-            self.copy.synchronize().map_err(drv("synchronize"))?;
-            let v = ha.as_slice().map_err(drv("pinned access"))?.to_vec();
-            (
-                Some(Array4::from_shape_vec((cout, d, h, w), v).expect("sizes match")),
-                None,
-            )
-        };
-        let dl1 = ev(&self.copy)?;
-        dl1.synchronize().map_err(drv("synchronize"))?;
-        let ms = |a: &CudaEvent, b: &CudaEvent| -> Result<f64> {
-            Ok(a.elapsed_ms(b).map_err(drv("event timing"))? as f64)
-        };
-        let mut times = GpuTimes {
-            windows: starts.len(),
-            batches: marks.len(),
-            ..Default::default()
-        };
-        times.upload_ms = ms(&up0, &up1)?;
-        for (e0, e1, e2) in &marks {
-            times.compute_ms += ms(e0, e1)?;
-            times.blend_ms += ms(e1, e2)?;
-        }
-        times.blend_ms += ms(&n0, &n1)?;
-        times.download_ms = ms(&dl0, &dl1)?;
-        times.wall_ms = t0.elapsed().as_secs_f64() * 1e3;
-        Ok((out_acc, out_labels, times))
-    }
-
     /// Times `reps` runs of the prepared graph on the device input as it is (events), in ms per run.
     pub fn time_forward(&mut self, n: usize, reps: usize) -> Result<f64> {
         let prep = self.prepared()?;
@@ -1596,6 +1314,7 @@ impl Backend for CudaBackend {
 
     fn prepare(&mut self, graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<()> {
         self.prepared = None;
+        mem_reset_peak(&self.ctx);
         let p = self.build(graph, batch, roi)?;
         self.stream.synchronize().map_err(drv("synchronize"))?;
         self.prepared = Some(p);
