@@ -444,7 +444,8 @@ impl Engine {
                 )?;
                 progress(grid.len(), grid.len());
                 report.seconds.compute = t.elapsed().as_secs_f64();
-                report.gpu = Some(serde_json::Value::String(format!("{times:?}")));
+                report.gpu = serde_json::to_value(&times).ok();
+                report.peak_device_bytes = backend.peak_device_bytes();
                 out
             }
         };
