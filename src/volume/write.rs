@@ -88,8 +88,8 @@ fn file_order_runs<T: Copy + Default>(
     }
     let plane = nx * ny;
     let b = 32.min(nz.max(1));
-    // Planes sit `pitch` apart, padded so the 32 rows being filled at once do not share cache sets
-    // (a power-of-two plane size made every row alias the same L1 set: 4x slower).
+    // Planes sit `pitch` apart, padded so that with power-of-two plane sizes the 32 rows being
+    // filled at once do not all map to the same cache sets.
     let pitch = plane + 64;
     let mut buf = vec![T::default(); pitch * b];
     let c_src = v.as_slice();
@@ -131,7 +131,7 @@ fn file_order_runs<T: Copy + Default>(
     Ok(())
 }
 
-/// Encode runs of values into a 1 MiB byte buffer and write it out.
+/// Encode runs of values little-endian into a ~512 KiB byte buffer, written out when full.
 struct Encoder<'w> {
     w: &'w mut dyn Write,
     buf: Vec<u8>,
