@@ -1070,3 +1070,15 @@ fn synthetic_header_writes_and_reads_back() {
     assert_eq!((r.header.qform_code, r.header.sform_code), (1, 1));
     assert_eq!(r.header.xyzt_units, 2);
 }
+
+#[test]
+fn outputs_too_wide_for_nifti1_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = Header::new([40000, 1, 1], 1, [1.0; 3]);
+    let out = dir.path().join("wide.nii");
+    let e = volume::write_labels(&out, Array3::<u16>::zeros((40000, 1, 1)).view(), &h)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("wide.nii") && e.contains("32767"), "{e}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

@@ -154,6 +154,41 @@ fn space_unit(xyzt: i32) -> &'static str {
     }
 }
 
+/// Finite min/max/sum/count and NaN/Inf counts.
+struct Stats {
+    min: f32,
+    max: f32,
+    sum: f64,
+    finite: u64,
+    nan: u64,
+    inf: u64,
+}
+
+/// One pass in memory order (`fold`), fast whatever the array's layout.
+fn stats(a: &Array4<f32>) -> Stats {
+    let init = Stats {
+        min: f32::INFINITY,
+        max: f32::NEG_INFINITY,
+        sum: 0.0,
+        finite: 0,
+        nan: 0,
+        inf: 0,
+    };
+    a.fold(init, |mut s, &v| {
+        if v.is_nan() {
+            s.nan += 1;
+        } else if v.is_infinite() {
+            s.inf += 1;
+        } else {
+            s.min = s.min.min(v);
+            s.max = s.max.max(v);
+            s.sum += v as f64;
+            s.finite += 1;
+        }
+        s
+    })
+}
+
 /// Human summary for `voxtile info`: format, shape, dtype, scaling, spacing, orientation, affine,
 /// and the value range of the loaded data (finite values only, plus NaN/Inf counts).
 pub fn describe(path: &Path, v: &Volume) -> String {
@@ -203,20 +238,8 @@ pub fn describe(path: &Path, v: &Volume) -> String {
             row[0], row[1], row[2], row[3]
         );
     }
-    let (mut mn, mut mx, mut sum, mut n, mut nan, mut inf) =
-        (f32::INFINITY, f32::NEG_INFINITY, 0f64, 0u64, 0u64, 0u64);
-    for &val in v.data.iter() {
-        if val.is_nan() {
-            nan += 1;
-        } else if val.is_infinite() {
-            inf += 1;
-        } else {
-            mn = mn.min(val);
-            mx = mx.max(val);
-            sum += val as f64;
-            n += 1;
-        }
-    }
+    let st = stats(&v.data);
+    let (mn, mx, sum, n, nan, inf) = (st.min, st.max, st.sum, st.finite, st.nan, st.inf);
     if n > 0 {
         let _ = writeln!(
             s,
@@ -234,17 +257,8 @@ pub fn describe(path: &Path, v: &Volume) -> String {
 /// none), so one bad voxel cannot poison a whole window's normalisation. Returns (nan, inf) counts
 /// for the caller to warn about.
 pub fn sanitize_nonfinite(data: &mut Array4<f32>) -> (usize, usize) {
-    let (mut mn, mut mx, mut nan, mut inf) = (f32::INFINITY, f32::NEG_INFINITY, 0usize, 0usize);
-    for &v in data.iter() {
-        if v.is_nan() {
-            nan += 1;
-        } else if v.is_infinite() {
-            inf += 1;
-        } else {
-            mn = mn.min(v);
-            mx = mx.max(v);
-        }
-    }
+    let st = stats(data);
+    let (mut mn, mut mx, nan, inf) = (st.min, st.max, st.nan as usize, st.inf as usize);
     if nan == 0 && inf == 0 {
         return (0, 0);
     }

@@ -5,7 +5,7 @@ use super::header::{self, encode_nifti1, Header};
 use crate::{Error, Result};
 use flate2::write::GzEncoder;
 use flate2::Compression;
-use ndarray::{ArrayView3, ArrayView4};
+use ndarray::{s, ArrayView3, ArrayView4, Axis};
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -72,24 +72,99 @@ where
     })
 }
 
-/// Stream values in file order through a 1 MiB byte buffer.
-fn write_values<T: Copy>(
-    w: &mut dyn Write,
-    values: impl Iterator<Item = T>,
-    bpv: usize,
-    enc: impl Fn(T, &mut [u8]),
+/// Hand `f` the values of a (i, j, k) view in file order (i fastest, then j, then k), in runs.
+///
+/// Fortran-ordered views (what `read` returns) are one contiguous run. Any other layout is
+/// transposed by blocks of 32 k-planes: each (i, j) k-run is read once and its values go to 32
+/// plane buffers that are each filled sequentially.
+fn file_order_runs<T: Copy + Default>(
+    v: ArrayView3<T>,
+    mut f: impl FnMut(&[T]) -> io::Result<()>,
 ) -> io::Result<()> {
-    let mut buf = vec![0u8; 1 << 20];
-    let mut n = 0;
-    for v in values {
-        enc(v, &mut buf[n..n + bpv]);
-        n += bpv;
-        if n + bpv > buf.len() {
-            w.write_all(&buf[..n])?;
-            n = 0;
+    let (nx, ny, nz) = v.dim();
+    let kji = v.permuted_axes([2, 1, 0]);
+    if let Some(s) = kji.as_slice() {
+        return f(s);
+    }
+    let plane = nx * ny;
+    let b = 32.min(nz.max(1));
+    // Planes sit `pitch` apart, padded so that with power-of-two plane sizes the 32 rows being
+    // filled at once do not all map to the same cache sets.
+    let pitch = plane + 64;
+    let mut buf = vec![T::default(); pitch * b];
+    let c_src = v.as_slice();
+    for k0 in (0..nz).step_by(b) {
+        let kb = b.min(nz - k0);
+        if let Some(src) = c_src {
+            // C-ordered: each (i, j) k-run is contiguous. Tiles of one cache line of i: per j,
+            // the tile's runs come from `ti` sequential source streams and fill whole lines of
+            // the 32 destination rows.
+            let ti = (64 / std::mem::size_of::<T>().max(1)).max(1);
+            for i0 in (0..nx).step_by(ti) {
+                let i1 = (i0 + ti).min(nx);
+                for j in 0..ny {
+                    for i in i0..i1 {
+                        let at = (i * ny + j) * nz + k0;
+                        let base = j * nx + i;
+                        for (kk, &x) in src[at..at + kb].iter().enumerate() {
+                            buf[kk * pitch + base] = x;
+                        }
+                    }
+                }
+            }
+        } else {
+            let block = v.slice(s![.., .., k0..k0 + kb]);
+            for j in 0..ny {
+                let slab = block.index_axis(Axis(1), j); // (i, k)
+                for (i, run) in slab.outer_iter().enumerate() {
+                    let base = j * nx + i;
+                    for (kk, &x) in run.iter().enumerate() {
+                        buf[kk * pitch + base] = x;
+                    }
+                }
+            }
+        }
+        for kk in 0..kb {
+            f(&buf[kk * pitch..kk * pitch + plane])?;
         }
     }
-    w.write_all(&buf[..n])
+    Ok(())
+}
+
+/// Encode runs of values little-endian into a ~512 KiB byte buffer, written out when full.
+struct Encoder<'w> {
+    w: &'w mut dyn Write,
+    buf: Vec<u8>,
+}
+
+impl<'w> Encoder<'w> {
+    fn new(w: &'w mut dyn Write) -> Self {
+        Encoder {
+            w,
+            buf: Vec::with_capacity(1 << 20),
+        }
+    }
+    fn push<T: Copy, const N: usize>(
+        &mut self,
+        run: &[T],
+        enc: impl Fn(T) -> [u8; N],
+    ) -> io::Result<()> {
+        for chunk in run.chunks((1 << 19) / N) {
+            let start = self.buf.len();
+            self.buf.resize(start + chunk.len() * N, 0);
+            for (dst, &v) in self.buf[start..].chunks_exact_mut(N).zip(chunk) {
+                dst.copy_from_slice(&enc(v));
+            }
+            if self.buf.len() >= 1 << 19 {
+                self.w.write_all(&self.buf)?;
+                self.buf.clear();
+            }
+        }
+        Ok(())
+    }
+    fn finish(self) -> io::Result<()> {
+        self.w.write_all(&self.buf)
+    }
 }
 
 fn check_shape(path: &Path, shape: [usize; 3], like: &Header) -> Result<()> {
@@ -113,7 +188,7 @@ fn check_shape(path: &Path, shape: [usize; 3], like: &Header) -> Result<()> {
 pub fn write_labels(path: &Path, labels: ArrayView3<u16>, like: &Header) -> Result<()> {
     let (nx, ny, nz) = labels.dim();
     check_shape(path, [nx, ny, nz], like)?;
-    let max = labels.iter().copied().max().unwrap_or(0);
+    let max = labels.fold(0u16, |m, &x| m.max(x)); // memory order, any layout
     let dt = if max < 256 {
         header::DT_UINT8
     } else {
@@ -121,17 +196,17 @@ pub fn write_labels(path: &Path, labels: ArrayView3<u16>, like: &Header) -> Resu
     };
     let hdr = encode_nifti1(like, [nx, ny, nz], 1, dt, "voxtile labels")
         .map_err(|m| Error::volume(path, m))?;
-    // File order is i fastest, then j, then k: iterate the (k, j, i) view logically.
-    let file_order = labels.permuted_axes([2, 1, 0]);
     write_atomic(path, |w| {
         w.write_all(&hdr)?;
-        if dt == header::DT_UINT8 {
-            write_values(w, file_order.iter().copied(), 1, |v, b| b[0] = v as u8)
-        } else {
-            write_values(w, file_order.iter().copied(), 2, |v, b| {
-                b.copy_from_slice(&v.to_le_bytes())
-            })
-        }
+        let mut e = Encoder::new(w);
+        file_order_runs(labels, |run| {
+            if dt == header::DT_UINT8 {
+                e.push(run, |v| [v as u8])
+            } else {
+                e.push(run, |v: u16| v.to_le_bytes())
+            }
+        })?;
+        e.finish()
     })
 }
 
@@ -154,12 +229,16 @@ pub fn write_f32(path: &Path, data: ArrayView4<f32>, like: &Header) -> Result<()
         "voxtile float32",
     )
     .map_err(|m| Error::volume(path, m))?;
-    let file_order = data.permuted_axes([0, 3, 2, 1]);
     write_atomic(path, |w| {
         w.write_all(&hdr)?;
-        write_values(w, file_order.iter().copied(), 4, |v, b| {
-            b.copy_from_slice(&v.to_le_bytes())
-        })
+        let mut e = Encoder::new(w);
+        // Channel is the slowest axis on disk.
+        for c in 0..nc {
+            file_order_runs(data.index_axis(Axis(0), c), |run| {
+                e.push(run, |v: f32| v.to_le_bytes())
+            })?;
+        }
+        e.finish()
     })
 }
 
@@ -212,6 +291,31 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 2, "{names:?}");
+    }
+
+    #[test]
+    fn file_order_runs_any_layout() {
+        use ndarray::{Array3, ShapeBuilder};
+        // 3 x 4 x 70: more than one 32-plane block, last block partial.
+        let (nx, ny, nz) = (3, 4, 70);
+        let want: Vec<u32> = (0..(nx * ny * nz) as u32).collect(); // value = file index
+        let f = |(i, j, k): (usize, usize, usize)| (i + nx * (j + ny * k)) as u32;
+        let c = Array3::from_shape_fn((nx, ny, nz), f);
+        let fo = Array3::from_shape_fn((nx, ny, nz).f(), f);
+        let mut odd = Array3::from_shape_fn((nz, nx, ny), |(k, i, j)| f((i, j, k)));
+        odd.invert_axis(ndarray::Axis(1));
+        let odd = odd.permuted_axes([1, 2, 0]);
+        let mut odd_owned = odd.to_owned();
+        odd_owned.invert_axis(ndarray::Axis(0));
+        for v in [c.view(), fo.view(), odd_owned.view()] {
+            let mut got = Vec::new();
+            file_order_runs(v, |r| {
+                got.extend_from_slice(r);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(got, want);
+        }
     }
 
     #[test]
