@@ -261,10 +261,10 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], 
 }
 
 // Stores GEMM columns c, c+1 of one row (bias, activation): half2 when aligned, else one by one
-// (with an odd Cout the scatter's next column can belong to the next tap). Inlined: an
-// out-of-line call copies ConvParams to local memory and made K = 32 convs (the 1x1x1 head, the
-// k2s2 transposed convs) epilogue-bound (measured 1.4 ms for the head vs a 0.16 ms floor).
-__device__ __forceinline__ void conv_store(const ConvParams& p, half* __restrict__ y,
+// (with an odd Cout the scatter's next column can belong to the next tap). Out of line: the
+// unrolled epilogue calls it MI x NI x 2 times; inlining it was measured slower on the H200
+// (K1 113 -> 75 TF/s, W1 convs 30.5 -> 38.6 ms: register pressure in the main loop).
+__device__ __noinline__ void conv_store(const ConvParams& p, half* __restrict__ y,
                                         const float* __restrict__ bias, const float* __restrict__ slope,
                                         i64 ob, int off, int co, int c, float v0, float v1, bool pair,
                                         bool scatter) {
@@ -518,7 +518,6 @@ __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __rest
     }
 MMA_ENTRY(conv_mma_m256n32_v8, 256, 32, 4, 1, 4, true)
 MMA_ENTRY(conv_mma_m128n32_v8, 128, 32, 4, 1, 4, true)
-MMA_ENTRY(conv_mma_m256n32s3_v8, 256, 32, 4, 1, 3, true)
 MMA_ENTRY(conv_mma_m128n64_v8, 128, 64, 2, 2, 4, true)
 MMA_ENTRY(conv_mma_m128n128_v8, 128, 128, 2, 4, 4, true)
 MMA_ENTRY(conv_mma_m128n32_v1, 128, 32, 4, 1, 3, false)

@@ -22,7 +22,6 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
             "conv_igemm_n32_v1",
             "conv_mma_m256n32_v8",
             "conv_mma_m128n32_v8",
-            "conv_mma_m256n32s3_v8",
             "conv_mma_m128n64_v8",
             "conv_mma_m128n128_v8",
             "conv_mma_m128n32_v1",
