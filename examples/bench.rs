@@ -9,14 +9,20 @@ use voxtile::engine::{Device, Engine, Options};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a: Vec<String> = std::env::args().collect();
     if a.len() < 8 {
-        return Err("usage: bench MODEL VOLUME.npy|DxHxW ROI OVERLAP BATCH REPS DEVICE [LABELS_OUT.npy]".into());
+        return Err(
+            "usage: bench MODEL VOLUME.npy|DxHxW ROI OVERLAP BATCH REPS DEVICE [LABELS_OUT.npy]"
+                .into(),
+        );
     }
     let vol: Array4<f32> = if a[2].ends_with(".npy") {
         let v = voxtile::npy::read_f32(a[2].as_ref())?;
         let v = v.into_dimensionality::<ndarray::Ix3>()?;
         v.insert_axis(Axis(0))
     } else {
-        let d: Vec<usize> = a[2].split('x').map(|s| s.parse()).collect::<Result<_, _>>()?;
+        let d: Vec<usize> = a[2]
+            .split('x')
+            .map(|s| s.parse())
+            .collect::<Result<_, _>>()?;
         // Smooth structured data, not zeros.
         Array4::from_shape_fn((1, d[0], d[1], d[2]), |(_, i, j, k)| {
             ((i as f32 * 0.05).sin() + (j as f32 * 0.07).cos() * (k as f32 * 0.03).sin()) * 0.7
@@ -46,7 +52,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         last = r;
     }
     times.sort_by(|x, y| x.partial_cmp(y).unwrap());
-    let median = if times.is_empty() { first_s } else { times[times.len() / 2] };
+    let median = if times.is_empty() {
+        first_s
+    } else {
+        times[times.len() / 2]
+    };
     if let Some(p) = a.get(8) {
         let l = labels.mapv(|v| v as f32).into_dyn();
         voxtile::npy::write_f32(p.as_ref(), &l)?;

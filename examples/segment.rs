@@ -13,7 +13,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut engine = Engine::from_file(model.as_ref(), Options::default())?;
     let seg = engine.segment(&volume)?;
     let labelled = seg.labels.iter().filter(|&&l| l > 0).count();
-    println!("{} windows on {}: {labelled} labelled voxels", seg.report.windows, engine.device_name());
+    println!(
+        "{} windows on {}: {labelled} labelled voxels",
+        seg.report.windows,
+        engine.device_name()
+    );
     voxtile::volume::write_labels(output.as_ref(), seg.labels.view(), &seg.header)?;
     Ok(())
 }

@@ -27,3 +27,26 @@ __device__ __forceinline__ float act_apply(float v, int c, int act, float alpha,
     default: return v;
     }
 }
+
+// Parameters of every conv kernel (conv.cu, conv_transpose.cu); mirrors `ConvParams` in
+// src/backend/cuda/plan.rs field by field.
+struct ConvParams {
+    int n, di, hi, wi, cin;
+    int do_, ho, wo, cout;   // GEMM view: output dims and GEMM columns (= Cout, or taps*Cout when scattering)
+    int kd, kh, kw;
+    int sd, sh, sw;
+    int pd, ph, pw;   // begin pads
+    int dd, dh, dw;   // dilations
+    int transposed;
+    int kpad;         // padded K = row length of the weight matrix
+    int groups;       // direct kernel only
+    int ldc, coff;    // output channel stride and offset (writing into a concat slice)
+    int act;
+    float alpha;
+    int slope_n;
+    // Scatter epilogue of the kernel==stride transposed conv run as a GEMM: GEMM column
+    // j = tap * ocout + co goes to output voxel (i * up + tap) of an od x oh x ow output.
+    int up_d, up_h, up_w;  // 0: no scatter
+    int ocout;
+    int od, oh, ow;
+};

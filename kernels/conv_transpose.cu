@@ -3,21 +3,6 @@
 // The weight layout is the GEMM's: [Cout][kd][kh][kw][Cin/groups] fp16, row length `kpad`.
 // (Ungrouped transposed convs run through conv.cu's gather formulation.)
 
-struct ConvParams {
-    int n, di, hi, wi, cin;
-    int do_, ho, wo, cout;
-    int kd, kh, kw;
-    int sd, sh, sw;
-    int pd, ph, pw;
-    int dd, dh, dw;
-    int transposed;
-    int kpad;
-    int groups;
-    int ldc, coff;
-    int act;
-    float alpha;
-    int slope_n;
-};
 
 __device__ __forceinline__ int in_coord_d(int o, int k, int s, int p, int d, int n, int transposed) {
     if (!transposed) {

@@ -58,7 +58,9 @@ impl std::str::FromStr for AxisOrder {
         match s {
             "xyz" | "ijk" => Ok(AxisOrder::Xyz),
             "zyx" | "kji" => Ok(AxisOrder::Zyx),
-            _ => Err(Error::Invalid(format!("unknown axis order '{s}': use xyz or zyx"))),
+            _ => Err(Error::Invalid(format!(
+                "unknown axis order '{s}': use xyz or zyx"
+            ))),
         }
     }
 }
@@ -70,7 +72,12 @@ pub enum Normalize {
     /// (x − mean) / (std + 1e-8) over the volume: MONAI's NormalizeIntensity, the W3 peer.
     ZScore,
     /// nnU-Net's CTNormalization: clip to [lo, hi], then (x − mean) / max(std, 1e-8).
-    Ct { lo: f32, hi: f32, mean: f32, std: f32 },
+    Ct {
+        lo: f32,
+        hi: f32,
+        mean: f32,
+        std: f32,
+    },
 }
 
 impl std::str::FromStr for Normalize {
@@ -92,7 +99,9 @@ impl std::str::FromStr for Normalize {
                     .map(|x| x.trim().parse::<f32>().map_err(|_| bad()))
                     .collect::<Result<_>>()?;
                 match v.as_slice() {
-                    &[lo, hi, mean, std] if lo <= hi && std > 0.0 => Ok(Normalize::Ct { lo, hi, mean, std }),
+                    &[lo, hi, mean, std] if lo <= hi && std > 0.0 => {
+                        Ok(Normalize::Ct { lo, hi, mean, std })
+                    }
                     _ => Err(bad()),
                 }
             }
@@ -240,7 +249,13 @@ impl Engine {
             Exec::Cpu(b) => b.name(),
             Exec::Cuda(b) => b.name(),
         };
-        Ok(Engine { graph, options, exec, device_name, prepared: None })
+        Ok(Engine {
+            graph,
+            options,
+            exec,
+            device_name,
+            prepared: None,
+        })
     }
 
     pub fn graph(&self) -> &Graph {
@@ -271,7 +286,9 @@ impl Engine {
                 }
             };
             if roi[a] == 0 {
-                return Err(Error::Invalid("roi must be positive along every axis".into()));
+                return Err(Error::Invalid(
+                    "roi must be positive along every axis".into(),
+                ));
             }
             if let Some(f) = fixed[a] {
                 if roi[a] != f {
@@ -325,7 +342,11 @@ impl Engine {
         report.seconds.total = t0.elapsed().as_secs_f64();
         Ok(Segmentation {
             labels,
-            logits: if self.options.keep_logits { Some(logits) } else { None },
+            logits: if self.options.keep_logits {
+                Some(logits)
+            } else {
+                None
+            },
             header: volume.header.clone(),
             report,
         })
@@ -354,7 +375,11 @@ impl Engine {
         let roi = self.roi_for(shape)?;
         let grid = Grid::new(shape, roi, self.options.overlap, self.options.placement)?;
         let is_cuda = self.is_cuda();
-        let batch = self.options.batch.unwrap_or(if is_cuda { 2 } else { 1 }).max(1);
+        let batch = self
+            .options
+            .batch
+            .unwrap_or(if is_cuda { 2 } else { 1 })
+            .max(1);
         let batch = batch.min(grid.len().max(1));
         // Output must keep the window's spatial size (the blender places it over the window).
         let shapes = self.graph.infer_shapes(batch, roi)?;
@@ -454,7 +479,11 @@ impl Engine {
         let act = self.graph.output_activation();
         let labels_net = if cout == 1 {
             // One channel: a probability (sigmoid applied) or a logit (threshold at 0 = sigmoid 0.5).
-            let thr = if act == OutputActivation::Sigmoid { 0.5 } else { 0.0 };
+            let thr = if act == OutputActivation::Sigmoid {
+                0.5
+            } else {
+                0.0
+            };
             report.labels = format!("threshold {thr} on the single output channel");
             tiling::threshold(blended.view(), thr)
         } else {
@@ -465,8 +494,14 @@ impl Engine {
         let (labels, logits) = match self.options.axis_order {
             AxisOrder::Xyz => (labels_net, blended),
             AxisOrder::Zyx => (
-                labels_net.permuted_axes([2, 1, 0]).as_standard_layout().to_owned(),
-                blended.permuted_axes([0, 3, 2, 1]).as_standard_layout().to_owned(),
+                labels_net
+                    .permuted_axes([2, 1, 0])
+                    .as_standard_layout()
+                    .to_owned(),
+                blended
+                    .permuted_axes([0, 3, 2, 1])
+                    .as_standard_layout()
+                    .to_owned(),
             ),
         };
         report.seconds.finalize = t.elapsed().as_secs_f64();

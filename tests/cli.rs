@@ -8,7 +8,10 @@ use std::process::Command;
 use voxtile::model::onnx::proto;
 
 fn voxtile(args: &[&str]) -> std::process::Output {
-    Command::new(voxtile_bin()).args(args).output().expect("voxtile runs")
+    Command::new(voxtile_bin())
+        .args(args)
+        .output()
+        .expect("voxtile runs")
 }
 
 /// A little-endian NIfTI-1 file written by hand (independent of voxtile's writer).
@@ -39,7 +42,9 @@ fn nifti_bytes(dims: &[i16], datatype: i16, bitpix: i16, data: &[u8]) -> Vec<u8>
 
 fn f32_volume(dims: &[i16]) -> Vec<u8> {
     let n: usize = dims.iter().map(|&d| d as usize).product();
-    let data: Vec<u8> = (0..n).flat_map(|i| ((i % 7) as f32 * 0.1).to_le_bytes()).collect();
+    let data: Vec<u8> = (0..n)
+        .flat_map(|i| ((i % 7) as f32 * 0.1).to_le_bytes())
+        .collect();
     nifti_bytes(dims, 16, 32, &data)
 }
 
@@ -66,12 +71,22 @@ fn assert_refused(dir: &Path, input: &Path, model: &Path, names: &str, extra: &[
     args.extend_from_slice(extra);
     let o = voxtile(&args);
     let stderr = String::from_utf8_lossy(&o.stderr).to_string();
-    assert!(!o.status.success(), "expected failure for {}, stderr: {stderr}", input.display());
+    assert!(
+        !o.status.success(),
+        "expected failure for {}, stderr: {stderr}",
+        input.display()
+    );
     assert_eq!(o.status.code(), Some(1), "exit code, stderr: {stderr}");
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    let err_lines: Vec<&&str> = lines.iter().filter(|l| l.starts_with("voxtile: error:")).collect();
+    let err_lines: Vec<&&str> = lines
+        .iter()
+        .filter(|l| l.starts_with("voxtile: error:"))
+        .collect();
     assert_eq!(err_lines.len(), 1, "one error line expected, got: {stderr}");
-    assert!(err_lines[0].contains(names), "error should name {names}: {stderr}");
+    assert!(
+        err_lines[0].contains(names),
+        "error should name {names}: {stderr}"
+    );
     assert!(!stderr.contains("panicked"), "panic: {stderr}");
     assert!(!out.exists(), "no output file may be left behind");
     let leftovers: Vec<_> = std::fs::read_dir(dir)
@@ -125,10 +140,17 @@ fn sample_brain_mask_matches_onnxruntime() {
         .filter(|(m, p)| (**m > 0.5) == (**p > 0.5))
         .count();
     let brain = mask.data.iter().filter(|m| **m > 0.5).count();
-    eprintln!("deepbrain sample: mask agreement {}/{total}, brain voxels {brain}", agree);
+    eprintln!(
+        "deepbrain sample: mask agreement {}/{total}, brain voxels {brain}",
+        agree
+    );
     assert!(agree as f64 / total as f64 >= 0.9999);
-    assert!(brain > total / 20 && brain < total / 2, "a brain mask, not empty/full: {brain}");
-    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert!(
+        brain > total / 20 && brain < total / 2,
+        "a brain mask, not empty/full: {brain}"
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert_eq!(r["input_shape"], serde_json::json!([128, 128, 128]));
     assert!(r["windows"].as_u64().unwrap() >= 1);
     assert!(r["seconds"]["compute"].as_f64().unwrap() > 0.0);
@@ -151,13 +173,20 @@ fn sample_brain_mask_matches_onnxruntime() {
 #[test]
 fn output_readable_by_nibabel() {
     // CI installs nibabel; elsewhere skip unless asked for.
-    let probe = Command::new("python3").args(["-c", "import nibabel"]).output();
+    let probe = Command::new("python3")
+        .args(["-c", "import nibabel"])
+        .output();
     if !matches!(&probe, Ok(o) if o.status.success()) {
-        assert!(std::env::var_os("VOXTILE_REQUIRE_NIBABEL").is_none(), "nibabel is required");
+        assert!(
+            std::env::var_os("VOXTILE_REQUIRE_NIBABEL").is_none(),
+            "nibabel is required"
+        );
         eprintln!("skipping: python3 nibabel not available");
         return;
     }
-    let Some(ct) = shared("fixtures/volumes/ts_example_ct_sm.nii.gz") else { return };
+    let Some(ct) = shared("fixtures/volumes/ts_example_ct_sm.nii.gz") else {
+        return;
+    };
     let dir = tempdir();
     let out = dir.path().join("lab.nii.gz");
     // Any model works for geometry: deepbrain on a small CT (windows padded to 64).
@@ -187,7 +216,12 @@ print("nibabel ok", b.shape, b.get_data_dtype())
         .args(["-c", script, ct.to_str().unwrap(), out.to_str().unwrap()])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 #[test]
@@ -255,7 +289,10 @@ fn bad_inputs_fail_cleanly() {
     let bad_model = d.join("bad_op.onnx");
     let m = proto::ModelProto {
         ir_version: Some(8),
-        opset_import: vec![proto::OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+        opset_import: vec![proto::OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
         graph: Some(proto::GraphProto {
             name: Some("g".into()),
             node: vec![proto::NodeProto {
@@ -308,7 +345,14 @@ fn nan_voxels_are_reported_and_replaced() {
     let d = dir.path();
     let n = 16 * 16 * 8;
     let data_bytes: Vec<u8> = (0..n)
-        .flat_map(|i| (if i % 97 == 0 { f32::NAN } else { (i % 5) as f32 * 0.2 }).to_le_bytes())
+        .flat_map(|i| {
+            (if i % 97 == 0 {
+                f32::NAN
+            } else {
+                (i % 5) as f32 * 0.2
+            })
+            .to_le_bytes()
+        })
         .collect();
     let p = d.join("nan.nii");
     std::fs::write(&p, nifti_bytes(&[16, 16, 8], 16, 32, &data_bytes)).unwrap();
@@ -325,7 +369,10 @@ fn nan_voxels_are_reported_and_replaced() {
     ]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
-    assert!(stderr.contains("NaN"), "a warning names the NaN voxels: {stderr}");
+    assert!(
+        stderr.contains("NaN"),
+        "a warning names the NaN voxels: {stderr}"
+    );
     let seg = voxtile::volume::read(&out).unwrap();
     assert_eq!(seg.header.shape(), [16, 16, 8]);
 }
@@ -334,15 +381,20 @@ fn value_info(name: &str) -> proto::ValueInfoProto {
     use proto::tensor_shape_proto::{dimension::Value, Dimension};
     let dims = ["N", "C", "D", "H", "W"]
         .iter()
-        .map(|d| Dimension { value: Some(Value::DimParam(d.to_string())), ..Default::default() })
+        .map(|d| Dimension {
+            value: Some(Value::DimParam(d.to_string())),
+            ..Default::default()
+        })
         .collect();
     proto::ValueInfoProto {
         name: Some(name.into()),
         r#type: Some(proto::TypeProto {
-            value: Some(proto::type_proto::Value::TensorType(proto::type_proto::Tensor {
-                elem_type: Some(1),
-                shape: Some(proto::TensorShapeProto { dim: dims }),
-            })),
+            value: Some(proto::type_proto::Value::TensorType(
+                proto::type_proto::Tensor {
+                    elem_type: Some(1),
+                    shape: Some(proto::TensorShapeProto { dim: dims }),
+                },
+            )),
             ..Default::default()
         }),
         ..Default::default()

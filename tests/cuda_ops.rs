@@ -1482,3 +1482,342 @@ fn bench_conv_32_32() {
         );
     }
 }
+
+/// Every `conv_mma_*` tile (forced), the upsampling transposed conv (kernel == stride, run as a
+/// GEMM with a scatter epilogue) and the legacy wmma path, on shapes that leave partial tiles.
+#[test]
+fn conv_mma_tiles() {
+    use voxtile::backend::cuda::plan::MMA_CONFIGS;
+    let Some(mut b) = gpu() else { return };
+    let mut r = rng("mma");
+    let tiles: Vec<Option<&str>> = MMA_CONFIGS.iter().map(|c| Some(c.name)).collect();
+    for tile in tiles.into_iter().chain([None]) {
+        b.set_conv_tile(tile).unwrap();
+        let t = tile.unwrap_or("auto");
+        let leaky = || Some(Op::LeakyRelu { alpha: 0.01 });
+        conv_case(
+            &mut b,
+            &mut r,
+            &format!("{t} 3^3 16->32"),
+            16,
+            32,
+            [6, 7, 9],
+            [3; 3],
+            [1; 3],
+            [1; 3],
+            [1; 6],
+            1,
+            None,
+        );
+        conv_case(
+            &mut b,
+            &mut r,
+            &format!("{t} 3^3 s2 24->72 +leaky"),
+            24,
+            72,
+            [9, 8, 10],
+            [3; 3],
+            [2; 3],
+            [1; 3],
+            [1; 6],
+            1,
+            leaky(),
+        );
+        conv_case(
+            &mut b,
+            &mut r,
+            &format!("{t} 3^3 dil2 8->16"),
+            8,
+            16,
+            [7, 8, 6],
+            [3; 3],
+            [1; 3],
+            [2; 3],
+            [2; 6],
+            1,
+            None,
+        );
+        conv_case(
+            &mut b,
+            &mut r,
+            &format!("{t} 1x1 head 32->14"),
+            32,
+            14,
+            [8, 9, 10],
+            [1; 3],
+            [1; 3],
+            [1; 3],
+            [0; 6],
+            1,
+            None,
+        );
+        conv_case(
+            &mut b,
+            &mut r,
+            &format!("{t} Cin=1 3^3 ->32 +leaky"),
+            1,
+            32,
+            [9, 8, 7],
+            [3; 3],
+            [1; 3],
+            [1; 3],
+            [1; 6],
+            1,
+            leaky(),
+        );
+        conv_case(
+            &mut b,
+            &mut r,
+            &format!("{t} 3^3 64->136"),
+            64,
+            136,
+            [5, 6, 4],
+            [3; 3],
+            [1; 3],
+            [1; 3],
+            [1; 6],
+            1,
+            None,
+        );
+        convt_case(
+            &mut b,
+            &mut r,
+            &format!("{t} convT k2s2 32->16"),
+            32,
+            16,
+            [5, 6, 7],
+            [2; 3],
+            [2; 3],
+            [0; 6],
+            [0; 3],
+            1,
+        );
+        convt_case(
+            &mut b,
+            &mut r,
+            &format!("{t} convT k2s2 3->5 (odd Cout)"),
+            3,
+            5,
+            [4, 3, 5],
+            [2; 3],
+            [2; 3],
+            [0; 6],
+            [0; 3],
+            1,
+        );
+        convt_case(
+            &mut b,
+            &mut r,
+            &format!("{t} convT k2s2 16->40"),
+            16,
+            40,
+            [4, 4, 3],
+            [2; 3],
+            [2; 3],
+            [0; 6],
+            [0; 3],
+            1,
+        );
+        convt_case(
+            &mut b,
+            &mut r,
+            &format!("{t} convT k(2,1,2) s(2,1,2) 8->24"),
+            8,
+            24,
+            [3, 5, 4],
+            [2, 1, 2],
+            [2, 1, 2],
+            [0; 6],
+            [0; 3],
+            1,
+        );
+    }
+    b.set_conv_tile(None).unwrap();
+    b.set_legacy_conv(true);
+    conv_case(
+        &mut b,
+        &mut r,
+        "legacy 3^3 16->32",
+        16,
+        32,
+        [6, 7, 9],
+        [3; 3],
+        [1; 3],
+        [1; 3],
+        [1; 6],
+        1,
+        None,
+    );
+    convt_case(
+        &mut b,
+        &mut r,
+        "legacy convT k2s2 32->16",
+        32,
+        16,
+        [5, 6, 7],
+        [2; 3],
+        [2; 3],
+        [0; 6],
+        [0; 3],
+        1,
+    );
+    b.set_legacy_conv(false);
+}
+
+/// Times one single-conv graph (batch n, window s^3) on random data; returns ms per forward.
+fn time_one(
+    b: &mut CudaBackend,
+    r: &mut Rng,
+    op: Op,
+    cin: usize,
+    cout: usize,
+    n: usize,
+    s: usize,
+) -> f64 {
+    let g = graph(cin, vec![(op, vec![0], cout)]);
+    b.set_poison(false);
+    b.prepare(&g, n, [s; 3]).expect("prepare");
+    // A random block repeated (not zeros, cheap to make for the 1 GB inputs).
+    let total = n * cin * s * s * s;
+    let block = r.vec(total.min(1 << 22), 1.0);
+    let data: Vec<f32> = (0..total).map(|i| block[i % block.len()]).collect();
+    let x = Array5::from_shape_vec((n, cin, s, s, s), data).unwrap();
+    b.run(x.view()).expect("run");
+    let est = b.time_forward(n, 3).expect("time");
+    let reps = ((100.0 / est.max(1e-3)) as usize).clamp(5, 200);
+    b.time_forward(n, reps).expect("time")
+}
+
+/// The W1 layer list (nnU-Net CT PlainConvUNet 32..320, roi 128, batch 4): every conv and
+/// transposed conv timed alone with CUDA events, legacy wmma kernel vs the mma kernels, and the
+/// K1 shape (32->32 3^3 on 2x32x128^3). Prints TFLOP/s per layer and the summed conv time.
+#[test]
+fn bench_w1_layers() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = rng("w1");
+    // (kind, cin, cout, input size, kernel, stride): c = conv pad k/2, t = transposed k = s.
+    let feats = [32usize, 64, 128, 256, 320, 320];
+    let mut layers: Vec<(char, usize, usize, usize, usize, usize)> = Vec::new();
+    let mut s = 128;
+    let mut cin = 1;
+    for (i, &f) in feats.iter().enumerate() {
+        let st = if i == 0 { 1 } else { 2 };
+        layers.push(('c', cin, f, s, 3, st));
+        s /= st;
+        layers.push(('c', f, f, s, 3, 1));
+        cin = f;
+    }
+    for i in (0..5).rev() {
+        let f = feats[i];
+        layers.push(('t', feats[i + 1], f, s, 2, 2));
+        s *= 2;
+        layers.push(('c', 2 * f, f, s, 3, 1));
+        layers.push(('c', f, f, s, 3, 1));
+    }
+    layers.push(('c', 32, 14, 128, 1, 1));
+    let n = 4;
+    let mut cache: std::collections::HashMap<(char, usize, usize, usize, usize, usize, bool), f64> =
+        Default::default();
+    let (mut tot_old, mut tot_new, mut tot_flop) = (0.0, 0.0, 0.0);
+    for &(kind, ci, co, s, k, st) in &layers {
+        let os = if kind == 't' { s * st } else { s / st };
+        let flop = if kind == 't' {
+            2.0 * (n * s * s * s) as f64 * ci as f64 * (co * k * k * k) as f64
+        } else {
+            2.0 * (n * os * os * os) as f64 * co as f64 * (ci * k * k * k) as f64
+        };
+        let mut ms = [0.0; 2];
+        for (li, legacy) in [true, false].into_iter().enumerate() {
+            let key = (kind, ci, co, s, k, st, legacy);
+            if let Some(&t) = cache.get(&key) {
+                ms[li] = t;
+                continue;
+            }
+            b.set_legacy_conv(legacy);
+            let w = Tensor::new(
+                if kind == 't' {
+                    vec![ci, co, k, k, k]
+                } else {
+                    vec![co, ci, k, k, k]
+                },
+                r.vec(ci * co * k * k * k, 1.0 / ((ci * k * k * k) as f32).sqrt()),
+            );
+            let bias = Some(Tensor::new(vec![co], r.vec(co, 0.1)));
+            let op = if kind == 't' {
+                Op::ConvTranspose(ConvTranspose {
+                    weight: w,
+                    bias,
+                    stride: [st; 3],
+                    dilation: [1; 3],
+                    pads: [0; 6],
+                    output_padding: [0; 3],
+                    groups: 1,
+                })
+            } else {
+                Op::Conv(Conv {
+                    weight: w,
+                    bias,
+                    stride: [st; 3],
+                    dilation: [1; 3],
+                    pads: [k / 2; 6],
+                    groups: 1,
+                })
+            };
+            let t = time_one(&mut b, &mut r, op, ci, co, n, s);
+            cache.insert(key, t);
+            ms[li] = t;
+        }
+        tot_old += ms[0];
+        tot_new += ms[1];
+        tot_flop += flop;
+        println!(
+            "RESULT w1 {kind} {ci:>3}->{co:<3} k{k}s{st} in {s:>3}^3: legacy {:7.3} ms {:6.1} TF/s | mma {:7.3} ms {:6.1} TF/s",
+            ms[0],
+            flop / ms[0] / 1e9,
+            ms[1],
+            flop / ms[1] / 1e9
+        );
+    }
+    println!(
+        "RESULT w1 convs total (batch 4): {:.1} GFLOP, legacy {tot_old:.2} ms ({:.1} TF/s), mma {tot_new:.2} ms ({:.1} TF/s)",
+        tot_flop / 1e9,
+        tot_flop / tot_old / 1e9,
+        tot_flop / tot_new / 1e9
+    );
+    // K1: conv 32->32 3^3 on 2x32x128^3 (cuDNN NDHWC: 166 TF/s), every vectorised tile.
+    let flop = 2.0 * (2 * 128usize.pow(3)) as f64 * 32.0 * (27 * 32) as f64;
+    let k1 = |r: &mut Rng| {
+        Op::Conv(Conv {
+            weight: Tensor::new(vec![32, 32, 3, 3, 3], r.vec(32 * 32 * 27, 0.03)),
+            bias: None,
+            stride: [1; 3],
+            dilation: [1; 3],
+            pads: [1; 6],
+            groups: 1,
+        })
+    };
+    b.set_legacy_conv(true);
+    let op = k1(&mut r);
+    let t = time_one(&mut b, &mut r, op, 32, 32, 2, 128);
+    println!(
+        "RESULT K1 legacy wmma: {t:.3} ms {:.1} TF/s",
+        flop / t / 1e9
+    );
+    b.set_legacy_conv(false);
+    for tile in [
+        None,
+        Some("conv_mma_m256n32_v8"),
+        Some("conv_mma_m128n32_v8"),
+    ] {
+        b.set_conv_tile(tile).unwrap();
+        let op = k1(&mut r);
+        let t = time_one(&mut b, &mut r, op, 32, 32, 2, 128);
+        println!(
+            "RESULT K1 {}: {t:.3} ms {:.1} TF/s ({:.2}x cuDNN 166)",
+            tile.unwrap_or("auto"),
+            flop / t / 1e9,
+            flop / t / 1e9 / 166.0
+        );
+    }
+    b.set_conv_tile(None).unwrap();
+}

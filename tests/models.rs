@@ -6,7 +6,9 @@ use voxtile::backend::cpu::run_graph;
 use voxtile::model::onnx::load;
 
 fn check(model: &str, tol: f64) {
-    let Some(dir) = shared("fixtures/models") else { return };
+    let Some(dir) = shared("fixtures/models") else {
+        return;
+    };
     let g = load(&dir.join(format!("{model}.onnx"))).expect("model loads");
     let x = voxtile::npy::read_f32(&dir.join(format!("{model}_input.npy"))).unwrap();
     let want = voxtile::npy::read_f32(&dir.join(format!("{model}_output.npy"))).unwrap();

@@ -8,21 +8,31 @@ use voxtile::tiling::{BlendMode, PadMode, Placement};
 
 fn triple(v: &serde_json::Value) -> [f64; 3] {
     match v {
-        serde_json::Value::Array(a) => [a[0].as_f64().unwrap(), a[1].as_f64().unwrap(), a[2].as_f64().unwrap()],
+        serde_json::Value::Array(a) => [
+            a[0].as_f64().unwrap(),
+            a[1].as_f64().unwrap(),
+            a[2].as_f64().unwrap(),
+        ],
         x => [x.as_f64().unwrap(); 3],
     }
 }
 
 #[test]
 fn monai_sliding_window_fixtures() {
-    let Some(dir) = shared("fixtures/sliding_window") else { return };
+    let Some(dir) = shared("fixtures/sliding_window") else {
+        return;
+    };
     let index: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("index.json")).unwrap()).unwrap();
     let cases = index.as_array().unwrap();
     assert!(cases.len() >= 3);
     for case in cases {
         let id = case["id"].as_str().unwrap();
-        let model = shared(&format!("fixtures/models/{}", case["model"].as_str().unwrap())).unwrap();
+        let model = shared(&format!(
+            "fixtures/models/{}",
+            case["model"].as_str().unwrap()
+        ))
+        .unwrap();
         let x = voxtile::npy::read_f32(&dir.join(case["input"].as_str().unwrap()))
             .unwrap()
             .into_dimensionality::<Ix5>()
@@ -49,11 +59,16 @@ fn monai_sliding_window_fixtures() {
             ..Options::default()
         };
         let mut engine = Engine::from_file(&model, options).unwrap();
-        let (_, logits, report) = engine.segment_array(x.index_axis(Axis(0), 0), &mut |_, _| {}).unwrap();
+        let (_, logits, report) = engine
+            .segment_array(x.index_axis(Axis(0), 0), &mut |_, _| {})
+            .unwrap();
         let want = want.index_axis(Axis(0), 0);
         assert_eq!(logits.shape(), want.shape(), "{id}: shape");
         let e = rel_l2(logits.iter(), want.iter());
-        eprintln!("{id}: {} windows, rel L2 vs MONAI = {e:.3e}", report.windows);
+        eprintln!(
+            "{id}: {} windows, rel L2 vs MONAI = {e:.3e}",
+            report.windows
+        );
         assert!(e <= 1e-5, "{id}: rel L2 {e:.3e} > 1e-5");
     }
 }

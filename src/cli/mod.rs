@@ -6,7 +6,11 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
-#[command(name = "voxtile", version, about = "Segment 3D medical volumes with an ONNX 3D CNN, window by window")]
+#[command(
+    name = "voxtile",
+    version,
+    about = "Segment 3D medical volumes with an ONNX 3D CNN, window by window"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -65,12 +65,18 @@ impl SegmentArgs {
             PadMode::Edge
         } else {
             PadMode::Constant(self.pad.parse::<f32>().map_err(|_| {
-                Error::Invalid(format!("--pad takes a number or 'edge', not '{}'", self.pad))
+                Error::Invalid(format!(
+                    "--pad takes a number or 'edge', not '{}'",
+                    self.pad
+                ))
             })?)
         };
         let overlap = tiling::parse_triple_f64(&self.overlap)?;
         if overlap.iter().any(|o| !(0.0..1.0).contains(o)) {
-            return Err(Error::Invalid(format!("--overlap must lie in [0, 1), got {}", self.overlap)));
+            return Err(Error::Invalid(format!(
+                "--overlap must lie in [0, 1), got {}",
+                self.overlap
+            )));
         }
         let sigma_scale = tiling::parse_triple_f64(&self.sigma_scale)?;
         if sigma_scale.iter().any(|s| !(*s > 0.0) || !s.is_finite()) {
@@ -83,7 +89,11 @@ impl SegmentArgs {
             return Err(Error::Invalid("--batch must be at least 1".into()));
         }
         Ok(Options {
-            roi: self.roi.as_deref().map(tiling::parse_triple_usize).transpose()?,
+            roi: self
+                .roi
+                .as_deref()
+                .map(tiling::parse_triple_usize)
+                .transpose()?,
             overlap,
             blend: match self.blend.as_str() {
                 "constant" => BlendMode::Constant,
@@ -91,7 +101,11 @@ impl SegmentArgs {
                 _ => BlendMode::Gaussian,
             },
             sigma_scale,
-            placement: if self.placement == "nnunet" { Placement::NnUnet } else { Placement::Monai },
+            placement: if self.placement == "nnunet" {
+                Placement::NnUnet
+            } else {
+                Placement::Monai
+            },
             batch: self.batch,
             pad,
             device: self.device.parse::<Device>()?,
@@ -143,9 +157,11 @@ pub fn run(args: SegmentArgs) -> Result<()> {
     let bar = if std::io::stderr().is_terminal() {
         let b = indicatif::ProgressBar::new(0);
         b.set_style(
-            indicatif::ProgressStyle::with_template("{spinner} windows {pos}/{len} [{bar:30}] {elapsed}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-                .progress_chars("=> "),
+            indicatif::ProgressStyle::with_template(
+                "{spinner} windows {pos}/{len} [{bar:30}] {elapsed}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
         );
         Some(b)
     } else {
@@ -159,9 +175,11 @@ pub fn run(args: SegmentArgs) -> Result<()> {
             }
         })
         .map_err(|e| match e {
-            Error::Invalid(m) | Error::Graph(m) => {
-                Error::Invalid(format!("{} with {}: {m}", args.input.display(), args.model.display()))
-            }
+            Error::Invalid(m) | Error::Graph(m) => Error::Invalid(format!(
+                "{} with {}: {m}",
+                args.input.display(),
+                args.model.display()
+            )),
             e => e,
         })?;
     if let Some(b) = bar {

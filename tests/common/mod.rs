@@ -10,7 +10,10 @@ pub fn shared(rel: &str) -> Option<PathBuf> {
     if p.exists() {
         Some(p)
     } else if std::env::var_os("VOXTILE_REQUIRE_FIXTURES").is_some() {
-        panic!("fixture {} is missing and VOXTILE_REQUIRE_FIXTURES is set", p.display());
+        panic!(
+            "fixture {} is missing and VOXTILE_REQUIRE_FIXTURES is set",
+            p.display()
+        );
     } else {
         eprintln!("skipping: fixture {} not found", p.display());
         None
@@ -22,7 +25,10 @@ pub fn data(rel: &str) -> PathBuf {
 }
 
 /// ‖a − b‖ / ‖b‖ in float64.
-pub fn rel_l2<'a>(a: impl IntoIterator<Item = &'a f32>, b: impl IntoIterator<Item = &'a f32>) -> f64 {
+pub fn rel_l2<'a>(
+    a: impl IntoIterator<Item = &'a f32>,
+    b: impl IntoIterator<Item = &'a f32>,
+) -> f64 {
     let (mut num, mut den) = (0f64, 0f64);
     let mut n = 0usize;
     for (x, y) in a.into_iter().zip(b) {

@@ -20,6 +20,12 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
             "conv_igemm_n32_v8",
             "conv_igemm_n64_v1",
             "conv_igemm_n32_v1",
+            "conv_mma_m256n32_v8",
+            "conv_mma_m128n32_v8",
+            "conv_mma_m128n64_v8",
+            "conv_mma_m128n128_v8",
+            "conv_mma_m128n32_v1",
+            "conv_mma_m128n64_v1",
         ],
     ),
     (

@@ -128,7 +128,11 @@ enum Step {
         bias: u64,
         y: u64,
         slope: u64,
+        /// GEMM tile rows / columns, threads and dynamic shared memory of the launch.
+        bm: u32,
         bn: u32,
+        threads: u32,
+        smem: u32,
         direct: bool,
     },
     Norm {
@@ -249,6 +253,10 @@ pub struct CudaBackend {
     /// Pinned staging of the sliding-window pipeline, kept between calls.
     pinned: Option<pipeline::PinnedCache>,
     poison: bool,
+    /// Convs run on the mma.sync kernels (sm_80+) unless `set_legacy_conv(true)` (benchmarks).
+    conv_mma: bool,
+    /// Forces one `conv_mma_*` tile for every mma conv (tests and benchmarks); None: by shape.
+    conv_tile: Option<&'static str>,
     /// How many kernel families came from the on-disk PTX cache at start.
     pub ptx_from_cache: usize,
 }
@@ -312,6 +320,18 @@ impl CudaBackend {
                 funcs.insert(*e, f);
             }
         }
+        if ma >= 8 {
+            // The mma conv tiles use more than the default 48 KB of dynamic shared memory.
+            for c in plan::MMA_CONFIGS {
+                if let Some(f) = funcs.get(c.name) {
+                    f.set_attribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        c.smem_bytes() as i32,
+                    )
+                    .map_err(drv(&format!("shared memory limit of {}", c.name)))?;
+                }
+            }
+        }
         let device_name = ctx.name().unwrap_or_else(|_| "unknown".into());
         Ok(CudaBackend {
             ctx,
@@ -324,6 +344,8 @@ impl CudaBackend {
             prepared: None,
             pinned: None,
             poison: false,
+            conv_mma: ma >= 8,
+            conv_tile: None,
             ptx_from_cache,
         })
     }
@@ -331,6 +353,48 @@ impl CudaBackend {
     /// Fill every activation buffer with NaN before each run, so unwritten elements show (tests).
     pub fn set_poison(&mut self, on: bool) {
         self.poison = on;
+    }
+
+    /// Runs convs on the older wmma implicit GEMM instead of the mma.sync kernels (for
+    /// before/after benchmarks); takes effect at the next `prepare`.
+    pub fn set_legacy_conv(&mut self, legacy: bool) {
+        let (ma, _) = self.ctx.compute_capability().unwrap_or((0, 0));
+        self.conv_mma = !legacy && ma >= 8;
+    }
+
+    /// Forces the `conv_mma_*` kernel `name` (one of `plan::MMA_CONFIGS`) for the mma convs of
+    /// the next `prepare` (tests cover every tile on small shapes); None picks by shape. A `_v8`
+    /// tile still falls back to `_v1` where Cin % 8 != 0.
+    pub fn set_conv_tile(&mut self, name: Option<&str>) -> Result<()> {
+        self.conv_tile = match name {
+            None => None,
+            Some(n) => Some(
+                plan::MMA_CONFIGS
+                    .iter()
+                    .find(|c| c.name == n)
+                    .map(|c| c.name)
+                    .ok_or_else(|| Error::Invalid(format!("no conv kernel named {n}")))?,
+            ),
+        };
+        Ok(())
+    }
+
+    /// The mma tile for a GEMM of `m` rows, `n` columns.
+    fn mma_tile(&self, m: usize, n: usize, vec8: bool) -> &'static plan::MmaConfig {
+        match self.conv_tile {
+            Some(name) => {
+                let c = plan::MMA_CONFIGS
+                    .iter()
+                    .find(|c| c.name == name)
+                    .expect("checked by set_conv_tile");
+                if c.vec8 && !vec8 {
+                    plan::pick_mma(m, n, false, self.sm_count as usize)
+                } else {
+                    c
+                }
+            }
+            None => plan::pick_mma(m, n, vec8, self.sm_count as usize),
+        }
     }
 
     /// The device's architecture string, e.g. "sm_90".
@@ -526,6 +590,8 @@ impl CudaBackend {
                         c.bias.as_ref(),
                         c.groups,
                         false,
+                        false,
+                        batch,
                         xshape,
                         oshape,
                         [w[2], w[3], w[4]],
@@ -541,12 +607,22 @@ impl CudaBackend {
                 }
                 Op::ConvTranspose(c) => {
                     let w = &c.weight.shape;
+                    let upsample = plan::is_upsampling_convt(
+                        [w[2], w[3], w[4]],
+                        c.stride,
+                        c.dilation,
+                        &c.pads,
+                        c.output_padding,
+                        c.groups,
+                    );
                     steps.push(self.conv_step(
                         &mut consts,
                         &c.weight,
                         c.bias.as_ref(),
                         c.groups,
                         true,
+                        upsample,
+                        batch,
                         xshape,
                         oshape,
                         [w[2], w[3], w[4]],
@@ -816,6 +892,8 @@ impl CudaBackend {
         bias: Option<&Tensor>,
         groups: usize,
         transposed: bool,
+        upsample: bool,
+        batch: usize,
         xs: Shape,
         os: Shape,
         k: [usize; 3],
@@ -830,13 +908,16 @@ impl CudaBackend {
     ) -> Result<Step> {
         let cout = os[0];
         let direct = groups != 1;
-        let bn: u32 = if cout <= 32 { 32 } else { 64 };
-        let cout_pad = cout.div_ceil(64) * 64;
-        let (wh, kpad) =
-            plan::relayout_weight(&weight.data, &weight.shape, groups, transposed, cout_pad);
-        let wb = DevBuf::upload(&self.ctx, &self.stream, &wh)?;
-        let w = wb.ptr;
-        consts.push(wb);
+        let vec8 = xs[0] % 8 == 0;
+        let taps = k[0] * k[1] * k[2];
+        // GEMM rows: output voxels, or input voxels for the upsampling transposed conv.
+        let rows = if upsample {
+            batch * xs[1] * xs[2] * xs[3]
+        } else {
+            batch * os[1] * os[2] * os[3]
+        };
+        // The mma kernels index rows with 32-bit ints; the wmma kernel handles the rest.
+        let mma = self.conv_mma && !direct && (!transposed || upsample) && rows < (1 << 31);
         let bias = match bias {
             Some(b) if b.len() == cout => self.upload_const(consts, &b.data)?,
             Some(b) => {
@@ -847,12 +928,12 @@ impl CudaBackend {
             }
             None => 0,
         };
-        let p = ConvParams {
+        let mut p = ConvParams {
             n: 0,
             di: xs[1] as i32,
             hi: xs[2] as i32,
             wi: xs[3] as i32,
-            cin: if direct { xs[0] as i32 } else { xs[0] as i32 },
+            cin: xs[0] as i32,
             do_: os[1] as i32,
             ho: os[2] as i32,
             wo: os[3] as i32,
@@ -870,22 +951,68 @@ impl CudaBackend {
             dh: dil[1] as i32,
             dw: dil[2] as i32,
             transposed: transposed as i32,
-            kpad: kpad as i32,
+            kpad: 0,
             groups: groups as i32,
             ldc: cout as i32,
             coff: 0,
             act: act.code(),
             alpha: act.alpha(),
             slope_n,
+            ..Default::default()
         };
-        let vec8 = xs[0] % 8 == 0;
-        let func = match (direct, bn, vec8) {
-            (true, _, _) => "conv_direct",
-            (false, 64, true) => "conv_igemm_n64_v8",
-            (false, 64, false) => "conv_igemm_n64_v1",
-            (false, _, true) => "conv_igemm_n32_v8",
-            (false, _, false) => "conv_igemm_n32_v1",
+        let (wh, kpad, func, bm, bn, threads, smem) = if mma && upsample {
+            // Plain GEMM [input voxels x Cin] x [Cin x taps*Cout], scattered to the k^3 blocks.
+            let n = taps * cout;
+            let (wh, kpad) = plan::relayout_upsampling_weight(
+                &weight.data,
+                &weight.shape,
+                n.div_ceil(plan::MMA_N_PAD) * plan::MMA_N_PAD,
+            );
+            p.do_ = xs[1] as i32;
+            p.ho = xs[2] as i32;
+            p.wo = xs[3] as i32;
+            p.cout = n as i32;
+            (p.kd, p.kh, p.kw) = (1, 1, 1);
+            (p.sd, p.sh, p.sw) = (1, 1, 1);
+            (p.dd, p.dh, p.dw) = (1, 1, 1);
+            p.transposed = 0;
+            (p.up_d, p.up_h, p.up_w) = (k[0] as i32, k[1] as i32, k[2] as i32);
+            p.ocout = cout as i32;
+            (p.od, p.oh, p.ow) = (os[1] as i32, os[2] as i32, os[3] as i32);
+            let c = self.mma_tile(rows, n, vec8);
+            (wh, kpad, c.name, c.bm, c.bn, c.threads, c.smem_bytes())
+        } else if mma {
+            let (wh, kpad) = plan::relayout_weight(
+                &weight.data,
+                &weight.shape,
+                groups,
+                transposed,
+                cout.div_ceil(plan::MMA_N_PAD) * plan::MMA_N_PAD,
+            );
+            let c = self.mma_tile(rows, cout, vec8);
+            (wh, kpad, c.name, c.bm, c.bn, c.threads, c.smem_bytes())
+        } else {
+            let bn = if cout <= 32 { 32 } else { 64 };
+            let (wh, kpad) = plan::relayout_weight(
+                &weight.data,
+                &weight.shape,
+                groups,
+                transposed,
+                cout.div_ceil(64) * 64,
+            );
+            let func = match (direct, bn, vec8) {
+                (true, _, _) => "conv_direct",
+                (false, 64, true) => "conv_igemm_n64_v8",
+                (false, 64, false) => "conv_igemm_n64_v1",
+                (false, _, true) => "conv_igemm_n32_v8",
+                (false, _, false) => "conv_igemm_n32_v1",
+            };
+            (wh, kpad, func, 128, bn, 128, 0)
         };
+        p.kpad = kpad as i32;
+        let wb = DevBuf::upload(&self.ctx, &self.stream, &wh)?;
+        let w = wb.ptr;
+        consts.push(wb);
         Ok(Step::Conv {
             func,
             p,
@@ -894,7 +1021,10 @@ impl CudaBackend {
             bias,
             y,
             slope,
-            bn,
+            bm: bm as u32,
+            bn: bn as u32,
+            threads,
+            smem,
             direct,
         })
     }
@@ -912,7 +1042,10 @@ impl CudaBackend {
                     bias,
                     y,
                     slope,
+                    bm,
                     bn,
+                    threads,
+                    smem,
                     direct,
                 } => {
                     let mut p = *p;
@@ -934,13 +1067,17 @@ impl CudaBackend {
                         )?;
                     } else {
                         let m = n * (p.do_ * p.ho * p.wo) as usize;
-                        let grid = (m.div_ceil(128) as u32, (p.cout as u32).div_ceil(*bn), 1);
+                        let grid = (
+                            m.div_ceil(*bm as usize) as u32,
+                            (p.cout as u32).div_ceil(*bn),
+                            1,
+                        );
                         self.launch(
                             s,
                             func,
                             grid,
-                            128,
-                            0,
+                            *threads,
+                            *smem,
                             &mut [
                                 Arg::Conv(p),
                                 Arg::Ptr(*x),

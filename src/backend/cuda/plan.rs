@@ -84,6 +84,156 @@ pub struct ConvParams {
     pub act: i32,
     pub alpha: f32,
     pub slope_n: i32,
+    /// Scatter epilogue (kernel == stride transposed conv as a GEMM): kernel dims, 0 = none.
+    pub up_d: i32,
+    pub up_h: i32,
+    pub up_w: i32,
+    /// Real output channels when scattering (`cout` is then taps x ocout GEMM columns).
+    pub ocout: i32,
+    pub od: i32,
+    pub oh: i32,
+    pub ow: i32,
+}
+
+/// One `conv_mma_*` kernel of kernels/conv.cu: (name, BM, BN, threads, stages, vectorised A).
+pub struct MmaConfig {
+    pub name: &'static str,
+    pub bm: usize,
+    pub bn: usize,
+    pub threads: u32,
+    pub stages: usize,
+    pub vec8: bool,
+}
+
+impl MmaConfig {
+    /// Dynamic shared memory: STAGES x (BM + BN) rows of 40 halves.
+    pub fn smem_bytes(&self) -> u32 {
+        (self.stages * (self.bm + self.bn) * 40 * 2) as u32
+    }
+}
+
+/// Kept in sync with the MMA_ENTRY lines of kernels/conv.cu.
+pub const MMA_CONFIGS: &[MmaConfig] = &[
+    MmaConfig {
+        name: "conv_mma_m256n32_v8",
+        bm: 256,
+        bn: 32,
+        threads: 128,
+        stages: 4,
+        vec8: true,
+    },
+    MmaConfig {
+        name: "conv_mma_m128n32_v8",
+        bm: 128,
+        bn: 32,
+        threads: 128,
+        stages: 4,
+        vec8: true,
+    },
+    MmaConfig {
+        name: "conv_mma_m128n64_v8",
+        bm: 128,
+        bn: 64,
+        threads: 128,
+        stages: 4,
+        vec8: true,
+    },
+    MmaConfig {
+        name: "conv_mma_m128n128_v8",
+        bm: 128,
+        bn: 128,
+        threads: 256,
+        stages: 4,
+        vec8: true,
+    },
+    MmaConfig {
+        name: "conv_mma_m128n32_v1",
+        bm: 128,
+        bn: 32,
+        threads: 128,
+        stages: 3,
+        vec8: false,
+    },
+    MmaConfig {
+        name: "conv_mma_m128n64_v1",
+        bm: 128,
+        bn: 64,
+        threads: 128,
+        stages: 3,
+        vec8: false,
+    },
+];
+
+/// Weight rows of every mma conv are padded to this many columns (the largest BN).
+pub const MMA_N_PAD: usize = 128;
+
+/// Picks the mma tile for a GEMM of `m` rows and `n` columns (`vec8`: Cin % 8 == 0) on `sms`
+/// multiprocessors: BN follows Cout (32 / 64 / 128) so no tensor-core work is padding, the
+/// taller 256-row tile for Cout 32 (half the B traffic per FLOP), and smaller tiles when the
+/// larger ones would leave SMs idle.
+pub fn pick_mma(m: usize, n: usize, vec8: bool, sms: usize) -> &'static MmaConfig {
+    let by = |name: &str| {
+        MMA_CONFIGS
+            .iter()
+            .find(|c| c.name == name)
+            .expect("name in MMA_CONFIGS")
+    };
+    let blocks = |bm: usize, bn: usize| m.div_ceil(bm) * n.div_ceil(bn);
+    if !vec8 {
+        return by(if n <= 32 {
+            "conv_mma_m128n32_v1"
+        } else {
+            "conv_mma_m128n64_v1"
+        });
+    }
+    if n <= 32 {
+        if blocks(256, 32) >= 4 * sms {
+            by("conv_mma_m256n32_v8")
+        } else {
+            by("conv_mma_m128n32_v8")
+        }
+    } else if n <= 64 || blocks(128, 128) < sms {
+        by("conv_mma_m128n64_v8")
+    } else {
+        by("conv_mma_m128n128_v8")
+    }
+}
+
+/// Whether a transposed conv is a pure "each input voxel paints one k^3 block" upsampling
+/// (kernel == stride, no pads, no output padding, dilation 1, one group), which runs as a plain
+/// GEMM [voxels x Cin] x [Cin x taps*Cout] with a scatter epilogue: no zero MACs.
+pub fn is_upsampling_convt(
+    k: [usize; 3],
+    stride: [usize; 3],
+    dil: [usize; 3],
+    pads: &[usize],
+    opad: [usize; 3],
+    groups: usize,
+) -> bool {
+    k == stride && dil == [1; 3] && pads.iter().all(|&p| p == 0) && opad == [0; 3] && groups == 1
+}
+
+/// Weight of the upsampling transposed conv as the GEMM's B matrix: row j = tap * Cout + co,
+/// column ci (weight shape [Cin][Cout][kd][kh][kw]); rows padded to `rows_pad`, K to 32.
+/// Returns (data, kpad).
+pub fn relayout_upsampling_weight(
+    w: &[f32],
+    shape: &[usize],
+    rows_pad: usize,
+) -> (Vec<half::f16>, usize) {
+    let (cin, cout) = (shape[0], shape[1]);
+    let taps = shape[2] * shape[3] * shape[4];
+    let kpad = cin.div_ceil(32) * 32;
+    let mut out = vec![half::f16::ZERO; rows_pad * kpad];
+    for ci in 0..cin {
+        for co in 0..cout {
+            for t in 0..taps {
+                out[(t * cout + co) * kpad + ci] =
+                    half::f16::from_f32(w[(ci * cout + co) * taps + t]);
+            }
+        }
+    }
+    (out, kpad)
 }
 
 /// Mirrors `struct PoolParams` in kernels/pool_resize.cu.
@@ -440,5 +590,38 @@ mod tests {
         }
         let (r, kpad) = relayout_weight(&wt, &[3, 2, 1, 1, 2], 1, true, 64);
         assert_eq!(r[1 * kpad + 1 * 3 + 2].to_f32(), 211.0); // co 1, tap 1, ci 2
+                                                             // As the upsampling GEMM: row tap * Cout + co, column ci.
+        let (u, kpad) = relayout_upsampling_weight(&wt, &[3, 2, 1, 1, 2], 128);
+        assert_eq!(kpad, 32);
+        assert_eq!(u[(1 * 2 + 0) * kpad + 2].to_f32(), 201.0); // tap 1, co 0, ci 2
+        assert_eq!(u[(0 * 2 + 1) * kpad + 1].to_f32(), 110.0); // tap 0, co 1, ci 1
+        assert_eq!(u[4 * kpad].to_f32(), 0.0); // row padding
+    }
+
+    #[test]
+    fn mma_tile_choice_follows_cout_and_fills_the_gpu() {
+        // K1: 2x128^3 voxels, Cout 32: the tall tile.
+        assert_eq!(pick_mma(2 << 21, 32, true, 132).name, "conv_mma_m256n32_v8");
+        assert_eq!(pick_mma(4 * 512, 32, true, 132).name, "conv_mma_m128n32_v8");
+        assert_eq!(pick_mma(4 << 18, 64, true, 132).name, "conv_mma_m128n64_v8");
+        assert_eq!(
+            pick_mma(4 << 15, 128, true, 132).name,
+            "conv_mma_m128n128_v8"
+        );
+        // 8^3 x 4 voxels, Cout 320: 16 x 3 blocks of 128x128 would leave most SMs idle.
+        assert_eq!(
+            pick_mma(4 * 512, 320, true, 132).name,
+            "conv_mma_m128n64_v8"
+        );
+        assert_eq!(pick_mma(1000, 32, false, 132).name, "conv_mma_m128n32_v1");
+        for c in MMA_CONFIGS {
+            assert!(c.smem_bytes() <= 99 * 1024, "{} fits sm_86's limit", c.name);
+        }
+        assert!(is_upsampling_convt(
+            [2; 3], [2; 3], [1; 3], &[0; 6], [0; 3], 1
+        ));
+        assert!(!is_upsampling_convt(
+            [3; 3], [2; 3], [1; 3], &[1; 6], [1; 3], 1
+        ));
     }
 }
