@@ -36,12 +36,21 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io { path: path.into(), source }
+        Error::Io {
+            path: path.into(),
+            source,
+        }
     }
     pub fn volume(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
-        Error::Volume { path: path.into(), msg: msg.into() }
+        Error::Volume {
+            path: path.into(),
+            msg: msg.into(),
+        }
     }
     pub fn model(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
-        Error::Model { path: path.into(), msg: msg.into() }
+        Error::Model {
+            path: path.into(),
+            msg: msg.into(),
+        }
     }
 }

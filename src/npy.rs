@@ -21,7 +21,10 @@ fn parse_f32(bytes: &[u8]) -> std::result::Result<ArrayD<f32>, String> {
             if bytes.len() < 12 {
                 return Err("truncated .npy header".into());
             }
-            (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
+            (
+                u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+                12,
+            )
         }
         v => return Err(format!("unsupported .npy version {v}")),
     };
@@ -30,7 +33,9 @@ fn parse_f32(bytes: &[u8]) -> std::result::Result<ArrayD<f32>, String> {
         .ok_or("truncated .npy header")?;
     let header = std::str::from_utf8(header).map_err(|_| "non-UTF-8 .npy header")?;
     if !header.contains("'descr': '<f4'") {
-        return Err(format!("only little-endian float32 .npy is supported, header: {header}"));
+        return Err(format!(
+            "only little-endian float32 .npy is supported, header: {header}"
+        ));
     }
     if header.contains("'fortran_order': True") {
         return Err("Fortran-ordered .npy is not supported".into());
@@ -45,12 +50,19 @@ fn parse_f32(bytes: &[u8]) -> std::result::Result<ArrayD<f32>, String> {
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<usize>().map_err(|_| format!("bad .npy shape {shape_str}")))
+        .map(|s| {
+            s.parse::<usize>()
+                .map_err(|_| format!("bad .npy shape {shape_str}"))
+        })
         .collect::<std::result::Result<_, _>>()?;
     let n: usize = shape.iter().product();
     let data = &bytes[hstart + hlen..];
     if data.len() != n * 4 {
-        return Err(format!("data holds {} bytes, shape {shape:?} needs {}", data.len(), n * 4));
+        return Err(format!(
+            "data holds {} bytes, shape {shape:?} needs {}",
+            data.len(),
+            n * 4
+        ));
     }
     let v: Vec<f32> = data
         .chunks_exact(4)
@@ -62,7 +74,11 @@ fn parse_f32(bytes: &[u8]) -> std::result::Result<ArrayD<f32>, String> {
 /// Write a float32 C-order `.npy` (v1) file.
 pub fn write_f32(path: &Path, a: &ArrayD<f32>) -> Result<()> {
     let shape: Vec<String> = a.shape().iter().map(|d| d.to_string()).collect();
-    let shape = if shape.len() == 1 { format!("{},", shape[0]) } else { shape.join(", ") };
+    let shape = if shape.len() == 1 {
+        format!("{},", shape[0])
+    } else {
+        shape.join(", ")
+    };
     let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({shape}), }}");
     while (10 + header.len() + 1) % 64 != 0 {
         header.push(' ');
@@ -87,7 +103,9 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("voxtile_npy_{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("a.npy");
-        let a = ArrayD::from_shape_fn(IxDyn(&[2, 3, 4]), |i| (i[0] * 100 + i[1] * 10 + i[2]) as f32);
+        let a = ArrayD::from_shape_fn(IxDyn(&[2, 3, 4]), |i| {
+            (i[0] * 100 + i[1] * 10 + i[2]) as f32
+        });
         write_f32(&p, &a).unwrap();
         let b = read_f32(&p).unwrap();
         assert_eq!(a, b);

@@ -110,20 +110,40 @@ pub enum Op {
     Conv(Conv),
     ConvTranspose(ConvTranspose),
     /// Per (n, c) normalisation over D,H,W, then `scale[c] * x + bias[c]`.
-    InstanceNorm { eps: f32, scale: Tensor, bias: Tensor },
+    InstanceNorm {
+        eps: f32,
+        scale: Tensor,
+        bias: Tensor,
+    },
     /// Per (n, group) normalisation over (C/groups, D, H, W), then per-channel affine.
-    GroupNorm { groups: usize, eps: f32, scale: Tensor, bias: Tensor },
+    GroupNorm {
+        groups: usize,
+        eps: f32,
+        scale: Tensor,
+        bias: Tensor,
+    },
     /// `scale[c] * x + shift[c]`: a BatchNorm that could not be folded into a conv.
-    ChannelAffine { scale: Tensor, shift: Tensor },
+    ChannelAffine {
+        scale: Tensor,
+        shift: Tensor,
+    },
     Relu,
-    LeakyRelu { alpha: f32 },
+    LeakyRelu {
+        alpha: f32,
+    },
     /// `x if x >= 0 else slope * x`, slope of shape [C] (per channel) or [1].
-    PRelu { slope: Tensor },
-    Elu { alpha: f32 },
+    PRelu {
+        slope: Tensor,
+    },
+    Elu {
+        alpha: f32,
+    },
     Sigmoid,
     Tanh,
     /// Softmax over one axis of NCDHW (the exporters use 1, the channels).
-    Softmax { axis: usize },
+    Softmax {
+        axis: usize,
+    },
     Add,
     Mul,
     Sub,
@@ -131,7 +151,9 @@ pub enum Op {
     AddConst(Tensor),
     MulConst(Tensor),
     /// Concatenation along an NCDHW axis (1 for skip connections).
-    Concat { axis: usize },
+    Concat {
+        axis: usize,
+    },
     MaxPool(Pool),
     AveragePool(Pool),
     Resize(Resize),
