@@ -382,7 +382,11 @@ fn value_info(name: &str) -> proto::ValueInfoProto {
     let dims = ["N", "C", "D", "H", "W"]
         .iter()
         .map(|d| Dimension {
-            value: Some(Value::DimParam(d.to_string())),
+            value: Some(if *d == "C" {
+                Value::DimValue(1)
+            } else {
+                Value::DimParam(d.to_string())
+            }),
             ..Default::default()
         })
         .collect();
