@@ -6,7 +6,11 @@ use std::path::PathBuf;
 /// `../shared` next to the repo. CI sets VOXTILE_REQUIRE_FIXTURES=1 so a missing folder fails
 /// there instead of skipping.
 pub fn shared(rel: &str) -> Option<PathBuf> {
-    let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared")).join(rel);
+    // VOXTILE_SHARED_DIR: where the GPU machine finds the copy carried in .dev/ (no ../shared there).
+    let root = std::env::var_os("VOXTILE_SHARED_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared")));
+    let p = root.join(rel);
     if p.exists() {
         Some(p)
     } else if std::env::var_os("VOXTILE_REQUIRE_FIXTURES").is_some() {
@@ -21,7 +25,32 @@ pub fn shared(rel: &str) -> Option<PathBuf> {
 }
 
 pub fn data(rel: &str) -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/data")).join(rel)
+    let root = std::env::var_os("VOXTILE_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/data")));
+    root.join(rel)
+}
+
+/// Optional fixtures (e.g. the MeshNet whose licence keeps it out of the repo): skip when absent.
+pub fn optional_shared(rel: &str) -> Option<PathBuf> {
+    let root = std::env::var_os("VOXTILE_SHARED_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared")));
+    let p = root.join(rel);
+    p.exists().then_some(p)
+}
+
+/// Fraction of equal elements.
+pub fn agreement<'a>(
+    a: impl IntoIterator<Item = &'a u16>,
+    b: impl IntoIterator<Item = &'a u16>,
+) -> f64 {
+    let (mut same, mut n) = (0usize, 0usize);
+    for (x, y) in a.into_iter().zip(b) {
+        same += (x == y) as usize;
+        n += 1;
+    }
+    same as f64 / n.max(1) as f64
 }
 
 /// ‖a − b‖ / ‖b‖ in float64.

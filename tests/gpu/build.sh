@@ -1,22 +1,33 @@
 #!/usr/bin/env bash
-# Builds the GPU test binaries on the build machine and copies them to DEST (default .dev/cuda),
-# named cuda_ops, cuda_kernels_compile, cuda_pipeline and voxtile_lib, for tests/gpu/run.sh on the GPU machine.
+# Builds everything the GPU machine runs (it has no cargo) into DEST (default .dev/gpu), which the
+# device call carries: the GPU test binaries (cuda_ops, cuda_kernels_compile, cuda_pipeline,
+# gpu_fixtures, voxtile_lib), the release `voxtile` and `bench` binaries, a copy of the shared
+# fixtures (../shared does not travel) and the peer's wheels. Then, there: tests/gpu/all.sh.
 set -euo pipefail
-DEST=${1:-.dev/cuda}
+DEST=${1:-.dev/gpu}
 mkdir -p "$DEST"
-cargo test --no-run --message-format=json --lib --test cuda_ops --test cuda_kernels_compile --test cuda_pipeline 2>/dev/null |
+cargo test --no-run --message-format=json --lib --test cuda_ops --test cuda_kernels_compile --test cuda_pipeline --test gpu_fixtures 2>/dev/null |
   python3 -c '
 import json, sys, shutil
 dest = sys.argv[1]
 for line in sys.stdin:
     m = json.loads(line)
     kind = m.get("target", {}).get("kind", [""])[0]
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and kind in ("lib", "test") and m["target"]["name"] in ("cuda_ops", "cuda_kernels_compile", "cuda_pipeline", "voxtile"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and kind in ("lib", "test") and m["target"]["name"] in ("cuda_ops", "cuda_kernels_compile", "cuda_pipeline", "gpu_fixtures", "voxtile"):
         name = "voxtile_lib" if kind == "lib" else m["target"]["name"]
         shutil.copy(m["executable"], f"{dest}/{name}")
         print(name, m["executable"])
 ' "$DEST"
-cp tests/gpu/run.sh "$DEST/run.sh"
+cargo build --release --bin voxtile --example bench
+cp target/release/voxtile target/release/examples/bench "$DEST/"
 # Debug info only makes the transfer larger.
-for f in "$DEST"/cuda_ops "$DEST"/cuda_kernels_compile "$DEST"/cuda_pipeline "$DEST"/voxtile_lib; do strip --strip-debug "$f"; done
+for f in "$DEST"/cuda_ops "$DEST"/cuda_kernels_compile "$DEST"/cuda_pipeline "$DEST"/gpu_fixtures "$DEST"/voxtile_lib "$DEST"/voxtile "$DEST"/bench; do strip --strip-debug "$f"; done
+shared="$(cd "$(dirname "$0")/../.." && pwd)/../shared"
+if [ -d "$shared" ]; then
+  mkdir -p "$DEST/shared/fixtures" "$DEST/wheels"
+  cp -r "$shared/fixtures/models" "$shared/fixtures/sliding_window" "$shared/fixtures/volumes" "$DEST/shared/fixtures/"
+  # Local check only (licence unknown): carried in the git-ignored folder, never committed.
+  [ -d "$shared/fixtures/trained_meshnet" ] && cp -r "$shared/fixtures/trained_meshnet" "$DEST/shared/fixtures/"
+  cp "$shared"/peers/wheels/*.whl "$shared"/peers/peer_e2e.py "$shared"/peers/make_ct512.py "$DEST/wheels/"
+fi
 ls -la "$DEST"

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Runs the CUDA GPU suite on a machine with an NVIDIA GPU, from prebuilt test binaries (it builds
 # nothing: the GPU machine has no cargo). On the build machine:
-#   tests/gpu/build.sh            # -> .dev/cuda/{cuda_ops,cuda_kernels_compile,cuda_pipeline,voxtile_lib}
+#   tests/gpu/build.sh            # -> .dev/gpu/{cuda_ops,cuda_kernels_compile,cuda_pipeline,voxtile_lib}
 # then on the GPU machine, from the repository root:
-#   tests/gpu/run.sh [DIR]        # DIR defaults to .dev/cuda
+#   tests/gpu/run.sh [DIR]        # DIR defaults to .dev/gpu
 # Needs libcuda + libnvrtc (LD_LIBRARY_PATH=/usr/local/cuda/lib64) and CUDA headers
 # (/usr/local/cuda/include, or VOXTILE_CUDA_INCLUDE). Prints a table of RESULT lines last.
 # SANITIZE=1 also runs the op tests (not the benchmark) under compute-sanitizer memcheck.
 set -u
-DIR=${1:-.dev/cuda}
+DIR=${1:-.dev/gpu}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export VOXTILE_REQUIRE_GPU=1 VOXTILE_REQUIRE_NVRTC=1
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/voxtile-cache}
@@ -30,6 +30,8 @@ run "$DIR/cuda_ops" --test-threads=1 --nocapture
 run "$DIR/cuda_ops" --test-threads=1 --nocapture conv_transpose_variants
 # The streamed sliding-window pipeline (vs f64, device peak vs D, OOM retry, stage overlap).
 [ -x "$DIR/cuda_pipeline" ] && run "$DIR/cuda_pipeline" --test-threads=1 --nocapture
+# The real fixtures: PyTorch model outputs, MONAI sliding windows, deepbrain vs onnxruntime, MeshNet.
+[ -x "$DIR/gpu_fixtures" ] && VOXTILE_SHARED_DIR="$DIR/shared" VOXTILE_DATA_DIR="$PWD/data" VOXTILE_REQUIRE_FIXTURES=1 run "$DIR/gpu_fixtures" --test-threads=1 --nocapture
 if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   run timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$DIR/cuda_ops" --test-threads=1 --skip bench
 fi
