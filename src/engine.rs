@@ -353,7 +353,8 @@ impl Engine {
     }
 
     /// The core on ndarray: `data` is (channel, i, j, k); returns labels (i,j,k), blended outputs
-    /// (channel, i, j, k) and the report.
+    /// (channel, i, j, k) and the report. On CUDA without `keep_logits` the labels are made on
+    /// the device and the outputs come back empty (0 channels).
     pub fn segment_array(
         &mut self,
         data: ArrayView4<f32>,
@@ -415,7 +416,7 @@ impl Engine {
         }
         report.seconds.prepare = t.elapsed().as_secs_f64();
 
-        let blended = match &mut self.exec {
+        let (blended, device_labels) = match &mut self.exec {
             Exec::Cpu(backend) => {
                 let mut blender = tiling::Blender::new(cout, &grid, weights);
                 let mut xb = Array5::<f32>::zeros((batch, cin, roi[0], roi[1], roi[2]));
@@ -445,7 +446,7 @@ impl Engine {
                 let out = blender.finish();
                 report.seconds.compute = compute;
                 report.seconds.blend = blend + t.elapsed().as_secs_f64();
-                out
+                (out, None)
             }
             Exec::Cuda(backend) => {
                 let cval = match self.options.pad {
@@ -457,27 +458,52 @@ impl Engine {
                     }
                 };
                 let t = Instant::now();
-                let (out, times) = backend.segment_windows(
-                    net,
-                    grid.padded,
-                    grid.pad_before,
-                    roi,
-                    &grid.starts,
-                    weights.view(),
-                    batch,
-                    cval,
-                )?;
+                // Labels only: argmax on the device, so only u16 labels cross PCIe and the host
+                // never holds C x volume floats (14 classes x 512²x128 would be 1.9 GB).
+                let labels_only = !self.options.keep_logits && cout > 1;
+                let (out, labels, times) = if labels_only {
+                    let (labels, times) = backend.segment_windows_argmax(
+                        net,
+                        grid.padded,
+                        grid.pad_before,
+                        roi,
+                        &grid.starts,
+                        weights.view(),
+                        batch,
+                        cval,
+                    )?;
+                    (
+                        Array4::zeros((0, shape[0], shape[1], shape[2])),
+                        Some(labels),
+                        times,
+                    )
+                } else {
+                    let (out, times) = backend.segment_windows(
+                        net,
+                        grid.padded,
+                        grid.pad_before,
+                        roi,
+                        &grid.starts,
+                        weights.view(),
+                        batch,
+                        cval,
+                    )?;
+                    (out, None, times)
+                };
                 progress(grid.len(), grid.len());
                 report.seconds.compute = t.elapsed().as_secs_f64();
                 report.gpu = serde_json::to_value(&times).ok();
                 report.peak_device_bytes = backend.peak_device_bytes();
-                out
+                (out, labels)
             }
         };
 
         let t = Instant::now();
         let act = self.graph.output_activation();
-        let labels_net = if cout == 1 {
+        let labels_net = if let Some(l) = device_labels {
+            report.labels = "argmax over channels (on the device)".into();
+            l
+        } else if cout == 1 {
             // One channel: a probability (sigmoid applied) or a logit (threshold at 0 = sigmoid 0.5).
             let thr = if act == OutputActivation::Sigmoid {
                 0.5
