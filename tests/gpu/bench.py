@@ -1,7 +1,7 @@
 """One device run: the PyTorch+MONAI peer and voxtile on the same nets (same random weights, exported
 to ONNX here) and the same 512x512x128 volume; prints a table of times and ratios.
 
-usage: python3 tests/gpu/bench.py VOXTILE_BENCH_BINARY OUTDIR [w1,w2,compiled]
+usage: python3 tests/gpu/bench.py VOXTILE_BENCH_BINARY OUTDIR [w1,w2,compiled,k1,w3]
 """
 import json, os, subprocess, sys, time
 import numpy as np, torch, torch.nn as nn
@@ -90,9 +90,69 @@ for name, mk in [("w1", nnunet_ct), ("w2", monai_unet)]:
     rows.append(row)
     print(json.dumps(row), flush=True)
     del model; torch.cuda.empty_cache()
+# K1: one fp16 conv 32->32 3^3 on 2x32x128^3, cuDNN (NDHWC and NCDHW) vs voxtile's kernel (its timing
+# test in cuda_ops, same process-free GPU, same run).
+if "k1" in which:
+    x = torch.randn(2, 32, 128, 128, 128, device=dev, dtype=torch.half)
+    c = nn.Conv3d(32, 32, 3, padding=1).to(dev).half()
+    fl = 2 * 2 * 32 * 128**3 * 32 * 27
+    k1 = {}
+    for fmt in ("ncdhw", "ndhwc"):
+        xx, cc = (x, c) if fmt == "ncdhw" else (x.to(memory_format=torch.channels_last_3d), c.to(memory_format=torch.channels_last_3d))
+        def f():
+            with torch.no_grad():
+                return cc(xx)
+        t, _ = timed(f, 20)
+        k1[fmt] = t
+    ops = os.path.join(os.path.dirname(bench_bin), "cuda_ops")
+    r = subprocess.run([ops, "bench_conv_32_32", "--nocapture", "--test-threads=1"], capture_output=True, text=True)
+    vx = None
+    for line in r.stdout.splitlines():
+        if line.startswith("RESULT bench conv 32->32"):
+            vx = float(line.split(":")[1].split("ms")[0]) / 1e3
+    row = dict(workload="k1", cudnn_ndhwc_s=k1["ndhwc"], cudnn_ncdhw_s=k1["ncdhw"], voxtile_s=vx,
+               cudnn_ndhwc_tflops=round(fl / k1["ndhwc"] / 1e12, 1),
+               voxtile_tflops=None if vx is None else round(fl / vx / 1e12, 1),
+               speedup_vs_cudnn_ndhwc=None if vx is None else round(k1["ndhwc"] / vx, 3))
+    rows.append(row); print(json.dumps(row), flush=True)
+
+# W3: the whole CLI process, int16 512x512x128 .nii.gz -> uint8 labels .nii.gz, W1's net, against
+# peer_e2e.py (nibabel + MONAI + PyTorch) timed the same way. voxtile twice: cold NVRTC cache, then warm.
+if "w3" in which and os.path.exists(f"{out}/w1.onnx"):
+    wheels = os.path.join(os.path.dirname(bench_bin), "wheels")
+    ct20 = os.path.join(os.path.dirname(bench_bin), "shared", "fixtures", "volumes", "ts_ct_512x512x20.nii.gz")
+    ct = f"{out}/ct512.nii.gz"
+    subprocess.run([sys.executable, f"{wheels}/make_ct512.py", ct20, ct], check=True)
+    def wall(cmd, env=None):
+        t = time.perf_counter(); r = subprocess.run(cmd, capture_output=True, text=True, env=env); w = time.perf_counter() - t
+        if r.returncode != 0:
+            sys.stderr.write(r.stderr[-2000:])
+        return w, r
+    t_peer, r = wall([sys.executable, f"{wheels}/peer_e2e.py", ct, f"{out}/peer_seg.nii.gz"])
+    print("peer:", r.stdout.strip(), flush=True)
+    vx_bin = os.path.join(os.path.dirname(bench_bin), "voxtile")
+    cache = f"{out}/vx-cache"
+    env = dict(os.environ, XDG_CACHE_HOME=cache)
+    cmd = [vx_bin, "segment", ct, "--model", f"{out}/w1.onnx", "-o", f"{out}/vx_seg.nii.gz", "--roi", "128",
+           "--overlap", "0.5", "--batch", "4", "--normalize", "zscore", "--device", "cuda", "--force",
+           "--report", f"{out}/w3_report.json"]
+    t_cold, r1 = wall(cmd, env)
+    t_warm, r2 = wall(cmd, env)
+    rep = json.load(open(f"{out}/w3_report.json")) if r2.returncode == 0 else {}
+    row = dict(workload="w3", peer_wall_s=round(t_peer, 3), voxtile_cold_wall_s=round(t_cold, 3),
+               voxtile_warm_wall_s=round(t_warm, 3), speedup_warm=round(t_peer / t_warm, 2),
+               speedup_cold=round(t_peer / t_cold, 2), stages=rep.get("seconds"), rc=[r1.returncode, r2.returncode])
+    rows.append(row); print(json.dumps(row), flush=True)
+
 json.dump(rows, open(f"{out}/bench.json", "w"), indent=1)
 print("\nworkload  peer_eager_s  voxtile_s  ratio  labels_agree  peak_GiB(peer/voxtile)")
 for r in rows:
+    if r.get("workload") == "k1":
+        print(f'k1        cuDNN NDHWC {r["cudnn_ndhwc_s"]*1e3:.3f} ms ({r["cudnn_ndhwc_tflops"]} TF/s), voxtile {r["voxtile_tflops"]} TF/s: speed-up {r["speedup_vs_cudnn_ndhwc"]}')
+        continue
+    if r.get("workload") == "w3":
+        print(f'w3        peer wall {r["peer_wall_s"]} s, voxtile wall {r["voxtile_warm_wall_s"]} s (cold cache {r["voxtile_cold_wall_s"]} s): {r["speedup_warm"]}x faster')
+        continue
     if "error" in r:
         print(r["workload"], "ERROR", r["error"]); continue
     print(f'{r["workload"]:8}  {r["peer_eager_s"]:12.4f}  {r["voxtile_s"]:9.4f}  {r["ratio_vs_eager"]:5.3f}  {r["label_agreement"]:12.5f}  {r["peer_peak_gib"]:.2f}/{r["voxtile_peak_device_gib"]:.2f}')

@@ -25,7 +25,9 @@ for f in "$DEST"/cuda_ops "$DEST"/cuda_kernels_compile "$DEST"/cuda_pipeline "$D
 shared="$(cd "$(dirname "$0")/../.." && pwd)/../shared"
 if [ -d "$shared" ]; then
   mkdir -p "$DEST/shared/fixtures" "$DEST/wheels"
-  cp -r "$shared/fixtures/models" "$shared/fixtures/sliding_window" "$shared/fixtures/volumes" "$DEST/shared/fixtures/"
+  cp -r "$shared/fixtures/models" "$shared/fixtures/sliding_window" "$DEST/shared/fixtures/"
+  mkdir -p "$DEST/shared/fixtures/volumes"
+  cp "$shared/fixtures/volumes/ts_ct_512x512x20.nii.gz" "$DEST/shared/fixtures/volumes/"
   # Local check only (licence unknown): carried in the git-ignored folder, never committed.
   [ -d "$shared/fixtures/trained_meshnet" ] && cp -r "$shared/fixtures/trained_meshnet" "$DEST/shared/fixtures/"
   cp "$shared"/peers/wheels/*.whl "$shared"/peers/peer_e2e.py "$shared"/peers/make_ct512.py "$DEST/wheels/"
