@@ -697,7 +697,9 @@ fn run_cpu(
         let t = Instant::now();
         let n = slab.data.shape()[1];
         let l = finish.labels(slab.data.view());
-        labels.slice_mut(s![slab.d0..slab.d0 + n, .., ..]).assign(&l);
+        labels
+            .slice_mut(s![slab.d0..slab.d0 + n, .., ..])
+            .assign(&l);
         if let Some(lg) = &mut logits {
             lg.slice_mut(s![.., slab.d0..slab.d0 + n, .., ..])
                 .assign(&slab.data);
@@ -796,7 +798,11 @@ fn run_cuda(
     batch: usize,
     finish: Finish,
     cval: f32,
-) -> Result<(Array3<u16>, Option<Array4<f32>>, crate::backend::cuda::GpuTimes)> {
+) -> Result<(
+    Array3<u16>,
+    Option<Array4<f32>>,
+    crate::backend::cuda::GpuTimes,
+)> {
     if !finish.keep_logits && finish.cout > 1 {
         let (labels, times) = backend.segment_windows_argmax(
             net,

@@ -320,7 +320,11 @@ pub fn cuda_activations(
         bufs.push(bytes);
         bufs.len() - 1
     };
-    let ib = alloc(&mut bufs, &mut free, batch * numel(&shapes[graph.input]) * 2);
+    let ib = alloc(
+        &mut bufs,
+        &mut free,
+        batch * numel(&shapes[graph.input]) * 2,
+    );
     in_use.resize(bufs.len(), false);
     in_use[ib] = true;
     buf_of[graph.input] = Some(ib);
@@ -449,7 +453,12 @@ pub fn cuda_weight_bytes(graph: &Graph) -> u64 {
 pub fn window_count(w: &Workload, roi: [usize; 3]) -> Result<usize> {
     let mut n = 1;
     for a in 0..3 {
-        let g = Grid::new([w.shape[a], 1, 1], [roi[a], 1, 1], [w.overlap[a], 0.0, 0.0], w.placement)?;
+        let g = Grid::new(
+            [w.shape[a], 1, 1],
+            [roi[a], 1, 1],
+            [w.overlap[a], 0.0, 0.0],
+            w.placement,
+        )?;
         n *= g.len();
     }
     Ok(n)
@@ -476,7 +485,12 @@ pub fn estimate(
     let windows = window_count(w, roi)?;
     let params = graph.param_count() as u64;
     let padded: [usize; 3] = [0, 1, 2].map(|a| w.shape[a].max(roi[a]));
-    let cpu_output = vox * 2 + if w.keep_logits { cout as u64 * vox * F32 } else { 0 };
+    let cpu_output = vox * 2
+        + if w.keep_logits {
+            cout as u64 * vox * F32
+        } else {
+            0
+        };
     let input = cin as u64 * vox * F32 * if w.copy_input { 2 } else { 1 };
     match target {
         Target::Cpu => {
@@ -569,10 +583,7 @@ pub fn estimate(
 fn axis_candidates(div: usize, hi: usize) -> Vec<usize> {
     let n = hi / div;
     let step = n.div_ceil(16).max(1) * div;
-    let mut v: Vec<usize> = (1..)
-        .map(|k| k * step)
-        .take_while(|&r| r <= hi)
-        .collect();
+    let mut v: Vec<usize> = (1..).map(|k| k * step).take_while(|&r| r <= hi).collect();
     if v.first() != Some(&div) {
         v.insert(0, div);
     }
@@ -656,9 +667,8 @@ pub fn choose(graph: &Graph, req: &Request) -> Result<Plan> {
         })
     };
     // Batches larger than the window count only cost memory.
-    let clip_batch = |roi: [usize; 3], b: usize| -> Result<usize> {
-        Ok(b.min(window_count(w, roi)?).max(1))
-    };
+    let clip_batch =
+        |roi: [usize; 3], b: usize| -> Result<usize> { Ok(b.min(window_count(w, roi)?).max(1)) };
     if let (Some(roi), Some(b)) = (req.user_roi, req.user_batch) {
         let mut p = make(roi, clip_batch(roi, b)?, "user")?;
         let need = p.estimate.budgeted.total();
@@ -744,12 +754,7 @@ pub fn choose(graph: &Graph, req: &Request) -> Result<Plan> {
                     }
                 }
                 let rv = prod(&roi) as i128;
-                let key = (
-                    pick.0,
-                    windows as i128 * rv,
-                    -(rv * pick.1 as i128),
-                    -rv,
-                );
+                let key = (pick.0, windows as i128 * rv, -(rv * pick.1 as i128), -rv);
                 if best.as_ref().is_none_or(|(k, _, _)| key < *k) {
                     best = Some((key, roi, pick.1));
                 }
@@ -867,7 +872,10 @@ pub fn default_budget(target: Target, device: usize) -> (u64, String) {
             ),
         },
         Target::Cpu => match mem_available() {
-            Some(m) => (m / 2, format!("50% of the {} available RAM", format_bytes(m))),
+            Some(m) => (
+                m / 2,
+                format!("50% of the {} available RAM", format_bytes(m)),
+            ),
             None => (4 << 30, "MemAvailable unknown: fixed default".into()),
         },
     }
@@ -887,7 +895,12 @@ impl Plan {
             Target::Cuda => "device",
             Target::Cpu => "host",
         };
-        s += &format!("{:<14}{:>14}{:>10}\n", format!("{what} memory"), "bytes", "budget");
+        s += &format!(
+            "{:<14}{:>14}{:>10}\n",
+            format!("{what} memory"),
+            "bytes",
+            "budget"
+        );
         let b = &e.budgeted;
         for (name, v) in [
             ("weights", b.weights),
@@ -963,7 +976,10 @@ mod tests {
     fn format_bytes_reads_back() {
         assert_eq!(format_bytes(512), "512 B");
         assert_eq!(format_bytes(3 << 29), "1.50 GiB");
-        assert_eq!(parse_bytes(&format_bytes(5 << 20).replace(' ', "")).unwrap(), 5 << 20);
+        assert_eq!(
+            parse_bytes(&format_bytes(5 << 20).replace(' ', "")).unwrap(),
+            5 << 20
+        );
     }
 
     #[test]

@@ -39,7 +39,8 @@ fn workload(shape: [usize; 3]) -> Workload {
 /// Smooth, non-constant input.
 fn input(n: usize, c: usize, r: [usize; 3]) -> Array5<f32> {
     Array5::from_shape_fn((n, c, r[0], r[1], r[2]), |(b, ch, i, j, k)| {
-        ((i as f32 * 0.31 + b as f32).sin() + (j as f32 * 0.17 + ch as f32).cos() * (k as f32 * 0.07).sin())
+        ((i as f32 * 0.31 + b as f32).sin()
+            + (j as f32 * 0.17 + ch as f32).cos() * (k as f32 * 0.07).sin())
             * 0.8
     })
 }
@@ -50,10 +51,7 @@ fn input(n: usize, c: usize, r: [usize; 3]) -> Array5<f32> {
 fn cpu_prediction_matches_measured_liveness() {
     for (name, g) in models() {
         let div = g.spatial_divisor();
-        let rois = [
-            div.map(|d| d * 2),
-            [div[0] * 3, div[1] * 2, div[2] * 4],
-        ];
+        let rois = [div.map(|d| d * 2), [div[0] * 3, div[1] * 2, div[2] * 4]];
         for roi in rois {
             for batch in [1, 2] {
                 let mut b = CpuBackend::new();
@@ -94,7 +92,10 @@ fn activations_scale_with_batch() {
         // fp16 pool vs f32 liveness: never more buffers than values, so at most the f32 total of
         // all values / 2 and at least the f32 peak / 2 minus in-place savings.
         let shapes = g.infer_shapes(1, roi).unwrap();
-        let all: u64 = shapes.iter().map(|s| s.iter().product::<usize>() as u64 * 2).sum();
+        let all: u64 = shapes
+            .iter()
+            .map(|s| s.iter().product::<usize>() as u64 * 2)
+            .sum();
         assert!(r1 <= all, "{name}: pool {r1} > all values {all}");
     }
 }
@@ -150,7 +151,10 @@ fn planner_is_monotone_and_within_budget() {
                     for a in 0..3 {
                         assert_eq!(p.roi[a] % div[a], 0, "{name}: roi {:?}", p.roi);
                         assert!(p.roi[a] <= 128.max(div[a]));
-                        assert!(p.roi[a] < shape[a] + div[a], "{name}: roi beyond the volume");
+                        assert!(
+                            p.roi[a] < shape[a] + div[a],
+                            "{name}: roi beyond the volume"
+                        );
                     }
                     assert!((1..=16).contains(&p.batch) && p.batch <= p.windows);
                     let vpb = p.batch as u64 * p.roi.iter().product::<usize>() as u64;
@@ -206,7 +210,14 @@ fn too_small_budget_is_a_clear_error() {
                 .unwrap()
                 .budgeted
                 .total();
-            let ok = plan::choose(&g, &Request { budget: need, ..req.clone() }).unwrap();
+            let ok = plan::choose(
+                &g,
+                &Request {
+                    budget: need,
+                    ..req.clone()
+                },
+            )
+            .unwrap();
             assert!(ok.estimate.budgeted.total() <= need, "{name}");
         }
     }
@@ -299,43 +310,92 @@ fn plan_command_prints_a_summary_and_json() {
     let out = Command::new(voxtile_bin())
         .args(["plan", "--model"])
         .arg(&model)
-        .args(["--volume", "512x512x128", "--memory-budget", "2GiB", "--device", "cuda"])
+        .args([
+            "--volume",
+            "512x512x128",
+            "--memory-budget",
+            "2GiB",
+            "--device",
+            "cuda",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     for word in [
-        "roi", "batch", "windows", "weights", "activations", "workspace", "staging",
-        "accumulators", "total", "budget", "activation peak at node",
+        "roi",
+        "batch",
+        "windows",
+        "weights",
+        "activations",
+        "workspace",
+        "staging",
+        "accumulators",
+        "total",
+        "budget",
+        "activation peak at node",
     ] {
         assert!(text.contains(word), "missing {word} in:\n{text}");
     }
     let out = Command::new(voxtile_bin())
         .args(["plan", "--model"])
         .arg(&model)
-        .args(["--volume", "512x512x128", "--memory-budget", "2GiB", "--device", "cpu", "--json"])
+        .args([
+            "--volume",
+            "512x512x128",
+            "--memory-budget",
+            "2GiB",
+            "--device",
+            "cpu",
+            "--json",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let roi: Vec<u64> = v["roi"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
-    assert!(roi.iter().all(|r| r % 8 == 0 && *r <= 128));
-    let total: u64 = ["weights", "activations", "workspace", "staging", "accumulators"]
+    let roi: Vec<u64> = v["roi"]
+        .as_array()
+        .unwrap()
         .iter()
-        .map(|k| v["estimate"]["budgeted"][k].as_u64().unwrap())
-        .sum();
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    assert!(roi.iter().all(|r| r % 8 == 0 && *r <= 128));
+    let total: u64 = [
+        "weights",
+        "activations",
+        "workspace",
+        "staging",
+        "accumulators",
+    ]
+    .iter()
+    .map(|k| v["estimate"]["budgeted"][k].as_u64().unwrap())
+    .sum();
     assert!(total <= 2 << 30);
     assert_eq!(v["budget"].as_u64().unwrap(), 2 << 30);
     // Too small: one error line naming the model and the minimum.
     let out = Command::new(voxtile_bin())
         .args(["plan", "--model"])
         .arg(&model)
-        .args(["--volume", "512x512x128", "--memory-budget", "1MiB", "--device", "cpu"])
+        .args([
+            "--volume",
+            "512x512x128",
+            "--memory-budget",
+            "1MiB",
+            "--device",
+            "cpu",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("deepbrain.onnx") && err.contains("too small") && err.contains("needs"), "{err}");
+    assert!(
+        err.contains("deepbrain.onnx") && err.contains("too small") && err.contains("needs"),
+        "{err}"
+    );
     assert_eq!(err.trim().lines().count(), 1);
     // Bad sizes are refused.
     let out = Command::new(voxtile_bin())
