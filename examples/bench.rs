@@ -1,4 +1,7 @@
-//! Times the engine on one volume: `bench MODEL.onnx VOLUME.npy|DxHxW ROI OVERLAP BATCH REPS DEVICE [LABELS_OUT.npy]`.
+//! Times the engine on one volume: `bench MODEL.onnx VOLUME.npy|DxHxW ROI OVERLAP BATCH REPS DEVICE [LABELS_OUT.npy|-] [BUDGET]`.
+//! ROI and BATCH may be `auto` (or 0): the memory planner chooses them under BUDGET (e.g. 4GiB;
+//! default: 80% of free device memory). The report in the JSON carries `predicted_peak_bytes`
+//! next to `peak_device_bytes` / `peak_host_bytes`.
 //! Prints one JSON line (median seconds, windows, stage times, peak memory) for tests/gpu/bench.py,
 //! which runs it next to the PyTorch peer in the same device session.
 
@@ -10,7 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a: Vec<String> = std::env::args().collect();
     if a.len() < 8 {
         return Err(
-            "usage: bench MODEL VOLUME.npy|DxHxW ROI OVERLAP BATCH REPS DEVICE [LABELS_OUT.npy]"
+            "usage: bench MODEL VOLUME.npy|DxHxW ROI|auto OVERLAP BATCH|auto REPS DEVICE [LABELS_OUT.npy|-] [BUDGET]"
                 .into(),
         );
     }
@@ -28,12 +31,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ((i as f32 * 0.05).sin() + (j as f32 * 0.07).cos() * (k as f32 * 0.03).sin()) * 0.7
         })
     };
-    let roi: usize = a[3].parse()?;
+    let auto = |s: &str| -> Result<Option<usize>, std::num::ParseIntError> {
+        if s == "auto" {
+            return Ok(None);
+        }
+        s.parse::<usize>().map(|v| (v > 0).then_some(v))
+    };
     let options = Options {
-        roi: Some([roi; 3]),
+        roi: auto(&a[3])?.map(|r| [r; 3]),
         overlap: [a[4].parse()?; 3],
-        batch: Some(a[5].parse()?),
+        batch: auto(&a[5])?,
         device: a[7].parse::<Device>()?,
+        memory_budget: a
+            .get(9)
+            .map(|b| voxtile::plan::parse_bytes(b))
+            .transpose()?,
         ..Options::default()
     };
     let reps: usize = a[6].parse()?;
@@ -57,7 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         times[times.len() / 2]
     };
-    if let Some(p) = a.get(8) {
+    if let Some(p) = a.get(8).filter(|p| !p.is_empty() && p.as_str() != "-") {
         let l = labels.mapv(|v| v as f32).into_dyn();
         voxtile::npy::write_f32(p.as_ref(), &l)?;
     }

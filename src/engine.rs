@@ -9,6 +9,7 @@ use crate::backend::cuda::CudaBackend;
 use crate::backend::Backend;
 use crate::model::graph::OutputActivation;
 use crate::model::Graph;
+use crate::plan;
 use crate::tiling::{self, BlendMode, Grid, PadMode, Placement};
 use crate::volume::{Header, Volume};
 use crate::{Error, Result};
@@ -147,6 +148,19 @@ pub struct Options {
     /// Keep the blended raw outputs (what MONAI's sliding_window_inference returns).
     pub keep_logits: bool,
     pub normalize: Normalize,
+    /// Bytes the run may use (device memory on CUDA, the host working set on CPU); None: 80% of
+    /// the device's free memory, or half of the available RAM. The planner picks roi and batch
+    /// under it (see [`crate::plan::choose`]).
+    pub memory_budget: Option<u64>,
+    /// Blend into whole-volume accumulators instead of streaming slabs (the reference the slab
+    /// path is tested against; needs C × volume fp32).
+    #[doc(hidden)]
+    pub blend_in_memory: bool,
+    /// CPU test hook: the N-th backend call (1-based, counted over the whole run) fails once
+    /// with `Error::OutOfMemory`. `VOXTILE_INJECT_OOM=N` sets it for the CPU backend (the CUDA
+    /// pipeline reads the variable itself).
+    #[doc(hidden)]
+    pub inject_oom: Option<usize>,
 }
 
 impl Default for Options {
@@ -164,6 +178,9 @@ impl Default for Options {
             axis_order: AxisOrder::Xyz,
             keep_logits: false,
             normalize: Normalize::None,
+            memory_budget: None,
+            blend_in_memory: false,
+            inject_oom: None,
         }
     }
 }
@@ -188,6 +205,27 @@ pub struct Report {
     /// Peak resident memory of the process (VmHWM), bytes.
     pub peak_host_bytes: u64,
     pub peak_device_bytes: Option<u64>,
+    /// The planner's prediction for the roi and batch that ran: host (working set + volume and
+    /// outputs) and device (CUDA).
+    pub predicted_peak_bytes: PredictedPeak,
+    /// Activation bytes the backend measured: CPU executor's liveness peak (max over batches),
+    /// CUDA launch list's buffer pool.
+    pub measured_activation_bytes: Option<u64>,
+    pub memory_budget: u64,
+    pub memory_budget_source: String,
+    /// "default", "planned" or "user".
+    pub plan: String,
+    /// The planner's breakdown (weights, activations, workspace, staging, accumulators).
+    pub predicted: Option<plan::Estimate>,
+    /// Out-of-memory retries, one line each.
+    pub oom_retries: Vec<String>,
+}
+
+/// Predicted peak bytes, next to the measured ones in the report.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PredictedPeak {
+    pub host: u64,
+    pub device: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -222,6 +260,8 @@ pub struct Engine {
     exec: Exec,
     device_name: String,
     prepared: Option<(usize, [usize; 3])>,
+    /// Budget bytes and where they came from.
+    budget: (u64, String),
 }
 
 impl Engine {
@@ -249,12 +289,31 @@ impl Engine {
             Exec::Cpu(b) => b.name(),
             Exec::Cuda(b) => b.name(),
         };
+        let mut options = options;
+        let budget = match options.memory_budget {
+            Some(b) => (b, "--memory-budget".to_string()),
+            None => {
+                let (target, dev) = match (&exec, options.device) {
+                    (Exec::Cuda(_), Device::Cuda(i)) => (plan::Target::Cuda, i),
+                    (Exec::Cuda(_), _) => (plan::Target::Cuda, 0),
+                    (Exec::Cpu(_), _) => (plan::Target::Cpu, 0),
+                };
+                plan::default_budget(target, dev)
+            }
+        };
+        if options.inject_oom.is_none() && matches!(exec, Exec::Cpu(_)) {
+            options.inject_oom = std::env::var("VOXTILE_INJECT_OOM")
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .filter(|&n| n > 0);
+        }
         Ok(Engine {
             graph,
             options,
             exec,
             device_name,
             prepared: None,
+            budget,
         })
     }
 
@@ -271,41 +330,9 @@ impl Engine {
         matches!(self.exec, Exec::Cuda(_))
     }
 
-    /// The window size used for a volume of network-axis shape `shape`.
+    /// The window size used for a volume of network-axis shape `shape` (the planner's choice).
     pub fn roi_for(&self, shape: [usize; 3]) -> Result<[usize; 3]> {
-        let div = self.graph.spatial_divisor();
-        let fixed = self.graph.fixed_input_spatial;
-        let mut roi = [0; 3];
-        for a in 0..3 {
-            roi[a] = match (self.options.roi, fixed[a]) {
-                (Some(r), _) => r[a],
-                (None, Some(f)) => f,
-                (None, None) => {
-                    let want = shape[a].min(128).max(1);
-                    want.div_ceil(div[a]) * div[a]
-                }
-            };
-            if roi[a] == 0 {
-                return Err(Error::Invalid(
-                    "roi must be positive along every axis".into(),
-                ));
-            }
-            if let Some(f) = fixed[a] {
-                if roi[a] != f {
-                    return Err(Error::Invalid(format!(
-                        "the model's input is fixed to {f} along axis {a}, roi asks {}",
-                        roi[a]
-                    )));
-                }
-            }
-            if roi[a] % div[a] != 0 {
-                return Err(Error::Invalid(format!(
-                    "roi {:?} does not fit the model: each axis must be a multiple of {:?} (its downsampling)",
-                    roi, div
-                )));
-            }
-        }
-        Ok(roi)
+        Ok(self.plan_for(shape)?.roi)
     }
 
     /// Segment a volume read from NIfTI; the labels come back on the file's (i,j,k) grid.
@@ -352,9 +379,46 @@ impl Engine {
         })
     }
 
+    /// The plan (roi, batch, predicted memory) for a volume of network-axis shape `shape`.
+    pub fn plan_for(&self, shape: [usize; 3]) -> Result<plan::Plan> {
+        let req = plan::Request {
+            target: self.target(),
+            budget: self.budget.0,
+            budget_explicit: self.options.memory_budget.is_some(),
+            user_roi: self.options.roi,
+            user_batch: self.options.batch,
+            workload: plan::Workload {
+                shape,
+                overlap: self.options.overlap,
+                placement: self.options.placement,
+                keep_logits: self.options.keep_logits,
+                copy_input: self.options.normalize != Normalize::None,
+            },
+        };
+        plan::choose(&self.graph, &req)
+    }
+
+    /// The memory budget in use and where it came from.
+    pub fn memory_budget(&self) -> (u64, &str) {
+        (self.budget.0, &self.budget.1)
+    }
+
+    fn target(&self) -> plan::Target {
+        if self.is_cuda() {
+            plan::Target::Cuda
+        } else {
+            plan::Target::Cpu
+        }
+    }
+
     /// The core on ndarray: `data` is (channel, i, j, k); returns labels (i,j,k), blended outputs
-    /// (channel, i, j, k) and the report. On CUDA without `keep_logits` the labels are made on
-    /// the device and the outputs come back empty (0 channels).
+    /// (channel, i, j, k) and the report. Without `Options::keep_logits` the blended outputs are
+    /// never held whole (finished slabs become labels at once) and the returned array has zero
+    /// channels.
+    ///
+    /// The window and batch come from the memory planner (see [`crate::plan::choose`]). A batch
+    /// that runs out of memory is redone at half the batch; at batch 1 the window is halved and
+    /// the whole volume restarts on the new grid (said on stderr and in the report).
     pub fn segment_array(
         &mut self,
         data: ArrayView4<f32>,
@@ -373,167 +437,397 @@ impl Engine {
             AxisOrder::Zyx => data.permuted_axes([0, 3, 2, 1]),
         };
         let shape = [net.shape()[1], net.shape()[2], net.shape()[3]];
-        let roi = self.roi_for(shape)?;
-        let grid = Grid::new(shape, roi, self.options.overlap, self.options.placement)?;
-        let is_cuda = self.is_cuda();
-        let batch = self
-            .options
-            .batch
-            .unwrap_or(if is_cuda { 2 } else { 1 })
-            .max(1);
-        let batch = batch.min(grid.len().max(1));
-        // Output must keep the window's spatial size (the blender places it over the window).
-        let shapes = self.graph.infer_shapes(batch, roi)?;
-        let out = shapes[self.graph.output];
-        if [out[2], out[3], out[4]] != roi {
-            return Err(Error::Graph(format!(
-                "the model maps a {roi:?} window to {:?}: voxtile needs outputs the size of their input",
-                &out[2..]
-            )));
+        let planned = self.plan_for(shape)?;
+        if let Some(w) = &planned.warning {
+            eprintln!("voxtile: warning: {w}");
         }
-        let cout = out[1];
-        let weights = tiling::weight_map(roi, self.options.blend, self.options.sigma_scale);
+        let (mut roi, mut batch) = (planned.roi, planned.batch);
+        let mut retries: Vec<String> = Vec::new();
+        let mut measured_act = 0u64;
+        let mut injected = self.options.inject_oom.filter(|_| !self.is_cuda());
+        let div = self.graph.spatial_divisor();
+        let fixed = self.graph.fixed_input_spatial;
 
         let mut report = Report {
             input_shape: shape,
             channels: cin,
-            roi,
             overlap: self.options.overlap,
-            windows: grid.len(),
-            batch,
             device: self.device_name.clone(),
             output_activation: format!("{:?}", self.graph.output_activation()).to_lowercase(),
+            memory_budget: self.budget.0,
+            memory_budget_source: self.budget.1.clone(),
+            plan: planned.how.clone(),
             ..Default::default()
         };
+        let mut prepare_s = 0.0;
+        let (labels_net, logits_net, grid_len) = loop {
+            let grid = Grid::new(shape, roi, self.options.overlap, self.options.placement)?;
+            batch = batch.min(grid.len()).max(1);
+            // Output must keep the window's spatial size (the blender places it over the window).
+            let shapes = self.graph.infer_shapes(batch, roi)?;
+            let out = shapes[self.graph.output];
+            if [out[2], out[3], out[4]] != roi {
+                return Err(Error::Graph(format!(
+                    "the model maps a {roi:?} window to {:?}: voxtile needs outputs the size of their input",
+                    &out[2..]
+                )));
+            }
+            let cout = out[1];
+            let weights = tiling::weight_map(roi, self.options.blend, self.options.sigma_scale);
+            let t = Instant::now();
+            self.prepare(batch, roi)?;
+            prepare_s += t.elapsed().as_secs_f64();
+            let finish = Finish {
+                cout,
+                act: self.graph.output_activation(),
+                keep_logits: self.options.keep_logits,
+            };
+            let result = match &mut self.exec {
+                Exec::Cpu(backend) => run_cpu(
+                    &self.graph,
+                    backend,
+                    &mut self.prepared,
+                    net,
+                    &grid,
+                    weights,
+                    &mut batch,
+                    finish,
+                    self.options.pad,
+                    self.options.blend_in_memory,
+                    &mut injected,
+                    &mut retries,
+                    &mut measured_act,
+                    &mut report.seconds,
+                    progress,
+                ),
+                Exec::Cuda(backend) => {
+                    let cval = match self.options.pad {
+                        PadMode::Constant(c) => c,
+                        PadMode::Edge => {
+                            return Err(Error::Invalid(
+                                "edge padding is implemented on the CPU path only: use --device cpu or constant padding".into(),
+                            ))
+                        }
+                    };
+                    let t = Instant::now();
+                    let r = run_cuda(backend, net, &grid, weights, batch, finish, cval);
+                    if r.is_ok() {
+                        progress(grid.len(), grid.len());
+                    }
+                    report.seconds.compute = t.elapsed().as_secs_f64();
+                    report.peak_device_bytes = backend.peak_device_bytes();
+                    measured_act = backend.activation_bytes() as u64;
+                    r.map(|(l, g, times)| {
+                        report.gpu = serde_json::to_value(&times).ok();
+                        (l, g)
+                    })
+                }
+            };
+            match result {
+                Ok((labels, logits)) => break (labels, logits, grid.len()),
+                Err(Error::OutOfMemory(m)) => {
+                    if self.is_cuda() && batch > 1 {
+                        let nb = batch / 2;
+                        let msg = format!(
+                            "out of device memory ({m}) with roi {roi:?} batch {batch}: retrying the volume with batch {nb}"
+                        );
+                        eprintln!("voxtile: {msg}");
+                        retries.push(msg);
+                        batch = nb;
+                        continue;
+                    }
+                    // Batch 1 (the CPU path halves batches itself): a smaller window, new grid.
+                    let new_roi: [usize; 3] = [0, 1, 2].map(|a| match fixed[a] {
+                        Some(f) => f,
+                        None => ((roi[a] / 2) / div[a] * div[a]).max(div[a]),
+                    });
+                    if new_roi == roi {
+                        return Err(Error::OutOfMemory(format!(
+                            "{m}; already at batch 1 and the smallest window {roi:?} the model allows"
+                        )));
+                    }
+                    let msg = format!(
+                        "out of memory ({m}) with roi {roi:?} batch 1: restarting the whole volume with roi {new_roi:?}"
+                    );
+                    eprintln!("voxtile: {msg}");
+                    retries.push(msg);
+                    roi = new_roi;
+                    batch = 1;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        report.seconds.prepare = prepare_s;
+        report.roi = roi;
+        report.batch = batch;
+        report.windows = grid_len;
+        report.oom_retries = retries;
+        report.measured_activation_bytes = Some(measured_act);
+        // The prediction for what finally ran.
+        let est = if (roi, batch) == (planned.roi, planned.batch) {
+            planned.estimate
+        } else {
+            self.plan_for_fixed(shape, roi, batch)?
+        };
+        report.predicted_peak_bytes = PredictedPeak {
+            host: est.predicted_host(),
+            device: est.predicted_device(),
+        };
+        report.predicted = Some(est);
 
         let t = Instant::now();
+        let cout = self.graph.output_channels();
+        report.labels = if cout == 1 {
+            let thr = if self.graph.output_activation() == OutputActivation::Sigmoid {
+                0.5
+            } else {
+                0.0
+            };
+            format!("threshold {thr} on the single output channel")
+        } else {
+            "argmax over channels".into()
+        };
+        let logits_net =
+            logits_net.unwrap_or_else(|| Array4::zeros((0, shape[0], shape[1], shape[2])));
+        // Back to the file's (i,j,k) axes.
+        let (labels, logits) = match self.options.axis_order {
+            AxisOrder::Xyz => (labels_net, logits_net),
+            AxisOrder::Zyx => (
+                labels_net
+                    .permuted_axes([2, 1, 0])
+                    .as_standard_layout()
+                    .to_owned(),
+                logits_net
+                    .permuted_axes([0, 3, 2, 1])
+                    .as_standard_layout()
+                    .to_owned(),
+            ),
+        };
+        report.seconds.finalize += t.elapsed().as_secs_f64();
+        report.peak_host_bytes = peak_rss_bytes();
+        Ok((labels, logits, report))
+    }
+
+    /// The estimate for a given roi and batch (after an OOM retry changed them).
+    fn plan_for_fixed(
+        &self,
+        shape: [usize; 3],
+        roi: [usize; 3],
+        batch: usize,
+    ) -> Result<plan::Estimate> {
+        let w = plan::Workload {
+            shape,
+            overlap: self.options.overlap,
+            placement: self.options.placement,
+            keep_logits: self.options.keep_logits,
+            copy_input: self.options.normalize != Normalize::None,
+        };
+        plan::estimate(&self.graph, self.target(), roi, batch, &w)
+    }
+
+    /// Prepare the backend for (batch, roi) unless it already is.
+    fn prepare(&mut self, batch: usize, roi: [usize; 3]) -> Result<()> {
         if self.prepared != Some((batch, roi)) {
+            self.prepared = None;
             match &mut self.exec {
                 Exec::Cpu(b) => b.prepare(&self.graph, batch, roi)?,
                 Exec::Cuda(b) => b.prepare(&self.graph, batch, roi)?,
             }
             self.prepared = Some((batch, roi));
         }
-        report.seconds.prepare = t.elapsed().as_secs_f64();
+        Ok(())
+    }
+}
 
-        let (blended, device_labels) = match &mut self.exec {
-            Exec::Cpu(backend) => {
-                let mut blender = tiling::Blender::new(cout, &grid, weights);
-                let mut xb = Array5::<f32>::zeros((batch, cin, roi[0], roi[1], roi[2]));
-                let (mut compute, mut blend) = (0.0, 0.0);
-                let total = grid.len();
-                for (ci, chunk) in grid.starts.chunks(batch).enumerate() {
-                    let t = Instant::now();
-                    for (i, &start) in chunk.iter().enumerate() {
-                        tiling::gather_window(
-                            net,
-                            &grid,
-                            start,
-                            self.options.pad,
-                            xb.index_axis_mut(Axis(0), i),
-                        );
-                    }
-                    let y = backend.run(xb.slice(s![..chunk.len(), .., .., .., ..]))?;
-                    compute += t.elapsed().as_secs_f64();
-                    let t = Instant::now();
-                    for (i, &start) in chunk.iter().enumerate() {
-                        blender.add(start, y.index_axis(Axis(0), i));
-                    }
-                    blend += t.elapsed().as_secs_f64();
-                    progress((ci * batch + chunk.len()).min(total), total);
-                }
-                let t = Instant::now();
-                let out = blender.finish();
-                report.seconds.compute = compute;
-                report.seconds.blend = blend + t.elapsed().as_secs_f64();
-                (out, None)
-            }
-            Exec::Cuda(backend) => {
-                let cval = match self.options.pad {
-                    PadMode::Constant(c) => c,
-                    PadMode::Edge => {
-                        return Err(Error::Invalid(
-                            "edge padding is implemented on the CPU path only: use --device cpu or constant padding".into(),
-                        ))
-                    }
-                };
-                let t = Instant::now();
-                // Labels only: argmax on the device, so only u16 labels cross PCIe and the host
-                // never holds C x volume floats (14 classes x 512²x128 would be 1.9 GB).
-                let labels_only = !self.options.keep_logits && cout > 1;
-                let (out, labels, times) = if labels_only {
-                    let (labels, times) = backend.segment_windows_argmax(
-                        net,
-                        grid.padded,
-                        grid.pad_before,
-                        roi,
-                        &grid.starts,
-                        weights.view(),
-                        batch,
-                        cval,
-                    )?;
-                    (
-                        Array4::zeros((0, shape[0], shape[1], shape[2])),
-                        Some(labels),
-                        times,
-                    )
-                } else {
-                    let (out, times) = backend.segment_windows(
-                        net,
-                        grid.padded,
-                        grid.pad_before,
-                        roi,
-                        &grid.starts,
-                        weights.view(),
-                        batch,
-                        cval,
-                    )?;
-                    (out, None, times)
-                };
-                progress(grid.len(), grid.len());
-                report.seconds.compute = t.elapsed().as_secs_f64();
-                report.gpu = serde_json::to_value(&times).ok();
-                report.peak_device_bytes = backend.peak_device_bytes();
-                (out, labels)
-            }
-        };
+/// How blended outputs become labels.
+#[derive(Clone, Copy)]
+struct Finish {
+    cout: usize,
+    act: OutputActivation,
+    keep_logits: bool,
+}
 
-        let t = Instant::now();
-        let act = self.graph.output_activation();
-        let labels_net = if let Some(l) = device_labels {
-            report.labels = "argmax over channels (on the device)".into();
-            l
-        } else if cout == 1 {
-            // One channel: a probability (sigmoid applied) or a logit (threshold at 0 = sigmoid 0.5).
-            let thr = if act == OutputActivation::Sigmoid {
+impl Finish {
+    /// Labels of blended outputs `(C, n, H, W)`: argmax over channels, or a threshold on one
+    /// channel (0.5 after a Sigmoid in the graph, 0 on raw logits).
+    fn labels(&self, blended: ArrayView4<f32>) -> Array3<u16> {
+        if self.cout == 1 {
+            let thr = if self.act == OutputActivation::Sigmoid {
                 0.5
             } else {
                 0.0
             };
-            report.labels = format!("threshold {thr} on the single output channel");
-            tiling::threshold(blended.view(), thr)
+            tiling::threshold(blended, thr)
         } else {
-            report.labels = "argmax over channels".into();
-            tiling::argmax(blended.view())
-        };
-        // Back to the file's (i,j,k) axes.
-        let (labels, logits) = match self.options.axis_order {
-            AxisOrder::Xyz => (labels_net, blended),
-            AxisOrder::Zyx => (
-                labels_net
-                    .permuted_axes([2, 1, 0])
-                    .as_standard_layout()
-                    .to_owned(),
-                blended
-                    .permuted_axes([0, 3, 2, 1])
-                    .as_standard_layout()
-                    .to_owned(),
-            ),
-        };
-        report.seconds.finalize = t.elapsed().as_secs_f64();
-        report.peak_host_bytes = peak_rss_bytes();
-        Ok((labels, logits, report))
+            tiling::argmax(blended)
+        }
     }
+}
+
+type NetOut = (Array3<u16>, Option<Array4<f32>>);
+
+/// The CPU loop: gather a batch, run it, blend it; finished slabs become labels (and logits when
+/// kept) at once. A batch that fails with `OutOfMemory` is redone at half the batch (the
+/// backend re-prepared), and the run goes on at that batch; at batch 1 the error goes up.
+#[allow(clippy::too_many_arguments)]
+fn run_cpu(
+    graph: &Graph,
+    backend: &mut CpuBackend,
+    prepared: &mut Option<(usize, [usize; 3])>,
+    net: ArrayView4<f32>,
+    grid: &Grid,
+    weights: Array3<f32>,
+    batch: &mut usize,
+    finish: Finish,
+    pad: PadMode,
+    in_memory: bool,
+    inject_oom: &mut Option<usize>,
+    retries: &mut Vec<String>,
+    measured_act: &mut u64,
+    seconds: &mut StageTimes,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<NetOut> {
+    let (cin, roi, shape) = (net.shape()[0], grid.roi, grid.shape);
+    let cout = finish.cout;
+    let mut labels = Array3::<u16>::zeros((shape[0], shape[1], shape[2]));
+    let mut logits = finish
+        .keep_logits
+        .then(|| Array4::<f32>::zeros((cout, shape[0], shape[1], shape[2])));
+    let mut store = |slab: tiling::Slab, seconds: &mut StageTimes| {
+        let t = Instant::now();
+        let n = slab.data.shape()[1];
+        let l = finish.labels(slab.data.view());
+        labels
+            .slice_mut(s![slab.d0..slab.d0 + n, .., ..])
+            .assign(&l);
+        if let Some(lg) = &mut logits {
+            lg.slice_mut(s![.., slab.d0..slab.d0 + n, .., ..])
+                .assign(&slab.data);
+        }
+        seconds.finalize += t.elapsed().as_secs_f64();
+    };
+    enum Acc {
+        Slab(tiling::SlabBlender),
+        Whole(tiling::Blender),
+    }
+    let mut acc = if in_memory {
+        Acc::Whole(tiling::Blender::new(cout, grid, weights))
+    } else {
+        Acc::Slab(tiling::SlabBlender::new(cout, grid, weights))
+    };
+    let mut xb = Array5::<f32>::zeros((*batch, cin, roi[0], roi[1], roi[2]));
+    let total = grid.len();
+    let mut calls = 0usize;
+    let mut next = 0usize;
+    while next < total {
+        let n = (*batch).min(total - next);
+        let chunk = &grid.starts[next..next + n];
+        let t = Instant::now();
+        for (i, &start) in chunk.iter().enumerate() {
+            tiling::gather_window(net, grid, start, pad, xb.index_axis_mut(Axis(0), i));
+        }
+        calls += 1;
+        let y = if *inject_oom == Some(calls) {
+            *inject_oom = None;
+            Err(Error::OutOfMemory(format!(
+                "injected at backend call {calls}"
+            )))
+        } else {
+            backend.run(xb.slice(s![..n, .., .., .., ..]))
+        };
+        let y = match y {
+            Ok(y) => y,
+            Err(Error::OutOfMemory(m)) if *batch > 1 => {
+                let nb = *batch / 2;
+                let msg = format!(
+                    "out of memory ({m}) at windows {next}..{}: batch {} -> {nb}, redoing them",
+                    next + n,
+                    *batch
+                );
+                eprintln!("voxtile: {msg}");
+                retries.push(msg);
+                *batch = nb;
+                *prepared = None;
+                backend.prepare(graph, nb, roi)?;
+                *prepared = Some((nb, roi));
+                xb = Array5::<f32>::zeros((nb, cin, roi[0], roi[1], roi[2]));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        *measured_act = (*measured_act).max(backend.last_stats().peak_live_bytes as u64);
+        seconds.compute += t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let mut done = Vec::new();
+        for (i, &start) in chunk.iter().enumerate() {
+            match &mut acc {
+                Acc::Slab(b) => done.extend(b.add(start, y.index_axis(Axis(0), i))),
+                Acc::Whole(b) => b.add(start, y.index_axis(Axis(0), i)),
+            }
+        }
+        seconds.blend += t.elapsed().as_secs_f64();
+        for slab in done {
+            store(slab, seconds);
+        }
+        next += n;
+        progress(next, total);
+    }
+    match acc {
+        Acc::Slab(b) => {
+            if let Some(slab) = b.finish() {
+                store(slab, seconds);
+            }
+        }
+        Acc::Whole(b) => {
+            let t = Instant::now();
+            let out = b.finish();
+            seconds.blend += t.elapsed().as_secs_f64();
+            store(tiling::Slab { d0: 0, data: out }, seconds);
+        }
+    }
+    Ok((labels, logits))
+}
+
+/// The CUDA path: the whole window list in one streamed pipeline call; labels made on the
+/// device unless the blended outputs are kept (or there is one channel, thresholded here).
+fn run_cuda(
+    backend: &mut CudaBackend,
+    net: ArrayView4<f32>,
+    grid: &Grid,
+    weights: Array3<f32>,
+    batch: usize,
+    finish: Finish,
+    cval: f32,
+) -> Result<(
+    Array3<u16>,
+    Option<Array4<f32>>,
+    crate::backend::cuda::GpuTimes,
+)> {
+    if !finish.keep_logits && finish.cout > 1 {
+        let (labels, times) = backend.segment_windows_argmax(
+            net,
+            grid.padded,
+            grid.pad_before,
+            grid.roi,
+            &grid.starts,
+            weights.view(),
+            batch,
+            cval,
+        )?;
+        return Ok((labels, None, times));
+    }
+    let (out, times) = backend.segment_windows(
+        net,
+        grid.padded,
+        grid.pad_before,
+        grid.roi,
+        &grid.starts,
+        weights.view(),
+        batch,
+        cval,
+    )?;
+    let labels = finish.labels(out.view());
+    Ok((labels, finish.keep_logits.then_some(out), times))
 }
 
 /// The process's resident high-water mark (VmHWM) in bytes; 0 where /proc is missing.

@@ -1,5 +1,6 @@
 //! The `voxtile` command line: segment, info, inspect. `main.rs` only calls [`run`].
 
+mod plan;
 mod segment;
 
 use clap::{Parser, Subcommand};
@@ -25,6 +26,9 @@ enum Command {
         /// .nii or .nii.gz file
         input: PathBuf,
     },
+    /// Plan roi and batch for a model and volume size under a memory budget, and print the
+    /// predicted memory (weights, activations, workspace, staging, accumulators).
+    Plan(plan::PlanArgs),
     /// Show an ONNX model's inputs, outputs, ops, parameters and receptive field.
     Inspect {
         /// .onnx file
@@ -53,6 +57,7 @@ pub fn run() -> i32 {
         .try_init();
     let result = match cli.command {
         Command::Segment(args) => segment::run(args),
+        Command::Plan(args) => plan::run(args),
         Command::Info { input } => crate::volume::read(&input).map(|v| {
             println!("{}", crate::volume::describe(&input, &v));
         }),

@@ -57,6 +57,11 @@ pub struct SegmentArgs {
     /// Overwrite existing output files
     #[arg(long)]
     pub force: bool,
+    /// Memory the run may use, e.g. 4GiB, 512MiB, 8GB (device memory on CUDA, the host working
+    /// set on CPU); roi and batch are planned under it. Default: 80% of free device memory, or
+    /// half of the available RAM
+    #[arg(long)]
+    pub memory_budget: Option<String>,
 }
 
 impl SegmentArgs {
@@ -112,6 +117,12 @@ impl SegmentArgs {
             axis_order: self.axis_order.parse::<AxisOrder>()?,
             keep_logits: self.logits.is_some(),
             normalize: self.normalize.parse::<Normalize>()?,
+            memory_budget: self
+                .memory_budget
+                .as_deref()
+                .map(crate::plan::parse_bytes)
+                .transpose()?,
+            ..Options::default()
         })
     }
 }

@@ -1,0 +1,146 @@
+//! `voxtile plan`: the memory planner's choice for a model and a volume size, without running.
+
+use crate::engine::Device;
+use crate::plan::{self, Request, Target, Workload};
+use crate::tiling::{self, Placement};
+use crate::{Error, Result};
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// ONNX model
+    #[arg(long, short = 'm')]
+    pub model: PathBuf,
+    /// Volume size in network axes D x H x W (the file's i x j x k), e.g. 512x512x128
+    #[arg(long)]
+    pub volume: String,
+    /// Memory budget, e.g. 4GiB (default: 80% of free device memory, or half the available RAM)
+    #[arg(long)]
+    pub memory_budget: Option<String>,
+    /// Fixed window size (one number or D,H,W): the planner then only chooses the batch
+    #[arg(long)]
+    pub roi: Option<String>,
+    /// Fixed batch: the planner then only chooses the window
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// Which backend's memory to plan: cpu or cuda[:N]
+    #[arg(long, default_value = "cuda")]
+    pub device: String,
+    /// Overlap between windows in [0,1): one number or one per axis
+    #[arg(long, default_value = "0.5")]
+    pub overlap: String,
+    /// Window placement
+    #[arg(long, default_value = "monai", value_parser = ["monai", "nnunet"])]
+    pub placement: String,
+    /// Plan for keeping the blended outputs (--logits of segment)
+    #[arg(long)]
+    pub logits: bool,
+    /// Print the plan as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parse "512x512x128" (or "512,512,128").
+pub fn parse_volume(s: &str) -> Result<[usize; 3]> {
+    let bad = || {
+        Error::Invalid(format!(
+            "--volume '{s}' is not three positive sizes like 512x512x128"
+        ))
+    };
+    let v: Vec<usize> = s
+        .split(['x', 'X', ','])
+        .map(|t| t.trim().parse::<usize>().map_err(|_| bad()))
+        .collect::<Result<_>>()?;
+    match v.as_slice() {
+        &[d, h, w] if d > 0 && h > 0 && w > 0 => Ok([d, h, w]),
+        _ => Err(bad()),
+    }
+}
+
+pub fn run(args: PlanArgs) -> Result<()> {
+    let graph = crate::model::onnx::load(&args.model)?;
+    graph.validate()?;
+    let shape = parse_volume(&args.volume)?;
+    let (target, dev) = match args.device.parse::<Device>()? {
+        Device::Cpu => (Target::Cpu, 0),
+        Device::Cuda(i) => (Target::Cuda, i),
+        Device::Auto => (Target::Cuda, 0),
+    };
+    let overlap = tiling::parse_triple_f64(&args.overlap)?;
+    if overlap.iter().any(|o| !(0.0..1.0).contains(o)) {
+        return Err(Error::Invalid(format!(
+            "--overlap must lie in [0, 1), got {}",
+            args.overlap
+        )));
+    }
+    if args.batch == Some(0) {
+        return Err(Error::Invalid("--batch must be at least 1".into()));
+    }
+    let (budget, source) = match &args.memory_budget {
+        Some(b) => (plan::parse_bytes(b)?, "--memory-budget".to_string()),
+        None => plan::default_budget(target, dev),
+    };
+    let req = Request {
+        target,
+        budget,
+        budget_explicit: args.memory_budget.is_some(),
+        user_roi: args
+            .roi
+            .as_deref()
+            .map(tiling::parse_triple_usize)
+            .transpose()?,
+        user_batch: args.batch,
+        workload: Workload {
+            shape,
+            overlap,
+            placement: if args.placement == "nnunet" {
+                Placement::NnUnet
+            } else {
+                Placement::Monai
+            },
+            keep_logits: args.logits,
+            copy_input: false,
+        },
+    };
+    let p = plan::choose(&graph, &req).map_err(|e| match e {
+        Error::Invalid(m) | Error::Graph(m) => {
+            Error::Invalid(format!("{}: {m}", args.model.display()))
+        }
+        e => e,
+    })?;
+    if args.json {
+        let mut v = serde_json::to_value(&p).map_err(|e| Error::Invalid(format!("json: {e}")))?;
+        v["budget_source"] = serde_json::Value::String(source);
+        v["volume"] = serde_json::json!(shape);
+        println!("{v}");
+    } else {
+        println!(
+            "{} on a {}x{}x{} volume, {}:",
+            args.model.display(),
+            shape[0],
+            shape[1],
+            shape[2],
+            match target {
+                Target::Cpu => "cpu".to_string(),
+                Target::Cuda => format!("cuda:{dev}"),
+            }
+        );
+        print!("{}", p.summary(&graph, &source));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volume_sizes() {
+        assert_eq!(parse_volume("512x512x128").unwrap(), [512, 512, 128]);
+        assert_eq!(parse_volume("8,9,10").unwrap(), [8, 9, 10]);
+        for bad in ["512x512", "0x1x1", "axbxc", ""] {
+            assert!(parse_volume(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,1004 @@
+//! The memory planner: one model of what a run allocates, used to choose the window (roi) and
+//! batch under a budget, to print `voxtile plan`, and to put the prediction next to the measured
+//! peak in `--report`.
+//!
+//! Activations come from the graph IR by liveness over the node order, replaying exactly what each
+//! backend does with its buffers:
+//! - CPU (f32): the executor of `backend::cpu` — a value lives from its node to its last needed
+//!   reader, elementwise ops overwrite their first input when it dies there (otherwise they copy
+//!   it), dead branches are skipped. The prediction equals `CpuBackend::last_stats().peak_live_bytes`.
+//! - CUDA (fp16): the launch-list builder of `backend::cuda` — activations following a conv/norm
+//!   are fused into its epilogue, outputs take the best-fitting freed buffer (smallest that is big
+//!   enough, first on ties) or a new one, inputs are freed after their last reader. The sum of the
+//!   pool's buffers equals `CudaBackend::activation_bytes()`; the liveness peak (which node) is
+//!   reported too, the pool total is what is allocated.
+//!
+//! The rest is counted from the same code paths: weights (f32 on the host, held twice on the CPU
+//! path: the engine's graph and the backend's copy; fp16 re-laid and padded on the device, on the
+//! mma path of sm_80+), workspace (CPU im2col/col2im chunk of each conv, ≤ 4 MiB unless one row is
+//! larger; CUDA f32 staging of the prepared plan and the norm reductions), staging (the window
+//! batch on the host; pinned double buffers and the device window buffers on CUDA) and
+//! accumulators (CPU `SlabBlender`: roi_D padded planes, plus its transient copy while it shifts;
+//! CUDA: the ring of `min(D, 2·roi_D)` planes of fp32 sums and the finalised-plane staging).
+
+use crate::backend::cpu::ops::{is_inplace, COL_BUDGET_BYTES};
+use crate::backend::cuda::pipeline::{chunk_planes, ring_planes};
+use crate::backend::cuda::plan as cplan;
+use crate::model::graph::{Graph, Op};
+use crate::tiling::{Grid, Placement};
+use crate::{Error, Result};
+use serde::Serialize;
+
+/// Which backend's allocations are modelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Target {
+    Cpu,
+    Cuda,
+}
+
+/// Bytes per category, as a memory summary prints them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Breakdown {
+    pub weights: u64,
+    pub activations: u64,
+    pub workspace: u64,
+    pub staging: u64,
+    pub accumulators: u64,
+}
+
+impl Breakdown {
+    pub fn total(&self) -> u64 {
+        self.weights + self.activations + self.workspace + self.staging + self.accumulators
+    }
+}
+
+/// Where the activation peak happens.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PeakNode {
+    /// Index in `Graph::nodes`.
+    pub index: usize,
+    pub name: String,
+    pub op: String,
+    /// Activation bytes alive right after this node wrote its output.
+    pub live_bytes: u64,
+    /// Activation buffers alive then.
+    pub live_values: usize,
+}
+
+/// Everything a run needs besides the window and batch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Workload {
+    /// Volume size in network axes (D, H, W).
+    pub shape: [usize; 3],
+    pub overlap: [f64; 3],
+    pub placement: Placement,
+    /// The blended outputs are kept (`--logits`): the whole fp32 output stays on the host.
+    pub keep_logits: bool,
+    /// The engine copies the input first (normalisation or non-finite voxels).
+    pub copy_input: bool,
+}
+
+/// The predicted memory of one (roi, batch) on a target.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Estimate {
+    pub target: Target,
+    pub roi: [usize; 3],
+    pub batch: usize,
+    pub windows: usize,
+    /// What the budget is compared with: device memory on CUDA, the host working set on CPU.
+    pub budgeted: Breakdown,
+    /// Host memory of the run besides the volume and its outputs (equal to `budgeted` on CPU).
+    pub host: Breakdown,
+    /// Input volume (and its normalised copy) plus the output arrays on the host: fixed by the
+    /// volume, not by the plan, so not counted against the budget.
+    pub volume_bytes: u64,
+    /// The activation liveness peak and its node.
+    pub peak_node: PeakNode,
+    /// CPU: the executor's liveness peak (= `RunStats::peak_live_bytes`); CUDA: the launch list's
+    /// pool without alignment (= `CudaBackend::activation_bytes()`).
+    pub backend_activation_bytes: u64,
+}
+
+impl Estimate {
+    /// Predicted peak device bytes (CUDA only).
+    pub fn predicted_device(&self) -> Option<u64> {
+        (self.target == Target::Cuda).then(|| self.budgeted.total())
+    }
+    /// Predicted peak host bytes: working set plus the volume and outputs.
+    pub fn predicted_host(&self) -> u64 {
+        self.host.total() + self.volume_bytes
+    }
+}
+
+/// What the planner was asked.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub target: Target,
+    /// Bytes the budgeted breakdown may reach.
+    pub budget: u64,
+    /// The budget was given (`--memory-budget`); otherwise the default roi/batch are kept when
+    /// they fit, and a user's explicit roi + batch over budget only warns.
+    pub budget_explicit: bool,
+    pub user_roi: Option<[usize; 3]>,
+    pub user_batch: Option<usize>,
+    pub workload: Workload,
+}
+
+/// The chosen window and batch with their prediction.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    pub roi: [usize; 3],
+    pub batch: usize,
+    pub windows: usize,
+    pub budget: u64,
+    /// How the roi/batch were found: "default", "user", "planned".
+    pub how: String,
+    pub estimate: Estimate,
+    /// Set when a user's explicit roi and batch exceed a default budget (run anyway).
+    pub warning: Option<String>,
+}
+
+/// Largest batch the planner considers.
+pub const MAX_BATCH: usize = 16;
+/// Largest planned window side (a user's `--roi` may be larger).
+pub const MAX_ROI: usize = 128;
+/// Launch size (voxels) below which the GPU is taken as under-used: a launch of fewer voxels is
+/// costed as if it had this many (one 128³ window).
+pub const CUDA_SATURATION_VOXELS: u64 = 1 << 21;
+
+const F32: u64 = 4;
+const F16: u64 = 2;
+
+fn al(b: u64) -> u64 {
+    b.max(256)
+}
+
+fn prod(s: &[usize]) -> u64 {
+    s.iter().map(|&v| v as u64).product()
+}
+
+/// Nodes that contribute to the output and the last needed reader of each value, as the CPU
+/// executor computes them.
+fn cpu_liveness(graph: &Graph) -> (Vec<bool>, Vec<usize>) {
+    let nv = graph.values.len();
+    let mut needed_val = vec![false; nv];
+    if graph.output < nv {
+        needed_val[graph.output] = true;
+    }
+    let mut needed = vec![false; graph.nodes.len()];
+    for (i, node) in graph.nodes.iter().enumerate().rev() {
+        if node.output < nv && needed_val[node.output] {
+            needed[i] = true;
+            for &v in &node.inputs {
+                if v < nv {
+                    needed_val[v] = true;
+                }
+            }
+        }
+    }
+    let mut last_use = vec![0usize; nv];
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if needed[i] {
+            for &v in &node.inputs {
+                if v < nv {
+                    last_use[v] = i;
+                }
+            }
+        }
+    }
+    if graph.output < nv {
+        last_use[graph.output] = usize::MAX;
+    }
+    (needed, last_use)
+}
+
+/// im2col / col2im buffer bytes of one CPU conv node (0 for other ops and pointwise convs), as
+/// `backend::cpu::ops::conv` sizes it.
+fn cpu_col_bytes(op: &Op, x: [usize; 5], y: [usize; 5]) -> u64 {
+    let chunk = |k_rows: usize, row_len: usize, total: usize| -> u64 {
+        let per_row = (k_rows * row_len * F32 as usize).max(1);
+        let rows = (COL_BUDGET_BYTES / per_row).clamp(1, total.max(1));
+        (k_rows * rows * row_len) as u64 * F32
+    };
+    match op {
+        Op::Conv(c) => {
+            let ws = &c.weight.shape;
+            let ksz = ws[2] * ws[3] * ws[4];
+            if ksz == 1 && c.stride == [1, 1, 1] && c.pads == [0; 6] {
+                return 0;
+            }
+            let kk = (x[1] / c.groups.max(1)) * ksz;
+            chunk(kk, y[4], y[2] * y[3])
+        }
+        Op::ConvTranspose(c) => {
+            let ws = &c.weight.shape;
+            let ksz = ws[2] * ws[3] * ws[4];
+            let mrows = (y[1] / c.groups.max(1)) * ksz;
+            chunk(mrows, x[4], x[2] * x[3])
+        }
+        _ => 0,
+    }
+}
+
+/// CPU activations for (batch, roi): the executor's liveness peak, its node, and the largest
+/// (live bytes + conv workspace) at any node.
+pub fn cpu_activations(
+    graph: &Graph,
+    batch: usize,
+    roi: [usize; 3],
+) -> Result<(u64, PeakNode, u64)> {
+    let shapes = graph.infer_shapes(batch, roi)?;
+    let (needed, last_use) = cpu_liveness(graph);
+    let bytes = |v: usize| prod(&shapes[v]) * F32;
+    let mut live: Vec<Option<u64>> = vec![None; graph.values.len()];
+    live[graph.input] = Some(bytes(graph.input));
+    let (mut n_live, mut b_live) = (1usize, bytes(graph.input));
+    let mut peak = PeakNode {
+        index: 0,
+        name: "(input)".into(),
+        op: "input".into(),
+        live_bytes: b_live,
+        live_values: 1,
+    };
+    let mut with_ws = b_live;
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if !needed[i] {
+            continue;
+        }
+        if is_inplace(&node.op) {
+            let v0 = node.inputs[0];
+            let dies = last_use[v0] == i && !node.inputs[1..].contains(&v0);
+            if dies {
+                if let Some(b) = live[v0].take() {
+                    n_live -= 1;
+                    b_live -= b;
+                }
+            }
+        }
+        let ob = bytes(node.output);
+        n_live += 1;
+        b_live += ob;
+        live[node.output] = Some(ob);
+        if b_live > peak.live_bytes {
+            peak = PeakNode {
+                index: i,
+                name: node.name.clone(),
+                op: node.op.name().into(),
+                live_bytes: b_live,
+                live_values: n_live,
+            };
+        }
+        let ws = cpu_col_bytes(&node.op, shapes[node.inputs[0]], shapes[node.output]);
+        // The column buffer lives while the output is written, before inputs are freed.
+        with_ws = with_ws.max(b_live + ws);
+        for (j, &v) in node.inputs.iter().enumerate() {
+            if last_use[v] == i && !node.inputs[..j].contains(&v) {
+                if let Some(b) = live[v].take() {
+                    n_live -= 1;
+                    b_live -= b;
+                }
+            }
+        }
+    }
+    Ok((peak.live_bytes, peak, with_ws))
+}
+
+/// CUDA activations for (batch, roi), replaying the launch-list builder's buffer pool:
+/// (sum of buffers with the 256-byte allocation floor, sum without, liveness peak, widest output
+/// channel count).
+pub fn cuda_activations(
+    graph: &Graph,
+    batch: usize,
+    roi: [usize; 3],
+) -> Result<(u64, u64, PeakNode, usize)> {
+    let shapes = cplan::infer_shapes(graph, roi)?;
+    let cons = cplan::consumers(graph);
+    let nv = graph.values.len();
+    let mut last_use = vec![0usize; nv];
+    for (i, n) in graph.nodes.iter().enumerate() {
+        for &v in &n.inputs {
+            last_use[v] = last_use[v].max(i);
+        }
+    }
+    last_use[graph.output] = usize::MAX;
+    let numel = |s: &cplan::Shape| s.iter().product::<usize>();
+    let mut bufs: Vec<usize> = Vec::new();
+    let mut free: Vec<usize> = Vec::new();
+    let mut in_use: Vec<bool> = Vec::new();
+    let mut buf_of: Vec<Option<usize>> = vec![None; nv];
+    let alloc = |bufs: &mut Vec<usize>, free: &mut Vec<usize>, bytes: usize| -> usize {
+        let best = free
+            .iter()
+            .enumerate()
+            .filter(|(_, &b)| bufs[b] >= bytes)
+            .min_by_key(|(_, &b)| bufs[b])
+            .map(|(i, _)| i);
+        if let Some(i) = best {
+            return free.swap_remove(i);
+        }
+        bufs.push(bytes);
+        bufs.len() - 1
+    };
+    let ib = alloc(
+        &mut bufs,
+        &mut free,
+        batch * numel(&shapes[graph.input]) * 2,
+    );
+    in_use.resize(bufs.len(), false);
+    in_use[ib] = true;
+    buf_of[graph.input] = Some(ib);
+    let live_bytes = |bufs: &[usize], in_use: &[bool]| -> u64 {
+        bufs.iter()
+            .zip(in_use)
+            .filter(|(_, &u)| u)
+            .map(|(&b, _)| b as u64)
+            .sum()
+    };
+    let mut peak = PeakNode {
+        index: 0,
+        name: "(input)".into(),
+        op: "input".into(),
+        live_bytes: live_bytes(&bufs, &in_use),
+        live_values: 1,
+    };
+    let mut fused_into = vec![false; graph.nodes.len()];
+    let mut cmax = 1;
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if fused_into[i] {
+            continue;
+        }
+        let fuse = match &node.op {
+            Op::Conv(_)
+            | Op::ConvTranspose(_)
+            | Op::InstanceNorm { .. }
+            | Op::GroupNorm { .. }
+            | Op::ChannelAffine { .. } => cplan::fusable_activation(graph, &cons, i),
+            _ => None,
+        };
+        let out_v = match fuse {
+            Some(j) => {
+                fused_into[j] = true;
+                graph.nodes[j].output
+            }
+            None => node.output,
+        };
+        let oshape = shapes[node.output];
+        cmax = cmax.max(oshape[0]);
+        let ob = alloc(&mut bufs, &mut free, batch * numel(&oshape) * 2);
+        in_use.resize(bufs.len(), false);
+        in_use[ob] = true;
+        buf_of[out_v] = Some(ob);
+        let lb = live_bytes(&bufs, &in_use);
+        if lb > peak.live_bytes {
+            peak = PeakNode {
+                index: i,
+                name: node.name.clone(),
+                op: node.op.name().into(),
+                live_bytes: lb,
+                live_values: in_use.iter().filter(|&&u| u).count(),
+            };
+        }
+        let end = fuse.unwrap_or(i);
+        for &v in &node.inputs {
+            if last_use[v] <= end && v != out_v {
+                if let Some(b) = buf_of[v].take() {
+                    if !buf_of.iter().any(|o| *o == Some(b)) && !free.contains(&b) {
+                        free.push(b);
+                        in_use[b] = false;
+                    }
+                }
+            }
+        }
+    }
+    if buf_of[graph.output].is_none() {
+        return Err(Error::Graph("the graph output is never computed".into()));
+    }
+    let raw: u64 = bufs.iter().map(|&b| b as u64).sum();
+    let aligned: u64 = bufs.iter().map(|&b| al(b as u64)).sum();
+    Ok((aligned, raw, peak, cmax))
+}
+
+/// Device bytes of the constants the CUDA plan uploads: conv weights re-laid as fp16 GEMM
+/// operands (padded as on the mma path of sm_80+), biases, norm and affine parameters, PReLU
+/// slopes and broadcast constants in f32; each allocation at least 256 bytes.
+pub fn cuda_weight_bytes(graph: &Graph) -> u64 {
+    let f32s = |n: usize| al(n as u64 * F32);
+    let mut total = 0;
+    for node in &graph.nodes {
+        total += match &node.op {
+            Op::Conv(c) => {
+                let ws = &c.weight.shape;
+                let taps = ws[2] * ws[3] * ws[4];
+                let cout = ws[0];
+                let kpad = (taps * ws[1]).div_ceil(32) * 32;
+                let pad = if c.groups != 1 { 64 } else { cplan::MMA_N_PAD };
+                al((cout.div_ceil(pad) * pad * kpad) as u64 * F16)
+                    + c.bias.as_ref().map_or(0, |b| f32s(b.len()))
+            }
+            Op::ConvTranspose(c) => {
+                let ws = &c.weight.shape;
+                let taps = ws[2] * ws[3] * ws[4];
+                let cout = ws[1] * c.groups;
+                let up = cplan::is_upsampling_convt(
+                    [ws[2], ws[3], ws[4]],
+                    c.stride,
+                    c.dilation,
+                    &c.pads,
+                    c.output_padding,
+                    c.groups,
+                );
+                let w = if up {
+                    let n = taps * cout;
+                    n.div_ceil(cplan::MMA_N_PAD) * cplan::MMA_N_PAD * ws[0].div_ceil(32) * 32
+                } else {
+                    let cin_g = ws[0] / c.groups.max(1);
+                    cout.div_ceil(64) * 64 * (taps * cin_g).div_ceil(32) * 32
+                };
+                al(w as u64 * F16) + c.bias.as_ref().map_or(0, |b| f32s(b.len()))
+            }
+            Op::InstanceNorm { scale, bias, .. } | Op::GroupNorm { scale, bias, .. } => {
+                f32s(scale.len()) + f32s(bias.len())
+            }
+            Op::ChannelAffine { scale, .. } => f32s(2 * scale.len()),
+            Op::PRelu { slope } => f32s(slope.len()),
+            Op::AddConst(t) | Op::MulConst(t) => f32s(t.len()),
+            _ => 0,
+        };
+    }
+    total
+}
+
+/// Number of windows of `roi` over the workload's volume.
+pub fn window_count(w: &Workload, roi: [usize; 3]) -> Result<usize> {
+    let mut n = 1;
+    for a in 0..3 {
+        let g = Grid::new(
+            [w.shape[a], 1, 1],
+            [roi[a], 1, 1],
+            [w.overlap[a], 0.0, 0.0],
+            w.placement,
+        )?;
+        n *= g.len();
+    }
+    Ok(n)
+}
+
+/// Predicted memory of one (roi, batch).
+pub fn estimate(
+    graph: &Graph,
+    target: Target,
+    roi: [usize; 3],
+    batch: usize,
+    w: &Workload,
+) -> Result<Estimate> {
+    if batch == 0 || roi.contains(&0) {
+        return Err(Error::Invalid(format!(
+            "batch {batch} and window {roi:?} must be positive"
+        )));
+    }
+    let shapes = graph.infer_shapes(batch, roi)?;
+    let out = shapes[graph.output];
+    let (cin, cout) = (graph.input_channels(), out[1]);
+    let rvox = prod(&roi);
+    let vox = prod(&w.shape);
+    let windows = window_count(w, roi)?;
+    let params = graph.param_count() as u64;
+    let padded: [usize; 3] = [0, 1, 2].map(|a| w.shape[a].max(roi[a]));
+    let cpu_output = vox * 2
+        + if w.keep_logits {
+            cout as u64 * vox * F32
+        } else {
+            0
+        };
+    let input = cin as u64 * vox * F32 * if w.copy_input { 2 } else { 1 };
+    match target {
+        Target::Cpu => {
+            let (act, peak_node, with_ws) = cpu_activations(graph, batch, roi)?;
+            let plane = (padded[1] * padded[2]) as u64;
+            // SlabBlender: (C + 1) sums over roi_D padded planes; shifting copies the kept tail
+            // while the finished slab is out, so up to the same again transiently.
+            let acc = (cout as u64 + 1) * roi[0] as u64 * plane * F32;
+            let budgeted = Breakdown {
+                weights: 2 * params * F32,
+                activations: act,
+                workspace: with_ws - act,
+                // The gathered window batch; the backend's own contiguous copy of it is the
+                // first live activation.
+                staging: batch as u64 * cin as u64 * rvox * F32,
+                accumulators: 2 * acc + rvox * F32,
+            };
+            Ok(Estimate {
+                target,
+                roi,
+                batch,
+                windows,
+                budgeted,
+                host: budgeted,
+                volume_bytes: input + cpu_output,
+                peak_node,
+                backend_activation_bytes: act,
+            })
+        }
+        Target::Cuda => {
+            let (acts, raw, peak_node, cmax) = cuda_activations(graph, batch, roi)?;
+            let b = batch as u64;
+            let argmax = !w.keep_logits && cout > 1;
+            let ring = ring_planes(w.shape[0], roi[0]);
+            let hw = w.shape[1] * w.shape[2];
+            let chunk = chunk_planes(ring, hw, cout, argmax);
+            let out_stage = if argmax {
+                (chunk * hw) as u64 * F16
+            } else {
+                (chunk * cout * hw) as u64 * F32
+            };
+            let win_in = b * cin as u64 * rvox;
+            let win_out = b * cout as u64 * rvox;
+            let budgeted = Breakdown {
+                weights: cuda_weight_bytes(graph),
+                activations: acts,
+                // f32 in/out staging of the prepared plan and the norm reductions.
+                workspace: al(win_in * F32)
+                    + al(win_out * F32)
+                    + al(b * cmax as u64 * 2 * 8)
+                    + al(b * cmax as u64 * 2 * F32),
+                // Double-buffered fp16 window batches and the weight map.
+                staging: 2 * al(win_in * F16) + al(rvox * F32),
+                accumulators: al((ring * cout * hw) as u64 * F32)
+                    + al((ring * hw) as u64 * F32)
+                    + 2 * al(out_stage),
+            };
+            let host = Breakdown {
+                weights: params * F32,
+                activations: 0,
+                // Pinned f32 in/out of the prepared plan.
+                workspace: win_in * F32 + win_out * F32,
+                // Pinned fp16 window batches and downloaded planes (double-buffered).
+                staging: 2 * win_in * F16 + 2 * out_stage,
+                accumulators: 0,
+            };
+            let output = if argmax {
+                vox * 2
+            } else {
+                // Blended outputs come back whole, labels are made on the host.
+                cout as u64 * vox * F32 + vox * 2
+            };
+            Ok(Estimate {
+                target,
+                roi,
+                batch,
+                windows,
+                budgeted,
+                host,
+                volume_bytes: input + output,
+                peak_node,
+                backend_activation_bytes: raw,
+            })
+        }
+    }
+}
+
+/// Per-axis window candidates: multiples of `div` from `div` to `hi`, at most about 16 of them
+/// (coarser steps for small divisors), always including `hi`.
+fn axis_candidates(div: usize, hi: usize) -> Vec<usize> {
+    let n = hi / div;
+    let step = n.div_ceil(16).max(1) * div;
+    let mut v: Vec<usize> = (1..).map(|k| k * step).take_while(|&r| r <= hi).collect();
+    if v.first() != Some(&div) {
+        v.insert(0, div);
+    }
+    if v.last() != Some(&hi) {
+        v.push(hi);
+    }
+    v
+}
+
+/// Modelled cost of a run: the voxels of every launch, a launch on CUDA costing at least
+/// [`CUDA_SATURATION_VOXELS`]. On the CPU the windows of a batch run one after another, so the
+/// cost is the voxels computed (windows × roi volume) whatever the batch.
+fn cost(target: Target, windows: usize, roi: [usize; 3], batch: usize) -> u64 {
+    let rv = prod(&roi);
+    match target {
+        Target::Cpu => windows as u64 * rv,
+        Target::Cuda => {
+            let launch = |n: usize| (n as u64 * rv).max(CUDA_SATURATION_VOXELS);
+            let (full, rem) = (windows / batch, windows % batch);
+            full as u64 * launch(batch) + if rem > 0 { launch(rem) } else { 0 }
+        }
+    }
+}
+
+/// The roi used when nothing asks otherwise: the model's fixed size, else 128 clipped to the
+/// volume, rounded up to the network's divisor.
+pub fn default_roi(graph: &Graph, shape: [usize; 3]) -> [usize; 3] {
+    let div = graph.spatial_divisor();
+    [0, 1, 2].map(|a| match graph.fixed_input_spatial[a] {
+        Some(f) => f,
+        None => shape[a].min(MAX_ROI).max(1).div_ceil(div[a]) * div[a],
+    })
+}
+
+/// Choose roi and batch under the budget.
+///
+/// Heuristic (throughput): minimise the modelled time [`cost`] — windows × roi volume (the voxels
+/// the network computes; bigger windows waste less on overlap and borders), with a launch on CUDA
+/// costed as at least one 128³ window (small launches under-use the GPU); among equal costs the
+/// fewest voxels computed, then more voxels per batch, then the bigger window. On the CPU the batch is 1 unless given (a
+/// batch's windows run one after another: a larger batch only costs memory). Candidate rois are
+/// multiples of `graph.spatial_divisor()` per axis, at most 128 (or what the volume needs, if
+/// less); a model's fixed input size is kept; a user's roi is kept and only the batch is chosen.
+/// Without an explicit budget, the default roi (128 clipped to the volume) and batch (1 on CPU, 2
+/// on CUDA) are kept whenever they fit.
+pub fn choose(graph: &Graph, req: &Request) -> Result<Plan> {
+    let w = &req.workload;
+    let div = graph.spatial_divisor();
+    let fixed = graph.fixed_input_spatial;
+    if let Some(r) = req.user_roi {
+        for a in 0..3 {
+            if r[a] == 0 || r[a] % div[a] != 0 {
+                return Err(Error::Invalid(format!(
+                    "roi {r:?} does not fit the model: each axis must be a multiple of {div:?} (its downsampling)"
+                )));
+            }
+            if let Some(f) = fixed[a] {
+                if f != r[a] {
+                    return Err(Error::Invalid(format!(
+                        "the model's input is fixed to {f} along axis {a}, roi asks {}",
+                        r[a]
+                    )));
+                }
+            }
+        }
+    }
+    let default_batch = match req.target {
+        Target::Cpu => 1,
+        Target::Cuda => 2,
+    };
+    let make = |roi: [usize; 3], batch: usize, how: &str| -> Result<Plan> {
+        let e = estimate(graph, req.target, roi, batch, w)?;
+        Ok(Plan {
+            roi,
+            batch,
+            windows: e.windows,
+            budget: req.budget,
+            how: how.into(),
+            estimate: e,
+            warning: None,
+        })
+    };
+    // Batches larger than the window count only cost memory.
+    let clip_batch =
+        |roi: [usize; 3], b: usize| -> Result<usize> { Ok(b.min(window_count(w, roi)?).max(1)) };
+    if let (Some(roi), Some(b)) = (req.user_roi, req.user_batch) {
+        let mut p = make(roi, clip_batch(roi, b)?, "user")?;
+        let need = p.estimate.budgeted.total();
+        if need > req.budget {
+            let msg = format!(
+                "roi {roi:?} with batch {b} needs {} but the memory budget is {}",
+                format_bytes(need),
+                format_bytes(req.budget)
+            );
+            if req.budget_explicit {
+                return Err(Error::Invalid(format!(
+                    "{msg}: lower --batch or --roi, or raise --memory-budget"
+                )));
+            }
+            p.warning = Some(msg);
+        }
+        return Ok(p);
+    }
+    if !req.budget_explicit {
+        let roi = req.user_roi.unwrap_or_else(|| default_roi(graph, w.shape));
+        let b = clip_batch(roi, req.user_batch.unwrap_or(default_batch))?;
+        let p = make(roi, b, "default")?;
+        if p.estimate.budgeted.total() <= req.budget {
+            return Ok(p);
+        }
+    }
+    // Per-axis candidates.
+    let cands: Vec<Vec<usize>> = (0..3)
+        .map(|a| {
+            if let Some(r) = req.user_roi {
+                vec![r[a]]
+            } else if let Some(f) = fixed[a] {
+                vec![f]
+            } else {
+                let need = w.shape[a].max(1).div_ceil(div[a]) * div[a];
+                let cap = (MAX_ROI / div[a] * div[a]).max(div[a]);
+                axis_candidates(div[a], need.min(cap))
+            }
+        })
+        .collect();
+    let fits = |roi: [usize; 3], b: usize| -> Result<bool> {
+        Ok(estimate(graph, req.target, roi, b, w)?.budgeted.total() <= req.budget)
+    };
+    // (cost, voxels computed, -voxels per batch, -roi volume) minimal.
+    let mut best: Option<((u64, i128, i128, i128), [usize; 3], usize)> = None;
+    let mut smallest: Option<(u64, [usize; 3])> = None;
+    for &d in &cands[0] {
+        for &h in &cands[1] {
+            for &wd in &cands[2] {
+                let roi = [d, h, wd];
+                let windows = window_count(w, roi)?;
+                let bmax = match (req.user_batch, req.target) {
+                    (Some(b), _) => b,
+                    (None, Target::Cpu) => 1,
+                    (None, Target::Cuda) => MAX_BATCH,
+                }
+                .min(windows)
+                .max(1);
+                let bmin = if req.user_batch.is_some() { bmax } else { 1 };
+                if !fits(roi, bmin)? {
+                    let need = estimate(graph, req.target, roi, bmin, w)?.budgeted.total();
+                    if smallest.is_none_or(|(n, _)| need < n) {
+                        smallest = Some((need, roi));
+                    }
+                    continue;
+                }
+                // Largest batch that fits (memory grows with the batch).
+                let (mut lo, mut hi) = (bmin, bmax);
+                while lo < hi {
+                    let mid = (lo + hi).div_ceil(2);
+                    if fits(roi, mid)? {
+                        lo = mid;
+                    } else {
+                        hi = mid - 1;
+                    }
+                }
+                // Among batches up to the largest, the cheapest (ties: the largest).
+                let mut pick = (u64::MAX, lo);
+                for b in bmin..=lo {
+                    let c = cost(req.target, windows, roi, b);
+                    if c <= pick.0 {
+                        pick = (c, b);
+                    }
+                }
+                let rv = prod(&roi) as i128;
+                let key = (pick.0, windows as i128 * rv, -(rv * pick.1 as i128), -rv);
+                if best.as_ref().is_none_or(|(k, _, _)| key < *k) {
+                    best = Some((key, roi, pick.1));
+                }
+            }
+        }
+    }
+    match best {
+        Some((_, roi, b)) => make(roi, b, "planned"),
+        None => {
+            let (need, roi) = smallest.unwrap_or((0, [0; 3]));
+            Err(Error::Invalid(format!(
+                "the memory budget {} is too small: the smallest window {roi:?}{} needs {} ({})",
+                format_bytes(req.budget),
+                match req.user_batch {
+                    Some(b) => format!(" with batch {b}"),
+                    None => " with batch 1".into(),
+                },
+                format_bytes(need),
+                match req.target {
+                    Target::Cpu => "host working set",
+                    Target::Cuda => "device memory",
+                }
+            )))
+        }
+    }
+}
+
+/// Parse a byte size: `4GiB`, `512MiB`, `64KiB`, `2GB`, `500MB`, `10KB`, `123` or `123B`
+/// (binary units for *iB, decimal for *B; fractions allowed: `1.5GiB`).
+pub fn parse_bytes(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let bad = || {
+        Error::Invalid(format!(
+            "memory size '{s}' is not a number with an optional unit (B, KB, MB, GB, KiB, MiB, GiB), e.g. 4GiB"
+        ))
+    };
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let x: f64 = num.parse().map_err(|_| bad())?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" | "bytes" => 1.0,
+        "kb" | "k" => 1e3,
+        "mb" | "m" => 1e6,
+        "gb" | "g" => 1e9,
+        "tb" | "t" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "tib" => 1024.0f64.powi(4),
+        _ => return Err(bad()),
+    };
+    let v = x * mult;
+    if !v.is_finite() || v < 1.0 || v > u64::MAX as f64 {
+        return Err(bad());
+    }
+    Ok(v.round() as u64)
+}
+
+/// `1.50 GiB`-style size.
+pub fn format_bytes(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", U[i])
+    }
+}
+
+/// MemAvailable of /proc/meminfo in bytes.
+pub fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Free memory of CUDA device `device`, through the driver (its primary context); None without
+/// a driver or device.
+pub fn cuda_free_bytes(device: usize) -> Option<u64> {
+    // SAFETY: only tries to dlopen the driver library.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return None;
+    }
+    let ctx = cudarc::driver::CudaContext::new(device).ok()?;
+    ctx.bind_to_thread().ok()?;
+    cudarc::driver::result::mem_get_info()
+        .ok()
+        .map(|(free, _)| free as u64)
+}
+
+/// Fixed CUDA budget when the device cannot be asked.
+pub const CUDA_FALLBACK_BUDGET: u64 = 4 << 30;
+
+/// The default budget and where it came from: CUDA free memory × 0.8 (20% reserve for the
+/// driver, other processes and fragmentation), or 4 GiB when no device answers; on the CPU half of
+/// MemAvailable (4 GiB when /proc/meminfo is missing).
+pub fn default_budget(target: Target, device: usize) -> (u64, String) {
+    match target {
+        Target::Cuda => match cuda_free_bytes(device) {
+            Some(f) => (
+                (f as f64 * 0.8) as u64,
+                format!("80% of the {} free on cuda:{device}", format_bytes(f)),
+            ),
+            None => (
+                CUDA_FALLBACK_BUDGET,
+                "no CUDA device answered: fixed default".into(),
+            ),
+        },
+        Target::Cpu => match mem_available() {
+            Some(m) => (
+                m / 2,
+                format!("50% of the {} available RAM", format_bytes(m)),
+            ),
+            None => (4 << 30, "MemAvailable unknown: fixed default".into()),
+        },
+    }
+}
+
+impl Plan {
+    /// The memory summary `voxtile plan` prints.
+    pub fn summary(&self, graph: &Graph, budget_source: &str) -> String {
+        let e = &self.estimate;
+        let mut s = String::new();
+        let pct = |b: u64| 100.0 * b as f64 / self.budget.max(1) as f64;
+        s += &format!(
+            "roi {:?}  batch {}  windows {}  ({} plan)\n",
+            self.roi, self.batch, self.windows, self.how
+        );
+        let what = match e.target {
+            Target::Cuda => "device",
+            Target::Cpu => "host",
+        };
+        s += &format!(
+            "{:<14}{:>14}{:>10}\n",
+            format!("{what} memory"),
+            "bytes",
+            "budget"
+        );
+        let b = &e.budgeted;
+        for (name, v) in [
+            ("weights", b.weights),
+            ("activations", b.activations),
+            ("workspace", b.workspace),
+            ("staging", b.staging),
+            ("accumulators", b.accumulators),
+        ] {
+            s += &format!("{name:<14}{:>14}{:>9.1}%\n", format_bytes(v), pct(v));
+        }
+        s += &format!("{:-<38}\n", "");
+        s += &format!(
+            "{:<14}{:>14}{:>9.1}%\n",
+            "total",
+            format_bytes(b.total()),
+            pct(b.total())
+        );
+        s += &format!(
+            "{:<14}{:>14}  ({budget_source})\n",
+            "budget",
+            format_bytes(self.budget)
+        );
+        if e.target == Target::Cuda {
+            s += &format!(
+                "host: {} pinned/working + {} volume and outputs\n",
+                format_bytes(e.host.total()),
+                format_bytes(e.volume_bytes)
+            );
+        } else {
+            s += &format!(
+                "host besides: {} volume and outputs (not budgeted)\n",
+                format_bytes(e.volume_bytes)
+            );
+        }
+        let p = &e.peak_node;
+        s += &format!(
+            "activation peak at node {} '{}' ({}): {} in {} buffers ({} nodes)\n",
+            p.index,
+            p.name,
+            p.op,
+            format_bytes(p.live_bytes),
+            p.live_values,
+            graph.nodes.len()
+        );
+        if let Some(w) = &self.warning {
+            s += &format!("warning: {w}\n");
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_bytes_units() {
+        assert_eq!(parse_bytes("4GiB").unwrap(), 4 << 30);
+        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("64KiB").unwrap(), 64 << 10);
+        assert_eq!(parse_bytes("2GB").unwrap(), 2_000_000_000);
+        assert_eq!(parse_bytes("500 MB").unwrap(), 500_000_000);
+        assert_eq!(parse_bytes("10KB").unwrap(), 10_000);
+        assert_eq!(parse_bytes("123").unwrap(), 123);
+        assert_eq!(parse_bytes("123bytes").unwrap(), 123);
+        assert_eq!(parse_bytes("1.5GiB").unwrap(), 3 << 29);
+        for bad in ["", "GiB", "4XB", "-1GiB", "0", "1.2.3MB"] {
+            assert!(parse_bytes(bad).is_err(), "{bad} should be rejected");
+        }
+    }
+
+    #[test]
+    fn format_bytes_reads_back() {
+        assert_eq!(format_bytes(512), "512 B");
+        assert_eq!(format_bytes(3 << 29), "1.50 GiB");
+        assert_eq!(
+            parse_bytes(&format_bytes(5 << 20).replace(' ', "")).unwrap(),
+            5 << 20
+        );
+    }
+
+    #[test]
+    fn axis_candidates_are_multiples_and_bounded() {
+        assert_eq!(axis_candidates(16, 64), vec![16, 32, 48, 64]);
+        let c = axis_candidates(1, 128);
+        assert!(c.len() <= 18 && c[0] == 1 && *c.last().unwrap() == 128);
+        let c = axis_candidates(8, 100 / 8 * 8);
+        assert!(c.iter().all(|v| v % 8 == 0));
+    }
+
+    #[test]
+    fn cost_prefers_fewer_voxels_and_saturated_launches() {
+        assert!(cost(Target::Cpu, 10, [64; 3], 1) < cost(Target::Cpu, 100, [64; 3], 1));
+        assert_eq!(
+            cost(Target::Cpu, 10, [64; 3], 1),
+            cost(Target::Cpu, 10, [64; 3], 4)
+        );
+        // 8 windows of 32³ in one launch cost one saturated launch; one at a time cost 8.
+        assert!(cost(Target::Cuda, 8, [32; 3], 8) < cost(Target::Cuda, 8, [32; 3], 1));
+    }
+}

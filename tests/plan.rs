@@ -1,0 +1,408 @@
+//! The memory planner: prediction vs the CPU executor's measured liveness, monotone in the budget,
+//! never over it, a clear error when too small, and the `voxtile plan` command.
+
+mod common;
+use common::*;
+use ndarray::{Array4, Array5, Axis};
+use std::process::Command;
+use voxtile::backend::cpu::CpuBackend;
+use voxtile::backend::Backend;
+use voxtile::engine::{Device, Engine, Options};
+use voxtile::model::Graph;
+use voxtile::plan::{self, Request, Target, Workload};
+use voxtile::tiling::Placement;
+
+fn models() -> Vec<(String, Graph)> {
+    let mut v = Vec::new();
+    for name in ["nnunet_small.onnx", "monai_unet_small.onnx"] {
+        if let Some(p) = shared(&format!("fixtures/models/{name}")) {
+            v.push((name.into(), voxtile::model::onnx::load(&p).unwrap()));
+        }
+    }
+    v.push((
+        "deepbrain.onnx".into(),
+        voxtile::model::onnx::load(&data("deepbrain.onnx")).unwrap(),
+    ));
+    v
+}
+
+fn workload(shape: [usize; 3]) -> Workload {
+    Workload {
+        shape,
+        overlap: [0.5; 3],
+        placement: Placement::Monai,
+        keep_logits: false,
+        copy_input: false,
+    }
+}
+
+/// Smooth, non-constant input.
+fn input(n: usize, c: usize, r: [usize; 3]) -> Array5<f32> {
+    Array5::from_shape_fn((n, c, r[0], r[1], r[2]), |(b, ch, i, j, k)| {
+        ((i as f32 * 0.31 + b as f32).sin()
+            + (j as f32 * 0.17 + ch as f32).cos() * (k as f32 * 0.07).sin())
+            * 0.8
+    })
+}
+
+/// The planner's activation prediction equals what the CPU executor measures (it replays the same
+/// liveness); the requirement is ≥ measured and within 15%.
+#[test]
+fn cpu_prediction_matches_measured_liveness() {
+    for (name, g) in models() {
+        let div = g.spatial_divisor();
+        let rois = [div.map(|d| d * 2), [div[0] * 3, div[1] * 2, div[2] * 4]];
+        for roi in rois {
+            for batch in [1, 2] {
+                let mut b = CpuBackend::new();
+                b.prepare(&g, batch, roi).unwrap();
+                b.run(input(batch, g.input_channels(), roi).view()).unwrap();
+                let measured = b.last_stats().peak_live_bytes as u64;
+                let (pred, node, with_ws) = plan::cpu_activations(&g, batch, roi).unwrap();
+                eprintln!(
+                    "{name} roi {roi:?} batch {batch}: predicted {pred} measured {measured}, peak at {} ({}), with workspace {with_ws}",
+                    node.name, node.op
+                );
+                assert!(pred >= measured, "{name}: prediction below measured");
+                assert!(
+                    pred as f64 <= measured as f64 * 1.15,
+                    "{name}: prediction {pred} more than 15% over {measured}"
+                );
+                assert!(with_ws >= pred);
+                let e = plan::estimate(&g, Target::Cpu, roi, batch, &workload([64; 3])).unwrap();
+                assert_eq!(e.budgeted.activations, pred);
+                assert_eq!(e.backend_activation_bytes, pred);
+            }
+        }
+    }
+}
+
+/// Activations scale with the batch exactly (every value has N = batch).
+#[test]
+fn activations_scale_with_batch() {
+    for (name, g) in models() {
+        let roi = g.spatial_divisor().map(|d| d * 2);
+        let (a1, _, _) = plan::cpu_activations(&g, 1, roi).unwrap();
+        let (a3, _, _) = plan::cpu_activations(&g, 3, roi).unwrap();
+        assert_eq!(a3, 3 * a1, "{name}");
+        let (c1, r1, _, _) = plan::cuda_activations(&g, 1, roi).unwrap();
+        let (c4, r4, _, _) = plan::cuda_activations(&g, 4, roi).unwrap();
+        assert_eq!(r4, 4 * r1, "{name}: fp16 pool scales with the batch");
+        assert!(c4 >= r4 && c1 >= r1);
+        // fp16 pool vs f32 liveness: never more buffers than values, so at most the f32 total of
+        // all values / 2 and at least the f32 peak / 2 minus in-place savings.
+        let shapes = g.infer_shapes(1, roi).unwrap();
+        let all: u64 = shapes
+            .iter()
+            .map(|s| s.iter().product::<usize>() as u64 * 2)
+            .sum();
+        assert!(r1 <= all, "{name}: pool {r1} > all values {all}");
+    }
+}
+
+fn sweep(g: &Graph, target: Target, shape: [usize; 3]) -> Vec<(u64, plan::Plan)> {
+    let mut out = Vec::new();
+    let mut budget = 16u64 << 20;
+    while budget <= 64 << 30 {
+        let req = Request {
+            target,
+            budget,
+            budget_explicit: true,
+            user_roi: None,
+            user_batch: None,
+            workload: workload(shape),
+        };
+        if let Ok(p) = plan::choose(g, &req) {
+            out.push((budget, p));
+        }
+        budget = budget * 3 / 2;
+    }
+    out
+}
+
+/// Modelled run time of a plan, recomputed here from its definition: every launch costs its
+/// voxels, on CUDA at least one 128³ window's worth.
+fn modelled_cost(target: Target, p: &plan::Plan) -> u64 {
+    let rv = p.roi.iter().product::<usize>() as u64;
+    match target {
+        Target::Cpu => p.windows as u64 * rv,
+        Target::Cuda => (0..p.windows)
+            .step_by(p.batch)
+            .map(|s| ((p.windows - s).min(p.batch) as u64 * rv).max(1 << 21))
+            .sum(),
+    }
+}
+
+/// More budget never makes the plan slower (modelled cost), never gives fewer voxels per batch
+/// on the CPU, and on CUDA never fewer than one saturated launch (128³) or the previous launch;
+/// a plan never predicts more than its budget.
+#[test]
+fn planner_is_monotone_and_within_budget() {
+    for (name, g) in models() {
+        let div = g.spatial_divisor();
+        for target in [Target::Cpu, Target::Cuda] {
+            for shape in [[200, 180, 96], [512, 512, 128], [64, 64, 64]] {
+                let plans = sweep(&g, target, shape);
+                assert!(plans.len() > 5, "{name}: too few feasible budgets");
+                let mut prev: Option<(u64, u64)> = None;
+                for (budget, p) in &plans {
+                    let total = p.estimate.budgeted.total();
+                    assert!(total <= *budget, "{name}: {total} over budget {budget}");
+                    for a in 0..3 {
+                        assert_eq!(p.roi[a] % div[a], 0, "{name}: roi {:?}", p.roi);
+                        assert!(p.roi[a] <= 128.max(div[a]));
+                        assert!(
+                            p.roi[a] < shape[a] + div[a],
+                            "{name}: roi beyond the volume"
+                        );
+                    }
+                    assert!((1..=16).contains(&p.batch) && p.batch <= p.windows);
+                    let vpb = p.batch as u64 * p.roi.iter().product::<usize>() as u64;
+                    let cost = modelled_cost(target, p);
+                    if let Some((pv, pc)) = prev {
+                        let at = format!(
+                            "{name} {target:?} {shape:?} budget {budget}: roi {:?} batch {}",
+                            p.roi, p.batch
+                        );
+                        assert!(cost <= pc, "{at}: modelled cost {cost} > {pc}");
+                        match target {
+                            Target::Cpu => assert!(vpb >= pv, "{at}: {vpb} < {pv} voxels/batch"),
+                            Target::Cuda => assert!(
+                                vpb >= pv.min(1 << 21),
+                                "{at}: {vpb} voxels/batch < min({pv}, 128³)"
+                            ),
+                        }
+                    }
+                    prev = Some((vpb, cost));
+                }
+                let last = &plans.last().unwrap().1;
+                eprintln!(
+                    "{name} {target:?} {shape:?}: {} budgets, largest plans roi {:?} batch {}",
+                    plans.len(),
+                    last.roi,
+                    last.batch
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn too_small_budget_is_a_clear_error() {
+    for (name, g) in models() {
+        for target in [Target::Cpu, Target::Cuda] {
+            let req = Request {
+                target,
+                budget: 1 << 20,
+                budget_explicit: true,
+                user_roi: None,
+                user_batch: None,
+                workload: workload([256, 256, 128]),
+            };
+            let e = plan::choose(&g, &req).unwrap_err().to_string();
+            assert!(
+                e.contains("too small") && e.contains("needs") && e.contains("MiB"),
+                "{name}: {e}"
+            );
+            // The minimum it names is really the smallest: a budget of that size works.
+            let div = g.spatial_divisor();
+            let need = plan::estimate(&g, target, div, 1, &req.workload)
+                .unwrap()
+                .budgeted
+                .total();
+            let ok = plan::choose(
+                &g,
+                &Request {
+                    budget: need,
+                    ..req.clone()
+                },
+            )
+            .unwrap();
+            assert!(ok.estimate.budgeted.total() <= need, "{name}");
+        }
+    }
+}
+
+/// A user's roi is kept (only the batch is planned); a user's roi + batch over an explicit budget
+/// is an error, over the default budget a warning.
+#[test]
+fn user_roi_only_sets_the_batch() {
+    let g = voxtile::model::onnx::load(&data("deepbrain.onnx")).unwrap();
+    let base = Request {
+        target: Target::Cuda,
+        budget: 2 << 30,
+        budget_explicit: true,
+        user_roi: Some([64, 64, 64]),
+        user_batch: None,
+        workload: workload([256, 256, 256]),
+    };
+    let p = plan::choose(&g, &base).unwrap();
+    assert_eq!(p.roi, [64, 64, 64]);
+    assert!(p.batch > 1);
+    let tight = Request {
+        user_batch: Some(16),
+        budget: p.estimate.budgeted.total() / 2,
+        ..base.clone()
+    };
+    assert!(plan::choose(&g, &tight).is_err());
+    let p = plan::choose(
+        &g,
+        &Request {
+            budget_explicit: false,
+            ..tight
+        },
+    )
+    .unwrap();
+    assert!(p.warning.is_some() && p.batch == 16);
+    // A roi that is not a multiple of the divisor is refused.
+    let bad = Request {
+        user_roi: Some([60, 64, 64]),
+        ..base
+    };
+    assert!(plan::choose(&g, &bad).is_err());
+}
+
+/// Through the engine on the CPU: the planned run stays within the budget as measured by the
+/// executor, and the report carries prediction and measurement.
+#[test]
+fn engine_runs_within_the_budget() {
+    let g = voxtile::model::onnx::load(&data("deepbrain.onnx")).unwrap();
+    let shape = [40, 48, 56];
+    let req = Request {
+        target: Target::Cpu,
+        budget: 64 << 20,
+        budget_explicit: true,
+        user_roi: None,
+        user_batch: None,
+        workload: workload(shape),
+    };
+    let p = plan::choose(&g, &req).unwrap();
+    let mut e = Engine::new(
+        g,
+        Options {
+            device: Device::Cpu,
+            memory_budget: Some(64 << 20),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    let vol = Array4::from_shape_fn((1, shape[0], shape[1], shape[2]), |(_, i, j, k)| {
+        ((i * 7 + j * 3 + k) % 11) as f32 / 11.0
+    });
+    let (labels, logits, r) = e.segment_array(vol.view(), &mut |_, _| {}).unwrap();
+    assert_eq!(labels.shape(), &shape);
+    assert_eq!(logits.len_of(Axis(0)), 0, "logits are not kept");
+    assert_eq!((r.roi, r.batch), (p.roi, p.batch));
+    assert_eq!(r.plan, "planned");
+    let pred = r.predicted.as_ref().unwrap();
+    let measured = r.measured_activation_bytes.unwrap();
+    assert!(measured > 0 && measured <= pred.budgeted.activations);
+    assert!(pred.budgeted.total() <= 64 << 20);
+    assert_eq!(r.predicted_peak_bytes.host, pred.predicted_host());
+    assert!(r.predicted_peak_bytes.device.is_none());
+    let json = serde_json::to_value(&r).unwrap();
+    assert!(json["predicted_peak_bytes"]["host"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn plan_command_prints_a_summary_and_json() {
+    let model = data("deepbrain.onnx");
+    let out = Command::new(voxtile_bin())
+        .args(["plan", "--model"])
+        .arg(&model)
+        .args([
+            "--volume",
+            "512x512x128",
+            "--memory-budget",
+            "2GiB",
+            "--device",
+            "cuda",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    for word in [
+        "roi",
+        "batch",
+        "windows",
+        "weights",
+        "activations",
+        "workspace",
+        "staging",
+        "accumulators",
+        "total",
+        "budget",
+        "activation peak at node",
+    ] {
+        assert!(text.contains(word), "missing {word} in:\n{text}");
+    }
+    let out = Command::new(voxtile_bin())
+        .args(["plan", "--model"])
+        .arg(&model)
+        .args([
+            "--volume",
+            "512x512x128",
+            "--memory-budget",
+            "2GiB",
+            "--device",
+            "cpu",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let roi: Vec<u64> = v["roi"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    assert!(roi.iter().all(|r| r % 8 == 0 && *r <= 128));
+    let total: u64 = [
+        "weights",
+        "activations",
+        "workspace",
+        "staging",
+        "accumulators",
+    ]
+    .iter()
+    .map(|k| v["estimate"]["budgeted"][k].as_u64().unwrap())
+    .sum();
+    assert!(total <= 2 << 30);
+    assert_eq!(v["budget"].as_u64().unwrap(), 2 << 30);
+    // Too small: one error line naming the model and the minimum.
+    let out = Command::new(voxtile_bin())
+        .args(["plan", "--model"])
+        .arg(&model)
+        .args([
+            "--volume",
+            "512x512x128",
+            "--memory-budget",
+            "1MiB",
+            "--device",
+            "cpu",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("deepbrain.onnx") && err.contains("too small") && err.contains("needs"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1);
+    // Bad sizes are refused.
+    let out = Command::new(voxtile_bin())
+        .args(["plan", "--model"])
+        .arg(&model)
+        .args(["--volume", "512x512", "--memory-budget", "4XB"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+}
