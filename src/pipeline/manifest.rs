@@ -27,9 +27,10 @@ impl<T: Copy> OneOrThree<T> {
 }
 
 /// Intensity normalisation, applied per channel to the whole volume before resampling (as
-/// nnU-Net's preprocessing does).
+/// nnU-Net's preprocessing does). In a manifest: a `[normalize]` table with `kind` and the
+/// fields of that kind.
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize, Serialize)]
-#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+#[serde(try_from = "IntensityFile", into = "IntensityFile")]
 pub enum Intensity {
     None,
     /// (x − mean) / (std + 1e-8) over the volume.
@@ -46,6 +47,77 @@ pub enum Intensity {
         p_lo: f64,
         p_hi: f64,
     },
+}
+
+/// The `[normalize]` table as written: flat, so that a field of another kind is an error (serde's
+/// internally tagged enums ignore unknown fields of unit variants).
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct IntensityFile {
+    kind: IntensityKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    clip: Option<[f32; 2]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mean: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    std: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    p_lo: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    p_hi: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum IntensityKind {
+    #[default]
+    None,
+    Zscore,
+    Ct,
+    Percentile,
+}
+
+impl TryFrom<IntensityFile> for Intensity {
+    type Error = String;
+    fn try_from(f: IntensityFile) -> std::result::Result<Self, String> {
+        let has_ct = f.clip.is_some() || f.mean.is_some() || f.std.is_some();
+        let has_pct = f.p_lo.is_some() || f.p_hi.is_some();
+        let extra =
+            |kind: &str| format!("normalize: kind {kind} takes no clip, mean, std, p_lo or p_hi");
+        Ok(match f.kind {
+            IntensityKind::None if has_ct || has_pct => return Err(extra("none")),
+            IntensityKind::Zscore if has_ct || has_pct => return Err(extra("zscore")),
+            IntensityKind::None => Intensity::None,
+            IntensityKind::Zscore => Intensity::Zscore,
+            IntensityKind::Ct => match (f.clip, f.mean, f.std, has_pct) {
+                (Some(clip), Some(mean), Some(std), false) => Intensity::Ct { clip, mean, std },
+                _ => return Err("normalize: kind ct takes clip = [lo, hi], mean and std".into()),
+            },
+            IntensityKind::Percentile => match (f.p_lo, f.p_hi, has_ct) {
+                (Some(p_lo), Some(p_hi), false) => Intensity::Percentile { p_lo, p_hi },
+                _ => return Err("normalize: kind percentile takes p_lo and p_hi".into()),
+            },
+        })
+    }
+}
+
+impl From<Intensity> for IntensityFile {
+    fn from(i: Intensity) -> Self {
+        let mut f = IntensityFile::default();
+        match i {
+            Intensity::None => {}
+            Intensity::Zscore => f.kind = IntensityKind::Zscore,
+            Intensity::Ct { clip, mean, std } => {
+                f.kind = IntensityKind::Ct;
+                (f.clip, f.mean, f.std) = (Some(clip), Some(mean), Some(std));
+            }
+            Intensity::Percentile { p_lo, p_hi } => {
+                f.kind = IntensityKind::Percentile;
+                (f.p_lo, f.p_hi) = (Some(p_lo), Some(p_hi));
+            }
+        }
+        f
+    }
 }
 
 impl Intensity {
@@ -123,8 +195,19 @@ impl Manifest {
         let m: Manifest = if is_json {
             serde_json::from_str(&text).map_err(|e| Error::model(path, format!("manifest: {e}")))?
         } else {
-            toml::from_str(&text).map_err(|e| {
-                Error::model(path, format!("manifest: {}", e.to_string().trim_end()))
+            toml::from_str(&text).map_err(|e: toml::de::Error| {
+                // One line: the message and the offending line, not toml's multi-line excerpt.
+                let at = e
+                    .span()
+                    .map(|r| {
+                        let start = r.start.min(text.len());
+                        let n = text[..start].matches('\n').count();
+                        let line = text.lines().nth(n).unwrap_or("").trim();
+                        format!(" line {} `{line}`", n + 1)
+                    })
+                    .unwrap_or_default();
+                let msg = e.message().replace('\n', " ");
+                Error::model(path, format!("manifest{at}: {}", msg.trim()))
             })?
         };
         m.check().map_err(|msg| Error::model(path, msg))?;
