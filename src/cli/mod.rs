@@ -17,6 +17,7 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+#[allow(clippy::large_enum_variant)] // parsed once per process
 enum Command {
     /// Segment a NIfTI volume with an ONNX model and write the labels as NIfTI.
     Segment(segment::SegmentArgs),

@@ -123,7 +123,7 @@ impl From<Intensity> for IntensityFile {
 impl Intensity {
     pub fn check(&self) -> std::result::Result<(), String> {
         match *self {
-            Intensity::Ct { clip, std, .. } if !(clip[0] <= clip[1]) || !(std > 0.0) => {
+            Intensity::Ct { clip, std, .. } if !(clip[0] <= clip[1] && std > 0.0) => {
                 Err("normalize: ct needs clip = [lo, hi] with lo <= hi and std > 0".into())
             }
             Intensity::Percentile { p_lo, p_hi }
@@ -231,7 +231,7 @@ impl Manifest {
             parse_blend(b)?;
         }
         if let Some(s) = self.spacing {
-            if s.iter().any(|v| !(*v > 0.0) || !v.is_finite()) {
+            if s.iter().any(|v| !(v.is_finite() && *v > 0.0)) {
                 return Err(format!("spacing must be positive, got {s:?}"));
             }
         }

@@ -55,14 +55,13 @@ fn resample_axis(src: ArrayView4<f32>, axis: usize, n_out: usize) -> Array4<f32>
 /// Resample (C, i, j, k) data to spatial size `to` (trilinear; channels independent).
 pub fn resample(data: ArrayView4<f32>, to: [usize; 3]) -> Array4<f32> {
     let mut cur: Option<Array4<f32>> = None;
-    for a in 0..3 {
-        let n_in = data.shape()[a + 1];
-        if n_in == to[a] {
+    for (a, &n_out) in to.iter().enumerate() {
+        if data.shape()[a + 1] == n_out {
             continue;
         }
         let next = match &cur {
-            Some(c) => resample_axis(c.view(), a + 1, to[a]),
-            None => resample_axis(data, a + 1, to[a]),
+            Some(c) => resample_axis(c.view(), a + 1, n_out),
+            None => resample_axis(data, a + 1, n_out),
         };
         cur = Some(next);
     }

@@ -131,7 +131,7 @@ impl Plan {
 
 fn triple_f64(s: &str, what: &str) -> Result<[f64; 3]> {
     let v = crate::tiling::parse_triple_f64(s)?;
-    if v.iter().any(|x| !(*x > 0.0) || !x.is_finite()) {
+    if v.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
         return Err(Error::Invalid(format!("{what} must be positive, got {s}")));
     }
     Ok(v)
