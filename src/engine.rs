@@ -323,6 +323,10 @@ impl Engine {
     pub fn options(&self) -> &Options {
         &self.options
     }
+    /// Keep (or drop) the blended outputs of later runs: ensembles and TTA average them.
+    pub fn set_keep_logits(&mut self, keep: bool) {
+        self.options.keep_logits = keep;
+    }
     pub fn device_name(&self) -> &str {
         &self.device_name
     }

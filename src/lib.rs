@@ -9,6 +9,7 @@ pub mod engine;
 pub mod error;
 pub mod model;
 pub mod npy;
+pub mod pipeline;
 pub mod plan;
 pub mod tiling;
 pub mod volume;

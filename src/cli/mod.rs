@@ -3,7 +3,7 @@
 mod plan;
 mod segment;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -18,6 +18,7 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+#[allow(clippy::large_enum_variant)] // parsed once per process
 enum Command {
     /// Segment a NIfTI volume with an ONNX model and write the labels as NIfTI.
     Segment(segment::SegmentArgs),
@@ -38,7 +39,12 @@ enum Command {
 
 /// Parse arguments, run, print one error line on failure; returns the process exit code.
 pub fn run() -> i32 {
-    let cli = match Cli::try_parse() {
+    // Parsed through ArgMatches so that `segment` knows which flags were typed (they beat the
+    // model manifest; defaults do not).
+    let parsed = Cli::command()
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m).map(|c| (c, m)));
+    let (mut cli, matches) = match parsed {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() { 2 } else { 0 };
@@ -46,6 +52,17 @@ pub fn run() -> i32 {
             return code;
         }
     };
+    if let (Command::Segment(args), Some(m)) =
+        (&mut cli.command, matches.subcommand_matches("segment"))
+    {
+        args.pipe.explicit = m
+            .ids()
+            .filter(|id| {
+                m.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine)
+            })
+            .map(|id| id.to_string())
+            .collect();
+    }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("VOXTILE_LOG")
@@ -61,8 +78,14 @@ pub fn run() -> i32 {
         Command::Info { input } => crate::volume::read(&input).map(|v| {
             println!("{}", crate::volume::describe(&input, &v));
         }),
-        Command::Inspect { model } => crate::model::onnx::load(&model).map(|g| {
+        Command::Inspect { model } => crate::model::onnx::load(&model).and_then(|g| {
             println!("{}: {}", model.display(), g.summary());
+            // The manifest beside the model, when there is one.
+            if let Some(p) = crate::pipeline::Manifest::beside(&model) {
+                let m = crate::pipeline::Manifest::load(&p)?;
+                println!("{}", m.describe(&p));
+            }
+            Ok(())
         }),
     };
     match result {

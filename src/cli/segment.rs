@@ -8,16 +8,20 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+mod pipeline;
+
 #[derive(Args, Debug)]
 pub struct SegmentArgs {
     /// Input volume (.nii or .nii.gz; 4D = channels)
     pub input: PathBuf,
-    /// ONNX model (exported from PyTorch)
-    #[arg(long, short = 'm')]
-    pub model: PathBuf,
+    /// ONNX model (exported from PyTorch); repeat for an ensemble
+    #[arg(long, short = 'm', required = true)]
+    pub model: Vec<PathBuf>,
     /// Output label map (.nii.gz or .nii)
     #[arg(long, short = 'o')]
     pub output: PathBuf,
+    #[command(flatten)]
+    pub pipe: pipeline::PipelineArgs,
     /// Window size in network axes: one number or D,H,W (default: the model's fixed size, else 128)
     #[arg(long)]
     pub roi: Option<String>,
@@ -140,9 +144,13 @@ fn check_output(out: &Path, inputs: &[&Path], force: bool) -> Result<()> {
 }
 
 pub fn run(args: SegmentArgs) -> Result<()> {
+    if pipeline::wanted(&args) {
+        return pipeline::run(args);
+    }
+    let model = &args.model[0];
     let t_all = Instant::now();
     let options = args.options()?;
-    let inputs = [args.input.as_path(), args.model.as_path()];
+    let inputs = [args.input.as_path(), model.as_path()];
     check_output(&args.output, &inputs, args.force)?;
     if let Some(l) = &args.logits {
         check_output(l, &inputs, args.force)?;
@@ -154,13 +162,13 @@ pub fn run(args: SegmentArgs) -> Result<()> {
     let t = Instant::now();
     let volume = crate::volume::read(&args.input)?;
     let t_read = t.elapsed().as_secs_f64();
-    let mut engine = Engine::from_file(&args.model, options)?;
+    let mut engine = Engine::from_file(model, options)?;
     if volume.data.shape()[0] != engine.graph().input_channels() {
         return Err(Error::Invalid(format!(
             "{}: the volume has {} channel(s) but {} expects {}",
             args.input.display(),
             volume.data.shape()[0],
-            args.model.display(),
+            model.display(),
             engine.graph().input_channels()
         )));
     }
@@ -189,7 +197,7 @@ pub fn run(args: SegmentArgs) -> Result<()> {
             Error::Invalid(m) | Error::Graph(m) => Error::Invalid(format!(
                 "{} with {}: {m}",
                 args.input.display(),
-                args.model.display()
+                model.display()
             )),
             e => e,
         })?;

@@ -1,0 +1,456 @@
+//! What a segmentation tool does around the sliding window: normalise, resample to the model's
+//! spacing, mirror (TTA) and ensemble several models, average their probabilities, resample back
+//! to the input grid, argmax, remap labels; plus the outputs (probabilities, one file per class,
+//! preview picture) and batch planning (folders, shards).
+//!
+//! Built only on [`Engine::segment_array`]: every model run is one sliding-window pass over an
+//! (optionally flipped) volume; the averaging happens here on the host.
+
+pub mod batch;
+pub mod intensity;
+pub mod manifest;
+pub mod outputs;
+pub mod preview;
+pub mod resample;
+
+use crate::engine::{AxisOrder, Engine, Report};
+use crate::model::graph::OutputActivation;
+use crate::volume::{Header, Volume};
+use crate::{Error, Result};
+pub use manifest::{Activation, Intensity, Manifest};
+use ndarray::{Array3, Array4, ArrayView4, Axis, Zip};
+use serde::Serialize;
+use std::time::Instant;
+
+/// Settings of the pipeline around the engines (the engines carry the window settings).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub intensity: Intensity,
+    /// Target voxel size in network axes (D,H,W); None: run on the input grid.
+    pub spacing: Option<[f64; 3]>,
+    /// Network axes to mirror: every subset of them is one pass (2^len passes); empty: no TTA.
+    pub mirror_axes: Vec<usize>,
+    pub activation: Activation,
+    /// Output channel → label value.
+    pub remap: Option<Vec<u16>>,
+    /// Keep the averaged probabilities on the input grid (for `--probabilities`).
+    pub keep_probabilities: bool,
+    /// Keep the averaged raw outputs on the input grid (for `--logits`).
+    pub keep_logits: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            intensity: Intensity::None,
+            spacing: None,
+            mirror_axes: Vec::new(),
+            activation: Activation::Auto,
+            remap: None,
+            keep_probabilities: false,
+            keep_logits: false,
+        }
+    }
+}
+
+/// Extra report fields of a pipeline run (the engine's report of the first pass is flattened in).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PipelineReport {
+    #[serde(flatten)]
+    pub engine: Report,
+    pub models: usize,
+    pub passes: usize,
+    pub mirror_axes: Vec<usize>,
+    pub normalize: String,
+    pub activation: String,
+    /// Input grid (i,j,k) and the grid the models ran on, when resampled.
+    pub input_grid: [usize; 3],
+    pub model_grid: [usize; 3],
+    pub target_spacing: Option<[f64; 3]>,
+    pub pipeline_seconds: PipelineTimes,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PipelineTimes {
+    pub normalize: f64,
+    pub resample_in: f64,
+    /// Sum of the passes (each pass's own stages are in the engine fields of the first pass).
+    pub passes: f64,
+    pub finalize: f64,
+}
+
+/// The result on the input's (i,j,k) grid.
+pub struct Output {
+    /// Remapped labels.
+    pub labels: Array3<u16>,
+    /// (C, i, j, k) averaged probabilities (after the activation), when kept.
+    pub probabilities: Option<Array4<f32>>,
+    /// (C, i, j, k) averaged raw outputs, when kept.
+    pub logits: Option<Array4<f32>>,
+    pub header: Header,
+    pub report: PipelineReport,
+    pub nonfinite_voxels: usize,
+}
+
+/// One or more models (an ensemble) with the settings around them.
+pub struct Pipeline {
+    engines: Vec<Engine>,
+    settings: Settings,
+    channels: usize,
+}
+
+impl Pipeline {
+    /// Every engine must take the same input channels, give the same output channels and use the
+    /// same axis order (the averaging is voxel by voxel).
+    pub fn new(mut engines: Vec<Engine>, settings: Settings) -> Result<Pipeline> {
+        // The averaging needs every pass's blended outputs, whatever the engines were built with.
+        for e in engines.iter_mut() {
+            e.set_keep_logits(true);
+        }
+        let first = engines
+            .first()
+            .ok_or_else(|| Error::Invalid("a pipeline needs at least one model".into()))?;
+        let (cin, cout) = (
+            first.graph().input_channels(),
+            first.graph().output_channels(),
+        );
+        let order = first.options().axis_order;
+        for (i, e) in engines.iter().enumerate().skip(1) {
+            if e.graph().input_channels() != cin || e.graph().output_channels() != cout {
+                return Err(Error::Invalid(format!(
+                    "ensemble: model {} maps {} channel(s) to {}, model 1 maps {cin} to {cout}",
+                    i + 1,
+                    e.graph().input_channels(),
+                    e.graph().output_channels()
+                )));
+            }
+            if e.options().axis_order != order {
+                return Err(Error::Invalid(
+                    "ensemble: every model must use the same axis order".into(),
+                ));
+            }
+        }
+        if settings.mirror_axes.iter().any(|&a| a > 2) {
+            return Err(Error::Invalid(format!(
+                "mirror axes are network axes 0, 1, 2; got {:?}",
+                settings.mirror_axes
+            )));
+        }
+        if let Some(r) = &settings.remap {
+            if r.len() != cout {
+                return Err(Error::Invalid(format!(
+                    "the label remapping lists {} channel(s) but the model has {cout}",
+                    r.len()
+                )));
+            }
+        }
+        Ok(Pipeline {
+            engines,
+            settings,
+            channels: cout,
+        })
+    }
+
+    pub fn engines(&self) -> &[Engine] {
+        &self.engines
+    }
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+    pub fn output_channels(&self) -> usize {
+        self.channels
+    }
+    pub fn input_channels(&self) -> usize {
+        self.engines[0].graph().input_channels()
+    }
+
+    /// The activation actually applied to each model's output.
+    pub fn effective_activation(&self) -> Activation {
+        effective_activation(
+            self.settings.activation,
+            self.engines[0].graph().output_activation(),
+            self.channels,
+        )
+    }
+
+    /// The flip sets of the passes, in file axes (i,j,k = 0,1,2): every subset of the mirror axes.
+    pub fn flip_sets(&self) -> Vec<Vec<usize>> {
+        let order = self.engines[0].options().axis_order;
+        let mut axes: Vec<usize> = self
+            .settings
+            .mirror_axes
+            .iter()
+            .map(|&a| match order {
+                AxisOrder::Xyz => a,
+                AxisOrder::Zyx => 2 - a,
+            })
+            .collect();
+        axes.sort_unstable();
+        axes.dedup();
+        (0..1usize << axes.len())
+            .map(|m| {
+                (0..axes.len())
+                    .filter(|b| m >> b & 1 == 1)
+                    .map(|b| axes[b])
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Segment a volume; `progress(done, total)` counts windows over all passes.
+    pub fn run(
+        &mut self,
+        volume: &Volume,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Output> {
+        let cin = self.input_channels();
+        if volume.data.shape()[0] != cin {
+            return Err(Error::Invalid(format!(
+                "the volume has {} channel(s) but the model expects {cin}",
+                volume.data.shape()[0]
+            )));
+        }
+        let mut times = PipelineTimes::default();
+        let t = Instant::now();
+        let mut data = volume.data.clone();
+        let (nan, inf) = crate::volume::sanitize_nonfinite(&mut data);
+        intensity::apply(&mut data, &self.settings.intensity);
+        times.normalize = t.elapsed().as_secs_f64();
+
+        let input_grid = volume.shape();
+        let order = self.engines[0].options().axis_order;
+        let target = self.settings.spacing.map(|s| match order {
+            AxisOrder::Xyz => s,
+            AxisOrder::Zyx => [s[2], s[1], s[0]],
+        });
+        let t = Instant::now();
+        let model_grid = match target {
+            Some(tgt) => resample::shape_for_spacing(input_grid, volume.header.spacing(), tgt),
+            None => input_grid,
+        };
+        if model_grid != input_grid {
+            data = resample::resample(data.view(), model_grid);
+        }
+        times.resample_in = t.elapsed().as_secs_f64();
+
+        let (probs, logits, mut report) = self.passes(data.view(), progress)?;
+        times.passes = report.seconds.total;
+        drop(data);
+
+        let t = Instant::now();
+        let act = self.effective_activation();
+        let thr = if act == Activation::None
+            && self.engines[0].graph().output_activation() == OutputActivation::None
+        {
+            0.0
+        } else {
+            0.5
+        };
+        let (labels, probabilities) =
+            finalize(probs, input_grid, thr, self.settings.keep_probabilities);
+        let logits = logits.map(|l| {
+            if model_grid == input_grid {
+                l
+            } else {
+                resample::resample(l.view(), input_grid)
+            }
+        });
+        let labels = match &self.settings.remap {
+            Some(table) => labels.mapv(|l| table.get(l as usize).copied().unwrap_or(l)),
+            None => labels,
+        };
+        times.finalize = t.elapsed().as_secs_f64();
+
+        report.spacing = volume.header.spacing();
+        report.nonfinite_voxels = nan + inf;
+        report.seconds.total = times.normalize + times.resample_in + times.passes + times.finalize;
+        report.peak_host_bytes = crate::engine::peak_rss_bytes();
+        let report = PipelineReport {
+            engine: report,
+            models: self.engines.len(),
+            passes: self.engines.len() * self.flip_sets().len(),
+            mirror_axes: self.settings.mirror_axes.clone(),
+            normalize: manifest::describe_intensity(&self.settings.intensity),
+            activation: format!("{act:?}").to_lowercase(),
+            input_grid,
+            model_grid,
+            target_spacing: self.settings.spacing,
+            pipeline_seconds: times,
+        };
+        Ok(Output {
+            labels,
+            probabilities,
+            logits,
+            header: volume.header.clone(),
+            report,
+            nonfinite_voxels: nan + inf,
+        })
+    }
+
+    /// Every model on every flip of `data` (C, i, j, k, already normalised and resampled):
+    /// the average of the activated outputs, optionally of the raw outputs, and the report of
+    /// the first pass with compute/blend summed over passes.
+    pub fn passes(
+        &mut self,
+        data: ArrayView4<f32>,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<(Array4<f32>, Option<Array4<f32>>, Report)> {
+        let flips = self.flip_sets();
+        let act = self.effective_activation();
+        let npass = self.engines.len() * flips.len();
+        let keep_raw = self.settings.keep_logits;
+        let mut acc: Option<Array4<f32>> = None;
+        let mut acc_raw: Option<Array4<f32>> = None;
+        let mut first: Option<Report> = None;
+        let (mut compute, mut blend) = (0.0, 0.0);
+        let t0 = Instant::now();
+        let mut pass = 0usize;
+        for engine in self.engines.iter_mut() {
+            for flip in &flips {
+                let flipped;
+                let input = if flip.is_empty() {
+                    data
+                } else {
+                    flipped = flip_owned(data, flip);
+                    flipped.view()
+                };
+                let base = pass;
+                let (_, out, rep) =
+                    engine.segment_array(input, &mut |d, t| progress(base * t + d, npass * t))?;
+                compute += rep.seconds.compute;
+                blend += rep.seconds.blend;
+                let mut out = if flip.is_empty() {
+                    out
+                } else {
+                    flip_owned(out.view(), flip)
+                };
+                if keep_raw {
+                    accumulate(&mut acc_raw, &out);
+                }
+                apply_activation(&mut out, act);
+                accumulate(&mut acc, &out);
+                first.get_or_insert(rep);
+                pass += 1;
+            }
+        }
+        let inv = 1.0 / npass as f32;
+        let mut acc = acc.expect("at least one pass");
+        if npass > 1 {
+            acc.mapv_inplace(|v| v * inv);
+            if let Some(r) = &mut acc_raw {
+                r.mapv_inplace(|v| v * inv);
+            }
+        }
+        let mut report = first.expect("at least one pass");
+        report.seconds.compute = compute;
+        report.seconds.blend = blend;
+        report.seconds.total = t0.elapsed().as_secs_f64();
+        Ok((acc, acc_raw, report))
+    }
+}
+
+/// Auto: softmax for raw multi-channel outputs, sigmoid for one raw channel, none when the graph
+/// already applies one.
+pub fn effective_activation(
+    wanted: Activation,
+    graph: OutputActivation,
+    channels: usize,
+) -> Activation {
+    match wanted {
+        Activation::Auto if graph != OutputActivation::None => Activation::None,
+        Activation::Auto if channels == 1 => Activation::Sigmoid,
+        Activation::Auto => Activation::Softmax,
+        a => a,
+    }
+}
+
+fn accumulate(acc: &mut Option<Array4<f32>>, x: &Array4<f32>) {
+    match acc {
+        Some(a) => *a += x,
+        None => *acc = Some(x.clone()),
+    }
+}
+
+/// A standard-layout copy of (C, i, j, k) data mirrored along the given file axes (0..3).
+pub fn flip_owned(data: ArrayView4<f32>, axes: &[usize]) -> Array4<f32> {
+    let mut v = data;
+    for &a in axes {
+        v.invert_axis(Axis(a + 1));
+    }
+    v.as_standard_layout().into_owned()
+}
+
+/// Softmax over channels or elementwise sigmoid, in place (channel-plane passes, vectorisable).
+pub fn apply_activation(x: &mut Array4<f32>, act: Activation) {
+    match act {
+        Activation::None | Activation::Auto => {}
+        Activation::Sigmoid => x.mapv_inplace(|v| 1.0 / (1.0 + (-v).exp())),
+        Activation::Softmax => {
+            let mut max = x.index_axis(Axis(0), 0).to_owned();
+            for ch in x.outer_iter().skip(1) {
+                Zip::from(&mut max).and(&ch).for_each(|m, &v| *m = m.max(v));
+            }
+            let mut sum = Array3::<f32>::zeros(max.raw_dim());
+            for mut ch in x.outer_iter_mut() {
+                Zip::from(&mut ch)
+                    .and(&mut sum)
+                    .and(&max)
+                    .for_each(|v, s, &m| {
+                        *v = (*v - m).exp();
+                        *s += *v;
+                    });
+            }
+            for mut ch in x.outer_iter_mut() {
+                Zip::from(&mut ch).and(&sum).for_each(|v, &s| *v /= s);
+            }
+        }
+    }
+}
+
+/// Resample the averaged outputs to the input grid channel by channel and take labels (argmax, or
+/// `thr` on a single channel) without holding a second full (C, i, j, k) array unless `keep`.
+pub fn finalize(
+    probs: Array4<f32>,
+    grid: [usize; 3],
+    thr: f32,
+    keep: bool,
+) -> (Array3<u16>, Option<Array4<f32>>) {
+    let c = probs.shape()[0];
+    let same = [probs.shape()[1], probs.shape()[2], probs.shape()[3]] == grid;
+    if same {
+        let labels = if c == 1 {
+            crate::tiling::threshold(probs.view(), thr)
+        } else {
+            crate::tiling::argmax(probs.view())
+        };
+        return (labels, keep.then_some(probs));
+    }
+    let mut labels = Array3::<u16>::zeros(grid);
+    let mut best = Array3::<f32>::from_elem(grid, f32::NEG_INFINITY);
+    let mut kept = keep.then(|| Array4::<f32>::zeros((c, grid[0], grid[1], grid[2])));
+    for ci in 0..c {
+        let one = probs.slice(ndarray::s![ci..ci + 1, .., .., ..]);
+        let r = resample::resample(one, grid);
+        let r = r.index_axis(Axis(0), 0);
+        if c == 1 {
+            Zip::from(&mut labels)
+                .and(&r)
+                .for_each(|l, &v| *l = (v > thr) as u16);
+        } else {
+            // Strictly greater: ties keep the lower channel, as tiling::argmax does.
+            Zip::from(&mut labels)
+                .and(&mut best)
+                .and(&r)
+                .for_each(|l, b, &v| {
+                    if v > *b {
+                        *b = v;
+                        *l = ci as u16;
+                    }
+                });
+        }
+        if let Some(k) = &mut kept {
+            k.index_axis_mut(Axis(0), ci).assign(&r);
+        }
+    }
+    (labels, kept)
+}
