@@ -1821,3 +1821,88 @@ fn bench_w1_layers() {
     }
     b.set_conv_tile(None).unwrap();
 }
+
+/// Per-op profile (`profile_forward`) of the models in VOXTILE_PROFILE_ONNX
+/// ("path[:roi[:batch]],...", e.g. W1/W2 exported by tests/gpu/bench.py), else of a small
+/// conv/norm/concat chain. Prints the ops by time; checks that the per-step sum matches the
+/// timed forward (events add only small gaps) and that the profile covers every launch.
+#[test]
+fn profile_models() {
+    let Some(mut b) = gpu() else { return };
+    b.set_poison(false);
+    let mut r = rng("profile");
+    let spec = std::env::var("VOXTILE_PROFILE_ONNX").unwrap_or_default();
+    let mut cases: Vec<(String, Graph, usize, usize)> = Vec::new();
+    for item in spec.split(',').filter(|s| !s.is_empty()) {
+        let mut f = item.split(':');
+        let path = f.next().unwrap().to_string();
+        let roi = f.next().and_then(|v| v.parse().ok()).unwrap_or(128);
+        let batch = f.next().and_then(|v| v.parse().ok()).unwrap_or(4);
+        let g = voxtile::model::onnx::load(path.as_ref()).expect("model loads");
+        cases.push((path, g, roi, batch));
+    }
+    if cases.is_empty() {
+        let c = 16;
+        let conv = |r: &mut Rng, ci: usize| {
+            Op::Conv(Conv {
+                weight: Tensor::new(vec![c, ci, 3, 3, 3], r.vec(c * ci * 27, 0.1)),
+                bias: None,
+                stride: [1; 3],
+                dilation: [1; 3],
+                pads: [1; 6],
+                groups: 1,
+            })
+        };
+        let norm = Op::InstanceNorm {
+            eps: 1e-5,
+            scale: Tensor::new(vec![c], r.vec(c, 1.0)),
+            bias: Tensor::new(vec![c], r.vec(c, 1.0)),
+        };
+        let g = graph(
+            1,
+            vec![
+                (conv(&mut r, 1), vec![0], c),
+                (norm, vec![1], c),
+                (Op::LeakyRelu { alpha: 0.01 }, vec![2], c),
+                (conv(&mut r, c), vec![3], c),
+                (Op::Concat { axis: 1 }, vec![3, 4], 2 * c),
+            ],
+        );
+        cases.push(("chain".into(), g, 32, 2));
+    }
+    for (name, g, roi, batch) in cases {
+        b.prepare(&g, batch, [roi; 3]).expect("prepare");
+        let cin = g.input_channels();
+        let x = Array5::from_shape_vec(
+            (batch, cin, roi, roi, roi),
+            r.vec(batch * cin * roi * roi * roi, 1.0),
+        )
+        .unwrap();
+        b.run(x.view()).expect("run");
+        let t = b.time_forward(batch, 5).expect("time");
+        let prof = b.profile_forward(batch, 3).expect("profile");
+        let sum: f64 = prof.iter().map(|p| p.1).sum();
+        let launches: usize = prof.iter().map(|p| p.2).sum();
+        println!("RESULT profile {name} roi {roi} batch {batch}: forward {t:.3} ms, per-op sum {sum:.3} ms, {launches} steps");
+        let mut kinds: Vec<(String, f64)> = Vec::new();
+        for (label, ms, _) in &prof {
+            let k = label.split(' ').next().unwrap_or("").to_string();
+            match kinds.iter_mut().find(|a| a.0 == k) {
+                Some(a) => a.1 += ms,
+                None => kinds.push((k, *ms)),
+            }
+        }
+        kinds.sort_by(|a, b| b.1.total_cmp(&a.1));
+        for (k, ms) in &kinds {
+            println!("RESULT profile {name} kind {k:<14} {ms:8.3} ms {:5.1}%", 100.0 * ms / sum);
+        }
+        for (label, ms, cnt) in &prof {
+            println!("PROF {name} {ms:8.3} ms x{cnt:<3} {label}");
+        }
+        assert!(launches > 0 && prof.iter().all(|p| p.1 >= 0.0 && !p.0.is_empty()));
+        assert!(
+            sum > 0.7 * t && sum < 2.0 * t + 0.5,
+            "per-op sum {sum} ms vs forward {t} ms"
+        );
+    }
+}

@@ -223,6 +223,8 @@ struct Prepared {
     cout: usize,
     out_spatial: [usize; 3],
     steps: Vec<Step>,
+    /// One label per step (op kind, shapes, kernel) for `profile_forward`.
+    labels: Vec<String>,
     /// Activation buffers (fp16), then constants; all kept alive for the launch list.
     bufs: Vec<DevBuf>,
     #[allow(dead_code)]
@@ -519,6 +521,7 @@ impl CudaBackend {
 
         let mut consts: Vec<DevBuf> = Vec::new();
         let mut steps: Vec<Step> = Vec::new();
+        let mut labels: Vec<String> = Vec::new();
         let mut fused_into: Vec<bool> = vec![false; nn];
         let mut cmax = 1;
         for (i, node) in graph.nodes.iter().enumerate() {
@@ -661,7 +664,7 @@ impl CudaBackend {
                         eps: *eps,
                         gamma,
                         beta,
-                        act,
+                        act: act.clone(),
                         slope,
                     });
                 }
@@ -685,7 +688,7 @@ impl CudaBackend {
                         pix,
                         c: xshape[0],
                         ab,
-                        act,
+                        act: act.clone(),
                         slope,
                     });
                 }
@@ -838,6 +841,15 @@ impl CudaBackend {
                     });
                 }
             }
+            while labels.len() < steps.len() {
+                labels.push(step_label(
+                    &steps[labels.len()],
+                    node.op.name(),
+                    &act,
+                    xshape,
+                    oshape,
+                ));
+            }
             // Release inputs read for the last time here (after the output was placed, so a
             // kernel never reads and writes one buffer). A fused activation ends at node j.
             let end = fuse.unwrap_or(i);
@@ -870,6 +882,7 @@ impl CudaBackend {
             cout: out_shape[0],
             out_spatial: [out_shape[1], out_shape[2], out_shape[3]],
             steps,
+            labels,
             input: bufs[ib].ptr,
             output: bufs[ob].ptr,
             bufs,
@@ -1031,8 +1044,16 @@ impl CudaBackend {
 
     /// Launches the prepared list for `n` samples on the compute stream.
     fn run_steps(&self, prep: &Prepared, n: usize) -> Result<()> {
-        let s = &*self.stream;
         for step in &prep.steps {
+            self.run_step(prep, step, n)?;
+        }
+        Ok(())
+    }
+
+    /// Launches one step of the list for `n` samples on the compute stream.
+    fn run_step(&self, prep: &Prepared, step: &Step, n: usize) -> Result<()> {
+        let s = &*self.stream;
+        {
             match step {
                 Step::Conv {
                     func,
@@ -1407,6 +1428,73 @@ impl CudaBackend {
         e1.synchronize().map_err(drv("synchronize"))?;
         Ok(e0.elapsed_ms(&e1).map_err(drv("event timing"))? as f64 / reps.max(1) as f64)
     }
+
+    /// Per-op profile of the prepared graph on `n` windows: CUDA events around every step of
+    /// the launch list, `reps` runs after one warm-up. Returns (label, ms per forward, launches
+    /// per forward) summed over steps of one label, largest first; the labels name the op, its
+    /// shapes and the conv kernel (`step_label`). Event gaps make the sum a little larger than
+    /// `time_forward`.
+    pub fn profile_forward(&mut self, n: usize, reps: usize) -> Result<Vec<(String, f64, usize)>> {
+        let prep = self.prepared()?;
+        if n == 0 || n > prep.batch || reps == 0 {
+            return Err(Error::Invalid(format!(
+                "batch {n} outside 1..={} or no repetitions",
+                prep.batch
+            )));
+        }
+        self.run_steps(prep, n)?;
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let mut per_step = vec![0f64; prep.steps.len()];
+        for _ in 0..reps {
+            let mut evs = Vec::with_capacity(prep.steps.len() + 1);
+            evs.push(self.stream.record_event(flags).map_err(drv("event"))?);
+            for step in &prep.steps {
+                self.run_step(prep, step, n)?;
+                evs.push(self.stream.record_event(flags).map_err(drv("event"))?);
+            }
+            evs.last()
+                .expect("one event at least")
+                .synchronize()
+                .map_err(drv("synchronize"))?;
+            for (i, t) in per_step.iter_mut().enumerate() {
+                *t += evs[i].elapsed_ms(&evs[i + 1]).map_err(drv("event timing"))? as f64;
+            }
+        }
+        let mut agg: Vec<(String, f64, usize)> = Vec::new();
+        for (label, t) in prep.labels.iter().zip(&per_step) {
+            match agg.iter_mut().find(|a| &a.0 == label) {
+                Some(a) => {
+                    a.1 += t / reps as f64;
+                    a.2 += 1;
+                }
+                None => agg.push((label.clone(), t / reps as f64, 1)),
+            }
+        }
+        agg.sort_by(|a, b| b.1.total_cmp(&a.1));
+        Ok(agg)
+    }
+}
+
+/// Profile label of one step: op, input -> output shape (C x D x H x W per sample), fused
+/// activation and, for convs, the kernel. Steps of one label are summed by `profile_forward`.
+fn step_label(step: &Step, op: &str, act: &Act, x: Shape, o: Shape) -> String {
+    let sh = |s: Shape| format!("{}x{}x{}x{}", s[0], s[1], s[2], s[3]);
+    let act = match act {
+        Act::None => String::new(),
+        a => format!(" +{}", format!("{a:?}").split('(').next().unwrap_or("")),
+    };
+    let what = match step {
+        Step::Conv { func, p, .. } => format!(
+            "{op} k{}{}{} s{} [{func}]",
+            p.kd.max(p.up_d),
+            p.kh.max(p.up_h),
+            p.kw.max(p.up_w),
+            p.sd.max(p.up_d)
+        ),
+        Step::Concat { cin, coff, .. } => format!("{op} copy {cin}@{coff}"),
+        _ => op.to_string(),
+    };
+    format!("{what}{act} {} -> {}", sh(x), sh(o))
 }
 
 fn slope_n(act: &Act) -> i32 {
