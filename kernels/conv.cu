@@ -522,3 +522,64 @@ MMA_ENTRY(conv_mma_m128n64_v8, 128, 64, 2, 2, 4, true)
 MMA_ENTRY(conv_mma_m128n128_v8, 128, 128, 2, 4, 4, true)
 MMA_ENTRY(conv_mma_m128n32_v1, 128, 32, 4, 1, 3, false)
 MMA_ENTRY(conv_mma_m128n64_v1, 128, 64, 2, 2, 3, false)
+
+// ---------------------------------------------------------------------------------------------
+// conv1x1_n{16,32}: 1x1x1 conv with few output channels (the segmentation head): a memory-bound
+// GEMV per voxel. One thread per voxel, Cin % 8 == 0 (16-byte loads), Cin <= 256, Cout <= NC;
+// weights as fp32 [Cin][NC] in dynamic smem (Cin * NC floats, read as broadcast float4), fp32
+// accumulate, bias + activation, output with ldc/coff. The mma tile would spend its time in
+// prologue/epilogue for K = 32.
+template <int NC>
+__device__ __forceinline__ void conv1x1(const ConvParams& p, const half* __restrict__ x, const half* __restrict__ w,
+                                        const float* __restrict__ bias, half* __restrict__ y,
+                                        const float* __restrict__ slope) {
+    extern __shared__ __align__(16) float ws[];  // [cin][NC]
+    const int cin = p.cin, cout = p.cout;
+    for (int i = threadIdx.x; i < cin * NC; i += blockDim.x) {
+        int ci = i / NC, co = i - ci * NC;
+        ws[i] = co < cout ? __half2float(w[(i64)co * p.kpad + ci]) : 0.f;
+    }
+    __syncthreads();
+    const i64 M = (i64)p.n * p.do_ * p.ho * p.wo;
+    for (i64 m = blockIdx.x * (i64)blockDim.x + threadIdx.x; m < M; m += (i64)gridDim.x * blockDim.x) {
+        float acc[NC];
+#pragma unroll
+        for (int c = 0; c < NC; c++) acc[c] = 0.f;
+        const uint4* xr = reinterpret_cast<const uint4*>(x + m * cin);
+        for (int cv = 0; cv < (cin >> 3); cv++) {
+            uint4 u = __ldg(xr + cv);
+            const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float2 f2 = __half22float2(h[k >> 1]);
+                float f = (k & 1) ? f2.y : f2.x;
+                const float4* wr = reinterpret_cast<const float4*>(ws + (cv * 8 + k) * NC);
+#pragma unroll
+                for (int q = 0; q < NC / 4; q++) {
+                    float4 wq = wr[q];
+                    acc[4 * q] += f * wq.x;
+                    acc[4 * q + 1] += f * wq.y;
+                    acc[4 * q + 2] += f * wq.z;
+                    acc[4 * q + 3] += f * wq.w;
+                }
+            }
+        }
+        half* yo = y + m * p.ldc + p.coff;
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+            if (c < cout) {
+                float v = acc[c] + (bias ? bias[c] : 0.f);
+                yo[c] = __float2half(act_apply(v, c, p.act, p.alpha, slope, p.slope_n));
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) conv1x1_n16(ConvParams p, const half* x, const half* w,
+                                                              const float* bias, half* y, const float* slope) {
+    conv1x1<16>(p, x, w, bias, y, slope);
+}
+extern "C" __global__ void __launch_bounds__(256) conv1x1_n32(ConvParams p, const half* x, const half* w,
+                                                              const float* bias, half* y, const float* slope) {
+    conv1x1<32>(p, x, w, bias, y, slope);
+}

@@ -733,6 +733,61 @@ fn conv_transpose_variants() {
         [1; 3],
         1,
     );
+    // Parity-class path: other kernels, strides 1 and 3, anisotropic strides, odd Cout.
+    for (name, ci, co, sp, k, st, pads, opad) in [
+        (
+            "convT k4 s2 p1 24->12 (parity)",
+            24,
+            12,
+            [4, 5, 3],
+            [4; 3],
+            [2; 3],
+            [1; 6],
+            [0; 3],
+        ),
+        (
+            "convT k3 s1 p1 16->8 (parity, flipped conv)",
+            16,
+            8,
+            [5, 4, 6],
+            [3; 3],
+            [1; 3],
+            [1; 6],
+            [0; 3],
+        ),
+        (
+            "convT k3 s[1,2,3] opad[0,1,2] 16->14",
+            16,
+            14,
+            [4, 5, 3],
+            [3; 3],
+            [1, 2, 3],
+            [1; 6],
+            [0, 1, 2],
+        ),
+        (
+            "convT k3 s2 p1 opad1 32->14 16^3 (MONAI head)",
+            32,
+            14,
+            [16; 3],
+            [3; 3],
+            [2; 3],
+            [1; 6],
+            [1; 3],
+        ),
+        (
+            "convT k1 s2 (no-tap classes: gather kernel)",
+            8,
+            8,
+            [3, 4, 5],
+            [1; 3],
+            [2; 3],
+            [0; 6],
+            [1; 3],
+        ),
+    ] {
+        convt_case(&mut b, &mut r, name, ci, co, sp, k, st, pads, opad, 1);
+    }
     convt_case(
         &mut b,
         &mut r,
@@ -769,8 +824,20 @@ fn norms_and_affine() {
             }),
         ),
         ("groupnorm C=300 g=3 (C>256)", 300, 3, Some(Op::Relu)),
+        (
+            "instancenorm C=32 (16-byte path, many blocks) +prelu per channel",
+            32,
+            32,
+            Some(Op::PRelu {
+                slope: Tensor::new(vec![32], (0..32).map(|i| 0.01 * i as f32).collect()),
+            }),
+        ),
     ] {
-        let sp = [9, 10, 11];
+        let sp = if c == 32 && groups == 32 {
+            [40, 36, 33]
+        } else {
+            [9, 10, 11]
+        };
         let n = sp.iter().product::<usize>();
         // Offset mean (3) so cancellation in the variance would show.
         let xv: Vec<f32> = r.vec(2 * c * n, 1.0).iter().map(|v| v + 3.0).collect();
@@ -797,8 +864,17 @@ fn norms_and_affine() {
             want = want.map(|ch, v| act_ref(&a, ch, v));
             nodes.push((a, vec![1], c));
         }
-        let got = run(&mut b, &graph(c, nodes), &x, 2);
+        let g = graph(c, nodes);
+        let got = run(&mut b, &g, &x, 2);
         report(name, rel_l2(&got, &want));
+        // Fixed-order reductions: a second run gives the same bits.
+        let again = run(&mut b, &g, &x, 2);
+        assert!(
+            got.iter()
+                .zip(again.iter())
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: two runs differ"
+        );
     }
     // ChannelAffine alone.
     let c = 6;
@@ -1894,7 +1970,10 @@ fn profile_models() {
         }
         kinds.sort_by(|a, b| b.1.total_cmp(&a.1));
         for (k, ms) in &kinds {
-            println!("RESULT profile {name} kind {k:<14} {ms:8.3} ms {:5.1}%", 100.0 * ms / sum);
+            println!(
+                "RESULT profile {name} kind {k:<14} {ms:8.3} ms {:5.1}%",
+                100.0 * ms / sum
+            );
         }
         for (label, ms, cnt) in &prof {
             println!("PROF {name} {ms:8.3} ms x{cnt:<3} {label}");
@@ -1905,4 +1984,73 @@ fn profile_models() {
             "per-op sum {sum} ms vs forward {t} ms"
         );
     }
+}
+
+/// A conv and a residual Add written straight into their concat's channel slices, a plain copy
+/// for the third input, then the 1x1x1 head kernel (24 -> 5) against float64.
+#[test]
+fn concat_in_place_and_head() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = rng("inplace");
+    let (c, sp) = (8usize, [6usize, 7, 5]);
+    let nvox = sp.iter().product::<usize>();
+    let x = T::from([2, c, sp[0], sp[1], sp[2]], &r.vec(2 * c * nvox, 1.0));
+    let wa = Tensor::new(vec![16, c, 3, 3, 3], r.vec(16 * c * 27, 0.1));
+    let wb = Tensor::new(vec![c, c, 3, 3, 3], r.vec(c * c * 27, 0.1));
+    let wh = Tensor::new(vec![5, 32, 1, 1, 1], r.vec(5 * 32, 0.3));
+    let bh = Tensor::new(vec![5], r.vec(5, 0.1));
+    let conv = |w: &Tensor, bias: Option<Tensor>, p: usize| {
+        Op::Conv(Conv {
+            weight: w.clone(),
+            bias,
+            stride: [1; 3],
+            dilation: [1; 3],
+            pads: [p; 6],
+            groups: 1,
+        })
+    };
+    let g = graph(
+        c,
+        vec![
+            (conv(&wa, None, 1), vec![0], 16), // v1 -> concat slice 0..16
+            (conv(&wb, None, 1), vec![0], c),  // v2
+            (Op::Add, vec![2, 0], c),          // v3 -> concat slice 16..24
+            (Op::Concat { axis: 1 }, vec![1, 3, 0], 32), // v4 (x copied at 24..32)
+            (conv(&wh, Some(bh.clone()), 0), vec![4], 5), // v5 head
+        ],
+    );
+    let v1 = conv_ref(&x, &wa, None, [1; 3], [1; 3], [1; 6], 1, false, [0; 3]);
+    let v2 = conv_ref(&x, &wb, None, [1; 3], [1; 3], [1; 6], 1, false, [0; 3]);
+    let mut cat = T::zeros([2, 32, sp[0], sp[1], sp[2]]);
+    for n in 0..2 {
+        for ch in 0..32 {
+            for v in 0..nvox {
+                let (src, sc) = match ch {
+                    0..=15 => (v1.d[(n * 16 + ch) * nvox + v], 0.0),
+                    16..=23 => (
+                        v2.d[(n * c + ch - 16) * nvox + v],
+                        x.d[(n * c + ch - 16) * nvox + v],
+                    ),
+                    _ => (x.d[(n * c + ch - 24) * nvox + v], 0.0),
+                };
+                cat.d[(n * 32 + ch) * nvox + v] = src + sc;
+            }
+        }
+    }
+    let want = conv_ref(
+        &cat,
+        &wh,
+        Some(&bh),
+        [1; 3],
+        [1; 3],
+        [0; 6],
+        1,
+        false,
+        [0; 3],
+    );
+    let got = run(&mut b, &g, &x, 2);
+    report(
+        "concat in place (conv, add, copy) + 1x1x1 head",
+        rel_l2(&got, &want),
+    );
 }
