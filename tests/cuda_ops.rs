@@ -476,6 +476,35 @@ fn conv_case(
 fn conv_variants() {
     let Some(mut b) = gpu() else { return };
     let mut r = rng("conv");
+    // Even Cin that is not a multiple of 8: the 4-byte gather tiles (`_v2`); the 1x1x1 head
+    // kernel with Cout 17..32 and a fused activation.
+    for (name, ci, co, k, st, pads) in [
+        (
+            "3^3 14->14 (v2 gather)",
+            14usize,
+            14usize,
+            3usize,
+            1usize,
+            1usize,
+        ),
+        ("3^3 s2 6->40 (v2 gather)", 6, 40, 3, 2, 1),
+        ("1x1 head 40->20 (conv1x1_n32)", 40, 20, 1, 1, 0),
+    ] {
+        conv_case(
+            &mut b,
+            &mut r,
+            name,
+            ci,
+            co,
+            [9, 7, 11],
+            [k; 3],
+            [st; 3],
+            [1; 3],
+            [pads; 6],
+            1,
+            Some(Op::LeakyRelu { alpha: 0.1 }),
+        );
+    }
     conv_case(
         &mut b,
         &mut r,

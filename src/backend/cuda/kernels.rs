@@ -24,6 +24,8 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
             "conv_mma_m128n32_v8",
             "conv_mma_m128n64_v8",
             "conv_mma_m128n128_v8",
+            "conv_mma_m128n32_v2",
+            "conv_mma_m128n64_v2",
             "conv_mma_m128n32_v1",
             "conv_mma_m128n64_v1",
             "conv1x1_n16",

@@ -388,20 +388,20 @@ impl CudaBackend {
     }
 
     /// The mma tile for a GEMM of `m` rows, `n` columns.
-    fn mma_tile(&self, m: usize, n: usize, vec8: bool) -> &'static plan::MmaConfig {
+    fn mma_tile(&self, m: usize, n: usize, vw: usize) -> &'static plan::MmaConfig {
         match self.conv_tile {
             Some(name) => {
                 let c = plan::MMA_CONFIGS
                     .iter()
                     .find(|c| c.name == name)
                     .expect("checked by set_conv_tile");
-                if c.vec8 && !vec8 {
-                    plan::pick_mma(m, n, false, self.sm_count as usize)
+                if vw % c.vw != 0 {
+                    plan::pick_mma(m, n, vw, self.sm_count as usize)
                 } else {
                     c
                 }
             }
-            None => plan::pick_mma(m, n, vec8, self.sm_count as usize),
+            None => plan::pick_mma(m, n, vw, self.sm_count as usize),
         }
     }
 
@@ -1042,6 +1042,7 @@ impl CudaBackend {
         let cout = os[0];
         let direct = groups != 1;
         let vec8 = xs[0] % 8 == 0;
+        let vw = plan::gather_width(xs[0]);
         let taps = k[0] * k[1] * k[2];
         // GEMM rows: output voxels, or input voxels for the upsampling transposed conv.
         let rows = if upsample {
@@ -1127,7 +1128,7 @@ impl CudaBackend {
                     q.ocout = cout as i32;
                     (q.od, q.oh, q.ow) = (os[1] as i32, os[2] as i32, os[3] as i32);
                     q.kpad = kpad as i32;
-                    let c = self.mma_tile(rows, cout, vec8);
+                    let c = self.mma_tile(rows, cout, vw);
                     let wb = DevBuf::upload(&self.ctx, &self.stream, &wh)?;
                     let w = wb.ptr;
                     consts.push(wb);
@@ -1188,7 +1189,7 @@ impl CudaBackend {
                 bm: 256,
                 bn: nc as u32,
                 threads: 256,
-                smem: (cin * nc * 4) as u32,
+                smem: (cin * nc * 4 + 256 * nc * 2) as u32,
                 direct: false,
                 pointwise: true,
             }]);
@@ -1212,7 +1213,7 @@ impl CudaBackend {
             (p.up_d, p.up_h, p.up_w) = (k[0] as i32, k[1] as i32, k[2] as i32);
             p.ocout = cout as i32;
             (p.od, p.oh, p.ow) = (os[1] as i32, os[2] as i32, os[3] as i32);
-            let c = self.mma_tile(rows, n, vec8);
+            let c = self.mma_tile(rows, n, vw);
             (wh, kpad, c.name, c.bm, c.bn, c.threads, c.smem_bytes())
         } else if mma {
             let (wh, kpad) = plan::relayout_weight(
@@ -1222,7 +1223,7 @@ impl CudaBackend {
                 transposed,
                 cout.div_ceil(plan::MMA_N_PAD) * plan::MMA_N_PAD,
             );
-            let c = self.mma_tile(rows, cout, vec8);
+            let c = self.mma_tile(rows, cout, vw);
             (wh, kpad, c.name, c.bm, c.bn, c.threads, c.smem_bytes())
         } else {
             let bn = if cout <= 32 { 32 } else { 64 };
@@ -1393,7 +1394,7 @@ impl CudaBackend {
                     self.launch(
                         s,
                         "norm_finalize",
-                        ((n * c).div_ceil(128) as u32, 1, 1),
+                        ((n * c).div_ceil(4) as u32, 1, 1),
                         128,
                         0,
                         &mut [

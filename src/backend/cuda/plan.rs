@@ -102,7 +102,8 @@ pub struct MmaConfig {
     pub bn: usize,
     pub threads: u32,
     pub stages: usize,
-    pub vec8: bool,
+    /// Halves per A gather (8, 2 or 1): the kernel needs Cin % vw == 0.
+    pub vw: usize,
 }
 
 impl MmaConfig {
@@ -120,7 +121,7 @@ pub const MMA_CONFIGS: &[MmaConfig] = &[
         bn: 32,
         threads: 128,
         stages: 4,
-        vec8: true,
+        vw: 8,
     },
     MmaConfig {
         name: "conv_mma_m128n32_v8",
@@ -128,7 +129,7 @@ pub const MMA_CONFIGS: &[MmaConfig] = &[
         bn: 32,
         threads: 128,
         stages: 4,
-        vec8: true,
+        vw: 8,
     },
     MmaConfig {
         name: "conv_mma_m128n64_v8",
@@ -136,7 +137,7 @@ pub const MMA_CONFIGS: &[MmaConfig] = &[
         bn: 64,
         threads: 128,
         stages: 4,
-        vec8: true,
+        vw: 8,
     },
     MmaConfig {
         name: "conv_mma_m128n128_v8",
@@ -144,7 +145,23 @@ pub const MMA_CONFIGS: &[MmaConfig] = &[
         bn: 128,
         threads: 256,
         stages: 4,
-        vec8: true,
+        vw: 8,
+    },
+    MmaConfig {
+        name: "conv_mma_m128n32_v2",
+        bm: 128,
+        bn: 32,
+        threads: 128,
+        stages: 4,
+        vw: 2,
+    },
+    MmaConfig {
+        name: "conv_mma_m128n64_v2",
+        bm: 128,
+        bn: 64,
+        threads: 128,
+        stages: 4,
+        vw: 2,
     },
     MmaConfig {
         name: "conv_mma_m128n32_v1",
@@ -152,7 +169,7 @@ pub const MMA_CONFIGS: &[MmaConfig] = &[
         bn: 32,
         threads: 128,
         stages: 3,
-        vec8: false,
+        vw: 1,
     },
     MmaConfig {
         name: "conv_mma_m128n64_v1",
@@ -160,18 +177,29 @@ pub const MMA_CONFIGS: &[MmaConfig] = &[
         bn: 64,
         threads: 128,
         stages: 3,
-        vec8: false,
+        vw: 1,
     },
 ];
 
 /// Weight rows of every mma conv are padded to this many columns (the largest BN).
 pub const MMA_N_PAD: usize = 128;
 
-/// Picks the mma tile for a GEMM of `m` rows and `n` columns (`vec8`: Cin % 8 == 0) on `sms`
+/// Gather width for `cin` input channels: 16-byte (8 halves), 4-byte (2) or element gathers.
+pub fn gather_width(cin: usize) -> usize {
+    if cin % 8 == 0 {
+        8
+    } else if cin % 2 == 0 {
+        2
+    } else {
+        1
+    }
+}
+
+/// Picks the mma tile for a GEMM of `m` rows and `n` columns (`vw`: `gather_width(Cin)`) on `sms`
 /// multiprocessors: BN follows Cout (32 / 64 / 128) so no tensor-core work is padding, the
 /// taller 256-row tile for Cout 32 (half the B traffic per FLOP), and smaller tiles when the
 /// larger ones would leave SMs idle.
-pub fn pick_mma(m: usize, n: usize, vec8: bool, sms: usize) -> &'static MmaConfig {
+pub fn pick_mma(m: usize, n: usize, vw: usize, sms: usize) -> &'static MmaConfig {
     let by = |name: &str| {
         MMA_CONFIGS
             .iter()
@@ -179,7 +207,14 @@ pub fn pick_mma(m: usize, n: usize, vec8: bool, sms: usize) -> &'static MmaConfi
             .expect("name in MMA_CONFIGS")
     };
     let blocks = |bm: usize, bn: usize| m.div_ceil(bm) * n.div_ceil(bn);
-    if !vec8 {
+    if vw == 2 {
+        return by(if n <= 32 {
+            "conv_mma_m128n32_v2"
+        } else {
+            "conv_mma_m128n64_v2"
+        });
+    }
+    if vw != 8 {
         return by(if n <= 32 {
             "conv_mma_m128n32_v1"
         } else {
@@ -786,19 +821,19 @@ mod tests {
     #[test]
     fn mma_tile_choice_follows_cout_and_fills_the_gpu() {
         // K1: 2x128^3 voxels, Cout 32: the tall tile.
-        assert_eq!(pick_mma(2 << 21, 32, true, 132).name, "conv_mma_m256n32_v8");
-        assert_eq!(pick_mma(4 * 512, 32, true, 132).name, "conv_mma_m128n32_v8");
-        assert_eq!(pick_mma(4 << 18, 64, true, 132).name, "conv_mma_m128n64_v8");
-        assert_eq!(
-            pick_mma(4 << 15, 128, true, 132).name,
-            "conv_mma_m128n128_v8"
-        );
+        assert_eq!(pick_mma(2 << 21, 32, 8, 132).name, "conv_mma_m256n32_v8");
+        assert_eq!(pick_mma(4 * 512, 32, 8, 132).name, "conv_mma_m128n32_v8");
+        assert_eq!(pick_mma(4 << 18, 64, 8, 132).name, "conv_mma_m128n64_v8");
+        assert_eq!(pick_mma(4 << 15, 128, 8, 132).name, "conv_mma_m128n128_v8");
         // 8^3 x 4 voxels, Cout 320: 16 x 3 blocks of 128x128 would leave most SMs idle.
+        assert_eq!(pick_mma(4 * 512, 320, 8, 132).name, "conv_mma_m128n64_v8");
+        assert_eq!(pick_mma(1000, 32, 1, 132).name, "conv_mma_m128n32_v1");
         assert_eq!(
-            pick_mma(4 * 512, 320, true, 132).name,
-            "conv_mma_m128n64_v8"
+            pick_mma(1000, 14, gather_width(14), 132).name,
+            "conv_mma_m128n32_v2"
         );
-        assert_eq!(pick_mma(1000, 32, false, 132).name, "conv_mma_m128n32_v1");
+        assert_eq!(gather_width(24), 8);
+        assert_eq!(gather_width(3), 1);
         for c in MMA_CONFIGS {
             assert!(c.smem_bytes() <= 99 * 1024, "{} fits sm_86's limit", c.name);
         }
