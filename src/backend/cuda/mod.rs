@@ -962,7 +962,7 @@ impl CudaBackend {
             while labels.len() < steps.len() {
                 labels.push(step_label(
                     &steps[labels.len()],
-                    node.op.name(),
+                    &node.op,
                     &act,
                     xshape,
                     oshape,
@@ -1703,22 +1703,32 @@ impl CudaBackend {
 
 /// Profile label of one step: op, input -> output shape (C x D x H x W per sample), fused
 /// activation and, for convs, the kernel. Steps of one label are summed by `profile_forward`.
-fn step_label(step: &Step, op: &str, act: &Act, x: Shape, o: Shape) -> String {
+fn step_label(step: &Step, op: &Op, act: &Act, x: Shape, o: Shape) -> String {
     let sh = |s: Shape| format!("{}x{}x{}x{}", s[0], s[1], s[2], s[3]);
     let act = match act {
         Act::None => String::new(),
         a => format!(" +{}", format!("{a:?}").split('(').next().unwrap_or("")),
     };
-    let what = match step {
-        Step::Conv { func, p, .. } => format!(
-            "{op} k{}{}{} s{} [{func}]",
-            p.kd.max(p.up_d),
-            p.kh.max(p.up_h),
-            p.kw.max(p.up_w),
-            p.sd.max(p.up_d)
-        ),
-        Step::Concat { cin, coff, .. } => format!("{op} copy {cin}@{coff}"),
-        _ => op.to_string(),
+    // Kernel and stride of the op itself (a transposed conv runs as several GEMM steps).
+    let ks = |w: &Tensor, st: [usize; 3]| {
+        let w = &w.shape;
+        format!(
+            "k{}{}{} s{}",
+            w[2],
+            w[3],
+            w[4],
+            st.iter().max().unwrap_or(&1)
+        )
+    };
+    let what = match (step, op) {
+        (Step::Conv { func, .. }, Op::Conv(c)) => {
+            format!("{} {} [{func}]", op.name(), ks(&c.weight, c.stride))
+        }
+        (Step::Conv { func, .. }, Op::ConvTranspose(c)) => {
+            format!("{} {} [{func}]", op.name(), ks(&c.weight, c.stride))
+        }
+        (Step::Concat { cin, coff, .. }, _) => format!("{} copy {cin}@{coff}", op.name()),
+        _ => op.name().to_string(),
     };
     format!("{what}{act} {} -> {}", sh(x), sh(o))
 }
