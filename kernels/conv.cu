@@ -236,6 +236,16 @@ __device__ __forceinline__ void cp_async16_ca(half* smem, const half* gmem, int 
 #endif
 }
 
+// 4-byte variant for the 2-half gathers (even Cin that is not a multiple of 8).
+__device__ __forceinline__ void cp_async4_ca(half* smem, const half* gmem, int bytes) {
+#if __CUDA_ARCH__ >= 800
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
+#else
+    *reinterpret_cast<unsigned*>(smem) = bytes ? *reinterpret_cast<const unsigned*>(gmem) : 0u;
+#endif
+}
+
 __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const half* p) {
 #if __CUDA_ARCH__ >= 800
     unsigned s = (unsigned)__cvta_generic_to_shared(p);
@@ -295,7 +305,9 @@ __device__ __noinline__ void conv_store(const ConvParams& p, half* __restrict__ 
     }
 }
 
-template <int TBM, int TBN, int WM, int WN, int STAGES, bool VEC>
+// VW: halves per A gather: 8 (Cin % 8 == 0, 16-byte cp.async), 2 (even Cin, 4-byte cp.async),
+// 1 (element gathers by one thread per row).
+template <int TBM, int TBN, int WM, int WN, int STAGES, int VW>
 __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __restrict__ x,
                                          const half* __restrict__ w, const float* __restrict__ bias,
                                          half* __restrict__ y, const float* __restrict__ slope) {
@@ -317,16 +329,19 @@ __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __rest
     const int K = p.kd * taps_hw * p.cin;
     const int nk = (K + MBK - 1) / MBK;
 
-    // A rows owned by this thread: VEC: chunk v = tid % 4 of rows tid/4 + r * THREADS/4;
-    // scalar: row tid (THREADS == TBM), all 32 k. Decode each row's input origin once.
-    constexpr int RSTEP = VEC ? THREADS / 4 : THREADS;
+    // A rows owned by this thread: VEC: chunk v = tid % TPR of rows tid/TPR + r * THREADS/TPR
+    // (TPR = 32/VW threads per row); scalar: row tid (THREADS == TBM), all 32 k. Decode each
+    // row's input origin once.
+    constexpr bool VEC = VW > 1;
+    constexpr int TPR = MBK / VW;
+    constexpr int RSTEP = VEC ? THREADS / TPR : THREADS;
     constexpr int AROWS = TBM / RSTEP;
     static_assert(VEC || THREADS == TBM, "scalar gather wants one row per thread");
     i64 base[AROWS];
     int z0[AROWS], y0[AROWS], x0[AROWS];
 #pragma unroll
     for (int r = 0; r < AROWS; r++) {
-        int row = (VEC ? (tid >> 2) : tid) + r * RSTEP;
+        int row = (VEC ? tid / TPR : tid) + r * RSTEP;
         int m = m0 + row;
         if (m < M) {
             int ox = m % p.wo, t = m / p.wo;
@@ -343,11 +358,11 @@ __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __rest
         }
     }
 
-    // VEC: this thread's position in K (k = kt * 32 + v * 8), advanced incrementally.
-    const int v = tid & 3;
+    // VEC: this thread's position in K (k = kt * 32 + v * VW), advanced incrementally.
+    const int v = tid % TPR;
     int ci = 0, tx = 0, ty = 0, tz = 0;
     if (VEC) {
-        int k = v * 8;
+        int k = v * VW;
         int tap = k / p.cin;
         ci = k - tap * p.cin;
         tz = tap / taps_hw;
@@ -366,11 +381,14 @@ __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __rest
             const int off = ((dz * p.hi + dy) * p.wi + dx) * p.cin + ci;
 #pragma unroll
             for (int r = 0; r < AROWS; r++) {
-                int row = (tid >> 2) + r * RSTEP;
+                int row = tid / TPR + r * RSTEP;
                 int iz = z0[r] + dz, iy = y0[r] + dy, ix = x0[r] + dx;
                 bool ok = kin && (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi &&
                           (unsigned)ix < (unsigned)p.wi;
-                cp_async16_ca(as + row * MLDS + v * 8, ok ? x + base[r] + off : x, ok ? 16 : 0);
+                if (VW == 8)
+                    cp_async16_ca(as + row * MLDS + v * 8, ok ? x + base[r] + off : x, ok ? 16 : 0);
+                else
+                    cp_async4_ca(as + row * MLDS + v * VW, ok ? x + base[r] + off : x, ok ? 4 : 0);
             }
             // Advance this thread's K position by one tile.
             ci += MBK;
@@ -511,14 +529,92 @@ __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __rest
 }
 
 // Name: conv_mma_m{TBM}n{TBN}_{v8 | v1}. Keep in sync with MMA_CONFIGS in plan.rs.
-#define MMA_ENTRY(NAME, TBM, TBN, WM, WN, ST, VEC)                                                  \
+#define MMA_ENTRY(NAME, TBM, TBN, WM, WN, ST, VW)                                                   \
     extern "C" __global__ void __launch_bounds__(WM * WN * 32) NAME(                               \
         ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope) { \
-        conv_mma<TBM, TBN, WM, WN, ST, VEC>(p, x, w, bias, y, slope);                               \
+        conv_mma<TBM, TBN, WM, WN, ST, VW>(p, x, w, bias, y, slope);                                \
     }
-MMA_ENTRY(conv_mma_m256n32_v8, 256, 32, 4, 1, 4, true)
-MMA_ENTRY(conv_mma_m128n32_v8, 128, 32, 4, 1, 4, true)
-MMA_ENTRY(conv_mma_m128n64_v8, 128, 64, 2, 2, 4, true)
-MMA_ENTRY(conv_mma_m128n128_v8, 128, 128, 2, 4, 4, true)
-MMA_ENTRY(conv_mma_m128n32_v1, 128, 32, 4, 1, 3, false)
-MMA_ENTRY(conv_mma_m128n64_v1, 128, 64, 2, 2, 3, false)
+MMA_ENTRY(conv_mma_m256n32_v8, 256, 32, 4, 1, 4, 8)
+MMA_ENTRY(conv_mma_m128n32_v8, 128, 32, 4, 1, 4, 8)
+MMA_ENTRY(conv_mma_m128n64_v8, 128, 64, 2, 2, 4, 8)
+MMA_ENTRY(conv_mma_m128n128_v8, 128, 128, 2, 4, 4, 8)
+MMA_ENTRY(conv_mma_m128n32_v2, 128, 32, 4, 1, 4, 2)
+MMA_ENTRY(conv_mma_m128n64_v2, 128, 64, 2, 2, 4, 2)
+MMA_ENTRY(conv_mma_m128n32_v1, 128, 32, 4, 1, 3, 1)
+MMA_ENTRY(conv_mma_m128n64_v1, 128, 64, 2, 2, 3, 1)
+
+// ---------------------------------------------------------------------------------------------
+// conv1x1_n{16,32}: 1x1x1 conv with few output channels (the segmentation head): a memory-bound
+// GEMV per voxel. One thread per voxel, Cin % 8 == 0 (16-byte loads), Cin <= 256, Cout <= NC;
+// weights as fp32 [Cin][NC] in dynamic smem (Cin * NC floats, read as broadcast float4, then
+// blockDim * NC halves of output staging), fp32
+// accumulate, bias + activation, output with ldc/coff. The mma tile would spend its time in
+// prologue/epilogue for K = 32.
+template <int NC>
+__device__ __forceinline__ void conv1x1(const ConvParams& p, const half* __restrict__ x, const half* __restrict__ w,
+                                        const float* __restrict__ bias, half* __restrict__ y,
+                                        const float* __restrict__ slope) {
+    extern __shared__ __align__(16) float ws[];  // [cin][NC]
+    const int cin = p.cin, cout = p.cout;
+    for (int i = threadIdx.x; i < cin * NC; i += blockDim.x) {
+        int ci = i / NC, co = i - ci * NC;
+        ws[i] = co < cout ? __half2float(w[(i64)co * p.kpad + ci]) : 0.f;
+    }
+    __syncthreads();
+    // Outputs of the block's voxels are staged in smem and stored as one contiguous run when
+    // the output is dense (ldc == Cout): per-thread rows of 28 bytes would scatter the stores.
+    half* so = reinterpret_cast<half*>(ws + cin * NC);
+    const bool dense = p.ldc == cout && p.coff == 0;
+    const i64 M = (i64)p.n * p.do_ * p.ho * p.wo;
+    for (i64 m0 = (i64)blockIdx.x * blockDim.x; m0 < M; m0 += (i64)gridDim.x * blockDim.x) {
+        const i64 m = m0 + threadIdx.x;
+        if (m < M) {
+            float acc[NC];
+#pragma unroll
+            for (int c = 0; c < NC; c++) acc[c] = 0.f;
+            const uint4* xr = reinterpret_cast<const uint4*>(x + m * cin);
+            for (int cv = 0; cv < (cin >> 3); cv++) {
+                uint4 u = __ldg(xr + cv);
+                const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    float2 f2 = __half22float2(h[k >> 1]);
+                    float f = (k & 1) ? f2.y : f2.x;
+                    const float4* wr = reinterpret_cast<const float4*>(ws + (cv * 8 + k) * NC);
+#pragma unroll
+                    for (int q = 0; q < NC / 4; q++) {
+                        float4 wq = wr[q];
+                        acc[4 * q] += f * wq.x;
+                        acc[4 * q + 1] += f * wq.y;
+                        acc[4 * q + 2] += f * wq.z;
+                        acc[4 * q + 3] += f * wq.w;
+                    }
+                }
+            }
+            half* yo = dense ? so + threadIdx.x * cout : y + m * p.ldc + p.coff;
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+                if (c < cout) {
+                    float v = acc[c] + (bias ? bias[c] : 0.f);
+                    yo[c] = __float2half(act_apply(v, c, p.act, p.alpha, slope, p.slope_n));
+                }
+            }
+        }
+        if (dense) {
+            __syncthreads();
+            const int cnt = (int)min((i64)blockDim.x, M - m0) * cout;
+            half* yb = y + m0 * cout;
+            for (int i = threadIdx.x; i < cnt; i += blockDim.x) yb[i] = so[i];
+            __syncthreads();
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) conv1x1_n16(ConvParams p, const half* x, const half* w,
+                                                              const float* bias, half* y, const float* slope) {
+    conv1x1<16>(p, x, w, bias, y, slope);
+}
+extern "C" __global__ void __launch_bounds__(256) conv1x1_n32(ConvParams p, const half* x, const half* w,
+                                                              const float* bias, half* y, const float* slope) {
+    conv1x1<32>(p, x, w, bias, y, slope);
+}

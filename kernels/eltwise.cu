@@ -19,9 +19,34 @@ __device__ __forceinline__ float bin(float a, float b, int op) {
     }
 }
 
+// y may be a channel slice [coff, coff+C) of a buffer with ldc channels (a concat written in place).
 extern "C" __global__ void binary_kernel(const half* __restrict__ a, const half* __restrict__ b,
-                                         half* __restrict__ y, i64 total, int op) {
-    GRID_LOOP(e, total) { y[e] = __float2half(bin(__half2float(a[e]), __half2float(b[e]), op)); }
+                                         half* __restrict__ y, i64 total, int op, int C, int ldc, int coff) {
+    GRID_LOOP(e, total) {
+        i64 o = ldc == C ? e + coff : (e / C) * ldc + coff + e % C;
+        y[o] = __float2half(bin(__half2float(a[e]), __half2float(b[e]), op));
+    }
+}
+
+// binary_kernel on 16-byte vectors: C, ldc, coff multiples of 8 (total = pixels * C).
+extern "C" __global__ void binary_v8(const half* __restrict__ a, const half* __restrict__ b,
+                                     half* __restrict__ y, i64 total, int op, int C, int ldc, int coff) {
+    const int vpp = C >> 3;
+    GRID_LOOP(e, total >> 3) {
+        uint4 ua = reinterpret_cast<const uint4*>(a)[e], ub = reinterpret_cast<const uint4*>(b)[e];
+        const __half2* ha = reinterpret_cast<const __half2*>(&ua);
+        const __half2* hb = reinterpret_cast<const __half2*>(&ub);
+        uint4 uy;
+        __half2* hy = reinterpret_cast<__half2*>(&uy);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float2 fa = __half22float2(ha[k]), fb = __half22float2(hb[k]);
+            hy[k] = __floats2half2_rn(bin(fa.x, fb.x, op), bin(fa.y, fb.y, op));
+        }
+        i64 p = e / vpp;
+        int cv = (int)(e - p * vpp);
+        *reinterpret_cast<uint4*>(y + p * ldc + coff + cv * 8) = uy;
+    }
 }
 
 // x (op) k where k is an f32 NCDHW constant broadcast to x: ks = its element strides in N,C,D,H,W
@@ -47,6 +72,35 @@ extern "C" __global__ void concat_copy(const half* __restrict__ x, half* __restr
         i64 p = e / Cin;
         int c = (int)(e % Cin);
         y[p * Ctot + coff + c] = x[e];
+    }
+}
+
+// concat_copy on 16-byte vectors: Cin, Ctot, coff multiples of 8.
+extern "C" __global__ void concat_copy_v8(const half* __restrict__ x, half* __restrict__ y, i64 P, int Cin,
+                                          int Ctot, int coff) {
+    const int vpp = Cin >> 3;
+    GRID_LOOP(e, P * vpp) {
+        i64 p = e / vpp;
+        int cv = (int)(e - p * vpp);
+        *reinterpret_cast<uint4*>(y + p * Ctot + coff + cv * 8) = reinterpret_cast<const uint4*>(x)[e];
+    }
+}
+
+// act_kernel on 16-byte vectors (C % 8 == 0).
+extern "C" __global__ void act_v8(const half* __restrict__ x, half* __restrict__ y, i64 total, int C,
+                                  int act, float alpha, const float* __restrict__ slope, int slope_n) {
+    const int vpp = C >> 3;
+    GRID_LOOP(e, total >> 3) {
+        const int c0 = (int)(e % vpp) * 8;
+        uint4 u = reinterpret_cast<const uint4*>(x)[e];
+        __half2* h = reinterpret_cast<__half2*>(&u);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float2 f = __half22float2(h[k]);
+            h[k] = __floats2half2_rn(act_apply(f.x, c0 + 2 * k, act, alpha, slope, slope_n),
+                                     act_apply(f.y, c0 + 2 * k + 1, act, alpha, slope, slope_n));
+        }
+        reinterpret_cast<uint4*>(y)[e] = u;
     }
 }
 

@@ -1,24 +1,84 @@
-// InstanceNorm / GroupNorm on NDHWC fp16: per-channel sums (fp32 within a block, fp64 across
-// blocks) of values shifted by the first value of the channel's group (reduces the cancellation
-// of E[x^2] - E[x]^2), then per-(n, c) scale/shift, then normalise with the activation fused.
+// InstanceNorm / GroupNorm on NDHWC fp16, deterministic (fixed-order reductions, no atomics, so
+// an OOM retry reproduces every bit): per-(block, channel) sums of values shifted by the first
+// value of the channel's group (reduces the cancellation of E[x^2] - E[x]^2) in fp32, then one
+// thread per (n, c) adds the blocks' partials in order in fp64 and writes scale/shift, then
+// normalise with the activation fused (16-byte vectors when C % 8 == 0).
 
-// grid (chunks, N), block 256, dynamic shared memory 2*C floats.
-extern "C" __global__ void norm_stats(const half* __restrict__ x, i64 P, int C, int groups, int chunk,
-                                      double* __restrict__ sums /* [N][C][2] */) {
+// Block tail shared by both partial kernels: sh holds [rows][C][2] per-thread sums; each
+// channel adds its rows in order and writes the block's partial.
+__device__ __forceinline__ void norm_block_partial(const float* sh, int rows, int C, float* __restrict__ part) {
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float s = 0.f, q = 0.f;
+        for (int r = 0; r < rows; r++) {
+            s += sh[(r * C + c) * 2];
+            q += sh[(r * C + c) * 2 + 1];
+        }
+        part[c * 2] = s;
+        part[c * 2 + 1] = q;
+    }
+}
+
+// C % 8 == 0, C <= 2048: thread (r, cv) sums channels cv*8..+8 over pixels p0+r, p0+r+rows, ...
+// with 16-byte loads. grid (blocks per sample, N), block 256, dynamic smem rows*C*2 floats.
+// part: [N][gridDim.x][C][2] fp32.
+extern "C" __global__ void norm_partial_v8(const half* __restrict__ x, i64 P, int C, int groups, i64 chunk,
+                                           float* __restrict__ part) {
     extern __shared__ float sh[];
-    const int n = blockIdx.y;
-    const int tid = threadIdx.x;
-    for (int c = tid; c < 2 * C; c += blockDim.x) sh[c] = 0.f;
+    const int n = blockIdx.y, tid = threadIdx.x;
+    const int vpp = C >> 3;
+    const int rows = blockDim.x / vpp;
+    const int cpg = C / groups;
+    const half* xn = x + (i64)n * P * C;
+    if (tid < rows * vpp) {
+        const int r = tid / vpp, cv = tid - r * vpp;
+        float shf[8], s[8], q[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            int c = cv * 8 + k;
+            shf[k] = __half2float(xn[(c / cpg) * cpg]);
+            s[k] = q[k] = 0.f;
+        }
+        const i64 p0 = (i64)blockIdx.x * chunk;
+        const i64 p1 = min(p0 + chunk, P);
+#pragma unroll 4
+        for (i64 p = p0 + r; p < p1; p += rows) {
+            uint4 u = __ldg(reinterpret_cast<const uint4*>(xn + p * C + cv * 8));
+            const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float2 f = __half22float2(h[k]);
+                float a = f.x - shf[2 * k], b = f.y - shf[2 * k + 1];
+                s[2 * k] += a;
+                q[2 * k] += a * a;
+                s[2 * k + 1] += b;
+                q[2 * k + 1] += b * b;
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            sh[(r * C + cv * 8 + k) * 2] = s[k];
+            sh[(r * C + cv * 8 + k) * 2 + 1] = q[k];
+        }
+    }
     __syncthreads();
-    const i64 p0 = (i64)blockIdx.x * chunk;
-    const i64 p1 = min(p0 + chunk, P);
+    norm_block_partial(sh, rows, C, part + ((i64)n * gridDim.x + blockIdx.x) * C * 2);
+}
+
+// Any C: thread (r, c0) sums channels c0, c0+cg, ... over pixels p0+r, p0+r+rows, ...
+// (cg = min(C, blockDim)), smem [rows][C][2] floats. Same partial layout as the v8 kernel.
+extern "C" __global__ void norm_partial(const half* __restrict__ x, i64 P, int C, int groups, i64 chunk,
+                                        float* __restrict__ part) {
+    extern __shared__ float sh[];
+    const int n = blockIdx.y, tid = threadIdx.x;
     const int cg = C < (int)blockDim.x ? C : (int)blockDim.x;
     const int rows = blockDim.x / cg;
     const int cpg = C / groups;
     const half* xn = x + (i64)n * P * C;
+    const i64 p0 = (i64)blockIdx.x * chunk;
+    const i64 p1 = min(p0 + chunk, P);
     if (tid < rows * cg) {
-        int r = tid / cg;
-        for (int c = tid % cg; c < C; c += cg) {
+        const int r = tid / cg;
+        for (int c = tid - r * cg; c < C; c += cg) {
             float shift = __half2float(xn[(c / cpg) * cpg]);
             float s = 0.f, q = 0.f;
             for (i64 pp = p0 + r; pp < p1; pp += rows) {
@@ -26,32 +86,41 @@ extern "C" __global__ void norm_stats(const half* __restrict__ x, i64 P, int C, 
                 s += v;
                 q += v * v;
             }
-            atomicAdd(&sh[c], s);
-            atomicAdd(&sh[C + c], q);
+            sh[(r * C + c) * 2] = s;
+            sh[(r * C + c) * 2 + 1] = q;
         }
     }
     __syncthreads();
-    for (int c = tid; c < C; c += blockDim.x) {
-        atomicAdd(&sums[((i64)n * C + c) * 2], (double)sh[c]);
-        atomicAdd(&sums[((i64)n * C + c) * 2 + 1], (double)sh[C + c]);
-    }
+    norm_block_partial(sh, rows, C, part + ((i64)n * gridDim.x + blockIdx.x) * C * 2);
 }
 
-// One thread per (n, c): ab[n][c] = {gamma*rstd, beta - mean*gamma*rstd} over the channel's group.
-extern "C" __global__ void norm_finalize(const double* __restrict__ sums, const half* __restrict__ x,
+// One warp per (n, c): lane l adds blocks l, l+32, ... of the channel's group (fp64), then a
+// fixed shuffle tree; writes ab[n][c] = {gamma*rstd, beta - mean*gamma*rstd}. Same order every
+// run. block 128 (4 warps).
+extern "C" __global__ void norm_finalize(const float* __restrict__ part, int nblk, const half* __restrict__ x,
                                          int N, i64 P, int C, int groups, float eps,
                                          const float* __restrict__ gamma, const float* __restrict__ beta,
                                          float* __restrict__ ab) {
-    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    int e = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
     if (e >= N * C) return;
     int n = e / C, c = e % C;
     int cpg = C / groups;
     int g0 = (c / cpg) * cpg;
     double s = 0.0, q = 0.0;
-    for (int k = g0; k < g0 + cpg; k++) {
-        s += sums[((i64)n * C + k) * 2];
-        q += sums[((i64)n * C + k) * 2 + 1];
+    for (int b = lane; b < nblk; b += 32) {
+        const float* pb = part + ((i64)n * nblk + b) * C * 2;
+        for (int k = g0; k < g0 + cpg; k++) {
+            s += (double)pb[k * 2];
+            q += (double)pb[k * 2 + 1];
+        }
     }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+        q += __shfl_xor_sync(0xffffffffu, q, o);
+    }
+    if (lane != 0) return;
     double cnt = (double)P * cpg;
     double ms = s / cnt;                       // mean of shifted values
     double var = q / cnt - ms * ms;
@@ -73,5 +142,32 @@ extern "C" __global__ void affine_act(const half* __restrict__ x, half* __restri
         const float* q = ab + ((i64)n * ab_nstride + c) * 2;
         float v = __half2float(x[e]) * q[0] + q[1];
         y[e] = __float2half(act_apply(v, c, act, alpha, slope, slope_n));
+    }
+}
+
+// affine_act for C % 8 == 0 with P*C/8 < 2^32: 16-byte vectors, sample n = blockIdx.y, 32-bit
+// index math, the vector's 8 (a, b) pairs read once.
+extern "C" __global__ void affine_act_v8(const half* __restrict__ x, half* __restrict__ y, i64 P, int C,
+                                         const float* __restrict__ ab, int ab_nstride, int act, float alpha,
+                                         const float* __restrict__ slope, int slope_n) {
+    const int n = blockIdx.y;
+    const unsigned vpp = (unsigned)C >> 3;
+    const unsigned nv = (unsigned)P * vpp;
+    const uint4* xv = reinterpret_cast<const uint4*>(x + (i64)n * P * C);
+    uint4* yv = reinterpret_cast<uint4*>(y + (i64)n * P * C);
+    const float2* abn = reinterpret_cast<const float2*>(ab) + (i64)n * ab_nstride;
+    for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < nv; e += gridDim.x * blockDim.x) {
+        const int c0 = (int)(e % vpp) * 8;
+        uint4 u = xv[e];
+        __half2* h = reinterpret_cast<__half2*>(&u);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float2 f = __half22float2(h[k]);
+            float2 q0 = abn[c0 + 2 * k], q1 = abn[c0 + 2 * k + 1];
+            float a = act_apply(f.x * q0.x + q0.y, c0 + 2 * k, act, alpha, slope, slope_n);
+            float b = act_apply(f.y * q1.x + q1.y, c0 + 2 * k + 1, act, alpha, slope, slope_n);
+            h[k] = __floats2half2_rn(a, b);
+        }
+        yv[e] = u;
     }
 }

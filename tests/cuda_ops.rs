@@ -476,6 +476,35 @@ fn conv_case(
 fn conv_variants() {
     let Some(mut b) = gpu() else { return };
     let mut r = rng("conv");
+    // Even Cin that is not a multiple of 8: the 4-byte gather tiles (`_v2`); the 1x1x1 head
+    // kernel with Cout 17..32 and a fused activation.
+    for (name, ci, co, k, st, pads) in [
+        (
+            "3^3 14->14 (v2 gather)",
+            14usize,
+            14usize,
+            3usize,
+            1usize,
+            1usize,
+        ),
+        ("3^3 s2 6->40 (v2 gather)", 6, 40, 3, 2, 1),
+        ("1x1 head 40->20 (conv1x1_n32)", 40, 20, 1, 1, 0),
+    ] {
+        conv_case(
+            &mut b,
+            &mut r,
+            name,
+            ci,
+            co,
+            [9, 7, 11],
+            [k; 3],
+            [st; 3],
+            [1; 3],
+            [pads; 6],
+            1,
+            Some(Op::LeakyRelu { alpha: 0.1 }),
+        );
+    }
     conv_case(
         &mut b,
         &mut r,
@@ -733,6 +762,61 @@ fn conv_transpose_variants() {
         [1; 3],
         1,
     );
+    // Parity-class path: other kernels, strides 1 and 3, anisotropic strides, odd Cout.
+    for (name, ci, co, sp, k, st, pads, opad) in [
+        (
+            "convT k4 s2 p1 24->12 (parity)",
+            24,
+            12,
+            [4, 5, 3],
+            [4; 3],
+            [2; 3],
+            [1; 6],
+            [0; 3],
+        ),
+        (
+            "convT k3 s1 p1 16->8 (parity, flipped conv)",
+            16,
+            8,
+            [5, 4, 6],
+            [3; 3],
+            [1; 3],
+            [1; 6],
+            [0; 3],
+        ),
+        (
+            "convT k3 s[1,2,3] opad[0,1,2] 16->14",
+            16,
+            14,
+            [4, 5, 3],
+            [3; 3],
+            [1, 2, 3],
+            [1; 6],
+            [0, 1, 2],
+        ),
+        (
+            "convT k3 s2 p1 opad1 32->14 16^3 (MONAI head)",
+            32,
+            14,
+            [16; 3],
+            [3; 3],
+            [2; 3],
+            [1; 6],
+            [1; 3],
+        ),
+        (
+            "convT k1 s2 (no-tap classes: gather kernel)",
+            8,
+            8,
+            [3, 4, 5],
+            [1; 3],
+            [2; 3],
+            [0; 6],
+            [1; 3],
+        ),
+    ] {
+        convt_case(&mut b, &mut r, name, ci, co, sp, k, st, pads, opad, 1);
+    }
     convt_case(
         &mut b,
         &mut r,
@@ -769,8 +853,20 @@ fn norms_and_affine() {
             }),
         ),
         ("groupnorm C=300 g=3 (C>256)", 300, 3, Some(Op::Relu)),
+        (
+            "instancenorm C=32 (16-byte path, many blocks) +prelu per channel",
+            32,
+            32,
+            Some(Op::PRelu {
+                slope: Tensor::new(vec![32], (0..32).map(|i| 0.01 * i as f32).collect()),
+            }),
+        ),
     ] {
-        let sp = [9, 10, 11];
+        let sp = if c == 32 && groups == 32 {
+            [40, 36, 33]
+        } else {
+            [9, 10, 11]
+        };
         let n = sp.iter().product::<usize>();
         // Offset mean (3) so cancellation in the variance would show.
         let xv: Vec<f32> = r.vec(2 * c * n, 1.0).iter().map(|v| v + 3.0).collect();
@@ -797,8 +893,17 @@ fn norms_and_affine() {
             want = want.map(|ch, v| act_ref(&a, ch, v));
             nodes.push((a, vec![1], c));
         }
-        let got = run(&mut b, &graph(c, nodes), &x, 2);
+        let g = graph(c, nodes);
+        let got = run(&mut b, &g, &x, 2);
         report(name, rel_l2(&got, &want));
+        // Fixed-order reductions: a second run gives the same bits.
+        let again = run(&mut b, &g, &x, 2);
+        assert!(
+            got.iter()
+                .zip(again.iter())
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: two runs differ"
+        );
     }
     // ChannelAffine alone.
     let c = 6;
@@ -1820,4 +1925,161 @@ fn bench_w1_layers() {
         );
     }
     b.set_conv_tile(None).unwrap();
+}
+
+/// Per-op profile (`profile_forward`) of the models in VOXTILE_PROFILE_ONNX
+/// ("path[:roi[:batch]],...", e.g. W1/W2 exported by tests/gpu/bench.py), else of a small
+/// conv/norm/concat chain. Prints the ops by time; checks that the per-step sum matches the
+/// timed forward (events add only small gaps) and that the profile covers every launch.
+#[test]
+fn profile_models() {
+    let Some(mut b) = gpu() else { return };
+    b.set_poison(false);
+    let mut r = rng("profile");
+    let spec = std::env::var("VOXTILE_PROFILE_ONNX").unwrap_or_default();
+    let mut cases: Vec<(String, Graph, usize, usize)> = Vec::new();
+    for item in spec.split(',').filter(|s| !s.is_empty()) {
+        let mut f = item.split(':');
+        let path = f.next().unwrap().to_string();
+        let roi = f.next().and_then(|v| v.parse().ok()).unwrap_or(128);
+        let batch = f.next().and_then(|v| v.parse().ok()).unwrap_or(4);
+        let g = voxtile::model::onnx::load(path.as_ref()).expect("model loads");
+        cases.push((path, g, roi, batch));
+    }
+    if cases.is_empty() {
+        let c = 16;
+        let conv = |r: &mut Rng, ci: usize| {
+            Op::Conv(Conv {
+                weight: Tensor::new(vec![c, ci, 3, 3, 3], r.vec(c * ci * 27, 0.1)),
+                bias: None,
+                stride: [1; 3],
+                dilation: [1; 3],
+                pads: [1; 6],
+                groups: 1,
+            })
+        };
+        let norm = Op::InstanceNorm {
+            eps: 1e-5,
+            scale: Tensor::new(vec![c], r.vec(c, 1.0)),
+            bias: Tensor::new(vec![c], r.vec(c, 1.0)),
+        };
+        let g = graph(
+            1,
+            vec![
+                (conv(&mut r, 1), vec![0], c),
+                (norm, vec![1], c),
+                (Op::LeakyRelu { alpha: 0.01 }, vec![2], c),
+                (conv(&mut r, c), vec![3], c),
+                (Op::Concat { axis: 1 }, vec![3, 4], 2 * c),
+            ],
+        );
+        cases.push(("chain".into(), g, 32, 2));
+    }
+    for (name, g, roi, batch) in cases {
+        b.prepare(&g, batch, [roi; 3]).expect("prepare");
+        let cin = g.input_channels();
+        let x = Array5::from_shape_vec(
+            (batch, cin, roi, roi, roi),
+            r.vec(batch * cin * roi * roi * roi, 1.0),
+        )
+        .unwrap();
+        b.run(x.view()).expect("run");
+        let t = b.time_forward(batch, 5).expect("time");
+        let prof = b.profile_forward(batch, 3).expect("profile");
+        let sum: f64 = prof.iter().map(|p| p.1).sum();
+        let launches: usize = prof.iter().map(|p| p.2).sum();
+        println!("RESULT profile {name} roi {roi} batch {batch}: forward {t:.3} ms, per-op sum {sum:.3} ms, {launches} steps");
+        let mut kinds: Vec<(String, f64)> = Vec::new();
+        for (label, ms, _) in &prof {
+            let k = label.split(' ').next().unwrap_or("").to_string();
+            match kinds.iter_mut().find(|a| a.0 == k) {
+                Some(a) => a.1 += ms,
+                None => kinds.push((k, *ms)),
+            }
+        }
+        kinds.sort_by(|a, b| b.1.total_cmp(&a.1));
+        for (k, ms) in &kinds {
+            println!(
+                "RESULT profile {name} kind {k:<14} {ms:8.3} ms {:5.1}%",
+                100.0 * ms / sum
+            );
+        }
+        for (label, ms, cnt) in &prof {
+            println!("PROF {name} {ms:8.3} ms x{cnt:<3} {label}");
+        }
+        assert!(launches > 0 && prof.iter().all(|p| p.1 >= 0.0 && !p.0.is_empty()));
+        assert!(
+            sum > 0.7 * t && sum < 2.0 * t + 0.5,
+            "per-op sum {sum} ms vs forward {t} ms"
+        );
+    }
+}
+
+/// A conv and a residual Add written straight into their concat's channel slices, a plain copy
+/// for the third input, then the 1x1x1 head kernel (24 -> 5) against float64.
+#[test]
+fn concat_in_place_and_head() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = rng("inplace");
+    let (c, sp) = (8usize, [6usize, 7, 5]);
+    let nvox = sp.iter().product::<usize>();
+    let x = T::from([2, c, sp[0], sp[1], sp[2]], &r.vec(2 * c * nvox, 1.0));
+    let wa = Tensor::new(vec![16, c, 3, 3, 3], r.vec(16 * c * 27, 0.1));
+    let wb = Tensor::new(vec![c, c, 3, 3, 3], r.vec(c * c * 27, 0.1));
+    let wh = Tensor::new(vec![5, 32, 1, 1, 1], r.vec(5 * 32, 0.3));
+    let bh = Tensor::new(vec![5], r.vec(5, 0.1));
+    let conv = |w: &Tensor, bias: Option<Tensor>, p: usize| {
+        Op::Conv(Conv {
+            weight: w.clone(),
+            bias,
+            stride: [1; 3],
+            dilation: [1; 3],
+            pads: [p; 6],
+            groups: 1,
+        })
+    };
+    let g = graph(
+        c,
+        vec![
+            (conv(&wa, None, 1), vec![0], 16), // v1 -> concat slice 0..16
+            (conv(&wb, None, 1), vec![0], c),  // v2
+            (Op::Add, vec![2, 0], c),          // v3 -> concat slice 16..24
+            (Op::Concat { axis: 1 }, vec![1, 3, 0], 32), // v4 (x copied at 24..32)
+            (conv(&wh, Some(bh.clone()), 0), vec![4], 5), // v5 head
+        ],
+    );
+    let v1 = conv_ref(&x, &wa, None, [1; 3], [1; 3], [1; 6], 1, false, [0; 3]);
+    let v2 = conv_ref(&x, &wb, None, [1; 3], [1; 3], [1; 6], 1, false, [0; 3]);
+    let mut cat = T::zeros([2, 32, sp[0], sp[1], sp[2]]);
+    for n in 0..2 {
+        for ch in 0..32 {
+            for v in 0..nvox {
+                let (src, sc) = match ch {
+                    0..=15 => (v1.d[(n * 16 + ch) * nvox + v], 0.0),
+                    16..=23 => (
+                        v2.d[(n * c + ch - 16) * nvox + v],
+                        x.d[(n * c + ch - 16) * nvox + v],
+                    ),
+                    _ => (x.d[(n * c + ch - 24) * nvox + v], 0.0),
+                };
+                cat.d[(n * 32 + ch) * nvox + v] = src + sc;
+            }
+        }
+    }
+    let want = conv_ref(
+        &cat,
+        &wh,
+        Some(&bh),
+        [1; 3],
+        [1; 3],
+        [0; 6],
+        1,
+        false,
+        [0; 3],
+    );
+    let got = run(&mut b, &g, &x, 2);
+    report(
+        "concat in place (conv, add, copy) + 1x1x1 head",
+        rel_l2(&got, &want),
+    );
 }

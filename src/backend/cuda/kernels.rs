@@ -24,8 +24,12 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
             "conv_mma_m128n32_v8",
             "conv_mma_m128n64_v8",
             "conv_mma_m128n128_v8",
+            "conv_mma_m128n32_v2",
+            "conv_mma_m128n64_v2",
             "conv_mma_m128n32_v1",
             "conv_mma_m128n64_v1",
+            "conv1x1_n16",
+            "conv1x1_n32",
         ],
     ),
     (
@@ -36,7 +40,13 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
     (
         "norm",
         include_str!("../../../kernels/norm.cu"),
-        &["norm_stats", "norm_finalize", "affine_act"],
+        &[
+            "norm_partial_v8",
+            "norm_partial",
+            "norm_finalize",
+            "affine_act",
+            "affine_act_v8",
+        ],
     ),
     (
         "eltwise",
@@ -46,6 +56,9 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
             "binary_kernel",
             "binary_const_kernel",
             "concat_copy",
+            "concat_copy_v8",
+            "binary_v8",
+            "act_v8",
             "copy_half",
             "fill_half",
             "softmax_channels",

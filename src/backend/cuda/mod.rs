@@ -134,6 +134,8 @@ enum Step {
         threads: u32,
         smem: u32,
         direct: bool,
+        /// 1x1x1 conv with few outputs on `conv1x1_n*` (one thread per voxel).
+        pointwise: bool,
     },
     Norm {
         x: u64,
@@ -170,6 +172,10 @@ enum Step {
         y: u64,
         len: usize,
         op: Bin,
+        /// Channels of a and b; y's channel stride and offset (a concat slice, else c and 0).
+        c: usize,
+        ldc: usize,
+        coff: usize,
     },
     BinaryConst {
         x: u64,
@@ -223,6 +229,8 @@ struct Prepared {
     cout: usize,
     out_spatial: [usize; 3],
     steps: Vec<Step>,
+    /// One label per step (op kind, shapes, kernel) for `profile_forward`.
+    labels: Vec<String>,
     /// Activation buffers (fp16), then constants; all kept alive for the launch list.
     bufs: Vec<DevBuf>,
     #[allow(dead_code)]
@@ -380,20 +388,20 @@ impl CudaBackend {
     }
 
     /// The mma tile for a GEMM of `m` rows, `n` columns.
-    fn mma_tile(&self, m: usize, n: usize, vec8: bool) -> &'static plan::MmaConfig {
+    fn mma_tile(&self, m: usize, n: usize, vw: usize) -> &'static plan::MmaConfig {
         match self.conv_tile {
             Some(name) => {
                 let c = plan::MMA_CONFIGS
                     .iter()
                     .find(|c| c.name == name)
                     .expect("checked by set_conv_tile");
-                if c.vec8 && !vec8 {
-                    plan::pick_mma(m, n, false, self.sm_count as usize)
+                if vw % c.vw != 0 {
+                    plan::pick_mma(m, n, vw, self.sm_count as usize)
                 } else {
                     c
                 }
             }
-            None => plan::pick_mma(m, n, vec8, self.sm_count as usize),
+            None => plan::pick_mma(m, n, vw, self.sm_count as usize),
         }
     }
 
@@ -462,6 +470,73 @@ impl CudaBackend {
         self.launch(stream, name, self.grid_for(total), 256, 0, args)
     }
 
+    /// Blocks per sample of the norm statistics: >= 256 pixels each, at most 2 per SM (with
+    /// batch 4 that fills 132 SMs 8 deep at 128^3), so the partials stay small.
+    fn norm_blocks(&self, pix: usize) -> usize {
+        pix.div_ceil(256).clamp(1, 2 * self.sm_count as usize)
+    }
+
+    /// y = act(x * a + b) per (sample, channel) from `ab` (`nstride` 0: one pair per channel);
+    /// 16-byte vectors when C % 8 == 0.
+    #[allow(clippy::too_many_arguments)]
+    fn affine(
+        &self,
+        s: &CudaStream,
+        x: u64,
+        y: u64,
+        n: usize,
+        pix: usize,
+        c: usize,
+        ab: u64,
+        nstride: usize,
+        act: &Act,
+        slope: u64,
+    ) -> Result<()> {
+        let nv = pix * c / 8;
+        if c % 8 == 0 && nv < (1usize << 32) {
+            let per = (self.sm_count as usize * 16).div_ceil(n).max(1);
+            let grid = (nv.div_ceil(256).clamp(1, per) as u32, n as u32, 1);
+            return self.launch(
+                s,
+                "affine_act_v8",
+                grid,
+                256,
+                0,
+                &mut [
+                    Arg::Ptr(x),
+                    Arg::Ptr(y),
+                    Arg::I64(pix as i64),
+                    Arg::I32(c as i32),
+                    Arg::Ptr(ab),
+                    Arg::I32(nstride as i32),
+                    Arg::I32(act.code()),
+                    Arg::F32(act.alpha()),
+                    Arg::Ptr(slope),
+                    Arg::I32(slope_n(act)),
+                ],
+            );
+        }
+        let total = n * pix * c;
+        self.eltwise(
+            s,
+            "affine_act",
+            total,
+            &mut [
+                Arg::Ptr(x),
+                Arg::Ptr(y),
+                Arg::I64(total as i64),
+                Arg::I64(pix as i64),
+                Arg::I32(c as i32),
+                Arg::Ptr(ab),
+                Arg::I32(nstride as i32),
+                Arg::I32(act.code()),
+                Arg::F32(act.alpha()),
+                Arg::Ptr(slope),
+                Arg::I32(slope_n(act)),
+            ],
+        )
+    }
+
     fn upload_const(&self, consts: &mut Vec<DevBuf>, data: &[f32]) -> Result<u64> {
         let b = DevBuf::upload(&self.ctx, &self.stream, data)?;
         let p = b.ptr;
@@ -519,8 +594,14 @@ impl CudaBackend {
 
         let mut consts: Vec<DevBuf> = Vec::new();
         let mut steps: Vec<Step> = Vec::new();
+        let mut labels: Vec<String> = Vec::new();
         let mut fused_into: Vec<bool> = vec![false; nn];
         let mut cmax = 1;
+        // Concats whose buffer a producer already writes into (node -> buffer), and the values
+        // written in place into their concat's slice (no copy at the concat).
+        let mut concat_buf: HashMap<usize, usize> = HashMap::new();
+        let mut in_place = vec![false; graph.values.len()];
+        let mut norm_part = 0usize;
         for (i, node) in graph.nodes.iter().enumerate() {
             if fused_into[i] {
                 continue;
@@ -562,7 +643,35 @@ impl CudaBackend {
             };
             let oshape = shapes[node.output];
             cmax = cmax.max(oshape[0]);
-            let ob = alloc(&mut bufs, &mut free, batch * numel(&oshape) * 2)?;
+            // Convs and binaries whose only consumer is a channel concat write straight into
+            // its slice (the concat's buffer is allocated here, early).
+            let target = match &node.op {
+                Op::Conv(_) | Op::ConvTranspose(_) | Op::Add | Op::Mul | Op::Sub | Op::Div => {
+                    plan::concat_slice(graph, &cons, &shapes, out_v)
+                }
+                _ => None,
+            };
+            let (ob, ldc, coff) = if let Some((j, coff, ctot)) = target {
+                let cb = match concat_buf.get(&j) {
+                    Some(&b) => b,
+                    None => {
+                        let cs = shapes[graph.nodes[j].output];
+                        let b = alloc(&mut bufs, &mut free, batch * numel(&cs) * 2)?;
+                        concat_buf.insert(j, b);
+                        b
+                    }
+                };
+                in_place[out_v] = true;
+                (cb, ctot, coff)
+            } else if let Some(&b) = concat_buf.get(&i) {
+                (b, oshape[0], 0)
+            } else {
+                (
+                    alloc(&mut bufs, &mut free, batch * numel(&oshape) * 2)?,
+                    oshape[0],
+                    0,
+                )
+            };
             buf_of[out_v] = Some(ob);
             let y = bufs[ob].ptr;
             let pix = oshape[1] * oshape[2] * oshape[3];
@@ -584,7 +693,7 @@ impl CudaBackend {
             match &node.op {
                 Op::Conv(c) => {
                     let w = &c.weight.shape;
-                    steps.push(self.conv_step(
+                    steps.extend(self.conv_step(
                         &mut consts,
                         &c.weight,
                         c.bias.as_ref(),
@@ -601,6 +710,8 @@ impl CudaBackend {
                         &act,
                         x,
                         y,
+                        ldc,
+                        coff,
                         slope,
                         slope_n,
                     )?);
@@ -615,7 +726,7 @@ impl CudaBackend {
                         c.output_padding,
                         c.groups,
                     );
-                    steps.push(self.conv_step(
+                    steps.extend(self.conv_step(
                         &mut consts,
                         &c.weight,
                         c.bias.as_ref(),
@@ -632,6 +743,8 @@ impl CudaBackend {
                         &act,
                         x,
                         y,
+                        ldc,
+                        coff,
                         slope,
                         slope_n,
                     )?);
@@ -650,6 +763,7 @@ impl CudaBackend {
                             node.name, xshape[0]
                         )));
                     }
+                    norm_part = norm_part.max(self.norm_blocks(pix) * xshape[0]);
                     let gamma = self.upload_const(&mut consts, &scale.data)?;
                     let beta = self.upload_const(&mut consts, &bias.data)?;
                     steps.push(Step::Norm {
@@ -661,7 +775,7 @@ impl CudaBackend {
                         eps: *eps,
                         gamma,
                         beta,
-                        act,
+                        act: act.clone(),
                         slope,
                     });
                 }
@@ -685,7 +799,7 @@ impl CudaBackend {
                         pix,
                         c: xshape[0],
                         ab,
-                        act,
+                        act: act.clone(),
                         slope,
                     });
                 }
@@ -729,6 +843,9 @@ impl CudaBackend {
                         y,
                         len: numel(&xshape),
                         op,
+                        c: xshape[0],
+                        ldc,
+                        coff,
                     });
                 }
                 Op::AddConst(t) | Op::MulConst(t) => {
@@ -757,6 +874,10 @@ impl CudaBackend {
                     let mut coff = 0;
                     for (&v, &xp) in node.inputs.iter().zip(&xs) {
                         let cin = shapes[v][0];
+                        if in_place[v] {
+                            coff += cin;
+                            continue;
+                        }
                         steps.push(Step::Concat {
                             x: xp,
                             y,
@@ -838,6 +959,15 @@ impl CudaBackend {
                     });
                 }
             }
+            while labels.len() < steps.len() {
+                labels.push(step_label(
+                    &steps[labels.len()],
+                    &node.op,
+                    &act,
+                    xshape,
+                    oshape,
+                ));
+            }
             // Release inputs read for the last time here (after the output was placed, so a
             // kernel never reads and writes one buffer). A fused activation ends at node j.
             let end = fuse.unwrap_or(i);
@@ -870,6 +1000,7 @@ impl CudaBackend {
             cout: out_shape[0],
             out_spatial: [out_shape[1], out_shape[2], out_shape[3]],
             steps,
+            labels,
             input: bufs[ib].ptr,
             output: bufs[ob].ptr,
             bufs,
@@ -878,7 +1009,7 @@ impl CudaBackend {
             stage_out: DevBuf::new(&self.ctx, out_len * 4)?,
             host_in,
             host_out,
-            norm_sums: DevBuf::new(&self.ctx, batch * cmax * 2 * 8)?,
+            norm_sums: DevBuf::new(&self.ctx, batch * norm_part.max(cmax) * 2 * 4)?,
             norm_ab: DevBuf::new(&self.ctx, batch * cmax * 2 * 4)?,
             activation_bytes,
         })
@@ -903,12 +1034,15 @@ impl CudaBackend {
         act: &Act,
         x: u64,
         y: u64,
+        ldc: usize,
+        coff: usize,
         slope: u64,
         slope_n: i32,
-    ) -> Result<Step> {
+    ) -> Result<Vec<Step>> {
         let cout = os[0];
         let direct = groups != 1;
         let vec8 = xs[0] % 8 == 0;
+        let vw = plan::gather_width(xs[0]);
         let taps = k[0] * k[1] * k[2];
         // GEMM rows: output voxels, or input voxels for the upsampling transposed conv.
         let rows = if upsample {
@@ -953,13 +1087,113 @@ impl CudaBackend {
             transposed: transposed as i32,
             kpad: 0,
             groups: groups as i32,
-            ldc: cout as i32,
-            coff: 0,
+            ldc: ldc as i32,
+            coff: coff as i32,
             act: act.code(),
             alpha: act.alpha(),
             slope_n,
             ..Default::default()
         };
+        // Any other transposed conv (groups 1, dilation 1): one dense conv per output parity
+        // class on the mma kernel, scattered with stride `stride` (no zero MACs).
+        let osp = [os[1], os[2], os[3]];
+        if self.conv_mma && !direct && transposed && !upsample && dil == [1; 3] {
+            if let Some(classes) = plan::parity_split(k, stride, pads, osp) {
+                let mut out = Vec::new();
+                for cl in classes {
+                    let (wh, kpad) = plan::relayout_parity_weight(
+                        &weight.data,
+                        &weight.shape,
+                        &cl.taps,
+                        cout.div_ceil(plan::MMA_N_PAD) * plan::MMA_N_PAD,
+                    );
+                    let rows = batch * cl.grid.iter().product::<usize>();
+                    if rows >= 1 << 31 {
+                        out.clear();
+                        break;
+                    }
+                    let mut q = p;
+                    (q.do_, q.ho, q.wo) = (cl.grid[0] as i32, cl.grid[1] as i32, cl.grid[2] as i32);
+                    (q.kd, q.kh, q.kw) = (
+                        cl.taps[0].len() as i32,
+                        cl.taps[1].len() as i32,
+                        cl.taps[2].len() as i32,
+                    );
+                    (q.sd, q.sh, q.sw) = (1, 1, 1);
+                    (q.dd, q.dh, q.dw) = (1, 1, 1);
+                    (q.pd, q.ph, q.pw) = (cl.pad[0], cl.pad[1], cl.pad[2]);
+                    q.transposed = 0;
+                    (q.up_d, q.up_h, q.up_w) =
+                        (stride[0] as i32, stride[1] as i32, stride[2] as i32);
+                    q.ocout = cout as i32;
+                    (q.od, q.oh, q.ow) = (os[1] as i32, os[2] as i32, os[3] as i32);
+                    q.kpad = kpad as i32;
+                    let c = self.mma_tile(rows, cout, vw);
+                    let wb = DevBuf::upload(&self.ctx, &self.stream, &wh)?;
+                    let w = wb.ptr;
+                    consts.push(wb);
+                    // The class's first output voxel: the scatter adds (j * stride) to it.
+                    let first = (cl.r[0] * os[2] + cl.r[1]) * os[3] + cl.r[2];
+                    out.push(Step::Conv {
+                        func: c.name,
+                        p: q,
+                        x,
+                        w,
+                        bias,
+                        y: y + (first * ldc * 2) as u64,
+                        slope,
+                        bm: c.bm as u32,
+                        bn: c.bn as u32,
+                        threads: c.threads,
+                        smem: c.smem_bytes(),
+                        direct: false,
+                        pointwise: false,
+                    });
+                }
+                if !out.is_empty() {
+                    return Ok(out);
+                }
+            }
+        }
+        // 1x1x1 conv with few outputs (the head): memory bound, one thread per voxel.
+        let cin = xs[0];
+        if self.conv_mma
+            && !direct
+            && !transposed
+            && k == [1; 3]
+            && stride == [1; 3]
+            && pads == [0; 3]
+            && osp == [xs[1], xs[2], xs[3]]
+            && cin % 8 == 0
+            && cin <= 256
+            && cout <= 32
+        {
+            let nc = if cout <= 16 { 16 } else { 32 };
+            let (wh, kpad) = plan::relayout_weight(&weight.data, &weight.shape, 1, false, 64);
+            p.kpad = kpad as i32;
+            let wb = DevBuf::upload(&self.ctx, &self.stream, &wh)?;
+            let w = wb.ptr;
+            consts.push(wb);
+            return Ok(vec![Step::Conv {
+                func: if nc == 16 {
+                    "conv1x1_n16"
+                } else {
+                    "conv1x1_n32"
+                },
+                p,
+                x,
+                w,
+                bias,
+                y,
+                slope,
+                bm: 256,
+                bn: nc as u32,
+                threads: 256,
+                smem: (cin * nc * 4 + 256 * nc * 2) as u32,
+                direct: false,
+                pointwise: true,
+            }]);
+        }
         let (wh, kpad, func, bm, bn, threads, smem) = if mma && upsample {
             // Plain GEMM [input voxels x Cin] x [Cin x taps*Cout], scattered to the k^3 blocks.
             let n = taps * cout;
@@ -979,7 +1213,7 @@ impl CudaBackend {
             (p.up_d, p.up_h, p.up_w) = (k[0] as i32, k[1] as i32, k[2] as i32);
             p.ocout = cout as i32;
             (p.od, p.oh, p.ow) = (os[1] as i32, os[2] as i32, os[3] as i32);
-            let c = self.mma_tile(rows, n, vec8);
+            let c = self.mma_tile(rows, n, vw);
             (wh, kpad, c.name, c.bm, c.bn, c.threads, c.smem_bytes())
         } else if mma {
             let (wh, kpad) = plan::relayout_weight(
@@ -989,7 +1223,7 @@ impl CudaBackend {
                 transposed,
                 cout.div_ceil(plan::MMA_N_PAD) * plan::MMA_N_PAD,
             );
-            let c = self.mma_tile(rows, cout, vec8);
+            let c = self.mma_tile(rows, cout, vw);
             (wh, kpad, c.name, c.bm, c.bn, c.threads, c.smem_bytes())
         } else {
             let bn = if cout <= 32 { 32 } else { 64 };
@@ -1013,7 +1247,7 @@ impl CudaBackend {
         let wb = DevBuf::upload(&self.ctx, &self.stream, &wh)?;
         let w = wb.ptr;
         consts.push(wb);
-        Ok(Step::Conv {
+        Ok(vec![Step::Conv {
             func,
             p,
             x,
@@ -1026,13 +1260,22 @@ impl CudaBackend {
             threads,
             smem,
             direct,
-        })
+            pointwise: false,
+        }])
     }
 
     /// Launches the prepared list for `n` samples on the compute stream.
     fn run_steps(&self, prep: &Prepared, n: usize) -> Result<()> {
-        let s = &*self.stream;
         for step in &prep.steps {
+            self.run_step(prep, step, n)?;
+        }
+        Ok(())
+    }
+
+    /// Launches one step of the list for `n` samples on the compute stream.
+    fn run_step(&self, prep: &Prepared, step: &Step, n: usize) -> Result<()> {
+        let s = &*self.stream;
+        {
             match step {
                 Step::Conv {
                     func,
@@ -1047,10 +1290,29 @@ impl CudaBackend {
                     threads,
                     smem,
                     direct,
+                    pointwise,
                 } => {
                     let mut p = *p;
                     p.n = n as i32;
-                    if *direct {
+                    if *pointwise {
+                        let m = n * (p.do_ * p.ho * p.wo) as usize;
+                        let blocks = m.div_ceil(256).clamp(1, self.sm_count as usize * 16);
+                        self.launch(
+                            s,
+                            func,
+                            (blocks as u32, 1, 1),
+                            *threads,
+                            *smem,
+                            &mut [
+                                Arg::Conv(p),
+                                Arg::Ptr(*x),
+                                Arg::Ptr(*w),
+                                Arg::Ptr(*bias),
+                                Arg::Ptr(*y),
+                                Arg::Ptr(*slope),
+                            ],
+                        )?;
+                    } else if *direct {
                         let total = n * (p.do_ * p.ho * p.wo * p.cout) as usize;
                         self.eltwise(
                             s,
@@ -1101,35 +1363,43 @@ impl CudaBackend {
                     act,
                     slope,
                 } => {
-                    let sums = prep.norm_sums.ptr;
-                    // SAFETY: zero the fp64 sums this norm accumulates into (stream ordered).
-                    unsafe { cu::memset_d8_async(sums, 0, n * c * 16, s.cu_stream()) }
-                        .map_err(drv("memset"))?;
-                    let chunk = 4096usize;
-                    let grid = (pix.div_ceil(chunk) as u32, n as u32, 1);
+                    let part = prep.norm_sums.ptr;
+                    let nblk = self.norm_blocks(*pix);
+                    let chunk = pix.div_ceil(nblk);
+                    let v8 = *c % 8 == 0 && *c <= 2048;
+                    let rows = if v8 {
+                        256 / (*c / 8)
+                    } else {
+                        256 / (*c).min(256)
+                    };
                     self.launch(
                         s,
-                        "norm_stats",
-                        grid,
+                        if v8 {
+                            "norm_partial_v8"
+                        } else {
+                            "norm_partial"
+                        },
+                        (nblk as u32, n as u32, 1),
                         256,
-                        (*c * 8) as u32,
+                        (rows * *c * 2 * 4) as u32,
                         &mut [
                             Arg::Ptr(*x),
                             Arg::I64(*pix as i64),
                             Arg::I32(*c as i32),
                             Arg::I32(*groups as i32),
-                            Arg::I32(chunk as i32),
-                            Arg::Ptr(sums),
+                            Arg::I64(chunk as i64),
+                            Arg::Ptr(part),
                         ],
                     )?;
                     self.launch(
                         s,
                         "norm_finalize",
-                        ((n * c).div_ceil(128) as u32, 1, 1),
+                        ((n * c).div_ceil(4) as u32, 1, 1),
                         128,
                         0,
                         &mut [
-                            Arg::Ptr(sums),
+                            Arg::Ptr(part),
+                            Arg::I32(nblk as i32),
                             Arg::Ptr(*x),
                             Arg::I32(n as i32),
                             Arg::I64(*pix as i64),
@@ -1141,26 +1411,7 @@ impl CudaBackend {
                             Arg::Ptr(prep.norm_ab.ptr),
                         ],
                     )?;
-                    let total = n * pix * c;
-                    let sn = slope_n(act);
-                    self.eltwise(
-                        s,
-                        "affine_act",
-                        total,
-                        &mut [
-                            Arg::Ptr(*x),
-                            Arg::Ptr(*y),
-                            Arg::I64(total as i64),
-                            Arg::I64(*pix as i64),
-                            Arg::I32(*c as i32),
-                            Arg::Ptr(prep.norm_ab.ptr),
-                            Arg::I32(*c as i32),
-                            Arg::I32(act.code()),
-                            Arg::F32(act.alpha()),
-                            Arg::Ptr(*slope),
-                            Arg::I32(sn),
-                        ],
-                    )?;
+                    self.affine(s, *x, *y, n, *pix, *c, prep.norm_ab.ptr, *c, act, *slope)?;
                 }
                 Step::Affine {
                     x,
@@ -1170,27 +1421,7 @@ impl CudaBackend {
                     ab,
                     act,
                     slope,
-                } => {
-                    let total = n * pix * c;
-                    self.eltwise(
-                        s,
-                        "affine_act",
-                        total,
-                        &mut [
-                            Arg::Ptr(*x),
-                            Arg::Ptr(*y),
-                            Arg::I64(total as i64),
-                            Arg::I64(*pix as i64),
-                            Arg::I32(*c as i32),
-                            Arg::Ptr(*ab),
-                            Arg::I32(0),
-                            Arg::I32(act.code()),
-                            Arg::F32(act.alpha()),
-                            Arg::Ptr(*slope),
-                            Arg::I32(slope_n(act)),
-                        ],
-                    )?;
-                }
+                } => self.affine(s, *x, *y, n, *pix, *c, *ab, 0, act, *slope)?,
                 Step::Act {
                     x,
                     y,
@@ -1202,8 +1433,8 @@ impl CudaBackend {
                     let total = n * len;
                     self.eltwise(
                         s,
-                        "act_kernel",
-                        total,
+                        if c % 8 == 0 { "act_v8" } else { "act_kernel" },
+                        if c % 8 == 0 { total / 8 } else { total },
                         &mut [
                             Arg::Ptr(*x),
                             Arg::Ptr(*y),
@@ -1216,18 +1447,31 @@ impl CudaBackend {
                         ],
                     )?;
                 }
-                Step::Binary { a, b, y, len, op } => {
+                Step::Binary {
+                    a,
+                    b,
+                    y,
+                    len,
+                    op,
+                    c,
+                    ldc,
+                    coff,
+                } => {
                     let total = n * len;
+                    let v8 = (c | ldc | coff) % 8 == 0;
                     self.eltwise(
                         s,
-                        "binary_kernel",
-                        total,
+                        if v8 { "binary_v8" } else { "binary_kernel" },
+                        if v8 { total / 8 } else { total },
                         &mut [
                             Arg::Ptr(*a),
                             Arg::Ptr(*b),
                             Arg::Ptr(*y),
                             Arg::I64(total as i64),
                             Arg::I32(*op as i32),
+                            Arg::I32(*c as i32),
+                            Arg::I32(*ldc as i32),
+                            Arg::I32(*coff as i32),
                         ],
                     )?;
                 }
@@ -1271,10 +1515,11 @@ impl CudaBackend {
                     coff,
                 } => {
                     let p = n * pix;
+                    let v8 = (cin | ctot | coff) % 8 == 0;
                     self.eltwise(
                         s,
-                        "concat_copy",
-                        p * cin,
+                        if v8 { "concat_copy_v8" } else { "concat_copy" },
+                        if v8 { p * cin / 8 } else { p * cin },
                         &mut [
                             Arg::Ptr(*x),
                             Arg::Ptr(*y),
@@ -1407,6 +1652,85 @@ impl CudaBackend {
         e1.synchronize().map_err(drv("synchronize"))?;
         Ok(e0.elapsed_ms(&e1).map_err(drv("event timing"))? as f64 / reps.max(1) as f64)
     }
+
+    /// Per-op profile of the prepared graph on `n` windows: CUDA events around every step of
+    /// the launch list, `reps` runs after one warm-up. Returns (label, ms per forward, launches
+    /// per forward) summed over steps of one label, largest first; the labels name the op, its
+    /// shapes and the conv kernel (`step_label`). Event gaps make the sum a little larger than
+    /// `time_forward`.
+    pub fn profile_forward(&mut self, n: usize, reps: usize) -> Result<Vec<(String, f64, usize)>> {
+        let prep = self.prepared()?;
+        if n == 0 || n > prep.batch || reps == 0 {
+            return Err(Error::Invalid(format!(
+                "batch {n} outside 1..={} or no repetitions",
+                prep.batch
+            )));
+        }
+        self.run_steps(prep, n)?;
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let mut per_step = vec![0f64; prep.steps.len()];
+        for _ in 0..reps {
+            let mut evs = Vec::with_capacity(prep.steps.len() + 1);
+            evs.push(self.stream.record_event(flags).map_err(drv("event"))?);
+            for step in &prep.steps {
+                self.run_step(prep, step, n)?;
+                evs.push(self.stream.record_event(flags).map_err(drv("event"))?);
+            }
+            evs.last()
+                .expect("one event at least")
+                .synchronize()
+                .map_err(drv("synchronize"))?;
+            for (i, t) in per_step.iter_mut().enumerate() {
+                *t += evs[i]
+                    .elapsed_ms(&evs[i + 1])
+                    .map_err(drv("event timing"))? as f64;
+            }
+        }
+        let mut agg: Vec<(String, f64, usize)> = Vec::new();
+        for (label, t) in prep.labels.iter().zip(&per_step) {
+            match agg.iter_mut().find(|a| &a.0 == label) {
+                Some(a) => {
+                    a.1 += t / reps as f64;
+                    a.2 += 1;
+                }
+                None => agg.push((label.clone(), t / reps as f64, 1)),
+            }
+        }
+        agg.sort_by(|a, b| b.1.total_cmp(&a.1));
+        Ok(agg)
+    }
+}
+
+/// Profile label of one step: op, input -> output shape (C x D x H x W per sample), fused
+/// activation and, for convs, the kernel. Steps of one label are summed by `profile_forward`.
+fn step_label(step: &Step, op: &Op, act: &Act, x: Shape, o: Shape) -> String {
+    let sh = |s: Shape| format!("{}x{}x{}x{}", s[0], s[1], s[2], s[3]);
+    let act = match act {
+        Act::None => String::new(),
+        a => format!(" +{}", format!("{a:?}").split('(').next().unwrap_or("")),
+    };
+    // Kernel and stride of the op itself (a transposed conv runs as several GEMM steps).
+    let ks = |w: &Tensor, st: [usize; 3]| {
+        let w = &w.shape;
+        format!(
+            "k{}{}{} s{}",
+            w[2],
+            w[3],
+            w[4],
+            st.iter().max().unwrap_or(&1)
+        )
+    };
+    let what = match (step, op) {
+        (Step::Conv { func, .. }, Op::Conv(c)) => {
+            format!("{} {} [{func}]", op.name(), ks(&c.weight, c.stride))
+        }
+        (Step::Conv { func, .. }, Op::ConvTranspose(c)) => {
+            format!("{} {} [{func}]", op.name(), ks(&c.weight, c.stride))
+        }
+        (Step::Concat { cin, coff, .. }, _) => format!("{} copy {cin}@{coff}", op.name()),
+        _ => op.name().to_string(),
+    };
+    format!("{what}{act} {} -> {}", sh(x), sh(o))
 }
 
 fn slope_n(act: &Act) -> i32 {

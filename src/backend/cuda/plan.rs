@@ -102,7 +102,8 @@ pub struct MmaConfig {
     pub bn: usize,
     pub threads: u32,
     pub stages: usize,
-    pub vec8: bool,
+    /// Halves per A gather (8, 2 or 1): the kernel needs Cin % vw == 0.
+    pub vw: usize,
 }
 
 impl MmaConfig {
@@ -120,7 +121,7 @@ pub const MMA_CONFIGS: &[MmaConfig] = &[
         bn: 32,
         threads: 128,
         stages: 4,
-        vec8: true,
+        vw: 8,
     },
     MmaConfig {
         name: "conv_mma_m128n32_v8",
@@ -128,7 +129,7 @@ pub const MMA_CONFIGS: &[MmaConfig] = &[
         bn: 32,
         threads: 128,
         stages: 4,
-        vec8: true,
+        vw: 8,
     },
     MmaConfig {
         name: "conv_mma_m128n64_v8",
@@ -136,7 +137,7 @@ pub const MMA_CONFIGS: &[MmaConfig] = &[
         bn: 64,
         threads: 128,
         stages: 4,
-        vec8: true,
+        vw: 8,
     },
     MmaConfig {
         name: "conv_mma_m128n128_v8",
@@ -144,7 +145,23 @@ pub const MMA_CONFIGS: &[MmaConfig] = &[
         bn: 128,
         threads: 256,
         stages: 4,
-        vec8: true,
+        vw: 8,
+    },
+    MmaConfig {
+        name: "conv_mma_m128n32_v2",
+        bm: 128,
+        bn: 32,
+        threads: 128,
+        stages: 4,
+        vw: 2,
+    },
+    MmaConfig {
+        name: "conv_mma_m128n64_v2",
+        bm: 128,
+        bn: 64,
+        threads: 128,
+        stages: 4,
+        vw: 2,
     },
     MmaConfig {
         name: "conv_mma_m128n32_v1",
@@ -152,7 +169,7 @@ pub const MMA_CONFIGS: &[MmaConfig] = &[
         bn: 32,
         threads: 128,
         stages: 3,
-        vec8: false,
+        vw: 1,
     },
     MmaConfig {
         name: "conv_mma_m128n64_v1",
@@ -160,18 +177,29 @@ pub const MMA_CONFIGS: &[MmaConfig] = &[
         bn: 64,
         threads: 128,
         stages: 3,
-        vec8: false,
+        vw: 1,
     },
 ];
 
 /// Weight rows of every mma conv are padded to this many columns (the largest BN).
 pub const MMA_N_PAD: usize = 128;
 
-/// Picks the mma tile for a GEMM of `m` rows and `n` columns (`vec8`: Cin % 8 == 0) on `sms`
+/// Gather width for `cin` input channels: 16-byte (8 halves), 4-byte (2) or element gathers.
+pub fn gather_width(cin: usize) -> usize {
+    if cin % 8 == 0 {
+        8
+    } else if cin % 2 == 0 {
+        2
+    } else {
+        1
+    }
+}
+
+/// Picks the mma tile for a GEMM of `m` rows and `n` columns (`vw`: `gather_width(Cin)`) on `sms`
 /// multiprocessors: BN follows Cout (32 / 64 / 128) so no tensor-core work is padding, the
 /// taller 256-row tile for Cout 32 (half the B traffic per FLOP), and smaller tiles when the
 /// larger ones would leave SMs idle.
-pub fn pick_mma(m: usize, n: usize, vec8: bool, sms: usize) -> &'static MmaConfig {
+pub fn pick_mma(m: usize, n: usize, vw: usize, sms: usize) -> &'static MmaConfig {
     let by = |name: &str| {
         MMA_CONFIGS
             .iter()
@@ -179,7 +207,14 @@ pub fn pick_mma(m: usize, n: usize, vec8: bool, sms: usize) -> &'static MmaConfi
             .expect("name in MMA_CONFIGS")
     };
     let blocks = |bm: usize, bn: usize| m.div_ceil(bm) * n.div_ceil(bn);
-    if !vec8 {
+    if vw == 2 {
+        return by(if n <= 32 {
+            "conv_mma_m128n32_v2"
+        } else {
+            "conv_mma_m128n64_v2"
+        });
+    }
+    if vw != 8 {
         return by(if n <= 32 {
             "conv_mma_m128n32_v1"
         } else {
@@ -234,6 +269,121 @@ pub fn relayout_upsampling_weight(
         }
     }
     (out, kpad)
+}
+
+/// One output parity class of a strided transposed conv: outputs o = j * stride + r (per axis)
+/// form a dense forward conv over the input with the taps `taps` (original kernel indices, in
+/// the order of the sub-conv's taps t = 0, 1, ...) and begin pad `pad`: input j - pad + t.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParityClass {
+    pub r: [usize; 3],
+    pub taps: [Vec<usize>; 3],
+    pub pad: [i32; 3],
+    /// Outputs of this class per axis: ceil((out - r) / stride).
+    pub grid: [usize; 3],
+}
+
+/// Splits a transposed conv (kernel `k`, `stride`, begin pads `pads`, dilation 1, output size
+/// `out`) into its stride^3 parity classes: output o = j*s + r receives x[i] * w[kk] for every
+/// kk with (r + pad - kk) divisible by s, at i = j + (r + pad - kk) / s. None when some class
+/// with outputs has no tap on an axis (its outputs would be bias only: kept on the gather kernel).
+pub fn parity_split(
+    k: [usize; 3],
+    stride: [usize; 3],
+    pads: [usize; 3],
+    out: [usize; 3],
+) -> Option<Vec<ParityClass>> {
+    // Per axis, per residue with outputs: (r, taps with the largest kk first, pad, grid).
+    let mut axes: Vec<Vec<(usize, Vec<usize>, i32, usize)>> = Vec::new();
+    for a in 0..3 {
+        let s = stride[a];
+        if s == 0 {
+            return None;
+        }
+        let mut per_r = Vec::new();
+        for r in 0..s {
+            let grid = out[a].saturating_sub(r).div_ceil(s);
+            let mut taps: Vec<usize> = (0..k[a])
+                .filter(|&kk| (r as i64 + pads[a] as i64 - kk as i64).rem_euclid(s as i64) == 0)
+                .collect();
+            taps.reverse();
+            if grid == 0 {
+                continue;
+            }
+            let first = *taps.first()?;
+            // Offset of the largest kk is the smallest: input j + off_min + t.
+            let off_min = (r as i64 + pads[a] as i64 - first as i64).div_euclid(s as i64);
+            per_r.push((r, taps, -off_min as i32, grid));
+        }
+        axes.push(per_r);
+    }
+    let mut classes = Vec::new();
+    for z in &axes[0] {
+        for y in &axes[1] {
+            for x in &axes[2] {
+                classes.push(ParityClass {
+                    r: [z.0, y.0, x.0],
+                    taps: [z.1.clone(), y.1.clone(), x.1.clone()],
+                    pad: [z.2, y.2, x.2],
+                    grid: [z.3, y.3, x.3],
+                });
+            }
+        }
+    }
+    Some(classes)
+}
+
+/// Weight of one parity class as the GEMM's B matrix [cout_pad][kpad]: K = (tz, ty, tx, ci),
+/// from the transposed weight [Cin][Cout][kd][kh][kw] (groups 1). Returns (data, kpad).
+pub fn relayout_parity_weight(
+    w: &[f32],
+    shape: &[usize],
+    taps: &[Vec<usize>; 3],
+    cout_pad: usize,
+) -> (Vec<half::f16>, usize) {
+    let (cin, cout) = (shape[0], shape[1]);
+    let (kh, kw) = (shape[3], shape[4]);
+    let nt = taps[0].len() * taps[1].len() * taps[2].len();
+    let kpad = (nt * cin).div_ceil(32) * 32;
+    let mut out = vec![half::f16::ZERO; cout_pad * kpad];
+    for co in 0..cout {
+        let mut t = 0;
+        for &kz in &taps[0] {
+            for &ky in &taps[1] {
+                for &kx in &taps[2] {
+                    for ci in 0..cin {
+                        let src = (((ci * cout + co) * shape[2] + kz) * kh + ky) * kw + kx;
+                        out[co * kpad + t * cin + ci] = half::f16::from_f32(w[src]);
+                    }
+                    t += 1;
+                }
+            }
+        }
+    }
+    (out, kpad)
+}
+
+/// Where value `v` can be written in place: its only consumer is a channel concat (and `v` is
+/// one of its inputs once, not the graph output). Returns (concat node, channel offset, total).
+pub fn concat_slice(
+    graph: &Graph,
+    cons: &[Vec<usize>],
+    shapes: &[Shape],
+    v: usize,
+) -> Option<(usize, usize, usize)> {
+    if v == graph.output || cons[v].len() != 1 {
+        return None;
+    }
+    let j = cons[v][0];
+    let node = &graph.nodes[j];
+    if !matches!(node.op, Op::Concat { axis: 1 })
+        || node.inputs.iter().filter(|&&u| u == v).count() != 1
+    {
+        return None;
+    }
+    let pos = node.inputs.iter().position(|&u| u == v)?;
+    let coff = node.inputs[..pos].iter().map(|&u| shapes[u][0]).sum();
+    Some((j, coff, shapes[node.output][0]))
 }
 
 /// Mirrors `struct PoolParams` in kernels/pool_resize.cu.
@@ -598,22 +748,92 @@ mod tests {
         assert_eq!(u[4 * kpad].to_f32(), 0.0); // row padding
     }
 
+    /// 1D transposed conv computed directly (scatter form) vs through the parity classes.
+    #[test]
+    fn parity_classes_reproduce_transposed_conv() {
+        let mut seed = 7u64;
+        let mut rnd = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 33) % 1000) as f64 / 500.0 - 1.0
+        };
+        for (k, s, pb, opad, n) in [
+            (3, 2, 1, 1, 5),
+            (3, 2, 0, 0, 4),
+            (4, 2, 1, 0, 6),
+            (5, 3, 2, 2, 4),
+            (3, 1, 1, 0, 5),
+            (2, 2, 0, 0, 3),
+            (3, 3, 0, 0, 3),
+        ] {
+            let x: Vec<f64> = (0..n).map(|_| rnd()).collect();
+            let w: Vec<f64> = (0..k).map(|_| rnd()).collect();
+            let out = (n - 1) * s + k + opad - 2 * pb;
+            let mut want = vec![0.0; out];
+            for i in 0..n {
+                for kk in 0..k {
+                    let o = (i * s + kk) as i64 - pb as i64;
+                    if o >= 0 && (o as usize) < out {
+                        want[o as usize] += x[i] * w[kk];
+                    }
+                }
+            }
+            let cls = parity_split([k, 1, 1], [s, 1, 1], [pb, 0, 0], [out, 1, 1]).unwrap();
+            assert_eq!(cls.len(), s.min(out));
+            let mut got = vec![f64::NAN; out];
+            for c in &cls {
+                assert_eq!((c.taps[1].clone(), c.pad[1], c.grid[1]), (vec![0], 0, 1));
+                for j in 0..c.grid[0] {
+                    let mut v = 0.0;
+                    for (t, &kk) in c.taps[0].iter().enumerate() {
+                        let i = j as i64 - c.pad[0] as i64 + t as i64;
+                        if i >= 0 && (i as usize) < n {
+                            v += x[i as usize] * w[kk];
+                        }
+                    }
+                    let o = j * s + c.r[0];
+                    assert!(got[o].is_nan(), "output {o} written twice");
+                    got[o] = v;
+                }
+            }
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    (g - w).abs() < 1e-12,
+                    "k{k} s{s} p{pb}: {got:?} vs {want:?}"
+                );
+            }
+        }
+        // A class without taps (kernel smaller than the stride) stays on the gather kernel.
+        assert!(parity_split([1, 1, 1], [2, 1, 1], [0; 3], [4, 1, 1]).is_none());
+        // Weight of a class: K = (tz, ty, tx, ci); transposed weight [Cin=2][Cout=1][3][1][1].
+        let w: Vec<f32> = (0..6).map(|i| i as f32).collect();
+        let (r, kpad) =
+            relayout_parity_weight(&w, &[2, 1, 3, 1, 1], &[vec![2, 0], vec![0], vec![0]], 64);
+        assert_eq!(kpad, 32);
+        // t0 = k2: ci0 -> 2, ci1 -> 5; t1 = k0: ci0 -> 0, ci1 -> 3.
+        assert_eq!(
+            r[..4].iter().map(|v| v.to_f32()).collect::<Vec<_>>(),
+            vec![2.0, 5.0, 0.0, 3.0]
+        );
+    }
+
     #[test]
     fn mma_tile_choice_follows_cout_and_fills_the_gpu() {
         // K1: 2x128^3 voxels, Cout 32: the tall tile.
-        assert_eq!(pick_mma(2 << 21, 32, true, 132).name, "conv_mma_m256n32_v8");
-        assert_eq!(pick_mma(4 * 512, 32, true, 132).name, "conv_mma_m128n32_v8");
-        assert_eq!(pick_mma(4 << 18, 64, true, 132).name, "conv_mma_m128n64_v8");
-        assert_eq!(
-            pick_mma(4 << 15, 128, true, 132).name,
-            "conv_mma_m128n128_v8"
-        );
+        assert_eq!(pick_mma(2 << 21, 32, 8, 132).name, "conv_mma_m256n32_v8");
+        assert_eq!(pick_mma(4 * 512, 32, 8, 132).name, "conv_mma_m128n32_v8");
+        assert_eq!(pick_mma(4 << 18, 64, 8, 132).name, "conv_mma_m128n64_v8");
+        assert_eq!(pick_mma(4 << 15, 128, 8, 132).name, "conv_mma_m128n128_v8");
         // 8^3 x 4 voxels, Cout 320: 16 x 3 blocks of 128x128 would leave most SMs idle.
+        assert_eq!(pick_mma(4 * 512, 320, 8, 132).name, "conv_mma_m128n64_v8");
+        assert_eq!(pick_mma(1000, 32, 1, 132).name, "conv_mma_m128n32_v1");
         assert_eq!(
-            pick_mma(4 * 512, 320, true, 132).name,
-            "conv_mma_m128n64_v8"
+            pick_mma(1000, 14, gather_width(14), 132).name,
+            "conv_mma_m128n32_v2"
         );
-        assert_eq!(pick_mma(1000, 32, false, 132).name, "conv_mma_m128n32_v1");
+        assert_eq!(gather_width(24), 8);
+        assert_eq!(gather_width(3), 1);
         for c in MMA_CONFIGS {
             assert!(c.smem_bytes() <= 99 * 1024, "{} fits sm_86's limit", c.name);
         }
