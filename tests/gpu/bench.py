@@ -1,7 +1,7 @@
 """One device run: the PyTorch+MONAI peer and voxtile on the same nets (same random weights, exported
 to ONNX here) and the same 512x512x128 volume; prints a table of times and ratios.
 
-usage: python3 tests/gpu/bench.py VOXTILE_BENCH_BINARY OUTDIR [w1,w2,compiled,k1,w3]
+usage: python3 tests/gpu/bench.py VOXTILE_BENCH_BINARY OUTDIR [w1,w2,compiled,k1,w3,mem]
 """
 import json, os, subprocess, sys, time
 import numpy as np, torch, torch.nn as nn
@@ -144,9 +144,35 @@ if "w3" in which and os.path.exists(f"{out}/w1.onnx"):
                speedup_cold=round(t_peer / t_cold, 2), stages=rep.get("seconds"), rc=[r1.returncode, r2.returncode])
     rows.append(row); print(json.dumps(row), flush=True)
 
+# Memory budget (issue 4): W1 at 2/4/8 GiB on 512x512x128 (planner's prediction vs the measured
+# device peak), and volume size vs peak vs time at 4 GiB up to 1024x1024x512.
+if "mem" in which and os.path.exists(f"{out}/w1.onnx"):
+    def vx_run(vol, budget, reps="1"):
+        r = subprocess.run([bench_bin, f"{out}/w1.onnx", vol, "auto", "0.5", "auto", reps, "cuda", "-", budget],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            return dict(error=r.stderr.strip().splitlines()[-1:] if r.stderr.strip() else r.returncode)
+        j = json.loads(r.stdout.strip().splitlines()[-1]); rep = j["report"]
+        pred = (rep.get("predicted_peak_bytes") or {}).get("device") or 0
+        meas = rep.get("peak_device_bytes") or 0
+        gpu = rep.get("gpu") or {}
+        return dict(budget=budget, volume=vol if not vol.endswith(".npy") else "512x512x128", roi=rep["roi"],
+                    batch=rep["batch"], windows=rep["windows"], seconds=round(j["median_s"], 3),
+                    predicted_device_gib=round(pred / 2**30, 3), measured_device_gib=round(meas / 2**30, 3),
+                    pred_over_meas=round(pred / meas, 3) if meas else None,
+                    cuMemGetInfo_used_gib=round((gpu.get("mem_info_used_during", 0) - gpu.get("mem_info_used_before", 0)) / 2**30, 3),
+                    oom_retries=rep.get("oom_retries"))
+    for b in ("2GiB", "4GiB", "8GiB"):
+        row = dict(workload="mem", **vx_run(f"{out}/vol.npy", b)); rows.append(row); print(json.dumps(row), flush=True)
+    for v in ("1024x1024x256", "1024x1024x512"):
+        row = dict(workload="mem", **vx_run(v, "4GiB", "0")); rows.append(row); print(json.dumps(row), flush=True)
+
 json.dump(rows, open(f"{out}/bench.json", "w"), indent=1)
 print("\nworkload  peer_eager_s  voxtile_s  ratio  labels_agree  peak_GiB(peer/voxtile)")
 for r in rows:
+    if r.get("workload") == "mem":
+        print("mem      ", {k: r.get(k) for k in ("budget", "volume", "roi", "batch", "windows", "seconds", "predicted_device_gib", "measured_device_gib", "pred_over_meas", "error")})
+        continue
     if r.get("workload") == "k1":
         print(f'k1        cuDNN NDHWC {r["cudnn_ndhwc_s"]*1e3:.3f} ms ({r["cudnn_ndhwc_tflops"]} TF/s), voxtile {r["voxtile_tflops"]} TF/s: speed-up {r["speedup_vs_cudnn_ndhwc"]}')
         continue
