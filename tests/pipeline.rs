@@ -143,6 +143,8 @@ fn cpu_options(roi: usize) -> Options {
         roi: Some([roi; 3]),
         device: Device::Cpu,
         blend: BlendMode::Constant,
+        // The references below read the engine's blended outputs directly.
+        keep_logits: true,
         ..Options::default()
     }
 }
