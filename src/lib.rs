@@ -9,6 +9,7 @@ pub mod engine;
 pub mod error;
 pub mod model;
 pub mod npy;
+pub mod signals;
 pub mod tiling;
 pub mod volume;
 
