@@ -925,6 +925,9 @@ fn big_input(d: &Path) -> PathBuf {
     p
 }
 
+/// 9 windows instead of 4: inference outlasts the 1.5 s before the signal even on a fast machine.
+const MANY_WINDOWS: &[&str] = &["--overlap", "0.75"];
+
 fn kill(pid: u32, sig: &str) {
     let st = Command::new("kill")
         .args([sig, &pid.to_string()])
@@ -933,7 +936,12 @@ fn kill(pid: u32, sig: &str) {
     assert!(st.success());
 }
 
-fn spawn_segment(input: &Path, out: &Path, env: &[(&str, &str)]) -> std::process::Child {
+fn spawn_segment(
+    input: &Path,
+    out: &Path,
+    env: &[(&str, &str)],
+    extra: &[&str],
+) -> std::process::Child {
     let model = data("deepbrain.onnx");
     let mut c = Command::new(voxtile_bin());
     c.args([
@@ -947,6 +955,7 @@ fn spawn_segment(input: &Path, out: &Path, env: &[(&str, &str)]) -> std::process
         "cpu",
     ])
     .stdout(Stdio::null())
+    .args(extra)
     .stderr(Stdio::piped());
     for (k, v) in env {
         c.env(k, v);
@@ -971,7 +980,7 @@ fn interrupted_runs_leave_nothing_behind() {
     // SIGINT and SIGTERM during inference.
     for (sig, code) in [("-INT", 130), ("-TERM", 143)] {
         let out = d.join("mid.nii.gz");
-        let child = spawn_segment(&input, &out, &[]);
+        let child = spawn_segment(&input, &out, &[], MANY_WINDOWS);
         std::thread::sleep(Duration::from_millis(1500));
         kill(child.id(), sig);
         let (c, err) = wait_output(child);
@@ -981,6 +990,16 @@ fn interrupted_runs_leave_nothing_behind() {
         assert!(temp_files(d).is_empty(), "{sig}: {:?}", temp_files(d));
     }
 
+    // SIGKILL between windows cannot be caught; the output only ever exists as a temp file during
+    // the write phase, so nothing is left either.
+    let out = d.join("killed.nii.gz");
+    let child = spawn_segment(&input, &out, &[], MANY_WINDOWS);
+    std::thread::sleep(Duration::from_millis(1500));
+    kill(child.id(), "-KILL");
+    let (c, _) = wait_output(child);
+    assert_eq!(c, None, "killed by the signal");
+    assert!(!out.exists() && temp_files(d).is_empty());
+
     // During the write: the temp file is complete and about to be renamed (held there by the test
     // hook); the signal must remove it and keep the final name absent.
     for (sig, code) in [("-TERM", 143), ("-INT", 130)] {
@@ -989,6 +1008,7 @@ fn interrupted_runs_leave_nothing_behind() {
             &input,
             &out,
             &[("VOXTILE_TEST_PAUSE_BEFORE_RENAME", "20000")],
+            &[],
         );
         let t = Instant::now();
         while temp_files(d).is_empty() {
@@ -1249,4 +1269,40 @@ fn write_onnx_fuzz_seeds() {
     for (name, m, _) in hostile_models() {
         std::fs::write(crash.join(format!("{name}.onnx")), m.encode_to_vec()).unwrap();
     }
+}
+
+/// `read_bytes` (what the fuzzers call) is the same reader as `read`: same header, same values,
+/// plain and gzip.
+#[test]
+fn read_bytes_matches_read() {
+    for rel in [
+        "fixtures/volumes/nibabel_anatomical_bigendian.nii",
+        "fixtures/volumes/nibabel_example_nifti2.nii.gz",
+    ] {
+        let Some(p) = shared(rel) else { continue };
+        let a = voxtile::volume::read(&p).unwrap();
+        let b = voxtile::volume::read_bytes(&std::fs::read(&p).unwrap(), &p).unwrap();
+        assert_eq!(a.header, b.header, "{rel}");
+        assert_eq!(a.data, b.data, "{rel}");
+    }
+    // A gzip stream that is longer than 4 Mi values grows past the first reservation correctly.
+    let dims = [256usize, 128, 160];
+    let n: usize = dims.iter().product();
+    let raw = nifti(
+        &dims.map(|v| v as i64),
+        16,
+        32,
+        &Geo::default(),
+        &f32_data(n, |i| i as f32),
+    );
+    let v = voxtile::volume::read_bytes(&gz(&raw), Path::new("big.nii.gz")).unwrap();
+    assert_eq!(v.shape(), dims);
+    let flat: Vec<f32> = v
+        .data
+        .index_axis(ndarray::Axis(0), 0)
+        .t()
+        .iter()
+        .copied()
+        .collect();
+    assert!(flat.iter().enumerate().all(|(i, &x)| x == i as f32));
 }
