@@ -11,6 +11,7 @@ pub mod model;
 pub mod npy;
 pub mod pipeline;
 pub mod plan;
+pub mod signals;
 pub mod tiling;
 pub mod volume;
 

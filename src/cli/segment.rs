@@ -213,8 +213,12 @@ pub fn run(args: SegmentArgs) -> Result<()> {
     }
 
     let t = Instant::now();
+    // Once renamed, the logits stay registered for signal cleanup until the labels are in
+    // place too: an interrupted run leaves neither file.
+    let mut logits_guard = None;
     if let (Some(path), Some(logits)) = (&args.logits, &seg.logits) {
         crate::volume::write_f32(path, logits.view(), &seg.header)?;
+        logits_guard = Some(crate::signals::registry().register(path));
     }
     if let Err(e) = crate::volume::write_labels(&args.output, seg.labels.view(), &seg.header) {
         // Nothing half-done: the logits belong to this run, drop them too.
@@ -223,6 +227,7 @@ pub fn run(args: SegmentArgs) -> Result<()> {
         }
         return Err(e);
     }
+    drop(logits_guard);
     seg.report.seconds.write = t.elapsed().as_secs_f64();
     seg.report.seconds.read = t_read;
     seg.report.seconds.total = t_all.elapsed().as_secs_f64();

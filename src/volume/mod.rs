@@ -11,7 +11,7 @@ mod write;
 
 pub use geometry::{axcodes, mat44_to_quatern, quatern_to_mat44, AffineSource, Mat4};
 pub use header::Header;
-pub use read::{read, read_header, HARD_CAP_BYTES};
+pub use read::{read, read_bytes, read_header, HARD_CAP_BYTES};
 pub use write::{check_not_input, write_f32, write_labels};
 
 use ndarray::Array4;

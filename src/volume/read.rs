@@ -14,22 +14,26 @@ use std::path::Path;
 pub const HARD_CAP_BYTES: u64 = 32 << 30;
 
 /// An opened NIfTI stream positioned at byte 0 of the (decompressed) file.
-struct Source {
-    reader: Box<dyn Read>,
+struct Source<'a> {
+    reader: Box<dyn Read + 'a>,
     gz: bool,
     file_len: u64,
 }
 
-fn open(path: &Path) -> Result<Source> {
+fn open(path: &Path) -> Result<Source<'static>> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let meta = file.metadata().map_err(|e| Error::io(path, e))?;
     if meta.is_dir() {
         return Err(Error::volume(path, "is a directory, not a NIfTI file"));
     }
-    let mut br = BufReader::with_capacity(1 << 20, file);
+    source(path, BufReader::with_capacity(1 << 20, file), meta.len())
+}
+
+/// Wrap a buffered stream of `file_len` bytes, decompressing when it starts with the gzip magic.
+fn source<'a, R: BufRead + 'a>(path: &Path, mut br: R, file_len: u64) -> Result<Source<'a>> {
     let head = br.fill_buf().map_err(|e| Error::io(path, e))?;
     let gz = head.len() >= 2 && head[0] == 0x1f && head[1] == 0x8b;
-    let reader: Box<dyn Read> = if gz {
+    let reader: Box<dyn Read + 'a> = if gz {
         Box::new(MultiGzDecoder::new(br))
     } else {
         Box::new(br)
@@ -37,7 +41,7 @@ fn open(path: &Path) -> Result<Source> {
     Ok(Source {
         reader,
         gz,
-        file_len: meta.len(),
+        file_len,
     })
 }
 
@@ -218,18 +222,35 @@ fn convert(bytes: &[u8], dt: i16, be: bool, scale: Option<(f64, f64)>, out: &mut
 
 /// Read a whole volume: data as (channel, i, j, k) f32, scaling applied, header kept.
 pub fn read(path: &Path) -> Result<Volume> {
-    let mut src = open(path)?;
+    let src = open(path)?;
+    read_from(path, src)
+}
+
+/// [`read`] from an in-memory file (plain or gzip): the same checks, for fuzzing and for callers
+/// that already hold the bytes. `path_for_errors` only prefixes messages.
+pub fn read_bytes(bytes: &[u8], path_for_errors: &Path) -> Result<Volume> {
+    let src = source(path_for_errors, bytes, bytes.len() as u64)?;
+    read_from(path_for_errors, src)
+}
+
+fn read_from(path: &Path, mut src: Source<'_>) -> Result<Volume> {
     let h = read_header_from(path, &mut src)?;
     let n = check_memory(path, &h)?;
     let (_, bpv) = datatype_info(h.datatype).map_err(|m| Error::volume(path, m))?;
     let total = n * bpv; // <= 8 * n, n*4 was checked against isize::MAX
     let mut out: Vec<f32> = Vec::new();
-    out.try_reserve_exact(n).map_err(|_| {
+    let no_memory = || {
         Error::volume(
             path,
             format!("cannot allocate {n} float32 values for the volume"),
         )
-    })?;
+    };
+    // A plain file was checked to hold all its data, so reserve it at once. A gzip stream's
+    // length is unknown until it ends: grow geometrically (capped at n), so a tiny stream that
+    // claims gigabytes fails as truncated before anything large is allocated.
+    if !src.gz {
+        out.try_reserve_exact(n).map_err(|_| no_memory())?;
+    }
     let scale = h.scaling();
     let mut buf = vec![0u8; (1 << 20).min(total.max(8))];
     let (mut got, mut filled) = (0usize, 0usize);
@@ -254,6 +275,11 @@ pub fn read(path: &Path) -> Result<Volume> {
         got += k;
         filled += k;
         let whole = filled / bpv * bpv;
+        let add = whole / bpv;
+        if out.capacity() - out.len() < add {
+            let grow = out.len().max(1 << 22).max(add).min(n - out.len());
+            out.try_reserve_exact(grow).map_err(|_| no_memory())?;
+        }
         convert(&buf[..whole], h.datatype, h.big_endian, scale, &mut out);
         buf.copy_within(whole..filled, 0);
         filled -= whole;

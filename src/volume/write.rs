@@ -1,5 +1,6 @@
 //! Writing NIfTI-1 outputs: temp file in the target folder, fsync, rename; nothing half-written
-//! is ever left under the final name, and the temp file is removed on any error.
+//! is ever left under the final name, and the temp file is removed on any error or, through
+//! [`crate::signals`], on SIGINT/SIGTERM.
 
 use super::header::{self, encode_nifti1, Header};
 use crate::{Error, Result};
@@ -40,6 +41,8 @@ where
     F: FnOnce(&mut dyn Write) -> io::Result<()>,
 {
     let tmp = temp_path(path)?;
+    // Registered before it exists: a SIGINT/SIGTERM from here on deletes it (crate::signals).
+    let guard = crate::signals::registry().register(&tmp);
     let result = (|| -> io::Result<()> {
         let file = OpenOptions::new()
             .write(true)
@@ -57,7 +60,9 @@ where
         };
         file.sync_all()?;
         drop(file);
-        std::fs::rename(&tmp, path)?;
+        crate::signals::test_pause_before_rename();
+        // Renamed under the registry lock, and only if no signal came first.
+        guard.commit(|tmp| std::fs::rename(tmp, path))?;
         // Make the rename itself durable (best effort: not every filesystem allows it).
         if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             if let Ok(d) = File::open(dir) {

@@ -1,0 +1,192 @@
+//! Clean exit on SIGINT/SIGTERM/SIGHUP: temp files being written are removed, then the process
+//! exits 128 + signal (130 for SIGINT, 143 for SIGTERM), so an interrupted run leaves neither a
+//! partial output nor a temp file behind.
+//!
+//! Signals are received by `signal-hook`'s iterator (its self-pipe and a thread of its own), so
+//! the cleanup runs as ordinary code, not inside a signal handler, and may lock the registry.
+//! The writer renames a finished temp file only while holding the same lock and after checking
+//! that no signal arrived: either the rename happens entirely before the cleanup (a complete
+//! output stays) or not at all.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// Temp files being written and whether a termination signal arrived. One global instance
+/// ([`registry`]); tests make their own so they cannot disturb writers running in parallel.
+#[derive(Debug, Default)]
+pub struct Registry {
+    temps: Mutex<Vec<PathBuf>>,
+    interrupted: AtomicBool,
+}
+
+static GLOBAL: Registry = Registry::new();
+static INSTALLED: OnceLock<bool> = OnceLock::new();
+
+/// The process-wide registry the volume writer and the signal thread share.
+pub fn registry() -> &'static Registry {
+    &GLOBAL
+}
+
+/// Install the handler once (later calls do nothing). Returns false if the OS refused it; the
+/// program then still works, only without cleanup on signals.
+pub fn install() -> bool {
+    *INSTALLED.get_or_init(|| {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else {
+            return false;
+        };
+        std::thread::Builder::new()
+            .name("voxtile-signals".into())
+            .spawn(move || {
+                if let Some(sig) = signals.forever().next() {
+                    let removed = GLOBAL.cleanup();
+                    let name = match sig {
+                        SIGINT => "SIGINT",
+                        SIGTERM => "SIGTERM",
+                        _ => "SIGHUP",
+                    };
+                    eprintln!(
+                        "voxtile: interrupted by {name}{}",
+                        if removed > 0 {
+                            "; the unfinished output was removed"
+                        } else {
+                            ""
+                        }
+                    );
+                    // Keep the registry locked so no rename can slip in while the process exits.
+                    let _hold = GLOBAL.temps();
+                    std::process::exit(128 + sig);
+                }
+            })
+            .is_ok()
+    })
+}
+
+impl Registry {
+    pub const fn new() -> Registry {
+        Registry {
+            temps: Mutex::new(Vec::new()),
+            interrupted: AtomicBool::new(false),
+        }
+    }
+
+    fn temps(&self) -> MutexGuard<'_, Vec<PathBuf>> {
+        // A writer that panicked while holding the lock leaves a usable list behind.
+        self.temps.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Mark the run interrupted and delete every registered temp file; returns how many existed.
+    /// The signal thread calls it on the global registry.
+    pub fn cleanup(&self) -> usize {
+        self.interrupted.store(true, Ordering::SeqCst);
+        let mut list = self.temps();
+        let mut removed = 0;
+        for p in list.drain(..) {
+            if std::fs::remove_file(&p).is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    /// Whether a termination signal was received (or [`Registry::cleanup`] called).
+    pub fn interrupted(&self) -> bool {
+        self.interrupted.load(Ordering::SeqCst)
+    }
+
+    /// Register `path` as a temp file to delete on a signal. Register before creating the file,
+    /// so there is no moment where it exists unregistered.
+    pub fn register(&'static self, path: &Path) -> TempGuard {
+        self.temps().push(path.to_path_buf());
+        TempGuard {
+            reg: self,
+            path: path.to_path_buf(),
+        }
+    }
+
+    /// Whether `path` is registered right now.
+    pub fn is_registered(&self, path: &Path) -> bool {
+        self.temps().iter().any(|p| p == path)
+    }
+}
+
+/// A registered temp file; dropping it unregisters the path (the file itself is the writer's).
+#[derive(Debug)]
+pub struct TempGuard {
+    reg: &'static Registry,
+    path: PathBuf,
+}
+
+impl TempGuard {
+    /// Run `rename` (the temp → final step) under the registry lock, unless a signal arrived
+    /// first, in which case nothing is renamed and an `Interrupted` error is returned.
+    pub fn commit(&self, rename: impl FnOnce(&Path) -> std::io::Result<()>) -> std::io::Result<()> {
+        let mut list = self.reg.temps();
+        if self.reg.interrupted() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Interrupted,
+                "interrupted by a signal before the output was complete",
+            ));
+        }
+        rename(&self.path)?;
+        list.retain(|p| p != &self.path);
+        Ok(())
+    }
+}
+
+impl Drop for TempGuard {
+    fn drop(&mut self) {
+        self.reg.temps().retain(|p| p != &self.path);
+    }
+}
+
+/// Test hook: `VOXTILE_TEST_PAUSE_BEFORE_RENAME=<ms>` sleeps that long after the temp file is
+/// complete and before it is renamed, so tests can deliver a signal during the write phase
+/// deterministically. Unset (always, outside tests): no pause.
+pub(crate) fn test_pause_before_rename() {
+    if let Some(ms) = std::env::var_os("VOXTILE_TEST_PAUSE_BEFORE_RENAME")
+        .and_then(|v| v.to_str().and_then(|s| s.parse::<u64>().ok()))
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms.min(60_000)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn register_commit_cleanup() {
+        let reg: &'static Registry = Box::leak(Box::new(Registry::new()));
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join(".a.tmp");
+        let b = dir.path().join(".b.tmp");
+        std::fs::write(&a, b"a").unwrap();
+        {
+            let g = reg.register(&a);
+            assert!(reg.is_registered(&a));
+            g.commit(|p| std::fs::rename(p, dir.path().join("a.nii")))
+                .unwrap();
+            assert!(!reg.is_registered(&a));
+        }
+        assert!(dir.path().join("a.nii").exists());
+        let g = reg.register(&b);
+        {
+            let _c = reg.register(&dir.path().join(".c.tmp")); // dropped: unregistered, never created
+        }
+        assert!(!reg.is_registered(&dir.path().join(".c.tmp")));
+        std::fs::write(&b, b"b").unwrap();
+        assert_eq!(reg.cleanup(), 1);
+        assert!(!b.exists() && reg.interrupted());
+        assert!(
+            !registry().interrupted(),
+            "the global registry is untouched"
+        );
+        let e = g
+            .commit(|p| std::fs::rename(p, dir.path().join("b.nii")))
+            .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::Interrupted);
+        assert!(!dir.path().join("b.nii").exists());
+    }
+}
