@@ -148,8 +148,11 @@ if "w3" in which and os.path.exists(f"{out}/w1.onnx"):
 # device peak), and volume size vs peak vs time at 4 GiB up to 1024x1024x512.
 if "mem" in which and os.path.exists(f"{out}/w1.onnx"):
     def vx_run(vol, budget, reps="1"):
-        r = subprocess.run([bench_bin, f"{out}/w1.onnx", vol, "auto", "0.5", "auto", reps, "cuda", "-", budget],
-                           capture_output=True, text=True)
+        try:
+            r = subprocess.run([bench_bin, f"{out}/w1.onnx", vol, "auto", "0.5", "auto", reps, "cuda", "-", budget],
+                               capture_output=True, text=True, timeout=100)
+        except subprocess.TimeoutExpired:
+            return dict(error="timed out after 100 s")
         if r.returncode != 0:
             return dict(error=r.stderr.strip().splitlines()[-1:] if r.stderr.strip() else r.returncode)
         j = json.loads(r.stdout.strip().splitlines()[-1]); rep = j["report"]

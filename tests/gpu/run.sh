@@ -23,6 +23,8 @@ run() {
   echo "=== rc $rc" | tee -a "$LOG"
   [ $rc -eq 0 ] || status=1
 }
+# QUICK=1 skips the op-level suite (kernel compile, lib unit tests, cuda_ops, cuda_pipeline).
+if [ "${QUICK:-0}" != 1 ]; then
 run "$DIR/cuda_kernels_compile" --nocapture
 run "$DIR/voxtile_lib" --test-threads=1 backend::cuda
 # First run fills the PTX cache, the second must load every family from it.
@@ -30,6 +32,9 @@ run "$DIR/cuda_ops" --test-threads=1 --nocapture
 run "$DIR/cuda_ops" --test-threads=1 --nocapture conv_transpose_variants
 # The streamed sliding-window pipeline (vs f64, device peak vs D, OOM retry, stage overlap).
 [ -x "$DIR/cuda_pipeline" ] && run "$DIR/cuda_pipeline" --test-threads=1 --nocapture
+fi
+# The planner's CUDA prediction against the launch list's buffers and the measured peak; OOM retry.
+[ -x "$DIR/plan_gpu" ] && VOXTILE_DATA_DIR="$PWD/data" VOXTILE_SHARED_DIR="$DIR/shared" run "$DIR/plan_gpu" --test-threads=1 --nocapture
 # The real fixtures: PyTorch model outputs, MONAI sliding windows, deepbrain vs onnxruntime, MeshNet.
 [ -x "$DIR/gpu_fixtures" ] && VOXTILE_SHARED_DIR="$DIR/shared" VOXTILE_DATA_DIR="$PWD/data" VOXTILE_REQUIRE_FIXTURES=1 run "$DIR/gpu_fixtures" --test-threads=1 --nocapture
 if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
