@@ -247,6 +247,45 @@ pub fn write_f32(path: &Path, data: ArrayView4<f32>, like: &Header) -> Result<()
     })
 }
 
+/// Write values in [0, 1] (channel, i, j, k) as uint8 `round(255·v)` with scl_slope 1/255, so that
+/// readers see the [0, 1] values again at a quarter of float32's size (probability maps).
+pub fn write_unit_u8(path: &Path, data: ArrayView4<f32>, like: &Header) -> Result<()> {
+    let (nc, nx, ny, nz) = data.dim();
+    check_shape(path, [nx, ny, nz], like)?;
+    if nc == 0 {
+        return Err(Error::Invalid(format!(
+            "{}: cannot write a volume with 0 channels",
+            path.display()
+        )));
+    }
+    let mut hdr = encode_nifti1(
+        like,
+        [nx, ny, nz],
+        nc,
+        header::DT_UINT8,
+        "voxtile uint8/255",
+    )
+    .map_err(|m| Error::volume(path, m))?;
+    hdr[112..116].copy_from_slice(&(1.0f32 / 255.0).to_le_bytes()); // scl_slope
+    hdr[124..128].copy_from_slice(&1f32.to_le_bytes()); // cal_max
+    write_atomic(path, |w| {
+        w.write_all(&hdr)?;
+        let mut e = Encoder::new(w);
+        for c in 0..nc {
+            file_order_runs(data.index_axis(Axis(0), c), |run| {
+                e.push(run, |v: f32| [unit_to_u8(v)])
+            })?;
+        }
+        e.finish()
+    })
+}
+
+/// round(255·v) with v clamped to [0, 1] (NaN reads as 0).
+pub fn unit_to_u8(v: f32) -> u8 {
+    let v = if v.is_nan() { 0.0 } else { v.clamp(0.0, 1.0) };
+    (v * 255.0).round() as u8
+}
+
 /// Refuse an output path that is (or links to) one of the inputs: same inode, or same canonical path.
 pub fn check_not_input(out: &Path, inputs: &[&Path]) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
