@@ -1817,7 +1817,7 @@ fn conv_halo_cases() {
         (32, 17, [3, 1, 12], [1; 6], leaky(), "conv_halo_c32n32"),
     ];
     // The 4-warp variants on the Cout <= 32 cases.
-    let mut all: Vec<(usize, usize, [usize; 3], [usize; 6], Option<Op>, &str)> = cases.clone();
+    let mut all = cases.clone();
     for c in cases.iter().filter(|c| c.1 <= 32) {
         all.push((
             c.0,
@@ -1973,10 +1973,10 @@ fn bench_w1_layers() {
         };
         let mut ms = [0.0; 3];
         // 0: legacy wmma, 1: conv_mma only (halo off), 2: auto (halo kernels where eligible).
-        for li in 0..3usize {
+        for (li, slot) in ms.iter_mut().enumerate() {
             let key = (kind, ci, co, s, k, st, li);
             if let Some(&t) = cache.get(&key) {
-                ms[li] = t;
+                *slot = t;
                 continue;
             }
             if li == 1 && !(kind == 'c' && k == 3 && st == 1 && matches!(ci, 32 | 64) && co <= 64) {
@@ -2016,7 +2016,7 @@ fn bench_w1_layers() {
             };
             let t = time_one(&mut b, &mut r, op, ci, co, n, s);
             cache.insert(key, t);
-            ms[li] = t;
+            *slot = t;
         }
         if ms[1] == 0.0 {
             ms[1] = ms[2];
