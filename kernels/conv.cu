@@ -618,3 +618,141 @@ extern "C" __global__ void __launch_bounds__(256) conv1x1_n32(ConvParams p, cons
                                                               const float* bias, half* y, const float* slope) {
     conv1x1<32>(p, x, w, bias, y, slope);
 }
+
+// ---------------------------------------------------------------------------------------------
+// conv_halo_c{CIN}n{BN}: stride-1, dilation-1 3x3x3 conv (any pads) with Cin 32/64, Cout <= BN.
+// Each block computes a 4x8x8 output tile: its (4+2)x(8+2)x(8+2) input halo (600 voxels x CIN)
+// is copied into shared memory ONCE and feeds all 27 taps (conv_mma re-gathers the input for
+// every tap); ldmatrix row addresses are the output voxel's halo row plus the tap's offset.
+// Halo rows are CIN + 8 halves (an odd number of 16-byte groups: the 8 rows of an ldmatrix
+// phase hit 8 different bank groups). Weights [Cout_pad][kpad] (K = tap * CIN + ci) are
+// staged one tap at a time, double buffered with cp.async. Epilogue: conv_store (bias,
+// activation, ldc/coff channel slice), like conv_mma.
+#define HT_Z 4
+#define HT_Y 8
+#define HT_X 8
+#define HVOX ((HT_Z + 2) * (HT_Y + 2) * (HT_X + 2))
+
+template <int CIN, int BN, int WM, int WN>
+__device__ __forceinline__ void conv_halo(const ConvParams& p, const half* __restrict__ x,
+                                          const half* __restrict__ w, const float* __restrict__ bias,
+                                          half* __restrict__ y, const float* __restrict__ slope) {
+    constexpr int THREADS = WM * WN * 32;
+    constexpr int TBM = HT_Z * HT_Y * HT_X;
+    constexpr int TM = TBM / WM, TN = BN / WN;
+    constexpr int MI = TM / 16, NI = TN / 8;
+    constexpr int LD = CIN + 8;
+    constexpr int CPV = CIN / 8;  // 16-byte chunks per voxel
+    static_assert(NI % 2 == 0 && CIN % 16 == 0, "tile shape");
+    extern __shared__ __align__(16) unsigned char dsm[];
+    half* sIn = reinterpret_cast<half*>(dsm);
+    half* sW = sIn + HVOX * LD;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp % WM, wn = warp / WM;
+    const int ntx = (p.wo + HT_X - 1) / HT_X, nty = (p.ho + HT_Y - 1) / HT_Y,
+              ntz = (p.do_ + HT_Z - 1) / HT_Z;
+    int b = blockIdx.x;
+    const int bx = b % ntx;
+    b /= ntx;
+    const int by = b % nty;
+    b /= nty;
+    const int bz = b % ntz;
+    const int n = b / ntz;
+    const int oz0 = bz * HT_Z, oy0 = by * HT_Y, ox0 = bx * HT_X;
+    const int iz0 = oz0 - p.pd, iy0 = oy0 - p.ph, ix0 = ox0 - p.pw;
+    const half* xn = x + (i64)n * p.di * p.hi * p.wi * CIN;
+
+    // The halo, zero outside the input (source size 0).
+    for (int idx = tid; idx < HVOX * CPV; idx += THREADS) {
+        int v = idx / CPV, c = idx - v * CPV;
+        int hz = v / ((HT_Y + 2) * (HT_X + 2)), r = v - hz * ((HT_Y + 2) * (HT_X + 2));
+        int hy = r / (HT_X + 2), hx = r - hy * (HT_X + 2);
+        int iz = iz0 + hz, iy = iy0 + hy, ix = ix0 + hx;
+        bool ok = (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi && (unsigned)ix < (unsigned)p.wi;
+        cp_async16(sIn + v * LD + c * 8, ok ? xn + (((i64)iz * p.hi + iy) * p.wi + ix) * CIN + c * 8 : x,
+                   ok ? 16 : 0);
+    }
+    auto load_w = [&](int stage, int tap) {
+        half* ws = sW + stage * BN * LD;
+        for (int idx = tid; idx < BN * CPV; idx += THREADS) {
+            int co = idx / CPV, c = idx - co * CPV;
+            cp_async16(ws + co * LD + c * 8, w + (i64)co * p.kpad + tap * CIN + c * 8, 16);
+        }
+    };
+    load_w(0, 0);
+    cp_async_commit();
+
+    // Halo row of each A row this lane addresses for ldmatrix (tap 0).
+    int hrow[MI];
+#pragma unroll
+    for (int i = 0; i < MI; i++) {
+        int r = wm * TM + i * 16 + (lane & 15);
+        int z = r / (HT_Y * HT_X), yy = (r / HT_X) % HT_Y, xx = r % HT_X;
+        hrow[i] = (z * (HT_Y + 2) + yy) * (HT_X + 2) + xx;
+    }
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NI; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[i][j][q] = 0.f;
+
+    for (int tap = 0; tap < 27; tap++) {
+        cp_async_wait<0>();
+        __syncthreads();  // tap's weights (and the halo) landed; everyone is done with tap - 1
+        if (tap + 1 < 27) load_w((tap + 1) & 1, tap + 1);
+        cp_async_commit();
+        const int dz = tap / 9, dy = (tap / 3) % 3, dx = tap % 3;
+        const int toff = (dz * (HT_Y + 2) + dy) * (HT_X + 2) + dx;
+        const half* ws = sW + (tap & 1) * BN * LD + (wn * TN) * LD;
+#pragma unroll
+        for (int kk = 0; kk < CIN; kk += 16) {
+            unsigned af[MI][4], bf[NI / 2][4];
+#pragma unroll
+            for (int i = 0; i < MI; i++) ldsm_x4(af[i], sIn + (hrow[i] + toff) * LD + kk + (lane >> 4) * 8);
+#pragma unroll
+            for (int j = 0; j < NI / 2; j++)
+                ldsm_x4(bf[j], ws + (j * 16 + (lane >> 4) * 8 + (lane & 7)) * LD + kk + ((lane >> 3) & 1) * 8);
+#pragma unroll
+            for (int i = 0; i < MI; i++)
+#pragma unroll
+                for (int j = 0; j < NI; j++)
+                    mma16816(acc[i][j], af[i], bf[j >> 1][(j & 1) * 2], bf[j >> 1][(j & 1) * 2 + 1]);
+        }
+    }
+    cp_async_wait<0>();
+
+    const bool pair = ((p.ldc | p.coff) & 1) == 0 && (p.cout & 1) == 0;
+#pragma unroll
+    for (int i = 0; i < MI; i++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int r = wm * TM + i * 16 + (lane >> 2) + h * 8;
+            int oz = oz0 + r / (HT_Y * HT_X), oy = oy0 + (r / HT_X) % HT_Y, ox = ox0 + r % HT_X;
+            if (oz >= p.do_ || oy >= p.ho || ox >= p.wo) continue;
+            i64 m = (((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox;
+#pragma unroll
+            for (int j = 0; j < NI; j++) {
+                int c = wn * TN + j * 8 + (lane & 3) * 2;
+                if (c >= p.cout) continue;
+                conv_store(p, y, bias, slope, m, 0, c, c, acc[i][j][h * 2], acc[i][j][h * 2 + 1], pair, false);
+            }
+        }
+    }
+}
+
+// Name: conv_halo_c{CIN}n{BN}[_w4]. Keep in sync with HALO_CONFIGS in plan.rs.
+#define HALO_ENTRY(NAME, CIN, BN, WM, WN)                                                           \
+    extern "C" __global__ void __launch_bounds__(WM * WN * 32) NAME(                               \
+        ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope) { \
+        conv_halo<CIN, BN, WM, WN>(p, x, w, bias, y, slope);                                        \
+    }
+HALO_ENTRY(conv_halo_c32n32, 32, 32, 8, 1)
+HALO_ENTRY(conv_halo_c64n32, 64, 32, 8, 1)
+HALO_ENTRY(conv_halo_c32n64, 32, 64, 4, 2)
+HALO_ENTRY(conv_halo_c64n64, 64, 64, 4, 2)
+// 4 warps of 64x32 (less smem read per mma, fewer warps per block): measured against the above.
+HALO_ENTRY(conv_halo_c32n32_w4, 32, 32, 4, 1)
+HALO_ENTRY(conv_halo_c64n32_w4, 64, 32, 4, 1)

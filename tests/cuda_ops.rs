@@ -1769,6 +1769,144 @@ fn conv_mma_tiles() {
     b.set_legacy_conv(false);
 }
 
+/// Conv kernels of the prepared plan (from the profile labels "... [kernel] ...").
+fn kernels_used(b: &mut CudaBackend, batch: usize) -> Vec<String> {
+    let prof = b.profile_forward(batch, 1).expect("profile");
+    prof.iter()
+        .filter_map(|(l, _, _)| {
+            let i = l.find('[')?;
+            let j = l[i..].find(']')?;
+            Some(l[i + 1..i + j].to_string())
+        })
+        .collect()
+}
+
+/// The halo-tile kernels (`conv_halo_*`, stride-1 3^3, Cin 32/64, Cout <= 64) vs float64:
+/// spatial sizes that leave partial 4x8x8 tiles, zero / asymmetric pads (borders), odd and
+/// even Cout, fused activations, and outputs written into concat slices at even and odd
+/// channel offsets. Each case also checks that the halo kernel is the one that ran.
+#[test]
+fn conv_halo_cases() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = rng("halo");
+    b.set_conv_tile(None).unwrap();
+    b.set_halo_conv(true);
+    let leaky = || Some(Op::LeakyRelu { alpha: 0.01 });
+    #[allow(clippy::type_complexity)]
+    let cases: Vec<(usize, usize, [usize; 3], [usize; 6], Option<Op>, &str)> = vec![
+        (32, 32, [9, 13, 17], [1; 6], None, "conv_halo_c32n32"),
+        (64, 32, [6, 10, 7], [1; 6], leaky(), "conv_halo_c64n32"),
+        (
+            32,
+            64,
+            [5, 9, 8],
+            [1; 6],
+            Some(Op::Relu),
+            "conv_halo_c32n64",
+        ),
+        (64, 64, [4, 8, 8], [1; 6], leaky(), "conv_halo_c64n64"),
+        (32, 20, [7, 9, 11], [0; 6], None, "conv_halo_c32n32"),
+        (
+            64,
+            33,
+            [5, 7, 9],
+            [2, 1, 0, 0, 1, 2],
+            None,
+            "conv_halo_c64n64",
+        ),
+        (32, 17, [3, 1, 12], [1; 6], leaky(), "conv_halo_c32n32"),
+    ];
+    // The 4-warp variants on the Cout <= 32 cases.
+    let mut all = cases.clone();
+    for c in cases.iter().filter(|c| c.1 <= 32) {
+        all.push((
+            c.0,
+            c.1,
+            c.2,
+            c.3,
+            c.4.clone(),
+            if c.0 == 32 {
+                "conv_halo_c32n32_w4"
+            } else {
+                "conv_halo_c64n32_w4"
+            },
+        ));
+    }
+    for (cin, cout, sp, pads, act, kern) in all {
+        b.set_halo_tile(kern.ends_with("_w4").then_some(kern))
+            .unwrap();
+        let name = format!(
+            "{kern} {cin}->{cout} {sp:?} pads {pads:?}{}",
+            if act.is_some() { " +act" } else { "" }
+        );
+        conv_case(
+            &mut b, &mut r, &name, cin, cout, sp, [3; 3], [1; 3], [1; 3], pads, 1, act,
+        );
+        let used = kernels_used(&mut b, 2);
+        assert!(
+            used.iter().any(|k| k == kern),
+            "{name}: expected {kern}, ran {used:?}"
+        );
+    }
+    b.set_halo_tile(None).unwrap();
+    // Channel slices: concat [conv a (Cout ca), conv b (32), x] written in place, with the
+    // second conv at an even (32) and an odd (17) channel offset.
+    for ca in [32usize, 17] {
+        let (c, sp) = (32usize, [5usize, 9, 10]);
+        let nvox = sp.iter().product::<usize>();
+        let x = T::from([2, c, sp[0], sp[1], sp[2]], &r.vec(2 * c * nvox, 1.0));
+        let wa = Tensor::new(vec![ca, c, 3, 3, 3], r.vec(ca * c * 27, 0.03));
+        let wb = Tensor::new(vec![32, c, 3, 3, 3], r.vec(32 * c * 27, 0.03));
+        let ba = Tensor::new(vec![ca], r.vec(ca, 0.5));
+        let conv = |w: &Tensor, bias: Option<Tensor>| {
+            Op::Conv(Conv {
+                weight: w.clone(),
+                bias,
+                stride: [1; 3],
+                dilation: [1; 3],
+                pads: [1; 6],
+                groups: 1,
+            })
+        };
+        let ct = ca + 32 + c;
+        let g = graph(
+            c,
+            vec![
+                (conv(&wa, Some(ba.clone())), vec![0], ca),
+                (conv(&wb, None), vec![0], 32),
+                (Op::Concat { axis: 1 }, vec![1, 2, 0], ct),
+            ],
+        );
+        let va = conv_ref(&x, &wa, Some(&ba), [1; 3], [1; 3], [1; 6], 1, false, [0; 3]);
+        let vb = conv_ref(&x, &wb, None, [1; 3], [1; 3], [1; 6], 1, false, [0; 3]);
+        let mut want = T::zeros([2, ct, sp[0], sp[1], sp[2]]);
+        for n in 0..2 {
+            for ch in 0..ct {
+                for v in 0..nvox {
+                    want.d[(n * ct + ch) * nvox + v] = if ch < ca {
+                        va.d[(n * ca + ch) * nvox + v]
+                    } else if ch < ca + 32 {
+                        vb.d[(n * 32 + ch - ca) * nvox + v]
+                    } else {
+                        x.d[(n * c + ch - ca - 32) * nvox + v]
+                    };
+                }
+            }
+        }
+        let got = run(&mut b, &g, &x, 2);
+        report(
+            &format!("halo convs into concat slices (offset {ca})"),
+            rel_l2(&got, &want),
+        );
+        let used = kernels_used(&mut b, 2);
+        // (Same-shape convs share a profile label: count kernels, not labels.)
+        assert!(
+            !used.is_empty() && used.iter().all(|k| k.starts_with("conv_halo")),
+            "both convs on the halo kernel: {used:?}"
+        );
+    }
+}
+
 /// Times one single-conv graph (batch n, window s^3) on random data; returns ms per forward.
 fn time_one(
     b: &mut CudaBackend,
@@ -1821,9 +1959,11 @@ fn bench_w1_layers() {
     }
     layers.push(('c', 32, 14, 128, 1, 1));
     let n = 4;
-    let mut cache: std::collections::HashMap<(char, usize, usize, usize, usize, usize, bool), f64> =
-        Default::default();
-    let (mut tot_old, mut tot_new, mut tot_flop) = (0.0, 0.0, 0.0);
+    let mut cache: std::collections::HashMap<
+        (char, usize, usize, usize, usize, usize, usize),
+        f64,
+    > = Default::default();
+    let (mut tot_old, mut tot_mma, mut tot_new, mut tot_flop) = (0.0, 0.0, 0.0, 0.0);
     for &(kind, ci, co, s, k, st) in &layers {
         let os = if kind == 't' { s * st } else { s / st };
         let flop = if kind == 't' {
@@ -1831,14 +1971,20 @@ fn bench_w1_layers() {
         } else {
             2.0 * (n * os * os * os) as f64 * co as f64 * (ci * k * k * k) as f64
         };
-        let mut ms = [0.0; 2];
-        for (li, legacy) in [true, false].into_iter().enumerate() {
-            let key = (kind, ci, co, s, k, st, legacy);
+        let mut ms = [0.0; 3];
+        // 0: legacy wmma, 1: conv_mma only (halo off), 2: auto (halo kernels where eligible).
+        for (li, slot) in ms.iter_mut().enumerate() {
+            let key = (kind, ci, co, s, k, st, li);
             if let Some(&t) = cache.get(&key) {
-                ms[li] = t;
+                *slot = t;
                 continue;
             }
-            b.set_legacy_conv(legacy);
+            if li == 1 && !(kind == 'c' && k == 3 && st == 1 && matches!(ci, 32 | 64) && co <= 64) {
+                // Not halo-eligible: the auto run is the same kernel.
+                continue;
+            }
+            b.set_legacy_conv(li == 0);
+            b.set_halo_conv(li == 2);
             let w = Tensor::new(
                 if kind == 't' {
                     vec![ci, co, k, k, k]
@@ -1870,23 +2016,31 @@ fn bench_w1_layers() {
             };
             let t = time_one(&mut b, &mut r, op, ci, co, n, s);
             cache.insert(key, t);
-            ms[li] = t;
+            *slot = t;
+        }
+        if ms[1] == 0.0 {
+            ms[1] = ms[2];
         }
         tot_old += ms[0];
-        tot_new += ms[1];
+        tot_mma += ms[1];
+        tot_new += ms[2];
         tot_flop += flop;
         println!(
-            "RESULT w1 {kind} {ci:>3}->{co:<3} k{k}s{st} in {s:>3}^3: legacy {:7.3} ms {:6.1} TF/s | mma {:7.3} ms {:6.1} TF/s",
+            "RESULT w1 {kind} {ci:>3}->{co:<3} k{k}s{st} in {s:>3}^3: legacy {:7.3} ms {:6.1} TF/s | mma {:7.3} ms {:6.1} TF/s | auto {:7.3} ms {:6.1} TF/s",
             ms[0],
             flop / ms[0] / 1e9,
             ms[1],
-            flop / ms[1] / 1e9
+            flop / ms[1] / 1e9,
+            ms[2],
+            flop / ms[2] / 1e9
         );
     }
+    b.set_halo_conv(true);
     println!(
-        "RESULT w1 convs total (batch 4): {:.1} GFLOP, legacy {tot_old:.2} ms ({:.1} TF/s), mma {tot_new:.2} ms ({:.1} TF/s)",
+        "RESULT w1 convs total (batch 4): {:.1} GFLOP, legacy {tot_old:.2} ms ({:.1} TF/s), mma {tot_mma:.2} ms ({:.1} TF/s), auto (halo) {tot_new:.2} ms ({:.1} TF/s)",
         tot_flop / 1e9,
         tot_flop / tot_old / 1e9,
+        tot_flop / tot_mma / 1e9,
         tot_flop / tot_new / 1e9
     );
     // K1: conv 32->32 3^3 on 2x32x128^3 (cuDNN NDHWC: 166 TF/s), every vectorised tile.
@@ -1914,6 +2068,7 @@ fn bench_w1_layers() {
         Some("conv_mma_m256n32_v8"),
         Some("conv_mma_m128n32_v8"),
     ] {
+        // auto = the halo kernel (conv_halo_c32n32); forced tiles turn it off.
         b.set_conv_tile(tile).unwrap();
         let op = k1(&mut r);
         let t = time_one(&mut b, &mut r, op, 32, 32, 2, 128);
@@ -1925,6 +2080,30 @@ fn bench_w1_layers() {
         );
     }
     b.set_conv_tile(None).unwrap();
+    let op = k1(&mut r);
+    b.set_halo_tile(Some("conv_halo_c32n32_w4")).unwrap();
+    let t = time_one(&mut b, &mut r, op, 32, 32, 2, 128);
+    println!(
+        "RESULT K1 conv_halo_c32n32_w4: {t:.3} ms {:.1} TF/s ({:.2}x cuDNN 166)",
+        flop / t / 1e9,
+        flop / t / 1e9 / 166.0
+    );
+    // W1's 64->32 at 128^3 (batch 4) on the 4-warp variant (the layer table has the default).
+    let op = Op::Conv(Conv {
+        weight: Tensor::new(vec![32, 64, 3, 3, 3], r.vec(32 * 64 * 27, 0.02)),
+        bias: None,
+        stride: [1; 3],
+        dilation: [1; 3],
+        pads: [1; 6],
+        groups: 1,
+    });
+    b.set_halo_tile(Some("conv_halo_c64n32_w4")).unwrap();
+    let t = time_one(&mut b, &mut r, op, 64, 32, 4, 128);
+    println!(
+        "RESULT w1 c 64->32 k3s1 in 128^3 on conv_halo_c64n32_w4: {t:.3} ms {:.1} TF/s",
+        2.0 * (4 * 128usize.pow(3)) as f64 * 32.0 * (27 * 64) as f64 / t / 1e9
+    );
+    b.set_halo_tile(None).unwrap();
 }
 
 /// Per-op profile (`profile_forward`) of the models in VOXTILE_PROFILE_ONNX

@@ -30,6 +30,12 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
             "conv_mma_m128n64_v1",
             "conv1x1_n16",
             "conv1x1_n32",
+            "conv_halo_c32n32",
+            "conv_halo_c64n32",
+            "conv_halo_c32n64",
+            "conv_halo_c64n64",
+            "conv_halo_c32n32_w4",
+            "conv_halo_c64n32_w4",
         ],
     ),
     (

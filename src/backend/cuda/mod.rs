@@ -265,6 +265,12 @@ pub struct CudaBackend {
     conv_mma: bool,
     /// Forces one `conv_mma_*` tile for every mma conv (tests and benchmarks); None: by shape.
     conv_tile: Option<&'static str>,
+    /// Stride-1 3^3 convs with Cin 32/64 run on `conv_halo_*` (unless a tile is forced).
+    conv_halo: bool,
+    /// Forces one `conv_halo_*` variant where its Cin and width fit (benchmarks); None: default.
+    halo_tile: Option<&'static str>,
+    /// The device's opt-in shared memory per block (bytes): which halo kernels fit.
+    smem_optin: usize,
     /// How many kernel families came from the on-disk PTX cache at start.
     pub ptx_from_cache: usize,
 }
@@ -328,7 +334,24 @@ impl CudaBackend {
                 funcs.insert(*e, f);
             }
         }
+        let smem_optin = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(drv("device attribute"))? as usize;
         if ma >= 8 {
+            for c in plan::HALO_CONFIGS {
+                if c.smem_bytes() as usize > smem_optin {
+                    continue;
+                }
+                if let Some(f) = funcs.get(c.name) {
+                    f.set_attribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        c.smem_bytes() as i32,
+                    )
+                    .map_err(drv(&format!("shared memory limit of {}", c.name)))?;
+                }
+            }
             // The mma conv tiles use more than the default 48 KB of dynamic shared memory.
             for c in plan::MMA_CONFIGS {
                 if let Some(f) = funcs.get(c.name) {
@@ -354,6 +377,9 @@ impl CudaBackend {
             poison: false,
             conv_mma: ma >= 8,
             conv_tile: None,
+            conv_halo: true,
+            halo_tile: None,
+            smem_optin,
             ptx_from_cache,
         })
     }
@@ -368,6 +394,29 @@ impl CudaBackend {
     pub fn set_legacy_conv(&mut self, legacy: bool) {
         let (ma, _) = self.ctx.compute_capability().unwrap_or((0, 0));
         self.conv_mma = !legacy && ma >= 8;
+    }
+
+    /// Runs eligible stride-1 3^3 convs (Cin 32/64, Cout <= 64) on the halo-tile kernels
+    /// (default on sm_80+) or on the `conv_mma_*` tiles (before/after benchmarks); takes effect
+    /// at the next `prepare`. A forced tile (`set_conv_tile`) also turns them off.
+    pub fn set_halo_conv(&mut self, on: bool) {
+        self.conv_halo = on;
+    }
+
+    /// Forces the `conv_halo_*` kernel `name` (one of `plan::HALO_CONFIGS`) for the halo convs
+    /// whose Cin and tile width it matches, from the next `prepare`; None: the default ones.
+    pub fn set_halo_tile(&mut self, name: Option<&str>) -> Result<()> {
+        self.halo_tile = match name {
+            None => None,
+            Some(n) => Some(
+                plan::HALO_CONFIGS
+                    .iter()
+                    .find(|c| c.name == n)
+                    .map(|c| c.name)
+                    .ok_or_else(|| Error::Invalid(format!("no halo conv kernel named {n}")))?,
+            ),
+        };
+        Ok(())
     }
 
     /// Forces the `conv_mma_*` kernel `name` (one of `plan::MMA_CONFIGS`) for the mma convs of
@@ -1194,7 +1243,33 @@ impl CudaBackend {
                 pointwise: true,
             }]);
         }
-        let (wh, kpad, func, bm, bn, threads, smem) = if mma && upsample {
+        // Stride-1 3^3 with Cin 32/64: the input halo of a 4x8x8 output tile loaded once for
+        // all 27 taps (`conv_halo_*`). The weight layout is the mma one.
+        let halo = if mma && !upsample && self.conv_halo && self.conv_tile.is_none() {
+            plan::pick_halo(
+                cin,
+                cout,
+                k,
+                stride,
+                dil,
+                groups,
+                transposed,
+                self.smem_optin,
+                self.halo_tile,
+            )
+        } else {
+            None
+        };
+        let (wh, kpad, func, bm, bn, threads, smem) = if let Some(c) = halo {
+            let (wh, kpad) = plan::relayout_weight(
+                &weight.data,
+                &weight.shape,
+                groups,
+                transposed,
+                cout.div_ceil(plan::MMA_N_PAD) * plan::MMA_N_PAD,
+            );
+            (wh, kpad, c.name, 256, c.bn, c.threads, c.smem_bytes())
+        } else if mma && upsample {
             // Plain GEMM [input voxels x Cin] x [Cin x taps*Cout], scattered to the k^3 blocks.
             let n = taps * cout;
             let (wh, kpad) = plan::relayout_upsampling_weight(
@@ -1318,6 +1393,28 @@ impl CudaBackend {
                             s,
                             func,
                             total,
+                            &mut [
+                                Arg::Conv(p),
+                                Arg::Ptr(*x),
+                                Arg::Ptr(*w),
+                                Arg::Ptr(*bias),
+                                Arg::Ptr(*y),
+                                Arg::Ptr(*slope),
+                            ],
+                        )?;
+                    } else if func.starts_with("conv_halo") {
+                        // One block per 4x8x8 output tile (all Cout in the block).
+                        let t = plan::HALO_TILE;
+                        let blocks = n
+                            * (p.do_ as usize).div_ceil(t[0])
+                            * (p.ho as usize).div_ceil(t[1])
+                            * (p.wo as usize).div_ceil(t[2]);
+                        self.launch(
+                            s,
+                            func,
+                            (blocks as u32, 1, 1),
+                            *threads,
+                            *smem,
                             &mut [
                                 Arg::Conv(p),
                                 Arg::Ptr(*x),

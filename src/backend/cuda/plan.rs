@@ -234,6 +234,98 @@ pub fn pick_mma(m: usize, n: usize, vw: usize, sms: usize) -> &'static MmaConfig
     }
 }
 
+/// One `conv_halo_*` kernel of kernels/conv.cu: stride-1 3^3 conv whose blocks load a 4x8x8
+/// output tile's input halo into shared memory once for all 27 taps.
+pub struct HaloConfig {
+    pub name: &'static str,
+    pub cin: usize,
+    /// Output channels of the tile (Cout <= bn).
+    pub bn: usize,
+    pub threads: u32,
+}
+
+/// Output voxels of one halo tile (z, y, x).
+pub const HALO_TILE: [usize; 3] = [4, 8, 8];
+
+impl HaloConfig {
+    /// Dynamic shared memory: the (4+2)x(8+2)x(8+2) halo plus two taps of weights, rows of
+    /// Cin + 8 halves.
+    pub fn smem_bytes(&self) -> u32 {
+        let halo: usize = HALO_TILE.iter().map(|t| t + 2).product();
+        ((halo + 2 * self.bn) * (self.cin + 8) * 2) as u32
+    }
+}
+
+/// Kept in sync with the HALO_ENTRY lines of kernels/conv.cu.
+pub const HALO_CONFIGS: &[HaloConfig] = &[
+    HaloConfig {
+        name: "conv_halo_c32n32",
+        cin: 32,
+        bn: 32,
+        threads: 256,
+    },
+    HaloConfig {
+        name: "conv_halo_c64n32",
+        cin: 64,
+        bn: 32,
+        threads: 256,
+    },
+    HaloConfig {
+        name: "conv_halo_c32n64",
+        cin: 32,
+        bn: 64,
+        threads: 256,
+    },
+    HaloConfig {
+        name: "conv_halo_c64n64",
+        cin: 64,
+        bn: 64,
+        threads: 256,
+    },
+    // Variants with 4 warps of 64x32 (only when forced: `CudaBackend::set_halo_tile`).
+    HaloConfig {
+        name: "conv_halo_c32n32_w4",
+        cin: 32,
+        bn: 32,
+        threads: 128,
+    },
+    HaloConfig {
+        name: "conv_halo_c64n32_w4",
+        cin: 64,
+        bn: 32,
+        threads: 128,
+    },
+];
+
+/// The halo kernel for a conv, when one applies: not transposed, one group, kernel 3^3,
+/// stride 1, dilation 1 (any pads), Cin 32 or 64, Cout <= 64, and its shared memory within
+/// `smem_max` (the device's opt-in limit per block). `force` names a HALO_CONFIGS entry to
+/// use instead of the default one when it has the same Cin and tile width.
+#[allow(clippy::too_many_arguments)]
+pub fn pick_halo(
+    cin: usize,
+    cout: usize,
+    k: [usize; 3],
+    stride: [usize; 3],
+    dil: [usize; 3],
+    groups: usize,
+    transposed: bool,
+    smem_max: usize,
+    force: Option<&str>,
+) -> Option<&'static HaloConfig> {
+    if transposed || groups != 1 || k != [3; 3] || stride != [1; 3] || dil != [1; 3] || cout > 64 {
+        return None;
+    }
+    let bn = if cout <= 32 { 32 } else { 64 };
+    let fits = |c: &&HaloConfig| c.cin == cin && c.bn == bn && c.smem_bytes() as usize <= smem_max;
+    if let Some(f) = force {
+        if let Some(c) = HALO_CONFIGS.iter().filter(fits).find(|c| c.name == f) {
+            return Some(c);
+        }
+    }
+    HALO_CONFIGS.iter().find(fits)
+}
+
 /// Whether a transposed conv is a pure "each input voxel paints one k^3 block" upsampling
 /// (kernel == stride, no pads, no output padding, dilation 1, one group), which runs as a plain
 /// GEMM [voxels x Cin] x [Cin x taps*Cout] with a scatter epilogue: no zero MACs.
@@ -840,6 +932,59 @@ mod tests {
         assert!(is_upsampling_convt(
             [2; 3], [2; 3], [1; 3], &[0; 6], [0; 3], 1
         ));
+        // Halo kernel: stride-1 3^3 with Cin 32/64, Cout <= 64, where its smem fits.
+        let h =
+            |ci, co, k, s, d, g, t, m| pick_halo(ci, co, k, s, d, g, t, m, None).map(|c| c.name);
+        let big = 227 * 1024;
+        assert_eq!(
+            h(32, 32, [3; 3], [1; 3], [1; 3], 1, false, big),
+            Some("conv_halo_c32n32")
+        );
+        assert_eq!(
+            h(64, 32, [3; 3], [1; 3], [1; 3], 1, false, big),
+            Some("conv_halo_c64n32")
+        );
+        assert_eq!(
+            h(32, 17, [3; 3], [1; 3], [1; 3], 1, false, big),
+            Some("conv_halo_c32n32")
+        );
+        assert_eq!(
+            h(64, 64, [3; 3], [1; 3], [1; 3], 1, false, big),
+            Some("conv_halo_c64n64")
+        );
+        assert_eq!(
+            h(32, 48, [3; 3], [1; 3], [1; 3], 1, false, big),
+            Some("conv_halo_c32n64")
+        );
+        assert_eq!(h(64, 64, [3; 3], [1; 3], [1; 3], 1, false, 99 * 1024), None);
+        assert_eq!(h(64, 128, [3; 3], [1; 3], [1; 3], 1, false, big), None);
+        assert_eq!(h(16, 32, [3; 3], [1; 3], [1; 3], 1, false, big), None);
+        assert_eq!(h(32, 32, [3; 3], [2; 3], [1; 3], 1, false, big), None);
+        assert_eq!(h(32, 32, [3; 3], [1; 3], [2; 3], 1, false, big), None);
+        assert_eq!(h(32, 32, [1; 3], [1; 3], [1; 3], 1, false, big), None);
+        assert_eq!(h(32, 32, [3; 3], [1; 3], [1; 3], 2, false, big), None);
+        assert_eq!(h(32, 32, [3; 3], [1; 3], [1; 3], 1, true, big), None);
+        let f =
+            |ci, co, n| pick_halo(ci, co, [3; 3], [1; 3], [1; 3], 1, false, big, n).map(|c| c.name);
+        assert_eq!(
+            f(32, 32, Some("conv_halo_c32n32_w4")),
+            Some("conv_halo_c32n32_w4")
+        );
+        assert_eq!(
+            f(64, 30, Some("conv_halo_c64n32_w4")),
+            Some("conv_halo_c64n32_w4")
+        );
+        // A forced tile of another Cin / width falls back to the default.
+        assert_eq!(
+            f(64, 32, Some("conv_halo_c32n32_w4")),
+            Some("conv_halo_c64n32")
+        );
+        assert_eq!(
+            f(32, 64, Some("conv_halo_c32n32_w4")),
+            Some("conv_halo_c32n64")
+        );
+        // 600 halo rows of 40 halves + 2 x 32 weight rows.
+        assert_eq!(HALO_CONFIGS[0].smem_bytes(), (600 + 64) * 40 * 2);
         assert!(!is_upsampling_convt(
             [3; 3], [2; 3], [1; 3], &[1; 6], [1; 3], 1
         ));
