@@ -150,9 +150,9 @@ if "mem" in which and os.path.exists(f"{out}/w1.onnx"):
     def vx_run(vol, budget, reps="1"):
         try:
             r = subprocess.run([bench_bin, f"{out}/w1.onnx", vol, "auto", "0.5", "auto", reps, "cuda", "-", budget],
-                               capture_output=True, text=True, timeout=100)
+                               capture_output=True, text=True, timeout=60)
         except subprocess.TimeoutExpired:
-            return dict(error="timed out after 100 s")
+            return dict(error="timed out after 60 s")
         if r.returncode != 0:
             return dict(error=r.stderr.strip().splitlines()[-1:] if r.stderr.strip() else r.returncode)
         j = json.loads(r.stdout.strip().splitlines()[-1]); rep = j["report"]
