@@ -72,9 +72,17 @@ fn predicted_device_memory_matches_measured() {
                     est.backend_activation_bytes,
                     100.0 * (pred as f64 / peak as f64 - 1.0)
                 );
-                assert_eq!(
-                    est.backend_activation_bytes, measured_act,
-                    "activation pool"
+                // The planner replays the launch-list builder: it may only over-count (the
+                // concat-in-place and parity-split buffers it does not model), never under-count.
+                assert!(
+                    est.backend_activation_bytes >= measured_act,
+                    "activation pool predicted {} below measured {measured_act}",
+                    est.backend_activation_bytes
+                );
+                assert!(
+                    est.backend_activation_bytes as f64 <= 1.15 * measured_act as f64,
+                    "activation pool predicted {} > 115% of measured {measured_act}",
+                    est.backend_activation_bytes
                 );
                 assert!(pred >= peak, "prediction {pred} below measured {peak}");
                 assert!(
