@@ -31,5 +31,8 @@ if [ -d "$shared" ]; then
   # Local check only (licence unknown): carried in the git-ignored folder, never committed.
   [ -d "$shared/fixtures/trained_meshnet" ] && cp -r "$shared/fixtures/trained_meshnet" "$DEST/shared/fixtures/"
   cp "$shared"/peers/wheels/*.whl "$shared"/peers/peer_e2e.py "$shared"/peers/make_ct512.py "$DEST/wheels/"
+  # W3's peer and make_ct512.py need nibabel, which the GPU machine lacks.
+  [ -e "$DEST"/wheels/nibabel-*.whl ] || python3 -m pip download -q --no-deps --only-binary=:all: \
+    -d "$DEST/wheels" nibabel==5.4.2
 fi
 ls -la "$DEST"
