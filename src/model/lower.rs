@@ -389,6 +389,21 @@ impl Lowerer<'_> {
             _ => Err(ctx.err(format!("input {i} (\"{}\") must be an activation tensor, but it is a constant or shape value", n.input[i]))),
         }
     }
+    /// The optional third input of Conv / ConvTranspose: a constant of `cout` elements.
+    fn conv_bias(&self, ctx: &Ctx, n: &proto::NodeProto, cout: usize) -> Result<Option<Tensor>> {
+        if self.get_opt(ctx, n, 2)?.is_none() {
+            return Ok(None);
+        }
+        let b = self.cst(ctx, n, 2, "bias")?;
+        if b.len() != cout {
+            return Err(ctx.err(format!(
+                "bias has {} elements for {cout} output channels",
+                b.len()
+            )));
+        }
+        Ok(Some(Tensor::new(vec![cout], b.to_f32())))
+    }
+
     fn cst(&self, ctx: &Ctx, n: &proto::NodeProto, i: usize, what: &str) -> Result<Const> {
         match self.get(ctx, n, i)? {
             Val::Const(c) => Ok(c),
@@ -703,19 +718,7 @@ impl Lowerer<'_> {
         let (stride, dilation, pads, auto_pad) = self.window_attrs(ctx, n, kernel)?;
         let pads = self.resolve_pads(ctx, &auto_pad, pads, kernel, stride, dilation)?;
         let cout = w.shape[0];
-        let bias = match self.get_opt(ctx, n, 2)? {
-            None => None,
-            Some(_) => {
-                let b = self.cst(ctx, n, 2, "bias")?;
-                if b.len() != cout {
-                    return Err(ctx.err(format!(
-                        "bias has {} elements for {cout} output channels",
-                        b.len()
-                    )));
-                }
-                Some(Tensor::new(vec![cout], b.to_f32()))
-            }
-        };
+        let bias = self.conv_bias(ctx, n, cout)?;
         let weight = Tensor::new(w.shape.clone(), w.to_f32());
         self.emit(
             ctx,
@@ -807,19 +810,7 @@ impl Lowerer<'_> {
             other => return Err(ctx.err(format!("attribute auto_pad={other} is not supported"))),
         }
         let cout = w.shape[1] * g;
-        let bias = match self.get_opt(ctx, n, 2)? {
-            None => None,
-            Some(_) => {
-                let b = self.cst(ctx, n, 2, "bias")?;
-                if b.len() != cout {
-                    return Err(ctx.err(format!(
-                        "bias has {} elements for {cout} output channels",
-                        b.len()
-                    )));
-                }
-                Some(Tensor::new(vec![cout], b.to_f32()))
-            }
-        };
+        let bias = self.conv_bias(ctx, n, cout)?;
         let weight = Tensor::new(w.shape.clone(), w.to_f32());
         self.emit(
             ctx,
