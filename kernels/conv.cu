@@ -756,3 +756,231 @@ HALO_ENTRY(conv_halo_c64n64, 64, 64, 4, 2)
 // 4 warps of 64x32 (less smem read per mma, fewer warps per block): measured against the above.
 HALO_ENTRY(conv_halo_c32n32_w4, 32, 32, 4, 1)
 HALO_ENTRY(conv_halo_c64n32_w4, 64, 32, 4, 1)
+
+// ---------------------------------------------------------------------------------------------
+// conv_halo_t (phase 4): the halo kernel with the output tile (TZ x TY x TX), the weight staging
+// and the block scheduling as parameters, measured against conv_halo above.
+//   WST >= 2: weights staged one tap at a time in a ring of WST stages (conv_halo is WST 2):
+//             one __syncthreads per tap, WST - 1 taps in flight.
+//   WST == 0: the whole [BN][27 * CIN] weight block resident in smem (rows of 27 * CIN + 8
+//             halves: an odd number of 16-byte groups, so ldmatrix stays conflict-free), loaded
+//             once per block with the first halo: the 27 taps run with no barrier between them.
+//   Blocks loop over tiles t = blockIdx.x, + gridDim.x, ...: the host launches one block per
+//   tile, or (persistent) a few blocks per SM that keep the resident weights for all their
+//   tiles. HB == 2 (resident only): two halo buffers, the next tile's halo is copied while the
+//   current one is computed.
+// Smem layout: weights first (BN * 27 * CIN + 8 resident, else WST * BN * (CIN + 8) halves),
+// then HB halo buffers of (TZ+2)(TY+2)(TX+2) rows of CIN + 8 halves. Keep in sync with
+// HaloConfig::smem_bytes (plan.rs) and its emulation in tests/cuda_kernels_compile.rs.
+template <int CIN, int BN, int WM, int WN, int TZ, int TY, int TX, int WST, int HB>
+__device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __restrict__ x,
+                                            const half* __restrict__ w, const float* __restrict__ bias,
+                                            half* __restrict__ y, const float* __restrict__ slope) {
+    constexpr int THREADS = WM * WN * 32;
+    constexpr int TBM = TZ * TY * TX;
+    constexpr int TM = TBM / WM, TN = BN / WN;
+    constexpr int MI = TM / 16, NI = TN / 8;
+    constexpr int LD = CIN + 8;
+    constexpr int CPV = CIN / 8;  // 16-byte chunks per voxel
+    constexpr int HY = TY + 2, HX = TX + 2;
+    constexpr int HV = (TZ + 2) * HY * HX;  // halo rows
+    constexpr bool RES = WST == 0;
+    constexpr int WLD = RES ? 27 * CIN + 8 : LD;      // smem weight row (halves)
+    constexpr int WROWS = RES ? BN : WST * BN;        // smem weight rows
+    constexpr int WS = RES ? 2 : WST;                 // ring stages (staged mode)
+    static_assert(TM * WM == TBM && TM % 16 == 0 && NI % 2 == 0 && CIN % 16 == 0, "tile shape");
+    static_assert(RES || (WST >= 2 && HB == 1), "staged weights: >= 2 stages, one halo buffer");
+    static_assert(HB == 1 || HB == 2, "one or two halo buffers");
+    extern __shared__ __align__(16) unsigned char dsm[];
+    half* sW = reinterpret_cast<half*>(dsm);
+    half* sIn = sW + WROWS * WLD;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp % WM, wn = warp / WM;
+    const int ntx = (p.wo + TX - 1) / TX, nty = (p.ho + TY - 1) / TY, ntz = (p.do_ + TZ - 1) / TZ;
+    const int ntiles = p.n * ntz * nty * ntx;
+
+    // Tile t -> batch index and output origin (x fastest, then y, z, n).
+    auto decode = [&](int t, int& n, int& oz0, int& oy0, int& ox0) {
+        ox0 = (t % ntx) * TX;
+        t /= ntx;
+        oy0 = (t % nty) * TY;
+        t /= nty;
+        oz0 = (t % ntz) * TZ;
+        n = t / ntz;
+    };
+    // Tile t's input halo into `buf`, zero outside the input (source size 0).
+    auto load_halo = [&](half* buf, int t) {
+        int n, oz0, oy0, ox0;
+        decode(t, n, oz0, oy0, ox0);
+        const int iz0 = oz0 - p.pd, iy0 = oy0 - p.ph, ix0 = ox0 - p.pw;
+        const half* xn = x + (i64)n * p.di * p.hi * p.wi * CIN;
+        for (int idx = tid; idx < HV * CPV; idx += THREADS) {
+            int v = idx / CPV, c = idx - v * CPV;
+            int hz = v / (HY * HX), r = v - hz * (HY * HX);
+            int hy = r / HX, hx = r - hy * HX;
+            int iz = iz0 + hz, iy = iy0 + hy, ix = ix0 + hx;
+            bool ok = (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi && (unsigned)ix < (unsigned)p.wi;
+            cp_async16(buf + v * LD + c * 8, ok ? xn + (((i64)iz * p.hi + iy) * p.wi + ix) * CIN + c * 8 : x,
+                       ok ? 16 : 0);
+        }
+    };
+    // Staged: tap `tap`'s BN x CIN weights into stage `stage`.
+    auto load_w = [&](int stage, int tap) {
+        half* ws = sW + stage * BN * LD;  // staged mode only
+        for (int idx = tid; idx < BN * CPV; idx += THREADS) {
+            int co = idx / CPV, c = idx - co * CPV;
+            cp_async16(ws + co * LD + c * 8, w + (i64)co * p.kpad + tap * CIN + c * 8, 16);
+        }
+    };
+
+    // Halo row of each A row this lane addresses for ldmatrix (tap 0).
+    int hrow[MI];
+#pragma unroll
+    for (int i = 0; i < MI; i++) {
+        int r = wm * TM + i * 16 + (lane & 15);
+        int z = r / (TY * TX), yy = (r / TX) % TY, xx = r % TX;
+        hrow[i] = (z * HY + yy) * HX + xx;
+    }
+    // ldmatrix offsets inside a 16-row x 16-col A block / two 8-col B blocks.
+    const int a_col = (lane >> 4) * 8;
+    const int b_row = (lane >> 4) * 8 + (lane & 7), b_col = ((lane >> 3) & 1) * 8;
+
+    int t = blockIdx.x;
+    if constexpr (RES) {
+        for (int idx = tid; idx < BN * 27 * CPV; idx += THREADS) {
+            int co = idx / (27 * CPV), c = idx - co * (27 * CPV);
+            cp_async16(sW + co * WLD + c * 8, w + (i64)co * p.kpad + c * 8, 16);
+        }
+    }
+    if (t < ntiles) load_halo(sIn, t);
+    cp_async_commit();
+    int buf = 0;
+    for (; t < ntiles; t += gridDim.x) {
+        const half* hin = sIn + buf * HV * LD;
+        float acc[MI][NI][4];
+#pragma unroll
+        for (int i = 0; i < MI; i++)
+#pragma unroll
+            for (int j = 0; j < NI; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) acc[i][j][q] = 0.f;
+
+        if constexpr (RES) {
+            cp_async_wait<0>();
+            __syncthreads();  // halo t (and the weights) landed; everyone is done with tile t - grid
+            if constexpr (HB == 2) {
+                if (t + (int)gridDim.x < ntiles) load_halo(sIn + (buf ^ 1) * HV * LD, t + gridDim.x);
+                cp_async_commit();
+            }
+            const half* wsb = sW + (wn * TN + b_row) * WLD + b_col;
+            for (int dz = 0; dz < 3; dz++) {
+                for (int dy = 0; dy < 3; dy++) {
+#pragma unroll
+                    for (int dx = 0; dx < 3; dx++) {
+                        const int toff = (dz * HY + dy) * HX + dx;
+                        const half* ws = wsb + ((dz * 3 + dy) * 3 + dx) * CIN;
+#pragma unroll
+                        for (int kk = 0; kk < CIN; kk += 16) {
+                            unsigned af[MI][4], bf[NI / 2][4];
+#pragma unroll
+                            for (int i = 0; i < MI; i++) ldsm_x4(af[i], hin + (hrow[i] + toff) * LD + kk + a_col);
+#pragma unroll
+                            for (int j = 0; j < NI / 2; j++) ldsm_x4(bf[j], ws + j * 16 * WLD + kk);
+#pragma unroll
+                            for (int i = 0; i < MI; i++)
+#pragma unroll
+                                for (int j = 0; j < NI; j++)
+                                    mma16816(acc[i][j], af[i], bf[j >> 1][(j & 1) * 2], bf[j >> 1][(j & 1) * 2 + 1]);
+                        }
+                    }
+                }
+            }
+        } else {
+            // Ring of WST weight stages; group order: halo (committed above), taps 0..WST-2,
+            // then one group per tap, so waiting for all but the newest WST-2 groups before tap
+            // k means tap k's weights (and the halo) landed.
+#pragma unroll
+            for (int s = 0; s < WS - 1; s++) {
+                load_w(s, s);
+                cp_async_commit();
+            }
+            for (int tap = 0; tap < 27; tap++) {
+                cp_async_wait<WS - 2>();
+                __syncthreads();  // tap's weights landed; everyone is done with tap - 1's stage
+                if (tap + WS - 1 < 27) load_w((tap + WS - 1) % WS, tap + WS - 1);
+                cp_async_commit();
+                const int dz = tap / 9, dy = (tap / 3) % 3, dx = tap % 3;
+                const int toff = (dz * HY + dy) * HX + dx;
+                const half* ws = sW + (tap % WS) * BN * LD + (wn * TN + b_row) * LD + b_col;
+#pragma unroll
+                for (int kk = 0; kk < CIN; kk += 16) {
+                    unsigned af[MI][4], bf[NI / 2][4];
+#pragma unroll
+                    for (int i = 0; i < MI; i++) ldsm_x4(af[i], hin + (hrow[i] + toff) * LD + kk + a_col);
+#pragma unroll
+                    for (int j = 0; j < NI / 2; j++) ldsm_x4(bf[j], ws + j * 16 * LD + kk);
+#pragma unroll
+                    for (int i = 0; i < MI; i++)
+#pragma unroll
+                        for (int j = 0; j < NI; j++)
+                            mma16816(acc[i][j], af[i], bf[j >> 1][(j & 1) * 2], bf[j >> 1][(j & 1) * 2 + 1]);
+                }
+            }
+        }
+
+        int n, oz0, oy0, ox0;
+        decode(t, n, oz0, oy0, ox0);
+        const bool pair = ((p.ldc | p.coff) & 1) == 0 && (p.cout & 1) == 0;
+#pragma unroll
+        for (int i = 0; i < MI; i++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int r = wm * TM + i * 16 + (lane >> 2) + h * 8;
+                int oz = oz0 + r / (TY * TX), oy = oy0 + (r / TX) % TY, ox = ox0 + r % TX;
+                if (oz >= p.do_ || oy >= p.ho || ox >= p.wo) continue;
+                i64 m = (((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox;
+#pragma unroll
+                for (int j = 0; j < NI; j++) {
+                    int c = wn * TN + j * 8 + (lane & 3) * 2;
+                    if (c >= p.cout) continue;
+                    conv_store(p, y, bias, slope, m, 0, c, c, acc[i][j][h * 2], acc[i][j][h * 2 + 1], pair, false);
+                }
+            }
+        }
+
+        // The next tile's halo into this buffer once every warp is done reading it (one
+        // buffer), or just flip buffers (two). Staged: drain the weight ring first.
+        const int tn = t + gridDim.x;
+        if (HB == 1 && tn < ntiles) {  // (uniform over the block)
+            cp_async_wait<0>();
+            __syncthreads();
+            load_halo(sIn, tn);
+            cp_async_commit();
+        }
+        if constexpr (HB == 2) buf ^= 1;
+    }
+    cp_async_wait<0>();
+}
+
+// Name: conv_halo_c{CIN}n{BN}_{variant}; the arguments after the name are the template's.
+// Keep in sync with HALO_CONFIGS in plan.rs (a test there parses these lines).
+#define HALO2_ENTRY(NAME, CIN, BN, WM, WN, TZ, TY, TX, WST, HB)                                     \
+    extern "C" __global__ void __launch_bounds__(WM * WN * 32) NAME(                               \
+        ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope) { \
+        conv_halo_t<CIN, BN, WM, WN, TZ, TY, TX, WST, HB>(p, x, w, bias, y, slope);                 \
+    }
+// Resident weights, 4x8x8 tile, 4 warps of 64x32: one block per tile / persistent (2 per SM).
+HALO2_ENTRY(conv_halo_c32n32_r, 32, 32, 4, 1, 4, 8, 8, 0, 1)
+HALO2_ENTRY(conv_halo_c32n32_rp, 32, 32, 4, 1, 4, 8, 8, 0, 1)
+// Resident weights, persistent (1 per SM), double-buffered halo: 4x8x8 x 8 warps of 32x32, and
+// the bigger 8x8x8 tile (halo 1000 rows per 512 outputs) x 8 warps of 64x32.
+HALO2_ENTRY(conv_halo_c32n32_rp2, 32, 32, 8, 1, 4, 8, 8, 0, 2)
+HALO2_ENTRY(conv_halo_c32n32_rb, 32, 32, 8, 1, 8, 8, 8, 0, 2)
+// Staged weights with 4 stages (3 taps in flight): the deeper pipeline without residency.
+HALO2_ENTRY(conv_halo_c32n32_s4, 32, 32, 4, 1, 4, 8, 8, 4, 1)
+HALO2_ENTRY(conv_halo_c64n32_s4, 64, 32, 4, 1, 4, 8, 8, 4, 1)
+// Cin 64, Cout 32: resident weights (111 KB), persistent (1 per SM), 8 warps of 32x32.
+HALO2_ENTRY(conv_halo_c64n32_rp, 64, 32, 8, 1, 4, 8, 8, 0, 1)
+// Cin 64, Cout 64: 8x8x8 tile, 3 weight stages, 8 warps of 128x32 (4 taps' work per barrier).
+HALO2_ENTRY(conv_halo_c64n64_b, 64, 64, 4, 2, 8, 8, 8, 3, 1)

@@ -1402,17 +1402,15 @@ impl CudaBackend {
                                 Arg::Ptr(*slope),
                             ],
                         )?;
-                    } else if func.starts_with("conv_halo") {
-                        // One block per 4x8x8 output tile (all Cout in the block).
-                        let t = plan::HALO_TILE;
-                        let blocks = n
-                            * (p.do_ as usize).div_ceil(t[0])
-                            * (p.ho as usize).div_ceil(t[1])
-                            * (p.wo as usize).div_ceil(t[2]);
+                    } else if let Some(c) = plan::halo_config(func) {
+                        // One block per output tile (all Cout in the block), or persistent
+                        // blocks that loop over the tiles.
+                        let out = [p.do_ as usize, p.ho as usize, p.wo as usize];
+                        let blocks = c.grid(n, out, self.sm_count as usize);
                         self.launch(
                             s,
                             func,
-                            (blocks as u32, 1, 1),
+                            (blocks, 1, 1),
                             *threads,
                             *smem,
                             &mut [

@@ -234,73 +234,140 @@ pub fn pick_mma(m: usize, n: usize, vw: usize, sms: usize) -> &'static MmaConfig
     }
 }
 
-/// One `conv_halo_*` kernel of kernels/conv.cu: stride-1 3^3 conv whose blocks load a 4x8x8
-/// output tile's input halo into shared memory once for all 27 taps.
+/// One `conv_halo_*` kernel of kernels/conv.cu: stride-1 3^3 conv whose blocks load an output
+/// tile's input halo into shared memory once for all 27 taps.
 pub struct HaloConfig {
     pub name: &'static str,
     pub cin: usize,
     /// Output channels of the tile (Cout <= bn).
     pub bn: usize,
     pub threads: u32,
+    /// Warps along the tile's voxels (the rest split the bn channels).
+    pub wm: usize,
+    /// Output voxels of one tile (z, y, x).
+    pub tile: [usize; 3],
+    /// Weight stages of one tap each (2: `conv_halo`'s double buffer); 0: all 27 taps resident.
+    pub wst: usize,
+    /// Halo buffers (2: the next tile's halo is copied during the current one's math).
+    pub hb: usize,
+    /// Persistent blocks per SM (each loops over tiles); 0: one block per tile.
+    pub persist: usize,
 }
 
-/// Output voxels of one halo tile (z, y, x).
+/// Output voxels of the original halo tile (z, y, x).
 pub const HALO_TILE: [usize; 3] = [4, 8, 8];
 
 impl HaloConfig {
-    /// Dynamic shared memory: the (4+2)x(8+2)x(8+2) halo plus two taps of weights, rows of
-    /// Cin + 8 halves.
+    /// Rows of one halo buffer: the tile grown by the 3^3 kernel's reach.
+    pub fn halo_rows(&self) -> usize {
+        self.tile.iter().map(|t| t + 2).product()
+    }
+
+    /// Dynamic shared memory: the weights (resident: bn rows of 27 * Cin + 8 halves; staged:
+    /// wst x bn rows of Cin + 8) and hb halo buffers of Cin + 8 halves per row.
     pub fn smem_bytes(&self) -> u32 {
-        let halo: usize = HALO_TILE.iter().map(|t| t + 2).product();
-        ((halo + 2 * self.bn) * (self.cin + 8) * 2) as u32
+        let w = if self.wst == 0 {
+            self.bn * (27 * self.cin + 8)
+        } else {
+            self.wst * self.bn * (self.cin + 8)
+        };
+        ((w + self.hb * self.halo_rows() * (self.cin + 8)) * 2) as u32
+    }
+
+    /// Output tiles of an n x d x h x w output.
+    pub fn tiles(&self, n: usize, out: [usize; 3]) -> usize {
+        n * (0..3).map(|i| out[i].div_ceil(self.tile[i])).product::<usize>()
+    }
+
+    /// Grid size: one block per tile, or `persist` blocks per SM (never more than the tiles).
+    pub fn grid(&self, n: usize, out: [usize; 3], sm_count: usize) -> u32 {
+        let t = self.tiles(n, out);
+        let g = if self.persist == 0 {
+            t
+        } else {
+            t.min(self.persist * sm_count.max(1))
+        };
+        g.max(1) as u32
     }
 }
 
-/// Kept in sync with the HALO_ENTRY lines of kernels/conv.cu.
+/// The `conv_halo_*` config named `name` (the launch needs its tile and grid).
+pub fn halo_config(name: &str) -> Option<&'static HaloConfig> {
+    HALO_CONFIGS.iter().find(|c| c.name == name)
+}
+
+/// The original 4x8x8 kernels: `conv_halo` (kernels/conv.cu), 2 weight stages, one block per tile.
+const fn halo_v1(name: &'static str, cin: usize, bn: usize, wm: usize, wn: usize) -> HaloConfig {
+    HaloConfig {
+        name,
+        cin,
+        bn,
+        threads: (wm * wn * 32) as u32,
+        wm,
+        tile: HALO_TILE,
+        wst: 2,
+        hb: 1,
+        persist: 0,
+    }
+}
+
+/// The phase-4 kernels: `conv_halo_t` (kernels/conv.cu, HALO2_ENTRY lines, same argument order
+/// after the name, plus the blocks per SM).
+#[allow(clippy::too_many_arguments)]
+const fn halo_v2(
+    name: &'static str,
+    cin: usize,
+    bn: usize,
+    wm: usize,
+    wn: usize,
+    tile: [usize; 3],
+    wst: usize,
+    hb: usize,
+    persist: usize,
+) -> HaloConfig {
+    HaloConfig {
+        name,
+        cin,
+        bn,
+        threads: (wm * wn * 32) as u32,
+        wm,
+        tile,
+        wst,
+        hb,
+        persist,
+    }
+}
+
+/// Kept in sync with the HALO_ENTRY / HALO2_ENTRY lines of kernels/conv.cu (a test in
+/// tests/cuda_kernels_compile.rs parses them). ORDER = PREFERENCE: `pick_halo` takes the first
+/// entry with the conv's Cin and tile width whose smem fits the device, so the default for a
+/// (Cin, width) is its first line here; the others run only when forced
+/// (`CudaBackend::set_halo_tile`) or where the ones above do not fit. To make a variant the
+/// default, move its line above the current default of its (Cin, width).
 pub const HALO_CONFIGS: &[HaloConfig] = &[
-    HaloConfig {
-        name: "conv_halo_c32n32",
-        cin: 32,
-        bn: 32,
-        threads: 256,
-    },
-    HaloConfig {
-        name: "conv_halo_c64n32",
-        cin: 64,
-        bn: 32,
-        threads: 256,
-    },
-    HaloConfig {
-        name: "conv_halo_c32n64",
-        cin: 32,
-        bn: 64,
-        threads: 256,
-    },
-    HaloConfig {
-        name: "conv_halo_c64n64",
-        cin: 64,
-        bn: 64,
-        threads: 256,
-    },
-    // Variants with 4 warps of 64x32 (only when forced: `CudaBackend::set_halo_tile`).
-    HaloConfig {
-        name: "conv_halo_c32n32_w4",
-        cin: 32,
-        bn: 32,
-        threads: 128,
-    },
-    HaloConfig {
-        name: "conv_halo_c64n32_w4",
-        cin: 64,
-        bn: 32,
-        threads: 128,
-    },
+    // Defaults (measured, PERF_NOTES.md phase 3): K1 on `_w4` 218.8 vs 209.8 TF/s.
+    halo_v1("conv_halo_c32n32_w4", 32, 32, 4, 1),
+    halo_v1("conv_halo_c64n32", 64, 32, 8, 1),
+    halo_v1("conv_halo_c32n64", 32, 64, 4, 2),
+    halo_v1("conv_halo_c64n64", 64, 64, 4, 2),
+    // Measured alternatives (8 warps of 32x32 for Cin 32; 4 warps of 64x32 for Cin 64).
+    halo_v1("conv_halo_c32n32", 32, 32, 8, 1),
+    halo_v1("conv_halo_c64n32_w4", 64, 32, 4, 1),
+    // Phase 4, not measured yet (forced only; all need more smem than the defaults above).
+    halo_v2("conv_halo_c32n32_r", 32, 32, 4, 1, [4, 8, 8], 0, 1, 0),
+    halo_v2("conv_halo_c32n32_rp", 32, 32, 4, 1, [4, 8, 8], 0, 1, 2),
+    halo_v2("conv_halo_c32n32_rp2", 32, 32, 8, 1, [4, 8, 8], 0, 2, 1),
+    halo_v2("conv_halo_c32n32_rb", 32, 32, 8, 1, [8, 8, 8], 0, 2, 1),
+    halo_v2("conv_halo_c32n32_s4", 32, 32, 4, 1, [4, 8, 8], 4, 1, 0),
+    halo_v2("conv_halo_c64n32_s4", 64, 32, 4, 1, [4, 8, 8], 4, 1, 0),
+    halo_v2("conv_halo_c64n32_rp", 64, 32, 8, 1, [4, 8, 8], 0, 1, 1),
+    halo_v2("conv_halo_c64n64_b", 64, 64, 4, 2, [8, 8, 8], 3, 1, 0),
 ];
 
 /// The halo kernel for a conv, when one applies: not transposed, one group, kernel 3^3,
 /// stride 1, dilation 1 (any pads), Cin 32 or 64, Cout <= 64, and its shared memory within
 /// `smem_max` (the device's opt-in limit per block). `force` names a HALO_CONFIGS entry to
-/// use instead of the default one when it has the same Cin and tile width.
+/// use instead of the default one when it has the same Cin and tile width (and fits).
 #[allow(clippy::too_many_arguments)]
 pub fn pick_halo(
     cin: usize,
