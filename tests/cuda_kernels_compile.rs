@@ -46,3 +46,416 @@ fn every_kernel_family_compiles_without_warnings() {
         failures.join("\n")
     );
 }
+
+use voxtile::backend::cuda::plan::{halo_config, HaloConfig, HALO_CONFIGS};
+
+/// The `HALO_ENTRY(...)` / `HALO2_ENTRY(...)` lines of kernels/conv.cu: name and numbers.
+fn halo_entries() -> Vec<(String, Vec<usize>)> {
+    let src = kernels::FAMILIES
+        .iter()
+        .find(|f| f.0 == "conv")
+        .expect("conv family")
+        .1;
+    src.lines()
+        .filter_map(|l| {
+            let rest = l
+                .strip_prefix("HALO_ENTRY(")
+                .or_else(|| l.strip_prefix("HALO2_ENTRY("))?;
+            let args: Vec<&str> = rest
+                .trim_end_matches(')')
+                .split(',')
+                .map(str::trim)
+                .collect();
+            let nums = args[1..]
+                .iter()
+                .map(|a| a.parse().expect("number"))
+                .collect();
+            Some((args[0].to_string(), nums))
+        })
+        .collect()
+}
+
+/// plan.rs's HALO_CONFIGS and the kernel definitions agree: every config has an entry whose
+/// template arguments match its fields, every entry a config, and the conv family lists them.
+#[test]
+fn halo_configs_match_the_kernel_entries() {
+    let entries = halo_entries();
+    assert_eq!(entries.len(), HALO_CONFIGS.len(), "{entries:?}");
+    let listed = kernels::FAMILIES.iter().find(|f| f.0 == "conv").unwrap().2;
+    for (name, a) in &entries {
+        let c = halo_config(name).unwrap_or_else(|| panic!("{name} not in HALO_CONFIGS"));
+        let wn = c.threads as usize / 32 / c.wm;
+        let want: Vec<usize> = if a.len() == 4 {
+            // HALO_ENTRY(NAME, CIN, BN, WM, WN): 4x8x8, 2 weight stages, one block per tile.
+            assert_eq!(
+                (c.tile, c.wst, c.hb, c.persist),
+                ([4, 8, 8], 2, 1, 0),
+                "{name}"
+            );
+            vec![c.cin, c.bn, c.wm, wn]
+        } else {
+            let [z, y, x] = c.tile;
+            vec![c.cin, c.bn, c.wm, wn, z, y, x, c.wst, c.hb]
+        };
+        assert_eq!(&want, a, "{name}: config vs kernel entry");
+        assert!(
+            listed.contains(&name.as_str()),
+            "{name} not in kernels::FAMILIES"
+        );
+        // Shapes the kernel's static_asserts require (checked here too, for the config side).
+        let tbm = c.tile.iter().product::<usize>();
+        assert!(
+            tbm % (c.wm * 16) == 0 && (c.bn / wn) % 16 == 0,
+            "{name}: warp tile"
+        );
+        assert!(c.wst == 0 || (c.wst >= 2 && c.hb == 1), "{name}: staging");
+    }
+}
+
+/// Emulates one `conv_halo` / `conv_halo_t` launch on the CPU at the level of its index
+/// arithmetic: tile decode, halo copy (zero fill outside the input), weight staging (resident
+/// or ring), the per-lane ldmatrix addresses turned into mma fragments by the ldmatrix/mma
+/// operand layouts, the tile loop of persistent blocks (program order: a buffer overwritten
+/// before it is read shows up as a wrong value) and the epilogue's row/column mapping.
+/// Returns y (NDHWC, Cout channels) and how often each output was written.
+fn emulate_halo(
+    c: &HaloConfig,
+    x: &[f64],
+    inp: [usize; 4], // n, d, h, w (channels: c.cin)
+    w: &[f64],       // [cout_pad][kpad]
+    kpad: usize,
+    cout: usize,
+    pads: [usize; 3], // begin pads
+    out: [usize; 3],
+    sm_count: usize,
+) -> (Vec<f64>, Vec<u32>) {
+    let cin = c.cin;
+    let (ld, cpv) = (cin + 8, cin / 8);
+    let [tz, ty, tx] = c.tile;
+    let (hy, hx) = (ty + 2, tx + 2);
+    let hv = c.halo_rows();
+    let res = c.wst == 0;
+    let wld = if res { 27 * cin + 8 } else { ld };
+    let ws_n = if res { 2 } else { c.wst };
+    let wrows = if res { c.bn } else { c.wst * c.bn };
+    // The original kernel puts the halo first, conv_halo_t the weights first.
+    let v1 = halo_entries()
+        .iter()
+        .any(|(n, a)| n == c.name && a.len() == 4);
+    let (w_base, in_base) = if v1 { (hv * ld, 0) } else { (0, wrows * wld) };
+    let smem_len = c.smem_bytes() as usize / 2;
+    let mut sm = vec![f64::NAN; smem_len];
+    let threads = c.threads as usize;
+    let (wm_n, wn_n) = (c.wm, threads / 32 / c.wm);
+    let (tm, tn) = (c.tile.iter().product::<usize>() / wm_n, c.bn / wn_n);
+    let (mi, ni) = (tm / 16, tn / 8);
+    let (n_b, di, hi, wi) = (inp[0], inp[1], inp[2], inp[3]);
+    let (ntx, nty, ntz) = (
+        out[2].div_ceil(tx),
+        out[1].div_ceil(ty),
+        out[0].div_ceil(tz),
+    );
+    let ntiles = n_b * ntz * nty * ntx;
+    let grid = c.grid(n_b, out, sm_count) as usize;
+    assert_eq!(ntiles, c.tiles(n_b, out));
+    let mut y = vec![0.0; n_b * out.iter().product::<usize>() * cout];
+    let mut writes = vec![0u32; y.len()];
+    let decode = |t: usize| {
+        let ox0 = (t % ntx) * tx;
+        let t = t / ntx;
+        let oy0 = (t % nty) * ty;
+        let t = t / nty;
+        ((t / ntz), (t % ntz) * tz, oy0, ox0)
+    };
+    let copy16 = |sm: &mut Vec<f64>, dst: usize, src: Option<&[f64]>| {
+        assert!(
+            dst % 8 == 0 && dst + 8 <= smem_len,
+            "{}: smem write {dst}",
+            c.name
+        );
+        for e in 0..8 {
+            sm[dst + e] = src.map_or(0.0, |s| s[e]);
+        }
+    };
+    let load_halo = |sm: &mut Vec<f64>, buf: usize, t: usize| {
+        let (n, oz0, oy0, ox0) = decode(t);
+        let (iz0, iy0, ix0) = (
+            oz0 as isize - pads[0] as isize,
+            oy0 as isize - pads[1] as isize,
+            ox0 as isize - pads[2] as isize,
+        );
+        for idx in 0..hv * cpv {
+            let (v, ch) = (idx / cpv, idx % cpv);
+            let (hz, r) = (v / (hy * hx), v % (hy * hx));
+            let (yy, xx) = (r / hx, r % hx);
+            let (iz, iy, ix) = (iz0 + hz as isize, iy0 + yy as isize, ix0 + xx as isize);
+            let ok = (0..di as isize).contains(&iz)
+                && (0..hi as isize).contains(&iy)
+                && (0..wi as isize).contains(&ix);
+            let src = ok.then(|| {
+                let o = ((((n * di) as isize + iz) * hi as isize + iy) * wi as isize + ix) as usize
+                    * cin
+                    + ch * 8;
+                &x[o..o + 8]
+            });
+            copy16(sm, buf + v * ld + ch * 8, src);
+        }
+    };
+    let load_w = |sm: &mut Vec<f64>, stage: usize, tap: usize| {
+        for idx in 0..c.bn * cpv {
+            let (co, ch) = (idx / cpv, idx % cpv);
+            let o = co * kpad + tap * cin + ch * 8;
+            copy16(
+                sm,
+                w_base + stage * c.bn * ld + co * ld + ch * 8,
+                Some(&w[o..o + 8]),
+            );
+        }
+    };
+    for b in 0..grid {
+        if res {
+            for idx in 0..c.bn * 27 * cpv {
+                let (co, ch) = (idx / (27 * cpv), idx % (27 * cpv));
+                let o = co * kpad + ch * 8;
+                copy16(&mut sm, w_base + co * wld + ch * 8, Some(&w[o..o + 8]));
+            }
+        }
+        let mut t = b;
+        if t < ntiles {
+            load_halo(&mut sm, in_base, t);
+        }
+        let mut buf = 0;
+        while t < ntiles {
+            let hin = in_base + buf * hv * ld;
+            if res && c.hb == 2 && t + grid < ntiles {
+                load_halo(&mut sm, in_base + (buf ^ 1) * hv * ld, t + grid);
+            }
+            if !res {
+                for s in 0..ws_n - 1 {
+                    load_w(&mut sm, s, s);
+                }
+            }
+            // acc[row of the block tile][column]
+            let tbm = tm * wm_n;
+            let mut acc = vec![0.0f64; tbm * c.bn];
+            for tap in 0..27 {
+                if !res && tap + ws_n - 1 < 27 {
+                    load_w(&mut sm, (tap + ws_n - 1) % ws_n, tap + ws_n - 1);
+                }
+                let (dz, dy, dx) = (tap / 9, (tap / 3) % 3, tap % 3);
+                let toff = (dz * hy + dy) * hx + dx;
+                for warp in 0..wm_n * wn_n {
+                    let (wm, wn) = (warp % wm_n, warp / wm_n);
+                    for kk in (0..cin).step_by(16) {
+                        // Per-lane ldmatrix addresses, as the kernel computes them.
+                        let a_addr = |i: usize, lane: usize| {
+                            let r = wm * tm + i * 16 + (lane & 15);
+                            let (z, yy, xx) = (r / (ty * tx), (r / tx) % ty, r % tx);
+                            let hrow = (z * hy + yy) * hx + xx;
+                            hin + (hrow + toff) * ld + kk + (lane >> 4) * 8
+                        };
+                        let b_addr = |j: usize, lane: usize| {
+                            let b_row = (lane >> 4) * 8 + (lane & 7);
+                            let b_col = ((lane >> 3) & 1) * 8;
+                            if res {
+                                w_base
+                                    + (wn * tn + b_row) * wld
+                                    + b_col
+                                    + tap * cin
+                                    + j * 16 * wld
+                                    + kk
+                            } else {
+                                w_base
+                                    + (tap % ws_n) * c.bn * ld
+                                    + (wn * tn + b_row) * ld
+                                    + b_col
+                                    + j * 16 * ld
+                                    + kk
+                            }
+                        };
+                        let rd = |a: usize| {
+                            assert!(a + 8 <= smem_len && a % 8 == 0, "{}: smem read {a}", c.name);
+                            let v = &sm[a..a + 8];
+                            assert!(
+                                v.iter().all(|f| f.is_finite()),
+                                "{}: unwritten smem {a}",
+                                c.name
+                            );
+                            v.to_vec()
+                        };
+                        for i in 0..mi {
+                            // ldmatrix.x4: matrix q's row rr comes from lane 8q + rr; the mma A
+                            // operand: q = (row / 8) + 2 * (k / 8).
+                            let am: Vec<Vec<f64>> = (0..32).map(|l| rd(a_addr(i, l))).collect();
+                            let a = |row: usize, k: usize| {
+                                am[8 * (row / 8 + 2 * (k / 8)) + row % 8][k % 8]
+                            };
+                            for jn in 0..ni {
+                                // B operand of n-block jn: ldsm j = jn / 2, b0/b1 = matrices
+                                // 2h, 2h+1 (h = jn % 2), row = n within the 8, k halves 0-7 / 8-15.
+                                let bm: Vec<Vec<f64>> =
+                                    (0..32).map(|l| rd(b_addr(jn / 2, l))).collect();
+                                let h = jn % 2;
+                                for row in 0..16 {
+                                    for nn in 0..8 {
+                                        let mut s = 0.0;
+                                        for k in 0..16 {
+                                            let q = 2 * h + k / 8;
+                                            s += a(row, k) * bm[8 * q + nn][k % 8];
+                                        }
+                                        acc[(wm * tm + i * 16 + row) * c.bn
+                                            + wn * tn
+                                            + jn * 8
+                                            + nn] += s;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            // Epilogue: lane holds rows lane/4 (+8) and columns (lane % 4) * 2 (+1).
+            let (n, oz0, oy0, ox0) = decode(t);
+            for warp in 0..wm_n * wn_n {
+                let (wm, wn) = (warp % wm_n, warp / wm_n);
+                for lane in 0..32 {
+                    for i in 0..mi {
+                        for h in 0..2 {
+                            let r = wm * tm + i * 16 + (lane >> 2) + h * 8;
+                            let (oz, oy, ox) =
+                                (oz0 + r / (ty * tx), oy0 + (r / tx) % ty, ox0 + r % tx);
+                            if oz >= out[0] || oy >= out[1] || ox >= out[2] {
+                                continue;
+                            }
+                            let m = ((n * out[0] + oz) * out[1] + oy) * out[2] + ox;
+                            for jn in 0..ni {
+                                let col = wn * tn + jn * 8 + (lane & 3) * 2;
+                                for cc in [col, col + 1] {
+                                    if cc < cout {
+                                        y[m * cout + cc] = acc[r * c.bn + cc];
+                                        writes[m * cout + cc] += 1;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            t += grid;
+            if c.hb == 2 {
+                buf ^= 1;
+            } else if t < ntiles {
+                load_halo(&mut sm, in_base, t);
+            }
+        }
+    }
+    (y, writes)
+}
+
+/// Every halo config's emulated launch equals the direct conv (small integers: exact in f64)
+/// on shapes with partial tiles, asymmetric pads, odd Cout, batch 2, and (persistent
+/// configs, sm_count 1..2) several tiles per block.
+#[test]
+fn halo_index_emulation() {
+    let mut seed = 7u64;
+    let mut rnd = || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((seed >> 33) % 5) as f64 - 2.0
+    };
+    for c in HALO_CONFIGS {
+        // (input d, h, w, begin pads, end pads, cout, sm_count)
+        let cases: [([usize; 3], [usize; 3], [usize; 3], usize, usize); 2] = [
+            ([5, 9, 10], [1, 1, 1], [1, 1, 1], c.bn.min(33) - 1, 1),
+            (
+                [6, 7, 11],
+                [2, 0, 1],
+                [0, 1, 2],
+                if c.bn == 64 { 33 } else { 17 },
+                2,
+            ),
+        ];
+        for (inp, pb, pe, cout, smc) in cases {
+            let cin = c.cin;
+            let nb = 2;
+            let out = [0, 1, 2].map(|i| inp[i] + pb[i] + pe[i] - 2);
+            let x: Vec<f64> = (0..nb * inp.iter().product::<usize>() * cin)
+                .map(|_| rnd())
+                .collect();
+            let kpad = (27 * cin).div_ceil(32) * 32;
+            let cout_pad = cout.div_ceil(128) * 128;
+            let mut w = vec![0.0; cout_pad * kpad];
+            for co in 0..cout {
+                for k in 0..27 * cin {
+                    w[co * kpad + k] = rnd();
+                }
+            }
+            let (y, writes) = emulate_halo(
+                c,
+                &x,
+                [nb, inp[0], inp[1], inp[2]],
+                &w,
+                kpad,
+                cout,
+                pb,
+                out,
+                smc,
+            );
+            assert!(
+                writes.iter().all(|&n| n == 1),
+                "{}: every output written once",
+                c.name
+            );
+            // Direct conv: y[n][o][co] = sum_tap,ci x[n][o + tap - pb][ci] * w[co][tap*cin + ci].
+            let mut bad = 0;
+            for n in 0..nb {
+                for oz in 0..out[0] {
+                    for oy in 0..out[1] {
+                        for ox in 0..out[2] {
+                            let m = ((n * out[0] + oz) * out[1] + oy) * out[2] + ox;
+                            for co in 0..cout {
+                                let mut s = 0.0;
+                                for tap in 0..27 {
+                                    let iz = (oz + tap / 9) as isize - pb[0] as isize;
+                                    let iy = (oy + (tap / 3) % 3) as isize - pb[1] as isize;
+                                    let ix = (ox + tap % 3) as isize - pb[2] as isize;
+                                    if iz < 0
+                                        || iy < 0
+                                        || ix < 0
+                                        || iz >= inp[0] as isize
+                                        || iy >= inp[1] as isize
+                                        || ix >= inp[2] as isize
+                                    {
+                                        continue;
+                                    }
+                                    let xo = (((n * inp[0] + iz as usize) * inp[1] + iy as usize)
+                                        * inp[2]
+                                        + ix as usize)
+                                        * cin;
+                                    for ci in 0..cin {
+                                        s += x[xo + ci] * w[co * kpad + tap * cin + ci];
+                                    }
+                                }
+                                if s != y[m * cout + co] {
+                                    bad += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            assert_eq!(
+                bad, 0,
+                "{}: {bad} outputs differ from the direct conv ({inp:?}, pads {pb:?}/{pe:?})",
+                c.name
+            );
+            println!(
+                "{}: {inp:?} pads {pb:?}/{pe:?} Cout {cout}: {} tiles on {} blocks ok",
+                c.name,
+                c.tiles(nb, out),
+                c.grid(nb, out, smc)
+            );
+        }
+    }
+}

@@ -276,7 +276,9 @@ impl HaloConfig {
 
     /// Output tiles of an n x d x h x w output.
     pub fn tiles(&self, n: usize, out: [usize; 3]) -> usize {
-        n * (0..3).map(|i| out[i].div_ceil(self.tile[i])).product::<usize>()
+        n * (0..3)
+            .map(|i| out[i].div_ceil(self.tile[i]))
+            .product::<usize>()
     }
 
     /// Grid size: one block per tile, or `persist` blocks per SM (never more than the tiles).
