@@ -1787,6 +1787,7 @@ fn kernels_used(b: &mut CudaBackend, batch: usize) -> Vec<String> {
 /// channel offsets. Each case also checks that the halo kernel is the one that ran.
 #[test]
 fn conv_halo_cases() {
+    use voxtile::backend::cuda::plan::HALO_CONFIGS;
     let Some(mut b) = gpu() else { return };
     let mut r = rng("halo");
     b.set_conv_tile(None).unwrap();
@@ -1816,25 +1817,22 @@ fn conv_halo_cases() {
         ),
         (32, 17, [3, 1, 12], [1; 6], leaky(), "conv_halo_c32n32"),
     ];
-    // The 4-warp variants on the Cout <= 32 cases.
-    let mut all = cases.clone();
-    for c in cases.iter().filter(|c| c.1 <= 32) {
-        all.push((
-            c.0,
-            c.1,
-            c.2,
-            c.3,
-            c.4.clone(),
-            if c.0 == 32 {
-                "conv_halo_c32n32_w4"
-            } else {
-                "conv_halo_c64n32_w4"
-            },
-        ));
+    // The other variants of each (Cin, width) on the same cases: forced by name, so each case
+    // checks the kernel it names whatever the defaults are.
+    let mut all = Vec::new();
+    for c in &cases {
+        let bn = if c.1 <= 32 { 32 } else { 64 };
+        for v in HALO_CONFIGS.iter().filter(|v| v.cin == c.0 && v.bn == bn) {
+            all.push((c.0, c.1, c.2, c.3, c.4.clone(), v.name));
+        }
     }
+    let names: Vec<&str> = all.iter().map(|c| c.5).collect();
+    assert!(
+        HALO_CONFIGS.iter().all(|v| names.contains(&v.name)),
+        "every halo kernel has a case: {names:?}"
+    );
     for (cin, cout, sp, pads, act, kern) in all {
-        b.set_halo_tile(kern.ends_with("_w4").then_some(kern))
-            .unwrap();
+        b.set_halo_tile(Some(kern)).unwrap();
         let name = format!(
             "{kern} {cin}->{cout} {sp:?} pads {pads:?}{}",
             if act.is_some() { " +act" } else { "" }
@@ -1848,10 +1846,44 @@ fn conv_halo_cases() {
             "{name}: expected {kern}, ran {used:?}"
         );
     }
-    b.set_halo_tile(None).unwrap();
+    // Persistent kernels on more tiles than blocks (H200: 132 SMs x persist), so blocks loop
+    // over tiles, with partial tiles on every axis; Cout 5 keeps the f64 reference cheap.
+    for v in HALO_CONFIGS.iter().filter(|v| v.persist > 0) {
+        b.set_halo_tile(Some(v.name)).unwrap();
+        let (sp, cout) = ([17usize, 23, 89], if v.bn == 32 { 5 } else { 37 });
+        assert!(
+            v.tiles(2, sp) > v.persist * 132,
+            "{}: tiles per block",
+            v.name
+        );
+        let name = format!("{} {}->{cout} {sp:?} persistent", v.name, v.cin);
+        conv_case(
+            &mut b,
+            &mut r,
+            &name,
+            v.cin,
+            cout,
+            sp,
+            [3; 3],
+            [1; 3],
+            [1; 3],
+            [1; 6],
+            1,
+            leaky(),
+        );
+        let used = kernels_used(&mut b, 2);
+        assert!(used.iter().any(|k| k == v.name), "{name}: ran {used:?}");
+    }
     // Channel slices: concat [conv a (Cout ca), conv b (32), x] written in place, with the
-    // second conv at an even (32) and an odd (17) channel offset.
-    for ca in [32usize, 17] {
+    // second conv at an even (32) and an odd (17) channel offset; default kernels and two of
+    // the phase-4 variants (resident weights, persistent).
+    for (ca, tile) in [
+        (32usize, None),
+        (17, None),
+        (17, Some("conv_halo_c32n32_rp")),
+        (32, Some("conv_halo_c32n32_rb")),
+    ] {
+        b.set_halo_tile(tile).unwrap();
         let (c, sp) = (32usize, [5usize, 9, 10]);
         let nvox = sp.iter().product::<usize>();
         let x = T::from([2, c, sp[0], sp[1], sp[2]], &r.vec(2 * c * nvox, 1.0));
@@ -1895,16 +1927,23 @@ fn conv_halo_cases() {
         }
         let got = run(&mut b, &g, &x, 2);
         report(
-            &format!("halo convs into concat slices (offset {ca})"),
+            &format!(
+                "halo convs into concat slices (offset {ca}, {})",
+                tile.unwrap_or("default")
+            ),
             rel_l2(&got, &want),
         );
         let used = kernels_used(&mut b, 2);
         // (Same-shape convs share a profile label: count kernels, not labels.)
         assert!(
-            !used.is_empty() && used.iter().all(|k| k.starts_with("conv_halo")),
-            "both convs on the halo kernel: {used:?}"
+            !used.is_empty()
+                && used
+                    .iter()
+                    .all(|k| k.starts_with("conv_halo") && tile.is_none_or(|t| k == t)),
+            "both convs on the halo kernel {tile:?}: {used:?}"
         );
     }
+    b.set_halo_tile(None).unwrap();
 }
 
 /// Times one single-conv graph (batch n, window s^3) on random data; returns ms per forward.
@@ -2103,6 +2142,67 @@ fn bench_w1_layers() {
         "RESULT w1 c 64->32 k3s1 in 128^3 on conv_halo_c64n32_w4: {t:.3} ms {:.1} TF/s",
         2.0 * (4 * 128usize.pow(3)) as f64 * 32.0 * (27 * 64) as f64 / t / 1e9
     );
+    b.set_halo_tile(None).unwrap();
+}
+
+/// Every `conv_halo_*` variant (forced by name) on K1 (32->32 3^3, 2x32x128^3; cuDNN NDHWC
+/// 166 TF/s), W1's 64->32 (2x64x128^3) and 64->64 (4x64x64^3): one RESULT line per variant
+/// with ms and TF/s, the default marked, so the HALO_CONFIGS order can be chosen from one run.
+#[test]
+fn bench_halo_variants() {
+    use voxtile::backend::cuda::plan::HALO_CONFIGS;
+    let Some(mut b) = gpu() else { return };
+    let mut r = rng("halo-bench");
+    b.set_conv_tile(None).unwrap();
+    b.set_halo_conv(true);
+    for (cin, cout, n, s, label) in [
+        (32usize, 32usize, 2usize, 128usize, "K1 32->32 2x128^3"),
+        (64, 32, 2, 128, "64->32 2x128^3"),
+        (64, 64, 4, 64, "64->64 4x64^3"),
+    ] {
+        let flop = 2.0 * (n * s * s * s) as f64 * cout as f64 * (27 * cin) as f64;
+        let bn = if cout <= 32 { 32 } else { 64 };
+        let mut default = None;
+        for v in HALO_CONFIGS.iter().filter(|v| v.cin == cin && v.bn == bn) {
+            default.get_or_insert(v.name);
+            b.set_halo_tile(Some(v.name)).unwrap();
+            let op = Op::Conv(Conv {
+                weight: Tensor::new(
+                    vec![cout, cin, 3, 3, 3],
+                    r.vec(cout * cin * 27, 1.0 / ((27 * cin) as f32).sqrt()),
+                ),
+                bias: None,
+                stride: [1; 3],
+                dilation: [1; 3],
+                pads: [1; 6],
+                groups: 1,
+            });
+            let t = time_one(&mut b, &mut r, op, cin, cout, n, s);
+            let used = kernels_used(&mut b, n);
+            if !used.iter().any(|k| k == v.name) {
+                println!(
+                    "RESULT halo {label} {}: not run (smem), ran {used:?}",
+                    v.name
+                );
+                continue;
+            }
+            println!(
+                "RESULT halo {label} {:<22} {t:.3} ms {:6.1} TF/s{}{}",
+                v.name,
+                flop / t / 1e9,
+                if cin == 32 && cout == 32 {
+                    format!(" ({:.2}x cuDNN 166)", flop / t / 1e9 / 166.0)
+                } else {
+                    String::new()
+                },
+                if default == Some(v.name) {
+                    " [default]"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
     b.set_halo_tile(None).unwrap();
 }
 

@@ -1007,7 +1007,7 @@ mod tests {
         let big = 227 * 1024;
         assert_eq!(
             h(32, 32, [3; 3], [1; 3], [1; 3], 1, false, big),
-            Some("conv_halo_c32n32")
+            Some("conv_halo_c32n32_w4")
         );
         assert_eq!(
             h(64, 32, [3; 3], [1; 3], [1; 3], 1, false, big),
@@ -1015,7 +1015,7 @@ mod tests {
         );
         assert_eq!(
             h(32, 17, [3; 3], [1; 3], [1; 3], 1, false, big),
-            Some("conv_halo_c32n32")
+            Some("conv_halo_c32n32_w4")
         );
         assert_eq!(
             h(64, 64, [3; 3], [1; 3], [1; 3], 1, false, big),
@@ -1048,12 +1048,49 @@ mod tests {
             f(64, 32, Some("conv_halo_c32n32_w4")),
             Some("conv_halo_c64n32")
         );
+        // Phase-4 variants: forced by name where they fit, never the default; the 216 KB
+        // 8x8x8 tile falls back to the default under sm_80's 163 KB.
+        assert_eq!(
+            f(32, 32, Some("conv_halo_c32n32_rp")),
+            Some("conv_halo_c32n32_rp")
+        );
+        let g = |n, m| pick_halo(32, 32, [3; 3], [1; 3], [1; 3], 1, false, m, n).map(|c| c.name);
+        assert_eq!(
+            g(Some("conv_halo_c32n32_rb"), 163 * 1024),
+            Some("conv_halo_c32n32_w4")
+        );
+        for c in HALO_CONFIGS {
+            let d = pick_halo(c.cin, c.bn, [3; 3], [1; 3], [1; 3], 1, false, big, None).unwrap();
+            assert!(
+                d.smem_bytes() <= c.smem_bytes(),
+                "{}: default is the smallest",
+                c.name
+            );
+        }
+        // Resident weights: 32 rows of 27 * 32 + 8 halves + the 600-row halo; 8x8x8 tile:
+        // 1000-row halos, two of them; persistent grids stop at persist x SMs.
+        let hc = |n| halo_config(n).unwrap();
+        assert_eq!(
+            hc("conv_halo_c32n32_r").smem_bytes(),
+            (32 * 872 + 600 * 40) * 2
+        );
+        assert_eq!(
+            hc("conv_halo_c32n32_rb").smem_bytes(),
+            (32 * 872 + 2 * 1000 * 40) * 2
+        );
+        assert_eq!(
+            hc("conv_halo_c32n32_r").grid(2, [128; 3], 132),
+            2 * 32 * 16 * 16
+        );
+        assert_eq!(hc("conv_halo_c32n32_rp").grid(2, [128; 3], 132), 264);
+        assert_eq!(hc("conv_halo_c32n32_rp").grid(1, [4, 8, 9], 132), 2);
+        assert_eq!(hc("conv_halo_c32n32_rb").tiles(2, [9, 8, 17]), 2 * 2 * 3);
         assert_eq!(
             f(32, 64, Some("conv_halo_c32n32_w4")),
             Some("conv_halo_c32n64")
         );
         // 600 halo rows of 40 halves + 2 x 32 weight rows.
-        assert_eq!(HALO_CONFIGS[0].smem_bytes(), (600 + 64) * 40 * 2);
+        assert_eq!(hc("conv_halo_c32n32").smem_bytes(), (600 + 64) * 40 * 2);
         assert!(!is_upsampling_convt(
             [3; 3], [2; 3], [1; 3], &[1; 6], [1; 3], 1
         ));
