@@ -105,7 +105,7 @@ fn halo_configs_match_the_kernel_entries() {
         // Shapes the kernel's static_asserts require (checked here too, for the config side).
         let tbm = c.tile.iter().product::<usize>();
         assert!(
-            tbm % (c.wm * 16) == 0 && (c.bn / wn) % 16 == 0,
+            tbm.is_multiple_of(c.wm * 16) && (c.bn / wn).is_multiple_of(16),
             "{name}: warp tile"
         );
         assert!(c.wst == 0 || (c.wst >= 2 && c.hb == 1), "{name}: staging");
@@ -118,6 +118,7 @@ fn halo_configs_match_the_kernel_entries() {
 /// operand layouts, the tile loop of persistent blocks (program order: a buffer overwritten
 /// before it is read shows up as a wrong value) and the epilogue's row/column mapping.
 /// Returns y (NDHWC, Cout channels) and how often each output was written.
+#[allow(clippy::too_many_arguments)]
 fn emulate_halo(
     c: &HaloConfig,
     x: &[f64],
@@ -169,7 +170,7 @@ fn emulate_halo(
     };
     let copy16 = |sm: &mut Vec<f64>, dst: usize, src: Option<&[f64]>| {
         assert!(
-            dst % 8 == 0 && dst + 8 <= smem_len,
+            dst.is_multiple_of(8) && dst + 8 <= smem_len,
             "{}: smem write {dst}",
             c.name
         );
@@ -274,7 +275,11 @@ fn emulate_halo(
                             }
                         };
                         let rd = |a: usize| {
-                            assert!(a + 8 <= smem_len && a % 8 == 0, "{}: smem read {a}", c.name);
+                            assert!(
+                                a + 8 <= smem_len && a.is_multiple_of(8),
+                                "{}: smem read {a}",
+                                c.name
+                            );
                             let v = &sm[a..a + 8];
                             assert!(
                                 v.iter().all(|f| f.is_finite()),
@@ -366,6 +371,7 @@ fn halo_index_emulation() {
     };
     for c in HALO_CONFIGS {
         // (input d, h, w, begin pads, end pads, cout, sm_count)
+        #[allow(clippy::type_complexity)]
         let cases: [([usize; 3], [usize; 3], [usize; 3], usize, usize); 2] = [
             ([5, 9, 10], [1, 1, 1], [1, 1, 1], c.bn.min(33) - 1, 1),
             (
