@@ -193,3 +193,49 @@ fn device_lists_that_cannot_split_are_refused() {
     assert_eq!(o.device, Device::Cuda(1));
     assert_eq!(o.devices(), vec![Device::Cuda(1), Device::Cuda(0)]);
 }
+
+#[test]
+fn cli_one_file_on_two_cpu_workers_is_the_one_worker_file() {
+    use voxtile::volume::{Header, Volume};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let vol = Volume {
+        data: smooth([40, 16, 24]).mapv(|v| v * 0.5 + 0.5),
+        header: Header::new([40, 16, 24], 1, [1.0; 3]),
+    };
+    let input = d.join("in.nii.gz");
+    voxtile::volume::write_f32(&input, vol.data.view(), &vol.header).unwrap();
+    let seg = |devices: &str, name: &str| {
+        let (out, logits, report) = (
+            d.join(format!("{name}.nii.gz")),
+            d.join(format!("{name}_logits.nii.gz")),
+            d.join(format!("{name}.json")),
+        );
+        let o = std::process::Command::new(voxtile_bin())
+            .args(["segment", input.to_str().unwrap(), "-m"])
+            .arg(data("deepbrain.onnx"))
+            .args([
+                "-o",
+                out.to_str().unwrap(),
+                "--logits",
+                logits.to_str().unwrap(),
+            ])
+            .args(["--roi", "16", "--device", devices, "--report"])
+            .arg(&report)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let read = |p: &PathBuf| voxtile::volume::read(p).unwrap().data;
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+        (read(&out), read(&logits), r)
+    };
+    let (l1, g1, _) = seg("cpu", "one");
+    let (l2, g2, r2) = seg("cpu,cpu", "two");
+    assert_eq!(l1, l2);
+    let bits = |a: &Array4<f32>| a.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert!(bits(&g1) == bits(&g2));
+    let parts = r2["parts"].as_array().expect("the report lists the parts");
+    assert_eq!(parts.len(), 2, "{r2}");
+    assert!(r2["windows_run"].as_u64().unwrap() > r2["windows"].as_u64().unwrap());
+}
