@@ -295,7 +295,7 @@ pub struct Segmentation {
 }
 
 enum Exec {
-    Cpu(CpuBackend),
+    Cpu(Box<CpuBackend>),
     Cuda(Box<CudaBackend>),
 }
 
@@ -311,13 +311,13 @@ impl Worker {
     /// that opened (never `Auto`).
     fn open(device: Device) -> Result<(Worker, Device)> {
         let (exec, dev) = match device {
-            Device::Cpu => (Exec::Cpu(CpuBackend::new()), Device::Cpu),
+            Device::Cpu => (Exec::Cpu(Box::new(CpuBackend::new())), Device::Cpu),
             Device::Cuda(i) => (Exec::Cuda(Box::new(CudaBackend::new(i)?)), device),
             Device::Auto => match CudaBackend::new(0) {
                 Ok(b) => (Exec::Cuda(Box::new(b)), Device::Cuda(0)),
                 Err(e) => {
                     eprintln!("voxtile: CUDA unavailable ({e}); running on the CPU");
-                    (Exec::Cpu(CpuBackend::new()), Device::Cpu)
+                    (Exec::Cpu(Box::new(CpuBackend::new())), Device::Cpu)
                 }
             },
         };
@@ -643,7 +643,7 @@ impl Engine {
                     .collect::<Option<Vec<_>>>()
                     .map(serde_json::Value::Array)
             };
-            let result = result.map(|out| {
+            if result.is_ok() {
                 report.windows_run = split.windows_run();
                 if split.parts.len() > 1 {
                     report.parts = split
@@ -663,8 +663,7 @@ impl Engine {
                         })
                         .collect();
                 }
-                out
-            });
+            }
             match result {
                 Ok((labels, logits)) => break (labels, logits, grid.len()),
                 Err(Error::OutOfMemory(m)) => {

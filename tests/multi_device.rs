@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use ndarray::{Array3, Array4};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use voxtile::engine::{AxisOrder, Device, Engine, Options, Report};
 use voxtile::tiling::{PadMode, Placement};
 
@@ -22,7 +22,7 @@ fn nnunet() -> Option<PathBuf> {
 
 type Run = (Array3<u16>, Array4<f32>, Report);
 
-fn run(model: &PathBuf, o: &Options, devices: &[Device], vol: &Array4<f32>) -> Run {
+fn run(model: &Path, o: &Options, devices: &[Device], vol: &Array4<f32>) -> Run {
     let mut o = o.clone();
     o.set_devices(devices);
     let mut e = Engine::from_file(model, o).unwrap();
