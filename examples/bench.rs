@@ -2,12 +2,13 @@
 //! ROI and BATCH may be `auto` (or 0): the memory planner chooses them under BUDGET (e.g. 4GiB;
 //! default: 80% of free device memory). The report in the JSON carries `predicted_peak_bytes`
 //! next to `peak_device_bytes` / `peak_host_bytes`.
+//! DEVICE may be a list (`cuda:0,1`): the volume's windows are split across the devices.
 //! Prints one JSON line (median seconds, windows, stage times, peak memory) for tests/gpu/bench.py,
 //! which runs it next to the PyTorch peer in the same device session.
 
 use ndarray::{Array4, Axis};
 use std::time::Instant;
-use voxtile::engine::{Device, Engine, Options};
+use voxtile::engine::{Engine, Options};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a: Vec<String> = std::env::args().collect();
@@ -37,17 +38,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         s.parse::<usize>().map(|v| (v > 0).then_some(v))
     };
-    let options = Options {
+    let mut options = Options {
         roi: auto(&a[3])?.map(|r| [r; 3]),
         overlap: [a[4].parse()?; 3],
         batch: auto(&a[5])?,
-        device: a[7].parse::<Device>()?,
         memory_budget: a
             .get(9)
             .map(|b| voxtile::plan::parse_bytes(b))
             .transpose()?,
         ..Options::default()
     };
+    options.set_devices(&voxtile::pipeline::batch::parse_devices(&a[7])?);
     let reps: usize = a[6].parse()?;
     let t = Instant::now();
     let mut engine = Engine::from_file(a[1].as_ref(), options)?;

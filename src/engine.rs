@@ -13,10 +13,12 @@ use crate::plan;
 use crate::tiling::{self, BlendMode, Grid, PadMode, Placement};
 use crate::volume::{Header, Volume};
 use crate::{Error, Result};
-use ndarray::{s, Array3, Array4, Array5, ArrayView4, Axis};
+use ndarray::{s, Array3, Array4, Array5, ArrayView4, Axis, Slice};
 use serde::Serialize;
 use std::path::Path;
 use std::time::Instant;
+
+pub mod split;
 
 /// Which device runs the network.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,6 +146,10 @@ pub struct Options {
     pub batch: Option<usize>,
     pub pad: PadMode,
     pub device: Device,
+    /// More devices for each volume: with `device` they share its windows by D planes (see
+    /// [`split`]), and labels and outputs are bitwise those of `device` alone. All CPU (`cpu`
+    /// may repeat: several CPU workers) or all CUDA. Set both with [`Options::set_devices`].
+    pub extra_devices: Vec<Device>,
     pub axis_order: AxisOrder,
     /// Keep the blended raw outputs (what MONAI's sliding_window_inference returns).
     pub keep_logits: bool,
@@ -175,12 +181,30 @@ impl Default for Options {
             batch: None,
             pad: PadMode::Constant(0.0),
             device: Device::Auto,
+            extra_devices: Vec::new(),
             axis_order: AxisOrder::Xyz,
             keep_logits: false,
             normalize: Normalize::None,
             memory_budget: None,
             blend_in_memory: false,
             inject_oom: None,
+        }
+    }
+}
+
+impl Options {
+    /// Every device of a run: `device`, then `extra_devices`.
+    pub fn devices(&self) -> Vec<Device> {
+        std::iter::once(self.device)
+            .chain(self.extra_devices.iter().copied())
+            .collect()
+    }
+
+    /// Run on `list` (the first becomes `device`); an empty list leaves the options as they are.
+    pub fn set_devices(&mut self, list: &[Device]) {
+        if let Some((first, rest)) = list.split_first() {
+            self.device = *first;
+            self.extra_devices = rest.to_vec();
         }
     }
 }
@@ -219,6 +243,28 @@ pub struct Report {
     pub predicted: Option<plan::Estimate>,
     /// Out-of-memory retries, one line each.
     pub oom_retries: Vec<String>,
+    /// Windows run, counting twice those two devices share when a volume is split (= `windows`
+    /// on one device).
+    pub windows_run: usize,
+    /// Each device's share when the volume was split across several (empty on one device).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<PartReport>,
+}
+
+/// One device's share of a split volume.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PartReport {
+    pub device: String,
+    /// Network-axis D planes `[lo, hi)` of the output it wrote.
+    pub planes: [usize; 2],
+    /// The D planes `[lo, hi)` of the volume its windows read.
+    pub crop: [usize; 2],
+    pub windows: usize,
+    pub batch: usize,
+    /// Its network (and, on the CPU, blending) time.
+    pub compute_seconds: f64,
+    pub peak_device_bytes: Option<u64>,
+    pub measured_activation_bytes: u64,
 }
 
 /// Predicted peak bytes, next to the measured ones in the report.
@@ -249,17 +295,54 @@ pub struct Segmentation {
 }
 
 enum Exec {
-    Cpu(CpuBackend),
+    Cpu(Box<CpuBackend>),
     Cuda(Box<CudaBackend>),
 }
 
-/// A model bound to a backend, ready to segment volumes.
+/// One device: its backend and the (batch, roi) it is prepared for.
+struct Worker {
+    exec: Exec,
+    prepared: Option<(usize, [usize; 3])>,
+    name: String,
+}
+
+impl Worker {
+    /// Open `device`; `Auto` falls back to the CPU with a message on stderr. Returns the device
+    /// that opened (never `Auto`).
+    fn open(device: Device) -> Result<(Worker, Device)> {
+        let (exec, dev) = match device {
+            Device::Cpu => (Exec::Cpu(Box::new(CpuBackend::new())), Device::Cpu),
+            Device::Cuda(i) => (Exec::Cuda(Box::new(CudaBackend::new(i)?)), device),
+            Device::Auto => match CudaBackend::new(0) {
+                Ok(b) => (Exec::Cuda(Box::new(b)), Device::Cuda(0)),
+                Err(e) => {
+                    eprintln!("voxtile: CUDA unavailable ({e}); running on the CPU");
+                    (Exec::Cpu(Box::new(CpuBackend::new())), Device::Cpu)
+                }
+            },
+        };
+        let name = match &exec {
+            Exec::Cpu(b) => b.name(),
+            Exec::Cuda(b) => b.name(),
+        };
+        Ok((
+            Worker {
+                exec,
+                prepared: None,
+                name,
+            },
+            dev,
+        ))
+    }
+}
+
+/// A model bound to one backend per device, ready to segment volumes.
 pub struct Engine {
     graph: Graph,
     options: Options,
-    exec: Exec,
+    /// One per device; several share each volume (see [`split`]).
+    workers: Vec<Worker>,
     device_name: String,
-    prepared: Option<(usize, [usize; 3])>,
     /// Budget bytes and where they came from.
     budget: (u64, String),
 }
@@ -272,36 +355,66 @@ impl Engine {
     }
 
     /// Bind a loaded graph; `Device::Auto` falls back to the CPU with a message on stderr.
+    /// Several devices (`Options::extra_devices`) each get a backend prepared with the same plan,
+    /// made under the smallest of their budgets (a device listed twice shares its memory).
     pub fn new(graph: Graph, options: Options) -> Result<Engine> {
         graph.validate()?;
-        let exec = match options.device {
-            Device::Cpu => Exec::Cpu(CpuBackend::new()),
-            Device::Cuda(i) => Exec::Cuda(Box::new(CudaBackend::new(i)?)),
-            Device::Auto => match CudaBackend::new(0) {
-                Ok(b) => Exec::Cuda(Box::new(b)),
-                Err(e) => {
-                    eprintln!("voxtile: CUDA unavailable ({e}); running on the CPU");
-                    Exec::Cpu(CpuBackend::new())
-                }
-            },
-        };
-        let device_name = match &exec {
-            Exec::Cpu(b) => b.name(),
-            Exec::Cuda(b) => b.name(),
-        };
+        let list = options.devices();
+        if list.len() > 1 {
+            if list.contains(&Device::Auto) {
+                return Err(Error::Invalid(
+                    "a device list takes cpu or cuda:N entries, not auto".into(),
+                ));
+            }
+            let cuda = list.iter().filter(|d| matches!(d, Device::Cuda(_))).count();
+            if cuda != 0 && cuda != list.len() {
+                return Err(Error::Invalid(format!(
+                    "devices {list:?} mix the CPU and CUDA: one volume's parts must run the same arithmetic"
+                )));
+            }
+        }
+        let mut workers = Vec::with_capacity(list.len());
+        let mut opened = Vec::with_capacity(list.len());
+        for &d in &list {
+            let (w, dev) = Worker::open(d)?;
+            workers.push(w);
+            opened.push(dev);
+        }
+        let device_name = workers
+            .iter()
+            .map(|w| w.name.as_str())
+            .collect::<Vec<_>>()
+            .join(" + ");
         let mut options = options;
         let budget = match options.memory_budget {
             Some(b) => (b, "--memory-budget".to_string()),
             None => {
-                let (target, dev) = match (&exec, options.device) {
-                    (Exec::Cuda(_), Device::Cuda(i)) => (plan::Target::Cuda, i),
-                    (Exec::Cuda(_), _) => (plan::Target::Cuda, 0),
-                    (Exec::Cpu(_), _) => (plan::Target::Cpu, 0),
-                };
-                plan::default_budget(target, dev)
+                let budgets = opened.iter().map(|&dev| {
+                    let (target, i) = match dev {
+                        Device::Cuda(i) => (plan::Target::Cuda, i),
+                        _ => (plan::Target::Cpu, 0),
+                    };
+                    let (b, src) = plan::default_budget(target, i);
+                    let share = opened.iter().filter(|&&o| o == dev).count() as u64;
+                    if share > 1 {
+                        (b / share, format!("{src}, shared by {share} workers"))
+                    } else {
+                        (b, src)
+                    }
+                });
+                let (b, src) = budgets.min_by_key(|b| b.0).expect("one device at least");
+                if opened.len() > 1 {
+                    (
+                        b,
+                        format!("{src} (the smallest of {} devices)", opened.len()),
+                    )
+                } else {
+                    (b, src)
+                }
             }
         };
-        if options.inject_oom.is_none() && matches!(exec, Exec::Cpu(_)) {
+        let on_cpu = matches!(workers[0].exec, Exec::Cpu(_));
+        if options.inject_oom.is_none() && on_cpu {
             options.inject_oom = std::env::var("VOXTILE_INJECT_OOM")
                 .ok()
                 .and_then(|v| v.trim().parse::<usize>().ok())
@@ -310,9 +423,8 @@ impl Engine {
         Ok(Engine {
             graph,
             options,
-            exec,
+            workers,
             device_name,
-            prepared: None,
             budget,
         })
     }
@@ -331,7 +443,11 @@ impl Engine {
         &self.device_name
     }
     pub fn is_cuda(&self) -> bool {
-        matches!(self.exec, Exec::Cuda(_))
+        matches!(self.workers[0].exec, Exec::Cuda(_))
+    }
+    /// How many devices share each volume.
+    pub fn device_count(&self) -> usize {
+        self.workers.len()
     }
 
     /// The window size used for a volume of network-axis shape `shape` (the planner's choice).
@@ -486,47 +602,68 @@ impl Engine {
                 act: self.graph.output_activation(),
                 keep_logits: self.options.keep_logits,
             };
-            let result = match &mut self.exec {
-                Exec::Cpu(backend) => run_cpu(
-                    &self.graph,
-                    backend,
-                    &mut self.prepared,
-                    net,
-                    &grid,
-                    weights,
-                    &mut batch,
-                    finish,
-                    self.options.pad,
-                    self.options.blend_in_memory,
-                    &mut injected,
-                    &mut retries,
-                    &mut measured_act,
-                    &mut report.seconds,
-                    progress,
-                ),
-                Exec::Cuda(backend) => {
-                    let cval = match self.options.pad {
-                        PadMode::Constant(c) => c,
-                        PadMode::Edge => {
-                            return Err(Error::Invalid(
-                                "edge padding is implemented on the CPU path only: use --device cpu or constant padding".into(),
-                            ))
-                        }
-                    };
-                    let t = Instant::now();
-                    let r = run_cuda(backend, net, &grid, weights, batch, finish, cval);
-                    if r.is_ok() {
-                        progress(grid.len(), grid.len());
-                    }
-                    report.seconds.compute = t.elapsed().as_secs_f64();
-                    report.peak_device_bytes = backend.peak_device_bytes();
-                    measured_act = backend.activation_bytes() as u64;
-                    r.map(|(l, g, times)| {
-                        report.gpu = serde_json::to_value(&times).ok();
-                        (l, g)
-                    })
-                }
+            let split = split::split(&grid, self.workers.len());
+            let cuda = self.is_cuda();
+            let (result, runs) = run_parts(
+                &self.graph,
+                &mut self.workers,
+                &self.options,
+                net,
+                &grid,
+                &split,
+                &weights,
+                batch,
+                finish,
+                &mut injected,
+                progress,
+            );
+            // Stage times: the slowest device (the parts run at once).
+            let slowest =
+                |f: fn(&StageTimes) -> f64| runs.iter().map(|r| f(&r.seconds)).fold(0.0, f64::max);
+            if cuda {
+                report.seconds.compute = slowest(|t| t.compute);
+            } else {
+                report.seconds.compute += slowest(|t| t.compute);
+            }
+            report.seconds.blend += slowest(|t| t.blend);
+            report.seconds.finalize += slowest(|t| t.finalize);
+            report.peak_device_bytes = runs.iter().filter_map(|r| r.peak_device).max();
+            for r in &runs {
+                retries.extend(r.retries.iter().cloned());
+                measured_act = measured_act.max(r.measured_act);
+            }
+            if let Some(b) = runs.iter().map(|r| r.batch).min() {
+                batch = b;
+            }
+            report.gpu = if runs.len() == 1 {
+                runs[0].gpu.clone()
+            } else {
+                runs.iter()
+                    .map(|r| r.gpu.clone())
+                    .collect::<Option<Vec<_>>>()
+                    .map(serde_json::Value::Array)
             };
+            if result.is_ok() {
+                report.windows_run = split.windows_run();
+                if split.parts.len() > 1 {
+                    report.parts = split
+                        .parts
+                        .iter()
+                        .zip(&runs)
+                        .enumerate()
+                        .map(|(k, (p, r))| PartReport {
+                            device: self.workers[k].name.clone(),
+                            planes: p.planes,
+                            crop: p.crop,
+                            windows: split.windows(k),
+                            batch: r.batch,
+                            compute_seconds: r.seconds.compute,
+                            peak_device_bytes: r.peak_device,
+                            measured_activation_bytes: r.measured_act,
+                        })
+                        .collect();
+                }
+            }
             match result {
                 Ok((labels, logits)) => break (labels, logits, grid.len()),
                 Err(Error::OutOfMemory(m)) => {
@@ -629,15 +766,17 @@ impl Engine {
         plan::estimate(&self.graph, self.target(), roi, batch, &w)
     }
 
-    /// Prepare the backend for (batch, roi) unless it already is.
+    /// Prepare every device's backend for (batch, roi) unless it already is.
     fn prepare(&mut self, batch: usize, roi: [usize; 3]) -> Result<()> {
-        if self.prepared != Some((batch, roi)) {
-            self.prepared = None;
-            match &mut self.exec {
-                Exec::Cpu(b) => b.prepare(&self.graph, batch, roi)?,
-                Exec::Cuda(b) => b.prepare(&self.graph, batch, roi)?,
+        for w in &mut self.workers {
+            if w.prepared != Some((batch, roi)) {
+                w.prepared = None;
+                match &mut w.exec {
+                    Exec::Cpu(b) => b.prepare(&self.graph, batch, roi)?,
+                    Exec::Cuda(b) => b.prepare(&self.graph, batch, roi)?,
+                }
+                w.prepared = Some((batch, roi));
             }
-            self.prepared = Some((batch, roi));
         }
         Ok(())
     }
@@ -669,6 +808,206 @@ impl Finish {
 }
 
 type NetOut = (Array3<u16>, Option<Array4<f32>>);
+
+/// What one device did in one attempt (merged into the report).
+#[derive(Default)]
+struct PartRun {
+    retries: Vec<String>,
+    measured_act: u64,
+    seconds: StageTimes,
+    peak_device: Option<u64>,
+    gpu: Option<serde_json::Value>,
+    /// The batch it ended at (the CPU path halves it on OOM).
+    batch: usize,
+}
+
+/// Run `grid` on one device, the CPU or the CUDA loop.
+#[allow(clippy::too_many_arguments)]
+fn run_worker(
+    graph: &Graph,
+    worker: &mut Worker,
+    opts: &Options,
+    net: ArrayView4<f32>,
+    grid: &Grid,
+    weights: Array3<f32>,
+    finish: Finish,
+    inject_oom: &mut Option<usize>,
+    run: &mut PartRun,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<NetOut> {
+    match &mut worker.exec {
+        Exec::Cpu(backend) => run_cpu(
+            graph,
+            backend,
+            &mut worker.prepared,
+            net,
+            grid,
+            weights,
+            &mut run.batch,
+            finish,
+            opts.pad,
+            opts.blend_in_memory,
+            inject_oom,
+            &mut run.retries,
+            &mut run.measured_act,
+            &mut run.seconds,
+            progress,
+        ),
+        Exec::Cuda(backend) => {
+            let cval = match opts.pad {
+                PadMode::Constant(c) => c,
+                PadMode::Edge => {
+                    return Err(Error::Invalid(
+                        "edge padding is implemented on the CPU path only: use --device cpu or constant padding".into(),
+                    ))
+                }
+            };
+            let t = Instant::now();
+            let r = run_cuda(backend, net, grid, weights, run.batch, finish, cval);
+            if r.is_ok() {
+                progress(grid.len(), grid.len());
+            }
+            run.seconds.compute = t.elapsed().as_secs_f64();
+            run.peak_device = backend.peak_device_bytes();
+            run.measured_act = backend.activation_bytes() as u64;
+            r.map(|(l, g, times)| {
+                run.gpu = serde_json::to_value(&times).ok();
+                (l, g)
+            })
+        }
+    }
+}
+
+/// Run the parts of `split`, part k on worker k, each in its own thread over its D-crop of the
+/// volume, and put each part's own planes together (one part: on this thread, the whole grid).
+/// The injected OOM (a CPU test hook) goes to the first device. An error of any part fails the
+/// call (OOM only when no part failed otherwise, so that the engine's retry sees it).
+#[allow(clippy::too_many_arguments)]
+fn run_parts(
+    graph: &Graph,
+    workers: &mut [Worker],
+    opts: &Options,
+    net: ArrayView4<f32>,
+    grid: &Grid,
+    split: &split::Split,
+    weights: &Array3<f32>,
+    batch: usize,
+    finish: Finish,
+    inject_oom: &mut Option<usize>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> (Result<NetOut>, Vec<PartRun>) {
+    if split.parts.len() == 1 {
+        let mut run = PartRun {
+            batch,
+            ..Default::default()
+        };
+        let r = run_worker(
+            graph,
+            &mut workers[0],
+            opts,
+            net,
+            grid,
+            weights.clone(),
+            finish,
+            inject_oom,
+            &mut run,
+            progress,
+        );
+        return (r, vec![run]);
+    }
+    let total = split.windows_run();
+    let (tx, rx) = std::sync::mpsc::channel::<usize>();
+    let outs: Vec<(Result<NetOut>, PartRun)> = std::thread::scope(|s| {
+        let handles: Vec<_> = workers
+            .iter_mut()
+            .zip(&split.parts)
+            .enumerate()
+            .map(|(k, (worker, part))| {
+                let tx = tx.clone();
+                let sub = split::sub_grid(grid, part);
+                let view = net.slice_axis(Axis(1), Slice::from(part.crop[0]..part.crop[1]));
+                let weights = weights.clone();
+                let mut inject = if k == 0 { inject_oom.take() } else { None };
+                s.spawn(move || {
+                    let mut run = PartRun {
+                        batch,
+                        ..Default::default()
+                    };
+                    let mut last = 0;
+                    let mut prog = |done: usize, _: usize| {
+                        let _ = tx.send(done.saturating_sub(last));
+                        last = last.max(done);
+                    };
+                    let r = run_worker(
+                        graph,
+                        worker,
+                        opts,
+                        view,
+                        &sub,
+                        weights,
+                        finish,
+                        &mut inject,
+                        &mut run,
+                        &mut prog,
+                    );
+                    (r, run)
+                })
+            })
+            .collect();
+        drop(tx);
+        let mut done = 0;
+        for n in rx {
+            done += n;
+            progress(done, total);
+        }
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    let e = Error::Backend("a device worker panicked".into());
+                    (Err(e), PartRun::default())
+                })
+            })
+            .collect()
+    });
+    let shape = grid.shape;
+    let mut labels = Array3::<u16>::zeros((shape[0], shape[1], shape[2]));
+    let mut logits = finish
+        .keep_logits
+        .then(|| Array4::<f32>::zeros((finish.cout, shape[0], shape[1], shape[2])));
+    let (mut oom, mut failed) = (None, None);
+    let mut runs = Vec::with_capacity(outs.len());
+    for ((r, run), part) in outs.into_iter().zip(&split.parts) {
+        runs.push(run);
+        match r {
+            Ok((l, g)) => {
+                let t = Instant::now();
+                let [lo, hi] = part.planes;
+                let own = part.planes[0] - part.crop[0]..part.planes[1] - part.crop[0];
+                labels
+                    .slice_mut(s![lo..hi, .., ..])
+                    .assign(&l.slice(s![own.clone(), .., ..]));
+                if let (Some(out), Some(g)) = (&mut logits, g) {
+                    out.slice_mut(s![.., lo..hi, .., ..])
+                        .assign(&g.slice(s![.., own, .., ..]));
+                }
+                if let Some(r) = runs.last_mut() {
+                    r.seconds.finalize += t.elapsed().as_secs_f64();
+                }
+            }
+            Err(e @ Error::OutOfMemory(_)) => {
+                oom.get_or_insert(e);
+            }
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    match failed.or(oom) {
+        Some(e) => (Err(e), runs),
+        None => (Ok((labels, logits)), runs),
+    }
+}
 
 /// The CPU loop: gather a batch, run it, blend it; finished slabs become labels (and logits when
 /// kept) at once. A batch that fails with `OutOfMemory` is redone at half the batch (the

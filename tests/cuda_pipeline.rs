@@ -723,3 +723,67 @@ fn stage_overlap_report() {
         assert!(t.overlap > 0.0 && t.wall_ms > 0.0);
     }
 }
+
+/// One volume split across devices (`Options::extra_devices`): bitwise the one-device run. On one
+/// GPU as `cuda:0,0` (two backends on one device: the threaded split path), and as `cuda:0,1`
+/// when a second GPU exists. The net has no instance norm: its atomic sums are not repeatable
+/// even on one device (see `injected_oom_then_retry_is_identical`).
+#[test]
+fn split_across_devices_is_bitwise_one_device() {
+    use voxtile::engine::{Device, Engine, Options};
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(b) = gpu() else { return };
+    drop(b);
+    let mut r = rng("split");
+    let mut net = Net::random(&mut r, 1, 8, 3);
+    net.norm = false;
+    // 200 planes of roi 32 at stride 16: 11 D positions (and H, W padded / overlapped).
+    let vol = Array4::from_shape_vec((1, 200, 40, 28), r.vec(200 * 40 * 28, 1.0)).unwrap();
+    let second = CudaBackend::new(1).is_ok();
+    let mut lists = vec![vec![Device::Cuda(0), Device::Cuda(0)]];
+    if second {
+        lists.push(vec![Device::Cuda(0), Device::Cuda(1)]);
+    } else {
+        println!("RESULT split: one GPU only, cuda:0,1 not run");
+    }
+    for keep_logits in [true, false] {
+        let run = |devices: &[Device]| {
+            let mut o = Options {
+                roi: Some([32; 3]),
+                batch: Some(3),
+                keep_logits,
+                memory_budget: Some(4 << 30),
+                ..Options::default()
+            };
+            o.set_devices(devices);
+            let mut e = Engine::new(net.graph(), o).unwrap();
+            e.segment_array(vol.view(), &mut |_, _| {}).unwrap()
+        };
+        let (l1, g1, r1) = run(&[Device::Cuda(0)]);
+        let (l1b, g1b, _) = run(&[Device::Cuda(0)]);
+        let repeat = l1 == l1b && g1.iter().zip(&g1b).all(|(a, b)| a.to_bits() == b.to_bits());
+        for list in &lists {
+            let (l2, g2, r2) = run(list);
+            let diff_logits = g1
+                .iter()
+                .zip(&g2)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            let diff_labels = l1.iter().zip(&l2).filter(|(a, b)| a != b).count();
+            println!(
+                "RESULT split {list:?} keep_logits {keep_logits}: {} parts {:?}, {} windows run for {}, labels differ in {diff_labels}, logits in {diff_logits} (one-device repeat bitwise: {repeat}); one device {:.3} s, split {:.3} s",
+                r2.parts.len(),
+                r2.parts.iter().map(|p| p.planes).collect::<Vec<_>>(),
+                r2.windows_run,
+                r2.windows,
+                r1.seconds.compute,
+                r2.seconds.compute,
+            );
+            assert_eq!(r2.parts.len(), 2);
+            assert!(r2.windows_run > r2.windows);
+            assert_eq!(g1.shape(), g2.shape());
+            assert_eq!(diff_labels, 0, "labels differ from one device");
+            assert_eq!(diff_logits, 0, "blended outputs differ from one device");
+        }
+    }
+}

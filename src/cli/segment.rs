@@ -46,7 +46,8 @@ pub struct SegmentArgs {
     /// Also write the blended raw outputs (float32, x,y,z,channel)
     #[arg(long)]
     pub logits: Option<PathBuf>,
-    /// auto (CUDA if present, else CPU), cpu, cuda, cuda:N
+    /// auto (CUDA if present, else CPU), cpu, cuda, cuda:N; a list like cuda:0,1 splits one
+    /// volume's windows across the GPUs, or hands several files out to them
     #[arg(long, default_value = "auto")]
     pub device: String,
     /// Write a JSON report (shapes, windows, stage times, peak memory)

@@ -74,15 +74,35 @@ pub fn stem(p: &Path) -> String {
     name
 }
 
-/// `--device` with a comma list: `cuda:0,1` = cuda:0 and cuda:1; `cpu,cpu` = two CPU workers.
+/// `--device` with a comma list: `cuda:0,1` = `cuda:0,cuda:1` = cuda:0 and cuda:1 (a bare number
+/// is a CUDA index); `cpu,cpu` = two CPU workers.
 pub fn parse_devices(s: &str) -> Result<Vec<Device>> {
-    if let Some(list) = s.strip_prefix("cuda:").filter(|l| l.contains(',')) {
-        return list
-            .split(',')
-            .map(|i| format!("cuda:{}", i.trim()).parse::<Device>())
-            .collect();
-    }
-    s.split(',').map(|d| d.trim().parse::<Device>()).collect()
+    s.split(',')
+        .map(|d| {
+            let d = d.trim();
+            match d.parse::<usize>() {
+                Ok(i) => Ok(Device::Cuda(i)),
+                Err(_) => d.parse::<Device>(),
+            }
+        })
+        .collect()
+}
+
+/// The devices of each file worker: one worker per device while there are at least as many
+/// files; with fewer files than devices, one worker per file and the devices dealt round robin
+/// among them (a worker with several devices splits each volume's windows across them).
+pub fn device_groups(devices: &[Device], files: usize) -> Vec<Vec<Device>> {
+    let workers = devices.len().min(files).max(1);
+    (0..workers)
+        .map(|w| {
+            devices
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % workers == w)
+                .map(|(_, &d)| d)
+                .collect()
+        })
+        .collect()
 }
 
 /// Files assigned to worker `w` of `workers`: round robin over the (already sharded) list.
@@ -93,4 +113,41 @@ pub fn worker_files<T: Clone>(files: &[T], w: usize, workers: usize) -> Vec<(usi
         .enumerate()
         .filter(|(i, _)| i % workers == w)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_lists() {
+        let c = Device::Cuda;
+        assert_eq!(parse_devices("cuda:0,1").unwrap(), [c(0), c(1)]);
+        assert_eq!(parse_devices("cuda:2, cuda:0").unwrap(), [c(2), c(0)]);
+        assert_eq!(parse_devices("cpu").unwrap(), [Device::Cpu]);
+        for bad in ["cuda:0,", "cuda:0,x", "cpu,,cpu", "cuda:-1"] {
+            assert!(parse_devices(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn groups_cover_every_device_once() {
+        let d: Vec<Device> = (0..4).map(Device::Cuda).collect();
+        // Enough files: one device each.
+        assert_eq!(device_groups(&d, 9).len(), 4);
+        assert!(device_groups(&d, 4).iter().all(|g| g.len() == 1));
+        // One file: all four on it; two files: two each; three: 2, 1, 1.
+        assert_eq!(device_groups(&d, 1), vec![d.clone()]);
+        assert_eq!(
+            device_groups(&d, 2),
+            vec![vec![d[0], d[2]], vec![d[1], d[3]]]
+        );
+        let g = device_groups(&d, 3);
+        assert_eq!(g.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1, 1]);
+        for n in 0..6 {
+            let mut all: Vec<Device> = device_groups(&d, n).concat();
+            all.sort_by_key(|x| format!("{x:?}"));
+            assert_eq!(all, d, "{n} files");
+        }
+    }
 }

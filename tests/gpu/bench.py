@@ -1,7 +1,7 @@
 """One device run: the PyTorch+MONAI peer and voxtile on the same nets (same random weights, exported
 to ONNX here) and the same 512x512x128 volume; prints a table of times and ratios.
 
-usage: python3 tests/gpu/bench.py VOXTILE_BENCH_BINARY OUTDIR [w1,w2,compiled,k1,w3,mem]
+usage: python3 tests/gpu/bench.py VOXTILE_BENCH_BINARY OUTDIR [w1,w2,compiled,k1,w3,mem,w1x2]
 """
 import json, os, subprocess, sys, time
 import numpy as np, torch, torch.nn as nn
@@ -144,6 +144,37 @@ if "w3" in which and os.path.exists(f"{out}/w1.onnx"):
                speedup_cold=round(t_peer / t_cold, 2), stages=rep.get("seconds"), rc=[r1.returncode, r2.returncode])
     rows.append(row); print(json.dumps(row), flush=True)
 
+# W1x2 (issue 7): W1's net and volume on cuda:0, then split across cuda:0,1 (one volume's windows
+# by D planes), same bench binary, same run: both medians, the speed-up, labels identical?
+# (W1 has instance norm, whose atomic sums can flip a rare voxel even between two cuda:0 runs.)
+if "w1x2" in which:
+    if torch.cuda.device_count() < 2 or not os.path.exists(f"{out}/w1.onnx"):
+        print(f"w1x2 skipped: {torch.cuda.device_count()} GPU(s), w1.onnx there: {os.path.exists(f'{out}/w1.onnx')} (needs w1 in the same run)", flush=True)
+    else:
+        runs = {}
+        for devs in ("cuda:0", "cuda:0,1"):
+            lab = f"{out}/w1x2_{devs.replace(':', '').replace(',', '_')}.npy"
+            r = subprocess.run([bench_bin, f"{out}/w1.onnx", f"{out}/vol.npy", "128", "0.5", "4", "3", devs, lab],
+                               capture_output=True, text=True)
+            sys.stderr.write(r.stderr[-2000:])
+            runs[devs] = (json.loads(r.stdout.strip().splitlines()[-1]), np.load(lab)) if r.returncode == 0 else (
+                dict(error=r.stderr.strip().splitlines()[-1:]), None)
+        (j1, l1), (j2, l2) = runs["cuda:0"], runs["cuda:0,1"]
+        if l1 is None or l2 is None:
+            row = dict(workload="w1x2", error=[j1.get("error"), j2.get("error")])
+        else:
+            rep = j2["report"]
+            row = dict(workload="w1x2", one_gpu_s=round(j1["median_s"], 4), two_gpu_s=round(j2["median_s"], 4),
+                       speedup=round(j1["median_s"] / j2["median_s"], 3),
+                       labels_identical=bool(np.array_equal(l1, l2)),
+                       label_agreement=float((l1 == l2).mean()),
+                       windows=rep["windows"], windows_run=rep.get("windows_run"),
+                       parts=[dict(planes=p["planes"], windows=p["windows"], compute_s=round(p["compute_seconds"], 3),
+                                   peak_device_gib=round((p.get("peak_device_bytes") or 0) / 2**30, 2))
+                              for p in rep.get("parts", [])],
+                       one_gpu_peak_device_gib=round((j1["report"].get("peak_device_bytes") or 0) / 2**30, 2))
+        rows.append(row); print(json.dumps(row), flush=True)
+
 # Memory budget (issue 4): W1 at 2/4/8 GiB on 512x512x128 (planner's prediction vs the measured
 # device peak), and volume size vs peak vs time at 4 GiB up to 1024x1024x512.
 if "mem" in which and os.path.exists(f"{out}/w1.onnx"):
@@ -178,6 +209,11 @@ for r in rows:
         continue
     if r.get("workload") == "k1":
         print(f'k1        cuDNN NDHWC {r["cudnn_ndhwc_s"]*1e3:.3f} ms ({r["cudnn_ndhwc_tflops"]} TF/s), voxtile {r["voxtile_tflops"]} TF/s: speed-up {r["speedup_vs_cudnn_ndhwc"]}')
+        continue
+    if r.get("workload") == "w1x2":
+        if "error" in r:
+            print("w1x2 ERROR", r["error"]); continue
+        print(f'w1x2      cuda:0 {r["one_gpu_s"]} s, cuda:0,1 {r["two_gpu_s"]} s: speed-up {r["speedup"]}x; labels identical {r["labels_identical"]} (agreement {r["label_agreement"]:.6f}); windows {r["windows"]} -> {r["windows_run"]} run')
         continue
     if r.get("workload") == "w3":
         print(f'w3        peer wall {r["peer_wall_s"]} s, voxtile wall {r["voxtile_warm_wall_s"]} s (cold cache {r["voxtile_cold_wall_s"]} s): {r["speedup_warm"]}x faster')

@@ -98,9 +98,10 @@ struct Plan {
 }
 
 impl Plan {
-    fn build(&self, device: Device) -> Result<Pipeline> {
+    /// Engines on `devices` (several: each volume's windows are split across them).
+    fn build(&self, devices: &[Device]) -> Result<Pipeline> {
         let mut options = self.options.clone();
-        options.device = device;
+        options.set_devices(devices);
         let engines = self
             .models
             .iter()
@@ -483,27 +484,23 @@ pub fn run(mut args: SegmentArgs) -> Result<()> {
     }
 
     if !batch_mode {
-        if devices.len() > 1 {
-            eprintln!(
-                "voxtile: warning: one volume runs on one device; {:?} used (several devices split batches of files)",
-                devices[0]
-            );
-        }
         let Some(job) = todo.first() else {
             return Ok(());
         };
-        let mut pipe = plan.build(devices[0])?;
+        let mut pipe = plan.build(&devices)?;
         let v = process(&mut pipe, &plan, job, std::io::stderr().is_terminal())?;
         return emit(&v);
     }
 
-    // Batch: one worker per device, files round robin; a failed file is reported and skipped.
+    // Batch: one worker per device (fewer files than devices: per file, the devices shared out),
+    // files round robin; a failed file is reported and skipped.
     let total = todo.len();
-    let workers = devices.len().min(total.max(1));
+    let groups = batch::device_groups(&devices, total);
+    let workers = groups.len();
     let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
     let mut failed = 0usize;
     std::thread::scope(|s| -> Result<()> {
-        for (w, &device) in devices.iter().enumerate().take(workers) {
+        for (w, group) in groups.iter().enumerate() {
             let tx = tx.clone();
             let mine = batch::worker_files(&todo, w, workers);
             let plan = plan.clone();
@@ -516,7 +513,7 @@ pub fn run(mut args: SegmentArgs) -> Result<()> {
                         "error": e.to_string(),
                     })
                 };
-                let mut pipe = match plan.build(device) {
+                let mut pipe = match plan.build(group) {
                     Ok(p) => p,
                     Err(e) => {
                         for (_, job) in &mine {
