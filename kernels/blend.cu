@@ -64,3 +64,28 @@ extern "C" __global__ void finalize_planes(float* __restrict__ acc, float* __res
         wsum[slot * HW + p] = 0.f;
     }
 }
+
+// Gathers one window into the network input `out` (rd, rh, rw, C) NDHWC f16 from the input ring:
+// volume plane z (all channels, f16 bits) in slot z % R, ring layout [R][C][H][W]. Start (sz, sy,
+// sx) in padded coordinates, (pz, py, px) voxels of padding before the volume (D, H, W); `cval`
+// (f16 bits) outside it. The bits equal the host gather's (pipeline.rs gather_windows). The host
+// checks rd * rh * rw * C < 2^31.
+extern "C" __global__ void gather_window_ring(const unsigned short* __restrict__ ring,
+                                              unsigned short* __restrict__ out, int C, int R, int D, int H,
+                                              int W, int sz, int sy, int sx, int pz, int py, int px, int rd,
+                                              int rh, int rw, int cval) {
+    int total = rd * rh * rw * C;
+    i64 HW = (i64)H * W;
+    unsigned short cv = (unsigned short)cval;
+    for (i64 e64 = blockIdx.x * (i64)blockDim.x + threadIdx.x; e64 < total; e64 += (i64)gridDim.x * blockDim.x) {
+        int e = (int)e64;
+        int c = e % C; int t = e / C;
+        int x = t % rw; t /= rw;
+        int y = t % rh; int z = t / rh;
+        int vz = sz + z - pz, vy = sy + y - py, vx = sx + x - px;
+        unsigned short v = cv;
+        if (vz >= 0 && vz < D && vy >= 0 && vy < H && vx >= 0 && vx < W)
+            v = ring[((i64)(vz % R) * C + c) * HW + (i64)vy * W + vx];
+        out[e] = v;
+    }
+}

@@ -513,6 +513,96 @@ fn pipeline_matches_f64_reference() {
         .is_err());
 }
 
+/// The device gather (volume planes streamed into a ring, windows gathered by a kernel) feeds
+/// the network the same f16 bits as the host gather: with a deterministic net (no norm) logits
+/// and labels are bitwise equal, for 2 input channels, padding on every axis, a shuffled window
+/// order, a ring smaller than the volume, and a strided (permuted) volume view. Poisoned
+/// activation buffers make any element the gather misses show as NaN.
+#[test]
+fn device_gather_is_bitwise_the_host_gather() {
+    use voxtile::backend::cuda::pipeline::GatherMode;
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mut b) = gpu() else { return };
+    let mut r = rng("devgather");
+    let roi = [32usize; 3];
+    for (size, ov, batch, cin, cout) in [
+        ([90usize, 45, 50], [0.5, 0.25, 0.5], 3usize, 2usize, 3usize),
+        ([40, 20, 70], [0.5, 0.5, 0.0], 4, 1, 5),
+    ] {
+        let mut net = Net::random(&mut r, cin, 8, cout);
+        net.norm = false;
+        b.set_poison(true);
+        b.prepare(&net.graph(), batch, roi).unwrap();
+        // Stored (C, W, H, D), viewed as (C, D, H, W): a strided view for the plane conversion.
+        let stored = Array4::from_shape_vec(
+            (cin, size[2], size[1], size[0]),
+            r.vec(cin * size.iter().product::<usize>(), 2.0),
+        )
+        .unwrap();
+        let strided = stored.view().permuted_axes([0, 3, 2, 1]);
+        let vol = strided.as_standard_layout().to_owned();
+        let (padded, before, mut starts) = grid(size, roi, ov);
+        for i in (1..starts.len()).rev() {
+            let j = (r.next() % (i as u64 + 1)) as usize;
+            starts.swap(i, j);
+        }
+        let wmap = gaussian(roi);
+        let cval = 0.25 + 0.1 * r.uni();
+        let mut runs = Vec::new();
+        for (mode, view) in [
+            (GatherMode::Host, vol.view()),
+            (GatherMode::Device, vol.view()),
+            (GatherMode::Device, strided),
+            (GatherMode::Auto, vol.view()),
+        ] {
+            b.set_gather_mode(mode);
+            let (lg, t) = b
+                .segment_windows(view, padded, before, roi, &starts, wmap.view(), batch, cval)
+                .unwrap();
+            let (lb, t2) = b
+                .segment_windows_argmax(
+                    view,
+                    padded,
+                    before,
+                    roi,
+                    &starts,
+                    wmap.view(),
+                    batch,
+                    cval,
+                )
+                .unwrap();
+            assert_eq!(t.gather_on_device, mode != GatherMode::Host, "{mode:?}");
+            assert_eq!(t2.gather_on_device, mode != GatherMode::Host, "{mode:?}");
+            if mode != GatherMode::Host {
+                assert!(t.plane_uploads >= 1);
+            }
+            println!("  {mode:?}: {t:?}");
+            runs.push((lg, lb));
+        }
+        b.set_gather_mode(GatherMode::Auto);
+        let want = reference(&net, &vol, before, roi, &starts, &wmap, cval);
+        let e = rel_l2(runs[0].0.as_slice().unwrap(), &want);
+        assert!(e <= 1e-2, "host gather rel L2 {e}");
+        for (i, (lg, lb)) in runs.iter().enumerate().skip(1) {
+            let diff = lg
+                .iter()
+                .zip(runs[0].0.iter())
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            let ldiff = lb
+                .iter()
+                .zip(runs[0].1.iter())
+                .filter(|(a, b)| a != b)
+                .count();
+            println!(
+                "RESULT device gather run {i} {size:?} cin {cin} batch {batch}: {diff} logits and {ldiff} labels differ from the host gather (rel L2 to f64 {e:.2e})"
+            );
+            assert_eq!(diff, 0, "logits differ from the host gather (run {i})");
+            assert_eq!(ldiff, 0, "labels differ from the host gather (run {i})");
+        }
+    }
+}
+
 /// Device memory of the pipeline does not grow with the volume's D: a volume 4x longer keeps the
 /// peak within 5%; the planner's prediction bounds it.
 #[test]
@@ -710,15 +800,16 @@ fn stage_overlap_report() {
         };
         let sum = t.host_gather_ms
             + t.h2d_ms
+            + t.input_fill_ms
             + t.compute_ms
             + t.blend_ms
             + t.finalize_ms
             + t.d2h_ms
             + t.host_store_ms;
         println!(
-            "RESULT overlap run {i} ({}) {size:?} roi {roi:?} batch {batch}: {} windows; gather {:.1} h2d {:.1} compute {:.1} blend {:.1} finalize {:.1} d2h {:.1} store {:.1} = sum {sum:.1} ms vs wall {:.1} ms: overlap {:.2}; peak {} MB",
+            "RESULT overlap run {i} ({}) {size:?} roi {roi:?} batch {batch}: {} windows; gather {:.1} h2d {:.1} fill {:.1} compute {:.1} blend {:.1} finalize {:.1} d2h {:.1} store {:.1} = sum {sum:.1} ms vs wall {:.1} ms: overlap {:.2}; setup {:.1} tail {:.1} ms, device gather {}; peak {} MB",
             if argmax { "labels" } else { "logits" },
-            t.windows, t.host_gather_ms, t.h2d_ms, t.compute_ms, t.blend_ms, t.finalize_ms, t.d2h_ms, t.host_store_ms, t.wall_ms, t.overlap, t.peak_device_bytes >> 20
+            t.windows, t.host_gather_ms, t.h2d_ms, t.input_fill_ms, t.compute_ms, t.blend_ms, t.finalize_ms, t.d2h_ms, t.host_store_ms, t.wall_ms, t.overlap, t.setup_ms, t.tail_ms, t.gather_on_device, t.peak_device_bytes >> 20
         );
         assert!(t.overlap > 0.0 && t.wall_ms > 0.0);
     }

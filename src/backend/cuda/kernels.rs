@@ -88,7 +88,7 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
     (
         "blend",
         include_str!("../../../kernels/blend.cu"),
-        &["blend_window_ring", "finalize_planes"],
+        &["blend_window_ring", "finalize_planes", "gather_window_ring"],
     ),
 ];
 

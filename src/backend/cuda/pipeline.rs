@@ -1,10 +1,14 @@
 //! Streamed sliding-window inference on the device.
 //!
 //! Device memory must not grow with the volume, and copies must hide behind compute, so:
-//! - windows are visited sorted by their D start; the host gathers batch k+1 (f16 NDHWC, virtual
-//!   `cval` padding) on a worker thread into one of two pinned buffers while the GPU runs batch k;
-//! - the copy-in runs on the copy stream, the compute stream waits on its event (no device-wide
-//!   syncs), copies it into the network input and runs the prepared launch list;
+//! - windows are visited sorted by their D start; a worker thread converts the volume's D-planes
+//!   to f16 once each, as the batches first need them, into pinned staging; the copy stream uploads
+//!   them into an input ring of planes (slot z % ring, like the accumulators), and a kernel gathers
+//!   each batch's windows (NDHWC, virtual `cval` padding) from it straight into the network input
+//!   (`GatherMode::Device`). `GatherMode::Host` instead gathers whole windows on the host and
+//!   copies them in (the reference: same bits);
+//! - the compute stream waits on the copy events (no device-wide syncs) and runs the prepared
+//!   launch list;
 //! - window logits are blended into a ring of fp32 accumulators holding only the D-planes in
 //!   flight (`ring` planes, plane z in slot z % ring); once every window touching a plane has been
 //!   blended, the plane is finalised on the device (normalised logits or u16 argmax) into one of
@@ -17,7 +21,7 @@
 use super::{drv, mem_reset_peak, mem_stats, Arg, CudaBackend, DevBuf, Prepared};
 use crate::{Error, Result};
 use cudarc::driver::{result as cu, sys, CudaEvent, CudaStream, PinnedHostSlice};
-use ndarray::{Array3, Array4, ArrayView3, ArrayView4, Axis};
+use ndarray::{s, Array3, Array4, ArrayView3, ArrayView4, Axis};
 use rayon::prelude::*;
 use serde::Serialize;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,11 +32,15 @@ use std::time::Instant;
 /// stage times) / wall: above 1 means stages ran concurrently.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct GpuTimes {
-    /// Host gather of window batches into pinned f16 staging (worker thread).
+    /// Host side of the gather (worker thread): window batches into pinned f16 staging (host
+    /// gather), or volume planes converted to f16 once each (device gather).
     pub host_gather_ms: f64,
-    /// Host-to-device copies of window batches (copy stream).
+    /// Host-to-device copies of window batches or volume planes (copy stream).
     pub h2d_ms: f64,
-    /// Network input copy + launch list, summed over batches (compute stream).
+    /// Filling the network input (compute stream): the gather kernels (device gather) or the
+    /// copy from the staging buffer (host gather).
+    pub input_fill_ms: f64,
+    /// The launch list, summed over batches (compute stream).
     pub compute_ms: f64,
     /// Weighted accumulation of window logits into the ring (compute stream).
     pub blend_ms: f64,
@@ -44,6 +52,15 @@ pub struct GpuTimes {
     pub host_store_ms: f64,
     /// Host wall time of the whole call.
     pub wall_ms: f64,
+    /// Host time before the first batch: checks, device allocations, weight map upload.
+    pub setup_ms: f64,
+    /// Host time from queuing the last batch to the return (its GPU work, the last planes'
+    /// finalisation, downloads and stores).
+    pub tail_ms: f64,
+    /// Windows gathered on the device from streamed volume planes (else on the host).
+    pub gather_on_device: bool,
+    /// Volume plane uploads (device gather).
+    pub plane_uploads: usize,
     /// Sum of the stage times over wall time.
     pub overlap: f64,
     pub windows: usize,
@@ -369,12 +386,6 @@ impl CudaBackend {
         let (c, d, h, w) = vol.dim();
         let hw = h * w;
         let cout = prep.cout;
-        let vol = vol.as_standard_layout();
-        let vols = vol
-            .as_slice()
-            .ok_or_else(|| Error::Invalid("volume is not contiguous".into()))?;
-        let wmap: Vec<f32> = weights.iter().copied().collect();
-
         // D order; blending is order-independent up to fp32 rounding, the schedule needs order.
         let mut order: Vec<[usize; 3]> = starts.to_vec();
         order.sort_by_key(|s| s[0]);
@@ -383,15 +394,62 @@ impl CudaBackend {
             .map(|s| s[0] as i64 - pad_before[0] as i64)
             .collect();
         let (ring, sched) = schedule(&z0, roi[0], d, batch);
-
-        // Device buffers (all counted by the tracker) and pinned host staging.
+        let batches: Vec<&Step> = sched.iter().filter(|st| st.end > st.begin).collect();
         let rvox: usize = roi.iter().product();
         let in_win = prep.cin * rvox;
         let in_len = batch * in_win;
-        let dev_in = [
-            DevBuf::new(&self.ctx, in_len * 2)?,
-            DevBuf::new(&self.ctx, in_len * 2)?,
-        ];
+        let plane_in = c * hw;
+        let on_device = match cache.gather {
+            GatherMode::Host => false,
+            GatherMode::Device => true,
+            GatherMode::Auto => device_gather_fits(
+                ring * plane_in * 2,
+                2 * in_len * 2,
+                ring * (cout + 1) * hw * 4,
+            ),
+        };
+        // The host gather indexes a standard-layout slice; the device path's plane conversion
+        // reads any layout, so it never copies the whole volume.
+        let vol_std = if on_device {
+            None
+        } else {
+            Some(vol.as_standard_layout())
+        };
+        let vols: &[f32] = match &vol_std {
+            Some(v) => v
+                .as_slice()
+                .ok_or_else(|| Error::Invalid("volume is not contiguous".into()))?,
+            None => &[],
+        };
+        let wmap: Vec<f32> = match weights.as_slice() {
+            Some(s) => s.to_vec(),
+            None => weights.iter().copied().collect(),
+        };
+
+        // Device buffers (all counted by the tracker) and pinned host staging.
+        if in_win > i32::MAX as usize {
+            return Err(Error::Invalid(format!(
+                "window {roi:?} with {} channels is too large for the gather kernel",
+                prep.cin
+            )));
+        }
+        // Host mode: two window-batch staging buffers. Device mode: the input ring of volume
+        // planes (slot z % ring, [ring][C][H][W] f16), in step with the accumulator ring.
+        let stage = stage_planes(in_len, plane_in, ring);
+        let uploads = if on_device {
+            let spans: Vec<(usize, usize)> = batches.iter().map(|st| (st.begin, st.end)).collect();
+            plane_uploads(&z0, &spans, roi[0], d, stage)
+        } else {
+            Vec::new()
+        };
+        let dev_in: Vec<DevBuf> = if on_device {
+            vec![DevBuf::new(&self.ctx, ring * plane_in * 2)?]
+        } else {
+            vec![
+                DevBuf::new(&self.ctx, in_len * 2)?,
+                DevBuf::new(&self.ctx, in_len * 2)?,
+            ]
+        };
         let dw = DevBuf::upload(&self.ctx, &self.copy, &wmap)?;
         let acc = DevBuf::new(&self.ctx, ring * cout * hw * 4)?;
         let wsum = DevBuf::new(&self.ctx, ring * hw * 4)?;
@@ -401,10 +459,9 @@ impl CudaBackend {
         } else {
             chunk * cout * hw * 4
         };
-        let dev_out = [
-            DevBuf::new(&self.ctx, out_bytes)?,
-            DevBuf::new(&self.ctx, out_bytes)?,
-        ];
+        let dev_out = (0..OUT_SLOTS)
+            .map(|_| DevBuf::new(&self.ctx, out_bytes))
+            .collect::<Result<Vec<_>>>()?;
         let dl = self.ctx.new_stream().map_err(drv("stream creation"))?;
         let s = &*self.stream;
         let cp = &*self.copy;
@@ -430,39 +487,40 @@ impl CudaBackend {
         };
         let mut times = GpuTimes {
             windows: starts.len(),
-            batches: sched.iter().filter(|st| st.end > st.begin).count(),
+            batches: batches.len(),
             ring_planes: ring,
+            gather_on_device: on_device,
+            plane_uploads: uploads.len(),
             mem_info_used_before: mem_before,
             mem_info_used_during: mem_during,
             ..Default::default()
         };
         let mut ev_h2d: Vec<(CudaEvent, CudaEvent)> = Vec::new();
-        let mut ev_cmp: Vec<(CudaEvent, CudaEvent, CudaEvent)> = Vec::new();
+        // Per batch: input fill start, input filled, launch list done, blends done.
+        let mut ev_cmp: Vec<(CudaEvent, CudaEvent, CudaEvent, CudaEvent)> = Vec::new();
         let mut ev_fin: Vec<(CudaEvent, CudaEvent)> = Vec::new();
         let mut ev_d2h: Vec<(CudaEvent, CudaEvent)> = Vec::new();
         let i32s = |v: usize| Arg::I32(v as i32);
 
-        let PinnedCache { inp, outf, outl } = cache;
+        let PinnedCache {
+            inp, outf, outl, ..
+        } = cache;
         let [ia, ib] = inp;
+        let stage_len = if on_device { stage * plane_in } else { in_len };
         let mut slots: [Option<&mut [u16]>; 2] = [
-            Some(pinned(&self.ctx, ia, in_len)?),
-            Some(pinned(&self.ctx, ib, in_len)?),
+            Some(pinned(&self.ctx, ia, stage_len)?),
+            Some(pinned(&self.ctx, ib, stage_len)?),
         ];
-        let mut free_out: [Option<HostOut>; 2] = if argmax {
-            let [a, b] = outl;
-            [
-                Some(HostOut::L(pinned(&self.ctx, a, chunk * hw)?)),
-                Some(HostOut::L(pinned(&self.ctx, b, chunk * hw)?)),
-            ]
+        let mut free_out: Vec<Option<HostOut>> = if argmax {
+            outl.iter_mut()
+                .map(|p| Ok(Some(HostOut::L(pinned(&self.ctx, p, chunk * hw)?))))
+                .collect::<Result<_>>()?
         } else {
-            let [a, b] = outf;
-            [
-                Some(HostOut::F(pinned(&self.ctx, a, chunk * cout * hw)?)),
-                Some(HostOut::F(pinned(&self.ctx, b, chunk * cout * hw)?)),
-            ]
+            outf.iter_mut()
+                .map(|p| Ok(Some(HostOut::F(pinned(&self.ctx, p, chunk * cout * hw)?))))
+                .collect::<Result<_>>()?
         };
         let dims = [c, d, h, w];
-        let batches: Vec<&Step> = sched.iter().filter(|st| st.end > st.begin).collect();
 
         let gather = |k: usize, buf: &mut [u16]| -> f64 {
             let st = batches[k];
@@ -479,27 +537,90 @@ impl CudaBackend {
             t.elapsed().as_secs_f64() * 1e3
         };
         let gather = &gather;
+        let uploads = &uploads;
         let out_ref = &mut out;
+        times.setup_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let mut t_last = Instant::now();
         let result = std::thread::scope(|sc| -> Result<f64> {
             // Finished planes are stored by a worker: it waits for each download, copies it
-            // into the output and hands the pinned slot back.
+            // into the output and hands the pinned slot back; while idle it touches the output's
+            // next planes so their page faults are not paid in the store (nor in the tail).
             let (tx, rx) = std::sync::mpsc::channel::<(usize, usize, usize, HostOut, CudaEvent)>();
             let (ack_tx, ack_rx) = std::sync::mpsc::channel::<(usize, HostOut)>();
             let storer = sc.spawn(move || -> Result<f64> {
+                use std::sync::mpsc::TryRecvError;
                 let mut ms = 0.0;
-                for (slot, p0, np, buf, done) in rx {
+                let mut touched = 0usize;
+                let step = prefault_planes(out_ref, hw);
+                loop {
+                    let msg = match rx.try_recv() {
+                        Ok(m) => m,
+                        Err(TryRecvError::Empty) if touched < d => {
+                            let np = step.min(d - touched);
+                            prefault(out_ref, touched, np, hw);
+                            touched += np;
+                            continue;
+                        }
+                        Err(TryRecvError::Empty) => match rx.recv() {
+                            Ok(m) => m,
+                            Err(_) => break,
+                        },
+                        Err(TryRecvError::Disconnected) => break,
+                    };
+                    let (slot, p0, np, buf, done) = msg;
                     done.synchronize().map_err(drv("plane download"))?;
                     let t = Instant::now();
                     store_planes(out_ref, &buf, p0, np, hw)?;
                     ms += t.elapsed().as_secs_f64() * 1e3;
+                    // Stores come in plane order: never touch a stored plane again.
+                    touched = touched.max(p0 + np);
                     if ack_tx.send((slot, buf)).is_err() {
                         break;
                     }
                 }
                 Ok(ms)
             });
+            // Device mode: a feeder converts the volume planes of each upload to f16 into a free
+            // pinned slot (after the slot's previous upload is done) and hands it over.
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(&mut [u16], f64)>();
+            let (free_tx, free_rx) = std::sync::mpsc::channel::<(&mut [u16], Option<CudaEvent>)>();
+            let mut feeder = None;
+            if on_device {
+                for sl in slots.iter_mut() {
+                    let _ = free_tx.send((sl.take().expect("slot free"), None));
+                }
+                feeder = Some(sc.spawn(move || -> Result<()> {
+                    for u in uploads.iter() {
+                        let Ok((buf, used)) = free_rx.recv() else {
+                            break;
+                        };
+                        if let Some(e) = used {
+                            e.synchronize().map_err(drv("plane upload"))?;
+                        }
+                        let t = Instant::now();
+                        convert_planes(vol, u.za, u.zb, &mut buf[..(u.zb - u.za) * plane_in]);
+                        let ms = t.elapsed().as_secs_f64() * 1e3;
+                        if ready_tx.send((buf, ms)).is_err() {
+                            break;
+                        }
+                    }
+                    Ok(())
+                }));
+            } else {
+                drop((ready_tx, free_rx));
+            }
+            let feeder_failed = |feeder: &mut Option<
+                std::thread::ScopedJoinHandle<'_, Result<()>>,
+            >|
+             -> Error {
+                match feeder.take().map(|f| f.join()) {
+                    Some(Ok(Err(e))) => e,
+                    Some(Err(_)) => Error::Backend("the plane conversion thread panicked".into()),
+                    _ => Error::Backend("the plane conversion thread stopped".into()),
+                }
+            };
             let mut pending = None;
-            if !batches.is_empty() {
+            if !on_device && !batches.is_empty() {
                 let buf = slots[0].take().expect("slot 0 free");
                 pending = Some(sc.spawn(move || {
                     let ms = gather(0, buf);
@@ -509,69 +630,153 @@ impl CudaBackend {
             // Events: consumption of dev_in[i] by the compute stream, H2D done per pinned slot.
             let mut in_used: [Option<CudaEvent>; 2] = [None, None];
             let mut h2d_done: [Option<CudaEvent>; 2] = [None, None];
-            let mut out_used: [Option<CudaEvent>; 2] = [None, None];
+            let mut out_used: Vec<Option<CudaEvent>> = (0..OUT_SLOTS).map(|_| None).collect();
             let mut nfin = 0usize;
             let mut bi = 0usize;
+            let mut next_up = 0usize;
             for st in &sched {
                 if st.end > st.begin {
                     let k = bi;
                     bi += 1;
                     let slot = k % 2;
-                    let (buf, gms) = pending
-                        .take()
-                        .expect("gather pending")
-                        .join()
-                        .map_err(|_| Error::Backend("the window gather thread panicked".into()))?;
-                    times.host_gather_ms += gms;
                     if injected_oom(k) {
-                        slots[slot] = Some(buf);
                         return Err(Error::OutOfMemory(format!(
                             "injected by VOXTILE_INJECT_OOM at batch {}",
                             k + 1
                         )));
                     }
                     let n = st.end - st.begin;
-                    // Copy-in once the compute stream has taken batch k-2 out of dev_in[slot].
-                    if let Some(e) = &in_used[slot] {
-                        cp.wait(e).map_err(drv("stream wait"))?;
-                    }
-                    let h0 = ev(cp)?;
-                    // SAFETY: dev_in[slot] holds in_len halves >= n * in_win; the pinned buffer
-                    // is not written again before h1 is synchronised (below, before reuse).
-                    unsafe {
-                        cu::memcpy_htod_async(dev_in[slot].ptr, &buf[..n * in_win], cp.cu_stream())
-                    }
-                    .map_err(drv("window upload"))?;
-                    let h1 = ev(cp)?;
-                    slots[slot] = Some(buf);
-                    h2d_done[slot] = Some(ev(cp)?);
-                    // Host gather of batch k+1 overlaps this batch's GPU work.
-                    if k + 1 < batches.len() {
-                        let ns = (k + 1) % 2;
-                        if let Some(e) = &h2d_done[ns] {
-                            e.synchronize().map_err(drv("synchronize"))?;
+                    let c0;
+                    if on_device {
+                        // This batch's new volume planes into the input ring. They overwrite only
+                        // planes below this batch's first unfinished plane, which no later batch
+                        // reads: once batch k-1 has gathered, the slots are free.
+                        let mut uploaded = None;
+                        while next_up < uploads.len() && uploads[next_up].k == k {
+                            let u = uploads[next_up];
+                            next_up += 1;
+                            let (buf, ms) = match ready_rx.recv() {
+                                Ok(m) => m,
+                                Err(_) => return Err(feeder_failed(&mut feeder)),
+                            };
+                            times.host_gather_ms += ms;
+                            if k > 0 {
+                                cp.wait(&ev_cmp[k - 1].1).map_err(drv("stream wait"))?;
+                            }
+                            let h0 = ev(cp)?;
+                            let np = u.zb - u.za;
+                            let s0 = u.za % ring;
+                            let n1 = np.min(ring - s0);
+                            // SAFETY: the ring holds `ring` planes; the pinned slot is not written
+                            // again before the event sent with it has completed.
+                            unsafe {
+                                cu::memcpy_htod_async(
+                                    dev_in[0].ptr + (s0 * plane_in * 2) as u64,
+                                    &buf[..n1 * plane_in],
+                                    cp.cu_stream(),
+                                )
+                                .map_err(drv("plane upload"))?;
+                                if np > n1 {
+                                    cu::memcpy_htod_async(
+                                        dev_in[0].ptr,
+                                        &buf[n1 * plane_in..np * plane_in],
+                                        cp.cu_stream(),
+                                    )
+                                    .map_err(drv("plane upload"))?;
+                                }
+                            }
+                            let h1 = ev(cp)?;
+                            let _ = free_tx.send((buf, Some(ev(cp)?)));
+                            uploaded = Some(ev(cp)?);
+                            ev_h2d.push((h0, h1));
                         }
-                        let buf = slots[ns].take().expect("slot free");
-                        pending = Some(sc.spawn(move || {
-                            let ms = gather(k + 1, buf);
-                            (buf, ms)
-                        }));
+                        if let Some(e) = &uploaded {
+                            s.wait(e).map_err(drv("stream wait"))?;
+                        }
+                        c0 = ev(s)?;
+                        for (b, start) in order[st.begin..st.end].iter().enumerate() {
+                            self.eltwise(
+                                s,
+                                "gather_window_ring",
+                                in_win,
+                                &mut [
+                                    Arg::Ptr(dev_in[0].ptr),
+                                    Arg::Ptr(prep.input + (b * in_win * 2) as u64),
+                                    i32s(c),
+                                    i32s(ring),
+                                    i32s(d),
+                                    i32s(h),
+                                    i32s(w),
+                                    i32s(start[0]),
+                                    i32s(start[1]),
+                                    i32s(start[2]),
+                                    i32s(pad_before[0]),
+                                    i32s(pad_before[1]),
+                                    i32s(pad_before[2]),
+                                    i32s(roi[0]),
+                                    i32s(roi[1]),
+                                    i32s(roi[2]),
+                                    Arg::I32(half::f16::from_f32(cval).to_bits() as i32),
+                                ],
+                            )?;
+                        }
+                    } else {
+                        let (buf, gms) =
+                            pending
+                                .take()
+                                .expect("gather pending")
+                                .join()
+                                .map_err(|_| {
+                                    Error::Backend("the window gather thread panicked".into())
+                                })?;
+                        times.host_gather_ms += gms;
+                        // Copy-in once the compute stream has taken batch k-2 out of dev_in[slot].
+                        if let Some(e) = &in_used[slot] {
+                            cp.wait(e).map_err(drv("stream wait"))?;
+                        }
+                        let h0 = ev(cp)?;
+                        // SAFETY: dev_in[slot] holds in_len halves >= n * in_win; the pinned
+                        // buffer is not written again before h1 is synchronised (below).
+                        unsafe {
+                            cu::memcpy_htod_async(
+                                dev_in[slot].ptr,
+                                &buf[..n * in_win],
+                                cp.cu_stream(),
+                            )
+                        }
+                        .map_err(drv("window upload"))?;
+                        let h1 = ev(cp)?;
+                        slots[slot] = Some(buf);
+                        h2d_done[slot] = Some(ev(cp)?);
+                        // Host gather of batch k+1 overlaps this batch's GPU work.
+                        if k + 1 < batches.len() {
+                            let ns = (k + 1) % 2;
+                            if let Some(e) = &h2d_done[ns] {
+                                e.synchronize().map_err(drv("synchronize"))?;
+                            }
+                            let buf = slots[ns].take().expect("slot free");
+                            pending = Some(sc.spawn(move || {
+                                let ms = gather(k + 1, buf);
+                                (buf, ms)
+                            }));
+                        }
+                        ev_h2d.push((h0, h1));
+                        s.wait(&ev_h2d.last().expect("pushed").1)
+                            .map_err(drv("stream wait"))?;
+                        c0 = ev(s)?;
+                        // SAFETY: both hold >= n * in_win halves; stream ordered.
+                        unsafe {
+                            cu::memcpy_dtod_async(
+                                prep.input,
+                                dev_in[slot].ptr,
+                                n * in_win * 2,
+                                s.cu_stream(),
+                            )
+                        }
+                        .map_err(drv("device copy"))?;
+                        in_used[slot] = Some(ev(s)?);
                     }
-                    ev_h2d.push((h0, h1));
-                    s.wait(&ev_h2d.last().expect("pushed").1)
-                        .map_err(drv("stream wait"))?;
-                    let c0 = ev(s)?;
-                    // SAFETY: both hold >= n * in_win halves; stream ordered.
-                    unsafe {
-                        cu::memcpy_dtod_async(
-                            prep.input,
-                            dev_in[slot].ptr,
-                            n * in_win * 2,
-                            s.cu_stream(),
-                        )
-                    }
-                    .map_err(drv("device copy"))?;
-                    in_used[slot] = Some(ev(s)?);
+                    let cg = ev(s)?;
                     self.run_steps(prep, n)?;
                     let c1 = ev(s)?;
                     let out_win = cout * rvox;
@@ -604,15 +809,18 @@ impl CudaBackend {
                         )?;
                     }
                     let c2 = ev(s)?;
-                    ev_cmp.push((c0, c1, c2));
+                    ev_cmp.push((c0, cg, c1, c2));
+                    if k + 1 == batches.len() {
+                        t_last = Instant::now();
+                    }
                 }
                 // Finalise complete planes in chunks of at most `chunk` (<= ring) planes.
                 let mut p0 = st.final_lo;
                 while p0 < st.final_hi {
                     let np = (st.final_hi - p0).min(chunk);
-                    let slot = nfin % 2;
+                    let slot = nfin % OUT_SLOTS;
                     nfin += 1;
-                    // The download of finalisation m-2 must have read dev_out[slot] ...
+                    // The download of finalisation m - OUT_SLOTS must have read dev_out[slot] ...
                     if let Some(e) = &out_used[slot] {
                         s.wait(e).map_err(drv("stream wait"))?;
                     }
@@ -681,6 +889,11 @@ impl CudaBackend {
                 }
             }
             drop(tx);
+            drop(free_tx);
+            if let Some(f) = feeder.take() {
+                f.join()
+                    .map_err(|_| Error::Backend("the plane conversion thread panicked".into()))??;
+            }
             times.slabs = nfin;
             storer
                 .join()
@@ -694,14 +907,16 @@ impl CudaBackend {
         // Every download was waited for in `store`; the compute and copy streams too, for timing.
         s.synchronize().map_err(drv("synchronize"))?;
         cp.synchronize().map_err(drv("synchronize"))?;
+        times.tail_ms = t_last.elapsed().as_secs_f64() * 1e3;
         let ms = |a: &CudaEvent, b: &CudaEvent| -> Result<f64> {
             Ok(a.elapsed_ms(b).map_err(drv("event timing"))? as f64)
         };
         for (a, b) in &ev_h2d {
             times.h2d_ms += ms(a, b)?;
         }
-        for (a, b, e) in &ev_cmp {
-            times.compute_ms += ms(a, b)?;
+        for (a, g, b, e) in &ev_cmp {
+            times.input_fill_ms += ms(a, g)?;
+            times.compute_ms += ms(g, b)?;
             times.blend_ms += ms(b, e)?;
         }
         for (a, b) in &ev_fin {
@@ -714,6 +929,7 @@ impl CudaBackend {
         times.wall_ms = t0.elapsed().as_secs_f64() * 1e3;
         let sum = times.host_gather_ms
             + times.h2d_ms
+            + times.input_fill_ms
             + times.compute_ms
             + times.blend_ms
             + times.finalize_ms
@@ -730,36 +946,181 @@ enum HostOut<'a> {
     L(&'a mut [u16]),
 }
 
-/// Copies `np` downloaded planes starting at plane `p0` into the output array.
+/// Copies `np` downloaded planes starting at plane `p0` into the output array, in parallel
+/// pieces (the copy is bound by page faults and memory bandwidth, not one core).
 fn store_planes(out: &mut Out, buf: &HostOut, p0: usize, np: usize, hw: usize) -> Result<()> {
+    const PIECE: usize = 1 << 16;
     match (out, buf) {
         (Out::Labels(l), HostOut::L(src)) => {
             let dst = l
                 .as_slice_mut()
                 .ok_or_else(|| Error::Backend("label array is not contiguous".into()))?;
-            dst[p0 * hw..(p0 + np) * hw].copy_from_slice(&src[..np * hw]);
+            dst[p0 * hw..(p0 + np) * hw]
+                .par_chunks_mut(PIECE)
+                .zip(src[..np * hw].par_chunks(PIECE))
+                .for_each(|(d, s)| d.copy_from_slice(s));
         }
         (Out::Logits(a), HostOut::F(src)) => {
-            for (ch, mut plane) in a.axis_iter_mut(Axis(0)).enumerate() {
+            let mut dsts = Vec::new();
+            for plane in a.axis_iter_mut(Axis(0)) {
                 let dst = plane
-                    .as_slice_mut()
+                    .into_slice()
                     .ok_or_else(|| Error::Backend("logit array is not contiguous".into()))?;
-                dst[p0 * hw..(p0 + np) * hw]
-                    .copy_from_slice(&src[ch * np * hw..(ch + 1) * np * hw]);
+                dsts.push(&mut dst[p0 * hw..(p0 + np) * hw]);
             }
+            dsts.into_par_iter().enumerate().for_each(|(ch, dst)| {
+                dst.par_chunks_mut(PIECE)
+                    .zip(src[ch * np * hw..(ch + 1) * np * hw].par_chunks(PIECE))
+                    .for_each(|(d, s)| d.copy_from_slice(s));
+            });
         }
         _ => return Err(Error::Backend("output and staging kinds differ".into())),
     }
     Ok(())
 }
 
-/// Pinned host staging kept by the backend between calls (allocating pinned memory is slow):
-/// two window-batch buffers (f16 bits) and two finished-plane buffers of each output kind.
+/// Planes the store worker touches per idle step: about 2 MiB of output.
+fn prefault_planes(out: &Out, hw: usize) -> usize {
+    let plane = match out {
+        Out::Labels(_) => hw * 2,
+        Out::Logits(a) => a.shape()[0] * hw * 4,
+    };
+    (2usize << 20).div_ceil(plane.max(1)).max(1)
+}
+
+/// Writes zeros over planes `[p0, p0 + np)` of the (still all-zero) output, so the first-touch
+/// page faults of a fresh allocation are paid while the worker waits for downloads.
+fn prefault(out: &mut Out, p0: usize, np: usize, hw: usize) {
+    match out {
+        Out::Labels(l) => {
+            if let Some(s) = l.as_slice_mut() {
+                s[p0 * hw..(p0 + np) * hw].fill(0);
+            }
+        }
+        Out::Logits(a) => {
+            for mut plane in a.axis_iter_mut(Axis(0)) {
+                if let Some(s) = plane.as_slice_mut() {
+                    s[p0 * hw..(p0 + np) * hw].fill(0.0);
+                }
+            }
+        }
+    }
+}
+
+/// Where the windows of a batch are gathered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GatherMode {
+    /// `Device` when its plane ring is small next to the accumulator ring or no larger than the
+    /// host gather's staging ([`device_gather_fits`]), else `Host`.
+    #[default]
+    Auto,
+    /// The volume's D-planes are converted to f16 on the host once each, streamed into a device
+    /// ring in step with the accumulator ring, and a kernel gathers the windows from it: about
+    /// 1/overlap^3 of the host work and copies of `Host`; device memory still independent of D.
+    Device,
+    /// Every window is gathered on the host into pinned staging and copied in (the reference).
+    Host,
+}
+
+/// Whether the device gather's input ring (`ring_in` bytes) is cheap enough: no larger than the
+/// host gather's two window batches (`host_in`) or a quarter of the accumulator ring with its
+/// weight sums (`acc`). It is (Cin * 2) / ((Cout + 1) * 4) of the latter, so this holds unless
+/// the inputs have several times more channels than the outputs.
+pub fn device_gather_fits(ring_in: usize, host_in: usize, acc: usize) -> bool {
+    ring_in <= host_in.max(acc / 4)
+}
+
+impl CudaBackend {
+    /// Chooses the window gather of later `segment_windows*` calls (both give the same bits).
+    pub fn set_gather_mode(&mut self, mode: GatherMode) {
+        self.pinned.get_or_insert_with(Default::default).gather = mode;
+    }
+}
+
+/// Planes of volume input per pinned staging slot (device gather): at least one window batch's
+/// worth of halves or 8 MiB, at most the ring.
+pub(crate) fn stage_planes(in_len: usize, plane_in: usize, ring: usize) -> usize {
+    (in_len.max(4 << 20) / plane_in.max(1)).clamp(1, ring.max(1))
+}
+
+/// One host-to-device upload of volume planes `[za, zb)` into the input ring, before batch `k`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Upload {
+    pub k: usize,
+    pub za: usize,
+    pub zb: usize,
+}
+
+/// The uploads of the device gather, in order: before batch k (windows `spans[k]` of the
+/// D-sorted list with volume D starts `z0`), the planes it reads that are not in the ring yet,
+/// in pieces of at most `stage` planes. Planes arrive once each, in increasing order.
+pub(crate) fn plane_uploads(
+    z0: &[i64],
+    spans: &[(usize, usize)],
+    rd: usize,
+    d: usize,
+    stage: usize,
+) -> Vec<Upload> {
+    let mut ups = Vec::new();
+    let mut loaded = 0usize;
+    for (k, &(b, e)) in spans.iter().enumerate() {
+        // Sorted by D start: the batch's last window reaches deepest.
+        let need = z0[b..e]
+            .iter()
+            .map(|&z| (z + rd as i64).clamp(0, d as i64) as usize)
+            .max()
+            .unwrap_or(0);
+        while loaded < need {
+            let zb = need.min(loaded + stage.max(1));
+            ups.push(Upload { k, za: loaded, zb });
+            loaded = zb;
+        }
+    }
+    ups
+}
+
+/// Volume planes `[za, zb)` of the (C, D, H, W) volume (any strides) as f16 bits in the input
+/// ring's slot layout `[z - za][c][h][w]`; the same bits as `half::f16::from_f32` per value.
+/// Parallel over (plane, channel); contiguous rows use the vector conversion.
+pub(crate) fn convert_planes(vol: ArrayView4<f32>, za: usize, zb: usize, out: &mut [u16]) {
+    use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+    let (c, _, h, w) = vol.dim();
+    out[..(zb - za) * c * h * w]
+        .par_chunks_mut(h * w)
+        .enumerate()
+        .for_each(|(i, dst)| {
+            let src = vol.slice(s![i % c, za + i / c, .., ..]);
+            let dst: &mut [half::f16] = dst.reinterpret_cast_mut();
+            if let Some(sl) = src.as_slice() {
+                dst.convert_from_f32_slice(sl);
+                return;
+            }
+            for (row, drow) in src.outer_iter().zip(dst.chunks_mut(w)) {
+                match row.as_slice() {
+                    Some(sl) => drow.convert_from_f32_slice(sl),
+                    None => {
+                        for (o, v) in drow.iter_mut().zip(row.iter()) {
+                            *o = half::f16::from_f32(*v);
+                        }
+                    }
+                }
+            }
+        });
+}
+
+/// Finished-plane staging slots (device and pinned): finalisation m waits for the store of
+/// m - OUT_SLOTS, so several slots keep the host from waiting on the batch just queued.
+const OUT_SLOTS: usize = 4;
+
+/// Pipeline state kept by the backend between calls (allocating pinned memory is slow): two
+/// input staging buffers (f16 bits: window batches or volume planes), the finished-plane slots of
+/// each output kind, and the gather mode.
 #[derive(Default)]
 pub struct PinnedCache {
     inp: [Option<PinnedHostSlice<u16>>; 2],
-    outf: [Option<PinnedHostSlice<f32>>; 2],
-    outl: [Option<PinnedHostSlice<u16>>; 2],
+    outf: [Option<PinnedHostSlice<f32>>; OUT_SLOTS],
+    outl: [Option<PinnedHostSlice<u16>>; OUT_SLOTS],
+    gather: GatherMode,
 }
 
 /// The cached pinned buffer when it holds `n` elements, else a new one.
@@ -783,11 +1144,14 @@ fn pinned<'a, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
         .map_err(drv("pinned access"))
 }
 
-/// Planes finalised (and downloaded) per chunk: about 16 MiB of output per chunk, so staging
-/// stays small and planes stream out in steady pieces.
+/// Output bytes per finalisation chunk: small, so the download and store of the planes left
+/// after the last batch pipeline in several pieces instead of one serial slab.
+const CHUNK_BYTES: usize = 4 << 20;
+
+/// Planes finalised (and downloaded) per chunk: about `CHUNK_BYTES` of output.
 pub(crate) fn chunk_planes(ring: usize, hw: usize, cout: usize, argmax: bool) -> usize {
     let plane = hw * if argmax { 2 } else { cout * 4 };
-    (16usize << 20).div_ceil(plane.max(1)).clamp(1, ring)
+    CHUNK_BYTES.div_ceil(plane.max(1)).clamp(1, ring)
 }
 
 fn ev(s: &CudaStream) -> Result<CudaEvent> {
@@ -795,8 +1159,10 @@ fn ev(s: &CudaStream) -> Result<CudaEvent> {
         .map_err(drv("event"))
 }
 
-/// Device bytes of the pipeline's own buffers (input staging x2, weight map, ring, output
-/// staging x2) for a volume no larger than `padded`.
+/// Device bytes of the pipeline's own buffers for a volume no larger than `padded`: the input
+/// (the larger of the host gather's two batch buffers and the device gather's plane ring where
+/// `GatherMode::Auto` would choose it; a forced `Device` mode is not bounded by this), the
+/// weight map, the accumulator ring and the `OUT_SLOTS` finished-plane slots.
 pub(crate) fn pipeline_bytes(
     roi: [usize; 3],
     batch: usize,
@@ -809,16 +1175,18 @@ pub(crate) fn pipeline_bytes(
     let rvox: usize = roi.iter().product();
     let ring = ring_planes(padded[0], roi[0]);
     let hw = padded[1] * padded[2];
-    let out = if argmax {
-        ring * hw * 2
-    } else {
-        ring * cout * hw * 4
-    };
-    2 * al(batch * cin * rvox * 2)
+    let plane = if argmax { hw * 2 } else { cout * hw * 4 };
+    // A chunk is under CHUNK_BYTES + one plane of the real volume, whose planes are no larger.
+    let slot = (ring * plane).min(CHUNK_BYTES + plane);
+    // The device ring where `GatherMode::Auto` may pick it for some volume within `padded`.
+    let host_in = 2 * batch * cin * rvox * 2;
+    let ring_in = (ring * cin * hw * 2).min(host_in.max(ring * (cout + 1) * hw * 4 / 4));
+    let input = (2 * al(batch * cin * rvox * 2)).max(al(ring_in));
+    input
         + al(rvox * 4)
         + al(ring * cout * hw * 4)
         + al(ring * hw * 4)
-        + 2 * al(out)
+        + OUT_SLOTS as u64 * al(slot)
 }
 
 #[cfg(test)]
@@ -918,5 +1286,323 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `gather_window_ring` (kernels/blend.cu) emulated: the same index math, one window.
+    #[allow(clippy::too_many_arguments)]
+    fn gather_ring_emulated(
+        ring_buf: &[u16],
+        dims: [usize; 4],
+        ring: usize,
+        pb: [usize; 3],
+        roi: [usize; 3],
+        start: [usize; 3],
+        cval: u16,
+        out: &mut [u16],
+    ) {
+        let [c, d, h, w] = dims.map(|v| v as i64);
+        let hw = h * w;
+        for e in 0..(roi.iter().product::<usize>() * c as usize) as i64 {
+            let ch = e % c;
+            let mut t = e / c;
+            let x = t % roi[2] as i64;
+            t /= roi[2] as i64;
+            let y = t % roi[1] as i64;
+            let z = t / roi[1] as i64;
+            let (vz, vy, vx) = (
+                start[0] as i64 + z - pb[0] as i64,
+                start[1] as i64 + y - pb[1] as i64,
+                start[2] as i64 + x - pb[2] as i64,
+            );
+            out[e as usize] =
+                if (0..d).contains(&vz) && (0..h).contains(&vy) && (0..w).contains(&vx) {
+                    ring_buf[(((vz % ring as i64) * c + ch) * hw + vy * w + vx) as usize]
+                } else {
+                    cval
+                };
+        }
+    }
+
+    /// The device gather on the CPU: the schedule's batches, the plane uploads (converted by
+    /// `convert_planes` into a ring of `ring` planes, applied in order before each batch) and the
+    /// kernel's index math give exactly the host gather's bits, window by window. Also checks
+    /// that every plane is uploaded once, in order, in pieces of at most `stage` planes.
+    #[test]
+    fn device_gather_emulation_matches_host_gather() {
+        let mut seed = 7u64;
+        let mut rnd = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as usize
+        };
+        // (c, d, h, w, roi, pad_before, step, batch, stage)
+        for (c, d, h, w, roi, pb, stepz, batch, stage) in [
+            (
+                1usize,
+                23usize,
+                9usize,
+                7usize,
+                [8usize, 6, 5],
+                [2usize, 1, 0],
+                4usize,
+                3usize,
+                5usize,
+            ),
+            (2, 40, 6, 10, [16, 8, 8], [0, 1, 2], 8, 4, 100),
+            (3, 12, 5, 5, [16, 4, 4], [2, 0, 1], 2, 2, 1),
+            (1, 70, 4, 6, [32, 4, 6], [0, 0, 0], 16, 1, 7),
+        ] {
+            let vol: Vec<f32> = (0..c * d * h * w)
+                .map(|_| (rnd() % 20000) as f32 * 0.013 - 130.0)
+                .collect();
+            let va = ndarray::ArrayView4::from_shape((c, d, h, w), &vol).unwrap();
+            let padded = [
+                (d + 2 * pb[0]).max(roi[0]),
+                (h + 2 * pb[1]).max(roi[1]),
+                (w + 2 * pb[2]).max(roi[2]),
+            ];
+            let mut starts = Vec::new();
+            let mut sz = 0;
+            loop {
+                for sy in [0, padded[1] - roi[1]] {
+                    for sx in [0, padded[2] - roi[2]] {
+                        starts.push([sz, sy, sx]);
+                    }
+                }
+                if sz + roi[0] >= padded[0] {
+                    break;
+                }
+                sz = (sz + stepz).min(padded[0] - roi[0]);
+            }
+            starts.sort_by_key(|s| s[0]);
+            let z0: Vec<i64> = starts.iter().map(|s| s[0] as i64 - pb[0] as i64).collect();
+            let (ring, sched) = schedule(&z0, roi[0], d, batch);
+            let spans: Vec<(usize, usize)> = sched
+                .iter()
+                .filter(|st| st.end > st.begin)
+                .map(|st| (st.begin, st.end))
+                .collect();
+            let ups = plane_uploads(&z0, &spans, roi[0], d, stage);
+            let mut next = 0;
+            for u in &ups {
+                assert_eq!(u.za, next, "planes uploaded out of order");
+                assert!(u.zb > u.za && u.zb - u.za <= stage);
+                next = u.zb;
+            }
+            assert_eq!(next, d, "every plane uploaded");
+            let plane = c * h * w;
+            let mut ringb = vec![0xFFFFu16; ring * plane];
+            let cval = half::f16::from_f32(-0.75).to_bits();
+            let rvox: usize = roi.iter().product();
+            let mut ui = 0;
+            for (k, &(b, e)) in spans.iter().enumerate() {
+                while ui < ups.len() && ups[ui].k == k {
+                    let u = ups[ui];
+                    let mut st = vec![0u16; (u.zb - u.za) * plane];
+                    convert_planes(va, u.za, u.zb, &mut st);
+                    for z in u.za..u.zb {
+                        let dst = (z % ring) * plane;
+                        ringb[dst..dst + plane]
+                            .copy_from_slice(&st[(z - u.za) * plane..(z - u.za + 1) * plane]);
+                    }
+                    ui += 1;
+                }
+                let mut want = vec![0u16; (e - b) * c * rvox];
+                gather_windows(&vol, [c, d, h, w], pb, roi, &starts[b..e], -0.75, &mut want);
+                let mut got = vec![0u16; (e - b) * c * rvox];
+                for (i, st) in starts[b..e].iter().enumerate() {
+                    gather_ring_emulated(
+                        &ringb,
+                        [c, d, h, w],
+                        ring,
+                        pb,
+                        roi,
+                        *st,
+                        cval,
+                        &mut got[i * c * rvox..(i + 1) * c * rvox],
+                    );
+                }
+                assert!(got == want, "batch {k} differs (c {c} d {d} roi {roi:?})");
+            }
+            assert_eq!(ui, ups.len());
+        }
+    }
+
+    /// Plane conversion: the bits of `f16::from_f32` for normal, tie, subnormal, overflowing,
+    /// infinite and NaN values, from a standard and a permuted (strided) volume.
+    #[test]
+    fn convert_planes_matches_scalar_conversion() {
+        let (c, d, h, w) = (2usize, 5usize, 3usize, 37usize);
+        let special = [
+            0.0f32,
+            -0.0,
+            1.0 + 1.0 / 2048.0,
+            1.0 + 3.0 / 2048.0,
+            65504.0,
+            65520.0,
+            1e6,
+            -1e6,
+            6e-8,
+            3e-8,
+            1e-5,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MIN_POSITIVE,
+        ];
+        let vol: Vec<f32> = (0..c * d * h * w)
+            .map(|i| {
+                if i % 3 == 0 {
+                    special[i / 3 % special.len()]
+                } else {
+                    (i as f32 * 0.37).sin() * 1000.0
+                }
+            })
+            .collect();
+        let std = ndarray::Array4::from_shape_vec((c, d, h, w), vol).unwrap();
+        // The same volume stored (C, W, H, D) and viewed back as (C, D, H, W).
+        let perm = std
+            .view()
+            .permuted_axes([0, 3, 2, 1])
+            .as_standard_layout()
+            .to_owned();
+        let strided = perm.view().permuted_axes([0, 3, 2, 1]);
+        assert!(strided.as_slice().is_none());
+        for v in [std.view(), strided] {
+            let (za, zb) = (1, 4);
+            let mut out = vec![0u16; (zb - za) * c * h * w];
+            convert_planes(v, za, zb, &mut out);
+            for z in za..zb {
+                for ch in 0..c {
+                    for y in 0..h {
+                        for x in 0..w {
+                            let want = half::f16::from_f32(v[[ch, z, y, x]]).to_bits();
+                            let got = out[(((z - za) * c + ch) * h + y) * w + x];
+                            assert_eq!(got, want, "at {:?}", (ch, z, y, x));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The planner's count of the pipeline's buffers bounds what `pipeline` allocates for every
+    /// volume within `padded`, in both gather modes `Auto` can pick.
+    #[test]
+    fn pipeline_bytes_bounds_the_buffers() {
+        let al = |b: usize| b.max(256) as u64;
+        for (roi, batch, cin, cout, padded) in [
+            ([32usize, 32, 32], 4usize, 1usize, 3usize, [64usize, 96, 80]),
+            ([128, 128, 128], 4, 1, 14, [512, 512, 128]),
+            ([64, 64, 64], 1, 4, 1, [128, 700, 700]),
+            ([16, 16, 16], 2, 8, 2, [40, 300, 20]),
+        ] {
+            for argmax in [false, true] {
+                let planned = pipeline_bytes(roi, batch, cin, cout, padded, argmax);
+                for shrink in [0usize, 3, 17] {
+                    let (d, h, w) = (
+                        padded[0] - shrink.min(padded[0] - 1),
+                        padded[1] - shrink,
+                        padded[2],
+                    );
+                    let hw = h * w;
+                    let ring = ring_planes(d, roi[0]);
+                    let rvox: usize = roi.iter().product();
+                    let in_len = batch * cin * rvox;
+                    let dev = device_gather_fits(
+                        ring * cin * hw * 2,
+                        2 * in_len * 2,
+                        ring * (cout + 1) * hw * 4,
+                    );
+                    let input = if dev {
+                        al(ring * cin * hw * 2)
+                    } else {
+                        2 * al(in_len * 2)
+                    };
+                    let chunk = chunk_planes(ring, hw, cout, argmax);
+                    let slot = chunk * hw * if argmax { 2 } else { cout * 4 };
+                    let used = input
+                        + al(rvox * 4)
+                        + al(ring * cout * hw * 4)
+                        + al(ring * hw * 4)
+                        + OUT_SLOTS as u64 * al(slot);
+                    assert!(
+                        used <= planned,
+                        "{used} > {planned} for {roi:?} {padded:?} shrink {shrink}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Host costs of the pipeline on a W2-sized volume (512x512x128, roi 128, 49 windows, batch
+    /// 4): host gather of all batches vs the device gather's plane conversion, and the store of
+    /// all label planes into a fresh array serially vs in parallel after prefaulting.
+    /// `cargo test --release --lib pipeline::tests::host_costs -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn host_costs_w2() {
+        let (d, h, w) = (512usize, 512usize, 128usize);
+        let roi = [128usize; 3];
+        let vol: Vec<f32> = (0..d * h * w).map(|i| (i % 977) as f32 * 0.01).collect();
+        let mut starts = Vec::new();
+        for z in (0..=384).step_by(64) {
+            for y in (0..=384).step_by(64) {
+                starts.push([z, y, 0usize]);
+            }
+        }
+        let rvox: usize = roi.iter().product();
+        let mut buf = vec![0u16; 4 * rvox];
+        let t = Instant::now();
+        for b in starts.chunks(4) {
+            gather_windows(&vol, [1, d, h, w], [0; 3], roi, b, 0.0, &mut buf);
+        }
+        let tg = t.elapsed().as_secs_f64() * 1e3;
+        let va = ndarray::ArrayView4::from_shape((1, d, h, w), &vol).unwrap();
+        let mut st = vec![0u16; 128 * h * w];
+        let t = Instant::now();
+        for za in (0..d).step_by(128) {
+            convert_planes(va, za, za + 128, &mut st);
+        }
+        let tc = t.elapsed().as_secs_f64() * 1e3;
+        let src = vec![3u16; 32 * h * w];
+        let hw = h * w;
+        let mut times = Vec::new();
+        for mode in 0..3 {
+            let mut out = Out::Labels(Array3::zeros((d, h, w)));
+            let buf = HostOut::L(unsafe {
+                std::slice::from_raw_parts_mut(src.as_ptr() as *mut u16, src.len())
+            });
+            let t = Instant::now();
+            if mode == 2 {
+                prefault(&mut out, 0, d, hw);
+            }
+            let tp = t.elapsed().as_secs_f64() * 1e3;
+            let t = Instant::now();
+            for p0 in (0..d).step_by(32) {
+                if mode == 0 {
+                    if let (Out::Labels(l), HostOut::L(s)) = (&mut out, &buf) {
+                        l.as_slice_mut().unwrap()[p0 * hw..(p0 + 32) * hw]
+                            .copy_from_slice(&s[..32 * hw]);
+                    }
+                } else {
+                    store_planes(&mut out, &buf, p0, 32, hw).unwrap();
+                }
+            }
+            times.push((tp, t.elapsed().as_secs_f64() * 1e3));
+        }
+        println!(
+            "RESULT host costs W2 ({} threads): host gather of 13 batches {tg:.1} ms; plane conversion of the volume {tc:.1} ms; \
+             store 64 MiB labels: serial {:.1} ms, parallel {:.1} ms, prefault {:.1} ms + parallel store {:.1} ms",
+            rayon::current_num_threads(), times[0].1, times[1].1, times[2].0, times[2].1
+        );
+        let t = Instant::now();
+        let wm = crate::tiling::weight_map(roi, crate::tiling::BlendMode::Gaussian, [0.125; 3]);
+        println!(
+            "RESULT weight map 128^3: {:.1} ms ({})",
+            t.elapsed().as_secs_f64() * 1e3,
+            wm.len()
+        );
     }
 }
