@@ -615,3 +615,128 @@ pub fn buffer_plan(
         shapes,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::plan::{
+        relayout_parity_weight, relayout_upsampling_weight, relayout_weight, HALO_CONFIGS,
+    };
+    use super::*;
+
+    fn geom(xs: Shape, os: Shape, k: usize, s: usize, groups: usize, t: bool) -> ConvGeom {
+        ConvGeom {
+            xs,
+            os,
+            k: [k; 3],
+            stride: [s; 3],
+            dil: [1; 3],
+            pads: [if k == 3 && !(t && s == k) { 1 } else { 0 }; 3],
+            groups,
+            transposed: t,
+            upsample: t && k == s,
+        }
+    }
+
+    /// The bytes the plan lists for a conv's weight equal what the re-layout functions the
+    /// backend uploads produce, for every kernel kind.
+    #[test]
+    fn weight_bytes_match_the_relayouts() {
+        let h200 = ArchCaps::h200();
+        let legacy = ArchCaps {
+            conv_mma: false,
+            ..ArchCaps::new(7, 5, 40, 64 * 1024)
+        };
+        // (caps, geometry, weight shape, expected kind)
+        let cases: Vec<(ArchCaps, ConvGeom, Vec<usize>, &str)> = vec![
+            // 3^3 stride 1, Cin 32: halo on sm_90, mma tile with a small smem limit.
+            (
+                h200,
+                geom([32, 16, 16, 16], [32, 16, 16, 16], 3, 1, 1, false),
+                vec![32, 32, 3, 3, 3],
+                "Halo",
+            ),
+            (
+                ArchCaps::new(8, 6, 84, 48 * 1024),
+                geom([32, 16, 16, 16], [32, 16, 16, 16], 3, 1, 1, false),
+                vec![32, 32, 3, 3, 3],
+                "Mma",
+            ),
+            (
+                h200,
+                geom([3, 16, 16, 16], [24, 8, 8, 8], 3, 2, 1, false),
+                vec![24, 3, 3, 3, 3],
+                "Mma",
+            ),
+            (
+                h200,
+                geom([32, 8, 8, 8], [14, 8, 8, 8], 1, 1, 1, false),
+                vec![14, 32, 1, 1, 1],
+                "Pointwise",
+            ),
+            (
+                h200,
+                geom([64, 4, 4, 4], [32, 8, 8, 8], 2, 2, 1, true),
+                vec![64, 32, 2, 2, 2],
+                "Upsample",
+            ),
+            (
+                h200,
+                geom([40, 4, 4, 4], [20, 8, 8, 8], 3, 2, 1, true),
+                vec![40, 20, 3, 3, 3],
+                "Parity",
+            ),
+            (
+                h200,
+                geom([32, 8, 8, 8], [32, 8, 8, 8], 3, 1, 4, false),
+                vec![32, 8, 3, 3, 3],
+                "Legacy",
+            ),
+            (
+                legacy,
+                geom([40, 4, 4, 4], [20, 8, 8, 8], 3, 2, 1, true),
+                vec![40, 20, 3, 3, 3],
+                "Legacy",
+            ),
+        ];
+        for (caps, g, ws, kind) in cases {
+            let k = ConvKernel::choose(&caps, 2, &g);
+            assert!(format!("{k:?}").starts_with(kind), "{k:?} for {ws:?}");
+            let data: Vec<f32> = (0..ws.iter().product::<usize>())
+                .map(|i| i as f32)
+                .collect();
+            let rows = k.weight_rows(&ws, g.groups, g.transposed);
+            let got: Vec<usize> = match &k {
+                ConvKernel::Parity(cl) => cl
+                    .iter()
+                    .map(|(c, _)| relayout_parity_weight(&data, &ws, &c.taps, rows).0.len())
+                    .collect(),
+                ConvKernel::Upsample(_) => vec![relayout_upsampling_weight(&data, &ws, rows).0.len()],
+                _ => vec![relayout_weight(&data, &ws, g.groups, g.transposed, rows).0.len()],
+            };
+            assert_eq!(k.weight_halves(&ws, g.groups, g.transposed), got, "{k:?}");
+            if let ConvKernel::Parity(cl) = &k {
+                assert_eq!(cl.len(), 8, "stride 2: 8 parity classes");
+            }
+        }
+        assert!(HALO_CONFIGS.iter().any(|c| c.smem_bytes() as usize <= h200.smem_optin));
+    }
+
+    #[test]
+    fn alloc_floor_and_caps() {
+        assert_eq!(alloc_size(0), 256);
+        assert_eq!(alloc_size(255), 256);
+        assert_eq!(alloc_size(257), 257);
+        let c = ArchCaps::h200();
+        assert_eq!((c.sm, c.sm_count, c.conv_mma), (90, 132, true));
+        assert!(!ArchCaps::new(7, 5, 40, 65536).conv_mma);
+        assert_eq!(c.norm_blocks(1), 1);
+        assert_eq!(c.norm_blocks(1 << 30), 264);
+        // A forced tile applies only where its gather width divides the conv's.
+        let forced = ArchCaps {
+            conv_tile: Some("conv_mma_m128n64_v8"),
+            ..c
+        };
+        assert_eq!(forced.mma_tile(1000, 32, 8).name, "conv_mma_m128n64_v8");
+        assert_eq!(forced.mma_tile(1000, 32, 2).name, "conv_mma_m128n32_v2");
+    }
+}
