@@ -7,16 +7,18 @@
 //! - CPU (f32): the executor of `backend::cpu` — a value lives from its node to its last needed
 //!   reader, elementwise ops overwrite their first input when it dies there (otherwise they copy
 //!   it), dead branches are skipped. The prediction equals `CpuBackend::last_stats().peak_live_bytes`.
-//! - CUDA (fp16): the launch-list builder of `backend::cuda` — activations following a conv/norm
-//!   are fused into its epilogue, outputs take the best-fitting freed buffer (smallest that is big
-//!   enough, first on ties) or a new one, inputs are freed after their last reader. The sum of the
-//!   pool's buffers equals `CudaBackend::activation_bytes()`; the liveness peak (which node) is
-//!   reported too, the pool total is what is allocated.
+//! - CUDA (fp16): not a replay but the backend's own host-only buffer plan
+//!   (`backend::cuda::plan::buffer_plan`), which `CudaBackend::prepare` allocates exactly:
+//!   the fp16 activation pool (fusion, concat slices, best-fit reuse), every constant upload
+//!   (re-laid fp16 weights with their padding, per parity class for strided transposed convs,
+//!   biases, norm parameters), the f32 staging and the norm scratch, each with the 256-byte
+//!   allocation floor. Device-dependent kernel choices take the target's `ArchCaps` (an H200,
+//!   sm_90, unless given: [`estimate_on`]).
 //!
 //! The rest is counted from the same code paths: weights (f32 on the host, held twice on the CPU
-//! path: the engine's graph and the backend's copy; fp16 re-laid and padded on the device, on the
-//! mma path of sm_80+), workspace (CPU im2col/col2im chunk of each conv, ≤ 4 MiB unless one row is
-//! larger; CUDA f32 staging of the prepared plan and the norm reductions), staging (the window
+//! path: the engine's graph and the backend's copy; the buffer plan's constants on the device),
+//! workspace (CPU im2col/col2im chunk of each conv, ≤ 4 MiB unless one row is larger; CUDA: the
+//! buffer plan's f32 staging and norm scratch), staging (the window
 //! batch on the host; pinned double buffers and the device window buffers on CUDA) and
 //! accumulators (CPU `SlabBlender`: roi_D padded planes, plus its transient copy while it shifts;
 //! CUDA: the ring of `min(D, 2·roi_D)` planes of fp32 sums and the finalised-plane staging).

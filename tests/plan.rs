@@ -454,7 +454,10 @@ fn cuda_prediction_is_the_backend_buffer_plan() {
                 for (b, b1) in bp.bufs.iter().zip(&one.bufs) {
                     assert_eq!(*b, batch * b1, "{name}: buffer sizes scale with the batch");
                 }
-                assert_eq!(bp.consts, one.consts, "{name}: constants independent of batch");
+                assert_eq!(
+                    bp.consts, one.consts,
+                    "{name}: constants independent of batch"
+                );
                 let total = e.budgeted.total();
                 assert!(total > last_total, "{name}: prediction monotone in batch");
                 last_total = total;
@@ -472,7 +475,10 @@ fn cuda_prediction_is_the_backend_buffer_plan() {
             ArchCaps::new(7, 5, 40, 64 * 1024),
         ] {
             let o = plan::estimate_on(&g, Target::Cuda, roi, 2, &w, &caps).unwrap();
-            assert!(d.budgeted.total() >= o.budgeted.total(), "{name} vs {caps:?}");
+            assert!(
+                d.budgeted.total() >= o.budgeted.total(),
+                "{name} vs {caps:?}"
+            );
             assert_eq!(d.budgeted.activations, o.budgeted.activations);
         }
     }
@@ -492,13 +498,14 @@ fn check_no_alias(name: &str, g: &Graph, bp: &voxtile::backend::cuda::plan::Buff
     // Concat group of a value: the concat node it is written into, or its own node.
     let group = |v: usize| -> Option<usize> {
         if bp.in_place[v] {
+            g.nodes.iter().position(|n| {
+                n.inputs.contains(&v) && matches!(n.op, voxtile::model::graph::Op::Concat { .. })
+            })
+        } else {
             g.nodes
                 .iter()
-                .position(|n| n.inputs.contains(&v) && matches!(n.op, voxtile::model::graph::Op::Concat { .. }))
-        } else {
-            g.nodes.iter().position(|n| n.output == v).filter(|&j| {
-                matches!(g.nodes[j].op, voxtile::model::graph::Op::Concat { .. })
-            })
+                .position(|n| n.output == v)
+                .filter(|&j| matches!(g.nodes[j].op, voxtile::model::graph::Op::Concat { .. }))
         }
     };
     let mut live: Vec<usize> = vec![g.input];

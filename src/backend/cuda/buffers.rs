@@ -7,8 +7,8 @@
 
 use super::plan::{
     concat_slice, consumers, fusable_activation, gather_width, infer_shapes, is_upsampling_convt,
-    parity_split, pick_halo, pick_mma, Act, HaloConfig, MmaConfig, ParityClass, Shape,
-    MMA_CONFIGS, MMA_N_PAD,
+    parity_split, pick_halo, pick_mma, Act, HaloConfig, MmaConfig, ParityClass, Shape, MMA_CONFIGS,
+    MMA_N_PAD,
 };
 use crate::model::graph::{Graph, Op};
 use crate::{Error, Result};
@@ -86,13 +86,18 @@ pub enum ConvKernel {
     /// A strided transposed conv as one dense mma GEMM per output parity class.
     Parity(Vec<(ParityClass, &'static MmaConfig)>),
     /// 1x1x1 conv with few outputs, one thread per voxel (`conv1x1_n16` / `_n32`).
-    Pointwise { nc: usize },
+    Pointwise {
+        nc: usize,
+    },
     Halo(&'static HaloConfig),
     /// kernel == stride transposed conv as a GEMM with a scatter epilogue.
     Upsample(&'static MmaConfig),
     Mma(&'static MmaConfig),
     /// The wmma implicit GEMM (`conv_igemm_*`) or, for grouped convs, `conv_direct`.
-    Legacy { func: &'static str, bn: usize },
+    Legacy {
+        func: &'static str,
+        bn: usize,
+    },
 }
 
 /// Shape facts of one conv node the kernel choice needs.
@@ -710,15 +715,21 @@ mod tests {
                     .iter()
                     .map(|(c, _)| relayout_parity_weight(&data, &ws, &c.taps, rows).0.len())
                     .collect(),
-                ConvKernel::Upsample(_) => vec![relayout_upsampling_weight(&data, &ws, rows).0.len()],
-                _ => vec![relayout_weight(&data, &ws, g.groups, g.transposed, rows).0.len()],
+                ConvKernel::Upsample(_) => {
+                    vec![relayout_upsampling_weight(&data, &ws, rows).0.len()]
+                }
+                _ => vec![relayout_weight(&data, &ws, g.groups, g.transposed, rows)
+                    .0
+                    .len()],
             };
             assert_eq!(k.weight_halves(&ws, g.groups, g.transposed), got, "{k:?}");
             if let ConvKernel::Parity(cl) = &k {
                 assert_eq!(cl.len(), 8, "stride 2: 8 parity classes");
             }
         }
-        assert!(HALO_CONFIGS.iter().any(|c| c.smem_bytes() as usize <= h200.smem_optin));
+        assert!(HALO_CONFIGS
+            .iter()
+            .any(|c| c.smem_bytes() as usize <= h200.smem_optin));
     }
 
     #[test]
