@@ -67,7 +67,7 @@ impl ArchCaps {
             .conv_tile
             .and_then(|name| MMA_CONFIGS.iter().find(|c| c.name == name))
         {
-            if vw % c.vw == 0 {
+            if vw.is_multiple_of(c.vw) {
                 return c;
             }
         }
