@@ -7,16 +7,18 @@
 //! - CPU (f32): the executor of `backend::cpu` — a value lives from its node to its last needed
 //!   reader, elementwise ops overwrite their first input when it dies there (otherwise they copy
 //!   it), dead branches are skipped. The prediction equals `CpuBackend::last_stats().peak_live_bytes`.
-//! - CUDA (fp16): the launch-list builder of `backend::cuda` — activations following a conv/norm
-//!   are fused into its epilogue, outputs take the best-fitting freed buffer (smallest that is big
-//!   enough, first on ties) or a new one, inputs are freed after their last reader. The sum of the
-//!   pool's buffers equals `CudaBackend::activation_bytes()`; the liveness peak (which node) is
-//!   reported too, the pool total is what is allocated.
+//! - CUDA (fp16): not a replay but the backend's own host-only buffer plan
+//!   (`backend::cuda::plan::buffer_plan`), which `CudaBackend::prepare` allocates exactly:
+//!   the fp16 activation pool (fusion, concat slices, best-fit reuse), every constant upload
+//!   (re-laid fp16 weights with their padding, per parity class for strided transposed convs,
+//!   biases, norm parameters), the f32 staging and the norm scratch, each with the 256-byte
+//!   allocation floor. Device-dependent kernel choices take the target's `ArchCaps` (an H200,
+//!   sm_90, unless given: [`estimate_on`]).
 //!
 //! The rest is counted from the same code paths: weights (f32 on the host, held twice on the CPU
-//! path: the engine's graph and the backend's copy; fp16 re-laid and padded on the device, on the
-//! mma path of sm_80+), workspace (CPU im2col/col2im chunk of each conv, ≤ 4 MiB unless one row is
-//! larger; CUDA f32 staging of the prepared plan and the norm reductions), staging (the window
+//! path: the engine's graph and the backend's copy; the buffer plan's constants on the device),
+//! workspace (CPU im2col/col2im chunk of each conv, ≤ 4 MiB unless one row is larger; CUDA: the
+//! buffer plan's f32 staging and norm scratch), staging (the window
 //! batch on the host; pinned double buffers and the device window buffers on CUDA) and
 //! accumulators (CPU `SlabBlender`: roi_D padded planes, plus its transient copy while it shifts;
 //! CUDA: the ring of `min(D, 2·roi_D)` planes of fp32 sums and the finalised-plane staging).
@@ -284,169 +286,56 @@ pub fn cpu_activations(
     Ok((peak.live_bytes, peak, with_ws))
 }
 
-/// CUDA activations for (batch, roi), replaying the launch-list builder's buffer pool:
-/// (sum of buffers with the 256-byte allocation floor, sum without, liveness peak, widest output
-/// channel count).
+/// The CUDA backend's buffer plan for (batch, roi) on a device with `caps`: exactly the buffers
+/// `CudaBackend::prepare` allocates (see [`cplan::buffer_plan`]).
+pub fn cuda_buffer_plan(
+    graph: &Graph,
+    batch: usize,
+    roi: [usize; 3],
+    caps: &cplan::ArchCaps,
+) -> Result<cplan::BufferPlan> {
+    cplan::buffer_plan(graph, batch, roi, caps)
+}
+
+/// The launch with the most activation bytes live, as a [`PeakNode`] (the input alone when the
+/// graph launches nothing).
+fn cuda_peak_node(graph: &Graph, bp: &cplan::BufferPlan) -> PeakNode {
+    match bp.peak_launch() {
+        Some(l) => {
+            let node = &graph.nodes[l.node];
+            PeakNode {
+                index: l.node,
+                name: node.name.clone(),
+                op: node.op.name().into(),
+                live_bytes: l.live_bytes as u64,
+                live_values: l.live_bufs,
+            }
+        }
+        None => PeakNode {
+            index: 0,
+            name: "(input)".into(),
+            op: "input".into(),
+            live_bytes: bp.activation_bytes(),
+            live_values: bp.bufs.len(),
+        },
+    }
+}
+
+/// CUDA activations for (batch, roi) on an H200-like device (sm_90), from the backend's own
+/// buffer plan: (sum of buffers with the 256-byte allocation floor, sum without, liveness peak,
+/// widest output channel count).
 pub fn cuda_activations(
     graph: &Graph,
     batch: usize,
     roi: [usize; 3],
 ) -> Result<(u64, u64, PeakNode, usize)> {
-    let shapes = cplan::infer_shapes(graph, roi)?;
-    let cons = cplan::consumers(graph);
-    let nv = graph.values.len();
-    let mut last_use = vec![0usize; nv];
-    for (i, n) in graph.nodes.iter().enumerate() {
-        for &v in &n.inputs {
-            last_use[v] = last_use[v].max(i);
-        }
-    }
-    last_use[graph.output] = usize::MAX;
-    let numel = |s: &cplan::Shape| s.iter().product::<usize>();
-    let mut bufs: Vec<usize> = Vec::new();
-    let mut free: Vec<usize> = Vec::new();
-    let mut in_use: Vec<bool> = Vec::new();
-    let mut buf_of: Vec<Option<usize>> = vec![None; nv];
-    let alloc = |bufs: &mut Vec<usize>, free: &mut Vec<usize>, bytes: usize| -> usize {
-        let best = free
-            .iter()
-            .enumerate()
-            .filter(|(_, &b)| bufs[b] >= bytes)
-            .min_by_key(|(_, &b)| bufs[b])
-            .map(|(i, _)| i);
-        if let Some(i) = best {
-            return free.swap_remove(i);
-        }
-        bufs.push(bytes);
-        bufs.len() - 1
-    };
-    let ib = alloc(
-        &mut bufs,
-        &mut free,
-        batch * numel(&shapes[graph.input]) * 2,
-    );
-    in_use.resize(bufs.len(), false);
-    in_use[ib] = true;
-    buf_of[graph.input] = Some(ib);
-    let live_bytes = |bufs: &[usize], in_use: &[bool]| -> u64 {
-        bufs.iter()
-            .zip(in_use)
-            .filter(|(_, &u)| u)
-            .map(|(&b, _)| b as u64)
-            .sum()
-    };
-    let mut peak = PeakNode {
-        index: 0,
-        name: "(input)".into(),
-        op: "input".into(),
-        live_bytes: live_bytes(&bufs, &in_use),
-        live_values: 1,
-    };
-    let mut fused_into = vec![false; graph.nodes.len()];
-    let mut cmax = 1;
-    for (i, node) in graph.nodes.iter().enumerate() {
-        if fused_into[i] {
-            continue;
-        }
-        let fuse = match &node.op {
-            Op::Conv(_)
-            | Op::ConvTranspose(_)
-            | Op::InstanceNorm { .. }
-            | Op::GroupNorm { .. }
-            | Op::ChannelAffine { .. } => cplan::fusable_activation(graph, &cons, i),
-            _ => None,
-        };
-        let out_v = match fuse {
-            Some(j) => {
-                fused_into[j] = true;
-                graph.nodes[j].output
-            }
-            None => node.output,
-        };
-        let oshape = shapes[node.output];
-        cmax = cmax.max(oshape[0]);
-        let ob = alloc(&mut bufs, &mut free, batch * numel(&oshape) * 2);
-        in_use.resize(bufs.len(), false);
-        in_use[ob] = true;
-        buf_of[out_v] = Some(ob);
-        let lb = live_bytes(&bufs, &in_use);
-        if lb > peak.live_bytes {
-            peak = PeakNode {
-                index: i,
-                name: node.name.clone(),
-                op: node.op.name().into(),
-                live_bytes: lb,
-                live_values: in_use.iter().filter(|&&u| u).count(),
-            };
-        }
-        let end = fuse.unwrap_or(i);
-        for &v in &node.inputs {
-            if last_use[v] <= end && v != out_v {
-                if let Some(b) = buf_of[v].take() {
-                    if !buf_of.iter().any(|o| *o == Some(b)) && !free.contains(&b) {
-                        free.push(b);
-                        in_use[b] = false;
-                    }
-                }
-            }
-        }
-    }
-    if buf_of[graph.output].is_none() {
-        return Err(Error::Graph("the graph output is never computed".into()));
-    }
-    let raw: u64 = bufs.iter().map(|&b| b as u64).sum();
-    let aligned: u64 = bufs.iter().map(|&b| al(b as u64)).sum();
-    Ok((aligned, raw, peak, cmax))
-}
-
-/// Device bytes of the constants the CUDA plan uploads: conv weights re-laid as fp16 GEMM
-/// operands (padded as on the mma path of sm_80+), biases, norm and affine parameters, PReLU
-/// slopes and broadcast constants in f32; each allocation at least 256 bytes.
-pub fn cuda_weight_bytes(graph: &Graph) -> u64 {
-    let f32s = |n: usize| al(n as u64 * F32);
-    let mut total = 0;
-    for node in &graph.nodes {
-        total += match &node.op {
-            Op::Conv(c) => {
-                let ws = &c.weight.shape;
-                let taps = ws[2] * ws[3] * ws[4];
-                let cout = ws[0];
-                let kpad = (taps * ws[1]).div_ceil(32) * 32;
-                let pad = if c.groups != 1 { 64 } else { cplan::MMA_N_PAD };
-                al((cout.div_ceil(pad) * pad * kpad) as u64 * F16)
-                    + c.bias.as_ref().map_or(0, |b| f32s(b.len()))
-            }
-            Op::ConvTranspose(c) => {
-                let ws = &c.weight.shape;
-                let taps = ws[2] * ws[3] * ws[4];
-                let cout = ws[1] * c.groups;
-                let up = cplan::is_upsampling_convt(
-                    [ws[2], ws[3], ws[4]],
-                    c.stride,
-                    c.dilation,
-                    &c.pads,
-                    c.output_padding,
-                    c.groups,
-                );
-                let w = if up {
-                    let n = taps * cout;
-                    n.div_ceil(cplan::MMA_N_PAD) * cplan::MMA_N_PAD * ws[0].div_ceil(32) * 32
-                } else {
-                    let cin_g = ws[0] / c.groups.max(1);
-                    cout.div_ceil(64) * 64 * (taps * cin_g).div_ceil(32) * 32
-                };
-                al(w as u64 * F16) + c.bias.as_ref().map_or(0, |b| f32s(b.len()))
-            }
-            Op::InstanceNorm { scale, bias, .. } | Op::GroupNorm { scale, bias, .. } => {
-                f32s(scale.len()) + f32s(bias.len())
-            }
-            Op::ChannelAffine { scale, .. } => f32s(2 * scale.len()),
-            Op::PRelu { slope } => f32s(slope.len()),
-            Op::AddConst(t) | Op::MulConst(t) => f32s(t.len()),
-            _ => 0,
-        };
-    }
-    total
+    let bp = cplan::buffer_plan(graph, batch, roi, &cplan::ArchCaps::h200())?;
+    Ok((
+        bp.activation_alloc(),
+        bp.activation_bytes(),
+        cuda_peak_node(graph, &bp),
+        bp.cmax,
+    ))
 }
 
 /// Number of windows of `roi` over the workload's volume.
@@ -464,13 +353,26 @@ pub fn window_count(w: &Workload, roi: [usize; 3]) -> Result<usize> {
     Ok(n)
 }
 
-/// Predicted memory of one (roi, batch).
+/// Predicted memory of one (roi, batch); CUDA as on an H200-like device (sm_90, see
+/// [`estimate_on`]).
 pub fn estimate(
     graph: &Graph,
     target: Target,
     roi: [usize; 3],
     batch: usize,
     w: &Workload,
+) -> Result<Estimate> {
+    estimate_on(graph, target, roi, batch, w, &cplan::ArchCaps::h200())
+}
+
+/// Predicted memory of one (roi, batch), for a CUDA device with `caps` (ignored on the CPU).
+pub fn estimate_on(
+    graph: &Graph,
+    target: Target,
+    roi: [usize; 3],
+    batch: usize,
+    w: &Workload,
+    caps: &cplan::ArchCaps,
 ) -> Result<Estimate> {
     if batch == 0 || roi.contains(&0) {
         return Err(Error::Invalid(format!(
@@ -521,7 +423,7 @@ pub fn estimate(
             })
         }
         Target::Cuda => {
-            let (acts, raw, peak_node, cmax) = cuda_activations(graph, batch, roi)?;
+            let bp = cplan::buffer_plan(graph, batch, roi, caps)?;
             let b = batch as u64;
             let argmax = !w.keep_logits && cout > 1;
             let ring = ring_planes(w.shape[0], roi[0]);
@@ -534,14 +436,13 @@ pub fn estimate(
             };
             let win_in = b * cin as u64 * rvox;
             let win_out = b * cout as u64 * rvox;
+            // The prepared plan exactly as `CudaBackend::prepare` allocates it: constants
+            // (re-laid fp16 weights, biases, norm parameters), the fp16 activation pool, and the
+            // f32 in/out staging plus norm scratch.
             let budgeted = Breakdown {
-                weights: cuda_weight_bytes(graph),
-                activations: acts,
-                // f32 in/out staging of the prepared plan and the norm reductions.
-                workspace: al(win_in * F32)
-                    + al(win_out * F32)
-                    + al(b * cmax as u64 * 2 * 8)
-                    + al(b * cmax as u64 * 2 * F32),
+                weights: bp.const_alloc(),
+                activations: bp.activation_alloc(),
+                workspace: bp.scratch_alloc(),
                 // Double-buffered fp16 window batches and the weight map.
                 staging: 2 * al(win_in * F16) + al(rvox * F32),
                 accumulators: al((ring * cout * hw) as u64 * F32)
@@ -571,8 +472,8 @@ pub fn estimate(
                 budgeted,
                 host,
                 volume_bytes: input + output,
-                peak_node,
-                backend_activation_bytes: raw,
+                peak_node: cuda_peak_node(graph, &bp),
+                backend_activation_bytes: bp.activation_bytes(),
             })
         }
     }

@@ -406,3 +406,126 @@ fn plan_command_prints_a_summary_and_json() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
 }
+
+/// The CUDA prediction is the backend's own buffer plan: weights, activations and plan
+/// workspace equal the sums (256-byte floor each) of what `CudaBackend::prepare` allocates,
+/// activations scale exactly with the batch, the rest is independent of it, and the plan
+/// never aliases a buffer that is still needed.
+#[test]
+fn cuda_prediction_is_the_backend_buffer_plan() {
+    use voxtile::backend::cuda::plan::{buffer_plan, ArchCaps};
+    let floor = |b: usize| b.max(256) as u64;
+    let h200 = ArchCaps::h200();
+    for (name, g) in models() {
+        let div = g.spatial_divisor();
+        let rois = [
+            div.map(|d| d * 2),
+            [div[0] * 3, div[1] * 2, div[2] * 4],
+            div.map(|d| (64 / d).max(1) * d),
+        ];
+        for roi in rois {
+            let mut last_total = 0;
+            let one = buffer_plan(&g, 1, roi, &h200).unwrap();
+            for batch in [1, 2, 3, 5] {
+                let bp = buffer_plan(&g, batch, roi, &h200).unwrap();
+                let e = plan::estimate(&g, Target::Cuda, roi, batch, &workload([160, 160, 96]))
+                    .unwrap();
+                let consts: u64 = bp.consts.iter().map(|c| floor(c.bytes)).sum();
+                let acts: u64 = bp.bufs.iter().map(|&b| floor(b)).sum();
+                let scratch: u64 = [bp.stage_in, bp.stage_out, bp.norm_sums, bp.norm_ab]
+                    .iter()
+                    .map(|&b| floor(b))
+                    .sum();
+                assert_eq!(e.budgeted.weights, consts, "{name} {roi:?} b{batch}");
+                assert_eq!(e.budgeted.activations, acts, "{name} {roi:?} b{batch}");
+                assert_eq!(e.budgeted.workspace, scratch, "{name} {roi:?} b{batch}");
+                assert_eq!(bp.device_bytes(), consts + acts + scratch);
+                assert_eq!(
+                    e.backend_activation_bytes,
+                    bp.bufs.iter().map(|&b| b as u64).sum::<u64>()
+                );
+                // fp16 NCDHW per sample: the input buffer and stage_in follow the batch.
+                let cin = g.input_channels();
+                let rv: usize = roi.iter().product();
+                assert_eq!(bp.bufs[bp.input_buf], batch * cin * rv * 2);
+                assert_eq!(bp.stage_in, batch * cin * rv * 4);
+                // Every buffer scales with the batch; constants do not depend on it.
+                assert_eq!(bp.bufs.len(), one.bufs.len());
+                for (b, b1) in bp.bufs.iter().zip(&one.bufs) {
+                    assert_eq!(*b, batch * b1, "{name}: buffer sizes scale with the batch");
+                }
+                assert_eq!(
+                    bp.consts, one.consts,
+                    "{name}: constants independent of batch"
+                );
+                let total = e.budgeted.total();
+                assert!(total > last_total, "{name}: prediction monotone in batch");
+                last_total = total;
+                assert!(e.peak_node.live_bytes <= e.backend_activation_bytes);
+                check_no_alias(&name, &g, &bp);
+            }
+        }
+        // Other devices: the H200 default is never below a smaller sm_80+ part or the legacy
+        // (pre-sm_80) path, whose weights are padded to 64 columns instead of 128.
+        let roi = div.map(|d| d * 2);
+        let w = workload([160, 160, 96]);
+        let d = plan::estimate(&g, Target::Cuda, roi, 2, &w).unwrap();
+        for caps in [
+            ArchCaps::new(8, 6, 84, 99 * 1024),
+            ArchCaps::new(7, 5, 40, 64 * 1024),
+        ] {
+            let o = plan::estimate_on(&g, Target::Cuda, roi, 2, &w, &caps).unwrap();
+            assert!(
+                d.budgeted.total() >= o.budgeted.total(),
+                "{name} vs {caps:?}"
+            );
+            assert_eq!(d.budgeted.activations, o.budgeted.activations);
+        }
+    }
+}
+
+/// Independent check of the pool: walking the launches in order with each value live from its
+/// launch to its last reader, no launch writes a buffer that holds another live value (except the
+/// channel slices of one concat, which share its buffer by design).
+fn check_no_alias(name: &str, g: &Graph, bp: &voxtile::backend::cuda::plan::BufferPlan) {
+    let mut last = vec![0usize; g.values.len()];
+    for (i, n) in g.nodes.iter().enumerate() {
+        for &v in &n.inputs {
+            last[v] = last[v].max(i);
+        }
+    }
+    last[g.output] = usize::MAX;
+    // Concat group of a value: the concat node it is written into, or its own node.
+    let group = |v: usize| -> Option<usize> {
+        if bp.in_place[v] {
+            g.nodes.iter().position(|n| {
+                n.inputs.contains(&v) && matches!(n.op, voxtile::model::graph::Op::Concat { .. })
+            })
+        } else {
+            g.nodes
+                .iter()
+                .position(|n| n.output == v)
+                .filter(|&j| matches!(g.nodes[j].op, voxtile::model::graph::Op::Concat { .. }))
+        }
+    };
+    let mut live: Vec<usize> = vec![g.input];
+    for l in &bp.launches {
+        let end = l.fuse.unwrap_or(l.node);
+        for &v in &g.nodes[l.node].inputs {
+            assert!(bp.value_buf[v].is_some(), "{name}: input {v} has no buffer");
+        }
+        for &v in &live {
+            if v != l.out_v && bp.value_buf[v] == Some(l.out_buf) {
+                let shared = group(v).is_some() && group(v) == group(l.out_v);
+                assert!(
+                    shared,
+                    "{name}: node {} writes buffer {} still holding value {v}",
+                    g.nodes[l.node].name, l.out_buf
+                );
+            }
+        }
+        live.push(l.out_v);
+        live.retain(|&v| last[v] > end);
+    }
+    assert_eq!(bp.value_buf[g.output], Some(bp.output_buf));
+}

@@ -1,11 +1,12 @@
 //! The planner against the CUDA backend (run by the lead on the GPU machine; skipped without a GPU
 //! unless VOXTILE_REQUIRE_GPU=1).
 //!
-//! How the planner matches the device: `plan::cuda_activations` replays the launch-list builder of
-//! `backend::cuda` (activation fusion into conv/norm epilogues, best-fit reuse of freed fp16
-//! buffers, release after the last reader), so its unaligned pool total must equal
-//! `CudaBackend::activation_bytes()` exactly; the whole prediction (weights, plan staging, norm
-//! buffers, pipeline buffers and ring) must be ≥ `peak_device_bytes()` and within 15%.
+//! How the planner matches the device: `CudaBackend::prepare` allocates exactly the host-only
+//! `backend::cuda::plan::buffer_plan` (activation pool, constants, staging and norm scratch) and
+//! the planner sums that same plan, so after `prepare` the tracked device bytes equal
+//! `BufferPlan::device_bytes()` exactly and the activation pool equals
+//! `CudaBackend::activation_bytes()`; the whole prediction (plan plus pipeline buffers and ring)
+//! must be ≥ `peak_device_bytes()` and within 15%.
 //!
 //! The injected-OOM retry is compared with a tolerance, not bitwise: the CUDA InstanceNorm
 //! kernel sums with atomics, so two clean runs may already differ in the last bits.
@@ -72,17 +73,10 @@ fn predicted_device_memory_matches_measured() {
                     est.backend_activation_bytes,
                     100.0 * (pred as f64 / peak as f64 - 1.0)
                 );
-                // The planner replays the launch-list builder: it may only over-count (the
-                // concat-in-place and parity-split buffers it does not model), never under-count.
-                assert!(
-                    est.backend_activation_bytes >= measured_act,
-                    "activation pool predicted {} below measured {measured_act}",
-                    est.backend_activation_bytes
-                );
-                assert!(
-                    est.backend_activation_bytes as f64 <= 1.15 * measured_act as f64,
-                    "activation pool predicted {} > 115% of measured {measured_act}",
-                    est.backend_activation_bytes
+                // The planner sums the buffer plan the backend allocates: the pool is exact.
+                assert_eq!(
+                    est.backend_activation_bytes, measured_act,
+                    "activation pool predicted vs measured"
                 );
                 assert!(pred >= peak, "prediction {pred} below measured {peak}");
                 assert!(
@@ -91,6 +85,45 @@ fn predicted_device_memory_matches_measured() {
                 );
                 assert!(peak <= budget);
             }
+        }
+    }
+}
+
+/// `prepare` allocates exactly the host-only buffer plan for this device: the tracked device
+/// bytes after it equal `BufferPlan::device_bytes()`, the pool equals `activation_bytes()`, and
+/// the planner's default (H200, sm_90) weights and workspace are not below this device's.
+#[test]
+fn prepare_allocates_exactly_the_buffer_plan() {
+    use voxtile::backend::cuda::plan::{buffer_plan, ArchCaps};
+    use voxtile::backend::Backend;
+    if !gpu_present() {
+        return;
+    }
+    let mut models = vec![data("deepbrain.onnx")];
+    models.extend(shared("fixtures/models/nnunet_small.onnx"));
+    models.extend(shared("fixtures/models/monai_unet_small.onnx"));
+    let mut b = CudaBackend::new(0).unwrap();
+    for model in models {
+        let g = voxtile::model::onnx::load(&model).unwrap();
+        let div = g.spatial_divisor();
+        for (batch, roi) in [
+            (1, div.map(|d| d * 2)),
+            (3, div.map(|d| (96 / d).max(1) * d)),
+        ] {
+            b.prepare(&g, batch, roi).unwrap();
+            let bp = buffer_plan(&g, batch, roi, &b.caps()).unwrap();
+            let peak = b.peak_device_bytes().unwrap();
+            eprintln!(
+                "RESULT plan_gpu prepare {} b{batch} {roi:?}: plan {} tracked {peak} caps {:?}",
+                model.file_name().unwrap().to_string_lossy(),
+                bp.device_bytes(),
+                b.caps()
+            );
+            assert_eq!(bp.device_bytes(), peak);
+            assert_eq!(bp.activation_bytes(), b.activation_bytes() as u64);
+            let h = buffer_plan(&g, batch, roi, &ArchCaps::h200()).unwrap();
+            assert!(h.const_alloc() >= bp.const_alloc());
+            assert!(h.device_bytes() >= bp.device_bytes() || b.caps().sm_count > 132);
         }
     }
 }

@@ -5,6 +5,7 @@
 //! launch list over preallocated buffers that are reused by liveness; `run` only launches.
 //! cudarc's per-buffer event tracking is switched off: this module orders its own streams.
 
+pub mod buffers;
 pub mod kernels;
 pub mod pipeline;
 pub mod plan;
@@ -72,9 +73,9 @@ impl DevBuf {
     fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self> {
         ctx.bind_to_thread().map_err(drv("bind context"))?;
         // SAFETY: plain device allocation; freed once in Drop.
-        let ptr = unsafe { cu::malloc_sync(bytes.max(256)) }
+        let ptr = unsafe { cu::malloc_sync(buffers::alloc_size(bytes) as usize) }
             .map_err(drv(&format!("allocation of {bytes} bytes")))?;
-        mem_track(ctx, bytes.max(256) as i64);
+        mem_track(ctx, buffers::alloc_size(bytes) as i64);
         Ok(DevBuf {
             ctx: ctx.clone(),
             ptr,
@@ -96,7 +97,7 @@ impl Drop for DevBuf {
         // SAFETY: allocated by malloc_sync, freed once; the context synchronises first.
         let _ = self.ctx.synchronize();
         let _ = unsafe { cu::free_sync(self.ptr) };
-        mem_track(&self.ctx, -(self.bytes.max(256) as i64));
+        mem_track(&self.ctx, -(buffers::alloc_size(self.bytes) as i64));
     }
 }
 
@@ -246,6 +247,12 @@ struct Prepared {
     norm_ab: DevBuf,
     /// Bytes of activation memory the plan allocated (after reuse).
     activation_bytes: usize,
+}
+
+/// Constants uploaded so far, checked against the buffer plan's list.
+struct ConstSink<'a> {
+    bufs: Vec<DevBuf>,
+    plan: &'a [plan::ConstBuf],
 }
 
 /// The CUDA fp16 backend on one device.
@@ -436,24 +443,6 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The mma tile for a GEMM of `m` rows, `n` columns.
-    fn mma_tile(&self, m: usize, n: usize, vw: usize) -> &'static plan::MmaConfig {
-        match self.conv_tile {
-            Some(name) => {
-                let c = plan::MMA_CONFIGS
-                    .iter()
-                    .find(|c| c.name == name)
-                    .expect("checked by set_conv_tile");
-                if vw % c.vw != 0 {
-                    plan::pick_mma(m, n, vw, self.sm_count as usize)
-                } else {
-                    c
-                }
-            }
-            None => plan::pick_mma(m, n, vw, self.sm_count as usize),
-        }
-    }
-
     /// The device's architecture string, e.g. "sm_90".
     pub fn arch(&self) -> &str {
         &self.arch
@@ -522,7 +511,7 @@ impl CudaBackend {
     /// Blocks per sample of the norm statistics: >= 256 pixels each, at most 2 per SM (with
     /// batch 4 that fills 132 SMs 8 deep at 128^3), so the partials stay small.
     fn norm_blocks(&self, pix: usize) -> usize {
-        pix.div_ceil(256).clamp(1, 2 * self.sm_count as usize)
+        self.caps().norm_blocks(pix)
     }
 
     /// y = act(x * a + b) per (sample, channel) from `ab` (`nstride` 0: one pair per channel);
@@ -586,143 +575,90 @@ impl CudaBackend {
         )
     }
 
-    fn upload_const(&self, consts: &mut Vec<DevBuf>, data: &[f32]) -> Result<u64> {
+    /// Uploads the next constant of the buffer plan; its bytes must be the plan's.
+    fn upload_const<T>(&self, consts: &mut ConstSink, data: &[T]) -> Result<u64> {
+        let k = consts.bufs.len();
+        let bytes = std::mem::size_of_val(data);
+        match consts.plan.get(k) {
+            Some(c) if c.bytes == bytes => {}
+            c => return Err(Error::Backend(format!(
+                "CUDA launch list: constant {k} has {bytes} bytes but the buffer plan says {c:?}"
+            ))),
+        }
         let b = DevBuf::upload(&self.ctx, &self.stream, data)?;
         let p = b.ptr;
-        consts.push(b);
+        consts.bufs.push(b);
         Ok(p)
     }
 
-    fn act_slope(&self, consts: &mut Vec<DevBuf>, act: &Act) -> Result<u64> {
+    fn act_slope(&self, consts: &mut ConstSink, act: &Act) -> Result<u64> {
         match act {
             Act::PRelu(s) => self.upload_const(consts, s),
             _ => Ok(0),
         }
     }
 
+    /// The device properties and switches the launch list depends on (for
+    /// [`plan::buffer_plan`] and the memory planner).
+    pub fn caps(&self) -> plan::ArchCaps {
+        let (ma, mi) = self.ctx.compute_capability().unwrap_or((0, 0));
+        plan::ArchCaps {
+            sm: (ma * 10 + mi).max(0) as u32,
+            sm_count: self.sm_count as usize,
+            smem_optin: self.smem_optin,
+            conv_mma: self.conv_mma,
+            conv_halo: self.conv_halo,
+            conv_tile: self.conv_tile,
+            halo_tile: self.halo_tile,
+        }
+    }
+
+    /// Builds the launch list over exactly the buffers of [`plan::buffer_plan`]: the plan says
+    /// which buffers exist, which launch writes which, each conv's kernel and every constant's
+    /// bytes; this only allocates, uploads (checking each size against the plan) and fills in
+    /// pointers.
     fn build(&self, graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<Prepared> {
-        if batch == 0 || roi.contains(&0) {
-            return Err(Error::Invalid(format!(
-                "batch {batch} and window {roi:?} must be non-zero"
-            )));
-        }
-        let shapes = plan::infer_shapes(graph, roi)?;
-        let cons = plan::consumers(graph);
-        let nn = graph.nodes.len();
-        // Last node that reads each value (the graph output lives to the end).
-        let mut last_use = vec![0usize; graph.values.len()];
-        for (i, n) in graph.nodes.iter().enumerate() {
-            for &v in &n.inputs {
-                last_use[v] = last_use[v].max(i);
-            }
-        }
-        last_use[graph.output] = usize::MAX;
+        let bp = plan::buffer_plan(graph, batch, roi, &self.caps())?;
+        let shapes = &bp.shapes;
         let numel = |s: &Shape| s.iter().product::<usize>();
-
-        // Buffer pool: best-fit reuse of freed buffers.
-        let mut bufs: Vec<DevBuf> = Vec::new();
-        let mut free: Vec<usize> = Vec::new();
-        let mut buf_of: Vec<Option<usize>> = vec![None; graph.values.len()];
-        let alloc =
-            |bufs: &mut Vec<DevBuf>, free: &mut Vec<usize>, bytes: usize| -> Result<usize> {
-                let best = free
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, &b)| bufs[b].bytes >= bytes)
-                    .min_by_key(|(_, &b)| bufs[b].bytes)
-                    .map(|(i, _)| i);
-                if let Some(i) = best {
-                    return Ok(free.swap_remove(i));
-                }
-                bufs.push(DevBuf::new(&self.ctx, bytes)?);
-                Ok(bufs.len() - 1)
-            };
+        let bufs: Vec<DevBuf> = bp
+            .bufs
+            .iter()
+            .map(|&b| DevBuf::new(&self.ctx, b))
+            .collect::<Result<_>>()?;
         let in_shape = shapes[graph.input];
-        let ib = alloc(&mut bufs, &mut free, batch * numel(&in_shape) * 2)?;
-        buf_of[graph.input] = Some(ib);
-
-        let mut consts: Vec<DevBuf> = Vec::new();
+        let mut consts = ConstSink {
+            bufs: Vec::new(),
+            plan: &bp.consts,
+        };
         let mut steps: Vec<Step> = Vec::new();
         let mut labels: Vec<String> = Vec::new();
-        let mut fused_into: Vec<bool> = vec![false; nn];
-        let mut cmax = 1;
-        // Concats whose buffer a producer already writes into (node -> buffer), and the values
-        // written in place into their concat's slice (no copy at the concat).
-        let mut concat_buf: HashMap<usize, usize> = HashMap::new();
-        let mut in_place = vec![false; graph.values.len()];
-        let mut norm_part = 0usize;
-        for (i, node) in graph.nodes.iter().enumerate() {
-            if fused_into[i] {
-                continue;
-            }
-            let ptr_of =
-                |v: usize, bufs: &Vec<DevBuf>, buf_of: &Vec<Option<usize>>| -> Result<u64> {
-                    buf_of[v].map(|b| bufs[b].ptr).ok_or_else(|| {
+        for l in &bp.launches {
+            let i = l.node;
+            let node = &graph.nodes[i];
+            let xs: Vec<u64> = node
+                .inputs
+                .iter()
+                .map(|&v| {
+                    bp.value_buf[v].map(|b| bufs[b].ptr).ok_or_else(|| {
                         Error::Graph(format!(
                             "node {}: input value {v} was never computed",
                             node.name
                         ))
                     })
-                };
-            let xs: Vec<u64> = node
-                .inputs
-                .iter()
-                .map(|&v| ptr_of(v, &bufs, &buf_of))
+                })
                 .collect::<Result<_>>()?;
             let x = xs[0];
             let xshape = shapes[node.inputs[0]];
-            // Fuse a following activation into conv / norm epilogues.
-            let fuse = match &node.op {
-                Op::Conv(_)
-                | Op::ConvTranspose(_)
-                | Op::InstanceNorm { .. }
-                | Op::GroupNorm { .. }
-                | Op::ChannelAffine { .. } => plan::fusable_activation(graph, &cons, i),
-                _ => None,
-            };
-            let (act, out_v) = match fuse {
-                Some(j) => {
-                    fused_into[j] = true;
-                    (
-                        Act::of(&graph.nodes[j].op).expect("checked by fusable_activation"),
-                        graph.nodes[j].output,
-                    )
-                }
-                None => (Act::None, node.output),
+            let act = match l.fuse {
+                Some(j) => Act::of(&graph.nodes[j].op).expect("checked by fusable_activation"),
+                None => Act::None,
             };
             let oshape = shapes[node.output];
-            cmax = cmax.max(oshape[0]);
-            // Convs and binaries whose only consumer is a channel concat write straight into
-            // its slice (the concat's buffer is allocated here, early).
-            let target = match &node.op {
-                Op::Conv(_) | Op::ConvTranspose(_) | Op::Add | Op::Mul | Op::Sub | Op::Div => {
-                    plan::concat_slice(graph, &cons, &shapes, out_v)
-                }
-                _ => None,
-            };
-            let (ob, ldc, coff) = if let Some((j, coff, ctot)) = target {
-                let cb = match concat_buf.get(&j) {
-                    Some(&b) => b,
-                    None => {
-                        let cs = shapes[graph.nodes[j].output];
-                        let b = alloc(&mut bufs, &mut free, batch * numel(&cs) * 2)?;
-                        concat_buf.insert(j, b);
-                        b
-                    }
-                };
-                in_place[out_v] = true;
-                (cb, ctot, coff)
-            } else if let Some(&b) = concat_buf.get(&i) {
-                (b, oshape[0], 0)
-            } else {
-                (
-                    alloc(&mut bufs, &mut free, batch * numel(&oshape) * 2)?,
-                    oshape[0],
-                    0,
-                )
-            };
-            buf_of[out_v] = Some(ob);
-            let y = bufs[ob].ptr;
+            let (ldc, coff) = (l.ldc, l.coff);
+            let y = bufs[l.out_buf].ptr;
+            let in_place = &bp.in_place;
+            let conv_kernel = l.conv.as_ref();
             let pix = oshape[1] * oshape[2] * oshape[3];
             let slope = self.act_slope(&mut consts, &act)?;
             let slope_n = match &act {
@@ -744,12 +680,13 @@ impl CudaBackend {
                     let w = &c.weight.shape;
                     steps.extend(self.conv_step(
                         &mut consts,
+                        conv_kernel.ok_or_else(|| {
+                            Error::Backend(format!("node {}: no conv kernel planned", node.name))
+                        })?,
                         &c.weight,
                         c.bias.as_ref(),
                         c.groups,
                         false,
-                        false,
-                        batch,
                         xshape,
                         oshape,
                         [w[2], w[3], w[4]],
@@ -767,22 +704,15 @@ impl CudaBackend {
                 }
                 Op::ConvTranspose(c) => {
                     let w = &c.weight.shape;
-                    let upsample = plan::is_upsampling_convt(
-                        [w[2], w[3], w[4]],
-                        c.stride,
-                        c.dilation,
-                        &c.pads,
-                        c.output_padding,
-                        c.groups,
-                    );
                     steps.extend(self.conv_step(
                         &mut consts,
+                        conv_kernel.ok_or_else(|| {
+                            Error::Backend(format!("node {}: no conv kernel planned", node.name))
+                        })?,
                         &c.weight,
                         c.bias.as_ref(),
                         c.groups,
                         true,
-                        upsample,
-                        batch,
                         xshape,
                         oshape,
                         [w[2], w[3], w[4]],
@@ -812,7 +742,6 @@ impl CudaBackend {
                             node.name, xshape[0]
                         )));
                     }
-                    norm_part = norm_part.max(self.norm_blocks(pix) * xshape[0]);
                     let gamma = self.upload_const(&mut consts, &scale.data)?;
                     let beta = self.upload_const(&mut consts, &bias.data)?;
                     steps.push(Step::Norm {
@@ -1017,23 +946,17 @@ impl CudaBackend {
                     oshape,
                 ));
             }
-            // Release inputs read for the last time here (after the output was placed, so a
-            // kernel never reads and writes one buffer). A fused activation ends at node j.
-            let end = fuse.unwrap_or(i);
-            for &v in &node.inputs {
-                if last_use[v] <= end && v != out_v {
-                    if let Some(b) = buf_of[v].take() {
-                        if !buf_of.iter().any(|o| *o == Some(b)) && !free.contains(&b) {
-                            free.push(b);
-                        }
-                    }
-                }
-            }
         }
-        let ob = buf_of[graph.output]
-            .ok_or_else(|| Error::Graph("the graph output is never computed".into()))?;
+        if consts.bufs.len() != bp.consts.len() {
+            return Err(Error::Backend(format!(
+                "CUDA launch list: {} constants uploaded, the buffer plan lists {}",
+                consts.bufs.len(),
+                bp.consts.len()
+            )));
+        }
         let out_shape = shapes[graph.output];
         let activation_bytes = bufs.iter().map(|b| b.bytes).sum();
+        let (ib, ob) = (bp.input_buf, bp.output_buf);
         let in_len = batch * numel(&in_shape);
         let out_len = batch * numel(&out_shape);
         // SAFETY: host buffers are written before they are read. Flags 0: cached (not
@@ -1053,27 +976,28 @@ impl CudaBackend {
             input: bufs[ib].ptr,
             output: bufs[ob].ptr,
             bufs,
-            consts,
-            stage_in: DevBuf::new(&self.ctx, in_len * 4)?,
-            stage_out: DevBuf::new(&self.ctx, out_len * 4)?,
+            consts: consts.bufs,
+            stage_in: DevBuf::new(&self.ctx, bp.stage_in)?,
+            stage_out: DevBuf::new(&self.ctx, bp.stage_out)?,
             host_in,
             host_out,
-            norm_sums: DevBuf::new(&self.ctx, batch * norm_part.max(cmax) * 2 * 4)?,
-            norm_ab: DevBuf::new(&self.ctx, batch * cmax * 2 * 4)?,
+            norm_sums: DevBuf::new(&self.ctx, bp.norm_sums)?,
+            norm_ab: DevBuf::new(&self.ctx, bp.norm_ab)?,
             activation_bytes,
         })
     }
 
+    /// The launch(es) of one conv on the kernel the buffer plan chose, uploading its bias and
+    /// re-laid weight(s).
     #[allow(clippy::too_many_arguments)]
     fn conv_step(
         &self,
-        consts: &mut Vec<DevBuf>,
+        consts: &mut ConstSink,
+        kernel: &plan::ConvKernel,
         weight: &Tensor,
         bias: Option<&Tensor>,
         groups: usize,
         transposed: bool,
-        upsample: bool,
-        batch: usize,
         xs: Shape,
         os: Shape,
         k: [usize; 3],
@@ -1088,19 +1012,10 @@ impl CudaBackend {
         slope: u64,
         slope_n: i32,
     ) -> Result<Vec<Step>> {
+        use plan::ConvKernel as K;
         let cout = os[0];
         let direct = groups != 1;
-        let vec8 = xs[0] % 8 == 0;
-        let vw = plan::gather_width(xs[0]);
         let taps = k[0] * k[1] * k[2];
-        // GEMM rows: output voxels, or input voxels for the upsampling transposed conv.
-        let rows = if upsample {
-            batch * xs[1] * xs[2] * xs[3]
-        } else {
-            batch * os[1] * os[2] * os[3]
-        };
-        // The mma kernels index rows with 32-bit ints; the wmma kernel handles the rest.
-        let mma = self.conv_mma && !direct && (!transposed || upsample) && rows < (1 << 31);
         let bias = match bias {
             Some(b) if b.len() == cout => self.upload_const(consts, &b.data)?,
             Some(b) => {
@@ -1143,24 +1058,35 @@ impl CudaBackend {
             slope_n,
             ..Default::default()
         };
-        // Any other transposed conv (groups 1, dilation 1): one dense conv per output parity
-        // class on the mma kernel, scattered with stride `stride` (no zero MACs).
-        let osp = [os[1], os[2], os[3]];
-        if self.conv_mma && !direct && transposed && !upsample && dil == [1; 3] {
-            if let Some(classes) = plan::parity_split(k, stride, pads, osp) {
+        let rows_pad = kernel.weight_rows(&weight.shape, groups, transposed);
+        let mut upload = |wh: &[half::f16]| -> Result<u64> { self.upload_const(consts, wh) };
+        let step = |p: ConvParams, w: u64, y: u64, func, bm, bn, threads, smem| Step::Conv {
+            func,
+            p,
+            x,
+            w,
+            bias,
+            y,
+            slope,
+            bm,
+            bn,
+            threads,
+            smem,
+            direct,
+            pointwise: false,
+        };
+        match kernel {
+            // A strided transposed conv: one dense conv per output parity class on the mma
+            // kernel, scattered with stride `stride` (no zero MACs).
+            K::Parity(classes) => {
                 let mut out = Vec::new();
-                for cl in classes {
+                for (cl, c) in classes {
                     let (wh, kpad) = plan::relayout_parity_weight(
                         &weight.data,
                         &weight.shape,
                         &cl.taps,
-                        cout.div_ceil(plan::MMA_N_PAD) * plan::MMA_N_PAD,
+                        rows_pad,
                     );
-                    let rows = batch * cl.grid.iter().product::<usize>();
-                    if rows >= 1 << 31 {
-                        out.clear();
-                        break;
-                    }
                     let mut q = p;
                     (q.do_, q.ho, q.wo) = (cl.grid[0] as i32, cl.grid[1] as i32, cl.grid[2] as i32);
                     (q.kd, q.kh, q.kw) = (
@@ -1177,166 +1103,101 @@ impl CudaBackend {
                     q.ocout = cout as i32;
                     (q.od, q.oh, q.ow) = (os[1] as i32, os[2] as i32, os[3] as i32);
                     q.kpad = kpad as i32;
-                    let c = self.mma_tile(rows, cout, vw);
-                    let wb = DevBuf::upload(&self.ctx, &self.stream, &wh)?;
-                    let w = wb.ptr;
-                    consts.push(wb);
+                    let w = upload(&wh)?;
                     // The class's first output voxel: the scatter adds (j * stride) to it.
                     let first = (cl.r[0] * os[2] + cl.r[1]) * os[3] + cl.r[2];
-                    out.push(Step::Conv {
-                        func: c.name,
-                        p: q,
-                        x,
+                    out.push(step(
+                        q,
                         w,
-                        bias,
-                        y: y + (first * ldc * 2) as u64,
-                        slope,
-                        bm: c.bm as u32,
-                        bn: c.bn as u32,
-                        threads: c.threads,
-                        smem: c.smem_bytes(),
-                        direct: false,
-                        pointwise: false,
-                    });
+                        y + (first * ldc * 2) as u64,
+                        c.name,
+                        c.bm as u32,
+                        c.bn as u32,
+                        c.threads,
+                        c.smem_bytes(),
+                    ));
                 }
-                if !out.is_empty() {
-                    return Ok(out);
-                }
+                Ok(out)
+            }
+            // 1x1x1 conv with few outputs (the head): memory bound, one thread per voxel.
+            K::Pointwise { nc } => {
+                let cin = xs[0];
+                let (wh, kpad) =
+                    plan::relayout_weight(&weight.data, &weight.shape, 1, false, rows_pad);
+                p.kpad = kpad as i32;
+                let w = upload(&wh)?;
+                Ok(vec![Step::Conv {
+                    func: if *nc == 16 {
+                        "conv1x1_n16"
+                    } else {
+                        "conv1x1_n32"
+                    },
+                    p,
+                    x,
+                    w,
+                    bias,
+                    y,
+                    slope,
+                    bm: 256,
+                    bn: *nc as u32,
+                    threads: 256,
+                    smem: (cin * nc * 4 + 256 * nc * 2) as u32,
+                    direct: false,
+                    pointwise: true,
+                }])
+            }
+            // Plain GEMM [input voxels x Cin] x [Cin x taps*Cout], scattered to the k^3 blocks.
+            K::Upsample(c) => {
+                let n = taps * cout;
+                let (wh, kpad) =
+                    plan::relayout_upsampling_weight(&weight.data, &weight.shape, rows_pad);
+                p.do_ = xs[1] as i32;
+                p.ho = xs[2] as i32;
+                p.wo = xs[3] as i32;
+                p.cout = n as i32;
+                (p.kd, p.kh, p.kw) = (1, 1, 1);
+                (p.sd, p.sh, p.sw) = (1, 1, 1);
+                (p.dd, p.dh, p.dw) = (1, 1, 1);
+                p.transposed = 0;
+                (p.up_d, p.up_h, p.up_w) = (k[0] as i32, k[1] as i32, k[2] as i32);
+                p.ocout = cout as i32;
+                (p.od, p.oh, p.ow) = (os[1] as i32, os[2] as i32, os[3] as i32);
+                p.kpad = kpad as i32;
+                let w = upload(&wh)?;
+                Ok(vec![step(
+                    p,
+                    w,
+                    y,
+                    c.name,
+                    c.bm as u32,
+                    c.bn as u32,
+                    c.threads,
+                    c.smem_bytes(),
+                )])
+            }
+            // Stride-1 3^3 with Cin 32/64: the input halo of a 4x8x8 output tile loaded once
+            // for all 27 taps (`conv_halo_*`), the mma weight layout; or the mma / legacy tiles.
+            K::Halo(_) | K::Mma(_) | K::Legacy { .. } => {
+                let (wh, kpad) = plan::relayout_weight(
+                    &weight.data,
+                    &weight.shape,
+                    groups,
+                    transposed,
+                    rows_pad,
+                );
+                p.kpad = kpad as i32;
+                let w = upload(&wh)?;
+                let (func, bm, bn, threads, smem) = match kernel {
+                    K::Halo(c) => (c.name, 256, c.bn, c.threads, c.smem_bytes()),
+                    K::Mma(c) => (c.name, c.bm, c.bn, c.threads, c.smem_bytes()),
+                    K::Legacy { func, bn } => (*func, 128, *bn, 128, 0),
+                    _ => unreachable!("matched above"),
+                };
+                Ok(vec![step(
+                    p, w, y, func, bm as u32, bn as u32, threads, smem,
+                )])
             }
         }
-        // 1x1x1 conv with few outputs (the head): memory bound, one thread per voxel.
-        let cin = xs[0];
-        if self.conv_mma
-            && !direct
-            && !transposed
-            && k == [1; 3]
-            && stride == [1; 3]
-            && pads == [0; 3]
-            && osp == [xs[1], xs[2], xs[3]]
-            && cin % 8 == 0
-            && cin <= 256
-            && cout <= 32
-        {
-            let nc = if cout <= 16 { 16 } else { 32 };
-            let (wh, kpad) = plan::relayout_weight(&weight.data, &weight.shape, 1, false, 64);
-            p.kpad = kpad as i32;
-            let wb = DevBuf::upload(&self.ctx, &self.stream, &wh)?;
-            let w = wb.ptr;
-            consts.push(wb);
-            return Ok(vec![Step::Conv {
-                func: if nc == 16 {
-                    "conv1x1_n16"
-                } else {
-                    "conv1x1_n32"
-                },
-                p,
-                x,
-                w,
-                bias,
-                y,
-                slope,
-                bm: 256,
-                bn: nc as u32,
-                threads: 256,
-                smem: (cin * nc * 4 + 256 * nc * 2) as u32,
-                direct: false,
-                pointwise: true,
-            }]);
-        }
-        // Stride-1 3^3 with Cin 32/64: the input halo of a 4x8x8 output tile loaded once for
-        // all 27 taps (`conv_halo_*`). The weight layout is the mma one.
-        let halo = if mma && !upsample && self.conv_halo && self.conv_tile.is_none() {
-            plan::pick_halo(
-                cin,
-                cout,
-                k,
-                stride,
-                dil,
-                groups,
-                transposed,
-                self.smem_optin,
-                self.halo_tile,
-            )
-        } else {
-            None
-        };
-        let (wh, kpad, func, bm, bn, threads, smem) = if let Some(c) = halo {
-            let (wh, kpad) = plan::relayout_weight(
-                &weight.data,
-                &weight.shape,
-                groups,
-                transposed,
-                cout.div_ceil(plan::MMA_N_PAD) * plan::MMA_N_PAD,
-            );
-            (wh, kpad, c.name, 256, c.bn, c.threads, c.smem_bytes())
-        } else if mma && upsample {
-            // Plain GEMM [input voxels x Cin] x [Cin x taps*Cout], scattered to the k^3 blocks.
-            let n = taps * cout;
-            let (wh, kpad) = plan::relayout_upsampling_weight(
-                &weight.data,
-                &weight.shape,
-                n.div_ceil(plan::MMA_N_PAD) * plan::MMA_N_PAD,
-            );
-            p.do_ = xs[1] as i32;
-            p.ho = xs[2] as i32;
-            p.wo = xs[3] as i32;
-            p.cout = n as i32;
-            (p.kd, p.kh, p.kw) = (1, 1, 1);
-            (p.sd, p.sh, p.sw) = (1, 1, 1);
-            (p.dd, p.dh, p.dw) = (1, 1, 1);
-            p.transposed = 0;
-            (p.up_d, p.up_h, p.up_w) = (k[0] as i32, k[1] as i32, k[2] as i32);
-            p.ocout = cout as i32;
-            (p.od, p.oh, p.ow) = (os[1] as i32, os[2] as i32, os[3] as i32);
-            let c = self.mma_tile(rows, n, vw);
-            (wh, kpad, c.name, c.bm, c.bn, c.threads, c.smem_bytes())
-        } else if mma {
-            let (wh, kpad) = plan::relayout_weight(
-                &weight.data,
-                &weight.shape,
-                groups,
-                transposed,
-                cout.div_ceil(plan::MMA_N_PAD) * plan::MMA_N_PAD,
-            );
-            let c = self.mma_tile(rows, cout, vw);
-            (wh, kpad, c.name, c.bm, c.bn, c.threads, c.smem_bytes())
-        } else {
-            let bn = if cout <= 32 { 32 } else { 64 };
-            let (wh, kpad) = plan::relayout_weight(
-                &weight.data,
-                &weight.shape,
-                groups,
-                transposed,
-                cout.div_ceil(64) * 64,
-            );
-            let func = match (direct, bn, vec8) {
-                (true, _, _) => "conv_direct",
-                (false, 64, true) => "conv_igemm_n64_v8",
-                (false, 64, false) => "conv_igemm_n64_v1",
-                (false, _, true) => "conv_igemm_n32_v8",
-                (false, _, false) => "conv_igemm_n32_v1",
-            };
-            (wh, kpad, func, 128, bn, 128, 0)
-        };
-        p.kpad = kpad as i32;
-        let wb = DevBuf::upload(&self.ctx, &self.stream, &wh)?;
-        let w = wb.ptr;
-        consts.push(wb);
-        Ok(vec![Step::Conv {
-            func,
-            p,
-            x,
-            w,
-            bias,
-            y,
-            slope,
-            bm: bm as u32,
-            bn: bn as u32,
-            threads,
-            smem,
-            direct,
-            pointwise: false,
-        }])
     }
 
     /// Launches the prepared list for `n` samples on the compute stream.

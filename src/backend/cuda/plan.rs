@@ -4,6 +4,11 @@
 use crate::model::graph::{Conv, ConvTranspose, Graph, Op, Pool, Resize, ResizeMode};
 use crate::{Error, Result};
 
+pub use super::buffers::{
+    alloc_size, buffer_plan, ArchCaps, BufferPlan, ConstBuf, ConvGeom, ConvKernel, Launch,
+    ALLOC_FLOOR,
+};
+
 /// Per-sample activation shape: [C, D, H, W].
 pub type Shape = [usize; 4];
 
