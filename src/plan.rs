@@ -24,7 +24,9 @@
 //! CUDA: the ring of `min(D, 2·roi_D)` planes of fp32 sums and the finalised-plane staging).
 
 use crate::backend::cpu::ops::{is_inplace, COL_BUDGET_BYTES};
-use crate::backend::cuda::pipeline::{chunk_planes, ring_planes};
+use crate::backend::cuda::pipeline::{
+    pipeline_alloc, ring_planes, stage_planes, GatherMode, OUT_SLOTS,
+};
 use crate::backend::cuda::plan as cplan;
 use crate::model::graph::{Graph, Op};
 use crate::tiling::{Grid, Placement};
@@ -151,10 +153,6 @@ pub const CUDA_SATURATION_VOXELS: u64 = 1 << 21;
 
 const F32: u64 = 4;
 const F16: u64 = 2;
-
-fn al(b: u64) -> u64 {
-    b.max(256)
-}
 
 fn prod(s: &[usize]) -> u64 {
     s.iter().map(|&v| v as u64).product()
@@ -426,16 +424,20 @@ pub fn estimate_on(
             let bp = cplan::buffer_plan(graph, batch, roi, caps)?;
             let b = batch as u64;
             let argmax = !w.keep_logits && cout > 1;
-            let ring = ring_planes(w.shape[0], roi[0]);
-            let hw = w.shape[1] * w.shape[2];
-            let chunk = chunk_planes(ring, hw, cout, argmax);
-            let out_stage = if argmax {
-                (chunk * hw) as u64 * F16
-            } else {
-                (chunk * cout * hw) as u64 * F32
-            };
             let win_in = b * cin as u64 * rvox;
             let win_out = b * cout as u64 * rvox;
+            // The streamed pipeline's own buffers, exactly as `pipeline` allocates them.
+            let pa = pipeline_alloc(roi, batch, cin, cout, w.shape, argmax, GatherMode::Auto);
+            let ring = ring_planes(w.shape[0], roi[0]);
+            let hw = w.shape[1] * w.shape[2];
+            let out_slot = pa.out_slots / OUT_SLOTS as u64;
+            // Pinned input: two window batches (host gather) or two plane slots (device gather).
+            let host_in = if pa.gather_on_device {
+                2 * (stage_planes(batch * cin * rvox as usize, cin * hw, ring) * cin * hw) as u64
+                    * F16
+            } else {
+                2 * win_in * F16
+            };
             // The prepared plan exactly as `CudaBackend::prepare` allocates it: constants
             // (re-laid fp16 weights, biases, norm parameters), the fp16 activation pool, and the
             // f32 in/out staging plus norm scratch.
@@ -443,19 +445,17 @@ pub fn estimate_on(
                 weights: bp.const_alloc(),
                 activations: bp.activation_alloc(),
                 workspace: bp.scratch_alloc(),
-                // Double-buffered fp16 window batches and the weight map.
-                staging: 2 * al(win_in * F16) + al(rvox * F32),
-                accumulators: al((ring * cout * hw) as u64 * F32)
-                    + al((ring * hw) as u64 * F32)
-                    + 2 * al(out_stage),
+                // Window input (batch buffers or plane ring) and the weight map.
+                staging: pa.input + pa.weight_map,
+                accumulators: pa.accumulators + pa.out_slots,
             };
             let host = Breakdown {
                 weights: params * F32,
                 activations: 0,
                 // Pinned f32 in/out of the prepared plan.
                 workspace: win_in * F32 + win_out * F32,
-                // Pinned fp16 window batches and downloaded planes (double-buffered).
-                staging: 2 * win_in * F16 + 2 * out_stage,
+                // Pinned fp16 input staging and downloaded planes (OUT_SLOTS slots).
+                staging: host_in + OUT_SLOTS as u64 * out_slot,
                 accumulators: 0,
             };
             let output = if argmax {

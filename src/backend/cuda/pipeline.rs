@@ -399,15 +399,7 @@ impl CudaBackend {
         let in_win = prep.cin * rvox;
         let in_len = batch * in_win;
         let plane_in = c * hw;
-        let on_device = match cache.gather {
-            GatherMode::Host => false,
-            GatherMode::Device => true,
-            GatherMode::Auto => device_gather_fits(
-                ring * plane_in * 2,
-                2 * in_len * 2,
-                ring * (cout + 1) * hw * 4,
-            ),
-        };
+        let on_device = gathers_on_device(cache.gather, ring, plane_in, in_len, cout, hw);
         // The host gather indexes a standard-layout slice; the device path's plane conversion
         // reads any layout, so it never copies the whole volume.
         let vol_std = if on_device {
@@ -1110,7 +1102,7 @@ pub(crate) fn convert_planes(vol: ArrayView4<f32>, za: usize, zb: usize, out: &m
 
 /// Finished-plane staging slots (device and pinned): finalisation m waits for the store of
 /// m - OUT_SLOTS, so several slots keep the host from waiting on the batch just queued.
-const OUT_SLOTS: usize = 4;
+pub(crate) const OUT_SLOTS: usize = 4;
 
 /// Pipeline state kept by the backend between calls (allocating pinned memory is slow): two
 /// input staging buffers (f16 bits: window batches or volume planes), the finished-plane slots of
@@ -1157,6 +1149,80 @@ pub(crate) fn chunk_planes(ring: usize, hw: usize, cout: usize, argmax: bool) ->
 fn ev(s: &CudaStream) -> Result<CudaEvent> {
     s.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
         .map_err(drv("event"))
+}
+
+/// Whether `pipeline` gathers on the device: the mode, and for `Auto` [`device_gather_fits`]
+/// on the input ring (`ring` planes of `plane_in` values) vs the host staging (`in_len` values
+/// twice) and the accumulator ring.
+pub(crate) fn gathers_on_device(
+    mode: GatherMode,
+    ring: usize,
+    plane_in: usize,
+    in_len: usize,
+    cout: usize,
+    hw: usize,
+) -> bool {
+    match mode {
+        GatherMode::Host => false,
+        GatherMode::Device => true,
+        GatherMode::Auto => {
+            device_gather_fits(ring * plane_in * 2, 2 * in_len * 2, ring * (cout + 1) * hw * 4)
+        }
+    }
+}
+
+/// The pipeline's own device buffers, as `pipeline` allocates them for a volume of network
+/// shape `shape` (D, H, W), each with the tracker's 256-byte floor: the planner's count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PipelineAlloc {
+    /// Window input: two fp16 batch buffers (host gather) or the fp16 plane ring (device gather).
+    pub input: u64,
+    /// The f32 weight map of one window.
+    pub weight_map: u64,
+    /// The f32 accumulator ring and its weight sums.
+    pub accumulators: u64,
+    /// The `OUT_SLOTS` finished-plane slots (u16 labels or f32 outputs).
+    pub out_slots: u64,
+    pub gather_on_device: bool,
+}
+
+impl PipelineAlloc {
+    pub fn total(&self) -> u64 {
+        self.input + self.weight_map + self.accumulators + self.out_slots
+    }
+}
+
+/// What `pipeline` allocates for `roi`, `batch`, `cin` -> `cout` channels, volume `shape`, labels
+/// (`argmax`) or outputs, with gather `mode`.
+pub fn pipeline_alloc(
+    roi: [usize; 3],
+    batch: usize,
+    cin: usize,
+    cout: usize,
+    shape: [usize; 3],
+    argmax: bool,
+    mode: GatherMode,
+) -> PipelineAlloc {
+    let al = |b: usize| b.max(256) as u64;
+    let rvox: usize = roi.iter().product();
+    let ring = ring_planes(shape[0], roi[0]);
+    let hw = shape[1] * shape[2];
+    let in_len = batch * cin * rvox;
+    let plane_in = cin * hw;
+    let on_device = gathers_on_device(mode, ring, plane_in, in_len, cout, hw);
+    let chunk = chunk_planes(ring, hw, cout, argmax);
+    let slot = chunk * hw * if argmax { 2 } else { cout * 4 };
+    PipelineAlloc {
+        input: if on_device {
+            al(ring * plane_in * 2)
+        } else {
+            2 * al(in_len * 2)
+        },
+        weight_map: al(rvox * 4),
+        accumulators: al(ring * cout * hw * 4) + al(ring * hw * 4),
+        out_slots: OUT_SLOTS as u64 * al(slot),
+        gather_on_device: on_device,
+    }
 }
 
 /// Device bytes of the pipeline's own buffers for a volume no larger than `padded`: the input
