@@ -54,10 +54,19 @@ impl<W: Write> ParGzWriter<W> {
 
     /// Deflate and write `self.buf` as pieces; `last` ends the stream with the final block.
     fn flush_pieces(&mut self, last: bool) -> io::Result<()> {
-        let pieces: Vec<&[u8]> = if self.buf.is_empty() {
+        let buf = std::mem::take(&mut self.buf);
+        self.deflate_out(&buf, last)?;
+        self.buf = buf;
+        self.buf.clear();
+        Ok(())
+    }
+
+    /// Deflate `data` as pieces in parallel and write them in order.
+    fn deflate_out(&mut self, data: &[u8], last: bool) -> io::Result<()> {
+        let pieces: Vec<&[u8]> = if data.is_empty() {
             vec![&[]]
         } else {
-            self.buf.chunks(GZ_PIECE).collect()
+            data.chunks(GZ_PIECE).collect()
         };
         let np = pieces.len();
         let level = self.level;
@@ -74,8 +83,7 @@ impl<W: Write> ParGzWriter<W> {
             self.inner.write_all(&z)?;
             self.crc.combine(&h);
         }
-        self.len += self.buf.len() as u64;
-        self.buf.clear();
+        self.len += data.len() as u64;
         Ok(())
     }
 
@@ -91,6 +99,12 @@ impl<W: Write> ParGzWriter<W> {
 
 impl<W: Write> Write for ParGzWriter<W> {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.buf.is_empty() && data.len() >= self.batch {
+            // Whole batches straight from the caller's buffer, no copy.
+            let n = data.len() / self.batch * self.batch;
+            self.deflate_out(&data[..n], false)?;
+            return Ok(n);
+        }
         let n = data.len().min(self.batch - self.buf.len());
         self.buf.extend_from_slice(&data[..n]);
         if self.buf.len() == self.batch {
@@ -317,11 +331,70 @@ fn check_shape(path: &Path, shape: [usize; 3], like: &Header) -> Result<()> {
     Ok(())
 }
 
+/// The largest label, in parallel over contiguous memory (else a serial pass in memory order).
+fn max_label(labels: ArrayView3<u16>) -> u16 {
+    match labels.as_slice_memory_order() {
+        Some(s) => s
+            .par_chunks(1 << 16)
+            .map(|c| c.iter().copied().max().unwrap_or(0))
+            .max()
+            .unwrap_or(0),
+        None => labels.fold(0u16, |m, &x| m.max(x)),
+    }
+}
+
+/// The labels' bytes in file order (i fastest), encoded by `enc`, built in parallel when the
+/// array is C- or Fortran-contiguous (what the engine returns); None for other layouts.
+///
+/// C order (i slowest) is transposed by groups of `g` k-planes, one group per task: each
+/// (i, j) k-run is read once per group and its values go to `g` output rows filled in sequence.
+fn file_order_bytes<const N: usize>(
+    labels: ArrayView3<u16>,
+    enc: impl Fn(u16) -> [u8; N] + Sync,
+) -> Option<Vec<u8>> {
+    let (nx, ny, nz) = labels.dim();
+    let plane = nx * ny * N;
+    let mut out = vec![0u8; nx * ny * nz * N];
+    if out.is_empty() {
+        return Some(out);
+    }
+    if let Some(src) = labels.t().as_slice() {
+        // Fortran order: already file order.
+        out.par_chunks_mut(1 << 16)
+            .zip(src.par_chunks((1 << 16) / N))
+            .for_each(|(o, s)| {
+                for (d, &v) in o.chunks_exact_mut(N).zip(s) {
+                    d.copy_from_slice(&enc(v));
+                }
+            });
+        return Some(out);
+    }
+    let src = labels.as_slice()?;
+    // Enough groups to keep every thread busy, at most 32 planes (one 64-byte line of u16 k-run).
+    let g = (nz / (2 * rayon::current_num_threads()).max(1)).clamp(1, 32);
+    out.par_chunks_mut(g * plane)
+        .enumerate()
+        .for_each(|(gi, grp)| {
+            let k0 = gi * g;
+            let kb = grp.len() / plane;
+            for j in 0..ny {
+                for i in 0..nx {
+                    let at = (i * ny + j) * nz + k0;
+                    let o = (j * nx + i) * N;
+                    for (kk, &v) in src[at..at + kb].iter().enumerate() {
+                        grp[kk * plane + o..kk * plane + o + N].copy_from_slice(&enc(v));
+                    }
+                }
+            }
+        });
+    Some(out)
+}
+
 /// Write a label map (axes i, j, k) with `like`'s geometry: uint8 when every label < 256, else uint16.
 pub fn write_labels(path: &Path, labels: ArrayView3<u16>, like: &Header) -> Result<()> {
     let (nx, ny, nz) = labels.dim();
     check_shape(path, [nx, ny, nz], like)?;
-    let max = labels.fold(0u16, |m, &x| m.max(x)); // memory order, any layout
+    let max = max_label(labels);
     let dt = if max < 256 {
         header::DT_UINT8
     } else {
@@ -329,8 +402,16 @@ pub fn write_labels(path: &Path, labels: ArrayView3<u16>, like: &Header) -> Resu
     };
     let hdr = encode_nifti1(like, [nx, ny, nz], 1, dt, "voxtile labels")
         .map_err(|m| Error::volume(path, m))?;
+    let bytes = if dt == header::DT_UINT8 {
+        file_order_bytes(labels, |v| [v as u8])
+    } else {
+        file_order_bytes(labels, |v: u16| v.to_le_bytes())
+    };
     write_atomic_level(path, GZ_LEVEL_LABELS, |w| {
         w.write_all(&hdr)?;
+        if let Some(b) = &bytes {
+            return w.write_all(b);
+        }
         let mut e = Encoder::new(w);
         file_order_runs(labels, |run| {
             if dt == header::DT_UINT8 {
@@ -491,6 +572,40 @@ mod tests {
     }
 
     #[test]
+    fn file_order_bytes_matches_runs_and_max() {
+        use ndarray::{Array3, ShapeBuilder};
+        // 5 x 3 x 70 (groups of planes, the last one partial), labels up to 300.
+        let (nx, ny, nz) = (5, 3, 70);
+        let f = |(i, j, k): (usize, usize, usize)| ((i * 31 + j * 7 + k * 3) % 301) as u16;
+        let c = Array3::from_shape_fn((nx, ny, nz), f);
+        let fo = Array3::from_shape_fn((nx, ny, nz).f(), f);
+        // File order by hand: i fastest.
+        let mut want8 = Vec::new();
+        let mut want16 = Vec::new();
+        for k in 0..nz {
+            for j in 0..ny {
+                for i in 0..nx {
+                    want8.push(f((i, j, k)) as u8);
+                    want16.extend_from_slice(&f((i, j, k)).to_le_bytes());
+                }
+            }
+        }
+        for v in [c.view(), fo.view()] {
+            assert_eq!(file_order_bytes(v, |x| [x as u8]).unwrap(), want8);
+            assert_eq!(
+                file_order_bytes(v, |x: u16| x.to_le_bytes()).unwrap(),
+                want16
+            );
+            assert_eq!(max_label(v), 300);
+        }
+        // Other layouts: no fast path, and the max still right.
+        let odd = c.view().permuted_axes([1, 0, 2]);
+        assert!(file_order_bytes(odd, |x| [x as u8]).is_none());
+        let part = odd.slice(s![.., .., ..2]);
+        assert_eq!(max_label(part), part.iter().copied().max().unwrap());
+    }
+
+    #[test]
     fn success_writes_and_leaves_no_temp() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("x.nii");
@@ -541,8 +656,9 @@ mod gz_tests {
             2 * batch + 3 * GZ_PIECE + 17,
         ] {
             let d = data(n);
-            for level in [1, 3, 6] {
-                let z = par_gz(&d, level, 300_000);
+            // Small writes go through the buffer, one big write deflates in place.
+            for (level, write_size) in [(1, 300_000), (3, usize::MAX), (6, 300_000)] {
+                let z = par_gz(&d, level, write_size);
                 // Single-member decoder: it stops after the first member, so equal output
                 // means one member holding everything.
                 let mut got = Vec::new();
