@@ -243,22 +243,7 @@ fn file_order_runs<T: Copy + Default>(
     for k0 in (0..nz).step_by(b) {
         let kb = b.min(nz - k0);
         if let Some(src) = c_src {
-            // C-ordered: each (i, j) k-run is contiguous. Tiles of one cache line of i: per j,
-            // the tile's runs come from `ti` sequential source streams and fill whole lines of
-            // the 32 destination rows.
-            let ti = (64 / std::mem::size_of::<T>().max(1)).max(1);
-            for i0 in (0..nx).step_by(ti) {
-                let i1 = (i0 + ti).min(nx);
-                for j in 0..ny {
-                    for i in i0..i1 {
-                        let at = (i * ny + j) * nz + k0;
-                        let base = j * nx + i;
-                        for (kk, &x) in src[at..at + kb].iter().enumerate() {
-                            buf[kk * pitch + base] = x;
-                        }
-                    }
-                }
-            }
+            transpose_c_block(src, [nx, ny, nz], k0, kb, &mut buf, pitch);
         } else {
             let block = v.slice(s![.., .., k0..k0 + kb]);
             for j in 0..ny {
@@ -276,6 +261,34 @@ fn file_order_runs<T: Copy + Default>(
         }
     }
     Ok(())
+}
+
+/// Planes `k0..k0 + kb` of a C-ordered (i, j, k) array `src` into `buf` in file order (i fastest),
+/// plane `kk` at `kk * pitch`.
+///
+/// Each (i, j) k-run is contiguous. Tiles of one cache line of i: per j, the tile's runs come
+/// from `ti` sequential source streams and fill whole lines of the `kb` destination rows.
+fn transpose_c_block<T: Copy>(
+    src: &[T],
+    [nx, ny, nz]: [usize; 3],
+    k0: usize,
+    kb: usize,
+    buf: &mut [T],
+    pitch: usize,
+) {
+    let ti = (64 / std::mem::size_of::<T>().max(1)).max(1);
+    for i0 in (0..nx).step_by(ti) {
+        let i1 = (i0 + ti).min(nx);
+        for j in 0..ny {
+            for i in i0..i1 {
+                let at = (i * ny + j) * nz + k0;
+                let base = j * nx + i;
+                for (kk, &x) in src[at..at + kb].iter().enumerate() {
+                    buf[kk * pitch + base] = x;
+                }
+            }
+        }
+    }
 }
 
 /// Encode runs of values little-endian into a ~512 KiB byte buffer, written out when full.
@@ -372,21 +385,25 @@ fn file_order_bytes<const N: usize>(
     let src = labels.as_slice()?;
     // Enough groups to keep every thread busy, at most 32 planes (one 64-byte line of u16 k-run).
     let g = (nz / (2 * rayon::current_num_threads()).max(1)).clamp(1, 32);
-    out.par_chunks_mut(g * plane)
-        .enumerate()
-        .for_each(|(gi, grp)| {
-            let k0 = gi * g;
+    let vals = nx * ny;
+    // Padded scratch planes (see file_order_runs): power-of-two planes written at once would
+    // all map to the same cache sets.
+    let pitch = vals + 64;
+    out.par_chunks_mut(g * plane).enumerate().for_each_init(
+        || vec![0u16; g * pitch],
+        |buf, (gi, grp)| {
             let kb = grp.len() / plane;
-            for j in 0..ny {
-                for i in 0..nx {
-                    let at = (i * ny + j) * nz + k0;
-                    let o = (j * nx + i) * N;
-                    for (kk, &v) in src[at..at + kb].iter().enumerate() {
-                        grp[kk * plane + o..kk * plane + o + N].copy_from_slice(&enc(v));
-                    }
+            transpose_c_block(src, [nx, ny, nz], gi * g, kb, buf, pitch);
+            for (kk, dst) in grp.chunks_exact_mut(plane).enumerate() {
+                for (d, &v) in dst
+                    .chunks_exact_mut(N)
+                    .zip(&buf[kk * pitch..kk * pitch + vals])
+                {
+                    d.copy_from_slice(&enc(v));
                 }
             }
-        });
+        },
+    );
     Some(out)
 }
 
@@ -702,5 +719,87 @@ mod gz_tests {
             serial.len()
         );
         assert!(z.len() < d.len() / 50, "{}", z.len());
+    }
+}
+
+/// Timing of the label writer, old (serial gzip level 1, streamed transposition) against new
+/// (parallel): `cargo test --release --lib write_timing -- --ignored --nocapture`.
+#[cfg(test)]
+mod timing {
+    use super::*;
+    use std::time::Instant;
+
+    fn median(mut v: Vec<f64>) -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }
+
+    #[test]
+    #[ignore]
+    fn write_timing() {
+        let (nx, ny, nz) = (512, 512, 128);
+        // Labels like a CT segmentation: a few blobs of classes 0..13, C order as the engine returns.
+        let labels = ndarray::Array3::from_shape_fn((nx, ny, nz), |(i, j, k)| {
+            let r = ((i as f64 - 256.0).powi(2) + (j as f64 - 256.0).powi(2)).sqrt();
+            if r > 200.0 {
+                0
+            } else {
+                ((r / 16.0) as u16 + (k as u16 / 32)) % 14
+            }
+        });
+        let like = Header::new([nx, ny, nz], 1, [1.0; 3]);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("l.nii.gz");
+        let mut t_new = Vec::new();
+        let mut t_old = Vec::new();
+        let (mut t_max, mut t_bytes, mut t_gz) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..5 {
+            let t = Instant::now();
+            write_labels(&p, labels.view(), &like).unwrap();
+            t_new.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            let m = max_label(labels.view());
+            t_max.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            let b = file_order_bytes(labels.view(), |v| [v as u8]).unwrap();
+            t_bytes.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            let mut g = ParGzWriter::new(io::sink(), GZ_LEVEL_LABELS).unwrap();
+            g.write_all(&b).unwrap();
+            g.finish().unwrap();
+            t_gz.push(t.elapsed().as_secs_f64());
+            assert!(m < 14);
+            // The old writer: fold, streamed transposition, serial gzip level 1.
+            let t = Instant::now();
+            let _ = labels.fold(0u16, |m, &x| m.max(x));
+            let f = std::fs::File::create(dir.path().join("old.nii.gz")).unwrap();
+            let mut enc = flate2::write::GzEncoder::new(
+                io::BufWriter::with_capacity(1 << 20, f),
+                Compression::new(1),
+            );
+            {
+                let mut e = Encoder::new(&mut enc);
+                file_order_runs(labels.view(), |run| e.push(run, |v| [v as u8])).unwrap();
+                e.finish().unwrap();
+            }
+            enc.finish()
+                .unwrap()
+                .into_inner()
+                .unwrap()
+                .sync_all()
+                .unwrap();
+            t_old.push(t.elapsed().as_secs_f64());
+        }
+        println!(
+            "TIMING write_labels 512x512x128 ({} threads): new {:.3} s (max {:.3}, file-order bytes {:.3}, gzip {:.3}; {} bytes), old {:.3} s ({} bytes)",
+            rayon::current_num_threads(),
+            median(t_new),
+            median(t_max),
+            median(t_bytes),
+            median(t_gz),
+            std::fs::metadata(&p).unwrap().len(),
+            median(t_old),
+            std::fs::metadata(dir.path().join("old.nii.gz")).unwrap().len(),
+        );
     }
 }
