@@ -505,7 +505,7 @@ fn int16_gz_zscore_labels_end_to_end() {
         .iter()
         .map(|&v| ((v as f32) < mean as f32) as u8)
         .collect();
-    assert!(want.iter().any(|&l| l == 0) && want.iter().any(|&l| l == 1));
+    assert!(want.contains(&0) && want.contains(&1));
     let z = std::fs::read(&out).unwrap();
     let mut raw = Vec::new();
     flate2::read::GzDecoder::new(&z[..])
