@@ -499,6 +499,15 @@ impl Engine {
         })
     }
 
+    /// Prepare the backend for the planned roi and batch of a volume of network-axis shape
+    /// `shape` before its data is there (the CLI does it while the file is read and
+    /// normalised); [`Engine::segment_array`] then finds the backend ready.
+    pub fn prepare_for(&mut self, shape: [usize; 3]) -> Result<()> {
+        let p = self.plan_for(shape)?;
+        let grid = Grid::new(shape, p.roi, self.options.overlap, self.options.placement)?;
+        self.prepare(p.batch.min(grid.len()).max(1), p.roi)
+    }
+
     /// The plan (roi, batch, predicted memory) for a volume of network-axis shape `shape`.
     pub fn plan_for(&self, shape: [usize; 3]) -> Result<plan::Plan> {
         let req = plan::Request {

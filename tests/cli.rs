@@ -404,3 +404,158 @@ fn value_info(name: &str) -> proto::ValueInfoProto {
         ..Default::default()
     }
 }
+
+/// A 1x1x1 Conv, 1 -> 2 channels, weights (1, -1), no bias: argmax is 1 exactly where the
+/// normalised input is below 0, so with z-score the labels are `x < mean`.
+fn sign_model(path: &Path) {
+    let tensor = |name: &str, dims: Vec<i64>, vals: &[f32]| proto::TensorProto {
+        dims,
+        data_type: Some(1),
+        name: Some(name.into()),
+        raw_data: Some(vals.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        ..Default::default()
+    };
+    let mut out = value_info("y");
+    if let Some(proto::type_proto::Value::TensorType(t)) =
+        out.r#type.as_mut().and_then(|t| t.value.as_mut())
+    {
+        if let Some(d) = t.shape.as_mut().and_then(|s| s.dim.get_mut(1)) {
+            d.value = Some(proto::tensor_shape_proto::dimension::Value::DimValue(2));
+        }
+    }
+    let m = proto::ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![proto::OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
+        graph: Some(proto::GraphProto {
+            name: Some("sign".into()),
+            node: vec![proto::NodeProto {
+                input: vec!["x".into(), "w".into(), "b".into()],
+                output: vec!["y".into()],
+                name: Some("conv".into()),
+                op_type: Some("Conv".into()),
+                ..Default::default()
+            }],
+            initializer: vec![
+                tensor("w", vec![2, 1, 1, 1, 1], &[1.0, -1.0]),
+                tensor("b", vec![2], &[0.0, 0.0]),
+            ],
+            input: vec![value_info("x")],
+            output: vec![out],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    std::fs::write(path, m.encode_to_vec()).unwrap();
+}
+
+/// W3's path on the CPU: int16 .nii.gz in, z-score, uint8 labels .nii.gz out (parallel gzip of
+/// several pieces), checked voxel by voxel against `x < mean` computed here, decoded by a
+/// single-member gzip decoder (and by nibabel when present); the report names every stage.
+#[test]
+fn int16_gz_zscore_labels_end_to_end() {
+    use std::io::Read;
+    let dir = tempdir();
+    let d = dir.path();
+    let (nx, ny, nz) = (150usize, 140usize, 72usize);
+    let vals: Vec<i16> = (0..nx * ny * nz)
+        .map(|i| ((i * 7919 + (i / nx) * 13) % 3001) as i16 - 1024)
+        .collect();
+    let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let input = d.join("ct.nii.gz");
+    std::fs::write(
+        &input,
+        gz(&nifti_bytes(
+            &[nx as i16, ny as i16, nz as i16],
+            4,
+            16,
+            &bytes,
+        )),
+    )
+    .unwrap();
+    let model = d.join("sign.onnx");
+    sign_model(&model);
+    let out = d.join("seg.nii.gz");
+    let report = d.join("r.json");
+    let o = voxtile(&[
+        "segment",
+        input.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--roi",
+        "64",
+        "--overlap",
+        "0.5",
+        "--batch",
+        "2",
+        "--normalize",
+        "zscore",
+        "--device",
+        "cpu",
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mean = vals.iter().map(|&v| v as f64).sum::<f64>() / vals.len() as f64;
+    let want: Vec<u8> = vals
+        .iter()
+        .map(|&v| ((v as f32) < mean as f32) as u8)
+        .collect();
+    assert!(want.contains(&0) && want.contains(&1));
+    let z = std::fs::read(&out).unwrap();
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(&z[..])
+        .read_to_end(&mut raw)
+        .unwrap();
+    assert_eq!(raw.len(), 352 + want.len(), "one gzip member holds it all");
+    assert_eq!(i16::from_le_bytes([raw[70], raw[71]]), 2, "uint8");
+    assert!(raw[352..] == want[..], "labels differ from x < mean");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    for k in [
+        "read",
+        "normalize",
+        "engine_init",
+        "wait_for_read",
+        "prepare",
+        "compute",
+        "write",
+        "total",
+    ] {
+        assert!(r["seconds"][k].as_f64().is_some(), "report lacks {k}: {r}");
+    }
+    assert!(r["seconds"]["read"].as_f64().unwrap() > 0.0);
+
+    let probe = Command::new("python3")
+        .args(["-c", "import nibabel"])
+        .output();
+    if !matches!(&probe, Ok(o) if o.status.success()) {
+        assert!(
+            std::env::var_os("VOXTILE_REQUIRE_NIBABEL").is_none(),
+            "nibabel is required"
+        );
+        return;
+    }
+    let script = r#"
+import sys, nibabel as nib, numpy as np
+x = np.asarray(nib.load(sys.argv[1]).dataobj); y = np.asarray(nib.load(sys.argv[2]).dataobj)
+assert y.dtype == np.uint8, y.dtype
+ref = (x.astype(np.float32) < np.float32(x.astype(np.float64).mean())).astype(np.uint8)
+assert np.array_equal(y, ref), int((y != ref).sum())
+print("nibabel ok")
+"#;
+    let o = Command::new("python3")
+        .args(["-c", script, input.to_str().unwrap(), out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -144,13 +144,42 @@ fn check_output(out: &Path, inputs: &[&Path], force: bool) -> Result<()> {
     Ok(())
 }
 
+/// The input, read on its own thread while the engine is built: the volume with NaN/Inf
+/// replaced and normalised in place (no second copy), the NaN/Inf count, read and normalise seconds.
+type ReadResult = Result<(crate::volume::Volume, usize, f64, f64)>;
+
+fn read_and_normalize(input: &Path, how: Normalize) -> ReadResult {
+    let t = Instant::now();
+    let mut volume = crate::volume::read(input)?;
+    let t_read = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let (nan, inf) = crate::volume::sanitize_nonfinite(&mut volume.data);
+    if nan + inf > 0 {
+        tracing::info!("{nan} NaN voxels set to 0, {inf} infinite voxels clamped");
+    }
+    crate::pipeline::intensity::normalize_par(&mut volume.data, how);
+    Ok((volume, nan + inf, t_read, t.elapsed().as_secs_f64()))
+}
+
+/// Name the input and the model in messages that only say what went wrong.
+fn name_error(e: Error, input: &Path, model: &Path) -> Error {
+    match e {
+        Error::Invalid(m) | Error::Graph(m) => {
+            Error::Invalid(format!("{} with {}: {m}", input.display(), model.display()))
+        }
+        e => e,
+    }
+}
+
 pub fn run(args: SegmentArgs) -> Result<()> {
     if pipeline::wanted(&args) {
         return pipeline::run(args);
     }
     let model = &args.model[0];
     let t_all = Instant::now();
-    let options = args.options()?;
+    let mut options = args.options()?;
+    // Normalised here, in place, while the engine is built; the engine sees ready data.
+    let normalize = std::mem::replace(&mut options.normalize, Normalize::None);
     let inputs = [args.input.as_path(), model.as_path()];
     check_output(&args.output, &inputs, args.force)?;
     if let Some(l) = &args.logits {
@@ -160,19 +189,52 @@ pub fn run(args: SegmentArgs) -> Result<()> {
         }
     }
 
+    // The header is cheap and gives the shape: the device side (CUDA context, kernels, weights,
+    // buffers for the planned roi and batch) is made ready on this thread while another one
+    // inflates, converts and normalises the data.
+    let header = crate::volume::read_header(&args.input)?;
+    let [x, y, z] = header.shape();
+    let net_shape = match options.axis_order {
+        AxisOrder::Xyz => [x, y, z],
+        AxisOrder::Zyx => [z, y, x],
+    };
+    let input = args.input.clone();
+    let reader = std::thread::Builder::new()
+        .name("voxtile-read".into())
+        .spawn(move || read_and_normalize(&input, normalize))
+        .map_err(|e| Error::io(&args.input, e))?;
     let t = Instant::now();
-    let volume = crate::volume::read(&args.input)?;
-    let t_read = t.elapsed().as_secs_f64();
-    let mut engine = Engine::from_file(model, options)?;
-    if volume.data.shape()[0] != engine.graph().input_channels() {
-        return Err(Error::Invalid(format!(
-            "{}: the volume has {} channel(s) but {} expects {}",
-            args.input.display(),
-            volume.data.shape()[0],
-            model.display(),
-            engine.graph().input_channels()
-        )));
-    }
+    let mut t_engine_init = 0.0;
+    let engine = (|| -> Result<Engine> {
+        let mut engine = Engine::from_file(model, options)?;
+        t_engine_init = t.elapsed().as_secs_f64();
+        if header.channels() != engine.graph().input_channels() {
+            return Err(Error::Invalid(format!(
+                "{}: the volume has {} channel(s) but {} expects {}",
+                args.input.display(),
+                header.channels(),
+                model.display(),
+                engine.graph().input_channels()
+            )));
+        }
+        engine
+            .prepare_for(net_shape)
+            .map_err(|e| name_error(e, &args.input, model))?;
+        Ok(engine)
+    })();
+    let t_device = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    // Errors of the input first, as when it was read before the model was loaded.
+    let read = reader.join().unwrap_or_else(|_| {
+        Err(Error::volume(
+            &args.input,
+            "reading stopped on an internal error",
+        ))
+    });
+    let t_wait = t.elapsed().as_secs_f64();
+    let (volume, nonfinite, t_read, t_normalize) = read?;
+    let mut engine = engine?;
+    let t_prepare_ahead = t_device - t_engine_init;
 
     let bar = if std::io::stderr().is_terminal() {
         let b = indicatif::ProgressBar::new(0);
@@ -187,29 +249,24 @@ pub fn run(args: SegmentArgs) -> Result<()> {
     } else {
         None
     };
-    let mut seg = engine
-        .segment_with_progress(&volume, &mut |done, total| {
+    let (labels, logits, mut report) = engine
+        .segment_array(volume.data.view(), &mut |done, total| {
             if let Some(b) = &bar {
                 b.set_length(total as u64);
                 b.set_position(done as u64);
             }
         })
-        .map_err(|e| match e {
-            Error::Invalid(m) | Error::Graph(m) => Error::Invalid(format!(
-                "{} with {}: {m}",
-                args.input.display(),
-                model.display()
-            )),
-            e => e,
-        })?;
+        .map_err(|e| name_error(e, &args.input, model))?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    if seg.report.nonfinite_voxels > 0 {
+    report.spacing = volume.header.spacing();
+    report.nonfinite_voxels = nonfinite;
+    let header = &volume.header;
+    if nonfinite > 0 {
         eprintln!(
-            "voxtile: warning: {}: {} NaN/Inf voxels (NaN read as 0, ±Inf clamped to the finite range)",
+            "voxtile: warning: {}: {nonfinite} NaN/Inf voxels (NaN read as 0, ±Inf clamped to the finite range)",
             args.input.display(),
-            seg.report.nonfinite_voxels
         );
     }
 
@@ -217,11 +274,11 @@ pub fn run(args: SegmentArgs) -> Result<()> {
     // Once renamed, the logits stay registered for signal cleanup until the labels are in
     // place too: an interrupted run leaves neither file.
     let mut logits_guard = None;
-    if let (Some(path), Some(logits)) = (&args.logits, &seg.logits) {
-        crate::volume::write_f32(path, logits.view(), &seg.header)?;
+    if let Some(path) = &args.logits {
+        crate::volume::write_f32(path, logits.view(), header)?;
         logits_guard = Some(crate::signals::registry().register(path));
     }
-    if let Err(e) = crate::volume::write_labels(&args.output, seg.labels.view(), &seg.header) {
+    if let Err(e) = crate::volume::write_labels(&args.output, labels.view(), header) {
         // Nothing half-done: the logits belong to this run, drop them too.
         if let Some(path) = &args.logits {
             let _ = std::fs::remove_file(path);
@@ -229,15 +286,29 @@ pub fn run(args: SegmentArgs) -> Result<()> {
         return Err(e);
     }
     drop(logits_guard);
-    seg.report.seconds.write = t.elapsed().as_secs_f64();
-    seg.report.seconds.read = t_read;
-    seg.report.seconds.total = t_all.elapsed().as_secs_f64();
-    seg.report.peak_host_bytes = crate::engine::peak_rss_bytes();
+    report.seconds.write = t.elapsed().as_secs_f64();
+    report.seconds.read = t_read;
+    report.seconds.prepare += t_prepare_ahead;
+    report.seconds.total = t_all.elapsed().as_secs_f64();
+    report.peak_host_bytes = crate::engine::peak_rss_bytes();
 
     if let Some(path) = &args.report {
-        let json = serde_json::to_string_pretty(&seg.report)
-            .map_err(|e| Error::Invalid(format!("report: {e}")))?;
+        let mut v =
+            serde_json::to_value(&report).map_err(|e| Error::Invalid(format!("report: {e}")))?;
+        // Stages of this command beyond the engine's: read and normalise ran on their own
+        // thread while the engine was created (engine_init: model load, device context) and
+        // prepared; wait is how long the data then still took.
+        if let Some(sec) = v.get_mut("seconds").and_then(|s| s.as_object_mut()) {
+            sec.insert("normalize".into(), t_normalize.into());
+            sec.insert("engine_init".into(), t_engine_init.into());
+            sec.insert("wait_for_read".into(), t_wait.into());
+        }
+        let json =
+            serde_json::to_string_pretty(&v).map_err(|e| Error::Invalid(format!("report: {e}")))?;
         std::fs::write(path, json + "\n").map_err(|e| Error::io(path, e))?;
     }
+    // The process ends right after this: the driver frees the device context with the process,
+    // faster than tearing down every buffer and module one by one.
+    std::mem::forget(engine);
     Ok(())
 }

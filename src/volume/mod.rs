@@ -164,9 +164,8 @@ struct Stats {
     inf: u64,
 }
 
-/// One pass in memory order (`fold`), fast whatever the array's layout.
-fn stats(a: &Array4<f32>) -> Stats {
-    let init = Stats {
+impl Stats {
+    const EMPTY: Stats = Stats {
         min: f32::INFINITY,
         max: f32::NEG_INFINITY,
         sum: 0.0,
@@ -174,19 +173,41 @@ fn stats(a: &Array4<f32>) -> Stats {
         nan: 0,
         inf: 0,
     };
-    a.fold(init, |mut s, &v| {
+    fn add(mut self, v: f32) -> Stats {
         if v.is_nan() {
-            s.nan += 1;
+            self.nan += 1;
         } else if v.is_infinite() {
-            s.inf += 1;
+            self.inf += 1;
         } else {
-            s.min = s.min.min(v);
-            s.max = s.max.max(v);
-            s.sum += v as f64;
-            s.finite += 1;
+            self.min = self.min.min(v);
+            self.max = self.max.max(v);
+            self.sum += v as f64;
+            self.finite += 1;
         }
-        s
-    })
+        self
+    }
+    fn merge(self, o: Stats) -> Stats {
+        Stats {
+            min: self.min.min(o.min),
+            max: self.max.max(o.max),
+            sum: self.sum + o.sum,
+            finite: self.finite + o.finite,
+            nan: self.nan + o.nan,
+            inf: self.inf + o.inf,
+        }
+    }
+}
+
+/// One pass in memory order, in parallel over contiguous memory (any other layout: serial `fold`).
+fn stats(a: &Array4<f32>) -> Stats {
+    use rayon::prelude::*;
+    match a.as_slice_memory_order() {
+        Some(s) => s
+            .par_chunks(1 << 16)
+            .map(|c| c.iter().fold(Stats::EMPTY, |st, &v| st.add(v)))
+            .reduce(|| Stats::EMPTY, Stats::merge),
+        None => a.fold(Stats::EMPTY, |st, &v| st.add(v)),
+    }
 }
 
 /// Human summary for `voxtile info`: format, shape, dtype, scaling, spacing, orientation, affine,
@@ -265,7 +286,7 @@ pub fn sanitize_nonfinite(data: &mut Array4<f32>) -> (usize, usize) {
     if mn > mx {
         (mn, mx) = (0.0, 0.0);
     }
-    data.mapv_inplace(|v| {
+    data.par_mapv_inplace(|v| {
         if v.is_nan() {
             0.0
         } else if v == f32::INFINITY {

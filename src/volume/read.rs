@@ -6,6 +6,7 @@ use super::Volume;
 use crate::{Error, Result};
 use flate2::bufread::MultiGzDecoder;
 use ndarray::{Array4, ShapeBuilder};
+use rayon::prelude::*;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
@@ -18,6 +19,8 @@ struct Source<'a> {
     reader: Box<dyn Read + 'a>,
     gz: bool,
     file_len: u64,
+    /// The gzip trailer's ISIZE (uncompressed length mod 2^32) when the stream is gzip.
+    gz_isize: Option<u32>,
 }
 
 fn open(path: &Path) -> Result<Source<'static>> {
@@ -26,11 +29,31 @@ fn open(path: &Path) -> Result<Source<'static>> {
     if meta.is_dir() {
         return Err(Error::volume(path, "is a directory, not a NIfTI file"));
     }
-    source(path, BufReader::with_capacity(1 << 20, file), meta.len())
+    let isize = gz_trailer_isize(&file, meta.len());
+    source(
+        path,
+        BufReader::with_capacity(1 << 20, file),
+        meta.len(),
+        isize,
+    )
+}
+
+/// The last 4 bytes of a file (a gzip stream's ISIZE), read without moving `file`'s cursor.
+fn gz_trailer_isize(file: &File, len: u64) -> Option<u32> {
+    use std::os::unix::fs::FileExt;
+    let mut b = [0u8; 4];
+    let at = len.checked_sub(4).filter(|_| len >= 18)?;
+    file.read_exact_at(&mut b, at).ok()?;
+    Some(u32::from_le_bytes(b))
 }
 
 /// Wrap a buffered stream of `file_len` bytes, decompressing when it starts with the gzip magic.
-fn source<'a, R: BufRead + 'a>(path: &Path, mut br: R, file_len: u64) -> Result<Source<'a>> {
+fn source<'a, R: BufRead + 'a>(
+    path: &Path,
+    mut br: R,
+    file_len: u64,
+    isize: Option<u32>,
+) -> Result<Source<'a>> {
     let head = br.fill_buf().map_err(|e| Error::io(path, e))?;
     let gz = head.len() >= 2 && head[0] == 0x1f && head[1] == 0x8b;
     let reader: Box<dyn Read + 'a> = if gz {
@@ -42,6 +65,7 @@ fn source<'a, R: BufRead + 'a>(path: &Path, mut br: R, file_len: u64) -> Result<
         reader,
         gz,
         file_len,
+        gz_isize: isize.filter(|_| gz),
     })
 }
 
@@ -187,10 +211,11 @@ fn memory_verdict(n: u64, dims: &str, avail: Option<u64>, cap: u64) -> Result<()
 }
 
 /// Decode `bytes` (whole voxels) of one datatype into f32, applying scl_slope/scl_inter in f64.
+/// Appends in parallel (rayon writes straight into `out`'s spare capacity).
 fn convert(bytes: &[u8], dt: i16, be: bool, scale: Option<(f64, f64)>, out: &mut Vec<f32>) {
     macro_rules! conv {
         ($t:ty, $n:expr) => {{
-            for c in bytes.chunks_exact($n) {
+            out.par_extend(bytes.par_chunks_exact($n).with_min_len(1 << 14).map(|c| {
                 let mut a = [0u8; $n];
                 a.copy_from_slice(c);
                 let v = if be {
@@ -198,11 +223,11 @@ fn convert(bytes: &[u8], dt: i16, be: bool, scale: Option<(f64, f64)>, out: &mut
                 } else {
                     <$t>::from_le_bytes(a)
                 };
-                out.push(match scale {
+                match scale {
                     Some((s, i)) => (v as f64 * s + i) as f32,
                     None => v as f32,
-                });
-            }
+                }
+            }))
         }};
     }
     match dt {
@@ -229,7 +254,9 @@ pub fn read(path: &Path) -> Result<Volume> {
 /// [`read`] from an in-memory file (plain or gzip): the same checks, for fuzzing and for callers
 /// that already hold the bytes. `path_for_errors` only prefixes messages.
 pub fn read_bytes(bytes: &[u8], path_for_errors: &Path) -> Result<Volume> {
-    let src = source(path_for_errors, bytes, bytes.len() as u64)?;
+    let isize = (bytes.len() >= 18)
+        .then(|| u32::from_le_bytes(bytes[bytes.len() - 4..].try_into().unwrap_or([0; 4])));
+    let src = source(path_for_errors, bytes, bytes.len() as u64, isize)?;
     read_from(path_for_errors, src)
 }
 
@@ -245,33 +272,23 @@ fn read_from(path: &Path, mut src: Source<'_>) -> Result<Volume> {
             format!("cannot allocate {n} float32 values for the volume"),
         )
     };
-    // A plain file was checked to hold all its data, so reserve it at once. A gzip stream's
-    // length is unknown until it ends: grow geometrically (capped at n), so a tiny stream that
-    // claims gigabytes fails as truncated before anything large is allocated.
-    if !src.gz {
+    // A plain file was checked to hold all its data, so reserve it at once; so is a gzip stream
+    // whose trailer gives the length the header implies (one member, nothing after the data).
+    // Otherwise a gzip stream's length is unknown until it ends: grow geometrically (capped at
+    // n), so a tiny stream that claims gigabytes fails as truncated before anything large is
+    // allocated.
+    let whole_file = (h.vox_offset as usize).saturating_add(total);
+    if !src.gz || src.gz_isize == Some(whole_file as u32) {
         out.try_reserve_exact(n).map_err(|_| no_memory())?;
     }
     let scale = h.scaling();
-    let mut buf = vec![0u8; (1 << 20).min(total.max(8))];
+    // Large reads: each filled buffer is converted in parallel.
+    let mut buf = vec![0u8; (8 << 20).min(total.max(8))];
     let (mut got, mut filled) = (0usize, 0usize);
     while got < total {
         let want = (buf.len() - filled).min(total - got);
-        let k = match src.reader.read(&mut buf[filled..filled + want]) {
-            Ok(k) => k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(read_error(path, src.gz, e)),
-        };
-        if k == 0 {
-            return Err(Error::volume(
-                path,
-                format!(
-                    "file is truncated: dims {} of {} need {total} bytes of voxel data after vox_offset {}, found only {got}",
-                    dims_str(&h),
-                    h.dtype_name(),
-                    h.vox_offset
-                ),
-            ));
-        }
+        let k = read_full(&mut src.reader, &mut buf[filled..filled + want])
+            .map_err(|e| read_error(path, src.gz, e))?;
         got += k;
         filled += k;
         let whole = filled / bpv * bpv;
@@ -283,6 +300,17 @@ fn read_from(path: &Path, mut src: Source<'_>) -> Result<Volume> {
         convert(&buf[..whole], h.datatype, h.big_endian, scale, &mut out);
         buf.copy_within(whole..filled, 0);
         filled -= whole;
+        if k < want {
+            return Err(Error::volume(
+                path,
+                format!(
+                    "file is truncated: dims {} of {} need {total} bytes of voxel data after vox_offset {}, found only {got}",
+                    dims_str(&h),
+                    h.dtype_name(),
+                    h.vox_offset
+                ),
+            ));
+        }
     }
     if src.gz {
         // One byte more (the cap): reaching the end of the stream makes the decoder check the CRC;
