@@ -21,7 +21,7 @@ for line in sys.stdin:
 cargo build --release --bin voxtile --example bench
 cp target/release/voxtile target/release/examples/bench "$DEST/"
 # Debug info only makes the transfer larger.
-for f in "$DEST"/cuda_ops "$DEST"/cuda_kernels_compile "$DEST"/cuda_pipeline "$DEST"/gpu_fixtures "$DEST"/plan_gpu "$DEST"/voxtile_lib "$DEST"/voxtile "$DEST"/bench; do strip --strip-debug "$f"; done
+for f in "$DEST"/cuda_ops "$DEST"/cuda_kernels_compile "$DEST"/cuda_pipeline "$DEST"/gpu_fixtures "$DEST"/plan_gpu "$DEST"/voxtile_lib "$DEST"/voxtile "$DEST"/bench; do strip --strip-all "$f"; done
 shared="$(cd "$(dirname "$0")/../.." && pwd)/../shared"
 if [ -d "$shared" ]; then
   mkdir -p "$DEST/shared/fixtures" "$DEST/wheels"
