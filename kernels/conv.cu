@@ -984,3 +984,7 @@ HALO2_ENTRY(conv_halo_c64n32_s4, 64, 32, 4, 1, 4, 8, 8, 4, 1)
 HALO2_ENTRY(conv_halo_c64n32_rp, 64, 32, 8, 1, 4, 8, 8, 0, 1)
 // Cin 64, Cout 64: 8x8x8 tile, 3 weight stages, 8 warps of 128x32 (4 taps' work per barrier).
 HALO2_ENTRY(conv_halo_c64n64_b, 64, 64, 4, 2, 8, 8, 8, 3, 1)
+// Session 2: more outputs per per-tap barrier at the same 16 warps per SM as `_w4` (2 blocks of
+// 8 warps of 64x32, ~91 / ~85 KB): 4x8x16 (halo 1080 rows per 512) and 8x8x8 (1000 per 512).
+HALO2_ENTRY(conv_halo_c32n32_x16, 32, 32, 8, 1, 4, 8, 16, 2, 1)
+HALO2_ENTRY(conv_halo_c32n32_y8, 32, 32, 8, 1, 8, 8, 8, 2, 1)

@@ -44,6 +44,8 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
             "conv_halo_c64n32_s4",
             "conv_halo_c64n32_rp",
             "conv_halo_c64n64_b",
+            "conv_halo_c32n32_x16",
+            "conv_halo_c32n32_y8",
         ],
     ),
     (

@@ -369,6 +369,8 @@ pub const HALO_CONFIGS: &[HaloConfig] = &[
     halo_v2("conv_halo_c64n32_s4", 64, 32, 4, 1, [4, 8, 8], 4, 1, 0),
     halo_v2("conv_halo_c64n32_rp", 64, 32, 8, 1, [4, 8, 8], 0, 1, 1),
     halo_v2("conv_halo_c64n64_b", 64, 64, 4, 2, [8, 8, 8], 3, 1, 0),
+    halo_v2("conv_halo_c32n32_x16", 32, 32, 8, 1, [4, 8, 16], 2, 1, 0),
+    halo_v2("conv_halo_c32n32_y8", 32, 32, 8, 1, [8, 8, 8], 2, 1, 0),
 ];
 
 /// The halo kernel for a conv, when one applies: not transposed, one group, kernel 3^3,
