@@ -152,7 +152,10 @@ pub const UPSAMPLE_VEC: &[(&str, &str)] = &[
 
 /// The `convt_up_*` twin of an mma tile, if it has one.
 pub fn upsample_vec_name(mma: &str) -> Option<&'static str> {
-    UPSAMPLE_VEC.iter().find(|(m, _)| *m == mma).map(|(_, u)| *u)
+    UPSAMPLE_VEC
+        .iter()
+        .find(|(m, _)| *m == mma)
+        .map(|(_, u)| *u)
 }
 
 impl std::fmt::Debug for ConvKernel {
@@ -835,7 +838,12 @@ mod tests {
             assert_eq!(upsample_vec_name(mma), Some(*up));
         }
         assert_eq!(upsample_vec_name("conv_mma_m128n32_v2"), None);
-        let k = ConvKernel::UpsampleVec(MMA_CONFIGS.iter().find(|c| c.name == "conv_mma_m128n64_v8").unwrap());
+        let k = ConvKernel::UpsampleVec(
+            MMA_CONFIGS
+                .iter()
+                .find(|c| c.name == "conv_mma_m128n64_v8")
+                .unwrap(),
+        );
         assert!(k.funcs()[0].starts_with("convt_up_"), "{k:?}");
     }
 

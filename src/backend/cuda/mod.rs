@@ -603,9 +603,11 @@ impl CudaBackend {
         let bytes = std::mem::size_of_val(data);
         match consts.plan.get(k) {
             Some(c) if c.bytes == bytes => {}
-            c => return Err(Error::Backend(format!(
+            c => {
+                return Err(Error::Backend(format!(
                 "CUDA launch list: constant {k} has {bytes} bytes but the buffer plan says {c:?}"
-            ))),
+            )))
+            }
         }
         let b = DevBuf::upload(&self.ctx, &self.stream, data)?;
         let p = b.ptr;
