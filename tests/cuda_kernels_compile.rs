@@ -508,6 +508,7 @@ fn conv_c1_index_emulation() {
     const TZ: usize = 2;
     const TY: usize = 8;
     const TX: usize = 32;
+    #[allow(clippy::type_complexity)]
     let cases: [(usize, [usize; 3], [usize; 3], [usize; 6], usize, usize); 5] = [
         (32, [5, 9, 37], [1; 3], [1; 6], 32, 0),
         (20, [5, 17, 40], [2; 3], [1; 6], 37, 16),

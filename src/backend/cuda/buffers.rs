@@ -34,7 +34,7 @@ pub struct ArchCaps {
     pub conv_mma: bool,
     /// Stride-1 3^3 convs with Cin 32/64 on `conv_halo_*`.
     pub conv_halo: bool,
-    /// Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `conv_c1_k3`.
+    /// Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `conv_c1_k3` (unless a tile is forced).
     pub conv_c1: bool,
     /// kernel == stride transposed convs with Cin, Cout % 8 == 0 on `convt_up_*` (16-byte
     /// staged epilogue) instead of the `conv_mma_*` scatter epilogue.
@@ -239,8 +239,10 @@ impl ConvKernel {
                 nc: if cout <= 16 { 16 } else { 32 },
             };
         }
+        // (A forced mma tile keeps Cin-1 convs on that tile, as it does the halo convs.)
         if mma
             && caps.conv_c1
+            && caps.conv_tile.is_none()
             && !g.transposed
             && cin == 1
             && cout <= 64
@@ -762,6 +764,15 @@ mod tests {
             (
                 ArchCaps {
                     conv_c1: false,
+                    ..h200
+                },
+                geom([1, 16, 16, 16], [32, 16, 16, 16], 3, 1, 1, false),
+                vec![32, 1, 3, 3, 3],
+                "Mma",
+            ),
+            (
+                ArchCaps {
+                    conv_tile: Some("conv_mma_m128n32_v1"),
                     ..h200
                 },
                 geom([1, 16, 16, 16], [32, 16, 16, 16], 3, 1, 1, false),
