@@ -484,10 +484,11 @@ __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __rest
     cp_async_wait<0>();
 
     if (VEC_EPI) {
-        // Stage the fp32 tile (row stride TBN + 4 floats: float4 aligned) over the A/B stages,
+        // Stage the fp32 tile (row stride TBN + 8 floats: float4 aligned, the fragment's float2
+        // writes conflict-free per half warp) over the A/B stages,
         // then one thread per (row, 8-column chunk): a chunk is 8 channels of one tap because
         // Cout % 8 == 0, so it lands contiguously at output voxel ob(row) + off(tap).
-        constexpr int CLD = TBN + 4;
+        constexpr int CLD = TBN + 8;
         static_assert(TBM * CLD * 4 <= STAGES * (A_ST + B_ST) * 2, "staged tile must fit");
         __syncthreads();  // every warp is done reading the operand stages
         float* cs = reinterpret_cast<float*>(dsm);
