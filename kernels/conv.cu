@@ -307,7 +307,9 @@ __device__ __noinline__ void conv_store(const ConvParams& p, half* __restrict__ 
 
 // VW: halves per A gather: 8 (Cin % 8 == 0, 16-byte cp.async), 2 (even Cin, 4-byte cp.async),
 // 1 (element gathers by one thread per row).
-template <int TBM, int TBN, int WM, int WN, int STAGES, int VW>
+// VEC_EPI (upsampling GEMM only, Cout % 8 == 0): the epilogue stages the fp32 tile in shared
+// memory and writes each 8-channel chunk of a (voxel, tap) with one 16-byte store.
+template <int TBM, int TBN, int WM, int WN, int STAGES, int VW, bool VEC_EPI = false>
 __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __restrict__ x,
                                          const half* __restrict__ w, const float* __restrict__ bias,
                                          half* __restrict__ y, const float* __restrict__ slope) {
@@ -481,6 +483,61 @@ __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __rest
     }
     cp_async_wait<0>();
 
+    if (VEC_EPI) {
+        // Stage the fp32 tile (row stride TBN + 8 floats: float4 aligned, the fragment's float2
+        // writes conflict-free per half warp) over the A/B stages,
+        // then one thread per (row, 8-column chunk): a chunk is 8 channels of one tap because
+        // Cout % 8 == 0, so it lands contiguously at output voxel ob(row) + off(tap).
+        constexpr int CLD = TBN + 8;
+        static_assert(TBM * CLD * 4 <= STAGES * (A_ST + B_ST) * 2, "staged tile must fit");
+        __syncthreads();  // every warp is done reading the operand stages
+        float* cs = reinterpret_cast<float*>(dsm);
+#pragma unroll
+        for (int i = 0; i < MI; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int j = 0; j < NI; j++) {
+                    int row = wm * TM + i * 16 + (lane >> 2) + h * 8;
+                    int col = wn * TN + j * 8 + (lane & 3) * 2;
+                    *reinterpret_cast<float2*>(cs + row * CLD + col) =
+                        make_float2(acc[i][j][h * 2], acc[i][j][h * 2 + 1]);
+                }
+        __syncthreads();
+        const bool vec = ((p.ldc | p.coff) & 7) == 0;
+        constexpr int CH = TBN / 8;
+        for (int idx = tid; idx < TBM * CH; idx += THREADS) {
+            int row = idx / CH, ch = idx - row * CH;
+            int m = m0 + row, c = n0 + ch * 8;
+            if (m >= M || c >= p.cout) continue;
+            int ix = m % p.wo, t = m / p.wo;
+            int iy = t % p.ho;
+            t /= p.ho;
+            int iz = t % p.do_, n = t / p.do_;
+            int tap = c / p.ocout, co = c - tap * p.ocout;
+            int qz = tap / (p.up_h * p.up_w), rem = tap - qz * p.up_h * p.up_w;
+            int qy = rem / p.up_w, qx = rem - qy * p.up_w;
+            i64 o = (((i64)n * p.od + iz * p.up_d + qz) * p.oh + iy * p.up_h + qy) * p.ow + ix * p.up_w + qx;
+            const float4 a = *reinterpret_cast<const float4*>(cs + row * CLD + ch * 8);
+            const float4 b = *reinterpret_cast<const float4*>(cs + row * CLD + ch * 8 + 4);
+            float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            __align__(16) half hv[8];
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                float u = v[q] + (bias ? bias[co + q] : 0.f);
+                hv[q] = __float2half(act_apply(u, co + q, p.act, p.alpha, slope, p.slope_n));
+            }
+            half* dst = y + o * p.ldc + p.coff + co;
+            if (vec) {
+                *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(hv);
+            } else {
+#pragma unroll
+                for (int q = 0; q < 8; q++) dst[q] = hv[q];
+            }
+        }
+        return;
+    }
+
     // Epilogue from registers: thread holds rows g, g+8 and column pairs (lane % 4) * 2.
     // Column-only work (channel, scatter offset) once per column pair; the store (bias,
     // activation) is out of line so the unrolled epilogue stays small.
@@ -542,6 +599,125 @@ MMA_ENTRY(conv_mma_m128n32_v2, 128, 32, 4, 1, 4, 2)
 MMA_ENTRY(conv_mma_m128n64_v2, 128, 64, 2, 2, 4, 2)
 MMA_ENTRY(conv_mma_m128n32_v1, 128, 32, 4, 1, 3, 1)
 MMA_ENTRY(conv_mma_m128n64_v1, 128, 64, 2, 2, 3, 1)
+
+// convt_up_m{TBM}n{TBN}_v8: the kernel == stride transposed conv as the upsampling GEMM
+// (conv_mma's scatter view, Cin % 8 == 0, Cout % 8 == 0) with the staged 16-byte epilogue.
+// Same tiles and shared memory as conv_mma_m{TBM}n{TBN}_v8 (UPSAMPLE_VEC in plan.rs).
+#define UP_ENTRY(NAME, TBM, TBN, WM, WN, ST)                                                        \
+    extern "C" __global__ void __launch_bounds__(WM * WN * 32) NAME(                               \
+        ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope) { \
+        conv_mma<TBM, TBN, WM, WN, ST, 8, true>(p, x, w, bias, y, slope);                           \
+    }
+UP_ENTRY(convt_up_m256n32_v8, 256, 32, 4, 1, 4)
+UP_ENTRY(convt_up_m128n32_v8, 128, 32, 4, 1, 4)
+UP_ENTRY(convt_up_m128n64_v8, 128, 64, 2, 2, 4)
+UP_ENTRY(convt_up_m128n128_v8, 128, 128, 2, 4, 4)
+
+// ---------------------------------------------------------------------------------------------
+// conv_c1_k3: Conv3d with Cin = 1 (the first layer), 3x3x3 taps, stride 1 or 2 per axis,
+// dilation 1, any begin pads, Cout <= 64. Memory bound (Cout halves written per input voxel),
+// so no tensor cores: each block loads the input halo of a C1_TZ x C1_TY x C1_TX output tile and
+// the 27 x Cout weights into shared memory as fp32; a thread computes 8 channels of the two
+// voxels (z, y, x) and (z + 1, y, x) of the tile (fp32), then bias, activation and one 16-byte
+// store per voxel (ldc / coff 8-aligned and the chunk inside Cout; else element stores).
+// Weights: the mma layout [Cout_pad][kpad] fp16, K = tap (kd, kh, kw row major). One block per
+// tile: grid = N * ceil(Do/TZ) * ceil(Ho/TY) * ceil(Wo/TX), 256 threads, static smem.
+#define C1_TZ 2
+#define C1_TY 8
+#define C1_TX 32
+#define C1_HALO (((C1_TZ - 1) * 2 + 3) * ((C1_TY - 1) * 2 + 3) * ((C1_TX - 1) * 2 + 3))
+extern "C" __global__ void __launch_bounds__(256) conv_c1_k3(ConvParams p, const half* __restrict__ x,
+                                                             const half* __restrict__ w,
+                                                             const float* __restrict__ bias,
+                                                             half* __restrict__ y,
+                                                             const float* __restrict__ slope) {
+    static_assert(C1_TY * C1_TX == 256, "a thread's two voxels are one tile plane apart");
+    __shared__ float xs[C1_HALO];
+    __shared__ __align__(16) float ws[27 * 64];  // [tap][co], co padded to cg_n * 8
+    const int tid = threadIdx.x;
+    const int cg_n = (p.cout + 7) >> 3, cpad = cg_n * 8;
+    const int nbx = (p.wo + C1_TX - 1) / C1_TX, nby = (p.ho + C1_TY - 1) / C1_TY;
+    const int nbz = (p.do_ + C1_TZ - 1) / C1_TZ;
+    int b = blockIdx.x;
+    const int bx = b % nbx;
+    b /= nbx;
+    const int by = b % nby;
+    b /= nby;
+    const int bz = b % nbz, n = b / nbz;
+    const int oz0 = bz * C1_TZ, oy0 = by * C1_TY, ox0 = bx * C1_TX;
+    const int hy = (C1_TY - 1) * p.sh + 3, hx = (C1_TX - 1) * p.sw + 3;
+    const int hz = (C1_TZ - 1) * p.sd + 3;
+    const int iz0 = oz0 * p.sd - p.pd, iy0 = oy0 * p.sh - p.ph, ix0 = ox0 * p.sw - p.pw;
+    const half* xn = x + (i64)n * p.di * p.hi * p.wi;
+    for (int i = tid; i < hz * hy * hx; i += 256) {
+        int lx = i % hx, t = i / hx;
+        int ly = t % hy, lz = t / hy;
+        int iz = iz0 + lz, iy = iy0 + ly, ix = ix0 + lx;
+        float v = 0.f;
+        if ((unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi && (unsigned)ix < (unsigned)p.wi)
+            v = __half2float(xn[((i64)iz * p.hi + iy) * p.wi + ix]);
+        xs[i] = v;
+    }
+    for (int i = tid; i < 27 * cpad; i += 256) {
+        int tap = i / cpad, co = i - tap * cpad;
+        ws[i] = co < p.cout ? __half2float(w[(i64)co * p.kpad + tap]) : 0.f;
+    }
+    __syncthreads();
+    const bool vec = ((p.ldc | p.coff) & 7) == 0;
+    const int zstep = p.sd * hy * hx;  // halo offset of the second voxel (one output plane on)
+    for (int it = tid; it < 256 * cg_n; it += 256) {
+        const int cg = it % cg_n, pv = it / cg_n;
+        const int ly = pv / C1_TX, lx = pv - ly * C1_TX;
+        const int oy = oy0 + ly, ox = ox0 + lx;
+        if (oy >= p.ho || ox >= p.wo) continue;
+        float a0[8], a1[8];
+#pragma unroll
+        for (int q = 0; q < 8; q++) a0[q] = a1[q] = 0.f;
+        const float* xb = xs + (ly * p.sh) * hx + lx * p.sw;
+        const float4* wb = reinterpret_cast<const float4*>(ws + cg * 8);
+#pragma unroll
+        for (int kz = 0; kz < 3; kz++)
+#pragma unroll
+            for (int ky = 0; ky < 3; ky++)
+#pragma unroll
+                for (int kx = 0; kx < 3; kx++) {
+                    const int tap = (kz * 3 + ky) * 3 + kx;
+                    const float* xp = xb + (kz * hy + ky) * hx + kx;
+                    const float u0 = xp[0], u1 = xp[zstep];
+                    const float4 w0 = wb[tap * (cpad >> 2)], w1 = wb[tap * (cpad >> 2) + 1];
+                    const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+                    for (int q = 0; q < 8; q++) {
+                        a0[q] = fmaf(u0, wv[q], a0[q]);
+                        a1[q] = fmaf(u1, wv[q], a1[q]);
+                    }
+                }
+        const int co = cg * 8;
+#pragma unroll
+        for (int s = 0; s < 2; s++) {
+            const int oz = oz0 + s;
+            if (oz >= p.do_) continue;
+            const i64 m = (((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox;
+            half* dst = y + m * p.ldc + p.coff + co;
+            __align__(16) half hv[8];
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                float u = 0.f;  // padding channels: never stored, no bias / slope read
+                if (co + q < p.cout)
+                    u = act_apply((s ? a1[q] : a0[q]) + (bias ? bias[co + q] : 0.f), co + q, p.act,
+                                  p.alpha, slope, p.slope_n);
+                hv[q] = __float2half(u);
+            }
+            if (vec && co + 8 <= p.cout) {
+                *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(hv);
+            } else {
+#pragma unroll
+                for (int q = 0; q < 8; q++)
+                    if (co + q < p.cout) dst[q] = hv[q];
+            }
+        }
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // conv1x1_n{16,32}: 1x1x1 conv with few output channels (the segmentation head): a memory-bound

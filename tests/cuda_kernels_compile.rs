@@ -465,3 +465,223 @@ fn halo_index_emulation() {
         }
     }
 }
+
+/// The `UP_ENTRY(...)` lines of kernels/conv.cu (`convt_up_*`) use the tile, warps and stages
+/// of their `MMA_ENTRY` twin (plan::UPSAMPLE_VEC), so the twin's shared memory size is right.
+#[test]
+fn upsample_vec_entries_match_their_mma_twins() {
+    use voxtile::backend::cuda::plan::UPSAMPLE_VEC;
+    let src = kernels::FAMILIES
+        .iter()
+        .find(|f| f.0 == "conv")
+        .expect("conv family")
+        .1;
+    let args = |prefix: &str| -> Vec<Vec<String>> {
+        src.lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix(prefix)?;
+                Some(
+                    rest.trim_end_matches(')')
+                        .split(',')
+                        .map(|a| a.trim().to_string())
+                        .collect(),
+                )
+            })
+            .collect()
+    };
+    let (mma, up) = (args("MMA_ENTRY("), args("UP_ENTRY("));
+    assert_eq!(up.len(), UPSAMPLE_VEC.len(), "{up:?}");
+    for (m, u) in UPSAMPLE_VEC {
+        let ua = up.iter().find(|a| a[0] == *u).expect("UP_ENTRY line");
+        let ma = mma.iter().find(|a| a[0] == *m).expect("MMA_ENTRY line");
+        // MMA: NAME, TBM, TBN, WM, WN, ST, VW; UP: NAME, TBM, TBN, WM, WN, ST (VW 8).
+        assert_eq!(ua[1..6], ma[1..6], "{u} vs {m}");
+        assert_eq!(ma[6], "8", "{m}");
+    }
+}
+
+/// CPU emulation of `conv_c1_k3`'s index math (block decode, halo load, the thread's two
+/// voxels, weight offsets, output ldc/coff): every output element written exactly once and
+/// equal to a direct float64 conv, for strides 1/2/mixed, pads, partial tiles, Cout 5..64.
+#[test]
+fn conv_c1_index_emulation() {
+    const TZ: usize = 2;
+    const TY: usize = 8;
+    const TX: usize = 32;
+    #[allow(clippy::type_complexity)]
+    let cases: [(usize, [usize; 3], [usize; 3], [usize; 6], usize, usize); 5] = [
+        (32, [5, 9, 37], [1; 3], [1; 6], 32, 0),
+        (20, [5, 17, 40], [2; 3], [1; 6], 37, 16),
+        (64, [4, 9, 70], [2; 3], [2, 1, 0, 0, 1, 2], 64, 0),
+        (5, [3, 5, 7], [2, 1, 2], [1, 0, 1, 1, 0, 1], 13, 8),
+        (24, [6, 3, 33], [1, 2, 1], [0; 6], 24, 0),
+    ];
+    for (cout, di, st, pads, ldc, coff) in cases {
+        let n_b = 2usize;
+        let o: Vec<usize> = (0..3)
+            .map(|a| (di[a] + pads[a] + pads[a + 3] - 3) / st[a] + 1)
+            .collect();
+        let x: Vec<f64> = (0..n_b * di.iter().product::<usize>())
+            .map(|i| ((i * 7919) % 23) as f64 - 11.0)
+            .collect();
+        let kpad = 32;
+        let w: Vec<f64> = (0..cout * kpad)
+            .map(|i| ((i * 104729) % 17) as f64 - 8.0)
+            .collect();
+        let nvox = n_b * o[0] * o[1] * o[2];
+        let mut y = vec![f64::NAN; nvox * ldc];
+        let mut hits = vec![0u32; nvox * ldc];
+        let cg_n = cout.div_ceil(8);
+        let cpad = cg_n * 8;
+        let (nbx, nby, nbz) = (o[2].div_ceil(TX), o[1].div_ceil(TY), o[0].div_ceil(TZ));
+        for blk in 0..n_b * nbz * nby * nbx {
+            let mut b = blk;
+            let bx = b % nbx;
+            b /= nbx;
+            let by = b % nby;
+            b /= nby;
+            let (bz, n) = (b % nbz, b / nbz);
+            let (oz0, oy0, ox0) = (bz * TZ, by * TY, bx * TX);
+            let hy = (TY - 1) * st[1] + 3;
+            let hx = (TX - 1) * st[2] + 3;
+            let hz = (TZ - 1) * st[0] + 3;
+            assert!(hz * hy * hx <= 5 * 17 * 65);
+            let iz0 = (oz0 * st[0]) as i64 - pads[0] as i64;
+            let iy0 = (oy0 * st[1]) as i64 - pads[1] as i64;
+            let ix0 = (ox0 * st[2]) as i64 - pads[2] as i64;
+            let mut xs = vec![0.0; hz * hy * hx];
+            for (i, v) in xs.iter_mut().enumerate() {
+                let (lx, t) = (i % hx, i / hx);
+                let (ly, lz) = (t % hy, t / hy);
+                let (iz, iy, ix) = (iz0 + lz as i64, iy0 + ly as i64, ix0 + lx as i64);
+                if (0..di[0] as i64).contains(&iz)
+                    && (0..di[1] as i64).contains(&iy)
+                    && (0..di[2] as i64).contains(&ix)
+                {
+                    *v = x[((n * di[0] + iz as usize) * di[1] + iy as usize) * di[2] + ix as usize];
+                }
+            }
+            let ws: Vec<f64> = (0..27 * cpad)
+                .map(|i| {
+                    let (tap, co) = (i / cpad, i % cpad);
+                    if co < cout {
+                        w[co * kpad + tap]
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let zstep = st[0] * hy * hx;
+            for it in 0..256 * cg_n {
+                let (cg, pv) = (it % cg_n, it / cg_n);
+                let (ly, lx) = (pv / TX, pv % TX);
+                let (oy, ox) = (oy0 + ly, ox0 + lx);
+                if oy >= o[1] || ox >= o[2] {
+                    continue;
+                }
+                let mut a = [[0.0f64; 8]; 2];
+                let xb = ly * st[1] * hx + lx * st[2];
+                for tap in 0..27 {
+                    let (kz, ky, kx) = (tap / 9, (tap / 3) % 3, tap % 3);
+                    let xp = xb + (kz * hy + ky) * hx + kx;
+                    for q in 0..8 {
+                        let wv = ws[tap * cpad + cg * 8 + q];
+                        a[0][q] += xs[xp] * wv;
+                        a[1][q] += xs[xp + zstep] * wv;
+                    }
+                }
+                let co = cg * 8;
+                for (s, acc) in a.iter().enumerate() {
+                    let oz = oz0 + s;
+                    if oz >= o[0] {
+                        continue;
+                    }
+                    let m = ((n * o[0] + oz) * o[1] + oy) * o[2] + ox;
+                    for (q, v) in acc.iter().enumerate() {
+                        if co + q < cout {
+                            y[m * ldc + coff + co + q] = *v;
+                            hits[m * ldc + coff + co + q] += 1;
+                        }
+                    }
+                }
+            }
+        }
+        // Direct reference.
+        for n in 0..n_b {
+            for oz in 0..o[0] {
+                for oy in 0..o[1] {
+                    for ox in 0..o[2] {
+                        let m = ((n * o[0] + oz) * o[1] + oy) * o[2] + ox;
+                        for co in 0..cout {
+                            let mut want = 0.0;
+                            for tap in 0..27 {
+                                let (kz, ky, kx) = (tap / 9, (tap / 3) % 3, tap % 3);
+                                let iz = (oz * st[0] + kz) as i64 - pads[0] as i64;
+                                let iy = (oy * st[1] + ky) as i64 - pads[1] as i64;
+                                let ix = (ox * st[2] + kx) as i64 - pads[2] as i64;
+                                if (0..di[0] as i64).contains(&iz)
+                                    && (0..di[1] as i64).contains(&iy)
+                                    && (0..di[2] as i64).contains(&ix)
+                                {
+                                    want += x[((n * di[0] + iz as usize) * di[1] + iy as usize)
+                                        * di[2]
+                                        + ix as usize]
+                                        * w[co * kpad + tap];
+                                }
+                            }
+                            let i = m * ldc + coff + co;
+                            assert_eq!(hits[i], 1, "cout {cout} {di:?} m {m} co {co}");
+                            assert_eq!(y[i], want, "cout {cout} {di:?} m {m} co {co}");
+                        }
+                    }
+                }
+            }
+        }
+        // Nothing outside [coff, coff + cout) of each row.
+        for (i, h) in hits.iter().enumerate() {
+            let c = i % ldc;
+            if c < coff || c >= coff + cout {
+                assert_eq!(*h, 0, "write outside the slice at channel {c}");
+            }
+        }
+    }
+}
+
+/// CPU emulation of the `convt_up_*` staged epilogue's mapping: GEMM (row m = input voxel,
+/// 8-column chunk c of tap * Cout + co) -> output voxel and channel; every output element of a
+/// k^3 stride-k transposed conv gets exactly one chunk lane, at its (voxel, channel).
+#[test]
+fn convt_up_epilogue_index_emulation() {
+    for (k, cout, di) in [
+        (2usize, 32usize, [3usize, 5, 4]),
+        (2, 8, [1, 1, 7]),
+        (3, 16, [2, 3, 2]),
+    ] {
+        let n_b = 2;
+        let od = [di[0] * k, di[1] * k, di[2] * k];
+        let ncols = k * k * k * cout;
+        let m_tot = n_b * di.iter().product::<usize>();
+        let ovox = n_b * od.iter().product::<usize>();
+        let mut hits = vec![0u32; ovox * cout];
+        for m in 0..m_tot {
+            for c in (0..ncols).step_by(8) {
+                let (ix, t) = (m % di[2], m / di[2]);
+                let (iy, t) = (t % di[1], t / di[1]);
+                let (iz, n) = (t % di[0], t / di[0]);
+                let (tap, co) = (c / cout, c % cout);
+                let (qz, rem) = (tap / (k * k), tap % (k * k));
+                let (qy, qx) = (rem / k, rem % k);
+                let o = ((n * od[0] + iz * k + qz) * od[1] + iy * k + qy) * od[2] + ix * k + qx;
+                for q in 0..8 {
+                    // The chunk's 8 columns are taps' channels co..co+8 of the same tap.
+                    assert_eq!((c + q) / cout, tap);
+                    hits[o * cout + co + q] += 1;
+                }
+                // Independent check: output voxel of (input voxel, tap) from coordinates.
+                let (z, y, xx) = (iz * k + qz, iy * k + qy, ix * k + qx);
+                assert_eq!(o, ((n * od[0] + z) * od[1] + y) * od[2] + xx);
+            }
+        }
+        assert!(hits.iter().all(|&h| h == 1), "k {k} cout {cout}");
+    }
+}

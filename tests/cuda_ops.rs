@@ -1946,6 +1946,264 @@ fn conv_halo_cases() {
     b.set_halo_tile(None).unwrap();
 }
 
+/// Concats the outputs of `parts` (single-input conv / transposed conv nodes on `x`, with their
+/// float64 references) in place, optionally followed by `x` itself, and checks the result:
+/// each part is written at its channel offset with the concat's channel stride.
+fn concat_parts_case(
+    b: &mut CudaBackend,
+    name: &str,
+    x: &T,
+    parts: Vec<(Op, T)>,
+    with_input: bool,
+) -> Vec<String> {
+    let cin = x.s[1];
+    let os = parts[0].1.s;
+    let mut cs: Vec<usize> = parts.iter().map(|(_, t)| t.s[1]).collect();
+    let mut nodes: Vec<(Op, Vec<usize>, usize)> = Vec::new();
+    let mut refs: Vec<T> = Vec::new();
+    for (op, t) in parts {
+        assert_eq!(&t.s[2..], &os[2..], "parts share the output shape");
+        nodes.push((op, vec![0], t.s[1]));
+        refs.push(t);
+    }
+    let mut cat_in: Vec<usize> = (1..=nodes.len()).collect();
+    if with_input {
+        assert_eq!(&x.s[2..], &os[2..], "input shape");
+        cat_in.push(0);
+        cs.push(cin);
+        refs.push(x.clone());
+    }
+    let ct: usize = cs.iter().sum();
+    nodes.push((Op::Concat { axis: 1 }, cat_in, ct));
+    let nvox = os[2] * os[3] * os[4];
+    let mut want = T::zeros([os[0], ct, os[2], os[3], os[4]]);
+    for n in 0..os[0] {
+        let mut off = 0;
+        for (t, &c) in refs.iter().zip(&cs) {
+            for ch in 0..c {
+                for v in 0..nvox {
+                    want.d[(n * ct + off + ch) * nvox + v] = t.d[(n * c + ch) * nvox + v];
+                }
+            }
+            off += c;
+        }
+    }
+    let got = run(b, &graph(cin, nodes), x, os[0]);
+    report(name, rel_l2(&got, &want));
+    kernels_used(b, os[0])
+}
+
+/// `conv_c1_k3` (Cin 1, 3^3, stride 1/2, Cout <= 64) vs float64: Cout 16/32/20/64/24, stride
+/// 1, 2 and mixed, zero / asymmetric pads, odd sizes (partial 2x8x32 tiles on every axis),
+/// fused activations, outputs into concat slices (8-aligned stride and offset: 16-byte stores;
+/// odd: element stores). Each case checks that `conv_c1_k3` ran; the switch turns it off.
+#[test]
+fn conv_c1_cases() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = rng("c1");
+    b.set_conv_tile(None).unwrap();
+    b.set_c1_conv(true);
+    let leaky = || Some(Op::LeakyRelu { alpha: 0.1 });
+    #[allow(clippy::type_complexity)]
+    let cases: Vec<(usize, [usize; 3], [usize; 3], [usize; 6], Option<Op>)> = vec![
+        (32, [9, 13, 37], [1; 3], [1; 6], None),
+        (16, [7, 10, 33], [1; 3], [0; 6], Some(Op::Relu)),
+        (20, [5, 17, 40], [2; 3], [1; 6], leaky()),
+        (64, [4, 9, 70], [2; 3], [2, 1, 0, 0, 1, 2], None),
+        (24, [3, 5, 7], [2, 1, 2], [1, 0, 1, 1, 0, 1], leaky()),
+        (8, [11, 8, 31], [1; 3], [1; 6], Some(Op::Sigmoid)),
+        (5, [6, 9, 12], [1, 2, 1], [1; 6], None),
+    ];
+    for (cout, sp, st, pads, act) in cases {
+        let name = format!(
+            "c1 1->{cout} {sp:?} s{st:?} pads {pads:?}{}",
+            if act.is_some() { " +act" } else { "" }
+        );
+        conv_case(
+            &mut b, &mut r, &name, 1, cout, sp, [3; 3], st, [1; 3], pads, 1, act,
+        );
+        let used = kernels_used(&mut b, 2);
+        assert!(
+            used.iter().all(|k| k == "conv_c1_k3") && !used.is_empty(),
+            "{name}: ran {used:?}"
+        );
+    }
+    // Concat slices: [c1 conv a, c1 conv b, (x)]: stride 64 offset 32 (vector stores); stride
+    // 37 = 16 + 20 + 1 with offset 16 (element stores).
+    for (ca, cb, with_x) in [(32usize, 32usize, false), (16, 20, true), (24, 8, false)] {
+        let sp = [5usize, 9, 35];
+        let x = T::from(
+            [2, 1, sp[0], sp[1], sp[2]],
+            &r.vec(2 * sp.iter().product::<usize>(), 1.0),
+        );
+        let mut parts = Vec::new();
+        for c in [ca, cb] {
+            let w = Tensor::new(vec![c, 1, 3, 3, 3], r.vec(c * 27, 0.3));
+            let bias = Tensor::new(vec![c], r.vec(c, 0.5));
+            let want = conv_ref(
+                &x,
+                &w,
+                Some(&bias),
+                [1; 3],
+                [1; 3],
+                [1; 6],
+                1,
+                false,
+                [0; 3],
+            );
+            let op = Op::Conv(Conv {
+                weight: w,
+                bias: Some(bias),
+                stride: [1; 3],
+                dilation: [1; 3],
+                pads: [1; 6],
+                groups: 1,
+            });
+            parts.push((op, want));
+        }
+        let name = format!(
+            "c1 convs into concat [{ca}, {cb}{}]",
+            if with_x { ", x" } else { "" }
+        );
+        let used = concat_parts_case(&mut b, &name, &x, parts, with_x);
+        assert!(
+            !used.is_empty() && used.iter().all(|k| k == "conv_c1_k3"),
+            "{name}: ran {used:?}"
+        );
+    }
+    // Switched off: the mma tile runs the same conv.
+    b.set_c1_conv(false);
+    conv_case(
+        &mut b,
+        &mut r,
+        "c1 off 1->32",
+        1,
+        32,
+        [6, 7, 9],
+        [3; 3],
+        [1; 3],
+        [1; 3],
+        [1; 6],
+        1,
+        None,
+    );
+    let used = kernels_used(&mut b, 2);
+    assert!(used.iter().all(|k| k.starts_with("conv_mma_")), "{used:?}");
+    b.set_c1_conv(true);
+}
+
+/// `convt_up_*` (kernel == stride transposed conv, Cin and Cout % 8 == 0, 16-byte staged
+/// epilogue) vs float64: k2s2 with Cin 32/64/128/320, Cout 32/64/16/24, odd spatial sizes
+/// (partial M tiles), every v8 tile forced once, Cout 14 (falls back to the scatter epilogue),
+/// outputs into concat slices (aligned: vector stores; offset 14: element stores).
+#[test]
+fn convt_up_vec_cases() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = rng("upvec");
+    b.set_conv_tile(None).unwrap();
+    b.set_upsample_vec(true);
+    let cases: Vec<(usize, usize, [usize; 3], Option<&str>)> = vec![
+        (32, 32, [5, 6, 7], None),
+        (64, 32, [3, 5, 9], None),
+        (128, 64, [4, 3, 5], None),
+        (320, 64, [3, 3, 2], None),
+        (64, 16, [7, 5, 3], None),
+        (128, 24, [5, 5, 5], None),
+        (32, 14, [5, 4, 3], None),
+        (64, 32, [9, 7, 5], Some("conv_mma_m256n32_v8")),
+        (64, 32, [9, 7, 5], Some("conv_mma_m128n32_v8")),
+        (64, 64, [5, 7, 3], Some("conv_mma_m128n64_v8")),
+        (32, 64, [3, 3, 7], Some("conv_mma_m128n128_v8")),
+    ];
+    for (cin, cout, sp, tile) in cases {
+        b.set_conv_tile(tile).unwrap();
+        let name = format!(
+            "convt_up k2s2 {cin}->{cout} {sp:?} {}",
+            tile.unwrap_or("auto")
+        );
+        convt_case(
+            &mut b, &mut r, &name, cin, cout, sp, [2; 3], [2; 3], [0; 6], [0; 3], 1,
+        );
+        let used = kernels_used(&mut b, 2);
+        let ok = if cout % 8 == 0 {
+            used.iter().all(|k| {
+                k.starts_with("convt_up_")
+                    && tile.is_none_or(|t| k.as_str() == t.replace("conv_mma_", "convt_up_"))
+            })
+        } else {
+            used.iter().all(|k| k.starts_with("conv_mma_"))
+        };
+        assert!(ok && !used.is_empty(), "{name}: ran {used:?}");
+    }
+    b.set_conv_tile(None).unwrap();
+    // Concat slices of two k2s2 transposed convs of the same input: [32, 24] (stride 56,
+    // offset 32: vector stores) and [14, 32] (stride 46, offset 14: element stores).
+    for (ca, cb) in [(32usize, 24usize), (14, 32)] {
+        let (cin, sp) = (64usize, [3usize, 5, 4]);
+        let x = T::from([2, cin, sp[0], sp[1], sp[2]], &r.vec(2 * cin * 60, 1.0));
+        let mut parts = Vec::new();
+        for c in [ca, cb] {
+            let w = Tensor::new(vec![cin, c, 2, 2, 2], r.vec(cin * c * 8, 0.125));
+            let bias = Tensor::new(vec![c], r.vec(c, 0.5));
+            let want = conv_ref(&x, &w, Some(&bias), [2; 3], [1; 3], [0; 6], 1, true, [0; 3]);
+            let op = Op::ConvTranspose(ConvTranspose {
+                weight: w,
+                bias: Some(bias),
+                stride: [2; 3],
+                dilation: [1; 3],
+                pads: [0; 6],
+                output_padding: [0; 3],
+                groups: 1,
+            });
+            parts.push((op, want));
+        }
+        let name = format!("convt_up into concat [{ca}, {cb}]");
+        let used = concat_parts_case(&mut b, &name, &x, parts, false);
+        assert!(
+            used.iter().any(|k| k.starts_with("convt_up_")),
+            "{name}: ran {used:?}"
+        );
+    }
+    // A fused activation after the transposed conv (the epilogue's act_apply), then off.
+    let (cin, cout, sp) = (32usize, 16usize, [3usize, 4, 5]);
+    let x = T::from([2, cin, sp[0], sp[1], sp[2]], &r.vec(2 * cin * 60, 1.0));
+    let w = Tensor::new(vec![cin, cout, 2, 2, 2], r.vec(cin * cout * 8, 0.18));
+    let bias = Tensor::new(vec![cout], r.vec(cout, 0.5));
+    let want = conv_ref(&x, &w, Some(&bias), [2; 3], [1; 3], [0; 6], 1, true, [0; 3])
+        .map(|_, v| if v >= 0.0 { v } else { 0.1 * v });
+    let ct = Op::ConvTranspose(ConvTranspose {
+        weight: w,
+        bias: Some(bias),
+        stride: [2; 3],
+        dilation: [1; 3],
+        pads: [0; 6],
+        output_padding: [0; 3],
+        groups: 1,
+    });
+    let g = graph(
+        cin,
+        vec![
+            (ct, vec![0], cout),
+            (Op::LeakyRelu { alpha: 0.1 }, vec![1], cout),
+        ],
+    );
+    for on in [true, false] {
+        b.set_upsample_vec(on);
+        let got = run(&mut b, &g, &x, 2);
+        report(
+            &format!("convt_up k2s2 + leaky (vec {on})"),
+            rel_l2(&got, &want),
+        );
+        let used = kernels_used(&mut b, 2);
+        let pre = if on { "convt_up_" } else { "conv_mma_" };
+        assert!(
+            !used.is_empty() && used.iter().all(|k| k.starts_with(pre)),
+            "{used:?}"
+        );
+    }
+    b.set_upsample_vec(true);
+}
+
 /// Times one single-conv graph (batch n, window s^3) on random data; returns ms per forward.
 fn time_one(
     b: &mut CudaBackend,
@@ -2011,19 +2269,25 @@ fn bench_w1_layers() {
             2.0 * (n * os * os * os) as f64 * co as f64 * (ci * k * k * k) as f64
         };
         let mut ms = [0.0; 3];
-        // 0: legacy wmma, 1: conv_mma only (halo off), 2: auto (halo kernels where eligible).
+        // 0: legacy wmma, 1: conv_mma only (halo, Cin-1 and convt_up kernels off), 2: auto.
+        let c1 = kind == 'c' && ci == 1 && k == 3 && co <= 64;
+        let upv = kind == 't' && k == st && ci % 8 == 0 && co % 8 == 0;
+        let mut auto_kernels = Vec::new();
         for (li, slot) in ms.iter_mut().enumerate() {
             let key = (kind, ci, co, s, k, st, li);
             if let Some(&t) = cache.get(&key) {
                 *slot = t;
                 continue;
             }
-            if li == 1 && !(kind == 'c' && k == 3 && st == 1 && matches!(ci, 32 | 64) && co <= 64) {
-                // Not halo-eligible: the auto run is the same kernel.
+            let halo = kind == 'c' && k == 3 && st == 1 && matches!(ci, 32 | 64) && co <= 64;
+            if li == 1 && !(halo || c1 || upv) {
+                // No special kernel: the auto run is the same kernel.
                 continue;
             }
             b.set_legacy_conv(li == 0);
             b.set_halo_conv(li == 2);
+            b.set_c1_conv(li == 2);
+            b.set_upsample_vec(li == 2);
             let w = Tensor::new(
                 if kind == 't' {
                     vec![ci, co, k, k, k]
@@ -2054,8 +2318,24 @@ fn bench_w1_layers() {
                 })
             };
             let t = time_one(&mut b, &mut r, op, ci, co, n, s);
+            if li == 2 && (c1 || upv) {
+                auto_kernels = kernels_used(&mut b, n);
+            }
             cache.insert(key, t);
             *slot = t;
+        }
+        // "auto" must be the new kernel where it applies ("mma" is then the old path).
+        if c1 {
+            assert!(
+                auto_kernels.iter().all(|k| k == "conv_c1_k3"),
+                "{auto_kernels:?}"
+            );
+        }
+        if upv {
+            assert!(
+                auto_kernels.iter().all(|k| k.starts_with("convt_up_")),
+                "{auto_kernels:?}"
+            );
         }
         if ms[1] == 0.0 {
             ms[1] = ms[2];
@@ -2075,6 +2355,8 @@ fn bench_w1_layers() {
         );
     }
     b.set_halo_conv(true);
+    b.set_c1_conv(true);
+    b.set_upsample_vec(true);
     println!(
         "RESULT w1 convs total (batch 4): {:.1} GFLOP, legacy {tot_old:.2} ms ({:.1} TF/s), mma {tot_mma:.2} ms ({:.1} TF/s), auto (halo) {tot_new:.2} ms ({:.1} TF/s)",
         tot_flop / 1e9,

@@ -34,6 +34,11 @@ pub struct ArchCaps {
     pub conv_mma: bool,
     /// Stride-1 3^3 convs with Cin 32/64 on `conv_halo_*`.
     pub conv_halo: bool,
+    /// Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `conv_c1_k3` (unless a tile is forced).
+    pub conv_c1: bool,
+    /// kernel == stride transposed convs with Cin, Cout % 8 == 0 on `convt_up_*` (16-byte
+    /// staged epilogue) instead of the `conv_mma_*` scatter epilogue.
+    pub conv_up_vec: bool,
     /// A forced `conv_mma_*` tile (tests, benchmarks).
     pub conv_tile: Option<&'static str>,
     /// A forced `conv_halo_*` kernel (benchmarks).
@@ -49,6 +54,8 @@ impl ArchCaps {
             smem_optin,
             conv_mma: major >= 8,
             conv_halo: true,
+            conv_c1: true,
+            conv_up_vec: true,
             conv_tile: None,
             halo_tile: None,
         }
@@ -92,6 +99,10 @@ pub enum ConvKernel {
     Halo(&'static HaloConfig),
     /// kernel == stride transposed conv as a GEMM with a scatter epilogue.
     Upsample(&'static MmaConfig),
+    /// The same GEMM and weights on `convt_up_*` (the tile's 16-byte staged epilogue).
+    UpsampleVec(&'static MmaConfig),
+    /// Cin-1 3^3 conv on `conv_c1_k3` (mma weight layout).
+    Cin1,
     Mma(&'static MmaConfig),
     /// The wmma implicit GEMM (`conv_igemm_*`) or, for grouped convs, `conv_direct`.
     Legacy {
@@ -124,9 +135,27 @@ impl ConvKernel {
             ConvKernel::Pointwise { .. } => vec!["conv1x1_n32"],
             ConvKernel::Halo(c) => vec![c.name],
             ConvKernel::Upsample(c) | ConvKernel::Mma(c) => vec![c.name],
+            ConvKernel::UpsampleVec(c) => vec![upsample_vec_name(c.name).unwrap_or(c.name)],
+            ConvKernel::Cin1 => vec!["conv_c1_k3"],
             ConvKernel::Legacy { func, .. } => vec![func],
         }
     }
+}
+
+/// `conv_mma_*` tile -> its `convt_up_*` twin (same tile and shared memory, staged epilogue).
+pub const UPSAMPLE_VEC: &[(&str, &str)] = &[
+    ("conv_mma_m256n32_v8", "convt_up_m256n32_v8"),
+    ("conv_mma_m128n32_v8", "convt_up_m128n32_v8"),
+    ("conv_mma_m128n64_v8", "convt_up_m128n64_v8"),
+    ("conv_mma_m128n128_v8", "convt_up_m128n128_v8"),
+];
+
+/// The `convt_up_*` twin of an mma tile, if it has one.
+pub fn upsample_vec_name(mma: &str) -> Option<&'static str> {
+    UPSAMPLE_VEC
+        .iter()
+        .find(|(m, _)| *m == mma)
+        .map(|(_, u)| *u)
 }
 
 impl std::fmt::Debug for ConvKernel {
@@ -136,6 +165,8 @@ impl std::fmt::Debug for ConvKernel {
             ConvKernel::Pointwise { .. } => "Pointwise",
             ConvKernel::Halo(_) => "Halo",
             ConvKernel::Upsample(_) => "Upsample",
+            ConvKernel::UpsampleVec(_) => "UpsampleVec",
+            ConvKernel::Cin1 => "Cin1",
             ConvKernel::Mma(_) => "Mma",
             ConvKernel::Legacy { .. } => "Legacy",
         };
@@ -208,6 +239,19 @@ impl ConvKernel {
                 nc: if cout <= 16 { 16 } else { 32 },
             };
         }
+        // (A forced mma tile keeps Cin-1 convs on that tile, as it does the halo convs.)
+        if mma
+            && caps.conv_c1
+            && caps.conv_tile.is_none()
+            && !g.transposed
+            && cin == 1
+            && cout <= 64
+            && g.k == [3; 3]
+            && g.dil == [1; 3]
+            && g.stride.iter().all(|&s| s == 1 || s == 2)
+        {
+            return ConvKernel::Cin1;
+        }
         if mma && !g.upsample && caps.conv_halo && caps.conv_tile.is_none() {
             if let Some(c) = pick_halo(
                 cin,
@@ -225,7 +269,11 @@ impl ConvKernel {
         }
         if mma && g.upsample {
             let taps = g.k[0] * g.k[1] * g.k[2];
-            return ConvKernel::Upsample(caps.mma_tile(rows, taps * cout, vw));
+            let t = caps.mma_tile(rows, taps * cout, vw);
+            if caps.conv_up_vec && cout % 8 == 0 && upsample_vec_name(t.name).is_some() {
+                return ConvKernel::UpsampleVec(t);
+            }
+            return ConvKernel::Upsample(t);
         }
         if mma {
             return ConvKernel::Mma(caps.mma_tile(rows, cout, vw));
@@ -252,7 +300,7 @@ impl ConvKernel {
         match self {
             ConvKernel::Pointwise { .. } => 64,
             ConvKernel::Legacy { .. } => cout.div_ceil(64) * 64,
-            ConvKernel::Upsample(_) => {
+            ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) => {
                 let taps = wshape[2] * wshape[3] * wshape[4];
                 (taps * cout).div_ceil(MMA_N_PAD) * MMA_N_PAD
             }
@@ -272,7 +320,7 @@ impl ConvKernel {
                     rows * kpad(nt * wshape[0])
                 })
                 .collect(),
-            ConvKernel::Upsample(_) => vec![rows * kpad(wshape[0])],
+            ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) => vec![rows * kpad(wshape[0])],
             _ => {
                 let cin_g = if transposed {
                     wshape[0] / groups.max(1)
@@ -682,7 +730,61 @@ mod tests {
                 h200,
                 geom([64, 4, 4, 4], [32, 8, 8, 8], 2, 2, 1, true),
                 vec![64, 32, 2, 2, 2],
+                "UpsampleVec",
+            ),
+            // Cout 14 (no 8-channel chunks) or the switch off: the scatter epilogue.
+            (
+                h200,
+                geom([32, 4, 4, 4], [14, 8, 8, 8], 2, 2, 1, true),
+                vec![32, 14, 2, 2, 2],
                 "Upsample",
+            ),
+            (
+                ArchCaps {
+                    conv_up_vec: false,
+                    ..h200
+                },
+                geom([64, 4, 4, 4], [32, 8, 8, 8], 2, 2, 1, true),
+                vec![64, 32, 2, 2, 2],
+                "Upsample",
+            ),
+            // Cin 1, 3^3, stride 1 / 2: conv_c1_k3 (mma weight layout); switch off: mma tile.
+            (
+                h200,
+                geom([1, 16, 16, 16], [32, 16, 16, 16], 3, 1, 1, false),
+                vec![32, 1, 3, 3, 3],
+                "Cin1",
+            ),
+            (
+                h200,
+                geom([1, 15, 15, 15], [20, 8, 8, 8], 3, 2, 1, false),
+                vec![20, 1, 3, 3, 3],
+                "Cin1",
+            ),
+            (
+                ArchCaps {
+                    conv_c1: false,
+                    ..h200
+                },
+                geom([1, 16, 16, 16], [32, 16, 16, 16], 3, 1, 1, false),
+                vec![32, 1, 3, 3, 3],
+                "Mma",
+            ),
+            (
+                ArchCaps {
+                    conv_tile: Some("conv_mma_m128n32_v1"),
+                    ..h200
+                },
+                geom([1, 16, 16, 16], [32, 16, 16, 16], 3, 1, 1, false),
+                vec![32, 1, 3, 3, 3],
+                "Mma",
+            ),
+            // Cout 72 > 64: not the Cin-1 kernel.
+            (
+                h200,
+                geom([1, 16, 16, 16], [72, 16, 16, 16], 3, 1, 1, false),
+                vec![72, 1, 3, 3, 3],
+                "Mma",
             ),
             (
                 h200,
@@ -705,7 +807,10 @@ mod tests {
         ];
         for (caps, g, ws, kind) in cases {
             let k = ConvKernel::choose(&caps, 2, &g);
-            assert!(format!("{k:?}").starts_with(kind), "{k:?} for {ws:?}");
+            assert!(
+                format!("{k:?}").starts_with(&format!("{kind}[")),
+                "{k:?} for {ws:?}"
+            );
             let data: Vec<f32> = (0..ws.iter().product::<usize>())
                 .map(|i| i as f32)
                 .collect();
@@ -715,7 +820,7 @@ mod tests {
                     .iter()
                     .map(|(c, _)| relayout_parity_weight(&data, &ws, &c.taps, rows).0.len())
                     .collect(),
-                ConvKernel::Upsample(_) => {
+                ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) => {
                     vec![relayout_upsampling_weight(&data, &ws, rows).0.len()]
                 }
                 _ => vec![relayout_weight(&data, &ws, g.groups, g.transposed, rows)
@@ -730,6 +835,27 @@ mod tests {
         assert!(HALO_CONFIGS
             .iter()
             .any(|c| c.smem_bytes() as usize <= h200.smem_optin));
+    }
+
+    /// Every `convt_up_*` twin names a v8 mma tile whose operand stages can hold the staged
+    /// fp32 tile (bm x (bn + 8) floats), as the kernel's static_assert requires.
+    #[test]
+    fn upsample_vec_twins_fit() {
+        for (mma, up) in UPSAMPLE_VEC {
+            let c = MMA_CONFIGS.iter().find(|c| c.name == *mma).unwrap();
+            assert_eq!(c.vw, 8, "{mma}");
+            assert!(c.bm * (c.bn + 8) * 4 <= c.smem_bytes() as usize, "{mma}");
+            assert_eq!(up.replace("convt_up_", "conv_mma_"), *mma);
+            assert_eq!(upsample_vec_name(mma), Some(*up));
+        }
+        assert_eq!(upsample_vec_name("conv_mma_m128n32_v2"), None);
+        let k = ConvKernel::UpsampleVec(
+            MMA_CONFIGS
+                .iter()
+                .find(|c| c.name == "conv_mma_m128n64_v8")
+                .unwrap(),
+        );
+        assert!(k.funcs()[0].starts_with("convt_up_"), "{k:?}");
     }
 
     #[test]

@@ -274,6 +274,10 @@ pub struct CudaBackend {
     conv_tile: Option<&'static str>,
     /// Stride-1 3^3 convs with Cin 32/64 run on `conv_halo_*` (unless a tile is forced).
     conv_halo: bool,
+    /// Cin-1 3^3 convs run on `conv_c1_k3`.
+    conv_c1: bool,
+    /// kernel == stride transposed convs (Cin, Cout % 8 == 0) run on `convt_up_*`.
+    conv_up_vec: bool,
     /// Forces one `conv_halo_*` variant where its Cin and width fit (benchmarks); None: default.
     halo_tile: Option<&'static str>,
     /// The device's opt-in shared memory per block (bytes): which halo kernels fit.
@@ -361,12 +365,15 @@ impl CudaBackend {
             }
             // The mma conv tiles use more than the default 48 KB of dynamic shared memory.
             for c in plan::MMA_CONFIGS {
-                if let Some(f) = funcs.get(c.name) {
-                    f.set_attribute(
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        c.smem_bytes() as i32,
-                    )
-                    .map_err(drv(&format!("shared memory limit of {}", c.name)))?;
+                let twin = plan::upsample_vec_name(c.name);
+                for name in std::iter::once(c.name).chain(twin) {
+                    if let Some(f) = funcs.get(name) {
+                        f.set_attribute(
+                            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            c.smem_bytes() as i32,
+                        )
+                        .map_err(drv(&format!("shared memory limit of {name}")))?;
+                    }
                 }
             }
         }
@@ -385,6 +392,8 @@ impl CudaBackend {
             conv_mma: ma >= 8,
             conv_tile: None,
             conv_halo: true,
+            conv_c1: true,
+            conv_up_vec: true,
             halo_tile: None,
             smem_optin,
             ptx_from_cache,
@@ -408,6 +417,19 @@ impl CudaBackend {
     /// at the next `prepare`. A forced tile (`set_conv_tile`) also turns them off.
     pub fn set_halo_conv(&mut self, on: bool) {
         self.conv_halo = on;
+    }
+
+    /// Runs Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `conv_c1_k3` (default) or on the
+    /// `conv_mma_*` tiles (before/after benchmarks); takes effect at the next `prepare`.
+    pub fn set_c1_conv(&mut self, on: bool) {
+        self.conv_c1 = on;
+    }
+
+    /// Runs kernel == stride transposed convs with Cin, Cout % 8 == 0 on `convt_up_*` (16-byte
+    /// staged epilogue, default) or on the `conv_mma_*` scatter epilogue (before/after
+    /// benchmarks); takes effect at the next `prepare`.
+    pub fn set_upsample_vec(&mut self, on: bool) {
+        self.conv_up_vec = on;
     }
 
     /// Forces the `conv_halo_*` kernel `name` (one of `plan::HALO_CONFIGS`) for the halo convs
@@ -581,9 +603,11 @@ impl CudaBackend {
         let bytes = std::mem::size_of_val(data);
         match consts.plan.get(k) {
             Some(c) if c.bytes == bytes => {}
-            c => return Err(Error::Backend(format!(
+            c => {
+                return Err(Error::Backend(format!(
                 "CUDA launch list: constant {k} has {bytes} bytes but the buffer plan says {c:?}"
-            ))),
+            )))
+            }
         }
         let b = DevBuf::upload(&self.ctx, &self.stream, data)?;
         let p = b.ptr;
@@ -608,6 +632,8 @@ impl CudaBackend {
             smem_optin: self.smem_optin,
             conv_mma: self.conv_mma,
             conv_halo: self.conv_halo,
+            conv_c1: self.conv_c1,
+            conv_up_vec: self.conv_up_vec,
             conv_tile: self.conv_tile,
             halo_tile: self.halo_tile,
         }
@@ -1147,7 +1173,7 @@ impl CudaBackend {
                 }])
             }
             // Plain GEMM [input voxels x Cin] x [Cin x taps*Cout], scattered to the k^3 blocks.
-            K::Upsample(c) => {
+            K::Upsample(c) | K::UpsampleVec(c) => {
                 let n = taps * cout;
                 let (wh, kpad) =
                     plan::relayout_upsampling_weight(&weight.data, &weight.shape, rows_pad);
@@ -1168,7 +1194,7 @@ impl CudaBackend {
                     p,
                     w,
                     y,
-                    c.name,
+                    kernel.funcs()[0],
                     c.bm as u32,
                     c.bn as u32,
                     c.threads,
@@ -1177,7 +1203,7 @@ impl CudaBackend {
             }
             // Stride-1 3^3 with Cin 32/64: the input halo of a 4x8x8 output tile loaded once
             // for all 27 taps (`conv_halo_*`), the mma weight layout; or the mma / legacy tiles.
-            K::Halo(_) | K::Mma(_) | K::Legacy { .. } => {
+            K::Halo(_) | K::Mma(_) | K::Legacy { .. } | K::Cin1 => {
                 let (wh, kpad) = plan::relayout_weight(
                     &weight.data,
                     &weight.shape,
@@ -1191,6 +1217,8 @@ impl CudaBackend {
                     K::Halo(c) => (c.name, 256, c.bn, c.threads, c.smem_bytes()),
                     K::Mma(c) => (c.name, c.bm, c.bn, c.threads, c.smem_bytes()),
                     K::Legacy { func, bn } => (*func, 128, *bn, 128, 0),
+                    // One block per 2x8x32 output tile, static shared memory.
+                    K::Cin1 => ("conv_c1_k3", 512, 64, 256, 0),
                     _ => unreachable!("matched above"),
                 };
                 Ok(vec![step(
@@ -1254,6 +1282,26 @@ impl CudaBackend {
                             s,
                             func,
                             total,
+                            &mut [
+                                Arg::Conv(p),
+                                Arg::Ptr(*x),
+                                Arg::Ptr(*w),
+                                Arg::Ptr(*bias),
+                                Arg::Ptr(*y),
+                                Arg::Ptr(*slope),
+                            ],
+                        )?;
+                    } else if *func == "conv_c1_k3" {
+                        // One block per C1_TZ x C1_TY x C1_TX = 2 x 8 x 32 output tile.
+                        let tiles = (p.do_ as usize).div_ceil(2)
+                            * (p.ho as usize).div_ceil(8)
+                            * (p.wo as usize).div_ceil(32);
+                        self.launch(
+                            s,
+                            func,
+                            ((n * tiles) as u32, 1, 1),
+                            *threads,
+                            0,
                             &mut [
                                 Arg::Conv(p),
                                 Arg::Ptr(*x),

@@ -5,8 +5,8 @@ use crate::model::graph::{Conv, ConvTranspose, Graph, Op, Pool, Resize, ResizeMo
 use crate::{Error, Result};
 
 pub use super::buffers::{
-    alloc_size, buffer_plan, ArchCaps, BufferPlan, ConstBuf, ConvGeom, ConvKernel, Launch,
-    ALLOC_FLOOR,
+    alloc_size, buffer_plan, upsample_vec_name, ArchCaps, BufferPlan, ConstBuf, ConvGeom,
+    ConvKernel, Launch, ALLOC_FLOOR, UPSAMPLE_VEC,
 };
 
 /// Per-sample activation shape: [C, D, H, W].
