@@ -11,20 +11,6 @@ use voxtile::backend::Backend;
 use voxtile::engine::{Device, Engine, Options};
 use voxtile::tiling::{argmax, BlendMode, PadMode, Placement};
 
-fn gpu_present() -> bool {
-    match CudaBackend::new(0) {
-        Ok(_) => true,
-        Err(e) => {
-            assert!(
-                std::env::var("VOXTILE_REQUIRE_GPU").as_deref() != Ok("1"),
-                "VOXTILE_REQUIRE_GPU=1 but: {e}"
-            );
-            eprintln!("skipping: {e}");
-            false
-        }
-    }
-}
-
 #[test]
 fn fixture_models_match_pytorch_on_gpu() {
     if !gpu_present() {

@@ -1,7 +1,10 @@
 //! Helpers shared by the integration tests: fixture paths and error norms.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+pub mod nifti;
+pub mod onnx;
+
+use std::path::{Path, PathBuf};
 
 /// `../shared` next to the repo. CI sets VOXTILE_REQUIRE_FIXTURES=1 so a missing folder fails
 /// there instead of skipping.
@@ -78,4 +81,54 @@ pub fn tempdir() -> tempfile::TempDir {
 
 pub fn voxtile_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_voxtile"))
+}
+
+/// Runs the `voxtile` binary to completion.
+pub fn voxtile(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(voxtile_bin())
+        .args(args)
+        .output()
+        .expect("voxtile runs")
+}
+
+/// A path as a CLI argument.
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Gzip at `level` (the tests' own encoder, independent of voxtile's writer).
+pub fn gz_level(bytes: &[u8], level: flate2::Compression) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), level);
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+/// Gzip at the fast level.
+pub fn gz(bytes: &[u8]) -> Vec<u8> {
+    gz_level(bytes, flate2::Compression::fast())
+}
+
+/// One splitmix64 step: advances `state` and returns the next 64 random bits.
+pub fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Whether CUDA device 0 opens; VOXTILE_REQUIRE_GPU=1 turns a missing GPU into a failure.
+pub fn gpu_present() -> bool {
+    match voxtile::backend::cuda::CudaBackend::new(0) {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(
+                std::env::var("VOXTILE_REQUIRE_GPU").as_deref() != Ok("1"),
+                "VOXTILE_REQUIRE_GPU=1 but: {e}"
+            );
+            eprintln!("skipping: {e}");
+            false
+        }
+    }
 }
