@@ -47,25 +47,9 @@ fn assert_refused(dir: &Path, input: &Path, model: &Path, names: &str, extra: &[
         "expected failure for {}, stderr: {stderr}",
         input.display()
     );
-    assert_eq!(o.status.code(), Some(1), "exit code, stderr: {stderr}");
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    let err_lines: Vec<&&str> = lines
-        .iter()
-        .filter(|l| l.starts_with("voxtile: error:"))
-        .collect();
-    assert_eq!(err_lines.len(), 1, "one error line expected, got: {stderr}");
-    assert!(
-        err_lines[0].contains(names),
-        "error should name {names}: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    assert_one_error(&o, names);
     assert!(!out.exists(), "no output file may be left behind");
-    let leftovers: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().to_string())
-        .filter(|n| n.contains("voxtile-tmp"))
-        .collect();
+    let leftovers = temp_files(dir);
     assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
     stderr
 }

@@ -11,33 +11,6 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use voxtile::model::onnx::proto;
 
-/// Asserts a failed run: exit 1, exactly one `voxtile: error:` line containing `names`, no panic.
-fn assert_one_error(o: &Output, names: &str) -> String {
-    let stderr = String::from_utf8_lossy(&o.stderr).to_string();
-    assert_eq!(o.status.code(), Some(1), "exit code, stderr: {stderr}");
-    assert!(!stderr.contains("panicked"), "panic: {stderr}");
-    let errs: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("voxtile: error:"))
-        .collect();
-    assert_eq!(errs.len(), 1, "one error line expected: {stderr}");
-    assert!(
-        errs[0].contains(names),
-        "error should name {names}: {stderr}"
-    );
-    stderr
-}
-
-/// Names of the files in `dir` that look like voxtile temp files.
-fn temp_files(dir: &Path) -> Vec<String> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().to_string())
-        .filter(|n| n.contains("voxtile-tmp"))
-        .collect()
-}
-
 // ------------------------------------------------------------------ hand-made NIfTI-1 files
 
 /// float32 voxels from a function of the flat file index.

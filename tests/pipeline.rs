@@ -924,17 +924,9 @@ fn cli_bad_manifest_is_one_error_line() {
         "--device",
         "cpu",
     ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    let lines: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("voxtile: error:"))
-        .collect();
-    assert_eq!(lines.len(), 1, "{err}");
-    assert!(
-        lines[0].contains("net.toml") && lines[0].contains("spacin"),
-        "{err}"
-    );
+    let err = assert_one_error(&o, "net.toml");
+    let line = err.lines().find(|l| l.starts_with("voxtile: error:"));
+    assert!(line.unwrap().contains("spacin"), "{err}");
     assert!(!out.exists());
     // A manifest whose classes do not match the model.
     std::fs::write(d.join("net.toml"), "classes = [\"a\", \"b\"]\n").unwrap();

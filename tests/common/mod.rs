@@ -3,6 +3,7 @@
 
 pub mod nifti;
 pub mod onnx;
+pub mod sw;
 
 use std::path::{Path, PathBuf};
 
@@ -131,4 +132,31 @@ pub fn gpu_present() -> bool {
             false
         }
     }
+}
+
+/// Asserts a failed run: exit 1, exactly one `voxtile: error:` line containing `names`, no panic.
+pub fn assert_one_error(o: &std::process::Output, names: &str) -> String {
+    let stderr = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(1), "exit code, stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    let errs: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("voxtile: error:"))
+        .collect();
+    assert_eq!(errs.len(), 1, "one error line expected: {stderr}");
+    assert!(
+        errs[0].contains(names),
+        "error should name {names}: {stderr}"
+    );
+    stderr
+}
+
+/// Names of the files in `dir` that look like voxtile temp files.
+pub fn temp_files(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.contains("voxtile-tmp"))
+        .collect()
 }

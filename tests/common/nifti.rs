@@ -78,4 +78,3 @@ pub fn nifti(dims: &[i64], datatype: i16, bitpix: i16, geo: &Geo, data: &[u8]) -
     h.extend_from_slice(data);
     h
 }
-
