@@ -1,43 +1,21 @@
 //! End to end through the `voxtile` binary: the shipped sample, info/inspect, and bad input.
 
 mod common;
+use common::nifti::*;
+use common::onnx::*;
 use common::*;
 use prost::Message;
 use std::path::Path;
 use std::process::Command;
-use voxtile::model::onnx::proto;
 
-fn voxtile(args: &[&str]) -> std::process::Output {
-    Command::new(voxtile_bin())
-        .args(args)
-        .output()
-        .expect("voxtile runs")
-}
-
-/// A little-endian NIfTI-1 file written by hand (independent of voxtile's writer).
+/// A little-endian NIfTI-1 file written by hand: sform identity, units unknown.
 fn nifti_bytes(dims: &[i16], datatype: i16, bitpix: i16, data: &[u8]) -> Vec<u8> {
-    let mut h = vec![0u8; 352];
-    h[0..4].copy_from_slice(&348i32.to_le_bytes());
-    let mut dim = [1i16; 8];
-    dim[0] = dims.len() as i16;
-    dim[1..=dims.len()].copy_from_slice(dims);
-    for (i, d) in dim.iter().enumerate() {
-        h[40 + 2 * i..42 + 2 * i].copy_from_slice(&d.to_le_bytes());
-    }
-    h[70..72].copy_from_slice(&datatype.to_le_bytes());
-    h[72..74].copy_from_slice(&bitpix.to_le_bytes());
-    for i in 0..8 {
-        h[76 + 4 * i..80 + 4 * i].copy_from_slice(&1f32.to_le_bytes());
-    }
-    h[108..112].copy_from_slice(&352f32.to_le_bytes());
-    h[112..116].copy_from_slice(&1f32.to_le_bytes()); // scl_slope
-    h[254..256].copy_from_slice(&1i16.to_le_bytes()); // sform_code
-    h[280..284].copy_from_slice(&1f32.to_le_bytes()); // srow_x
-    h[300..304].copy_from_slice(&1f32.to_le_bytes()); // srow_y
-    h[320..324].copy_from_slice(&1f32.to_le_bytes()); // srow_z
-    h[344..348].copy_from_slice(b"n+1\0");
-    h.extend_from_slice(data);
-    h
+    let dims: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+    let geo = Geo {
+        xyzt_units: 0,
+        ..Geo::default()
+    };
+    nifti(&dims, datatype, bitpix, &geo, data)
 }
 
 fn f32_volume(dims: &[i16]) -> Vec<u8> {
@@ -46,13 +24,6 @@ fn f32_volume(dims: &[i16]) -> Vec<u8> {
         .flat_map(|i| ((i % 7) as f32 * 0.1).to_le_bytes())
         .collect();
     nifti_bytes(dims, 16, 32, &data)
-}
-
-fn gz(bytes: &[u8]) -> Vec<u8> {
-    use std::io::Write;
-    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    e.write_all(bytes).unwrap();
-    e.finish().unwrap()
 }
 
 /// Runs `segment` on a bad input; asserts exit ≠ 0, one error line naming `names`, no output left.
@@ -76,25 +47,9 @@ fn assert_refused(dir: &Path, input: &Path, model: &Path, names: &str, extra: &[
         "expected failure for {}, stderr: {stderr}",
         input.display()
     );
-    assert_eq!(o.status.code(), Some(1), "exit code, stderr: {stderr}");
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    let err_lines: Vec<&&str> = lines
-        .iter()
-        .filter(|l| l.starts_with("voxtile: error:"))
-        .collect();
-    assert_eq!(err_lines.len(), 1, "one error line expected, got: {stderr}");
-    assert!(
-        err_lines[0].contains(names),
-        "error should name {names}: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    assert_one_error(&o, names);
     assert!(!out.exists(), "no output file may be left behind");
-    let leftovers: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().to_string())
-        .filter(|n| n.contains("voxtile-tmp"))
-        .collect();
+    let leftovers = temp_files(dir);
     assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
     stderr
 }
@@ -287,27 +242,14 @@ fn bad_inputs_fail_cleanly() {
 
     // A model with an op outside the list.
     let bad_model = d.join("bad_op.onnx");
-    let m = proto::ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![proto::OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(17),
-        }],
-        graph: Some(proto::GraphProto {
-            name: Some("g".into()),
-            node: vec![proto::NodeProto {
-                input: vec!["x".into()],
-                output: vec!["y".into()],
-                name: Some("weird_node".into()),
-                op_type: Some("FancyOp".into()),
-                ..Default::default()
-            }],
-            input: vec![value_info("x")],
-            output: vec![value_info("y")],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let m = model_with(
+        "g",
+        17,
+        vec![node_with("FancyOp", "weird_node", &["x"], &["y"], vec![])],
+        vec![],
+        vec![vi_ncdhw("x", Some(1))],
+        vec![vi_ncdhw("y", Some(1))],
+    );
     std::fs::write(&bad_model, m.encode_to_vec()).unwrap();
     let p = d.join("ok.nii");
     std::fs::write(&p, &good).unwrap();
@@ -377,77 +319,20 @@ fn nan_voxels_are_reported_and_replaced() {
     assert_eq!(seg.header.shape(), [16, 16, 8]);
 }
 
-fn value_info(name: &str) -> proto::ValueInfoProto {
-    use proto::tensor_shape_proto::{dimension::Value, Dimension};
-    let dims = ["N", "C", "D", "H", "W"]
-        .iter()
-        .map(|d| Dimension {
-            value: Some(if *d == "C" {
-                Value::DimValue(1)
-            } else {
-                Value::DimParam(d.to_string())
-            }),
-            ..Default::default()
-        })
-        .collect();
-    proto::ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(proto::TypeProto {
-            value: Some(proto::type_proto::Value::TensorType(
-                proto::type_proto::Tensor {
-                    elem_type: Some(1),
-                    shape: Some(proto::TensorShapeProto { dim: dims }),
-                },
-            )),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 /// A 1x1x1 Conv, 1 -> 2 channels, weights (1, -1), no bias: argmax is 1 exactly where the
 /// normalised input is below 0, so with z-score the labels are `x < mean`.
 fn sign_model(path: &Path) {
-    let tensor = |name: &str, dims: Vec<i64>, vals: &[f32]| proto::TensorProto {
-        dims,
-        data_type: Some(1),
-        name: Some(name.into()),
-        raw_data: Some(vals.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        ..Default::default()
-    };
-    let mut out = value_info("y");
-    if let Some(proto::type_proto::Value::TensorType(t)) =
-        out.r#type.as_mut().and_then(|t| t.value.as_mut())
-    {
-        if let Some(d) = t.shape.as_mut().and_then(|s| s.dim.get_mut(1)) {
-            d.value = Some(proto::tensor_shape_proto::dimension::Value::DimValue(2));
-        }
-    }
-    let m = proto::ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![proto::OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(17),
-        }],
-        graph: Some(proto::GraphProto {
-            name: Some("sign".into()),
-            node: vec![proto::NodeProto {
-                input: vec!["x".into(), "w".into(), "b".into()],
-                output: vec!["y".into()],
-                name: Some("conv".into()),
-                op_type: Some("Conv".into()),
-                ..Default::default()
-            }],
-            initializer: vec![
-                tensor("w", vec![2, 1, 1, 1, 1], &[1.0, -1.0]),
-                tensor("b", vec![2], &[0.0, 0.0]),
-            ],
-            input: vec![value_info("x")],
-            output: vec![out],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let m = model_with(
+        "sign",
+        17,
+        vec![node_with("Conv", "conv", &["x", "w", "b"], &["y"], vec![])],
+        vec![
+            ftensor("w", &[2, 1, 1, 1, 1], [1.0, -1.0]),
+            ftensor("b", &[2], [0.0, 0.0]),
+        ],
+        vec![vi_ncdhw("x", Some(1))],
+        vec![vi_ncdhw("y", Some(2))],
+    );
     std::fs::write(path, m.encode_to_vec()).unwrap();
 }
 

@@ -2,6 +2,7 @@
 //! ONNX definitions (direct loops, gather formulations), on deterministic random inputs.
 //! f32 path: rel L2 <= 1e-5; f64 path: rel L2 <= 1e-12. Run with `--nocapture` to see the numbers.
 
+mod common;
 use ndarray::{Array5, ArrayView5, Axis};
 use voxtile::backend::cpu::{ops, run_graph, run_graph_f64, CpuBackend};
 use voxtile::backend::Backend;
@@ -12,12 +13,7 @@ use voxtile::model::graph::*;
 struct Rng(u64);
 impl Rng {
     fn next_u64(&mut self) -> u64 {
-        // splitmix64
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        common::splitmix64(&mut self.0)
     }
     /// Uniform in [-1, 1).
     fn uni(&mut self) -> f32 {

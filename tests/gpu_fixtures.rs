@@ -4,26 +4,13 @@
 //! VOXTILE_REQUIRE_GPU=1 (tests/gpu/run.sh sets it on the GPU machine).
 
 mod common;
+use common::sw::*;
 use common::*;
 use ndarray::{Axis, Ix5};
 use voxtile::backend::cuda::CudaBackend;
 use voxtile::backend::Backend;
 use voxtile::engine::{Device, Engine, Options};
 use voxtile::tiling::{argmax, BlendMode, PadMode, Placement};
-
-fn gpu_present() -> bool {
-    match CudaBackend::new(0) {
-        Ok(_) => true,
-        Err(e) => {
-            assert!(
-                std::env::var("VOXTILE_REQUIRE_GPU").as_deref() != Ok("1"),
-                "VOXTILE_REQUIRE_GPU=1 but: {e}"
-            );
-            eprintln!("skipping: {e}");
-            false
-        }
-    }
-}
 
 #[test]
 fn fixture_models_match_pytorch_on_gpu() {
@@ -68,41 +55,20 @@ fn sliding_window_fixtures_on_gpu() {
     if !gpu_present() {
         return;
     }
-    let Some(dir) = shared("fixtures/sliding_window") else {
+    let Some(cases) = sw_cases() else {
         return;
     };
-    let index: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("index.json")).unwrap()).unwrap();
-    let trip = |v: &serde_json::Value| -> [f64; 3] {
-        match v {
-            serde_json::Value::Array(a) => [0, 1, 2].map(|i| a[i].as_f64().unwrap()),
-            x => [x.as_f64().unwrap(); 3],
-        }
-    };
-    for case in index.as_array().unwrap() {
-        let id = case["id"].as_str().unwrap();
-        let model = shared(&format!(
-            "fixtures/models/{}",
-            case["model"].as_str().unwrap()
-        ))
-        .unwrap();
-        let x = voxtile::npy::read_f32(&dir.join(case["input"].as_str().unwrap()))
-            .unwrap()
-            .into_dimensionality::<Ix5>()
-            .unwrap();
-        let want = voxtile::npy::read_f32(&dir.join(case["output"].as_str().unwrap()))
-            .unwrap()
-            .into_dimensionality::<Ix5>()
-            .unwrap();
+    for c in cases {
+        let (id, case) = (&c.id, &c.case);
         let options = Options {
-            roi: Some(trip(&case["roi"]).map(|v| v as usize)),
-            overlap: trip(&case["overlap"]),
+            roi: Some(triple(&case["roi"]).map(|v| v as usize)),
+            overlap: triple(&case["overlap"]),
             blend: if case["mode"] == "gaussian" {
                 BlendMode::Gaussian
             } else {
                 BlendMode::Constant
             },
-            sigma_scale: trip(&case["sigma_scale"]),
+            sigma_scale: triple(&case["sigma_scale"]),
             placement: Placement::Monai,
             batch: Some(2),
             pad: PadMode::Constant(0.0),
@@ -110,11 +76,8 @@ fn sliding_window_fixtures_on_gpu() {
             keep_logits: true,
             ..Options::default()
         };
-        let mut engine = Engine::from_file(&model, options).unwrap();
-        let (labels, logits, report) = engine
-            .segment_array(x.index_axis(Axis(0), 0), &mut |_, _| {})
-            .unwrap();
-        let want = want.index_axis(Axis(0), 0);
+        let (labels, logits, report) = c.run(options);
+        let want = c.want();
         let e = rel_l2(logits.iter(), want.iter());
         let agree = agreement(labels.iter(), argmax(want).iter());
         println!(

@@ -2,6 +2,8 @@
 //! CLI, awkward volumes through the CLI (geometry kept), and nothing left behind on SIGINT/SIGTERM.
 
 mod common;
+use common::nifti::*;
+use common::onnx::*;
 use common::*;
 use prost::Message;
 use std::path::{Path, PathBuf};
@@ -9,120 +11,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use voxtile::model::onnx::proto;
 
-fn voxtile(args: &[&str]) -> Output {
-    Command::new(voxtile_bin())
-        .args(args)
-        .output()
-        .expect("voxtile runs")
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-/// Asserts a failed run: exit 1, exactly one `voxtile: error:` line containing `names`, no panic.
-fn assert_one_error(o: &Output, names: &str) -> String {
-    let stderr = String::from_utf8_lossy(&o.stderr).to_string();
-    assert_eq!(o.status.code(), Some(1), "exit code, stderr: {stderr}");
-    assert!(!stderr.contains("panicked"), "panic: {stderr}");
-    let errs: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("voxtile: error:"))
-        .collect();
-    assert_eq!(errs.len(), 1, "one error line expected: {stderr}");
-    assert!(
-        errs[0].contains(names),
-        "error should name {names}: {stderr}"
-    );
-    stderr
-}
-
-/// Names of the files in `dir` that look like voxtile temp files.
-fn temp_files(dir: &Path) -> Vec<String> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().to_string())
-        .filter(|n| n.contains("voxtile-tmp"))
-        .collect()
-}
-
 // ------------------------------------------------------------------ hand-made NIfTI-1 files
-
-/// Geometry fields of a hand-written NIfTI-1 header.
-#[derive(Clone)]
-struct Geo {
-    pixdim: [f32; 3],
-    qfac: f32,
-    qform_code: i16,
-    sform_code: i16,
-    quatern: [f32; 3],
-    qoffset: [f32; 3],
-    srow: [[f32; 4]; 3],
-}
-
-impl Default for Geo {
-    fn default() -> Self {
-        Geo {
-            pixdim: [1.0; 3],
-            qfac: 1.0,
-            qform_code: 0,
-            sform_code: 1,
-            quatern: [0.0; 3],
-            qoffset: [0.0; 3],
-            srow: [
-                [1.0, 0.0, 0.0, 0.0],
-                [0.0, 1.0, 0.0, 0.0],
-                [0.0, 0.0, 1.0, 0.0],
-            ],
-        }
-    }
-}
-
-/// A little-endian NIfTI-1 file written field by field (independent of voxtile's writer).
-fn nifti(dims: &[i64], datatype: i16, bitpix: i16, geo: &Geo, data: &[u8]) -> Vec<u8> {
-    let mut h = vec![0u8; 352];
-    let put = |h: &mut Vec<u8>, off: usize, b: &[u8]| h[off..off + b.len()].copy_from_slice(b);
-    put(&mut h, 0, &348i32.to_le_bytes());
-    let mut dim = [1i16; 8];
-    dim[0] = dims.len() as i16;
-    for (i, &d) in dims.iter().enumerate() {
-        dim[i + 1] = d as i16;
-    }
-    for (i, d) in dim.iter().enumerate() {
-        put(&mut h, 40 + 2 * i, &d.to_le_bytes());
-    }
-    put(&mut h, 70, &datatype.to_le_bytes());
-    put(&mut h, 72, &bitpix.to_le_bytes());
-    let pix = [
-        geo.qfac,
-        geo.pixdim[0],
-        geo.pixdim[1],
-        geo.pixdim[2],
-        1.0,
-        1.0,
-        1.0,
-        1.0,
-    ];
-    for (i, p) in pix.iter().enumerate() {
-        put(&mut h, 76 + 4 * i, &p.to_le_bytes());
-    }
-    put(&mut h, 108, &352f32.to_le_bytes());
-    put(&mut h, 112, &1f32.to_le_bytes()); // scl_slope
-    h[123] = 2; // mm
-    put(&mut h, 252, &geo.qform_code.to_le_bytes());
-    put(&mut h, 254, &geo.sform_code.to_le_bytes());
-    for i in 0..3 {
-        put(&mut h, 256 + 4 * i, &geo.quatern[i].to_le_bytes());
-        put(&mut h, 268 + 4 * i, &geo.qoffset[i].to_le_bytes());
-        for j in 0..4 {
-            put(&mut h, 280 + 16 * i + 4 * j, &geo.srow[i][j].to_le_bytes());
-        }
-    }
-    put(&mut h, 344, b"n+1\0");
-    h.extend_from_slice(data);
-    h
-}
 
 /// float32 voxels from a function of the flat file index.
 fn f32_data(n: usize, f: impl Fn(usize) -> f32) -> Vec<u8> {
@@ -141,13 +30,6 @@ fn ball(dims: [usize; 3]) -> impl Fn(usize) -> f32 {
         let r2 = c(x, dims[0]).powi(2) + c(y, dims[1]).powi(2) + c(z, dims[2]).powi(2);
         (1.0 - 3.0 * r2).max(0.0)
     }
-}
-
-fn gz(bytes: &[u8]) -> Vec<u8> {
-    use std::io::Write;
-    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    e.write_all(bytes).unwrap();
-    e.finish().unwrap()
 }
 
 fn le_f32(b: &[u8], off: usize) -> f32 {
@@ -313,42 +195,6 @@ fn huge_volume_headers_are_refused_before_allocating() {
 
 // ---------------------------------------------------------------------- ONNX builders
 
-fn vi(name: &str, cin: Option<i64>) -> proto::ValueInfoProto {
-    use proto::tensor_shape_proto::{dimension::Value as DV, Dimension};
-    let dim = (0..5)
-        .map(|i| Dimension {
-            value: Some(match (i, cin) {
-                (1, Some(c)) => DV::DimValue(c),
-                _ => DV::DimParam(format!("s{i}")),
-            }),
-            denotation: None,
-        })
-        .collect();
-    proto::ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(proto::TypeProto {
-            value: Some(proto::type_proto::Value::TensorType(
-                proto::type_proto::Tensor {
-                    elem_type: Some(1),
-                    shape: Some(proto::TensorShapeProto { dim }),
-                },
-            )),
-            denotation: None,
-        }),
-        doc_string: None,
-    }
-}
-
-fn ftensor(name: &str, dims: &[i64], data: Vec<f32>) -> proto::TensorProto {
-    proto::TensorProto {
-        name: Some(name.into()),
-        dims: dims.to_vec(),
-        data_type: Some(1),
-        raw_data: Some(data.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        ..Default::default()
-    }
-}
-
 fn node(
     op: &str,
     name: &str,
@@ -356,22 +202,8 @@ fn node(
     outs: &[&str],
     ints: &[(&str, Vec<i64>)],
 ) -> proto::NodeProto {
-    proto::NodeProto {
-        input: ins.iter().map(|s| s.to_string()).collect(),
-        output: outs.iter().map(|s| s.to_string()).collect(),
-        name: Some(name.into()),
-        op_type: Some(op.into()),
-        attribute: ints
-            .iter()
-            .map(|(k, v)| proto::AttributeProto {
-                name: Some(k.to_string()),
-                ints: v.clone(),
-                r#type: Some(7),
-                ..Default::default()
-            })
-            .collect(),
-        ..Default::default()
-    }
+    let attrs = ints.iter().map(|(k, v)| ints_attr(k, v.clone())).collect();
+    node_with(op, name, ins, outs, attrs)
 }
 
 fn model(
@@ -379,22 +211,8 @@ fn model(
     inits: Vec<proto::TensorProto>,
     out: &str,
 ) -> proto::ModelProto {
-    proto::ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![proto::OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(17),
-        }],
-        graph: Some(proto::GraphProto {
-            node: nodes,
-            name: Some("hostile".into()),
-            initializer: inits,
-            input: vec![vi("x", Some(1))],
-            output: vec![vi(out, None)],
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    let (ins, outs) = (vec![vi_c("x", Some(1))], vec![vi_c(out, None)]);
+    model_with("hostile", 17, nodes, inits, ins, outs)
 }
 
 /// A 1→2 channel 3x3x3 conv weight.
@@ -402,7 +220,7 @@ fn w3() -> proto::TensorProto {
     ftensor(
         "w",
         &[2, 1, 3, 3, 3],
-        (0..54).map(|i| (i as f32 * 0.1).sin()).collect(),
+        (0..54).map(|i| (i as f32 * 0.1).sin()).collect::<Vec<_>>(),
     )
 }
 
@@ -727,6 +545,7 @@ fn sform_only_qform_only_neither_and_anisotropic_keep_geometry() {
         quatern: [0.0, 0.0, h],
         qoffset: [-30.0, 12.0, 5.5],
         srow: [[0.0; 4]; 3],
+        ..Geo::default()
     };
     let p = d.join("qform.nii");
     std::fs::write(&p, nifti(&di, 16, 32, &qf, &data)).unwrap();
@@ -1180,7 +999,7 @@ fn write_onnx_fuzz_seeds() {
     let up = ftensor(
         "wt",
         &[2, 1, 2, 2, 2],
-        (0..16).map(|i| i as f32 * 0.05).collect(),
+        (0..16).map(|i| i as f32 * 0.05).collect::<Vec<_>>(),
     );
     let w_out = ftensor("w_out", &[1, 2, 1, 1, 1], vec![0.5, -0.25]);
     let b = ftensor("b", &[2], vec![0.1, -0.2]);

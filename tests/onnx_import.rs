@@ -1,5 +1,7 @@
 //! ONNX import: the fixture models, hand-built models (prost-encoded), and hostile inputs.
 
+mod common;
+use common::onnx::*;
 use prost::Message;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -230,41 +232,6 @@ fn meshnet_fixture_if_present() {
 
 // ---------------------------------------------------------------- hand-built models
 
-fn vi(name: &str, dims: &[Option<i64>]) -> proto::ValueInfoProto {
-    use proto::tensor_shape_proto::{dimension::Value as DV, Dimension};
-    let dim = dims
-        .iter()
-        .enumerate()
-        .map(|(i, d)| Dimension {
-            value: Some(d.map_or(DV::DimParam(format!("s{i}")), DV::DimValue)),
-            denotation: None,
-        })
-        .collect();
-    proto::ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(proto::TypeProto {
-            value: Some(proto::type_proto::Value::TensorType(
-                proto::type_proto::Tensor {
-                    elem_type: Some(1),
-                    shape: Some(proto::TensorShapeProto { dim }),
-                },
-            )),
-            denotation: None,
-        }),
-        doc_string: None,
-    }
-}
-
-fn ftensor(name: &str, dims: &[i64], data: Vec<f32>) -> proto::TensorProto {
-    proto::TensorProto {
-        name: Some(name.into()),
-        dims: dims.to_vec(),
-        data_type: Some(1),
-        raw_data: Some(data.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        ..Default::default()
-    }
-}
-
 fn itensor(name: &str, dims: &[i64], data: Vec<i64>) -> proto::TensorProto {
     proto::TensorProto {
         name: Some(name.into()),
@@ -307,14 +274,7 @@ fn node(
             a
         })
         .collect();
-    proto::NodeProto {
-        input: ins.iter().map(|s| s.to_string()).collect(),
-        output: outs.iter().map(|s| s.to_string()).collect(),
-        name: Some(name.into()),
-        op_type: Some(op.into()),
-        attribute,
-        ..Default::default()
-    }
+    node_with(op, name, ins, outs, attribute)
 }
 
 fn model(
@@ -324,25 +284,9 @@ fn model(
     outs: &[&str],
     opset: i64,
 ) -> proto::ModelProto {
-    proto::ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![proto::OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(opset),
-        }],
-        graph: Some(proto::GraphProto {
-            node: nodes,
-            name: Some("t".into()),
-            initializer: inits,
-            input: vec![vi("x", &[None, Some(cin), None, None, None])],
-            output: outs
-                .iter()
-                .map(|o| vi(o, &[None, None, None, None, None]))
-                .collect(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    let input = vec![vi("x", &[None, Some(cin), None, None, None])];
+    let output = outs.iter().map(|o| vi(o, &[None; 5])).collect();
+    model_with("t", opset, nodes, inits, input, output)
 }
 
 fn lb(m: &proto::ModelProto) -> voxtile::Result<Graph> {

@@ -2,13 +2,12 @@
 //! outputs, preview, batches (library and through the `voxtile` binary).
 
 mod common;
+use common::onnx::*;
 use common::*;
 use ndarray::{Array3, Array4, ArrayView4, Axis};
 use prost::Message;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use voxtile::engine::{AxisOrder, Device, Engine, Options};
-use voxtile::model::onnx::proto;
 use voxtile::pipeline::{
     self, batch, intensity, manifest::OneOrThree, outputs, preview, resample, Activation,
     Intensity, Manifest, Pipeline, Settings,
@@ -29,83 +28,26 @@ impl Rng {
     }
 }
 
-fn vi(name: &str, cin: Option<i64>) -> proto::ValueInfoProto {
-    use proto::tensor_shape_proto::{dimension::Value, Dimension};
-    let dim = ["N", "C", "D", "H", "W"]
-        .iter()
-        .map(|d| Dimension {
-            value: Some(match (*d, cin) {
-                ("C", Some(c)) => Value::DimValue(c),
-                _ => Value::DimParam(d.to_string()),
-            }),
-            ..Default::default()
-        })
-        .collect();
-    proto::ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(proto::TypeProto {
-            value: Some(proto::type_proto::Value::TensorType(
-                proto::type_proto::Tensor {
-                    elem_type: Some(1),
-                    shape: Some(proto::TensorShapeProto { dim }),
-                },
-            )),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn ftensor(name: &str, dims: &[i64], data: &[f32]) -> proto::TensorProto {
-    proto::TensorProto {
-        name: Some(name.into()),
-        dims: dims.to_vec(),
-        data_type: Some(1),
-        raw_data: Some(data.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        ..Default::default()
-    }
-}
-
 /// One Conv (kernel k, "same" padding) from cin to cout channels: the ONNX bytes.
 fn conv_onnx(cin: usize, cout: usize, k: usize, w: &[f32], b: &[f32]) -> Vec<u8> {
     assert_eq!(w.len(), cout * cin * k * k * k);
     let p = (k / 2) as i64;
     let k = k as i64;
-    let attr = |n: &str, v: Vec<i64>| proto::AttributeProto {
-        name: Some(n.into()),
-        ints: v,
-        r#type: Some(7),
-        ..Default::default()
-    };
-    let m = proto::ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![proto::OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(17),
-        }],
-        graph: Some(proto::GraphProto {
-            name: Some("conv".into()),
-            node: vec![proto::NodeProto {
-                input: vec!["x".into(), "w".into(), "b".into()],
-                output: vec!["y".into()],
-                name: Some("conv0".into()),
-                op_type: Some("Conv".into()),
-                attribute: vec![
-                    attr("kernel_shape", vec![k, k, k]),
-                    attr("pads", vec![p, p, p, p, p, p]),
-                ],
-                ..Default::default()
-            }],
-            initializer: vec![
-                ftensor("w", &[cout as i64, cin as i64, k, k, k], w),
-                ftensor("b", &[cout as i64], b),
-            ],
-            input: vec![vi("x", Some(cin as i64))],
-            output: vec![vi("y", None)],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let attrs = vec![
+        ints_attr("kernel_shape", vec![k, k, k]),
+        ints_attr("pads", vec![p, p, p, p, p, p]),
+    ];
+    let m = model_with(
+        "conv",
+        17,
+        vec![node_with("Conv", "conv0", &["x", "w", "b"], &["y"], attrs)],
+        vec![
+            ftensor("w", &[cout as i64, cin as i64, k, k, k], w),
+            ftensor("b", &[cout as i64], b),
+        ],
+        vec![vi_ncdhw("x", Some(cin as i64))],
+        vec![vi_ncdhw("y", None)],
+    );
     m.encode_to_vec()
 }
 
@@ -206,23 +148,12 @@ fn max_abs_diff(a: impl IntoIterator<Item = f64>, b: impl IntoIterator<Item = f6
         .fold(0.0, f64::max)
 }
 
-fn voxtile(args: &[&str]) -> std::process::Output {
-    Command::new(voxtile_bin())
-        .args(args)
-        .output()
-        .expect("voxtile runs")
-}
-
 fn ok(o: &std::process::Output) {
     assert!(
         o.status.success(),
         "voxtile failed: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 fn write_volume(path: &Path, v: &Volume) {
@@ -993,17 +924,9 @@ fn cli_bad_manifest_is_one_error_line() {
         "--device",
         "cpu",
     ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    let lines: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("voxtile: error:"))
-        .collect();
-    assert_eq!(lines.len(), 1, "{err}");
-    assert!(
-        lines[0].contains("net.toml") && lines[0].contains("spacin"),
-        "{err}"
-    );
+    let err = assert_one_error(&o, "net.toml");
+    let line = err.lines().find(|l| l.starts_with("voxtile: error:"));
+    assert!(line.unwrap().contains("spacin"), "{err}");
     assert!(!out.exists());
     // A manifest whose classes do not match the model.
     std::fs::write(d.join("net.toml"), "classes = [\"a\", \"b\"]\n").unwrap();

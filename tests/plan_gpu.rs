@@ -18,20 +18,6 @@ use voxtile::backend::cuda::CudaBackend;
 use voxtile::engine::{Device, Engine, Options};
 use voxtile::plan::{self, Target};
 
-fn gpu_present() -> bool {
-    match CudaBackend::new(0) {
-        Ok(_) => true,
-        Err(e) => {
-            assert!(
-                std::env::var("VOXTILE_REQUIRE_GPU").as_deref() != Ok("1"),
-                "VOXTILE_REQUIRE_GPU=1 but: {e}"
-            );
-            eprintln!("skipping: {e}");
-            false
-        }
-    }
-}
-
 fn volume(shape: [usize; 3]) -> Array4<f32> {
     Array4::from_shape_fn((1, shape[0], shape[1], shape[2]), |(_, i, j, k)| {
         ((i as f32 * 0.05).sin() + (j as f32 * 0.07).cos() * (k as f32 * 0.03).sin()) * 0.7

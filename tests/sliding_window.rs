@@ -1,46 +1,19 @@
 //! Conformance: tiler + blender + CPU backend against MONAI 1.6.1 sliding_window_inference.
 
 mod common;
+use common::sw::*;
 use common::*;
-use ndarray::{Axis, Ix5};
-use voxtile::engine::{Device, Engine, Options};
+use voxtile::engine::{Device, Options};
 use voxtile::tiling::{BlendMode, PadMode, Placement};
-
-fn triple(v: &serde_json::Value) -> [f64; 3] {
-    match v {
-        serde_json::Value::Array(a) => [
-            a[0].as_f64().unwrap(),
-            a[1].as_f64().unwrap(),
-            a[2].as_f64().unwrap(),
-        ],
-        x => [x.as_f64().unwrap(); 3],
-    }
-}
 
 #[test]
 fn monai_sliding_window_fixtures() {
-    let Some(dir) = shared("fixtures/sliding_window") else {
+    let Some(cases) = sw_cases() else {
         return;
     };
-    let index: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("index.json")).unwrap()).unwrap();
-    let cases = index.as_array().unwrap();
     assert!(cases.len() >= 3);
-    for case in cases {
-        let id = case["id"].as_str().unwrap();
-        let model = shared(&format!(
-            "fixtures/models/{}",
-            case["model"].as_str().unwrap()
-        ))
-        .unwrap();
-        let x = voxtile::npy::read_f32(&dir.join(case["input"].as_str().unwrap()))
-            .unwrap()
-            .into_dimensionality::<Ix5>()
-            .unwrap();
-        let want = voxtile::npy::read_f32(&dir.join(case["output"].as_str().unwrap()))
-            .unwrap()
-            .into_dimensionality::<Ix5>()
-            .unwrap();
+    for c in cases {
+        let (id, case) = (&c.id, &c.case);
         let roi = triple(&case["roi"]).map(|v| v as usize);
         let options = Options {
             roi: Some(roi),
@@ -58,11 +31,8 @@ fn monai_sliding_window_fixtures() {
             keep_logits: true,
             ..Options::default()
         };
-        let mut engine = Engine::from_file(&model, options).unwrap();
-        let (_, logits, report) = engine
-            .segment_array(x.index_axis(Axis(0), 0), &mut |_, _| {})
-            .unwrap();
-        let want = want.index_axis(Axis(0), 0);
+        let (_, logits, report) = c.run(options);
+        let want = c.want();
         assert_eq!(logits.shape(), want.shape(), "{id}: shape");
         let e = rel_l2(logits.iter(), want.iter());
         eprintln!(

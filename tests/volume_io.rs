@@ -2,8 +2,9 @@
 //! corrupted copies. Reference values come from a small independent decoder written here.
 #![allow(clippy::type_complexity)]
 
+mod common;
 use ndarray::{Array3, Array4};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use voxtile::volume::{self, Header};
 
@@ -28,10 +29,9 @@ fn raw_bytes(path: &Path) -> Vec<u8> {
     }
 }
 
+/// Gzip at the default level (this file's fixtures; the other tests use the fast level).
 fn gz(bytes: &[u8]) -> Vec<u8> {
-    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    e.write_all(bytes).unwrap();
-    e.finish().unwrap()
+    common::gz_level(bytes, flate2::Compression::default())
 }
 
 /// The test's own minimal decoder: (dims, datatype, big_endian, vox_offset, slope, inter).

@@ -1,7 +1,11 @@
 //! Helpers shared by the integration tests: fixture paths and error norms.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+pub mod nifti;
+pub mod onnx;
+pub mod sw;
+
+use std::path::{Path, PathBuf};
 
 /// `../shared` next to the repo. CI sets VOXTILE_REQUIRE_FIXTURES=1 so a missing folder fails
 /// there instead of skipping.
@@ -78,4 +82,81 @@ pub fn tempdir() -> tempfile::TempDir {
 
 pub fn voxtile_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_voxtile"))
+}
+
+/// Runs the `voxtile` binary to completion.
+pub fn voxtile(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(voxtile_bin())
+        .args(args)
+        .output()
+        .expect("voxtile runs")
+}
+
+/// A path as a CLI argument.
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Gzip at `level` (the tests' own encoder, independent of voxtile's writer).
+pub fn gz_level(bytes: &[u8], level: flate2::Compression) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), level);
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+/// Gzip at the fast level.
+pub fn gz(bytes: &[u8]) -> Vec<u8> {
+    gz_level(bytes, flate2::Compression::fast())
+}
+
+/// One splitmix64 step: advances `state` and returns the next 64 random bits.
+pub fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Whether CUDA device 0 opens; VOXTILE_REQUIRE_GPU=1 turns a missing GPU into a failure.
+pub fn gpu_present() -> bool {
+    match voxtile::backend::cuda::CudaBackend::new(0) {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(
+                std::env::var("VOXTILE_REQUIRE_GPU").as_deref() != Ok("1"),
+                "VOXTILE_REQUIRE_GPU=1 but: {e}"
+            );
+            eprintln!("skipping: {e}");
+            false
+        }
+    }
+}
+
+/// Asserts a failed run: exit 1, exactly one `voxtile: error:` line containing `names`, no panic.
+pub fn assert_one_error(o: &std::process::Output, names: &str) -> String {
+    let stderr = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(1), "exit code, stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    let errs: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("voxtile: error:"))
+        .collect();
+    assert_eq!(errs.len(), 1, "one error line expected: {stderr}");
+    assert!(
+        errs[0].contains(names),
+        "error should name {names}: {stderr}"
+    );
+    stderr
+}
+
+/// Names of the files in `dir` that look like voxtile temp files.
+pub fn temp_files(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.contains("voxtile-tmp"))
+        .collect()
 }
