@@ -1165,9 +1165,11 @@ pub(crate) fn gathers_on_device(
     match mode {
         GatherMode::Host => false,
         GatherMode::Device => true,
-        GatherMode::Auto => {
-            device_gather_fits(ring * plane_in * 2, 2 * in_len * 2, ring * (cout + 1) * hw * 4)
-        }
+        GatherMode::Auto => device_gather_fits(
+            ring * plane_in * 2,
+            2 * in_len * 2,
+            ring * (cout + 1) * hw * 4,
+        ),
     }
 }
 
