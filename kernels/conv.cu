@@ -804,6 +804,32 @@ extern "C" __global__ void __launch_bounds__(256) conv1x1_n32(ConvParams p, cons
 // phase hit 8 different bank groups). Weights [Cout_pad][kpad] (K = tap * CIN + ci) are
 // staged one tap at a time, double buffered with cp.async. Epilogue: conv_store (bias,
 // activation, ldc/coff channel slice), like conv_mma.
+// Epilogue of the halo kernels: the warp's (MI x 16) x (NI x 8) accumulators of the output tile
+// at (oz0, oy0, ox0) (rows in z, y, x order over a TY x TX face) through conv_store.
+template <int MI, int NI, int TM, int TN, int TY, int TX>
+__device__ __forceinline__ void halo_store(const ConvParams& p, half* __restrict__ y,
+                                           const float* __restrict__ bias, const float* __restrict__ slope,
+                                           float (&acc)[MI][NI][4], int wm, int wn, int lane, int n,
+                                           int oz0, int oy0, int ox0) {
+    const bool pair = ((p.ldc | p.coff) & 1) == 0 && (p.cout & 1) == 0;
+#pragma unroll
+    for (int i = 0; i < MI; i++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int r = wm * TM + i * 16 + (lane >> 2) + h * 8;
+            int oz = oz0 + r / (TY * TX), oy = oy0 + (r / TX) % TY, ox = ox0 + r % TX;
+            if (oz >= p.do_ || oy >= p.ho || ox >= p.wo) continue;
+            i64 m = (((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox;
+#pragma unroll
+            for (int j = 0; j < NI; j++) {
+                int c = wn * TN + j * 8 + (lane & 3) * 2;
+                if (c >= p.cout) continue;
+                conv_store(p, y, bias, slope, m, 0, c, c, acc[i][j][h * 2], acc[i][j][h * 2 + 1], pair, false);
+            }
+        }
+    }
+}
+
 #define HT_Z 4
 #define HT_Y 8
 #define HT_X 8
@@ -900,23 +926,7 @@ __device__ __forceinline__ void conv_halo(const ConvParams& p, const half* __res
     }
     cp_async_wait<0>();
 
-    const bool pair = ((p.ldc | p.coff) & 1) == 0 && (p.cout & 1) == 0;
-#pragma unroll
-    for (int i = 0; i < MI; i++) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int r = wm * TM + i * 16 + (lane >> 2) + h * 8;
-            int oz = oz0 + r / (HT_Y * HT_X), oy = oy0 + (r / HT_X) % HT_Y, ox = ox0 + r % HT_X;
-            if (oz >= p.do_ || oy >= p.ho || ox >= p.wo) continue;
-            i64 m = (((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox;
-#pragma unroll
-            for (int j = 0; j < NI; j++) {
-                int c = wn * TN + j * 8 + (lane & 3) * 2;
-                if (c >= p.cout) continue;
-                conv_store(p, y, bias, slope, m, 0, c, c, acc[i][j][h * 2], acc[i][j][h * 2 + 1], pair, false);
-            }
-        }
-    }
+    halo_store<MI, NI, TM, TN, HT_Y, HT_X>(p, y, bias, slope, acc, wm, wn, lane, n, oz0, oy0, ox0);
 }
 
 // Name: conv_halo_c{CIN}n{BN}[_w4]. Keep in sync with HALO_CONFIGS in plan.rs.
@@ -1107,23 +1117,7 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
 
         int n, oz0, oy0, ox0;
         decode(t, n, oz0, oy0, ox0);
-        const bool pair = ((p.ldc | p.coff) & 1) == 0 && (p.cout & 1) == 0;
-#pragma unroll
-        for (int i = 0; i < MI; i++) {
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int r = wm * TM + i * 16 + (lane >> 2) + h * 8;
-                int oz = oz0 + r / (TY * TX), oy = oy0 + (r / TX) % TY, ox = ox0 + r % TX;
-                if (oz >= p.do_ || oy >= p.ho || ox >= p.wo) continue;
-                i64 m = (((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox;
-#pragma unroll
-                for (int j = 0; j < NI; j++) {
-                    int c = wn * TN + j * 8 + (lane & 3) * 2;
-                    if (c >= p.cout) continue;
-                    conv_store(p, y, bias, slope, m, 0, c, c, acc[i][j][h * 2], acc[i][j][h * 2 + 1], pair, false);
-                }
-            }
-        }
+        halo_store<MI, NI, TM, TN, TY, TX>(p, y, bias, slope, acc, wm, wn, lane, n, oz0, oy0, ox0);
 
         // The next tile's halo into this buffer once every warp is done reading it (one
         // buffer), or just flip buffers (two). Staged: drain the weight ring first.
