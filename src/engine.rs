@@ -604,7 +604,9 @@ impl Engine {
             let cout = out[1];
             let weights = tiling::weight_map(roi, self.options.blend, self.options.sigma_scale);
             let t = Instant::now();
-            self.prepare(batch, roi)?;
+            // A prepare that runs out of device memory (a budget larger than the device allows)
+            // goes through the same retry as a batch that does.
+            let prepared = self.prepare(batch, roi);
             prepare_s += t.elapsed().as_secs_f64();
             let finish = Finish {
                 cout,
@@ -613,19 +615,23 @@ impl Engine {
             };
             let split = split::split(&grid, self.workers.len());
             let cuda = self.is_cuda();
-            let (result, runs) = run_parts(
-                &self.graph,
-                &mut self.workers,
-                &self.options,
-                net,
-                &grid,
-                &split,
-                &weights,
-                batch,
-                finish,
-                &mut injected,
-                progress,
-            );
+            let (result, runs) = match prepared {
+                Ok(()) => run_parts(
+                    &self.graph,
+                    &mut self.workers,
+                    &self.options,
+                    net,
+                    &grid,
+                    &split,
+                    &weights,
+                    batch,
+                    finish,
+                    &mut injected,
+                    progress,
+                ),
+                Err(e @ Error::OutOfMemory(_)) => (Err(e), Vec::new()),
+                Err(e) => return Err(e),
+            };
             // Stage times: the slowest device (the parts run at once).
             let slowest =
                 |f: fn(&StageTimes) -> f64| runs.iter().map(|r| f(&r.seconds)).fold(0.0, f64::max);

@@ -151,6 +151,74 @@ fn injected_oom_retry_on_gpu() {
     assert!(e <= 1e-6 || agree == 1.0, "rel L2 {e} and labels {agree}");
 }
 
+/// A real out-of-memory: the device is filled up to 800 MiB of free memory, then the engine runs
+/// with an explicit 16 GiB budget (more than the device has left), so the planner picks a batch
+/// (16: 1.43 GiB) whose buffers cannot be allocated; the engine halves the batch until it fits
+/// and the labels equal an undisturbed run at the batch it ended with. A batch-1 run first
+/// makes the driver's lazy per-context allocations (kernel stacks) before memory gets short.
+#[test]
+fn real_oom_with_a_budget_above_the_free_memory() {
+    if !gpu_present() {
+        return;
+    }
+    let Some(model) = shared("fixtures/models/nnunet_small.onnx") else {
+        return;
+    };
+    let shape = [256, 256, 192];
+    let vol = volume(shape);
+    let engine = |batch: Option<usize>| {
+        Engine::from_file(
+            &model,
+            Options {
+                device: Device::Cuda(0),
+                roi: Some([96, 96, 96]),
+                batch,
+                memory_budget: Some(16 << 30),
+                ..Options::default()
+            },
+        )
+        .unwrap()
+    };
+    engine(Some(1))
+        .segment_array(volume([96, 96, 96]).view(), &mut |_, _| {})
+        .unwrap();
+    let mut e = engine(None);
+    let planned = e.plan_for(shape).unwrap();
+    use cudarc::driver::{result as cu, CudaContext};
+    let ctx = CudaContext::new(0).unwrap();
+    ctx.bind_to_thread().unwrap();
+    let (free, _) = cu::mem_get_info().unwrap();
+    let keep = 800usize << 20;
+    assert!(
+        planned.estimate.budgeted.total() > keep as u64,
+        "the plan ({} bytes) must not fit in the {keep} bytes left free",
+        planned.estimate.budgeted.total()
+    );
+    // SAFETY: a plain allocation, freed below before the reference run.
+    let hog = unsafe { cu::malloc_sync(free - keep) }.unwrap();
+    let r = e.segment_array(vol.view(), &mut |_, _| {});
+    // SAFETY: allocated above, not used by anything.
+    unsafe { cu::free_sync(hog) }.unwrap();
+    let (labels, _, report) = r.unwrap();
+    eprintln!(
+        "RESULT plan_gpu real oom: planned batch {} -> ran at batch {} after {} retries ({:?})",
+        planned.batch,
+        report.batch,
+        report.oom_retries.len(),
+        report.oom_retries
+    );
+    assert!(!report.oom_retries.is_empty(), "no out-of-memory happened");
+    assert!(report.batch < planned.batch);
+    let (want, _, _) = engine(Some(report.batch))
+        .segment_array(vol.view(), &mut |_, _| {})
+        .unwrap();
+    let agree = agreement(labels.iter(), want.iter());
+    eprintln!(
+        "RESULT plan_gpu real oom: labels equal to an undisturbed run at that batch: {agree}"
+    );
+    assert_eq!(agree, 1.0);
+}
+
 /// The planner's CUDA activation replay needs no GPU; it is checked against the device above.
 #[test]
 fn cuda_plan_is_within_budget_for_the_demo_volume() {
