@@ -804,6 +804,27 @@ extern "C" __global__ void __launch_bounds__(256) conv1x1_n32(ConvParams p, cons
 // phase hit 8 different bank groups). Weights [Cout_pad][kpad] (K = tap * CIN + ci) are
 // staged one tap at a time, double buffered with cp.async. Epilogue: conv_store (bias,
 // activation, ldc/coff channel slice), like conv_mma.
+// One tap of the halo kernels: for the warp's rows (halo rows hrow + toff of `hin`, row length
+// LD) times its weight rows (`ws`, already at this lane's ldmatrix row/column; row length WLD),
+// the CIN-deep products accumulate into acc.
+template <int MI, int NI, int CIN, int LD, int WLD>
+__device__ __forceinline__ void halo_tap(float (&acc)[MI][NI][4], const half* hin, const int (&hrow)[MI],
+                                         int toff, int a_col, const half* ws) {
+#pragma unroll
+    for (int kk = 0; kk < CIN; kk += 16) {
+        unsigned af[MI][4], bf[NI / 2][4];
+#pragma unroll
+        for (int i = 0; i < MI; i++) ldsm_x4(af[i], hin + (hrow[i] + toff) * LD + kk + a_col);
+#pragma unroll
+        for (int j = 0; j < NI / 2; j++) ldsm_x4(bf[j], ws + j * 16 * WLD + kk);
+#pragma unroll
+        for (int i = 0; i < MI; i++)
+#pragma unroll
+            for (int j = 0; j < NI; j++)
+                mma16816(acc[i][j], af[i], bf[j >> 1][(j & 1) * 2], bf[j >> 1][(j & 1) * 2 + 1]);
+    }
+}
+
 // Epilogue of the halo kernels: the warp's (MI x 16) x (NI x 8) accumulators of the output tile
 // at (oz0, oy0, ox0) (rows in z, y, x order over a TY x TX face) through conv_store.
 template <int MI, int NI, int TM, int TN, int TY, int TX>
@@ -908,21 +929,9 @@ __device__ __forceinline__ void conv_halo(const ConvParams& p, const half* __res
         cp_async_commit();
         const int dz = tap / 9, dy = (tap / 3) % 3, dx = tap % 3;
         const int toff = (dz * (HT_Y + 2) + dy) * (HT_X + 2) + dx;
-        const half* ws = sW + (tap & 1) * BN * LD + (wn * TN) * LD;
-#pragma unroll
-        for (int kk = 0; kk < CIN; kk += 16) {
-            unsigned af[MI][4], bf[NI / 2][4];
-#pragma unroll
-            for (int i = 0; i < MI; i++) ldsm_x4(af[i], sIn + (hrow[i] + toff) * LD + kk + (lane >> 4) * 8);
-#pragma unroll
-            for (int j = 0; j < NI / 2; j++)
-                ldsm_x4(bf[j], ws + (j * 16 + (lane >> 4) * 8 + (lane & 7)) * LD + kk + ((lane >> 3) & 1) * 8);
-#pragma unroll
-            for (int i = 0; i < MI; i++)
-#pragma unroll
-                for (int j = 0; j < NI; j++)
-                    mma16816(acc[i][j], af[i], bf[j >> 1][(j & 1) * 2], bf[j >> 1][(j & 1) * 2 + 1]);
-        }
+        const half* ws = sW + (tap & 1) * BN * LD + (wn * TN + (lane >> 4) * 8 + (lane & 7)) * LD +
+                         ((lane >> 3) & 1) * 8;
+        halo_tap<MI, NI, CIN, LD, LD>(acc, sIn, hrow, toff, (lane >> 4) * 8, ws);
     }
     cp_async_wait<0>();
 
@@ -1066,19 +1075,7 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
                     for (int dx = 0; dx < 3; dx++) {
                         const int toff = (dz * HY + dy) * HX + dx;
                         const half* ws = wsb + ((dz * 3 + dy) * 3 + dx) * CIN;
-#pragma unroll
-                        for (int kk = 0; kk < CIN; kk += 16) {
-                            unsigned af[MI][4], bf[NI / 2][4];
-#pragma unroll
-                            for (int i = 0; i < MI; i++) ldsm_x4(af[i], hin + (hrow[i] + toff) * LD + kk + a_col);
-#pragma unroll
-                            for (int j = 0; j < NI / 2; j++) ldsm_x4(bf[j], ws + j * 16 * WLD + kk);
-#pragma unroll
-                            for (int i = 0; i < MI; i++)
-#pragma unroll
-                                for (int j = 0; j < NI; j++)
-                                    mma16816(acc[i][j], af[i], bf[j >> 1][(j & 1) * 2], bf[j >> 1][(j & 1) * 2 + 1]);
-                        }
+                        halo_tap<MI, NI, CIN, LD, WLD>(acc, hin, hrow, toff, a_col, ws);
                     }
                 }
             }
@@ -1099,19 +1096,7 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
                 const int dz = tap / 9, dy = (tap / 3) % 3, dx = tap % 3;
                 const int toff = (dz * HY + dy) * HX + dx;
                 const half* ws = sW + (tap % WS) * BN * LD + (wn * TN + b_row) * LD + b_col;
-#pragma unroll
-                for (int kk = 0; kk < CIN; kk += 16) {
-                    unsigned af[MI][4], bf[NI / 2][4];
-#pragma unroll
-                    for (int i = 0; i < MI; i++) ldsm_x4(af[i], hin + (hrow[i] + toff) * LD + kk + a_col);
-#pragma unroll
-                    for (int j = 0; j < NI / 2; j++) ldsm_x4(bf[j], ws + j * 16 * LD + kk);
-#pragma unroll
-                    for (int i = 0; i < MI; i++)
-#pragma unroll
-                        for (int j = 0; j < NI; j++)
-                            mma16816(acc[i][j], af[i], bf[j >> 1][(j & 1) * 2], bf[j >> 1][(j & 1) * 2 + 1]);
-                }
+                halo_tap<MI, NI, CIN, LD, LD>(acc, hin, hrow, toff, a_col, ws);
             }
         }
 

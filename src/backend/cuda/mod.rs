@@ -32,6 +32,22 @@ fn drv(what: &str) -> impl Fn(cu::DriverError) -> Error + '_ {
     }
 }
 
+/// `name` as one of the `names` of a kernel table (the static name, so a forced tile outlives
+/// the caller's string); an unknown name is an error naming the `what` kind of kernel.
+fn known_kernel(
+    name: Option<&str>,
+    mut names: impl Iterator<Item = &'static str>,
+    what: &str,
+) -> Result<Option<&'static str>> {
+    match name {
+        None => Ok(None),
+        Some(n) => names
+            .find(|k| *k == n)
+            .map(Some)
+            .ok_or_else(|| Error::Invalid(format!("no {what} kernel named {n}"))),
+    }
+}
+
 /// Live and high-water device bytes per backend, keyed by the address of its context handle (each
 /// backend owns one `Arc<CudaContext>`), so every `DevBuf` counts without a tracker argument.
 fn mem_table() -> &'static std::sync::Mutex<HashMap<usize, (u64, u64)>> {
@@ -435,16 +451,8 @@ impl CudaBackend {
     /// Forces the `conv_halo_*` kernel `name` (one of `plan::HALO_CONFIGS`) for the halo convs
     /// whose Cin and tile width it matches, from the next `prepare`; None: the default ones.
     pub fn set_halo_tile(&mut self, name: Option<&str>) -> Result<()> {
-        self.halo_tile = match name {
-            None => None,
-            Some(n) => Some(
-                plan::HALO_CONFIGS
-                    .iter()
-                    .find(|c| c.name == n)
-                    .map(|c| c.name)
-                    .ok_or_else(|| Error::Invalid(format!("no halo conv kernel named {n}")))?,
-            ),
-        };
+        self.halo_tile =
+            known_kernel(name, plan::HALO_CONFIGS.iter().map(|c| c.name), "halo conv")?;
         Ok(())
     }
 
@@ -452,16 +460,7 @@ impl CudaBackend {
     /// the next `prepare` (tests cover every tile on small shapes); None picks by shape. A `_v8`
     /// tile still falls back to `_v1` where Cin % 8 != 0.
     pub fn set_conv_tile(&mut self, name: Option<&str>) -> Result<()> {
-        self.conv_tile = match name {
-            None => None,
-            Some(n) => Some(
-                plan::MMA_CONFIGS
-                    .iter()
-                    .find(|c| c.name == n)
-                    .map(|c| c.name)
-                    .ok_or_else(|| Error::Invalid(format!("no conv kernel named {n}")))?,
-            ),
-        };
+        self.conv_tile = known_kernel(name, plan::MMA_CONFIGS.iter().map(|c| c.name), "conv")?;
         Ok(())
     }
 
