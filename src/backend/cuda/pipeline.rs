@@ -817,23 +817,11 @@ impl CudaBackend {
                         s.wait(e).map_err(drv("stream wait"))?;
                     }
                     let f0 = ev(s)?;
-                    self.eltwise(
+                    self.finalize(
                         s,
-                        "finalize_planes",
-                        np * hw,
-                        &mut [
-                            Arg::Ptr(acc.ptr),
-                            Arg::Ptr(wsum.ptr),
-                            Arg::Ptr(if argmax { 0 } else { dev_out[slot].ptr }),
-                            Arg::Ptr(if argmax { dev_out[slot].ptr } else { 0 }),
-                            i32s(cout),
-                            i32s(ring),
-                            i32s(h),
-                            i32s(w),
-                            i32s(p0),
-                            i32s(np),
-                            Arg::I32(argmax as i32),
-                        ],
+                        [acc.ptr, wsum.ptr, dev_out[slot].ptr],
+                        argmax,
+                        [cout, ring, h, w, p0, np],
                     )?;
                     let f1 = ev(s)?;
                     dl.wait(&f1).map_err(drv("stream wait"))?;
@@ -1144,6 +1132,66 @@ const CHUNK_BYTES: usize = 4 << 20;
 pub(crate) fn chunk_planes(ring: usize, hw: usize, cout: usize, argmax: bool) -> usize {
     let plane = hw * if argmax { 2 } else { cout * 4 };
     CHUNK_BYTES.div_ceil(plane.max(1)).clamp(1, ring)
+}
+
+impl CudaBackend {
+    /// Finalises planes [p0, p0 + np) of the ring (`finalize_planes`; its float4 twin, one block
+    /// row per plane, where H * W is a multiple of 4): labels or outputs into `out`, ring
+    /// slots zeroed. `dims` = [cout, ring, h, w, p0, np].
+    fn finalize(
+        &self,
+        s: &CudaStream,
+        [acc, wsum, out]: [u64; 3],
+        argmax: bool,
+        dims: [usize; 6],
+    ) -> Result<()> {
+        let [cout, ring, h, w, p0, np] = dims;
+        let i32s = |v: usize| Arg::I32(v as i32);
+        let (o, l) = if argmax { (0, out) } else { (out, 0) };
+        let hw = h * w;
+        if hw % 4 == 0 {
+            let hw4 = hw / 4;
+            let gx = hw4.div_ceil(256).clamp(1, (self.sm_count as usize * 32).div_ceil(np).max(1));
+            self.launch(
+                s,
+                "finalize_planes_v4",
+                (gx as u32, np as u32, 1),
+                256,
+                0,
+                &mut [
+                    Arg::Ptr(acc),
+                    Arg::Ptr(wsum),
+                    Arg::Ptr(o),
+                    Arg::Ptr(l),
+                    i32s(cout),
+                    i32s(ring),
+                    i32s(hw4),
+                    i32s(p0),
+                    i32s(np),
+                    Arg::I32(argmax as i32),
+                ],
+            )
+        } else {
+            self.eltwise(
+                s,
+                "finalize_planes",
+                np * hw,
+                &mut [
+                    Arg::Ptr(acc),
+                    Arg::Ptr(wsum),
+                    Arg::Ptr(o),
+                    Arg::Ptr(l),
+                    i32s(cout),
+                    i32s(ring),
+                    i32s(h),
+                    i32s(w),
+                    i32s(p0),
+                    i32s(np),
+                    Arg::I32(argmax as i32),
+                ],
+            )
+        }
+    }
 }
 
 fn ev(s: &CudaStream) -> Result<CudaEvent> {
