@@ -321,24 +321,79 @@ fn emulate_halo(
             }
             // Epilogue: lane holds rows lane/4 (+8) and columns (lane % 4) * 2 (+1).
             let (n, oz0, oy0, ox0) = decode(t);
-            for warp in 0..wm_n * wn_n {
-                let (wm, wn) = (warp % wm_n, warp / wm_n);
-                for lane in 0..32 {
-                    for i in 0..mi {
-                        for h in 0..2 {
-                            let r = wm * tm + i * 16 + (lane >> 2) + h * 8;
-                            let (oz, oy, ox) =
-                                (oz0 + r / (ty * tx), oy0 + (r / tx) % ty, ox0 + r % tx);
-                            if oz >= out[0] || oy >= out[1] || ox >= out[2] {
-                                continue;
+            // conv_halo's vector epilogue (halo_store_vec; ldc = cout and coff = 0 here): the
+            // fragments are staged as fp32 rows of bn + 8 in the block's smem, then thread tid
+            // writes channels c0..c0+8 (c0 = (tid % (bn/8)) * 8) of rows tid / (bn/8), + threads / (bn/8)...
+            let tbm = tm * wm_n;
+            let ldf = c.bn + 8;
+            if v1 && cout.is_multiple_of(8) && tbm * ldf * 4 <= c.smem_bytes() as usize {
+                let mut stage = vec![f64::NAN; tbm * ldf];
+                for warp in 0..wm_n * wn_n {
+                    let (wm, wn) = (warp % wm_n, warp / wm_n);
+                    for lane in 0..32 {
+                        for i in 0..mi {
+                            for h in 0..2 {
+                                let r = wm * tm + i * 16 + (lane >> 2) + h * 8;
+                                for jn in 0..ni {
+                                    let col = wn * tn + jn * 8 + (lane & 3) * 2;
+                                    for cc in [col, col + 1] {
+                                        assert!(
+                                            stage[r * ldf + cc].is_nan(),
+                                            "{}: staged twice",
+                                            c.name
+                                        );
+                                        stage[r * ldf + cc] = acc[r * c.bn + cc];
+                                    }
+                                }
                             }
-                            let m = ((n * out[0] + oz) * out[1] + oy) * out[2] + ox;
-                            for jn in 0..ni {
-                                let col = wn * tn + jn * 8 + (lane & 3) * 2;
-                                for cc in [col, col + 1] {
-                                    if cc < cout {
-                                        y[m * cout + cc] = acc[r * c.bn + cc];
-                                        writes[m * cout + cc] += 1;
+                        }
+                    }
+                }
+                let chunks = c.bn / 8;
+                for tid in 0..threads {
+                    let c0 = (tid % chunks) * 8;
+                    if c0 >= cout {
+                        continue;
+                    }
+                    for r in (tid / chunks..tbm).step_by(threads / chunks) {
+                        let (oz, oy, ox) = (oz0 + r / (ty * tx), oy0 + (r / tx) % ty, ox0 + r % tx);
+                        if oz >= out[0] || oy >= out[1] || ox >= out[2] {
+                            continue;
+                        }
+                        let m = ((n * out[0] + oz) * out[1] + oy) * out[2] + ox;
+                        for k in 0..8 {
+                            let v = stage[r * ldf + c0 + k];
+                            assert!(
+                                v.is_finite(),
+                                "{}: unstaged row {r} column {}",
+                                c.name,
+                                c0 + k
+                            );
+                            y[m * cout + c0 + k] = v;
+                            writes[m * cout + c0 + k] += 1;
+                        }
+                    }
+                }
+            } else {
+                for warp in 0..wm_n * wn_n {
+                    let (wm, wn) = (warp % wm_n, warp / wm_n);
+                    for lane in 0..32 {
+                        for i in 0..mi {
+                            for h in 0..2 {
+                                let r = wm * tm + i * 16 + (lane >> 2) + h * 8;
+                                let (oz, oy, ox) =
+                                    (oz0 + r / (ty * tx), oy0 + (r / tx) % ty, ox0 + r % tx);
+                                if oz >= out[0] || oy >= out[1] || ox >= out[2] {
+                                    continue;
+                                }
+                                let m = ((n * out[0] + oz) * out[1] + oy) * out[2] + ox;
+                                for jn in 0..ni {
+                                    let col = wn * tn + jn * 8 + (lane & 3) * 2;
+                                    for cc in [col, col + 1] {
+                                        if cc < cout {
+                                            y[m * cout + cc] = acc[r * c.bn + cc];
+                                            writes[m * cout + cc] += 1;
+                                        }
                                     }
                                 }
                             }
@@ -372,8 +427,10 @@ fn halo_index_emulation() {
     for c in HALO_CONFIGS {
         // (input d, h, w, begin pads, end pads, cout, sm_count)
         #[allow(clippy::type_complexity)]
-        let cases: [([usize; 3], [usize; 3], [usize; 3], usize, usize); 2] = [
+        // The third case has Cout % 8 == 0: conv_halo's vector epilogue.
+        let cases: [([usize; 3], [usize; 3], [usize; 3], usize, usize); 3] = [
             ([5, 9, 10], [1, 1, 1], [1, 1, 1], c.bn.min(33) - 1, 1),
+            ([6, 10, 9], [1, 0, 1], [1, 2, 1], c.bn - 8, 1),
             (
                 [6, 7, 11],
                 [2, 0, 1],
