@@ -796,7 +796,8 @@ extern "C" __global__ void __launch_bounds__(256) conv1x1_n32(ConvParams p, cons
 }
 
 // ---------------------------------------------------------------------------------------------
-// conv_halo_c{CIN}n{BN}: stride-1, dilation-1 3x3x3 conv (any pads) with Cin 32/64, Cout <= BN.
+// conv_halo_c{CIN}n{BN}: stride-1, dilation-1 3x3x3 conv (any pads) with Cin CIN, Cout <= BN;
+// or an even real Cin p.cin < CIN (e.g. 14 on CIN 16), zero-padded to CIN channels in smem.
 // Each block computes a 4x8x8 output tile: its (4+2)x(8+2)x(8+2) input halo (600 voxels x CIN)
 // is copied into shared memory ONCE and feeds all 27 taps (conv_mma re-gathers the input for
 // every tap); ldmatrix row addresses are the output voxel's halo row plus the tap's offset.
@@ -804,6 +805,52 @@ extern "C" __global__ void __launch_bounds__(256) conv1x1_n32(ConvParams p, cons
 // phase hit 8 different bank groups). Weights [Cout_pad][kpad] (K = tap * CIN + ci) are
 // staged one tap at a time, double buffered with cp.async. Epilogue: conv_store (bias,
 // activation, ldc/coff channel slice), like conv_mma.
+// Real Cin below the smem width (p.cin < CIN, p.cin even; the planner's `pad_cin` configs):
+// the halo kernels copy 4-byte channel pairs (U = 2) instead of 16-byte groups (U = 8), and
+// zero-fill channels p.cin..CIN-1 of every halo and weight row (source size 0), so the padded
+// products are 0 x 0. Input rows are p.cin halves apart, weights keep the conv_mma layout
+// [Cout_pad][kpad] with K = tap * p.cin + ci (kpad and p.cin even: 4-byte aligned).
+//
+// The input halo of a tile: rows (hz, hy, hx) of an HZ x HY x HX box at input (iz0, iy0, ix0)
+// of sample xn, CIN channels per row of LD halves; zero outside the input.
+template <int U, int CIN, int LD, int HZ, int HY, int HX, int THREADS>
+__device__ __forceinline__ void halo_copy(half* buf, const half* xn, const half* x, const ConvParams& p,
+                                          int iz0, int iy0, int ix0, int tid) {
+    constexpr int UPV = CIN / U;  // copies per row
+    for (int idx = tid; idx < HZ * HY * HX * UPV; idx += THREADS) {
+        int v = idx / UPV, c = (idx - v * UPV) * U;
+        int hz = v / (HY * HX), r = v - hz * (HY * HX);
+        int hy = r / HX, hx = r - hy * HX;
+        int iz = iz0 + hz, iy = iy0 + hy, ix = ix0 + hx;
+        bool ok = (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi && (unsigned)ix < (unsigned)p.wi;
+        const half* src = xn + (((i64)iz * p.hi + iy) * p.wi + ix) * p.cin + c;
+        if constexpr (U == 8) {
+            cp_async16(buf + v * LD + c, ok ? src : x, ok ? 16 : 0);
+        } else {
+            ok = ok && c < p.cin;
+            cp_async4_ca(buf + v * LD + c, ok ? src : x, ok ? 4 : 0);
+        }
+    }
+}
+
+// NT taps (from tap0) of the weight rows 0..BN-1 into smem rows of WLD halves, tap t of a row at
+// column t * CIN.
+template <int U, int CIN, int BN, int NT, int WLD, int THREADS>
+__device__ __forceinline__ void halo_wcopy(half* ws, const half* w, const ConvParams& p, int tap0, int tid) {
+    constexpr int UPT = CIN / U;  // copies per tap of a row
+    for (int idx = tid; idx < BN * NT * UPT; idx += THREADS) {
+        int co = idx / (NT * UPT), r = idx - co * (NT * UPT);
+        int t = NT == 1 ? 0 : r / UPT, c = (r - t * UPT) * U;
+        const half* src = w + (i64)co * p.kpad + (tap0 + t) * p.cin + c;
+        if constexpr (U == 8) {
+            cp_async16(ws + co * WLD + t * CIN + c, src, 16);
+        } else {
+            bool ok = c < p.cin;
+            cp_async4_ca(ws + co * WLD + t * CIN + c, ok ? src : w, ok ? 4 : 0);
+        }
+    }
+}
+
 // One tap of the halo kernels: for the warp's rows (halo rows hrow + toff of `hin`, row length
 // LD) times its weight rows (`ws`, already at this lane's ldmatrix row/column; row length WLD),
 // the CIN-deep products accumulate into acc.
@@ -918,7 +965,6 @@ __device__ __forceinline__ void conv_halo(const ConvParams& p, const half* __res
     constexpr int TM = TBM / WM, TN = BN / WN;
     constexpr int MI = TM / 16, NI = TN / 8;
     constexpr int LD = CIN + 8;
-    constexpr int CPV = CIN / 8;  // 16-byte chunks per voxel
     static_assert(NI % 2 == 0 && CIN % 16 == 0, "tile shape");
     extern __shared__ __align__(16) unsigned char dsm[];
     half* sIn = reinterpret_cast<half*>(dsm);
@@ -937,24 +983,20 @@ __device__ __forceinline__ void conv_halo(const ConvParams& p, const half* __res
     const int n = b / ntz;
     const int oz0 = bz * HT_Z, oy0 = by * HT_Y, ox0 = bx * HT_X;
     const int iz0 = oz0 - p.pd, iy0 = oy0 - p.ph, ix0 = ox0 - p.pw;
-    const half* xn = x + (i64)n * p.di * p.hi * p.wi * CIN;
+    const half* xn = x + (i64)n * p.di * p.hi * p.wi * p.cin;
+    const bool narrow = p.cin < CIN;  // real Cin zero-padded to CIN: 4-byte copies
 
     // The halo, zero outside the input (source size 0).
-    for (int idx = tid; idx < HVOX * CPV; idx += THREADS) {
-        int v = idx / CPV, c = idx - v * CPV;
-        int hz = v / ((HT_Y + 2) * (HT_X + 2)), r = v - hz * ((HT_Y + 2) * (HT_X + 2));
-        int hy = r / (HT_X + 2), hx = r - hy * (HT_X + 2);
-        int iz = iz0 + hz, iy = iy0 + hy, ix = ix0 + hx;
-        bool ok = (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi && (unsigned)ix < (unsigned)p.wi;
-        cp_async16(sIn + v * LD + c * 8, ok ? xn + (((i64)iz * p.hi + iy) * p.wi + ix) * CIN + c * 8 : x,
-                   ok ? 16 : 0);
-    }
+    if (narrow)
+        halo_copy<2, CIN, LD, HT_Z + 2, HT_Y + 2, HT_X + 2, THREADS>(sIn, xn, x, p, iz0, iy0, ix0, tid);
+    else
+        halo_copy<8, CIN, LD, HT_Z + 2, HT_Y + 2, HT_X + 2, THREADS>(sIn, xn, x, p, iz0, iy0, ix0, tid);
     auto load_w = [&](int stage, int tap) {
         half* ws = sW + stage * BN * LD;
-        for (int idx = tid; idx < BN * CPV; idx += THREADS) {
-            int co = idx / CPV, c = idx - co * CPV;
-            cp_async16(ws + co * LD + c * 8, w + (i64)co * p.kpad + tap * CIN + c * 8, 16);
-        }
+        if (narrow)
+            halo_wcopy<2, CIN, BN, 1, LD, THREADS>(ws, w, p, tap, tid);
+        else
+            halo_wcopy<8, CIN, BN, 1, LD, THREADS>(ws, w, p, tap, tid);
     };
     load_w(0, 0);
     cp_async_commit();
@@ -1009,6 +1051,11 @@ HALO_ENTRY(conv_halo_c64n64, 64, 64, 4, 2)
 // 4 warps of 64x32 (less smem read per mma, fewer warps per block): measured against the above.
 HALO_ENTRY(conv_halo_c32n32_w4, 32, 32, 4, 1)
 HALO_ENTRY(conv_halo_c64n32_w4, 64, 32, 4, 1)
+// Smem width 16 (real Cin 16, or an even Cin < 16 zero-padded): 4 / 8 warps of 64x16 / 32x16,
+// and Cout <= 32 on 4 warps of 64x32.
+HALO_ENTRY(conv_halo_c16n16, 16, 16, 4, 1)
+HALO_ENTRY(conv_halo_c16n16_w8, 16, 16, 8, 1)
+HALO_ENTRY(conv_halo_c16n32, 16, 32, 4, 1)
 
 // ---------------------------------------------------------------------------------------------
 // conv_halo_t (phase 4): the halo kernel with the output tile (TZ x TY x TX), the weight staging
@@ -1034,7 +1081,6 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
     constexpr int TM = TBM / WM, TN = BN / WN;
     constexpr int MI = TM / 16, NI = TN / 8;
     constexpr int LD = CIN + 8;
-    constexpr int CPV = CIN / 8;  // 16-byte chunks per voxel
     constexpr int HY = TY + 2, HX = TX + 2;
     constexpr int HV = (TZ + 2) * HY * HX;  // halo rows
     constexpr bool RES = WST == 0;
@@ -1062,29 +1108,25 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
         oz0 = (t % ntz) * TZ;
         n = t / ntz;
     };
+    const bool narrow = p.cin < CIN;  // real Cin zero-padded to CIN: 4-byte copies
     // Tile t's input halo into `buf`, zero outside the input (source size 0).
     auto load_halo = [&](half* buf, int t) {
         int n, oz0, oy0, ox0;
         decode(t, n, oz0, oy0, ox0);
         const int iz0 = oz0 - p.pd, iy0 = oy0 - p.ph, ix0 = ox0 - p.pw;
-        const half* xn = x + (i64)n * p.di * p.hi * p.wi * CIN;
-        for (int idx = tid; idx < HV * CPV; idx += THREADS) {
-            int v = idx / CPV, c = idx - v * CPV;
-            int hz = v / (HY * HX), r = v - hz * (HY * HX);
-            int hy = r / HX, hx = r - hy * HX;
-            int iz = iz0 + hz, iy = iy0 + hy, ix = ix0 + hx;
-            bool ok = (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi && (unsigned)ix < (unsigned)p.wi;
-            cp_async16(buf + v * LD + c * 8, ok ? xn + (((i64)iz * p.hi + iy) * p.wi + ix) * CIN + c * 8 : x,
-                       ok ? 16 : 0);
-        }
+        const half* xn = x + (i64)n * p.di * p.hi * p.wi * p.cin;
+        if (narrow)
+            halo_copy<2, CIN, LD, TZ + 2, HY, HX, THREADS>(buf, xn, x, p, iz0, iy0, ix0, tid);
+        else
+            halo_copy<8, CIN, LD, TZ + 2, HY, HX, THREADS>(buf, xn, x, p, iz0, iy0, ix0, tid);
     };
     // Staged: tap `tap`'s BN x CIN weights into stage `stage`.
     auto load_w = [&](int stage, int tap) {
         half* ws = sW + stage * BN * LD;  // staged mode only
-        for (int idx = tid; idx < BN * CPV; idx += THREADS) {
-            int co = idx / CPV, c = idx - co * CPV;
-            cp_async16(ws + co * LD + c * 8, w + (i64)co * p.kpad + tap * CIN + c * 8, 16);
-        }
+        if (narrow)
+            halo_wcopy<2, CIN, BN, 1, LD, THREADS>(ws, w, p, tap, tid);
+        else
+            halo_wcopy<8, CIN, BN, 1, LD, THREADS>(ws, w, p, tap, tid);
     };
 
     // Halo row of each A row this lane addresses for ldmatrix (tap 0).
@@ -1101,10 +1143,10 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
 
     int t = blockIdx.x;
     if constexpr (RES) {
-        for (int idx = tid; idx < BN * 27 * CPV; idx += THREADS) {
-            int co = idx / (27 * CPV), c = idx - co * (27 * CPV);
-            cp_async16(sW + co * WLD + c * 8, w + (i64)co * p.kpad + c * 8, 16);
-        }
+        if (narrow)
+            halo_wcopy<2, CIN, BN, 27, WLD, THREADS>(sW, w, p, 0, tid);
+        else
+            halo_wcopy<8, CIN, BN, 27, WLD, THREADS>(sW, w, p, 0, tid);
     }
     if (t < ntiles) load_halo(sIn, t);
     cp_async_commit();
@@ -1201,3 +1243,8 @@ HALO2_ENTRY(conv_halo_c64n64_b, 64, 64, 4, 2, 8, 8, 8, 3, 1)
 // 8 warps of 64x32, ~91 / ~85 KB): 4x8x16 (halo 1080 rows per 512) and 8x8x8 (1000 per 512).
 HALO2_ENTRY(conv_halo_c32n32_x16, 32, 32, 8, 1, 4, 8, 16, 2, 1)
 HALO2_ENTRY(conv_halo_c32n32_y8, 32, 32, 8, 1, 8, 8, 8, 2, 1)
+// Smem width 16, Cout <= 16: the 27 taps' weights are only 14 KB, so resident (no per-tap
+// barrier) at 43 KB per block (5 blocks/SM); one block per tile, or persistent (3 per SM) with
+// the next tile's halo copied during the current one's math.
+HALO2_ENTRY(conv_halo_c16n16_r, 16, 16, 4, 1, 4, 8, 8, 0, 1)
+HALO2_ENTRY(conv_halo_c16n16_rp2, 16, 16, 4, 1, 4, 8, 8, 0, 2)

@@ -99,6 +99,13 @@ fn halo_configs_match_the_kernel_entries() {
         };
         assert_eq!(&want, a, "{name}: config vs kernel entry");
         assert!(
+            name.starts_with(&format!("conv_halo_c{}n{}", c.cin, c.bn)),
+            "{name}: named by its smem width and tile width"
+        );
+        // The kernels zero-pad any even real Cin below CIN (a runtime branch); the config
+        // says whether the planner may use that: a width-16 kernel for Cin 14 (W2).
+        assert_eq!(c.pad_cin, c.cin == 16, "{name}: zero-padding configs");
+        assert!(
             listed.contains(&name.as_str()),
             "{name} not in kernels::FAMILIES"
         );
@@ -117,13 +124,17 @@ fn halo_configs_match_the_kernel_entries() {
 /// or ring), the per-lane ldmatrix addresses turned into mma fragments by the ldmatrix/mma
 /// operand layouts, the tile loop of persistent blocks (program order: a buffer overwritten
 /// before it is read shows up as a wrong value) and the epilogue's row/column mapping.
+/// The real Cin `rcin` (p.cin) may be below the smem width c.cin (`pad_cin` configs): then
+/// every copy is 4 bytes (2 halves) and channels rcin..c.cin-1 are zero-filled, as in
+/// `halo_copy` / `halo_wcopy`; x rows are rcin apart and w's K is tap * rcin + ci.
 /// Returns y (NDHWC, Cout channels) and how often each output was written.
 #[allow(clippy::too_many_arguments)]
 fn emulate_halo(
     c: &HaloConfig,
     x: &[f64],
-    inp: [usize; 4], // n, d, h, w (channels: c.cin)
-    w: &[f64],       // [cout_pad][kpad]
+    inp: [usize; 4], // n, d, h, w (channels: rcin)
+    rcin: usize,
+    w: &[f64], // [cout_pad][kpad]
     kpad: usize,
     cout: usize,
     pads: [usize; 3], // begin pads
@@ -131,7 +142,10 @@ fn emulate_halo(
     sm_count: usize,
 ) -> (Vec<f64>, Vec<u32>) {
     let cin = c.cin;
-    let (ld, cpv) = (cin + 8, cin / 8);
+    assert!(rcin <= cin && (rcin == cin || rcin.is_multiple_of(2)));
+    // Halves per cp.async: 16-byte copies at the full width, 4-byte ones below it.
+    let u = if rcin < cin { 2 } else { 8 };
+    let (ld, cpv) = (cin + 8, cin / u);
     let [tz, ty, tx] = c.tile;
     let (hy, hx) = (ty + 2, tx + 2);
     let hv = c.halo_rows();
@@ -168,14 +182,22 @@ fn emulate_halo(
         let t = t / nty;
         ((t / ntz), (t % ntz) * tz, oy0, ox0)
     };
-    let copy16 = |sm: &mut Vec<f64>, dst: usize, src: Option<&[f64]>| {
+    // One cp.async of u halves (source None: size 0, zero fill); both ends u-aligned.
+    let copy = |sm: &mut Vec<f64>, dst: usize, src: Option<(&[f64], usize)>| {
         assert!(
-            dst.is_multiple_of(8) && dst + 8 <= smem_len,
+            dst.is_multiple_of(u) && dst + u <= smem_len,
             "{}: smem write {dst}",
             c.name
         );
-        for e in 0..8 {
-            sm[dst + e] = src.map_or(0.0, |s| s[e]);
+        if let Some((s, o)) = src {
+            assert!(
+                o.is_multiple_of(u) && o + u <= s.len(),
+                "{}: read {o}",
+                c.name
+            );
+        }
+        for e in 0..u {
+            sm[dst + e] = src.map_or(0.0, |(s, o)| s[o + e]);
         }
     };
     let load_halo = |sm: &mut Vec<f64>, buf: usize, t: usize| {
@@ -186,40 +208,38 @@ fn emulate_halo(
             ox0 as isize - pads[2] as isize,
         );
         for idx in 0..hv * cpv {
-            let (v, ch) = (idx / cpv, idx % cpv);
+            let (v, ch) = (idx / cpv, idx % cpv * u);
             let (hz, r) = (v / (hy * hx), v % (hy * hx));
             let (yy, xx) = (r / hx, r % hx);
             let (iz, iy, ix) = (iz0 + hz as isize, iy0 + yy as isize, ix0 + xx as isize);
             let ok = (0..di as isize).contains(&iz)
                 && (0..hi as isize).contains(&iy)
-                && (0..wi as isize).contains(&ix);
+                && (0..wi as isize).contains(&ix)
+                && ch < rcin;
             let src = ok.then(|| {
                 let o = ((((n * di) as isize + iz) * hi as isize + iy) * wi as isize + ix) as usize
-                    * cin
-                    + ch * 8;
-                &x[o..o + 8]
+                    * rcin
+                    + ch;
+                (x, o)
             });
-            copy16(sm, buf + v * ld + ch * 8, src);
+            copy(sm, buf + v * ld + ch, src);
+        }
+    };
+    // `halo_wcopy`: nt taps from tap0 of rows 0..bn into rows of `row` halves at `base`.
+    let wcopy = |sm: &mut Vec<f64>, base: usize, row: usize, nt: usize, tap0: usize| {
+        for idx in 0..c.bn * nt * cpv {
+            let (co, r) = (idx / (nt * cpv), idx % (nt * cpv));
+            let (t, ch) = (r / cpv, r % cpv * u);
+            let src = (ch < rcin).then_some((w, co * kpad + (tap0 + t) * rcin + ch));
+            copy(sm, base + co * row + t * cin + ch, src);
         }
     };
     let load_w = |sm: &mut Vec<f64>, stage: usize, tap: usize| {
-        for idx in 0..c.bn * cpv {
-            let (co, ch) = (idx / cpv, idx % cpv);
-            let o = co * kpad + tap * cin + ch * 8;
-            copy16(
-                sm,
-                w_base + stage * c.bn * ld + co * ld + ch * 8,
-                Some(&w[o..o + 8]),
-            );
-        }
+        wcopy(sm, w_base + stage * c.bn * ld, ld, 1, tap);
     };
     for b in 0..grid {
         if res {
-            for idx in 0..c.bn * 27 * cpv {
-                let (co, ch) = (idx / (27 * cpv), idx % (27 * cpv));
-                let o = co * kpad + ch * 8;
-                copy16(&mut sm, w_base + co * wld + ch * 8, Some(&w[o..o + 8]));
-            }
+            wcopy(&mut sm, w_base, wld, 27, 0);
         }
         let mut t = b;
         if t < ntiles {
@@ -414,7 +434,8 @@ fn emulate_halo(
 
 /// Every halo config's emulated launch equals the direct conv (small integers: exact in f64)
 /// on shapes with partial tiles, asymmetric pads, odd Cout, batch 2, and (persistent
-/// configs, sm_count 1..2) several tiles per block.
+/// configs, sm_count 1..2) several tiles per block; the zero-padding configs also with real
+/// Cin 14 and 6 (and 16 = their full width), Cout 14 / 5 / 16.
 #[test]
 fn halo_index_emulation() {
     let mut seed = 7u64;
@@ -424,23 +445,35 @@ fn halo_index_emulation() {
             .wrapping_add(1442695040888963407);
         ((seed >> 33) % 5) as f64 - 2.0
     };
+    let mut padded = 0;
     for c in HALO_CONFIGS {
-        // (input d, h, w, begin pads, end pads, cout, sm_count)
+        // (input d, h, w, begin pads, end pads, cout, sm_count, real Cin)
+        // The second case has Cout % 8 == 0: conv_halo's vector epilogue.
         #[allow(clippy::type_complexity)]
-        // The third case has Cout % 8 == 0: conv_halo's vector epilogue.
-        let cases: [([usize; 3], [usize; 3], [usize; 3], usize, usize); 3] = [
-            ([5, 9, 10], [1, 1, 1], [1, 1, 1], c.bn.min(33) - 1, 1),
-            ([6, 10, 9], [1, 0, 1], [1, 2, 1], c.bn - 8, 1),
+        let mut cases: Vec<([usize; 3], [usize; 3], [usize; 3], usize, usize, usize)> = vec![
+            ([5, 9, 10], [1, 1, 1], [1, 1, 1], c.bn.min(33) - 1, 1, c.cin),
+            ([6, 10, 9], [1, 0, 1], [1, 2, 1], c.bn - 8, 1, c.cin),
             (
                 [6, 7, 11],
                 [2, 0, 1],
                 [0, 1, 2],
-                if c.bn == 64 { 33 } else { 17 },
+                [5, 17, 33][c.bn / 32],
                 2,
+                c.cin,
             ),
         ];
-        for (inp, pb, pe, cout, smc) in cases {
-            let cin = c.cin;
+        if c.pad_cin {
+            assert!(c.accepts_cin(14) && c.accepts_cin(6) && !c.accepts_cin(13));
+            padded += 1;
+            cases.extend([
+                ([5, 9, 10], [1, 1, 1], [1, 1, 1], 14, 1, 14),
+                ([7, 10, 9], [0, 2, 1], [2, 1, 0], 5, 2, 14),
+                ([4, 8, 17], [1, 1, 1], [1, 1, 1], c.bn, 1, 14),
+                ([6, 7, 11], [2, 0, 1], [0, 1, 2], 14, 2, 6),
+                ([3, 9, 8], [1, 1, 1], [0, 0, 0], 5, 1, 2),
+            ]);
+        }
+        for (inp, pb, pe, cout, smc, cin) in cases {
             let nb = 2;
             let out = [0, 1, 2].map(|i| inp[i] + pb[i] + pe[i] - 2);
             let x: Vec<f64> = (0..nb * inp.iter().product::<usize>() * cin)
@@ -458,6 +491,7 @@ fn halo_index_emulation() {
                 c,
                 &x,
                 [nb, inp[0], inp[1], inp[2]],
+                cin,
                 &w,
                 kpad,
                 cout,
@@ -510,17 +544,19 @@ fn halo_index_emulation() {
             }
             assert_eq!(
                 bad, 0,
-                "{}: {bad} outputs differ from the direct conv ({inp:?}, pads {pb:?}/{pe:?})",
+                "{}: {bad} outputs differ from the direct conv (Cin {cin}, {inp:?}, pads \
+                 {pb:?}/{pe:?})",
                 c.name
             );
             println!(
-                "{}: {inp:?} pads {pb:?}/{pe:?} Cout {cout}: {} tiles on {} blocks ok",
+                "{}: Cin {cin} {inp:?} pads {pb:?}/{pe:?} Cout {cout}: {} tiles on {} blocks ok",
                 c.name,
                 c.tiles(nb, out),
                 c.grid(nb, out, smc)
             );
         }
     }
+    assert!(padded >= 4, "zero-padding configs emulated: {padded}");
 }
 
 /// The `UP_ENTRY(...)` lines of kernels/conv.cu (`convt_up_*`) use the tile, warps and stages

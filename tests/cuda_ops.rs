@@ -1781,13 +1781,15 @@ fn kernels_used(b: &mut CudaBackend, batch: usize) -> Vec<String> {
         .collect()
 }
 
-/// The halo-tile kernels (`conv_halo_*`, stride-1 3^3, Cin 32/64, Cout <= 64) vs float64:
-/// spatial sizes that leave partial 4x8x8 tiles, zero / asymmetric pads (borders), odd and
-/// even Cout, fused activations, and outputs written into concat slices at even and odd
-/// channel offsets. Each case also checks that the halo kernel is the one that ran.
+/// The halo-tile kernels (`conv_halo_*`, stride-1 3^3, Cin 16/32/64 or an even Cin < 16
+/// zero-padded to 16, Cout <= 64) vs float64: spatial sizes that leave partial 4x8x8 tiles,
+/// zero / asymmetric pads (borders), odd and even Cout, fused activations, and outputs written
+/// into concat slices at even and odd channel offsets. Each case runs every variant that
+/// accepts its Cin at the tile width the planner picks (forced by name; Cin 6 and 2 only run
+/// forced) and checks that it is the one that ran.
 #[test]
 fn conv_halo_cases() {
-    use voxtile::backend::cuda::plan::HALO_CONFIGS;
+    use voxtile::backend::cuda::plan::{pick_halo, HaloConfig, HALO_CONFIGS};
     let Some(mut b) = gpu() else { return };
     let mut r = rng("halo");
     b.set_conv_tile(None).unwrap();
@@ -1795,7 +1797,7 @@ fn conv_halo_cases() {
     let leaky = || Some(Op::LeakyRelu { alpha: 0.01 });
     #[allow(clippy::type_complexity)]
     let cases: Vec<(usize, usize, [usize; 3], [usize; 6], Option<Op>, &str)> = vec![
-        (32, 32, [9, 13, 17], [1; 6], None, "conv_halo_c32n32"),
+        (32, 32, [9, 13, 17], [1; 6], None, "conv_halo_c32n32_w4"),
         (64, 32, [6, 10, 7], [1; 6], leaky(), "conv_halo_c64n32"),
         (
             32,
@@ -1806,7 +1808,7 @@ fn conv_halo_cases() {
             "conv_halo_c32n64",
         ),
         (64, 64, [4, 8, 8], [1; 6], leaky(), "conv_halo_c64n64"),
-        (32, 20, [7, 9, 11], [0; 6], None, "conv_halo_c32n32"),
+        (32, 20, [7, 9, 11], [0; 6], None, "conv_halo_c32n32_w4"),
         (
             64,
             33,
@@ -1815,14 +1817,50 @@ fn conv_halo_cases() {
             None,
             "conv_halo_c64n64",
         ),
-        (32, 17, [3, 1, 12], [1; 6], leaky(), "conv_halo_c32n32"),
+        (32, 17, [3, 1, 12], [1; 6], leaky(), "conv_halo_c32n32_w4"),
+        // Phase 6, smem width 16: W2's 14->14 (4-byte copies, channels 14/15 zero), Cin 16
+        // (16-byte copies), Cout 14 / 16 / 5 / 20 / 32, partial tiles, asymmetric pads.
+        (14, 14, [9, 13, 17], [1; 6], None, "conv_halo_c16n16_r"),
+        (16, 16, [6, 10, 7], [1; 6], leaky(), "conv_halo_c16n16_r"),
+        (
+            14,
+            5,
+            [5, 7, 9],
+            [2, 1, 0, 0, 1, 2],
+            None,
+            "conv_halo_c16n16_r",
+        ),
+        (
+            16,
+            5,
+            [3, 1, 12],
+            [1; 6],
+            Some(Op::Relu),
+            "conv_halo_c16n16_r",
+        ),
+        (14, 16, [4, 8, 8], [0; 6], None, "conv_halo_c16n16_r"),
+        (14, 20, [5, 9, 8], [1; 6], leaky(), "conv_halo_c16n32"),
+        (
+            16,
+            32,
+            [7, 9, 11],
+            [0, 1, 2, 2, 1, 0],
+            None,
+            "conv_halo_c16n32",
+        ),
+        (6, 14, [5, 9, 10], [1; 6], None, "forced only"),
+        (2, 16, [3, 9, 8], [1, 1, 1, 0, 0, 0], None, "forced only"),
     ];
-    // The other variants of each (Cin, width) on the same cases: forced by name, so each case
-    // checks the kernel it names whatever the defaults are.
+    // Every variant that accepts each case's Cin at the planner's width (the narrowest that
+    // holds Cout): forced by name, so each case checks the kernel it names whatever the
+    // defaults are; the default (where there is one) is the case's last field.
     let mut all = Vec::new();
     for c in &cases {
-        let bn = if c.1 <= 32 { 32 } else { 64 };
-        for v in HALO_CONFIGS.iter().filter(|v| v.cin == c.0 && v.bn == bn) {
+        let ok = |v: &&HaloConfig| v.accepts_cin(c.0) && c.1 <= v.bn;
+        let bn = HALO_CONFIGS.iter().filter(ok).map(|v| v.bn).min().unwrap();
+        let def = pick_halo(c.0, c.1, [3; 3], [1; 3], [1; 3], 1, false, 227 * 1024, None);
+        assert_eq!(def.map_or("forced only", |d| d.name), c.5, "{c:?}");
+        for v in HALO_CONFIGS.iter().filter(ok).filter(|v| v.bn == bn) {
             all.push((c.0, c.1, c.2, c.3, c.4.clone(), v.name));
         }
     }
@@ -1848,47 +1886,55 @@ fn conv_halo_cases() {
     }
     // Persistent kernels on more tiles than blocks (H200: 132 SMs x persist), so blocks loop
     // over tiles, with partial tiles on every axis; Cout 5 keeps the f64 reference cheap.
+    // The zero-padding ones also with real Cin 14.
     for v in HALO_CONFIGS.iter().filter(|v| v.persist > 0) {
         b.set_halo_tile(Some(v.name)).unwrap();
-        let (sp, cout) = ([17usize, 23, 89], if v.bn == 32 { 5 } else { 37 });
+        let (sp, cout) = ([21usize, 23, 89], if v.bn == 64 { 37 } else { 5 });
         assert!(
             v.tiles(2, sp) > v.persist * 132,
             "{}: tiles per block",
             v.name
         );
-        let name = format!("{} {}->{cout} {sp:?} persistent", v.name, v.cin);
-        conv_case(
-            &mut b,
-            &mut r,
-            &name,
-            v.cin,
-            cout,
-            sp,
-            [3; 3],
-            [1; 3],
-            [1; 3],
-            [1; 6],
-            1,
-            leaky(),
-        );
-        let used = kernels_used(&mut b, 2);
-        assert!(used.iter().any(|k| k == v.name), "{name}: ran {used:?}");
+        for cin in [v.cin, 14].into_iter().filter(|&c| v.accepts_cin(c)) {
+            let name = format!("{} {cin}->{cout} {sp:?} persistent", v.name);
+            conv_case(
+                &mut b,
+                &mut r,
+                &name,
+                cin,
+                cout,
+                sp,
+                [3; 3],
+                [1; 3],
+                [1; 3],
+                [1; 6],
+                1,
+                leaky(),
+            );
+            let used = kernels_used(&mut b, 2);
+            assert!(used.iter().any(|k| k == v.name), "{name}: ran {used:?}");
+        }
     }
-    // Channel slices: concat [conv a (Cout ca), conv b (32), x] written in place, with the
-    // second conv at an even (32) and an odd (17) channel offset; default kernels and two of
-    // the phase-4 variants (resident weights, persistent).
-    for (ca, tile) in [
-        (32usize, None),
-        (17, None),
-        (17, Some("conv_halo_c32n32_rp")),
-        (32, Some("conv_halo_c32n32_rb")),
+    // Channel slices: concat [conv a (Cout ca), conv b (cb), x] written in place, with the
+    // second conv at an even (32, 14) and an odd (17, 5) channel offset; default kernels and
+    // some variants (resident weights, persistent). Input channels c: 32, or 14 / 16 on the
+    // width-16 kernels.
+    for (c, ca, cb, tile) in [
+        (32usize, 32usize, 32usize, None),
+        (32, 17, 32, None),
+        (32, 17, 32, Some("conv_halo_c32n32_rp")),
+        (32, 32, 32, Some("conv_halo_c32n32_rb")),
+        (14, 14, 14, None),
+        (14, 5, 14, None),
+        (14, 5, 16, Some("conv_halo_c16n16_rp2")),
+        (16, 3, 14, Some("conv_halo_c16n16")),
     ] {
         b.set_halo_tile(tile).unwrap();
-        let (c, sp) = (32usize, [5usize, 9, 10]);
+        let sp = [5usize, 9, 10];
         let nvox = sp.iter().product::<usize>();
         let x = T::from([2, c, sp[0], sp[1], sp[2]], &r.vec(2 * c * nvox, 1.0));
         let wa = Tensor::new(vec![ca, c, 3, 3, 3], r.vec(ca * c * 27, 0.03));
-        let wb = Tensor::new(vec![32, c, 3, 3, 3], r.vec(32 * c * 27, 0.03));
+        let wb = Tensor::new(vec![cb, c, 3, 3, 3], r.vec(cb * c * 27, 0.03));
         let ba = Tensor::new(vec![ca], r.vec(ca, 0.5));
         let conv = |w: &Tensor, bias: Option<Tensor>| {
             Op::Conv(Conv {
@@ -1900,12 +1946,12 @@ fn conv_halo_cases() {
                 groups: 1,
             })
         };
-        let ct = ca + 32 + c;
+        let ct = ca + cb + c;
         let g = graph(
             c,
             vec![
                 (conv(&wa, Some(ba.clone())), vec![0], ca),
-                (conv(&wb, None), vec![0], 32),
+                (conv(&wb, None), vec![0], cb),
                 (Op::Concat { axis: 1 }, vec![1, 2, 0], ct),
             ],
         );
@@ -1917,10 +1963,10 @@ fn conv_halo_cases() {
                 for v in 0..nvox {
                     want.d[(n * ct + ch) * nvox + v] = if ch < ca {
                         va.d[(n * ca + ch) * nvox + v]
-                    } else if ch < ca + 32 {
-                        vb.d[(n * 32 + ch - ca) * nvox + v]
+                    } else if ch < ca + cb {
+                        vb.d[(n * cb + ch - ca) * nvox + v]
                     } else {
-                        x.d[(n * c + ch - ca - 32) * nvox + v]
+                        x.d[(n * c + ch - ca - cb) * nvox + v]
                     };
                 }
             }
@@ -1928,7 +1974,7 @@ fn conv_halo_cases() {
         let got = run(&mut b, &g, &x, 2);
         report(
             &format!(
-                "halo convs into concat slices (offset {ca}, {})",
+                "halo convs {c}->{ca},{cb} into concat slices (offset {ca}, {})",
                 tile.unwrap_or("default")
             ),
             rel_l2(&got, &want),
@@ -2428,11 +2474,14 @@ fn bench_w1_layers() {
 }
 
 /// Every `conv_halo_*` variant (forced by name) on K1 (32->32 3^3, 2x32x128^3; cuDNN NDHWC
-/// 166 TF/s), W1's 64->32 (2x64x128^3) and 64->64 (4x64x64^3): one RESULT line per variant
-/// with ms and TF/s, the default marked, so the HALO_CONFIGS order can be chosen from one run.
+/// 166 TF/s), W1's 64->32 (2x64x128^3) and 64->64 (4x64x64^3), W2's 14->14 (4x14x128^3, the
+/// last ResidualUnit conv) and 16->16 (4x16x64^3), and a Cin-4 conv (forced only): one RESULT
+/// line per variant with ms and TF/s (real FLOPs, not the zero-padded ones), the default
+/// marked, so the HALO_CONFIGS order can be chosen from one run. For Cin < 32 also the old
+/// path (halo off: `conv_mma_*`) and a `RESULT w2 ... old ... new` summary line.
 #[test]
 fn bench_halo_variants() {
-    use voxtile::backend::cuda::plan::HALO_CONFIGS;
+    use voxtile::backend::cuda::plan::{pick_halo, HaloConfig, HALO_CONFIGS};
     let Some(mut b) = gpu() else { return };
     let mut r = rng("halo-bench");
     b.set_conv_tile(None).unwrap();
@@ -2441,14 +2490,13 @@ fn bench_halo_variants() {
         (32usize, 32usize, 2usize, 128usize, "K1 32->32 2x128^3"),
         (64, 32, 2, 128, "64->32 2x128^3"),
         (64, 64, 4, 64, "64->64 4x64^3"),
+        (14, 14, 4, 128, "W2 14->14 4x128^3"),
+        (16, 16, 4, 64, "W2 16->16 4x64^3"),
+        (4, 16, 4, 128, "Cin4 4->16 4x128^3"),
     ] {
         let flop = 2.0 * (n * s * s * s) as f64 * cout as f64 * (27 * cin) as f64;
-        let bn = if cout <= 32 { 32 } else { 64 };
-        let mut default = None;
-        for v in HALO_CONFIGS.iter().filter(|v| v.cin == cin && v.bn == bn) {
-            default.get_or_insert(v.name);
-            b.set_halo_tile(Some(v.name)).unwrap();
-            let op = Op::Conv(Conv {
+        let conv = |r: &mut Rng| {
+            Op::Conv(Conv {
                 weight: Tensor::new(
                     vec![cout, cin, 3, 3, 3],
                     r.vec(cout * cin * 27, 1.0 / ((27 * cin) as f32).sqrt()),
@@ -2458,7 +2506,50 @@ fn bench_halo_variants() {
                 dilation: [1; 3],
                 pads: [1; 6],
                 groups: 1,
-            });
+            })
+        };
+        // The old path: halo off, asserted not to run a halo kernel.
+        let old = (cin < 32).then(|| {
+            b.set_halo_conv(false);
+            let op = conv(&mut r);
+            let t = time_one(&mut b, &mut r, op, cin, cout, n, s);
+            let used = kernels_used(&mut b, n);
+            assert!(
+                !used.is_empty() && used.iter().all(|k| !k.starts_with("conv_halo")),
+                "{label}: halo off ran {used:?}"
+            );
+            b.set_halo_conv(true);
+            println!(
+                "RESULT halo {label} {:<22} {t:.3} ms {:6.1} TF/s (old path, halo off)",
+                used.join("+"),
+                flop / t / 1e9
+            );
+            t
+        });
+        // The variants at the planner's tile width (the narrowest that holds Cout).
+        let runs = |v: &&HaloConfig| v.accepts_cin(cin) && cout <= v.bn;
+        let bn = HALO_CONFIGS
+            .iter()
+            .filter(runs)
+            .map(|v| v.bn)
+            .min()
+            .unwrap();
+        let default = pick_halo(
+            cin,
+            cout,
+            [3; 3],
+            [1; 3],
+            [1; 3],
+            1,
+            false,
+            227 * 1024,
+            None,
+        )
+        .map(|c| c.name);
+        let mut times: Vec<(f64, &str)> = Vec::new();
+        for v in HALO_CONFIGS.iter().filter(runs).filter(|v| v.bn == bn) {
+            b.set_halo_tile(Some(v.name)).unwrap();
+            let op = conv(&mut r);
             let t = time_one(&mut b, &mut r, op, cin, cout, n, s);
             let used = kernels_used(&mut b, n);
             if !used.iter().any(|k| k == v.name) {
@@ -2482,6 +2573,21 @@ fn bench_halo_variants() {
                 } else {
                     ""
                 }
+            );
+            times.push((t, v.name));
+        }
+        // "new": the default, or (Cin 4, forced only) the fastest variant.
+        let new = match default {
+            Some(d) => times.iter().find(|x| x.1 == d).copied(),
+            None => times.iter().copied().min_by(|a, b| a.0.total_cmp(&b.0)),
+        };
+        if let (Some(t0), Some((t1, name))) = (old, new) {
+            println!(
+                "RESULT w2 c {cin}->{cout} k3s1 {label}: old {t0:.3} ms {:.1} TF/s | new {t1:.3} ms {:.1} TF/s on {name}{} ({:.2}x)",
+                flop / t0 / 1e9,
+                flop / t1 / 1e9,
+                if default == Some(name) { " [default]" } else { " [fastest variant, forced]" },
+                t0 / t1
             );
         }
     }

@@ -32,7 +32,7 @@ pub struct ArchCaps {
     pub smem_optin: usize,
     /// mma.sync conv kernels (sm_80+ unless the legacy wmma path is asked for).
     pub conv_mma: bool,
-    /// Stride-1 3^3 convs with Cin 32/64 on `conv_halo_*`.
+    /// Stride-1 3^3 convs with Cin 16/32/64 (even Cin 10..14 zero-padded to 16) on `conv_halo_*`.
     pub conv_halo: bool,
     /// Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `conv_c1_k3` (unless a tile is forced).
     pub conv_c1: bool,

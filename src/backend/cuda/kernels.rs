@@ -51,6 +51,11 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
             "conv_halo_c64n64_b",
             "conv_halo_c32n32_x16",
             "conv_halo_c32n32_y8",
+            "conv_halo_c16n16",
+            "conv_halo_c16n16_w8",
+            "conv_halo_c16n32",
+            "conv_halo_c16n16_r",
+            "conv_halo_c16n16_rp2",
         ],
     ),
     (

@@ -243,7 +243,10 @@ pub fn pick_mma(m: usize, n: usize, vw: usize, sms: usize) -> &'static MmaConfig
 /// tile's input halo into shared memory once for all 27 taps.
 pub struct HaloConfig {
     pub name: &'static str,
+    /// Channels of a shared-memory halo / weight row (the conv's Cin, or see `pad_cin`).
     pub cin: usize,
+    /// Also runs an even Cin below `cin` (4-byte copies, channels Cin..cin-1 zero in smem).
+    pub pad_cin: bool,
     /// Output channels of the tile (Cout <= bn).
     pub bn: usize,
     pub threads: u32,
@@ -263,6 +266,12 @@ pub struct HaloConfig {
 pub const HALO_TILE: [usize; 3] = [4, 8, 8];
 
 impl HaloConfig {
+    /// Whether the kernel computes a conv with `cin` input channels (its smem width, or an
+    /// even Cin below it on the zero-padding configs).
+    pub fn accepts_cin(&self, cin: usize) -> bool {
+        cin == self.cin || (self.pad_cin && cin > 0 && cin.is_multiple_of(2) && cin < self.cin)
+    }
+
     /// Rows of one halo buffer: the tile grown by the 3^3 kernel's reach.
     pub fn halo_rows(&self) -> usize {
         self.tile.iter().map(|t| t + 2).product()
@@ -308,6 +317,7 @@ const fn halo_v1(name: &'static str, cin: usize, bn: usize, wm: usize, wn: usize
     HaloConfig {
         name,
         cin,
+        pad_cin: false,
         bn,
         threads: (wm * wn * 32) as u32,
         wm,
@@ -316,6 +326,11 @@ const fn halo_v1(name: &'static str, cin: usize, bn: usize, wm: usize, wn: usize
         hb: 1,
         persist: 0,
     }
+}
+
+/// `c` also for an even Cin below its smem width (zero-padded; phase 6).
+const fn padded(c: HaloConfig) -> HaloConfig {
+    HaloConfig { pad_cin: true, ..c }
 }
 
 /// The phase-4 kernels: `conv_halo_t` (kernels/conv.cu, HALO2_ENTRY lines, same argument order
@@ -335,6 +350,7 @@ const fn halo_v2(
     HaloConfig {
         name,
         cin,
+        pad_cin: false,
         bn,
         threads: (wm * wn * 32) as u32,
         wm,
@@ -347,8 +363,8 @@ const fn halo_v2(
 
 /// Kept in sync with the HALO_ENTRY / HALO2_ENTRY lines of kernels/conv.cu (a test in
 /// tests/cuda_kernels_compile.rs parses them). ORDER = PREFERENCE: `pick_halo` takes the first
-/// entry with the conv's Cin and tile width whose smem fits the device, so the default for a
-/// (Cin, width) is its first line here; the others run only when forced
+/// entry that accepts the conv's Cin at its tile width and whose smem fits the device, so the
+/// default for a (Cin, width) is its first line here; the others run only when forced
 /// (`CudaBackend::set_halo_tile`) or where the ones above do not fit. To make a variant the
 /// default, move its line above the current default of its (Cin, width).
 pub const HALO_CONFIGS: &[HaloConfig] = &[
@@ -371,12 +387,43 @@ pub const HALO_CONFIGS: &[HaloConfig] = &[
     halo_v2("conv_halo_c64n64_b", 64, 64, 4, 2, [8, 8, 8], 3, 1, 0),
     halo_v2("conv_halo_c32n32_x16", 32, 32, 8, 1, [4, 8, 16], 2, 1, 0),
     halo_v2("conv_halo_c32n32_y8", 32, 32, 8, 1, [8, 8, 8], 2, 1, 0),
+    // Phase 6 (not measured yet): smem width 16 for Cin 16 and even Cin < 16 (W2's 14->14 at
+    // 128^3), Cout <= 16 / <= 32. Default for Cout <= 16: resident weights (14 KB, 5 blocks/SM,
+    // no per-tap barrier), predicted fastest (PERF_NOTES.md phase 6).
+    padded(halo_v2(
+        "conv_halo_c16n16_r",
+        16,
+        16,
+        4,
+        1,
+        [4, 8, 8],
+        0,
+        1,
+        0,
+    )),
+    padded(halo_v1("conv_halo_c16n16", 16, 16, 4, 1)),
+    padded(halo_v1("conv_halo_c16n16_w8", 16, 16, 8, 1)),
+    padded(halo_v2(
+        "conv_halo_c16n16_rp2",
+        16,
+        16,
+        4,
+        1,
+        [4, 8, 8],
+        0,
+        2,
+        3,
+    )),
+    padded(halo_v1("conv_halo_c16n32", 16, 32, 4, 1)),
 ];
 
 /// The halo kernel for a conv, when one applies: not transposed, one group, kernel 3^3,
-/// stride 1, dilation 1 (any pads), Cin 32 or 64, Cout <= 64, and its shared memory within
-/// `smem_max` (the device's opt-in limit per block). `force` names a HALO_CONFIGS entry to
-/// use instead of the default one when it has the same Cin and tile width (and fits).
+/// stride 1, dilation 1 (any pads), Cin 16, 32 or 64 (or an even Cin in 10..14 on the
+/// zero-padding width-16 kernels), Cout <= 64, and its shared memory within `smem_max` (the
+/// device's opt-in limit per block). The tile width is the narrowest that holds Cout. `force`
+/// names a HALO_CONFIGS entry to use instead of the default one when it accepts the conv's Cin
+/// at that width (and fits); forced, a padding kernel also runs Cin 2..8 (more than half of
+/// its channels padding: not a default until measured).
 #[allow(clippy::too_many_arguments)]
 pub fn pick_halo(
     cin: usize,
@@ -392,14 +439,19 @@ pub fn pick_halo(
     if transposed || groups != 1 || k != [3; 3] || stride != [1; 3] || dil != [1; 3] || cout > 64 {
         return None;
     }
-    let bn = if cout <= 32 { 32 } else { 64 };
-    let fits = |c: &&HaloConfig| c.cin == cin && c.bn == bn && c.smem_bytes() as usize <= smem_max;
+    let runs =
+        |c: &&HaloConfig| c.accepts_cin(cin) && cout <= c.bn && c.smem_bytes() as usize <= smem_max;
+    let bn = HALO_CONFIGS.iter().filter(runs).map(|c| c.bn).min()?;
+    let fits = |c: &&HaloConfig| runs(c) && c.bn == bn;
     if let Some(f) = force {
         if let Some(c) = HALO_CONFIGS.iter().filter(fits).find(|c| c.name == f) {
             return Some(c);
         }
     }
-    HALO_CONFIGS.iter().find(fits)
+    HALO_CONFIGS
+        .iter()
+        .filter(fits)
+        .find(|c| cin == c.cin || 2 * cin > c.cin)
 }
 
 /// Whether a transposed conv is a pure "each input voxel paints one k^3 block" upsampling
@@ -1034,7 +1086,7 @@ mod tests {
         );
         assert_eq!(h(64, 64, [3; 3], [1; 3], [1; 3], 1, false, 99 * 1024), None);
         assert_eq!(h(64, 128, [3; 3], [1; 3], [1; 3], 1, false, big), None);
-        assert_eq!(h(16, 32, [3; 3], [1; 3], [1; 3], 1, false, big), None);
+        assert_eq!(h(24, 32, [3; 3], [1; 3], [1; 3], 1, false, big), None);
         assert_eq!(h(32, 32, [3; 3], [2; 3], [1; 3], 1, false, big), None);
         assert_eq!(h(32, 32, [3; 3], [1; 3], [2; 3], 1, false, big), None);
         assert_eq!(h(32, 32, [1; 3], [1; 3], [1; 3], 1, false, big), None);
@@ -1068,10 +1120,14 @@ mod tests {
         );
         for c in HALO_CONFIGS {
             let d = pick_halo(c.cin, c.bn, [3; 3], [1; 3], [1; 3], 1, false, big, None).unwrap();
+            assert_eq!((d.cin, d.bn), (c.cin, c.bn), "{}", c.name);
+            // The default is the smallest of its (Cin, width), or small anyway (c16n16_r:
+            // 43 KB, over the staged c16n16's 30 KB).
             assert!(
-                d.smem_bytes() <= c.smem_bytes(),
-                "{}: default is the smallest",
-                c.name
+                d.smem_bytes() <= c.smem_bytes() || d.smem_bytes() <= 48 * 1024,
+                "{}: default {} is small",
+                c.name,
+                d.name
             );
         }
         // Resident weights: 32 rows of 27 * 32 + 8 halves + the 600-row halo; 8x8x8 tile:
@@ -1098,6 +1154,50 @@ mod tests {
         );
         // 600 halo rows of 40 halves + 2 x 32 weight rows.
         assert_eq!(hc("conv_halo_c32n32").smem_bytes(), (600 + 64) * 40 * 2);
+        // Smem width 16 (phase 6): Cin 16 and even Cin 10..14 by default, the narrowest tile
+        // width that holds Cout; Cin 2..8 only forced (more than half padding); odd Cin never.
+        for cin in [10, 12, 14, 16] {
+            assert_eq!(f(cin, 14, None), Some("conv_halo_c16n16_r"), "Cin {cin}");
+            assert_eq!(f(cin, 16, None), Some("conv_halo_c16n16_r"), "Cin {cin}");
+            assert_eq!(f(cin, 17, None), Some("conv_halo_c16n32"), "Cin {cin}");
+            assert_eq!(f(cin, 32, None), Some("conv_halo_c16n32"), "Cin {cin}");
+            assert_eq!(f(cin, 33, None), None, "Cin {cin}");
+            assert_eq!(
+                f(cin, 5, Some("conv_halo_c16n16")),
+                Some("conv_halo_c16n16")
+            );
+        }
+        for cin in [2, 4, 6, 8] {
+            assert_eq!(f(cin, 14, None), None, "Cin {cin}");
+            assert_eq!(
+                f(cin, 14, Some("conv_halo_c16n16_w8")),
+                Some("conv_halo_c16n16_w8")
+            );
+            // (A forced kernel of another width falls back to the default: none here.)
+            assert_eq!(f(cin, 14, Some("conv_halo_c16n32")), None);
+        }
+        for cin in [0, 7, 13, 15, 18, 30] {
+            assert_eq!(f(cin, 14, Some("conv_halo_c16n16")), None, "Cin {cin}");
+        }
+        assert!(hc("conv_halo_c16n16").accepts_cin(16) && !hc("conv_halo_c32n32").accepts_cin(16));
+        // Cin 16 with Cout <= 16 no longer needs the 32-wide tile, Cin 32 still does.
+        assert_eq!(f(32, 14, None), Some("conv_halo_c32n32_w4"));
+        assert_eq!(
+            f(16, 14, Some("conv_halo_c16n32")),
+            Some("conv_halo_c16n16_r")
+        );
+        // Resident width-16 weights: 16 rows of 27 * 16 + 8 halves + one / two halos of 600
+        // rows of 24; staged: 2 x 16 weight rows of 24.
+        assert_eq!(
+            hc("conv_halo_c16n16_r").smem_bytes(),
+            (16 * 440 + 600 * 24) * 2
+        );
+        assert_eq!(
+            hc("conv_halo_c16n16_rp2").smem_bytes(),
+            (16 * 440 + 2 * 600 * 24) * 2
+        );
+        assert_eq!(hc("conv_halo_c16n16").smem_bytes(), (600 + 32) * 24 * 2);
+        assert_eq!(hc("conv_halo_c16n16_rp2").grid(4, [128; 3], 132), 3 * 132);
         assert!(!is_upsampling_convt(
             [3; 3], [2; 3], [1; 3], &[1; 6], [1; 3], 1
         ));
