@@ -108,7 +108,8 @@ fn halo_configs_match_the_kernel_entries() {
             tbm.is_multiple_of(c.wm * 16) && (c.bn / wn).is_multiple_of(16),
             "{name}: warp tile"
         );
-        assert!(c.wst == 0 || (c.wst >= 2 && c.hb == 1), "{name}: staging");
+        assert!(c.wst == 0 || c.wst >= 2, "{name}: staging");
+        assert!(c.hb == 1 || c.hb == 2, "{name}: halo buffers");
     }
 }
 
@@ -116,21 +117,24 @@ fn halo_configs_match_the_kernel_entries() {
 /// arithmetic: tile decode, halo copy (zero fill outside the input), weight staging (resident
 /// or ring), the per-lane ldmatrix addresses turned into mma fragments by the ldmatrix/mma
 /// operand layouts, the tile loop of persistent blocks (program order: a buffer overwritten
-/// before it is read shows up as a wrong value) and the epilogue's row/column mapping.
+/// before it is read shows up as a wrong value), the Cin chunks (Cin = k * c.cin: each chunk's
+/// halo reloaded, or with two buffers prefetched in slabs during the previous chunk's taps),
+/// the grid.y output-channel tiles and the epilogue's row/column mapping.
 /// Returns y (NDHWC, Cout channels) and how often each output was written.
 #[allow(clippy::too_many_arguments)]
 fn emulate_halo(
     c: &HaloConfig,
     x: &[f64],
-    inp: [usize; 4], // n, d, h, w (channels: c.cin)
-    w: &[f64],       // [cout_pad][kpad]
+    inp: [usize; 5], // n, d, h, w, Cin
+    w: &[f64],       // [cout_pad][kpad], K = tap * Cin + ci
     kpad: usize,
     cout: usize,
     pads: [usize; 3], // begin pads
     out: [usize; 3],
     sm_count: usize,
 ) -> (Vec<f64>, Vec<u32>) {
-    let cin = c.cin;
+    let (cin, xc) = (c.cin, inp[4]); // smem chunk width, real Cin (the input's voxel stride)
+    assert!(c.accepts_cin(xc), "{}: Cin {xc}", c.name);
     let (ld, cpv) = (cin + 8, cin / 8);
     let [tz, ty, tx] = c.tile;
     let (hy, hx) = (ty + 2, tx + 2);
@@ -151,6 +155,7 @@ fn emulate_halo(
     let (tm, tn) = (c.tile.iter().product::<usize>() / wm_n, c.bn / wn_n);
     let (mi, ni) = (tm / 16, tn / 8);
     let (n_b, di, hi, wi) = (inp[0], inp[1], inp[2], inp[3]);
+    let ny = c.cout_tiles(cout) as usize;
     let (ntx, nty, ntz) = (
         out[2].div_ceil(tx),
         out[1].div_ceil(ty),
@@ -178,14 +183,15 @@ fn emulate_halo(
             sm[dst + e] = src.map_or(0.0, |s| s[e]);
         }
     };
-    let load_halo = |sm: &mut Vec<f64>, buf: usize, t: usize| {
+    // Pieces lo..end (of hv * cpv) of tile t's halo of channels c0..c0 + cin.
+    let load_halo = |sm: &mut Vec<f64>, buf: usize, t: usize, c0: usize, lo: usize, end: usize| {
         let (n, oz0, oy0, ox0) = decode(t);
         let (iz0, iy0, ix0) = (
             oz0 as isize - pads[0] as isize,
             oy0 as isize - pads[1] as isize,
             ox0 as isize - pads[2] as isize,
         );
-        for idx in 0..hv * cpv {
+        for idx in lo..end.min(hv * cpv) {
             let (v, ch) = (idx / cpv, idx % cpv);
             let (hz, r) = (v / (hy * hx), v % (hy * hx));
             let (yy, xx) = (r / hx, r % hx);
@@ -195,17 +201,18 @@ fn emulate_halo(
                 && (0..wi as isize).contains(&ix);
             let src = ok.then(|| {
                 let o = ((((n * di) as isize + iz) * hi as isize + iy) * wi as isize + ix) as usize
-                    * cin
+                    * xc
+                    + c0
                     + ch * 8;
                 &x[o..o + 8]
             });
             copy16(sm, buf + v * ld + ch * 8, src);
         }
     };
-    let load_w = |sm: &mut Vec<f64>, stage: usize, tap: usize| {
+    let load_w = |sm: &mut Vec<f64>, stage: usize, tap: usize, c0: usize, nb0: usize| {
         for idx in 0..c.bn * cpv {
             let (co, ch) = (idx / cpv, idx % cpv);
-            let o = co * kpad + tap * cin + ch * 8;
+            let o = (nb0 + co) * kpad + tap * xc + c0 + ch * 8;
             copy16(
                 sm,
                 w_base + stage * c.bn * ld + co * ld + ch * 8,
@@ -213,144 +220,188 @@ fn emulate_halo(
             );
         }
     };
-    for b in 0..grid {
-        if res {
-            for idx in 0..c.bn * 27 * cpv {
-                let (co, ch) = (idx / (27 * cpv), idx % (27 * cpv));
-                let o = co * kpad + ch * 8;
-                copy16(&mut sm, w_base + co * wld + ch * 8, Some(&w[o..o + 8]));
-            }
-        }
-        let mut t = b;
-        if t < ntiles {
-            load_halo(&mut sm, in_base, t);
-        }
-        let mut buf = 0;
-        while t < ntiles {
-            let hin = in_base + buf * hv * ld;
-            if res && c.hb == 2 && t + grid < ntiles {
-                load_halo(&mut sm, in_base + (buf ^ 1) * hv * ld, t + grid);
-            }
-            if !res {
-                for s in 0..ws_n - 1 {
-                    load_w(&mut sm, s, s);
+    for yb in 0..ny {
+        let nb0 = yb * c.bn; // blockIdx.y: output-channel tile
+        for b in 0..grid {
+            if res {
+                for idx in 0..c.bn * 27 * cpv {
+                    let (co, ch) = (idx / (27 * cpv), idx % (27 * cpv));
+                    let o = (nb0 + co) * kpad + ch * 8;
+                    copy16(&mut sm, w_base + co * wld + ch * 8, Some(&w[o..o + 8]));
                 }
             }
-            // acc[row of the block tile][column]
-            let tbm = tm * wm_n;
-            let mut acc = vec![0.0f64; tbm * c.bn];
-            for tap in 0..27 {
-                if !res && tap + ws_n - 1 < 27 {
-                    load_w(&mut sm, (tap + ws_n - 1) % ws_n, tap + ws_n - 1);
+            let mut t = b;
+            if t < ntiles {
+                load_halo(&mut sm, in_base, t, 0, 0, hv * cpv);
+            }
+            let mut buf = 0;
+            while t < ntiles {
+                // acc[row of the block tile][column]
+                let tbm = tm * wm_n;
+                let mut acc = vec![0.0f64; tbm * c.bn];
+                for c0 in (0..xc).step_by(cin) {
+                    let hin = in_base + buf * hv * ld;
+                    if c.hb == 1 && c0 > 0 {
+                        load_halo(&mut sm, in_base, t, c0, 0, hv * cpv);
+                    }
+                    if res && c.hb == 2 && t + grid < ntiles {
+                        load_halo(
+                            &mut sm,
+                            in_base + (buf ^ 1) * hv * ld,
+                            t + grid,
+                            0,
+                            0,
+                            hv * cpv,
+                        );
+                    }
+                    // Staged, two buffers: the next (tile, chunk) whose halo comes in slabs.
+                    let (pt, pc) = if c0 + cin < xc {
+                        (t, c0 + cin)
+                    } else {
+                        (t + grid, 0)
+                    };
+                    let pre = !res && c.hb == 2 && pt < ntiles;
+                    if !res {
+                        for s in 0..ws_n - 1 {
+                            load_w(&mut sm, s, s, c0, nb0);
+                        }
+                    }
+                    for tap in 0..27 {
+                        if !res && tap + ws_n - 1 < 27 {
+                            load_w(&mut sm, (tap + ws_n - 1) % ws_n, tap + ws_n - 1, c0, nb0);
+                        }
+                        if pre {
+                            let hi = if tap == 26 {
+                                hv * cpv
+                            } else {
+                                (tap + 1) * threads
+                            };
+                            load_halo(
+                                &mut sm,
+                                in_base + (buf ^ 1) * hv * ld,
+                                pt,
+                                pc,
+                                tap * threads,
+                                hi,
+                            );
+                        }
+                        let (dz, dy, dx) = (tap / 9, (tap / 3) % 3, tap % 3);
+                        let toff = (dz * hy + dy) * hx + dx;
+                        for warp in 0..wm_n * wn_n {
+                            let (wm, wn) = (warp % wm_n, warp / wm_n);
+                            for kk in (0..cin).step_by(16) {
+                                // Per-lane ldmatrix addresses, as the kernel computes them.
+                                let a_addr = |i: usize, lane: usize| {
+                                    let r = wm * tm + i * 16 + (lane & 15);
+                                    let (z, yy, xx) = (r / (ty * tx), (r / tx) % ty, r % tx);
+                                    let hrow = (z * hy + yy) * hx + xx;
+                                    hin + (hrow + toff) * ld + kk + (lane >> 4) * 8
+                                };
+                                let b_addr = |j: usize, lane: usize| {
+                                    let b_row = (lane >> 4) * 8 + (lane & 7);
+                                    let b_col = ((lane >> 3) & 1) * 8;
+                                    if res {
+                                        w_base
+                                            + (wn * tn + b_row) * wld
+                                            + b_col
+                                            + tap * cin
+                                            + j * 16 * wld
+                                            + kk
+                                    } else {
+                                        w_base
+                                            + (tap % ws_n) * c.bn * ld
+                                            + (wn * tn + b_row) * ld
+                                            + b_col
+                                            + j * 16 * ld
+                                            + kk
+                                    }
+                                };
+                                let rd = |a: usize| {
+                                    assert!(
+                                        a + 8 <= smem_len && a.is_multiple_of(8),
+                                        "{}: smem read {a}",
+                                        c.name
+                                    );
+                                    let v = &sm[a..a + 8];
+                                    assert!(
+                                        v.iter().all(|f| f.is_finite()),
+                                        "{}: unwritten smem {a}",
+                                        c.name
+                                    );
+                                    v.to_vec()
+                                };
+                                for i in 0..mi {
+                                    // ldmatrix.x4: matrix q's row rr comes from lane 8q + rr; the mma A
+                                    // operand: q = (row / 8) + 2 * (k / 8).
+                                    let am: Vec<Vec<f64>> =
+                                        (0..32).map(|l| rd(a_addr(i, l))).collect();
+                                    let a = |row: usize, k: usize| {
+                                        am[8 * (row / 8 + 2 * (k / 8)) + row % 8][k % 8]
+                                    };
+                                    for jn in 0..ni {
+                                        // B operand of n-block jn: ldsm j = jn / 2, b0/b1 = matrices
+                                        // 2h, 2h+1 (h = jn % 2), row = n within the 8, k halves 0-7 / 8-15.
+                                        let bm: Vec<Vec<f64>> =
+                                            (0..32).map(|l| rd(b_addr(jn / 2, l))).collect();
+                                        let h = jn % 2;
+                                        for row in 0..16 {
+                                            for nn in 0..8 {
+                                                let mut s = 0.0;
+                                                for k in 0..16 {
+                                                    let q = 2 * h + k / 8;
+                                                    s += a(row, k) * bm[8 * q + nn][k % 8];
+                                                }
+                                                acc[(wm * tm + i * 16 + row) * c.bn
+                                                    + wn * tn
+                                                    + jn * 8
+                                                    + nn] += s;
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    if !res && c.hb == 2 {
+                        buf ^= 1;
+                    }
                 }
-                let (dz, dy, dx) = (tap / 9, (tap / 3) % 3, tap % 3);
-                let toff = (dz * hy + dy) * hx + dx;
+                // Epilogue: lane holds rows lane/4 (+8) and columns (lane % 4) * 2 (+1).
+                let (n, oz0, oy0, ox0) = decode(t);
                 for warp in 0..wm_n * wn_n {
                     let (wm, wn) = (warp % wm_n, warp / wm_n);
-                    for kk in (0..cin).step_by(16) {
-                        // Per-lane ldmatrix addresses, as the kernel computes them.
-                        let a_addr = |i: usize, lane: usize| {
-                            let r = wm * tm + i * 16 + (lane & 15);
-                            let (z, yy, xx) = (r / (ty * tx), (r / tx) % ty, r % tx);
-                            let hrow = (z * hy + yy) * hx + xx;
-                            hin + (hrow + toff) * ld + kk + (lane >> 4) * 8
-                        };
-                        let b_addr = |j: usize, lane: usize| {
-                            let b_row = (lane >> 4) * 8 + (lane & 7);
-                            let b_col = ((lane >> 3) & 1) * 8;
-                            if res {
-                                w_base
-                                    + (wn * tn + b_row) * wld
-                                    + b_col
-                                    + tap * cin
-                                    + j * 16 * wld
-                                    + kk
-                            } else {
-                                w_base
-                                    + (tap % ws_n) * c.bn * ld
-                                    + (wn * tn + b_row) * ld
-                                    + b_col
-                                    + j * 16 * ld
-                                    + kk
-                            }
-                        };
-                        let rd = |a: usize| {
-                            assert!(
-                                a + 8 <= smem_len && a.is_multiple_of(8),
-                                "{}: smem read {a}",
-                                c.name
-                            );
-                            let v = &sm[a..a + 8];
-                            assert!(
-                                v.iter().all(|f| f.is_finite()),
-                                "{}: unwritten smem {a}",
-                                c.name
-                            );
-                            v.to_vec()
-                        };
+                    for lane in 0..32 {
                         for i in 0..mi {
-                            // ldmatrix.x4: matrix q's row rr comes from lane 8q + rr; the mma A
-                            // operand: q = (row / 8) + 2 * (k / 8).
-                            let am: Vec<Vec<f64>> = (0..32).map(|l| rd(a_addr(i, l))).collect();
-                            let a = |row: usize, k: usize| {
-                                am[8 * (row / 8 + 2 * (k / 8)) + row % 8][k % 8]
-                            };
-                            for jn in 0..ni {
-                                // B operand of n-block jn: ldsm j = jn / 2, b0/b1 = matrices
-                                // 2h, 2h+1 (h = jn % 2), row = n within the 8, k halves 0-7 / 8-15.
-                                let bm: Vec<Vec<f64>> =
-                                    (0..32).map(|l| rd(b_addr(jn / 2, l))).collect();
-                                let h = jn % 2;
-                                for row in 0..16 {
-                                    for nn in 0..8 {
-                                        let mut s = 0.0;
-                                        for k in 0..16 {
-                                            let q = 2 * h + k / 8;
-                                            s += a(row, k) * bm[8 * q + nn][k % 8];
+                            for h in 0..2 {
+                                let r = wm * tm + i * 16 + (lane >> 2) + h * 8;
+                                let (oz, oy, ox) =
+                                    (oz0 + r / (ty * tx), oy0 + (r / tx) % ty, ox0 + r % tx);
+                                if oz >= out[0] || oy >= out[1] || ox >= out[2] {
+                                    continue;
+                                }
+                                let m = ((n * out[0] + oz) * out[1] + oy) * out[2] + ox;
+                                for jn in 0..ni {
+                                    let col = wn * tn + jn * 8 + (lane & 3) * 2;
+                                    for cc in [col, col + 1] {
+                                        let co = nb0 + cc;
+                                        if co < cout {
+                                            y[m * cout + co] = acc[r * c.bn + cc];
+                                            writes[m * cout + co] += 1;
                                         }
-                                        acc[(wm * tm + i * 16 + row) * c.bn
-                                            + wn * tn
-                                            + jn * 8
-                                            + nn] += s;
                                     }
                                 }
                             }
                         }
                     }
                 }
-            }
-            // Epilogue: lane holds rows lane/4 (+8) and columns (lane % 4) * 2 (+1).
-            let (n, oz0, oy0, ox0) = decode(t);
-            for warp in 0..wm_n * wn_n {
-                let (wm, wn) = (warp % wm_n, warp / wm_n);
-                for lane in 0..32 {
-                    for i in 0..mi {
-                        for h in 0..2 {
-                            let r = wm * tm + i * 16 + (lane >> 2) + h * 8;
-                            let (oz, oy, ox) =
-                                (oz0 + r / (ty * tx), oy0 + (r / tx) % ty, ox0 + r % tx);
-                            if oz >= out[0] || oy >= out[1] || ox >= out[2] {
-                                continue;
-                            }
-                            let m = ((n * out[0] + oz) * out[1] + oy) * out[2] + ox;
-                            for jn in 0..ni {
-                                let col = wn * tn + jn * 8 + (lane & 3) * 2;
-                                for cc in [col, col + 1] {
-                                    if cc < cout {
-                                        y[m * cout + cc] = acc[r * c.bn + cc];
-                                        writes[m * cout + cc] += 1;
-                                    }
-                                }
-                            }
-                        }
+                t += grid;
+                if c.hb == 2 {
+                    if res {
+                        buf ^= 1;
                     }
+                } else if t < ntiles {
+                    load_halo(&mut sm, in_base, t, 0, 0, hv * cpv);
                 }
-            }
-            t += grid;
-            if c.hb == 2 {
-                buf ^= 1;
-            } else if t < ntiles {
-                load_halo(&mut sm, in_base, t);
             }
         }
     }
@@ -358,8 +409,10 @@ fn emulate_halo(
 }
 
 /// Every halo config's emulated launch equals the direct conv (small integers: exact in f64)
-/// on shapes with partial tiles, asymmetric pads, odd Cout, batch 2, and (persistent
-/// configs, sm_count 1..2) several tiles per block.
+/// on shapes with partial tiles, asymmetric pads, odd Cout, batch 2, (persistent configs,
+/// sm_count 1..2) several tiles per block, Cout > bn (grid.y tiles) and, for the staged ones,
+/// chunked Cin 128 / 192 / 256 (the two-buffer ones also as a persistent block, so the slab
+/// prefetch crosses tiles).
 #[test]
 fn halo_index_emulation() {
     let mut seed = 7u64;
@@ -369,21 +422,52 @@ fn halo_index_emulation() {
             .wrapping_add(1442695040888963407);
         ((seed >> 33) % 5) as f64 - 2.0
     };
-    for c in HALO_CONFIGS {
-        // (input d, h, w, begin pads, end pads, cout, sm_count)
-        #[allow(clippy::type_complexity)]
-        let cases: [([usize; 3], [usize; 3], [usize; 3], usize, usize); 2] = [
-            ([5, 9, 10], [1, 1, 1], [1, 1, 1], c.bn.min(33) - 1, 1),
+    let mut chunked = 0;
+    for (ci, c0) in HALO_CONFIGS.iter().enumerate() {
+        // (config, input d, h, w, begin pads, end pads, Cin, Cout, sm_count)
+        let mut cases: Vec<(
+            HaloConfig,
+            [usize; 3],
+            [usize; 3],
+            [usize; 3],
+            usize,
+            usize,
+            usize,
+        )> = vec![
             (
+                *c0,
+                [5, 9, 10],
+                [1, 1, 1],
+                [1, 1, 1],
+                c0.cin,
+                c0.bn.min(33) - 1,
+                1,
+            ),
+            (
+                *c0,
                 [6, 7, 11],
                 [2, 0, 1],
                 [0, 1, 2],
-                if c.bn == 64 { 33 } else { 17 },
+                c0.cin,
+                if c0.bn == 64 { 33 } else { 17 },
                 2,
             ),
         ];
-        for (inp, pb, pe, cout, smc) in cases {
-            let cin = c.cin;
+        // Chunked Cin (staged only) with an odd Cout above bn (2 channel tiles) or below it.
+        let xc = if c0.wst == 0 {
+            c0.cin
+        } else {
+            [128, 192, 256][ci % 3]
+        };
+        let cout = if ci % 2 == 0 { c0.bn + 17 } else { c0.bn - 5 };
+        cases.push((*c0, [4, 6, 9], [1, 0, 2], [0, 1, 1], xc, cout, 1));
+        if c0.wst != 0 && c0.hb == 2 {
+            let pc = HaloConfig { persist: 1, ..*c0 };
+            cases.push((pc, [4, 6, 9], [1, 0, 2], [0, 1, 1], 128, c0.bn + 17, 1));
+        }
+        for (c, inp, pb, pe, cin, cout, smc) in cases {
+            let c = &c;
+            chunked += usize::from(cin > c.cin);
             let nb = 2;
             let out = [0, 1, 2].map(|i| inp[i] + pb[i] + pe[i] - 2);
             let x: Vec<f64> = (0..nb * inp.iter().product::<usize>() * cin)
@@ -400,7 +484,7 @@ fn halo_index_emulation() {
             let (y, writes) = emulate_halo(
                 c,
                 &x,
-                [nb, inp[0], inp[1], inp[2]],
+                [nb, inp[0], inp[1], inp[2], cin],
                 &w,
                 kpad,
                 cout,
@@ -457,13 +541,15 @@ fn halo_index_emulation() {
                 c.name
             );
             println!(
-                "{}: {inp:?} pads {pb:?}/{pe:?} Cout {cout}: {} tiles on {} blocks ok",
+                "{}: {inp:?} pads {pb:?}/{pe:?} Cin {cin} Cout {cout}: {} tiles on {} x {} blocks ok",
                 c.name,
                 c.tiles(nb, out),
-                c.grid(nb, out, smc)
+                c.grid(nb, out, smc),
+                c.cout_tiles(cout)
             );
         }
     }
+    assert!(chunked >= 10, "chunked-Cin cases: {chunked}");
 }
 
 /// The `UP_ENTRY(...)` lines of kernels/conv.cu (`convt_up_*`) use the tile, warps and stages

@@ -5,6 +5,7 @@
 //! element fails the check. Run on the GPU machine with tests/gpu/run.sh.
 
 use ndarray::{Array3, Array4, Array5};
+use voxtile::backend::cuda::plan::pick_halo;
 use voxtile::backend::cuda::CudaBackend;
 use voxtile::backend::Backend;
 use voxtile::model::graph::*;
@@ -1781,10 +1782,11 @@ fn kernels_used(b: &mut CudaBackend, batch: usize) -> Vec<String> {
         .collect()
 }
 
-/// The halo-tile kernels (`conv_halo_*`, stride-1 3^3, Cin 32/64, Cout <= 64) vs float64:
+/// The halo-tile kernels (`conv_halo_*`, stride-1 3^3, Cin k x 32, Cout <= 128) vs float64:
 /// spatial sizes that leave partial 4x8x8 tiles, zero / asymmetric pads (borders), odd and
-/// even Cout, fused activations, and outputs written into concat slices at even and odd
-/// channel offsets. Each case also checks that the halo kernel is the one that ran.
+/// even Cout, fused activations, outputs written into concat slices at even and odd channel
+/// offsets, and (phase 7) Cin 96..256 in chunks with Cout up to 128 (grid.y channel tiles) on
+/// the default and on every staged variant. Each case also checks the kernel that ran.
 #[test]
 fn conv_halo_cases() {
     use voxtile::backend::cuda::plan::HALO_CONFIGS;
@@ -1846,6 +1848,74 @@ fn conv_halo_cases() {
             "{name}: expected {kern}, ran {used:?}"
         );
     }
+    // Chunked Cin (phase 7): the default kernel (asserted), then every variant that accepts
+    // the Cin at the tile width, forced; Cout 33 / 17 / 100 / 128 (odd, two channel tiles).
+    #[allow(clippy::type_complexity)]
+    let chunked: Vec<(usize, usize, [usize; 3], [usize; 6], Option<Op>, &str)> = vec![
+        (128, 64, [5, 9, 10], [1; 6], leaky(), "conv_halo_c64n64"),
+        (
+            256,
+            33,
+            [4, 7, 9],
+            [2, 1, 0, 0, 1, 2],
+            None,
+            "conv_halo_c64n64",
+        ),
+        (
+            128,
+            17,
+            [3, 9, 12],
+            [1; 6],
+            Some(Op::Relu),
+            "conv_halo_c64n32",
+        ),
+        (192, 64, [4, 8, 8], [1; 6], None, "conv_halo_c64n64"),
+        (128, 128, [5, 8, 9], [1; 6], leaky(), "conv_halo_c64n64"),
+        (
+            256,
+            100,
+            [3, 5, 17],
+            [0, 1, 1, 1, 0, 1],
+            None,
+            "conv_halo_c64n64",
+        ),
+        (96, 20, [5, 6, 7], [1; 6], None, "conv_halo_c32n32_w4"),
+    ];
+    for (cin, cout, sp, pads, act, def) in chunked {
+        let bn = if cout <= 32 { 32 } else { 64 };
+        let forced = HALO_CONFIGS
+            .iter()
+            .filter(|v| v.accepts_cin(cin) && v.bn == bn)
+            .map(|v| Some(v.name));
+        for tile in std::iter::once(None).chain(forced) {
+            b.set_halo_tile(tile).unwrap();
+            let kern = tile.unwrap_or(def);
+            let name = format!(
+                "{kern} {cin}->{cout} {sp:?} pads {pads:?}{} (chunked Cin)",
+                if act.is_some() { " +act" } else { "" }
+            );
+            conv_case(
+                &mut b,
+                &mut r,
+                &name,
+                cin,
+                cout,
+                sp,
+                [3; 3],
+                [1; 3],
+                [1; 3],
+                pads,
+                1,
+                act.clone(),
+            );
+            let used = kernels_used(&mut b, 2);
+            assert!(
+                !used.is_empty() && used.iter().all(|k| k == kern),
+                "{name}: expected {kern}, ran {used:?}"
+            );
+        }
+    }
+    b.set_halo_tile(None).unwrap();
     // Persistent kernels on more tiles than blocks (H200: 132 SMs x persist), so blocks loop
     // over tiles, with partial tiles on every axis; Cout 5 keeps the f64 reference cheap.
     for v in HALO_CONFIGS.iter().filter(|v| v.persist > 0) {
@@ -1877,14 +1947,17 @@ fn conv_halo_cases() {
     // Channel slices: concat [conv a (Cout ca), conv b (32), x] written in place, with the
     // second conv at an even (32) and an odd (17) channel offset; default kernels and two of
     // the phase-4 variants (resident weights, persistent).
-    for (ca, tile) in [
-        (32usize, None),
-        (17, None),
-        (17, Some("conv_halo_c32n32_rp")),
-        (32, Some("conv_halo_c32n32_rb")),
+    for (ca, tile, c) in [
+        (32usize, None, 32usize),
+        (17, None, 32),
+        (17, Some("conv_halo_c32n32_rp"), 32),
+        (32, Some("conv_halo_c32n32_rb"), 32),
+        // Chunked Cin 128 (phase 7): default (conv_halo_c64n32) and a staged 4-tap ring.
+        (17, None, 128),
+        (32, Some("conv_halo_c64n32_s4"), 128),
     ] {
         b.set_halo_tile(tile).unwrap();
-        let (c, sp) = (32usize, [5usize, 9, 10]);
+        let sp = [5usize, 9, 10];
         let nvox = sp.iter().product::<usize>();
         let x = T::from([2, c, sp[0], sp[1], sp[2]], &r.vec(2 * c * nvox, 1.0));
         let wa = Tensor::new(vec![ca, c, 3, 3, 3], r.vec(ca * c * 27, 0.03));
@@ -1928,7 +2001,7 @@ fn conv_halo_cases() {
         let got = run(&mut b, &g, &x, 2);
         report(
             &format!(
-                "halo convs into concat slices (offset {ca}, {})",
+                "halo convs into concat slices (Cin {c}, offset {ca}, {})",
                 tile.unwrap_or("default")
             ),
             rel_l2(&got, &want),
@@ -2272,6 +2345,9 @@ fn bench_w1_layers() {
         // 0: legacy wmma, 1: conv_mma only (halo, Cin-1 and convt_up kernels off), 2: auto.
         let c1 = kind == 'c' && ci == 1 && k == 3 && co <= 64;
         let upv = kind == 't' && k == st && ci % 8 == 0 && co % 8 == 0;
+        // The planner's halo rule (Cin k x 32 in chunks, Cout <= 128; PERF_NOTES phase 7).
+        let halo = kind == 'c'
+            && pick_halo(ci, co, [k; 3], [st; 3], [1; 3], 1, false, 227 * 1024, None).is_some();
         let mut auto_kernels = Vec::new();
         for (li, slot) in ms.iter_mut().enumerate() {
             let key = (kind, ci, co, s, k, st, li);
@@ -2279,7 +2355,6 @@ fn bench_w1_layers() {
                 *slot = t;
                 continue;
             }
-            let halo = kind == 'c' && k == 3 && st == 1 && matches!(ci, 32 | 64) && co <= 64;
             if li == 1 && !(halo || c1 || upv) {
                 // No special kernel: the auto run is the same kernel.
                 continue;
@@ -2318,7 +2393,7 @@ fn bench_w1_layers() {
                 })
             };
             let t = time_one(&mut b, &mut r, op, ci, co, n, s);
-            if li == 2 && (c1 || upv) {
+            if li == 2 && (c1 || upv || halo) {
                 auto_kernels = kernels_used(&mut b, n);
             }
             cache.insert(key, t);
@@ -2337,6 +2412,13 @@ fn bench_w1_layers() {
                 "{auto_kernels:?}"
             );
         }
+        if halo {
+            assert!(
+                !auto_kernels.is_empty()
+                    && auto_kernels.iter().all(|k| k.starts_with("conv_halo_")),
+                "{kind} {ci}->{co} at {s}^3: {auto_kernels:?}"
+            );
+        }
         if ms[1] == 0.0 {
             ms[1] = ms[2];
         }
@@ -2345,13 +2427,18 @@ fn bench_w1_layers() {
         tot_new += ms[2];
         tot_flop += flop;
         println!(
-            "RESULT w1 {kind} {ci:>3}->{co:<3} k{k}s{st} in {s:>3}^3: legacy {:7.3} ms {:6.1} TF/s | mma {:7.3} ms {:6.1} TF/s | auto {:7.3} ms {:6.1} TF/s",
+            "RESULT w1 {kind} {ci:>3}->{co:<3} k{k}s{st} in {s:>3}^3: legacy {:7.3} ms {:6.1} TF/s | mma {:7.3} ms {:6.1} TF/s | auto {:7.3} ms {:6.1} TF/s{}",
             ms[0],
             flop / ms[0] / 1e9,
             ms[1],
             flop / ms[1] / 1e9,
             ms[2],
-            flop / ms[2] / 1e9
+            flop / ms[2] / 1e9,
+            if auto_kernels.is_empty() {
+                String::new()
+            } else {
+                format!(" [{}]", auto_kernels.join(", "))
+            }
         );
     }
     b.set_halo_conv(true);
@@ -2428,8 +2515,10 @@ fn bench_w1_layers() {
 }
 
 /// Every `conv_halo_*` variant (forced by name) on K1 (32->32 3^3, 2x32x128^3; cuDNN NDHWC
-/// 166 TF/s), W1's 64->32 (2x64x128^3) and 64->64 (4x64x64^3): one RESULT line per variant
-/// with ms and TF/s, the default marked, so the HALO_CONFIGS order can be chosen from one run.
+/// 166 TF/s), W1's 64->32 (2x64x128^3) and 64->64 (4x64x64^3), and (phase 7, Cin chunks) W1's
+/// 128->64 (4x128x64^3) and 128->128 (4x128x32^3): one RESULT line per variant that accepts
+/// the Cin, with ms and TF/s, the default (`pick_halo`) marked, so the HALO_CONFIGS order can
+/// be chosen from one run.
 #[test]
 fn bench_halo_variants() {
     use voxtile::backend::cuda::plan::HALO_CONFIGS;
@@ -2441,12 +2530,28 @@ fn bench_halo_variants() {
         (32usize, 32usize, 2usize, 128usize, "K1 32->32 2x128^3"),
         (64, 32, 2, 128, "64->32 2x128^3"),
         (64, 64, 4, 64, "64->64 4x64^3"),
+        (128, 64, 4, 64, "128->64 4x64^3"),
+        (128, 128, 4, 32, "128->128 4x32^3"),
     ] {
         let flop = 2.0 * (n * s * s * s) as f64 * cout as f64 * (27 * cin) as f64;
         let bn = if cout <= 32 { 32 } else { 64 };
-        let mut default = None;
-        for v in HALO_CONFIGS.iter().filter(|v| v.cin == cin && v.bn == bn) {
-            default.get_or_insert(v.name);
+        let default = pick_halo(
+            cin,
+            cout,
+            [3; 3],
+            [1; 3],
+            [1; 3],
+            1,
+            false,
+            227 * 1024,
+            None,
+        )
+        .map(|c| c.name);
+        assert!(default.is_some(), "{label}: a halo default");
+        for v in HALO_CONFIGS
+            .iter()
+            .filter(|v| v.accepts_cin(cin) && v.bn == bn)
+        {
             b.set_halo_tile(Some(v.name)).unwrap();
             let op = Op::Conv(Conv {
                 weight: Tensor::new(

@@ -51,6 +51,8 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
             "conv_halo_c64n64_b",
             "conv_halo_c32n32_x16",
             "conv_halo_c32n32_y8",
+            "conv_halo_c64n64_h2",
+            "conv_halo_c32n64_h2",
         ],
     ),
     (
