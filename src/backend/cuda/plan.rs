@@ -1143,9 +1143,14 @@ mod tests {
             hc("conv_halo_c32n64_h2").smem_bytes(),
             (2 * 64 * 40 + 2 * 600 * 40) * 2
         );
-        // A forced tile of another Cin / width falls back to the default.
+        // A forced Cin-32 staged tile runs Cin 64 in 2 chunks; a resident one (one chunk
+        // only) falls back to the default.
         assert_eq!(
             f(64, 32, Some("conv_halo_c32n32_w4")),
+            Some("conv_halo_c32n32_w4")
+        );
+        assert_eq!(
+            f(64, 32, Some("conv_halo_c32n32_rp")),
             Some("conv_halo_c64n32")
         );
         // Phase-4 variants: forced by name where they fit, never the default; the 216 KB
