@@ -425,6 +425,7 @@ fn halo_index_emulation() {
     let mut chunked = 0;
     for (ci, c0) in HALO_CONFIGS.iter().enumerate() {
         // (config, input d, h, w, begin pads, end pads, Cin, Cout, sm_count)
+        #[allow(clippy::type_complexity)]
         let mut cases: Vec<(
             HaloConfig,
             [usize; 3],
