@@ -796,8 +796,11 @@ extern "C" __global__ void __launch_bounds__(256) conv1x1_n32(ConvParams p, cons
 }
 
 // ---------------------------------------------------------------------------------------------
-// conv_halo_c{CIN}n{BN}: stride-1, dilation-1 3x3x3 conv (any pads) with Cin CIN, Cout <= BN;
-// or an even real Cin p.cin < CIN (e.g. 14 on CIN 16), zero-padded to CIN channels in smem.
+// conv_halo_c{CIN}n{BN}: stride-1, dilation-1 3x3x3 conv (any pads) with Cin = k * CIN, any Cout
+// (blockIdx.y picks the BN-wide output-channel tile), or an even real Cin p.cin < CIN (e.g. 14 on
+// CIN 16), zero-padded to CIN channels in smem. Cin > CIN (phase 7) runs in chunks of CIN
+// channels: each chunk's halo into the same smem buffer, then its 27 taps; the accumulators
+// stay in registers across chunks.
 // Each block computes a 4x8x8 output tile: its (4+2)x(8+2)x(8+2) input halo (600 voxels x CIN)
 // is copied into shared memory ONCE and feeds all 27 taps (conv_mma re-gathers the input for
 // every tap); ldmatrix row addresses are the output voxel's halo row plus the tap's offset.
@@ -815,15 +818,16 @@ extern "C" __global__ void __launch_bounds__(256) conv1x1_n32(ConvParams p, cons
 // of sample xn, CIN channels per row of LD halves; zero outside the input.
 template <int U, int CIN, int LD, int HZ, int HY, int HX, int THREADS>
 __device__ __forceinline__ void halo_copy(half* buf, const half* xn, const half* x, const ConvParams& p,
-                                          int iz0, int iy0, int ix0, int tid) {
+                                          int iz0, int iy0, int ix0, int tid, int c0, int lo, int hi) {
     constexpr int UPV = CIN / U;  // copies per row
-    for (int idx = tid; idx < HZ * HY * HX * UPV; idx += THREADS) {
+    hi = min(hi, HZ * HY * HX * UPV);
+    for (int idx = lo + tid; idx < hi; idx += THREADS) {
         int v = idx / UPV, c = (idx - v * UPV) * U;
         int hz = v / (HY * HX), r = v - hz * (HY * HX);
         int hy = r / HX, hx = r - hy * HX;
         int iz = iz0 + hz, iy = iy0 + hy, ix = ix0 + hx;
         bool ok = (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi && (unsigned)ix < (unsigned)p.wi;
-        const half* src = xn + (((i64)iz * p.hi + iy) * p.wi + ix) * p.cin + c;
+        const half* src = xn + (((i64)iz * p.hi + iy) * p.wi + ix) * p.cin + c0 + c;
         if constexpr (U == 8) {
             cp_async16(buf + v * LD + c, ok ? src : x, ok ? 16 : 0);
         } else {
@@ -836,12 +840,13 @@ __device__ __forceinline__ void halo_copy(half* buf, const half* xn, const half*
 // NT taps (from tap0) of the weight rows 0..BN-1 into smem rows of WLD halves, tap t of a row at
 // column t * CIN.
 template <int U, int CIN, int BN, int NT, int WLD, int THREADS>
-__device__ __forceinline__ void halo_wcopy(half* ws, const half* w, const ConvParams& p, int tap0, int tid) {
+__device__ __forceinline__ void halo_wcopy(half* ws, const half* w, const ConvParams& p, int tap0, int tid,
+                                           int c0, int nb0) {
     constexpr int UPT = CIN / U;  // copies per tap of a row
     for (int idx = tid; idx < BN * NT * UPT; idx += THREADS) {
         int co = idx / (NT * UPT), r = idx - co * (NT * UPT);
         int t = NT == 1 ? 0 : r / UPT, c = (r - t * UPT) * U;
-        const half* src = w + (i64)co * p.kpad + (tap0 + t) * p.cin + c;
+        const half* src = w + (i64)(nb0 + co) * p.kpad + (tap0 + t) * p.cin + c0 + c;
         if constexpr (U == 8) {
             cp_async16(ws + co * WLD + t * CIN + c, src, 16);
         } else {
@@ -878,7 +883,7 @@ template <int MI, int NI, int TM, int TN, int TY, int TX>
 __device__ __forceinline__ void halo_store(const ConvParams& p, half* __restrict__ y,
                                            const float* __restrict__ bias, const float* __restrict__ slope,
                                            float (&acc)[MI][NI][4], int wm, int wn, int lane, int n,
-                                           int oz0, int oy0, int ox0) {
+                                           int oz0, int oy0, int ox0, int nb0) {
     const bool pair = ((p.ldc | p.coff) & 1) == 0 && (p.cout & 1) == 0;
 #pragma unroll
     for (int i = 0; i < MI; i++) {
@@ -890,7 +895,7 @@ __device__ __forceinline__ void halo_store(const ConvParams& p, half* __restrict
             i64 m = (((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox;
 #pragma unroll
             for (int j = 0; j < NI; j++) {
-                int c = wn * TN + j * 8 + (lane & 3) * 2;
+                int c = nb0 + wn * TN + j * 8 + (lane & 3) * 2;
                 if (c >= p.cout) continue;
                 conv_store(p, y, bias, slope, m, 0, c, c, acc[i][j][h * 2], acc[i][j][h * 2 + 1], pair, false);
             }
@@ -910,7 +915,7 @@ __device__ __forceinline__ bool halo_store_vec(const ConvParams& p, half* __rest
                                                const float* __restrict__ bias,
                                                const float* __restrict__ slope, float (&acc)[MI][NI][4],
                                                int wm, int wn, int lane, int tid, int n, int oz0, int oy0,
-                                               int ox0, float* stage) {
+                                               int ox0, int nb0, float* stage) {
     constexpr int TBM = TZ * TY * TX, LDF = BN + 8, CH = BN / 8;
     static_assert(THREADS % CH == 0, "a thread keeps one 8-channel chunk");
     if (((p.cout | p.ldc | p.coff) & 7) != 0) return false;
@@ -927,7 +932,7 @@ __device__ __forceinline__ bool halo_store_vec(const ConvParams& p, half* __rest
             }
         }
     __syncthreads();
-    const int ch = tid % CH, c0 = ch * 8;
+    const int ch = tid % CH, c0 = nb0 + ch * 8;  // output channel of the thread's chunk
     if (c0 >= p.cout) return true;
     float b[8];
 #pragma unroll
@@ -935,8 +940,8 @@ __device__ __forceinline__ bool halo_store_vec(const ConvParams& p, half* __rest
     for (int r = tid / CH; r < TBM; r += THREADS / CH) {
         const int oz = oz0 + r / (TY * TX), oy = oy0 + (r / TX) % TY, ox = ox0 + r % TX;
         if (oz >= p.do_ || oy >= p.ho || ox >= p.wo) continue;
-        const float4 lo = *reinterpret_cast<const float4*>(stage + r * LDF + c0);
-        const float4 hi = *reinterpret_cast<const float4*>(stage + r * LDF + c0 + 4);
+        const float4 lo = *reinterpret_cast<const float4*>(stage + r * LDF + ch * 8);
+        const float4 hi = *reinterpret_cast<const float4*>(stage + r * LDF + ch * 8 + 4);
         float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
         __align__(16) __half2 o[4];
 #pragma unroll
@@ -983,23 +988,18 @@ __device__ __forceinline__ void conv_halo(const ConvParams& p, const half* __res
     const int n = b / ntz;
     const int oz0 = bz * HT_Z, oy0 = by * HT_Y, ox0 = bx * HT_X;
     const int iz0 = oz0 - p.pd, iy0 = oy0 - p.ph, ix0 = ox0 - p.pw;
+    const int nb0 = blockIdx.y * BN;  // output-channel tile
     const half* xn = x + (i64)n * p.di * p.hi * p.wi * p.cin;
     const bool narrow = p.cin < CIN;  // real Cin zero-padded to CIN: 4-byte copies
 
-    // The halo, zero outside the input (source size 0).
-    if (narrow)
-        halo_copy<2, CIN, LD, HT_Z + 2, HT_Y + 2, HT_X + 2, THREADS>(sIn, xn, x, p, iz0, iy0, ix0, tid);
-    else
-        halo_copy<8, CIN, LD, HT_Z + 2, HT_Y + 2, HT_X + 2, THREADS>(sIn, xn, x, p, iz0, iy0, ix0, tid);
-    auto load_w = [&](int stage, int tap) {
+    // Tap `tap`'s weights of channels c0..c0+CIN (K = tap * Cin + ci).
+    auto load_w = [&](int stage, int tap, int c0) {
         half* ws = sW + stage * BN * LD;
         if (narrow)
-            halo_wcopy<2, CIN, BN, 1, LD, THREADS>(ws, w, p, tap, tid);
+            halo_wcopy<2, CIN, BN, 1, LD, THREADS>(ws, w, p, tap, tid, c0, nb0);
         else
-            halo_wcopy<8, CIN, BN, 1, LD, THREADS>(ws, w, p, tap, tid);
+            halo_wcopy<8, CIN, BN, 1, LD, THREADS>(ws, w, p, tap, tid, c0, nb0);
     };
-    load_w(0, 0);
-    cp_async_commit();
 
     // Halo row of each A row this lane addresses for ldmatrix (tap 0).
     int hrow[MI];
@@ -1017,25 +1017,37 @@ __device__ __forceinline__ void conv_halo(const ConvParams& p, const half* __res
 #pragma unroll
             for (int q = 0; q < 4; q++) acc[i][j][q] = 0.f;
 
-    for (int tap = 0; tap < 27; tap++) {
-        cp_async_wait<0>();
-        __syncthreads();  // tap's weights (and the halo) landed; everyone is done with tap - 1
-        if (tap + 1 < 27) load_w((tap + 1) & 1, tap + 1);
+    for (int c0 = 0; c0 < p.cin; c0 += CIN) {
+        if (c0 > 0) __syncthreads();  // everyone is done with the previous chunk's halo and weights
+        // The chunk's halo, zero outside the input (source size 0).
+        if (narrow)
+            halo_copy<2, CIN, LD, HT_Z + 2, HT_Y + 2, HT_X + 2, THREADS>(sIn, xn, x, p, iz0, iy0, ix0, tid, 0, 0,
+                                                                        HVOX * (CIN / 2));
+        else
+            halo_copy<8, CIN, LD, HT_Z + 2, HT_Y + 2, HT_X + 2, THREADS>(sIn, xn, x, p, iz0, iy0, ix0, tid, c0, 0,
+                                                                        HVOX * CPV);
+        load_w(0, 0, c0);
         cp_async_commit();
-        const int dz = tap / 9, dy = (tap / 3) % 3, dx = tap % 3;
-        const int toff = (dz * (HT_Y + 2) + dy) * (HT_X + 2) + dx;
-        const half* ws = sW + (tap & 1) * BN * LD + (wn * TN + (lane >> 4) * 8 + (lane & 7)) * LD +
-                         ((lane >> 3) & 1) * 8;
-        halo_tap<MI, NI, CIN, LD, LD>(acc, sIn, hrow, toff, (lane >> 4) * 8, ws);
+        for (int tap = 0; tap < 27; tap++) {
+            cp_async_wait<0>();
+            __syncthreads();  // tap's weights (and the halo) landed; everyone is done with tap - 1
+            if (tap + 1 < 27) load_w((tap + 1) & 1, tap + 1, c0);
+            cp_async_commit();
+            const int dz = tap / 9, dy = (tap / 3) % 3, dx = tap % 3;
+            const int toff = (dz * (HT_Y + 2) + dy) * (HT_X + 2) + dx;
+            const half* ws = sW + (tap & 1) * BN * LD + (wn * TN + (lane >> 4) * 8 + (lane & 7)) * LD +
+                             ((lane >> 3) & 1) * 8;
+            halo_tap<MI, NI, CIN, LD, LD>(acc, sIn, hrow, toff, (lane >> 4) * 8, ws);
+        }
+        cp_async_wait<0>();
     }
-    cp_async_wait<0>();
 
     // The vector epilogue stages the fp32 tile in the block's smem where it fits.
     constexpr bool VEC_FITS = TBM * (BN + 8) * 4 <= (HVOX * LD + 2 * BN * LD) * 2;
     if (VEC_FITS && halo_store_vec<MI, NI, TM, TN, HT_Z, HT_Y, HT_X, BN, THREADS>(
-                        p, y, bias, slope, acc, wm, wn, lane, tid, n, oz0, oy0, ox0, reinterpret_cast<float*>(dsm)))
+                        p, y, bias, slope, acc, wm, wn, lane, tid, n, oz0, oy0, ox0, nb0, reinterpret_cast<float*>(dsm)))
         return;
-    halo_store<MI, NI, TM, TN, HT_Y, HT_X>(p, y, bias, slope, acc, wm, wn, lane, n, oz0, oy0, ox0);
+    halo_store<MI, NI, TM, TN, HT_Y, HT_X>(p, y, bias, slope, acc, wm, wn, lane, n, oz0, oy0, ox0, nb0);
 }
 
 // Name: conv_halo_c{CIN}n{BN}[_w4]. Keep in sync with HALO_CONFIGS in plan.rs.
@@ -1067,8 +1079,11 @@ HALO_ENTRY(conv_halo_c16n32, 16, 32, 4, 1)
 //             once per block with the first halo: the 27 taps run with no barrier between them.
 //   Blocks loop over tiles t = blockIdx.x, + gridDim.x, ...: the host launches one block per
 //   tile, or (persistent) a few blocks per SM that keep the resident weights for all their
-//   tiles. HB == 2 (resident only): two halo buffers, the next tile's halo is copied while the
-//   current one is computed.
+//   tiles. HB == 2: two halo buffers, the next tile's halo is copied while the current one is
+//   computed (resident); staged (phase 7): the next (tile, Cin chunk)'s halo is copied into the
+//   other buffer in THREADS-wide slabs, one slab with each tap's weights.
+//   Cin = k * CIN (staged only; resident needs Cin == CIN): chunks of CIN channels, as conv_halo.
+//   blockIdx.y: the BN-wide output-channel tile.
 // Smem layout: weights first (BN * 27 * CIN + 8 resident, else WST * BN * (CIN + 8) halves),
 // then HB halo buffers of (TZ+2)(TY+2)(TX+2) rows of CIN + 8 halves. Keep in sync with
 // HaloConfig::smem_bytes (plan.rs) and its emulation in tests/cuda_kernels_compile.rs.
@@ -1088,7 +1103,7 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
     constexpr int WROWS = RES ? BN : WST * BN;        // smem weight rows
     constexpr int WS = RES ? 2 : WST;                 // ring stages (staged mode)
     static_assert(TM * WM == TBM && TM % 16 == 0 && NI % 2 == 0 && CIN % 16 == 0, "tile shape");
-    static_assert(RES || (WST >= 2 && HB == 1), "staged weights: >= 2 stages, one halo buffer");
+    static_assert(RES || WST >= 2, "staged weights: >= 2 stages");
     static_assert(HB == 1 || HB == 2, "one or two halo buffers");
     extern __shared__ __align__(16) unsigned char dsm[];
     half* sW = reinterpret_cast<half*>(dsm);
@@ -1098,6 +1113,7 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
     const int wm = warp % WM, wn = warp / WM;
     const int ntx = (p.wo + TX - 1) / TX, nty = (p.ho + TY - 1) / TY, ntz = (p.do_ + TZ - 1) / TZ;
     const int ntiles = p.n * ntz * nty * ntx;
+    const int nb0 = blockIdx.y * BN;  // output-channel tile
 
     // Tile t -> batch index and output origin (x fastest, then y, z, n).
     auto decode = [&](int t, int& n, int& oz0, int& oy0, int& ox0) {
@@ -1109,24 +1125,26 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
         n = t / ntz;
     };
     const bool narrow = p.cin < CIN;  // real Cin zero-padded to CIN: 4-byte copies
-    // Tile t's input halo into `buf`, zero outside the input (source size 0).
-    auto load_halo = [&](half* buf, int t) {
+    // Tile t's input halo of channels c0..c0+CIN into `buf`, zero outside the input (source
+    // size 0): 16-byte pieces lo..hi of the HV * CPV (narrow: the same rows in 4-byte copies).
+    auto load_halo = [&](half* buf, int t, int c0, int lo, int hi) {
         int n, oz0, oy0, ox0;
         decode(t, n, oz0, oy0, ox0);
         const int iz0 = oz0 - p.pd, iy0 = oy0 - p.ph, ix0 = ox0 - p.pw;
         const half* xn = x + (i64)n * p.di * p.hi * p.wi * p.cin;
         if (narrow)
-            halo_copy<2, CIN, LD, TZ + 2, HY, HX, THREADS>(buf, xn, x, p, iz0, iy0, ix0, tid);
+            halo_copy<2, CIN, LD, TZ + 2, HY, HX, THREADS>(buf, xn, x, p, iz0, iy0, ix0, tid, 0, lo * 4,
+                                                           hi * 4);
         else
-            halo_copy<8, CIN, LD, TZ + 2, HY, HX, THREADS>(buf, xn, x, p, iz0, iy0, ix0, tid);
+            halo_copy<8, CIN, LD, TZ + 2, HY, HX, THREADS>(buf, xn, x, p, iz0, iy0, ix0, tid, c0, lo, hi);
     };
-    // Staged: tap `tap`'s BN x CIN weights into stage `stage`.
-    auto load_w = [&](int stage, int tap) {
+    // Staged: tap `tap`'s BN x CIN weights of channels c0.. into stage `stage` (K = tap * Cin + ci).
+    auto load_w = [&](int stage, int tap, int c0) {
         half* ws = sW + stage * BN * LD;  // staged mode only
         if (narrow)
-            halo_wcopy<2, CIN, BN, 1, LD, THREADS>(ws, w, p, tap, tid);
+            halo_wcopy<2, CIN, BN, 1, LD, THREADS>(ws, w, p, tap, tid, c0, nb0);
         else
-            halo_wcopy<8, CIN, BN, 1, LD, THREADS>(ws, w, p, tap, tid);
+            halo_wcopy<8, CIN, BN, 1, LD, THREADS>(ws, w, p, tap, tid, c0, nb0);
     };
 
     // Halo row of each A row this lane addresses for ldmatrix (tap 0).
@@ -1144,15 +1162,14 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
     int t = blockIdx.x;
     if constexpr (RES) {
         if (narrow)
-            halo_wcopy<2, CIN, BN, 27, WLD, THREADS>(sW, w, p, 0, tid);
+            halo_wcopy<2, CIN, BN, 27, WLD, THREADS>(sW, w, p, 0, tid, 0, nb0);
         else
-            halo_wcopy<8, CIN, BN, 27, WLD, THREADS>(sW, w, p, 0, tid);
+            halo_wcopy<8, CIN, BN, 27, WLD, THREADS>(sW, w, p, 0, tid, 0, nb0);
     }
-    if (t < ntiles) load_halo(sIn, t);
+    if (t < ntiles) load_halo(sIn, t, 0, 0, HV * CPV);
     cp_async_commit();
     int buf = 0;
     for (; t < ntiles; t += gridDim.x) {
-        const half* hin = sIn + buf * HV * LD;
         float acc[MI][NI][4];
 #pragma unroll
         for (int i = 0; i < MI; i++)
@@ -1161,11 +1178,20 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
 #pragma unroll
                 for (int q = 0; q < 4; q++) acc[i][j][q] = 0.f;
 
+      // Cin chunks (resident: p.cin == CIN, one pass).
+      for (int c0 = 0; c0 < p.cin; c0 += CIN) {
+        const half* hin = sIn + buf * HV * LD;
+        if (HB == 1 && c0 > 0) {  // the chunk's halo once everyone is done with the previous one
+            cp_async_wait<0>();
+            __syncthreads();
+            load_halo(sIn, t, c0, 0, HV * CPV);
+            cp_async_commit();
+        }
         if constexpr (RES) {
             cp_async_wait<0>();
             __syncthreads();  // halo t (and the weights) landed; everyone is done with tile t - grid
             if constexpr (HB == 2) {
-                if (t + (int)gridDim.x < ntiles) load_halo(sIn + (buf ^ 1) * HV * LD, t + gridDim.x);
+                if (t + (int)gridDim.x < ntiles) load_halo(sIn + (buf ^ 1) * HV * LD, t + gridDim.x, 0, 0, HV * CPV);
                 cp_async_commit();
             }
             const half* wsb = sW + (wn * TN + b_row) * WLD + b_col;
@@ -1180,29 +1206,42 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
                 }
             }
         } else {
+            // HB 2: the next (tile, chunk) whose halo goes into the other buffer, a slab per tap.
+            int pt = t, pc = c0 + CIN;
+            if (pc >= p.cin) pt += gridDim.x, pc = 0;
+            const bool pre = HB == 2 && pt < ntiles;
+            if constexpr (HB == 2) {
+                cp_async_wait<0>();
+                __syncthreads();  // this halo landed; everyone is done with the other buffer, the ring
+            }
             // Ring of WST weight stages; group order: halo (committed above), taps 0..WST-2,
             // then one group per tap, so waiting for all but the newest WST-2 groups before tap
             // k means tap k's weights (and the halo) landed.
 #pragma unroll
             for (int s = 0; s < WS - 1; s++) {
-                load_w(s, s);
+                load_w(s, s, c0);
                 cp_async_commit();
             }
             for (int tap = 0; tap < 27; tap++) {
                 cp_async_wait<WS - 2>();
                 __syncthreads();  // tap's weights landed; everyone is done with tap - 1's stage
-                if (tap + WS - 1 < 27) load_w((tap + WS - 1) % WS, tap + WS - 1);
+                if (tap + WS - 1 < 27) load_w((tap + WS - 1) % WS, tap + WS - 1, c0);
+                if (pre)  // slab `tap` of the next halo (the last tap takes the rest)
+                    load_halo(sIn + (buf ^ 1) * HV * LD, pt, pc, tap * THREADS,
+                              tap == 26 ? HV * CPV : min(HV * CPV, (tap + 1) * THREADS));
                 cp_async_commit();
                 const int dz = tap / 9, dy = (tap / 3) % 3, dx = tap % 3;
                 const int toff = (dz * HY + dy) * HX + dx;
                 const half* ws = sW + (tap % WS) * BN * LD + (wn * TN + b_row) * LD + b_col;
                 halo_tap<MI, NI, CIN, LD, LD>(acc, hin, hrow, toff, a_col, ws);
             }
+            if constexpr (HB == 2) buf ^= 1;
         }
+      }
 
         int n, oz0, oy0, ox0;
         decode(t, n, oz0, oy0, ox0);
-        halo_store<MI, NI, TM, TN, TY, TX>(p, y, bias, slope, acc, wm, wn, lane, n, oz0, oy0, ox0);
+        halo_store<MI, NI, TM, TN, TY, TX>(p, y, bias, slope, acc, wm, wn, lane, n, oz0, oy0, ox0, nb0);
 
         // The next tile's halo into this buffer once every warp is done reading it (one
         // buffer), or just flip buffers (two). Staged: drain the weight ring first.
@@ -1210,10 +1249,10 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
         if (HB == 1 && tn < ntiles) {  // (uniform over the block)
             cp_async_wait<0>();
             __syncthreads();
-            load_halo(sIn, tn);
+            load_halo(sIn, tn, 0, 0, HV * CPV);
             cp_async_commit();
         }
-        if constexpr (HB == 2) buf ^= 1;
+        if constexpr (HB == 2 && RES) buf ^= 1;
     }
     cp_async_wait<0>();
 }
@@ -1248,3 +1287,7 @@ HALO2_ENTRY(conv_halo_c32n32_y8, 32, 32, 8, 1, 8, 8, 8, 2, 1)
 // the next tile's halo copied during the current one's math.
 HALO2_ENTRY(conv_halo_c16n16_r, 16, 16, 4, 1, 4, 8, 8, 0, 1)
 HALO2_ENTRY(conv_halo_c16n16_rp2, 16, 16, 4, 1, 4, 8, 8, 0, 2)
+// Phase 7 (Cin = k * CIN): 2 weight stages + two halo buffers, the next chunk's halo copied during
+// this chunk's taps: Cin-64 chunks at 1 block per SM (191 KB, sm_90 only), Cin-32 chunks at 2.
+HALO2_ENTRY(conv_halo_c64n64_h2, 64, 64, 4, 2, 4, 8, 8, 2, 2)
+HALO2_ENTRY(conv_halo_c32n64_h2, 32, 64, 4, 2, 4, 8, 8, 2, 2)

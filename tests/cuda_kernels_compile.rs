@@ -99,13 +99,6 @@ fn halo_configs_match_the_kernel_entries() {
         };
         assert_eq!(&want, a, "{name}: config vs kernel entry");
         assert!(
-            name.starts_with(&format!("conv_halo_c{}n{}", c.cin, c.bn)),
-            "{name}: named by its smem width and tile width"
-        );
-        // The kernels zero-pad any even real Cin below CIN (a runtime branch); the config
-        // says whether the planner may use that: a width-16 kernel for Cin 14 (W2).
-        assert_eq!(c.pad_cin, c.cin == 16, "{name}: zero-padding configs");
-        assert!(
             listed.contains(&name.as_str()),
             "{name} not in kernels::FAMILIES"
         );
@@ -115,7 +108,8 @@ fn halo_configs_match_the_kernel_entries() {
             tbm.is_multiple_of(c.wm * 16) && (c.bn / wn).is_multiple_of(16),
             "{name}: warp tile"
         );
-        assert!(c.wst == 0 || (c.wst >= 2 && c.hb == 1), "{name}: staging");
+        assert!(c.wst == 0 || c.wst >= 2, "{name}: staging");
+        assert!(c.hb == 1 || c.hb == 2, "{name}: halo buffers");
     }
 }
 
@@ -123,29 +117,25 @@ fn halo_configs_match_the_kernel_entries() {
 /// arithmetic: tile decode, halo copy (zero fill outside the input), weight staging (resident
 /// or ring), the per-lane ldmatrix addresses turned into mma fragments by the ldmatrix/mma
 /// operand layouts, the tile loop of persistent blocks (program order: a buffer overwritten
-/// before it is read shows up as a wrong value) and the epilogue's row/column mapping.
-/// The real Cin `rcin` (p.cin) may be below the smem width c.cin (`pad_cin` configs): then
-/// every copy is 4 bytes (2 halves) and channels rcin..c.cin-1 are zero-filled, as in
-/// `halo_copy` / `halo_wcopy`; x rows are rcin apart and w's K is tap * rcin + ci.
+/// before it is read shows up as a wrong value), the Cin chunks (Cin = k * c.cin: each chunk's
+/// halo reloaded, or with two buffers prefetched in slabs during the previous chunk's taps),
+/// the grid.y output-channel tiles and the epilogue's row/column mapping.
 /// Returns y (NDHWC, Cout channels) and how often each output was written.
 #[allow(clippy::too_many_arguments)]
 fn emulate_halo(
     c: &HaloConfig,
     x: &[f64],
-    inp: [usize; 4], // n, d, h, w (channels: rcin)
-    rcin: usize,
-    w: &[f64], // [cout_pad][kpad]
+    inp: [usize; 5], // n, d, h, w, Cin
+    w: &[f64],       // [cout_pad][kpad], K = tap * Cin + ci
     kpad: usize,
     cout: usize,
     pads: [usize; 3], // begin pads
     out: [usize; 3],
     sm_count: usize,
 ) -> (Vec<f64>, Vec<u32>) {
-    let cin = c.cin;
-    assert!(rcin <= cin && (rcin == cin || rcin.is_multiple_of(2)));
-    // Halves per cp.async: 16-byte copies at the full width, 4-byte ones below it.
-    let u = if rcin < cin { 2 } else { 8 };
-    let (ld, cpv) = (cin + 8, cin / u);
+    let (cin, xc) = (c.cin, inp[4]); // smem chunk width, real Cin (the input's voxel stride)
+    assert!(c.accepts_cin(xc), "{}: Cin {xc}", c.name);
+    let (ld, cpv) = (cin + 8, cin / 8);
     let [tz, ty, tx] = c.tile;
     let (hy, hx) = (ty + 2, tx + 2);
     let hv = c.halo_rows();
@@ -165,6 +155,7 @@ fn emulate_halo(
     let (tm, tn) = (c.tile.iter().product::<usize>() / wm_n, c.bn / wn_n);
     let (mi, ni) = (tm / 16, tn / 8);
     let (n_b, di, hi, wi) = (inp[0], inp[1], inp[2], inp[3]);
+    let ny = c.cout_tiles(cout) as usize;
     let (ntx, nty, ntz) = (
         out[2].div_ceil(tx),
         out[1].div_ceil(ty),
@@ -182,219 +173,201 @@ fn emulate_halo(
         let t = t / nty;
         ((t / ntz), (t % ntz) * tz, oy0, ox0)
     };
-    // One cp.async of u halves (source None: size 0, zero fill); both ends u-aligned.
-    let copy = |sm: &mut Vec<f64>, dst: usize, src: Option<(&[f64], usize)>| {
+    let copy16 = |sm: &mut Vec<f64>, dst: usize, src: Option<&[f64]>| {
         assert!(
-            dst.is_multiple_of(u) && dst + u <= smem_len,
+            dst.is_multiple_of(8) && dst + 8 <= smem_len,
             "{}: smem write {dst}",
             c.name
         );
-        if let Some((s, o)) = src {
-            assert!(
-                o.is_multiple_of(u) && o + u <= s.len(),
-                "{}: read {o}",
-                c.name
-            );
-        }
-        for e in 0..u {
-            sm[dst + e] = src.map_or(0.0, |(s, o)| s[o + e]);
+        for e in 0..8 {
+            sm[dst + e] = src.map_or(0.0, |s| s[e]);
         }
     };
-    let load_halo = |sm: &mut Vec<f64>, buf: usize, t: usize| {
+    // Pieces lo..end (of hv * cpv) of tile t's halo of channels c0..c0 + cin.
+    let load_halo = |sm: &mut Vec<f64>, buf: usize, t: usize, c0: usize, lo: usize, end: usize| {
         let (n, oz0, oy0, ox0) = decode(t);
         let (iz0, iy0, ix0) = (
             oz0 as isize - pads[0] as isize,
             oy0 as isize - pads[1] as isize,
             ox0 as isize - pads[2] as isize,
         );
-        for idx in 0..hv * cpv {
-            let (v, ch) = (idx / cpv, idx % cpv * u);
+        for idx in lo..end.min(hv * cpv) {
+            let (v, ch) = (idx / cpv, idx % cpv);
             let (hz, r) = (v / (hy * hx), v % (hy * hx));
             let (yy, xx) = (r / hx, r % hx);
             let (iz, iy, ix) = (iz0 + hz as isize, iy0 + yy as isize, ix0 + xx as isize);
             let ok = (0..di as isize).contains(&iz)
                 && (0..hi as isize).contains(&iy)
-                && (0..wi as isize).contains(&ix)
-                && ch < rcin;
+                && (0..wi as isize).contains(&ix);
             let src = ok.then(|| {
                 let o = ((((n * di) as isize + iz) * hi as isize + iy) * wi as isize + ix) as usize
-                    * rcin
-                    + ch;
-                (x, o)
+                    * xc
+                    + c0
+                    + ch * 8;
+                &x[o..o + 8]
             });
-            copy(sm, buf + v * ld + ch, src);
+            copy16(sm, buf + v * ld + ch * 8, src);
         }
     };
-    // `halo_wcopy`: nt taps from tap0 of rows 0..bn into rows of `row` halves at `base`.
-    let wcopy = |sm: &mut Vec<f64>, base: usize, row: usize, nt: usize, tap0: usize| {
-        for idx in 0..c.bn * nt * cpv {
-            let (co, r) = (idx / (nt * cpv), idx % (nt * cpv));
-            let (t, ch) = (r / cpv, r % cpv * u);
-            let src = (ch < rcin).then_some((w, co * kpad + (tap0 + t) * rcin + ch));
-            copy(sm, base + co * row + t * cin + ch, src);
+    let load_w = |sm: &mut Vec<f64>, stage: usize, tap: usize, c0: usize, nb0: usize| {
+        for idx in 0..c.bn * cpv {
+            let (co, ch) = (idx / cpv, idx % cpv);
+            let o = (nb0 + co) * kpad + tap * xc + c0 + ch * 8;
+            copy16(
+                sm,
+                w_base + stage * c.bn * ld + co * ld + ch * 8,
+                Some(&w[o..o + 8]),
+            );
         }
     };
-    let load_w = |sm: &mut Vec<f64>, stage: usize, tap: usize| {
-        wcopy(sm, w_base + stage * c.bn * ld, ld, 1, tap);
-    };
-    for b in 0..grid {
-        if res {
-            wcopy(&mut sm, w_base, wld, 27, 0);
-        }
-        let mut t = b;
-        if t < ntiles {
-            load_halo(&mut sm, in_base, t);
-        }
-        let mut buf = 0;
-        while t < ntiles {
-            let hin = in_base + buf * hv * ld;
-            if res && c.hb == 2 && t + grid < ntiles {
-                load_halo(&mut sm, in_base + (buf ^ 1) * hv * ld, t + grid);
-            }
-            if !res {
-                for s in 0..ws_n - 1 {
-                    load_w(&mut sm, s, s);
+    for yb in 0..ny {
+        let nb0 = yb * c.bn; // blockIdx.y: output-channel tile
+        for b in 0..grid {
+            if res {
+                for idx in 0..c.bn * 27 * cpv {
+                    let (co, ch) = (idx / (27 * cpv), idx % (27 * cpv));
+                    let o = (nb0 + co) * kpad + ch * 8;
+                    copy16(&mut sm, w_base + co * wld + ch * 8, Some(&w[o..o + 8]));
                 }
             }
-            // acc[row of the block tile][column]
-            let tbm = tm * wm_n;
-            let mut acc = vec![0.0f64; tbm * c.bn];
-            for tap in 0..27 {
-                if !res && tap + ws_n - 1 < 27 {
-                    load_w(&mut sm, (tap + ws_n - 1) % ws_n, tap + ws_n - 1);
-                }
-                let (dz, dy, dx) = (tap / 9, (tap / 3) % 3, tap % 3);
-                let toff = (dz * hy + dy) * hx + dx;
-                for warp in 0..wm_n * wn_n {
-                    let (wm, wn) = (warp % wm_n, warp / wm_n);
-                    for kk in (0..cin).step_by(16) {
-                        // Per-lane ldmatrix addresses, as the kernel computes them.
-                        let a_addr = |i: usize, lane: usize| {
-                            let r = wm * tm + i * 16 + (lane & 15);
-                            let (z, yy, xx) = (r / (ty * tx), (r / tx) % ty, r % tx);
-                            let hrow = (z * hy + yy) * hx + xx;
-                            hin + (hrow + toff) * ld + kk + (lane >> 4) * 8
-                        };
-                        let b_addr = |j: usize, lane: usize| {
-                            let b_row = (lane >> 4) * 8 + (lane & 7);
-                            let b_col = ((lane >> 3) & 1) * 8;
-                            if res {
-                                w_base
-                                    + (wn * tn + b_row) * wld
-                                    + b_col
-                                    + tap * cin
-                                    + j * 16 * wld
-                                    + kk
+            let mut t = b;
+            if t < ntiles {
+                load_halo(&mut sm, in_base, t, 0, 0, hv * cpv);
+            }
+            let mut buf = 0;
+            while t < ntiles {
+                // acc[row of the block tile][column]
+                let tbm = tm * wm_n;
+                let mut acc = vec![0.0f64; tbm * c.bn];
+                for c0 in (0..xc).step_by(cin) {
+                    let hin = in_base + buf * hv * ld;
+                    if c.hb == 1 && c0 > 0 {
+                        load_halo(&mut sm, in_base, t, c0, 0, hv * cpv);
+                    }
+                    if res && c.hb == 2 && t + grid < ntiles {
+                        load_halo(
+                            &mut sm,
+                            in_base + (buf ^ 1) * hv * ld,
+                            t + grid,
+                            0,
+                            0,
+                            hv * cpv,
+                        );
+                    }
+                    // Staged, two buffers: the next (tile, chunk) whose halo comes in slabs.
+                    let (pt, pc) = if c0 + cin < xc {
+                        (t, c0 + cin)
+                    } else {
+                        (t + grid, 0)
+                    };
+                    let pre = !res && c.hb == 2 && pt < ntiles;
+                    if !res {
+                        for s in 0..ws_n - 1 {
+                            load_w(&mut sm, s, s, c0, nb0);
+                        }
+                    }
+                    for tap in 0..27 {
+                        if !res && tap + ws_n - 1 < 27 {
+                            load_w(&mut sm, (tap + ws_n - 1) % ws_n, tap + ws_n - 1, c0, nb0);
+                        }
+                        if pre {
+                            let hi = if tap == 26 {
+                                hv * cpv
                             } else {
-                                w_base
-                                    + (tap % ws_n) * c.bn * ld
-                                    + (wn * tn + b_row) * ld
-                                    + b_col
-                                    + j * 16 * ld
-                                    + kk
-                            }
-                        };
-                        let rd = |a: usize| {
-                            assert!(
-                                a + 8 <= smem_len && a.is_multiple_of(8),
-                                "{}: smem read {a}",
-                                c.name
-                            );
-                            let v = &sm[a..a + 8];
-                            assert!(
-                                v.iter().all(|f| f.is_finite()),
-                                "{}: unwritten smem {a}",
-                                c.name
-                            );
-                            v.to_vec()
-                        };
-                        for i in 0..mi {
-                            // ldmatrix.x4: matrix q's row rr comes from lane 8q + rr; the mma A
-                            // operand: q = (row / 8) + 2 * (k / 8).
-                            let am: Vec<Vec<f64>> = (0..32).map(|l| rd(a_addr(i, l))).collect();
-                            let a = |row: usize, k: usize| {
-                                am[8 * (row / 8 + 2 * (k / 8)) + row % 8][k % 8]
+                                (tap + 1) * threads
                             };
-                            for jn in 0..ni {
-                                // B operand of n-block jn: ldsm j = jn / 2, b0/b1 = matrices
-                                // 2h, 2h+1 (h = jn % 2), row = n within the 8, k halves 0-7 / 8-15.
-                                let bm: Vec<Vec<f64>> =
-                                    (0..32).map(|l| rd(b_addr(jn / 2, l))).collect();
-                                let h = jn % 2;
-                                for row in 0..16 {
-                                    for nn in 0..8 {
-                                        let mut s = 0.0;
-                                        for k in 0..16 {
-                                            let q = 2 * h + k / 8;
-                                            s += a(row, k) * bm[8 * q + nn][k % 8];
-                                        }
-                                        acc[(wm * tm + i * 16 + row) * c.bn
-                                            + wn * tn
-                                            + jn * 8
-                                            + nn] += s;
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            // Epilogue: lane holds rows lane/4 (+8) and columns (lane % 4) * 2 (+1).
-            let (n, oz0, oy0, ox0) = decode(t);
-            // conv_halo's vector epilogue (halo_store_vec; ldc = cout and coff = 0 here): the
-            // fragments are staged as fp32 rows of bn + 8 in the block's smem, then thread tid
-            // writes channels c0..c0+8 (c0 = (tid % (bn/8)) * 8) of rows tid / (bn/8), + threads / (bn/8)...
-            let tbm = tm * wm_n;
-            let ldf = c.bn + 8;
-            if v1 && cout.is_multiple_of(8) && tbm * ldf * 4 <= c.smem_bytes() as usize {
-                let mut stage = vec![f64::NAN; tbm * ldf];
-                for warp in 0..wm_n * wn_n {
-                    let (wm, wn) = (warp % wm_n, warp / wm_n);
-                    for lane in 0..32 {
-                        for i in 0..mi {
-                            for h in 0..2 {
-                                let r = wm * tm + i * 16 + (lane >> 2) + h * 8;
-                                for jn in 0..ni {
-                                    let col = wn * tn + jn * 8 + (lane & 3) * 2;
-                                    for cc in [col, col + 1] {
-                                        assert!(
-                                            stage[r * ldf + cc].is_nan(),
-                                            "{}: staged twice",
-                                            c.name
-                                        );
-                                        stage[r * ldf + cc] = acc[r * c.bn + cc];
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-                let chunks = c.bn / 8;
-                for tid in 0..threads {
-                    let c0 = (tid % chunks) * 8;
-                    if c0 >= cout {
-                        continue;
-                    }
-                    for r in (tid / chunks..tbm).step_by(threads / chunks) {
-                        let (oz, oy, ox) = (oz0 + r / (ty * tx), oy0 + (r / tx) % ty, ox0 + r % tx);
-                        if oz >= out[0] || oy >= out[1] || ox >= out[2] {
-                            continue;
-                        }
-                        let m = ((n * out[0] + oz) * out[1] + oy) * out[2] + ox;
-                        for k in 0..8 {
-                            let v = stage[r * ldf + c0 + k];
-                            assert!(
-                                v.is_finite(),
-                                "{}: unstaged row {r} column {}",
-                                c.name,
-                                c0 + k
+                            load_halo(
+                                &mut sm,
+                                in_base + (buf ^ 1) * hv * ld,
+                                pt,
+                                pc,
+                                tap * threads,
+                                hi,
                             );
-                            y[m * cout + c0 + k] = v;
-                            writes[m * cout + c0 + k] += 1;
+                        }
+                        let (dz, dy, dx) = (tap / 9, (tap / 3) % 3, tap % 3);
+                        let toff = (dz * hy + dy) * hx + dx;
+                        for warp in 0..wm_n * wn_n {
+                            let (wm, wn) = (warp % wm_n, warp / wm_n);
+                            for kk in (0..cin).step_by(16) {
+                                // Per-lane ldmatrix addresses, as the kernel computes them.
+                                let a_addr = |i: usize, lane: usize| {
+                                    let r = wm * tm + i * 16 + (lane & 15);
+                                    let (z, yy, xx) = (r / (ty * tx), (r / tx) % ty, r % tx);
+                                    let hrow = (z * hy + yy) * hx + xx;
+                                    hin + (hrow + toff) * ld + kk + (lane >> 4) * 8
+                                };
+                                let b_addr = |j: usize, lane: usize| {
+                                    let b_row = (lane >> 4) * 8 + (lane & 7);
+                                    let b_col = ((lane >> 3) & 1) * 8;
+                                    if res {
+                                        w_base
+                                            + (wn * tn + b_row) * wld
+                                            + b_col
+                                            + tap * cin
+                                            + j * 16 * wld
+                                            + kk
+                                    } else {
+                                        w_base
+                                            + (tap % ws_n) * c.bn * ld
+                                            + (wn * tn + b_row) * ld
+                                            + b_col
+                                            + j * 16 * ld
+                                            + kk
+                                    }
+                                };
+                                let rd = |a: usize| {
+                                    assert!(
+                                        a + 8 <= smem_len && a.is_multiple_of(8),
+                                        "{}: smem read {a}",
+                                        c.name
+                                    );
+                                    let v = &sm[a..a + 8];
+                                    assert!(
+                                        v.iter().all(|f| f.is_finite()),
+                                        "{}: unwritten smem {a}",
+                                        c.name
+                                    );
+                                    v.to_vec()
+                                };
+                                for i in 0..mi {
+                                    // ldmatrix.x4: matrix q's row rr comes from lane 8q + rr; the mma A
+                                    // operand: q = (row / 8) + 2 * (k / 8).
+                                    let am: Vec<Vec<f64>> =
+                                        (0..32).map(|l| rd(a_addr(i, l))).collect();
+                                    let a = |row: usize, k: usize| {
+                                        am[8 * (row / 8 + 2 * (k / 8)) + row % 8][k % 8]
+                                    };
+                                    for jn in 0..ni {
+                                        // B operand of n-block jn: ldsm j = jn / 2, b0/b1 = matrices
+                                        // 2h, 2h+1 (h = jn % 2), row = n within the 8, k halves 0-7 / 8-15.
+                                        let bm: Vec<Vec<f64>> =
+                                            (0..32).map(|l| rd(b_addr(jn / 2, l))).collect();
+                                        let h = jn % 2;
+                                        for row in 0..16 {
+                                            for nn in 0..8 {
+                                                let mut s = 0.0;
+                                                for k in 0..16 {
+                                                    let q = 2 * h + k / 8;
+                                                    s += a(row, k) * bm[8 * q + nn][k % 8];
+                                                }
+                                                acc[(wm * tm + i * 16 + row) * c.bn
+                                                    + wn * tn
+                                                    + jn * 8
+                                                    + nn] += s;
+                                            }
+                                        }
+                                    }
+                                }
+                            }
                         }
                     }
+                    if !res && c.hb == 2 {
+                        buf ^= 1;
+                    }
                 }
-            } else {
+                // Epilogue: lane holds rows lane/4 (+8) and columns (lane % 4) * 2 (+1).
+                let (n, oz0, oy0, ox0) = decode(t);
                 for warp in 0..wm_n * wn_n {
                     let (wm, wn) = (warp % wm_n, warp / wm_n);
                     for lane in 0..32 {
@@ -410,9 +383,10 @@ fn emulate_halo(
                                 for jn in 0..ni {
                                     let col = wn * tn + jn * 8 + (lane & 3) * 2;
                                     for cc in [col, col + 1] {
-                                        if cc < cout {
-                                            y[m * cout + cc] = acc[r * c.bn + cc];
-                                            writes[m * cout + cc] += 1;
+                                        let co = nb0 + cc;
+                                        if co < cout {
+                                            y[m * cout + co] = acc[r * c.bn + cc];
+                                            writes[m * cout + co] += 1;
                                         }
                                     }
                                 }
@@ -420,12 +394,14 @@ fn emulate_halo(
                         }
                     }
                 }
-            }
-            t += grid;
-            if c.hb == 2 {
-                buf ^= 1;
-            } else if t < ntiles {
-                load_halo(&mut sm, in_base, t);
+                t += grid;
+                if c.hb == 2 {
+                    if res {
+                        buf ^= 1;
+                    }
+                } else if t < ntiles {
+                    load_halo(&mut sm, in_base, t, 0, 0, hv * cpv);
+                }
             }
         }
     }
@@ -433,9 +409,10 @@ fn emulate_halo(
 }
 
 /// Every halo config's emulated launch equals the direct conv (small integers: exact in f64)
-/// on shapes with partial tiles, asymmetric pads, odd Cout, batch 2, and (persistent
-/// configs, sm_count 1..2) several tiles per block; the zero-padding configs also with real
-/// Cin 14 and 6 (and 16 = their full width), Cout 14 / 5 / 16.
+/// on shapes with partial tiles, asymmetric pads, odd Cout, batch 2, (persistent configs,
+/// sm_count 1..2) several tiles per block, Cout > bn (grid.y tiles) and, for the staged ones,
+/// chunked Cin 128 / 192 / 256 (the two-buffer ones also as a persistent block, so the slab
+/// prefetch crosses tiles).
 #[test]
 fn halo_index_emulation() {
     let mut seed = 7u64;
@@ -445,35 +422,53 @@ fn halo_index_emulation() {
             .wrapping_add(1442695040888963407);
         ((seed >> 33) % 5) as f64 - 2.0
     };
-    let mut padded = 0;
-    for c in HALO_CONFIGS {
-        // (input d, h, w, begin pads, end pads, cout, sm_count, real Cin)
-        // The second case has Cout % 8 == 0: conv_halo's vector epilogue.
+    let mut chunked = 0;
+    for (ci, c0) in HALO_CONFIGS.iter().enumerate() {
+        // (config, input d, h, w, begin pads, end pads, Cin, Cout, sm_count)
         #[allow(clippy::type_complexity)]
-        let mut cases: Vec<([usize; 3], [usize; 3], [usize; 3], usize, usize, usize)> = vec![
-            ([5, 9, 10], [1, 1, 1], [1, 1, 1], c.bn.min(33) - 1, 1, c.cin),
-            ([6, 10, 9], [1, 0, 1], [1, 2, 1], c.bn - 8, 1, c.cin),
+        let mut cases: Vec<(
+            HaloConfig,
+            [usize; 3],
+            [usize; 3],
+            [usize; 3],
+            usize,
+            usize,
+            usize,
+        )> = vec![
             (
+                *c0,
+                [5, 9, 10],
+                [1, 1, 1],
+                [1, 1, 1],
+                c0.cin,
+                c0.bn.min(33) - 1,
+                1,
+            ),
+            (
+                *c0,
                 [6, 7, 11],
                 [2, 0, 1],
                 [0, 1, 2],
-                [5, 17, 33][c.bn / 32],
+                c0.cin,
+                if c0.bn == 64 { 33 } else { 17 },
                 2,
-                c.cin,
             ),
         ];
-        if c.pad_cin {
-            assert!(c.accepts_cin(14) && c.accepts_cin(6) && !c.accepts_cin(13));
-            padded += 1;
-            cases.extend([
-                ([5, 9, 10], [1, 1, 1], [1, 1, 1], 14, 1, 14),
-                ([7, 10, 9], [0, 2, 1], [2, 1, 0], 5, 2, 14),
-                ([4, 8, 17], [1, 1, 1], [1, 1, 1], c.bn, 1, 14),
-                ([6, 7, 11], [2, 0, 1], [0, 1, 2], 14, 2, 6),
-                ([3, 9, 8], [1, 1, 1], [0, 0, 0], 5, 1, 2),
-            ]);
+        // Chunked Cin (staged only) with an odd Cout above bn (2 channel tiles) or below it.
+        let xc = if c0.wst == 0 {
+            c0.cin
+        } else {
+            [128, 192, 256][ci % 3]
+        };
+        let cout = if ci % 2 == 0 { c0.bn + 17 } else { c0.bn - 5 };
+        cases.push((*c0, [4, 6, 9], [1, 0, 2], [0, 1, 1], xc, cout, 1));
+        if c0.wst != 0 && c0.hb == 2 {
+            let pc = HaloConfig { persist: 1, ..*c0 };
+            cases.push((pc, [4, 6, 9], [1, 0, 2], [0, 1, 1], 128, c0.bn + 17, 1));
         }
-        for (inp, pb, pe, cout, smc, cin) in cases {
+        for (c, inp, pb, pe, cin, cout, smc) in cases {
+            let c = &c;
+            chunked += usize::from(cin > c.cin);
             let nb = 2;
             let out = [0, 1, 2].map(|i| inp[i] + pb[i] + pe[i] - 2);
             let x: Vec<f64> = (0..nb * inp.iter().product::<usize>() * cin)
@@ -490,8 +485,7 @@ fn halo_index_emulation() {
             let (y, writes) = emulate_halo(
                 c,
                 &x,
-                [nb, inp[0], inp[1], inp[2]],
-                cin,
+                [nb, inp[0], inp[1], inp[2], cin],
                 &w,
                 kpad,
                 cout,
@@ -544,19 +538,19 @@ fn halo_index_emulation() {
             }
             assert_eq!(
                 bad, 0,
-                "{}: {bad} outputs differ from the direct conv (Cin {cin}, {inp:?}, pads \
-                 {pb:?}/{pe:?})",
+                "{}: {bad} outputs differ from the direct conv ({inp:?}, pads {pb:?}/{pe:?})",
                 c.name
             );
             println!(
-                "{}: Cin {cin} {inp:?} pads {pb:?}/{pe:?} Cout {cout}: {} tiles on {} blocks ok",
+                "{}: {inp:?} pads {pb:?}/{pe:?} Cin {cin} Cout {cout}: {} tiles on {} x {} blocks ok",
                 c.name,
                 c.tiles(nb, out),
-                c.grid(nb, out, smc)
+                c.grid(nb, out, smc),
+                c.cout_tiles(cout)
             );
         }
     }
-    assert!(padded >= 4, "zero-padding configs emulated: {padded}");
+    assert!(chunked >= 10, "chunked-Cin cases: {chunked}");
 }
 
 /// The `UP_ENTRY(...)` lines of kernels/conv.cu (`convt_up_*`) use the tile, warps and stages

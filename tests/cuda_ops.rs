@@ -5,6 +5,7 @@
 //! element fails the check. Run on the GPU machine with tests/gpu/run.sh.
 
 use ndarray::{Array3, Array4, Array5};
+use voxtile::backend::cuda::plan::pick_halo;
 use voxtile::backend::cuda::CudaBackend;
 use voxtile::backend::Backend;
 use voxtile::model::graph::*;
@@ -1781,12 +1782,14 @@ fn kernels_used(b: &mut CudaBackend, batch: usize) -> Vec<String> {
         .collect()
 }
 
-/// The halo-tile kernels (`conv_halo_*`, stride-1 3^3, Cin 16/32/64 or an even Cin < 16
-/// zero-padded to 16, Cout <= 64) vs float64: spatial sizes that leave partial 4x8x8 tiles,
-/// zero / asymmetric pads (borders), odd and even Cout, fused activations, and outputs written
-/// into concat slices at even and odd channel offsets. Each case runs every variant that
-/// accepts its Cin at the tile width the planner picks (forced by name; Cin 6 and 2 only run
-/// forced) and checks that it is the one that ran.
+/// The halo-tile kernels (`conv_halo_*`, stride-1 3^3, Cin 16/32/64, an even Cin < 16
+/// zero-padded to 16, or Cin k x 32 in chunks; Cout <= 128) vs float64: spatial sizes that
+/// leave partial 4x8x8 tiles, zero / asymmetric pads (borders), odd and even Cout, fused
+/// activations, outputs written into concat slices at even and odd channel offsets (the
+/// vector epilogue where Cout, ldc and the offset are multiples of 8), and (phase 7) Cin
+/// 96..256 in chunks with Cout up to 128 (grid.y channel tiles). Each case runs every variant
+/// that accepts its Cin at the tile width the planner picks (forced by name; Cin 6 and 2 only
+/// run forced) and checks that it is the one that ran.
 #[test]
 fn conv_halo_cases() {
     use voxtile::backend::cuda::plan::{pick_halo, HaloConfig, HALO_CONFIGS};
@@ -1884,6 +1887,74 @@ fn conv_halo_cases() {
             "{name}: expected {kern}, ran {used:?}"
         );
     }
+    // Chunked Cin (phase 7): the default kernel (asserted), then every variant that accepts
+    // the Cin at the tile width, forced; Cout 33 / 17 / 100 / 128 (odd, two channel tiles).
+    #[allow(clippy::type_complexity)]
+    let chunked: Vec<(usize, usize, [usize; 3], [usize; 6], Option<Op>, &str)> = vec![
+        (128, 64, [5, 9, 10], [1; 6], leaky(), "conv_halo_c64n64"),
+        (
+            256,
+            33,
+            [4, 7, 9],
+            [2, 1, 0, 0, 1, 2],
+            None,
+            "conv_halo_c64n64",
+        ),
+        (
+            128,
+            17,
+            [3, 9, 12],
+            [1; 6],
+            Some(Op::Relu),
+            "conv_halo_c64n32",
+        ),
+        (192, 64, [4, 8, 8], [1; 6], None, "conv_halo_c64n64"),
+        (128, 128, [5, 8, 9], [1; 6], leaky(), "conv_halo_c64n64"),
+        (
+            256,
+            100,
+            [3, 5, 17],
+            [0, 1, 1, 1, 0, 1],
+            None,
+            "conv_halo_c64n64",
+        ),
+        (96, 20, [5, 6, 7], [1; 6], None, "conv_halo_c32n32_w4"),
+    ];
+    for (cin, cout, sp, pads, act, def) in chunked {
+        let bn = if cout <= 32 { 32 } else { 64 };
+        let forced = HALO_CONFIGS
+            .iter()
+            .filter(|v| v.accepts_cin(cin) && v.bn == bn)
+            .map(|v| Some(v.name));
+        for tile in std::iter::once(None).chain(forced) {
+            b.set_halo_tile(tile).unwrap();
+            let kern = tile.unwrap_or(def);
+            let name = format!(
+                "{kern} {cin}->{cout} {sp:?} pads {pads:?}{} (chunked Cin)",
+                if act.is_some() { " +act" } else { "" }
+            );
+            conv_case(
+                &mut b,
+                &mut r,
+                &name,
+                cin,
+                cout,
+                sp,
+                [3; 3],
+                [1; 3],
+                [1; 3],
+                pads,
+                1,
+                act.clone(),
+            );
+            let used = kernels_used(&mut b, 2);
+            assert!(
+                !used.is_empty() && used.iter().all(|k| k == kern),
+                "{name}: expected {kern}, ran {used:?}"
+            );
+        }
+    }
+    b.set_halo_tile(None).unwrap();
     // Persistent kernels on more tiles than blocks (H200: 132 SMs x persist), so blocks loop
     // over tiles, with partial tiles on every axis; Cout 5 keeps the f64 reference cheap.
     // The zero-padding ones also with real Cin 14.
@@ -1916,9 +1987,10 @@ fn conv_halo_cases() {
         }
     }
     // Channel slices: concat [conv a (Cout ca), conv b (cb), x] written in place, with the
-    // second conv at an even (32, 14) and an odd (17, 5) channel offset; default kernels and
-    // some variants (resident weights, persistent). Input channels c: 32, or 14 / 16 on the
-    // width-16 kernels.
+    // second conv at an even (32, 14, 8) and an odd (17, 5) channel offset; default kernels and
+    // some variants (resident weights, persistent). Input channels c: 32, 14 / 16 on the
+    // width-16 kernels, 128 in chunks. (32, 32, 32) and (16, 8, 16): both convs on the vector
+    // epilogue (ldc 96 / 40, offsets 0 and 32 / 8).
     for (c, ca, cb, tile) in [
         (32usize, 32usize, 32usize, None),
         (32, 17, 32, None),
@@ -1928,6 +2000,11 @@ fn conv_halo_cases() {
         (14, 5, 14, None),
         (14, 5, 16, Some("conv_halo_c16n16_rp2")),
         (16, 3, 14, Some("conv_halo_c16n16")),
+        (16, 8, 16, None),
+        // Chunked Cin 128 (phase 7): default (conv_halo_c64n32) and a staged 4-tap ring.
+        (128, 17, 32, None),
+        (128, 32, 32, Some("conv_halo_c64n32_s4")),
+        (128, 32, 64, None),
     ] {
         b.set_halo_tile(tile).unwrap();
         let sp = [5usize, 9, 10];
@@ -2318,6 +2395,9 @@ fn bench_w1_layers() {
         // 0: legacy wmma, 1: conv_mma only (halo, Cin-1 and convt_up kernels off), 2: auto.
         let c1 = kind == 'c' && ci == 1 && k == 3 && co <= 64;
         let upv = kind == 't' && k == st && ci % 8 == 0 && co % 8 == 0;
+        // The planner's halo rule (Cin k x 32 in chunks, Cout <= 128; PERF_NOTES phase 7).
+        let halo = kind == 'c'
+            && pick_halo(ci, co, [k; 3], [st; 3], [1; 3], 1, false, 227 * 1024, None).is_some();
         let mut auto_kernels = Vec::new();
         for (li, slot) in ms.iter_mut().enumerate() {
             let key = (kind, ci, co, s, k, st, li);
@@ -2325,7 +2405,6 @@ fn bench_w1_layers() {
                 *slot = t;
                 continue;
             }
-            let halo = kind == 'c' && k == 3 && st == 1 && matches!(ci, 32 | 64) && co <= 64;
             if li == 1 && !(halo || c1 || upv) {
                 // No special kernel: the auto run is the same kernel.
                 continue;
@@ -2364,7 +2443,7 @@ fn bench_w1_layers() {
                 })
             };
             let t = time_one(&mut b, &mut r, op, ci, co, n, s);
-            if li == 2 && (c1 || upv) {
+            if li == 2 && (c1 || upv || halo) {
                 auto_kernels = kernels_used(&mut b, n);
             }
             cache.insert(key, t);
@@ -2383,6 +2462,13 @@ fn bench_w1_layers() {
                 "{auto_kernels:?}"
             );
         }
+        if halo {
+            assert!(
+                !auto_kernels.is_empty()
+                    && auto_kernels.iter().all(|k| k.starts_with("conv_halo_")),
+                "{kind} {ci}->{co} at {s}^3: {auto_kernels:?}"
+            );
+        }
         if ms[1] == 0.0 {
             ms[1] = ms[2];
         }
@@ -2391,13 +2477,18 @@ fn bench_w1_layers() {
         tot_new += ms[2];
         tot_flop += flop;
         println!(
-            "RESULT w1 {kind} {ci:>3}->{co:<3} k{k}s{st} in {s:>3}^3: legacy {:7.3} ms {:6.1} TF/s | mma {:7.3} ms {:6.1} TF/s | auto {:7.3} ms {:6.1} TF/s",
+            "RESULT w1 {kind} {ci:>3}->{co:<3} k{k}s{st} in {s:>3}^3: legacy {:7.3} ms {:6.1} TF/s | mma {:7.3} ms {:6.1} TF/s | auto {:7.3} ms {:6.1} TF/s{}",
             ms[0],
             flop / ms[0] / 1e9,
             ms[1],
             flop / ms[1] / 1e9,
             ms[2],
-            flop / ms[2] / 1e9
+            flop / ms[2] / 1e9,
+            if auto_kernels.is_empty() {
+                String::new()
+            } else {
+                format!(" [{}]", auto_kernels.join(", "))
+            }
         );
     }
     b.set_halo_conv(true);
@@ -2493,6 +2584,8 @@ fn bench_halo_variants() {
         (14, 14, 4, 128, "W2 14->14 4x128^3"),
         (16, 16, 4, 64, "W2 16->16 4x64^3"),
         (4, 16, 4, 128, "Cin4 4->16 4x128^3"),
+        (128, 64, 4, 64, "128->64 4x64^3"),
+        (128, 128, 4, 32, "128->128 4x32^3"),
     ] {
         let flop = 2.0 * (n * s * s * s) as f64 * cout as f64 * (27 * cin) as f64;
         let conv = |r: &mut Rng| {
@@ -2509,7 +2602,7 @@ fn bench_halo_variants() {
             })
         };
         // The old path: halo off, asserted not to run a halo kernel.
-        let old = (cin < 32).then(|| {
+        let old = (cin < 32 || cin > 64).then(|| {
             b.set_halo_conv(false);
             let op = conv(&mut r);
             let t = time_one(&mut b, &mut r, op, cin, cout, n, s);
@@ -2527,12 +2620,13 @@ fn bench_halo_variants() {
             t
         });
         // The variants at the planner's tile width (the narrowest that holds Cout).
-        let runs = |v: &&HaloConfig| v.accepts_cin(cin) && cout <= v.bn;
-        let bn = HALO_CONFIGS
-            .iter()
-            .filter(runs)
-            .map(|v| v.bn)
+        // (Cout above every width: the widest, in grid.y channel tiles.)
+        let runs = |v: &&HaloConfig| v.accepts_cin(cin);
+        let widths = || HALO_CONFIGS.iter().filter(runs).map(|v| v.bn);
+        let bn = widths()
+            .filter(|&w| cout <= w)
             .min()
+            .or_else(|| widths().max())
             .unwrap();
         let default = pick_halo(
             cin,
@@ -2583,7 +2677,7 @@ fn bench_halo_variants() {
         };
         if let (Some(t0), Some((t1, name))) = (old, new) {
             println!(
-                "RESULT w2 c {cin}->{cout} k3s1 {label}: old {t0:.3} ms {:.1} TF/s | new {t1:.3} ms {:.1} TF/s on {name}{} ({:.2}x)",
+                "RESULT halo-vs-old c {cin}->{cout} k3s1 {label}: old {t0:.3} ms {:.1} TF/s | new {t1:.3} ms {:.1} TF/s on {name}{} ({:.2}x)",
                 flop / t0 / 1e9,
                 flop / t1 / 1e9,
                 if default == Some(name) { " [default]" } else { " [fastest variant, forced]" },

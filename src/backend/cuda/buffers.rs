@@ -32,7 +32,8 @@ pub struct ArchCaps {
     pub smem_optin: usize,
     /// mma.sync conv kernels (sm_80+ unless the legacy wmma path is asked for).
     pub conv_mma: bool,
-    /// Stride-1 3^3 convs with Cin 16/32/64 (even Cin 10..14 zero-padded to 16) on `conv_halo_*`.
+    /// Stride-1 3^3 convs with Cin 16, 32, 64 or a multiple of 32 (even Cin 10..14 zero-padded
+    /// to 16) on `conv_halo_*` (plan::pick_halo).
     pub conv_halo: bool,
     /// Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `conv_c1_k3` (unless a tile is forced).
     pub conv_c1: bool,
@@ -706,6 +707,13 @@ mod tests {
                 h200,
                 geom([32, 16, 16, 16], [32, 16, 16, 16], 3, 1, 1, false),
                 vec![32, 32, 3, 3, 3],
+                "Halo",
+            ),
+            // Cin 128 / Cout 128 (phase 7): Cin chunks and 2 channel tiles, the same weights.
+            (
+                h200,
+                geom([128, 8, 8, 8], [128, 8, 8, 8], 3, 1, 1, false),
+                vec![128, 128, 3, 3, 3],
                 "Halo",
             ),
             (

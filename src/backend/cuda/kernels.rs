@@ -56,6 +56,8 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
             "conv_halo_c16n32",
             "conv_halo_c16n16_r",
             "conv_halo_c16n16_rp2",
+            "conv_halo_c64n64_h2",
+            "conv_halo_c32n64_h2",
         ],
     ),
     (

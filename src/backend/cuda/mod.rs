@@ -288,7 +288,8 @@ pub struct CudaBackend {
     conv_mma: bool,
     /// Forces one `conv_mma_*` tile for every mma conv (tests and benchmarks); None: by shape.
     conv_tile: Option<&'static str>,
-    /// Stride-1 3^3 convs with Cin 32/64 run on `conv_halo_*` (unless a tile is forced).
+    /// Stride-1 3^3 convs with Cin a multiple of 32 run on `conv_halo_*` (plan::pick_halo),
+    /// unless a tile is forced.
     conv_halo: bool,
     /// Cin-1 3^3 convs run on `conv_c1_k3`.
     conv_c1: bool,
@@ -428,9 +429,10 @@ impl CudaBackend {
         self.conv_mma = !legacy && ma >= 8;
     }
 
-    /// Runs eligible stride-1 3^3 convs (Cin 32/64, Cout <= 64) on the halo-tile kernels
-    /// (default on sm_80+) or on the `conv_mma_*` tiles (before/after benchmarks); takes effect
-    /// at the next `prepare`. A forced tile (`set_conv_tile`) also turns them off.
+    /// Runs eligible stride-1 3^3 convs (Cin k x 32, Cout <= 128: plan::pick_halo) on the
+    /// halo-tile kernels (default on sm_80+) or on the `conv_mma_*` tiles (before/after
+    /// benchmarks); takes effect at the next `prepare`. A forced tile (`set_conv_tile`) also
+    /// turns them off.
     pub fn set_halo_conv(&mut self, on: bool) {
         self.conv_halo = on;
     }
@@ -449,7 +451,8 @@ impl CudaBackend {
     }
 
     /// Forces the `conv_halo_*` kernel `name` (one of `plan::HALO_CONFIGS`) for the halo convs
-    /// whose Cin and tile width it matches, from the next `prepare`; None: the default ones.
+    /// whose Cin it accepts (`HaloConfig::accepts_cin`) and tile width it matches (any Cout),
+    /// from the next `prepare`; None: the default ones.
     pub fn set_halo_tile(&mut self, name: Option<&str>) -> Result<()> {
         self.halo_tile =
             known_kernel(name, plan::HALO_CONFIGS.iter().map(|c| c.name), "halo conv")?;
@@ -1200,7 +1203,7 @@ impl CudaBackend {
                     c.smem_bytes(),
                 )])
             }
-            // Stride-1 3^3 with Cin 32/64: the input halo of a 4x8x8 output tile loaded once
+            // Stride-1 3^3 with Cin k x 32: the input halo of a 4x8x8 output tile loaded once
             // for all 27 taps (`conv_halo_*`), the mma weight layout; or the mma / legacy tiles.
             K::Halo(_) | K::Mma(_) | K::Legacy { .. } | K::Cin1 => {
                 let (wh, kpad) = plan::relayout_weight(
@@ -1311,14 +1314,14 @@ impl CudaBackend {
                             ],
                         )?;
                     } else if let Some(c) = plan::halo_config(func) {
-                        // One block per output tile (all Cout in the block), or persistent
-                        // blocks that loop over the tiles.
+                        // One block per output tile, or persistent blocks that loop over the
+                        // tiles; grid.y: the bn-wide output-channel tiles.
                         let out = [p.do_ as usize, p.ho as usize, p.wo as usize];
                         let blocks = c.grid(n, out, self.sm_count as usize);
                         self.launch(
                             s,
                             func,
-                            (blocks, 1, 1),
+                            (blocks, c.cout_tiles(p.cout as usize), 1),
                             *threads,
                             *smem,
                             &mut [

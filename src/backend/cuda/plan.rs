@@ -241,6 +241,7 @@ pub fn pick_mma(m: usize, n: usize, vw: usize, sms: usize) -> &'static MmaConfig
 
 /// One `conv_halo_*` kernel of kernels/conv.cu: stride-1 3^3 conv whose blocks load an output
 /// tile's input halo into shared memory once for all 27 taps.
+#[derive(Clone, Copy, Debug)]
 pub struct HaloConfig {
     pub name: &'static str,
     /// Channels of a shared-memory halo / weight row (the conv's Cin, or see `pad_cin`).
@@ -266,10 +267,14 @@ pub struct HaloConfig {
 pub const HALO_TILE: [usize; 3] = [4, 8, 8];
 
 impl HaloConfig {
-    /// Whether the kernel computes a conv with `cin` input channels (its smem width, or an
-    /// even Cin below it on the zero-padding configs).
+    /// Whether the kernel computes a conv with `cin` input channels: its smem width; an even Cin
+    /// below it on the zero-padding configs (phase 6); or (staged weights, width >= 32, phase 7)
+    /// Cin = k * width in chunks of width channels. Resident weights hold the 27 taps of one
+    /// chunk only, so those need Cin <= width.
     pub fn accepts_cin(&self, cin: usize) -> bool {
-        cin == self.cin || (self.pad_cin && cin > 0 && cin.is_multiple_of(2) && cin < self.cin)
+        cin == self.cin
+            || (self.pad_cin && cin > 0 && cin.is_multiple_of(2) && cin < self.cin)
+            || (self.wst != 0 && self.cin >= 32 && cin > 0 && cin.is_multiple_of(self.cin))
     }
 
     /// Rows of one halo buffer: the tile grown by the 3^3 kernel's reach.
@@ -293,6 +298,12 @@ impl HaloConfig {
         n * (0..3)
             .map(|i| out[i].div_ceil(self.tile[i]))
             .product::<usize>()
+    }
+
+    /// grid.y: the bn-wide output-channel tiles of a Cout-channel conv (the weight rows are
+    /// padded to MMA_N_PAD, a multiple of every bn, so the last tile reads padding).
+    pub fn cout_tiles(&self, cout: usize) -> u32 {
+        cout.div_ceil(self.bn).max(1) as u32
     }
 
     /// Grid size: one block per tile, or `persist` blocks per SM (never more than the tiles).
@@ -415,15 +426,27 @@ pub const HALO_CONFIGS: &[HaloConfig] = &[
         3,
     )),
     padded(halo_v1("conv_halo_c16n32", 16, 32, 4, 1)),
+    // Phase 7: two halo buffers, the next Cin chunk's halo copied during this chunk's taps.
+    halo_v2("conv_halo_c64n64_h2", 64, 64, 4, 2, [4, 8, 8], 2, 2, 0),
+    halo_v2("conv_halo_c32n64_h2", 32, 64, 4, 2, [4, 8, 8], 2, 2, 0),
 ];
 
+/// Largest Cout that takes a halo kernel by default (grid.y over 64-wide tiles; a forced
+/// variant runs any Cout). Cout 65..128 (W1: 128->128 and 256->128 at 32^3) load the halo once
+/// per 64-wide output tile: 2 x 600/256 input reads per output voxel, vs 27 for conv_mma's
+/// per-tap gather. Above 128 the W1 layers are 16^3 and smaller, where 256-voxel tiles give too
+/// few blocks (256->256 at 16^3, batch 4: 64 tiles x 4 channel tiles, under one wave).
+pub const HALO_MAX_COUT: usize = 128;
+
 /// The halo kernel for a conv, when one applies: not transposed, one group, kernel 3^3,
-/// stride 1, dilation 1 (any pads), Cin 16, 32 or 64 (or an even Cin in 10..14 on the
-/// zero-padding width-16 kernels), Cout <= 64, and its shared memory within `smem_max` (the
-/// device's opt-in limit per block). The tile width is the narrowest that holds Cout. `force`
-/// names a HALO_CONFIGS entry to use instead of the default one when it accepts the conv's Cin
-/// at that width (and fits); forced, a padding kernel also runs Cin 2..8 (more than half of
-/// its channels padding: not a default until measured).
+/// stride 1, dilation 1 (any pads), Cin 16, 32, 64 or a multiple of 32 (Cin > 64 in chunks:
+/// phase 7; an even Cin in 10..14 on the zero-padding width-16 kernels: phase 6), Cout <=
+/// HALO_MAX_COUT (above the tile width: grid.y over bn-wide tiles), and its shared memory within
+/// `smem_max` (the device's opt-in limit per block). The tile width is the narrowest that holds
+/// Cout (64 above 64). Default: the entry of the largest chunk (fewer chunk barriers and halo
+/// reloads), first in HALO_CONFIGS order among equals. `force` names a HALO_CONFIGS entry to
+/// use instead when it accepts the Cin, has the tile width and fits (any Cout); forced, a
+/// padding kernel also runs Cin 2..8 (more than half of its channels padding: not a default).
 #[allow(clippy::too_many_arguments)]
 pub fn pick_halo(
     cin: usize,
@@ -436,22 +459,27 @@ pub fn pick_halo(
     smem_max: usize,
     force: Option<&str>,
 ) -> Option<&'static HaloConfig> {
-    if transposed || groups != 1 || k != [3; 3] || stride != [1; 3] || dil != [1; 3] || cout > 64 {
+    if transposed || groups != 1 || k != [3; 3] || stride != [1; 3] || dil != [1; 3] || cout == 0 {
         return None;
     }
-    let runs =
-        |c: &&HaloConfig| c.accepts_cin(cin) && cout <= c.bn && c.smem_bytes() as usize <= smem_max;
-    let bn = HALO_CONFIGS.iter().filter(runs).map(|c| c.bn).min()?;
+    let runs = |c: &&HaloConfig| c.accepts_cin(cin) && c.smem_bytes() as usize <= smem_max;
+    let widths = || HALO_CONFIGS.iter().filter(runs).map(|c| c.bn);
+    let bn = widths().filter(|&b| cout <= b).min().or_else(|| widths().max())?;
     let fits = |c: &&HaloConfig| runs(c) && c.bn == bn;
     if let Some(f) = force {
         if let Some(c) = HALO_CONFIGS.iter().filter(fits).find(|c| c.name == f) {
             return Some(c);
         }
     }
+    if cout > HALO_MAX_COUT {
+        return None;
+    }
+    // Largest chunk first; among equals the first line (min_by_key keeps the first minimum).
     HALO_CONFIGS
         .iter()
         .filter(fits)
-        .find(|c| cin == c.cin || 2 * cin > c.cin)
+        .filter(|c| cin == c.cin || 2 * cin > c.cin)
+        .min_by_key(|c| std::cmp::Reverse(c.cin))
 }
 
 /// Whether a transposed conv is a pure "each input voxel paints one k^3 block" upsampling
@@ -1060,7 +1088,7 @@ mod tests {
         assert!(is_upsampling_convt(
             [2; 3], [2; 3], [1; 3], &[0; 6], [0; 3], 1
         ));
-        // Halo kernel: stride-1 3^3 with Cin 32/64, Cout <= 64, where its smem fits.
+        // Halo kernel: stride-1 3^3 with Cin k x 32, Cout <= 128, where its smem fits.
         let h =
             |ci, co, k, s, d, g, t, m| pick_halo(ci, co, k, s, d, g, t, m, None).map(|c| c.name);
         let big = 227 * 1024;
@@ -1084,8 +1112,34 @@ mod tests {
             h(32, 48, [3; 3], [1; 3], [1; 3], 1, false, big),
             Some("conv_halo_c32n64")
         );
-        assert_eq!(h(64, 64, [3; 3], [1; 3], [1; 3], 1, false, 99 * 1024), None);
-        assert_eq!(h(64, 128, [3; 3], [1; 3], [1; 3], 1, false, big), None);
+        // sm_86's 99 KB: c64n64 (105 KB) does not fit, c32n64 runs Cin 64 as 2 chunks.
+        assert_eq!(
+            h(64, 64, [3; 3], [1; 3], [1; 3], 1, false, 99 * 1024),
+            Some("conv_halo_c32n64")
+        );
+        assert_eq!(h(64, 64, [3; 3], [1; 3], [1; 3], 1, false, 50 * 1024), None);
+        // Chunked Cin (phase 7): the largest chunk that divides Cin; Cout 65..128 in 2 tiles.
+        for (ci, co, want) in [
+            (128, 64, "conv_halo_c64n64"),
+            (256, 64, "conv_halo_c64n64"),
+            (192, 33, "conv_halo_c64n64"),
+            (128, 32, "conv_halo_c64n32"),
+            (96, 64, "conv_halo_c32n64"),
+            (96, 20, "conv_halo_c32n32_w4"),
+            (160, 32, "conv_halo_c32n32_w4"),
+            (128, 128, "conv_halo_c64n64"),
+            (256, 128, "conv_halo_c64n64"),
+            (64, 100, "conv_halo_c64n64"),
+        ] {
+            assert_eq!(
+                h(ci, co, [3; 3], [1; 3], [1; 3], 1, false, big),
+                Some(want),
+                "{ci}->{co}"
+            );
+        }
+        assert_eq!(h(256, 256, [3; 3], [1; 3], [1; 3], 1, false, big), None);
+        assert_eq!(h(48, 32, [3; 3], [1; 3], [1; 3], 1, false, big), None);
+        assert_eq!(h(0, 32, [3; 3], [1; 3], [1; 3], 1, false, big), None);
         assert_eq!(h(24, 32, [3; 3], [1; 3], [1; 3], 1, false, big), None);
         assert_eq!(h(32, 32, [3; 3], [2; 3], [1; 3], 1, false, big), None);
         assert_eq!(h(32, 32, [3; 3], [1; 3], [2; 3], 1, false, big), None);
@@ -1102,9 +1156,46 @@ mod tests {
             f(64, 30, Some("conv_halo_c64n32_w4")),
             Some("conv_halo_c64n32_w4")
         );
-        // A forced tile of another Cin / width falls back to the default.
+        // Forced: any Cout (grid.y), chunked Cin on a staged kernel; resident weights hold one
+        // chunk only, so a forced resident kernel on Cin 128 falls back to the default.
+        assert_eq!(
+            f(256, 256, Some("conv_halo_c64n64_h2")),
+            Some("conv_halo_c64n64_h2")
+        );
+        assert_eq!(
+            f(128, 64, Some("conv_halo_c32n64")),
+            Some("conv_halo_c32n64")
+        );
+        assert_eq!(
+            f(128, 32, Some("conv_halo_c64n32_rp")),
+            Some("conv_halo_c64n32")
+        );
+        assert_eq!(f(256, 256, Some("conv_halo_c64n32_rp")), None);
+        let hc = |n| halo_config(n).unwrap();
+        assert!(hc("conv_halo_c64n64").accepts_cin(320));
+        assert!(!hc("conv_halo_c64n64").accepts_cin(96));
+        assert!(hc("conv_halo_c32n32_s4").accepts_cin(96));
+        assert!(!hc("conv_halo_c32n32_rp").accepts_cin(64));
+        assert_eq!(hc("conv_halo_c64n64").cout_tiles(128), 2);
+        assert_eq!(hc("conv_halo_c64n64").cout_tiles(129), 3);
+        assert_eq!(hc("conv_halo_c32n32").cout_tiles(17), 1);
+        // Two weight stages + two 600-row halos of 64 + 8 / 32 + 8 halves.
+        assert_eq!(
+            hc("conv_halo_c64n64_h2").smem_bytes(),
+            (2 * 64 * 72 + 2 * 600 * 72) * 2
+        );
+        assert_eq!(
+            hc("conv_halo_c32n64_h2").smem_bytes(),
+            (2 * 64 * 40 + 2 * 600 * 40) * 2
+        );
+        // A forced Cin-32 staged tile runs Cin 64 in 2 chunks; a resident one (one chunk
+        // only) falls back to the default.
         assert_eq!(
             f(64, 32, Some("conv_halo_c32n32_w4")),
+            Some("conv_halo_c32n32_w4")
+        );
+        assert_eq!(
+            f(64, 32, Some("conv_halo_c32n32_rp")),
             Some("conv_halo_c64n32")
         );
         // Phase-4 variants: forced by name where they fit, never the default; the 216 KB
@@ -1132,7 +1223,6 @@ mod tests {
         }
         // Resident weights: 32 rows of 27 * 32 + 8 halves + the 600-row halo; 8x8x8 tile:
         // 1000-row halos, two of them; persistent grids stop at persist x SMs.
-        let hc = |n| halo_config(n).unwrap();
         assert_eq!(
             hc("conv_halo_c32n32_r").smem_bytes(),
             (32 * 872 + 600 * 40) * 2
