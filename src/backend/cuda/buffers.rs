@@ -913,6 +913,61 @@ mod tests {
         assert!(k.funcs()[0].starts_with("convt_up_"), "{k:?}");
     }
 
+    /// Arena offsets: aligned, buffers whose lifetimes meet never share a byte, the arena is at
+    /// least the most bytes live at one launch (brute force over launches) and, for a chain of
+    /// values each read by the next launch only, exactly the largest neighbouring pair.
+    #[test]
+    fn arena_offsets_never_overlap_live_buffers() {
+        let mut rng = 99u64;
+        let mut next = |m: usize| {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (rng >> 33) as usize % m
+        };
+        for _ in 0..200 {
+            let n = 1 + next(30);
+            let sizes: Vec<usize> = (0..n).map(|_| 1 + next(5000)).collect();
+            let life: Vec<(usize, usize)> = (0..n)
+                .map(|_| {
+                    let a = next(20);
+                    (
+                        a,
+                        if next(8) == 0 {
+                            usize::MAX
+                        } else {
+                            a + next(6)
+                        },
+                    )
+                })
+                .collect();
+            let (off, arena) = arena_offsets(&sizes, &life);
+            let al = |b: usize| b.div_ceil(ARENA_ALIGN) * ARENA_ALIGN;
+            for a in 0..n {
+                assert_eq!(off[a] % ARENA_ALIGN, 0);
+                assert!(off[a] + sizes[a] <= arena);
+                for b in 0..a {
+                    let meet = life[a].0 <= life[b].1 && life[b].0 <= life[a].1;
+                    let share = off[a] < off[b] + sizes[b] && off[b] < off[a] + sizes[a];
+                    assert!(!(meet && share), "{a} and {b} overlap");
+                }
+            }
+            let peak = (0..30)
+                .map(|t| {
+                    (0..n)
+                        .filter(|&b| life[b].0 <= t && t <= life[b].1)
+                        .map(|b| al(sizes[b]))
+                        .sum::<usize>()
+                })
+                .max()
+                .unwrap();
+            assert!(arena >= peak);
+        }
+        let sizes = [4096usize, 1024, 8192, 512, 2048];
+        let life: Vec<(usize, usize)> = (0..5).map(|i| (i, i + 1)).collect();
+        assert_eq!(arena_offsets(&sizes, &life).1, 1024 + 8192);
+    }
+
     #[test]
     fn alloc_floor_and_caps() {
         assert_eq!(alloc_size(0), 256);

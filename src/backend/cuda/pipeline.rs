@@ -1367,6 +1367,87 @@ mod tests {
         }
     }
 
+    /// The ring is what the batches need: with rows of windows `step` apart, batches that fit in
+    /// `min(d, 2 rd)` planes are never cut (the steps are plain chunks of `batch` windows, as
+    /// with an unbounded ring), the ring is `rd` at batch 1 and at most `rd + step` while a
+    /// batch cannot span three rows; windows starting after plane 0 get their leading planes
+    /// finalised first and the ring still holds every plane in flight.
+    #[test]
+    fn ring_fits_the_batches_and_never_cuts_them() {
+        let mut rng = 12345u64;
+        let mut next = |m: usize| {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (rng >> 33) as usize % m
+        };
+        for case in 0..400 {
+            let rd = 1 + next(40);
+            let step = 1 + next(rd);
+            let per_row = 1 + next(8);
+            let rows = 1 + next(6);
+            let first = if case % 3 == 0 { next(20) as i64 } else { 0 };
+            let d = (first as usize + (rows - 1) * step + rd).max(1) - next(3).min(rd - 1);
+            let batch = 1 + next(12);
+            let mut z0 = Vec::new();
+            for r in 0..rows {
+                for _ in 0..per_row {
+                    z0.push(first + (r * step) as i64);
+                }
+            }
+            let ring = ring_planes(&z0, rd, d, batch);
+            let clamp = |z: i64| z.clamp(0, d as i64) as usize;
+            assert!(ring <= ring_cap(d, rd) && ring >= 1);
+            // Spans of the chunks an unbounded ring gives.
+            let chunks: Vec<(usize, usize)> = (0..z0.len())
+                .step_by(batch)
+                .map(|i| (i, (i + batch).min(z0.len())))
+                .collect();
+            let widest = chunks
+                .iter()
+                .map(|&(i, j)| clamp(z0[j - 1] + rd as i64) - clamp(z0[i]))
+                .max()
+                .unwrap();
+            assert!(ring >= widest.min(ring_cap(d, rd)), "case {case}");
+            if batch == 1 {
+                assert_eq!(ring, rd.min(d), "case {case}");
+            }
+            if batch <= per_row {
+                assert!(ring <= (rd + step).min(d), "case {case}: {ring}");
+            }
+            let (r2, steps) = schedule(&z0, rd, d, batch);
+            assert_eq!(r2, ring);
+            let run: Vec<(usize, usize)> = steps
+                .iter()
+                .filter(|s| s.end > s.begin)
+                .map(|s| (s.begin, s.end))
+                .collect();
+            if widest <= ring_cap(d, rd) {
+                assert_eq!(run, chunks, "case {case}: a batch was cut");
+            }
+            let mut fin = vec![0usize; d];
+            for st in &steps {
+                for i in st.begin..st.end {
+                    let z1 = clamp(z0[i] + rd as i64);
+                    assert!(z1 <= st.final_lo + ring, "case {case}: ring overflow");
+                    assert!(
+                        clamp(z0[i]) >= st.final_lo,
+                        "case {case}: plane finalised early"
+                    );
+                }
+                for p in st.final_lo..st.final_hi {
+                    fin[p] += 1;
+                }
+            }
+            assert!(fin.iter().all(|&f| f == 1), "case {case}: {fin:?}");
+        }
+        // W1: 512 planes, rows of 7 windows 64 apart (the last pulled back to 384).
+        let z0: Vec<i64> = (0..7).flat_map(|r| [r * 64; 7]).collect();
+        for (batch, ring) in [(1, 128), (2, 192), (4, 192), (8, 192), (15, 256), (16, 256)] {
+            assert_eq!(ring_planes(&z0, 128, 512, batch), ring, "batch {batch}");
+        }
+    }
+
     /// The host gather against direct indexing with padding.
     #[test]
     fn gather_matches_indexing() {
