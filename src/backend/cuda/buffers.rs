@@ -1,9 +1,10 @@
 //! The CUDA backend's buffer plan, host only: which fp16 activation buffers exist and their
 //! bytes, which launch writes which buffer, the kernel of every conv and the constants it
-//! uploads (re-laid fp16 GEMM operands with their padding, biases, norm parameters...), and the
-//! per-plan scratch (f32 staging, norm reductions). `CudaBackend::prepare` allocates exactly
-//! this list and the memory planner (`crate::plan`) sums it, so the prediction cannot drift from
-//! what the backend allocates. Device-dependent choices come in as [`ArchCaps`].
+//! uploads (re-laid fp16 GEMM operands with their padding, biases, norm parameters...), the
+//! per-plan norm scratch, and where each buffer sits in the one activation arena.
+//! `CudaBackend::prepare` allocates exactly this list and the memory planner (`crate::plan`) sums
+//! it, so the prediction cannot drift from what the backend allocates. Device-dependent choices
+//! come in as [`ArchCaps`].
 
 use super::plan::{
     concat_slice, consumers, fusable_activation, gather_width, infer_shapes, is_upsampling_convt,

@@ -2,7 +2,7 @@
 //!
 //! Activations live on the device as fp16 NDHWC (channels last, so a conv's GEMM K dimension is
 //! contiguous); accumulation is fp32. `prepare` compiles the graph once per (roi, batch) into a
-//! launch list over preallocated buffers that are reused by liveness; `run` only launches.
+//! launch list over buffers placed by liveness in one preallocated arena; `run` only launches.
 //! cudarc's per-buffer event tracking is switched off: this module orders its own streams.
 
 pub mod buffers;
