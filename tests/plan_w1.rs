@@ -99,7 +99,7 @@ fn builder_matches_the_exported_plain_conv_unet() {
     );
 }
 
-/// Prints the W1 device plan at roi 128 for batch 1, 2, 4: the buffer plan (activation pool,
+/// Prints the W1 device plan at roi 128 for batch 1 to 4: the buffer plan (activation pool,
 /// constants, scratch) and the pipeline's buffers, and checks the planner's total is their sum.
 #[test]
 fn w1_plan_breakdown() {
@@ -107,7 +107,7 @@ fn w1_plan_breakdown() {
     let caps = ArchCaps::h200();
     let w = w1_workload();
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    for batch in [1usize, 2, 4] {
+    for batch in [1usize, 2, 3, 4] {
         let bp = buffer_plan(&g, batch, ROI, &caps).unwrap();
         let grid = voxtile::tiling::Grid::new(W1_SHAPE, ROI, [0.5; 3], Placement::Monai).unwrap();
         let z0 = window_z0(&grid.starts, grid.pad_before[0]);
