@@ -9,23 +9,25 @@
 //!   it), dead branches are skipped. The prediction equals `CpuBackend::last_stats().peak_live_bytes`.
 //! - CUDA (fp16): not a replay but the backend's own host-only buffer plan
 //!   (`backend::cuda::plan::buffer_plan`), which `CudaBackend::prepare` allocates exactly:
-//!   the fp16 activation pool (fusion, concat slices, best-fit reuse), every constant upload
-//!   (re-laid fp16 weights with their padding, per parity class for strided transposed convs,
-//!   biases, norm parameters), the f32 staging and the norm scratch, each with the 256-byte
-//!   allocation floor. Device-dependent kernel choices take the target's `ArchCaps` (an H200,
-//!   sm_90, unless given: [`estimate_on`]).
+//!   the fp16 activation arena (fusion, concat slices, buffers placed by liveness), every
+//!   constant upload (re-laid fp16 weights with their padding, per parity class for strided
+//!   transposed convs, biases, norm parameters) and the norm scratch, each with the 256-byte
+//!   allocation floor (the single-window API's f32 staging is made only when that API is
+//!   used). Device-dependent kernel choices take the target's `ArchCaps` (an H200, sm_90,
+//!   unless given: [`estimate_on`]).
 //!
 //! The rest is counted from the same code paths: weights (f32 on the host, held twice on the CPU
 //! path: the engine's graph and the backend's copy; the buffer plan's constants on the device),
 //! workspace (CPU im2col/col2im chunk of each conv, ≤ 4 MiB unless one row is larger; CUDA: the
-//! buffer plan's f32 staging and norm scratch), staging (the window
+//! buffer plan's norm scratch), staging (the window
 //! batch on the host; pinned double buffers and the device window buffers on CUDA) and
 //! accumulators (CPU `SlabBlender`: roi_D padded planes, plus its transient copy while it shifts;
-//! CUDA: the ring of `min(D, 2·roi_D)` planes of fp32 sums and the finalised-plane staging).
+//! CUDA: the ring of fp32 sums over the planes `batch` consecutive windows span, at most
+//! `min(D, 2·roi_D)`, and the finalised-plane staging).
 
 use crate::backend::cpu::ops::{is_inplace, COL_BUDGET_BYTES};
 use crate::backend::cuda::pipeline::{
-    pipeline_alloc, ring_planes, stage_planes, GatherMode, OUT_SLOTS,
+    pipeline_alloc, stage_planes, window_z0, GatherMode, OUT_SLOTS,
 };
 use crate::backend::cuda::plan as cplan;
 use crate::model::graph::{Graph, Op};
@@ -425,10 +427,21 @@ pub fn estimate_on(
             let b = batch as u64;
             let argmax = !w.keep_logits && cout > 1;
             let win_in = b * cin as u64 * rvox;
-            let win_out = b * cout as u64 * rvox;
-            // The streamed pipeline's own buffers, exactly as `pipeline` allocates them.
-            let pa = pipeline_alloc(roi, batch, cin, cout, w.shape, argmax, GatherMode::Auto);
-            let ring = ring_planes(w.shape[0], roi[0]);
+            // The streamed pipeline's own buffers, exactly as `pipeline` allocates them for the
+            // engine's windows.
+            let grid = Grid::new(w.shape, roi, w.overlap, w.placement)?;
+            let z0 = window_z0(&grid.starts, grid.pad_before[0]);
+            let pa = pipeline_alloc(
+                roi,
+                batch,
+                cin,
+                cout,
+                w.shape,
+                argmax,
+                GatherMode::Auto,
+                &z0,
+            );
+            let ring = pa.ring;
             let hw = w.shape[1] * w.shape[2];
             let out_slot = pa.out_slots / OUT_SLOTS as u64;
             // Pinned input: two window batches (host gather) or two plane slots (device gather).
@@ -439,8 +452,8 @@ pub fn estimate_on(
                 2 * win_in * F16
             };
             // The prepared plan exactly as `CudaBackend::prepare` allocates it: constants
-            // (re-laid fp16 weights, biases, norm parameters), the fp16 activation pool, and the
-            // f32 in/out staging plus norm scratch.
+            // (re-laid fp16 weights, biases, norm parameters), the fp16 activation arena, and the
+            // norm scratch (the single-window API's f32 staging is not made by the pipeline).
             let budgeted = Breakdown {
                 weights: bp.const_alloc(),
                 activations: bp.activation_alloc(),
@@ -452,8 +465,7 @@ pub fn estimate_on(
             let host = Breakdown {
                 weights: params * F32,
                 activations: 0,
-                // Pinned f32 in/out of the prepared plan.
-                workspace: win_in * F32 + win_out * F32,
+                workspace: 0,
                 // Pinned fp16 input staging and downloaded planes (OUT_SLOTS slots).
                 staging: host_in + OUT_SLOTS as u64 * out_slot,
                 accumulators: 0,

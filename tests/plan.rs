@@ -431,18 +431,22 @@ fn cuda_prediction_is_the_backend_buffer_plan() {
                 let e = plan::estimate(&g, Target::Cuda, roi, batch, &workload([160, 160, 96]))
                     .unwrap();
                 let consts: u64 = bp.consts.iter().map(|c| floor(c.bytes)).sum();
-                let acts: u64 = bp.bufs.iter().map(|&b| floor(b)).sum();
-                let scratch: u64 = [bp.stage_in, bp.stage_out, bp.norm_sums, bp.norm_ab]
-                    .iter()
-                    .map(|&b| floor(b))
-                    .sum();
+                // One arena holds every buffer at its offset: no smaller than the most bytes
+                // live at one launch, no larger than all buffers side by side.
+                let acts = floor(bp.arena);
+                let peak_live = bp.launches.iter().map(|l| l.live_bytes).max().unwrap_or(0);
+                assert!(bp.arena >= peak_live, "{name} {roi:?} b{batch}");
+                assert!(bp.arena <= bp.bufs.iter().map(|&b| b.div_ceil(256) * 256).sum());
+                // The single-window API's staging is not part of the prepared plan.
+                let scratch: u64 = [bp.norm_sums, bp.norm_ab].iter().map(|&b| floor(b)).sum();
                 assert_eq!(e.budgeted.weights, consts, "{name} {roi:?} b{batch}");
                 assert_eq!(e.budgeted.activations, acts, "{name} {roi:?} b{batch}");
                 assert_eq!(e.budgeted.workspace, scratch, "{name} {roi:?} b{batch}");
                 assert_eq!(bp.device_bytes(), consts + acts + scratch);
+                assert_eq!(e.backend_activation_bytes, bp.arena as u64);
                 assert_eq!(
-                    e.backend_activation_bytes,
-                    bp.bufs.iter().map(|&b| b as u64).sum::<u64>()
+                    bp.single_window_alloc(),
+                    floor(bp.stage_in) + floor(bp.stage_out)
                 );
                 // fp16 NCDHW per sample: the input buffer and stage_in follow the batch.
                 let cin = g.input_channels();
@@ -484,9 +488,10 @@ fn cuda_prediction_is_the_backend_buffer_plan() {
     }
 }
 
-/// Independent check of the pool: walking the launches in order with each value live from its
-/// launch to its last reader, no launch writes a buffer that holds another live value (except the
-/// channel slices of one concat, which share its buffer by design).
+/// Independent check of the arena: walking the launches in order with each value live from its
+/// launch to its last reader, no launch writes memory (its buffer's byte range in the arena) that
+/// overlaps another live value's (except the channel slices of one concat, which share its
+/// buffer by design), and every buffer lies inside the arena.
 fn check_no_alias(name: &str, g: &Graph, bp: &voxtile::backend::cuda::plan::BufferPlan) {
     let mut last = vec![0usize; g.values.len()];
     for (i, n) in g.nodes.iter().enumerate() {
@@ -514,12 +519,21 @@ fn check_no_alias(name: &str, g: &Graph, bp: &voxtile::backend::cuda::plan::Buff
         for &v in &g.nodes[l.node].inputs {
             assert!(bp.value_buf[v].is_some(), "{name}: input {v} has no buffer");
         }
+        let range = |b: usize| (bp.offsets[b], bp.offsets[b] + bp.bufs[b]);
+        let (o0, o1) = range(l.out_buf);
+        assert!(
+            o1 <= bp.arena,
+            "{name}: buffer {} outside the arena",
+            l.out_buf
+        );
         for &v in &live {
-            if v != l.out_v && bp.value_buf[v] == Some(l.out_buf) {
-                let shared = group(v).is_some() && group(v) == group(l.out_v);
+            let vb = bp.value_buf[v].unwrap();
+            let (v0, v1) = range(vb);
+            if v != l.out_v && v0 < o1 && o0 < v1 {
+                let shared = vb == l.out_buf && group(v).is_some() && group(v) == group(l.out_v);
                 assert!(
                     shared,
-                    "{name}: node {} writes buffer {} still holding value {v}",
+                    "{name}: node {} writes buffer {} over live value {v} (buffer {vb})",
                     g.nodes[l.node].name, l.out_buf
                 );
             }

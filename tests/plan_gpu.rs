@@ -2,11 +2,12 @@
 //! unless VOXTILE_REQUIRE_GPU=1).
 //!
 //! How the planner matches the device: `CudaBackend::prepare` allocates exactly the host-only
-//! `backend::cuda::plan::buffer_plan` (activation pool, constants, staging and norm scratch) and
-//! the planner sums that same plan, so after `prepare` the tracked device bytes equal
-//! `BufferPlan::device_bytes()` exactly and the activation pool equals
-//! `CudaBackend::activation_bytes()`; the whole prediction (plan plus pipeline buffers and ring)
-//! must be ≥ `peak_device_bytes()` and within 15%.
+//! `backend::cuda::plan::buffer_plan` (activation arena, constants, norm scratch) and the planner
+//! sums that same plan, so after `prepare` the tracked device bytes equal
+//! `BufferPlan::device_bytes()` exactly and the arena equals `CudaBackend::activation_bytes()`;
+//! the single-window API (`Backend::run`) adds its f32 staging on its first call
+//! (`single_window_alloc()`); the whole prediction (plan plus pipeline buffers and ring) must be
+//! ≥ `peak_device_bytes()` and within 15% (equal for W1).
 //!
 //! The OOM retries are compared on labels (or logits to a tolerance): a smaller batch may pick
 //! other kernels for the small layers.
@@ -107,6 +108,21 @@ fn prepare_allocates_exactly_the_buffer_plan() {
             );
             assert_eq!(bp.device_bytes(), peak);
             assert_eq!(bp.activation_bytes(), b.activation_bytes() as u64);
+            // The single-window API makes its staging once, on its first call, and its
+            // outputs are finite (the arena's buffers do not clobber each other).
+            let cin = g.input_channels();
+            let x = ndarray::Array5::from_shape_fn(
+                (batch, cin, roi[0], roi[1], roi[2]),
+                |(n, c, i, j, k)| ((i * 7 + j * 3 + k + n + c) as f32 * 0.01).sin(),
+            );
+            for _ in 0..2 {
+                let y = b.run(x.view()).unwrap();
+                assert!(y.iter().all(|v| v.is_finite()));
+                assert_eq!(
+                    b.peak_device_bytes().unwrap(),
+                    bp.device_bytes() + bp.single_window_alloc()
+                );
+            }
             let h = buffer_plan(&g, batch, roi, &ArchCaps::h200()).unwrap();
             assert!(h.const_alloc() >= bp.const_alloc());
             assert!(h.device_bytes() >= bp.device_bytes() || b.caps().sm_count > 132);
@@ -242,4 +258,49 @@ fn cuda_plan_is_within_budget_for_the_demo_volume() {
     };
     let p = plan::choose(&g, &req).unwrap();
     assert!(p.estimate.budgeted.total() <= 4 << 30);
+}
+
+/// W1 (the nnU-Net CT net, built by `common::unet`) on the 512x512x128 benchmark volume with
+/// `--memory-budget 2GiB`: the planner picks roi 128, batch 2, and the measured device peak equals
+/// the prediction to the byte and stays under 2 GiB; the labels equal a batch-1 run's.
+#[test]
+fn w1_at_a_2gib_budget_is_exact_at_batch_2() {
+    use prost::Message;
+    if !gpu_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("w1.onnx");
+    let m = common::unet::plain_conv_unet(1, &common::unet::W1_FEATURES, 14);
+    std::fs::write(&path, m.encode_to_vec()).unwrap();
+    let vol = volume([512, 512, 128]);
+    let run = |budget: Option<u64>, batch: Option<usize>| {
+        let mut e = Engine::from_file(
+            &path,
+            Options {
+                device: Device::Cuda(0),
+                memory_budget: budget,
+                batch,
+                roi: batch.map(|_| [128; 3]),
+                ..Options::default()
+            },
+        )
+        .unwrap();
+        e.segment_array(vol.view(), &mut |_, _| {}).unwrap()
+    };
+    let (labels, _, r) = run(Some(2 << 30), None);
+    let pred = r.predicted_peak_bytes.device.unwrap();
+    let peak = r.peak_device_bytes.unwrap();
+    eprintln!(
+        "RESULT plan_gpu w1 2GiB: roi {:?} batch {} predicted {pred} measured {peak}",
+        r.roi, r.batch
+    );
+    assert_eq!((r.roi, r.batch), ([128; 3], 2));
+    assert_eq!(pred, peak, "W1 prediction vs measured");
+    assert!(peak <= 2 << 30);
+    let (want, _, r1) = run(None, Some(1));
+    assert_eq!(r1.batch, 1);
+    let agree = agreement(labels.iter(), want.iter());
+    eprintln!("RESULT plan_gpu w1 2GiB: labels equal to batch 1: {agree}");
+    assert!(agree >= 0.999, "{agree}");
 }

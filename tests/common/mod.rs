@@ -4,6 +4,7 @@
 pub mod nifti;
 pub mod onnx;
 pub mod sw;
+pub mod unet;
 
 use std::path::{Path, PathBuf};
 

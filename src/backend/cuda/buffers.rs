@@ -1,9 +1,10 @@
 //! The CUDA backend's buffer plan, host only: which fp16 activation buffers exist and their
 //! bytes, which launch writes which buffer, the kernel of every conv and the constants it
-//! uploads (re-laid fp16 GEMM operands with their padding, biases, norm parameters...), and the
-//! per-plan scratch (f32 staging, norm reductions). `CudaBackend::prepare` allocates exactly
-//! this list and the memory planner (`crate::plan`) sums it, so the prediction cannot drift from
-//! what the backend allocates. Device-dependent choices come in as [`ArchCaps`].
+//! uploads (re-laid fp16 GEMM operands with their padding, biases, norm parameters...), the
+//! per-plan norm scratch, and where each buffer sits in the one activation arena.
+//! `CudaBackend::prepare` allocates exactly this list and the memory planner (`crate::plan`) sums
+//! it, so the prediction cannot drift from what the backend allocates. Device-dependent choices
+//! come in as [`ArchCaps`].
 
 use super::plan::{
     concat_slice, consumers, fusable_activation, gather_width, infer_shapes, is_upsampling_convt,
@@ -369,8 +370,17 @@ pub struct BufferPlan {
     pub roi: [usize; 3],
     /// Per-sample shapes of every value.
     pub shapes: Vec<Shape>,
-    /// Requested bytes of each fp16 activation buffer (reused by liveness), allocation order.
+    /// Requested bytes of each fp16 activation buffer, allocation order. A buffer holds one
+    /// value, or the values of one channel concat (its slices and output).
     pub bufs: Vec<usize>,
+    /// Byte offset of each buffer in the one activation arena (multiples of [`ARENA_ALIGN`]);
+    /// buffers whose lifetimes overlap never overlap in memory.
+    pub offsets: Vec<usize>,
+    /// Launch indices `[first, last]` during which each buffer is in use (`usize::MAX`: to the
+    /// end, the graph output).
+    pub lifetimes: Vec<(usize, usize)>,
+    /// Bytes of the arena (what `prepare` allocates for all activations).
+    pub arena: usize,
     /// Buffer holding each value (None: never materialised: fused, dead or not computed).
     pub value_buf: Vec<Option<usize>>,
     /// Values written in place into their concat's slice (the concat copies nothing for them).
@@ -380,7 +390,8 @@ pub struct BufferPlan {
     pub consts: Vec<ConstBuf>,
     pub input_buf: usize,
     pub output_buf: usize,
-    /// f32 NCDHW staging of the window batch in and out.
+    /// f32 NCDHW staging of the window batch in and out: allocated only by the single-window
+    /// API (`Backend::run`) on its first call, not by `prepare` nor the streamed pipeline.
     pub stage_in: usize,
     pub stage_out: usize,
     /// Norm partial sums and per-(sample, channel) scale/shift.
@@ -391,24 +402,28 @@ pub struct BufferPlan {
 }
 
 impl BufferPlan {
-    /// Activation pool bytes as requested (= `CudaBackend::activation_bytes()`).
+    /// Activation arena bytes as requested (= `CudaBackend::activation_bytes()`).
     pub fn activation_bytes(&self) -> u64 {
-        self.bufs.iter().map(|&b| b as u64).sum()
+        self.arena as u64
     }
-    /// Activation pool bytes as allocated.
+    /// Activation arena bytes as allocated.
     pub fn activation_alloc(&self) -> u64 {
-        self.bufs.iter().map(|&b| alloc_size(b)).sum()
+        alloc_size(self.arena)
     }
     /// Constant bytes as allocated.
     pub fn const_alloc(&self) -> u64 {
         self.consts.iter().map(|c| alloc_size(c.bytes)).sum()
     }
-    /// Staging and norm scratch bytes as allocated.
+    /// Norm scratch bytes as allocated.
     pub fn scratch_alloc(&self) -> u64 {
-        [self.stage_in, self.stage_out, self.norm_sums, self.norm_ab]
+        [self.norm_sums, self.norm_ab]
             .into_iter()
             .map(alloc_size)
             .sum()
+    }
+    /// The f32 in/out staging the single-window API adds on its first call.
+    pub fn single_window_alloc(&self) -> u64 {
+        alloc_size(self.stage_in) + alloc_size(self.stage_out)
     }
     /// Every device byte the prepared plan holds (the tracker's count after `prepare`).
     pub fn device_bytes(&self) -> u64 {
@@ -425,12 +440,49 @@ impl BufferPlan {
     }
 }
 
+/// Alignment of every buffer's offset in the activation arena (what `cuMemAlloc` guarantees).
+pub const ARENA_ALIGN: usize = 256;
+
+/// Offsets in one arena for buffers of `sizes` used during launch intervals `life` (inclusive):
+/// largest first (then earliest), each at the lowest aligned offset where it overlaps no placed
+/// buffer whose interval meets its own. Returns the offsets and the arena size. Memory is then
+/// the peak of what is live at once (up to fragmentation), not the sum of every size a
+/// buffer ever had, as separate allocations reused by liveness would cost.
+pub fn arena_offsets(sizes: &[usize], life: &[(usize, usize)]) -> (Vec<usize>, usize) {
+    let al = |b: usize| b.max(1).div_ceil(ARENA_ALIGN) * ARENA_ALIGN;
+    let mut order: Vec<usize> = (0..sizes.len()).collect();
+    order.sort_by_key(|&b| (std::cmp::Reverse(sizes[b]), life[b].0, b));
+    let mut offsets = vec![0usize; sizes.len()];
+    let mut placed: Vec<usize> = Vec::new();
+    let mut arena = 0;
+    for b in order {
+        let meets = |o: usize| life[o].0 <= life[b].1 && life[b].0 <= life[o].1;
+        let mut busy: Vec<(usize, usize)> = placed
+            .iter()
+            .filter(|&&o| meets(o))
+            .map(|&o| (offsets[o], offsets[o] + al(sizes[o])))
+            .collect();
+        busy.sort_unstable();
+        let mut at = 0;
+        for (lo, hi) in busy {
+            if lo >= at + al(sizes[b]) {
+                break;
+            }
+            at = at.max(hi);
+        }
+        offsets[b] = at;
+        arena = arena.max(at + al(sizes[b]));
+        placed.push(b);
+    }
+    (offsets, arena)
+}
+
 /// The buffer plan of `graph` for `batch` windows of `roi` on a device with `caps`: fp16 NDHWC
 /// activations, a following activation fused into conv / norm / affine epilogues, convs and
 /// binaries whose only consumer is a channel concat written into its slice (the concat's buffer
-/// taken at its first producer), every other output in the smallest free buffer big enough
-/// (first on ties) or a new one, inputs freed after their last reader (after the output is
-/// placed, so no kernel reads and writes one buffer).
+/// taken at its first producer), every other output in a buffer of its own, inputs freed after
+/// their last reader (after the output is placed, so no kernel reads and writes one buffer);
+/// then every buffer gets an offset in one arena by [`arena_offsets`] over those lifetimes.
 pub fn buffer_plan(
     graph: &Graph,
     batch: usize,
@@ -454,22 +506,16 @@ pub fn buffer_plan(
     last_use[graph.output] = usize::MAX;
     let numel = |s: &Shape| s.iter().product::<usize>();
     let mut bufs: Vec<usize> = Vec::new();
+    // Freed buffers; `life[b]` = launches [first, last] buffer b is in use.
     let mut free: Vec<usize> = Vec::new();
-    let alloc = |bufs: &mut Vec<usize>, free: &mut Vec<usize>, bytes: usize| -> usize {
-        let best = free
-            .iter()
-            .enumerate()
-            .filter(|(_, &b)| bufs[b] >= bytes)
-            .min_by_key(|(_, &b)| bufs[b])
-            .map(|(i, _)| i);
-        if let Some(i) = best {
-            return free.swap_remove(i);
-        }
+    let mut life: Vec<(usize, usize)> = Vec::new();
+    let alloc = |bufs: &mut Vec<usize>, life: &mut Vec<(usize, usize)>, bytes: usize, at: usize| {
         bufs.push(bytes);
+        life.push((at, usize::MAX));
         bufs.len() - 1
     };
     let in_shape = shapes[graph.input];
-    let input_buf = alloc(&mut bufs, &mut free, batch * numel(&in_shape) * 2);
+    let input_buf = alloc(&mut bufs, &mut life, batch * numel(&in_shape) * 2, 0);
     // live[v]: the buffer of a value not yet released; value_buf keeps it for the launches.
     let mut live: Vec<Option<usize>> = vec![None; nv];
     let mut value_buf: Vec<Option<usize>> = vec![None; nv];
@@ -525,7 +571,7 @@ pub fn buffer_plan(
                 Some(b) => b,
                 None => {
                     let cs = shapes[graph.nodes[j].output];
-                    let b = alloc(&mut bufs, &mut free, batch * numel(&cs) * 2);
+                    let b = alloc(&mut bufs, &mut life, batch * numel(&cs) * 2, launches.len());
                     concat_buf[j] = Some(b);
                     b
                 }
@@ -536,7 +582,12 @@ pub fn buffer_plan(
             (b, oshape[0], 0)
         } else {
             (
-                alloc(&mut bufs, &mut free, batch * numel(&oshape) * 2),
+                alloc(
+                    &mut bufs,
+                    &mut life,
+                    batch * numel(&oshape) * 2,
+                    launches.len(),
+                ),
                 oshape[0],
                 0,
             )
@@ -643,6 +694,7 @@ pub fn buffer_plan(
                 if let Some(b) = live[v].take() {
                     if !live.contains(&Some(b)) && !free.contains(&b) {
                         free.push(b);
+                        life[b].1 = launches.len() - 1;
                     }
                 }
             }
@@ -651,10 +703,14 @@ pub fn buffer_plan(
     let output_buf = value_buf[graph.output]
         .ok_or_else(|| Error::Graph("the graph output is never computed".into()))?;
     let out_shape = shapes[graph.output];
+    let (offsets, arena) = arena_offsets(&bufs, &life);
     Ok(BufferPlan {
         batch,
         roi,
         bufs,
+        offsets,
+        lifetimes: life,
+        arena,
         value_buf,
         in_place,
         launches,
@@ -864,6 +920,61 @@ mod tests {
                 .unwrap(),
         );
         assert!(k.funcs()[0].starts_with("convt_up_"), "{k:?}");
+    }
+
+    /// Arena offsets: aligned, buffers whose lifetimes meet never share a byte, the arena is at
+    /// least the most bytes live at one launch (brute force over launches) and, for a chain of
+    /// values each read by the next launch only, exactly the largest neighbouring pair.
+    #[test]
+    fn arena_offsets_never_overlap_live_buffers() {
+        let mut rng = 99u64;
+        let mut next = |m: usize| {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (rng >> 33) as usize % m
+        };
+        for _ in 0..200 {
+            let n = 1 + next(30);
+            let sizes: Vec<usize> = (0..n).map(|_| 1 + next(5000)).collect();
+            let life: Vec<(usize, usize)> = (0..n)
+                .map(|_| {
+                    let a = next(20);
+                    (
+                        a,
+                        if next(8) == 0 {
+                            usize::MAX
+                        } else {
+                            a + next(6)
+                        },
+                    )
+                })
+                .collect();
+            let (off, arena) = arena_offsets(&sizes, &life);
+            let al = |b: usize| b.div_ceil(ARENA_ALIGN) * ARENA_ALIGN;
+            for a in 0..n {
+                assert_eq!(off[a] % ARENA_ALIGN, 0);
+                assert!(off[a] + sizes[a] <= arena);
+                for b in 0..a {
+                    let meet = life[a].0 <= life[b].1 && life[b].0 <= life[a].1;
+                    let share = off[a] < off[b] + sizes[b] && off[b] < off[a] + sizes[a];
+                    assert!(!(meet && share), "{a} and {b} overlap");
+                }
+            }
+            let peak = (0..30)
+                .map(|t| {
+                    (0..n)
+                        .filter(|&b| life[b].0 <= t && t <= life[b].1)
+                        .map(|b| al(sizes[b]))
+                        .sum::<usize>()
+                })
+                .max()
+                .unwrap();
+            assert!(arena >= peak);
+        }
+        let sizes = [4096usize, 1024, 8192, 512, 2048];
+        let life: Vec<(usize, usize)> = (0..5).map(|i| (i, i + 1)).collect();
+        assert_eq!(arena_offsets(&sizes, &life).1, 1024 + 8192);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! Activations live on the device as fp16 NDHWC (channels last, so a conv's GEMM K dimension is
 //! contiguous); accumulation is fp32. `prepare` compiles the graph once per (roi, batch) into a
-//! launch list over preallocated buffers that are reused by liveness; `run` only launches.
+//! launch list over buffers placed by liveness in one preallocated arena; `run` only launches.
 //! cudarc's per-buffer event tracking is switched off: this module orders its own streams.
 
 pub mod buffers;
@@ -248,21 +248,31 @@ struct Prepared {
     steps: Vec<Step>,
     /// One label per step (op kind, shapes, kernel) for `profile_forward`.
     labels: Vec<String>,
-    /// Activation buffers (fp16), then constants; all kept alive for the launch list.
-    bufs: Vec<DevBuf>,
+    /// The activation arena (fp16; every buffer of the plan at its offset), then constants;
+    /// all kept alive for the launch list.
+    arena: DevBuf,
     #[allow(dead_code)]
     consts: Vec<DevBuf>,
     input: u64,
     output: u64,
-    stage_in: DevBuf,
-    stage_out: DevBuf,
-    host_in: PinnedHostSlice<f32>,
-    host_out: PinnedHostSlice<f32>,
+    /// f32 staging of the single-window API (`Backend::run`), made on its first call: the
+    /// streamed pipeline never needs it.
+    single: Option<SingleWindow>,
+    /// Its bytes (the buffer plan's `stage_in`, `stage_out`).
+    stage_bytes: (usize, usize),
     /// fp64 [batch][Cmax][2] channel sums and f32 [batch][Cmax][2] norm scale/shift.
     norm_sums: DevBuf,
     norm_ab: DevBuf,
     /// Bytes of activation memory the plan allocated (after reuse).
     activation_bytes: usize,
+}
+
+/// Device and pinned f32 NCDHW staging of one window batch in and out (`Backend::run`).
+struct SingleWindow {
+    stage_in: DevBuf,
+    stage_out: DevBuf,
+    host_in: PinnedHostSlice<f32>,
+    host_out: PinnedHostSlice<f32>,
 }
 
 /// Constants uploaded so far, checked against the buffer plan's list.
@@ -472,7 +482,7 @@ impl CudaBackend {
         &self.arch
     }
 
-    /// Bytes of device activation memory the prepared plan holds (after liveness reuse).
+    /// Bytes of the prepared plan's activation arena (buffers placed by liveness).
     pub fn activation_bytes(&self) -> usize {
         self.prepared.as_ref().map_or(0, |p| p.activation_bytes)
     }
@@ -649,11 +659,8 @@ impl CudaBackend {
         let bp = plan::buffer_plan(graph, batch, roi, &self.caps())?;
         let shapes = &bp.shapes;
         let numel = |s: &Shape| s.iter().product::<usize>();
-        let bufs: Vec<DevBuf> = bp
-            .bufs
-            .iter()
-            .map(|&b| DevBuf::new(&self.ctx, b))
-            .collect::<Result<_>>()?;
+        let arena = DevBuf::new(&self.ctx, bp.arena)?;
+        let bufs: Vec<u64> = bp.offsets.iter().map(|&o| arena.ptr + o as u64).collect();
         let in_shape = shapes[graph.input];
         let mut consts = ConstSink {
             bufs: Vec::new(),
@@ -668,7 +675,7 @@ impl CudaBackend {
                 .inputs
                 .iter()
                 .map(|&v| {
-                    bp.value_buf[v].map(|b| bufs[b].ptr).ok_or_else(|| {
+                    bp.value_buf[v].map(|b| bufs[b]).ok_or_else(|| {
                         Error::Graph(format!(
                             "node {}: input value {v} was never computed",
                             node.name
@@ -684,7 +691,7 @@ impl CudaBackend {
             };
             let oshape = shapes[node.output];
             let (ldc, coff) = (l.ldc, l.coff);
-            let y = bufs[l.out_buf].ptr;
+            let y = bufs[l.out_buf];
             let in_place = &bp.in_place;
             let conv_kernel = l.conv.as_ref();
             let pix = oshape[1] * oshape[2] * oshape[3];
@@ -983,16 +990,8 @@ impl CudaBackend {
             )));
         }
         let out_shape = shapes[graph.output];
-        let activation_bytes = bufs.iter().map(|b| b.bytes).sum();
+        let activation_bytes = arena.bytes;
         let (ib, ob) = (bp.input_buf, bp.output_buf);
-        let in_len = batch * numel(&in_shape);
-        let out_len = batch * numel(&out_shape);
-        // SAFETY: host buffers are written before they are read. Flags 0: cached (not
-        // write-combined) memory, fast to read back on the host.
-        let host_in = unsafe { self.ctx.alloc_pinned_with_flags::<f32>(in_len, 0) }
-            .map_err(drv("pinned allocation"))?;
-        let host_out = unsafe { self.ctx.alloc_pinned_with_flags::<f32>(out_len, 0) }
-            .map_err(drv("pinned allocation"))?;
         Ok(Prepared {
             batch,
             roi,
@@ -1001,14 +1000,12 @@ impl CudaBackend {
             out_spatial: [out_shape[1], out_shape[2], out_shape[3]],
             steps,
             labels,
-            input: bufs[ib].ptr,
-            output: bufs[ob].ptr,
-            bufs,
+            input: bufs[ib],
+            output: bufs[ob],
+            arena,
             consts: consts.bufs,
-            stage_in: DevBuf::new(&self.ctx, bp.stage_in)?,
-            stage_out: DevBuf::new(&self.ctx, bp.stage_out)?,
-            host_in,
-            host_out,
+            single: None,
+            stage_bytes: (bp.stage_in, bp.stage_out),
             norm_sums: DevBuf::new(&self.ctx, bp.norm_sums)?,
             norm_ab: DevBuf::new(&self.ctx, bp.norm_ab)?,
             activation_bytes,
@@ -1610,15 +1607,14 @@ impl CudaBackend {
     }
 
     fn poison_buffers(&self, prep: &Prepared) -> Result<()> {
-        for b in &prep.bufs {
-            let len = b.bytes / 2;
-            self.eltwise(
-                &self.stream,
-                "fill_half",
-                len,
-                &mut [Arg::Ptr(b.ptr), Arg::I64(len as i64), Arg::F32(f32::NAN)],
-            )?;
-        }
+        let b = &prep.arena;
+        let len = b.bytes / 2;
+        self.eltwise(
+            &self.stream,
+            "fill_half",
+            len,
+            &mut [Arg::Ptr(b.ptr), Arg::I64(len as i64), Arg::F32(f32::NAN)],
+        )?;
         Ok(())
     }
 
@@ -1803,17 +1799,37 @@ impl Backend for CudaBackend {
             )));
         }
         let in_len = n * c * d * h * w;
+        if prep.single.is_none() {
+            let (bi, bo) = prep.stage_bytes;
+            // SAFETY: host buffers are written before they are read. Flags 0: cached (not
+            // write-combined) memory, fast to read back on the host.
+            let host_in = unsafe { self.ctx.alloc_pinned_with_flags::<f32>(bi / 4, 0) }
+                .map_err(drv("pinned allocation"))?;
+            let host_out = unsafe { self.ctx.alloc_pinned_with_flags::<f32>(bo / 4, 0) }
+                .map_err(drv("pinned allocation"))?;
+            prep.single = Some(SingleWindow {
+                stage_in: DevBuf::new(&self.ctx, bi)?,
+                stage_out: DevBuf::new(&self.ctx, bo)?,
+                host_in,
+                host_out,
+            });
+        }
+        let single = prep.single.as_mut().expect("made above");
         {
-            let hs = prep.host_in.as_mut_slice().map_err(drv("pinned access"))?;
+            let hs = single
+                .host_in
+                .as_mut_slice()
+                .map_err(drv("pinned access"))?;
             for (dst, src) in hs[..in_len].iter_mut().zip(input.iter()) {
                 *dst = *src;
             }
         }
         let prep = self.prepared.as_ref().expect("checked above");
+        let single = prep.single.as_ref().expect("made above");
         let s = &*self.stream;
-        let hs = prep.host_in.as_slice().map_err(drv("pinned access"))?;
+        let hs = single.host_in.as_slice().map_err(drv("pinned access"))?;
         // SAFETY: stage_in holds batch*cin*roi floats >= in_len; synchronised before returning.
-        unsafe { cu::memcpy_htod_async(prep.stage_in.ptr, &hs[..in_len], s.cu_stream()) }
+        unsafe { cu::memcpy_htod_async(single.stage_in.ptr, &hs[..in_len], s.cu_stream()) }
             .map_err(drv("upload"))?;
         if self.poison {
             self.poison_buffers(prep)?;
@@ -1824,7 +1840,7 @@ impl Backend for CudaBackend {
             "ncdhw_to_ndhwc",
             in_len,
             &mut [
-                Arg::Ptr(prep.stage_in.ptr),
+                Arg::Ptr(single.stage_in.ptr),
                 Arg::Ptr(prep.input),
                 Arg::I32(n as i32),
                 Arg::I32(c as i32),
@@ -1841,16 +1857,20 @@ impl Backend for CudaBackend {
             out_len,
             &mut [
                 Arg::Ptr(prep.output),
-                Arg::Ptr(prep.stage_out.ptr),
+                Arg::Ptr(single.stage_out.ptr),
                 Arg::I32(n as i32),
                 Arg::I32(prep.cout as i32),
                 Arg::I64(osp as i64),
             ],
         )?;
         let cout = prep.cout;
-        let stage_out = prep.stage_out.ptr;
+        let stage_out = single.stage_out.ptr;
         let prep = self.prepared.as_mut().expect("checked above");
-        let ho = prep.host_out.as_mut_slice().map_err(drv("pinned access"))?;
+        let single = prep.single.as_mut().expect("made above");
+        let ho = single
+            .host_out
+            .as_mut_slice()
+            .map_err(drv("pinned access"))?;
         // SAFETY: host_out holds >= out_len floats; synchronised right after.
         unsafe { cu::memcpy_dtoh_async(&mut ho[..out_len], stage_out, s.cu_stream()) }
             .map_err(drv("download"))?;

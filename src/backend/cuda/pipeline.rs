@@ -15,8 +15,9 @@
 //!   two staging buffers and copied out on a third stream into pinned memory, overlapping the next
 //!   batch; the host stores finished planes into the output array.
 //!
-//! A batch never spans more D-planes than the ring holds (it is cut short instead), so the ring is
-//! `min(D, 2 * roi_d)` planes whatever the grid order or batch size.
+//! A batch never spans more D-planes than the ring holds (it is cut short instead). The ring is
+//! the most planes any `batch` consecutive windows span (so no batch is cut for it), at most
+//! `min(D, 2 * roi_d)`: `roi_d` at batch 1, `roi_d + step` while a batch spans two window rows.
 
 use super::{drv, mem_reset_peak, mem_stats, Arg, CudaBackend, DevBuf, Prepared};
 use crate::{Error, Result};
@@ -87,20 +88,62 @@ pub(crate) struct Step {
     pub final_hi: usize,
 }
 
-/// Ring depth in D-planes for a volume of depth `d` and window depth `rd`.
-pub(crate) fn ring_planes(d: usize, rd: usize) -> usize {
+/// The most D-planes the ring ever holds: `min(d, 2 * rd)` for a volume of depth `d` and window
+/// depth `rd` (a bound on [`ring_planes`] whatever the windows).
+pub(crate) fn ring_cap(d: usize, rd: usize) -> usize {
     d.min(2 * rd).max(1)
+}
+
+/// Volume D starts of windows at padded `starts` (volume offset `pad_before` in D), sorted: the
+/// order the pipeline visits them in.
+pub fn window_z0(starts: &[[usize; 3]], pad_before: usize) -> Vec<i64> {
+    let mut z0: Vec<i64> = starts
+        .iter()
+        .map(|s| s[0] as i64 - pad_before as i64)
+        .collect();
+    z0.sort_unstable();
+    z0
+}
+
+/// Ring depth in D-planes for windows with sorted volume D starts `z0`, window depth `rd`,
+/// volume depth `d`, `batch` windows per launch: the most planes any `batch` consecutive
+/// windows span (clipped to the volume), so [`schedule`] cuts no batch short for the ring,
+/// capped at [`ring_cap`] (batches spanning more are cut). W1 (rows of 7 windows, step rd/2):
+/// `rd` at batch 1, `rd + step` for batches 2..7.
+pub fn ring_planes(z0: &[i64], rd: usize, d: usize, batch: usize) -> usize {
+    let clamp = |z: i64| z.clamp(0, d as i64) as usize;
+    let n = z0.len();
+    let span = (0..n)
+        .map(|i| {
+            let j = (i + batch.max(1)).min(n) - 1;
+            clamp(z0[j] + rd as i64) - clamp(z0[i])
+        })
+        .max()
+        .unwrap_or(0);
+    span.clamp(1, ring_cap(d, rd))
 }
 
 /// Batches over windows whose volume D starts `z0` (may be negative: padding) are sorted
 /// ascending. A batch is cut short where a window would reach past `lo + ring` (lo = first plane
-/// not yet finalised), so every plane in flight has its own ring slot.
+/// not yet finalised = the batch's first window's start), so every plane in flight has its own
+/// ring slot; planes before the first window are finalised first (an empty step).
 pub(crate) fn schedule(z0: &[i64], rd: usize, d: usize, batch: usize) -> (usize, Vec<Step>) {
-    let ring = ring_planes(d, rd);
+    let ring = ring_planes(z0, rd, d, batch);
     let clamp = |z: i64| z.clamp(0, d as i64) as usize;
     let z1 = |i: usize| clamp(z0[i] + rd as i64);
     let mut steps = Vec::new();
     let (mut lo, mut i) = (0usize, 0usize);
+    if let Some(&first) = z0.first() {
+        if clamp(first) > 0 {
+            steps.push(Step {
+                begin: 0,
+                end: 0,
+                final_lo: 0,
+                final_hi: clamp(first),
+            });
+            lo = clamp(first);
+        }
+    }
     while i < z0.len() {
         let mut j = i + 1;
         while j < z0.len() && j - i < batch && z1(j) <= lo + ring {
@@ -217,12 +260,15 @@ impl CudaBackend {
         let (plan, cin) = match &self.prepared {
             Some(p) if p.roi == roi => {
                 let fixed: u64 = p.consts.iter().map(|b| al(b.bytes)).sum();
-                let scaled: u64 = p
-                    .bufs
-                    .iter()
-                    .chain([&p.stage_in, &p.stage_out, &p.norm_sums, &p.norm_ab])
+                let single = p
+                    .single
+                    .as_ref()
+                    .map_or(0, |s| al(s.stage_in.bytes) + al(s.stage_out.bytes));
+                let scaled: u64 = [&p.arena, &p.norm_sums, &p.norm_ab]
+                    .into_iter()
                     .map(|b| al(b.bytes))
-                    .sum();
+                    .sum::<u64>()
+                    + single;
                 (
                     fixed + (scaled * batch as u64).div_ceil(p.batch.max(1) as u64),
                     p.cin,
@@ -389,10 +435,7 @@ impl CudaBackend {
         // D order; blending is order-independent up to fp32 rounding, the schedule needs order.
         let mut order: Vec<[usize; 3]> = starts.to_vec();
         order.sort_by_key(|s| s[0]);
-        let z0: Vec<i64> = order
-            .iter()
-            .map(|s| s[0] as i64 - pad_before[0] as i64)
-            .collect();
+        let z0 = window_z0(&order, pad_before[0]);
         let (ring, sched) = schedule(&z0, roi[0], d, batch);
         let batches: Vec<&Step> = sched.iter().filter(|st| st.end > st.begin).collect();
         let rvox: usize = roi.iter().product();
@@ -1234,6 +1277,8 @@ pub struct PipelineAlloc {
     /// The `OUT_SLOTS` finished-plane slots (u16 labels or f32 outputs).
     pub out_slots: u64,
     pub gather_on_device: bool,
+    /// D-planes of the accumulator (and device input) ring.
+    pub ring: usize,
 }
 
 impl PipelineAlloc {
@@ -1243,7 +1288,9 @@ impl PipelineAlloc {
 }
 
 /// What `pipeline` allocates for `roi`, `batch`, `cin` -> `cout` channels, volume `shape`, labels
-/// (`argmax`) or outputs, with gather `mode`.
+/// (`argmax`) or outputs, with gather `mode`, for windows at volume D starts `z0` (sorted, as
+/// [`window_z0`] gives them).
+#[allow(clippy::too_many_arguments)]
 pub fn pipeline_alloc(
     roi: [usize; 3],
     batch: usize,
@@ -1252,10 +1299,11 @@ pub fn pipeline_alloc(
     shape: [usize; 3],
     argmax: bool,
     mode: GatherMode,
+    z0: &[i64],
 ) -> PipelineAlloc {
     let al = |b: usize| b.max(256) as u64;
     let rvox: usize = roi.iter().product();
-    let ring = ring_planes(shape[0], roi[0]);
+    let ring = ring_planes(z0, roi[0], shape[0], batch);
     let hw = shape[1] * shape[2];
     let in_len = batch * cin * rvox;
     let plane_in = cin * hw;
@@ -1272,6 +1320,7 @@ pub fn pipeline_alloc(
         accumulators: al(ring * cout * hw * 4) + al(ring * hw * 4),
         out_slots: OUT_SLOTS as u64 * al(slot),
         gather_on_device: on_device,
+        ring,
     }
 }
 
@@ -1289,7 +1338,7 @@ pub(crate) fn pipeline_bytes(
 ) -> u64 {
     let al = |b: usize| b.max(256) as u64;
     let rvox: usize = roi.iter().product();
-    let ring = ring_planes(padded[0], roi[0]);
+    let ring = ring_cap(padded[0], roi[0]);
     let hw = padded[1] * padded[2];
     let plane = if argmax { hw * 2 } else { cout * hw * 4 };
     // A chunk is under CHUNK_BYTES + one plane of the real volume, whose planes are no larger.
@@ -1363,6 +1412,87 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// The ring is what the batches need: with rows of windows `step` apart, batches that fit in
+    /// `min(d, 2 rd)` planes are never cut (the steps are plain chunks of `batch` windows, as
+    /// with an unbounded ring), the ring is `rd` at batch 1 and at most `rd + step` while a
+    /// batch cannot span three rows; windows starting after plane 0 get their leading planes
+    /// finalised first and the ring still holds every plane in flight.
+    #[test]
+    fn ring_fits_the_batches_and_never_cuts_them() {
+        let mut rng = 12345u64;
+        let mut next = |m: usize| {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (rng >> 33) as usize % m
+        };
+        for case in 0..400 {
+            let rd = 1 + next(40);
+            let step = 1 + next(rd);
+            let per_row = 1 + next(8);
+            let rows = 1 + next(6);
+            let first = if case % 3 == 0 { next(20) as i64 } else { 0 };
+            let d = (first as usize + (rows - 1) * step + rd).max(1) - next(3).min(rd - 1);
+            let batch = 1 + next(12);
+            let mut z0 = Vec::new();
+            for r in 0..rows {
+                for _ in 0..per_row {
+                    z0.push(first + (r * step) as i64);
+                }
+            }
+            let ring = ring_planes(&z0, rd, d, batch);
+            let clamp = |z: i64| z.clamp(0, d as i64) as usize;
+            assert!(ring <= ring_cap(d, rd) && ring >= 1);
+            // Spans of the chunks an unbounded ring gives.
+            let chunks: Vec<(usize, usize)> = (0..z0.len())
+                .step_by(batch)
+                .map(|i| (i, (i + batch).min(z0.len())))
+                .collect();
+            let widest = chunks
+                .iter()
+                .map(|&(i, j)| clamp(z0[j - 1] + rd as i64) - clamp(z0[i]))
+                .max()
+                .unwrap();
+            assert!(ring >= widest.min(ring_cap(d, rd)), "case {case}");
+            if batch == 1 {
+                assert_eq!(ring, rd.min(d), "case {case}");
+            }
+            if batch <= per_row {
+                assert!(ring <= (rd + step).min(d), "case {case}: {ring}");
+            }
+            let (r2, steps) = schedule(&z0, rd, d, batch);
+            assert_eq!(r2, ring);
+            let run: Vec<(usize, usize)> = steps
+                .iter()
+                .filter(|s| s.end > s.begin)
+                .map(|s| (s.begin, s.end))
+                .collect();
+            if widest <= ring_cap(d, rd) {
+                assert_eq!(run, chunks, "case {case}: a batch was cut");
+            }
+            let mut fin = vec![0usize; d];
+            for st in &steps {
+                for i in st.begin..st.end {
+                    let z1 = clamp(z0[i] + rd as i64);
+                    assert!(z1 <= st.final_lo + ring, "case {case}: ring overflow");
+                    assert!(
+                        clamp(z0[i]) >= st.final_lo,
+                        "case {case}: plane finalised early"
+                    );
+                }
+                for p in st.final_lo..st.final_hi {
+                    fin[p] += 1;
+                }
+            }
+            assert!(fin.iter().all(|&f| f == 1), "case {case}: {fin:?}");
+        }
+        // W1: 512 planes, rows of 7 windows 64 apart (the last pulled back to 384).
+        let z0: Vec<i64> = (0..7).flat_map(|r| [r * 64; 7]).collect();
+        for (batch, ring) in [(1, 128), (2, 192), (4, 192), (8, 192), (15, 256), (16, 256)] {
+            assert_eq!(ring_planes(&z0, 128, 512, batch), ring, "batch {batch}");
         }
     }
 
@@ -1623,7 +1753,7 @@ mod tests {
                         padded[2],
                     );
                     let hw = h * w;
-                    let ring = ring_planes(d, roi[0]);
+                    let ring = ring_cap(d, roi[0]);
                     let rvox: usize = roi.iter().product();
                     let in_len = batch * cin * rvox;
                     let dev = device_gather_fits(
