@@ -970,6 +970,7 @@ __device__ __forceinline__ void conv_halo(const ConvParams& p, const half* __res
     constexpr int TM = TBM / WM, TN = BN / WN;
     constexpr int MI = TM / 16, NI = TN / 8;
     constexpr int LD = CIN + 8;
+    constexpr int CPV = CIN / 8;  // 16-byte chunks per voxel
     static_assert(NI % 2 == 0 && CIN % 16 == 0, "tile shape");
     extern __shared__ __align__(16) unsigned char dsm[];
     half* sIn = reinterpret_cast<half*>(dsm);
@@ -1096,6 +1097,7 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
     constexpr int TM = TBM / WM, TN = BN / WN;
     constexpr int MI = TM / 16, NI = TN / 8;
     constexpr int LD = CIN + 8;
+    constexpr int CPV = CIN / 8;  // 16-byte chunks per voxel
     constexpr int HY = TY + 2, HX = TX + 2;
     constexpr int HV = (TZ + 2) * HY * HX;  // halo rows
     constexpr bool RES = WST == 0;
