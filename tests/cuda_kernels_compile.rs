@@ -347,6 +347,7 @@ fn emulate_halo(
                             load_w(&mut sm, s, s, c0, nb0);
                         }
                     }
+                    let mut slab_copies = 0;
                     for tap in 0..27 {
                         if !res && tap + ws_n - 1 < 27 {
                             load_w(&mut sm, (tap + ws_n - 1) % ws_n, tap + ws_n - 1, c0, nb0);
@@ -365,6 +366,7 @@ fn emulate_halo(
                                 tap * threads,
                                 end,
                             );
+                            slab_copies += n;
                             if narrow {
                                 run.narrow_slab_copies += n;
                             }
@@ -449,6 +451,13 @@ fn emulate_halo(
                             }
                         }
                     }
+                    // The 27 slabs cover the next halo once: HV * CPV pieces, narrow 4 copies each.
+                    let want = if pre {
+                        hv * cin / if narrow { 2 } else { 8 }
+                    } else {
+                        0
+                    };
+                    assert_eq!(slab_copies, want, "{}: slab prefetch copies", c.name);
                     if !res && c.hb == 2 {
                         buf ^= 1;
                     }
