@@ -382,8 +382,8 @@ pub const HALO_CONFIGS: &[HaloConfig] = &[
     // Defaults (measured, PERF_NOTES.md phase 3): K1 on `_w4` 218.8 vs 209.8 TF/s.
     halo_v1("conv_halo_c32n32_w4", 32, 32, 4, 1),
     halo_v1("conv_halo_c64n32", 64, 32, 8, 1),
-    halo_v1("conv_halo_c32n64", 32, 64, 4, 2),
     halo_v1("conv_halo_c64n64", 64, 64, 4, 2),
+    halo_v1("conv_halo_c32n64", 32, 64, 4, 2),
     // Measured alternatives (8 warps of 32x32 for Cin 32; 4 warps of 64x32 for Cin 64).
     halo_v1("conv_halo_c32n32", 32, 32, 8, 1),
     halo_v1("conv_halo_c64n32_w4", 64, 32, 4, 1),
@@ -443,8 +443,8 @@ pub const HALO_MAX_COUT: usize = 128;
 /// phase 7; an even Cin in 10..14 on the zero-padding width-16 kernels: phase 6), Cout <=
 /// HALO_MAX_COUT (above the tile width: grid.y over bn-wide tiles), and its shared memory within
 /// `smem_max` (the device's opt-in limit per block). The tile width is the narrowest that holds
-/// Cout (64 above 64). Default: the entry of the largest chunk (fewer chunk barriers and halo
-/// reloads), first in HALO_CONFIGS order among equals. `force` names a HALO_CONFIGS entry to
+/// Cout (64 above 64). Default: the first HALO_CONFIGS entry that runs it (the list is in
+/// measured order of preference). `force` names a HALO_CONFIGS entry to
 /// use instead when it accepts the Cin, has the tile width and fits (any Cout); forced, a
 /// padding kernel also runs Cin 2..8 (more than half of its channels padding: not a default).
 #[allow(clippy::too_many_arguments)]
@@ -476,12 +476,12 @@ pub fn pick_halo(
     if cout > HALO_MAX_COUT {
         return None;
     }
-    // Largest chunk first; among equals the first line (min_by_key keeps the first minimum).
+    // The first line that runs it (measured, PERF_NOTES phase 8: Cin 64 -> Cout 32 runs
+    // faster as two 32-channel chunks on c32n32_w4 than on c64n32, 1.646 vs 1.728 ms).
     HALO_CONFIGS
         .iter()
         .filter(fits)
-        .filter(|c| cin == c.cin || 2 * cin > c.cin)
-        .min_by_key(|c| std::cmp::Reverse(c.cin))
+        .find(|c| cin == c.cin || 2 * cin > c.cin)
 }
 
 /// Whether a transposed conv is a pure "each input voxel paints one k^3 block" upsampling
@@ -1100,7 +1100,7 @@ mod tests {
         );
         assert_eq!(
             h(64, 32, [3; 3], [1; 3], [1; 3], 1, false, big),
-            Some("conv_halo_c64n32")
+            Some("conv_halo_c32n32_w4")
         );
         assert_eq!(
             h(32, 17, [3; 3], [1; 3], [1; 3], 1, false, big),
@@ -1125,7 +1125,7 @@ mod tests {
             (128, 64, "conv_halo_c64n64"),
             (256, 64, "conv_halo_c64n64"),
             (192, 33, "conv_halo_c64n64"),
-            (128, 32, "conv_halo_c64n32"),
+            (128, 32, "conv_halo_c32n32_w4"),
             (96, 64, "conv_halo_c32n64"),
             (96, 20, "conv_halo_c32n32_w4"),
             (160, 32, "conv_halo_c32n32_w4"),
@@ -1170,7 +1170,7 @@ mod tests {
         );
         assert_eq!(
             f(128, 32, Some("conv_halo_c64n32_rp")),
-            Some("conv_halo_c64n32")
+            Some("conv_halo_c32n32_w4")
         );
         assert_eq!(f(256, 256, Some("conv_halo_c64n32_rp")), None);
         let hc = |n| halo_config(n).unwrap();
@@ -1198,7 +1198,7 @@ mod tests {
         );
         assert_eq!(
             f(64, 32, Some("conv_halo_c32n32_rp")),
-            Some("conv_halo_c64n32")
+            Some("conv_halo_c32n32_w4")
         );
         // Phase-4 variants: forced by name where they fit, never the default; the 216 KB
         // 8x8x8 tile falls back to the default under sm_80's 163 KB.
@@ -1213,7 +1213,14 @@ mod tests {
         );
         for c in HALO_CONFIGS {
             let d = pick_halo(c.cin, c.bn, [3; 3], [1; 3], [1; 3], 1, false, big, None).unwrap();
-            assert_eq!((d.cin, d.bn), (c.cin, c.bn), "{}", c.name);
+            // Same width; the same Cin, or (Cin 64 -> 32, measured faster) two 32-chunks.
+            assert_eq!(d.bn, c.bn, "{}", c.name);
+            assert!(
+                d.cin == c.cin || (c.cin, c.bn, d.name) == (64, 32, "conv_halo_c32n32_w4"),
+                "{}: default {}",
+                c.name,
+                d.name
+            );
             // The default is the smallest of its (Cin, width), or small anyway (c16n16_r:
             // 43 KB, over the staged c16n16's 30 KB).
             assert!(
