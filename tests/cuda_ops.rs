@@ -1801,7 +1801,7 @@ fn conv_halo_cases() {
     #[allow(clippy::type_complexity)]
     let cases: Vec<(usize, usize, [usize; 3], [usize; 6], Option<Op>, &str)> = vec![
         (32, 32, [9, 13, 17], [1; 6], None, "conv_halo_c32n32_w4"),
-        (64, 32, [6, 10, 7], [1; 6], leaky(), "conv_halo_c64n32"),
+        (64, 32, [6, 10, 7], [1; 6], leaky(), "conv_halo_c32n32_w4"),
         (
             32,
             64,
@@ -1906,7 +1906,7 @@ fn conv_halo_cases() {
             [3, 9, 12],
             [1; 6],
             Some(Op::Relu),
-            "conv_halo_c64n32",
+            "conv_halo_c32n32_w4",
         ),
         (192, 64, [4, 8, 8], [1; 6], None, "conv_halo_c64n64"),
         (128, 128, [5, 8, 9], [1; 6], leaky(), "conv_halo_c64n64"),
@@ -2001,7 +2001,7 @@ fn conv_halo_cases() {
         (14, 5, 16, Some("conv_halo_c16n16_rp2")),
         (16, 3, 14, Some("conv_halo_c16n16")),
         (16, 8, 16, None),
-        // Chunked Cin 128 (phase 7): default (conv_halo_c64n32) and a staged 4-tap ring.
+        // Chunked Cin 128 (phase 7): default (conv_halo_c32n32_w4, 4 chunks) and a staged 4-tap ring.
         (128, 17, 32, None),
         (128, 32, 32, Some("conv_halo_c64n32_s4")),
         (128, 32, 64, None),
