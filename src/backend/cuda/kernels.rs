@@ -102,7 +102,12 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
     (
         "blend",
         include_str!("../../../kernels/blend.cu"),
-        &["blend_window_ring", "finalize_planes", "finalize_planes_v4", "gather_window_ring"],
+        &[
+            "blend_window_ring",
+            "finalize_planes",
+            "finalize_planes_v4",
+            "gather_window_ring",
+        ],
     ),
 ];
 

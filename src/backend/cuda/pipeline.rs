@@ -1194,7 +1194,9 @@ impl CudaBackend {
         let hw = h * w;
         if hw % 4 == 0 {
             let hw4 = hw / 4;
-            let gx = hw4.div_ceil(256).clamp(1, (self.sm_count as usize * 32).div_ceil(np).max(1));
+            let gx = hw4
+                .div_ceil(256)
+                .clamp(1, (self.sm_count as usize * 32).div_ceil(np).max(1));
             self.launch(
                 s,
                 "finalize_planes_v4",

@@ -465,8 +465,17 @@ pub fn pick_halo(
     let runs = |c: &&HaloConfig| c.accepts_cin(cin) && c.smem_bytes() as usize <= smem_max;
     let widths = || HALO_CONFIGS.iter().filter(runs).map(|c| c.bn);
     // Cout above every width: grid.y channel tiles, on the phase-7 (width >= 32) configs only.
-    let tiled = || HALO_CONFIGS.iter().filter(runs).filter(|c| c.cin >= 32).map(|c| c.bn);
-    let bn = widths().filter(|&b| cout <= b).min().or_else(|| tiled().max())?;
+    let tiled = || {
+        HALO_CONFIGS
+            .iter()
+            .filter(runs)
+            .filter(|c| c.cin >= 32)
+            .map(|c| c.bn)
+    };
+    let bn = widths()
+        .filter(|&b| cout <= b)
+        .min()
+        .or_else(|| tiled().max())?;
     let fits = |c: &&HaloConfig| runs(c) && c.bn == bn;
     if let Some(f) = force {
         if let Some(c) = HALO_CONFIGS.iter().filter(fits).find(|c| c.name == f) {
