@@ -71,7 +71,8 @@ extern "C" __global__ void finalize_planes(float* __restrict__ acc, float* __res
 // (first maximal channel, raw sums compared) and the same zeroing as finalize_planes.
 extern "C" __global__ void finalize_planes_v4(float* __restrict__ acc, float* __restrict__ wsum,
                                               float* __restrict__ out, unsigned short* __restrict__ labels,
-                                              int C, int R, int HW4, int p0, int np, int argmax) {
+                                              int C, int R, int H, int W, int p0, int np, int argmax) {
+    const int HW4 = H * W / 4;
     const int i = blockIdx.y;
     const int slot = (p0 + i) % R;
     float4* a = reinterpret_cast<float4*>(acc) + (i64)slot * C * HW4;

@@ -1192,49 +1192,27 @@ impl CudaBackend {
         let i32s = |v: usize| Arg::I32(v as i32);
         let (o, l) = if argmax { (0, out) } else { (out, 0) };
         let hw = h * w;
+        let mut args = [
+            Arg::Ptr(acc),
+            Arg::Ptr(wsum),
+            Arg::Ptr(o),
+            Arg::Ptr(l),
+            i32s(cout),
+            i32s(ring),
+            i32s(h),
+            i32s(w),
+            i32s(p0),
+            i32s(np),
+            Arg::I32(argmax as i32),
+        ];
         if hw % 4 == 0 {
-            let hw4 = hw / 4;
-            let gx = hw4
+            let gx = (hw / 4)
                 .div_ceil(256)
                 .clamp(1, (self.sm_count as usize * 32).div_ceil(np).max(1));
-            self.launch(
-                s,
-                "finalize_planes_v4",
-                (gx as u32, np as u32, 1),
-                256,
-                0,
-                &mut [
-                    Arg::Ptr(acc),
-                    Arg::Ptr(wsum),
-                    Arg::Ptr(o),
-                    Arg::Ptr(l),
-                    i32s(cout),
-                    i32s(ring),
-                    i32s(hw4),
-                    i32s(p0),
-                    i32s(np),
-                    Arg::I32(argmax as i32),
-                ],
-            )
+            let grid = (gx as u32, np as u32, 1);
+            self.launch(s, "finalize_planes_v4", grid, 256, 0, &mut args)
         } else {
-            self.eltwise(
-                s,
-                "finalize_planes",
-                np * hw,
-                &mut [
-                    Arg::Ptr(acc),
-                    Arg::Ptr(wsum),
-                    Arg::Ptr(o),
-                    Arg::Ptr(l),
-                    i32s(cout),
-                    i32s(ring),
-                    i32s(h),
-                    i32s(w),
-                    i32s(p0),
-                    i32s(np),
-                    Arg::I32(argmax as i32),
-                ],
-            )
+            self.eltwise(s, "finalize_planes", np * hw, &mut args)
         }
     }
 }
