@@ -1437,7 +1437,7 @@ impl Lowerer<'_> {
                     if let Some(g) = ts.elems[1].known() {
                         let g = g as usize;
                         let ok = g > 0
-                            && c % g == 0
+                            && c.is_multiple_of(g)
                             && probes.iter().all(|(sh, _)| {
                                 let e = evals(sh);
                                 let xs = sh[x];

@@ -555,7 +555,7 @@ impl Graph {
                     let w = &c.weight.shape;
                     if w.len() != 5
                         || c.groups == 0
-                        || cin % c.groups != 0
+                        || !cin.is_multiple_of(c.groups)
                         || w[1] * c.groups != cin
                         || w[0] % c.groups != 0
                     {
@@ -577,7 +577,8 @@ impl Graph {
                 }
                 Op::ConvTranspose(c) => {
                     let w = &c.weight.shape;
-                    if w.len() != 5 || c.groups == 0 || w[0] != cin || cin % c.groups != 0 {
+                    if w.len() != 5 || c.groups == 0 || w[0] != cin || !cin.is_multiple_of(c.groups)
+                    {
                         return Err(gerr(
                             node,
                             format!(
@@ -605,7 +606,7 @@ impl Graph {
                     bias,
                     ..
                 } => {
-                    if *groups == 0 || cin % groups != 0 {
+                    if *groups == 0 || !cin.is_multiple_of(*groups) {
                         return Err(gerr(
                             node,
                             format!("{groups} groups do not divide {cin} channels"),

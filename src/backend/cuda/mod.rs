@@ -565,7 +565,7 @@ impl CudaBackend {
         slope: u64,
     ) -> Result<()> {
         let nv = pix * c / 8;
-        if c % 8 == 0 && nv < (1usize << 32) {
+        if c.is_multiple_of(8) && nv < (1usize << 32) {
             let per = (self.sm_count as usize * 16).div_ceil(n).max(1);
             let grid = (nv.div_ceil(256).clamp(1, per) as u32, n as u32, 1);
             return self.launch(

@@ -191,9 +191,9 @@ pub const MMA_N_PAD: usize = 128;
 
 /// Gather width for `cin` input channels: 16-byte (8 halves), 4-byte (2) or element gathers.
 pub fn gather_width(cin: usize) -> usize {
-    if cin % 8 == 0 {
+    if cin.is_multiple_of(8) {
         8
-    } else if cin % 2 == 0 {
+    } else if cin.is_multiple_of(2) {
         2
     } else {
         1
@@ -733,7 +733,7 @@ fn check_conv(name: &str, w: &[usize], cin: usize, groups: usize, transposed: bo
         )));
     }
     let wcin = if transposed { w[0] } else { w[1] * groups };
-    if wcin != cin || cin % groups != 0 {
+    if wcin != cin || !cin.is_multiple_of(groups) {
         return Err(Error::Graph(format!(
             "node {name}: weight {w:?} with groups {groups} does not fit {cin} input channels"
         )));
@@ -873,7 +873,7 @@ pub fn infer_shapes(graph: &Graph, roi: [usize; 3]) -> Result<Vec<Shape>> {
                 x
             }
             Op::GroupNorm { groups, .. } => {
-                if *groups == 0 || x[0] % groups != 0 {
+                if *groups == 0 || !x[0].is_multiple_of(*groups) {
                     return Err(bad(&format!(
                         "{} channels do not split into {groups} groups",
                         x[0]
