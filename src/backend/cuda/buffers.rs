@@ -928,12 +928,7 @@ mod tests {
     #[test]
     fn arena_offsets_never_overlap_live_buffers() {
         let mut rng = 99u64;
-        let mut next = |m: usize| {
-            rng = rng
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (rng >> 33) as usize % m
-        };
+        let mut next = |m: usize| crate::backend::cuda::lcg_next(&mut rng) as usize % m;
         for _ in 0..200 {
             let n = 1 + next(30);
             let sizes: Vec<usize> = (0..n).map(|_| 1 + next(5000)).collect();

@@ -6,6 +6,15 @@
 //! cudarc's per-buffer event tracking is switched off: this module orders its own streams.
 
 pub mod buffers;
+
+/// The unit tests' LCG (Knuth's MMIX constants): advances `state`, returns its top 31 bits.
+#[cfg(test)]
+pub(crate) fn lcg_next(state: &mut u64) -> u64 {
+    *state = state
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *state >> 33
+}
 pub mod kernels;
 pub mod pipeline;
 pub mod plan;

@@ -1403,12 +1403,7 @@ mod tests {
     #[test]
     fn ring_fits_the_batches_and_never_cuts_them() {
         let mut rng = 12345u64;
-        let mut next = |m: usize| {
-            rng = rng
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (rng >> 33) as usize % m
-        };
+        let mut next = |m: usize| crate::backend::cuda::lcg_next(&mut rng) as usize % m;
         for case in 0..400 {
             let rd = 1 + next(40);
             let step = 1 + next(rd);
@@ -1556,12 +1551,7 @@ mod tests {
     #[test]
     fn device_gather_emulation_matches_host_gather() {
         let mut seed = 7u64;
-        let mut rnd = move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 33) as usize
-        };
+        let mut rnd = move || crate::backend::cuda::lcg_next(&mut seed) as usize;
         // (c, d, h, w, roi, pad_before, step, batch, stage)
         for (c, d, h, w, roi, pb, stepz, batch, stage) in [
             (
