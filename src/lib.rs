@@ -7,6 +7,7 @@ pub mod backend;
 pub mod cli;
 pub mod engine;
 pub mod error;
+pub mod fsio;
 pub mod model;
 pub mod npy;
 pub mod pipeline;
