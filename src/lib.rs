@@ -8,11 +8,13 @@ pub mod cli;
 pub mod engine;
 pub mod error;
 pub mod fsio;
+pub mod gate;
 pub mod model;
 pub mod npy;
 pub mod pipeline;
 pub mod plan;
 pub mod signals;
+pub mod staged;
 pub mod tiling;
 pub mod volume;
 

@@ -1,6 +1,7 @@
-//! Clean exit on SIGINT/SIGTERM/SIGHUP: temp files being written are removed, then the process
-//! exits 128 + signal (130 for SIGINT, 143 for SIGTERM), so an interrupted run leaves neither a
-//! partial output nor a temp file behind.
+//! Clean exit on SIGINT/SIGTERM/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2: temp files being written and the
+//! outputs of the unfinished run are removed, then the process exits 128 + signal (130 for
+//! SIGINT, 143 for SIGTERM), so an interrupted run leaves neither a partial output nor a temp file
+//! behind.
 //!
 //! Signals are received by `signal-hook`'s iterator (its self-pipe and a thread of its own), so
 //! the cleanup runs as ordinary code, not inside a signal handler, and may lock the registry.
@@ -32,8 +33,10 @@ pub fn registry() -> &'static Registry {
 /// program then still works, only without cleanup on signals.
 pub fn install() -> bool {
     *INSTALLED.get_or_init(|| {
-        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-        let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
+        let Ok(mut signals) = signal_hook::iterator::Signals::new([
+            SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2,
+        ]) else {
             return false;
         };
         std::thread::Builder::new()
@@ -44,6 +47,9 @@ pub fn install() -> bool {
                     let name = match sig {
                         SIGINT => "SIGINT",
                         SIGTERM => "SIGTERM",
+                        SIGQUIT => "SIGQUIT",
+                        SIGUSR1 => "SIGUSR1",
+                        SIGUSR2 => "SIGUSR2",
                         _ => "SIGHUP",
                     };
                     eprintln!(
@@ -132,6 +138,32 @@ impl TempGuard {
         rename(&self.path)?;
         list.retain(|p| p != &self.path);
         Ok(())
+    }
+}
+
+impl TempGuard {
+    /// Like [`TempGuard::commit`], and the final path `dest` takes the temp file's place in the
+    /// registry (in the same locked step): the returned guard keeps it there, so a signal before
+    /// the whole run is finished removes the committed output too.
+    pub fn commit_to(
+        &self,
+        dest: &Path,
+        rename: impl FnOnce(&Path) -> std::io::Result<()>,
+    ) -> std::io::Result<TempGuard> {
+        let mut list = self.reg.temps();
+        if self.reg.interrupted() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Interrupted,
+                "interrupted by a signal before the output was complete",
+            ));
+        }
+        rename(&self.path)?;
+        list.retain(|p| p != &self.path);
+        list.push(dest.to_path_buf());
+        Ok(TempGuard {
+            reg: self.reg,
+            path: dest.to_path_buf(),
+        })
     }
 }
 

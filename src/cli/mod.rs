@@ -3,6 +3,7 @@
 mod plan;
 mod segment;
 
+use crate::Error;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -63,6 +64,7 @@ pub fn run() -> i32 {
             .map(|id| id.to_string())
             .collect();
     }
+    install_panic_hook();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("VOXTILE_LOG")
@@ -75,24 +77,95 @@ pub fn run() -> i32 {
     let result = match cli.command {
         Command::Segment(args) => segment::run(args),
         Command::Plan(args) => plan::run(args),
-        Command::Info { input } => crate::volume::read(&input).map(|v| {
-            println!("{}", crate::volume::describe(&input, &v));
-        }),
+        Command::Info { input } => crate::volume::read(&input)
+            .and_then(|v| print_stdout(&format!("{}\n", crate::volume::describe(&input, &v)))),
         Command::Inspect { model } => crate::model::onnx::load(&model).and_then(|g| {
-            println!("{}: {}", model.display(), g.summary());
+            let mut text = format!("{}: {}\n", model.display(), g.summary());
             // The manifest beside the model, when there is one.
             if let Some(p) = crate::pipeline::Manifest::beside(&model) {
                 let m = crate::pipeline::Manifest::load(&p)?;
-                println!("{}", m.describe(&p));
+                text += &format!("{}\n", m.describe(&p));
             }
-            Ok(())
+            print_stdout(&text)
         }),
     };
     match result {
         Ok(()) => 0,
+        Err(Error::Io { source, .. }) if is_closed_stdout(&source) => 0,
         Err(e) => {
             eprintln!("voxtile: error: {e}");
             1
         }
+    }
+}
+
+/// Whether an error is standard output closed by its reader (`voxtile inspect m.onnx | head -1`).
+fn is_closed_stdout(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::BrokenPipe
+}
+
+/// Write `text` to standard output; a reader that went away ends the command quietly (exit 0).
+pub(crate) fn print_stdout(text: &str) -> crate::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|_| out.flush())
+        .map_err(|e| Error::io("<stdout>", e))
+}
+
+/// Panics are bugs: one line naming them, not a backtrace. Inside [`catch_bug`] the message is
+/// kept for the caller, which reports it for the file being processed and goes on.
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let msg = panic_message(info.payload());
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let line = format!("internal error (a bug, please report it): {msg}{at}");
+        if CAUGHT.with(|c| c.borrow().is_some()) {
+            CAUGHT.with(|c| *c.borrow_mut() = Some(line));
+        } else {
+            eprintln!("voxtile: {line}");
+        }
+    }));
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+thread_local! {
+    /// Some(..) while [`catch_bug`] runs on this thread: where the hook leaves its message.
+    static CAUGHT: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Run `f`; a panic inside becomes an `Error` (one line) instead of ending the process.
+pub(crate) fn catch_bug<T>(f: impl FnOnce() -> crate::Result<T>) -> crate::Result<T> {
+    CAUGHT.with(|c| *c.borrow_mut() = Some(String::new()));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    let msg = CAUGHT.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    r.unwrap_or_else(|_| Err(Error::Invalid(msg)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_caught_bug_is_one_error_line() {
+        install_panic_hook();
+        let e = catch_bug(|| -> crate::Result<()> { panic!("index out of range") }).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("internal error") && msg.contains("index out of range"),
+            "{msg}"
+        );
+        assert!(!msg.contains('\n'));
+        assert_eq!(catch_bug(|| Ok(3)).unwrap(), 3);
+        let _ = std::panic::take_hook();
     }
 }

@@ -1,6 +1,8 @@
 //! `voxtile segment`: read, segment, write (temp + rename), report.
 
 use crate::engine::{AxisOrder, Device, Engine, Normalize, Options};
+use crate::gate::{Gate, Kind};
+use crate::staged::Outputs;
 use crate::tiling::{self, BlendMode, PadMode, Placement};
 use crate::{Error, Result};
 use clap::Args;
@@ -74,12 +76,16 @@ impl SegmentArgs {
         let pad = if self.pad == "edge" {
             PadMode::Edge
         } else {
-            PadMode::Constant(self.pad.parse::<f32>().map_err(|_| {
-                Error::Invalid(format!(
-                    "--pad takes a number or 'edge', not '{}'",
-                    self.pad
-                ))
-            })?)
+            // Finite in f32 too: "1e39" parses, as infinity.
+            match self.pad.trim().parse::<f32>() {
+                Ok(v) if v.is_finite() => PadMode::Constant(v),
+                _ => {
+                    return Err(Error::Invalid(format!(
+                        "--pad takes a finite number or 'edge', not '{}'",
+                        self.pad
+                    )))
+                }
+            }
         };
         let overlap = tiling::parse_triple_f64(&self.overlap)?;
         if overlap.iter().any(|o| !(0.0..1.0).contains(o)) {
@@ -88,13 +94,11 @@ impl SegmentArgs {
                 self.overlap
             )));
         }
-        let sigma_scale = tiling::parse_triple_f64(&self.sigma_scale)?;
-        if sigma_scale.iter().any(|s| !(*s > 0.0) || !s.is_finite()) {
-            return Err(Error::Invalid(format!(
-                "--sigma-scale must be positive, got {}",
-                self.sigma_scale
-            )));
-        }
+        let sigma_scale = tiling::parse_sigma_scale(&self.sigma_scale)?;
+        let normalize = self.normalize.parse::<Normalize>()?;
+        crate::pipeline::manifest::Intensity::from(normalize)
+            .check()
+            .map_err(|m| Error::Invalid(format!("--normalize {}: {m}", self.normalize)))?;
         if self.batch == Some(0) {
             return Err(Error::Invalid("--batch must be at least 1".into()));
         }
@@ -121,7 +125,7 @@ impl SegmentArgs {
             device: self.device.parse::<Device>()?,
             axis_order: self.axis_order.parse::<AxisOrder>()?,
             keep_logits: self.logits.is_some(),
-            normalize: self.normalize.parse::<Normalize>()?,
+            normalize,
             memory_budget: self
                 .memory_budget
                 .as_deref()
@@ -132,16 +136,26 @@ impl SegmentArgs {
     }
 }
 
-/// Refuse to clobber: inputs never, existing outputs only with --force.
-fn check_output(out: &Path, inputs: &[&Path], force: bool) -> Result<()> {
-    crate::volume::check_not_input(out, inputs)?;
-    if out.exists() && !force {
-        return Err(Error::Invalid(format!(
-            "{}: output exists (use --force to overwrite)",
-            out.display()
-        )));
+/// Claim the plain run's outputs (labels, logits, report) before any work.
+fn claim_outputs(args: &SegmentArgs, inputs: &[&Path]) -> Result<Gate> {
+    let mut gate = Gate::new(inputs, args.force);
+    gate.claim(&args.output, Kind::Volume, "-o")?;
+    if let Some(l) = &args.logits {
+        gate.claim(l, Kind::Volume, "--logits")?;
     }
-    Ok(())
+    if let Some(r) = &args.report {
+        gate.claim(r, Kind::Report, "--report")?;
+    }
+    Ok(gate)
+}
+
+/// Stage the report (`-`: kept to print on standard output once the outputs are committed).
+fn stage_report(path: &Path, json: String, outs: &mut Outputs) -> Result<Option<String>> {
+    if path == Path::new("-") {
+        return Ok(Some(json));
+    }
+    outs.push(crate::staged::stage_bytes(path, json.as_bytes())?, true);
+    Ok(None)
 }
 
 /// The input, read on its own thread while the engine is built: the volume with NaN/Inf
@@ -180,19 +194,13 @@ pub fn run(args: SegmentArgs) -> Result<()> {
     let mut options = args.options()?;
     // Normalised here, in place, while the engine is built; the engine sees ready data.
     let normalize = std::mem::replace(&mut options.normalize, Normalize::None);
-    let inputs = [args.input.as_path(), model.as_path()];
-    check_output(&args.output, &inputs, args.force)?;
-    if let Some(l) = &args.logits {
-        check_output(l, &inputs, args.force)?;
-        if l == &args.output {
-            return Err(Error::Invalid("--logits and -o name the same file".into()));
-        }
-    }
+    let gate = claim_outputs(&args, &[args.input.as_path(), model.as_path()])?;
 
     // The header is cheap and gives the shape: the device side (CUDA context, kernels, weights,
     // buffers for the planned roi and batch) is made ready on this thread while another one
     // inflates, converts and normalises the data.
     let header = crate::volume::read_header(&args.input)?;
+    crate::volume::check_output_shape(&args.input, &header, 1)?;
     let [x, y, z] = header.shape();
     let net_shape = match options.axis_order {
         AxisOrder::Xyz => [x, y, z],
@@ -270,28 +278,22 @@ pub fn run(args: SegmentArgs) -> Result<()> {
         );
     }
 
+    // Everything staged first, committed together (labels last): all outputs or none.
     let t = Instant::now();
-    // Once renamed, the logits stay registered for signal cleanup until the labels are in
-    // place too: an interrupted run leaves neither file.
-    let mut logits_guard = None;
+    let mut outs = Outputs::new();
     if let Some(path) = &args.logits {
-        crate::volume::write_f32(path, logits.view(), header)?;
-        logits_guard = Some(crate::signals::registry().register(path));
+        outs.push(
+            crate::volume::stage_f32(path, logits.view(), header)?,
+            gate.force(),
+        );
     }
-    if let Err(e) = crate::volume::write_labels(&args.output, labels.view(), header) {
-        // Nothing half-done: the logits belong to this run, drop them too.
-        if let Some(path) = &args.logits {
-            let _ = std::fs::remove_file(path);
-        }
-        return Err(e);
-    }
-    drop(logits_guard);
+    let labels = crate::volume::stage_labels(&args.output, labels.view(), header)?;
     report.seconds.write = t.elapsed().as_secs_f64();
     report.seconds.read = t_read;
     report.seconds.prepare += t_prepare_ahead;
     report.seconds.total = t_all.elapsed().as_secs_f64();
     report.peak_host_bytes = crate::engine::peak_rss_bytes();
-
+    let mut stdout_report = None;
     if let Some(path) = &args.report {
         let mut v =
             serde_json::to_value(&report).map_err(|e| Error::Invalid(format!("report: {e}")))?;
@@ -305,7 +307,12 @@ pub fn run(args: SegmentArgs) -> Result<()> {
         }
         let json =
             serde_json::to_string_pretty(&v).map_err(|e| Error::Invalid(format!("report: {e}")))?;
-        std::fs::write(path, json + "\n").map_err(|e| Error::io(path, e))?;
+        stdout_report = stage_report(path, json + "\n", &mut outs)?;
+    }
+    outs.push(labels, gate.force());
+    outs.commit()?;
+    if let Some(json) = stdout_report {
+        super::print_stdout(&json)?;
     }
     // The process ends right after this: the driver frees the device context with the process,
     // faster than tearing down every buffer and module one by one.

@@ -123,8 +123,12 @@ impl From<Intensity> for IntensityFile {
 impl Intensity {
     pub fn check(&self) -> std::result::Result<(), String> {
         match *self {
-            Intensity::Ct { clip, std, .. } if !(clip[0] <= clip[1] && std > 0.0) => {
-                Err("normalize: ct needs clip = [lo, hi] with lo <= hi and std > 0".into())
+            Intensity::Ct { clip, mean, std }
+                if !(clip.iter().chain([&mean, &std]).all(|v| v.is_finite())
+                    && clip[0] <= clip[1]
+                    && std > 0.0) =>
+            {
+                Err("normalize: ct needs finite clip = [lo, hi] with lo <= hi, a finite mean and std > 0".into())
             }
             Intensity::Percentile { p_lo, p_hi }
                 if !(0.0 <= p_lo && p_lo < p_hi && p_hi <= 100.0) =>
@@ -188,7 +192,7 @@ pub struct Manifest {
 impl Manifest {
     /// Parse TOML or JSON by extension (`.json` is JSON, anything else TOML) and check the values.
     pub fn load(path: &Path) -> Result<Manifest> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::fsio::read_regular_text(path, crate::fsio::MANIFEST_CAP)?;
         let is_json = path
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("json"));

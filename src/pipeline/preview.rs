@@ -78,19 +78,30 @@ pub fn render(image: ArrayView3<f32>, labels: ArrayView3<u16>) -> Picture {
     Picture { width, height, rgb }
 }
 
-/// Render and write an 8-bit RGB PNG.
+/// Render and write an 8-bit RGB PNG (staged and committed at once, replacing `path`).
 pub fn write_png(path: &Path, image: ArrayView3<f32>, labels: ArrayView3<u16>) -> Result<()> {
+    stage_png(path, image, labels)?.commit(true)
+}
+
+/// Render an 8-bit RGB PNG and stage it for the caller to commit with its other outputs.
+pub fn stage_png(
+    path: &Path,
+    image: ArrayView3<f32>,
+    labels: ArrayView3<u16>,
+) -> Result<crate::staged::Staged> {
+    crate::staged::stage_bytes(path, &png_bytes(path, image, labels)?)
+}
+
+/// The PNG file's bytes.
+fn png_bytes(path: &Path, image: ArrayView3<f32>, labels: ArrayView3<u16>) -> Result<Vec<u8>> {
     let pic = render(image, labels);
-    let file = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
-    let mut enc = png::Encoder::new(
-        std::io::BufWriter::new(file),
-        pic.width as u32,
-        pic.height as u32,
-    );
+    let mut bytes = Vec::new();
+    let mut enc = png::Encoder::new(&mut bytes, pic.width as u32, pic.height as u32);
     enc.set_color(png::ColorType::Rgb);
     enc.set_depth(png::BitDepth::Eight);
     let err = |e: png::EncodingError| Error::io(path, std::io::Error::other(e.to_string()));
     let mut w = enc.write_header().map_err(err)?;
     w.write_image_data(&pic.rgb).map_err(err)?;
-    w.finish().map_err(err)
+    w.finish().map_err(err)?;
+    Ok(bytes)
 }

@@ -30,15 +30,12 @@ pub fn parse_triple_usize(s: &str) -> Result<[usize; 3]> {
     Ok(out)
 }
 
-fn parse_f64s(s: &str, what: &str, ok: impl Fn(f64) -> bool) -> Result<[f64; 3]> {
+/// Three numbers (or one for all axes), each passing `ok`; `rule` says what `ok` asks, for the
+/// message.
+fn parse_f64s(s: &str, what: &str, rule: &str, ok: impl Fn(f64) -> bool) -> Result<[f64; 3]> {
     let bad = || {
         Error::Invalid(format!(
-            "{what} \"{s}\" is not one number or three separated by commas, each {}",
-            if what == "overlap" {
-                "at least 0 and below 1 (e.g. 0.5 or 0.5,0.5,0.25)"
-            } else {
-                "positive and finite (e.g. 0.125)"
-            }
+            "{what} \"{s}\" is not one number or three separated by commas, each {rule}"
         ))
     };
     let f = fields(s).ok_or_else(bad)?;
@@ -54,10 +51,28 @@ fn parse_f64s(s: &str, what: &str, ok: impl Fn(f64) -> bool) -> Result<[f64; 3]>
 
 /// An overlap: one fraction for all axes or three separated by commas, each in [0, 1).
 pub fn parse_triple_f64(s: &str) -> Result<[f64; 3]> {
-    parse_f64s(s, "overlap", |v| (0.0..1.0).contains(&v))
+    parse_f64s(
+        s,
+        "overlap",
+        "at least 0 and below 1 (e.g. 0.5 or 0.5,0.5,0.25)",
+        |v| (0.0..1.0).contains(&v),
+    )
 }
 
 /// A gaussian sigma scale: one number for all axes or three separated by commas, each positive and finite.
 pub fn parse_sigma_scale(s: &str) -> Result<[f64; 3]> {
-    parse_f64s(s, "sigma scale", |v| v.is_finite() && v > 0.0)
+    parse_f64s(s, "sigma scale", "positive and finite (e.g. 0.125)", |v| {
+        v.is_finite() && v > 0.0
+    })
+}
+
+/// A voxel spacing in mm: one number for all axes or three separated by commas, each positive
+/// and finite.
+pub fn parse_spacing(s: &str) -> Result<[f64; 3]> {
+    parse_f64s(
+        s,
+        "spacing",
+        "positive and finite in mm (e.g. 1.5 or 3,0.8,0.8)",
+        |v| v.is_finite() && v > 0.0,
+    )
 }

@@ -12,7 +12,10 @@ mod write;
 pub use geometry::{axcodes, mat44_to_quatern, quatern_to_mat44, AffineSource, Mat4};
 pub use header::Header;
 pub use read::{read, read_bytes, read_header, HARD_CAP_BYTES};
-pub use write::{check_not_input, unit_to_u8, write_f32, write_labels, write_unit_u8};
+pub use write::{
+    check_output_shape, stage_f32, stage_labels, stage_unit_u8, unit_to_u8, write_f32,
+    write_labels, write_unit_u8,
+};
 
 use ndarray::Array4;
 use std::fmt::Write as _;

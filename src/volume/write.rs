@@ -1,15 +1,16 @@
-//! Writing NIfTI-1 outputs: temp file in the target folder, fsync, rename; nothing half-written
-//! is ever left under the final name, and the temp file is removed on any error or, through
-//! [`crate::signals`], on SIGINT/SIGTERM.
+//! Writing NIfTI-1 outputs. Each `stage_*` function writes the whole file to a temp file beside
+//! its destination ([`crate::staged`]) for the caller to commit with the run's other outputs;
+//! each `write_*` function stages and commits at once (replacing an existing file), for library
+//! callers with one output.
 
 use super::header::{self, encode_nifti1, Header};
+use crate::staged::Staged;
 use crate::{Error, Result};
 use flate2::{Compress, Compression, FlushCompress, Status};
 use ndarray::{s, ArrayView3, ArrayView4, Axis};
 use rayon::prelude::*;
-use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// gzip level for float outputs: 1, nibabel's default, several times faster than level 6.
 const GZ_LEVEL: u32 = 1;
@@ -149,73 +150,25 @@ fn deflate_piece(p: &[u8], level: Compression, last: bool) -> io::Result<Vec<u8>
     Ok(out)
 }
 
-/// Temp path next to the target: `.<name>.voxtile-tmp-<pid>`, so the rename stays in one filesystem.
-pub(crate) fn temp_path(path: &Path) -> Result<PathBuf> {
-    let name = path
-        .file_name()
-        .ok_or_else(|| Error::volume(path, "output path has no file name"))?;
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    Ok(dir.join(format!(
-        ".{}.voxtile-tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    )))
-}
-
 fn is_gz(path: &Path) -> bool {
     path.to_string_lossy().to_ascii_lowercase().ends_with(".gz")
 }
 
-/// Write through `body` into a temp file, gzip when `path` ends with .gz, fsync, rename over `path`.
-pub(crate) fn write_atomic<F>(path: &Path, body: F) -> Result<()>
+/// Stage `path`'s content written through `body`, gzip (at `level`) when `path` ends with .gz.
+fn stage_level<F>(path: &Path, level: u32, body: F) -> Result<Staged>
 where
     F: FnOnce(&mut dyn Write) -> io::Result<()>,
 {
-    write_atomic_level(path, GZ_LEVEL, body)
-}
-
-/// [`write_atomic`] at gzip level `level`.
-pub(crate) fn write_atomic_level<F>(path: &Path, level: u32, body: F) -> Result<()>
-where
-    F: FnOnce(&mut dyn Write) -> io::Result<()>,
-{
-    let tmp = temp_path(path)?;
-    // Registered before it exists: a SIGINT/SIGTERM from here on deletes it (crate::signals).
-    let guard = crate::signals::registry().register(&tmp);
-    let result = (|| -> io::Result<()> {
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
+    crate::staged::stage(path, |file| {
         let mut bw = BufWriter::with_capacity(1 << 20, file);
-        let file: File = if is_gz(path) {
-            let mut enc = ParGzWriter::new(bw, level)?;
+        if is_gz(path) {
+            let mut enc = ParGzWriter::new(&mut bw, level)?;
             body(&mut enc)?;
-            enc.finish()?.into_inner().map_err(|e| e.into_error())?
+            enc.finish()?;
         } else {
             body(&mut bw)?;
-            bw.into_inner().map_err(|e| e.into_error())?
-        };
-        file.sync_all()?;
-        drop(file);
-        crate::signals::test_pause_before_rename();
-        // Renamed under the registry lock, and only if no signal came first.
-        guard.commit(|tmp| std::fs::rename(tmp, path))?;
-        // Make the rename itself durable (best effort: not every filesystem allows it).
-        if let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            if let Ok(d) = File::open(dir) {
-                let _ = d.sync_all();
-            }
         }
-        Ok(())
-    })();
-    result.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::io(path, e)
+        bw.flush()
     })
 }
 
@@ -407,8 +360,21 @@ fn file_order_bytes<const N: usize>(
     Some(out)
 }
 
+/// Refuse, before any work, outputs of `channels` channels on `like`'s grid that a NIfTI-1
+/// header cannot hold (the encoder's own rule: at most 32767 voxels per axis).
+pub fn check_output_shape(input: &Path, like: &Header, channels: usize) -> Result<()> {
+    encode_nifti1(like, like.shape(), channels.max(1), header::DT_UINT8, "")
+        .map(drop)
+        .map_err(|m| Error::volume(input, format!("the outputs cannot be written: {m}")))
+}
+
 /// Write a label map (axes i, j, k) with `like`'s geometry: uint8 when every label < 256, else uint16.
 pub fn write_labels(path: &Path, labels: ArrayView3<u16>, like: &Header) -> Result<()> {
+    stage_labels(path, labels, like)?.commit(true)
+}
+
+/// [`write_labels`], staged for the caller to commit.
+pub fn stage_labels(path: &Path, labels: ArrayView3<u16>, like: &Header) -> Result<Staged> {
     let (nx, ny, nz) = labels.dim();
     check_shape(path, [nx, ny, nz], like)?;
     let max = max_label(labels);
@@ -424,7 +390,7 @@ pub fn write_labels(path: &Path, labels: ArrayView3<u16>, like: &Header) -> Resu
     } else {
         file_order_bytes(labels, |v: u16| v.to_le_bytes())
     };
-    write_atomic_level(path, GZ_LEVEL_LABELS, |w| {
+    stage_level(path, GZ_LEVEL_LABELS, |w| {
         w.write_all(&hdr)?;
         if let Some(b) = &bytes {
             return w.write_all(b);
@@ -444,6 +410,11 @@ pub fn write_labels(path: &Path, labels: ArrayView3<u16>, like: &Header) -> Resu
 /// Write float32 data (channel, i, j, k) with `like`'s geometry: 3-D for one channel, else 4-D
 /// (x, y, z, channel).
 pub fn write_f32(path: &Path, data: ArrayView4<f32>, like: &Header) -> Result<()> {
+    stage_f32(path, data, like)?.commit(true)
+}
+
+/// [`write_f32`], staged for the caller to commit.
+pub fn stage_f32(path: &Path, data: ArrayView4<f32>, like: &Header) -> Result<Staged> {
     let (nc, nx, ny, nz) = data.dim();
     check_shape(path, [nx, ny, nz], like)?;
     if nc == 0 {
@@ -460,7 +431,7 @@ pub fn write_f32(path: &Path, data: ArrayView4<f32>, like: &Header) -> Result<()
         "voxtile float32",
     )
     .map_err(|m| Error::volume(path, m))?;
-    write_atomic(path, |w| {
+    stage_level(path, GZ_LEVEL, |w| {
         w.write_all(&hdr)?;
         let mut e = Encoder::new(w);
         // Channel is the slowest axis on disk.
@@ -476,6 +447,11 @@ pub fn write_f32(path: &Path, data: ArrayView4<f32>, like: &Header) -> Result<()
 /// Write values in [0, 1] (channel, i, j, k) as uint8 `round(255·v)` with scl_slope 1/255, so that
 /// readers see the [0, 1] values again at a quarter of float32's size (probability maps).
 pub fn write_unit_u8(path: &Path, data: ArrayView4<f32>, like: &Header) -> Result<()> {
+    stage_unit_u8(path, data, like)?.commit(true)
+}
+
+/// [`write_unit_u8`], staged for the caller to commit.
+pub fn stage_unit_u8(path: &Path, data: ArrayView4<f32>, like: &Header) -> Result<Staged> {
     let (nc, nx, ny, nz) = data.dim();
     check_shape(path, [nx, ny, nz], like)?;
     if nc == 0 {
@@ -494,7 +470,7 @@ pub fn write_unit_u8(path: &Path, data: ArrayView4<f32>, like: &Header) -> Resul
     .map_err(|m| Error::volume(path, m))?;
     hdr[112..116].copy_from_slice(&(1.0f32 / 255.0).to_le_bytes()); // scl_slope
     hdr[124..128].copy_from_slice(&1f32.to_le_bytes()); // cal_max
-    write_atomic(path, |w| {
+    stage_level(path, GZ_LEVEL, |w| {
         w.write_all(&hdr)?;
         let mut e = Encoder::new(w);
         for c in 0..nc {
@@ -512,30 +488,6 @@ pub fn unit_to_u8(v: f32) -> u8 {
     (v * 255.0).round() as u8
 }
 
-/// Refuse an output path that is (or links to) one of the inputs: same inode, or same canonical path.
-pub fn check_not_input(out: &Path, inputs: &[&Path]) -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(om) = std::fs::metadata(out) else {
-        return Ok(()); // a file that does not exist yet cannot be an input
-    };
-    let oc = std::fs::canonicalize(out).ok();
-    for inp in inputs {
-        let Ok(im) = std::fs::metadata(inp) else {
-            continue;
-        };
-        let same_inode = om.dev() == im.dev() && om.ino() == im.ino();
-        let same_path = oc.is_some() && oc == std::fs::canonicalize(inp).ok();
-        if same_inode || same_path {
-            return Err(Error::Invalid(format!(
-                "output {} is the same file as input {}; refusing to overwrite an input",
-                out.display(),
-                inp.display()
-            )));
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -546,7 +498,7 @@ mod tests {
         for name in ["out.nii", "out.nii.gz"] {
             let out = dir.path().join(name);
             std::fs::write(&out, b"old contents").unwrap();
-            let err = write_atomic(&out, |w| {
+            let err = stage_level(&out, GZ_LEVEL, |w| {
                 w.write_all(&[7u8; 3 << 20])?; // several buffer flushes reach the disk first
                 Err(io::Error::other("simulated failure"))
             })
@@ -554,7 +506,6 @@ mod tests {
             assert!(err.to_string().contains(name), "{err}");
             assert!(err.to_string().contains("simulated failure"), "{err}");
             assert_eq!(std::fs::read(&out).unwrap(), b"old contents");
-            assert!(!temp_path(&out).unwrap().exists());
         }
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
@@ -626,7 +577,10 @@ mod tests {
     fn success_writes_and_leaves_no_temp() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("x.nii");
-        write_atomic(&out, |w| w.write_all(b"abc")).unwrap();
+        stage_level(&out, GZ_LEVEL, |w| w.write_all(b"abc"))
+            .unwrap()
+            .commit(false)
+            .unwrap();
         assert_eq!(std::fs::read(&out).unwrap(), b"abc");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }

@@ -3,6 +3,7 @@
 
 pub mod nifti;
 pub mod onnx;
+pub mod small;
 pub mod sw;
 pub mod unet;
 

@@ -2,14 +2,17 @@
 //! outputs, batches of files, shards and one worker per device. Plain runs (no manifest, none of
 //! these flags) keep the original path in `segment.rs`.
 
-use super::{check_output, SegmentArgs};
+use super::{stage_report, SegmentArgs};
 use crate::engine::{AxisOrder, Device, Engine, Normalize};
+use crate::gate::{Gate, Kind};
 use crate::pipeline::batch::{self, list_inputs, parse_devices, parse_shard, stem};
 use crate::pipeline::manifest::{parse_blend, Activation, Intensity, Manifest};
 use crate::pipeline::{outputs, preview, Pipeline, Settings};
+use crate::staged::Outputs;
 use crate::{Error, Result};
 use clap::Args;
 use std::io::{IsTerminal, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -130,14 +133,6 @@ impl Plan {
     }
 }
 
-fn triple_f64(s: &str, what: &str) -> Result<[f64; 3]> {
-    let v = crate::tiling::parse_triple_f64(s)?;
-    if v.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
-        return Err(Error::Invalid(format!("{what} must be positive, got {s}")));
-    }
-    Ok(v)
-}
-
 fn parse_axes(s: &str) -> Result<Vec<usize>> {
     let bad = || Error::Invalid(format!("--tta takes network axes like 0,1,2, not '{s}'"));
     let mut v = s
@@ -194,10 +189,11 @@ fn plan(args: &mut SegmentArgs) -> Result<Plan> {
     } else {
         manifest.normalize.unwrap_or(Intensity::None)
     };
+    intensity.check().map_err(|m| Error::model(&mpath, m))?;
     options.normalize = Normalize::None; // the pipeline normalises
     let spacing = match p.spacing.as_deref() {
         Some("none") => None,
-        Some(s) => Some(triple_f64(s, "--spacing")?),
+        Some(s) => Some(crate::tiling::parse_spacing(s)?),
         None => manifest.spacing,
     };
     let mirror_axes = match p.tta.as_deref() {
@@ -236,12 +232,30 @@ fn plan(args: &mut SegmentArgs) -> Result<Plan> {
     })
 }
 
-fn jobs(args: &SegmentArgs) -> Result<(bool, Vec<Job>)> {
+/// The files to segment and where each one's outputs go, every output path claimed through the
+/// gate before any work. Batch mode: `-o` and the extra outputs name folders (created here, after
+/// every check), each file's outputs are `<folder>/<input name>.<ext>`.
+fn jobs(args: &SegmentArgs, gate: &mut Gate) -> Result<(bool, Vec<Job>)> {
     let p = &args.pipe;
     let mut inputs = vec![args.input.clone()];
     inputs.extend(p.more_inputs.iter().cloned());
     let batch_mode = inputs.len() > 1 || args.input.is_dir();
+    let extras = [
+        (&p.probabilities, Kind::Volume, "--probabilities"),
+        (&args.logits, Kind::Volume, "--logits"),
+        (&p.split_classes, Kind::Folder, "--split-classes"),
+        (&p.preview, Kind::Png, "--preview"),
+    ];
     if !batch_mode {
+        if let Some(s) = &p.shard {
+            parse_shard(s)?;
+        }
+        gate.claim(&args.output, Kind::Volume, "-o")?;
+        for (path, kind, what) in extras {
+            if let Some(path) = path {
+                gate.claim(path, kind, what)?;
+            }
+        }
         return Ok((
             false,
             vec![Job {
@@ -267,45 +281,76 @@ fn jobs(args: &SegmentArgs) -> Result<(bool, Vec<Job>)> {
             args.input.display()
         )));
     }
+    for f in &files {
+        gate.add_input(f);
+    }
+    gate.claim(&args.output, Kind::Folder, "-o")?;
+    for (path, _, what) in extras {
+        if let Some(path) = path {
+            gate.claim(path, Kind::Folder, what)?;
+        }
+    }
+    // Two inputs with one output name (a.nii + a.nii.gz, x.nii.gz in two folders) would write
+    // the same files: refused before anything runs.
+    let mut by_stem: Vec<(String, &PathBuf)> = files.iter().map(|f| (stem(f), f)).collect();
+    by_stem.sort();
+    if let Some(w) = by_stem.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(Error::Invalid(format!(
+            "{} and {} would both be written as {}.nii.gz; rename one or segment them apart",
+            w[0].1.display(),
+            w[1].1.display(),
+            w[0].0
+        )));
+    }
     if let Some(s) = &p.shard {
         let (k, n) = parse_shard(s)?;
         files = batch::shard(&files, k, n);
     }
-    let mk = |d: &Option<PathBuf>| -> Result<()> {
-        if let Some(d) = d {
-            std::fs::create_dir_all(d).map_err(|e| Error::io(d, e))?;
+    let jobs: Vec<Job> = files
+        .into_iter()
+        .map(|f| {
+            let s = stem(&f);
+            let file = |d: &PathBuf, ext: &str| d.join(format!("{s}.{ext}"));
+            Job {
+                output: file(&args.output, "nii.gz"),
+                probabilities: p.probabilities.as_ref().map(|d| file(d, "nii.gz")),
+                logits: args.logits.as_ref().map(|d| file(d, "nii.gz")),
+                split: p.split_classes.as_ref().map(|d| d.join(&s)),
+                preview: p.preview.as_ref().map(|d| file(d, "png")),
+                input: f,
+            }
+        })
+        .collect();
+    // An input may sit inside an output folder under an output's name.
+    for job in &jobs {
+        let outs = [
+            Some(&job.output),
+            job.probabilities.as_ref(),
+            job.logits.as_ref(),
+        ];
+        for o in outs.into_iter().flatten().chain(job.preview.as_ref()) {
+            if let Some(inp) = gate.input_of(o) {
+                return Err(Error::Invalid(format!(
+                    "{}: is the input {}; refusing to overwrite an input",
+                    o.display(),
+                    inp.display()
+                )));
+            }
         }
-        Ok(())
-    };
-    for d in [
-        &Some(args.output.clone()),
-        &p.probabilities,
-        &args.logits,
-        &p.split_classes,
-        &p.preview,
-    ] {
-        mk(d)?;
     }
-    Ok((
-        true,
-        files
-            .into_iter()
-            .map(|f| {
-                let s = stem(&f);
-                Job {
-                    output: args.output.join(format!("{s}.nii.gz")),
-                    probabilities: p
-                        .probabilities
-                        .as_ref()
-                        .map(|d| d.join(format!("{s}.nii.gz"))),
-                    logits: args.logits.as_ref().map(|d| d.join(format!("{s}.nii.gz"))),
-                    split: p.split_classes.as_ref().map(|d| d.join(&s)),
-                    preview: p.preview.as_ref().map(|d| d.join(format!("{s}.png"))),
-                    input: f,
-                }
-            })
-            .collect(),
-    ))
+    for d in [
+        Some(&args.output),
+        p.probabilities.as_ref(),
+        args.logits.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    .chain(p.split_classes.as_ref())
+    .chain(p.preview.as_ref())
+    {
+        std::fs::create_dir_all(d).map_err(|e| Error::io(d, e))?;
+    }
+    Ok((true, jobs))
 }
 
 /// Name the input and the model in messages that only say what went wrong.
@@ -324,11 +369,20 @@ fn name_error(e: Error, input: &Path, models: &[PathBuf]) -> Error {
     }
 }
 
-/// Segment one file and write its outputs (labels last: their presence marks the file done).
-fn process(pipe: &mut Pipeline, plan: &Plan, job: &Job, bar: bool) -> Result<serde_json::Value> {
+/// Segment one file and stage its outputs (labels last: their presence marks the file done);
+/// the caller commits them. `replace_extras`: the extra outputs may replace existing files.
+fn process(
+    pipe: &mut Pipeline,
+    plan: &Plan,
+    job: &Job,
+    bar: bool,
+    force: bool,
+    replace_extras: bool,
+) -> Result<(Outputs, serde_json::Value)> {
     let t_all = Instant::now();
     let t = Instant::now();
     let volume = crate::volume::read(&job.input)?;
+    crate::volume::check_output_shape(&job.input, &volume.header, 1)?;
     let t_read = t.elapsed().as_secs_f64();
     let pb = bar.then(|| {
         let b = indicatif::ProgressBar::new(0);
@@ -360,55 +414,48 @@ fn process(pipe: &mut Pipeline, plan: &Plan, job: &Job, bar: bool) -> Result<ser
         );
     }
     let t = Instant::now();
-    let mut written: Vec<PathBuf> = Vec::new();
-    let result = (|| -> Result<()> {
-        if let (Some(path), Some(p)) = (&job.probabilities, &out.probabilities) {
-            if plan.u8 {
-                outputs::write_probabilities_u8(path, p.view(), &out.header)?;
-            } else {
-                crate::volume::write_f32(path, p.view(), &out.header)?;
-            }
-            written.push(path.clone());
-        }
-        if let (Some(path), Some(l)) = (&job.logits, &out.logits) {
-            crate::volume::write_f32(path, l.view(), &out.header)?;
-            written.push(path.clone());
-        }
-        if let Some(dir) = &job.split {
-            let values = pipe
-                .settings()
-                .remap
-                .clone()
-                .unwrap_or_else(|| (0..pipe.output_channels() as u16).collect());
-            written.extend(outputs::write_split_classes(
-                dir,
-                out.labels.view(),
-                &values,
-                plan.classes.as_deref(),
-                &out.header,
-            )?);
-        }
-        if let Some(path) = &job.preview {
-            preview::write_png(
-                path,
-                volume.data.index_axis(ndarray::Axis(0), 0),
-                out.labels.view(),
-            )?;
-            written.push(path.clone());
-        }
-        crate::volume::write_labels(&job.output, out.labels.view(), &out.header)
-    })();
-    if let Err(e) = result {
-        // Nothing half-done: drop what this run wrote for the file.
-        for p in written {
-            let _ = if p.is_dir() {
-                std::fs::remove_dir_all(&p)
-            } else {
-                std::fs::remove_file(&p)
-            };
-        }
-        return Err(e);
+    let mut outs = Outputs::new();
+    if let (Some(path), Some(p)) = (&job.probabilities, &out.probabilities) {
+        let staged = if plan.u8 {
+            outputs::stage_probabilities_u8(path, p.view(), &out.header)?
+        } else {
+            crate::volume::stage_f32(path, p.view(), &out.header)?
+        };
+        outs.push(staged, replace_extras);
     }
+    if let (Some(path), Some(l)) = (&job.logits, &out.logits) {
+        outs.push(
+            crate::volume::stage_f32(path, l.view(), &out.header)?,
+            replace_extras,
+        );
+    }
+    if let Some(dir) = &job.split {
+        let values = pipe
+            .settings()
+            .remap
+            .clone()
+            .unwrap_or_else(|| (0..pipe.output_channels() as u16).collect());
+        outputs::stage_split_classes(
+            dir,
+            out.labels.view(),
+            &values,
+            plan.classes.as_deref(),
+            &out.header,
+            &mut outs,
+            replace_extras,
+        )?;
+    }
+    if let Some(path) = &job.preview {
+        let image = volume.data.index_axis(ndarray::Axis(0), 0);
+        outs.push(
+            preview::stage_png(path, image, out.labels.view())?,
+            replace_extras,
+        );
+    }
+    outs.push(
+        crate::volume::stage_labels(&job.output, out.labels.view(), &out.header)?,
+        force,
+    );
     out.report.engine.seconds.read = t_read;
     out.report.engine.seconds.write = t.elapsed().as_secs_f64();
     out.report.engine.seconds.total = t_all.elapsed().as_secs_f64();
@@ -420,22 +467,81 @@ fn process(pipe: &mut Pipeline, plan: &Plan, job: &Job, bar: bool) -> Result<ser
         o.insert("output".into(), job.output.display().to_string().into());
         o.insert("status".into(), "done".into());
     }
-    Ok(v)
+    Ok((outs, v))
+}
+
+/// The batch report: JSON lines appended as files finish (a resumed batch adds to it); opened
+/// without following a symbolic link, and only as a regular file.
+fn open_batch_report(path: &Path, force: bool) -> Result<std::fs::File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.create(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    if force {
+        o.write(true).truncate(true);
+    } else {
+        o.append(true);
+    }
+    let f = o.open(path).map_err(|e| Error::io(path, e))?;
+    let meta = f.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(Error::Invalid(format!(
+            "--report {}: is not a regular file",
+            path.display()
+        )));
+    }
+    Ok(f)
 }
 
 pub fn run(mut args: SegmentArgs) -> Result<()> {
     let plan = plan(&mut args)?;
     let devices = parse_devices(&args.device)?;
-    let (batch_mode, jobs) = jobs(&args)?;
     let mut reads: Vec<&Path> = vec![args.input.as_path()];
+    reads.extend(args.pipe.more_inputs.iter().map(|m| m.as_path()));
     reads.extend(args.model.iter().map(|m| m.as_path()));
+    reads.extend(plan.manifest_path.as_deref());
+    let mut gate = Gate::new(&reads, args.force);
+    let (batch_mode, jobs) = jobs(&args, &mut gate)?;
+    if let Some(r) = &args.report {
+        if batch_mode {
+            // A log of the batch: appended to, so only its identity is checked.
+            let mut g = Gate::new(&reads, true);
+            jobs.iter().for_each(|j| g.add_input(&j.input));
+            g.claim(r, Kind::Report, "--report")?;
+        } else {
+            gate.claim(r, Kind::Report, "--report")?;
+        }
+    }
+
+    if !batch_mode {
+        let Some(job) = jobs.first() else {
+            return Ok(());
+        };
+        let mut pipe = plan.build(&devices)?;
+        let (mut outs, v) = process(
+            &mut pipe,
+            &plan,
+            job,
+            std::io::stderr().is_terminal(),
+            args.force,
+            args.force,
+        )?;
+        let mut stdout_report = None;
+        if let Some(r) = &args.report {
+            let json = serde_json::to_string_pretty(&v)
+                .map_err(|e| Error::Invalid(format!("report: {e}")))?;
+            stdout_report = stage_report(r, json + "\n", &mut outs)?;
+        }
+        outs.commit()?;
+        if let Some(json) = stdout_report {
+            crate::cli::print_stdout(&json)?;
+        }
+        return Ok(());
+    }
+
     let mut todo = Vec::new();
     let mut lines: Vec<serde_json::Value> = Vec::new();
     for job in jobs {
-        let mut ins = reads.clone();
-        ins.push(job.input.as_path());
-        crate::volume::check_not_input(&job.output, &ins)?;
-        if batch_mode && job.output.exists() && !args.force {
+        if job.output.exists() && !args.force {
             lines.push(serde_json::json!({
                 "input": job.input.display().to_string(),
                 "output": job.output.display().to_string(),
@@ -443,53 +549,26 @@ pub fn run(mut args: SegmentArgs) -> Result<()> {
             }));
             continue;
         }
-        if !batch_mode {
-            check_output(&job.output, &ins, args.force)?;
-            for extra in [&job.probabilities, &job.logits, &job.preview]
-                .into_iter()
-                .flatten()
-            {
-                check_output(extra, &ins, args.force)?;
-                if extra == &job.output {
-                    return Err(Error::Invalid(format!(
-                        "{}: named both as the labels output and as an extra output",
-                        extra.display()
-                    )));
-                }
-            }
-        }
         todo.push(job);
     }
-
     let mut report = match &args.report {
-        Some(p) => Some(std::fs::File::create(p).map_err(|e| Error::io(p, e))?),
-        None => None,
+        Some(p) if p != Path::new("-") => Some((open_batch_report(p, args.force)?, p.clone())),
+        _ => None,
     };
-    let report_path = args.report.clone().unwrap_or_default();
+    let to_stdout = args.report.as_deref() == Some(Path::new("-"));
     let mut emit = |v: &serde_json::Value| -> Result<()> {
-        if let Some(f) = &mut report {
-            let s = if batch_mode {
-                serde_json::to_string(v)
-            } else {
-                serde_json::to_string_pretty(v)
-            }
-            .map_err(|e| Error::Invalid(format!("report: {e}")))?;
-            writeln!(f, "{s}").map_err(|e| Error::io(&report_path, e))?;
-            f.flush().map_err(|e| Error::io(&report_path, e))?;
+        let s = serde_json::to_string(v).map_err(|e| Error::Invalid(format!("report: {e}")))?;
+        if let Some((f, path)) = &mut report {
+            // One write per line: appended whole even beside another writer.
+            f.write_all(format!("{s}\n").as_bytes())
+                .map_err(|e| Error::io(&*path, e))?;
+        } else if to_stdout {
+            crate::cli::print_stdout(&format!("{s}\n"))?;
         }
         Ok(())
     };
     for l in &lines {
         emit(l)?;
-    }
-
-    if !batch_mode {
-        let Some(job) = todo.first() else {
-            return Ok(());
-        };
-        let mut pipe = plan.build(&devices)?;
-        let v = process(&mut pipe, &plan, job, std::io::stderr().is_terminal())?;
-        return emit(&v);
     }
 
     // Batch: one worker per device (fewer files than devices: per file, the devices shared out),
@@ -499,6 +578,7 @@ pub fn run(mut args: SegmentArgs) -> Result<()> {
     let workers = groups.len();
     let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
     let mut failed = 0usize;
+    let force = args.force;
     std::thread::scope(|s| -> Result<()> {
         for (w, group) in groups.iter().enumerate() {
             let tx = tx.clone();
@@ -510,21 +590,24 @@ pub fn run(mut args: SegmentArgs) -> Result<()> {
                         "input": job.input.display().to_string(),
                         "output": job.output.display().to_string(),
                         "status": "error",
-                        "error": e.to_string(),
+                        "error": format!("{}: {e}", job.input.display()),
                     })
                 };
-                let mut pipe = match plan.build(group) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        for (_, job) in &mine {
-                            let _ = tx.send(fail(job, &e));
-                        }
-                        return;
-                    }
-                };
+                let mut pipe = None;
                 for (_, job) in &mine {
-                    let v = process(&mut pipe, &plan, job, false).unwrap_or_else(|e| fail(job, &e));
-                    let _ = tx.send(v);
+                    // A bug (panic) while processing one file is that file's error; the
+                    // pipeline it may have left half-way is built anew for the next file.
+                    let r = crate::cli::catch_bug(|| {
+                        let p = match pipe.take() {
+                            Some(p) => p,
+                            None => plan.build(group)?,
+                        };
+                        let p = pipe.insert(p);
+                        let (outs, v) = process(p, &plan, job, false, force, true)?;
+                        outs.commit()?;
+                        Ok(v)
+                    });
+                    let _ = tx.send(r.unwrap_or_else(|e| fail(job, &e)));
                 }
             });
         }

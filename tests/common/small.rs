@@ -1,0 +1,53 @@
+//! Small inputs for CLI tests: a ball volume and a one-conv model (what ../shared/checks makes
+//! with mkvol.py and mkmodel.py), written by hand.
+#![allow(dead_code)]
+
+use super::nifti::{nifti, Geo};
+use super::onnx::{ftensor, ints_attr, model_with, node_with, vi_ncdhw};
+use prost::Message;
+use std::path::{Path, PathBuf};
+
+/// A float32 NIfTI-1 ball (1 in the centre, 0 outside radius ~0.58) of `dims` voxels at `path`.
+pub fn ball_volume(path: &Path, dims: [usize; 3]) -> PathBuf {
+    let n: usize = dims.iter().product();
+    let data: Vec<u8> = (0..n)
+        .flat_map(|i| {
+            let (x, y, z) = (
+                i % dims[0],
+                (i / dims[0]) % dims[1],
+                i / (dims[0] * dims[1]),
+            );
+            let c = |v: usize, n: usize| (v as f32 + 0.5) / n as f32 - 0.5;
+            let r2 = c(x, dims[0]).powi(2) + c(y, dims[1]).powi(2) + c(z, dims[2]).powi(2);
+            (1.0 - 3.0 * r2).max(0.0).to_le_bytes()
+        })
+        .collect();
+    let bytes = nifti(&dims.map(|d| d as i64), 16, 32, &Geo::default(), &data);
+    std::fs::write(path, bytes).unwrap();
+    path.to_path_buf()
+}
+
+/// A model of one 3x3x3 Conv (pads 1), 1 -> `channels`, dynamic N,D,H,W, deterministic weights.
+pub fn conv_model(path: &Path, channels: usize) -> PathBuf {
+    let c = channels as i64;
+    let w: Vec<f32> = (0..channels * 27)
+        .map(|i| ((i * 37 % 17) as f32 - 8.0) * 0.05)
+        .collect();
+    let b: Vec<f32> = (0..channels).map(|i| i as f32 * 0.1 - 0.05).collect();
+    let m = model_with(
+        "g",
+        17,
+        vec![node_with(
+            "Conv",
+            "conv",
+            &["x", "w", "b"],
+            &["y"],
+            vec![ints_attr("pads", vec![1; 6])],
+        )],
+        vec![ftensor("w", &[c, 1, 3, 3, 3], w), ftensor("b", &[c], b)],
+        vec![vi_ncdhw("x", Some(1))],
+        vec![vi_ncdhw("y", Some(c))],
+    );
+    std::fs::write(path, m.encode_to_vec()).unwrap();
+    path.to_path_buf()
+}
