@@ -107,6 +107,21 @@ impl Gate {
         if kind == Kind::Report && path == Path::new("-") {
             return Ok(());
         }
+        let parent = crate::staged::parent_dir(path);
+        if !parent.is_dir() {
+            return Err(bad(format!(
+                "the folder {} does not exist",
+                parent.display()
+            )));
+        }
+        let canon =
+            canonical_target(path).ok_or_else(|| bad("cannot resolve its folder".into()))?;
+        if let Some(inp) = self.input_named_by(path, &canon) {
+            return Err(bad(format!(
+                "is the same file as the input {}; refusing to overwrite an input",
+                inp.display()
+            )));
+        }
         let name = path.file_name().map(|n| n.to_string_lossy().to_string());
         let trailing_slash = path.as_os_str().to_string_lossy().ends_with('/');
         if kind != Kind::Folder {
@@ -126,21 +141,6 @@ impl Gate {
             }
         } else if path.exists() && !path.is_dir() {
             return Err(bad("exists and is not a folder".into()));
-        }
-        let parent = crate::staged::parent_dir(path);
-        if !parent.is_dir() {
-            return Err(bad(format!(
-                "the folder {} does not exist",
-                parent.display()
-            )));
-        }
-        let canon =
-            canonical_target(path).ok_or_else(|| bad("cannot resolve its folder".into()))?;
-        if let Some(inp) = self.input_named_by(path, &canon) {
-            return Err(bad(format!(
-                "is the same file as the input {}; refusing to overwrite an input",
-                inp.display()
-            )));
         }
         if let Some((d, _)) = self.input_dirs.iter().find(|(_, c)| *c == canon) {
             if kind == Kind::Folder {

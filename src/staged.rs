@@ -150,6 +150,7 @@ impl Staged {
         let kept = guard
             .commit_to(&dest, |tmp| rename(tmp, &dest, replace))
             .map_err(|e| {
+                let _ = std::fs::remove_file(&self.tmp);
                 if e.kind() == io::ErrorKind::AlreadyExists {
                     Error::Invalid(format!(
                         "{}: appeared while this run was writing it; not replaced (use --force to overwrite)",
