@@ -93,11 +93,21 @@ pub fn run() -> i32 {
         Ok(()) => 0,
         Err(Error::Io { source, .. }) if is_closed_stdout(&source) => 0,
         Err(e) => {
-            eprintln!("voxtile: error: {e}");
+            crate::cli::say!("voxtile: error: {e}");
             1
         }
     }
 }
+
+/// `eprintln!` that never panics: a closed or broken stderr (`voxtile … 2>&1 | head -1`) only
+/// loses the message.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+pub(crate) use say;
 
 /// Whether an error is standard output closed by its reader (`voxtile inspect m.onnx | head -1`).
 fn is_closed_stdout(e: &std::io::Error) -> bool {
@@ -126,7 +136,7 @@ fn install_panic_hook() {
         if CAUGHT.with(|c| c.borrow().is_some()) {
             CAUGHT.with(|c| *c.borrow_mut() = Some(line));
         } else {
-            eprintln!("voxtile: {line}");
+            crate::cli::say!("voxtile: {line}");
         }
     }));
 }

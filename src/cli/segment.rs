@@ -272,7 +272,7 @@ pub fn run(args: SegmentArgs) -> Result<()> {
     report.nonfinite_voxels = nonfinite;
     let header = &volume.header;
     if nonfinite > 0 {
-        eprintln!(
+        crate::cli::say!(
             "voxtile: warning: {}: {nonfinite} NaN/Inf voxels (NaN read as 0, ±Inf clamped to the finite range)",
             args.input.display(),
         );

@@ -407,7 +407,7 @@ fn process(
         b.finish_and_clear();
     }
     if out.nonfinite_voxels > 0 {
-        eprintln!(
+        crate::cli::say!(
             "voxtile: warning: {}: {} NaN/Inf voxels (NaN read as 0, ±Inf clamped to the finite range)",
             job.input.display(),
             out.nonfinite_voxels
@@ -616,12 +616,12 @@ pub fn run(mut args: SegmentArgs) -> Result<()> {
             let status = v["status"].as_str().unwrap_or("");
             if status == "error" {
                 failed += 1;
-                eprintln!(
+                crate::cli::say!(
                     "voxtile: failed: {}",
                     v["error"].as_str().unwrap_or("unknown error")
                 );
             } else if std::io::stderr().is_terminal() {
-                eprintln!(
+                crate::cli::say!(
                     "voxtile: [{}/{total}] {}",
                     i + 1,
                     v["output"].as_str().unwrap_or("")
