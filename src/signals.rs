@@ -126,25 +126,10 @@ pub struct TempGuard {
 
 impl TempGuard {
     /// Run `rename` (the temp → final step) under the registry lock, unless a signal arrived
-    /// first, in which case nothing is renamed and an `Interrupted` error is returned.
-    pub fn commit(&self, rename: impl FnOnce(&Path) -> std::io::Result<()>) -> std::io::Result<()> {
-        let mut list = self.reg.temps();
-        if self.reg.interrupted() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::Interrupted,
-                "interrupted by a signal before the output was complete",
-            ));
-        }
-        rename(&self.path)?;
-        list.retain(|p| p != &self.path);
-        Ok(())
-    }
-}
-
-impl TempGuard {
-    /// Like [`TempGuard::commit`], and the final path `dest` takes the temp file's place in the
-    /// registry (in the same locked step): the returned guard keeps it there, so a signal before
-    /// the whole run is finished removes the committed output too.
+    /// first, in which case nothing is renamed and an `Interrupted` error is returned. The final
+    /// path `dest` takes the temp file's place in the registry in the same locked step: the
+    /// returned guard keeps it there, so a signal before the whole run is finished removes the
+    /// committed output too.
     pub fn commit_to(
         &self,
         dest: &Path,
@@ -198,9 +183,15 @@ mod tests {
         {
             let g = reg.register(&a);
             assert!(reg.is_registered(&a));
-            g.commit(|p| std::fs::rename(p, dir.path().join("a.nii")))
-                .unwrap();
+            let fin = dir.path().join("a.nii");
+            let kept = g.commit_to(&fin, |p| std::fs::rename(p, &fin)).unwrap();
             assert!(!reg.is_registered(&a));
+            assert!(
+                reg.is_registered(&fin),
+                "the committed output stays registered"
+            );
+            drop(kept);
+            assert!(!reg.is_registered(&fin));
         }
         assert!(dir.path().join("a.nii").exists());
         let g = reg.register(&b);
@@ -216,7 +207,9 @@ mod tests {
             "the global registry is untouched"
         );
         let e = g
-            .commit(|p| std::fs::rename(p, dir.path().join("b.nii")))
+            .commit_to(&dir.path().join("b.nii"), |p| {
+                std::fs::rename(p, dir.path().join("b.nii"))
+            })
             .unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::Interrupted);
         assert!(!dir.path().join("b.nii").exists());

@@ -4,6 +4,7 @@
 mod common;
 use common::nifti::*;
 use common::onnx::*;
+use common::small::ball;
 use common::*;
 use prost::Message;
 use std::path::{Path, PathBuf};
@@ -16,20 +17,6 @@ use voxtile::model::onnx::proto;
 /// float32 voxels from a function of the flat file index.
 fn f32_data(n: usize, f: impl Fn(usize) -> f32) -> Vec<u8> {
     (0..n).flat_map(|i| f(i).to_le_bytes()).collect()
-}
-
-/// A blob-like test image (bright ball in the middle), values in [0, 1].
-fn ball(dims: [usize; 3]) -> impl Fn(usize) -> f32 {
-    move |i| {
-        let (x, y, z) = (
-            i % dims[0],
-            (i / dims[0]) % dims[1],
-            i / (dims[0] * dims[1]),
-        );
-        let c = |v: usize, n: usize| (v as f32 + 0.5) / n as f32 - 0.5;
-        let r2 = c(x, dims[0]).powi(2) + c(y, dims[1]).powi(2) + c(z, dims[2]).powi(2);
-        (1.0 - 3.0 * r2).max(0.0)
-    }
 }
 
 fn le_f32(b: &[u8], off: usize) -> f32 {

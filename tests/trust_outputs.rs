@@ -29,7 +29,12 @@ fn case() -> Case {
 }
 
 fn seg(c: &Case, extra: &[&str]) -> Output {
-    let mut a = vec!["segment", s(&c.vol), "-m", s(&c.model), "--device", "cpu"];
+    seg_in(c, &c.vol, extra)
+}
+
+/// `voxtile segment INPUT -m <the case's model> --device cpu EXTRA...`
+fn seg_in(c: &Case, input: &Path, extra: &[&str]) -> Output {
+    let mut a = vec!["segment", s(input), "-m", s(&c.model), "--device", "cpu"];
     a.extend_from_slice(extra);
     voxtile(&a)
 }
@@ -108,49 +113,38 @@ fn batch_extra_outputs_never_go_into_an_input_folder() {
 #[test]
 fn outputs_naming_each_other_or_the_wrong_kind_are_refused_before_any_work() {
     let c = case();
-    let p = |n: &str| c.d.join(n);
-    let cases: Vec<(Vec<String>, &str)> = vec![
+    let p = |n: &str| s(&c.d.join(n)).to_string();
+    let aliased = format!("{}/./al.nii", s(&c.d));
+    let d = s(&c.d).to_string();
+    let cases: Vec<([String; 2], [String; 2], &str)> = [
         (
-            vec![
-                "-o".into(),
-                s(&p("al.nii")).into(),
-                "--logits".into(),
-                format!("{}/./al.nii", s(&c.d)),
-            ],
+            ["-o", &p("al.nii")],
+            ["--logits", &aliased],
             "another output",
         ),
-        (vec!["-o".into(), s(&p("seg.png")).into()], ".nii"),
-        (vec!["-o".into(), s(&c.d).into()], "folder"),
-        (vec!["-o".into(), ".".into()], "folder"),
+        (["-o", &p("seg.png")], ["--tta", "0"], ".nii"),
+        (["-o", &d], ["--tta", "0"], "folder"),
+        (["-o", "."], ["--tta", "0"], "folder"),
         (
-            vec![
-                "-o".into(),
-                s(&p("x.nii.gz")).into(),
-                "--report".into(),
-                s(&p("nodir/r.json")).into(),
-            ],
+            ["-o", &p("x.nii.gz")],
+            ["--report", &p("nodir/r.json")],
             "does not exist",
         ),
         (
-            vec![
-                "-o".into(),
-                s(&p("y.nii.gz")).into(),
-                "--preview".into(),
-                s(&p("y.nii.gz.jpg")).into(),
-            ],
+            ["-o", &p("y.nii.gz")],
+            ["--preview", &p("y.nii.gz.jpg")],
             ".png",
         ),
         (
-            vec![
-                "-o".into(),
-                s(&p("z.nii.gz")).into(),
-                "--probabilities".into(),
-                s(&p("z.nii.gz")).into(),
-            ],
+            ["-o", &p("z.nii.gz")],
+            ["--probabilities", &p("z.nii.gz")],
             "another output",
         ),
-    ];
-    for (args, names) in cases {
+    ]
+    .map(|(a, b, n)| (a.map(String::from), b.map(String::from), n))
+    .into();
+    for (o, extra, names) in cases {
+        let args = [o, extra].concat();
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
         assert_one_error(&seg(&c, &a), names);
         assert_eq!(listing(&c.d), ["m.onnx", "v.nii"], "{args:?}");
@@ -198,17 +192,7 @@ fn batch_inputs_with_one_output_name_are_refused() {
     let other = ball_volume(&c.d.join("x.nii"), [10, 10, 10]);
     std::fs::write(inp.join("a.nii.gz"), gz(&bytes(&other))).unwrap();
     let out = c.d.join("out");
-    let o = voxtile(&[
-        "segment",
-        s(&inp),
-        "-m",
-        s(&c.model),
-        "-o",
-        s(&out),
-        "--device",
-        "cpu",
-    ]);
-    assert_one_error(&o, "a.nii.gz");
+    assert_one_error(&seg_in(&c, &inp, &["-o", s(&out)]), "a.nii.gz");
     assert!(!out.exists() || listing(&out).is_empty());
 }
 
@@ -435,15 +419,6 @@ fn an_output_that_cannot_be_nifti1_is_refused_up_front() {
         voxtile::volume::read_header(&wide).is_ok(),
         "the input itself is readable"
     );
-    let o = voxtile(&[
-        "segment",
-        s(&wide),
-        "-m",
-        s(&c.model),
-        "-o",
-        s(&c.d.join("w.nii.gz")),
-        "--device",
-        "cpu",
-    ]);
+    let o = seg_in(&c, &wide, &["-o", s(&c.d.join("w.nii.gz"))]);
     assert_one_error(&o, "32767");
 }

@@ -7,21 +7,26 @@ use super::onnx::{ftensor, ints_attr, model_with, node_with, vi_ncdhw};
 use prost::Message;
 use std::path::{Path, PathBuf};
 
-/// A float32 NIfTI-1 ball (1 in the centre, 0 outside radius ~0.58) of `dims` voxels at `path`.
+/// A blob-like test image of `dims` voxels as a function of the flat file index: a bright ball
+/// in the middle, values in [0, 1].
+pub fn ball(dims: [usize; 3]) -> impl Fn(usize) -> f32 {
+    move |i| {
+        let (x, y, z) = (
+            i % dims[0],
+            (i / dims[0]) % dims[1],
+            i / (dims[0] * dims[1]),
+        );
+        let c = |v: usize, n: usize| (v as f32 + 0.5) / n as f32 - 0.5;
+        let r2 = c(x, dims[0]).powi(2) + c(y, dims[1]).powi(2) + c(z, dims[2]).powi(2);
+        (1.0 - 3.0 * r2).max(0.0)
+    }
+}
+
+/// A float32 NIfTI-1 file of [`ball`] at `path`.
 pub fn ball_volume(path: &Path, dims: [usize; 3]) -> PathBuf {
     let n: usize = dims.iter().product();
-    let data: Vec<u8> = (0..n)
-        .flat_map(|i| {
-            let (x, y, z) = (
-                i % dims[0],
-                (i / dims[0]) % dims[1],
-                i / (dims[0] * dims[1]),
-            );
-            let c = |v: usize, n: usize| (v as f32 + 0.5) / n as f32 - 0.5;
-            let r2 = c(x, dims[0]).powi(2) + c(y, dims[1]).powi(2) + c(z, dims[2]).powi(2);
-            (1.0 - 3.0 * r2).max(0.0).to_le_bytes()
-        })
-        .collect();
+    let f = ball(dims);
+    let data: Vec<u8> = (0..n).flat_map(|i| f(i).to_le_bytes()).collect();
     let bytes = nifti(&dims.map(|d| d as i64), 16, 32, &Geo::default(), &data);
     std::fs::write(path, bytes).unwrap();
     path.to_path_buf()
