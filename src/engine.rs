@@ -15,6 +15,7 @@ use crate::volume::{Header, Volume};
 use crate::{Error, Result};
 use ndarray::{s, Array3, Array4, Array5, ArrayView4, Axis, Slice};
 use serde::Serialize;
+use std::ops::Range;
 use std::path::Path;
 use std::time::Instant;
 
@@ -155,8 +156,9 @@ pub struct Options {
     pub keep_logits: bool,
     pub normalize: Normalize,
     /// Bytes the run may use (device memory on CUDA, the host working set on CPU); None: 80% of
-    /// the device's free memory, or half of the available RAM. The planner picks roi and batch
-    /// under it (see [`crate::plan::choose`]).
+    /// the device's free memory, or half of the memory left to the process (RAM, RLIMIT_AS,
+    /// cgroup). The planner picks the batch under it and never shrinks the window (see
+    /// [`crate::plan::choose`]).
     pub memory_budget: Option<u64>,
     /// Blend into whole-volume accumulators instead of streaming slabs (the reference the slab
     /// path is tested against; needs C × volume fp32).
@@ -226,6 +228,9 @@ pub struct Report {
     /// Extra per-stage GPU times (event-timed) when the CUDA path ran.
     pub gpu: Option<serde_json::Value>,
     pub nonfinite_voxels: usize,
+    /// Voxels whose blended network output holds NaN (their labels are meaningless; warned on
+    /// stderr). None where it is not counted: the CUDA path that makes labels on the device.
+    pub nan_output_voxels: Option<usize>,
     /// Peak resident memory of the process (VmHWM), bytes.
     pub peak_host_bytes: u64,
     pub peak_device_bytes: Option<u64>,
@@ -345,6 +350,8 @@ pub struct Engine {
     device_name: String,
     /// Budget bytes and where they came from.
     budget: (u64, String),
+    /// Plan warnings already said: each once per engine, not once per volume or TTA pass.
+    warned: std::collections::HashSet<String>,
 }
 
 impl Engine {
@@ -426,6 +433,7 @@ impl Engine {
             workers,
             device_name,
             budget,
+            warned: Default::default(),
         })
     }
 
@@ -524,7 +532,13 @@ impl Engine {
                 copy_input: self.options.normalize != Normalize::None,
             },
         };
-        plan::choose(&self.graph, &req)
+        plan::choose(&self.graph, &req).map_err(|e| {
+            if req.budget_explicit {
+                e
+            } else {
+                plan::with_budget_source(e, &self.budget.1)
+            }
+        })
     }
 
     /// The memory budget in use and where it came from.
@@ -546,8 +560,9 @@ impl Engine {
     /// channels.
     ///
     /// The window and batch come from the memory planner (see [`crate::plan::choose`]). A batch
-    /// that runs out of memory is redone at half the batch; at batch 1 the window is halved and
-    /// the whole volume restarts on the new grid (said on stderr and in the report).
+    /// that runs out of memory is redone at half the batch (said on stderr and in the report); at
+    /// batch 1 the out-of-memory error goes up: the window is never changed behind the user's
+    /// back (a smaller window changes the result).
     pub fn segment_array(
         &mut self,
         data: ArrayView4<f32>,
@@ -568,14 +583,15 @@ impl Engine {
         let shape = [net.shape()[1], net.shape()[2], net.shape()[3]];
         let planned = self.plan_for(shape)?;
         if let Some(w) = &planned.warning {
-            eprintln!("voxtile: warning: {w}");
+            if self.warned.insert(w.clone()) {
+                tracing::warn!("{w}");
+            }
         }
-        let (mut roi, mut batch) = (planned.roi, planned.batch);
+        let roi = planned.roi;
+        let mut batch = planned.batch;
         let mut retries: Vec<String> = Vec::new();
         let mut measured_act = 0u64;
         let mut injected = self.options.inject_oom.filter(|_| !self.is_cuda());
-        let div = self.graph.spatial_divisor();
-        let fixed = self.graph.fixed_input_spatial;
 
         let mut report = Report {
             input_shape: shape,
@@ -680,39 +696,25 @@ impl Engine {
                 }
             }
             match result {
-                Ok((labels, logits)) => break (labels, logits, grid.len()),
+                Ok((labels, logits)) => {
+                    let counted: Option<Vec<usize>> = runs.iter().map(|r| r.nan_voxels).collect();
+                    report.nan_output_voxels = counted.map(|c| c.iter().sum());
+                    break (labels, logits, grid.len());
+                }
                 Err(Error::OutOfMemory(m)) => {
-                    if self.is_cuda() && batch > 1 {
-                        let nb = batch / 2;
-                        let msg = format!(
-                            "out of device memory ({m}) with roi {roi:?} batch {batch}: retrying the volume with batch {nb}"
-                        );
-                        eprintln!("voxtile: {msg}");
-                        retries.push(msg);
-                        batch = nb;
-                        continue;
-                    }
-                    // Batch 1 (the CPU path halves batches itself): a smaller window, new grid.
-                    let new_roi: [usize; 3] = [0, 1, 2].map(|a| match fixed[a] {
-                        Some(f) => f,
-                        None => ((roi[a] / 2) / div[a] * div[a]).max(div[a]),
-                    });
-                    if new_roi == roi {
-                        return Err(Error::OutOfMemory(format!(
-                            "{m}; already at batch 1 and the smallest window {roi:?} the model allows"
-                        )));
-                    }
-                    let msg = format!(
-                        "out of memory ({m}) with roi {roi:?} batch 1: restarting the whole volume with roi {new_roi:?}"
-                    );
-                    eprintln!("voxtile: {msg}");
-                    retries.push(msg);
-                    roi = new_roi;
-                    batch = 1;
+                    // The CUDA pipeline (and a CPU prepare) fail whole: the volume is redone at
+                    // half the batch. The CPU loop halves its batch itself, so its OOM arrives at
+                    // batch 1. The window never changes: at batch 1 the error goes up.
+                    batch = oom_retry_batch(&m, roi, batch, &mut retries)?;
                 }
                 Err(e) => return Err(e),
             }
         };
+        if let Some(n) = report.nan_output_voxels.filter(|&n| n > 0) {
+            tracing::warn!(
+                "{n} voxels of the blended network output are NaN: their labels are meaningless (the model produced non-finite values)"
+            );
+        }
         report.seconds.prepare = prepare_s;
         report.roi = roi;
         report.batch = batch;
@@ -720,7 +722,7 @@ impl Engine {
         report.oom_retries = retries;
         report.measured_activation_bytes = Some(measured_act);
         // The prediction for what finally ran.
-        let est = if (roi, batch) == (planned.roi, planned.batch) {
+        let est = if batch == planned.batch {
             planned.estimate
         } else {
             self.plan_for_fixed(shape, roi, batch)?
@@ -764,7 +766,7 @@ impl Engine {
         Ok((labels, logits, report))
     }
 
-    /// The estimate for a given roi and batch (after an OOM retry changed them).
+    /// The estimate for a given roi and batch (after an OOM retry changed the batch).
     fn plan_for_fixed(
         &self,
         shape: [usize; 3],
@@ -795,6 +797,28 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// The batch to redo a volume at after an out-of-memory error `m` at `batch`: half of it (said
+/// on stderr and in `retries`); at batch 1 the error itself, naming the window that is kept.
+fn oom_retry_batch(
+    m: &str,
+    roi: [usize; 3],
+    batch: usize,
+    retries: &mut Vec<String>,
+) -> Result<usize> {
+    if batch <= 1 {
+        return Err(Error::OutOfMemory(format!(
+            "{m}; at batch 1 with the window {roi:?}, which is kept (a smaller window changes the result): free memory or pass a smaller --roi"
+        )));
+    }
+    let nb = batch / 2;
+    let msg = format!(
+        "out of memory ({m}) with roi {roi:?} batch {batch}: retrying the volume with batch {nb}"
+    );
+    eprintln!("voxtile: {msg}");
+    retries.push(msg);
+    Ok(nb)
 }
 
 /// How blended outputs become labels.
@@ -834,9 +858,12 @@ struct PartRun {
     gpu: Option<serde_json::Value>,
     /// The batch it ended at (the CPU path halves it on OOM).
     batch: usize,
+    /// NaN voxels of the blended output in its own planes; None where not counted.
+    nan_voxels: Option<usize>,
 }
 
-/// Run `grid` on one device, the CPU or the CUDA loop.
+/// Run `grid` on one device, the CPU or the CUDA loop; NaN outputs are counted in the D planes
+/// `own` of the grid (the device's own share of a split volume).
 #[allow(clippy::too_many_arguments)]
 fn run_worker(
     graph: &Graph,
@@ -844,6 +871,7 @@ fn run_worker(
     opts: &Options,
     net: ArrayView4<f32>,
     grid: &Grid,
+    own: Range<usize>,
     weights: Array3<f32>,
     finish: Finish,
     inject_oom: &mut Option<usize>,
@@ -866,6 +894,7 @@ fn run_worker(
             &mut run.retries,
             &mut run.measured_act,
             &mut run.seconds,
+            (own, &mut run.nan_voxels),
             progress,
         ),
         Exec::Cuda(backend) => {
@@ -879,6 +908,11 @@ fn run_worker(
             };
             let t = Instant::now();
             let r = run_cuda(backend, net, grid, weights, run.batch, finish, cval);
+            if let Ok((_, out, _)) = &r {
+                run.nan_voxels = out
+                    .as_ref()
+                    .map(|o| tiling::nan_voxels(o.slice_axis(Axis(1), Slice::from(own))));
+            }
             if r.is_ok() {
                 progress(grid.len(), grid.len());
             }
@@ -922,6 +956,7 @@ fn run_parts(
             opts,
             net,
             grid,
+            0..grid.shape[0],
             weights.clone(),
             finish,
             inject_oom,
@@ -943,6 +978,7 @@ fn run_parts(
                 let view = net.slice_axis(Axis(1), Slice::from(part.crop[0]..part.crop[1]));
                 let weights = weights.clone();
                 let mut inject = if k == 0 { inject_oom.take() } else { None };
+                let own = part.planes[0] - part.crop[0]..part.planes[1] - part.crop[0];
                 s.spawn(move || {
                     let mut run = PartRun {
                         batch,
@@ -959,6 +995,7 @@ fn run_parts(
                         opts,
                         view,
                         &sub,
+                        own,
                         weights,
                         finish,
                         &mut inject,
@@ -1043,9 +1080,11 @@ fn run_cpu(
     retries: &mut Vec<String>,
     measured_act: &mut u64,
     seconds: &mut StageTimes,
+    (own, nan): (Range<usize>, &mut Option<usize>),
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<NetOut> {
     let (cin, roi, shape) = (net.shape()[0], grid.roi, grid.shape);
+    let mut nan_count = 0usize;
     let cout = finish.cout;
     let mut labels = Array3::<u16>::zeros((shape[0], shape[1], shape[2]));
     let mut logits = finish
@@ -1054,6 +1093,12 @@ fn run_cpu(
     let mut store = |slab: tiling::Slab, seconds: &mut StageTimes| {
         let t = Instant::now();
         let n = slab.data.shape()[1];
+        // This device's own planes of the slab (the others belong to a neighbour's share).
+        let (lo, hi) = (own.start.max(slab.d0), own.end.min(slab.d0 + n));
+        if lo < hi {
+            nan_count +=
+                tiling::nan_voxels(slab.data.slice(s![.., lo - slab.d0..hi - slab.d0, .., ..]));
+        }
         let l = finish.labels(slab.data.view());
         labels
             .slice_mut(s![slab.d0..slab.d0 + n, .., ..])
@@ -1143,6 +1188,7 @@ fn run_cpu(
             store(tiling::Slab { d0: 0, data: out }, seconds);
         }
     }
+    *nan = Some(nan_count);
     Ok((labels, logits))
 }
 

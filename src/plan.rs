@@ -1,6 +1,6 @@
-//! The memory planner: one model of what a run allocates, used to choose the window (roi) and
-//! batch under a budget, to print `voxtile plan`, and to put the prediction next to the measured
-//! peak in `--report`.
+//! The memory planner: one model of what a run allocates, used to choose the batch under a budget
+//! (the window is the model's or the user's, never shrunk to fit), to print `voxtile plan`, and to
+//! put the prediction next to the measured peak in `--report`.
 //!
 //! Activations come from the graph IR by liveness over the node order, replaying exactly what each
 //! backend does with its buffers:
@@ -54,8 +54,16 @@ pub struct Breakdown {
 }
 
 impl Breakdown {
+    /// The sum (saturating: a part saturated for an absurd size stays "more than any budget").
     pub fn total(&self) -> u64 {
-        self.weights + self.activations + self.workspace + self.staging + self.accumulators
+        [
+            self.activations,
+            self.workspace,
+            self.staging,
+            self.accumulators,
+        ]
+        .iter()
+        .fold(self.weights, |a, &b| a.saturating_add(b))
     }
 }
 
@@ -123,8 +131,8 @@ pub struct Request {
     pub target: Target,
     /// Bytes the budgeted breakdown may reach.
     pub budget: u64,
-    /// The budget was given (`--memory-budget`); otherwise the default roi/batch are kept when
-    /// they fit, and a user's explicit roi + batch over budget only warns.
+    /// The budget was given (`--memory-budget`); otherwise the default batch is kept when it
+    /// fits, and a user's explicit roi + batch over budget only warns.
     pub budget_explicit: bool,
     pub user_roi: Option<[usize; 3]>,
     pub user_batch: Option<usize>,
@@ -138,16 +146,17 @@ pub struct Plan {
     pub batch: usize,
     pub windows: usize,
     pub budget: u64,
-    /// How the roi/batch were found: "default", "user", "planned".
+    /// How the batch was found: "default" (kept), "planned" (chosen under the budget), "user".
     pub how: String,
     pub estimate: Estimate,
-    /// Set when a user's explicit roi and batch exceed a default budget (run anyway).
+    /// One line for the user, set when a user's explicit roi and batch exceed a default budget
+    /// (run anyway) or an explicit roi is below the model's receptive field.
     pub warning: Option<String>,
 }
 
 /// Largest batch the planner considers.
 pub const MAX_BATCH: usize = 16;
-/// Largest planned window side (a user's `--roi` may be larger).
+/// Largest default window side of a dynamic model (a user's `--roi` may be larger).
 pub const MAX_ROI: usize = 128;
 /// Launch size (voxels) below which the GPU is taken as under-used: a launch of fewer voxels is
 /// costed as if it had this many (one 128³ window).
@@ -156,8 +165,9 @@ pub const CUDA_SATURATION_VOXELS: u64 = 1 << 21;
 const F32: u64 = 4;
 const F16: u64 = 2;
 
+/// Product of sizes, saturating: an absurd shape models as "more than any budget", never wraps.
 fn prod(s: &[usize]) -> u64 {
-    s.iter().map(|&v| v as u64).product()
+    s.iter().fold(1u64, |acc, &v| acc.saturating_mul(v as u64))
 }
 
 /// Nodes that contribute to the output and the last needed reader of each value, as the CPU
@@ -232,7 +242,7 @@ pub fn cpu_activations(
 ) -> Result<(u64, PeakNode, u64)> {
     let shapes = graph.infer_shapes(batch, roi)?;
     let (needed, last_use) = cpu_liveness(graph);
-    let bytes = |v: usize| prod(&shapes[v]) * F32;
+    let bytes = |v: usize| prod(&shapes[v]).saturating_mul(F32);
     let mut live: Vec<Option<u64>> = vec![None; graph.values.len()];
     live[graph.input] = Some(bytes(graph.input));
     let (mut n_live, mut b_live) = (1usize, bytes(graph.input));
@@ -254,13 +264,13 @@ pub fn cpu_activations(
             if dies {
                 if let Some(b) = live[v0].take() {
                     n_live -= 1;
-                    b_live -= b;
+                    b_live = b_live.saturating_sub(b);
                 }
             }
         }
         let ob = bytes(node.output);
         n_live += 1;
-        b_live += ob;
+        b_live = b_live.saturating_add(ob);
         live[node.output] = Some(ob);
         if b_live > peak.live_bytes {
             peak = PeakNode {
@@ -273,12 +283,12 @@ pub fn cpu_activations(
         }
         let ws = cpu_col_bytes(&node.op, shapes[node.inputs[0]], shapes[node.output]);
         // The column buffer lives while the output is written, before inputs are freed.
-        with_ws = with_ws.max(b_live + ws);
+        with_ws = with_ws.max(b_live.saturating_add(ws));
         for (j, &v) in node.inputs.iter().enumerate() {
             if last_use[v] == i && !node.inputs[..j].contains(&v) {
                 if let Some(b) = live[v].take() {
                     n_live -= 1;
-                    b_live -= b;
+                    b_live = b_live.saturating_sub(b);
                 }
             }
         }
@@ -338,19 +348,78 @@ pub fn cuda_activations(
     ))
 }
 
-/// Number of windows of `roi` over the workload's volume.
+/// Largest volume (voxels, padded up to the window) the planner accepts: 2^40, a 10000³ volume.
+/// Past it the byte arithmetic of the model would leave u64 and no machine holds the volume.
+pub const MAX_VOXELS: u64 = 1 << 40;
+/// Most windows one volume may need (their origins alone take 24 bytes each).
+pub const MAX_WINDOWS: u64 = 1 << 26;
+
+/// `a × b × …` of user-given sizes, None past `limit` (or u64).
+fn checked_prod(s: &[usize], limit: u64) -> Option<u64> {
+    s.iter()
+        .try_fold(1u64, |acc, &v| acc.checked_mul(v as u64))
+        .filter(|&p| p <= limit)
+}
+
+/// Refuse a volume (padded up to `roi`) or a launch (`batch` windows of `roi`) too large to plan,
+/// before any arithmetic or allocation depends on its size.
+fn check_sizes(shape: [usize; 3], roi: [usize; 3], batch: usize) -> Result<()> {
+    let padded: [usize; 3] = [0, 1, 2].map(|a| shape[a].max(roi[a]));
+    if checked_prod(&padded, MAX_VOXELS).is_none() {
+        return Err(Error::Invalid(format!(
+            "volume {}x{}x{} (window {roi:?}) is too large to plan: more than {MAX_VOXELS} voxels",
+            shape[0], shape[1], shape[2]
+        )));
+    }
+    let launch = checked_prod(&roi, MAX_VOXELS).and_then(|r| r.checked_mul(batch as u64));
+    if launch.is_none_or(|v| v > MAX_VOXELS) {
+        return Err(Error::Invalid(format!(
+            "batch {batch} of windows {roi:?} is too large to plan: more than {MAX_VOXELS} voxels per call"
+        )));
+    }
+    Ok(())
+}
+
+/// Upper bound of the windows along one axis (the tiler's own formulas in f64, so that a huge
+/// count is seen before the tiler tries to list it).
+fn axis_window_bound(size: usize, roi: usize, overlap: f64, placement: Placement) -> f64 {
+    let padded = size.max(roi);
+    if padded == roi {
+        return 1.0;
+    }
+    let step = match placement {
+        Placement::Monai => ((roi as f64 * (1.0 - overlap)) as usize).max(1) as f64,
+        Placement::NnUnet => roi as f64 * (1.0 - overlap),
+    };
+    ((padded - roi) as f64 / step).ceil() + 1.0
+}
+
+/// Number of windows of `roi` over the workload's volume; an error (not a hang or an abort) when
+/// the volume is too large or needs more than [`MAX_WINDOWS`].
 pub fn window_count(w: &Workload, roi: [usize; 3]) -> Result<usize> {
-    let mut n = 1;
-    for a in 0..3 {
+    check_sizes(w.shape, roi, 1)?;
+    if let Some(o) = w.overlap.iter().find(|o| !(0.0..1.0).contains(*o)) {
+        return Err(Error::Invalid(format!("overlap {o} is outside [0, 1)")));
+    }
+    let bound: f64 = (0..3)
+        .map(|a| axis_window_bound(w.shape[a], roi[a], w.overlap[a], w.placement))
+        .product();
+    // NaN (never expected) counts as too many.
+    if bound.is_nan() || bound > MAX_WINDOWS as f64 {
+        return Err(Error::Invalid(format!(
+            "volume {}x{}x{} needs about {bound:.3e} windows of {roi:?} at overlap {:?}: more than the {MAX_WINDOWS} voxtile handles",
+            w.shape[0], w.shape[1], w.shape[2], w.overlap
+        )));
+    }
+    (0..3).try_fold(1, |n, a| {
         let g = Grid::new(
             [w.shape[a], 1, 1],
             [roi[a], 1, 1],
             [w.overlap[a], 0.0, 0.0],
             w.placement,
         )?;
-        n *= g.len();
-    }
-    Ok(n)
+        Ok(n * g.len())
+    })
 }
 
 /// Predicted memory of one (roi, batch); CUDA as on an H200-like device (sm_90, see
@@ -379,36 +448,40 @@ pub fn estimate_on(
             "batch {batch} and window {roi:?} must be positive"
         )));
     }
+    check_sizes(w.shape, roi, batch)?;
+    let windows = window_count(w, roi)?;
     let shapes = graph.infer_shapes(batch, roi)?;
     let out = shapes[graph.output];
     let (cin, cout) = (graph.input_channels(), out[1]);
     let rvox = prod(&roi);
     let vox = prod(&w.shape);
-    let windows = window_count(w, roi)?;
     let params = graph.param_count() as u64;
     let padded: [usize; 3] = [0, 1, 2].map(|a| w.shape[a].max(roi[a]));
-    let cpu_output = vox * 2
-        + if w.keep_logits {
-            cout as u64 * vox * F32
-        } else {
-            0
-        };
-    let input = cin as u64 * vox * F32 * if w.copy_input { 2 } else { 1 };
+    // Sizes are bounded by `check_sizes` (2^40 voxels); channels are not: saturate.
+    let per_voxel = |c: usize, bytes: u64| (c as u64).saturating_mul(vox).saturating_mul(bytes);
+    let cpu_output = (vox * 2).saturating_add(if w.keep_logits {
+        per_voxel(cout, F32)
+    } else {
+        0
+    });
+    let input = per_voxel(cin, F32).saturating_mul(if w.copy_input { 2 } else { 1 });
     match target {
         Target::Cpu => {
             let (act, peak_node, with_ws) = cpu_activations(graph, batch, roi)?;
             let plane = (padded[1] * padded[2]) as u64;
             // SlabBlender: (C + 1) sums over roi_D padded planes; shifting copies the kept tail
             // while the finished slab is out, so up to the same again transiently.
-            let acc = (cout as u64 + 1) * roi[0] as u64 * plane * F32;
+            let acc = (cout as u64 + 1)
+                .saturating_mul(roi[0] as u64 * plane)
+                .saturating_mul(F32);
             let budgeted = Breakdown {
                 weights: 2 * params * F32,
                 activations: act,
                 workspace: with_ws - act,
                 // The gathered window batch; the backend's own contiguous copy of it is the
                 // first live activation.
-                staging: batch as u64 * cin as u64 * rvox * F32,
-                accumulators: 2 * acc + rvox * F32,
+                staging: (cin as u64).saturating_mul(batch as u64 * rvox * F32),
+                accumulators: acc.saturating_mul(2).saturating_add(rvox * F32),
             };
             Ok(Estimate {
                 target,
@@ -426,7 +499,7 @@ pub fn estimate_on(
             let bp = cplan::buffer_plan(graph, batch, roi, caps)?;
             let b = batch as u64;
             let argmax = !w.keep_logits && cout > 1;
-            let win_in = b * cin as u64 * rvox;
+            let win_in = (cin as u64).saturating_mul(b * rvox);
             // The streamed pipeline's own buffers, exactly as `pipeline` allocates them for the
             // engine's windows.
             let grid = Grid::new(w.shape, roi, w.overlap, w.placement)?;
@@ -474,7 +547,7 @@ pub fn estimate_on(
                 vox * 2
             } else {
                 // Blended outputs come back whole, labels are made on the host.
-                cout as u64 * vox * F32 + vox * 2
+                per_voxel(cout, F32).saturating_add(vox * 2)
             };
             Ok(Estimate {
                 target,
@@ -491,32 +564,19 @@ pub fn estimate_on(
     }
 }
 
-/// Per-axis window candidates: multiples of `div` from `div` to `hi`, at most about 16 of them
-/// (coarser steps for small divisors), always including `hi`.
-fn axis_candidates(div: usize, hi: usize) -> Vec<usize> {
-    let n = hi / div;
-    let step = n.div_ceil(16).max(1) * div;
-    let mut v: Vec<usize> = (1..).map(|k| k * step).take_while(|&r| r <= hi).collect();
-    if v.first() != Some(&div) {
-        v.insert(0, div);
-    }
-    if v.last() != Some(&hi) {
-        v.push(hi);
-    }
-    v
-}
-
 /// Modelled cost of a run: the voxels of every launch, a launch on CUDA costing at least
 /// [`CUDA_SATURATION_VOXELS`]. On the CPU the windows of a batch run one after another, so the
 /// cost is the voxels computed (windows × roi volume) whatever the batch.
 fn cost(target: Target, windows: usize, roi: [usize; 3], batch: usize) -> u64 {
     let rv = prod(&roi);
     match target {
-        Target::Cpu => windows as u64 * rv,
+        Target::Cpu => (windows as u64).saturating_mul(rv),
         Target::Cuda => {
-            let launch = |n: usize| (n as u64 * rv).max(CUDA_SATURATION_VOXELS);
+            let launch = |n: usize| (n as u64).saturating_mul(rv).max(CUDA_SATURATION_VOXELS);
             let (full, rem) = (windows / batch, windows % batch);
-            full as u64 * launch(batch) + if rem > 0 { launch(rem) } else { 0 }
+            (full as u64)
+                .saturating_mul(launch(batch))
+                .saturating_add(if rem > 0 { launch(rem) } else { 0 })
         }
     }
 }
@@ -527,171 +587,178 @@ pub fn default_roi(graph: &Graph, shape: [usize; 3]) -> [usize; 3] {
     let div = graph.spatial_divisor();
     [0, 1, 2].map(|a| match graph.fixed_input_spatial[a] {
         Some(f) => f,
-        None => shape[a].min(MAX_ROI).max(1).div_ceil(div[a]) * div[a],
+        None => shape[a].clamp(1, MAX_ROI).div_ceil(div[a]) * div[a],
     })
 }
 
-/// Choose roi and batch under the budget.
+/// Where the window of a run comes from: a user's (or a manifest's) roi, else the model's fixed
+/// input size, else [`default_roi`]. Checked against the model's divisor and fixed sizes.
+fn run_window(graph: &Graph, req: &Request) -> Result<[usize; 3]> {
+    let Some(r) = req.user_roi else {
+        return Ok(default_roi(graph, req.workload.shape));
+    };
+    let div = graph.spatial_divisor();
+    for a in 0..3 {
+        if r[a] == 0 || r[a] % div[a] != 0 {
+            return Err(Error::Invalid(format!(
+                "roi {r:?} does not fit the model: each axis must be a multiple of {div:?} (its downsampling)"
+            )));
+        }
+        if let Some(f) = graph.fixed_input_spatial[a] {
+            if f != r[a] {
+                return Err(Error::Invalid(format!(
+                    "the model's input is fixed to {f} along axis {a}, roi asks {}",
+                    r[a]
+                )));
+            }
+        }
+    }
+    Ok(r)
+}
+
+/// The one-line warning for a window smaller than the model's receptive field along some axis:
+/// its voxels see less context than the model was built for, so the result may change.
+pub fn receptive_field_warning(graph: &Graph, roi: [usize; 3]) -> Option<String> {
+    let rf = graph.receptive_field();
+    (0..3).any(|a| roi[a] < rf[a]).then(|| {
+        format!(
+            "roi {roi:?} is smaller than the model's receptive field {rf:?}: voxels see less context than the model was built for, and the result may differ from a larger window"
+        )
+    })
+}
+
+/// Choose the batch for the model's window under the budget.
 ///
-/// Heuristic (throughput): minimise the modelled time [`cost`] — windows × roi volume (the voxels
-/// the network computes; bigger windows waste less on overlap and borders), with a launch on CUDA
-/// costed as at least one 128³ window (small launches under-use the GPU); among equal costs the
-/// fewest voxels computed, then more voxels per batch, then the bigger window. On the CPU the batch is 1 unless given (a
-/// batch's windows run one after another: a larger batch only costs memory). Candidate rois are
-/// multiples of `graph.spatial_divisor()` per axis, at most 128 (or what the volume needs, if
-/// less); a model's fixed input size is kept; a user's roi is kept and only the batch is chosen.
-/// Without an explicit budget, the default roi (128 clipped to the volume) and batch (1 on CPU, 2
-/// on CUDA) are kept whenever they fit.
+/// The window is never shrunk (a smaller window changes the numerics): it is the user's roi (or
+/// a manifest's), else the model's fixed input size, else [`default_roi`]. Only the batch is
+/// planned. Heuristic (throughput): the batch with the lowest modelled time [`cost`] among those
+/// that fit (ties: the larger); on CUDA a launch is costed as at least one 128³ window (small
+/// launches under-use the GPU), on the CPU a batch's windows run one after another, so the batch
+/// stays 1 unless given. Without an explicit budget the default batch (1 on CPU, 2 on CUDA) is
+/// kept when it fits.
+///
+/// When batch 1 at that window does not fit, it is an error naming the window and the budget it
+/// needs; a user's explicit roi + batch over the *default* budget only warns (run anyway). An
+/// explicit roi below the model's receptive field runs with a warning (`Plan::warning`).
 pub fn choose(graph: &Graph, req: &Request) -> Result<Plan> {
     let w = &req.workload;
-    let div = graph.spatial_divisor();
-    let fixed = graph.fixed_input_spatial;
-    if let Some(r) = req.user_roi {
-        for a in 0..3 {
-            if r[a] == 0 || r[a] % div[a] != 0 {
-                return Err(Error::Invalid(format!(
-                    "roi {r:?} does not fit the model: each axis must be a multiple of {div:?} (its downsampling)"
-                )));
-            }
-            if let Some(f) = fixed[a] {
-                if f != r[a] {
+    let roi = run_window(graph, req)?;
+    let windows = window_count(w, roi)?;
+    let mut warnings: Vec<String> = req
+        .user_roi
+        .and_then(|r| receptive_field_warning(graph, r))
+        .into_iter()
+        .collect();
+    let need =
+        |b: usize| -> Result<u64> { Ok(estimate(graph, req.target, roi, b, w)?.budgeted.total()) };
+    let (batch, how) = match req.user_batch {
+        Some(b) => {
+            let b = b.min(windows).max(1);
+            let need = need(b)?;
+            if need > req.budget {
+                let msg = format!(
+                    "roi {roi:?} with batch {b} needs {} but the memory budget is {}",
+                    format_bytes(need),
+                    format_bytes(req.budget)
+                );
+                if req.budget_explicit || req.user_roi.is_none() {
                     return Err(Error::Invalid(format!(
-                        "the model's input is fixed to {f} along axis {a}, roi asks {}",
-                        r[a]
+                        "{msg}: lower --batch or --roi, or raise --memory-budget"
                     )));
                 }
+                warnings.push(msg);
             }
+            (b, "user")
         }
-    }
-    let default_batch = match req.target {
-        Target::Cpu => 1,
-        Target::Cuda => 2,
-    };
-    let make = |roi: [usize; 3], batch: usize, how: &str| -> Result<Plan> {
-        let e = estimate(graph, req.target, roi, batch, w)?;
-        Ok(Plan {
-            roi,
-            batch,
-            windows: e.windows,
-            budget: req.budget,
-            how: how.into(),
-            estimate: e,
-            warning: None,
-        })
-    };
-    // Batches larger than the window count only cost memory.
-    let clip_batch =
-        |roi: [usize; 3], b: usize| -> Result<usize> { Ok(b.min(window_count(w, roi)?).max(1)) };
-    if let (Some(roi), Some(b)) = (req.user_roi, req.user_batch) {
-        let mut p = make(roi, clip_batch(roi, b)?, "user")?;
-        let need = p.estimate.budgeted.total();
-        if need > req.budget {
-            let msg = format!(
-                "roi {roi:?} with batch {b} needs {} but the memory budget is {}",
-                format_bytes(need),
-                format_bytes(req.budget)
-            );
-            if req.budget_explicit {
-                return Err(Error::Invalid(format!(
-                    "{msg}: lower --batch or --roi, or raise --memory-budget"
-                )));
-            }
-            p.warning = Some(msg);
-        }
-        return Ok(p);
-    }
-    if !req.budget_explicit {
-        let roi = req.user_roi.unwrap_or_else(|| default_roi(graph, w.shape));
-        let b = clip_batch(roi, req.user_batch.unwrap_or(default_batch))?;
-        let p = make(roi, b, "default")?;
-        if p.estimate.budgeted.total() <= req.budget {
-            return Ok(p);
-        }
-    }
-    // Per-axis candidates.
-    let cands: Vec<Vec<usize>> = (0..3)
-        .map(|a| {
-            if let Some(r) = req.user_roi {
-                vec![r[a]]
-            } else if let Some(f) = fixed[a] {
-                vec![f]
-            } else {
-                let need = w.shape[a].max(1).div_ceil(div[a]) * div[a];
-                let cap = (MAX_ROI / div[a] * div[a]).max(div[a]);
-                axis_candidates(div[a], need.min(cap))
-            }
-        })
-        .collect();
-    let fits = |roi: [usize; 3], b: usize| -> Result<bool> {
-        Ok(estimate(graph, req.target, roi, b, w)?.budgeted.total() <= req.budget)
-    };
-    // (cost, voxels computed, -voxels per batch, -roi volume) minimal.
-    let mut best: Option<((u64, i128, i128, i128), [usize; 3], usize)> = None;
-    let mut smallest: Option<(u64, [usize; 3])> = None;
-    for &d in &cands[0] {
-        for &h in &cands[1] {
-            for &wd in &cands[2] {
-                let roi = [d, h, wd];
-                let windows = window_count(w, roi)?;
-                let bmax = match (req.user_batch, req.target) {
-                    (Some(b), _) => b,
-                    (None, Target::Cpu) => 1,
-                    (None, Target::Cuda) => MAX_BATCH,
-                }
-                .min(windows)
-                .max(1);
-                let bmin = if req.user_batch.is_some() { bmax } else { 1 };
-                if !fits(roi, bmin)? {
-                    let need = estimate(graph, req.target, roi, bmin, w)?.budgeted.total();
-                    if smallest.is_none_or(|(n, _)| need < n) {
-                        smallest = Some((need, roi));
-                    }
-                    continue;
-                }
-                // Largest batch that fits (memory grows with the batch).
-                let (mut lo, mut hi) = (bmin, bmax);
-                while lo < hi {
-                    let mid = (lo + hi).div_ceil(2);
-                    if fits(roi, mid)? {
-                        lo = mid;
-                    } else {
-                        hi = mid - 1;
-                    }
-                }
-                // Among batches up to the largest, the cheapest (ties: the largest).
-                let mut pick = (u64::MAX, lo);
-                for b in bmin..=lo {
-                    let c = cost(req.target, windows, roi, b);
-                    if c <= pick.0 {
-                        pick = (c, b);
-                    }
-                }
-                let rv = prod(&roi) as i128;
-                let key = (pick.0, windows as i128 * rv, -(rv * pick.1 as i128), -rv);
-                if best.as_ref().is_none_or(|(k, _, _)| key < *k) {
-                    best = Some((key, roi, pick.1));
-                }
-            }
-        }
-    }
-    match best {
-        Some((_, roi, b)) => make(roi, b, "planned"),
         None => {
-            let (need, roi) = smallest.unwrap_or((0, [0; 3]));
-            Err(Error::Invalid(format!(
-                "the memory budget {} is too small: the smallest window {roi:?}{} needs {} ({})",
-                format_bytes(req.budget),
-                match req.user_batch {
-                    Some(b) => format!(" with batch {b}"),
-                    None => " with batch 1".into(),
-                },
-                format_bytes(need),
-                match req.target {
-                    Target::Cpu => "host working set",
-                    Target::Cuda => "device memory",
-                }
-            )))
+            let need1 = need(1)?;
+            if need1 > req.budget {
+                return Err(too_small(req, roi, need1));
+            }
+            let default_batch = match req.target {
+                Target::Cpu => 1,
+                Target::Cuda => 2,
+            };
+            let bmax = match (req.budget_explicit, req.target) {
+                (false, _) => default_batch,
+                (true, Target::Cpu) => 1,
+                (true, Target::Cuda) => MAX_BATCH,
+            }
+            .min(windows)
+            .max(1);
+            let b = best_batch(req.target, windows, roi, bmax, |b| {
+                Ok(need(b)? <= req.budget)
+            })?;
+            let kept_default = !req.budget_explicit && b == default_batch.min(windows).max(1);
+            (b, if kept_default { "default" } else { "planned" })
         }
+    };
+    let e = estimate(graph, req.target, roi, batch, w)?;
+    Ok(Plan {
+        roi,
+        batch,
+        windows: e.windows,
+        budget: req.budget,
+        how: how.into(),
+        estimate: e,
+        warning: (!warnings.is_empty()).then(|| warnings.join("; ")),
+    })
+}
+
+/// The batch in `1..=bmax` of lowest modelled cost among those that fit (memory grows with the
+/// batch, so they are `1..=largest`); ties go to the larger. Batch 1 must fit.
+fn best_batch(
+    target: Target,
+    windows: usize,
+    roi: [usize; 3],
+    bmax: usize,
+    fits: impl Fn(usize) -> Result<bool>,
+) -> Result<usize> {
+    let (mut lo, mut hi) = (1, bmax);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if fits(mid)? {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    let mut pick = (u64::MAX, 1);
+    for b in 1..=lo {
+        let c = cost(target, windows, roi, b);
+        if c <= pick.0 {
+            pick = (c, b);
+        }
+    }
+    Ok(pick.1)
+}
+
+/// The error for a budget below batch 1 at the run's window.
+fn too_small(req: &Request, roi: [usize; 3], need: u64) -> Error {
+    let whose = if req.user_roi.is_some() {
+        "the window"
+    } else {
+        "the model's window"
+    };
+    let what = match req.target {
+        Target::Cpu => "host working set",
+        Target::Cuda => "device memory",
+    };
+    Error::Invalid(format!(
+        "the memory budget {} is too small for {whose} {roi:?}: batch 1 needs {} ({what}); raise --memory-budget or pass a smaller --roi",
+        format_bytes(req.budget),
+        format_bytes(need)
+    ))
+}
+
+/// A planner error about a default budget, with where that budget came from appended (under
+/// Slurm or Kubernetes a small default is the job's limit, not the host's RAM).
+pub fn with_budget_source(e: Error, source: &str) -> Error {
+    match e {
+        Error::Invalid(m) if m.contains("memory budget") => {
+            Error::Invalid(format!("{m} (default budget: {source})"))
+        }
+        e => e,
     }
 }
 
@@ -746,10 +813,139 @@ pub fn format_bytes(b: u64) -> String {
 
 /// MemAvailable of /proc/meminfo in bytes.
 pub fn mem_available() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    parse_mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+/// MemAvailable (bytes) of /proc/meminfo's text.
+pub fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    kb.checked_mul(1024)
+}
+
+/// A cgroup limit file's value: None for `max` (v2) or the page-rounded i64::MAX that v1 writes
+/// for "no limit".
+pub fn parse_cgroup_limit(s: &str) -> Option<u64> {
+    let v: u64 = s.trim().parse().ok()?;
+    (v < 1 << 62).then_some(v)
+}
+
+/// The cgroup paths of a process from /proc/self/cgroup's text: (v2 unified path, v1 memory
+/// controller path).
+pub fn parse_proc_cgroup(text: &str) -> (Option<String>, Option<String>) {
+    let (mut v2, mut v1) = (None, None);
+    for line in text.lines() {
+        let mut f = line.splitn(3, ':');
+        let (Some(id), Some(ctrl), Some(path)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        if id == "0" && ctrl.is_empty() {
+            v2 = Some(path.to_string());
+        } else if ctrl.split(',').any(|c| c == "memory") {
+            v1 = Some(path.to_string());
+        }
+    }
+    (v2, v1)
+}
+
+/// The least memory left under any limited cgroup from `path` up to `root` (the hierarchy's
+/// mount): `limit − usage` read from the files `limit` and `usage` in each folder. Leaf folders
+/// missing from this mount (a container without a cgroup namespace) are skipped; a parent's limit
+/// also binds the child, hence the walk up. Returns the bytes and the folder that set them.
+pub fn cgroup_headroom(
+    root: &std::path::Path,
+    path: &str,
+    limit: &str,
+    usage: &str,
+) -> Option<(u64, std::path::PathBuf)> {
+    let rel: std::path::PathBuf = std::path::Path::new(path)
+        .components()
+        .filter(|c| matches!(c, std::path::Component::Normal(_)))
+        .collect();
+    let mut dir = root.join(rel);
+    let mut best: Option<(u64, std::path::PathBuf)> = None;
+    loop {
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+        if let Some(max) = read(limit).as_deref().and_then(parse_cgroup_limit) {
+            let used = read(usage)
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+            let left = max.saturating_sub(used);
+            if best.as_ref().is_none_or(|(b, _)| left < *b) {
+                best = Some((left, dir.clone()));
+            }
+        }
+        if dir == root || !dir.pop() || !dir.starts_with(root) {
+            return best;
+        }
+    }
+}
+
+/// Memory left to this process's cgroup (v2 `memory.max − memory.current`, v1
+/// `memory.limit_in_bytes − memory.usage_in_bytes`), with a description; None when unlimited.
+pub fn cgroup_available() -> Option<(u64, String)> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let (v2, v1) = parse_proc_cgroup(&text);
+    let base = std::path::Path::new("/sys/fs/cgroup");
+    let found = [
+        v2.and_then(|p| cgroup_headroom(base, &p, "memory.max", "memory.current")),
+        v1.and_then(|p| {
+            cgroup_headroom(
+                &base.join("memory"),
+                &p,
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            )
+        }),
+    ];
+    found
+        .into_iter()
+        .flatten()
+        .min_by_key(|(b, _)| *b)
+        .map(|(b, dir)| (b, format!("cgroup memory left ({})", dir.display())))
+}
+
+/// Address space left under RLIMIT_AS: the soft limit minus the process's VmSize; None when
+/// unlimited.
+#[allow(clippy::unnecessary_cast)] // rlim_t is u64 on 64-bit Linux, not everywhere.
+pub fn rlimit_as_available() -> Option<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut r) } != 0 || r.rlim_cur == libc::RLIM_INFINITY
+    {
+        return None;
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    Some((r.rlim_cur as u64).saturating_sub(parse_vm_size(&status).unwrap_or(0)))
+}
+
+/// VmSize (bytes) of /proc/self/status's text.
+pub fn parse_vm_size(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmSize:"))?;
+    line.split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(1024)
+}
+
+/// The tightest of the host's memory limits: (bytes, what it is).
+pub fn tightest(limits: impl IntoIterator<Item = Option<(u64, String)>>) -> Option<(u64, String)> {
+    limits.into_iter().flatten().min_by_key(|(b, _)| *b)
+}
+
+/// Memory this process may still use on the host: the least of MemAvailable (the host's, not
+/// ours under Slurm or Kubernetes), the address space left under RLIMIT_AS and the memory left
+/// to its cgroup.
+pub fn host_available() -> Option<(u64, String)> {
+    tightest([
+        mem_available().map(|m| (m, "available RAM".to_string())),
+        rlimit_as_available().map(|m| (m, "address space left under RLIMIT_AS".to_string())),
+        cgroup_available(),
+    ])
 }
 
 /// Free memory of CUDA device `device`, through the driver (its primary context); None without
@@ -771,7 +967,8 @@ pub const CUDA_FALLBACK_BUDGET: u64 = 4 << 30;
 
 /// The default budget and where it came from: CUDA free memory × 0.8 (20% reserve for the
 /// driver, other processes and fragmentation), or 4 GiB when no device answers; on the CPU half of
-/// MemAvailable (4 GiB when /proc/meminfo is missing).
+/// the memory left to the process ([`host_available`]: MemAvailable, RLIMIT_AS, cgroup limit,
+/// whichever is least; 4 GiB when none is known). The source string names the limit.
 pub fn default_budget(target: Target, device: usize) -> (u64, String) {
     match target {
         Target::Cuda => match cuda_free_bytes(device) {
@@ -784,11 +981,8 @@ pub fn default_budget(target: Target, device: usize) -> (u64, String) {
                 "no CUDA device answered: fixed default".into(),
             ),
         },
-        Target::Cpu => match mem_available() {
-            Some(m) => (
-                m / 2,
-                format!("50% of the {} available RAM", format_bytes(m)),
-            ),
+        Target::Cpu => match host_available() {
+            Some((m, what)) => (m / 2, format!("50% of the {} {what}", format_bytes(m))),
             None => (4 << 30, "MemAvailable unknown: fixed default".into()),
         },
     }
@@ -893,15 +1087,6 @@ mod tests {
             parse_bytes(&format_bytes(5 << 20).replace(' ', "")).unwrap(),
             5 << 20
         );
-    }
-
-    #[test]
-    fn axis_candidates_are_multiples_and_bounded() {
-        assert_eq!(axis_candidates(16, 64), vec![16, 32, 48, 64]);
-        let c = axis_candidates(1, 128);
-        assert!(c.len() <= 18 && c[0] == 1 && *c.last().unwrap() == 128);
-        let c = axis_candidates(8, 100 / 8 * 8);
-        assert!(c.iter().all(|v| v % 8 == 0));
     }
 
     #[test]

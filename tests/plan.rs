@@ -1,5 +1,6 @@
 //! The memory planner: prediction vs the CPU executor's measured liveness, monotone in the budget,
-//! never over it, a clear error when too small, and the `voxtile plan` command.
+//! never over it, the model's window kept whatever the budget, a clear error when too small, and
+//! the `voxtile plan` command.
 
 mod common;
 use common::*;
@@ -133,9 +134,10 @@ fn modelled_cost(target: Target, p: &plan::Plan) -> u64 {
     }
 }
 
-/// More budget never makes the plan slower (modelled cost), never gives fewer voxels per batch
-/// on the CPU, and on CUDA never fewer than one saturated launch (128³) or the previous launch;
-/// a plan never predicts more than its budget.
+/// The window is the model's default at every budget (only the batch is planned); more budget
+/// never makes the plan slower (modelled cost), never gives fewer voxels per batch on the CPU,
+/// and on CUDA never fewer than one saturated launch (128³) or the previous launch; a plan never
+/// predicts more than its budget.
 #[test]
 fn planner_is_monotone_and_within_budget() {
     for (name, g) in models() {
@@ -148,6 +150,11 @@ fn planner_is_monotone_and_within_budget() {
                 for (budget, p) in &plans {
                     let total = p.estimate.budgeted.total();
                     assert!(total <= *budget, "{name}: {total} over budget {budget}");
+                    assert_eq!(
+                        p.roi,
+                        plan::default_roi(&g, shape),
+                        "{name}: window changed"
+                    );
                     for a in 0..3 {
                         assert_eq!(p.roi[a] % div[a], 0, "{name}: roi {:?}", p.roi);
                         assert!(p.roi[a] <= 128.max(div[a]));
@@ -200,16 +207,20 @@ fn too_small_budget_is_a_clear_error() {
                 workload: workload([256, 256, 128]),
             };
             let e = plan::choose(&g, &req).unwrap_err().to_string();
-            assert!(
-                e.contains("too small") && e.contains("needs") && e.contains("MiB"),
-                "{name}: {e}"
-            );
-            // The minimum it names is really the smallest: a budget of that size works.
-            let div = g.spatial_divisor();
-            let need = plan::estimate(&g, target, div, 1, &req.workload)
+            let roi = plan::default_roi(&g, req.workload.shape);
+            let need = plan::estimate(&g, target, roi, 1, &req.workload)
                 .unwrap()
                 .budgeted
                 .total();
+            // It names the model's window and what batch 1 at that window needs.
+            assert!(
+                e.contains("too small")
+                    && e.contains(&format!("{roi:?}"))
+                    && e.contains(&format!("needs {}", plan::format_bytes(need))),
+                "{name}: {e}"
+            );
+            // The minimum it names is really the smallest: a budget of that size works, at the
+            // same window.
             let ok = plan::choose(
                 &g,
                 &Request {
@@ -219,6 +230,7 @@ fn too_small_budget_is_a_clear_error() {
             )
             .unwrap();
             assert!(ok.estimate.budgeted.total() <= need, "{name}");
+            assert_eq!((ok.roi, ok.batch), (roi, 1), "{name}");
         }
     }
 }

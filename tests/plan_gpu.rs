@@ -130,8 +130,9 @@ fn prepare_allocates_exactly_the_buffer_plan() {
     }
 }
 
-/// An injected OOM makes the engine retry the whole call at half the batch; the labels equal an
-/// undisturbed run at that batch (logits compared to rel L2 ≤ 1e-6).
+/// An injected OOM makes the engine retry the whole call at half the batch, never another window;
+/// the labels equal an undisturbed run at that batch (logits compared to rel L2 ≤ 1e-6). At batch
+/// 1 the OOM is an error naming the kept window.
 #[test]
 fn injected_oom_retry_on_gpu() {
     if !gpu_present() {
@@ -160,11 +161,31 @@ fn injected_oom_retry_on_gpu() {
     let (l, g, r) = run(4);
     std::env::remove_var("VOXTILE_INJECT_OOM");
     assert_eq!(r.batch, 2, "{:?}", r.oom_retries);
+    assert_eq!(r.roi, [32, 32, 32]);
     assert_eq!(r.oom_retries.len(), 1);
     let e = rel_l2(g.iter(), g_ok.iter());
     let agree = agreement(l.iter(), l_ok.iter());
     eprintln!("RESULT plan_gpu oom retry: rel L2 {e:.2e}, labels equal {agree}");
     assert!(e <= 1e-6 || agree == 1.0, "rel L2 {e} and labels {agree}");
+    // Batch 1 (the injection fires once per process for each N: 1 is still unused here).
+    let mut e1 = Engine::from_file(
+        &model,
+        Options {
+            device: Device::Cuda(0),
+            roi: Some([32, 32, 32]),
+            batch: Some(1),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    std::env::set_var("VOXTILE_INJECT_OOM", "1");
+    let err = e1.segment_array(vol.view(), &mut |_, _| {}).unwrap_err();
+    std::env::remove_var("VOXTILE_INJECT_OOM");
+    assert!(
+        matches!(err, voxtile::Error::OutOfMemory(_)),
+        "expected OutOfMemory at batch 1, got {err}"
+    );
+    assert!(err.to_string().contains("[32, 32, 32]"), "{err}");
 }
 
 /// A real out-of-memory: the device is filled up to 800 MiB of free memory, then the engine runs
@@ -225,6 +246,7 @@ fn real_oom_with_a_budget_above_the_free_memory() {
     );
     assert!(!report.oom_retries.is_empty(), "no out-of-memory happened");
     assert!(report.batch < planned.batch);
+    assert_eq!(report.roi, [96, 96, 96], "the window is never changed");
     let (want, _, _) = engine(Some(report.batch))
         .segment_array(vol.view(), &mut |_, _| {})
         .unwrap();

@@ -15,13 +15,15 @@ pub struct PlanArgs {
     /// Volume size in network axes D x H x W (the file's i x j x k), e.g. 512x512x128
     #[arg(long)]
     pub volume: String,
-    /// Memory budget, e.g. 4GiB (default: 80% of free device memory, or half the available RAM)
+    /// Memory budget, e.g. 4GiB (default: 80% of free device memory, or half the memory left to
+    /// the process: available RAM, RLIMIT_AS, cgroup limit)
     #[arg(long)]
     pub memory_budget: Option<String>,
-    /// Fixed window size (one number or D,H,W): the planner then only chooses the batch
+    /// Window size (one number or D,H,W); default: the model's (fixed input size, else 128
+    /// clipped to the volume). The planner never shrinks it: it only chooses the batch
     #[arg(long)]
     pub roi: Option<String>,
-    /// Fixed batch: the planner then only chooses the window
+    /// Fixed batch: the planner then only checks it against the budget
     #[arg(long)]
     pub batch: Option<usize>,
     /// Which backend's memory to plan: cpu or cuda[:N]
@@ -103,12 +105,23 @@ pub fn run(args: PlanArgs) -> Result<()> {
             copy_input: false,
         },
     };
-    let p = plan::choose(&graph, &req).map_err(|e| match e {
-        Error::Invalid(m) | Error::Graph(m) => {
-            Error::Invalid(format!("{}: {m}", args.model.display()))
-        }
-        e => e,
-    })?;
+    let p = plan::choose(&graph, &req)
+        .map_err(|e| {
+            if req.budget_explicit {
+                e
+            } else {
+                plan::with_budget_source(e, &source)
+            }
+        })
+        .map_err(|e| match e {
+            Error::Invalid(m) | Error::Graph(m) => {
+                Error::Invalid(format!("{}: {m}", args.model.display()))
+            }
+            e => e,
+        })?;
+    if let Some(w) = &p.warning {
+        tracing::warn!("{w}");
+    }
     if args.json {
         let mut v = serde_json::to_value(&p).map_err(|e| Error::Invalid(format!("json: {e}")))?;
         v["budget_source"] = serde_json::Value::String(source);

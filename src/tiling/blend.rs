@@ -228,6 +228,22 @@ pub fn threshold(probs: ArrayView4<f32>, t: f32) -> Array3<u16> {
     out
 }
 
+/// Voxels of a blended output `(C, D, H, W)` where some channel is NaN: the labels there are
+/// meaningless (a threshold reads NaN as "no", argmax skips it), so the engine warns with the count.
+pub fn nan_voxels(blended: ArrayView4<f32>) -> usize {
+    if !blended.iter().any(|v| v.is_nan()) {
+        return 0;
+    }
+    let (_, d, h, w) = blended.dim();
+    let mut any = Array3::<bool>::from_elem((d, h, w), false);
+    for ch in blended.outer_iter() {
+        Zip::from(&mut any)
+            .and(&ch)
+            .for_each(|a, &v| *a |= v.is_nan());
+    }
+    any.iter().filter(|&&a| a).count()
+}
+
 /// Finished D-planes of the blended output: `data` is `(C, n, H, W)`, normalised and cropped, and
 /// holds original planes `d0 .. d0 + n`.
 #[derive(Clone, Debug)]
