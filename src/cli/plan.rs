@@ -126,10 +126,10 @@ pub fn run(args: PlanArgs) -> Result<()> {
         let mut v = serde_json::to_value(&p).map_err(|e| Error::Invalid(format!("json: {e}")))?;
         v["budget_source"] = serde_json::Value::String(source);
         v["volume"] = serde_json::json!(shape);
-        println!("{v}");
+        super::print_stdout(&format!("{v}\n"))?;
     } else {
-        println!(
-            "{} on a {}x{}x{} volume, {}:",
+        super::print_stdout(&format!(
+            "{} on a {}x{}x{} volume, {}:\n{}",
             args.model.display(),
             shape[0],
             shape[1],
@@ -137,9 +137,9 @@ pub fn run(args: PlanArgs) -> Result<()> {
             match target {
                 Target::Cpu => "cpu".to_string(),
                 Target::Cuda => format!("cuda:{dev}"),
-            }
-        );
-        print!("{}", p.summary(&graph, &source));
+            },
+            p.summary(&graph, &source)
+        ))?;
     }
     Ok(())
 }

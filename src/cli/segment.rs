@@ -65,8 +65,9 @@ pub struct SegmentArgs {
     #[arg(long)]
     pub force: bool,
     /// Memory the run may use, e.g. 4GiB, 512MiB, 8GB (device memory on CUDA, the host working
-    /// set on CPU); roi and batch are planned under it. Default: 80% of free device memory, or
-    /// half of the available RAM
+    /// set on CPU); the batch is planned under it, the window never shrinks (too small a budget
+    /// is an error). Default: 80% of free device memory, or half of the memory this process may
+    /// still take (MemAvailable, RLIMIT_AS, cgroup limit)
     #[arg(long)]
     pub memory_budget: Option<String>,
 }
