@@ -297,14 +297,15 @@ fn intensity_normalisations() {
             mean: 99.4,
             std: 39.4,
         },
-    );
+    )
+    .unwrap();
     for (o, x) in ct.iter().zip(vol.iter()) {
         let want = ((*x as f64).clamp(-100.0, 240.0) - 99.4) / 39.4;
         assert!((*o as f64 - want).abs() < 1e-4, "{o} vs {want}");
     }
     // z-score: mean 0, std 1.
     let mut z = vol.clone();
-    intensity::apply(&mut z, &Intensity::Zscore);
+    intensity::apply(&mut z, &Intensity::Zscore).unwrap();
     let n = z.len() as f64;
     let mean = z.iter().map(|&v| v as f64).sum::<f64>() / n;
     let var = z.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
@@ -320,7 +321,8 @@ fn intensity_normalisations() {
             p_lo: 5.0,
             p_hi: 95.0,
         },
-    );
+    )
+    .unwrap();
     let mut sorted: Vec<f32> = vol.iter().copied().collect();
     sorted.sort_by(f32::total_cmp);
     let q = |pp: f64| {

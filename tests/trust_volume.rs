@@ -319,3 +319,36 @@ fn sample_under_300_mb_of_address_space_exits_cleanly() {
         assert_one_error(&o, "");
     }
 }
+
+#[test]
+fn nifti_inputs_must_be_regular_files() {
+    let dir = tempdir();
+    let fifo = dir.path().join("pipe.nii");
+    let c = std::ffi::CString::new(s(&fifo)).unwrap();
+    // SAFETY: mkfifo on a fresh path in a temp dir.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    for (input, name) in [
+        (fifo.as_path(), "pipe.nii"),
+        (Path::new("/dev/zero"), "/dev/zero"),
+    ] {
+        // Nobody writes the FIFO: a reader that opens it blocks, so give it 20 s at most.
+        let mut child = Command::new(voxtile_bin())
+            .args(["info", s(input)])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() && t.elapsed().as_secs() < 20 {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        if child.try_wait().unwrap().is_none() {
+            child.kill().unwrap();
+            let _ = child.wait();
+            panic!("{name}: still reading after 20 s");
+        }
+        let o = child.wait_with_output().unwrap();
+        let err = assert_one_error(&o, name);
+        assert!(err.contains("not a regular file"), "{err}");
+    }
+}

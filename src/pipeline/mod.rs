@@ -214,7 +214,7 @@ impl Pipeline {
         let t = Instant::now();
         let mut data = crate::alloc::try_to_owned(volume.data.view(), "the normalised volume")?;
         let (nan, inf) = crate::volume::sanitize_nonfinite(&mut data);
-        intensity::apply(&mut data, &self.settings.intensity);
+        intensity::apply(&mut data, &self.settings.intensity)?;
         times.normalize = t.elapsed().as_secs_f64();
 
         let input_grid = volume.shape();

@@ -76,7 +76,7 @@ pub fn check_grid(grid: [usize; 3], channels: usize) -> Result<()> {
         if channels > 1 { "s" } else { "" }
     );
     match n {
-        Some(n) => crate::volume::check_f32_values(n, &dims).map_err(Error::Invalid),
+        Some(n) => crate::volume::check_f32_values(n, &dims, true).map_err(Error::Invalid),
         None => Err(Error::Invalid(format!("{dims}: the voxel count overflows"))),
     }
 }

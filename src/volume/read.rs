@@ -174,27 +174,28 @@ fn mem_available() -> Option<u64> {
     kb.checked_mul(1024)
 }
 
-/// Refuse a volume whose f32 copy would not fit in memory, before allocating it.
+/// Refuse a volume whose f32 copy would not fit in memory, before allocating it. Against
+/// MemAvailable only: under an address-space limit the reader's fallible allocation answers, after
+/// a truncated gzip stream has had the chance to fail as truncated.
 pub(crate) fn check_memory(path: &Path, h: &Header) -> Result<usize> {
     let n = h.n_values().map_err(|m| Error::volume(path, m))?;
-    check_f32_values(n, &format!("volume of {} voxels", dims_str(h)))
+    check_f32_values(n, &format!("volume of {} voxels", dims_str(h)), false)
         .map_err(|m| Error::volume(path, m))?;
     Ok(n as usize)
 }
 
 /// Whether `n` float32 values (of `what`, e.g. "volume of 512x512x400 voxels") may be held: the
-/// rule of [`memory_verdict`] with this machine's numbers.
-pub(crate) fn check_f32_values(n: u64, what: &str) -> Result<(), String> {
-    memory_verdict(n, what, available_memory(), HARD_CAP_BYTES)
-}
-
-/// What the process may allocate at most: MemAvailable, lowered to what is left under the
-/// address-space limit (`ulimit -v`) when there is one.
-fn available_memory() -> Option<u64> {
-    match (mem_available(), crate::alloc::address_space_left()) {
+/// rule of [`memory_verdict`] with this machine's numbers; `address_space` also counts what is
+/// left under `ulimit -v` (for buffers about to be allocated in one go).
+pub(crate) fn check_f32_values(n: u64, what: &str, address_space: bool) -> Result<(), String> {
+    let left = address_space
+        .then(crate::alloc::address_space_left)
+        .flatten();
+    let avail = match (mem_available(), left) {
         (Some(m), Some(l)) => Some(m.min(l)),
         (m, l) => m.or(l),
-    }
+    };
+    memory_verdict(n, what, avail, HARD_CAP_BYTES)
 }
 
 /// The memory rule on its own (testable with a made-up MemAvailable): n f32 values must fit under
