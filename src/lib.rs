@@ -3,6 +3,7 @@
 //! The data flows one way: [`volume`] (NIfTI) → [`model`] (ONNX → graph IR) → [`tiling`] (windows,
 //! weights, blending) → [`backend`] (CPU reference, CUDA) → [`engine`] (the loop) → [`cli`].
 
+pub mod alloc;
 pub mod backend;
 pub mod cli;
 pub mod engine;

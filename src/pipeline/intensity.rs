@@ -2,6 +2,7 @@
 
 use super::manifest::Intensity;
 use crate::engine::{normalize, Normalize};
+use crate::Result;
 use ndarray::{Array4, ArrayView3};
 use rayon::prelude::*;
 
@@ -76,13 +77,24 @@ pub fn percentile(values: &mut [f32], p: f64) -> f32 {
 /// Two percentiles of a view in one copy.
 pub fn percentiles(v: ArrayView3<f32>, p_lo: f64, p_hi: f64) -> (f32, f32) {
     let mut buf: Vec<f32> = v.iter().copied().collect();
-    let a = percentile(&mut buf, p_lo);
-    let b = percentile(&mut buf, p_hi);
+    percentiles_in(&mut buf, p_lo, p_hi)
+}
+
+/// [`percentiles`] with the copy allocated fallibly (a whole channel of the volume).
+fn try_percentiles(v: ArrayView3<f32>, p_lo: f64, p_hi: f64) -> Result<(f32, f32)> {
+    let mut buf = crate::alloc::try_with_capacity(v.len(), "the percentile copy")?;
+    buf.extend(v.iter().copied());
+    Ok(percentiles_in(&mut buf, p_lo, p_hi))
+}
+
+fn percentiles_in(buf: &mut [f32], p_lo: f64, p_hi: f64) -> (f32, f32) {
+    let a = percentile(buf, p_lo);
+    let b = percentile(buf, p_hi);
     (a, b)
 }
 
-/// Normalise each channel in place.
-pub fn apply(data: &mut Array4<f32>, how: &Intensity) {
+/// Normalise each channel in place; only the percentile rule allocates (a copy of one channel).
+pub fn apply(data: &mut Array4<f32>, how: &Intensity) -> Result<()> {
     match *how {
         Intensity::None => {}
         Intensity::Zscore => normalize_par(data, Normalize::ZScore),
@@ -97,12 +109,13 @@ pub fn apply(data: &mut Array4<f32>, how: &Intensity) {
         ),
         Intensity::Percentile { p_lo, p_hi } => {
             for mut ch in data.outer_iter_mut() {
-                let (lo, hi) = percentiles(ch.view(), p_lo, p_hi);
+                let (lo, hi) = try_percentiles(ch.view(), p_lo, p_hi)?;
                 let inv = if hi > lo { 1.0 / (hi - lo) } else { 0.0 };
                 ch.mapv_inplace(|v| ((v - lo) * inv).clamp(0.0, 1.0));
             }
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -212,9 +212,9 @@ impl Pipeline {
         }
         let mut times = PipelineTimes::default();
         let t = Instant::now();
-        let mut data = volume.data.clone();
+        let mut data = crate::alloc::try_to_owned(volume.data.view(), "the normalised volume")?;
         let (nan, inf) = crate::volume::sanitize_nonfinite(&mut data);
-        intensity::apply(&mut data, &self.settings.intensity);
+        intensity::apply(&mut data, &self.settings.intensity)?;
         times.normalize = t.elapsed().as_secs_f64();
 
         let input_grid = volume.shape();
@@ -225,11 +225,13 @@ impl Pipeline {
         });
         let t = Instant::now();
         let model_grid = match target {
-            Some(tgt) => resample::shape_for_spacing(input_grid, volume.header.spacing(), tgt),
+            Some(tgt) => resample::shape_for_spacing(input_grid, volume.header.spacing(), tgt)?,
             None => input_grid,
         };
         if model_grid != input_grid {
-            data = resample::resample(data.view(), model_grid);
+            // The input and the models' outputs both live on the model grid.
+            resample::check_grid(model_grid, cin + self.channels)?;
+            data = resample::resample(data.view(), model_grid)?;
         }
         times.resample_in = t.elapsed().as_secs_f64();
 
@@ -246,19 +248,15 @@ impl Pipeline {
         } else {
             0.5
         };
-        let (labels, probabilities) =
-            finalize(probs, input_grid, thr, self.settings.keep_probabilities);
-        let logits = logits.map(|l| {
-            if model_grid == input_grid {
-                l
-            } else {
-                resample::resample(l.view(), input_grid)
-            }
-        });
-        let labels = match &self.settings.remap {
-            Some(table) => labels.mapv(|l| table.get(l as usize).copied().unwrap_or(l)),
-            None => labels,
+        let (mut labels, probabilities) =
+            finalize(probs, input_grid, thr, self.settings.keep_probabilities)?;
+        let logits = match logits {
+            Some(l) if model_grid != input_grid => Some(resample::resample(l.view(), input_grid)?),
+            l => l,
         };
+        if let Some(table) = &self.settings.remap {
+            labels.mapv_inplace(|l| table.get(l as usize).copied().unwrap_or(l));
+        }
         times.finalize = t.elapsed().as_secs_f64();
 
         report.spacing = volume.header.spacing();
@@ -311,7 +309,7 @@ impl Pipeline {
                 let input = if flip.is_empty() {
                     data
                 } else {
-                    flipped = flip_owned(data, flip);
+                    flipped = flip_owned(data, flip)?;
                     flipped.view()
                 };
                 let base = pass;
@@ -322,13 +320,21 @@ impl Pipeline {
                 let mut out = if flip.is_empty() {
                     out
                 } else {
-                    flip_owned(out.view(), flip)
+                    flip_owned(out.view(), flip)?
                 };
                 if keep_raw {
-                    accumulate(&mut acc_raw, &out);
+                    match &mut acc_raw {
+                        Some(a) => *a += &out,
+                        None => {
+                            acc_raw = Some(crate::alloc::try_to_owned(
+                                out.view(),
+                                "the averaged raw outputs",
+                            )?)
+                        }
+                    }
                 }
                 apply_activation(&mut out, act);
-                accumulate(&mut acc, &out);
+                accumulate(&mut acc, out);
                 first.get_or_insert(rep);
                 pass += 1;
             }
@@ -364,20 +370,21 @@ pub fn effective_activation(
     }
 }
 
-fn accumulate(acc: &mut Option<Array4<f32>>, x: &Array4<f32>) {
+/// Add one pass's outputs to the running sum; the first pass becomes the sum.
+fn accumulate(acc: &mut Option<Array4<f32>>, x: Array4<f32>) {
     match acc {
-        Some(a) => *a += x,
-        None => *acc = Some(x.clone()),
+        Some(a) => *a += &x,
+        None => *acc = Some(x),
     }
 }
 
 /// A standard-layout copy of (C, i, j, k) data mirrored along the given file axes (0..3).
-pub fn flip_owned(data: ArrayView4<f32>, axes: &[usize]) -> Array4<f32> {
+pub fn flip_owned(data: ArrayView4<f32>, axes: &[usize]) -> Result<Array4<f32>> {
     let mut v = data;
     for &a in axes {
         v.invert_axis(Axis(a + 1));
     }
-    v.as_standard_layout().into_owned()
+    crate::alloc::try_to_owned(v, "a mirrored volume")
 }
 
 /// Softmax over channels or elementwise sigmoid, in place (channel-plane passes, vectorisable).
@@ -414,7 +421,7 @@ pub fn finalize(
     grid: [usize; 3],
     thr: f32,
     keep: bool,
-) -> (Array3<u16>, Option<Array4<f32>>) {
+) -> Result<(Array3<u16>, Option<Array4<f32>>)> {
     let c = probs.shape()[0];
     let same = [probs.shape()[1], probs.shape()[2], probs.shape()[3]] == grid;
     if same {
@@ -423,14 +430,21 @@ pub fn finalize(
         } else {
             crate::tiling::argmax(probs.view())
         };
-        return (labels, keep.then_some(probs));
+        return Ok((labels, keep.then_some(probs)));
     }
-    let mut labels = Array3::<u16>::zeros(grid);
-    let mut best = Array3::<f32>::from_elem(grid, f32::NEG_INFINITY);
-    let mut kept = keep.then(|| Array4::<f32>::zeros((c, grid[0], grid[1], grid[2])));
+    use crate::alloc::{try_full, try_zeros};
+    let mut labels = try_zeros::<u16, _>(grid, "the labels")?;
+    let mut best = try_full(grid, f32::NEG_INFINITY, "the best class scores")?;
+    let mut kept = match keep {
+        true => Some(try_zeros::<f32, _>(
+            (c, grid[0], grid[1], grid[2]),
+            "the probabilities",
+        )?),
+        false => None,
+    };
     for ci in 0..c {
         let one = probs.slice(ndarray::s![ci..ci + 1, .., .., ..]);
-        let r = resample::resample(one, grid);
+        let r = resample::resample(one, grid)?;
         let r = r.index_axis(Axis(0), 0);
         if c == 1 {
             Zip::from(&mut labels)
@@ -452,5 +466,5 @@ pub fn finalize(
             k.index_axis_mut(Axis(0), ci).assign(&r);
         }
     }
-    (labels, kept)
+    Ok((labels, kept))
 }

@@ -17,7 +17,22 @@ pub enum AffineSource {
     Pixdim,
 }
 
-/// Matrix of the qform: rotation from the quaternion, scaled by pixdim (qfac flips the 3rd column).
+/// A qform voxel size as nibabel reads it: |pixdim| (a negative one is a sign slip, not a flip:
+/// only qfac flips), and 0 or non-finite (unset) as 1.
+pub(crate) fn qform_zoom(p: f64) -> f64 {
+    let a = p.abs();
+    if a > 0.0 && a.is_finite() {
+        a
+    } else {
+        1.0
+    }
+}
+
+/// Largest b²+c²+d² of a usable quaternion: 1 plus float32 rounding (nibabel allows 3 ulp).
+const QUATERN_NORM_TOL: f64 = 1e-6;
+
+/// Matrix of the qform: rotation from the quaternion, scaled by |pixdim| (qfac flips the 3rd
+/// column), as nibabel's `get_qform`.
 pub fn quatern_to_mat44(q: [f64; 3], offset: [f64; 3], zooms: [f64; 3], qfac: f64) -> Mat4 {
     let [mut b, mut c, mut d] = q;
     let mut a = 1.0 - (b * b + c * c + d * d);
@@ -31,10 +46,9 @@ pub fn quatern_to_mat44(q: [f64; 3], offset: [f64; 3], zooms: [f64; 3], qfac: f6
     } else {
         a = a.sqrt();
     }
-    let pos = |v: f64| if v > 0.0 { v } else { 1.0 };
-    let xd = pos(zooms[0]);
-    let yd = pos(zooms[1]);
-    let mut zd = pos(zooms[2]);
+    let xd = qform_zoom(zooms[0]);
+    let yd = qform_zoom(zooms[1]);
+    let mut zd = qform_zoom(zooms[2]);
     if qfac < 0.0 {
         zd = -zd;
     }
@@ -254,12 +268,47 @@ impl Header {
         [self.srow_x, self.srow_y, self.srow_z, [0.0, 0.0, 0.0, 1.0]]
     }
 
+    /// Why the qform fields cannot give an affine (a non-finite quaternion or offset, or a
+    /// quaternion (b, c, d) longer than 1, which is no rotation), or None when they can.
+    pub fn qform_problem(&self) -> Option<String> {
+        let q = [self.quatern_b, self.quatern_c, self.quatern_d];
+        let off = [self.qoffset_x, self.qoffset_y, self.qoffset_z];
+        if q.iter().chain(&off).any(|v| !v.is_finite()) {
+            return Some(format!(
+                "its quaternion ({}, {}, {}) or offset ({}, {}, {}) is not finite",
+                q[0], q[1], q[2], off[0], off[1], off[2]
+            ));
+        }
+        let norm2: f64 = q.iter().map(|v| v * v).sum();
+        if norm2 > 1.0 + QUATERN_NORM_TOL {
+            return Some(format!(
+                "its quaternion (b, c, d) = ({}, {}, {}) has length {:.6} > 1, which is no rotation",
+                q[0],
+                q[1],
+                q[2],
+                norm2.sqrt()
+            ));
+        }
+        None
+    }
+
+    /// Why the sform rows cannot give an affine (a non-finite entry), or None when they can.
+    pub fn sform_problem(&self) -> Option<String> {
+        let rows = [self.srow_x, self.srow_y, self.srow_z];
+        rows.iter()
+            .flatten()
+            .any(|v| !v.is_finite())
+            .then(|| format!("its rows {rows:?} are not all finite"))
+    }
+
     /// nibabel's `get_best_affine` order: sform if sform_code > 0, else qform if qform_code > 0, else
     /// diag(spacing) (NIfTI method 1; nibabel would use a centred, x-flipped ANALYZE affine there).
+    /// A form whose fields are unusable ([`Header::qform_problem`], [`Header::sform_problem`]) is
+    /// skipped; [`Header::geometry_warnings`] says so.
     pub fn affine_with_source(&self) -> (Mat4, AffineSource) {
-        if self.sform_code > 0 {
+        if self.sform_code > 0 && self.sform_problem().is_none() {
             (self.sform_affine(), AffineSource::Sform)
-        } else if self.qform_code > 0 {
+        } else if self.qform_code > 0 && self.qform_problem().is_none() {
             (self.qform_affine(), AffineSource::Qform)
         } else {
             let s = self.spacing();
@@ -273,6 +322,31 @@ impl Header {
                 AffineSource::Pixdim,
             )
         }
+    }
+}
+
+impl Header {
+    /// One sentence per coded form that [`Header::affine_with_source`] had to skip, naming what
+    /// it used instead; empty for a sound header.
+    pub fn geometry_warnings(&self) -> Vec<String> {
+        let (_, src) = self.affine_with_source();
+        let used = match src {
+            AffineSource::Sform => "the sform",
+            AffineSource::Qform => "the qform",
+            AffineSource::Pixdim => "diag(pixdim)",
+        };
+        let mut out = Vec::new();
+        if self.sform_code > 0 {
+            if let Some(p) = self.sform_problem() {
+                out.push(format!("sform ignored: {p}; using {used}"));
+            }
+        }
+        if self.qform_code > 0 {
+            if let Some(p) = self.qform_problem() {
+                out.push(format!("qform ignored: {p}; using {used}"));
+            }
+        }
+        out
     }
 }
 
@@ -349,11 +423,12 @@ pub(crate) fn output_geometry(like: &Header) -> OutGeometry {
     };
     let clamp16 = |c: i32| c.min(i16::MAX as i32);
     let (quatern, qoffset, zooms, qfac) = if src == AffineSource::Qform {
-        // Copy the quaternion itself: the output qform is then bit-identical to the input's.
+        // Copy the quaternion itself, with the voxel sizes the affine was built from (|pixdim|):
+        // the output qform is then the input's matrix, and the sform below is the same one.
         (
             [like.quatern_b, like.quatern_c, like.quatern_d],
             [like.qoffset_x, like.qoffset_y, like.qoffset_z],
-            [like.pixdim[1], like.pixdim[2], like.pixdim[3]],
+            [1, 2, 3].map(|i| qform_zoom(like.pixdim[i])),
             like.qfac(),
         )
     } else {
@@ -362,7 +437,7 @@ pub(crate) fn output_geometry(like: &Header) -> OutGeometry {
         // does) so pixdim round-trips bit-exactly; otherwise the affine wins, as in nibabel.
         let mut zooms = z;
         for i in 0..3 {
-            let p = like.pixdim[i + 1];
+            let p = like.pixdim[i + 1].abs();
             if (p - z[i]).abs() <= 1e-5 * z[i].abs() {
                 zooms[i] = p;
             }
@@ -486,5 +561,45 @@ mod tests {
         let nan = [[f64::NAN; 4]; 4];
         assert_eq!(axcodes(&nan), "???");
         let _ = mat44_to_quatern(&nan);
+    }
+
+    #[test]
+    fn negative_pixdim_reads_as_its_magnitude() {
+        let mut h = Header::new([4, 4, 4], 1, [1.0; 3]);
+        (h.sform_code, h.qform_code) = (0, 1);
+        h.pixdim = [-1.0, -2.0, 3.0, -0.5, 1.0, 1.0, 1.0, 1.0];
+        let (a, src) = h.affine_with_source();
+        assert_eq!(src, AffineSource::Qform);
+        // Identity rotation, qfac -1: diag(2, 3, -0.5), as nibabel's get_qform.
+        assert_eq!([a[0][0], a[1][1], a[2][2]], [2.0, 3.0, -0.5]);
+        let g = output_geometry(&h);
+        assert_eq!(g.zooms, [2.0, 3.0, 0.5]);
+        let q = quatern_to_mat44(g.quatern, g.qoffset, g.zooms, g.qfac);
+        assert_eq!([q[0], q[1], q[2]], g.sform);
+    }
+
+    #[test]
+    fn unusable_qform_falls_back_with_a_warning() {
+        let mut h = Header::new([4, 4, 4], 1, [2.0; 3]);
+        h.srow_x = [-2.0, 0.0, 0.0, 5.0];
+        h.quatern_b = f64::NAN;
+        assert_eq!(h.affine_with_source().1, AffineSource::Sform);
+        let w = h.geometry_warnings();
+        assert!(
+            w.len() == 1 && w[0].contains("qform ignored") && w[0].contains("the sform"),
+            "{w:?}"
+        );
+        h.sform_code = 0;
+        h.quatern_b = 0.9;
+        h.quatern_c = 0.9;
+        assert!(h.qform_problem().is_some_and(|p| p.contains("> 1")));
+        assert_eq!(h.affine_with_source().1, AffineSource::Pixdim);
+        assert!(h.geometry_warnings()[0].contains("diag(pixdim)"));
+        // A 180 degree rotation stored in float32 is still a rotation.
+        h.quatern_b = 1.0f32 as f64;
+        h.quatern_c = 0.0;
+        assert!(h.qform_problem().is_none());
+        assert_eq!(h.affine_with_source().1, AffineSource::Qform);
+        assert!(h.geometry_warnings().is_empty());
     }
 }

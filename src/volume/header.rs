@@ -408,6 +408,25 @@ impl Header {
     }
 }
 
+/// Largest size of one axis a NIfTI-1 header can hold (dim[] is int16).
+pub const NIFTI1_MAX_AXIS: usize = i16::MAX as usize;
+
+/// Whether an output of these sizes (spatial axes, then channels if any) fits a NIfTI-1 header,
+/// so a run can refuse before its first window rather than after the last one.
+pub fn check_nifti1_shape(shape: &[usize]) -> crate::Result<()> {
+    if let Some(d) = shape.iter().find(|&&d| d > NIFTI1_MAX_AXIS) {
+        return Err(crate::Error::Invalid(format!(
+            "an output of {} cannot be written: NIfTI-1 holds at most {NIFTI1_MAX_AXIS} per axis, and {d} is more",
+            shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join("x")
+        )));
+    }
+    Ok(())
+}
+
 /// Build the header of an output file: NIfTI-1, little-endian, vox_offset 352, no extensions, the
 /// geometry of `like` (see `geometry::output_geometry` for how sform/qform are chosen).
 pub(crate) fn encode_nifti1(
@@ -427,12 +446,7 @@ pub(crate) fn encode_nifti1(
     for d in dims.iter_mut().skip(5) {
         *d = 1;
     }
-    if dims.iter().any(|&d| d > i16::MAX as i64) {
-        return Err(format!(
-            "dimensions {:?} do not fit a NIfTI-1 header (max 32767 per axis)",
-            &dims[1..5]
-        ));
-    }
+    check_nifti1_shape(&[shape[0], shape[1], shape[2], channels]).map_err(|e| e.to_string())?;
     let g = geometry::output_geometry(like);
     let mut b = [0u8; 352];
     let mut put = |off: usize, bytes: &[u8]| b[off..off + bytes.len()].copy_from_slice(bytes);
@@ -482,5 +496,28 @@ fn finite_or_zero(v: f64) -> f64 {
         v
     } else {
         0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nifti1_shape_limit_is_per_axis() {
+        assert!(check_nifti1_shape(&[32767, 32767, 1]).is_ok());
+        assert!(check_nifti1_shape(&[512, 512, 400, 117]).is_ok());
+        let e = check_nifti1_shape(&[40000, 16, 16])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("40000x16x16") && e.contains("32767"), "{e}");
+        let e = check_nifti1_shape(&[16, 16, 16, 70000])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("70000"), "{e}");
+        // The encoder applies the same rule.
+        let like = Header::new([4, 4, 4], 1, [1.0; 3]);
+        assert!(encode_nifti1(&like, [32768, 1, 1], 1, DT_UINT8, "").is_err());
+        assert!(encode_nifti1(&like, [32767, 1, 1], 1, DT_UINT8, "").is_ok());
     }
 }

@@ -10,7 +10,8 @@ mod read;
 mod write;
 
 pub use geometry::{axcodes, mat44_to_quatern, quatern_to_mat44, AffineSource, Mat4};
-pub use header::Header;
+pub use header::{check_nifti1_shape, Header, NIFTI1_MAX_AXIS};
+pub(crate) use read::check_f32_values;
 pub use read::{read, read_bytes, read_header, HARD_CAP_BYTES};
 pub use write::{
     check_output_shape, stage_f32, stage_labels, stage_unit_u8, unit_to_u8, write_f32,
@@ -252,6 +253,9 @@ pub fn describe(path: &Path, v: &Volume) -> String {
     let src = match src {
         AffineSource::Sform => format!("sform, code {} {}", h.sform_code, xform_name(h.sform_code)),
         AffineSource::Qform => format!("qform, code {} {}", h.qform_code, xform_name(h.qform_code)),
+        AffineSource::Pixdim if h.sform_code > 0 || h.qform_code > 0 => {
+            "sform/qform unusable: diag(pixdim)".to_string()
+        }
         AffineSource::Pixdim => "no sform/qform code: diag(pixdim)".to_string(),
     };
     let _ = writeln!(s, "affine:      ({src})");

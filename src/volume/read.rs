@@ -23,19 +23,13 @@ struct Source<'a> {
     gz_isize: Option<u32>,
 }
 
+/// A regular file only: a FIFO or a device would hang or stream forever. No cap on the file's
+/// size here: what is read is bounded by the header's dims, which [`check_memory`] holds under
+/// [`HARD_CAP_BYTES`] of float32 before anything large is allocated.
 fn open(path: &Path) -> Result<Source<'static>> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-    if meta.is_dir() {
-        return Err(Error::volume(path, "is a directory, not a NIfTI file"));
-    }
-    let isize = gz_trailer_isize(&file, meta.len());
-    source(
-        path,
-        BufReader::with_capacity(1 << 20, file),
-        meta.len(),
-        isize,
-    )
+    let (file, len) = crate::fsio::open_regular(path, u64::MAX, true)?;
+    let isize = gz_trailer_isize(&file, len);
+    source(path, BufReader::with_capacity(1 << 20, file), len, isize)
 }
 
 /// The last 4 bytes of a file (a gzip stream's ISIZE), read without moving `file`'s cursor.
@@ -180,29 +174,45 @@ fn mem_available() -> Option<u64> {
     kb.checked_mul(1024)
 }
 
-/// Refuse a volume whose f32 copy would not fit in memory, before allocating it.
+/// Refuse a volume whose f32 copy would not fit in memory, before allocating it. Against
+/// MemAvailable only: under an address-space limit the reader's fallible allocation answers, after
+/// a truncated gzip stream has had the chance to fail as truncated.
 pub(crate) fn check_memory(path: &Path, h: &Header) -> Result<usize> {
     let n = h.n_values().map_err(|m| Error::volume(path, m))?;
-    memory_verdict(n, &dims_str(h), mem_available(), HARD_CAP_BYTES)
+    check_f32_values(n, &format!("volume of {} voxels", dims_str(h)), false)
         .map_err(|m| Error::volume(path, m))?;
     Ok(n as usize)
 }
 
+/// Whether `n` float32 values (of `what`, e.g. "volume of 512x512x400 voxels") may be held: the
+/// rule of [`memory_verdict`] with this machine's numbers; `address_space` also counts what is
+/// left under `ulimit -v` (for buffers about to be allocated in one go).
+pub(crate) fn check_f32_values(n: u64, what: &str, address_space: bool) -> Result<(), String> {
+    let left = address_space
+        .then(crate::alloc::address_space_left)
+        .flatten();
+    let avail = match (mem_available(), left) {
+        (Some(m), Some(l)) => Some(m.min(l)),
+        (m, l) => m.or(l),
+    };
+    memory_verdict(n, what, avail, HARD_CAP_BYTES)
+}
+
 /// The memory rule on its own (testable with a made-up MemAvailable): n f32 values must fit under
 /// the hard cap, isize::MAX and MemAvailable.
-fn memory_verdict(n: u64, dims: &str, avail: Option<u64>, cap: u64) -> Result<(), String> {
+fn memory_verdict(n: u64, what: &str, avail: Option<u64>, cap: u64) -> Result<(), String> {
     let bytes = n.saturating_mul(4);
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     if bytes > cap || bytes > isize::MAX as u64 {
         return Err(format!(
-            "volume of {dims} voxels needs {:.1} GiB as float32, above voxtile's limit of {:.0} GiB",
+            "{what} needs {:.1} GiB as float32, above voxtile's limit of {:.0} GiB",
             gib(bytes),
             gib(cap)
         ));
     }
     match avail {
         Some(avail) if bytes > avail => Err(format!(
-            "volume of {dims} voxels needs {:.1} GiB as float32 but only {:.1} GiB of memory is available",
+            "{what} needs {:.1} GiB as float32 but only {:.1} GiB of memory is available",
             gib(bytes),
             gib(avail)
         )),
@@ -262,6 +272,10 @@ pub fn read_bytes(bytes: &[u8], path_for_errors: &Path) -> Result<Volume> {
 
 fn read_from(path: &Path, mut src: Source<'_>) -> Result<Volume> {
     let h = read_header_from(path, &mut src)?;
+    // Once per volume read (not in read_header, which runs before it on the same file).
+    for w in h.geometry_warnings() {
+        tracing::warn!("{}: {w}", path.display());
+    }
     let n = check_memory(path, &h)?;
     let (_, bpv) = datatype_info(h.datatype).map_err(|m| Error::volume(path, m))?;
     let total = n * bpv; // <= 8 * n, n*4 was checked against isize::MAX
@@ -269,7 +283,10 @@ fn read_from(path: &Path, mut src: Source<'_>) -> Result<Volume> {
     let no_memory = || {
         Error::volume(
             path,
-            format!("cannot allocate {n} float32 values for the volume"),
+            format!(
+                "not enough memory for the volume ({})",
+                crate::plan::format_bytes(n as u64 * 4)
+            ),
         )
     };
     // A plain file was checked to hold all its data, so reserve it at once; so is a gzip stream
@@ -283,7 +300,8 @@ fn read_from(path: &Path, mut src: Source<'_>) -> Result<Volume> {
     }
     let scale = h.scaling();
     // Large reads: each filled buffer is converted in parallel.
-    let mut buf = vec![0u8; (8 << 20).min(total.max(8))];
+    let mut buf = crate::alloc::try_vec((8usize << 20).min(total.max(8)), 0u8, "the read buffer")
+        .map_err(|e| Error::volume(path, e.to_string()))?;
     let (mut got, mut filled) = (0usize, 0usize);
     while got < total {
         let want = (buf.len() - filled).min(total - got);
@@ -337,7 +355,13 @@ mod tests {
         let gib = 1u64 << 30;
         // 1 Gi values = 4 GiB of f32.
         assert!(memory_verdict(gib, "d", Some(5 * gib), 32 * gib).is_ok());
-        let e = memory_verdict(gib, "1024x1024x1024", Some(3 * gib), 32 * gib).unwrap_err();
+        let e = memory_verdict(
+            gib,
+            "volume of 1024x1024x1024 voxels",
+            Some(3 * gib),
+            32 * gib,
+        )
+        .unwrap_err();
         assert!(
             e.contains("4.0 GiB") && e.contains("only 3.0 GiB of memory"),
             "{e}"

@@ -201,9 +201,10 @@ fn execute<T: Real>(
                 live_bytes -= bytes(&x);
                 x
             } else {
-                values[v0].clone().ok_or_else(|| missing(node, v0))?
+                let v = values[v0].as_ref().ok_or_else(|| missing(node, v0))?;
+                ops::owned(v.view()).map_err(|e| node_err(node, e))?
             };
-            ops::make_standard(&mut x);
+            ops::make_standard(&mut x).map_err(|e| node_err(node, e))?;
             let mut rest = Vec::with_capacity(node.inputs.len() - 1);
             for &v in &node.inputs[1..] {
                 rest.push(values[v].as_ref().ok_or_else(|| missing(node, v))?.view());
@@ -302,7 +303,7 @@ impl Backend for CpuBackend {
             .as_ref()
             .ok_or_else(|| Error::Backend("cpu backend: run called before prepare".into()))?;
         check_input(plan, graph, input.dim())?;
-        let x = input.as_standard_layout().into_owned();
+        let x = ops::owned(input)?;
         execute(graph, plan, x, &mut self.stats)
     }
 }
@@ -315,7 +316,7 @@ fn run_generic<T: Real>(
     let (n, _, d, h, w) = input.dim();
     let p = plan(graph, n.max(1), [d, h, w])?;
     check_input(&p, graph, input.dim())?;
-    execute(graph, &p, input.as_standard_layout().into_owned(), stats)
+    execute(graph, &p, ops::owned(input)?, stats)
 }
 
 /// Prepares for the input's own shape and runs once, in f32.

@@ -3,7 +3,7 @@
 //! ConvTranspose. The ONNX weight layouts are already the GEMM operands, so nothing is re-laid.
 
 use super::gemm::{gemm, Mat};
-use super::{dims, err, standard};
+use super::{dims, err, standard, zeroed};
 use crate::backend::cpu::shape;
 use crate::backend::cpu::Real;
 use crate::model::graph::{Conv, ConvTranspose};
@@ -64,7 +64,7 @@ pub fn conv3d<T: Real>(x: ArrayView5<T>, p: &Conv) -> Result<Array5<T>> {
     let kk = cin_g * ksz;
     let (pin, pout) = (d * h * wd, od * oh * ow);
 
-    let mut out = vec![T::ZERO; n * cout * pout];
+    let mut out = zeroed(n * cout * pout, "a Conv output")?;
     fill_bias(&mut out, bias.as_deref(), cout, pout);
     let pointwise = ksz == 1 && p.stride == [1, 1, 1] && p.pads == [0; 6];
     if pointwise {
@@ -104,7 +104,7 @@ pub fn conv3d<T: Real>(x: ArrayView5<T>, p: &Conv) -> Result<Array5<T>> {
     let (pd, ph, pw) = (p.pads[0] as isize, p.pads[1] as isize, p.pads[2] as isize);
     let total_rows = od * oh;
     let rows = chunk_rows::<T>(kk, ow, total_rows);
-    let mut col = vec![T::ZERO; kk * rows * ow];
+    let mut col = zeroed(kk * rows * ow, "the Conv column buffer")?;
     for b in 0..n {
         for gi in 0..g {
             let mut r0 = 0;
@@ -197,11 +197,11 @@ pub fn conv_transpose3d<T: Real>(x: ArrayView5<T>, p: &ConvTranspose) -> Result<
     let [dd, dh, dw] = p.dilation;
     let (pd, ph, pw) = (p.pads[0] as isize, p.pads[1] as isize, p.pads[2] as isize);
 
-    let mut out = vec![T::ZERO; n * cout * pout];
+    let mut out = zeroed(n * cout * pout, "a ConvTranspose output")?;
     fill_bias(&mut out, bias.as_deref(), cout, pout);
     let total_rows = d * h;
     let rows = chunk_rows::<T>(mrows, wd, total_rows);
-    let mut col = vec![T::ZERO; mrows * rows * wd];
+    let mut col = zeroed(mrows * rows * wd, "the ConvTranspose column buffer")?;
     for b in 0..n {
         for gi in 0..g {
             let mut r0 = 0;

@@ -1,7 +1,7 @@
 //! Activations, binary ops, broadcast constants, Softmax and Concat. Elementwise ops work in
 //! place (the executor hands over dying buffers); the out-of-place functions copy first.
 
-use super::{dims, err, make_standard};
+use super::{dims, err, make_standard, owned, zeroed};
 use crate::backend::cpu::shape::{self, Shape};
 use crate::backend::cpu::Real;
 use crate::model::graph::{Op, Tensor};
@@ -49,7 +49,7 @@ pub fn unary_inplace<T: Real>(x: &mut Array5<T>, op: Unary) -> Result<()> {
 }
 
 fn unary<T: Real>(x: ArrayView5<T>, op: Unary) -> Result<Array5<T>> {
-    let mut y = x.as_standard_layout().into_owned();
+    let mut y = owned(x)?;
     unary_inplace(&mut y, op)?;
     Ok(y)
 }
@@ -80,7 +80,7 @@ pub(super) fn prelu_inplace<T: Real>(x: &mut Array5<T>, slope: &Tensor) -> Resul
         &[xs],
     )
     .map_err(err)?;
-    make_standard(x);
+    make_standard(x)?;
     let s = T::cast_slice(&slope.data);
     let c = xs[1];
     let plane = xs[2] * xs[3] * xs[4];
@@ -99,7 +99,7 @@ pub(super) fn prelu_inplace<T: Real>(x: &mut Array5<T>, slope: &Tensor) -> Resul
 }
 
 pub fn prelu<T: Real>(x: ArrayView5<T>, slope: &Tensor) -> Result<Array5<T>> {
-    let mut y = x.as_standard_layout().into_owned();
+    let mut y = owned(x)?;
     prelu_inplace(&mut y, slope)?;
     Ok(y)
 }
@@ -138,7 +138,7 @@ pub fn binary_inplace<T: Real>(x: &mut Array5<T>, y: ArrayView5<T>, op: Binary) 
 }
 
 fn binary<T: Real>(x: ArrayView5<T>, y: ArrayView5<T>, op: Binary) -> Result<Array5<T>> {
-    let mut z = x.as_standard_layout().into_owned();
+    let mut z = owned(x)?;
     binary_inplace(&mut z, y, op)?;
     Ok(z)
 }
@@ -186,12 +186,12 @@ pub fn const_inplace<T: Real>(x: &mut Array5<T>, c: &Tensor, op: Binary) -> Resu
 }
 
 pub fn add_const<T: Real>(x: ArrayView5<T>, c: &Tensor) -> Result<Array5<T>> {
-    let mut y = x.as_standard_layout().into_owned();
+    let mut y = owned(x)?;
     const_inplace(&mut y, c, Binary::Add)?;
     Ok(y)
 }
 pub fn mul_const<T: Real>(x: ArrayView5<T>, c: &Tensor) -> Result<Array5<T>> {
-    let mut y = x.as_standard_layout().into_owned();
+    let mut y = owned(x)?;
     const_inplace(&mut y, c, Binary::Mul)?;
     Ok(y)
 }
@@ -221,7 +221,7 @@ pub fn softmax_inplace<T: Real>(x: &mut Array5<T>, axis: usize) -> Result<()> {
 }
 
 pub fn softmax<T: Real>(x: ArrayView5<T>, axis: usize) -> Result<Array5<T>> {
-    let mut y = x.as_standard_layout().into_owned();
+    let mut y = owned(x)?;
     softmax_inplace(&mut y, axis)?;
     Ok(y)
 }
@@ -230,7 +230,8 @@ pub fn softmax<T: Real>(x: ArrayView5<T>, axis: usize) -> Result<Array5<T>> {
 pub fn concat<T: Real>(inputs: &[ArrayView5<T>], axis: usize) -> Result<Array5<T>> {
     let shapes: Vec<Shape> = inputs.iter().map(dims).collect();
     let os = shape::output_shape(&Op::Concat { axis }, &shapes).map_err(err)?;
-    let mut out = Array5::from_elem(os, T::ZERO);
+    let mut out = Array5::from_shape_vec(os, zeroed(os.iter().product(), "a Concat output")?)
+        .map_err(|e| err(e.to_string()))?;
     let mut off = 0;
     for x in inputs {
         let len = x.len_of(Axis(axis));

@@ -42,10 +42,22 @@ pub(crate) fn standard<'a, T: Real>(x: &'a ArrayView5<'a, T>) -> CowArray<'a, T,
 }
 
 /// Makes an owned array C-contiguous so slice-based kernels can run on it.
-pub(crate) fn make_standard<T: Real>(x: &mut Array5<T>) {
+pub(crate) fn make_standard<T: Real>(x: &mut Array5<T>) -> Result<()> {
     if !x.is_standard_layout() {
-        *x = x.as_standard_layout().into_owned();
+        *x = owned(x.view())?;
     }
+    Ok(())
+}
+
+/// An owned C-contiguous copy of an activation. Host memory running out is `OutOfMemory`, so
+/// the engine retries with a smaller batch or window instead of the process aborting.
+pub(crate) fn owned<T: Real>(x: ArrayView5<T>) -> Result<Array5<T>> {
+    crate::alloc::try_to_owned(x, "an activation").map_err(crate::alloc::retryable)
+}
+
+/// A zero-filled activation or scratch buffer of `len` values, fallible as [`owned`].
+pub(crate) fn zeroed<T: Real>(len: usize, what: &str) -> Result<Vec<T>> {
+    crate::alloc::try_vec(len, T::ZERO, what).map_err(crate::alloc::retryable)
 }
 
 /// Whether `op` can overwrite its first input (the executor then hands it the buffer when that
@@ -99,7 +111,7 @@ pub fn apply<T: Real>(op: &Op, inputs: &[ArrayView5<T>]) -> Result<Array5<T>> {
     let shapes: Vec<Shape> = inputs.iter().map(dims).collect();
     shape::output_shape(op, &shapes).map_err(err)?;
     if is_inplace(op) {
-        let mut x = inputs[0].as_standard_layout().into_owned();
+        let mut x = owned(inputs[0])?;
         apply_inplace(op, &mut x, &inputs[1..])?;
         return Ok(x);
     }

@@ -2,7 +2,7 @@
 //! variance around it) accumulated in f64, so the f32 path is not limited by summation error on
 //! large windows; eps goes inside the square root like ONNX/PyTorch.
 
-use super::{dims, err, make_standard};
+use super::{dims, err, make_standard, owned};
 use crate::backend::cpu::shape;
 use crate::backend::cpu::Real;
 use crate::model::graph::{Op, Tensor};
@@ -48,7 +48,7 @@ pub fn instance_norm_inplace<T: Real>(
         bias: bias.clone(),
     };
     shape::output_shape(&op, &[xs]).map_err(err)?;
-    make_standard(x);
+    make_standard(x)?;
     let (s, b) = (T::cast_slice(&scale.data), T::cast_slice(&bias.data));
     let c = xs[1];
     let plane = xs[2] * xs[3] * xs[4];
@@ -68,7 +68,7 @@ pub fn instance_norm<T: Real>(
     scale: &Tensor,
     bias: &Tensor,
 ) -> Result<Array5<T>> {
-    let mut y = x.as_standard_layout().into_owned();
+    let mut y = owned(x)?;
     instance_norm_inplace(&mut y, eps, scale, bias)?;
     Ok(y)
 }
@@ -88,7 +88,7 @@ pub fn group_norm_inplace<T: Real>(
         bias: bias.clone(),
     };
     shape::output_shape(&op, &[xs]).map_err(err)?;
-    make_standard(x);
+    make_standard(x)?;
     let (s, b) = (T::cast_slice(&scale.data), T::cast_slice(&bias.data));
     let c = xs[1];
     let cg = c / groups;
@@ -115,7 +115,7 @@ pub fn group_norm<T: Real>(
     scale: &Tensor,
     bias: &Tensor,
 ) -> Result<Array5<T>> {
-    let mut y = x.as_standard_layout().into_owned();
+    let mut y = owned(x)?;
     group_norm_inplace(&mut y, groups, eps, scale, bias)?;
     Ok(y)
 }
@@ -131,7 +131,7 @@ pub fn channel_affine_inplace<T: Real>(
         shift: shift.clone(),
     };
     shape::output_shape(&op, &[xs]).map_err(err)?;
-    make_standard(x);
+    make_standard(x)?;
     let (s, b) = (T::cast_slice(&scale.data), T::cast_slice(&shift.data));
     let c = xs[1];
     let plane = xs[2] * xs[3] * xs[4];
@@ -152,7 +152,7 @@ pub fn channel_affine<T: Real>(
     scale: &Tensor,
     shift: &Tensor,
 ) -> Result<Array5<T>> {
-    let mut y = x.as_standard_layout().into_owned();
+    let mut y = owned(x)?;
     channel_affine_inplace(&mut y, scale, shift)?;
     Ok(y)
 }

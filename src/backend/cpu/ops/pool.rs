@@ -2,7 +2,7 @@
 //! Per axis we precompute which taps of each window land inside the input; a 3D window is the
 //! product of three such lists.
 
-use super::{dims, err, standard};
+use super::{dims, err, standard, zeroed};
 use crate::backend::cpu::shape;
 use crate::backend::cpu::Real;
 use crate::model::graph::Pool;
@@ -75,7 +75,7 @@ fn pool3d<T: Real>(x: ArrayView5<T>, p: &Pool, max: bool) -> Result<Array5<T>> {
     let (h, w) = (xs[3], xs[4]);
     let pin = xs[2] * h * w;
     let pout = os[2] * os[3] * os[4];
-    let mut out = vec![T::ZERO; os.iter().product()];
+    let mut out = zeroed(os.iter().product(), "a pooling output")?;
     out.par_chunks_mut(pout).enumerate().for_each(|(pi, dst)| {
         let src = &xd[pi * pin..][..pin];
         let mut o = 0;

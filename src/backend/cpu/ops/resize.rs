@@ -3,7 +3,7 @@
 //! sums are in T. Linear clamps the source coordinate to [0, in-1], which equals ONNX's edge
 //! padding of the neighbours.
 
-use super::{dims, err, standard};
+use super::{dims, err, standard, zeroed};
 use crate::backend::cpu::shape;
 use crate::backend::cpu::Real;
 use crate::model::graph::{CoordMode, NearestMode, Resize, ResizeMode};
@@ -90,7 +90,7 @@ pub fn resize<T: Real>(x: ArrayView5<T>, p: &Resize) -> Result<Array5<T>> {
     let (h, w) = (xs[3], xs[4]);
     let pin = xs[2] * h * w;
     let pout = out_sp.iter().product::<usize>();
-    let mut out = vec![T::ZERO; os.iter().product()];
+    let mut out = zeroed(os.iter().product(), "a Resize output")?;
     match p.mode {
         ResizeMode::Nearest => {
             let idx: Vec<Vec<usize>> = (0..3)
