@@ -905,33 +905,6 @@ pub fn cgroup_available() -> Option<(u64, String)> {
         .map(|(b, dir)| (b, format!("cgroup memory left ({})", dir.display())))
 }
 
-/// Address space left under RLIMIT_AS: the soft limit minus the process's VmSize; None when
-/// unlimited.
-#[allow(clippy::unnecessary_cast)] // rlim_t is u64 on 64-bit Linux, not everywhere.
-pub fn rlimit_as_available() -> Option<u64> {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the struct it is given.
-    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut r) } != 0 || r.rlim_cur == libc::RLIM_INFINITY
-    {
-        return None;
-    }
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    Some((r.rlim_cur as u64).saturating_sub(parse_vm_size(&status).unwrap_or(0)))
-}
-
-/// VmSize (bytes) of /proc/self/status's text.
-pub fn parse_vm_size(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmSize:"))?;
-    line.split_whitespace()
-        .nth(1)?
-        .parse::<u64>()
-        .ok()?
-        .checked_mul(1024)
-}
-
 /// The tightest of the host's memory limits: (bytes, what it is).
 pub fn tightest(limits: impl IntoIterator<Item = Option<(u64, String)>>) -> Option<(u64, String)> {
     limits.into_iter().flatten().min_by_key(|(b, _)| *b)
@@ -943,7 +916,8 @@ pub fn tightest(limits: impl IntoIterator<Item = Option<(u64, String)>>) -> Opti
 pub fn host_available() -> Option<(u64, String)> {
     tightest([
         mem_available().map(|m| (m, "available RAM".to_string())),
-        rlimit_as_available().map(|m| (m, "address space left under RLIMIT_AS".to_string())),
+        crate::alloc::address_space_left()
+            .map(|m| (m, "address space left under RLIMIT_AS".to_string())),
         cgroup_available(),
     ])
 }

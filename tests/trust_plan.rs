@@ -393,10 +393,6 @@ fn cgroup_rlimit_and_meminfo_parsing() {
         Some(2 << 20)
     );
     assert_eq!(plan::parse_mem_available("MemTotal: 100 kB\n"), None);
-    assert_eq!(
-        plan::parse_vm_size("Name:\tvoxtile\nVmPeak:\t 9 kB\nVmSize:\t   4096 kB\n"),
-        Some(4 << 20)
-    );
 
     // A v2 tree: the job limits 8 GiB with 3 GiB used, its step is unlimited, the task folder
     // is missing (no cgroup namespace): the headroom is the job's 5 GiB.

@@ -166,14 +166,6 @@ pub fn read_header(path: &Path) -> Result<Header> {
     read_header_from(path, &mut src)
 }
 
-/// MemAvailable from /proc/meminfo in bytes, if the system says.
-fn mem_available() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kb.checked_mul(1024)
-}
-
 /// Refuse a volume whose f32 copy would not fit in memory, before allocating it. Against
 /// MemAvailable only: under an address-space limit the reader's fallible allocation answers, after
 /// a truncated gzip stream has had the chance to fail as truncated.
@@ -191,7 +183,7 @@ pub(crate) fn check_f32_values(n: u64, what: &str, address_space: bool) -> Resul
     let left = address_space
         .then(crate::alloc::address_space_left)
         .flatten();
-    let avail = match (mem_available(), left) {
+    let avail = match (crate::plan::mem_available(), left) {
         (Some(m), Some(l)) => Some(m.min(l)),
         (m, l) => m.or(l),
     };
@@ -371,6 +363,6 @@ mod tests {
         assert!(memory_verdict(gib, "d", None, 32 * gib).is_ok());
         assert!(memory_verdict(u64::MAX / 2, "d", None, u64::MAX).is_err());
         // The real machine: MemAvailable is parsed.
-        assert!(mem_available().is_some_and(|b| b > 0));
+        assert!(crate::plan::mem_available().is_some_and(|b| b > 0));
     }
 }

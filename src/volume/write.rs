@@ -361,11 +361,11 @@ fn file_order_bytes<const N: usize>(
 }
 
 /// Refuse, before any work, outputs of `channels` channels on `like`'s grid that a NIfTI-1
-/// header cannot hold (the encoder's own rule: at most 32767 voxels per axis).
+/// header cannot hold (the encoder's own rule).
 pub fn check_output_shape(input: &Path, like: &Header, channels: usize) -> Result<()> {
-    encode_nifti1(like, like.shape(), channels.max(1), header::DT_UINT8, "")
-        .map(drop)
-        .map_err(|m| Error::volume(input, format!("the outputs cannot be written: {m}")))
+    let [x, y, z] = like.shape();
+    header::check_nifti1_shape(&[x, y, z, channels.max(1)])
+        .map_err(|e| Error::volume(input, e.to_string()))
 }
 
 /// Write a label map (axes i, j, k) with `like`'s geometry: uint8 when every label < 256, else uint16.
