@@ -27,8 +27,9 @@ pub enum Error {
     /// A backend failed (CUDA driver, NVRTC, allocation).
     #[error("{0}")]
     Backend(String),
-    /// Device memory ran out: the engine may retry with a smaller batch.
-    #[error("out of device memory: {0}")]
+    /// Device (or host, for the CPU backend) memory ran out: the engine may retry with a smaller
+    /// batch.
+    #[error("out of memory: {0}")]
     OutOfMemory(String),
 }
 
