@@ -16,8 +16,8 @@ pub fn no_memory(what: &str, bytes: u128) -> Error {
     ))
 }
 
-/// The same failure as [`Error::OutOfMemory`], for buffers the engine can shrink: it retries with
-/// half the batch, then half the window, when the CPU backend reports it.
+/// The same failure as [`Error::OutOfMemory`], for buffers that shrink with the batch: the engine
+/// retries with half the batch (never a smaller window) when the CPU backend reports it.
 pub fn retryable(e: Error) -> Error {
     match e {
         Error::Invalid(m) => Error::OutOfMemory(format!("host: {m}")),

@@ -1023,10 +1023,23 @@ fn run_parts(
             .collect()
     });
     let shape = grid.shape;
-    let mut labels = Array3::<u16>::zeros((shape[0], shape[1], shape[2]));
-    let mut logits = finish
-        .keep_logits
-        .then(|| Array4::<f32>::zeros((finish.cout, shape[0], shape[1], shape[2])));
+    let buffers = crate::alloc::try_zeros((shape[0], shape[1], shape[2]), "the label map")
+        .and_then(|l| {
+            let logits = finish
+                .keep_logits
+                .then(|| {
+                    crate::alloc::try_zeros(
+                        (finish.cout, shape[0], shape[1], shape[2]),
+                        "the logits",
+                    )
+                })
+                .transpose()?;
+            Ok((l, logits))
+        });
+    let (mut labels, mut logits) = match buffers {
+        Ok(b) => b,
+        Err(e) => return (Err(e), outs.into_iter().map(|(_, run)| run).collect()),
+    };
     let (mut oom, mut failed) = (None, None);
     let mut runs = Vec::with_capacity(outs.len());
     for ((r, run), part) in outs.into_iter().zip(&split.parts) {
@@ -1086,10 +1099,11 @@ fn run_cpu(
     let (cin, roi, shape) = (net.shape()[0], grid.roi, grid.shape);
     let mut nan_count = 0usize;
     let cout = finish.cout;
-    let mut labels = Array3::<u16>::zeros((shape[0], shape[1], shape[2]));
+    let mut labels = crate::alloc::try_zeros((shape[0], shape[1], shape[2]), "the label map")?;
     let mut logits = finish
         .keep_logits
-        .then(|| Array4::<f32>::zeros((cout, shape[0], shape[1], shape[2])));
+        .then(|| crate::alloc::try_zeros((cout, shape[0], shape[1], shape[2]), "the logits"))
+        .transpose()?;
     let mut store = |slab: tiling::Slab, seconds: &mut StageTimes| {
         let t = Instant::now();
         let n = slab.data.shape()[1];
@@ -1114,11 +1128,13 @@ fn run_cpu(
         Whole(tiling::Blender),
     }
     let mut acc = if in_memory {
-        Acc::Whole(tiling::Blender::new(cout, grid, weights))
+        Acc::Whole(tiling::Blender::try_new(cout, grid, weights)?)
     } else {
-        Acc::Slab(tiling::SlabBlender::new(cout, grid, weights))
+        Acc::Slab(tiling::SlabBlender::try_new(cout, grid, weights)?)
     };
-    let mut xb = Array5::<f32>::zeros((*batch, cin, roi[0], roi[1], roi[2]));
+    let mut xb =
+        crate::alloc::try_zeros((*batch, cin, roi[0], roi[1], roi[2]), "a batch of windows")
+            .map_err(crate::alloc::retryable)?;
     let total = grid.len();
     let mut calls = 0usize;
     let mut next = 0usize;

@@ -113,20 +113,28 @@ impl Blender {
     ///
     /// Panics if `weights` is not roi-shaped (a caller bug).
     pub fn new(channels: usize, grid: &Grid, weights: Array3<f32>) -> Self {
-        let r = grid.roi;
+        Self::try_new(channels, grid, weights).expect("memory for the blend accumulators")
+    }
+
+    /// [`Blender::new`] whose accumulators are allocated fallibly: an out-of-memory error (the
+    /// engine then retries at a smaller batch) instead of an abort.
+    pub fn try_new(channels: usize, grid: &Grid, weights: Array3<f32>) -> crate::Result<Self> {
+        let (r, p) = (grid.roi, grid.padded);
         assert_eq!(
             weights.dim(),
             (r[0], r[1], r[2]),
             "Blender::new: weight map must have the roi's shape"
         );
-        let p = grid.padded;
-        Blender {
-            acc: Array4::zeros((channels, p[0], p[1], p[2])),
-            wsum: Array3::zeros((p[0], p[1], p[2])),
+        let what = "the blend accumulators";
+        Ok(Blender {
+            acc: crate::alloc::try_zeros((channels, p[0], p[1], p[2]), what)
+                .map_err(crate::alloc::retryable)?,
+            wsum: crate::alloc::try_zeros((p[0], p[1], p[2]), what)
+                .map_err(crate::alloc::retryable)?,
             weights,
             grid: grid.clone(),
             added: 0,
-        }
+        })
     }
 
     /// Add one window's output `(C, roi)` at origin `start` (padded coordinates). Products are rounded
@@ -269,19 +277,27 @@ pub struct SlabBlender {
 impl SlabBlender {
     /// Zeroed accumulators for `roi[0]` planes. Panics if `weights` is not roi-shaped (a caller bug).
     pub fn new(channels: usize, grid: &Grid, weights: Array3<f32>) -> Self {
+        Self::try_new(channels, grid, weights).expect("memory for the blend accumulators")
+    }
+
+    /// [`SlabBlender::new`] whose accumulators are allocated fallibly (an out-of-memory error).
+    pub fn try_new(channels: usize, grid: &Grid, weights: Array3<f32>) -> crate::Result<Self> {
         let (r, p) = (grid.roi, grid.padded);
         assert_eq!(
             weights.dim(),
             (r[0], r[1], r[2]),
             "SlabBlender::new: weight map must have the roi's shape"
         );
-        SlabBlender {
-            acc: Array4::zeros((channels, r[0], p[1], p[2])),
-            wsum: Array3::zeros((r[0], p[1], p[2])),
+        let what = "the blend accumulators";
+        Ok(SlabBlender {
+            acc: crate::alloc::try_zeros((channels, r[0], p[1], p[2]), what)
+                .map_err(crate::alloc::retryable)?,
+            wsum: crate::alloc::try_zeros((r[0], p[1], p[2]), what)
+                .map_err(crate::alloc::retryable)?,
             weights,
             grid: grid.clone(),
             base: 0,
-        }
+        })
     }
 
     /// Add one window's output `(C, roi)`; when its D origin is past earlier windows', the planes no
