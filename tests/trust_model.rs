@@ -24,9 +24,7 @@ struct Run {
 /// `voxtile args...`, killed after `deadline`; `as_limit` caps its address space (bytes).
 fn voxtile(args: &[&Path], deadline: Duration, as_limit: Option<u64>) -> Run {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_voxtile"));
-    cmd.args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    cmd.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
     if let Some(lim) = as_limit {
         // SAFETY: setrlimit is async-signal-safe; it only affects the child.
         unsafe {
@@ -126,7 +124,13 @@ fn shape_chain(n: usize, double: bool) -> Vec<u8> {
         nodes.push(node_with("Sub", &s1, &[&t, &r], &[&s1], vec![]));
     }
     let sn = format!("s{n}");
-    nodes.push(node_with("Resize", "resize", &["h", "", "", &sn], &["y"], vec![]));
+    nodes.push(node_with(
+        "Resize",
+        "resize",
+        &["h", "", "", &sn],
+        &["y"],
+        vec![],
+    ));
     conv_model(nodes, vec![i64_tensor("one", &[], vec![1])])
 }
 
@@ -190,7 +194,13 @@ fn live_constant_folds_share_one_budget() {
         node_with("Gather", "g", &["ss", "zero"], &["g"], vec![]),
         node_with("Mul", "m", &["hs", "g"], &["sizes"], vec![]),
     ];
-    nodes.push(node_with("Resize", "r", &["h", "", "", "sizes"], &["y"], vec![]));
+    nodes.push(node_with(
+        "Resize",
+        "r",
+        &["h", "", "", "sizes"],
+        &["y"],
+        vec![],
+    ));
     let bytes = conv_model(
         nodes,
         vec![
@@ -299,7 +309,11 @@ fn model_file_must_be_a_regular_file() {
     let fifo = std::ffi::CString::new(fifo_path.to_str().unwrap()).unwrap();
     // SAFETY: mkfifo on a fresh path in a temp dir.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
-    let r = voxtile(&[Path::new("inspect"), &fifo_path], Duration::from_secs(4), None);
+    let r = voxtile(
+        &[Path::new("inspect"), &fifo_path],
+        Duration::from_secs(4),
+        None,
+    );
     assert_eq!(r.code, Some(1), "{}", r.stderr);
     assert!(r.stderr.contains("m.onnx"), "{}", r.stderr);
 }

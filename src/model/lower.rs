@@ -28,6 +28,9 @@ const FOLD_BUDGET: usize = 1 << 22;
 /// the whole import: about a second of work, a hundred times what a real model needs.
 const WORK_BUDGET: u64 = 1 << 24;
 
+/// Strides, dilations, pads (ONNX order) and auto_pad of a Conv / pool node.
+type WindowAttrs = ([usize; 3], [usize; 3], [i64; 6], String);
+
 /// Shapes of the partial IR on the probe windows: (shapes per value, window) pairs.
 type Probes = Rc<Vec<(Vec<[usize; 5]>, [usize; 3])>>;
 
@@ -726,7 +729,7 @@ impl Lowerer<'_> {
         ctx: &Ctx,
         n: &proto::NodeProto,
         kernel: [usize; 3],
-    ) -> Result<([usize; 3], [usize; 3], [i64; 6], String)> {
+    ) -> Result<WindowAttrs> {
         let three = |name: &str, default: usize| -> Result<[usize; 3]> {
             match self.ints(n, name) {
                 None => Ok([default; 3]),
@@ -1751,7 +1754,7 @@ impl Lowerer<'_> {
                             .iter()
                             .map(|e| match e {
                                 X::K(v) => X::K((*v != 0.0) as i32 as f64),
-                                e => e.clone(),
+                                e => *e,
                             })
                             .collect();
                     } else {
@@ -1996,12 +1999,12 @@ impl Lowerer<'_> {
                 }
                 let shape = broadcast_shape(&s.shape, &t)
                     .ok_or_else(|| ctx.err(format!("cannot expand {:?} to {t:?}", s.shape)))?;
-                let numel = small_numel(&shape)
-                    .ok_or_else(|| ctx.err("expanded constant too large"))?;
+                let numel =
+                    small_numel(&shape).ok_or_else(|| ctx.err("expanded constant too large"))?;
                 self.check_fold(ctx, numel)?;
                 let mut elems = vec![];
                 for_each_index(&shape, |idx| {
-                    elems.push(s.elems[broadcast_index(&s.shape, &shape, idx)].clone())
+                    elems.push(s.elems[broadcast_index(&s.shape, &shape, idx)])
                 });
                 Sym {
                     shape,
@@ -2035,7 +2038,7 @@ impl Lowerer<'_> {
                         .enumerate()
                         .map(|(i, &v)| v * strides[perm[i]])
                         .sum();
-                    elems.push(s.elems[flat].clone());
+                    elems.push(s.elems[flat]);
                 });
                 Sym {
                     shape,
@@ -2139,7 +2142,7 @@ impl Lowerer<'_> {
                 .enumerate()
                 .map(|(a, &v)| keep[a][v] * strides[a])
                 .sum();
-            elems.push(s.elems[flat].clone());
+            elems.push(s.elems[flat]);
         });
         Ok(Sym {
             shape,

@@ -125,8 +125,7 @@ pub(crate) fn infer_shapes_raw(
                         .and_then(|v| v.checked_add(c.output_padding[a]))
                         .and_then(|v| {
                             v.checked_add(
-                                c.dilation[a]
-                                    .checked_mul(c.weight.shape[a + 2].checked_sub(1)?)?,
+                                c.dilation[a].checked_mul(c.weight.shape[a + 2].checked_sub(1)?)?,
                             )
                         })
                         .and_then(|v| v.checked_add(1))
@@ -186,7 +185,10 @@ pub(crate) fn infer_shapes_raw(
                         }
                     }
                     out[axis] = out[axis].checked_add(s[axis]).ok_or_else(|| {
-                        gerr(node, format!("its output size along {} overflows", axis_name(axis)))
+                        gerr(
+                            node,
+                            format!("its output size along {} overflows", axis_name(axis)),
+                        )
                     })?;
                 }
             }
