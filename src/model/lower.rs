@@ -9,15 +9,30 @@
 use super::graph::*;
 use super::onnx::{decode_tensor, proto, Const, Data};
 use super::shape::{infer_shapes_raw, spatial_divisor_raw};
-use super::sym::{broadcast_index, broadcast_shape, for_each_index, Bop, Sym, X};
+use super::sym::{broadcast_index, broadcast_shape, for_each_index, Bop, Exprs, Round, Sym, X};
 use crate::{Error, Result};
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
+use std::rc::Rc;
 
 /// Largest constant that shape-plumbing ops (Gather, Slice, elementwise folds...) will touch.
 const SMALL: usize = 1 << 22;
 /// Ceiling for strides, dilations and pads: keeps all size arithmetic far from overflow.
 const ATTR_LIMIT: i64 = 1 << 20;
+/// Elements that constant folding may produce over the whole import (folded tensors and the
+/// symbolic expressions built for them): real exports fold a few hundred, and this keeps a small
+/// hostile file (400 ConstantOfShape of 4 M elements each) far below the machine's memory.
+const FOLD_BUDGET: usize = 1 << 22;
+/// Steps of shape evaluation (probe shape inference per node, expression nodes evaluated) over
+/// the whole import: about a second of work, a hundred times what a real model needs.
+const WORK_BUDGET: u64 = 1 << 24;
+
+/// Strides, dilations, pads (ONNX order) and auto_pad of a Conv / pool node.
+type WindowAttrs = ([usize; 3], [usize; 3], [i64; 6], String);
+
+/// Shapes of the partial IR on the probe windows: (shapes per value, window) pairs.
+type Probes = Rc<Vec<(Vec<[usize; 5]>, [usize; 3])>>;
 
 /// Element count of a shape, None on overflow or above [`SMALL`].
 fn small_numel(shape: &[usize]) -> Option<usize> {
@@ -57,6 +72,18 @@ struct Lowerer<'a> {
     alias: HashMap<String, String>,
     graph_outputs: HashSet<String>,
     input: ValueId,
+    /// Symbolic expressions of this import.
+    ex: RefCell<Exprs>,
+    /// Elements left of [`FOLD_BUDGET`].
+    fold_left: Cell<usize>,
+    /// Steps left of [`WORK_BUDGET`].
+    work_left: Cell<u64>,
+    /// Probes of the IR as it was when it had this many nodes (reused while no node is added).
+    probe_cache: RefCell<Option<(usize, Probes)>>,
+    /// Arena length already charged to the fold budget.
+    exprs_charged: Cell<usize>,
+    /// Index of the node producing each IR value (None for the input).
+    producer: Vec<Option<usize>>,
 }
 
 fn attr<'n>(n: &'n proto::NodeProto, name: &str) -> Option<&'n proto::AttributeProto> {
@@ -101,6 +128,12 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         alias: HashMap::new(),
         graph_outputs: HashSet::new(),
         input: 0,
+        ex: RefCell::new(Exprs::default()),
+        fold_left: Cell::new(FOLD_BUDGET),
+        work_left: Cell::new(WORK_BUDGET),
+        probe_cache: RefCell::new(None),
+        exprs_charged: Cell::new(0),
+        producer: vec![],
     };
 
     for t in &g.initializer {
@@ -129,6 +162,7 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         name: inp.name().to_string(),
         channels,
     });
+    lw.producer.push(None);
     lw.vals.insert(inp.name().to_string(), Val::Act(0));
 
     let out_name = match g.output.first() {
@@ -144,12 +178,18 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
     }
 
     let order = topo_order(g, &lw.vals, path)?;
-    for n in &g.node {
+    // Nodes the output does not need are never lowered: folding them could only cost time and
+    // memory (a hostile file carries hundreds of unused ConstantOfShape).
+    let live = live_nodes(g, &out_name);
+    let order: Vec<usize> = order.into_iter().filter(|&i| live[i]).collect();
+    for &i in &order {
+        let n = &g.node[i];
         if n.op_type() == "Identity" && n.input.len() == 1 && n.output.len() == 1 {
             lw.alias.insert(n.output[0].clone(), n.input[0].clone());
         }
     }
-    for n in &g.node {
+    for &i in &order {
+        let n = &g.node[i];
         if n.op_type() == "Identity" {
             continue;
         }
@@ -223,6 +263,31 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         .validate()
         .map_err(|e| Error::model(path, e.to_string()))?;
     Ok(graph)
+}
+
+/// Per node: whether the graph output `out` depends on it (a walk back from `out`'s producer).
+fn live_nodes(g: &proto::GraphProto, out: &str) -> Vec<bool> {
+    let mut producer: HashMap<&str, usize> = HashMap::new();
+    for (i, n) in g.node.iter().enumerate() {
+        for o in n.output.iter().filter(|s| !s.is_empty()) {
+            producer.entry(o).or_insert(i);
+        }
+    }
+    let mut live = vec![false; g.node.len()];
+    let mut stack: Vec<usize> = producer.get(out).copied().into_iter().collect();
+    while let Some(i) = stack.pop() {
+        if std::mem::replace(&mut live[i], true) {
+            continue;
+        }
+        for inp in &g.node[i].input {
+            if let Some(&p) = producer.get(inp.as_str()) {
+                if !live[p] {
+                    stack.push(p);
+                }
+            }
+        }
+    }
+    live
 }
 
 /// Channels (must be fixed) and fixed spatial sizes of the model input.
@@ -372,10 +437,15 @@ impl Lowerer<'_> {
             .get(i)
             .filter(|s| !s.is_empty())
             .ok_or_else(|| ctx.err(format!("input {i} is missing")))?;
-        self.vals
+        let v = self
+            .vals
             .get(name)
-            .cloned()
-            .ok_or_else(|| ctx.err(format!("input \"{name}\" is not available")))
+            .ok_or_else(|| ctx.err(format!("input \"{name}\" is not available")))?;
+        // Copies of folded values are work: a big one read by many nodes must not be free.
+        if let Val::Sym(s) = v {
+            self.charge_work(ctx, s.elems.len() as u64)?;
+        }
+        Ok(v.clone())
     }
     fn get_opt(&self, ctx: &Ctx, n: &proto::NodeProto, i: usize) -> Result<Option<Val>> {
         match n.input.get(i) {
@@ -412,10 +482,66 @@ impl Lowerer<'_> {
         }
     }
 
-    fn set(&mut self, n: &proto::NodeProto, v: Val) {
+    /// Bind the node's output. A folded value is charged to the fold budget, with the
+    /// expression nodes built since the last charge.
+    fn set(&mut self, n: &proto::NodeProto, v: Val) -> Result<()> {
+        if let Val::Sym(s) = &v {
+            let built = self.ex.borrow().len();
+            let ctx = self.ctx_of(n);
+            self.charge_fold(&ctx, s.elems.len())?;
+            let new_exprs = built.saturating_sub(self.exprs_charged.replace(built));
+            self.charge_fold(&ctx, new_exprs)?;
+        }
         if let Some(o) = n.output.first() {
             self.vals.insert(o.clone(), v);
         }
+        Ok(())
+    }
+
+    fn ctx_of(&self, n: &proto::NodeProto) -> Ctx<'_> {
+        Ctx {
+            path: self.path,
+            name: n.name().to_string(),
+            op: n.op_type().to_string(),
+        }
+    }
+
+    /// Refuse a fold that would produce more than the elements left of [`FOLD_BUDGET`]
+    /// (checked before allocating, where the size is known up front).
+    fn check_fold(&self, ctx: &Ctx, elems: usize) -> Result<()> {
+        if elems > self.fold_left.get() {
+            return Err(ctx.err(format!(
+                "folding its constant/shape computation needs {elems} elements; with the folds \
+                 before it, that is more than the {FOLD_BUDGET} voxtile allows for a model"
+            )));
+        }
+        Ok(())
+    }
+
+    fn charge_fold(&self, ctx: &Ctx, elems: usize) -> Result<()> {
+        self.check_fold(ctx, elems)?;
+        self.fold_left.set(self.fold_left.get() - elems);
+        Ok(())
+    }
+
+    /// Spend `steps` of [`WORK_BUDGET`]; past it the model is refused rather than left to run.
+    fn charge_work(&self, ctx: &Ctx, steps: u64) -> Result<()> {
+        let left = self.work_left.get();
+        if steps > left {
+            return Err(ctx.err(format!(
+                "evaluating the model's shape computations takes more than {WORK_BUDGET} steps; \
+                 the graph is too large or too deep to fold"
+            )));
+        }
+        self.work_left.set(left - steps);
+        Ok(())
+    }
+
+    /// `xs` evaluated on one probe's shapes (NaN where unknown), charged to the work budget.
+    fn eval(&self, ctx: &Ctx, xs: &[X], shapes: &[[usize; 5]]) -> Result<Vec<f64>> {
+        let (v, visited) = self.ex.borrow().eval(xs, shapes);
+        self.charge_work(ctx, visited as u64 + 1)?;
+        Ok(v)
     }
 
     /// Append an IR node producing a new activation value.
@@ -437,13 +563,16 @@ impl Lowerer<'_> {
             name: vname,
             channels,
         });
+        self.producer.push(Some(self.nodes.len()));
         self.nodes.push(Node {
             name: ctx.name.clone(),
             op,
             inputs,
             output: out,
         });
-        self.set(n, Val::Act(out));
+        if let Some(o) = n.output.first() {
+            self.vals.insert(o.clone(), Val::Act(out));
+        }
         out
     }
 
@@ -465,7 +594,7 @@ impl Lowerer<'_> {
         match op {
             "Identity" | "Dropout" => {
                 let v = self.get(ctx, n, 0)?;
-                self.set(n, v);
+                self.set(n, v)?;
             }
             "Constant" => self.constant(n, ctx)?,
             "Conv" => self.conv(n, ctx)?,
@@ -557,7 +686,7 @@ impl Lowerer<'_> {
             },
             other => return Err(ctx.err(format!("attribute {other} is not supported"))),
         };
-        self.set(n, Val::Const(c));
+        self.set(n, Val::Const(c))?;
         Ok(())
     }
 
@@ -600,7 +729,7 @@ impl Lowerer<'_> {
         ctx: &Ctx,
         n: &proto::NodeProto,
         kernel: [usize; 3],
-    ) -> Result<([usize; 3], [usize; 3], [i64; 6], String)> {
+    ) -> Result<WindowAttrs> {
         let three = |name: &str, default: usize| -> Result<[usize; 3]> {
             match self.ints(n, name) {
                 None => Ok([default; 3]),
@@ -863,10 +992,11 @@ impl Lowerer<'_> {
         let src_name = self.resolve(&n.input[0]);
         let sole = self.uses.get(&src_name).copied().unwrap_or(0) == 1
             && !self.graph_outputs.contains(&src_name);
-        if let Some(last) = self.nodes.iter_mut().rev().find(|nd| nd.output == x) {
+        let producer = self.producer.get(x).copied().flatten();
+        if let Some(last) = producer.and_then(|p| self.nodes.get_mut(p)) {
             if let (true, Op::Conv(cv)) = (sole, &mut last.op) {
                 fold_bn_into_conv(cv, &mul, &add);
-                self.set(n, Val::Act(x));
+                self.set(n, Val::Act(x))?;
                 return Ok(());
             }
         }
@@ -907,7 +1037,7 @@ impl Lowerer<'_> {
                 {
                     return Err(ctx.err("normalises a grouped reshape with a non-trivial scale/bias, which is not the GroupNorm export pattern"));
                 }
-                self.set(n, Val::GroupedNormed { src, groups, eps });
+                self.set(n, Val::GroupedNormed { src, groups, eps })?;
             }
             _ => return Err(ctx.err("input 0 must be an activation")),
         }
@@ -1048,7 +1178,7 @@ impl Lowerer<'_> {
             }
             _ => {
                 let r = self.elementwise(ctx, &a, &b, op)?;
-                self.set(n, r);
+                self.set(n, r)?;
             }
         }
         Ok(())
@@ -1064,9 +1194,9 @@ impl Lowerer<'_> {
                 sa.shape, sb.shape
             ))
         })?;
-        if small_numel(&shape).is_none() {
-            return Err(ctx.err(format!("broadcast result {shape:?} is too large to fold")));
-        }
+        let numel = small_numel(&shape)
+            .ok_or_else(|| ctx.err(format!("broadcast result {shape:?} is too large to fold")))?;
+        self.check_fold(ctx, numel)?;
         let int = sa.int && sb.int;
         let bop = match op {
             "Add" => Bop::Add,
@@ -1076,13 +1206,14 @@ impl Lowerer<'_> {
             "Min" => Bop::Min,
             _ => Bop::Max,
         };
-        let mut elems = Vec::with_capacity(shape.iter().product());
+        let mut elems = Vec::with_capacity(numel);
+        let mut ex = self.ex.borrow_mut();
         for_each_index(&shape, |idx| {
-            let x = &sa.elems[broadcast_index(&sa.shape, &shape, idx)];
-            let y = &sb.elems[broadcast_index(&sb.shape, &shape, idx)];
-            let r = X::bin(bop, x, y);
+            let x = sa.elems[broadcast_index(&sa.shape, &shape, idx)];
+            let y = sb.elems[broadcast_index(&sb.shape, &shape, idx)];
+            let r = ex.bin(bop, x, y);
             elems.push(if int && bop == Bop::Div {
-                X::un(2, &r)
+                ex.un(Round::Trunc, r)
             } else {
                 r
             });
@@ -1093,8 +1224,12 @@ impl Lowerer<'_> {
     /// View a constant/symbolic value as a [`Sym`].
     fn small(&self, ctx: &Ctx, v: &Val) -> Result<Sym> {
         match v {
-            Val::Sym(s) => Ok(s.clone()),
+            Val::Sym(s) => {
+                self.charge_work(ctx, s.elems.len() as u64)?;
+                Ok(s.clone())
+            }
             Val::Const(c) => {
+                self.charge_work(ctx, c.len() as u64)?;
                 if c.len() > SMALL {
                     return Err(ctx.err(format!("folding a constant of {} elements is not supported", c.len())));
                 }
@@ -1163,7 +1298,7 @@ impl Lowerer<'_> {
             }
         }
         let int = parts.iter().all(|p| p.int);
-        self.set(n, Val::Sym(Sym { shape, elems, int }));
+        self.set(n, Val::Sym(Sym { shape, elems, int }))?;
         Ok(())
     }
 
@@ -1339,21 +1474,18 @@ impl Lowerer<'_> {
     ) -> Result<Resize> {
         let c = self.values[x].channels;
         let probes = self.probe(ctx, x)?;
-        let ev_at = |shapes: &[[usize; 5]]| -> Vec<f64> {
-            s.elems
-                .iter()
-                .map(|e| e.eval(shapes).unwrap_or(f64::NAN))
-                .collect()
-        };
-        let s0 = ev_at(&probes[0].0);
+        let evs: Vec<Vec<f64>> = probes
+            .iter()
+            .map(|(shapes, _)| self.eval(ctx, &s.elems, shapes))
+            .collect::<Result<_>>()?;
+        let s0 = &evs[0];
         let x0 = probes[0].0[x];
         let mut scales = [0f32; 3];
         for a in 0..3 {
             scales[a] = (s0[a + 2] / x0[a + 2] as f64) as f32;
         }
         let (mut all_const, mut all_ratio) = (true, true);
-        for (shapes, _) in &probes {
-            let ev = ev_at(shapes);
+        for ((shapes, _), ev) in probes.iter().zip(&evs) {
             let xs = shapes[x];
             // A constant N (export with batch 1) is tolerated; a computed one must be the input's.
             if ev[1] != c as f64 || (s.elems[0].known().is_none() && ev[0] != xs[0] as f64) {
@@ -1399,16 +1531,30 @@ impl Lowerer<'_> {
 
     /// Shapes of the partial IR on several windows (multiples of its spatial divisor, different per
     /// axis so that mixed-up axes show), N = 1 and 2. Returns (shapes, window) pairs.
-    fn probe(&self, ctx: &Ctx, _x: ValueId) -> Result<Vec<(Vec<[usize; 5]>, [usize; 3])>> {
+    /// Each shape inference of the partial IR is charged to the work budget, and the result is
+    /// reused until a node is added (a chain of no-op Reshapes probes once).
+    fn probe(&self, ctx: &Ctx, _x: ValueId) -> Result<Probes> {
+        if let Some((len, p)) = &*self.probe_cache.borrow() {
+            if *len == self.nodes.len() {
+                return Ok(p.clone());
+            }
+        }
+        let cost = self.nodes.len() as u64 + self.values.len() as u64 + 1;
+        self.charge_work(ctx, cost)?;
         let d = spatial_divisor_raw(&self.values, &self.nodes, self.input);
         let mut out = vec![];
         for m in 1..40usize {
-            let w = [d[0] * m, d[1] * (m + 1), d[2] * (m + 3)];
+            let Some(w) = probe_window(d, m) else {
+                break;
+            };
             let n = 1 + (m % 2);
+            self.charge_work(ctx, cost)?;
             if let Ok(s) = infer_shapes_raw(&self.values, &self.nodes, self.input, n, w) {
                 out.push((s, w));
                 if out.len() == 4 {
-                    return Ok(out);
+                    let p = Rc::new(out);
+                    *self.probe_cache.borrow_mut() = Some((self.nodes.len(), p.clone()));
+                    return Ok(p);
                 }
             }
         }
@@ -1426,35 +1572,31 @@ impl Lowerer<'_> {
             Val::Act(x) => {
                 let c = self.values[x].channels;
                 let probes = self.probe(ctx, x)?;
-                let evals = |shapes: &Vec<[usize; 5]>| -> Vec<f64> {
-                    ts.elems
-                        .iter()
-                        .map(|e| e.eval(shapes).unwrap_or(f64::NAN))
-                        .collect()
-                };
+                let evs: Vec<Vec<f64>> = probes
+                    .iter()
+                    .map(|(shapes, _)| self.eval(ctx, &ts.elems, shapes))
+                    .collect::<Result<_>>()?;
                 // [N|0, G, -1]: GroupNorm step 1.
                 if ts.elems.len() == 3 {
                     if let Some(g) = ts.elems[1].known() {
                         let g = g as usize;
                         let ok = g > 0
                             && c.is_multiple_of(g)
-                            && probes.iter().all(|(sh, _)| {
-                                let e = evals(sh);
+                            && probes.iter().zip(&evs).all(|((sh, _), e)| {
                                 let xs = sh[x];
                                 (e[0] == 0.0 || e[0] == xs[0] as f64)
                                     && (e[2] == -1.0
                                         || e[2] == (xs[1..].iter().product::<usize>() / g) as f64)
                             });
                         if ok {
-                            self.set(n, Val::Grouped { src: x, groups: g });
+                            self.set(n, Val::Grouped { src: x, groups: g })?;
                             return Ok(());
                         }
                     }
                 }
                 // Reshape to its own shape: a no-op.
                 let same = ts.elems.len() == 5
-                    && probes.iter().all(|(sh, _)| {
-                        let e = evals(sh);
+                    && probes.iter().zip(&evs).all(|((sh, _), e)| {
                         (0..5).all(|a| {
                             e[a] == sh[x][a] as f64
                                 || e[a] == 0.0
@@ -1462,7 +1604,7 @@ impl Lowerer<'_> {
                         })
                     });
                 if same {
-                    self.set(n, Val::Act(x));
+                    self.set(n, Val::Act(x))?;
                     return Ok(());
                 }
                 Err(ctx.err("reshaping an activation is only supported as part of the GroupNorm export pattern or as a no-op"))
@@ -1470,13 +1612,12 @@ impl Lowerer<'_> {
             Val::GroupedNormed { src, groups, eps } => {
                 let c = self.values[src].channels;
                 let probes = self.probe(ctx, src)?;
+                let evs: Vec<Vec<f64>> = probes
+                    .iter()
+                    .map(|(shapes, _)| self.eval(ctx, &ts.elems, shapes))
+                    .collect::<Result<_>>()?;
                 let ok = ts.elems.len() == 5
-                    && probes.iter().all(|(sh, _)| {
-                        let e: Vec<f64> = ts
-                            .elems
-                            .iter()
-                            .map(|v| v.eval(sh).unwrap_or(f64::NAN))
-                            .collect();
+                    && probes.iter().zip(&evs).all(|((sh, _), e)| {
                         let xs = sh[src];
                         (0..5).all(|a| {
                             e[a] == xs[a] as f64
@@ -1550,7 +1691,7 @@ impl Lowerer<'_> {
                         elems: s.elems,
                         int: s.int,
                     }),
-                );
+                )?;
                 Ok(())
             }
         }
@@ -1564,7 +1705,7 @@ impl Lowerer<'_> {
                     if a == 1 {
                         X::K(self.values[*x].channels as f64)
                     } else {
-                        X::dim(*x, a)
+                        self.ex.borrow_mut().dim(*x, a)
                     }
                 })
                 .collect(),
@@ -1588,7 +1729,7 @@ impl Lowerer<'_> {
                 elems,
                 int: true,
             }),
-        );
+        )?;
         Ok(())
     }
 
@@ -1602,7 +1743,7 @@ impl Lowerer<'_> {
                 if to != 1 {
                     return Err(ctx.err(format!("casting an activation to type {to} is not supported (voxtile computes in float32)")));
                 }
-                self.set(n, Val::Act(x));
+                self.set(n, Val::Act(x))?;
             }
             other => {
                 let mut s = self.small(ctx, &other)?;
@@ -1613,15 +1754,16 @@ impl Lowerer<'_> {
                             .iter()
                             .map(|e| match e {
                                 X::K(v) => X::K((*v != 0.0) as i32 as f64),
-                                e => e.clone(),
+                                e => *e,
                             })
                             .collect();
                     } else {
-                        s.elems = s.elems.iter().map(|e| X::un(2, e)).collect();
+                        let mut ex = self.ex.borrow_mut();
+                        s.elems = s.elems.iter().map(|&e| ex.un(Round::Trunc, e)).collect();
                     }
                 }
                 s.int = !is_float;
-                self.set(n, Val::Sym(s));
+                self.set(n, Val::Sym(s))?;
             }
         }
         Ok(())
@@ -1649,6 +1791,12 @@ impl Lowerer<'_> {
                 let dim = s.shape[axis] as i64;
                 let outer: usize = s.shape[..axis].iter().product();
                 let inner: usize = s.shape[axis + 1..].iter().product();
+                let total = outer
+                    .checked_mul(iv.len())
+                    .and_then(|v| v.checked_mul(inner))
+                    .filter(|&v| v <= SMALL)
+                    .ok_or_else(|| ctx.err("the gathered constant is too large to fold"))?;
+                self.check_fold(ctx, total)?;
                 let mut elems = vec![];
                 for o in 0..outer {
                     for &i in &iv {
@@ -1748,6 +1896,7 @@ impl Lowerer<'_> {
                 if total > SMALL as u64 {
                     return Err(ctx.err(format!("{total} elements is too large a constant")));
                 }
+                self.check_fold(ctx, total as usize)?;
                 let (v, int) = match attr(n, "value").and_then(|a| a.t.as_ref()) {
                     Some(t) => {
                         let c = decode_tensor(t, self.dir, self.path)?;
@@ -1762,9 +1911,14 @@ impl Lowerer<'_> {
                 }
             }
             "Floor" | "Ceil" => {
-                let k = if op == "Floor" { 0 } else { 1 };
+                let k = if op == "Floor" {
+                    Round::Floor
+                } else {
+                    Round::Ceil
+                };
+                let mut ex = self.ex.borrow_mut();
                 Sym {
-                    elems: s.elems.iter().map(|e| X::un(k, e)).collect(),
+                    elems: s.elems.iter().map(|&e| ex.un(k, e)).collect(),
                     ..s
                 }
             }
@@ -1772,7 +1926,7 @@ impl Lowerer<'_> {
                 elems: s
                     .elems
                     .iter()
-                    .map(|e| X::bin(Bop::Mul, e, &X::K(-1.0)))
+                    .map(|&e| self.ex.borrow_mut().bin(Bop::Mul, e, X::K(-1.0)))
                     .collect(),
                 ..s
             },
@@ -1821,6 +1975,7 @@ impl Lowerer<'_> {
                 if cnt > SMALL as f64 {
                     return Err(ctx.err("range too long"));
                 }
+                self.check_fold(ctx, cnt as usize)?;
                 let elems: Vec<X> = (0..cnt as usize)
                     .map(|i| X::K(st + i as f64 * dl))
                     .collect();
@@ -1844,12 +1999,12 @@ impl Lowerer<'_> {
                 }
                 let shape = broadcast_shape(&s.shape, &t)
                     .ok_or_else(|| ctx.err(format!("cannot expand {:?} to {t:?}", s.shape)))?;
-                if small_numel(&shape).is_none() {
-                    return Err(ctx.err("expanded constant too large"));
-                }
+                let numel =
+                    small_numel(&shape).ok_or_else(|| ctx.err("expanded constant too large"))?;
+                self.check_fold(ctx, numel)?;
                 let mut elems = vec![];
                 for_each_index(&shape, |idx| {
-                    elems.push(s.elems[broadcast_index(&s.shape, &shape, idx)].clone())
+                    elems.push(s.elems[broadcast_index(&s.shape, &shape, idx)])
                 });
                 Sym {
                     shape,
@@ -1883,7 +2038,7 @@ impl Lowerer<'_> {
                         .enumerate()
                         .map(|(i, &v)| v * strides[perm[i]])
                         .sum();
-                    elems.push(s.elems[flat].clone());
+                    elems.push(s.elems[flat]);
                 });
                 Sym {
                     shape,
@@ -1893,7 +2048,7 @@ impl Lowerer<'_> {
             }
             _ => return Err(ctx.err(format!("operator {op} is not supported"))),
         };
-        self.set(n, Val::Sym(out));
+        self.set(n, Val::Sym(out))?;
         Ok(())
     }
 
@@ -1987,7 +2142,7 @@ impl Lowerer<'_> {
                 .enumerate()
                 .map(|(a, &v)| keep[a][v] * strides[a])
                 .sum();
-            elems.push(s.elems[flat].clone());
+            elems.push(s.elems[flat]);
         });
         Ok(Sym {
             shape,
@@ -1995,6 +2150,18 @@ impl Lowerer<'_> {
             int: s.int,
         })
     }
+}
+
+/// The `m`-th probe window for spatial divisor `d` (axes differ so that mixed-up axes show);
+/// None once it no longer fits in memory arithmetic (a divisor grown absurdly large).
+fn probe_window(d: [usize; 3], m: usize) -> Option<[usize; 3]> {
+    const MAX: usize = 1 << 24;
+    let w = [
+        d[0].checked_mul(m)?,
+        d[1].checked_mul(m + 1)?,
+        d[2].checked_mul(m + 3)?,
+    ];
+    w.iter().all(|&v| v <= MAX).then_some(w)
 }
 
 fn sym_to_const(s: &Sym) -> Option<Const> {
@@ -2039,62 +2206,65 @@ pub(crate) fn fold_bn_into_conv(cv: &mut Conv, mul: &[f64], add: &[f64]) {
 
 /// GroupNorm (from the export pattern, unit affine) followed by per-channel MulConst then
 /// AddConst, each the sole reader of the previous value: fold them into the norm's affine.
+/// Linear in the node count (consumers indexed once, folded nodes removed at the end), so a long
+/// chain of norms costs no more than its length.
 fn fuse_norm_affine(g: &mut Graph) {
     let mut uses = vec![0usize; g.values.len()];
-    for n in &g.nodes {
+    let mut consumer = vec![usize::MAX; g.values.len()];
+    for (k, n) in g.nodes.iter().enumerate() {
         for &i in &n.inputs {
             uses[i] += 1;
+            consumer[i] = k;
         }
     }
     uses[g.output] += 1;
-    let mut i = 0;
-    while i < g.nodes.len() {
-        if let Op::GroupNorm { .. } = g.nodes[i].op {
-            loop {
-                let out = g.nodes[i].output;
-                if uses[out] != 1 {
-                    break;
+    let mut removed = vec![false; g.nodes.len()];
+    for i in 0..g.nodes.len() {
+        if removed[i] || !matches!(g.nodes[i].op, Op::GroupNorm { .. }) {
+            continue;
+        }
+        loop {
+            let out = g.nodes[i].output;
+            let j = consumer[out];
+            if uses[out] != 1 || j == usize::MAX || g.nodes[j].inputs != [out] {
+                break;
+            }
+            let c = g.values[out].channels;
+            let (is_mul, t) = match &g.nodes[j].op {
+                Op::MulConst(t) => (true, t.clone()),
+                Op::AddConst(t) => (false, t.clone()),
+                _ => break,
+            };
+            if !(t.data.len() == 1 || t.data.len() == c) {
+                break;
+            }
+            let per_c = |k: usize| {
+                if t.data.len() == 1 {
+                    t.data[0]
+                } else {
+                    t.data[k]
                 }
-                let Some(j) = g.nodes.iter().position(|n| n.inputs == [out]) else {
-                    break;
-                };
-                let c = g.values[out].channels;
-                let (is_mul, t) = match &g.nodes[j].op {
-                    Op::MulConst(t) => (true, t.clone()),
-                    Op::AddConst(t) => (false, t.clone()),
-                    _ => break,
-                };
-                let per_c = |k: usize| {
-                    if t.data.len() == 1 {
-                        t.data[0]
+            };
+            if let Op::GroupNorm { scale, bias, .. } = &mut g.nodes[i].op {
+                for k in 0..c {
+                    if is_mul {
+                        scale.data[k] *= per_c(k);
+                        bias.data[k] *= per_c(k);
                     } else {
-                        t.data[k]
+                        bias.data[k] += per_c(k);
                     }
-                };
-                if !(t.data.len() == 1 || t.data.len() == c) {
-                    break;
-                }
-                if let Op::GroupNorm { scale, bias, .. } = &mut g.nodes[i].op {
-                    for k in 0..c {
-                        if is_mul {
-                            scale.data[k] *= per_c(k);
-                            bias.data[k] *= per_c(k);
-                        } else {
-                            bias.data[k] += per_c(k);
-                        }
-                    }
-                }
-                // The norm now writes the Mul/Add's output; the folded node is removed.
-                let new_out = g.nodes[j].output;
-                g.nodes[i].output = new_out;
-                g.nodes.remove(j);
-                if j < i {
-                    i -= 1;
                 }
             }
+            // The norm now writes the Mul/Add's output; the folded node goes at the end.
+            g.nodes[i].output = g.nodes[j].output;
+            removed[j] = true;
         }
-        i += 1;
     }
+    let mut k = 0;
+    g.nodes.retain(|_| {
+        k += 1;
+        !removed[k - 1]
+    });
 }
 
 /// Drop nodes that do not contribute to the output and renumber values compactly.

@@ -19,9 +19,10 @@ pub mod proto {
 /// far from usize overflow on every platform.
 pub const MAX_ELEMENTS: u64 = 1 << 31;
 
-/// Load an ONNX model file (external data is resolved relative to its folder) into the IR.
+/// Load an ONNX model file (external data is resolved relative to its folder) into the IR. The
+/// file must be a regular file of at most [`crate::fsio::MODEL_CAP`] bytes.
 pub fn load(path: &Path) -> Result<Graph> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = crate::fsio::read_regular(path, crate::fsio::MODEL_CAP)?;
     let dir = path.parent().map(|p| {
         if p.as_os_str().is_empty() {
             Path::new(".")
@@ -268,9 +269,12 @@ fn read_external(
         return Err(bad(format!("external data location \"{location}\" must be a relative path inside the model's folder")));
     }
     let dir = dir.ok_or_else(|| bad(format!("stored as external data in \"{location}\" but the model was loaded from memory without a folder")))?;
-    let file_path = dir.join(rel);
-    let mut f = std::fs::File::open(&file_path).map_err(|e| Error::io(&file_path, e))?;
-    let flen = f.metadata().map_err(|e| Error::io(&file_path, e))?.len();
+    let file_path =
+        contained(dir, rel).map_err(|m| bad(format!("external data \"{location}\": {m}")))?;
+    // No-follow on the resolved path: a link swapped in after the check is refused, and a FIFO
+    // or device is refused instead of read. The size cap is the file's own; only `need` bytes
+    // are read from it.
+    let (mut f, flen) = crate::fsio::open_regular(&file_path, u64::MAX, false)?;
     let len = length.unwrap_or(flen.saturating_sub(offset));
     if len != need as u64 {
         return Err(bad(format!(
@@ -290,6 +294,27 @@ fn read_external(
     f.read_exact(&mut buf)
         .map_err(|e| Error::io(&file_path, e))?;
     Ok(buf)
+}
+
+/// `dir/rel` with every symbolic link resolved, if it stays inside `dir` (itself resolved);
+/// otherwise why not. A link in the model's folder must not make weights out of `/etc/passwd`.
+fn contained(dir: &Path, rel: &Path) -> std::result::Result<std::path::PathBuf, String> {
+    let root = dir
+        .canonicalize()
+        .map_err(|e| format!("cannot resolve the model's folder {}: {e}", dir.display()))?;
+    let joined = dir.join(rel);
+    let real = joined
+        .canonicalize()
+        .map_err(|e| format!("cannot open {}: {e}", joined.display()))?;
+    if !real.starts_with(&root) {
+        return Err(format!(
+            "{} resolves to {}, outside the model's folder {}",
+            joined.display(),
+            real.display(),
+            root.display()
+        ));
+    }
+    Ok(real)
 }
 
 #[cfg(test)]

@@ -7,6 +7,10 @@
 use super::graph::{Graph, Node, Op, OutputActivation, Pool, Value, ValueId};
 use crate::{Error, Result};
 
+/// Most output channels a model may have: labels are stored as u16 (0..=65535), and one more
+/// channel would saturate or wrap the label of the last class.
+pub const MAX_OUTPUT_CHANNELS: usize = u16::MAX as usize;
+
 fn gerr(node: &Node, msg: impl std::fmt::Display) -> Error {
     Error::Graph(format!(
         "node \"{}\" ({}): {msg}",
@@ -26,7 +30,7 @@ fn window_out(
     ceil: bool,
 ) -> Option<usize> {
     let keff = d.checked_mul(k.checked_sub(1)?)?.checked_add(1)?;
-    let padded = inp + pb + pe;
+    let padded = inp.checked_add(pb)?.checked_add(pe)?;
     if padded < keff || s == 0 {
         return None;
     }
@@ -116,10 +120,21 @@ pub(crate) fn infer_shapes_raw(
             Op::ConvTranspose(c) => {
                 out[1] = c.weight.shape[1] * c.groups;
                 for a in 0..3 {
-                    let full = c.stride[a] * (first[a + 2] - 1)
-                        + c.output_padding[a]
-                        + c.dilation[a] * (c.weight.shape[a + 2] - 1)
-                        + 1;
+                    let full = c.stride[a]
+                        .checked_mul(first[a + 2].saturating_sub(1))
+                        .and_then(|v| v.checked_add(c.output_padding[a]))
+                        .and_then(|v| {
+                            v.checked_add(
+                                c.dilation[a].checked_mul(c.weight.shape[a + 2].checked_sub(1)?)?,
+                            )
+                        })
+                        .and_then(|v| v.checked_add(1))
+                        .ok_or_else(|| {
+                            gerr(
+                                node,
+                                format!("its output size along {} overflows", axis_name(a + 2)),
+                            )
+                        })?;
                     out[a + 2] = full
                         .checked_sub(c.pads[a] + c.pads[a + 3])
                         .filter(|&v| v > 0)
@@ -169,7 +184,12 @@ pub(crate) fn infer_shapes_raw(
                             return Err(gerr(node, format!("input {i} has shape {s:?} but input 0 has {first:?}: they differ along {}{hint}", axis_name(a))));
                         }
                     }
-                    out[axis] += s[axis];
+                    out[axis] = out[axis].checked_add(s[axis]).ok_or_else(|| {
+                        gerr(
+                            node,
+                            format!("its output size along {} overflows", axis_name(axis)),
+                        )
+                    })?;
                 }
             }
             Op::Add | Op::Mul | Op::Sub | Op::Div => {
@@ -684,6 +704,13 @@ impl Graph {
             return Err(bad(format!(
                 "graph output \"{}\" is never computed",
                 self.values[self.output].name
+            )));
+        }
+        let classes = self.values[self.output].channels;
+        if classes > MAX_OUTPUT_CHANNELS {
+            return Err(bad(format!(
+                "the output has {classes} channels; voxtile writes labels as 16-bit integers, so \
+                 a model may have at most {MAX_OUTPUT_CHANNELS} output channels"
             )));
         }
         Ok(())

@@ -1,11 +1,15 @@
 //! Small tensors whose elements may be symbolic expressions of activation sizes.
 //!
 //! Exporters compute Reshape targets and Resize sizes from `Shape(x)`; since N,D,H,W are only known
-//! per window, such a value is kept as an expression tree over "dimension `axis` of IR value `v`"
-//! and evaluated later against concrete shapes (see `lower.rs`, which probes several windows).
+//! per window, such a value is kept as an expression over "dimension `axis` of IR value `v`" and
+//! evaluated later against concrete shapes (see `lower.rs`, which probes several windows).
+//!
+//! Expressions live in one arena ([`Exprs`]) and refer to their operands by index, so a hostile
+//! graph cannot make them expensive: a DAG that doubles at each step is evaluated once per node
+//! (memoised), a chain of 80 000 steps is evaluated with an explicit stack, and dropping the arena
+//! is one flat `Vec` free (an `Rc` chain would recurse on drop and overflow the stack).
 
 use super::graph::ValueId;
-use std::rc::Rc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Bop {
@@ -17,22 +21,39 @@ pub(crate) enum Bop {
     Max,
 }
 
-#[derive(Debug)]
-pub(crate) enum E {
+/// Rounding of one operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Round {
+    Floor,
+    Ceil,
+    /// C-style truncation (integer division of ONNX int tensors, casts to int).
+    Trunc,
+}
+
+impl Round {
+    fn apply(self, x: f64) -> f64 {
+        match self {
+            Round::Floor => x.floor(),
+            Round::Ceil => x.ceil(),
+            Round::Trunc => x.trunc(),
+        }
+    }
+}
+
+/// One arena node; operands always have smaller ids than the node (built bottom-up).
+#[derive(Clone, Copy, Debug)]
+enum E {
     /// Dimension `axis` of the IR value (an NCDHW activation).
     Dim(ValueId, usize),
     Bin(Bop, X, X),
-    Floor(X),
-    Ceil(X),
-    /// C-style truncation (integer division of ONNX int tensors).
-    Trunc(X),
+    Un(Round, X),
 }
 
-/// One element: a known number or an expression.
-#[derive(Clone, Debug)]
+/// One element: a known number or an expression (an index into [`Exprs`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum X {
     K(f64),
-    E(Rc<E>),
+    E(u32),
 }
 
 impl X {
@@ -42,48 +63,89 @@ impl X {
             X::E(_) => None,
         }
     }
-    pub fn dim(v: ValueId, axis: usize) -> X {
-        X::E(Rc::new(E::Dim(v, axis)))
+}
+
+/// The expression arena of one model import.
+#[derive(Default, Debug)]
+pub(crate) struct Exprs {
+    nodes: Vec<E>,
+}
+
+impl Exprs {
+    /// Number of expression nodes built so far.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
     }
-    pub fn bin(op: Bop, a: &X, b: &X) -> X {
+
+    fn push(&mut self, e: E) -> X {
+        let id = u32::try_from(self.nodes.len()).expect("the fold budget keeps the arena small");
+        self.nodes.push(e);
+        X::E(id)
+    }
+
+    pub fn dim(&mut self, v: ValueId, axis: usize) -> X {
+        self.push(E::Dim(v, axis))
+    }
+
+    pub fn bin(&mut self, op: Bop, a: X, b: X) -> X {
         match (a, b) {
-            (X::K(x), X::K(y)) => X::K(apply(op, *x, *y)),
+            (X::K(x), X::K(y)) => X::K(apply(op, x, y)),
             // x*1, x+0, x/1 stay x so that Shape→Gather→Mul(1) chains keep simple forms.
             (e, X::K(y))
-                if (*y == 1.0 && matches!(op, Bop::Mul | Bop::Div))
-                    || (*y == 0.0 && matches!(op, Bop::Add | Bop::Sub)) =>
+                if (y == 1.0 && matches!(op, Bop::Mul | Bop::Div))
+                    || (y == 0.0 && matches!(op, Bop::Add | Bop::Sub)) =>
             {
-                e.clone()
+                e
             }
-            _ => X::E(Rc::new(E::Bin(op, a.clone(), b.clone()))),
+            _ => self.push(E::Bin(op, a, b)),
         }
     }
-    pub fn un(kind: u8, a: &X) -> X {
+
+    pub fn un(&mut self, r: Round, a: X) -> X {
         match a {
-            X::K(x) => X::K(match kind {
-                0 => x.floor(),
-                1 => x.ceil(),
-                _ => x.trunc(),
-            }),
-            _ => X::E(Rc::new(match kind {
-                0 => E::Floor(a.clone()),
-                1 => E::Ceil(a.clone()),
-                _ => E::Trunc(a.clone()),
-            })),
+            X::K(x) => X::K(r.apply(x)),
+            X::E(_) => self.push(E::Un(r, a)),
         }
     }
-    /// Evaluate against concrete activation shapes (`shapes[v]` = NCDHW of value v).
-    pub fn eval(&self, shapes: &[[usize; 5]]) -> Option<f64> {
-        match self {
-            X::K(v) => Some(*v),
-            X::E(e) => match &**e {
-                E::Dim(v, a) => shapes.get(*v).and_then(|s| s.get(*a)).map(|&d| d as f64),
-                E::Bin(op, a, b) => Some(apply(*op, a.eval(shapes)?, b.eval(shapes)?)),
-                E::Floor(a) => Some(a.eval(shapes)?.floor()),
-                E::Ceil(a) => Some(a.eval(shapes)?.ceil()),
-                E::Trunc(a) => Some(a.eval(shapes)?.trunc()),
-            },
+
+    /// Evaluate `xs` against concrete activation shapes (`shapes[v]` = NCDHW of value v); NaN
+    /// where an expression names a value or axis that has no shape. Operands have smaller ids
+    /// than their users, so one ascending pass over the arena evaluates every node once, without
+    /// recursion. Also returns the number of nodes evaluated, which the importer charges to its
+    /// work budget.
+    pub fn eval(&self, xs: &[X], shapes: &[[usize; 5]]) -> (Vec<f64>, usize) {
+        let top = xs
+            .iter()
+            .filter_map(|x| match x {
+                X::E(id) => Some(*id as usize + 1),
+                X::K(_) => None,
+            })
+            .max()
+            .unwrap_or(0)
+            .min(self.nodes.len());
+        let mut memo = vec![f64::NAN; top];
+        for id in 0..top {
+            let v = |x: X, memo: &[f64]| match x {
+                X::K(k) => k,
+                X::E(c) => memo[c as usize],
+            };
+            memo[id] = match self.nodes[id] {
+                E::Dim(val, a) => shapes
+                    .get(val)
+                    .and_then(|s| s.get(a))
+                    .map_or(f64::NAN, |&d| d as f64),
+                E::Bin(op, a, b) => apply(op, v(a, &memo), v(b, &memo)),
+                E::Un(r, a) => r.apply(v(a, &memo)),
+            };
         }
+        let out = xs
+            .iter()
+            .map(|x| match *x {
+                X::K(k) => k,
+                X::E(id) => memo.get(id as usize).copied().unwrap_or(f64::NAN),
+            })
+            .collect();
+        (out, top)
     }
 }
 
@@ -171,13 +233,38 @@ mod tests {
 
     #[test]
     fn expressions_fold_and_evaluate() {
-        let d = X::dim(0, 2);
-        let e = X::un(0, &X::bin(Bop::Mul, &d, &X::K(2.5)));
+        let mut ex = Exprs::default();
+        let d = ex.dim(0, 2);
+        let m = ex.bin(Bop::Mul, d, X::K(2.5));
+        let e = ex.un(Round::Floor, m);
         let shapes = [[1, 3, 7, 8, 9]];
-        assert_eq!(e.eval(&shapes), Some(17.0));
-        assert_eq!(X::bin(Bop::Add, &X::K(2.0), &X::K(3.0)).known(), Some(5.0));
-        assert!(matches!(X::bin(Bop::Mul, &d, &X::K(1.0)), X::E(_)));
-        assert_eq!(X::un(2, &X::K(-2.5)).known(), Some(-2.0));
+        assert_eq!(ex.eval(&[e, X::K(4.0)], &shapes).0, vec![17.0, 4.0]);
+        let missing = ex.dim(1, 0);
+        assert!(ex.eval(&[missing], &shapes).0[0].is_nan());
+        assert_eq!(ex.bin(Bop::Add, X::K(2.0), X::K(3.0)).known(), Some(5.0));
+        assert_eq!(ex.bin(Bop::Mul, d, X::K(1.0)), d);
+        assert_eq!(ex.un(Round::Trunc, X::K(-2.5)).known(), Some(-2.0));
+    }
+
+    /// s_{k+1} = (s_k + s_k) - s_k, 60 steps: a tree of 2^60 leaves, a DAG of 120 nodes.
+    #[test]
+    fn doubling_dag_and_deep_chain_evaluate_quickly() {
+        let mut ex = Exprs::default();
+        let mut s = ex.dim(0, 3);
+        for _ in 0..60 {
+            let t = ex.bin(Bop::Add, s, s);
+            s = ex.bin(Bop::Sub, t, s);
+        }
+        let (v, visited) = ex.eval(&[s], &[[1, 1, 1, 5, 1]]);
+        assert_eq!(v, vec![5.0]);
+        assert!(visited <= 121, "{visited}");
+        // A chain far deeper than the stack allows with recursion.
+        let mut c = ex.dim(0, 4);
+        for _ in 0..1_000_000 {
+            let t = ex.bin(Bop::Add, c, X::K(1.0));
+            c = ex.bin(Bop::Sub, t, X::K(1.0));
+        }
+        assert_eq!(ex.eval(&[c], &[[1, 1, 1, 1, 7]]).0, vec![7.0]);
     }
 
     #[test]

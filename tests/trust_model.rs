@@ -1,0 +1,319 @@
+//! Trust issue, section 3 (and the channel limit of section 5): hostile models must be refused or
+//! accepted quickly, within bounded memory, without reading outside the model's folder.
+//! Each case runs the CLI as a child with a wall-clock deadline (and, for memory, an address-space
+//! limit), so a hang, a stack overflow or an OOM abort is a test failure, not a stuck test run.
+
+mod common;
+
+use common::onnx::{ftensor, ints_attr, model_with, node_with, vi_c};
+use prost::Message;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use voxtile::model::onnx::proto;
+
+/// Outcome of one CLI run: exit code (None: killed by a signal), stderr, wall time.
+struct Run {
+    code: Option<i32>,
+    stderr: String,
+    elapsed: Duration,
+}
+
+/// `voxtile args...`, killed after `deadline`; `as_limit` caps its address space (bytes).
+fn voxtile(args: &[&Path], deadline: Duration, as_limit: Option<u64>) -> Run {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_voxtile"));
+    cmd.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
+    if let Some(lim) = as_limit {
+        // SAFETY: setrlimit is async-signal-safe; it only affects the child.
+        unsafe {
+            cmd.pre_exec(move || {
+                let r = libc::rlimit {
+                    rlim_cur: lim,
+                    rlim_max: lim,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &r) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let t = Instant::now();
+    let mut child = cmd.spawn().expect("voxtile starts");
+    let code = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st.code();
+        }
+        if t.elapsed() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("voxtile {args:?} still running after {deadline:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    Run {
+        code,
+        stderr,
+        elapsed: t.elapsed(),
+    }
+}
+
+/// Exit 0 (accepted) or 1 (one clean error line): never a signal, a panic or a stack overflow.
+fn assert_clean(r: &Run, what: &str) {
+    assert!(
+        matches!(r.code, Some(0) | Some(1)),
+        "{what}: exit {:?}, stderr: {}",
+        r.code,
+        r.stderr
+    );
+    for bad in ["panicked", "overflowed its stack", "memory allocation of"] {
+        assert!(!r.stderr.contains(bad), "{what}: {}", r.stderr);
+    }
+}
+
+fn i64_tensor(name: &str, dims: &[i64], v: Vec<i64>) -> proto::TensorProto {
+    proto::TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(7),
+        int64_data: v,
+        ..Default::default()
+    }
+}
+
+/// x [N,1,D,H,W] → 3x3x3 Conv (2 channels, pads 1) → `h`, then `extra` nodes that end in `y`.
+fn conv_model(extra: Vec<proto::NodeProto>, mut inits: Vec<proto::TensorProto>) -> Vec<u8> {
+    let mut nodes = vec![node_with(
+        "Conv",
+        "conv",
+        &["x", "w", "b"],
+        &["h"],
+        vec![ints_attr("pads", vec![1; 6])],
+    )];
+    nodes.extend(extra);
+    inits.push(ftensor("w", &[2, 1, 3, 3, 3], vec![0.1; 54]));
+    inits.push(ftensor("b", &[2], [0.0, 0.0]));
+    model_with(
+        "g",
+        13,
+        nodes,
+        inits,
+        vec![vi_c("x", Some(1))],
+        vec![vi_c("y", Some(2))],
+    )
+    .encode_to_vec()
+}
+
+/// s_{k+1} = (s_k + r) - r with r = s_k (`double`, a DAG whose tree doubles at each step) or the
+/// constant 1, n times, from Shape(h); then Resize(h, sizes = s_n) → y. (onnx_dos.py's exp/deep.)
+fn shape_chain(n: usize, double: bool) -> Vec<u8> {
+    let mut nodes = vec![node_with("Shape", "shape", &["h"], &["s0"], vec![])];
+    for k in 0..n {
+        let (s, t, s1) = (format!("s{k}"), format!("t{k}"), format!("s{}", k + 1));
+        let r = if double { s.clone() } else { "one".into() };
+        nodes.push(node_with("Add", &t, &[&s, &r], &[&t], vec![]));
+        nodes.push(node_with("Sub", &s1, &[&t, &r], &[&s1], vec![]));
+    }
+    let sn = format!("s{n}");
+    nodes.push(node_with(
+        "Resize",
+        "resize",
+        &["h", "", "", &sn],
+        &["y"],
+        vec![],
+    ));
+    conv_model(nodes, vec![i64_tensor("one", &[], vec![1])])
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+#[test]
+fn doubling_shape_expression_is_inspected_quickly() {
+    let dir = tempfile::tempdir().unwrap();
+    // 40 doublings: 2^40 leaves if the DAG is walked as a tree.
+    let p = write(dir.path(), "exp.onnx", &shape_chain(40, true));
+    let r = voxtile(&[Path::new("inspect"), &p], Duration::from_secs(4), None);
+    assert_clean(&r, "exp.onnx");
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.elapsed < Duration::from_secs(2), "{:?}", r.elapsed);
+}
+
+#[test]
+fn deep_shape_chain_does_not_overflow_the_stack() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "deep.onnx", &shape_chain(80_000, false));
+    let r = voxtile(&[Path::new("inspect"), &p], Duration::from_secs(5), None);
+    assert_clean(&r, "deep.onnx");
+}
+
+#[test]
+fn unused_constant_of_shape_nodes_cost_no_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    // 400 unused ConstantOfShape of 256x128x128 (4 M elements each): 6 GB if folded.
+    let mut nodes: Vec<proto::NodeProto> = (0..400)
+        .map(|k| {
+            let o = format!("c{k}");
+            node_with("ConstantOfShape", &o, &["shp"], &[&o], vec![])
+        })
+        .collect();
+    nodes.push(node_with("Relu", "relu", &["h"], &["y"], vec![]));
+    let bytes = conv_model(nodes, vec![i64_tensor("shp", &[3], vec![256, 128, 128])]);
+    let p = write(dir.path(), "cos.onnx", &bytes);
+    let r = voxtile(
+        &[Path::new("inspect"), &p],
+        Duration::from_secs(5),
+        Some(1 << 30),
+    );
+    assert_clean(&r, "cos.onnx");
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+}
+
+#[test]
+fn live_constant_folds_share_one_budget() {
+    // Two 4 M-element ConstantOfShape, added and fed to a Resize's sizes through Shape/Gather: each
+    // fits the per-op limit, together they pass the model's fold budget and are refused.
+    let mut nodes = vec![
+        node_with("ConstantOfShape", "c1", &["shp"], &["c1"], vec![]),
+        node_with("ConstantOfShape", "c2", &["shp"], &["c2"], vec![]),
+        node_with("Add", "sum", &["c1", "c2"], &["sum"], vec![]),
+        node_with("Shape", "hs", &["h"], &["hs"], vec![]),
+        node_with("Shape", "ss", &["sum"], &["ss"], vec![]),
+        node_with("Gather", "g", &["ss", "zero"], &["g"], vec![]),
+        node_with("Mul", "m", &["hs", "g"], &["sizes"], vec![]),
+    ];
+    nodes.push(node_with(
+        "Resize",
+        "r",
+        &["h", "", "", "sizes"],
+        &["y"],
+        vec![],
+    ));
+    let bytes = conv_model(
+        nodes,
+        vec![
+            i64_tensor("shp", &[3], vec![256, 128, 128]),
+            i64_tensor("zero", &[1], vec![0]),
+        ],
+    );
+    let e = voxtile::model::onnx::load_bytes(&bytes, None, Path::new("fold.onnx"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("fold.onnx") && e.contains("4194304"), "{e}");
+}
+
+/// Conv 1 → `c` channels with a zero 1x1x1 weight (mkwide.py).
+fn wide(c: usize) -> Vec<u8> {
+    model_with(
+        "g",
+        17,
+        vec![node_with("Conv", "conv", &["x", "w", "b"], &["y"], vec![])],
+        vec![
+            ftensor("w", &[c as i64, 1, 1, 1, 1], vec![0.0; c]),
+            ftensor("b", &[c as i64], vec![0.0; c]),
+        ],
+        vec![vi_c("x", Some(1))],
+        vec![vi_c("y", Some(c as i64))],
+    )
+    .encode_to_vec()
+}
+
+#[test]
+fn more_than_65535_output_channels_are_refused_at_load() {
+    let p = Path::new("w.onnx");
+    let e = voxtile::model::onnx::load_bytes(&wide(65_536), None, p)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("w.onnx") && e.contains("65536 channels") && e.contains("65535"),
+        "{e}"
+    );
+    let g = voxtile::model::onnx::load_bytes(&wide(65_535), None, p).unwrap();
+    assert_eq!(g.output_channels(), 65_535);
+}
+
+/// A 1x1x1 conv model whose bias (2 floats) is external data in `data.bin` next to it.
+fn external_bias_model(dir: &Path) -> std::path::PathBuf {
+    let b = proto::TensorProto {
+        name: Some("b".into()),
+        dims: vec![2],
+        data_type: Some(1),
+        data_location: Some(proto::tensor_proto::DataLocation::External as i32),
+        external_data: [("location", "data.bin"), ("offset", "0"), ("length", "8")]
+            .iter()
+            .map(|(k, v)| proto::StringStringEntryProto {
+                key: Some(k.to_string()),
+                value: Some(v.to_string()),
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let m = model_with(
+        "g",
+        17,
+        vec![node_with("Conv", "conv", &["x", "w", "b"], &["y"], vec![])],
+        vec![ftensor("w", &[2, 1, 1, 1, 1], [0.0, 0.0]), b],
+        vec![vi_c("x", Some(1))],
+        vec![vi_c("y", Some(2))],
+    );
+    write(dir, "m.onnx", &m.encode_to_vec())
+}
+
+#[test]
+fn external_data_through_a_symlink_out_of_the_folder_is_refused() {
+    let outside = tempfile::tempdir().unwrap();
+    let secret = write(outside.path(), "secret", b"password");
+    let dir = tempfile::tempdir().unwrap();
+    let m = external_bias_model(dir.path());
+    std::os::unix::fs::symlink(&secret, dir.path().join("data.bin")).unwrap();
+    let e = voxtile::model::onnx::load(&m).unwrap_err().to_string();
+    assert!(
+        e.contains("m.onnx") && e.contains("outside the model's folder"),
+        "{e}"
+    );
+    // A link that stays inside the folder is fine.
+    std::fs::remove_file(dir.path().join("data.bin")).unwrap();
+    write(dir.path(), "real.bin", &[0u8; 8]);
+    std::os::unix::fs::symlink("real.bin", dir.path().join("data.bin")).unwrap();
+    voxtile::model::onnx::load(&m).unwrap();
+}
+
+#[test]
+fn external_data_fifo_is_refused_not_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = external_bias_model(dir.path());
+    let fifo = std::ffi::CString::new(dir.path().join("data.bin").to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo on a fresh path in a temp dir.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let r = voxtile(&[Path::new("inspect"), &m], Duration::from_secs(4), None);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert!(r.stderr.contains("not a regular file"), "{}", r.stderr);
+}
+
+#[test]
+fn model_file_must_be_a_regular_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo_path = dir.path().join("m.onnx");
+    let fifo = std::ffi::CString::new(fifo_path.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo on a fresh path in a temp dir.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let r = voxtile(
+        &[Path::new("inspect"), &fifo_path],
+        Duration::from_secs(4),
+        None,
+    );
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert!(r.stderr.contains("m.onnx"), "{}", r.stderr);
+}
