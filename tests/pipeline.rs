@@ -869,6 +869,7 @@ fn cli_manifest_beside_the_model() {
         "none",
         "--report",
         s(&report),
+        "--force", // the report of the first run exists
         "--tta",
         "0,1",
     ]));
@@ -1036,8 +1037,9 @@ fn cli_batch_folder_shards_resume_and_workers() {
         .unwrap();
     ok(&seg("0/2", &r0, &[]));
     let again = read_lines(&r0);
-    assert_eq!(again.len(), 3);
-    assert!(again
+    assert_eq!(again.len(), 6, "a resumed batch appends to its report");
+    assert!(again[..3].iter().all(|l| l["status"] == "done"));
+    assert!(again[3..]
         .iter()
         .all(|l| l["status"].as_str().unwrap().starts_with("skipped")));
     assert_eq!(
