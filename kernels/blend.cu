@@ -31,7 +31,9 @@ extern "C" __global__ void blend_window_ring(const half* __restrict__ logits, co
 
 // Finalises volume planes [p0, p0 + np): logits mode writes acc / wsum as (C, np, H, W) f32 into
 // out; argmax mode writes the first maximal channel as u16 into labels (dividing by a positive
-// weight sum keeps the order, so the raw sums are compared). Voxels no window reached give 0.
+// weight sum keeps the order, so the raw sums are compared). Voxels no window reached give 0; a
+// voxel with a NaN in any channel gives 0xFFFF (no label: at most 65535 channels, so at most
+// label 65534), which the host counts for its NaN warning and then writes as 0.
 // Then zeroes the planes' ring slots, so the ring is ready for planes p0 + R...
 extern "C" __global__ void finalize_planes(float* __restrict__ acc, float* __restrict__ wsum,
                                            float* __restrict__ out, unsigned short* __restrict__ labels, int C,
@@ -47,13 +49,15 @@ extern "C" __global__ void finalize_planes(float* __restrict__ acc, float* __res
         if (argmax) {
             float best = a[0];
             int bi = 0;
+            bool nan = isnan(best);
             a[0] = 0.f;
             for (int c = 1; c < C; c++) {
                 float v = a[c * HW];
+                nan |= isnan(v);
                 if (v > best) { best = v; bi = c; }
                 a[c * HW] = 0.f;
             }
-            labels[e] = ws > 0.f ? (unsigned short)bi : (unsigned short)0;
+            labels[e] = nan ? (unsigned short)0xFFFF : ws > 0.f ? (unsigned short)bi : (unsigned short)0;
         } else {
             for (int c = 0; c < C; c++) {
                 float v = a[c * HW];
@@ -84,20 +88,23 @@ extern "C" __global__ void finalize_planes_v4(float* __restrict__ acc, float* __
             float4 best = a[q];
             a[q] = zero;
             int bx = 0, by = 0, bz = 0, bw = 0;
+            bool nx = isnan(best.x), ny = isnan(best.y), nz = isnan(best.z), nw = isnan(best.w);
 #pragma unroll 4
             for (int c = 1; c < C; c++) {
                 const float4 v = a[(i64)c * HW4 + q];
                 a[(i64)c * HW4 + q] = zero;
+                nx |= isnan(v.x); ny |= isnan(v.y); nz |= isnan(v.z); nw |= isnan(v.w);
                 if (v.x > best.x) { best.x = v.x; bx = c; }
                 if (v.y > best.y) { best.y = v.y; by = c; }
                 if (v.z > best.z) { best.z = v.z; bz = c; }
                 if (v.w > best.w) { best.w = v.w; bw = c; }
             }
             ushort4 l;
-            l.x = ws.x > 0.f ? (unsigned short)bx : (unsigned short)0;
-            l.y = ws.y > 0.f ? (unsigned short)by : (unsigned short)0;
-            l.z = ws.z > 0.f ? (unsigned short)bz : (unsigned short)0;
-            l.w = ws.w > 0.f ? (unsigned short)bw : (unsigned short)0;
+            const unsigned short NAN_LABEL = 0xFFFF;
+            l.x = nx ? NAN_LABEL : ws.x > 0.f ? (unsigned short)bx : (unsigned short)0;
+            l.y = ny ? NAN_LABEL : ws.y > 0.f ? (unsigned short)by : (unsigned short)0;
+            l.z = nz ? NAN_LABEL : ws.z > 0.f ? (unsigned short)bz : (unsigned short)0;
+            l.w = nw ? NAN_LABEL : ws.w > 0.f ? (unsigned short)bw : (unsigned short)0;
             reinterpret_cast<ushort4*>(labels)[(i64)i * HW4 + q] = l;
         } else {
             float4* o = reinterpret_cast<float4*>(out);

@@ -907,12 +907,16 @@ fn run_worker(
                 }
             };
             let t = Instant::now();
-            let r = run_cuda(backend, net, grid, weights, run.batch, finish, cval);
-            if let Ok((_, out, _)) = &r {
-                run.nan_voxels = out
-                    .as_ref()
-                    .map(|o| tiling::nan_voxels(o.slice_axis(Axis(1), Slice::from(own))));
-            }
+            let keep = finish.keep_logits;
+            let r = run_cuda(backend, net, grid, weights, run.batch, finish, cval).map(
+                |(mut l, out, times)| {
+                    run.nan_voxels = Some(match &out {
+                        Some(o) => tiling::nan_voxels(o.slice_axis(Axis(1), Slice::from(own))),
+                        None => take_nan_labels(&mut l, own),
+                    });
+                    (l, out.filter(|_| keep), times)
+                },
+            );
             if r.is_ok() {
                 progress(grid.len(), grid.len());
             }
@@ -1210,6 +1214,8 @@ fn run_cpu(
 
 /// The CUDA path: the whole window list in one streamed pipeline call; labels made on the
 /// device unless the blended outputs are kept (or there is one channel, thresholded here).
+/// Returns the labels and the blended outputs whenever they came back to the host (`None`:
+/// device labels, NaN voxels marked as [`take_nan_labels`] says).
 fn run_cuda(
     backend: &mut CudaBackend,
     net: ArrayView4<f32>,
@@ -1247,7 +1253,22 @@ fn run_cuda(
         cval,
     )?;
     let labels = finish.labels(out.view());
-    Ok((labels, finish.keep_logits.then_some(out), times))
+    Ok((labels, Some(out), times))
+}
+
+/// The device argmax marks a voxel whose blended outputs hold a NaN with label 0xFFFF (no model
+/// has that many channels): count those of planes `own` and write them all as 0, as the CPU's
+/// argmax does.
+fn take_nan_labels(labels: &mut Array3<u16>, own: std::ops::Range<usize>) -> usize {
+    let n = labels
+        .slice(s![own, .., ..])
+        .iter()
+        .filter(|&&l| l == u16::MAX)
+        .count();
+    if n > 0 {
+        labels.mapv_inplace(|l| if l == u16::MAX { 0 } else { l });
+    }
+    n
 }
 
 /// The process's resident high-water mark (VmHWM) in bytes; 0 where /proc is missing.

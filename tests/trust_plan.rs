@@ -495,16 +495,32 @@ fn default_budget_honours_rlimit_as() {
 
 /// A model whose output is NaN where the input is 0 (x / x).
 fn nan_model(dir: &Path) -> PathBuf {
+    nan_model_with(dir, 1)
+}
+
+/// `x / x` (NaN where x is 0), then `channels - 1` copies of x concatenated after it: with
+/// several channels the CUDA path makes the labels with its device argmax.
+fn nan_model_with(dir: &Path, channels: usize) -> PathBuf {
     use prost::Message;
+    let mut nodes = vec![node_with("Div", "div", &["x", "x"], &["q"], vec![])];
+    let mut cat = vec!["q"];
+    cat.extend(std::iter::repeat_n("x", channels - 1));
+    let axis = voxtile::model::onnx::proto::AttributeProto {
+        name: Some("axis".into()),
+        i: Some(1),
+        r#type: Some(2),
+        ..Default::default()
+    };
+    nodes.push(node_with("Concat", "cat", &cat, &["y"], vec![axis]));
     let m = model_with(
         "nan_where_zero",
         13,
-        vec![node_with("Div", "div", &["x", "x"], &["y"], vec![])],
+        nodes,
         vec![],
         vec![vi_ncdhw("x", Some(1))],
-        vec![vi_ncdhw("y", Some(1))],
+        vec![vi_ncdhw("y", Some(channels as i64))],
     );
-    let p = dir.join("nan.onnx");
+    let p = dir.join(format!("nan{channels}.onnx"));
     std::fs::write(&p, m.encode_to_vec()).unwrap();
     p
 }
@@ -587,8 +603,9 @@ fn nan_outputs_are_counted_and_warned() {
     assert!(lines[0].contains(&format!("{zeros} voxels")), "{err}");
 }
 
-/// On CUDA the single-channel path brings the blended output to the host: NaN voxels are counted
-/// there too (the device-argmax path does not count: `None`). Run by the lead on the GPU machine.
+/// On CUDA NaN voxels are counted whether the blended outputs come back (one channel, or
+/// `keep_logits`) or the labels are made by the device argmax (which marks them). Run on the GPU
+/// machine.
 #[test]
 fn nan_outputs_are_counted_on_gpu() {
     if !gpu_present() {
@@ -606,15 +623,28 @@ fn nan_outputs_are_counted_on_gpu() {
         }
     });
     let zeros = vol.iter().filter(|&&v| v == 0.0).count();
-    let mut e = Engine::from_file(
-        &model,
-        Options {
-            device: Device::Cuda(0),
-            roi: Some([8, 8, 8]),
-            ..Options::default()
-        },
-    )
-    .unwrap();
-    let (_, _, r) = e.segment_array(vol.view(), &mut |_, _| {}).unwrap();
-    assert_eq!(r.nan_output_voxels, Some(zeros));
+    for (model, keep_logits) in [
+        (model.clone(), true),
+        (model, false),
+        (nan_model_with(dir.path(), 3), false),
+        (nan_model_with(dir.path(), 3), true),
+    ] {
+        let mut e = Engine::from_file(
+            &model,
+            Options {
+                device: Device::Cuda(0),
+                roi: Some([8, 8, 8]),
+                keep_logits,
+                ..Options::default()
+            },
+        )
+        .unwrap();
+        let (labels, _, r) = e.segment_array(vol.view(), &mut |_, _| {}).unwrap();
+        let what = format!("{} keep_logits {keep_logits}", model.display());
+        assert_eq!(r.nan_output_voxels, Some(zeros), "{what}");
+        assert!(
+            labels.iter().all(|&l| l < 3),
+            "{what}: no marker left in the labels"
+        );
+    }
 }
