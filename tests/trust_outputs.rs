@@ -422,3 +422,85 @@ fn an_output_that_cannot_be_nifti1_is_refused_up_front() {
     let o = seg_in(&c, &wide, &["-o", s(&c.d.join("w.nii.gz"))]);
     assert_one_error(&o, "32767");
 }
+
+#[test]
+fn of_two_concurrent_runs_on_one_output_one_fails() {
+    let c = case();
+    let out = c.d.join("same.nii.gz");
+    // Both pass the up-front check (the output does not exist yet) and hold their staged file
+    // 1.5 s before committing: the second commit finds the first's output and must not replace it.
+    let spawn = || {
+        Command::new(voxtile_bin())
+            .args([
+                "segment",
+                s(&c.vol),
+                "-m",
+                s(&c.model),
+                "-o",
+                s(&out),
+                "--device",
+                "cpu",
+            ])
+            .env("VOXTILE_TEST_PAUSE_BEFORE_RENAME", "1500")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    let ok = [&a, &b].iter().filter(|o| o.status.success()).count();
+    assert_eq!(ok, 1, "exactly one run wins");
+    let loser = if a.status.success() { &b } else { &a };
+    assert_one_error(loser, "appeared");
+    assert!(volume_reads(&out));
+    assert!(temp_files(&c.d).is_empty(), "{:?}", temp_files(&c.d));
+}
+
+#[test]
+fn stale_temp_files_of_dead_runs_are_removed() {
+    let c = case();
+    // A temp file of a process that cannot exist (pid above the kernel's maximum), and one of
+    // this test process, which is alive: only the first goes.
+    let dead = c.d.join(".o.nii.gz.voxtile-tmp-99999999-0123456789abcdef");
+    let alive = c.d.join(format!(
+        ".o.nii.gz.voxtile-tmp-{}-0123456789abcdef",
+        std::process::id()
+    ));
+    std::fs::write(&dead, b"half").unwrap();
+    std::fs::write(&alive, b"busy").unwrap();
+    let o = seg(&c, &["-o", s(&c.d.join("o.nii.gz"))]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!dead.exists() && alive.exists());
+}
+
+#[test]
+fn preview_replaces_a_symlink_not_its_target() {
+    let c = case();
+    let victim = c.d.join("victim.png");
+    std::fs::write(&victim, b"precious").unwrap();
+    let link = c.d.join("p.png");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let o = seg(
+        &c,
+        &[
+            "-o",
+            s(&c.d.join("o.nii.gz")),
+            "--preview",
+            s(&link),
+            "--force",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(bytes(&victim), b"precious");
+    assert!(!std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    assert_eq!(&bytes(&link)[1..4], b"PNG");
+}
+
+#[test]
+fn a_manifest_that_is_a_device_is_refused() {
+    let c = case();
+    for m in ["/dev/zero", "/dev/urandom"] {
+        let o = seg(&c, &["-o", s(&c.d.join("o.nii.gz")), "--manifest", m]);
+        assert_one_error(&o, "not a regular file");
+    }
+}
