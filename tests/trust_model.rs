@@ -154,9 +154,20 @@ fn doubling_shape_expression_is_inspected_quickly() {
 #[test]
 fn deep_shape_chain_does_not_overflow_the_stack() {
     let dir = tempfile::tempdir().unwrap();
-    let p = write(dir.path(), "deep.onnx", &shape_chain(80_000, false));
+    // 98 000 nodes: just under the node cap, a chain far deeper than any recursion could take.
+    let p = write(dir.path(), "deep.onnx", &shape_chain(49_000, false));
     let r = voxtile(&[Path::new("inspect"), &p], Duration::from_secs(5), None);
     assert_clean(&r, "deep.onnx");
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    // onnx_dos.py's 80 000-step chain (160 000 nodes) is over the cap: refused at once.
+    let p = write(dir.path(), "deep80k.onnx", &shape_chain(80_000, false));
+    let r = voxtile(&[Path::new("inspect"), &p], Duration::from_secs(2), None);
+    assert_clean(&r, "deep80k.onnx");
+    assert!(
+        r.code == Some(1) && r.stderr.contains("nodes"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]

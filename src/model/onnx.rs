@@ -38,8 +38,20 @@ pub fn load(path: &Path) -> Result<Graph> {
 pub fn load_bytes(bytes: &[u8], dir: Option<&Path>, path_for_errors: &Path) -> Result<Graph> {
     let model = proto::ModelProto::decode(bytes)
         .map_err(|e| Error::model(path_for_errors, format!("not a valid ONNX protobuf: {e}")))?;
+    let nodes = model.graph.as_ref().map_or(0, |g| g.node.len());
+    if nodes > MAX_NODES {
+        return Err(Error::model(
+            path_for_errors,
+            format!("{nodes} nodes is more than the {MAX_NODES} a segmentation network needs; refusing a graph this large"),
+        ));
+    }
     super::lower::lower(&model, dir, path_for_errors)
 }
+
+/// Most nodes a model may have. Exported 3D segmentation networks have a few thousand (a
+/// SwinUNETR some ten thousand); the bound keeps a hostile 10 MB file of tiny nodes within the
+/// time and memory of any real model.
+pub const MAX_NODES: usize = 100_000;
 
 /// A decoded constant: float types become f32, integer/bool types i64.
 #[derive(Clone, Debug, PartialEq)]
