@@ -10,8 +10,7 @@ use voxtile::backend::cpu::CpuBackend;
 use voxtile::backend::Backend;
 use voxtile::engine::{Device, Engine, Options};
 use voxtile::model::Graph;
-use voxtile::plan::{self, Request, Target, Workload};
-use voxtile::tiling::Placement;
+use voxtile::plan::{self, Request, Target};
 
 fn models() -> Vec<(String, Graph)> {
     let mut v = Vec::new();
@@ -25,16 +24,6 @@ fn models() -> Vec<(String, Graph)> {
         voxtile::model::onnx::load(&data("deepbrain.onnx")).unwrap(),
     ));
     v
-}
-
-fn workload(shape: [usize; 3]) -> Workload {
-    Workload {
-        shape,
-        overlap: [0.5; 3],
-        placement: Placement::Monai,
-        keep_logits: false,
-        copy_input: false,
-    }
 }
 
 /// Smooth, non-constant input.

@@ -8,7 +8,6 @@ mod common;
 use common::onnx::{ftensor, ints_attr, model_with, node_with, vi_c};
 use prost::Message;
 use std::io::Read;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -26,19 +25,7 @@ fn voxtile(args: &[&Path], deadline: Duration, as_limit: Option<u64>) -> Run {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_voxtile"));
     cmd.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
     if let Some(lim) = as_limit {
-        // SAFETY: setrlimit is async-signal-safe; it only affects the child.
-        unsafe {
-            cmd.pre_exec(move || {
-                let r = libc::rlimit {
-                    rlim_cur: lim,
-                    rlim_max: lim,
-                };
-                if libc::setrlimit(libc::RLIMIT_AS, &r) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        common::limit_address_space(&mut cmd, lim);
     }
     let t = Instant::now();
     let mut child = cmd.spawn().expect("voxtile starts");

@@ -12,22 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use voxtile::engine::{Device, Engine, Options};
-use voxtile::plan::{self, Request, Target, Workload};
+use voxtile::plan::{self, Request, Target};
 use voxtile::tiling::Placement;
 use voxtile::Error;
 
 fn deepbrain() -> voxtile::model::Graph {
     voxtile::model::onnx::load(&data("deepbrain.onnx")).unwrap()
-}
-
-fn workload(shape: [usize; 3]) -> Workload {
-    Workload {
-        shape,
-        overlap: [0.5; 3],
-        placement: Placement::Monai,
-        keep_logits: false,
-        copy_input: false,
-    }
 }
 
 /// Runs the binary with a deadline: None when it had to be killed.
@@ -72,30 +62,10 @@ fn small_budget_keeps_the_mask_or_refuses() {
     let small = dir.path().join("small.nii.gz");
     let input = data("mni_t1_128.nii.gz");
     let model = data("deepbrain.onnx");
-    let o = voxtile(&[
-        "segment",
-        s(&input),
-        "-m",
-        s(&model),
-        "-o",
-        s(&small),
-        "--device",
-        "cpu",
-        "--memory-budget",
-        "32MiB",
-    ]);
+    let o = segment_cpu(&input, &model, &small, &["--memory-budget", "32MiB"]);
     if o.status.success() {
         let reference = dir.path().join("ref.nii.gz");
-        let r = voxtile(&[
-            "segment",
-            s(&input),
-            "-m",
-            s(&model),
-            "-o",
-            s(&reference),
-            "--device",
-            "cpu",
-        ]);
+        let r = segment_cpu(&input, &model, &reference, &[]);
         assert!(r.status.success());
         let d = dice(&small, &reference);
         assert!(d >= 0.99, "Dice {d} against the default run");
@@ -328,18 +298,7 @@ fn roi_below_the_receptive_field_warns() {
         ((i + 2 * j + 3 * k) % 13) as f32
     });
     let out = dir.path().join("o.nii.gz");
-    let o = voxtile(&[
-        "segment",
-        s(&input),
-        "-m",
-        s(&data("deepbrain.onnx")),
-        "-o",
-        s(&out),
-        "--device",
-        "cpu",
-        "--roi",
-        "32",
-    ]);
+    let o = segment_cpu(&input, &data("deepbrain.onnx"), &out, &["--roi", "32"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let err = String::from_utf8_lossy(&o.stderr);
     let lines: Vec<&str> = err
@@ -584,18 +543,7 @@ fn nan_outputs_are_counted_and_warned() {
         }
     });
     let out = dir.path().join("o.nii.gz");
-    let o = voxtile(&[
-        "segment",
-        s(&input),
-        "-m",
-        s(&model),
-        "-o",
-        s(&out),
-        "--device",
-        "cpu",
-        "--roi",
-        "8",
-    ]);
+    let o = segment_cpu(&input, &model, &out, &["--roi", "8"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let err = String::from_utf8_lossy(&o.stderr);
     let lines: Vec<&str> = err.lines().filter(|l| l.contains("NaN")).collect();

@@ -6,7 +6,6 @@ use common::nifti::{nifti, Geo};
 use common::onnx::*;
 use common::*;
 use prost::Message;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use voxtile::volume::{read_header, Mat4};
@@ -116,19 +115,7 @@ fn segment(input: &Path, model: &Path, out: &Path, limit_as: Option<u64>) -> Out
     cmd.args(["segment", s(input), "-m", s(model), "-o", s(out)])
         .args(["--device", "cpu"]);
     if let Some(limit) = limit_as {
-        // SAFETY: only setrlimit (async-signal-safe) runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                let r = libc::rlimit {
-                    rlim_cur: limit,
-                    rlim_max: limit,
-                };
-                if libc::setrlimit(libc::RLIMIT_AS, &r) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        limit_address_space(&mut cmd, limit);
     }
     cmd.output().expect("voxtile runs")
 }

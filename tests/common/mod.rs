@@ -162,3 +162,48 @@ pub fn temp_files(dir: &Path) -> Vec<String> {
         .filter(|n| n.contains("voxtile-tmp"))
         .collect()
 }
+
+/// `voxtile segment INPUT -m MODEL -o OUT --device cpu EXTRA...`, run to completion.
+pub fn segment_cpu(input: &Path, model: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    let mut a = vec![
+        "segment",
+        s(input),
+        "-m",
+        s(model),
+        "-o",
+        s(out),
+        "--device",
+        "cpu",
+    ];
+    a.extend_from_slice(extra);
+    voxtile(&a)
+}
+
+/// Cap the address space (RLIMIT_AS, bytes) of the child `cmd` will start.
+pub fn limit_address_space(cmd: &mut std::process::Command, bytes: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only setrlimit (async-signal-safe) runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let r = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &r) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A 0.5-overlap MONAI-placed workload on a volume of `shape`, without logits.
+pub fn workload(shape: [usize; 3]) -> voxtile::plan::Workload {
+    voxtile::plan::Workload {
+        shape,
+        overlap: [0.5; 3],
+        placement: voxtile::tiling::Placement::Monai,
+        keep_logits: false,
+        copy_input: false,
+    }
+}
