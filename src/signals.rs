@@ -70,6 +70,7 @@ pub fn install() -> bool {
 }
 
 impl Registry {
+    /// An empty registry (a `static` needs a const constructor).
     pub const fn new() -> Registry {
         Registry {
             temps: Mutex::new(Vec::new()),

@@ -5,13 +5,16 @@
 
 use super::header::Header;
 
+/// A 4x4 affine, row-major (voxel index to world mm).
 pub type Mat4 = [[f64; 4]; 4];
 type Mat3 = [[f64; 3]; 3];
 
 /// Which header field the best affine came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AffineSource {
+    /// The sform rows (sform_code > 0).
     Sform,
+    /// The qform quaternion (qform_code > 0, no sform).
     Qform,
     /// Neither code set: NIfTI "method 1", diag(voxel size).
     Pixdim,

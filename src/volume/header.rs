@@ -35,38 +35,69 @@ pub struct Header {
     pub dim: [i64; 8],
     /// pixdim[0] = qfac (±1), pixdim[1..4] voxel size, pixdim[4] time step...
     pub pixdim: [f64; 8],
+    /// NIfTI datatype code (2 = uint8, 4 = int16, 16 = float32, ...).
     pub datatype: i16,
+    /// Bits per voxel, as the datatype implies.
     pub bitpix: i16,
     /// Byte offset of the voxel data in the (uncompressed) file.
     pub vox_offset: u64,
+    /// Intensity scaling: value = scl_slope * stored + scl_inter (0 = none).
     pub scl_slope: f64,
+    /// Intensity offset of the scaling.
     pub scl_inter: f64,
+    /// Display range maximum.
     pub cal_max: f64,
+    /// Display range minimum.
     pub cal_min: f64,
+    /// Time to acquire one slice.
     pub slice_duration: f64,
+    /// Time axis shift.
     pub toffset: f64,
+    /// First slice index of the acquisition pattern.
     pub slice_start: i64,
+    /// Last slice index of the acquisition pattern.
     pub slice_end: i64,
+    /// Slice timing order code.
     pub slice_code: i32,
+    /// Frequency, phase and slice encoding axes (2 bits each).
     pub dim_info: u8,
+    /// Units of pixdim (spatial and temporal codes).
     pub xyzt_units: i32,
+    /// Meaning of the voxel values (NIFTI_INTENT_*).
     pub intent_code: i32,
+    /// First intent parameter.
     pub intent_p1: f64,
+    /// Second intent parameter.
     pub intent_p2: f64,
+    /// Third intent parameter.
     pub intent_p3: f64,
+    /// Name of the intent.
     pub intent_name: String,
+    /// Free-text description.
     pub descrip: String,
+    /// Auxiliary file name.
     pub aux_file: String,
+    /// What the qform maps to (0 = unknown, 1 = scanner, ...).
     pub qform_code: i32,
+    /// What the sform maps to (0 = unknown, 2 = aligned, 4 = MNI, ...).
     pub sform_code: i32,
+    /// qform rotation quaternion, b.
     pub quatern_b: f64,
+    /// qform rotation quaternion, c.
     pub quatern_c: f64,
+    /// qform rotation quaternion, d.
     pub quatern_d: f64,
+    /// qform translation, x (mm).
     pub qoffset_x: f64,
+    /// qform translation, y (mm).
     pub qoffset_y: f64,
+    /// qform translation, z (mm).
     pub qoffset_z: f64,
+    /// sform first row (x = srow_x · [i, j, k, 1]).
     pub srow_x: [f64; 4],
+    /// sform second row.
     pub srow_y: [f64; 4],
+    /// sform third row.
     pub srow_z: [f64; 4],
 }
 

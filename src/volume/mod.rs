@@ -26,15 +26,19 @@ use std::path::Path;
 /// scl_slope/scl_inter applied. Memory layout is whatever came cheapest (Fortran order from disk).
 #[derive(Debug, Clone)]
 pub struct Volume {
+    /// Voxel values, (channel, i, j, k), scaling applied.
     pub data: Array4<f32>,
+    /// The header read with it (geometry for the outputs).
     pub header: Header,
 }
 
 impl Volume {
+    /// Spatial size (i, j, k).
     pub fn shape(&self) -> [usize; 3] {
         let (_, x, y, z) = self.data.dim();
         [x, y, z]
     }
+    /// Number of channels (the 4th NIfTI dimension, 1 for a 3D file).
     pub fn channels(&self) -> usize {
         self.data.dim().0
     }
@@ -102,6 +106,7 @@ impl Header {
     }
 
     /// dim[4] for 4-D files (the channel axis), else 1.
+    /// Number of channels (the 4th NIfTI dimension, 1 for a 3D file).
     pub fn channels(&self) -> usize {
         self.channels_i64() as usize
     }
