@@ -6,9 +6,10 @@
 //! of PyTorch's GroupNorm export. Shape plumbing is folded here; what depends on the window size is
 //! evaluated by running shape inference of the partial IR on several probe windows.
 
+use super::analysis::spatial_divisor_raw;
 use super::graph::*;
 use super::onnx::{decode_tensor, proto, Const, Data};
-use super::shape::{infer_shapes_raw, spatial_divisor_raw};
+use super::shape::infer_shapes_raw;
 use super::sym::{broadcast_index, broadcast_shape, for_each_index, Bop, Exprs, Round, Sym, X};
 use crate::{Error, Result};
 use std::cell::{Cell, RefCell};
@@ -2190,9 +2191,9 @@ fn to5(shape: &[usize]) -> Option<[usize; 5]> {
 pub(crate) fn fold_bn_into_conv(cv: &mut Conv, mul: &[f64], add: &[f64]) {
     let cout = cv.weight.shape[0];
     let per = cv.weight.len() / cout.max(1);
-    for o in 0..cout {
-        for w in &mut cv.weight.data[o * per..(o + 1) * per] {
-            *w = (*w as f64 * mul[o]) as f32;
+    for (row, &m) in cv.weight.data.chunks_mut(per.max(1)).zip(mul).take(cout) {
+        for w in row {
+            *w = (*w as f64 * m) as f32;
         }
     }
     let b: Vec<f32> = (0..cout)
