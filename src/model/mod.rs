@@ -3,9 +3,10 @@
 //! [`ops`] defines each operation once (parameters, validation, output shape, cost), [`shape`]
 //! walks a [`Graph`] with them (shapes per window, validation), [`analysis`] holds the static
 //! analyses (receptive field, spatial divisor, FLOPs...), [`lower`](self) folds the exporters'
-//! shape plumbing ([`sym`] holds the symbolic shape values) and [`inspect`] prints the summary.
+//! shape plumbing (`sym` holds the symbolic shape values) and [`inspect`] prints the summary.
 
 pub mod analysis;
+mod decode;
 pub mod graph;
 pub mod inspect;
 mod lower;

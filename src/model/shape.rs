@@ -1,5 +1,5 @@
 //! Graph-level shape inference and validation: every node's shape and checks come from its op
-//! ([`Op::output_shape`], [`Op::check`]); this file walks the graph and names the node.
+//! ([`Op::output_shape`](super::ops::Op::output_shape), [`Op::check`](super::ops::Op::check)); this file walks the graph and names the node.
 //!
 //! The core functions take `(values, nodes, input)` rather than a [`Graph`] so that the importer can
 //! run them on a graph that is still being built (to evaluate Shape-derived sizes).

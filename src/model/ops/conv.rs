@@ -10,7 +10,7 @@ use crate::model::tensor::Tensor;
 pub struct Conv {
     /// [Cout, Cin/groups, kd, kh, kw]
     pub weight: Tensor,
-    /// [Cout]
+    /// `[Cout]`
     pub bias: Option<Tensor>,
     pub stride: [usize; 3],
     pub dilation: [usize; 3],
@@ -23,7 +23,7 @@ pub struct Conv {
 pub struct ConvTranspose {
     /// [Cin, Cout/groups, kd, kh, kw]
     pub weight: Tensor,
-    /// [Cout]
+    /// `[Cout]`
     pub bias: Option<Tensor>,
     pub stride: [usize; 3],
     pub dilation: [usize; 3],

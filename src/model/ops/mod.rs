@@ -51,7 +51,7 @@ pub enum Op {
     LeakyRelu {
         alpha: f32,
     },
-    /// `x if x >= 0 else slope * x`, slope of shape [C] (per channel) or [1].
+    /// `x if x >= 0 else slope * x`, slope of shape `[C]` (per channel) or `[1]`.
     PRelu {
         slope: Tensor,
     },
