@@ -1,15 +1,20 @@
 //! Models: ONNX import ([`onnx`]) into a small graph IR ([`graph`]) that every backend executes.
 //!
-//! [`lower`](self) folds the exporters' shape plumbing ([`sym`] holds the symbolic shape values),
-//! [`shape`] implements the analyses on [`Graph`] (shapes per window, receptive field...) and
-//! [`inspect`] the human summary.
+//! [`ops`] defines each operation once (parameters, validation, output shape, cost), [`shape`]
+//! walks a [`Graph`] with them (shapes per window, validation), [`analysis`] holds the static
+//! analyses (receptive field, spatial divisor, FLOPs...), [`lower`](self) folds the exporters'
+//! shape plumbing (`sym` holds the symbolic shape values) and [`inspect`] prints the summary.
 
+pub mod analysis;
+mod decode;
 pub mod graph;
 pub mod inspect;
 mod lower;
 pub mod onnx;
+pub mod ops;
 pub mod shape;
 mod sym;
+pub mod tensor;
 
 pub use graph::{Graph, Node, Op, Tensor, ValueId};
 pub use onnx::{load, load_bytes};

@@ -9,15 +9,13 @@
 
 pub mod ops;
 mod real;
-pub mod shape;
 
 pub use real::Real;
 
 use crate::backend::Backend;
-use crate::model::graph::{Graph, Node};
+use crate::model::graph::{Graph, Node, Shape};
 use crate::{Error, Result};
 use ndarray::{Array5, ArrayView5};
-use shape::Shape;
 
 /// What the executor measured on the last run (for tests and the memory planner's cross-check).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -76,62 +74,19 @@ fn plan(graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<Plan> {
             }
         }
     }
-    let mut shapes: Vec<Option<Shape>> = vec![None; nv];
-    shapes[graph.input] = Some([batch, graph.input_channels(), roi[0], roi[1], roi[2]]);
+    // The model's validation and shape inference are the only ones (no backend re-checks).
+    graph.validate()?;
+    let all = graph.infer_shapes(batch, roi)?;
+    let mut computed = vec![false; nv];
+    computed[graph.input] = true;
     for node in &graph.nodes {
-        let mut ins = Vec::with_capacity(node.inputs.len());
-        for &v in &node.inputs {
-            match shapes.get(v) {
-                Some(Some(s)) => ins.push(*s),
-                Some(None) => {
-                    return Err(node_err(
-                        node,
-                        Error::Graph(format!("reads value {v} before it is computed")),
-                    ));
-                }
-                None => {
-                    return Err(node_err(
-                        node,
-                        Error::Graph(format!("reads value id {v}, out of range")),
-                    ))
-                }
-            }
-        }
-        if node.output >= nv {
-            return Err(node_err(
-                node,
-                Error::Graph(format!("writes value id {}, out of range", node.output)),
-            ));
-        }
-        if shapes[node.output].is_some() {
-            return Err(node_err(
-                node,
-                Error::Graph(format!(
-                    "writes value '{}' that is already computed",
-                    graph.values[node.output].name
-                )),
-            ));
-        }
-        let out =
-            shape::output_shape(&node.op, &ins).map_err(|m| node_err(node, Error::Graph(m)))?;
-        let declared = graph.values[node.output].channels;
-        if out[1] != declared {
-            return Err(node_err(
-                node,
-                Error::Graph(format!(
-                    "produces {} channels but value '{}' declares {declared}",
-                    out[1], graph.values[node.output].name
-                )),
-            ));
-        }
-        shapes[node.output] = Some(out);
+        computed[node.output] = true;
     }
-    if shapes[graph.output].is_none() {
-        return Err(Error::Graph(format!(
-            "graph '{}': no node computes the output value",
-            graph.name
-        )));
-    }
+    let shapes: Vec<Option<Shape>> = all
+        .into_iter()
+        .zip(computed)
+        .map(|(s, c)| c.then_some(s))
+        .collect();
     // Backward reachability from the output: dead branches (extra exported heads) are skipped.
     let mut needed_val = vec![false; nv];
     needed_val[graph.output] = true;

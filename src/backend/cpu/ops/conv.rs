@@ -4,7 +4,6 @@
 
 use super::gemm::{gemm, Mat};
 use super::{dims, err, standard, zeroed};
-use crate::backend::cpu::shape;
 use crate::backend::cpu::Real;
 use crate::model::graph::{Conv, ConvTranspose};
 use crate::Result;
@@ -47,7 +46,7 @@ fn chunk_rows<T>(k_rows: usize, row_len: usize, total_rows: usize) -> usize {
 /// ONNX Conv (3D, NCDHW) with groups, stride, dilation and asymmetric pads.
 pub fn conv3d<T: Real>(x: ArrayView5<T>, p: &Conv) -> Result<Array5<T>> {
     let xs = dims(&x);
-    let os = shape::conv(&xs, p).map_err(err)?;
+    let os = p.output_shape(&xs).map_err(err)?;
     let x = standard(&x);
     let xd = x
         .as_slice()
@@ -177,7 +176,7 @@ pub fn conv3d<T: Real>(x: ArrayView5<T>, p: &Conv) -> Result<Array5<T>> {
 /// output_padding; weight `[Cin, Cout/groups, kd, kh, kw]`.
 pub fn conv_transpose3d<T: Real>(x: ArrayView5<T>, p: &ConvTranspose) -> Result<Array5<T>> {
     let xs = dims(&x);
-    let os = shape::conv_transpose(&xs, p).map_err(err)?;
+    let os = p.output_shape(&xs).map_err(err)?;
     let x = standard(&x);
     let xd = x
         .as_slice()

@@ -2,8 +2,8 @@
 //! place (the executor hands over dying buffers); the out-of-place functions copy first.
 
 use super::{dims, err, make_standard, owned, zeroed};
-use crate::backend::cpu::shape::{self, Shape};
 use crate::backend::cpu::Real;
+use crate::model::graph::Shape;
 use crate::model::graph::{Op, Tensor};
 use crate::Result;
 use ndarray::{Array5, ArrayView5, Axis, Slice, Zip};
@@ -73,12 +73,10 @@ pub fn tanh<T: Real>(x: ArrayView5<T>) -> Result<Array5<T>> {
 /// `x if x >= 0 else slope * x`, slope per channel (`[C]`) or shared (`[1]`).
 pub(super) fn prelu_inplace<T: Real>(x: &mut Array5<T>, slope: &Tensor) -> Result<()> {
     let xs = dims(&x.view());
-    shape::output_shape(
-        &Op::PRelu {
-            slope: slope.clone(),
-        },
-        &[xs],
-    )
+    Op::PRelu {
+        slope: slope.clone(),
+    }
+    .output_shape(&[xs])
     .map_err(err)?;
     make_standard(x)?;
     let s = T::cast_slice(&slope.data);
@@ -229,7 +227,7 @@ pub fn softmax<T: Real>(x: ArrayView5<T>, axis: usize) -> Result<Array5<T>> {
 /// Concatenation along `axis` of inputs equal in every other dimension.
 pub fn concat<T: Real>(inputs: &[ArrayView5<T>], axis: usize) -> Result<Array5<T>> {
     let shapes: Vec<Shape> = inputs.iter().map(dims).collect();
-    let os = shape::output_shape(&Op::Concat { axis }, &shapes).map_err(err)?;
+    let os = Op::Concat { axis }.output_shape(&shapes).map_err(err)?;
     let mut out = Array5::from_shape_vec(os, zeroed(os.iter().product(), "a Concat output")?)
         .map_err(|e| err(e.to_string()))?;
     let mut off = 0;

@@ -21,9 +21,9 @@ pub use norm::{
 pub use pool::{average_pool3d, max_pool3d};
 pub use resize::resize;
 
-use super::shape::{self, Shape};
 use super::Real;
 use crate::model::graph::Op;
+use crate::model::graph::Shape;
 use crate::{Error, Result};
 use ndarray::{Array5, ArrayView5, CowArray, Ix5};
 
@@ -78,7 +78,7 @@ pub fn is_inplace(op: &Op) -> bool {
 pub fn apply_inplace<T: Real>(op: &Op, x: &mut Array5<T>, rest: &[ArrayView5<T>]) -> Result<()> {
     let mut shapes = vec![dims(&x.view())];
     shapes.extend(rest.iter().map(dims));
-    shape::output_shape(op, &shapes).map_err(err)?;
+    op.output_shape(&shapes).map_err(err)?;
     match op {
         Op::InstanceNorm { eps, scale, bias } => instance_norm_inplace(x, *eps, scale, bias),
         Op::GroupNorm {
@@ -109,7 +109,7 @@ pub fn apply_inplace<T: Real>(op: &Op, x: &mut Array5<T>, rest: &[ArrayView5<T>]
 /// Runs any op on borrowed inputs and returns a new array.
 pub fn apply<T: Real>(op: &Op, inputs: &[ArrayView5<T>]) -> Result<Array5<T>> {
     let shapes: Vec<Shape> = inputs.iter().map(dims).collect();
-    shape::output_shape(op, &shapes).map_err(err)?;
+    op.output_shape(&shapes).map_err(err)?;
     if is_inplace(op) {
         let mut x = owned(inputs[0])?;
         apply_inplace(op, &mut x, &inputs[1..])?;

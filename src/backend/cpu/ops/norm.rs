@@ -3,7 +3,6 @@
 //! large windows; eps goes inside the square root like ONNX/PyTorch.
 
 use super::{dims, err, make_standard, owned};
-use crate::backend::cpu::shape;
 use crate::backend::cpu::Real;
 use crate::model::graph::{Op, Tensor};
 use crate::Result;
@@ -47,7 +46,7 @@ pub fn instance_norm_inplace<T: Real>(
         scale: scale.clone(),
         bias: bias.clone(),
     };
-    shape::output_shape(&op, &[xs]).map_err(err)?;
+    op.output_shape(&[xs]).map_err(err)?;
     make_standard(x)?;
     let (s, b) = (T::cast_slice(&scale.data), T::cast_slice(&bias.data));
     let c = xs[1];
@@ -87,7 +86,7 @@ pub fn group_norm_inplace<T: Real>(
         scale: scale.clone(),
         bias: bias.clone(),
     };
-    shape::output_shape(&op, &[xs]).map_err(err)?;
+    op.output_shape(&[xs]).map_err(err)?;
     make_standard(x)?;
     let (s, b) = (T::cast_slice(&scale.data), T::cast_slice(&bias.data));
     let c = xs[1];
@@ -130,7 +129,7 @@ pub fn channel_affine_inplace<T: Real>(
         scale: scale.clone(),
         shift: shift.clone(),
     };
-    shape::output_shape(&op, &[xs]).map_err(err)?;
+    op.output_shape(&[xs]).map_err(err)?;
     make_standard(x)?;
     let (s, b) = (T::cast_slice(&scale.data), T::cast_slice(&shift.data));
     let c = xs[1];

@@ -3,7 +3,6 @@
 //! product of three such lists.
 
 use super::{dims, err, standard, zeroed};
-use crate::backend::cpu::shape;
 use crate::backend::cpu::Real;
 use crate::model::graph::Pool;
 use crate::Result;
@@ -55,7 +54,7 @@ fn axis_taps(
 fn pool3d<T: Real>(x: ArrayView5<T>, p: &Pool, max: bool) -> Result<Array5<T>> {
     let what = if max { "MaxPool" } else { "AveragePool" };
     let xs = dims(&x);
-    let os = shape::pool(what, &xs, p).map_err(err)?;
+    let os = p.output_shape(&xs).map_err(err)?;
     let x = standard(&x);
     let xd = x
         .as_slice()

@@ -4,9 +4,9 @@
 //! padding of the neighbours.
 
 use super::{dims, err, standard, zeroed};
-use crate::backend::cpu::shape;
 use crate::backend::cpu::Real;
 use crate::model::graph::{CoordMode, NearestMode, Resize, ResizeMode};
+use crate::model::ops::spatial;
 use crate::Result;
 use ndarray::{Array5, ArrayView5};
 use rayon::prelude::*;
@@ -63,14 +63,6 @@ pub fn nearest_index(mode: NearestMode, x: f32, in_len: usize) -> usize {
     }
 }
 
-/// Per-axis scales used for coordinate mapping: output/input when sizes are given.
-fn mapping_scales(p: &Resize, in_sp: &[usize], out_sp: &[usize; 3]) -> [f32; 3] {
-    match p.sizes {
-        Some(_) => [0, 1, 2].map(|i| out_sp[i] as f32 / in_sp[i] as f32),
-        None => p.scales,
-    }
-}
-
 struct Lin<T> {
     i0: usize,
     i1: usize,
@@ -80,13 +72,12 @@ struct Lin<T> {
 
 pub fn resize<T: Real>(x: ArrayView5<T>, p: &Resize) -> Result<Array5<T>> {
     let xs = dims(&x);
-    let out_sp = shape::resize_sizes(&xs, p).map_err(err)?;
+    let (out_sp, scales) = p.geometry(spatial(&xs)).map_err(err)?;
     let os = [xs[0], xs[1], out_sp[0], out_sp[1], out_sp[2]];
     let x = standard(&x);
     let xd = x
         .as_slice()
         .ok_or_else(|| err("Resize input is not contiguous".into()))?;
-    let scales = mapping_scales(p, &xs[2..], &out_sp);
     let (h, w) = (xs[3], xs[4]);
     let pin = xs[2] * h * w;
     let pout = out_sp.iter().product::<usize>();

@@ -1,0 +1,443 @@
+//! Lowering of a decoded ONNX graph to the IR.
+//!
+//! Nodes are visited in a topological order computed here (hostile files may be unsorted, cyclic or
+//! dangling). Each ONNX value becomes one of [`Val`]: an NCDHW activation, a constant, a small
+//! symbolic tensor (shape plumbing computed from `Shape(x)`), or one of the two intermediate states
+//! of PyTorch's GroupNorm export. Shape plumbing is folded here; what depends on the window size is
+//! evaluated by running shape inference of the partial IR on several probe windows.
+
+use super::analysis::spatial_divisor_raw;
+use super::decode::{decode_tensor, proto, Const, Data};
+use super::graph::*;
+use super::shape::infer_shapes_raw;
+use super::sym::{broadcast_index, broadcast_shape, for_each_index, Bop, Exprs, Round, Sym, X};
+use crate::{Error, Result};
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::rc::Rc;
+
+mod activation;
+mod attrs;
+mod binary;
+mod conv;
+mod norm;
+mod order;
+mod passes;
+mod plumbing;
+mod pool;
+mod reshape;
+mod resize;
+mod symbolic;
+
+use attrs::*;
+use order::*;
+use passes::*;
+use symbolic::*;
+
+/// Largest constant that shape-plumbing ops (Gather, Slice, elementwise folds...) will touch.
+const SMALL: usize = 1 << 22;
+
+/// Ceiling for strides, dilations and pads: keeps all size arithmetic far from overflow.
+const ATTR_LIMIT: i64 = 1 << 20;
+
+/// Elements that constant folding may produce over the whole import (folded tensors and the
+/// symbolic expressions built for them): real exports fold a few hundred, and this keeps a small
+/// hostile file (400 ConstantOfShape of 4 M elements each) far below the machine's memory.
+const FOLD_BUDGET: usize = 1 << 22;
+
+/// Steps of shape evaluation (probe shape inference per node, expression nodes evaluated) over
+/// the whole import: about a second of work, a hundred times what a real model needs.
+const WORK_BUDGET: u64 = 1 << 24;
+
+#[derive(Clone, Debug)]
+enum Val {
+    Act(ValueId),
+    Const(Const),
+    Sym(Sym),
+    /// `Reshape(x, [N, G, -1])` of activation `src` (GroupNorm export, step 1).
+    Grouped {
+        src: ValueId,
+        groups: usize,
+    },
+    /// InstanceNormalization (scale 1, bias 0) of a [`Val::Grouped`] (step 2).
+    GroupedNormed {
+        src: ValueId,
+        groups: usize,
+        eps: f32,
+    },
+}
+
+struct Lowerer<'a> {
+    path: &'a Path,
+    dir: Option<&'a Path>,
+    opset: i64,
+    vals: HashMap<String, Val>,
+    values: Vec<Value>,
+    nodes: Vec<Node>,
+    /// ONNX consumer count per value name, with Identity chains resolved to their source.
+    uses: HashMap<String, usize>,
+    alias: HashMap<String, String>,
+    graph_outputs: HashSet<String>,
+    input: ValueId,
+    /// Symbolic expressions of this import.
+    ex: RefCell<Exprs>,
+    /// Elements left of [`FOLD_BUDGET`].
+    fold_left: Cell<usize>,
+    /// Steps left of [`WORK_BUDGET`].
+    work_left: Cell<u64>,
+    /// Probes of the IR as it was when it had this many nodes (reused while no node is added).
+    probe_cache: RefCell<Option<(usize, Probes)>>,
+    /// Arena length already charged to the fold budget.
+    exprs_charged: Cell<usize>,
+    /// Index of the node producing each IR value (None for the input).
+    producer: Vec<Option<usize>>,
+}
+
+/// Context for error messages: `node "name" (Op)`.
+struct Ctx<'a> {
+    path: &'a Path,
+    name: String,
+    op: String,
+}
+
+impl Ctx<'_> {
+    fn err(&self, msg: impl std::fmt::Display) -> Error {
+        Error::model(
+            self.path,
+            format!("node \"{}\" ({}): {msg}", self.name, self.op),
+        )
+    }
+}
+
+pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) -> Result<Graph> {
+    let g = model
+        .graph
+        .as_ref()
+        .ok_or_else(|| Error::model(path, "the model has no graph"))?;
+    let opset = model
+        .opset_import
+        .iter()
+        .find(|o| matches!(o.domain(), "" | "ai.onnx"))
+        .map(|o| o.version())
+        .unwrap_or(17);
+    let mut lw = Lowerer {
+        path,
+        dir,
+        opset,
+        vals: HashMap::new(),
+        values: vec![],
+        nodes: vec![],
+        uses: HashMap::new(),
+        alias: HashMap::new(),
+        graph_outputs: HashSet::new(),
+        input: 0,
+        ex: RefCell::new(Exprs::default()),
+        fold_left: Cell::new(FOLD_BUDGET),
+        work_left: Cell::new(WORK_BUDGET),
+        probe_cache: RefCell::new(None),
+        exprs_charged: Cell::new(0),
+        producer: vec![],
+    };
+
+    for t in &g.initializer {
+        let c = decode_tensor(t, dir, path)?;
+        lw.vals.insert(t.name().to_string(), Val::Const(c));
+    }
+    // The single activation input (inputs that are also initializers are old-style defaults).
+    let acts: Vec<&proto::ValueInfoProto> = g
+        .input
+        .iter()
+        .filter(|i| !lw.vals.contains_key(i.name()))
+        .collect();
+    if acts.len() != 1 {
+        let names: Vec<&str> = acts.iter().map(|i| i.name()).collect();
+        return Err(Error::model(
+            path,
+            format!(
+                "voxtile needs exactly one input tensor, the model has {}: {names:?}",
+                acts.len()
+            ),
+        ));
+    }
+    let inp = acts[0];
+    let (channels, fixed) = input_signature(inp, path)?;
+    lw.values.push(Value {
+        name: inp.name().to_string(),
+        channels,
+    });
+    lw.producer.push(None);
+    lw.vals.insert(inp.name().to_string(), Val::Act(0));
+
+    let out_name = match g.output.first() {
+        Some(o) => o.name().to_string(),
+        None => return Err(Error::model(path, "the graph declares no output")),
+    };
+    if g.output.len() > 1 {
+        tracing::warn!(
+            "{}: the graph has {} outputs; using the first, \"{out_name}\"",
+            path.display(),
+            g.output.len()
+        );
+    }
+
+    let order = topo_order(g, &lw.vals, path)?;
+    // Nodes the output does not need are never lowered: folding them could only cost time and
+    // memory (a hostile file carries hundreds of unused ConstantOfShape).
+    let live = live_nodes(g, &out_name);
+    let order: Vec<usize> = order.into_iter().filter(|&i| live[i]).collect();
+    for &i in &order {
+        let n = &g.node[i];
+        if n.op_type() == "Identity" && n.input.len() == 1 && n.output.len() == 1 {
+            lw.alias.insert(n.output[0].clone(), n.input[0].clone());
+        }
+    }
+    for &i in &order {
+        let n = &g.node[i];
+        if n.op_type() == "Identity" {
+            continue;
+        }
+        for i in n.input.iter().filter(|s| !s.is_empty()) {
+            *lw.uses.entry(lw.resolve(i)).or_default() += 1;
+        }
+    }
+    for o in &g.output {
+        let r = lw.resolve(o.name());
+        lw.graph_outputs.insert(r.clone());
+        *lw.uses.entry(r).or_default() += 1;
+    }
+
+    for &i in &order {
+        let n = &g.node[i];
+        let name = if n.name().is_empty() {
+            format!("{}#{i}", n.op_type())
+        } else {
+            n.name().to_string()
+        };
+        let ctx = Ctx {
+            path,
+            name,
+            op: n.op_type().to_string(),
+        };
+        if !n.domain().is_empty() && n.domain() != "ai.onnx" {
+            return Err(ctx.err(format!(
+                "operators of domain \"{}\" are not supported",
+                n.domain()
+            )));
+        }
+        lw.node(n, &ctx)?;
+    }
+
+    lw.finish(g, out_name, fixed)
+}
+
+impl Lowerer<'_> {
+    /// The IR once every node is lowered: the output resolved and named, the passes run, and the
+    /// result validated.
+    fn finish(
+        mut self,
+        g: &proto::GraphProto,
+        out_name: String,
+        fixed: [Option<usize>; 3],
+    ) -> Result<Graph> {
+        let path = self.path;
+        let output = match self.vals.get(&out_name) {
+            Some(Val::Act(v)) => *v,
+            Some(_) => {
+                return Err(Error::model(
+                    path,
+                    format!(
+                    "graph output \"{out_name}\" is a constant or shape value, not an activation"
+                ),
+                ))
+            }
+            None => {
+                return Err(Error::model(
+                    path,
+                    format!("graph output \"{out_name}\" is not computed by any node"),
+                ))
+            }
+        };
+        if output == self.input {
+            return Err(Error::model(
+                path,
+                "the graph output is the input itself: the model computes nothing",
+            ));
+        }
+        self.values[output].name = out_name;
+
+        let mut graph = Graph {
+            name: g.name().to_string(),
+            values: self.values,
+            nodes: self.nodes,
+            input: self.input,
+            output,
+            fixed_input_spatial: fixed,
+        };
+        fuse_norm_affine(&mut graph);
+        prune(&mut graph);
+        graph
+            .validate()
+            .map_err(|e| Error::model(path, e.to_string()))?;
+        Ok(graph)
+    }
+
+    pub(super) fn resolve(&self, name: &str) -> String {
+        let mut cur = name.to_string();
+        let mut hops = 0;
+        while let Some(n) = self.alias.get(&cur) {
+            cur = n.clone();
+            hops += 1;
+            if hops > 10_000 {
+                break;
+            }
+        }
+        cur
+    }
+
+    pub(super) fn get(&self, ctx: &Ctx, n: &proto::NodeProto, i: usize) -> Result<Val> {
+        let name = n
+            .input
+            .get(i)
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| ctx.err(format!("input {i} is missing")))?;
+        let v = self
+            .vals
+            .get(name)
+            .ok_or_else(|| ctx.err(format!("input \"{name}\" is not available")))?;
+        // Copies of folded values are work: a big one read by many nodes must not be free.
+        if let Val::Sym(s) = v {
+            self.charge_work(ctx, s.elems.len() as u64)?;
+        }
+        Ok(v.clone())
+    }
+
+    pub(super) fn get_opt(&self, ctx: &Ctx, n: &proto::NodeProto, i: usize) -> Result<Option<Val>> {
+        match n.input.get(i) {
+            Some(s) if !s.is_empty() => self.get(ctx, n, i).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    pub(super) fn act(&self, ctx: &Ctx, n: &proto::NodeProto, i: usize) -> Result<ValueId> {
+        match self.get(ctx, n, i)? {
+            Val::Act(v) => Ok(v),
+            _ => Err(ctx.err(format!("input {i} (\"{}\") must be an activation tensor, but it is a constant or shape value", n.input[i]))),
+        }
+    }
+
+    pub(super) fn cst(
+        &self,
+        ctx: &Ctx,
+        n: &proto::NodeProto,
+        i: usize,
+        what: &str,
+    ) -> Result<Const> {
+        match self.get(ctx, n, i)? {
+            Val::Const(c) => Ok(c),
+            Val::Sym(s) => sym_to_const(&s).ok_or_else(|| ctx.err(format!("{what} (input {i}) depends on the window size and cannot be folded to a constant"))),
+            _ => Err(ctx.err(format!("{what} (input {i}) must be a constant (initializer or folded constant)"))),
+        }
+    }
+
+    /// Bind the node's output. A folded value is charged to the fold budget, with the
+    /// expression nodes built since the last charge.
+    pub(super) fn set(&mut self, n: &proto::NodeProto, v: Val) -> Result<()> {
+        if let Val::Sym(s) = &v {
+            let built = self.ex.borrow().len();
+            let ctx = self.ctx_of(n);
+            self.charge_fold(&ctx, s.elems.len())?;
+            let new_exprs = built.saturating_sub(self.exprs_charged.replace(built));
+            self.charge_fold(&ctx, new_exprs)?;
+        }
+        if let Some(o) = n.output.first() {
+            self.vals.insert(o.clone(), v);
+        }
+        Ok(())
+    }
+
+    pub(super) fn ctx_of(&self, n: &proto::NodeProto) -> Ctx<'_> {
+        Ctx {
+            path: self.path,
+            name: n.name().to_string(),
+            op: n.op_type().to_string(),
+        }
+    }
+
+    /// Append an IR node producing a new activation value.
+    pub(super) fn emit(
+        &mut self,
+        ctx: &Ctx,
+        n: &proto::NodeProto,
+        op: Op,
+        inputs: Vec<ValueId>,
+        channels: usize,
+    ) -> ValueId {
+        let out = self.values.len();
+        let vname = n
+            .output
+            .first()
+            .cloned()
+            .unwrap_or_else(|| format!("{}_out", ctx.name));
+        self.values.push(Value {
+            name: vname,
+            channels,
+        });
+        self.producer.push(Some(self.nodes.len()));
+        self.nodes.push(Node {
+            name: ctx.name.clone(),
+            op,
+            inputs,
+            output: out,
+        });
+        if let Some(o) = n.output.first() {
+            self.vals.insert(o.clone(), Val::Act(out));
+        }
+        out
+    }
+
+    pub(super) fn node(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
+        let op = n.op_type();
+        if n.output.len() > 1 && !matches!(op, "MaxPool" | "BatchNormalization" | "Dropout") {
+            return Err(ctx.err(format!(
+                "has {} outputs; voxtile supports single-output nodes here",
+                n.output.len()
+            )));
+        }
+        if n.output.len() > 1
+            && n.output[1..]
+                .iter()
+                .any(|o| !o.is_empty() && self.uses.get(&self.resolve(o)).copied().unwrap_or(0) > 0)
+        {
+            return Err(ctx.err("its secondary outputs (indices / running statistics / mask) are used, which voxtile does not support"));
+        }
+        match op {
+            "Identity" | "Dropout" => {
+                let v = self.get(ctx, n, 0)?;
+                self.set(n, v)?;
+            }
+            "Constant" => self.constant(n, ctx)?,
+            "Conv" => self.conv(n, ctx)?,
+            "ConvTranspose" => self.conv_transpose(n, ctx)?,
+            "BatchNormalization" => self.batch_norm(n, ctx)?,
+            "InstanceNormalization" => self.instance_norm(n, ctx)?,
+            "GroupNormalization" => self.group_norm_op(n, ctx)?,
+            "Relu" | "Sigmoid" | "Tanh" | "LeakyRelu" | "Elu" | "PRelu" => {
+                self.activation(n, ctx)?
+            }
+            "Softmax" => self.softmax(n, ctx)?,
+            "Add" | "Sub" | "Mul" | "Div" => self.binary(n, ctx)?,
+            "Concat" => self.concat(n, ctx)?,
+            "MaxPool" | "AveragePool" => self.pool(n, ctx)?,
+            "Resize" | "Upsample" => self.resize(n, ctx)?,
+            "Reshape" => self.reshape(n, ctx)?,
+            "Shape" => self.shape_op(n, ctx)?,
+            "Cast" => self.cast(n, ctx)?,
+            "Gather" | "Unsqueeze" | "Squeeze" | "Slice" | "ConstantOfShape" | "Flatten"
+            | "Floor" | "Ceil" | "Neg" | "Sqrt" | "Reciprocal" | "Min" | "Max" | "Range"
+            | "Expand" | "Transpose" => self.plumbing(n, ctx)?,
+            other => return Err(ctx.err(format!("operator {other} is not supported by voxtile"))),
+        }
+        Ok(())
+    }
+}

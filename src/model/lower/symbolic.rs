@@ -1,0 +1,176 @@
+//! Shape plumbing: folding of small constant / symbolic tensors, their evaluation on probe
+//! windows of the partial IR, and the budgets that bound both.
+
+use super::*;
+
+/// Shapes of the partial IR on the probe windows: (shapes per value, window) pairs.
+pub(super) type Probes = Rc<Vec<(Vec<[usize; 5]>, [usize; 3])>>;
+
+/// Element count of a shape, None on overflow or above [`SMALL`].
+pub(super) fn small_numel(shape: &[usize]) -> Option<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .filter(|&n| n <= SMALL)
+}
+
+/// The `m`-th probe window for spatial divisor `d` (axes differ so that mixed-up axes show);
+/// None once it no longer fits in memory arithmetic (a divisor grown absurdly large).
+pub(super) fn probe_window(d: [usize; 3], m: usize) -> Option<[usize; 3]> {
+    const MAX: usize = 1 << 24;
+    let w = [
+        d[0].checked_mul(m)?,
+        d[1].checked_mul(m + 1)?,
+        d[2].checked_mul(m + 3)?,
+    ];
+    w.iter().all(|&v| v <= MAX).then_some(w)
+}
+
+pub(super) fn sym_to_const(s: &Sym) -> Option<Const> {
+    let v = s.all_known()?;
+    Some(Const {
+        shape: s.shape.clone(),
+        data: if s.int {
+            Data::I(v.iter().map(|&x| x as i64).collect())
+        } else {
+            Data::F(v.iter().map(|&x| x as f32).collect())
+        },
+    })
+}
+
+/// Right-align a shape against NCDHW (numpy broadcasting).
+pub(super) fn to5(shape: &[usize]) -> Option<[usize; 5]> {
+    if shape.len() > 5 {
+        return None;
+    }
+    let mut o = [1usize; 5];
+    o[5 - shape.len()..].copy_from_slice(shape);
+    Some(o)
+}
+
+impl Lowerer<'_> {
+    /// Refuse a fold that would produce more than the elements left of [`FOLD_BUDGET`]
+    /// (checked before allocating, where the size is known up front).
+    pub(super) fn check_fold(&self, ctx: &Ctx, elems: usize) -> Result<()> {
+        if elems > self.fold_left.get() {
+            return Err(ctx.err(format!(
+                "folding its constant/shape computation needs {elems} elements; with the folds \
+                 before it, that is more than the {FOLD_BUDGET} voxtile allows for a model"
+            )));
+        }
+        Ok(())
+    }
+
+    pub(super) fn charge_fold(&self, ctx: &Ctx, elems: usize) -> Result<()> {
+        self.check_fold(ctx, elems)?;
+        self.fold_left.set(self.fold_left.get() - elems);
+        Ok(())
+    }
+
+    /// Spend `steps` of [`WORK_BUDGET`]; past it the model is refused rather than left to run.
+    pub(super) fn charge_work(&self, ctx: &Ctx, steps: u64) -> Result<()> {
+        let left = self.work_left.get();
+        if steps > left {
+            return Err(ctx.err(format!(
+                "evaluating the model's shape computations takes more than {WORK_BUDGET} steps; \
+                 the graph is too large or too deep to fold"
+            )));
+        }
+        self.work_left.set(left - steps);
+        Ok(())
+    }
+
+    /// `xs` evaluated on one probe's shapes (NaN where unknown), charged to the work budget.
+    pub(super) fn eval(&self, ctx: &Ctx, xs: &[X], shapes: &[[usize; 5]]) -> Result<Vec<f64>> {
+        let (v, visited) = self.ex.borrow().eval(xs, shapes);
+        self.charge_work(ctx, visited as u64 + 1)?;
+        Ok(v)
+    }
+
+    /// View a constant/symbolic value as a [`Sym`].
+    pub(super) fn small(&self, ctx: &Ctx, v: &Val) -> Result<Sym> {
+        match v {
+            Val::Sym(s) => {
+                self.charge_work(ctx, s.elems.len() as u64)?;
+                Ok(s.clone())
+            }
+            Val::Const(c) => {
+                self.charge_work(ctx, c.len() as u64)?;
+                if c.len() > SMALL {
+                    return Err(ctx.err(format!("folding a constant of {} elements is not supported", c.len())));
+                }
+                Ok(Sym { shape: c.shape.clone(), elems: c.to_f64().into_iter().map(X::K).collect(), int: c.is_int() })
+            }
+            _ => Err(ctx.err("this operation on an activation tensor is not supported (only constant / shape values can be folded)")),
+        }
+    }
+
+    /// Elementwise fold of two non-activation values (numpy broadcasting).
+    pub(super) fn elementwise(&self, ctx: &Ctx, a: &Val, b: &Val, op: &str) -> Result<Val> {
+        let sa = self.small(ctx, a)?;
+        let sb = self.small(ctx, b)?;
+        let shape = broadcast_shape(&sa.shape, &sb.shape).ok_or_else(|| {
+            ctx.err(format!(
+                "shapes {:?} and {:?} do not broadcast",
+                sa.shape, sb.shape
+            ))
+        })?;
+        let numel = small_numel(&shape)
+            .ok_or_else(|| ctx.err(format!("broadcast result {shape:?} is too large to fold")))?;
+        self.check_fold(ctx, numel)?;
+        let int = sa.int && sb.int;
+        let bop = match op {
+            "Add" => Bop::Add,
+            "Sub" => Bop::Sub,
+            "Mul" => Bop::Mul,
+            "Div" => Bop::Div,
+            "Min" => Bop::Min,
+            _ => Bop::Max,
+        };
+        let mut elems = Vec::with_capacity(numel);
+        let mut ex = self.ex.borrow_mut();
+        for_each_index(&shape, |idx| {
+            let x = sa.elems[broadcast_index(&sa.shape, &shape, idx)];
+            let y = sb.elems[broadcast_index(&sb.shape, &shape, idx)];
+            let r = ex.bin(bop, x, y);
+            elems.push(if int && bop == Bop::Div {
+                ex.un(Round::Trunc, r)
+            } else {
+                r
+            });
+        });
+        Ok(Val::Sym(Sym { shape, elems, int }))
+    }
+
+    /// Shapes of the partial IR on several windows (multiples of its spatial divisor, different per
+    /// axis so that mixed-up axes show), N = 1 and 2. Returns (shapes, window) pairs.
+    /// Each shape inference of the partial IR is charged to the work budget, and the result is
+    /// reused until a node is added (a chain of no-op Reshapes probes once).
+    pub(super) fn probe(&self, ctx: &Ctx, _x: ValueId) -> Result<Probes> {
+        if let Some((len, p)) = &*self.probe_cache.borrow() {
+            if *len == self.nodes.len() {
+                return Ok(p.clone());
+            }
+        }
+        let cost = self.nodes.len() as u64 + self.values.len() as u64 + 1;
+        self.charge_work(ctx, cost)?;
+        let d = spatial_divisor_raw(&self.values, &self.nodes, self.input);
+        let mut out = vec![];
+        for m in 1..40usize {
+            let Some(w) = probe_window(d, m) else {
+                break;
+            };
+            let n = 1 + (m % 2);
+            self.charge_work(ctx, cost)?;
+            if let Ok(s) = infer_shapes_raw(&self.values, &self.nodes, self.input, n, w) {
+                out.push((s, w));
+                if out.len() == 4 {
+                    let p = Rc::new(out);
+                    *self.probe_cache.borrow_mut() = Some((self.nodes.len(), p.clone()));
+                    return Ok(p);
+                }
+            }
+        }
+        Err(ctx.err("cannot evaluate the shape computation: no probe window fits the model so far"))
+    }
+}

@@ -1,0 +1,329 @@
+//! The operations of the IR, each with its parameters, validation and output shape defined once
+//! (per-op files, as tract keeps shape inference with the op): the importer, the graph analyses
+//! and every backend call these, so no backend re-derives a shape or re-checks a weight.
+//!
+//! [`Op::check`] validates an op against its inputs' channel counts (run by `Graph::validate`
+//! at load), [`Op::output_shape`] gives the NCDHW output of concrete input shapes (check
+//! included), [`Op::flops`] and [`Op::param_len`] are the cost facts the planner reads.
+
+mod channel;
+mod conv;
+mod pool;
+mod resize;
+pub mod window;
+
+pub use conv::{Conv, ConvTranspose};
+pub use pool::Pool;
+pub use resize::{CoordMode, NearestMode, Resize, ResizeMode};
+pub use window::Window;
+
+use super::tensor::Tensor;
+use channel::{broadcast_channels, broadcast_to, epsilon, per_channel};
+
+/// An NCDHW activation shape.
+pub type Shape = [usize; 5];
+
+/// The operations of the IR. Elementwise binaries take two activations of the same shape, or an
+/// activation and a constant broadcast to NCDHW (`*Const`, shape of 5 dims, each 1 or full size).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    Conv(Conv),
+    ConvTranspose(ConvTranspose),
+    /// Per (n, c) normalisation over D,H,W, then `scale[c] * x + bias[c]`.
+    InstanceNorm {
+        eps: f32,
+        scale: Tensor,
+        bias: Tensor,
+    },
+    /// Per (n, group) normalisation over (C/groups, D, H, W), then per-channel affine.
+    GroupNorm {
+        groups: usize,
+        eps: f32,
+        scale: Tensor,
+        bias: Tensor,
+    },
+    /// `scale[c] * x + shift[c]`: a BatchNorm that could not be folded into a conv.
+    ChannelAffine {
+        scale: Tensor,
+        shift: Tensor,
+    },
+    Relu,
+    LeakyRelu {
+        alpha: f32,
+    },
+    /// `x if x >= 0 else slope * x`, slope of shape `[C]` (per channel) or `[1]`.
+    PRelu {
+        slope: Tensor,
+    },
+    Elu {
+        alpha: f32,
+    },
+    Sigmoid,
+    Tanh,
+    /// Softmax over one axis of NCDHW (the exporters use 1, the channels).
+    Softmax {
+        axis: usize,
+    },
+    Add,
+    Mul,
+    Sub,
+    Div,
+    AddConst(Tensor),
+    MulConst(Tensor),
+    /// Concatenation along an NCDHW axis (1 for skip connections).
+    Concat {
+        axis: usize,
+    },
+    MaxPool(Pool),
+    AveragePool(Pool),
+    Resize(Resize),
+    /// A no-op kept only when it carries a graph output's name.
+    Identity,
+}
+
+/// Letter of NCDHW axis `a`, for messages.
+fn ncdhw(a: usize) -> char {
+    b"NCDHW".get(a).map_or('?', |&c| c as char)
+}
+
+/// Spatial part of a shape.
+pub fn spatial(s: &Shape) -> [usize; 3] {
+    [s[2], s[3], s[4]]
+}
+
+/// `x`'s batch with `c` channels and spatial size `sp`.
+fn with(x: &Shape, c: usize, sp: [usize; 3]) -> Shape {
+    [x[0], c, sp[0], sp[1], sp[2]]
+}
+
+impl Conv {
+    /// Output shape on input `x`, parameters checked.
+    pub fn output_shape(&self, x: &Shape) -> Result<Shape, String> {
+        Ok(with(x, self.check(x[1])?, self.out_spatial(spatial(x))?))
+    }
+}
+
+impl ConvTranspose {
+    /// Output shape on input `x`, parameters checked.
+    pub fn output_shape(&self, x: &Shape) -> Result<Shape, String> {
+        Ok(with(x, self.check(x[1])?, self.out_spatial(spatial(x))?))
+    }
+}
+
+impl Pool {
+    /// Output shape on input `x`, parameters checked.
+    pub fn output_shape(&self, x: &Shape) -> Result<Shape, String> {
+        self.check()?;
+        Ok(with(x, x[1], self.out_spatial(spatial(x))?))
+    }
+}
+
+impl Op {
+    /// The ONNX-style name, for messages and `voxtile inspect`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Conv(_) => "Conv",
+            Op::ConvTranspose(_) => "ConvTranspose",
+            Op::InstanceNorm { .. } => "InstanceNormalization",
+            Op::GroupNorm { .. } => "GroupNormalization",
+            Op::ChannelAffine { .. } => "ChannelAffine",
+            Op::Relu => "Relu",
+            Op::LeakyRelu { .. } => "LeakyRelu",
+            Op::PRelu { .. } => "PRelu",
+            Op::Elu { .. } => "Elu",
+            Op::Sigmoid => "Sigmoid",
+            Op::Tanh => "Tanh",
+            Op::Softmax { .. } => "Softmax",
+            Op::Add => "Add",
+            Op::Mul => "Mul",
+            Op::Sub => "Sub",
+            Op::Div => "Div",
+            Op::AddConst(_) => "Add(const)",
+            Op::MulConst(_) => "Mul(const)",
+            Op::Concat { .. } => "Concat",
+            Op::MaxPool(_) => "MaxPool",
+            Op::AveragePool(_) => "AveragePool",
+            Op::Resize(_) => "Resize",
+            Op::Identity => "Identity",
+        }
+    }
+
+    /// How many activation inputs the op takes (`None`: one or more, for Concat).
+    pub fn arity(&self) -> Option<usize> {
+        match self {
+            Op::Add | Op::Mul | Op::Sub | Op::Div => Some(2),
+            Op::Concat { .. } => None,
+            _ => Some(1),
+        }
+    }
+
+    /// Validates the op's parameters against its inputs' channel counts (arity, weight rank,
+    /// groups, bias and norm lengths, zero strides...); returns its output channels.
+    pub fn check(&self, ins: &[usize]) -> Result<usize, String> {
+        let want = self.arity().unwrap_or(ins.len().max(1));
+        if ins.len() != want {
+            return Err(format!("has {} inputs, expected {want}", ins.len()));
+        }
+        let cin = ins[0];
+        match self {
+            Op::Conv(c) => c.check(cin),
+            Op::ConvTranspose(c) => c.check(cin),
+            Op::InstanceNorm { eps, scale, bias } => {
+                per_channel(scale, "scale", cin)?;
+                per_channel(bias, "bias", cin)?;
+                epsilon(*eps).map(|_| cin)
+            }
+            Op::GroupNorm {
+                groups,
+                eps,
+                scale,
+                bias,
+            } => {
+                if *groups == 0 || !cin.is_multiple_of(*groups) {
+                    return Err(format!("{groups} groups do not divide {cin} channels"));
+                }
+                per_channel(scale, "scale", cin)?;
+                per_channel(bias, "bias", cin)?;
+                epsilon(*eps).map(|_| cin)
+            }
+            Op::ChannelAffine { scale, shift } => {
+                per_channel(scale, "scale", cin)?;
+                per_channel(shift, "shift", cin).map(|_| cin)
+            }
+            Op::PRelu { slope } if slope.len() == 1 && slope.is_consistent() => Ok(cin),
+            Op::PRelu { slope } => per_channel(slope, "slope", cin).map(|_| cin),
+            Op::AddConst(t) | Op::MulConst(t) => broadcast_channels(t, cin, false).map(|_| cin),
+            Op::Add | Op::Mul | Op::Sub | Op::Div if ins[1] != cin => {
+                Err(format!("operands have {cin} and {} channels", ins[1]))
+            }
+            Op::Concat { axis } | Op::Softmax { axis } if *axis >= 5 => {
+                Err(format!("axis {axis} out of range"))
+            }
+            Op::Concat { axis: 1 } => ins
+                .iter()
+                .try_fold(0usize, |a, &c| a.checked_add(c))
+                .ok_or_else(|| "its output channels overflow".to_string()),
+            Op::MaxPool(p) | Op::AveragePool(p) => p.check().map(|_| cin),
+            Op::Resize(r) => r.check().map(|_| cin),
+            _ => Ok(cin),
+        }
+    }
+
+    /// [`Op::check`] plus what a graph needs to run at any batch size (which the planner picks):
+    /// broadcast constants have batch 1. `Graph::validate` runs this.
+    pub fn check_any_batch(&self, ins: &[usize]) -> Result<usize, String> {
+        let cout = self.check(ins)?;
+        if let Op::AddConst(t) | Op::MulConst(t) = self {
+            broadcast_channels(t, ins[0], true)?;
+        }
+        Ok(cout)
+    }
+
+    /// The NCDHW output of the op on inputs of the given shapes (validation included), or why
+    /// it cannot run on them.
+    pub fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, String> {
+        let chans: Vec<usize> = inputs.iter().map(|s| s[1]).collect();
+        let cout = self.check(&chans)?;
+        let x = inputs[0];
+        if x.contains(&0) {
+            return Err(format!("got an empty input {x:?}"));
+        }
+        let sp = spatial(&x);
+        let out = match self {
+            Op::Conv(c) => c.out_spatial(sp)?,
+            Op::ConvTranspose(c) => c.out_spatial(sp)?,
+            Op::MaxPool(p) | Op::AveragePool(p) => p.out_spatial(sp)?,
+            Op::Resize(r) => r.out_size(sp)?,
+            Op::Concat { axis } => return concat_shape(inputs, *axis),
+            Op::Add | Op::Mul | Op::Sub | Op::Div if inputs[1] != x => {
+                return Err(format!("operands have shapes {x:?} and {:?}; elementwise ops need equal shapes (the window may not be divisible by the model's spatial divisor)", inputs[1]));
+            }
+            Op::AddConst(t) | Op::MulConst(t) => broadcast_to(t, &x).map(|_| sp)?,
+            _ => sp,
+        };
+        Ok(with(&x, cout, out))
+    }
+
+    /// Number of f32 parameters the op holds.
+    pub fn param_len(&self) -> usize {
+        match self {
+            Op::Conv(c) => c.weight.len() + c.bias.as_ref().map_or(0, |b| b.len()),
+            Op::ConvTranspose(c) => c.weight.len() + c.bias.as_ref().map_or(0, |b| b.len()),
+            Op::InstanceNorm { scale, bias, .. } | Op::GroupNorm { scale, bias, .. } => {
+                scale.len() + bias.len()
+            }
+            Op::ChannelAffine { scale, shift } => scale.len() + shift.len(),
+            Op::PRelu { slope } => slope.len(),
+            Op::AddConst(t) | Op::MulConst(t) => t.len(),
+            _ => 0,
+        }
+    }
+
+    /// Floating point operations for input `inp` and output `out`: 2·MACs for (transposed)
+    /// convolutions, rough per-element costs for the rest (norm 8, pooling kernel volume,
+    /// linear resize 16, others 1-4).
+    pub fn flops(&self, inp: &Shape, out: &Shape) -> u64 {
+        let numel = |s: &Shape| s.iter().map(|&d| d as u64).product::<u64>();
+        match self {
+            Op::Conv(c) => 2 * numel(out) * c.macs_per_output(),
+            Op::ConvTranspose(c) => 2 * numel(inp) * c.macs_per_input(),
+            Op::InstanceNorm { .. } | Op::GroupNorm { .. } => 8 * numel(out),
+            Op::Softmax { .. } | Op::Elu { .. } | Op::Sigmoid | Op::Tanh => 4 * numel(out),
+            Op::MaxPool(p) | Op::AveragePool(p) => numel(out) * p.taps(),
+            Op::Resize(r) => numel(out) * r.cost_per_output(),
+            Op::Concat { .. } | Op::Identity => 0,
+            Op::ChannelAffine { .. } => 2 * numel(out),
+            _ => numel(out),
+        }
+    }
+}
+
+/// Concatenation: inputs equal but along `axis`, sizes summed along it.
+fn concat_shape(inputs: &[Shape], axis: usize) -> Result<Shape, String> {
+    let first = inputs[0];
+    let mut out = first;
+    out[axis] = 0;
+    for (i, s) in inputs.iter().enumerate() {
+        if let Some(a) = (0..5).find(|&a| a != axis && s[a] != first[a]) {
+            let hint = if a >= 2 {
+                " (the window is probably not divisible by the model's spatial divisor: each down/up-sampling stage halves/doubles it)"
+            } else {
+                ""
+            };
+            return Err(format!(
+                "input {i} has shape {s:?} but input 0 has {first:?}: they differ along {}{hint}",
+                ncdhw(a)
+            ));
+        }
+        out[axis] = out[axis]
+            .checked_add(s[axis])
+            .ok_or_else(|| format!("its output size along {} overflows", ncdhw(axis)))?;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_of_plain_ops() {
+        let x = [2, 3, 4, 5, 6];
+        assert_eq!(Op::Relu.output_shape(&[x]), Ok(x));
+        assert_eq!(
+            Op::Concat { axis: 1 }.output_shape(&[x, [2, 1, 4, 5, 6]]),
+            Ok([2, 4, 4, 5, 6])
+        );
+        let e = Op::Concat { axis: 1 }.output_shape(&[x, [2, 1, 4, 5, 7]]);
+        assert!(e.unwrap_err().contains("differ along W"));
+        assert!(Op::Add.output_shape(&[x, [2, 3, 4, 5, 7]]).is_err());
+        assert!(Op::Add
+            .output_shape(&[x])
+            .unwrap_err()
+            .contains("expected 2"));
+        assert!(Op::Softmax { axis: 5 }.output_shape(&[x]).is_err());
+        let t = Tensor::new(vec![1, 3, 1, 1, 6], vec![0.0; 18]);
+        assert_eq!(Op::AddConst(t.clone()).output_shape(&[x]), Ok(x));
+        assert!(Op::AddConst(t).output_shape(&[[2, 3, 4, 5, 7]]).is_err());
+    }
+}
