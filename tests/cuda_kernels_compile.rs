@@ -884,7 +884,7 @@ fn upsample_vec_entries_match_their_mma_twins() {
     }
 }
 
-/// CPU emulation of `conv_c1_k3`'s index math (block decode, halo load, the thread's two
+/// CPU emulation of `CONV_C1_K3`'s index math (block decode, halo load, the thread's two
 /// voxels, weight offsets, output ldc/coff): every output element written exactly once and
 /// equal to a direct float64 conv, for strides 1/2/mixed, pads, partial tiles, Cout 5..64.
 #[test]

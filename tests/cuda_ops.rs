@@ -2127,7 +2127,7 @@ fn conv_halo_cases() {
         (14, 5, 16, Some(cat::CONV_HALO_C16N16_RP2.name)),
         (16, 3, 14, Some(cat::CONV_HALO_C16N16.name)),
         (16, 8, 16, None),
-        // Chunked Cin 128 (phase 7): default (conv_halo_c32n32_w4, 4 chunks) and a staged 4-tap ring.
+        // Chunked Cin 128 (phase 7): default (CONV_HALO_C32N32_W4, 4 chunks) and a staged 4-tap ring.
         (128, 17, 32, None),
         (128, 32, 32, Some(cat::CONV_HALO_C64N32_S4.name)),
         (128, 32, 64, None),
@@ -2242,10 +2242,10 @@ fn concat_parts_case(
     kernels_used(b, os[0])
 }
 
-/// `conv_c1_k3` (Cin 1, 3^3, stride 1/2, Cout <= 64) vs float64: Cout 16/32/20/64/24, stride
+/// `CONV_C1_K3` (Cin 1, 3^3, stride 1/2, Cout <= 64) vs float64: Cout 16/32/20/64/24, stride
 /// 1, 2 and mixed, zero / asymmetric pads, odd sizes (partial 2x8x32 tiles on every axis),
 /// fused activations, outputs into concat slices (8-aligned stride and offset: 16-byte stores;
-/// odd: element stores). Each case checks that `conv_c1_k3` ran; the switch turns it off.
+/// odd: element stores). Each case checks that `CONV_C1_K3` ran; the switch turns it off.
 #[test]
 fn conv_c1_cases() {
     let Some(mut b) = gpu() else { return };
@@ -2654,7 +2654,7 @@ fn bench_w1_layers() {
         Some(cat::CONV_MMA_M256N32_V8.name),
         Some(cat::CONV_MMA_M128N32_V8.name),
     ] {
-        // auto = the halo kernel (conv_halo_c32n32); forced tiles turn it off.
+        // auto = the halo kernel (CONV_HALO_C32N32); forced tiles turn it off.
         b.with(|o| o.conv_tile = tile.map(mma_named));
         let op = k1(&mut r);
         let t = time_one(&mut b, &mut r, op, 32, 32, 2, 128);
@@ -2670,7 +2670,8 @@ fn bench_w1_layers() {
     b.with(|o| o.halo_tile = Some(&cat::CONV_HALO_C32N32_W4));
     let t = time_one(&mut b, &mut r, op, 32, 32, 2, 128);
     println!(
-        "RESULT K1 conv_halo_c32n32_w4: {t:.3} ms {:.1} TF/s ({:.2}x cuDNN 166)",
+        "RESULT K1 {}: {t:.3} ms {:.1} TF/s ({:.2}x cuDNN 166)",
+        cat::CONV_HALO_C32N32_W4.name,
         flop / t / 1e9,
         flop / t / 1e9 / 166.0
     );
@@ -2686,7 +2687,8 @@ fn bench_w1_layers() {
     b.with(|o| o.halo_tile = Some(&cat::CONV_HALO_C64N32_W4));
     let t = time_one(&mut b, &mut r, op, 64, 32, 4, 128);
     println!(
-        "RESULT w1 c 64->32 k3s1 in 128^3 on conv_halo_c64n32_w4: {t:.3} ms {:.1} TF/s",
+        "RESULT w1 c 64->32 k3s1 in 128^3 on {}: {t:.3} ms {:.1} TF/s",
+        cat::CONV_HALO_C64N32_W4.name,
         2.0 * (4 * 128usize.pow(3)) as f64 * 32.0 * (27 * 64) as f64 / t / 1e9
     );
     b.with(|o| o.halo_tile = None);

@@ -24,7 +24,7 @@ pub struct ArchCaps {
     /// Stride-1 3^3 convs with Cin 16, 32, 64 or a multiple of 32 (even Cin 10..14 zero-padded
     /// to 16) on `conv_halo_*` (plan::pick_halo).
     pub conv_halo: bool,
-    /// Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `conv_c1_k3` (unless a tile is forced).
+    /// Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `CONV_C1_K3` (unless a tile is forced).
     pub conv_c1: bool,
     /// kernel == stride transposed convs with Cin, Cout % 8 == 0 on `convt_up_*` (16-byte
     /// staged epilogue) instead of the `conv_mma_*` scatter epilogue.
@@ -99,7 +99,7 @@ impl ArchCaps {
 pub enum ConvKernel {
     /// A strided transposed conv as one dense mma GEMM per output parity class.
     Parity(Vec<(ParityClass, &'static MmaConfig)>),
-    /// 1x1x1 conv with few outputs, one thread per voxel (`conv1x1_n16` / `_n32`).
+    /// 1x1x1 conv with few outputs, one thread per voxel (`CONV1X1_N16` / `_n32`).
     Pointwise {
         nc: usize,
     },
@@ -108,10 +108,10 @@ pub enum ConvKernel {
     Upsample(&'static MmaConfig),
     /// The same GEMM and weights on `convt_up_*` (the tile's 16-byte staged epilogue).
     UpsampleVec(&'static MmaConfig),
-    /// Cin-1 3^3 conv on `conv_c1_k3` (mma weight layout).
+    /// Cin-1 3^3 conv on `CONV_C1_K3` (mma weight layout).
     Cin1,
     Mma(&'static MmaConfig),
-    /// The wmma implicit GEMM (`conv_igemm_*`) or, for grouped convs, `conv_direct`.
+    /// The wmma implicit GEMM (`conv_igemm_*`) or, for grouped convs, `CONV_DIRECT`.
     Legacy {
         func: &'static str,
         bn: usize,
@@ -401,7 +401,7 @@ mod tests {
                 vec![64, 32, 2, 2, 2],
                 "Upsample",
             ),
-            // Cin 1, 3^3, stride 1 / 2: conv_c1_k3 (mma weight layout); switch off: mma tile.
+            // Cin 1, 3^3, stride 1 / 2: CONV_C1_K3 (mma weight layout); switch off: mma tile.
             (
                 h200,
                 geom([1, 16, 16, 16], [32, 16, 16, 16], 3, 1, 1, false),

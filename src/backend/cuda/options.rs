@@ -15,7 +15,7 @@ pub struct CudaOptions {
     /// Run eligible stride-1 3^3 convs (`select::pick_halo`) on the halo-tile kernels rather
     /// than on the `conv_mma_*` tiles. A forced mma tile also turns them off.
     pub halo_conv: bool,
-    /// Run Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `conv_c1_k3`.
+    /// Run Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `CONV_C1_K3`.
     pub c1_conv: bool,
     /// Run kernel == stride transposed convs with Cin, Cout % 8 == 0 on `convt_up_*` (16-byte
     /// staged epilogue) rather than the `conv_mma_*` scatter epilogue.

@@ -82,7 +82,9 @@ pub fn parity_split(
     out: [usize; 3],
 ) -> Option<Vec<ParityClass>> {
     // Per axis, per residue with outputs: (r, taps with the largest kk first, pad, grid).
-    let mut axes: Vec<Vec<(usize, Vec<usize>, i32, usize)>> = Vec::new();
+    // Per axis: (r, taps, pad, grid) of each residue with outputs.
+    type Residue = (usize, Vec<usize>, i32, usize);
+    let mut axes: Vec<Vec<Residue>> = Vec::new();
     for a in 0..3 {
         let s = stride[a];
         if s == 0 {
@@ -152,6 +154,7 @@ pub fn relayout_parity_weight(
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)]
 mod tests {
     use super::*;
 
@@ -169,7 +172,7 @@ mod tests {
         }
         let (r, kpad) = relayout_weight(&w, &shape, 1, false, 64);
         assert_eq!(kpad, 32);
-        assert_eq!(r[1 * kpad + 1 * 3 + 2].to_f32(), 121.0); // co 1, tap 1, ci 2
+        assert_eq!(r[kpad + 3 + 2].to_f32(), 121.0); // co 1, tap 1, ci 2
         assert_eq!(r[6].to_f32(), 0.0); // K padding
                                         // Transposed [Cin=3][Cout=2][1][1][2]: element (ci, co, t) = 100ci + 10co + t.
         let mut wt = vec![0.0; 12];
@@ -181,11 +184,11 @@ mod tests {
             }
         }
         let (r, kpad) = relayout_weight(&wt, &[3, 2, 1, 1, 2], 1, true, 64);
-        assert_eq!(r[1 * kpad + 1 * 3 + 2].to_f32(), 211.0); // co 1, tap 1, ci 2
-                                                             // As the upsampling GEMM: row tap * Cout + co, column ci.
+        assert_eq!(r[kpad + 3 + 2].to_f32(), 211.0); // co 1, tap 1, ci 2
+                                                     // As the upsampling GEMM: row tap * Cout + co, column ci.
         let (u, kpad) = relayout_upsampling_weight(&wt, &[3, 2, 1, 1, 2], 128);
         assert_eq!(kpad, 32);
-        assert_eq!(u[(1 * 2 + 0) * kpad + 2].to_f32(), 201.0); // tap 1, co 0, ci 2
+        assert_eq!(u[2 * kpad + 2].to_f32(), 201.0); // tap 1, co 0, ci 2
         assert_eq!(u[kpad + 1].to_f32(), 110.0); // tap 0, co 1, ci 1
         assert_eq!(u[4 * kpad].to_f32(), 0.0); // row padding
     }

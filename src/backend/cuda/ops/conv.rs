@@ -28,7 +28,7 @@ pub(crate) struct ConvStep {
     pub bn: u32,
     pub threads: u32,
     pub smem: u32,
-    /// Grouped conv on `conv_direct` (one thread per output).
+    /// Grouped conv on `CONV_DIRECT` (one thread per output).
     pub direct: bool,
     /// 1x1x1 conv with few outputs on `conv1x1_n*` (one thread per voxel).
     pub pointwise: bool,

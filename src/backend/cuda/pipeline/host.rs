@@ -204,7 +204,7 @@ mod tests {
         }
     }
 
-    /// `gather_window_ring` (kernels/blend.cu) emulated: the same index math, one window.
+    /// `GATHER_WINDOW_RING` (kernels/blend.cu) emulated: the same index math, one window.
     /// `[pb, roi, start]`: padding before the volume, window size, window start.
     fn gather_ring_emulated(
         ring_buf: &[u16],

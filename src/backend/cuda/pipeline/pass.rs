@@ -308,7 +308,7 @@ impl<'a, 'j> Pass<'a, 'j> {
         Ok(())
     }
 
-    /// Finalises planes [p0, p0 + np) of the ring into `dev_out[slot]` (`finalize_planes`; its
+    /// Finalises planes [p0, p0 + np) of the ring into `dev_out[slot]` (`FINALIZE_PLANES`; its
     /// float4 twin, one block row per plane, where H * W is a multiple of 4): labels or
     /// outputs, ring slots zeroed.
     pub(super) fn finalize(&self, slot: usize, p0: usize, np: usize) -> Result<()> {
