@@ -9,7 +9,7 @@
 //! - `catalogue`: every kernel's family, entry point and tile configuration;
 //! - `compile`: NVRTC build with the PTX cache, module loading;
 //! - `device`: driver errors, the allocation tracker, `DevBuf`;
-//! - `launch`: kernel arguments and launches on a [`launch::Gpu`] (context, streams, kernels);
+//! - `launch`: kernel arguments and launches on a `launch::Gpu` (context, streams, kernels);
 //! - host planning: `plan` (fusion, parameter blocks), `relayout` (weights), `select` and
 //!   `conv_kernel` (which conv kernel), `buffers` (the buffer plan the memory planner sums);
 //! - `ops/*`: one plan-and-launch unit per op family; `launch_list`: the prepared graph;

@@ -1,7 +1,7 @@
 //! Weight re-layout for the GEMM kernels (host only): conv / transposed-conv weights as fp16
 //! B matrices, and a strided transposed conv split into dense parity-class convs.
 
-/// Re-lays a conv / transposed-conv weight as [cout_pad][kpad] f16 bits, element [co][tap][ci] (ci
+/// Re-lays a conv / transposed-conv weight as `[cout_pad][kpad]` f16 bits, element `[co][tap][ci]` (ci
 /// within the group), zero padded, as the GEMM's B matrix wants it. Returns (data, kpad).
 pub fn relayout_weight(
     w: &[f32],
@@ -37,7 +37,7 @@ pub fn relayout_weight(
 }
 
 /// Weight of the upsampling transposed conv as the GEMM's B matrix: row j = tap * Cout + co,
-/// column ci (weight shape [Cin][Cout][kd][kh][kw]); rows padded to `rows_pad`, K to 32.
+/// column ci (weight shape `[Cin][Cout][kd][kh][kw]`); rows padded to `rows_pad`, K to 32.
 /// Returns (data, kpad).
 pub fn relayout_upsampling_weight(
     w: &[f32],
@@ -72,7 +72,7 @@ pub struct ParityClass {
 }
 
 /// Splits a transposed conv (kernel `k`, `stride`, begin pads `pads`, dilation 1, output size
-/// `out`) into its stride^3 parity classes: output o = j*s + r receives x[i] * w[kk] for every
+/// `out`) into its stride^3 parity classes: output o = j*s + r receives x`[i]` * w`[kk]` for every
 /// kk with (r + pad - kk) divisible by s, at i = j + (r + pad - kk) / s. None when some class
 /// with outputs has no tap on an axis (its outputs would be bias only: kept on the gather kernel).
 pub fn parity_split(
@@ -123,8 +123,8 @@ pub fn parity_split(
     Some(classes)
 }
 
-/// Weight of one parity class as the GEMM's B matrix [cout_pad][kpad]: K = (tz, ty, tx, ci),
-/// from the transposed weight [Cin][Cout][kd][kh][kw] (groups 1). Returns (data, kpad).
+/// Weight of one parity class as the GEMM's B matrix `[cout_pad][kpad]`: K = (tz, ty, tx, ci),
+/// from the transposed weight `[Cin][Cout][kd][kh][kw]` (groups 1). Returns (data, kpad).
 pub fn relayout_parity_weight(
     w: &[f32],
     shape: &[usize],

@@ -31,8 +31,8 @@ pub fn window_z0(starts: &[[usize; 3]], pad_before: usize) -> Vec<i64> {
 
 /// Ring depth in D-planes for windows with sorted volume D starts `z0`, window depth `rd`,
 /// volume depth `d`, `batch` windows per launch: the most planes any `batch` consecutive
-/// windows span (clipped to the volume), so [`schedule`] cuts no batch short for the ring,
-/// capped at [`ring_cap`] (batches spanning more are cut). W1 (rows of 7 windows, step rd/2):
+/// windows span (clipped to the volume), so `schedule` cuts no batch short for the ring,
+/// capped at `ring_cap` (batches spanning more are cut). W1 (rows of 7 windows, step rd/2):
 /// `rd` at batch 1, `rd + step` for batches 2..7.
 pub fn ring_planes(z0: &[i64], rd: usize, d: usize, batch: usize) -> usize {
     let clamp = |z: i64| z.clamp(0, d as i64) as usize;
