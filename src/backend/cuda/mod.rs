@@ -150,7 +150,7 @@ impl CudaBackend {
         self.opts = opts;
     }
 
-    /// "cuda:N <device name>".
+    /// `cuda:N <device name>`.
     pub fn name(&self) -> String {
         format!("cuda:{} {}", self.gpu.ctx.ordinal(), self.device_name)
     }
