@@ -2,14 +2,15 @@
 //! Skips with a message when libnvrtc cannot be loaded, unless VOXTILE_REQUIRE_NVRTC=1.
 //! CI: LD_LIBRARY_PATH=<wheel>/nvidia/cu13/lib VOXTILE_CUDA_INCLUDE=<wheel>/nvidia/cu13/include.
 
-use voxtile::backend::cuda::kernels;
+use voxtile::backend::cuda::catalogue::{self as cat, Family, FAMILIES};
+use voxtile::backend::cuda::compile;
 
 #[test]
 fn every_kernel_family_compiles_without_warnings() {
     let require = std::env::var("VOXTILE_REQUIRE_NVRTC")
         .map(|v| v == "1")
         .unwrap_or(false);
-    if !kernels::nvrtc_present() {
+    if !compile::nvrtc_present() {
         assert!(
             !require,
             "VOXTILE_REQUIRE_NVRTC=1 but libnvrtc could not be loaded (check LD_LIBRARY_PATH)"
@@ -17,17 +18,18 @@ fn every_kernel_family_compiles_without_warnings() {
         println!("skipped: libnvrtc not found (set LD_LIBRARY_PATH to a CUDA 13.0 NVRTC)");
         return;
     }
-    let (ma, mi) = kernels::nvrtc_version().expect("nvrtc version");
+    let (ma, mi) = compile::nvrtc_version().expect("nvrtc version");
     println!(
         "NVRTC {ma}.{mi}, include dirs {:?}",
-        kernels::include_dirs()
+        compile::include_dirs()
     );
     let mut failures = Vec::new();
     for arch in ["sm_90", "sm_80"] {
-        for (name, src, entries) in kernels::FAMILIES {
-            match kernels::compile_family(name, src, arch) {
+        for fam in FAMILIES {
+            let name = fam.name();
+            match compile::compile(fam, arch) {
                 Ok(ptx) => {
-                    for e in entries.iter() {
+                    for e in fam.entries() {
                         if !ptx.contains(&format!(".entry {e}(")) {
                             failures.push(format!(
                                 "{name}.cu ({arch}): entry {e} missing from the PTX"
@@ -47,15 +49,11 @@ fn every_kernel_family_compiles_without_warnings() {
     );
 }
 
-use voxtile::backend::cuda::plan::{halo_config, HaloConfig, HALO_CONFIGS};
+use voxtile::backend::cuda::catalogue::{halo_config, HaloConfig, HALO_CONFIGS};
 
 /// The `HALO_ENTRY(...)` / `HALO2_ENTRY(...)` lines of kernels/conv.cu: name and numbers.
 fn halo_entries() -> Vec<(String, Vec<usize>)> {
-    let src = kernels::FAMILIES
-        .iter()
-        .find(|f| f.0 == "conv")
-        .expect("conv family")
-        .1;
+    let src = Family::Conv.source();
     src.lines()
         .filter_map(|l| {
             let rest = l
@@ -81,7 +79,7 @@ fn halo_entries() -> Vec<(String, Vec<usize>)> {
 fn halo_configs_match_the_kernel_entries() {
     let entries = halo_entries();
     assert_eq!(entries.len(), HALO_CONFIGS.len(), "{entries:?}");
-    let listed = kernels::FAMILIES.iter().find(|f| f.0 == "conv").unwrap().2;
+    let listed = Family::Conv.entries();
     for (name, a) in &entries {
         let c = halo_config(name).unwrap_or_else(|| panic!("{name} not in HALO_CONFIGS"));
         let wn = c.threads as usize / 32 / c.wm;
@@ -107,7 +105,7 @@ fn halo_configs_match_the_kernel_entries() {
         assert_eq!(c.pad_cin, c.cin == 16, "{name}: zero-padding configs");
         assert!(
             listed.contains(&name.as_str()),
-            "{name} not in kernels::FAMILIES"
+            "{name} not in the conv family"
         );
         // Shapes the kernel's static_asserts require (checked here too, for the config side).
         let tbm = c.tile.iter().product::<usize>();
@@ -590,13 +588,13 @@ fn emulate_halo(
 /// smem, i.e. those that take the vector epilogue when Cout, ldc and coff are multiples of 8
 /// (not c32n64: 73.7 KB of stage vs 58.2 KB; not c16n32: 41.0 vs 31.9 KB).
 const HALO_VEC: &[&str] = &[
-    "conv_halo_c32n32_w4",
-    "conv_halo_c64n32",
-    "conv_halo_c64n64",
-    "conv_halo_c32n32",
-    "conv_halo_c64n32_w4",
-    "conv_halo_c16n16",
-    "conv_halo_c16n16_w8",
+    cat::CONV_HALO_C32N32_W4.name,
+    cat::CONV_HALO_C64N32.name,
+    cat::CONV_HALO_C64N64.name,
+    cat::CONV_HALO_C32N32.name,
+    cat::CONV_HALO_C64N32_W4.name,
+    cat::CONV_HALO_C16N16.name,
+    cat::CONV_HALO_C16N16_W8.name,
 ];
 
 /// One emulated launch: config, input d, h, w, begin pads, end pads, Cin, Cout, [ldc, coff],
@@ -860,12 +858,8 @@ fn halo_index_emulation() {
 /// of their `MMA_ENTRY` twin (plan::UPSAMPLE_VEC), so the twin's shared memory size is right.
 #[test]
 fn upsample_vec_entries_match_their_mma_twins() {
-    use voxtile::backend::cuda::plan::UPSAMPLE_VEC;
-    let src = kernels::FAMILIES
-        .iter()
-        .find(|f| f.0 == "conv")
-        .expect("conv family")
-        .1;
+    use voxtile::backend::cuda::catalogue::UPSAMPLE_VEC;
+    let src = Family::Conv.source();
     let args = |prefix: &str| -> Vec<Vec<String>> {
         src.lines()
             .filter_map(|l| {
@@ -890,7 +884,7 @@ fn upsample_vec_entries_match_their_mma_twins() {
     }
 }
 
-/// CPU emulation of `conv_c1_k3`'s index math (block decode, halo load, the thread's two
+/// CPU emulation of `CONV_C1_K3`'s index math (block decode, halo load, the thread's two
 /// voxels, weight offsets, output ldc/coff): every output element written exactly once and
 /// equal to a direct float64 conv, for strides 1/2/mixed, pads, partial tiles, Cout 5..64.
 #[test]

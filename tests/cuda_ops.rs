@@ -5,12 +5,55 @@
 //! element fails the check. Run on the GPU machine with tests/gpu/run.sh.
 
 use ndarray::{Array3, Array4, Array5};
-use voxtile::backend::cuda::plan::pick_halo;
-use voxtile::backend::cuda::CudaBackend;
-use voxtile::backend::Backend;
+use voxtile::backend::cuda::buffers::ConvGeom;
+use voxtile::backend::cuda::catalogue::{self as cat, halo_config, MmaConfig, MMA_CONFIGS};
+use voxtile::backend::cuda::select::pick_halo;
+use voxtile::backend::cuda::{CudaBackend, CudaOptions};
 use voxtile::model::graph::*;
 
 // ---------- helpers ----------
+
+/// Switches the backend's options (kernel variants apply from the next `prepare`).
+trait Opts {
+    fn with(&mut self, f: impl FnOnce(&mut CudaOptions));
+}
+
+impl Opts for CudaBackend {
+    fn with(&mut self, f: impl FnOnce(&mut CudaOptions)) {
+        let mut o = *self.options();
+        f(&mut o);
+        self.set_options(o);
+    }
+}
+
+/// The mma tile named `name` (a catalogue entry's name).
+fn mma_named(name: &str) -> &'static MmaConfig {
+    MMA_CONFIGS
+        .iter()
+        .find(|c| c.name == name)
+        .expect("an mma tile")
+}
+
+/// The halo kernel named `name` (a catalogue entry's name).
+fn halo_named(name: &str) -> &'static cat::HaloConfig {
+    halo_config(name).expect("a halo kernel")
+}
+
+/// The halo kernel the planner picks by default for a stride-1 3^3 conv (227 KiB of smem).
+fn default_halo(cin: usize, cout: usize, k: usize, st: usize) -> Option<&'static cat::HaloConfig> {
+    let g = ConvGeom {
+        xs: [cin, 8, 8, 8],
+        os: [cout, 8, 8, 8],
+        k: [k; 3],
+        stride: [st; 3],
+        dil: [1; 3],
+        pads: [1; 3],
+        groups: 1,
+        transposed: false,
+        upsample: false,
+    };
+    pick_halo(&g, 227 * 1024, None)
+}
 
 struct Rng(u64);
 impl Rng {
@@ -63,7 +106,7 @@ fn gpu() -> Option<CudaBackend> {
                 b.arch(),
                 b.ptx_from_cache
             );
-            b.set_poison(true);
+            b.with(|o| o.poison = true);
             Some(b)
         }
         Err(e) => {
@@ -1576,7 +1619,7 @@ fn bench_conv_32_32() {
                 c,
             )],
         );
-        b.set_poison(false);
+        b.with(|o| o.poison = false);
         b.prepare(&g, 2, [s; 3]).unwrap();
         let x = Array5::from_shape_vec((2, c, s, s, s), r.vec(2 * c * s * s * s, 1.0)).unwrap();
         b.run(x.view()).unwrap();
@@ -1593,12 +1636,11 @@ fn bench_conv_32_32() {
 /// GEMM with a scatter epilogue) and the legacy wmma path, on shapes that leave partial tiles.
 #[test]
 fn conv_mma_tiles() {
-    use voxtile::backend::cuda::plan::MMA_CONFIGS;
     let Some(mut b) = gpu() else { return };
     let mut r = rng("mma");
     let tiles: Vec<Option<&str>> = MMA_CONFIGS.iter().map(|c| Some(c.name)).collect();
     for tile in tiles.into_iter().chain([None]) {
-        b.set_conv_tile(tile).unwrap();
+        b.with(|o| o.conv_tile = tile.map(mma_named));
         let t = tile.unwrap_or("auto");
         let leaky = || Some(Op::LeakyRelu { alpha: 0.01 });
         conv_case(
@@ -1738,8 +1780,8 @@ fn conv_mma_tiles() {
             1,
         );
     }
-    b.set_conv_tile(None).unwrap();
-    b.set_legacy_conv(true);
+    b.with(|o| o.conv_tile = None);
+    b.with(|o| o.legacy_conv = true);
     conv_case(
         &mut b,
         &mut r,
@@ -1767,7 +1809,7 @@ fn conv_mma_tiles() {
         [0; 3],
         1,
     );
-    b.set_legacy_conv(false);
+    b.with(|o| o.legacy_conv = false);
 }
 
 /// Conv kernels of the prepared plan (from the profile labels "... [kernel] ...").
@@ -1792,46 +1834,95 @@ fn kernels_used(b: &mut CudaBackend, batch: usize) -> Vec<String> {
 /// run forced) and checks that it is the one that ran.
 #[test]
 fn conv_halo_cases() {
-    use voxtile::backend::cuda::plan::{pick_halo, HaloConfig, HALO_CONFIGS};
+    use voxtile::backend::cuda::catalogue::{HaloConfig, HALO_CONFIGS};
     let Some(mut b) = gpu() else { return };
     let mut r = rng("halo");
-    b.set_conv_tile(None).unwrap();
-    b.set_halo_conv(true);
+    b.with(|o| o.conv_tile = None);
+    b.with(|o| o.halo_conv = true);
     let leaky = || Some(Op::LeakyRelu { alpha: 0.01 });
     #[allow(clippy::type_complexity)]
     let cases: Vec<(usize, usize, [usize; 3], [usize; 6], Option<Op>, &str)> = vec![
-        (32, 32, [9, 13, 17], [1; 6], None, "conv_halo_c32n32_w4"),
-        (64, 32, [6, 10, 7], [1; 6], leaky(), "conv_halo_c32n32_w4"),
+        (
+            32,
+            32,
+            [9, 13, 17],
+            [1; 6],
+            None,
+            cat::CONV_HALO_C32N32_W4.name,
+        ),
+        (
+            64,
+            32,
+            [6, 10, 7],
+            [1; 6],
+            leaky(),
+            cat::CONV_HALO_C32N32_W4.name,
+        ),
         (
             32,
             64,
             [5, 9, 8],
             [1; 6],
             Some(Op::Relu),
-            "conv_halo_c32n64",
+            cat::CONV_HALO_C32N64.name,
         ),
-        (64, 64, [4, 8, 8], [1; 6], leaky(), "conv_halo_c64n64"),
-        (32, 20, [7, 9, 11], [0; 6], None, "conv_halo_c32n32_w4"),
+        (
+            64,
+            64,
+            [4, 8, 8],
+            [1; 6],
+            leaky(),
+            cat::CONV_HALO_C64N64.name,
+        ),
+        (
+            32,
+            20,
+            [7, 9, 11],
+            [0; 6],
+            None,
+            cat::CONV_HALO_C32N32_W4.name,
+        ),
         (
             64,
             33,
             [5, 7, 9],
             [2, 1, 0, 0, 1, 2],
             None,
-            "conv_halo_c64n64",
+            cat::CONV_HALO_C64N64.name,
         ),
-        (32, 17, [3, 1, 12], [1; 6], leaky(), "conv_halo_c32n32_w4"),
+        (
+            32,
+            17,
+            [3, 1, 12],
+            [1; 6],
+            leaky(),
+            cat::CONV_HALO_C32N32_W4.name,
+        ),
         // Phase 6, smem width 16: W2's 14->14 (4-byte copies, channels 14/15 zero), Cin 16
         // (16-byte copies), Cout 14 / 16 / 5 / 20 / 32, partial tiles, asymmetric pads.
-        (14, 14, [9, 13, 17], [1; 6], None, "conv_halo_c16n16_r"),
-        (16, 16, [6, 10, 7], [1; 6], leaky(), "conv_halo_c16n16_r"),
+        (
+            14,
+            14,
+            [9, 13, 17],
+            [1; 6],
+            None,
+            cat::CONV_HALO_C16N16_R.name,
+        ),
+        (
+            16,
+            16,
+            [6, 10, 7],
+            [1; 6],
+            leaky(),
+            cat::CONV_HALO_C16N16_R.name,
+        ),
         (
             14,
             5,
             [5, 7, 9],
             [2, 1, 0, 0, 1, 2],
             None,
-            "conv_halo_c16n16_r",
+            cat::CONV_HALO_C16N16_R.name,
         ),
         (
             16,
@@ -1839,17 +1930,31 @@ fn conv_halo_cases() {
             [3, 1, 12],
             [1; 6],
             Some(Op::Relu),
-            "conv_halo_c16n16_r",
+            cat::CONV_HALO_C16N16_R.name,
         ),
-        (14, 16, [4, 8, 8], [0; 6], None, "conv_halo_c16n16_r"),
-        (14, 20, [5, 9, 8], [1; 6], leaky(), "conv_halo_c16n32"),
+        (
+            14,
+            16,
+            [4, 8, 8],
+            [0; 6],
+            None,
+            cat::CONV_HALO_C16N16_R.name,
+        ),
+        (
+            14,
+            20,
+            [5, 9, 8],
+            [1; 6],
+            leaky(),
+            cat::CONV_HALO_C16N32.name,
+        ),
         (
             16,
             32,
             [7, 9, 11],
             [0, 1, 2, 2, 1, 0],
             None,
-            "conv_halo_c16n32",
+            cat::CONV_HALO_C16N32.name,
         ),
         (6, 14, [5, 9, 10], [1; 6], None, "forced only"),
         (2, 16, [3, 9, 8], [1, 1, 1, 0, 0, 0], None, "forced only"),
@@ -1861,7 +1966,7 @@ fn conv_halo_cases() {
     for c in &cases {
         let ok = |v: &&HaloConfig| v.accepts_cin(c.0) && c.1 <= v.bn;
         let bn = HALO_CONFIGS.iter().filter(ok).map(|v| v.bn).min().unwrap();
-        let def = pick_halo(c.0, c.1, [3; 3], [1; 3], [1; 3], 1, false, 227 * 1024, None);
+        let def = default_halo(c.0, c.1, 3, 1);
         assert_eq!(def.map_or("forced only", |d| d.name), c.5, "{c:?}");
         for v in HALO_CONFIGS.iter().filter(ok).filter(|v| v.bn == bn) {
             all.push((c.0, c.1, c.2, c.3, c.4.clone(), v.name));
@@ -1873,7 +1978,7 @@ fn conv_halo_cases() {
         "every halo kernel has a case: {names:?}"
     );
     for (cin, cout, sp, pads, act, kern) in all {
-        b.set_halo_tile(Some(kern)).unwrap();
+        b.with(|o| o.halo_tile = Some(halo_named(kern)));
         let name = format!(
             "{kern} {cin}->{cout} {sp:?} pads {pads:?}{}",
             if act.is_some() { " +act" } else { "" }
@@ -1891,14 +1996,21 @@ fn conv_halo_cases() {
     // the Cin at the tile width, forced; Cout 33 / 17 / 100 / 128 (odd, two channel tiles).
     #[allow(clippy::type_complexity)]
     let chunked: Vec<(usize, usize, [usize; 3], [usize; 6], Option<Op>, &str)> = vec![
-        (128, 64, [5, 9, 10], [1; 6], leaky(), "conv_halo_c64n64"),
+        (
+            128,
+            64,
+            [5, 9, 10],
+            [1; 6],
+            leaky(),
+            cat::CONV_HALO_C64N64.name,
+        ),
         (
             256,
             33,
             [4, 7, 9],
             [2, 1, 0, 0, 1, 2],
             None,
-            "conv_halo_c64n64",
+            cat::CONV_HALO_C64N64.name,
         ),
         (
             128,
@@ -1906,19 +2018,33 @@ fn conv_halo_cases() {
             [3, 9, 12],
             [1; 6],
             Some(Op::Relu),
-            "conv_halo_c32n32_w4",
+            cat::CONV_HALO_C32N32_W4.name,
         ),
-        (192, 64, [4, 8, 8], [1; 6], None, "conv_halo_c64n64"),
-        (128, 128, [5, 8, 9], [1; 6], leaky(), "conv_halo_c64n64"),
+        (192, 64, [4, 8, 8], [1; 6], None, cat::CONV_HALO_C64N64.name),
+        (
+            128,
+            128,
+            [5, 8, 9],
+            [1; 6],
+            leaky(),
+            cat::CONV_HALO_C64N64.name,
+        ),
         (
             256,
             100,
             [3, 5, 17],
             [0, 1, 1, 1, 0, 1],
             None,
-            "conv_halo_c64n64",
+            cat::CONV_HALO_C64N64.name,
         ),
-        (96, 20, [5, 6, 7], [1; 6], None, "conv_halo_c32n32_w4"),
+        (
+            96,
+            20,
+            [5, 6, 7],
+            [1; 6],
+            None,
+            cat::CONV_HALO_C32N32_W4.name,
+        ),
     ];
     for (cin, cout, sp, pads, act, def) in chunked {
         let bn = if cout <= 32 { 32 } else { 64 };
@@ -1927,7 +2053,7 @@ fn conv_halo_cases() {
             .filter(|v| v.accepts_cin(cin) && v.bn == bn)
             .map(|v| Some(v.name));
         for tile in std::iter::once(None).chain(forced) {
-            b.set_halo_tile(tile).unwrap();
+            b.with(|o| o.halo_tile = tile.map(halo_named));
             let kern = tile.unwrap_or(def);
             let name = format!(
                 "{kern} {cin}->{cout} {sp:?} pads {pads:?}{} (chunked Cin)",
@@ -1954,12 +2080,12 @@ fn conv_halo_cases() {
             );
         }
     }
-    b.set_halo_tile(None).unwrap();
+    b.with(|o| o.halo_tile = None);
     // Persistent kernels on more tiles than blocks (H200: 132 SMs x persist), so blocks loop
     // over tiles, with partial tiles on every axis; Cout 5 keeps the f64 reference cheap.
     // The zero-padding ones also with real Cin 14.
     for v in HALO_CONFIGS.iter().filter(|v| v.persist > 0) {
-        b.set_halo_tile(Some(v.name)).unwrap();
+        b.with(|o| o.halo_tile = Some(v));
         let (sp, cout) = ([21usize, 23, 89], if v.bn == 64 { 37 } else { 5 });
         assert!(
             v.tiles(2, sp) > v.persist * 132,
@@ -1994,19 +2120,19 @@ fn conv_halo_cases() {
     for (c, ca, cb, tile) in [
         (32usize, 32usize, 32usize, None),
         (32, 17, 32, None),
-        (32, 17, 32, Some("conv_halo_c32n32_rp")),
-        (32, 32, 32, Some("conv_halo_c32n32_rb")),
+        (32, 17, 32, Some(cat::CONV_HALO_C32N32_RP.name)),
+        (32, 32, 32, Some(cat::CONV_HALO_C32N32_RB.name)),
         (14, 14, 14, None),
         (14, 5, 14, None),
-        (14, 5, 16, Some("conv_halo_c16n16_rp2")),
-        (16, 3, 14, Some("conv_halo_c16n16")),
+        (14, 5, 16, Some(cat::CONV_HALO_C16N16_RP2.name)),
+        (16, 3, 14, Some(cat::CONV_HALO_C16N16.name)),
         (16, 8, 16, None),
-        // Chunked Cin 128 (phase 7): default (conv_halo_c32n32_w4, 4 chunks) and a staged 4-tap ring.
+        // Chunked Cin 128 (phase 7): default (CONV_HALO_C32N32_W4, 4 chunks) and a staged 4-tap ring.
         (128, 17, 32, None),
-        (128, 32, 32, Some("conv_halo_c64n32_s4")),
+        (128, 32, 32, Some(cat::CONV_HALO_C64N32_S4.name)),
         (128, 32, 64, None),
     ] {
-        b.set_halo_tile(tile).unwrap();
+        b.with(|o| o.halo_tile = tile.map(halo_named));
         let sp = [5usize, 9, 10];
         let nvox = sp.iter().product::<usize>();
         let x = T::from([2, c, sp[0], sp[1], sp[2]], &r.vec(2 * c * nvox, 1.0));
@@ -2066,7 +2192,7 @@ fn conv_halo_cases() {
             "both convs on the halo kernel {tile:?}: {used:?}"
         );
     }
-    b.set_halo_tile(None).unwrap();
+    b.with(|o| o.halo_tile = None);
 }
 
 /// Concats the outputs of `parts` (single-input conv / transposed conv nodes on `x`, with their
@@ -2116,16 +2242,16 @@ fn concat_parts_case(
     kernels_used(b, os[0])
 }
 
-/// `conv_c1_k3` (Cin 1, 3^3, stride 1/2, Cout <= 64) vs float64: Cout 16/32/20/64/24, stride
+/// `CONV_C1_K3` (Cin 1, 3^3, stride 1/2, Cout <= 64) vs float64: Cout 16/32/20/64/24, stride
 /// 1, 2 and mixed, zero / asymmetric pads, odd sizes (partial 2x8x32 tiles on every axis),
 /// fused activations, outputs into concat slices (8-aligned stride and offset: 16-byte stores;
-/// odd: element stores). Each case checks that `conv_c1_k3` ran; the switch turns it off.
+/// odd: element stores). Each case checks that `CONV_C1_K3` ran; the switch turns it off.
 #[test]
 fn conv_c1_cases() {
     let Some(mut b) = gpu() else { return };
     let mut r = rng("c1");
-    b.set_conv_tile(None).unwrap();
-    b.set_c1_conv(true);
+    b.with(|o| o.conv_tile = None);
+    b.with(|o| o.c1_conv = true);
     let leaky = || Some(Op::LeakyRelu { alpha: 0.1 });
     #[allow(clippy::type_complexity)]
     let cases: Vec<(usize, [usize; 3], [usize; 3], [usize; 6], Option<Op>)> = vec![
@@ -2147,7 +2273,7 @@ fn conv_c1_cases() {
         );
         let used = kernels_used(&mut b, 2);
         assert!(
-            used.iter().all(|k| k == "conv_c1_k3") && !used.is_empty(),
+            used.iter().all(|k| k == cat::CONV_C1_K3.name) && !used.is_empty(),
             "{name}: ran {used:?}"
         );
     }
@@ -2190,12 +2316,12 @@ fn conv_c1_cases() {
         );
         let used = concat_parts_case(&mut b, &name, &x, parts, with_x);
         assert!(
-            !used.is_empty() && used.iter().all(|k| k == "conv_c1_k3"),
+            !used.is_empty() && used.iter().all(|k| k == cat::CONV_C1_K3.name),
             "{name}: ran {used:?}"
         );
     }
     // Switched off: the mma tile runs the same conv.
-    b.set_c1_conv(false);
+    b.with(|o| o.c1_conv = false);
     conv_case(
         &mut b,
         &mut r,
@@ -2212,7 +2338,7 @@ fn conv_c1_cases() {
     );
     let used = kernels_used(&mut b, 2);
     assert!(used.iter().all(|k| k.starts_with("conv_mma_")), "{used:?}");
-    b.set_c1_conv(true);
+    b.with(|o| o.c1_conv = true);
 }
 
 /// `convt_up_*` (kernel == stride transposed conv, Cin and Cout % 8 == 0, 16-byte staged
@@ -2223,8 +2349,8 @@ fn conv_c1_cases() {
 fn convt_up_vec_cases() {
     let Some(mut b) = gpu() else { return };
     let mut r = rng("upvec");
-    b.set_conv_tile(None).unwrap();
-    b.set_upsample_vec(true);
+    b.with(|o| o.conv_tile = None);
+    b.with(|o| o.upsample_vec = true);
     let cases: Vec<(usize, usize, [usize; 3], Option<&str>)> = vec![
         (32, 32, [5, 6, 7], None),
         (64, 32, [3, 5, 9], None),
@@ -2233,13 +2359,13 @@ fn convt_up_vec_cases() {
         (64, 16, [7, 5, 3], None),
         (128, 24, [5, 5, 5], None),
         (32, 14, [5, 4, 3], None),
-        (64, 32, [9, 7, 5], Some("conv_mma_m256n32_v8")),
-        (64, 32, [9, 7, 5], Some("conv_mma_m128n32_v8")),
-        (64, 64, [5, 7, 3], Some("conv_mma_m128n64_v8")),
-        (32, 64, [3, 3, 7], Some("conv_mma_m128n128_v8")),
+        (64, 32, [9, 7, 5], Some(cat::CONV_MMA_M256N32_V8.name)),
+        (64, 32, [9, 7, 5], Some(cat::CONV_MMA_M128N32_V8.name)),
+        (64, 64, [5, 7, 3], Some(cat::CONV_MMA_M128N64_V8.name)),
+        (32, 64, [3, 3, 7], Some(cat::CONV_MMA_M128N128_V8.name)),
     ];
     for (cin, cout, sp, tile) in cases {
-        b.set_conv_tile(tile).unwrap();
+        b.with(|o| o.conv_tile = tile.map(mma_named));
         let name = format!(
             "convt_up k2s2 {cin}->{cout} {sp:?} {}",
             tile.unwrap_or("auto")
@@ -2258,7 +2384,7 @@ fn convt_up_vec_cases() {
         };
         assert!(ok && !used.is_empty(), "{name}: ran {used:?}");
     }
-    b.set_conv_tile(None).unwrap();
+    b.with(|o| o.conv_tile = None);
     // Concat slices of two k2s2 transposed convs of the same input: [32, 24] (stride 56,
     // offset 32: vector stores) and [14, 32] (stride 46, offset 14: element stores).
     for (ca, cb) in [(32usize, 24usize), (14, 32)] {
@@ -2311,7 +2437,7 @@ fn convt_up_vec_cases() {
         ],
     );
     for on in [true, false] {
-        b.set_upsample_vec(on);
+        b.with(|o| o.upsample_vec = on);
         let got = run(&mut b, &g, &x, 2);
         report(
             &format!("convt_up k2s2 + leaky (vec {on})"),
@@ -2324,7 +2450,7 @@ fn convt_up_vec_cases() {
             "{used:?}"
         );
     }
-    b.set_upsample_vec(true);
+    b.with(|o| o.upsample_vec = true);
 }
 
 /// Times one single-conv graph (batch n, window s^3) on random data; returns ms per forward.
@@ -2338,7 +2464,7 @@ fn time_one(
     s: usize,
 ) -> f64 {
     let g = graph(cin, vec![(op, vec![0], cout)]);
-    b.set_poison(false);
+    b.with(|o| o.poison = false);
     b.prepare(&g, n, [s; 3]).expect("prepare");
     // A random block repeated (not zeros, cheap to make for the 1 GB inputs).
     let total = n * cin * s * s * s;
@@ -2396,8 +2522,7 @@ fn bench_w1_layers() {
         let c1 = kind == 'c' && ci == 1 && k == 3 && co <= 64;
         let upv = kind == 't' && k == st && ci % 8 == 0 && co % 8 == 0;
         // The planner's halo rule (Cin k x 32 in chunks, Cout <= 128; PERF_NOTES phase 7).
-        let halo = kind == 'c'
-            && pick_halo(ci, co, [k; 3], [st; 3], [1; 3], 1, false, 227 * 1024, None).is_some();
+        let halo = kind == 'c' && default_halo(ci, co, k, st).is_some();
         let mut auto_kernels = Vec::new();
         // (A layer seen before reuses its times: its kernels were checked then.)
         let mut auto_fresh = false;
@@ -2411,10 +2536,10 @@ fn bench_w1_layers() {
                 // No special kernel: the auto run is the same kernel.
                 continue;
             }
-            b.set_legacy_conv(li == 0);
-            b.set_halo_conv(li == 2);
-            b.set_c1_conv(li == 2);
-            b.set_upsample_vec(li == 2);
+            b.with(|o| o.legacy_conv = li == 0);
+            b.with(|o| o.halo_conv = li == 2);
+            b.with(|o| o.c1_conv = li == 2);
+            b.with(|o| o.upsample_vec = li == 2);
             let w = Tensor::new(
                 if kind == 't' {
                     vec![ci, co, k, k, k]
@@ -2455,7 +2580,7 @@ fn bench_w1_layers() {
         // "auto" must be the new kernel where it applies ("mma" is then the old path).
         if c1 && auto_fresh {
             assert!(
-                auto_kernels.iter().all(|k| k == "conv_c1_k3"),
+                auto_kernels.iter().all(|k| k == cat::CONV_C1_K3.name),
                 "{auto_kernels:?}"
             );
         }
@@ -2494,9 +2619,9 @@ fn bench_w1_layers() {
             }
         );
     }
-    b.set_halo_conv(true);
-    b.set_c1_conv(true);
-    b.set_upsample_vec(true);
+    b.with(|o| o.halo_conv = true);
+    b.with(|o| o.c1_conv = true);
+    b.with(|o| o.upsample_vec = true);
     println!(
         "RESULT w1 convs total (batch 4): {:.1} GFLOP, legacy {tot_old:.2} ms ({:.1} TF/s), mma {tot_mma:.2} ms ({:.1} TF/s), auto (halo) {tot_new:.2} ms ({:.1} TF/s)",
         tot_flop / 1e9,
@@ -2516,21 +2641,21 @@ fn bench_w1_layers() {
             groups: 1,
         })
     };
-    b.set_legacy_conv(true);
+    b.with(|o| o.legacy_conv = true);
     let op = k1(&mut r);
     let t = time_one(&mut b, &mut r, op, 32, 32, 2, 128);
     println!(
         "RESULT K1 legacy wmma: {t:.3} ms {:.1} TF/s",
         flop / t / 1e9
     );
-    b.set_legacy_conv(false);
+    b.with(|o| o.legacy_conv = false);
     for tile in [
         None,
-        Some("conv_mma_m256n32_v8"),
-        Some("conv_mma_m128n32_v8"),
+        Some(cat::CONV_MMA_M256N32_V8.name),
+        Some(cat::CONV_MMA_M128N32_V8.name),
     ] {
-        // auto = the halo kernel (conv_halo_c32n32); forced tiles turn it off.
-        b.set_conv_tile(tile).unwrap();
+        // auto = the halo kernel (CONV_HALO_C32N32); forced tiles turn it off.
+        b.with(|o| o.conv_tile = tile.map(mma_named));
         let op = k1(&mut r);
         let t = time_one(&mut b, &mut r, op, 32, 32, 2, 128);
         println!(
@@ -2540,12 +2665,13 @@ fn bench_w1_layers() {
             flop / t / 1e9 / 166.0
         );
     }
-    b.set_conv_tile(None).unwrap();
+    b.with(|o| o.conv_tile = None);
     let op = k1(&mut r);
-    b.set_halo_tile(Some("conv_halo_c32n32_w4")).unwrap();
+    b.with(|o| o.halo_tile = Some(&cat::CONV_HALO_C32N32_W4));
     let t = time_one(&mut b, &mut r, op, 32, 32, 2, 128);
     println!(
-        "RESULT K1 conv_halo_c32n32_w4: {t:.3} ms {:.1} TF/s ({:.2}x cuDNN 166)",
+        "RESULT K1 {}: {t:.3} ms {:.1} TF/s ({:.2}x cuDNN 166)",
+        cat::CONV_HALO_C32N32_W4.name,
         flop / t / 1e9,
         flop / t / 1e9 / 166.0
     );
@@ -2558,13 +2684,14 @@ fn bench_w1_layers() {
         pads: [1; 6],
         groups: 1,
     });
-    b.set_halo_tile(Some("conv_halo_c64n32_w4")).unwrap();
+    b.with(|o| o.halo_tile = Some(&cat::CONV_HALO_C64N32_W4));
     let t = time_one(&mut b, &mut r, op, 64, 32, 4, 128);
     println!(
-        "RESULT w1 c 64->32 k3s1 in 128^3 on conv_halo_c64n32_w4: {t:.3} ms {:.1} TF/s",
+        "RESULT w1 c 64->32 k3s1 in 128^3 on {}: {t:.3} ms {:.1} TF/s",
+        cat::CONV_HALO_C64N32_W4.name,
         2.0 * (4 * 128usize.pow(3)) as f64 * 32.0 * (27 * 64) as f64 / t / 1e9
     );
-    b.set_halo_tile(None).unwrap();
+    b.with(|o| o.halo_tile = None);
 }
 
 /// Every `conv_halo_*` variant (forced by name) on K1 (32->32 3^3, 2x32x128^3; cuDNN NDHWC
@@ -2575,11 +2702,11 @@ fn bench_w1_layers() {
 /// path (halo off: `conv_mma_*`) and a `RESULT w2 ... old ... new` summary line.
 #[test]
 fn bench_halo_variants() {
-    use voxtile::backend::cuda::plan::{pick_halo, HaloConfig, HALO_CONFIGS};
+    use voxtile::backend::cuda::catalogue::{HaloConfig, HALO_CONFIGS};
     let Some(mut b) = gpu() else { return };
     let mut r = rng("halo-bench");
-    b.set_conv_tile(None).unwrap();
-    b.set_halo_conv(true);
+    b.with(|o| o.conv_tile = None);
+    b.with(|o| o.halo_conv = true);
     for (cin, cout, n, s, label) in [
         (32usize, 32usize, 2usize, 128usize, "K1 32->32 2x128^3"),
         (64, 32, 2, 128, "64->32 2x128^3"),
@@ -2606,7 +2733,7 @@ fn bench_halo_variants() {
         };
         // The old path: halo off, asserted not to run a halo kernel.
         let old = (cin < 32 || cin > 64).then(|| {
-            b.set_halo_conv(false);
+            b.with(|o| o.halo_conv = false);
             let op = conv(&mut r);
             let t = time_one(&mut b, &mut r, op, cin, cout, n, s);
             let used = kernels_used(&mut b, n);
@@ -2614,7 +2741,7 @@ fn bench_halo_variants() {
                 !used.is_empty() && used.iter().all(|k| !k.starts_with("conv_halo")),
                 "{label}: halo off ran {used:?}"
             );
-            b.set_halo_conv(true);
+            b.with(|o| o.halo_conv = true);
             println!(
                 "RESULT halo {label} {:<22} {t:.3} ms {:6.1} TF/s (old path, halo off)",
                 used.join("+"),
@@ -2631,21 +2758,10 @@ fn bench_halo_variants() {
             .min()
             .or_else(|| widths().max())
             .unwrap();
-        let default = pick_halo(
-            cin,
-            cout,
-            [3; 3],
-            [1; 3],
-            [1; 3],
-            1,
-            false,
-            227 * 1024,
-            None,
-        )
-        .map(|c| c.name);
+        let default = default_halo(cin, cout, 3, 1).map(|c| c.name);
         let mut times: Vec<(f64, &str)> = Vec::new();
         for v in HALO_CONFIGS.iter().filter(runs).filter(|v| v.bn == bn) {
-            b.set_halo_tile(Some(v.name)).unwrap();
+            b.with(|o| o.halo_tile = Some(v));
             let op = conv(&mut r);
             let t = time_one(&mut b, &mut r, op, cin, cout, n, s);
             let used = kernels_used(&mut b, n);
@@ -2688,7 +2804,7 @@ fn bench_halo_variants() {
             );
         }
     }
-    b.set_halo_tile(None).unwrap();
+    b.with(|o| o.halo_tile = None);
 }
 
 /// Per-op profile (`profile_forward`) of the models in VOXTILE_PROFILE_ONNX
@@ -2698,7 +2814,7 @@ fn bench_halo_variants() {
 #[test]
 fn profile_models() {
     let Some(mut b) = gpu() else { return };
-    b.set_poison(false);
+    b.with(|o| o.poison = false);
     let mut r = rng("profile");
     let spec = std::env::var("VOXTILE_PROFILE_ONNX").unwrap_or_default();
     let mut cases: Vec<(String, Graph, usize, usize)> = Vec::new();

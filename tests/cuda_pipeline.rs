@@ -8,8 +8,7 @@
 use ndarray::{Array3, Array4};
 use rayon::prelude::*;
 use std::sync::Mutex;
-use voxtile::backend::cuda::CudaBackend;
-use voxtile::backend::Backend;
+use voxtile::backend::cuda::{CudaBackend, CudaOptions};
 use voxtile::model::graph::*;
 use voxtile::Error;
 
@@ -399,7 +398,10 @@ fn pipeline_matches_f64_reference() {
     for (size, ov, batch, shuffle, cin, cout) in cases {
         let net = Net::random(&mut r, cin, 8, cout);
         let g = net.graph();
-        b.set_poison(true);
+        b.set_options(CudaOptions {
+            poison: true,
+            ..*b.options()
+        });
         b.prepare(&g, batch, roi).expect("prepare");
         let vol = Array4::from_shape_vec(
             (cin, size[0], size[1], size[2]),
@@ -531,7 +533,10 @@ fn device_gather_is_bitwise_the_host_gather() {
     ] {
         let mut net = Net::random(&mut r, cin, 8, cout);
         net.norm = false;
-        b.set_poison(true);
+        b.set_options(CudaOptions {
+            poison: true,
+            ..*b.options()
+        });
         b.prepare(&net.graph(), batch, roi).unwrap();
         // Stored (C, W, H, D), viewed as (C, D, H, W): a strided view for the plane conversion.
         let stored = Array4::from_shape_vec(
@@ -555,7 +560,10 @@ fn device_gather_is_bitwise_the_host_gather() {
             (GatherMode::Device, strided),
             (GatherMode::Auto, vol.view()),
         ] {
-            b.set_gather_mode(mode);
+            b.set_options(CudaOptions {
+                gather_mode: mode,
+                ..*b.options()
+            });
             let (lg, t) = b
                 .segment_windows(view, padded, before, roi, &starts, wmap.view(), batch, cval)
                 .unwrap();
@@ -579,7 +587,10 @@ fn device_gather_is_bitwise_the_host_gather() {
             println!("  {mode:?}: {t:?}");
             runs.push((lg, lb));
         }
-        b.set_gather_mode(GatherMode::Auto);
+        b.set_options(CudaOptions {
+            gather_mode: GatherMode::Auto,
+            ..*b.options()
+        });
         let want = reference(&net, &vol, before, roi, &starts, &wmap, cval);
         let e = rel_l2(runs[0].0.as_slice().unwrap(), &want);
         assert!(e <= 1e-2, "host gather rel L2 {e}");
@@ -762,7 +773,10 @@ fn stage_overlap_report() {
     let net = Net::random(&mut r, 1, 32, 4);
     let roi = [96usize; 3];
     let batch = 4;
-    b.set_poison(false);
+    b.set_options(CudaOptions {
+        poison: false,
+        ..*b.options()
+    });
     b.prepare(&net.graph(), batch, roi).unwrap();
     let size = [320usize, 256, 256];
     let vol = Array4::from_shape_fn((1, size[0], size[1], size[2]), |(_, z, y, x)| {

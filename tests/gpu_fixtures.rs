@@ -7,8 +7,7 @@ mod common;
 use common::sw::*;
 use common::*;
 use ndarray::{Axis, Ix5};
-use voxtile::backend::cuda::CudaBackend;
-use voxtile::backend::Backend;
+use voxtile::backend::cuda::{CudaBackend, CudaOptions};
 use voxtile::engine::{Device, Engine, Options};
 use voxtile::tiling::{argmax, BlendMode, PadMode, Placement};
 
@@ -28,7 +27,10 @@ fn fixture_models_match_pytorch_on_gpu() {
             .unwrap();
         let want = voxtile::npy::read_f32(&dir.join(format!("{model}_output.npy"))).unwrap();
         let mut b = CudaBackend::new(0).unwrap();
-        b.set_poison(true);
+        b.set_options(CudaOptions {
+            poison: true,
+            ..*b.options()
+        });
         let s = x.shape();
         b.prepare(&g, s[0], [s[2], s[3], s[4]]).unwrap();
         let got = b.run(x.view()).unwrap();

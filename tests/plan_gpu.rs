@@ -82,7 +82,6 @@ fn predicted_device_memory_matches_measured() {
 #[test]
 fn prepare_allocates_exactly_the_buffer_plan() {
     use voxtile::backend::cuda::plan::{buffer_plan, ArchCaps};
-    use voxtile::backend::Backend;
     if !gpu_present() {
         return;
     }

@@ -3,6 +3,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod memory;
 
 use crate::model::Graph;
 use crate::Result;

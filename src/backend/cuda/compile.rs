@@ -1,115 +1,16 @@
-//! Our kernel sources (kernels/*.cu, embedded) and their NVRTC build with an on-disk PTX cache,
-//! so that only the first run on a machine pays for compilation.
+//! The NVRTC build of the catalogue's families with an on-disk PTX cache (so that only the first
+//! run on a machine pays for compilation), and their loading into a context.
 
+use super::catalogue::{upsample_vec_name, Family, COMMON, FAMILIES, HALO_CONFIGS, MMA_CONFIGS};
+use super::device::drv;
 use crate::{Error, Result};
+use cudarc::driver::{sys, CudaContext, CudaFunction};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::path::PathBuf;
-
-/// Prepended to every family: activation codes and helpers shared by the epilogues.
-const COMMON: &str = include_str!("../../../kernels/common.cuh");
-
-/// One entry per kernel family (one .cu file each) and the `extern "C"` kernels it defines.
-pub const FAMILIES: &[(&str, &str, &[&str])] = &[
-    (
-        "conv",
-        include_str!("../../../kernels/conv.cu"),
-        &[
-            "conv_igemm_n64_v8",
-            "conv_igemm_n32_v8",
-            "conv_igemm_n64_v1",
-            "conv_igemm_n32_v1",
-            "conv_mma_m256n32_v8",
-            "conv_mma_m128n32_v8",
-            "conv_mma_m128n64_v8",
-            "conv_mma_m128n128_v8",
-            "conv_mma_m128n32_v2",
-            "conv_mma_m128n64_v2",
-            "conv_mma_m128n32_v1",
-            "conv_mma_m128n64_v1",
-            "conv1x1_n16",
-            "conv1x1_n32",
-            "convt_up_m256n32_v8",
-            "convt_up_m128n32_v8",
-            "convt_up_m128n64_v8",
-            "convt_up_m128n128_v8",
-            "conv_c1_k3",
-            "conv_halo_c32n32",
-            "conv_halo_c64n32",
-            "conv_halo_c32n64",
-            "conv_halo_c64n64",
-            "conv_halo_c32n32_w4",
-            "conv_halo_c64n32_w4",
-            "conv_halo_c32n32_r",
-            "conv_halo_c32n32_rp",
-            "conv_halo_c32n32_rp2",
-            "conv_halo_c32n32_rb",
-            "conv_halo_c32n32_s4",
-            "conv_halo_c64n32_s4",
-            "conv_halo_c64n32_rp",
-            "conv_halo_c64n64_b",
-            "conv_halo_c32n32_x16",
-            "conv_halo_c32n32_y8",
-            "conv_halo_c16n16",
-            "conv_halo_c16n16_w8",
-            "conv_halo_c16n32",
-            "conv_halo_c16n16_r",
-            "conv_halo_c16n16_rp2",
-            "conv_halo_c64n64_h2",
-            "conv_halo_c32n64_h2",
-        ],
-    ),
-    (
-        "conv_transpose",
-        include_str!("../../../kernels/conv_transpose.cu"),
-        &["conv_direct"],
-    ),
-    (
-        "norm",
-        include_str!("../../../kernels/norm.cu"),
-        &[
-            "norm_partial_v8",
-            "norm_partial",
-            "norm_finalize",
-            "affine_act",
-            "affine_act_v8",
-        ],
-    ),
-    (
-        "eltwise",
-        include_str!("../../../kernels/eltwise.cu"),
-        &[
-            "act_kernel",
-            "binary_kernel",
-            "binary_const_kernel",
-            "concat_copy",
-            "concat_copy_v8",
-            "binary_v8",
-            "act_v8",
-            "copy_half",
-            "fill_half",
-            "softmax_channels",
-            "ncdhw_to_ndhwc",
-            "ndhwc_to_ncdhw",
-        ],
-    ),
-    (
-        "pool_resize",
-        include_str!("../../../kernels/pool_resize.cu"),
-        &["pool_kernel", "resize_kernel"],
-    ),
-    (
-        "blend",
-        include_str!("../../../kernels/blend.cu"),
-        &[
-            "blend_window_ring",
-            "finalize_planes",
-            "finalize_planes_v4",
-            "gather_window_ring",
-        ],
-    ),
-];
+use std::sync::Arc;
 
 /// Whether libnvrtc can be loaded (cudarc panics on first use when it cannot).
 pub fn nvrtc_present() -> bool {
@@ -269,4 +170,60 @@ pub fn ptx_cached(
         }
     }
     Ok((ptx, false))
+}
+
+/// Every entry point of every family, by name, compiled for `arch` (or from the PTX cache), and
+/// how many families came from the cache. On sm_80+ the tiled conv kernels get their dynamic
+/// shared memory limit raised to what their config needs (halo kernels only where the device's
+/// opt-in limit `smem_optin` holds them).
+pub(crate) fn load_all(
+    ctx: &Arc<CudaContext>,
+    arch: &str,
+    driver_version: i32,
+    major: i32,
+    smem_optin: usize,
+) -> Result<(HashMap<&'static str, CudaFunction>, usize)> {
+    let mut funcs = HashMap::new();
+    let mut from_cache = 0;
+    for fam in FAMILIES {
+        let name = fam.name();
+        let (ptx, cached) = ptx_cached(name, fam.source(), arch, driver_version)?;
+        from_cache += cached as usize;
+        let module = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+            .map_err(drv(&format!("loading kernels/{name}.cu")))?;
+        for e in fam.entries() {
+            let f = module
+                .load_function(e)
+                .map_err(drv(&format!("loading kernel {e}")))?;
+            funcs.insert(e, f);
+        }
+    }
+    if major >= 8 {
+        let halo = HALO_CONFIGS
+            .iter()
+            .filter(|c| c.smem_bytes() as usize <= smem_optin)
+            .map(|c| (c.name, c.smem_bytes()));
+        // The mma conv tiles (and their convt_up twins) use more than the default 48 KB.
+        let mma = MMA_CONFIGS.iter().flat_map(|c| {
+            std::iter::once(c.name)
+                .chain(upsample_vec_name(c.name))
+                .map(move |n| (n, c.smem_bytes()))
+        });
+        for (name, bytes) in halo.chain(mma) {
+            if let Some(f) = funcs.get(name) {
+                f.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes as i32,
+                )
+                .map_err(drv(&format!("shared memory limit of {name}")))?;
+            }
+        }
+    }
+    Ok((funcs, from_cache))
+}
+
+/// Compiles `fam` for `arch` (see [`compile_family`]).
+pub fn compile(fam: Family, arch: &str) -> Result<String> {
+    compile_family(fam.name(), fam.source(), arch)
 }

@@ -1,0 +1,523 @@
+//! The kernel catalogue: every kernel the backend launches, stated once: its family (the
+//! kernels/*.cu file that defines it), its entry point and, for the tiled conv kernels, the
+//! configuration the launch needs (tile, threads, shared memory). Everything else (module
+//! loading, kernel choice, launches, tests) names kernels through these entries. The .cu files
+//! keep their `extern "C"` / `*_ENTRY(...)` lines; `tests::entries_match_the_sources` checks
+//! both sides list the same entry points and tests/cuda_kernels_compile.rs the template numbers.
+
+/// Prepended to every family: activation codes and helpers shared by the epilogues.
+pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
+
+/// One kernels/*.cu file, compiled by NVRTC as one module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    Conv,
+    ConvTranspose,
+    Norm,
+    Eltwise,
+    PoolResize,
+    Blend,
+}
+
+/// Every family, in load order.
+pub const FAMILIES: [Family; 6] = [
+    Family::Conv,
+    Family::ConvTranspose,
+    Family::Norm,
+    Family::Eltwise,
+    Family::PoolResize,
+    Family::Blend,
+];
+
+impl Family {
+    /// The file stem (`kernels/<name>.cu`), also the PTX cache file prefix.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Conv => "conv",
+            Family::ConvTranspose => "conv_transpose",
+            Family::Norm => "norm",
+            Family::Eltwise => "eltwise",
+            Family::PoolResize => "pool_resize",
+            Family::Blend => "blend",
+        }
+    }
+
+    /// The family's source (embedded), without the common prelude.
+    pub fn source(self) -> &'static str {
+        match self {
+            Family::Conv => include_str!("../../../kernels/conv.cu"),
+            Family::ConvTranspose => include_str!("../../../kernels/conv_transpose.cu"),
+            Family::Norm => include_str!("../../../kernels/norm.cu"),
+            Family::Eltwise => include_str!("../../../kernels/eltwise.cu"),
+            Family::PoolResize => include_str!("../../../kernels/pool_resize.cu"),
+            Family::Blend => include_str!("../../../kernels/blend.cu"),
+        }
+    }
+
+    /// Entry points the family defines: the plain kernels, then (conv) the config tables.
+    pub fn entries(self) -> Vec<&'static str> {
+        let mut v: Vec<&'static str> = KERNELS
+            .iter()
+            .filter(|k| k.family == self)
+            .map(|k| k.name)
+            .collect();
+        if self == Family::Conv {
+            v.extend(MMA_CONFIGS.iter().map(|c| c.name));
+            v.extend(UPSAMPLE_VEC.iter().map(|(_, u)| *u));
+            v.extend(HALO_CONFIGS.iter().map(|c| c.name));
+        }
+        v
+    }
+}
+
+/// A kernel launched with the shape the calling op computes (no tile table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kernel {
+    pub family: Family,
+    pub name: &'static str,
+}
+
+const fn k(family: Family, name: &'static str) -> Kernel {
+    Kernel { family, name }
+}
+
+/// The wmma implicit GEMM (legacy path): BN 64 / 32, 16-byte or element gathers.
+pub const CONV_IGEMM_N64_V8: Kernel = k(Family::Conv, "conv_igemm_n64_v8");
+pub const CONV_IGEMM_N32_V8: Kernel = k(Family::Conv, "conv_igemm_n32_v8");
+pub const CONV_IGEMM_N64_V1: Kernel = k(Family::Conv, "conv_igemm_n64_v1");
+pub const CONV_IGEMM_N32_V1: Kernel = k(Family::Conv, "conv_igemm_n32_v1");
+/// 1x1x1 conv with at most 16 / 32 outputs, one thread per voxel.
+pub const CONV1X1_N16: Kernel = k(Family::Conv, "conv1x1_n16");
+pub const CONV1X1_N32: Kernel = k(Family::Conv, "conv1x1_n32");
+/// Cin-1 3^3 conv, one block per 2x8x32 output tile.
+pub const CONV_C1_K3: Kernel = k(Family::Conv, "conv_c1_k3");
+/// Direct (grouped / fallback transposed) conv, one thread per output.
+pub const CONV_DIRECT: Kernel = k(Family::ConvTranspose, "conv_direct");
+pub const NORM_PARTIAL_V8: Kernel = k(Family::Norm, "norm_partial_v8");
+pub const NORM_PARTIAL: Kernel = k(Family::Norm, "norm_partial");
+pub const NORM_FINALIZE: Kernel = k(Family::Norm, "norm_finalize");
+pub const AFFINE_ACT: Kernel = k(Family::Norm, "affine_act");
+pub const AFFINE_ACT_V8: Kernel = k(Family::Norm, "affine_act_v8");
+pub const ACT_KERNEL: Kernel = k(Family::Eltwise, "act_kernel");
+pub const BINARY_KERNEL: Kernel = k(Family::Eltwise, "binary_kernel");
+pub const BINARY_CONST_KERNEL: Kernel = k(Family::Eltwise, "binary_const_kernel");
+pub const CONCAT_COPY: Kernel = k(Family::Eltwise, "concat_copy");
+pub const CONCAT_COPY_V8: Kernel = k(Family::Eltwise, "concat_copy_v8");
+pub const BINARY_V8: Kernel = k(Family::Eltwise, "binary_v8");
+pub const ACT_V8: Kernel = k(Family::Eltwise, "act_v8");
+pub const COPY_HALF: Kernel = k(Family::Eltwise, "copy_half");
+pub const FILL_HALF: Kernel = k(Family::Eltwise, "fill_half");
+pub const SOFTMAX_CHANNELS: Kernel = k(Family::Eltwise, "softmax_channels");
+pub const NCDHW_TO_NDHWC: Kernel = k(Family::Eltwise, "ncdhw_to_ndhwc");
+pub const NDHWC_TO_NCDHW: Kernel = k(Family::Eltwise, "ndhwc_to_ncdhw");
+pub const POOL_KERNEL: Kernel = k(Family::PoolResize, "pool_kernel");
+pub const RESIZE_KERNEL: Kernel = k(Family::PoolResize, "resize_kernel");
+pub const BLEND_WINDOW_RING: Kernel = k(Family::Blend, "blend_window_ring");
+pub const FINALIZE_PLANES: Kernel = k(Family::Blend, "finalize_planes");
+pub const FINALIZE_PLANES_V4: Kernel = k(Family::Blend, "finalize_planes_v4");
+pub const GATHER_WINDOW_RING: Kernel = k(Family::Blend, "gather_window_ring");
+/// `convt_up_*`: the v8 mma tiles with a 16-byte staged scatter epilogue (see UPSAMPLE_VEC).
+pub const CONVT_UP_M256N32_V8: Kernel = k(Family::Conv, "convt_up_m256n32_v8");
+pub const CONVT_UP_M128N32_V8: Kernel = k(Family::Conv, "convt_up_m128n32_v8");
+pub const CONVT_UP_M128N64_V8: Kernel = k(Family::Conv, "convt_up_m128n64_v8");
+pub const CONVT_UP_M128N128_V8: Kernel = k(Family::Conv, "convt_up_m128n128_v8");
+
+/// Every kernel outside the conv config tables, in load order within its family.
+pub const KERNELS: &[Kernel] = &[
+    CONV_IGEMM_N64_V8,
+    CONV_IGEMM_N32_V8,
+    CONV_IGEMM_N64_V1,
+    CONV_IGEMM_N32_V1,
+    CONV1X1_N16,
+    CONV1X1_N32,
+    CONV_C1_K3,
+    CONV_DIRECT,
+    NORM_PARTIAL_V8,
+    NORM_PARTIAL,
+    NORM_FINALIZE,
+    AFFINE_ACT,
+    AFFINE_ACT_V8,
+    ACT_KERNEL,
+    BINARY_KERNEL,
+    BINARY_CONST_KERNEL,
+    CONCAT_COPY,
+    CONCAT_COPY_V8,
+    BINARY_V8,
+    ACT_V8,
+    COPY_HALF,
+    FILL_HALF,
+    SOFTMAX_CHANNELS,
+    NCDHW_TO_NDHWC,
+    NDHWC_TO_NCDHW,
+    POOL_KERNEL,
+    RESIZE_KERNEL,
+    BLEND_WINDOW_RING,
+    FINALIZE_PLANES,
+    FINALIZE_PLANES_V4,
+    GATHER_WINDOW_RING,
+];
+
+/// One `conv_mma_*` kernel of kernels/conv.cu (its MMA_ENTRY line).
+#[derive(Debug, PartialEq, Eq)]
+pub struct MmaConfig {
+    pub name: &'static str,
+    pub bm: usize,
+    pub bn: usize,
+    pub threads: u32,
+    pub stages: usize,
+    /// Halves per A gather (8, 2 or 1): the kernel needs Cin % vw == 0.
+    pub vw: usize,
+}
+
+impl MmaConfig {
+    /// Dynamic shared memory: STAGES x (BM + BN) rows of 40 halves.
+    pub fn smem_bytes(&self) -> u32 {
+        (self.stages * (self.bm + self.bn) * 40 * 2) as u32
+    }
+}
+
+const fn mma(name: &'static str, bm: usize, bn: usize, threads: u32, stages: usize) -> MmaConfig {
+    MmaConfig {
+        name,
+        bm,
+        bn,
+        threads,
+        stages,
+        vw: 8,
+    }
+}
+
+pub const CONV_MMA_M256N32_V8: MmaConfig = mma("conv_mma_m256n32_v8", 256, 32, 128, 4);
+pub const CONV_MMA_M128N32_V8: MmaConfig = mma("conv_mma_m128n32_v8", 128, 32, 128, 4);
+pub const CONV_MMA_M128N64_V8: MmaConfig = mma("conv_mma_m128n64_v8", 128, 64, 128, 4);
+pub const CONV_MMA_M128N128_V8: MmaConfig = mma("conv_mma_m128n128_v8", 128, 128, 256, 4);
+pub const CONV_MMA_M128N32_V2: MmaConfig = MmaConfig {
+    vw: 2,
+    ..mma("conv_mma_m128n32_v2", 128, 32, 128, 4)
+};
+pub const CONV_MMA_M128N64_V2: MmaConfig = MmaConfig {
+    vw: 2,
+    ..mma("conv_mma_m128n64_v2", 128, 64, 128, 4)
+};
+pub const CONV_MMA_M128N32_V1: MmaConfig = MmaConfig {
+    vw: 1,
+    ..mma("conv_mma_m128n32_v1", 128, 32, 128, 3)
+};
+pub const CONV_MMA_M128N64_V1: MmaConfig = MmaConfig {
+    vw: 1,
+    ..mma("conv_mma_m128n64_v1", 128, 64, 128, 3)
+};
+
+/// The mma tiles, in the order of their MMA_ENTRY lines.
+pub const MMA_CONFIGS: &[MmaConfig] = &[
+    CONV_MMA_M256N32_V8,
+    CONV_MMA_M128N32_V8,
+    CONV_MMA_M128N64_V8,
+    CONV_MMA_M128N128_V8,
+    CONV_MMA_M128N32_V2,
+    CONV_MMA_M128N64_V2,
+    CONV_MMA_M128N32_V1,
+    CONV_MMA_M128N64_V1,
+];
+
+/// `conv_mma_*` tile -> its `convt_up_*` twin (same tile and shared memory, staged epilogue).
+pub const UPSAMPLE_VEC: &[(&str, &str)] = &[
+    (CONV_MMA_M256N32_V8.name, CONVT_UP_M256N32_V8.name),
+    (CONV_MMA_M128N32_V8.name, CONVT_UP_M128N32_V8.name),
+    (CONV_MMA_M128N64_V8.name, CONVT_UP_M128N64_V8.name),
+    (CONV_MMA_M128N128_V8.name, CONVT_UP_M128N128_V8.name),
+];
+
+/// The `convt_up_*` twin of an mma tile, if it has one.
+pub fn upsample_vec_name(mma: &str) -> Option<&'static str> {
+    UPSAMPLE_VEC
+        .iter()
+        .find(|(m, _)| *m == mma)
+        .map(|(_, u)| *u)
+}
+
+/// One `conv_halo_*` kernel of kernels/conv.cu: stride-1 3^3 conv whose blocks load an output
+/// tile's input halo into shared memory once for all 27 taps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HaloConfig {
+    pub name: &'static str,
+    /// Channels of a shared-memory halo / weight row (the conv's Cin, or see `pad_cin`).
+    pub cin: usize,
+    /// Also runs an even Cin below `cin` (4-byte copies, channels Cin..cin-1 zero in smem).
+    pub pad_cin: bool,
+    /// Output channels of the tile (Cout <= bn).
+    pub bn: usize,
+    pub threads: u32,
+    /// Warps along the tile's voxels (the rest split the bn channels).
+    pub wm: usize,
+    /// Output voxels of one tile (z, y, x).
+    pub tile: [usize; 3],
+    /// Weight stages of one tap each (2: `conv_halo`'s double buffer); 0: all 27 taps resident.
+    pub wst: usize,
+    /// Halo buffers (2: the next tile's halo is copied during the current one's math).
+    pub hb: usize,
+    /// Persistent blocks per SM (each loops over tiles); 0: one block per tile.
+    pub persist: usize,
+}
+
+/// Output voxels of the original halo tile (z, y, x).
+pub const HALO_TILE: [usize; 3] = [4, 8, 8];
+
+impl HaloConfig {
+    /// Whether the kernel computes a conv with `cin` input channels: its smem width; an even Cin
+    /// below it on the zero-padding configs (phase 6); or (staged weights, width >= 32, phase 7)
+    /// Cin = k * width in chunks of width channels. Resident weights hold the 27 taps of one
+    /// chunk only, so those need Cin <= width.
+    pub fn accepts_cin(&self, cin: usize) -> bool {
+        cin == self.cin
+            || (self.pad_cin && cin > 0 && cin.is_multiple_of(2) && cin < self.cin)
+            || (self.wst != 0 && self.cin >= 32 && cin > 0 && cin.is_multiple_of(self.cin))
+    }
+
+    /// Rows of one halo buffer: the tile grown by the 3^3 kernel's reach.
+    pub fn halo_rows(&self) -> usize {
+        self.tile.iter().map(|t| t + 2).product()
+    }
+
+    /// Dynamic shared memory: the weights (resident: bn rows of 27 * Cin + 8 halves; staged:
+    /// wst x bn rows of Cin + 8) and hb halo buffers of Cin + 8 halves per row.
+    pub fn smem_bytes(&self) -> u32 {
+        let w = if self.wst == 0 {
+            self.bn * (27 * self.cin + 8)
+        } else {
+            self.wst * self.bn * (self.cin + 8)
+        };
+        ((w + self.hb * self.halo_rows() * (self.cin + 8)) * 2) as u32
+    }
+
+    /// Output tiles of an n x d x h x w output.
+    pub fn tiles(&self, n: usize, out: [usize; 3]) -> usize {
+        n * (0..3)
+            .map(|i| out[i].div_ceil(self.tile[i]))
+            .product::<usize>()
+    }
+
+    /// grid.y: the bn-wide output-channel tiles of a Cout-channel conv (the weight rows are
+    /// padded to MMA_N_PAD, a multiple of every bn, so the last tile reads padding).
+    pub fn cout_tiles(&self, cout: usize) -> u32 {
+        cout.div_ceil(self.bn).max(1) as u32
+    }
+
+    /// Grid size: one block per tile, or `persist` blocks per SM (never more than the tiles).
+    pub fn grid(&self, n: usize, out: [usize; 3], sm_count: usize) -> u32 {
+        let t = self.tiles(n, out);
+        let g = if self.persist == 0 {
+            t
+        } else {
+            t.min(self.persist * sm_count.max(1))
+        };
+        g.max(1) as u32
+    }
+}
+
+/// The `conv_halo_*` config named `name` (the launch needs its tile and grid).
+pub fn halo_config(name: &str) -> Option<&'static HaloConfig> {
+    HALO_CONFIGS.iter().find(|c| c.name == name)
+}
+
+/// A HALO_ENTRY kernel (`conv_halo`): 4x8x8 tile, 2 weight stages, one block per tile, `wm` x
+/// `wn` warps. The HALO2_ENTRY ones (`conv_halo_t`) override tile, stages, buffers, persistence.
+const fn halo(name: &'static str, cin: usize, bn: usize, wm: usize, wn: usize) -> HaloConfig {
+    HaloConfig {
+        name,
+        cin,
+        pad_cin: false,
+        bn,
+        threads: (wm * wn * 32) as u32,
+        wm,
+        tile: HALO_TILE,
+        wst: 2,
+        hb: 1,
+        persist: 0,
+    }
+}
+
+// Defaults (measured, PERF_NOTES.md phase 3): K1 on `_w4` 218.8 vs 209.8 TF/s.
+pub const CONV_HALO_C32N32_W4: HaloConfig = halo("conv_halo_c32n32_w4", 32, 32, 4, 1);
+pub const CONV_HALO_C64N32: HaloConfig = halo("conv_halo_c64n32", 64, 32, 8, 1);
+pub const CONV_HALO_C64N64: HaloConfig = halo("conv_halo_c64n64", 64, 64, 4, 2);
+pub const CONV_HALO_C32N64: HaloConfig = halo("conv_halo_c32n64", 32, 64, 4, 2);
+// Measured alternatives (8 warps of 32x32 for Cin 32; 4 warps of 64x32 for Cin 64).
+pub const CONV_HALO_C32N32: HaloConfig = halo("conv_halo_c32n32", 32, 32, 8, 1);
+pub const CONV_HALO_C64N32_W4: HaloConfig = halo("conv_halo_c64n32_w4", 64, 32, 4, 1);
+// Phase 4, not measured yet (forced only; all need more smem than the defaults above).
+pub const CONV_HALO_C32N32_R: HaloConfig = HaloConfig {
+    wst: 0,
+    ..halo("conv_halo_c32n32_r", 32, 32, 4, 1)
+};
+pub const CONV_HALO_C32N32_RP: HaloConfig = HaloConfig {
+    wst: 0,
+    persist: 2,
+    ..halo("conv_halo_c32n32_rp", 32, 32, 4, 1)
+};
+pub const CONV_HALO_C32N32_RP2: HaloConfig = HaloConfig {
+    wst: 0,
+    hb: 2,
+    persist: 1,
+    ..halo("conv_halo_c32n32_rp2", 32, 32, 8, 1)
+};
+pub const CONV_HALO_C32N32_RB: HaloConfig = HaloConfig {
+    tile: [8, 8, 8],
+    wst: 0,
+    hb: 2,
+    persist: 1,
+    ..halo("conv_halo_c32n32_rb", 32, 32, 8, 1)
+};
+pub const CONV_HALO_C32N32_S4: HaloConfig = HaloConfig {
+    wst: 4,
+    ..halo("conv_halo_c32n32_s4", 32, 32, 4, 1)
+};
+pub const CONV_HALO_C64N32_S4: HaloConfig = HaloConfig {
+    wst: 4,
+    ..halo("conv_halo_c64n32_s4", 64, 32, 4, 1)
+};
+pub const CONV_HALO_C64N32_RP: HaloConfig = HaloConfig {
+    wst: 0,
+    persist: 1,
+    ..halo("conv_halo_c64n32_rp", 64, 32, 8, 1)
+};
+pub const CONV_HALO_C64N64_B: HaloConfig = HaloConfig {
+    tile: [8, 8, 8],
+    wst: 3,
+    ..halo("conv_halo_c64n64_b", 64, 64, 4, 2)
+};
+pub const CONV_HALO_C32N32_X16: HaloConfig = HaloConfig {
+    tile: [4, 8, 16],
+    ..halo("conv_halo_c32n32_x16", 32, 32, 8, 1)
+};
+pub const CONV_HALO_C32N32_Y8: HaloConfig = HaloConfig {
+    tile: [8, 8, 8],
+    ..halo("conv_halo_c32n32_y8", 32, 32, 8, 1)
+};
+// Phase 6 (not measured yet): smem width 16 for Cin 16 and even Cin < 16 (W2's 14->14 at
+// 128^3), Cout <= 16 / <= 32, zero-padding (`pad_cin`). Default for Cout <= 16: resident
+// weights (14 KB, 5 blocks/SM, no per-tap barrier), predicted fastest (PERF_NOTES.md phase 6).
+pub const CONV_HALO_C16N16_R: HaloConfig = HaloConfig {
+    pad_cin: true,
+    wst: 0,
+    ..halo("conv_halo_c16n16_r", 16, 16, 4, 1)
+};
+pub const CONV_HALO_C16N16: HaloConfig = HaloConfig {
+    pad_cin: true,
+    ..halo("conv_halo_c16n16", 16, 16, 4, 1)
+};
+pub const CONV_HALO_C16N16_W8: HaloConfig = HaloConfig {
+    pad_cin: true,
+    ..halo("conv_halo_c16n16_w8", 16, 16, 8, 1)
+};
+pub const CONV_HALO_C16N16_RP2: HaloConfig = HaloConfig {
+    pad_cin: true,
+    wst: 0,
+    hb: 2,
+    persist: 3,
+    ..halo("conv_halo_c16n16_rp2", 16, 16, 4, 1)
+};
+pub const CONV_HALO_C16N32: HaloConfig = HaloConfig {
+    pad_cin: true,
+    ..halo("conv_halo_c16n32", 16, 32, 4, 1)
+};
+// Phase 7: two halo buffers, the next Cin chunk's halo copied during this chunk's taps.
+pub const CONV_HALO_C64N64_H2: HaloConfig = HaloConfig {
+    hb: 2,
+    ..halo("conv_halo_c64n64_h2", 64, 64, 4, 2)
+};
+pub const CONV_HALO_C32N64_H2: HaloConfig = HaloConfig {
+    hb: 2,
+    ..halo("conv_halo_c32n64_h2", 32, 64, 4, 2)
+};
+
+/// The halo kernels. ORDER = PREFERENCE: `select::pick_halo` takes the first entry that
+/// accepts the conv's Cin at its tile width and whose smem fits the device, so the default for
+/// a (Cin, width) is its first line here; the others run only when forced
+/// (`CudaOptions::halo_tile`) or where the ones above do not fit. To make a variant the default,
+/// move its line above the current default of its (Cin, width).
+pub const HALO_CONFIGS: &[HaloConfig] = &[
+    CONV_HALO_C32N32_W4,
+    CONV_HALO_C64N32,
+    CONV_HALO_C64N64,
+    CONV_HALO_C32N64,
+    CONV_HALO_C32N32,
+    CONV_HALO_C64N32_W4,
+    CONV_HALO_C32N32_R,
+    CONV_HALO_C32N32_RP,
+    CONV_HALO_C32N32_RP2,
+    CONV_HALO_C32N32_RB,
+    CONV_HALO_C32N32_S4,
+    CONV_HALO_C64N32_S4,
+    CONV_HALO_C64N32_RP,
+    CONV_HALO_C64N64_B,
+    CONV_HALO_C32N32_X16,
+    CONV_HALO_C32N32_Y8,
+    CONV_HALO_C16N16_R,
+    CONV_HALO_C16N16,
+    CONV_HALO_C16N16_W8,
+    CONV_HALO_C16N16_RP2,
+    CONV_HALO_C16N32,
+    CONV_HALO_C64N64_H2,
+    CONV_HALO_C32N64_H2,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Entry points a family's source defines: `extern "C" __global__ void [bounds] NAME(` lines
+    /// and the first argument of each `*_ENTRY(` macro use (the `#define`s excluded).
+    fn source_entries(src: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for l in src.lines().map(str::trim) {
+            if let Some(rest) = l.strip_prefix("extern \"C\" __global__ void ") {
+                let head = rest.split('(').next().unwrap_or("");
+                if head.starts_with("__launch_bounds__") {
+                    let after = rest.split(')').nth(1).unwrap_or("");
+                    let name = after.trim().split('(').next().unwrap_or("").trim();
+                    if name != "NAME" {
+                        out.push(name.to_string());
+                    }
+                } else if head.trim() != "NAME" {
+                    out.push(head.trim().to_string());
+                }
+            } else if !l.starts_with("#define") {
+                if let Some((mac, rest)) = l.split_once("_ENTRY(") {
+                    if mac
+                        .chars()
+                        .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+                    {
+                        out.push(rest.split(',').next().unwrap_or("").trim().to_string());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The catalogue and the .cu files list the same entry points, family by family, and every
+    /// name is unique across the catalogue.
+    #[test]
+    fn entries_match_the_sources() {
+        let mut all = Vec::new();
+        for f in FAMILIES {
+            let mut want = source_entries(f.source());
+            let mut got: Vec<String> = f.entries().iter().map(|s| s.to_string()).collect();
+            assert!(!got.is_empty(), "{}", f.name());
+            want.sort();
+            got.sort();
+            assert_eq!(got, want, "kernels/{}.cu", f.name());
+            all.extend(got);
+        }
+        let n = all.len();
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), n, "a kernel name is listed twice");
+        assert_eq!(upsample_vec_name(CONV_MMA_M128N32_V2.name), None);
+        assert_eq!(
+            halo_config(CONV_HALO_C16N32.name).map(|c| c.bn),
+            Some(CONV_HALO_C16N32.bn)
+        );
+    }
+}

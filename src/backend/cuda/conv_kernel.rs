@@ -1,0 +1,532 @@
+//! How one conv runs (host only): the device facts and option switches the choice depends on
+//! ([`ArchCaps`]), the chosen kernel ([`ConvKernel`]) and the bytes of its re-laid weights.
+
+use super::buffers::norm_blocks;
+use super::catalogue::{
+    upsample_vec_name, HaloConfig, MmaConfig, CONV1X1_N16, CONV1X1_N32, CONV_C1_K3, CONV_DIRECT,
+    CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8, CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8,
+};
+use super::options::CudaOptions;
+use super::plan::Shape;
+use super::relayout::{parity_split, ParityClass};
+use super::select::{gather_width, pick_halo, pick_mma, MMA_N_PAD};
+
+/// Device properties and backend switches the launch list depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArchCaps {
+    /// Compute capability as major * 10 + minor (90 for sm_90).
+    pub sm: u32,
+    pub sm_count: usize,
+    /// Opt-in shared memory per block (bytes): which halo kernels fit.
+    pub smem_optin: usize,
+    /// mma.sync conv kernels (sm_80+ unless the legacy wmma path is asked for).
+    pub conv_mma: bool,
+    /// Stride-1 3^3 convs with Cin 16, 32, 64 or a multiple of 32 (even Cin 10..14 zero-padded
+    /// to 16) on `conv_halo_*` (plan::pick_halo).
+    pub conv_halo: bool,
+    /// Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `CONV_C1_K3` (unless a tile is forced).
+    pub conv_c1: bool,
+    /// kernel == stride transposed convs with Cin, Cout % 8 == 0 on `convt_up_*` (16-byte
+    /// staged epilogue) instead of the `conv_mma_*` scatter epilogue.
+    pub conv_up_vec: bool,
+    /// A forced `conv_mma_*` tile (tests, benchmarks).
+    pub conv_tile: Option<&'static MmaConfig>,
+    /// A forced `conv_halo_*` kernel (benchmarks).
+    pub halo_tile: Option<&'static HaloConfig>,
+}
+
+impl ArchCaps {
+    /// The defaults of a device of compute capability `major.minor`.
+    pub fn new(major: u32, minor: u32, sm_count: usize, smem_optin: usize) -> Self {
+        ArchCaps {
+            sm: major * 10 + minor,
+            sm_count,
+            smem_optin,
+            conv_mma: major >= 8,
+            conv_halo: true,
+            conv_c1: true,
+            conv_up_vec: true,
+            conv_tile: None,
+            halo_tile: None,
+        }
+    }
+
+    /// A device of compute capability `major.minor` with the switches of `opts`.
+    pub fn with_options(
+        major: u32,
+        minor: u32,
+        sm_count: usize,
+        smem_optin: usize,
+        opts: &CudaOptions,
+    ) -> Self {
+        let base = ArchCaps::new(major, minor, sm_count, smem_optin);
+        ArchCaps {
+            conv_mma: base.conv_mma && !opts.legacy_conv,
+            conv_halo: opts.halo_conv,
+            conv_c1: opts.c1_conv,
+            conv_up_vec: opts.upsample_vec,
+            conv_tile: opts.conv_tile,
+            halo_tile: opts.halo_tile,
+            ..base
+        }
+    }
+
+    /// An H200 (sm_90, 132 SMs, 227 KiB opt-in shared memory): what the planner assumes when
+    /// the target device is not known.
+    pub fn h200() -> Self {
+        ArchCaps::new(9, 0, 132, 227 * 1024)
+    }
+
+    /// The mma tile for a GEMM of `m` rows, `n` columns (a forced tile unless its gather width
+    /// does not divide `vw`).
+    pub fn mma_tile(&self, m: usize, n: usize, vw: usize) -> &'static MmaConfig {
+        if let Some(c) = self.conv_tile {
+            if vw.is_multiple_of(c.vw) {
+                return c;
+            }
+        }
+        pick_mma(m, n, vw, self.sm_count)
+    }
+
+    /// Blocks per sample of the norm statistics: >= 256 pixels each, at most 2 per SM.
+    pub fn norm_blocks(&self, pix: usize) -> usize {
+        norm_blocks(self.sm_count, pix)
+    }
+}
+
+/// How one conv / transposed conv runs; fixes its weight layout (and so its bytes).
+#[derive(Clone)]
+pub enum ConvKernel {
+    /// A strided transposed conv as one dense mma GEMM per output parity class.
+    Parity(Vec<(ParityClass, &'static MmaConfig)>),
+    /// 1x1x1 conv with few outputs, one thread per voxel (`CONV1X1_N16` / `_n32`).
+    Pointwise {
+        nc: usize,
+    },
+    Halo(&'static HaloConfig),
+    /// kernel == stride transposed conv as a GEMM with a scatter epilogue.
+    Upsample(&'static MmaConfig),
+    /// The same GEMM and weights on `convt_up_*` (the tile's 16-byte staged epilogue).
+    UpsampleVec(&'static MmaConfig),
+    /// Cin-1 3^3 conv on `CONV_C1_K3` (mma weight layout).
+    Cin1,
+    Mma(&'static MmaConfig),
+    /// The wmma implicit GEMM (`conv_igemm_*`) or, for grouped convs, `CONV_DIRECT`.
+    Legacy {
+        func: &'static str,
+        bn: usize,
+    },
+}
+
+/// Shape facts of one conv node the kernel choice needs.
+#[derive(Clone, Copy, Debug)]
+pub struct ConvGeom {
+    pub xs: Shape,
+    pub os: Shape,
+    pub k: [usize; 3],
+    pub stride: [usize; 3],
+    pub dil: [usize; 3],
+    /// Begin pads.
+    pub pads: [usize; 3],
+    pub groups: usize,
+    pub transposed: bool,
+    pub upsample: bool,
+}
+
+impl ConvKernel {
+    /// Kernel name of each launch (one per parity class, else one).
+    pub fn funcs(&self) -> Vec<&'static str> {
+        match self {
+            ConvKernel::Parity(cl) => cl.iter().map(|(_, c)| c.name).collect(),
+            ConvKernel::Pointwise { nc: 16 } => vec![CONV1X1_N16.name],
+            ConvKernel::Pointwise { .. } => vec![CONV1X1_N32.name],
+            ConvKernel::Halo(c) => vec![c.name],
+            ConvKernel::Upsample(c) | ConvKernel::Mma(c) => vec![c.name],
+            ConvKernel::UpsampleVec(c) => vec![upsample_vec_name(c.name).unwrap_or(c.name)],
+            ConvKernel::Cin1 => vec![CONV_C1_K3.name],
+            ConvKernel::Legacy { func, .. } => vec![func],
+        }
+    }
+}
+
+impl std::fmt::Debug for ConvKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self {
+            ConvKernel::Parity(_) => "Parity",
+            ConvKernel::Pointwise { .. } => "Pointwise",
+            ConvKernel::Halo(_) => "Halo",
+            ConvKernel::Upsample(_) => "Upsample",
+            ConvKernel::UpsampleVec(_) => "UpsampleVec",
+            ConvKernel::Cin1 => "Cin1",
+            ConvKernel::Mma(_) => "Mma",
+            ConvKernel::Legacy { .. } => "Legacy",
+        };
+        write!(f, "{kind}{:?}", self.funcs())
+    }
+}
+
+impl PartialEq for ConvKernel {
+    fn eq(&self, o: &Self) -> bool {
+        let classes = |k: &ConvKernel| match k {
+            ConvKernel::Parity(c) => c.iter().map(|(cl, _)| cl.clone()).collect(),
+            _ => Vec::new(),
+        };
+        std::mem::discriminant(self) == std::mem::discriminant(o)
+            && self.funcs() == o.funcs()
+            && classes(self) == classes(o)
+    }
+}
+
+fn kpad(k: usize) -> usize {
+    k.div_ceil(32) * 32
+}
+
+impl ConvKernel {
+    /// Picks the kernel of a conv for `batch` windows, as the launch list runs it.
+    pub fn choose(caps: &ArchCaps, batch: usize, g: &ConvGeom) -> ConvKernel {
+        let (xs, os) = (g.xs, g.os);
+        let cout = os[0];
+        let cin = xs[0];
+        let direct = g.groups != 1;
+        let vw = gather_width(cin);
+        let osp = [os[1], os[2], os[3]];
+        // GEMM rows: output voxels, or input voxels for the upsampling transposed conv.
+        let rows = batch
+            * if g.upsample {
+                xs[1] * xs[2] * xs[3]
+            } else {
+                os[1] * os[2] * os[3]
+            };
+        // The mma kernels index rows with 32-bit ints; the wmma kernel handles the rest.
+        let mma = caps.conv_mma && !direct && (!g.transposed || g.upsample) && rows < (1 << 31);
+        if caps.conv_mma && !direct && g.transposed && !g.upsample && g.dil == [1; 3] {
+            if let Some(classes) = parity_split(g.k, g.stride, g.pads, osp) {
+                let rows_of = |cl: &ParityClass| batch * cl.grid.iter().product::<usize>();
+                if !classes.is_empty() && classes.iter().all(|cl| rows_of(cl) < 1 << 31) {
+                    return ConvKernel::Parity(
+                        classes
+                            .into_iter()
+                            .map(|cl| {
+                                let t = caps.mma_tile(rows_of(&cl), cout, vw);
+                                (cl, t)
+                            })
+                            .collect(),
+                    );
+                }
+            }
+        }
+        if caps.conv_mma
+            && !direct
+            && !g.transposed
+            && g.k == [1; 3]
+            && g.stride == [1; 3]
+            && g.pads == [0; 3]
+            && osp == [xs[1], xs[2], xs[3]]
+            && cin % 8 == 0
+            && cin <= 256
+            && cout <= 32
+        {
+            return ConvKernel::Pointwise {
+                nc: if cout <= 16 { 16 } else { 32 },
+            };
+        }
+        // (A forced mma tile keeps Cin-1 convs on that tile, as it does the halo convs.)
+        if mma
+            && caps.conv_c1
+            && caps.conv_tile.is_none()
+            && !g.transposed
+            && cin == 1
+            && cout <= 64
+            && g.k == [3; 3]
+            && g.dil == [1; 3]
+            && g.stride.iter().all(|&s| s == 1 || s == 2)
+        {
+            return ConvKernel::Cin1;
+        }
+        if mma && !g.upsample && caps.conv_halo && caps.conv_tile.is_none() {
+            if let Some(c) = pick_halo(g, caps.smem_optin, caps.halo_tile.map(|c| c.name)) {
+                return ConvKernel::Halo(c);
+            }
+        }
+        if mma && g.upsample {
+            let taps = g.k[0] * g.k[1] * g.k[2];
+            let t = caps.mma_tile(rows, taps * cout, vw);
+            if caps.conv_up_vec && cout % 8 == 0 && upsample_vec_name(t.name).is_some() {
+                return ConvKernel::UpsampleVec(t);
+            }
+            return ConvKernel::Upsample(t);
+        }
+        if mma {
+            return ConvKernel::Mma(caps.mma_tile(rows, cout, vw));
+        }
+        let bn = if cout <= 32 { 32 } else { 64 };
+        let func = match (direct, bn, cin % 8 == 0) {
+            (true, _, _) => CONV_DIRECT.name,
+            (false, 64, true) => CONV_IGEMM_N64_V8.name,
+            (false, 64, false) => CONV_IGEMM_N64_V1.name,
+            (false, _, true) => CONV_IGEMM_N32_V8.name,
+            (false, _, false) => CONV_IGEMM_N32_V1.name,
+        };
+        ConvKernel::Legacy { func, bn }
+    }
+
+    /// Rows the re-laid weight is padded to (B matrix rows: output channels, or taps x Cout for
+    /// the upsampling GEMM).
+    pub fn weight_rows(&self, wshape: &[usize], groups: usize, transposed: bool) -> usize {
+        let cout = if transposed {
+            wshape[1] * groups
+        } else {
+            wshape[0]
+        };
+        match self {
+            ConvKernel::Pointwise { .. } => 64,
+            ConvKernel::Legacy { .. } => cout.div_ceil(64) * 64,
+            ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) => {
+                let taps = wshape[2] * wshape[3] * wshape[4];
+                (taps * cout).div_ceil(MMA_N_PAD) * MMA_N_PAD
+            }
+            _ => cout.div_ceil(MMA_N_PAD) * MMA_N_PAD,
+        }
+    }
+
+    /// fp16 elements of each weight upload, in upload order (one per parity class, else one).
+    pub fn weight_halves(&self, wshape: &[usize], groups: usize, transposed: bool) -> Vec<usize> {
+        let rows = self.weight_rows(wshape, groups, transposed);
+        let taps = wshape[2] * wshape[3] * wshape[4];
+        match self {
+            ConvKernel::Parity(classes) => classes
+                .iter()
+                .map(|(cl, _)| {
+                    let nt: usize = cl.taps.iter().map(|t| t.len()).product();
+                    rows * kpad(nt * wshape[0])
+                })
+                .collect(),
+            ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) => vec![rows * kpad(wshape[0])],
+            _ => {
+                let cin_g = if transposed {
+                    wshape[0] / groups.max(1)
+                } else {
+                    wshape[1]
+                };
+                vec![rows * kpad(taps * cin_g)]
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::catalogue::*;
+    use crate::backend::cuda::relayout::{
+        relayout_parity_weight, relayout_upsampling_weight, relayout_weight,
+    };
+
+    fn geom(xs: Shape, os: Shape, k: usize, s: usize, groups: usize, t: bool) -> ConvGeom {
+        ConvGeom {
+            xs,
+            os,
+            k: [k; 3],
+            stride: [s; 3],
+            dil: [1; 3],
+            pads: [if k == 3 && !(t && s == k) { 1 } else { 0 }; 3],
+            groups,
+            transposed: t,
+            upsample: t && k == s,
+        }
+    }
+
+    /// The bytes the plan lists for a conv's weight equal what the re-layout functions the
+    /// backend uploads produce, for every kernel kind.
+    #[test]
+    fn weight_bytes_match_the_relayouts() {
+        let h200 = ArchCaps::h200();
+        let legacy = ArchCaps {
+            conv_mma: false,
+            ..ArchCaps::new(7, 5, 40, 64 * 1024)
+        };
+        // (caps, geometry, weight shape, expected kind)
+        let cases: Vec<(ArchCaps, ConvGeom, Vec<usize>, &str)> = vec![
+            // 3^3 stride 1, Cin 32: halo on sm_90, mma tile with a small smem limit.
+            (
+                h200,
+                geom([32, 16, 16, 16], [32, 16, 16, 16], 3, 1, 1, false),
+                vec![32, 32, 3, 3, 3],
+                "Halo",
+            ),
+            // Cin 128 / Cout 128 (phase 7): Cin chunks and 2 channel tiles, the same weights.
+            (
+                h200,
+                geom([128, 8, 8, 8], [128, 8, 8, 8], 3, 1, 1, false),
+                vec![128, 128, 3, 3, 3],
+                "Halo",
+            ),
+            (
+                ArchCaps::new(8, 6, 84, 48 * 1024),
+                geom([32, 16, 16, 16], [32, 16, 16, 16], 3, 1, 1, false),
+                vec![32, 32, 3, 3, 3],
+                "Mma",
+            ),
+            (
+                h200,
+                geom([3, 16, 16, 16], [24, 8, 8, 8], 3, 2, 1, false),
+                vec![24, 3, 3, 3, 3],
+                "Mma",
+            ),
+            (
+                h200,
+                geom([32, 8, 8, 8], [14, 8, 8, 8], 1, 1, 1, false),
+                vec![14, 32, 1, 1, 1],
+                "Pointwise",
+            ),
+            (
+                h200,
+                geom([64, 4, 4, 4], [32, 8, 8, 8], 2, 2, 1, true),
+                vec![64, 32, 2, 2, 2],
+                "UpsampleVec",
+            ),
+            // Cout 14 (no 8-channel chunks) or the switch off: the scatter epilogue.
+            (
+                h200,
+                geom([32, 4, 4, 4], [14, 8, 8, 8], 2, 2, 1, true),
+                vec![32, 14, 2, 2, 2],
+                "Upsample",
+            ),
+            (
+                ArchCaps {
+                    conv_up_vec: false,
+                    ..h200
+                },
+                geom([64, 4, 4, 4], [32, 8, 8, 8], 2, 2, 1, true),
+                vec![64, 32, 2, 2, 2],
+                "Upsample",
+            ),
+            // Cin 1, 3^3, stride 1 / 2: CONV_C1_K3 (mma weight layout); switch off: mma tile.
+            (
+                h200,
+                geom([1, 16, 16, 16], [32, 16, 16, 16], 3, 1, 1, false),
+                vec![32, 1, 3, 3, 3],
+                "Cin1",
+            ),
+            (
+                h200,
+                geom([1, 15, 15, 15], [20, 8, 8, 8], 3, 2, 1, false),
+                vec![20, 1, 3, 3, 3],
+                "Cin1",
+            ),
+            (
+                ArchCaps {
+                    conv_c1: false,
+                    ..h200
+                },
+                geom([1, 16, 16, 16], [32, 16, 16, 16], 3, 1, 1, false),
+                vec![32, 1, 3, 3, 3],
+                "Mma",
+            ),
+            (
+                ArchCaps {
+                    conv_tile: Some(&CONV_MMA_M128N32_V1),
+                    ..h200
+                },
+                geom([1, 16, 16, 16], [32, 16, 16, 16], 3, 1, 1, false),
+                vec![32, 1, 3, 3, 3],
+                "Mma",
+            ),
+            // Cout 72 > 64: not the Cin-1 kernel.
+            (
+                h200,
+                geom([1, 16, 16, 16], [72, 16, 16, 16], 3, 1, 1, false),
+                vec![72, 1, 3, 3, 3],
+                "Mma",
+            ),
+            (
+                h200,
+                geom([40, 4, 4, 4], [20, 8, 8, 8], 3, 2, 1, true),
+                vec![40, 20, 3, 3, 3],
+                "Parity",
+            ),
+            (
+                h200,
+                geom([32, 8, 8, 8], [32, 8, 8, 8], 3, 1, 4, false),
+                vec![32, 8, 3, 3, 3],
+                "Legacy",
+            ),
+            (
+                legacy,
+                geom([40, 4, 4, 4], [20, 8, 8, 8], 3, 2, 1, true),
+                vec![40, 20, 3, 3, 3],
+                "Legacy",
+            ),
+        ];
+        for (caps, g, ws, kind) in cases {
+            let k = ConvKernel::choose(&caps, 2, &g);
+            assert!(
+                format!("{k:?}").starts_with(&format!("{kind}[")),
+                "{k:?} for {ws:?}"
+            );
+            let data: Vec<f32> = (0..ws.iter().product::<usize>())
+                .map(|i| i as f32)
+                .collect();
+            let rows = k.weight_rows(&ws, g.groups, g.transposed);
+            let got: Vec<usize> = match &k {
+                ConvKernel::Parity(cl) => cl
+                    .iter()
+                    .map(|(c, _)| relayout_parity_weight(&data, &ws, &c.taps, rows).0.len())
+                    .collect(),
+                ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) => {
+                    vec![relayout_upsampling_weight(&data, &ws, rows).0.len()]
+                }
+                _ => vec![relayout_weight(&data, &ws, g.groups, g.transposed, rows)
+                    .0
+                    .len()],
+            };
+            assert_eq!(k.weight_halves(&ws, g.groups, g.transposed), got, "{k:?}");
+            if let ConvKernel::Parity(cl) = &k {
+                assert_eq!(cl.len(), 8, "stride 2: 8 parity classes");
+            }
+        }
+        assert!(HALO_CONFIGS
+            .iter()
+            .any(|c| c.smem_bytes() as usize <= h200.smem_optin));
+    }
+
+    /// Every `convt_up_*` twin names a v8 mma tile whose operand stages can hold the staged
+    /// fp32 tile (bm x (bn + 8) floats), as the kernel's static_assert requires.
+    #[test]
+    fn upsample_vec_twins_fit() {
+        for (mma, up) in UPSAMPLE_VEC {
+            let c = MMA_CONFIGS.iter().find(|c| c.name == *mma).unwrap();
+            assert_eq!(c.vw, 8, "{mma}");
+            assert!(c.bm * (c.bn + 8) * 4 <= c.smem_bytes() as usize, "{mma}");
+            assert_eq!(up.replace("convt_up_", "conv_mma_"), *mma);
+            assert_eq!(upsample_vec_name(mma), Some(*up));
+        }
+        assert_eq!(upsample_vec_name(CONV_MMA_M128N32_V2.name), None);
+        let k = ConvKernel::UpsampleVec(
+            MMA_CONFIGS
+                .iter()
+                .find(|c| c.name == CONV_MMA_M128N64_V8.name)
+                .unwrap(),
+        );
+        assert!(k.funcs()[0].starts_with("convt_up_"), "{k:?}");
+    }
+
+    /// Arena offsets: aligned, buffers whose lifetimes meet never share a byte, the arena is at
+    /// least the most bytes live at one launch (brute force over launches) and, for a chain of
+    /// values each read by the next launch only, exactly the largest neighbouring pair.
+    #[test]
+    fn caps_and_forced_tiles() {
+        let c = ArchCaps::h200();
+        assert_eq!((c.sm, c.sm_count, c.conv_mma), (90, 132, true));
+        assert!(!ArchCaps::new(7, 5, 40, 65536).conv_mma);
+        assert_eq!(c.norm_blocks(1), 1);
+        assert_eq!(c.norm_blocks(1 << 30), 264);
+        // A forced tile applies only where its gather width divides the conv's.
+        let forced = ArchCaps {
+            conv_tile: Some(&CONV_MMA_M128N64_V8),
+            ..c
+        };
+        assert_eq!(forced.mma_tile(1000, 32, 8).name, CONV_MMA_M128N64_V8.name);
+        assert_eq!(forced.mma_tile(1000, 32, 2).name, CONV_MMA_M128N32_V2.name);
+    }
+}

@@ -1,0 +1,206 @@
+//! The prepared graph: the launch list over exactly the buffers of [`buffer_plan`] (one
+//! activation arena, the constants, the norm scratch), built once per (roi, batch), and its
+//! launch for n samples.
+
+use super::buffers::{buffer_plan, ArchCaps, BufferPlan};
+use super::catalogue::FILL_HALF;
+use super::device::DevBuf;
+use super::launch::{Arg, Gpu};
+use super::ops::{build_node, Build, NodeIo, Step};
+use super::plan::Act;
+use super::profile::step_label;
+use crate::model::graph::Graph;
+use crate::{Error, Result};
+use cudarc::driver::PinnedHostSlice;
+
+pub(crate) struct Prepared {
+    pub batch: usize,
+    pub roi: [usize; 3],
+    pub cin: usize,
+    pub cout: usize,
+    pub out_spatial: [usize; 3],
+    pub steps: Vec<Step>,
+    /// One label per step (op kind, shapes, kernel) for `profile_forward`.
+    pub labels: Vec<String>,
+    /// The activation arena (fp16; every buffer of the plan at its offset), then constants;
+    /// all kept alive for the launch list.
+    pub arena: DevBuf,
+    pub consts: Vec<DevBuf>,
+    pub input: u64,
+    pub output: u64,
+    /// f32 staging of the single-window API (`Backend::run`), made on its first call: the
+    /// streamed pipeline never needs it.
+    pub single: Option<SingleWindow>,
+    /// Its bytes (the buffer plan's `stage_in`, `stage_out`).
+    pub stage_bytes: (usize, usize),
+    /// fp64 [batch][Cmax][2] channel sums and f32 [batch][Cmax][2] norm scale/shift.
+    pub norm_sums: DevBuf,
+    pub norm_ab: DevBuf,
+    /// Bytes of activation memory the plan allocated (after reuse).
+    pub activation_bytes: usize,
+}
+
+/// Device and pinned f32 NCDHW staging of one window batch in and out (`Backend::run`).
+pub(crate) struct SingleWindow {
+    pub stage_in: DevBuf,
+    pub stage_out: DevBuf,
+    pub host_in: PinnedHostSlice<f32>,
+    pub host_out: PinnedHostSlice<f32>,
+}
+
+/// Builds the launch list over exactly the buffers of [`buffer_plan`]: the plan says which
+/// buffers exist, which launch writes which, each conv's kernel and every constant's bytes;
+/// this only allocates, uploads (checking each size against the plan) and fills in pointers.
+pub(crate) fn build(
+    gpu: &Gpu,
+    caps: &ArchCaps,
+    graph: &Graph,
+    batch: usize,
+    roi: [usize; 3],
+) -> Result<Prepared> {
+    let bp = buffer_plan(graph, batch, roi, caps)?;
+    let arena = DevBuf::new(&gpu.ctx, bp.arena)?;
+    let bufs: Vec<u64> = bp.offsets.iter().map(|&o| arena.ptr + o as u64).collect();
+    let mut b = Build {
+        gpu,
+        bufs: Vec::new(),
+        plan: &bp.consts,
+    };
+    let mut steps: Vec<Step> = Vec::new();
+    let mut labels: Vec<String> = Vec::new();
+    for l in &bp.launches {
+        let node = &graph.nodes[l.node];
+        let act = match l.fuse {
+            Some(j) => Act::of(&graph.nodes[j].op).expect("checked by fusable_activation"),
+            None => Act::None,
+        };
+        let io = node_io(&bp, &bufs, graph, l, act)?;
+        let slope = b.act_slope(&io.act)?;
+        let io = NodeIo { slope, ..io };
+        let in_place: Vec<bool> = node.inputs.iter().map(|&v| bp.in_place[v]).collect();
+        let new = build_node(&mut b, &node.op, &io, l.conv.as_ref(), &in_place, batch)?;
+        for s in &new {
+            labels.push(step_label(s, &node.op, &io.act, io.xshape, io.oshape));
+        }
+        steps.extend(new);
+    }
+    if b.bufs.len() != bp.consts.len() {
+        return Err(Error::Backend(format!(
+            "CUDA launch list: {} constants uploaded, the buffer plan lists {}",
+            b.bufs.len(),
+            bp.consts.len()
+        )));
+    }
+    let in_shape = bp.shapes[graph.input];
+    let out_shape = bp.shapes[graph.output];
+    Ok(Prepared {
+        batch,
+        roi,
+        cin: in_shape[0],
+        cout: out_shape[0],
+        out_spatial: [out_shape[1], out_shape[2], out_shape[3]],
+        steps,
+        labels,
+        input: bufs[bp.input_buf],
+        output: bufs[bp.output_buf],
+        activation_bytes: arena.bytes,
+        arena,
+        consts: b.bufs,
+        single: None,
+        stage_bytes: (bp.stage_in, bp.stage_out),
+        norm_sums: DevBuf::new(&gpu.ctx, bp.norm_sums)?,
+        norm_ab: DevBuf::new(&gpu.ctx, bp.norm_ab)?,
+    })
+}
+
+/// Buffers, shapes and fused activation of launch `l` (slope not uploaded yet).
+fn node_io<'g>(
+    bp: &BufferPlan,
+    bufs: &[u64],
+    graph: &'g Graph,
+    l: &super::buffers::Launch,
+    act: Act,
+) -> Result<NodeIo<'g>> {
+    let node = &graph.nodes[l.node];
+    let xs: Vec<u64> = node
+        .inputs
+        .iter()
+        .map(|&v| {
+            bp.value_buf[v].map(|b| bufs[b]).ok_or_else(|| {
+                Error::Graph(format!(
+                    "node {}: input value {v} was never computed",
+                    node.name
+                ))
+            })
+        })
+        .collect::<Result<_>>()?;
+    let oshape = bp.shapes[node.output];
+    let slope_n = match &act {
+        Act::PRelu(s) => s.len() as i32,
+        _ => 1,
+    };
+    Ok(NodeIo {
+        name: &node.name,
+        x: xs[0],
+        cins: node.inputs.iter().map(|&v| bp.shapes[v][0]).collect(),
+        xs,
+        y: bufs[l.out_buf],
+        xshape: bp.shapes[node.inputs[0]],
+        oshape,
+        pix: oshape[1] * oshape[2] * oshape[3],
+        ldc: l.ldc,
+        coff: l.coff,
+        act,
+        slope: 0,
+        slope_n,
+    })
+}
+
+impl Prepared {
+    /// Launches step `step` for `n` samples on the compute stream.
+    pub fn run_step(&self, gpu: &Gpu, step: &Step, n: usize) -> Result<()> {
+        let scratch = [self.norm_sums.ptr, self.norm_ab.ptr];
+        step.launch(gpu, &gpu.stream, n, scratch)
+    }
+
+    /// Launches the whole list for `n` samples on the compute stream.
+    pub fn run_steps(&self, gpu: &Gpu, n: usize) -> Result<()> {
+        for step in &self.steps {
+            self.run_step(gpu, step, n)?;
+        }
+        Ok(())
+    }
+
+    /// Fills the activation arena with NaN (`CudaOptions::poison`).
+    pub fn poison(&self, gpu: &Gpu) -> Result<()> {
+        let len = self.arena.bytes / 2;
+        gpu.eltwise(
+            &gpu.stream,
+            FILL_HALF.name,
+            len,
+            &mut [
+                Arg::Ptr(self.arena.ptr),
+                Arg::I64(len as i64),
+                Arg::F32(f32::NAN),
+            ],
+        )
+    }
+
+    /// Checks this plan runs windows of `roi` in batches of `batch` and maps them to windows
+    /// of the same size (sliding-window blending).
+    pub fn check_window(&self, roi: [usize; 3], batch: usize) -> Result<()> {
+        if self.roi != roi || self.batch < batch {
+            return Err(Error::Invalid(format!(
+                "the CUDA backend was prepared for window {:?} batch {}, not window {roi:?} batch {batch}",
+                self.roi, self.batch
+            )));
+        }
+        if self.out_spatial != roi {
+            return Err(Error::Invalid(format!(
+                "the model maps window {roi:?} to {:?}; sliding-window blending needs equal sizes",
+                self.out_spatial
+            )));
+        }
+        Ok(())
+    }
+}

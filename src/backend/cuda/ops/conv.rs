@@ -1,0 +1,296 @@
+//! Convs and transposed convs: the launch(es) of one conv on the kernel the buffer plan chose
+//! (weights re-laid and uploaded at build), and their grids at run.
+
+use super::{Build, NodeIo};
+use crate::backend::cuda::buffers::ConvKernel;
+use crate::backend::cuda::catalogue::{halo_config, CONV1X1_N16, CONV1X1_N32, CONV_C1_K3};
+use crate::backend::cuda::launch::{Arg, Gpu};
+use crate::backend::cuda::plan::ConvParams;
+use crate::backend::cuda::relayout::{
+    relayout_parity_weight, relayout_upsampling_weight, relayout_weight,
+};
+use crate::model::graph::{Op, Tensor};
+use crate::Result;
+use cudarc::driver::CudaStream;
+
+/// One conv launch: the kernel, its parameter block (n filled in at run), the operands and the
+/// launch shape.
+pub(crate) struct ConvStep {
+    pub func: &'static str,
+    pub p: ConvParams,
+    pub x: u64,
+    pub w: u64,
+    pub bias: u64,
+    pub y: u64,
+    pub slope: u64,
+    /// GEMM tile rows / columns, threads and dynamic shared memory of the launch.
+    pub bm: u32,
+    pub bn: u32,
+    pub threads: u32,
+    pub smem: u32,
+    /// Grouped conv on `CONV_DIRECT` (one thread per output).
+    pub direct: bool,
+    /// 1x1x1 conv with few outputs on `conv1x1_n*` (one thread per voxel).
+    pub pointwise: bool,
+}
+
+/// The op's conv parameters, the same for a conv and a transposed conv.
+struct ConvOp<'a> {
+    weight: &'a Tensor,
+    bias: Option<&'a Tensor>,
+    groups: usize,
+    transposed: bool,
+    stride: [usize; 3],
+    dil: [usize; 3],
+    pads: [usize; 3],
+}
+
+impl<'a> ConvOp<'a> {
+    fn of(op: &'a Op) -> Option<Self> {
+        let (weight, bias, groups, stride, dil, pads, transposed) = match op {
+            Op::Conv(c) => (
+                &c.weight,
+                c.bias.as_ref(),
+                c.groups,
+                c.stride,
+                c.dilation,
+                &c.pads,
+                false,
+            ),
+            Op::ConvTranspose(c) => (
+                &c.weight,
+                c.bias.as_ref(),
+                c.groups,
+                c.stride,
+                c.dilation,
+                &c.pads,
+                true,
+            ),
+            _ => return None,
+        };
+        Some(ConvOp {
+            weight,
+            bias,
+            groups,
+            transposed,
+            stride,
+            dil,
+            pads: [pads[0], pads[1], pads[2]],
+        })
+    }
+
+    /// The parameter block of the conv as written (n = 0: set per run).
+    fn params(&self, io: &NodeIo) -> ConvParams {
+        let (xs, os, w) = (io.xshape, io.oshape, &self.weight.shape);
+        let (k, stride, dil, pads) = ([w[2], w[3], w[4]], self.stride, self.dil, self.pads);
+        ConvParams {
+            n: 0,
+            di: xs[1] as i32,
+            hi: xs[2] as i32,
+            wi: xs[3] as i32,
+            cin: xs[0] as i32,
+            do_: os[1] as i32,
+            ho: os[2] as i32,
+            wo: os[3] as i32,
+            cout: os[0] as i32,
+            kd: k[0] as i32,
+            kh: k[1] as i32,
+            kw: k[2] as i32,
+            sd: stride[0] as i32,
+            sh: stride[1] as i32,
+            sw: stride[2] as i32,
+            pd: pads[0] as i32,
+            ph: pads[1] as i32,
+            pw: pads[2] as i32,
+            dd: dil[0] as i32,
+            dh: dil[1] as i32,
+            dw: dil[2] as i32,
+            transposed: self.transposed as i32,
+            kpad: 0,
+            groups: self.groups as i32,
+            ldc: io.ldc as i32,
+            coff: io.coff as i32,
+            act: io.act.code(),
+            alpha: io.act.alpha(),
+            slope_n: io.slope_n,
+            ..Default::default()
+        }
+    }
+}
+
+/// The launch(es) of conv node `op` on `kernel`, uploading its bias and re-laid weight(s).
+pub(crate) fn build(
+    b: &mut Build,
+    op: &Op,
+    kernel: &ConvKernel,
+    io: &NodeIo,
+) -> Result<Vec<ConvStep>> {
+    let c = ConvOp::of(op).expect("a conv op");
+    let bias = match c.bias {
+        Some(t) => b.upload_const(&t.data)?,
+        None => 0,
+    };
+    let p = c.params(io);
+    let rows_pad = kernel.weight_rows(&c.weight.shape, c.groups, c.transposed);
+    let step = |p: ConvParams, w: u64, y: u64, (func, bm, bn, threads, smem)| ConvStep {
+        func,
+        p,
+        x: io.x,
+        w,
+        bias,
+        y,
+        slope: io.slope,
+        bm,
+        bn,
+        threads,
+        smem,
+        direct: c.groups != 1,
+        pointwise: false,
+    };
+    use ConvKernel as K;
+    match kernel {
+        // A strided transposed conv: one dense conv per output parity class on the mma
+        // kernel, scattered with stride `stride` (no zero MACs).
+        K::Parity(classes) => {
+            let (os, stride) = (io.oshape, c.stride);
+            let mut out = Vec::new();
+            for (cl, m) in classes {
+                let w = &c.weight;
+                let (wh, kpad) = relayout_parity_weight(&w.data, &w.shape, &cl.taps, rows_pad);
+                let mut q = p;
+                (q.do_, q.ho, q.wo) = (cl.grid[0] as i32, cl.grid[1] as i32, cl.grid[2] as i32);
+                (q.kd, q.kh, q.kw) = (
+                    cl.taps[0].len() as i32,
+                    cl.taps[1].len() as i32,
+                    cl.taps[2].len() as i32,
+                );
+                (q.sd, q.sh, q.sw) = (1, 1, 1);
+                (q.dd, q.dh, q.dw) = (1, 1, 1);
+                (q.pd, q.ph, q.pw) = (cl.pad[0], cl.pad[1], cl.pad[2]);
+                q.transposed = 0;
+                (q.up_d, q.up_h, q.up_w) = (stride[0] as i32, stride[1] as i32, stride[2] as i32);
+                q.ocout = os[0] as i32;
+                (q.od, q.oh, q.ow) = (os[1] as i32, os[2] as i32, os[3] as i32);
+                q.kpad = kpad as i32;
+                let wp = b.upload_const(&wh)?;
+                // The class's first output voxel: the scatter adds (j * stride) to it.
+                let first = (cl.r[0] * os[2] + cl.r[1]) * os[3] + cl.r[2];
+                let y = io.y + (first * io.ldc * 2) as u64;
+                let shape = (m.name, m.bm as u32, m.bn as u32, m.threads, m.smem_bytes());
+                out.push(step(q, wp, y, shape));
+            }
+            Ok(out)
+        }
+        // 1x1x1 conv with few outputs (the head): memory bound, one thread per voxel.
+        K::Pointwise { nc } => {
+            let cin = io.xshape[0];
+            let w = &c.weight;
+            let (wh, kpad) = relayout_weight(&w.data, &w.shape, 1, false, rows_pad);
+            let mut p = p;
+            p.kpad = kpad as i32;
+            let wp = b.upload_const(&wh)?;
+            let func = if *nc == 16 {
+                CONV1X1_N16.name
+            } else {
+                CONV1X1_N32.name
+            };
+            let smem = (cin * nc * 4 + 256 * nc * 2) as u32;
+            Ok(vec![ConvStep {
+                direct: false,
+                pointwise: true,
+                ..step(p, wp, io.y, (func, 256, *nc as u32, 256, smem))
+            }])
+        }
+        // Plain GEMM [input voxels x Cin] x [Cin x taps*Cout], scattered to the k^3 blocks.
+        K::Upsample(m) | K::UpsampleVec(m) => {
+            let (xs, os, w) = (io.xshape, io.oshape, &c.weight);
+            let k = [w.shape[2], w.shape[3], w.shape[4]];
+            let (wh, kpad) = relayout_upsampling_weight(&w.data, &w.shape, rows_pad);
+            let mut p = p;
+            p.do_ = xs[1] as i32;
+            p.ho = xs[2] as i32;
+            p.wo = xs[3] as i32;
+            p.cout = (k[0] * k[1] * k[2] * os[0]) as i32;
+            (p.kd, p.kh, p.kw) = (1, 1, 1);
+            (p.sd, p.sh, p.sw) = (1, 1, 1);
+            (p.dd, p.dh, p.dw) = (1, 1, 1);
+            p.transposed = 0;
+            (p.up_d, p.up_h, p.up_w) = (k[0] as i32, k[1] as i32, k[2] as i32);
+            p.ocout = os[0] as i32;
+            (p.od, p.oh, p.ow) = (os[1] as i32, os[2] as i32, os[3] as i32);
+            p.kpad = kpad as i32;
+            let wp = b.upload_const(&wh)?;
+            let shape = (
+                kernel.funcs()[0],
+                m.bm as u32,
+                m.bn as u32,
+                m.threads,
+                m.smem_bytes(),
+            );
+            Ok(vec![step(p, wp, io.y, shape)])
+        }
+        // Stride-1 3^3 with Cin k x 32: the input halo of a 4x8x8 output tile loaded once
+        // for all 27 taps (`conv_halo_*`), the mma weight layout; or the mma / legacy tiles.
+        K::Halo(_) | K::Mma(_) | K::Legacy { .. } | K::Cin1 => {
+            let w = &c.weight;
+            let (wh, kpad) = relayout_weight(&w.data, &w.shape, c.groups, c.transposed, rows_pad);
+            let mut p = p;
+            p.kpad = kpad as i32;
+            let wp = b.upload_const(&wh)?;
+            let (func, bm, bn, threads, smem) = match kernel {
+                K::Halo(h) => (h.name, 256, h.bn, h.threads, h.smem_bytes()),
+                K::Mma(m) => (m.name, m.bm, m.bn, m.threads, m.smem_bytes()),
+                K::Legacy { func, bn } => (*func, 128, *bn, 128, 0),
+                // One block per 2x8x32 output tile, static shared memory.
+                K::Cin1 => (CONV_C1_K3.name, 512, 64, 256, 0),
+                _ => unreachable!("matched above"),
+            };
+            let shape = (func, bm as u32, bn as u32, threads, smem);
+            Ok(vec![step(p, wp, io.y, shape)])
+        }
+    }
+}
+
+impl ConvStep {
+    /// Launches the conv for `n` samples on `s`.
+    pub fn launch(&self, gpu: &Gpu, s: &CudaStream, n: usize) -> Result<()> {
+        let mut p = self.p;
+        p.n = n as i32;
+        let mut args = [
+            Arg::Conv(p),
+            Arg::Ptr(self.x),
+            Arg::Ptr(self.w),
+            Arg::Ptr(self.bias),
+            Arg::Ptr(self.y),
+            Arg::Ptr(self.slope),
+        ];
+        let out = [p.do_ as usize, p.ho as usize, p.wo as usize];
+        let m = n * out.iter().product::<usize>();
+        let func = self.func;
+        if self.pointwise {
+            let blocks = m.div_ceil(256).clamp(1, gpu.sm_count as usize * 16);
+            let grid = (blocks as u32, 1, 1);
+            gpu.launch(s, func, grid, (self.threads, self.smem), &mut args)
+        } else if self.direct {
+            gpu.eltwise(s, func, m * p.cout as usize, &mut args)
+        } else if func == CONV_C1_K3.name {
+            // One block per C1_TZ x C1_TY x C1_TX = 2 x 8 x 32 output tile.
+            let tiles = out[0].div_ceil(2) * out[1].div_ceil(8) * out[2].div_ceil(32);
+            let grid = ((n * tiles) as u32, 1, 1);
+            gpu.launch(s, func, grid, (self.threads, 0), &mut args)
+        } else if let Some(c) = halo_config(func) {
+            // One block per output tile, or persistent blocks that loop over the tiles;
+            // grid.y: the bn-wide output-channel tiles.
+            let blocks = c.grid(n, out, gpu.sm_count as usize);
+            let grid = (blocks, c.cout_tiles(p.cout as usize), 1);
+            gpu.launch(s, func, grid, (self.threads, self.smem), &mut args)
+        } else {
+            let grid = (
+                m.div_ceil(self.bm as usize) as u32,
+                (p.cout as u32).div_ceil(self.bn),
+                1,
+            );
+            gpu.launch(s, func, grid, (self.threads, self.smem), &mut args)
+        }
+    }
+}

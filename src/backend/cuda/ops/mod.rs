@@ -1,0 +1,138 @@
+//! The ops of the launch list, one module per kernel family: each builds its launch(es) for
+//! one node (uploading its constants through [`Build`]) and launches them for n samples.
+
+pub mod conv;
+pub mod eltwise;
+pub mod norm;
+pub mod pool_resize;
+
+use super::buffers::{ConstBuf, ConvKernel};
+use super::device::DevBuf;
+use super::launch::Gpu;
+use super::plan::{Act, PoolParams, Shape};
+use crate::model::graph::Op;
+use crate::{Error, Result};
+use cudarc::driver::CudaStream;
+
+/// One entry of the launch list. Pointers are final; sizes are per sample (times n at run).
+pub(crate) enum Step {
+    Conv(conv::ConvStep),
+    Norm(norm::Norm),
+    Affine(norm::Affine),
+    Elt(eltwise::Elt),
+    Pool { p: PoolParams, x: u64, y: u64 },
+    Resize(pool_resize::ResizeStep),
+}
+
+impl Step {
+    /// Launches the step for `n` samples on `s`; `norm_scratch`: the plan's norm partial sums
+    /// and scale / shift pairs.
+    pub fn launch(
+        &self,
+        gpu: &Gpu,
+        s: &CudaStream,
+        n: usize,
+        norm_scratch: [u64; 2],
+    ) -> Result<()> {
+        match self {
+            Step::Conv(c) => c.launch(gpu, s, n),
+            Step::Norm(m) => m.launch(gpu, s, n, norm_scratch),
+            Step::Affine(a) => a.launch(gpu, s, n),
+            Step::Elt(e) => e.launch(gpu, s, n),
+            Step::Pool { p, x, y } => pool_resize::launch_pool(gpu, s, p, [*x, *y], n),
+            Step::Resize(r) => r.launch(gpu, s, n),
+        }
+    }
+}
+
+/// Constant uploads of a launch list being built, checked against the buffer plan's list.
+pub(crate) struct Build<'a> {
+    pub gpu: &'a Gpu,
+    pub bufs: Vec<DevBuf>,
+    pub plan: &'a [ConstBuf],
+}
+
+impl Build<'_> {
+    /// Uploads the next constant of the buffer plan; its bytes must be the plan's.
+    pub fn upload_const<T>(&mut self, data: &[T]) -> Result<u64> {
+        let k = self.bufs.len();
+        let bytes = std::mem::size_of_val(data);
+        match self.plan.get(k) {
+            Some(c) if c.bytes == bytes => {}
+            c => {
+                return Err(Error::Backend(format!(
+                "CUDA launch list: constant {k} has {bytes} bytes but the buffer plan says {c:?}"
+            )))
+            }
+        }
+        let b = DevBuf::upload(&self.gpu.ctx, &self.gpu.stream, data)?;
+        let p = b.ptr;
+        self.bufs.push(b);
+        Ok(p)
+    }
+
+    /// The slope of a PRelu, uploaded (0 for other activations).
+    pub fn act_slope(&mut self, act: &Act) -> Result<u64> {
+        match act {
+            Act::PRelu(s) => self.upload_const(s),
+            _ => Ok(0),
+        }
+    }
+}
+
+/// Where one node reads and writes, with its fused activation.
+pub(crate) struct NodeIo<'a> {
+    pub name: &'a str,
+    /// Input buffers (x = xs[0]) and their channels.
+    pub xs: Vec<u64>,
+    pub cins: Vec<usize>,
+    pub x: u64,
+    pub y: u64,
+    pub xshape: Shape,
+    pub oshape: Shape,
+    /// Output voxels per sample.
+    pub pix: usize,
+    /// y's channel stride and offset (a concat slice, else C and 0).
+    pub ldc: usize,
+    pub coff: usize,
+    pub act: Act,
+    pub slope: u64,
+    pub slope_n: i32,
+}
+
+/// The launch(es) of node `op` (`conv`: its planned kernel; `in_place`: per input, whether it
+/// already sits in this concat's slice) for up to `batch` samples.
+pub(crate) fn build_node(
+    b: &mut Build,
+    op: &Op,
+    io: &NodeIo,
+    conv: Option<&ConvKernel>,
+    in_place: &[bool],
+    batch: usize,
+) -> Result<Vec<Step>> {
+    Ok(match op {
+        Op::Conv(_) | Op::ConvTranspose(_) => {
+            let kernel = conv.ok_or_else(|| {
+                Error::Backend(format!("node {}: no conv kernel planned", io.name))
+            })?;
+            conv::build(b, op, kernel, io)?
+                .into_iter()
+                .map(Step::Conv)
+                .collect()
+        }
+        Op::InstanceNorm { .. } | Op::GroupNorm { .. } => {
+            vec![Step::Norm(norm::build_norm(b, op, io)?)]
+        }
+        Op::ChannelAffine { .. } => vec![Step::Affine(norm::build_affine(b, op, io)?)],
+        Op::MaxPool(p) | Op::AveragePool(p) => vec![Step::Pool {
+            p: pool_resize::pool_params(op, p, io, batch),
+            x: io.x,
+            y: io.y,
+        }],
+        Op::Resize(r) => vec![Step::Resize(pool_resize::resize(r, io))],
+        _ => eltwise::build(b, op, io, in_place)?
+            .into_iter()
+            .map(Step::Elt)
+            .collect(),
+    })
+}

@@ -1,0 +1,201 @@
+//! Instance / group norm (partial sums, finalise into per-(sample, channel) scale and shift, then
+//! the affine pass) and the channel affine, both with a fused activation.
+
+use super::{Build, NodeIo};
+use crate::backend::cuda::buffers::norm_blocks;
+use crate::backend::cuda::catalogue::{
+    AFFINE_ACT, AFFINE_ACT_V8, NORM_FINALIZE, NORM_PARTIAL, NORM_PARTIAL_V8,
+};
+use crate::backend::cuda::launch::{Arg, Gpu};
+use crate::backend::cuda::plan::Act;
+use crate::model::graph::Op;
+use crate::Result;
+use cudarc::driver::CudaStream;
+
+/// y = act(x * a + b) per channel (or per sample and channel), over `pix` voxels.
+pub(crate) struct Affine {
+    pub x: u64,
+    pub y: u64,
+    pub pix: usize,
+    pub c: usize,
+    /// f32 (a, b) pairs.
+    pub ab: u64,
+    /// Pairs between samples (0: one pair per channel for all samples).
+    pub nstride: usize,
+    pub act: Act,
+    pub slope: u64,
+}
+
+/// A norm: statistics of `x` into the scratch, then the affine pass with its scale / shift.
+pub(crate) struct Norm {
+    pub groups: usize,
+    pub eps: f32,
+    pub gamma: u64,
+    pub beta: u64,
+    /// Its `ab` is unused: the pairs are the plan's norm scratch, given at launch.
+    pub affine: Affine,
+}
+
+/// The norm of node `op` (InstanceNorm: one group per channel).
+pub(crate) fn build_norm(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Norm> {
+    let (eps, scale, bias, groups) = match op {
+        Op::InstanceNorm { eps, scale, bias } => (*eps, scale, bias, io.xshape[0]),
+        Op::GroupNorm {
+            eps,
+            scale,
+            bias,
+            groups,
+        } => (*eps, scale, bias, *groups),
+        _ => unreachable!("a norm op"),
+    };
+    let gamma = b.upload_const(&scale.data)?;
+    let beta = b.upload_const(&bias.data)?;
+    Ok(Norm {
+        groups,
+        eps,
+        gamma,
+        beta,
+        affine: Affine {
+            nstride: io.xshape[0],
+            ..affine_of(io, 0)
+        },
+    })
+}
+
+/// The channel affine of node `op`: its (scale, shift) pairs uploaded.
+pub(crate) fn build_affine(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Affine> {
+    let Op::ChannelAffine { scale, shift } = op else {
+        unreachable!("an affine op")
+    };
+    let ab: Vec<f32> = scale
+        .data
+        .iter()
+        .zip(&shift.data)
+        .flat_map(|(a, b)| [*a, *b])
+        .collect();
+    let ab = b.upload_const(&ab)?;
+    Ok(affine_of(io, ab))
+}
+
+fn affine_of(io: &NodeIo, ab: u64) -> Affine {
+    Affine {
+        x: io.x,
+        y: io.y,
+        pix: io.pix,
+        c: io.xshape[0],
+        ab,
+        nstride: 0,
+        act: io.act.clone(),
+        slope: io.slope,
+    }
+}
+
+/// Slope values of a PRelu (1 when there is none).
+pub(crate) fn slope_n(act: &Act) -> i32 {
+    match act {
+        Act::PRelu(s) => s.len() as i32,
+        _ => 1,
+    }
+}
+
+impl Norm {
+    /// The three launches for `n` samples: partial sums into `part`, scale / shift pairs into
+    /// `ab`, the affine pass from them.
+    pub fn launch(&self, gpu: &Gpu, s: &CudaStream, n: usize, [part, ab]: [u64; 2]) -> Result<()> {
+        let a = &self.affine;
+        let (pix, c) = (a.pix, a.c);
+        let nblk = norm_blocks(gpu.sm_count as usize, pix);
+        let chunk = pix.div_ceil(nblk);
+        let v8 = c % 8 == 0 && c <= 2048;
+        let rows = if v8 { 256 / (c / 8) } else { 256 / c.min(256) };
+        let k = if v8 { NORM_PARTIAL_V8 } else { NORM_PARTIAL };
+        gpu.launch(
+            s,
+            k.name,
+            (nblk as u32, n as u32, 1),
+            (256, (rows * c * 2 * 4) as u32),
+            &mut [
+                Arg::Ptr(a.x),
+                Arg::I64(pix as i64),
+                Arg::I32(c as i32),
+                Arg::I32(self.groups as i32),
+                Arg::I64(chunk as i64),
+                Arg::Ptr(part),
+            ],
+        )?;
+        gpu.launch(
+            s,
+            NORM_FINALIZE.name,
+            ((n * c).div_ceil(4) as u32, 1, 1),
+            (128, 0),
+            &mut [
+                Arg::Ptr(part),
+                Arg::I32(nblk as i32),
+                Arg::Ptr(a.x),
+                Arg::I32(n as i32),
+                Arg::I64(pix as i64),
+                Arg::I32(c as i32),
+                Arg::I32(self.groups as i32),
+                Arg::F32(self.eps),
+                Arg::Ptr(self.gamma),
+                Arg::Ptr(self.beta),
+                Arg::Ptr(ab),
+            ],
+        )?;
+        a.launch_with(gpu, s, n, ab)
+    }
+}
+
+impl Affine {
+    /// y = act(x * a + b) for `n` samples.
+    pub fn launch(&self, gpu: &Gpu, s: &CudaStream, n: usize) -> Result<()> {
+        self.launch_with(gpu, s, n, self.ab)
+    }
+
+    /// As `launch` with the pairs at `ab`; 16-byte vectors when C % 8 == 0.
+    fn launch_with(&self, gpu: &Gpu, s: &CudaStream, n: usize, ab: u64) -> Result<()> {
+        let (pix, c, act) = (self.pix, self.c, &self.act);
+        let nv = pix * c / 8;
+        if c.is_multiple_of(8) && nv < (1usize << 32) {
+            let per = (gpu.sm_count as usize * 16).div_ceil(n).max(1);
+            let grid = (nv.div_ceil(256).clamp(1, per) as u32, n as u32, 1);
+            return gpu.launch(
+                s,
+                AFFINE_ACT_V8.name,
+                grid,
+                (256, 0),
+                &mut [
+                    Arg::Ptr(self.x),
+                    Arg::Ptr(self.y),
+                    Arg::I64(pix as i64),
+                    Arg::I32(c as i32),
+                    Arg::Ptr(ab),
+                    Arg::I32(self.nstride as i32),
+                    Arg::I32(act.code()),
+                    Arg::F32(act.alpha()),
+                    Arg::Ptr(self.slope),
+                    Arg::I32(slope_n(act)),
+                ],
+            );
+        }
+        let total = n * pix * c;
+        gpu.eltwise(
+            s,
+            AFFINE_ACT.name,
+            total,
+            &mut [
+                Arg::Ptr(self.x),
+                Arg::Ptr(self.y),
+                Arg::I64(total as i64),
+                Arg::I64(pix as i64),
+                Arg::I32(c as i32),
+                Arg::Ptr(ab),
+                Arg::I32(self.nstride as i32),
+                Arg::I32(act.code()),
+                Arg::F32(act.alpha()),
+                Arg::Ptr(self.slope),
+                Arg::I32(slope_n(act)),
+            ],
+        )
+    }
+}

@@ -1,0 +1,46 @@
+//! The backend's switches: which kernel variants run (before/after benchmarks, tests that
+//! cover every tile) and test aids. `Default` is what production runs.
+
+use super::catalogue::{HaloConfig, MmaConfig};
+use super::pipeline::GatherMode;
+
+/// Options of one `CudaBackend` (given at construction; `set_options` applies new ones from
+/// the next `prepare`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// Fill every activation buffer with NaN before each run, so unwritten elements show.
+    pub poison: bool,
+    /// Run convs on the older wmma implicit GEMM instead of the mma.sync kernels (sm_80+).
+    pub legacy_conv: bool,
+    /// Run eligible stride-1 3^3 convs (`select::pick_halo`) on the halo-tile kernels rather
+    /// than on the `conv_mma_*` tiles. A forced mma tile also turns them off.
+    pub halo_conv: bool,
+    /// Run Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `CONV_C1_K3`.
+    pub c1_conv: bool,
+    /// Run kernel == stride transposed convs with Cin, Cout % 8 == 0 on `convt_up_*` (16-byte
+    /// staged epilogue) rather than the `conv_mma_*` scatter epilogue.
+    pub upsample_vec: bool,
+    /// Force this halo kernel for the halo convs whose Cin it accepts and tile width it matches
+    /// (any Cout); None: the defaults.
+    pub halo_tile: Option<&'static HaloConfig>,
+    /// Force this mma tile for every mma conv; None: by shape. A `_v8` tile still falls back
+    /// to `_v1` where Cin % 8 != 0.
+    pub conv_tile: Option<&'static MmaConfig>,
+    /// Where `segment_windows*` gathers the windows (both give the same bits).
+    pub gather_mode: GatherMode,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            poison: false,
+            legacy_conv: false,
+            halo_conv: true,
+            c1_conv: true,
+            upsample_vec: true,
+            halo_tile: None,
+            conv_tile: None,
+            gather_mode: GatherMode::Auto,
+        }
+    }
+}

@@ -1,0 +1,371 @@
+//! The device buffers and schedule of one streamed pass, and its launches and copies: plane
+//! uploads, the device gather, blends, finalisation and downloads.
+
+use super::host::{gather_windows, HostOut};
+use super::schedule::{plane_uploads, schedule, window_z0, Step as Batch, Upload};
+use super::stream::WindowJob;
+use super::{chunk_planes, gathers_on_device, stage_planes, OUT_SLOTS};
+use crate::backend::cuda::catalogue::{
+    BLEND_WINDOW_RING, FINALIZE_PLANES, FINALIZE_PLANES_V4, GATHER_WINDOW_RING,
+};
+use crate::backend::cuda::device::{drv, DevBuf};
+use crate::backend::cuda::launch::{ev, i32a, Arg, Gpu};
+use crate::backend::cuda::launch_list::Prepared;
+use crate::backend::cuda::options::CudaOptions;
+use crate::{Error, Result};
+use cudarc::driver::{result as cu, CudaEvent, CudaStream};
+use ndarray::{CowArray, Ix4};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Events of the pass, per stage, for the times.
+#[derive(Default)]
+pub(super) struct Events {
+    pub(super) h2d: Vec<(CudaEvent, CudaEvent)>,
+    /// Per batch: input fill start, input filled, launch list done, blends done.
+    pub(super) cmp: Vec<(CudaEvent, CudaEvent, CudaEvent, CudaEvent)>,
+    pub(super) fin: Vec<(CudaEvent, CudaEvent)>,
+    pub(super) d2h: Vec<(CudaEvent, CudaEvent)>,
+}
+
+/// A finished slab handed to the store worker: (pinned slot, first plane, planes, its
+/// staging, download done).
+pub(super) type Stored<'a> = (usize, usize, usize, HostOut<'a>, CudaEvent);
+
+/// The schedule and device buffers of one pass.
+pub(super) struct Pass<'a, 'j> {
+    pub(super) gpu: &'a Gpu,
+    pub(super) prep: &'a Prepared,
+    pub(super) job: &'a WindowJob<'j>,
+    /// Volume (C, D, H, W) and H * W.
+    pub(super) dims: [usize; 4],
+    pub(super) hw: usize,
+    /// Windows in D order; blending is order-independent up to fp32 rounding, the schedule
+    /// needs order.
+    pub(super) order: Vec<[usize; 3]>,
+    pub(super) ring: usize,
+    pub(super) sched: Vec<Batch>,
+    pub(super) batches: Vec<Batch>,
+    pub(super) rvox: usize,
+    pub(super) in_win: usize,
+    pub(super) in_len: usize,
+    pub(super) plane_in: usize,
+    pub(super) on_device: bool,
+    /// The standard-layout volume the host gather indexes (host mode only).
+    pub(super) vol_std: Option<CowArray<'a, f32, Ix4>>,
+    pub(super) stage: usize,
+    pub(super) uploads: Vec<Upload>,
+    /// Host mode: two window-batch buffers. Device mode: the input ring of volume planes
+    /// (slot z % ring, [ring][C][H][W] f16), in step with the accumulator ring.
+    pub(super) dev_in: Vec<DevBuf>,
+    pub(super) dw: DevBuf,
+    pub(super) acc: DevBuf,
+    pub(super) wsum: DevBuf,
+    pub(super) chunk: usize,
+    pub(super) dev_out: Vec<DevBuf>,
+    /// The download stream.
+    pub(super) dl: Arc<CudaStream>,
+    pub(super) mem_during: u64,
+}
+
+impl<'a, 'j> Pass<'a, 'j> {
+    /// The schedule, then the device buffers (all counted by the tracker), zeroed rings and
+    /// the weight map upload the first blend waits for.
+    pub(super) fn new(
+        gpu: &'a Gpu,
+        prep: &'a Prepared,
+        opts: &CudaOptions,
+        job: &'a WindowJob<'j>,
+    ) -> Result<Self> {
+        let (c, d, h, w) = job.vol.dim();
+        let (roi, hw, cout) = (job.roi, h * w, prep.cout);
+        let mut order: Vec<[usize; 3]> = job.starts.to_vec();
+        order.sort_by_key(|s| s[0]);
+        let z0 = window_z0(&order, job.pad_before[0]);
+        let (ring, sched) = schedule(&z0, roi[0], d, job.batch);
+        let batches: Vec<Batch> = sched
+            .iter()
+            .filter(|st| st.end > st.begin)
+            .copied()
+            .collect();
+        let rvox: usize = roi.iter().product();
+        let in_win = prep.cin * rvox;
+        let in_len = job.batch * in_win;
+        let plane_in = c * hw;
+        let on_device = gathers_on_device(opts.gather_mode, ring, plane_in, in_len, cout, hw);
+        // The host gather indexes a standard-layout slice; the device path's plane conversion
+        // reads any layout, so it never copies the whole volume.
+        let vol_std = (!on_device).then(|| job.vol.as_standard_layout());
+        if let Some(v) = &vol_std {
+            v.as_slice()
+                .ok_or_else(|| Error::Invalid("volume is not contiguous".into()))?;
+        }
+        let wmap: Vec<f32> = match job.weights.as_slice() {
+            Some(s) => s.to_vec(),
+            None => job.weights.iter().copied().collect(),
+        };
+        if in_win > i32::MAX as usize {
+            return Err(Error::Invalid(format!(
+                "window {roi:?} with {} channels is too large for the gather kernel",
+                prep.cin
+            )));
+        }
+        let stage = stage_planes(in_len, plane_in, ring);
+        let uploads = if on_device {
+            let spans: Vec<(usize, usize)> = batches.iter().map(|st| (st.begin, st.end)).collect();
+            plane_uploads(&z0, &spans, roi[0], d, stage)
+        } else {
+            Vec::new()
+        };
+        let ctx = &gpu.ctx;
+        let dev_in: Vec<DevBuf> = if on_device {
+            vec![DevBuf::new(ctx, ring * plane_in * 2)?]
+        } else {
+            vec![DevBuf::new(ctx, in_len * 2)?, DevBuf::new(ctx, in_len * 2)?]
+        };
+        let dw = DevBuf::upload(ctx, &gpu.copy, &wmap)?;
+        let acc = DevBuf::new(ctx, ring * cout * hw * 4)?;
+        let wsum = DevBuf::new(ctx, ring * hw * 4)?;
+        let chunk = chunk_planes(ring, hw, cout, job.argmax);
+        let out_bytes = if job.argmax {
+            chunk * hw * 2
+        } else {
+            chunk * cout * hw * 4
+        };
+        let dev_out = (0..OUT_SLOTS)
+            .map(|_| DevBuf::new(ctx, out_bytes))
+            .collect::<Result<Vec<_>>>()?;
+        let dl = ctx.new_stream().map_err(drv("stream creation"))?;
+        let s = &*gpu.stream;
+        // SAFETY: zeroing our own ring on the compute stream before any blend.
+        unsafe {
+            cu::memset_d8_async(acc.ptr, 0, ring * cout * hw * 4, s.cu_stream())
+                .map_err(drv("memset"))?;
+            cu::memset_d8_async(wsum.ptr, 0, ring * hw * 4, s.cu_stream())
+                .map_err(drv("memset"))?;
+        }
+        if opts.poison {
+            prep.poison(gpu)?;
+        }
+        let mem_during = cu::mem_get_info().map(|(f, t)| (t - f) as u64).unwrap_or(0);
+        // The weight map upload must land before the first blend.
+        let wready = ev(&gpu.copy)?;
+        s.wait(&wready).map_err(drv("stream wait"))?;
+        Ok(Pass {
+            gpu,
+            prep,
+            job,
+            dims: [c, d, h, w],
+            hw,
+            order,
+            ring,
+            sched,
+            batches,
+            rvox,
+            in_win,
+            in_len,
+            plane_in,
+            on_device,
+            vol_std,
+            stage,
+            uploads,
+            dev_in,
+            dw,
+            acc,
+            wsum,
+            chunk,
+            dev_out,
+            dl,
+            mem_during,
+        })
+    }
+
+    /// Host gather of batch `k` into `buf`; returns its ms.
+    pub(super) fn gather(&self, k: usize, buf: &mut [u16]) -> f64 {
+        let st = self.batches[k];
+        let t = Instant::now();
+        let vols = self
+            .vol_std
+            .as_ref()
+            .and_then(|v| v.as_slice())
+            .unwrap_or(&[]);
+        let j = self.job;
+        let starts = &self.order[st.begin..st.end];
+        gather_windows(vols, self.dims, j.pad_before, j.roi, starts, j.cval, buf);
+        t.elapsed().as_secs_f64() * 1e3
+    }
+
+    /// Uploads volume planes `u` (converted in `buf`) into the input ring on the copy stream,
+    /// after batch k-1 has gathered; returns (the slot's reuse event, the upload's done event).
+    pub(super) fn upload_planes(
+        &self,
+        k: usize,
+        u: Upload,
+        buf: &[u16],
+        evs: &mut Events,
+    ) -> Result<(CudaEvent, CudaEvent)> {
+        let cp = &*self.gpu.copy;
+        let (ring, plane_in) = (self.ring, self.plane_in);
+        if k > 0 {
+            cp.wait(&evs.cmp[k - 1].1).map_err(drv("stream wait"))?;
+        }
+        let h0 = ev(cp)?;
+        let np = u.zb - u.za;
+        let s0 = u.za % ring;
+        let n1 = np.min(ring - s0);
+        // SAFETY: the ring holds `ring` planes; the pinned slot is not written again before the
+        // event sent with it has completed.
+        unsafe {
+            cu::memcpy_htod_async(
+                self.dev_in[0].ptr + (s0 * plane_in * 2) as u64,
+                &buf[..n1 * plane_in],
+                cp.cu_stream(),
+            )
+            .map_err(drv("plane upload"))?;
+            if np > n1 {
+                cu::memcpy_htod_async(
+                    self.dev_in[0].ptr,
+                    &buf[n1 * plane_in..np * plane_in],
+                    cp.cu_stream(),
+                )
+                .map_err(drv("plane upload"))?;
+            }
+        }
+        let h1 = ev(cp)?;
+        let reuse = ev(cp)?;
+        let done = ev(cp)?;
+        evs.h2d.push((h0, h1));
+        Ok((reuse, done))
+    }
+
+    /// The gather kernels of batch `st` from the input ring into the network input.
+    pub(super) fn gather_on_device(&self, st: &Batch) -> Result<()> {
+        let (s, j) = (&*self.gpu.stream, self.job);
+        let [c, d, h, w] = self.dims;
+        for (b, start) in self.order[st.begin..st.end].iter().enumerate() {
+            self.gpu.eltwise(
+                s,
+                GATHER_WINDOW_RING.name,
+                self.in_win,
+                &mut [
+                    Arg::Ptr(self.dev_in[0].ptr),
+                    Arg::Ptr(self.prep.input + (b * self.in_win * 2) as u64),
+                    i32a(c),
+                    i32a(self.ring),
+                    i32a(d),
+                    i32a(h),
+                    i32a(w),
+                    i32a(start[0]),
+                    i32a(start[1]),
+                    i32a(start[2]),
+                    i32a(j.pad_before[0]),
+                    i32a(j.pad_before[1]),
+                    i32a(j.pad_before[2]),
+                    i32a(j.roi[0]),
+                    i32a(j.roi[1]),
+                    i32a(j.roi[2]),
+                    Arg::I32(half::f16::from_f32(j.cval).to_bits() as i32),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Blends the logits of batch `st` into the accumulator ring.
+    pub(super) fn blend(&self, st: &Batch) -> Result<()> {
+        let (s, j) = (&*self.gpu.stream, self.job);
+        let [_, d, h, w] = self.dims;
+        let cout = self.prep.cout;
+        let out_win = cout * self.rvox;
+        for (b, start) in self.order[st.begin..st.end].iter().enumerate() {
+            let src = self.prep.output + (b * out_win * 2) as u64;
+            self.gpu.eltwise(
+                s,
+                BLEND_WINDOW_RING.name,
+                self.rvox,
+                &mut [
+                    Arg::Ptr(src),
+                    Arg::Ptr(self.dw.ptr),
+                    Arg::Ptr(self.acc.ptr),
+                    Arg::Ptr(self.wsum.ptr),
+                    i32a(cout),
+                    i32a(self.ring),
+                    i32a(d),
+                    i32a(h),
+                    i32a(w),
+                    i32a(start[0]),
+                    i32a(start[1]),
+                    i32a(start[2]),
+                    i32a(j.pad_before[0]),
+                    i32a(j.pad_before[1]),
+                    i32a(j.pad_before[2]),
+                    i32a(j.roi[0]),
+                    i32a(j.roi[1]),
+                    i32a(j.roi[2]),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Finalises planes [p0, p0 + np) of the ring into `dev_out[slot]` (`FINALIZE_PLANES`; its
+    /// float4 twin, one block row per plane, where H * W is a multiple of 4): labels or
+    /// outputs, ring slots zeroed.
+    pub(super) fn finalize(&self, slot: usize, p0: usize, np: usize) -> Result<()> {
+        let (s, hw, argmax) = (&*self.gpu.stream, self.hw, self.job.argmax);
+        let [_, _, h, w] = self.dims;
+        let out = self.dev_out[slot].ptr;
+        let (o, l) = if argmax { (0, out) } else { (out, 0) };
+        let mut args = [
+            Arg::Ptr(self.acc.ptr),
+            Arg::Ptr(self.wsum.ptr),
+            Arg::Ptr(o),
+            Arg::Ptr(l),
+            i32a(self.prep.cout),
+            i32a(self.ring),
+            i32a(h),
+            i32a(w),
+            i32a(p0),
+            i32a(np),
+            Arg::I32(argmax as i32),
+        ];
+        if hw % 4 == 0 {
+            let sms = self.gpu.sm_count as usize;
+            let gx = (hw / 4)
+                .div_ceil(256)
+                .clamp(1, (sms * 32).div_ceil(np).max(1));
+            let grid = (gx as u32, np as u32, 1);
+            self.gpu
+                .launch(s, FINALIZE_PLANES_V4.name, grid, (256, 0), &mut args)
+        } else {
+            self.gpu
+                .eltwise(s, FINALIZE_PLANES.name, np * hw, &mut args)
+        }
+    }
+
+    /// Downloads finalised planes [p0, p0 + np) from `dev_out[slot]` into `buf` on the
+    /// download stream; returns the copy's (start, end) events.
+    pub(super) fn download(
+        &self,
+        slot: usize,
+        np: usize,
+        buf: &mut HostOut,
+    ) -> Result<(CudaEvent, CudaEvent)> {
+        let dl = &*self.dl;
+        let hw = self.hw;
+        let d0 = ev(dl)?;
+        let src = self.dev_out[slot].ptr;
+        // SAFETY: dev_out[slot] holds np planes; the worker reads the pinned slot only after
+        // synchronising the event sent with it.
+        unsafe {
+            match buf {
+                HostOut::L(hs) => cu::memcpy_dtoh_async(&mut hs[..np * hw], src, dl.cu_stream()),
+                HostOut::F(hs) => {
+                    cu::memcpy_dtoh_async(&mut hs[..np * hw * self.prep.cout], src, dl.cu_stream())
+                }
+            }
+        }
+        .map_err(drv("plane download"))?;
+        Ok((d0, ev(dl)?))
+    }
+}

@@ -1,0 +1,115 @@
+//! Profiling of the prepared launch list: whole-forward timing and per-step CUDA events
+//! aggregated by a label that names the op, its shapes and its conv kernel.
+
+use super::device::drv;
+use super::launch::{ev, Gpu};
+use super::launch_list::Prepared;
+use super::ops::eltwise::Elt;
+use super::ops::Step;
+use super::plan::{Act, Shape};
+use crate::model::graph::{Op, Tensor};
+use crate::{Error, Result};
+
+/// Profile label of one step: op, input -> output shape (C x D x H x W per sample), fused
+/// activation and, for convs, the kernel. Steps of one label are summed by [`per_step`].
+pub(crate) fn step_label(step: &Step, op: &Op, act: &Act, x: Shape, o: Shape) -> String {
+    let sh = |s: Shape| format!("{}x{}x{}x{}", s[0], s[1], s[2], s[3]);
+    let act = match act {
+        Act::None => String::new(),
+        a => format!(" +{}", format!("{a:?}").split('(').next().unwrap_or("")),
+    };
+    // Kernel and stride of the op itself (a transposed conv runs as several GEMM steps).
+    let ks = |w: &Tensor, st: [usize; 3]| {
+        let w = &w.shape;
+        format!(
+            "k{}{}{} s{}",
+            w[2],
+            w[3],
+            w[4],
+            st.iter().max().unwrap_or(&1)
+        )
+    };
+    let what = match (step, op) {
+        (Step::Conv(c), Op::Conv(cv)) => {
+            format!("{} {} [{}]", op.name(), ks(&cv.weight, cv.stride), c.func)
+        }
+        (Step::Conv(c), Op::ConvTranspose(cv)) => {
+            format!("{} {} [{}]", op.name(), ks(&cv.weight, cv.stride), c.func)
+        }
+        (Step::Elt(Elt::Concat { cin, coff, .. }), _) => {
+            format!("{} copy {cin}@{coff}", op.name())
+        }
+        _ => op.name().to_string(),
+    };
+    format!("{what}{act} {} -> {}", sh(x), sh(o))
+}
+
+fn check_batch(prep: &Prepared, n: usize) -> Result<()> {
+    if n == 0 || n > prep.batch {
+        return Err(Error::Invalid(format!(
+            "batch {n} outside 1..={}",
+            prep.batch
+        )));
+    }
+    Ok(())
+}
+
+/// ms per run of the list on `n` windows over `reps` runs (events), after one warm-up.
+pub(crate) fn time_forward(gpu: &Gpu, prep: &Prepared, n: usize, reps: usize) -> Result<f64> {
+    check_batch(prep, n)?;
+    prep.run_steps(gpu, n)?;
+    let e0 = ev(&gpu.stream)?;
+    for _ in 0..reps {
+        prep.run_steps(gpu, n)?;
+    }
+    let e1 = ev(&gpu.stream)?;
+    e1.synchronize().map_err(drv("synchronize"))?;
+    Ok(e0.elapsed_ms(&e1).map_err(drv("event timing"))? as f64 / reps.max(1) as f64)
+}
+
+/// (label, ms per forward, launches per forward) over `reps` runs after one warm-up, summed
+/// over steps of one label, largest first.
+pub(crate) fn per_step(
+    gpu: &Gpu,
+    prep: &Prepared,
+    n: usize,
+    reps: usize,
+) -> Result<Vec<(String, f64, usize)>> {
+    if n == 0 || n > prep.batch || reps == 0 {
+        return Err(Error::Invalid(format!(
+            "batch {n} outside 1..={} or no repetitions",
+            prep.batch
+        )));
+    }
+    prep.run_steps(gpu, n)?;
+    let mut times = vec![0f64; prep.steps.len()];
+    for _ in 0..reps {
+        let mut evs = Vec::with_capacity(prep.steps.len() + 1);
+        evs.push(ev(&gpu.stream)?);
+        for step in &prep.steps {
+            prep.run_step(gpu, step, n)?;
+            evs.push(ev(&gpu.stream)?);
+        }
+        evs.last()
+            .expect("one event at least")
+            .synchronize()
+            .map_err(drv("synchronize"))?;
+        for (i, t) in times.iter_mut().enumerate() {
+            *t += evs[i]
+                .elapsed_ms(&evs[i + 1])
+                .map_err(drv("event timing"))? as f64;
+        }
+    }
+    let mut agg: Vec<(String, f64, usize)> = Vec::new();
+    for (label, t) in prep.labels.iter().zip(&times) {
+        match agg.iter_mut().find(|a| &a.0 == label) {
+            Some(a) => {
+                a.1 += t / reps as f64;
+                a.2 += 1;
+            }
+            None => agg.push((label.clone(), t / reps as f64, 1)),
+        }
+    }
+    agg.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Ok(agg)
+}

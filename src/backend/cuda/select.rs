@@ -1,0 +1,415 @@
+//! Which tiled conv kernel runs a conv (host only): the mma tile for a GEMM shape, the halo
+//! kernel for a stride-1 3^3 conv, and the upsampling test for a transposed conv.
+
+use super::buffers::ConvGeom;
+use super::catalogue::{
+    HaloConfig, MmaConfig, CONV_MMA_M128N128_V8, CONV_MMA_M128N32_V1, CONV_MMA_M128N32_V2,
+    CONV_MMA_M128N32_V8, CONV_MMA_M128N64_V1, CONV_MMA_M128N64_V2, CONV_MMA_M128N64_V8,
+    CONV_MMA_M256N32_V8, HALO_CONFIGS,
+};
+
+/// Weight rows of every mma conv are padded to this many columns (the largest BN).
+pub const MMA_N_PAD: usize = 128;
+
+/// Gather width for `cin` input channels: 16-byte (8 halves), 4-byte (2) or element gathers.
+pub fn gather_width(cin: usize) -> usize {
+    if cin.is_multiple_of(8) {
+        8
+    } else if cin.is_multiple_of(2) {
+        2
+    } else {
+        1
+    }
+}
+
+/// Picks the mma tile for a GEMM of `m` rows and `n` columns (`vw`: `gather_width(Cin)`) on `sms`
+/// multiprocessors: BN follows Cout (32 / 64 / 128) so no tensor-core work is padding, the
+/// taller 256-row tile for Cout 32 (half the B traffic per FLOP), and smaller tiles when the
+/// larger ones would leave SMs idle.
+pub fn pick_mma(m: usize, n: usize, vw: usize, sms: usize) -> &'static MmaConfig {
+    let blocks = |bm: usize, bn: usize| m.div_ceil(bm) * n.div_ceil(bn);
+    if vw == 2 {
+        return if n <= 32 {
+            &CONV_MMA_M128N32_V2
+        } else {
+            &CONV_MMA_M128N64_V2
+        };
+    }
+    if vw != 8 {
+        return if n <= 32 {
+            &CONV_MMA_M128N32_V1
+        } else {
+            &CONV_MMA_M128N64_V1
+        };
+    }
+    if n <= 32 {
+        if blocks(256, 32) >= 4 * sms {
+            &CONV_MMA_M256N32_V8
+        } else {
+            &CONV_MMA_M128N32_V8
+        }
+    } else if n <= 64 || blocks(128, 128) < sms {
+        &CONV_MMA_M128N64_V8
+    } else {
+        &CONV_MMA_M128N128_V8
+    }
+}
+
+/// Largest Cout that takes a halo kernel by default (grid.y over 64-wide tiles; a forced
+/// variant runs any Cout). Cout 65..128 (W1: 128->128 and 256->128 at 32^3) load the halo once
+/// per 64-wide output tile: 2 x 600/256 input reads per output voxel, vs 27 for conv_mma's
+/// per-tap gather. Above 128 the W1 layers are 16^3 and smaller, where 256-voxel tiles give too
+/// few blocks (256->256 at 16^3, batch 4: 64 tiles x 4 channel tiles, under one wave).
+pub const HALO_MAX_COUT: usize = 128;
+
+/// The halo kernel for a conv, when one applies: not transposed, one group, kernel 3^3,
+/// stride 1, dilation 1 (any pads), Cin 16, 32, 64 or a multiple of 32 (Cin > 64 in chunks:
+/// phase 7; an even Cin in 10..14 on the zero-padding width-16 kernels: phase 6), Cout <=
+/// HALO_MAX_COUT (above the tile width: grid.y over bn-wide tiles), and its shared memory within
+/// `smem_max` (the device's opt-in limit per block). The tile width is the narrowest that holds
+/// Cout (64 above 64). Default: the first HALO_CONFIGS entry that runs it (the list is in
+/// measured order of preference). `g` gives Cin (`xs[0]`), Cout (`os[0]`) and the geometry.
+/// `force` names a HALO_CONFIGS entry to
+/// use instead when it accepts the Cin, has the tile width and fits (any Cout); forced, a
+/// padding kernel also runs Cin 2..8 (more than half of its channels padding: not a default).
+pub fn pick_halo(
+    g: &ConvGeom,
+    smem_max: usize,
+    force: Option<&str>,
+) -> Option<&'static HaloConfig> {
+    let (cin, cout) = (g.xs[0], g.os[0]);
+    if g.transposed
+        || g.groups != 1
+        || g.k != [3; 3]
+        || g.stride != [1; 3]
+        || g.dil != [1; 3]
+        || cout == 0
+    {
+        return None;
+    }
+    let runs = |c: &&HaloConfig| c.accepts_cin(cin) && c.smem_bytes() as usize <= smem_max;
+    let widths = || HALO_CONFIGS.iter().filter(runs).map(|c| c.bn);
+    // Cout above every width: grid.y channel tiles, on the phase-7 (width >= 32) configs only.
+    let tiled = || {
+        HALO_CONFIGS
+            .iter()
+            .filter(runs)
+            .filter(|c| c.cin >= 32)
+            .map(|c| c.bn)
+    };
+    let bn = widths()
+        .filter(|&b| cout <= b)
+        .min()
+        .or_else(|| tiled().max())?;
+    let fits = |c: &&HaloConfig| runs(c) && c.bn == bn;
+    if let Some(f) = force {
+        if let Some(c) = HALO_CONFIGS.iter().filter(fits).find(|c| c.name == f) {
+            return Some(c);
+        }
+    }
+    if cout > HALO_MAX_COUT {
+        return None;
+    }
+    // The first line that runs it (measured, PERF_NOTES phase 8: Cin 64 -> Cout 32 runs
+    // faster as two 32-channel chunks on c32n32_w4 than on c64n32, 1.646 vs 1.728 ms).
+    HALO_CONFIGS
+        .iter()
+        .filter(fits)
+        .find(|c| cin == c.cin || 2 * cin > c.cin)
+}
+
+/// Whether a transposed conv is a pure "each input voxel paints one k^3 block" upsampling
+/// (kernel == stride, no pads, no output padding, dilation 1, one group), which runs as a plain
+/// GEMM [voxels x Cin] x [Cin x taps*Cout] with a scatter epilogue: no zero MACs.
+pub fn is_upsampling_convt(
+    k: [usize; 3],
+    stride: [usize; 3],
+    dil: [usize; 3],
+    pads: &[usize],
+    opad: [usize; 3],
+    groups: usize,
+) -> bool {
+    k == stride && dil == [1; 3] && pads.iter().all(|&p| p == 0) && opad == [0; 3] && groups == 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::catalogue::*;
+
+    /// A conv of Cin `ci` -> Cout `co` (8^3 in and out: the halo choice ignores the size).
+    fn geom(
+        ci: usize,
+        co: usize,
+        k: [usize; 3],
+        stride: [usize; 3],
+        dil: [usize; 3],
+        groups: usize,
+        transposed: bool,
+    ) -> ConvGeom {
+        ConvGeom {
+            xs: [ci, 8, 8, 8],
+            os: [co, 8, 8, 8],
+            k,
+            stride,
+            dil,
+            pads: [1; 3],
+            groups,
+            transposed,
+            upsample: false,
+        }
+    }
+
+    #[test]
+    fn mma_tile_choice_follows_cout_and_fills_the_gpu() {
+        // K1: 2x128^3 voxels, Cout 32: the tall tile.
+        assert_eq!(pick_mma(2 << 21, 32, 8, 132).name, CONV_MMA_M256N32_V8.name);
+        assert_eq!(pick_mma(4 * 512, 32, 8, 132).name, CONV_MMA_M128N32_V8.name);
+        assert_eq!(pick_mma(4 << 18, 64, 8, 132).name, CONV_MMA_M128N64_V8.name);
+        assert_eq!(
+            pick_mma(4 << 15, 128, 8, 132).name,
+            CONV_MMA_M128N128_V8.name
+        );
+        // 8^3 x 4 voxels, Cout 320: 16 x 3 blocks of 128x128 would leave most SMs idle.
+        assert_eq!(
+            pick_mma(4 * 512, 320, 8, 132).name,
+            CONV_MMA_M128N64_V8.name
+        );
+        assert_eq!(pick_mma(1000, 32, 1, 132).name, CONV_MMA_M128N32_V1.name);
+        assert_eq!(
+            pick_mma(1000, 14, gather_width(14), 132).name,
+            CONV_MMA_M128N32_V2.name
+        );
+        assert_eq!(gather_width(24), 8);
+        assert_eq!(gather_width(3), 1);
+        for c in MMA_CONFIGS {
+            assert!(c.smem_bytes() <= 99 * 1024, "{} fits sm_86's limit", c.name);
+        }
+        assert!(is_upsampling_convt(
+            [2; 3], [2; 3], [1; 3], &[0; 6], [0; 3], 1
+        ));
+        // Halo kernel: stride-1 3^3 with Cin k x 32, Cout <= 128, where its smem fits.
+        let h = |ci, co, k, s, d, g, t, m| {
+            pick_halo(&geom(ci, co, k, s, d, g, t), m, None).map(|c| c.name)
+        };
+        let big = 227 * 1024;
+        assert_eq!(
+            h(32, 32, [3; 3], [1; 3], [1; 3], 1, false, big),
+            Some(CONV_HALO_C32N32_W4.name)
+        );
+        assert_eq!(
+            h(64, 32, [3; 3], [1; 3], [1; 3], 1, false, big),
+            Some(CONV_HALO_C32N32_W4.name)
+        );
+        assert_eq!(
+            h(32, 17, [3; 3], [1; 3], [1; 3], 1, false, big),
+            Some(CONV_HALO_C32N32_W4.name)
+        );
+        assert_eq!(
+            h(64, 64, [3; 3], [1; 3], [1; 3], 1, false, big),
+            Some(CONV_HALO_C64N64.name)
+        );
+        assert_eq!(
+            h(32, 48, [3; 3], [1; 3], [1; 3], 1, false, big),
+            Some(CONV_HALO_C32N64.name)
+        );
+        // sm_86's 99 KB: c64n64 (105 KB) does not fit, c32n64 runs Cin 64 as 2 chunks.
+        assert_eq!(
+            h(64, 64, [3; 3], [1; 3], [1; 3], 1, false, 99 * 1024),
+            Some(CONV_HALO_C32N64.name)
+        );
+        assert_eq!(h(64, 64, [3; 3], [1; 3], [1; 3], 1, false, 50 * 1024), None);
+        // Chunked Cin (phase 7): the largest chunk that divides Cin; Cout 65..128 in 2 tiles.
+        for (ci, co, want) in [
+            (128, 64, CONV_HALO_C64N64.name),
+            (256, 64, CONV_HALO_C64N64.name),
+            (192, 33, CONV_HALO_C64N64.name),
+            (128, 32, CONV_HALO_C32N32_W4.name),
+            (96, 64, CONV_HALO_C32N64.name),
+            (96, 20, CONV_HALO_C32N32_W4.name),
+            (160, 32, CONV_HALO_C32N32_W4.name),
+            (128, 128, CONV_HALO_C64N64.name),
+            (256, 128, CONV_HALO_C64N64.name),
+            (64, 100, CONV_HALO_C64N64.name),
+        ] {
+            assert_eq!(
+                h(ci, co, [3; 3], [1; 3], [1; 3], 1, false, big),
+                Some(want),
+                "{ci}->{co}"
+            );
+        }
+        assert_eq!(h(256, 256, [3; 3], [1; 3], [1; 3], 1, false, big), None);
+        assert_eq!(h(48, 32, [3; 3], [1; 3], [1; 3], 1, false, big), None);
+        assert_eq!(h(0, 32, [3; 3], [1; 3], [1; 3], 1, false, big), None);
+        assert_eq!(h(24, 32, [3; 3], [1; 3], [1; 3], 1, false, big), None);
+        assert_eq!(h(32, 32, [3; 3], [2; 3], [1; 3], 1, false, big), None);
+        assert_eq!(h(32, 32, [3; 3], [1; 3], [2; 3], 1, false, big), None);
+        assert_eq!(h(32, 32, [1; 3], [1; 3], [1; 3], 1, false, big), None);
+        assert_eq!(h(32, 32, [3; 3], [1; 3], [1; 3], 2, false, big), None);
+        assert_eq!(h(32, 32, [3; 3], [1; 3], [1; 3], 1, true, big), None);
+        let f = |ci, co, n| {
+            pick_halo(&geom(ci, co, [3; 3], [1; 3], [1; 3], 1, false), big, n).map(|c| c.name)
+        };
+        assert_eq!(
+            f(32, 32, Some(CONV_HALO_C32N32_W4.name)),
+            Some(CONV_HALO_C32N32_W4.name)
+        );
+        assert_eq!(
+            f(64, 30, Some(CONV_HALO_C64N32_W4.name)),
+            Some(CONV_HALO_C64N32_W4.name)
+        );
+        // Forced: any Cout (grid.y), chunked Cin on a staged kernel; resident weights hold one
+        // chunk only, so a forced resident kernel on Cin 128 falls back to the default.
+        assert_eq!(
+            f(256, 256, Some(CONV_HALO_C64N64_H2.name)),
+            Some(CONV_HALO_C64N64_H2.name)
+        );
+        assert_eq!(
+            f(128, 64, Some(CONV_HALO_C32N64.name)),
+            Some(CONV_HALO_C32N64.name)
+        );
+        assert_eq!(
+            f(128, 32, Some(CONV_HALO_C64N32_RP.name)),
+            Some(CONV_HALO_C32N32_W4.name)
+        );
+        assert_eq!(f(256, 256, Some(CONV_HALO_C64N32_RP.name)), None);
+        let hc = |n| halo_config(n).unwrap();
+        assert!(hc(CONV_HALO_C64N64.name).accepts_cin(320));
+        assert!(!hc(CONV_HALO_C64N64.name).accepts_cin(96));
+        assert!(hc(CONV_HALO_C32N32_S4.name).accepts_cin(96));
+        assert!(!hc(CONV_HALO_C32N32_RP.name).accepts_cin(64));
+        assert_eq!(hc(CONV_HALO_C64N64.name).cout_tiles(128), 2);
+        assert_eq!(hc(CONV_HALO_C64N64.name).cout_tiles(129), 3);
+        assert_eq!(hc(CONV_HALO_C32N32.name).cout_tiles(17), 1);
+        // Two weight stages + two 600-row halos of 64 + 8 / 32 + 8 halves.
+        assert_eq!(
+            hc(CONV_HALO_C64N64_H2.name).smem_bytes(),
+            (2 * 64 * 72 + 2 * 600 * 72) * 2
+        );
+        assert_eq!(
+            hc(CONV_HALO_C32N64_H2.name).smem_bytes(),
+            (2 * 64 * 40 + 2 * 600 * 40) * 2
+        );
+        // A forced Cin-32 staged tile runs Cin 64 in 2 chunks; a resident one (one chunk
+        // only) falls back to the default.
+        assert_eq!(
+            f(64, 32, Some(CONV_HALO_C32N32_W4.name)),
+            Some(CONV_HALO_C32N32_W4.name)
+        );
+        assert_eq!(
+            f(64, 32, Some(CONV_HALO_C32N32_RP.name)),
+            Some(CONV_HALO_C32N32_W4.name)
+        );
+        // Phase-4 variants: forced by name where they fit, never the default; the 216 KB
+        // 8x8x8 tile falls back to the default under sm_80's 163 KB.
+        assert_eq!(
+            f(32, 32, Some(CONV_HALO_C32N32_RP.name)),
+            Some(CONV_HALO_C32N32_RP.name)
+        );
+        let g =
+            |n, m| pick_halo(&geom(32, 32, [3; 3], [1; 3], [1; 3], 1, false), m, n).map(|c| c.name);
+        assert_eq!(
+            g(Some(CONV_HALO_C32N32_RB.name), 163 * 1024),
+            Some(CONV_HALO_C32N32_W4.name)
+        );
+        for c in HALO_CONFIGS {
+            let d = pick_halo(
+                &geom(c.cin, c.bn, [3; 3], [1; 3], [1; 3], 1, false),
+                big,
+                None,
+            )
+            .unwrap();
+            // Same width; the same Cin, or (Cin 64 -> 32, measured faster) two 32-chunks.
+            assert_eq!(d.bn, c.bn, "{}", c.name);
+            assert!(
+                d.cin == c.cin || (c.cin, c.bn, d.name) == (64, 32, CONV_HALO_C32N32_W4.name),
+                "{}: default {}",
+                c.name,
+                d.name
+            );
+            // The default is the smallest of its (Cin, width), or small anyway (c16n16_r:
+            // 43 KB, over the staged c16n16's 30 KB).
+            assert!(
+                d.smem_bytes() <= c.smem_bytes() || d.smem_bytes() <= 48 * 1024,
+                "{}: default {} is small",
+                c.name,
+                d.name
+            );
+        }
+        // Resident weights: 32 rows of 27 * 32 + 8 halves + the 600-row halo; 8x8x8 tile:
+        // 1000-row halos, two of them; persistent grids stop at persist x SMs.
+        assert_eq!(
+            hc(CONV_HALO_C32N32_R.name).smem_bytes(),
+            (32 * 872 + 600 * 40) * 2
+        );
+        assert_eq!(
+            hc(CONV_HALO_C32N32_RB.name).smem_bytes(),
+            (32 * 872 + 2 * 1000 * 40) * 2
+        );
+        assert_eq!(
+            hc(CONV_HALO_C32N32_R.name).grid(2, [128; 3], 132),
+            2 * 32 * 16 * 16
+        );
+        assert_eq!(hc(CONV_HALO_C32N32_RP.name).grid(2, [128; 3], 132), 264);
+        assert_eq!(hc(CONV_HALO_C32N32_RP.name).grid(1, [4, 8, 9], 132), 2);
+        assert_eq!(hc(CONV_HALO_C32N32_RB.name).tiles(2, [9, 8, 17]), 2 * 2 * 3);
+        assert_eq!(
+            f(32, 64, Some(CONV_HALO_C32N32_W4.name)),
+            Some(CONV_HALO_C32N64.name)
+        );
+        // 600 halo rows of 40 halves + 2 x 32 weight rows.
+        assert_eq!(hc(CONV_HALO_C32N32.name).smem_bytes(), (600 + 64) * 40 * 2);
+        // Smem width 16 (phase 6): Cin 16 and even Cin 10..14 by default, the narrowest tile
+        // width that holds Cout; Cin 2..8 only forced (more than half padding); odd Cin never.
+        for cin in [10, 12, 14, 16] {
+            assert_eq!(f(cin, 14, None), Some(CONV_HALO_C16N16_R.name), "Cin {cin}");
+            assert_eq!(f(cin, 16, None), Some(CONV_HALO_C16N16_R.name), "Cin {cin}");
+            assert_eq!(f(cin, 17, None), Some(CONV_HALO_C16N32.name), "Cin {cin}");
+            assert_eq!(f(cin, 32, None), Some(CONV_HALO_C16N32.name), "Cin {cin}");
+            assert_eq!(f(cin, 33, None), None, "Cin {cin}");
+            assert_eq!(
+                f(cin, 5, Some(CONV_HALO_C16N16.name)),
+                Some(CONV_HALO_C16N16.name)
+            );
+        }
+        for cin in [2, 4, 6, 8] {
+            assert_eq!(f(cin, 14, None), None, "Cin {cin}");
+            assert_eq!(
+                f(cin, 14, Some(CONV_HALO_C16N16_W8.name)),
+                Some(CONV_HALO_C16N16_W8.name)
+            );
+            // (A forced kernel of another width falls back to the default: none here.)
+            assert_eq!(f(cin, 14, Some(CONV_HALO_C16N32.name)), None);
+        }
+        for cin in [0, 7, 13, 15, 18, 30] {
+            assert_eq!(f(cin, 14, Some(CONV_HALO_C16N16.name)), None, "Cin {cin}");
+        }
+        assert!(
+            hc(CONV_HALO_C16N16.name).accepts_cin(16) && !hc(CONV_HALO_C32N32.name).accepts_cin(16)
+        );
+        // Cin 16 with Cout <= 16 no longer needs the 32-wide tile, Cin 32 still does.
+        assert_eq!(f(32, 14, None), Some(CONV_HALO_C32N32_W4.name));
+        assert_eq!(
+            f(16, 14, Some(CONV_HALO_C16N32.name)),
+            Some(CONV_HALO_C16N16_R.name)
+        );
+        // Resident width-16 weights: 16 rows of 27 * 16 + 8 halves + one / two halos of 600
+        // rows of 24; staged: 2 x 16 weight rows of 24.
+        assert_eq!(
+            hc(CONV_HALO_C16N16_R.name).smem_bytes(),
+            (16 * 440 + 600 * 24) * 2
+        );
+        assert_eq!(
+            hc(CONV_HALO_C16N16_RP2.name).smem_bytes(),
+            (16 * 440 + 2 * 600 * 24) * 2
+        );
+        assert_eq!(hc(CONV_HALO_C16N16.name).smem_bytes(), (600 + 32) * 24 * 2);
+        assert_eq!(
+            hc(CONV_HALO_C16N16_RP2.name).grid(4, [128; 3], 132),
+            3 * 132
+        );
+        assert!(!is_upsampling_convt(
+            [3; 3], [2; 3], [1; 3], &[1; 6], [1; 3], 1
+        ));
+    }
+}
