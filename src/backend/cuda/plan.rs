@@ -158,15 +158,6 @@ pub struct PoolParams {
 unsafe impl cudarc::driver::DeviceRepr for ConvParams {}
 unsafe impl cudarc::driver::DeviceRepr for PoolParams {}
 
-/// The resize kernel's coordinate scales for input size `input` and output size `output`:
-/// output / input when the op gives sizes, else its scales.
-pub fn resize_scales(r: &Resize, input: [usize; 3], output: [usize; 3]) -> [f32; 3] {
-    match r.sizes {
-        Some(_) => [0, 1, 2].map(|a| output[a] as f32 / input[a].max(1) as f32),
-        None => r.scales,
-    }
-}
-
 /// For each value, the node indices that consume it.
 pub fn consumers(graph: &Graph) -> Vec<Vec<usize>> {
     let mut c = vec![Vec::new(); graph.values.len()];

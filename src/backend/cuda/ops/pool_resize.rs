@@ -3,7 +3,7 @@
 use super::NodeIo;
 use crate::backend::cuda::catalogue::{POOL_KERNEL, RESIZE_KERNEL};
 use crate::backend::cuda::launch::{i32a, Arg, Gpu};
-use crate::backend::cuda::plan::{is_linear, resize_scales, PoolParams};
+use crate::backend::cuda::plan::{is_linear, PoolParams};
 use crate::model::graph::{CoordMode, NearestMode, Op, Pool, Resize};
 use crate::Result;
 use cudarc::driver::CudaStream;
@@ -76,7 +76,7 @@ pub(crate) fn resize(r: &Resize, io: &NodeIo) -> ResizeStep {
         c: xs[0],
         i,
         o,
-        scales: resize_scales(r, i, o),
+        scales: r.coord_scales(i, o),
         linear: is_linear(r),
         coord,
         nmode,
