@@ -184,12 +184,7 @@ fn affine(slices: &[Slice]) -> Mat4 {
     let last_row = (f.rows as f64 - 1.0) * dr;
     let mut a: Mat4 = [[0.0; 4]; 4];
     for i in 0..3 {
-        a[i] = [
-            r[i] * dc,
-            -c[i] * dr,
-            step[i],
-            f.ipp[i] + last_row * c[i],
-        ];
+        a[i] = [r[i] * dc, -c[i] * dr, step[i], f.ipp[i] + last_row * c[i]];
     }
     a[3][3] = 1.0;
     raw::lps_to_ras(&mut a);
@@ -224,9 +219,9 @@ pub fn read_dicom_series(dir: &Path, series: Option<&str>) -> Result<Volume> {
     let h = header(dir, &slices)?;
     let n = raw::check_voxels(dir, h.shape())?;
     let mut values: Vec<f32> = Vec::new();
-    values.try_reserve_exact(n).map_err(|_| {
-        Error::volume(dir, format!("not enough memory for {n} voxels"))
-    })?;
+    values
+        .try_reserve_exact(n)
+        .map_err(|_| Error::volume(dir, format!("not enough memory for {n} voxels")))?;
     for s in &slices {
         s.decode_into(&mut values)?;
     }

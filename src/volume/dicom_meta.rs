@@ -73,7 +73,10 @@ fn open(path: &Path, header_only: bool) -> Result<Obj> {
     }
     match catch_unwind(AssertUnwindSafe(|| opts.from_reader(&bytes[..]))) {
         Ok(Ok(o)) => Ok(o),
-        Ok(Err(e)) => Err(Error::volume(path, format!("not a readable DICOM file ({e})"))),
+        Ok(Err(e)) => Err(Error::volume(
+            path,
+            format!("not a readable DICOM file ({e})"),
+        )),
         Err(_) => Err(Error::volume(path, "the DICOM parser failed on this file")),
     }
 }
@@ -96,7 +99,11 @@ impl Slice {
     /// (DICOMDIR, reports, presentation states).
     pub fn scan(path: &Path) -> Result<Option<Slice>> {
         let o = open(path, true)?;
-        if o.meta().media_storage_sop_class_uid().trim_end_matches('\0') == DICOMDIR_CLASS {
+        if o.meta()
+            .media_storage_sop_class_uid()
+            .trim_end_matches('\0')
+            == DICOMDIR_CLASS
+        {
             return Ok(None);
         }
         let (Some(rows), Some(cols)) = (int(&o, Tag(0x0028, 0x0010)), int(&o, Tag(0x0028, 0x0011)))
@@ -104,7 +111,11 @@ impl Slice {
             return Ok(None);
         };
         let bad = |m: String| Err(Error::volume(path, m));
-        let ts = o.meta().transfer_syntax().trim_end_matches('\0').to_string();
+        let ts = o
+            .meta()
+            .transfer_syntax()
+            .trim_end_matches('\0')
+            .to_string();
         if !SUPPORTED.contains(&ts.as_str()) {
             return bad(format!(
                 "transfer syntax {ts} ({}) is not supported; convert the series with dcm2niix, or decompress it (`gdcmconv --raw`)",
@@ -115,20 +126,29 @@ impl Slice {
             return bad("a multi-frame (enhanced) DICOM file; convert it with dcm2niix".into());
         }
         if int(&o, Tag(0x0028, 0x0002)).is_some_and(|s| s != 1) {
-            return bad("a colour image (SamplesPerPixel > 1): voxtile reads grey-level series".into());
+            return bad(
+                "a colour image (SamplesPerPixel > 1): voxtile reads grey-level series".into(),
+            );
         }
         let (Some(iop), Some(ipp)) = (
             floats(&o, Tag(0x0020, 0x0037)).filter(|v| v.len() == 6),
             floats(&o, Tag(0x0020, 0x0032)).filter(|v| v.len() == 3),
         ) else {
-            return bad("no ImageOrientationPatient/ImagePositionPatient: not a slice of a volume".into());
+            return bad(
+                "no ImageOrientationPatient/ImagePositionPatient: not a slice of a volume".into(),
+            );
         };
         let spacing = floats(&o, Tag(0x0028, 0x0030))
             .filter(|v| v.len() == 2 && v.iter().all(|&s| s > 0.0 && s.is_finite()))
             .unwrap_or_else(|| vec![1.0, 1.0]);
         let bits = int(&o, Tag(0x0028, 0x0100)).unwrap_or(16);
-        if !matches!(bits, 8 | 16 | 32) || !(1..=65535).contains(&rows) || !(1..=65535).contains(&cols) {
-            return bad(format!("unsupported image: {rows}x{cols}, {bits} bits allocated"));
+        if !matches!(bits, 8 | 16 | 32)
+            || !(1..=65535).contains(&rows)
+            || !(1..=65535).contains(&cols)
+        {
+            return bad(format!(
+                "unsupported image: {rows}x{cols}, {bits} bits allocated"
+            ));
         }
         let s = Slice {
             path: path.to_path_buf(),
@@ -204,7 +224,12 @@ impl Slice {
         let o = open(p, false)?;
         let decoded = match catch_unwind(AssertUnwindSafe(|| o.decode_pixel_data())) {
             Ok(Ok(d)) => d,
-            Ok(Err(e)) => return Err(Error::volume(p, format!("pixel data cannot be decoded ({e})"))),
+            Ok(Err(e)) => {
+                return Err(Error::volume(
+                    p,
+                    format!("pixel data cannot be decoded ({e})"),
+                ))
+            }
             Err(_) => return Err(Error::volume(p, "the pixel decoder failed on this file")),
         };
         let bpp = self.bits as usize / 8;
@@ -226,7 +251,9 @@ impl Slice {
                 ),
             ));
         }
-        let stored = int_bits_stored(&o).unwrap_or(self.bits as i64).clamp(1, self.bits as i64);
+        let stored = int_bits_stored(&o)
+            .unwrap_or(self.bits as i64)
+            .clamp(1, self.bits as i64);
         let value = |b: &[u8]| -> f64 {
             let raw: u32 = match bpp {
                 1 => b[0] as u32,
@@ -267,13 +294,22 @@ pub(crate) fn check_lengths(b: &[u8]) -> std::result::Result<(), String> {
     let (mut explicit, mut be, mut in_meta, mut fragments) = (true, false, true, false);
     let u16_at = |p: usize, be: bool| {
         let a = [b[p], b[p + 1]];
-        if be { u16::from_be_bytes(a) } else { u16::from_le_bytes(a) }
+        if be {
+            u16::from_be_bytes(a)
+        } else {
+            u16::from_le_bytes(a)
+        }
     };
     let u32_at = |p: usize, be: bool| {
         let a = [b[p], b[p + 1], b[p + 2], b[p + 3]];
-        if be { u32::from_be_bytes(a) } else { u32::from_le_bytes(a) }
+        if be {
+            u32::from_be_bytes(a)
+        } else {
+            u32::from_le_bytes(a)
+        }
     };
-    let short = |p: usize| format!("truncated DICOM file (an element header at byte {p} is cut off)");
+    let short =
+        |p: usize| format!("truncated DICOM file (an element header at byte {p} is cut off)");
     while pos < b.len() {
         if pos + 8 > b.len() {
             return Err(short(pos));
@@ -297,8 +333,19 @@ pub(crate) fn check_lengths(b: &[u8]) -> std::result::Result<(), String> {
             sq = vr == b"SQ";
             let long = matches!(
                 vr,
-                b"OB" | b"OD" | b"OF" | b"OL" | b"OV" | b"OW" | b"SQ" | b"SV" | b"UC" | b"UN"
-                    | b"UR" | b"UT" | b"UV"
+                b"OB"
+                    | b"OD"
+                    | b"OF"
+                    | b"OL"
+                    | b"OV"
+                    | b"OW"
+                    | b"SQ"
+                    | b"SV"
+                    | b"UC"
+                    | b"UN"
+                    | b"UR"
+                    | b"UT"
+                    | b"UV"
             );
             if long {
                 if pos + 12 > b.len() {

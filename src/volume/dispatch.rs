@@ -24,7 +24,9 @@ fn stem_ext(path: &Path) -> String {
         .map(|n| n.to_string_lossy().to_ascii_lowercase())
         .unwrap_or_default();
     let name = name.strip_suffix(".gz").unwrap_or(&name).to_string();
-    name.rsplit_once('.').map(|(_, e)| e.to_string()).unwrap_or_default()
+    name.rsplit_once('.')
+        .map(|(_, e)| e.to_string())
+        .unwrap_or_default()
 }
 
 /// One line for a format voxtile does not read, naming how to convert it.

@@ -205,7 +205,10 @@ fn encode_nifti2(
     pixdim[0] = g.qfac;
     pixdim[1..4].copy_from_slice(&g.zooms);
     for (i, &p) in pixdim.iter().enumerate() {
-        put(104 + 8 * i, &(if p.is_finite() { p } else { 0.0 }).to_le_bytes());
+        put(
+            104 + 8 * i,
+            &(if p.is_finite() { p } else { 0.0 }).to_le_bytes(),
+        );
     }
     put(176, &1f64.to_le_bytes());
     put(224, &like.slice_start.to_le_bytes());
@@ -248,7 +251,9 @@ pub fn read_label_names(path: &Path) -> Result<Option<LabelNames>> {
     let h = super::read::read_header(path)?;
     let (file, _) = crate::fsio::open_regular(path, u64::MAX, true)?;
     let mut r: Box<dyn Read> = if h.gzipped {
-        Box::new(flate2::read::MultiGzDecoder::new(std::io::BufReader::new(file)))
+        Box::new(flate2::read::MultiGzDecoder::new(std::io::BufReader::new(
+            file,
+        )))
     } else {
         Box::new(file)
     };
@@ -274,7 +279,10 @@ pub fn read_label_names(path: &Path) -> Result<Option<LabelNames>> {
     while at + 8 <= b.len() {
         let (esize, code) = (rd(at), rd(at + 4));
         if esize < 16 || esize % 16 != 0 || at + esize as usize > b.len() {
-            return Err(Error::volume(path, format!("invalid NIfTI extension size {esize}")));
+            return Err(Error::volume(
+                path,
+                format!("invalid NIfTI extension size {esize}"),
+            ));
         }
         let data = &b[at + 8..at + esize as usize];
         let text = String::from_utf8_lossy(data);

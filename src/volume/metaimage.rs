@@ -136,7 +136,13 @@ fn parse(path: &Path) -> Result<Mha> {
     };
     let a = affine(path, &f)?;
     Ok(Mha {
-        header: raw::header_for(Format::MetaImage, [sizes[0], sizes[1], sizes[2]], &a, dt, None),
+        header: raw::header_for(
+            Format::MetaImage,
+            [sizes[0], sizes[1], sizes[2]],
+            &a,
+            dt,
+            None,
+        ),
         data_file,
         offset,
         encoding,

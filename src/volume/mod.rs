@@ -250,11 +250,19 @@ pub fn describe(path: &Path, v: &Volume) -> String {
             s,
             "format:      NIfTI-{}{}{}, {}-endian",
             h.version,
-            if h.format == Format::NiftiPair { " pair (.hdr/.img)" } else { "" },
+            if h.format == Format::NiftiPair {
+                " pair (.hdr/.img)"
+            } else {
+                ""
+            },
             if h.gzipped { " (gzip)" } else { "" },
             if h.big_endian { "big" } else { "little" }
         ),
-        f => writeln!(s, "format:      {}, read as NIfTI with a RAS affine", f.name()),
+        f => writeln!(
+            s,
+            "format:      {}, read as NIfTI with a RAS affine",
+            f.name()
+        ),
     };
     let _ = writeln!(
         s,

@@ -33,8 +33,13 @@ fn datatype(t: &str) -> Option<i16> {
         }
         "int" | "signed int" | "int32" | "int32_t" => header::DT_INT32,
         "uint" | "unsigned int" | "uint32" | "uint32_t" => header::DT_UINT32,
-        "longlong" | "long long" | "long long int" | "signed long long" | "signed long long int"
-        | "int64" | "int64_t" => header::DT_INT64,
+        "longlong"
+        | "long long"
+        | "long long int"
+        | "signed long long"
+        | "signed long long int"
+        | "int64"
+        | "int64_t" => header::DT_INT64,
         "ulonglong" | "unsigned long long" | "unsigned long long int" | "uint64" | "uint64_t" => {
             header::DT_UINT64
         }
@@ -109,7 +114,10 @@ fn fields(path: &Path, text: &str) -> Result<HashMap<String, String>> {
     let mut lines = text.lines();
     let magic = lines.next().unwrap_or("");
     if !magic.starts_with("NRRD000") {
-        return Err(Error::volume(path, "not an NRRD file (no NRRD000x magic line)"));
+        return Err(Error::volume(
+            path,
+            "not an NRRD file (no NRRD000x magic line)",
+        ));
     }
     let mut f = HashMap::new();
     for line in lines {
@@ -132,7 +140,10 @@ fn parse(path: &Path) -> Result<Nrrd> {
     };
     let t = get("type")?;
     let dt = datatype(t).ok_or_else(|| {
-        Error::volume(path, format!("NRRD type \"{t}\" is not supported (scalar integer or float)"))
+        Error::volume(
+            path,
+            format!("NRRD type \"{t}\" is not supported (scalar integer or float)"),
+        )
     })?;
     let dims = get("dimension")?;
     if dims != "3" {
@@ -205,7 +216,13 @@ pub fn read(path: &Path) -> Result<Volume> {
     let n = parse(path)?;
     let count = raw::check_voxels(path, n.header.shape())?;
     let (_, bpv) = header::datatype_info(n.header.datatype).map_err(|m| Error::volume(path, m))?;
-    let bytes = raw::payload(&n.data_file, n.offset, (count * bpv) as u64, n.encoding, n.skip)?;
+    let bytes = raw::payload(
+        &n.data_file,
+        n.offset,
+        (count * bpv) as u64,
+        n.encoding,
+        n.skip,
+    )?;
     let values = raw::to_f32(&bytes, n.header.datatype, n.big_endian, None)
         .map_err(|m| Error::volume(path, m))?;
     drop(bytes);

@@ -15,7 +15,10 @@ fn paths(path: &Path) -> (PathBuf, PathBuf) {
         for gz in ["", ".gz"] {
             let tail = format!(".{from}{gz}");
             if lower.ends_with(&tail) {
-                return Some(PathBuf::from(format!("{}.{to}{gz}", &s[..s.len() - tail.len()])));
+                return Some(PathBuf::from(format!(
+                    "{}.{to}{gz}",
+                    &s[..s.len() - tail.len()]
+                )));
             }
         }
         None

@@ -185,7 +185,9 @@ pub(crate) fn payload(
     let (mut f, flen) = crate::fsio::open_regular(file, u64::MAX, true)?;
     let offset = match offset {
         Some(o) => o,
-        None => flen.checked_sub(len).ok_or_else(|| truncated(file, len, flen))?,
+        None => flen
+            .checked_sub(len)
+            .ok_or_else(|| truncated(file, len, flen))?,
     };
     if enc == Encoding::Raw && offset.saturating_add(len) > flen {
         return Err(truncated(file, len, flen.saturating_sub(offset)));
@@ -210,14 +212,14 @@ pub(crate) fn payload(
     let mut out = Vec::new();
     if enc == Encoding::Raw {
         out.try_reserve_exact(len as usize).map_err(|_| {
-            Error::volume(file, format!("not enough memory for {len} bytes of voxel data"))
+            Error::volume(
+                file,
+                format!("not enough memory for {len} bytes of voxel data"),
+            )
         })?;
     }
     // Compressed: read_to_end grows geometrically, so a bomb fails as truncated early.
-    (&mut r)
-        .take(len)
-        .read_to_end(&mut out)
-        .map_err(zerr)?;
+    (&mut r).take(len).read_to_end(&mut out).map_err(zerr)?;
     if (out.len() as u64) < len {
         return Err(truncated(file, len, out.len() as u64));
     }
