@@ -52,6 +52,13 @@ fn hint(path: &Path, ext: &str, head: &[u8]) -> Option<String> {
 
 /// Choose the reader, or refuse with a hint.
 fn kind(path: &Path) -> Result<Kind> {
+    // NIfTI names first, without a probe (the common case stays one open).
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let ends =
+        |t: &str| name.len() >= t.len() && name[name.len() - t.len()..].eq_ignore_ascii_case(t);
+    if ends(".nii") || ends(".nii.gz") {
+        return Ok(Kind::Nifti);
+    }
     if path.is_dir() {
         return Ok(Kind::Dicom);
     }

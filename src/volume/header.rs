@@ -298,11 +298,23 @@ pub(crate) fn parse_as(bytes: &[u8], gzipped: bool, pair: bool) -> Result<Header
 /// against the one `sizeof_hdr` gave), widened into [`Header`]; `validate` then applies voxtile's
 /// own rules. NIfTI-2, which the crate does not read, goes through [`Fields`].
 fn nifti1_from_crate(bytes: &[u8], be: bool, gzipped: bool) -> Result<Header, String> {
-    let n = nifti::NiftiHeader::from_reader(bytes)
+    // The crate guesses the byte order from dim[0] (> 7: swapped); voxtile takes it from
+    // sizeof_hdr. Hand the crate dim[0] = 1 in the file's order so both agree, and keep the
+    // file's own dim[0] for `validate` to judge.
+    let dim0 = Fields { b: bytes, be }.i16(40);
+    let mut fixed = [0u8; NIFTI1_SIZE];
+    fixed.copy_from_slice(&bytes[..NIFTI1_SIZE]);
+    fixed[40..42].copy_from_slice(&if be {
+        1i16.to_be_bytes()
+    } else {
+        1i16.to_le_bytes()
+    });
+    let mut n = nifti::NiftiHeader::from_reader(&fixed[..])
         .map_err(|e| format!("not a valid NIfTI-1 header ({e})"))?;
     if (n.endianness == nifti::Endianness::Big) != be {
-        return Err("NIfTI-1 header whose dim[0] and sizeof_hdr disagree on the byte order".into());
+        return Err("NIfTI-1 header of an unknown byte order".into());
     }
+    n.dim[0] = dim0 as u16;
     let s = |b: &[u8]| {
         let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
         String::from_utf8_lossy(&b[..end]).into_owned()
