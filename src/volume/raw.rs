@@ -87,16 +87,14 @@ pub(crate) fn check_affine(path: &Path, a: &Mat4) -> Result<()> {
     if a.iter().flatten().any(|v| !v.is_finite()) {
         return Err(Error::volume(path, "the geometry has a non-finite value"));
     }
-    for j in 0..3 {
-        let n = (0..3).map(|i| a[i][j] * a[i][j]).sum::<f64>();
-        if n == 0.0 {
-            return Err(Error::volume(
-                path,
-                format!("axis {j} has a zero voxel size or direction"),
-            ));
-        }
+    let zero = (0..3).find(|&j| a.iter().take(3).all(|row| row[j] == 0.0));
+    match zero {
+        Some(j) => Err(Error::volume(
+            path,
+            format!("axis {j} has a zero voxel size or direction"),
+        )),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// The text header at the start of `path`: everything up to the first line `is_last` accepts

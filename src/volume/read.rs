@@ -259,7 +259,7 @@ pub fn read(path: &Path) -> Result<Volume> {
     read_from(path, src)
 }
 
-/// [`read`] from an in-memory file (plain or gzip): the same checks, for fuzzing and for callers
+/// [`read`](crate::volume::read) from an in-memory file (plain or gzip): the same checks, for fuzzing and for callers
 /// that already hold the bytes. `path_for_errors` only prefixes messages.
 pub fn read_bytes(bytes: &[u8], path_for_errors: &Path) -> Result<Volume> {
     let isize = (bytes.len() >= 18)
