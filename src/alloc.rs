@@ -125,7 +125,15 @@ pub fn init_thread_pool() {
         .filter(|&n| n > 0)
         .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
         .unwrap_or(1);
-    let n = thread_count(default, address_space_limit());
+    let limit = address_space_limit();
+    let n = thread_count(default, limit);
+    if limit.is_some() {
+        // Under `ulimit -v` every extra glibc arena (64 MiB of address space each, created when
+        // threads contend) is taken from the data: one arena, whose sharing costs little since
+        // volume-sized buffers are mapped on their own.
+        // SAFETY: mallopt only sets an allocator parameter; called before worker threads exist.
+        unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
+    }
     // An error means a pool already exists (a library user built one): keep it.
     let _ = rayon::ThreadPoolBuilder::new()
         .num_threads(n)

@@ -25,6 +25,8 @@ pub(crate) const NIFTI2_SIZE: usize = 540;
 /// serves both versions; enough to write outputs with the same geometry.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Header {
+    /// The file format it was read from (non-NIfTI inputs get a NIfTI header standing for them).
+    pub format: super::raw::Format,
     /// 1 or 2 (NIfTI-1 or NIfTI-2).
     pub version: u8,
     /// Byte order of the file that was read (outputs are always little-endian).
@@ -173,9 +175,6 @@ impl Fields<'_> {
     fn i64(&self, off: usize) -> i64 {
         i64::from_le_bytes(self.arr(off))
     }
-    fn f32(&self, off: usize) -> f64 {
-        f32::from_le_bytes(self.arr(off)) as f64
-    }
     fn f64(&self, off: usize) -> f64 {
         f64::from_le_bytes(self.arr(off))
     }
@@ -188,6 +187,11 @@ impl Fields<'_> {
 
 /// Parse and validate a header from its raw bytes (at least the size `detect` returned).
 pub(crate) fn parse(bytes: &[u8], gzipped: bool) -> Result<Header, String> {
+    parse_as(bytes, gzipped, false)
+}
+
+/// [`parse`] of a single file (`pair` false, magic `n+1`/`n+2`) or of a pair's `.hdr` (`ni1`).
+pub(crate) fn parse_as(bytes: &[u8], gzipped: bool, pair: bool) -> Result<Header, String> {
     if bytes.len() < 4 {
         return Err(format!(
             "not a NIfTI file (only {} bytes, a header needs 348)",
@@ -207,73 +211,30 @@ pub(crate) fn parse(bytes: &[u8], gzipped: bool) -> Result<Header, String> {
     };
     let h = if version == 1 {
         let magic = &bytes[344..348];
-        if magic == b"ni1\0" {
+        if magic == b"ni1\0" && !pair {
             return Err(
-                "is the header of a .hdr/.img pair (magic \"ni1\"); voxtile reads single-file .nii/.nii.gz only"
+                "is the header of a .hdr/.img pair (magic \"ni1\"): give voxtile the .hdr or .img path"
                     .into(),
             );
         }
-        if magic != b"n+1\0" {
+        let want: &[u8] = if pair { b"ni1\0" } else { b"n+1\0" };
+        if magic != want {
             return Err(format!(
-                "not a NIfTI-1 file (magic \"{}\", expected \"n+1\"); ANALYZE 7.5 files are not supported",
-                magic.escape_ascii()
+                "not a NIfTI-1 file (magic \"{}\", expected \"{}\"); ANALYZE 7.5 files are not supported: convert them with `fslchfiletype NIFTI_GZ` or nibabel",
+                magic.escape_ascii(),
+                want.escape_ascii()
             ));
         }
-        let mut dim = [0i64; 8];
-        let mut pixdim = [0f64; 8];
-        for i in 0..8 {
-            dim[i] = f.i16(40 + 2 * i) as i64;
-            pixdim[i] = f.f32(76 + 4 * i);
-        }
-        let vox = f.f32(108);
-        Header {
-            version,
-            big_endian: be,
-            gzipped,
-            dim,
-            pixdim,
-            datatype: f.i16(70),
-            bitpix: f.i16(72),
-            vox_offset: vox_offset_from_f64(vox)?,
-            scl_slope: f.f32(112),
-            scl_inter: f.f32(116),
-            cal_max: f.f32(124),
-            cal_min: f.f32(128),
-            slice_duration: f.f32(132),
-            toffset: f.f32(136),
-            slice_start: f.i16(74) as i64,
-            slice_end: f.i16(120) as i64,
-            slice_code: bytes[122] as i32,
-            dim_info: bytes[39],
-            xyzt_units: bytes[123] as i32,
-            intent_code: f.i16(68) as i32,
-            intent_p1: f.f32(56),
-            intent_p2: f.f32(60),
-            intent_p3: f.f32(64),
-            intent_name: f.str(328, 16),
-            descrip: f.str(148, 80),
-            aux_file: f.str(228, 24),
-            qform_code: f.i16(252) as i32,
-            sform_code: f.i16(254) as i32,
-            quatern_b: f.f32(256),
-            quatern_c: f.f32(260),
-            quatern_d: f.f32(264),
-            qoffset_x: f.f32(268),
-            qoffset_y: f.f32(272),
-            qoffset_z: f.f32(276),
-            srow_x: [f.f32(280), f.f32(284), f.f32(288), f.f32(292)],
-            srow_y: [f.f32(296), f.f32(300), f.f32(304), f.f32(308)],
-            srow_z: [f.f32(312), f.f32(316), f.f32(320), f.f32(324)],
-        }
+        nifti1_from_crate(&bytes[..size], be, gzipped)?
     } else {
         let magic = &bytes[4..12];
-        if &magic[..4] == b"ni2\0" {
+        if &magic[..4] == b"ni2\0" && !pair {
             return Err(
                 "is the header of a .hdr/.img pair (magic \"ni2\"); voxtile reads single-file .nii/.nii.gz only"
                     .into(),
             );
         }
-        if magic != b"n+2\0\r\n\x1a\n" {
+        if pair && &magic[..4] != b"ni2\0" || !pair && magic != b"n+2\0\r\n\x1a\n" {
             return Err(format!(
                 "not a valid NIfTI-2 file (magic \"{}\", expected \"n+2\\0\\r\\n\\x1a\\n\"; a wrong tail means the file was altered by a text-mode transfer)",
                 magic.escape_ascii()
@@ -290,6 +251,7 @@ pub(crate) fn parse(bytes: &[u8], gzipped: bool) -> Result<Header, String> {
             return Err(format!("negative vox_offset {vox}"));
         }
         Header {
+            format: super::raw::Format::Nifti,
             version,
             big_endian: be,
             gzipped,
@@ -329,7 +291,75 @@ pub(crate) fn parse(bytes: &[u8], gzipped: bool) -> Result<Header, String> {
             srow_z: [f.f64(464), f.f64(472), f.f64(480), f.f64(488)],
         }
     };
-    validate(h, size)
+    validate(h, size, pair)
+}
+
+/// A NIfTI-1 header decoded by the `nifti` crate's `NiftiHeader` (its byte-order guess checked
+/// against the one `sizeof_hdr` gave), widened into [`Header`]; `validate` then applies voxtile's
+/// own rules. NIfTI-2, which the crate does not read, goes through [`Fields`].
+fn nifti1_from_crate(bytes: &[u8], be: bool, gzipped: bool) -> Result<Header, String> {
+    // The crate guesses the byte order from dim[0] (> 7: swapped); voxtile takes it from
+    // sizeof_hdr. Hand the crate dim[0] = 1 in the file's order so both agree, and keep the
+    // file's own dim[0] for `validate` to judge.
+    let dim0 = Fields { b: bytes, be }.i16(40);
+    let mut fixed = [0u8; NIFTI1_SIZE];
+    fixed.copy_from_slice(&bytes[..NIFTI1_SIZE]);
+    fixed[40..42].copy_from_slice(&if be {
+        1i16.to_be_bytes()
+    } else {
+        1i16.to_le_bytes()
+    });
+    let mut n = nifti::NiftiHeader::from_reader(&fixed[..])
+        .map_err(|e| format!("not a valid NIfTI-1 header ({e})"))?;
+    if (n.endianness == nifti::Endianness::Big) != be {
+        return Err("NIfTI-1 header of an unknown byte order".into());
+    }
+    n.dim[0] = dim0 as u16;
+    let s = |b: &[u8]| {
+        let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+        String::from_utf8_lossy(&b[..end]).into_owned()
+    };
+    let f = |v: f32| v as f64;
+    Ok(Header {
+        format: super::raw::Format::Nifti,
+        version: 1,
+        big_endian: be,
+        gzipped,
+        dim: n.dim.map(|d| d as i16 as i64),
+        pixdim: n.pixdim.map(f),
+        datatype: n.datatype,
+        bitpix: n.bitpix,
+        vox_offset: vox_offset_from_f64(f(n.vox_offset))?,
+        scl_slope: f(n.scl_slope),
+        scl_inter: f(n.scl_inter),
+        cal_max: f(n.cal_max),
+        cal_min: f(n.cal_min),
+        slice_duration: f(n.slice_duration),
+        toffset: f(n.toffset),
+        slice_start: n.slice_start as i64,
+        slice_end: n.slice_end as i64,
+        slice_code: n.slice_code as i32,
+        dim_info: n.dim_info,
+        xyzt_units: n.xyzt_units as i32,
+        intent_code: n.intent_code as i32,
+        intent_p1: f(n.intent_p1),
+        intent_p2: f(n.intent_p2),
+        intent_p3: f(n.intent_p3),
+        intent_name: s(&n.intent_name),
+        descrip: s(&n.descrip),
+        aux_file: s(&n.aux_file),
+        qform_code: n.qform_code as i32,
+        sform_code: n.sform_code as i32,
+        quatern_b: f(n.quatern_b),
+        quatern_c: f(n.quatern_c),
+        quatern_d: f(n.quatern_d),
+        qoffset_x: f(n.quatern_x),
+        qoffset_y: f(n.quatern_y),
+        qoffset_z: f(n.quatern_z),
+        srow_x: n.srow_x.map(f),
+        srow_y: n.srow_y.map(f),
+        srow_z: n.srow_z.map(f),
+    })
 }
 
 /// NIfTI-1 stores vox_offset as a float: it must be a non-negative whole number.
@@ -341,7 +371,7 @@ fn vox_offset_from_f64(v: f64) -> Result<u64, String> {
 }
 
 /// Checks shared by both versions: dims, datatype/bitpix, vox_offset, scaling, voxel count overflow.
-fn validate(mut h: Header, size: usize) -> Result<Header, String> {
+fn validate(mut h: Header, size: usize, pair: bool) -> Result<Header, String> {
     let nd = h.dim[0];
     if !(1..=7).contains(&nd) {
         return Err(format!(
@@ -375,7 +405,9 @@ fn validate(mut h: Header, size: usize) -> Result<Header, String> {
     // vox_offset 0 is what some writers put in single files: the data then starts right after the
     // header and its 4-byte extension flag. Anything else inside the header is corrupt.
     let min_off = size as u64 + 4;
-    if h.vox_offset == 0 {
+    if pair {
+        // A pair's data lies in the .img, from vox_offset (0 as a rule).
+    } else if h.vox_offset == 0 {
         h.vox_offset = min_off;
     } else if h.vox_offset < min_off {
         return Err(format!(

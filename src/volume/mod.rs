@@ -1,21 +1,39 @@
-//! NIfTI-1/2 volumes: reading (any scalar dtype, either byte order, gz), geometry, writing
-//! (NIfTI-1, temp + rename).
+//! Volumes: reading NIfTI-1/2 (any scalar dtype, either byte order, gz), NIfTI-1 pairs, DICOM
+//! series folders, NRRD and MetaImage; geometry; writing (NIfTI-1, temp + rename), label maps
+//! with their class names.
 //!
 //! Data is held as f32 `(channel, i, j, k)` in the file's own axis order: no reorientation, so
-//! outputs written with the input's header overlay the input voxel for voxel.
+//! outputs written with the input's header overlay the input voxel for voxel. Other formats are
+//! handed out as the NIfTI file a converter would write (dcm2niix for DICOM), with a RAS affine.
 
+mod dicom;
+mod dicom_meta;
+mod dispatch;
 mod geometry;
 mod header;
+mod labels;
+mod metaimage;
+mod nrrd;
+mod pair;
+mod raw;
 mod read;
 mod write;
+
+pub use dicom::{is_dicom_series_dir, read_dicom_header, read_dicom_series};
+pub use dispatch::{read, read_header};
+pub use labels::{
+    read_label_names, stage_labels_json, write_labels_json, LabelNames, LabelOptions,
+    NIFTI_ECODE_CARET, NIFTI_INTENT_LABEL,
+};
+pub use raw::Format;
 
 pub use geometry::{axcodes, mat44_to_quatern, quatern_to_mat44, AffineSource, Mat4};
 pub use header::{check_nifti1_shape, Header, NIFTI1_MAX_AXIS};
 pub(crate) use read::check_f32_values;
-pub use read::{read, read_bytes, read_header, HARD_CAP_BYTES};
+pub use read::{read_bytes, HARD_CAP_BYTES};
 pub use write::{
-    check_output_shape, stage_f32, stage_labels, stage_unit_u8, unit_to_u8, write_f32,
-    write_labels, write_unit_u8,
+    check_output_shape, stage_f32, stage_labels, stage_labels_with, stage_unit_u8, unit_to_u8,
+    write_f32, write_labels, write_labels_with, write_unit_u8,
 };
 
 use ndarray::Array4;
@@ -51,6 +69,7 @@ impl Header {
         let c = channels.max(1);
         let d = |v: usize| v.max(1) as i64;
         Header {
+            format: raw::Format::Nifti,
             version: 1,
             big_endian: false,
             gzipped: false,
@@ -226,13 +245,25 @@ pub fn describe(path: &Path, v: &Volume) -> String {
     let mut s = String::new();
     let [x, y, z] = h.shape();
     let _ = writeln!(s, "file:        {}", path.display());
-    let _ = writeln!(
-        s,
-        "format:      NIfTI-{}{}, {}-endian",
-        h.version,
-        if h.gzipped { " (gzip)" } else { "" },
-        if h.big_endian { "big" } else { "little" }
-    );
+    let _ = match h.format {
+        Format::Nifti | Format::NiftiPair => writeln!(
+            s,
+            "format:      NIfTI-{}{}{}, {}-endian",
+            h.version,
+            if h.format == Format::NiftiPair {
+                " pair (.hdr/.img)"
+            } else {
+                ""
+            },
+            if h.gzipped { " (gzip)" } else { "" },
+            if h.big_endian { "big" } else { "little" }
+        ),
+        f => writeln!(
+            s,
+            "format:      {}, read as NIfTI with a RAS affine",
+            f.name()
+        ),
+    };
     let _ = writeln!(
         s,
         "shape:       {x} x {y} x {z}, {} channel{}",

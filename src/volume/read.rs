@@ -214,7 +214,13 @@ fn memory_verdict(n: u64, what: &str, avail: Option<u64>, cap: u64) -> Result<()
 
 /// Decode `bytes` (whole voxels) of one datatype into f32, applying scl_slope/scl_inter in f64.
 /// Appends in parallel (rayon writes straight into `out`'s spare capacity).
-fn convert(bytes: &[u8], dt: i16, be: bool, scale: Option<(f64, f64)>, out: &mut Vec<f32>) {
+pub(crate) fn convert(
+    bytes: &[u8],
+    dt: i16,
+    be: bool,
+    scale: Option<(f64, f64)>,
+    out: &mut Vec<f32>,
+) {
     macro_rules! conv {
         ($t:ty, $n:expr) => {{
             out.par_extend(bytes.par_chunks_exact($n).with_min_len(1 << 14).map(|c| {
@@ -253,7 +259,7 @@ pub fn read(path: &Path) -> Result<Volume> {
     read_from(path, src)
 }
 
-/// [`read`] from an in-memory file (plain or gzip): the same checks, for fuzzing and for callers
+/// [`read`](crate::volume::read) from an in-memory file (plain or gzip): the same checks, for fuzzing and for callers
 /// that already hold the bytes. `path_for_errors` only prefixes messages.
 pub fn read_bytes(bytes: &[u8], path_for_errors: &Path) -> Result<Volume> {
     let isize = (bytes.len() >= 18)

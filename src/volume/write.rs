@@ -4,6 +4,7 @@
 //! callers with one output.
 
 use super::header::{self, encode_nifti1, Header};
+use super::labels::LabelOptions;
 use crate::staged::Staged;
 use crate::{Error, Result};
 use flate2::{Compress, Compression, FlushCompress, Status};
@@ -375,6 +376,26 @@ pub fn write_labels(path: &Path, labels: ArrayView3<u16>, like: &Header) -> Resu
 
 /// [`write_labels`], staged for the caller to commit.
 pub fn stage_labels(path: &Path, labels: ArrayView3<u16>, like: &Header) -> Result<Staged> {
+    stage_labels_with(path, labels, like, &LabelOptions::default())
+}
+
+/// [`write_labels`] with class names (intent LABEL + Caret XML extension) and/or NIfTI-2.
+pub fn write_labels_with(
+    path: &Path,
+    labels: ArrayView3<u16>,
+    like: &Header,
+    opts: &LabelOptions,
+) -> Result<()> {
+    stage_labels_with(path, labels, like, opts)?.commit(true)
+}
+
+/// [`write_labels_with`], staged for the caller to commit.
+pub fn stage_labels_with(
+    path: &Path,
+    labels: ArrayView3<u16>,
+    like: &Header,
+    opts: &LabelOptions,
+) -> Result<Staged> {
     let (nx, ny, nz) = labels.dim();
     check_shape(path, [nx, ny, nz], like)?;
     let max = max_label(labels);
@@ -383,7 +404,7 @@ pub fn stage_labels(path: &Path, labels: ArrayView3<u16>, like: &Header) -> Resu
     } else {
         header::DT_UINT16
     };
-    let hdr = encode_nifti1(like, [nx, ny, nz], 1, dt, "voxtile labels")
+    let hdr = super::labels::label_header(like, [nx, ny, nz], dt, opts)
         .map_err(|m| Error::volume(path, m))?;
     let bytes = if dt == header::DT_UINT8 {
         file_order_bytes(labels, |v| [v as u8])
