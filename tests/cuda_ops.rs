@@ -7,7 +7,6 @@
 use ndarray::{Array3, Array4, Array5};
 use voxtile::backend::cuda::plan::pick_halo;
 use voxtile::backend::cuda::CudaBackend;
-use voxtile::backend::Backend;
 use voxtile::model::graph::*;
 
 // ---------- helpers ----------

@@ -9,7 +9,6 @@ use ndarray::{Array3, Array4};
 use rayon::prelude::*;
 use std::sync::Mutex;
 use voxtile::backend::cuda::CudaBackend;
-use voxtile::backend::Backend;
 use voxtile::model::graph::*;
 use voxtile::Error;
 

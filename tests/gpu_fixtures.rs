@@ -8,7 +8,6 @@ use common::sw::*;
 use common::*;
 use ndarray::{Axis, Ix5};
 use voxtile::backend::cuda::CudaBackend;
-use voxtile::backend::Backend;
 use voxtile::engine::{Device, Engine, Options};
 use voxtile::tiling::{argmax, BlendMode, PadMode, Placement};
 

@@ -5,6 +5,7 @@
 //! launch list over buffers placed by liveness in one preallocated arena; `run` only launches.
 //! cudarc's per-buffer event tracking is switched off: this module orders its own streams.
 
+mod backend;
 pub mod buffers;
 
 /// The unit tests' LCG (Knuth's MMIX constants): advances `state`, returns its top 31 bits.
@@ -16,12 +17,12 @@ pub(crate) fn lcg_next(state: &mut u64) -> u64 {
     *state >> 33
 }
 pub mod kernels;
+pub mod memory;
 pub mod pipeline;
 pub mod plan;
 
 pub use pipeline::GpuTimes;
 
-use crate::backend::Backend;
 use crate::model::graph::{Graph, Op, Tensor};
 use crate::{Error, Result};
 use cudarc::driver::{result as cu, sys, CudaContext, CudaFunction, CudaStream, PinnedHostSlice};
@@ -1779,12 +1780,15 @@ fn const_strides(t: &Tensor, batch: usize, x: &Shape) -> Option<[i64; 5]> {
     Some(strides)
 }
 
-impl Backend for CudaBackend {
-    fn name(&self) -> String {
+/// The [`crate::backend::Backend`] methods, also callable without the trait (see `backend.rs`).
+impl CudaBackend {
+    /// "cuda:N <device name>".
+    pub fn name(&self) -> String {
         format!("cuda:{} {}", self.ctx.ordinal(), self.device_name)
     }
 
-    fn prepare(&mut self, graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<()> {
+    /// Builds the launch list for (batch, roi): see [`crate::backend::Backend::prepare`].
+    pub fn prepare(&mut self, graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<()> {
         self.prepared = None;
         mem_reset_peak(&self.ctx);
         let p = self.build(graph, batch, roi)?;
@@ -1793,7 +1797,8 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn run(&mut self, input: ArrayView5<f32>) -> Result<Array5<f32>> {
+    /// Runs one batch through the single-window API: see [`crate::backend::Backend::run`].
+    pub fn run(&mut self, input: ArrayView5<f32>) -> Result<Array5<f32>> {
         let prep = self.prepared.as_mut().ok_or_else(|| {
             Error::Invalid("the CUDA backend was not prepared for a graph".into())
         })?;
