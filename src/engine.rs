@@ -13,7 +13,7 @@ mod run;
 pub mod split;
 
 pub use crate::backend::Device;
-pub use options::{normalize, AxisOrder, Normalize, Options};
+pub use options::{AxisOrder, Normalize, Options};
 pub use report::{peak_rss_bytes, PartReport, PredictedPeak, Report, StageTimes};
 
 use crate::backend::MemoryModel;
@@ -192,12 +192,8 @@ impl Engine {
         let has_nonfinite = volume.data.iter().any(|v| !v.is_finite());
         let data = if has_nonfinite || self.options.normalize != Normalize::None {
             let mut d = volume.data.clone();
-            if has_nonfinite {
-                let (nan, inf) = crate::volume::sanitize_nonfinite(&mut d);
-                nonfinite = nan + inf;
-                tracing::info!("{nan} NaN voxels set to 0, {inf} infinite voxels clamped");
-            }
-            normalize(&mut d, self.options.normalize);
+            let how = crate::pipeline::Intensity::from(self.options.normalize);
+            nonfinite = crate::pipeline::intensity::preprocess(&mut d, &how)?;
             owned = d;
             owned.view()
         } else {

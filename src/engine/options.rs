@@ -3,7 +3,6 @@
 use crate::backend::Device;
 use crate::tiling::{BlendMode, PadMode, Placement};
 use crate::{Error, Result};
-use ndarray::Array4;
 
 /// How the network's D,H,W axes map onto the file's i,j,k axes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,26 +65,6 @@ impl std::str::FromStr for Normalize {
                     }
                     _ => Err(bad()),
                 }
-            }
-        }
-    }
-}
-
-/// Normalise each channel in place (f64 sums: a 512²×128 volume overflows f32 precision).
-pub fn normalize(data: &mut Array4<f32>, how: Normalize) {
-    for mut ch in data.outer_iter_mut() {
-        match how {
-            Normalize::None => {}
-            Normalize::ZScore => {
-                let n = ch.len().max(1) as f64;
-                let mean = ch.iter().map(|&v| v as f64).sum::<f64>() / n;
-                let var = ch.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
-                let (m, inv) = (mean as f32, 1.0 / (var.sqrt() as f32 + 1e-8));
-                ch.mapv_inplace(|v| (v - m) * inv);
-            }
-            Normalize::Ct { lo, hi, mean, std } => {
-                let inv = 1.0 / std.max(1e-8);
-                ch.mapv_inplace(|v| (v.clamp(lo, hi) - mean) * inv);
             }
         }
     }
