@@ -1,8 +1,8 @@
 //! `voxtile plan`: the memory planner's choice for a model and a volume size, without running.
 
+use super::flags;
 use crate::backend::{self, Device};
 use crate::plan::{self, Request, Workload};
-use crate::tiling::{self, Placement};
 use crate::{Error, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -69,37 +69,21 @@ pub fn run(args: PlanArgs) -> Result<()> {
         d => d,
     };
     let model = backend::memory_model(device);
-    let overlap = tiling::parse_triple_f64(&args.overlap)?;
-    if overlap.iter().any(|o| !(0.0..1.0).contains(o)) {
-        return Err(Error::Invalid(format!(
-            "--overlap must lie in [0, 1), got {}",
-            args.overlap
-        )));
-    }
-    if args.batch == Some(0) {
-        return Err(Error::Invalid("--batch must be at least 1".into()));
-    }
-    let (budget, source) = match &args.memory_budget {
-        Some(b) => (plan::parse_bytes(b)?, "--memory-budget".to_string()),
+    let overlap = flags::overlap(&args.overlap)?;
+    let user_batch = flags::batch(args.batch)?;
+    let (budget, source) = match flags::memory_budget(args.memory_budget.as_deref())? {
+        Some(b) => (b, "--memory-budget".to_string()),
         None => model.default_budget(),
     };
     let req = Request {
         budget,
         budget_explicit: args.memory_budget.is_some(),
-        user_roi: args
-            .roi
-            .as_deref()
-            .map(tiling::parse_triple_usize)
-            .transpose()?,
-        user_batch: args.batch,
+        user_roi: flags::roi(args.roi.as_deref())?,
+        user_batch,
         workload: Workload {
             shape,
             overlap,
-            placement: if args.placement == "nnunet" {
-                Placement::NnUnet
-            } else {
-                Placement::Monai
-            },
+            placement: flags::placement(&args.placement),
             keep_logits: args.logits,
             copy_input: false,
         },

@@ -2,11 +2,12 @@
 //! model manifest merged in (flags typed on the command line beat it, defaults do not).
 
 use super::args::SegmentArgs;
+use crate::cli::flags;
 use crate::engine::{AxisOrder, Device, Engine, Normalize, Options};
 use crate::pipeline::batch::parse_devices;
 use crate::pipeline::manifest::{parse_blend, Activation, Intensity, Manifest};
 use crate::pipeline::{Pipeline, Settings};
-use crate::tiling::{self, BlendMode, PadMode, Placement};
+use crate::tiling::{self, BlendMode, PadMode};
 use crate::{Error, Result};
 use std::path::PathBuf;
 
@@ -159,27 +160,15 @@ fn options(args: &SegmentArgs) -> Result<Options> {
             }
         }
     };
-    let overlap = tiling::parse_triple_f64(&args.overlap)?;
-    if overlap.iter().any(|o| !(0.0..1.0).contains(o)) {
-        return Err(Error::Invalid(format!(
-            "--overlap must lie in [0, 1), got {}",
-            args.overlap
-        )));
-    }
+    let overlap = flags::overlap(&args.overlap)?;
     let sigma_scale = tiling::parse_sigma_scale(&args.sigma_scale)?;
     let normalize = args.normalize.parse::<Normalize>()?;
     Intensity::from(normalize)
         .check()
         .map_err(|m| Error::Invalid(format!("--normalize {}: {m}", args.normalize)))?;
-    if args.batch == Some(0) {
-        return Err(Error::Invalid("--batch must be at least 1".into()));
-    }
+    let batch = flags::batch(args.batch)?;
     Ok(Options {
-        roi: args
-            .roi
-            .as_deref()
-            .map(tiling::parse_triple_usize)
-            .transpose()?,
+        roi: flags::roi(args.roi.as_deref())?,
         overlap,
         blend: match args.blend.as_str() {
             "constant" => BlendMode::Constant,
@@ -187,21 +176,13 @@ fn options(args: &SegmentArgs) -> Result<Options> {
             _ => BlendMode::Gaussian,
         },
         sigma_scale,
-        placement: if args.placement == "nnunet" {
-            Placement::NnUnet
-        } else {
-            Placement::Monai
-        },
-        batch: args.batch,
+        placement: flags::placement(&args.placement),
+        batch,
         pad,
         axis_order: args.axis_order.parse::<AxisOrder>()?,
         keep_logits: args.logits.is_some(),
         normalize,
-        memory_budget: args
-            .memory_budget
-            .as_deref()
-            .map(crate::plan::parse_bytes)
-            .transpose()?,
+        memory_budget: flags::memory_budget(args.memory_budget.as_deref())?,
         ..Options::default()
     })
 }
