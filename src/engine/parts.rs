@@ -8,8 +8,11 @@ use std::time::Instant;
 
 /// One device: its backend and the (batch, roi) it is prepared for.
 pub(super) struct Worker {
+    /// The opened device.
     pub backend: Box<dyn Backend>,
+    /// The (batch, roi) it is prepared for.
     pub prepared: Option<(usize, [usize; 3])>,
+    /// Its name, for reports.
     pub name: String,
 }
 
@@ -32,9 +35,13 @@ impl Worker {
 /// What one device did in one attempt (merged into the report).
 #[derive(Default)]
 pub(super) struct PartRun {
+    /// Its stage times.
     pub seconds: StageTimes,
+    /// Activation bytes the backend measured.
     pub measured_act: u64,
+    /// Its device high-water mark (CUDA).
     pub peak_device: Option<u64>,
+    /// The backend's own details (CUDA event timings).
     pub details: Option<serde_json::Value>,
     /// NaN voxels of the blended output in its own planes.
     pub nan_voxels: usize,

@@ -1782,7 +1782,7 @@ fn const_strides(t: &Tensor, batch: usize, x: &Shape) -> Option<[i64; 5]> {
 
 /// The [`crate::backend::Backend`] methods, also callable without the trait (see `backend.rs`).
 impl CudaBackend {
-    /// "cuda:N <device name>".
+    /// `cuda:N` and the device name.
     pub fn name(&self) -> String {
         format!("cuda:{} {}", self.ctx.ordinal(), self.device_name)
     }

@@ -14,13 +14,19 @@ use std::path::PathBuf;
 /// Everything a worker needs to build its pipeline (plain data: each worker owns its engines).
 #[derive(Clone)]
 pub struct Config {
+    /// The ONNX models (several: an ensemble).
     pub models: Vec<PathBuf>,
     /// The engines' options (the device is set per worker, from `devices`).
     pub options: Options,
+    /// `--device`: one device, or a list (one volume split, or files handed out).
     pub devices: Vec<Device>,
+    /// What the pipeline does around the engines.
     pub settings: Settings,
+    /// The manifest's class names.
     pub classes: Option<Vec<String>>,
+    /// The model manifest (empty when there is none).
     pub manifest: Manifest,
+    /// Where it was read from.
     pub manifest_path: Option<PathBuf>,
     /// `--probabilities-u8`.
     pub u8: bool,

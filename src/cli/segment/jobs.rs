@@ -9,11 +9,17 @@ use std::path::PathBuf;
 /// The outputs of one input file.
 #[derive(Clone, Debug)]
 pub struct Job {
+    /// The volume read.
     pub input: PathBuf,
+    /// Its label map.
     pub output: PathBuf,
+    /// `--probabilities`.
     pub probabilities: Option<PathBuf>,
+    /// `--logits`.
     pub logits: Option<PathBuf>,
+    /// `--split-classes` folder.
     pub split: Option<PathBuf>,
+    /// `--preview` picture.
     pub preview: Option<PathBuf>,
 }
 

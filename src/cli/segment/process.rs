@@ -123,15 +123,20 @@ pub fn name_error(e: Error, input: &Path, models: &[PathBuf]) -> Error {
 /// How outputs already there are treated: `force` for the labels, `extras` for the others.
 #[derive(Clone, Copy)]
 pub struct Replace {
+    /// The labels may replace an existing file.
     pub force: bool,
+    /// The other outputs may.
     pub extras: bool,
 }
 
 /// What [`process`] leaves: the staged outputs (the caller commits them), the file's report
 /// (one schema for every run) and, for `--report -`, its text to print once committed.
 pub struct Processed {
+    /// Staged outputs.
     pub outs: Outputs,
+    /// The file's report.
     pub report: serde_json::Value,
+    /// The report text for standard output (`--report -`).
     pub stdout: Option<String>,
 }
 
