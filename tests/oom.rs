@@ -1,6 +1,7 @@
 //! Bounded memory and out-of-memory survival on the CPU path: slab streaming gives the same bits
-//! as whole-volume blending, and a batch that fails with OutOfMemory (injected) is redone at half
-//! the batch with output identical to an undisturbed run at that batch; at batch 1 the error goes
+//! as whole-volume blending, and a pass that fails with OutOfMemory (injected) is redone over the
+//! whole volume at half the batch (the engine's one retry) with output identical to an
+//! undisturbed run at that batch; at batch 1 the error goes
 //! up (the window is never changed behind the user's back).
 
 mod common;
@@ -140,7 +141,7 @@ fn injected_oom_halves_the_batch_and_changes_nothing() {
     )
     .unwrap();
     assert!(r_ok.windows >= 6);
-    // Batch 4 fails at the 2nd call: windows 4..8 are redone at batch 2, the rest go on at 2.
+    // Batch 4 fails at the 2nd call: the volume is redone at batch 2, said in the report.
     let (l, g, r) = run(
         &model,
         vol.view(),

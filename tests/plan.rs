@@ -48,7 +48,8 @@ fn cpu_prediction_matches_measured_liveness() {
                 b.prepare(&g, batch, roi).unwrap();
                 b.run(input(batch, g.input_channels(), roi).view()).unwrap();
                 let measured = b.last_stats().peak_live_bytes as u64;
-                let (pred, node, with_ws) = plan::cpu_activations(&g, batch, roi).unwrap();
+                let (pred, node, with_ws) =
+                    voxtile::backend::cpu::memory::cpu_activations(&g, batch, roi).unwrap();
                 eprintln!(
                     "{name} roi {roi:?} batch {batch}: predicted {pred} measured {measured}, peak at {} ({}), with workspace {with_ws}",
                     node.name, node.op
@@ -59,7 +60,8 @@ fn cpu_prediction_matches_measured_liveness() {
                     "{name}: prediction {pred} more than 15% over {measured}"
                 );
                 assert!(with_ws >= pred);
-                let e = plan::estimate(&g, Target::Cpu, roi, batch, &workload([64; 3])).unwrap();
+                let e =
+                    estimate_on_target(&g, Target::Cpu, roi, batch, &workload([64; 3])).unwrap();
                 assert_eq!(e.budgeted.activations, pred);
                 assert_eq!(e.backend_activation_bytes, pred);
             }
@@ -72,11 +74,11 @@ fn cpu_prediction_matches_measured_liveness() {
 fn activations_scale_with_batch() {
     for (name, g) in models() {
         let roi = g.spatial_divisor().map(|d| d * 2);
-        let (a1, _, _) = plan::cpu_activations(&g, 1, roi).unwrap();
-        let (a3, _, _) = plan::cpu_activations(&g, 3, roi).unwrap();
+        let (a1, _, _) = voxtile::backend::cpu::memory::cpu_activations(&g, 1, roi).unwrap();
+        let (a3, _, _) = voxtile::backend::cpu::memory::cpu_activations(&g, 3, roi).unwrap();
         assert_eq!(a3, 3 * a1, "{name}");
-        let (c1, r1, _, _) = plan::cuda_activations(&g, 1, roi).unwrap();
-        let (c4, r4, _, _) = plan::cuda_activations(&g, 4, roi).unwrap();
+        let (c1, r1, _, _) = voxtile::backend::cuda::memory::cuda_activations(&g, 1, roi).unwrap();
+        let (c4, r4, _, _) = voxtile::backend::cuda::memory::cuda_activations(&g, 4, roi).unwrap();
         assert_eq!(r4, 4 * r1, "{name}: fp16 pool scales with the batch");
         assert!(c4 >= r4 && c1 >= r1);
         // fp16 pool vs f32 liveness: never more buffers than values, so at most the f32 total of
@@ -95,14 +97,13 @@ fn sweep(g: &Graph, target: Target, shape: [usize; 3]) -> Vec<(u64, plan::Plan)>
     let mut budget = 16u64 << 20;
     while budget <= 64 << 30 {
         let req = Request {
-            target,
             budget,
             budget_explicit: true,
             user_roi: None,
             user_batch: None,
             workload: workload(shape),
         };
-        if let Ok(p) = plan::choose(g, &req) {
+        if let Ok(p) = choose_on(g, target, &req) {
             out.push((budget, p));
         }
         budget = budget * 3 / 2;
@@ -188,16 +189,15 @@ fn too_small_budget_is_a_clear_error() {
     for (name, g) in models() {
         for target in [Target::Cpu, Target::Cuda] {
             let req = Request {
-                target,
                 budget: 1 << 20,
                 budget_explicit: true,
                 user_roi: None,
                 user_batch: None,
                 workload: workload([256, 256, 128]),
             };
-            let e = plan::choose(&g, &req).unwrap_err().to_string();
+            let e = choose_on(&g, target, &req).unwrap_err().to_string();
             let roi = plan::default_roi(&g, req.workload.shape);
-            let need = plan::estimate(&g, target, roi, 1, &req.workload)
+            let need = estimate_on_target(&g, target, roi, 1, &req.workload)
                 .unwrap()
                 .budgeted
                 .total();
@@ -210,8 +210,9 @@ fn too_small_budget_is_a_clear_error() {
             );
             // The minimum it names is really the smallest: a budget of that size works, at the
             // same window.
-            let ok = plan::choose(
+            let ok = choose_on(
                 &g,
+                target,
                 &Request {
                     budget: need,
                     ..req.clone()
@@ -230,14 +231,13 @@ fn too_small_budget_is_a_clear_error() {
 fn user_roi_only_sets_the_batch() {
     let g = voxtile::model::onnx::load(&data("deepbrain.onnx")).unwrap();
     let base = Request {
-        target: Target::Cuda,
         budget: 2 << 30,
         budget_explicit: true,
         user_roi: Some([64, 64, 64]),
         user_batch: None,
         workload: workload([256, 256, 256]),
     };
-    let p = plan::choose(&g, &base).unwrap();
+    let p = choose_on(&g, Target::Cuda, &base).unwrap();
     assert_eq!(p.roi, [64, 64, 64]);
     assert!(p.batch > 1);
     let tight = Request {
@@ -245,9 +245,10 @@ fn user_roi_only_sets_the_batch() {
         budget: p.estimate.budgeted.total() / 2,
         ..base.clone()
     };
-    assert!(plan::choose(&g, &tight).is_err());
-    let p = plan::choose(
+    assert!(choose_on(&g, Target::Cuda, &tight).is_err());
+    let p = choose_on(
         &g,
+        Target::Cuda,
         &Request {
             budget_explicit: false,
             ..tight
@@ -260,7 +261,7 @@ fn user_roi_only_sets_the_batch() {
         user_roi: Some([60, 64, 64]),
         ..base
     };
-    assert!(plan::choose(&g, &bad).is_err());
+    assert!(choose_on(&g, Target::Cuda, &bad).is_err());
 }
 
 /// Through the engine on the CPU: the planned run stays within the budget as measured by the
@@ -270,14 +271,13 @@ fn engine_runs_within_the_budget() {
     let g = voxtile::model::onnx::load(&data("deepbrain.onnx")).unwrap();
     let shape = [40, 48, 56];
     let req = Request {
-        target: Target::Cpu,
         budget: 64 << 20,
         budget_explicit: true,
         user_roi: None,
         user_batch: None,
         workload: workload(shape),
     };
-    let p = plan::choose(&g, &req).unwrap();
+    let p = choose_on(&g, Target::Cpu, &req).unwrap();
     let mut e = Engine::new(
         g,
         Options {
@@ -429,7 +429,7 @@ fn cuda_prediction_is_the_backend_buffer_plan() {
             let one = buffer_plan(&g, 1, roi, &h200).unwrap();
             for batch in [1, 2, 3, 5] {
                 let bp = buffer_plan(&g, batch, roi, &h200).unwrap();
-                let e = plan::estimate(&g, Target::Cuda, roi, batch, &workload([160, 160, 96]))
+                let e = estimate_on_target(&g, Target::Cuda, roi, batch, &workload([160, 160, 96]))
                     .unwrap();
                 let consts: u64 = bp.consts.iter().map(|c| floor(c.bytes)).sum();
                 // One arena holds every buffer at its offset: no smaller than the most bytes
@@ -474,12 +474,13 @@ fn cuda_prediction_is_the_backend_buffer_plan() {
         // (pre-sm_80) path, whose weights are padded to 64 columns instead of 128.
         let roi = div.map(|d| d * 2);
         let w = workload([160, 160, 96]);
-        let d = plan::estimate(&g, Target::Cuda, roi, 2, &w).unwrap();
+        let d = estimate_on_target(&g, Target::Cuda, roi, 2, &w).unwrap();
         for caps in [
             ArchCaps::new(8, 6, 84, 99 * 1024),
             ArchCaps::new(7, 5, 40, 64 * 1024),
         ] {
-            let o = plan::estimate_on(&g, Target::Cuda, roi, 2, &w, &caps).unwrap();
+            let m = voxtile::backend::cuda::memory::CudaMemory { caps, device: 0 };
+            let o = voxtile::plan::MemoryModel::estimate(&m, &g, roi, 2, &w).unwrap();
             assert!(
                 d.budgeted.total() >= o.budgeted.total(),
                 "{name} vs {caps:?}"

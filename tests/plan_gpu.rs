@@ -264,7 +264,6 @@ fn cuda_plan_is_within_budget_for_the_demo_volume() {
     };
     let g = voxtile::model::onnx::load(&model).unwrap();
     let req = plan::Request {
-        target: Target::Cuda,
         budget: 4 << 30,
         budget_explicit: true,
         user_roi: None,
@@ -277,7 +276,7 @@ fn cuda_plan_is_within_budget_for_the_demo_volume() {
             copy_input: false,
         },
     };
-    let p = plan::choose(&g, &req).unwrap();
+    let p = choose_on(&g, Target::Cuda, &req).unwrap();
     assert!(p.estimate.budgeted.total() <= 4 << 30);
 }
 

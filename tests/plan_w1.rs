@@ -112,7 +112,7 @@ fn w1_plan_breakdown() {
         let grid = voxtile::tiling::Grid::new(W1_SHAPE, ROI, [0.5; 3], Placement::Monai).unwrap();
         let z0 = window_z0(&grid.starts, grid.pad_before[0]);
         let pa = pipeline_alloc(ROI, batch, 1, 14, W1_SHAPE, true, GatherMode::Auto, &z0);
-        let e = plan::estimate(&g, Target::Cuda, ROI, batch, &w).unwrap();
+        let e = estimate_on_target(&g, Target::Cuda, ROI, batch, &w).unwrap();
         let total = e.budgeted.total();
         let biggest = bp.bufs.iter().max().copied().unwrap_or(0);
         eprintln!(
@@ -206,7 +206,7 @@ fn w1_plan_fits_2gib_at_batch_2() {
             pa.accumulators,
             (ring * 14 * plane * 4 + ring * plane * 4) as u64
         );
-        let e = plan::estimate(&g, Target::Cuda, ROI, batch, &w).unwrap();
+        let e = estimate_on_target(&g, Target::Cuda, ROI, batch, &w).unwrap();
         assert_eq!(e.budgeted.total(), bp.device_bytes() + pa.total());
         assert_eq!(e.budgeted.workspace, bp.scratch_alloc());
         assert!(bp.single_window_alloc() >= (batch * 15 * vox * 4) as u64);
@@ -216,10 +216,10 @@ fn w1_plan_fits_2gib_at_batch_2() {
             assert!(last < 2 << 30, "W1 at batch 2: {last}");
         }
     }
-    let p = plan::choose(
+    let p = choose_on(
         &g,
+        Target::Cuda,
         &plan::Request {
-            target: Target::Cuda,
             budget: 2 << 30,
             budget_explicit: true,
             user_roi: None,

@@ -87,21 +87,20 @@ fn planner_keeps_the_window_at_every_budget() {
     let roi = [128, 128, 128];
     for target in [Target::Cpu, Target::Cuda] {
         let w = workload([128, 128, 128]);
-        let need = plan::estimate(&g, target, roi, 1, &w)
+        let need = estimate_on_target(&g, target, roi, 1, &w)
             .unwrap()
             .budgeted
             .total();
         for mib in [8u64, 16, 32, 64, 128, 512, 4096] {
             for explicit in [true, false] {
                 let req = Request {
-                    target,
                     budget: mib << 20,
                     budget_explicit: explicit,
                     user_roi: None,
                     user_batch: None,
                     workload: w,
                 };
-                match plan::choose(&g, &req) {
+                match choose_on(&g, target, &req) {
                     Ok(p) => {
                         assert_eq!(p.roi, roi, "{target:?} {mib} MiB");
                         assert!(need <= mib << 20);
@@ -124,14 +123,16 @@ fn planner_keeps_the_window_at_every_budget() {
     let mut fixed = deepbrain();
     fixed.fixed_input_spatial = [Some(64), Some(64), Some(64)];
     let req = Request {
-        target: Target::Cpu,
         budget: 1 << 40,
         budget_explicit: true,
         user_roi: None,
         user_batch: None,
         workload: workload([30, 200, 90]),
     };
-    assert_eq!(plan::choose(&fixed, &req).unwrap().roi, [64, 64, 64]);
+    assert_eq!(
+        choose_on(&fixed, Target::Cpu, &req).unwrap().roi,
+        [64, 64, 64]
+    );
 }
 
 /// `voxtile plan --volume` with sizes whose voxel or window counts overflow: one error line,
@@ -176,12 +177,12 @@ fn plan_with_absurd_volumes_errs_at_once() {
     }
     // The library refuses the same without listing windows.
     let mut w = workload([usize::MAX, 2, 2]);
-    assert!(plan::window_count(&w, [128, 8, 8]).is_err());
+    assert!(w.windows([128, 8, 8]).is_err());
     w.shape = [1000; 3];
     w.overlap = [0.999_999_99; 3];
     w.placement = Placement::NnUnet;
-    assert!(plan::window_count(&w, [64; 3]).is_err());
-    assert!(plan::estimate(&deepbrain(), Target::Cuda, [64; 3], 1, &w).is_err());
+    assert!(w.windows([64; 3]).is_err());
+    assert!(estimate_on_target(&deepbrain(), Target::Cuda, [64; 3], 1, &w).is_err());
 }
 
 /// A synthetic volume of deepbrain's kind.
@@ -271,14 +272,13 @@ fn roi_below_the_receptive_field_warns() {
     let g = deepbrain();
     assert_eq!(g.receptive_field(), [64, 64, 64]);
     let req = |roi: Option<[usize; 3]>| Request {
-        target: Target::Cpu,
         budget: 4 << 30,
         budget_explicit: true,
         user_roi: roi,
         user_batch: None,
         workload: workload([40, 36, 44]),
     };
-    let p = plan::choose(&g, &req(Some([32, 64, 64]))).unwrap();
+    let p = choose_on(&g, Target::Cpu, &req(Some([32, 64, 64]))).unwrap();
     let w = p.warning.expect("a warning");
     assert!(
         w.contains("receptive field") && w.contains("[32, 64, 64]"),
@@ -286,12 +286,15 @@ fn roi_below_the_receptive_field_warns() {
     );
     assert!(!w.contains('\n'));
     assert_eq!(p.roi, [32, 64, 64]);
-    assert!(plan::choose(&g, &req(Some([64; 3])))
+    assert!(choose_on(&g, Target::Cpu, &req(Some([64; 3])))
         .unwrap()
         .warning
         .is_none());
     // The default window of a small volume is the volume itself, not a user's choice.
-    assert!(plan::choose(&g, &req(None)).unwrap().warning.is_none());
+    assert!(choose_on(&g, Target::Cpu, &req(None))
+        .unwrap()
+        .warning
+        .is_none());
     // Through the CLI: the run succeeds and says so once on stderr.
     let dir = tempdir();
     let input = write_volume(dir.path(), "v.nii", [40, 36, 44], |i, j, k| {

@@ -146,8 +146,8 @@ fn negative_pixdim_with_a_qform_gives_one_matrix_for_both_forms() {
     let want = nibabel_qform(&qform_only);
     let mut both = qform_only.clone();
     both.sform_code = 1;
-    for i in 0..3 {
-        both.srow[i] = [0, 1, 2, 3].map(|j| want[i][j] as f32);
+    for (row, w) in both.srow.iter_mut().zip(&want) {
+        *row = [0, 1, 2, 3].map(|j| w[j] as f32);
     }
     for (name, geo) in [("qform_only", &qform_only), ("both", &both)] {
         let input = dir.path().join(format!("{name}.nii"));

@@ -2,7 +2,8 @@
 //! compares [`Estimate`]s with the budget, `voxtile plan` prints them, `--report` puts them next to
 //! the measured peak.
 
-use crate::tiling::Placement;
+use crate::tiling::{self, Placement};
+use crate::{Error, Result};
 use serde::Serialize;
 
 /// Which backend's allocations are modelled.
@@ -92,5 +93,80 @@ impl Estimate {
     /// Predicted peak host bytes: working set plus the volume and outputs.
     pub fn predicted_host(&self) -> u64 {
         self.host.total() + self.volume_bytes
+    }
+}
+
+/// Bytes of one f32.
+pub const F32: u64 = 4;
+/// Bytes of one f16.
+pub const F16: u64 = 2;
+
+/// Largest volume (voxels, padded up to the window) the planner accepts: 2^40, a 10000³ volume.
+/// Past it the byte arithmetic of the models would leave u64 and no machine holds the volume.
+pub const MAX_VOXELS: u64 = 1 << 40;
+
+/// Product of sizes, saturating: an absurd shape models as "more than any budget", never wraps.
+pub fn prod(s: &[usize]) -> u64 {
+    s.iter().fold(1u64, |acc, &v| acc.saturating_mul(v as u64))
+}
+
+/// `a × b × …` of user-given sizes, None past `limit` (or u64).
+fn checked_prod(s: &[usize], limit: u64) -> Option<u64> {
+    s.iter()
+        .try_fold(1u64, |acc, &v| acc.checked_mul(v as u64))
+        .filter(|&p| p <= limit)
+}
+
+/// Refuse a volume (padded up to `roi`) or a launch (`batch` windows of `roi`) too large to plan,
+/// before any arithmetic or allocation depends on its size.
+pub fn check_sizes(shape: [usize; 3], roi: [usize; 3], batch: usize) -> Result<()> {
+    let padded: [usize; 3] = [0, 1, 2].map(|a| shape[a].max(roi[a]));
+    if checked_prod(&padded, MAX_VOXELS).is_none() {
+        return Err(Error::Invalid(format!(
+            "volume {}x{}x{} (window {roi:?}) is too large to plan: more than {MAX_VOXELS} voxels",
+            shape[0], shape[1], shape[2]
+        )));
+    }
+    let launch = checked_prod(&roi, MAX_VOXELS).and_then(|r| r.checked_mul(batch as u64));
+    if launch.is_none_or(|v| v > MAX_VOXELS) {
+        return Err(Error::Invalid(format!(
+            "batch {batch} of windows {roi:?} is too large to plan: more than {MAX_VOXELS} voxels per call"
+        )));
+    }
+    Ok(())
+}
+
+impl Workload {
+    /// Number of windows of `roi` over the volume; an error (not a hang or an abort) when the
+    /// volume is too large or needs more windows than the tiler lists.
+    pub fn windows(&self, roi: [usize; 3]) -> Result<usize> {
+        check_sizes(self.shape, roi, 1)?;
+        tiling::window_count(self.shape, roi, self.overlap, self.placement)
+    }
+
+    /// Checks common to every model's estimate: positive sizes, plannable sizes; returns the
+    /// window count.
+    pub fn check(&self, roi: [usize; 3], batch: usize) -> Result<usize> {
+        if batch == 0 || roi.contains(&0) {
+            return Err(Error::Invalid(format!(
+                "batch {batch} and window {roi:?} must be positive"
+            )));
+        }
+        check_sizes(self.shape, roi, batch)?;
+        self.windows(roi)
+    }
+
+    /// Host bytes of `c` channels over the volume, `bytes` each (saturating: channels are not
+    /// bounded by [`check_sizes`]).
+    pub fn per_voxel(&self, c: usize, bytes: u64) -> u64 {
+        (c as u64)
+            .saturating_mul(prod(&self.shape))
+            .saturating_mul(bytes)
+    }
+
+    /// The input volume on the host (twice when the engine copies it).
+    pub fn input_bytes(&self, cin: usize) -> u64 {
+        self.per_voxel(cin, F32)
+            .saturating_mul(if self.copy_input { 2 } else { 1 })
     }
 }

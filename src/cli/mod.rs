@@ -1,5 +1,6 @@
 //! The `voxtile` command line: segment, info, inspect. `main.rs` only calls [`run`].
 
+mod flags;
 mod plan;
 mod segment;
 

@@ -1,8 +1,8 @@
 //! `voxtile plan`: the memory planner's choice for a model and a volume size, without running.
 
-use crate::engine::Device;
-use crate::plan::{self, Request, Target, Workload};
-use crate::tiling::{self, Placement};
+use super::flags;
+use crate::backend::{self, Device};
+use crate::plan::{self, Request, Workload};
 use crate::{Error, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -64,48 +64,31 @@ pub fn run(args: PlanArgs) -> Result<()> {
     let graph = crate::model::onnx::load(&args.model)?;
     graph.validate()?;
     let shape = parse_volume(&args.volume)?;
-    let (target, dev) = match args.device.parse::<Device>()? {
-        Device::Cpu => (Target::Cpu, 0),
-        Device::Cuda(i) => (Target::Cuda, i),
-        Device::Auto => (Target::Cuda, 0),
+    let device = match args.device.parse::<Device>()? {
+        Device::Auto => Device::Cuda(0),
+        d => d,
     };
-    let overlap = tiling::parse_triple_f64(&args.overlap)?;
-    if overlap.iter().any(|o| !(0.0..1.0).contains(o)) {
-        return Err(Error::Invalid(format!(
-            "--overlap must lie in [0, 1), got {}",
-            args.overlap
-        )));
-    }
-    if args.batch == Some(0) {
-        return Err(Error::Invalid("--batch must be at least 1".into()));
-    }
-    let (budget, source) = match &args.memory_budget {
-        Some(b) => (plan::parse_bytes(b)?, "--memory-budget".to_string()),
-        None => plan::default_budget(target, dev),
+    let model = backend::memory_model(device);
+    let overlap = flags::overlap(&args.overlap)?;
+    let user_batch = flags::batch(args.batch)?;
+    let (budget, source) = match flags::memory_budget(args.memory_budget.as_deref())? {
+        Some(b) => (b, "--memory-budget".to_string()),
+        None => model.default_budget(),
     };
     let req = Request {
-        target,
         budget,
         budget_explicit: args.memory_budget.is_some(),
-        user_roi: args
-            .roi
-            .as_deref()
-            .map(tiling::parse_triple_usize)
-            .transpose()?,
-        user_batch: args.batch,
+        user_roi: flags::roi(args.roi.as_deref())?,
+        user_batch,
         workload: Workload {
             shape,
             overlap,
-            placement: if args.placement == "nnunet" {
-                Placement::NnUnet
-            } else {
-                Placement::Monai
-            },
+            placement: flags::placement(&args.placement),
             keep_logits: args.logits,
             copy_input: false,
         },
     };
-    let p = plan::choose(&graph, &req)
+    let p = plan::choose(&graph, model.as_ref(), &req)
         .map_err(|e| {
             if req.budget_explicit {
                 e
@@ -134,9 +117,9 @@ pub fn run(args: PlanArgs) -> Result<()> {
             shape[0],
             shape[1],
             shape[2],
-            match target {
-                Target::Cpu => "cpu".to_string(),
-                Target::Cuda => format!("cuda:{dev}"),
+            match device {
+                Device::Cuda(i) => format!("cuda:{i}"),
+                _ => "cpu".to_string(),
             },
             p.summary(&graph, &source)
         ))?;

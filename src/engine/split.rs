@@ -49,13 +49,6 @@ impl Split {
     }
 }
 
-/// Distinct D origins of `grid` (its starts are D-major, so already sorted).
-pub fn d_origins(grid: &Grid) -> Vec<usize> {
-    let mut d: Vec<usize> = grid.starts.iter().map(|s| s[0]).collect();
-    d.dedup();
-    d
-}
-
 /// Cut `[0, d)` into at most `workers` parts at window origins (`starts`: the distinct D origins,
 /// ascending, the first 0; windows are `roi` planes long; `d` the D size the windows cover).
 ///
@@ -142,7 +135,7 @@ pub fn partition(starts: &[usize], roi: usize, d: usize, workers: usize) -> Vec<
 /// Share `grid` among `workers`. Padding along D (a volume thinner than the window) means one D
 /// position, hence one part: the whole grid.
 pub fn split(grid: &Grid, workers: usize) -> Split {
-    let starts = d_origins(grid);
+    let starts = grid.d_origins();
     let per_position = grid.len() / starts.len().max(1);
     Split {
         parts: partition(&starts, grid.roi[0], grid.shape[0], workers),
@@ -214,9 +207,9 @@ mod tests {
                 continue;
             }
             let mut bounds = vec![0];
-            for i in 1..p {
+            for (i, &st) in starts.iter().enumerate().skip(1) {
                 if mask & (1 << (i - 1)) != 0 {
-                    bounds.push(starts[i]);
+                    bounds.push(st);
                 }
             }
             bounds.push(d);
@@ -252,7 +245,7 @@ mod tests {
                 Placement::Monai,
             )
             .unwrap();
-            let starts = d_origins(&grid);
+            let starts = grid.d_origins();
             for workers in 1..=6 {
                 let parts = check(&starts, roi, d, workers);
                 let worst = parts
@@ -299,8 +292,7 @@ mod tests {
         let grid = Grid::new([300, 40, 20], [64, 32, 32], [0.5; 3], Placement::NnUnet).unwrap();
         let s = split(&grid, 3);
         assert_eq!(s.parts.len(), 3);
-        let mut seen = 0;
-        for p in &s.parts {
+        for (seen, p) in s.parts.iter().enumerate() {
             let g = sub_grid(&grid, p);
             assert_eq!(g.shape, [p.crop[1] - p.crop[0], 40, 20]);
             assert_eq!(g.padded[1..], grid.padded[1..]);
@@ -313,7 +305,6 @@ mod tests {
                 .collect();
             assert_eq!(g.starts, want);
             assert_eq!(g.len(), s.windows(seen));
-            seen += 1;
         }
         assert!(s.windows_run() > grid.len());
         // Padding along D (100 planes, roi 128): one part, the grid itself.

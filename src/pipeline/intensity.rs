@@ -1,7 +1,7 @@
 //! Intensity normalisation per channel, and percentiles (also used to window the preview).
 
 use super::manifest::Intensity;
-use crate::engine::{normalize, Normalize};
+use crate::engine::Normalize;
 use crate::Result;
 use ndarray::{Array4, ArrayView3};
 use rayon::prelude::*;
@@ -18,40 +18,57 @@ fn par_sum(s: &[f32], f: impl Fn(f32) -> f64 + Sync) -> f64 {
     parts.iter().sum()
 }
 
-/// [`crate::engine::normalize`] in parallel (rayon), in place: the same formulas (f64 sums,
-/// MONAI's (x − mean) / (std + 1e-8) for z-score), for volumes of tens of millions of voxels.
-/// A channel that is not contiguous in memory goes through the serial version.
-pub fn normalize_par(data: &mut Array4<f32>, how: Normalize) {
+/// The one preprocessing of every run, in place: NaN voxels set to 0 and ±Inf clamped to the
+/// finite range, then the intensity normalisation. Returns how many voxels were not finite.
+pub fn preprocess(data: &mut Array4<f32>, how: &Intensity) -> Result<usize> {
+    let (nan, inf) = crate::volume::sanitize_nonfinite(data);
+    if nan + inf > 0 {
+        tracing::info!("{nan} NaN voxels set to 0, {inf} infinite voxels clamped");
+    }
+    apply(data, how)?;
+    Ok(nan + inf)
+}
+
+/// Normalise each channel in place, in parallel (rayon): f64 sums over fixed pieces added in a
+/// fixed order (the same result on every run and machine; a 512²×128 volume overflows f32
+/// precision), MONAI's (x − mean) / (std + 1e-8) for z-score. A channel that is not contiguous
+/// in memory is normalised through a contiguous copy.
+pub fn normalize(data: &mut Array4<f32>, how: Normalize) {
     if how == Normalize::None {
         return;
     }
-    if data
-        .outer_iter()
-        .any(|c| c.as_slice_memory_order().is_none())
-    {
-        return normalize(data, how);
-    }
     for mut ch in data.outer_iter_mut() {
-        let Some(s) = ch.as_slice_memory_order_mut() else {
-            continue; // checked above
-        };
-        match how {
-            Normalize::None => {}
-            Normalize::ZScore => {
-                let n = s.len().max(1) as f64;
-                let mean = par_sum(s, |v| v as f64) / n;
-                let var = par_sum(s, |v| (v as f64 - mean).powi(2)) / n;
-                let (m, inv) = (mean as f32, 1.0 / (var.sqrt() as f32 + 1e-8));
-                s.par_chunks_mut(PIECE)
-                    .for_each(|c| c.iter_mut().for_each(|v| *v = (*v - m) * inv));
+        match ch.as_slice_memory_order_mut() {
+            Some(s) => normalize_slice(s, how),
+            None => {
+                let mut c = ch.as_standard_layout().into_owned();
+                if let Some(s) = c.as_slice_memory_order_mut() {
+                    normalize_slice(s, how);
+                }
+                ch.assign(&c);
             }
-            Normalize::Ct { lo, hi, mean, std } => {
-                let inv = 1.0 / std.max(1e-8);
-                s.par_chunks_mut(PIECE).for_each(|c| {
-                    c.iter_mut()
-                        .for_each(|v| *v = (v.clamp(lo, hi) - mean) * inv)
-                });
-            }
+        }
+    }
+}
+
+/// [`normalize`] of one channel's voxels.
+fn normalize_slice(s: &mut [f32], how: Normalize) {
+    match how {
+        Normalize::None => {}
+        Normalize::ZScore => {
+            let n = s.len().max(1) as f64;
+            let mean = par_sum(s, |v| v as f64) / n;
+            let var = par_sum(s, |v| (v as f64 - mean).powi(2)) / n;
+            let (m, inv) = (mean as f32, 1.0 / (var.sqrt() as f32 + 1e-8));
+            s.par_chunks_mut(PIECE)
+                .for_each(|c| c.iter_mut().for_each(|v| *v = (*v - m) * inv));
+        }
+        Normalize::Ct { lo, hi, mean, std } => {
+            let inv = 1.0 / std.max(1e-8);
+            s.par_chunks_mut(PIECE).for_each(|c| {
+                c.iter_mut()
+                    .for_each(|v| *v = (v.clamp(lo, hi) - mean) * inv)
+            });
         }
     }
 }
@@ -97,8 +114,8 @@ fn percentiles_in(buf: &mut [f32], p_lo: f64, p_hi: f64) -> (f32, f32) {
 pub fn apply(data: &mut Array4<f32>, how: &Intensity) -> Result<()> {
     match *how {
         Intensity::None => {}
-        Intensity::Zscore => normalize_par(data, Normalize::ZScore),
-        Intensity::Ct { clip, mean, std } => normalize_par(
+        Intensity::Zscore => normalize(data, Normalize::ZScore),
+        Intensity::Ct { clip, mean, std } => normalize(
             data,
             Normalize::Ct {
                 lo: clip[0],
@@ -123,9 +140,9 @@ mod tests {
     use super::*;
     use ndarray::ShapeBuilder;
 
-    /// The parallel version against the serial one in engine.rs and against f64 by hand.
+    /// Every memory layout gives the same values, and they are those of f64 by hand.
     #[test]
-    fn normalize_par_matches_serial() {
+    fn normalize_matches_f64_in_every_layout() {
         let (c, x, y, z) = (2, 70, 50, 40); // several pieces per channel, last one partial
         let f = |(ch, i, j, k): (usize, usize, usize, usize)| {
             ((i * 7 + j * 13 + k * 29 + ch * 5) % 97) as f32 * 3.5 - 100.0
@@ -146,11 +163,11 @@ mod tests {
             let co = Array4::from_shape_fn((c, x, y, z), f);
             let odd = Array4::from_shape_fn((x, c, y, z), |(i, ch, j, k)| f((ch, i, j, k)))
                 .permuted_axes([1, 0, 2, 3]);
+            let mut want = co.clone();
+            normalize(&mut want, how);
             for a in [fo, co, odd] {
-                let mut want = a.clone();
-                normalize(&mut want, how);
                 let mut got = a.clone();
-                normalize_par(&mut got, how);
+                normalize(&mut got, how);
                 let d = (&got - &want).mapv(f32::abs).fold(0f32, |m, &v| m.max(v));
                 assert!(d <= 1e-6, "{how:?}: max diff {d}");
                 // f64 by hand for channel 1.
@@ -176,7 +193,7 @@ mod tests {
         }
         // None leaves the data alone.
         let mut a = Array4::from_elem((1, 2, 2, 2), 5.0f32);
-        normalize_par(&mut a, Normalize::None);
+        normalize(&mut a, Normalize::None);
         assert!(a.iter().all(|&v| v == 5.0));
     }
 }

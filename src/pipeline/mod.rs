@@ -79,6 +79,14 @@ pub struct PipelineTimes {
     pub finalize: f64,
 }
 
+/// Labels, probabilities and raw outputs on the input grid, and the engine's report.
+type Passed = (
+    Array3<u16>,
+    Option<Array4<f32>>,
+    Option<Array4<f32>>,
+    Report,
+);
+
 /// The result on the input's (i,j,k) grid.
 pub struct Output {
     /// Remapped labels.
@@ -102,11 +110,7 @@ pub struct Pipeline {
 impl Pipeline {
     /// Every engine must take the same input channels, give the same output channels and use the
     /// same axis order (the averaging is voxel by voxel).
-    pub fn new(mut engines: Vec<Engine>, settings: Settings) -> Result<Pipeline> {
-        // The averaging needs every pass's blended outputs, whatever the engines were built with.
-        for e in engines.iter_mut() {
-            e.set_keep_logits(true);
-        }
+    pub fn new(engines: Vec<Engine>, settings: Settings) -> Result<Pipeline> {
         let first = engines
             .first()
             .ok_or_else(|| Error::Invalid("a pipeline needs at least one model".into()))?;
@@ -203,64 +207,122 @@ impl Pipeline {
         volume: &Volume,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Output> {
-        let cin = self.input_channels();
-        if volume.data.shape()[0] != cin {
-            return Err(Error::Invalid(format!(
-                "the volume has {} channel(s) but the model expects {cin}",
-                volume.data.shape()[0]
-            )));
-        }
-        let mut times = PipelineTimes::default();
+        self.check_channels(volume.data.shape()[0])?;
         let t = Instant::now();
         let mut data = crate::alloc::try_to_owned(volume.data.view(), "the normalised volume")?;
-        let (nan, inf) = crate::volume::sanitize_nonfinite(&mut data);
-        intensity::apply(&mut data, &self.settings.intensity)?;
-        times.normalize = t.elapsed().as_secs_f64();
-
-        let input_grid = volume.shape();
-        let order = self.engines[0].options().axis_order;
-        let target = self.settings.spacing.map(|s| match order {
-            AxisOrder::Xyz => s,
-            AxisOrder::Zyx => [s[2], s[1], s[0]],
-        });
-        let t = Instant::now();
-        let model_grid = match target {
-            Some(tgt) => resample::shape_for_spacing(input_grid, volume.header.spacing(), tgt)?,
-            None => input_grid,
+        let nonfinite = intensity::preprocess(&mut data, &self.settings.intensity)?;
+        let normalize = t.elapsed().as_secs_f64();
+        let volume = Volume {
+            data,
+            header: volume.header.clone(),
         };
-        if model_grid != input_grid {
-            // The input and the models' outputs both live on the model grid.
-            resample::check_grid(model_grid, cin + self.channels)?;
-            data = resample::resample(data.view(), model_grid)?;
+        self.run_preprocessed(&volume, (nonfinite, normalize), progress)
+    }
+
+    /// The volume's channels against the models'.
+    fn check_channels(&self, channels: usize) -> Result<()> {
+        let cin = self.input_channels();
+        if channels != cin {
+            return Err(Error::Invalid(format!(
+                "the volume has {channels} channel(s) but the model expects {cin}"
+            )));
         }
-        times.resample_in = t.elapsed().as_secs_f64();
+        Ok(())
+    }
 
-        let (probs, logits, mut report) = self.passes(data.view(), progress)?;
-        times.passes = report.seconds.total;
-        drop(data);
+    /// The grid (i,j,k) the models run on for an input of `header`: the input's, or resampled
+    /// to the settings' spacing.
+    pub fn model_grid(&self, header: &Header) -> Result<[usize; 3]> {
+        let input_grid = header.shape();
+        let order = self.engines[0].options().axis_order;
+        match self.settings.spacing {
+            Some(s) => {
+                let target = match order {
+                    AxisOrder::Xyz => s,
+                    AxisOrder::Zyx => [s[2], s[1], s[0]],
+                };
+                resample::shape_for_spacing(input_grid, header.spacing(), target)
+            }
+            None => Ok(input_grid),
+        }
+    }
 
+    /// One pass on the input grid: its labels are the engine's own, and only the outputs asked
+    /// for are kept. Otherwise every pass keeps its blended outputs for the average.
+    fn single_pass(&self, model_grid: [usize; 3], input_grid: [usize; 3]) -> bool {
+        self.engines.len() * self.flip_sets().len() == 1 && model_grid == input_grid
+    }
+
+    /// Whether the engines keep their blended outputs for a run on `model_grid`.
+    fn set_keep(&mut self, single: bool) {
+        let keep = !single || self.settings.keep_logits || self.settings.keep_probabilities;
+        for e in self.engines.iter_mut() {
+            e.set_keep_logits(keep);
+        }
+    }
+
+    /// Prepare every engine for a volume of `header` before its data is there (the CLI does it
+    /// while the file is read and normalised). Nothing to do when the volume is resampled.
+    pub fn prepare_for(&mut self, header: &Header) -> Result<()> {
+        let (input_grid, model_grid) = (header.shape(), self.model_grid(header)?);
+        if model_grid != input_grid {
+            return Ok(());
+        }
+        self.set_keep(self.single_pass(model_grid, input_grid));
+        let [x, y, z] = input_grid;
+        for e in self.engines.iter_mut() {
+            let net = match e.options().axis_order {
+                AxisOrder::Xyz => [x, y, z],
+                AxisOrder::Zyx => [z, y, x],
+            };
+            e.prepare_for(net)?;
+        }
+        Ok(())
+    }
+
+    /// [`Pipeline::run`] on a volume already through [`intensity::preprocess`]; `pre`: its
+    /// non-finite voxel count and the seconds that took.
+    pub fn run_preprocessed(
+        &mut self,
+        volume: &Volume,
+        pre: (usize, f64),
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Output> {
+        self.check_channels(volume.data.shape()[0])?;
+        let (nonfinite, normalize) = pre;
+        let mut times = PipelineTimes {
+            normalize,
+            ..Default::default()
+        };
+        let input_grid = volume.shape();
+        let model_grid = self.model_grid(&volume.header)?;
+        let single = self.single_pass(model_grid, input_grid);
+        self.set_keep(single);
         let t = Instant::now();
-        let act = self.effective_activation();
-        let thr = if act == Activation::None
-            && self.engines[0].graph().output_activation() == OutputActivation::None
-        {
-            0.0
+        let resampled;
+        let data = if model_grid != input_grid {
+            // The input and the models' outputs both live on the model grid.
+            resample::check_grid(model_grid, self.input_channels() + self.channels)?;
+            resampled = resample::resample(volume.data.view(), model_grid)?;
+            resampled.view()
         } else {
-            0.5
+            volume.data.view()
         };
-        let (mut labels, probabilities) =
-            finalize(probs, input_grid, thr, self.settings.keep_probabilities)?;
-        let logits = match logits {
-            Some(l) if model_grid != input_grid => Some(resample::resample(l.view(), input_grid)?),
-            l => l,
+        times.resample_in = t.elapsed().as_secs_f64();
+        let act = self.effective_activation();
+        let (mut labels, probabilities, logits, mut report) = if single {
+            self.one_pass(data, act, &mut times, progress)?
+        } else {
+            self.averaged(data, model_grid, input_grid, act, &mut times, progress)?
         };
+        let t = Instant::now();
         if let Some(table) = &self.settings.remap {
             labels.mapv_inplace(|l| table.get(l as usize).copied().unwrap_or(l));
         }
-        times.finalize = t.elapsed().as_secs_f64();
+        times.finalize += t.elapsed().as_secs_f64();
 
         report.spacing = volume.header.spacing();
-        report.nonfinite_voxels = nan + inf;
+        report.nonfinite_voxels = nonfinite;
         report.seconds.total = times.normalize + times.resample_in + times.passes + times.finalize;
         report.peak_host_bytes = crate::engine::peak_rss_bytes();
         let report = PipelineReport {
@@ -281,8 +343,71 @@ impl Pipeline {
             logits,
             header: volume.header.clone(),
             report,
-            nonfinite_voxels: nan + inf,
+            nonfinite_voxels: nonfinite,
         })
+    }
+
+    /// One pass on the input grid: the engine's labels, its outputs only where asked for
+    /// (probabilities: activated).
+    fn one_pass(
+        &mut self,
+        data: ArrayView4<f32>,
+        act: Activation,
+        times: &mut PipelineTimes,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Passed> {
+        let (labels, out, report) = self.engines[0].segment_array(data, progress)?;
+        times.passes = report.seconds.total;
+        let t = Instant::now();
+        let (keep_p, keep_l) = (self.settings.keep_probabilities, self.settings.keep_logits);
+        let activated = |mut p: Array4<f32>| {
+            apply_activation(&mut p, act);
+            p
+        };
+        let (probabilities, logits) = match (keep_p, keep_l) {
+            (true, true) => (
+                Some(activated(crate::alloc::try_to_owned(
+                    out.view(),
+                    "the probabilities",
+                )?)),
+                Some(out),
+            ),
+            (true, false) => (Some(activated(out)), None),
+            (false, true) => (None, Some(out)),
+            (false, false) => (None, None),
+        };
+        times.finalize = t.elapsed().as_secs_f64();
+        Ok((labels, probabilities, logits, report))
+    }
+
+    /// Every pass, averaged, resampled back to the input grid; labels of the average.
+    fn averaged(
+        &mut self,
+        data: ArrayView4<f32>,
+        model_grid: [usize; 3],
+        input_grid: [usize; 3],
+        act: Activation,
+        times: &mut PipelineTimes,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Passed> {
+        let (probs, logits, report) = self.passes(data, progress)?;
+        times.passes = report.seconds.total;
+        let t = Instant::now();
+        let thr = if act == Activation::None
+            && self.engines[0].graph().output_activation() == OutputActivation::None
+        {
+            0.0
+        } else {
+            0.5
+        };
+        let (labels, probabilities) =
+            finalize(probs, input_grid, thr, self.settings.keep_probabilities)?;
+        let logits = match logits {
+            Some(l) if model_grid != input_grid => Some(resample::resample(l.view(), input_grid)?),
+            l => l,
+        };
+        times.finalize = t.elapsed().as_secs_f64();
+        Ok((labels, probabilities, logits, report))
     }
 
     /// Every model on every flip of `data` (C, i, j, k, already normalised and resampled):
@@ -304,6 +429,8 @@ impl Pipeline {
         let t0 = Instant::now();
         let mut pass = 0usize;
         for engine in self.engines.iter_mut() {
+            // The average needs every pass's blended outputs.
+            engine.set_keep_logits(true);
             for flip in &flips {
                 let flipped;
                 let input = if flip.is_empty() {

@@ -7,7 +7,7 @@ use crate::{Error, Result};
 use ndarray::{ArrayView3, ArrayView4};
 use std::path::{Path, PathBuf};
 
-/// Write probabilities (C, i, j, k) in [0,1] as uint8 `round(255·p)` with scl_slope 1/255, so that
+/// Write probabilities (C, i, j, k) in \[0, 1\] as uint8 `round(255·p)` with scl_slope 1/255, so that
 /// NIfTI readers (nibabel, voxtile) see probabilities again; 4-D (x, y, z, channel) like
 /// `write_f32`, with `like`'s geometry. A quarter of the float32 file.
 pub fn write_probabilities_u8(path: &Path, p: ArrayView4<f32>, like: &Header) -> Result<()> {

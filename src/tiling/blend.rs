@@ -1,7 +1,7 @@
 //! Gathering windows out of the volume (with virtual padding), fp32 blending, and label extraction.
 
 use super::grid::Grid;
-use ndarray::{s, Array3, Array4, ArrayView4, ArrayViewMut4, Axis, Zip};
+use ndarray::{s, Array3, Array4, ArrayView3, ArrayView4, ArrayViewMut3, ArrayViewMut4, Axis, Zip};
 
 /// How voxels of the padded volume outside the original are filled.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -97,6 +97,79 @@ pub fn gather_window(
     }
 }
 
+/// Zeroed fp32 accumulators over `planes` (D, H, W): the weighted sums of `channels` channels
+/// and the weight sum. Allocated fallibly: an out-of-memory error (the engine then retries at a
+/// smaller batch) instead of an abort.
+fn accumulators(channels: usize, planes: [usize; 3]) -> crate::Result<(Array4<f32>, Array3<f32>)> {
+    let [d, h, w] = planes;
+    let what = "the blend accumulators";
+    Ok((
+        crate::alloc::try_zeros((channels, d, h, w), what).map_err(crate::alloc::retryable)?,
+        crate::alloc::try_zeros((d, h, w), what).map_err(crate::alloc::retryable)?,
+    ))
+}
+
+/// Panics unless `weights` has the roi's shape (a caller bug).
+fn check_weights(who: &str, grid: &Grid, weights: &Array3<f32>) {
+    let r = grid.roi;
+    assert_eq!(
+        weights.dim(),
+        (r[0], r[1], r[2]),
+        "{who}::new: weight map must have the roi's shape"
+    );
+}
+
+/// Panics unless `logits` is `(channels, roi)` and the window at `start` fits the padded volume
+/// (caller bugs).
+fn check_window(
+    who: &str,
+    grid: &Grid,
+    channels: usize,
+    start: [usize; 3],
+    logits: ArrayView4<f32>,
+) {
+    let r = grid.roi;
+    assert_eq!(
+        logits.dim(),
+        (channels, r[0], r[1], r[2]),
+        "{who}::add: logits must be (C, roi)"
+    );
+    for a in 0..3 {
+        assert!(
+            start[a] + r[a] <= grid.padded[a],
+            "{who}::add: window {start:?} leaves the padded volume"
+        );
+    }
+}
+
+/// One window into the accumulators' region under it: `acc += logits * w` per channel, products
+/// rounded to f32 before the sum like MONAI's `out += p * w` (no fused multiply-add), and
+/// `wsum += w`.
+fn accumulate(
+    mut acc: ArrayViewMut4<f32>,
+    mut wsum: ArrayViewMut3<f32>,
+    logits: ArrayView4<f32>,
+    weights: &Array3<f32>,
+) {
+    for (mut acc_c, log_c) in acc.axis_iter_mut(Axis(0)).zip(logits.axis_iter(Axis(0))) {
+        Zip::from(&mut acc_c)
+            .and(log_c)
+            .and(weights)
+            .par_for_each(|a, &l, &w| *a += l * w);
+    }
+    Zip::from(&mut wsum)
+        .and(weights)
+        .par_for_each(|s, &w| *s += w);
+}
+
+/// The blended outputs: each channel's weighted sums divided by the weight sum (a voxel no
+/// window covered comes out NaN, 0 / 0).
+fn divide(mut sums: ArrayViewMut4<f32>, wsum: ArrayView3<f32>) {
+    for mut c in sums.axis_iter_mut(Axis(0)) {
+        Zip::from(&mut c).and(&wsum).par_for_each(|o, &s| *o /= s);
+    }
+}
+
 /// fp32 accumulators over the padded volume: `sum(weights * logits)` per channel and `sum(weights)`.
 /// fp32 (never fp16) because fp16 sums overflow on large volumes (nnU-Net issues #2396, #1776).
 pub struct Blender {
@@ -119,18 +192,11 @@ impl Blender {
     /// [`Blender::new`] whose accumulators are allocated fallibly: an out-of-memory error (the
     /// engine then retries at a smaller batch) instead of an abort.
     pub fn try_new(channels: usize, grid: &Grid, weights: Array3<f32>) -> crate::Result<Self> {
-        let (r, p) = (grid.roi, grid.padded);
-        assert_eq!(
-            weights.dim(),
-            (r[0], r[1], r[2]),
-            "Blender::new: weight map must have the roi's shape"
-        );
-        let what = "the blend accumulators";
+        check_weights("Blender", grid, &weights);
+        let (acc, wsum) = accumulators(channels, grid.padded)?;
         Ok(Blender {
-            acc: crate::alloc::try_zeros((channels, p[0], p[1], p[2]), what)
-                .map_err(crate::alloc::retryable)?,
-            wsum: crate::alloc::try_zeros((p[0], p[1], p[2]), what)
-                .map_err(crate::alloc::retryable)?,
+            acc,
+            wsum,
             weights,
             grid: grid.clone(),
             added: 0,
@@ -143,37 +209,14 @@ impl Blender {
     /// Panics if the shape or origin does not fit the grid (a caller bug).
     pub fn add(&mut self, start: [usize; 3], logits: ArrayView4<f32>) {
         let r = self.grid.roi;
-        let c = self.acc.dim().0;
-        assert_eq!(
-            logits.dim(),
-            (c, r[0], r[1], r[2]),
-            "Blender::add: logits must be (C, roi)"
+        check_window("Blender", &self.grid, self.acc.dim().0, start, logits);
+        let [d, h, w] = [0, 1, 2].map(|a| start[a]..start[a] + r[a]);
+        accumulate(
+            self.acc.slice_mut(s![.., d.clone(), h.clone(), w.clone()]),
+            self.wsum.slice_mut(s![d, h, w]),
+            logits,
+            &self.weights,
         );
-        for a in 0..3 {
-            assert!(
-                start[a] + r[a] <= self.grid.padded[a],
-                "Blender::add: window {start:?} leaves the padded volume"
-            );
-        }
-        let region = s![
-            start[0]..start[0] + r[0],
-            start[1]..start[1] + r[1],
-            start[2]..start[2] + r[2]
-        ];
-        let w = &self.weights;
-        for (mut acc_c, log_c) in self
-            .acc
-            .axis_iter_mut(Axis(0))
-            .zip(logits.axis_iter(Axis(0)))
-        {
-            Zip::from(acc_c.slice_mut(region))
-                .and(log_c)
-                .and(w)
-                .par_for_each(|a, &l, &w| *a += l * w);
-        }
-        Zip::from(self.wsum.slice_mut(region))
-            .and(w)
-            .par_for_each(|s, &w| *s += w);
         self.added += 1;
     }
 
@@ -189,11 +232,7 @@ impl Blender {
         let (d, h, w) = (b[0]..b[0] + n[0], b[1]..b[1] + n[1], b[2]..b[2] + n[2]);
         let wsum = self.wsum.slice(s![d.clone(), h.clone(), w.clone()]);
         let mut out = self.acc.slice_move(s![.., d, h, w]);
-        for mut out_c in out.axis_iter_mut(Axis(0)) {
-            Zip::from(&mut out_c)
-                .and(&wsum)
-                .par_for_each(|o, &s| *o /= s);
-        }
+        divide(out.view_mut(), wsum);
         if out.is_standard_layout() {
             out
         } else {
@@ -282,18 +321,12 @@ impl SlabBlender {
 
     /// [`SlabBlender::new`] whose accumulators are allocated fallibly (an out-of-memory error).
     pub fn try_new(channels: usize, grid: &Grid, weights: Array3<f32>) -> crate::Result<Self> {
-        let (r, p) = (grid.roi, grid.padded);
-        assert_eq!(
-            weights.dim(),
-            (r[0], r[1], r[2]),
-            "SlabBlender::new: weight map must have the roi's shape"
-        );
-        let what = "the blend accumulators";
+        check_weights("SlabBlender", grid, &weights);
+        let p = grid.padded;
+        let (acc, wsum) = accumulators(channels, [grid.roi[0], p[1], p[2]])?;
         Ok(SlabBlender {
-            acc: crate::alloc::try_zeros((channels, r[0], p[1], p[2]), what)
-                .map_err(crate::alloc::retryable)?,
-            wsum: crate::alloc::try_zeros((r[0], p[1], p[2]), what)
-                .map_err(crate::alloc::retryable)?,
+            acc,
+            wsum,
             weights,
             grid: grid.clone(),
             base: 0,
@@ -306,44 +339,25 @@ impl SlabBlender {
     /// Panics on a D origin lower than an earlier one, or a window that does not fit (caller bugs).
     pub fn add(&mut self, start: [usize; 3], logits: ArrayView4<f32>) -> Option<Slab> {
         let r = self.grid.roi;
-        let c = self.acc.dim().0;
-        assert_eq!(
-            logits.dim(),
-            (c, r[0], r[1], r[2]),
-            "SlabBlender::add: logits must be (C, roi)"
-        );
+        check_window("SlabBlender", &self.grid, self.acc.dim().0, start, logits);
         assert!(
             start[0] >= self.base,
             "SlabBlender::add: windows must come in non-decreasing D order (got D origin {} after {})",
             start[0],
             self.base
         );
-        for a in 0..3 {
-            assert!(
-                start[a] + r[a] <= self.grid.padded[a],
-                "SlabBlender::add: window {start:?} leaves the padded volume"
-            );
-        }
         let slab = if start[0] > self.base {
             self.advance(start[0])
         } else {
             None
         };
-        let region = s![.., start[1]..start[1] + r[1], start[2]..start[2] + r[2]];
-        let w = &self.weights;
-        for (mut acc_c, log_c) in self
-            .acc
-            .axis_iter_mut(Axis(0))
-            .zip(logits.axis_iter(Axis(0)))
-        {
-            Zip::from(acc_c.slice_mut(region))
-                .and(log_c)
-                .and(w)
-                .par_for_each(|a, &l, &w| *a += l * w);
-        }
-        Zip::from(self.wsum.slice_mut(region))
-            .and(w)
-            .par_for_each(|s, &w| *s += w);
+        let (h, w) = (start[1]..start[1] + r[1], start[2]..start[2] + r[2]);
+        accumulate(
+            self.acc.slice_mut(s![.., .., h.clone(), w.clone()]),
+            self.wsum.slice_mut(s![.., h, w]),
+            logits,
+            &self.weights,
+        );
         slab
     }
 
@@ -366,9 +380,7 @@ impl SlabBlender {
         let (h, w) = (b[1]..b[1] + n[1], b[2]..b[2] + n[2]);
         let wsum = self.wsum.slice(s![bl..bh, h.clone(), w.clone()]);
         let mut data = self.acc.slice(s![.., bl..bh, h, w]).to_owned();
-        for mut d_c in data.axis_iter_mut(Axis(0)) {
-            Zip::from(&mut d_c).and(&wsum).par_for_each(|o, &s| *o /= s);
-        }
+        divide(data.view_mut(), wsum);
         Some(Slab {
             d0: lo - b[0],
             data,

@@ -26,6 +26,6 @@ mod weights;
 pub use blend::{
     argmax, gather_window, nan_voxels, threshold, Blender, PadMode, Slab, SlabBlender,
 };
-pub use grid::{Grid, Placement};
+pub use grid::{window_count, Grid, Placement, MAX_WINDOWS};
 pub use parse::{parse_sigma_scale, parse_spacing, parse_triple_f64, parse_triple_usize};
 pub use weights::{weight_map, weight_map_nnunet, BlendMode, NNUNET_VALUE_SCALING};

@@ -207,3 +207,35 @@ pub fn workload(shape: [usize; 3]) -> voxtile::plan::Workload {
         copy_input: false,
     }
 }
+
+/// The memory model of `target` without a device (CUDA: an H200, budgeted from cuda:0).
+#[allow(dead_code)]
+pub fn model_of(target: voxtile::plan::Target) -> Box<dyn voxtile::plan::MemoryModel> {
+    use voxtile::backend::{memory_model, Device};
+    memory_model(match target {
+        voxtile::plan::Target::Cpu => Device::Cpu,
+        voxtile::plan::Target::Cuda => Device::Cuda(0),
+    })
+}
+
+/// The planner's prediction of (roi, batch) on `target` without a device.
+#[allow(dead_code)]
+pub fn estimate_on_target(
+    g: &voxtile::model::Graph,
+    target: voxtile::plan::Target,
+    roi: [usize; 3],
+    batch: usize,
+    w: &voxtile::plan::Workload,
+) -> voxtile::Result<voxtile::plan::Estimate> {
+    model_of(target).estimate(g, roi, batch, w)
+}
+
+/// The planner's choice on `target` without a device.
+#[allow(dead_code)]
+pub fn choose_on(
+    g: &voxtile::model::Graph,
+    target: voxtile::plan::Target,
+    req: &voxtile::plan::Request,
+) -> voxtile::Result<voxtile::plan::Plan> {
+    voxtile::plan::choose(g, model_of(target).as_ref(), req)
+}

@@ -7,8 +7,10 @@
 //! The executor runs nodes in order and frees every intermediate right after its last consumer;
 //! elementwise ops reuse their input's buffer when that input dies at them.
 
+pub mod memory;
 pub mod ops;
 mod real;
+mod window;
 
 pub use real::Real;
 
@@ -246,6 +248,10 @@ impl Backend for CpuBackend {
         format!("cpu ({} threads)", rayon::current_num_threads())
     }
 
+    fn memory(&self) -> &dyn crate::backend::MemoryModel {
+        &memory::CpuMemory
+    }
+
     fn prepare(&mut self, graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<()> {
         let p = plan(graph, batch, roi)?;
         self.prepared = Some((graph.clone(), p));
@@ -260,6 +266,14 @@ impl Backend for CpuBackend {
         check_input(plan, graph, input.dim())?;
         let x = ops::owned(input)?;
         execute(graph, plan, x, &mut self.stats)
+    }
+
+    fn sliding_window(
+        &mut self,
+        pass: &crate::backend::Pass<'_>,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<crate::backend::PassOutput> {
+        window::sliding_window(self, pass, progress)
     }
 }
 

@@ -16,6 +16,7 @@
 //! - `single` (one batch in and out), `pipeline` (the streamed sliding window), `profile`;
 //! - this file: `CudaBackend`, which owns the device state and the options.
 
+mod backend;
 pub mod buffers;
 pub mod catalogue;
 pub mod compile;
@@ -23,6 +24,7 @@ pub mod conv_kernel;
 pub(crate) mod device;
 pub(crate) mod launch;
 pub(crate) mod launch_list;
+pub mod memory;
 pub(crate) mod ops;
 pub mod options;
 pub mod pipeline;
@@ -35,7 +37,6 @@ pub(crate) mod single;
 pub use options::CudaOptions;
 pub use pipeline::GpuTimes;
 
-use crate::backend::Backend;
 use crate::model::graph::Graph;
 use crate::{Error, Result};
 use cudarc::driver::{sys, CudaContext};
@@ -163,6 +164,14 @@ impl CudaBackend {
     /// Bytes of the prepared plan's activation arena (buffers placed by liveness).
     pub fn activation_bytes(&self) -> usize {
         self.prepared.as_ref().map_or(0, |p| p.activation_bytes)
+    }
+
+    /// This device's memory model: its capabilities now (switches included) and its ordinal.
+    pub(crate) fn memory_model(&self) -> memory::CudaMemory {
+        memory::CudaMemory {
+            caps: self.caps(),
+            device: self.gpu.ctx.ordinal(),
+        }
     }
 
     /// The device properties and switches the launch list depends on (for
@@ -310,20 +319,6 @@ impl CudaBackend {
 
 fn not_prepared() -> Error {
     Error::Invalid("the CUDA backend was not prepared for a graph".into())
-}
-
-impl Backend for CudaBackend {
-    fn name(&self) -> String {
-        CudaBackend::name(self)
-    }
-
-    fn prepare(&mut self, graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<()> {
-        CudaBackend::prepare(self, graph, batch, roi)
-    }
-
-    fn run(&mut self, input: ArrayView5<f32>) -> Result<Array5<f32>> {
-        CudaBackend::run(self, input)
-    }
 }
 
 #[cfg(test)]

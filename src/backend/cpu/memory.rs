@@ -1,0 +1,228 @@
+//! The CPU backend's memory model: activations by liveness over the node order, replaying what
+//! the executor does with its buffers — a value lives from its node to its last needed reader,
+//! elementwise ops overwrite their first input when it dies there (otherwise they copy it), dead
+//! branches are skipped — so the prediction equals `CpuBackend::last_stats().peak_live_bytes`.
+//!
+//! The rest is counted from the same code paths: weights (f32, held twice: the engine's graph
+//! and the backend's copy), workspace (the im2col/col2im chunk of each conv, ≤ 4 MiB unless one
+//! row is larger), staging (the window batch) and accumulators (`SlabBlender`: roi_D padded
+//! planes, plus its transient copy while it shifts).
+
+use super::ops::{is_inplace, COL_BUDGET_BYTES};
+use crate::backend::memory::{prod, Breakdown, Estimate, PeakNode, Target, Workload, F32};
+use crate::backend::MemoryModel;
+use crate::model::graph::{Graph, Op};
+use crate::plan::{format_bytes, host_available};
+use crate::Result;
+
+/// The host's memory, as the CPU backend uses it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuMemory;
+
+impl MemoryModel for CpuMemory {
+    fn target(&self) -> Target {
+        Target::Cpu
+    }
+
+    fn estimate(
+        &self,
+        graph: &Graph,
+        roi: [usize; 3],
+        batch: usize,
+        w: &Workload,
+    ) -> Result<Estimate> {
+        let windows = w.check(roi, batch)?;
+        let shapes = graph.infer_shapes(batch, roi)?;
+        let (cin, cout) = (graph.input_channels(), shapes[graph.output][1]);
+        let rvox = prod(&roi);
+        let params = graph.param_count() as u64;
+        let (act, peak_node, with_ws) = cpu_activations(graph, batch, roi)?;
+        let plane = (w.shape[1].max(roi[1]) * w.shape[2].max(roi[2])) as u64;
+        // SlabBlender: (C + 1) sums over roi_D padded planes; shifting copies the kept tail
+        // while the finished slab is out, so up to the same again transiently.
+        let acc = (cout as u64 + 1)
+            .saturating_mul(roi[0] as u64 * plane)
+            .saturating_mul(F32);
+        let budgeted = Breakdown {
+            weights: 2 * params * F32,
+            activations: act,
+            workspace: with_ws - act,
+            // The gathered window batch; the backend's own contiguous copy of it is the first
+            // live activation.
+            staging: (cin as u64).saturating_mul(batch as u64 * rvox * F32),
+            accumulators: acc.saturating_mul(2).saturating_add(rvox * F32),
+        };
+        // Labels (u16), and the blended outputs when kept.
+        let output = (prod(&w.shape) * 2).saturating_add(if w.keep_logits {
+            w.per_voxel(cout, F32)
+        } else {
+            0
+        });
+        Ok(Estimate {
+            target: Target::Cpu,
+            roi,
+            batch,
+            windows,
+            budgeted,
+            host: budgeted,
+            volume_bytes: w.input_bytes(cin) + output,
+            peak_node,
+            backend_activation_bytes: act,
+        })
+    }
+
+    /// The windows of a batch run one after another, so the cost is the voxels computed
+    /// (windows × roi volume) whatever the batch.
+    fn cost(&self, windows: usize, roi: [usize; 3], _batch: usize) -> u64 {
+        (windows as u64).saturating_mul(prod(&roi))
+    }
+
+    /// Half of the memory left to the process ([`host_available`]: MemAvailable, RLIMIT_AS,
+    /// cgroup limit, whichever is least; 4 GiB when none is known).
+    fn default_budget(&self) -> (u64, String) {
+        match host_available() {
+            Some((m, what)) => (m / 2, format!("50% of the {} {what}", format_bytes(m))),
+            None => (4 << 30, "MemAvailable unknown: fixed default".into()),
+        }
+    }
+}
+
+/// Nodes that contribute to the output and the last needed reader of each value, as the CPU
+/// executor computes them.
+fn cpu_liveness(graph: &Graph) -> (Vec<bool>, Vec<usize>) {
+    let nv = graph.values.len();
+    let mut needed_val = vec![false; nv];
+    if graph.output < nv {
+        needed_val[graph.output] = true;
+    }
+    let mut needed = vec![false; graph.nodes.len()];
+    for (i, node) in graph.nodes.iter().enumerate().rev() {
+        if node.output < nv && needed_val[node.output] {
+            needed[i] = true;
+            for &v in &node.inputs {
+                if v < nv {
+                    needed_val[v] = true;
+                }
+            }
+        }
+    }
+    let mut last_use = vec![0usize; nv];
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if needed[i] {
+            for &v in &node.inputs {
+                if v < nv {
+                    last_use[v] = i;
+                }
+            }
+        }
+    }
+    if graph.output < nv {
+        last_use[graph.output] = usize::MAX;
+    }
+    (needed, last_use)
+}
+
+/// im2col / col2im buffer bytes of one CPU conv node (0 for other ops and pointwise convs), as
+/// `backend::cpu::ops::conv` sizes it.
+fn cpu_col_bytes(op: &Op, x: [usize; 5], y: [usize; 5]) -> u64 {
+    let chunk = |k_rows: usize, row_len: usize, total: usize| -> u64 {
+        let per_row = (k_rows * row_len * F32 as usize).max(1);
+        let rows = (COL_BUDGET_BYTES / per_row).clamp(1, total.max(1));
+        (k_rows * rows * row_len) as u64 * F32
+    };
+    match op {
+        Op::Conv(c) => {
+            let ws = &c.weight.shape;
+            let ksz = ws[2] * ws[3] * ws[4];
+            if ksz == 1 && c.stride == [1, 1, 1] && c.pads == [0; 6] {
+                return 0;
+            }
+            let kk = (x[1] / c.groups.max(1)) * ksz;
+            chunk(kk, y[4], y[2] * y[3])
+        }
+        Op::ConvTranspose(c) => {
+            let ws = &c.weight.shape;
+            let ksz = ws[2] * ws[3] * ws[4];
+            let mrows = (y[1] / c.groups.max(1)) * ksz;
+            chunk(mrows, x[4], x[2] * x[3])
+        }
+        _ => 0,
+    }
+}
+
+/// CPU activations for (batch, roi): the executor's liveness peak, its node, and the largest
+/// (live bytes + conv workspace) at any node.
+pub fn cpu_activations(
+    graph: &Graph,
+    batch: usize,
+    roi: [usize; 3],
+) -> Result<(u64, PeakNode, u64)> {
+    let shapes = graph.infer_shapes(batch, roi)?;
+    let (needed, last_use) = cpu_liveness(graph);
+    let bytes = |v: usize| prod(&shapes[v]).saturating_mul(F32);
+    let mut live: Vec<Option<u64>> = vec![None; graph.values.len()];
+    live[graph.input] = Some(bytes(graph.input));
+    let (mut n_live, mut b_live) = (1usize, bytes(graph.input));
+    let mut peak = PeakNode {
+        index: 0,
+        name: "(input)".into(),
+        op: "input".into(),
+        live_bytes: b_live,
+        live_values: 1,
+    };
+    let mut with_ws = b_live;
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if !needed[i] {
+            continue;
+        }
+        if is_inplace(&node.op) {
+            let v0 = node.inputs[0];
+            let dies = last_use[v0] == i && !node.inputs[1..].contains(&v0);
+            if dies {
+                if let Some(b) = live[v0].take() {
+                    n_live -= 1;
+                    b_live = b_live.saturating_sub(b);
+                }
+            }
+        }
+        let ob = bytes(node.output);
+        n_live += 1;
+        b_live = b_live.saturating_add(ob);
+        live[node.output] = Some(ob);
+        if b_live > peak.live_bytes {
+            peak = PeakNode {
+                index: i,
+                name: node.name.clone(),
+                op: node.op.name().into(),
+                live_bytes: b_live,
+                live_values: n_live,
+            };
+        }
+        let ws = cpu_col_bytes(&node.op, shapes[node.inputs[0]], shapes[node.output]);
+        // The column buffer lives while the output is written, before inputs are freed.
+        with_ws = with_ws.max(b_live.saturating_add(ws));
+        for (j, &v) in node.inputs.iter().enumerate() {
+            if last_use[v] == i && !node.inputs[..j].contains(&v) {
+                if let Some(b) = live[v].take() {
+                    n_live -= 1;
+                    b_live = b_live.saturating_sub(b);
+                }
+            }
+        }
+    }
+    Ok((peak.live_bytes, peak, with_ws))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cost_counts_voxels_whatever_the_batch() {
+        assert!(CpuMemory.cost(10, [64; 3], 1) < CpuMemory.cost(100, [64; 3], 1));
+        assert_eq!(
+            CpuMemory.cost(10, [64; 3], 1),
+            CpuMemory.cost(10, [64; 3], 4)
+        );
+    }
+}

@@ -1,0 +1,105 @@
+//! [`Backend`] for the CUDA device: the whole window list in one streamed pipeline call
+//! (gather, run, blend on the device, streams overlapped); labels are made on the device unless
+//! the blended outputs are kept (or there is one channel, thresholded on the host).
+
+use super::CudaBackend;
+use crate::backend::{Backend, MemoryModel, Pass, PassOutput, StageTimes};
+use crate::model::Graph;
+use crate::tiling::{self, PadMode};
+use crate::{Error, Result};
+use ndarray::{s, Array3, Array5, ArrayView5, Axis, Slice};
+use std::ops::Range;
+use std::time::Instant;
+
+impl Backend for CudaBackend {
+    fn name(&self) -> String {
+        CudaBackend::name(self)
+    }
+
+    fn memory(&self) -> &dyn MemoryModel {
+        self
+    }
+
+    fn prepare(&mut self, graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<()> {
+        CudaBackend::prepare(self, graph, batch, roi)
+    }
+
+    fn run(&mut self, input: ArrayView5<f32>) -> Result<Array5<f32>> {
+        CudaBackend::run(self, input)
+    }
+
+    fn sliding_window(
+        &mut self,
+        pass: &Pass<'_>,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<PassOutput> {
+        let cval = match pass.pad {
+            PadMode::Constant(c) => c,
+            PadMode::Edge => {
+                return Err(Error::Invalid(
+                    "edge padding is implemented on the CPU path only: use --device cpu or constant padding".into(),
+                ))
+            }
+        };
+        let t = Instant::now();
+        let grid = pass.grid;
+        let rule = pass.labels;
+        let (mut labels, logits, times) = if !rule.keep_logits && rule.cout > 1 {
+            let (labels, times) = self.segment_windows_argmax(
+                pass.volume,
+                grid.padded,
+                grid.pad_before,
+                grid.roi,
+                &grid.starts,
+                pass.weights,
+                pass.batch,
+                cval,
+            )?;
+            (labels, None, times)
+        } else {
+            let (out, times) = self.segment_windows(
+                pass.volume,
+                grid.padded,
+                grid.pad_before,
+                grid.roi,
+                &grid.starts,
+                pass.weights,
+                pass.batch,
+                cval,
+            )?;
+            (rule.labels(out.view()), Some(out), times)
+        };
+        let nan_voxels = match &logits {
+            Some(o) => tiling::nan_voxels(o.slice_axis(Axis(1), Slice::from(pass.own.clone()))),
+            None => take_nan_labels(&mut labels, pass.own.clone()),
+        };
+        progress(grid.len(), grid.len());
+        Ok(PassOutput {
+            labels,
+            logits: logits.filter(|_| rule.keep_logits),
+            nan_voxels,
+            seconds: StageTimes {
+                compute: t.elapsed().as_secs_f64(),
+                ..Default::default()
+            },
+            measured_activation_bytes: self.activation_bytes() as u64,
+            peak_device_bytes: self.peak_device_bytes(),
+            details: serde_json::to_value(&times).ok(),
+        })
+    }
+}
+
+/// The device argmax marks a voxel whose blended outputs hold a NaN with label 0xFFFF (no model
+/// has that many channels): count those of planes `own` and write them all as 0, as the CPU's
+/// argmax does.
+fn take_nan_labels(labels: &mut Array3<u16>, own: Range<usize>) -> usize {
+    let n = labels
+        .slice(s![own, .., ..])
+        .iter()
+        .filter(|&&l| l == u16::MAX)
+        .count();
+    if n > 0 {
+        labels.mapv_inplace(|l| if l == u16::MAX { 0 } else { l });
+    }
+    n
+}

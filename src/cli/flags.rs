@@ -1,0 +1,42 @@
+//! The window and memory flags `segment` and `plan` share, parsed and checked in one place.
+
+use crate::tiling::{self, Placement};
+use crate::{Error, Result};
+
+/// `--overlap`: one number or one per axis, each in [0, 1).
+pub fn overlap(s: &str) -> Result<[f64; 3]> {
+    let overlap = tiling::parse_triple_f64(s)?;
+    if overlap.iter().any(|o| !(0.0..1.0).contains(o)) {
+        return Err(Error::Invalid(format!(
+            "--overlap must lie in [0, 1), got {s}"
+        )));
+    }
+    Ok(overlap)
+}
+
+/// `--placement` (clap allows only `monai` and `nnunet`).
+pub fn placement(s: &str) -> Placement {
+    if s == "nnunet" {
+        Placement::NnUnet
+    } else {
+        Placement::Monai
+    }
+}
+
+/// `--roi`: one number or D,H,W.
+pub fn roi(s: Option<&str>) -> Result<Option<[usize; 3]>> {
+    s.map(tiling::parse_triple_usize).transpose()
+}
+
+/// `--batch`: at least 1.
+pub fn batch(b: Option<usize>) -> Result<Option<usize>> {
+    if b == Some(0) {
+        return Err(Error::Invalid("--batch must be at least 1".into()));
+    }
+    Ok(b)
+}
+
+/// `--memory-budget`: a byte size such as 4GiB.
+pub fn memory_budget(s: Option<&str>) -> Result<Option<u64>> {
+    s.map(crate::plan::parse_bytes).transpose()
+}

@@ -1,0 +1,154 @@
+//! Batch mode: several files (or a folder), one worker per device, files round robin; a failed
+//! file is reported and skipped; the report is a log of JSON lines.
+
+use super::args::SegmentArgs;
+use super::config::Config;
+use super::jobs::Job;
+use super::process::{prepare, process, read_ahead, Replace};
+use crate::gate::{Gate, Kind};
+use crate::pipeline::batch;
+use crate::{Error, Result};
+use std::io::{IsTerminal, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::Instant;
+
+/// The batch report: JSON lines appended as files finish (a resumed batch adds to it); opened
+/// without following a symbolic link, and only as a regular file.
+fn open_batch_report(path: &Path, force: bool) -> Result<std::fs::File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.create(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    if force {
+        o.write(true).truncate(true);
+    } else {
+        o.append(true);
+    }
+    let f = o.open(path).map_err(|e| Error::io(path, e))?;
+    let meta = f.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(Error::Invalid(format!(
+            "--report {}: is not a regular file",
+            path.display()
+        )));
+    }
+    Ok(f)
+}
+
+/// Segment `jobs` (every output already claimed), skipping those whose labels exist unless
+/// `--force`.
+pub fn run(args: &SegmentArgs, config: &Config, reads: &[&Path], jobs: Vec<Job>) -> Result<()> {
+    if let Some(r) = &args.report {
+        // A log of the batch: appended to, so only its identity is checked.
+        let mut g = Gate::new(reads, true);
+        jobs.iter().for_each(|j| g.add_input(&j.input));
+        g.claim(r, Kind::Report, "--report")?;
+    }
+    let mut todo = Vec::new();
+    let mut lines: Vec<serde_json::Value> = Vec::new();
+    for job in jobs {
+        if job.output.exists() && !args.force {
+            lines.push(serde_json::json!({
+                "input": job.input.display().to_string(),
+                "output": job.output.display().to_string(),
+                "status": "skipped (output exists)",
+            }));
+            continue;
+        }
+        todo.push(job);
+    }
+    let mut report = match &args.report {
+        Some(p) if p != Path::new("-") => Some((open_batch_report(p, args.force)?, p.clone())),
+        _ => None,
+    };
+    let to_stdout = args.report.as_deref() == Some(Path::new("-"));
+    let mut emit = |v: &serde_json::Value| -> Result<()> {
+        let s = serde_json::to_string(v).map_err(|e| Error::Invalid(format!("report: {e}")))?;
+        if let Some((f, path)) = &mut report {
+            // One write per line: appended whole even beside another writer.
+            f.write_all(format!("{s}\n").as_bytes())
+                .map_err(|e| Error::io(&*path, e))?;
+        } else if to_stdout {
+            crate::cli::print_stdout(&format!("{s}\n"))?;
+        }
+        Ok(())
+    };
+    for l in &lines {
+        emit(l)?;
+    }
+
+    // Batch: one worker per device (fewer files than devices: per file, the devices shared out),
+    // files round robin; a failed file is reported and skipped.
+    let total = todo.len();
+    let groups = batch::device_groups(&config.devices, total);
+    let workers = groups.len();
+    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
+    let mut failed = 0usize;
+    let replace = Replace {
+        force: args.force,
+        extras: true,
+    };
+    std::thread::scope(|s| -> Result<()> {
+        for (w, group) in groups.iter().enumerate() {
+            let tx = tx.clone();
+            let mine = batch::worker_files(&todo, w, workers);
+            s.spawn(move || {
+                let fail = |job: &Job, e: &Error| {
+                    serde_json::json!({
+                        "input": job.input.display().to_string(),
+                        "output": job.output.display().to_string(),
+                        "status": "error",
+                        "error": format!("{}: {e}", job.input.display()),
+                    })
+                };
+                let mut pipe = None;
+                for (_, job) in &mine {
+                    // A bug (panic) while processing one file is that file's error; the
+                    // pipeline it may have left half-way is built anew for the next file.
+                    let r = crate::cli::catch_bug(|| {
+                        let (p, input, ahead) = read_ahead(job, config, |header| {
+                            let t = Instant::now();
+                            let mut p = match pipe.take() {
+                                Some(p) => p,
+                                None => config.build(group)?,
+                            };
+                            let engine_init = t.elapsed().as_secs_f64();
+                            prepare(&mut p, header, job, &config.models)?;
+                            Ok((p, engine_init))
+                        })?;
+                        let p = pipe.insert(p);
+                        let done = process(p, config, job, (input, ahead), (false, None), replace)?;
+                        done.outs.commit()?;
+                        Ok(done.report)
+                    });
+                    let _ = tx.send(r.unwrap_or_else(|e| fail(job, &e)));
+                }
+            });
+        }
+        drop(tx);
+        for (i, v) in rx.iter().enumerate() {
+            let status = v["status"].as_str().unwrap_or("");
+            if status == "error" {
+                failed += 1;
+                crate::cli::say!(
+                    "voxtile: failed: {}",
+                    v["error"].as_str().unwrap_or("unknown error")
+                );
+            } else if std::io::stderr().is_terminal() {
+                crate::cli::say!(
+                    "voxtile: [{}/{total}] {}",
+                    i + 1,
+                    v["output"].as_str().unwrap_or("")
+                );
+            }
+            emit(&v)?;
+        }
+        Ok(())
+    })?;
+    if failed > 0 {
+        return Err(Error::Invalid(format!(
+            "{failed} of {total} file(s) failed (see the lines above)"
+        )));
+    }
+    Ok(())
+}

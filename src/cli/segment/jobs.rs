@@ -1,0 +1,145 @@
+//! The files a run segments and where each one's outputs go, claimed before any work.
+
+use super::args::SegmentArgs;
+use crate::gate::{Gate, Kind};
+use crate::pipeline::batch::{self, list_inputs, parse_shard, stem};
+use crate::{Error, Result};
+use std::path::PathBuf;
+
+/// The outputs of one input file.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// The volume read.
+    pub input: PathBuf,
+    /// Its label map.
+    pub output: PathBuf,
+    /// `--probabilities`.
+    pub probabilities: Option<PathBuf>,
+    /// `--logits`.
+    pub logits: Option<PathBuf>,
+    /// `--split-classes` folder.
+    pub split: Option<PathBuf>,
+    /// `--preview` picture.
+    pub preview: Option<PathBuf>,
+}
+
+/// The files to segment and where each one's outputs go, every output path claimed through the
+/// gate before any work. Batch mode: `-o` and the extra outputs name folders (created here, after
+/// every check), each file's outputs are `<folder>/<input name>.<ext>`.
+pub fn jobs(args: &SegmentArgs, gate: &mut Gate) -> Result<(bool, Vec<Job>)> {
+    let p = &args.pipe;
+    let mut inputs = vec![args.input.clone()];
+    inputs.extend(p.more_inputs.iter().cloned());
+    let batch_mode = inputs.len() > 1 || args.input.is_dir();
+    let extras = [
+        (&p.probabilities, Kind::Volume, "--probabilities"),
+        (&args.logits, Kind::Volume, "--logits"),
+        (&p.split_classes, Kind::Folder, "--split-classes"),
+        (&p.preview, Kind::Png, "--preview"),
+    ];
+    if !batch_mode {
+        if let Some(s) = &p.shard {
+            parse_shard(s)?;
+        }
+        gate.claim(&args.output, Kind::Volume, "-o")?;
+        for (path, kind, what) in extras {
+            if let Some(path) = path {
+                gate.claim(path, kind, what)?;
+            }
+        }
+        return Ok((
+            false,
+            vec![Job {
+                input: args.input.clone(),
+                output: args.output.clone(),
+                probabilities: p.probabilities.clone(),
+                logits: args.logits.clone(),
+                split: p.split_classes.clone(),
+                preview: p.preview.clone(),
+            }],
+        ));
+    }
+    if batch::is_nifti(&args.output) {
+        return Err(Error::Invalid(format!(
+            "{}: with several inputs -o names a folder, not a NIfTI file",
+            args.output.display()
+        )));
+    }
+    let mut files = list_inputs(&inputs)?;
+    if files.is_empty() {
+        return Err(Error::Invalid(format!(
+            "{}: no .nii or .nii.gz files to segment",
+            args.input.display()
+        )));
+    }
+    for f in &files {
+        gate.add_input(f);
+    }
+    gate.claim(&args.output, Kind::Folder, "-o")?;
+    for (path, _, what) in extras {
+        if let Some(path) = path {
+            gate.claim(path, Kind::Folder, what)?;
+        }
+    }
+    // Two inputs with one output name (a.nii + a.nii.gz, x.nii.gz in two folders) would write
+    // the same files: refused before anything runs.
+    let mut by_stem: Vec<(String, &PathBuf)> = files.iter().map(|f| (stem(f), f)).collect();
+    by_stem.sort();
+    if let Some(w) = by_stem.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(Error::Invalid(format!(
+            "{} and {} would both be written as {}.nii.gz; rename one or segment them apart",
+            w[0].1.display(),
+            w[1].1.display(),
+            w[0].0
+        )));
+    }
+    if let Some(s) = &p.shard {
+        let (k, n) = parse_shard(s)?;
+        files = batch::shard(&files, k, n);
+    }
+    let jobs: Vec<Job> = files
+        .into_iter()
+        .map(|f| {
+            let s = stem(&f);
+            let file = |d: &PathBuf, ext: &str| d.join(format!("{s}.{ext}"));
+            Job {
+                output: file(&args.output, "nii.gz"),
+                probabilities: p.probabilities.as_ref().map(|d| file(d, "nii.gz")),
+                logits: args.logits.as_ref().map(|d| file(d, "nii.gz")),
+                split: p.split_classes.as_ref().map(|d| d.join(&s)),
+                preview: p.preview.as_ref().map(|d| file(d, "png")),
+                input: f,
+            }
+        })
+        .collect();
+    // An input may sit inside an output folder under an output's name.
+    for job in &jobs {
+        let outs = [
+            Some(&job.output),
+            job.probabilities.as_ref(),
+            job.logits.as_ref(),
+        ];
+        for o in outs.into_iter().flatten().chain(job.preview.as_ref()) {
+            if let Some(inp) = gate.input_of(o) {
+                return Err(Error::Invalid(format!(
+                    "{}: is the input {}; refusing to overwrite an input",
+                    o.display(),
+                    inp.display()
+                )));
+            }
+        }
+    }
+    for d in [
+        Some(&args.output),
+        p.probabilities.as_ref(),
+        args.logits.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    .chain(p.split_classes.as_ref())
+    .chain(p.preview.as_ref())
+    {
+        std::fs::create_dir_all(d).map_err(|e| Error::io(d, e))?;
+    }
+    Ok((true, jobs))
+}

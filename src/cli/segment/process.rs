@@ -1,0 +1,273 @@
+//! One file through the pipeline: read and preprocess it on its own thread while the pipeline
+//! is made ready (engines built, backends prepared for the planned window), segment, stage every
+//! output (labels last: their presence marks the file done) and its report.
+
+use super::config::Config;
+use super::jobs::Job;
+use crate::pipeline::{intensity, outputs, preview, Pipeline};
+use crate::staged::{Outputs, Staged};
+use crate::volume::{Header, Volume};
+use crate::{Error, Result};
+use ndarray::{Array3, Axis};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// A job's input, read and preprocessed.
+pub struct Input {
+    volume: Volume,
+    /// Channel 0 as read (before the cleanup and normalisation), for `--preview`.
+    raw: Option<Array3<f32>>,
+    nonfinite: usize,
+    /// Seconds reading, preprocessing.
+    read: f64,
+    normalize: f64,
+}
+
+/// What happened while the input was read: when the run started, seconds making the engines
+/// (`engine_init`), then preparing them ahead of the data, and still waiting for it afterwards.
+pub struct Ahead {
+    start: Instant,
+    engine_init: f64,
+    prepare: f64,
+    wait: f64,
+}
+
+/// Read and preprocess `input` (the one preprocessing: [`intensity::preprocess`]).
+fn read_input(input: &Path, config: &Config, keep_raw: bool) -> Result<Input> {
+    let t = Instant::now();
+    let mut volume = crate::volume::read(input)?;
+    let read = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let raw = keep_raw.then(|| volume.data.index_axis(Axis(0), 0).to_owned());
+    let nonfinite = intensity::preprocess(&mut volume.data, &config.settings.intensity)?;
+    Ok(Input {
+        volume,
+        raw,
+        nonfinite,
+        read,
+        normalize: t.elapsed().as_secs_f64(),
+    })
+}
+
+/// Read `job`'s input on its own thread while `ready` makes the pipeline ready for its header
+/// (the header is cheap and gives the shape). Errors of the input come first, as when it was
+/// read before the model was loaded; `ready` returns its pipeline and the seconds it took to
+/// build it (the rest is preparation ahead of the data).
+pub fn read_ahead(
+    job: &Job,
+    config: &Config,
+    ready: impl FnOnce(&Header) -> Result<(Pipeline, f64)>,
+) -> Result<(Pipeline, Input, Ahead)> {
+    let start = Instant::now();
+    let header = crate::volume::read_header(&job.input)?;
+    crate::volume::check_output_shape(&job.input, &header, 1)?;
+    let (input, keep_raw) = (job.input.clone(), job.preview.is_some());
+    let cfg = config.clone();
+    let reader = std::thread::Builder::new()
+        .name("voxtile-read".into())
+        .spawn(move || read_input(&input, &cfg, keep_raw))
+        .map_err(|e| Error::io(&job.input, e))?;
+    let t = Instant::now();
+    let pipe = ready(&header);
+    let device = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let read = reader.join().unwrap_or_else(|_| {
+        Err(Error::volume(
+            &job.input,
+            "reading stopped on an internal error",
+        ))
+    });
+    let wait = t.elapsed().as_secs_f64();
+    let input = read?;
+    let (pipe, engine_init) = pipe?;
+    let ahead = Ahead {
+        start,
+        engine_init,
+        prepare: device - engine_init,
+        wait,
+    };
+    Ok((pipe, input, ahead))
+}
+
+/// Make `pipe` ready for an input of `header`: its channels checked, its engines prepared.
+pub fn prepare(pipe: &mut Pipeline, header: &Header, job: &Job, models: &[PathBuf]) -> Result<()> {
+    if header.channels() != pipe.input_channels() {
+        return Err(Error::Invalid(format!(
+            "{}: the volume has {} channel(s) but {} expects {}",
+            job.input.display(),
+            header.channels(),
+            models[0].display(),
+            pipe.input_channels()
+        )));
+    }
+    pipe.prepare_for(header)
+        .map_err(|e| name_error(e, &job.input, models))
+}
+
+/// Name the input and the model(s) in messages that only say what went wrong.
+pub fn name_error(e: Error, input: &Path, models: &[PathBuf]) -> Error {
+    match e {
+        Error::Invalid(m) | Error::Graph(m) => Error::Invalid(format!(
+            "{} with {}: {m}",
+            input.display(),
+            models
+                .iter()
+                .map(|m| m.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" + ")
+        )),
+        e => e,
+    }
+}
+
+/// How outputs already there are treated: `force` for the labels, `extras` for the others.
+#[derive(Clone, Copy)]
+pub struct Replace {
+    /// The labels may replace an existing file.
+    pub force: bool,
+    /// The other outputs may.
+    pub extras: bool,
+}
+
+/// What [`process`] leaves: the staged outputs (the caller commits them), the file's report
+/// (one schema for every run) and, for `--report -`, its text to print once committed.
+pub struct Processed {
+    /// Staged outputs.
+    pub outs: Outputs,
+    /// The file's report.
+    pub report: serde_json::Value,
+    /// The report text for standard output (`--report -`).
+    pub stdout: Option<String>,
+}
+
+/// Segment one prepared input and stage its outputs, its report at `report` when given (staged
+/// before the labels, which come last).
+pub fn process(
+    pipe: &mut Pipeline,
+    config: &Config,
+    job: &Job,
+    (input, ahead): (Input, Ahead),
+    (bar, report): (bool, Option<&Path>),
+    replace: Replace,
+) -> Result<Processed> {
+    let pb = bar.then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} windows {pos}/{len} [{bar:30}] {elapsed}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        b
+    });
+    let mut out = pipe
+        .run_preprocessed(
+            &input.volume,
+            (input.nonfinite, input.normalize),
+            &mut |done, total| {
+                if let Some(b) = &pb {
+                    b.set_length(total as u64);
+                    b.set_position(done as u64);
+                }
+            },
+        )
+        .map_err(|e| name_error(e, &job.input, &config.models))?;
+    if let Some(b) = pb {
+        b.finish_and_clear();
+    }
+    drop(input.volume);
+    if out.nonfinite_voxels > 0 {
+        crate::cli::say!(
+            "voxtile: warning: {}: {} NaN/Inf voxels (NaN read as 0, ±Inf clamped to the finite range)",
+            job.input.display(),
+            out.nonfinite_voxels
+        );
+    }
+    let t = Instant::now();
+    let (mut outs, labels) = stage(pipe, config, job, &out, input.raw.as_ref(), replace)?;
+    let r = &mut out.report.engine;
+    r.seconds.read = input.read;
+    r.seconds.prepare += ahead.prepare;
+    r.seconds.write = t.elapsed().as_secs_f64();
+    r.seconds.total = ahead.start.elapsed().as_secs_f64();
+    r.peak_host_bytes = crate::engine::peak_rss_bytes();
+    let mut v =
+        serde_json::to_value(&out.report).map_err(|e| Error::Invalid(format!("report: {e}")))?;
+    // Stages beyond the engine's: read and normalise ran on their own thread while the engines
+    // were made (engine_init: model load, device context) and prepared; wait is how long the
+    // data then still took.
+    if let Some(sec) = v.get_mut("seconds").and_then(|s| s.as_object_mut()) {
+        sec.insert("normalize".into(), input.normalize.into());
+        sec.insert("engine_init".into(), ahead.engine_init.into());
+        sec.insert("wait_for_read".into(), ahead.wait.into());
+    }
+    if let Some(o) = v.as_object_mut() {
+        o.insert("input".into(), job.input.display().to_string().into());
+        o.insert("output".into(), job.output.display().to_string().into());
+        o.insert("status".into(), "done".into());
+    }
+    let mut stdout = None;
+    if let Some(path) = report {
+        let json =
+            serde_json::to_string_pretty(&v).map_err(|e| Error::Invalid(format!("report: {e}")))?;
+        stdout = super::stage_report(path, json + "\n", &mut outs)?;
+    }
+    outs.push(labels, replace.force);
+    Ok(Processed {
+        outs,
+        report: v,
+        stdout,
+    })
+}
+
+/// Every output of `job` staged, the labels apart (they are committed last).
+fn stage(
+    pipe: &Pipeline,
+    config: &Config,
+    job: &Job,
+    out: &crate::pipeline::Output,
+    raw: Option<&Array3<f32>>,
+    replace: Replace,
+) -> Result<(Outputs, Staged)> {
+    let mut outs = Outputs::new();
+    let extras = replace.extras;
+    if let (Some(path), Some(p)) = (&job.probabilities, &out.probabilities) {
+        let staged = if config.u8 {
+            outputs::stage_probabilities_u8(path, p.view(), &out.header)?
+        } else {
+            crate::volume::stage_f32(path, p.view(), &out.header)?
+        };
+        outs.push(staged, extras);
+    }
+    if let (Some(path), Some(l)) = (&job.logits, &out.logits) {
+        outs.push(
+            crate::volume::stage_f32(path, l.view(), &out.header)?,
+            extras,
+        );
+    }
+    if let Some(dir) = &job.split {
+        let values = pipe
+            .settings()
+            .remap
+            .clone()
+            .unwrap_or_else(|| (0..pipe.output_channels() as u16).collect());
+        outputs::stage_split_classes(
+            dir,
+            out.labels.view(),
+            &values,
+            config.classes.as_deref(),
+            &out.header,
+            &mut outs,
+            extras,
+        )?;
+    }
+    if let (Some(path), Some(image)) = (&job.preview, raw) {
+        outs.push(
+            preview::stage_png(path, image.view(), out.labels.view())?,
+            extras,
+        );
+    }
+    let labels = crate::volume::stage_labels(&job.output, out.labels.view(), &out.header)?;
+    Ok((outs, labels))
+}

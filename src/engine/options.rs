@@ -1,0 +1,149 @@
+//! What decides a run besides the model and the volume: axes, normalisation, windows, devices.
+
+use crate::backend::Device;
+use crate::tiling::{BlendMode, PadMode, Placement};
+use crate::{Error, Result};
+
+/// How the network's D,H,W axes map onto the file's i,j,k axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AxisOrder {
+    /// D,H,W = i,j,k: nibabel + MONAI.
+    Xyz,
+    /// D,H,W = k,j,i: SimpleITK + nnU-Net.
+    Zyx,
+}
+
+impl std::str::FromStr for AxisOrder {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "xyz" | "ijk" => Ok(AxisOrder::Xyz),
+            "zyx" | "kji" => Ok(AxisOrder::Zyx),
+            _ => Err(Error::Invalid(format!(
+                "unknown axis order '{s}': use xyz or zyx"
+            ))),
+        }
+    }
+}
+
+/// Intensity normalisation applied to the whole volume before windowing (per channel).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Normalize {
+    None,
+    /// (x − mean) / (std + 1e-8) over the volume: MONAI's NormalizeIntensity, the W3 peer.
+    ZScore,
+    /// nnU-Net's CTNormalization: clip to [lo, hi], then (x − mean) / max(std, 1e-8).
+    Ct {
+        lo: f32,
+        hi: f32,
+        mean: f32,
+        std: f32,
+    },
+}
+
+impl std::str::FromStr for Normalize {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "none" => Ok(Normalize::None),
+            "zscore" => Ok(Normalize::ZScore),
+            _ => {
+                let bad = || {
+                    Error::Invalid(format!(
+                        "unknown normalisation '{s}': use none, zscore or ct:LO,HI,MEAN,STD"
+                    ))
+                };
+                let v: Vec<f32> = s
+                    .strip_prefix("ct:")
+                    .ok_or_else(bad)?
+                    .split(',')
+                    .map(|x| x.trim().parse::<f32>().map_err(|_| bad()))
+                    .collect::<Result<_>>()?;
+                match v.as_slice() {
+                    &[lo, hi, mean, std] if lo <= hi && std > 0.0 => {
+                        Ok(Normalize::Ct { lo, hi, mean, std })
+                    }
+                    _ => Err(bad()),
+                }
+            }
+        }
+    }
+}
+
+/// Everything that decides the result besides the model and the volume.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Window size in network axes; None: the model's fixed input size, else 128 clipped to the
+    /// volume (rounded up to what the network's strides need).
+    pub roi: Option<[usize; 3]>,
+    pub overlap: [f64; 3],
+    pub blend: BlendMode,
+    pub sigma_scale: [f64; 3],
+    pub placement: Placement,
+    /// Windows per backend call; None: 1 on CPU, 2 on CUDA.
+    pub batch: Option<usize>,
+    pub pad: PadMode,
+    pub device: Device,
+    /// More devices for each volume: with `device` they share its windows by D planes (see
+    /// [`super::split`]), and labels and outputs are bitwise those of `device` alone. All CPU (`cpu`
+    /// may repeat: several CPU workers) or all CUDA. Set both with [`Options::set_devices`].
+    pub extra_devices: Vec<Device>,
+    pub axis_order: AxisOrder,
+    /// Keep the blended raw outputs (what MONAI's sliding_window_inference returns).
+    pub keep_logits: bool,
+    pub normalize: Normalize,
+    /// Bytes the run may use (device memory on CUDA, the host working set on CPU); None: 80% of
+    /// the device's free memory, or half of the memory left to the process (RAM, RLIMIT_AS,
+    /// cgroup). The planner picks the batch under it and never shrinks the window (see
+    /// [`crate::plan::choose`]).
+    pub memory_budget: Option<u64>,
+    /// Blend into whole-volume accumulators instead of streaming slabs (the reference the slab
+    /// path is tested against; needs C × volume fp32).
+    #[doc(hidden)]
+    pub blend_in_memory: bool,
+    /// CPU test hook: the N-th backend call (1-based, counted over the whole run) fails once
+    /// with `Error::OutOfMemory`. `VOXTILE_INJECT_OOM=N` sets it for the CPU backend (the CUDA
+    /// pipeline reads the variable itself).
+    #[doc(hidden)]
+    pub inject_oom: Option<usize>,
+}
+
+impl Default for Options {
+    /// nnU-Net's defaults (gaussian, overlap 0.5) with MONAI's sigma_scale and zero padding.
+    fn default() -> Self {
+        Options {
+            roi: None,
+            overlap: [0.5; 3],
+            blend: BlendMode::Gaussian,
+            sigma_scale: [0.125; 3],
+            placement: Placement::Monai,
+            batch: None,
+            pad: PadMode::Constant(0.0),
+            device: Device::Auto,
+            extra_devices: Vec::new(),
+            axis_order: AxisOrder::Xyz,
+            keep_logits: false,
+            normalize: Normalize::None,
+            memory_budget: None,
+            blend_in_memory: false,
+            inject_oom: None,
+        }
+    }
+}
+
+impl Options {
+    /// Every device of a run: `device`, then `extra_devices`.
+    pub fn devices(&self) -> Vec<Device> {
+        std::iter::once(self.device)
+            .chain(self.extra_devices.iter().copied())
+            .collect()
+    }
+
+    /// Run on `list` (the first becomes `device`); an empty list leaves the options as they are.
+    pub fn set_devices(&mut self, list: &[Device]) {
+        if let Some((first, rest)) = list.split_first() {
+            self.device = *first;
+            self.extra_devices = rest.to_vec();
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! One volume through the engine: the plan, the pass on every device, the out-of-memory retry
+//! (the one place a batch is made smaller), the report.
+
+use super::parts::{run_parts, NetOut, PartRun};
+use super::report::{PartReport, PredictedPeak, Report, StageTimes};
+use super::{split, AxisOrder, Engine};
+use crate::backend::{LabelRule, Pass};
+use crate::tiling::{self, Grid};
+use crate::{Error, Result};
+use ndarray::{Array3, Array4, ArrayView4};
+use std::time::Instant;
+
+impl Engine {
+    /// The core on ndarray: `data` is (channel, i, j, k); returns labels (i,j,k), blended outputs
+    /// (channel, i, j, k) and the report. Without `Options::keep_logits` the blended outputs are
+    /// never held whole (finished slabs become labels at once) and the returned array has zero
+    /// channels.
+    ///
+    /// The window and batch come from the memory planner (see [`crate::plan::choose`]). A pass
+    /// that runs out of memory is redone over the whole volume at half the batch (said on
+    /// stderr and in the report); at batch 1 the out-of-memory error goes up: the window is
+    /// never changed behind the user's back (a smaller window changes the result).
+    pub fn segment_array(
+        &mut self,
+        data: ArrayView4<f32>,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<(Array3<u16>, Array4<f32>, Report)> {
+        let cin = self.graph.input_channels();
+        if data.shape()[0] != cin {
+            return Err(Error::Invalid(format!(
+                "the volume has {} channel(s) but the model expects {cin}",
+                data.shape()[0]
+            )));
+        }
+        // Network axes: (C, D, H, W).
+        let net = match self.options.axis_order {
+            AxisOrder::Xyz => data,
+            AxisOrder::Zyx => data.permuted_axes([0, 3, 2, 1]),
+        };
+        let shape = [net.shape()[1], net.shape()[2], net.shape()[3]];
+        let planned = self.plan_for(shape)?;
+        if let Some(w) = &planned.warning {
+            if self.warned.insert(w.clone()) {
+                tracing::warn!("{w}");
+            }
+        }
+        let mut report = Report {
+            input_shape: shape,
+            channels: cin,
+            overlap: self.options.overlap,
+            roi: planned.roi,
+            device: self.device_name.clone(),
+            output_activation: format!("{:?}", self.graph.output_activation()).to_lowercase(),
+            memory_budget: self.budget.0,
+            memory_budget_source: self.budget.1.clone(),
+            plan: planned.how.clone(),
+            ..Default::default()
+        };
+        let ((labels_net, logits_net), rule) =
+            self.run_with_retry(net, planned.batch, &mut report, progress)?;
+        if let Some(n) = report.nan_output_voxels.filter(|&n| n > 0) {
+            tracing::warn!(
+                "{n} voxels of the blended network output are NaN: their labels are meaningless (the model produced non-finite values)"
+            );
+        }
+        // The prediction for what finally ran.
+        let est = if report.batch == planned.batch {
+            planned.estimate
+        } else {
+            self.memory()
+                .estimate(&self.graph, report.roi, report.batch, &self.workload(shape))?
+        };
+        report.predicted_peak_bytes = PredictedPeak {
+            host: est.predicted_host(),
+            device: est.predicted_device(),
+        };
+        report.predicted = Some(est);
+        report.labels = rule.describe();
+        let t = Instant::now();
+        let logits_net =
+            logits_net.unwrap_or_else(|| Array4::zeros((0, shape[0], shape[1], shape[2])));
+        // Back to the file's (i,j,k) axes.
+        let (labels, logits) = match self.options.axis_order {
+            AxisOrder::Xyz => (labels_net, logits_net),
+            AxisOrder::Zyx => (
+                labels_net
+                    .permuted_axes([2, 1, 0])
+                    .as_standard_layout()
+                    .to_owned(),
+                logits_net
+                    .permuted_axes([0, 3, 2, 1])
+                    .as_standard_layout()
+                    .to_owned(),
+            ),
+        };
+        report.seconds.finalize += t.elapsed().as_secs_f64();
+        report.peak_host_bytes = super::peak_rss_bytes();
+        Ok((labels, logits, report))
+    }
+
+    /// How labels are made at `roi`; an error when the model does not keep the window's size
+    /// (the blender places each output over its window).
+    fn label_rule(&self, roi: [usize; 3], batch: usize) -> Result<LabelRule> {
+        let shapes = self.graph.infer_shapes(batch, roi)?;
+        let out = shapes[self.graph.output];
+        if [out[2], out[3], out[4]] != roi {
+            return Err(Error::Graph(format!(
+                "the model maps a {roi:?} window to {:?}: voxtile needs outputs the size of their input",
+                &out[2..]
+            )));
+        }
+        Ok(LabelRule {
+            cout: out[1],
+            act: self.graph.output_activation(),
+            keep_logits: self.options.keep_logits,
+        })
+    }
+
+    /// The pass over `net` at `report.roi`, starting at `batch` and halved on each
+    /// out-of-memory error (see [`oom_retry_batch`]); fills the report's run fields.
+    fn run_with_retry(
+        &mut self,
+        net: ArrayView4<f32>,
+        mut batch: usize,
+        report: &mut Report,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<(NetOut, LabelRule)> {
+        let roi = report.roi;
+        let o = &self.options;
+        let shape = report.input_shape;
+        let grid = Grid::new(shape, roi, o.overlap, o.placement)?;
+        let weights = tiling::weight_map(roi, o.blend, o.sigma_scale);
+        let split = split::split(&grid, self.workers.len());
+        let mut inject_oom = o.inject_oom.filter(|_| !self.is_cuda());
+        // A retried pass starts over: progress holds at its high-water mark, never goes back.
+        let mut high = 0;
+        let mut progress = |done: usize, total: usize| {
+            high = high.max(done);
+            progress(high, total)
+        };
+        loop {
+            batch = batch.min(grid.len()).max(1);
+            let rule = self.label_rule(roi, batch)?;
+            let t = Instant::now();
+            // A prepare that runs out of device memory (a budget larger than the device allows)
+            // goes through the same retry as a pass that does.
+            let prepared = self.prepare(batch, roi);
+            report.seconds.prepare += t.elapsed().as_secs_f64();
+            let pass = Pass {
+                volume: net,
+                grid: &grid,
+                weights: weights.view(),
+                batch,
+                pad: self.options.pad,
+                labels: rule,
+                own: 0..shape[0],
+                blend_in_memory: self.options.blend_in_memory,
+                // The hook fires once per run: not again in the retried pass.
+                inject_oom: inject_oom.take(),
+            };
+            let (result, runs) = match prepared {
+                Ok(()) => run_parts(&mut self.workers, &pass, &split, &mut progress),
+                Err(e @ Error::OutOfMemory(_)) => (Err(e), Vec::new()),
+                Err(e) => return Err(e),
+            };
+            merge_times(report, &runs);
+            match result {
+                Ok(out) => {
+                    report.batch = batch;
+                    report.windows = grid.len();
+                    report.windows_run = split.windows_run();
+                    report.nan_output_voxels = Some(runs.iter().map(|r| r.nan_voxels).sum());
+                    report.measured_activation_bytes = runs.iter().map(|r| r.measured_act).max();
+                    report.peak_device_bytes = runs.iter().filter_map(|r| r.peak_device).max();
+                    report.gpu = details(&runs);
+                    if split.parts.len() > 1 {
+                        report.parts = self.part_reports(&split, &runs, batch);
+                    }
+                    return Ok((out, rule));
+                }
+                Err(Error::OutOfMemory(m)) => {
+                    batch = oom_retry_batch(&m, roi, batch, &mut report.oom_retries)?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Each device's share of a split volume, for the report.
+    fn part_reports(
+        &self,
+        split: &split::Split,
+        runs: &[PartRun],
+        batch: usize,
+    ) -> Vec<PartReport> {
+        split
+            .parts
+            .iter()
+            .zip(runs)
+            .enumerate()
+            .map(|(k, (p, r))| PartReport {
+                device: self.workers[k].name.clone(),
+                planes: p.planes,
+                crop: p.crop,
+                windows: split.windows(k),
+                batch,
+                compute_seconds: r.seconds.compute,
+                peak_device_bytes: r.peak_device,
+                measured_activation_bytes: r.measured_act,
+            })
+            .collect()
+    }
+}
+
+/// Stage times of one attempt, added to the report's: the slowest device (the parts run at
+/// once).
+fn merge_times(report: &mut Report, runs: &[PartRun]) {
+    let slowest =
+        |f: fn(&StageTimes) -> f64| runs.iter().map(|r| f(&r.seconds)).fold(0.0, f64::max);
+    report.seconds.compute += slowest(|t| t.compute);
+    report.seconds.blend += slowest(|t| t.blend);
+    report.seconds.finalize += slowest(|t| t.finalize);
+}
+
+/// The backends' own details (CUDA event timings): one device's, or a list of every device's.
+fn details(runs: &[PartRun]) -> Option<serde_json::Value> {
+    if runs.len() == 1 {
+        runs[0].details.clone()
+    } else {
+        runs.iter()
+            .map(|r| r.details.clone())
+            .collect::<Option<Vec<_>>>()
+            .map(serde_json::Value::Array)
+    }
+}
+
+/// The batch to redo a volume at after an out-of-memory error `m` at `batch`: half of it (said
+/// on stderr and in `retries`); at batch 1 the error itself, naming the window that is kept.
+fn oom_retry_batch(
+    m: &str,
+    roi: [usize; 3],
+    batch: usize,
+    retries: &mut Vec<String>,
+) -> Result<usize> {
+    if batch <= 1 {
+        return Err(Error::OutOfMemory(format!(
+            "{m}; at batch 1 with the window {roi:?}, which is kept (a smaller window changes the result): free memory or pass a smaller --roi"
+        )));
+    }
+    let nb = batch / 2;
+    let msg = format!(
+        "out of memory ({m}) with roi {roi:?}: batch {batch} -> {nb}, retrying the volume with batch {nb}"
+    );
+    eprintln!("voxtile: {msg}");
+    retries.push(msg);
+    Ok(nb)
+}

@@ -1,0 +1,186 @@
+//! Choosing the run's window and batch under a budget, through a backend's [`MemoryModel`].
+
+use super::{format_bytes, Plan, Request, Target, MAX_BATCH, MAX_ROI};
+use crate::backend::MemoryModel;
+use crate::model::graph::Graph;
+use crate::{Error, Result};
+
+/// The roi used when nothing asks otherwise: the model's fixed size, else 128 clipped to the
+/// volume, rounded up to the network's divisor.
+pub fn default_roi(graph: &Graph, shape: [usize; 3]) -> [usize; 3] {
+    let div = graph.spatial_divisor();
+    [0, 1, 2].map(|a| match graph.fixed_input_spatial[a] {
+        Some(f) => f,
+        None => shape[a].clamp(1, MAX_ROI).div_ceil(div[a]) * div[a],
+    })
+}
+
+/// Where the window of a run comes from: a user's (or a manifest's) roi, else the model's fixed
+/// input size, else [`default_roi`]. Checked against the model's divisor and fixed sizes.
+fn run_window(graph: &Graph, req: &Request) -> Result<[usize; 3]> {
+    let Some(r) = req.user_roi else {
+        return Ok(default_roi(graph, req.workload.shape));
+    };
+    let div = graph.spatial_divisor();
+    for a in 0..3 {
+        if r[a] == 0 || r[a] % div[a] != 0 {
+            return Err(Error::Invalid(format!(
+                "roi {r:?} does not fit the model: each axis must be a multiple of {div:?} (its downsampling)"
+            )));
+        }
+        if let Some(f) = graph.fixed_input_spatial[a] {
+            if f != r[a] {
+                return Err(Error::Invalid(format!(
+                    "the model's input is fixed to {f} along axis {a}, roi asks {}",
+                    r[a]
+                )));
+            }
+        }
+    }
+    Ok(r)
+}
+
+/// The one-line warning for a window smaller than the model's receptive field along some axis:
+/// its voxels see less context than the model was built for, so the result may change.
+pub fn receptive_field_warning(graph: &Graph, roi: [usize; 3]) -> Option<String> {
+    let rf = graph.receptive_field();
+    (0..3).any(|a| roi[a] < rf[a]).then(|| {
+        format!(
+            "roi {roi:?} is smaller than the model's receptive field {rf:?}: voxels see less context than the model was built for, and the result may differ from a larger window"
+        )
+    })
+}
+
+/// Choose the batch for the model's window under the budget.
+///
+/// The window is never shrunk (a smaller window changes the numerics): it is the user's roi (or
+/// a manifest's), else the model's fixed input size, else [`default_roi`]. Only the batch is
+/// planned. Heuristic (throughput): the batch with the lowest modelled time
+/// ([`MemoryModel::cost`]) among those
+/// that fit (ties: the larger); on CUDA a launch is costed as at least one 128³ window (small
+/// launches under-use the GPU), on the CPU a batch's windows run one after another, so the batch
+/// stays 1 unless given. Without an explicit budget the default batch (1 on CPU, 2 on CUDA) is
+/// kept when it fits.
+///
+/// When batch 1 at that window does not fit, it is an error naming the window and the budget it
+/// needs; a user's explicit roi + batch over the *default* budget only warns (run anyway). An
+/// explicit roi below the model's receptive field runs with a warning (`Plan::warning`).
+pub fn choose(graph: &Graph, model: &dyn MemoryModel, req: &Request) -> Result<Plan> {
+    let w = &req.workload;
+    let roi = run_window(graph, req)?;
+    let windows = w.windows(roi)?;
+    let mut warnings: Vec<String> = req
+        .user_roi
+        .and_then(|r| receptive_field_warning(graph, r))
+        .into_iter()
+        .collect();
+    let need = |b: usize| -> Result<u64> { Ok(model.estimate(graph, roi, b, w)?.budgeted.total()) };
+    let (batch, how) = match req.user_batch {
+        Some(b) => {
+            let b = b.min(windows).max(1);
+            let need = need(b)?;
+            if need > req.budget {
+                let msg = format!(
+                    "roi {roi:?} with batch {b} needs {} but the memory budget is {}",
+                    format_bytes(need),
+                    format_bytes(req.budget)
+                );
+                if req.budget_explicit || req.user_roi.is_none() {
+                    return Err(Error::Invalid(format!(
+                        "{msg}: lower --batch or --roi, or raise --memory-budget"
+                    )));
+                }
+                warnings.push(msg);
+            }
+            (b, "user")
+        }
+        None => {
+            let need1 = need(1)?;
+            if need1 > req.budget {
+                return Err(too_small(model.target(), req, roi, need1));
+            }
+            let target = model.target();
+            let default_batch = match target {
+                Target::Cpu => 1,
+                Target::Cuda => 2,
+            };
+            let bmax = match (req.budget_explicit, target) {
+                (false, _) => default_batch,
+                (true, Target::Cpu) => 1,
+                (true, Target::Cuda) => MAX_BATCH,
+            }
+            .min(windows)
+            .max(1);
+            let b = best_batch(model, windows, roi, bmax, |b| Ok(need(b)? <= req.budget))?;
+            let kept_default = !req.budget_explicit && b == default_batch.min(windows).max(1);
+            (b, if kept_default { "default" } else { "planned" })
+        }
+    };
+    let e = model.estimate(graph, roi, batch, w)?;
+    Ok(Plan {
+        roi,
+        batch,
+        windows: e.windows,
+        budget: req.budget,
+        how: how.into(),
+        estimate: e,
+        warning: (!warnings.is_empty()).then(|| warnings.join("; ")),
+    })
+}
+
+/// The batch in `1..=bmax` of lowest modelled cost among those that fit (memory grows with the
+/// batch, so they are `1..=largest`); ties go to the larger. Batch 1 must fit.
+fn best_batch(
+    model: &dyn MemoryModel,
+    windows: usize,
+    roi: [usize; 3],
+    bmax: usize,
+    fits: impl Fn(usize) -> Result<bool>,
+) -> Result<usize> {
+    let (mut lo, mut hi) = (1, bmax);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if fits(mid)? {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    let mut pick = (u64::MAX, 1);
+    for b in 1..=lo {
+        let c = model.cost(windows, roi, b);
+        if c <= pick.0 {
+            pick = (c, b);
+        }
+    }
+    Ok(pick.1)
+}
+
+/// The error for a budget below batch 1 at the run's window.
+fn too_small(target: Target, req: &Request, roi: [usize; 3], need: u64) -> Error {
+    let whose = if req.user_roi.is_some() {
+        "the window"
+    } else {
+        "the model's window"
+    };
+    let what = match target {
+        Target::Cpu => "host working set",
+        Target::Cuda => "device memory",
+    };
+    Error::Invalid(format!(
+        "the memory budget {} is too small for {whose} {roi:?}: batch 1 needs {} ({what}); raise --memory-budget or pass a smaller --roi",
+        format_bytes(req.budget),
+        format_bytes(need)
+    ))
+}
+
+/// A planner error about a default budget, with where that budget came from appended (under
+/// Slurm or Kubernetes a small default is the job's limit, not the host's RAM).
+pub fn with_budget_source(e: Error, source: &str) -> Error {
+    match e {
+        Error::Invalid(m) if m.contains("memory budget") => {
+            Error::Invalid(format!("{m} (default budget: {source})"))
+        }
+        e => e,
+    }
+}
