@@ -25,7 +25,7 @@
 //! CUDA: the ring of fp32 sums over the planes `batch` consecutive windows span, at most
 //! `min(D, 2·roi_D)`, and the finalised-plane staging).
 
-use crate::backend::cpu::ops::{is_inplace, COL_BUDGET_BYTES};
+use crate::backend::cpu::ops::is_inplace;
 use crate::backend::cuda::pipeline::{
     pipeline_alloc, stage_planes, window_z0, GatherMode, OUT_SLOTS,
 };
@@ -205,32 +205,9 @@ fn cpu_liveness(graph: &Graph) -> (Vec<bool>, Vec<usize>) {
     (needed, last_use)
 }
 
-/// im2col / col2im buffer bytes of one CPU conv node (0 for other ops and pointwise convs), as
-/// `backend::cpu::ops::conv` sizes it.
+/// Workspace bytes of one CPU conv node (0 for other ops), as `backend::cpu::ops` allocates it.
 fn cpu_col_bytes(op: &Op, x: [usize; 5], y: [usize; 5]) -> u64 {
-    let chunk = |k_rows: usize, row_len: usize, total: usize| -> u64 {
-        let per_row = (k_rows * row_len * F32 as usize).max(1);
-        let rows = (COL_BUDGET_BYTES / per_row).clamp(1, total.max(1));
-        (k_rows * rows * row_len) as u64 * F32
-    };
-    match op {
-        Op::Conv(c) => {
-            let ws = &c.weight.shape;
-            let ksz = ws[2] * ws[3] * ws[4];
-            if ksz == 1 && c.stride == [1, 1, 1] && c.pads == [0; 6] {
-                return 0;
-            }
-            let kk = (x[1] / c.groups.max(1)) * ksz;
-            chunk(kk, y[4], y[2] * y[3])
-        }
-        Op::ConvTranspose(c) => {
-            let ws = &c.weight.shape;
-            let ksz = ws[2] * ws[3] * ws[4];
-            let mrows = (y[1] / c.groups.max(1)) * ksz;
-            chunk(mrows, x[4], x[2] * x[3])
-        }
-        _ => 0,
-    }
+    crate::backend::cpu::ops::conv_workspace_bytes(op, x, y)
 }
 
 /// CPU activations for (batch, roi): the executor's liveness peak, its node, and the largest
