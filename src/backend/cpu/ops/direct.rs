@@ -216,7 +216,9 @@ unsafe fn write_tile<T: Real>(g: &Geom, tile: &[T], d: &TileDst<T>, out: OutPtr<
         }
         let seg = (g.lph - q).min(PIX - l);
         let valid = ow.saturating_sub(q).min(seg);
-        for (c, &b) in d.bias.iter().enumerate() {
+        // Pixels past the row's end (q >= Wout) are padding lanes: nothing to write.
+        let channels = if valid > 0 { d.bias } else { &[] };
+        for (c, &b) in channels.iter().enumerate() {
             let at = d.plane0 + c * pout + (d.r0 + r) * ow + q;
             assert!(at + valid <= len, "conv: tile outside the output");
             // SAFETY: in bounds (asserted); this row belongs to the caller's group only.
@@ -227,14 +229,12 @@ unsafe fn write_tile<T: Real>(g: &Geom, tile: &[T], d: &TileDst<T>, out: OutPtr<
     }
 }
 
-/// `dst = act(src + bias)`, with the activation chosen outside the loop so it vectorises.
+/// `dst = act(src + bias)`: the same slice activation as the unfused op, so fusion is exact.
 #[inline(always)]
 fn epilogue<T: Real>(dst: &mut [T], src: &[T], b: T, act: Option<Unary>) {
-    let pairs = dst.iter_mut().zip(src);
-    match act {
-        None => pairs.for_each(|(o, &v)| *o = v + b),
-        Some(Unary::Relu) => pairs.for_each(|(o, &v)| *o = Unary::Relu.eval(v + b)),
-        Some(a) => pairs.for_each(|(o, &v)| *o = a.eval(v + b)),
+    dst.iter_mut().zip(src).for_each(|(o, &v)| *o = v + b);
+    if let Some(a) = act {
+        super::vmath::activate(dst, a);
     }
 }
 

@@ -64,7 +64,12 @@ impl Unary {
 }
 
 pub fn unary_inplace<T: Real>(x: &mut Array5<T>, op: Unary) -> Result<()> {
-    x.par_mapv_inplace(|v| op.eval(v));
+    make_standard(x)?;
+    let xs = x
+        .as_slice_mut()
+        .ok_or_else(|| err("activation input is not contiguous".into()))?;
+    xs.par_chunks_mut(1 << 14)
+        .for_each(|c| super::vmath::activate(c, op));
     Ok(())
 }
 

@@ -10,6 +10,7 @@ mod microkernel;
 mod norm;
 mod pool;
 mod resize;
+mod vmath;
 
 pub use conv::{conv3d, conv_transpose3d, conv_workspace_bytes, COL_BUDGET_BYTES};
 pub use direct::conv3d_fused;
