@@ -8,7 +8,7 @@
 //! row is larger), staging (the window batch) and accumulators (`SlabBlender`: roi_D padded
 //! planes, plus its transient copy while it shifts).
 
-use super::ops::{is_inplace, COL_BUDGET_BYTES};
+use super::ops::is_inplace;
 use crate::backend::memory::{prod, Breakdown, Estimate, PeakNode, Target, Workload, F32};
 use crate::backend::MemoryModel;
 use crate::model::graph::{Graph, Op};
@@ -122,32 +122,9 @@ fn cpu_liveness(graph: &Graph) -> (Vec<bool>, Vec<usize>) {
     (needed, last_use)
 }
 
-/// im2col / col2im buffer bytes of one CPU conv node (0 for other ops and pointwise convs), as
-/// `backend::cpu::ops::conv` sizes it.
+/// Workspace bytes of one CPU conv node (0 for other ops), as `backend::cpu::ops` allocates it.
 fn cpu_col_bytes(op: &Op, x: [usize; 5], y: [usize; 5]) -> u64 {
-    let chunk = |k_rows: usize, row_len: usize, total: usize| -> u64 {
-        let per_row = (k_rows * row_len * F32 as usize).max(1);
-        let rows = (COL_BUDGET_BYTES / per_row).clamp(1, total.max(1));
-        (k_rows * rows * row_len) as u64 * F32
-    };
-    match op {
-        Op::Conv(c) => {
-            let ws = &c.weight.shape;
-            let ksz = ws[2] * ws[3] * ws[4];
-            if ksz == 1 && c.stride == [1, 1, 1] && c.pads == [0; 6] {
-                return 0;
-            }
-            let kk = (x[1] / c.groups.max(1)) * ksz;
-            chunk(kk, y[4], y[2] * y[3])
-        }
-        Op::ConvTranspose(c) => {
-            let ws = &c.weight.shape;
-            let ksz = ws[2] * ws[3] * ws[4];
-            let mrows = (y[1] / c.groups.max(1)) * ksz;
-            chunk(mrows, x[4], x[2] * x[3])
-        }
-        _ => 0,
-    }
+    super::ops::conv_workspace_bytes(op, x, y)
 }
 
 /// CPU activations for (batch, roi): the executor's liveness peak, its node, and the largest

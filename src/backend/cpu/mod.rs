@@ -7,6 +7,7 @@
 //! The executor runs nodes in order and frees every intermediate right after its last consumer;
 //! elementwise ops reuse their input's buffer when that input dies at them.
 
+mod fuse;
 pub mod memory;
 pub mod ops;
 mod real;
@@ -145,8 +146,10 @@ fn execute<T: Real>(
             )),
         )
     };
+    let fusion = fuse::plan(graph, &plan.needed);
     for (i, node) in graph.nodes.iter().enumerate() {
-        if !plan.needed[i] {
+        if !plan.needed[i] || fusion.absorbed[i] {
+            stats.nodes_run += usize::from(fusion.absorbed[i]);
             continue;
         }
         let out = if ops::is_inplace(&node.op) {
@@ -173,11 +176,11 @@ fn execute<T: Real>(
             for &v in &node.inputs {
                 ins.push(values[v].as_ref().ok_or_else(|| missing(node, v))?.view());
             }
-            ops::apply(&node.op, &ins).map_err(|e| node_err(node, e))?
+            fusion.apply(node, i, &ins).map_err(|e| node_err(node, e))?
         };
         live += 1;
         live_bytes += bytes(&out);
-        values[node.output] = Some(out);
+        values[fusion.output(graph, i)] = Some(out);
         stats.peak_live_buffers = stats.peak_live_buffers.max(live);
         stats.peak_live_bytes = stats.peak_live_bytes.max(live_bytes);
         stats.nodes_run += 1;

@@ -1,16 +1,17 @@
-//! Conv and ConvTranspose as GEMMs over NCDHW: im2col (chunked over output rows so the column
-//! buffer stays under [`COL_BUDGET_BYTES`]) + GEMM for Conv, GEMM + col2im scatter-add for
-//! ConvTranspose. The ONNX weight layouts are already the GEMM operands, so nothing is re-laid.
+//! ConvTranspose as a GEMM + col2im scatter-add over NCDHW (chunked over input rows so the column
+//! buffer stays under [`COL_BUDGET_BYTES`]); Conv runs the direct kernel of `direct.rs`. The ONNX
+//! ConvTranspose weight layout is already the GEMM operand, so nothing is re-laid.
 
 use super::gemm::{gemm, Mat};
 use super::{dims, err, standard, zeroed};
+use crate::model::graph::Shape;
 use crate::backend::cpu::Real;
-use crate::model::graph::{Conv, ConvTranspose};
+use crate::model::graph::{Conv, ConvTranspose, Op};
 use crate::Result;
 use ndarray::{Array5, ArrayView5};
 use rayon::prelude::*;
 
-/// Upper bound of one im2col / col2im buffer. Small on purpose: the buffer is written and then
+/// Upper bound of one col2im buffer. Small on purpose: the buffer is written and then
 /// re-read by the GEMM's packing, so keeping it cache-resident matters more than few GEMM calls.
 pub const COL_BUDGET_BYTES: usize = 4 << 20;
 
@@ -43,133 +44,24 @@ fn chunk_rows<T>(k_rows: usize, row_len: usize, total_rows: usize) -> usize {
     (COL_BUDGET_BYTES / per_row).clamp(1, total_rows.max(1))
 }
 
-/// ONNX Conv (3D, NCDHW) with groups, stride, dilation and asymmetric pads.
+/// ONNX Conv (3D, NCDHW) with groups, stride, dilation and asymmetric pads (see `direct.rs`).
 pub fn conv3d<T: Real>(x: ArrayView5<T>, p: &Conv) -> Result<Array5<T>> {
-    let xs = dims(&x);
-    let os = p.output_shape(&xs).map_err(err)?;
-    let x = standard(&x);
-    let xd = x
-        .as_slice()
-        .ok_or_else(|| err("Conv input is not contiguous".into()))?;
-    let w = T::cast_slice(&p.weight.data);
-    let bias = p.bias.as_ref().map(|b| T::cast_slice(&b.data));
-    let [n, cin, d, h, wd] = xs;
-    let [_, cout, od, oh, ow] = os;
-    let ws = &p.weight.shape;
-    let (kd, kh, kw) = (ws[2], ws[3], ws[4]);
-    let g = p.groups;
-    let (cin_g, cout_g) = (cin / g, cout / g);
-    let ksz = kd * kh * kw;
-    let kk = cin_g * ksz;
-    let (pin, pout) = (d * h * wd, od * oh * ow);
+    super::direct::conv3d_fused(x, p, None)
+}
 
-    let mut out = zeroed(n * cout * pout, "a Conv output")?;
-    fill_bias(&mut out, bias.as_deref(), cout, pout);
-    let pointwise = ksz == 1 && p.stride == [1, 1, 1] && p.pads == [0; 6];
-    if pointwise {
-        for b in 0..n {
-            for gi in 0..g {
-                gemm(
-                    cout_g,
-                    cin_g,
-                    pout,
-                    &w,
-                    Mat {
-                        off: gi * cout_g * cin_g,
-                        rs: cin_g,
-                        cs: 1,
-                    },
-                    xd,
-                    Mat {
-                        off: (b * cin + gi * cin_g) * pin,
-                        rs: pin,
-                        cs: 1,
-                    },
-                    T::ONE,
-                    &mut out,
-                    Mat {
-                        off: (b * cout + gi * cout_g) * pout,
-                        rs: pout,
-                        cs: 1,
-                    },
-                );
-            }
+/// Workspace bytes (f32) one conv node allocates besides its output: the direct Conv's packed
+/// weights and per-thread row stacks, or the ConvTranspose column buffer; 0 for other ops.
+pub fn conv_workspace_bytes(op: &Op, x: Shape, y: Shape) -> u64 {
+    match op {
+        Op::Conv(c) => super::direct::conv_workspace(c, x, y),
+        Op::ConvTranspose(c) => {
+            let ws = &c.weight.shape;
+            let mrows = (y[1] / c.groups.max(1)) * ws[2] * ws[3] * ws[4];
+            let rows = chunk_rows::<f32>(mrows, x[4], x[2] * x[3]);
+            (mrows * rows * x[4] * std::mem::size_of::<f32>()) as u64
         }
-        return Array5::from_shape_vec(os, out).map_err(|e| err(e.to_string()));
+        _ => 0,
     }
-
-    let [sd, sh, sw] = p.stride;
-    let [dd, dh, dw] = p.dilation;
-    let (pd, ph, pw) = (p.pads[0] as isize, p.pads[1] as isize, p.pads[2] as isize);
-    let total_rows = od * oh;
-    let rows = chunk_rows::<T>(kk, ow, total_rows);
-    let mut col = zeroed(kk * rows * ow, "the Conv column buffer")?;
-    for b in 0..n {
-        for gi in 0..g {
-            let mut r0 = 0;
-            while r0 < total_rows {
-                let r1 = (r0 + rows).min(total_rows);
-                let ncols = (r1 - r0) * ow;
-                col[..kk * ncols]
-                    .par_chunks_mut(ncols)
-                    .enumerate()
-                    .for_each(|(kr, dst)| {
-                        let ci = kr / ksz;
-                        let t = kr % ksz;
-                        let (tkd, tkh, tkw) = (t / (kh * kw), (t / kw) % kh, t % kw);
-                        let plane = &xd[(b * cin + gi * cin_g + ci) * pin..][..pin];
-                        let off_w = (tkw * dw) as isize - pw;
-                        let (lo, hi) = valid_range(ow, sw, off_w, wd);
-                        for (r, seg) in (r0..r1).zip(dst.chunks_exact_mut(ow)) {
-                            let (o_d, o_h) = (r / oh, r % oh);
-                            let id = (o_d * sd + tkd * dd) as isize - pd;
-                            let ih = (o_h * sh + tkh * dh) as isize - ph;
-                            if id < 0 || id >= d as isize || ih < 0 || ih >= h as isize {
-                                seg.fill(T::ZERO);
-                                continue;
-                            }
-                            let src = &plane[(id as usize * h + ih as usize) * wd..][..wd];
-                            seg[..lo].fill(T::ZERO);
-                            seg[hi..].fill(T::ZERO);
-                            if sw == 1 {
-                                let s0 = (lo as isize + off_w) as usize;
-                                seg[lo..hi].copy_from_slice(&src[s0..s0 + (hi - lo)]);
-                            } else {
-                                for (o, v) in seg[lo..hi].iter_mut().enumerate() {
-                                    *v = src[(((lo + o) * sw) as isize + off_w) as usize];
-                                }
-                            }
-                        }
-                    });
-                gemm(
-                    cout_g,
-                    kk,
-                    ncols,
-                    &w,
-                    Mat {
-                        off: gi * cout_g * kk,
-                        rs: kk,
-                        cs: 1,
-                    },
-                    &col,
-                    Mat {
-                        off: 0,
-                        rs: ncols,
-                        cs: 1,
-                    },
-                    T::ONE,
-                    &mut out,
-                    Mat {
-                        off: (b * cout + gi * cout_g) * pout + r0 * ow,
-                        rs: pout,
-                        cs: 1,
-                    },
-                );
-                r0 = r1;
-            }
-        }
-    }
-    Array5::from_shape_vec(os, out).map_err(|e| err(e.to_string()))
 }
 
 /// ONNX ConvTranspose (3D, NCDHW) with groups, stride, dilation, asymmetric pads and

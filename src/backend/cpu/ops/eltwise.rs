@@ -30,21 +30,46 @@ fn sigmoid1<T: Real>(v: T) -> T {
     }
 }
 
-pub fn unary_inplace<T: Real>(x: &mut Array5<T>, op: Unary) -> Result<()> {
-    match op {
-        Unary::Relu => x.par_mapv_inplace(|v| if v > T::ZERO { v } else { T::ZERO }),
-        Unary::LeakyRelu(a) => {
-            let a = T::from_f32(a);
-            x.par_mapv_inplace(|v| if v >= T::ZERO { v } else { a * v })
-        }
-        Unary::Elu(a) => {
-            let a = T::from_f32(a);
+impl Unary {
+    /// The activation of one value (the conv epilogue applies it while writing its output).
+    #[inline(always)]
+    pub fn eval<T: Real>(self, v: T) -> T {
+        match self {
+            Unary::Relu => {
+                if v > T::ZERO {
+                    v
+                } else {
+                    T::ZERO
+                }
+            }
+            Unary::LeakyRelu(a) => {
+                if v >= T::ZERO {
+                    v
+                } else {
+                    T::from_f32(a) * v
+                }
+            }
             // expm1 like PyTorch: exact near zero.
-            x.par_mapv_inplace(|v| if v > T::ZERO { v } else { a * v.exp_m1() })
+            Unary::Elu(a) => {
+                if v > T::ZERO {
+                    v
+                } else {
+                    T::from_f32(a) * v.exp_m1()
+                }
+            }
+            Unary::Sigmoid => sigmoid1(v),
+            Unary::Tanh => v.tanh(),
         }
-        Unary::Sigmoid => x.par_mapv_inplace(sigmoid1),
-        Unary::Tanh => x.par_mapv_inplace(|v| v.tanh()),
     }
+}
+
+pub fn unary_inplace<T: Real>(x: &mut Array5<T>, op: Unary) -> Result<()> {
+    make_standard(x)?;
+    let xs = x
+        .as_slice_mut()
+        .ok_or_else(|| err("activation input is not contiguous".into()))?;
+    xs.par_chunks_mut(1 << 14)
+        .for_each(|c| super::vmath::activate(c, op));
     Ok(())
 }
 

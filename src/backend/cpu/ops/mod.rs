@@ -3,13 +3,17 @@
 //! are validated first, so bad input is an `Err`, never a panic.
 
 mod conv;
+mod direct;
 mod eltwise;
 mod gemm;
+mod microkernel;
 mod norm;
 mod pool;
 mod resize;
+mod vmath;
 
-pub use conv::{conv3d, conv_transpose3d, COL_BUDGET_BYTES};
+pub use conv::{conv3d, conv_transpose3d, conv_workspace_bytes, COL_BUDGET_BYTES};
+pub use direct::conv3d_fused;
 pub use eltwise::{
     add, add_const, binary_inplace, concat, const_inplace, div, elu, leaky_relu, mul, mul_const,
     prelu, relu, sigmoid, softmax, softmax_inplace, sub, tanh, unary_inplace, Binary, Unary,
