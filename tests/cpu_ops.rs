@@ -4,7 +4,7 @@
 
 mod common;
 use ndarray::{Array5, ArrayView5, Axis};
-use voxtile::backend::cpu::{ops, run_graph, run_graph_f64, CpuBackend};
+use voxtile::internals::cpu::{ops, run_graph, run_graph_f64, CpuBackend};
 use voxtile::backend::Backend;
 use voxtile::model::graph::*;
 

@@ -5,10 +5,10 @@
 //! element fails the check. Run on the GPU machine with tests/gpu/run.sh.
 
 use ndarray::{Array3, Array4, Array5};
-use voxtile::backend::cuda::buffers::ConvGeom;
-use voxtile::backend::cuda::catalogue::{self as cat, halo_config, MmaConfig, MMA_CONFIGS};
-use voxtile::backend::cuda::select::pick_halo;
-use voxtile::backend::cuda::{CudaBackend, CudaOptions};
+use voxtile::internals::cuda::buffers::ConvGeom;
+use voxtile::internals::cuda::catalogue::{self as cat, halo_config, MmaConfig, MMA_CONFIGS};
+use voxtile::internals::cuda::select::pick_halo;
+use voxtile::internals::cuda::{CudaBackend, CudaOptions};
 use voxtile::model::graph::*;
 
 // ---------- helpers ----------
@@ -1834,7 +1834,7 @@ fn kernels_used(b: &mut CudaBackend, batch: usize) -> Vec<String> {
 /// run forced) and checks that it is the one that ran.
 #[test]
 fn conv_halo_cases() {
-    use voxtile::backend::cuda::catalogue::{HaloConfig, HALO_CONFIGS};
+    use voxtile::internals::cuda::catalogue::{HaloConfig, HALO_CONFIGS};
     let Some(mut b) = gpu() else { return };
     let mut r = rng("halo");
     b.with(|o| o.conv_tile = None);
@@ -2702,7 +2702,7 @@ fn bench_w1_layers() {
 /// path (halo off: `conv_mma_*`) and a `RESULT w2 ... old ... new` summary line.
 #[test]
 fn bench_halo_variants() {
-    use voxtile::backend::cuda::catalogue::{HaloConfig, HALO_CONFIGS};
+    use voxtile::internals::cuda::catalogue::{HaloConfig, HALO_CONFIGS};
     let Some(mut b) = gpu() else { return };
     let mut r = rng("halo-bench");
     b.with(|o| o.conv_tile = None);

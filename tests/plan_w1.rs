@@ -5,8 +5,8 @@
 mod common;
 use common::unet::*;
 use common::*;
-use voxtile::backend::cuda::pipeline::{pipeline_alloc, window_z0, GatherMode};
-use voxtile::backend::cuda::plan::{buffer_plan, ArchCaps};
+use voxtile::internals::cuda::pipeline::{pipeline_alloc, window_z0, GatherMode};
+use voxtile::internals::cuda::plan::{buffer_plan, ArchCaps};
 use voxtile::model::graph::{Graph, Op};
 use voxtile::plan::{self, Target, Workload};
 use voxtile::tiling::Placement;

@@ -8,7 +8,8 @@ use crate::{Error, Result};
 use prost::Message;
 use std::path::Path;
 
-pub use super::decode::{proto, MAX_ELEMENTS};
+pub(crate) use super::decode::proto;
+pub use super::decode::MAX_ELEMENTS;
 
 /// Load an ONNX model file (external data is resolved relative to its folder) into the IR. The
 /// file must be a regular file of at most [`crate::fsio::MODEL_CAP`] bytes.
