@@ -29,10 +29,13 @@ use std::time::Instant;
 
 /// The result: labels on the input's (i,j,k) grid, optional blended outputs, the input geometry.
 pub struct Segmentation {
+    /// Labels `(i, j, k)`: 0 for background (or a NaN network output), else the class index.
     pub labels: Array3<u16>,
     /// (channel, i, j, k) blended network outputs, when `Options::keep_logits`.
     pub logits: Option<Array4<f32>>,
+    /// The input's header: write the outputs with it so they overlay the input.
     pub header: Header,
+    /// Times, sizes and the planner's prediction for this run.
     pub report: Report,
 }
 

@@ -166,7 +166,9 @@ pub trait Backend: Send {
 pub enum Device {
     /// CUDA when a driver, a GPU and NVRTC are present, else CPU (said on stderr).
     Auto,
+    /// The float32 CPU backend (the exact reference).
     Cpu,
+    /// CUDA device `N` (fp16 kernels compiled with NVRTC).
     Cuda(usize),
 }
 

@@ -22,6 +22,7 @@ pub struct Part {
 /// How a grid is shared: the parts, in D order, and what sharing costs.
 #[derive(Clone, Debug)]
 pub struct Split {
+    /// Each device's share, in D order.
     pub parts: Vec<Part>,
     /// Windows per D position (the H × W positions of the grid).
     pub per_position: usize,
