@@ -40,6 +40,29 @@ pub struct Segmentation {
 }
 
 /// A model bound to one backend per device, ready to segment volumes.
+///
+/// # Examples
+///
+/// An array in memory, `(channel, i, j, k)`, on the CPU with a fixed window:
+///
+/// ```no_run
+/// use ndarray::Array4;
+/// use voxtile::engine::{Device, Engine, Options};
+///
+/// fn main() -> voxtile::Result<()> {
+///     let options = Options {
+///         device: Device::Cpu,
+///         roi: Some([96, 96, 96]),
+///         ..Options::default()
+///     };
+///     let mut engine = Engine::from_file("net.onnx".as_ref(), options)?;
+///     let image = Array4::<f32>::zeros((1, 160, 160, 96));
+///     let (labels, _logits, report) = engine.segment_array(image.view(), &mut |_, _| {})?;
+///     assert_eq!(labels.shape(), &[160, 160, 96]);
+///     println!("{} windows on {}", report.windows, engine.device_name());
+///     Ok(())
+/// }
+/// ```
 pub struct Engine {
     graph: Graph,
     options: Options,

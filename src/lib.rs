@@ -47,6 +47,11 @@ pub use engine::{Engine, Options, Segmentation};
 pub use error::{Error, Result};
 pub use volume::Volume;
 
+/// The README's code blocks, compiled as doctests so that its library snippet stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 /// Unstable internals for the crate's own binary, tests, benches and fuzz targets: the backends'
 /// kernels and planners, the ONNX protobuf types, `.npy` I/O, the CLI and its process setup.
 /// Not part of the API: no stability promise, and no documentation beyond the code's own.

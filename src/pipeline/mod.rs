@@ -119,6 +119,31 @@ pub struct Output {
 }
 
 /// One or more models (an ensemble) with the settings around them.
+///
+/// # Examples
+///
+/// Two models averaged, each run on the volume and its mirrors along all three axes:
+///
+/// ```no_run
+/// use voxtile::pipeline::{Pipeline, Settings};
+/// use voxtile::{Engine, Options};
+///
+/// fn main() -> voxtile::Result<()> {
+///     let engines = vec![
+///         Engine::from_file("fold0.onnx".as_ref(), Options::default())?,
+///         Engine::from_file("fold1.onnx".as_ref(), Options::default())?,
+///     ];
+///     let settings = Settings {
+///         mirror_axes: vec![0, 1, 2],
+///         ..Settings::default()
+///     };
+///     let mut pipeline = Pipeline::new(engines, settings)?;
+///     let volume = voxtile::volume::read("ct.nii.gz".as_ref())?;
+///     let out = pipeline.run(&volume, &mut |_, _| {})?;
+///     voxtile::volume::write_labels("seg.nii.gz".as_ref(), out.labels.view(), &out.header)?;
+///     Ok(())
+/// }
+/// ```
 pub struct Pipeline {
     engines: Vec<Engine>,
     settings: Settings,
