@@ -7,6 +7,7 @@
 use ndarray::{Array3, Array4, Array5};
 use voxtile::internals::cuda::buffers::ConvGeom;
 use voxtile::internals::cuda::catalogue::{self as cat, halo_config, MmaConfig, MMA_CONFIGS};
+use voxtile::internals::cuda::pipeline::WindowJob;
 use voxtile::internals::cuda::select::pick_halo;
 use voxtile::internals::cuda::{CudaBackend, CudaOptions};
 use voxtile::model::graph::*;
@@ -1514,16 +1515,16 @@ fn sliding_window_blend_and_argmax() {
     for batch in [1usize, 4] {
         b.prepare(&g, batch, roi).unwrap();
         let (got, times) = b
-            .segment_windows(
-                vol.view(),
+            .segment_windows(&WindowJob {
+                vol: vol.view(),
                 padded,
                 pad_before,
                 roi,
-                &starts,
-                wmap.view(),
+                starts: &starts,
+                weights: wmap.view(),
                 batch,
                 cval,
-            )
+            })
             .unwrap();
         let want = T {
             s: [1, cout, d, h, w],
@@ -1536,16 +1537,16 @@ fn sliding_window_blend_and_argmax() {
         );
         println!("times {times:?}");
         let (labels, _) = b
-            .segment_windows_argmax(
-                vol.view(),
+            .segment_windows_argmax(&WindowJob {
+                vol: vol.view(),
                 padded,
                 pad_before,
                 roi,
-                &starts,
-                wmap.view(),
+                starts: &starts,
+                weights: wmap.view(),
                 batch,
                 cval,
-            )
+            })
             .unwrap();
         let mut agree = 0usize;
         let mut close = 0usize;
@@ -1571,28 +1572,28 @@ fn sliding_window_blend_and_argmax() {
     }
     // Errors, not panics, on bad input.
     assert!(b
-        .segment_windows(
-            vol.view(),
+        .segment_windows(&WindowJob {
+            vol: vol.view(),
             padded,
             pad_before,
-            [8, 8, 4],
-            &starts,
-            wmap.view(),
-            1,
+            roi: [8, 8, 4],
+            starts: &starts,
+            weights: wmap.view(),
+            batch: 1,
             cval
-        )
+        })
         .is_err());
     assert!(b
-        .segment_windows(
-            vol.view(),
+        .segment_windows(&WindowJob {
+            vol: vol.view(),
             padded,
             pad_before,
             roi,
-            &[[9, 0, 0]],
-            wmap.view(),
-            1,
+            starts: &[[9, 0, 0]],
+            weights: wmap.view(),
+            batch: 1,
             cval
-        )
+        })
         .is_err());
 }
 
