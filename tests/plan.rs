@@ -6,9 +6,9 @@ mod common;
 use common::*;
 use ndarray::{Array4, Array5, Axis};
 use std::process::Command;
-use voxtile::internals::cpu::CpuBackend;
 use voxtile::backend::Backend;
 use voxtile::engine::{Device, Engine, Options};
+use voxtile::internals::cpu::CpuBackend;
 use voxtile::model::Graph;
 use voxtile::plan::{self, Request, Target};
 
@@ -77,8 +77,10 @@ fn activations_scale_with_batch() {
         let (a1, _, _) = voxtile::internals::cpu::memory::cpu_activations(&g, 1, roi).unwrap();
         let (a3, _, _) = voxtile::internals::cpu::memory::cpu_activations(&g, 3, roi).unwrap();
         assert_eq!(a3, 3 * a1, "{name}");
-        let (c1, r1, _, _) = voxtile::internals::cuda::memory::cuda_activations(&g, 1, roi).unwrap();
-        let (c4, r4, _, _) = voxtile::internals::cuda::memory::cuda_activations(&g, 4, roi).unwrap();
+        let (c1, r1, _, _) =
+            voxtile::internals::cuda::memory::cuda_activations(&g, 1, roi).unwrap();
+        let (c4, r4, _, _) =
+            voxtile::internals::cuda::memory::cuda_activations(&g, 4, roi).unwrap();
         assert_eq!(r4, 4 * r1, "{name}: fp16 pool scales with the batch");
         assert!(c4 >= r4 && c1 >= r1);
         // fp16 pool vs f32 liveness: never more buffers than values, so at most the f32 total of

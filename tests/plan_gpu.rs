@@ -15,8 +15,8 @@
 mod common;
 use common::*;
 use ndarray::Array4;
-use voxtile::internals::cuda::CudaBackend;
 use voxtile::engine::{Device, Engine, Options};
+use voxtile::internals::cuda::CudaBackend;
 use voxtile::plan::{self, Target};
 
 fn volume(shape: [usize; 3]) -> Array4<f32> {

@@ -10,9 +10,7 @@
 //! one with an H200's.
 
 use super::buffers::{buffer_plan, ArchCaps, BufferPlan};
-use super::pipeline::{
-    pipeline_alloc, stage_planes, window_z0, AllocQuery, GatherMode, OUT_SLOTS,
-};
+use super::pipeline::{pipeline_alloc, stage_planes, window_z0, AllocQuery, GatherMode, OUT_SLOTS};
 use super::CudaBackend;
 use crate::backend::memory::{prod, Breakdown, Estimate, PeakNode, Target, Workload, F16, F32};
 use crate::backend::MemoryModel;

@@ -26,8 +26,8 @@ mod stream;
 
 pub(crate) use host::Out;
 pub use schedule::{ring_planes, window_z0};
-pub(crate) use stream::{planned_device_bytes, run_windows, PinnedCache};
 pub use stream::WindowJob;
+pub(crate) use stream::{planned_device_bytes, run_windows, PinnedCache};
 
 use schedule::ring_cap;
 use serde::Serialize;
