@@ -472,6 +472,7 @@ fn pool_ref(x: &T, p: &Pool, max: bool, o: [usize; 3]) -> T {
 
 // ---------- tests ----------
 
+#[allow(clippy::too_many_arguments)]
 fn conv_case(
     b: &mut CudaBackend,
     r: &mut Rng,
@@ -707,6 +708,7 @@ fn conv_variants() {
     );
 }
 
+#[allow(clippy::too_many_arguments)]
 fn convt_case(
     b: &mut CudaBackend,
     r: &mut Rng,
@@ -2506,10 +2508,7 @@ fn bench_w1_layers() {
     }
     layers.push(('c', 32, 14, 128, 1, 1));
     let n = 4;
-    let mut cache: std::collections::HashMap<
-        (char, usize, usize, usize, usize, usize, usize),
-        f64,
-    > = Default::default();
+    let mut cache: std::collections::HashMap<_, f64> = Default::default();
     let (mut tot_old, mut tot_mma, mut tot_new, mut tot_flop) = (0.0, 0.0, 0.0, 0.0);
     for &(kind, ci, co, s, k, st) in &layers {
         let os = if kind == 't' { s * st } else { s / st };
@@ -2733,7 +2732,7 @@ fn bench_halo_variants() {
             })
         };
         // The old path: halo off, asserted not to run a halo kernel.
-        let old = (cin < 32 || cin > 64).then(|| {
+        let old = (!(32..=64).contains(&cin)).then(|| {
             b.with(|o| o.halo_conv = false);
             let op = conv(&mut r);
             let t = time_one(&mut b, &mut r, op, cin, cout, n, s);

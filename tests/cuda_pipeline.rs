@@ -389,6 +389,7 @@ fn pipeline_matches_f64_reference() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut b) = gpu() else { return };
     let mut r = rng("pipeline");
+    #[allow(clippy::type_complexity)]
     let cases: [([usize; 3], [f64; 3], usize, bool, usize, usize); 4] = [
         ([70, 45, 90], [0.5, 0.25, 0.0], 3, false, 2, 3),
         ([70, 45, 90], [0.5, 0.25, 0.0], 4, true, 2, 3),

@@ -245,6 +245,7 @@ fn itensor(name: &str, dims: &[i64], data: Vec<i64>) -> proto::TensorProto {
     }
 }
 
+#[allow(clippy::large_enum_variant)] // a few short-lived attribute values per test model
 enum A {
     I(i64),
     F(f32),
