@@ -10,7 +10,7 @@ mod options;
 mod parts;
 mod report;
 mod run;
-pub mod split;
+mod split;
 
 pub use crate::backend::Device;
 pub use options::{AxisOrder, Normalize, Options};

@@ -95,9 +95,10 @@ pub struct Options {
     pub pad: PadMode,
     /// The device that runs the network (the first when several share a volume).
     pub device: Device,
-    /// More devices for each volume: with `device` they share its windows by D planes (see
-    /// [`super::split`]), and labels and outputs are bitwise those of `device` alone. All CPU (`cpu`
-    /// may repeat: several CPU workers) or all CUDA. Set both with [`Options::set_devices`].
+    /// More devices for each volume: with `device` they share its windows by D planes (windows
+    /// near a cut run on both neighbours), and labels and outputs are bitwise those of `device`
+    /// alone. All CPU (`cpu` may repeat: several CPU workers) or all CUDA. Set both with
+    /// [`Options::set_devices`].
     pub extra_devices: Vec<Device>,
     /// How the network's D,H,W map onto the file's i,j,k.
     pub axis_order: AxisOrder,
