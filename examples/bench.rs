@@ -19,7 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     let vol: Array4<f32> = if a[2].ends_with(".npy") {
-        let v = voxtile::npy::read_f32(a[2].as_ref())?;
+        let v = voxtile::internals::npy::read_f32(a[2].as_ref())?;
         let v = v.into_dimensionality::<ndarray::Ix3>()?;
         v.insert_axis(Axis(0))
     } else {
@@ -72,7 +72,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     if let Some(p) = a.get(8).filter(|p| !p.is_empty() && p.as_str() != "-") {
         let l = labels.mapv(|v| v as f32).into_dyn();
-        voxtile::npy::write_f32(p.as_ref(), &l)?;
+        voxtile::internals::npy::write_f32(p.as_ref(), &l)?;
     }
     let out = serde_json::json!({
         "device": engine.device_name(), "load_s": load, "first_s": first_s, "median_s": median,

@@ -10,7 +10,7 @@ mod options;
 mod parts;
 mod report;
 mod run;
-pub mod split;
+mod split;
 
 pub use crate::backend::Device;
 pub use options::{AxisOrder, Normalize, Options};
@@ -29,14 +29,40 @@ use std::time::Instant;
 
 /// The result: labels on the input's (i,j,k) grid, optional blended outputs, the input geometry.
 pub struct Segmentation {
+    /// Labels `(i, j, k)`: 0 for background (or a NaN network output), else the class index.
     pub labels: Array3<u16>,
     /// (channel, i, j, k) blended network outputs, when `Options::keep_logits`.
     pub logits: Option<Array4<f32>>,
+    /// The input's header: write the outputs with it so they overlay the input.
     pub header: Header,
+    /// Times, sizes and the planner's prediction for this run.
     pub report: Report,
 }
 
 /// A model bound to one backend per device, ready to segment volumes.
+///
+/// # Examples
+///
+/// An array in memory, `(channel, i, j, k)`, on the CPU with a fixed window:
+///
+/// ```no_run
+/// use ndarray::Array4;
+/// use voxtile::engine::{Device, Engine, Options};
+///
+/// fn main() -> voxtile::Result<()> {
+///     let options = Options {
+///         device: Device::Cpu,
+///         roi: Some([96, 96, 96]),
+///         ..Options::default()
+///     };
+///     let mut engine = Engine::from_file("net.onnx".as_ref(), options)?;
+///     let image = Array4::<f32>::zeros((1, 160, 160, 96));
+///     let (labels, _logits, report) = engine.segment_array(image.view(), &mut |_, _| {})?;
+///     assert_eq!(labels.shape(), &[160, 160, 96]);
+///     println!("{} windows on {}", report.windows, engine.device_name());
+///     Ok(())
+/// }
+/// ```
 pub struct Engine {
     graph: Graph,
     options: Options,

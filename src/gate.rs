@@ -162,11 +162,6 @@ impl Gate {
         self.claimed.push((path.to_path_buf(), canon));
         Ok(())
     }
-
-    /// Whether existing outputs may be replaced (`--force`).
-    pub fn force(&self) -> bool {
-        self.force
-    }
 }
 
 #[cfg(test)]

@@ -1,20 +1,44 @@
 //! voxtile: segment large 3D medical volumes with a 3D CNN, window by window, in planned memory.
 //!
-//! The data flows one way: [`volume`] (NIfTI) → [`model`] (ONNX → graph IR) → [`tiling`] (windows,
-//! weights, blending) → [`backend`] (CPU reference, CUDA) → [`engine`] (the loop) → [`cli`].
+//! The data flows one way: [`volume`] (NIfTI, NRRD, MetaImage, DICOM) → [`model`] (ONNX → graph
+//! IR) → [`tiling`] (windows, weights, blending) → [`backend`] (CPU reference, CUDA) →
+//! [`engine`] (the loop). [`plan`] answers "which window and batch fit this memory" before
+//! anything is allocated, and [`pipeline`] adds a model's manifest (resampling, intensity,
+//! test-time mirroring) around the engine.
+//!
+//! # Examples
+//!
+//! Segment a file and write the label map on the input's grid:
+//!
+//! ```no_run
+//! use voxtile::{Engine, Options};
+//!
+//! fn main() -> voxtile::Result<()> {
+//!     let volume = voxtile::volume::read("ct.nii.gz".as_ref())?;
+//!     let mut engine = Engine::from_file("net.onnx".as_ref(), Options::default())?;
+//!     let seg = engine.segment(&volume)?;
+//!     voxtile::volume::write_labels("seg.nii.gz".as_ref(), seg.labels.view(), &seg.header)?;
+//!     Ok(())
+//! }
+//! ```
+#![warn(missing_docs)]
 
-pub mod alloc;
+#[allow(missing_docs)] // reached only through `internals`
+mod alloc;
 pub mod backend;
-pub mod cli;
+#[allow(missing_docs)] // reached only through `internals`
+mod cli;
 pub mod engine;
 pub mod error;
-pub mod fsio;
-pub mod gate;
+mod fsio;
+mod gate;
 pub mod model;
-pub mod npy;
+#[allow(missing_docs)] // reached only through `internals`
+mod npy;
 pub mod pipeline;
 pub mod plan;
-pub mod signals;
+#[allow(missing_docs)] // reached only through `internals`
+mod signals;
 pub mod staged;
 pub mod tiling;
 pub mod volume;
@@ -22,3 +46,41 @@ pub mod volume;
 pub use engine::{Engine, Options, Segmentation};
 pub use error::{Error, Result};
 pub use volume::Volume;
+
+/// The README's code blocks, compiled as doctests so that its library snippet stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
+/// Unstable internals for the crate's own binary, tests, benches and fuzz targets: the backends'
+/// kernels and planners, the ONNX protobuf types, `.npy` I/O, the CLI and its process setup.
+/// Not part of the API: no stability promise, and no documentation beyond the code's own.
+#[doc(hidden)]
+pub mod internals {
+    /// The float32 CPU backend.
+    pub mod cpu {
+        pub use crate::backend::cpu::*;
+    }
+    /// The CUDA backend's layers.
+    pub mod cuda {
+        pub use crate::backend::cuda::*;
+    }
+    /// The generated ONNX protobuf types (test model builders, fuzz targets).
+    pub mod proto {
+        pub use crate::model::onnx::proto::*;
+    }
+    /// `.npy` float32 arrays (reference outputs, benches).
+    pub mod npy {
+        pub use crate::npy::*;
+    }
+    /// The command line (`src/main.rs`).
+    pub mod cli {
+        pub use crate::cli::run;
+    }
+    /// Temp-file cleanup on SIGINT/SIGTERM/SIGHUP (`src/main.rs`).
+    pub mod signals {
+        pub use crate::signals::install;
+    }
+    /// Process setup (`src/main.rs`).
+    pub use crate::alloc::init_thread_pool;
+}

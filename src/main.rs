@@ -1,8 +1,10 @@
+use voxtile::internals;
+
 fn main() {
     // Before anything is written: on SIGINT/SIGTERM/SIGHUP, temp outputs are removed and the
     // process exits 128 + signal.
-    voxtile::signals::install();
+    internals::signals::install();
     // Before any parallel work: a thread count that fits an address-space limit.
-    voxtile::alloc::init_thread_pool();
-    std::process::exit(voxtile::cli::run());
+    internals::init_thread_pool();
+    std::process::exit(internals::cli::run());
 }

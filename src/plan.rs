@@ -25,20 +25,28 @@ pub struct Request {
     /// The budget was given (`--memory-budget`); otherwise the default batch is kept when it
     /// fits, and a user's explicit roi + batch over budget only warns.
     pub budget_explicit: bool,
+    /// A window the user fixed (`--roi`); None: the planner picks it.
     pub user_roi: Option<[usize; 3]>,
+    /// A batch the user fixed (`--batch`); None: the planner picks it.
     pub user_batch: Option<usize>,
+    /// The volume and what the run keeps.
     pub workload: Workload,
 }
 
 /// The chosen window and batch with their prediction.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Plan {
+    /// Window size in network axes.
     pub roi: [usize; 3],
+    /// Windows per backend call.
     pub batch: usize,
+    /// Windows on the volume.
     pub windows: usize,
+    /// The budget the plan was checked against, bytes.
     pub budget: u64,
     /// How the batch was found: "default" (kept), "planned" (chosen under the budget), "user".
     pub how: String,
+    /// The predicted memory of this roi and batch.
     pub estimate: Estimate,
     /// One line for the user, set when a user's explicit roi and batch exceed a default budget
     /// (run anyway) or an explicit roi is below the model's receptive field.

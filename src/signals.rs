@@ -113,6 +113,7 @@ impl Registry {
     }
 
     /// Whether `path` is registered right now.
+    #[cfg(test)]
     pub fn is_registered(&self, path: &Path) -> bool {
         self.temps().iter().any(|p| p == path)
     }

@@ -7,7 +7,7 @@
 //! open fail instead of being written through. Without `replace`, the commit never replaces a
 //! file that appeared meanwhile (`renameat2(RENAME_NOREPLACE)`, or link + unlink where the
 //! filesystem lacks it). Temp files and committed outputs of an unfinished run are registered
-//! with [`crate::signals`], which removes them on a termination signal. Stale temp files of
+//! with the crate's signal handler (`signals`), which removes them on a termination signal. Stale temp files of
 //! processes that no longer exist are removed when a new one is staged in the same folder.
 
 use crate::signals::{registry, TempGuard};

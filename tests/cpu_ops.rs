@@ -4,8 +4,8 @@
 
 mod common;
 use ndarray::{Array5, ArrayView5, Axis};
-use voxtile::backend::cpu::{ops, run_graph, run_graph_f64, CpuBackend};
 use voxtile::backend::Backend;
+use voxtile::internals::cpu::{ops, run_graph, run_graph_f64, CpuBackend};
 use voxtile::model::graph::*;
 
 // ---------- helpers ----------

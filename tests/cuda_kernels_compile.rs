@@ -2,8 +2,8 @@
 //! Skips with a message when libnvrtc cannot be loaded, unless VOXTILE_REQUIRE_NVRTC=1.
 //! CI: LD_LIBRARY_PATH=<wheel>/nvidia/cu13/lib VOXTILE_CUDA_INCLUDE=<wheel>/nvidia/cu13/include.
 
-use voxtile::backend::cuda::catalogue::{self as cat, Family, FAMILIES};
-use voxtile::backend::cuda::compile;
+use voxtile::internals::cuda::catalogue::{self as cat, Family, FAMILIES};
+use voxtile::internals::cuda::compile;
 
 #[test]
 fn every_kernel_family_compiles_without_warnings() {
@@ -49,7 +49,7 @@ fn every_kernel_family_compiles_without_warnings() {
     );
 }
 
-use voxtile::backend::cuda::catalogue::{halo_config, HaloConfig, HALO_CONFIGS};
+use voxtile::internals::cuda::catalogue::{halo_config, HaloConfig, HALO_CONFIGS};
 
 /// The `HALO_ENTRY(...)` / `HALO2_ENTRY(...)` lines of kernels/conv.cu: name and numbers.
 fn halo_entries() -> Vec<(String, Vec<usize>)> {
@@ -858,7 +858,7 @@ fn halo_index_emulation() {
 /// of their `MMA_ENTRY` twin (plan::UPSAMPLE_VEC), so the twin's shared memory size is right.
 #[test]
 fn upsample_vec_entries_match_their_mma_twins() {
-    use voxtile::backend::cuda::catalogue::UPSAMPLE_VEC;
+    use voxtile::internals::cuda::catalogue::UPSAMPLE_VEC;
     let src = Family::Conv.source();
     let args = |prefix: &str| -> Vec<Vec<String>> {
         src.lines()

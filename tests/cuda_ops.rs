@@ -5,10 +5,11 @@
 //! element fails the check. Run on the GPU machine with tests/gpu/run.sh.
 
 use ndarray::{Array3, Array4, Array5};
-use voxtile::backend::cuda::buffers::ConvGeom;
-use voxtile::backend::cuda::catalogue::{self as cat, halo_config, MmaConfig, MMA_CONFIGS};
-use voxtile::backend::cuda::select::pick_halo;
-use voxtile::backend::cuda::{CudaBackend, CudaOptions};
+use voxtile::internals::cuda::buffers::ConvGeom;
+use voxtile::internals::cuda::catalogue::{self as cat, halo_config, MmaConfig, MMA_CONFIGS};
+use voxtile::internals::cuda::pipeline::WindowJob;
+use voxtile::internals::cuda::select::pick_halo;
+use voxtile::internals::cuda::{CudaBackend, CudaOptions};
 use voxtile::model::graph::*;
 
 // ---------- helpers ----------
@@ -471,6 +472,7 @@ fn pool_ref(x: &T, p: &Pool, max: bool, o: [usize; 3]) -> T {
 
 // ---------- tests ----------
 
+#[allow(clippy::too_many_arguments)]
 fn conv_case(
     b: &mut CudaBackend,
     r: &mut Rng,
@@ -706,6 +708,7 @@ fn conv_variants() {
     );
 }
 
+#[allow(clippy::too_many_arguments)]
 fn convt_case(
     b: &mut CudaBackend,
     r: &mut Rng,
@@ -1514,16 +1517,16 @@ fn sliding_window_blend_and_argmax() {
     for batch in [1usize, 4] {
         b.prepare(&g, batch, roi).unwrap();
         let (got, times) = b
-            .segment_windows(
-                vol.view(),
+            .segment_windows(&WindowJob {
+                vol: vol.view(),
                 padded,
                 pad_before,
                 roi,
-                &starts,
-                wmap.view(),
+                starts: &starts,
+                weights: wmap.view(),
                 batch,
                 cval,
-            )
+            })
             .unwrap();
         let want = T {
             s: [1, cout, d, h, w],
@@ -1536,16 +1539,16 @@ fn sliding_window_blend_and_argmax() {
         );
         println!("times {times:?}");
         let (labels, _) = b
-            .segment_windows_argmax(
-                vol.view(),
+            .segment_windows_argmax(&WindowJob {
+                vol: vol.view(),
                 padded,
                 pad_before,
                 roi,
-                &starts,
-                wmap.view(),
+                starts: &starts,
+                weights: wmap.view(),
                 batch,
                 cval,
-            )
+            })
             .unwrap();
         let mut agree = 0usize;
         let mut close = 0usize;
@@ -1571,28 +1574,28 @@ fn sliding_window_blend_and_argmax() {
     }
     // Errors, not panics, on bad input.
     assert!(b
-        .segment_windows(
-            vol.view(),
+        .segment_windows(&WindowJob {
+            vol: vol.view(),
             padded,
             pad_before,
-            [8, 8, 4],
-            &starts,
-            wmap.view(),
-            1,
+            roi: [8, 8, 4],
+            starts: &starts,
+            weights: wmap.view(),
+            batch: 1,
             cval
-        )
+        })
         .is_err());
     assert!(b
-        .segment_windows(
-            vol.view(),
+        .segment_windows(&WindowJob {
+            vol: vol.view(),
             padded,
             pad_before,
             roi,
-            &[[9, 0, 0]],
-            wmap.view(),
-            1,
+            starts: &[[9, 0, 0]],
+            weights: wmap.view(),
+            batch: 1,
             cval
-        )
+        })
         .is_err());
 }
 
@@ -1834,7 +1837,7 @@ fn kernels_used(b: &mut CudaBackend, batch: usize) -> Vec<String> {
 /// run forced) and checks that it is the one that ran.
 #[test]
 fn conv_halo_cases() {
-    use voxtile::backend::cuda::catalogue::{HaloConfig, HALO_CONFIGS};
+    use voxtile::internals::cuda::catalogue::{HaloConfig, HALO_CONFIGS};
     let Some(mut b) = gpu() else { return };
     let mut r = rng("halo");
     b.with(|o| o.conv_tile = None);
@@ -2505,10 +2508,7 @@ fn bench_w1_layers() {
     }
     layers.push(('c', 32, 14, 128, 1, 1));
     let n = 4;
-    let mut cache: std::collections::HashMap<
-        (char, usize, usize, usize, usize, usize, usize),
-        f64,
-    > = Default::default();
+    let mut cache: std::collections::HashMap<_, f64> = Default::default();
     let (mut tot_old, mut tot_mma, mut tot_new, mut tot_flop) = (0.0, 0.0, 0.0, 0.0);
     for &(kind, ci, co, s, k, st) in &layers {
         let os = if kind == 't' { s * st } else { s / st };
@@ -2702,7 +2702,7 @@ fn bench_w1_layers() {
 /// path (halo off: `conv_mma_*`) and a `RESULT w2 ... old ... new` summary line.
 #[test]
 fn bench_halo_variants() {
-    use voxtile::backend::cuda::catalogue::{HaloConfig, HALO_CONFIGS};
+    use voxtile::internals::cuda::catalogue::{HaloConfig, HALO_CONFIGS};
     let Some(mut b) = gpu() else { return };
     let mut r = rng("halo-bench");
     b.with(|o| o.conv_tile = None);
@@ -2732,7 +2732,7 @@ fn bench_halo_variants() {
             })
         };
         // The old path: halo off, asserted not to run a halo kernel.
-        let old = (cin < 32 || cin > 64).then(|| {
+        let old = (!(32..=64).contains(&cin)).then(|| {
             b.with(|o| o.halo_conv = false);
             let op = conv(&mut r);
             let t = time_one(&mut b, &mut r, op, cin, cout, n, s);

@@ -8,7 +8,8 @@
 use ndarray::{Array3, Array4};
 use rayon::prelude::*;
 use std::sync::Mutex;
-use voxtile::backend::cuda::{CudaBackend, CudaOptions};
+use voxtile::internals::cuda::pipeline::WindowJob;
+use voxtile::internals::cuda::{CudaBackend, CudaOptions};
 use voxtile::model::graph::*;
 use voxtile::Error;
 
@@ -388,6 +389,7 @@ fn pipeline_matches_f64_reference() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut b) = gpu() else { return };
     let mut r = rng("pipeline");
+    #[allow(clippy::type_complexity)]
     let cases: [([usize; 3], [f64; 3], usize, bool, usize, usize); 4] = [
         ([70, 45, 90], [0.5, 0.25, 0.0], 3, false, 2, 3),
         ([70, 45, 90], [0.5, 0.25, 0.0], 4, true, 2, 3),
@@ -419,30 +421,30 @@ fn pipeline_matches_f64_reference() {
         let cval = 0.3 * r.uni();
         let want = reference(&net, &vol, before, roi, &starts, &wmap, cval);
         let (got, t) = b
-            .segment_windows(
-                vol.view(),
+            .segment_windows(&WindowJob {
+                vol: vol.view(),
                 padded,
-                before,
+                pad_before: before,
                 roi,
-                &starts,
-                wmap.view(),
+                starts: &starts,
+                weights: wmap.view(),
                 batch,
                 cval,
-            )
+            })
             .expect("segment_windows");
         assert_eq!(got.dim(), (cout, size[0], size[1], size[2]));
         let e = rel_l2(got.as_slice().unwrap(), &want);
         let (labels, t2) = b
-            .segment_windows_argmax(
-                vol.view(),
+            .segment_windows_argmax(&WindowJob {
+                vol: vol.view(),
                 padded,
-                before,
+                pad_before: before,
                 roi,
-                &starts,
-                wmap.view(),
+                starts: &starts,
+                weights: wmap.view(),
                 batch,
                 cval,
-            )
+            })
             .expect("segment_windows_argmax");
         let vox = size.iter().product::<usize>();
         let lref = argmax_ref(&want, cout, vox);
@@ -478,40 +480,40 @@ fn pipeline_matches_f64_reference() {
     let vol = Array4::<f32>::from_elem((1, 40, 40, 40), 1.0);
     let wmap = gaussian(roi);
     assert!(b
-        .segment_windows(
-            vol.view(),
-            [40; 3],
-            [0; 3],
+        .segment_windows(&WindowJob {
+            vol: vol.view(),
+            padded: [40; 3],
+            pad_before: [0; 3],
             roi,
-            &[[9, 0, 0]],
-            wmap.view(),
-            1,
-            0.0
-        )
+            starts: &[[9, 0, 0]],
+            weights: wmap.view(),
+            batch: 1,
+            cval: 0.0
+        })
         .is_err());
     assert!(b
-        .segment_windows(
-            vol.view(),
-            [40; 3],
-            [0; 3],
+        .segment_windows(&WindowJob {
+            vol: vol.view(),
+            padded: [40; 3],
+            pad_before: [0; 3],
             roi,
-            &[[0; 3]],
-            wmap.view(),
-            3,
-            0.0
-        )
+            starts: &[[0; 3]],
+            weights: wmap.view(),
+            batch: 3,
+            cval: 0.0
+        })
         .is_err());
     assert!(b
-        .segment_windows(
-            vol.view(),
-            [40; 3],
-            [0; 3],
+        .segment_windows(&WindowJob {
+            vol: vol.view(),
+            padded: [40; 3],
+            pad_before: [0; 3],
             roi,
-            &[[0; 3]],
-            wmap.view(),
-            0,
-            0.0
-        )
+            starts: &[[0; 3]],
+            weights: wmap.view(),
+            batch: 0,
+            cval: 0.0
+        })
         .is_err());
 }
 
@@ -522,7 +524,7 @@ fn pipeline_matches_f64_reference() {
 /// activation buffers make any element the gather misses show as NaN.
 #[test]
 fn device_gather_is_bitwise_the_host_gather() {
-    use voxtile::backend::cuda::pipeline::GatherMode;
+    use voxtile::internals::cuda::pipeline::GatherMode;
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut b) = gpu() else { return };
     let mut r = rng("devgather");
@@ -565,19 +567,28 @@ fn device_gather_is_bitwise_the_host_gather() {
                 ..*b.options()
             });
             let (lg, t) = b
-                .segment_windows(view, padded, before, roi, &starts, wmap.view(), batch, cval)
-                .unwrap();
-            let (lb, t2) = b
-                .segment_windows_argmax(
-                    view,
+                .segment_windows(&WindowJob {
+                    vol: view,
                     padded,
-                    before,
+                    pad_before: before,
                     roi,
-                    &starts,
-                    wmap.view(),
+                    starts: &starts,
+                    weights: wmap.view(),
                     batch,
                     cval,
-                )
+                })
+                .unwrap();
+            let (lb, t2) = b
+                .segment_windows_argmax(&WindowJob {
+                    vol: view,
+                    padded,
+                    pad_before: before,
+                    roi,
+                    starts: &starts,
+                    weights: wmap.view(),
+                    batch,
+                    cval,
+                })
                 .unwrap();
             assert_eq!(t.gather_on_device, mode != GatherMode::Host, "{mode:?}");
             assert_eq!(t2.gather_on_device, mode != GatherMode::Host, "{mode:?}");
@@ -632,29 +643,29 @@ fn device_peak_is_independent_of_depth() {
         let vol = Array4::from_shape_vec((1, dd, 96, 80), r.vec(dd * 96 * 80, 1.0)).unwrap();
         let (padded, before, starts) = grid(size, roi, [0.5; 3]);
         let (labels, t) = b
-            .segment_windows_argmax(
-                vol.view(),
+            .segment_windows_argmax(&WindowJob {
+                vol: vol.view(),
                 padded,
-                before,
+                pad_before: before,
                 roi,
-                &starts,
-                wmap.view(),
+                starts: &starts,
+                weights: wmap.view(),
                 batch,
-                0.0,
-            )
+                cval: 0.0,
+            })
             .unwrap();
         assert_eq!(labels.dim(), (dd, 96, 80));
         let (_, tl) = b
-            .segment_windows(
-                vol.view(),
+            .segment_windows(&WindowJob {
+                vol: vol.view(),
                 padded,
-                before,
+                pad_before: before,
                 roi,
-                &starts,
-                wmap.view(),
+                starts: &starts,
+                weights: wmap.view(),
                 batch,
-                0.0,
-            )
+                cval: 0.0,
+            })
             .unwrap();
         let planned = b.planned_device_bytes(roi, batch, 3, padded);
         println!(
@@ -698,16 +709,16 @@ fn injected_oom_then_retry_is_identical() {
     let (padded, before, starts) = grid(size, roi, [0.5, 0.25, 0.5]);
     let wmap = gaussian(roi);
     let run = |b: &mut CudaBackend, batch: usize| {
-        b.segment_windows(
-            vol.view(),
+        b.segment_windows(&WindowJob {
+            vol: vol.view(),
             padded,
-            before,
+            pad_before: before,
             roi,
-            &starts,
-            wmap.view(),
+            starts: &starts,
+            weights: wmap.view(),
             batch,
-            0.1,
-        )
+            cval: 0.1,
+        })
     };
     let (clean, _) = run(&mut b, 4).unwrap();
     let want = reference(&net, &vol, before, roi, &starts, &wmap, 0.1);
@@ -786,29 +797,29 @@ fn stage_overlap_report() {
     let wmap = gaussian(roi);
     for (i, argmax) in [false, false, true, true].into_iter().enumerate() {
         let t = if argmax {
-            b.segment_windows_argmax(
-                vol.view(),
+            b.segment_windows_argmax(&WindowJob {
+                vol: vol.view(),
                 padded,
-                before,
+                pad_before: before,
                 roi,
-                &starts,
-                wmap.view(),
+                starts: &starts,
+                weights: wmap.view(),
                 batch,
-                0.0,
-            )
+                cval: 0.0,
+            })
             .unwrap()
             .1
         } else {
-            b.segment_windows(
-                vol.view(),
+            b.segment_windows(&WindowJob {
+                vol: vol.view(),
                 padded,
-                before,
+                pad_before: before,
                 roi,
-                &starts,
-                wmap.view(),
+                starts: &starts,
+                weights: wmap.view(),
                 batch,
-                0.0,
-            )
+                cval: 0.0,
+            })
             .unwrap()
             .1
         };

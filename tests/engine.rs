@@ -99,7 +99,7 @@ fn single_window_equals_plain_network_run() {
     .unwrap();
     assert_eq!(report.windows, 1);
     let g = voxtile::model::onnx::load(&data("deepbrain.onnx")).unwrap();
-    let direct = voxtile::backend::cpu::run_graph(&g, vol.view().insert_axis(Axis(0))).unwrap();
+    let direct = voxtile::internals::cpu::run_graph(&g, vol.view().insert_axis(Axis(0))).unwrap();
     let e = rel_l2(probs.iter(), direct.index_axis(Axis(0), 0).iter());
     assert!(e < 1e-6, "single window vs direct run: {e}");
 }

@@ -7,8 +7,8 @@ mod common;
 use common::sw::*;
 use common::*;
 use ndarray::{Axis, Ix5};
-use voxtile::backend::cuda::{CudaBackend, CudaOptions};
 use voxtile::engine::{Device, Engine, Options};
+use voxtile::internals::cuda::{CudaBackend, CudaOptions};
 use voxtile::tiling::{argmax, BlendMode, PadMode, Placement};
 
 #[test]
@@ -21,11 +21,12 @@ fn fixture_models_match_pytorch_on_gpu() {
     };
     for model in ["nnunet_small", "monai_unet_small"] {
         let g = voxtile::model::onnx::load(&dir.join(format!("{model}.onnx"))).unwrap();
-        let x = voxtile::npy::read_f32(&dir.join(format!("{model}_input.npy")))
+        let x = voxtile::internals::npy::read_f32(&dir.join(format!("{model}_input.npy")))
             .unwrap()
             .into_dimensionality::<Ix5>()
             .unwrap();
-        let want = voxtile::npy::read_f32(&dir.join(format!("{model}_output.npy"))).unwrap();
+        let want =
+            voxtile::internals::npy::read_f32(&dir.join(format!("{model}_output.npy"))).unwrap();
         let mut b = CudaBackend::new(0).unwrap();
         b.set_options(CudaOptions {
             poison: true,

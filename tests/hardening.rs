@@ -10,7 +10,7 @@ use prost::Message;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use voxtile::model::onnx::proto;
+use voxtile::internals::proto;
 
 // ------------------------------------------------------------------ hand-made NIfTI-1 files
 

@@ -2,7 +2,7 @@
 
 mod common;
 use common::*;
-use voxtile::backend::cpu::run_graph;
+use voxtile::internals::cpu::run_graph;
 use voxtile::model::onnx::load;
 
 fn check(model: &str, tol: f64) {
@@ -10,8 +10,8 @@ fn check(model: &str, tol: f64) {
         return;
     };
     let g = load(&dir.join(format!("{model}.onnx"))).expect("model loads");
-    let x = voxtile::npy::read_f32(&dir.join(format!("{model}_input.npy"))).unwrap();
-    let want = voxtile::npy::read_f32(&dir.join(format!("{model}_output.npy"))).unwrap();
+    let x = voxtile::internals::npy::read_f32(&dir.join(format!("{model}_input.npy"))).unwrap();
+    let want = voxtile::internals::npy::read_f32(&dir.join(format!("{model}_output.npy"))).unwrap();
     let x = x.into_dimensionality::<ndarray::Ix5>().unwrap();
     let got = run_graph(&g, x.view()).expect("runs");
     assert_eq!(got.shape(), want.shape(), "{model}: output shape");

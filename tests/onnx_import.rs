@@ -5,8 +5,8 @@ use common::onnx::*;
 use prost::Message;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use voxtile::internals::proto;
 use voxtile::model::graph::{CoordMode, NearestMode, Op, OutputActivation, ResizeMode};
-use voxtile::model::onnx::proto;
 use voxtile::model::{load, load_bytes, Graph};
 
 fn fixture(rel: &str) -> PathBuf {
@@ -64,7 +64,10 @@ fn used_float_params(path: &Path) -> usize {
 }
 
 fn npy_shape(p: &Path) -> Vec<usize> {
-    voxtile::npy::read_f32(p).unwrap().shape().to_vec()
+    voxtile::internals::npy::read_f32(p)
+        .unwrap()
+        .shape()
+        .to_vec()
 }
 
 fn check_fixture_shapes(g: &Graph, stem: &str) {
@@ -242,6 +245,7 @@ fn itensor(name: &str, dims: &[i64], data: Vec<i64>) -> proto::TensorProto {
     }
 }
 
+#[allow(clippy::large_enum_variant)] // a few short-lived attribute values per test model
 enum A {
     I(i64),
     F(f32),

@@ -24,7 +24,7 @@ fn fixture(id: &str) -> Option<(std::path::PathBuf, Array4<f32>)> {
         "fixtures/models/{}",
         case["model"].as_str().unwrap()
     ))?;
-    let x = voxtile::npy::read_f32(&dir.join(case["input"].as_str().unwrap()))
+    let x = voxtile::internals::npy::read_f32(&dir.join(case["input"].as_str().unwrap()))
         .unwrap()
         .into_dimensionality::<Ix5>()
         .unwrap();

@@ -6,9 +6,9 @@ mod common;
 use common::*;
 use ndarray::{Array4, Array5, Axis};
 use std::process::Command;
-use voxtile::backend::cpu::CpuBackend;
 use voxtile::backend::Backend;
 use voxtile::engine::{Device, Engine, Options};
+use voxtile::internals::cpu::CpuBackend;
 use voxtile::model::Graph;
 use voxtile::plan::{self, Request, Target};
 
@@ -49,7 +49,7 @@ fn cpu_prediction_matches_measured_liveness() {
                 b.run(input(batch, g.input_channels(), roi).view()).unwrap();
                 let measured = b.last_stats().peak_live_bytes as u64;
                 let (pred, node, with_ws) =
-                    voxtile::backend::cpu::memory::cpu_activations(&g, batch, roi).unwrap();
+                    voxtile::internals::cpu::memory::cpu_activations(&g, batch, roi).unwrap();
                 eprintln!(
                     "{name} roi {roi:?} batch {batch}: predicted {pred} measured {measured}, peak at {} ({}), with workspace {with_ws}",
                     node.name, node.op
@@ -74,11 +74,13 @@ fn cpu_prediction_matches_measured_liveness() {
 fn activations_scale_with_batch() {
     for (name, g) in models() {
         let roi = g.spatial_divisor().map(|d| d * 2);
-        let (a1, _, _) = voxtile::backend::cpu::memory::cpu_activations(&g, 1, roi).unwrap();
-        let (a3, _, _) = voxtile::backend::cpu::memory::cpu_activations(&g, 3, roi).unwrap();
+        let (a1, _, _) = voxtile::internals::cpu::memory::cpu_activations(&g, 1, roi).unwrap();
+        let (a3, _, _) = voxtile::internals::cpu::memory::cpu_activations(&g, 3, roi).unwrap();
         assert_eq!(a3, 3 * a1, "{name}");
-        let (c1, r1, _, _) = voxtile::backend::cuda::memory::cuda_activations(&g, 1, roi).unwrap();
-        let (c4, r4, _, _) = voxtile::backend::cuda::memory::cuda_activations(&g, 4, roi).unwrap();
+        let (c1, r1, _, _) =
+            voxtile::internals::cuda::memory::cuda_activations(&g, 1, roi).unwrap();
+        let (c4, r4, _, _) =
+            voxtile::internals::cuda::memory::cuda_activations(&g, 4, roi).unwrap();
         assert_eq!(r4, 4 * r1, "{name}: fp16 pool scales with the batch");
         assert!(c4 >= r4 && c1 >= r1);
         // fp16 pool vs f32 liveness: never more buffers than values, so at most the f32 total of
@@ -414,7 +416,7 @@ fn plan_command_prints_a_summary_and_json() {
 /// never aliases a buffer that is still needed.
 #[test]
 fn cuda_prediction_is_the_backend_buffer_plan() {
-    use voxtile::backend::cuda::plan::{buffer_plan, ArchCaps};
+    use voxtile::internals::cuda::plan::{buffer_plan, ArchCaps};
     let floor = |b: usize| b.max(256) as u64;
     let h200 = ArchCaps::h200();
     for (name, g) in models() {
@@ -479,7 +481,7 @@ fn cuda_prediction_is_the_backend_buffer_plan() {
             ArchCaps::new(8, 6, 84, 99 * 1024),
             ArchCaps::new(7, 5, 40, 64 * 1024),
         ] {
-            let m = voxtile::backend::cuda::memory::CudaMemory { caps, device: 0 };
+            let m = voxtile::internals::cuda::memory::CudaMemory { caps, device: 0 };
             let o = voxtile::plan::MemoryModel::estimate(&m, &g, roi, 2, &w).unwrap();
             assert!(
                 d.budgeted.total() >= o.budgeted.total(),
@@ -494,7 +496,7 @@ fn cuda_prediction_is_the_backend_buffer_plan() {
 /// launch to its last reader, no launch writes memory (its buffer's byte range in the arena) that
 /// overlaps another live value's (except the channel slices of one concat, which share its
 /// buffer by design), and every buffer lies inside the arena.
-fn check_no_alias(name: &str, g: &Graph, bp: &voxtile::backend::cuda::plan::BufferPlan) {
+fn check_no_alias(name: &str, g: &Graph, bp: &voxtile::internals::cuda::plan::BufferPlan) {
     let mut last = vec![0usize; g.values.len()];
     for (i, n) in g.nodes.iter().enumerate() {
         for &v in &n.inputs {

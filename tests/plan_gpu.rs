@@ -15,8 +15,8 @@
 mod common;
 use common::*;
 use ndarray::Array4;
-use voxtile::backend::cuda::CudaBackend;
 use voxtile::engine::{Device, Engine, Options};
+use voxtile::internals::cuda::CudaBackend;
 use voxtile::plan::{self, Target};
 
 fn volume(shape: [usize; 3]) -> Array4<f32> {
@@ -81,7 +81,7 @@ fn predicted_device_memory_matches_measured() {
 /// the planner's default (H200, sm_90) weights and workspace are not below this device's.
 #[test]
 fn prepare_allocates_exactly_the_buffer_plan() {
-    use voxtile::backend::cuda::plan::{buffer_plan, ArchCaps};
+    use voxtile::internals::cuda::plan::{buffer_plan, ArchCaps};
     if !gpu_present() {
         return;
     }

@@ -5,8 +5,8 @@
 mod common;
 use common::unet::*;
 use common::*;
-use voxtile::backend::cuda::pipeline::{pipeline_alloc, window_z0, GatherMode};
-use voxtile::backend::cuda::plan::{buffer_plan, ArchCaps};
+use voxtile::internals::cuda::pipeline::{pipeline_alloc, window_z0, AllocQuery, GatherMode};
+use voxtile::internals::cuda::plan::{buffer_plan, ArchCaps};
 use voxtile::model::graph::{Graph, Op};
 use voxtile::plan::{self, Target, Workload};
 use voxtile::tiling::Placement;
@@ -111,7 +111,16 @@ fn w1_plan_breakdown() {
         let bp = buffer_plan(&g, batch, ROI, &caps).unwrap();
         let grid = voxtile::tiling::Grid::new(W1_SHAPE, ROI, [0.5; 3], Placement::Monai).unwrap();
         let z0 = window_z0(&grid.starts, grid.pad_before[0]);
-        let pa = pipeline_alloc(ROI, batch, 1, 14, W1_SHAPE, true, GatherMode::Auto, &z0);
+        let pa = pipeline_alloc(&AllocQuery {
+            roi: ROI,
+            batch,
+            cin: 1,
+            cout: 14,
+            shape: W1_SHAPE,
+            argmax: true,
+            mode: GatherMode::Auto,
+            z0: &z0,
+        });
         let e = estimate_on_target(&g, Target::Cuda, ROI, batch, &w).unwrap();
         let total = e.budgeted.total();
         let biggest = bp.bufs.iter().max().copied().unwrap_or(0);
@@ -194,7 +203,16 @@ fn w1_plan_fits_2gib_at_batch_2() {
             "b{batch} {}",
             bp.arena
         );
-        let pa = pipeline_alloc(ROI, batch, 1, 14, W1_SHAPE, true, GatherMode::Auto, &z0);
+        let pa = pipeline_alloc(&AllocQuery {
+            roi: ROI,
+            batch,
+            cin: 1,
+            cout: 14,
+            shape: W1_SHAPE,
+            argmax: true,
+            mode: GatherMode::Auto,
+            z0: &z0,
+        });
         let ring = match batch {
             1 => 128,
             2..=8 => 192,

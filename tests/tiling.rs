@@ -666,12 +666,12 @@ fn conformance_on_fixture_cases() {
         assert_eq!(case["padding_mode"].as_str().unwrap(), "constant");
         let cval = case["cval"].as_f64().unwrap();
         let input = format!("{FIXTURES}/{}", case["input"].as_str().unwrap());
-        let input = voxtile::npy::read_f32(std::path::Path::new(&input)).unwrap();
+        let input = voxtile::internals::npy::read_f32(std::path::Path::new(&input)).unwrap();
         let input = input.into_dimensionality::<Ix5>().unwrap();
         let vol = input.index_axis(Axis(0), 0).to_owned();
         assert_eq!([vol.dim().1, vol.dim().2, vol.dim().3], shape);
         let output = format!("{FIXTURES}/{}", case["output"].as_str().unwrap());
-        let output = voxtile::npy::read_f32(std::path::Path::new(&output)).unwrap();
+        let output = voxtile::internals::npy::read_f32(std::path::Path::new(&output)).unwrap();
         assert_eq!(
             &output.shape()[2..],
             &shape[..],

@@ -11,7 +11,7 @@ use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use voxtile::model::onnx::proto;
+use voxtile::internals::proto;
 
 /// Outcome of one CLI run: exit code (None: killed by a signal), stderr, wall time.
 struct Run {

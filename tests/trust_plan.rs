@@ -467,7 +467,7 @@ fn nan_model_with(dir: &Path, channels: usize) -> PathBuf {
     let mut nodes = vec![node_with("Div", "div", &["x", "x"], &["q"], vec![])];
     let mut cat = vec!["q"];
     cat.extend(std::iter::repeat_n("x", channels - 1));
-    let axis = voxtile::model::onnx::proto::AttributeProto {
+    let axis = voxtile::internals::proto::AttributeProto {
         name: Some("axis".into()),
         i: Some(1),
         r#type: Some(2),

@@ -14,7 +14,7 @@ fn fixture(name: &str) -> PathBuf {
 
 /// The reference voxels (i, j, k) and RAS affine of fixture `name`.
 fn reference(name: &str) -> (ndarray::ArrayD<f32>, Vec<Vec<f64>>) {
-    let a = voxtile::npy::read_f32(&fixture(&format!("{name}.npy"))).unwrap();
+    let a = voxtile::internals::npy::read_f32(&fixture(&format!("{name}.npy"))).unwrap();
     let text = std::fs::read_to_string(fixture(&format!("{name}.affine.json"))).unwrap();
     (a, serde_json::from_str(&text).unwrap())
 }

@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use std::path::Path;
-use voxtile::model::onnx::proto;
+use voxtile::internals::proto;
 
 /// Reads the fuzz input as a stream of small choices (zeros once exhausted).
 struct Bytes<'a>(&'a [u8]);

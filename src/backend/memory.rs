@@ -10,17 +10,24 @@ use serde::Serialize;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Target {
+    /// The host: the working set of the f32 CPU backend.
     Cpu,
+    /// A CUDA device: fp16 arena, kernels' scratch, streamed accumulators.
     Cuda,
 }
 
 /// Bytes per category, as a memory summary prints them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Breakdown {
+    /// Model parameters as the backend holds them.
     pub weights: u64,
+    /// Activations alive at the liveness peak.
     pub activations: u64,
+    /// Scratch of the ops themselves (im2col columns, norm statistics).
     pub workspace: u64,
+    /// Window batches gathered for the network, and transfer buffers.
     pub staging: u64,
+    /// Blending sums and finished output slots.
     pub accumulators: u64,
 }
 
@@ -43,7 +50,9 @@ impl Breakdown {
 pub struct PeakNode {
     /// Index in `Graph::nodes`.
     pub index: usize,
+    /// The ONNX node name.
     pub name: String,
+    /// Its op's ONNX-style name ("input" for the network input).
     pub op: String,
     /// Activation bytes alive right after this node wrote its output.
     pub live_bytes: u64,
@@ -56,7 +65,9 @@ pub struct PeakNode {
 pub struct Workload {
     /// Volume size in network axes (D, H, W).
     pub shape: [usize; 3],
+    /// Fraction of the window shared by neighbours, per network axis.
     pub overlap: [f64; 3],
+    /// Where windows start.
     pub placement: Placement,
     /// The blended outputs are kept (`--logits`): the whole fp32 output stays on the host.
     pub keep_logits: bool,
@@ -67,9 +78,13 @@ pub struct Workload {
 /// The predicted memory of one (roi, batch) on a target.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Estimate {
+    /// Which backend was modelled.
     pub target: Target,
+    /// Window size in network axes (D, H, W).
     pub roi: [usize; 3],
+    /// Windows per backend call.
     pub batch: usize,
+    /// Windows the grid of this roi puts on the volume.
     pub windows: usize,
     /// What the budget is compared with: device memory on CUDA, the host working set on CPU.
     pub budgeted: Breakdown,

@@ -2,8 +2,10 @@
 //! sliding-window pass over one volume; the engine and the planner see only these traits and
 //! [`open`] / [`memory_model`], the one place that names a concrete backend.
 
-pub mod cpu;
-pub mod cuda;
+#[allow(missing_docs)] // reached only through `crate::internals`
+pub(crate) mod cpu;
+#[allow(missing_docs)] // reached only through `crate::internals`
+pub(crate) mod cuda;
 pub mod memory;
 
 use crate::model::graph::OutputActivation;
@@ -164,7 +166,9 @@ pub trait Backend: Send {
 pub enum Device {
     /// CUDA when a driver, a GPU and NVRTC are present, else CPU (said on stderr).
     Auto,
+    /// The float32 CPU backend (the exact reference).
     Cpu,
+    /// CUDA device `N` (fp16 kernels compiled with NVRTC).
     Cuda(usize),
 }
 

@@ -29,14 +29,19 @@ impl std::str::FromStr for AxisOrder {
 /// Intensity normalisation applied to the whole volume before windowing (per channel).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Normalize {
+    /// The network takes the volume as it is.
     None,
     /// (x − mean) / (std + 1e-8) over the volume: MONAI's NormalizeIntensity, the W3 peer.
     ZScore,
     /// nnU-Net's CTNormalization: clip to [lo, hi], then (x − mean) / max(std, 1e-8).
     Ct {
+        /// Lower clip bound.
         lo: f32,
+        /// Upper clip bound.
         hi: f32,
+        /// Mean subtracted after clipping.
         mean: f32,
+        /// Divisor (floored at 1e-8).
         std: f32,
     },
 }
@@ -76,21 +81,30 @@ pub struct Options {
     /// Window size in network axes; None: the model's fixed input size, else 128 clipped to the
     /// volume (rounded up to what the network's strides need).
     pub roi: Option<[usize; 3]>,
+    /// Fraction of the window shared by neighbours, per network axis (in [0, 1)).
     pub overlap: [f64; 3],
+    /// How window outputs are weighted when blended.
     pub blend: BlendMode,
+    /// Gaussian sigma as a fraction of the window (`BlendMode::Gaussian` only).
     pub sigma_scale: [f64; 3],
+    /// Where windows start: MONAI's placement or nnU-Net's even spread.
     pub placement: Placement,
     /// Windows per backend call; None: 1 on CPU, 2 on CUDA.
     pub batch: Option<usize>,
+    /// Values read outside the volume.
     pub pad: PadMode,
+    /// The device that runs the network (the first when several share a volume).
     pub device: Device,
-    /// More devices for each volume: with `device` they share its windows by D planes (see
-    /// [`super::split`]), and labels and outputs are bitwise those of `device` alone. All CPU (`cpu`
-    /// may repeat: several CPU workers) or all CUDA. Set both with [`Options::set_devices`].
+    /// More devices for each volume: with `device` they share its windows by D planes (windows
+    /// near a cut run on both neighbours), and labels and outputs are bitwise those of `device`
+    /// alone. All CPU (`cpu` may repeat: several CPU workers) or all CUDA. Set both with
+    /// [`Options::set_devices`].
     pub extra_devices: Vec<Device>,
+    /// How the network's D,H,W map onto the file's i,j,k.
     pub axis_order: AxisOrder,
     /// Keep the blended raw outputs (what MONAI's sliding_window_inference returns).
     pub keep_logits: bool,
+    /// Intensity normalisation before windowing.
     pub normalize: Normalize,
     /// Bytes the run may use (device memory on CUDA, the host working set on CPU); None: 80% of
     /// the device's free memory, or half of the memory left to the process (RAM, RLIMIT_AS,

@@ -22,11 +22,10 @@ pub struct Part {
 /// How a grid is shared: the parts, in D order, and what sharing costs.
 #[derive(Clone, Debug)]
 pub struct Split {
+    /// Each device's share, in D order.
     pub parts: Vec<Part>,
     /// Windows per D position (the H × W positions of the grid).
     pub per_position: usize,
-    /// Distinct D origins of the grid.
-    pub positions: usize,
 }
 
 impl Split {
@@ -38,14 +37,6 @@ impl Split {
     /// Windows run over all parts (the grid's count plus the ones computed twice).
     pub fn windows_run(&self) -> usize {
         (0..self.parts.len()).map(|k| self.windows(k)).sum()
-    }
-    /// The most windows one part runs: the split's time, against `positions * per_position` on one
-    /// device.
-    pub fn max_windows(&self) -> usize {
-        (0..self.parts.len())
-            .map(|k| self.windows(k))
-            .max()
-            .unwrap_or(0)
     }
 }
 
@@ -140,7 +131,6 @@ pub fn split(grid: &Grid, workers: usize) -> Split {
     Split {
         parts: partition(&starts, grid.roi[0], grid.shape[0], workers),
         per_position,
-        positions: starts.len(),
     }
 }
 

@@ -6,7 +6,7 @@ use crate::{Error, Result};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Component, Path};
 
-#[allow(clippy::all, dead_code)]
+#[allow(clippy::all, dead_code, missing_docs)]
 pub mod proto {
     include!(concat!(env!("OUT_DIR"), "/onnx.rs"));
 }

@@ -13,18 +13,23 @@ pub use super::ops::{
 };
 pub use super::tensor::Tensor;
 
+/// One operation: reads `inputs`, writes `output` (one value per node).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
     /// The ONNX node name (or `op_type#index` when the export left it empty).
     pub name: String,
+    /// What it computes, with its parameters and weights.
     pub op: Op,
+    /// Activations read, in the op's argument order.
     pub inputs: Vec<ValueId>,
+    /// The activation written.
     pub output: ValueId,
 }
 
 /// A named activation; its shape depends on the window and is computed by [`Graph::infer_shapes`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Value {
+    /// The ONNX value name.
     pub name: String,
     /// Channels are fixed by the weights; known at load.
     pub channels: usize,
@@ -33,15 +38,22 @@ pub struct Value {
 /// What the model already applies to its output (decides how labels are made).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OutputActivation {
+    /// Raw outputs (logits).
     None,
+    /// The graph ends in a Softmax over channels: outputs are probabilities.
     Softmax,
+    /// The graph ends in a Sigmoid: outputs are per-channel probabilities.
     Sigmoid,
 }
 
+/// A network lowered from ONNX: one NCDHW input, one NCDHW output, nodes in topological order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Graph {
+    /// The ONNX graph name.
     pub name: String,
+    /// Every activation, indexed by [`ValueId`].
     pub values: Vec<Value>,
+    /// The operations, in topological order.
     pub nodes: Vec<Node>,
     /// The single NCDHW input.
     pub input: ValueId,
@@ -52,9 +64,11 @@ pub struct Graph {
 }
 
 impl Graph {
+    /// Channels of the network input.
     pub fn input_channels(&self) -> usize {
         self.values[self.input].channels
     }
+    /// Channels of the network output (classes for argmax).
     pub fn output_channels(&self) -> usize {
         self.values[self.output].channels
     }

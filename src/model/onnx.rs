@@ -8,12 +8,14 @@ use crate::{Error, Result};
 use prost::Message;
 use std::path::Path;
 
-pub use super::decode::{proto, MAX_ELEMENTS};
+pub(crate) use super::decode::proto;
+pub use super::decode::MAX_ELEMENTS;
+pub use crate::fsio::MODEL_CAP;
 
 /// Load an ONNX model file (external data is resolved relative to its folder) into the IR. The
-/// file must be a regular file of at most [`crate::fsio::MODEL_CAP`] bytes.
+/// file must be a regular file of at most [`MODEL_CAP`] bytes.
 pub fn load(path: &Path) -> Result<Graph> {
-    let bytes = crate::fsio::read_regular(path, crate::fsio::MODEL_CAP)?;
+    let bytes = crate::fsio::read_regular(path, MODEL_CAP)?;
     let dir = path.parent().map(|p| {
         if p.as_os_str().is_empty() {
             Path::new(".")

@@ -6,6 +6,7 @@ use crate::engine::Device;
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 
+/// Whether the file name ends in `.nii` or `.nii.gz` (case-insensitive).
 pub fn is_nifti(p: &Path) -> bool {
     let n = p.to_string_lossy().to_ascii_lowercase();
     n.ends_with(".nii") || n.ends_with(".nii.gz")

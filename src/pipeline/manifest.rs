@@ -13,11 +13,14 @@ use std::path::{Path, PathBuf};
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum OneOrThree<T> {
+    /// The same value on every axis.
     One(T),
+    /// One value per axis.
     Three([T; 3]),
 }
 
 impl<T: Copy> OneOrThree<T> {
+    /// The three per-axis values.
     pub fn triple(self) -> [T; 3] {
         match self {
             OneOrThree::One(v) => [v; 3],
@@ -32,19 +35,25 @@ impl<T: Copy> OneOrThree<T> {
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(try_from = "IntensityFile", into = "IntensityFile")]
 pub enum Intensity {
+    /// The volume as it is.
     None,
     /// (x − mean) / (std + 1e-8) over the volume.
     Zscore,
     /// nnU-Net's CTNormalization: clip to [lo, hi], then (x − mean) / max(std, 1e-8).
     Ct {
+        /// Lower and upper clip bounds.
         clip: [f32; 2],
+        /// Mean subtracted after clipping.
         mean: f32,
+        /// Divisor (floored at 1e-8).
         std: f32,
     },
     /// The volume's p_lo and p_hi percentiles (numpy's linear method) mapped to 0 and 1, clipped
     /// (MONAI's ScaleIntensityRangePercentiles with clip=True).
     Percentile {
+        /// Percentile mapped to 0.
         p_lo: f64,
+        /// Percentile mapped to 1.
         p_hi: f64,
     },
 }
@@ -121,6 +130,7 @@ impl From<Intensity> for IntensityFile {
 }
 
 impl Intensity {
+    /// Refuses parameters no run could use (non-finite, empty ranges), with the reason.
     pub fn check(&self) -> std::result::Result<(), String> {
         match *self {
             Intensity::Ct { clip, mean, std }
@@ -161,8 +171,11 @@ pub enum Activation {
     /// Softmax for several raw channels, sigmoid for one, nothing when the graph already ends in
     /// Softmax or Sigmoid.
     Auto,
+    /// Softmax over channels.
     Softmax,
+    /// Sigmoid per channel.
     Sigmoid,
+    /// The outputs as they are.
     None,
 }
 
@@ -170,6 +183,7 @@ pub enum Activation {
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
+    /// The model's name, for messages and reports.
     pub name: Option<String>,
     /// One name per output channel (channel 0 is usually the background).
     pub classes: Option<Vec<String>>,
@@ -177,11 +191,15 @@ pub struct Manifest {
     pub axis_order: Option<String>,
     /// Voxel size the model was trained at, in the network's axes (D,H,W), mm.
     pub spacing: Option<[f64; 3]>,
+    /// Intensity normalisation the model was trained with.
     pub normalize: Option<Intensity>,
+    /// Window size in network axes.
     pub roi: Option<OneOrThree<usize>>,
+    /// Window overlap, per network axis or one for all.
     pub overlap: Option<OneOrThree<f64>>,
     /// "gaussian", "constant" or "hann".
     pub blend: Option<String>,
+    /// What turns outputs into probabilities before averaging.
     pub activation: Option<Activation>,
     /// Network axes that test-time mirroring flips when `--tta` is given without a list.
     pub mirror_axes: Option<Vec<usize>>,
@@ -343,6 +361,7 @@ impl Manifest {
     }
 }
 
+/// A normalisation in words, for reports and `inspect`.
 pub fn describe_intensity(n: &Intensity) -> String {
     match n {
         Intensity::None => "none".into(),
@@ -356,6 +375,7 @@ pub fn describe_intensity(n: &Intensity) -> String {
     }
 }
 
+/// Parses a blend name: "gaussian", "constant" or "hann".
 pub fn parse_blend(s: &str) -> std::result::Result<BlendMode, String> {
     match s {
         "gaussian" => Ok(BlendMode::Gaussian),

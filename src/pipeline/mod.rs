@@ -25,11 +25,13 @@ use std::time::Instant;
 /// Settings of the pipeline around the engines (the engines carry the window settings).
 #[derive(Clone, Debug)]
 pub struct Settings {
+    /// Normalisation of the whole volume before resampling.
     pub intensity: Intensity,
     /// Target voxel size in network axes (D,H,W); None: run on the input grid.
     pub spacing: Option<[f64; 3]>,
     /// Network axes to mirror: every subset of them is one pass (2^len passes); empty: no TTA.
     pub mirror_axes: Vec<usize>,
+    /// What turns each model's blended output into probabilities before averaging.
     pub activation: Activation,
     /// Output channel → label value.
     pub remap: Option<Vec<u16>>,
@@ -56,26 +58,39 @@ impl Default for Settings {
 /// Extra report fields of a pipeline run (the engine's report of the first pass is flattened in).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PipelineReport {
+    /// The first pass's engine report.
     #[serde(flatten)]
     pub engine: Report,
+    /// Models in the ensemble.
     pub models: usize,
+    /// Passes run: models × mirror subsets.
     pub passes: usize,
+    /// Network axes mirrored (test-time augmentation).
     pub mirror_axes: Vec<usize>,
+    /// The normalisation, in words.
     pub normalize: String,
+    /// The activation applied before averaging, in words.
     pub activation: String,
     /// Input grid (i,j,k) and the grid the models ran on, when resampled.
     pub input_grid: [usize; 3],
+    /// The grid the models ran on (equal to `input_grid` without resampling).
     pub model_grid: [usize; 3],
+    /// The voxel size resampled to, when the manifest gives one.
     pub target_spacing: Option<[f64; 3]>,
+    /// Seconds per pipeline stage.
     pub pipeline_seconds: PipelineTimes,
 }
 
+/// Seconds per pipeline stage, around the engines' own.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PipelineTimes {
+    /// Normalising the input.
     pub normalize: f64,
+    /// Resampling the input to the model's spacing.
     pub resample_in: f64,
     /// Sum of the passes (each pass's own stages are in the engine fields of the first pass).
     pub passes: f64,
+    /// Averaging, resampling back, labels and remapping.
     pub finalize: f64,
 }
 
@@ -95,12 +110,40 @@ pub struct Output {
     pub probabilities: Option<Array4<f32>>,
     /// (C, i, j, k) averaged raw outputs, when kept.
     pub logits: Option<Array4<f32>>,
+    /// The input's header: write the outputs with it so they overlay the input.
     pub header: Header,
+    /// Times, sizes and settings of the run.
     pub report: PipelineReport,
+    /// Input voxels that were NaN (set to 0) or infinite (clamped) before the models.
     pub nonfinite_voxels: usize,
 }
 
 /// One or more models (an ensemble) with the settings around them.
+///
+/// # Examples
+///
+/// Two models averaged, each run on the volume and its mirrors along all three axes:
+///
+/// ```no_run
+/// use voxtile::pipeline::{Pipeline, Settings};
+/// use voxtile::{Engine, Options};
+///
+/// fn main() -> voxtile::Result<()> {
+///     let engines = vec![
+///         Engine::from_file("fold0.onnx".as_ref(), Options::default())?,
+///         Engine::from_file("fold1.onnx".as_ref(), Options::default())?,
+///     ];
+///     let settings = Settings {
+///         mirror_axes: vec![0, 1, 2],
+///         ..Settings::default()
+///     };
+///     let mut pipeline = Pipeline::new(engines, settings)?;
+///     let volume = voxtile::volume::read("ct.nii.gz".as_ref())?;
+///     let out = pipeline.run(&volume, &mut |_, _| {})?;
+///     voxtile::volume::write_labels("seg.nii.gz".as_ref(), out.labels.view(), &out.header)?;
+///     Ok(())
+/// }
+/// ```
 pub struct Pipeline {
     engines: Vec<Engine>,
     settings: Settings,
@@ -155,15 +198,19 @@ impl Pipeline {
         })
     }
 
+    /// The models' engines, in ensemble order.
     pub fn engines(&self) -> &[Engine] {
         &self.engines
     }
+    /// The settings around the engines.
     pub fn settings(&self) -> &Settings {
         &self.settings
     }
+    /// Channels every model outputs.
     pub fn output_channels(&self) -> usize {
         self.channels
     }
+    /// Channels every model takes.
     pub fn input_channels(&self) -> usize {
         self.engines[0].graph().input_channels()
     }

@@ -24,14 +24,18 @@ const PALETTE: [[u8; 3]; 12] = [
     [170, 110, 40],
 ];
 
+/// The overlay colour of label `l` (1 and up; the palette repeats).
 pub fn label_colour(l: u16) -> [u8; 3] {
     PALETTE[(l as usize - 1) % PALETTE.len()]
 }
 
 /// An RGB picture: width, height, rows top to bottom.
 pub struct Picture {
+    /// Pixels per row.
     pub width: usize,
+    /// Rows.
     pub height: usize,
+    /// `width * height` RGB triples, row by row.
     pub rgb: Vec<u8>,
 }
 

@@ -295,7 +295,9 @@ pub fn nan_voxels(blended: ArrayView4<f32>) -> usize {
 /// holds original planes `d0 .. d0 + n`.
 #[derive(Clone, Debug)]
 pub struct Slab {
+    /// Index of the slab's first D plane in the volume.
     pub d0: usize,
+    /// `(C, n, H, W)` blended outputs of those planes.
     pub data: Array4<f32>,
 }
 

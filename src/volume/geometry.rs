@@ -247,7 +247,7 @@ fn gram_schmidt(m: &Mat3) -> Mat3 {
 }
 
 impl Header {
-    /// qfac from pixdim[0]: -1 when negative, else +1 (0 is the common "unset" value).
+    /// qfac from `pixdim[0]`: -1 when negative, else +1 (0 is the common "unset" value).
     pub fn qfac(&self) -> f64 {
         if self.pixdim[0] < 0.0 {
             -1.0

@@ -33,9 +33,9 @@ pub struct Header {
     pub big_endian: bool,
     /// Whether the file was gzip-compressed.
     pub gzipped: bool,
-    /// dim[0] = number of dimensions, dim[1..=dim[0]] = sizes.
+    /// `dim[0]` = number of dimensions, `dim[1..=dim[0]]` = sizes.
     pub dim: [i64; 8],
-    /// pixdim[0] = qfac (±1), pixdim[1..4] voxel size, pixdim[4] time step...
+    /// `pixdim[0]` = qfac (±1), `pixdim[1..4]` voxel size, `pixdim[4]` time step...
     pub pixdim: [f64; 8],
     /// NIfTI datatype code (2 = uint8, 4 = int16, 16 = float32, ...).
     pub datatype: i16,

@@ -124,7 +124,7 @@ impl Header {
         self.shape_i64().map(|d| d as usize)
     }
 
-    /// dim[4] for 4-D files (the channel axis), else 1.
+    /// `dim[4]` for 4-D files (the channel axis), else 1.
     /// Number of channels (the 4th NIfTI dimension, 1 for a 3D file).
     pub fn channels(&self) -> usize {
         self.channels_i64() as usize

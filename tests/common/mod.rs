@@ -123,7 +123,7 @@ pub fn splitmix64(state: &mut u64) -> u64 {
 
 /// Whether CUDA device 0 opens; VOXTILE_REQUIRE_GPU=1 turns a missing GPU into a failure.
 pub fn gpu_present() -> bool {
-    match voxtile::backend::cuda::CudaBackend::new(0) {
+    match voxtile::internals::cuda::CudaBackend::new(0) {
         Ok(_) => true,
         Err(e) => {
             assert!(

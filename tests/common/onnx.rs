@@ -1,7 +1,7 @@
 //! Hand-built ONNX protos for the tests (independent of voxtile's loader).
 #![allow(dead_code)]
 
-use voxtile::model::onnx::proto;
+use voxtile::internals::proto;
 
 /// A float tensor's ValueInfo: `Some(n)` a fixed dim, `None` a symbolic one named `param(i)`.
 pub fn vi_with(

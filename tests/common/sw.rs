@@ -44,7 +44,7 @@ pub fn sw_cases() -> Option<Vec<SwCase>> {
     let index: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("index.json")).unwrap()).unwrap();
     let npy = |key: &serde_json::Value| {
-        voxtile::npy::read_f32(&dir.join(key.as_str().unwrap()))
+        voxtile::internals::npy::read_f32(&dir.join(key.as_str().unwrap()))
             .unwrap()
             .into_dimensionality::<Ix5>()
             .unwrap()

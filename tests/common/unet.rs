@@ -7,7 +7,7 @@
 #![allow(dead_code)]
 
 use super::onnx::*;
-use voxtile::model::onnx::proto;
+use voxtile::internals::proto;
 
 /// The W1 network: 6 stages, features 32..320, 14 classes, one input channel.
 pub const W1_FEATURES: [usize; 6] = [32, 64, 128, 256, 320, 320];

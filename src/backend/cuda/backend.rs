@@ -2,6 +2,7 @@
 //! (gather, run, blend on the device, streams overlapped); labels are made on the device unless
 //! the blended outputs are kept (or there is one channel, thresholded on the host).
 
+use super::pipeline::WindowJob;
 use super::CudaBackend;
 use crate::backend::{Backend, MemoryModel, Pass, PassOutput, StageTimes};
 use crate::model::Graph;
@@ -44,29 +45,21 @@ impl Backend for CudaBackend {
         let t = Instant::now();
         let grid = pass.grid;
         let rule = pass.labels;
+        let job = WindowJob {
+            vol: pass.volume,
+            padded: grid.padded,
+            pad_before: grid.pad_before,
+            roi: grid.roi,
+            starts: &grid.starts,
+            weights: pass.weights,
+            batch: pass.batch,
+            cval,
+        };
         let (mut labels, logits, times) = if !rule.keep_logits && rule.cout > 1 {
-            let (labels, times) = self.segment_windows_argmax(
-                pass.volume,
-                grid.padded,
-                grid.pad_before,
-                grid.roi,
-                &grid.starts,
-                pass.weights,
-                pass.batch,
-                cval,
-            )?;
+            let (labels, times) = self.segment_windows_argmax(&job)?;
             (labels, None, times)
         } else {
-            let (out, times) = self.segment_windows(
-                pass.volume,
-                grid.padded,
-                grid.pad_before,
-                grid.roi,
-                &grid.starts,
-                pass.weights,
-                pass.batch,
-                cval,
-            )?;
+            let (out, times) = self.segment_windows(&job)?;
             (rule.labels(out.view()), Some(out), times)
         };
         let nan_voxels = match &logits {

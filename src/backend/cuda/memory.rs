@@ -10,7 +10,7 @@
 //! one with an H200's.
 
 use super::buffers::{buffer_plan, ArchCaps, BufferPlan};
-use super::pipeline::{pipeline_alloc, stage_planes, window_z0, GatherMode, OUT_SLOTS};
+use super::pipeline::{pipeline_alloc, stage_planes, window_z0, AllocQuery, GatherMode, OUT_SLOTS};
 use super::CudaBackend;
 use crate::backend::memory::{prod, Breakdown, Estimate, PeakNode, Target, Workload, F16, F32};
 use crate::backend::MemoryModel;
@@ -69,16 +69,16 @@ impl MemoryModel for CudaMemory {
         // engine's windows.
         let grid = Grid::new(w.shape, roi, w.overlap, w.placement)?;
         let z0 = window_z0(&grid.starts, grid.pad_before[0]);
-        let pa = pipeline_alloc(
+        let pa = pipeline_alloc(&AllocQuery {
             roi,
             batch,
             cin,
             cout,
-            w.shape,
+            shape: w.shape,
             argmax,
-            GatherMode::Auto,
-            &z0,
-        );
+            mode: GatherMode::Auto,
+            z0: &z0,
+        });
         let hw = w.shape[1] * w.shape[2];
         let out_slot = pa.out_slots / OUT_SLOTS as u64;
         // Pinned input: two window batches (host gather) or two plane slots (device gather).

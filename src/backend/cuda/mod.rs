@@ -43,7 +43,7 @@ use cudarc::driver::{sys, CudaContext};
 use device::{drv, mem_reset_peak, mem_stats};
 use launch::Gpu;
 use launch_list::Prepared;
-use ndarray::{Array3, Array4, Array5, ArrayView3, ArrayView4, ArrayView5};
+use ndarray::{Array3, Array4, Array5, ArrayView5};
 use pipeline::{PinnedCache, WindowJob};
 
 /// The unit tests' LCG (Knuth's MMIX constants): advances `state`, returns its top 31 bits.
@@ -224,35 +224,12 @@ impl CudaBackend {
         single::run_single(&self.gpu, prep, input, self.opts.poison)
     }
 
-    /// Sliding-window inference, streamed: windows (`starts` in padded coordinates, padded size
-    /// `padded`, `pad_before` voxels of `cval` before the volume `(C, D, H, W)`) are gathered,
-    /// run in batches of `batch` and blended with `weights` (roi) in fp32 as MONAI does (sum of
-    /// w * logits / sum of w). Returns blended logits `(Cout, D, H, W)`.
-    /// `prepare(graph, >= batch, roi)` first. Any window order is accepted (sorted by D here).
-    #[allow(clippy::too_many_arguments)]
-    pub fn segment_windows(
-        &mut self,
-        vol: ArrayView4<f32>,
-        padded: [usize; 3],
-        pad_before: [usize; 3],
-        roi: [usize; 3],
-        starts: &[[usize; 3]],
-        weights: ArrayView3<f32>,
-        batch: usize,
-        cval: f32,
-    ) -> Result<(Array4<f32>, GpuTimes)> {
-        let job = WindowJob {
-            vol,
-            padded,
-            pad_before,
-            roi,
-            starts,
-            weights,
-            batch,
-            cval,
-            argmax: false,
-        };
-        match self.windows(&job)? {
+    /// Sliding-window inference, streamed: the windows of `job` are gathered, run in batches of
+    /// `job.batch` and blended with `job.weights` in fp32 as MONAI does (sum of w * logits / sum
+    /// of w). Returns blended logits `(Cout, D, H, W)`. `prepare(graph, >= job.batch, job.roi)`
+    /// first. Any window order is accepted (sorted by D here).
+    pub fn segment_windows(&mut self, job: &WindowJob) -> Result<(Array4<f32>, GpuTimes)> {
+        match self.windows(job, false)? {
             (pipeline::Out::Logits(a), t) => Ok((a, t)),
             (pipeline::Out::Labels(_), _) => Err(Error::Backend("pipeline returned labels".into())),
         }
@@ -260,43 +237,21 @@ impl CudaBackend {
 
     /// As [`Self::segment_windows`], but the argmax over channels is taken on the device and only
     /// labels `(D, H, W)` come back (first maximum wins; up to 65536 classes).
-    #[allow(clippy::too_many_arguments)]
-    pub fn segment_windows_argmax(
-        &mut self,
-        vol: ArrayView4<f32>,
-        padded: [usize; 3],
-        pad_before: [usize; 3],
-        roi: [usize; 3],
-        starts: &[[usize; 3]],
-        weights: ArrayView3<f32>,
-        batch: usize,
-        cval: f32,
-    ) -> Result<(Array3<u16>, GpuTimes)> {
-        let job = WindowJob {
-            vol,
-            padded,
-            pad_before,
-            roi,
-            starts,
-            weights,
-            batch,
-            cval,
-            argmax: true,
-        };
-        match self.windows(&job)? {
+    pub fn segment_windows_argmax(&mut self, job: &WindowJob) -> Result<(Array3<u16>, GpuTimes)> {
+        match self.windows(job, true)? {
             (pipeline::Out::Labels(a), t) => Ok((a, t)),
             (pipeline::Out::Logits(_), _) => Err(Error::Backend("pipeline returned logits".into())),
         }
     }
 
     /// Runs one pass with the pinned staging of earlier calls.
-    fn windows(&mut self, job: &WindowJob) -> Result<(pipeline::Out, GpuTimes)> {
+    fn windows(&mut self, job: &WindowJob, argmax: bool) -> Result<(pipeline::Out, GpuTimes)> {
         if job.batch == 0 {
             return Err(Error::Invalid("window batch must be at least 1".into()));
         }
         let prep = self.prepared.as_ref().ok_or_else(not_prepared)?;
         let mut cache = self.pinned.take().unwrap_or_default();
-        let r = pipeline::run_windows(&self.gpu, prep, &self.opts, &mut cache, job);
+        let r = pipeline::run_windows(&self.gpu, prep, &self.opts, &mut cache, job, argmax);
         self.pinned = Some(cache);
         r
     }

@@ -12,9 +12,13 @@ pub struct Conv {
     pub weight: Tensor,
     /// `[Cout]`
     pub bias: Option<Tensor>,
+    /// Step between windows, per D, H, W.
     pub stride: [usize; 3],
+    /// Spacing between kernel taps, per D, H, W.
     pub dilation: [usize; 3],
+    /// Zero padding, ONNX order (begins then ends).
     pub pads: [usize; 6],
+    /// Channel groups (Cin and Cout both divisible by it; Cin for depthwise).
     pub groups: usize,
 }
 
@@ -25,10 +29,15 @@ pub struct ConvTranspose {
     pub weight: Tensor,
     /// `[Cout]`
     pub bias: Option<Tensor>,
+    /// Upsampling factor, per D, H, W.
     pub stride: [usize; 3],
+    /// Spacing between kernel taps, per D, H, W.
     pub dilation: [usize; 3],
+    /// Output cropped at each side, ONNX order (begins then ends).
     pub pads: [usize; 6],
+    /// Extra output planes at the end of each axis.
     pub output_padding: [usize; 3],
+    /// Channel groups (Cin and Cout both divisible by it).
     pub groups: usize,
 }
 

@@ -27,55 +27,85 @@ pub type Shape = [usize; 5];
 /// activation and a constant broadcast to NCDHW (`*Const`, shape of 5 dims, each 1 or full size).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
+    /// 3D convolution.
     Conv(Conv),
+    /// 3D transposed convolution (decoder upsampling).
     ConvTranspose(ConvTranspose),
     /// Per (n, c) normalisation over D,H,W, then `scale[c] * x + bias[c]`.
     InstanceNorm {
+        /// Added to the variance.
         eps: f32,
+        /// Per-channel scale `[C]`.
         scale: Tensor,
+        /// Per-channel bias `[C]`.
         bias: Tensor,
     },
     /// Per (n, group) normalisation over (C/groups, D, H, W), then per-channel affine.
     GroupNorm {
+        /// Channel groups normalised together (divides C).
         groups: usize,
+        /// Added to the variance.
         eps: f32,
+        /// Per-channel scale `[C]`.
         scale: Tensor,
+        /// Per-channel bias `[C]`.
         bias: Tensor,
     },
     /// `scale[c] * x + shift[c]`: a BatchNorm that could not be folded into a conv.
     ChannelAffine {
+        /// Per-channel scale `[C]`.
         scale: Tensor,
+        /// Per-channel shift `[C]`.
         shift: Tensor,
     },
+    /// `max(x, 0)`.
     Relu,
+    /// `x if x >= 0 else alpha * x`.
     LeakyRelu {
+        /// Slope of the negative part.
         alpha: f32,
     },
     /// `x if x >= 0 else slope * x`, slope of shape `[C]` (per channel) or `[1]`.
     PRelu {
+        /// Slope of the negative part, per channel or one for all.
         slope: Tensor,
     },
+    /// `x if x > 0 else alpha * (exp(x) - 1)`.
     Elu {
+        /// Scale of the negative part.
         alpha: f32,
     },
+    /// `1 / (1 + exp(-x))`.
     Sigmoid,
+    /// Hyperbolic tangent.
     Tanh,
     /// Softmax over one axis of NCDHW (the exporters use 1, the channels).
     Softmax {
+        /// The NCDHW axis normalised over.
         axis: usize,
     },
+    /// Elementwise sum of two activations.
     Add,
+    /// Elementwise product of two activations.
     Mul,
+    /// First activation minus the second.
     Sub,
+    /// First activation divided by the second.
     Div,
+    /// The activation plus a broadcast constant.
     AddConst(Tensor),
+    /// The activation times a broadcast constant.
     MulConst(Tensor),
     /// Concatenation along an NCDHW axis (1 for skip connections).
     Concat {
+        /// The NCDHW axis joined along.
         axis: usize,
     },
+    /// Maximum over each window.
     MaxPool(Pool),
+    /// Mean over each window.
     AveragePool(Pool),
+    /// Spatial resize (upsampling in decoders).
     Resize(Resize),
     /// A no-op kept only when it carries a graph output's name.
     Identity,

@@ -5,10 +5,15 @@ use super::window::{axis_name, Window};
 /// Max or average pooling over D,H,W.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pool {
+    /// Window size, per D, H, W.
     pub kernel: [usize; 3],
+    /// Step between windows, per D, H, W.
     pub stride: [usize; 3],
+    /// Spacing between window taps, per D, H, W.
     pub dilation: [usize; 3],
+    /// Padding, ONNX order (begins then ends).
     pub pads: [usize; 6],
+    /// Round the output size up instead of down.
     pub ceil_mode: bool,
     /// AveragePool only: whether padded zeros count in the divisor.
     pub count_include_pad: bool,

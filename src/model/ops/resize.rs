@@ -5,37 +5,51 @@ use super::window::axis_name;
 /// Nearest-neighbour or (tri)linear interpolation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ResizeMode {
+    /// Nearest neighbour, rounded as `NearestMode` says.
     Nearest,
+    /// Trilinear interpolation.
     Linear,
 }
 
 /// ONNX Resize's `coordinate_transformation_mode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CoordMode {
+    /// `(x_out + 0.5) / scale - 0.5`.
     HalfPixel,
+    /// As `HalfPixel`, but 0 where the output axis has one voxel.
     PytorchHalfPixel,
+    /// Corner voxels of input and output coincide.
     AlignCorners,
+    /// `x_out / scale`.
     Asymmetric,
 }
 
 /// ONNX Resize's `nearest_mode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NearestMode {
+    /// Round halves down.
     RoundPreferFloor,
+    /// Round halves up.
     RoundPreferCeil,
+    /// Round down.
     Floor,
+    /// Round up.
     Ceil,
 }
 
 /// Spatial resize; the output size is `sizes` if given, else floor(input · scales).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Resize {
+    /// Interpolation.
     pub mode: ResizeMode,
+    /// How output coordinates map to input coordinates.
     pub coord: CoordMode,
+    /// Rounding of `ResizeMode::Nearest`.
     pub nearest: NearestMode,
     /// D,H,W scale factors (also used for coordinate mapping when sizes are given: ONNX uses
     /// output/input then).
     pub scales: [f32; 3],
+    /// Explicit D,H,W output size; None: from `scales`.
     pub sizes: Option<[usize; 3]>,
 }
 

@@ -18,9 +18,13 @@ pub fn dilated_extent(k: usize, d: usize) -> Option<usize> {
 /// `pads` is [d_begin, h_begin, w_begin, d_end, h_end, w_end].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Window {
+    /// Window size, per D, H, W.
     pub kernel: [usize; 3],
+    /// Step between windows, per D, H, W.
     pub stride: [usize; 3],
+    /// Spacing between taps, per D, H, W.
     pub dilation: [usize; 3],
+    /// Padding, ONNX order (begins then ends).
     pub pads: [usize; 6],
     /// Pools' `ceil_mode`; convolutions floor.
     pub ceil: bool,

@@ -26,7 +26,8 @@ mod stream;
 
 pub(crate) use host::Out;
 pub use schedule::{ring_planes, window_z0};
-pub(crate) use stream::{planned_device_bytes, run_windows, PinnedCache, WindowJob};
+pub use stream::WindowJob;
+pub(crate) use stream::{planned_device_bytes, run_windows, PinnedCache};
 
 use schedule::ring_cap;
 use serde::Serialize;
@@ -169,20 +170,39 @@ impl PipelineAlloc {
     }
 }
 
-/// What `pipeline` allocates for `roi`, `batch`, `cin` -> `cout` channels, volume `shape`, labels
-/// (`argmax`) or outputs, with gather `mode`, for windows at volume D starts `z0` (sorted, as
-/// [`window_z0`] gives them).
-#[allow(clippy::too_many_arguments)]
-pub fn pipeline_alloc(
-    roi: [usize; 3],
-    batch: usize,
-    cin: usize,
-    cout: usize,
-    shape: [usize; 3],
-    argmax: bool,
-    mode: GatherMode,
-    z0: &[i64],
-) -> PipelineAlloc {
+/// The pass whose pipeline buffers [`pipeline_alloc`] counts.
+#[derive(Clone, Copy, Debug)]
+pub struct AllocQuery<'a> {
+    /// Window size.
+    pub roi: [usize; 3],
+    /// Windows per network run.
+    pub batch: usize,
+    /// Network input channels.
+    pub cin: usize,
+    /// Network output channels.
+    pub cout: usize,
+    /// Volume size in network axes (D, H, W).
+    pub shape: [usize; 3],
+    /// Labels (u16 argmax on the device) instead of blended outputs.
+    pub argmax: bool,
+    /// Where the windows are gathered.
+    pub mode: GatherMode,
+    /// The windows' volume D starts, sorted (as [`window_z0`] gives them).
+    pub z0: &'a [i64],
+}
+
+/// What `pipeline` allocates for the pass `q`.
+pub fn pipeline_alloc(q: &AllocQuery) -> PipelineAlloc {
+    let AllocQuery {
+        roi,
+        batch,
+        cin,
+        cout,
+        shape,
+        argmax,
+        mode,
+        z0,
+    } = *q;
     let al = |b: usize| b.max(256) as u64;
     let rvox: usize = roi.iter().product();
     let ring = ring_planes(z0, roi[0], shape[0], batch);

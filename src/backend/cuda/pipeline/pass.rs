@@ -37,6 +37,8 @@ pub(super) struct Pass<'a, 'j> {
     pub(super) gpu: &'a Gpu,
     pub(super) prep: &'a Prepared,
     pub(super) job: &'a WindowJob<'j>,
+    /// Labels (u16 argmax on the device) instead of blended outputs.
+    pub(super) argmax: bool,
     /// Volume (C, D, H, W) and H * W.
     pub(super) dims: [usize; 4],
     pub(super) hw: usize,
@@ -76,6 +78,7 @@ impl<'a, 'j> Pass<'a, 'j> {
         prep: &'a Prepared,
         opts: &CudaOptions,
         job: &'a WindowJob<'j>,
+        argmax: bool,
     ) -> Result<Self> {
         let (c, d, h, w) = job.vol.dim();
         let (roi, hw, cout) = (job.roi, h * w, prep.cout);
@@ -126,8 +129,8 @@ impl<'a, 'j> Pass<'a, 'j> {
         let dw = DevBuf::upload(ctx, &gpu.copy, &wmap)?;
         let acc = DevBuf::new(ctx, ring * cout * hw * 4)?;
         let wsum = DevBuf::new(ctx, ring * hw * 4)?;
-        let chunk = chunk_planes(ring, hw, cout, job.argmax);
-        let out_bytes = if job.argmax {
+        let chunk = chunk_planes(ring, hw, cout, argmax);
+        let out_bytes = if argmax {
             chunk * hw * 2
         } else {
             chunk * cout * hw * 4
@@ -155,6 +158,7 @@ impl<'a, 'j> Pass<'a, 'j> {
             gpu,
             prep,
             job,
+            argmax,
             dims: [c, d, h, w],
             hw,
             order,
@@ -312,7 +316,7 @@ impl<'a, 'j> Pass<'a, 'j> {
     /// float4 twin, one block row per plane, where H * W is a multiple of 4): labels or
     /// outputs, ring slots zeroed.
     pub(super) fn finalize(&self, slot: usize, p0: usize, np: usize) -> Result<()> {
-        let (s, hw, argmax) = (&*self.gpu.stream, self.hw, self.job.argmax);
+        let (s, hw, argmax) = (&*self.gpu.stream, self.hw, self.argmax);
         let [_, _, h, w] = self.dims;
         let out = self.dev_out[slot].ptr;
         let (o, l) = if argmax { (0, out) } else { (out, 0) };

@@ -21,17 +21,26 @@ use std::time::Instant;
 
 /// One sliding-window pass: windows (`starts` in padded coordinates, padded size `padded`,
 /// `pad_before` voxels of `cval` before the volume `(C, D, H, W)`), run `batch` at a time and
-/// blended with `weights` (roi); labels (`argmax`) or blended outputs come back.
-pub(crate) struct WindowJob<'a> {
+/// blended with `weights` (roi). Whether labels or blended outputs come back is the caller's
+/// choice of method (`CudaBackend::segment_windows` or `segment_windows_argmax`).
+#[derive(Clone, Copy, Debug)]
+pub struct WindowJob<'a> {
+    /// The volume `(C, D, H, W)`, network axes.
     pub vol: ArrayView4<'a, f32>,
+    /// Padded volume size the window starts live in.
     pub padded: [usize; 3],
+    /// Padding before the volume on each axis.
     pub pad_before: [usize; 3],
+    /// Window size.
     pub roi: [usize; 3],
+    /// Window origins in padded coordinates, any order.
     pub starts: &'a [[usize; 3]],
+    /// Blending weights of one window (`roi`).
     pub weights: ArrayView3<'a, f32>,
+    /// Windows per network run.
     pub batch: usize,
+    /// Value of the padding.
     pub cval: f32,
-    pub argmax: bool,
 }
 
 /// `VOXTILE_INJECT_OOM=N`: the N-th batch (1-based) of a call fails with `Error::OutOfMemory`
@@ -80,7 +89,7 @@ pub(crate) fn planned_device_bytes(
 }
 
 /// The job's inputs against the prepared plan: one clear error each.
-fn check(prep: &Prepared, job: &WindowJob) -> Result<()> {
+fn check(prep: &Prepared, job: &WindowJob, argmax: bool) -> Result<()> {
     let (roi, padded, pad_before) = (job.roi, job.padded, job.pad_before);
     prep.check_window(roi, job.batch)?;
     let (c, d, h, w) = job.vol.dim();
@@ -116,7 +125,7 @@ fn check(prep: &Prepared, job: &WindowJob) -> Result<()> {
             "window start {s:?} + {roi:?} exceeds the padded volume {padded:?}"
         )));
     }
-    if job.argmax && prep.cout > 65536 {
+    if argmax && prep.cout > 65536 {
         return Err(Error::Invalid(format!(
             "argmax labels are u16: {} classes are too many",
             prep.cout
@@ -133,12 +142,13 @@ pub(crate) fn run_windows(
     opts: &CudaOptions,
     cache: &mut PinnedCache,
     job: &WindowJob,
+    argmax: bool,
 ) -> Result<(Out, GpuTimes)> {
     let t0 = Instant::now();
-    check(prep, job)?;
+    check(prep, job, argmax)?;
     mem_reset_peak(&gpu.ctx);
     let mem_before = cu::mem_get_info().map(|(f, t)| (t - f) as u64).unwrap_or(0);
-    let r = Pass::new(gpu, prep, opts, job).and_then(|p| p.run(cache, t0, mem_before));
+    let r = Pass::new(gpu, prep, opts, job, argmax).and_then(|p| p.run(cache, t0, mem_before));
     if r.is_err() {
         // Nothing may still read or write buffers about to be freed.
         let _ = gpu.ctx.synchronize();
@@ -316,7 +326,7 @@ impl Pass<'_, '_> {
     /// Runs every batch and finalisation, then gathers the times.
     fn run(self, cache: &mut PinnedCache, t0: Instant, mem_before: u64) -> Result<(Out, GpuTimes)> {
         let [_, d, h, w] = self.dims;
-        let (cout, hw, argmax, ctx) = (self.prep.cout, self.hw, self.job.argmax, &self.gpu.ctx);
+        let (cout, hw, argmax, ctx) = (self.prep.cout, self.hw, self.argmax, &self.gpu.ctx);
         let mut out = if argmax {
             Out::Labels(Array3::zeros((d, h, w)))
         } else {
