@@ -5,7 +5,7 @@
 
 use ndarray::{Array5, ArrayView5};
 use std::time::Instant;
-use voxtile::backend::cpu::ops;
+use voxtile::internals::cpu::ops;
 use voxtile::model::Op;
 
 /// Multiply-adds × 2 of a (transposed) convolution from its weight and the larger activation.

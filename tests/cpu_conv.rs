@@ -3,7 +3,7 @@
 //! fused activation epilogue, and its determinism across runs and thread counts.
 
 use ndarray::Array5;
-use voxtile::backend::cpu::ops::{self, Unary};
+use voxtile::internals::cpu::ops::{self, Unary};
 use voxtile::model::graph::{Conv, Tensor};
 use voxtile::model::Op;
 
