@@ -3,6 +3,7 @@
 //! f32 path: rel L2 <= 1e-5; f64 path: rel L2 <= 1e-12. Run with `--nocapture` to see the numbers.
 
 mod common;
+use common::rng::Rng;
 use ndarray::{Array5, ArrayView5, Axis};
 use voxtile::backend::cpu::{ops, run_graph, run_graph_f64, CpuBackend};
 use voxtile::backend::Backend;
@@ -10,18 +11,12 @@ use voxtile::model::graph::*;
 
 // ---------- helpers ----------
 
-struct Rng(u64);
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        common::splitmix64(&mut self.0)
-    }
-    /// Uniform in [-1, 1).
-    fn uni(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.uni()).collect()
-    }
+/// Random ndarray / graph tensors from the shared generator.
+trait RngExt {
+    fn arr(&mut self, s: [usize; 5]) -> Array5<f32>;
+    fn tensor(&mut self, s: &[usize]) -> Tensor;
+}
+impl RngExt for Rng {
     fn arr(&mut self, s: [usize; 5]) -> Array5<f32> {
         Array5::from_shape_vec(s, self.vec(s.iter().product())).unwrap()
     }
@@ -439,7 +434,7 @@ fn conv_p(
 
 #[test]
 fn conv_variants() {
-    let mut rng = Rng(1);
+    let mut rng = Rng::new(1);
     let cases: Vec<(&str, [usize; 5], Conv)> = vec![
         (
             "conv 3^3 pad1",
@@ -602,7 +597,7 @@ fn conv_variants() {
 #[test]
 fn conv_chunked_column_buffer() {
     // Large enough that the im2col buffer is split over output rows (K*Wo*4 bytes per row).
-    let mut rng = Rng(11);
+    let mut rng = Rng::new(11);
     let p = conv_p(
         &mut rng,
         64,
@@ -646,7 +641,7 @@ fn convt_p(
 
 #[test]
 fn conv_transpose_variants() {
-    let mut rng = Rng(2);
+    let mut rng = Rng::new(2);
     let cases: Vec<(&str, [usize; 5], ConvTranspose)> = vec![
         (
             "convT k2 s2",
@@ -748,7 +743,7 @@ fn conv_transpose_variants() {
 
 #[test]
 fn norms_and_affine() {
-    let mut rng = Rng(3);
+    let mut rng = Rng::new(3);
     let x = rng.arr([2, 6, 5, 4, 7]).mapv(|v| 3.0 * v + 1.5); // non-zero mean, non-unit spread
     let xf = f64a(&x);
     let (scale, bias) = (rng.tensor(&[6]), rng.tensor(&[6]));
@@ -784,7 +779,7 @@ fn norms_and_affine() {
 
 #[test]
 fn activations() {
-    let mut rng = Rng(4);
+    let mut rng = Rng::new(4);
     let x = rng.arr([2, 3, 4, 5, 6]).mapv(|v| v * 6.0);
     let xf = f64a(&x);
     let slope = rng.tensor(&[3]);
@@ -845,7 +840,7 @@ fn activations() {
 
 #[test]
 fn softmax_axes() {
-    let mut rng = Rng(5);
+    let mut rng = Rng::new(5);
     let x = rng.arr([2, 4, 3, 5, 6]).mapv(|v| v * 30.0); // large logits: needs max subtraction
     for axis in 0..5 {
         let want = naive_softmax(&f64a(&x), axis);
@@ -860,7 +855,7 @@ fn softmax_axes() {
 
 #[test]
 fn binary_and_const() {
-    let mut rng = Rng(6);
+    let mut rng = Rng::new(6);
     let a = rng.arr([2, 3, 4, 5, 3]);
     let b = rng.arr([2, 3, 4, 5, 3]).mapv(|v| v + 2.5); // keep divisors away from zero
     let (af, bf) = (f64a(&a), f64a(&b));
@@ -895,7 +890,7 @@ fn binary_and_const() {
 
 #[test]
 fn concat_axes() {
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     for axis in 0..5 {
         let mut s1 = [2, 3, 4, 3, 2];
         let mut s2 = s1;
@@ -934,7 +929,7 @@ fn concat_axes() {
 
 #[test]
 fn pools() {
-    let mut rng = Rng(8);
+    let mut rng = Rng::new(8);
     let pool = |k, s, d, pads, ceil, cip| Pool {
         kernel: k,
         stride: s,
@@ -1014,7 +1009,7 @@ fn pools() {
 
 #[test]
 fn resize_all_modes() {
-    let mut rng = Rng(9);
+    let mut rng = Rng::new(9);
     let x = rng.arr([1, 2, 4, 5, 3]);
     let xf = f64a(&x);
     let coords = [
@@ -1109,7 +1104,7 @@ impl Builder {
 
 #[test]
 fn small_unet_graph_matches_naive_composition() {
-    let mut rng = Rng(10);
+    let mut rng = Rng::new(10);
     let c1 = conv_p(
         &mut rng,
         2,
@@ -1216,7 +1211,7 @@ fn small_unet_graph_matches_naive_composition() {
 
 #[test]
 fn liveness_frees_intermediates() {
-    let mut rng = Rng(12);
+    let mut rng = Rng::new(12);
     let mut b = Builder::new(3);
     let mut v = 0;
     for _ in 0..8 {
@@ -1258,7 +1253,7 @@ fn liveness_frees_intermediates() {
 #[test]
 fn inplace_does_not_clobber_shared_inputs() {
     // x feeds both Relu (in-place candidate) and a later Add: Relu must not overwrite x.
-    let mut rng = Rng(13);
+    let mut rng = Rng::new(13);
     let mut b = Builder::new(2);
     let r = b.add(Op::Relu, &[0], 2);
     let s = b.add(Op::Add, &[r, 0], 2);
@@ -1274,7 +1269,7 @@ fn inplace_does_not_clobber_shared_inputs() {
 
 #[test]
 fn errors_are_reported_not_panics() {
-    let mut rng = Rng(14);
+    let mut rng = Rng::new(14);
     let mut b = Builder::new(2);
     // Weight expects 3 input channels but the input has 2.
     b.add(
@@ -1351,7 +1346,7 @@ fn errors_are_reported_not_panics() {
 #[test]
 fn strided_view_input() {
     // A permuted (non-contiguous) view must give the same result as its contiguous copy.
-    let mut rng = Rng(15);
+    let mut rng = Rng::new(15);
     let x = rng.arr([1, 5, 4, 3, 2]);
     let v = x.view().permuted_axes([0, 4, 2, 3, 1]); // shape [1, 2, 4, 3, 5]
     let c = v.to_owned();
@@ -1404,7 +1399,7 @@ fn best_of<F: FnMut()>(n: usize, mut f: F) -> f64 {
 #[test]
 #[ignore]
 fn bench_conv_32_to_32_64cubed() {
-    let mut rng = Rng(20);
+    let mut rng = Rng::new(20);
     let p = conv_p(
         &mut rng,
         32,
@@ -1546,7 +1541,7 @@ fn bench_unet() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(64);
-    let mut rng = Rng(21);
+    let mut rng = Rng::new(21);
     let g = unet_graph(&mut rng, &[16, 32, 64, 128]);
     let x = rng.arr([1, 1, size, size, size]);
     let mut be = CpuBackend::new();
@@ -1566,7 +1561,7 @@ fn bench_unet() {
 #[ignore]
 fn bench_gemm_raw() {
     // Raw GEMM throughput for the conv's shapes, to separate GEMM from im2col cost.
-    let mut rng = Rng(30);
+    let mut rng = Rng::new(30);
     let (m, k, n) = (65536usize, 864usize, 32usize);
     let a = rng.vec(m * k);
     let b = rng.vec(k * n);

@@ -2,6 +2,8 @@
 //! Skips with a message when libnvrtc cannot be loaded, unless VOXTILE_REQUIRE_NVRTC=1.
 //! CI: LD_LIBRARY_PATH=<wheel>/nvidia/cu13/lib VOXTILE_CUDA_INCLUDE=<wheel>/nvidia/cu13/include.
 
+mod common;
+use common::rng::Rng;
 use voxtile::backend::cuda::catalogue::{self as cat, Family, FAMILIES};
 use voxtile::backend::cuda::compile;
 
@@ -620,13 +622,8 @@ type HaloCase = (
 /// which only a forced launch would run: the slab prefetch in 4-byte copies).
 #[test]
 fn halo_index_emulation() {
-    let mut seed = 7u64;
-    let mut rnd = || {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((seed >> 33) % 5) as f64 - 2.0
-    };
+    let mut rng = Rng::new(7);
+    let mut rnd = || rng.below(5) as f64 - 2.0;
     let (mut chunked, mut padded, mut pad_configs, mut narrow_slabs) = (0, 0, 0, 0);
     let mut vec_configs: Vec<&str> = Vec::new();
     let mut vec_y_configs: Vec<&str> = Vec::new();

@@ -4,6 +4,8 @@
 //! VOXTILE_REQUIRE_GPU=1. Every run poisons activation buffers with NaN first, so an unwritten
 //! element fails the check. Run on the GPU machine with tests/gpu/run.sh.
 
+mod common;
+use common::rng::Rng;
 use ndarray::{Array3, Array4, Array5};
 use voxtile::backend::cuda::buffers::ConvGeom;
 use voxtile::backend::cuda::catalogue::{self as cat, halo_config, MmaConfig, MMA_CONFIGS};
@@ -53,45 +55,6 @@ fn default_halo(cin: usize, cout: usize, k: usize, st: usize) -> Option<&'static
         upsample: false,
     };
     pick_halo(&g, 227 * 1024, None)
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    fn uni(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.uni() * scale).collect()
-    }
-}
-
-fn seed() -> u64 {
-    std::env::var("VOXTILE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        })
-}
-
-fn rng(tag: &str) -> Rng {
-    let s = seed()
-        ^ tag
-            .bytes()
-            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
-    println!("[{tag}] seed {s} (VOXTILE_SEED to replay applies before the tag hash)");
-    Rng(s)
 }
 
 fn gpu() -> Option<CudaBackend> {
@@ -487,17 +450,17 @@ fn conv_case(
 ) {
     let x = T::from(
         [2, cin, sp[0], sp[1], sp[2]],
-        &r.vec(2 * cin * sp.iter().product::<usize>(), 1.0),
+        &r.scaled(2 * cin * sp.iter().product::<usize>(), 1.0),
     );
     let fan = (cin / groups * k.iter().product::<usize>()) as f32;
     let w = Tensor::new(
         vec![cout, cin / groups, k[0], k[1], k[2]],
-        r.vec(
+        r.scaled(
             cout * cin / groups * k.iter().product::<usize>(),
             1.0 / fan.sqrt(),
         ),
     );
-    let bias = Tensor::new(vec![cout], r.vec(cout, 0.5));
+    let bias = Tensor::new(vec![cout], r.scaled(cout, 0.5));
     let conv = Conv {
         weight: w.clone(),
         bias: Some(bias.clone()),
@@ -519,7 +482,7 @@ fn conv_case(
 #[test]
 fn conv_variants() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("conv");
+    let mut r = Rng::tagged("conv");
     // Even Cin that is not a multiple of 8: the 4-byte gather tiles (`_v2`); the 1x1x1 head
     // kernel with Cout 17..32 and a fused activation.
     for (name, ci, co, k, st, pads) in [
@@ -689,7 +652,7 @@ fn conv_variants() {
         4,
         None,
     );
-    let slope = Tensor::new(vec![8], r.vec(8, 0.5));
+    let slope = Tensor::new(vec![8], r.scaled(8, 0.5));
     conv_case(
         &mut b,
         &mut r,
@@ -721,16 +684,16 @@ fn convt_case(
 ) {
     let x = T::from(
         [2, cin, sp[0], sp[1], sp[2]],
-        &r.vec(2 * cin * sp.iter().product::<usize>(), 1.0),
+        &r.scaled(2 * cin * sp.iter().product::<usize>(), 1.0),
     );
     let w = Tensor::new(
         vec![cin, cout / groups, k[0], k[1], k[2]],
-        r.vec(
+        r.scaled(
             cin * cout / groups * k.iter().product::<usize>(),
             1.0 / ((cin / groups) as f32).sqrt(),
         ),
     );
-    let bias = Tensor::new(vec![cout], r.vec(cout, 0.5));
+    let bias = Tensor::new(vec![cout], r.scaled(cout, 0.5));
     let ct = ConvTranspose {
         weight: w.clone(),
         bias: Some(bias.clone()),
@@ -753,7 +716,7 @@ fn convt_case(
 #[test]
 fn conv_transpose_variants() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("convt");
+    let mut r = Rng::tagged("convt");
     convt_case(
         &mut b,
         &mut r,
@@ -879,7 +842,7 @@ fn conv_transpose_variants() {
 #[test]
 fn norms_and_affine() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("norm");
+    let mut r = Rng::tagged("norm");
     for (name, c, groups, act) in [
         (
             "instancenorm C=16 +leaky",
@@ -913,10 +876,10 @@ fn norms_and_affine() {
         };
         let n = sp.iter().product::<usize>();
         // Offset mean (3) so cancellation in the variance would show.
-        let xv: Vec<f32> = r.vec(2 * c * n, 1.0).iter().map(|v| v + 3.0).collect();
+        let xv: Vec<f32> = r.scaled(2 * c * n, 1.0).iter().map(|v| v + 3.0).collect();
         let x = T::from([2, c, sp[0], sp[1], sp[2]], &xv);
-        let scale = Tensor::new(vec![c], r.vec(c, 1.0));
-        let bias = Tensor::new(vec![c], r.vec(c, 1.0));
+        let scale = Tensor::new(vec![c], r.scaled(c, 1.0));
+        let bias = Tensor::new(vec![c], r.scaled(c, 1.0));
         let op = if groups == c {
             Op::InstanceNorm {
                 eps: 1e-5,
@@ -951,9 +914,9 @@ fn norms_and_affine() {
     }
     // ChannelAffine alone.
     let c = 6;
-    let x = T::from([2, c, 5, 6, 7], &r.vec(2 * c * 210, 2.0));
-    let scale = Tensor::new(vec![c], r.vec(c, 1.0));
-    let shift = Tensor::new(vec![c], r.vec(c, 1.0));
+    let x = T::from([2, c, 5, 6, 7], &r.scaled(2 * c * 210, 2.0));
+    let scale = Tensor::new(vec![c], r.scaled(c, 1.0));
+    let shift = Tensor::new(vec![c], r.scaled(c, 1.0));
     let want = x.map(|ch, v| v * scale.data[ch] as f64 + shift.data[ch] as f64);
     let got = run(
         &mut b,
@@ -967,16 +930,16 @@ fn norms_and_affine() {
 #[test]
 fn elementwise_concat_softmax() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("eltwise");
+    let mut r = Rng::tagged("eltwise");
     let c = 5;
     let s = [2, c, 6, 7, 8];
-    let x = T::from(s, &r.vec(2 * c * 336, 2.0));
+    let x = T::from(s, &r.scaled(2 * c * 336, 2.0));
     // Standalone activations (the previous op is not a conv, so nothing fuses).
     for a in [
         Op::Relu,
         Op::LeakyRelu { alpha: 0.1 },
         Op::PRelu {
-            slope: Tensor::new(vec![c], r.vec(c, 0.5)),
+            slope: Tensor::new(vec![c], r.scaled(c, 0.5)),
         },
         Op::Elu { alpha: 0.7 },
         Op::Sigmoid,
@@ -1014,7 +977,7 @@ fn elementwise_concat_softmax() {
         ("const scalar", vec![1]),
         ("const [1,C,D,1,1]", vec![1, c, 6, 1, 1]),
     ] {
-        let k = Tensor::new(shape.clone(), r.vec(shape.iter().product(), 2.0));
+        let k = Tensor::new(shape.clone(), r.scaled(shape.iter().product(), 2.0));
         let kat = |ch: usize, z: usize| -> f64 {
             match shape.len() {
                 1 => k.data[0] as f64,
@@ -1131,9 +1094,9 @@ fn elementwise_concat_softmax() {
 #[test]
 fn pools_and_resize() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("pool");
+    let mut r = Rng::tagged("pool");
     let c = 6;
-    let x = T::from([2, c, 9, 10, 11], &r.vec(2 * c * 990, 2.0));
+    let x = T::from([2, c, 9, 10, 11], &r.scaled(2 * c * 990, 2.0));
     for (name, p, max, o) in [
         (
             "maxpool k2 s2",
@@ -1217,7 +1180,7 @@ fn pools_and_resize() {
     }
     // Resize: nearest x2 (asymmetric/floor, as PyTorch's nearest export) and trilinear x2
     // half_pixel (align_corners=False), plus align_corners with explicit sizes.
-    let xs = T::from([2, c, 4, 5, 6], &r.vec(2 * c * 120, 2.0));
+    let xs = T::from([2, c, 4, 5, 6], &r.scaled(2 * c * 120, 2.0));
     let near = Resize {
         mode: ResizeMode::Nearest,
         coord: CoordMode::Asymmetric,
@@ -1326,24 +1289,24 @@ fn pools_and_resize() {
 #[test]
 fn small_unet_chain() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("unet");
+    let mut r = Rng::tagged("unet");
     let (cin, f) = (1usize, 16usize);
-    let x = T::from([2, cin, 16, 16, 16], &r.vec(2 * 4096, 1.0));
-    let w1 = Tensor::new(vec![f, cin, 3, 3, 3], r.vec(f * 27, 1.0 / 27f32.sqrt()));
+    let x = T::from([2, cin, 16, 16, 16], &r.scaled(2 * 4096, 1.0));
+    let w1 = Tensor::new(vec![f, cin, 3, 3, 3], r.scaled(f * 27, 1.0 / 27f32.sqrt()));
     let w2 = Tensor::new(
         vec![2 * f, f, 3, 3, 3],
-        r.vec(2 * f * f * 27, 1.0 / ((f * 27) as f32).sqrt()),
+        r.scaled(2 * f * f * 27, 1.0 / ((f * 27) as f32).sqrt()),
     );
     let wt = Tensor::new(
         vec![2 * f, f, 2, 2, 2],
-        r.vec(2 * f * f * 8, 1.0 / ((2 * f) as f32).sqrt()),
+        r.scaled(2 * f * f * 8, 1.0 / ((2 * f) as f32).sqrt()),
     );
     let wh = Tensor::new(
         vec![3, 2 * f, 1, 1, 1],
-        r.vec(3 * 2 * f, 1.0 / ((2 * f) as f32).sqrt()),
+        r.scaled(3 * 2 * f, 1.0 / ((2 * f) as f32).sqrt()),
     );
-    let g1 = Tensor::new(vec![2 * f], r.vec(2 * f, 1.0));
-    let b1 = Tensor::new(vec![2 * f], r.vec(2 * f, 1.0));
+    let g1 = Tensor::new(vec![2 * f], r.scaled(2 * f, 1.0));
+    let b1 = Tensor::new(vec![2 * f], r.scaled(2 * f, 1.0));
     let conv = |w: &Tensor, s: usize, p: usize| {
         Op::Conv(Conv {
             weight: w.clone(),
@@ -1426,7 +1389,7 @@ fn small_unet_chain() {
 #[test]
 fn sliding_window_blend_and_argmax() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("sw");
+    let mut r = Rng::tagged("sw");
     let (cin, cout) = (2usize, 4usize);
     let (d, h, w) = (13usize, 17usize, 11usize);
     let roi = [8usize, 8, 8];
@@ -1440,7 +1403,7 @@ fn sliding_window_blend_and_argmax() {
             }
         }
     }
-    let vol = Array4::from_shape_vec((cin, d, h, w), r.vec(cin * d * h * w, 1.0)).unwrap();
+    let vol = Array4::from_shape_vec((cin, d, h, w), r.scaled(cin * d * h * w, 1.0)).unwrap();
     let wmap = Array3::from_shape_vec(
         (8, 8, 8),
         (0..512)
@@ -1448,8 +1411,8 @@ fn sliding_window_blend_and_argmax() {
             .collect(),
     )
     .unwrap();
-    let wt = Tensor::new(vec![cout, cin, 1, 1, 1], r.vec(cout * cin, 1.0));
-    let bias = Tensor::new(vec![cout], r.vec(cout, 0.5));
+    let wt = Tensor::new(vec![cout, cin, 1, 1, 1], r.scaled(cout * cin, 1.0));
+    let bias = Tensor::new(vec![cout], r.scaled(cout, 0.5));
     let g = graph(
         cin,
         vec![(
@@ -1601,9 +1564,9 @@ fn sliding_window_blend_and_argmax() {
 #[test]
 fn bench_conv_32_32() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("bench");
+    let mut r = Rng::tagged("bench");
     for (c, s) in [(32usize, 128usize), (64, 96)] {
-        let w = Tensor::new(vec![c, c, 3, 3, 3], r.vec(c * c * 27, 0.03));
+        let w = Tensor::new(vec![c, c, 3, 3, 3], r.scaled(c * c * 27, 0.03));
         let g = graph(
             c,
             vec![(
@@ -1621,7 +1584,7 @@ fn bench_conv_32_32() {
         );
         b.with(|o| o.poison = false);
         b.prepare(&g, 2, [s; 3]).unwrap();
-        let x = Array5::from_shape_vec((2, c, s, s, s), r.vec(2 * c * s * s * s, 1.0)).unwrap();
+        let x = Array5::from_shape_vec((2, c, s, s, s), r.scaled(2 * c * s * s * s, 1.0)).unwrap();
         b.run(x.view()).unwrap();
         let ms = b.time_forward(2, 20).unwrap();
         let flops = 2.0 * (2 * s * s * s) as f64 * c as f64 * (27 * c) as f64;
@@ -1637,7 +1600,7 @@ fn bench_conv_32_32() {
 #[test]
 fn conv_mma_tiles() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("mma");
+    let mut r = Rng::tagged("mma");
     let tiles: Vec<Option<&str>> = MMA_CONFIGS.iter().map(|c| Some(c.name)).collect();
     for tile in tiles.into_iter().chain([None]) {
         b.with(|o| o.conv_tile = tile.map(mma_named));
@@ -1836,7 +1799,7 @@ fn kernels_used(b: &mut CudaBackend, batch: usize) -> Vec<String> {
 fn conv_halo_cases() {
     use voxtile::backend::cuda::catalogue::{HaloConfig, HALO_CONFIGS};
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("halo");
+    let mut r = Rng::tagged("halo");
     b.with(|o| o.conv_tile = None);
     b.with(|o| o.halo_conv = true);
     let leaky = || Some(Op::LeakyRelu { alpha: 0.01 });
@@ -2135,10 +2098,10 @@ fn conv_halo_cases() {
         b.with(|o| o.halo_tile = tile.map(halo_named));
         let sp = [5usize, 9, 10];
         let nvox = sp.iter().product::<usize>();
-        let x = T::from([2, c, sp[0], sp[1], sp[2]], &r.vec(2 * c * nvox, 1.0));
-        let wa = Tensor::new(vec![ca, c, 3, 3, 3], r.vec(ca * c * 27, 0.03));
-        let wb = Tensor::new(vec![cb, c, 3, 3, 3], r.vec(cb * c * 27, 0.03));
-        let ba = Tensor::new(vec![ca], r.vec(ca, 0.5));
+        let x = T::from([2, c, sp[0], sp[1], sp[2]], &r.scaled(2 * c * nvox, 1.0));
+        let wa = Tensor::new(vec![ca, c, 3, 3, 3], r.scaled(ca * c * 27, 0.03));
+        let wb = Tensor::new(vec![cb, c, 3, 3, 3], r.scaled(cb * c * 27, 0.03));
+        let ba = Tensor::new(vec![ca], r.scaled(ca, 0.5));
         let conv = |w: &Tensor, bias: Option<Tensor>| {
             Op::Conv(Conv {
                 weight: w.clone(),
@@ -2249,7 +2212,7 @@ fn concat_parts_case(
 #[test]
 fn conv_c1_cases() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("c1");
+    let mut r = Rng::tagged("c1");
     b.with(|o| o.conv_tile = None);
     b.with(|o| o.c1_conv = true);
     let leaky = || Some(Op::LeakyRelu { alpha: 0.1 });
@@ -2283,12 +2246,12 @@ fn conv_c1_cases() {
         let sp = [5usize, 9, 35];
         let x = T::from(
             [2, 1, sp[0], sp[1], sp[2]],
-            &r.vec(2 * sp.iter().product::<usize>(), 1.0),
+            &r.scaled(2 * sp.iter().product::<usize>(), 1.0),
         );
         let mut parts = Vec::new();
         for c in [ca, cb] {
-            let w = Tensor::new(vec![c, 1, 3, 3, 3], r.vec(c * 27, 0.3));
-            let bias = Tensor::new(vec![c], r.vec(c, 0.5));
+            let w = Tensor::new(vec![c, 1, 3, 3, 3], r.scaled(c * 27, 0.3));
+            let bias = Tensor::new(vec![c], r.scaled(c, 0.5));
             let want = conv_ref(
                 &x,
                 &w,
@@ -2348,7 +2311,7 @@ fn conv_c1_cases() {
 #[test]
 fn convt_up_vec_cases() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("upvec");
+    let mut r = Rng::tagged("upvec");
     b.with(|o| o.conv_tile = None);
     b.with(|o| o.upsample_vec = true);
     let cases: Vec<(usize, usize, [usize; 3], Option<&str>)> = vec![
@@ -2389,11 +2352,11 @@ fn convt_up_vec_cases() {
     // offset 32: vector stores) and [14, 32] (stride 46, offset 14: element stores).
     for (ca, cb) in [(32usize, 24usize), (14, 32)] {
         let (cin, sp) = (64usize, [3usize, 5, 4]);
-        let x = T::from([2, cin, sp[0], sp[1], sp[2]], &r.vec(2 * cin * 60, 1.0));
+        let x = T::from([2, cin, sp[0], sp[1], sp[2]], &r.scaled(2 * cin * 60, 1.0));
         let mut parts = Vec::new();
         for c in [ca, cb] {
-            let w = Tensor::new(vec![cin, c, 2, 2, 2], r.vec(cin * c * 8, 0.125));
-            let bias = Tensor::new(vec![c], r.vec(c, 0.5));
+            let w = Tensor::new(vec![cin, c, 2, 2, 2], r.scaled(cin * c * 8, 0.125));
+            let bias = Tensor::new(vec![c], r.scaled(c, 0.5));
             let want = conv_ref(&x, &w, Some(&bias), [2; 3], [1; 3], [0; 6], 1, true, [0; 3]);
             let op = Op::ConvTranspose(ConvTranspose {
                 weight: w,
@@ -2415,9 +2378,9 @@ fn convt_up_vec_cases() {
     }
     // A fused activation after the transposed conv (the epilogue's act_apply), then off.
     let (cin, cout, sp) = (32usize, 16usize, [3usize, 4, 5]);
-    let x = T::from([2, cin, sp[0], sp[1], sp[2]], &r.vec(2 * cin * 60, 1.0));
-    let w = Tensor::new(vec![cin, cout, 2, 2, 2], r.vec(cin * cout * 8, 0.18));
-    let bias = Tensor::new(vec![cout], r.vec(cout, 0.5));
+    let x = T::from([2, cin, sp[0], sp[1], sp[2]], &r.scaled(2 * cin * 60, 1.0));
+    let w = Tensor::new(vec![cin, cout, 2, 2, 2], r.scaled(cin * cout * 8, 0.18));
+    let bias = Tensor::new(vec![cout], r.scaled(cout, 0.5));
     let want = conv_ref(&x, &w, Some(&bias), [2; 3], [1; 3], [0; 6], 1, true, [0; 3])
         .map(|_, v| if v >= 0.0 { v } else { 0.1 * v });
     let ct = Op::ConvTranspose(ConvTranspose {
@@ -2468,7 +2431,7 @@ fn time_one(
     b.prepare(&g, n, [s; 3]).expect("prepare");
     // A random block repeated (not zeros, cheap to make for the 1 GB inputs).
     let total = n * cin * s * s * s;
-    let block = r.vec(total.min(1 << 22), 1.0);
+    let block = r.scaled(total.min(1 << 22), 1.0);
     let data: Vec<f32> = (0..total).map(|i| block[i % block.len()]).collect();
     let x = Array5::from_shape_vec((n, cin, s, s, s), data).unwrap();
     b.run(x.view()).expect("run");
@@ -2483,7 +2446,7 @@ fn time_one(
 #[test]
 fn bench_w1_layers() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("w1");
+    let mut r = Rng::tagged("w1");
     // (kind, cin, cout, input size, kernel, stride): c = conv pad k/2, t = transposed k = s.
     let feats = [32usize, 64, 128, 256, 320, 320];
     let mut layers: Vec<(char, usize, usize, usize, usize, usize)> = Vec::new();
@@ -2546,9 +2509,9 @@ fn bench_w1_layers() {
                 } else {
                     vec![co, ci, k, k, k]
                 },
-                r.vec(ci * co * k * k * k, 1.0 / ((ci * k * k * k) as f32).sqrt()),
+                r.scaled(ci * co * k * k * k, 1.0 / ((ci * k * k * k) as f32).sqrt()),
             );
-            let bias = Some(Tensor::new(vec![co], r.vec(co, 0.1)));
+            let bias = Some(Tensor::new(vec![co], r.scaled(co, 0.1)));
             let op = if kind == 't' {
                 Op::ConvTranspose(ConvTranspose {
                     weight: w,
@@ -2633,7 +2596,7 @@ fn bench_w1_layers() {
     let flop = 2.0 * (2 * 128usize.pow(3)) as f64 * 32.0 * (27 * 32) as f64;
     let k1 = |r: &mut Rng| {
         Op::Conv(Conv {
-            weight: Tensor::new(vec![32, 32, 3, 3, 3], r.vec(32 * 32 * 27, 0.03)),
+            weight: Tensor::new(vec![32, 32, 3, 3, 3], r.scaled(32 * 32 * 27, 0.03)),
             bias: None,
             stride: [1; 3],
             dilation: [1; 3],
@@ -2677,7 +2640,7 @@ fn bench_w1_layers() {
     );
     // W1's 64->32 at 128^3 (batch 4) on the 4-warp variant (the layer table has the default).
     let op = Op::Conv(Conv {
-        weight: Tensor::new(vec![32, 64, 3, 3, 3], r.vec(32 * 64 * 27, 0.02)),
+        weight: Tensor::new(vec![32, 64, 3, 3, 3], r.scaled(32 * 64 * 27, 0.02)),
         bias: None,
         stride: [1; 3],
         dilation: [1; 3],
@@ -2704,7 +2667,7 @@ fn bench_w1_layers() {
 fn bench_halo_variants() {
     use voxtile::backend::cuda::catalogue::{HaloConfig, HALO_CONFIGS};
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("halo-bench");
+    let mut r = Rng::tagged("halo-bench");
     b.with(|o| o.conv_tile = None);
     b.with(|o| o.halo_conv = true);
     for (cin, cout, n, s, label) in [
@@ -2722,7 +2685,7 @@ fn bench_halo_variants() {
             Op::Conv(Conv {
                 weight: Tensor::new(
                     vec![cout, cin, 3, 3, 3],
-                    r.vec(cout * cin * 27, 1.0 / ((27 * cin) as f32).sqrt()),
+                    r.scaled(cout * cin * 27, 1.0 / ((27 * cin) as f32).sqrt()),
                 ),
                 bias: None,
                 stride: [1; 3],
@@ -2815,7 +2778,7 @@ fn bench_halo_variants() {
 fn profile_models() {
     let Some(mut b) = gpu() else { return };
     b.with(|o| o.poison = false);
-    let mut r = rng("profile");
+    let mut r = Rng::tagged("profile");
     let spec = std::env::var("VOXTILE_PROFILE_ONNX").unwrap_or_default();
     let mut cases: Vec<(String, Graph, usize, usize)> = Vec::new();
     for item in spec.split(',').filter(|s| !s.is_empty()) {
@@ -2830,7 +2793,7 @@ fn profile_models() {
         let c = 16;
         let conv = |r: &mut Rng, ci: usize| {
             Op::Conv(Conv {
-                weight: Tensor::new(vec![c, ci, 3, 3, 3], r.vec(c * ci * 27, 0.1)),
+                weight: Tensor::new(vec![c, ci, 3, 3, 3], r.scaled(c * ci * 27, 0.1)),
                 bias: None,
                 stride: [1; 3],
                 dilation: [1; 3],
@@ -2840,8 +2803,8 @@ fn profile_models() {
         };
         let norm = Op::InstanceNorm {
             eps: 1e-5,
-            scale: Tensor::new(vec![c], r.vec(c, 1.0)),
-            bias: Tensor::new(vec![c], r.vec(c, 1.0)),
+            scale: Tensor::new(vec![c], r.scaled(c, 1.0)),
+            bias: Tensor::new(vec![c], r.scaled(c, 1.0)),
         };
         let g = graph(
             1,
@@ -2860,7 +2823,7 @@ fn profile_models() {
         let cin = g.input_channels();
         let x = Array5::from_shape_vec(
             (batch, cin, roi, roi, roi),
-            r.vec(batch * cin * roi * roi * roi, 1.0),
+            r.scaled(batch * cin * roi * roi * roi, 1.0),
         )
         .unwrap();
         b.run(x.view()).expect("run");
@@ -2900,14 +2863,14 @@ fn profile_models() {
 #[test]
 fn concat_in_place_and_head() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("inplace");
+    let mut r = Rng::tagged("inplace");
     let (c, sp) = (8usize, [6usize, 7, 5]);
     let nvox = sp.iter().product::<usize>();
-    let x = T::from([2, c, sp[0], sp[1], sp[2]], &r.vec(2 * c * nvox, 1.0));
-    let wa = Tensor::new(vec![16, c, 3, 3, 3], r.vec(16 * c * 27, 0.1));
-    let wb = Tensor::new(vec![c, c, 3, 3, 3], r.vec(c * c * 27, 0.1));
-    let wh = Tensor::new(vec![5, 32, 1, 1, 1], r.vec(5 * 32, 0.3));
-    let bh = Tensor::new(vec![5], r.vec(5, 0.1));
+    let x = T::from([2, c, sp[0], sp[1], sp[2]], &r.scaled(2 * c * nvox, 1.0));
+    let wa = Tensor::new(vec![16, c, 3, 3, 3], r.scaled(16 * c * 27, 0.1));
+    let wb = Tensor::new(vec![c, c, 3, 3, 3], r.scaled(c * c * 27, 0.1));
+    let wh = Tensor::new(vec![5, 32, 1, 1, 1], r.scaled(5 * 32, 0.3));
+    let bh = Tensor::new(vec![5], r.scaled(5, 0.1));
     let conv = |w: &Tensor, bias: Option<Tensor>, p: usize| {
         Op::Conv(Conv {
             weight: w.clone(),

@@ -5,6 +5,8 @@
 //! Fresh seed per run (printed; VOXTILE_SEED to replay). Skips without a GPU unless
 //! VOXTILE_REQUIRE_GPU=1. Run on the GPU machine with tests/gpu/run.sh.
 
+mod common;
+use common::rng::Rng;
 use ndarray::{Array3, Array4};
 use rayon::prelude::*;
 use std::sync::Mutex;
@@ -14,40 +16,6 @@ use voxtile::Error;
 
 /// GPU tests here share the env var hook and measure device peaks: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
-        z ^ (z >> 31)
-    }
-    fn uni(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.uni() * scale).collect()
-    }
-}
-
-fn rng(tag: &str) -> Rng {
-    let s = std::env::var("VOXTILE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
-    let s = s ^ tag
-        .bytes()
-        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
-    println!("[{tag}] seed {s}");
-    Rng(s)
-}
 
 fn gpu() -> Option<CudaBackend> {
     let require = std::env::var("VOXTILE_REQUIRE_GPU").is_ok_and(|v| v == "1");
@@ -85,12 +53,12 @@ impl Net {
             cin,
             f,
             cout,
-            w1: r.vec(f * cin * 27, 0.4),
-            b1: r.vec(f, 0.2),
+            w1: r.scaled(f * cin * 27, 0.4),
+            b1: r.scaled(f, 0.2),
             gamma: (0..f).map(|_| 1.0 + 0.3 * r.uni()).collect(),
-            beta: r.vec(f, 0.3),
-            w2: r.vec(cout * f, 0.8),
-            b2: r.vec(cout, 0.3),
+            beta: r.scaled(f, 0.3),
+            w2: r.scaled(cout * f, 0.8),
+            b2: r.scaled(cout, 0.3),
             norm: true,
         }
     }
@@ -387,7 +355,7 @@ fn argmax_ref(acc: &[f64], cout: usize, vox: usize) -> Vec<usize> {
 fn pipeline_matches_f64_reference() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("pipeline");
+    let mut r = Rng::tagged("pipeline");
     let cases: [([usize; 3], [f64; 3], usize, bool, usize, usize); 4] = [
         ([70, 45, 90], [0.5, 0.25, 0.0], 3, false, 2, 3),
         ([70, 45, 90], [0.5, 0.25, 0.0], 4, true, 2, 3),
@@ -405,13 +373,13 @@ fn pipeline_matches_f64_reference() {
         b.prepare(&g, batch, roi).expect("prepare");
         let vol = Array4::from_shape_vec(
             (cin, size[0], size[1], size[2]),
-            r.vec(cin * size.iter().product::<usize>(), 1.5),
+            r.scaled(cin * size.iter().product::<usize>(), 1.5),
         )
         .unwrap();
         let (padded, before, mut starts) = grid(size, roi, ov);
         if shuffle {
             for i in (1..starts.len()).rev() {
-                let j = (r.next() % (i as u64 + 1)) as usize;
+                let j = r.below(i + 1);
                 starts.swap(i, j);
             }
         }
@@ -525,7 +493,7 @@ fn device_gather_is_bitwise_the_host_gather() {
     use voxtile::backend::cuda::pipeline::GatherMode;
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("devgather");
+    let mut r = Rng::tagged("devgather");
     let roi = [32usize; 3];
     for (size, ov, batch, cin, cout) in [
         ([90usize, 45, 50], [0.5, 0.25, 0.5], 3usize, 2usize, 3usize),
@@ -541,14 +509,14 @@ fn device_gather_is_bitwise_the_host_gather() {
         // Stored (C, W, H, D), viewed as (C, D, H, W): a strided view for the plane conversion.
         let stored = Array4::from_shape_vec(
             (cin, size[2], size[1], size[0]),
-            r.vec(cin * size.iter().product::<usize>(), 2.0),
+            r.scaled(cin * size.iter().product::<usize>(), 2.0),
         )
         .unwrap();
         let strided = stored.view().permuted_axes([0, 3, 2, 1]);
         let vol = strided.as_standard_layout().to_owned();
         let (padded, before, mut starts) = grid(size, roi, ov);
         for i in (1..starts.len()).rev() {
-            let j = (r.next() % (i as u64 + 1)) as usize;
+            let j = r.below(i + 1);
             starts.swap(i, j);
         }
         let wmap = gaussian(roi);
@@ -620,7 +588,7 @@ fn device_gather_is_bitwise_the_host_gather() {
 fn device_peak_is_independent_of_depth() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("peak");
+    let mut r = Rng::tagged("peak");
     let net = Net::random(&mut r, 1, 8, 3);
     let roi = [32usize; 3];
     let batch = 4;
@@ -629,7 +597,7 @@ fn device_peak_is_independent_of_depth() {
     let mut peaks = Vec::new();
     for dd in [64usize, 256] {
         let size = [dd, 96, 80];
-        let vol = Array4::from_shape_vec((1, dd, 96, 80), r.vec(dd * 96 * 80, 1.0)).unwrap();
+        let vol = Array4::from_shape_vec((1, dd, 96, 80), r.scaled(dd * 96 * 80, 1.0)).unwrap();
         let (padded, before, starts) = grid(size, roi, [0.5; 3]);
         let (labels, t) = b
             .segment_windows_argmax(
@@ -686,7 +654,7 @@ fn device_peak_is_independent_of_depth() {
 fn injected_oom_then_retry_is_identical() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("oom");
+    let mut r = Rng::tagged("oom");
     // Without the norm: the pipeline and the conv kernels are deterministic, so the retry must
     // be bit for bit the clean run (the norm's atomic sums are not, see below).
     let mut net = Net::random(&mut r, 1, 8, 3);
@@ -694,7 +662,7 @@ fn injected_oom_then_retry_is_identical() {
     let roi = [32usize; 3];
     b.prepare(&net.graph(), 4, roi).unwrap();
     let size = [70usize, 45, 50];
-    let vol = Array4::from_shape_vec((1, 70, 45, 50), r.vec(70 * 45 * 50, 1.0)).unwrap();
+    let vol = Array4::from_shape_vec((1, 70, 45, 50), r.scaled(70 * 45 * 50, 1.0)).unwrap();
     let (padded, before, starts) = grid(size, roi, [0.5, 0.25, 0.5]);
     let wmap = gaussian(roi);
     let run = |b: &mut CudaBackend, batch: usize| {
@@ -769,7 +737,7 @@ fn injected_oom_then_retry_is_identical() {
 fn stage_overlap_report() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("overlap");
+    let mut r = Rng::tagged("overlap");
     let net = Net::random(&mut r, 1, 32, 4);
     let roi = [96usize; 3];
     let batch = 4;
@@ -839,11 +807,11 @@ fn split_across_devices_is_bitwise_one_device() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(b) = gpu() else { return };
     drop(b);
-    let mut r = rng("split");
+    let mut r = Rng::tagged("split");
     let mut net = Net::random(&mut r, 1, 8, 3);
     net.norm = false;
     // 200 planes of roi 32 at stride 16: 11 D positions (and H, W padded / overlapped).
-    let vol = Array4::from_shape_vec((1, 200, 40, 28), r.vec(200 * 40 * 28, 1.0)).unwrap();
+    let vol = Array4::from_shape_vec((1, 200, 40, 28), r.scaled(200 * 40 * 28, 1.0)).unwrap();
     let second = CudaBackend::new(1).is_ok();
     let mut lists = vec![vec![Device::Cuda(0), Device::Cuda(0)]];
     if second {

@@ -3,6 +3,7 @@
 
 pub mod nifti;
 pub mod onnx;
+pub mod rng;
 pub mod small;
 pub mod sw;
 pub mod unet;
@@ -110,15 +111,6 @@ pub fn gz_level(bytes: &[u8], level: flate2::Compression) -> Vec<u8> {
 /// Gzip at the fast level.
 pub fn gz(bytes: &[u8]) -> Vec<u8> {
     gz_level(bytes, flate2::Compression::fast())
-}
-
-/// One splitmix64 step: advances `state` and returns the next 64 random bits.
-pub fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// Whether CUDA device 0 opens; VOXTILE_REQUIRE_GPU=1 turns a missing GPU into a failure.
