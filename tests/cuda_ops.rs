@@ -188,18 +188,37 @@ fn report(name: &str, e: f64) {
 
 // ---------- f64 references ----------
 
-#[allow(clippy::too_many_arguments)]
-fn conv_ref(
-    x: &T,
-    w: &Tensor,
-    bias: Option<&Tensor>,
+/// A conv's geometry as the reference takes it (`transposed`: ConvTranspose, `opad` its output
+/// padding).
+#[derive(Clone, Copy)]
+struct Kernel {
     st: [usize; 3],
     dl: [usize; 3],
     pads: [usize; 6],
     groups: usize,
     transposed: bool,
     opad: [usize; 3],
-) -> T {
+}
+
+/// Stride 1, no dilation, no pads, one group, forward.
+const PLAIN: Kernel = Kernel {
+    st: [1; 3],
+    dl: [1; 3],
+    pads: [0; 6],
+    groups: 1,
+    transposed: false,
+    opad: [0; 3],
+};
+
+fn conv_ref(x: &T, w: &Tensor, bias: Option<&Tensor>, geo: Kernel) -> T {
+    let Kernel {
+        st,
+        dl,
+        pads,
+        groups,
+        transposed,
+        opad,
+    } = geo;
     let ws = &w.shape;
     let (n, cin) = (x.s[0], x.s[1]);
     let k = [ws[2], ws[3], ws[4]];
@@ -434,20 +453,35 @@ fn pool_ref(x: &T, p: &Pool, max: bool, o: [usize; 3]) -> T {
 
 // ---------- tests ----------
 
-fn conv_case(
-    b: &mut CudaBackend,
-    r: &mut Rng,
-    name: &str,
+/// One random conv (or transposed conv) test: `cin` -> `cout` on a batch of 2 `sp` volumes,
+/// kernel `k`, then `act` when given.
+struct ConvCase<'a> {
+    name: &'a str,
     cin: usize,
     cout: usize,
     sp: [usize; 3],
     k: [usize; 3],
-    st: [usize; 3],
-    dl: [usize; 3],
-    pads: [usize; 6],
-    groups: usize,
+    geo: Kernel,
     act: Option<Op>,
-) {
+}
+
+fn conv_case(b: &mut CudaBackend, r: &mut Rng, c: ConvCase<'_>) {
+    let ConvCase {
+        name,
+        cin,
+        cout,
+        sp,
+        k,
+        geo,
+        act,
+    } = c;
+    let Kernel {
+        st,
+        dl,
+        pads,
+        groups,
+        ..
+    } = geo;
     let x = T::from(
         [2, cin, sp[0], sp[1], sp[2]],
         &r.scaled(2 * cin * sp.iter().product::<usize>(), 1.0),
@@ -470,7 +504,7 @@ fn conv_case(
         groups,
     };
     let mut nodes = vec![(Op::Conv(conv), vec![0], cout)];
-    let mut want = conv_ref(&x, &w, Some(&bias), st, dl, pads, groups, false, [0; 3]);
+    let mut want = conv_ref(&x, &w, Some(&bias), geo);
     if let Some(a) = act {
         want = want.map(|c, v| act_ref(&a, c, v));
         nodes.push((a, vec![1], cout));
@@ -500,188 +534,216 @@ fn conv_variants() {
         conv_case(
             &mut b,
             &mut r,
-            name,
-            ci,
-            co,
-            [9, 7, 11],
-            [k; 3],
-            [st; 3],
-            [1; 3],
-            [pads; 6],
-            1,
-            Some(Op::LeakyRelu { alpha: 0.1 }),
+            ConvCase {
+                name,
+                cin: ci,
+                cout: co,
+                sp: [9, 7, 11],
+                k: [k; 3],
+                geo: Kernel {
+                    st: [st; 3],
+                    pads: [pads; 6],
+                    ..PLAIN
+                },
+                act: Some(Op::LeakyRelu { alpha: 0.1 }),
+            },
         );
     }
     conv_case(
         &mut b,
         &mut r,
-        "conv 3^3 16->32 pad1",
-        16,
-        32,
-        [10, 9, 11],
-        [3; 3],
-        [1; 3],
-        [1; 3],
-        [1; 6],
-        1,
-        None,
+        ConvCase {
+            name: "conv 3^3 16->32 pad1",
+            cin: 16,
+            cout: 32,
+            sp: [10, 9, 11],
+            k: [3; 3],
+            geo: Kernel {
+                pads: [1; 6],
+                ..PLAIN
+            },
+            act: None,
+        },
     );
     conv_case(
         &mut b,
         &mut r,
-        "conv 3^3 32->32 pad1 +leaky",
-        32,
-        32,
-        [8, 8, 8],
-        [3; 3],
-        [1; 3],
-        [1; 3],
-        [1; 6],
-        1,
-        Some(Op::LeakyRelu { alpha: 0.01 }),
+        ConvCase {
+            name: "conv 3^3 32->32 pad1 +leaky",
+            cin: 32,
+            cout: 32,
+            sp: [8, 8, 8],
+            k: [3; 3],
+            geo: Kernel {
+                pads: [1; 6],
+                ..PLAIN
+            },
+            act: Some(Op::LeakyRelu { alpha: 0.01 }),
+        },
     );
     conv_case(
         &mut b,
         &mut r,
-        "conv 3^3 stride2 16->64",
-        16,
-        64,
-        [12, 10, 9],
-        [3; 3],
-        [2; 3],
-        [1; 3],
-        [1; 6],
-        1,
-        None,
+        ConvCase {
+            name: "conv 3^3 stride2 16->64",
+            cin: 16,
+            cout: 64,
+            sp: [12, 10, 9],
+            k: [3; 3],
+            geo: Kernel {
+                st: [2; 3],
+                pads: [1; 6],
+                ..PLAIN
+            },
+            act: None,
+        },
     );
     conv_case(
         &mut b,
         &mut r,
-        "conv 3^3 dilation 4 pad 4 (meshnet) +elu",
-        8,
-        20,
-        [12, 12, 12],
-        [3; 3],
-        [1; 3],
-        [4; 3],
-        [4; 6],
-        1,
-        Some(Op::Elu { alpha: 1.0 }),
+        ConvCase {
+            name: "conv 3^3 dilation 4 pad 4 (meshnet) +elu",
+            cin: 8,
+            cout: 20,
+            sp: [12, 12, 12],
+            k: [3; 3],
+            geo: Kernel {
+                dl: [4; 3],
+                pads: [4; 6],
+                ..PLAIN
+            },
+            act: Some(Op::Elu { alpha: 1.0 }),
+        },
     );
     conv_case(
         &mut b,
         &mut r,
-        "conv Cin=1 3^3 -> 8 +relu",
-        1,
-        8,
-        [11, 10, 9],
-        [3; 3],
-        [1; 3],
-        [1; 3],
-        [1; 6],
-        1,
-        Some(Op::Relu),
+        ConvCase {
+            name: "conv Cin=1 3^3 -> 8 +relu",
+            cin: 1,
+            cout: 8,
+            sp: [11, 10, 9],
+            k: [3; 3],
+            geo: Kernel {
+                pads: [1; 6],
+                ..PLAIN
+            },
+            act: Some(Op::Relu),
+        },
     );
     conv_case(
         &mut b,
         &mut r,
-        "conv Cin=3 asym pads 2x3x1 s(1,2,1)",
-        3,
-        40,
-        [9, 10, 8],
-        [2, 3, 1],
-        [1, 2, 1],
-        [1; 3],
-        [0, 1, 0, 1, 2, 0],
-        1,
-        None,
+        ConvCase {
+            name: "conv Cin=3 asym pads 2x3x1 s(1,2,1)",
+            cin: 3,
+            cout: 40,
+            sp: [9, 10, 8],
+            k: [2, 3, 1],
+            geo: Kernel {
+                st: [1, 2, 1],
+                pads: [0, 1, 0, 1, 2, 0],
+                ..PLAIN
+            },
+            act: None,
+        },
     );
     conv_case(
         &mut b,
         &mut r,
-        "conv 1x1x1 head 32->4 +sigmoid",
-        32,
-        4,
-        [8, 9, 10],
-        [1; 3],
-        [1; 3],
-        [1; 3],
-        [0; 6],
-        1,
-        Some(Op::Sigmoid),
+        ConvCase {
+            name: "conv 1x1x1 head 32->4 +sigmoid",
+            cin: 32,
+            cout: 4,
+            sp: [8, 9, 10],
+            k: [1; 3],
+            geo: PLAIN,
+            act: Some(Op::Sigmoid),
+        },
     );
     conv_case(
         &mut b,
         &mut r,
-        "conv 1x1x1 head 20->3",
-        20,
-        3,
-        [8, 9, 10],
-        [1; 3],
-        [1; 3],
-        [1; 3],
-        [0; 6],
-        1,
-        None,
+        ConvCase {
+            name: "conv 1x1x1 head 20->3",
+            cin: 20,
+            cout: 3,
+            sp: [8, 9, 10],
+            k: [1; 3],
+            geo: PLAIN,
+            act: None,
+        },
     );
     conv_case(
         &mut b,
         &mut r,
-        "conv 80->80 3^3 (Cout>64) +tanh",
-        80,
-        80,
-        [6, 6, 6],
-        [3; 3],
-        [1; 3],
-        [1; 3],
-        [1; 6],
-        1,
-        Some(Op::Tanh),
+        ConvCase {
+            name: "conv 80->80 3^3 (Cout>64) +tanh",
+            cin: 80,
+            cout: 80,
+            sp: [6, 6, 6],
+            k: [3; 3],
+            geo: Kernel {
+                pads: [1; 6],
+                ..PLAIN
+            },
+            act: Some(Op::Tanh),
+        },
     );
     conv_case(
         &mut b,
         &mut r,
-        "conv grouped g=4 16->16",
-        16,
-        16,
-        [8, 8, 8],
-        [3; 3],
-        [1; 3],
-        [1; 3],
-        [1; 6],
-        4,
-        None,
+        ConvCase {
+            name: "conv grouped g=4 16->16",
+            cin: 16,
+            cout: 16,
+            sp: [8, 8, 8],
+            k: [3; 3],
+            geo: Kernel {
+                pads: [1; 6],
+                groups: 4,
+                ..PLAIN
+            },
+            act: None,
+        },
     );
     let slope = Tensor::new(vec![8], r.scaled(8, 0.5));
     conv_case(
         &mut b,
         &mut r,
-        "conv depthwise g=8 8->8 +prelu",
-        8,
-        8,
-        [7, 8, 9],
-        [3; 3],
-        [1; 3],
-        [1; 3],
-        [1; 6],
-        8,
-        Some(Op::PRelu { slope }),
+        ConvCase {
+            name: "conv depthwise g=8 8->8 +prelu",
+            cin: 8,
+            cout: 8,
+            sp: [7, 8, 9],
+            k: [3; 3],
+            geo: Kernel {
+                pads: [1; 6],
+                groups: 8,
+                ..PLAIN
+            },
+            act: Some(Op::PRelu { slope }),
+        },
     );
 }
 
-fn convt_case(
-    b: &mut CudaBackend,
-    r: &mut Rng,
-    name: &str,
-    cin: usize,
-    cout: usize,
-    sp: [usize; 3],
-    k: [usize; 3],
-    st: [usize; 3],
-    pads: [usize; 6],
-    opad: [usize; 3],
-    groups: usize,
-) {
+fn convt_case(b: &mut CudaBackend, r: &mut Rng, c: ConvCase<'_>) {
+    let ConvCase {
+        name,
+        cin,
+        cout,
+        sp,
+        k,
+        geo,
+        ..
+    } = c;
+    let Kernel {
+        st,
+        pads,
+        groups,
+        opad,
+        ..
+    } = geo;
     let x = T::from(
         [2, cin, sp[0], sp[1], sp[2]],
         &r.scaled(2 * cin * sp.iter().product::<usize>(), 1.0),
@@ -703,7 +765,7 @@ fn convt_case(
         output_padding: opad,
         groups,
     };
-    let want = conv_ref(&x, &w, Some(&bias), st, [1; 3], pads, groups, true, opad);
+    let want = conv_ref(&x, &w, Some(&bias), geo);
     let got = run(
         b,
         &graph(cin, vec![(Op::ConvTranspose(ct), vec![0], cout)]),
@@ -720,54 +782,75 @@ fn conv_transpose_variants() {
     convt_case(
         &mut b,
         &mut r,
-        "convT k2 s2 32->16 (nnU-Net)",
-        32,
-        16,
-        [5, 6, 7],
-        [2; 3],
-        [2; 3],
-        [0; 6],
-        [0; 3],
-        1,
+        ConvCase {
+            name: "convT k2 s2 32->16 (nnU-Net)",
+            cin: 32,
+            cout: 16,
+            sp: [5, 6, 7],
+            k: [2; 3],
+            geo: Kernel {
+                st: [2; 3],
+                transposed: true,
+                ..PLAIN
+            },
+            act: None,
+        },
     );
     convt_case(
         &mut b,
         &mut r,
-        "convT k3 s2 pads[0,0,0,1,1,1] (deepbrain)",
-        16,
-        8,
-        [5, 4, 6],
-        [3; 3],
-        [2; 3],
-        [0, 0, 0, 1, 1, 1],
-        [0; 3],
-        1,
+        ConvCase {
+            name: "convT k3 s2 pads[0,0,0,1,1,1] (deepbrain)",
+            cin: 16,
+            cout: 8,
+            sp: [5, 4, 6],
+            k: [3; 3],
+            geo: Kernel {
+                st: [2; 3],
+                pads: [0, 0, 0, 1, 1, 1],
+                transposed: true,
+                ..PLAIN
+            },
+            act: None,
+        },
     );
     convt_case(
         &mut b,
         &mut r,
-        "convT k3 s2 p1 opad1 (MONAI)",
-        16,
-        8,
-        [5, 4, 6],
-        [3; 3],
-        [2; 3],
-        [1; 6],
-        [1; 3],
-        1,
+        ConvCase {
+            name: "convT k3 s2 p1 opad1 (MONAI)",
+            cin: 16,
+            cout: 8,
+            sp: [5, 4, 6],
+            k: [3; 3],
+            geo: Kernel {
+                st: [2; 3],
+                pads: [1; 6],
+                transposed: true,
+                opad: [1; 3],
+                ..PLAIN
+            },
+            act: None,
+        },
     );
     convt_case(
         &mut b,
         &mut r,
-        "convT Cin=3 k3 s2 p1 opad1",
-        3,
-        5,
-        [4, 5, 3],
-        [3; 3],
-        [2; 3],
-        [1; 6],
-        [1; 3],
-        1,
+        ConvCase {
+            name: "convT Cin=3 k3 s2 p1 opad1",
+            cin: 3,
+            cout: 5,
+            sp: [4, 5, 3],
+            k: [3; 3],
+            geo: Kernel {
+                st: [2; 3],
+                pads: [1; 6],
+                transposed: true,
+                opad: [1; 3],
+                ..PLAIN
+            },
+            act: None,
+        },
     );
     // Parity-class path: other kernels, strides 1 and 3, anisotropic strides, odd Cout.
     for (name, ci, co, sp, k, st, pads, opad) in [
@@ -822,20 +905,43 @@ fn conv_transpose_variants() {
             [1; 3],
         ),
     ] {
-        convt_case(&mut b, &mut r, name, ci, co, sp, k, st, pads, opad, 1);
+        convt_case(
+            &mut b,
+            &mut r,
+            ConvCase {
+                name,
+                cin: ci,
+                cout: co,
+                sp,
+                k,
+                geo: Kernel {
+                    st,
+                    pads,
+                    transposed: true,
+                    opad,
+                    ..PLAIN
+                },
+                act: None,
+            },
+        );
     }
     convt_case(
         &mut b,
         &mut r,
-        "convT grouped g=2 k2 s2",
-        8,
-        8,
-        [4, 5, 3],
-        [2; 3],
-        [2; 3],
-        [0; 6],
-        [0; 3],
-        2,
+        ConvCase {
+            name: "convT grouped g=2 k2 s2",
+            cin: 8,
+            cout: 8,
+            sp: [4, 5, 3],
+            k: [2; 3],
+            geo: Kernel {
+                st: [2; 3],
+                groups: 2,
+                transposed: true,
+                ..PLAIN
+            },
+            act: None,
+        },
     );
 }
 
@@ -1349,11 +1455,37 @@ fn small_unet_chain() {
         (Op::Softmax { axis: 1 }, vec![8], 3),       // v9
     ];
     let leaky = Op::LeakyRelu { alpha: 0.01 };
-    let v2 = conv_ref(&x, &w1, None, [1; 3], [1; 3], [1; 6], 1, false, [0; 3])
-        .map(|c, v| act_ref(&leaky, c, v));
-    let v3 = conv_ref(&v2, &w2, None, [2; 3], [1; 3], [1; 6], 1, false, [0; 3]);
+    let v2 = conv_ref(
+        &x,
+        &w1,
+        None,
+        Kernel {
+            pads: [1; 6],
+            ..PLAIN
+        },
+    )
+    .map(|c, v| act_ref(&leaky, c, v));
+    let v3 = conv_ref(
+        &v2,
+        &w2,
+        None,
+        Kernel {
+            st: [2; 3],
+            pads: [1; 6],
+            ..PLAIN
+        },
+    );
     let v5 = norm_ref(&v3, 2 * f, 1e-5, &g1, &b1).map(|c, v| act_ref(&leaky, c, v));
-    let v6 = conv_ref(&v5, &wt, None, [2; 3], [1; 3], [0; 6], 1, true, [0; 3]);
+    let v6 = conv_ref(
+        &v5,
+        &wt,
+        None,
+        Kernel {
+            st: [2; 3],
+            transposed: true,
+            ..PLAIN
+        },
+    );
     let mut v7 = T::zeros([2, 2 * f, 16, 16, 16]);
     let sp = 4096;
     for n in 0..2 {
@@ -1362,7 +1494,7 @@ fn small_unet_chain() {
         v7.d[(n * 2 * f + f) * sp..(n + 1) * 2 * f * sp]
             .copy_from_slice(&v2.d[n * f * sp..(n + 1) * f * sp]);
     }
-    let v8 = conv_ref(&v7, &wh, None, [1; 3], [1; 3], [0; 6], 1, false, [0; 3]);
+    let v8 = conv_ref(&v7, &wh, None, PLAIN);
     let mut v9 = v8.clone();
     for n in 0..2 {
         for p in 0..sp {
@@ -1609,138 +1741,165 @@ fn conv_mma_tiles() {
         conv_case(
             &mut b,
             &mut r,
-            &format!("{t} 3^3 16->32"),
-            16,
-            32,
-            [6, 7, 9],
-            [3; 3],
-            [1; 3],
-            [1; 3],
-            [1; 6],
-            1,
-            None,
+            ConvCase {
+                name: &format!("{t} 3^3 16->32"),
+                cin: 16,
+                cout: 32,
+                sp: [6, 7, 9],
+                k: [3; 3],
+                geo: Kernel {
+                    pads: [1; 6],
+                    ..PLAIN
+                },
+                act: None,
+            },
         );
         conv_case(
             &mut b,
             &mut r,
-            &format!("{t} 3^3 s2 24->72 +leaky"),
-            24,
-            72,
-            [9, 8, 10],
-            [3; 3],
-            [2; 3],
-            [1; 3],
-            [1; 6],
-            1,
-            leaky(),
+            ConvCase {
+                name: &format!("{t} 3^3 s2 24->72 +leaky"),
+                cin: 24,
+                cout: 72,
+                sp: [9, 8, 10],
+                k: [3; 3],
+                geo: Kernel {
+                    st: [2; 3],
+                    pads: [1; 6],
+                    ..PLAIN
+                },
+                act: leaky(),
+            },
         );
         conv_case(
             &mut b,
             &mut r,
-            &format!("{t} 3^3 dil2 8->16"),
-            8,
-            16,
-            [7, 8, 6],
-            [3; 3],
-            [1; 3],
-            [2; 3],
-            [2; 6],
-            1,
-            None,
+            ConvCase {
+                name: &format!("{t} 3^3 dil2 8->16"),
+                cin: 8,
+                cout: 16,
+                sp: [7, 8, 6],
+                k: [3; 3],
+                geo: Kernel {
+                    dl: [2; 3],
+                    pads: [2; 6],
+                    ..PLAIN
+                },
+                act: None,
+            },
         );
         conv_case(
             &mut b,
             &mut r,
-            &format!("{t} 1x1 head 32->14"),
-            32,
-            14,
-            [8, 9, 10],
-            [1; 3],
-            [1; 3],
-            [1; 3],
-            [0; 6],
-            1,
-            None,
+            ConvCase {
+                name: &format!("{t} 1x1 head 32->14"),
+                cin: 32,
+                cout: 14,
+                sp: [8, 9, 10],
+                k: [1; 3],
+                geo: PLAIN,
+                act: None,
+            },
         );
         conv_case(
             &mut b,
             &mut r,
-            &format!("{t} Cin=1 3^3 ->32 +leaky"),
-            1,
-            32,
-            [9, 8, 7],
-            [3; 3],
-            [1; 3],
-            [1; 3],
-            [1; 6],
-            1,
-            leaky(),
+            ConvCase {
+                name: &format!("{t} Cin=1 3^3 ->32 +leaky"),
+                cin: 1,
+                cout: 32,
+                sp: [9, 8, 7],
+                k: [3; 3],
+                geo: Kernel {
+                    pads: [1; 6],
+                    ..PLAIN
+                },
+                act: leaky(),
+            },
         );
         conv_case(
             &mut b,
             &mut r,
-            &format!("{t} 3^3 64->136"),
-            64,
-            136,
-            [5, 6, 4],
-            [3; 3],
-            [1; 3],
-            [1; 3],
-            [1; 6],
-            1,
-            None,
+            ConvCase {
+                name: &format!("{t} 3^3 64->136"),
+                cin: 64,
+                cout: 136,
+                sp: [5, 6, 4],
+                k: [3; 3],
+                geo: Kernel {
+                    pads: [1; 6],
+                    ..PLAIN
+                },
+                act: None,
+            },
         );
         convt_case(
             &mut b,
             &mut r,
-            &format!("{t} convT k2s2 32->16"),
-            32,
-            16,
-            [5, 6, 7],
-            [2; 3],
-            [2; 3],
-            [0; 6],
-            [0; 3],
-            1,
+            ConvCase {
+                name: &format!("{t} convT k2s2 32->16"),
+                cin: 32,
+                cout: 16,
+                sp: [5, 6, 7],
+                k: [2; 3],
+                geo: Kernel {
+                    st: [2; 3],
+                    transposed: true,
+                    ..PLAIN
+                },
+                act: None,
+            },
         );
         convt_case(
             &mut b,
             &mut r,
-            &format!("{t} convT k2s2 3->5 (odd Cout)"),
-            3,
-            5,
-            [4, 3, 5],
-            [2; 3],
-            [2; 3],
-            [0; 6],
-            [0; 3],
-            1,
+            ConvCase {
+                name: &format!("{t} convT k2s2 3->5 (odd Cout)"),
+                cin: 3,
+                cout: 5,
+                sp: [4, 3, 5],
+                k: [2; 3],
+                geo: Kernel {
+                    st: [2; 3],
+                    transposed: true,
+                    ..PLAIN
+                },
+                act: None,
+            },
         );
         convt_case(
             &mut b,
             &mut r,
-            &format!("{t} convT k2s2 16->40"),
-            16,
-            40,
-            [4, 4, 3],
-            [2; 3],
-            [2; 3],
-            [0; 6],
-            [0; 3],
-            1,
+            ConvCase {
+                name: &format!("{t} convT k2s2 16->40"),
+                cin: 16,
+                cout: 40,
+                sp: [4, 4, 3],
+                k: [2; 3],
+                geo: Kernel {
+                    st: [2; 3],
+                    transposed: true,
+                    ..PLAIN
+                },
+                act: None,
+            },
         );
         convt_case(
             &mut b,
             &mut r,
-            &format!("{t} convT k(2,1,2) s(2,1,2) 8->24"),
-            8,
-            24,
-            [3, 5, 4],
-            [2, 1, 2],
-            [2, 1, 2],
-            [0; 6],
-            [0; 3],
-            1,
+            ConvCase {
+                name: &format!("{t} convT k(2,1,2) s(2,1,2) 8->24"),
+                cin: 8,
+                cout: 24,
+                sp: [3, 5, 4],
+                k: [2, 1, 2],
+                geo: Kernel {
+                    st: [2, 1, 2],
+                    transposed: true,
+                    ..PLAIN
+                },
+                act: None,
+            },
         );
     }
     b.with(|o| o.conv_tile = None);
@@ -1748,29 +1907,35 @@ fn conv_mma_tiles() {
     conv_case(
         &mut b,
         &mut r,
-        "legacy 3^3 16->32",
-        16,
-        32,
-        [6, 7, 9],
-        [3; 3],
-        [1; 3],
-        [1; 3],
-        [1; 6],
-        1,
-        None,
+        ConvCase {
+            name: "legacy 3^3 16->32",
+            cin: 16,
+            cout: 32,
+            sp: [6, 7, 9],
+            k: [3; 3],
+            geo: Kernel {
+                pads: [1; 6],
+                ..PLAIN
+            },
+            act: None,
+        },
     );
     convt_case(
         &mut b,
         &mut r,
-        "legacy convT k2s2 32->16",
-        32,
-        16,
-        [5, 6, 7],
-        [2; 3],
-        [2; 3],
-        [0; 6],
-        [0; 3],
-        1,
+        ConvCase {
+            name: "legacy convT k2s2 32->16",
+            cin: 32,
+            cout: 16,
+            sp: [5, 6, 7],
+            k: [2; 3],
+            geo: Kernel {
+                st: [2; 3],
+                transposed: true,
+                ..PLAIN
+            },
+            act: None,
+        },
     );
     b.with(|o| o.legacy_conv = false);
 }
@@ -1947,7 +2112,17 @@ fn conv_halo_cases() {
             if act.is_some() { " +act" } else { "" }
         );
         conv_case(
-            &mut b, &mut r, &name, cin, cout, sp, [3; 3], [1; 3], [1; 3], pads, 1, act,
+            &mut b,
+            &mut r,
+            ConvCase {
+                name: &name,
+                cin,
+                cout,
+                sp,
+                k: [3; 3],
+                geo: Kernel { pads, ..PLAIN },
+                act,
+            },
         );
         let used = kernels_used(&mut b, 2);
         assert!(
@@ -2025,16 +2200,15 @@ fn conv_halo_cases() {
             conv_case(
                 &mut b,
                 &mut r,
-                &name,
-                cin,
-                cout,
-                sp,
-                [3; 3],
-                [1; 3],
-                [1; 3],
-                pads,
-                1,
-                act.clone(),
+                ConvCase {
+                    name: &name,
+                    cin,
+                    cout,
+                    sp,
+                    k: [3; 3],
+                    geo: Kernel { pads, ..PLAIN },
+                    act: act.clone(),
+                },
             );
             let used = kernels_used(&mut b, 2);
             assert!(
@@ -2060,16 +2234,18 @@ fn conv_halo_cases() {
             conv_case(
                 &mut b,
                 &mut r,
-                &name,
-                cin,
-                cout,
-                sp,
-                [3; 3],
-                [1; 3],
-                [1; 3],
-                [1; 6],
-                1,
-                leaky(),
+                ConvCase {
+                    name: &name,
+                    cin,
+                    cout,
+                    sp,
+                    k: [3; 3],
+                    geo: Kernel {
+                        pads: [1; 6],
+                        ..PLAIN
+                    },
+                    act: leaky(),
+                },
             );
             let used = kernels_used(&mut b, 2);
             assert!(used.iter().any(|k| k == v.name), "{name}: ran {used:?}");
@@ -2121,8 +2297,24 @@ fn conv_halo_cases() {
                 (Op::Concat { axis: 1 }, vec![1, 2, 0], ct),
             ],
         );
-        let va = conv_ref(&x, &wa, Some(&ba), [1; 3], [1; 3], [1; 6], 1, false, [0; 3]);
-        let vb = conv_ref(&x, &wb, None, [1; 3], [1; 3], [1; 6], 1, false, [0; 3]);
+        let va = conv_ref(
+            &x,
+            &wa,
+            Some(&ba),
+            Kernel {
+                pads: [1; 6],
+                ..PLAIN
+            },
+        );
+        let vb = conv_ref(
+            &x,
+            &wb,
+            None,
+            Kernel {
+                pads: [1; 6],
+                ..PLAIN
+            },
+        );
         let mut want = T::zeros([2, ct, sp[0], sp[1], sp[2]]);
         for n in 0..2 {
             for ch in 0..ct {
@@ -2232,7 +2424,17 @@ fn conv_c1_cases() {
             if act.is_some() { " +act" } else { "" }
         );
         conv_case(
-            &mut b, &mut r, &name, 1, cout, sp, [3; 3], st, [1; 3], pads, 1, act,
+            &mut b,
+            &mut r,
+            ConvCase {
+                name: &name,
+                cin: 1,
+                cout,
+                sp,
+                k: [3; 3],
+                geo: Kernel { st, pads, ..PLAIN },
+                act,
+            },
         );
         let used = kernels_used(&mut b, 2);
         assert!(
@@ -2256,12 +2458,10 @@ fn conv_c1_cases() {
                 &x,
                 &w,
                 Some(&bias),
-                [1; 3],
-                [1; 3],
-                [1; 6],
-                1,
-                false,
-                [0; 3],
+                Kernel {
+                    pads: [1; 6],
+                    ..PLAIN
+                },
             );
             let op = Op::Conv(Conv {
                 weight: w,
@@ -2288,16 +2488,18 @@ fn conv_c1_cases() {
     conv_case(
         &mut b,
         &mut r,
-        "c1 off 1->32",
-        1,
-        32,
-        [6, 7, 9],
-        [3; 3],
-        [1; 3],
-        [1; 3],
-        [1; 6],
-        1,
-        None,
+        ConvCase {
+            name: "c1 off 1->32",
+            cin: 1,
+            cout: 32,
+            sp: [6, 7, 9],
+            k: [3; 3],
+            geo: Kernel {
+                pads: [1; 6],
+                ..PLAIN
+            },
+            act: None,
+        },
     );
     let used = kernels_used(&mut b, 2);
     assert!(used.iter().all(|k| k.starts_with("conv_mma_")), "{used:?}");
@@ -2334,7 +2536,21 @@ fn convt_up_vec_cases() {
             tile.unwrap_or("auto")
         );
         convt_case(
-            &mut b, &mut r, &name, cin, cout, sp, [2; 3], [2; 3], [0; 6], [0; 3], 1,
+            &mut b,
+            &mut r,
+            ConvCase {
+                name: &name,
+                cin,
+                cout,
+                sp,
+                k: [2; 3],
+                geo: Kernel {
+                    st: [2; 3],
+                    transposed: true,
+                    ..PLAIN
+                },
+                act: None,
+            },
         );
         let used = kernels_used(&mut b, 2);
         let ok = if cout % 8 == 0 {
@@ -2357,7 +2573,16 @@ fn convt_up_vec_cases() {
         for c in [ca, cb] {
             let w = Tensor::new(vec![cin, c, 2, 2, 2], r.scaled(cin * c * 8, 0.125));
             let bias = Tensor::new(vec![c], r.scaled(c, 0.5));
-            let want = conv_ref(&x, &w, Some(&bias), [2; 3], [1; 3], [0; 6], 1, true, [0; 3]);
+            let want = conv_ref(
+                &x,
+                &w,
+                Some(&bias),
+                Kernel {
+                    st: [2; 3],
+                    transposed: true,
+                    ..PLAIN
+                },
+            );
             let op = Op::ConvTranspose(ConvTranspose {
                 weight: w,
                 bias: Some(bias),
@@ -2381,8 +2606,17 @@ fn convt_up_vec_cases() {
     let x = T::from([2, cin, sp[0], sp[1], sp[2]], &r.scaled(2 * cin * 60, 1.0));
     let w = Tensor::new(vec![cin, cout, 2, 2, 2], r.scaled(cin * cout * 8, 0.18));
     let bias = Tensor::new(vec![cout], r.scaled(cout, 0.5));
-    let want = conv_ref(&x, &w, Some(&bias), [2; 3], [1; 3], [0; 6], 1, true, [0; 3])
-        .map(|_, v| if v >= 0.0 { v } else { 0.1 * v });
+    let want = conv_ref(
+        &x,
+        &w,
+        Some(&bias),
+        Kernel {
+            st: [2; 3],
+            transposed: true,
+            ..PLAIN
+        },
+    )
+    .map(|_, v| if v >= 0.0 { v } else { 0.1 * v });
     let ct = Op::ConvTranspose(ConvTranspose {
         weight: w,
         bias: Some(bias),
@@ -2468,10 +2702,9 @@ fn bench_w1_layers() {
     }
     layers.push(('c', 32, 14, 128, 1, 1));
     let n = 4;
-    let mut cache: std::collections::HashMap<
-        (char, usize, usize, usize, usize, usize, usize),
-        f64,
-    > = Default::default();
+    // Times by (kind, cin, cout, size, k, stride, variant).
+    type LayerKey = (char, usize, usize, usize, usize, usize, usize);
+    let mut cache: std::collections::HashMap<LayerKey, f64> = Default::default();
     let (mut tot_old, mut tot_mma, mut tot_new, mut tot_flop) = (0.0, 0.0, 0.0, 0.0);
     for &(kind, ci, co, s, k, st) in &layers {
         let os = if kind == 't' { s * st } else { s / st };
@@ -2695,7 +2928,7 @@ fn bench_halo_variants() {
             })
         };
         // The old path: halo off, asserted not to run a halo kernel.
-        let old = (cin < 32 || cin > 64).then(|| {
+        let old = (!(32..=64).contains(&cin)).then(|| {
             b.with(|o| o.halo_conv = false);
             let op = conv(&mut r);
             let t = time_one(&mut b, &mut r, op, cin, cout, n, s);
@@ -2891,8 +3124,24 @@ fn concat_in_place_and_head() {
             (conv(&wh, Some(bh.clone()), 0), vec![4], 5), // v5 head
         ],
     );
-    let v1 = conv_ref(&x, &wa, None, [1; 3], [1; 3], [1; 6], 1, false, [0; 3]);
-    let v2 = conv_ref(&x, &wb, None, [1; 3], [1; 3], [1; 6], 1, false, [0; 3]);
+    let v1 = conv_ref(
+        &x,
+        &wa,
+        None,
+        Kernel {
+            pads: [1; 6],
+            ..PLAIN
+        },
+    );
+    let v2 = conv_ref(
+        &x,
+        &wb,
+        None,
+        Kernel {
+            pads: [1; 6],
+            ..PLAIN
+        },
+    );
     let mut cat = T::zeros([2, 32, sp[0], sp[1], sp[2]]);
     for n in 0..2 {
         for ch in 0..32 {
@@ -2909,17 +3158,7 @@ fn concat_in_place_and_head() {
             }
         }
     }
-    let want = conv_ref(
-        &cat,
-        &wh,
-        Some(&bh),
-        [1; 3],
-        [1; 3],
-        [0; 6],
-        1,
-        false,
-        [0; 3],
-    );
+    let want = conv_ref(&cat, &wh, Some(&bh), PLAIN);
     let got = run(&mut b, &g, &x, 2);
     report(
         "concat in place (conv, add, copy) + 1x1x1 head",

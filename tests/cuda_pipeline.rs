@@ -247,7 +247,6 @@ fn gaussian(roi: [usize; 3]) -> Array3<f32> {
 }
 
 /// f64 reference: gather each window (cval outside), run the f64 net, blend sum w*out / sum w.
-#[allow(clippy::too_many_arguments)]
 fn reference(
     net: &Net,
     vol: &Array4<f32>,
@@ -349,6 +348,9 @@ fn argmax_ref(acc: &[f64], cout: usize, vox: usize) -> Vec<usize> {
         .collect()
 }
 
+/// (volume size, overlap, batch, shuffled window order, input channels, output channels).
+type PipelineCase = ([usize; 3], [f64; 3], usize, bool, usize, usize);
+
 /// Blended logits and labels against the f64 reference on odd sizes, mixed overlaps, batch
 /// 1/3/4, a volume thinner than the window on one axis, and a shuffled window order.
 #[test]
@@ -356,7 +358,7 @@ fn pipeline_matches_f64_reference() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut b) = gpu() else { return };
     let mut r = Rng::tagged("pipeline");
-    let cases: [([usize; 3], [f64; 3], usize, bool, usize, usize); 4] = [
+    let cases: [PipelineCase; 4] = [
         ([70, 45, 90], [0.5, 0.25, 0.0], 3, false, 2, 3),
         ([70, 45, 90], [0.5, 0.25, 0.0], 4, true, 2, 3),
         ([40, 20, 50], [0.5, 0.5, 0.25], 1, false, 1, 5),
