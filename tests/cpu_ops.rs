@@ -408,18 +408,46 @@ fn naive_resize(x: &Array5<f64>, p: &Resize) -> Array5<f64> {
     out
 }
 
-#[allow(clippy::too_many_arguments)]
-fn conv_p(
-    rng: &mut Rng,
+/// A random conv's shape: `cin` -> `cout` channels, kernel `k`, the rest as ONNX names it
+/// (`opad`: a ConvTranspose's output_padding; `bias`: a Conv has one).
+#[derive(Clone, Copy)]
+struct Spec {
     cin: usize,
     cout: usize,
     k: [usize; 3],
     stride: [usize; 3],
     dil: [usize; 3],
     pads: [usize; 6],
+    opad: [usize; 3],
     groups: usize,
     bias: bool,
-) -> Conv {
+}
+
+/// 1x1x1, stride 1, no dilation or pads, one group, with bias (channels 0: always set them).
+const UNIT: Spec = Spec {
+    cin: 0,
+    cout: 0,
+    k: [1; 3],
+    stride: [1; 3],
+    dil: [1; 3],
+    pads: [0; 6],
+    opad: [0; 3],
+    groups: 1,
+    bias: true,
+};
+
+fn conv_p(rng: &mut Rng, s: Spec) -> Conv {
+    let Spec {
+        cin,
+        cout,
+        k,
+        stride,
+        dil,
+        pads,
+        groups,
+        bias,
+        ..
+    } = s;
     Conv {
         weight: rng.tensor(&[cout, cin / groups, k[0], k[1], k[2]]),
         bias: bias.then(|| rng.tensor(&[cout])),
@@ -441,14 +469,13 @@ fn conv_variants() {
             [2, 3, 6, 7, 5],
             conv_p(
                 &mut rng,
-                3,
-                4,
-                [3, 3, 3],
-                [1, 1, 1],
-                [1, 1, 1],
-                [1; 6],
-                1,
-                true,
+                Spec {
+                    cin: 3,
+                    cout: 4,
+                    k: [3, 3, 3],
+                    pads: [1; 6],
+                    ..UNIT
+                },
             ),
         ),
         (
@@ -456,14 +483,14 @@ fn conv_variants() {
             [1, 4, 9, 8, 7],
             conv_p(
                 &mut rng,
-                4,
-                5,
-                [3, 2, 3],
-                [2, 2, 3],
-                [1, 1, 1],
-                [0, 1, 2, 1, 0, 1],
-                1,
-                true,
+                Spec {
+                    cin: 4,
+                    cout: 5,
+                    k: [3, 2, 3],
+                    stride: [2, 2, 3],
+                    pads: [0, 1, 2, 1, 0, 1],
+                    ..UNIT
+                },
             ),
         ),
         (
@@ -471,14 +498,15 @@ fn conv_variants() {
             [1, 2, 9, 7, 10],
             conv_p(
                 &mut rng,
-                2,
-                3,
-                [3, 3, 2],
-                [1, 1, 1],
-                [2, 1, 3],
-                [2, 1, 0, 1, 1, 3],
-                1,
-                false,
+                Spec {
+                    cin: 2,
+                    cout: 3,
+                    k: [3, 3, 2],
+                    dil: [2, 1, 3],
+                    pads: [2, 1, 0, 1, 1, 3],
+                    bias: false,
+                    ..UNIT
+                },
             ),
         ),
         (
@@ -486,14 +514,15 @@ fn conv_variants() {
             [2, 4, 5, 5, 5],
             conv_p(
                 &mut rng,
-                4,
-                6,
-                [3, 3, 3],
-                [1, 2, 1],
-                [1, 1, 1],
-                [1; 6],
-                2,
-                true,
+                Spec {
+                    cin: 4,
+                    cout: 6,
+                    k: [3, 3, 3],
+                    stride: [1, 2, 1],
+                    pads: [1; 6],
+                    groups: 2,
+                    ..UNIT
+                },
             ),
         ),
         (
@@ -501,14 +530,14 @@ fn conv_variants() {
             [1, 3, 6, 6, 6],
             conv_p(
                 &mut rng,
-                3,
-                3,
-                [3, 3, 3],
-                [1, 1, 1],
-                [1, 1, 1],
-                [1; 6],
-                3,
-                true,
+                Spec {
+                    cin: 3,
+                    cout: 3,
+                    k: [3, 3, 3],
+                    pads: [1; 6],
+                    groups: 3,
+                    ..UNIT
+                },
             ),
         ),
         (
@@ -516,14 +545,11 @@ fn conv_variants() {
             [2, 5, 4, 6, 3],
             conv_p(
                 &mut rng,
-                5,
-                7,
-                [1, 1, 1],
-                [1, 1, 1],
-                [1, 1, 1],
-                [0; 6],
-                1,
-                true,
+                Spec {
+                    cin: 5,
+                    cout: 7,
+                    ..UNIT
+                },
             ),
         ),
         (
@@ -531,14 +557,13 @@ fn conv_variants() {
             [1, 4, 4, 3, 3],
             conv_p(
                 &mut rng,
-                4,
-                6,
-                [1, 1, 1],
-                [1, 1, 1],
-                [1, 1, 1],
-                [0; 6],
-                2,
-                false,
+                Spec {
+                    cin: 4,
+                    cout: 6,
+                    groups: 2,
+                    bias: false,
+                    ..UNIT
+                },
             ),
         ),
         (
@@ -546,14 +571,13 @@ fn conv_variants() {
             [1, 3, 5, 5, 5],
             conv_p(
                 &mut rng,
-                3,
-                2,
-                [1, 1, 1],
-                [2, 2, 2],
-                [1, 1, 1],
-                [1, 0, 1, 0, 1, 1],
-                1,
-                true,
+                Spec {
+                    cin: 3,
+                    cout: 2,
+                    stride: [2, 2, 2],
+                    pads: [1, 0, 1, 0, 1, 1],
+                    ..UNIT
+                },
             ),
         ),
         (
@@ -561,14 +585,12 @@ fn conv_variants() {
             [1, 2, 3, 3, 3],
             conv_p(
                 &mut rng,
-                2,
-                2,
-                [3, 3, 3],
-                [1, 1, 1],
-                [1, 1, 1],
-                [0; 6],
-                1,
-                true,
+                Spec {
+                    cin: 2,
+                    cout: 2,
+                    k: [3, 3, 3],
+                    ..UNIT
+                },
             ),
         ),
         (
@@ -576,14 +598,13 @@ fn conv_variants() {
             [1, 2, 3, 4, 2],
             conv_p(
                 &mut rng,
-                2,
-                3,
-                [2, 2, 2],
-                [1, 1, 1],
-                [1, 1, 1],
-                [3, 2, 3, 2, 3, 4],
-                1,
-                true,
+                Spec {
+                    cin: 2,
+                    cout: 3,
+                    k: [2, 2, 2],
+                    pads: [3, 2, 3, 2, 3, 4],
+                    ..UNIT
+                },
             ),
         ),
     ];
@@ -600,14 +621,13 @@ fn conv_chunked_column_buffer() {
     let mut rng = Rng::new(11);
     let p = conv_p(
         &mut rng,
-        64,
-        4,
-        [3, 3, 3],
-        [1, 1, 1],
-        [1, 1, 1],
-        [1; 6],
-        1,
-        true,
+        Spec {
+            cin: 64,
+            cout: 4,
+            k: [3, 3, 3],
+            pads: [1; 6],
+            ..UNIT
+        },
     );
     let x = rng.arr([1, 64, 2, 40, 520]);
     let rows_per_chunk = ops::COL_BUDGET_BYTES / (64 * 27 * 520 * 4);
@@ -616,18 +636,19 @@ fn conv_chunked_column_buffer() {
     check("conv chunked im2col", &Op::Conv(p), &[&x], &want);
 }
 
-#[allow(clippy::too_many_arguments)]
-fn convt_p(
-    rng: &mut Rng,
-    cin: usize,
-    cout: usize,
-    k: [usize; 3],
-    stride: [usize; 3],
-    dil: [usize; 3],
-    pads: [usize; 6],
-    op: [usize; 3],
-    groups: usize,
-) -> ConvTranspose {
+/// A random ConvTranspose of shape `s` (always with a bias).
+fn convt_p(rng: &mut Rng, s: Spec) -> ConvTranspose {
+    let Spec {
+        cin,
+        cout,
+        k,
+        stride,
+        dil,
+        pads,
+        opad: op,
+        groups,
+        ..
+    } = s;
     ConvTranspose {
         weight: rng.tensor(&[cin, cout / groups, k[0], k[1], k[2]]),
         bias: Some(rng.tensor(&[cout])),
@@ -648,14 +669,13 @@ fn conv_transpose_variants() {
             [2, 4, 3, 4, 5],
             convt_p(
                 &mut rng,
-                4,
-                3,
-                [2, 2, 2],
-                [2, 2, 2],
-                [1, 1, 1],
-                [0; 6],
-                [0; 3],
-                1,
+                Spec {
+                    cin: 4,
+                    cout: 3,
+                    k: [2, 2, 2],
+                    stride: [2, 2, 2],
+                    ..UNIT
+                },
             ),
         ),
         (
@@ -663,14 +683,14 @@ fn conv_transpose_variants() {
             [1, 3, 4, 4, 4],
             convt_p(
                 &mut rng,
-                3,
-                2,
-                [3, 3, 3],
-                [2, 2, 2],
-                [1, 1, 1],
-                [0, 0, 0, 1, 1, 1],
-                [0; 3],
-                1,
+                Spec {
+                    cin: 3,
+                    cout: 2,
+                    k: [3, 3, 3],
+                    stride: [2, 2, 2],
+                    pads: [0, 0, 0, 1, 1, 1],
+                    ..UNIT
+                },
             ),
         ),
         (
@@ -678,14 +698,15 @@ fn conv_transpose_variants() {
             [1, 2, 3, 5, 4],
             convt_p(
                 &mut rng,
-                2,
-                3,
-                [3, 3, 3],
-                [2, 2, 2],
-                [1, 1, 1],
-                [1; 6],
-                [1, 0, 1],
-                1,
+                Spec {
+                    cin: 2,
+                    cout: 3,
+                    k: [3, 3, 3],
+                    stride: [2, 2, 2],
+                    pads: [1; 6],
+                    opad: [1, 0, 1],
+                    ..UNIT
+                },
             ),
         ),
         (
@@ -693,14 +714,16 @@ fn conv_transpose_variants() {
             [1, 2, 3, 4, 3],
             convt_p(
                 &mut rng,
-                2,
-                2,
-                [2, 3, 2],
-                [3, 1, 2],
-                [2, 2, 1],
-                [1, 0, 2, 0, 1, 1],
-                [1, 0, 0],
-                1,
+                Spec {
+                    cin: 2,
+                    cout: 2,
+                    k: [2, 3, 2],
+                    stride: [3, 1, 2],
+                    dil: [2, 2, 1],
+                    pads: [1, 0, 2, 0, 1, 1],
+                    opad: [1, 0, 0],
+                    ..UNIT
+                },
             ),
         ),
         (
@@ -708,14 +731,15 @@ fn conv_transpose_variants() {
             [2, 4, 3, 3, 4],
             convt_p(
                 &mut rng,
-                4,
-                6,
-                [3, 2, 3],
-                [2, 2, 1],
-                [1, 1, 1],
-                [1, 0, 1, 1, 0, 1],
-                [0; 3],
-                2,
+                Spec {
+                    cin: 4,
+                    cout: 6,
+                    k: [3, 2, 3],
+                    stride: [2, 2, 1],
+                    pads: [1, 0, 1, 1, 0, 1],
+                    groups: 2,
+                    ..UNIT
+                },
             ),
         ),
         (
@@ -723,14 +747,11 @@ fn conv_transpose_variants() {
             [1, 3, 3, 4, 5],
             convt_p(
                 &mut rng,
-                3,
-                4,
-                [1, 1, 1],
-                [1, 1, 1],
-                [1, 1, 1],
-                [0; 6],
-                [0; 3],
-                1,
+                Spec {
+                    cin: 3,
+                    cout: 4,
+                    ..UNIT
+                },
             ),
         ),
     ];
@@ -1107,48 +1128,43 @@ fn small_unet_graph_matches_naive_composition() {
     let mut rng = Rng::new(10);
     let c1 = conv_p(
         &mut rng,
-        2,
-        4,
-        [3, 3, 3],
-        [1, 1, 1],
-        [1, 1, 1],
-        [1; 6],
-        1,
-        true,
+        Spec {
+            cin: 2,
+            cout: 4,
+            k: [3, 3, 3],
+            pads: [1; 6],
+            ..UNIT
+        },
     );
     let (s1, b1) = (rng.tensor(&[4]), rng.tensor(&[4]));
     let c2 = conv_p(
         &mut rng,
-        4,
-        6,
-        [3, 3, 3],
-        [2, 2, 2],
-        [1, 1, 1],
-        [1; 6],
-        1,
-        true,
+        Spec {
+            cin: 4,
+            cout: 6,
+            k: [3, 3, 3],
+            stride: [2, 2, 2],
+            pads: [1; 6],
+            ..UNIT
+        },
     );
     let ct = convt_p(
         &mut rng,
-        6,
-        4,
-        [2, 2, 2],
-        [2, 2, 2],
-        [1, 1, 1],
-        [0; 6],
-        [0; 3],
-        1,
+        Spec {
+            cin: 6,
+            cout: 4,
+            k: [2, 2, 2],
+            stride: [2, 2, 2],
+            ..UNIT
+        },
     );
     let c3 = conv_p(
         &mut rng,
-        8,
-        3,
-        [1, 1, 1],
-        [1, 1, 1],
-        [1, 1, 1],
-        [0; 6],
-        1,
-        true,
+        Spec {
+            cin: 8,
+            cout: 3,
+            ..UNIT
+        },
     );
 
     let mut b = Builder::new(2);
@@ -1218,14 +1234,13 @@ fn liveness_frees_intermediates() {
         v = b.add(
             Op::Conv(conv_p(
                 &mut rng,
-                3,
-                3,
-                [3, 3, 3],
-                [1, 1, 1],
-                [1, 1, 1],
-                [1; 6],
-                1,
-                true,
+                Spec {
+                    cin: 3,
+                    cout: 3,
+                    k: [3, 3, 3],
+                    pads: [1; 6],
+                    ..UNIT
+                },
             )),
             &[v],
             3,
@@ -1275,14 +1290,13 @@ fn errors_are_reported_not_panics() {
     b.add(
         Op::Conv(conv_p(
             &mut rng,
-            3,
-            4,
-            [3, 3, 3],
-            [1, 1, 1],
-            [1, 1, 1],
-            [1; 6],
-            1,
-            true,
+            Spec {
+                cin: 3,
+                cout: 4,
+                k: [3, 3, 3],
+                pads: [1; 6],
+                ..UNIT
+            },
         )),
         &[0],
         4,
@@ -1318,14 +1332,13 @@ fn errors_are_reported_not_panics() {
     let x = rng.arr([1, 2, 2, 2, 2]);
     let p = conv_p(
         &mut rng,
-        2,
-        2,
-        [3, 3, 3],
-        [1, 1, 1],
-        [1, 1, 1],
-        [0; 6],
-        1,
-        false,
+        Spec {
+            cin: 2,
+            cout: 2,
+            k: [3, 3, 3],
+            bias: false,
+            ..UNIT
+        },
     );
     assert!(ops::conv3d(x.view(), &p).is_err());
     let y = rng.arr([1, 2, 2, 2, 3]);
@@ -1352,14 +1365,13 @@ fn strided_view_input() {
     let c = v.to_owned();
     let p = conv_p(
         &mut rng,
-        2,
-        3,
-        [3, 3, 3],
-        [1, 1, 1],
-        [1, 1, 1],
-        [1; 6],
-        1,
-        true,
+        Spec {
+            cin: 2,
+            cout: 3,
+            k: [3, 3, 3],
+            pads: [1; 6],
+            ..UNIT
+        },
     );
     let a = ops::conv3d(v, &p).unwrap();
     let b = ops::conv3d(c.view(), &p).unwrap();
@@ -1402,14 +1414,13 @@ fn bench_conv_32_to_32_64cubed() {
     let mut rng = Rng::new(20);
     let p = conv_p(
         &mut rng,
-        32,
-        32,
-        [3, 3, 3],
-        [1, 1, 1],
-        [1, 1, 1],
-        [1; 6],
-        1,
-        true,
+        Spec {
+            cin: 32,
+            cout: 32,
+            k: [3, 3, 3],
+            pads: [1; 6],
+            ..UNIT
+        },
     );
     let x = rng.arr([1, 32, 64, 64, 64]);
     let t = best_of(3, || {
@@ -1424,14 +1435,11 @@ fn bench_conv_32_to_32_64cubed() {
     );
     let p1 = conv_p(
         &mut rng,
-        32,
-        32,
-        [1, 1, 1],
-        [1, 1, 1],
-        [1, 1, 1],
-        [0; 6],
-        1,
-        true,
+        Spec {
+            cin: 32,
+            cout: 32,
+            ..UNIT
+        },
     );
     let t1 = best_of(3, || {
         ops::conv3d(x.view(), &p1).unwrap();
@@ -1439,14 +1447,14 @@ fn bench_conv_32_to_32_64cubed() {
     eprintln!("conv 1^3 32->32 on 1x32x64^3: {:.3} s", t1);
     let pt = convt_p(
         &mut rng,
-        32,
-        16,
-        [3, 3, 3],
-        [2, 2, 2],
-        [1, 1, 1],
-        [0, 0, 0, 1, 1, 1],
-        [0; 3],
-        1,
+        Spec {
+            cin: 32,
+            cout: 16,
+            k: [3, 3, 3],
+            stride: [2, 2, 2],
+            pads: [0, 0, 0, 1, 1, 1],
+            ..UNIT
+        },
     );
     let xt = rng.arr([1, 32, 32, 32, 32]);
     let tt = best_of(3, || {
@@ -1465,14 +1473,13 @@ fn unet_graph(rng: &mut Rng, feats: &[usize]) -> Graph {
     let c3 = |rng: &mut Rng, ci, co| {
         Op::Conv(conv_p(
             rng,
-            ci,
-            co,
-            [3, 3, 3],
-            [1, 1, 1],
-            [1, 1, 1],
-            [1; 6],
-            1,
-            true,
+            Spec {
+                cin: ci,
+                cout: co,
+                k: [3, 3, 3],
+                pads: [1; 6],
+                ..UNIT
+            },
         ))
     };
     for (l, &f) in feats.iter().enumerate() {
@@ -1497,14 +1504,14 @@ fn unet_graph(rng: &mut Rng, feats: &[usize]) -> Graph {
     while let Some((s, f)) = skips.pop() {
         let ct = convt_p(
             rng,
-            cin,
-            f,
-            [3, 3, 3],
-            [2, 2, 2],
-            [1, 1, 1],
-            [0, 0, 0, 1, 1, 1],
-            [0; 3],
-            1,
+            Spec {
+                cin,
+                cout: f,
+                k: [3, 3, 3],
+                stride: [2, 2, 2],
+                pads: [0, 0, 0, 1, 1, 1],
+                ..UNIT
+            },
         );
         v = b.add(Op::ConvTranspose(ct), &[v], f);
         v = b.add(Op::Relu, &[v], f);
@@ -1518,14 +1525,11 @@ fn unet_graph(rng: &mut Rng, feats: &[usize]) -> Graph {
     v = b.add(
         Op::Conv(conv_p(
             rng,
-            cin,
-            1,
-            [1, 1, 1],
-            [1, 1, 1],
-            [1, 1, 1],
-            [0; 6],
-            1,
-            true,
+            Spec {
+                cin,
+                cout: 1,
+                ..UNIT
+            },
         )),
         &[v],
         1,
