@@ -210,6 +210,12 @@ const PLAIN: Kernel = Kernel {
     opad: [0; 3],
 };
 
+/// [`PLAIN`] with pads 1 on every side (a "same" 3^3 conv).
+const PAD1: Kernel = Kernel {
+    pads: [1; 6],
+    ..PLAIN
+};
+
 fn conv_ref(x: &T, w: &Tensor, bias: Option<&Tensor>, geo: Kernel) -> T {
     let Kernel {
         st,
@@ -558,10 +564,7 @@ fn conv_variants() {
             cout: 32,
             sp: [10, 9, 11],
             k: [3; 3],
-            geo: Kernel {
-                pads: [1; 6],
-                ..PLAIN
-            },
+            geo: PAD1,
             act: None,
         },
     );
@@ -574,10 +577,7 @@ fn conv_variants() {
             cout: 32,
             sp: [8, 8, 8],
             k: [3; 3],
-            geo: Kernel {
-                pads: [1; 6],
-                ..PLAIN
-            },
+            geo: PAD1,
             act: Some(Op::LeakyRelu { alpha: 0.01 }),
         },
     );
@@ -624,10 +624,7 @@ fn conv_variants() {
             cout: 8,
             sp: [11, 10, 9],
             k: [3; 3],
-            geo: Kernel {
-                pads: [1; 6],
-                ..PLAIN
-            },
+            geo: PAD1,
             act: Some(Op::Relu),
         },
     );
@@ -683,10 +680,7 @@ fn conv_variants() {
             cout: 80,
             sp: [6, 6, 6],
             k: [3; 3],
-            geo: Kernel {
-                pads: [1; 6],
-                ..PLAIN
-            },
+            geo: PAD1,
             act: Some(Op::Tanh),
         },
     );
@@ -1203,69 +1197,43 @@ fn pools_and_resize() {
     let mut r = Rng::tagged("pool");
     let c = 6;
     let x = T::from([2, c, 9, 10, 11], &r.scaled(2 * c * 990, 2.0));
+    // A cube pool: kernel k, stride s, pads p on every side.
+    let pool = |k: usize, s: usize, p: usize, ceil_mode: bool, count_include_pad: bool| Pool {
+        kernel: [k; 3],
+        stride: [s; 3],
+        dilation: [1; 3],
+        pads: [p; 6],
+        ceil_mode,
+        count_include_pad,
+    };
     for (name, p, max, o) in [
         (
             "maxpool k2 s2",
-            Pool {
-                kernel: [2; 3],
-                stride: [2; 3],
-                dilation: [1; 3],
-                pads: [0; 6],
-                ceil_mode: false,
-                count_include_pad: false,
-            },
+            pool(2, 2, 0, false, false),
             true,
             [4, 5, 5],
         ),
         (
             "maxpool k3 s2 p1 ceil",
-            Pool {
-                kernel: [3; 3],
-                stride: [2; 3],
-                dilation: [1; 3],
-                pads: [1; 6],
-                ceil_mode: true,
-                count_include_pad: false,
-            },
+            pool(3, 2, 1, true, false),
             true,
             [5, 6, 6],
         ),
         (
             "avgpool k2 s2",
-            Pool {
-                kernel: [2; 3],
-                stride: [2; 3],
-                dilation: [1; 3],
-                pads: [0; 6],
-                ceil_mode: false,
-                count_include_pad: false,
-            },
+            pool(2, 2, 0, false, false),
             false,
             [4, 5, 5],
         ),
         (
             "avgpool k3 s1 p1 include_pad",
-            Pool {
-                kernel: [3; 3],
-                stride: [1; 3],
-                dilation: [1; 3],
-                pads: [1; 6],
-                ceil_mode: false,
-                count_include_pad: true,
-            },
+            pool(3, 1, 1, false, true),
             false,
             [9, 10, 11],
         ),
         (
             "avgpool k3 s1 p1 exclude_pad",
-            Pool {
-                kernel: [3; 3],
-                stride: [1; 3],
-                dilation: [1; 3],
-                pads: [1; 6],
-                ceil_mode: false,
-                count_include_pad: false,
-            },
+            pool(3, 1, 1, false, false),
             false,
             [9, 10, 11],
         ),
@@ -1455,16 +1423,7 @@ fn small_unet_chain() {
         (Op::Softmax { axis: 1 }, vec![8], 3),       // v9
     ];
     let leaky = Op::LeakyRelu { alpha: 0.01 };
-    let v2 = conv_ref(
-        &x,
-        &w1,
-        None,
-        Kernel {
-            pads: [1; 6],
-            ..PLAIN
-        },
-    )
-    .map(|c, v| act_ref(&leaky, c, v));
+    let v2 = conv_ref(&x, &w1, None, PAD1).map(|c, v| act_ref(&leaky, c, v));
     let v3 = conv_ref(
         &v2,
         &w2,
@@ -1747,10 +1706,7 @@ fn conv_mma_tiles() {
                 cout: 32,
                 sp: [6, 7, 9],
                 k: [3; 3],
-                geo: Kernel {
-                    pads: [1; 6],
-                    ..PLAIN
-                },
+                geo: PAD1,
                 act: None,
             },
         );
@@ -1810,10 +1766,7 @@ fn conv_mma_tiles() {
                 cout: 32,
                 sp: [9, 8, 7],
                 k: [3; 3],
-                geo: Kernel {
-                    pads: [1; 6],
-                    ..PLAIN
-                },
+                geo: PAD1,
                 act: leaky(),
             },
         );
@@ -1826,10 +1779,7 @@ fn conv_mma_tiles() {
                 cout: 136,
                 sp: [5, 6, 4],
                 k: [3; 3],
-                geo: Kernel {
-                    pads: [1; 6],
-                    ..PLAIN
-                },
+                geo: PAD1,
                 act: None,
             },
         );
@@ -1913,10 +1863,7 @@ fn conv_mma_tiles() {
             cout: 32,
             sp: [6, 7, 9],
             k: [3; 3],
-            geo: Kernel {
-                pads: [1; 6],
-                ..PLAIN
-            },
+            geo: PAD1,
             act: None,
         },
     );
@@ -2240,10 +2187,7 @@ fn conv_halo_cases() {
                     cout,
                     sp,
                     k: [3; 3],
-                    geo: Kernel {
-                        pads: [1; 6],
-                        ..PLAIN
-                    },
+                    geo: PAD1,
                     act: leaky(),
                 },
             );
@@ -2297,24 +2241,8 @@ fn conv_halo_cases() {
                 (Op::Concat { axis: 1 }, vec![1, 2, 0], ct),
             ],
         );
-        let va = conv_ref(
-            &x,
-            &wa,
-            Some(&ba),
-            Kernel {
-                pads: [1; 6],
-                ..PLAIN
-            },
-        );
-        let vb = conv_ref(
-            &x,
-            &wb,
-            None,
-            Kernel {
-                pads: [1; 6],
-                ..PLAIN
-            },
-        );
+        let va = conv_ref(&x, &wa, Some(&ba), PAD1);
+        let vb = conv_ref(&x, &wb, None, PAD1);
         let mut want = T::zeros([2, ct, sp[0], sp[1], sp[2]]);
         for n in 0..2 {
             for ch in 0..ct {
@@ -2454,15 +2382,7 @@ fn conv_c1_cases() {
         for c in [ca, cb] {
             let w = Tensor::new(vec![c, 1, 3, 3, 3], r.scaled(c * 27, 0.3));
             let bias = Tensor::new(vec![c], r.scaled(c, 0.5));
-            let want = conv_ref(
-                &x,
-                &w,
-                Some(&bias),
-                Kernel {
-                    pads: [1; 6],
-                    ..PLAIN
-                },
-            );
+            let want = conv_ref(&x, &w, Some(&bias), PAD1);
             let op = Op::Conv(Conv {
                 weight: w,
                 bias: Some(bias),
@@ -2494,10 +2414,7 @@ fn conv_c1_cases() {
             cout: 32,
             sp: [6, 7, 9],
             k: [3; 3],
-            geo: Kernel {
-                pads: [1; 6],
-                ..PLAIN
-            },
+            geo: PAD1,
             act: None,
         },
     );
@@ -3124,24 +3041,8 @@ fn concat_in_place_and_head() {
             (conv(&wh, Some(bh.clone()), 0), vec![4], 5), // v5 head
         ],
     );
-    let v1 = conv_ref(
-        &x,
-        &wa,
-        None,
-        Kernel {
-            pads: [1; 6],
-            ..PLAIN
-        },
-    );
-    let v2 = conv_ref(
-        &x,
-        &wb,
-        None,
-        Kernel {
-            pads: [1; 6],
-            ..PLAIN
-        },
-    );
+    let v1 = conv_ref(&x, &wa, None, PAD1);
+    let v2 = conv_ref(&x, &wb, None, PAD1);
     let mut cat = T::zeros([2, 32, sp[0], sp[1], sp[2]]);
     for n in 0..2 {
         for ch in 0..32 {

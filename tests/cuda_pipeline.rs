@@ -380,10 +380,7 @@ fn pipeline_matches_f64_reference() {
         .unwrap();
         let (padded, before, mut starts) = grid(size, roi, ov);
         if shuffle {
-            for i in (1..starts.len()).rev() {
-                let j = r.below(i + 1);
-                starts.swap(i, j);
-            }
+            r.shuffle(&mut starts);
         }
         let wmap = gaussian(roi);
         let cval = 0.3 * r.uni();
@@ -517,10 +514,7 @@ fn device_gather_is_bitwise_the_host_gather() {
         let strided = stored.view().permuted_axes([0, 3, 2, 1]);
         let vol = strided.as_standard_layout().to_owned();
         let (padded, before, mut starts) = grid(size, roi, ov);
-        for i in (1..starts.len()).rev() {
-            let j = r.below(i + 1);
-            starts.swap(i, j);
-        }
+        r.shuffle(&mut starts);
         let wmap = gaussian(roi);
         let cval = 0.25 + 0.1 * r.uni();
         let mut runs = Vec::new();

@@ -59,4 +59,12 @@ impl Rng {
     pub fn scaled(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.uni() * scale).collect()
     }
+
+    /// Shuffles `v` in place (Fisher-Yates).
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = self.below(i + 1);
+            v.swap(i, j);
+        }
+    }
 }
