@@ -793,24 +793,21 @@ fn cli_manifest_beside_the_model() {
     let probs = d.join("probs.nii.gz");
     let split = d.join("classes");
     let png_path = d.join("overlay.png");
-    ok(&voxtile(&[
-        "segment",
-        s(&input),
-        "-m",
-        s(&model),
-        "-o",
-        s(&out),
-        "--device",
-        "cpu",
-        "--report",
-        s(&report),
-        "--probabilities",
-        s(&probs),
-        "--split-classes",
-        s(&split),
-        "--preview",
-        s(&png_path),
-    ]));
+    ok(&segment_cpu(
+        &input,
+        &model,
+        &out,
+        &[
+            "--report",
+            s(&report),
+            "--probabilities",
+            s(&probs),
+            "--split-classes",
+            s(&split),
+            "--preview",
+            s(&png_path),
+        ],
+    ));
     let seg = voxtile::volume::read(&out).unwrap();
     assert_eq!(seg.header.shape(), [16, 12, 10], "the input's grid");
     assert_eq!(seg.header.affine(), vol.header.affine());
@@ -844,25 +841,22 @@ fn cli_manifest_beside_the_model() {
     assert!(png_path.exists());
 
     // A flag beats the manifest.
-    ok(&voxtile(&[
-        "segment",
-        s(&input),
-        "-m",
-        s(&model),
-        "-o",
-        s(&d.join("seg2.nii.gz")),
-        "--device",
-        "cpu",
-        "--roi",
-        "4",
-        "--spacing",
-        "none",
-        "--report",
-        s(&report),
-        "--force", // the report of the first run exists
-        "--tta",
-        "0,1",
-    ]));
+    ok(&segment_cpu(
+        &input,
+        &model,
+        &d.join("seg2.nii.gz"),
+        &[
+            "--roi",
+            "4",
+            "--spacing",
+            "none",
+            "--report",
+            s(&report),
+            "--force", // the report of the first run exists
+            "--tta",
+            "0,1",
+        ],
+    ));
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert_eq!(r["roi"], serde_json::json!([4, 4, 4]));
@@ -911,32 +905,14 @@ fn cli_bad_manifest_is_one_error_line() {
     let input = d.join("v.nii");
     write_volume(&input, &ramp_volume([8, 8, 8], [1.0; 3]));
     let out = d.join("o.nii.gz");
-    let o = voxtile(&[
-        "segment",
-        s(&input),
-        "-m",
-        s(&model),
-        "-o",
-        s(&out),
-        "--device",
-        "cpu",
-    ]);
+    let o = segment_cpu(&input, &model, &out, &[]);
     let err = assert_one_error(&o, "net.toml");
     let line = err.lines().find(|l| l.starts_with("voxtile: error:"));
     assert!(line.unwrap().contains("spacin"), "{err}");
     assert!(!out.exists());
     // A manifest whose classes do not match the model.
     std::fs::write(d.join("net.toml"), "classes = [\"a\", \"b\"]\n").unwrap();
-    let o = voxtile(&[
-        "segment",
-        s(&input),
-        "-m",
-        s(&model),
-        "-o",
-        s(&out),
-        "--device",
-        "cpu",
-    ]);
+    let o = segment_cpu(&input, &model, &out, &[]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("net.toml") && err.contains("2 class"), "{err}");
@@ -1072,18 +1048,7 @@ fn cli_batch_folder_shards_resume_and_workers() {
     std::fs::write(mixed.join("b.nii.gz"), b"not gzip").unwrap();
     let r3 = d.join("r3.jsonl");
     let out3 = d.join("out3");
-    let o = voxtile(&[
-        "segment",
-        s(&mixed),
-        "-m",
-        s(&model),
-        "-o",
-        s(&out3),
-        "--device",
-        "cpu",
-        "--report",
-        s(&r3),
-    ]);
+    let o = segment_cpu(&mixed, &model, &out3, &["--report", s(&r3)]);
     assert_eq!(o.status.code(), Some(1));
     let l = read_lines(&r3);
     assert_eq!(l.len(), 2);
@@ -1092,16 +1057,7 @@ fn cli_batch_folder_shards_resume_and_workers() {
     assert!(l[1]["error"].as_str().unwrap().contains("b.nii.gz"));
     assert!(out3.join("a.nii.gz").exists() && !out3.join("b.nii.gz").exists());
     // -o must be a folder with several inputs.
-    let o = voxtile(&[
-        "segment",
-        s(&inputs),
-        "-m",
-        s(&model),
-        "-o",
-        s(&d.join("x.nii.gz")),
-        "--device",
-        "cpu",
-    ]);
+    let o = segment_cpu(&inputs, &model, &d.join("x.nii.gz"), &[]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("folder"));
 }

@@ -34,6 +34,17 @@ impl Default for Geo {
     }
 }
 
+/// `n` float32 values `f(0..n)` as little-endian bytes.
+pub fn f32_data(n: usize, f: impl Fn(usize) -> f32) -> Vec<u8> {
+    (0..n).flat_map(|i| f(i).to_le_bytes()).collect()
+}
+
+/// A float32 NIfTI-1 file of `dims` (default geometry) whose voxel `i` in file order is `f(i)`.
+pub fn nifti_f32(dims: &[i64], f: impl Fn(usize) -> f32) -> Vec<u8> {
+    let n = dims.iter().product::<i64>() as usize;
+    nifti(dims, 16, 32, &Geo::default(), &f32_data(n, f))
+}
+
 /// Byte order and intensity scaling of a hand-written file.
 #[derive(Clone, Copy)]
 pub struct Storage {
