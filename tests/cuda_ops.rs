@@ -471,6 +471,47 @@ struct ConvCase<'a> {
     act: Option<Op>,
 }
 
+impl<'a> ConvCase<'a> {
+    /// `cin` -> `cout` on `sp`, a `k`^3 kernel, [`PLAIN`], no activation.
+    fn new(name: &'a str, cin: usize, cout: usize, sp: [usize; 3], k: usize) -> Self {
+        ConvCase {
+            name,
+            cin,
+            cout,
+            sp,
+            k: [k; 3],
+            geo: PLAIN,
+            act: None,
+        }
+    }
+    fn k(self, k: [usize; 3]) -> Self {
+        ConvCase { k, ..self }
+    }
+    fn st(mut self, st: [usize; 3]) -> Self {
+        self.geo.st = st;
+        self
+    }
+    fn dl(mut self, dl: [usize; 3]) -> Self {
+        self.geo.dl = dl;
+        self
+    }
+    fn pads(mut self, pads: [usize; 6]) -> Self {
+        self.geo.pads = pads;
+        self
+    }
+    fn groups(mut self, groups: usize) -> Self {
+        self.geo.groups = groups;
+        self
+    }
+    fn opad(mut self, opad: [usize; 3]) -> Self {
+        self.geo.opad = opad;
+        self
+    }
+    fn act(self, act: Option<Op>) -> Self {
+        ConvCase { act, ..self }
+    }
+}
+
 fn conv_case(b: &mut CudaBackend, r: &mut Rng, c: ConvCase<'_>) {
     let ConvCase {
         name,
@@ -540,184 +581,57 @@ fn conv_variants() {
         conv_case(
             &mut b,
             &mut r,
-            ConvCase {
-                name,
-                cin: ci,
-                cout: co,
-                sp: [9, 7, 11],
-                k: [k; 3],
-                geo: Kernel {
-                    st: [st; 3],
-                    pads: [pads; 6],
-                    ..PLAIN
-                },
-                act: Some(Op::LeakyRelu { alpha: 0.1 }),
-            },
+            ConvCase::new(name, ci, co, [9, 7, 11], k)
+                .st([st; 3])
+                .pads([pads; 6])
+                .act(Some(Op::LeakyRelu { alpha: 0.1 })),
         );
     }
-    conv_case(
-        &mut b,
-        &mut r,
-        ConvCase {
-            name: "conv 3^3 16->32 pad1",
-            cin: 16,
-            cout: 32,
-            sp: [10, 9, 11],
-            k: [3; 3],
-            geo: PAD1,
-            act: None,
-        },
-    );
-    conv_case(
-        &mut b,
-        &mut r,
-        ConvCase {
-            name: "conv 3^3 32->32 pad1 +leaky",
-            cin: 32,
-            cout: 32,
-            sp: [8, 8, 8],
-            k: [3; 3],
-            geo: PAD1,
-            act: Some(Op::LeakyRelu { alpha: 0.01 }),
-        },
-    );
-    conv_case(
-        &mut b,
-        &mut r,
-        ConvCase {
-            name: "conv 3^3 stride2 16->64",
-            cin: 16,
-            cout: 64,
-            sp: [12, 10, 9],
-            k: [3; 3],
-            geo: Kernel {
-                st: [2; 3],
-                pads: [1; 6],
-                ..PLAIN
-            },
-            act: None,
-        },
-    );
-    conv_case(
-        &mut b,
-        &mut r,
-        ConvCase {
-            name: "conv 3^3 dilation 4 pad 4 (meshnet) +elu",
-            cin: 8,
-            cout: 20,
-            sp: [12, 12, 12],
-            k: [3; 3],
-            geo: Kernel {
-                dl: [4; 3],
-                pads: [4; 6],
-                ..PLAIN
-            },
-            act: Some(Op::Elu { alpha: 1.0 }),
-        },
-    );
-    conv_case(
-        &mut b,
-        &mut r,
-        ConvCase {
-            name: "conv Cin=1 3^3 -> 8 +relu",
-            cin: 1,
-            cout: 8,
-            sp: [11, 10, 9],
-            k: [3; 3],
-            geo: PAD1,
-            act: Some(Op::Relu),
-        },
-    );
-    conv_case(
-        &mut b,
-        &mut r,
-        ConvCase {
-            name: "conv Cin=3 asym pads 2x3x1 s(1,2,1)",
-            cin: 3,
-            cout: 40,
-            sp: [9, 10, 8],
-            k: [2, 3, 1],
-            geo: Kernel {
-                st: [1, 2, 1],
-                pads: [0, 1, 0, 1, 2, 0],
-                ..PLAIN
-            },
-            act: None,
-        },
-    );
-    conv_case(
-        &mut b,
-        &mut r,
-        ConvCase {
-            name: "conv 1x1x1 head 32->4 +sigmoid",
-            cin: 32,
-            cout: 4,
-            sp: [8, 9, 10],
-            k: [1; 3],
-            geo: PLAIN,
-            act: Some(Op::Sigmoid),
-        },
-    );
-    conv_case(
-        &mut b,
-        &mut r,
-        ConvCase {
-            name: "conv 1x1x1 head 20->3",
-            cin: 20,
-            cout: 3,
-            sp: [8, 9, 10],
-            k: [1; 3],
-            geo: PLAIN,
-            act: None,
-        },
-    );
-    conv_case(
-        &mut b,
-        &mut r,
-        ConvCase {
-            name: "conv 80->80 3^3 (Cout>64) +tanh",
-            cin: 80,
-            cout: 80,
-            sp: [6, 6, 6],
-            k: [3; 3],
-            geo: PAD1,
-            act: Some(Op::Tanh),
-        },
-    );
-    conv_case(
-        &mut b,
-        &mut r,
-        ConvCase {
-            name: "conv grouped g=4 16->16",
-            cin: 16,
-            cout: 16,
-            sp: [8, 8, 8],
-            k: [3; 3],
-            geo: Kernel {
-                pads: [1; 6],
-                groups: 4,
-                ..PLAIN
-            },
-            act: None,
-        },
-    );
+    for c in [
+        ConvCase::new("conv 3^3 16->32 pad1", 16, 32, [10, 9, 11], 3).pads([1; 6]),
+        ConvCase::new("conv 3^3 32->32 pad1 +leaky", 32, 32, [8, 8, 8], 3)
+            .pads([1; 6])
+            .act(Some(Op::LeakyRelu { alpha: 0.01 })),
+        ConvCase::new("conv 3^3 stride2 16->64", 16, 64, [12, 10, 9], 3)
+            .st([2; 3])
+            .pads([1; 6]),
+        ConvCase::new(
+            "conv 3^3 dilation 4 pad 4 (meshnet) +elu",
+            8,
+            20,
+            [12, 12, 12],
+            3,
+        )
+        .dl([4; 3])
+        .pads([4; 6])
+        .act(Some(Op::Elu { alpha: 1.0 })),
+        ConvCase::new("conv Cin=1 3^3 -> 8 +relu", 1, 8, [11, 10, 9], 3)
+            .pads([1; 6])
+            .act(Some(Op::Relu)),
+        ConvCase::new("conv Cin=3 asym pads 2x3x1 s(1,2,1)", 3, 40, [9, 10, 8], 1)
+            .k([2, 3, 1])
+            .st([1, 2, 1])
+            .pads([0, 1, 0, 1, 2, 0]),
+        ConvCase::new("conv 1x1x1 head 32->4 +sigmoid", 32, 4, [8, 9, 10], 1)
+            .act(Some(Op::Sigmoid)),
+        ConvCase::new("conv 1x1x1 head 20->3", 20, 3, [8, 9, 10], 1),
+        ConvCase::new("conv 80->80 3^3 (Cout>64) +tanh", 80, 80, [6, 6, 6], 3)
+            .pads([1; 6])
+            .act(Some(Op::Tanh)),
+        ConvCase::new("conv grouped g=4 16->16", 16, 16, [8, 8, 8], 3)
+            .pads([1; 6])
+            .groups(4),
+    ] {
+        conv_case(&mut b, &mut r, c);
+    }
     let slope = Tensor::new(vec![8], r.scaled(8, 0.5));
     conv_case(
         &mut b,
         &mut r,
-        ConvCase {
-            name: "conv depthwise g=8 8->8 +prelu",
-            cin: 8,
-            cout: 8,
-            sp: [7, 8, 9],
-            k: [3; 3],
-            geo: Kernel {
-                pads: [1; 6],
-                groups: 8,
-                ..PLAIN
-            },
-            act: Some(Op::PRelu { slope }),
-        },
+        ConvCase::new("conv depthwise g=8 8->8 +prelu", 8, 8, [7, 8, 9], 3)
+            .pads([1; 6])
+            .groups(8)
+            .act(Some(Op::PRelu { slope })),
     );
 }
 
@@ -731,6 +645,10 @@ fn convt_case(b: &mut CudaBackend, r: &mut Rng, c: ConvCase<'_>) {
         geo,
         ..
     } = c;
+    let geo = Kernel {
+        transposed: true,
+        ..geo
+    };
     let Kernel {
         st,
         pads,
@@ -773,79 +691,28 @@ fn convt_case(b: &mut CudaBackend, r: &mut Rng, c: ConvCase<'_>) {
 fn conv_transpose_variants() {
     let Some(mut b) = gpu() else { return };
     let mut r = Rng::tagged("convt");
-    convt_case(
-        &mut b,
-        &mut r,
-        ConvCase {
-            name: "convT k2 s2 32->16 (nnU-Net)",
-            cin: 32,
-            cout: 16,
-            sp: [5, 6, 7],
-            k: [2; 3],
-            geo: Kernel {
-                st: [2; 3],
-                transposed: true,
-                ..PLAIN
-            },
-            act: None,
-        },
-    );
-    convt_case(
-        &mut b,
-        &mut r,
-        ConvCase {
-            name: "convT k3 s2 pads[0,0,0,1,1,1] (deepbrain)",
-            cin: 16,
-            cout: 8,
-            sp: [5, 4, 6],
-            k: [3; 3],
-            geo: Kernel {
-                st: [2; 3],
-                pads: [0, 0, 0, 1, 1, 1],
-                transposed: true,
-                ..PLAIN
-            },
-            act: None,
-        },
-    );
-    convt_case(
-        &mut b,
-        &mut r,
-        ConvCase {
-            name: "convT k3 s2 p1 opad1 (MONAI)",
-            cin: 16,
-            cout: 8,
-            sp: [5, 4, 6],
-            k: [3; 3],
-            geo: Kernel {
-                st: [2; 3],
-                pads: [1; 6],
-                transposed: true,
-                opad: [1; 3],
-                ..PLAIN
-            },
-            act: None,
-        },
-    );
-    convt_case(
-        &mut b,
-        &mut r,
-        ConvCase {
-            name: "convT Cin=3 k3 s2 p1 opad1",
-            cin: 3,
-            cout: 5,
-            sp: [4, 5, 3],
-            k: [3; 3],
-            geo: Kernel {
-                st: [2; 3],
-                pads: [1; 6],
-                transposed: true,
-                opad: [1; 3],
-                ..PLAIN
-            },
-            act: None,
-        },
-    );
+    for c in [
+        ConvCase::new("convT k2 s2 32->16 (nnU-Net)", 32, 16, [5, 6, 7], 2).st([2; 3]),
+        ConvCase::new(
+            "convT k3 s2 pads[0,0,0,1,1,1] (deepbrain)",
+            16,
+            8,
+            [5, 4, 6],
+            3,
+        )
+        .st([2; 3])
+        .pads([0, 0, 0, 1, 1, 1]),
+        ConvCase::new("convT k3 s2 p1 opad1 (MONAI)", 16, 8, [5, 4, 6], 3)
+            .st([2; 3])
+            .pads([1; 6])
+            .opad([1; 3]),
+        ConvCase::new("convT Cin=3 k3 s2 p1 opad1", 3, 5, [4, 5, 3], 3)
+            .st([2; 3])
+            .pads([1; 6])
+            .opad([1; 3]),
+    ] {
+        convt_case(&mut b, &mut r, c);
+    }
     // Parity-class path: other kernels, strides 1 and 3, anisotropic strides, odd Cout.
     for (name, ci, co, sp, k, st, pads, opad) in [
         (
@@ -902,40 +769,19 @@ fn conv_transpose_variants() {
         convt_case(
             &mut b,
             &mut r,
-            ConvCase {
-                name,
-                cin: ci,
-                cout: co,
-                sp,
-                k,
-                geo: Kernel {
-                    st,
-                    pads,
-                    transposed: true,
-                    opad,
-                    ..PLAIN
-                },
-                act: None,
-            },
+            ConvCase::new(name, ci, co, sp, 1)
+                .k(k)
+                .st(st)
+                .pads(pads)
+                .opad(opad),
         );
     }
     convt_case(
         &mut b,
         &mut r,
-        ConvCase {
-            name: "convT grouped g=2 k2 s2",
-            cin: 8,
-            cout: 8,
-            sp: [4, 5, 3],
-            k: [2; 3],
-            geo: Kernel {
-                st: [2; 3],
-                groups: 2,
-                transposed: true,
-                ..PLAIN
-            },
-            act: None,
-        },
+        ConvCase::new("convT grouped g=2 k2 s2", 8, 8, [4, 5, 3], 2)
+            .st([2; 3])
+            .groups(2),
     );
 }
 
@@ -1697,192 +1543,58 @@ fn conv_mma_tiles() {
         b.with(|o| o.conv_tile = tile.map(mma_named));
         let t = tile.unwrap_or("auto");
         let leaky = || Some(Op::LeakyRelu { alpha: 0.01 });
-        conv_case(
-            &mut b,
-            &mut r,
-            ConvCase {
-                name: &format!("{t} 3^3 16->32"),
-                cin: 16,
-                cout: 32,
-                sp: [6, 7, 9],
-                k: [3; 3],
-                geo: PAD1,
-                act: None,
-            },
-        );
-        conv_case(
-            &mut b,
-            &mut r,
-            ConvCase {
-                name: &format!("{t} 3^3 s2 24->72 +leaky"),
-                cin: 24,
-                cout: 72,
-                sp: [9, 8, 10],
-                k: [3; 3],
-                geo: Kernel {
-                    st: [2; 3],
-                    pads: [1; 6],
-                    ..PLAIN
-                },
-                act: leaky(),
-            },
-        );
-        conv_case(
-            &mut b,
-            &mut r,
-            ConvCase {
-                name: &format!("{t} 3^3 dil2 8->16"),
-                cin: 8,
-                cout: 16,
-                sp: [7, 8, 6],
-                k: [3; 3],
-                geo: Kernel {
-                    dl: [2; 3],
-                    pads: [2; 6],
-                    ..PLAIN
-                },
-                act: None,
-            },
-        );
-        conv_case(
-            &mut b,
-            &mut r,
-            ConvCase {
-                name: &format!("{t} 1x1 head 32->14"),
-                cin: 32,
-                cout: 14,
-                sp: [8, 9, 10],
-                k: [1; 3],
-                geo: PLAIN,
-                act: None,
-            },
-        );
-        conv_case(
-            &mut b,
-            &mut r,
-            ConvCase {
-                name: &format!("{t} Cin=1 3^3 ->32 +leaky"),
-                cin: 1,
-                cout: 32,
-                sp: [9, 8, 7],
-                k: [3; 3],
-                geo: PAD1,
-                act: leaky(),
-            },
-        );
-        conv_case(
-            &mut b,
-            &mut r,
-            ConvCase {
-                name: &format!("{t} 3^3 64->136"),
-                cin: 64,
-                cout: 136,
-                sp: [5, 6, 4],
-                k: [3; 3],
-                geo: PAD1,
-                act: None,
-            },
-        );
-        convt_case(
-            &mut b,
-            &mut r,
-            ConvCase {
-                name: &format!("{t} convT k2s2 32->16"),
-                cin: 32,
-                cout: 16,
-                sp: [5, 6, 7],
-                k: [2; 3],
-                geo: Kernel {
-                    st: [2; 3],
-                    transposed: true,
-                    ..PLAIN
-                },
-                act: None,
-            },
-        );
-        convt_case(
-            &mut b,
-            &mut r,
-            ConvCase {
-                name: &format!("{t} convT k2s2 3->5 (odd Cout)"),
-                cin: 3,
-                cout: 5,
-                sp: [4, 3, 5],
-                k: [2; 3],
-                geo: Kernel {
-                    st: [2; 3],
-                    transposed: true,
-                    ..PLAIN
-                },
-                act: None,
-            },
-        );
-        convt_case(
-            &mut b,
-            &mut r,
-            ConvCase {
-                name: &format!("{t} convT k2s2 16->40"),
-                cin: 16,
-                cout: 40,
-                sp: [4, 4, 3],
-                k: [2; 3],
-                geo: Kernel {
-                    st: [2; 3],
-                    transposed: true,
-                    ..PLAIN
-                },
-                act: None,
-            },
-        );
-        convt_case(
-            &mut b,
-            &mut r,
-            ConvCase {
-                name: &format!("{t} convT k(2,1,2) s(2,1,2) 8->24"),
-                cin: 8,
-                cout: 24,
-                sp: [3, 5, 4],
-                k: [2, 1, 2],
-                geo: Kernel {
-                    st: [2, 1, 2],
-                    transposed: true,
-                    ..PLAIN
-                },
-                act: None,
-            },
-        );
+        for c in [
+            ConvCase::new(&format!("{t} 3^3 16->32"), 16, 32, [6, 7, 9], 3).pads([1; 6]),
+            ConvCase::new(&format!("{t} 3^3 s2 24->72 +leaky"), 24, 72, [9, 8, 10], 3)
+                .st([2; 3])
+                .pads([1; 6])
+                .act(leaky()),
+            ConvCase::new(&format!("{t} 3^3 dil2 8->16"), 8, 16, [7, 8, 6], 3)
+                .dl([2; 3])
+                .pads([2; 6]),
+            ConvCase::new(&format!("{t} 1x1 head 32->14"), 32, 14, [8, 9, 10], 1),
+            ConvCase::new(&format!("{t} Cin=1 3^3 ->32 +leaky"), 1, 32, [9, 8, 7], 3)
+                .pads([1; 6])
+                .act(leaky()),
+            ConvCase::new(&format!("{t} 3^3 64->136"), 64, 136, [5, 6, 4], 3).pads([1; 6]),
+        ] {
+            conv_case(&mut b, &mut r, c);
+        }
+        for c in [
+            ConvCase::new(&format!("{t} convT k2s2 32->16"), 32, 16, [5, 6, 7], 2).st([2; 3]),
+            ConvCase::new(
+                &format!("{t} convT k2s2 3->5 (odd Cout)"),
+                3,
+                5,
+                [4, 3, 5],
+                2,
+            )
+            .st([2; 3]),
+            ConvCase::new(&format!("{t} convT k2s2 16->40"), 16, 40, [4, 4, 3], 2).st([2; 3]),
+            ConvCase::new(
+                &format!("{t} convT k(2,1,2) s(2,1,2) 8->24"),
+                8,
+                24,
+                [3, 5, 4],
+                1,
+            )
+            .k([2, 1, 2])
+            .st([2, 1, 2]),
+        ] {
+            convt_case(&mut b, &mut r, c);
+        }
     }
     b.with(|o| o.conv_tile = None);
     b.with(|o| o.legacy_conv = true);
     conv_case(
         &mut b,
         &mut r,
-        ConvCase {
-            name: "legacy 3^3 16->32",
-            cin: 16,
-            cout: 32,
-            sp: [6, 7, 9],
-            k: [3; 3],
-            geo: PAD1,
-            act: None,
-        },
+        ConvCase::new("legacy 3^3 16->32", 16, 32, [6, 7, 9], 3).pads([1; 6]),
     );
     convt_case(
         &mut b,
         &mut r,
-        ConvCase {
-            name: "legacy convT k2s2 32->16",
-            cin: 32,
-            cout: 16,
-            sp: [5, 6, 7],
-            k: [2; 3],
-            geo: Kernel {
-                st: [2; 3],
-                transposed: true,
-                ..PLAIN
-            },
-            act: None,
-        },
+        ConvCase::new("legacy convT k2s2 32->16", 32, 16, [5, 6, 7], 2).st([2; 3]),
     );
     b.with(|o| o.legacy_conv = false);
 }
@@ -2061,15 +1773,7 @@ fn conv_halo_cases() {
         conv_case(
             &mut b,
             &mut r,
-            ConvCase {
-                name: &name,
-                cin,
-                cout,
-                sp,
-                k: [3; 3],
-                geo: Kernel { pads, ..PLAIN },
-                act,
-            },
+            ConvCase::new(&name, cin, cout, sp, 3).pads(pads).act(act),
         );
         let used = kernels_used(&mut b, 2);
         assert!(
@@ -2147,15 +1851,9 @@ fn conv_halo_cases() {
             conv_case(
                 &mut b,
                 &mut r,
-                ConvCase {
-                    name: &name,
-                    cin,
-                    cout,
-                    sp,
-                    k: [3; 3],
-                    geo: Kernel { pads, ..PLAIN },
-                    act: act.clone(),
-                },
+                ConvCase::new(&name, cin, cout, sp, 3)
+                    .pads(pads)
+                    .act(act.clone()),
             );
             let used = kernels_used(&mut b, 2);
             assert!(
@@ -2181,15 +1879,9 @@ fn conv_halo_cases() {
             conv_case(
                 &mut b,
                 &mut r,
-                ConvCase {
-                    name: &name,
-                    cin,
-                    cout,
-                    sp,
-                    k: [3; 3],
-                    geo: PAD1,
-                    act: leaky(),
-                },
+                ConvCase::new(&name, cin, cout, sp, 3)
+                    .pads([1; 6])
+                    .act(leaky()),
             );
             let used = kernels_used(&mut b, 2);
             assert!(used.iter().any(|k| k == v.name), "{name}: ran {used:?}");
@@ -2354,15 +2046,10 @@ fn conv_c1_cases() {
         conv_case(
             &mut b,
             &mut r,
-            ConvCase {
-                name: &name,
-                cin: 1,
-                cout,
-                sp,
-                k: [3; 3],
-                geo: Kernel { st, pads, ..PLAIN },
-                act,
-            },
+            ConvCase::new(&name, 1, cout, sp, 3)
+                .st(st)
+                .pads(pads)
+                .act(act),
         );
         let used = kernels_used(&mut b, 2);
         assert!(
@@ -2408,15 +2095,7 @@ fn conv_c1_cases() {
     conv_case(
         &mut b,
         &mut r,
-        ConvCase {
-            name: "c1 off 1->32",
-            cin: 1,
-            cout: 32,
-            sp: [6, 7, 9],
-            k: [3; 3],
-            geo: PAD1,
-            act: None,
-        },
+        ConvCase::new("c1 off 1->32", 1, 32, [6, 7, 9], 3).pads([1; 6]),
     );
     let used = kernels_used(&mut b, 2);
     assert!(used.iter().all(|k| k.starts_with("conv_mma_")), "{used:?}");
@@ -2455,19 +2134,7 @@ fn convt_up_vec_cases() {
         convt_case(
             &mut b,
             &mut r,
-            ConvCase {
-                name: &name,
-                cin,
-                cout,
-                sp,
-                k: [2; 3],
-                geo: Kernel {
-                    st: [2; 3],
-                    transposed: true,
-                    ..PLAIN
-                },
-                act: None,
-            },
+            ConvCase::new(&name, cin, cout, sp, 2).st([2; 3]),
         );
         let used = kernels_used(&mut b, 2);
         let ok = if cout % 8 == 0 {
