@@ -436,6 +436,39 @@ const UNIT: Spec = Spec {
     bias: true,
 };
 
+impl Spec {
+    /// `cin` -> `cout` with kernel `k`; the rest as [`UNIT`].
+    fn new(cin: usize, cout: usize, k: [usize; 3]) -> Spec {
+        Spec {
+            cin,
+            cout,
+            k,
+            ..UNIT
+        }
+    }
+    fn stride(self, stride: [usize; 3]) -> Spec {
+        Spec { stride, ..self }
+    }
+    fn dil(self, dil: [usize; 3]) -> Spec {
+        Spec { dil, ..self }
+    }
+    fn pads(self, pads: [usize; 6]) -> Spec {
+        Spec { pads, ..self }
+    }
+    fn opad(self, opad: [usize; 3]) -> Spec {
+        Spec { opad, ..self }
+    }
+    fn groups(self, groups: usize) -> Spec {
+        Spec { groups, ..self }
+    }
+    fn no_bias(self) -> Spec {
+        Spec {
+            bias: false,
+            ..self
+        }
+    }
+}
+
 fn conv_p(rng: &mut Rng, s: Spec) -> Conv {
     let Spec {
         cin,
@@ -467,30 +500,16 @@ fn conv_variants() {
         (
             "conv 3^3 pad1",
             [2, 3, 6, 7, 5],
-            conv_p(
-                &mut rng,
-                Spec {
-                    cin: 3,
-                    cout: 4,
-                    k: [3, 3, 3],
-                    pads: [1; 6],
-                    ..UNIT
-                },
-            ),
+            conv_p(&mut rng, Spec::new(3, 4, [3, 3, 3]).pads([1; 6])),
         ),
         (
             "conv stride2 asym pads",
             [1, 4, 9, 8, 7],
             conv_p(
                 &mut rng,
-                Spec {
-                    cin: 4,
-                    cout: 5,
-                    k: [3, 2, 3],
-                    stride: [2, 2, 3],
-                    pads: [0, 1, 2, 1, 0, 1],
-                    ..UNIT
-                },
+                Spec::new(4, 5, [3, 2, 3])
+                    .stride([2, 2, 3])
+                    .pads([0, 1, 2, 1, 0, 1]),
             ),
         ),
         (
@@ -498,15 +517,10 @@ fn conv_variants() {
             [1, 2, 9, 7, 10],
             conv_p(
                 &mut rng,
-                Spec {
-                    cin: 2,
-                    cout: 3,
-                    k: [3, 3, 2],
-                    dil: [2, 1, 3],
-                    pads: [2, 1, 0, 1, 1, 3],
-                    bias: false,
-                    ..UNIT
-                },
+                Spec::new(2, 3, [3, 3, 2])
+                    .dil([2, 1, 3])
+                    .pads([2, 1, 0, 1, 1, 3])
+                    .no_bias(),
             ),
         ),
         (
@@ -514,97 +528,48 @@ fn conv_variants() {
             [2, 4, 5, 5, 5],
             conv_p(
                 &mut rng,
-                Spec {
-                    cin: 4,
-                    cout: 6,
-                    k: [3, 3, 3],
-                    stride: [1, 2, 1],
-                    pads: [1; 6],
-                    groups: 2,
-                    ..UNIT
-                },
+                Spec::new(4, 6, [3, 3, 3])
+                    .stride([1, 2, 1])
+                    .pads([1; 6])
+                    .groups(2),
             ),
         ),
         (
             "conv depthwise",
             [1, 3, 6, 6, 6],
-            conv_p(
-                &mut rng,
-                Spec {
-                    cin: 3,
-                    cout: 3,
-                    k: [3, 3, 3],
-                    pads: [1; 6],
-                    groups: 3,
-                    ..UNIT
-                },
-            ),
+            conv_p(&mut rng, Spec::new(3, 3, [3, 3, 3]).pads([1; 6]).groups(3)),
         ),
         (
             "conv 1x1x1",
             [2, 5, 4, 6, 3],
-            conv_p(
-                &mut rng,
-                Spec {
-                    cin: 5,
-                    cout: 7,
-                    ..UNIT
-                },
-            ),
+            conv_p(&mut rng, Spec::new(5, 7, [1, 1, 1])),
         ),
         (
             "conv 1x1x1 groups",
             [1, 4, 4, 3, 3],
-            conv_p(
-                &mut rng,
-                Spec {
-                    cin: 4,
-                    cout: 6,
-                    groups: 2,
-                    bias: false,
-                    ..UNIT
-                },
-            ),
+            conv_p(&mut rng, Spec::new(4, 6, [1, 1, 1]).groups(2).no_bias()),
         ),
         (
             "conv 1x1x1 stride2 pad",
             [1, 3, 5, 5, 5],
             conv_p(
                 &mut rng,
-                Spec {
-                    cin: 3,
-                    cout: 2,
-                    stride: [2, 2, 2],
-                    pads: [1, 0, 1, 0, 1, 1],
-                    ..UNIT
-                },
+                Spec::new(3, 2, [1, 1, 1])
+                    .stride([2, 2, 2])
+                    .pads([1, 0, 1, 0, 1, 1]),
             ),
         ),
         (
             "conv kernel = input, no pad",
             [1, 2, 3, 3, 3],
-            conv_p(
-                &mut rng,
-                Spec {
-                    cin: 2,
-                    cout: 2,
-                    k: [3, 3, 3],
-                    ..UNIT
-                },
-            ),
+            conv_p(&mut rng, Spec::new(2, 2, [3, 3, 3])),
         ),
         (
             "conv large pads",
             [1, 2, 3, 4, 2],
             conv_p(
                 &mut rng,
-                Spec {
-                    cin: 2,
-                    cout: 3,
-                    k: [2, 2, 2],
-                    pads: [3, 2, 3, 2, 3, 4],
-                    ..UNIT
-                },
+                Spec::new(2, 3, [2, 2, 2]).pads([3, 2, 3, 2, 3, 4]),
             ),
         ),
     ];
@@ -619,16 +584,7 @@ fn conv_variants() {
 fn conv_chunked_column_buffer() {
     // Large enough that the im2col buffer is split over output rows (K*Wo*4 bytes per row).
     let mut rng = Rng::new(11);
-    let p = conv_p(
-        &mut rng,
-        Spec {
-            cin: 64,
-            cout: 4,
-            k: [3, 3, 3],
-            pads: [1; 6],
-            ..UNIT
-        },
-    );
+    let p = conv_p(&mut rng, Spec::new(64, 4, [3, 3, 3]).pads([1; 6]));
     let x = rng.arr([1, 64, 2, 40, 520]);
     let rows_per_chunk = ops::COL_BUDGET_BYTES / (64 * 27 * 520 * 4);
     assert!(rows_per_chunk < 2 * 40, "test does not exercise chunking");
@@ -667,30 +623,16 @@ fn conv_transpose_variants() {
         (
             "convT k2 s2",
             [2, 4, 3, 4, 5],
-            convt_p(
-                &mut rng,
-                Spec {
-                    cin: 4,
-                    cout: 3,
-                    k: [2, 2, 2],
-                    stride: [2, 2, 2],
-                    ..UNIT
-                },
-            ),
+            convt_p(&mut rng, Spec::new(4, 3, [2, 2, 2]).stride([2, 2, 2])),
         ),
         (
             "convT k3 s2 pads [0,0,0,1,1,1] (TF SAME)",
             [1, 3, 4, 4, 4],
             convt_p(
                 &mut rng,
-                Spec {
-                    cin: 3,
-                    cout: 2,
-                    k: [3, 3, 3],
-                    stride: [2, 2, 2],
-                    pads: [0, 0, 0, 1, 1, 1],
-                    ..UNIT
-                },
+                Spec::new(3, 2, [3, 3, 3])
+                    .stride([2, 2, 2])
+                    .pads([0, 0, 0, 1, 1, 1]),
             ),
         ),
         (
@@ -698,15 +640,10 @@ fn conv_transpose_variants() {
             [1, 2, 3, 5, 4],
             convt_p(
                 &mut rng,
-                Spec {
-                    cin: 2,
-                    cout: 3,
-                    k: [3, 3, 3],
-                    stride: [2, 2, 2],
-                    pads: [1; 6],
-                    opad: [1, 0, 1],
-                    ..UNIT
-                },
+                Spec::new(2, 3, [3, 3, 3])
+                    .stride([2, 2, 2])
+                    .pads([1; 6])
+                    .opad([1, 0, 1]),
             ),
         ),
         (
@@ -714,16 +651,11 @@ fn conv_transpose_variants() {
             [1, 2, 3, 4, 3],
             convt_p(
                 &mut rng,
-                Spec {
-                    cin: 2,
-                    cout: 2,
-                    k: [2, 3, 2],
-                    stride: [3, 1, 2],
-                    dil: [2, 2, 1],
-                    pads: [1, 0, 2, 0, 1, 1],
-                    opad: [1, 0, 0],
-                    ..UNIT
-                },
+                Spec::new(2, 2, [2, 3, 2])
+                    .stride([3, 1, 2])
+                    .dil([2, 2, 1])
+                    .pads([1, 0, 2, 0, 1, 1])
+                    .opad([1, 0, 0]),
             ),
         ),
         (
@@ -731,28 +663,16 @@ fn conv_transpose_variants() {
             [2, 4, 3, 3, 4],
             convt_p(
                 &mut rng,
-                Spec {
-                    cin: 4,
-                    cout: 6,
-                    k: [3, 2, 3],
-                    stride: [2, 2, 1],
-                    pads: [1, 0, 1, 1, 0, 1],
-                    groups: 2,
-                    ..UNIT
-                },
+                Spec::new(4, 6, [3, 2, 3])
+                    .stride([2, 2, 1])
+                    .pads([1, 0, 1, 1, 0, 1])
+                    .groups(2),
             ),
         ),
         (
             "convT k1 s1",
             [1, 3, 3, 4, 5],
-            convt_p(
-                &mut rng,
-                Spec {
-                    cin: 3,
-                    cout: 4,
-                    ..UNIT
-                },
-            ),
+            convt_p(&mut rng, Spec::new(3, 4, [1, 1, 1])),
         ),
     ];
     for (name, s, p) in cases {
@@ -1126,46 +1046,14 @@ impl Builder {
 #[test]
 fn small_unet_graph_matches_naive_composition() {
     let mut rng = Rng::new(10);
-    let c1 = conv_p(
-        &mut rng,
-        Spec {
-            cin: 2,
-            cout: 4,
-            k: [3, 3, 3],
-            pads: [1; 6],
-            ..UNIT
-        },
-    );
+    let c1 = conv_p(&mut rng, Spec::new(2, 4, [3, 3, 3]).pads([1; 6]));
     let (s1, b1) = (rng.tensor(&[4]), rng.tensor(&[4]));
     let c2 = conv_p(
         &mut rng,
-        Spec {
-            cin: 4,
-            cout: 6,
-            k: [3, 3, 3],
-            stride: [2, 2, 2],
-            pads: [1; 6],
-            ..UNIT
-        },
+        Spec::new(4, 6, [3, 3, 3]).stride([2, 2, 2]).pads([1; 6]),
     );
-    let ct = convt_p(
-        &mut rng,
-        Spec {
-            cin: 6,
-            cout: 4,
-            k: [2, 2, 2],
-            stride: [2, 2, 2],
-            ..UNIT
-        },
-    );
-    let c3 = conv_p(
-        &mut rng,
-        Spec {
-            cin: 8,
-            cout: 3,
-            ..UNIT
-        },
-    );
+    let ct = convt_p(&mut rng, Spec::new(6, 4, [2, 2, 2]).stride([2, 2, 2]));
+    let c3 = conv_p(&mut rng, Spec::new(8, 3, [1, 1, 1]));
 
     let mut b = Builder::new(2);
     let v = b.add(Op::Conv(c1.clone()), &[0], 4);
@@ -1232,16 +1120,7 @@ fn liveness_frees_intermediates() {
     let mut v = 0;
     for _ in 0..8 {
         v = b.add(
-            Op::Conv(conv_p(
-                &mut rng,
-                Spec {
-                    cin: 3,
-                    cout: 3,
-                    k: [3, 3, 3],
-                    pads: [1; 6],
-                    ..UNIT
-                },
-            )),
+            Op::Conv(conv_p(&mut rng, Spec::new(3, 3, [3, 3, 3]).pads([1; 6]))),
             &[v],
             3,
         );
@@ -1288,16 +1167,7 @@ fn errors_are_reported_not_panics() {
     let mut b = Builder::new(2);
     // Weight expects 3 input channels but the input has 2.
     b.add(
-        Op::Conv(conv_p(
-            &mut rng,
-            Spec {
-                cin: 3,
-                cout: 4,
-                k: [3, 3, 3],
-                pads: [1; 6],
-                ..UNIT
-            },
-        )),
+        Op::Conv(conv_p(&mut rng, Spec::new(3, 4, [3, 3, 3]).pads([1; 6]))),
         &[0],
         4,
     );
@@ -1330,16 +1200,7 @@ fn errors_are_reported_not_panics() {
 
     // Kernel larger than the padded input, mismatched binary shapes, bad const broadcast.
     let x = rng.arr([1, 2, 2, 2, 2]);
-    let p = conv_p(
-        &mut rng,
-        Spec {
-            cin: 2,
-            cout: 2,
-            k: [3, 3, 3],
-            bias: false,
-            ..UNIT
-        },
-    );
+    let p = conv_p(&mut rng, Spec::new(2, 2, [3, 3, 3]).no_bias());
     assert!(ops::conv3d(x.view(), &p).is_err());
     let y = rng.arr([1, 2, 2, 2, 3]);
     assert!(ops::add(x.view(), y.view()).is_err());
@@ -1363,16 +1224,7 @@ fn strided_view_input() {
     let x = rng.arr([1, 5, 4, 3, 2]);
     let v = x.view().permuted_axes([0, 4, 2, 3, 1]); // shape [1, 2, 4, 3, 5]
     let c = v.to_owned();
-    let p = conv_p(
-        &mut rng,
-        Spec {
-            cin: 2,
-            cout: 3,
-            k: [3, 3, 3],
-            pads: [1; 6],
-            ..UNIT
-        },
-    );
+    let p = conv_p(&mut rng, Spec::new(2, 3, [3, 3, 3]).pads([1; 6]));
     let a = ops::conv3d(v, &p).unwrap();
     let b = ops::conv3d(c.view(), &p).unwrap();
     assert_eq!(a, b);
@@ -1412,16 +1264,7 @@ fn best_of<F: FnMut()>(n: usize, mut f: F) -> f64 {
 #[ignore]
 fn bench_conv_32_to_32_64cubed() {
     let mut rng = Rng::new(20);
-    let p = conv_p(
-        &mut rng,
-        Spec {
-            cin: 32,
-            cout: 32,
-            k: [3, 3, 3],
-            pads: [1; 6],
-            ..UNIT
-        },
-    );
+    let p = conv_p(&mut rng, Spec::new(32, 32, [3, 3, 3]).pads([1; 6]));
     let x = rng.arr([1, 32, 64, 64, 64]);
     let t = best_of(3, || {
         ops::conv3d(x.view(), &p).unwrap();
@@ -1433,28 +1276,16 @@ fn bench_conv_32_to_32_64cubed() {
         gflop / t,
         rayon::current_num_threads()
     );
-    let p1 = conv_p(
-        &mut rng,
-        Spec {
-            cin: 32,
-            cout: 32,
-            ..UNIT
-        },
-    );
+    let p1 = conv_p(&mut rng, Spec::new(32, 32, [1, 1, 1]));
     let t1 = best_of(3, || {
         ops::conv3d(x.view(), &p1).unwrap();
     });
     eprintln!("conv 1^3 32->32 on 1x32x64^3: {:.3} s", t1);
     let pt = convt_p(
         &mut rng,
-        Spec {
-            cin: 32,
-            cout: 16,
-            k: [3, 3, 3],
-            stride: [2, 2, 2],
-            pads: [0, 0, 0, 1, 1, 1],
-            ..UNIT
-        },
+        Spec::new(32, 16, [3, 3, 3])
+            .stride([2, 2, 2])
+            .pads([0, 0, 0, 1, 1, 1]),
     );
     let xt = rng.arr([1, 32, 32, 32, 32]);
     let tt = best_of(3, || {
@@ -1470,18 +1301,8 @@ fn unet_graph(rng: &mut Rng, feats: &[usize]) -> Graph {
     let mut v = 0;
     let mut cin = 1;
     let mut skips = vec![];
-    let c3 = |rng: &mut Rng, ci, co| {
-        Op::Conv(conv_p(
-            rng,
-            Spec {
-                cin: ci,
-                cout: co,
-                k: [3, 3, 3],
-                pads: [1; 6],
-                ..UNIT
-            },
-        ))
-    };
+    let c3 =
+        |rng: &mut Rng, ci, co| Op::Conv(conv_p(rng, Spec::new(ci, co, [3, 3, 3]).pads([1; 6])));
     for (l, &f) in feats.iter().enumerate() {
         v = b.add(c3(rng, cin, f), &[v], f);
         v = b.add(Op::Relu, &[v], f);
@@ -1504,14 +1325,9 @@ fn unet_graph(rng: &mut Rng, feats: &[usize]) -> Graph {
     while let Some((s, f)) = skips.pop() {
         let ct = convt_p(
             rng,
-            Spec {
-                cin,
-                cout: f,
-                k: [3, 3, 3],
-                stride: [2, 2, 2],
-                pads: [0, 0, 0, 1, 1, 1],
-                ..UNIT
-            },
+            Spec::new(cin, f, [3, 3, 3])
+                .stride([2, 2, 2])
+                .pads([0, 0, 0, 1, 1, 1]),
         );
         v = b.add(Op::ConvTranspose(ct), &[v], f);
         v = b.add(Op::Relu, &[v], f);
@@ -1522,18 +1338,7 @@ fn unet_graph(rng: &mut Rng, feats: &[usize]) -> Graph {
         v = b.add(Op::Relu, &[v], f);
         cin = f;
     }
-    v = b.add(
-        Op::Conv(conv_p(
-            rng,
-            Spec {
-                cin,
-                cout: 1,
-                ..UNIT
-            },
-        )),
-        &[v],
-        1,
-    );
+    v = b.add(Op::Conv(conv_p(rng, Spec::new(cin, 1, [1, 1, 1]))), &[v], 1);
     b.add(Op::Sigmoid, &[v], 1);
     b.g
 }
