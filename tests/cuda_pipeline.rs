@@ -444,42 +444,20 @@ fn pipeline_matches_f64_reference() {
     b.prepare(&net.graph(), 2, roi).unwrap();
     let vol = Array4::<f32>::from_elem((1, 40, 40, 40), 1.0);
     let wmap = gaussian(roi);
-    assert!(b
-        .segment_windows(
+    // A window outside the padded volume, a batch above the prepared 2, batch 0.
+    for (start, batch) in [([9, 0, 0], 1), ([0; 3], 3), ([0; 3], 0)] {
+        let res = b.segment_windows(
             vol.view(),
             [40; 3],
             [0; 3],
             roi,
-            &[[9, 0, 0]],
+            &[start],
             wmap.view(),
-            1,
-            0.0
-        )
-        .is_err());
-    assert!(b
-        .segment_windows(
-            vol.view(),
-            [40; 3],
-            [0; 3],
-            roi,
-            &[[0; 3]],
-            wmap.view(),
-            3,
-            0.0
-        )
-        .is_err());
-    assert!(b
-        .segment_windows(
-            vol.view(),
-            [40; 3],
-            [0; 3],
-            roi,
-            &[[0; 3]],
-            wmap.view(),
-            0,
-            0.0
-        )
-        .is_err());
+            batch,
+            0.0,
+        );
+        assert!(res.is_err(), "start {start:?} batch {batch}");
+    }
 }
 
 /// The device gather (volume planes streamed into a ring, windows gathered by a kernel) feeds
