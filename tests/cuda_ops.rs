@@ -58,26 +58,15 @@ fn default_halo(cin: usize, cout: usize, k: usize, st: usize) -> Option<&'static
 }
 
 fn gpu() -> Option<CudaBackend> {
-    let require = std::env::var("VOXTILE_REQUIRE_GPU")
-        .map(|v| v == "1")
-        .unwrap_or(false);
-    match CudaBackend::new(0) {
-        Ok(mut b) => {
-            println!(
-                "{} ({}), kernel families from the PTX cache: {}",
-                b.name(),
-                b.arch(),
-                b.ptx_from_cache
-            );
-            b.with(|o| o.poison = true);
-            Some(b)
-        }
-        Err(e) => {
-            assert!(!require, "VOXTILE_REQUIRE_GPU=1 but no CUDA backend: {e}");
-            println!("skipped: {e}");
-            None
-        }
-    }
+    let mut b = common::cuda_backend()?;
+    println!(
+        "{} ({}), kernel families from the PTX cache: {}",
+        b.name(),
+        b.arch(),
+        b.ptx_from_cache
+    );
+    b.with(|o| o.poison = true);
+    Some(b)
 }
 
 /// f64 NCDHW tensor.
@@ -138,35 +127,9 @@ fn rel_l2(got: &Array5<f32>, want: &T) -> f64 {
     (num / den).sqrt()
 }
 
-/// A graph of nodes applied in order; each node reads the previous value (or the listed extra
-/// inputs: value ids), channels given per node output.
+/// A graph of nodes applied in order (see [`common::graph::chain`]).
 fn graph(cin: usize, nodes: Vec<(Op, Vec<usize>, usize)>) -> Graph {
-    let mut values = vec![Value {
-        name: "input".into(),
-        channels: cin,
-    }];
-    let mut ns = Vec::new();
-    for (i, (op, inputs, ch)) in nodes.into_iter().enumerate() {
-        values.push(Value {
-            name: format!("v{}", i + 1),
-            channels: ch,
-        });
-        ns.push(Node {
-            name: format!("n{i}"),
-            op,
-            inputs,
-            output: i + 1,
-        });
-    }
-    let out = values.len() - 1;
-    Graph {
-        name: "t".into(),
-        values,
-        nodes: ns,
-        input: 0,
-        output: out,
-        fixed_input_spatial: [None; 3],
-    }
+    common::graph::chain("t", cin, nodes)
 }
 
 fn run(b: &mut CudaBackend, g: &Graph, x: &T, batch: usize) -> Array5<f32> {

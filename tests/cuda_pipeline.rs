@@ -18,15 +18,7 @@ use voxtile::Error;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn gpu() -> Option<CudaBackend> {
-    let require = std::env::var("VOXTILE_REQUIRE_GPU").is_ok_and(|v| v == "1");
-    match CudaBackend::new(0) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            assert!(!require, "VOXTILE_REQUIRE_GPU=1 but no CUDA backend: {e}");
-            println!("skipped: {e}");
-            None
-        }
-    }
+    common::cuda_backend()
 }
 
 /// The test network's parameters.
@@ -101,31 +93,12 @@ impl Net {
         if !self.norm {
             ops.remove(1);
         }
-        let mut values = vec![Value {
-            name: "input".into(),
-            channels: self.cin,
-        }];
-        let mut nodes = Vec::new();
-        for (i, (op, ch)) in ops.into_iter().enumerate() {
-            values.push(Value {
-                name: format!("v{}", i + 1),
-                channels: ch,
-            });
-            nodes.push(Node {
-                name: format!("n{i}"),
-                op,
-                inputs: vec![i],
-                output: i + 1,
-            });
-        }
-        Graph {
-            name: "pipeline-test".into(),
-            output: values.len() - 1,
-            values,
-            nodes,
-            input: 0,
-            fixed_input_spatial: [None; 3],
-        }
+        let nodes = ops
+            .into_iter()
+            .enumerate()
+            .map(|(i, (op, ch))| (op, vec![i], ch))
+            .collect();
+        common::graph::chain("pipeline-test", self.cin, nodes)
     }
 
     /// f64 forward of one window x (cin, r0, r1, r2) -> (cout, r0, r1, r2).

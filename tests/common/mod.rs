@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: fixture paths and error norms.
 #![allow(dead_code)]
 
+pub mod graph;
 pub mod nifti;
 pub mod onnx;
 pub mod rng;
@@ -115,15 +116,21 @@ pub fn gz(bytes: &[u8]) -> Vec<u8> {
 
 /// Whether CUDA device 0 opens; VOXTILE_REQUIRE_GPU=1 turns a missing GPU into a failure.
 pub fn gpu_present() -> bool {
+    cuda_backend().is_some()
+}
+
+/// A CUDA backend on device 0, or None (after saying why) where there is none;
+/// VOXTILE_REQUIRE_GPU=1 turns a missing GPU into a failure.
+pub fn cuda_backend() -> Option<voxtile::backend::cuda::CudaBackend> {
     match voxtile::backend::cuda::CudaBackend::new(0) {
-        Ok(_) => true,
+        Ok(b) => Some(b),
         Err(e) => {
             assert!(
                 std::env::var("VOXTILE_REQUIRE_GPU").as_deref() != Ok("1"),
                 "VOXTILE_REQUIRE_GPU=1 but: {e}"
             );
             eprintln!("skipping: {e}");
-            false
+            None
         }
     }
 }
