@@ -24,10 +24,11 @@ p.add_argument("--cases", default="c1,c2,sw,scale")
 a = p.parse_args()
 cases = a.cases.split(",")
 tmp = tempfile.mkdtemp(prefix="vx_cpu_bench_")
-ncpu = os.cpu_count()
+# The cores this process may use (taskset / cgroup affinity), not the machine's count.
+ncpu = len(os.sched_getaffinity(0))
 
 def session(model, threads=0):
-    o = ort.SessionOptions(); o.intra_op_num_threads = threads
+    o = ort.SessionOptions(); o.intra_op_num_threads = threads or ncpu
     return ort.InferenceSession(model, o, providers=["CPUExecutionProvider"])
 
 def ort_time(model, windows, threads=0):
@@ -42,7 +43,7 @@ def ort_time(model, windows, threads=0):
 
 def vx_run(vol, model, args, threads=None, extra=()):
     env = dict(os.environ)
-    if threads: env["RAYON_NUM_THREADS"] = str(threads)
+    env["RAYON_NUM_THREADS"] = str(threads or ncpu)
     cmd = [a.voxtile, "segment", vol, "--model", model, "-o", f"{tmp}/o.nii.gz", "--force", "--device", "cpu", *args, *extra]
     t = time.perf_counter(); r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
@@ -76,7 +77,8 @@ def windows(shape, roi, overlap):
         starts.append(sorted({min(i * step, s - r) for i in range(n)}))
     return [(i, j, k) for i in starts[0] for j in starts[1] for k in starts[2]]
 
-print(f"machine: {ncpu} cores, load average {os.getloadavg()[0]:.2f} at start; onnxruntime {ort.__version__}", flush=True)
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+print(f"machine: {ncpu} cores of {cpu}, load average {os.getloadavg()[0]:.2f} at start; onnxruntime {ort.__version__}", flush=True)
 FX = a.fixtures
 if "c1" in cases:
     single("C1 deepbrain 128^3", f"{FX}/trained_deepbrain/mni_t1_deepbrain_input128.nii.gz", f"{FX}/trained_deepbrain/deepbrain_trained.onnx")

@@ -29,18 +29,7 @@ fn f32_volume(dims: &[i16]) -> Vec<u8> {
 /// Runs `segment` on a bad input; asserts exit ≠ 0, one error line naming `names`, no output left.
 fn assert_refused(dir: &Path, input: &Path, model: &Path, names: &str, extra: &[&str]) -> String {
     let out = dir.join("seg_out.nii.gz");
-    let mut args = vec![
-        "segment",
-        input.to_str().unwrap(),
-        "--model",
-        model.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--device",
-        "cpu",
-    ];
-    args.extend_from_slice(extra);
-    let o = voxtile(&args);
+    let o = segment_cpu(input, model, &out, extra);
     let stderr = String::from_utf8_lossy(&o.stderr).to_string();
     assert!(
         !o.status.success(),
@@ -111,16 +100,12 @@ fn sample_brain_mask_matches_onnxruntime() {
     assert!(r["seconds"]["compute"].as_f64().unwrap() > 0.0);
     assert!(r["peak_host_bytes"].as_u64().unwrap() > 0);
     // Existing output is kept without --force, replaced with it.
-    let again = voxtile(&[
-        "segment",
-        data("mni_t1_128.nii.gz").to_str().unwrap(),
-        "--model",
-        data("deepbrain.onnx").to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--device",
-        "cpu",
-    ]);
+    let again = segment_cpu(
+        &data("mni_t1_128.nii.gz"),
+        &data("deepbrain.onnx"),
+        &out,
+        &[],
+    );
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("--force"));
 }
@@ -299,16 +284,7 @@ fn nan_voxels_are_reported_and_replaced() {
     let p = d.join("nan.nii");
     std::fs::write(&p, nifti_bytes(&[16, 16, 8], 16, 32, &data_bytes)).unwrap();
     let out = d.join("nan_seg.nii");
-    let o = voxtile(&[
-        "segment",
-        p.to_str().unwrap(),
-        "--model",
-        data("deepbrain.onnx").to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--device",
-        "cpu",
-    ]);
+    let o = segment_cpu(&p, &data("deepbrain.onnx"), &out, &[]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
     assert!(

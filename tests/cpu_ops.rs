@@ -3,6 +3,7 @@
 //! f32 path: rel L2 <= 1e-5; f64 path: rel L2 <= 1e-12. Run with `--nocapture` to see the numbers.
 
 mod common;
+use common::rng::Rng;
 use ndarray::{Array5, ArrayView5, Axis};
 use voxtile::backend::Backend;
 use voxtile::internals::cpu::{ops, run_graph, run_graph_f64, CpuBackend};
@@ -10,18 +11,12 @@ use voxtile::model::graph::*;
 
 // ---------- helpers ----------
 
-struct Rng(u64);
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        common::splitmix64(&mut self.0)
-    }
-    /// Uniform in [-1, 1).
-    fn uni(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.uni()).collect()
-    }
+/// Random ndarray / graph tensors from the shared generator.
+trait RngExt {
+    fn arr(&mut self, s: [usize; 5]) -> Array5<f32>;
+    fn tensor(&mut self, s: &[usize]) -> Tensor;
+}
+impl RngExt for Rng {
     fn arr(&mut self, s: [usize; 5]) -> Array5<f32> {
         Array5::from_shape_vec(s, self.vec(s.iter().product())).unwrap()
     }
@@ -413,18 +408,79 @@ fn naive_resize(x: &Array5<f64>, p: &Resize) -> Array5<f64> {
     out
 }
 
-#[allow(clippy::too_many_arguments)]
-fn conv_p(
-    rng: &mut Rng,
+/// A random conv's shape: `cin` -> `cout` channels, kernel `k`, the rest as ONNX names it
+/// (`opad`: a ConvTranspose's output_padding; `bias`: a Conv has one).
+#[derive(Clone, Copy)]
+struct Spec {
     cin: usize,
     cout: usize,
     k: [usize; 3],
     stride: [usize; 3],
     dil: [usize; 3],
     pads: [usize; 6],
+    opad: [usize; 3],
     groups: usize,
     bias: bool,
-) -> Conv {
+}
+
+/// 1x1x1, stride 1, no dilation or pads, one group, with bias (channels 0: always set them).
+const UNIT: Spec = Spec {
+    cin: 0,
+    cout: 0,
+    k: [1; 3],
+    stride: [1; 3],
+    dil: [1; 3],
+    pads: [0; 6],
+    opad: [0; 3],
+    groups: 1,
+    bias: true,
+};
+
+impl Spec {
+    /// `cin` -> `cout` with kernel `k`; the rest as [`UNIT`].
+    fn new(cin: usize, cout: usize, k: [usize; 3]) -> Spec {
+        Spec {
+            cin,
+            cout,
+            k,
+            ..UNIT
+        }
+    }
+    fn stride(self, stride: [usize; 3]) -> Spec {
+        Spec { stride, ..self }
+    }
+    fn dil(self, dil: [usize; 3]) -> Spec {
+        Spec { dil, ..self }
+    }
+    fn pads(self, pads: [usize; 6]) -> Spec {
+        Spec { pads, ..self }
+    }
+    fn opad(self, opad: [usize; 3]) -> Spec {
+        Spec { opad, ..self }
+    }
+    fn groups(self, groups: usize) -> Spec {
+        Spec { groups, ..self }
+    }
+    fn no_bias(self) -> Spec {
+        Spec {
+            bias: false,
+            ..self
+        }
+    }
+}
+
+fn conv_p(rng: &mut Rng, s: Spec) -> Conv {
+    let Spec {
+        cin,
+        cout,
+        k,
+        stride,
+        dil,
+        pads,
+        groups,
+        bias,
+        ..
+    } = s;
     Conv {
         weight: rng.tensor(&[cout, cin / groups, k[0], k[1], k[2]]),
         bias: bias.then(|| rng.tensor(&[cout])),
@@ -439,36 +495,21 @@ fn conv_p(
 
 #[test]
 fn conv_variants() {
-    let mut rng = Rng(1);
+    let mut rng = Rng::new(1);
     let cases: Vec<(&str, [usize; 5], Conv)> = vec![
         (
             "conv 3^3 pad1",
             [2, 3, 6, 7, 5],
-            conv_p(
-                &mut rng,
-                3,
-                4,
-                [3, 3, 3],
-                [1, 1, 1],
-                [1, 1, 1],
-                [1; 6],
-                1,
-                true,
-            ),
+            conv_p(&mut rng, Spec::new(3, 4, [3, 3, 3]).pads([1; 6])),
         ),
         (
             "conv stride2 asym pads",
             [1, 4, 9, 8, 7],
             conv_p(
                 &mut rng,
-                4,
-                5,
-                [3, 2, 3],
-                [2, 2, 3],
-                [1, 1, 1],
-                [0, 1, 2, 1, 0, 1],
-                1,
-                true,
+                Spec::new(4, 5, [3, 2, 3])
+                    .stride([2, 2, 3])
+                    .pads([0, 1, 2, 1, 0, 1]),
             ),
         ),
         (
@@ -476,14 +517,10 @@ fn conv_variants() {
             [1, 2, 9, 7, 10],
             conv_p(
                 &mut rng,
-                2,
-                3,
-                [3, 3, 2],
-                [1, 1, 1],
-                [2, 1, 3],
-                [2, 1, 0, 1, 1, 3],
-                1,
-                false,
+                Spec::new(2, 3, [3, 3, 2])
+                    .dil([2, 1, 3])
+                    .pads([2, 1, 0, 1, 1, 3])
+                    .no_bias(),
             ),
         ),
         (
@@ -491,104 +528,48 @@ fn conv_variants() {
             [2, 4, 5, 5, 5],
             conv_p(
                 &mut rng,
-                4,
-                6,
-                [3, 3, 3],
-                [1, 2, 1],
-                [1, 1, 1],
-                [1; 6],
-                2,
-                true,
+                Spec::new(4, 6, [3, 3, 3])
+                    .stride([1, 2, 1])
+                    .pads([1; 6])
+                    .groups(2),
             ),
         ),
         (
             "conv depthwise",
             [1, 3, 6, 6, 6],
-            conv_p(
-                &mut rng,
-                3,
-                3,
-                [3, 3, 3],
-                [1, 1, 1],
-                [1, 1, 1],
-                [1; 6],
-                3,
-                true,
-            ),
+            conv_p(&mut rng, Spec::new(3, 3, [3, 3, 3]).pads([1; 6]).groups(3)),
         ),
         (
             "conv 1x1x1",
             [2, 5, 4, 6, 3],
-            conv_p(
-                &mut rng,
-                5,
-                7,
-                [1, 1, 1],
-                [1, 1, 1],
-                [1, 1, 1],
-                [0; 6],
-                1,
-                true,
-            ),
+            conv_p(&mut rng, Spec::new(5, 7, [1, 1, 1])),
         ),
         (
             "conv 1x1x1 groups",
             [1, 4, 4, 3, 3],
-            conv_p(
-                &mut rng,
-                4,
-                6,
-                [1, 1, 1],
-                [1, 1, 1],
-                [1, 1, 1],
-                [0; 6],
-                2,
-                false,
-            ),
+            conv_p(&mut rng, Spec::new(4, 6, [1, 1, 1]).groups(2).no_bias()),
         ),
         (
             "conv 1x1x1 stride2 pad",
             [1, 3, 5, 5, 5],
             conv_p(
                 &mut rng,
-                3,
-                2,
-                [1, 1, 1],
-                [2, 2, 2],
-                [1, 1, 1],
-                [1, 0, 1, 0, 1, 1],
-                1,
-                true,
+                Spec::new(3, 2, [1, 1, 1])
+                    .stride([2, 2, 2])
+                    .pads([1, 0, 1, 0, 1, 1]),
             ),
         ),
         (
             "conv kernel = input, no pad",
             [1, 2, 3, 3, 3],
-            conv_p(
-                &mut rng,
-                2,
-                2,
-                [3, 3, 3],
-                [1, 1, 1],
-                [1, 1, 1],
-                [0; 6],
-                1,
-                true,
-            ),
+            conv_p(&mut rng, Spec::new(2, 2, [3, 3, 3])),
         ),
         (
             "conv large pads",
             [1, 2, 3, 4, 2],
             conv_p(
                 &mut rng,
-                2,
-                3,
-                [2, 2, 2],
-                [1, 1, 1],
-                [1, 1, 1],
-                [3, 2, 3, 2, 3, 4],
-                1,
-                true,
+                Spec::new(2, 3, [2, 2, 2]).pads([3, 2, 3, 2, 3, 4]),
             ),
         ),
     ];
@@ -602,18 +583,8 @@ fn conv_variants() {
 #[test]
 fn conv_chunked_column_buffer() {
     // Large enough that the im2col buffer is split over output rows (K*Wo*4 bytes per row).
-    let mut rng = Rng(11);
-    let p = conv_p(
-        &mut rng,
-        64,
-        4,
-        [3, 3, 3],
-        [1, 1, 1],
-        [1, 1, 1],
-        [1; 6],
-        1,
-        true,
-    );
+    let mut rng = Rng::new(11);
+    let p = conv_p(&mut rng, Spec::new(64, 4, [3, 3, 3]).pads([1; 6]));
     let x = rng.arr([1, 64, 2, 40, 520]);
     let rows_per_chunk = ops::COL_BUDGET_BYTES / (64 * 27 * 520 * 4);
     assert!(rows_per_chunk < 2 * 40, "test does not exercise chunking");
@@ -621,18 +592,19 @@ fn conv_chunked_column_buffer() {
     check("conv chunked im2col", &Op::Conv(p), &[&x], &want);
 }
 
-#[allow(clippy::too_many_arguments)]
-fn convt_p(
-    rng: &mut Rng,
-    cin: usize,
-    cout: usize,
-    k: [usize; 3],
-    stride: [usize; 3],
-    dil: [usize; 3],
-    pads: [usize; 6],
-    op: [usize; 3],
-    groups: usize,
-) -> ConvTranspose {
+/// A random ConvTranspose of shape `s` (always with a bias).
+fn convt_p(rng: &mut Rng, s: Spec) -> ConvTranspose {
+    let Spec {
+        cin,
+        cout,
+        k,
+        stride,
+        dil,
+        pads,
+        opad: op,
+        groups,
+        ..
+    } = s;
     ConvTranspose {
         weight: rng.tensor(&[cin, cout / groups, k[0], k[1], k[2]]),
         bias: Some(rng.tensor(&[cout])),
@@ -646,36 +618,21 @@ fn convt_p(
 
 #[test]
 fn conv_transpose_variants() {
-    let mut rng = Rng(2);
+    let mut rng = Rng::new(2);
     let cases: Vec<(&str, [usize; 5], ConvTranspose)> = vec![
         (
             "convT k2 s2",
             [2, 4, 3, 4, 5],
-            convt_p(
-                &mut rng,
-                4,
-                3,
-                [2, 2, 2],
-                [2, 2, 2],
-                [1, 1, 1],
-                [0; 6],
-                [0; 3],
-                1,
-            ),
+            convt_p(&mut rng, Spec::new(4, 3, [2, 2, 2]).stride([2, 2, 2])),
         ),
         (
             "convT k3 s2 pads [0,0,0,1,1,1] (TF SAME)",
             [1, 3, 4, 4, 4],
             convt_p(
                 &mut rng,
-                3,
-                2,
-                [3, 3, 3],
-                [2, 2, 2],
-                [1, 1, 1],
-                [0, 0, 0, 1, 1, 1],
-                [0; 3],
-                1,
+                Spec::new(3, 2, [3, 3, 3])
+                    .stride([2, 2, 2])
+                    .pads([0, 0, 0, 1, 1, 1]),
             ),
         ),
         (
@@ -683,14 +640,10 @@ fn conv_transpose_variants() {
             [1, 2, 3, 5, 4],
             convt_p(
                 &mut rng,
-                2,
-                3,
-                [3, 3, 3],
-                [2, 2, 2],
-                [1, 1, 1],
-                [1; 6],
-                [1, 0, 1],
-                1,
+                Spec::new(2, 3, [3, 3, 3])
+                    .stride([2, 2, 2])
+                    .pads([1; 6])
+                    .opad([1, 0, 1]),
             ),
         ),
         (
@@ -698,14 +651,11 @@ fn conv_transpose_variants() {
             [1, 2, 3, 4, 3],
             convt_p(
                 &mut rng,
-                2,
-                2,
-                [2, 3, 2],
-                [3, 1, 2],
-                [2, 2, 1],
-                [1, 0, 2, 0, 1, 1],
-                [1, 0, 0],
-                1,
+                Spec::new(2, 2, [2, 3, 2])
+                    .stride([3, 1, 2])
+                    .dil([2, 2, 1])
+                    .pads([1, 0, 2, 0, 1, 1])
+                    .opad([1, 0, 0]),
             ),
         ),
         (
@@ -713,30 +663,16 @@ fn conv_transpose_variants() {
             [2, 4, 3, 3, 4],
             convt_p(
                 &mut rng,
-                4,
-                6,
-                [3, 2, 3],
-                [2, 2, 1],
-                [1, 1, 1],
-                [1, 0, 1, 1, 0, 1],
-                [0; 3],
-                2,
+                Spec::new(4, 6, [3, 2, 3])
+                    .stride([2, 2, 1])
+                    .pads([1, 0, 1, 1, 0, 1])
+                    .groups(2),
             ),
         ),
         (
             "convT k1 s1",
             [1, 3, 3, 4, 5],
-            convt_p(
-                &mut rng,
-                3,
-                4,
-                [1, 1, 1],
-                [1, 1, 1],
-                [1, 1, 1],
-                [0; 6],
-                [0; 3],
-                1,
-            ),
+            convt_p(&mut rng, Spec::new(3, 4, [1, 1, 1])),
         ),
     ];
     for (name, s, p) in cases {
@@ -748,7 +684,7 @@ fn conv_transpose_variants() {
 
 #[test]
 fn norms_and_affine() {
-    let mut rng = Rng(3);
+    let mut rng = Rng::new(3);
     let x = rng.arr([2, 6, 5, 4, 7]).mapv(|v| 3.0 * v + 1.5); // non-zero mean, non-unit spread
     let xf = f64a(&x);
     let (scale, bias) = (rng.tensor(&[6]), rng.tensor(&[6]));
@@ -784,7 +720,7 @@ fn norms_and_affine() {
 
 #[test]
 fn activations() {
-    let mut rng = Rng(4);
+    let mut rng = Rng::new(4);
     let x = rng.arr([2, 3, 4, 5, 6]).mapv(|v| v * 6.0);
     let xf = f64a(&x);
     let slope = rng.tensor(&[3]);
@@ -845,7 +781,7 @@ fn activations() {
 
 #[test]
 fn softmax_axes() {
-    let mut rng = Rng(5);
+    let mut rng = Rng::new(5);
     let x = rng.arr([2, 4, 3, 5, 6]).mapv(|v| v * 30.0); // large logits: needs max subtraction
     for axis in 0..5 {
         let want = naive_softmax(&f64a(&x), axis);
@@ -860,7 +796,7 @@ fn softmax_axes() {
 
 #[test]
 fn binary_and_const() {
-    let mut rng = Rng(6);
+    let mut rng = Rng::new(6);
     let a = rng.arr([2, 3, 4, 5, 3]);
     let b = rng.arr([2, 3, 4, 5, 3]).mapv(|v| v + 2.5); // keep divisors away from zero
     let (af, bf) = (f64a(&a), f64a(&b));
@@ -895,7 +831,7 @@ fn binary_and_const() {
 
 #[test]
 fn concat_axes() {
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     for axis in 0..5 {
         let mut s1 = [2, 3, 4, 3, 2];
         let mut s2 = s1;
@@ -934,7 +870,7 @@ fn concat_axes() {
 
 #[test]
 fn pools() {
-    let mut rng = Rng(8);
+    let mut rng = Rng::new(8);
     let pool = |k, s, d, pads, ceil, cip| Pool {
         kernel: k,
         stride: s,
@@ -1014,7 +950,7 @@ fn pools() {
 
 #[test]
 fn resize_all_modes() {
-    let mut rng = Rng(9);
+    let mut rng = Rng::new(9);
     let x = rng.arr([1, 2, 4, 5, 3]);
     let xf = f64a(&x);
     let coords = [
@@ -1109,52 +1045,15 @@ impl Builder {
 
 #[test]
 fn small_unet_graph_matches_naive_composition() {
-    let mut rng = Rng(10);
-    let c1 = conv_p(
-        &mut rng,
-        2,
-        4,
-        [3, 3, 3],
-        [1, 1, 1],
-        [1, 1, 1],
-        [1; 6],
-        1,
-        true,
-    );
+    let mut rng = Rng::new(10);
+    let c1 = conv_p(&mut rng, Spec::new(2, 4, [3, 3, 3]).pads([1; 6]));
     let (s1, b1) = (rng.tensor(&[4]), rng.tensor(&[4]));
     let c2 = conv_p(
         &mut rng,
-        4,
-        6,
-        [3, 3, 3],
-        [2, 2, 2],
-        [1, 1, 1],
-        [1; 6],
-        1,
-        true,
+        Spec::new(4, 6, [3, 3, 3]).stride([2, 2, 2]).pads([1; 6]),
     );
-    let ct = convt_p(
-        &mut rng,
-        6,
-        4,
-        [2, 2, 2],
-        [2, 2, 2],
-        [1, 1, 1],
-        [0; 6],
-        [0; 3],
-        1,
-    );
-    let c3 = conv_p(
-        &mut rng,
-        8,
-        3,
-        [1, 1, 1],
-        [1, 1, 1],
-        [1, 1, 1],
-        [0; 6],
-        1,
-        true,
-    );
+    let ct = convt_p(&mut rng, Spec::new(6, 4, [2, 2, 2]).stride([2, 2, 2]));
+    let c3 = conv_p(&mut rng, Spec::new(8, 3, [1, 1, 1]));
 
     let mut b = Builder::new(2);
     let v = b.add(Op::Conv(c1.clone()), &[0], 4);
@@ -1216,22 +1115,12 @@ fn small_unet_graph_matches_naive_composition() {
 
 #[test]
 fn liveness_frees_intermediates() {
-    let mut rng = Rng(12);
+    let mut rng = Rng::new(12);
     let mut b = Builder::new(3);
     let mut v = 0;
     for _ in 0..8 {
         v = b.add(
-            Op::Conv(conv_p(
-                &mut rng,
-                3,
-                3,
-                [3, 3, 3],
-                [1, 1, 1],
-                [1, 1, 1],
-                [1; 6],
-                1,
-                true,
-            )),
+            Op::Conv(conv_p(&mut rng, Spec::new(3, 3, [3, 3, 3]).pads([1; 6]))),
             &[v],
             3,
         );
@@ -1258,7 +1147,7 @@ fn liveness_frees_intermediates() {
 #[test]
 fn inplace_does_not_clobber_shared_inputs() {
     // x feeds both Relu (in-place candidate) and a later Add: Relu must not overwrite x.
-    let mut rng = Rng(13);
+    let mut rng = Rng::new(13);
     let mut b = Builder::new(2);
     let r = b.add(Op::Relu, &[0], 2);
     let s = b.add(Op::Add, &[r, 0], 2);
@@ -1274,21 +1163,11 @@ fn inplace_does_not_clobber_shared_inputs() {
 
 #[test]
 fn errors_are_reported_not_panics() {
-    let mut rng = Rng(14);
+    let mut rng = Rng::new(14);
     let mut b = Builder::new(2);
     // Weight expects 3 input channels but the input has 2.
     b.add(
-        Op::Conv(conv_p(
-            &mut rng,
-            3,
-            4,
-            [3, 3, 3],
-            [1, 1, 1],
-            [1, 1, 1],
-            [1; 6],
-            1,
-            true,
-        )),
+        Op::Conv(conv_p(&mut rng, Spec::new(3, 4, [3, 3, 3]).pads([1; 6]))),
         &[0],
         4,
     );
@@ -1321,17 +1200,7 @@ fn errors_are_reported_not_panics() {
 
     // Kernel larger than the padded input, mismatched binary shapes, bad const broadcast.
     let x = rng.arr([1, 2, 2, 2, 2]);
-    let p = conv_p(
-        &mut rng,
-        2,
-        2,
-        [3, 3, 3],
-        [1, 1, 1],
-        [1, 1, 1],
-        [0; 6],
-        1,
-        false,
-    );
+    let p = conv_p(&mut rng, Spec::new(2, 2, [3, 3, 3]).no_bias());
     assert!(ops::conv3d(x.view(), &p).is_err());
     let y = rng.arr([1, 2, 2, 2, 3]);
     assert!(ops::add(x.view(), y.view()).is_err());
@@ -1351,21 +1220,11 @@ fn errors_are_reported_not_panics() {
 #[test]
 fn strided_view_input() {
     // A permuted (non-contiguous) view must give the same result as its contiguous copy.
-    let mut rng = Rng(15);
+    let mut rng = Rng::new(15);
     let x = rng.arr([1, 5, 4, 3, 2]);
     let v = x.view().permuted_axes([0, 4, 2, 3, 1]); // shape [1, 2, 4, 3, 5]
     let c = v.to_owned();
-    let p = conv_p(
-        &mut rng,
-        2,
-        3,
-        [3, 3, 3],
-        [1, 1, 1],
-        [1, 1, 1],
-        [1; 6],
-        1,
-        true,
-    );
+    let p = conv_p(&mut rng, Spec::new(2, 3, [3, 3, 3]).pads([1; 6]));
     let a = ops::conv3d(v, &p).unwrap();
     let b = ops::conv3d(c.view(), &p).unwrap();
     assert_eq!(a, b);
@@ -1404,18 +1263,8 @@ fn best_of<F: FnMut()>(n: usize, mut f: F) -> f64 {
 #[test]
 #[ignore]
 fn bench_conv_32_to_32_64cubed() {
-    let mut rng = Rng(20);
-    let p = conv_p(
-        &mut rng,
-        32,
-        32,
-        [3, 3, 3],
-        [1, 1, 1],
-        [1, 1, 1],
-        [1; 6],
-        1,
-        true,
-    );
+    let mut rng = Rng::new(20);
+    let p = conv_p(&mut rng, Spec::new(32, 32, [3, 3, 3]).pads([1; 6]));
     let x = rng.arr([1, 32, 64, 64, 64]);
     let t = best_of(3, || {
         ops::conv3d(x.view(), &p).unwrap();
@@ -1427,31 +1276,16 @@ fn bench_conv_32_to_32_64cubed() {
         gflop / t,
         rayon::current_num_threads()
     );
-    let p1 = conv_p(
-        &mut rng,
-        32,
-        32,
-        [1, 1, 1],
-        [1, 1, 1],
-        [1, 1, 1],
-        [0; 6],
-        1,
-        true,
-    );
+    let p1 = conv_p(&mut rng, Spec::new(32, 32, [1, 1, 1]));
     let t1 = best_of(3, || {
         ops::conv3d(x.view(), &p1).unwrap();
     });
     eprintln!("conv 1^3 32->32 on 1x32x64^3: {:.3} s", t1);
     let pt = convt_p(
         &mut rng,
-        32,
-        16,
-        [3, 3, 3],
-        [2, 2, 2],
-        [1, 1, 1],
-        [0, 0, 0, 1, 1, 1],
-        [0; 3],
-        1,
+        Spec::new(32, 16, [3, 3, 3])
+            .stride([2, 2, 2])
+            .pads([0, 0, 0, 1, 1, 1]),
     );
     let xt = rng.arr([1, 32, 32, 32, 32]);
     let tt = best_of(3, || {
@@ -1467,19 +1301,8 @@ fn unet_graph(rng: &mut Rng, feats: &[usize]) -> Graph {
     let mut v = 0;
     let mut cin = 1;
     let mut skips = vec![];
-    let c3 = |rng: &mut Rng, ci, co| {
-        Op::Conv(conv_p(
-            rng,
-            ci,
-            co,
-            [3, 3, 3],
-            [1, 1, 1],
-            [1, 1, 1],
-            [1; 6],
-            1,
-            true,
-        ))
-    };
+    let c3 =
+        |rng: &mut Rng, ci, co| Op::Conv(conv_p(rng, Spec::new(ci, co, [3, 3, 3]).pads([1; 6])));
     for (l, &f) in feats.iter().enumerate() {
         v = b.add(c3(rng, cin, f), &[v], f);
         v = b.add(Op::Relu, &[v], f);
@@ -1502,14 +1325,9 @@ fn unet_graph(rng: &mut Rng, feats: &[usize]) -> Graph {
     while let Some((s, f)) = skips.pop() {
         let ct = convt_p(
             rng,
-            cin,
-            f,
-            [3, 3, 3],
-            [2, 2, 2],
-            [1, 1, 1],
-            [0, 0, 0, 1, 1, 1],
-            [0; 3],
-            1,
+            Spec::new(cin, f, [3, 3, 3])
+                .stride([2, 2, 2])
+                .pads([0, 0, 0, 1, 1, 1]),
         );
         v = b.add(Op::ConvTranspose(ct), &[v], f);
         v = b.add(Op::Relu, &[v], f);
@@ -1520,21 +1338,7 @@ fn unet_graph(rng: &mut Rng, feats: &[usize]) -> Graph {
         v = b.add(Op::Relu, &[v], f);
         cin = f;
     }
-    v = b.add(
-        Op::Conv(conv_p(
-            rng,
-            cin,
-            1,
-            [1, 1, 1],
-            [1, 1, 1],
-            [1, 1, 1],
-            [0; 6],
-            1,
-            true,
-        )),
-        &[v],
-        1,
-    );
+    v = b.add(Op::Conv(conv_p(rng, Spec::new(cin, 1, [1, 1, 1]))), &[v], 1);
     b.add(Op::Sigmoid, &[v], 1);
     b.g
 }
@@ -1546,7 +1350,7 @@ fn bench_unet() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(64);
-    let mut rng = Rng(21);
+    let mut rng = Rng::new(21);
     let g = unet_graph(&mut rng, &[16, 32, 64, 128]);
     let x = rng.arr([1, 1, size, size, size]);
     let mut be = CpuBackend::new();
@@ -1566,7 +1370,7 @@ fn bench_unet() {
 #[ignore]
 fn bench_gemm_raw() {
     // Raw GEMM throughput for the conv's shapes, to separate GEMM from im2col cost.
-    let mut rng = Rng(30);
+    let mut rng = Rng::new(30);
     let (m, k, n) = (65536usize, 864usize, 32usize);
     let a = rng.vec(m * k);
     let b = rng.vec(k * n);

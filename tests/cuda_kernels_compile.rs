@@ -2,6 +2,8 @@
 //! Skips with a message when libnvrtc cannot be loaded, unless VOXTILE_REQUIRE_NVRTC=1.
 //! CI: LD_LIBRARY_PATH=<wheel>/nvidia/cu13/lib VOXTILE_CUDA_INCLUDE=<wheel>/nvidia/cu13/include.
 
+mod common;
+use common::rng::Rng;
 use voxtile::internals::cuda::catalogue::{self as cat, Family, FAMILIES};
 use voxtile::internals::cuda::compile;
 
@@ -130,6 +132,25 @@ struct HaloRun {
     narrow_slab_copies: usize,
 }
 
+/// What [`emulate_halo`] launches on: x and w in the kernel's layouts, the output slice and
+/// the begin pads.
+#[derive(Clone, Copy)]
+struct HaloProblem<'a> {
+    x: &'a [f64],
+    /// n, d, h, w, Cin (p.cin).
+    inp: [usize; 5],
+    /// [cout_pad][kpad], K = tap * Cin + ci.
+    w: &'a [f64],
+    kpad: usize,
+    cout: usize,
+    /// ldc, coff.
+    slice: [usize; 2],
+    /// Begin pads.
+    pads: [usize; 3],
+    out: [usize; 3],
+    sm_count: usize,
+}
+
 /// Emulates one `conv_halo` / `conv_halo_t` launch on the CPU at the level of its index
 /// arithmetic: tile decode, halo copy (zero fill outside the input), weight staging (resident
 /// or ring), the per-lane ldmatrix addresses turned into mma fragments by the ldmatrix/mma
@@ -144,19 +165,18 @@ struct HaloRun {
 /// w's K is tap * p.cin + ci. Bias and activation are left out (null bias, no activation).
 /// Returns y (NDHWC, ldc channels; NaN where not written), how often each element was written,
 /// and which paths ran.
-#[allow(clippy::too_many_arguments)]
-fn emulate_halo(
-    c: &HaloConfig,
-    x: &[f64],
-    inp: [usize; 5], // n, d, h, w, Cin (p.cin)
-    w: &[f64],       // [cout_pad][kpad], K = tap * Cin + ci
-    kpad: usize,
-    cout: usize,
-    slice: [usize; 2], // ldc, coff
-    pads: [usize; 3],  // begin pads
-    out: [usize; 3],
-    sm_count: usize,
-) -> (Vec<f64>, Vec<u32>, HaloRun) {
+fn emulate_halo(c: &HaloConfig, prob: HaloProblem<'_>) -> (Vec<f64>, Vec<u32>, HaloRun) {
+    let HaloProblem {
+        x,
+        inp,
+        w,
+        kpad,
+        cout,
+        slice,
+        pads,
+        out,
+        sm_count,
+    } = prob;
     let (cin, xc) = (c.cin, inp[4]); // CIN (smem width, chunk), p.cin (x's voxel stride)
     assert!(c.accepts_cin(xc), "{}: Cin {xc}", c.name);
     let [ldc, coff] = slice;
@@ -620,13 +640,8 @@ type HaloCase = (
 /// which only a forced launch would run: the slab prefetch in 4-byte copies).
 #[test]
 fn halo_index_emulation() {
-    let mut seed = 7u64;
-    let mut rnd = || {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((seed >> 33) % 5) as f64 - 2.0
-    };
+    let mut rng = Rng::new(7);
+    let mut rnd = || rng.below(5) as f64 - 2.0;
     let (mut chunked, mut padded, mut pad_configs, mut narrow_slabs) = (0, 0, 0, 0);
     let mut vec_configs: Vec<&str> = Vec::new();
     let mut vec_y_configs: Vec<&str> = Vec::new();
@@ -750,15 +765,17 @@ fn halo_index_emulation() {
             }
             let (y, writes, run) = emulate_halo(
                 c,
-                &x,
-                [nb, inp[0], inp[1], inp[2], cin],
-                &w,
-                kpad,
-                cout,
-                slice,
-                pb,
-                out,
-                smc,
+                HaloProblem {
+                    x: &x,
+                    inp: [nb, inp[0], inp[1], inp[2], cin],
+                    w: &w,
+                    kpad,
+                    cout,
+                    slice,
+                    pads: pb,
+                    out,
+                    sm_count: smc,
+                },
             );
             let [ldc, coff] = slice;
             for (i, &k) in writes.iter().enumerate() {

@@ -4,6 +4,8 @@
 //! VOXTILE_REQUIRE_GPU=1. Every run poisons activation buffers with NaN first, so an unwritten
 //! element fails the check. Run on the GPU machine with tests/gpu/run.sh.
 
+mod common;
+use common::rng::Rng;
 use ndarray::{Array3, Array4, Array5};
 use voxtile::internals::cuda::buffers::ConvGeom;
 use voxtile::internals::cuda::catalogue::{self as cat, halo_config, MmaConfig, MMA_CONFIGS};
@@ -56,66 +58,16 @@ fn default_halo(cin: usize, cout: usize, k: usize, st: usize) -> Option<&'static
     pick_halo(&g, 227 * 1024, None)
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    fn uni(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.uni() * scale).collect()
-    }
-}
-
-fn seed() -> u64 {
-    std::env::var("VOXTILE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        })
-}
-
-fn rng(tag: &str) -> Rng {
-    let s = seed()
-        ^ tag
-            .bytes()
-            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
-    println!("[{tag}] seed {s} (VOXTILE_SEED to replay applies before the tag hash)");
-    Rng(s)
-}
-
 fn gpu() -> Option<CudaBackend> {
-    let require = std::env::var("VOXTILE_REQUIRE_GPU")
-        .map(|v| v == "1")
-        .unwrap_or(false);
-    match CudaBackend::new(0) {
-        Ok(mut b) => {
-            println!(
-                "{} ({}), kernel families from the PTX cache: {}",
-                b.name(),
-                b.arch(),
-                b.ptx_from_cache
-            );
-            b.with(|o| o.poison = true);
-            Some(b)
-        }
-        Err(e) => {
-            assert!(!require, "VOXTILE_REQUIRE_GPU=1 but no CUDA backend: {e}");
-            println!("skipped: {e}");
-            None
-        }
-    }
+    let mut b = common::cuda_backend()?;
+    println!(
+        "{} ({}), kernel families from the PTX cache: {}",
+        b.name(),
+        b.arch(),
+        b.ptx_from_cache
+    );
+    b.with(|o| o.poison = true);
+    Some(b)
 }
 
 /// f64 NCDHW tensor.
@@ -176,35 +128,9 @@ fn rel_l2(got: &Array5<f32>, want: &T) -> f64 {
     (num / den).sqrt()
 }
 
-/// A graph of nodes applied in order; each node reads the previous value (or the listed extra
-/// inputs: value ids), channels given per node output.
+/// A graph of nodes applied in order (see [`common::graph::chain`]).
 fn graph(cin: usize, nodes: Vec<(Op, Vec<usize>, usize)>) -> Graph {
-    let mut values = vec![Value {
-        name: "input".into(),
-        channels: cin,
-    }];
-    let mut ns = Vec::new();
-    for (i, (op, inputs, ch)) in nodes.into_iter().enumerate() {
-        values.push(Value {
-            name: format!("v{}", i + 1),
-            channels: ch,
-        });
-        ns.push(Node {
-            name: format!("n{i}"),
-            op,
-            inputs,
-            output: i + 1,
-        });
-    }
-    let out = values.len() - 1;
-    Graph {
-        name: "t".into(),
-        values,
-        nodes: ns,
-        input: 0,
-        output: out,
-        fixed_input_spatial: [None; 3],
-    }
+    common::graph::chain("t", cin, nodes)
 }
 
 fn run(b: &mut CudaBackend, g: &Graph, x: &T, batch: usize) -> Array5<f32> {
@@ -226,18 +152,43 @@ fn report(name: &str, e: f64) {
 
 // ---------- f64 references ----------
 
-#[allow(clippy::too_many_arguments)]
-fn conv_ref(
-    x: &T,
-    w: &Tensor,
-    bias: Option<&Tensor>,
+/// A conv's geometry as the reference takes it (`transposed`: ConvTranspose, `opad` its output
+/// padding).
+#[derive(Clone, Copy)]
+struct Kernel {
     st: [usize; 3],
     dl: [usize; 3],
     pads: [usize; 6],
     groups: usize,
     transposed: bool,
     opad: [usize; 3],
-) -> T {
+}
+
+/// Stride 1, no dilation, no pads, one group, forward.
+const PLAIN: Kernel = Kernel {
+    st: [1; 3],
+    dl: [1; 3],
+    pads: [0; 6],
+    groups: 1,
+    transposed: false,
+    opad: [0; 3],
+};
+
+/// [`PLAIN`] with pads 1 on every side (a "same" 3^3 conv).
+const PAD1: Kernel = Kernel {
+    pads: [1; 6],
+    ..PLAIN
+};
+
+fn conv_ref(x: &T, w: &Tensor, bias: Option<&Tensor>, geo: Kernel) -> T {
+    let Kernel {
+        st,
+        dl,
+        pads,
+        groups,
+        transposed,
+        opad,
+    } = geo;
     let ws = &w.shape;
     let (n, cin) = (x.s[0], x.s[1]);
     let k = [ws[2], ws[3], ws[4]];
@@ -472,34 +423,89 @@ fn pool_ref(x: &T, p: &Pool, max: bool, o: [usize; 3]) -> T {
 
 // ---------- tests ----------
 
-#[allow(clippy::too_many_arguments)]
-fn conv_case(
-    b: &mut CudaBackend,
-    r: &mut Rng,
-    name: &str,
+/// One random conv (or transposed conv) test: `cin` -> `cout` on a batch of 2 `sp` volumes,
+/// kernel `k`, then `act` when given.
+struct ConvCase<'a> {
+    name: &'a str,
     cin: usize,
     cout: usize,
     sp: [usize; 3],
     k: [usize; 3],
-    st: [usize; 3],
-    dl: [usize; 3],
-    pads: [usize; 6],
-    groups: usize,
+    geo: Kernel,
     act: Option<Op>,
-) {
+}
+
+impl<'a> ConvCase<'a> {
+    /// `cin` -> `cout` on `sp`, a `k`^3 kernel, [`PLAIN`], no activation.
+    fn new(name: &'a str, cin: usize, cout: usize, sp: [usize; 3], k: usize) -> Self {
+        ConvCase {
+            name,
+            cin,
+            cout,
+            sp,
+            k: [k; 3],
+            geo: PLAIN,
+            act: None,
+        }
+    }
+    fn k(self, k: [usize; 3]) -> Self {
+        ConvCase { k, ..self }
+    }
+    fn st(mut self, st: [usize; 3]) -> Self {
+        self.geo.st = st;
+        self
+    }
+    fn dl(mut self, dl: [usize; 3]) -> Self {
+        self.geo.dl = dl;
+        self
+    }
+    fn pads(mut self, pads: [usize; 6]) -> Self {
+        self.geo.pads = pads;
+        self
+    }
+    fn groups(mut self, groups: usize) -> Self {
+        self.geo.groups = groups;
+        self
+    }
+    fn opad(mut self, opad: [usize; 3]) -> Self {
+        self.geo.opad = opad;
+        self
+    }
+    fn act(self, act: Option<Op>) -> Self {
+        ConvCase { act, ..self }
+    }
+}
+
+fn conv_case(b: &mut CudaBackend, r: &mut Rng, c: ConvCase<'_>) {
+    let ConvCase {
+        name,
+        cin,
+        cout,
+        sp,
+        k,
+        geo,
+        act,
+    } = c;
+    let Kernel {
+        st,
+        dl,
+        pads,
+        groups,
+        ..
+    } = geo;
     let x = T::from(
         [2, cin, sp[0], sp[1], sp[2]],
-        &r.vec(2 * cin * sp.iter().product::<usize>(), 1.0),
+        &r.scaled(2 * cin * sp.iter().product::<usize>(), 1.0),
     );
     let fan = (cin / groups * k.iter().product::<usize>()) as f32;
     let w = Tensor::new(
         vec![cout, cin / groups, k[0], k[1], k[2]],
-        r.vec(
+        r.scaled(
             cout * cin / groups * k.iter().product::<usize>(),
             1.0 / fan.sqrt(),
         ),
     );
-    let bias = Tensor::new(vec![cout], r.vec(cout, 0.5));
+    let bias = Tensor::new(vec![cout], r.scaled(cout, 0.5));
     let conv = Conv {
         weight: w.clone(),
         bias: Some(bias.clone()),
@@ -509,7 +515,7 @@ fn conv_case(
         groups,
     };
     let mut nodes = vec![(Op::Conv(conv), vec![0], cout)];
-    let mut want = conv_ref(&x, &w, Some(&bias), st, dl, pads, groups, false, [0; 3]);
+    let mut want = conv_ref(&x, &w, Some(&bias), geo);
     if let Some(a) = act {
         want = want.map(|c, v| act_ref(&a, c, v));
         nodes.push((a, vec![1], cout));
@@ -521,7 +527,7 @@ fn conv_case(
 #[test]
 fn conv_variants() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("conv");
+    let mut r = Rng::tagged("conv");
     // Even Cin that is not a multiple of 8: the 4-byte gather tiles (`_v2`); the 1x1x1 head
     // kernel with Cout 17..32 and a fused activation.
     for (name, ci, co, k, st, pads) in [
@@ -539,201 +545,93 @@ fn conv_variants() {
         conv_case(
             &mut b,
             &mut r,
-            name,
-            ci,
-            co,
-            [9, 7, 11],
-            [k; 3],
-            [st; 3],
-            [1; 3],
-            [pads; 6],
-            1,
-            Some(Op::LeakyRelu { alpha: 0.1 }),
+            ConvCase::new(name, ci, co, [9, 7, 11], k)
+                .st([st; 3])
+                .pads([pads; 6])
+                .act(Some(Op::LeakyRelu { alpha: 0.1 })),
         );
     }
+    for c in [
+        ConvCase::new("conv 3^3 16->32 pad1", 16, 32, [10, 9, 11], 3).pads([1; 6]),
+        ConvCase::new("conv 3^3 32->32 pad1 +leaky", 32, 32, [8, 8, 8], 3)
+            .pads([1; 6])
+            .act(Some(Op::LeakyRelu { alpha: 0.01 })),
+        ConvCase::new("conv 3^3 stride2 16->64", 16, 64, [12, 10, 9], 3)
+            .st([2; 3])
+            .pads([1; 6]),
+        ConvCase::new(
+            "conv 3^3 dilation 4 pad 4 (meshnet) +elu",
+            8,
+            20,
+            [12, 12, 12],
+            3,
+        )
+        .dl([4; 3])
+        .pads([4; 6])
+        .act(Some(Op::Elu { alpha: 1.0 })),
+        ConvCase::new("conv Cin=1 3^3 -> 8 +relu", 1, 8, [11, 10, 9], 3)
+            .pads([1; 6])
+            .act(Some(Op::Relu)),
+        ConvCase::new("conv Cin=3 asym pads 2x3x1 s(1,2,1)", 3, 40, [9, 10, 8], 1)
+            .k([2, 3, 1])
+            .st([1, 2, 1])
+            .pads([0, 1, 0, 1, 2, 0]),
+        ConvCase::new("conv 1x1x1 head 32->4 +sigmoid", 32, 4, [8, 9, 10], 1)
+            .act(Some(Op::Sigmoid)),
+        ConvCase::new("conv 1x1x1 head 20->3", 20, 3, [8, 9, 10], 1),
+        ConvCase::new("conv 80->80 3^3 (Cout>64) +tanh", 80, 80, [6, 6, 6], 3)
+            .pads([1; 6])
+            .act(Some(Op::Tanh)),
+        ConvCase::new("conv grouped g=4 16->16", 16, 16, [8, 8, 8], 3)
+            .pads([1; 6])
+            .groups(4),
+    ] {
+        conv_case(&mut b, &mut r, c);
+    }
+    let slope = Tensor::new(vec![8], r.scaled(8, 0.5));
     conv_case(
         &mut b,
         &mut r,
-        "conv 3^3 16->32 pad1",
-        16,
-        32,
-        [10, 9, 11],
-        [3; 3],
-        [1; 3],
-        [1; 3],
-        [1; 6],
-        1,
-        None,
-    );
-    conv_case(
-        &mut b,
-        &mut r,
-        "conv 3^3 32->32 pad1 +leaky",
-        32,
-        32,
-        [8, 8, 8],
-        [3; 3],
-        [1; 3],
-        [1; 3],
-        [1; 6],
-        1,
-        Some(Op::LeakyRelu { alpha: 0.01 }),
-    );
-    conv_case(
-        &mut b,
-        &mut r,
-        "conv 3^3 stride2 16->64",
-        16,
-        64,
-        [12, 10, 9],
-        [3; 3],
-        [2; 3],
-        [1; 3],
-        [1; 6],
-        1,
-        None,
-    );
-    conv_case(
-        &mut b,
-        &mut r,
-        "conv 3^3 dilation 4 pad 4 (meshnet) +elu",
-        8,
-        20,
-        [12, 12, 12],
-        [3; 3],
-        [1; 3],
-        [4; 3],
-        [4; 6],
-        1,
-        Some(Op::Elu { alpha: 1.0 }),
-    );
-    conv_case(
-        &mut b,
-        &mut r,
-        "conv Cin=1 3^3 -> 8 +relu",
-        1,
-        8,
-        [11, 10, 9],
-        [3; 3],
-        [1; 3],
-        [1; 3],
-        [1; 6],
-        1,
-        Some(Op::Relu),
-    );
-    conv_case(
-        &mut b,
-        &mut r,
-        "conv Cin=3 asym pads 2x3x1 s(1,2,1)",
-        3,
-        40,
-        [9, 10, 8],
-        [2, 3, 1],
-        [1, 2, 1],
-        [1; 3],
-        [0, 1, 0, 1, 2, 0],
-        1,
-        None,
-    );
-    conv_case(
-        &mut b,
-        &mut r,
-        "conv 1x1x1 head 32->4 +sigmoid",
-        32,
-        4,
-        [8, 9, 10],
-        [1; 3],
-        [1; 3],
-        [1; 3],
-        [0; 6],
-        1,
-        Some(Op::Sigmoid),
-    );
-    conv_case(
-        &mut b,
-        &mut r,
-        "conv 1x1x1 head 20->3",
-        20,
-        3,
-        [8, 9, 10],
-        [1; 3],
-        [1; 3],
-        [1; 3],
-        [0; 6],
-        1,
-        None,
-    );
-    conv_case(
-        &mut b,
-        &mut r,
-        "conv 80->80 3^3 (Cout>64) +tanh",
-        80,
-        80,
-        [6, 6, 6],
-        [3; 3],
-        [1; 3],
-        [1; 3],
-        [1; 6],
-        1,
-        Some(Op::Tanh),
-    );
-    conv_case(
-        &mut b,
-        &mut r,
-        "conv grouped g=4 16->16",
-        16,
-        16,
-        [8, 8, 8],
-        [3; 3],
-        [1; 3],
-        [1; 3],
-        [1; 6],
-        4,
-        None,
-    );
-    let slope = Tensor::new(vec![8], r.vec(8, 0.5));
-    conv_case(
-        &mut b,
-        &mut r,
-        "conv depthwise g=8 8->8 +prelu",
-        8,
-        8,
-        [7, 8, 9],
-        [3; 3],
-        [1; 3],
-        [1; 3],
-        [1; 6],
-        8,
-        Some(Op::PRelu { slope }),
+        ConvCase::new("conv depthwise g=8 8->8 +prelu", 8, 8, [7, 8, 9], 3)
+            .pads([1; 6])
+            .groups(8)
+            .act(Some(Op::PRelu { slope })),
     );
 }
 
-#[allow(clippy::too_many_arguments)]
-fn convt_case(
-    b: &mut CudaBackend,
-    r: &mut Rng,
-    name: &str,
-    cin: usize,
-    cout: usize,
-    sp: [usize; 3],
-    k: [usize; 3],
-    st: [usize; 3],
-    pads: [usize; 6],
-    opad: [usize; 3],
-    groups: usize,
-) {
+fn convt_case(b: &mut CudaBackend, r: &mut Rng, c: ConvCase<'_>) {
+    let ConvCase {
+        name,
+        cin,
+        cout,
+        sp,
+        k,
+        geo,
+        ..
+    } = c;
+    let geo = Kernel {
+        transposed: true,
+        ..geo
+    };
+    let Kernel {
+        st,
+        pads,
+        groups,
+        opad,
+        ..
+    } = geo;
     let x = T::from(
         [2, cin, sp[0], sp[1], sp[2]],
-        &r.vec(2 * cin * sp.iter().product::<usize>(), 1.0),
+        &r.scaled(2 * cin * sp.iter().product::<usize>(), 1.0),
     );
     let w = Tensor::new(
         vec![cin, cout / groups, k[0], k[1], k[2]],
-        r.vec(
+        r.scaled(
             cin * cout / groups * k.iter().product::<usize>(),
             1.0 / ((cin / groups) as f32).sqrt(),
         ),
     );
-    let bias = Tensor::new(vec![cout], r.vec(cout, 0.5));
+    let bias = Tensor::new(vec![cout], r.scaled(cout, 0.5));
     let ct = ConvTranspose {
         weight: w.clone(),
         bias: Some(bias.clone()),
@@ -743,7 +641,7 @@ fn convt_case(
         output_padding: opad,
         groups,
     };
-    let want = conv_ref(&x, &w, Some(&bias), st, [1; 3], pads, groups, true, opad);
+    let want = conv_ref(&x, &w, Some(&bias), geo);
     let got = run(
         b,
         &graph(cin, vec![(Op::ConvTranspose(ct), vec![0], cout)]),
@@ -756,59 +654,29 @@ fn convt_case(
 #[test]
 fn conv_transpose_variants() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("convt");
-    convt_case(
-        &mut b,
-        &mut r,
-        "convT k2 s2 32->16 (nnU-Net)",
-        32,
-        16,
-        [5, 6, 7],
-        [2; 3],
-        [2; 3],
-        [0; 6],
-        [0; 3],
-        1,
-    );
-    convt_case(
-        &mut b,
-        &mut r,
-        "convT k3 s2 pads[0,0,0,1,1,1] (deepbrain)",
-        16,
-        8,
-        [5, 4, 6],
-        [3; 3],
-        [2; 3],
-        [0, 0, 0, 1, 1, 1],
-        [0; 3],
-        1,
-    );
-    convt_case(
-        &mut b,
-        &mut r,
-        "convT k3 s2 p1 opad1 (MONAI)",
-        16,
-        8,
-        [5, 4, 6],
-        [3; 3],
-        [2; 3],
-        [1; 6],
-        [1; 3],
-        1,
-    );
-    convt_case(
-        &mut b,
-        &mut r,
-        "convT Cin=3 k3 s2 p1 opad1",
-        3,
-        5,
-        [4, 5, 3],
-        [3; 3],
-        [2; 3],
-        [1; 6],
-        [1; 3],
-        1,
-    );
+    let mut r = Rng::tagged("convt");
+    for c in [
+        ConvCase::new("convT k2 s2 32->16 (nnU-Net)", 32, 16, [5, 6, 7], 2).st([2; 3]),
+        ConvCase::new(
+            "convT k3 s2 pads[0,0,0,1,1,1] (deepbrain)",
+            16,
+            8,
+            [5, 4, 6],
+            3,
+        )
+        .st([2; 3])
+        .pads([0, 0, 0, 1, 1, 1]),
+        ConvCase::new("convT k3 s2 p1 opad1 (MONAI)", 16, 8, [5, 4, 6], 3)
+            .st([2; 3])
+            .pads([1; 6])
+            .opad([1; 3]),
+        ConvCase::new("convT Cin=3 k3 s2 p1 opad1", 3, 5, [4, 5, 3], 3)
+            .st([2; 3])
+            .pads([1; 6])
+            .opad([1; 3]),
+    ] {
+        convt_case(&mut b, &mut r, c);
+    }
     // Parity-class path: other kernels, strides 1 and 3, anisotropic strides, odd Cout.
     for (name, ci, co, sp, k, st, pads, opad) in [
         (
@@ -862,27 +730,29 @@ fn conv_transpose_variants() {
             [1; 3],
         ),
     ] {
-        convt_case(&mut b, &mut r, name, ci, co, sp, k, st, pads, opad, 1);
+        convt_case(
+            &mut b,
+            &mut r,
+            ConvCase::new(name, ci, co, sp, 1)
+                .k(k)
+                .st(st)
+                .pads(pads)
+                .opad(opad),
+        );
     }
     convt_case(
         &mut b,
         &mut r,
-        "convT grouped g=2 k2 s2",
-        8,
-        8,
-        [4, 5, 3],
-        [2; 3],
-        [2; 3],
-        [0; 6],
-        [0; 3],
-        2,
+        ConvCase::new("convT grouped g=2 k2 s2", 8, 8, [4, 5, 3], 2)
+            .st([2; 3])
+            .groups(2),
     );
 }
 
 #[test]
 fn norms_and_affine() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("norm");
+    let mut r = Rng::tagged("norm");
     for (name, c, groups, act) in [
         (
             "instancenorm C=16 +leaky",
@@ -916,10 +786,10 @@ fn norms_and_affine() {
         };
         let n = sp.iter().product::<usize>();
         // Offset mean (3) so cancellation in the variance would show.
-        let xv: Vec<f32> = r.vec(2 * c * n, 1.0).iter().map(|v| v + 3.0).collect();
+        let xv: Vec<f32> = r.scaled(2 * c * n, 1.0).iter().map(|v| v + 3.0).collect();
         let x = T::from([2, c, sp[0], sp[1], sp[2]], &xv);
-        let scale = Tensor::new(vec![c], r.vec(c, 1.0));
-        let bias = Tensor::new(vec![c], r.vec(c, 1.0));
+        let scale = Tensor::new(vec![c], r.scaled(c, 1.0));
+        let bias = Tensor::new(vec![c], r.scaled(c, 1.0));
         let op = if groups == c {
             Op::InstanceNorm {
                 eps: 1e-5,
@@ -954,9 +824,9 @@ fn norms_and_affine() {
     }
     // ChannelAffine alone.
     let c = 6;
-    let x = T::from([2, c, 5, 6, 7], &r.vec(2 * c * 210, 2.0));
-    let scale = Tensor::new(vec![c], r.vec(c, 1.0));
-    let shift = Tensor::new(vec![c], r.vec(c, 1.0));
+    let x = T::from([2, c, 5, 6, 7], &r.scaled(2 * c * 210, 2.0));
+    let scale = Tensor::new(vec![c], r.scaled(c, 1.0));
+    let shift = Tensor::new(vec![c], r.scaled(c, 1.0));
     let want = x.map(|ch, v| v * scale.data[ch] as f64 + shift.data[ch] as f64);
     let got = run(
         &mut b,
@@ -970,16 +840,16 @@ fn norms_and_affine() {
 #[test]
 fn elementwise_concat_softmax() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("eltwise");
+    let mut r = Rng::tagged("eltwise");
     let c = 5;
     let s = [2, c, 6, 7, 8];
-    let x = T::from(s, &r.vec(2 * c * 336, 2.0));
+    let x = T::from(s, &r.scaled(2 * c * 336, 2.0));
     // Standalone activations (the previous op is not a conv, so nothing fuses).
     for a in [
         Op::Relu,
         Op::LeakyRelu { alpha: 0.1 },
         Op::PRelu {
-            slope: Tensor::new(vec![c], r.vec(c, 0.5)),
+            slope: Tensor::new(vec![c], r.scaled(c, 0.5)),
         },
         Op::Elu { alpha: 0.7 },
         Op::Sigmoid,
@@ -1014,10 +884,10 @@ fn elementwise_concat_softmax() {
     // Broadcast constants: per channel, scalar, per (c, d).
     for (name, shape) in [
         ("const per-channel", vec![1, c, 1, 1, 1]),
-        ("const scalar", vec![1]),
+        ("const scalar", vec![1, 1, 1, 1, 1]),
         ("const [1,C,D,1,1]", vec![1, c, 6, 1, 1]),
     ] {
-        let k = Tensor::new(shape.clone(), r.vec(shape.iter().product(), 2.0));
+        let k = Tensor::new(shape.clone(), r.scaled(shape.iter().product(), 2.0));
         let kat = |ch: usize, z: usize| -> f64 {
             match shape.len() {
                 1 => k.data[0] as f64,
@@ -1134,72 +1004,46 @@ fn elementwise_concat_softmax() {
 #[test]
 fn pools_and_resize() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("pool");
+    let mut r = Rng::tagged("pool");
     let c = 6;
-    let x = T::from([2, c, 9, 10, 11], &r.vec(2 * c * 990, 2.0));
+    let x = T::from([2, c, 9, 10, 11], &r.scaled(2 * c * 990, 2.0));
+    // A cube pool: kernel k, stride s, pads p on every side.
+    let pool = |k: usize, s: usize, p: usize, ceil_mode: bool, count_include_pad: bool| Pool {
+        kernel: [k; 3],
+        stride: [s; 3],
+        dilation: [1; 3],
+        pads: [p; 6],
+        ceil_mode,
+        count_include_pad,
+    };
     for (name, p, max, o) in [
         (
             "maxpool k2 s2",
-            Pool {
-                kernel: [2; 3],
-                stride: [2; 3],
-                dilation: [1; 3],
-                pads: [0; 6],
-                ceil_mode: false,
-                count_include_pad: false,
-            },
+            pool(2, 2, 0, false, false),
             true,
             [4, 5, 5],
         ),
         (
             "maxpool k3 s2 p1 ceil",
-            Pool {
-                kernel: [3; 3],
-                stride: [2; 3],
-                dilation: [1; 3],
-                pads: [1; 6],
-                ceil_mode: true,
-                count_include_pad: false,
-            },
+            pool(3, 2, 1, true, false),
             true,
             [5, 6, 6],
         ),
         (
             "avgpool k2 s2",
-            Pool {
-                kernel: [2; 3],
-                stride: [2; 3],
-                dilation: [1; 3],
-                pads: [0; 6],
-                ceil_mode: false,
-                count_include_pad: false,
-            },
+            pool(2, 2, 0, false, false),
             false,
             [4, 5, 5],
         ),
         (
             "avgpool k3 s1 p1 include_pad",
-            Pool {
-                kernel: [3; 3],
-                stride: [1; 3],
-                dilation: [1; 3],
-                pads: [1; 6],
-                ceil_mode: false,
-                count_include_pad: true,
-            },
+            pool(3, 1, 1, false, true),
             false,
             [9, 10, 11],
         ),
         (
             "avgpool k3 s1 p1 exclude_pad",
-            Pool {
-                kernel: [3; 3],
-                stride: [1; 3],
-                dilation: [1; 3],
-                pads: [1; 6],
-                ceil_mode: false,
-                count_include_pad: false,
-            },
+            pool(3, 1, 1, false, false),
             false,
             [9, 10, 11],
         ),
@@ -1220,7 +1064,7 @@ fn pools_and_resize() {
     }
     // Resize: nearest x2 (asymmetric/floor, as PyTorch's nearest export) and trilinear x2
     // half_pixel (align_corners=False), plus align_corners with explicit sizes.
-    let xs = T::from([2, c, 4, 5, 6], &r.vec(2 * c * 120, 2.0));
+    let xs = T::from([2, c, 4, 5, 6], &r.scaled(2 * c * 120, 2.0));
     let near = Resize {
         mode: ResizeMode::Nearest,
         coord: CoordMode::Asymmetric,
@@ -1329,24 +1173,24 @@ fn pools_and_resize() {
 #[test]
 fn small_unet_chain() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("unet");
+    let mut r = Rng::tagged("unet");
     let (cin, f) = (1usize, 16usize);
-    let x = T::from([2, cin, 16, 16, 16], &r.vec(2 * 4096, 1.0));
-    let w1 = Tensor::new(vec![f, cin, 3, 3, 3], r.vec(f * 27, 1.0 / 27f32.sqrt()));
+    let x = T::from([2, cin, 16, 16, 16], &r.scaled(2 * 4096, 1.0));
+    let w1 = Tensor::new(vec![f, cin, 3, 3, 3], r.scaled(f * 27, 1.0 / 27f32.sqrt()));
     let w2 = Tensor::new(
         vec![2 * f, f, 3, 3, 3],
-        r.vec(2 * f * f * 27, 1.0 / ((f * 27) as f32).sqrt()),
+        r.scaled(2 * f * f * 27, 1.0 / ((f * 27) as f32).sqrt()),
     );
     let wt = Tensor::new(
         vec![2 * f, f, 2, 2, 2],
-        r.vec(2 * f * f * 8, 1.0 / ((2 * f) as f32).sqrt()),
+        r.scaled(2 * f * f * 8, 1.0 / ((2 * f) as f32).sqrt()),
     );
     let wh = Tensor::new(
         vec![3, 2 * f, 1, 1, 1],
-        r.vec(3 * 2 * f, 1.0 / ((2 * f) as f32).sqrt()),
+        r.scaled(3 * 2 * f, 1.0 / ((2 * f) as f32).sqrt()),
     );
-    let g1 = Tensor::new(vec![2 * f], r.vec(2 * f, 1.0));
-    let b1 = Tensor::new(vec![2 * f], r.vec(2 * f, 1.0));
+    let g1 = Tensor::new(vec![2 * f], r.scaled(2 * f, 1.0));
+    let b1 = Tensor::new(vec![2 * f], r.scaled(2 * f, 1.0));
     let conv = |w: &Tensor, s: usize, p: usize| {
         Op::Conv(Conv {
             weight: w.clone(),
@@ -1389,11 +1233,28 @@ fn small_unet_chain() {
         (Op::Softmax { axis: 1 }, vec![8], 3),       // v9
     ];
     let leaky = Op::LeakyRelu { alpha: 0.01 };
-    let v2 = conv_ref(&x, &w1, None, [1; 3], [1; 3], [1; 6], 1, false, [0; 3])
-        .map(|c, v| act_ref(&leaky, c, v));
-    let v3 = conv_ref(&v2, &w2, None, [2; 3], [1; 3], [1; 6], 1, false, [0; 3]);
+    let v2 = conv_ref(&x, &w1, None, PAD1).map(|c, v| act_ref(&leaky, c, v));
+    let v3 = conv_ref(
+        &v2,
+        &w2,
+        None,
+        Kernel {
+            st: [2; 3],
+            pads: [1; 6],
+            ..PLAIN
+        },
+    );
     let v5 = norm_ref(&v3, 2 * f, 1e-5, &g1, &b1).map(|c, v| act_ref(&leaky, c, v));
-    let v6 = conv_ref(&v5, &wt, None, [2; 3], [1; 3], [0; 6], 1, true, [0; 3]);
+    let v6 = conv_ref(
+        &v5,
+        &wt,
+        None,
+        Kernel {
+            st: [2; 3],
+            transposed: true,
+            ..PLAIN
+        },
+    );
     let mut v7 = T::zeros([2, 2 * f, 16, 16, 16]);
     let sp = 4096;
     for n in 0..2 {
@@ -1402,7 +1263,7 @@ fn small_unet_chain() {
         v7.d[(n * 2 * f + f) * sp..(n + 1) * 2 * f * sp]
             .copy_from_slice(&v2.d[n * f * sp..(n + 1) * f * sp]);
     }
-    let v8 = conv_ref(&v7, &wh, None, [1; 3], [1; 3], [0; 6], 1, false, [0; 3]);
+    let v8 = conv_ref(&v7, &wh, None, PLAIN);
     let mut v9 = v8.clone();
     for n in 0..2 {
         for p in 0..sp {
@@ -1429,7 +1290,7 @@ fn small_unet_chain() {
 #[test]
 fn sliding_window_blend_and_argmax() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("sw");
+    let mut r = Rng::tagged("sw");
     let (cin, cout) = (2usize, 4usize);
     let (d, h, w) = (13usize, 17usize, 11usize);
     let roi = [8usize, 8, 8];
@@ -1443,7 +1304,7 @@ fn sliding_window_blend_and_argmax() {
             }
         }
     }
-    let vol = Array4::from_shape_vec((cin, d, h, w), r.vec(cin * d * h * w, 1.0)).unwrap();
+    let vol = Array4::from_shape_vec((cin, d, h, w), r.scaled(cin * d * h * w, 1.0)).unwrap();
     let wmap = Array3::from_shape_vec(
         (8, 8, 8),
         (0..512)
@@ -1451,8 +1312,8 @@ fn sliding_window_blend_and_argmax() {
             .collect(),
     )
     .unwrap();
-    let wt = Tensor::new(vec![cout, cin, 1, 1, 1], r.vec(cout * cin, 1.0));
-    let bias = Tensor::new(vec![cout], r.vec(cout, 0.5));
+    let wt = Tensor::new(vec![cout, cin, 1, 1, 1], r.scaled(cout * cin, 1.0));
+    let bias = Tensor::new(vec![cout], r.scaled(cout, 0.5));
     let g = graph(
         cin,
         vec![(
@@ -1604,9 +1465,9 @@ fn sliding_window_blend_and_argmax() {
 #[test]
 fn bench_conv_32_32() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("bench");
+    let mut r = Rng::tagged("bench");
     for (c, s) in [(32usize, 128usize), (64, 96)] {
-        let w = Tensor::new(vec![c, c, 3, 3, 3], r.vec(c * c * 27, 0.03));
+        let w = Tensor::new(vec![c, c, 3, 3, 3], r.scaled(c * c * 27, 0.03));
         let g = graph(
             c,
             vec![(
@@ -1624,7 +1485,7 @@ fn bench_conv_32_32() {
         );
         b.with(|o| o.poison = false);
         b.prepare(&g, 2, [s; 3]).unwrap();
-        let x = Array5::from_shape_vec((2, c, s, s, s), r.vec(2 * c * s * s * s, 1.0)).unwrap();
+        let x = Array5::from_shape_vec((2, c, s, s, s), r.scaled(2 * c * s * s * s, 1.0)).unwrap();
         b.run(x.view()).unwrap();
         let ms = b.time_forward(2, 20).unwrap();
         let flops = 2.0 * (2 * s * s * s) as f64 * c as f64 * (27 * c) as f64;
@@ -1640,177 +1501,64 @@ fn bench_conv_32_32() {
 #[test]
 fn conv_mma_tiles() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("mma");
+    let mut r = Rng::tagged("mma");
     let tiles: Vec<Option<&str>> = MMA_CONFIGS.iter().map(|c| Some(c.name)).collect();
     for tile in tiles.into_iter().chain([None]) {
         b.with(|o| o.conv_tile = tile.map(mma_named));
         let t = tile.unwrap_or("auto");
         let leaky = || Some(Op::LeakyRelu { alpha: 0.01 });
-        conv_case(
-            &mut b,
-            &mut r,
-            &format!("{t} 3^3 16->32"),
-            16,
-            32,
-            [6, 7, 9],
-            [3; 3],
-            [1; 3],
-            [1; 3],
-            [1; 6],
-            1,
-            None,
-        );
-        conv_case(
-            &mut b,
-            &mut r,
-            &format!("{t} 3^3 s2 24->72 +leaky"),
-            24,
-            72,
-            [9, 8, 10],
-            [3; 3],
-            [2; 3],
-            [1; 3],
-            [1; 6],
-            1,
-            leaky(),
-        );
-        conv_case(
-            &mut b,
-            &mut r,
-            &format!("{t} 3^3 dil2 8->16"),
-            8,
-            16,
-            [7, 8, 6],
-            [3; 3],
-            [1; 3],
-            [2; 3],
-            [2; 6],
-            1,
-            None,
-        );
-        conv_case(
-            &mut b,
-            &mut r,
-            &format!("{t} 1x1 head 32->14"),
-            32,
-            14,
-            [8, 9, 10],
-            [1; 3],
-            [1; 3],
-            [1; 3],
-            [0; 6],
-            1,
-            None,
-        );
-        conv_case(
-            &mut b,
-            &mut r,
-            &format!("{t} Cin=1 3^3 ->32 +leaky"),
-            1,
-            32,
-            [9, 8, 7],
-            [3; 3],
-            [1; 3],
-            [1; 3],
-            [1; 6],
-            1,
-            leaky(),
-        );
-        conv_case(
-            &mut b,
-            &mut r,
-            &format!("{t} 3^3 64->136"),
-            64,
-            136,
-            [5, 6, 4],
-            [3; 3],
-            [1; 3],
-            [1; 3],
-            [1; 6],
-            1,
-            None,
-        );
-        convt_case(
-            &mut b,
-            &mut r,
-            &format!("{t} convT k2s2 32->16"),
-            32,
-            16,
-            [5, 6, 7],
-            [2; 3],
-            [2; 3],
-            [0; 6],
-            [0; 3],
-            1,
-        );
-        convt_case(
-            &mut b,
-            &mut r,
-            &format!("{t} convT k2s2 3->5 (odd Cout)"),
-            3,
-            5,
-            [4, 3, 5],
-            [2; 3],
-            [2; 3],
-            [0; 6],
-            [0; 3],
-            1,
-        );
-        convt_case(
-            &mut b,
-            &mut r,
-            &format!("{t} convT k2s2 16->40"),
-            16,
-            40,
-            [4, 4, 3],
-            [2; 3],
-            [2; 3],
-            [0; 6],
-            [0; 3],
-            1,
-        );
-        convt_case(
-            &mut b,
-            &mut r,
-            &format!("{t} convT k(2,1,2) s(2,1,2) 8->24"),
-            8,
-            24,
-            [3, 5, 4],
-            [2, 1, 2],
-            [2, 1, 2],
-            [0; 6],
-            [0; 3],
-            1,
-        );
+        for c in [
+            ConvCase::new(&format!("{t} 3^3 16->32"), 16, 32, [6, 7, 9], 3).pads([1; 6]),
+            ConvCase::new(&format!("{t} 3^3 s2 24->72 +leaky"), 24, 72, [9, 8, 10], 3)
+                .st([2; 3])
+                .pads([1; 6])
+                .act(leaky()),
+            ConvCase::new(&format!("{t} 3^3 dil2 8->16"), 8, 16, [7, 8, 6], 3)
+                .dl([2; 3])
+                .pads([2; 6]),
+            ConvCase::new(&format!("{t} 1x1 head 32->14"), 32, 14, [8, 9, 10], 1),
+            ConvCase::new(&format!("{t} Cin=1 3^3 ->32 +leaky"), 1, 32, [9, 8, 7], 3)
+                .pads([1; 6])
+                .act(leaky()),
+            ConvCase::new(&format!("{t} 3^3 64->136"), 64, 136, [5, 6, 4], 3).pads([1; 6]),
+        ] {
+            conv_case(&mut b, &mut r, c);
+        }
+        for c in [
+            ConvCase::new(&format!("{t} convT k2s2 32->16"), 32, 16, [5, 6, 7], 2).st([2; 3]),
+            ConvCase::new(
+                &format!("{t} convT k2s2 3->5 (odd Cout)"),
+                3,
+                5,
+                [4, 3, 5],
+                2,
+            )
+            .st([2; 3]),
+            ConvCase::new(&format!("{t} convT k2s2 16->40"), 16, 40, [4, 4, 3], 2).st([2; 3]),
+            ConvCase::new(
+                &format!("{t} convT k(2,1,2) s(2,1,2) 8->24"),
+                8,
+                24,
+                [3, 5, 4],
+                1,
+            )
+            .k([2, 1, 2])
+            .st([2, 1, 2]),
+        ] {
+            convt_case(&mut b, &mut r, c);
+        }
     }
     b.with(|o| o.conv_tile = None);
     b.with(|o| o.legacy_conv = true);
     conv_case(
         &mut b,
         &mut r,
-        "legacy 3^3 16->32",
-        16,
-        32,
-        [6, 7, 9],
-        [3; 3],
-        [1; 3],
-        [1; 3],
-        [1; 6],
-        1,
-        None,
+        ConvCase::new("legacy 3^3 16->32", 16, 32, [6, 7, 9], 3).pads([1; 6]),
     );
     convt_case(
         &mut b,
         &mut r,
-        "legacy convT k2s2 32->16",
-        32,
-        16,
-        [5, 6, 7],
-        [2; 3],
-        [2; 3],
-        [0; 6],
-        [0; 3],
-        1,
+        ConvCase::new("legacy convT k2s2 32->16", 32, 16, [5, 6, 7], 2).st([2; 3]),
     );
     b.with(|o| o.legacy_conv = false);
 }
@@ -1839,7 +1587,7 @@ fn kernels_used(b: &mut CudaBackend, batch: usize) -> Vec<String> {
 fn conv_halo_cases() {
     use voxtile::internals::cuda::catalogue::{HaloConfig, HALO_CONFIGS};
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("halo");
+    let mut r = Rng::tagged("halo");
     b.with(|o| o.conv_tile = None);
     b.with(|o| o.halo_conv = true);
     let leaky = || Some(Op::LeakyRelu { alpha: 0.01 });
@@ -1987,7 +1735,9 @@ fn conv_halo_cases() {
             if act.is_some() { " +act" } else { "" }
         );
         conv_case(
-            &mut b, &mut r, &name, cin, cout, sp, [3; 3], [1; 3], [1; 3], pads, 1, act,
+            &mut b,
+            &mut r,
+            ConvCase::new(&name, cin, cout, sp, 3).pads(pads).act(act),
         );
         let used = kernels_used(&mut b, 2);
         assert!(
@@ -2065,16 +1815,9 @@ fn conv_halo_cases() {
             conv_case(
                 &mut b,
                 &mut r,
-                &name,
-                cin,
-                cout,
-                sp,
-                [3; 3],
-                [1; 3],
-                [1; 3],
-                pads,
-                1,
-                act.clone(),
+                ConvCase::new(&name, cin, cout, sp, 3)
+                    .pads(pads)
+                    .act(act.clone()),
             );
             let used = kernels_used(&mut b, 2);
             assert!(
@@ -2100,16 +1843,9 @@ fn conv_halo_cases() {
             conv_case(
                 &mut b,
                 &mut r,
-                &name,
-                cin,
-                cout,
-                sp,
-                [3; 3],
-                [1; 3],
-                [1; 3],
-                [1; 6],
-                1,
-                leaky(),
+                ConvCase::new(&name, cin, cout, sp, 3)
+                    .pads([1; 6])
+                    .act(leaky()),
             );
             let used = kernels_used(&mut b, 2);
             assert!(used.iter().any(|k| k == v.name), "{name}: ran {used:?}");
@@ -2138,10 +1874,10 @@ fn conv_halo_cases() {
         b.with(|o| o.halo_tile = tile.map(halo_named));
         let sp = [5usize, 9, 10];
         let nvox = sp.iter().product::<usize>();
-        let x = T::from([2, c, sp[0], sp[1], sp[2]], &r.vec(2 * c * nvox, 1.0));
-        let wa = Tensor::new(vec![ca, c, 3, 3, 3], r.vec(ca * c * 27, 0.03));
-        let wb = Tensor::new(vec![cb, c, 3, 3, 3], r.vec(cb * c * 27, 0.03));
-        let ba = Tensor::new(vec![ca], r.vec(ca, 0.5));
+        let x = T::from([2, c, sp[0], sp[1], sp[2]], &r.scaled(2 * c * nvox, 1.0));
+        let wa = Tensor::new(vec![ca, c, 3, 3, 3], r.scaled(ca * c * 27, 0.03));
+        let wb = Tensor::new(vec![cb, c, 3, 3, 3], r.scaled(cb * c * 27, 0.03));
+        let ba = Tensor::new(vec![ca], r.scaled(ca, 0.5));
         let conv = |w: &Tensor, bias: Option<Tensor>| {
             Op::Conv(Conv {
                 weight: w.clone(),
@@ -2161,8 +1897,8 @@ fn conv_halo_cases() {
                 (Op::Concat { axis: 1 }, vec![1, 2, 0], ct),
             ],
         );
-        let va = conv_ref(&x, &wa, Some(&ba), [1; 3], [1; 3], [1; 6], 1, false, [0; 3]);
-        let vb = conv_ref(&x, &wb, None, [1; 3], [1; 3], [1; 6], 1, false, [0; 3]);
+        let va = conv_ref(&x, &wa, Some(&ba), PAD1);
+        let vb = conv_ref(&x, &wb, None, PAD1);
         let mut want = T::zeros([2, ct, sp[0], sp[1], sp[2]]);
         for n in 0..2 {
             for ch in 0..ct {
@@ -2252,7 +1988,7 @@ fn concat_parts_case(
 #[test]
 fn conv_c1_cases() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("c1");
+    let mut r = Rng::tagged("c1");
     b.with(|o| o.conv_tile = None);
     b.with(|o| o.c1_conv = true);
     let leaky = || Some(Op::LeakyRelu { alpha: 0.1 });
@@ -2272,7 +2008,12 @@ fn conv_c1_cases() {
             if act.is_some() { " +act" } else { "" }
         );
         conv_case(
-            &mut b, &mut r, &name, 1, cout, sp, [3; 3], st, [1; 3], pads, 1, act,
+            &mut b,
+            &mut r,
+            ConvCase::new(&name, 1, cout, sp, 3)
+                .st(st)
+                .pads(pads)
+                .act(act),
         );
         let used = kernels_used(&mut b, 2);
         assert!(
@@ -2286,23 +2027,13 @@ fn conv_c1_cases() {
         let sp = [5usize, 9, 35];
         let x = T::from(
             [2, 1, sp[0], sp[1], sp[2]],
-            &r.vec(2 * sp.iter().product::<usize>(), 1.0),
+            &r.scaled(2 * sp.iter().product::<usize>(), 1.0),
         );
         let mut parts = Vec::new();
         for c in [ca, cb] {
-            let w = Tensor::new(vec![c, 1, 3, 3, 3], r.vec(c * 27, 0.3));
-            let bias = Tensor::new(vec![c], r.vec(c, 0.5));
-            let want = conv_ref(
-                &x,
-                &w,
-                Some(&bias),
-                [1; 3],
-                [1; 3],
-                [1; 6],
-                1,
-                false,
-                [0; 3],
-            );
+            let w = Tensor::new(vec![c, 1, 3, 3, 3], r.scaled(c * 27, 0.3));
+            let bias = Tensor::new(vec![c], r.scaled(c, 0.5));
+            let want = conv_ref(&x, &w, Some(&bias), PAD1);
             let op = Op::Conv(Conv {
                 weight: w,
                 bias: Some(bias),
@@ -2328,16 +2059,7 @@ fn conv_c1_cases() {
     conv_case(
         &mut b,
         &mut r,
-        "c1 off 1->32",
-        1,
-        32,
-        [6, 7, 9],
-        [3; 3],
-        [1; 3],
-        [1; 3],
-        [1; 6],
-        1,
-        None,
+        ConvCase::new("c1 off 1->32", 1, 32, [6, 7, 9], 3).pads([1; 6]),
     );
     let used = kernels_used(&mut b, 2);
     assert!(used.iter().all(|k| k.starts_with("conv_mma_")), "{used:?}");
@@ -2351,7 +2073,7 @@ fn conv_c1_cases() {
 #[test]
 fn convt_up_vec_cases() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("upvec");
+    let mut r = Rng::tagged("upvec");
     b.with(|o| o.conv_tile = None);
     b.with(|o| o.upsample_vec = true);
     let cases: Vec<(usize, usize, [usize; 3], Option<&str>)> = vec![
@@ -2374,7 +2096,9 @@ fn convt_up_vec_cases() {
             tile.unwrap_or("auto")
         );
         convt_case(
-            &mut b, &mut r, &name, cin, cout, sp, [2; 3], [2; 3], [0; 6], [0; 3], 1,
+            &mut b,
+            &mut r,
+            ConvCase::new(&name, cin, cout, sp, 2).st([2; 3]),
         );
         let used = kernels_used(&mut b, 2);
         let ok = if cout % 8 == 0 {
@@ -2392,12 +2116,21 @@ fn convt_up_vec_cases() {
     // offset 32: vector stores) and [14, 32] (stride 46, offset 14: element stores).
     for (ca, cb) in [(32usize, 24usize), (14, 32)] {
         let (cin, sp) = (64usize, [3usize, 5, 4]);
-        let x = T::from([2, cin, sp[0], sp[1], sp[2]], &r.vec(2 * cin * 60, 1.0));
+        let x = T::from([2, cin, sp[0], sp[1], sp[2]], &r.scaled(2 * cin * 60, 1.0));
         let mut parts = Vec::new();
         for c in [ca, cb] {
-            let w = Tensor::new(vec![cin, c, 2, 2, 2], r.vec(cin * c * 8, 0.125));
-            let bias = Tensor::new(vec![c], r.vec(c, 0.5));
-            let want = conv_ref(&x, &w, Some(&bias), [2; 3], [1; 3], [0; 6], 1, true, [0; 3]);
+            let w = Tensor::new(vec![cin, c, 2, 2, 2], r.scaled(cin * c * 8, 0.125));
+            let bias = Tensor::new(vec![c], r.scaled(c, 0.5));
+            let want = conv_ref(
+                &x,
+                &w,
+                Some(&bias),
+                Kernel {
+                    st: [2; 3],
+                    transposed: true,
+                    ..PLAIN
+                },
+            );
             let op = Op::ConvTranspose(ConvTranspose {
                 weight: w,
                 bias: Some(bias),
@@ -2418,11 +2151,20 @@ fn convt_up_vec_cases() {
     }
     // A fused activation after the transposed conv (the epilogue's act_apply), then off.
     let (cin, cout, sp) = (32usize, 16usize, [3usize, 4, 5]);
-    let x = T::from([2, cin, sp[0], sp[1], sp[2]], &r.vec(2 * cin * 60, 1.0));
-    let w = Tensor::new(vec![cin, cout, 2, 2, 2], r.vec(cin * cout * 8, 0.18));
-    let bias = Tensor::new(vec![cout], r.vec(cout, 0.5));
-    let want = conv_ref(&x, &w, Some(&bias), [2; 3], [1; 3], [0; 6], 1, true, [0; 3])
-        .map(|_, v| if v >= 0.0 { v } else { 0.1 * v });
+    let x = T::from([2, cin, sp[0], sp[1], sp[2]], &r.scaled(2 * cin * 60, 1.0));
+    let w = Tensor::new(vec![cin, cout, 2, 2, 2], r.scaled(cin * cout * 8, 0.18));
+    let bias = Tensor::new(vec![cout], r.scaled(cout, 0.5));
+    let want = conv_ref(
+        &x,
+        &w,
+        Some(&bias),
+        Kernel {
+            st: [2; 3],
+            transposed: true,
+            ..PLAIN
+        },
+    )
+    .map(|_, v| if v >= 0.0 { v } else { 0.1 * v });
     let ct = Op::ConvTranspose(ConvTranspose {
         weight: w,
         bias: Some(bias),
@@ -2471,7 +2213,7 @@ fn time_one(
     b.prepare(&g, n, [s; 3]).expect("prepare");
     // A random block repeated (not zeros, cheap to make for the 1 GB inputs).
     let total = n * cin * s * s * s;
-    let block = r.vec(total.min(1 << 22), 1.0);
+    let block = r.scaled(total.min(1 << 22), 1.0);
     let data: Vec<f32> = (0..total).map(|i| block[i % block.len()]).collect();
     let x = Array5::from_shape_vec((n, cin, s, s, s), data).unwrap();
     b.run(x.view()).expect("run");
@@ -2486,7 +2228,7 @@ fn time_one(
 #[test]
 fn bench_w1_layers() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("w1");
+    let mut r = Rng::tagged("w1");
     // (kind, cin, cout, input size, kernel, stride): c = conv pad k/2, t = transposed k = s.
     let feats = [32usize, 64, 128, 256, 320, 320];
     let mut layers: Vec<(char, usize, usize, usize, usize, usize)> = Vec::new();
@@ -2508,7 +2250,9 @@ fn bench_w1_layers() {
     }
     layers.push(('c', 32, 14, 128, 1, 1));
     let n = 4;
-    let mut cache: std::collections::HashMap<_, f64> = Default::default();
+    // Times by (kind, cin, cout, size, k, stride, variant).
+    type LayerKey = (char, usize, usize, usize, usize, usize, usize);
+    let mut cache: std::collections::HashMap<LayerKey, f64> = Default::default();
     let (mut tot_old, mut tot_mma, mut tot_new, mut tot_flop) = (0.0, 0.0, 0.0, 0.0);
     for &(kind, ci, co, s, k, st) in &layers {
         let os = if kind == 't' { s * st } else { s / st };
@@ -2546,9 +2290,9 @@ fn bench_w1_layers() {
                 } else {
                     vec![co, ci, k, k, k]
                 },
-                r.vec(ci * co * k * k * k, 1.0 / ((ci * k * k * k) as f32).sqrt()),
+                r.scaled(ci * co * k * k * k, 1.0 / ((ci * k * k * k) as f32).sqrt()),
             );
-            let bias = Some(Tensor::new(vec![co], r.vec(co, 0.1)));
+            let bias = Some(Tensor::new(vec![co], r.scaled(co, 0.1)));
             let op = if kind == 't' {
                 Op::ConvTranspose(ConvTranspose {
                     weight: w,
@@ -2633,7 +2377,7 @@ fn bench_w1_layers() {
     let flop = 2.0 * (2 * 128usize.pow(3)) as f64 * 32.0 * (27 * 32) as f64;
     let k1 = |r: &mut Rng| {
         Op::Conv(Conv {
-            weight: Tensor::new(vec![32, 32, 3, 3, 3], r.vec(32 * 32 * 27, 0.03)),
+            weight: Tensor::new(vec![32, 32, 3, 3, 3], r.scaled(32 * 32 * 27, 0.03)),
             bias: None,
             stride: [1; 3],
             dilation: [1; 3],
@@ -2677,7 +2421,7 @@ fn bench_w1_layers() {
     );
     // W1's 64->32 at 128^3 (batch 4) on the 4-warp variant (the layer table has the default).
     let op = Op::Conv(Conv {
-        weight: Tensor::new(vec![32, 64, 3, 3, 3], r.vec(32 * 64 * 27, 0.02)),
+        weight: Tensor::new(vec![32, 64, 3, 3, 3], r.scaled(32 * 64 * 27, 0.02)),
         bias: None,
         stride: [1; 3],
         dilation: [1; 3],
@@ -2704,7 +2448,7 @@ fn bench_w1_layers() {
 fn bench_halo_variants() {
     use voxtile::internals::cuda::catalogue::{HaloConfig, HALO_CONFIGS};
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("halo-bench");
+    let mut r = Rng::tagged("halo-bench");
     b.with(|o| o.conv_tile = None);
     b.with(|o| o.halo_conv = true);
     for (cin, cout, n, s, label) in [
@@ -2722,7 +2466,7 @@ fn bench_halo_variants() {
             Op::Conv(Conv {
                 weight: Tensor::new(
                     vec![cout, cin, 3, 3, 3],
-                    r.vec(cout * cin * 27, 1.0 / ((27 * cin) as f32).sqrt()),
+                    r.scaled(cout * cin * 27, 1.0 / ((27 * cin) as f32).sqrt()),
                 ),
                 bias: None,
                 stride: [1; 3],
@@ -2815,7 +2559,7 @@ fn bench_halo_variants() {
 fn profile_models() {
     let Some(mut b) = gpu() else { return };
     b.with(|o| o.poison = false);
-    let mut r = rng("profile");
+    let mut r = Rng::tagged("profile");
     let spec = std::env::var("VOXTILE_PROFILE_ONNX").unwrap_or_default();
     let mut cases: Vec<(String, Graph, usize, usize)> = Vec::new();
     for item in spec.split(',').filter(|s| !s.is_empty()) {
@@ -2830,7 +2574,7 @@ fn profile_models() {
         let c = 16;
         let conv = |r: &mut Rng, ci: usize| {
             Op::Conv(Conv {
-                weight: Tensor::new(vec![c, ci, 3, 3, 3], r.vec(c * ci * 27, 0.1)),
+                weight: Tensor::new(vec![c, ci, 3, 3, 3], r.scaled(c * ci * 27, 0.1)),
                 bias: None,
                 stride: [1; 3],
                 dilation: [1; 3],
@@ -2840,8 +2584,8 @@ fn profile_models() {
         };
         let norm = Op::InstanceNorm {
             eps: 1e-5,
-            scale: Tensor::new(vec![c], r.vec(c, 1.0)),
-            bias: Tensor::new(vec![c], r.vec(c, 1.0)),
+            scale: Tensor::new(vec![c], r.scaled(c, 1.0)),
+            bias: Tensor::new(vec![c], r.scaled(c, 1.0)),
         };
         let g = graph(
             1,
@@ -2860,7 +2604,7 @@ fn profile_models() {
         let cin = g.input_channels();
         let x = Array5::from_shape_vec(
             (batch, cin, roi, roi, roi),
-            r.vec(batch * cin * roi * roi * roi, 1.0),
+            r.scaled(batch * cin * roi * roi * roi, 1.0),
         )
         .unwrap();
         b.run(x.view()).expect("run");
@@ -2900,14 +2644,14 @@ fn profile_models() {
 #[test]
 fn concat_in_place_and_head() {
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("inplace");
+    let mut r = Rng::tagged("inplace");
     let (c, sp) = (8usize, [6usize, 7, 5]);
     let nvox = sp.iter().product::<usize>();
-    let x = T::from([2, c, sp[0], sp[1], sp[2]], &r.vec(2 * c * nvox, 1.0));
-    let wa = Tensor::new(vec![16, c, 3, 3, 3], r.vec(16 * c * 27, 0.1));
-    let wb = Tensor::new(vec![c, c, 3, 3, 3], r.vec(c * c * 27, 0.1));
-    let wh = Tensor::new(vec![5, 32, 1, 1, 1], r.vec(5 * 32, 0.3));
-    let bh = Tensor::new(vec![5], r.vec(5, 0.1));
+    let x = T::from([2, c, sp[0], sp[1], sp[2]], &r.scaled(2 * c * nvox, 1.0));
+    let wa = Tensor::new(vec![16, c, 3, 3, 3], r.scaled(16 * c * 27, 0.1));
+    let wb = Tensor::new(vec![c, c, 3, 3, 3], r.scaled(c * c * 27, 0.1));
+    let wh = Tensor::new(vec![5, 32, 1, 1, 1], r.scaled(5 * 32, 0.3));
+    let bh = Tensor::new(vec![5], r.scaled(5, 0.1));
     let conv = |w: &Tensor, bias: Option<Tensor>, p: usize| {
         Op::Conv(Conv {
             weight: w.clone(),
@@ -2928,8 +2672,8 @@ fn concat_in_place_and_head() {
             (conv(&wh, Some(bh.clone()), 0), vec![4], 5), // v5 head
         ],
     );
-    let v1 = conv_ref(&x, &wa, None, [1; 3], [1; 3], [1; 6], 1, false, [0; 3]);
-    let v2 = conv_ref(&x, &wb, None, [1; 3], [1; 3], [1; 6], 1, false, [0; 3]);
+    let v1 = conv_ref(&x, &wa, None, PAD1);
+    let v2 = conv_ref(&x, &wb, None, PAD1);
     let mut cat = T::zeros([2, 32, sp[0], sp[1], sp[2]]);
     for n in 0..2 {
         for ch in 0..32 {
@@ -2946,17 +2690,7 @@ fn concat_in_place_and_head() {
             }
         }
     }
-    let want = conv_ref(
-        &cat,
-        &wh,
-        Some(&bh),
-        [1; 3],
-        [1; 3],
-        [0; 6],
-        1,
-        false,
-        [0; 3],
-    );
+    let want = conv_ref(&cat, &wh, Some(&bh), PLAIN);
     let got = run(&mut b, &g, &x, 2);
     report(
         "concat in place (conv, add, copy) + 1x1x1 head",

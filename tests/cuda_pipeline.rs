@@ -5,6 +5,8 @@
 //! Fresh seed per run (printed; VOXTILE_SEED to replay). Skips without a GPU unless
 //! VOXTILE_REQUIRE_GPU=1. Run on the GPU machine with tests/gpu/run.sh.
 
+mod common;
+use common::rng::Rng;
 use ndarray::{Array3, Array4};
 use rayon::prelude::*;
 use std::sync::Mutex;
@@ -16,50 +18,8 @@ use voxtile::Error;
 /// GPU tests here share the env var hook and measure device peaks: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
-        z ^ (z >> 31)
-    }
-    fn uni(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.uni() * scale).collect()
-    }
-}
-
-fn rng(tag: &str) -> Rng {
-    let s = std::env::var("VOXTILE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
-    let s = s ^ tag
-        .bytes()
-        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
-    println!("[{tag}] seed {s}");
-    Rng(s)
-}
-
 fn gpu() -> Option<CudaBackend> {
-    let require = std::env::var("VOXTILE_REQUIRE_GPU").is_ok_and(|v| v == "1");
-    match CudaBackend::new(0) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            assert!(!require, "VOXTILE_REQUIRE_GPU=1 but no CUDA backend: {e}");
-            println!("skipped: {e}");
-            None
-        }
-    }
+    common::cuda_backend()
 }
 
 /// The test network's parameters.
@@ -86,12 +46,12 @@ impl Net {
             cin,
             f,
             cout,
-            w1: r.vec(f * cin * 27, 0.4),
-            b1: r.vec(f, 0.2),
+            w1: r.scaled(f * cin * 27, 0.4),
+            b1: r.scaled(f, 0.2),
             gamma: (0..f).map(|_| 1.0 + 0.3 * r.uni()).collect(),
-            beta: r.vec(f, 0.3),
-            w2: r.vec(cout * f, 0.8),
-            b2: r.vec(cout, 0.3),
+            beta: r.scaled(f, 0.3),
+            w2: r.scaled(cout * f, 0.8),
+            b2: r.scaled(cout, 0.3),
             norm: true,
         }
     }
@@ -134,31 +94,12 @@ impl Net {
         if !self.norm {
             ops.remove(1);
         }
-        let mut values = vec![Value {
-            name: "input".into(),
-            channels: self.cin,
-        }];
-        let mut nodes = Vec::new();
-        for (i, (op, ch)) in ops.into_iter().enumerate() {
-            values.push(Value {
-                name: format!("v{}", i + 1),
-                channels: ch,
-            });
-            nodes.push(Node {
-                name: format!("n{i}"),
-                op,
-                inputs: vec![i],
-                output: i + 1,
-            });
-        }
-        Graph {
-            name: "pipeline-test".into(),
-            output: values.len() - 1,
-            values,
-            nodes,
-            input: 0,
-            fixed_input_spatial: [None; 3],
-        }
+        let nodes = ops
+            .into_iter()
+            .enumerate()
+            .map(|(i, (op, ch))| (op, vec![i], ch))
+            .collect();
+        common::graph::chain("pipeline-test", self.cin, nodes)
     }
 
     /// f64 forward of one window x (cin, r0, r1, r2) -> (cout, r0, r1, r2).
@@ -280,7 +221,6 @@ fn gaussian(roi: [usize; 3]) -> Array3<f32> {
 }
 
 /// f64 reference: gather each window (cval outside), run the f64 net, blend sum w*out / sum w.
-#[allow(clippy::too_many_arguments)]
 fn reference(
     net: &Net,
     vol: &Array4<f32>,
@@ -382,15 +322,17 @@ fn argmax_ref(acc: &[f64], cout: usize, vox: usize) -> Vec<usize> {
         .collect()
 }
 
+/// (volume size, overlap, batch, shuffled window order, input channels, output channels).
+type PipelineCase = ([usize; 3], [f64; 3], usize, bool, usize, usize);
+
 /// Blended logits and labels against the f64 reference on odd sizes, mixed overlaps, batch
 /// 1/3/4, a volume thinner than the window on one axis, and a shuffled window order.
 #[test]
 fn pipeline_matches_f64_reference() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("pipeline");
-    #[allow(clippy::type_complexity)]
-    let cases: [([usize; 3], [f64; 3], usize, bool, usize, usize); 4] = [
+    let mut r = Rng::tagged("pipeline");
+    let cases: [PipelineCase; 4] = [
         ([70, 45, 90], [0.5, 0.25, 0.0], 3, false, 2, 3),
         ([70, 45, 90], [0.5, 0.25, 0.0], 4, true, 2, 3),
         ([40, 20, 50], [0.5, 0.5, 0.25], 1, false, 1, 5),
@@ -407,15 +349,12 @@ fn pipeline_matches_f64_reference() {
         b.prepare(&g, batch, roi).expect("prepare");
         let vol = Array4::from_shape_vec(
             (cin, size[0], size[1], size[2]),
-            r.vec(cin * size.iter().product::<usize>(), 1.5),
+            r.scaled(cin * size.iter().product::<usize>(), 1.5),
         )
         .unwrap();
         let (padded, before, mut starts) = grid(size, roi, ov);
         if shuffle {
-            for i in (1..starts.len()).rev() {
-                let j = (r.next() % (i as u64 + 1)) as usize;
-                starts.swap(i, j);
-            }
+            r.shuffle(&mut starts);
         }
         let wmap = gaussian(roi);
         let cval = 0.3 * r.uni();
@@ -479,42 +418,20 @@ fn pipeline_matches_f64_reference() {
     b.prepare(&net.graph(), 2, roi).unwrap();
     let vol = Array4::<f32>::from_elem((1, 40, 40, 40), 1.0);
     let wmap = gaussian(roi);
-    assert!(b
-        .segment_windows(&WindowJob {
+    // A window outside the padded volume, a batch above the prepared 2, batch 0.
+    for (start, batch) in [([9, 0, 0], 1), ([0; 3], 3), ([0; 3], 0)] {
+        let res = b.segment_windows(&WindowJob {
             vol: vol.view(),
             padded: [40; 3],
             pad_before: [0; 3],
             roi,
-            starts: &[[9, 0, 0]],
+            starts: &[start],
             weights: wmap.view(),
-            batch: 1,
-            cval: 0.0
-        })
-        .is_err());
-    assert!(b
-        .segment_windows(&WindowJob {
-            vol: vol.view(),
-            padded: [40; 3],
-            pad_before: [0; 3],
-            roi,
-            starts: &[[0; 3]],
-            weights: wmap.view(),
-            batch: 3,
-            cval: 0.0
-        })
-        .is_err());
-    assert!(b
-        .segment_windows(&WindowJob {
-            vol: vol.view(),
-            padded: [40; 3],
-            pad_before: [0; 3],
-            roi,
-            starts: &[[0; 3]],
-            weights: wmap.view(),
-            batch: 0,
-            cval: 0.0
-        })
-        .is_err());
+            batch,
+            cval: 0.0,
+        });
+        assert!(res.is_err(), "start {start:?} batch {batch}");
+    }
 }
 
 /// The device gather (volume planes streamed into a ring, windows gathered by a kernel) feeds
@@ -527,7 +444,7 @@ fn device_gather_is_bitwise_the_host_gather() {
     use voxtile::internals::cuda::pipeline::GatherMode;
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("devgather");
+    let mut r = Rng::tagged("devgather");
     let roi = [32usize; 3];
     for (size, ov, batch, cin, cout) in [
         ([90usize, 45, 50], [0.5, 0.25, 0.5], 3usize, 2usize, 3usize),
@@ -543,16 +460,13 @@ fn device_gather_is_bitwise_the_host_gather() {
         // Stored (C, W, H, D), viewed as (C, D, H, W): a strided view for the plane conversion.
         let stored = Array4::from_shape_vec(
             (cin, size[2], size[1], size[0]),
-            r.vec(cin * size.iter().product::<usize>(), 2.0),
+            r.scaled(cin * size.iter().product::<usize>(), 2.0),
         )
         .unwrap();
         let strided = stored.view().permuted_axes([0, 3, 2, 1]);
         let vol = strided.as_standard_layout().to_owned();
         let (padded, before, mut starts) = grid(size, roi, ov);
-        for i in (1..starts.len()).rev() {
-            let j = (r.next() % (i as u64 + 1)) as usize;
-            starts.swap(i, j);
-        }
+        r.shuffle(&mut starts);
         let wmap = gaussian(roi);
         let cval = 0.25 + 0.1 * r.uni();
         let mut runs = Vec::new();
@@ -631,7 +545,7 @@ fn device_gather_is_bitwise_the_host_gather() {
 fn device_peak_is_independent_of_depth() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("peak");
+    let mut r = Rng::tagged("peak");
     let net = Net::random(&mut r, 1, 8, 3);
     let roi = [32usize; 3];
     let batch = 4;
@@ -640,7 +554,7 @@ fn device_peak_is_independent_of_depth() {
     let mut peaks = Vec::new();
     for dd in [64usize, 256] {
         let size = [dd, 96, 80];
-        let vol = Array4::from_shape_vec((1, dd, 96, 80), r.vec(dd * 96 * 80, 1.0)).unwrap();
+        let vol = Array4::from_shape_vec((1, dd, 96, 80), r.scaled(dd * 96 * 80, 1.0)).unwrap();
         let (padded, before, starts) = grid(size, roi, [0.5; 3]);
         let (labels, t) = b
             .segment_windows_argmax(&WindowJob {
@@ -697,7 +611,7 @@ fn device_peak_is_independent_of_depth() {
 fn injected_oom_then_retry_is_identical() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("oom");
+    let mut r = Rng::tagged("oom");
     // Without the norm: the pipeline and the conv kernels are deterministic, so the retry must
     // be bit for bit the clean run (the norm's atomic sums are not, see below).
     let mut net = Net::random(&mut r, 1, 8, 3);
@@ -705,7 +619,7 @@ fn injected_oom_then_retry_is_identical() {
     let roi = [32usize; 3];
     b.prepare(&net.graph(), 4, roi).unwrap();
     let size = [70usize, 45, 50];
-    let vol = Array4::from_shape_vec((1, 70, 45, 50), r.vec(70 * 45 * 50, 1.0)).unwrap();
+    let vol = Array4::from_shape_vec((1, 70, 45, 50), r.scaled(70 * 45 * 50, 1.0)).unwrap();
     let (padded, before, starts) = grid(size, roi, [0.5, 0.25, 0.5]);
     let wmap = gaussian(roi);
     let run = |b: &mut CudaBackend, batch: usize| {
@@ -780,7 +694,7 @@ fn injected_oom_then_retry_is_identical() {
 fn stage_overlap_report() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut b) = gpu() else { return };
-    let mut r = rng("overlap");
+    let mut r = Rng::tagged("overlap");
     let net = Net::random(&mut r, 1, 32, 4);
     let roi = [96usize; 3];
     let batch = 4;
@@ -850,11 +764,11 @@ fn split_across_devices_is_bitwise_one_device() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(b) = gpu() else { return };
     drop(b);
-    let mut r = rng("split");
+    let mut r = Rng::tagged("split");
     let mut net = Net::random(&mut r, 1, 8, 3);
     net.norm = false;
     // 200 planes of roi 32 at stride 16: 11 D positions (and H, W padded / overlapped).
-    let vol = Array4::from_shape_vec((1, 200, 40, 28), r.vec(200 * 40 * 28, 1.0)).unwrap();
+    let vol = Array4::from_shape_vec((1, 200, 40, 28), r.scaled(200 * 40 * 28, 1.0)).unwrap();
     let second = CudaBackend::new(1).is_ok();
     let mut lists = vec![vec![Device::Cuda(0), Device::Cuda(0)]];
     if second {

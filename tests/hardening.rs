@@ -15,10 +15,6 @@ use voxtile::internals::proto;
 // ------------------------------------------------------------------ hand-made NIfTI-1 files
 
 /// float32 voxels from a function of the flat file index.
-fn f32_data(n: usize, f: impl Fn(usize) -> f32) -> Vec<u8> {
-    (0..n).flat_map(|i| f(i).to_le_bytes()).collect()
-}
-
 fn le_f32(b: &[u8], off: usize) -> f32 {
     f32::from_le_bytes(b[off..off + 4].try_into().unwrap())
 }
@@ -123,17 +119,7 @@ fn huge_volume_headers_are_refused_before_allocating() {
     let d = dir.path();
     // Sanity: the limit leaves room for a normal run.
     let ok = d.join("ok.nii");
-    std::fs::write(
-        &ok,
-        nifti(
-            &[8, 8, 8],
-            16,
-            32,
-            &Geo::default(),
-            &f32_data(512, |i| i as f32),
-        ),
-    )
-    .unwrap();
+    std::fs::write(&ok, nifti_f32(&[8, 8, 8], |i| i as f32)).unwrap();
     let (o, _) = voxtile_limited(LIMIT_KIB, &["info", s(&ok)]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 
@@ -380,17 +366,7 @@ fn hostile_models_fail_cleanly_in_the_cli() {
     let dir = tempdir();
     let d = dir.path();
     let vol = d.join("v.nii");
-    std::fs::write(
-        &vol,
-        nifti(
-            &[16, 16, 16],
-            16,
-            32,
-            &Geo::default(),
-            &f32_data(4096, ball([16; 3])),
-        ),
-    )
-    .unwrap();
+    std::fs::write(&vol, nifti_f32(&[16, 16, 16], ball([16; 3]))).unwrap();
     let cases = hostile_models();
     for (name, m, what) in cases {
         let mp = d.join(format!("{name}.onnx"));
@@ -399,16 +375,7 @@ fn hostile_models_fail_cleanly_in_the_cli() {
         let e = assert_one_error(&o, &format!("{name}.onnx"));
         assert!(e.contains(what), "{name}: {e}");
         let out = d.join("out.nii");
-        let o = voxtile(&[
-            "segment",
-            s(&vol),
-            "--model",
-            s(&mp),
-            "-o",
-            s(&out),
-            "--device",
-            "cpu",
-        ]);
+        let o = segment_cpu(&vol, &mp, &out, &[]);
         let e = assert_one_error(&o, &format!("{name}.onnx"));
         assert!(e.contains(what), "{name}: {e}");
         assert!(!out.exists() && temp_files(d).is_empty(), "{name}");
@@ -604,17 +571,9 @@ fn nonfinite_constant_and_thin_volumes() {
     }
     let di = dims.map(|v| v as i64);
     let pd = d.join("dirty.nii");
-    std::fs::write(
-        &pd,
-        nifti(&di, 16, 32, &Geo::default(), &f32_data(n, |i| dirty[i])),
-    )
-    .unwrap();
+    std::fs::write(&pd, nifti_f32(&di, |i| dirty[i])).unwrap();
     let pf = d.join("fixed.nii");
-    std::fs::write(
-        &pf,
-        nifti(&di, 16, 32, &Geo::default(), &f32_data(n, |i| fixed[i])),
-    )
-    .unwrap();
+    std::fs::write(&pf, nifti_f32(&di, |i| fixed[i])).unwrap();
     let (od, err) = segment_ok(&pd, &[]);
     assert!(
         err.contains("dirty.nii") && err.contains(&format!("{bad} NaN/Inf")),
@@ -627,17 +586,7 @@ fn nonfinite_constant_and_thin_volumes() {
     // Constant volumes (zero and non-zero): a valid label map on the input grid.
     for (name, v) in [("const0.nii", 0.0f32), ("const7.nii", 7.0)] {
         let p = d.join(name);
-        std::fs::write(
-            &p,
-            nifti(
-                &[20, 20, 12],
-                16,
-                32,
-                &Geo::default(),
-                &f32_data(4800, |_| v),
-            ),
-        )
-        .unwrap();
+        std::fs::write(&p, nifti_f32(&[20, 20, 12], |_| v)).unwrap();
         let (out, _) = segment_ok(&p, &[]);
         let seg = voxtile::volume::read(&out).unwrap();
         assert_eq!(seg.shape(), [20, 20, 12]);
@@ -649,17 +598,7 @@ fn nonfinite_constant_and_thin_volumes() {
     let div = g.spatial_divisor();
     assert!(div[2] > 1, "deepbrain downsamples, divisor {div:?}");
     let p = d.join("thin.nii");
-    std::fs::write(
-        &p,
-        nifti(
-            &[64, 64, 1],
-            16,
-            32,
-            &Geo::default(),
-            &f32_data(4096, ball([64, 64, 1])),
-        ),
-    )
-    .unwrap();
+    std::fs::write(&p, nifti_f32(&[64, 64, 1], ball([64, 64, 1]))).unwrap();
     let (out, _) = segment_ok(&p, &[]);
     let (dim, ..) = raw_geometry(&out);
     assert_eq!(&dim[..4], &[3, 64, 64, 1]);
@@ -670,38 +609,15 @@ fn nonfinite_constant_and_thin_volumes() {
     );
     // 1x1x1.
     let p = d.join("one.nii");
-    std::fs::write(
-        &p,
-        nifti(&[1, 1, 1], 16, 32, &Geo::default(), &f32_data(1, |_| 0.5)),
-    )
-    .unwrap();
+    std::fs::write(&p, nifti_f32(&[1, 1, 1], |_| 0.5)).unwrap();
     let (out, _) = segment_ok(&p, &[]);
     assert_eq!(&raw_geometry(&out).0[..4], &[3, 1, 1, 1]);
 
     // 4-D with 3 channels for a one-channel model: one clear error naming both files.
     let p = d.join("three_ch.nii");
-    std::fs::write(
-        &p,
-        nifti(
-            &[16, 16, 8, 3],
-            16,
-            32,
-            &Geo::default(),
-            &f32_data(16 * 16 * 8 * 3, |i| i as f32),
-        ),
-    )
-    .unwrap();
+    std::fs::write(&p, nifti_f32(&[16, 16, 8, 3], |i| i as f32)).unwrap();
     let out = d.join("three_ch_seg.nii");
-    let o = voxtile(&[
-        "segment",
-        s(&p),
-        "--model",
-        s(&model),
-        "-o",
-        s(&out),
-        "--device",
-        "cpu",
-    ]);
+    let o = segment_cpu(&p, &model, &out, &[]);
     let e = assert_one_error(&o, "three_ch.nii");
     assert!(
         e.contains("3 channel") && e.contains("deepbrain.onnx") && e.contains("expects 1"),
@@ -715,19 +631,8 @@ fn nonfinite_constant_and_thin_volumes() {
 /// A volume big enough that deepbrain on the CPU runs for several seconds.
 fn big_input(d: &Path) -> PathBuf {
     let dims = [160usize, 160, 128];
-    let n = dims.iter().product();
     let p = d.join("big.nii");
-    std::fs::write(
-        &p,
-        nifti(
-            &dims.map(|v| v as i64),
-            16,
-            32,
-            &Geo::default(),
-            &f32_data(n, ball(dims)),
-        ),
-    )
-    .unwrap();
+    std::fs::write(&p, nifti_f32(&dims.map(|v| v as i64), ball(dims))).unwrap();
     p
 }
 
@@ -873,62 +778,23 @@ fn existing_outputs_and_inputs_are_protected() {
     let d = dir.path();
     let model = data("deepbrain.onnx");
     let vol = d.join("v.nii");
-    std::fs::write(
-        &vol,
-        nifti(
-            &[16, 16, 8],
-            16,
-            32,
-            &Geo::default(),
-            &f32_data(2048, ball([16, 16, 8])),
-        ),
-    )
-    .unwrap();
+    std::fs::write(&vol, nifti_f32(&[16, 16, 8], ball([16, 16, 8]))).unwrap();
     let vol_bytes = std::fs::read(&vol).unwrap();
     let out = d.join("o.nii");
     std::fs::write(&out, b"old").unwrap();
     // Existing output without --force: refused, untouched.
-    let o = voxtile(&[
-        "segment",
-        s(&vol),
-        "--model",
-        s(&model),
-        "-o",
-        s(&out),
-        "--device",
-        "cpu",
-    ]);
+    let o = segment_cpu(&vol, &model, &out, &[]);
     let e = assert_one_error(&o, "o.nii");
     assert!(e.contains("--force"), "{e}");
     assert_eq!(std::fs::read(&out).unwrap(), b"old");
     // A symlink to the input as output, even with --force: refused, input untouched.
     let link = d.join("link.nii");
     std::os::unix::fs::symlink(&vol, &link).unwrap();
-    let o = voxtile(&[
-        "segment",
-        s(&vol),
-        "--model",
-        s(&model),
-        "-o",
-        s(&link),
-        "--device",
-        "cpu",
-        "--force",
-    ]);
+    let o = segment_cpu(&vol, &model, &link, &["--force"]);
     assert_one_error(&o, "refusing to overwrite an input");
     assert_eq!(std::fs::read(&vol).unwrap(), vol_bytes);
     // The model as output: refused.
-    let o = voxtile(&[
-        "segment",
-        s(&vol),
-        "--model",
-        s(&model),
-        "-o",
-        s(&model),
-        "--device",
-        "cpu",
-        "--force",
-    ]);
+    let o = segment_cpu(&vol, &model, &model, &["--force"]);
     assert_one_error(&o, "refusing to overwrite an input");
     // --logits onto the input: refused before any work.
     let o = voxtile(&[
@@ -946,32 +812,13 @@ fn existing_outputs_and_inputs_are_protected() {
     assert_one_error(&o, "refusing to overwrite an input");
     assert!(!d.join("new.nii").exists());
     // With --force the old output is replaced by a valid label map, no temp left.
-    let o = voxtile(&[
-        "segment",
-        s(&vol),
-        "--model",
-        s(&model),
-        "-o",
-        s(&out),
-        "--device",
-        "cpu",
-        "--force",
-    ]);
+    let o = segment_cpu(&vol, &model, &out, &["--force"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(voxtile::volume::read(&out).unwrap().shape(), [16, 16, 8]);
     assert!(temp_files(d).is_empty());
     // An output folder that does not exist: one error naming the path, nothing created.
     let nowhere = d.join("no/such/dir/o.nii");
-    let o = voxtile(&[
-        "segment",
-        s(&vol),
-        "--model",
-        s(&model),
-        "-o",
-        s(&nowhere),
-        "--device",
-        "cpu",
-    ]);
+    let o = segment_cpu(&vol, &model, &nowhere, &[]);
     assert_one_error(&o, "no/such/dir");
     assert!(!d.join("no").exists());
 }
@@ -1093,14 +940,7 @@ fn read_bytes_matches_read() {
     }
     // A gzip stream that is longer than 4 Mi values grows past the first reservation correctly.
     let dims = [256usize, 128, 160];
-    let n: usize = dims.iter().product();
-    let raw = nifti(
-        &dims.map(|v| v as i64),
-        16,
-        32,
-        &Geo::default(),
-        &f32_data(n, |i| i as f32),
-    );
+    let raw = nifti_f32(&dims.map(|v| v as i64), |i| i as f32);
     let v = voxtile::volume::read_bytes(&gz(&raw), Path::new("big.nii.gz")).unwrap();
     assert_eq!(v.shape(), dims);
     let flat: Vec<f32> = v

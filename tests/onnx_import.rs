@@ -235,52 +235,6 @@ fn meshnet_fixture_if_present() {
 
 // ---------------------------------------------------------------- hand-built models
 
-fn itensor(name: &str, dims: &[i64], data: Vec<i64>) -> proto::TensorProto {
-    proto::TensorProto {
-        name: Some(name.into()),
-        dims: dims.to_vec(),
-        data_type: Some(7),
-        int64_data: data,
-        ..Default::default()
-    }
-}
-
-#[allow(clippy::large_enum_variant)] // a few short-lived attribute values per test model
-enum A {
-    I(i64),
-    F(f32),
-    Is(Vec<i64>),
-    S(&'static str),
-    T(proto::TensorProto),
-}
-
-fn node(
-    op: &str,
-    name: &str,
-    ins: &[&str],
-    outs: &[&str],
-    attrs: Vec<(&str, A)>,
-) -> proto::NodeProto {
-    let attribute = attrs
-        .into_iter()
-        .map(|(k, v)| {
-            let mut a = proto::AttributeProto {
-                name: Some(k.into()),
-                ..Default::default()
-            };
-            match v {
-                A::I(i) => a.i = Some(i),
-                A::F(f) => a.f = Some(f),
-                A::Is(v) => a.ints = v,
-                A::S(s) => a.s = Some(s.as_bytes().to_vec()),
-                A::T(t) => a.t = Some(t),
-            }
-            a
-        })
-        .collect();
-    node_with(op, name, ins, outs, attribute)
-}
-
 fn model(
     nodes: Vec<proto::NodeProto>,
     inits: Vec<proto::TensorProto>,
@@ -307,7 +261,7 @@ fn conv_node(
     w: &str,
     b: Option<&str>,
     out: &str,
-    attrs: Vec<(&str, A)>,
+    attrs: Vec<(&str, Attr)>,
 ) -> proto::NodeProto {
     let mut ins = vec![x, w];
     if let Some(b) = b {
@@ -352,7 +306,7 @@ fn external_data_roundtrip_and_short_file() {
             "w",
             Some("b"),
             "y",
-            vec![("pads", A::Is(vec![1; 6]))],
+            vec![("pads", Attr::Is(vec![1; 6]))],
         )],
         vec![
             ext("w", &[4, 2, 3, 3, 3], w_off, w.len() * 4),
@@ -432,14 +386,14 @@ fn batchnorm_folds_into_conv() {
                 "w",
                 Some("b"),
                 "y",
-                vec![("strides", A::Is(vec![2, 2, 2]))],
+                vec![("strides", Attr::Is(vec![2, 2, 2]))],
             ),
             node(
                 "BatchNormalization",
                 "bn",
                 &["y", "g", "be", "m", "v"],
                 &["z"],
-                vec![("epsilon", A::F(eps))],
+                vec![("epsilon", Attr::F(eps))],
             ),
             node("Relu", "r", &["z"], &["out"], vec![]),
         ],
@@ -477,7 +431,7 @@ fn batchnorm_folds_into_conv() {
                 "bn",
                 &["y", "g", "be", "m", "v"],
                 &["z"],
-                vec![("epsilon", A::F(eps))],
+                vec![("epsilon", Attr::F(eps))],
             ),
             node("Add", "a", &["z", "y"], &["out"], vec![]),
         ],
@@ -512,13 +466,23 @@ fn groupnorm_pattern() {
     let beta = vec![0.1f32, 0.2, 0.3, 0.4];
     let m = model(
         vec![
-            conv_node("c", "x", "w", None, "y", vec![("pads", A::Is(vec![1; 6]))]),
+            conv_node(
+                "c",
+                "x",
+                "w",
+                None,
+                "y",
+                vec![("pads", Attr::Is(vec![1; 6]))],
+            ),
             node(
                 "Constant",
                 "k",
                 &[],
                 &["tgt"],
-                vec![("value", A::T(itensor("", &[3], vec![0, 2, -1])))],
+                vec![(
+                    "value",
+                    Attr::T(Box::new(itensor("", &[3], vec![0, 2, -1]))),
+                )],
             ),
             node("Reshape", "r1", &["y", "tgt"], &["yr"], vec![]),
             node(
@@ -526,7 +490,7 @@ fn groupnorm_pattern() {
                 "in",
                 &["yr", "ones", "zeros"],
                 &["yn"],
-                vec![("epsilon", A::F(1e-5))],
+                vec![("epsilon", Attr::F(1e-5))],
             ),
             node("Shape", "sh", &["y"], &["ys"], vec![]),
             node("Reshape", "r2", &["yn", "ys"], &["yb"], vec![]),
@@ -570,7 +534,7 @@ fn groupnorm_pattern() {
             "gn",
             &["x", "s", "b"],
             &["out"],
-            vec![("num_groups", A::I(2)), ("epsilon", A::F(1e-6))],
+            vec![("num_groups", Attr::I(2)), ("epsilon", Attr::F(1e-6))],
         )],
         vec![
             ftensor("s", &[2], vec![2.0, 3.0]),
@@ -611,8 +575,8 @@ fn resize_sizes_from_shape() {
             None,
             "d",
             vec![
-                ("strides", A::Is(vec![2, 2, 2])),
-                ("pads", A::Is(vec![1; 6])),
+                ("strides", Attr::Is(vec![2, 2, 2])),
+                ("pads", Attr::Is(vec![1; 6])),
             ],
         ),
         node("Shape", "s1", &["d"], &["ds"], vec![]),
@@ -623,14 +587,14 @@ fn resize_sizes_from_shape() {
             "g",
             &["xs", "idx"],
             &["sp"],
-            vec![("axis", A::I(0))],
+            vec![("axis", Attr::I(0))],
         ),
         node(
             "Concat",
             "cat",
             &["nc", "sp"],
             &["sizes"],
-            vec![("axis", A::I(0))],
+            vec![("axis", Attr::I(0))],
         ),
         node(
             "Resize",
@@ -638,8 +602,8 @@ fn resize_sizes_from_shape() {
             &["d", "", "", "sizes"],
             &["u"],
             vec![
-                ("mode", A::S("linear")),
-                ("coordinate_transformation_mode", A::S("align_corners")),
+                ("mode", Attr::S("linear")),
+                ("coordinate_transformation_mode", Attr::S("align_corners")),
             ],
         ),
         node(
@@ -647,7 +611,7 @@ fn resize_sizes_from_shape() {
             "skip",
             &["u", "x"],
             &["out"],
-            vec![("axis", A::I(-4))],
+            vec![("axis", Attr::I(-4))],
         ),
     ];
     let inits = vec![
@@ -686,7 +650,10 @@ fn resize_sizes_from_shape() {
             "r",
             &["x", "", "sc"],
             &["out"],
-            vec![("mode", A::S("nearest")), ("nearest_mode", A::S("floor"))],
+            vec![
+                ("mode", Attr::S("nearest")),
+                ("nearest_mode", Attr::S("floor")),
+            ],
         )],
         vec![ftensor("sc", &[5], vec![1.0, 1.0, 2.0, 2.0, 1.0])],
         1,
@@ -731,7 +698,7 @@ fn resize_sizes_from_shape() {
             "rc",
             &["x", "", "sc"],
             &["out"],
-            vec![("mode", A::S("cubic"))],
+            vec![("mode", Attr::S("cubic"))],
         )],
         vec![ftensor("sc", &[5], vec![1.0, 1.0, 2.0, 2.0, 2.0])],
         1,
@@ -753,7 +720,13 @@ fn constant_operands_and_identity() {
             node("Sub", "s", &["xi", "c"], &["a"], vec![]),
             node("Div", "d", &["a", "two"], &["b"], vec![]),
             node("Sub", "rs", &["one", "b"], &["e"], vec![]),
-            node("Softmax", "sm", &["e"], &["out"], vec![("axis", A::I(-4))]),
+            node(
+                "Softmax",
+                "sm",
+                &["e"],
+                &["out"],
+                vec![("axis", Attr::I(-4))],
+            ),
         ],
         vec![
             ftensor("c", &[3, 1, 1, 1], vec![1.0, 2.0, 3.0]),
@@ -793,7 +766,7 @@ fn constant_operands_and_identity() {
 #[test]
 fn conv_attributes() {
     let w = ftensor("w", &[4, 2, 3, 3, 3], seq(216, 0.1));
-    let mk = |attrs: Vec<(&str, A)>, cin: i64| {
+    let mk = |attrs: Vec<(&str, Attr)>, cin: i64| {
         model(
             vec![conv_node("Conv_12", "x", "w", None, "out", attrs)],
             vec![w.clone()],
@@ -805,10 +778,10 @@ fn conv_attributes() {
     // SAME_UPPER with stride 2 and dilation 2: k_eff 5, total pad 3 → (1, 2).
     let g = lb(&mk(
         vec![
-            ("auto_pad", A::S("SAME_UPPER")),
-            ("strides", A::Is(vec![2, 1, 1])),
-            ("dilations", A::Is(vec![2, 2, 2])),
-            ("group", A::I(2)),
+            ("auto_pad", Attr::S("SAME_UPPER")),
+            ("strides", Attr::Is(vec![2, 1, 1])),
+            ("dilations", Attr::Is(vec![2, 2, 2])),
+            ("group", Attr::I(2)),
         ],
         4,
     ))
@@ -825,33 +798,33 @@ fn conv_attributes() {
         g.infer_shapes(1, [10, 7, 7]).unwrap()[g.output],
         [1, 4, 5, 7, 7]
     );
-    let g = lb(&mk(vec![("auto_pad", A::S("SAME_LOWER"))], 2)).unwrap();
+    let g = lb(&mk(vec![("auto_pad", Attr::S("SAME_LOWER"))], 2)).unwrap();
     let Op::Conv(c) = &g.nodes[0].op else {
         panic!()
     };
     assert_eq!(c.pads, [1; 6]);
     // Errors naming node, op and attribute.
-    let e = lb(&mk(vec![("group", A::I(3))], 8))
+    let e = lb(&mk(vec![("group", Attr::I(3))], 8))
         .unwrap_err()
         .to_string();
     assert_eq!(
         e,
         "model.onnx: node \"Conv_12\" (Conv): attribute group=3 does not divide input channels 8"
     );
-    let e = lb(&mk(vec![("pads", A::Is(vec![1, 1, -1, 1, 1, 1]))], 2))
+    let e = lb(&mk(vec![("pads", Attr::Is(vec![1, 1, -1, 1, 1, 1]))], 2))
         .unwrap_err()
         .to_string();
     assert!(
         e.contains("\"Conv_12\" (Conv): attribute pads=") && e.contains("negative"),
         "{e}"
     );
-    let e = lb(&mk(vec![("strides", A::Is(vec![1, 0, 1]))], 2))
+    let e = lb(&mk(vec![("strides", Attr::Is(vec![1, 0, 1]))], 2))
         .unwrap_err()
         .to_string();
     assert!(e.contains("strides=[1, 0, 1] must be positive"), "{e}");
     let e = lb(&mk(vec![], 3)).unwrap_err().to_string();
     assert!(e.contains("does not fit 3 input channels"), "{e}");
-    let e = lb(&mk(vec![("auto_pad", A::S("WEIRD"))], 2))
+    let e = lb(&mk(vec![("auto_pad", Attr::S("WEIRD"))], 2))
         .unwrap_err()
         .to_string();
     assert!(e.contains("auto_pad=WEIRD"), "{e}");
@@ -883,9 +856,9 @@ fn conv_transpose_and_pools() {
                 &["x"],
                 &["p"],
                 vec![
-                    ("kernel_shape", A::Is(vec![3, 3, 3])),
-                    ("strides", A::Is(vec![2, 2, 2])),
-                    ("ceil_mode", A::I(1)),
+                    ("kernel_shape", Attr::Is(vec![3, 3, 3])),
+                    ("strides", Attr::Is(vec![2, 2, 2])),
+                    ("ceil_mode", Attr::I(1)),
                 ],
             ),
             node(
@@ -894,10 +867,10 @@ fn conv_transpose_and_pools() {
                 &["p", "w", "b"],
                 &["t"],
                 vec![
-                    ("strides", A::Is(vec![2, 2, 2])),
-                    ("pads", A::Is(vec![0, 0, 0, 1, 1, 1])),
-                    ("output_padding", A::Is(vec![1, 0, 0])),
-                    ("group", A::I(2)),
+                    ("strides", Attr::Is(vec![2, 2, 2])),
+                    ("pads", Attr::Is(vec![0, 0, 0, 1, 1, 1])),
+                    ("output_padding", Attr::Is(vec![1, 0, 0])),
+                    ("group", Attr::I(2)),
                 ],
             ),
             node(
@@ -906,10 +879,10 @@ fn conv_transpose_and_pools() {
                 &["t"],
                 &["out"],
                 vec![
-                    ("kernel_shape", A::Is(vec![2, 2, 2])),
-                    ("strides", A::Is(vec![1, 1, 1])),
-                    ("pads", A::Is(vec![1, 1, 1, 0, 0, 0])),
-                    ("count_include_pad", A::I(1)),
+                    ("kernel_shape", Attr::Is(vec![2, 2, 2])),
+                    ("strides", Attr::Is(vec![1, 1, 1])),
+                    ("pads", Attr::Is(vec![1, 1, 1, 0, 0, 0])),
+                    ("count_include_pad", Attr::I(1)),
                 ],
             ),
         ],

@@ -3,6 +3,7 @@
 
 mod common;
 use common::onnx::*;
+use common::rng::Rng;
 use common::*;
 use ndarray::{Array3, Array4, ArrayView4, Axis};
 use prost::Message;
@@ -16,17 +17,6 @@ use voxtile::tiling::BlendMode;
 use voxtile::volume::{Header, Volume};
 
 // ---------------------------------------------------------------- helpers
-
-struct Rng(u64);
-impl Rng {
-    fn f(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
 
 /// One Conv (kernel k, "same" padding) from cin to cout channels: the ONNX bytes.
 fn conv_onnx(cin: usize, cout: usize, k: usize, w: &[f32], b: &[f32]) -> Vec<u8> {
@@ -62,8 +52,8 @@ fn three_class_onnx() -> Vec<u8> {
 
 /// A 3x3x3 conv with random weights; `symmetric`: invariant under every flip of the kernel.
 fn conv3_onnx(cout: usize, symmetric: bool, seed: u64) -> Vec<u8> {
-    let mut r = Rng(seed);
-    let base: Vec<f32> = (0..cout * 27).map(|_| r.f()).collect();
+    let mut r = Rng::new(seed);
+    let base: Vec<f32> = (0..cout * 27).map(|_| r.uni()).collect();
     let w: Vec<f32> = (0..cout * 27)
         .map(|n| {
             let (o, a, b, c) = (n / 27, n / 9 % 3, n / 3 % 3, n % 3);
@@ -76,7 +66,7 @@ fn conv3_onnx(cout: usize, symmetric: bool, seed: u64) -> Vec<u8> {
             }
         })
         .collect();
-    let b: Vec<f32> = (0..cout).map(|_| r.f() * 0.1).collect();
+    let b: Vec<f32> = (0..cout).map(|_| r.uni() * 0.1).collect();
     conv_onnx(1, cout, 3, &w, &b)
 }
 
@@ -96,8 +86,8 @@ fn engine(bytes: &[u8], roi: usize) -> Engine {
 }
 
 fn random_volume(shape: [usize; 3], spacing: [f64; 3], seed: u64) -> Volume {
-    let mut r = Rng(seed);
-    let data = Array4::from_shape_fn((1, shape[0], shape[1], shape[2]), |_| r.f());
+    let mut r = Rng::new(seed);
+    let data = Array4::from_shape_fn((1, shape[0], shape[1], shape[2]), |_| r.uni());
     Volume {
         data,
         header: Header::new(shape, 1, spacing),
@@ -264,9 +254,9 @@ fn manifest_toml_and_json_agree_and_are_checked() {
 
 #[test]
 fn percentile_matches_numpy_linear_on_a_sort() {
-    let mut r = Rng(7);
+    let mut r = Rng::new(7);
     for n in [1usize, 2, 5, 100, 1001] {
-        let v: Vec<f32> = (0..n).map(|_| r.f() * 100.0).collect();
+        let v: Vec<f32> = (0..n).map(|_| r.uni() * 100.0).collect();
         let mut sorted = v.clone();
         sorted.sort_by(f32::total_cmp);
         for p in [0.0, 0.5, 1.0, 25.0, 50.0, 99.0, 99.5, 100.0] {
@@ -377,8 +367,8 @@ fn trilinear_ref(x: ArrayView4<f32>, to: [usize; 3]) -> Array4<f64> {
 
 #[test]
 fn resample_matches_independent_f64_trilinear() {
-    let mut r = Rng(11);
-    let x = Array4::from_shape_fn((2, 7, 5, 6), |_| r.f());
+    let mut r = Rng::new(11);
+    let x = Array4::from_shape_fn((2, 7, 5, 6), |_| r.uni());
     for to in [[11, 3, 9], [14, 10, 12], [3, 2, 1], [7, 5, 13], [1, 1, 1]] {
         let got = resample::resample(x.view(), to).unwrap();
         assert_eq!(got.dim(), (2, to[0], to[1], to[2]));
@@ -399,8 +389,8 @@ fn resample_matches_independent_f64_trilinear() {
 
 #[test]
 fn resample_round_trips() {
-    let mut r = Rng(5);
-    let x = Array4::from_shape_fn((1, 8, 9, 10), |_| r.f());
+    let mut r = Rng::new(5);
+    let x = Array4::from_shape_fn((1, 8, 9, 10), |_| r.uni());
     // Same grid: bit for bit.
     assert_eq!(resample::resample(x.view(), [8, 9, 10]).unwrap(), x);
     // Constant: exact through any grid.
@@ -615,8 +605,8 @@ fn activations() {
         pipeline::effective_activation(Activation::Sigmoid, G::None, 3),
         Activation::Sigmoid
     );
-    let mut r = Rng(3);
-    let x = Array4::from_shape_fn((4, 3, 2, 5), |_| r.f() * 30.0);
+    let mut r = Rng::new(3);
+    let x = Array4::from_shape_fn((4, 3, 2, 5), |_| r.uni() * 30.0);
     let mut y = x.clone();
     pipeline::apply_activation(&mut y, Activation::Softmax);
     let e = max_abs_diff(y.iter().map(|&v| v as f64), softmax_ref(x.view()));
@@ -803,24 +793,21 @@ fn cli_manifest_beside_the_model() {
     let probs = d.join("probs.nii.gz");
     let split = d.join("classes");
     let png_path = d.join("overlay.png");
-    ok(&voxtile(&[
-        "segment",
-        s(&input),
-        "-m",
-        s(&model),
-        "-o",
-        s(&out),
-        "--device",
-        "cpu",
-        "--report",
-        s(&report),
-        "--probabilities",
-        s(&probs),
-        "--split-classes",
-        s(&split),
-        "--preview",
-        s(&png_path),
-    ]));
+    ok(&segment_cpu(
+        &input,
+        &model,
+        &out,
+        &[
+            "--report",
+            s(&report),
+            "--probabilities",
+            s(&probs),
+            "--split-classes",
+            s(&split),
+            "--preview",
+            s(&png_path),
+        ],
+    ));
     let seg = voxtile::volume::read(&out).unwrap();
     assert_eq!(seg.header.shape(), [16, 12, 10], "the input's grid");
     assert_eq!(seg.header.affine(), vol.header.affine());
@@ -854,25 +841,22 @@ fn cli_manifest_beside_the_model() {
     assert!(png_path.exists());
 
     // A flag beats the manifest.
-    ok(&voxtile(&[
-        "segment",
-        s(&input),
-        "-m",
-        s(&model),
-        "-o",
-        s(&d.join("seg2.nii.gz")),
-        "--device",
-        "cpu",
-        "--roi",
-        "4",
-        "--spacing",
-        "none",
-        "--report",
-        s(&report),
-        "--force", // the report of the first run exists
-        "--tta",
-        "0,1",
-    ]));
+    ok(&segment_cpu(
+        &input,
+        &model,
+        &d.join("seg2.nii.gz"),
+        &[
+            "--roi",
+            "4",
+            "--spacing",
+            "none",
+            "--report",
+            s(&report),
+            "--force", // the report of the first run exists
+            "--tta",
+            "0,1",
+        ],
+    ));
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert_eq!(r["roi"], serde_json::json!([4, 4, 4]));
@@ -921,32 +905,14 @@ fn cli_bad_manifest_is_one_error_line() {
     let input = d.join("v.nii");
     write_volume(&input, &ramp_volume([8, 8, 8], [1.0; 3]));
     let out = d.join("o.nii.gz");
-    let o = voxtile(&[
-        "segment",
-        s(&input),
-        "-m",
-        s(&model),
-        "-o",
-        s(&out),
-        "--device",
-        "cpu",
-    ]);
+    let o = segment_cpu(&input, &model, &out, &[]);
     let err = assert_one_error(&o, "net.toml");
     let line = err.lines().find(|l| l.starts_with("voxtile: error:"));
     assert!(line.unwrap().contains("spacin"), "{err}");
     assert!(!out.exists());
     // A manifest whose classes do not match the model.
     std::fs::write(d.join("net.toml"), "classes = [\"a\", \"b\"]\n").unwrap();
-    let o = voxtile(&[
-        "segment",
-        s(&input),
-        "-m",
-        s(&model),
-        "-o",
-        s(&out),
-        "--device",
-        "cpu",
-    ]);
+    let o = segment_cpu(&input, &model, &out, &[]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("net.toml") && err.contains("2 class"), "{err}");
@@ -1082,18 +1048,7 @@ fn cli_batch_folder_shards_resume_and_workers() {
     std::fs::write(mixed.join("b.nii.gz"), b"not gzip").unwrap();
     let r3 = d.join("r3.jsonl");
     let out3 = d.join("out3");
-    let o = voxtile(&[
-        "segment",
-        s(&mixed),
-        "-m",
-        s(&model),
-        "-o",
-        s(&out3),
-        "--device",
-        "cpu",
-        "--report",
-        s(&r3),
-    ]);
+    let o = segment_cpu(&mixed, &model, &out3, &["--report", s(&r3)]);
     assert_eq!(o.status.code(), Some(1));
     let l = read_lines(&r3);
     assert_eq!(l.len(), 2);
@@ -1102,16 +1057,7 @@ fn cli_batch_folder_shards_resume_and_workers() {
     assert!(l[1]["error"].as_str().unwrap().contains("b.nii.gz"));
     assert!(out3.join("a.nii.gz").exists() && !out3.join("b.nii.gz").exists());
     // -o must be a folder with several inputs.
-    let o = voxtile(&[
-        "segment",
-        s(&inputs),
-        "-m",
-        s(&model),
-        "-o",
-        s(&d.join("x.nii.gz")),
-        "--device",
-        "cpu",
-    ]);
+    let o = segment_cpu(&inputs, &model, &d.join("x.nii.gz"), &[]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("folder"));
 }

@@ -4,6 +4,8 @@
 //! `dense_patch_slices` + `compute_importance_map`, nnunetv2 `compute_steps_for_sliding_window`), and
 //! share no code with `voxtile::tiling`.
 
+mod common;
+use common::rng::Rng;
 use ndarray::{s, Array3, Array4, ArrayView4, Axis, Ix5};
 use voxtile::tiling::*;
 use voxtile::Error;
@@ -16,24 +18,9 @@ const FIXTURES: &str = concat!(
 // ---------------------------------------------------------------------------------------------
 // Small helpers
 
-/// xorshift64*: deterministic test data without a rand dependency.
-struct Rng(u64);
-impl Rng {
-    fn next_f32(&mut self) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let v = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
-        ((v >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        ((self.next_f32() * 0.5 + 0.5) * n as f32) as usize % n
-    }
-}
-
 fn random_vol(shape: (usize, usize, usize, usize), seed: u64) -> Array4<f32> {
-    let mut r = Rng(seed);
-    Array4::from_shape_simple_fn(shape, || r.next_f32())
+    let mut r = Rng::new(seed);
+    Array4::from_shape_simple_fn(shape, || r.uni())
 }
 
 /// rel L2 = ||a - b|| / ||b|| and max |a - b|.
@@ -294,7 +281,7 @@ fn monai_grid_matches_fixture_index_and_reference() {
 
 #[test]
 fn monai_grid_random_shapes_match_reference() {
-    let mut r = Rng(7);
+    let mut r = Rng::new(7);
     for _ in 0..500 {
         let shape = [0; 3].map(|_| 1 + r.below(90));
         let roi = [0; 3].map(|_| 1 + r.below(50));
@@ -377,7 +364,7 @@ fn nnunet_steps() {
     assert_eq!(g.pad_before, [0, 4, 0]);
     assert_eq!(g.padded, [100, 48, 64]);
     assert_eq!(g.starts, vec![[0, 0, 0], [36, 0, 0]]);
-    let mut r = Rng(11);
+    let mut r = Rng::new(11);
     for _ in 0..500 {
         let shape = [0; 3].map(|_| 1 + r.below(300));
         let roi = [0; 3].map(|_| 1 + r.below(128));

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::onnx::{ftensor, ints_attr, model_with, node_with, vi_c};
+use common::onnx::{ftensor, ints_attr, itensor, model_with, node_with, vi_c};
 use prost::Message;
 use std::io::Read;
 use std::path::Path;
@@ -67,16 +67,6 @@ fn assert_clean(r: &Run, what: &str) {
     }
 }
 
-fn i64_tensor(name: &str, dims: &[i64], v: Vec<i64>) -> proto::TensorProto {
-    proto::TensorProto {
-        name: Some(name.into()),
-        dims: dims.to_vec(),
-        data_type: Some(7),
-        int64_data: v,
-        ..Default::default()
-    }
-}
-
 /// x [N,1,D,H,W] → 3x3x3 Conv (2 channels, pads 1) → `h`, then `extra` nodes that end in `y`.
 fn conv_model(extra: Vec<proto::NodeProto>, mut inits: Vec<proto::TensorProto>) -> Vec<u8> {
     let mut nodes = vec![node_with(
@@ -118,7 +108,7 @@ fn shape_chain(n: usize, double: bool) -> Vec<u8> {
         &["y"],
         vec![],
     ));
-    conv_model(nodes, vec![i64_tensor("one", &[], vec![1])])
+    conv_model(nodes, vec![itensor("one", &[], vec![1])])
 }
 
 fn write(dir: &Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
@@ -168,7 +158,7 @@ fn unused_constant_of_shape_nodes_cost_no_memory() {
         })
         .collect();
     nodes.push(node_with("Relu", "relu", &["h"], &["y"], vec![]));
-    let bytes = conv_model(nodes, vec![i64_tensor("shp", &[3], vec![256, 128, 128])]);
+    let bytes = conv_model(nodes, vec![itensor("shp", &[3], vec![256, 128, 128])]);
     let p = write(dir.path(), "cos.onnx", &bytes);
     let r = voxtile(
         &[Path::new("inspect"), &p],
@@ -202,8 +192,8 @@ fn live_constant_folds_share_one_budget() {
     let bytes = conv_model(
         nodes,
         vec![
-            i64_tensor("shp", &[3], vec![256, 128, 128]),
-            i64_tensor("zero", &[1], vec![0]),
+            itensor("shp", &[3], vec![256, 128, 128]),
+            itensor("zero", &[1], vec![0]),
         ],
     );
     let e = voxtile::model::onnx::load_bytes(&bytes, None, Path::new("fold.onnx"))

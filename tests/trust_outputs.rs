@@ -3,6 +3,7 @@
 //! failures made early, validators with their own rules, a closed stdout.
 
 mod common;
+use common::nifti::nifti2;
 use common::small::{ball_volume, conv_model};
 use common::*;
 use std::path::{Path, PathBuf};
@@ -398,21 +399,7 @@ fn walk(d: &Path) -> Vec<String> {
 fn an_output_that_cannot_be_nifti1_is_refused_up_front() {
     let c = case();
     // NIfTI-2 input 40000 x 1 x 1: readable, but no NIfTI-1 label map can hold it.
-    let mut h = vec![0u8; 544];
-    h[0..4].copy_from_slice(&540i32.to_le_bytes());
-    h[4..8].copy_from_slice(b"n+2\0");
-    h[8..12].copy_from_slice(&[0x0d, 0x0a, 0x1a, 0x0a]);
-    h[12..14].copy_from_slice(&16i16.to_le_bytes()); // float32
-    h[14..16].copy_from_slice(&32i16.to_le_bytes());
-    for (i, d) in [3i64, 40000, 1, 1, 1, 1, 1, 1].iter().enumerate() {
-        h[16 + 8 * i..24 + 8 * i].copy_from_slice(&d.to_le_bytes());
-    }
-    for i in 0..8 {
-        h[104 + 8 * i..112 + 8 * i].copy_from_slice(&1f64.to_le_bytes());
-    }
-    h[168..176].copy_from_slice(&544i64.to_le_bytes()); // vox_offset
-    h[176..184].copy_from_slice(&1f64.to_le_bytes()); // scl_slope
-    h.extend(vec![0u8; 40000 * 4]);
+    let h = nifti2(false, &[40000, 1, 1], 16, 32, &vec![0u8; 40000 * 4]);
     let wide = c.d.join("wide.nii");
     std::fs::write(&wide, h).unwrap();
     assert!(

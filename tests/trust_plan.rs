@@ -467,13 +467,13 @@ fn nan_model_with(dir: &Path, channels: usize) -> PathBuf {
     let mut nodes = vec![node_with("Div", "div", &["x", "x"], &["q"], vec![])];
     let mut cat = vec!["q"];
     cat.extend(std::iter::repeat_n("x", channels - 1));
-    let axis = voxtile::internals::proto::AttributeProto {
-        name: Some("axis".into()),
-        i: Some(1),
-        r#type: Some(2),
-        ..Default::default()
-    };
-    nodes.push(node_with("Concat", "cat", &cat, &["y"], vec![axis]));
+    nodes.push(node_with(
+        "Concat",
+        "cat",
+        &cat,
+        &["y"],
+        vec![int_attr("axis", 1)],
+    ));
     let m = model_with(
         "nan_where_zero",
         13,

@@ -3,6 +3,7 @@
 #![allow(clippy::type_complexity)]
 
 mod common;
+use common::nifti::{nifti2, nifti_stored, Geo, Storage};
 use ndarray::{Array3, Array4};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -305,78 +306,30 @@ fn label_map_max_and_geometry_of_fixtures() {
     assert_eq!(h.pixdim[4], 2000.0);
 }
 
-/// Hand-built NIfTI-1 file (independent of the crate's encoder).
-#[allow(clippy::too_many_arguments)]
+/// A NIfTI-1 file in byte order `be` with scaling (slope, inter) and a fixed sform.
 fn build_nifti1(
     be: bool,
-    dims: &[i16],
+    dims: &[i64],
     datatype: i16,
     bitpix: i16,
-    slope: f32,
-    inter: f32,
-    vox_offset: f32,
+    scl: [f32; 2],
     data: &[u8],
 ) -> Vec<u8> {
-    let mut h = vec![0u8; 352];
-    let mut put = |off: usize, b: &[u8]| {
-        let mut b = b.to_vec();
-        if be {
-            b.reverse();
-        }
-        h[off..off + b.len()].copy_from_slice(&b);
+    let geo = Geo {
+        srow: [
+            [1.5, 0.0, 0.0, 0.0],
+            [0.0, 2.5, 0.0, 0.0],
+            [0.0, 0.0, -1.0, 7.0],
+        ],
+        xyzt_units: 0,
+        ..Geo::default()
     };
-    put(0, &348i32.to_le_bytes());
-    put(40, &(dims.len() as i16).to_le_bytes());
-    for (i, d) in dims.iter().enumerate() {
-        put(42 + 2 * i, &d.to_le_bytes());
-    }
-    for i in dims.len() + 1..8 {
-        put(40 + 2 * i, &1i16.to_le_bytes());
-    }
-    put(70, &datatype.to_le_bytes());
-    put(72, &bitpix.to_le_bytes());
-    for i in 0..8 {
-        put(76 + 4 * i, &1f32.to_le_bytes());
-    }
-    put(108, &vox_offset.to_le_bytes());
-    put(112, &slope.to_le_bytes());
-    put(116, &inter.to_le_bytes());
-    put(254, &1i16.to_le_bytes()); // sform_code
-    put(280, &1.5f32.to_le_bytes());
-    put(300, &2.5f32.to_le_bytes());
-    put(320, &(-1f32).to_le_bytes());
-    put(324, &7f32.to_le_bytes());
-    h[344..348].copy_from_slice(b"n+1\0");
-    h.resize(vox_offset.max(352.0) as usize, 0);
-    h.extend_from_slice(data);
-    h
-}
-
-/// Hand-built NIfTI-2 file.
-fn build_nifti2(be: bool, dims: &[i64], datatype: i16, bitpix: i16, data: &[u8]) -> Vec<u8> {
-    let mut h = vec![0u8; 544];
-    let mut put = |off: usize, b: &[u8]| {
-        let mut b = b.to_vec();
-        if be {
-            b.reverse();
-        }
-        h[off..off + b.len()].copy_from_slice(&b);
+    let st = Storage {
+        big_endian: be,
+        slope: scl[0],
+        inter: scl[1],
     };
-    put(0, &540i32.to_le_bytes());
-    put(12, &datatype.to_le_bytes());
-    put(14, &bitpix.to_le_bytes());
-    put(16, &(dims.len() as i64).to_le_bytes());
-    for (i, d) in dims.iter().enumerate() {
-        put(24 + 8 * i, &d.to_le_bytes());
-    }
-    for i in 0..8 {
-        put(104 + 8 * i, &1f64.to_le_bytes());
-    }
-    put(168, &544i64.to_le_bytes());
-    put(176, &1f64.to_le_bytes());
-    h[4..12].copy_from_slice(b"n+2\0\r\n\x1a\n");
-    h.extend_from_slice(data);
-    h
+    nifti_stored(dims, datatype, bitpix, &geo, st, data)
 }
 
 /// Encode values of one dtype in the requested byte order.
@@ -430,9 +383,7 @@ fn every_dtype_in_both_byte_orders_plain_and_gz() {
                     &[2, 2, 1, 2],
                     dt,
                     bitpix,
-                    0.0,
-                    0.0,
-                    352.0,
+                    [0.0, 0.0],
                     &encode(dt, &all, be),
                 );
                 let p = dir.path().join(format!("{name}_{be}_{zip}.nii"));
@@ -454,7 +405,7 @@ fn every_dtype_in_both_byte_orders_plain_and_gz() {
         }
         // NIfTI-2 in both byte orders (the 540-swapped detection).
         for be in [false, true] {
-            let bytes = build_nifti2(be, &[4, 1, 1], dt, bitpix, &encode(dt, vals, be));
+            let bytes = nifti2(be, &[4, 1, 1], dt, bitpix, &encode(dt, vals, be));
             let p = dir.path().join(format!("{name}_{be}_n2.nii"));
             std::fs::write(&p, bytes).unwrap();
             let v = volume::read(&p).unwrap_or_else(|e| panic!("{e}"));
@@ -483,9 +434,7 @@ fn scaling_slope_inter_and_none() {
             &[4],
             4,
             16,
-            slope,
-            inter,
-            352.0,
+            [slope, inter],
             &encode(4, &vals, n % 2 == 1),
         );
         let p = dir.path().join(format!("s{n}.nii"));
@@ -502,9 +451,7 @@ fn scaling_slope_inter_and_none() {
         &[4],
         4,
         16,
-        2.0,
-        f32::INFINITY,
-        352.0,
+        [2.0, f32::INFINITY],
         &encode(4, &vals, false),
     );
     let p = dir.path().join("badinter.nii");
@@ -651,11 +598,11 @@ fn bad_inputs_give_one_clear_error_naming_the_file() {
     expect_err(&w("huge.nii.gz", &gz(&c)), "GiB");
     // Bigger than available memory but under the hard cap would need a big machine to test
     // without allocating; the NIfTI-2 variant checks 64-bit dims overflow instead.
-    let bytes = build_nifti2(false, &[1 << 40, 1 << 40, 1 << 20], 2, 8, &[0; 16]);
+    let bytes = nifti2(false, &[1 << 40, 1 << 40, 1 << 20], 2, 8, &[0; 16]);
     expect_err(&w("overflow.nii.gz", &gz(&bytes)), "overflow");
-    let bytes = build_nifti2(false, &[4, -3, 1], 2, 8, &[0; 16]);
+    let bytes = nifti2(false, &[4, -3, 1], 2, 8, &[0; 16]);
     expect_err(&w("neg2.nii", &bytes), "dim[2] = -3");
-    let mut bytes = build_nifti2(false, &[4, 1, 1], 2, 8, &[0; 4]);
+    let mut bytes = nifti2(false, &[4, 1, 1], 2, 8, &[0; 4]);
     bytes[9] = b'x'; // altered magic tail
     expect_err(&w("magic2.nii", &bytes), "magic");
 
@@ -678,9 +625,7 @@ fn gzip_stream_is_read_with_a_cap() {
         &[2, 2, 2],
         2,
         8,
-        1.0,
-        0.0,
-        352.0,
+        [1.0, 0.0],
         &[1, 2, 3, 4, 5, 6, 7, 8],
     );
     bytes.resize(bytes.len() + (64 << 20), 0);

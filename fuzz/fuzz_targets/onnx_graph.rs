@@ -9,6 +9,12 @@ use libfuzzer_sys::fuzz_target;
 use std::path::Path;
 use voxtile::internals::proto;
 
+// The tests' ONNX builder (tests/common/onnx.rs), shared by path: the fuzz crate is its own
+// workspace and cannot name the test helpers as a crate.
+#[path = "../../tests/common/onnx.rs"]
+mod onnx;
+use onnx::{int_attr, ints_attr, itensor, model_with, node_with, vi_with};
+
 /// Reads the fuzz input as a stream of small choices (zeros once exhausted).
 struct Bytes<'a>(&'a [u8]);
 
@@ -30,75 +36,21 @@ impl Bytes<'_> {
     }
 }
 
+/// A node named after its one output.
 fn node(
     op: &str,
     ins: &[&str],
     out: &str,
     attribute: Vec<proto::AttributeProto>,
 ) -> proto::NodeProto {
-    proto::NodeProto {
-        input: ins.iter().map(|s| s.to_string()).collect(),
-        output: vec![out.to_string()],
-        name: Some(out.to_string()),
-        op_type: Some(op.to_string()),
-        attribute,
-        ..Default::default()
-    }
+    node_with(op, out, ins, &[out], attribute)
 }
 
-fn ints(name: &str, v: Vec<i64>) -> proto::AttributeProto {
-    proto::AttributeProto {
-        name: Some(name.into()),
-        ints: v,
-        r#type: Some(7),
-        ..Default::default()
-    }
-}
-
-fn int(name: &str, v: i64) -> proto::AttributeProto {
-    proto::AttributeProto {
-        name: Some(name.into()),
-        i: Some(v),
-        r#type: Some(2),
-        ..Default::default()
-    }
-}
-
-fn i64s(name: &str, dims: Vec<i64>, v: Vec<i64>) -> proto::TensorProto {
-    proto::TensorProto {
-        name: Some(name.into()),
-        dims,
-        data_type: Some(7),
-        int64_data: v,
-        ..Default::default()
-    }
-}
-
+/// A 5D float ValueInfo with `c` channels, the other dims symbolic (d0, d2, ...).
 fn vi(name: &str, c: i64) -> proto::ValueInfoProto {
-    use proto::tensor_shape_proto::{dimension::Value as DV, Dimension};
-    let dim = (0..5)
-        .map(|i| Dimension {
-            value: Some(if i == 1 {
-                DV::DimValue(c)
-            } else {
-                DV::DimParam(format!("d{i}"))
-            }),
-            denotation: None,
-        })
-        .collect();
-    proto::ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(proto::TypeProto {
-            value: Some(proto::type_proto::Value::TensorType(
-                proto::type_proto::Tensor {
-                    elem_type: Some(1),
-                    shape: Some(proto::TensorShapeProto { dim }),
-                },
-            )),
-            denotation: None,
-        }),
-        doc_string: None,
-    }
+    vi_with(name, &[None, Some(c), None, None, None], |i| {
+        format!("d{i}")
+    })
 }
 
 /// Build a model from the choices in `b`.
@@ -119,16 +71,16 @@ fn generate(b: &mut Bytes) -> proto::ModelProto {
             float_data: vec![0.1; 54],
             ..Default::default()
         },
-        i64s("one", vec![], vec![1]),
-        i64s("two", vec![1], vec![2]),
-        i64s("idx", vec![3], vec![2, 3, 4]),
-        i64s("nc", vec![2], vec![1, 2]),
+        itensor("one", &[], vec![1]),
+        itensor("two", &[1], vec![2]),
+        itensor("idx", &[3], vec![2, 3, 4]),
+        itensor("nc", &[2], vec![1, 2]),
     ];
     nodes.push(node(
         "Conv",
         &["x", "w0"],
         "a0",
-        vec![ints("pads", vec![1; 6])],
+        vec![ints_attr("pads", vec![1; 6])],
     ));
     let mut acts = vec!["a0".to_string()];
     let mut syms: Vec<String> = vec![];
@@ -185,13 +137,13 @@ fn generate(b: &mut Bytes) -> proto::ModelProto {
             (3, Some(s)) => {
                 let idx = ["idx", "one", "two", "nc"][b.pick(4)];
                 let o = fresh("s");
-                nodes.push(node("Gather", &[&s, idx], &o, vec![int("axis", 0)]));
+                nodes.push(node("Gather", &[&s, idx], &o, vec![int_attr("axis", 0)]));
                 syms.push(o);
             }
             (4, Some(s)) => {
                 let other = syms[b.pick(syms.len())].clone();
                 let o = fresh("s");
-                nodes.push(node("Concat", &[&s, &other], &o, vec![int("axis", 0)]));
+                nodes.push(node("Concat", &[&s, &other], &o, vec![int_attr("axis", 0)]));
                 syms.push(o);
             }
             (5, Some(s)) => {
@@ -199,7 +151,7 @@ fn generate(b: &mut Bytes) -> proto::ModelProto {
                 let shp = fresh("k");
                 let dims: Vec<i64> = (0..1 + b.pick(4)).map(|_| b.u8() as i64 * 37).collect();
                 let src = if b.u8() & 1 == 0 {
-                    inits.push(i64s(&shp, vec![dims.len() as i64], dims));
+                    inits.push(itensor(&shp, &[dims.len() as i64], dims));
                     shp
                 } else {
                     s
@@ -228,7 +180,7 @@ fn generate(b: &mut Bytes) -> proto::ModelProto {
                 let o = fresh("s");
                 let op = ["Cast", "Floor", "Ceil", "Neg"][b.pick(4)];
                 let attrs = if op == "Cast" {
-                    vec![int("to", [1, 7, 6, 9][b.pick(4)])]
+                    vec![int_attr("to", [1, 7, 6, 9][b.pick(4)])]
                 } else {
                     vec![]
                 };
@@ -244,16 +196,21 @@ fn generate(b: &mut Bytes) -> proto::ModelProto {
                     &[&s],
                     &o,
                     vec![
-                        ints("starts", vec![st]),
-                        ints("ends", vec![en]),
-                        ints("axes", vec![0]),
+                        ints_attr("starts", vec![st]),
+                        ints_attr("ends", vec![en]),
+                        ints_attr("axes", vec![0]),
                     ],
                 ));
                 syms.push(o);
             }
             (10, Some(s)) => {
                 let o = fresh("s");
-                nodes.push(node("Unsqueeze", &[&s], &o, vec![ints("axes", vec![0])]));
+                nodes.push(node(
+                    "Unsqueeze",
+                    &[&s],
+                    &o,
+                    vec![ints_attr("axes", vec![0])],
+                ));
                 syms.push(o);
             }
             (11, _) => {
@@ -264,8 +221,8 @@ fn generate(b: &mut Bytes) -> proto::ModelProto {
                     &[&act],
                     &o,
                     vec![
-                        ints("kernel_shape", vec![s; 3]),
-                        ints("strides", vec![s; 3]),
+                        ints_attr("kernel_shape", vec![s; 3]),
+                        ints_attr("strides", vec![s; 3]),
                     ],
                 ));
                 acts.push(o);
@@ -286,22 +243,7 @@ fn generate(b: &mut Bytes) -> proto::ModelProto {
     // The output: the last activation (whatever was built after it stays unused).
     let last = acts.last().cloned().unwrap_or_default();
     nodes.push(node("Relu", &[&last], "y", vec![]));
-    proto::ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![proto::OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(13),
-        }],
-        graph: Some(proto::GraphProto {
-            node: nodes,
-            name: Some("fuzz".into()),
-            initializer: inits,
-            input: vec![vi("x", 1)],
-            output: vec![vi("y", 2)],
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    model_with("fuzz", 13, nodes, inits, vec![vi("x", 1)], vec![vi("y", 2)])
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -1,8 +1,10 @@
 //! Helpers shared by the integration tests: fixture paths and error norms.
 #![allow(dead_code)]
 
+pub mod graph;
 pub mod nifti;
 pub mod onnx;
+pub mod rng;
 pub mod small;
 pub mod sw;
 pub mod unet;
@@ -112,26 +114,23 @@ pub fn gz(bytes: &[u8]) -> Vec<u8> {
     gz_level(bytes, flate2::Compression::fast())
 }
 
-/// One splitmix64 step: advances `state` and returns the next 64 random bits.
-pub fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// Whether CUDA device 0 opens; VOXTILE_REQUIRE_GPU=1 turns a missing GPU into a failure.
 pub fn gpu_present() -> bool {
+    cuda_backend().is_some()
+}
+
+/// A CUDA backend on device 0, or None (after saying why) where there is none;
+/// VOXTILE_REQUIRE_GPU=1 turns a missing GPU into a failure.
+pub fn cuda_backend() -> Option<voxtile::internals::cuda::CudaBackend> {
     match voxtile::internals::cuda::CudaBackend::new(0) {
-        Ok(_) => true,
+        Ok(b) => Some(b),
         Err(e) => {
             assert!(
                 std::env::var("VOXTILE_REQUIRE_GPU").as_deref() != Ok("1"),
                 "VOXTILE_REQUIRE_GPU=1 but: {e}"
             );
             eprintln!("skipping: {e}");
-            false
+            None
         }
     }
 }

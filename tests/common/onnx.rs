@@ -61,6 +61,27 @@ pub fn ftensor(name: &str, dims: &[i64], data: impl AsRef<[f32]>) -> proto::Tens
     }
 }
 
+/// An int64 initializer stored in `int64_data`.
+pub fn itensor(name: &str, dims: &[i64], data: Vec<i64>) -> proto::TensorProto {
+    proto::TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(7),
+        int64_data: data,
+        ..Default::default()
+    }
+}
+
+/// An INT attribute with its type set (2).
+pub fn int_attr(name: &str, i: i64) -> proto::AttributeProto {
+    proto::AttributeProto {
+        name: Some(name.into()),
+        i: Some(i),
+        r#type: Some(2),
+        ..Default::default()
+    }
+}
+
 /// An INTS attribute with its type set (7).
 pub fn ints_attr(name: &str, ints: Vec<i64>) -> proto::AttributeProto {
     proto::AttributeProto {
@@ -87,6 +108,43 @@ pub fn node_with(
         attribute,
         ..Default::default()
     }
+}
+
+/// An attribute value for [`node`]; written without its type field, as some exporters do.
+pub enum Attr {
+    I(i64),
+    F(f32),
+    Is(Vec<i64>),
+    S(&'static str),
+    T(Box<proto::TensorProto>),
+}
+
+/// A node in the default domain with untyped attributes.
+pub fn node(
+    op: &str,
+    name: &str,
+    ins: &[&str],
+    outs: &[&str],
+    attrs: Vec<(&str, Attr)>,
+) -> proto::NodeProto {
+    let attribute = attrs
+        .into_iter()
+        .map(|(k, v)| {
+            let mut a = proto::AttributeProto {
+                name: Some(k.into()),
+                ..Default::default()
+            };
+            match v {
+                Attr::I(i) => a.i = Some(i),
+                Attr::F(f) => a.f = Some(f),
+                Attr::Is(v) => a.ints = v,
+                Attr::S(s) => a.s = Some(s.as_bytes().to_vec()),
+                Attr::T(t) => a.t = Some(*t),
+            }
+            a
+        })
+        .collect();
+    node_with(op, name, ins, outs, attribute)
 }
 
 /// An IR 8 model importing the default domain at `opset`, with one graph named `graph_name`.

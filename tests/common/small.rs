@@ -2,7 +2,7 @@
 //! with mkvol.py and mkmodel.py), written by hand.
 #![allow(dead_code)]
 
-use super::nifti::{nifti, Geo};
+use super::nifti::nifti_f32;
 use super::onnx::{ftensor, ints_attr, model_with, node_with, vi_ncdhw};
 use prost::Message;
 use std::path::{Path, PathBuf};
@@ -24,11 +24,7 @@ pub fn ball(dims: [usize; 3]) -> impl Fn(usize) -> f32 {
 
 /// A float32 NIfTI-1 file of [`ball`] at `path`.
 pub fn ball_volume(path: &Path, dims: [usize; 3]) -> PathBuf {
-    let n: usize = dims.iter().product();
-    let f = ball(dims);
-    let data: Vec<u8> = (0..n).flat_map(|i| f(i).to_le_bytes()).collect();
-    let bytes = nifti(&dims.map(|d| d as i64), 16, 32, &Geo::default(), &data);
-    std::fs::write(path, bytes).unwrap();
+    std::fs::write(path, nifti_f32(&dims.map(|d| d as i64), ball(dims))).unwrap();
     path.to_path_buf()
 }
 

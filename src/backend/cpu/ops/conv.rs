@@ -4,8 +4,8 @@
 
 use super::gemm::{gemm, Mat};
 use super::{dims, err, standard, zeroed};
-use crate::model::graph::Shape;
 use crate::backend::cpu::Real;
+use crate::model::graph::Shape;
 use crate::model::graph::{Conv, ConvTranspose, Op};
 use crate::Result;
 use ndarray::{Array5, ArrayView5};

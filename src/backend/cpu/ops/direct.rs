@@ -7,10 +7,10 @@
 
 use super::eltwise::Unary;
 use super::microkernel::{self, Taps, Tile, PIX};
-use super::{dims, err, standard, zeroed};
-use crate::model::graph::Shape;
+use super::{dims, err, standard, zeroed_par};
 use crate::backend::cpu::Real;
 use crate::model::graph::Conv;
+use crate::model::graph::Shape;
 use crate::Result;
 use ndarray::{Array5, ArrayView5};
 use rayon::prelude::*;
@@ -255,7 +255,7 @@ pub fn conv3d_fused<T: Real>(x: ArrayView5<T>, p: &Conv, act: Option<Unary>) -> 
     let packed = pack(&g, &w, &blocks);
     let taps = g.taps();
     assert!(taps.span() <= g.scratch_len, "conv: row stack too short");
-    let mut out = zeroed::<T>(os.iter().product(), "a Conv output")?;
+    let mut out = zeroed_par::<T>(os.iter().product(), "a Conv output")?;
     let len = out.len();
     let optr = OutPtr(out.as_mut_ptr());
     let per_img = g.groups_per_image();
