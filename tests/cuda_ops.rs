@@ -889,7 +889,7 @@ fn elementwise_concat_softmax() {
     ] {
         let k = Tensor::new(shape.clone(), r.scaled(shape.iter().product(), 2.0));
         let kat = |ch: usize, z: usize| -> f64 {
-            match shape.len() {
+            match k.data.len() {
                 1 => k.data[0] as f64,
                 _ if shape[2] == 1 => k.data[ch] as f64,
                 _ => k.data[ch * 6 + z] as f64,
