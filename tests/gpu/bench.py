@@ -1,223 +1,303 @@
-"""One device run: the PyTorch+MONAI peer and voxtile on the same nets (same random weights, exported
-to ONNX here) and the same 512x512x128 volume; prints a table of times and ratios.
+"""voxtile against its PyTorch + MONAI peers on the GPU, every workload and peer mode in one run:
+W1 (nnU-Net CT net) and W2 (MONAI UNet) on the same 512x512x128 volume and the same random weights
+(exported to ONNX in the run), each peer mode timed apart (eager fp16, eager channels_last_3d,
+torch.compile default, reduce-overhead, max-autotune-no-cudagraphs); W3 (the CLI end to end against
+peer_e2e.py); W4 (1024x1024x512, voxtile at --memory-budget 4GiB against MONAI with its whole
+accumulator on the GPU); K1 (one conv against cuDNN). Each ratio is voxtile's time over the best
+peer's of the same run. Writes OUT/bench.json and OUT/bench.md after every step, so a run cut short
+keeps what it measured. See tests/gpu/README.md.
 
-usage: python3 tests/gpu/bench.py VOXTILE_BENCH_BINARY OUTDIR [w1,w2,compiled,k1,w3,mem,w1x2]
+usage: python3 tests/gpu/bench.py run --bundle DIR --out DIR [--only w1,w2,w3,w4,k1] [--modes ...]
+                                      [--w4-modes eager,default] [--deadline S] [--mode-timeout S]
+       python3 tests/gpu/bench.py merge OUT RESULT.json [RESULT.json ...]   (no GPU: joins two calls)
 """
-import json, os, subprocess, sys, time
-import numpy as np, torch, torch.nn as nn
-from monai.inferers import sliding_window_inference
-from monai.networks.nets import UNet
-from dynamic_network_architectures.architectures.unet import PlainConvUNet
+import argparse, json, os, signal, subprocess, sys, time
 
-bench_bin, out = sys.argv[1], sys.argv[2]
-which = (sys.argv[3] if len(sys.argv) > 3 else "w1,w2").split(",")
-os.makedirs(out, exist_ok=True)
-torch.backends.cudnn.benchmark = True
-dev = torch.device("cuda")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_table as bt  # noqa: E402
 
-
-def nnunet_ct():
-    return PlainConvUNet(1, 6, [32, 64, 128, 256, 320, 320], nn.Conv3d, 3, [1, 2, 2, 2, 2, 2], [2] * 6, 14, [2] * 5,
-                         conv_bias=True, norm_op=nn.InstanceNorm3d, norm_op_kwargs={"eps": 1e-5, "affine": True},
-                         nonlin=nn.LeakyReLU, nonlin_kwargs={"inplace": True})
+HERE = os.path.dirname(os.path.abspath(__file__))
+TITLES = {
+    "w1": "W1 nnU-Net CT net, 512x512x128, 49 windows",
+    "w2": "W2 MONAI UNet 16..256, 512x512x128, 49 windows",
+    "w3": "W3 CLI end to end, int16 .nii.gz -> uint8 labels .nii.gz (W1 net)",
+    "w4": "W4 W1 net on 1024x1024x512, voxtile at --memory-budget 4GiB",
+    "k1": "K1 fp16 conv 32->32 3³, 2x32x128³",
+}
+W4_SHAPE, W4_BUDGET = (1024, 1024, 512), "4GiB"
 
 
-def monai_unet():
-    return UNet(spatial_dims=3, in_channels=1, out_channels=14, channels=(16, 32, 64, 128, 256),
-                strides=(2, 2, 2, 2), num_res_units=2, norm="instance")
+class Bench:
+    """One run: its options, the results so far, and the files they are written to."""
 
+    peer_script = os.path.join(HERE, "bench_peer.py")
 
-def timed(fn, reps=3):
-    fn(); torch.cuda.synchronize(); ts = []
-    for _ in range(reps):
-        torch.cuda.synchronize(); t = time.perf_counter(); y = fn(); torch.cuda.synchronize(); ts.append(time.perf_counter() - t)
-    return sorted(ts)[reps // 2], y
+    def __init__(self, a):
+        self.a, self.t0 = a, time.monotonic()
+        self.id = time.strftime("%Y%m%dT%H%M%S")
+        self.bin = os.path.join(a.bundle, "bench")
+        self.meta = dict(id=self.id, only=a.only, modes=a.modes, w4_modes=a.w4_modes, argv=sys.argv[1:])
+        self.res = {"runs": [self.meta], "rows": {}, "extra": []}
+        os.makedirs(a.out, exist_ok=True); os.makedirs(a.work, exist_ok=True)
+        self.env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=f"{a.work}/inductor-{self.id}",
+                        TRITON_CACHE_DIR=f"{a.work}/triton-{self.id}")
 
+    def left(self):
+        return None if self.a.deadline is None else self.a.deadline - (time.monotonic() - self.t0)
 
-g = torch.Generator(device="cpu").manual_seed(0)
-vol = torch.nn.functional.interpolate(torch.randn(1, 1, 64, 64, 16, generator=g), size=(512, 512, 128), mode="trilinear")
-vol = vol + 0.1 * torch.randn(1, 1, 512, 512, 128, generator=g)
-np.save(f"{out}/vol.npy", vol[0, 0].numpy().astype(np.float32))
-vol = vol.to(dev)
-rows = []
-for name, mk in [("w1", nnunet_ct), ("w2", monai_unet)]:
-    if name not in which:
-        continue
-    torch.manual_seed(1)
-    model = mk().eval()
-    # Randomised norm affines so a wrong affine shows.
-    for m in model.modules():
-        if isinstance(m, nn.InstanceNorm3d) and m.affine:
-            nn.init.uniform_(m.weight, 0.5, 1.5); nn.init.uniform_(m.bias, -0.2, 0.2)
-    onnx_path = f"{out}/{name}.onnx"
-    torch.onnx.export(model, torch.randn(1, 1, 64, 64, 64), onnx_path, input_names=["image"], output_names=["logits"],
-                      dynamic_axes={"image": {0: "N", 2: "D", 3: "H", 4: "W"}, "logits": {0: "N", 2: "D", 3: "H", 4: "W"}},
-                      opset_version=17, dynamo=False)
-    model = model.to(dev)
+    def save(self):
+        self.meta["wall_s"] = time.monotonic() - self.t0
+        with open(f"{self.a.out}/bench.json", "w") as f:
+            json.dump(self.res, f, indent=1)
+        with open(f"{self.a.out}/bench.md", "w") as f:
+            f.write(bt.markdown(self.res))
 
-    def peer():
-        with torch.no_grad(), torch.autocast("cuda", torch.float16):
-            return sliding_window_inference(vol, (128, 128, 128), 4, model, overlap=0.5, mode="gaussian")
-    torch.cuda.reset_peak_memory_stats()
-    t_peer, y = timed(peer)
-    peak_peer = torch.cuda.max_memory_allocated() / 2**30
-    peer_labels = y.argmax(1)[0].cpu().numpy()
-    del y
-    t_comp = None
-    if "compiled" in which and name == "w1":
-        mc = torch.compile(model)
-        def peer_c():
-            with torch.no_grad(), torch.autocast("cuda", torch.float16):
-                return sliding_window_inference(vol, (128, 128, 128), 4, mc, overlap=0.5, mode="gaussian")
-        t_comp, _ = timed(peer_c)
-    torch.cuda.empty_cache()
-    env = dict(os.environ)
-    r = subprocess.run([bench_bin, onnx_path, f"{out}/vol.npy", "128", "0.5", "4", "3", "cuda", f"{out}/{name}_labels.npy"],
-                       capture_output=True, text=True, env=env)
-    sys.stderr.write(r.stderr[-3000:])
-    if r.returncode != 0:
-        rows.append(dict(workload=name, peer_s=t_peer, error=r.stderr.strip().splitlines()[-1:] )); continue
-    vx = json.loads(r.stdout.strip().splitlines()[-1])
-    lab = np.load(f"{out}/{name}_labels.npy")
-    agree = float((lab.astype(np.int64) == peer_labels).mean())
-    row = dict(workload=name, peer_eager_s=round(t_peer, 4), peer_peak_gib=round(peak_peer, 2),
-               peer_compiled_s=None if t_comp is None else round(t_comp, 4),
-               voxtile_s=round(vx["median_s"], 4), voxtile_first_s=round(vx["first_s"], 3),
-               ratio_vs_eager=round(vx["median_s"] / t_peer, 3),
-               ratio_vs_compiled=None if t_comp is None else round(vx["median_s"] / t_comp, 3),
-               voxtile_peak_device_gib=(vx["report"].get("peak_device_bytes") or 0) / 2**30,
-               label_agreement=round(agree, 5), windows=vx["report"]["windows"], gpu=vx["report"].get("gpu"))
-    rows.append(row)
-    print(json.dumps(row), flush=True)
-    del model; torch.cuda.empty_cache()
-# K1: one fp16 conv 32->32 3^3 on 2x32x128^3, cuDNN (NDHWC and NCDHW) vs voxtile's kernel (its timing
-# test in cuda_ops, same process-free GPU, same run).
-if "k1" in which:
-    x = torch.randn(2, 32, 128, 128, 128, device=dev, dtype=torch.half)
-    c = nn.Conv3d(32, 32, 3, padding=1).to(dev).half()
-    fl = 2 * 2 * 32 * 128**3 * 32 * 27
-    k1 = {}
-    for fmt in ("ncdhw", "ndhwc"):
-        xx, cc = (x, c) if fmt == "ncdhw" else (x.to(memory_format=torch.channels_last_3d), c.to(memory_format=torch.channels_last_3d))
-        def f():
-            with torch.no_grad():
-                return cc(xx)
-        t, _ = timed(f, 20)
-        k1[fmt] = t
-    ops = os.path.join(os.path.dirname(bench_bin), "cuda_ops")
-    r = subprocess.run([ops, "bench_conv_32_32", "--nocapture", "--test-threads=1"], capture_output=True, text=True)
-    vx = None
-    for line in r.stdout.splitlines():
-        if line.startswith("RESULT bench conv 32->32"):
-            vx = float(line.split(":")[1].split("ms")[0]) / 1e3
-    row = dict(workload="k1", cudnn_ndhwc_s=k1["ndhwc"], cudnn_ncdhw_s=k1["ncdhw"], voxtile_s=vx,
-               cudnn_ndhwc_tflops=round(fl / k1["ndhwc"] / 1e12, 1),
-               voxtile_tflops=None if vx is None else round(fl / vx / 1e12, 1),
-               speedup_vs_cudnn_ndhwc=None if vx is None else round(k1["ndhwc"] / vx, 3))
-    rows.append(row); print(json.dumps(row), flush=True)
+    def job(self, cmd, timeout, what, env=None, json_out=True):
+        """Runs cmd in its own process group: its last stdout line as JSON (or, with json_out False,
+        its wall time and stdout), or {"error"} / {"skipped"}. The timeout is cut to what the
+        deadline leaves; on expiry the whole group is killed."""
+        left = self.left()
+        if left is not None:
+            if left < 20:
+                return {"skipped": f"deadline ({self.a.deadline:.0f} s) reached"}
+            timeout = min(timeout, left - 10)
+        print(f"[{time.monotonic() - self.t0:6.1f} s] {what} (timeout {timeout:.0f} s)", flush=True)
+        t = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or self.env,
+                             start_new_session=True)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, err = p.communicate()
+            sys.stderr.write(err[-2000:])
+            return {"error": f"timed out after {timeout:.0f} s"}
+        if p.returncode != 0:
+            sys.stderr.write(err[-3000:])
+            last = [ln for ln in err.strip().splitlines() if ln.strip()][-1:] or [f"exit status {p.returncode}"]
+            return {"error": last[0][:300]}
+        if not json_out:
+            return dict(wall_s=time.perf_counter() - t, stdout=out.strip())
+        try:
+            return json.loads(out.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            return {"error": f"no JSON line in its output: {out[-200:]!r}"}
 
-# W3: the whole CLI process, int16 512x512x128 .nii.gz -> uint8 labels .nii.gz, W1's net, against
-# peer_e2e.py (nibabel + MONAI + PyTorch) timed the same way. voxtile twice: cold NVRTC cache, then warm.
-if "w3" in which and os.path.exists(f"{out}/w1.onnx"):
-    wheels = os.path.join(os.path.dirname(bench_bin), "wheels")
-    ct20 = os.path.join(os.path.dirname(bench_bin), "shared", "fixtures", "volumes", "ts_ct_512x512x20.nii.gz")
-    ct = f"{out}/ct512.nii.gz"
-    subprocess.run([sys.executable, f"{wheels}/make_ct512.py", ct20, ct], check=True)
-    def wall(cmd, env=None):
-        t = time.perf_counter(); r = subprocess.run(cmd, capture_output=True, text=True, env=env); w = time.perf_counter() - t
-        if r.returncode != 0:
-            sys.stderr.write(r.stderr[-2000:])
-        return w, r
-    t_peer, r = wall([sys.executable, f"{wheels}/peer_e2e.py", ct, f"{out}/peer_seg.nii.gz"])
-    print("peer:", r.stdout.strip(), flush=True)
-    vx_bin = os.path.join(os.path.dirname(bench_bin), "voxtile")
-    cache = f"{out}/vx-cache"
-    env = dict(os.environ, XDG_CACHE_HOME=cache)
-    cmd = [vx_bin, "segment", ct, "--model", f"{out}/w1.onnx", "-o", f"{out}/vx_seg.nii.gz", "--roi", "128",
-           "--overlap", "0.5", "--batch", "4", "--normalize", "zscore", "--device", "cuda", "--force",
-           "--report", f"{out}/w3_report.json"]
-    t_cold, r1 = wall(cmd, env)
-    t_warm, r2 = wall(cmd, env)
-    rep = json.load(open(f"{out}/w3_report.json")) if r2.returncode == 0 else {}
-    row = dict(workload="w3", peer_wall_s=round(t_peer, 3), voxtile_cold_wall_s=round(t_cold, 3),
-               voxtile_warm_wall_s=round(t_warm, 3), speedup_warm=round(t_peer / t_warm, 2),
-               speedup_cold=round(t_peer / t_cold, 2), stages=rep.get("seconds"), rc=[r1.returncode, r2.returncode])
-    rows.append(row); print(json.dumps(row), flush=True)
+    def worker(self, args, timeout, what):
+        r = self.job([sys.executable, self.peer_script, *args], timeout, what)
+        for k in ("gpu", "torch", "monai", "cudnn"):
+            if r.get(k) is not None:
+                self.meta[k] = r.pop(k)
+        return r
 
-# W1x2 (issue 7): W1's net and volume on cuda:0, then split across cuda:0,1 (one volume's windows
-# by D planes), same bench binary, same run: both medians, the speed-up, labels identical?
-# (W1 has instance norm, whose atomic sums can flip a rare voxel even between two cuda:0 runs.)
-if "w1x2" in which:
-    if torch.cuda.device_count() < 2 or not os.path.exists(f"{out}/w1.onnx"):
-        print(f"w1x2 skipped: {torch.cuda.device_count()} GPU(s), w1.onnx there: {os.path.exists(f'{out}/w1.onnx')} (needs w1 in the same run)", flush=True)
-    else:
+    def row(self, w):
+        return self.res["rows"].setdefault(w, dict(title=TITLES[w], peers={}, voxtile={}, notes=[]))
+
+    def peer_mode(self, w, mode, reps, shape=None):
+        args = ["peer", self.a.work, w, mode, str(reps)] + (["x".join(map(str, shape))] if shape else [])
+        e = self.worker(args, self.a.eager_timeout if mode.startswith("eager") else self.a.mode_timeout, f"{w} peer {mode}")
+        e["run"] = self.id
+        self.row(w)["peers"][mode] = e
+        print(w, mode, json.dumps({k: v for k, v in e.items() if k != "times"}), flush=True)
+        self.save()
+
+    def voxtile(self, w, args, timeout):
+        """examples/bench.rs on the run's ONNX: its JSON line, or the error."""
+        r = self.job([self.bin, *args], timeout, f"{w} voxtile")
+        if "s" not in r and "median_s" in r:
+            rep = r["report"]
+            r = dict(s=r["median_s"], first_s=r["first_s"], times=r["times"], report=rep,
+                     peak_gib=(rep.get("peak_device_bytes") or 0) / bt.GIB)
+        r["run"] = self.id
+        return r
+
+    def sliding(self, w):
+        """W1 / W2: eager first (its labels are the agreement reference), voxtile, then the other modes."""
+        import numpy as np
+        row = self.row(w)
+        modes = self.a.modes
+        if "eager" in modes:
+            self.peer_mode(w, "eager", self.a.reps)
+        lab = f"{self.a.work}/{w}_labels.npy"
+        vx = self.voxtile(w, [f"{self.a.work}/{w}.onnx", f"{self.a.work}/vol.npy", "128", "0.5", "4", "5", "cuda", lab], 120)
+        if "s" in vx:
+            vx["notes"] = [f"{vx['report']['windows']} windows, voxtile first run {vx['first_s']:.3f} s"]
+            ref = f"{self.a.work}/{w}_peer_labels.npy"
+            if os.path.exists(ref) and row["peers"].get("eager", {}).get("s") is not None:
+                agree = float((np.load(lab).astype(np.int64) == np.load(ref)).mean())
+                vx["label_agreement"] = agree
+                vx["notes"].append(f"labels agree with the eager peer on {agree:.2%} of voxels")
+            vx.pop("report", None)
+        row["voxtile"][self.id] = vx; self.save()
+        for m in modes:
+            if m != "eager":
+                self.peer_mode(w, m, self.a.reps)
+
+    def w4(self):
+        row = self.row("w4")
+        acc = bt.monai_accumulator_bytes(W4_SHAPE, 14) / bt.GIB
+        vin = W4_SHAPE[0] * W4_SHAPE[1] * W4_SHAPE[2] * 4 / bt.GIB
+        wins = bt.monai_windows(W4_SHAPE, (128,) * 3, 0.5)
+        row["notes"] = [f"MONAI's accumulator (14-class fp32 output + fp32 count map) {acc:.1f} GiB, "
+                        f"plus the fp32 input {vin:.1f} GiB, computed; on the GPU (139 GiB) its peer runs "
+                        f"roi 128³, {wins} windows"]
+        shape = "x".join(map(str, W4_SHAPE))
+        vx = self.voxtile("w4", [f"{self.a.work}/w1.onnx", shape, "auto", "0.5", "auto", "1", "cuda", "-", W4_BUDGET], 240)
+        if "s" in vx:
+            rep = vx.pop("report")
+            pred = ((rep.get("predicted_peak_bytes") or {}).get("device") or 0) / bt.GIB
+            vx["notes"] = [f"voxtile roi {'x'.join(map(str, rep['roi']))}, batch {rep['batch']}, {rep['windows']} windows, "
+                           f"device peak predicted {pred:.3f} / measured {vx['peak_gib']:.3f} GiB"]
+        row["voxtile"][self.id] = vx; self.save()
+        for m in self.a.w4_modes:
+            self.peer_mode("w4", m, 1, W4_SHAPE)
+
+    def w3(self):
+        """The whole CLI process on the real CT at 512x512x128 against peer_e2e.py (nibabel + MONAI +
+        PyTorch), both timed as processes; voxtile twice: a cold kernel cache, then a warm one."""
+        wheels, work, row = f"{self.a.bundle}/wheels", self.a.work, self.row("w3")
+        ct20 = f"{self.a.bundle}/shared/fixtures/volumes/ts_ct_512x512x20.nii.gz"
+        ct = f"{work}/ct512.nii.gz"
+        made = self.job([sys.executable, f"{wheels}/make_ct512.py", ct20, ct], 120, "w3 make_ct512", json_out=False)
+        if "wall_s" not in made:
+            row["peers"]["peer_e2e.py"] = dict(made, run=self.id); self.save(); return
+        r = self.job([sys.executable, f"{wheels}/peer_e2e.py", ct, f"{work}/peer_seg.nii.gz"], 300, "w3 peer_e2e.py", json_out=False)
+        row["peers"]["peer_e2e.py"] = dict(r, run=self.id)
+        if "wall_s" in r:
+            row["peers"]["peer_e2e.py"]["s"] = r["wall_s"]
+            row["notes"] = [f"peer_e2e.py's own split: {r['stdout'].splitlines()[-1] if r['stdout'] else '?'}"]
+        env = dict(self.env, XDG_CACHE_HOME=f"{work}/vx-cache-{self.id}")
+        cmd = [f"{self.a.bundle}/voxtile", "segment", ct, "--model", f"{work}/w1.onnx", "-o", f"{work}/vx_seg.nii.gz",
+               "--roi", "128", "--overlap", "0.5", "--batch", "4", "--normalize", "zscore", "--device", "cuda",
+               "--force", "--report", f"{work}/w3_report.json"]
+        cold = self.job(cmd, 120, "w3 voxtile, cold kernel cache", env, json_out=False)
+        warm = self.job(cmd, 120, "w3 voxtile, warm kernel cache", env, json_out=False) if "wall_s" in cold else cold
+        if "wall_s" in warm:
+            with open(f"{work}/w3_report.json") as f:
+                stages = json.load(f).get("seconds")
+            row["voxtile"][self.id] = dict(s=warm["wall_s"], cold_s=cold["wall_s"], stages=stages, run=self.id, notes=[
+                f"whole processes' wall; voxtile with a warm kernel cache, {cold['wall_s']:.2f} s cold"])
+        else:
+            row["voxtile"][self.id] = dict(warm, run=self.id)
+        self.save()
+
+    def k1(self):
+        row = self.row("k1")
+        fl = 2 * 2 * 32 * 128**3 * 32 * 27
+        r = self.worker(["k1"], 180, "k1 cuDNN")
+        if "error" in r or "skipped" in r:
+            row["peers"]["cuDNN"] = dict(r, run=self.id)
+        else:
+            row["peers"]["cuDNN NDHWC"] = dict(s=r["ndhwc"], tflops=fl / r["ndhwc"] / 1e12, run=self.id)
+            row["peers"]["cuDNN NCDHW"] = dict(s=r["ncdhw"], tflops=fl / r["ncdhw"] / 1e12, run=self.id)
+        ops = f"{self.a.bundle}/cuda_ops"
+        p = self.job([ops, "bench_conv_32_32", "--nocapture", "--test-threads=1"], 300, "k1 voxtile (cuda_ops)", json_out=False)
+        vx = None
+        for line in p.get("stdout", "").splitlines():
+            if line.startswith("RESULT bench conv 32->32"):
+                vx = float(line.split(":")[1].split("ms")[0]) / 1e3
+        row["voxtile"][self.id] = (dict(s=vx, run=self.id, notes=[f"voxtile {fl / vx / 1e12:.1f} TF/s, cuDNN NDHWC "
+                                                                   f"{row['peers'].get('cuDNN NDHWC', {}).get('tflops', 0):.1f} TF/s"])
+                                   if vx else dict(error=p.get("error") or p.get("skipped") or "no RESULT line from cuda_ops", run=self.id))
+        self.save()
+
+    def mem(self):
+        """Extra: W1 at 2/4/8 GiB on 512x512x128 and the 1024² volumes at 4 GiB (planner vs measured)."""
+        for vol, b, reps in [("vol.npy", "2GiB", "1"), ("vol.npy", "4GiB", "1"), ("vol.npy", "8GiB", "1"),
+                             ("1024x1024x256", "4GiB", "0"), ("1024x1024x512", "4GiB", "0")]:
+            path = f"{self.a.work}/vol.npy" if vol == "vol.npy" else vol
+            r = self.job([self.bin, f"{self.a.work}/w1.onnx", path, "auto", "0.5", "auto", reps, "cuda", "-", b], 120, f"mem {vol} {b}")
+            row = dict(workload="mem", budget=b, volume="512x512x128" if vol == "vol.npy" else vol)
+            if "median_s" in r:
+                rep = r["report"]
+                pred, meas = ((rep.get("predicted_peak_bytes") or {}).get("device") or 0), (rep.get("peak_device_bytes") or 0)
+                row.update(roi=rep["roi"], batch=rep["batch"], windows=rep["windows"], seconds=r["median_s"],
+                           predicted_device_gib=pred / bt.GIB, measured_device_gib=meas / bt.GIB,
+                           pred_over_meas=round(pred / meas, 3) if meas else None, oom_retries=rep.get("oom_retries"))
+            else:
+                row["error"] = r.get("error") or r.get("skipped")
+            self.res["extra"].append(row); print(json.dumps(row), flush=True); self.save()
+
+    def w1x2(self):
+        """Extra (2-GPU host): W1 on cuda:0, then split over cuda:0,1; medians and label identity."""
+        import numpy as np
         runs = {}
         for devs in ("cuda:0", "cuda:0,1"):
-            lab = f"{out}/w1x2_{devs.replace(':', '').replace(',', '_')}.npy"
-            r = subprocess.run([bench_bin, f"{out}/w1.onnx", f"{out}/vol.npy", "128", "0.5", "4", "3", devs, lab],
-                               capture_output=True, text=True)
-            sys.stderr.write(r.stderr[-2000:])
-            runs[devs] = (json.loads(r.stdout.strip().splitlines()[-1]), np.load(lab)) if r.returncode == 0 else (
-                dict(error=r.stderr.strip().splitlines()[-1:]), None)
+            lab = f"{self.a.work}/w1x2_{devs.replace(':', '').replace(',', '_')}.npy"
+            r = self.job([self.bin, f"{self.a.work}/w1.onnx", f"{self.a.work}/vol.npy", "128", "0.5", "4", "3", devs, lab], 120, f"w1x2 {devs}")
+            runs[devs] = (r, np.load(lab) if "median_s" in r else None)
         (j1, l1), (j2, l2) = runs["cuda:0"], runs["cuda:0,1"]
         if l1 is None or l2 is None:
-            row = dict(workload="w1x2", error=[j1.get("error"), j2.get("error")])
+            row = dict(workload="w1x2", error=[j1.get("error") or j1.get("skipped"), j2.get("error") or j2.get("skipped")])
         else:
-            rep = j2["report"]
-            row = dict(workload="w1x2", one_gpu_s=round(j1["median_s"], 4), two_gpu_s=round(j2["median_s"], 4),
-                       speedup=round(j1["median_s"] / j2["median_s"], 3),
-                       labels_identical=bool(np.array_equal(l1, l2)),
-                       label_agreement=float((l1 == l2).mean()),
-                       windows=rep["windows"], windows_run=rep.get("windows_run"),
-                       parts=[dict(planes=p["planes"], windows=p["windows"], compute_s=round(p["compute_seconds"], 3),
-                                   peak_device_gib=round((p.get("peak_device_bytes") or 0) / 2**30, 2))
-                              for p in rep.get("parts", [])],
-                       one_gpu_peak_device_gib=round((j1["report"].get("peak_device_bytes") or 0) / 2**30, 2))
-        rows.append(row); print(json.dumps(row), flush=True)
+            row = dict(workload="w1x2", one_gpu_s=j1["median_s"], two_gpu_s=j2["median_s"], speedup=j1["median_s"] / j2["median_s"],
+                       labels_identical=bool(np.array_equal(l1, l2)), label_agreement=float((l1 == l2).mean()),
+                       windows=j2["report"]["windows"], windows_run=j2["report"].get("windows_run"))
+        self.res["extra"].append(row); print(json.dumps(row), flush=True); self.save()
 
-# Memory budget (issue 4): W1 at 2/4/8 GiB on 512x512x128 (planner's prediction vs the measured
-# device peak), and volume size vs peak vs time at 4 GiB up to 1024x1024x512.
-if "mem" in which and os.path.exists(f"{out}/w1.onnx"):
-    def vx_run(vol, budget, reps="1"):
+    def run(self):
+        only = self.a.only
+        nets = [n for n in ("w1", "w2") if n in only or (n == "w1" and set(only) & {"w3", "w4", "mem", "w1x2"})]
+        if nets:
+            r = self.worker(["prep", self.a.work, ",".join(nets)], 300, f"prep {','.join(nets)}")
+            if "error" in r or "skipped" in r:
+                self.meta["prep_error"] = r.get("error") or r.get("skipped"); self.save()
+                raise SystemExit(f"bench.py: preparing the nets and the volume failed: {self.meta['prep_error']}")
+        steps = dict(w1=lambda: self.sliding("w1"), w2=lambda: self.sliding("w2"), w3=self.w3, w4=self.w4, k1=self.k1,
+                     mem=self.mem, w1x2=self.w1x2)
+        for w in bt.WORKLOADS + bt.EXTRAS:
+            if w in only:
+                steps[w]()
+        self.save()
+        print("\n" + bt.markdown(self.res), flush=True)
+
+
+def cli(argv):
+    p = argparse.ArgumentParser(prog="bench.py", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="measure on this GPU machine")
+    r.add_argument("--bundle", default=".dev/gpu", help="folder with bench, voxtile, cuda_ops, wheels/, shared/ (tests/gpu/bench_bundle.sh)")
+    r.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp/out"), "bench"), help="bench.json and bench.md go here")
+    r.add_argument("--work", default="/tmp/voxtile-bench", help="volumes, ONNX, labels, caches (large: keep out of $OUT)")
+    r.add_argument("--only", default=",".join(bt.WORKLOADS), help=f"workloads, of {','.join(bt.WORKLOADS + bt.EXTRAS)}")
+    r.add_argument("--modes", default=",".join(bt.MODES), help="W1/W2 peer modes")
+    r.add_argument("--w4-modes", default="eager,default", help="W4 peer modes (each pass ~15 s)")
+    r.add_argument("--reps", type=int, default=3, help="timed passes per W1/W2 peer mode (median)")
+    r.add_argument("--mode-timeout", type=float, default=480, help="seconds per compiled peer mode, compile included")
+    r.add_argument("--eager-timeout", type=float, default=180, help="seconds per eager peer mode")
+    r.add_argument("--deadline", type=float, help="seconds for the whole run: a step is cut or skipped so the run ends by then")
+    m = sub.add_parser("merge", help="join the results of several runs (say, two device calls) into one table")
+    m.add_argument("out")
+    m.add_argument("results", nargs="+")
+    a = p.parse_args(argv)
+    if a.cmd == "run":
         try:
-            r = subprocess.run([bench_bin, f"{out}/w1.onnx", vol, "auto", "0.5", "auto", reps, "cuda", "-", budget],
-                               capture_output=True, text=True, timeout=60)
-        except subprocess.TimeoutExpired:
-            return dict(error="timed out after 60 s")
-        if r.returncode != 0:
-            return dict(error=r.stderr.strip().splitlines()[-1:] if r.stderr.strip() else r.returncode)
-        j = json.loads(r.stdout.strip().splitlines()[-1]); rep = j["report"]
-        pred = (rep.get("predicted_peak_bytes") or {}).get("device") or 0
-        meas = rep.get("peak_device_bytes") or 0
-        gpu = rep.get("gpu") or {}
-        return dict(budget=budget, volume=vol if not vol.endswith(".npy") else "512x512x128", roi=rep["roi"],
-                    batch=rep["batch"], windows=rep["windows"], seconds=round(j["median_s"], 3),
-                    predicted_device_gib=round(pred / 2**30, 3), measured_device_gib=round(meas / 2**30, 3),
-                    pred_over_meas=round(pred / meas, 3) if meas else None,
-                    cuMemGetInfo_used_gib=round((gpu.get("mem_info_used_during", 0) - gpu.get("mem_info_used_before", 0)) / 2**30, 3),
-                    oom_retries=rep.get("oom_retries"))
-    for b in ("2GiB", "4GiB", "8GiB"):
-        row = dict(workload="mem", **vx_run(f"{out}/vol.npy", b)); rows.append(row); print(json.dumps(row), flush=True)
-    for v in ("1024x1024x256", "1024x1024x512"):
-        row = dict(workload="mem", **vx_run(v, "4GiB", "0")); rows.append(row); print(json.dumps(row), flush=True)
+            # 'compiled' was the old switch for W1's compile default: every mode is timed now.
+            a.only = bt.parse_list(",".join(n for n in a.only.split(",") if n != "compiled"), bt.WORKLOADS + bt.EXTRAS, "workload")
+            a.modes = bt.parse_list(a.modes, bt.MODES, "peer mode")
+            a.w4_modes = bt.parse_list(a.w4_modes, bt.MODES, "W4 peer mode")
+        except ValueError as e:
+            p.error(str(e))
+    return a
 
-json.dump(rows, open(f"{out}/bench.json", "w"), indent=1)
-print("\nworkload  peer_eager_s  voxtile_s  ratio  labels_agree  peak_GiB(peer/voxtile)")
-for r in rows:
-    if r.get("workload") == "mem":
-        print("mem      ", {k: r.get(k) for k in ("budget", "volume", "roi", "batch", "windows", "seconds", "predicted_device_gib", "measured_device_gib", "pred_over_meas", "error")})
-        continue
-    if r.get("workload") == "k1":
-        print(f'k1        cuDNN NDHWC {r["cudnn_ndhwc_s"]*1e3:.3f} ms ({r["cudnn_ndhwc_tflops"]} TF/s), voxtile {r["voxtile_tflops"]} TF/s: speed-up {r["speedup_vs_cudnn_ndhwc"]}')
-        continue
-    if r.get("workload") == "w1x2":
-        if "error" in r:
-            print("w1x2 ERROR", r["error"]); continue
-        print(f'w1x2      cuda:0 {r["one_gpu_s"]} s, cuda:0,1 {r["two_gpu_s"]} s: speed-up {r["speedup"]}x; labels identical {r["labels_identical"]} (agreement {r["label_agreement"]:.6f}); windows {r["windows"]} -> {r["windows_run"]} run')
-        continue
-    if r.get("workload") == "w3":
-        print(f'w3        peer wall {r["peer_wall_s"]} s, voxtile wall {r["voxtile_warm_wall_s"]} s (cold cache {r["voxtile_cold_wall_s"]} s): {r["speedup_warm"]}x faster')
-        continue
-    if "error" in r:
-        print(r["workload"], "ERROR", r["error"]); continue
-    print(f'{r["workload"]:8}  {r["peer_eager_s"]:12.4f}  {r["voxtile_s"]:9.4f}  {r["ratio_vs_eager"]:5.3f}  {r["label_agreement"]:12.5f}  {r["peer_peak_gib"]:.2f}/{r["voxtile_peak_device_gib"]:.2f}')
+
+def main(argv):
+    a = cli(argv)
+    if a.cmd == "merge":
+        results = []
+        for path in a.results:
+            with open(path) as f:
+                results.append(json.load(f))
+        os.makedirs(a.out, exist_ok=True)
+        res = bt.merge(results)
+        with open(f"{a.out}/bench.json", "w") as f:
+            json.dump(res, f, indent=1)
+        with open(f"{a.out}/bench.md", "w") as f:
+            f.write(bt.markdown(res))
+        print(bt.markdown(res))
+        return
+    Bench(a).run()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,193 @@
+"""Tests of tests/gpu/bench.py's pure-Python parts, runnable without a GPU or torch:
+    /tmp/venv/bin/python -m unittest tests/gpu/test_bench_table.py   (numpy needed for the run test)
+The run test drives bench.py's orchestration with a fake bundle (bench, voxtile, cuda_ops, wheels)
+and a fake peer worker: one mode fails, one hangs past its timeout, the others give times."""
+import json, os, sys, tempfile, textwrap, time, unittest
+
+sys.dont_write_bytecode = True  # no __pycache__ left in tests/gpu
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_table as bt  # noqa: E402
+
+
+def entry(s, run="a", **kw):
+    return dict(s=s, run=run, **kw)
+
+
+class Ratio(unittest.TestCase):
+    def test_faster_slower_same(self):
+        r, words = bt.ratio_words(0.25, 0.5)
+        self.assertEqual(r, 0.5)
+        self.assertEqual(words, "0.500 (voxtile 2.00x faster)")
+        self.assertEqual(bt.ratio_words(0.6, 0.4)[1], "1.500 (voxtile 1.50x slower)")
+        self.assertEqual(bt.ratio_words(0.3001, 0.3)[1], "1.000 (same time within 0.5%)")
+
+    def test_best_peer_skips_failures(self):
+        peers = {"eager": entry(0.44), "default": dict(error="boom", run="a"), "reduce-overhead": entry(0.29),
+                 "max-autotune-no-cudagraphs": dict(skipped="deadline", run="a")}
+        self.assertEqual(bt.best_peer(peers)[0], "reduce-overhead")
+        self.assertEqual(bt.best_peer({"default": dict(error="x")}), (None, None))
+
+    def test_ratio_pairs_the_best_peer_with_voxtile_of_its_run(self):
+        # Two device calls merged: the best peer comes from run b, so voxtile's time of run b is used.
+        a = {"runs": [{"id": "a"}], "rows": {"w1": {"title": "W1", "peers": {"eager": entry(0.44, "a")},
+                                                   "voxtile": {"a": entry(0.30, "a")}}}}
+        b = {"runs": [{"id": "b"}], "rows": {"w1": {"title": "W1", "peers": {"max-autotune-no-cudagraphs": entry(0.29, "b")},
+                                                   "voxtile": {"b": entry(0.27, "b")}}}}
+        m = bt.merge([a, b])
+        self.assertEqual(sorted(m["rows"]["w1"]["peers"]), ["eager", "max-autotune-no-cudagraphs"])
+        sm = bt.summarize(m["rows"]["w1"])
+        self.assertEqual((sm["best_mode"], sm["vox_s"]), ("max-autotune-no-cudagraphs", 0.27))
+        self.assertAlmostEqual(sm["ratio"], 0.27 / 0.29)
+        self.assertIn("voxtile 1.07x faster", sm["words"])
+
+    def test_no_voxtile_time_in_the_best_peers_run(self):
+        row = {"peers": {"eager": entry(0.4, "b")}, "voxtile": {"a": entry(0.3, "a")}}
+        self.assertEqual(bt.summarize(row)["ratio"], None)
+        self.assertIn("not timed in run b", bt.summarize(row)["words"])
+
+
+class Sizes(unittest.TestCase):
+    def test_monai_accumulator_w4(self):
+        # 14 fp32 class planes + 1 fp32 count map over 1024x1024x512 voxels = 30 GiB.
+        self.assertEqual(bt.monai_accumulator_bytes((1024, 1024, 512), 14), 30 * 2**30)
+
+    def test_monai_windows(self):
+        self.assertEqual(bt.monai_windows((512, 512, 128), (128,) * 3, 0.5), 49)
+        self.assertEqual(bt.monai_windows((1024, 1024, 512), (128,) * 3, 0.5), 1575)
+        self.assertEqual(bt.monai_windows((130, 128, 128), (128,) * 3, 0.5), 2)
+
+    def test_parse_list(self):
+        self.assertEqual(bt.parse_list("w2,w1,w2", bt.WORKLOADS, "workload"), ["w2", "w1"])
+        with self.assertRaisesRegex(ValueError, "unknown workload w5"):
+            bt.parse_list("w1,w5", bt.WORKLOADS, "workload")
+
+
+class Tables(unittest.TestCase):
+    def res(self):
+        return {"runs": [{"id": "a", "gpu": "H200", "only": ["w1", "k1"], "modes": bt.MODES, "wall_s": 10}],
+                "rows": {"w1": {"title": "W1 net", "notes": [], "peers": {
+                    "eager": entry(0.446, peak_gib=7.97), "default": entry(0.294, compiled=True, first_s=61.0),
+                    "max-autotune-no-cudagraphs": dict(error="timed out after 480 s", run="a")},
+                    "voxtile": {"a": entry(0.278, peak_gib=2.44, notes=["49 windows"])}},
+                    "k1": {"title": "K1 conv", "notes": [], "peers": {"cuDNN NDHWC": entry(1.319e-3)},
+                           "voxtile": {"a": entry(0.93e-3)}}}, "extra": []}
+
+    def test_tables_are_well_formed_and_say_who_is_faster(self):
+        md = bt.markdown(self.res())
+        tables = [ln for ln in md.splitlines() if ln.startswith("|")]
+        self.assertTrue(tables)
+        for block in (bt.summary_table(self.res()), bt.modes_table(self.res())):
+            widths = {ln.count("|") for ln in block.splitlines()}
+            self.assertEqual(len(widths), 1, block)
+        modes = bt.modes_table(self.res())
+        self.assertIn("FAILED: timed out after 480 s", modes)
+        self.assertIn("0.294 s (first pass 61.0 s)", modes)
+        self.assertIn("compile default 0.294 s", modes)
+        self.assertIn("**0.946 (voxtile 1.06x faster)**", modes)
+        self.assertNotIn("reduce-overhead", modes)  # a mode no row ran has no column
+        summary = bt.summary_table(self.res())
+        self.assertIn("cuDNN NDHWC 1.319 ms", summary)
+        self.assertIn("voxtile 1.42x faster", summary)
+        self.assertIn("7.97 / 2.44", bt.summary_table({"rows": {"w1": dict(self.res()["rows"]["w1"], peers={
+            "eager": entry(0.446, peak_gib=7.97)})}}))
+
+
+FAKE_PEER = """
+import json, sys, time, numpy as np
+job = sys.argv[1]
+if job == "prep":
+    np.save(sys.argv[2] + "/vol.npy", np.zeros((4, 4, 4), np.float32))
+    for n in sys.argv[3].split(","):
+        open(f"{sys.argv[2]}/{n}.onnx", "w").write("fake")
+    print(json.dumps(dict(gpu="Fake GPU", torch="0", monai="0")))
+elif job == "k1":
+    print(json.dumps(dict(ndhwc=1.3e-3, ncdhw=1.9e-3)))
+else:
+    work, w, mode = sys.argv[2:5]
+    if mode == "reduce-overhead":
+        raise RuntimeError("cudagraphs broke")
+    if mode == "max-autotune-no-cudagraphs":
+        time.sleep(60)
+    if mode == "eager" and len(sys.argv) == 6:
+        np.save(f"{work}/{w}_peer_labels.npy", np.ones((4, 4, 4), np.uint8))
+    s = {"eager": 0.44, "eager-cl": 0.45, "default": 0.29}[mode]
+    print("noise")
+    print(json.dumps(dict(s=s * (10 if len(sys.argv) > 6 else 1), first_s=9.0, compiled=mode == "default", peak_gib=8.0)))
+"""
+FAKE_BENCH = """
+import json, sys, numpy as np
+a = sys.argv
+if a[8] != "-":
+    lab = np.ones((4, 4, 4), np.float32); lab[0, 0, 0] = 2; np.save(a[8], lab)
+rep = dict(windows=49, roi=[64, 128, 128], batch=4, peak_device_bytes=2**31, predicted_peak_bytes=dict(device=2**31))
+print(json.dumps(dict(median_s=0.28 if a[2].endswith(".npy") else 9.5, first_s=0.4, times=[0.28], report=rep)))
+"""
+FAKE_OPS = "print('RESULT bench conv 32->32 3^3 2x32x128^3: 0.930 ms')"
+FAKE_SEGMENT = """
+import json, sys
+a = sys.argv
+json.dump(dict(seconds=dict(total=1.0)), open(a[a.index("--report") + 1], "w"))
+"""
+
+
+class Run(unittest.TestCase):
+    """bench.py run end to end on fakes: every workload gets a row, failures are reported, the run
+    is not lost, and the files land in --out."""
+
+    def test_run_with_fakes(self):
+        import bench
+        d = tempfile.mkdtemp()
+        bundle = f"{d}/bundle"
+        os.makedirs(f"{bundle}/wheels"); os.makedirs(f"{bundle}/shared/fixtures/volumes")
+
+        def script(path, body):
+            with open(path, "w") as f:
+                f.write(f"#!{sys.executable}\n" + textwrap.dedent(body))
+            os.chmod(path, 0o755)
+        script(f"{bundle}/bench", FAKE_BENCH)
+        script(f"{bundle}/cuda_ops", FAKE_OPS)
+        script(f"{bundle}/voxtile", FAKE_SEGMENT)
+        script(f"{bundle}/wheels/make_ct512.py", "import sys; open(sys.argv[2], 'w').write('ct'); print((512, 512, 128))")
+        script(f"{bundle}/wheels/peer_e2e.py", "import time; time.sleep(0.2); print('import 1s total 2s')")
+        script(f"{d}/peer.py", FAKE_PEER)
+        a = bench.cli(["run", "--bundle", bundle, "--out", f"{d}/out", "--work", f"{d}/work", "--only", "w1,w3,w4,k1",
+                       "--mode-timeout", "3", "--w4-modes", "eager"])
+        b = bench.Bench(a)
+        b.peer_script = f"{d}/peer.py"
+        t = time.monotonic()
+        b.run()
+        self.assertLess(time.monotonic() - t, 40, "the hanging mode was not cut at its timeout")
+        with open(f"{d}/out/bench.json") as f:
+            res = json.load(f)
+        w1 = res["rows"]["w1"]
+        self.assertEqual(w1["peers"]["max-autotune-no-cudagraphs"]["error"], "timed out after 3 s")
+        self.assertIn("cudagraphs broke", w1["peers"]["reduce-overhead"]["error"])
+        self.assertEqual(bt.summarize(w1)["best_mode"], "default")
+        vx = w1["voxtile"][b.id]
+        self.assertAlmostEqual(vx["label_agreement"], 63 / 64)
+        self.assertEqual(res["runs"][0]["gpu"], "Fake GPU")
+        self.assertEqual(res["rows"]["w4"]["peers"]["eager"]["s"], 4.4)
+        self.assertIn("30.0 GiB", res["rows"]["w4"]["notes"][0])
+        self.assertEqual(res["rows"]["k1"]["voxtile"][b.id]["s"], 0.93e-3)
+        self.assertGreater(res["rows"]["w3"]["peers"]["peer_e2e.py"]["s"], 0.2)
+        with open(f"{d}/out/bench.md") as f:
+            md = f.read()
+        self.assertIn("voxtile 1.04x faster", md)  # 0.28 against compile default's 0.29
+        self.assertIn("FAILED: timed out after 3 s", md)
+
+    def test_deadline_skips_instead_of_overrunning(self):
+        import bench
+        a = bench.cli(["run", "--bundle", "/nonexistent", "--out", tempfile.mkdtemp(), "--work", tempfile.mkdtemp(),
+                       "--deadline", "5"])
+        r = bench.Bench(a).job([sys.executable, "-c", "print(1)"], 100, "anything")
+        self.assertIn("deadline", r["skipped"])
+
+    def test_bad_workload_is_one_clear_error(self):
+        import bench
+        with self.assertRaises(SystemExit):
+            bench.cli(["run", "--only", "w1,w5"])
+
+
+if __name__ == "__main__":
+    unittest.main()
