@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
-# On the GPU machine: the peer (PyTorch + MONAI) and voxtile in one run, same nets and volume.
-# Expects .dev/gpu/ (carried) with: bench (examples/bench built --release), wheels/*.whl (monai,
-# dynamic_network_architectures). Usage: bash tests/gpu/bench.sh [w1,w2,compiled]
+# On the GPU machine: voxtile against its PyTorch + MONAI peers, one run (tests/gpu/bench.py; see
+# tests/gpu/README.md). BUNDLE (default .dev/gpu; .dev/gb from tests/gpu/bench_bundle.sh fits a
+# device call) holds bench, voxtile, cuda_ops, wheels/ and shared/. Arguments go to `bench.py run`:
+#   BUNDLE=.dev/gb bash tests/gpu/bench.sh --only w1,w2 --modes eager,default --deadline 560
+# The old form `bench.sh w1,w2[,compiled]` (all.sh) still works: eager only, plus compile default
+# with `compiled`. Results: $OUT/bench/{bench.json,bench.md,bench.log}.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/../.." && pwd)"
-dev="$here/.dev/gpu"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site "$dev"/wheels/*.whl
+bundle="${BUNDLE:-$here/.dev/gpu}"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$bundle"/wheels/*.whl
 export PYTHONPATH=/tmp/site LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
-out="${OUT:-/tmp/out}"
+out="${OUT:-/tmp/out}/bench"
+mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-python3 "$here/tests/gpu/bench.py" "$dev/bench" "$out/bench" "${1:-w1,w2}"
+if [ $# -gt 0 ] && [[ "$1" != -* ]]; then
+  modes=eager; [[ ",$1," == *,compiled,* ]] && modes=eager,default
+  set -- --only "$1" --modes "$modes" "${@:2}"
+fi
+python3 "$here/tests/gpu/bench.py" run --bundle "$bundle" --out "$out" "$@" 2>&1 | tee "$out/bench.log"
