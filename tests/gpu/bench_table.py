@@ -195,7 +195,8 @@ def markdown(res):
         parts.append(f"- run `{run.get('id')}`: {run.get('gpu')}, torch {run.get('torch')}, MONAI {run.get('monai')}; "
                      f"workloads {','.join(run.get('only', []))}, peer modes {','.join(run.get('modes', []))}; "
                      f"{run.get('wall_s', 0):.0f} s wall")
-    parts += ["", "Ratio = voxtile time / best peer time of the same run (below 1: voxtile is faster). "
+    parts += ["", "Ratio = voxtile time / best peer time, voxtile's time taken from the best peer's own run "
+              "(below 1: voxtile is faster). "
               "Peers: MONAI sliding_window_inference (roi 128³, sw_batch 4, overlap 0.5, gaussian) under "
               "torch.autocast fp16, the volume on the GPU, logits left there; median of the timed passes after "
               "warm-up (a compiled mode's first pass holds its compile). voxtile: the engine on the host volume, "
