@@ -92,7 +92,16 @@ struct Lowerer<'a> {
     exprs_charged: Cell<usize>,
     /// Index of the node producing each IR value (None for the input).
     producer: Vec<Option<usize>>,
+    /// Set when a fold or work budget was exceeded: the import stops at once (no error list).
+    budget_hit: Cell<bool>,
+    /// ONNX values computed by a node voxtile could not lower (or downstream of one).
+    poisoned: HashSet<String>,
+    /// Every construct voxtile could not lower, in graph order (see [`MAX_LISTED`]).
+    unsupported: Vec<String>,
 }
+
+/// Unsupported constructs named in one error; a hostile file with thousands stops there.
+const MAX_LISTED: usize = 32;
 
 /// Context for error messages: `node "name" (Op)`.
 struct Ctx<'a> {
@@ -138,6 +147,9 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         probe_cache: RefCell::new(None),
         exprs_charged: Cell::new(0),
         producer: vec![],
+        budget_hit: Cell::new(false),
+        poisoned: HashSet::new(),
+        unsupported: vec![],
     };
 
     for t in &g.initializer {
@@ -219,16 +231,30 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
             name,
             op: n.op_type().to_string(),
         };
-        if !n.domain().is_empty() && n.domain() != "ai.onnx" {
-            return Err(ctx.err(format!(
-                "operators of domain \"{}\" are not supported",
-                n.domain()
-            )));
+        lw.visit(n, &ctx)?;
+        if lw.unsupported.len() >= MAX_LISTED {
+            break;
         }
-        lw.node(n, &ctx)?;
     }
-
+    if !lw.unsupported.is_empty() {
+        return Err(unsupported_error(path, &lw.unsupported));
+    }
     lw.finish(g, out_name, fixed)
+}
+
+/// One error naming every construct voxtile could not lower, one per line after the first, so a
+/// user sees the whole distance to a model voxtile runs before exporting again.
+fn unsupported_error(path: &Path, items: &[String]) -> Error {
+    let more = if items.len() >= MAX_LISTED {
+        " (listing stopped there)"
+    } else {
+        ""
+    };
+    let head = match items {
+        [one] => return Error::model(path, one.clone()),
+        _ => format!("{} constructs voxtile does not support{more}:", items.len()),
+    };
+    Error::model(path, format!("{head}\n  {}", items.join("\n  ")))
 }
 
 impl Lowerer<'_> {
@@ -396,7 +422,49 @@ impl Lowerer<'_> {
         out
     }
 
-    pub(super) fn node(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
+    /// Lower one node, or record why it cannot be and mark its outputs unavailable so that the
+    /// import goes on and reports every unsupported construct at once. A node downstream of an
+    /// unsupported one can only be judged by its operator; budget overruns end the import.
+    fn visit(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
+        let foreign = !n.domain().is_empty() && n.domain() != "ai.onnx";
+        let why = if foreign {
+            Some(format!(
+                "operators of domain \"{}\" are not supported",
+                n.domain()
+            ))
+        } else if handler(n.op_type()).is_none() {
+            Some(format!(
+                "operator {} is not supported by voxtile",
+                n.op_type()
+            ))
+        } else {
+            None
+        };
+        let downstream = n
+            .input
+            .iter()
+            .any(|i| self.poisoned.contains(&self.resolve(i)));
+        let failed = match (why, downstream) {
+            (Some(why), _) => Some(ctx.err(why)),
+            (None, true) => None,
+            (None, false) => match self.node(n, ctx) {
+                Ok(()) => return Ok(()),
+                Err(e) if self.budget_hit.get() => return Err(e),
+                Err(e) => Some(e),
+            },
+        };
+        if let Some(e) = failed {
+            self.unsupported.push(match e {
+                Error::Model { msg, .. } => msg,
+                other => other.to_string(),
+            });
+        }
+        self.poisoned
+            .extend(n.output.iter().filter(|o| !o.is_empty()).cloned());
+        Ok(())
+    }
+
+    fn node(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
         let op = n.op_type();
         if n.output.len() > 1 && !matches!(op, "MaxPool" | "BatchNormalization" | "Dropout") {
             return Err(ctx.err(format!(
@@ -411,33 +479,44 @@ impl Lowerer<'_> {
         {
             return Err(ctx.err("its secondary outputs (indices / running statistics / mask) are used, which voxtile does not support"));
         }
-        match op {
-            "Identity" | "Dropout" => {
-                let v = self.get(ctx, n, 0)?;
-                self.set(n, v)?;
-            }
-            "Constant" => self.constant(n, ctx)?,
-            "Conv" => self.conv(n, ctx)?,
-            "ConvTranspose" => self.conv_transpose(n, ctx)?,
-            "BatchNormalization" => self.batch_norm(n, ctx)?,
-            "InstanceNormalization" => self.instance_norm(n, ctx)?,
-            "GroupNormalization" => self.group_norm_op(n, ctx)?,
-            "Relu" | "Sigmoid" | "Tanh" | "LeakyRelu" | "Elu" | "PRelu" => {
-                self.activation(n, ctx)?
-            }
-            "Softmax" => self.softmax(n, ctx)?,
-            "Add" | "Sub" | "Mul" | "Div" => self.binary(n, ctx)?,
-            "Concat" => self.concat(n, ctx)?,
-            "MaxPool" | "AveragePool" => self.pool(n, ctx)?,
-            "Resize" | "Upsample" => self.resize(n, ctx)?,
-            "Reshape" => self.reshape(n, ctx)?,
-            "Shape" => self.shape_op(n, ctx)?,
-            "Cast" => self.cast(n, ctx)?,
-            "Gather" | "Unsqueeze" | "Squeeze" | "Slice" | "ConstantOfShape" | "Flatten"
-            | "Floor" | "Ceil" | "Neg" | "Sqrt" | "Reciprocal" | "Min" | "Max" | "Range"
-            | "Expand" | "Transpose" => self.plumbing(n, ctx)?,
-            other => return Err(ctx.err(format!("operator {other} is not supported by voxtile"))),
-        }
-        Ok(())
+        let lower = handler(op)
+            .ok_or_else(|| ctx.err(format!("operator {op} is not supported by voxtile")))?;
+        lower(self, n, ctx)
     }
+
+    fn pass_through(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
+        let v = self.get(ctx, n, 0)?;
+        self.set(n, v)
+    }
+}
+
+/// How one ONNX node is lowered.
+type Handler<'a> = fn(&mut Lowerer<'a>, &proto::NodeProto, &Ctx) -> Result<()>;
+
+/// The operators voxtile lowers, each with its lowering: the one list that says what is supported
+/// (the importer also uses it to judge nodes downstream of an unsupported one).
+fn handler<'a>(op: &str) -> Option<Handler<'a>> {
+    let h: Handler<'a> = match op {
+        "Identity" | "Dropout" => |l, n, c| l.pass_through(n, c),
+        "Constant" => |l, n, c| l.constant(n, c),
+        "Conv" => |l, n, c| l.conv(n, c),
+        "ConvTranspose" => |l, n, c| l.conv_transpose(n, c),
+        "BatchNormalization" => |l, n, c| l.batch_norm(n, c),
+        "InstanceNormalization" => |l, n, c| l.instance_norm(n, c),
+        "GroupNormalization" => |l, n, c| l.group_norm_op(n, c),
+        "Relu" | "Sigmoid" | "Tanh" | "LeakyRelu" | "Elu" | "PRelu" => |l, n, c| l.activation(n, c),
+        "Softmax" => |l, n, c| l.softmax(n, c),
+        "Add" | "Sub" | "Mul" | "Div" => |l, n, c| l.binary(n, c),
+        "Concat" => |l, n, c| l.concat(n, c),
+        "MaxPool" | "AveragePool" => |l, n, c| l.pool(n, c),
+        "Resize" | "Upsample" => |l, n, c| l.resize(n, c),
+        "Reshape" => |l, n, c| l.reshape(n, c),
+        "Shape" => |l, n, c| l.shape_op(n, c),
+        "Cast" => |l, n, c| l.cast(n, c),
+        "Gather" | "Unsqueeze" | "Squeeze" | "Slice" | "ConstantOfShape" | "Flatten" | "Floor"
+        | "Ceil" | "Neg" | "Sqrt" | "Reciprocal" | "Min" | "Max" | "Range" | "Expand"
+        | "Transpose" => |l, n, c| l.plumbing(n, c),
+        _ => return None,
+    };
+    Some(h)
 }

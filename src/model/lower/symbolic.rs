@@ -53,6 +53,7 @@ impl Lowerer<'_> {
     /// (checked before allocating, where the size is known up front).
     pub(super) fn check_fold(&self, ctx: &Ctx, elems: usize) -> Result<()> {
         if elems > self.fold_left.get() {
+            self.budget_hit.set(true);
             return Err(ctx.err(format!(
                 "folding its constant/shape computation needs {elems} elements; with the folds \
                  before it, that is more than the {FOLD_BUDGET} voxtile allows for a model"
@@ -71,6 +72,7 @@ impl Lowerer<'_> {
     pub(super) fn charge_work(&self, ctx: &Ctx, steps: u64) -> Result<()> {
         let left = self.work_left.get();
         if steps > left {
+            self.budget_hit.set(true);
             return Err(ctx.err(format!(
                 "evaluating the model's shape computations takes more than {WORK_BUDGET} steps; \
                  the graph is too large or too deep to fold"
