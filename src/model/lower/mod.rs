@@ -96,8 +96,9 @@ struct Lowerer<'a> {
     budget_hit: Cell<bool>,
     /// ONNX values computed by a node voxtile could not lower (or downstream of one).
     poisoned: HashSet<String>,
-    /// Every construct voxtile could not lower, in graph order (see [`MAX_LISTED`]).
-    unsupported: Vec<String>,
+    /// Every construct voxtile could not lower, in graph order, with its operator (see
+    /// [`MAX_LISTED`]).
+    unsupported: Vec<(String, String)>,
 }
 
 /// Unsupported constructs named in one error; a hostile file with thousands stops there.
@@ -244,17 +245,33 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
 
 /// One error naming every construct voxtile could not lower, one per line after the first, so a
 /// user sees the whole distance to a model voxtile runs before exporting again.
-fn unsupported_error(path: &Path, items: &[String]) -> Error {
+fn unsupported_error(path: &Path, items: &[(String, String)]) -> Error {
+    if let [(_, one)] = items {
+        return Error::model(path, one.clone());
+    }
+    let mut by_op: Vec<(&str, usize)> = vec![];
+    for (op, _) in items {
+        match by_op.iter_mut().find(|(o, _)| o == op) {
+            Some((_, k)) => *k += 1,
+            None => by_op.push((op, 1)),
+        }
+    }
+    let ops: Vec<String> = by_op.iter().map(|(o, k)| format!("{o} x{k}")).collect();
     let more = if items.len() >= MAX_LISTED {
-        " (listing stopped there)"
+        ", listing stopped there"
     } else {
         ""
     };
-    let head = match items {
-        [one] => return Error::model(path, one.clone()),
-        _ => format!("{} constructs voxtile does not support{more}:", items.len()),
-    };
-    Error::model(path, format!("{head}\n  {}", items.join("\n  ")))
+    let lines: Vec<&str> = items.iter().map(|(_, m)| m.as_str()).collect();
+    Error::model(
+        path,
+        format!(
+            "{} constructs voxtile does not support ({}{more}):\n  {}",
+            items.len(),
+            ops.join(", "),
+            lines.join("\n  ")
+        ),
+    )
 }
 
 impl Lowerer<'_> {
@@ -454,10 +471,11 @@ impl Lowerer<'_> {
             },
         };
         if let Some(e) = failed {
-            self.unsupported.push(match e {
+            let msg = match e {
                 Error::Model { msg, .. } => msg,
                 other => other.to_string(),
-            });
+            };
+            self.unsupported.push((n.op_type().to_string(), msg));
         }
         self.poisoned
             .extend(n.output.iter().filter(|o| !o.is_empty()).cloned());

@@ -1,0 +1,195 @@
+//! Model coverage: small instances of the 3D segmentation networks people use (MONAI and nnU-Net),
+//! exported by both PyTorch exporters (tests/fixtures/archs, made by make.py there), against
+//! PyTorch fp32 on one window and MONAI's sliding window. An architecture either loads and meets
+//! the bars (CPU rel L2 <= 1e-5; CUDA fp16 rel L2 <= 1e-2 and argmax agreement >= 99.9%), or is
+//! refused at load with the constructs voxtile lacks: never a wrong result.
+
+mod common;
+use common::*;
+use ndarray::{Array5, Axis, Ix5};
+use std::path::{Path, PathBuf};
+use voxtile::engine::{Device, Engine, Options};
+use voxtile::tiling::{argmax, BlendMode, PadMode, Placement};
+
+/// Architectures that must load from both exporters (the README's coverage table).
+const SUPPORTED: &[&str] = &[
+    "dynunet",
+    "plainconvunet",
+    "resencunet",
+    "segresnet",
+    "segresnetds",
+];
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/archs")
+}
+
+fn index() -> serde_json::Map<String, serde_json::Value> {
+    let text = std::fs::read_to_string(dir().join("index.json")).expect("index.json");
+    serde_json::from_str::<serde_json::Value>(&text)
+        .unwrap()
+        .as_object()
+        .unwrap()
+        .clone()
+}
+
+fn npy(name: &str) -> Option<Array5<f32>> {
+    let p = dir().join(name);
+    p.exists().then(|| {
+        voxtile::internals::npy::read_f32(&p)
+            .unwrap()
+            .into_dimensionality::<Ix5>()
+            .unwrap()
+    })
+}
+
+/// The exports present for one architecture: (exporter, path).
+fn exports(arch: &str) -> Vec<(&'static str, PathBuf)> {
+    ["legacy", "dynamo"]
+        .into_iter()
+        .map(|e| (e, dir().join(format!("{arch}_{e}.onnx"))))
+        .filter(|(_, p)| p.exists())
+        .collect()
+}
+
+fn sw_options(entry: &serde_json::Value, device: Device) -> Options {
+    let sw = &entry["sw"];
+    let roi: Vec<usize> = sw["roi"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as usize)
+        .collect();
+    Options {
+        roi: Some([roi[0], roi[1], roi[2]]),
+        overlap: [sw["overlap"].as_f64().unwrap(); 3],
+        blend: BlendMode::Gaussian,
+        sigma_scale: [sw["sigma_scale"].as_f64().unwrap(); 3],
+        placement: Placement::Monai,
+        batch: Some(sw["sw_batch_size"].as_u64().unwrap() as usize),
+        pad: PadMode::Constant(0.0),
+        device,
+        keep_logits: true,
+        ..Options::default()
+    }
+}
+
+/// Mean argmax agreement over the batch of two NCDHW arrays.
+fn argmax_agreement(got: &Array5<f32>, want: &Array5<f32>) -> f64 {
+    let n = got.shape()[0];
+    (0..n)
+        .map(|i| {
+            let a = argmax(got.index_axis(Axis(0), i));
+            let b = argmax(want.index_axis(Axis(0), i));
+            agreement(a.iter(), b.iter())
+        })
+        .sum::<f64>()
+        / n as f64
+}
+
+/// Sliding window through the engine: logits of the one batch item.
+fn sliding(model: &Path, entry: &serde_json::Value, arch: &str, device: Device) -> Option<f64> {
+    let (x, want) = (
+        npy(&format!("{arch}_sw_input.npy"))?,
+        npy(&format!("{arch}_sw_output.npy"))?,
+    );
+    let mut engine = Engine::from_file(model, sw_options(entry, device)).unwrap();
+    let (_, logits, _) = engine
+        .segment_array(x.index_axis(Axis(0), 0), &mut |_, _| {})
+        .unwrap();
+    let want = want.index_axis(Axis(0), 0);
+    assert_eq!(logits.shape(), want.shape(), "{arch}: sliding-window shape");
+    Some(rel_l2(logits.iter(), want.iter()))
+}
+
+#[test]
+fn architectures_on_the_cpu() {
+    let index = index();
+    for (arch, entry) in &index {
+        let x = npy(&format!("{arch}_input.npy")).expect("window input");
+        let want = npy(&format!("{arch}_output.npy")).expect("window output");
+        for (exporter, model) in exports(arch) {
+            let g = match voxtile::model::onnx::load(&model) {
+                Ok(g) => g,
+                Err(e) => {
+                    let msg = e.to_string();
+                    println!(
+                        "RESULT cpu {arch} {exporter}: refused: {}",
+                        msg.lines().next().unwrap()
+                    );
+                    assert!(
+                        !SUPPORTED.contains(&arch.as_str()),
+                        "{arch} ({exporter}) must load: {msg}"
+                    );
+                    assert!(
+                        msg.contains("support"),
+                        "{arch} ({exporter}): unclear refusal: {msg}"
+                    );
+                    continue;
+                }
+            };
+            let got = voxtile::internals::cpu::run_graph(&g, x.view()).expect("runs");
+            assert_eq!(
+                got.shape(),
+                want.shape(),
+                "{arch} ({exporter}): output shape"
+            );
+            let e = rel_l2(got.iter(), want.iter());
+            let sw = sliding(&model, entry, arch, Device::Cpu);
+            println!(
+                "RESULT cpu {arch} {exporter}: window rel L2 {e:.2e}, sliding window {sw:.2e?}"
+            );
+            assert!(e <= 1e-5, "{arch} ({exporter}): window rel L2 {e:.3e}");
+            if let Some(sw) = sw {
+                assert!(
+                    sw <= 1e-5,
+                    "{arch} ({exporter}): sliding-window rel L2 {sw:.3e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn architectures_on_the_gpu() {
+    if !gpu_present() {
+        return;
+    }
+    let index = index();
+    for (arch, entry) in &index {
+        let x = npy(&format!("{arch}_input.npy")).expect("window input");
+        let want = npy(&format!("{arch}_output.npy")).expect("window output");
+        for (exporter, model) in exports(arch) {
+            let Ok(g) = voxtile::model::onnx::load(&model) else {
+                continue; // refusals are the CPU test's concern
+            };
+            let mut b = voxtile::internals::cuda::CudaBackend::new(0).unwrap();
+            let s = x.shape();
+            b.prepare(&g, s[0], [s[2], s[3], s[4]]).unwrap();
+            let got = b.run(x.view()).unwrap();
+            assert_eq!(
+                got.shape(),
+                want.shape(),
+                "{arch} ({exporter}): output shape"
+            );
+            let got = got.into_dimensionality::<Ix5>().unwrap();
+            let e = rel_l2(got.iter(), want.iter());
+            let agree = argmax_agreement(&got, &want);
+            let sw = sliding(&model, entry, arch, Device::Cuda(0));
+            println!(
+                "RESULT gpu {arch} {exporter}: window rel L2 {e:.2e}, argmax agreement {agree:.5}, sliding window {sw:.2e?}"
+            );
+            assert!(e <= 1e-2, "{arch} ({exporter}): window rel L2 {e:.3e}");
+            assert!(
+                agree >= 0.999,
+                "{arch} ({exporter}): argmax agreement {agree}"
+            );
+            if let Some(sw) = sw {
+                assert!(
+                    sw <= 1e-2,
+                    "{arch} ({exporter}): sliding-window rel L2 {sw:.3e}"
+                );
+            }
+        }
+    }
+}
