@@ -210,6 +210,7 @@ fn oom_retry_never_changes_the_window() {
         )
         .unwrap()
         .segment_array(vol.view(), &mut |_, _| {})
+        .map(parts)
     };
     let (_, _, r) = run(2, 1).unwrap();
     assert_eq!((r.roi, r.batch), ([64; 3], 1), "{:?}", r.oom_retries);
@@ -514,7 +515,7 @@ fn nan_outputs_are_counted_and_warned() {
         };
         o.set_devices(&devices);
         let mut e = Engine::from_file(&model, o).unwrap();
-        let (_, _, r) = e.segment_array(vol.view(), &mut |_, _| {}).unwrap();
+        let r = e.segment_array(vol.view(), &mut |_, _| {}).unwrap().report;
         assert!(r.windows > 1);
         assert_eq!(
             r.nan_output_voxels,
@@ -535,7 +536,7 @@ fn nan_outputs_are_counted_and_warned() {
         },
     )
     .unwrap();
-    let (_, _, r) = e.segment_array(clean.view(), &mut |_, _| {}).unwrap();
+    let r = e.segment_array(clean.view(), &mut |_, _| {}).unwrap().report;
     assert_eq!(r.nan_output_voxels, Some(0));
     // Through the CLI: one warning line with the count.
     let input = write_volume(dir.path(), "v.nii", shape, |i, j, k| {
@@ -590,7 +591,7 @@ fn nan_outputs_are_counted_on_gpu() {
             },
         )
         .unwrap();
-        let (labels, _, r) = e.segment_array(vol.view(), &mut |_, _| {}).unwrap();
+        let (labels, _, r) = parts(e.segment_array(vol.view(), &mut |_, _| {}).unwrap());
         let what = format!("{} keep_logits {keep_logits}", model.display());
         assert_eq!(r.nan_output_voxels, Some(zeros), "{what}");
         assert!(

@@ -102,6 +102,13 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// This node as an unsupported one (its domain named when not the default).
+    fn unsupported(&self) -> crate::error::UnsupportedOp {
+        crate::error::UnsupportedOp {
+            op: self.op.clone(),
+            node: self.name.clone(),
+        }
+    }
     fn err(&self, msg: impl std::fmt::Display) -> Error {
         Error::model(
             self.path,
@@ -207,25 +214,30 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         *lw.uses.entry(r).or_default() += 1;
     }
 
-    for &i in &order {
+    let ctx_of = |i: usize| {
         let n = &g.node[i];
         let name = if n.name().is_empty() {
             format!("{}#{i}", n.op_type())
         } else {
             n.name().to_string()
         };
-        let ctx = Ctx {
-            path,
-            name,
-            op: n.op_type().to_string(),
+        let op = match n.domain() {
+            "" | "ai.onnx" => n.op_type().to_string(),
+            d => format!("{d}.{}", n.op_type()),
         };
-        if !n.domain().is_empty() && n.domain() != "ai.onnx" {
-            return Err(ctx.err(format!(
-                "operators of domain \"{}\" are not supported",
-                n.domain()
-            )));
-        }
-        lw.node(n, &ctx)?;
+        Ctx { path, name, op }
+    };
+    // Every node the model needs that voxtile lacks, in one error, before any work.
+    let missing: Vec<_> = order
+        .iter()
+        .filter(|&&i| !supported(&g.node[i]))
+        .map(|&i| ctx_of(i).unsupported())
+        .collect();
+    if !missing.is_empty() {
+        return Err(unsupported(path, missing));
+    }
+    for &i in &order {
+        lw.node(&g.node[i], &ctx_of(i))?;
     }
 
     lw.finish(g, out_name, fixed)
@@ -411,33 +423,56 @@ impl Lowerer<'_> {
         {
             return Err(ctx.err("its secondary outputs (indices / running statistics / mask) are used, which voxtile does not support"));
         }
-        match op {
-            "Identity" | "Dropout" => {
-                let v = self.get(ctx, n, 0)?;
-                self.set(n, v)?;
-            }
-            "Constant" => self.constant(n, ctx)?,
-            "Conv" => self.conv(n, ctx)?,
-            "ConvTranspose" => self.conv_transpose(n, ctx)?,
-            "BatchNormalization" => self.batch_norm(n, ctx)?,
-            "InstanceNormalization" => self.instance_norm(n, ctx)?,
-            "GroupNormalization" => self.group_norm_op(n, ctx)?,
-            "Relu" | "Sigmoid" | "Tanh" | "LeakyRelu" | "Elu" | "PRelu" => {
-                self.activation(n, ctx)?
-            }
-            "Softmax" => self.softmax(n, ctx)?,
-            "Add" | "Sub" | "Mul" | "Div" => self.binary(n, ctx)?,
-            "Concat" => self.concat(n, ctx)?,
-            "MaxPool" | "AveragePool" => self.pool(n, ctx)?,
-            "Resize" | "Upsample" => self.resize(n, ctx)?,
-            "Reshape" => self.reshape(n, ctx)?,
-            "Shape" => self.shape_op(n, ctx)?,
-            "Cast" => self.cast(n, ctx)?,
-            "Gather" | "Unsqueeze" | "Squeeze" | "Slice" | "ConstantOfShape" | "Flatten"
-            | "Floor" | "Ceil" | "Neg" | "Sqrt" | "Reciprocal" | "Min" | "Max" | "Range"
-            | "Expand" | "Transpose" => self.plumbing(n, ctx)?,
-            other => return Err(ctx.err(format!("operator {other} is not supported by voxtile"))),
+        match lowering(op) {
+            Some(f) => f(self, n, ctx),
+            None => Err(unsupported(ctx.path, vec![ctx.unsupported()])),
         }
-        Ok(())
+    }
+
+    fn identity(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
+        let v = self.get(ctx, n, 0)?;
+        self.set(n, v)
+    }
+}
+
+/// How one node is lowered.
+type Lowering<'a> = fn(&mut Lowerer<'a>, &proto::NodeProto, &Ctx<'_>) -> Result<()>;
+
+/// The lowering of each supported default-domain operator: the one list of what voxtile imports.
+fn lowering<'a>(op: &str) -> Option<Lowering<'a>> {
+    Some(match op {
+        "Identity" | "Dropout" => Lowerer::identity,
+        "Constant" => Lowerer::constant,
+        "Conv" => Lowerer::conv,
+        "ConvTranspose" => Lowerer::conv_transpose,
+        "BatchNormalization" => Lowerer::batch_norm,
+        "InstanceNormalization" => Lowerer::instance_norm,
+        "GroupNormalization" => Lowerer::group_norm_op,
+        "Relu" | "Sigmoid" | "Tanh" | "LeakyRelu" | "Elu" | "PRelu" => Lowerer::activation,
+        "Softmax" => Lowerer::softmax,
+        "Add" | "Sub" | "Mul" | "Div" => Lowerer::binary,
+        "Concat" => Lowerer::concat,
+        "MaxPool" | "AveragePool" => Lowerer::pool,
+        "Resize" | "Upsample" => Lowerer::resize,
+        "Reshape" => Lowerer::reshape,
+        "Shape" => Lowerer::shape_op,
+        "Cast" => Lowerer::cast,
+        "Gather" | "Unsqueeze" | "Squeeze" | "Slice" | "ConstantOfShape" | "Flatten" | "Floor"
+        | "Ceil" | "Neg" | "Sqrt" | "Reciprocal" | "Min" | "Max" | "Range" | "Expand"
+        | "Transpose" => Lowerer::plumbing,
+        _ => return None,
+    })
+}
+
+/// Whether a node's operator can be lowered (default domain and a known op).
+fn supported(n: &proto::NodeProto) -> bool {
+    matches!(n.domain(), "" | "ai.onnx") && lowering(n.op_type()).is_some()
+}
+
+/// The typed error listing every node voxtile cannot import.
+fn unsupported(path: &Path, ops: Vec<crate::error::UnsupportedOp>) -> Error {
+    Error::UnsupportedOps {
+        path: path.to_path_buf(),
+        ops,
     }
 }
