@@ -66,7 +66,11 @@ pub enum Error {
         ops: Vec<UnsupportedOp>,
     },
     /// The volume's channels are not the ones the model takes.
-    #[error("{}the volume has {got} channel(s) but {} expects {expected}", file_prefix(input), model_name(model))]
+    #[error(
+        "{}the volume has {got} channel(s) but {} expects {expected}",
+        file_prefix(input),
+        model_name(model)
+    )]
     ChannelMismatch {
         /// Input channels of the model.
         expected: usize,
@@ -154,11 +158,7 @@ fn source_suffix(s: &Option<String>) -> String {
 fn describe_ops(ops: &[UnsupportedOp]) -> String {
     let one = |o: &UnsupportedOp| format!("node \"{}\" ({})", o.node, o.op);
     match ops {
-        [o] => format!(
-            "{}: operator {} is not supported by voxtile",
-            one(o),
-            o.op
-        ),
+        [o] => format!("{}: operator {} is not supported by voxtile", one(o), o.op),
         _ => {
             let mut kinds: Vec<&str> = ops.iter().map(|o| o.op.as_str()).collect();
             kinds.sort_unstable();

@@ -536,7 +536,10 @@ fn nan_outputs_are_counted_and_warned() {
         },
     )
     .unwrap();
-    let r = e.segment_array(clean.view(), &mut |_, _| {}).unwrap().report;
+    let r = e
+        .segment_array(clean.view(), &mut |_, _| {})
+        .unwrap()
+        .report;
     assert_eq!(r.nan_output_voxels, Some(0));
     // Through the CLI: one warning line with the count.
     let input = write_volume(dir.path(), "v.nii", shape, |i, j, k| {

@@ -22,9 +22,9 @@ use crate::model::graph::OutputActivation;
 use crate::volume::{Header, Volume};
 use crate::{Error, Result};
 pub use manifest::{Activation, Intensity, Manifest};
-pub use setup::{Mirror, ModelSetup, Overrides};
 use ndarray::{Array3, Array4, ArrayView4, Axis, Zip};
 use serde::Serialize;
+pub use setup::{Mirror, ModelSetup, Overrides};
 use std::path::Path;
 use std::time::Instant;
 

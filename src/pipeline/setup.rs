@@ -142,7 +142,10 @@ fn merge(
     over: &Overrides,
 ) -> Result<(Options, Settings)> {
     let bad = |m: String| Error::model(path.unwrap_or(Path::new("")), m);
-    options.roi = over.roi.or(manifest.roi.map(|r| r.triple())).or(options.roi);
+    options.roi = over
+        .roi
+        .or(manifest.roi.map(|r| r.triple()))
+        .or(options.roi);
     options.overlap = over
         .overlap
         .or(manifest.overlap.map(|o| o.triple()))
