@@ -14,7 +14,7 @@ fn smooth(shape: [usize; 3]) -> Array4<f32> {
 
 fn engine(o: Options) -> Engine {
     Engine::from_file(
-        &data("deepbrain.onnx"),
+        data("deepbrain.onnx"),
         Options {
             device: Device::Cpu,
             keep_logits: true,
@@ -102,7 +102,7 @@ fn single_window_equals_plain_network_run() {
     .map(parts)
     .unwrap();
     assert_eq!(report.windows, 1);
-    let g = voxtile::model::onnx::load(&data("deepbrain.onnx")).unwrap();
+    let g = voxtile::model::onnx::load(data("deepbrain.onnx")).unwrap();
     let direct = voxtile::internals::cpu::run_graph(&g, vol.view().insert_axis(Axis(0))).unwrap();
     let e = rel_l2(probs.iter(), direct.index_axis(Axis(0), 0).iter());
     assert!(e < 1e-6, "single window vs direct run: {e}");

@@ -220,7 +220,7 @@ fn manifest_toml_and_json_agree_and_are_checked() {
     assert_eq!(Manifest::beside(&model), Some(t.clone()));
     std::fs::remove_file(&t).unwrap();
     assert_eq!(Manifest::beside(&model), Some(j.clone()));
-    assert_eq!(Manifest::beside(&dir.path().join("other.onnx")), None);
+    assert_eq!(Manifest::beside(dir.path().join("other.onnx")), None);
 
     // Mistakes are errors that name the file.
     for (bad, what) in [
@@ -991,9 +991,8 @@ fn cli_batch_folder_shards_resume_and_workers() {
     );
     assert!(d.join("png/c3.png").exists() && !d.join("png/c0.png").exists());
     for (n, name) in names.iter().enumerate() {
-        let o =
-            voxtile::volume::read(&out.join(format!("{}.nii.gz", batch::stem(Path::new(name)))))
-                .unwrap();
+        let o = voxtile::volume::read(out.join(format!("{}.nii.gz", batch::stem(Path::new(name)))))
+            .unwrap();
         assert_eq!(o.header.shape(), [10 + n, 8, 6 + n]);
     }
 

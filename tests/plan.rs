@@ -21,7 +21,7 @@ fn models() -> Vec<(String, Graph)> {
     }
     v.push((
         "deepbrain.onnx".into(),
-        voxtile::model::onnx::load(&data("deepbrain.onnx")).unwrap(),
+        voxtile::model::onnx::load(data("deepbrain.onnx")).unwrap(),
     ));
     v
 }
@@ -231,7 +231,7 @@ fn too_small_budget_is_a_clear_error() {
 /// is an error, over the default budget a warning.
 #[test]
 fn user_roi_only_sets_the_batch() {
-    let g = voxtile::model::onnx::load(&data("deepbrain.onnx")).unwrap();
+    let g = voxtile::model::onnx::load(data("deepbrain.onnx")).unwrap();
     let base = Request {
         budget: 2 << 30,
         budget_explicit: true,
@@ -270,7 +270,7 @@ fn user_roi_only_sets_the_batch() {
 /// executor, and the report carries prediction and measurement.
 #[test]
 fn engine_runs_within_the_budget() {
-    let g = voxtile::model::onnx::load(&data("deepbrain.onnx")).unwrap();
+    let g = voxtile::model::onnx::load(data("deepbrain.onnx")).unwrap();
     let shape = [40, 48, 56];
     let req = Request {
         budget: 64 << 20,

@@ -17,7 +17,7 @@ use voxtile::tiling::Placement;
 use voxtile::Error;
 
 fn deepbrain() -> voxtile::model::Graph {
-    voxtile::model::onnx::load(&data("deepbrain.onnx")).unwrap()
+    voxtile::model::onnx::load(data("deepbrain.onnx")).unwrap()
 }
 
 /// Runs the binary with a deadline: None when it had to be killed.
@@ -199,7 +199,7 @@ fn oom_retry_never_changes_the_window() {
     let vol = volume([72, 40, 44]);
     let run = |batch: usize, inject: usize| {
         Engine::from_file(
-            &data("deepbrain.onnx"),
+            data("deepbrain.onnx"),
             Options {
                 device: Device::Cpu,
                 roi: Some([64; 3]),
