@@ -51,16 +51,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     options.set_devices(&voxtile::pipeline::batch::parse_devices(&a[7])?);
     let reps: usize = a[6].parse()?;
     let t = Instant::now();
-    let mut engine = Engine::from_file(a[1].as_ref(), options)?;
+    let mut engine = Engine::from_file(&a[1], options)?;
     let load = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let (labels, _, first) = engine.segment_array(vol.view(), &mut |_, _| {})?;
+    let seg = engine.segment_array(vol.view(), &mut |_, _| {})?;
+    let (labels, first) = (seg.labels, seg.report);
     let first_s = t.elapsed().as_secs_f64();
     let mut times = Vec::new();
     let mut last = first;
     for _ in 0..reps {
         let t = Instant::now();
-        let (_, _, r) = engine.segment_array(vol.view(), &mut |_, _| {})?;
+        let r = engine.segment_array(vol.view(), &mut |_, _| {})?.report;
         times.push(t.elapsed().as_secs_f64());
         last = r;
     }

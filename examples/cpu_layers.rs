@@ -45,7 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if a.len() < 3 {
         return Err("usage: cpu_layers MODEL.onnx D,H,W".into());
     }
-    let g = voxtile::model::load(a[1].as_ref())?;
+    let g = voxtile::model::load(&a[1])?;
     let r: Vec<usize> = a[2]
         .split(',')
         .map(|s| s.parse())

@@ -1,6 +1,9 @@
 //! The loop: plan windows, run the pass on every device, retry a smaller batch when memory runs
 //! out, put the report together.
 //!
+//! An [`Engine`] runs one model on arrays or volumes as they are; [`crate::Pipeline`] adds the
+//! model's manifest around it (normalisation, resampling, mirroring, label values).
+//!
 //! The engine sees backends only through [`crate::backend::Backend`] (opened by
 //! [`crate::backend::open`]): each backend runs the sliding-window pass its own way (the CPU
 //! gathers batches on the host and blends them; CUDA streams the whole window list through the
@@ -13,6 +16,7 @@ mod run;
 mod split;
 
 pub use crate::backend::Device;
+pub use crate::cancel::CancelToken;
 pub use options::{AxisOrder, Normalize, Options};
 pub use report::{peak_rss_bytes, PartReport, PredictedPeak, Report, StageTimes};
 
@@ -22,24 +26,35 @@ use crate::plan;
 use crate::tiling::Grid;
 use crate::volume::{Header, Volume};
 use crate::{Error, Result};
-use ndarray::{Array3, Array4};
+use ndarray::{Array3, Array4, ArrayView4};
 use parts::Worker;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// The result: labels on the input's (i,j,k) grid, optional blended outputs, the input geometry.
+/// What [`Engine::segment_array`] and [`Engine::segment`] return: labels on the input's (i,j,k)
+/// grid, the blended outputs when asked for, the class names and the run's report.
+#[derive(Clone, Debug)]
 pub struct Segmentation {
     /// Labels `(i, j, k)`: 0 for background (or a NaN network output), else the class index.
     pub labels: Array3<u16>,
-    /// (channel, i, j, k) blended network outputs, when `Options::keep_logits`.
+    /// (channel, i, j, k) blended network outputs (probabilities when the graph ends in Softmax
+    /// or Sigmoid, else logits) when `Options::keep_logits`; None otherwise, and then they were
+    /// never held whole.
     pub logits: Option<Array4<f32>>,
-    /// The input's header: write the outputs with it so they overlay the input.
-    pub header: Header,
+    /// One name per output channel, when the engine was given them ([`Engine::set_classes`],
+    /// or the manifest through [`crate::Pipeline::from_model`]).
+    pub classes: Option<Vec<String>>,
+    /// The input volume's header ([`Engine::segment`]): write the outputs with it so they
+    /// overlay the input. None for an array, which has no geometry.
+    pub header: Option<Header>,
     /// Times, sizes and the planner's prediction for this run.
     pub report: Report,
 }
 
 /// A model bound to one backend per device, ready to segment volumes.
+///
+/// The engine runs the model on the data as given; a model's manifest (normalisation,
+/// resampling, label values) is applied by [`crate::Pipeline`].
 ///
 /// # Examples
 ///
@@ -55,17 +70,56 @@ pub struct Segmentation {
 ///         roi: Some([96, 96, 96]),
 ///         ..Options::default()
 ///     };
-///     let mut engine = Engine::from_file("net.onnx".as_ref(), options)?;
+///     let mut engine = Engine::from_file("net.onnx", options)?;
 ///     let image = Array4::<f32>::zeros((1, 160, 160, 96));
-///     let (labels, _logits, report) = engine.segment_array(image.view(), &mut |_, _| {})?;
-///     assert_eq!(labels.shape(), &[160, 160, 96]);
-///     println!("{} windows on {}", report.windows, engine.device_name());
+///     let seg = engine.segment_array(image.view(), &mut |_, _| {})?;
+///     assert_eq!(seg.labels.shape(), &[160, 160, 96]);
+///     assert!(seg.logits.is_none()); // not asked for: Options::keep_logits
+///     println!("{} windows on {}", seg.report.windows, engine.device_name());
 ///     Ok(())
 /// }
+/// ```
+///
+/// A graph built in memory (no file), run on a hand-made input:
+///
+/// ```
+/// use ndarray::Array4;
+/// use voxtile::engine::{Device, Engine, Options};
+/// use voxtile::model::graph::{Conv, Graph, Node, Op, Tensor, Value};
+///
+/// // One 1x1x1 convolution, 1 -> 2 channels: channel 1 wins where the input is positive.
+/// let conv = Conv {
+///     weight: Tensor::new(vec![2, 1, 1, 1, 1], vec![-1.0, 1.0]),
+///     bias: None,
+///     stride: [1; 3],
+///     dilation: [1; 3],
+///     pads: [0; 6],
+///     groups: 1,
+/// };
+/// let value = |name: &str, channels| Value { name: name.into(), channels };
+/// let graph = Graph {
+///     name: "sign".into(),
+///     values: vec![value("x", 1), value("y", 2)],
+///     nodes: vec![Node { name: "conv".into(), op: Op::Conv(conv), inputs: vec![0], output: 1 }],
+///     input: 0,
+///     output: 1,
+///     fixed_input_spatial: [None; 3],
+/// };
+/// let options = Options { device: Device::Cpu, roi: Some([4, 4, 4]), ..Options::default() };
+/// let mut engine = Engine::new(graph, options)?;
+/// let image = Array4::from_shape_fn((1, 6, 5, 4), |(_, i, _, _)| i as f32 - 2.5);
+/// let seg = engine.segment_array(image.view(), &mut |_, _| {})?;
+/// assert_eq!(seg.labels[[0, 0, 0]], 0);
+/// assert_eq!(seg.labels[[5, 4, 3]], 1);
+/// # Ok::<(), voxtile::Error>(())
 /// ```
 pub struct Engine {
     graph: Graph,
     options: Options,
+    /// The ONNX file, named in errors.
+    model_path: Option<PathBuf>,
+    /// One name per output channel, copied into each result.
+    classes: Option<Vec<String>>,
     /// One per device; several share each volume (see [`split`]).
     workers: Vec<Worker>,
     device_name: String,
@@ -118,10 +172,14 @@ fn default_budget(workers: &[Worker], opened: &[Device]) -> (u64, String) {
 }
 
 impl Engine {
-    /// Load an ONNX model and choose the backend.
-    pub fn from_file(model: &Path, options: Options) -> Result<Engine> {
+    /// Load an ONNX model and choose the backend. The model's manifest is not read: see
+    /// [`crate::Pipeline::from_model`].
+    pub fn from_file(model: impl AsRef<Path>, options: Options) -> Result<Engine> {
+        let model = model.as_ref();
         let graph = crate::model::onnx::load(model)?;
-        Engine::new(graph, options)
+        let mut engine = Engine::new(graph, options).map_err(|e| e.with_model(model))?;
+        engine.model_path = Some(model.to_path_buf());
+        Ok(engine)
     }
 
     /// Bind a loaded graph; `Device::Auto` falls back to the CPU with a message on stderr.
@@ -158,6 +216,8 @@ impl Engine {
         Ok(Engine {
             graph,
             options,
+            model_path: None,
+            classes: None,
             workers,
             device_name,
             budget,
@@ -176,6 +236,30 @@ impl Engine {
     /// Keep (or drop) the blended outputs of later runs: ensembles and TTA average them.
     pub fn set_keep_logits(&mut self, keep: bool) {
         self.options.keep_logits = keep;
+    }
+    /// The file the model was loaded from ([`Engine::from_file`]).
+    pub fn model_path(&self) -> Option<&Path> {
+        self.model_path.as_deref()
+    }
+    /// The class names results carry: one per output channel.
+    pub fn classes(&self) -> Option<&[String]> {
+        self.classes.as_deref()
+    }
+    /// Name the output channels (None: unnamed); refused unless there is one per channel.
+    pub fn set_classes(&mut self, classes: Option<Vec<String>>) -> Result<()> {
+        let cout = self.graph.output_channels();
+        if let Some(c) = classes.as_ref().filter(|c| c.len() != cout) {
+            return Err(Error::Invalid(format!(
+                "{} class name(s) for a model of {cout} output channel(s)",
+                c.len()
+            )));
+        }
+        self.classes = classes;
+        Ok(())
+    }
+    /// A token that cancels this engine's runs from any thread (a clone of `Options::cancel`).
+    pub fn cancel_token(&self) -> CancelToken {
+        self.options.cancel.clone()
     }
     /// The devices' names, joined by " + ".
     pub fn device_name(&self) -> &str {
@@ -201,7 +285,8 @@ impl Engine {
         Ok(self.plan_for(shape)?.roi)
     }
 
-    /// Segment a volume read from NIfTI; the labels come back on the file's (i,j,k) grid.
+    /// Segment a volume (`Options::normalize` applied, non-finite voxels cleaned); the labels
+    /// come back on the file's (i,j,k) grid with the volume's header.
     pub fn segment(&mut self, volume: &Volume) -> Result<Segmentation> {
         self.segment_with_progress(volume, &mut |_, _| {})
     }
@@ -212,6 +297,7 @@ impl Engine {
         volume: &Volume,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Segmentation> {
+        self.check_channels(volume.data.shape()[0])?;
         let t0 = Instant::now();
         let mut nonfinite = 0;
         let owned;
@@ -225,16 +311,64 @@ impl Engine {
         } else {
             volume.data.view()
         };
-        let (labels, logits, mut report) = self.segment_array(data, progress)?;
-        report.spacing = volume.header.spacing();
-        report.nonfinite_voxels = nonfinite;
-        report.seconds.total = t0.elapsed().as_secs_f64();
+        let mut seg = self.segment_array(data, progress)?;
+        seg.report.spacing = volume.header.spacing();
+        seg.report.nonfinite_voxels = nonfinite;
+        seg.report.seconds.total = t0.elapsed().as_secs_f64();
+        seg.header = Some(volume.header.clone());
+        Ok(seg)
+    }
+
+    /// The core on ndarray: `data` is (channel, i, j, k), already normalised; the labels come
+    /// back on the same grid. Without `Options::keep_logits` the blended outputs are never held
+    /// whole (finished slabs become labels at once) and `logits` is None.
+    ///
+    /// The window and batch come from the memory planner (see [`crate::plan::choose`]). A pass
+    /// that runs out of memory is redone over the whole volume at half the batch (said in the
+    /// report); at batch 1 the out-of-memory error goes up: the window is never changed behind
+    /// the user's back (a smaller window changes the result). `progress(done, total)` is called
+    /// after each batch of windows; `Options::cancel` is checked before each.
+    pub fn segment_array(
+        &mut self,
+        data: ArrayView4<f32>,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Segmentation> {
+        self.check_channels(data.shape()[0])?;
+        self.options.cancel.check()?;
+        let (labels, logits, report) = self
+            .run_array(data, progress)
+            .map_err(|e| self.name_error(e))?;
+        // A cancel that lands after the last batch still wins: the caller asked for nothing.
+        self.options.cancel.check()?;
         Ok(Segmentation {
             labels,
-            logits: self.options.keep_logits.then_some(logits),
-            header: volume.header.clone(),
+            logits,
+            classes: self.classes.clone(),
+            header: None,
             report,
         })
+    }
+
+    /// The volume's channels against the model's.
+    fn check_channels(&self, got: usize) -> Result<()> {
+        let expected = self.graph.input_channels();
+        if got != expected {
+            return Err(Error::ChannelMismatch {
+                expected,
+                got,
+                input: None,
+                model: self.model_path.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The model file named in the typed errors that lack it.
+    fn name_error(&self, e: Error) -> Error {
+        match &self.model_path {
+            Some(p) => e.with_model(p),
+            None => e,
+        }
     }
 
     /// Prepare the backend for the planned roi and batch of a volume of network-axis shape
@@ -267,11 +401,12 @@ impl Engine {
             workload: self.workload(shape),
         };
         plan::choose(&self.graph, self.memory(), &req).map_err(|e| {
-            if req.budget_explicit {
+            let e = if req.budget_explicit {
                 e
             } else {
                 plan::with_budget_source(e, &self.budget.1)
-            }
+            };
+            self.name_error(e)
         })
     }
 

@@ -4,20 +4,31 @@
 //! IR) → [`tiling`] (windows, weights, blending) → [`backend`] (CPU reference, CUDA) →
 //! [`engine`] (the loop). [`plan`] answers "which window and batch fit this memory" before
 //! anything is allocated, and [`pipeline`] adds a model's manifest (resampling, intensity,
-//! test-time mirroring) around the engine.
+//! test-time mirroring, label values) around the engine.
+//!
+//! Two doors:
+//! - [`Pipeline::from_model`]: a model with its manifest, run as `voxtile segment` runs it (the
+//!   command line goes through the same [`pipeline::ModelSetup`]);
+//! - [`Engine`]: one model on an array or a volume as it is, for callers that do their own
+//!   preprocessing.
+//!
+//! Runs can be stopped from another thread ([`CancelToken`]); the errors a caller may handle
+//! are typed variants of [`Error`] (channel mismatch, budget too small, unsupported operators,
+//! cancelled).
 //!
 //! # Examples
 //!
 //! Segment a file and write the label map on the input's grid:
 //!
 //! ```no_run
-//! use voxtile::{Engine, Options};
+//! use voxtile::Pipeline;
 //!
 //! fn main() -> voxtile::Result<()> {
-//!     let volume = voxtile::volume::read("ct.nii.gz".as_ref())?;
-//!     let mut engine = Engine::from_file("net.onnx".as_ref(), Options::default())?;
-//!     let seg = engine.segment(&volume)?;
-//!     voxtile::volume::write_labels("seg.nii.gz".as_ref(), seg.labels.view(), &seg.header)?;
+//!     // net.toml beside net.onnx, when there is one, gives the window, normalisation, classes...
+//!     let mut pipeline = Pipeline::from_model("net.onnx")?;
+//!     let volume = voxtile::volume::read("ct.nii.gz")?;
+//!     let out = pipeline.run(&volume, &mut |_, _| {})?;
+//!     voxtile::volume::write_labels("seg.nii.gz", out.labels.view(), &out.header)?;
 //!     Ok(())
 //! }
 //! ```
@@ -26,6 +37,7 @@
 #[allow(missing_docs)] // reached only through `internals`
 mod alloc;
 pub mod backend;
+mod cancel;
 #[allow(missing_docs)] // reached only through `internals`
 mod cli;
 pub mod engine;
@@ -43,8 +55,10 @@ pub mod staged;
 pub mod tiling;
 pub mod volume;
 
+pub use cancel::CancelToken;
 pub use engine::{Engine, Options, Segmentation};
 pub use error::{Error, Result};
+pub use pipeline::Pipeline;
 pub use volume::Volume;
 
 /// The README's code blocks, compiled as doctests so that its library snippet stays true.

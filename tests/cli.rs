@@ -64,8 +64,8 @@ fn sample_brain_mask_matches_onnxruntime() {
         "cpu",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let input = voxtile::volume::read(&data("mni_t1_128.nii.gz")).unwrap();
-    let ort = voxtile::volume::read(&data("mni_t1_128_prob_ort.nii.gz")).unwrap();
+    let input = voxtile::volume::read(data("mni_t1_128.nii.gz")).unwrap();
+    let ort = voxtile::volume::read(data("mni_t1_128_prob_ort.nii.gz")).unwrap();
     let mask = voxtile::volume::read(&out).unwrap();
     let prob = voxtile::volume::read(&logits).unwrap();
     // Same geometry as the input.

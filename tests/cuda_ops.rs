@@ -2567,7 +2567,7 @@ fn profile_models() {
         let path = f.next().unwrap().to_string();
         let roi = f.next().and_then(|v| v.parse().ok()).unwrap_or(128);
         let batch = f.next().and_then(|v| v.parse().ok()).unwrap_or(4);
-        let g = voxtile::model::onnx::load(path.as_ref()).expect("model loads");
+        let g = voxtile::model::onnx::load(&path).expect("model loads");
         cases.push((path, g, roi, batch));
     }
     if cases.is_empty() {

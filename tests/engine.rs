@@ -14,7 +14,7 @@ fn smooth(shape: [usize; 3]) -> Array4<f32> {
 
 fn engine(o: Options) -> Engine {
     Engine::from_file(
-        &data("deepbrain.onnx"),
+        data("deepbrain.onnx"),
         Options {
             device: Device::Cpu,
             keep_logits: true,
@@ -37,10 +37,12 @@ fn zyx_axis_order_is_the_transposed_problem() {
         ..opts.clone()
     })
     .segment_array(vol.view(), &mut |_, _| {})
+    .map(parts)
     .unwrap();
     let rev = vol.view().permuted_axes([0, 3, 2, 1]).to_owned();
     let (lx, px, _) = engine(opts)
         .segment_array(rev.view(), &mut |_, _| {})
+        .map(parts)
         .unwrap();
     assert_eq!(rz.input_shape, [40, 16, 24], "network axes are k,j,i");
     assert_eq!(
@@ -56,6 +58,7 @@ fn zyx_axis_order_is_the_transposed_problem() {
         ..Options::default()
     })
     .segment_array(vol.view(), &mut |_, _| {})
+    .map(parts)
     .unwrap();
     assert!(rel_l2(p_xyz.iter(), pz.iter()) > 1e-6);
 }
@@ -73,7 +76,7 @@ fn nnunet_placement_and_edge_padding_cover_every_voxel() {
                 ..Options::default()
             };
             let (labels, probs, report) =
-                engine(o).segment_array(vol.view(), &mut |_, _| {}).unwrap();
+                parts(engine(o).segment_array(vol.view(), &mut |_, _| {}).unwrap());
             assert_eq!(labels.shape(), &[20, 40, 9]);
             assert_eq!(probs.shape(), &[1, 20, 40, 9]);
             assert!(
@@ -96,9 +99,10 @@ fn single_window_equals_plain_network_run() {
         ..Options::default()
     })
     .segment_array(vol.view(), &mut |_, _| {})
+    .map(parts)
     .unwrap();
     assert_eq!(report.windows, 1);
-    let g = voxtile::model::onnx::load(&data("deepbrain.onnx")).unwrap();
+    let g = voxtile::model::onnx::load(data("deepbrain.onnx")).unwrap();
     let direct = voxtile::internals::cpu::run_graph(&g, vol.view().insert_axis(Axis(0))).unwrap();
     let e = rel_l2(probs.iter(), direct.index_axis(Axis(0), 0).iter());
     assert!(e < 1e-6, "single window vs direct run: {e}");

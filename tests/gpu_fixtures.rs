@@ -20,7 +20,7 @@ fn fixture_models_match_pytorch_on_gpu() {
         return;
     };
     for model in ["nnunet_small", "monai_unet_small"] {
-        let g = voxtile::model::onnx::load(&dir.join(format!("{model}.onnx"))).unwrap();
+        let g = voxtile::model::onnx::load(dir.join(format!("{model}.onnx"))).unwrap();
         let x = voxtile::internals::npy::read_f32(&dir.join(format!("{model}_input.npy")))
             .unwrap()
             .into_dimensionality::<Ix5>()
@@ -98,14 +98,14 @@ fn deepbrain_sample_on_gpu() {
     if !gpu_present() {
         return;
     }
-    let input = voxtile::volume::read(&data("mni_t1_128.nii.gz")).unwrap();
-    let ort = voxtile::volume::read(&data("mni_t1_128_prob_ort.nii.gz")).unwrap();
+    let input = voxtile::volume::read(data("mni_t1_128.nii.gz")).unwrap();
+    let ort = voxtile::volume::read(data("mni_t1_128_prob_ort.nii.gz")).unwrap();
     let options = Options {
         device: Device::Cuda(0),
         keep_logits: true,
         ..Options::default()
     };
-    let mut engine = Engine::from_file(&data("deepbrain.onnx"), options).unwrap();
+    let mut engine = Engine::from_file(data("deepbrain.onnx"), options).unwrap();
     let seg = engine.segment(&input).unwrap();
     let prob = seg.logits.unwrap();
     let e = rel_l2(prob.iter(), ort.data.iter());
@@ -126,14 +126,14 @@ fn meshnet_on_gpu_when_present() {
         eprintln!("skipping: no MeshNet fixture");
         return;
     };
-    let input = voxtile::volume::read(&dir.join("t1_crop_meshnet_input.nii.gz")).unwrap();
-    let want = voxtile::volume::read(&dir.join("meshnet20_t1crop_ort_labels.nii.gz")).unwrap();
+    let input = voxtile::volume::read(dir.join("t1_crop_meshnet_input.nii.gz")).unwrap();
+    let want = voxtile::volume::read(dir.join("meshnet20_t1crop_ort_labels.nii.gz")).unwrap();
     let options = Options {
         device: Device::Cuda(0),
         roi: Some([256; 3]),
         ..Options::default()
     };
-    let mut engine = Engine::from_file(&dir.join("meshnet20_trained.onnx"), options).unwrap();
+    let mut engine = Engine::from_file(dir.join("meshnet20_trained.onnx"), options).unwrap();
     let seg = engine.segment(&input).unwrap();
     let want = want.data.index_axis(Axis(0), 0).mapv(|v| v as u16);
     let agree = agreement(seg.labels.iter(), want.iter());

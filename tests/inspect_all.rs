@@ -35,7 +35,11 @@ fn load_names_every_unsupported_operator() {
     let e = voxtile::model::load_bytes(&three_unsupported(), None, Path::new("three.onnx"))
         .unwrap_err()
         .to_string();
-    for (node, op) in [("hm", "Hardmax"), ("lpn", "LpNormalization"), ("shrink", "Shrink")] {
+    for (node, op) in [
+        ("hm", "Hardmax"),
+        ("lpn", "LpNormalization"),
+        ("shrink", "Shrink"),
+    ] {
         assert!(
             e.contains(&format!("node \"{node}\" ({op})")),
             "{op} missing from: {e}"

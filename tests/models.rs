@@ -9,7 +9,7 @@ fn check(model: &str, tol: f64) {
     let Some(dir) = shared("fixtures/models") else {
         return;
     };
-    let g = load(&dir.join(format!("{model}.onnx"))).expect("model loads");
+    let g = load(dir.join(format!("{model}.onnx"))).expect("model loads");
     let x = voxtile::internals::npy::read_f32(&dir.join(format!("{model}_input.npy"))).unwrap();
     let want = voxtile::internals::npy::read_f32(&dir.join(format!("{model}_output.npy"))).unwrap();
     let x = x.into_dimensionality::<ndarray::Ix5>().unwrap();

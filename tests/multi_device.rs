@@ -30,6 +30,7 @@ fn run(model: &Path, o: &Options, devices: &[Device], vol: &Array4<f32>) -> Run 
     let mut calls = Vec::new();
     let r = e
         .segment_array(vol.view(), &mut |d, t| calls.push((d, t)))
+        .map(parts)
         .unwrap();
     // Progress reaches the total once, and never goes back.
     let last = *calls.last().unwrap();

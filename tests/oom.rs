@@ -43,7 +43,7 @@ fn run(
             ..o
         },
     )?;
-    e.segment_array(vol, &mut |_, _| {})
+    e.segment_array(vol, &mut |_, _| {}).map(parts)
 }
 
 fn same_bits(a: &Array4<f32>, b: &Array4<f32>) -> bool {

@@ -220,7 +220,7 @@ fn manifest_toml_and_json_agree_and_are_checked() {
     assert_eq!(Manifest::beside(&model), Some(t.clone()));
     std::fs::remove_file(&t).unwrap();
     assert_eq!(Manifest::beside(&model), Some(j.clone()));
-    assert_eq!(Manifest::beside(&dir.path().join("other.onnx")), None);
+    assert_eq!(Manifest::beside(dir.path().join("other.onnx")), None);
 
     // Mistakes are errors that name the file.
     for (bad, what) in [
@@ -502,7 +502,7 @@ fn tta_is_the_average_of_the_flipped_passes() {
     let mut acc = Array4::<f64>::zeros((3, 20, 18, 16));
     for axes in [vec![], vec![0], vec![2], vec![0, 2]] {
         let x = flip_ref(vol.data.view(), &axes);
-        let (_, logits, _) = e.segment_array(x.view(), &mut |_, _| {}).unwrap();
+        let (_, logits, _) = parts(e.segment_array(x.view(), &mut |_, _| {}).unwrap());
         acc += &softmax_ref(flip_ref(logits.view(), &axes).view());
     }
     acc.mapv_inplace(|v| v / 4.0);
@@ -510,7 +510,7 @@ fn tta_is_the_average_of_the_flipped_passes() {
     let err = max_abs_diff(got.iter().map(|&v| v as f64), acc.iter().copied());
     assert!(err < 1e-5, "max error {err}");
     // And it differs from the plain pass (the model is not symmetric).
-    let (_, plain, _) = e.segment_array(vol.data.view(), &mut |_, _| {}).unwrap();
+    let (_, plain, _) = parts(e.segment_array(vol.data.view(), &mut |_, _| {}).unwrap());
     let plain = softmax_ref(plain.view());
     let d = max_abs_diff(got.iter().map(|&v| v as f64), plain.iter().copied());
     assert!(
@@ -575,6 +575,7 @@ fn ensembles_average_the_models() {
     for m in [&a, &b] {
         let (_, l, _) = engine(m, 8)
             .segment_array(vol.data.view(), &mut |_, _| {})
+            .map(parts)
             .unwrap();
         want += &softmax_ref(l.view());
     }
@@ -990,9 +991,8 @@ fn cli_batch_folder_shards_resume_and_workers() {
     );
     assert!(d.join("png/c3.png").exists() && !d.join("png/c0.png").exists());
     for (n, name) in names.iter().enumerate() {
-        let o =
-            voxtile::volume::read(&out.join(format!("{}.nii.gz", batch::stem(Path::new(name)))))
-                .unwrap();
+        let o = voxtile::volume::read(out.join(format!("{}.nii.gz", batch::stem(Path::new(name)))))
+            .unwrap();
         assert_eq!(o.header.shape(), [10 + n, 8, 6 + n]);
     }
 

@@ -4,7 +4,7 @@
 
 mod common;
 use common::*;
-use ndarray::{Array4, Array5, Axis};
+use ndarray::{Array4, Array5};
 use std::process::Command;
 use voxtile::backend::Backend;
 use voxtile::engine::{Device, Engine, Options};
@@ -21,7 +21,7 @@ fn models() -> Vec<(String, Graph)> {
     }
     v.push((
         "deepbrain.onnx".into(),
-        voxtile::model::onnx::load(&data("deepbrain.onnx")).unwrap(),
+        voxtile::model::onnx::load(data("deepbrain.onnx")).unwrap(),
     ));
     v
 }
@@ -231,7 +231,7 @@ fn too_small_budget_is_a_clear_error() {
 /// is an error, over the default budget a warning.
 #[test]
 fn user_roi_only_sets_the_batch() {
-    let g = voxtile::model::onnx::load(&data("deepbrain.onnx")).unwrap();
+    let g = voxtile::model::onnx::load(data("deepbrain.onnx")).unwrap();
     let base = Request {
         budget: 2 << 30,
         budget_explicit: true,
@@ -270,7 +270,7 @@ fn user_roi_only_sets_the_batch() {
 /// executor, and the report carries prediction and measurement.
 #[test]
 fn engine_runs_within_the_budget() {
-    let g = voxtile::model::onnx::load(&data("deepbrain.onnx")).unwrap();
+    let g = voxtile::model::onnx::load(data("deepbrain.onnx")).unwrap();
     let shape = [40, 48, 56];
     let req = Request {
         budget: 64 << 20,
@@ -292,9 +292,10 @@ fn engine_runs_within_the_budget() {
     let vol = Array4::from_shape_fn((1, shape[0], shape[1], shape[2]), |(_, i, j, k)| {
         ((i * 7 + j * 3 + k) % 11) as f32 / 11.0
     });
-    let (labels, logits, r) = e.segment_array(vol.view(), &mut |_, _| {}).unwrap();
+    let seg = e.segment_array(vol.view(), &mut |_, _| {}).unwrap();
+    let (labels, r) = (seg.labels, seg.report);
     assert_eq!(labels.shape(), &shape);
-    assert_eq!(logits.len_of(Axis(0)), 0, "logits are not kept");
+    assert!(seg.logits.is_none(), "logits are not kept");
     assert_eq!((r.roi, r.batch), (p.roi, p.batch));
     assert_eq!(r.plan, "planned");
     let pred = r.predicted.as_ref().unwrap();

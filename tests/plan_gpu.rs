@@ -47,7 +47,7 @@ fn predicted_device_memory_matches_measured() {
                 )
                 .unwrap();
                 let vol = volume(shape);
-                let (_, _, r) = e.segment_array(vol.view(), &mut |_, _| {}).unwrap();
+                let r = e.segment_array(vol.view(), &mut |_, _| {}).unwrap().report;
                 let est = r.predicted.clone().unwrap();
                 let measured_act = r.measured_activation_bytes.unwrap();
                 let pred = r.predicted_peak_bytes.device.unwrap();
@@ -153,7 +153,7 @@ fn injected_oom_retry_on_gpu() {
             },
         )
         .unwrap();
-        e.segment_array(vol.view(), &mut |_, _| {}).unwrap()
+        parts(e.segment_array(vol.view(), &mut |_, _| {}).unwrap())
     };
     let (l_ok, g_ok, _) = run(2);
     std::env::set_var("VOXTILE_INJECT_OOM", "2");
@@ -235,7 +235,7 @@ fn real_oom_with_a_budget_above_the_free_memory() {
     let r = e.segment_array(vol.view(), &mut |_, _| {});
     // SAFETY: allocated above, not used by anything.
     unsafe { cu::free_sync(hog) }.unwrap();
-    let (labels, _, report) = r.unwrap();
+    let (labels, _, report) = parts(r.unwrap());
     eprintln!(
         "RESULT plan_gpu real oom: planned batch {} -> ran at batch {} after {} retries ({:?})",
         planned.batch,
@@ -246,9 +246,10 @@ fn real_oom_with_a_budget_above_the_free_memory() {
     assert!(!report.oom_retries.is_empty(), "no out-of-memory happened");
     assert!(report.batch < planned.batch);
     assert_eq!(report.roi, [96, 96, 96], "the window is never changed");
-    let (want, _, _) = engine(Some(report.batch))
+    let want = engine(Some(report.batch))
         .segment_array(vol.view(), &mut |_, _| {})
-        .unwrap();
+        .unwrap()
+        .labels;
     let agree = agreement(labels.iter(), want.iter());
     eprintln!(
         "RESULT plan_gpu real oom: labels equal to an undisturbed run at that batch: {agree}"
@@ -306,7 +307,7 @@ fn w1_at_a_2gib_budget_is_exact_at_batch_2() {
             },
         )
         .unwrap();
-        e.segment_array(vol.view(), &mut |_, _| {}).unwrap()
+        parts(e.segment_array(vol.view(), &mut |_, _| {}).unwrap())
     };
     let (labels, _, r) = run(Some(2 << 30), None);
     let pred = r.predicted_peak_bytes.device.unwrap();

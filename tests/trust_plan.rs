@@ -17,7 +17,7 @@ use voxtile::tiling::Placement;
 use voxtile::Error;
 
 fn deepbrain() -> voxtile::model::Graph {
-    voxtile::model::onnx::load(&data("deepbrain.onnx")).unwrap()
+    voxtile::model::onnx::load(data("deepbrain.onnx")).unwrap()
 }
 
 /// Runs the binary with a deadline: None when it had to be killed.
@@ -199,7 +199,7 @@ fn oom_retry_never_changes_the_window() {
     let vol = volume([72, 40, 44]);
     let run = |batch: usize, inject: usize| {
         Engine::from_file(
-            &data("deepbrain.onnx"),
+            data("deepbrain.onnx"),
             Options {
                 device: Device::Cpu,
                 roi: Some([64; 3]),
@@ -210,6 +210,7 @@ fn oom_retry_never_changes_the_window() {
         )
         .unwrap()
         .segment_array(vol.view(), &mut |_, _| {})
+        .map(parts)
     };
     let (_, _, r) = run(2, 1).unwrap();
     assert_eq!((r.roi, r.batch), ([64; 3], 1), "{:?}", r.oom_retries);
@@ -514,7 +515,7 @@ fn nan_outputs_are_counted_and_warned() {
         };
         o.set_devices(&devices);
         let mut e = Engine::from_file(&model, o).unwrap();
-        let (_, _, r) = e.segment_array(vol.view(), &mut |_, _| {}).unwrap();
+        let r = e.segment_array(vol.view(), &mut |_, _| {}).unwrap().report;
         assert!(r.windows > 1);
         assert_eq!(
             r.nan_output_voxels,
@@ -535,7 +536,10 @@ fn nan_outputs_are_counted_and_warned() {
         },
     )
     .unwrap();
-    let (_, _, r) = e.segment_array(clean.view(), &mut |_, _| {}).unwrap();
+    let r = e
+        .segment_array(clean.view(), &mut |_, _| {})
+        .unwrap()
+        .report;
     assert_eq!(r.nan_output_voxels, Some(0));
     // Through the CLI: one warning line with the count.
     let input = write_volume(dir.path(), "v.nii", shape, |i, j, k| {
@@ -590,7 +594,7 @@ fn nan_outputs_are_counted_on_gpu() {
             },
         )
         .unwrap();
-        let (labels, _, r) = e.segment_array(vol.view(), &mut |_, _| {}).unwrap();
+        let (labels, _, r) = parts(e.segment_array(vol.view(), &mut |_, _| {}).unwrap());
         let what = format!("{} keep_logits {keep_logits}", model.display());
         assert_eq!(r.nan_output_voxels, Some(zeros), "{what}");
         assert!(

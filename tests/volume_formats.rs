@@ -64,7 +64,7 @@ fn dicom_series_match_gdcm_in_dcm2niix_layout() {
         "CARGO_MANIFEST_DIR"
     ))));
     // dcm2niix's axial layout is LAS; this oblique series is still read as stored.
-    let h = volume::read_header(&fixture("dicom_ct")).unwrap();
+    let h = volume::read_header(fixture("dicom_ct")).unwrap();
     assert_eq!(h.shape(), [24, 20, 12]);
 }
 
@@ -149,7 +149,7 @@ fn uneven_or_duplicated_slices_are_refused() {
 
 #[test]
 fn unsupported_transfer_syntax_is_named() {
-    let e = volume::read(&fixture("dicom_j2k")).unwrap_err().to_string();
+    let e = volume::read(fixture("dicom_j2k")).unwrap_err().to_string();
     assert!(
         e.contains("1.2.840.10008.1.2.4.90") && e.contains("JPEG 2000") && e.contains("dcm2niix"),
         "{e}"

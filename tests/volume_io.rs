@@ -287,7 +287,7 @@ fn label_map_max_and_geometry_of_fixtures() {
 
     // Big-endian file: the qform (quaternion (0,1,0), qfac -1) must give the same matrix as its
     // sform diag(-2,2,2): two independent encodings of one geometry.
-    let h = volume::read_header(&fixture("nibabel_anatomical_bigendian.nii")).unwrap();
+    let h = volume::read_header(fixture("nibabel_anatomical_bigendian.nii")).unwrap();
     let (q, s) = (h.qform_affine(), h.sform_affine());
     for i in 0..4 {
         for j in 0..4 {
@@ -296,7 +296,7 @@ fn label_map_max_and_geometry_of_fixtures() {
     }
     assert_eq!(s[0], [-2.0, 0.0, 0.0, 32.0]);
     // NIfTI-2 oblique file: qform and sform agree to float precision too.
-    let h = volume::read_header(&fixture("nibabel_example_nifti2.nii.gz")).unwrap();
+    let h = volume::read_header(fixture("nibabel_example_nifti2.nii.gz")).unwrap();
     let (q, s) = (h.qform_affine(), h.sform_affine());
     for i in 0..4 {
         for j in 0..4 {
@@ -503,7 +503,7 @@ fn bad_inputs_give_one_clear_error_naming_the_file() {
     for x in &mut c[12..40] {
         *x = 0xff;
     }
-    assert!(volume::read(&w("corrupt2.nii.gz", &c)).is_err());
+    assert!(volume::read(w("corrupt2.nii.gz", &c)).is_err());
     // Truncated gzip.
     expect_err(&w("trunc.nii.gz", &seg_gz[..seg_gz.len() / 2]), "truncated");
     // CRC damage in the trailer only: caught because the reader reads to the end of the stream.
@@ -555,7 +555,7 @@ fn bad_inputs_give_one_clear_error_naming_the_file() {
     patch(&mut c, 50, &2i16.to_le_bytes());
     expect_err(&w("5d.nii", &c), "dim[5] = 2");
     patch(&mut c, 50, &1i16.to_le_bytes());
-    let v = volume::read(&w("5d1.nii", &c)).unwrap();
+    let v = volume::read(w("5d1.nii", &c)).unwrap();
     assert_eq!(v.data.dim(), (1, 122, 101, 30));
 
     // Unknown and unsupported datatypes; bitpix inconsistent.
@@ -594,7 +594,7 @@ fn bad_inputs_give_one_clear_error_naming_the_file() {
     patch(&mut c, 44, &30000i16.to_le_bytes());
     patch(&mut c, 46, &30000i16.to_le_bytes());
     // Plain: the size check says truncated first (cheap, exact); gz: only the memory check can.
-    assert!(volume::read(&w("huge.nii", &c)).is_err());
+    assert!(volume::read(w("huge.nii", &c)).is_err());
     expect_err(&w("huge.nii.gz", &gz(&c)), "GiB");
     // Bigger than available memory but under the hard cap would need a big machine to test
     // without allocating; the NIfTI-2 variant checks 64-bit dims overflow instead.
@@ -721,7 +721,7 @@ fn labels_roundtrip_u8_and_u16_with_geometry() {
 fn floats_roundtrip_3d_and_4d() {
     let dir = tempfile::tempdir().unwrap();
     // Big-endian NIfTI-1 input (sform+qform code 2, qfac -1): exact geometry through the writer.
-    let v = volume::read(&fixture("nibabel_anatomical_bigendian.nii")).unwrap();
+    let v = volume::read(fixture("nibabel_anatomical_bigendian.nii")).unwrap();
     let mut data = v.data.clone();
     data.mapv_inplace(|x| x * 0.37 - 5.25);
     data[[0, 1, 2, 3]] = f32::NAN; // NaN passes through the float writer as is
@@ -743,7 +743,7 @@ fn floats_roundtrip_3d_and_4d() {
     assert!(same);
 
     // NIfTI-2 4-D input (2 channels, f64 srow) -> NIfTI-1 4-D float output.
-    let v = volume::read(&fixture("nibabel_example_nifti2.nii.gz")).unwrap();
+    let v = volume::read(fixture("nibabel_example_nifti2.nii.gz")).unwrap();
     let out = dir.path().join("f4.nii");
     volume::write_f32(&out, v.data.view(), &v.header).unwrap();
     let r = volume::read(&out).unwrap();
@@ -783,7 +783,7 @@ fn floats_roundtrip_3d_and_4d() {
 #[test]
 fn qform_quaternion_roundtrip_through_files() {
     let dir = tempfile::tempdir().unwrap();
-    let base = volume::read_header(&fixture("ts_example_ct_sm_seg.nii.gz")).unwrap();
+    let base = volume::read_header(fixture("ts_example_ct_sm_seg.nii.gz")).unwrap();
     let (a, b, c) = (0.4f64, -0.7f64, 1.9f64);
     // Rotation from Rodrigues' formula about a normalised axis, independent of quaternions.
     let n = (a * a + b * b + c * c).sqrt();
@@ -848,7 +848,7 @@ fn qform_quaternion_roundtrip_through_files() {
     }
 
     // Input with only a qform (code 1): the quaternion is copied, sform = that qform matrix.
-    let mut h = volume::read_header(&fixture("nibabel_anatomical_bigendian.nii")).unwrap();
+    let mut h = volume::read_header(fixture("nibabel_anatomical_bigendian.nii")).unwrap();
     h.sform_code = 0;
     h.qform_code = 1;
     let out = dir.path().join("qonly.nii");
@@ -875,7 +875,7 @@ fn qform_quaternion_roundtrip_through_files() {
 #[test]
 fn failed_writes_leave_nothing_behind() {
     let dir = tempfile::tempdir().unwrap();
-    let v = volume::read(&fixture("nibabel_anatomical_bigendian.nii")).unwrap();
+    let v = volume::read(fixture("nibabel_anatomical_bigendian.nii")).unwrap();
     let labels = v
         .data
         .index_axis(ndarray::Axis(0), 0)

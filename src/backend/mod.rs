@@ -103,6 +103,8 @@ pub struct Pass<'a> {
     /// CPU test hook: the N-th backend call of this pass (1-based) fails with
     /// `Error::OutOfMemory` (the CUDA pipeline reads `VOXTILE_INJECT_OOM` itself).
     pub inject_oom: Option<usize>,
+    /// Checked before each batch: once cancelled, the pass stops with `Error::Cancelled`.
+    pub cancel: &'a crate::CancelToken,
 }
 
 /// Seconds spent per stage.

@@ -100,7 +100,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
             Error::Invalid(m) | Error::Graph(m) => {
                 Error::Invalid(format!("{}: {m}", args.model.display()))
             }
-            e => e,
+            e => e.with_model(&args.model),
         })?;
     if let Some(w) = &p.warning {
         tracing::warn!("{w}");

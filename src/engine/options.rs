@@ -1,6 +1,7 @@
 //! What decides a run besides the model and the volume: axes, normalisation, windows, devices.
 
 use crate::backend::Device;
+use crate::cancel::CancelToken;
 use crate::tiling::{BlendMode, PadMode, Placement};
 use crate::{Error, Result};
 
@@ -111,6 +112,9 @@ pub struct Options {
     /// cgroup). The planner picks the batch under it and never shrinks the window (see
     /// [`crate::plan::choose`]).
     pub memory_budget: Option<u64>,
+    /// Stops the runs of every engine made with these options (or a clone of them): see
+    /// [`CancelToken`]. A fresh token by default.
+    pub cancel: CancelToken,
     /// Blend into whole-volume accumulators instead of streaming slabs (the reference the slab
     /// path is tested against; needs C × volume fp32).
     #[doc(hidden)]
@@ -139,6 +143,7 @@ impl Default for Options {
             keep_logits: false,
             normalize: Normalize::None,
             memory_budget: None,
+            cancel: CancelToken::new(),
             blend_in_memory: false,
             inject_oom: None,
         }

@@ -118,12 +118,13 @@ fn run_threads(
                     .slice_axis(Axis(1), Slice::from(part.crop[0]..part.crop[1]));
                 let own = part.planes[0] - part.crop[0]..part.planes[1] - part.crop[0];
                 let inject_oom = if k == 0 { pass.inject_oom } else { None };
-                let (weights, batch, pad, labels, blend_in_memory) = (
+                let (weights, batch, pad, labels, blend_in_memory, cancel) = (
                     pass.weights,
                     pass.batch,
                     pass.pad,
                     pass.labels,
                     pass.blend_in_memory,
+                    pass.cancel,
                 );
                 s.spawn(move || {
                     let part_pass = Pass {
@@ -136,6 +137,7 @@ fn run_threads(
                         own,
                         blend_in_memory,
                         inject_oom,
+                        cancel,
                     };
                     let mut last = 0;
                     let mut prog = |done: usize, _: usize| {

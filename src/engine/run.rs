@@ -11,27 +11,14 @@ use ndarray::{Array3, Array4, ArrayView4};
 use std::time::Instant;
 
 impl Engine {
-    /// The core on ndarray: `data` is (channel, i, j, k); returns labels (i,j,k), blended outputs
-    /// (channel, i, j, k) and the report. Without `Options::keep_logits` the blended outputs are
-    /// never held whole (finished slabs become labels at once) and the returned array has zero
-    /// channels.
-    ///
-    /// The window and batch come from the memory planner (see [`crate::plan::choose`]). A pass
-    /// that runs out of memory is redone over the whole volume at half the batch (said on
-    /// stderr and in the report); at batch 1 the out-of-memory error goes up: the window is
-    /// never changed behind the user's back (a smaller window changes the result).
-    pub fn segment_array(
+    /// [`Engine::segment_array`] once the channels are checked: labels (i,j,k), the blended
+    /// outputs (channel, i, j, k) when `Options::keep_logits`, and the report.
+    pub(super) fn run_array(
         &mut self,
         data: ArrayView4<f32>,
         progress: &mut dyn FnMut(usize, usize),
-    ) -> Result<(Array3<u16>, Array4<f32>, Report)> {
+    ) -> Result<(Array3<u16>, Option<Array4<f32>>, Report)> {
         let cin = self.graph.input_channels();
-        if data.shape()[0] != cin {
-            return Err(Error::Invalid(format!(
-                "the volume has {} channel(s) but the model expects {cin}",
-                data.shape()[0]
-            )));
-        }
         // Network axes: (C, D, H, W).
         let net = match self.options.axis_order {
             AxisOrder::Xyz => data,
@@ -77,8 +64,6 @@ impl Engine {
         report.predicted = Some(est);
         report.labels = rule.describe();
         let t = Instant::now();
-        let logits_net =
-            logits_net.unwrap_or_else(|| Array4::zeros((0, shape[0], shape[1], shape[2])));
         // Back to the file's (i,j,k) axes.
         let (labels, logits) = match self.options.axis_order {
             AxisOrder::Xyz => (labels_net, logits_net),
@@ -87,10 +72,11 @@ impl Engine {
                     .permuted_axes([2, 1, 0])
                     .as_standard_layout()
                     .to_owned(),
-                logits_net
-                    .permuted_axes([0, 3, 2, 1])
-                    .as_standard_layout()
-                    .to_owned(),
+                logits_net.map(|l| {
+                    l.permuted_axes([0, 3, 2, 1])
+                        .as_standard_layout()
+                        .to_owned()
+                }),
             ),
         };
         report.seconds.finalize += t.elapsed().as_secs_f64();
@@ -132,6 +118,7 @@ impl Engine {
         let weights = tiling::weight_map(roi, o.blend, o.sigma_scale);
         let split = split::split(&grid, self.workers.len());
         let mut inject_oom = o.inject_oom.filter(|_| !self.is_cuda());
+        let cancel = o.cancel.clone();
         // A retried pass starts over: progress holds at its high-water mark, never goes back.
         let mut high = 0;
         let mut progress = |done: usize, total: usize| {
@@ -139,6 +126,7 @@ impl Engine {
             progress(high, total)
         };
         loop {
+            cancel.check()?;
             batch = batch.min(grid.len()).max(1);
             let rule = self.label_rule(roi, batch)?;
             let t = Instant::now();
@@ -157,6 +145,7 @@ impl Engine {
                 blend_in_memory: self.options.blend_in_memory,
                 // The hook fires once per run: not again in the retried pass.
                 inject_oom: inject_oom.take(),
+                cancel: &cancel,
             };
             let (result, runs) = match prepared {
                 Ok(()) => run_parts(&mut self.workers, &pass, &split, &mut progress),

@@ -209,7 +209,8 @@ pub struct Manifest {
 
 impl Manifest {
     /// Parse TOML or JSON by extension (`.json` is JSON, anything else TOML) and check the values.
-    pub fn load(path: &Path) -> Result<Manifest> {
+    pub fn load(path: impl AsRef<Path>) -> Result<Manifest> {
+        let path = path.as_ref();
         let text = crate::fsio::read_regular_text(path, crate::fsio::MANIFEST_CAP)?;
         let is_json = path
             .extension()
@@ -237,7 +238,8 @@ impl Manifest {
     }
 
     /// `net.toml` or `net.json` beside `net.onnx`, whichever exists (TOML first).
-    pub fn beside(model: &Path) -> Option<PathBuf> {
+    pub fn beside(model: impl AsRef<Path>) -> Option<PathBuf> {
+        let model = model.as_ref();
         ["toml", "json"]
             .iter()
             .map(|ext| model.with_extension(ext))

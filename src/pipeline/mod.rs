@@ -5,6 +5,9 @@
 //!
 //! Built only on [`Engine::segment_array`]: every model run is one sliding-window pass over an
 //! (optionally flipped) volume; the averaging happens here on the host.
+//!
+//! [`Pipeline::from_model`] reads a model's manifest (`NAME.toml` beside `NAME.onnx`) exactly as
+//! `voxtile segment` does: both go through [`ModelSetup`].
 
 pub mod batch;
 pub mod intensity;
@@ -12,14 +15,17 @@ pub mod manifest;
 pub mod outputs;
 pub mod preview;
 pub mod resample;
+mod setup;
 
-use crate::engine::{AxisOrder, Engine, Report};
+use crate::engine::{AxisOrder, CancelToken, Engine, Options, Report};
 use crate::model::graph::OutputActivation;
 use crate::volume::{Header, Volume};
 use crate::{Error, Result};
 pub use manifest::{Activation, Intensity, Manifest};
 use ndarray::{Array3, Array4, ArrayView4, Axis, Zip};
 use serde::Serialize;
+pub use setup::{Mirror, ModelSetup, Overrides};
+use std::path::Path;
 use std::time::Instant;
 
 /// Settings of the pipeline around the engines (the engines carry the window settings).
@@ -103,6 +109,7 @@ type Passed = (
 );
 
 /// The result on the input's (i,j,k) grid.
+#[derive(Clone, Debug)]
 pub struct Output {
     /// Remapped labels.
     pub labels: Array3<u16>,
@@ -110,6 +117,8 @@ pub struct Output {
     pub probabilities: Option<Array4<f32>>,
     /// (C, i, j, k) averaged raw outputs, when kept.
     pub logits: Option<Array4<f32>>,
+    /// One name per output channel (the manifest's `classes`), when known.
+    pub classes: Option<Vec<String>>,
     /// The input's header: write the outputs with it so they overlay the input.
     pub header: Header,
     /// Times, sizes and settings of the run.
@@ -122,6 +131,35 @@ pub struct Output {
 ///
 /// # Examples
 ///
+/// A model and its manifest (`liver.toml` beside `liver.onnx`: window, normalisation,
+/// spacing, classes, label values), as `voxtile segment ct.nii.gz -m liver.onnx` runs it:
+///
+/// ```no_run
+/// use voxtile::Pipeline;
+///
+/// fn main() -> voxtile::Result<()> {
+///     let mut pipeline = Pipeline::from_model("liver.onnx")?;
+///     let volume = voxtile::volume::read("ct.nii.gz")?;
+///     let out = pipeline.run(&volume, &mut |done, total| eprint!("\r{done}/{total} windows"))?;
+///     voxtile::volume::write_labels("seg.nii.gz", out.labels.view(), &out.header)?;
+///     println!("classes: {:?}", out.classes);
+///     Ok(())
+/// }
+/// ```
+///
+/// The same with choices that beat the manifest (`--device cpu --tta`):
+///
+/// ```no_run
+/// use voxtile::engine::{Device, Options};
+/// use voxtile::pipeline::{Mirror, Overrides, Pipeline};
+///
+/// let options = Options { device: Device::Cpu, ..Options::default() };
+/// let overrides = Overrides { mirror: Mirror::Manifest, ..Overrides::default() };
+/// let pipeline = Pipeline::from_model_with("liver.onnx", options, &overrides)?;
+/// assert_eq!(pipeline.flip_sets().len(), 8);
+/// # Ok::<(), voxtile::Error>(())
+/// ```
+///
 /// Two models averaged, each run on the volume and its mirrors along all three axes:
 ///
 /// ```no_run
@@ -130,17 +168,17 @@ pub struct Output {
 ///
 /// fn main() -> voxtile::Result<()> {
 ///     let engines = vec![
-///         Engine::from_file("fold0.onnx".as_ref(), Options::default())?,
-///         Engine::from_file("fold1.onnx".as_ref(), Options::default())?,
+///         Engine::from_file("fold0.onnx", Options::default())?,
+///         Engine::from_file("fold1.onnx", Options::default())?,
 ///     ];
 ///     let settings = Settings {
 ///         mirror_axes: vec![0, 1, 2],
 ///         ..Settings::default()
 ///     };
 ///     let mut pipeline = Pipeline::new(engines, settings)?;
-///     let volume = voxtile::volume::read("ct.nii.gz".as_ref())?;
+///     let volume = voxtile::volume::read("ct.nii.gz")?;
 ///     let out = pipeline.run(&volume, &mut |_, _| {})?;
-///     voxtile::volume::write_labels("seg.nii.gz".as_ref(), out.labels.view(), &out.header)?;
+///     voxtile::volume::write_labels("seg.nii.gz", out.labels.view(), &out.header)?;
 ///     Ok(())
 /// }
 /// ```
@@ -151,6 +189,23 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
+    /// A model with its manifest applied as `voxtile segment` applies it: `NAME.toml` or
+    /// `NAME.json` beside `NAME.onnx` (window, overlap, blend, axis order, normalisation,
+    /// spacing, activation, classes, label remapping); on `Device::Auto`, no mirroring.
+    pub fn from_model(model: impl AsRef<Path>) -> Result<Pipeline> {
+        Pipeline::from_model_with(model, Options::default(), &Overrides::default())
+    }
+
+    /// [`Pipeline::from_model`] on `options` (device, batch, memory budget...), with
+    /// `overrides` beating the manifest (a command line's typed flags).
+    pub fn from_model_with(
+        model: impl AsRef<Path>,
+        options: Options,
+        overrides: &Overrides,
+    ) -> Result<Pipeline> {
+        ModelSetup::new(&[model.as_ref()], options, overrides)?.build()
+    }
+
     /// Every engine must take the same input channels, give the same output channels and use the
     /// same axis order (the averaging is voxel by voxel).
     pub fn new(engines: Vec<Engine>, settings: Settings) -> Result<Pipeline> {
@@ -201,6 +256,29 @@ impl Pipeline {
     /// The models' engines, in ensemble order.
     pub fn engines(&self) -> &[Engine] {
         &self.engines
+    }
+    /// The class names results carry (the first model's, set on every engine).
+    pub fn classes(&self) -> Option<&[String]> {
+        self.engines[0].classes()
+    }
+    /// Name the output channels of every model (None: unnamed); one name per channel.
+    pub fn set_classes(&mut self, classes: Option<Vec<String>>) -> Result<()> {
+        for e in self.engines.iter_mut() {
+            e.set_classes(classes.clone())?;
+        }
+        Ok(())
+    }
+    /// A token that cancels this pipeline's runs from any thread: [`Pipeline::run`] then
+    /// returns `Error::Cancelled` at its next check (before each batch of windows, between
+    /// passes). Engines built from one `Options` share it; otherwise it is the first model's.
+    pub fn cancel_token(&self) -> CancelToken {
+        self.engines[0].cancel_token()
+    }
+    /// Whether any engine's token was cancelled: `Error::Cancelled` if so.
+    fn check_cancel(&self) -> Result<()> {
+        self.engines
+            .iter()
+            .try_for_each(|e| e.options().cancel.check())
     }
     /// The settings around the engines.
     pub fn settings(&self) -> &Settings {
@@ -267,12 +345,15 @@ impl Pipeline {
     }
 
     /// The volume's channels against the models'.
-    fn check_channels(&self, channels: usize) -> Result<()> {
-        let cin = self.input_channels();
-        if channels != cin {
-            return Err(Error::Invalid(format!(
-                "the volume has {channels} channel(s) but the model expects {cin}"
-            )));
+    fn check_channels(&self, got: usize) -> Result<()> {
+        let expected = self.input_channels();
+        if got != expected {
+            return Err(Error::ChannelMismatch {
+                expected,
+                got,
+                input: None,
+                model: self.engines[0].model_path().map(Path::to_path_buf),
+            });
         }
         Ok(())
     }
@@ -362,6 +443,7 @@ impl Pipeline {
         } else {
             self.averaged(data, model_grid, input_grid, act, &mut times, progress)?
         };
+        self.check_cancel()?;
         let t = Instant::now();
         if let Some(table) = &self.settings.remap {
             labels.mapv_inplace(|l| table.get(l as usize).copied().unwrap_or(l));
@@ -388,6 +470,7 @@ impl Pipeline {
             labels,
             probabilities,
             logits,
+            classes: self.classes().map(<[String]>::to_vec),
             header: volume.header.clone(),
             report,
             nonfinite_voxels: nonfinite,
@@ -403,7 +486,8 @@ impl Pipeline {
         times: &mut PipelineTimes,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Passed> {
-        let (labels, out, report) = self.engines[0].segment_array(data, progress)?;
+        let seg = self.engines[0].segment_array(data, progress)?;
+        let (labels, report) = (seg.labels, seg.report);
         times.passes = report.seconds.total;
         let t = Instant::now();
         let (keep_p, keep_l) = (self.settings.keep_probabilities, self.settings.keep_logits);
@@ -411,17 +495,18 @@ impl Pipeline {
             apply_activation(&mut p, act);
             p
         };
-        let (probabilities, logits) = match (keep_p, keep_l) {
-            (true, true) => (
+        let (probabilities, logits) = match (keep_p, keep_l, seg.logits) {
+            (true, true, Some(out)) => (
                 Some(activated(crate::alloc::try_to_owned(
                     out.view(),
                     "the probabilities",
                 )?)),
                 Some(out),
             ),
-            (true, false) => (Some(activated(out)), None),
-            (false, true) => (None, Some(out)),
-            (false, false) => (None, None),
+            (true, false, Some(out)) => (Some(activated(out)), None),
+            (false, true, Some(out)) => (None, Some(out)),
+            (false, false, _) => (None, None),
+            (_, _, None) => return Err(kept_nothing()),
         };
         times.finalize = t.elapsed().as_secs_f64();
         Ok((labels, probabilities, logits, report))
@@ -487,8 +572,9 @@ impl Pipeline {
                     flipped.view()
                 };
                 let base = pass;
-                let (_, out, rep) =
+                let seg =
                     engine.segment_array(input, &mut |d, t| progress(base * t + d, npass * t))?;
+                let (out, rep) = (seg.logits.ok_or_else(kept_nothing)?, seg.report);
                 compute += rep.seconds.compute;
                 blend += rep.seconds.blend;
                 let mut out = if flip.is_empty() {
@@ -527,6 +613,11 @@ impl Pipeline {
         report.seconds.total = t0.elapsed().as_secs_f64();
         Ok((acc, acc_raw, report))
     }
+}
+
+/// An engine asked to keep its blended outputs returned none (a backend bug, said as an error).
+fn kept_nothing() -> Error {
+    Error::Backend("the engine returned no blended outputs although asked to keep them".into())
 }
 
 /// Auto: softmax for raw multi-channel outputs, sigmoid for one raw channel, none when the graph

@@ -80,24 +80,21 @@ pub fn choose(graph: &Graph, model: &dyn MemoryModel, req: &Request) -> Result<P
             let b = b.min(windows).max(1);
             let need = need(b)?;
             if need > req.budget {
-                let msg = format!(
+                if req.budget_explicit || req.user_roi.is_none() {
+                    return Err(too_small(model.target(), req, roi, b, need));
+                }
+                warnings.push(format!(
                     "roi {roi:?} with batch {b} needs {} but the memory budget is {}",
                     format_bytes(need),
                     format_bytes(req.budget)
-                );
-                if req.budget_explicit || req.user_roi.is_none() {
-                    return Err(Error::Invalid(format!(
-                        "{msg}: lower --batch or --roi, or raise --memory-budget"
-                    )));
-                }
-                warnings.push(msg);
+                ));
             }
             (b, "user")
         }
         None => {
             let need1 = need(1)?;
             if need1 > req.budget {
-                return Err(too_small(model.target(), req, roi, need1));
+                return Err(too_small(model.target(), req, roi, 1, need1));
             }
             let target = model.target();
             let default_batch = match target {
@@ -156,31 +153,24 @@ fn best_batch(
     Ok(pick.1)
 }
 
-/// The error for a budget below batch 1 at the run's window.
-fn too_small(target: Target, req: &Request, roi: [usize; 3], need: u64) -> Error {
-    let whose = if req.user_roi.is_some() {
-        "the window"
-    } else {
-        "the model's window"
-    };
-    let what = match target {
-        Target::Cpu => "host working set",
-        Target::Cuda => "device memory",
-    };
-    Error::Invalid(format!(
-        "the memory budget {} is too small for {whose} {roi:?}: batch 1 needs {} ({what}); raise --memory-budget or pass a smaller --roi",
-        format_bytes(req.budget),
-        format_bytes(need)
-    ))
+/// The error for a budget below what `batch` windows of `roi` need.
+fn too_small(target: Target, req: &Request, roi: [usize; 3], batch: usize, need: u64) -> Error {
+    Error::BudgetTooSmall {
+        needed: need,
+        budget: req.budget,
+        roi,
+        batch,
+        device: target == Target::Cuda,
+        budget_source: None,
+        model: None,
+    }
 }
 
 /// A planner error about a default budget, with where that budget came from appended (under
 /// Slurm or Kubernetes a small default is the job's limit, not the host's RAM).
-pub fn with_budget_source(e: Error, source: &str) -> Error {
-    match e {
-        Error::Invalid(m) if m.contains("memory budget") => {
-            Error::Invalid(format!("{m} (default budget: {source})"))
-        }
-        e => e,
+pub fn with_budget_source(mut e: Error, source: &str) -> Error {
+    if let Error::BudgetTooSmall { budget_source, .. } = &mut e {
+        budget_source.get_or_insert_with(|| source.to_string());
     }
+    e
 }

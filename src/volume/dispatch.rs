@@ -96,7 +96,8 @@ fn first_bytes(path: &Path) -> Vec<u8> {
 /// Read a whole volume from any supported input: a NIfTI file, a NIfTI-1 pair, an NRRD or
 /// MetaImage file, or a folder holding one DICOM series. Data as (channel, i, j, k) f32, scaling
 /// applied; the header stands for the NIfTI file a converter would write.
-pub fn read(path: &Path) -> Result<Volume> {
+pub fn read(path: impl AsRef<Path>) -> Result<Volume> {
+    let path = path.as_ref();
     match kind(path)? {
         Kind::Dicom => dicom::read_dicom_series(path, None),
         Kind::Nrrd => nrrd::read(path),
@@ -108,7 +109,8 @@ pub fn read(path: &Path) -> Result<Volume> {
 
 /// Read only the header of any input [`read`] accepts (and, for plain NIfTI files, check the
 /// data fits the file).
-pub fn read_header(path: &Path) -> Result<Header> {
+pub fn read_header(path: impl AsRef<Path>) -> Result<Header> {
+    let path = path.as_ref();
     match kind(path)? {
         Kind::Dicom => dicom::read_dicom_header(path, None),
         Kind::Nrrd => nrrd::read_header(path),

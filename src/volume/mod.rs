@@ -5,6 +5,27 @@
 //! Data is held as f32 `(channel, i, j, k)` in the file's own axis order: no reorientation, so
 //! outputs written with the input's header overlay the input voxel for voxel. Other formats are
 //! handed out as the NIfTI file a converter would write (dcm2niix for DICOM), with a RAS affine.
+//!
+//! # Examples
+//!
+//! Write a label map on a 2 mm grid and read it back:
+//!
+//! ```
+//! use ndarray::Array3;
+//! use voxtile::volume::{self, Header};
+//!
+//! let labels = Array3::from_shape_fn((8, 6, 4), |(i, _, _)| (i >= 4) as u16);
+//! let header = Header::new([8, 6, 4], 1, [2.0, 2.0, 2.0]);
+//! let dir = tempfile::tempdir()?;
+//! let path = dir.path().join("seg.nii.gz");
+//! volume::write_labels(&path, labels.view(), &header)?;
+//!
+//! let back = volume::read(&path)?;
+//! assert_eq!(back.shape(), [8, 6, 4]);
+//! assert_eq!(back.header.spacing(), [2.0, 2.0, 2.0]);
+//! assert_eq!(back.data[[0, 7, 0, 0]], 1.0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod dicom;
 mod dicom_meta;

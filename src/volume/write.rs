@@ -370,8 +370,8 @@ pub fn check_output_shape(input: &Path, like: &Header, channels: usize) -> Resul
 }
 
 /// Write a label map (axes i, j, k) with `like`'s geometry: uint8 when every label < 256, else uint16.
-pub fn write_labels(path: &Path, labels: ArrayView3<u16>, like: &Header) -> Result<()> {
-    stage_labels(path, labels, like)?.commit(true)
+pub fn write_labels(path: impl AsRef<Path>, labels: ArrayView3<u16>, like: &Header) -> Result<()> {
+    stage_labels(path.as_ref(), labels, like)?.commit(true)
 }
 
 /// [`write_labels`], staged for the caller to commit.
@@ -381,12 +381,12 @@ pub fn stage_labels(path: &Path, labels: ArrayView3<u16>, like: &Header) -> Resu
 
 /// [`write_labels`] with class names (intent LABEL + Caret XML extension) and/or NIfTI-2.
 pub fn write_labels_with(
-    path: &Path,
+    path: impl AsRef<Path>,
     labels: ArrayView3<u16>,
     like: &Header,
     opts: &LabelOptions,
 ) -> Result<()> {
-    stage_labels_with(path, labels, like, opts)?.commit(true)
+    stage_labels_with(path.as_ref(), labels, like, opts)?.commit(true)
 }
 
 /// [`write_labels_with`], staged for the caller to commit.

@@ -238,3 +238,19 @@ pub fn choose_on(
 ) -> voxtile::Result<voxtile::plan::Plan> {
     voxtile::plan::choose(g, model_of(target).as_ref(), req)
 }
+
+/// A segmentation as the (labels, blended outputs, report) tuple older tests compare; outputs not
+/// kept are a zero-channel array.
+pub fn parts(
+    seg: voxtile::Segmentation,
+) -> (
+    ndarray::Array3<u16>,
+    ndarray::Array4<f32>,
+    voxtile::engine::Report,
+) {
+    let [x, y, z] = [0, 1, 2].map(|a| seg.labels.shape()[a]);
+    let logits = seg
+        .logits
+        .unwrap_or_else(|| ndarray::Array4::zeros((0, x, y, z)));
+    (seg.labels, logits, seg.report)
+}

@@ -16,12 +16,14 @@ pub struct SwCase {
 }
 
 impl SwCase {
-    /// Runs the case's model on its input with `options`: (labels, logits, report).
+    /// Runs the case's model on its input with `options` (`keep_logits` set): (labels, logits,
+    /// report).
     pub fn run(&self, options: Options) -> (Array3<u16>, Array4<f32>, Report) {
         let mut engine = Engine::from_file(&self.model, options).unwrap();
-        engine
+        let seg = engine
             .segment_array(self.x.index_axis(Axis(0), 0), &mut |_, _| {})
-            .unwrap()
+            .unwrap();
+        (seg.labels, seg.logits.expect("keep_logits set"), seg.report)
     }
 
     /// MONAI's output for the one batch item.

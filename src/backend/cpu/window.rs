@@ -80,6 +80,7 @@ pub(super) fn sliding_window(
     let mut measured = 0u64;
     let total = grid.len();
     for (call, chunk) in grid.starts.chunks(batch).enumerate() {
+        pass.cancel.check()?;
         let n = chunk.len();
         let t = Instant::now();
         for (i, &start) in chunk.iter().enumerate() {

@@ -42,6 +42,8 @@ impl Backend for CudaBackend {
                 ))
             }
         };
+        // The windows stream through the device as one pass: cancelled before it starts only.
+        pass.cancel.check()?;
         let t = Instant::now();
         let grid = pass.grid;
         let rule = pass.labels;

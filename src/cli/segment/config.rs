@@ -3,151 +3,95 @@
 
 use super::args::SegmentArgs;
 use crate::cli::flags;
-use crate::engine::{AxisOrder, Device, Engine, Normalize, Options};
+use crate::engine::{AxisOrder, Device, Normalize, Options};
 use crate::pipeline::batch::parse_devices;
-use crate::pipeline::manifest::{parse_blend, Activation, Intensity, Manifest};
-use crate::pipeline::{Pipeline, Settings};
+use crate::pipeline::manifest::{Activation, Intensity};
+use crate::pipeline::{Mirror, ModelSetup, Overrides, Pipeline};
 use crate::tiling::{self, BlendMode, PadMode};
 use crate::{Error, Result};
-use std::path::PathBuf;
 
 /// Everything a worker needs to build its pipeline (plain data: each worker owns its engines).
+/// The models, options, settings and manifest are the library's [`ModelSetup`] (reached through
+/// `Deref`): the manifest is merged there, the one place the library shares.
 #[derive(Clone)]
 pub struct Config {
-    /// The ONNX models (several: an ensemble).
-    pub models: Vec<PathBuf>,
-    /// The engines' options (the device is set per worker, from `devices`).
-    pub options: Options,
+    /// The models, the merged options and settings, the manifest.
+    pub setup: ModelSetup,
     /// `--device`: one device, or a list (one volume split, or files handed out).
     pub devices: Vec<Device>,
-    /// What the pipeline does around the engines.
-    pub settings: Settings,
     /// The manifest's class names.
     pub classes: Option<Vec<String>>,
-    /// The model manifest (empty when there is none).
-    pub manifest: Manifest,
-    /// Where it was read from.
-    pub manifest_path: Option<PathBuf>,
     /// `--probabilities-u8`.
     pub u8: bool,
 }
 
+impl std::ops::Deref for Config {
+    type Target = ModelSetup;
+    fn deref(&self) -> &ModelSetup {
+        &self.setup
+    }
+}
+
 impl Config {
-    /// Parse and check every flag, merge the manifest.
+    /// Parse and check every flag, merge the manifest (flags typed on the command line beat it,
+    /// defaults do not).
     pub fn new(args: &SegmentArgs) -> Result<Config> {
         let p = &args.pipe;
-        let explicit = |id: &str| p.explicit.iter().any(|e| e == id);
-        let manifest_path = p
-            .manifest
-            .clone()
-            .or_else(|| Manifest::beside(&args.model[0]));
-        let manifest = match &manifest_path {
-            Some(m) => Manifest::load(m)?,
-            None => Manifest::default(),
-        };
-        let mpath = manifest_path.clone().unwrap_or_default();
-        let mut options = options(args)?;
-        let devices = parse_devices(&args.device)?;
-        if !explicit("roi") {
-            if let Some(r) = manifest.roi {
-                options.roi = Some(r.triple());
-            }
-        }
-        if !explicit("overlap") {
-            if let Some(o) = manifest.overlap {
-                options.overlap = o.triple();
-            }
-        }
-        if !explicit("blend") {
-            if let Some(b) = &manifest.blend {
-                options.blend = parse_blend(b).map_err(|m| Error::model(&mpath, m))?;
-            }
-        }
-        if !explicit("axis_order") {
-            if let Some(a) = &manifest.axis_order {
-                options.axis_order = a.parse::<AxisOrder>()?;
-            }
-        }
-        let intensity = if explicit("normalize") {
-            Intensity::from(options.normalize)
-        } else {
-            manifest.normalize.unwrap_or(Intensity::None)
-        };
-        intensity.check().map_err(|m| Error::model(&mpath, m))?;
-        // Normalised once, before the engines (see `pipeline::intensity::preprocess`).
-        options.normalize = Normalize::None;
-        let spacing = match p.spacing.as_deref() {
-            Some("none") => None,
-            Some(s) => Some(tiling::parse_spacing(s)?),
-            None => manifest.spacing,
-        };
-        let mirror_axes = match p.tta.as_deref() {
-            None => Vec::new(),
-            Some("all") => manifest.mirror_axes.clone().unwrap_or(vec![0, 1, 2]),
-            Some(s) => parse_axes(s)?,
-        };
-        let activation = match p.activation.as_deref() {
-            Some("softmax") => Activation::Softmax,
-            Some("sigmoid") => Activation::Sigmoid,
-            Some("none") => Activation::None,
-            Some(_) => Activation::Auto,
-            None => manifest.activation.unwrap_or(Activation::Auto),
-        };
         if p.probabilities_u8 && p.probabilities.is_none() {
             return Err(Error::Invalid(
                 "--probabilities-u8 needs --probabilities OUT".into(),
             ));
         }
+        let options = options(args)?;
+        let overrides = overrides(args, &options)?;
+        let devices = parse_devices(&args.device)?;
+        let setup = ModelSetup::new(&args.model, options, &overrides)?;
         Ok(Config {
-            models: args.model.clone(),
-            options,
+            classes: setup.classes().map(<[String]>::to_vec),
+            setup,
             devices,
-            settings: Settings {
-                intensity,
-                spacing,
-                mirror_axes,
-                activation,
-                remap: None,
-                keep_probabilities: p.probabilities.is_some(),
-                keep_logits: args.logits.is_some(),
-            },
-            classes: manifest.classes.clone(),
-            manifest,
-            manifest_path,
             u8: p.probabilities_u8,
         })
     }
 
     /// Engines on `devices` (several: each volume's windows are split across them).
     pub fn build(&self, devices: &[Device]) -> Result<Pipeline> {
-        let mut options = self.options.clone();
-        options.set_devices(devices);
-        let engines = self
-            .models
-            .iter()
-            .map(|m| Engine::from_file(m, options.clone()))
-            .collect::<Result<Vec<_>>>()?;
-        let channels = engines[0].graph().output_channels();
-        let mpath = self.manifest_path.clone().unwrap_or_default();
-        let mut settings = self.settings.clone();
-        settings.remap = self
-            .manifest
-            .remap_table(channels)
-            .map_err(|m| Error::model(&mpath, m))?;
-        if let Some(c) = &self.classes {
-            if c.len() != channels {
-                return Err(Error::model(
-                    &mpath,
-                    format!(
-                        "lists {} class(es) but {} has {channels} output channel(s)",
-                        c.len(),
-                        self.models[0].display()
-                    ),
-                ));
-            }
-        }
-        Pipeline::new(engines, settings)
+        let mut setup = self.setup.clone();
+        setup.options.set_devices(devices);
+        setup.build()
     }
+}
+
+/// The flags typed on the command line that beat the manifest (`options`: the flags parsed).
+fn overrides(args: &SegmentArgs, options: &Options) -> Result<Overrides> {
+    let p = &args.pipe;
+    let explicit = |id: &str| p.explicit.iter().any(|e| e == id);
+    Ok(Overrides {
+        manifest: p.manifest.clone(),
+        roi: options.roi.filter(|_| explicit("roi")),
+        overlap: explicit("overlap").then_some(options.overlap),
+        blend: explicit("blend").then_some(options.blend),
+        axis_order: explicit("axis_order").then_some(options.axis_order),
+        intensity: explicit("normalize").then(|| Intensity::from(options.normalize)),
+        spacing: match p.spacing.as_deref() {
+            Some("none") => Some(None),
+            Some(s) => Some(Some(tiling::parse_spacing(s)?)),
+            None => None,
+        },
+        mirror: match p.tta.as_deref() {
+            None => Mirror::Off,
+            Some("all") => Mirror::Manifest,
+            Some(s) => Mirror::Axes(parse_axes(s)?),
+        },
+        activation: p.activation.as_deref().map(|a| match a {
+            "softmax" => Activation::Softmax,
+            "sigmoid" => Activation::Sigmoid,
+            "none" => Activation::None,
+            _ => Activation::Auto,
+        }),
+        keep_probabilities: p.probabilities.is_some(),
+        keep_logits: args.logits.is_some(),
+    })
 }
 
 /// The engine options the flags give (the device list is parsed apart).

@@ -92,13 +92,12 @@ pub fn read_ahead(
 /// Make `pipe` ready for an input of `header`: its channels checked, its engines prepared.
 pub fn prepare(pipe: &mut Pipeline, header: &Header, job: &Job, models: &[PathBuf]) -> Result<()> {
     if header.channels() != pipe.input_channels() {
-        return Err(Error::Invalid(format!(
-            "{}: the volume has {} channel(s) but {} expects {}",
-            job.input.display(),
-            header.channels(),
-            models[0].display(),
-            pipe.input_channels()
-        )));
+        return Err(Error::ChannelMismatch {
+            expected: pipe.input_channels(),
+            got: header.channels(),
+            input: Some(job.input.clone()),
+            model: Some(models[0].clone()),
+        });
     }
     pipe.prepare_for(header)
         .map_err(|e| name_error(e, &job.input, models))

@@ -11,6 +11,7 @@ use super::decode::{decode_tensor, proto, Const, Data};
 use super::graph::*;
 use super::shape::infer_shapes_raw;
 use super::sym::{broadcast_index, broadcast_shape, for_each_index, Bop, Exprs, Round, Sym, X};
+use crate::error::UnsupportedOp;
 use crate::{Error, Result};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
@@ -96,9 +97,8 @@ struct Lowerer<'a> {
     budget_hit: Cell<bool>,
     /// ONNX values computed by a node voxtile could not lower (or downstream of one).
     poisoned: HashSet<String>,
-    /// Every construct voxtile could not lower, in graph order, with its operator (see
-    /// [`MAX_LISTED`]).
-    unsupported: Vec<(String, String)>,
+    /// Every construct voxtile could not lower, in graph order (see [`MAX_LISTED`]).
+    unsupported: Vec<UnsupportedOp>,
 }
 
 /// Unsupported constructs named in one error; a hostile file with thousands stops there.
@@ -112,6 +112,14 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// This node as an unsupported one (its domain named when not the default).
+    fn unsupported(&self, why: String) -> UnsupportedOp {
+        UnsupportedOp {
+            op: self.op.clone(),
+            node: self.name.clone(),
+            why,
+        }
+    }
     fn err(&self, msg: impl std::fmt::Display) -> Error {
         Error::model(
             self.path,
@@ -220,58 +228,34 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         *lw.uses.entry(r).or_default() += 1;
     }
 
-    for &i in &order {
+    let ctx_of = |i: usize| {
         let n = &g.node[i];
         let name = if n.name().is_empty() {
             format!("{}#{i}", n.op_type())
         } else {
             n.name().to_string()
         };
-        let ctx = Ctx {
-            path,
-            name,
-            op: n.op_type().to_string(),
+        let op = match n.domain() {
+            "" | "ai.onnx" => n.op_type().to_string(),
+            d => format!("{d}.{}", n.op_type()),
         };
-        lw.visit(n, &ctx)?;
+        Ctx { path, name, op }
+    };
+    // Every construct the model needs that voxtile lacks, in one error: the import goes on past
+    // each and lists them all.
+    for &i in &order {
+        lw.visit(&g.node[i], &ctx_of(i))?;
         if lw.unsupported.len() >= MAX_LISTED {
             break;
         }
     }
     if !lw.unsupported.is_empty() {
-        return Err(unsupported_error(path, &lw.unsupported));
+        return Err(Error::UnsupportedOps {
+            path: path.to_path_buf(),
+            ops: std::mem::take(&mut lw.unsupported),
+        });
     }
     lw.finish(g, out_name, fixed)
-}
-
-/// One error naming every construct voxtile could not lower, one per line after the first, so a
-/// user sees the whole distance to a model voxtile runs before exporting again.
-fn unsupported_error(path: &Path, items: &[(String, String)]) -> Error {
-    if let [(_, one)] = items {
-        return Error::model(path, one.clone());
-    }
-    let mut by_op: Vec<(&str, usize)> = vec![];
-    for (op, _) in items {
-        match by_op.iter_mut().find(|(o, _)| o == op) {
-            Some((_, k)) => *k += 1,
-            None => by_op.push((op, 1)),
-        }
-    }
-    let ops: Vec<String> = by_op.iter().map(|(o, k)| format!("{o} x{k}")).collect();
-    let more = if items.len() >= MAX_LISTED {
-        ", listing stopped there"
-    } else {
-        ""
-    };
-    let lines: Vec<&str> = items.iter().map(|(_, m)| m.as_str()).collect();
-    Error::model(
-        path,
-        format!(
-            "{} constructs voxtile does not support ({}{more}):\n  {}",
-            items.len(),
-            ops.join(", "),
-            lines.join("\n  ")
-        ),
-    )
 }
 
 impl Lowerer<'_> {
@@ -439,50 +423,7 @@ impl Lowerer<'_> {
         out
     }
 
-    /// Lower one node, or record why it cannot be and mark its outputs unavailable so that the
-    /// import goes on and reports every unsupported construct at once. A node downstream of an
-    /// unsupported one can only be judged by its operator; budget overruns end the import.
-    fn visit(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
-        let foreign = !n.domain().is_empty() && n.domain() != "ai.onnx";
-        let why = if foreign {
-            Some(format!(
-                "operators of domain \"{}\" are not supported",
-                n.domain()
-            ))
-        } else if handler(n.op_type()).is_none() {
-            Some(format!(
-                "operator {} is not supported by voxtile",
-                n.op_type()
-            ))
-        } else {
-            None
-        };
-        let downstream = n
-            .input
-            .iter()
-            .any(|i| self.poisoned.contains(&self.resolve(i)));
-        let failed = match (why, downstream) {
-            (Some(why), _) => Some(ctx.err(why)),
-            (None, true) => None,
-            (None, false) => match self.node(n, ctx) {
-                Ok(()) => return Ok(()),
-                Err(e) if self.budget_hit.get() => return Err(e),
-                Err(e) => Some(e),
-            },
-        };
-        if let Some(e) = failed {
-            let msg = match e {
-                Error::Model { msg, .. } => msg,
-                other => other.to_string(),
-            };
-            self.unsupported.push((n.op_type().to_string(), msg));
-        }
-        self.poisoned
-            .extend(n.output.iter().filter(|o| !o.is_empty()).cloned());
-        Ok(())
-    }
-
-    fn node(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
+    pub(super) fn node(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
         let op = n.op_type();
         if n.output.len() > 1 && !matches!(op, "MaxPool" | "BatchNormalization" | "Dropout") {
             return Err(ctx.err(format!(
@@ -497,44 +438,85 @@ impl Lowerer<'_> {
         {
             return Err(ctx.err("its secondary outputs (indices / running statistics / mask) are used, which voxtile does not support"));
         }
-        let lower = handler(op)
-            .ok_or_else(|| ctx.err(format!("operator {op} is not supported by voxtile")))?;
-        lower(self, n, ctx)
+        match lowering(op) {
+            Some(f) => f(self, n, ctx),
+            None => Err(ctx.err(format!("operator {op} is not supported by voxtile"))),
+        }
     }
 
-    fn pass_through(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
+    /// Lower one node, or record why it cannot be and mark its outputs unavailable, so that the
+    /// import goes on and reports every unsupported construct at once. A node downstream of an
+    /// unsupported one can only be judged by its operator; budget overruns end the import.
+    fn visit(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
+        let why = if !matches!(n.domain(), "" | "ai.onnx") {
+            Some(format!(
+                "operators of domain \"{}\" are not supported",
+                n.domain()
+            ))
+        } else if lowering(n.op_type()).is_none() {
+            Some(format!(
+                "operator {} is not supported by voxtile",
+                n.op_type()
+            ))
+        } else {
+            None
+        };
+        let downstream = n
+            .input
+            .iter()
+            .any(|i| self.poisoned.contains(&self.resolve(i)));
+        let failed = match (why, downstream) {
+            (Some(why), _) => Some(why),
+            (None, true) => None,
+            (None, false) => match self.node(n, ctx) {
+                Ok(()) => return Ok(()),
+                Err(e) if self.budget_hit.get() => return Err(e),
+                Err(Error::Model { msg, .. }) => {
+                    let head = format!("node \"{}\" ({}): ", ctx.name, ctx.op);
+                    Some(msg.strip_prefix(&head).unwrap_or(&msg).to_string())
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        if let Some(why) = failed {
+            self.unsupported.push(ctx.unsupported(why));
+        }
+        self.poisoned
+            .extend(n.output.iter().filter(|o| !o.is_empty()).cloned());
+        Ok(())
+    }
+
+    fn identity(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
         let v = self.get(ctx, n, 0)?;
         self.set(n, v)
     }
 }
 
-/// How one ONNX node is lowered.
-type Handler<'a> = fn(&mut Lowerer<'a>, &proto::NodeProto, &Ctx) -> Result<()>;
+/// How one node is lowered.
+type Lowering<'a> = fn(&mut Lowerer<'a>, &proto::NodeProto, &Ctx<'_>) -> Result<()>;
 
-/// The operators voxtile lowers, each with its lowering: the one list that says what is supported
-/// (the importer also uses it to judge nodes downstream of an unsupported one).
-fn handler<'a>(op: &str) -> Option<Handler<'a>> {
-    let h: Handler<'a> = match op {
-        "Identity" | "Dropout" => |l, n, c| l.pass_through(n, c),
-        "Constant" => |l, n, c| l.constant(n, c),
-        "Conv" => |l, n, c| l.conv(n, c),
-        "ConvTranspose" => |l, n, c| l.conv_transpose(n, c),
-        "BatchNormalization" => |l, n, c| l.batch_norm(n, c),
-        "InstanceNormalization" => |l, n, c| l.instance_norm(n, c),
-        "GroupNormalization" => |l, n, c| l.group_norm_op(n, c),
-        "Relu" | "Sigmoid" | "Tanh" | "LeakyRelu" | "Elu" | "PRelu" => |l, n, c| l.activation(n, c),
-        "Softmax" => |l, n, c| l.softmax(n, c),
-        "Add" | "Sub" | "Mul" | "Div" => |l, n, c| l.binary(n, c),
-        "Concat" => |l, n, c| l.concat(n, c),
-        "MaxPool" | "AveragePool" => |l, n, c| l.pool(n, c),
-        "Resize" | "Upsample" => |l, n, c| l.resize(n, c),
-        "Reshape" => |l, n, c| l.reshape(n, c),
-        "Shape" => |l, n, c| l.shape_op(n, c),
-        "Cast" => |l, n, c| l.cast(n, c),
+/// The lowering of each supported default-domain operator: the one list of what voxtile imports.
+fn lowering<'a>(op: &str) -> Option<Lowering<'a>> {
+    Some(match op {
+        "Identity" | "Dropout" => Lowerer::identity,
+        "Constant" => Lowerer::constant,
+        "Conv" => Lowerer::conv,
+        "ConvTranspose" => Lowerer::conv_transpose,
+        "BatchNormalization" => Lowerer::batch_norm,
+        "InstanceNormalization" => Lowerer::instance_norm,
+        "GroupNormalization" => Lowerer::group_norm_op,
+        "Relu" | "Sigmoid" | "Tanh" | "LeakyRelu" | "Elu" | "PRelu" => Lowerer::activation,
+        "Softmax" => Lowerer::softmax,
+        "Add" | "Sub" | "Mul" | "Div" => Lowerer::binary,
+        "Concat" => Lowerer::concat,
+        "MaxPool" | "AveragePool" => Lowerer::pool,
+        "Resize" | "Upsample" => Lowerer::resize,
+        "Reshape" => Lowerer::reshape,
+        "Shape" => Lowerer::shape_op,
+        "Cast" => Lowerer::cast,
         "Gather" | "Unsqueeze" | "Squeeze" | "Slice" | "ConstantOfShape" | "Flatten" | "Floor"
         | "Ceil" | "Neg" | "Sqrt" | "Reciprocal" | "Min" | "Max" | "Range" | "Expand"
-        | "Transpose" => |l, n, c| l.plumbing(n, c),
+        | "Transpose" => Lowerer::plumbing,
         _ => return None,
-    };
-    Some(h)
+    })
 }
