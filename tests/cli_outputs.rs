@@ -269,7 +269,7 @@ fn label_header(p: &Path) -> (i16, String, String) {
         let size = i32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
         let code = i32::from_le_bytes(b[at + 4..at + 8].try_into().unwrap());
         assert!(
-            size >= 16 && size % 16 == 0 && at + size <= vox,
+            size >= 16 && size.is_multiple_of(16) && at + size <= vox,
             "extension size {size}"
         );
         if code == 30 {
