@@ -18,7 +18,10 @@ mod split;
 pub use crate::backend::Device;
 pub use crate::cancel::CancelToken;
 pub use options::{AxisOrder, Normalize, Options};
-pub use report::{peak_rss_bytes, PartReport, PredictedPeak, Report, StageTimes};
+pub use report::{
+    class_volumes, peak_rss_bytes, voxel_ml, ClassVolume, FileDigest, PartReport, PredictedPeak,
+    Report, StageTimes,
+};
 
 use crate::backend::MemoryModel;
 use crate::model::Graph;

@@ -124,8 +124,8 @@ fn outputs_naming_each_other_or_the_wrong_kind_are_refused_before_any_work() {
             "another output",
         ),
         (["-o", &p("seg.png")], ["--tta", "0"], ".nii"),
-        (["-o", &d], ["--tta", "0"], "folder"),
-        (["-o", "."], ["--tta", "0"], "folder"),
+        // `-o FOLDER` means FOLDER/v.nii.gz (tests/cli_outputs.rs), checked like a file name.
+        (["-o", &d], ["--logits", &p("v.nii.gz")], "another output"),
         (
             ["-o", &p("x.nii.gz")],
             ["--report", &p("nodir/r.json")],

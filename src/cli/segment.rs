@@ -8,6 +8,7 @@ mod batch;
 mod config;
 mod jobs;
 mod process;
+mod record;
 
 use crate::gate::{Gate, Kind};
 use crate::staged::Outputs;

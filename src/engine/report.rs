@@ -1,9 +1,14 @@
 //! The `--report` of one run: stage times, sizes, the planner's prediction next to what was
-//! measured.
+//! measured; what each class of the label map measures; the digest that names a model file.
 
 pub use crate::backend::StageTimes;
 use crate::plan;
+use crate::volume::LabelNames;
+use crate::{Error, Result};
+use ndarray::ArrayView3;
 use serde::Serialize;
+use std::io::Read;
+use std::path::Path;
 
 /// Stage timings and sizes of one run, serialised into `--report`.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -60,8 +65,8 @@ pub struct Report {
     /// Windows run, counting twice those two devices share when a volume is split (= `windows`
     /// on one device).
     pub windows_run: usize,
-    /// Each device's share when the volume was split across several (empty on one device).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    /// Each device's share when the volume was split across several (empty on one device; the
+    /// key is always there, so every report has the same keys).
     pub parts: Vec<PartReport>,
 }
 
@@ -107,4 +112,88 @@ pub fn peak_rss_bytes() -> u64 {
         })
         .map(|kb| kb * 1024)
         .unwrap_or(0)
+}
+
+/// Voxel count and volume of one label value of a label map.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ClassVolume {
+    /// The label value in the file.
+    pub label: u16,
+    /// Its class name (empty when the label table has none).
+    pub name: String,
+    /// Voxels holding it.
+    pub voxels: u64,
+    /// Their volume in millilitres (voxels × voxel volume).
+    pub volume_ml: f64,
+}
+
+/// The volume of one voxel in mL (= cm³) for a voxel size in the file's space unit
+/// (`xyzt_units & 7`: 1 metres, 3 micrometres, anything else read as millimetres, as nibabel
+/// users and TotalSegmentator assume).
+pub fn voxel_ml(spacing: [f64; 3], xyzt_units: i32) -> f64 {
+    let to_mm = match xyzt_units & 0x07 {
+        1 => 1000.0,
+        3 => 0.001,
+        _ => 1.0,
+    };
+    spacing.iter().map(|s| s * to_mm).product::<f64>() / 1000.0
+}
+
+/// Voxel count and volume of every named label value, then of any value present without a
+/// name, in label order.
+pub fn class_volumes(
+    labels: ArrayView3<u16>,
+    names: &LabelNames,
+    voxel_ml: f64,
+) -> Vec<ClassVolume> {
+    let mut counts = vec![0u64; 1 << 16];
+    for &l in labels.iter() {
+        counts[l as usize] += 1;
+    }
+    let name = |l: usize| names.names.get(l).cloned().unwrap_or_default();
+    counts
+        .iter()
+        .enumerate()
+        .filter(|&(l, &n)| n > 0 || !name(l).is_empty())
+        .map(|(l, &n)| ClassVolume {
+            label: l as u16,
+            name: name(l),
+            voxels: n,
+            volume_ml: n as f64 * voxel_ml,
+        })
+        .collect()
+}
+
+/// A file named by its content: path, size and SHA-256.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FileDigest {
+    /// The path as given.
+    pub path: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Lower-case hex SHA-256 of its bytes.
+    pub sha256: String,
+}
+
+impl FileDigest {
+    /// Read `path` (a regular file) through SHA-256.
+    pub fn of(path: &Path) -> Result<FileDigest> {
+        use sha2::{Digest, Sha256};
+        let (mut file, bytes) = crate::fsio::open_regular(path, u64::MAX, true)?;
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = file.read(&mut buf).map_err(|e| Error::io(path, e))?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+        let sha256 = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        Ok(FileDigest {
+            path: path.display().to_string(),
+            bytes,
+            sha256,
+        })
+    }
 }

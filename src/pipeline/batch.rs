@@ -60,14 +60,15 @@ pub fn shard<T: Clone>(sorted: &[T], k: usize, n: usize) -> Vec<T> {
         .collect()
 }
 
-/// The name without `.nii.gz` / `.nii` (case-insensitive).
+/// The name without its volume extension (`.nii.gz`, `.nii`, `.nrrd`, `.nhdr`, `.mha`, `.mhd`;
+/// case-insensitive): the case name outputs are named after.
 pub fn stem(p: &Path) -> String {
     let name = p
         .file_name()
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default();
     let lower = name.to_ascii_lowercase();
-    for ext in [".nii.gz", ".nii"] {
+    for ext in [".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd"] {
         if lower.ends_with(ext) {
             return name[..name.len() - ext.len()].to_string();
         }

@@ -11,7 +11,7 @@ pub struct SegmentArgs {
     /// ONNX model (exported from PyTorch); repeat for an ensemble
     #[arg(long, short = 'm', required = true)]
     pub model: Vec<PathBuf>,
-    /// Output label map (.nii.gz or .nii)
+    /// Output label map (.nii.gz or .nii), or a folder (ending in / or existing): FOLDER/<case>.nii.gz
     #[arg(long, short = 'o')]
     pub output: PathBuf,
     #[command(flatten)]
@@ -96,6 +96,10 @@ pub struct PipelineArgs {
     /// Write a PNG of three orthogonal mid-slices with the labels overlaid; a folder in batch mode
     #[arg(long)]
     pub preview: Option<PathBuf>,
+    /// Also write the class names as JSON ({"1": "liver", ...}) beside each label map:
+    /// <label map name>.labels.json
+    #[arg(long)]
+    pub labels_json: bool,
     /// Batch mode: process only files i (sorted list) with i mod n == k
     #[arg(long, value_name = "k/n")]
     pub shard: Option<String>,

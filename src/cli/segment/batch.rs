@@ -5,6 +5,7 @@ use super::args::SegmentArgs;
 use super::config::Config;
 use super::jobs::Job;
 use super::process::{prepare, process, read_ahead, Replace};
+use super::record::not_run;
 use crate::gate::{Gate, Kind};
 use crate::pipeline::batch;
 use crate::{Error, Result};
@@ -48,11 +49,8 @@ pub fn run(args: &SegmentArgs, config: &Config, reads: &[&Path], jobs: Vec<Job>)
     let mut lines: Vec<serde_json::Value> = Vec::new();
     for job in jobs {
         if job.output.exists() && !args.force {
-            lines.push(serde_json::json!({
-                "input": job.input.display().to_string(),
-                "output": job.output.display().to_string(),
-                "status": "skipped (output exists)",
-            }));
+            let status = "skipped (output exists)";
+            lines.push(not_run(config, &job.input, &job.output, status, None));
             continue;
         }
         todo.push(job);
@@ -94,12 +92,8 @@ pub fn run(args: &SegmentArgs, config: &Config, reads: &[&Path], jobs: Vec<Job>)
             let mine = batch::worker_files(&todo, w, workers);
             s.spawn(move || {
                 let fail = |job: &Job, e: &Error| {
-                    serde_json::json!({
-                        "input": job.input.display().to_string(),
-                        "output": job.output.display().to_string(),
-                        "status": "error",
-                        "error": format!("{}: {e}", job.input.display()),
-                    })
+                    let msg = format!("{}: {e}", job.input.display());
+                    not_run(config, &job.input, &job.output, "error", Some(msg))
                 };
                 let mut pipe = None;
                 for (_, job) in &mine {

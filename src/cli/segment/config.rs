@@ -8,7 +8,9 @@ use crate::pipeline::batch::parse_devices;
 use crate::pipeline::manifest::{Activation, Intensity};
 use crate::pipeline::{Mirror, ModelSetup, Overrides, Pipeline};
 use crate::tiling::{self, BlendMode, PadMode};
+use crate::volume::LabelNames;
 use crate::{Error, Result};
+use std::sync::Arc;
 
 /// Everything a worker needs to build its pipeline (plain data: each worker owns its engines).
 /// The models, options, settings and manifest are the library's [`ModelSetup`] (reached through
@@ -23,6 +25,9 @@ pub struct Config {
     pub classes: Option<Vec<String>>,
     /// `--probabilities-u8`.
     pub u8: bool,
+    /// What every report record says about the run; None without `--report` (the models are
+    /// then not read through SHA-256).
+    pub provenance: Option<Arc<super::record::Provenance>>,
 }
 
 impl std::ops::Deref for Config {
@@ -46,12 +51,49 @@ impl Config {
         let overrides = overrides(args, &options)?;
         let devices = parse_devices(&args.device)?;
         let setup = ModelSetup::new(&args.model, options, &overrides)?;
-        Ok(Config {
+        let mut config = Config {
             classes: setup.classes().map(<[String]>::to_vec),
             setup,
             devices,
             u8: p.probabilities_u8,
-        })
+            provenance: None,
+        };
+        if args.report.is_some() {
+            let prov = super::record::Provenance::new(&config, &args.device, p.labels_json)?;
+            config.provenance = Some(Arc::new(prov));
+        }
+        Ok(config)
+    }
+
+    /// The class name of each label value written, for the label map's table and the report:
+    /// the manifest's `classes` (one per output channel; a single-channel model's class is
+    /// label 1) moved to their remapped values; without them, 0 is "background" and value k
+    /// "label_k".
+    pub fn label_names(&self, channels: usize, remap: Option<&[u16]>) -> LabelNames {
+        // (label value before remapping, its channel's manifest name)
+        let raw: Vec<(u16, Option<&String>)> = if channels == 1 {
+            let first = self.classes.as_ref().and_then(|c| c.first());
+            vec![(0, None), (1, first)]
+        } else {
+            (0..channels)
+                .map(|c| (c as u16, self.classes.as_ref().and_then(|n| n.get(c))))
+                .collect()
+        };
+        let mut names: Vec<String> = Vec::new();
+        for (l, name) in raw {
+            let v = remap.and_then(|t| t.get(l as usize).copied()).unwrap_or(l) as usize;
+            if names.len() <= v {
+                names.resize(v + 1, String::new());
+            }
+            if names[v].is_empty() {
+                names[v] = match name {
+                    Some(n) => n.clone(),
+                    None if v == 0 => "background".into(),
+                    None => format!("label_{v}"),
+                };
+            }
+        }
+        LabelNames { names }
     }
 
     /// Engines on `devices` (several: each volume's windows are split across them).

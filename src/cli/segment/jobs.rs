@@ -4,7 +4,7 @@ use super::args::SegmentArgs;
 use crate::gate::{Gate, Kind};
 use crate::pipeline::batch::{self, list_inputs, parse_shard, stem};
 use crate::{Error, Result};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The outputs of one input file.
 #[derive(Clone, Debug)]
@@ -21,6 +21,81 @@ pub struct Job {
     pub split: Option<PathBuf>,
     /// `--preview` picture.
     pub preview: Option<PathBuf>,
+    /// `--labels-json` sidecar.
+    pub labels_json: Option<PathBuf>,
+}
+
+/// The `labels.json` sidecar of a label map: `<name>.labels.json` beside it.
+fn sidecar(output: &Path) -> PathBuf {
+    output.with_file_name(format!("{}.labels.json", stem(output)))
+}
+
+/// The case name of an input, for outputs named after it: its file or folder name without the
+/// volume extension(s).
+fn case_name(input: &Path) -> Result<String> {
+    let direct = stem(input);
+    let name = if direct.is_empty() || direct == "." || direct == ".." {
+        std::fs::canonicalize(input)
+            .map(|c| stem(&c))
+            .unwrap_or_default()
+    } else {
+        direct
+    };
+    if name.is_empty() {
+        return Err(Error::Invalid(format!(
+            "{}: no name to give its output; give -o a file name",
+            input.display()
+        )));
+    }
+    Ok(name)
+}
+
+/// `-o` of one input: a file, or a folder (ending in `/`, or existing) that gets
+/// `<case>.nii.gz`. A missing folder ending in `/` is created; the folders made are returned,
+/// top-most first, to be removed if the run is refused.
+fn single_output(input: &Path, output: &Path) -> Result<(PathBuf, Vec<PathBuf>)> {
+    let slash = output.as_os_str().to_string_lossy().ends_with('/');
+    if !slash && !output.is_dir() {
+        return Ok((output.to_path_buf(), Vec::new()));
+    }
+    let file = output.join(format!("{}.nii.gz", case_name(input)?));
+    let mut made: Vec<PathBuf> = output
+        .ancestors()
+        .filter(|a| !a.as_os_str().is_empty() && !a.exists())
+        .map(Path::to_path_buf)
+        .collect();
+    made.reverse();
+    std::fs::create_dir_all(output).map_err(|e| Error::io(output, e))?;
+    Ok((file, made))
+}
+
+/// Claim the outputs of the one input; the folders made for them are removed again if one is
+/// refused.
+fn claim_single(
+    gate: &mut Gate,
+    job: &Job,
+    extras: &[(&Option<PathBuf>, Kind, &str)],
+    made: &[PathBuf],
+) -> Result<()> {
+    let mut claim = || -> Result<()> {
+        gate.claim(&job.output, Kind::Volume, "-o")?;
+        if let Some(j) = &job.labels_json {
+            gate.claim(j, Kind::Report, "--labels-json")?;
+        }
+        for (path, kind, what) in extras {
+            if let Some(path) = path {
+                gate.claim(path, *kind, what)?;
+            }
+        }
+        Ok(())
+    };
+    let r = claim();
+    if r.is_err() {
+        for d in made.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+    r
 }
 
 /// The files to segment and where each one's outputs go, every output path claimed through the
@@ -41,23 +116,18 @@ pub fn jobs(args: &SegmentArgs, gate: &mut Gate) -> Result<(bool, Vec<Job>)> {
         if let Some(s) = &p.shard {
             parse_shard(s)?;
         }
-        gate.claim(&args.output, Kind::Volume, "-o")?;
-        for (path, kind, what) in extras {
-            if let Some(path) = path {
-                gate.claim(path, kind, what)?;
-            }
-        }
-        return Ok((
-            false,
-            vec![Job {
-                input: args.input.clone(),
-                output: args.output.clone(),
-                probabilities: p.probabilities.clone(),
-                logits: args.logits.clone(),
-                split: p.split_classes.clone(),
-                preview: p.preview.clone(),
-            }],
-        ));
+        let (output, made) = single_output(&args.input, &args.output)?;
+        let job = Job {
+            input: args.input.clone(),
+            labels_json: p.labels_json.then(|| sidecar(&output)),
+            output,
+            probabilities: p.probabilities.clone(),
+            logits: args.logits.clone(),
+            split: p.split_classes.clone(),
+            preview: p.preview.clone(),
+        };
+        claim_single(gate, &job, &extras, &made)?;
+        return Ok((false, vec![job]));
     }
     if batch::is_nifti(&args.output) {
         return Err(Error::Invalid(format!(
@@ -104,6 +174,7 @@ pub fn jobs(args: &SegmentArgs, gate: &mut Gate) -> Result<(bool, Vec<Job>)> {
             let file = |d: &PathBuf, ext: &str| d.join(format!("{s}.{ext}"));
             Job {
                 output: file(&args.output, "nii.gz"),
+                labels_json: p.labels_json.then(|| file(&args.output, "labels.json")),
                 probabilities: p.probabilities.as_ref().map(|d| file(d, "nii.gz")),
                 logits: args.logits.as_ref().map(|d| file(d, "nii.gz")),
                 split: p.split_classes.as_ref().map(|d| d.join(&s)),
@@ -119,7 +190,8 @@ pub fn jobs(args: &SegmentArgs, gate: &mut Gate) -> Result<(bool, Vec<Job>)> {
             job.probabilities.as_ref(),
             job.logits.as_ref(),
         ];
-        for o in outs.into_iter().flatten().chain(job.preview.as_ref()) {
+        let more = job.preview.iter().chain(job.labels_json.iter());
+        for o in outs.into_iter().flatten().chain(more) {
             if let Some(inp) = gate.input_of(o) {
                 return Err(Error::Invalid(format!(
                     "{}: is the input {}; refusing to overwrite an input",

@@ -4,9 +4,10 @@
 
 use super::config::Config;
 use super::jobs::Job;
+use super::record;
 use crate::pipeline::{intensity, outputs, preview, Pipeline};
 use crate::staged::{Outputs, Staged};
-use crate::volume::{Header, Volume};
+use crate::volume::{Header, LabelNames, LabelOptions, Volume};
 use crate::{Error, Result};
 use ndarray::{Array3, Axis};
 use std::path::{Path, PathBuf};
@@ -184,7 +185,7 @@ pub fn process(
         );
     }
     let t = Instant::now();
-    let (mut outs, labels) = stage(pipe, config, job, &out, input.raw.as_ref(), replace)?;
+    let (mut outs, labels, names) = stage(pipe, config, job, &out, input.raw.as_ref(), replace)?;
     let r = &mut out.report.engine;
     r.seconds.read = input.read;
     r.seconds.prepare += ahead.prepare;
@@ -201,15 +202,16 @@ pub fn process(
         sec.insert("engine_init".into(), ahead.engine_init.into());
         sec.insert("wait_for_read".into(), ahead.wait.into());
     }
-    if let Some(o) = v.as_object_mut() {
-        o.insert("input".into(), job.input.display().to_string().into());
-        o.insert("output".into(), job.output.display().to_string().into());
-        o.insert("status".into(), "done".into());
-    }
+    let voxel_ml = crate::engine::voxel_ml(out.header.spacing(), out.header.xyzt_units);
+    let measured = record::Measured {
+        classes: crate::engine::class_volumes(out.labels.view(), &names, voxel_ml),
+        voxel_ml,
+    };
+    let v = record::done(v, config, job, measured)?;
     let mut stdout = None;
     if let Some(path) = report {
-        let json =
-            serde_json::to_string_pretty(&v).map_err(|e| Error::Invalid(format!("report: {e}")))?;
+        // One line: a report is JSON Lines, one record per input file.
+        let json = serde_json::to_string(&v).map_err(|e| Error::Invalid(format!("report: {e}")))?;
         stdout = super::stage_report(path, json + "\n", &mut outs)?;
     }
     outs.push(labels, replace.force);
@@ -220,7 +222,8 @@ pub fn process(
     })
 }
 
-/// Every output of `job` staged, the labels apart (they are committed last).
+/// Every output of `job` staged, the labels apart (they are committed last), and the class
+/// names the label map carries.
 fn stage(
     pipe: &Pipeline,
     config: &Config,
@@ -228,9 +231,11 @@ fn stage(
     out: &crate::pipeline::Output,
     raw: Option<&Array3<f32>>,
     replace: Replace,
-) -> Result<(Outputs, Staged)> {
+) -> Result<(Outputs, Staged, LabelNames)> {
     let mut outs = Outputs::new();
     let extras = replace.extras;
+    let remap = pipe.settings().remap.as_deref();
+    let names = config.label_names(pipe.output_channels(), remap);
     if let (Some(path), Some(p)) = (&job.probabilities, &out.probabilities) {
         let staged = if config.u8 {
             outputs::stage_probabilities_u8(path, p.view(), &out.header)?
@@ -267,6 +272,14 @@ fn stage(
             extras,
         );
     }
-    let labels = crate::volume::stage_labels(&job.output, out.labels.view(), &out.header)?;
-    Ok((outs, labels))
+    if let Some(path) = &job.labels_json {
+        outs.push(crate::volume::stage_labels_json(path, &names)?, extras);
+    }
+    let opts = LabelOptions {
+        names: Some(&names),
+        nifti2: false,
+    };
+    let labels =
+        crate::volume::stage_labels_with(&job.output, out.labels.view(), &out.header, &opts)?;
+    Ok((outs, labels, names))
 }
