@@ -884,3 +884,21 @@ fn slab_blender_rejects_out_of_order_windows() {
     let _ = sb.add([16, 0, 0], y.view());
     let _ = sb.add([8, 0, 0], y.view());
 }
+
+#[test]
+fn nnunet_placement_blends_with_nnunets_gaussian() {
+    let (roi, s) = ([16, 20, 12], [0.125; 3]);
+    let nn = pass_weights(roi, BlendMode::Gaussian, s, Placement::NnUnet);
+    assert_eq!(nn, weight_map_nnunet(roi, s));
+    // The two gaussians differ (centre n//2 vs (n-1)/2, truncation): the choice matters.
+    let monai = pass_weights(roi, BlendMode::Gaussian, s, Placement::Monai);
+    assert_eq!(monai, weight_map(roi, BlendMode::Gaussian, s));
+    let (a, b) = (
+        nn.mapv(|v| v / nn[[8, 10, 6]]),
+        monai.mapv(|v| v / monai[[8, 10, 6]]),
+    );
+    assert!(a.iter().zip(b.iter()).any(|(x, y)| (x - y).abs() > 1e-3));
+    // Constant blending stays constant whatever the placement.
+    let c = pass_weights(roi, BlendMode::Constant, s, Placement::NnUnet);
+    assert!(c.iter().all(|&v| v == c[[0, 0, 0]]));
+}

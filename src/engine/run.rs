@@ -115,7 +115,7 @@ impl Engine {
         let o = &self.options;
         let shape = report.input_shape;
         let grid = Grid::new(shape, roi, o.overlap, o.placement)?;
-        let weights = tiling::weight_map(roi, o.blend, o.sigma_scale);
+        let weights = tiling::pass_weights(roi, o.blend, o.sigma_scale, o.placement);
         let split = split::split(&grid, self.workers.len());
         let mut inject_oom = o.inject_oom.filter(|_| !self.is_cuda());
         let cancel = o.cancel.clone();

@@ -28,4 +28,4 @@ pub use blend::{
 };
 pub use grid::{window_count, Grid, Placement, MAX_WINDOWS};
 pub use parse::{parse_sigma_scale, parse_spacing, parse_triple_f64, parse_triple_usize};
-pub use weights::{weight_map, weight_map_nnunet, BlendMode, NNUNET_VALUE_SCALING};
+pub use weights::{pass_weights, weight_map, weight_map_nnunet, BlendMode, NNUNET_VALUE_SCALING};

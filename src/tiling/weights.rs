@@ -83,6 +83,21 @@ pub fn weight_map(roi: [usize; 3], mode: BlendMode, sigma_scale: [f64; 3]) -> Ar
     map
 }
 
+/// The window weights of a pass: with nnU-Net's placement and gaussian blending, nnU-Net's own
+/// gaussian (centred at `n // 2`, truncated), so that `--placement nnunet` computes what
+/// `nnUNetPredictor` does; MONAI's everywhere else.
+pub fn pass_weights(
+    roi: [usize; 3],
+    mode: BlendMode,
+    sigma_scale: [f64; 3],
+    placement: super::Placement,
+) -> Array3<f32> {
+    match (placement, mode) {
+        (super::Placement::NnUnet, BlendMode::Gaussian) => weight_map_nnunet(roi, sigma_scale),
+        _ => weight_map(roi, mode, sigma_scale),
+    }
+}
+
 /// nnU-Net v2's `compute_gaussian`: a unit impulse at `n // 2` filtered by scipy's `gaussian_filter`
 /// (sigma = scale * n, truncated at `int(4 sigma + 0.5)`), divided by its maximum, times
 /// [`NNUNET_VALUE_SCALING`]; zeros are replaced by the smallest non-zero value. Computed in f64, stored
