@@ -5,9 +5,11 @@
 
 mod args;
 mod batch;
+mod cases;
 mod config;
 mod jobs;
 mod process;
+mod shard;
 
 use crate::gate::{Gate, Kind};
 use crate::staged::Outputs;
