@@ -29,7 +29,8 @@ pub fn resolve(spec: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<(usiz
         (k, n, "the Slurm array")
     } else if env("JOB_COMPLETION_INDEX").is_some() {
         let k = var(env, "JOB_COMPLETION_INDEX")?.unwrap_or(0);
-        let n = match (given, var(env, COUNT_VAR)?) {
+        // The variable first: an `auto/N` that disagrees with it is refused below.
+        let n = match (var(env, COUNT_VAR)?, given) {
             (Some(n), _) | (None, Some(n)) => n,
             (None, None) => {
                 return Err(Error::Invalid(format!(
@@ -117,7 +118,7 @@ pub fn process_env(name: &str) -> Option<String> {
 mod tests {
     use super::*;
 
-    fn with(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + '_ {
+    fn with<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |n| {
             vars.iter()
                 .find(|(k, _)| *k == n)
