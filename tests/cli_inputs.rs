@@ -67,9 +67,10 @@ fn shard_auto_splits_a_batch_disjointly_and_completely() {
     let model = conv_model(&t.path().join("m.onnx"), 2);
     let all: BTreeSet<String> = (0..5).map(|i| format!("c{i}.nii.gz")).collect();
     type Env = Vec<(&'static str, String)>;
+    type Scheme<'a> = (&'a str, usize, &'a dyn Fn(usize) -> Env);
     // Slurm with ID and COUNT (0-based), Slurm with MIN/MAX only (1-based, --array=1-3), an
     // Indexed Job with VOXTILE_SHARD_COUNT, and one with the count in `auto/N`.
-    let schemes: [(&str, usize, &dyn Fn(usize) -> Env); 4] = [
+    let schemes: [Scheme; 4] = [
         ("auto", 3, &|k| {
             vec![
                 ("SLURM_ARRAY_TASK_ID", k.to_string()),
@@ -337,8 +338,7 @@ fn series_picks_one_of_several() {
     let mr = line.split("; ").find(|p| p.contains("(9 files")).unwrap();
     let uid = mr
         .split_whitespace()
-        .filter(|w| w.starts_with(|c: char| c.is_ascii_digit()) && w.contains('.'))
-        .last()
+        .rfind(|w| w.starts_with(|c: char| c.is_ascii_digit()) && w.contains('.'))
         .unwrap()
         .to_string();
     ok(&segment_cpu(
