@@ -26,8 +26,11 @@ enum Command {
     Segment(segment::SegmentArgs),
     /// Show a NIfTI file's shape, dtype, spacing, orientation, affine and value range.
     Info {
-        /// .nii or .nii.gz file
+        /// Volume file (NIfTI, NRRD, MetaImage, .hdr/.img) or DICOM series folder
         input: PathBuf,
+        /// The SeriesInstanceUID to read from a DICOM folder that holds several series
+        #[arg(long, value_name = "UID")]
+        series: Option<String>,
     },
     /// Plan roi and batch for a model and volume size under a memory budget, and print the
     /// predicted memory (weights, activations, workspace, staging, accumulators).
@@ -79,7 +82,7 @@ pub fn run() -> i32 {
     let result = match cli.command {
         Command::Segment(args) => segment::run(args),
         Command::Plan(args) => plan::run(args),
-        Command::Info { input } => crate::volume::read(&input)
+        Command::Info { input, series } => crate::volume::read_series(&input, series.as_deref())
             .and_then(|v| print_stdout(&format!("{}\n", crate::volume::describe(&input, &v)))),
         Command::Inspect { model } => crate::model::onnx::load(&model).and_then(|g| {
             let mut text = format!("{}: {}\n", model.display(), g.summary());

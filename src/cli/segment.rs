@@ -5,10 +5,12 @@
 
 mod args;
 mod batch;
+mod cases;
 mod config;
 mod jobs;
 mod process;
 mod record;
+mod shard;
 
 use crate::gate::{Gate, Kind};
 use crate::staged::Outputs;

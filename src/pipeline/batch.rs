@@ -60,20 +60,14 @@ pub fn shard<T: Clone>(sorted: &[T], k: usize, n: usize) -> Vec<T> {
         .collect()
 }
 
-/// The name without its volume extension (`.nii.gz`, `.nii`, `.nrrd`, `.nhdr`, `.mha`, `.mhd`;
-/// case-insensitive): the case name outputs are named after.
+/// The name without its volume extension ([`crate::volume::volume_stem`]), or the whole name (a
+/// DICOM folder): the case name outputs are named after.
 pub fn stem(p: &Path) -> String {
-    let name = p
-        .file_name()
-        .map(|n| n.to_string_lossy().to_string())
-        .unwrap_or_default();
-    let lower = name.to_ascii_lowercase();
-    for ext in [".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd"] {
-        if lower.ends_with(ext) {
-            return name[..name.len() - ext.len()].to_string();
-        }
-    }
-    name
+    crate::volume::volume_stem(p).unwrap_or_else(|| {
+        p.file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default()
+    })
 }
 
 /// `--device` with a comma list: `cuda:0,1` = `cuda:0,cuda:1` = cuda:0 and cuda:1 (a bare number

@@ -3,7 +3,7 @@
 //! get one line naming a converter instead of a NIfTI parse error.
 
 use super::header::Header;
-use super::{dicom, metaimage, nrrd, pair, Volume};
+use super::{dicom, hints, metaimage, nrrd, pair, Volume};
 use crate::{Error, Result};
 use std::path::Path;
 
@@ -29,25 +29,27 @@ fn stem_ext(path: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// One line for a format voxtile does not read, naming how to convert it.
-fn hint(path: &Path, ext: &str, head: &[u8]) -> Option<String> {
-    let stack = "a 2-D image: voxtile reads 3-D volumes; stack the slices into one NIfTI first, e.g. with SimpleITK: sitk.WriteImage(sitk.ReadImage(sorted_slice_files), 'volume.nii.gz')";
-    let h = match ext {
-        "mgz" | "mgh" => "a FreeSurfer MGH volume: convert it with `mri_convert in.mgz out.nii.gz`",
-        "png" | "jpg" | "jpeg" | "tif" | "tiff" | "bmp" => stack,
-        "dcm" | "ima" => "a single DICOM file: give voxtile the folder that holds the whole series",
-        "npz" | "h5" | "hdf5" | "zarr" => {
-            "an array container voxtile does not read: save the volume as NIfTI (nibabel: nib.save(nib.Nifti1Image(arr, affine), 'volume.nii.gz'))"
-        }
-        _ if head.starts_with(b"\x89PNG") || head.starts_with(&[0xFF, 0xD8, 0xFF]) => stack,
-        _ if head.starts_with(b"II*\0") || head.starts_with(b"MM\0*") => stack,
-        _ if head.len() >= 132 && &head[128..132] == b"DICM" => {
-            "a single DICOM file: give voxtile the folder that holds the whole series"
-        }
-        _ => return None,
-    };
-    let _ = path;
-    Some(h.to_string())
+/// Name endings (lower case) of the files a folder of cases lists: one per volume, a pair by its
+/// `.hdr`, detached NRRD or MetaImage data by its header file.
+const CASE_SUFFIXES: [&str; 8] = [
+    ".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd", ".hdr", ".hdr.gz",
+];
+
+/// The file name without the ending of a format voxtile reads (`a.nii.gz` → `a`, `b.mha` → `b`),
+/// or None for any other name: what a folder of cases counts as a case, and its output name.
+pub fn volume_stem(path: &Path) -> Option<String> {
+    let name = path.file_name()?.to_string_lossy().to_string();
+    let lower = name.to_ascii_lowercase();
+    CASE_SUFFIXES
+        .iter()
+        .find(|s| lower.ends_with(*s) && lower.len() > s.len())
+        .map(|s| name[..name.len() - s.len()].to_string())
+}
+
+/// One line for a file of a format voxtile does not read, judged by its name alone (a batch
+/// folder says which files it skipped and how to convert them); None for any other name.
+pub fn foreign_hint(path: &Path) -> Option<String> {
+    hints::hint(path, &stem_ext(path), &[])
 }
 
 /// Choose the reader, or refuse with a hint.
@@ -71,7 +73,7 @@ fn kind(path: &Path) -> Result<Kind> {
             let head = first_bytes(path);
             if head.starts_with(b"NRRD000") {
                 Kind::Nrrd
-            } else if let Some(h) = hint(path, &ext, &head) {
+            } else if let Some(h) = hints::hint(path, &ext, &head) {
                 return Err(Error::volume(path, h));
             } else {
                 Kind::Nifti
@@ -80,42 +82,95 @@ fn kind(path: &Path) -> Result<Kind> {
     })
 }
 
-/// Up to 132 bytes of a regular file (empty when it cannot be read: the reader then says why).
+/// Up to [`hints::HEAD_LEN`] bytes of a regular file (empty when it cannot be read: the reader
+/// then says why).
 fn first_bytes(path: &Path) -> Vec<u8> {
     use std::os::unix::fs::FileExt;
     let Ok((f, len)) = crate::fsio::open_regular(path, u64::MAX, true) else {
         return Vec::new();
     };
-    let mut b = vec![0u8; len.min(132) as usize];
+    let mut b = vec![0u8; len.min(hints::HEAD_LEN as u64) as usize];
     match f.read_exact_at(&mut b, 0) {
         Ok(()) => b,
         Err(_) => Vec::new(),
     }
 }
 
+/// The first bytes of the stream a NIfTI reader sees: decompressed when the file is gzip.
+fn first_stream_bytes(path: &Path) -> Vec<u8> {
+    use std::io::Read;
+    let head = first_bytes(path);
+    if !head.starts_with(&[0x1f, 0x8b]) {
+        return head;
+    }
+    let Ok((f, _)) = crate::fsio::open_regular(path, u64::MAX, true) else {
+        return head;
+    };
+    let mut out = Vec::new();
+    let mut gz = flate2::read::GzDecoder::new(f).take(hints::HEAD_LEN as u64);
+    match gz.read_to_end(&mut out) {
+        Ok(_) => out,
+        Err(_) => head,
+    }
+}
+
+/// A NIfTI read that failed on a file that is really another format (a PNG or an MGZ renamed
+/// `.nii`) says what the file is instead of the NIfTI parse error; the common case, a good
+/// NIfTI, opens the file once.
+fn nifti<T>(path: &Path, read: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
+    read(path).map_err(|e| match e {
+        Error::Volume { .. } => match hints::hint_by_magic(path, &first_stream_bytes(path)) {
+            Some(h) => Error::volume(path, h),
+            None => e,
+        },
+        e => e,
+    })
+}
+
 /// Read a whole volume from any supported input: a NIfTI file, a NIfTI-1 pair, an NRRD or
 /// MetaImage file, or a folder holding one DICOM series. Data as (channel, i, j, k) f32, scaling
 /// applied; the header stands for the NIfTI file a converter would write.
 pub fn read(path: impl AsRef<Path>) -> Result<Volume> {
-    let path = path.as_ref();
-    match kind(path)? {
-        Kind::Dicom => dicom::read_dicom_series(path, None),
-        Kind::Nrrd => nrrd::read(path),
-        Kind::MetaImage => metaimage::read(path),
-        Kind::Pair => pair::read(path),
-        Kind::Nifti => super::read::read(path),
-    }
+    read_series(path.as_ref(), None)
 }
 
 /// Read only the header of any input [`read`] accepts (and, for plain NIfTI files, check the
 /// data fits the file).
 pub fn read_header(path: impl AsRef<Path>) -> Result<Header> {
-    let path = path.as_ref();
-    match kind(path)? {
-        Kind::Dicom => dicom::read_dicom_header(path, None),
+    read_series_header(path.as_ref(), None)
+}
+
+/// [`read`], taking the DICOM series whose SeriesInstanceUID is `series` where the folder holds
+/// several (`--series`); a UID given for anything but a DICOM folder is refused.
+pub fn read_series(path: &Path, series: Option<&str>) -> Result<Volume> {
+    match series_kind(path, series)? {
+        Kind::Dicom => dicom::read_dicom_series(path, series),
+        Kind::Nrrd => nrrd::read(path),
+        Kind::MetaImage => metaimage::read(path),
+        Kind::Pair => pair::read(path),
+        Kind::Nifti => nifti(path, super::read::read),
+    }
+}
+
+/// [`read_header`] with the series choice of [`read_series`].
+pub fn read_series_header(path: &Path, series: Option<&str>) -> Result<Header> {
+    match series_kind(path, series)? {
+        Kind::Dicom => dicom::read_dicom_header(path, series),
         Kind::Nrrd => nrrd::read_header(path),
         Kind::MetaImage => metaimage::read_header(path),
         Kind::Pair => pair::read_header(path),
-        Kind::Nifti => super::read::read_header(path),
+        Kind::Nifti => nifti(path, super::read::read_header),
+    }
+}
+
+/// The reader of `path`; a series UID only goes with a DICOM folder.
+fn series_kind(path: &Path, series: Option<&str>) -> Result<Kind> {
+    let k = kind(path)?;
+    match (series, k) {
+        (Some(uid), k) if !matches!(k, Kind::Dicom) => Err(Error::volume(
+            path,
+            format!("--series {uid} picks a series in a DICOM folder, and this is a file"),
+        )),
+        _ => Ok(k),
     }
 }

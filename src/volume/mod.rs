@@ -32,21 +32,24 @@ mod dicom_meta;
 mod dispatch;
 mod geometry;
 mod header;
+mod hints;
 mod labels;
 mod metaimage;
 mod nrrd;
 mod pair;
 mod raw;
 mod read;
+mod source;
 mod write;
 
 pub use dicom::{is_dicom_series_dir, read_dicom_header, read_dicom_series};
-pub use dispatch::{read, read_header};
+pub use dispatch::{foreign_hint, read, read_header, read_series, read_series_header, volume_stem};
 pub use labels::{
     read_label_names, stage_labels_json, write_labels_json, LabelNames, LabelOptions,
     NIFTI_ECODE_CARET, NIFTI_INTENT_LABEL,
 };
 pub use raw::Format;
+pub use source::Source;
 
 pub use geometry::{axcodes, mat44_to_quatern, quatern_to_mat44, AffineSource, Mat4};
 pub use header::{check_nifti1_shape, Header, NIFTI1_MAX_AXIS};

@@ -6,8 +6,12 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 pub struct SegmentArgs {
-    /// Input volume (.nii or .nii.gz; 4D = channels)
+    /// Input volume: NIfTI (4D = channels), NRRD, MetaImage, .hdr/.img, or a DICOM series folder;
+    /// a folder of cases is a batch
     pub input: PathBuf,
+    /// The SeriesInstanceUID to read from a DICOM folder that holds several series
+    #[arg(long, value_name = "UID")]
+    pub series: Option<String>,
     /// ONNX model (exported from PyTorch); repeat for an ensemble
     #[arg(long, short = 'm', required = true)]
     pub model: Vec<PathBuf>,
@@ -100,8 +104,10 @@ pub struct PipelineArgs {
     /// <label map name>.labels.json
     #[arg(long)]
     pub labels_json: bool,
-    /// Batch mode: process only files i (sorted list) with i mod n == k
-    #[arg(long, value_name = "k/n")]
+    /// Batch mode: process only cases i (sorted list) with i mod n == k; `auto` reads k and n
+    /// from a Slurm job array (SLURM_ARRAY_TASK_*) or a Kubernetes Indexed Job
+    /// (JOB_COMPLETION_INDEX, with VOXTILE_SHARD_COUNT or auto/N for the count)
+    #[arg(long, value_name = "k/n|auto")]
     pub shard: Option<String>,
     /// Argument ids given on the command line (filled in by cli::run; flags beat the manifest).
     #[arg(skip)]

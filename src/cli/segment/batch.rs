@@ -8,6 +8,7 @@ use super::process::{prepare, process, read_ahead, Replace};
 use super::record::not_run;
 use crate::gate::{Gate, Kind};
 use crate::pipeline::batch;
+use crate::volume::{Header, Source};
 use crate::{Error, Result};
 use std::io::{IsTerminal, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -36,13 +37,40 @@ fn open_batch_report(path: &Path, force: bool) -> Result<std::fs::File> {
     Ok(f)
 }
 
+/// A case of nnU-Net channel files (`CASE_0000`, `CASE_0001`, ...) whose channel count is not the
+/// model's: said in the naming's terms, not as a volume's channel count.
+fn check_channel_files(job: &Job, header: &Header, wanted: usize, config: &Config) -> Result<()> {
+    let Source::Channels(files) = &job.source else {
+        return Ok(());
+    };
+    if header.channels() == wanted {
+        return Ok(());
+    }
+    let name = |f: &Path| {
+        f.file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default()
+    };
+    let files = match files.len() {
+        1 => name(&files[0]),
+        n => format!("{} … {}", name(&files[0]), name(&files[n - 1])),
+    };
+    Err(Error::Invalid(format!(
+        "nnU-Net channel file(s) {files} give {} channel(s) but {} takes {wanted} (files named CASE_XXXX are read as the channels of one case CASE)",
+        header.channels(),
+        config.models[0].display()
+    )))
+}
+
 /// Segment `jobs` (every output already claimed), skipping those whose labels exist unless
 /// `--force`.
 pub fn run(args: &SegmentArgs, config: &Config, reads: &[&Path], jobs: Vec<Job>) -> Result<()> {
     if let Some(r) = &args.report {
         // A log of the batch: appended to, so only its identity is checked.
         let mut g = Gate::new(reads, true);
-        jobs.iter().for_each(|j| g.add_input(&j.input));
+        jobs.iter()
+            .flat_map(|j| j.source.paths())
+            .for_each(|f| g.add_input(f));
         g.claim(r, Kind::Report, "--report")?;
     }
     let mut todo = Vec::new();
@@ -107,6 +135,7 @@ pub fn run(args: &SegmentArgs, config: &Config, reads: &[&Path], jobs: Vec<Job>)
                                 None => config.build(group)?,
                             };
                             let engine_init = t.elapsed().as_secs_f64();
+                            check_channel_files(job, header, p.input_channels(), config)?;
                             prepare(&mut p, header, job, &config.models)?;
                             Ok((p, engine_init))
                         })?;

@@ -1,16 +1,20 @@
 //! The files a run segments and where each one's outputs go, claimed before any work.
 
 use super::args::SegmentArgs;
+use super::{cases, shard};
 use crate::gate::{Gate, Kind};
-use crate::pipeline::batch::{self, list_inputs, parse_shard, stem};
+use crate::pipeline::batch::{self, stem};
+use crate::volume::Source;
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 
 /// The outputs of one input file.
 #[derive(Clone, Debug)]
 pub struct Job {
-    /// The volume read.
+    /// The volume read (the first channel file of a case of several), as messages name it.
     pub input: PathBuf,
+    /// What is read: the file or DICOM folder (and series), or the channel files.
+    pub source: Source,
     /// Its label map.
     pub output: PathBuf,
     /// `--probabilities`.
@@ -105,7 +109,8 @@ pub fn jobs(args: &SegmentArgs, gate: &mut Gate) -> Result<(bool, Vec<Job>)> {
     let p = &args.pipe;
     let mut inputs = vec![args.input.clone()];
     inputs.extend(p.more_inputs.iter().cloned());
-    let batch_mode = inputs.len() > 1 || args.input.is_dir();
+    let batch_mode = inputs.len() > 1
+        || (args.input.is_dir() && !crate::volume::is_dicom_series_dir(&args.input));
     let extras = [
         (&p.probabilities, Kind::Volume, "--probabilities"),
         (&args.logits, Kind::Volume, "--logits"),
@@ -114,11 +119,19 @@ pub fn jobs(args: &SegmentArgs, gate: &mut Gate) -> Result<(bool, Vec<Job>)> {
     ];
     if !batch_mode {
         if let Some(s) = &p.shard {
-            parse_shard(s)?;
+            shard::resolve(s, &shard::process_env)?;
+            return Err(Error::Invalid(format!(
+                "--shard splits a batch: give a folder of cases or several inputs, not the one volume {}",
+                args.input.display()
+            )));
         }
         let (output, made) = single_output(&args.input, &args.output)?;
         let job = Job {
             input: args.input.clone(),
+            source: Source::One {
+                path: args.input.clone(),
+                series: args.series.clone(),
+            },
             labels_json: p.labels_json.then(|| sidecar(&output)),
             output,
             probabilities: p.probabilities.clone(),
@@ -135,15 +148,14 @@ pub fn jobs(args: &SegmentArgs, gate: &mut Gate) -> Result<(bool, Vec<Job>)> {
             args.output.display()
         )));
     }
-    let mut files = list_inputs(&inputs)?;
-    if files.is_empty() {
+    if let Some(uid) = &args.series {
         return Err(Error::Invalid(format!(
-            "{}: no .nii or .nii.gz files to segment",
-            args.input.display()
+            "--series {uid} picks a series in one DICOM folder; in a batch each DICOM folder must hold one series"
         )));
     }
-    for f in &files {
-        gate.add_input(f);
+    let mut cases = cases::list(&inputs)?;
+    for c in &cases {
+        c.source.paths().iter().for_each(|f| gate.add_input(f));
     }
     gate.claim(&args.output, Kind::Folder, "-o")?;
     for (path, _, what) in extras {
@@ -151,26 +163,13 @@ pub fn jobs(args: &SegmentArgs, gate: &mut Gate) -> Result<(bool, Vec<Job>)> {
             gate.claim(path, Kind::Folder, what)?;
         }
     }
-    // Two inputs with one output name (a.nii + a.nii.gz, x.nii.gz in two folders) would write
-    // the same files: refused before anything runs.
-    let mut by_stem: Vec<(String, &PathBuf)> = files.iter().map(|f| (stem(f), f)).collect();
-    by_stem.sort();
-    if let Some(w) = by_stem.windows(2).find(|w| w[0].0 == w[1].0) {
-        return Err(Error::Invalid(format!(
-            "{} and {} would both be written as {}.nii.gz; rename one or segment them apart",
-            w[0].1.display(),
-            w[1].1.display(),
-            w[0].0
-        )));
-    }
     if let Some(s) = &p.shard {
-        let (k, n) = parse_shard(s)?;
-        files = batch::shard(&files, k, n);
+        cases = shard::take(&cases, s)?;
     }
-    let jobs: Vec<Job> = files
+    let jobs: Vec<Job> = cases
         .into_iter()
-        .map(|f| {
-            let s = stem(&f);
+        .map(|c| {
+            let s = c.name;
             let file = |d: &PathBuf, ext: &str| d.join(format!("{s}.{ext}"));
             Job {
                 output: file(&args.output, "nii.gz"),
@@ -179,7 +178,8 @@ pub fn jobs(args: &SegmentArgs, gate: &mut Gate) -> Result<(bool, Vec<Job>)> {
                 logits: args.logits.as_ref().map(|d| file(d, "nii.gz")),
                 split: p.split_classes.as_ref().map(|d| d.join(&s)),
                 preview: p.preview.as_ref().map(|d| file(d, "png")),
-                input: f,
+                input: c.source.paths()[0].clone(),
+                source: c.source,
             }
         })
         .collect();

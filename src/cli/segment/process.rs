@@ -7,7 +7,7 @@ use super::jobs::Job;
 use super::record;
 use crate::pipeline::{intensity, outputs, preview, Pipeline};
 use crate::staged::{Outputs, Staged};
-use crate::volume::{Header, LabelNames, LabelOptions, Volume};
+use crate::volume::{Header, LabelNames, LabelOptions, Source, Volume};
 use crate::{Error, Result};
 use ndarray::{Array3, Axis};
 use std::path::{Path, PathBuf};
@@ -34,9 +34,9 @@ pub struct Ahead {
 }
 
 /// Read and preprocess `input` (the one preprocessing: [`intensity::preprocess`]).
-fn read_input(input: &Path, config: &Config, keep_raw: bool) -> Result<Input> {
+fn read_input(input: &Source, config: &Config, keep_raw: bool) -> Result<Input> {
     let t = Instant::now();
-    let mut volume = crate::volume::read(input)?;
+    let mut volume = input.read()?;
     let read = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let raw = keep_raw.then(|| volume.data.index_axis(Axis(0), 0).to_owned());
@@ -60,9 +60,9 @@ pub fn read_ahead(
     ready: impl FnOnce(&Header) -> Result<(Pipeline, f64)>,
 ) -> Result<(Pipeline, Input, Ahead)> {
     let start = Instant::now();
-    let header = crate::volume::read_header(&job.input)?;
+    let header = job.source.read_header()?;
     crate::volume::check_output_shape(&job.input, &header, 1)?;
-    let (input, keep_raw) = (job.input.clone(), job.preview.is_some());
+    let (input, keep_raw) = (job.source.clone(), job.preview.is_some());
     let cfg = config.clone();
     let reader = std::thread::Builder::new()
         .name("voxtile-read".into())
