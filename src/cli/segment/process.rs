@@ -4,7 +4,7 @@
 
 use super::config::Config;
 use super::jobs::Job;
-use crate::pipeline::{intensity, outputs, preview, Pipeline};
+use crate::pipeline::{intensity, outputs, preview, Intensity, Pipeline};
 use crate::staged::{Outputs, Staged};
 use crate::volume::{Header, Volume};
 use crate::{Error, Result};
@@ -263,8 +263,14 @@ fn stage(
         )?;
     }
     if let (Some(path), Some(image)) = (&job.preview, raw) {
+        let ctx = preview::Context {
+            affine: out.header.affine(),
+            classes: config.classes.as_deref(),
+            values: pipe.settings().remap.as_deref().unwrap_or(&[]),
+            ct: matches!(config.settings.intensity, Intensity::Ct { .. }),
+        };
         outs.push(
-            preview::stage_png(path, image.view(), out.labels.view())?,
+            preview::stage_png(path, image.view(), out.labels.view(), &ctx)?,
             extras,
         );
     }
