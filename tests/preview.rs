@@ -5,7 +5,7 @@
 mod common;
 use common::tempdir;
 use ndarray::Array3;
-use voxtile::pipeline::preview::{self, Context};
+use voxtile::pipeline::preview::{self, Context, PANEL_GAP};
 use voxtile::volume::Mat4;
 
 /// A decoded RGB PNG.
@@ -128,16 +128,20 @@ fn lia_and_las_volumes_show_the_pattern_where_the_ras_one_does() {
     assert!(grey(reference.px(x, ax_h - 1 - y)), "mirror A/P coloured");
     // Coronal: columns R to L again, superior up (32 mm high).
     let cor_h = (32.0 / p) as usize;
-    let xc = ax_w + x;
-    assert!(block_colour(reference.px(xc, y)));
-    assert!(grey(reference.px(ax_w + ax_w - 1 - x, y)));
-    assert!(grey(reference.px(xc, cor_h - 1 - y)), "mirror S/I coloured");
+    let x1 = ax_w + PANEL_GAP;
+    assert!(block_colour(reference.px(x1 + x, y)));
+    assert!(grey(reference.px(x1 + ax_w - 1 - x, y)));
+    assert!(
+        grey(reference.px(x1 + x, cor_h - 1 - y)),
+        "mirror S/I coloured"
+    );
     // Sagittal: anterior on the left, superior up.
-    let xs = 2 * ax_w + (4.0 / p) as usize;
-    assert!(block_colour(reference.px(xs, y)));
-    assert!(grey(
-        reference.px(2 * ax_w + ax_h - 1 - (4.0 / p) as usize, y)
-    ));
+    let (x2, a) = (2 * (ax_w + PANEL_GAP), (4.0 / p) as usize);
+    assert!(block_colour(reference.px(x2 + a, y)));
+    assert!(
+        grey(reference.px(x2 + ax_h - 1 - a, y)),
+        "mirror A/P coloured"
+    );
 }
 
 #[test]
@@ -157,7 +161,7 @@ fn panels_have_square_millimetres() {
     let axial_h = run(100);
     assert!(axial_h > 400, "axial height {axial_h}");
     // The axial panel is square (358.4 mm both ways), and as wide as the coronal one.
-    let coronal_h = run(axial_h + 100);
+    let coronal_h = run(axial_h + PANEL_GAP + 100);
     let ratio = coronal_h as f64 / axial_h as f64;
     let want = 40.0 / 358.4;
     assert!(
@@ -243,9 +247,10 @@ fn slices_cut_the_largest_cross_section() {
     let ras = affine([(0, 1.0, 1.0), (1, 1.0, 1.0), (2, 1.0, 1.0)]);
     let png = preview_png(&image, &labels, &Context::plain(ras));
     let panel = 256;
-    for (v, x0) in ["axial", "coronal", "sagittal"]
-        .iter()
-        .zip([0, panel, 2 * panel])
+    for (v, x0) in
+        ["axial", "coronal", "sagittal"]
+            .iter()
+            .zip([0, panel + PANEL_GAP, 2 * (panel + PANEL_GAP)])
     {
         let coloured = (x0..x0 + panel)
             .flat_map(|x| (0..panel).map(move |y| (x, y)))

@@ -94,11 +94,13 @@ impl Context<'_> {
     }
 }
 
-/// Display pixel size: the finest voxel size, made coarser so that no panel side exceeds
-/// `MAX_SIDE` pixels and finer so that the longest reaches `MIN_SIDE` (room for the letters).
+/// Longest panel side at most (pixels): big volumes are shown coarser.
 const MAX_SIDE: f64 = 1024.0;
+/// Longest panel side at least (pixels): small volumes are enlarged, with room for the letters.
 const MIN_SIDE: f64 = 256.0;
 
+/// Display pixel size (mm): the finest voxel size, made coarser or finer so that the longest
+/// panel side is between `MIN_SIDE` and `MAX_SIDE` pixels.
 fn pixel_size(dims: [usize; 3], spacing: [f64; 3]) -> f64 {
     let extent = (0..3)
         .map(|a| dims[a] as f64 * spacing[a])
@@ -107,8 +109,11 @@ fn pixel_size(dims: [usize; 3], spacing: [f64; 3]) -> f64 {
     finest.max(extent / MAX_SIDE).min(extent / MIN_SIDE)
 }
 
-/// The picture: panels axial, coronal, sagittal left to right (top-aligned, black around), the
-/// legend strip under them.
+/// Black columns between two panels, so that their edge letters stay apart.
+pub const PANEL_GAP: usize = 12;
+
+/// The picture: panels axial, coronal, sagittal left to right (top-aligned, [`PANEL_GAP`] apart,
+/// black around), the legend strip under them.
 pub fn render(image: ArrayView3<f32>, labels: ArrayView3<u16>, ctx: &Context) -> Picture {
     let o = Orientation::of(&ctx.affine);
     let (img, lab) = (o.apply(image), o.apply(labels));
@@ -126,7 +131,7 @@ pub fn render(image: ArrayView3<f32>, labels: ArrayView3<u16>, ctx: &Context) ->
     let views = [View::Axial, View::Coronal, View::Sagittal];
     let panels = views.map(|v| panel::render(img, lab, spacing, v, pixel, window));
     let entries = legend_entries(labels, ctx);
-    let width: usize = panels.iter().map(|p| p.width).sum();
+    let width: usize = panels.iter().map(|p| p.width).sum::<usize>() + 2 * PANEL_GAP;
     let top = panels.iter().map(|p| p.height).max().unwrap_or(0);
     let height = top + legend::height(&entries, width);
     let mut pic = Picture {
@@ -148,7 +153,7 @@ pub fn render(image: ArrayView3<f32>, labels: ArrayView3<u16>, ctx: &Context) ->
             }
         }
         pic.edge_letters(x0, p.width, p.height, v.edges());
-        x0 += p.width;
+        x0 += p.width + PANEL_GAP;
     }
     legend::draw(&mut pic, top, &entries);
     pic
