@@ -12,7 +12,7 @@ const MISSING: [u8; 7] = [0x1F, 0x11, 0x11, 0x11, 0x11, 0x11, 0x1F];
 
 /// The rows of `c`'s glyph.
 pub fn glyph(c: char) -> [u8; 7] {
-    let g = match c {
+    match c {
         'A'..='Z' => UPPER[c as usize - 'A' as usize],
         'a'..='z' => LOWER[c as usize - 'a' as usize],
         '0'..='9' => DIGITS[c as usize - '0' as usize],
@@ -21,8 +21,7 @@ pub fn glyph(c: char) -> [u8; 7] {
         '-' => [0, 0, 0, 0x1F, 0, 0, 0],
         '.' => [0, 0, 0, 0, 0, 0x0C, 0x0C],
         _ => MISSING,
-    };
-    g
+    }
 }
 
 /// Whether pixel (x, y) of `c`'s glyph is set.
