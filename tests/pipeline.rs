@@ -10,8 +10,8 @@ use prost::Message;
 use std::path::{Path, PathBuf};
 use voxtile::engine::{AxisOrder, Device, Engine, Options};
 use voxtile::pipeline::{
-    self, batch, intensity, manifest::OneOrThree, outputs, preview, resample, Activation,
-    Intensity, Manifest, Pipeline, Settings,
+    self, batch, intensity, manifest::OneOrThree, outputs, resample, Activation, Intensity,
+    Manifest, Pipeline, Settings,
 };
 use voxtile::tiling::BlendMode;
 use voxtile::volume::{Header, Volume};
@@ -673,64 +673,6 @@ fn remap_split_classes_and_u8_probabilities() {
     assert_eq!(outputs::to_u8(1.0), 255);
     assert_eq!(outputs::to_u8(-1.0), 0);
     assert_eq!(outputs::to_u8(0.5), 128);
-}
-
-#[test]
-fn preview_png_has_three_panels_and_coloured_labels() {
-    let dir = tempdir();
-    let (nx, ny, nz) = (20, 14, 9);
-    let img = Array3::from_shape_fn((nx, ny, nz), |(i, j, k)| (i * 3 + j * 2 + k) as f32);
-    // A labelled box through the centre.
-    let labels = Array3::from_shape_fn((nx, ny, nz), |(i, j, k)| {
-        u16::from((6..14).contains(&i) && (4..10).contains(&j) && (2..7).contains(&k))
-            + u16::from(i == 10 && j == 7 && k == 4)
-    });
-    let path = dir.path().join("overlay.png");
-    preview::write_png(&path, img.view(), labels.view()).unwrap();
-    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&path).unwrap()));
-    let mut reader = decoder.read_info().unwrap();
-    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
-    let info = reader.next_frame(&mut buf).unwrap();
-    assert_eq!(info.color_type, png::ColorType::Rgb);
-    assert_eq!(info.width as usize, nx + nx + ny);
-    assert_eq!(info.height as usize, ny.max(nz));
-    let w = info.width as usize;
-    let px = |x: usize, y: usize| {
-        let a = (y * w + x) * 3;
-        [buf[a], buf[a + 1], buf[a + 2]]
-    };
-    let grey = |p: [u8; 3]| p[0] == p[1] && p[1] == p[2];
-    // Panel 1: (i, j) at k = nz/2, j up; panel 2: (i, k) at j = ny/2; panel 3: (j, k) at i = nx/2.
-    let h = info.height as usize;
-    let (mut coloured, mut plain) = (0, 0);
-    for (x0, (w1, h1), lab) in [
-        (0, (nx, ny), labels.index_axis(Axis(2), nz / 2)),
-        (nx, (nx, nz), labels.index_axis(Axis(1), ny / 2)),
-        (2 * nx, (ny, nz), labels.index_axis(Axis(0), nx / 2)),
-    ] {
-        for u in 0..w1 {
-            for v in 0..h1 {
-                let p = px(x0 + u, h1 - 1 - v);
-                if lab[[u, v]] > 0 {
-                    assert!(
-                        !grey(p),
-                        "labelled voxel ({u},{v}) at panel {x0} is grey: {p:?}"
-                    );
-                    coloured += 1;
-                } else {
-                    assert!(
-                        grey(p),
-                        "background ({u},{v}) at panel {x0} is coloured: {p:?}"
-                    );
-                    plain += 1;
-                }
-            }
-        }
-        assert!(h1 <= h);
-    }
-    assert!(coloured > 50 && plain > 100, "{coloured} {plain}");
-    // Label 2 gets another colour than label 1.
-    assert_ne!(preview::label_colour(1), preview::label_colour(2));
 }
 
 // ---------------------------------------------------------------- 5. batch planning

@@ -5,7 +5,7 @@
 use super::config::Config;
 use super::jobs::Job;
 use super::record;
-use crate::pipeline::{intensity, outputs, preview, Pipeline};
+use crate::pipeline::{intensity, outputs, preview, Intensity, Pipeline};
 use crate::staged::{Outputs, Staged};
 use crate::volume::{Header, LabelNames, LabelOptions, Source, Volume};
 use crate::{Error, Result};
@@ -267,8 +267,13 @@ fn stage(
         )?;
     }
     if let (Some(path), Some(image)) = (&job.preview, raw) {
+        let ctx = preview::Context {
+            affine: out.header.affine(),
+            names: Some(&names),
+            ct: matches!(config.settings.intensity, Intensity::Ct { .. }),
+        };
         outs.push(
-            preview::stage_png(path, image.view(), out.labels.view())?,
+            preview::stage_png(path, image.view(), out.labels.view(), &ctx)?,
             extras,
         );
     }
