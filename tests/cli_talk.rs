@@ -205,7 +205,7 @@ fn completions_for_bash_zsh_fish() {
             text.contains("voxtile") && text.contains("segment"),
             "{shell}"
         );
-        assert!(text.contains("--device"), "{shell}: flags of segment");
+        assert!(text.contains("device"), "{shell}: the flags of segment");
     }
     let o = voxtile(&["completions", "tcsh"]);
     assert_eq!(o.status.code(), Some(2));

@@ -24,8 +24,9 @@ pub fn wanted() -> bool {
 pub struct Bar(ProgressBar);
 
 impl Bar {
-    fn start(template: &str, len: u64) -> Bar {
-        let b = ProgressBar::new(len);
+    fn start(template: &str, len: Option<u64>) -> Bar {
+        // No length yet: an empty bar, not a full one (indicatif draws 0/0 as complete).
+        let b = len.map_or_else(ProgressBar::no_length, ProgressBar::new);
         b.set_style(
             ProgressStyle::with_template(template)
                 .unwrap_or_else(|_| ProgressStyle::default_bar())
@@ -40,7 +41,7 @@ impl Bar {
     pub fn windows() -> Bar {
         Bar::start(
             "{spinner} windows {pos}/{len} [{bar:30}] {elapsed} (ETA {eta})",
-            0,
+            None,
         )
     }
 
@@ -48,7 +49,7 @@ impl Bar {
     pub fn files(total: usize) -> Bar {
         Bar::start(
             "{spinner} files {pos}/{len} [{bar:30}] {elapsed} (ETA {eta})",
-            total as u64,
+            Some(total as u64),
         )
     }
 
