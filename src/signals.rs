@@ -52,14 +52,14 @@ pub fn install() -> bool {
                         SIGUSR2 => "SIGUSR2",
                         _ => "SIGHUP",
                     };
-                    eprintln!(
-                        "voxtile: interrupted by {name}{}",
+                    announce(format!(
+                        "interrupted by {name}{}",
                         if removed > 0 {
                             "; the unfinished output was removed"
                         } else {
                             ""
                         }
-                    );
+                    ));
                     // Keep the registry locked so no rename can slip in while the process exits.
                     let _hold = GLOBAL.temps();
                     std::process::exit(128 + sig);
@@ -67,6 +67,22 @@ pub fn install() -> bool {
             })
             .is_ok()
     })
+}
+
+/// Emit `msg` as an error event, waiting at most a second for it: the subscriber writes to
+/// stderr, which a stopped reader (a full pipe) or another thread's write may block, and the
+/// process must exit on a signal regardless. Runs on the signal thread, never in a handler.
+fn announce(msg: String) {
+    let (done, wait) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("voxtile-signal-msg".into())
+        .spawn(move || {
+            tracing::error!("{msg}");
+            let _ = done.send(());
+        });
+    if spawned.is_ok() {
+        let _ = wait.recv_timeout(std::time::Duration::from_secs(1));
+    }
 }
 
 impl Registry {

@@ -192,7 +192,7 @@ impl std::str::FromStr for Device {
 }
 
 /// Open a device: the one function that names the concrete backends. `Auto` tries CUDA device 0
-/// and falls back to the CPU with a message on stderr. Returns the device that opened (never
+/// and falls back to the CPU with an info event saying why. Returns the device that opened (never
 /// `Auto`).
 pub fn open(device: Device) -> Result<(Box<dyn Backend>, Device)> {
     let cpu = || Box::new(cpu::CpuBackend::new()) as Box<dyn Backend>;
@@ -202,7 +202,9 @@ pub fn open(device: Device) -> Result<(Box<dyn Backend>, Device)> {
         Device::Auto => match cuda::CudaBackend::new(0) {
             Ok(b) => (Box::new(b), Device::Cuda(0)),
             Err(e) => {
-                eprintln!("voxtile: CUDA unavailable ({e}); running on the CPU");
+                // A notice (info), not a warning: on a machine without a GPU this is the
+                // expected path of the default device. An explicit `cuda` is an error above.
+                tracing::info!("CUDA unavailable ({e}); running on the CPU");
                 (cpu(), Device::Cpu)
             }
         },

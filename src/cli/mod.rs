@@ -1,8 +1,14 @@
-//! The `voxtile` command line: segment, info, inspect. `main.rs` only calls [`run`].
+//! The `voxtile` command line: segment, info, inspect, plan, completions. `main.rs` only calls
+//! [`run`].
 
+mod completions;
+mod describe;
 mod flags;
+mod log;
 mod plan;
+mod progress;
 mod segment;
+mod summary;
 
 use crate::Error;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -17,6 +23,8 @@ use std::path::PathBuf;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    verbosity: log::Verbosity,
 }
 
 #[derive(Subcommand, Debug)]
@@ -31,6 +39,9 @@ enum Command {
         /// The SeriesInstanceUID to read from a DICOM folder that holds several series
         #[arg(long, value_name = "UID")]
         series: Option<String>,
+        /// Print one JSON object instead of text
+        #[arg(long)]
+        json: bool,
     },
     /// Plan roi and batch for a model and volume size under a memory budget, and print the
     /// predicted memory (weights, activations, workspace, staging, accumulators).
@@ -39,6 +50,14 @@ enum Command {
     Inspect {
         /// .onnx file
         model: PathBuf,
+        /// Print one JSON object instead of text
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a shell completion script, e.g. `voxtile completions bash > ~/.local/share/bash-completion/completions/voxtile`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell
+        shell: clap_complete::Shell,
     },
 }
 
@@ -69,30 +88,17 @@ pub fn run() -> i32 {
             .collect();
     }
     install_panic_hook();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("VOXTILE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .without_time()
-        .with_target(false)
-        .try_init();
+    log::install(cli.verbosity);
     let result = match cli.command {
         Command::Segment(args) => segment::run(args),
         Command::Plan(args) => plan::run(args),
-        Command::Info { input, series } => crate::volume::read_series(&input, series.as_deref())
-            .and_then(|v| print_stdout(&format!("{}\n", crate::volume::describe(&input, &v)))),
-        Command::Inspect { model } => crate::model::onnx::load(&model).and_then(|g| {
-            let mut text = format!("{}: {}\n", model.display(), g.summary());
-            // The manifest beside the model, when there is one.
-            if let Some(p) = crate::pipeline::Manifest::beside(&model) {
-                let m = crate::pipeline::Manifest::load(&p)?;
-                text += &format!("{}\n", m.describe(&p));
-            }
-            print_stdout(&text)
-        }),
+        Command::Info {
+            input,
+            series,
+            json,
+        } => describe::info(&input, series.as_deref(), json),
+        Command::Inspect { model, json } => describe::inspect(&model, json),
+        Command::Completions { shell } => completions::print(shell),
     };
     match result {
         Ok(()) => 0,
@@ -104,12 +110,11 @@ pub fn run() -> i32 {
     }
 }
 
-/// `eprintln!` that never panics: a closed or broken stderr (`voxtile … 2>&1 | head -1`) only
-/// loses the message.
+/// `eprintln!` that never panics (a closed or broken stderr only loses the message) and never
+/// tears a progress bar: for what is printed whatever `-q` says (errors).
 macro_rules! say {
     ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        $crate::cli::log::line(&format!($($arg)*));
     }};
 }
 pub(crate) use say;

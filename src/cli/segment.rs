@@ -18,7 +18,6 @@ use crate::Result;
 pub use args::SegmentArgs;
 use config::Config;
 use process::{prepare, process, read_ahead, Processed, Replace};
-use std::io::IsTerminal;
 use std::path::Path;
 use std::time::Instant;
 
@@ -60,8 +59,13 @@ pub fn run(args: SegmentArgs) -> Result<()> {
         force: args.force,
         extras: args.force,
     };
-    let bar = std::io::stderr().is_terminal();
-    let Processed { outs, stdout, .. } = process(
+    let bar = super::progress::wanted();
+    let Processed {
+        outs,
+        stdout,
+        summary,
+        ..
+    } = process(
         &mut pipe,
         &config,
         job,
@@ -70,6 +74,7 @@ pub fn run(args: SegmentArgs) -> Result<()> {
         replace,
     )?;
     outs.commit()?;
+    super::summary::emit(&summary.line());
     if let Some(json) = stdout {
         super::print_stdout(&json)?;
     }

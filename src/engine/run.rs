@@ -223,8 +223,8 @@ fn details(runs: &[PartRun]) -> Option<serde_json::Value> {
     }
 }
 
-/// The batch to redo a volume at after an out-of-memory error `m` at `batch`: half of it (said
-/// on stderr and in `retries`); at batch 1 the error itself, naming the window that is kept.
+/// The batch to redo a volume at after an out-of-memory error `m` at `batch`: half of it (a
+/// warning event, and in `retries`); at batch 1 the error itself, naming the window that is kept.
 fn oom_retry_batch(
     m: &str,
     roi: [usize; 3],
@@ -240,7 +240,7 @@ fn oom_retry_batch(
     let msg = format!(
         "out of memory ({m}) with roi {roi:?}: batch {batch} -> {nb}, retrying the volume with batch {nb}"
     );
-    eprintln!("voxtile: {msg}");
+    tracing::warn!("{msg}");
     retries.push(msg);
     Ok(nb)
 }

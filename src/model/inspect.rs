@@ -39,11 +39,11 @@ impl Graph {
             self.values[self.output].name,
             self.output_channels()
         );
-        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-        for n in &self.nodes {
-            *counts.entry(n.op.name()).or_default() += 1;
-        }
-        let ops: Vec<String> = counts.iter().map(|(k, v)| format!("{k} x{v}")).collect();
+        let ops: Vec<String> = self
+            .op_counts()
+            .iter()
+            .map(|(k, v)| format!("{k} x{v}"))
+            .collect();
         let _ = writeln!(
             s,
             "nodes:             {} ({})",
@@ -70,5 +70,16 @@ impl Graph {
             d[0], d[1], d[2]
         );
         s
+    }
+}
+
+impl Graph {
+    /// How many nodes of each op, by op name (for `inspect` and `inspect --json`).
+    pub fn op_counts(&self) -> BTreeMap<&'static str, usize> {
+        let mut counts = BTreeMap::new();
+        for n in &self.nodes {
+            *counts.entry(n.op.name()).or_default() += 1;
+        }
+        counts
     }
 }

@@ -197,7 +197,7 @@ fn xform_name(code: i32) -> &'static str {
     }
 }
 
-fn space_unit(xyzt: i32) -> &'static str {
+pub(crate) fn space_unit(xyzt: i32) -> &'static str {
     match xyzt & 0x07 {
         1 => "m",
         2 => "mm",
@@ -207,13 +207,13 @@ fn space_unit(xyzt: i32) -> &'static str {
 }
 
 /// Finite min/max/sum/count and NaN/Inf counts.
-struct Stats {
-    min: f32,
-    max: f32,
-    sum: f64,
-    finite: u64,
-    nan: u64,
-    inf: u64,
+pub(crate) struct Stats {
+    pub(crate) min: f32,
+    pub(crate) max: f32,
+    pub(crate) sum: f64,
+    pub(crate) finite: u64,
+    pub(crate) nan: u64,
+    pub(crate) inf: u64,
 }
 
 impl Stats {
@@ -251,7 +251,7 @@ impl Stats {
 }
 
 /// One pass in memory order, in parallel over contiguous memory (any other layout: serial `fold`).
-fn stats(a: &Array4<f32>) -> Stats {
+pub(crate) fn stats(a: &Array4<f32>) -> Stats {
     use rayon::prelude::*;
     match a.as_slice_memory_order() {
         Some(s) => s

@@ -6,11 +6,13 @@ use super::config::Config;
 use super::jobs::Job;
 use super::process::{prepare, process, read_ahead, Replace};
 use super::record::not_run;
+use crate::cli::progress;
+use crate::cli::summary::{self, Summary};
 use crate::gate::{Gate, Kind};
 use crate::pipeline::batch;
 use crate::volume::{Header, Source};
 use crate::{Error, Result};
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::Instant;
@@ -77,6 +79,7 @@ pub fn run(args: &SegmentArgs, config: &Config, reads: &[&Path], jobs: Vec<Job>)
     let mut lines: Vec<serde_json::Value> = Vec::new();
     for job in jobs {
         if job.output.exists() && !args.force {
+            summary::emit(&summary::skipped(&job.input, &job.output));
             let status = "skipped (output exists)";
             lines.push(not_run(config, &job.input, &job.output, status, None));
             continue;
@@ -108,7 +111,7 @@ pub fn run(args: &SegmentArgs, config: &Config, reads: &[&Path], jobs: Vec<Job>)
     let total = todo.len();
     let groups = batch::device_groups(&config.devices, total);
     let workers = groups.len();
-    let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
+    let (tx, rx) = std::sync::mpsc::channel::<(serde_json::Value, Option<Summary>)>();
     let mut failed = 0usize;
     let replace = Replace {
         force: args.force,
@@ -142,27 +145,25 @@ pub fn run(args: &SegmentArgs, config: &Config, reads: &[&Path], jobs: Vec<Job>)
                         let p = pipe.insert(p);
                         let done = process(p, config, job, (input, ahead), (false, None), replace)?;
                         done.outs.commit()?;
-                        Ok(done.report)
+                        Ok((done.report, Some(done.summary)))
                     });
-                    let _ = tx.send(r.unwrap_or_else(|e| fail(job, &e)));
+                    let _ = tx.send(r.unwrap_or_else(|e| (fail(job, &e), None)));
                 }
             });
         }
         drop(tx);
-        for (i, v) in rx.iter().enumerate() {
-            let status = v["status"].as_str().unwrap_or("");
-            if status == "error" {
-                failed += 1;
-                crate::cli::say!(
-                    "voxtile: failed: {}",
-                    v["error"].as_str().unwrap_or("unknown error")
-                );
-            } else if std::io::stderr().is_terminal() {
-                crate::cli::say!(
-                    "voxtile: [{}/{total}] {}",
-                    i + 1,
-                    v["output"].as_str().unwrap_or("")
-                );
+        let bar = progress::wanted().then(|| progress::Bar::files(total));
+        for (i, (v, done)) in rx.iter().enumerate() {
+            bar.iter().for_each(progress::Bar::inc);
+            match done {
+                Some(s) => summary::emit(&format!("[{}/{total}] {}", i + 1, s.line())),
+                None => {
+                    failed += 1;
+                    crate::cli::say!(
+                        "voxtile: failed: {}",
+                        v["error"].as_str().unwrap_or("unknown error")
+                    );
+                }
             }
             emit(&v)?;
         }

@@ -5,6 +5,7 @@
 use super::config::Config;
 use super::jobs::Job;
 use super::record;
+use crate::cli::summary::Summary;
 use crate::pipeline::{intensity, outputs, preview, Intensity, Pipeline};
 use crate::staged::{Outputs, Staged};
 use crate::volume::{Header, LabelNames, LabelOptions, Source, Volume};
@@ -138,6 +139,8 @@ pub struct Processed {
     pub report: serde_json::Value,
     /// The report text for standard output (`--report -`).
     pub stdout: Option<String>,
+    /// The file's summary line, to say once the outputs are committed.
+    pub summary: Summary,
 }
 
 /// Segment one prepared input and stage its outputs, its report at `report` when given (staged
@@ -150,40 +153,35 @@ pub fn process(
     (bar, report): (bool, Option<&Path>),
     replace: Replace,
 ) -> Result<Processed> {
-    let pb = bar.then(|| {
-        let b = indicatif::ProgressBar::new(0);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} windows {pos}/{len} [{bar:30}] {elapsed}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
-        b
-    });
+    let pb = bar.then(crate::cli::progress::Bar::windows);
     let mut out = pipe
         .run_preprocessed(
             &input.volume,
             (input.nonfinite, input.normalize),
             &mut |done, total| {
                 if let Some(b) = &pb {
-                    b.set_length(total as u64);
-                    b.set_position(done as u64);
+                    b.set(done, total);
                 }
             },
         )
         .map_err(|e| name_error(e, &job.input, &config.models))?;
-    if let Some(b) = pb {
-        b.finish_and_clear();
-    }
+    drop(pb);
     drop(input.volume);
     if out.nonfinite_voxels > 0 {
-        crate::cli::say!(
-            "voxtile: warning: {}: {} NaN/Inf voxels (NaN read as 0, ±Inf clamped to the finite range)",
+        tracing::warn!(
+            "{}: {} NaN/Inf voxels (NaN read as 0, ±Inf clamped to the finite range)",
             job.input.display(),
             out.nonfinite_voxels
         );
     }
+    let names = config.label_names(pipe.output_channels(), pipe.settings().remap.as_deref());
+    let summary = Summary::new(
+        (&job.input, &job.output),
+        out.labels.view(),
+        config.classes.is_some().then_some(&names),
+        &out.report.engine.device,
+        ahead.start,
+    );
     let t = Instant::now();
     let (mut outs, labels, names) = stage(pipe, config, job, &out, input.raw.as_ref(), replace)?;
     let r = &mut out.report.engine;
@@ -219,6 +217,7 @@ pub fn process(
         outs,
         report: v,
         stdout,
+        summary,
     })
 }
 
