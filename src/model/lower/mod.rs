@@ -21,6 +21,8 @@ mod activation;
 mod attrs;
 mod binary;
 mod conv;
+mod gelu;
+mod math;
 mod norm;
 mod order;
 mod passes;
@@ -275,6 +277,7 @@ impl Lowerer<'_> {
             fixed_input_spatial: fixed,
         };
         fuse_norm_affine(&mut graph);
+        gelu::fuse_gelu(&mut graph);
         prune(&mut graph);
         graph
             .validate()
@@ -434,8 +437,8 @@ impl Lowerer<'_> {
             "Shape" => self.shape_op(n, ctx)?,
             "Cast" => self.cast(n, ctx)?,
             "Gather" | "Unsqueeze" | "Squeeze" | "Slice" | "ConstantOfShape" | "Flatten"
-            | "Floor" | "Ceil" | "Neg" | "Sqrt" | "Reciprocal" | "Min" | "Max" | "Range"
-            | "Expand" | "Transpose" => self.plumbing(n, ctx)?,
+            | "Floor" | "Ceil" | "Range" | "Expand" | "Transpose" => self.plumbing(n, ctx)?,
+            m if math::MATH_OPS.contains(&m) => self.math(n, ctx)?,
             other => return Err(ctx.err(format!("operator {other} is not supported by voxtile"))),
         }
         Ok(())
