@@ -261,7 +261,7 @@ fn unary_functions() {
                 vec![attr_f("alpha", 0.25), attr_f("beta", 0.4)],
             ),
             vec![],
-            |v| (0.25 * v + 0.4).clamp(0.0, 1.0),
+            |v| (0.25 * v + 0.4f32 as f64).clamp(0.0, 1.0),
         ),
         ("Exp", 17, one("Exp", vec![]), vec![], f64::exp),
         ("Abs", 17, one("Abs", vec![]), vec![], f64::abs),
@@ -399,7 +399,9 @@ fn exported_gelu_chain_fuses_into_one_op() {
     );
     let want2 = x.mapv(|v| {
         let v = v as f64;
-        0.5 * v * (2.0 + erf_ref(v / 2f64.sqrt()))
+        // Div by the f32 √2 runs as a Mul by its f32 reciprocal.
+        let inv = (1.0 / std::f32::consts::SQRT_2) as f64;
+        0.5 * v * (2.0 + erf_ref(v * inv))
     });
     check("unfused erf chain", &g, &x, &want2);
 }
