@@ -126,7 +126,8 @@ fn binaries_broadcast_in_both_orders() {
     let x = input(&mut r, 2.0);
     let w = r.vec(C);
     let ops = operands(&x, &w);
-    let binaries: [(&str, fn(f64, f64) -> f64); 7] = [
+    type F2 = fn(f64, f64) -> f64;
+    let binaries: [(&str, F2); 7] = [
         ("Add", |a, b| a + b),
         ("Sub", |a, b| a - b),
         ("Mul", |a, b| a * b),
