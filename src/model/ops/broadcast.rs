@@ -39,26 +39,12 @@ pub fn broadcast_shape(a: &Shape, b: &Shape) -> Result<Shape, String> {
     Ok(out)
 }
 
-/// Element strides (N, C, D, H, W) of a contiguous NCDHW operand of shape `s` read at the
-/// positions of `out`, 0 along the axes it is broadcast over.
-pub fn broadcast_strides(s: &Shape, out: &Shape) -> [usize; 5] {
-    let mut st = [0usize; 5];
-    let mut acc = 1;
-    for ax in (0..5).rev() {
-        if s[ax] == out[ax] && s[ax] != 1 {
-            st[ax] = acc;
-        }
-        acc *= s[ax];
-    }
-    st
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn shapes_and_strides() {
+    fn shapes_and_channels() {
         let big = [2, 4, 3, 5, 6];
         assert_eq!(broadcast_shape(&[2, 1, 3, 5, 6], &big), Ok(big));
         assert_eq!(broadcast_shape(&big, &[2, 4, 1, 1, 1]), Ok(big));
@@ -70,7 +56,5 @@ mod tests {
             .contains("divisor"));
         assert_eq!(broadcast_channels(1, 7), Ok(7));
         assert!(broadcast_channels(2, 7).is_err());
-        assert_eq!(broadcast_strides(&[2, 1, 3, 5, 6], &big), [90, 0, 30, 6, 1]);
-        assert_eq!(broadcast_strides(&[2, 4, 1, 1, 1], &big), [4, 1, 0, 0, 0]);
     }
 }

@@ -14,7 +14,7 @@ mod pool;
 mod resize;
 pub mod window;
 
-pub use broadcast::{broadcast_channels as binary_channels, broadcast_shape, broadcast_strides};
+pub use broadcast::{broadcast_channels as binary_channels, broadcast_shape};
 pub use conv::{Conv, ConvTranspose};
 pub use pointwise::Pointwise;
 pub use pool::Pool;
