@@ -418,3 +418,28 @@ fn silu_is_mul_of_sigmoid() {
     let g = model(17, nodes, vec![]);
     check("SiLU", &g, &x, &x.mapv(|v| v as f64 * sigmoid(v as f64)));
 }
+
+/// The CPU memory model predicts the executor's peak for broadcast binaries in place (the
+/// larger operand first, dying there) and out of place (the gate first).
+#[test]
+fn broadcast_memory_is_predicted() {
+    use voxtile::backend::Backend;
+    use voxtile::internals::cpu::{memory::cpu_activations, CpuBackend};
+    let mut r = Rng::new(7);
+    let x = input(&mut r, 2.0);
+    let ops = operands(&x, &r.vec(C));
+    let mut peaks = vec![];
+    for (a, b) in [("full", "gate"), ("gate", "full")] {
+        let mut nodes = ops.nodes.clone();
+        nodes.push(node("Mul", "bin", &[a, b], &["y"], vec![]));
+        let g = model(17, nodes, ops.inits.clone());
+        let mut be = CpuBackend::new();
+        be.prepare(&g, S[0], [S[2], S[3], S[4]]).unwrap();
+        be.run(x.view()).unwrap();
+        let measured = be.last_stats().peak_live_bytes as u64;
+        let (predicted, _, _) = cpu_activations(&g, S[0], [S[2], S[3], S[4]]).unwrap();
+        assert_eq!(measured, predicted, "Mul({a}, {b})");
+        peaks.push(measured);
+    }
+    assert!(peaks[0] < peaks[1], "in place saves a buffer: {peaks:?}");
+}
