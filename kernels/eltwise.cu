@@ -143,3 +143,58 @@ extern "C" __global__ void ndhwc_to_ncdhw(const half* __restrict__ x, float* __r
         y[e] = __half2float(x[(n * S + s) * C + c]);
     }
 }
+
+// One-input functions, codes of `Pointwise::code` in src/model/ops/pointwise.rs (fp32 math,
+// full-precision erff/tanhf/expf/logf: the fp16 output is the only rounding that matters).
+__device__ __forceinline__ float pointwise_apply(float v, int f, float p0, float p1) {
+    switch (f) {
+    case 0: return erff(v);
+    case 1: return p0 != 0.f ? 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)))
+                             : 0.5f * v * (1.f + erff(v * 0.7071067811865476f));
+    case 2: return fmaxf(v, 0.f) + log1pf(expf(-fabsf(v)));
+    case 3: return v * tanhf(fmaxf(v, 0.f) + log1pf(expf(-fabsf(v))));
+    case 4: return v * fminf(fmaxf(v / 6.f + 0.5f, 0.f), 1.f);
+    case 5: return fminf(fmaxf(p0 * v + p1, 0.f), 1.f);
+    case 6: return expf(v);
+    case 7: return logf(v);
+    case 8: return sqrtf(v);
+    case 9: return fabsf(v);
+    case 10: return -v;
+    case 11: return 1.f / v;
+    case 12: return powf(v, p0);
+    default: return fminf(fmaxf(v, p0), p1);
+    }
+}
+
+extern "C" __global__ void pointwise_kernel(const half* __restrict__ x, half* __restrict__ y, i64 total,
+                                            int f, float p0, float p1) {
+    GRID_LOOP(e, total) { y[e] = __float2half(pointwise_apply(__half2float(x[e]), f, p0, p1)); }
+}
+
+// op: bin's codes, then 4 max, 5 min, 6 pow.
+__device__ __forceinline__ float bin_any(float a, float b, int op) {
+    switch (op) {
+    case 4: return fmaxf(a, b);
+    case 5: return fminf(a, b);
+    case 6: return powf(a, b);
+    default: return bin(a, b, op);
+    }
+}
+
+// y = a (op) b with numpy broadcasting: y is N x D x H x W x C (NDHWC, C innermost), each
+// operand is read at element strides (sn, sd, sh, sw, sc), 0 along the axes it is broadcast
+// over. y may be a channel slice [coff, coff+C) of a buffer with ldc channels.
+extern "C" __global__ void binary_bcast_kernel(const half* __restrict__ a, const half* __restrict__ b,
+                                               half* __restrict__ y, i64 total, int D, int H, int W,
+                                               int C, i64 an, i64 ad, i64 ah, i64 aw, i64 ac, i64 bn,
+                                               i64 bd, i64 bh, i64 bw, i64 bc, int op, int ldc, int coff) {
+    GRID_LOOP(e, total) {
+        int c = (int)(e % C); i64 t = e / C;
+        int w = (int)(t % W); t /= W;
+        int h = (int)(t % H); t /= H;
+        int d = (int)(t % D); i64 n = t / D;
+        float va = __half2float(a[n * an + d * ad + h * ah + w * aw + c * ac]);
+        float vb = __half2float(b[n * bn + d * bd + h * bh + w * bw + c * bc]);
+        y[(e / C) * ldc + coff + c] = __float2half(bin_any(va, vb, op));
+    }
+}

@@ -999,13 +999,14 @@ fn hostile_graphs() {
         17,
     );
     assert!(lb(&m).unwrap_err().to_string().contains("2^31"));
-    // Channel mismatch between two activations.
+    // Channel mismatch between two activations (2 and 3: neither broadcasts).
     let m = model(
         vec![
             conv_node("c", "x", "w", None, "y", vec![]),
-            node("Add", "a", &["x", "y"], &["out"], vec![]),
+            conv_node("c3", "x", "w3", None, "z", vec![]),
+            node("Add", "a", &["y", "z"], &["out"], vec![]),
         ],
-        vec![w.clone()],
+        vec![w.clone(), ftensor("w3", &[3, 1, 1, 1, 1], vec![1.0; 3])],
         1,
         &["out"],
         17,
@@ -1013,7 +1014,7 @@ fn hostile_graphs() {
     assert!(lb(&m)
         .unwrap_err()
         .to_string()
-        .contains("operands have 1 and 2 channels"));
+        .contains("operands have 2 and 3 channels"));
     // Non-float input, rank 4 input.
     let mut m = model(
         vec![node("Relu", "r", &["x"], &["out"], vec![])],

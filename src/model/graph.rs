@@ -8,6 +8,7 @@
 /// Index into [`Graph::values`].
 pub type ValueId = usize;
 
+pub use super::ops::Pointwise;
 pub use super::ops::{
     Conv, ConvTranspose, CoordMode, NearestMode, Op, Pool, Resize, ResizeMode, Shape,
 };

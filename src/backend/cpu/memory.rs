@@ -8,7 +8,7 @@
 //! row is larger), staging (the window batch) and accumulators (`SlabBlender`: roi_D padded
 //! planes, plus its transient copy while it shifts).
 
-use super::ops::is_inplace;
+use super::ops::runs_inplace;
 use crate::backend::memory::{prod, Breakdown, Estimate, PeakNode, Target, Workload, F32};
 use crate::backend::MemoryModel;
 use crate::model::graph::{Graph, Op};
@@ -152,7 +152,7 @@ pub fn cpu_activations(
         if !needed[i] {
             continue;
         }
-        if is_inplace(&node.op) {
+        if runs_inplace(&node.op, &shapes[node.inputs[0]], &shapes[node.output]) {
             let v0 = node.inputs[0];
             let dies = last_use[v0] == i && !node.inputs[1..].contains(&v0);
             if dies {

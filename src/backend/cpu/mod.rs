@@ -152,7 +152,11 @@ fn execute<T: Real>(
             stats.nodes_run += usize::from(fusion.absorbed[i]);
             continue;
         }
-        let out = if ops::is_inplace(&node.op) {
+        let in_place = match (plan.shapes[node.inputs[0]], plan.shapes[node.output]) {
+            (Some(x), Some(y)) => ops::runs_inplace(&node.op, &x, &y),
+            _ => false,
+        };
+        let out = if in_place {
             let v0 = node.inputs[0];
             let dies_here = plan.last_use[v0] == i && !node.inputs[1..].contains(&v0);
             let mut x = if dies_here {

@@ -110,6 +110,10 @@ pub const FILL_HALF: Kernel = k(Family::Eltwise, "fill_half");
 pub const SOFTMAX_CHANNELS: Kernel = k(Family::Eltwise, "softmax_channels");
 pub const NCDHW_TO_NDHWC: Kernel = k(Family::Eltwise, "ncdhw_to_ndhwc");
 pub const NDHWC_TO_NCDHW: Kernel = k(Family::Eltwise, "ndhwc_to_ncdhw");
+/// One-input functions of `Pointwise` (GELU, Erf, Softplus, Clip...), one thread per element.
+pub const POINTWISE_KERNEL: Kernel = k(Family::Eltwise, "pointwise_kernel");
+/// Two-activation binaries with numpy broadcasting (gates, per-channel scales, Max/Min/Pow).
+pub const BINARY_BCAST_KERNEL: Kernel = k(Family::Eltwise, "binary_bcast_kernel");
 pub const POOL_KERNEL: Kernel = k(Family::PoolResize, "pool_kernel");
 pub const RESIZE_KERNEL: Kernel = k(Family::PoolResize, "resize_kernel");
 pub const BLEND_WINDOW_RING: Kernel = k(Family::Blend, "blend_window_ring");
@@ -149,6 +153,8 @@ pub const KERNELS: &[Kernel] = &[
     SOFTMAX_CHANNELS,
     NCDHW_TO_NDHWC,
     NDHWC_TO_NCDHW,
+    POINTWISE_KERNEL,
+    BINARY_BCAST_KERNEL,
     POOL_KERNEL,
     RESIZE_KERNEL,
     BLEND_WINDOW_RING,

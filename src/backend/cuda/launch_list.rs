@@ -143,6 +143,7 @@ fn node_io<'g>(
         name: &node.name,
         x: xs[0],
         cins: node.inputs.iter().map(|&v| bp.shapes[v][0]).collect(),
+        shapes: node.inputs.iter().map(|&v| bp.shapes[v]).collect(),
         xs,
         y: bufs[l.out_buf],
         xshape: bp.shapes[node.inputs[0]],

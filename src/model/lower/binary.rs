@@ -1,6 +1,8 @@
-//! Lowering of Add/Sub/Mul/Div (activations, broadcast constants, shape values) and Concat.
+//! Lowering of Add/Sub/Mul/Div (two activations broadcast, broadcast constants, shape values)
+//! and Concat.
 
 use super::*;
+use crate::model::ops::binary_channels;
 
 impl Lowerer<'_> {
     pub(super) fn binary(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
@@ -10,16 +12,14 @@ impl Lowerer<'_> {
         match (&a, &b) {
             (Val::Act(x), Val::Act(y)) => {
                 let (cx, cy) = (self.values[*x].channels, self.values[*y].channels);
-                if cx != cy {
-                    return Err(ctx.err(format!("operands have {cx} and {cy} channels; voxtile needs equal shapes for two activations")));
-                }
+                let c = binary_channels(cx, cy).map_err(|e| ctx.err(e))?;
                 let o = match op {
                     "Add" => Op::Add,
                     "Sub" => Op::Sub,
                     "Mul" => Op::Mul,
                     _ => Op::Div,
                 };
-                self.emit(ctx, n, o, vec![*x, *y], cx);
+                self.emit(ctx, n, o, vec![*x, *y], c);
             }
             (Val::Act(x), other) | (other, Val::Act(x)) => {
                 let act_first = matches!(a, Val::Act(_));

@@ -22,6 +22,8 @@ mod activation;
 mod attrs;
 mod binary;
 mod conv;
+mod gelu;
+mod math;
 mod norm;
 mod order;
 mod passes;
@@ -302,6 +304,7 @@ impl Lowerer<'_> {
             fixed_input_spatial: fixed,
         };
         fuse_norm_affine(&mut graph);
+        gelu::fuse_gelu(&mut graph);
         prune(&mut graph);
         graph
             .validate()
@@ -515,8 +518,8 @@ fn lowering<'a>(op: &str) -> Option<Lowering<'a>> {
         "Shape" => Lowerer::shape_op,
         "Cast" => Lowerer::cast,
         "Gather" | "Unsqueeze" | "Squeeze" | "Slice" | "ConstantOfShape" | "Flatten" | "Floor"
-        | "Ceil" | "Neg" | "Sqrt" | "Reciprocal" | "Min" | "Max" | "Range" | "Expand"
-        | "Transpose" => Lowerer::plumbing,
+        | "Ceil" | "Range" | "Expand" | "Transpose" => Lowerer::plumbing,
+        m if math::MATH_OPS.contains(&m) => Lowerer::math,
         _ => return None,
     })
 }

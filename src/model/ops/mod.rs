@@ -6,13 +6,17 @@
 //! at load), [`Op::output_shape`] gives the NCDHW output of concrete input shapes (check
 //! included), [`Op::flops`] and [`Op::param_len`] are the cost facts the planner reads.
 
+mod broadcast;
 mod channel;
 mod conv;
+mod pointwise;
 mod pool;
 mod resize;
 pub mod window;
 
+pub use broadcast::{broadcast_channels as binary_channels, broadcast_shape};
 pub use conv::{Conv, ConvTranspose};
+pub use pointwise::Pointwise;
 pub use pool::Pool;
 pub use resize::{CoordMode, NearestMode, Resize, ResizeMode};
 pub use window::Window;
@@ -23,8 +27,9 @@ use channel::{broadcast_channels, broadcast_to, epsilon, per_channel};
 /// An NCDHW activation shape.
 pub type Shape = [usize; 5];
 
-/// The operations of the IR. Elementwise binaries take two activations of the same shape, or an
-/// activation and a constant broadcast to NCDHW (`*Const`, shape of 5 dims, each 1 or full size).
+/// The operations of the IR. Elementwise binaries take two activations whose shapes broadcast
+/// (numpy rules: per axis equal, or 1 in one of them), or an activation and a constant broadcast
+/// to NCDHW (`*Const`, shape of 5 dims, each 1 or full size).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     /// 3D convolution.
@@ -109,6 +114,14 @@ pub enum Op {
     Resize(Resize),
     /// A no-op kept only when it carries a graph output's name.
     Identity,
+    /// Elementwise maximum of two activations.
+    Max,
+    /// Elementwise minimum of two activations.
+    Min,
+    /// The first activation to the power of the second.
+    Pow,
+    /// A one-input elementwise function (GELU, Erf, Softplus, Clip...).
+    Pointwise(Pointwise),
 }
 
 /// Letter of NCDHW axis `a`, for messages.
@@ -175,13 +188,17 @@ impl Op {
             Op::AveragePool(_) => "AveragePool",
             Op::Resize(_) => "Resize",
             Op::Identity => "Identity",
+            Op::Max => "Max",
+            Op::Min => "Min",
+            Op::Pow => "Pow",
+            Op::Pointwise(p) => p.name(),
         }
     }
 
     /// How many activation inputs the op takes (`None`: one or more, for Concat).
     pub fn arity(&self) -> Option<usize> {
         match self {
-            Op::Add | Op::Mul | Op::Sub | Op::Div => Some(2),
+            Op::Add | Op::Mul | Op::Sub | Op::Div | Op::Max | Op::Min | Op::Pow => Some(2),
             Op::Concat { .. } => None,
             _ => Some(1),
         }
@@ -223,9 +240,10 @@ impl Op {
             Op::PRelu { slope } if slope.len() == 1 && slope.is_consistent() => Ok(cin),
             Op::PRelu { slope } => per_channel(slope, "slope", cin).map(|_| cin),
             Op::AddConst(t) | Op::MulConst(t) => broadcast_channels(t, cin, false).map(|_| cin),
-            Op::Add | Op::Mul | Op::Sub | Op::Div if ins[1] != cin => {
-                Err(format!("operands have {cin} and {} channels", ins[1]))
+            Op::Add | Op::Mul | Op::Sub | Op::Div | Op::Max | Op::Min | Op::Pow => {
+                broadcast::broadcast_channels(cin, ins[1])
             }
+            Op::Pointwise(p) => p.check().map(|_| cin),
             Op::Concat { axis } | Op::Softmax { axis } if *axis >= 5 => {
                 Err(format!("axis {axis} out of range"))
             }
@@ -265,8 +283,8 @@ impl Op {
             Op::MaxPool(p) | Op::AveragePool(p) => p.out_spatial(sp)?,
             Op::Resize(r) => r.out_size(sp)?,
             Op::Concat { axis } => return concat_shape(inputs, *axis),
-            Op::Add | Op::Mul | Op::Sub | Op::Div if inputs[1] != x => {
-                return Err(format!("operands have shapes {x:?} and {:?}; elementwise ops need equal shapes (the window may not be divisible by the model's spatial divisor)", inputs[1]));
+            Op::Add | Op::Mul | Op::Sub | Op::Div | Op::Max | Op::Min | Op::Pow => {
+                return broadcast_shape(&x, &inputs[1]);
             }
             Op::AddConst(t) | Op::MulConst(t) => broadcast_to(t, &x).map(|_| sp)?,
             _ => sp,
@@ -303,6 +321,7 @@ impl Op {
             Op::Resize(r) => numel(out) * r.cost_per_output(),
             Op::Concat { .. } | Op::Identity => 0,
             Op::ChannelAffine { .. } => 2 * numel(out),
+            Op::Pointwise(p) => p.flops_per_element() * numel(out),
             _ => numel(out),
         }
     }
@@ -347,6 +366,12 @@ mod tests {
         let e = Op::Concat { axis: 1 }.output_shape(&[x, [2, 1, 4, 5, 7]]);
         assert!(e.unwrap_err().contains("differ along W"));
         assert!(Op::Add.output_shape(&[x, [2, 3, 4, 5, 7]]).is_err());
+        assert_eq!(Op::Sub.output_shape(&[[2, 1, 4, 5, 6], x]), Ok(x));
+        assert_eq!(Op::Div.output_shape(&[x, [2, 3, 1, 1, 1]]), Ok(x));
+        assert!(Op::Mul
+            .output_shape(&[x, [2, 2, 4, 5, 6]])
+            .unwrap_err()
+            .contains("channels"));
         assert!(Op::Add
             .output_shape(&[x])
             .unwrap_err()

@@ -133,15 +133,27 @@ pub enum Binary {
     Sub,
     Mul,
     Div,
+    Max,
+    Min,
+    Pow,
 }
 
 #[inline(always)]
-fn bin<T: Real>(op: Binary, a: T, b: T) -> T {
+pub(super) fn bin<T: Real>(op: Binary, a: T, b: T) -> T {
     match op {
         Binary::Add => a + b,
         Binary::Sub => a - b,
         Binary::Mul => a * b,
         Binary::Div => a / b,
+        Binary::Max => a.max(b),
+        Binary::Min => {
+            if b < a {
+                b
+            } else {
+                a
+            }
+        }
+        Binary::Pow => T::from_f64(a.to_f64().powf(b.to_f64())),
     }
 }
 

@@ -6,6 +6,7 @@ mod conv;
 mod direct;
 mod eltwise;
 mod gemm;
+mod math;
 mod microkernel;
 mod norm;
 mod pool;
@@ -18,6 +19,7 @@ pub use eltwise::{
     add, add_const, binary_inplace, concat, const_inplace, div, elu, leaky_relu, mul, mul_const,
     prelu, relu, sigmoid, softmax, softmax_inplace, sub, tanh, unary_inplace, Binary, Unary,
 };
+pub use math::{binary_of, broadcast_binary, broadcast_inplace, pointwise_inplace};
 pub use norm::{
     channel_affine, channel_affine_inplace, group_norm, group_norm_inplace, instance_norm,
     instance_norm_inplace,
@@ -96,6 +98,13 @@ pub fn is_inplace(op: &Op) -> bool {
     )
 }
 
+/// Whether node `op` runs in place on an input 0 of shape `x` giving `out`: an in-place op
+/// whose output is its first input's shape (a broadcast binary whose first operand is the
+/// smaller writes a new array).
+pub fn runs_inplace(op: &Op, x: &Shape, out: &Shape) -> bool {
+    is_inplace(op) && x == out
+}
+
 /// Runs an in-place-capable op (see [`is_inplace`]) on its first input; `rest` are the others.
 pub fn apply_inplace<T: Real>(op: &Op, x: &mut Array5<T>, rest: &[ArrayView5<T>]) -> Result<()> {
     let mut shapes = vec![dims(&x.view())];
@@ -117,13 +126,17 @@ pub fn apply_inplace<T: Real>(op: &Op, x: &mut Array5<T>, rest: &[ArrayView5<T>]
         Op::Tanh => unary_inplace(x, Unary::Tanh),
         Op::PRelu { slope } => eltwise::prelu_inplace(x, slope),
         Op::Softmax { axis } => softmax_inplace(x, *axis),
-        Op::Add => binary_inplace(x, rest[0], Binary::Add),
-        Op::Sub => binary_inplace(x, rest[0], Binary::Sub),
-        Op::Mul => binary_inplace(x, rest[0], Binary::Mul),
-        Op::Div => binary_inplace(x, rest[0], Binary::Div),
+        Op::Add => broadcast_inplace(x, rest[0], Binary::Add),
+        Op::Sub => broadcast_inplace(x, rest[0], Binary::Sub),
+        Op::Mul => broadcast_inplace(x, rest[0], Binary::Mul),
+        Op::Div => broadcast_inplace(x, rest[0], Binary::Div),
         Op::AddConst(t) => const_inplace(x, t, Binary::Add),
         Op::MulConst(t) => const_inplace(x, t, Binary::Mul),
         Op::Identity => Ok(()),
+        Op::Max => broadcast_inplace(x, rest[0], Binary::Max),
+        Op::Min => broadcast_inplace(x, rest[0], Binary::Min),
+        Op::Pow => broadcast_inplace(x, rest[0], Binary::Pow),
+        Op::Pointwise(f) => pointwise_inplace(x, *f),
         _ => Err(err(format!("{} cannot run in place", op.name()))),
     }
 }
@@ -131,8 +144,8 @@ pub fn apply_inplace<T: Real>(op: &Op, x: &mut Array5<T>, rest: &[ArrayView5<T>]
 /// Runs any op on borrowed inputs and returns a new array.
 pub fn apply<T: Real>(op: &Op, inputs: &[ArrayView5<T>]) -> Result<Array5<T>> {
     let shapes: Vec<Shape> = inputs.iter().map(dims).collect();
-    op.output_shape(&shapes).map_err(err)?;
-    if is_inplace(op) {
+    let out = op.output_shape(&shapes).map_err(err)?;
+    if runs_inplace(op, &shapes[0], &out) {
         let mut x = owned(inputs[0])?;
         apply_inplace(op, &mut x, &inputs[1..])?;
         return Ok(x);
@@ -144,6 +157,9 @@ pub fn apply<T: Real>(op: &Op, inputs: &[ArrayView5<T>]) -> Result<Array5<T>> {
         Op::MaxPool(p) => max_pool3d(inputs[0], p),
         Op::AveragePool(p) => average_pool3d(inputs[0], p),
         Op::Resize(p) => resize(inputs[0], p),
-        _ => Err(err(format!("{} has no out-of-place kernel", op.name()))),
+        _ => match binary_of(op) {
+            Some(b) => broadcast_binary(inputs[0], inputs[1], b),
+            None => Err(err(format!("{} has no out-of-place kernel", op.name()))),
+        },
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod conv;
 pub mod eltwise;
+pub mod math;
 pub mod norm;
 pub mod pool_resize;
 
@@ -22,6 +23,7 @@ pub(crate) enum Step {
     Elt(eltwise::Elt),
     Pool { p: PoolParams, x: u64, y: u64 },
     Resize(pool_resize::ResizeStep),
+    Math(math::MathStep),
 }
 
 impl Step {
@@ -41,6 +43,7 @@ impl Step {
             Step::Elt(e) => e.launch(gpu, s, n),
             Step::Pool { p, x, y } => pool_resize::launch_pool(gpu, s, p, [*x, *y], n),
             Step::Resize(r) => r.launch(gpu, s, n),
+            Step::Math(m) => m.launch(gpu, s, n),
         }
     }
 }
@@ -86,6 +89,8 @@ pub(crate) struct NodeIo<'a> {
     /// Input buffers (x = xs[0]) and their channels.
     pub xs: Vec<u64>,
     pub cins: Vec<usize>,
+    /// Per-sample shapes of the inputs.
+    pub shapes: Vec<Shape>,
     pub x: u64,
     pub y: u64,
     pub xshape: Shape,
@@ -130,6 +135,7 @@ pub(crate) fn build_node(
             y: io.y,
         }],
         Op::Resize(r) => vec![Step::Resize(pool_resize::resize(r, io))],
+        _ if math::handles(op, io) => vec![Step::Math(math::build(op, io)?)],
         _ => eltwise::build(b, op, io, in_place)?
             .into_iter()
             .map(Step::Elt)
