@@ -23,6 +23,7 @@ mod binary;
 mod conv;
 mod norm;
 mod order;
+mod pad;
 mod passes;
 mod plumbing;
 mod pool;
@@ -435,7 +436,9 @@ impl Lowerer<'_> {
             "Cast" => self.cast(n, ctx)?,
             "Gather" | "Unsqueeze" | "Squeeze" | "Slice" | "ConstantOfShape" | "Flatten"
             | "Floor" | "Ceil" | "Neg" | "Sqrt" | "Reciprocal" | "Min" | "Max" | "Range"
-            | "Expand" | "Transpose" => self.plumbing(n, ctx)?,
+            | "Transpose" => self.plumbing(n, ctx)?,
+            "Pad" => self.pad(n, ctx)?,
+            "Expand" | "Tile" => self.expand_tile(n, ctx)?,
             other => return Err(ctx.err(format!("operator {other} is not supported by voxtile"))),
         }
         Ok(())

@@ -8,13 +8,17 @@
 
 mod channel;
 mod conv;
+mod pad;
 mod pool;
 mod resize;
+mod tile;
 pub mod window;
 
 pub use conv::{Conv, ConvTranspose};
+pub use pad::{AxisMap, Pad, PadMode, PAD_LIMIT};
 pub use pool::Pool;
 pub use resize::{CoordMode, NearestMode, Resize, ResizeMode};
+pub use tile::Tile;
 pub use window::Window;
 
 use super::tensor::Tensor;
@@ -109,6 +113,10 @@ pub enum Op {
     Resize(Resize),
     /// A no-op kept only when it carries a graph output's name.
     Identity,
+    /// Pad (or crop) along C, D, H, W.
+    Pad(Pad),
+    /// Channels repeated (`Tile` / `Expand` along C).
+    Tile(Tile),
 }
 
 /// Letter of NCDHW axis `a`, for messages.
@@ -175,6 +183,8 @@ impl Op {
             Op::AveragePool(_) => "AveragePool",
             Op::Resize(_) => "Resize",
             Op::Identity => "Identity",
+            Op::Pad(_) => "Pad",
+            Op::Tile(_) => "Tile",
         }
     }
 
@@ -235,6 +245,8 @@ impl Op {
                 .ok_or_else(|| "its output channels overflow".to_string()),
             Op::MaxPool(p) | Op::AveragePool(p) => p.check().map(|_| cin),
             Op::Resize(r) => r.check().map(|_| cin),
+            Op::Pad(p) => p.check(cin),
+            Op::Tile(t) => t.check(cin),
             _ => Ok(cin),
         }
     }
@@ -269,6 +281,7 @@ impl Op {
                 return Err(format!("operands have shapes {x:?} and {:?}; elementwise ops need equal shapes (the window may not be divisible by the model's spatial divisor)", inputs[1]));
             }
             Op::AddConst(t) | Op::MulConst(t) => broadcast_to(t, &x).map(|_| sp)?,
+            Op::Pad(p) => p.out_spatial(sp)?,
             _ => sp,
         };
         Ok(with(&x, cout, out))
@@ -301,7 +314,7 @@ impl Op {
             Op::Softmax { .. } | Op::Elu { .. } | Op::Sigmoid | Op::Tanh => 4 * numel(out),
             Op::MaxPool(p) | Op::AveragePool(p) => numel(out) * p.taps(),
             Op::Resize(r) => numel(out) * r.cost_per_output(),
-            Op::Concat { .. } | Op::Identity => 0,
+            Op::Concat { .. } | Op::Identity | Op::Pad(_) | Op::Tile(_) => 0,
             Op::ChannelAffine { .. } => 2 * numel(out),
             _ => numel(out),
         }

@@ -4,6 +4,7 @@
 pub mod conv;
 pub mod eltwise;
 pub mod norm;
+pub mod pad;
 pub mod pool_resize;
 
 use super::buffers::{ConstBuf, ConvKernel};
@@ -22,6 +23,8 @@ pub(crate) enum Step {
     Elt(eltwise::Elt),
     Pool { p: PoolParams, x: u64, y: u64 },
     Resize(pool_resize::ResizeStep),
+    Pad(pad::PadStep),
+    Tile(pad::TileStep),
 }
 
 impl Step {
@@ -41,6 +44,8 @@ impl Step {
             Step::Elt(e) => e.launch(gpu, s, n),
             Step::Pool { p, x, y } => pool_resize::launch_pool(gpu, s, p, [*x, *y], n),
             Step::Resize(r) => r.launch(gpu, s, n),
+            Step::Pad(p) => p.launch(gpu, s, n),
+            Step::Tile(t) => t.launch(gpu, s, n),
         }
     }
 }
@@ -130,6 +135,8 @@ pub(crate) fn build_node(
             y: io.y,
         }],
         Op::Resize(r) => vec![Step::Resize(pool_resize::resize(r, io))],
+        Op::Pad(p) => vec![Step::Pad(pad::pad(p, io)?)],
+        Op::Tile(_) => vec![Step::Tile(pad::tile(io))],
         _ => eltwise::build(b, op, io, in_place)?
             .into_iter()
             .map(Step::Elt)
