@@ -145,7 +145,7 @@ impl Lowerer<'_> {
     /// Tile's channel repeats; repeats of N, D, H, W must be 1.
     fn tile_repeats(&self, n: &proto::NodeProto, ctx: &Ctx, x: ValueId) -> Result<usize> {
         let r = self.fold_ints(ctx, x, &self.get(ctx, n, 1)?, "repeats")?;
-        if r.len() != 5 || r.iter().any(|&v| v < 1 || v > ATTR_LIMIT) {
+        if r.len() != 5 || r.iter().any(|v| !(1..=ATTR_LIMIT).contains(v)) {
             return Err(ctx.err(format!("repeats {r:?} must be 5 positive numbers (NCDHW)")));
         }
         if r[0] != 1 || r[2..].iter().any(|&v| v != 1) {
