@@ -32,6 +32,8 @@ run "$DIR/cuda_ops" --test-threads=1 --nocapture
 run "$DIR/cuda_ops" --test-threads=1 --nocapture conv_transpose_variants
 # The streamed sliding-window pipeline (vs f64, device peak vs D, OOM retry, stage overlap).
 [ -x "$DIR/cuda_pipeline" ] && run "$DIR/cuda_pipeline" --test-threads=1 --nocapture
+# Pad / Tile on the GPU (tests/ops_pad.rs, its cuda_ tests).
+[ -x "$DIR/ops_pad" ] && run "$DIR/ops_pad" --test-threads=1 --nocapture cuda_
 fi
 # The planner's CUDA prediction against the launch list's buffers and the measured peak; OOM retry.
 [ -x "$DIR/plan_gpu" ] && VOXTILE_DATA_DIR="$PWD/data" VOXTILE_SHARED_DIR="$DIR/shared" run "$DIR/plan_gpu" --test-threads=1 --nocapture

@@ -17,16 +17,18 @@ pub enum Family {
     Eltwise,
     PoolResize,
     Blend,
+    Pad,
 }
 
 /// Every family, in load order.
-pub const FAMILIES: [Family; 6] = [
+pub const FAMILIES: [Family; 7] = [
     Family::Conv,
     Family::ConvTranspose,
     Family::Norm,
     Family::Eltwise,
     Family::PoolResize,
     Family::Blend,
+    Family::Pad,
 ];
 
 impl Family {
@@ -39,6 +41,7 @@ impl Family {
             Family::Eltwise => "eltwise",
             Family::PoolResize => "pool_resize",
             Family::Blend => "blend",
+            Family::Pad => "pad",
         }
     }
 
@@ -51,6 +54,7 @@ impl Family {
             Family::Eltwise => include_str!("../../../kernels/eltwise.cu"),
             Family::PoolResize => include_str!("../../../kernels/pool_resize.cu"),
             Family::Blend => include_str!("../../../kernels/blend.cu"),
+            Family::Pad => include_str!("../../../kernels/pad.cu"),
         }
     }
 
@@ -121,6 +125,10 @@ pub const FINALIZE_PLANES: Kernel = k(Family::Blend, "finalize_planes");
 pub const FINALIZE_PLANES_V4: Kernel = k(Family::Blend, "finalize_planes_v4");
 pub const GATHER_WINDOW_RING: Kernel = k(Family::Blend, "gather_window_ring");
 /// `convt_up_*`: the v8 mma tiles with a 16-byte staged scatter epilogue (see UPSAMPLE_VEC).
+/// Pad / crop of an activation, one thread per output element.
+pub const PAD_NDHWC: Kernel = k(Family::Pad, "pad_ndhwc");
+/// Channel tiling (Tile / Expand along C).
+pub const TILE_CHANNELS: Kernel = k(Family::Pad, "tile_channels");
 pub const CONVT_UP_M256N32_V8: Kernel = k(Family::Conv, "convt_up_m256n32_v8");
 pub const CONVT_UP_M128N32_V8: Kernel = k(Family::Conv, "convt_up_m128n32_v8");
 pub const CONVT_UP_M128N64_V8: Kernel = k(Family::Conv, "convt_up_m128n64_v8");
@@ -161,6 +169,8 @@ pub const KERNELS: &[Kernel] = &[
     FINALIZE_PLANES,
     FINALIZE_PLANES_V4,
     GATHER_WINDOW_RING,
+    PAD_NDHWC,
+    TILE_CHANNELS,
 ];
 
 /// One `conv_mma_*` kernel of kernels/conv.cu (its MMA_ENTRY line).

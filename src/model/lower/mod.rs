@@ -26,6 +26,7 @@ mod gelu;
 mod math;
 mod norm;
 mod order;
+mod pad;
 mod passes;
 mod plumbing;
 mod pool;
@@ -518,7 +519,9 @@ fn lowering<'a>(op: &str) -> Option<Lowering<'a>> {
         "Shape" => Lowerer::shape_op,
         "Cast" => Lowerer::cast,
         "Gather" | "Unsqueeze" | "Squeeze" | "Slice" | "ConstantOfShape" | "Flatten" | "Floor"
-        | "Ceil" | "Range" | "Expand" | "Transpose" => Lowerer::plumbing,
+        | "Ceil" | "Range" | "Transpose" => Lowerer::plumbing,
+        "Pad" => Lowerer::pad,
+        "Expand" | "Tile" => Lowerer::expand_tile,
         m if math::MATH_OPS.contains(&m) => Lowerer::math,
         _ => return None,
     })

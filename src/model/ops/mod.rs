@@ -9,16 +9,20 @@
 mod broadcast;
 mod channel;
 mod conv;
+mod pad;
 mod pointwise;
 mod pool;
 mod resize;
+mod tile;
 pub mod window;
 
 pub use broadcast::{broadcast_channels as binary_channels, broadcast_shape};
 pub use conv::{Conv, ConvTranspose};
+pub use pad::{AxisMap, Pad, PadMode, PAD_LIMIT};
 pub use pointwise::Pointwise;
 pub use pool::Pool;
 pub use resize::{CoordMode, NearestMode, Resize, ResizeMode};
+pub use tile::Tile;
 pub use window::Window;
 
 use super::tensor::Tensor;
@@ -122,6 +126,10 @@ pub enum Op {
     Pow,
     /// A one-input elementwise function (GELU, Erf, Softplus, Clip...).
     Pointwise(Pointwise),
+    /// Pad (or crop) along C, D, H, W.
+    Pad(Pad),
+    /// Channels repeated (`Tile` / `Expand` along C).
+    Tile(Tile),
 }
 
 /// Letter of NCDHW axis `a`, for messages.
@@ -192,6 +200,8 @@ impl Op {
             Op::Min => "Min",
             Op::Pow => "Pow",
             Op::Pointwise(p) => p.name(),
+            Op::Pad(_) => "Pad",
+            Op::Tile(_) => "Tile",
         }
     }
 
@@ -253,6 +263,8 @@ impl Op {
                 .ok_or_else(|| "its output channels overflow".to_string()),
             Op::MaxPool(p) | Op::AveragePool(p) => p.check().map(|_| cin),
             Op::Resize(r) => r.check().map(|_| cin),
+            Op::Pad(p) => p.check(cin),
+            Op::Tile(t) => t.check(cin),
             _ => Ok(cin),
         }
     }
@@ -287,6 +299,7 @@ impl Op {
                 return broadcast_shape(&x, &inputs[1]);
             }
             Op::AddConst(t) | Op::MulConst(t) => broadcast_to(t, &x).map(|_| sp)?,
+            Op::Pad(p) => p.out_spatial(sp)?,
             _ => sp,
         };
         Ok(with(&x, cout, out))
@@ -319,7 +332,7 @@ impl Op {
             Op::Softmax { .. } | Op::Elu { .. } | Op::Sigmoid | Op::Tanh => 4 * numel(out),
             Op::MaxPool(p) | Op::AveragePool(p) => numel(out) * p.taps(),
             Op::Resize(r) => numel(out) * r.cost_per_output(),
-            Op::Concat { .. } | Op::Identity => 0,
+            Op::Concat { .. } | Op::Identity | Op::Pad(_) | Op::Tile(_) => 0,
             Op::ChannelAffine { .. } => 2 * numel(out),
             Op::Pointwise(p) => p.flops_per_element() * numel(out),
             _ => numel(out),

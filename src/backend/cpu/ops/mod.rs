@@ -9,6 +9,7 @@ mod gemm;
 mod math;
 mod microkernel;
 mod norm;
+mod pad;
 mod pool;
 mod resize;
 mod vmath;
@@ -24,6 +25,7 @@ pub use norm::{
     channel_affine, channel_affine_inplace, group_norm, group_norm_inplace, instance_norm,
     instance_norm_inplace,
 };
+pub use pad::{pad, tile};
 pub use pool::{average_pool3d, max_pool3d};
 pub use resize::resize;
 
@@ -95,6 +97,8 @@ pub fn is_inplace(op: &Op) -> bool {
             | Op::MaxPool(_)
             | Op::AveragePool(_)
             | Op::Resize(_)
+            | Op::Pad(_)
+            | Op::Tile(_)
     )
 }
 
@@ -157,6 +161,8 @@ pub fn apply<T: Real>(op: &Op, inputs: &[ArrayView5<T>]) -> Result<Array5<T>> {
         Op::MaxPool(p) => max_pool3d(inputs[0], p),
         Op::AveragePool(p) => average_pool3d(inputs[0], p),
         Op::Resize(p) => resize(inputs[0], p),
+        Op::Pad(p) => pad(inputs[0], p),
+        Op::Tile(t) => tile(inputs[0], t),
         _ => match binary_of(op) {
             Some(b) => broadcast_binary(inputs[0], inputs[1], b),
             None => Err(err(format!("{} has no out-of-place kernel", op.name()))),

@@ -5,6 +5,7 @@ pub mod conv;
 pub mod eltwise;
 pub mod math;
 pub mod norm;
+pub mod pad;
 pub mod pool_resize;
 
 use super::buffers::{ConstBuf, ConvKernel};
@@ -23,6 +24,8 @@ pub(crate) enum Step {
     Elt(eltwise::Elt),
     Pool { p: PoolParams, x: u64, y: u64 },
     Resize(pool_resize::ResizeStep),
+    Pad(pad::PadStep),
+    Tile(pad::TileStep),
     Math(math::MathStep),
 }
 
@@ -43,6 +46,8 @@ impl Step {
             Step::Elt(e) => e.launch(gpu, s, n),
             Step::Pool { p, x, y } => pool_resize::launch_pool(gpu, s, p, [*x, *y], n),
             Step::Resize(r) => r.launch(gpu, s, n),
+            Step::Pad(p) => p.launch(gpu, s, n),
+            Step::Tile(t) => t.launch(gpu, s, n),
             Step::Math(m) => m.launch(gpu, s, n),
         }
     }
@@ -135,6 +140,8 @@ pub(crate) fn build_node(
             y: io.y,
         }],
         Op::Resize(r) => vec![Step::Resize(pool_resize::resize(r, io))],
+        Op::Pad(p) => vec![Step::Pad(pad::pad(p, io)?)],
+        Op::Tile(_) => vec![Step::Tile(pad::tile(io))],
         _ if math::handles(op, io) => vec![Step::Math(math::build(op, io)?)],
         _ => eltwise::build(b, op, io, in_place)?
             .into_iter()
