@@ -34,6 +34,10 @@ run "$DIR/cuda_ops" --test-threads=1 --nocapture conv_transpose_variants
 [ -x "$DIR/cuda_pipeline" ] && run "$DIR/cuda_pipeline" --test-threads=1 --nocapture
 # Pad / Tile on the GPU (tests/ops_pad.rs, its cuda_ tests).
 [ -x "$DIR/ops_pad" ] && run "$DIR/ops_pad" --test-threads=1 --nocapture cuda_
+# Broadcasting binaries and pointwise activations on the GPU (tests/cuda_eltwise.rs).
+[ -x "$DIR/cuda_eltwise" ] && run "$DIR/cuda_eltwise" --test-threads=1 --nocapture
+# The architecture fixtures (tests/fixtures/archs) on the GPU: window and sliding window.
+[ -x "$DIR/archs" ] && run "$DIR/archs" --test-threads=1 --nocapture gpu
 fi
 # The planner's CUDA prediction against the launch list's buffers and the measured peak; OOM retry.
 [ -x "$DIR/plan_gpu" ] && VOXTILE_DATA_DIR="$PWD/data" VOXTILE_SHARED_DIR="$DIR/shared" run "$DIR/plan_gpu" --test-threads=1 --nocapture
