@@ -13,11 +13,17 @@ use voxtile::tiling::{argmax, BlendMode, PadMode, Placement};
 
 /// Architectures that must load from both exporters (the README's coverage table).
 const SUPPORTED: &[&str] = &[
+    "attentionunet",
+    "basicunet",
+    "basicunetplusplus",
     "dynunet",
+    "highresnet",
+    "mednext",
     "plainconvunet",
     "resencunet",
     "segresnet",
     "segresnetds",
+    "vnet",
 ];
 
 fn dir() -> PathBuf {
