@@ -146,6 +146,16 @@ extern "C" __global__ void ndhwc_to_ncdhw(const half* __restrict__ x, float* __r
 
 // One-input functions, codes of `Pointwise::code` in src/model/ops/pointwise.rs (fp32 math,
 // full-precision erff/tanhf/expf/logf: the fp16 output is the only rounding that matters).
+
+// powf under --use_fast_math is exp2(b * log2(a)): NaN for a negative base even when the
+// exponent is an integer, and 0^0 = NaN; C's pow (and PyTorch) give -8 for (-2)^3 and 1 for 0^0.
+__device__ __forceinline__ float pow_real(float a, float b) {
+    if (b == 0.f) return 1.f;
+    if (a >= 0.f) return powf(a, b);
+    if (truncf(b) != b) return __int_as_float(0x7fc00000);
+    float m = powf(-a, b);
+    return fmodf(b, 2.f) != 0.f ? -m : m;
+}
 __device__ __forceinline__ float pointwise_apply(float v, int f, float p0, float p1) {
     switch (f) {
     case 0: return erff(v);
@@ -161,7 +171,7 @@ __device__ __forceinline__ float pointwise_apply(float v, int f, float p0, float
     case 9: return fabsf(v);
     case 10: return -v;
     case 11: return 1.f / v;
-    case 12: return powf(v, p0);
+    case 12: return pow_real(v, p0);
     default: return fminf(fmaxf(v, p0), p1);
     }
 }
@@ -176,7 +186,7 @@ __device__ __forceinline__ float bin_any(float a, float b, int op) {
     switch (op) {
     case 4: return fmaxf(a, b);
     case 5: return fminf(a, b);
-    case 6: return powf(a, b);
+    case 6: return pow_real(a, b);
     default: return bin(a, b, op);
     }
 }
