@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from voxtile_export import (ExportError, check_onnx, export_onnx, fail, manifest_toml,  # noqa: E402
+from voxtile_export import (ExportError, First, check_onnx, export_onnx, fail, manifest_toml,  # noqa: E402
                             normalize_table, output_paths, warn, write_outputs)
 
 F32_MAX = float(np.finfo(np.float32).max)
@@ -33,17 +33,6 @@ NEUTRAL = {"LoadImaged", "LoadImage", "EnsureChannelFirstd", "EnsureChannelFirst
            "EnsureTyped", "EnsureType", "ToTensord", "ToTensor", "CastToTyped", "CastToType", "ToDeviced",
            "ToNumpyd", "Identityd", "DeleteItemsd", "SelectItemsd"}
 
-
-class First(torch.nn.Module):
-    """The first output of a net that returns a list or tuple (deep supervision heads)."""
-
-    def __init__(self, net):
-        super().__init__()
-        self.net = net
-
-    def forward(self, x):
-        y = self.net(x)
-        return y[0] if isinstance(y, (list, tuple)) else y
 
 
 def parser_for(bundle, config):

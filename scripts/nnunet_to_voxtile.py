@@ -27,20 +27,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from voxtile_export import (ExportError, check_onnx, export_onnx, fail, manifest_toml,  # noqa: E402
+from voxtile_export import (ExportError, First, check_onnx, export_onnx, fail, manifest_toml,  # noqa: E402
                             normalize_table, output_paths, warn, write_outputs)
 
-
-class First(torch.nn.Module):
-    """The full-resolution output of a net that returns a list (deep supervision left on by a trainer)."""
-
-    def __init__(self, net):
-        super().__init__()
-        self.net = net
-
-    def forward(self, x):
-        y = self.net(x)
-        return y[0] if isinstance(y, (list, tuple)) else y
 
 
 class FoldMean(torch.nn.Module):

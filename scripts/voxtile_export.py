@@ -9,6 +9,18 @@ import numpy as np
 import torch
 
 
+class First(torch.nn.Module):
+    """The first (full-resolution) output of a net that returns a list or tuple (deep supervision)."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        y = self.net(x)
+        return y[0] if isinstance(y, (list, tuple)) else y
+
+
 class ExportError(Exception):
     """One line for the user: the file and the problem."""
 

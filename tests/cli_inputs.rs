@@ -5,10 +5,8 @@
 mod common;
 
 use common::nifti::nifti_f32;
-use common::onnx::{ftensor, ints_attr, model_with, node_with, vi_ncdhw};
 use common::small::{ball, ball_volume, conv_model};
 use common::{assert_one_error, s, segment_cpu, tempdir, voxtile, voxtile_bin};
-use prost::Message;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -170,28 +168,7 @@ fn invalid_shards_are_refused() {
 
 /// One 3x3x3 Conv (pads 1), 2 input channels -> 3 classes.
 fn two_channel_model(path: &Path) -> PathBuf {
-    let w: Vec<f32> = (0..3 * 2 * 27)
-        .map(|i| ((i * 29 % 23) as f32 - 11.0) * 0.04)
-        .collect();
-    let m = model_with(
-        "g",
-        17,
-        vec![node_with(
-            "Conv",
-            "conv",
-            &["x", "w", "b"],
-            &["y"],
-            vec![ints_attr("pads", vec![1; 6])],
-        )],
-        vec![
-            ftensor("w", &[3, 2, 3, 3, 3], w),
-            ftensor("b", &[3], [0.1, -0.2, 0.05]),
-        ],
-        vec![vi_ncdhw("x", Some(2))],
-        vec![vi_ncdhw("y", Some(3))],
-    );
-    std::fs::write(path, m.encode_to_vec()).unwrap();
-    path.to_path_buf()
+    common::small::conv_model_in(path, 2, 3)
 }
 
 /// The voxels of a volume file voxtile wrote.

@@ -30,8 +30,13 @@ pub fn ball_volume(path: &Path, dims: [usize; 3]) -> PathBuf {
 
 /// A model of one 3x3x3 Conv (pads 1), 1 -> `channels`, dynamic N,D,H,W, deterministic weights.
 pub fn conv_model(path: &Path, channels: usize) -> PathBuf {
-    let c = channels as i64;
-    let w: Vec<f32> = (0..channels * 27)
+    conv_model_in(path, 1, channels)
+}
+
+/// [`conv_model`] with `inputs` input channels.
+pub fn conv_model_in(path: &Path, inputs: usize, channels: usize) -> PathBuf {
+    let (ci, c) = (inputs as i64, channels as i64);
+    let w: Vec<f32> = (0..channels * inputs * 27)
         .map(|i| ((i * 37 % 17) as f32 - 8.0) * 0.05)
         .collect();
     let b: Vec<f32> = (0..channels).map(|i| i as f32 * 0.1 - 0.05).collect();
@@ -45,8 +50,8 @@ pub fn conv_model(path: &Path, channels: usize) -> PathBuf {
             &["y"],
             vec![ints_attr("pads", vec![1; 6])],
         )],
-        vec![ftensor("w", &[c, 1, 3, 3, 3], w), ftensor("b", &[c], b)],
-        vec![vi_ncdhw("x", Some(1))],
+        vec![ftensor("w", &[c, ci, 3, 3, 3], w), ftensor("b", &[c], b)],
+        vec![vi_ncdhw("x", Some(ci))],
         vec![vi_ncdhw("y", Some(c))],
     );
     std::fs::write(path, m.encode_to_vec()).unwrap();
