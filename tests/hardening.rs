@@ -263,6 +263,7 @@ fn hostile_models() -> Vec<(&'static str, proto::ModelProto, &'static str)> {
     let mut short_w = w3();
     short_w.dims = vec![2, 1, 3, 3, 4]; // 72 values declared, 54 held
     let one_ch = ftensor("w1", &[1, 1, 1, 1, 1], vec![1.0]);
+    let three_ch = ftensor("w3c", &[3, 1, 3, 3, 3], vec![0.05; 81]);
     let tera = ftensor("w", &[1_000_000, 1_000_000, 1, 1, 1], vec![0.0; 2]);
     vec![
         (
@@ -299,13 +300,20 @@ fn hostile_models() -> Vec<(&'static str, proto::ModelProto, &'static str)> {
         ),
         (
             "channel_mismatch",
-            // 2-channel conv output added to the 1-channel input.
+            // 2-channel conv output added to a 3-channel one (1 and 2 would broadcast).
             model(
                 vec![
                     conv("c", "x", "y0", &[("pads", vec![1; 6])]),
-                    node("Add", "a", &["x", "y0"], &["y"], &[]),
+                    node(
+                        "Conv",
+                        "c3",
+                        &["x", "w3c"],
+                        &["y1"],
+                        &[("pads", vec![1; 6])],
+                    ),
+                    node("Add", "a", &["y1", "y0"], &["y"], &[]),
                 ],
-                vec![w3()],
+                vec![w3(), three_ch],
                 "y",
             ),
             "channels",
