@@ -325,7 +325,7 @@ fn series_picks_one_of_several() {
         &["--roi", "8", "--series", &uid],
     ));
     let v = voxtile::volume::read(&out).unwrap();
-    let want = voxtile::volume::read(&fixture("dicom_mr_rle")).unwrap();
+    let want = voxtile::volume::read(fixture("dicom_mr_rle")).unwrap();
     assert_eq!(v.shape(), want.shape());
     ok(&voxtile(&["info", s(&dir), "--series", &uid]));
     assert_one_error(&voxtile(&["info", s(&dir)]), "several series");
