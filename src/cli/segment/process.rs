@@ -183,7 +183,7 @@ pub fn process(
         ahead.start,
     );
     let t = Instant::now();
-    let (mut outs, labels, names) = stage(pipe, config, job, &out, input.raw.as_ref(), replace)?;
+    let (mut outs, labels) = stage(pipe, config, job, &out, &names, input.raw.as_ref(), replace)?;
     let r = &mut out.report.engine;
     r.seconds.read = input.read;
     r.seconds.prepare += ahead.prepare;
@@ -221,20 +221,19 @@ pub fn process(
     })
 }
 
-/// Every output of `job` staged, the labels apart (they are committed last), and the class
-/// names the label map carries.
+/// Every output of `job` staged, the labels apart (they are committed last); `names` are the
+/// class names the label map carries.
 fn stage(
     pipe: &Pipeline,
     config: &Config,
     job: &Job,
     out: &crate::pipeline::Output,
+    names: &LabelNames,
     raw: Option<&Array3<f32>>,
     replace: Replace,
-) -> Result<(Outputs, Staged, LabelNames)> {
+) -> Result<(Outputs, Staged)> {
     let mut outs = Outputs::new();
     let extras = replace.extras;
-    let remap = pipe.settings().remap.as_deref();
-    let names = config.label_names(pipe.output_channels(), remap);
     if let (Some(path), Some(p)) = (&job.probabilities, &out.probabilities) {
         let staged = if config.u8 {
             outputs::stage_probabilities_u8(path, p.view(), &out.header)?
@@ -268,7 +267,7 @@ fn stage(
     if let (Some(path), Some(image)) = (&job.preview, raw) {
         let ctx = preview::Context {
             affine: out.header.affine(),
-            names: Some(&names),
+            names: Some(names),
             ct: matches!(config.settings.intensity, Intensity::Ct { .. }),
         };
         outs.push(
@@ -277,13 +276,13 @@ fn stage(
         );
     }
     if let Some(path) = &job.labels_json {
-        outs.push(crate::volume::stage_labels_json(path, &names)?, extras);
+        outs.push(crate::volume::stage_labels_json(path, names)?, extras);
     }
     let opts = LabelOptions {
-        names: Some(&names),
+        names: Some(names),
         nifti2: false,
     };
     let labels =
         crate::volume::stage_labels_with(&job.output, out.labels.view(), &out.header, &opts)?;
-    Ok((outs, labels, names))
+    Ok((outs, labels))
 }
