@@ -92,7 +92,7 @@ impl Engine {
         if [out[2], out[3], out[4]] != roi {
             return Err(Error::Graph(format!(
                 "the model maps a {roi:?} window to {:?}: voxtile needs outputs the size of their input",
-                &out[2..]
+                &out.as_slice()[2..]
             )));
         }
         Ok(LabelRule {

@@ -12,7 +12,7 @@ pub use super::ops::Pointwise;
 pub use super::ops::{
     Conv, ConvTranspose, CoordMode, NearestMode, Op, Pool, Resize, ResizeMode, Shape,
 };
-pub use super::ops::{Pad, PadMode, Tile};
+pub use super::ops::{Dims, LayerNorm, Linear, Pad, PadMode, Slice, Tile};
 pub use super::tensor::Tensor;
 
 /// One operation: reads `inputs`, writes `output` (one value per node).

@@ -5,6 +5,7 @@
 //! run them on a graph that is still being built (to evaluate Shape-derived sizes).
 
 use super::graph::{Graph, Node, Shape, Value, ValueId};
+use super::ops::Dims;
 use super::ops::window::axis_name;
 use crate::{Error, Result};
 
@@ -20,8 +21,12 @@ fn gerr(node: &Node, msg: impl std::fmt::Display) -> Error {
     ))
 }
 
-/// The op's output channels must be what its output value declares.
+/// The op's output channels must be what its output value declares (tensor ops' outputs
+/// declare dim 1 of the shape the importer saw, checked when the shape is inferred).
 fn check_declared(node: &Node, values: &[Value], computed: usize) -> Result<()> {
+    if node.op.is_tensor_op() {
+        return Ok(());
+    }
     let declared = values.get(node.output).map(|v| v.channels);
     if declared != Some(computed) {
         return Err(gerr(
@@ -42,8 +47,8 @@ pub(crate) fn infer_shapes_raw(
     input: ValueId,
     n: usize,
     spatial: [usize; 3],
-) -> Result<Vec<Shape>> {
-    let mut shapes: Vec<Option<Shape>> = vec![None; values.len()];
+) -> Result<Vec<Dims>> {
+    let mut shapes: Vec<Option<Dims>> = vec![None; values.len()];
     let inp = values
         .get(input)
         .ok_or_else(|| Error::Graph(format!("input value {input} out of range")))?;
@@ -52,9 +57,15 @@ pub(crate) fn infer_shapes_raw(
             "window {n}x{spatial:?} has an empty dimension"
         )));
     }
-    shapes[input] = Some([n, inp.channels, spatial[0], spatial[1], spatial[2]]);
+    shapes[input] = Some(Dims::from([
+        n,
+        inp.channels,
+        spatial[0],
+        spatial[1],
+        spatial[2],
+    ]));
     for node in nodes {
-        let ins: Vec<Shape> = node
+        let ins: Vec<Dims> = node
             .inputs
             .iter()
             .map(|&i| {
@@ -69,20 +80,25 @@ pub(crate) fn infer_shapes_raw(
         if ins.is_empty() {
             return Err(gerr(node, "has no input"));
         }
-        let out = node.op.output_shape(&ins).map_err(|m| gerr(node, m))?;
-        check_declared(node, values, out[1])?;
+        let out = node.op.output_dims(&ins).map_err(|m| gerr(node, m))?;
+        if out.rank() == 5 {
+            check_declared(node, values, out[1])?;
+        }
         if let Some(slot) = shapes.get_mut(node.output) {
             *slot = Some(out);
         }
     }
     // Values never computed (unused) get zeros; validate() reports real dangling references.
-    Ok(shapes.into_iter().map(|s| s.unwrap_or([0; 5])).collect())
+    Ok(shapes
+        .into_iter()
+        .map(|s| s.unwrap_or(Dims::from([0; 5])))
+        .collect())
 }
 
 impl Graph {
     /// NCDHW shape of every value for an `n`-window batch of `spatial` size. Errors name the node
     /// where the window stops fitting (too small, or not divisible by [`Graph::spatial_divisor`]).
-    pub fn infer_shapes(&self, n: usize, spatial: [usize; 3]) -> Result<Vec<Shape>> {
+    pub fn infer_shapes(&self, n: usize, spatial: [usize; 3]) -> Result<Vec<Dims>> {
         for (a, (fixed, &s)) in self.fixed_input_spatial.iter().zip(&spatial).enumerate() {
             if let Some(f) = *fixed {
                 if f != s {
@@ -93,7 +109,49 @@ impl Graph {
                 }
             }
         }
-        infer_shapes_raw(&self.values, &self.nodes, self.input, n, spatial)
+        let shapes = infer_shapes_raw(&self.values, &self.nodes, self.input, n, spatial)?;
+        match shapes.get(self.output).and_then(|d| d.ncdhw()) {
+            Some(_) => Ok(shapes),
+            None => Err(Error::Graph(format!(
+                "the model's output has shape {:?}; voxtile needs an NCDHW output",
+                shapes.get(self.output)
+            ))),
+        }
+    }
+
+    /// [`Graph::infer_shapes`] for backends that hold NCDHW activations only: an error names
+    /// the first value of another rank.
+    pub fn infer_ncdhw(&self, n: usize, spatial: [usize; 3], who: &str) -> Result<Vec<Shape>> {
+        let dims = self.infer_shapes(n, spatial)?;
+        dims.iter()
+            .enumerate()
+            .map(|(v, d)| {
+                d.ncdhw().ok_or_else(|| {
+                    Error::Graph(format!(
+                        "{who} runs NCDHW activations only, but value \"{}\" has shape {d:?}",
+                        self.values[v].name
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// Whether any op works on activations of other ranks (transformer blocks).
+    pub fn has_tensor_ops(&self) -> bool {
+        self.nodes.iter().any(|n| n.op.is_tensor_op())
+    }
+
+    /// The largest batch the graph runs (exports of transformer nets fix the batch in their
+    /// Reshape targets): 1 when batch 2 does not infer but batch 1 does, else unbounded.
+    pub fn max_batch(&self, spatial: [usize; 3]) -> usize {
+        if self.has_tensor_ops()
+            && self.infer_shapes(2, spatial).is_err()
+            && self.infer_shapes(1, spatial).is_ok()
+        {
+            1
+        } else {
+            usize::MAX
+        }
     }
 
     /// Structural checks (ids in range, topological order, single producer per value) and every

@@ -9,6 +9,7 @@
 //! (memoised), a chain of 80 000 steps is evaluated with an explicit stack, and dropping the arena
 //! is one flat `Vec` free (an `Rc` chain would recurse on drop and overflow the stack).
 
+use super::ops::Dims;
 use super::graph::ValueId;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,7 +114,7 @@ impl Exprs {
     /// than their users, so one ascending pass over the arena evaluates every node once, without
     /// recursion. Also returns the number of nodes evaluated, which the importer charges to its
     /// work budget.
-    pub fn eval(&self, xs: &[X], shapes: &[[usize; 5]]) -> (Vec<f64>, usize) {
+    pub fn eval(&self, xs: &[X], shapes: &[Dims]) -> (Vec<f64>, usize) {
         let top = xs
             .iter()
             .filter_map(|x| match x {
@@ -132,7 +133,7 @@ impl Exprs {
             memo[id] = match self.nodes[id] {
                 E::Dim(val, a) => shapes
                     .get(val)
-                    .and_then(|s| s.get(a))
+                    .and_then(|s| s.as_slice().get(a))
                     .map_or(f64::NAN, |&d| d as f64),
                 E::Bin(op, a, b) => apply(op, v(a, &memo), v(b, &memo)),
                 E::Un(r, a) => r.apply(v(a, &memo)),
@@ -237,7 +238,7 @@ mod tests {
         let d = ex.dim(0, 2);
         let m = ex.bin(Bop::Mul, d, X::K(2.5));
         let e = ex.un(Round::Floor, m);
-        let shapes = [[1, 3, 7, 8, 9]];
+        let shapes = [Dims::from([1, 3, 7, 8, 9])];
         assert_eq!(ex.eval(&[e, X::K(4.0)], &shapes).0, vec![17.0, 4.0]);
         let missing = ex.dim(1, 0);
         assert!(ex.eval(&[missing], &shapes).0[0].is_nan());

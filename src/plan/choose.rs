@@ -75,9 +75,16 @@ pub fn choose(graph: &Graph, model: &dyn MemoryModel, req: &Request) -> Result<P
         .into_iter()
         .collect();
     let need = |b: usize| -> Result<u64> { Ok(model.estimate(graph, roi, b, w)?.budgeted.total()) };
+    // Exports of transformer nets fix the batch in their Reshape targets.
+    let cap = graph.max_batch(roi);
     let (batch, how) = match req.user_batch {
         Some(b) => {
-            let b = b.min(windows).max(1);
+            if b > cap {
+                warnings.push(format!(
+                    "the model's export fixes its batch at {cap}: batch {b} lowered to {cap}"
+                ));
+            }
+            let b = b.min(windows).min(cap).max(1);
             let need = need(b)?;
             if need > req.budget {
                 if req.budget_explicit || req.user_roi.is_none() {
@@ -107,6 +114,7 @@ pub fn choose(graph: &Graph, model: &dyn MemoryModel, req: &Request) -> Result<P
                 (true, Target::Cuda) => MAX_BATCH,
             }
             .min(windows)
+            .min(cap)
             .max(1);
             let b = best_batch(model, windows, roi, bmax, |b| Ok(need(b)? <= req.budget))?;
             let kept_default = !req.budget_explicit && b == default_batch.min(windows).max(1);

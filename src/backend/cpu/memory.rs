@@ -136,7 +136,7 @@ pub fn cpu_activations(
 ) -> Result<(u64, PeakNode, u64)> {
     let shapes = graph.infer_shapes(batch, roi)?;
     let (needed, last_use) = cpu_liveness(graph);
-    let bytes = |v: usize| prod(&shapes[v]).saturating_mul(F32);
+    let bytes = |v: usize| prod(shapes[v].as_slice()).saturating_mul(F32);
     let mut live: Vec<Option<u64>> = vec![None; graph.values.len()];
     live[graph.input] = Some(bytes(graph.input));
     let (mut n_live, mut b_live) = (1usize, bytes(graph.input));
@@ -175,7 +175,11 @@ pub fn cpu_activations(
                 live_values: n_live,
             };
         }
-        let ws = cpu_col_bytes(&node.op, shapes[node.inputs[0]], shapes[node.output]);
+        let ws = cpu_col_bytes(
+            &node.op,
+            shapes[node.inputs[0]].folded5(),
+            shapes[node.output].folded5(),
+        );
         // The column buffer lives while the output is written, before inputs are freed.
         with_ws = with_ws.max(b_live.saturating_add(ws));
         for (j, &v) in node.inputs.iter().enumerate() {

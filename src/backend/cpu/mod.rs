@@ -16,7 +16,7 @@ mod window;
 pub use real::Real;
 
 use crate::backend::Backend;
-use crate::model::graph::{Graph, Node, Shape};
+use crate::model::graph::{Dims, Graph, Node};
 use crate::{Error, Result};
 use ndarray::{Array5, ArrayView5};
 
@@ -37,7 +37,7 @@ struct Plan {
     batch: usize,
     roi: [usize; 3],
     /// Shape of every value at the prepared batch (None: never computed).
-    shapes: Vec<Option<Shape>>,
+    shapes: Vec<Option<Dims>>,
     /// Index of the last node reading each value (`usize::MAX` for the graph output).
     last_use: Vec<usize>,
     /// Whether each node contributes to the output.
@@ -85,7 +85,7 @@ fn plan(graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<Plan> {
     for node in &graph.nodes {
         computed[node.output] = true;
     }
-    let shapes: Vec<Option<Shape>> = all
+    let shapes: Vec<Option<Dims>> = all
         .into_iter()
         .zip(computed)
         .map(|(s, c)| c.then_some(s))
@@ -146,17 +146,47 @@ fn execute<T: Real>(
             )),
         )
     };
+    // Tensor ops read their operands' dims (values of other ranks are stored folded into 5D
+    // arrays): those of this batch, which may be smaller than the planned one.
+    let n = values[graph.input].as_ref().map_or(plan.batch, |a| a.dim().0);
+    let redone;
+    let dims: &[Option<Dims>] = if n == plan.batch || !graph.has_tensor_ops() {
+        &plan.shapes
+    } else {
+        let all = graph.infer_shapes(n, plan.roi)?;
+        redone = plan
+            .shapes
+            .iter()
+            .zip(all)
+            .map(|(p, d)| p.map(|_| d))
+            .collect::<Vec<_>>();
+        &redone
+    };
     let fusion = fuse::plan(graph, &plan.needed);
     for (i, node) in graph.nodes.iter().enumerate() {
         if !plan.needed[i] || fusion.absorbed[i] {
             stats.nodes_run += usize::from(fusion.absorbed[i]);
             continue;
         }
-        let in_place = match (plan.shapes[node.inputs[0]], plan.shapes[node.output]) {
-            (Some(x), Some(y)) => ops::runs_inplace(&node.op, &x, &y),
+        let in_place = match (dims[node.inputs[0]], dims[node.output]) {
+            (Some(x), Some(y)) => ops::runs_inplace(&node.op, &x, &y) && x.rank() == 5,
             _ => false,
         };
-        let out = if in_place {
+        let tensor = node.op.is_tensor_op()
+            || node
+                .inputs
+                .iter()
+                .chain([&node.output])
+                .any(|&v| dims[v].is_some_and(|d| d.rank() != 5));
+        let out = if tensor {
+            let mut ins = Vec::with_capacity(node.inputs.len());
+            for &v in &node.inputs {
+                let a = values[v].as_ref().ok_or_else(|| missing(node, v))?;
+                ins.push((a.view(), dims[v].ok_or_else(|| missing(node, v))?));
+            }
+            let od = dims[node.output].ok_or_else(|| missing(node, node.output))?;
+            ops::apply_tensor(&node.op, &ins, od).map_err(|e| node_err(node, e))?
+        } else if in_place {
             let v0 = node.inputs[0];
             let dies_here = plan.last_use[v0] == i && !node.inputs[1..].contains(&v0);
             let mut x = if dies_here {
@@ -245,7 +275,7 @@ impl CpuBackend {
     }
 
     /// Shape of every value at the prepared batch (`None` for values no node computes).
-    pub fn planned_shapes(&self) -> Option<&[Option<[usize; 5]>]> {
+    pub fn planned_shapes(&self) -> Option<&[Option<Dims>]> {
         self.prepared.as_ref().map(|(_, p)| p.shapes.as_slice())
     }
 }

@@ -186,7 +186,7 @@ pub fn cuda_shapes(graph: &Graph, roi: [usize; 3]) -> Result<Vec<Shape>> {
         )));
     }
     Ok(graph
-        .infer_shapes(1, roi)?
+        .infer_ncdhw(1, roi, "the CUDA backend")?
         .into_iter()
         .map(|s| [s[1], s[2], s[3], s[4]])
         .collect())

@@ -4,7 +4,7 @@
 use super::*;
 
 /// Shapes of the partial IR on the probe windows: (shapes per value, window) pairs.
-pub(super) type Probes = Rc<Vec<(Vec<[usize; 5]>, [usize; 3])>>;
+pub(super) type Probes = Rc<Vec<(Vec<Dims>, [usize; 3])>>;
 
 /// Element count of a shape, None on overflow or above [`SMALL`].
 pub(super) fn small_numel(shape: &[usize]) -> Option<usize> {
@@ -83,7 +83,7 @@ impl Lowerer<'_> {
     }
 
     /// `xs` evaluated on one probe's shapes (NaN where unknown), charged to the work budget.
-    pub(super) fn eval(&self, ctx: &Ctx, xs: &[X], shapes: &[[usize; 5]]) -> Result<Vec<f64>> {
+    pub(super) fn eval(&self, ctx: &Ctx, xs: &[X], shapes: &[Dims]) -> Result<Vec<f64>> {
         let (v, visited) = self.ex.borrow().eval(xs, shapes);
         self.charge_work(ctx, visited as u64 + 1)?;
         Ok(v)

@@ -9,6 +9,10 @@
 mod broadcast;
 mod channel;
 mod conv;
+mod dims;
+mod layernorm;
+mod layout;
+mod matmul;
 mod pad;
 mod pointwise;
 mod pool;
@@ -18,6 +22,10 @@ pub mod window;
 
 pub use broadcast::{broadcast_channels as binary_channels, broadcast_shape};
 pub use conv::{Conv, ConvTranspose};
+pub use dims::{norm_axis, Dims, MAX_RANK};
+pub use layernorm::LayerNorm;
+pub use layout::{check_perm, gather_dims, reshape_dims, transpose_dims, Slice, SliceAt};
+pub use matmul::{broadcast_lead, matmul_dims, Linear};
 pub use pad::{AxisMap, Pad, PadMode, PAD_LIMIT};
 pub use pointwise::Pointwise;
 pub use pool::Pool;
@@ -130,6 +138,31 @@ pub enum Op {
     Pad(Pad),
     /// Channels repeated (`Tile` / `Expand` along C).
     Tile(Tile),
+    /// The same elements under new dims (ONNX Reshape: 0 copies, -1 is inferred).
+    Reshape {
+        /// The ONNX target shape.
+        target: Vec<i64>,
+    },
+    /// Axes permuted: output axis `i` is input axis `perm[i]`.
+    Transpose {
+        /// The permutation.
+        perm: Vec<usize>,
+    },
+    /// A strided range along one axis.
+    Slice(Slice),
+    /// One index along an axis, which is dropped.
+    Gather {
+        /// The axis (negative counts from the end).
+        axis: i64,
+        /// The index (negative counts from the end).
+        index: i64,
+    },
+    /// Matrix product of two activations (batch dims broadcast).
+    MatMul,
+    /// The activation times a constant matrix, plus a bias, over its last axis.
+    Linear(Linear),
+    /// Normalisation over the trailing axes.
+    LayerNorm(LayerNorm),
 }
 
 /// Letter of NCDHW axis `a`, for messages.
@@ -202,13 +235,22 @@ impl Op {
             Op::Pointwise(p) => p.name(),
             Op::Pad(_) => "Pad",
             Op::Tile(_) => "Tile",
+            Op::Reshape { .. } => "Reshape",
+            Op::Transpose { .. } => "Transpose",
+            Op::Slice(_) => "Slice",
+            Op::Gather { .. } => "Gather",
+            Op::MatMul => "MatMul",
+            Op::Linear(_) => "Linear",
+            Op::LayerNorm(_) => "LayerNormalization",
         }
     }
 
     /// How many activation inputs the op takes (`None`: one or more, for Concat).
     pub fn arity(&self) -> Option<usize> {
         match self {
-            Op::Add | Op::Mul | Op::Sub | Op::Div | Op::Max | Op::Min | Op::Pow => Some(2),
+            Op::Add | Op::Mul | Op::Sub | Op::Div | Op::Max | Op::Min | Op::Pow | Op::MatMul => {
+                Some(2)
+            }
             Op::Concat { .. } => None,
             _ => Some(1),
         }
@@ -265,7 +307,102 @@ impl Op {
             Op::Resize(r) => r.check().map(|_| cin),
             Op::Pad(p) => p.check(cin),
             Op::Tile(t) => t.check(cin),
+            Op::Transpose { perm } => check_perm(perm).map(|_| cin),
+            Op::Linear(l) => l.check().map(|_| cin),
             _ => Ok(cin),
+        }
+    }
+
+    /// Whether the op's output is not an NCDHW activation with channels known at load (the
+    /// tensor ops of transformer nets): its shape, channels included, comes from shape inference.
+    pub fn is_tensor_op(&self) -> bool {
+        matches!(
+            self,
+            Op::Reshape { .. }
+                | Op::Transpose { .. }
+                | Op::Slice(_)
+                | Op::Gather { .. }
+                | Op::MatMul
+                | Op::Linear(_)
+                | Op::LayerNorm(_)
+        )
+    }
+
+    /// Whether the op computes each output element from the input element at the same index
+    /// only (any rank).
+    pub fn is_elementwise_unary(&self) -> bool {
+        matches!(
+            self,
+            Op::Relu
+                | Op::LeakyRelu { .. }
+                | Op::Elu { .. }
+                | Op::Sigmoid
+                | Op::Tanh
+                | Op::Identity
+                | Op::Pointwise(_)
+        )
+    }
+
+    /// The output dims of the op on inputs of any rank: the tensor ops, elementwise ops,
+    /// Softmax and Concat work on any rank, the rest need NCDHW (rank 5) and defer to
+    /// [`Op::output_shape`].
+    pub fn output_dims(&self, inputs: &[Dims]) -> Result<Dims, String> {
+        let want = self.arity().unwrap_or(inputs.len().max(1));
+        if inputs.len() != want {
+            return Err(format!("has {} inputs, expected {want}", inputs.len()));
+        }
+        let x = inputs[0];
+        if x.numel() == 0 {
+            return Err(format!("got an empty input {x:?}"));
+        }
+        let all5 = inputs.iter().all(|d| d.rank() == 5);
+        if all5 && !self.is_tensor_op() {
+            let s: Vec<Shape> = inputs.iter().filter_map(|d| d.ncdhw()).collect();
+            return self.output_shape(&s).map(Dims::from);
+        }
+        match self {
+            Op::Reshape { target } => reshape_dims(&x, target),
+            Op::Transpose { perm } => transpose_dims(&x, perm),
+            Op::Slice(s) => s.output_dims(&x),
+            Op::Gather { axis, index } => gather_dims(&x, *axis, *index).map(|g| g.2),
+            Op::MatMul => matmul_dims(&x, &inputs[1]),
+            Op::Linear(l) => l.output_dims(&x),
+            Op::LayerNorm(l) => l.split(&x).map(|_| x),
+            Op::Softmax { axis } if *axis < x.rank() => Ok(x),
+            Op::Add | Op::Mul | Op::Sub | Op::Div | Op::Max | Op::Min | Op::Pow => {
+                let b = inputs[1];
+                broadcast_lead(x.as_slice(), b.as_slice())
+                    .ok_or_else(|| format!("operands have shapes {x:?} and {b:?}, which do not broadcast"))
+                    .and_then(|o| Dims::new(&o))
+            }
+            Op::AddConst(t) | Op::MulConst(t) => {
+                let ok = t.shape.len() == x.rank()
+                    && t.is_consistent()
+                    && t.shape.iter().zip(x.as_slice()).all(|(&c, &v)| c == 1 || c == v);
+                if ok {
+                    Ok(x)
+                } else {
+                    Err(format!("constant of shape {:?} does not broadcast to {x:?}", t.shape))
+                }
+            }
+            Op::Concat { axis } if *axis < x.rank() => {
+                let mut o = x.as_slice().to_vec();
+                o[*axis] = 0;
+                for (i, s) in inputs.iter().enumerate() {
+                    let same = s.rank() == x.rank()
+                        && (0..x.rank()).all(|a| a == *axis || s[a] == x[a]);
+                    if !same {
+                        return Err(format!("Concat input {i} has shape {s:?} but input 0 has {x:?}"));
+                    }
+                    o[*axis] += s[*axis];
+                }
+                Dims::new(&o)
+            }
+            op if op.is_elementwise_unary() => Ok(x),
+            _ => Err(format!(
+                "needs NCDHW (5-dimensional) inputs, got {:?}",
+                inputs
+            )),
         }
     }
 
@@ -316,6 +453,8 @@ impl Op {
             Op::ChannelAffine { scale, shift } => scale.len() + shift.len(),
             Op::PRelu { slope } => slope.len(),
             Op::AddConst(t) | Op::MulConst(t) => t.len(),
+            Op::Linear(l) => l.weight.len() + l.bias.as_ref().map_or(0, |b| b.len()),
+            Op::LayerNorm(l) => l.scale.len() + l.bias.as_ref().map_or(0, |b| b.len()),
             _ => 0,
         }
     }
@@ -323,8 +462,8 @@ impl Op {
     /// Floating point operations for input `inp` and output `out`: 2·MACs for (transposed)
     /// convolutions, rough per-element costs for the rest (norm 8, pooling kernel volume,
     /// linear resize 16, others 1-4).
-    pub fn flops(&self, inp: &Shape, out: &Shape) -> u64 {
-        let numel = |s: &Shape| s.iter().map(|&d| d as u64).product::<u64>();
+    pub fn flops(&self, inp: &Dims, out: &Dims) -> u64 {
+        let numel = |s: &Dims| s.as_slice().iter().map(|&d| d as u64).product::<u64>();
         match self {
             Op::Conv(c) => 2 * numel(out) * c.macs_per_output(),
             Op::ConvTranspose(c) => 2 * numel(inp) * c.macs_per_input(),
@@ -333,6 +472,10 @@ impl Op {
             Op::MaxPool(p) | Op::AveragePool(p) => numel(out) * p.taps(),
             Op::Resize(r) => numel(out) * r.cost_per_output(),
             Op::Concat { .. } | Op::Identity | Op::Pad(_) | Op::Tile(_) => 0,
+            Op::Reshape { .. } | Op::Transpose { .. } | Op::Slice(_) | Op::Gather { .. } => 0,
+            Op::Linear(l) => 2 * numel(out) * l.kn().0 as u64,
+            Op::MatMul => 2 * numel(out) * inp[inp.rank() - 1] as u64,
+            Op::LayerNorm(_) => 8 * numel(out),
             Op::ChannelAffine { .. } => 2 * numel(out),
             Op::Pointwise(p) => p.flops_per_element() * numel(out),
             _ => numel(out),

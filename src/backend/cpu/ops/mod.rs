@@ -12,6 +12,7 @@ mod norm;
 mod pad;
 mod pool;
 mod resize;
+mod tensor;
 mod vmath;
 
 pub use conv::{conv3d, conv_transpose3d, conv_workspace_bytes, COL_BUDGET_BYTES};
@@ -28,6 +29,7 @@ pub use norm::{
 pub use pad::{pad, tile};
 pub use pool::{average_pool3d, max_pool3d};
 pub use resize::resize;
+pub use tensor::apply_tensor;
 
 use super::Real;
 use crate::model::graph::Op;
@@ -99,13 +101,13 @@ pub fn is_inplace(op: &Op) -> bool {
             | Op::Resize(_)
             | Op::Pad(_)
             | Op::Tile(_)
-    )
+    ) && !op.is_tensor_op()
 }
 
 /// Whether node `op` runs in place on an input 0 of shape `x` giving `out`: an in-place op
 /// whose output is its first input's shape (a broadcast binary whose first operand is the
 /// smaller writes a new array).
-pub fn runs_inplace(op: &Op, x: &Shape, out: &Shape) -> bool {
+pub fn runs_inplace<S: PartialEq>(op: &Op, x: &S, out: &S) -> bool {
     is_inplace(op) && x == out
 }
 
