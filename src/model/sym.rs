@@ -256,7 +256,7 @@ mod tests {
             let t = ex.bin(Bop::Add, s, s);
             s = ex.bin(Bop::Sub, t, s);
         }
-        let (v, visited) = ex.eval(&[s], &[[1, 1, 1, 5, 1]]);
+        let (v, visited) = ex.eval(&[s], &[Dims::from([1, 1, 1, 5, 1])]);
         assert_eq!(v, vec![5.0]);
         assert!(visited <= 121, "{visited}");
         // A chain far deeper than the stack allows with recursion.
@@ -265,7 +265,7 @@ mod tests {
             let t = ex.bin(Bop::Add, c, X::K(1.0));
             c = ex.bin(Bop::Sub, t, X::K(1.0));
         }
-        assert_eq!(ex.eval(&[c], &[[1, 1, 1, 1, 7]]).0, vec![7.0]);
+        assert_eq!(ex.eval(&[c], &[Dims::from([1, 1, 1, 1, 7])]).0, vec![7.0]);
     }
 
     #[test]
