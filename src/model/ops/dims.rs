@@ -88,10 +88,16 @@ impl From<Shape> for Dims {
     }
 }
 
-impl std::ops::Index<usize> for Dims {
-    type Output = usize;
-    fn index(&self, i: usize) -> &usize {
-        &self.as_slice()[i]
+impl<const R: usize> PartialEq<[usize; R]> for Dims {
+    fn eq(&self, o: &[usize; R]) -> bool {
+        self.as_slice() == o
+    }
+}
+
+impl std::ops::Deref for Dims {
+    type Target = [usize];
+    fn deref(&self) -> &[usize] {
+        self.as_slice()
     }
 }
 
