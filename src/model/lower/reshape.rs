@@ -28,7 +28,9 @@ impl Lowerer<'_> {
                                 let xs = sh[x];
                                 (e[0] == 0.0 || e[0] == xs[0] as f64)
                                     && (e[2] == -1.0
-                                        || e[2] == (xs.as_slice()[1..].iter().product::<usize>() / g) as f64)
+                                        || e[2]
+                                            == (xs.as_slice()[1..].iter().product::<usize>() / g)
+                                                as f64)
                             });
                         if ok {
                             self.set(n, Val::Grouped { src: x, groups: g })?;
