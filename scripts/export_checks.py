@@ -5,6 +5,10 @@ import subprocess
 import nibabel as nib
 import numpy as np
 
+# The bars per backend, (logits rel L2 at most, labels agree % at least): the CPU (f32) is the exact
+# reference; CUDA computes in fp16 (tests/archs.rs holds it to the same 1e-2 and 99.8 %).
+BARS = {"cpu": (1e-5, 99.99), "cuda": (1e-2, 99.8)}
+
 
 def ct_volume(path, shape_ijk, spacing_ijk, seed=0):
     """A CT-like volume: air, a body ellipsoid (~40 HU), an organ (~100 HU), bone (~700 HU), noise."""
@@ -28,10 +32,10 @@ def run(cmd):
     return r.stdout + r.stderr
 
 
-def voxtile_logits(voxtile, vol, model, out_dir, tag, extra=()):
-    """labels (i,j,k) and logits (C,i,j,k) of one `voxtile segment` run."""
+def voxtile_logits(voxtile, vol, model, out_dir, tag, extra=(), device="cpu"):
+    """labels (i,j,k) and logits (C,i,j,k) of one `voxtile segment` run on `device` (cpu, cuda)."""
     seg, lg = os.path.join(out_dir, f"{tag}_seg.nii.gz"), os.path.join(out_dir, f"{tag}_logits.nii")
-    run([voxtile, "segment", vol, "--model", model, "-o", seg, "--logits", lg, "--device", "cpu", "--force",
+    run([voxtile, "segment", vol, "--model", model, "-o", seg, "--logits", lg, "--device", device, "--force",
          *extra])
     labels = np.asarray(nib.load(seg).dataobj).astype(np.int64)
     logits = np.moveaxis(np.asarray(nib.load(lg).dataobj, dtype=np.float32), -1, 0)

@@ -72,10 +72,10 @@ def make_bundle(root, seed=7):
     return net
 
 
-def test_bundle(voxtile, tmp, results, bar):
+def test_bundle(voxtile, tmp, results, bar, device="cpu"):
     from monai.bundle import ConfigParser
 
-    from export_checks import agree, ct_volume, rel_l2, run, voxtile_logits
+    from export_checks import BARS, agree, ct_volume, rel_l2, run, voxtile_logits
 
     print("MONAI bundle (UNet, ScaleIntensityRanged, SlidingWindowInferer overlap 0.25):")
     root = os.path.join(tmp, "toy_bundle")
@@ -96,9 +96,10 @@ def test_bundle(voxtile, tmp, results, bar):
     inferer = p.get_parsed_content("inferer")
     with torch.no_grad():
         ref = inferer(torch.as_tensor(np.asarray(x))[None].float(), net)[0].numpy()
-    labels, logits = voxtile_logits(voxtile, vol, name + ".onnx", tmp, "bundle")
+    labels, logits = voxtile_logits(voxtile, vol, name + ".onnx", tmp, "bundle", device=device)
+    max_l2, min_pct = BARS[device]
     r = {"rel_l2": rel_l2(logits, ref), "labels_pct": agree(labels, ref.argmax(0))}
     bar("voxtile vs the bundle's preprocessing + network + SlidingWindowInferer: logits rel L2",
-        f"{r['rel_l2']:.2e}", r["rel_l2"] <= 1e-5)
-    bar("  labels agree %", f"{r['labels_pct']:.4f}", r["labels_pct"] >= 99.99)
+        f"{r['rel_l2']:.2e}", r["rel_l2"] <= max_l2)
+    bar("  labels agree %", f"{r['labels_pct']:.4f}", r["labels_pct"] >= min_pct)
     results["monai_bundle"] = r

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end check of the two converters against PyTorch + MONAI, with random weights:
 
-    /tmp/tvenv/bin/python scripts/test_exports.py path/to/voxtile [--keep DIR] [--json OUT.json]
+    /tmp/tvenv/bin/python scripts/test_exports.py path/to/voxtile [--keep DIR] [--json OUT.json] [--device cuda]
 
 1. an nnU-Net v2 results folder (PlainConvUNet, 2 folds, CTNormalization, 3 labels; transpose_forward
    [0,1,2] and a permuted one) -> scripts/nnunet_to_voxtile.py -> `voxtile segment` on a CT-like NIfTI,
@@ -11,7 +11,7 @@
 2. a MONAI bundle (UNet, ScaleIntensityRanged, SlidingWindowInferer) -> scripts/monai_bundle_to_voxtile.py
    -> `voxtile segment`, against the bundle's network through the bundle's inferer.
 Needs torch, MONAI, dynamic_network_architectures, onnx, onnxruntime and nibabel. Exits 1 when an agreement
-falls under its bar (printed with each figure).
+falls under its bar (printed with each figure; export_checks.BARS: exact on the CPU, fp16's on CUDA).
 """
 import argparse
 import json
@@ -25,7 +25,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import nnunet_reference as nref  # noqa: E402
-from export_checks import agree, ct_volume, rel_l2, run, voxtile_logits  # noqa: E402
+from export_checks import BARS, agree, ct_volume, rel_l2, run, voxtile_logits  # noqa: E402
 
 PY = sys.executable
 LABELS = {"background": 0, "liver": 1, "tumour": 2}
@@ -133,7 +133,7 @@ def load_fold_mean(folder):
     return conv.FoldMean(nets).eval(), plans
 
 
-def test_nnunet(voxtile, tmp, transpose, results):
+def test_nnunet(voxtile, tmp, transpose, results, device="cpu"):
     print(f"nnU-Net, transpose_forward {transpose}:")
     folder = make_nnunet_folder(os.path.join(tmp, f"nn{''.join(map(str, transpose))}"), transpose)
     name = os.path.join(tmp, f"toy{''.join(map(str, transpose))}")
@@ -154,22 +154,24 @@ def test_nnunet(voxtile, tmp, transpose, results):
     back = lambda a: a.transpose([0] + [1 + int(i) for i in np.argsort(transpose)]).transpose(0, 3, 2, 1)
     patch = cfg["patch_size"]
     r = {}
+    max_l2, min_pct = BARS[device]
     # A: one pass, MONAI placement and gaussian: voxtile against MONAI's sliding_window_inference.
-    labels, logits = voxtile_logits(voxtile, vol, name + ".onnx", tmp, "nnA")
+    labels, logits = voxtile_logits(voxtile, vol, name + ".onnx", tmp, "nnA", device=device)
     ref = back(nref.monai_logits(net, net_in, patch))
     r["monai_swi_rel_l2"], r["monai_swi_labels_pct"] = rel_l2(logits, ref), agree(labels, ref.argmax(0))
     bar("voxtile vs PyTorch+MONAI sliding window (no TTA): logits rel L2", f"{r['monai_swi_rel_l2']:.2e}",
-        r["monai_swi_rel_l2"] <= 1e-5)
-    bar("  labels agree %", f"{r['monai_swi_labels_pct']:.4f}", r["monai_swi_labels_pct"] >= 99.99)
+        r["monai_swi_rel_l2"] <= max_l2)
+    bar("  labels agree %", f"{r['monai_swi_labels_pct']:.4f}", r["monai_swi_labels_pct"] >= min_pct)
     # B: as nnUNetv2_predict runs (--tta --placement nnunet) against nnU-Net's algorithm.
-    labels, logits = voxtile_logits(voxtile, vol, name + ".onnx", tmp, "nnB", ["--placement", "nnunet", "--tta"])
+    labels, logits = voxtile_logits(voxtile, vol, name + ".onnx", tmp, "nnB", ["--placement", "nnunet", "--tta"],
+                                    device=device)
     mirror = [0, 1, 2]
     windows = nref.nnunet_windows(net, net_in, patch, mirror)
     same = back(nref.nnunet_blend(windows, patch, gaussian="monai"))
     r["nnunet_algo_rel_l2"], r["nnunet_algo_labels_pct"] = rel_l2(logits, same), agree(labels, same.argmax(0))
     bar("voxtile --tta --placement nnunet vs nnU-Net's steps + per-window mirroring (MONAI's gaussian): rel L2",
-        f"{r['nnunet_algo_rel_l2']:.2e}", r["nnunet_algo_rel_l2"] <= 1e-5)
-    bar("  labels agree %", f"{r['nnunet_algo_labels_pct']:.4f}", r["nnunet_algo_labels_pct"] >= 99.99)
+        f"{r['nnunet_algo_rel_l2']:.2e}", r["nnunet_algo_rel_l2"] <= max_l2)
+    bar("  labels agree %", f"{r['nnunet_algo_labels_pct']:.4f}", r["nnunet_algo_labels_pct"] >= min_pct)
     # Measured, not required: what nnU-Net's own gaussian (and its fp16 accumulators) change. With random
     # weights and a 16-voxel patch (sigma 2) overlapping windows disagree far more than a trained net's do.
     own = nref.nnunet_blend(windows, patch, gaussian="nnunet")
@@ -190,22 +192,23 @@ def main():
     ap.add_argument("--keep", help="work in this folder and keep it (default: a temp folder)")
     ap.add_argument("--json", help="write the measured figures here")
     ap.add_argument("--only", default="nnunet,permuted,bundle")
+    ap.add_argument("--device", default="cpu", choices=sorted(BARS), help="the backend voxtile segments on")
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(max(1, (os.cpu_count() or 2)))
-    results = {}
+    results = {"device": a.device, "bars": {"max_rel_l2": BARS[a.device][0], "min_labels_pct": BARS[a.device][1]}}
     with tempfile.TemporaryDirectory() as td:
         tmp = a.keep or td
         os.makedirs(tmp, exist_ok=True)
         only = a.only.split(",")
         if "nnunet" in only:
-            test_nnunet(a.voxtile, tmp, [0, 1, 2], results)
+            test_nnunet(a.voxtile, tmp, [0, 1, 2], results, a.device)
         if "permuted" in only:
-            test_nnunet(a.voxtile, tmp, [2, 0, 1], results)
+            test_nnunet(a.voxtile, tmp, [2, 0, 1], results, a.device)
         if "bundle" in only:
             import test_bundle
 
-            test_bundle.test_bundle(a.voxtile, tmp, results, bar)
+            test_bundle.test_bundle(a.voxtile, tmp, results, bar, a.device)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -3,12 +3,14 @@ W1 (nnU-Net CT net) and W2 (MONAI UNet) on the same 512x512x128 volume and the s
 (exported to ONNX in the run), each peer mode timed apart (eager fp16, eager channels_last_3d,
 torch.compile default, reduce-overhead, max-autotune-no-cudagraphs); W3 (the CLI end to end against
 peer_e2e.py); W4 (1024x1024x512, voxtile at --memory-budget 4GiB against MONAI with its whole
-accumulator on the GPU); K1 (one conv against cuDNN). Each ratio is voxtile's time over the best
-peer's of the same run. Writes OUT/bench.json and OUT/bench.md after every step, so a run cut short
+accumulator on the GPU); W5 (MONAI SwinUNETR feature_size 48, roi 96³, on the W1 volume: a voxtile
+that refuses the net is recorded as such, the peers are timed all the same); K1 (one conv against
+cuDNN). Each ratio is voxtile's time over the best peer's of the same run. Writes OUT/bench.json and OUT/bench.md after every step, so a run cut short
 keeps what it measured. See tests/gpu/README.md.
 
-usage: python3 tests/gpu/bench.py run --bundle DIR --out DIR [--only w1,w2,w3,w4,k1] [--modes ...]
-                                      [--w4-modes eager,default] [--deadline S] [--mode-timeout S]
+usage: python3 tests/gpu/bench.py run --bundle DIR --out DIR [--only w1,w2,w3,w4,w5,k1] [--modes ...]
+                                      [--w4-modes eager,default] [--w5-modes eager,default,...]
+                                      [--deadline S] [--mode-timeout S]
        python3 tests/gpu/bench.py merge OUT RESULT.json [RESULT.json ...]   (no GPU: joins two calls)
 """
 import argparse, json, os, signal, subprocess, sys, time
@@ -22,9 +24,12 @@ TITLES = {
     "w2": "W2 MONAI UNet 16..256, 512x512x128, 49 windows",
     "w3": "W3 CLI end to end, int16 .nii.gz -> uint8 labels .nii.gz (W1 net)",
     "w4": "W4 W1 net on 1024x1024x512, voxtile at --memory-budget 4GiB",
+    "w5": "W5 MONAI SwinUNETR 48 (14 classes), 512x512x128, roi 96³, 200 windows",
     "k1": "K1 fp16 conv 32->32 3³, 2x32x128³",
 }
 W4_SHAPE, W4_BUDGET = (1024, 1024, 512), "4GiB"
+# W5's export fixes batch 1 and the window (tests/gpu/bench_peer.py's ROIS).
+W5_ROI, W5_BATCH = 96, 1
 
 
 class Bench:
@@ -36,7 +41,8 @@ class Bench:
         self.a, self.t0 = a, time.monotonic()
         self.id = time.strftime("%Y%m%dT%H%M%S")
         self.bin = os.path.join(a.bundle, "bench")
-        self.meta = dict(id=self.id, only=a.only, modes=a.modes, w4_modes=a.w4_modes, argv=sys.argv[1:])
+        self.meta = dict(id=self.id, only=a.only, modes=a.modes, w4_modes=a.w4_modes, w5_modes=a.w5_modes,
+                         argv=sys.argv[1:])
         self.res = {"runs": [self.meta], "rows": {}, "extra": []}
         os.makedirs(a.out, exist_ok=True); os.makedirs(a.work, exist_ok=True)
         self.env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=f"{a.work}/inductor-{self.id}",
@@ -155,6 +161,36 @@ class Bench:
         for m in self.a.w4_modes:
             self.peer_mode("w4", m, 1, W4_SHAPE)
 
+    def w5(self):
+        """SwinUNETR: eager first, voxtile (or the line it refuses the net with), then the compiles; the
+        labels' agreement is with the best peer, so it is computed once every mode has run."""
+        import numpy as np
+        row, work = self.row("w5"), self.a.work
+        modes = self.a.w5_modes
+        if "eager" in modes:
+            self.peer_mode("w5", "eager", self.a.reps)
+        lab, onnx_error = f"{work}/w5_labels.npy", self.meta.get("export_errors", {}).get("w5")
+        if onnx_error:
+            vx = dict(error=f"the ONNX export failed: {onnx_error}", run=self.id)
+        else:
+            args = [f"{work}/w5.onnx", f"{work}/vol.npy", str(W5_ROI), "0.5", str(W5_BATCH), "3", "cuda", lab]
+            vx = self.voxtile("w5", args, 300)
+        if "s" in vx:
+            vx["notes"] = [f"{vx.pop('report')['windows']} windows, voxtile first run {vx['first_s']:.3f} s"]
+        else:
+            row["notes"].append(f"voxtile: {vx.get('error') or vx.get('skipped')}")
+        row["voxtile"][self.id] = vx; self.save()
+        for m in modes:
+            if m != "eager":
+                self.peer_mode("w5", m, self.a.reps)
+        best, _ = bt.best_peer({m: e for m, e in row["peers"].items() if e.get("run") == self.id})
+        ref = bt.peer_labels(work, "w5", best) if best else None
+        if "s" in vx and ref and os.path.exists(ref):
+            agree = float((np.load(lab).astype(np.int64) == np.load(ref)).mean())
+            vx["label_agreement"], vx["agreement_with"] = agree, best
+            vx["notes"].append(f"labels agree with the best peer ({bt.MODE_LABELS[best]}) on {agree:.2%} of voxels")
+        self.save()
+
     def w3(self):
         """The whole CLI process on the real CT at 512x512x128 against peer_e2e.py (nibabel + MONAI +
         PyTorch), both timed as processes; voxtile twice: a cold kernel cache, then a warm one."""
@@ -240,13 +276,14 @@ class Bench:
 
     def run(self):
         only = self.a.only
-        nets = [n for n in ("w1", "w2") if n in only or (n == "w1" and set(only) & {"w3", "w4", "mem", "w1x2"})]
+        nets = [n for n in ("w1", "w2", "w5") if n in only or (n == "w1" and set(only) & {"w3", "w4", "mem", "w1x2"})]
         if nets:
-            r = self.worker(["prep", self.a.work, ",".join(nets)], 300, f"prep {','.join(nets)}")
+            r = self.worker(["prep", self.a.work, ",".join(nets)], 300 + 300 * ("w5" in nets), f"prep {','.join(nets)}")
+            self.meta["export_errors"] = r.get("export_errors", {})
             if "error" in r or "skipped" in r:
                 self.meta["prep_error"] = r.get("error") or r.get("skipped"); self.save()
                 raise SystemExit(f"bench.py: preparing the nets and the volume failed: {self.meta['prep_error']}")
-        steps = dict(w1=lambda: self.sliding("w1"), w2=lambda: self.sliding("w2"), w3=self.w3, w4=self.w4, k1=self.k1,
+        steps = dict(w1=lambda: self.sliding("w1"), w2=lambda: self.sliding("w2"), w3=self.w3, w4=self.w4, w5=self.w5, k1=self.k1,
                      mem=self.mem, w1x2=self.w1x2)
         for w in only:  # in the order given: cheap ones first leave less to a deadline
             steps[w]()
@@ -264,6 +301,7 @@ def cli(argv):
     r.add_argument("--only", default=",".join(bt.WORKLOADS), help=f"workloads, of {','.join(bt.WORKLOADS + bt.EXTRAS)}")
     r.add_argument("--modes", default=",".join(bt.MODES), help="W1/W2 peer modes")
     r.add_argument("--w4-modes", default="eager,default", help="W4 peer modes (each pass ~15 s)")
+    r.add_argument("--w5-modes", default=",".join(bt.W5_MODES), help="W5 (SwinUNETR) peer modes")
     r.add_argument("--reps", type=int, default=3, help="timed passes per W1/W2 peer mode (median)")
     r.add_argument("--mode-timeout", type=float, default=480, help="seconds per compiled peer mode, compile included")
     r.add_argument("--eager-timeout", type=float, default=180, help="seconds per eager peer mode")
@@ -278,6 +316,7 @@ def cli(argv):
             a.only = bt.parse_list(",".join(n for n in a.only.split(",") if n != "compiled"), bt.WORKLOADS + bt.EXTRAS, "workload")
             a.modes = bt.parse_list(a.modes, bt.MODES, "peer mode")
             a.w4_modes = bt.parse_list(a.w4_modes, bt.MODES, "W4 peer mode")
+            a.w5_modes = bt.parse_list(a.w5_modes, bt.MODES, "W5 peer mode")
         except ValueError as e:
             p.error(str(e))
     return a

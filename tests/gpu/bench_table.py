@@ -22,8 +22,15 @@ MODE_LABELS = {
 }
 COMPILE_MODES = ["default", "reduce-overhead", "max-autotune-no-cudagraphs"]
 # Every workload the bench knows, in table order; mem and w1x2 are extras outside the main table.
-WORKLOADS = ["w1", "w2", "w3", "w4", "k1"]
+WORKLOADS = ["w1", "w2", "w3", "w4", "w5", "k1"]
+# W5's peer modes (eager, the two compiles that reach steady state fastest on the GPU).
+W5_MODES = ["eager", "default", "max-autotune-no-cudagraphs"]
 EXTRAS = ["mem", "w1x2"]
+
+
+def peer_labels(work, w, mode):
+    """Where a peer mode's labels (uint8 argmax of its logits) go: eager's are the W1/W2 reference."""
+    return f"{work}/{w}_peer_labels.npy" if mode == "eager" else f"{work}/{w}_{mode}_peer_labels.npy"
 
 
 def parse_list(text, allowed, what):
@@ -121,7 +128,8 @@ def _peer_cell(e):
         return "FAILED: " + str(e["error"]).replace("|", "/").replace("\n", " ")[:120]
     cell = _s(e["s"])
     if e.get("first_s") is not None and e.get("compiled"):
-        cell += f" (first pass {e['first_s']:.1f} s)"
+        compile_s = f", compile {e['compile_s']:.1f} s" if e.get("compile_s") is not None else ""
+        cell += f" (first pass {e['first_s']:.1f} s{compile_s})"
     return cell
 
 
@@ -130,8 +138,8 @@ def _gib(x):
 
 
 def modes_table(res):
-    """W1, W2, W4: one column per peer mode (steady-state median; the first pass holds the compile)."""
-    rows = [w for w in ("w1", "w2", "w4") if w in res["rows"]]
+    """W1, W2, W4, W5: one column per peer mode (steady-state median; the first pass holds the compile)."""
+    rows = [w for w in ("w1", "w2", "w4", "w5") if w in res["rows"]]
     if not rows:
         return ""
     modes = [m for m in MODES if any(m in res["rows"][w]["peers"] for w in rows)]
@@ -197,7 +205,7 @@ def markdown(res):
                      f"{run.get('wall_s', 0):.0f} s wall")
     parts += ["", "Ratio = voxtile time / best peer time, voxtile's time taken from the best peer's own run "
               "(below 1: voxtile is faster). "
-              "Peers: MONAI sliding_window_inference (roi 128³, sw_batch 4, overlap 0.5, gaussian) under "
+              "Peers: MONAI sliding_window_inference (roi 128³, W5 96³; sw_batch 4, overlap 0.5, gaussian) under "
               "torch.autocast fp16, the volume on the GPU, logits left there; median of the timed passes after "
               "warm-up (a compiled mode's first pass holds its compile). voxtile: the engine on the host volume, "
               "labels back on the host.", "", summary_table(res), ""]
