@@ -28,7 +28,8 @@ def nnunet_steps(size, tile, step=0.5):
 
 def nnunet_gaussian(tile, sigma_scale=1 / 8, value_scaling=10.0):
     """nnU-Net's compute_gaussian: an impulse at n // 2 through scipy's gaussian_filter (truncated at
-    int(4 sigma + 0.5)), over its maximum, times 10; separable, so exp(-x^2 / 2 sigma^2) per axis."""
+    int(4 sigma + 0.5)), over its maximum, times 10, zeros replaced by the smallest non-zero value;
+    separable, so exp(-x^2 / 2 sigma^2) per axis."""
     prof = []
     for n in tile:
         s = n * sigma_scale
@@ -36,7 +37,9 @@ def nnunet_gaussian(tile, sigma_scale=1 / 8, value_scaling=10.0):
         x = np.arange(n) - n // 2
         prof.append(np.where(np.abs(x) <= r, np.exp(-0.5 * x * x / (s * s)), 0.0))
     g = prof[0][:, None, None] * prof[1][None, :, None] * prof[2][None, None, :]
-    return torch.from_numpy(g / g.max() * value_scaling)
+    g = g / g.max() * value_scaling
+    g[g == 0] = g[g != 0].min()  # as compute_gaussian does
+    return torch.from_numpy(g)
 
 
 def monai_gaussian(tile, sigma_scale=0.125):
