@@ -57,7 +57,10 @@ fn compare(b: &mut CudaBackend, name: &str, g: &Graph, x: &Array5<f32>) -> Optio
         return Some(format!("{name}: non-finite {v} at {i:?} (unwritten?)"));
     }
     let e = common::rel_l2(got.iter(), want.iter());
-    let scale = want.iter().fold(0f64, |m, &v| m.max(v.abs() as f64)).max(1e-6);
+    let scale = want
+        .iter()
+        .fold(0f64, |m, &v| m.max(v.abs() as f64))
+        .max(1e-6);
     let (mut worst, mut at) = (0f64, None);
     for ((i, &g), &w) in got.indexed_iter().zip(want.iter()) {
         let d = (g as f64 - w as f64).abs();
@@ -85,7 +88,13 @@ fn run_cases(cases: Vec<(&str, Graph, [usize; 5])>) {
         let x = input(&mut r, *s);
         fails.extend(compare(&mut b, name, g, &x));
     }
-    assert!(fails.is_empty(), "{} of {} cases failed:\n{}", fails.len(), cases.len(), fails.join("\n"));
+    assert!(
+        fails.is_empty(),
+        "{} of {} cases failed:\n{}",
+        fails.len(),
+        cases.len(),
+        fails.join("\n")
+    );
 }
 
 fn reshape(t: &[i64]) -> Op {
@@ -99,7 +108,12 @@ fn tr(p: &[usize]) -> Op {
     Op::Transpose { perm: p.to_vec() }
 }
 fn slice(axis: i64, start: i64, end: i64, step: i64) -> Op {
-    Op::Slice(Slice { axis, start, end, step })
+    Op::Slice(Slice {
+        axis,
+        start,
+        end,
+        step,
+    })
 }
 fn linear(r: &mut Rng, k: usize, n: usize, bias: bool) -> Op {
     Op::Linear(Linear {
@@ -131,7 +145,15 @@ fn reshape_and_transpose() {
         // NCDHW -> tokens [1, L, C] (a layout change, then a transpose), back flat.
         (
             "reshape ncdhw->tokens",
-            chain("t", 4, vec![n(reshape(&[1, 4, -1]), &[0]), n(tr(&[0, 2, 1]), &[1]), n(flat(), &[2])]),
+            chain(
+                "t",
+                4,
+                vec![
+                    n(reshape(&[1, 4, -1]), &[0]),
+                    n(tr(&[0, 2, 1]), &[1]),
+                    n(flat(), &[2]),
+                ],
+            ),
             [1, 4, 3, 4, 5],
         ),
         // A row-major -> row-major Reshape aliases its input's buffer; a unary op on rank 2.
@@ -169,11 +191,23 @@ fn reshape_and_transpose() {
         ),
         (
             "transpose rank 4",
-            chain("t", 2, vec![n(reshape(&[2, 6, 4, 10]), &[0]), n(tr(&[2, 0, 3, 1]), &[1]), n(flat(), &[2])]),
+            chain(
+                "t",
+                2,
+                vec![
+                    n(reshape(&[2, 6, 4, 10]), &[0]),
+                    n(tr(&[2, 0, 3, 1]), &[1]),
+                    n(flat(), &[2]),
+                ],
+            ),
             [1, 2, 6, 4, 10],
         ),
         // NDHWC -> NDHWC: the output is rank 5 with N = 1, an NCDHW graph output.
-        ("transpose rank 5", chain("t", 2, vec![(tr(&[0, 3, 1, 4, 2]), vec![0], 4)]), [1, 2, 6, 4, 10]),
+        (
+            "transpose rank 5",
+            chain("t", 2, vec![(tr(&[0, 3, 1, 4, 2]), vec![0], 4)]),
+            [1, 2, 6, 4, 10],
+        ),
         (
             "transpose rank 8",
             chain(
@@ -196,13 +230,33 @@ fn slice_gather_concat() {
     let cases = vec![
         (
             "slice step 2 rank 3",
-            chain("t", 3, vec![n(reshape(&[1, 3, -1]), &[0]), n(slice(2, 1, i64::MAX, 2), &[1]), n(flat(), &[2])]),
+            chain(
+                "t",
+                3,
+                vec![
+                    n(reshape(&[1, 3, -1]), &[0]),
+                    n(slice(2, 1, i64::MAX, 2), &[1]),
+                    n(flat(), &[2]),
+                ],
+            ),
             [1, 3, 4, 5, 6],
         ),
-        ("slice step 2 rank 5 (H)", chain("t", 3, vec![(slice(3, 0, 5, 2), vec![0], 3)]), [1, 3, 4, 5, 6]),
+        (
+            "slice step 2 rank 5 (H)",
+            chain("t", 3, vec![(slice(3, 0, 5, 2), vec![0], 3)]),
+            [1, 3, 4, 5, 6],
+        ),
         (
             "slice negative rank 3",
-            chain("t", 3, vec![n(reshape(&[1, 3, -1]), &[0]), n(slice(-1, -40, -1, 1), &[1]), n(flat(), &[2])]),
+            chain(
+                "t",
+                3,
+                vec![
+                    n(reshape(&[1, 3, -1]), &[0]),
+                    n(slice(-1, -40, -1, 1), &[1]),
+                    n(flat(), &[2]),
+                ],
+            ),
             [1, 3, 4, 5, 6],
         ),
         (
@@ -226,7 +280,13 @@ fn slice_gather_concat() {
                 6,
                 vec![
                     n(reshape(&[1, 6, 64]), &[0]),
-                    n(Op::Gather { axis: -1, index: -3 }, &[1]),
+                    n(
+                        Op::Gather {
+                            axis: -1,
+                            index: -3,
+                        },
+                        &[1],
+                    ),
                     n(reshape(&[1, 1, 1, 1, 6]), &[2]),
                 ],
             ),
@@ -248,7 +308,11 @@ fn slice_gather_concat() {
             [1, 2, 4, 4, 4],
         ),
         // Concat along W of NCDHW values (positional rank 5: strided in NDHWC).
-        ("concat rank 5 axis 4", chain("t", 2, vec![(Op::Concat { axis: 4 }, vec![0, 0], 2)]), [1, 2, 4, 4, 4]),
+        (
+            "concat rank 5 axis 4",
+            chain("t", 2, vec![(Op::Concat { axis: 4 }, vec![0, 0], 2)]),
+            [1, 2, 4, 4, 4],
+        ),
     ];
     run_cases(cases);
 }
@@ -319,13 +383,21 @@ fn matmul_and_linear() {
             [1, 8, 4, 4, 5],
         ),
         // Linear over W of an NCDHW value: strided rows (a_sk = C), batch dims kept.
-        ("linear rank 5 over W", chain("t", 8, vec![(linear(&mut r, 5, 3, false), vec![0], 8)]), [1, 8, 4, 4, 5]),
+        (
+            "linear rank 5 over W",
+            chain("t", 8, vec![(linear(&mut r, 5, 3, false), vec![0], 8)]),
+            [1, 8, 4, 4, 5],
+        ),
         (
             "linear rank 1 input",
             chain(
                 "t",
                 1,
-                vec![n(reshape(&[-1]), &[0]), n(linear(&mut r, 100, 130, true), &[1]), n(flat(), &[2])],
+                vec![
+                    n(reshape(&[-1]), &[0]),
+                    n(linear(&mut r, 100, 130, true), &[1]),
+                    n(flat(), &[2]),
+                ],
             ),
             [1, 1, 4, 5, 5],
         ),
@@ -343,18 +415,64 @@ fn norms_softmax_binaries() {
     };
     let x5 = [1, 8, 4, 4, 5];
     let cases = vec![
-        ("layernorm last axis", tokens(vec![n(layer_norm(&mut r, -1, 8, true), &[2]), n(flat(), &[3])]), x5),
-        ("layernorm axis 1 (rows of 640)", tokens(vec![n(layer_norm(&mut r, 1, 640, false), &[2]), n(flat(), &[3])]), x5),
-        ("layernorm rank 5 last axis", chain("t", 8, vec![(layer_norm(&mut r, -1, 5, true), vec![0], 8)]), x5),
-        ("layernorm rank 5 from C", chain("t", 8, vec![(layer_norm(&mut r, 1, 640, true), vec![0], 8)]), x5),
-        ("layernorm rank 5 from D", chain("t", 8, vec![(layer_norm(&mut r, 2, 80, true), vec![0], 8)]), x5),
-        ("softmax last axis", tokens(vec![n(Op::Softmax { axis: 2 }, &[2]), n(flat(), &[3])]), x5),
-        ("softmax middle axis", tokens(vec![n(Op::Softmax { axis: 1 }, &[2]), n(flat(), &[3])]), x5),
-        ("softmax rank 5 axis W", chain("t", 8, vec![(Op::Softmax { axis: 4 }, vec![0], 8)]), x5),
-        ("softmax rank 5 axis D", chain("t", 8, vec![(Op::Softmax { axis: 2 }, vec![0], 8)]), x5),
+        (
+            "layernorm last axis",
+            tokens(vec![
+                n(layer_norm(&mut r, -1, 8, true), &[2]),
+                n(flat(), &[3]),
+            ]),
+            x5,
+        ),
+        (
+            "layernorm axis 1 (rows of 640)",
+            tokens(vec![
+                n(layer_norm(&mut r, 1, 640, false), &[2]),
+                n(flat(), &[3]),
+            ]),
+            x5,
+        ),
+        (
+            "layernorm rank 5 last axis",
+            chain("t", 8, vec![(layer_norm(&mut r, -1, 5, true), vec![0], 8)]),
+            x5,
+        ),
+        (
+            "layernorm rank 5 from C",
+            chain("t", 8, vec![(layer_norm(&mut r, 1, 640, true), vec![0], 8)]),
+            x5,
+        ),
+        (
+            "layernorm rank 5 from D",
+            chain("t", 8, vec![(layer_norm(&mut r, 2, 80, true), vec![0], 8)]),
+            x5,
+        ),
+        (
+            "softmax last axis",
+            tokens(vec![n(Op::Softmax { axis: 2 }, &[2]), n(flat(), &[3])]),
+            x5,
+        ),
+        (
+            "softmax middle axis",
+            tokens(vec![n(Op::Softmax { axis: 1 }, &[2]), n(flat(), &[3])]),
+            x5,
+        ),
+        (
+            "softmax rank 5 axis W",
+            chain("t", 8, vec![(Op::Softmax { axis: 4 }, vec![0], 8)]),
+            x5,
+        ),
+        (
+            "softmax rank 5 axis D",
+            chain("t", 8, vec![(Op::Softmax { axis: 2 }, vec![0], 8)]),
+            x5,
+        ),
         (
             "add broadcast rank 3",
-            tokens(vec![n(slice(1, 3, 4, 1), &[2]), n(Op::Add, &[2, 3]), n(flat(), &[4])]),
+            tokens(vec![
+                n(slice(1, 3, 4, 1), &[2]),
+                n(Op::Add, &[2, 3]),
+                n(flat(), &[4]),
+            ]),
             x5,
         ),
         (
@@ -494,11 +612,19 @@ fn tensor_graph_plan_on_the_host() {
         .filter(|c| c.what.starts_with("linear weight"))
         .map(|c| c.bytes)
         .collect();
-    assert_eq!(linear_weights, vec![8 * 24 * 2, 8 * 8 * 2, 8 * 16 * 2, 16 * 8 * 2]);
-    assert!(bp.tensor[0] && !bp.tensor[24], "reshapes on the tensor path, the conv not");
+    assert_eq!(
+        linear_weights,
+        vec![8 * 24 * 2, 8 * 8 * 2, 8 * 16 * 2, 16 * 8 * 2]
+    );
+    assert!(
+        bp.tensor[0] && !bp.tensor[24],
+        "reshapes on the tensor path, the conv not"
+    );
     // Node 15 (Reshape [1, 64, 8] of a row-major value) shares its input's buffer.
     assert_eq!(bp.value_buf[16], bp.value_buf[15]);
     assert_ne!(bp.value_buf[1], bp.value_buf[0]);
-    let e = buffer_plan(&g, 2, [4, 4, 4], &ArchCaps::h200()).unwrap_err().to_string();
+    let e = buffer_plan(&g, 2, [4, 4, 4], &ArchCaps::h200())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("one window per batch"), "{e}");
 }

@@ -131,7 +131,10 @@ pub(crate) fn build(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Vec<Step>> {
         }
         Op::AddConst(k) | Op::MulConst(k) => {
             let ks = const_strides(k, &o).ok_or_else(|| {
-                err(format!("constant {:?} does not broadcast to {o:?}", k.shape))
+                err(format!(
+                    "constant {:?} does not broadcast to {o:?}",
+                    k.shape
+                ))
             })?;
             let kp = b.upload_const(&k.data)?;
             let axes = ordered(&o, |a| [xs[a], ks[a], os[a]]);
@@ -193,7 +196,12 @@ pub(crate) fn build(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Vec<Step>> {
         }
         Op::Linear(l) => {
             let (k, n) = l.kn();
-            let halves: Vec<half::f16> = l.weight.data.iter().map(|&v| half::f16::from_f32(v)).collect();
+            let halves: Vec<half::f16> = l
+                .weight
+                .data
+                .iter()
+                .map(|&v| half::f16::from_f32(v))
+                .collect();
             let w = b.upload_const(&halves)?;
             let bias = match &l.bias {
                 Some(t) => b.upload_const(&t.data)?,
@@ -236,7 +244,12 @@ pub(crate) fn build(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Vec<Step>> {
                 slope,
             })]
         }
-        _ => return Err(err(format!("not implemented on {:?} by the CUDA backend", io.dims))),
+        _ => {
+            return Err(err(format!(
+                "not implemented on {:?} by the CUDA backend",
+                io.dims
+            )))
+        }
     })
 }
 
@@ -377,7 +390,10 @@ pub(crate) fn axis_run(d: &Dims, lo: usize, hi: usize) -> Option<(usize, usize, 
 
 /// LayerNorm over axes `a..` of `x`: (outer, len, inner, remap). A rank-5 value normalised from
 /// C (or from N when N is 1) has NDHWC rows whose scale index is remapped by C.
-fn layer_norm_rows(x: &Dims, a: usize) -> std::result::Result<(usize, usize, usize, usize), String> {
+fn layer_norm_rows(
+    x: &Dims,
+    a: usize,
+) -> std::result::Result<(usize, usize, usize, usize), String> {
     if let Some(r) = axis_run(x, a, x.rank()) {
         return Ok((r.0, r.1, r.2, 0));
     }
@@ -385,7 +401,9 @@ fn layer_norm_rows(x: &Dims, a: usize) -> std::result::Result<(usize, usize, usi
         let rows = if a == 1 { x[0] } else { 1 };
         return Ok((rows, x.numel() / rows, 1, x[1]));
     }
-    Err(format!("LayerNorm from axis {a} of {x:?} (a rank-5 value normalised over N)"))
+    Err(format!(
+        "LayerNorm from axis {a} of {x:?} (a rank-5 value normalised over N)"
+    ))
 }
 
 /// GEMM parameters of `a @ b = y` (each: logical dims, element strides; rank >= 1, a rank-1
