@@ -74,49 +74,12 @@ pub(crate) fn build(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Vec<Step>> {
     let (x, o) = (io.dims[0], io.odims);
     let (xs, os) = (phys_strides(&x), phys_strides(&o));
     let t = |s: TensorStep| vec![Step::Tensor(s)];
-    let copy = |p: NdParams| {
-        t(TensorStep::Copy {
-            x: io.x,
-            y: io.y,
-            p,
-        })
-    };
     Ok(match op {
-        // The buffer plan gave an aliasing Reshape its input's buffer: nothing to do (two
-        // distinct buffers live at one launch never share an offset).
-        Op::Reshape { .. } if io.y == io.x => vec![],
-        Op::Reshape { .. } => copy(reshape_params(&x, &o)?),
-        Op::Transpose { perm } => {
-            let axes = ordered(&o, |a| [xs[perm[a]], os[a]]);
-            copy(nd(&axes, 0, 0)?)
-        }
-        Op::Slice(s) => {
-            let r = s.resolve(&x).map_err(err)?;
-            let step = |a: usize| if a == r.axis { r.step as i64 } else { 1 };
-            let axes = ordered(&o, |a| [xs[a] * step(a), os[a]]);
-            copy(nd(&axes, r.start as i64 * xs[r.axis], 0)?)
-        }
-        Op::Gather { axis, index } => {
-            let (ax, i, _) = gather_dims(&x, *axis, *index).map_err(err)?;
-            let src = |a: usize| if a < ax { a } else { a + 1 };
-            let axes = ordered(&o, |a| [xs.get(src(a)).copied().unwrap_or(0), os[a]]);
-            copy(nd(&axes, i as i64 * xs[ax], 0)?)
-        }
-        Op::Concat { axis } => {
-            let mut steps = Vec::new();
-            let mut at = 0usize;
-            for (d, &xp) in io.dims.iter().zip(&io.xs) {
-                let ds = phys_strides(d);
-                let axes = ordered(d, |a| [ds[a], os[a]]);
-                steps.push(Step::Tensor(TensorStep::Copy {
-                    x: xp,
-                    y: io.y,
-                    p: nd(&axes, 0, at as i64 * os[*axis])?,
-                }));
-                at += d[*axis];
-            }
-            steps
-        }
+        Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Slice(_)
+        | Op::Gather { .. }
+        | Op::Concat { .. } => movement(op, io)?,
         Op::Add | Op::Mul | Op::Sub | Op::Div | Op::Max | Op::Min | Op::Pow => {
             let (sa, sb) = (bcast(&x, &o), bcast(&io.dims[1], &o));
             let axes = ordered(&o, |a| [sa[a], sb[a], os[a]]);
@@ -250,6 +213,59 @@ pub(crate) fn build(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Vec<Step>> {
                 io.dims
             )))
         }
+    })
+}
+
+/// The strided copies of the data-movement ops (one per input for Concat; none for a Reshape
+/// that aliases its input).
+fn movement(op: &Op, io: &NodeIo) -> Result<Vec<Step>> {
+    let err = |m: String| Error::Graph(format!("node {} ({}): {m}", io.name, op.name()));
+    let (x, o) = (io.dims[0], io.odims);
+    let (xs, os) = (phys_strides(&x), phys_strides(&o));
+    let copy = |p: NdParams| {
+        vec![Step::Tensor(TensorStep::Copy {
+            x: io.x,
+            y: io.y,
+            p,
+        })]
+    };
+    Ok(match op {
+        // The buffer plan gave an aliasing Reshape its input's buffer: nothing to do (two
+        // distinct buffers live at one launch never share an offset).
+        Op::Reshape { .. } if io.y == io.x => vec![],
+        Op::Reshape { .. } => copy(reshape_params(&x, &o)?),
+        Op::Transpose { perm } => {
+            let axes = ordered(&o, |a| [xs[perm[a]], os[a]]);
+            copy(nd(&axes, 0, 0)?)
+        }
+        Op::Slice(s) => {
+            let r = s.resolve(&x).map_err(err)?;
+            let step = |a: usize| if a == r.axis { r.step as i64 } else { 1 };
+            let axes = ordered(&o, |a| [xs[a] * step(a), os[a]]);
+            copy(nd(&axes, r.start as i64 * xs[r.axis], 0)?)
+        }
+        Op::Gather { axis, index } => {
+            let (ax, i, _) = gather_dims(&x, *axis, *index).map_err(err)?;
+            let src = |a: usize| if a < ax { a } else { a + 1 };
+            let axes = ordered(&o, |a| [xs.get(src(a)).copied().unwrap_or(0), os[a]]);
+            copy(nd(&axes, i as i64 * xs[ax], 0)?)
+        }
+        Op::Concat { axis } => {
+            let mut steps = Vec::new();
+            let mut at = 0usize;
+            for (d, &xp) in io.dims.iter().zip(&io.xs) {
+                let ds = phys_strides(d);
+                let axes = ordered(d, |a| [ds[a], os[a]]);
+                steps.push(Step::Tensor(TensorStep::Copy {
+                    x: xp,
+                    y: io.y,
+                    p: nd(&axes, 0, at as i64 * os[*axis])?,
+                }));
+                at += d[*axis];
+            }
+            steps
+        }
+        _ => return Err(err("not a data-movement op".into())),
     })
 }
 
