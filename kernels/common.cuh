@@ -50,3 +50,34 @@ struct ConvParams {
     int ocout;
     int od, oh, ow;
 };
+
+// Binary ops shared by eltwise.cu and tensor.cu (codes of `Bin` and `math::code`).
+// op: 0 add, 1 mul, 2 sub, 3 div
+__device__ __forceinline__ float bin(float a, float b, int op) {
+    switch (op) {
+    case 0: return a + b;
+    case 1: return a * b;
+    case 2: return a - b;
+    default: return a / b;
+    }
+}
+
+// powf under --use_fast_math is exp2(b * log2(a)): NaN for a negative base even when the
+// exponent is an integer, and 0^0 = NaN; C's pow (and PyTorch) give -8 for (-2)^3 and 1 for 0^0.
+__device__ __forceinline__ float pow_real(float a, float b) {
+    if (b == 0.f) return 1.f;
+    if (a >= 0.f) return powf(a, b);
+    if (truncf(b) != b) return __int_as_float(0x7fc00000);
+    float m = powf(-a, b);
+    return fmodf(b, 2.f) != 0.f ? -m : m;
+}
+
+// op: bin's codes, then 4 max, 5 min, 6 pow.
+__device__ __forceinline__ float bin_any(float a, float b, int op) {
+    switch (op) {
+    case 4: return fmaxf(a, b);
+    case 5: return fminf(a, b);
+    case 6: return pow_real(a, b);
+    default: return bin(a, b, op);
+    }
+}

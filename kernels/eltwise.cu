@@ -9,16 +9,6 @@ extern "C" __global__ void act_kernel(const half* __restrict__ x, half* __restri
     }
 }
 
-// op: 0 add, 1 mul, 2 sub, 3 div
-__device__ __forceinline__ float bin(float a, float b, int op) {
-    switch (op) {
-    case 0: return a + b;
-    case 1: return a * b;
-    case 2: return a - b;
-    default: return a / b;
-    }
-}
-
 // y may be a channel slice [coff, coff+C) of a buffer with ldc channels (a concat written in place).
 extern "C" __global__ void binary_kernel(const half* __restrict__ a, const half* __restrict__ b,
                                          half* __restrict__ y, i64 total, int op, int C, int ldc, int coff) {
@@ -147,15 +137,6 @@ extern "C" __global__ void ndhwc_to_ncdhw(const half* __restrict__ x, float* __r
 // One-input functions, codes of `Pointwise::code` in src/model/ops/pointwise.rs (fp32 math,
 // full-precision erff/tanhf/expf/logf: the fp16 output is the only rounding that matters).
 
-// powf under --use_fast_math is exp2(b * log2(a)): NaN for a negative base even when the
-// exponent is an integer, and 0^0 = NaN; C's pow (and PyTorch) give -8 for (-2)^3 and 1 for 0^0.
-__device__ __forceinline__ float pow_real(float a, float b) {
-    if (b == 0.f) return 1.f;
-    if (a >= 0.f) return powf(a, b);
-    if (truncf(b) != b) return __int_as_float(0x7fc00000);
-    float m = powf(-a, b);
-    return fmodf(b, 2.f) != 0.f ? -m : m;
-}
 __device__ __forceinline__ float pointwise_apply(float v, int f, float p0, float p1) {
     switch (f) {
     case 0: return erff(v);
@@ -181,15 +162,6 @@ extern "C" __global__ void pointwise_kernel(const half* __restrict__ x, half* __
     GRID_LOOP(e, total) { y[e] = __float2half(pointwise_apply(__half2float(x[e]), f, p0, p1)); }
 }
 
-// op: bin's codes, then 4 max, 5 min, 6 pow.
-__device__ __forceinline__ float bin_any(float a, float b, int op) {
-    switch (op) {
-    case 4: return fmaxf(a, b);
-    case 5: return fminf(a, b);
-    case 6: return pow_real(a, b);
-    default: return bin(a, b, op);
-    }
-}
 
 // y = a (op) b with numpy broadcasting: y is N x D x H x W x C (NDHWC, C innermost), each
 // operand is read at element strides (sn, sd, sh, sw, sc), 0 along the axes it is broadcast

@@ -9,7 +9,9 @@
 pub use super::conv_kernel::{ArchCaps, ConvGeom, ConvKernel};
 use super::plan::{concat_slice, consumers, fusable_activation, Act, Shape};
 use super::select::is_upsampling_convt;
+use super::tensor_layout::{is_standard, reshape_aliases, tensor_node, tensor_supported};
 use crate::model::graph::{Graph, Op};
+use crate::model::ops::Dims;
 use crate::{Error, Result};
 
 /// Every device allocation of the backend takes at least this many bytes (the tracker counts
@@ -60,8 +62,13 @@ pub struct ConstBuf {
 pub struct BufferPlan {
     pub batch: usize,
     pub roi: [usize; 3],
-    /// Per-sample shapes of every value.
+    /// Per-sample shapes of every value ([1, 1, 1, elements] for a value only the tensor path
+    /// handles: any rank but 5, or a rank-5 value whose dim 0 is not the batch).
     pub shapes: Vec<Shape>,
+    /// Dims of every value at batch 1 (what the tensor path plans with).
+    pub dims: Vec<Dims>,
+    /// Per node: whether it runs on the tensor path ([`tensor_node`]).
+    pub tensor: Vec<bool>,
     /// Requested bytes of each fp16 activation buffer, allocation order. A buffer holds one
     /// value, or the values of one channel concat (its slices and output).
     pub bufs: Vec<usize>,
@@ -170,26 +177,40 @@ pub fn arena_offsets(sizes: &[usize], life: &[(usize, usize)]) -> (Vec<usize>, u
 }
 
 /// Per-sample shapes [C, D, H, W] of every value at window `roi` (the model's shape
-/// inference), after checking the graph only asks for what the kernels implement: concat and
-/// softmax over channels.
-pub fn cuda_shapes(graph: &Graph, roi: [usize; 3]) -> Result<Vec<Shape>> {
-    for node in &graph.nodes {
-        let what = match node.op {
-            Op::Concat { axis } if axis != 1 => "only channel concatenation (axis 1)",
-            Op::Softmax { axis } if axis != 1 => "only softmax over channels (axis 1)",
-            _ => continue,
-        };
-        return Err(Error::Graph(format!(
-            "node {} ({}): {what} is supported on CUDA",
-            node.name,
-            node.op.name()
-        )));
+/// inference at batch 1; `[1, 1, 1, elements]` for values only the tensor path handles), the
+/// dims themselves and which nodes take the tensor path, after checking the graph only asks
+/// for what the kernels implement.
+pub fn cuda_shapes(graph: &Graph, roi: [usize; 3]) -> Result<(Vec<Shape>, Vec<Dims>, Vec<bool>)> {
+    let dims = graph.infer_shapes(1, roi)?;
+    let tensor: Vec<bool> = (0..graph.nodes.len())
+        .map(|i| tensor_node(graph, &dims, i))
+        .collect();
+    for (node, _) in graph.nodes.iter().zip(&tensor).filter(|(_, &t)| t) {
+        if !tensor_supported(&node.op) {
+            let ins: Vec<Dims> = node.inputs.iter().map(|&v| dims[v]).collect();
+            return Err(Error::Graph(format!(
+                "node {} ({}): the CUDA backend runs it on NCDHW activations of batch 1 only, not on {ins:?}",
+                node.name,
+                node.op.name()
+            )));
+        }
     }
-    Ok(graph
-        .infer_ncdhw(1, roi, "the CUDA backend")?
-        .into_iter()
-        .map(|s| [s[1], s[2], s[3], s[4]])
-        .collect())
+    for v in [graph.input, graph.output] {
+        if !is_standard(&dims[v]) {
+            return Err(Error::Graph(format!(
+                "value \"{}\" has shape {:?} at batch 1; the CUDA backend needs an NCDHW input and output of the same batch",
+                graph.values[v].name, dims[v]
+            )));
+        }
+    }
+    let shapes = dims
+        .iter()
+        .map(|d| match d.ncdhw() {
+            Some(s) if is_standard(d) => [s[1], s[2], s[3], s[4]],
+            _ => [1, 1, 1, d.numel()],
+        })
+        .collect();
+    Ok((shapes, dims, tensor))
 }
 
 fn numel(s: &Shape) -> usize {
@@ -230,6 +251,7 @@ struct Walk<'g> {
     graph: &'g Graph,
     batch: usize,
     shapes: Vec<Shape>,
+    tensor: Vec<bool>,
     cons: Vec<Vec<usize>>,
     b: Buffers,
     /// live[v]: the buffer of a value not yet released; value_buf keeps it for the launches.
@@ -249,8 +271,10 @@ impl Walk<'_> {
     fn place(&mut self, i: usize, out_v: usize, oshape: Shape) -> (usize, usize, usize) {
         let graph = self.graph;
         let target = match &graph.nodes[i].op {
+            _ if self.tensor[i] => None,
             Op::Conv(_) | Op::ConvTranspose(_) | Op::Add | Op::Mul | Op::Sub | Op::Div => {
                 concat_slice(graph, &self.cons, &self.shapes, out_v)
+                    .filter(|&(j, _, _)| !self.tensor[j])
             }
             _ => None,
         };
@@ -359,6 +383,18 @@ impl Walk<'_> {
             Op::ChannelAffine { scale, .. } => push(f32s(2 * scale.len()), "affine scale/shift"),
             Op::PRelu { slope } => push(f32s(slope.len()), "PRelu slope"),
             Op::AddConst(t) | Op::MulConst(t) => push(f32s(t.len()), "broadcast constant"),
+            Op::Linear(l) => {
+                push(l.weight.len() * 2, "linear weight (fp16)");
+                if let Some(b) = &l.bias {
+                    push(f32s(b.len()), "linear bias");
+                }
+            }
+            Op::LayerNorm(l) => {
+                push(f32s(l.scale.len()), "layer norm scale");
+                if let Some(b) = &l.bias {
+                    push(f32s(b.len()), "layer norm bias");
+                }
+            }
             _ => {}
         }
         conv
@@ -396,7 +432,12 @@ pub fn buffer_plan(
             "batch {batch} and window {roi:?} must be non-zero"
         )));
     }
-    let shapes = cuda_shapes(graph, roi)?;
+    let (shapes, dims, tensor) = cuda_shapes(graph, roi)?;
+    if batch > 1 && tensor.iter().any(|&t| t) {
+        return Err(Error::Invalid(format!(
+            "the CUDA backend runs graphs with tensor ops (reshapes, attention, any rank but 5) one window per batch, not {batch}"
+        )));
+    }
     let nv = graph.values.len();
     let mut last_use = vec![0usize; nv];
     for (i, n) in graph.nodes.iter().enumerate() {
@@ -411,6 +452,7 @@ pub fn buffer_plan(
         batch,
         cons: consumers(graph),
         shapes,
+        tensor,
         b: Buffers::default(),
         live: vec![None; nv],
         value_buf: vec![None; nv],
@@ -455,7 +497,12 @@ pub fn buffer_plan(
         };
         let oshape = w.shapes[node.output];
         cmax = cmax.max(oshape[0]);
-        let (ob, ldc, coff) = w.place(i, out_v, oshape);
+        let (ob, ldc, coff) = if reshape_aliases(graph, &dims, i) {
+            let b = w.live[node.inputs[0]].expect("checked live above");
+            (b, oshape[0], 0)
+        } else {
+            w.place(i, out_v, oshape)
+        };
         w.live[out_v] = Some(ob);
         w.value_buf[out_v] = Some(ob);
         let (live_bytes, live_bufs) = w.b.live();
@@ -496,6 +543,8 @@ pub fn buffer_plan(
         norm_ab: batch * cmax * 2 * 4,
         cmax,
         shapes: w.shapes,
+        dims,
+        tensor: w.tensor,
     })
 }
 

@@ -18,10 +18,11 @@ pub enum Family {
     PoolResize,
     Blend,
     Pad,
+    Tensor,
 }
 
 /// Every family, in load order.
-pub const FAMILIES: [Family; 7] = [
+pub const FAMILIES: [Family; 8] = [
     Family::Conv,
     Family::ConvTranspose,
     Family::Norm,
@@ -29,6 +30,7 @@ pub const FAMILIES: [Family; 7] = [
     Family::PoolResize,
     Family::Blend,
     Family::Pad,
+    Family::Tensor,
 ];
 
 impl Family {
@@ -42,6 +44,7 @@ impl Family {
             Family::PoolResize => "pool_resize",
             Family::Blend => "blend",
             Family::Pad => "pad",
+            Family::Tensor => "tensor",
         }
     }
 
@@ -55,6 +58,7 @@ impl Family {
             Family::PoolResize => include_str!("../../../kernels/pool_resize.cu"),
             Family::Blend => include_str!("../../../kernels/blend.cu"),
             Family::Pad => include_str!("../../../kernels/pad.cu"),
+            Family::Tensor => include_str!("../../../kernels/tensor.cu"),
         }
     }
 
@@ -129,6 +133,19 @@ pub const GATHER_WINDOW_RING: Kernel = k(Family::Blend, "gather_window_ring");
 pub const PAD_NDHWC: Kernel = k(Family::Pad, "pad_ndhwc");
 /// Channel tiling (Tile / Expand along C).
 pub const TILE_CHANNELS: Kernel = k(Family::Pad, "tile_channels");
+/// Strided copy of up to 8 dims (Reshape, Transpose, Slice, Gather, Concat, layout changes).
+pub const ND_COPY: Kernel = k(Family::Tensor, "nd_copy");
+/// Binaries with numpy broadcasting at any rank; the `_const` one with an f32 constant.
+pub const ND_BINARY: Kernel = k(Family::Tensor, "nd_binary");
+pub const ND_BINARY_CONST: Kernel = k(Family::Tensor, "nd_binary_const");
+/// Softmax over contiguous rows (a warp each) / over a strided axis (a thread per column).
+pub const SOFTMAX_ROWS: Kernel = k(Family::Tensor, "softmax_rows");
+pub const SOFTMAX_STRIDED: Kernel = k(Family::Tensor, "softmax_strided");
+/// LayerNorm over contiguous rows (a warp each) / over a strided axis (a thread per column).
+pub const LAYERNORM_ROWS: Kernel = k(Family::Tensor, "layernorm_rows");
+pub const LAYERNORM_STRIDED: Kernel = k(Family::Tensor, "layernorm_strided");
+/// Batched fp16 tensor-core GEMM (MatMul, Linear), 64x64 tiles of 128 threads.
+pub const GEMM_WMMA: Kernel = k(Family::Tensor, "gemm_wmma");
 pub const CONVT_UP_M256N32_V8: Kernel = k(Family::Conv, "convt_up_m256n32_v8");
 pub const CONVT_UP_M128N32_V8: Kernel = k(Family::Conv, "convt_up_m128n32_v8");
 pub const CONVT_UP_M128N64_V8: Kernel = k(Family::Conv, "convt_up_m128n64_v8");
@@ -171,6 +188,14 @@ pub const KERNELS: &[Kernel] = &[
     GATHER_WINDOW_RING,
     PAD_NDHWC,
     TILE_CHANNELS,
+    ND_COPY,
+    ND_BINARY,
+    ND_BINARY_CONST,
+    SOFTMAX_ROWS,
+    SOFTMAX_STRIDED,
+    LAYERNORM_ROWS,
+    LAYERNORM_STRIDED,
+    GEMM_WMMA,
 ];
 
 /// One `conv_mma_*` kernel of kernels/conv.cu (its MMA_ENTRY line).

@@ -2,7 +2,7 @@
 //! argument list turned into the driver's pointer array.
 
 use super::device::drv;
-use super::plan::{ConvParams, PoolParams};
+use super::plan::{ConvParams, GemmParams, NdParams, PoolParams};
 use crate::{Error, Result};
 use cudarc::driver::{result as cu, sys, CudaContext, CudaEvent, CudaFunction, CudaStream};
 use std::collections::HashMap;
@@ -17,6 +17,8 @@ pub(crate) enum Arg {
     Ptr(u64),
     Conv(ConvParams),
     Pool(PoolParams),
+    Nd(NdParams),
+    Gemm(GemmParams),
 }
 
 /// `v` as an i32 argument.
@@ -57,6 +59,8 @@ impl Gpu {
                 Arg::Ptr(v) => v as *mut u64 as *mut c_void,
                 Arg::Conv(v) => v as *mut ConvParams as *mut c_void,
                 Arg::Pool(v) => v as *mut PoolParams as *mut c_void,
+                Arg::Nd(v) => v as *mut NdParams as *mut c_void,
+                Arg::Gemm(v) => v as *mut GemmParams as *mut c_void,
             })
             .collect();
         // SAFETY: every pointer points into `args`, alive for the call; the argument lists match

@@ -141,6 +141,9 @@ fn node_io<'g>(
     };
     Ok(NodeIo {
         name: &node.name,
+        tensor: bp.tensor[l.node],
+        dims: node.inputs.iter().map(|&v| bp.dims[v]).collect(),
+        odims: bp.dims[node.output],
         x: xs[0],
         cins: node.inputs.iter().map(|&v| bp.shapes[v][0]).collect(),
         shapes: node.inputs.iter().map(|&v| bp.shapes[v]).collect(),

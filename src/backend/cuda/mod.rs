@@ -33,6 +33,7 @@ pub(crate) mod profile;
 pub mod relayout;
 pub mod select;
 pub(crate) mod single;
+pub mod tensor_layout;
 
 pub use options::CudaOptions;
 pub use pipeline::GpuTimes;

@@ -154,9 +154,56 @@ pub struct PoolParams {
     pub count_include_pad: i32,
 }
 
-// SAFETY: plain #[repr(C)] structs of i32/f32, laid out as their CUDA twins.
+/// Mirrors `struct NdParams` in kernels/tensor.cu: an element index decomposed over `xd`
+/// (outermost first) reads x at `xoff + sum(c * xs)`; y is written at `yoff + sum(c * ys)` over
+/// the same coordinates (`ry` 0) or over the index decomposed over `yd` (a Reshape); binaries
+/// read their second operand at `sum(c * bs)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NdParams {
+    pub total: i64,
+    pub rx: i32,
+    pub ry: i32,
+    pub op: i32,
+    pub pad_: i32,
+    pub xd: [i64; 8],
+    pub xs: [i64; 8],
+    pub yd: [i64; 8],
+    pub ys: [i64; 8],
+    pub bs: [i64; 8],
+    pub xoff: i64,
+    pub yoff: i64,
+}
+
+/// Mirrors `struct GemmParams` in kernels/tensor.cu: `y[b] = a[b] (m x k) @ w[b] (k x n)`, each
+/// operand at element strides (row, column), batch b decomposed over `bd` (`nb` dims) with
+/// per-operand batch strides (0: broadcast).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GemmParams {
+    pub m: i64,
+    pub n: i64,
+    pub k: i64,
+    pub a_sm: i64,
+    pub a_sk: i64,
+    pub b_sk: i64,
+    pub b_sn: i64,
+    pub y_sm: i64,
+    pub y_sn: i64,
+    pub nbatch: i64,
+    pub nb: i32,
+    pub pad_: i32,
+    pub bd: [i64; 6],
+    pub abs: [i64; 6],
+    pub bbs: [i64; 6],
+    pub ybs: [i64; 6],
+}
+
+// SAFETY: plain #[repr(C)] structs of i32/i64/f32, laid out as their CUDA twins.
 unsafe impl cudarc::driver::DeviceRepr for ConvParams {}
 unsafe impl cudarc::driver::DeviceRepr for PoolParams {}
+unsafe impl cudarc::driver::DeviceRepr for NdParams {}
+unsafe impl cudarc::driver::DeviceRepr for GemmParams {}
 
 /// For each value, the node indices that consume it.
 pub fn consumers(graph: &Graph) -> Vec<Vec<usize>> {

@@ -37,7 +37,7 @@ pub(crate) enum MathStep {
 }
 
 /// Binary op codes of `bin_any` in kernels/eltwise.cu (`Bin`'s, then these).
-fn code(op: &Op) -> Option<i32> {
+pub(crate) fn code(op: &Op) -> Option<i32> {
     Some(match op {
         Op::Add => Bin::Add as i32,
         Op::Mul => Bin::Mul as i32,

@@ -7,12 +7,14 @@ pub mod math;
 pub mod norm;
 pub mod pad;
 pub mod pool_resize;
+pub mod tensor;
 
 use super::buffers::{ConstBuf, ConvKernel};
 use super::device::DevBuf;
 use super::launch::Gpu;
 use super::plan::{Act, PoolParams, Shape};
 use crate::model::graph::Op;
+use crate::model::ops::Dims;
 use crate::{Error, Result};
 use cudarc::driver::CudaStream;
 
@@ -27,6 +29,7 @@ pub(crate) enum Step {
     Pad(pad::PadStep),
     Tile(pad::TileStep),
     Math(math::MathStep),
+    Tensor(tensor::TensorStep),
 }
 
 impl Step {
@@ -49,6 +52,7 @@ impl Step {
             Step::Pad(p) => p.launch(gpu, s, n),
             Step::Tile(t) => t.launch(gpu, s, n),
             Step::Math(m) => m.launch(gpu, s, n),
+            Step::Tensor(t) => t.launch(gpu, s, n),
         }
     }
 }
@@ -108,6 +112,10 @@ pub(crate) struct NodeIo<'a> {
     pub act: Act,
     pub slope: u64,
     pub slope_n: i32,
+    /// Whether the node runs on the tensor path, the dims of its inputs and output (batch 1).
+    pub tensor: bool,
+    pub dims: Vec<Dims>,
+    pub odims: Dims,
 }
 
 /// The launch(es) of node `op` (`conv`: its planned kernel; `in_place`: per input, whether it
@@ -121,6 +129,7 @@ pub(crate) fn build_node(
     batch: usize,
 ) -> Result<Vec<Step>> {
     Ok(match op {
+        _ if io.tensor => tensor::build(b, op, io)?,
         Op::Conv(_) | Op::ConvTranspose(_) => {
             let kernel = conv.ok_or_else(|| {
                 Error::Backend(format!("node {}: no conv kernel planned", io.name))
