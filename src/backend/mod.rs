@@ -37,6 +37,11 @@ pub trait MemoryModel: Send {
     fn cost(&self, windows: usize, roi: [usize; 3], batch: usize) -> u64;
     /// The budget used when the user gives none, and where it came from (for messages).
     fn default_budget(&self) -> (u64, String);
+    /// The largest batch this backend runs the graph at (exports that bake the batch into
+    /// Reshape targets run one window at a time).
+    fn max_batch(&self, graph: &Graph, roi: [usize; 3]) -> usize {
+        graph.max_batch(roi)
+    }
 }
 
 /// How blended outputs become labels: argmax over channels, or a threshold on one channel

@@ -76,12 +76,12 @@ pub fn choose(graph: &Graph, model: &dyn MemoryModel, req: &Request) -> Result<P
         .collect();
     let need = |b: usize| -> Result<u64> { Ok(model.estimate(graph, roi, b, w)?.budgeted.total()) };
     // Exports of transformer nets fix the batch in their Reshape targets.
-    let cap = graph.max_batch(roi);
+    let cap = model.max_batch(graph, roi);
     let (batch, how) = match req.user_batch {
         Some(b) => {
             if b > cap {
                 warnings.push(format!(
-                    "the model's export fixes its batch at {cap}: batch {b} lowered to {cap}"
+                    "the model runs at most {cap} window(s) per batch here (its export fixes the batch, or the device's kernels for its tensor ops take one window): batch {b} lowered to {cap}"
                 ));
             }
             let b = b.min(windows).min(cap).max(1);

@@ -152,6 +152,14 @@ impl MemoryModel for CudaMemory {
             ),
         }
     }
+    /// Nodes on the tensor path (activations of other ranks, Softmax/Concat off the channel
+    /// axis) run at batch 1 only.
+    fn max_batch(&self, graph: &Graph, roi: [usize; 3]) -> usize {
+        match super::buffers::cuda_shapes(graph, roi) {
+            Ok((_, _, tensor)) if tensor.contains(&true) => 1,
+            _ => graph.max_batch(roi),
+        }
+    }
 }
 
 /// An opened device models itself: its own capabilities and switches, its own free memory.
@@ -173,6 +181,9 @@ impl MemoryModel for CudaBackend {
     }
     fn default_budget(&self) -> (u64, String) {
         self.memory_model().default_budget()
+    }
+    fn max_batch(&self, graph: &Graph, roi: [usize; 3]) -> usize {
+        self.memory_model().max_batch(graph, roi)
     }
 }
 
