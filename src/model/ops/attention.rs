@@ -65,7 +65,9 @@ impl Attention {
         }
         let lead = broadcast_lead(&q.as_slice()[..r - 2], &k.as_slice()[..r - 2])
             .and_then(|l| broadcast_lead(&l, &v.as_slice()[..r - 2]))
-            .ok_or_else(|| format!("Attention of {q:?}, {k:?}, {v:?}: leading dims do not broadcast"))?;
+            .ok_or_else(|| {
+                format!("Attention of {q:?}, {k:?}, {v:?}: leading dims do not broadcast")
+            })?;
         let a = AttnDims { lead, t, s, d, dv };
         if !self.scale.is_finite() {
             return Err(format!("Attention scale {} is not finite", self.scale));
@@ -118,15 +120,29 @@ mod tests {
     #[test]
     fn shapes() {
         let d = |s: &[usize]| Dims::new(s).unwrap();
-        let a = Attention { scale: 0.5, bias: None };
+        let a = Attention {
+            scale: 0.5,
+            bias: None,
+        };
         assert_eq!(
             a.output_dims(&d(&[2, 4, 7, 8]), &d(&[1, 4, 9, 8]), &d(&[2, 1, 9, 5])),
             Ok(d(&[2, 4, 7, 5]))
         );
-        assert!(a.output_dims(&d(&[4, 7, 8]), &d(&[4, 9, 6]), &d(&[4, 9, 5])).is_err());
-        assert!(a.output_dims(&d(&[7, 8]), &d(&[9, 8]), &d(&[9, 5])).is_err());
-        let b = Attention { scale: 1.0, bias: Some(Tensor::new(vec![1, 4, 7, 9], vec![0.0; 252])) };
-        assert!(b.output_dims(&d(&[2, 4, 7, 8]), &d(&[2, 4, 9, 8]), &d(&[2, 4, 9, 8])).is_ok());
-        assert!(b.output_dims(&d(&[2, 4, 7, 8]), &d(&[2, 4, 8, 8]), &d(&[2, 4, 8, 8])).is_err());
+        assert!(a
+            .output_dims(&d(&[4, 7, 8]), &d(&[4, 9, 6]), &d(&[4, 9, 5]))
+            .is_err());
+        assert!(a
+            .output_dims(&d(&[7, 8]), &d(&[9, 8]), &d(&[9, 5]))
+            .is_err());
+        let b = Attention {
+            scale: 1.0,
+            bias: Some(Tensor::new(vec![1, 4, 7, 9], vec![0.0; 252])),
+        };
+        assert!(b
+            .output_dims(&d(&[2, 4, 7, 8]), &d(&[2, 4, 9, 8]), &d(&[2, 4, 9, 8]))
+            .is_ok());
+        assert!(b
+            .output_dims(&d(&[2, 4, 7, 8]), &d(&[2, 4, 8, 8]), &d(&[2, 4, 8, 8]))
+            .is_err());
     }
 }

@@ -21,7 +21,7 @@ mod resize;
 mod tile;
 pub mod window;
 
-pub use attention::{AttnDims, Attention};
+pub use attention::{Attention, AttnDims};
 pub use broadcast::{broadcast_channels as binary_channels, broadcast_shape};
 pub use conv::{Conv, ConvTranspose};
 pub use dims::{norm_axis, Dims, MAX_RANK};

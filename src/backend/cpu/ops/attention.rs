@@ -4,7 +4,7 @@
 //! stabilised by the row maximum.
 
 use super::{err, Real};
-use crate::model::ops::{AttnDims, Attention, Dims};
+use crate::model::ops::{Attention, AttnDims, Dims};
 use crate::Result;
 use rayon::prelude::*;
 
@@ -55,14 +55,24 @@ pub fn attention<T: Real>(
         }
     }
     let od = a.output().map_err(|e| err(format!("Attention: {e}")))?;
-    let AttnDims { ref lead, t, s, d, dv } = a;
+    let AttnDims {
+        ref lead,
+        t,
+        s,
+        d,
+        dv,
+    } = a;
     let qs = lead_strides(q.1.as_slice(), lead);
     let ks = lead_strides(k.1.as_slice(), lead);
     let vs = lead_strides(v.1.as_slice(), lead);
     let bias = op.bias.as_ref().map(|b| {
         let st = lead_strides(&b.shape, lead);
         let r = b.shape.len();
-        let bt = if b.shape[r - 2] == 1 { 0 } else { b.shape[r - 1] };
+        let bt = if b.shape[r - 2] == 1 {
+            0
+        } else {
+            b.shape[r - 1]
+        };
         let bs = usize::from(b.shape[r - 1] != 1);
         (T::cast_slice(&b.data), st, bt, bs)
     });
@@ -71,43 +81,41 @@ pub fn attention<T: Real>(
     if dv == 0 {
         return Ok((out, od));
     }
-    out.par_chunks_mut(dv)
-        .enumerate()
-        .for_each_init(
-            || vec![T::ZERO; s],
-            |sc, (row, o)| {
-                let (li, ti) = (row / t, row % t);
-                let qr = &q.0[offset(li, lead, &qs) + ti * d..][..d];
-                let kb = offset(li, lead, &ks);
-                let vb = offset(li, lead, &vs);
-                let mut m = T::NEG_INFINITY;
-                for (j, x) in sc.iter_mut().enumerate() {
-                    let kr = &k.0[kb + j * d..][..d];
-                    let mut acc = T::ZERO;
-                    for (&a, &b) in qr.iter().zip(kr) {
-                        acc += a * b;
-                    }
-                    *x = acc * scale;
-                    if let Some((bd, st, bt, bs)) = &bias {
-                        *x += bd[offset(li, lead, st) + ti * bt + j * bs];
-                    }
-                    m = m.max(*x);
+    out.par_chunks_mut(dv).enumerate().for_each_init(
+        || vec![T::ZERO; s],
+        |sc, (row, o)| {
+            let (li, ti) = (row / t, row % t);
+            let qr = &q.0[offset(li, lead, &qs) + ti * d..][..d];
+            let kb = offset(li, lead, &ks);
+            let vb = offset(li, lead, &vs);
+            let mut m = T::NEG_INFINITY;
+            for (j, x) in sc.iter_mut().enumerate() {
+                let kr = &k.0[kb + j * d..][..d];
+                let mut acc = T::ZERO;
+                for (&a, &b) in qr.iter().zip(kr) {
+                    acc += a * b;
                 }
-                let mut sum = T::ZERO;
-                for x in sc.iter_mut() {
-                    *x = (*x - m).exp();
-                    sum += *x;
+                *x = acc * scale;
+                if let Some((bd, st, bt, bs)) = &bias {
+                    *x += bd[offset(li, lead, st) + ti * bt + j * bs];
                 }
-                for (j, &p) in sc.iter().enumerate() {
-                    let vr = &v.0[vb + j * dv..][..dv];
-                    for (y, &w) in o.iter_mut().zip(vr) {
-                        *y += p * w;
-                    }
+                m = m.max(*x);
+            }
+            let mut sum = T::ZERO;
+            for x in sc.iter_mut() {
+                *x = (*x - m).exp();
+                sum += *x;
+            }
+            for (j, &p) in sc.iter().enumerate() {
+                let vr = &v.0[vb + j * dv..][..dv];
+                for (y, &w) in o.iter_mut().zip(vr) {
+                    *y += p * w;
                 }
-                for y in o.iter_mut() {
-                    *y /= sum;
-                }
-            },
-        );
+            }
+            for y in o.iter_mut() {
+                *y /= sum;
+            }
+        },
+    );
     Ok((out, od))
 }
