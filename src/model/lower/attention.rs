@@ -334,38 +334,43 @@ fn probes(g: &Graph) -> Vec<Vec<Dims>> {
 /// Rewrites every attention chain of `g` (see the module doc) into one [`Op::Attention`]
 /// node; returns how many. The absorbed nodes are dropped; values left unread stay for `prune`.
 pub fn fuse_attention(g: &mut Graph) -> usize {
+    let chains: Vec<Chain> = {
+        let u = Uses::new(g);
+        (0..g.nodes.len())
+            .filter_map(|k| match_chain(&u, k))
+            .collect()
+    };
+    if chains.is_empty() {
+        return 0;
+    }
     let probes = probes(g);
-    if probes.is_empty() || !g.nodes.iter().any(|n| matches!(n.op, Op::Softmax { .. })) {
+    if probes.is_empty() {
+        tracing::debug!("attention fusion skipped: no probe window has shapes");
         return 0;
     }
     let mut taken = vec![false; g.nodes.len()];
     let mut fused: Vec<(Chain, Attention, KSource)> = vec![];
-    {
-        let u = Uses::new(g);
-        for k2 in 0..g.nodes.len() {
-            let Some(c) = match_chain(&u, k2) else {
-                continue;
-            };
-            if taken[k2] || c.absorbed.iter().any(|&k| taken[k]) {
-                continue;
-            }
-            let mut res = probes.iter().map(|s| c.fuse_on(g, s));
-            let Some(Some((att, ks))) = res.next() else {
-                continue;
-            };
-            if !res.all(|r| r.is_some_and(|(a, _)| a == att)) {
-                tracing::debug!(
-                    "attention at {} differs between windows: left unfused",
-                    g.nodes[k2].name
-                );
-                continue;
-            }
-            taken[k2] = true;
-            for &k in &c.absorbed {
-                taken[k] = true;
-            }
-            fused.push((c, att, ks));
+    for c in chains {
+        let k2 = c.mm2;
+        if taken[k2] || c.absorbed.iter().any(|&k| taken[k]) {
+            continue;
         }
+        let mut res = probes.iter().map(|s| c.fuse_on(g, s));
+        let Some(Some((att, ks))) = res.next() else {
+            continue;
+        };
+        if !res.all(|r| r.is_some_and(|(a, _)| a == att)) {
+            tracing::debug!(
+                "attention at {} differs between windows: left unfused",
+                g.nodes[k2].name
+            );
+            continue;
+        }
+        taken[k2] = true;
+        for &k in &c.absorbed {
+            taken[k] = true;
+        }
+        fused.push((c, att, ks));
     }
     let count = fused.len();
     let mut insert: Vec<Vec<Node>> = vec![vec![]; g.nodes.len()];
