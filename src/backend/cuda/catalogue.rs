@@ -18,10 +18,11 @@ pub enum Family {
     PoolResize,
     Blend,
     Pad,
+    Attention,
 }
 
 /// Every family, in load order.
-pub const FAMILIES: [Family; 7] = [
+pub const FAMILIES: [Family; 8] = [
     Family::Conv,
     Family::ConvTranspose,
     Family::Norm,
@@ -29,6 +30,7 @@ pub const FAMILIES: [Family; 7] = [
     Family::PoolResize,
     Family::Blend,
     Family::Pad,
+    Family::Attention,
 ];
 
 impl Family {
@@ -42,6 +44,7 @@ impl Family {
             Family::PoolResize => "pool_resize",
             Family::Blend => "blend",
             Family::Pad => "pad",
+            Family::Attention => "attention",
         }
     }
 
@@ -55,6 +58,7 @@ impl Family {
             Family::PoolResize => include_str!("../../../kernels/pool_resize.cu"),
             Family::Blend => include_str!("../../../kernels/blend.cu"),
             Family::Pad => include_str!("../../../kernels/pad.cu"),
+            Family::Attention => include_str!("../../../kernels/attention.cu"),
         }
     }
 
@@ -129,6 +133,8 @@ pub const GATHER_WINDOW_RING: Kernel = k(Family::Blend, "gather_window_ring");
 pub const PAD_NDHWC: Kernel = k(Family::Pad, "pad_ndhwc");
 /// Channel tiling (Tile / Expand along C).
 pub const TILE_CHANNELS: Kernel = k(Family::Pad, "tile_channels");
+/// Fused flash-style attention (kernels/attention.cu), one block per 64 query rows.
+pub const ATTENTION_FWD: Kernel = k(Family::Attention, "attention_fwd");
 pub const CONVT_UP_M256N32_V8: Kernel = k(Family::Conv, "convt_up_m256n32_v8");
 pub const CONVT_UP_M128N32_V8: Kernel = k(Family::Conv, "convt_up_m128n32_v8");
 pub const CONVT_UP_M128N64_V8: Kernel = k(Family::Conv, "convt_up_m128n64_v8");
@@ -171,6 +177,7 @@ pub const KERNELS: &[Kernel] = &[
     GATHER_WINDOW_RING,
     PAD_NDHWC,
     TILE_CHANNELS,
+    ATTENTION_FWD,
 ];
 
 /// One `conv_mma_*` kernel of kernels/conv.cu (its MMA_ENTRY line).

@@ -34,6 +34,7 @@ pub mod relayout;
 pub mod select;
 pub(crate) mod single;
 
+pub use ops::attention::{attention_f16, offsets as attention_offsets, AttnTable};
 pub use options::CudaOptions;
 pub use pipeline::GpuTimes;
 
