@@ -101,6 +101,9 @@ pub fn attention<T: Real>(
                 }
                 m = m.max(*x);
             }
+            if m == T::NEG_INFINITY {
+                return; // every score masked to -inf: zeros, as the CUDA kernel writes
+            }
             let mut sum = T::ZERO;
             for x in sc.iter_mut() {
                 *x = (*x - m).exp();
