@@ -17,4 +17,5 @@ mod sym;
 pub mod tensor;
 
 pub use graph::{Graph, Node, Op, Tensor, ValueId};
+pub use lower::{fuse_attention, MAX_BIAS_ELEMS};
 pub use onnx::{load, load_bytes};

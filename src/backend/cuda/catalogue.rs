@@ -19,10 +19,11 @@ pub enum Family {
     Blend,
     Pad,
     Tensor,
+    Attention,
 }
 
 /// Every family, in load order.
-pub const FAMILIES: [Family; 8] = [
+pub const FAMILIES: [Family; 9] = [
     Family::Conv,
     Family::ConvTranspose,
     Family::Norm,
@@ -31,6 +32,7 @@ pub const FAMILIES: [Family; 8] = [
     Family::Blend,
     Family::Pad,
     Family::Tensor,
+    Family::Attention,
 ];
 
 impl Family {
@@ -45,6 +47,7 @@ impl Family {
             Family::Blend => "blend",
             Family::Pad => "pad",
             Family::Tensor => "tensor",
+            Family::Attention => "attention",
         }
     }
 
@@ -59,6 +62,7 @@ impl Family {
             Family::Blend => include_str!("../../../kernels/blend.cu"),
             Family::Pad => include_str!("../../../kernels/pad.cu"),
             Family::Tensor => include_str!("../../../kernels/tensor.cu"),
+            Family::Attention => include_str!("../../../kernels/attention.cu"),
         }
     }
 
@@ -146,6 +150,8 @@ pub const LAYERNORM_ROWS: Kernel = k(Family::Tensor, "layernorm_rows");
 pub const LAYERNORM_STRIDED: Kernel = k(Family::Tensor, "layernorm_strided");
 /// Batched fp16 tensor-core GEMM (MatMul, Linear), 64x64 tiles of 128 threads.
 pub const GEMM_WMMA: Kernel = k(Family::Tensor, "gemm_wmma");
+/// Fused flash-style attention (kernels/attention.cu), one block per 64 query rows.
+pub const ATTENTION_FWD: Kernel = k(Family::Attention, "attention_fwd");
 pub const CONVT_UP_M256N32_V8: Kernel = k(Family::Conv, "convt_up_m256n32_v8");
 pub const CONVT_UP_M128N32_V8: Kernel = k(Family::Conv, "convt_up_m128n32_v8");
 pub const CONVT_UP_M128N64_V8: Kernel = k(Family::Conv, "convt_up_m128n64_v8");
@@ -196,6 +202,7 @@ pub const KERNELS: &[Kernel] = &[
     LAYERNORM_ROWS,
     LAYERNORM_STRIDED,
     GEMM_WMMA,
+    ATTENTION_FWD,
 ];
 
 /// One `conv_mma_*` kernel of kernels/conv.cu (its MMA_ENTRY line).

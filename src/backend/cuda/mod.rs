@@ -35,6 +35,7 @@ pub mod select;
 pub(crate) mod single;
 pub mod tensor_layout;
 
+pub use ops::attention::{attention_f16, offsets as attention_offsets, AttnTable};
 pub use options::CudaOptions;
 pub use pipeline::GpuTimes;
 

@@ -19,6 +19,7 @@ use std::path::Path;
 use std::rc::Rc;
 
 mod activation;
+mod attention;
 mod attrs;
 mod binary;
 mod conv;
@@ -34,6 +35,7 @@ mod reshape;
 mod resize;
 mod symbolic;
 
+pub use attention::{fuse_attention, MAX_BIAS_ELEMS};
 use attrs::*;
 use order::*;
 use passes::*;
@@ -306,6 +308,7 @@ impl Lowerer<'_> {
         };
         fuse_norm_affine(&mut graph);
         gelu::fuse_gelu(&mut graph);
+        fuse_attention(&mut graph);
         prune(&mut graph);
         graph
             .validate()

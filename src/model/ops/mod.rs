@@ -6,6 +6,7 @@
 //! at load), [`Op::output_shape`] gives the NCDHW output of concrete input shapes (check
 //! included), [`Op::flops`] and [`Op::param_len`] are the cost facts the planner reads.
 
+mod attention;
 mod broadcast;
 mod channel;
 mod conv;
@@ -20,6 +21,7 @@ mod resize;
 mod tile;
 pub mod window;
 
+pub use attention::{Attention, AttnDims};
 pub use broadcast::{broadcast_channels as binary_channels, broadcast_shape};
 pub use conv::{Conv, ConvTranspose};
 pub use dims::{norm_axis, Dims, MAX_RANK};
@@ -163,6 +165,8 @@ pub enum Op {
     Linear(Linear),
     /// Normalisation over the trailing axes.
     LayerNorm(LayerNorm),
+    /// Fused `softmax(scale · q @ kᵀ + bias) @ v` of three activations q, k, v.
+    Attention(Attention),
 }
 
 /// Letter of NCDHW axis `a`, for messages.
@@ -242,6 +246,7 @@ impl Op {
             Op::MatMul => "MatMul",
             Op::Linear(_) => "Linear",
             Op::LayerNorm(_) => "LayerNormalization",
+            Op::Attention(_) => "Attention",
         }
     }
 
@@ -252,6 +257,7 @@ impl Op {
                 Some(2)
             }
             Op::Concat { .. } => None,
+            Op::Attention(_) => Some(3),
             _ => Some(1),
         }
     }
@@ -325,6 +331,7 @@ impl Op {
                 | Op::MatMul
                 | Op::Linear(_)
                 | Op::LayerNorm(_)
+                | Op::Attention(_)
         )
     }
 
@@ -368,6 +375,7 @@ impl Op {
             Op::MatMul => matmul_dims(&x, &inputs[1]),
             Op::Linear(l) => l.output_dims(&x),
             Op::LayerNorm(l) => l.split(&x).map(|_| x),
+            Op::Attention(a) => a.output_dims(&x, &inputs[1], &inputs[2]),
             Op::Softmax { axis } if *axis < x.rank() => Ok(x),
             Op::Add | Op::Mul | Op::Sub | Op::Div | Op::Max | Op::Min | Op::Pow => {
                 let b = inputs[1];
@@ -465,6 +473,7 @@ impl Op {
             Op::AddConst(t) | Op::MulConst(t) => t.len(),
             Op::Linear(l) => l.weight.len() + l.bias.as_ref().map_or(0, |b| b.len()),
             Op::LayerNorm(l) => l.scale.len() + l.bias.as_ref().map_or(0, |b| b.len()),
+            Op::Attention(a) => a.bias.as_ref().map_or(0, |b| b.len()),
             _ => 0,
         }
     }
@@ -488,6 +497,7 @@ impl Op {
             Op::LayerNorm(_) => 8 * numel(out),
             Op::ChannelAffine { .. } => 2 * numel(out),
             Op::Pointwise(p) => p.flops_per_element() * numel(out),
+            Op::Attention(a) => a.flops(inp, out),
             _ => numel(out),
         }
     }

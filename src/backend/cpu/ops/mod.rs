@@ -2,6 +2,7 @@
 //! reference). Each op is callable alone; [`apply`] dispatches any [`Op`]. Shapes and parameters
 //! are validated first, so bad input is an `Err`, never a panic.
 
+mod attention;
 mod conv;
 mod direct;
 mod eltwise;
@@ -15,6 +16,7 @@ mod resize;
 mod tensor;
 mod vmath;
 
+pub use attention::attention;
 pub use conv::{conv3d, conv_transpose3d, conv_workspace_bytes, COL_BUDGET_BYTES};
 pub use direct::conv3d_fused;
 pub use eltwise::{

@@ -1,6 +1,7 @@
 //! The ops of the launch list, one module per kernel family: each builds its launch(es) for
 //! one node (uploading its constants through [`Build`]) and launches them for n samples.
 
+pub mod attention;
 pub mod conv;
 pub mod eltwise;
 pub mod math;
