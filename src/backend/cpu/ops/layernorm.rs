@@ -1,5 +1,5 @@
 //! LayerNormalization over the trailing axes: statistics as the other norms take them (two-pass,
-//! in f64, eps inside the square root), then the elementwise scale and bias.
+//! in f64, eps inside the square root), then the elementwise scale and bias, also in f64.
 
 use super::norm::stats;
 use super::{err, Real};
@@ -26,11 +26,11 @@ pub fn layer_norm<T: Real>(l: &LayerNorm, x: &[T], xd: Dims) -> Result<Vec<T>> {
         .with_min_len((4096 / inner).max(1))
         .for_each(|row| {
             let (mean, inv) = stats(row, l.eps);
-            let m = T::from_f64(mean);
+            // In f64, rounded once: the slices are short (features), so the f32 mean's rounding
+            // would show against a small spread.
             for (j, v) in row.iter_mut().enumerate() {
-                let a = T::from_f64(scale[j].to_f64() * inv);
-                let b = bias.as_ref().map_or(T::ZERO, |b| b[j]);
-                *v = (*v - m) * a + b;
+                let b = bias.as_ref().map_or(0.0, |b| b[j].to_f64());
+                *v = T::from_f64((v.to_f64() - mean) * inv * scale[j].to_f64() + b);
             }
         });
     Ok(y)
