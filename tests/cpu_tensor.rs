@@ -19,6 +19,9 @@ fn dims(s: &[usize]) -> Dims {
 
 /// An operand: f32 values and dims.
 type In = (Vec<f32>, Dims);
+/// A scalar binary and unary reference function.
+type Bin = fn(f64, f64) -> f64;
+type Un = fn(f64) -> f64;
 
 fn rand_in(r: &mut Rng, s: &[usize]) -> In {
     (r.vec(s.iter().product()), dims(s))
@@ -133,13 +136,7 @@ fn broadcast_dims(a: &[usize], b: &[usize]) -> Vec<usize> {
         .collect()
 }
 
-fn binary_ref(
-    f: fn(f64, f64) -> f64,
-    a: &[f64],
-    ad: &[usize],
-    b: &[f64],
-    bd: &[usize],
-) -> Vec<f64> {
+fn binary_ref(f: Bin, a: &[f64], ad: &[usize], b: &[f64], bd: &[usize]) -> Vec<f64> {
     let od = broadcast_dims(ad, bd);
     (0..od.iter().product())
         .map(|o| {
@@ -245,7 +242,7 @@ fn transpose_any_rank_and_round_trip() {
         check(
             "Transpose",
             &op,
-            &[x.clone()],
+            std::slice::from_ref(&x),
             &transpose_ref(&f64v(&x.0), d, p),
         );
         // Round trip through the inverse permutation.
@@ -286,7 +283,7 @@ fn reshape_keeps_row_major_data() {
         vec![120],
     ] {
         let op = Op::Reshape { target };
-        check("Reshape", &op, &[x.clone()], &f64v(&x.0));
+        check("Reshape", &op, std::slice::from_ref(&x), &f64v(&x.0));
     }
 }
 
@@ -320,7 +317,7 @@ fn slice_and_gather_any_rank() {
                     xv[ravel(&ii, &d)]
                 })
                 .collect();
-            check("Slice", &Op::Slice(s), &[x.clone()], &want);
+            check("Slice", &Op::Slice(s), std::slice::from_ref(&x), &want);
 
             let index = r.below(d[axis]) as i64 - if r.below(2) == 0 { n } else { 0 };
             let idx = if index < 0 {
@@ -419,7 +416,7 @@ fn linear_is_matmul_with_a_constant() {
             bias: None,
         });
         let out = plain.output_dims(&[x.1]).unwrap();
-        let (l32, l64) = run(&plain, &[x.clone()], out);
+        let (l32, l64) = run(&plain, std::slice::from_ref(&x), out);
         let (m32, m64) = run(&Op::MatMul, &[x.clone(), w.clone()], out);
         assert!(rel_l2(&l32, &m32) <= 1e-7, "Linear vs MatMul f32 {xd:?}");
         assert!(rel_l2(&l64, &m64) <= 1e-14, "Linear vs MatMul f64 {xd:?}");
@@ -474,7 +471,7 @@ fn softmax_over_any_axis_is_stable() {
             check(
                 "Softmax",
                 &Op::Softmax { axis },
-                &[x.clone()],
+                std::slice::from_ref(&x),
                 &softmax_ref(&f64v(&x.0), &d, axis),
             );
         }
@@ -485,7 +482,7 @@ fn softmax_over_any_axis_is_stable() {
     check(
         "Softmax middle, large",
         &Op::Softmax { axis: 1 },
-        &[x.clone()],
+        std::slice::from_ref(&x),
         &softmax_ref(&f64v(&x.0), &d, 1),
     );
 }
@@ -496,7 +493,7 @@ fn softmax_over_any_axis_is_stable() {
 #[test]
 fn binaries_broadcast_both_ways() {
     let mut r = Rng::tagged("binary");
-    let fs: [(Op, fn(f64, f64) -> f64); 7] = [
+    let fs: [(Op, Bin); 7] = [
         (Op::Add, |a, b| a + b),
         (Op::Sub, |a, b| a - b),
         (Op::Mul, |a, b| a * b),
@@ -558,14 +555,14 @@ fn constants_of_the_inputs_rank() {
         for (op, f) in [
             (
                 Op::AddConst(Tensor::new(cd.clone(), c.clone())),
-                (|a, b| a + b) as fn(f64, f64) -> f64,
+                (|a, b| a + b) as Bin,
             ),
             (Op::MulConst(Tensor::new(cd.clone(), c.clone())), |a, b| {
                 a * b
             }),
         ] {
             let want = binary_ref(f, &f64v(&x.0), &d, &cv, &cd);
-            check(op.name(), &op, &[x.clone()], &want);
+            check(op.name(), &op, std::slice::from_ref(&x), &want);
         }
     }
 }
@@ -573,7 +570,7 @@ fn constants_of_the_inputs_rank() {
 #[test]
 fn unary_ops_any_rank() {
     let mut r = Rng::tagged("unary");
-    let fs: Vec<(Op, fn(f64) -> f64)> = vec![
+    let fs: Vec<(Op, Un)> = vec![
         (Op::Relu, |x| x.max(0.0)),
         (Op::LeakyRelu { alpha: 0.1 }, |x| {
             if x >= 0.0 {
@@ -597,7 +594,7 @@ fn unary_ops_any_rank() {
         let x: In = (r.scaled(d.iter().product(), 3.0), dims(&d));
         for (op, f) in &fs {
             let want: Vec<f64> = f64v(&x.0).into_iter().map(f).collect();
-            check(op.name(), op, &[x.clone()], &want);
+            check(op.name(), op, std::slice::from_ref(&x), &want);
         }
     }
 }
@@ -670,7 +667,8 @@ fn bad_input_is_an_error() {
 // ---------- a graph through the backend ----------
 
 /// The attention-like graph of `common::attention`, computed here in f64 straight from its
-/// definition (tokens[l][c] = x[c][l]).
+/// definition (tokens[l][c] = x[c][l]), with plain index loops.
+#[allow(clippy::needless_range_loop)]
 fn attention_ref(p: &attention::Params, x: &[f64]) -> Vec<f64> {
     use attention::{C, H, L, OUT, SIDE};
     let tok: Vec<Vec<f64>> = (0..L)
