@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: fixture paths and error norms.
 #![allow(dead_code)]
 
+pub mod attention;
 pub mod graph;
 pub mod nifti;
 pub mod onnx;

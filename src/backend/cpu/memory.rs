@@ -8,7 +8,7 @@
 //! row is larger), staging (the window batch) and accumulators (`SlabBlender`: roi_D padded
 //! planes, plus its transient copy while it shifts).
 
-use super::ops::runs_inplace;
+use super::ops::node_runs_inplace;
 use crate::backend::memory::{prod, Breakdown, Estimate, PeakNode, Target, Workload, F32};
 use crate::backend::MemoryModel;
 use crate::model::graph::{Graph, Op};
@@ -152,7 +152,8 @@ pub fn cpu_activations(
         if !needed[i] {
             continue;
         }
-        if runs_inplace(&node.op, &shapes[node.inputs[0]], &shapes[node.output]) {
+        let ins: Vec<_> = node.inputs.iter().map(|&v| shapes[v]).collect();
+        if node_runs_inplace(&node.op, &ins, &shapes[node.output]) {
             let v0 = node.inputs[0];
             let dies = last_use[v0] == i && !node.inputs[1..].contains(&v0);
             if dies {

@@ -170,23 +170,19 @@ fn execute<T: Real>(
             stats.nodes_run += usize::from(fusion.absorbed[i]);
             continue;
         }
-        let in_place = match (dims[node.inputs[0]], dims[node.output]) {
-            (Some(x), Some(y)) => ops::runs_inplace(&node.op, &x, &y) && x.rank() == 5,
-            _ => false,
-        };
-        let tensor = node.op.is_tensor_op()
-            || node
-                .inputs
-                .iter()
-                .chain([&node.output])
-                .any(|&v| dims[v].is_some_and(|d| d.rank() != 5));
-        let out = if tensor {
+        let in_dims = node
+            .inputs
+            .iter()
+            .map(|&v| dims[v].ok_or_else(|| missing(node, v)))
+            .collect::<Result<Vec<Dims>>>()?;
+        let od = dims[node.output].ok_or_else(|| missing(node, node.output))?;
+        let in_place = ops::node_runs_inplace(&node.op, &in_dims, &od);
+        let out = if ops::runs_as_tensor(&node.op, &in_dims, &od) {
             let mut ins = Vec::with_capacity(node.inputs.len());
-            for &v in &node.inputs {
+            for (&v, &d) in node.inputs.iter().zip(&in_dims) {
                 let a = values[v].as_ref().ok_or_else(|| missing(node, v))?;
-                ins.push((a.view(), dims[v].ok_or_else(|| missing(node, v))?));
+                ins.push((a.view(), d));
             }
-            let od = dims[node.output].ok_or_else(|| missing(node, node.output))?;
             ops::apply_tensor(&node.op, &ins, od).map_err(|e| node_err(node, e))?
         } else if in_place {
             let v0 = node.inputs[0];

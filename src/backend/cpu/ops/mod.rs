@@ -7,13 +7,17 @@ mod conv;
 mod direct;
 mod eltwise;
 mod gemm;
+mod layernorm;
 mod math;
+mod matmul;
 mod microkernel;
+mod nd;
 mod norm;
 mod pad;
 mod pool;
 mod resize;
 mod tensor;
+mod transpose;
 mod vmath;
 
 pub use attention::attention;
@@ -31,7 +35,7 @@ pub use norm::{
 pub use pad::{pad, tile};
 pub use pool::{average_pool3d, max_pool3d};
 pub use resize::resize;
-pub use tensor::apply_tensor;
+pub use tensor::{apply_tensor, node_runs_inplace, runs_as_tensor};
 
 use super::Real;
 use crate::model::graph::Op;

@@ -10,7 +10,7 @@ use ndarray::{Array5, ArrayView5};
 use rayon::prelude::*;
 
 /// Mean and 1/sqrt(biased variance + eps) of a block.
-fn stats<T: Real>(block: &[T], eps: f32) -> (f64, f64) {
+pub(super) fn stats<T: Real>(block: &[T], eps: f32) -> (f64, f64) {
     let n = block.len() as f64;
     let mean = block.iter().map(|v| v.to_f64()).sum::<f64>() / n;
     let var = block
