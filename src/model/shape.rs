@@ -5,8 +5,8 @@
 //! run them on a graph that is still being built (to evaluate Shape-derived sizes).
 
 use super::graph::{Graph, Node, Shape, Value, ValueId};
-use super::ops::Dims;
 use super::ops::window::axis_name;
+use super::ops::Dims;
 use crate::{Error, Result};
 
 /// Most output channels a model may have: labels are stored as u16 (0..=65535), and one more

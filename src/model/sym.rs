@@ -9,8 +9,8 @@
 //! (memoised), a chain of 80 000 steps is evaluated with an explicit stack, and dropping the arena
 //! is one flat `Vec` free (an `Rc` chain would recurse on drop and overflow the stack).
 
-use super::ops::Dims;
 use super::graph::ValueId;
+use super::ops::Dims;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Bop {

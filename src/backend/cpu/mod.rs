@@ -148,7 +148,9 @@ fn execute<T: Real>(
     };
     // Tensor ops read their operands' dims (values of other ranks are stored folded into 5D
     // arrays): those of this batch, which may be smaller than the planned one.
-    let n = values[graph.input].as_ref().map_or(plan.batch, |a| a.dim().0);
+    let n = values[graph.input]
+        .as_ref()
+        .map_or(plan.batch, |a| a.dim().0);
     let redone;
     let dims: &[Option<Dims>] = if n == plan.batch || !graph.has_tensor_ops() {
         &plan.shapes

@@ -51,9 +51,8 @@ impl Dims {
     }
     /// The NCDHW shape, or an error naming the op that needs one.
     pub fn need_ncdhw(&self, op: &str) -> Result<Shape, String> {
-        self.ncdhw().ok_or_else(|| {
-            format!("{op} needs a 5-dimensional NCDHW input, got shape {self:?}")
-        })
+        self.ncdhw()
+            .ok_or_else(|| format!("{op} needs a 5-dimensional NCDHW input, got shape {self:?}"))
     }
     /// The same elements folded into 5 dims (leading dims merged, or 1s prepended): how the CPU
     /// executor stores a value of any rank in its 5D arrays.

@@ -31,7 +31,10 @@ impl LayerNorm {
         }
         if let Some(b) = &self.bias {
             if b.len() != inner || !b.is_consistent() {
-                return Err(format!("LayerNorm bias has {} values, expected {inner}", b.len()));
+                return Err(format!(
+                    "LayerNorm bias has {} values, expected {inner}",
+                    b.len()
+                ));
             }
         }
         if !(self.eps.is_finite() && self.eps >= 0.0) {

@@ -11,10 +11,9 @@ pub fn reshape_dims(x: &Dims, target: &[i64]) -> Result<Dims, String> {
     let mut infer = None;
     for (i, &t) in target.iter().enumerate() {
         out.push(match t {
-            0 => *x
-                .as_slice()
-                .get(i)
-                .ok_or_else(|| format!("Reshape target {target:?}: 0 at {i} has no input dimension to copy"))?,
+            0 => *x.as_slice().get(i).ok_or_else(|| {
+                format!("Reshape target {target:?}: 0 at {i} has no input dimension to copy")
+            })?,
             -1 if infer.is_none() => {
                 infer = Some(i);
                 1
@@ -54,7 +53,9 @@ pub fn check_perm(perm: &[usize]) -> Result<(), String> {
 pub fn transpose_dims(x: &Dims, perm: &[usize]) -> Result<Dims, String> {
     check_perm(perm)?;
     if perm.len() != x.rank() {
-        return Err(format!("Transpose perm {perm:?} on an input of shape {x:?}"));
+        return Err(format!(
+            "Transpose perm {perm:?} on an input of shape {x:?}"
+        ));
     }
     let o: Vec<usize> = perm.iter().map(|&p| x[p]).collect();
     Dims::new(&o)
@@ -91,12 +92,19 @@ impl Slice {
     pub fn resolve(&self, x: &Dims) -> Result<SliceAt, String> {
         let axis = norm_axis(self.axis, x.rank())?;
         if self.step < 1 {
-            return Err(format!("Slice step {} (only positive steps are supported)", self.step));
+            return Err(format!(
+                "Slice step {} (only positive steps are supported)",
+                self.step
+            ));
         }
         let n = x[axis] as i64;
         let clamp = |v: i64| if v < 0 { (v + n).max(0) } else { v.min(n) };
         let (s, e) = (clamp(self.start), clamp(self.end));
-        let len = if e > s { (e - s + self.step - 1) / self.step } else { 0 };
+        let len = if e > s {
+            (e - s + self.step - 1) / self.step
+        } else {
+            0
+        };
         if len == 0 {
             return Err(format!("Slice {self:?} of {x:?} is empty"));
         }
@@ -143,17 +151,44 @@ mod tests {
     #[test]
     fn shapes() {
         let x = d(&[1, 8, 72]);
-        assert_eq!(reshape_dims(&x, &[1, 8, 3, 2, 12]), Ok(d(&[1, 8, 3, 2, 12])));
+        assert_eq!(
+            reshape_dims(&x, &[1, 8, 3, 2, 12]),
+            Ok(d(&[1, 8, 3, 2, 12]))
+        );
         assert_eq!(reshape_dims(&x, &[0, -1]), Ok(d(&[1, 576])));
         assert!(reshape_dims(&x, &[2, 8, 3, 2, 12]).is_err());
         let y = d(&[1, 8, 3, 2, 12]);
-        assert_eq!(transpose_dims(&y, &[2, 0, 3, 1, 4]), Ok(d(&[3, 1, 2, 8, 12])));
+        assert_eq!(
+            transpose_dims(&y, &[2, 0, 3, 1, 4]),
+            Ok(d(&[3, 1, 2, 8, 12]))
+        );
         assert!(transpose_dims(&y, &[0, 0, 1, 2, 3]).is_err());
-        let s = Slice { axis: 1, start: 1, end: i64::MAX, step: 2 };
+        let s = Slice {
+            axis: 1,
+            start: 1,
+            end: i64::MAX,
+            step: 2,
+        };
         assert_eq!(s.output_dims(&d(&[1, 7, 3])), Ok(d(&[1, 3, 3])));
-        let r = Slice { axis: -1, start: -2, end: i64::MAX, step: 1 };
-        assert_eq!(r.resolve(&d(&[4, 5])).unwrap(), SliceAt { axis: 1, start: 3, len: 2, step: 1 });
-        assert_eq!(gather_dims(&d(&[3, 1, 2]), 0, 2).unwrap(), (0, 2, d(&[1, 2])));
+        let r = Slice {
+            axis: -1,
+            start: -2,
+            end: i64::MAX,
+            step: 1,
+        };
+        assert_eq!(
+            r.resolve(&d(&[4, 5])).unwrap(),
+            SliceAt {
+                axis: 1,
+                start: 3,
+                len: 2,
+                step: 1
+            }
+        );
+        assert_eq!(
+            gather_dims(&d(&[3, 1, 2]), 0, 2).unwrap(),
+            (0, 2, d(&[1, 2]))
+        );
         assert!(gather_dims(&d(&[3, 1, 2]), 0, 3).is_err());
     }
 }

@@ -372,27 +372,37 @@ impl Op {
             Op::Add | Op::Mul | Op::Sub | Op::Div | Op::Max | Op::Min | Op::Pow => {
                 let b = inputs[1];
                 broadcast_lead(x.as_slice(), b.as_slice())
-                    .ok_or_else(|| format!("operands have shapes {x:?} and {b:?}, which do not broadcast"))
+                    .ok_or_else(|| {
+                        format!("operands have shapes {x:?} and {b:?}, which do not broadcast")
+                    })
                     .and_then(|o| Dims::new(&o))
             }
             Op::AddConst(t) | Op::MulConst(t) => {
                 let ok = t.shape.len() == x.rank()
                     && t.is_consistent()
-                    && t.shape.iter().zip(x.as_slice()).all(|(&c, &v)| c == 1 || c == v);
+                    && t.shape
+                        .iter()
+                        .zip(x.as_slice())
+                        .all(|(&c, &v)| c == 1 || c == v);
                 if ok {
                     Ok(x)
                 } else {
-                    Err(format!("constant of shape {:?} does not broadcast to {x:?}", t.shape))
+                    Err(format!(
+                        "constant of shape {:?} does not broadcast to {x:?}",
+                        t.shape
+                    ))
                 }
             }
             Op::Concat { axis } if *axis < x.rank() => {
                 let mut o = x.as_slice().to_vec();
                 o[*axis] = 0;
                 for (i, s) in inputs.iter().enumerate() {
-                    let same = s.rank() == x.rank()
-                        && (0..x.rank()).all(|a| a == *axis || s[a] == x[a]);
+                    let same =
+                        s.rank() == x.rank() && (0..x.rank()).all(|a| a == *axis || s[a] == x[a]);
                     if !same {
-                        return Err(format!("Concat input {i} has shape {s:?} but input 0 has {x:?}"));
+                        return Err(format!(
+                            "Concat input {i} has shape {s:?} but input 0 has {x:?}"
+                        ));
                     }
                     o[*axis] += s[*axis];
                 }

@@ -15,5 +15,8 @@ pub fn apply_tensor<T: Real>(
     out: Dims,
 ) -> Result<Array5<T>> {
     let _ = (ins, out);
-    Err(err(format!("{} on activations of rank other than 5 is not implemented on the CPU yet", op.name())))
+    Err(err(format!(
+        "{} on activations of rank other than 5 is not implemented on the CPU yet",
+        op.name()
+    )))
 }
