@@ -22,6 +22,7 @@ mod activation;
 mod attrs;
 mod binary;
 mod conv;
+mod fold;
 mod gelu;
 mod math;
 mod matmul;
@@ -552,6 +553,7 @@ fn lowering<'a>(op: &str) -> Option<Lowering<'a>> {
         "Pad" => Lowerer::pad,
         "Expand" | "Tile" => Lowerer::expand_tile,
         m if math::MATH_OPS.contains(&m) => Lowerer::math,
+        m if fold::FOLD_OPS.contains(&m) => Lowerer::fold,
         _ => return None,
     })
 }
