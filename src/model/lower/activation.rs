@@ -30,8 +30,9 @@ impl Lowerer<'_> {
         let x = self.act(ctx, n, 0)?;
         let c = self.values[x].channels;
         let default = if self.opset >= 13 { -1 } else { 1 };
-        let axis = norm_axis(ctx, attr(n, "axis").and_then(|a| a.i).unwrap_or(default), 5)?;
-        if self.opset < 13 && axis != 4 {
+        let r = self.rank_fast(ctx, x)?;
+        let axis = norm_axis(ctx, attr(n, "axis").and_then(|a| a.i).unwrap_or(default), r)?;
+        if self.opset < 13 && axis + 1 != r {
             return Err(ctx.err(format!("attribute axis={axis}: before opset 13 Softmax normalises over all axes from {axis} on, which voxtile does not support")));
         }
         self.emit(ctx, n, Op::Softmax { axis }, vec![x], c);

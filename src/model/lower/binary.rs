@@ -30,17 +30,16 @@ impl Lowerer<'_> {
                         .ok_or_else(|| ctx.err("constant operand depends on the window size"))?,
                     _ => return Err(ctx.err("unsupported operand combination")),
                 };
-                let t5 = to5(&k.shape).ok_or_else(|| {
-                    ctx.err(format!(
-                        "constant of shape {:?} has more than 5 dimensions",
-                        k.shape
-                    ))
-                })?;
-                if t5[0] != 1 || t5[2..].iter().any(|&d| d != 1) || (t5[1] != 1 && t5[1] != c) {
-                    return Err(ctx.err(format!("constant of shape {:?} must broadcast per channel over NCDHW with {c} channels (sizes 1 except the channel axis)", k.shape)));
-                }
+                let t5 = to5(&k.shape).filter(|t5| {
+                    t5[0] == 1 && t5[2..].iter().all(|&d| d == 1) && (t5[1] == 1 || t5[1] == c)
+                });
+                let shape = match t5 {
+                    Some(t5) if self.rank_fast(ctx, *x)? == 5 => t5.to_vec(),
+                    _ if self.has_tensor_ops() => self.const_shape_for(ctx, *x, &k.shape)?,
+                    _ => return Err(ctx.err(format!("constant of shape {:?} must broadcast per channel over NCDHW with {c} channels (sizes 1 except the channel axis)", k.shape))),
+                };
                 let data = k.to_f32();
-                let t = |d: Vec<f32>| Tensor::new(t5.to_vec(), d);
+                let t = |d: Vec<f32>| Tensor::new(shape.clone(), d);
                 match (op, act_first) {
                     ("Add", _) => {
                         self.emit(ctx, n, Op::AddConst(t(data)), vec![*x], c);
@@ -62,7 +61,7 @@ impl Lowerer<'_> {
                         let neg = self.emit(
                             ctx,
                             n,
-                            Op::MulConst(Tensor::new(vec![1; 5], vec![-1.0])),
+                            Op::MulConst(Tensor::new(vec![1; shape.len()], vec![-1.0])),
                             vec![*x],
                             c,
                         );
@@ -107,8 +106,8 @@ impl Lowerer<'_> {
         if ins.is_empty() {
             return Err(ctx.err("has no inputs"));
         }
-        if ins.iter().any(|v| matches!(v, Val::Act(_))) {
-            let axis = norm_axis(ctx, axis, 5)?;
+        if let Some(Val::Act(first)) = ins.iter().find(|v| matches!(v, Val::Act(_))) {
+            let axis = norm_axis(ctx, axis, self.rank_fast(ctx, *first)?)?;
             let mut ids = vec![];
             for (i, v) in ins.iter().enumerate() {
                 match v {
@@ -158,5 +157,49 @@ impl Lowerer<'_> {
         let int = parts.iter().all(|p| p.int);
         self.set(n, Val::Sym(Sym { shape, elems, int }))?;
         Ok(())
+    }
+
+    /// Whether a tensor op was lowered yet (before the first, every activation is NCDHW).
+    pub(super) fn has_tensor_ops(&self) -> bool {
+        self.nodes.iter().any(|n| n.op.is_tensor_op())
+    }
+
+    /// Rank of activation `x`: 5 without probing while no tensor op was lowered.
+    pub(super) fn rank_fast(&self, ctx: &Ctx, x: ValueId) -> Result<usize> {
+        if self.has_tensor_ops() {
+            self.rank_of(ctx, x)
+        } else {
+            Ok(5)
+        }
+    }
+
+    /// A constant of shape `k` broadcast onto activation `x` of any rank: right-aligned to its
+    /// rank (leading 1s added or dropped), each size 1 or the activation's on every probe, and
+    /// batch 1 (the graph runs at any batch the planner picks).
+    fn const_shape_for(&self, ctx: &Ctx, x: ValueId, k: &[usize]) -> Result<Vec<usize>> {
+        let dims = self.dims_of(ctx, x)?;
+        let r = dims[0].rank();
+        let lead = k.len().saturating_sub(r);
+        if k[..lead].iter().any(|&d| d != 1) {
+            return Err(ctx.err(format!(
+                "constant of shape {k:?} has more dimensions than the activation ({r})"
+            )));
+        }
+        let mut shape = vec![1; r - (k.len() - lead)];
+        shape.extend_from_slice(&k[lead..]);
+        let fits = dims.iter().all(|d| {
+            d.rank() == r
+                && shape
+                    .iter()
+                    .zip(d.as_slice())
+                    .all(|(&c, &v)| c == 1 || c == v)
+        });
+        if !fits || (r > 1 && shape[0] != 1) {
+            return Err(ctx.err(format!(
+                "constant of shape {k:?} does not broadcast onto the activation of shape {:?} (batch 1, every size 1 or equal)",
+                dims[0]
+            )));
+        }
+        Ok(shape)
     }
 }

@@ -23,8 +23,10 @@ mod attention;
 mod attrs;
 mod binary;
 mod conv;
+mod fold;
 mod gelu;
 mod math;
+mod matmul;
 mod norm;
 mod order;
 mod pad;
@@ -34,6 +36,7 @@ mod pool;
 mod reshape;
 mod resize;
 mod symbolic;
+mod tensor;
 
 pub use attention::{fuse_attention, MAX_BIAS_ELEMS};
 use attrs::*;
@@ -104,6 +107,12 @@ struct Lowerer<'a> {
     poisoned: HashSet<String>,
     /// Every construct voxtile could not lower, in graph order (see [`MAX_LISTED`]).
     unsupported: Vec<UnsupportedOp>,
+    /// Window sizes the input declares (probes use them: exports bake them into Reshape targets).
+    fixed_window: [Option<usize>; 3],
+    /// Batch size the input declares.
+    fixed_batch: Option<usize>,
+    /// Operator types reading each value (Identity chains resolved).
+    readers: HashMap<String, Vec<String>>,
 }
 
 /// Unsupported constructs named in one error; a hostile file with thousands stops there.
@@ -164,6 +173,9 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         budget_hit: Cell::new(false),
         poisoned: HashSet::new(),
         unsupported: vec![],
+        fixed_window: [None; 3],
+        fixed_batch: None,
+        readers: HashMap::new(),
     };
 
     for t in &g.initializer {
@@ -187,7 +199,9 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         ));
     }
     let inp = acts[0];
-    let (channels, fixed) = input_signature(inp, path)?;
+    let (channels, fixed, batch) = input_signature(inp, path)?;
+    lw.fixed_window = fixed;
+    lw.fixed_batch = batch;
     lw.values.push(Value {
         name: inp.name().to_string(),
         channels,
@@ -225,6 +239,11 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         }
         for i in n.input.iter().filter(|s| !s.is_empty()) {
             *lw.uses.entry(lw.resolve(i)).or_default() += 1;
+            let r = lw.resolve(i);
+            lw.readers
+                .entry(r)
+                .or_default()
+                .push(n.op_type().to_string());
         }
     }
     for o in &g.output {
@@ -307,6 +326,7 @@ impl Lowerer<'_> {
             fixed_input_spatial: fixed,
         };
         fuse_norm_affine(&mut graph);
+        fuse_linear_bias(&mut graph);
         gelu::fuse_gelu(&mut graph);
         fuse_attention(&mut graph);
         prune(&mut graph);
@@ -432,13 +452,19 @@ impl Lowerer<'_> {
 
     pub(super) fn node(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
         let op = n.op_type();
-        if n.output.len() > 1 && !matches!(op, "MaxPool" | "BatchNormalization" | "Dropout") {
+        if n.output.len() > 1
+            && !matches!(
+                op,
+                "MaxPool" | "BatchNormalization" | "Dropout" | "LayerNormalization" | "Split"
+            )
+        {
             return Err(ctx.err(format!(
                 "has {} outputs; voxtile supports single-output nodes here",
                 n.output.len()
             )));
         }
         if n.output.len() > 1
+            && op != "Split"
             && n.output[1..]
                 .iter()
                 .any(|o| !o.is_empty() && self.uses.get(&self.resolve(o)).copied().unwrap_or(0) > 0)
@@ -522,10 +548,15 @@ fn lowering<'a>(op: &str) -> Option<Lowering<'a>> {
         "Shape" => Lowerer::shape_op,
         "Cast" => Lowerer::cast,
         "Gather" | "Unsqueeze" | "Squeeze" | "Slice" | "ConstantOfShape" | "Flatten" | "Floor"
-        | "Ceil" | "Range" | "Transpose" => Lowerer::plumbing,
+        | "Ceil" | "Range" | "Transpose" | "Split" => Lowerer::plumbing,
+        "MatMul" => Lowerer::matmul,
+        "Gemm" => Lowerer::gemm,
+        "Einsum" => Lowerer::einsum,
+        "LayerNormalization" => Lowerer::layer_norm,
         "Pad" => Lowerer::pad,
         "Expand" | "Tile" => Lowerer::expand_tile,
         m if math::MATH_OPS.contains(&m) => Lowerer::math,
+        m if fold::FOLD_OPS.contains(&m) => Lowerer::fold,
         _ => return None,
     })
 }

@@ -32,7 +32,7 @@ pub(super) fn live_nodes(g: &proto::GraphProto, out: &str) -> Vec<bool> {
 pub(super) fn input_signature(
     inp: &proto::ValueInfoProto,
     path: &Path,
-) -> Result<(usize, [Option<usize>; 3])> {
+) -> Result<(usize, [Option<usize>; 3], Option<usize>)> {
     use proto::tensor_shape_proto::dimension::Value as DV;
     use proto::type_proto::Value as TV;
     let name = inp.name();
@@ -71,7 +71,7 @@ pub(super) fn input_signature(
             format!("input \"{name}\" must declare a fixed channel count (dimension 1)"),
         )
     })?;
-    Ok((c, [fixed(2), fixed(3), fixed(4)]))
+    Ok((c, [fixed(2), fixed(3), fixed(4)], fixed(0)))
 }
 
 /// Kahn's algorithm over value names; errors name a dangling input or the nodes of a cycle.

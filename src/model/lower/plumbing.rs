@@ -41,6 +41,10 @@ impl Lowerer<'_> {
     pub(super) fn shape_op(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
         let v = self.get(ctx, n, 0)?;
         let dims: Vec<X> = match &v {
+            Val::Act(x) if self.rank_fast(ctx, *x)? != 5 => {
+                let r = self.rank_of(ctx, *x)?;
+                (0..r).map(|a| self.ex.borrow_mut().dim(*x, a)).collect()
+            }
             Val::Act(x) => (0..5)
                 .map(|a| {
                     if a == 1 {
@@ -114,8 +118,15 @@ impl Lowerer<'_> {
     pub(super) fn plumbing(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
         let op = n.op_type();
         let x = self.get(ctx, n, 0)?;
-        if matches!(x, Val::Act(_)) {
-            return Err(ctx.err(format!("{op} on an activation tensor is not supported (only on constants and shape values)")));
+        if let Val::Act(a) = x {
+            return match op {
+                "Unsqueeze" | "Squeeze" | "Flatten" => self.squeeze_act(ctx, n, a),
+                "Transpose" => self.transpose_act(ctx, n, a),
+                "Slice" => self.slice_act(ctx, n, a),
+                "Gather" => self.gather_act(ctx, n, a),
+                "Split" => self.split_act(ctx, n, a),
+                _ => Err(ctx.err(format!("{op} on an activation tensor is not supported (only on constants and shape values)"))),
+            };
         }
         let s = self.small(ctx, &x)?;
         let out = match op {

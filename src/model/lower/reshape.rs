@@ -1,4 +1,5 @@
-//! Lowering of Reshape: no-ops on NCDHW activations, GroupNorm's grouping, and shape values.
+//! Lowering of Reshape: no-ops on NCDHW activations, GroupNorm's grouping, shape values, and
+//! [`Op::Reshape`] of activations (tensor.rs).
 
 use super::*;
 
@@ -7,8 +8,10 @@ impl Lowerer<'_> {
         let data = self.get(ctx, n, 0)?;
         let target = self.get(ctx, n, 1)?;
         let ts = self.small(ctx, &target)?;
-        if attr(n, "allowzero").and_then(|a| a.i).unwrap_or(0) != 0 {
-            return Err(ctx.err("attribute allowzero=1 is not supported"));
+        // allowzero only changes what a 0 in the target means.
+        let zero = ts.elems.iter().any(|e| e.known() == Some(0.0));
+        if attr(n, "allowzero").and_then(|a| a.i).unwrap_or(0) != 0 && zero {
+            return Err(ctx.err("attribute allowzero=1 with a 0 in the target is not supported"));
         }
         match data {
             Val::Act(x) => {
@@ -18,8 +21,14 @@ impl Lowerer<'_> {
                     .iter()
                     .map(|(shapes, _)| self.eval(ctx, &ts.elems, shapes))
                     .collect::<Result<_>>()?;
-                // [N|0, G, -1]: GroupNorm step 1.
-                if ts.elems.len() == 3 {
+                // [N|0, G, -1]: GroupNorm step 1 (of an NCDHW activation).
+                let rank5 = probes.iter().all(|(sh, _)| sh[x].rank() == 5);
+                let to_norm = n.output.first().is_some_and(|o| {
+                    self.readers
+                        .get(o)
+                        .is_some_and(|r| r.iter().all(|op| op == "InstanceNormalization"))
+                });
+                if ts.elems.len() == 3 && rank5 && to_norm {
                     if let Some(g) = ts.elems[1].known() {
                         let g = g as usize;
                         let ok = g > 0
@@ -40,6 +49,7 @@ impl Lowerer<'_> {
                 }
                 // Reshape to its own shape: a no-op.
                 let same = ts.elems.len() == 5
+                    && rank5
                     && probes.iter().zip(&evs).all(|((sh, _), e)| {
                         (0..5).all(|a| {
                             e[a] == sh[x][a] as f64
@@ -51,7 +61,7 @@ impl Lowerer<'_> {
                     self.set(n, Val::Act(x))?;
                     return Ok(());
                 }
-                Err(ctx.err("reshaping an activation is only supported as part of the GroupNorm export pattern or as a no-op"))
+                self.reshape_act(ctx, n, x, &ts)
             }
             Val::GroupedNormed { src, groups, eps } => {
                 let c = self.values[src].channels;

@@ -145,34 +145,94 @@ impl Lowerer<'_> {
     }
 
     /// Shapes of the partial IR on several windows (multiples of its spatial divisor, different per
-    /// axis so that mixed-up axes show), N = 1 and 2. Returns (shapes, window) pairs.
-    /// Each shape inference of the partial IR is charged to the work budget, and the result is
-    /// reused until a node is added (a chain of no-op Reshapes probes once).
+    /// axis so that mixed-up axes show), N = 1 and 2; sizes the input fixes (batch, window axes)
+    /// are used as declared, and a fully fixed input is probed once, at its own size.
+    /// Returns (shapes, window) pairs. Each shape inference of the partial IR is charged to the
+    /// work budget, and the result is reused until a node is added (a chain of no-op Reshapes
+    /// probes once); with a fully fixed input the nodes added since are inferred incrementally.
     pub(super) fn probe(&self, ctx: &Ctx, _x: ValueId) -> Result<Probes> {
         if let Some((len, p)) = &*self.probe_cache.borrow() {
             if *len == self.nodes.len() {
                 return Ok(p.clone());
             }
         }
+        if let Some(p) = self.probe_incremental(ctx)? {
+            return Ok(p);
+        }
         let cost = self.nodes.len() as u64 + self.values.len() as u64 + 1;
         self.charge_work(ctx, cost)?;
         let d = spatial_divisor_raw(&self.values, &self.nodes, self.input);
+        let fixed_all = self.fixed_batch.is_some() && self.fixed_window.iter().all(|f| f.is_some());
+        let want = if fixed_all { 1 } else { 4 };
         let mut out = vec![];
+        let mut last_err = None;
         for m in 1..40usize {
-            let Some(w) = probe_window(d, m) else {
+            let Some(mut w) = probe_window(d, m) else {
                 break;
             };
-            let n = 1 + (m % 2);
-            self.charge_work(ctx, cost)?;
-            if let Ok(s) = infer_shapes_raw(&self.values, &self.nodes, self.input, n, w) {
-                out.push((s, w));
-                if out.len() == 4 {
-                    let p = Rc::new(out);
-                    *self.probe_cache.borrow_mut() = Some((self.nodes.len(), p.clone()));
-                    return Ok(p);
+            for (a, f) in self.fixed_window.iter().enumerate() {
+                if let Some(f) = f {
+                    w[a] = *f;
                 }
             }
+            let n = self.fixed_batch.unwrap_or(1 + (m % 2));
+            self.charge_work(ctx, cost)?;
+            match infer_shapes_raw(&self.values, &self.nodes, self.input, n, w) {
+                Ok(s) => {
+                    out.push((s, w));
+                    if out.len() == want {
+                        let p = Rc::new(out);
+                        *self.probe_cache.borrow_mut() = Some((self.nodes.len(), p.clone()));
+                        return Ok(p);
+                    }
+                }
+                Err(e) if fixed_all => {
+                    last_err = Some(e);
+                    break;
+                }
+                Err(_) => {}
+            }
         }
-        Err(ctx.err("cannot evaluate the shape computation: no probe window fits the model so far"))
+        match last_err {
+            Some(e) => Err(ctx.err(format!(
+                "the model so far does not fit its own input size: {e}"
+            ))),
+            None => Err(ctx.err(
+                "cannot evaluate the shape computation: no probe window fits the model so far",
+            )),
+        }
+    }
+
+    /// With a fully fixed input (one probe), the cached shapes extended by the nodes added since.
+    fn probe_incremental(&self, ctx: &Ctx) -> Result<Option<Probes>> {
+        let fixed_all = self.fixed_batch.is_some() && self.fixed_window.iter().all(|f| f.is_some());
+        let cached = self.probe_cache.borrow().clone();
+        let Some((len, p)) = cached.filter(|_| fixed_all) else {
+            return Ok(None);
+        };
+        let [(shapes, w)] = p.as_slice() else {
+            return Ok(None);
+        };
+        let mut shapes = shapes.clone();
+        shapes.resize(self.values.len(), Dims::from([0; 5]));
+        let fresh = self.nodes.get(len..).unwrap_or(&[]);
+        self.charge_work(ctx, fresh.len() as u64 + 1)?;
+        for node in fresh {
+            let ins: Option<Vec<Dims>> = node
+                .inputs
+                .iter()
+                .map(|&i| shapes.get(i).copied())
+                .collect();
+            let Some(ins) = ins else { return Ok(None) };
+            let out = node.op.output_dims(&ins).map_err(|e| {
+                ctx.err(format!("node \"{}\" ({}): {e}", node.name, node.op.name()))
+            })?;
+            if let Some(s) = shapes.get_mut(node.output) {
+                *s = out;
+            }
+        }
+        let p = Rc::new(vec![(shapes, *w)]);
+        *self.probe_cache.borrow_mut() = Some((self.nodes.len(), p.clone()));
+        Ok(Some(p))
     }
 }

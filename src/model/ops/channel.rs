@@ -22,6 +22,15 @@ pub fn epsilon(eps: f32) -> Result<(), String> {
 /// must run at whatever batch the planner picks).
 pub fn broadcast_channels(t: &Tensor, cin: usize, any_batch: bool) -> Result<(), String> {
     let s = &t.shape;
+    // Other ranks (token tensors): sizes are checked against the input's dims by shape inference.
+    if s.len() != 5 && !s.is_empty() {
+        if !t.is_consistent() || (any_batch && s.len() > 1 && s[0] != 1) {
+            return Err(format!(
+                "constant of shape {s:?} does not broadcast with batch 1"
+            ));
+        }
+        return Ok(());
+    }
     if !t.is_consistent() || s.len() != 5 || (s[1] != 1 && s[1] != cin) || (any_batch && s[0] != 1)
     {
         return Err(format!(
