@@ -69,7 +69,10 @@ impl Lowerer<'_> {
             small_numel(&shape).ok_or_else(|| ctx.err("the result is too large to fold"))?;
         self.check_fold(ctx, numel)?;
         // Where selects its values (kept symbolic); the others need known operands.
-        let known: Vec<Option<Vec<f64>>> = syms.iter().map(|s| s.all_known()).collect();
+        let known: Vec<Option<Vec<f64>>> = syms
+            .iter()
+            .map(|s| self.values_of(ctx, s, "operand").ok())
+            .collect();
         let need = |i: usize| {
             known[i]
                 .as_ref()
@@ -131,9 +134,7 @@ impl Lowerer<'_> {
         if Self::sattr(n, "reduction", "none") != "none" {
             return Err(ctx.err("a reduction other than none is not supported"));
         }
-        let iv = idx
-            .all_known()
-            .ok_or_else(|| ctx.err("indices depend on the window size"))?;
+        let iv = self.values_of(ctx, idx, "indices")?;
         let k = *idx
             .shape
             .last()
@@ -182,9 +183,7 @@ impl Lowerer<'_> {
         if attr(n, "batch_dims").and_then(|a| a.i).unwrap_or(0) != 0 {
             return Err(ctx.err("batch_dims other than 0 is not supported"));
         }
-        let iv = idx
-            .all_known()
-            .ok_or_else(|| ctx.err("indices depend on the window size"))?;
+        let iv = self.values_of(ctx, idx, "indices")?;
         let k = *idx
             .shape
             .last()

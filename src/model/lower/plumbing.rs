@@ -151,9 +151,7 @@ impl Lowerer<'_> {
     /// Gather along one axis with known indices.
     fn gather(&self, n: &proto::NodeProto, ctx: &Ctx, s: Sym) -> Result<Sym> {
         let idx = self.small(ctx, &self.get(ctx, n, 1)?)?;
-        let iv = idx
-            .all_known()
-            .ok_or_else(|| ctx.err("indices depend on the window size"))?;
+        let iv = self.values_of(ctx, &idx, "indices")?;
         let rank = s.shape.len();
         if rank == 0 {
             return Err(ctx.err("gathering from a scalar"));
@@ -254,9 +252,7 @@ impl Lowerer<'_> {
 
     /// ConstantOfShape of a known shape, within the fold budget.
     fn constant_of_shape(&self, n: &proto::NodeProto, ctx: &Ctx, s: Sym) -> Result<Sym> {
-        let dims = s.all_known().ok_or_else(|| {
-            ctx.err("ConstantOfShape of a window-dependent shape is not supported")
-        })?;
+        let dims = self.values_of(ctx, &s, "the shape of ConstantOfShape")?;
         let mut shape = vec![];
         let mut total: u64 = 1;
         for d in dims {
@@ -377,10 +373,8 @@ impl Lowerer<'_> {
 
     /// Expand to a known shape.
     fn expand(&self, n: &proto::NodeProto, ctx: &Ctx, s: Sym) -> Result<Sym> {
-        let target = self
-            .small(ctx, &self.get(ctx, n, 1)?)?
-            .all_known()
-            .ok_or_else(|| ctx.err("target shape depends on the window size"))?;
+        let t = self.small(ctx, &self.get(ctx, n, 1)?)?;
+        let target = self.values_of(ctx, &t, "the target shape")?;
         let t: Vec<usize> = target
             .iter()
             .map(|&v| if v >= 0.0 { v as usize } else { usize::MAX })
@@ -444,10 +438,10 @@ impl Lowerer<'_> {
             match self.get_opt(ctx, n, i)? {
                 None => Ok(None),
                 Some(v) => {
-                    let k = self
-                        .small(ctx, &v)?
-                        .all_known()
-                        .ok_or_else(|| ctx.err(format!("{name} depend on the window size")))?;
+                    let Some(k) = self.small(ctx, &v)?.all_known() else {
+                        // Sizes read from activations: the same on every probe (fixed inputs).
+                        return self.probe_ints(ctx, n, i, self.input, name);
+                    };
                     Ok(Some(
                         k.iter()
                             .map(|&x| x.clamp(i64::MIN as f64, i64::MAX as f64) as i64)

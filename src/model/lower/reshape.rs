@@ -104,9 +104,7 @@ impl Lowerer<'_> {
             other => {
                 let s = self.small(ctx, &other)?;
                 let total = s.elems.len();
-                let dims = ts.all_known().ok_or_else(|| {
-                    ctx.err("the target shape of a constant depends on the window size")
-                })?;
+                let dims = self.values_of(ctx, &ts, "the target shape of a constant")?;
                 let mut shape = vec![];
                 let mut infer = None;
                 for (i, &d) in dims.iter().enumerate() {

@@ -89,6 +89,24 @@ impl Lowerer<'_> {
         Ok(v)
     }
 
+    /// The values of `s`: known ones, or evaluated on the probes when they read activation
+    /// sizes that are the same on every probe (a fixed input); else an error naming `what`.
+    pub(super) fn values_of(&self, ctx: &Ctx, s: &Sym, what: &str) -> Result<Vec<f64>> {
+        if let Some(v) = s.all_known() {
+            return Ok(v);
+        }
+        let probes = self.probe(ctx, self.input)?;
+        let mut first: Option<Vec<f64>> = None;
+        for (shapes, _) in probes.iter() {
+            let e = self.eval(ctx, &s.elems, shapes)?;
+            if e.iter().any(|v| v.is_nan()) || first.as_ref().is_some_and(|f| *f != e) {
+                return Err(ctx.err(format!("{what} depends on the window size")));
+            }
+            first.get_or_insert(e);
+        }
+        first.ok_or_else(|| ctx.err(format!("{what} cannot be evaluated")))
+    }
+
     /// View a constant/symbolic value as a [`Sym`].
     pub(super) fn small(&self, ctx: &Ctx, v: &Val) -> Result<Sym> {
         match v {

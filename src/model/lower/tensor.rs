@@ -149,7 +149,7 @@ impl Lowerer<'_> {
     }
 
     /// Known integer values of optional input `i` (evaluated on the probes; they must agree).
-    fn probe_ints(
+    pub(super) fn probe_ints(
         &self,
         ctx: &Ctx,
         n: &proto::NodeProto,
