@@ -639,6 +639,13 @@ fn bad_input_is_an_error() {
         step: 1,
     };
     run(&Op::Slice(empty), &[(a.view(), d)], d);
+    // An empty operand.
+    let e = Array5::<f32>::zeros([1, 1, 1, 4, 0]);
+    run(
+        &Op::MatMul,
+        &[(a.view(), d), (e.view(), dims(&[4, 0]))],
+        dims(&[2, 3, 0]),
+    );
     // Inner sizes that differ, and a NCDHW-only op on rank 3.
     run(&Op::MatMul, &[(a.view(), d), (a.view(), d)], d);
     run(
@@ -774,4 +781,64 @@ fn large_transpose_is_memory_bound() {
         assert_eq!(y.len(), z.len());
         assert!(tt < 4.0 * tc + 0.05, "transpose {tt} s vs copy {tc} s");
     }
+}
+
+/// The conv epilogue fusion stays on NCDHW values: Conv -> Relu (fused) -> Reshape -> Sigmoid on
+/// tokens, and Conv -> Reshape -> Relu (not fused: the Reshape reads the conv) give what the ops
+/// give one by one.
+const FUSION_SEED: u64 = 1;
+
+#[test]
+fn conv_fusion_does_not_cross_tensor_ops() {
+    // A fixed seed whose second conv has outputs of both signs (the last Relu matters).
+    let mut r = Rng::new(FUSION_SEED);
+    let conv = |r: &mut Rng, cin: usize| {
+        Op::Conv(Conv {
+            weight: Tensor::new(vec![4, cin, 1, 1, 1], r.vec(4 * cin)),
+            bias: Some(Tensor::new(vec![4], r.vec(4))),
+            stride: [1; 3],
+            dilation: [1; 3],
+            pads: [0; 6],
+            groups: 1,
+        })
+    };
+    let (c1, c2) = (conv(&mut r, 2), conv(&mut r, 4));
+    let tokens = Op::Reshape {
+        target: vec![1, 4, 27],
+    };
+    let back = Op::Reshape {
+        target: vec![1, 4, 3, 3, 3],
+    };
+    let g = common::graph::chain(
+        "fusion",
+        2,
+        vec![
+            (c1.clone(), vec![0], 4),
+            (Op::Relu, vec![1], 4),
+            (tokens.clone(), vec![2], 4),
+            (Op::Sigmoid, vec![3], 4),
+            (back.clone(), vec![4], 4),
+            (c2.clone(), vec![5], 4),
+            (tokens.clone(), vec![6], 4),
+            (Op::Relu, vec![7], 4),
+            (back, vec![8], 4),
+        ],
+    );
+    let x = Array5::from_shape_vec([1, 2, 3, 3, 3], r.vec(54))
+        .unwrap()
+        .mapv(|v| v as f64);
+    let y = run_graph_f64(&g, x.view()).unwrap();
+    // Step by step: conv, relu, sigmoid, conv, relu (reshapes keep the data).
+    let a = ops::apply(&c1, &[x.view()]).unwrap();
+    let a = a.mapv(|v| 1.0 / (1.0 + (-v.max(0.0)).exp()));
+    let b = ops::apply(&c2, &[a.view()]).unwrap().mapv(|v| v.max(0.0));
+    assert!(
+        b.iter().any(|&v| v > 0.0) && b.iter().any(|&v| v == 0.0),
+        "a trivial output"
+    );
+    let e = rel_l2(
+        &y.iter().copied().collect::<Vec<_>>(),
+        &b.iter().copied().collect::<Vec<_>>(),
+    );
+    assert!(e <= 1e-14, "rel L2 {e:e}");
 }

@@ -37,6 +37,9 @@ pub fn apply_tensor<T: Real>(
             op.name()
         )));
     }
+    if out.numel() == 0 || dims.iter().any(|d| d.numel() == 0) {
+        return Err(err(format!("{} of empty tensors {dims:?}", op.name())));
+    }
     for (i, (x, d)) in ins.iter().enumerate() {
         if x.len() != d.numel() {
             return Err(err(format!(
