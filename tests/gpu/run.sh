@@ -36,6 +36,9 @@ run "$DIR/cuda_ops" --test-threads=1 --nocapture conv_transpose_variants
 [ -x "$DIR/ops_pad" ] && run "$DIR/ops_pad" --test-threads=1 --nocapture cuda_
 # Broadcasting binaries and pointwise activations on the GPU (tests/cuda_eltwise.rs).
 [ -x "$DIR/cuda_eltwise" ] && run "$DIR/cuda_eltwise" --test-threads=1 --nocapture
+# Tensor ops of transformer nets (any rank) and the fused attention kernel against the CPU.
+[ -x "$DIR/cuda_tensor" ] && run "$DIR/cuda_tensor" --test-threads=1 --nocapture
+[ -x "$DIR/cuda_attention" ] && run "$DIR/cuda_attention" --test-threads=1 --nocapture
 # The architecture fixtures (tests/fixtures/archs) on the GPU: window and sliding window.
 [ -x "$DIR/archs" ] && run "$DIR/archs" --test-threads=1 --nocapture gpu
 fi
