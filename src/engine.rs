@@ -240,6 +240,10 @@ impl Engine {
     pub fn set_keep_logits(&mut self, keep: bool) {
         self.options.keep_logits = keep;
     }
+    /// Later runs get the volume mirrored along these file axes (see [`Options::mirrored`]).
+    pub fn set_mirrored(&mut self, axes: [bool; 3]) {
+        self.options.mirrored = axes;
+    }
     /// The file the model was loaded from ([`Engine::from_file`]).
     pub fn model_path(&self) -> Option<&Path> {
         self.model_path.as_deref()

@@ -105,6 +105,11 @@ pub struct Options {
     pub axis_order: AxisOrder,
     /// Keep the blended raw outputs (what MONAI's sliding_window_inference returns).
     pub keep_logits: bool,
+    /// The input is the volume mirrored along these file axes (i, j, k): a test-time
+    /// augmentation pass. The window weights are mirrored too, so that once the outputs are
+    /// flipped back each window carries the weights of the unmirrored pass, as nnU-Net's
+    /// per-window mirroring does (its gaussian is centred at `n // 2`, not symmetric).
+    pub mirrored: [bool; 3],
     /// Intensity normalisation before windowing.
     pub normalize: Normalize,
     /// Bytes the run may use (device memory on CUDA, the host working set on CPU); None: 80% of
@@ -141,6 +146,7 @@ impl Default for Options {
             extra_devices: Vec::new(),
             axis_order: AxisOrder::Xyz,
             keep_logits: false,
+            mirrored: [false; 3],
             normalize: Normalize::None,
             memory_budget: None,
             cancel: CancelToken::new(),

@@ -115,7 +115,17 @@ impl Engine {
         let o = &self.options;
         let shape = report.input_shape;
         let grid = Grid::new(shape, roi, o.overlap, o.placement)?;
-        let weights = tiling::pass_weights(roi, o.blend, o.sigma_scale, o.placement);
+        let mut weights = tiling::pass_weights(roi, o.blend, o.sigma_scale, o.placement);
+        for (a, &m) in o.mirrored.iter().enumerate() {
+            let net_axis = match o.axis_order {
+                AxisOrder::Xyz => a,
+                AxisOrder::Zyx => 2 - a,
+            };
+            if m {
+                weights.invert_axis(ndarray::Axis(net_axis));
+            }
+        }
+        let weights = weights.as_standard_layout().into_owned();
         let split = split::split(&grid, self.workers.len());
         let mut inject_oom = o.inject_oom.filter(|_| !self.is_cuda());
         let cancel = o.cancel.clone();

@@ -572,8 +572,11 @@ impl Pipeline {
                     flipped.view()
                 };
                 let base = pass;
+                engine.set_mirrored([0, 1, 2].map(|a| flip.contains(&a)));
                 let seg =
-                    engine.segment_array(input, &mut |d, t| progress(base * t + d, npass * t))?;
+                    engine.segment_array(input, &mut |d, t| progress(base * t + d, npass * t));
+                engine.set_mirrored([false; 3]);
+                let seg = seg?;
                 let (out, rep) = (seg.logits.ok_or_else(kept_nothing)?, seg.report);
                 compute += rep.seconds.compute;
                 blend += rep.seconds.blend;
