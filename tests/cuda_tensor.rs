@@ -297,11 +297,12 @@ fn slice_gather_concat() {
             chain(
                 "t",
                 2,
+                // Declared channels are dim 1 of each value, as the importer sets them.
                 vec![
-                    n(reshape(&[2, 64]), &[0]),
-                    n(Op::Sigmoid, &[1]),
-                    n(Op::Concat { axis: 0 }, &[1, 2]),
-                    n(Op::Concat { axis: 1 }, &[3, 3]),
+                    (reshape(&[2, 64]), vec![0], 64),
+                    (Op::Sigmoid, vec![1], 64),
+                    (Op::Concat { axis: 0 }, vec![1, 2], 64),
+                    (Op::Concat { axis: 1 }, vec![3, 3], 128),
                     n(flat(), &[4]),
                 ],
             ),
