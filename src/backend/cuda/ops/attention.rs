@@ -363,3 +363,43 @@ pub fn attention_f16(
     s.synchronize().map_err(drv("running attention"))?;
     Ok(host.iter().map(|x| x.to_f32()).collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::graph::Tensor;
+
+    fn d(s: &[usize]) -> Dims {
+        Dims::new(s).unwrap()
+    }
+
+    #[test]
+    fn table_of_broadcast_and_strided_operands() {
+        let op = Attention {
+            scale: 1.0,
+            bias: Some(Tensor::new(vec![1, 2, 1, 5], vec![0.0; 10])),
+        };
+        // q [2, 2, 3, 4], k shared over heads [2, 1, 5, 4], v shared over batch [1, 2, 5, 6].
+        let t = offsets(&op, &d(&[2, 2, 3, 4]), &d(&[2, 1, 5, 4]), &d(&[1, 2, 5, 6])).unwrap();
+        assert_eq!(t.ld, [4, 4, 6, 6]);
+        assert_eq!(t.bias_ts, [0, 1]);
+        #[rustfmt::skip]
+        let want = vec![
+            0, 0, 0, 0, 0,
+            12, 0, 30, 5, 18,
+            24, 20, 0, 0, 36,
+            36, 20, 30, 5, 54,
+        ];
+        assert_eq!(t.offs, want);
+        // Rank 5 with C = 1 is row-major; with C = 2 the features are 2 apart: refused.
+        let plain = Attention {
+            scale: 1.0,
+            bias: None,
+        };
+        let x = d(&[1, 1, 2, 3, 4]);
+        assert_eq!(node_table(&plain, &[x, x, x]).unwrap().ld, [4; 4]);
+        let y = d(&[1, 2, 1, 3, 4]);
+        let e = node_table(&plain, &[y, y, y]).unwrap_err().to_string();
+        assert!(e.contains("features contiguous"), "{e}");
+    }
+}
