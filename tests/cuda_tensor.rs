@@ -783,3 +783,27 @@ fn fused_attention_plan_on_the_host() {
         .to_string();
     assert!(e.contains("features contiguous"), "{e}");
 }
+
+/// `prepare` allocates exactly the buffer plan of a graph with a fused attention (its offset
+/// table and fp32 bias counted as constants).
+#[test]
+fn fused_attention_memory_matches_the_plan() {
+    let mut r = Rng::tagged("cuda tensor fused attention memory");
+    let roi = [4, 4, 6];
+    let c = AttnCase {
+        kh: 1,
+        bias: Some([1, 2, 96, 96]),
+        rank5: false,
+    };
+    let g = attention_op_graph(&mut r, roi, &c);
+    let Some(mut b) = gpu() else { return };
+    b.prepare(&g, 1, roi).unwrap();
+    let bp = buffer_plan(&g, 1, roi, &b.caps()).unwrap();
+    let peak = b.peak_device_bytes().unwrap();
+    println!(
+        "RESULT cuda_tensor fused attention memory: plan {} tracked {peak}",
+        bp.device_bytes()
+    );
+    assert_eq!(bp.device_bytes(), peak, "prepare allocates the buffer plan");
+    assert_eq!(bp.activation_bytes(), b.activation_bytes() as u64);
+}
