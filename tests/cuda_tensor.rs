@@ -14,6 +14,7 @@ use voxtile::internals::cpu::run_graph_f64;
 use voxtile::internals::cuda::plan::{buffer_plan, ArchCaps};
 use voxtile::internals::cuda::CudaBackend;
 use voxtile::model::graph::*;
+use voxtile::model::ops::Attention;
 
 /// rel L2 bound, and max abs error bound relative to the reference's largest magnitude.
 const TOL: f64 = 1e-2;
@@ -628,4 +629,182 @@ fn tensor_graph_plan_on_the_host() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("one window per batch"), "{e}");
+}
+
+/// The fused attention case: keys shared by the heads (`kh` 1) or per head (2), the bias's
+/// shape (scores `[1, h, T, S]`, each dim 1 or equal; masked entries -100), q/k/v rank 5
+/// `[1, 1, h, T, d]` (C = 1: NDHWC equals row-major) or rank 4.
+struct AttnCase {
+    kh: usize,
+    bias: Option<[usize; 4]>,
+    rank5: bool,
+}
+
+/// NCDHW [1, 8, roi] -> tokens -> q (2 heads of 4), k (`kh` heads of 4), v (2 heads of 8)
+/// Linears -> Attention -> tokens [1, L, 16] -> NCDHW [1, 16, roi].
+fn attention_op_graph(r: &mut Rng, roi: [usize; 3], c: &AttnCase) -> Graph {
+    let l = roi.iter().product::<usize>();
+    let li = l as i64;
+    let mut nodes: Vec<(Op, Vec<usize>, usize)> = Vec::new();
+    let mut add = |op: Op, ins: &[usize]| {
+        nodes.push(n(op, ins));
+        nodes.len()
+    };
+    let x = add(reshape(&[1, 8, li]), &[0]);
+    let x = add(tr(&[0, 2, 1]), &[x]);
+    let mut heads = |r: &mut Rng, h: usize, f: usize| {
+        let y = add(linear(r, 8, h * f, true), &[x]);
+        let y = add(reshape(&[1, li, h as i64, f as i64]), &[y]);
+        let y = add(tr(&[0, 2, 1, 3]), &[y]);
+        if c.rank5 {
+            add(reshape(&[1, 1, h as i64, li, f as i64]), &[y])
+        } else {
+            y
+        }
+    };
+    let (q, k, v) = (heads(r, 2, 4), heads(r, c.kh, 4), heads(r, 2, 8));
+    let bias = c.bias.map(|s| {
+        let mut data = r.scaled(s.iter().product(), 0.5);
+        for (i, b) in data.iter_mut().enumerate() {
+            if i % 7 == 3 {
+                *b = -100.0;
+            }
+        }
+        let shape = if c.rank5 {
+            vec![1, s[0], s[1], s[2], s[3]]
+        } else {
+            s.to_vec()
+        };
+        konst(&shape, data)
+    });
+    let scale = 0.5;
+    let mut a = add(Op::Attention(Attention { scale, bias }), &[q, k, v]);
+    if c.rank5 {
+        a = add(reshape(&[1, 2, li, 8]), &[a]);
+    }
+    let a = add(tr(&[0, 2, 1, 3]), &[a]);
+    let a = add(reshape(&[1, li, 16]), &[a]);
+    let a = add(tr(&[0, 2, 1]), &[a]);
+    let d = roi.map(|x| x as i64);
+    nodes.push((reshape(&[1, 16, d[0], d[1], d[2]]), vec![a], 16));
+    chain("attention op", 8, nodes)
+}
+
+fn attention_cases() -> Vec<(&'static str, AttnCase)> {
+    let c = |kh, bias, rank5| AttnCase { kh, bias, rank5 };
+    vec![
+        ("attention, no bias", c(2, None, false)),
+        (
+            "attention, bias per head + mask",
+            c(2, Some([1, 2, 96, 96]), false),
+        ),
+        (
+            "attention, shared k, bias over heads",
+            c(1, Some([1, 1, 96, 96]), false),
+        ),
+        (
+            "attention, shared k, key bias",
+            c(1, Some([1, 1, 1, 96]), false),
+        ),
+        (
+            "attention, rank 5 (C = 1), bias",
+            c(1, Some([1, 2, 96, 96]), true),
+        ),
+    ]
+}
+
+/// `Op::Attention` on the CUDA tensor path against the CPU, with and without bias, with
+/// broadcast leading dims, 96 tokens (one full and one partial tile of 64 query rows).
+#[test]
+fn fused_attention_op() {
+    let mut r = Rng::tagged("cuda tensor fused attention");
+    let roi = [4, 4, 6];
+    let cases = attention_cases()
+        .into_iter()
+        .map(|(name, c)| (name, attention_op_graph(&mut r, roi, &c), [1, 8, 4, 4, 6]))
+        .collect();
+    run_cases(cases);
+}
+
+/// Host only: an attention node costs its offset table (i64, 5 per leading index) and its
+/// fp32 bias as planned constants; q/k/v stored NDHWC with C > 1 (features not contiguous)
+/// are refused with a message that says why.
+#[test]
+fn fused_attention_plan_on_the_host() {
+    let mut r = Rng::tagged("cuda tensor fused attention plan");
+    let roi = [4, 4, 6];
+    for (name, c) in attention_cases() {
+        let g = attention_op_graph(&mut r, roi, &c);
+        let bp = buffer_plan(&g, 1, roi, &ArchCaps::h200()).unwrap();
+        let att: Vec<(&str, usize)> = bp
+            .consts
+            .iter()
+            .filter(|k| k.what.starts_with("attention"))
+            .map(|k| (k.what, k.bytes))
+            .collect();
+        let mut want = vec![("attention offset table (i64)", 2 * 5 * 8)];
+        if let Some(s) = c.bias {
+            want.push(("attention bias (fp32)", s.iter().product::<usize>() * 4));
+        }
+        assert_eq!(att, want, "{name}");
+        let i = g
+            .nodes
+            .iter()
+            .position(|n| matches!(n.op, Op::Attention(_)))
+            .unwrap();
+        assert!(
+            bp.tensor[i] && bp.launches.iter().any(|l| l.node == i),
+            "{name}"
+        );
+        // The GPU test's reference runs (and is not the -100 of a fully masked row).
+        let x = input(&mut r, [1, 8, 4, 4, 6]);
+        let y = run_graph_f64(&g, x.mapv(f64::from).view()).unwrap();
+        assert_eq!(y.shape(), &[1, 16, 4, 4, 6], "{name}");
+        assert!(y.iter().all(|v| v.is_finite() && v.abs() < 50.0), "{name}");
+    }
+    // q, k, v [1, 2, 1, 96, f] are rank-5 values with C = 2: stored NDHWC, features 2 apart.
+    let l = 96i64;
+    let mut nodes = vec![
+        n(reshape(&[1, 8, l]), &[0]),
+        n(tr(&[0, 2, 1]), &[1]),
+        n(linear(&mut r, 8, 8, false), &[2]),
+        n(reshape(&[1, 2, 1, l, 4]), &[3]),
+    ];
+    nodes.push(n(
+        Op::Attention(Attention {
+            scale: 1.0,
+            bias: None,
+        }),
+        &[4, 4, 4],
+    ));
+    nodes.push((reshape(&[1, 8, 4, 4, 6]), vec![5], 8));
+    let g = chain("ndhwc attention", 8, nodes);
+    let e = buffer_plan(&g, 1, roi, &ArchCaps::h200())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("features contiguous"), "{e}");
+}
+
+/// `prepare` allocates exactly the buffer plan of a graph with a fused attention (its offset
+/// table and fp32 bias counted as constants).
+#[test]
+fn fused_attention_memory_matches_the_plan() {
+    let mut r = Rng::tagged("cuda tensor fused attention memory");
+    let roi = [4, 4, 6];
+    let c = AttnCase {
+        kh: 1,
+        bias: Some([1, 2, 96, 96]),
+        rank5: false,
+    };
+    let g = attention_op_graph(&mut r, roi, &c);
+    let Some(mut b) = gpu() else { return };
+    b.prepare(&g, 1, roi).unwrap();
+    let bp = buffer_plan(&g, 1, roi, &b.caps()).unwrap();
+    let peak = b.peak_device_bytes().unwrap();
+    println!(
+        "RESULT cuda_tensor fused attention memory: plan {} tracked {peak}",
+        bp.device_bytes()
+    );
+    assert_eq!(bp.device_bytes(), peak, "prepare allocates the buffer plan");
+    assert_eq!(bp.activation_bytes(), b.activation_bytes() as u64);
 }

@@ -7,6 +7,7 @@
 //! come in as [`ArchCaps`].
 
 pub use super::conv_kernel::{ArchCaps, ConvGeom, ConvKernel};
+use super::ops::attention::{bias_f32, node_table};
 use super::plan::{concat_slice, consumers, fusable_activation, Act, Shape};
 use super::select::is_upsampling_convt;
 use super::tensor_layout::{is_standard, reshape_aliases, tensor_node, tensor_supported};
@@ -186,8 +187,12 @@ pub fn cuda_shapes(graph: &Graph, roi: [usize; 3]) -> Result<(Vec<Shape>, Vec<Di
         .map(|i| tensor_node(graph, &dims, i))
         .collect();
     for (node, _) in graph.nodes.iter().zip(&tensor).filter(|(_, &t)| t) {
+        let ins: Vec<Dims> = node.inputs.iter().map(|&v| dims[v]).collect();
+        if let Op::Attention(a) = &node.op {
+            node_table(a, &ins)
+                .map_err(|e| Error::Graph(format!("node {} (Attention): {e}", node.name)))?;
+        }
         if !tensor_supported(&node.op) {
-            let ins: Vec<Dims> = node.inputs.iter().map(|&v| dims[v]).collect();
             return Err(Error::Graph(format!(
                 "node {} ({}): the CUDA backend runs it on NCDHW activations of batch 1 only, not on {ins:?}",
                 node.name,
@@ -251,6 +256,7 @@ struct Walk<'g> {
     graph: &'g Graph,
     batch: usize,
     shapes: Vec<Shape>,
+    dims: Vec<Dims>,
     tensor: Vec<bool>,
     cons: Vec<Vec<usize>>,
     b: Buffers,
@@ -389,6 +395,15 @@ impl Walk<'_> {
                     push(f32s(b.len()), "linear bias");
                 }
             }
+            Op::Attention(a) => {
+                let dims: Vec<Dims> = node.inputs.iter().map(|&v| self.dims[v]).collect();
+                // `cuda_shapes` checked the table builds.
+                let rows = node_table(a, &dims).map_or(0, |t| t.offs.len());
+                push(rows * 8, "attention offset table (i64)");
+                if let Some(b) = bias_f32(a) {
+                    push(f32s(b.len()), "attention bias (fp32)");
+                }
+            }
             Op::LayerNorm(l) => {
                 push(f32s(l.scale.len()), "layer norm scale");
                 if let Some(b) = &l.bias {
@@ -452,6 +467,7 @@ pub fn buffer_plan(
         batch,
         cons: consumers(graph),
         shapes,
+        dims: dims.clone(),
         tensor,
         b: Buffers::default(),
         live: vec![None; nv],

@@ -6,7 +6,9 @@
 use super::super::device::{drv, DevBuf};
 use super::super::launch::{Arg, Gpu};
 use super::super::CudaBackend;
+use super::Build;
 use crate::backend::cuda::catalogue::ATTENTION_FWD;
+use crate::backend::cuda::tensor_layout::phys_strides;
 use crate::model::ops::{Attention, AttnDims, Dims};
 use crate::{Error, Result};
 use cudarc::driver::{result as cu, CudaStream};
@@ -58,32 +60,53 @@ pub struct AttnLaunch {
     pub scale: f32,
 }
 
-/// The offset table and bias strides of row-major operands.
+/// The offset table, row strides and bias strides of one attention's operands.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttnTable {
     /// The attention's shapes.
     pub dims: AttnDims,
     /// `lead * 5` element offsets (q, k, v, bias, output) per leading index.
     pub offs: Vec<i64>,
-    /// Bias strides along T and S.
+    /// Row strides (elements) of q, k, v and the output.
+    pub ld: [usize; 4],
+    /// Bias strides along T and S (the bias is a row-major constant).
     pub bias_ts: [usize; 2],
 }
 
-/// Strides of a value of dims `d` over the broadcast leading dims `lead` (0 where broadcast).
-fn lead_strides(d: &[usize], lead: &[usize], inner: usize) -> Vec<usize> {
-    let mut st = vec![0usize; lead.len()];
-    let mut acc = inner;
-    for a in (0..lead.len()).rev() {
-        if d[a] != 1 {
-            st[a] = acc;
-        }
-        acc *= d[a];
+/// Element strides of each axis of a row-major value of dims `d`.
+fn row_major(d: &[usize]) -> Vec<i64> {
+    let mut st = vec![0i64; d.len()];
+    let mut acc = 1i64;
+    for a in (0..d.len()).rev() {
+        st[a] = acc;
+        acc *= d[a] as i64;
     }
     st
 }
 
+/// Strides of a value of dims `d` (element strides `st`) over the broadcast leading dims
+/// (0 where broadcast).
+fn lead_strides(d: &[usize], st: &[i64], n: usize) -> Vec<i64> {
+    (0..n).map(|a| if d[a] == 1 { 0 } else { st[a] }).collect()
+}
+
 /// The launch table of `op` on contiguous row-major q, k, v, its bias and output.
 pub fn offsets(op: &Attention, q: &Dims, k: &Dims, v: &Dims) -> Result<AttnTable> {
+    let (rq, rk, rv) = (
+        row_major(q.as_slice()),
+        row_major(k.as_slice()),
+        row_major(v.as_slice()),
+    );
+    let od = split(op, q, k, v)?.output().map_err(Error::Graph)?;
+    strided_offsets(
+        op,
+        [(q, &rq), (k, &rk), (v, &rv)],
+        &row_major(od.as_slice()),
+    )
+}
+
+/// `op`'s shapes, with the kernel's feature limit checked.
+fn split(op: &Attention, q: &Dims, k: &Dims, v: &Dims) -> Result<AttnDims> {
     let a = op
         .split(q, k, v)
         .map_err(|e| Error::Graph(format!("Attention: {e}")))?;
@@ -93,16 +116,56 @@ pub fn offsets(op: &Attention, q: &Dims, k: &Dims, v: &Dims) -> Result<AttnTable
             a.d, a.dv
         )));
     }
+    Ok(a)
+}
+
+/// The launch table of `op` on q, k, v of the given dims and element strides per axis
+/// (`o_st`: the output's, dims from the op). The kernel reads features contiguous and rows
+/// `ld` apart: an operand whose last axis has a stride other than 1 (a rank-5 NDHWC value
+/// with C > 1 and more than one spatial element) is refused.
+pub fn strided_offsets(
+    op: &Attention,
+    [(q, sq), (k, sk), (v, sv)]: [(&Dims, &[i64]); 3],
+    o_st: &[i64],
+) -> Result<AttnTable> {
+    let a = split(op, q, k, v)?;
+    let od = a.output().map_err(Error::Graph)?;
+    let r = q.rank();
+    let ops = [
+        (q, sq, "q"),
+        (k, sk, "k"),
+        (v, sv, "v"),
+        (&od, o_st, "output"),
+    ];
+    let mut ld = [0usize; 4];
+    for (slot, (d, st, name)) in ld.iter_mut().zip(ops) {
+        if st.len() != r {
+            return Err(Error::Backend(format!(
+                "Attention {name}: {} strides for {d:?}",
+                st.len()
+            )));
+        }
+        if (st[r - 1] != 1 && d[r - 1] != 1) || st[r - 2] < 0 {
+            return Err(Error::Backend(format!(
+                "Attention {name} {d:?} with element strides {st:?}: the CUDA kernel needs its features contiguous (rank-5 operands are stored NDHWC)"
+            )));
+        }
+        *slot = if d[r - 2] == 1 {
+            d[r - 1]
+        } else {
+            st[r - 2] as usize
+        };
+    }
     let lead = &a.lead;
     let n = lead.len();
-    let sq = lead_strides(q.as_slice(), lead, a.t * a.d);
-    let sk = lead_strides(k.as_slice(), lead, a.s * a.d);
-    let sv = lead_strides(v.as_slice(), lead, a.s * a.dv);
-    let so = lead_strides(lead, lead, a.t * a.dv);
+    let ls: Vec<Vec<i64>> = ops
+        .iter()
+        .map(|(d, st, _)| lead_strides(d.as_slice(), st, n))
+        .collect();
     let (sb, bias_ts) = match &op.bias {
         Some(b) => {
             let (bt, bs) = (b.shape[n], b.shape[n + 1]);
-            let st = lead_strides(&b.shape, lead, bt * bs);
+            let st = lead_strides(&b.shape, &row_major(&b.shape), n);
             (st, [if bt == 1 { 0 } else { bs }, usize::from(bs != 1)])
         }
         None => (vec![0; n], [0, 0]),
@@ -110,21 +173,84 @@ pub fn offsets(op: &Attention, q: &Dims, k: &Dims, v: &Dims) -> Result<AttnTable
     let rows: usize = lead.iter().product();
     let mut offs = Vec::with_capacity(rows * 5);
     for l in 0..rows {
-        let mut o = [0usize; 5];
+        let mut o = [0i64; 5];
         let mut i = l;
         for ax in (0..n).rev() {
-            let x = i % lead[ax];
+            let x = (i % lead[ax]) as i64;
             i /= lead[ax];
-            for (slot, st) in o.iter_mut().zip([&sq, &sk, &sv, &sb, &so]) {
+            for (slot, st) in o.iter_mut().zip([&ls[0], &ls[1], &ls[2], &sb, &ls[3]]) {
                 *slot += x * st[ax];
             }
         }
-        offs.extend(o.map(|x| x as i64));
+        offs.extend(o);
     }
     Ok(AttnTable {
         dims: a,
         offs,
+        ld,
         bias_ts,
+    })
+}
+
+/// The table of tensor-path node `op` on its planned layouts (`tensor_layout`: rank 5 NDHWC,
+/// other ranks row-major): what the buffer plan counts and the launch list uploads.
+pub fn node_table(op: &Attention, dims: &[Dims]) -> Result<AttnTable> {
+    let [q, k, v] = dims else {
+        return Err(Error::Graph(format!(
+            "Attention needs 3 inputs, got {}",
+            dims.len()
+        )));
+    };
+    let od = op.output_dims(q, k, v).map_err(Error::Graph)?;
+    let st = |d: &Dims| phys_strides(d);
+    let (sq, sk, sv) = (st(q), st(k), st(v));
+    strided_offsets(op, [(q, &sq), (k, &sk), (v, &sv)], &st(&od))
+}
+
+/// The bias of `op` as uploaded: fp32, so masks of -100 plus small relative-position biases
+/// keep every bit the CPU reference sees (fp16 would round 0.01 next to -100 away).
+pub fn bias_f32(op: &Attention) -> Option<&[f32]> {
+    op.bias.as_ref().map(|b| b.data.as_slice())
+}
+
+/// The launch of tensor-path node `op` reading q, k, v at `xs` and writing `y`, its table
+/// and bias uploaded through `b` (in the order of the buffer plan: table, then bias).
+pub(crate) fn build(
+    b: &mut Build,
+    op: &Attention,
+    dims: &[Dims],
+    xs: &[u64],
+    y: u64,
+) -> Result<AttnLaunch> {
+    let tab = node_table(op, dims)?;
+    let &[q, k, v] = xs else {
+        return Err(Error::Graph(format!(
+            "Attention needs 3 inputs, got {}",
+            xs.len()
+        )));
+    };
+    let offs = b.upload_const(&tab.offs)?;
+    let (bias, bias_kind) = match bias_f32(op) {
+        Some(x) => (b.upload_const(x)?, BiasKind::F32),
+        None => (0, BiasKind::None),
+    };
+    let a = &tab.dims;
+    Ok(AttnLaunch {
+        q,
+        k,
+        v,
+        bias,
+        bias_kind,
+        o: y,
+        offs,
+        lead: a.lead.iter().product(),
+        t: a.t,
+        s: a.s,
+        d: a.d,
+        dv: a.dv,
+        ld: tab.ld,
+        bias_ts: tab.bias_ts,
+        scale: op.scale,
     })
 }
 
@@ -225,7 +351,7 @@ pub fn attention_f16(
         s: a.s,
         d: a.d,
         dv: a.dv,
-        ld: [a.d, a.d, a.dv, a.dv],
+        ld: tab.ld,
         bias_ts: tab.bias_ts,
         scale: op.scale,
     }
@@ -236,4 +362,44 @@ pub fn attention_f16(
         .map_err(drv("download"))?;
     s.synchronize().map_err(drv("running attention"))?;
     Ok(host.iter().map(|x| x.to_f32()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::graph::Tensor;
+
+    fn d(s: &[usize]) -> Dims {
+        Dims::new(s).unwrap()
+    }
+
+    #[test]
+    fn table_of_broadcast_and_strided_operands() {
+        let op = Attention {
+            scale: 1.0,
+            bias: Some(Tensor::new(vec![1, 2, 1, 5], vec![0.0; 10])),
+        };
+        // q [2, 2, 3, 4], k shared over heads [2, 1, 5, 4], v shared over batch [1, 2, 5, 6].
+        let t = offsets(&op, &d(&[2, 2, 3, 4]), &d(&[2, 1, 5, 4]), &d(&[1, 2, 5, 6])).unwrap();
+        assert_eq!(t.ld, [4, 4, 6, 6]);
+        assert_eq!(t.bias_ts, [0, 1]);
+        #[rustfmt::skip]
+        let want = vec![
+            0, 0, 0, 0, 0,
+            12, 0, 30, 5, 18,
+            24, 20, 0, 0, 36,
+            36, 20, 30, 5, 54,
+        ];
+        assert_eq!(t.offs, want);
+        // Rank 5 with C = 1 is row-major; with C = 2 the features are 2 apart: refused.
+        let plain = Attention {
+            scale: 1.0,
+            bias: None,
+        };
+        let x = d(&[1, 1, 2, 3, 4]);
+        assert_eq!(node_table(&plain, &[x, x, x]).unwrap().ld, [4; 4]);
+        let y = d(&[1, 2, 1, 3, 4]);
+        let e = node_table(&plain, &[y, y, y]).unwrap_err().to_string();
+        assert!(e.contains("features contiguous"), "{e}");
+    }
 }

@@ -65,6 +65,8 @@ pub(crate) enum TensorStep {
         y: u64,
         p: GemmParams,
     },
+    /// Fused attention (`ops::attention`).
+    Attention(super::attention::AttnLaunch),
 }
 
 /// The launches of tensor-path node `op` (constants uploaded through `b`, in the order of the
@@ -184,6 +186,9 @@ pub(crate) fn build(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Vec<Step>> {
                 p,
             })
         }
+        Op::Attention(a) => t(TensorStep::Attention(super::attention::build(
+            b, a, &io.dims, &io.xs, io.y,
+        )?)),
         Op::Identity => vec![Step::Elt(Elt::Copy {
             x: io.x,
             y: io.y,
@@ -594,6 +599,7 @@ impl TensorStep {
                     ],
                 )
             }
+            TensorStep::Attention(a) => a.launch(gpu, s),
         }
     }
 }
