@@ -23,6 +23,8 @@ const SUPPORTED: &[&str] = &[
     "resencunet",
     "segresnet",
     "segresnetds",
+    "swinunetr",
+    "unetr",
     "vnet",
 ];
 

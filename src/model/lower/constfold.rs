@@ -13,10 +13,13 @@ use super::*;
 /// Largest constant one fold may produce (elements).
 pub(super) const MAX_CONST_ELEMS: usize = 1 << 26;
 
-/// Bytes that constant folds may allocate over a whole import, on top of four times the bytes of
+/// Bytes that constant folds may allocate over a whole import, on top of [`CONST_WEIGHT_FACTOR`] times the bytes of
 /// the model's own initializers: a real export computes masks of the size of what its weights
 /// compute with, while a small hostile file stays at a few hundred megabytes.
 pub(super) const CONST_BASE_BYTES: usize = 1 << 28;
+
+/// The multiple of the initializers' bytes added to [`CONST_BASE_BYTES`].
+pub(super) const CONST_WEIGHT_FACTOR: usize = 8;
 
 /// Operators with a constant-only fast path.
 const FAST_OPS: [&str; 26] = [
@@ -24,6 +27,9 @@ const FAST_OPS: [&str; 26] = [
     "Neg", "Cast", "Reshape", "Transpose", "Slice", "Gather", "Concat", "Expand", "Unsqueeze",
     "Squeeze", "ScatterND", "GatherND", "ConstantOfShape", "Range",
 ];
+
+/// Operators whose inputs after the first are shapes, indices or axes.
+const SHAPE_OPERANDS: [&str; 6] = ["Reshape", "Expand", "Slice", "Gather", "Unsqueeze", "Squeeze"];
 
 /// Apply a generic element move to either kind of data.
 macro_rules! map_data {
@@ -87,13 +93,23 @@ impl Lowerer<'_> {
             return Ok(false);
         }
         // Known symbolic values (shape arithmetic) become constants; anything else leaves.
+        // Shape operands (Reshape targets...) that read the sizes of a fixed input are evaluated.
         let mut owned: Vec<Option<Const>> = vec![];
-        for name in &n.input {
+        for (i, name) in n.input.iter().enumerate() {
             owned.push(match self.vals.get(name) {
                 _ if name.is_empty() => None,
                 Some(Val::Const(_)) => None,
                 Some(Val::Sym(s)) => match sym_to_const(s) {
                     Some(c) => Some(c),
+                    None if i > 0 && SHAPE_OPERANDS.contains(&op) => {
+                        match self.values_of(ctx, s, "a shape operand") {
+                            Ok(v) => Some(Const {
+                                shape: s.shape.clone(),
+                                data: Data::I(v.iter().map(|&x| x as i64).collect()),
+                            }),
+                            Err(_) => return Ok(false),
+                        }
+                    }
                     None => return Ok(false),
                 },
                 _ => return Ok(false),
@@ -111,8 +127,27 @@ impl Lowerer<'_> {
             })
             .collect();
         let out = self.const_op(n, ctx, &refs)?;
+        self.release_inputs(n);
         self.set(n, Val::Const(out))?;
         Ok(true)
+    }
+
+    /// Drop folded constants this node was the last reader of, so that a chain of mask
+    /// computations holds one or two large values at a time, not all of them. Values that an
+    /// Identity aliases are kept (the alias may be read later under its own name).
+    fn release_inputs(&mut self, n: &proto::NodeProto) {
+        for name in n.input.iter().filter(|s| !s.is_empty()) {
+            let Some(u) = self.uses.get_mut(name) else {
+                continue;
+            };
+            *u = u.saturating_sub(1);
+            let aliased = || self.alias.values().any(|a| a == name);
+            if *u == 0 && !self.graph_outputs.contains(name) && !aliased() {
+                if let Some(Val::Const(_)) = self.vals.get(name) {
+                    self.vals.remove(name);
+                }
+            }
+        }
     }
 
     /// Check (before allocating) and charge a folded constant of `elems` elements of `bytes` each.
@@ -199,11 +234,18 @@ impl Lowerer<'_> {
         self.charge_const(ctx, numel, if int { 8 } else { 4 })?;
         let fmod = attr(n, "fmod").and_then(|a| a.i).unwrap_or(0) != 0;
         let same: Vec<bool> = cs.iter().map(|c| c.shape == shape).collect();
+        let one: Vec<bool> = cs.iter().map(|c| c.len() == 1).collect();
         let mut fail = None;
         let mut vals: Vec<f64> = vec![0.0; want];
         let mut f = |idx: &[usize], k: usize| -> f64 {
             for (i, c) in cs.iter().enumerate() {
-                let j = if same[i] { k } else { broadcast_index(&c.shape, &shape, idx) };
+                let j = if same[i] {
+                    k
+                } else if one[i] {
+                    0
+                } else {
+                    broadcast_index(&c.shape, &shape, idx)
+                };
                 vals[i] = at(&c.data, j);
             }
             let (x, y) = (vals[0], vals.get(1).copied().unwrap_or(0.0));
@@ -244,20 +286,26 @@ impl Lowerer<'_> {
                 _ => x - y * (x / y).floor(),
             }
         };
-        let mut k = 0usize;
+        // Inputs of the output's shape or of one element need no index arithmetic.
+        let simple = cs.iter().all(|c| c.shape == shape || c.len() == 1);
+        let mut each = |push: &mut dyn FnMut(f64)| {
+            if simple {
+                (0..numel).for_each(|k| push(f(&[], k)));
+            } else {
+                let mut k = 0usize;
+                for_each_index(&shape, |idx| {
+                    push(f(idx, k));
+                    k += 1;
+                });
+            }
+        };
         let data = if int {
             let mut out = Vec::with_capacity(numel);
-            for_each_index(&shape, |idx| {
-                out.push(f(idx, k) as i64);
-                k += 1;
-            });
+            each(&mut |v| out.push(v as i64));
             Data::I(out)
         } else {
             let mut out = Vec::with_capacity(numel);
-            for_each_index(&shape, |idx| {
-                out.push(f(idx, k) as f32);
-                k += 1;
-            });
+            each(&mut |v| out.push(v as f32));
             Data::F(out)
         };
         if let Some(e) = fail {
