@@ -23,13 +23,66 @@ pub(super) const CONST_WEIGHT_FACTOR: usize = 8;
 
 /// Operators with a constant-only fast path.
 const FAST_OPS: [&str; 26] = [
-    "Add", "Sub", "Mul", "Div", "Min", "Max", "Equal", "Less", "Greater", "Mod", "Not", "Where",
-    "Neg", "Cast", "Reshape", "Transpose", "Slice", "Gather", "Concat", "Expand", "Unsqueeze",
-    "Squeeze", "ScatterND", "GatherND", "ConstantOfShape", "Range",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Min",
+    "Max",
+    "Equal",
+    "Less",
+    "Greater",
+    "Mod",
+    "Not",
+    "Where",
+    "Neg",
+    "Cast",
+    "Reshape",
+    "Transpose",
+    "Slice",
+    "Gather",
+    "Concat",
+    "Expand",
+    "Unsqueeze",
+    "Squeeze",
+    "ScatterND",
+    "GatherND",
+    "ConstantOfShape",
+    "Range",
 ];
 
 /// Operators whose inputs after the first are shapes, indices or axes.
-const SHAPE_OPERANDS: [&str; 6] = ["Reshape", "Expand", "Slice", "Gather", "Unsqueeze", "Squeeze"];
+const SHAPE_OPERANDS: [&str; 6] = [
+    "Reshape",
+    "Expand",
+    "Slice",
+    "Gather",
+    "Unsqueeze",
+    "Squeeze",
+];
+
+/// One elementwise operation, resolved from the operator name before the loop.
+#[derive(Clone, Copy)]
+enum Ew {
+    Add,
+    Sub,
+    Mul,
+    IDiv,
+    Div,
+    Min,
+    Max,
+    Equal,
+    Less,
+    Greater,
+    Not,
+    Neg,
+    ToBool,
+    Trunc,
+    Copy,
+    Where,
+    Mod,
+    Fmod,
+}
 
 /// Apply a generic element move to either kind of data.
 macro_rules! map_data {
@@ -68,7 +121,11 @@ fn strides(shape: &[usize]) -> Vec<usize> {
 
 /// `out[k] = src[idx(k)]` for the multi-indices of `shape`, `idx` mapping an output index to a
 /// flat source index.
-fn gather_by<T: Copy>(src: &[T], shape: &[usize], mut idx: impl FnMut(&[usize]) -> usize) -> Vec<T> {
+fn gather_by<T: Copy>(
+    src: &[T],
+    shape: &[usize],
+    mut idx: impl FnMut(&[usize]) -> usize,
+) -> Vec<T> {
     let mut out = Vec::with_capacity(shape.iter().product());
     for_each_index(shape, |i| out.push(src[idx(i)]));
     out
@@ -194,7 +251,9 @@ impl Lowerer<'_> {
                     .ok_or_else(|| ctx.err(format!("cannot expand {:?} to {t:?}", c.shape)))?;
                 self.c_broadcast(ctx, c, shape)
             }
-            "Unsqueeze" | "Squeeze" => self.c_squeeze(n, ctx, input(0)?, ins.get(1).copied().flatten()),
+            "Unsqueeze" | "Squeeze" => {
+                self.c_squeeze(n, ctx, input(0)?, ins.get(1).copied().flatten())
+            }
             "ScatterND" => self.c_scatter_nd(n, ctx, input(0)?, input(1)?, input(2)?),
             "GatherND" => self.c_gather_nd(n, ctx, input(0)?, input(1)?),
             "ConstantOfShape" => self.c_constant_of_shape(n, ctx, input(0)?),
@@ -204,7 +263,12 @@ impl Lowerer<'_> {
     }
 
     /// Every elementwise op, numpy broadcasting over all inputs, computed in f64 per element.
-    fn c_elementwise(&self, n: &proto::NodeProto, ctx: &Ctx, ins: &[Option<&Const>]) -> Result<Const> {
+    fn c_elementwise(
+        &self,
+        n: &proto::NodeProto,
+        ctx: &Ctx,
+        ins: &[Option<&Const>],
+    ) -> Result<Const> {
         let op = n.op_type();
         let want = match op {
             "Not" | "Neg" | "Cast" => 1,
@@ -218,7 +282,10 @@ impl Lowerer<'_> {
         let mut shape = cs[0].shape.clone();
         for c in &cs[1..] {
             shape = broadcast_shape(&shape, &c.shape).ok_or_else(|| {
-                ctx.err(format!("shapes {shape:?} and {:?} do not broadcast", c.shape))
+                ctx.err(format!(
+                    "shapes {shape:?} and {:?} do not broadcast",
+                    c.shape
+                ))
             })?;
         }
         let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
@@ -237,6 +304,27 @@ impl Lowerer<'_> {
         let one: Vec<bool> = cs.iter().map(|c| c.len() == 1).collect();
         let mut fail = None;
         let mut vals: Vec<f64> = vec![0.0; want];
+        // The operator resolved once, not per element.
+        let kind = match op {
+            "Add" => Ew::Add,
+            "Sub" => Ew::Sub,
+            "Mul" => Ew::Mul,
+            "Div" if int => Ew::IDiv,
+            "Div" => Ew::Div,
+            "Min" => Ew::Min,
+            "Max" => Ew::Max,
+            "Equal" => Ew::Equal,
+            "Less" => Ew::Less,
+            "Greater" => Ew::Greater,
+            "Not" => Ew::Not,
+            "Neg" => Ew::Neg,
+            "Cast" if to == 9 => Ew::ToBool,
+            "Cast" if int => Ew::Trunc,
+            "Cast" => Ew::Copy,
+            "Where" => Ew::Where,
+            _ if fmod => Ew::Fmod,
+            _ => Ew::Mod,
+        };
         let mut f = |idx: &[usize], k: usize| -> f64 {
             for (i, c) in cs.iter().enumerate() {
                 let j = if same[i] {
@@ -250,40 +338,40 @@ impl Lowerer<'_> {
             }
             let (x, y) = (vals[0], vals.get(1).copied().unwrap_or(0.0));
             let b = |t: bool| t as i32 as f64;
-            match op {
-                "Add" => x + y,
-                "Sub" => x - y,
-                "Mul" => x * y,
-                "Div" if int => {
+            match kind {
+                Ew::Add => x + y,
+                Ew::Sub => x - y,
+                Ew::Mul => x * y,
+                Ew::IDiv => {
                     if y == 0.0 {
                         fail = Some("integer division by zero");
                     }
                     (x / y).trunc()
                 }
-                "Div" => x / y,
-                "Min" => x.min(y),
-                "Max" => x.max(y),
-                "Equal" => b(x == y),
-                "Less" => b(x < y),
-                "Greater" => b(x > y),
-                "Not" => b(x == 0.0),
-                "Neg" => -x,
-                "Cast" if to == 9 => b(x != 0.0),
-                "Cast" if int => x.trunc(),
-                "Cast" => x,
-                "Where" => {
+                Ew::Div => x / y,
+                Ew::Min => x.min(y),
+                Ew::Max => x.max(y),
+                Ew::Equal => b(x == y),
+                Ew::Less => b(x < y),
+                Ew::Greater => b(x > y),
+                Ew::Not => b(x == 0.0),
+                Ew::Neg => -x,
+                Ew::ToBool => b(x != 0.0),
+                Ew::Trunc => x.trunc(),
+                Ew::Copy => x,
+                Ew::Where => {
                     if x != 0.0 {
                         y
                     } else {
                         vals[2]
                     }
                 }
-                _ if y == 0.0 => {
+                Ew::Mod | Ew::Fmod if y == 0.0 => {
                     fail = Some("modulo by zero");
                     0.0
                 }
-                _ if fmod => x % y,
-                _ => x - y * (x / y).floor(),
+                Ew::Fmod => x % y,
+                Ew::Mod => x - y * (x / y).floor(),
             }
         };
         // Inputs of the output's shape or of one element need no index arithmetic.
@@ -319,7 +407,9 @@ impl Lowerer<'_> {
         let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
         let numel = numel.ok_or_else(|| ctx.err("the result is too large to fold"))?;
         self.charge_const(ctx, numel, if c.is_int() { 8 } else { 4 })?;
-        let data = map_data!(&c.data, |v| gather_by(v, &shape, |i| broadcast_index(&c.shape, &shape, i)));
+        let data = map_data!(&c.data, |v| gather_by(v, &shape, |i| broadcast_index(
+            &c.shape, &shape, i
+        )));
         Ok(Const { shape, data })
     }
 
@@ -345,7 +435,7 @@ impl Lowerer<'_> {
         }
         let known: usize = shape.iter().product();
         if let Some(a) = infer {
-            if known == 0 || c.len() % known != 0 {
+            if known == 0 || !c.len().is_multiple_of(known) {
                 return Err(ctx.err("cannot infer the -1 dimension"));
             }
             shape[a] = c.len() / known;
@@ -354,13 +444,19 @@ impl Lowerer<'_> {
             return Err(ctx.err(format!("cannot reshape {:?} to {t:?}", c.shape)));
         }
         self.charge_const(ctx, c.len(), if c.is_int() { 8 } else { 4 })?;
-        Ok(Const { shape, data: c.data.clone() })
+        Ok(Const {
+            shape,
+            data: c.data.clone(),
+        })
     }
 
     fn c_transpose(&self, n: &proto::NodeProto, ctx: &Ctx, c: &Const) -> Result<Const> {
         let r = c.shape.len();
         let perm: Vec<usize> = match self.ints(n, "perm") {
-            Some(p) => p.iter().map(|&a| norm_axis(ctx, a, r)).collect::<Result<_>>()?,
+            Some(p) => p
+                .iter()
+                .map(|&a| norm_axis(ctx, a, r))
+                .collect::<Result<_>>()?,
             None => (0..r).rev().collect(),
         };
         let mut seen = perm.clone();
@@ -380,13 +476,20 @@ impl Lowerer<'_> {
 
     fn c_slice(&self, ctx: &Ctx, c: &Const, ins: &[Option<&Const>]) -> Result<Const> {
         let get = |i: usize, w: &str| -> Result<Option<Vec<i64>>> {
-            ins.get(i).copied().flatten().map(|k| ints_of(ctx, k, w)).transpose()
+            ins.get(i)
+                .copied()
+                .flatten()
+                .map(|k| ints_of(ctx, k, w))
+                .transpose()
         };
         let starts = get(1, "starts")?.unwrap_or_default();
         let ends = get(2, "ends")?.unwrap_or_default();
         let r = c.shape.len();
         let axes: Vec<usize> = match get(3, "axes")? {
-            Some(a) => a.iter().map(|&v| norm_axis(ctx, v, r)).collect::<Result<_>>()?,
+            Some(a) => a
+                .iter()
+                .map(|&v| norm_axis(ctx, v, r))
+                .collect::<Result<_>>()?,
             None => (0..starts.len()).collect(),
         };
         let steps = get(4, "steps")?.unwrap_or_else(|| vec![1; starts.len()]);
@@ -403,8 +506,18 @@ impl Lowerer<'_> {
                 let (b, e) = (norm(starts[i]).clamp(0, d), norm(ends[i]).clamp(0, d));
                 (b, if e > b { (e - b + st - 1) / st } else { 0 })
             } else if st < 0 {
-                let (b, e) = (norm(starts[i]).clamp(-1, d - 1), norm(ends[i]).clamp(-1, d - 1));
-                (b, if b > e { (b - e + (-st) - 1) / (-st) } else { 0 })
+                let (b, e) = (
+                    norm(starts[i]).clamp(-1, d - 1),
+                    norm(ends[i]).clamp(-1, d - 1),
+                );
+                (
+                    b,
+                    if b > e {
+                        (b - e + (-st) - 1) / (-st)
+                    } else {
+                        0
+                    },
+                )
             } else {
                 return Err(ctx.err("slice step 0"));
             };
@@ -431,7 +544,10 @@ impl Lowerer<'_> {
         let d = c.shape[axis];
         let iv: Vec<usize> = ints_of(ctx, idx, "index")?
             .iter()
-            .map(|&i| norm_index(i, d).ok_or_else(|| ctx.err(format!("index {i} out of range for dimension {d}"))))
+            .map(|&i| {
+                norm_index(i, d)
+                    .ok_or_else(|| ctx.err(format!("index {i} out of range for dimension {d}")))
+            })
             .collect::<Result<_>>()?;
         let mut shape = c.shape[..axis].to_vec();
         shape.extend_from_slice(&idx.shape);
@@ -467,7 +583,10 @@ impl Lowerer<'_> {
             shape[axis] += s[axis];
             s[axis] = shape[axis];
             if s != shape {
-                return Err(ctx.err(format!("shapes {:?} and {:?} do not concatenate", first.shape, c.shape)));
+                return Err(ctx.err(format!(
+                    "shapes {:?} and {:?} do not concatenate",
+                    first.shape, c.shape
+                )));
             }
         }
         self.charge_const(ctx, shape.iter().product(), if int { 8 } else { 4 })?;
@@ -497,7 +616,13 @@ impl Lowerer<'_> {
         Ok(Const { shape, data })
     }
 
-    fn c_squeeze(&self, n: &proto::NodeProto, ctx: &Ctx, c: &Const, axes: Option<&Const>) -> Result<Const> {
+    fn c_squeeze(
+        &self,
+        n: &proto::NodeProto,
+        ctx: &Ctx,
+        c: &Const,
+        axes: Option<&Const>,
+    ) -> Result<Const> {
         let axes = match axes {
             Some(a) => Some(ints_of(ctx, a, "axes")?),
             None => self.ints(n, "axes"),
@@ -506,7 +631,10 @@ impl Lowerer<'_> {
         if n.op_type() == "Unsqueeze" {
             let axes = axes.ok_or_else(|| ctx.err("axes are missing"))?;
             let r = shape.len() + axes.len();
-            let mut ax: Vec<usize> = axes.iter().map(|&a| norm_axis(ctx, a, r)).collect::<Result<_>>()?;
+            let mut ax: Vec<usize> = axes
+                .iter()
+                .map(|&a| norm_axis(ctx, a, r))
+                .collect::<Result<_>>()?;
             ax.sort_unstable();
             for a in ax {
                 shape.insert(a, 1);
@@ -515,13 +643,17 @@ impl Lowerer<'_> {
             match axes {
                 None => shape.retain(|&d| d != 1),
                 Some(axes) => {
-                    let mut ax: Vec<usize> =
-                        axes.iter().map(|&a| norm_axis(ctx, a, shape.len())).collect::<Result<_>>()?;
+                    let mut ax: Vec<usize> = axes
+                        .iter()
+                        .map(|&a| norm_axis(ctx, a, shape.len()))
+                        .collect::<Result<_>>()?;
                     ax.sort_unstable();
                     ax.dedup();
                     for a in ax.into_iter().rev() {
                         if shape[a] != 1 {
-                            return Err(ctx.err(format!("cannot squeeze axis {a} of size {}", shape[a])));
+                            return Err(
+                                ctx.err(format!("cannot squeeze axis {a} of size {}", shape[a]))
+                            );
                         }
                         shape.remove(a);
                     }
@@ -529,14 +661,23 @@ impl Lowerer<'_> {
             }
         }
         self.charge_const(ctx, c.len(), if c.is_int() { 8 } else { 4 })?;
-        Ok(Const { shape, data: c.data.clone() })
+        Ok(Const {
+            shape,
+            data: c.data.clone(),
+        })
     }
 
     /// Index tuples of the last axis of `idx` resolved to flat offsets into `shape`.
     fn nd_offsets(&self, ctx: &Ctx, shape: &[usize], idx: &Const) -> Result<(Vec<usize>, usize)> {
-        let k = *idx.shape.last().ok_or_else(|| ctx.err("indices are a scalar"))?;
+        let k = *idx
+            .shape
+            .last()
+            .ok_or_else(|| ctx.err("indices are a scalar"))?;
         if k == 0 || k > shape.len() {
-            return Err(ctx.err(format!("index tuples of length {k} for data of rank {}", shape.len())));
+            return Err(ctx.err(format!(
+                "index tuples of length {k} for data of rank {}",
+                shape.len()
+            )));
         }
         let st = strides(shape);
         let iv = ints_of(ctx, idx, "index")?;
@@ -546,14 +687,23 @@ impl Lowerer<'_> {
                 t.iter().enumerate().try_fold(0usize, |acc, (a, &i)| {
                     norm_index(i, shape[a])
                         .map(|j| acc + j * st[a])
-                        .ok_or_else(|| ctx.err(format!("index {i} out of range for dimension {}", shape[a])))
+                        .ok_or_else(|| {
+                            ctx.err(format!("index {i} out of range for dimension {}", shape[a]))
+                        })
                 })
             })
             .collect::<Result<_>>()?;
         Ok((offs, shape[k..].iter().product()))
     }
 
-    fn c_scatter_nd(&self, n: &proto::NodeProto, ctx: &Ctx, data: &Const, idx: &Const, upd: &Const) -> Result<Const> {
+    fn c_scatter_nd(
+        &self,
+        n: &proto::NodeProto,
+        ctx: &Ctx,
+        data: &Const,
+        idx: &Const,
+        upd: &Const,
+    ) -> Result<Const> {
         if Self::sattr(n, "reduction", "none") != "none" {
             return Err(ctx.err("a reduction other than none is not supported"));
         }
@@ -572,19 +722,35 @@ impl Lowerer<'_> {
                 }
             }
         }
-        Ok(Const { shape: data.shape.clone(), data: out })
+        Ok(Const {
+            shape: data.shape.clone(),
+            data: out,
+        })
     }
 
-    fn c_gather_nd(&self, n: &proto::NodeProto, ctx: &Ctx, data: &Const, idx: &Const) -> Result<Const> {
+    fn c_gather_nd(
+        &self,
+        n: &proto::NodeProto,
+        ctx: &Ctx,
+        data: &Const,
+        idx: &Const,
+    ) -> Result<Const> {
         if attr(n, "batch_dims").and_then(|a| a.i).unwrap_or(0) != 0 {
             return Err(ctx.err("batch_dims other than 0 is not supported"));
         }
         let (offs, slice) = self.nd_offsets(ctx, &data.shape, idx)?;
         let k = idx.shape[idx.shape.len() - 1];
-        self.charge_const(ctx, offs.len().saturating_mul(slice), if data.is_int() { 8 } else { 4 })?;
+        self.charge_const(
+            ctx,
+            offs.len().saturating_mul(slice),
+            if data.is_int() { 8 } else { 4 },
+        )?;
         let mut shape = idx.shape[..idx.shape.len() - 1].to_vec();
         shape.extend_from_slice(&data.shape[k..]);
-        let d = map_data!(&data.data, |v| offs.iter().flat_map(|&o| v[o..o + slice].iter().copied()).collect());
+        let d = map_data!(&data.data, |v| offs
+            .iter()
+            .flat_map(|&o| v[o..o + slice].iter().copied())
+            .collect());
         Ok(Const { shape, data: d })
     }
 
@@ -602,13 +768,24 @@ impl Lowerer<'_> {
         };
         let int = value.as_ref().is_some_and(|c| c.is_int());
         self.charge_const(ctx, numel, if int { 8 } else { 4 })?;
-        let v = value.map(|c| c.to_f64().first().copied().unwrap_or(0.0)).unwrap_or(0.0);
-        let data = if int { Data::I(vec![v as i64; numel]) } else { Data::F(vec![v as f32; numel]) };
+        let v = value
+            .map(|c| c.to_f64().first().copied().unwrap_or(0.0))
+            .unwrap_or(0.0);
+        let data = if int {
+            Data::I(vec![v as i64; numel])
+        } else {
+            Data::F(vec![v as f32; numel])
+        };
         Ok(Const { shape, data })
     }
 
     fn c_range(&self, ctx: &Ctx, st: &Const, lim: &Const, dl: &Const) -> Result<Const> {
-        let one = |c: &Const| c.to_f64().first().copied().ok_or_else(|| ctx.err("empty Range operand"));
+        let one = |c: &Const| {
+            c.to_f64()
+                .first()
+                .copied()
+                .ok_or_else(|| ctx.err("empty Range operand"))
+        };
         let (s, l, d) = (one(st)?, one(lim)?, one(dl)?);
         if d == 0.0 {
             return Err(ctx.err("delta is zero"));
@@ -625,6 +802,9 @@ impl Lowerer<'_> {
         } else {
             Data::F((0..cnt).map(|i| (s + i as f64 * d) as f32).collect())
         };
-        Ok(Const { shape: vec![cnt], data })
+        Ok(Const {
+            shape: vec![cnt],
+            data,
+        })
     }
 }

@@ -191,7 +191,8 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         weight_bytes = weight_bytes.saturating_add(c.len() * if c.is_int() { 8 } else { 4 });
         lw.vals.insert(t.name().to_string(), Val::Const(c));
     }
-    lw.const_budget = constfold::CONST_BASE_BYTES.saturating_add(weight_bytes.saturating_mul(constfold::CONST_WEIGHT_FACTOR));
+    lw.const_budget = constfold::CONST_BASE_BYTES
+        .saturating_add(weight_bytes.saturating_mul(constfold::CONST_WEIGHT_FACTOR));
     lw.const_left.set(lw.const_budget);
     // The single activation input (inputs that are also initializers are old-style defaults).
     let acts: Vec<&proto::ValueInfoProto> = g
