@@ -23,6 +23,7 @@ mod attention;
 mod attrs;
 mod binary;
 mod constfold;
+mod constmove;
 mod conv;
 mod fold;
 mod gelu;
