@@ -23,6 +23,7 @@ const SUPPORTED: &[&str] = &[
     "resencunet",
     "segresnet",
     "segresnetds",
+    "swinunetr",
     "unetr",
     "vnet",
 ];

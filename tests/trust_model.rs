@@ -171,8 +171,9 @@ fn unused_constant_of_shape_nodes_cost_no_memory() {
 
 #[test]
 fn live_constant_folds_share_one_budget() {
-    // Two 4 M-element ConstantOfShape, added and fed to a Resize's sizes through Shape/Gather: each
-    // fits the per-op limit, together they pass the model's fold budget and are refused.
+    // Two 24 M-element ConstantOfShape (96 MB each), added and fed to a Resize's sizes through
+    // Shape/Gather: each fits the per-value limit, together with their sum they pass the model's
+    // constant-fold budget (256 MB plus four times the tiny weights) and are refused.
     let mut nodes = vec![
         node_with("ConstantOfShape", "c1", &["shp"], &["c1"], vec![]),
         node_with("ConstantOfShape", "c2", &["shp"], &["c2"], vec![]),
@@ -192,14 +193,17 @@ fn live_constant_folds_share_one_budget() {
     let bytes = conv_model(
         nodes,
         vec![
-            itensor("shp", &[3], vec![256, 128, 128]),
+            itensor("shp", &[3], vec![1024, 1024, 24]),
             itensor("zero", &[1], vec![0]),
         ],
     );
     let e = voxtile::model::onnx::load_bytes(&bytes, None, Path::new("fold.onnx"))
         .unwrap_err()
         .to_string();
-    assert!(e.contains("fold.onnx") && e.contains("4194304"), "{e}");
+    assert!(
+        e.contains("fold.onnx") && e.contains("bytes voxtile allows for this model"),
+        "{e}"
+    );
 }
 
 /// Conv 1 → `c` channels with a zero 1x1x1 weight (mkwide.py).

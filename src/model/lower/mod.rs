@@ -22,6 +22,8 @@ mod activation;
 mod attention;
 mod attrs;
 mod binary;
+mod constfold;
+mod constmove;
 mod conv;
 mod fold;
 mod gelu;
@@ -93,6 +95,10 @@ struct Lowerer<'a> {
     ex: RefCell<Exprs>,
     /// Elements left of [`FOLD_BUDGET`].
     fold_left: Cell<usize>,
+    /// Bytes left for constant-only folds (see [`constfold`]).
+    const_left: Cell<usize>,
+    /// The whole constant-fold budget of this model, in bytes (for messages).
+    const_budget: usize,
     /// Steps left of [`WORK_BUDGET`].
     work_left: Cell<u64>,
     /// Probes of the IR as it was when it had this many nodes (reused while no node is added).
@@ -166,6 +172,8 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         input: 0,
         ex: RefCell::new(Exprs::default()),
         fold_left: Cell::new(FOLD_BUDGET),
+        const_left: Cell::new(0),
+        const_budget: 0,
         work_left: Cell::new(WORK_BUDGET),
         probe_cache: RefCell::new(None),
         exprs_charged: Cell::new(0),
@@ -178,10 +186,15 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         readers: HashMap::new(),
     };
 
+    let mut weight_bytes = 0usize;
     for t in &g.initializer {
         let c = decode_tensor(t, dir, path)?;
+        weight_bytes = weight_bytes.saturating_add(c.len() * if c.is_int() { 8 } else { 4 });
         lw.vals.insert(t.name().to_string(), Val::Const(c));
     }
+    lw.const_budget = constfold::CONST_BASE_BYTES
+        .saturating_add(weight_bytes.saturating_mul(constfold::CONST_WEIGHT_FACTOR));
+    lw.const_left.set(lw.const_budget);
     // The single activation input (inputs that are also initializers are old-style defaults).
     let acts: Vec<&proto::ValueInfoProto> = g
         .input
@@ -470,6 +483,9 @@ impl Lowerer<'_> {
                 .any(|o| !o.is_empty() && self.uses.get(&self.resolve(o)).copied().unwrap_or(0) > 0)
         {
             return Err(ctx.err("its secondary outputs (indices / running statistics / mask) are used, which voxtile does not support"));
+        }
+        if self.try_const_fold(n, ctx)? {
+            return Ok(());
         }
         match lowering(op) {
             Some(f) => f(self, n, ctx),

@@ -1,0 +1,367 @@
+//! Fast folding of pure constants: when every operand of a node is a known constant, the node is
+//! computed directly on the `Const` data (f32 / i64 vectors, numpy broadcasting) instead of going
+//! through the symbolic [`Sym`] machinery (an `X` enum per element). Transformer exports compute
+//! attention masks and relative-position indices in the graph this way (SwinUNETR: tens of millions
+//! of elements); the symbolic path stays for what depends on activation sizes.
+//!
+//! Results are charged, in bytes actually allocated, to the import's constant budget (see
+//! [`CONST_BASE_BYTES`]); a single folded value may hold at most [`MAX_CONST_ELEMS`] elements.
+//! Booleans (Equal, Not, Cast to bool...) are kept as f32 0/1: exact, and half the bytes of i64.
+
+use super::*;
+
+/// Largest constant one fold may produce (elements).
+pub(super) const MAX_CONST_ELEMS: usize = 1 << 26;
+
+/// Bytes that constant folds may allocate over a whole import, on top of [`CONST_WEIGHT_FACTOR`] times the bytes of
+/// the model's own initializers: a real export computes masks of the size of what its weights
+/// compute with, while a small hostile file stays at a few hundred megabytes.
+pub(super) const CONST_BASE_BYTES: usize = 1 << 28;
+
+/// The multiple of the initializers' bytes added to [`CONST_BASE_BYTES`].
+pub(super) const CONST_WEIGHT_FACTOR: usize = 8;
+
+/// Operators with a constant-only fast path.
+const FAST_OPS: [&str; 26] = [
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Min",
+    "Max",
+    "Equal",
+    "Less",
+    "Greater",
+    "Mod",
+    "Not",
+    "Where",
+    "Neg",
+    "Cast",
+    "Reshape",
+    "Transpose",
+    "Slice",
+    "Gather",
+    "Concat",
+    "Expand",
+    "Unsqueeze",
+    "Squeeze",
+    "ScatterND",
+    "GatherND",
+    "ConstantOfShape",
+    "Range",
+];
+
+/// Operators whose inputs after the first are shapes, indices or axes.
+const SHAPE_OPERANDS: [&str; 6] = [
+    "Reshape",
+    "Expand",
+    "Slice",
+    "Gather",
+    "Unsqueeze",
+    "Squeeze",
+];
+
+/// One elementwise operation, resolved from the operator name before the loop.
+#[derive(Clone, Copy)]
+enum Ew {
+    Add,
+    Sub,
+    Mul,
+    IDiv,
+    Div,
+    Min,
+    Max,
+    Equal,
+    Less,
+    Greater,
+    Not,
+    Neg,
+    ToBool,
+    Trunc,
+    Copy,
+    Where,
+    Mod,
+    Fmod,
+}
+
+/// Element `i` as f64.
+pub(super) fn at(d: &Data, i: usize) -> f64 {
+    match d {
+        Data::F(v) => v[i] as f64,
+        Data::I(v) => v[i] as f64,
+    }
+}
+
+/// The values as i64 (indices, shapes, axes).
+pub(super) fn ints_of(ctx: &Ctx, c: &Const, what: &str) -> Result<Vec<i64>> {
+    match &c.data {
+        Data::I(v) => Ok(v.clone()),
+        Data::F(v) => v.iter().map(|&x| to_i64(ctx, x as f64, what)).collect(),
+    }
+}
+
+impl Lowerer<'_> {
+    /// Fold `n` directly when all its inputs are known constants and its operator has a fast
+    /// path; Ok(false) leaves it to the general lowering.
+    pub(super) fn try_const_fold(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<bool> {
+        let op = n.op_type();
+        if !FAST_OPS.contains(&op) || n.input.is_empty() || n.output.len() != 1 {
+            return Ok(false);
+        }
+        // Slice/Squeeze/Unsqueeze with attributes (old opsets) go the general way.
+        if matches!(op, "Slice") && n.input.len() < 3 {
+            return Ok(false);
+        }
+        // Known symbolic values (shape arithmetic) become constants; anything else leaves.
+        // Shape operands (Reshape targets...) that read the sizes of a fixed input are evaluated.
+        let mut owned: Vec<Option<Const>> = vec![];
+        for (i, name) in n.input.iter().enumerate() {
+            owned.push(match self.vals.get(name) {
+                _ if name.is_empty() => None,
+                Some(Val::Const(_)) => None,
+                Some(Val::Sym(s)) => match sym_to_const(s) {
+                    Some(c) => Some(c),
+                    None if i > 0 && SHAPE_OPERANDS.contains(&op) => {
+                        match self.values_of(ctx, s, "a shape operand") {
+                            Ok(v) => Some(Const {
+                                shape: s.shape.clone(),
+                                data: Data::I(v.iter().map(|&x| x as i64).collect()),
+                            }),
+                            Err(_) => return Ok(false),
+                        }
+                    }
+                    None => return Ok(false),
+                },
+                _ => return Ok(false),
+            });
+        }
+        let vals = &self.vals;
+        let refs: Vec<Option<&Const>> = n
+            .input
+            .iter()
+            .zip(&owned)
+            .map(|(name, o)| match (o, vals.get(name)) {
+                (Some(c), _) => Some(c),
+                (None, Some(Val::Const(c))) => Some(c),
+                _ => None,
+            })
+            .collect();
+        let out = self.const_op(n, ctx, &refs)?;
+        self.release_inputs(n);
+        self.set(n, Val::Const(out))?;
+        Ok(true)
+    }
+
+    /// Drop folded constants this node was the last reader of, so that a chain of mask
+    /// computations holds one or two large values at a time, not all of them. Values that an
+    /// Identity aliases are kept (the alias may be read later under its own name).
+    fn release_inputs(&mut self, n: &proto::NodeProto) {
+        for name in n.input.iter().filter(|s| !s.is_empty()) {
+            let Some(u) = self.uses.get_mut(name) else {
+                continue;
+            };
+            *u = u.saturating_sub(1);
+            let aliased = || self.alias.values().any(|a| a == name);
+            if *u == 0 && !self.graph_outputs.contains(name) && !aliased() {
+                if let Some(Val::Const(_)) = self.vals.get(name) {
+                    self.vals.remove(name);
+                }
+            }
+        }
+    }
+
+    /// Check (before allocating) and charge a folded constant of `elems` elements of `bytes` each.
+    pub(super) fn charge_const(&self, ctx: &Ctx, elems: usize, bytes: usize) -> Result<()> {
+        if elems > MAX_CONST_ELEMS {
+            return Err(ctx.err(format!(
+                "folding its constant computation makes {elems} elements, more than the \
+                 {MAX_CONST_ELEMS} voxtile allows for one value"
+            )));
+        }
+        let need = elems * bytes;
+        let left = self.const_left.get();
+        if need > left {
+            self.budget_hit.set(true);
+            return Err(ctx.err(format!(
+                "folding its constant computation needs {need} bytes; with the folds before it, \
+                 that is more than the {} bytes voxtile allows for this model",
+                self.const_budget
+            )));
+        }
+        self.const_left.set(left - need);
+        Ok(())
+    }
+
+    fn const_op(&self, n: &proto::NodeProto, ctx: &Ctx, ins: &[Option<&Const>]) -> Result<Const> {
+        let input = |i: usize| -> Result<&Const> {
+            ins.get(i)
+                .copied()
+                .flatten()
+                .ok_or_else(|| ctx.err(format!("input {i} is missing")))
+        };
+        let op = n.op_type();
+        match op {
+            "Reshape" => self.c_reshape(n, ctx, input(0)?, input(1)?),
+            "Transpose" => self.c_transpose(n, ctx, input(0)?),
+            "Slice" => self.c_slice(ctx, input(0)?, ins),
+            "Gather" => self.c_gather(n, ctx, input(0)?, input(1)?),
+            "Concat" => self.c_concat(n, ctx, ins),
+            "Expand" => {
+                let t = ints_of(ctx, input(1)?, "shape")?;
+                let t: Vec<usize> = t.iter().map(|&v| v.max(0) as usize).collect();
+                let c = input(0)?;
+                let shape = broadcast_shape(&c.shape, &t)
+                    .ok_or_else(|| ctx.err(format!("cannot expand {:?} to {t:?}", c.shape)))?;
+                self.c_broadcast(ctx, c, shape)
+            }
+            "Unsqueeze" | "Squeeze" => {
+                self.c_squeeze(n, ctx, input(0)?, ins.get(1).copied().flatten())
+            }
+            "ScatterND" => self.c_scatter_nd(n, ctx, input(0)?, input(1)?, input(2)?),
+            "GatherND" => self.c_gather_nd(n, ctx, input(0)?, input(1)?),
+            "ConstantOfShape" => self.c_constant_of_shape(n, ctx, input(0)?),
+            "Range" => self.c_range(ctx, input(0)?, input(1)?, input(2)?),
+            _ => self.c_elementwise(n, ctx, ins),
+        }
+    }
+
+    /// Every elementwise op, numpy broadcasting over all inputs, computed in f64 per element.
+    fn c_elementwise(
+        &self,
+        n: &proto::NodeProto,
+        ctx: &Ctx,
+        ins: &[Option<&Const>],
+    ) -> Result<Const> {
+        let op = n.op_type();
+        let want = match op {
+            "Not" | "Neg" | "Cast" => 1,
+            "Where" => 3,
+            _ => 2,
+        };
+        let cs: Vec<&Const> = ins.iter().flatten().copied().collect();
+        if cs.len() != want || ins.len() != want {
+            return Err(ctx.err(format!("has {} inputs, expected {want}", ins.len())));
+        }
+        let mut shape = cs[0].shape.clone();
+        for c in &cs[1..] {
+            shape = broadcast_shape(&shape, &c.shape).ok_or_else(|| {
+                ctx.err(format!(
+                    "shapes {shape:?} and {:?} do not broadcast",
+                    c.shape
+                ))
+            })?;
+        }
+        let numel = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let numel = numel.ok_or_else(|| ctx.err("the result is too large to fold"))?;
+        let to = attr(n, "to").and_then(|a| a.i).unwrap_or(1);
+        // Output kind: i64 for integer arithmetic, f32 for floats and booleans.
+        let int = match op {
+            "Equal" | "Less" | "Greater" | "Not" => false,
+            "Cast" => !matches!(to, 1 | 9 | 10 | 11 | 16),
+            "Where" => cs[1].is_int() && cs[2].is_int(),
+            _ => cs.iter().all(|c| c.is_int()),
+        };
+        self.charge_const(ctx, numel, if int { 8 } else { 4 })?;
+        let fmod = attr(n, "fmod").and_then(|a| a.i).unwrap_or(0) != 0;
+        let same: Vec<bool> = cs.iter().map(|c| c.shape == shape).collect();
+        let one: Vec<bool> = cs.iter().map(|c| c.len() == 1).collect();
+        let mut fail = None;
+        let mut vals: Vec<f64> = vec![0.0; want];
+        // The operator resolved once, not per element.
+        let kind = match op {
+            "Add" => Ew::Add,
+            "Sub" => Ew::Sub,
+            "Mul" => Ew::Mul,
+            "Div" if int => Ew::IDiv,
+            "Div" => Ew::Div,
+            "Min" => Ew::Min,
+            "Max" => Ew::Max,
+            "Equal" => Ew::Equal,
+            "Less" => Ew::Less,
+            "Greater" => Ew::Greater,
+            "Not" => Ew::Not,
+            "Neg" => Ew::Neg,
+            "Cast" if to == 9 => Ew::ToBool,
+            "Cast" if int => Ew::Trunc,
+            "Cast" => Ew::Copy,
+            "Where" => Ew::Where,
+            _ if fmod => Ew::Fmod,
+            _ => Ew::Mod,
+        };
+        let mut f = |idx: &[usize], k: usize| -> f64 {
+            for (i, c) in cs.iter().enumerate() {
+                let j = if same[i] {
+                    k
+                } else if one[i] {
+                    0
+                } else {
+                    broadcast_index(&c.shape, &shape, idx)
+                };
+                vals[i] = at(&c.data, j);
+            }
+            let (x, y) = (vals[0], vals.get(1).copied().unwrap_or(0.0));
+            let b = |t: bool| t as i32 as f64;
+            match kind {
+                Ew::Add => x + y,
+                Ew::Sub => x - y,
+                Ew::Mul => x * y,
+                Ew::IDiv => {
+                    if y == 0.0 {
+                        fail = Some("integer division by zero");
+                    }
+                    (x / y).trunc()
+                }
+                Ew::Div => x / y,
+                Ew::Min => x.min(y),
+                Ew::Max => x.max(y),
+                Ew::Equal => b(x == y),
+                Ew::Less => b(x < y),
+                Ew::Greater => b(x > y),
+                Ew::Not => b(x == 0.0),
+                Ew::Neg => -x,
+                Ew::ToBool => b(x != 0.0),
+                Ew::Trunc => x.trunc(),
+                Ew::Copy => x,
+                Ew::Where => {
+                    if x != 0.0 {
+                        y
+                    } else {
+                        vals[2]
+                    }
+                }
+                Ew::Mod | Ew::Fmod if y == 0.0 => {
+                    fail = Some("modulo by zero");
+                    0.0
+                }
+                Ew::Fmod => x % y,
+                Ew::Mod => x - y * (x / y).floor(),
+            }
+        };
+        // Inputs of the output's shape or of one element need no index arithmetic.
+        let simple = cs.iter().all(|c| c.shape == shape || c.len() == 1);
+        let mut each = |push: &mut dyn FnMut(f64)| {
+            if simple {
+                (0..numel).for_each(|k| push(f(&[], k)));
+            } else {
+                let mut k = 0usize;
+                for_each_index(&shape, |idx| {
+                    push(f(idx, k));
+                    k += 1;
+                });
+            }
+        };
+        let data = if int {
+            let mut out = Vec::with_capacity(numel);
+            each(&mut |v| out.push(v as i64));
+            Data::I(out)
+        } else {
+            let mut out = Vec::with_capacity(numel);
+            each(&mut |v| out.push(v as f32));
+            Data::F(out)
+        };
+        if let Some(e) = fail {
+            return Err(ctx.err(e));
+        }
+        Ok(Const { shape, data })
+    }
+}
