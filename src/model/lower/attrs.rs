@@ -18,6 +18,48 @@ pub(super) fn norm_axis(ctx: &Ctx, axis: i64, rank: usize) -> Result<usize> {
     Ok(a as usize)
 }
 
+/// The shape after ONNX Unsqueeze (`unsqueeze`) or Squeeze of `axes` (Squeeze without axes drops
+/// every 1): one rule for constants, shape values and activations.
+pub(super) fn squeeze_shape(
+    ctx: &Ctx,
+    shape: &[usize],
+    unsqueeze: bool,
+    axes: Option<&[i64]>,
+) -> Result<Vec<usize>> {
+    let mut s = shape.to_vec();
+    if unsqueeze {
+        let axes = axes.ok_or_else(|| ctx.err("axes are missing"))?;
+        let r = s.len() + axes.len();
+        let mut ax: Vec<usize> = axes
+            .iter()
+            .map(|&a| norm_axis(ctx, a, r))
+            .collect::<Result<_>>()?;
+        ax.sort_unstable();
+        for a in ax {
+            s.insert(a, 1);
+        }
+        return Ok(s);
+    }
+    let Some(axes) = axes else {
+        s.retain(|&d| d != 1);
+        return Ok(s);
+    };
+    let r = s.len();
+    let mut ax: Vec<usize> = axes
+        .iter()
+        .map(|&a| norm_axis(ctx, a, r))
+        .collect::<Result<_>>()?;
+    ax.sort_unstable();
+    ax.dedup();
+    for a in ax.into_iter().rev() {
+        if s[a] != 1 {
+            return Err(ctx.err(format!("cannot squeeze axis {a} of size {}", s[a])));
+        }
+        s.remove(a);
+    }
+    Ok(s)
+}
+
 pub(super) fn to_i64(ctx: &Ctx, v: f64, what: &str) -> Result<i64> {
     if v.fract() != 0.0 || !v.is_finite() {
         return Err(ctx.err(format!("{what} value {v} is not an integer")));

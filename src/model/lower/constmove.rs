@@ -285,39 +285,7 @@ impl Lowerer<'_> {
             Some(a) => Some(ints_of(ctx, a, "axes")?),
             None => self.ints(n, "axes"),
         };
-        let mut shape = c.shape.clone();
-        if n.op_type() == "Unsqueeze" {
-            let axes = axes.ok_or_else(|| ctx.err("axes are missing"))?;
-            let r = shape.len() + axes.len();
-            let mut ax: Vec<usize> = axes
-                .iter()
-                .map(|&a| norm_axis(ctx, a, r))
-                .collect::<Result<_>>()?;
-            ax.sort_unstable();
-            for a in ax {
-                shape.insert(a, 1);
-            }
-        } else {
-            match axes {
-                None => shape.retain(|&d| d != 1),
-                Some(axes) => {
-                    let mut ax: Vec<usize> = axes
-                        .iter()
-                        .map(|&a| norm_axis(ctx, a, shape.len()))
-                        .collect::<Result<_>>()?;
-                    ax.sort_unstable();
-                    ax.dedup();
-                    for a in ax.into_iter().rev() {
-                        if shape[a] != 1 {
-                            return Err(
-                                ctx.err(format!("cannot squeeze axis {a} of size {}", shape[a]))
-                            );
-                        }
-                        shape.remove(a);
-                    }
-                }
-            }
-        }
+        let shape = squeeze_shape(ctx, &c.shape, n.op_type() == "Unsqueeze", axes.as_deref())?;
         self.charge_const(ctx, c.len(), if c.is_int() { 8 } else { 4 })?;
         Ok(Const {
             shape,

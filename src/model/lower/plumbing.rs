@@ -202,39 +202,7 @@ impl Lowerer<'_> {
             ),
             None => self.ints(n, "axes"),
         };
-        let mut shape = s.shape.clone();
-        if op == "Unsqueeze" {
-            let axes = axes.ok_or_else(|| ctx.err("axes are missing"))?;
-            let r = shape.len() + axes.len();
-            let mut ax: Vec<usize> = axes
-                .iter()
-                .map(|&a| norm_axis(ctx, a, r))
-                .collect::<Result<_>>()?;
-            ax.sort_unstable();
-            for a in ax {
-                shape.insert(a, 1);
-            }
-        } else {
-            match axes {
-                None => shape.retain(|&d| d != 1),
-                Some(axes) => {
-                    let r = shape.len();
-                    let mut ax: Vec<usize> = axes
-                        .iter()
-                        .map(|&a| norm_axis(ctx, a, r))
-                        .collect::<Result<_>>()?;
-                    ax.sort_unstable();
-                    for a in ax.into_iter().rev() {
-                        if shape[a] != 1 {
-                            return Err(
-                                ctx.err(format!("cannot squeeze axis {a} of size {}", shape[a]))
-                            );
-                        }
-                        shape.remove(a);
-                    }
-                }
-            }
-        }
+        let shape = squeeze_shape(ctx, &s.shape, op == "Unsqueeze", axes.as_deref())?;
         Ok(Sym { shape, ..s })
     }
 

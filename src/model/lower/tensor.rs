@@ -207,38 +207,7 @@ impl Lowerer<'_> {
                     let a = norm_axis(ctx, attr(n, "axis").and_then(|a| a.i).unwrap_or(1), r + 1)?;
                     s = vec![s[..a].iter().product(), s[a..].iter().product()];
                 }
-                "Unsqueeze" => {
-                    let axes = axes.clone().ok_or_else(|| ctx.err("axes are missing"))?;
-                    let r = s.len() + axes.len();
-                    let mut ax: Vec<usize> = axes
-                        .iter()
-                        .map(|&a| norm_axis(ctx, a, r))
-                        .collect::<Result<_>>()?;
-                    ax.sort_unstable();
-                    for a in ax {
-                        s.insert(a, 1);
-                    }
-                }
-                _ => match &axes {
-                    None => s.retain(|&v| v != 1),
-                    Some(axes) => {
-                        let r = s.len();
-                        let mut ax: Vec<usize> = axes
-                            .iter()
-                            .map(|&a| norm_axis(ctx, a, r))
-                            .collect::<Result<_>>()?;
-                        ax.sort_unstable();
-                        ax.dedup();
-                        for a in ax.into_iter().rev() {
-                            if s[a] != 1 {
-                                return Err(
-                                    ctx.err(format!("cannot squeeze axis {a} of size {}", s[a]))
-                                );
-                            }
-                            s.remove(a);
-                        }
-                    }
-                },
+                _ => s = squeeze_shape(ctx, &s, op == "Unsqueeze", axes.as_deref())?,
             }
             if s.is_empty() || s.len() > crate::model::ops::MAX_RANK {
                 return Err(ctx.err(format!(
