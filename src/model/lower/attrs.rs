@@ -60,6 +60,18 @@ pub(super) fn squeeze_shape(
     Ok(s)
 }
 
+/// Length of the index tuples of a ScatterND / GatherND `indices` of shape `idx` (its last axis)
+/// into data of rank `rank`.
+pub(super) fn index_tuple_len(ctx: &Ctx, idx: &[usize], rank: usize) -> Result<usize> {
+    let k = *idx.last().ok_or_else(|| ctx.err("indices are a scalar"))?;
+    if k == 0 || k > rank {
+        return Err(ctx.err(format!(
+            "index tuples of length {k} for data of rank {rank}"
+        )));
+    }
+    Ok(k)
+}
+
 pub(super) fn to_i64(ctx: &Ctx, v: f64, what: &str) -> Result<i64> {
     if v.fract() != 0.0 || !v.is_finite() {
         return Err(ctx.err(format!("{what} value {v} is not an integer")));
@@ -68,6 +80,23 @@ pub(super) fn to_i64(ctx: &Ctx, v: f64, what: &str) -> Result<i64> {
 }
 
 impl Lowerer<'_> {
+    /// A Transpose's `perm` on rank `r` (reversed axes by default), checked to be a permutation.
+    pub(super) fn perm_of(&self, n: &proto::NodeProto, ctx: &Ctx, r: usize) -> Result<Vec<usize>> {
+        let perm: Vec<usize> = match self.ints(n, "perm") {
+            Some(p) => p
+                .iter()
+                .map(|&a| norm_axis(ctx, a, r))
+                .collect::<Result<_>>()?,
+            None => (0..r).rev().collect(),
+        };
+        let mut seen = perm.clone();
+        seen.sort_unstable();
+        if seen != (0..r).collect::<Vec<_>>() {
+            return Err(ctx.err(format!("perm {perm:?} is not a permutation")));
+        }
+        Ok(perm)
+    }
+
     pub(super) fn ints(&self, n: &proto::NodeProto, name: &str) -> Option<Vec<i64>> {
         attr(n, name).map(|a| a.ints.clone())
     }

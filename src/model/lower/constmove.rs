@@ -99,18 +99,7 @@ impl Lowerer<'_> {
 
     pub(super) fn c_transpose(&self, n: &proto::NodeProto, ctx: &Ctx, c: &Const) -> Result<Const> {
         let r = c.shape.len();
-        let perm: Vec<usize> = match self.ints(n, "perm") {
-            Some(p) => p
-                .iter()
-                .map(|&a| norm_axis(ctx, a, r))
-                .collect::<Result<_>>()?,
-            None => (0..r).rev().collect(),
-        };
-        let mut seen = perm.clone();
-        seen.sort_unstable();
-        if seen != (0..r).collect::<Vec<_>>() {
-            return Err(ctx.err(format!("perm {perm:?} is not a permutation")));
-        }
+        let perm = self.perm_of(n, ctx, r)?;
         self.charge_const(ctx, c.len(), if c.is_int() { 8 } else { 4 })?;
         let shape: Vec<usize> = perm.iter().map(|&p| c.shape[p]).collect();
         let st = strides(&c.shape);
@@ -295,16 +284,7 @@ impl Lowerer<'_> {
 
     /// Index tuples of the last axis of `idx` resolved to flat offsets into `shape`.
     fn nd_offsets(&self, ctx: &Ctx, shape: &[usize], idx: &Const) -> Result<(Vec<usize>, usize)> {
-        let k = *idx
-            .shape
-            .last()
-            .ok_or_else(|| ctx.err("indices are a scalar"))?;
-        if k == 0 || k > shape.len() {
-            return Err(ctx.err(format!(
-                "index tuples of length {k} for data of rank {}",
-                shape.len()
-            )));
-        }
+        let k = index_tuple_len(ctx, &idx.shape, shape.len())?;
         let st = strides(shape);
         let iv = ints_of(ctx, idx, "index")?;
         let offs = iv

@@ -135,16 +135,7 @@ impl Lowerer<'_> {
             return Err(ctx.err("a reduction other than none is not supported"));
         }
         let iv = self.values_of(ctx, idx, "indices")?;
-        let k = *idx
-            .shape
-            .last()
-            .ok_or_else(|| ctx.err("indices are a scalar"))?;
-        if k == 0 || k > data.shape.len() {
-            return Err(ctx.err(format!(
-                "index tuples of length {k} for data of rank {}",
-                data.shape.len()
-            )));
-        }
+        let k = index_tuple_len(ctx, &idx.shape, data.shape.len())?;
         let slice: usize = data.shape[k..].iter().product();
         let tuples = iv.len() / k;
         if upd.elems.len() != tuples * slice {
@@ -184,16 +175,7 @@ impl Lowerer<'_> {
             return Err(ctx.err("batch_dims other than 0 is not supported"));
         }
         let iv = self.values_of(ctx, idx, "indices")?;
-        let k = *idx
-            .shape
-            .last()
-            .ok_or_else(|| ctx.err("indices are a scalar"))?;
-        if k == 0 || k > data.shape.len() {
-            return Err(ctx.err(format!(
-                "index tuples of length {k} for data of rank {}",
-                data.shape.len()
-            )));
-        }
+        let k = index_tuple_len(ctx, &idx.shape, data.shape.len())?;
         let slice: usize = data.shape[k..].iter().product();
         let tuples = iv.len() / k;
         let total = tuples

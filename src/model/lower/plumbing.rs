@@ -368,18 +368,7 @@ impl Lowerer<'_> {
     /// Transpose by `perm` (reversed axes by default).
     fn transpose(&self, n: &proto::NodeProto, ctx: &Ctx, s: Sym) -> Result<Sym> {
         let r = s.shape.len();
-        let perm: Vec<usize> = match self.ints(n, "perm") {
-            Some(p) => p
-                .iter()
-                .map(|&a| norm_axis(ctx, a, r))
-                .collect::<Result<_>>()?,
-            None => (0..r).rev().collect(),
-        };
-        let mut seen = perm.clone();
-        seen.sort_unstable();
-        if seen != (0..r).collect::<Vec<_>>() {
-            return Err(ctx.err(format!("perm {perm:?} is not a permutation")));
-        }
+        let perm = self.perm_of(n, ctx, r)?;
         let shape: Vec<usize> = perm.iter().map(|&p| s.shape[p]).collect();
         let mut strides = vec![1usize; r];
         for a in (0..r.saturating_sub(1)).rev() {
