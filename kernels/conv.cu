@@ -24,27 +24,6 @@ __device__ __forceinline__ int in_coord(int o, int k, int s, int p, int d, int n
     return (i * s == num && i < n) ? i : -1;
 }
 
-// 16-byte global->shared copy; `bytes` 0 zero-fills (cp.async on sm_80+, plain copy before).
-__device__ __forceinline__ void cp_async16(half* smem, const half* gmem, int bytes) {
-#if __CUDA_ARCH__ >= 800
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
-#else
-    *reinterpret_cast<uint4*>(smem) = bytes ? *reinterpret_cast<const uint4*>(gmem) : make_uint4(0, 0, 0, 0);
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-#endif
-}
-
 // One BK-deep step of the warp's 32 x BN tile.
 template <int BN>
 __device__ __forceinline__ void mma_tile(const half* As, const half* Bs, int warp,

@@ -189,6 +189,35 @@ struct GemmParams {
     i64 bd[6], abs_[6], bbs[6], ybs[6];
 };
 
+// Element offsets of a, w and y for batch bi (decomposed over p.bd).
+__device__ __forceinline__ void gemm_batch(const GemmParams& p, i64 bi, i64& ao, i64& bo, i64& yo) {
+    i64 t = bi;
+    ao = bo = yo = 0;
+    for (int d = p.nb - 1; d >= 0; d--) {
+        i64 c = t % p.bd[d];
+        t /= p.bd[d];
+        ao += c * p.abs_[d];
+        bo += c * p.bbs[d];
+        yo += c * p.ybs[d];
+    }
+}
+
+// The epilogue: the block's BM x BN fp32 tile (staged in Cs, row stride LDC) plus the bias, as fp16,
+// inside M x N, by THREADS threads.
+template <int BM, int BN, int LDC, int THREADS>
+__device__ __forceinline__ void gemm_store(const float* Cs, const float* __restrict__ bias, half* __restrict__ y,
+                                           i64 yo, i64 m0, i64 n0, const GemmParams& p, int tid) {
+    for (int idx = tid; idx < BM * BN; idx += THREADS) {
+        int r = idx / BN, c = idx % BN;
+        i64 m = m0 + r, nn = n0 + c;
+        if (m < p.m && nn < p.n) {
+            float v = Cs[r * LDC + c];
+            if (bias) v += bias[nn];
+            y[yo + m * p.y_sm + nn * p.y_sn] = __float2half(v);
+        }
+    }
+}
+
 #define G_BM 64
 #define G_BN 64
 #define G_BK 32
@@ -211,14 +240,8 @@ extern "C" __global__ void __launch_bounds__(128) gemm_wmma(const half* __restri
     const int tid = threadIdx.x, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
     const i64 m0 = (i64)blockIdx.x * G_BM, n0 = (i64)blockIdx.y * G_BN;
     for (i64 bi = blockIdx.z; bi < p.nbatch; bi += gridDim.z) {
-        i64 t = bi, ao = 0, bo = 0, yo = 0;
-        for (int d = p.nb - 1; d >= 0; d--) {
-            i64 c = t % p.bd[d];
-            t /= p.bd[d];
-            ao += c * p.abs_[d];
-            bo += c * p.bbs[d];
-            yo += c * p.ybs[d];
-        }
+        i64 ao, bo, yo;
+        gemm_batch(p, bi, ao, bo, yo);
         wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
 #pragma unroll
         for (int i = 0; i < 2; i++)
@@ -260,15 +283,97 @@ extern "C" __global__ void __launch_bounds__(128) gemm_wmma(const half* __restri
                 wmma::store_matrix_sync(Cs + (wm * 32 + i * 16) * G_LDC + wn * 32 + j * 16, acc[i][j], G_LDC,
                                         wmma::mem_row_major);
         __syncthreads();
-        for (int idx = tid; idx < G_BM * G_BN; idx += 128) {
-            int r = idx / G_BN, c = idx % G_BN;
-            i64 m = m0 + r, nn = n0 + c;
-            if (m < p.m && nn < p.n) {
-                float v = Cs[r * G_LDC + c];
-                if (bias) v += bias[nn];
-                y[yo + m * p.y_sm + nn * p.y_sn] = __float2half(v);
+        gemm_store<G_BM, G_BN, G_LDC, 128>(Cs, bias, y, yo, m0, n0, p, tid);
+        __syncthreads();
+    }
+}
+
+#define GV_BM 128
+#define GV_BN 64
+#define GV_BK 32
+#define GV_LDA (GV_BK + 8)
+#define GV_LDB (GV_BN + 8)
+#define GV_LDC (GV_BN + 4)
+#define GV_SMEM (GV_BM * GV_LDC * 4)
+
+// gemm_wmma for operands contiguous along K (a) and N (w) with K, N, every row and batch stride
+// a multiple of 8 and 16-byte aligned bases (checked by the launch wrapper): 16-byte cp.async
+// loads (zero-filled outside M, N, K) double-buffered against the tensor cores, a 128 x 64 tile
+// per block of 8 warps (4 x 2, 32 x 32 each). The epilogue stages the fp32 tile in shared
+// memory and adds the bias as gemm_wmma does.
+extern "C" __global__ void __launch_bounds__(256) gemm_wmma_v8(const half* __restrict__ a, const half* __restrict__ w,
+                                                               const float* __restrict__ bias, half* __restrict__ y,
+                                                               GemmParams p) {
+    __shared__ __align__(128) unsigned char smem[GV_SMEM];
+    half* As = reinterpret_cast<half*>(smem);              // [2][GV_BM][GV_LDA]
+    half* Bs = As + 2 * GV_BM * GV_LDA;                     // [2][GV_BK][GV_LDB]
+    float* Cs = reinterpret_cast<float*>(smem);            // [GV_BM][GV_LDC], after the main loop
+    const int tid = threadIdx.x, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
+    const i64 m0 = (i64)blockIdx.x * GV_BM, n0 = (i64)blockIdx.y * GV_BN;
+    const int nk = (int)((p.k + GV_BK - 1) / GV_BK);
+    for (i64 bi = blockIdx.z; bi < p.nbatch; bi += gridDim.z) {
+        i64 ao, bo, yo;
+        gemm_batch(p, bi, ao, bo, yo);
+        // Stage s of K step kt: A rows of 4 vectors (2 per thread), B rows of 8 vectors (1 each).
+        auto load = [&](int s, int kt) {
+            const i64 k0 = (i64)kt * GV_BK;
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int v = tid + i * 256, r = v >> 2, c = (v & 3) * 8;
+                const i64 m = m0 + r, kk = k0 + c;
+                const bool in = m < p.m && kk < p.k;
+                cp_async16(As + (s * GV_BM + r) * GV_LDA + c, in ? a + ao + m * p.a_sm + kk : a, in ? 16 : 0);
             }
+            {
+                const int r = tid >> 3, c = (tid & 7) * 8;
+                const i64 kk = k0 + r, nn = n0 + c;
+                const bool in = kk < p.k && nn < p.n;
+                cp_async16(Bs + (s * GV_BK + r) * GV_LDB + c, in ? w + bo + kk * p.b_sk + nn : w, in ? 16 : 0);
+            }
+            cp_async_commit();
+        };
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.f);
+        load(0, 0);
+        for (int kt = 0; kt < nk; kt++) {
+            const int s = kt & 1;
+            if (kt + 1 < nk) {
+                load(s ^ 1, kt + 1);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            const half* as = As + s * GV_BM * GV_LDA;
+            const half* bs = Bs + s * GV_BK * GV_LDB;
+#pragma unroll
+            for (int kk = 0; kk < GV_BK; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> fa[2];
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> fb[2];
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    wmma::load_matrix_sync(fa[i], as + (wm * 32 + i * 16) * GV_LDA + kk, GV_LDA);
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    wmma::load_matrix_sync(fb[j], bs + kk * GV_LDB + wn * 32 + j * 16, GV_LDB);
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+            }
+            __syncthreads();  // this stage is consumed before the next load overwrites it
         }
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                wmma::store_matrix_sync(Cs + (wm * 32 + i * 16) * GV_LDC + wn * 32 + j * 16, acc[i][j], GV_LDC,
+                                        wmma::mem_row_major);
+        __syncthreads();
+        gemm_store<GV_BM, GV_BN, GV_LDC, 256>(Cs, bias, y, yo, m0, n0, p, tid);
         __syncthreads();
     }
 }

@@ -362,14 +362,15 @@ fn swin_window_chain_with_mask_fuses_and_matches() {
     });
     let a = a.unwrap();
     assert_eq!(a.scale, 0.5);
-    // The window mask in the scores' layout [B_, h, T, T]: window = b_ % nW, summed with the
-    // per-head bias.
-    assert_eq!(a.bias.unwrap().shape, vec![bw, h, t, t]);
+    // The per-head bias and the window mask stay two terms (their sum would be [B_, h, T, T]);
+    // the mask in the scores' layout: window = b_ % nW.
+    assert_eq!(a.bias.unwrap().shape, vec![1, h, t, t]);
+    assert_eq!(a.mask.unwrap().shape, vec![bw, 1, t, t]);
 }
 
 // ---------- the CPU kernel against a naive f64 reference ----------
 
-/// softmax(scale · q kᵀ + bias) v with every broadcast done by index arithmetic.
+/// softmax(scale · q kᵀ + bias + mask) v with every broadcast done by index arithmetic.
 fn naive(
     a: &Attention,
     q: (&[f64], &[usize]),
@@ -395,9 +396,11 @@ fn naive(
                     let dot: f64 = (0..d)
                         .map(|p| q.0[(oq * t + i) * d + p] * k.0[(ok * s + j) * d + p])
                         .sum();
-                    let b = a.bias.as_ref().map_or(0.0, |b| {
-                        b.data[bcast((l * t + i) * s + j, &sc_shape, &b.shape)] as f64
-                    });
+                    let b: f64 = [&a.bias, &a.mask]
+                        .into_iter()
+                        .flatten()
+                        .map(|b| b.data[bcast((l * t + i) * s + j, &sc_shape, &b.shape)] as f64)
+                        .sum();
                     a.scale as f64 * dot + b
                 })
                 .collect();
@@ -418,14 +421,24 @@ fn naive(
 #[test]
 fn cpu_kernel_matches_naive_reference() {
     let mut r = Rng::tagged("cpu_attention");
-    // q [2, 3, T=5, d=6], k [1, 3, S=7, 6], v [2, 1, 7, 4], bias [2, 1, 5, 7] / [1, 3, 1, 7].
+    // q [2, 3, T=5, d=6], k [1, 3, S=7, 6], v [2, 1, 7, 4], bias [2, 1, 5, 7] / [1, 3, 1, 7],
+    // mask [1, 3, 5, 7] / [2, 1, 1, 7].
     let (qs, ks, vs) = ([2, 3, 5, 6], [1, 3, 7, 6], [2, 1, 7, 4]);
     let n = |s: &[usize]| s.iter().product::<usize>();
     let (q, k, v) = (r.vec(n(&qs)), r.vec(n(&ks)), r.vec(n(&vs)));
-    for bias in [None, Some(vec![2, 1, 5, 7]), Some(vec![1, 3, 1, 7])] {
+    type Shape<'a> = Option<&'a [usize]>;
+    let terms: [(Shape, Shape); 5] = [
+        (None, None),
+        (Some(&[2, 1, 5, 7]), None),
+        (Some(&[1, 3, 1, 7]), None),
+        (Some(&[2, 1, 5, 7]), Some(&[1, 3, 5, 7])),
+        (None, Some(&[2, 1, 1, 7])),
+    ];
+    for (bias, mask) in terms {
         let a = Attention {
             scale: 0.7,
-            bias: bias.map(|s| konst(&s, r.scaled(n(&s), 3.0))),
+            bias: bias.map(|s| konst(s, r.scaled(n(s), 3.0))),
+            mask: mask.map(|s| konst(s, r.scaled(n(s), 3.0))),
         };
         let f64s = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
         let (q64, k64, v64) = (f64s(&q), f64s(&k), f64s(&v));
@@ -453,6 +466,7 @@ fn cpu_kernel_matches_naive_reference() {
     let a = Attention {
         scale: 1.0,
         bias: None,
+        mask: None,
     };
     let d = |s: &[usize]| Dims::new(s).unwrap();
     assert!(attention::<f32>(&a, (&q[..10], d(&qs)), (&k, d(&ks)), (&v, d(&vs))).is_err());

@@ -30,6 +30,7 @@ fn offset_table_broadcasts() {
     let a = Attention {
         scale: 1.0,
         bias: Some(Tensor::new(vec![1, 3, 1, 7], vec![0.0; 21])),
+        mask: Some(Tensor::new(vec![2, 1, 5, 7], vec![0.0; 70])),
     };
     let t = attention_offsets(
         &a,
@@ -38,13 +39,15 @@ fn offset_table_broadcasts() {
         &dims(&[2, 1, 7, 4]),
     )
     .unwrap();
-    assert_eq!(t.offs.len(), 6 * 5);
-    // Leading index (1, 2) = row 5: q (1·3+2)·30, k 2·42, v 1·28, bias 2·7, out 5·20.
-    assert_eq!(&t.offs[25..30], &[150, 84, 28, 14, 100]);
-    assert_eq!(t.bias_ts, [0, 1]);
+    assert_eq!(t.offs.len(), 6 * 6);
+    // Leading index (1, 2) = row 5: q (1·3+2)·30, k 2·42, v 1·28, bias 2·7, mask 1·35,
+    // out 5·20.
+    assert_eq!(&t.offs[30..36], &[150, 84, 28, 14, 35, 100]);
+    assert_eq!((t.bias_ts, t.mask_ts), ([0, 1], [7, 1]));
     let wide = Attention {
         scale: 1.0,
         bias: None,
+        mask: None,
     };
     assert!(attention_offsets(
         &wide,
@@ -62,6 +65,8 @@ struct Case {
     bias: Option<Vec<usize>>,
     mask: bool,
     bias_f32: bool,
+    /// A separate mask term (0 / -100) of this shape.
+    mask_term: Option<Vec<usize>>,
 }
 
 fn case(
@@ -79,6 +84,7 @@ fn case(
         bias: bias.map(|b| b.to_vec()),
         mask,
         bias_f32: f32b,
+        mask_term: None,
     }
 }
 
@@ -137,6 +143,29 @@ fn gpu_attention_matches_cpu() {
             false,
             false,
         ),
+        // Swin's shifted windows: a per-head bias and a per-window mask kept apart.
+        Case {
+            mask_term: Some(vec![8, 1, 343, 343]),
+            ..case(
+                &[8, 3, 343, 16],
+                &[8, 3, 343, 16],
+                &[8, 3, 343, 16],
+                Some(&[1, 3, 343, 343]),
+                false,
+                true,
+            )
+        },
+        Case {
+            mask_term: Some(vec![2, 1, 1, 77]),
+            ..case(
+                &[2, 3, 100, 64],
+                &[2, 3, 77, 64],
+                &[2, 3, 77, 40],
+                None,
+                false,
+                false,
+            )
+        },
     ];
     for c in cases {
         let n = |s: &[usize]| s.iter().product::<usize>();
@@ -156,10 +185,17 @@ fn gpu_attention_matches_cpu() {
             }
             Tensor::new(s.clone(), x)
         });
+        let mask = c.mask_term.as_ref().map(|s| {
+            let x = (0..n(s))
+                .map(|i| if (i / 3) % 4 == 1 { -100.0 } else { 0.0 })
+                .collect();
+            Tensor::new(s.clone(), x)
+        });
         let d = c.q[c.q.len() - 1];
         let a = Attention {
             scale: 1.0 / (d as f32).sqrt(),
             bias,
+            mask,
         };
         let (want, od) =
             attention::<f32>(&a, (&q, dims(&c.q)), (&k, dims(&c.k)), (&v, dims(&c.v))).unwrap();
@@ -175,8 +211,8 @@ fn gpu_attention_matches_cpu() {
         assert_eq!(got.len(), od.numel());
         let e = common::rel_l2(&got, &want);
         println!(
-            "q {:?} k {:?} v {:?} bias {:?}: rel L2 {e:.2e}",
-            c.q, c.k, c.v, c.bias
+            "q {:?} k {:?} v {:?} bias {:?} mask {:?}: rel L2 {e:.2e}",
+            c.q, c.k, c.v, c.bias, c.mask_term
         );
         assert!(e <= 1e-2, "q {:?}: rel L2 {e}", c.q);
     }

@@ -384,6 +384,22 @@ fn matmul_and_linear() {
             ),
             [1, 8, 4, 4, 5],
         ),
+        // The vector-aligned path (gemm_wmma_v8) across partial tiles: M = 300 (128-row tiles),
+        // K = 40 (a partial 32-deep step), N = 136 (64-column tiles).
+        (
+            "linear with bias 300x40 -> 136 (aligned)",
+            chain(
+                "t",
+                40,
+                vec![
+                    n(reshape(&[1, 40, 300]), &[0]),
+                    n(tr(&[0, 2, 1]), &[1]),
+                    n(linear(&mut r, 40, 136, true), &[2]),
+                    n(flat(), &[3]),
+                ],
+            ),
+            [1, 40, 5, 6, 10],
+        ),
         // Linear over W of an NCDHW value: strided rows (a_sk = C), batch dims kept.
         (
             "linear rank 5 over W",
@@ -632,11 +648,12 @@ fn tensor_graph_plan_on_the_host() {
 }
 
 /// The fused attention case: keys shared by the heads (`kh` 1) or per head (2), the bias's
-/// shape (scores `[1, h, T, S]`, each dim 1 or equal; masked entries -100), q/k/v rank 5
-/// `[1, 1, h, T, d]` (C = 1: NDHWC equals row-major) or rank 4.
+/// and the mask's shapes (scores `[1, h, T, S]`, each dim 1 or equal; masked entries -100),
+/// q/k/v rank 5 `[1, 1, h, T, d]` (C = 1: NDHWC equals row-major) or rank 4.
 struct AttnCase {
     kh: usize,
     bias: Option<[usize; 4]>,
+    mask: Option<[usize; 4]>,
     rank5: bool,
 }
 
@@ -663,10 +680,10 @@ fn attention_op_graph(r: &mut Rng, roi: [usize; 3], c: &AttnCase) -> Graph {
         }
     };
     let (q, k, v) = (heads(r, 2, 4), heads(r, c.kh, 4), heads(r, 2, 8));
-    let bias = c.bias.map(|s| {
+    let mut term = |s: [usize; 4], every: usize| {
         let mut data = r.scaled(s.iter().product(), 0.5);
         for (i, b) in data.iter_mut().enumerate() {
-            if i % 7 == 3 {
+            if i % every == 3 {
                 *b = -100.0;
             }
         }
@@ -676,9 +693,11 @@ fn attention_op_graph(r: &mut Rng, roi: [usize; 3], c: &AttnCase) -> Graph {
             s.to_vec()
         };
         konst(&shape, data)
-    });
+    };
+    let bias = c.bias.map(|s| term(s, 7));
+    let mask = c.mask.map(|s| term(s, 5));
     let scale = 0.5;
-    let mut a = add(Op::Attention(Attention { scale, bias }), &[q, k, v]);
+    let mut a = add(Op::Attention(Attention { scale, bias, mask }), &[q, k, v]);
     if c.rank5 {
         a = add(reshape(&[1, 2, li, 8]), &[a]);
     }
@@ -691,7 +710,12 @@ fn attention_op_graph(r: &mut Rng, roi: [usize; 3], c: &AttnCase) -> Graph {
 }
 
 fn attention_cases() -> Vec<(&'static str, AttnCase)> {
-    let c = |kh, bias, rank5| AttnCase { kh, bias, rank5 };
+    let c = |kh, bias, rank5| AttnCase {
+        kh,
+        bias,
+        mask: None,
+        rank5,
+    };
     vec![
         ("attention, no bias", c(2, None, false)),
         (
@@ -710,6 +734,20 @@ fn attention_cases() -> Vec<(&'static str, AttnCase)> {
             "attention, rank 5 (C = 1), bias",
             c(1, Some([1, 2, 96, 96]), true),
         ),
+        (
+            "attention, bias per head + mask over heads",
+            AttnCase {
+                mask: Some([1, 1, 96, 96]),
+                ..c(2, Some([1, 2, 96, 96]), false)
+            },
+        ),
+        (
+            "attention, rank 5 (C = 1), key mask only",
+            AttnCase {
+                mask: Some([1, 1, 1, 96]),
+                ..c(2, None, true)
+            },
+        ),
     ]
 }
 
@@ -726,8 +764,8 @@ fn fused_attention_op() {
     run_cases(cases);
 }
 
-/// Host only: an attention node costs its offset table (i64, 5 per leading index) and its
-/// fp32 bias as planned constants; q/k/v stored NDHWC with C > 1 (features not contiguous)
+/// Host only: an attention node costs its offset table (i64, 6 per leading index) and its
+/// fp32 bias and mask as planned constants; q/k/v stored NDHWC with C > 1 (features not contiguous)
 /// are refused with a message that says why.
 #[test]
 fn fused_attention_plan_on_the_host() {
@@ -742,9 +780,12 @@ fn fused_attention_plan_on_the_host() {
             .filter(|k| k.what.starts_with("attention"))
             .map(|k| (k.what, k.bytes))
             .collect();
-        let mut want = vec![("attention offset table (i64)", 2 * 5 * 8)];
+        let mut want = vec![("attention offset table (i64)", 2 * 6 * 8)];
         if let Some(s) = c.bias {
             want.push(("attention bias (fp32)", s.iter().product::<usize>() * 4));
+        }
+        if let Some(s) = c.mask {
+            want.push(("attention mask (fp32)", s.iter().product::<usize>() * 4));
         }
         assert_eq!(att, want, "{name}");
         let i = g
@@ -774,6 +815,7 @@ fn fused_attention_plan_on_the_host() {
         Op::Attention(Attention {
             scale: 1.0,
             bias: None,
+            mask: None,
         }),
         &[4, 4, 4],
     ));
@@ -786,7 +828,7 @@ fn fused_attention_plan_on_the_host() {
 }
 
 /// `prepare` allocates exactly the buffer plan of a graph with a fused attention (its offset
-/// table and fp32 bias counted as constants).
+/// table and fp32 bias and mask counted as constants).
 #[test]
 fn fused_attention_memory_matches_the_plan() {
     let mut r = Rng::tagged("cuda tensor fused attention memory");
@@ -794,6 +836,7 @@ fn fused_attention_memory_matches_the_plan() {
     let c = AttnCase {
         kh: 1,
         bias: Some([1, 2, 96, 96]),
+        mask: Some([1, 1, 96, 96]),
         rank5: false,
     };
     let g = attention_op_graph(&mut r, roi, &c);

@@ -7,7 +7,7 @@
 //! come in as [`ArchCaps`].
 
 pub use super::conv_kernel::{ArchCaps, ConvGeom, ConvKernel};
-use super::ops::attention::{bias_f32, node_table};
+use super::ops::attention::{node_table, terms_f32};
 use super::plan::{concat_slice, consumers, fusable_activation, Act, Shape};
 use super::select::is_upsampling_convt;
 use super::tensor_layout::{is_standard, reshape_aliases, tensor_node, tensor_supported};
@@ -400,8 +400,11 @@ impl Walk<'_> {
                 // `cuda_shapes` checked the table builds.
                 let rows = node_table(a, &dims).map_or(0, |t| t.offs.len());
                 push(rows * 8, "attention offset table (i64)");
-                if let Some(b) = bias_f32(a) {
-                    push(f32s(b.len()), "attention bias (fp32)");
+                let what = ["attention bias (fp32)", "attention mask (fp32)"];
+                for (b, what) in terms_f32(a).into_iter().zip(what) {
+                    if let Some(b) = b {
+                        push(f32s(b.len()), what);
+                    }
                 }
             }
             Op::LayerNorm(l) => {

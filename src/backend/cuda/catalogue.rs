@@ -150,8 +150,16 @@ pub const LAYERNORM_ROWS: Kernel = k(Family::Tensor, "layernorm_rows");
 pub const LAYERNORM_STRIDED: Kernel = k(Family::Tensor, "layernorm_strided");
 /// Batched fp16 tensor-core GEMM (MatMul, Linear), 64x64 tiles of 128 threads.
 pub const GEMM_WMMA: Kernel = k(Family::Tensor, "gemm_wmma");
+/// Its fast path for vector-aligned operands (`GemmParams::vec8`): 128x64 tiles of 256
+/// threads, 16-byte cp.async loads double-buffered.
+pub const GEMM_WMMA_V8: Kernel = k(Family::Tensor, "gemm_wmma_v8");
 /// Fused flash-style attention (kernels/attention.cu), one block per 64 query rows.
 pub const ATTENTION_FWD: Kernel = k(Family::Attention, "attention_fwd");
+/// The tensor-core attention for q/k and v features up to 16, 32, 64: 64 query rows per block of
+/// 4 warps, two passes over the keys (row statistics, then P @ V).
+pub const ATTENTION_WMMA_D16: Kernel = k(Family::Attention, "attention_wmma_d16");
+pub const ATTENTION_WMMA_D32: Kernel = k(Family::Attention, "attention_wmma_d32");
+pub const ATTENTION_WMMA_D64: Kernel = k(Family::Attention, "attention_wmma_d64");
 pub const CONVT_UP_M256N32_V8: Kernel = k(Family::Conv, "convt_up_m256n32_v8");
 pub const CONVT_UP_M128N32_V8: Kernel = k(Family::Conv, "convt_up_m128n32_v8");
 pub const CONVT_UP_M128N64_V8: Kernel = k(Family::Conv, "convt_up_m128n64_v8");
@@ -202,7 +210,11 @@ pub const KERNELS: &[Kernel] = &[
     LAYERNORM_ROWS,
     LAYERNORM_STRIDED,
     GEMM_WMMA,
+    GEMM_WMMA_V8,
     ATTENTION_FWD,
+    ATTENTION_WMMA_D16,
+    ATTENTION_WMMA_D32,
+    ATTENTION_WMMA_D64,
 ];
 
 /// One `conv_mma_*` kernel of kernels/conv.cu (its MMA_ENTRY line).

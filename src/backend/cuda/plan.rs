@@ -199,6 +199,27 @@ pub struct GemmParams {
     pub ybs: [i64; 6],
 }
 
+impl GemmParams {
+    /// Whether `gemm_wmma_v8` can run this GEMM on operands at device addresses `a` and `w`:
+    /// both contiguous along K (a) and N (w), and every vector of 8 halves it loads inside one
+    /// row and 16-byte aligned (K, N, row and batch strides multiples of 8, aligned bases).
+    pub fn vec8(&self, a: u64, w: u64) -> bool {
+        let nb = (self.nb.max(0) as usize).min(6);
+        let eight = |x: i64| x % 8 == 0;
+        self.a_sk == 1
+            && self.b_sn == 1
+            && [self.k, self.n, self.a_sm, self.b_sk]
+                .into_iter()
+                .all(eight)
+            && self.abs[..nb]
+                .iter()
+                .chain(&self.bbs[..nb])
+                .all(|&x| eight(x))
+            && a.is_multiple_of(16)
+            && w.is_multiple_of(16)
+    }
+}
+
 // SAFETY: plain #[repr(C)] structs of i32/i64/f32, laid out as their CUDA twins.
 unsafe impl cudarc::driver::DeviceRepr for ConvParams {}
 unsafe impl cudarc::driver::DeviceRepr for PoolParams {}

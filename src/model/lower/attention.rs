@@ -17,8 +17,7 @@ use super::symbolic::probe_window;
 use super::*;
 use crate::model::ops::{transpose_dims, Attention, Dims};
 
-/// Most elements a folded bias may have: a mask summed with a per-head bias materialises
-/// `nW · h · T · S` values (bigger chains stay unfused).
+/// Most elements one folded bias term may have (a chain whose term is bigger stays unfused).
 pub const MAX_BIAS_ELEMS: usize = 1 << 26;
 
 /// Readers and producer of every value.
@@ -204,10 +203,11 @@ impl Chain {
                 op => a *= scalar(op)?,
             }
         }
-        let bias = fold_bias(&terms, &scores)?;
+        let (bias, mask) = fold_bias(&terms, &scores)?;
         let att = Attention {
             scale: a * self.q_scale,
             bias,
+            mask,
         };
         let ks = self.k_source(r);
         let kd = match &ks {
@@ -281,17 +281,9 @@ fn relayout(b: &Tensor, c: &Dims, f: &Dims) -> Option<Tensor> {
     Some(Tensor::new(shape, data))
 }
 
-/// `Σ coef · term` in the scores' layout `f` (f32), broadcast to the smallest common shape;
-/// `Some(None)` without terms, `None` when a term cannot be expressed or the sum is too big.
-fn fold_bias(terms: &[(f32, &Tensor, Dims)], f: &Dims) -> Option<Option<Tensor>> {
-    if terms.is_empty() {
-        return Some(None);
-    }
-    let mapped: Vec<(f32, Tensor)> = terms
-        .iter()
-        .map(|(c, t, d)| relayout(t, d, f).map(|m| (*c, m)))
-        .collect::<Option<_>>()?;
-    let r = f.rank();
+/// `Σ coef · term` of terms already in the scores' layout (f32), broadcast to their smallest
+/// common shape; `None` when that is over [`MAX_BIAS_ELEMS`].
+fn sum_terms(mapped: &[(f32, Tensor)], r: usize) -> Option<Tensor> {
     let shape: Vec<usize> = (0..r)
         .map(|a| mapped.iter().map(|(_, t)| t.shape[a]).max().unwrap_or(1))
         .collect();
@@ -301,7 +293,7 @@ fn fold_bias(terms: &[(f32, &Tensor, Dims)], f: &Dims) -> Option<Option<Tensor>>
     }
     let os = strides(&shape);
     let mut data = vec![0f32; total];
-    for (c, t) in &mapped {
+    for (c, t) in mapped {
         let ts: Vec<usize> = strides(&t.shape)
             .iter()
             .zip(&t.shape)
@@ -312,7 +304,32 @@ fn fold_bias(terms: &[(f32, &Tensor, Dims)], f: &Dims) -> Option<Option<Tensor>>
             *y += c * t.data[off];
         }
     }
-    Some(Some(Tensor::new(shape, data)))
+    Some(Tensor::new(shape, data))
+}
+
+/// The fused op's `(bias, mask)` from the additive terms (`terms` listed from the softmax
+/// back): each term re-expressed in the scores' layout `f`, terms of one shape summed. Two
+/// shapes stay two terms, in graph order (Swin: the per-head relative-position bias, then the
+/// per-window mask), so that their `windows · heads · T · S` sum is never materialised; more
+/// shapes are summed into one bias. `None` when a term cannot be expressed or a result is too
+/// big ([`MAX_BIAS_ELEMS`]).
+type Terms = (Option<Tensor>, Option<Tensor>);
+fn fold_bias(terms: &[(f32, &Tensor, Dims)], f: &Dims) -> Option<Terms> {
+    let mut groups: Vec<Vec<(f32, Tensor)>> = vec![];
+    for (c, t, d) in terms.iter().rev() {
+        let m = relayout(t, d, f)?;
+        match groups.iter_mut().find(|g| g[0].1.shape == m.shape) {
+            Some(g) => g.push((*c, m)),
+            None => groups.push(vec![(*c, m)]),
+        }
+    }
+    let r = f.rank();
+    match &groups[..] {
+        [] => Some((None, None)),
+        [a] => Some((Some(sum_terms(a, r)?), None)),
+        [a, b] => Some((Some(sum_terms(a, r)?), Some(sum_terms(b, r)?))),
+        _ => Some((Some(sum_terms(&groups.concat(), r)?), None)),
+    }
 }
 
 /// Shape tables of `g` on a few windows (its fixed input size, else multiples of its spatial

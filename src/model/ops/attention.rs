@@ -1,4 +1,4 @@
-//! Fused scaled dot-product attention: `softmax(scale · q @ kᵀ + bias) @ v` over the last axis,
+//! Fused scaled dot-product attention: `softmax(scale · q @ kᵀ + bias + mask) @ v` over the last axis,
 //! one op for the whole MatMul / scale / bias / Softmax / MatMul chain of transformer blocks
 //! (UNETR's global self-attention, SwinUNETR's window attention with its relative-position bias
 //! and shifted-window mask) so that backends never store the `[..., T, S]` scores.
@@ -14,8 +14,12 @@ pub struct Attention {
     /// Multiplies `q @ kᵀ` before the bias is added.
     pub scale: f32,
     /// Added to the scaled scores `[..., T, S]` before the softmax: same rank as the scores,
-    /// each dim 1 or equal (relative-position bias and masks, already summed).
+    /// each dim 1 or equal (a relative-position bias, or every additive term summed).
     pub bias: Option<Tensor>,
+    /// A second additive term of another broadcast shape (Swin's shifted-window mask, per
+    /// window but not per head), kept apart from `bias` so that neither is materialised at
+    /// their common shape (`windows · heads · T · S` values).
+    pub mask: Option<Tensor>,
 }
 
 /// The shapes of one attention: leading (broadcast) dims and the matrix sizes.
@@ -72,19 +76,31 @@ impl Attention {
         if !self.scale.is_finite() {
             return Err(format!("Attention scale {} is not finite", self.scale));
         }
-        if let Some(b) = &self.bias {
-            let sc = a.scores();
+        let sc = a.scores();
+        for (name, b) in self.terms() {
             let ok = b.shape.len() == sc.len()
                 && b.is_consistent()
                 && b.shape.iter().zip(&sc).all(|(&x, &y)| x == 1 || x == y);
             if !ok {
                 return Err(format!(
-                    "Attention bias of shape {:?} does not broadcast to the scores {sc:?}",
+                    "Attention {name} of shape {:?} does not broadcast to the scores {sc:?}",
                     b.shape
                 ));
             }
         }
         Ok(a)
+    }
+
+    /// The additive terms present, named: `bias`, then `mask`.
+    pub fn terms(&self) -> impl Iterator<Item = (&'static str, &Tensor)> {
+        [("bias", &self.bias), ("mask", &self.mask)]
+            .into_iter()
+            .filter_map(|(n, t)| t.as_ref().map(|t| (n, t)))
+    }
+
+    /// Constant values held (both terms).
+    pub fn constants(&self) -> usize {
+        self.terms().map(|(_, t)| t.len()).sum()
     }
 
     /// Output dims on `q`, `k`, `v`.
@@ -93,7 +109,7 @@ impl Attention {
     }
 
     /// Floating point operations given q's dims and the output's: both products (2·T·S·(d+dv))
-    /// and ~5 per score for the softmax. S is read from the bias when it has it, else taken as T
+    /// and ~5 per score for the softmax. S is read from a bias term when one has it, else taken as T
     /// (self-attention, what UNETR and SwinUNETR compute).
     pub fn flops(&self, q: &Dims, out: &Dims) -> u64 {
         let r = q.rank();
@@ -102,10 +118,8 @@ impl Attention {
         }
         let t = q[r - 2] as u64;
         let s = self
-            .bias
-            .as_ref()
-            .and_then(|b| b.shape.last().copied())
-            .filter(|&s| s > 1)
+            .terms()
+            .find_map(|(_, b)| b.shape.last().copied().filter(|&s| s > 1))
             .map_or(t, |s| s as u64);
         let (d, dv) = (q[r - 1] as u64, out[r - 1] as u64);
         let lead: u64 = out.as_slice()[..r - 2].iter().map(|&x| x as u64).product();
@@ -123,6 +137,7 @@ mod tests {
         let a = Attention {
             scale: 0.5,
             bias: None,
+            mask: None,
         };
         assert_eq!(
             a.output_dims(&d(&[2, 4, 7, 8]), &d(&[1, 4, 9, 8]), &d(&[2, 1, 9, 5])),
@@ -134,9 +149,10 @@ mod tests {
         assert!(a
             .output_dims(&d(&[7, 8]), &d(&[9, 8]), &d(&[9, 5]))
             .is_err());
-        let b = Attention {
+        let mut b = Attention {
             scale: 1.0,
             bias: Some(Tensor::new(vec![1, 4, 7, 9], vec![0.0; 252])),
+            mask: Some(Tensor::new(vec![2, 1, 7, 9], vec![0.0; 126])),
         };
         assert!(b
             .output_dims(&d(&[2, 4, 7, 8]), &d(&[2, 4, 9, 8]), &d(&[2, 4, 9, 8]))
@@ -144,5 +160,11 @@ mod tests {
         assert!(b
             .output_dims(&d(&[2, 4, 7, 8]), &d(&[2, 4, 8, 8]), &d(&[2, 4, 8, 8]))
             .is_err());
+        assert_eq!(b.constants(), 378);
+        b.mask = Some(Tensor::new(vec![3, 1, 7, 9], vec![0.0; 189]));
+        let e = b
+            .output_dims(&d(&[2, 4, 7, 8]), &d(&[2, 4, 9, 8]), &d(&[2, 4, 9, 8]))
+            .unwrap_err();
+        assert!(e.contains("mask"), "{e}");
     }
 }

@@ -473,7 +473,7 @@ impl Op {
             Op::AddConst(t) | Op::MulConst(t) => t.len(),
             Op::Linear(l) => l.weight.len() + l.bias.as_ref().map_or(0, |b| b.len()),
             Op::LayerNorm(l) => l.scale.len() + l.bias.as_ref().map_or(0, |b| b.len()),
-            Op::Attention(a) => a.bias.as_ref().map_or(0, |b| b.len()),
+            Op::Attention(a) => a.constants(),
             _ => 0,
         }
     }

@@ -1,4 +1,4 @@
-//! Fused attention `softmax(scale · q @ kᵀ + bias) @ v` on row-major data of any rank (the
+//! Fused attention `softmax(scale · q @ kᵀ + bias + mask) @ v` on row-major data of any rank (the
 //! [`Attention`] op): one query row at a time, so the `[..., T, S]` scores are never stored
 //! whole. Scores, softmax and the weighted sum run in `T` (f64 for the reference), the softmax
 //! stabilised by the row maximum.
@@ -34,7 +34,7 @@ fn offset(mut i: usize, lead: &[usize], strides: &[usize]) -> usize {
     o
 }
 
-/// `softmax(scale · q @ kᵀ + bias) @ v` of row-major `(data, dims)` operands q `[..., T, d]`,
+/// `softmax(scale · q @ kᵀ + bias + mask) @ v` of row-major `(data, dims)` operands q `[..., T, d]`,
 /// k `[..., S, d]`, v `[..., S, dv]` (one rank >= 3, leading dims broadcast); returns the
 /// row-major output and its dims `[..., T, dv]`. Wrong dims or data lengths are an error.
 pub fn attention<T: Real>(
@@ -65,17 +65,21 @@ pub fn attention<T: Real>(
     let qs = lead_strides(q.1.as_slice(), lead);
     let ks = lead_strides(k.1.as_slice(), lead);
     let vs = lead_strides(v.1.as_slice(), lead);
-    let bias = op.bias.as_ref().map(|b| {
-        let st = lead_strides(&b.shape, lead);
-        let r = b.shape.len();
-        let bt = if b.shape[r - 2] == 1 {
-            0
-        } else {
-            b.shape[r - 1]
-        };
-        let bs = usize::from(b.shape[r - 1] != 1);
-        (T::cast_slice(&b.data), st, bt, bs)
-    });
+    // Each additive term (bias, mask): its data and strides over lead, T and S.
+    let terms: Vec<_> = op
+        .terms()
+        .map(|(_, b)| {
+            let st = lead_strides(&b.shape, lead);
+            let r = b.shape.len();
+            let bt = if b.shape[r - 2] == 1 {
+                0
+            } else {
+                b.shape[r - 1]
+            };
+            let bs = usize::from(b.shape[r - 1] != 1);
+            (T::cast_slice(&b.data), st, bt, bs)
+        })
+        .collect();
     let scale = T::from_f32(op.scale);
     let mut out = vec![T::ZERO; od.numel()];
     if dv == 0 {
@@ -88,6 +92,11 @@ pub fn attention<T: Real>(
             let qr = &q.0[offset(li, lead, &qs) + ti * d..][..d];
             let kb = offset(li, lead, &ks);
             let vb = offset(li, lead, &vs);
+            // Where each term's row of this (leading index, query row) starts.
+            let mut tb = [0usize; 2];
+            for (b, (_, st, bt, _)) in tb.iter_mut().zip(&terms) {
+                *b = offset(li, lead, st) + ti * bt;
+            }
             let mut m = T::NEG_INFINITY;
             for (j, x) in sc.iter_mut().enumerate() {
                 let kr = &k.0[kb + j * d..][..d];
@@ -96,8 +105,8 @@ pub fn attention<T: Real>(
                     acc += a * b;
                 }
                 *x = acc * scale;
-                if let Some((bd, st, bt, bs)) = &bias {
-                    *x += bd[offset(li, lead, st) + ti * bt + j * bs];
+                for (&b, (bd, _, _, bs)) in tb.iter().zip(&terms) {
+                    *x += bd[b + j * bs];
                 }
                 m = m.max(*x);
             }

@@ -7,8 +7,11 @@ use super::super::device::{drv, DevBuf};
 use super::super::launch::{Arg, Gpu};
 use super::super::CudaBackend;
 use super::Build;
-use crate::backend::cuda::catalogue::ATTENTION_FWD;
+use crate::backend::cuda::catalogue::{
+    ATTENTION_FWD, ATTENTION_WMMA_D16, ATTENTION_WMMA_D32, ATTENTION_WMMA_D64,
+};
 use crate::backend::cuda::tensor_layout::phys_strides;
+use crate::model::graph::Tensor;
 use crate::model::ops::{Attention, AttnDims, Dims};
 use crate::{Error, Result};
 use cudarc::driver::{result as cu, CudaStream};
@@ -16,7 +19,8 @@ use half::f16;
 
 /// Most features of q / k (d) and of v (dv) the kernel holds (its `ATT_DMAX`).
 pub const MAX_FEATURES: usize = 128;
-/// Query rows per block (`ATT_BM`) and threads per block (`ATT_THREADS`).
+/// Query rows per block (`ATT_BM`, `AW_BM`) and threads per block of the SIMT kernel
+/// (`ATT_THREADS`).
 const ROWS: usize = 64;
 const THREADS: u32 = 256;
 
@@ -38,13 +42,15 @@ pub struct AttnLaunch {
     pub q: u64,
     pub k: u64,
     pub v: u64,
-    /// The bias (of `bias_kind`), or 0.
+    /// The bias and the mask (each of its kind), or 0.
     pub bias: u64,
     pub bias_kind: BiasKind,
+    pub mask: u64,
+    pub mask_kind: BiasKind,
     /// The output (fp16).
     pub o: u64,
-    /// Device table of `lead * 5` i64 element offsets: q, k, v, bias, output of each leading
-    /// index (see [`offsets`]).
+    /// Device table of `lead * 6` i64 element offsets: q, k, v, bias, mask, output of each
+    /// leading index (see [`offsets`]).
     pub offs: u64,
     /// Leading indices (blocks along them).
     pub lead: usize,
@@ -55,8 +61,9 @@ pub struct AttnLaunch {
     pub dv: usize,
     /// Row strides (elements) of q, k, v and the output.
     pub ld: [usize; 4],
-    /// Bias strides (elements) along T and S (0: broadcast).
+    /// Bias and mask strides (elements) along T and S (0: broadcast).
     pub bias_ts: [usize; 2],
+    pub mask_ts: [usize; 2],
     pub scale: f32,
 }
 
@@ -65,12 +72,13 @@ pub struct AttnLaunch {
 pub struct AttnTable {
     /// The attention's shapes.
     pub dims: AttnDims,
-    /// `lead * 5` element offsets (q, k, v, bias, output) per leading index.
+    /// `lead * 6` element offsets (q, k, v, bias, mask, output) per leading index.
     pub offs: Vec<i64>,
     /// Row strides (elements) of q, k, v and the output.
     pub ld: [usize; 4],
-    /// Bias strides along T and S (the bias is a row-major constant).
+    /// Bias and mask strides along T and S (both are row-major constants).
     pub bias_ts: [usize; 2],
+    pub mask_ts: [usize; 2],
 }
 
 /// Element strides of each axis of a row-major value of dims `d`.
@@ -162,7 +170,8 @@ pub fn strided_offsets(
         .iter()
         .map(|(d, st, _)| lead_strides(d.as_slice(), st, n))
         .collect();
-    let (sb, bias_ts) = match &op.bias {
+    // A term's strides over the leading dims, and along T and S.
+    let term = |b: &Option<Tensor>| match b {
         Some(b) => {
             let (bt, bs) = (b.shape[n], b.shape[n + 1]);
             let st = lead_strides(&b.shape, &row_major(&b.shape), n);
@@ -170,15 +179,16 @@ pub fn strided_offsets(
         }
         None => (vec![0; n], [0, 0]),
     };
+    let ((sb, bias_ts), (sm, mask_ts)) = (term(&op.bias), term(&op.mask));
     let rows: usize = lead.iter().product();
-    let mut offs = Vec::with_capacity(rows * 5);
+    let mut offs = Vec::with_capacity(rows * 6);
     for l in 0..rows {
-        let mut o = [0i64; 5];
+        let mut o = [0i64; 6];
         let mut i = l;
         for ax in (0..n).rev() {
             let x = (i % lead[ax]) as i64;
             i /= lead[ax];
-            for (slot, st) in o.iter_mut().zip([&ls[0], &ls[1], &ls[2], &sb, &ls[3]]) {
+            for (slot, st) in o.iter_mut().zip([&ls[0], &ls[1], &ls[2], &sb, &sm, &ls[3]]) {
                 *slot += x * st[ax];
             }
         }
@@ -189,6 +199,7 @@ pub fn strided_offsets(
         offs,
         ld,
         bias_ts,
+        mask_ts,
     })
 }
 
@@ -207,10 +218,11 @@ pub fn node_table(op: &Attention, dims: &[Dims]) -> Result<AttnTable> {
     strided_offsets(op, [(q, &sq), (k, &sk), (v, &sv)], &st(&od))
 }
 
-/// The bias of `op` as uploaded: fp32, so masks of -100 plus small relative-position biases
-/// keep every bit the CPU reference sees (fp16 would round 0.01 next to -100 away).
-pub fn bias_f32(op: &Attention) -> Option<&[f32]> {
-    op.bias.as_ref().map(|b| b.data.as_slice())
+/// The bias and mask of `op` as uploaded, in that order: fp32, so masks of -100 plus small
+/// relative-position biases keep every bit the CPU reference sees (fp16 would round 0.01 next
+/// to -100 away).
+pub fn terms_f32(op: &Attention) -> [Option<&[f32]>; 2] {
+    [&op.bias, &op.mask].map(|b| b.as_ref().map(|b| b.data.as_slice()))
 }
 
 /// The launch of tensor-path node `op` reading q, k, v at `xs` and writing `y`, its table
@@ -230,10 +242,13 @@ pub(crate) fn build(
         )));
     };
     let offs = b.upload_const(&tab.offs)?;
-    let (bias, bias_kind) = match bias_f32(op) {
-        Some(x) => (b.upload_const(x)?, BiasKind::F32),
-        None => (0, BiasKind::None),
-    };
+    let mut up = [(0, BiasKind::None); 2];
+    for (slot, x) in up.iter_mut().zip(terms_f32(op)) {
+        if let Some(x) = x {
+            *slot = (b.upload_const(x)?, BiasKind::F32);
+        }
+    }
+    let [(bias, bias_kind), (mask, mask_kind)] = up;
     let a = &tab.dims;
     Ok(AttnLaunch {
         q,
@@ -241,6 +256,8 @@ pub(crate) fn build(
         v,
         bias,
         bias_kind,
+        mask,
+        mask_kind,
         o: y,
         offs,
         lead: a.lead.iter().product(),
@@ -250,6 +267,7 @@ pub(crate) fn build(
         dv: a.dv,
         ld: tab.ld,
         bias_ts: tab.bias_ts,
+        mask_ts: tab.mask_ts,
         scale: op.scale,
     })
 }
@@ -263,6 +281,13 @@ impl AttnLaunch {
                 self.d, self.dv
             )));
         }
+        // The tensor-core kernel for its feature sizes, the SIMT one above them.
+        let (kernel, threads) = match self.d.max(self.dv) {
+            0..=16 => (ATTENTION_WMMA_D16, 128),
+            17..=32 => (ATTENTION_WMMA_D32, 128),
+            33..=64 => (ATTENTION_WMMA_D64, 128),
+            _ => (ATTENTION_FWD, THREADS),
+        };
         let blocks = self.lead * self.t.div_ceil(ROWS);
         if blocks == 0 || self.s == 0 {
             return Ok(());
@@ -279,6 +304,7 @@ impl AttnLaunch {
             Arg::Ptr(self.k),
             Arg::Ptr(self.v),
             Arg::Ptr(self.bias),
+            Arg::Ptr(self.mask),
             Arg::Ptr(self.o),
             Arg::Ptr(self.offs),
             i(self.t)?,
@@ -289,22 +315,21 @@ impl AttnLaunch {
         for x in self.ld {
             args.push(i(x)?);
         }
-        args.push(Arg::I32(self.bias_kind as i32));
-        args.push(i(self.bias_ts[0])?);
-        args.push(i(self.bias_ts[1])?);
+        for (kind, ts) in [
+            (self.bias_kind, self.bias_ts),
+            (self.mask_kind, self.mask_ts),
+        ] {
+            args.push(Arg::I32(kind as i32));
+            args.push(i(ts[0])?);
+            args.push(i(ts[1])?);
+        }
         args.push(Arg::F32(self.scale));
-        gpu.launch(
-            s,
-            ATTENTION_FWD.name,
-            (blocks, 1, 1),
-            (THREADS, 0),
-            &mut args,
-        )
+        gpu.launch(s, kernel.name, (blocks, 1, 1), (threads, 0), &mut args)
     }
 }
 
-/// Runs `op` on host f32 q, k, v (converted to fp16; the bias uploaded as fp32 when `bias_f32`,
-/// else fp16) on `b`'s device and returns the f32 output: the kernel test's entry point.
+/// Runs `op` on host f32 q, k, v (converted to fp16; the bias and mask uploaded as fp32 when
+/// `bias_f32`, else fp16) on `b`'s device and returns the f32 output: the kernel test's entry point.
 pub fn attention_f16(
     b: &CudaBackend,
     op: &Attention,
@@ -329,11 +354,14 @@ pub fn attention_f16(
         DevBuf::upload(ctx, s, &h(k.0))?,
         DevBuf::upload(ctx, s, &h(v.0))?,
     );
-    let (bias, kind) = match &op.bias {
-        Some(t) if bias_f32 => (Some(DevBuf::upload(ctx, s, &t.data)?), BiasKind::F32),
-        Some(t) => (Some(DevBuf::upload(ctx, s, &h(&t.data))?), BiasKind::F16),
-        None => (None, BiasKind::None),
+    let term = |b: &Option<Tensor>| -> Result<(Option<DevBuf>, BiasKind)> {
+        Ok(match b {
+            Some(t) if bias_f32 => (Some(DevBuf::upload(ctx, s, &t.data)?), BiasKind::F32),
+            Some(t) => (Some(DevBuf::upload(ctx, s, &h(&t.data))?), BiasKind::F16),
+            None => (None, BiasKind::None),
+        })
     };
+    let ((bias, kind), (mask, mask_kind)) = (term(&op.bias)?, term(&op.mask)?);
     let offs = DevBuf::upload(ctx, s, &tab.offs)?;
     let a = &tab.dims;
     let n_out = a.lead.iter().product::<usize>() * a.t * a.dv;
@@ -344,6 +372,8 @@ pub fn attention_f16(
         v: dv.ptr,
         bias: bias.as_ref().map_or(0, |x| x.ptr),
         bias_kind: kind,
+        mask: mask.as_ref().map_or(0, |x| x.ptr),
+        mask_kind,
         o: out.ptr,
         offs: offs.ptr,
         lead: a.lead.iter().product(),
@@ -353,6 +383,7 @@ pub fn attention_f16(
         dv: a.dv,
         ld: tab.ld,
         bias_ts: tab.bias_ts,
+        mask_ts: tab.mask_ts,
         scale: op.scale,
     }
     .launch(&b.gpu, s)?;
@@ -367,7 +398,6 @@ pub fn attention_f16(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::graph::Tensor;
 
     fn d(s: &[usize]) -> Dims {
         Dims::new(s).unwrap()
@@ -378,23 +408,26 @@ mod tests {
         let op = Attention {
             scale: 1.0,
             bias: Some(Tensor::new(vec![1, 2, 1, 5], vec![0.0; 10])),
+            mask: Some(Tensor::new(vec![2, 1, 3, 5], vec![0.0; 30])),
         };
         // q [2, 2, 3, 4], k shared over heads [2, 1, 5, 4], v shared over batch [1, 2, 5, 6].
         let t = offsets(&op, &d(&[2, 2, 3, 4]), &d(&[2, 1, 5, 4]), &d(&[1, 2, 5, 6])).unwrap();
         assert_eq!(t.ld, [4, 4, 6, 6]);
         assert_eq!(t.bias_ts, [0, 1]);
+        assert_eq!(t.mask_ts, [5, 1]);
         #[rustfmt::skip]
         let want = vec![
-            0, 0, 0, 0, 0,
-            12, 0, 30, 5, 18,
-            24, 20, 0, 0, 36,
-            36, 20, 30, 5, 54,
+            0, 0, 0, 0, 0, 0,
+            12, 0, 30, 5, 0, 18,
+            24, 20, 0, 0, 15, 36,
+            36, 20, 30, 5, 15, 54,
         ];
         assert_eq!(t.offs, want);
         // Rank 5 with C = 1 is row-major; with C = 2 the features are 2 apart: refused.
         let plain = Attention {
             scale: 1.0,
             bias: None,
+            mask: None,
         };
         let x = d(&[1, 1, 2, 3, 4]);
         assert_eq!(node_table(&plain, &[x, x, x]).unwrap().ld, [4; 4]);

@@ -9,8 +9,8 @@ use super::eltwise::Elt;
 use super::math::{code, MathStep};
 use super::{Build, NodeIo, Step};
 use crate::backend::cuda::catalogue::{
-    Kernel, GEMM_WMMA, LAYERNORM_ROWS, LAYERNORM_STRIDED, ND_BINARY, ND_BINARY_CONST, ND_COPY,
-    SOFTMAX_ROWS, SOFTMAX_STRIDED,
+    Kernel, GEMM_WMMA, GEMM_WMMA_V8, LAYERNORM_ROWS, LAYERNORM_STRIDED, ND_BINARY, ND_BINARY_CONST,
+    ND_COPY, SOFTMAX_ROWS, SOFTMAX_STRIDED,
 };
 use crate::backend::cuda::launch::{Arg, Gpu};
 use crate::backend::cuda::plan::{Act, GemmParams, NdParams};
@@ -576,7 +576,12 @@ impl TensorStep {
                 }
             }
             TensorStep::Gemm { a, w, bias, y, p } => {
-                let gx = (p.m as u64).div_ceil(64);
+                let (kernel, bm, threads) = if p.vec8(*a, *w) {
+                    (GEMM_WMMA_V8, 128, 256)
+                } else {
+                    (GEMM_WMMA, 64, 128)
+                };
+                let gx = (p.m as u64).div_ceil(bm);
                 let gy = (p.n as u64).div_ceil(64);
                 if gx > i32::MAX as u64 || gy > 65535 {
                     return Err(Error::Backend(format!(
@@ -587,9 +592,9 @@ impl TensorStep {
                 let gz = p.nbatch.clamp(1, 65535) as u32;
                 gpu.launch(
                     s,
-                    GEMM_WMMA.name,
+                    kernel.name,
                     (gx as u32, gy as u32, gz),
-                    (128, 0),
+                    (threads, 0),
                     &mut [
                         Arg::Ptr(*a),
                         Arg::Ptr(*w),
@@ -653,6 +658,19 @@ mod tests {
         .unwrap();
         assert_eq!((p.m, p.nb, p.nbatch), (4, 2, 6));
         assert_eq!((p.bd[0], p.bd[1], p.bbs[0], p.bbs[1]), (2, 3, 0, 30));
+        // The vector path: batch strides 90 (b) and 60 (a) are not multiples of 8.
+        assert!(!p.vec8(0, 0));
+        let p = gemm_params(
+            (&[2, 3, 4, 8], &[96, 32, 8, 1]),
+            (&[1, 3, 8, 16], &[384, 128, 16, 1]),
+            (&[2, 3, 4, 16], &[192, 64, 16, 1]),
+        )
+        .unwrap();
+        assert!(p.vec8(256, 4096));
+        assert!(!p.vec8(256 + 2, 4096), "an unaligned base");
+        // a read along K with stride 8 (a transposed view) takes the general kernel.
+        let p = gemm_params((&[8, 8], &[1, 8]), (&[8, 8], &[8, 1]), (&[8, 8], &[8, 1])).unwrap();
+        assert!(!p.vec8(0, 0));
     }
 
     #[test]
