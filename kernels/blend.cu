@@ -85,14 +85,14 @@ extern "C" __global__ void finalize_planes_v4(float* __restrict__ acc, float* __
     for (int q = blockIdx.x * blockDim.x + threadIdx.x; q < HW4; q += gridDim.x * blockDim.x) {
         const float4 ws = ws4[q];
         if (argmax) {
+            // Every load before any zeroing store: no store between them, so the unrolled loads
+            // are all in flight at once (a store to `a` could alias the next load).
             float4 best = a[q];
-            a[q] = zero;
             int bx = 0, by = 0, bz = 0, bw = 0;
             bool nx = isnan(best.x), ny = isnan(best.y), nz = isnan(best.z), nw = isnan(best.w);
 #pragma unroll 4
             for (int c = 1; c < C; c++) {
                 const float4 v = a[(i64)c * HW4 + q];
-                a[(i64)c * HW4 + q] = zero;
                 nx |= isnan(v.x); ny |= isnan(v.y); nz |= isnan(v.z); nw |= isnan(v.w);
                 if (v.x > best.x) { best.x = v.x; bx = c; }
                 if (v.y > best.y) { best.y = v.y; by = c; }
@@ -106,6 +106,8 @@ extern "C" __global__ void finalize_planes_v4(float* __restrict__ acc, float* __
             l.z = nz ? NAN_LABEL : ws.z > 0.f ? (unsigned short)bz : (unsigned short)0;
             l.w = nw ? NAN_LABEL : ws.w > 0.f ? (unsigned short)bw : (unsigned short)0;
             reinterpret_cast<ushort4*>(labels)[(i64)i * HW4 + q] = l;
+#pragma unroll 4
+            for (int c = 0; c < C; c++) a[(i64)c * HW4 + q] = zero;
         } else {
             float4* o = reinterpret_cast<float4*>(out);
 #pragma unroll 4

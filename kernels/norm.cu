@@ -18,6 +18,20 @@ __device__ __forceinline__ void norm_block_partial(const float* sh, int rows, in
     }
 }
 
+// Adds the 8 halves of `u`, each shifted by its channel's shf, to the sums s and the squares q.
+__device__ __forceinline__ void sums8(uint4 u, const float (&shf)[8], float (&s)[8], float (&q)[8]) {
+    const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float2 f = __half22float2(h[k]);
+        float a = f.x - shf[2 * k], b = f.y - shf[2 * k + 1];
+        s[2 * k] += a;
+        q[2 * k] += a * a;
+        s[2 * k + 1] += b;
+        q[2 * k + 1] += b * b;
+    }
+}
+
 // C % 8 == 0, C <= 2048: thread (r, cv) sums channels cv*8..+8 over pixels p0+r, p0+r+rows, ...
 // with 16-byte loads. grid (blocks per sample, N), block 256, dynamic smem rows*C*2 floats.
 // part: [N][gridDim.x][C][2] fp32.
@@ -43,16 +57,7 @@ extern "C" __global__ void norm_partial_v8(const half* __restrict__ x, i64 P, in
 #pragma unroll 4
         for (i64 p = p0 + r; p < p1; p += rows) {
             uint4 u = __ldg(reinterpret_cast<const uint4*>(xn + p * C + cv * 8));
-            const __half2* h = reinterpret_cast<const __half2*>(&u);
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float2 f = __half22float2(h[k]);
-                float a = f.x - shf[2 * k], b = f.y - shf[2 * k + 1];
-                s[2 * k] += a;
-                q[2 * k] += a * a;
-                s[2 * k + 1] += b;
-                q[2 * k + 1] += b * b;
-            }
+            sums8(u, shf, s, q);
         }
 #pragma unroll
         for (int k = 0; k < 8; k++) {
@@ -92,6 +97,71 @@ extern "C" __global__ void norm_partial(const half* __restrict__ x, i64 P, int C
     }
     __syncthreads();
     norm_block_partial(sh, rows, C, part + ((i64)n * gridDim.x + blockIdx.x) * C * 2);
+}
+
+// Vectors of 8 halves over channel counts that are not multiples of 8 (P * C % 8 == 0): a sample is
+// a flat run of 16-byte vectors, vector v holding channels (8v + k) % C, which repeat every
+// `period` = C / gcd(C, 8) vectors. So thread t of a block whose first vector is a multiple of
+// period (chunkv is) and whose vector stride T is one too sees the same 8 channels at every step.
+__device__ __forceinline__ int flat8_period(int C) {
+    int g = 8;
+    while (C % g) g >>= 1;
+    return C / g;
+}
+
+// Partial sums for C % 8 != 0 (flat vectors, see flat8_period): block b sums vectors
+// [b * chunkv, (b + 1) * chunkv) with its first T = (blockDim / period) * period threads, then
+// channel c adds its (thread, lane) slots in a fixed order. smem T * 8 * 2 floats. Same partial
+// layout as the other partial kernels.
+extern "C" __global__ void norm_partial_flat8(const half* __restrict__ x, i64 P, int C, int groups, i64 chunkv,
+                                              float* __restrict__ part) {
+    extern __shared__ float sh[];
+    const int n = blockIdx.y, tid = threadIdx.x;
+    const int period = flat8_period(C);
+    const int T = ((int)blockDim.x / period) * period;
+    const int cpg = C / groups;
+    const half* xn = x + (i64)n * P * C;
+    const i64 nv = P * C / 8;
+    const i64 v0 = (i64)blockIdx.x * chunkv;
+    const i64 v1 = min(v0 + chunkv, nv);
+    if (tid < T) {
+        float shf[8], s[8], q[8];
+        const int c0 = (8 * tid) % C;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            int c = (c0 + k) % C;
+            shf[k] = __half2float(xn[(c / cpg) * cpg]);
+            s[k] = q[k] = 0.f;
+        }
+        const uint4* xv = reinterpret_cast<const uint4*>(xn);
+#pragma unroll 4
+        for (i64 v = v0 + tid; v < v1; v += T) {
+            uint4 u = __ldg(xv + v);
+            sums8(u, shf, s, q);
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            sh[(tid * 8 + k) * 2] = s[k];
+            sh[(tid * 8 + k) * 2 + 1] = q[k];
+        }
+    }
+    __syncthreads();
+    float* pb = part + ((i64)n * gridDim.x + blockIdx.x) * C * 2;
+    for (int c = tid; c < C; c += blockDim.x) {
+        float s = 0.f, q = 0.f;
+        for (int ph = 0; ph < period; ph++) {
+            const int c0 = (8 * ph) % C;
+            for (int k = 0; k < 8; k++) {
+                if ((c0 + k) % C != c) continue;
+                for (int t = ph; t < T; t += period) {
+                    s += sh[(t * 8 + k) * 2];
+                    q += sh[(t * 8 + k) * 2 + 1];
+                }
+            }
+        }
+        pb[c * 2] = s;
+        pb[c * 2 + 1] = q;
+    }
 }
 
 // One warp per (n, c): lane l adds blocks l, l+32, ... of the channel's group (fp64), then a
@@ -166,6 +236,36 @@ extern "C" __global__ void affine_act_v8(const half* __restrict__ x, half* __res
             float2 q0 = abn[c0 + 2 * k], q1 = abn[c0 + 2 * k + 1];
             float a = act_apply(f.x * q0.x + q0.y, c0 + 2 * k, act, alpha, slope, slope_n);
             float b = act_apply(f.y * q1.x + q1.y, c0 + 2 * k + 1, act, alpha, slope, slope_n);
+            h[k] = __floats2half2_rn(a, b);
+        }
+        yv[e] = u;
+    }
+}
+
+// affine_act for C % 8 != 0 with P * C % 8 == 0 (flat vectors, see flat8_period): sample n =
+// blockIdx.y; the channel of a vector's first half is (8v) % C, the next ones follow with wrap.
+extern "C" __global__ void affine_act_flat8(const half* __restrict__ x, half* __restrict__ y, i64 P, int C,
+                                            const float* __restrict__ ab, int ab_nstride, int act, float alpha,
+                                            const float* __restrict__ slope, int slope_n) {
+    const int n = blockIdx.y;
+    const i64 nv = P * C / 8;
+    const uint4* xv = reinterpret_cast<const uint4*>(x + (i64)n * P * C);
+    uint4* yv = reinterpret_cast<uint4*>(y + (i64)n * P * C);
+    const float2* abn = reinterpret_cast<const float2*>(ab) + (i64)n * ab_nstride;
+    for (i64 e = blockIdx.x * (i64)blockDim.x + threadIdx.x; e < nv; e += (i64)gridDim.x * blockDim.x) {
+        int c = (int)((e * 8) % C);
+        uint4 u = xv[e];
+        __half2* h = reinterpret_cast<__half2*>(&u);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float2 f = __half22float2(h[k]);
+            const int ca = c;
+            c = c + 1 == C ? 0 : c + 1;
+            const int cb = c;
+            c = c + 1 == C ? 0 : c + 1;
+            float2 q0 = abn[ca], q1 = abn[cb];
+            float a = act_apply(f.x * q0.x + q0.y, ca, act, alpha, slope, slope_n);
+            float b = act_apply(f.y * q1.x + q1.y, cb, act, alpha, slope, slope_n);
             h[k] = __floats2half2_rn(a, b);
         }
         yv[e] = u;

@@ -130,6 +130,9 @@ pub struct Engine {
     budget: (u64, String),
     /// Plan warnings already said: each once per engine, not once per volume or TTA pass.
     warned: std::collections::HashSet<String>,
+    /// The last pass's blend weights and what they were made for (a 128³ map costs ~20 ms:
+    /// not paid again per volume or TTA pass with the same settings).
+    pass_weights: Option<(run::WeightsKey, std::sync::Arc<ndarray::Array3<f32>>)>,
 }
 
 /// Refuse a device list that mixes the CPU and CUDA (one volume's parts must run the same
@@ -225,6 +228,7 @@ impl Engine {
             device_name,
             budget,
             warned: Default::default(),
+            pass_weights: None,
         })
     }
 

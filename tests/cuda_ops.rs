@@ -677,7 +677,8 @@ fn conv_transpose_variants() {
     ] {
         convt_case(&mut b, &mut r, c);
     }
-    // Parity-class path: other kernels, strides 1 and 3, anisotropic strides, odd Cout.
+    // Parity-class path: other kernels, strides 1 and 3, anisotropic strides, odd Cout; each
+    // fused (one launch over the classes' union of taps when out % stride == 0) and per class.
     for (name, ci, co, sp, k, st, pads, opad) in [
         (
             "convT k4 s2 p1 24->12 (parity)",
@@ -720,6 +721,16 @@ fn conv_transpose_variants() {
             [1; 3],
         ),
         (
+            "convT k3 s2 p1 opad0 (odd output: per class)",
+            16,
+            14,
+            [4, 5, 3],
+            [3; 3],
+            [2; 3],
+            [1; 6],
+            [0; 3],
+        ),
+        (
             "convT k1 s2 (no-tap classes: gather kernel)",
             8,
             8,
@@ -730,16 +741,38 @@ fn conv_transpose_variants() {
             [1; 3],
         ),
     ] {
-        convt_case(
-            &mut b,
-            &mut r,
-            ConvCase::new(name, ci, co, sp, 1)
-                .k(k)
-                .st(st)
-                .pads(pads)
-                .opad(opad),
-        );
+        for fused in [true, false] {
+            b.with(|o| o.fused_parity = fused);
+            let tag = if fused { "fused" } else { "classes" };
+            convt_case(
+                &mut b,
+                &mut r,
+                ConvCase::new(&format!("{name} {tag}"), ci, co, sp, 1)
+                    .k(k)
+                    .st(st)
+                    .pads(pads)
+                    .opad(opad),
+            );
+            // Launches: one when fused, one per parity class otherwise (k1 s2: gather kernel).
+            let out: Vec<usize> = (0..3)
+                .map(|a| (sp[a] - 1) * st[a] + k[a] + opad[a] - pads[a] - pads[a + 3])
+                .collect();
+            let fusable = (0..3).all(|a| out[a].is_multiple_of(st[a]));
+            let want = if k == [1; 3] || (fused && fusable) {
+                1
+            } else {
+                st.iter().product::<usize>()
+            };
+            let prof = b.profile_forward(2, 1).expect("profile");
+            let launches: usize = prof
+                .iter()
+                .filter(|(l, _, _)| l.contains('['))
+                .map(|(_, _, n)| n)
+                .sum();
+            assert_eq!(launches, want, "{name} {tag}: ran {prof:?}");
+        }
     }
+    b.with(|o| o.fused_parity = true);
     convt_case(
         &mut b,
         &mut r,
@@ -778,11 +811,36 @@ fn norms_and_affine() {
                 slope: Tensor::new(vec![32], (0..32).map(|i| 0.01 * i as f32).collect()),
             }),
         ),
+        // C % 8 != 0 with P * C % 8 == 0: flat 16-byte vectors (periods 7, 3, 5, 75).
+        (
+            "instancenorm C=14 (flat vectors, many blocks) +prelu per channel",
+            14,
+            14,
+            Some(Op::PRelu {
+                slope: Tensor::new(vec![14], (0..14).map(|i| 0.02 * i as f32).collect()),
+            }),
+        ),
+        ("groupnorm C=6 g=2 (flat vectors)", 6, 6 / 3, None),
+        (
+            "instancenorm C=5 (flat vectors) +leaky",
+            5,
+            5,
+            Some(Op::LeakyRelu { alpha: 0.01 }),
+        ),
+        (
+            "instancenorm C=14 (P * C % 8 != 0: element kernels)",
+            14,
+            14,
+            None,
+        ),
     ] {
-        let sp = if c == 32 && groups == 32 {
-            [40, 36, 33]
-        } else {
-            [9, 10, 11]
+        // P * C % 8 == 0 for the flat cases (the C = 14 one spans many blocks); 990 voxels
+        // for the rest (C = 300: flat vectors of period 75, C = 14: the element kernels).
+        let sp = match (c, name.contains("flat")) {
+            (32, false) if groups == 32 => [40, 36, 33],
+            (14, true) => [40, 36, 32],
+            (_, true) => [8, 10, 12],
+            _ => [9, 10, 11],
         };
         let n = sp.iter().product::<usize>();
         // Offset mean (3) so cancellation in the variance would show.
@@ -1399,7 +1457,7 @@ fn sliding_window_blend_and_argmax() {
             rel_l2(&got5, &want),
         );
         println!("times {times:?}");
-        let (labels, _) = b
+        let (labels, _, _) = b
             .segment_windows_argmax(&WindowJob {
                 vol: vol.view(),
                 padded,

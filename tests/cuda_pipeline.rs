@@ -373,7 +373,7 @@ fn pipeline_matches_f64_reference() {
             .expect("segment_windows");
         assert_eq!(got.dim(), (cout, size[0], size[1], size[2]));
         let e = rel_l2(got.as_slice().unwrap(), &want);
-        let (labels, t2) = b
+        let (labels, nan, t2) = b
             .segment_windows_argmax(&WindowJob {
                 vol: vol.view(),
                 padded,
@@ -385,6 +385,9 @@ fn pipeline_matches_f64_reference() {
                 cval,
             })
             .expect("segment_windows_argmax");
+        // Finite outputs: no plane has a NaN mark, and every plane has its count.
+        assert_eq!(nan.len(), size[0]);
+        assert!(nan.iter().all(|&n| n == 0), "{nan:?}");
         let vox = size.iter().product::<usize>();
         let lref = argmax_ref(&want, cout, vox);
         let eq = labels
@@ -492,7 +495,7 @@ fn device_gather_is_bitwise_the_host_gather() {
                     cval,
                 })
                 .unwrap();
-            let (lb, t2) = b
+            let (lb, _, t2) = b
                 .segment_windows_argmax(&WindowJob {
                     vol: view,
                     padded,
@@ -556,7 +559,7 @@ fn device_peak_is_independent_of_depth() {
         let size = [dd, 96, 80];
         let vol = Array4::from_shape_vec((1, dd, 96, 80), r.scaled(dd * 96 * 80, 1.0)).unwrap();
         let (padded, before, starts) = grid(size, roi, [0.5; 3]);
-        let (labels, t) = b
+        let (labels, _, t) = b
             .segment_windows_argmax(&WindowJob {
                 vol: vol.view(),
                 padded,
@@ -722,7 +725,7 @@ fn stage_overlap_report() {
                 cval: 0.0,
             })
             .unwrap()
-            .1
+            .2
         } else {
             b.segment_windows(&WindowJob {
                 vol: vol.view(),

@@ -8,6 +8,7 @@ use crate::backend::{LabelRule, Pass};
 use crate::tiling::{self, Grid};
 use crate::{Error, Result};
 use ndarray::{Array3, Array4, ArrayView4};
+use std::sync::Arc;
 use std::time::Instant;
 
 impl Engine {
@@ -115,17 +116,8 @@ impl Engine {
         let o = &self.options;
         let shape = report.input_shape;
         let grid = Grid::new(shape, roi, o.overlap, o.placement)?;
-        let mut weights = tiling::pass_weights(roi, o.blend, o.sigma_scale, o.placement);
-        for (a, &m) in o.mirrored.iter().enumerate() {
-            let net_axis = match o.axis_order {
-                AxisOrder::Xyz => a,
-                AxisOrder::Zyx => 2 - a,
-            };
-            if m {
-                weights.invert_axis(ndarray::Axis(net_axis));
-            }
-        }
-        let weights = weights.as_standard_layout().into_owned();
+        let weights = self.pass_weights(roi);
+        let o = &self.options;
         let split = split::split(&grid, self.workers.len());
         let mut inject_oom = o.inject_oom.filter(|_| !self.is_cuda());
         let cancel = o.cancel.clone();
@@ -185,6 +177,38 @@ impl Engine {
         }
     }
 
+    /// The blend weights of a pass at `roi` (mirrored as the pass is), from the cache when the
+    /// settings they depend on are those of the last pass.
+    fn pass_weights(&mut self, roi: [usize; 3]) -> Arc<Array3<f32>> {
+        let o = &self.options;
+        let key = WeightsKey {
+            roi,
+            blend: o.blend,
+            sigma_scale: o.sigma_scale,
+            placement: o.placement,
+            mirrored: o.mirrored,
+            axis_order: o.axis_order,
+        };
+        if let Some((k, w)) = &self.pass_weights {
+            if *k == key {
+                return w.clone();
+            }
+        }
+        let mut weights = tiling::pass_weights(roi, o.blend, o.sigma_scale, o.placement);
+        for (a, &m) in o.mirrored.iter().enumerate() {
+            let net_axis = match o.axis_order {
+                AxisOrder::Xyz => a,
+                AxisOrder::Zyx => 2 - a,
+            };
+            if m {
+                weights.invert_axis(ndarray::Axis(net_axis));
+            }
+        }
+        let w = Arc::new(weights.as_standard_layout().into_owned());
+        self.pass_weights = Some((key, w.clone()));
+        w
+    }
+
     /// Each device's share of a split volume, for the report.
     fn part_reports(
         &self,
@@ -209,6 +233,17 @@ impl Engine {
             })
             .collect()
     }
+}
+
+/// What a pass's blend weights depend on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct WeightsKey {
+    roi: [usize; 3],
+    blend: tiling::BlendMode,
+    sigma_scale: [f64; 3],
+    placement: tiling::Placement,
+    mirrored: [bool; 3],
+    axis_order: AxisOrder,
 }
 
 /// Stage times of one attempt, added to the report's: the slowest device (the parts run at

@@ -8,7 +8,7 @@ use crate::backend::{Backend, MemoryModel, Pass, PassOutput, StageTimes};
 use crate::model::Graph;
 use crate::tiling::{self, PadMode};
 use crate::{Error, Result};
-use ndarray::{s, Array3, Array5, ArrayView5, Axis, Slice};
+use ndarray::{Array3, Array5, ArrayView5, Axis, Slice};
 use std::ops::Range;
 use std::time::Instant;
 
@@ -57,16 +57,19 @@ impl Backend for CudaBackend {
             batch: pass.batch,
             cval,
         };
-        let (mut labels, logits, times) = if !rule.keep_logits && rule.cout > 1 {
-            let (labels, times) = self.segment_windows_argmax(&job)?;
-            (labels, None, times)
+        let (mut labels, nan_planes, logits, times) = if !rule.keep_logits && rule.cout > 1 {
+            let (labels, nan, times) = self.segment_windows_argmax(&job)?;
+            (labels, Some(nan), None, times)
         } else {
             let (out, times) = self.segment_windows(&job)?;
-            (rule.labels(out.view()), Some(out), times)
+            (rule.labels(out.view()), None, Some(out), times)
         };
-        let nan_voxels = match &logits {
-            Some(o) => tiling::nan_voxels(o.slice_axis(Axis(1), Slice::from(pass.own.clone()))),
-            None => take_nan_labels(&mut labels, pass.own.clone()),
+        let nan_voxels = match (&logits, nan_planes) {
+            (Some(o), _) => {
+                tiling::nan_voxels(o.slice_axis(Axis(1), Slice::from(pass.own.clone())))
+            }
+            (None, Some(nan)) => take_nan_labels(&mut labels, &nan, pass.own.clone()),
+            (None, None) => 0,
         };
         progress(grid.len(), grid.len());
         Ok(PassOutput {
@@ -85,16 +88,11 @@ impl Backend for CudaBackend {
 }
 
 /// The device argmax marks a voxel whose blended outputs hold a NaN with label 0xFFFF (no model
-/// has that many channels): count those of planes `own` and write them all as 0, as the CPU's
-/// argmax does.
-fn take_nan_labels(labels: &mut Array3<u16>, own: Range<usize>) -> usize {
-    let n = labels
-        .slice(s![own, .., ..])
-        .iter()
-        .filter(|&&l| l == u16::MAX)
-        .count();
-    if n > 0 {
+/// has that many channels; `nan` counts them per plane): the count over planes `own`, and every
+/// mark written as 0, as the CPU's argmax does.
+fn take_nan_labels(labels: &mut Array3<u16>, nan: &[usize], own: Range<usize>) -> usize {
+    if nan.iter().any(|&n| n > 0) {
         labels.mapv_inplace(|l| if l == u16::MAX { 0 } else { l });
     }
-    n
+    nan.get(own).map_or(0, |p| p.iter().sum())
 }

@@ -110,6 +110,8 @@ pub const NORM_PARTIAL: Kernel = k(Family::Norm, "norm_partial");
 pub const NORM_FINALIZE: Kernel = k(Family::Norm, "norm_finalize");
 pub const AFFINE_ACT: Kernel = k(Family::Norm, "affine_act");
 pub const AFFINE_ACT_V8: Kernel = k(Family::Norm, "affine_act_v8");
+pub const NORM_PARTIAL_FLAT8: Kernel = k(Family::Norm, "norm_partial_flat8");
+pub const AFFINE_ACT_FLAT8: Kernel = k(Family::Norm, "affine_act_flat8");
 pub const ACT_KERNEL: Kernel = k(Family::Eltwise, "act_kernel");
 pub const BINARY_KERNEL: Kernel = k(Family::Eltwise, "binary_kernel");
 pub const BINARY_CONST_KERNEL: Kernel = k(Family::Eltwise, "binary_const_kernel");
@@ -180,6 +182,8 @@ pub const KERNELS: &[Kernel] = &[
     NORM_FINALIZE,
     AFFINE_ACT,
     AFFINE_ACT_V8,
+    NORM_PARTIAL_FLAT8,
+    AFFINE_ACT_FLAT8,
     ACT_KERNEL,
     BINARY_KERNEL,
     BINARY_CONST_KERNEL,

@@ -8,7 +8,7 @@ use super::catalogue::{
 };
 use super::options::CudaOptions;
 use super::plan::Shape;
-use super::relayout::{parity_split, ParityClass};
+use super::relayout::{parity_split, FusedParity, ParityClass};
 use super::select::{gather_width, pick_halo, pick_mma, MMA_N_PAD};
 
 /// Device properties and backend switches the launch list depends on.
@@ -29,6 +29,9 @@ pub struct ArchCaps {
     /// kernel == stride transposed convs with Cin, Cout % 8 == 0 on `convt_up_*` (16-byte
     /// staged epilogue) instead of the `conv_mma_*` scatter epilogue.
     pub conv_up_vec: bool,
+    /// Strided transposed convs whose parity classes share one grid as one fused launch
+    /// ([`FusedParity`]) rather than one launch per class.
+    pub parity_fused: bool,
     /// A forced `conv_mma_*` tile (tests, benchmarks).
     pub conv_tile: Option<&'static MmaConfig>,
     /// A forced `conv_halo_*` kernel (benchmarks).
@@ -46,6 +49,7 @@ impl ArchCaps {
             conv_halo: true,
             conv_c1: true,
             conv_up_vec: true,
+            parity_fused: true,
             conv_tile: None,
             halo_tile: None,
         }
@@ -65,6 +69,7 @@ impl ArchCaps {
             conv_halo: opts.halo_conv,
             conv_c1: opts.c1_conv,
             conv_up_vec: opts.upsample_vec,
+            parity_fused: opts.fused_parity,
             conv_tile: opts.conv_tile,
             halo_tile: opts.halo_tile,
             ..base
@@ -99,6 +104,9 @@ impl ArchCaps {
 pub enum ConvKernel {
     /// A strided transposed conv as one dense mma GEMM per output parity class.
     Parity(Vec<(ParityClass, &'static MmaConfig)>),
+    /// The same classes as one mma GEMM over the union of their taps (one column block per
+    /// class, the scatter epilogue writes each class's outputs).
+    ParityFused(FusedParity, &'static MmaConfig),
     /// 1x1x1 conv with few outputs, one thread per voxel (`CONV1X1_N16` / `_n32`).
     Pointwise {
         nc: usize,
@@ -138,6 +146,7 @@ impl ConvKernel {
     pub fn funcs(&self) -> Vec<&'static str> {
         match self {
             ConvKernel::Parity(cl) => cl.iter().map(|(_, c)| c.name).collect(),
+            ConvKernel::ParityFused(_, c) => vec![c.name],
             ConvKernel::Pointwise { nc: 16 } => vec![CONV1X1_N16.name],
             ConvKernel::Pointwise { .. } => vec![CONV1X1_N32.name],
             ConvKernel::Halo(c) => vec![c.name],
@@ -153,6 +162,7 @@ impl std::fmt::Debug for ConvKernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match self {
             ConvKernel::Parity(_) => "Parity",
+            ConvKernel::ParityFused(..) => "ParityFused",
             ConvKernel::Pointwise { .. } => "Pointwise",
             ConvKernel::Halo(_) => "Halo",
             ConvKernel::Upsample(_) => "Upsample",
@@ -169,6 +179,7 @@ impl PartialEq for ConvKernel {
     fn eq(&self, o: &Self) -> bool {
         let classes = |k: &ConvKernel| match k {
             ConvKernel::Parity(c) => c.iter().map(|(cl, _)| cl.clone()).collect(),
+            ConvKernel::ParityFused(f, _) => f.classes.clone(),
             _ => Vec::new(),
         };
         std::mem::discriminant(self) == std::mem::discriminant(o)
@@ -202,6 +213,14 @@ impl ConvKernel {
         if caps.conv_mma && !direct && g.transposed && !g.upsample && g.dil == [1; 3] {
             if let Some(classes) = parity_split(g.k, g.stride, g.pads, osp) {
                 let rows_of = |cl: &ParityClass| batch * cl.grid.iter().product::<usize>();
+                let fused = FusedParity::of(&classes, g.stride, osp).filter(|f| {
+                    caps.parity_fused && batch * f.grid.iter().product::<usize>() < 1 << 31
+                });
+                if let Some(f) = fused {
+                    let rows = batch * f.grid.iter().product::<usize>();
+                    let t = caps.mma_tile(rows, f.classes.len() * cout, vw);
+                    return ConvKernel::ParityFused(f, t);
+                }
                 if !classes.is_empty() && classes.iter().all(|cl| rows_of(cl) < 1 << 31) {
                     return ConvKernel::Parity(
                         classes
@@ -285,6 +304,9 @@ impl ConvKernel {
                 let taps = wshape[2] * wshape[3] * wshape[4];
                 (taps * cout).div_ceil(MMA_N_PAD) * MMA_N_PAD
             }
+            ConvKernel::ParityFused(f, _) => {
+                (f.classes.len() * cout).div_ceil(MMA_N_PAD) * MMA_N_PAD
+            }
             _ => cout.div_ceil(MMA_N_PAD) * MMA_N_PAD,
         }
     }
@@ -302,6 +324,9 @@ impl ConvKernel {
                 })
                 .collect(),
             ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) => vec![rows * kpad(wshape[0])],
+            ConvKernel::ParityFused(f, _) => {
+                vec![rows * kpad(f.k.iter().product::<usize>() * wshape[0])]
+            }
             _ => {
                 let cin_g = if transposed {
                     wshape[0] / groups.max(1)
@@ -319,7 +344,8 @@ mod tests {
     use super::*;
     use crate::backend::cuda::catalogue::*;
     use crate::backend::cuda::relayout::{
-        relayout_parity_weight, relayout_upsampling_weight, relayout_weight,
+        relayout_fused_parity_weight, relayout_parity_weight, relayout_upsampling_weight,
+        relayout_weight,
     };
 
     fn geom(xs: Shape, os: Shape, k: usize, s: usize, groups: usize, t: bool) -> ConvGeom {
@@ -439,8 +465,24 @@ mod tests {
                 vec![72, 1, 3, 3, 3],
                 "Mma",
             ),
+            // k3 s2: an even output fuses the 8 classes, an odd one (or the switch off) not.
             (
                 h200,
+                geom([40, 4, 4, 4], [20, 8, 8, 8], 3, 2, 1, true),
+                vec![40, 20, 3, 3, 3],
+                "ParityFused",
+            ),
+            (
+                h200,
+                geom([40, 4, 4, 4], [20, 7, 7, 7], 3, 2, 1, true),
+                vec![40, 20, 3, 3, 3],
+                "Parity",
+            ),
+            (
+                ArchCaps {
+                    parity_fused: false,
+                    ..h200
+                },
                 geom([40, 4, 4, 4], [20, 8, 8, 8], 3, 2, 1, true),
                 vec![40, 20, 3, 3, 3],
                 "Parity",
@@ -475,6 +517,10 @@ mod tests {
                     .collect(),
                 ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) => {
                     vec![relayout_upsampling_weight(&data, &ws, rows).0.len()]
+                }
+                ConvKernel::ParityFused(f, _) => {
+                    assert_eq!((f.k, f.grid, f.classes.len()), ([2; 3], [4; 3], 8));
+                    vec![relayout_fused_parity_weight(&data, &ws, f, rows).0.len()]
                 }
                 _ => vec![relayout_weight(&data, &ws, g.groups, g.transposed, rows)
                     .0

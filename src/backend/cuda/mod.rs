@@ -233,15 +233,21 @@ impl CudaBackend {
     pub fn segment_windows(&mut self, job: &WindowJob) -> Result<(Array4<f32>, GpuTimes)> {
         match self.windows(job, false)? {
             (pipeline::Out::Logits(a), t) => Ok((a, t)),
-            (pipeline::Out::Labels(_), _) => Err(Error::Backend("pipeline returned labels".into())),
+            (pipeline::Out::Labels(..), _) => {
+                Err(Error::Backend("pipeline returned labels".into()))
+            }
         }
     }
 
     /// As [`Self::segment_windows`], but the argmax over channels is taken on the device and only
-    /// labels `(D, H, W)` come back (first maximum wins; up to 65536 classes).
-    pub fn segment_windows_argmax(&mut self, job: &WindowJob) -> Result<(Array3<u16>, GpuTimes)> {
+    /// labels `(D, H, W)` come back (first maximum wins; up to 65535 classes), with per plane
+    /// the voxels labelled `0xFFFF` because their blended outputs hold a NaN.
+    pub fn segment_windows_argmax(
+        &mut self,
+        job: &WindowJob,
+    ) -> Result<(Array3<u16>, Vec<usize>, GpuTimes)> {
         match self.windows(job, true)? {
-            (pipeline::Out::Labels(a), t) => Ok((a, t)),
+            (pipeline::Out::Labels(a, nan), t) => Ok((a, nan, t)),
             (pipeline::Out::Logits(_), _) => Err(Error::Backend("pipeline returned logits".into())),
         }
     }

@@ -20,6 +20,9 @@ pub struct CudaOptions {
     /// Run kernel == stride transposed convs with Cin, Cout % 8 == 0 on `convt_up_*` (16-byte
     /// staged epilogue) rather than the `conv_mma_*` scatter epilogue.
     pub upsample_vec: bool,
+    /// Run a strided transposed conv whose parity classes share one grid as one launch over
+    /// the union of their taps, rather than one launch per class.
+    pub fused_parity: bool,
     /// Force this halo kernel for the halo convs whose Cin it accepts and tile width it matches
     /// (any Cout); None: the defaults.
     pub halo_tile: Option<&'static HaloConfig>,
@@ -38,6 +41,7 @@ impl Default for CudaOptions {
             halo_conv: true,
             c1_conv: true,
             upsample_vec: true,
+            fused_parity: true,
             halo_tile: None,
             conv_tile: None,
             gather_mode: GatherMode::Auto,

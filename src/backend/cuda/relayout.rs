@@ -123,6 +123,101 @@ pub fn parity_split(
     Some(classes)
 }
 
+/// The parity classes of a transposed conv run as ONE dense conv over the input (one launch
+/// instead of stride^3 thin ones): per axis the union of the classes' input windows (`k` taps
+/// from begin pad `pad`), one Cout-wide GEMM column block per class in the scatter epilogue's
+/// tap order (class (rz * s_y + ry) * s_x + rx), zero weights where a class reads no tap.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FusedParity {
+    pub k: [usize; 3],
+    pub pad: [i32; 3],
+    /// Input cells per axis (out / stride): each GEMM row writes the stride^3 outputs of one.
+    pub grid: [usize; 3],
+    pub classes: Vec<ParityClass>,
+}
+
+impl FusedParity {
+    /// `classes` (from [`parity_split`]) fused, when every residue has outputs and the same
+    /// grid (out divisible by the stride on every axis); else None (one launch per class).
+    pub fn of(classes: &[ParityClass], stride: [usize; 3], out: [usize; 3]) -> Option<Self> {
+        if (0..3).any(|a| stride[a] == 0 || !out[a].is_multiple_of(stride[a]) || out[a] == 0) {
+            return None;
+        }
+        let mut expect = Vec::new();
+        for rz in 0..stride[0] {
+            for ry in 0..stride[1] {
+                for rx in 0..stride[2] {
+                    expect.push([rz, ry, rx]);
+                }
+            }
+        }
+        if classes.iter().map(|c| c.r).ne(expect) {
+            return None;
+        }
+        let (mut k, mut pad) = ([0; 3], [0; 3]);
+        for a in 0..3 {
+            // Class c reads input j - pad_c + t, t < taps: offsets [-pad_c, taps - 1 - pad_c].
+            let lo = classes.iter().map(|c| -c.pad[a]).min()?;
+            let hi = classes
+                .iter()
+                .map(|c| c.taps[a].len() as i32 - 1 - c.pad[a])
+                .max()?;
+            k[a] = (hi - lo + 1) as usize;
+            pad[a] = -lo;
+        }
+        let grid = [out[0] / stride[0], out[1] / stride[1], out[2] / stride[2]];
+        Some(FusedParity {
+            k,
+            pad,
+            grid,
+            classes: classes.to_vec(),
+        })
+    }
+
+    /// The original kernel index that union tap `u` of axis `a` is for class `cl`, if any.
+    pub fn tap(&self, cl: &ParityClass, a: usize, u: usize) -> Option<usize> {
+        let t = u as i32 - self.pad[a] + cl.pad[a];
+        usize::try_from(t)
+            .ok()
+            .and_then(|t| cl.taps[a].get(t).copied())
+    }
+}
+
+/// Weight of the fused parity conv as the GEMM's B matrix `[rows_pad][kpad]`: row
+/// class * Cout + co, K = (uz, uy, ux, ci), from the transposed weight `[Cin][Cout][kd][kh][kw]`
+/// (groups 1). Returns (data, kpad).
+pub fn relayout_fused_parity_weight(
+    w: &[f32],
+    shape: &[usize],
+    f: &FusedParity,
+    rows_pad: usize,
+) -> (Vec<half::f16>, usize) {
+    let (cin, cout) = (shape[0], shape[1]);
+    let (kh, kw) = (shape[3], shape[4]);
+    let kpad = (f.k.iter().product::<usize>() * cin).div_ceil(32) * 32;
+    let mut out = vec![half::f16::ZERO; rows_pad * kpad];
+    for (c, cl) in f.classes.iter().enumerate() {
+        for uz in 0..f.k[0] {
+            let Some(kz) = f.tap(cl, 0, uz) else { continue };
+            for uy in 0..f.k[1] {
+                let Some(ky) = f.tap(cl, 1, uy) else { continue };
+                for ux in 0..f.k[2] {
+                    let Some(kx) = f.tap(cl, 2, ux) else { continue };
+                    let t = (uz * f.k[1] + uy) * f.k[2] + ux;
+                    for co in 0..cout {
+                        for ci in 0..cin {
+                            let src = (((ci * cout + co) * shape[2] + kz) * kh + ky) * kw + kx;
+                            out[(c * cout + co) * kpad + t * cin + ci] =
+                                half::f16::from_f32(w[src]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (out, kpad)
+}
+
 /// Weight of one parity class as the GEMM's B matrix `[cout_pad][kpad]`: K = (tz, ty, tx, ci),
 /// from the transposed weight `[Cin][Cout][kd][kh][kw]` (groups 1). Returns (data, kpad).
 pub fn relayout_parity_weight(
@@ -191,6 +286,124 @@ mod tests {
         assert_eq!(u[2 * kpad + 2].to_f32(), 201.0); // tap 1, co 0, ci 2
         assert_eq!(u[kpad + 1].to_f32(), 110.0); // tap 0, co 1, ci 1
         assert_eq!(u[4 * kpad].to_f32(), 0.0); // row padding
+    }
+
+    /// 3D transposed conv computed directly (scatter form) vs the fused parity GEMM as the
+    /// kernel runs it: row = input cell j, column = class * Cout + co, K = (union tap, ci),
+    /// stored at j * stride + r. Small integers: exact in f16 and f64.
+    #[test]
+    fn fused_parity_reproduces_transposed_conv() {
+        let mut seed = 11u64;
+        let mut rnd = || (crate::backend::cuda::lcg_next(&mut seed) % 7) as i64 - 3;
+        // (k, stride, begin pad, end pad, input) per case; every output divisible by the stride.
+        type Case = ([usize; 3], [usize; 3], [usize; 3], [i64; 3], [usize; 3]);
+        let cases: [Case; 5] = [
+            ([3; 3], [2; 3], [1; 3], [0; 3], [3, 4, 2]), // MONAI k3 s2 p1 opad1
+            ([3; 3], [2; 3], [0; 3], [1; 3], [2, 3, 3]), // deepbrain pads [0,0,0,1,1,1]
+            ([4; 3], [2; 3], [1; 3], [1; 3], [2, 3, 2]),
+            ([3, 3, 5], [1, 2, 3], [1, 1, 2], [1, 0, 0], [3, 3, 2]),
+            ([3, 1, 2], [2, 1, 2], [1, 0, 0], [0, 0, 0], [2, 4, 3]),
+        ];
+        let (cin, cout) = (3, 2);
+        for (k, s, pb, pe, n) in cases {
+            let out: Vec<usize> = (0..3)
+                .map(|a| ((n[a] - 1) * s[a] + k[a]) as i64 - pb[a] as i64 - pe[a])
+                .map(|o| o as usize)
+                .collect();
+            let out = [out[0], out[1], out[2]];
+            let x: Vec<i64> = (0..cin * n.iter().product::<usize>())
+                .map(|_| rnd())
+                .collect();
+            let ws = [cin, cout, k[0], k[1], k[2]];
+            let w: Vec<i64> = (0..ws.iter().product::<usize>()).map(|_| rnd()).collect();
+            let xi = |ci: usize, i: [usize; 3]| x[((ci * n[0] + i[0]) * n[1] + i[1]) * n[2] + i[2]];
+            let mut want = vec![0i64; cout * out.iter().product::<usize>()];
+            let oi =
+                |co: usize, o: [usize; 3]| ((co * out[0] + o[0]) * out[1] + o[1]) * out[2] + o[2];
+            for ci in 0..cin {
+                for co in 0..cout {
+                    for i0 in 0..n[0] {
+                        for i1 in 0..n[1] {
+                            for i2 in 0..n[2] {
+                                for kz in 0..k[0] {
+                                    for ky in 0..k[1] {
+                                        for kx in 0..k[2] {
+                                            let i = [i0, i1, i2];
+                                            let kk = [kz, ky, kx];
+                                            let o: Vec<i64> = (0..3)
+                                                .map(|a| {
+                                                    (i[a] * s[a] + kk[a]) as i64 - pb[a] as i64
+                                                })
+                                                .collect();
+                                            if (0..3).any(|a| o[a] < 0 || o[a] >= out[a] as i64) {
+                                                continue;
+                                            }
+                                            let wv = w[(((ci * cout + co) * k[0] + kz) * k[1]
+                                                + ky)
+                                                * k[2]
+                                                + kx];
+                                            let o = [o[0] as usize, o[1] as usize, o[2] as usize];
+                                            want[oi(co, o)] += xi(ci, i) * wv;
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            let cls = parity_split(k, s, pb, out).unwrap();
+            let f = FusedParity::of(&cls, s, out).expect("fusable");
+            let wf: Vec<f32> = w.iter().map(|&v| v as f32).collect();
+            let (b, kpad) = relayout_fused_parity_weight(&wf, &ws, &f, cls.len() * cout);
+            let mut got = vec![None; want.len()];
+            for j0 in 0..f.grid[0] {
+                for j1 in 0..f.grid[1] {
+                    for j2 in 0..f.grid[2] {
+                        let j = [j0, j1, j2];
+                        for (c, cl) in cls.iter().enumerate() {
+                            for co in 0..cout {
+                                let mut v = 0i64;
+                                for uz in 0..f.k[0] {
+                                    for uy in 0..f.k[1] {
+                                        for ux in 0..f.k[2] {
+                                            let u = [uz, uy, ux];
+                                            let i: Vec<i64> = (0..3)
+                                                .map(|a| {
+                                                    j[a] as i64 - f.pad[a] as i64 + u[a] as i64
+                                                })
+                                                .collect();
+                                            if (0..3).any(|a| i[a] < 0 || i[a] >= n[a] as i64) {
+                                                continue;
+                                            }
+                                            let t = (uz * f.k[1] + uy) * f.k[2] + ux;
+                                            let i = [i[0] as usize, i[1] as usize, i[2] as usize];
+                                            for ci in 0..cin {
+                                                let bw = b[(c * cout + co) * kpad + t * cin + ci];
+                                                v += xi(ci, i) * bw.to_f32() as i64;
+                                            }
+                                        }
+                                    }
+                                }
+                                let o = [
+                                    j0 * s[0] + cl.r[0],
+                                    j1 * s[1] + cl.r[1],
+                                    j2 * s[2] + cl.r[2],
+                                ];
+                                let slot = &mut got[oi(co, o)];
+                                assert!(slot.is_none(), "output {o:?} written twice");
+                                *slot = Some(v);
+                            }
+                        }
+                    }
+                }
+            }
+            let got: Vec<i64> = got.into_iter().map(|v| v.expect("every output")).collect();
+            assert_eq!(got, want, "k{k:?} s{s:?} pb{pb:?} pe{pe:?}");
+        }
+        // An output not divisible by the stride (k3 s2 p1 without output padding): per class.
+        let cls = parity_split([3; 3], [2; 3], [1; 3], [7; 3]).unwrap();
+        assert!(FusedParity::of(&cls, [2; 3], [7; 3]).is_none());
     }
 
     /// 1D transposed conv computed directly (scatter form) vs through the parity classes.

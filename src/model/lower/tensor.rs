@@ -228,14 +228,8 @@ impl Lowerer<'_> {
         x: ValueId,
     ) -> Result<()> {
         let r = self.rank_of(ctx, x)?;
-        let perm: Vec<usize> = match self.ints(n, "perm") {
-            Some(p) => p
-                .iter()
-                .map(|&a| norm_axis(ctx, a, r))
-                .collect::<Result<_>>()?,
-            None => (0..r).rev().collect(),
-        };
-        if perm.iter().enumerate().all(|(i, &p)| i == p) && perm.len() == r {
+        let perm = self.perm_of(n, ctx, r)?;
+        if perm.iter().enumerate().all(|(i, &p)| i == p) {
             return self.set(n, Val::Act(x));
         }
         self.emit_tensor(ctx, n, Op::Transpose { perm }, vec![x], None)?;

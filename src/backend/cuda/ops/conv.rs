@@ -7,7 +7,8 @@ use crate::backend::cuda::catalogue::{halo_config, CONV1X1_N16, CONV1X1_N32, CON
 use crate::backend::cuda::launch::{Arg, Gpu};
 use crate::backend::cuda::plan::ConvParams;
 use crate::backend::cuda::relayout::{
-    relayout_parity_weight, relayout_upsampling_weight, relayout_weight,
+    relayout_fused_parity_weight, relayout_parity_weight, relayout_upsampling_weight,
+    relayout_weight,
 };
 use crate::model::graph::{Op, Tensor};
 use crate::Result;
@@ -180,6 +181,27 @@ pub(crate) fn build(
                 out.push(step(q, wp, y, shape));
             }
             Ok(out)
+        }
+        // The classes as one conv over the union of their taps: GEMM column class * Cout + co,
+        // the scatter epilogue stores row j's column block of class r at j * stride + r.
+        K::ParityFused(f, m) => {
+            let (os, stride, w) = (io.oshape, c.stride, &c.weight);
+            let (wh, kpad) = relayout_fused_parity_weight(&w.data, &w.shape, f, rows_pad);
+            let mut q = p;
+            (q.do_, q.ho, q.wo) = (f.grid[0] as i32, f.grid[1] as i32, f.grid[2] as i32);
+            (q.kd, q.kh, q.kw) = (f.k[0] as i32, f.k[1] as i32, f.k[2] as i32);
+            (q.sd, q.sh, q.sw) = (1, 1, 1);
+            (q.dd, q.dh, q.dw) = (1, 1, 1);
+            (q.pd, q.ph, q.pw) = (f.pad[0], f.pad[1], f.pad[2]);
+            q.transposed = 0;
+            q.cout = (f.classes.len() * os[0]) as i32;
+            (q.up_d, q.up_h, q.up_w) = (stride[0] as i32, stride[1] as i32, stride[2] as i32);
+            q.ocout = os[0] as i32;
+            (q.od, q.oh, q.ow) = (os[1] as i32, os[2] as i32, os[3] as i32);
+            q.kpad = kpad as i32;
+            let wp = b.upload_const(&wh)?;
+            let shape = (m.name, m.bm as u32, m.bn as u32, m.threads, m.smem_bytes());
+            Ok(vec![step(q, wp, io.y, shape)])
         }
         // 1x1x1 conv with few outputs (the head): memory bound, one thread per voxel.
         K::Pointwise { nc } => {

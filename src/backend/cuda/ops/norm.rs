@@ -4,7 +4,8 @@
 use super::{Build, NodeIo};
 use crate::backend::cuda::buffers::norm_blocks;
 use crate::backend::cuda::catalogue::{
-    AFFINE_ACT, AFFINE_ACT_V8, NORM_FINALIZE, NORM_PARTIAL, NORM_PARTIAL_V8,
+    AFFINE_ACT, AFFINE_ACT_FLAT8, AFFINE_ACT_V8, NORM_FINALIZE, NORM_PARTIAL, NORM_PARTIAL_FLAT8,
+    NORM_PARTIAL_V8,
 };
 use crate::backend::cuda::launch::{Arg, Gpu};
 use crate::backend::cuda::plan::Act;
@@ -90,6 +91,15 @@ fn affine_of(io: &NodeIo, ab: u64) -> Affine {
     }
 }
 
+/// The vector period (C / gcd(C, 8)) of the flat 16-byte kernels for a channel count that is
+/// not a multiple of 8, when a sample is whole vectors and a block's threads hold a period.
+fn flat8_period(pix: usize, c: usize) -> Option<usize> {
+    let g = [8, 4, 2, 1].into_iter().find(|g| c.is_multiple_of(*g))?;
+    let period = c / g;
+    (!c.is_multiple_of(8) && c > 0 && (pix * c).is_multiple_of(8) && period <= 256)
+        .then_some(period)
+}
+
 /// Slope values of a PRelu (1 when there is none).
 pub(crate) fn slope_n(act: &Act) -> i32 {
     match act {
@@ -105,15 +115,30 @@ impl Norm {
         let a = &self.affine;
         let (pix, c) = (a.pix, a.c);
         let nblk = norm_blocks(gpu.sm_count as usize, pix);
-        let chunk = pix.div_ceil(nblk);
-        let v8 = c % 8 == 0 && c <= 2048;
-        let rows = if v8 { 256 / (c / 8) } else { 256 / c.min(256) };
-        let k = if v8 { NORM_PARTIAL_V8 } else { NORM_PARTIAL };
+        // (kernel, blocks per sample, pixels or vectors per block, shared memory bytes)
+        let (k, nblk, chunk, smem) = if c % 8 == 0 && c <= 2048 {
+            let rows = 256 / (c / 8);
+            (NORM_PARTIAL_V8, nblk, pix.div_ceil(nblk), rows * c * 8)
+        } else if let Some(period) = flat8_period(pix, c) {
+            // Blocks start at a multiple of the period, so each thread keeps its channels.
+            let nv = pix * c / 8;
+            let chunkv = nv.div_ceil(nblk).div_ceil(period) * period;
+            let threads = (256 / period) * period;
+            (
+                NORM_PARTIAL_FLAT8,
+                nv.div_ceil(chunkv),
+                chunkv,
+                threads * 8 * 8,
+            )
+        } else {
+            let rows = 256 / c.min(256);
+            (NORM_PARTIAL, nblk, pix.div_ceil(nblk), rows * c * 8)
+        };
         gpu.launch(
             s,
             k.name,
             (nblk as u32, n as u32, 1),
-            (256, (rows * c * 2 * 4) as u32),
+            (256, smem as u32),
             &mut [
                 Arg::Ptr(a.x),
                 Arg::I64(pix as i64),
@@ -152,16 +177,19 @@ impl Affine {
         self.launch_with(gpu, s, n, self.ab)
     }
 
-    /// As `launch` with the pairs at `ab`; 16-byte vectors when C % 8 == 0.
+    /// As `launch` with the pairs at `ab`; 16-byte vectors when C % 8 == 0, or over the
+    /// flattened sample when only P * C % 8 == 0.
     fn launch_with(&self, gpu: &Gpu, s: &CudaStream, n: usize, ab: u64) -> Result<()> {
         let (pix, c, act) = (self.pix, self.c, &self.act);
         let nv = pix * c / 8;
-        if c.is_multiple_of(8) && nv < (1usize << 32) {
+        let v8 = c.is_multiple_of(8) && nv < (1usize << 32);
+        if v8 || flat8_period(pix, c).is_some() {
             let per = (gpu.sm_count as usize * 16).div_ceil(n).max(1);
             let grid = (nv.div_ceil(256).clamp(1, per) as u32, n as u32, 1);
+            let k = if v8 { AFFINE_ACT_V8 } else { AFFINE_ACT_FLAT8 };
             return gpu.launch(
                 s,
-                AFFINE_ACT_V8.name,
+                k.name,
                 grid,
                 (256, 0),
                 &mut [

@@ -54,8 +54,13 @@ pub(crate) fn gather_windows(
 /// Output of the pipeline, either form.
 pub(crate) enum Out {
     Logits(Array4<f32>),
-    Labels(Array3<u16>),
+    /// Labels, and per plane the voxels marked [`NAN_LABEL`] (counted as the planes are
+    /// stored, so no pass over the whole volume follows).
+    Labels(Array3<u16>, Vec<usize>),
 }
+
+/// The device argmax's label of a voxel whose blended outputs hold a NaN (`finalize_planes`).
+pub(crate) const NAN_LABEL: u16 = 0xFFFF;
 
 /// Pinned host slot of finished planes: f32 logits or u16 labels.
 pub(crate) enum HostOut<'a> {
@@ -74,14 +79,23 @@ pub(super) fn store_planes(
 ) -> Result<()> {
     const PIECE: usize = 1 << 16;
     match (out, buf) {
-        (Out::Labels(l), HostOut::L(src)) => {
+        (Out::Labels(l, nan), HostOut::L(src)) => {
             let dst = l
                 .as_slice_mut()
                 .ok_or_else(|| Error::Backend("label array is not contiguous".into()))?;
-            dst[p0 * hw..(p0 + np) * hw]
-                .par_chunks_mut(PIECE)
-                .zip(src[..np * hw].par_chunks(PIECE))
-                .for_each(|(d, s)| d.copy_from_slice(s));
+            // One piece per plane (several planes when they are small), NaN marks counted.
+            let per = PIECE.div_ceil(hw.max(1)).max(1) * hw.max(1);
+            let counts: Vec<usize> = dst[p0 * hw..(p0 + np) * hw]
+                .par_chunks_mut(per)
+                .zip(src[..np * hw].par_chunks(per))
+                .flat_map_iter(|(d, s)| {
+                    d.copy_from_slice(s);
+                    s.chunks(hw.max(1))
+                        .map(|p| p.iter().filter(|&&v| v == NAN_LABEL).count())
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            nan[p0..p0 + np].copy_from_slice(&counts);
         }
         (Out::Logits(a), HostOut::F(src)) => {
             let mut dsts = Vec::new();
@@ -105,7 +119,7 @@ pub(super) fn store_planes(
 /// Planes the store worker touches per idle step: about 2 MiB of output.
 pub(super) fn prefault_planes(out: &Out, hw: usize) -> usize {
     let plane = match out {
-        Out::Labels(_) => hw * 2,
+        Out::Labels(..) => hw * 2,
         Out::Logits(a) => a.shape()[0] * hw * 4,
     };
     (2usize << 20).div_ceil(plane.max(1)).max(1)
@@ -115,7 +129,7 @@ pub(super) fn prefault_planes(out: &Out, hw: usize) -> usize {
 /// page faults of a fresh allocation are paid while the worker waits for downloads.
 pub(super) fn prefault(out: &mut Out, p0: usize, np: usize, hw: usize) {
     match out {
-        Out::Labels(l) => {
+        Out::Labels(l, _) => {
             if let Some(s) = l.as_slice_mut() {
                 s[p0 * hw..(p0 + np) * hw].fill(0);
             }
@@ -394,6 +408,34 @@ mod tests {
         }
     }
 
+    /// Stored label planes are copied and their NaN marks counted per plane, small planes
+    /// grouped into one piece or not.
+    #[test]
+    fn store_counts_nan_marks_per_plane() {
+        for (d, h, w) in [(6usize, 3usize, 4usize), (5, 300, 250)] {
+            let hw = h * w;
+            let mut out = Out::Labels(Array3::zeros((d, h, w)), vec![usize::MAX; d]);
+            // Planes 1..4 stored: plane 1 + k holds k + 1 marks, the rest its plane index.
+            let mut src: Vec<u16> = (0..3 * hw).map(|i| (i / hw) as u16 + 1).collect();
+            for k in 0..3 {
+                for m in 0..=k {
+                    src[k * hw + (m * 7) % hw] = NAN_LABEL;
+                }
+            }
+            let buf = HostOut::L(&mut src);
+            store_planes(&mut out, &buf, 1, 3, hw).unwrap();
+            let HostOut::L(src) = buf else { unreachable!() };
+            let Out::Labels(l, nan) = out else {
+                unreachable!()
+            };
+            assert_eq!(&nan[1..4], &[1, 2, 3], "{d}x{h}x{w}");
+            assert_eq!((nan[0], nan[4]), (usize::MAX, usize::MAX));
+            let flat = l.as_slice().unwrap();
+            assert_eq!(&flat[hw..4 * hw], &src[..]);
+            assert!(flat[..hw].iter().chain(&flat[4 * hw..]).all(|&v| v == 0));
+        }
+    }
+
     /// Host costs of the pipeline on a W2-sized volume (512x512x128, roi 128, 49 windows, batch
     /// 4): host gather of all batches vs the device gather's plane conversion, and the store of
     /// all label planes into a fresh array serially vs in parallel after prefaulting.
@@ -428,7 +470,7 @@ mod tests {
         let hw = h * w;
         let mut times = Vec::new();
         for mode in 0..3 {
-            let mut out = Out::Labels(Array3::zeros((d, h, w)));
+            let mut out = Out::Labels(Array3::zeros((d, h, w)), vec![0; d]);
             let buf = HostOut::L(unsafe {
                 std::slice::from_raw_parts_mut(src.as_ptr() as *mut u16, src.len())
             });
@@ -440,7 +482,7 @@ mod tests {
             let t = Instant::now();
             for p0 in (0..d).step_by(32) {
                 if mode == 0 {
-                    if let (Out::Labels(l), HostOut::L(s)) = (&mut out, &buf) {
+                    if let (Out::Labels(l, _), HostOut::L(s)) = (&mut out, &buf) {
                         l.as_slice_mut().unwrap()[p0 * hw..(p0 + 32) * hw]
                             .copy_from_slice(&s[..32 * hw]);
                     }

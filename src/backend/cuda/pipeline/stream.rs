@@ -328,7 +328,7 @@ impl Pass<'_, '_> {
         let [_, d, h, w] = self.dims;
         let (cout, hw, argmax, ctx) = (self.prep.cout, self.hw, self.argmax, &self.gpu.ctx);
         let mut out = if argmax {
-            Out::Labels(Array3::zeros((d, h, w)))
+            Out::Labels(Array3::zeros((d, h, w)), vec![0; d])
         } else {
             Out::Logits(Array4::zeros((cout, d, h, w)))
         };
