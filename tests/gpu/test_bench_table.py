@@ -129,6 +129,8 @@ import json, os, sys, numpy as np
 a = sys.argv
 if a[1].endswith("w5.onnx") and os.environ.get("FAKE_REFUSE"):
     sys.exit("Error: unsupported: the CUDA backend runs rank-5 activations only (node /swinViT/Reshape)")
+if len(a) > 9 and a[9] == "4GiB" and os.environ.get("FAKE_W4_REFUSE"):
+    sys.exit("Error: BudgetTooSmall { needed: 4693867520, budget: 4294967296, roi: [128, 128, 128], batch: 1 }")
 if a[8] != "-":
     lab = np.ones((4, 4, 4), np.float32); lab[0, 0, 0] = 2; np.save(a[8], lab)
 rep = dict(windows=49, roi=[64, 128, 128], batch=4, peak_device_bytes=2**31, predicted_peak_bytes=dict(device=2**31))
@@ -228,6 +230,32 @@ class Run(unittest.TestCase):
         self.assertEqual(vx["agreement_with"], "max-autotune-no-cudagraphs")
         self.assertAlmostEqual(vx["label_agreement"], 63 / 64)
         self.assertIn("0.233 (voxtile 4.29x faster)", md)  # the fake's 0.28 s against max-autotune's 1.2 s
+
+    def test_w4_refused_at_its_budget_is_timed_at_a_fitting_one(self):
+        import bench
+        d = tempfile.mkdtemp()
+        bundle = f"{d}/bundle"
+        os.makedirs(f"{bundle}/wheels")
+        for name, body in (("bench", FAKE_BENCH), ("peer.py", FAKE_PEER)):
+            path = f"{bundle}/{name}"
+            with open(path, "w") as f:
+                f.write(f"#!{sys.executable}\n" + textwrap.dedent(body))
+            os.chmod(path, 0o755)
+        os.environ["FAKE_W4_REFUSE"] = "1"
+        try:
+            b = bench.Bench(bench.cli(["run", "--bundle", bundle, "--out", f"{d}/out", "--work", f"{d}/work",
+                                       "--only", "w4", "--w4-modes", "eager"]))
+            b.peer_script = f"{bundle}/peer.py"
+            b.run()
+        finally:
+            os.environ.pop("FAKE_W4_REFUSE", None)
+        with open(f"{d}/out/bench.json") as f:
+            vx = json.load(f)["rows"]["w4"]["voxtile"][b.id]
+        self.assertIn("BudgetTooSmall", vx["error"])
+        self.assertNotIn("s", vx)
+        # 4693867520 bytes round up to 5 GiB; the fake then answers 9.5 s on 64x128x128 windows.
+        self.assertTrue(vx["notes"][0].startswith("refused at 4GiB; at --memory-budget 5GiB: 9.50 s, voxtile roi 64x128x128"),
+                        vx["notes"])
 
     def test_deadline_skips_instead_of_overrunning(self):
         import bench
