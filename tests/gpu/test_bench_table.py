@@ -144,6 +144,19 @@ json.dump(dict(seconds=dict(total=1.0)), open(a[a.index("--report") + 1], "w"))
 """
 
 
+def fake_bundle():
+    """A temp folder and, in it, a bundle whose `bench` and `peer.py` are the fakes above."""
+    d = tempfile.mkdtemp()
+    bundle = f"{d}/bundle"
+    os.makedirs(f"{bundle}/wheels")
+    for name, body in (("bench", FAKE_BENCH), ("peer.py", FAKE_PEER)):
+        path = f"{bundle}/{name}"
+        with open(path, "w") as f:
+            f.write(f"#!{sys.executable}\n" + textwrap.dedent(body))
+        os.chmod(path, 0o755)
+    return d, bundle
+
+
 class Run(unittest.TestCase):
     """bench.py run end to end on fakes: every workload gets a row, failures are reported, the run
     is not lost, and the files land in --out."""
@@ -192,14 +205,7 @@ class Run(unittest.TestCase):
     def run_w5(self, refuse):
         """bench.py run --only w5 on fakes, voxtile refusing the net or not: the result file."""
         import bench
-        d = tempfile.mkdtemp()
-        bundle = f"{d}/bundle"
-        os.makedirs(f"{bundle}/wheels")
-        for name, body in (("bench", FAKE_BENCH), ("peer.py", FAKE_PEER)):
-            path = f"{bundle}/{name}"
-            with open(path, "w") as f:
-                f.write(f"#!{sys.executable}\n" + textwrap.dedent(body))
-            os.chmod(path, 0o755)
+        d, bundle = fake_bundle()
         os.environ.pop("FAKE_REFUSE", None)
         if refuse:
             os.environ["FAKE_REFUSE"] = "1"
@@ -233,14 +239,7 @@ class Run(unittest.TestCase):
 
     def test_w4_refused_at_its_budget_is_timed_at_a_fitting_one(self):
         import bench
-        d = tempfile.mkdtemp()
-        bundle = f"{d}/bundle"
-        os.makedirs(f"{bundle}/wheels")
-        for name, body in (("bench", FAKE_BENCH), ("peer.py", FAKE_PEER)):
-            path = f"{bundle}/{name}"
-            with open(path, "w") as f:
-                f.write(f"#!{sys.executable}\n" + textwrap.dedent(body))
-            os.chmod(path, 0o755)
+        d, bundle = fake_bundle()
         os.environ["FAKE_W4_REFUSE"] = "1"
         try:
             b = bench.Bench(bench.cli(["run", "--bundle", bundle, "--out", f"{d}/out", "--work", f"{d}/work",
