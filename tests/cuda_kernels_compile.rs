@@ -30,15 +30,31 @@ fn every_kernel_family_compiles_without_warnings() {
         for fam in FAMILIES {
             let name = fam.name();
             match compile::compile(fam, arch) {
-                Ok(ptx) => {
+                Ok(image) => {
+                    // The cubin is what a warm start loads: it must hold every entry too.
+                    let Some(cubin) = &image.cubin else {
+                        failures.push(format!("{name}.cu ({arch}): NVRTC gave no cubin"));
+                        continue;
+                    };
+                    let strings: std::collections::HashSet<&[u8]> =
+                        cubin.split(|b| *b == 0).collect();
                     for e in fam.entries() {
-                        if !ptx.contains(&format!(".entry {e}(")) {
+                        if !image.ptx.contains(&format!(".entry {e}(")) {
                             failures.push(format!(
                                 "{name}.cu ({arch}): entry {e} missing from the PTX"
                             ));
                         }
+                        if !strings.contains(e.as_bytes()) {
+                            failures.push(format!(
+                                "{name}.cu ({arch}): symbol {e} missing from the cubin"
+                            ));
+                        }
                     }
-                    println!("{name}.cu {arch}: {} bytes of PTX", ptx.len());
+                    println!(
+                        "{name}.cu {arch}: {} bytes of PTX, {} of cubin",
+                        image.ptx.len(),
+                        cubin.len()
+                    );
                 }
                 Err(e) => failures.push(e.to_string()),
             }

@@ -36,7 +36,7 @@ pub const FAMILIES: [Family; 9] = [
 ];
 
 impl Family {
-    /// The file stem (`kernels/<name>.cu`), also the PTX cache file prefix.
+    /// The file stem (`kernels/<name>.cu`), also the kernel cache file prefix.
     pub fn name(self) -> &'static str {
         match self {
             Family::Conv => "conv",

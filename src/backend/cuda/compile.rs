@@ -1,5 +1,6 @@
-//! The NVRTC build of the catalogue's families with an on-disk PTX cache (so that only the first
-//! run on a machine pays for compilation), and their loading into a context.
+//! The NVRTC build of the catalogue's families with an on-disk cache of PTX and cubin (so that only
+//! the first run on a machine pays for compilation, and a warm start loads machine code without
+//! the driver's JIT), and their loading into a context.
 
 use super::catalogue::{upsample_vec_name, Family, COMMON, FAMILIES, HALO_CONFIGS, MMA_CONFIGS};
 use super::device::drv;
@@ -66,9 +67,22 @@ pub fn family_source(src: &str) -> String {
     format!("{COMMON}\n{src}")
 }
 
+/// What one family compiles to: PTX, and for a real architecture (`sm_XX`) the cubin NVRTC
+/// builds alongside it. The cubin loads as is; the PTX is the fallback the driver JIT-compiles.
+pub struct Image {
+    pub ptx: String,
+    pub cubin: Option<Vec<u8>>,
+}
+
 /// Compiles one family to PTX for `arch` (e.g. "sm_90"). Any warning is an error: the log must be
 /// empty, so a sloppy kernel cannot slip through CI.
 pub fn compile_family(name: &str, src: &str, arch: &str) -> Result<String> {
+    compile_image(name, src, arch).map(|i| i.ptx)
+}
+
+/// Compiles one family for `arch` to PTX and, when `arch` is a real architecture, its cubin
+/// (see [`compile_family`] for the warning rule).
+pub fn compile_image(name: &str, src: &str, arch: &str) -> Result<Image> {
     if !nvrtc_present() {
         return Err(no_nvrtc());
     }
@@ -102,12 +116,18 @@ pub fn compile_family(name: &str, src: &str, arch: &str) -> Result<String> {
                 .to_string()
         })
         .unwrap_or_default();
-    let ptx = match compiled {
+    let image = match compiled {
         Ok(()) if log.is_empty() => unsafe { nvrtc::get_ptx(prog) }
-            .map(|p| {
-                unsafe { CStr::from_ptr(p.as_ptr()) }
+            .map(|p| Image {
+                ptx: unsafe { CStr::from_ptr(p.as_ptr()) }
                     .to_string_lossy()
-                    .into_owned()
+                    .into_owned(),
+                // SAFETY: `prog` compiled successfully and is still live.
+                cubin: if arch.starts_with("sm_") {
+                    unsafe { get_cubin(prog) }
+                } else {
+                    None
+                },
             })
             .map_err(|e| Error::Backend(format!("NVRTC gave no PTX for {name}.cu: {e}"))),
         Ok(()) => Err(Error::Backend(format!(
@@ -119,7 +139,26 @@ pub fn compile_family(name: &str, src: &str, arch: &str) -> Result<String> {
     };
     // SAFETY: destroyed once, after its last use.
     let _ = unsafe { nvrtc::destroy_program(prog) };
-    ptx
+    image
+}
+
+/// The cubin of a compiled program; `None` when NVRTC has none (a virtual architecture).
+///
+/// # Safety
+/// `prog` must be a live, successfully compiled program.
+unsafe fn get_cubin(prog: nvrtc_sys::nvrtcProgram) -> Option<Vec<u8>> {
+    let mut size = 0usize;
+    unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size) }
+        .result()
+        .ok()?;
+    if size == 0 {
+        return None;
+    }
+    let mut buf = vec![0u8; size];
+    unsafe { nvrtc_sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast()) }
+        .result()
+        .ok()?;
+    buf.starts_with(b"\x7fELF").then_some(buf)
 }
 
 fn cache_dir() -> Option<PathBuf> {
@@ -133,14 +172,15 @@ fn cache_dir() -> Option<PathBuf> {
         .map(|h| PathBuf::from(h).join(".cache").join("voxtile"))
 }
 
-/// PTX for one family, from the disk cache when source, arch, NVRTC and driver match.
-/// Returns (ptx, came_from_cache). A cache that cannot be written is not an error.
-pub fn ptx_cached(
+/// One family's image, from the disk cache when source, arch, NVRTC and driver match.
+/// Returns (image, came_from_cache). A cache that cannot be written is not an error; a cached cubin
+/// is optional (caches written before cubins were kept have PTX alone).
+pub fn image_cached(
     name: &str,
     src: &str,
     arch: &str,
     driver_version: i32,
-) -> Result<(String, bool)> {
+) -> Result<(Image, bool)> {
     let (ma, mi) = nvrtc_version()?;
     let mut h = Sha256::new();
     h.update(family_source(src).as_bytes());
@@ -152,27 +192,57 @@ pub fn ptx_cached(
         .map(|b| format!("{b:02x}"))
         .collect();
     let path = cache_dir().map(|d| d.join(format!("{name}-{arch}-{key}.ptx")));
+    let cubin_path = path.as_ref().map(|p| p.with_extension("cubin"));
     if let Some(p) = &path {
-        if let Ok(s) = std::fs::read_to_string(p) {
-            if s.contains(".entry") {
-                return Ok((s, true));
+        if let Ok(ptx) = std::fs::read_to_string(p) {
+            if ptx.contains(".entry") {
+                let cubin = cubin_path
+                    .as_ref()
+                    .and_then(|c| std::fs::read(c).ok())
+                    .filter(|c| c.starts_with(b"\x7fELF"));
+                return Ok((Image { ptx, cubin }, true));
             }
         }
     }
-    let ptx = compile_family(name, src, arch)?;
-    if let Some(p) = &path {
-        if let Some(dir) = p.parent() {
-            let _ = std::fs::create_dir_all(dir);
-            let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-            if std::fs::write(&tmp, &ptx).is_ok() {
-                let _ = std::fs::rename(&tmp, p);
-            }
-        }
+    let image = compile_image(name, src, arch)?;
+    // The cubin first: a reader that finds the PTX finds its cubin too.
+    if let Some(c) = &image.cubin {
+        cache_write(cubin_path.as_deref(), c);
     }
-    Ok((ptx, false))
+    cache_write(path.as_deref(), image.ptx.as_bytes());
+    Ok((image, false))
 }
 
-/// Every entry point of every family, by name, compiled for `arch` (or from the PTX cache), and
+/// Writes one cache file through a temporary name (readers never see half a file).
+fn cache_write(path: Option<&std::path::Path>, bytes: &[u8]) {
+    let Some(p) = path else { return };
+    if let Some(dir) = p.parent() {
+        let _ = std::fs::create_dir_all(dir);
+        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, bytes).is_ok() {
+            let _ = std::fs::rename(&tmp, p);
+        }
+    }
+}
+
+/// Loads one family: its cubin when there is one (no driver JIT), else (or when the driver
+/// refuses the cubin) its PTX.
+fn load_image(
+    ctx: &Arc<CudaContext>,
+    name: &str,
+    image: Image,
+) -> Result<Arc<cudarc::driver::CudaModule>> {
+    if let Some(cubin) = image.cubin {
+        match ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin)) {
+            Ok(m) => return Ok(m),
+            Err(e) => tracing::debug!("kernels/{name}.cu: cubin refused ({e}); loading its PTX"),
+        }
+    }
+    ctx.load_module(cudarc::nvrtc::Ptx::from_src(image.ptx))
+        .map_err(drv(&format!("loading kernels/{name}.cu")))
+}
+
+/// Every entry point of every family, by name, compiled for `arch` (or from the cache), and
 /// how many families came from the cache. On sm_80+ the tiled conv kernels get their dynamic
 /// shared memory limit raised to what their config needs (halo kernels only where the device's
 /// opt-in limit `smem_optin` holds them).
@@ -187,11 +257,9 @@ pub(crate) fn load_all(
     let mut from_cache = 0;
     for fam in FAMILIES {
         let name = fam.name();
-        let (ptx, cached) = ptx_cached(name, fam.source(), arch, driver_version)?;
+        let (image, cached) = image_cached(name, fam.source(), arch, driver_version)?;
         from_cache += cached as usize;
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-            .map_err(drv(&format!("loading kernels/{name}.cu")))?;
+        let module = load_image(ctx, name, image)?;
         for e in fam.entries() {
             let f = module
                 .load_function(e)
@@ -223,7 +291,7 @@ pub(crate) fn load_all(
     Ok((funcs, from_cache))
 }
 
-/// Compiles `fam` for `arch` (see [`compile_family`]).
-pub fn compile(fam: Family, arch: &str) -> Result<String> {
-    compile_family(fam.name(), fam.source(), arch)
+/// Compiles `fam` for `arch` (see [`compile_image`]).
+pub fn compile(fam: Family, arch: &str) -> Result<Image> {
+    compile_image(fam.name(), fam.source(), arch)
 }

@@ -7,7 +7,7 @@
 //!
 //! Layers, lowest first (each uses only those above it):
 //! - `catalogue`: every kernel's family, entry point and tile configuration;
-//! - `compile`: NVRTC build with the PTX cache, module loading;
+//! - `compile`: NVRTC build with the PTX and cubin cache, module loading;
 //! - `device`: driver errors, the allocation tracker, `DevBuf`;
 //! - `launch`: kernel arguments and launches on a `launch::Gpu` (context, streams, kernels);
 //! - host planning: `plan` (fusion, parameter blocks), `relayout` (weights), `select` and
@@ -70,7 +70,7 @@ pub struct CudaBackend {
     prepared: Option<Prepared>,
     /// Pinned staging of the sliding-window pipeline, kept between calls.
     pinned: Option<PinnedCache>,
-    /// How many kernel families came from the on-disk PTX cache at start.
+    /// How many kernel families came from the on-disk kernel cache at start.
     pub ptx_from_cache: usize,
 }
 
@@ -121,7 +121,12 @@ impl CudaBackend {
         let smem_optin =
             attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
                 as usize;
+        let t = std::time::Instant::now();
         let (funcs, ptx_from_cache) = compile::load_all(&ctx, &arch, dv, ma, smem_optin)?;
+        tracing::debug!(
+            "kernel families loaded in {:.0} ms ({ptx_from_cache} from the cache)",
+            t.elapsed().as_secs_f64() * 1e3
+        );
         let device_name = ctx.name().unwrap_or_else(|_| "unknown".into());
         Ok(CudaBackend {
             gpu: Gpu {

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One bench invocation of every workload and peer mode plus the whole GPU suite, on one machine, in
+# a run that outlasts the 10 minutes a device call may take: the run is started detached (setsid)
+# and later calls poll it (the machine stays warm while calls follow each other).
+#   call 1, carrying .dev/one_bench.tar.xz:  bash tests/gpu/one_run.sh start [ARCHIVE_DIR=.dev]
+#   call 2, carrying .dev/one_suite.tar.xz:  bash tests/gpu/one_run.sh suite-ready; bash tests/gpu/one_run.sh poll 560
+#   later calls:                             bash tests/gpu/one_run.sh poll 560
+# The bench runs first, alone on the GPU (no test may overlap the peers' autotuning), then the suite
+# (tests/gpu/run.sh). Results in /tmp/one_run; `poll` packs them into $OUT/one_run.tgz and prints the
+# tables when done. BENCH_ARGS replaces the bench's arguments (default below: every W1/W2 mode, W1 first
+# so that nothing cuts its max-autotune compile, ~6-7 min on the H200).
+set -u
+R=/tmp/one_run
+here="$(cd "$(dirname "$0")/../.." && pwd)"
+case "${1:-}" in
+start)
+  mkdir -p $R /tmp/one_repo
+  # A copy of the tree: the device's checkout is re-synced by every call.
+  (cd "$here" && tar --exclude=./.dev --exclude=./.git --exclude=./target -cf - . | tar -xf - -C /tmp/one_repo)
+  cp "${2:-$here/.dev}/one_bench.tar.xz" $R/ && echo "${2:-$here/.dev}" > $R/archives
+  setsid nohup bash /tmp/one_repo/tests/gpu/one_run.sh run > $R/run.log 2>&1 < /dev/null &
+  echo "started; bash tests/gpu/one_run.sh poll SECONDS"
+  ;;
+suite-ready)
+  cp "$(cat $R/archives)/one_suite.tar.xz" $R/ && touch $R/suite_ready
+  ;;
+run)
+  cd /tmp/one_repo
+  B=/tmp/one_repo/.dev/one; mkdir -p $B
+  tar -xJf $R/one_bench.tar.xz -C $B
+  export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+  export XDG_CACHE_HOME=/tmp/voxtile-cache VOXTILE_REQUIRE_GPU=1 VOXTILE_REQUIRE_NVRTC=1
+  T0=$(date +%s)
+  st() { echo "$* at $(( $(date +%s) - T0 )) s" >> $R/times.log; }
+  nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader > $R/gpu.txt
+  st start
+  # K1 needs cuda_ops, which comes with the suite: wait for it (the second call brings it).
+  for _ in $(seq 120); do [ -f $R/suite_ready ] && break; sleep 5; done
+  tar -xJf $R/one_suite.tar.xz -C $B && cp $B/cuda_ops $B/gb/
+  st archives in
+  # shellcheck disable=SC2086
+  OUT=$R BUNDLE=$B/gb bash tests/gpu/bench.sh --work /tmp/work ${BENCH_ARGS:---only w1,w2,k1,w3,w4 \
+    --modes eager,default,reduce-overhead,max-autotune-no-cudagraphs --w4-modes eager --mode-timeout 900} \
+    > $R/bench_run.log 2>&1
+  echo "bench rc $?" >> $R/bench_run.log
+  st bench done
+  OUT=$R bash tests/gpu/run.sh $B > $R/suite_run.log 2>&1
+  echo "suite rc $?" >> $R/suite_run.log
+  st suite done
+  touch $R/done
+  ;;
+poll)
+  end=$(( $(date +%s) + ${2:-560} ))
+  while [ ! -f $R/done ] && [ "$(date +%s)" -lt $end ]; do sleep 5; done
+  tar --exclude=one_run/one_bench.tar.xz --exclude=one_run/one_suite.tar.xz -czf "${OUT:-/tmp}/one_run.tgz" -C /tmp one_run
+  cat $R/times.log 2>/dev/null
+  tail -3 $R/bench_run.log 2>/dev/null
+  if [ -f $R/done ]; then tail -40 $R/suite_run.log; cat $R/bench/bench.md; echo "ONE RUN DONE"; fi
+  ;;
+*)
+  sed -n '2,12p' "$0"; exit 2
+  ;;
+esac

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Packs what tests/gpu/one_run.sh needs into two archives that each fit a device call beside the
+# working tree (a call carries 64 MiB in all; the tree is ~47 MB): the bench bundle and the suite.
+# Run after tests/gpu/build.sh (and bench_bundle.sh):
+#   bash tests/gpu/one_run_pack.sh [SRC=.dev/gpu] [GB=.dev/gb]  ->  .dev/one_bench.tar.xz, .dev/one_suite.tar.xz
+# MeshNet (unknown licence) and the sliding-window fixtures (10 MB) stay behind: gpu_fixtures skips them.
+set -euo pipefail
+SRC=${1:-.dev/gpu}
+GB=${2:-.dev/gb}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/suite/shared/fixtures" "$tmp/bench"
+for f in archs cuda_attention cuda_eltwise cuda_kernels_compile cuda_ops cuda_pipeline cuda_tensor gpu_fixtures ops_pad plan_gpu voxtile_lib; do
+  cp "$SRC/$f" "$tmp/suite/"
+done
+cp -r "$SRC/shared/fixtures/models" "$tmp/suite/shared/fixtures/"
+cp -r "$GB" "$tmp/bench/gb"
+rm -f "$tmp/bench/gb/cuda_ops" "$tmp/bench/gb/bench_old"   # one_run.sh copies the suite's cuda_ops in
+tar -cf - -C "$tmp/bench" gb | xz -T2 -6 > .dev/one_bench.tar.xz
+tar -cf - -C "$tmp/suite" . | xz -T2 -6 > .dev/one_suite.tar.xz
+ls -la .dev/one_bench.tar.xz .dev/one_suite.tar.xz
