@@ -320,7 +320,7 @@ def cli(argv):
     r.add_argument("--w4-modes", default="eager,default", help="W4 peer modes (each pass ~15 s)")
     r.add_argument("--w5-modes", default=",".join(bt.W5_MODES), help="W5 (SwinUNETR) peer modes")
     r.add_argument("--reps", type=int, default=3, help="timed passes per W1/W2 peer mode (median)")
-    r.add_argument("--mode-timeout", type=float, default=480, help="seconds per compiled peer mode, compile included")
+    r.add_argument("--mode-timeout", type=float, default=900, help="seconds per compiled peer mode, compile included (W1 max-autotune: 6-8 min)")
     r.add_argument("--eager-timeout", type=float, default=180, help="seconds per eager peer mode")
     r.add_argument("--deadline", type=float, help="seconds for the whole run: a step is cut or skipped so the run ends by then")
     m = sub.add_parser("merge", help="join the results of several runs (say, two device calls) into one table")
