@@ -28,8 +28,12 @@ const SUPPORTED: &[&str] = &[
     "vnet",
 ];
 
+/// The fixtures: the committed ones, or other instances (`VOXTILE_ARCHS_DIR`, written by
+/// `tests/fixtures/archs/make.py --variant=1`).
 fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/archs")
+    std::env::var_os("VOXTILE_ARCHS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/archs"))
 }
 
 fn index() -> serde_json::Map<String, serde_json::Value> {
