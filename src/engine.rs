@@ -9,6 +9,7 @@
 //! gathers batches on the host and blends them; CUDA streams the whole window list through the
 //! device), and plans through its own [`crate::backend::MemoryModel`].
 
+mod bands;
 mod options;
 mod parts;
 mod report;

@@ -14,7 +14,7 @@ pub use budget::{
     cgroup_available, cgroup_headroom, format_bytes, host_available, mem_available, parse_bytes,
     parse_cgroup_limit, parse_mem_available, parse_proc_cgroup, tightest,
 };
-pub use choose::{choose, default_roi, receptive_field_warning, with_budget_source};
+pub use choose::{choose, default_roi, estimate, receptive_field_warning, with_budget_source};
 use serde::Serialize;
 
 /// What the planner was asked.
@@ -42,11 +42,16 @@ pub struct Plan {
     pub batch: usize,
     /// Windows on the volume.
     pub windows: usize,
+    /// Bands along H run one after another (1: the whole cross-section at once; more when its
+    /// accumulators do not fit the budget), cut by [`crate::tiling::bands`].
+    pub bands: usize,
+    /// Windows run: `windows` plus those near a band cut, which run in both bands.
+    pub windows_run: usize,
     /// The budget the plan was checked against, bytes.
     pub budget: u64,
     /// How the batch was found: "default" (kept), "planned" (chosen under the budget), "user".
     pub how: String,
-    /// The predicted memory of this roi and batch.
+    /// The predicted memory of this roi, batch and bands.
     pub estimate: Estimate,
     /// One line for the user, set when a user's explicit roi and batch exceed a default budget
     /// (run anyway) or an explicit roi is below the model's receptive field.

@@ -199,10 +199,17 @@ fn too_small_budget_is_a_clear_error() {
             };
             let e = choose_on(&g, target, &req).unwrap_err().to_string();
             let roi = plan::default_roi(&g, req.workload.shape);
-            let need = estimate_on_target(&g, target, roi, 1, &req.workload)
+            // The least any plan at that window needs: batch 1 in the thinnest bands along H.
+            let model = model_of(target);
+            let need = plan::estimate(&g, model.as_ref(), &req.workload, roi, 1, usize::MAX)
                 .unwrap()
                 .budgeted
                 .total();
+            let whole = estimate_on_target(&g, target, roi, 1, &req.workload)
+                .unwrap()
+                .budgeted
+                .total();
+            assert!(need < whole, "{name}: thinner bands need less");
             // It names the model's window and what batch 1 at that window needs.
             assert!(
                 e.contains("too small")
@@ -223,6 +230,13 @@ fn too_small_budget_is_a_clear_error() {
             .unwrap();
             assert!(ok.estimate.budgeted.total() <= need, "{name}");
             assert_eq!((ok.roi, ok.batch), (roi, 1), "{name}");
+            assert!(ok.bands > 1, "{name}");
+            // One byte less is refused.
+            let less = Request {
+                budget: need - 1,
+                ..req.clone()
+            };
+            assert!(choose_on(&g, target, &less).is_err(), "{name}");
         }
     }
 }

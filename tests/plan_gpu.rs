@@ -325,3 +325,80 @@ fn w1_at_a_2gib_budget_is_exact_at_batch_2() {
     eprintln!("RESULT plan_gpu w1 2GiB: labels equal to batch 1: {agree}");
     assert!(agree >= 0.999, "{agree}");
 }
+
+/// A budget one byte under the whole cross-section's need: the volume runs in bands along H, one
+/// after another, on the model's window. The outputs are those of the whole pass (bitwise on
+/// the CPU, `tests/bands.rs`; here to the device's own repeatability: instance norms sum with
+/// atomics), and the prediction (the tallest band's) bounds the measured peak as for one band.
+#[test]
+fn bands_under_a_tight_budget_match_the_whole_pass() {
+    if !gpu_present() {
+        return;
+    }
+    let mut models = vec![data("deepbrain.onnx")];
+    models.extend(shared("fixtures/models/nnunet_small.onnx"));
+    let shape = [64, 200, 48];
+    let vol = volume(shape);
+    for model in models {
+        for keep_logits in [false, true] {
+            let run = |budget: u64| {
+                let o = Options {
+                    device: Device::Cuda(0),
+                    memory_budget: Some(budget),
+                    roi: Some([32; 3]),
+                    batch: Some(2),
+                    keep_logits,
+                    ..Options::default()
+                };
+                let mut e = Engine::from_file(&model, o).unwrap();
+                let p = e.plan_for(shape).unwrap();
+                let seg = e.segment_array(vol.view(), &mut |_, _| {}).unwrap();
+                (p, parts(seg))
+            };
+            let (p1, (l1, g1, r1)) = run(8 << 30);
+            assert_eq!(p1.bands, 1);
+            let budget = p1.estimate.budgeted.total() - 1;
+            let (p2, (l2, g2, r2)) = run(budget);
+            let pred = r2.predicted_peak_bytes.device.unwrap();
+            let peak = r2.peak_device_bytes.unwrap();
+            let labels_differ = l1.iter().zip(&l2).filter(|(a, b)| a != b).count();
+            let bits_differ = g1
+                .iter()
+                .zip(&g2)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            let num: f64 = g1
+                .iter()
+                .zip(&g2)
+                .map(|(a, b)| ((a - b) as f64).powi(2))
+                .sum();
+            let den: f64 = g1.iter().map(|a| (*a as f64).powi(2)).sum();
+            let rel = (num / den.max(1e-30)).sqrt();
+            eprintln!(
+                "RESULT bands {} logits={keep_logits}: {} bands {:?}, {} windows run for {}; labels differ in {labels_differ} of {}, outputs bitwise different in {bits_differ} (rel L2 {rel:.2e}); device predicted {pred} measured {peak} (whole pass {}), budget {budget}",
+                model.file_name().unwrap().to_string_lossy(),
+                p2.bands,
+                r2.bands,
+                r2.windows_run,
+                r2.windows,
+                l1.len(),
+                r1.peak_device_bytes.unwrap(),
+            );
+            assert!(p2.bands >= 2);
+            assert_eq!(r2.bands.len(), p2.bands);
+            assert_eq!(r2.roi, [32; 3]);
+            assert!(r2.windows_run > r2.windows);
+            assert!(
+                pred <= budget && pred >= peak,
+                "prediction {pred}, peak {peak}"
+            );
+            assert!(pred as f64 <= 1.15 * peak as f64);
+            assert!(peak < r1.peak_device_bytes.unwrap());
+            assert!(
+                labels_differ * 10_000 <= l1.len(),
+                "labels differ in {labels_differ}"
+            );
+            assert!(rel <= 1e-3, "outputs rel L2 {rel}");
+        }
+    }
+}

@@ -258,3 +258,57 @@ fn w1_plan_fits_2gib_at_batch_2() {
     assert_eq!(p.roi, ROI);
     assert!(p.batch >= 2, "{}", p.batch);
 }
+
+/// W4: the W1 net on 1024x1024x512 at `--memory-budget 4GiB`. The whole 1024x512 cross-section's
+/// accumulator ring needs more than 4 GiB at batch 1 on 128³ windows, so the planner cuts H into
+/// the fewest bands whose tallest fits: two bands of 576 rows (8 of the 15 H positions each, one
+/// position run twice), the model's window kept.
+#[test]
+fn w4_runs_in_two_bands_at_4gib_on_the_models_window() {
+    let g = w1_graph();
+    let w = Workload {
+        shape: [1024, 1024, 512],
+        ..w1_workload()
+    };
+    let whole = estimate_on_target(&g, Target::Cuda, ROI, 1, &w).unwrap();
+    assert!(
+        whole.budgeted.total() > 4 << 30,
+        "{}",
+        whole.budgeted.total()
+    );
+    let p = choose_on(
+        &g,
+        Target::Cuda,
+        &plan::Request {
+            budget: 4 << 30,
+            budget_explicit: true,
+            user_roi: None,
+            user_batch: None,
+            workload: w,
+        },
+    )
+    .unwrap();
+    eprintln!(
+        "RESULT w4 --memory-budget 4GiB: roi {:?} batch {} bands {} windows {} run {} predicted {} ({:.3} GiB; whole cross-section at batch 1 {:.3} GiB)",
+        p.roi,
+        p.batch,
+        p.bands,
+        p.windows,
+        p.windows_run,
+        p.estimate.budgeted.total(),
+        p.estimate.budgeted.total() as f64 / (1u64 << 30) as f64,
+        whole.budgeted.total() as f64 / (1u64 << 30) as f64,
+    );
+    assert_eq!(p.roi, ROI);
+    assert_eq!(p.bands, 2);
+    assert_eq!(p.windows, 15 * 15 * 7);
+    assert_eq!(p.windows_run, 15 * 16 * 7);
+    assert!(p.estimate.budgeted.total() <= 4 << 30);
+    // The prediction is the tallest band's: the same volume cut to 576 rows.
+    let band = Workload {
+        shape: [1024, 576, 512],
+        ..w
+    };
+    let e = estimate_on_target(&g, Target::Cuda, ROI, p.batch, &band).unwrap();
+    assert_eq!(p.estimate.budgeted, e.budgeted);
+}

@@ -100,8 +100,9 @@ pub struct Pass<'a> {
     pub pad: PadMode,
     /// How labels are made.
     pub labels: LabelRule,
-    /// D planes whose NaN outputs are counted (a device's own share of a split volume).
-    pub own: Range<usize>,
+    /// D planes and H rows whose NaN outputs are counted: a device's own share of a split
+    /// volume, a band's own rows.
+    pub own: [Range<usize>; 2],
     /// Blend into one whole-volume accumulator instead of streaming slabs (CPU test hook for
     /// MONAI's accumulator; the CUDA backend streams always).
     pub blend_in_memory: bool,

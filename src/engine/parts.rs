@@ -1,6 +1,6 @@
 //! The devices of a run and how one volume's pass is shared among them (see [`super::split`]).
 
-use super::split::{self, Split};
+use super::split::Split;
 use crate::backend::{self, Backend, Device, Pass, PassOutput, StageTimes};
 use crate::{Error, Result};
 use ndarray::{s, Array3, Array4, Axis, Slice};
@@ -112,11 +112,14 @@ fn run_threads(
             .enumerate()
             .map(|(k, (worker, part))| {
                 let tx = tx.clone();
-                let sub = split::sub_grid(pass.grid, part);
+                let sub = crate::tiling::sub_grid(pass.grid, 0, part);
                 let volume = pass
                     .volume
                     .slice_axis(Axis(1), Slice::from(part.crop[0]..part.crop[1]));
-                let own = part.planes[0] - part.crop[0]..part.planes[1] - part.crop[0];
+                let own = [
+                    part.planes[0] - part.crop[0]..part.planes[1] - part.crop[0],
+                    pass.own[1].clone(),
+                ];
                 let inject_oom = if k == 0 { pass.inject_oom } else { None };
                 let (weights, batch, pad, labels, blend_in_memory, cancel) = (
                     pass.weights,

@@ -62,12 +62,15 @@ pub struct Report {
     pub predicted: Option<plan::Estimate>,
     /// Out-of-memory retries, one line each.
     pub oom_retries: Vec<String>,
-    /// Windows run, counting twice those two devices share when a volume is split (= `windows`
-    /// on one device).
+    /// Windows run, counting twice those two devices (or two bands) share when a volume is
+    /// split (= `windows` on one device in one band).
     pub windows_run: usize,
     /// Each device's share when the volume was split across several (empty on one device; the
     /// key is always there, so every report has the same keys).
     pub parts: Vec<PartReport>,
+    /// Network-axis H rows `[lo, hi)` of each band, in run order: one band `[0, H)` unless the
+    /// whole cross-section's accumulators did not fit the budget (see `Plan::bands`).
+    pub bands: Vec<[usize; 2]>,
 }
 
 /// One device's share of a split volume.
@@ -79,6 +82,8 @@ pub struct PartReport {
     pub planes: [usize; 2],
     /// The D planes `[lo, hi)` of the volume its windows read.
     pub crop: [usize; 2],
+    /// The network-axis H rows `[lo, hi)` of the band it was a share of.
+    pub rows: [usize; 2],
     /// Windows it ran.
     pub windows: usize,
     /// Its windows per backend call.

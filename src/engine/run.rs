@@ -1,9 +1,10 @@
 //! One volume through the engine: the plan, the pass on every device, the out-of-memory retry
 //! (the one place a batch is made smaller), the report.
 
-use super::parts::{run_parts, NetOut, PartRun};
+use super::bands::{run_bands, BandRun};
+use super::parts::{NetOut, PartRun};
 use super::report::{PartReport, PredictedPeak, Report, StageTimes};
-use super::{split, AxisOrder, Engine};
+use super::{AxisOrder, Engine};
 use crate::backend::{LabelRule, Pass};
 use crate::tiling::{self, Grid};
 use crate::{Error, Result};
@@ -27,6 +28,16 @@ impl Engine {
         };
         let shape = [net.shape()[1], net.shape()[2], net.shape()[3]];
         let planned = self.plan_for(shape)?;
+        if planned.bands > 1 {
+            tracing::info!(
+                "the accumulators of the whole {}x{} cross-section do not fit the memory budget: {} bands along H, run one after another ({} windows run for {})",
+                shape[1],
+                shape[2],
+                planned.bands,
+                planned.windows_run,
+                planned.windows
+            );
+        }
         if let Some(w) = &planned.warning {
             if self.warned.insert(w.clone()) {
                 tracing::warn!("{w}");
@@ -45,7 +56,7 @@ impl Engine {
             ..Default::default()
         };
         let ((labels_net, logits_net), rule) =
-            self.run_with_retry(net, planned.batch, &mut report, progress)?;
+            self.run_with_retry(net, planned.batch, planned.bands, &mut report, progress)?;
         if let Some(n) = report.nan_output_voxels.filter(|&n| n > 0) {
             tracing::warn!(
                 "{n} voxels of the blended network output are NaN: their labels are meaningless (the model produced non-finite values)"
@@ -55,8 +66,14 @@ impl Engine {
         let est = if report.batch == planned.batch {
             planned.estimate
         } else {
-            self.memory()
-                .estimate(&self.graph, report.roi, report.batch, &self.workload(shape))?
+            crate::plan::estimate(
+                &self.graph,
+                self.memory(),
+                &self.workload(shape),
+                report.roi,
+                report.batch,
+                planned.bands,
+            )?
         };
         report.predicted_peak_bytes = PredictedPeak {
             host: est.predicted_host(),
@@ -103,12 +120,14 @@ impl Engine {
         })
     }
 
-    /// The pass over `net` at `report.roi`, starting at `batch` and halved on each
-    /// out-of-memory error (see [`oom_retry_batch`]); fills the report's run fields.
+    /// The pass over `net` at `report.roi` in `bands` bands along H, starting at `batch` and
+    /// halved on each out-of-memory error (see [`oom_retry_batch`]); fills the report's run
+    /// fields.
     fn run_with_retry(
         &mut self,
         net: ArrayView4<f32>,
         mut batch: usize,
+        bands: usize,
         report: &mut Report,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<(NetOut, LabelRule)> {
@@ -118,7 +137,7 @@ impl Engine {
         let grid = Grid::new(shape, roi, o.overlap, o.placement)?;
         let weights = self.pass_weights(roi);
         let o = &self.options;
-        let split = split::split(&grid, self.workers.len());
+        let bands = tiling::bands(&grid, bands);
         let mut inject_oom = o.inject_oom.filter(|_| !self.is_cuda());
         let cancel = o.cancel.clone();
         // A retried pass starts over: progress holds at its high-water mark, never goes back.
@@ -143,29 +162,34 @@ impl Engine {
                 batch,
                 pad: self.options.pad,
                 labels: rule,
-                own: 0..shape[0],
+                own: [0..shape[0], 0..shape[1]],
                 blend_in_memory: self.options.blend_in_memory,
                 // The hook fires once per run: not again in the retried pass.
                 inject_oom: inject_oom.take(),
                 cancel: &cancel,
             };
-            let (result, runs) = match prepared {
-                Ok(()) => run_parts(&mut self.workers, &pass, &split, &mut progress),
+            let (result, done) = match prepared {
+                Ok(()) => run_bands(&mut self.workers, &pass, &bands, &mut progress),
                 Err(e @ Error::OutOfMemory(_)) => (Err(e), Vec::new()),
                 Err(e) => return Err(e),
             };
-            merge_times(report, &runs);
+            // The bands run one after another, the parts of a band at once.
+            for b in &done {
+                merge_times(report, &b.runs);
+            }
+            let runs: Vec<&PartRun> = done.iter().flat_map(|b| &b.runs).collect();
             match result {
                 Ok(out) => {
                     report.batch = batch;
                     report.windows = grid.len();
-                    report.windows_run = split.windows_run();
+                    report.windows_run = done.iter().map(|b| b.split.windows_run()).sum();
+                    report.bands = done.iter().map(|b| b.band.planes).collect();
                     report.nan_output_voxels = Some(runs.iter().map(|r| r.nan_voxels).sum());
                     report.measured_activation_bytes = runs.iter().map(|r| r.measured_act).max();
                     report.peak_device_bytes = runs.iter().filter_map(|r| r.peak_device).max();
                     report.gpu = details(&runs);
-                    if split.parts.len() > 1 {
-                        report.parts = self.part_reports(&split, &runs, batch);
+                    if done.iter().any(|b| b.split.parts.len() > 1) {
+                        report.parts = self.part_reports(&done, batch);
                     }
                     return Ok((out, rule));
                 }
@@ -209,23 +233,23 @@ impl Engine {
         w
     }
 
-    /// Each device's share of a split volume, for the report.
-    fn part_reports(
-        &self,
-        split: &split::Split,
-        runs: &[PartRun],
-        batch: usize,
-    ) -> Vec<PartReport> {
-        split
-            .parts
-            .iter()
-            .zip(runs)
-            .enumerate()
-            .map(|(k, (p, r))| PartReport {
+    /// Each device's share of a split volume (in each band), for the report.
+    fn part_reports(&self, done: &[BandRun], batch: usize) -> Vec<PartReport> {
+        done.iter()
+            .flat_map(|b| {
+                b.split
+                    .parts
+                    .iter()
+                    .zip(&b.runs)
+                    .enumerate()
+                    .map(move |(k, (p, r))| (b, k, p, r))
+            })
+            .map(|(b, k, p, r)| PartReport {
                 device: self.workers[k].name.clone(),
                 planes: p.planes,
                 crop: p.crop,
-                windows: split.windows(k),
+                rows: b.band.planes,
+                windows: b.split.windows(k),
                 batch,
                 compute_seconds: r.seconds.compute,
                 peak_device_bytes: r.peak_device,
@@ -256,8 +280,9 @@ fn merge_times(report: &mut Report, runs: &[PartRun]) {
     report.seconds.finalize += slowest(|t| t.finalize);
 }
 
-/// The backends' own details (CUDA event timings): one device's, or a list of every device's.
-fn details(runs: &[PartRun]) -> Option<serde_json::Value> {
+/// The backends' own details (CUDA event timings): one run's, or a list of every device's (in
+/// each band).
+fn details(runs: &[&PartRun]) -> Option<serde_json::Value> {
     if runs.len() == 1 {
         runs[0].details.clone()
     } else {

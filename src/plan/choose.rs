@@ -1,8 +1,9 @@
 //! Choosing the run's window and batch under a budget, through a backend's [`MemoryModel`].
 
-use super::{format_bytes, Plan, Request, Target, MAX_BATCH, MAX_ROI};
+use super::{format_bytes, Estimate, Plan, Request, Target, Workload, MAX_BATCH, MAX_ROI};
 use crate::backend::MemoryModel;
 use crate::model::graph::Graph;
+use crate::tiling::{self, Grid};
 use crate::{Error, Result};
 
 /// The roi used when nothing asks otherwise: the model's fixed size, else 128 clipped to the
@@ -51,20 +52,66 @@ pub fn receptive_field_warning(graph: &Graph, roi: [usize; 3]) -> Option<String>
     })
 }
 
-/// Choose the batch for the model's window under the budget.
+/// The workload one of `n` bands along H sees (see [`crate::tiling::bands`]): the volume cut to
+/// the tallest band, which sets the accumulators, with the band's input copy and outputs counted
+/// as its own (no input copy of its own: the band is that copy). One band: `w` itself.
+fn band_workload(w: &Workload, roi: [usize; 3], n: usize) -> Result<(Workload, usize, usize)> {
+    let grid = Grid::new(w.shape, roi, w.overlap, w.placement)?;
+    let parts = tiling::bands(&grid, n);
+    if parts.len() == 1 {
+        return Ok((*w, 1, grid.len()));
+    }
+    let rows = parts
+        .iter()
+        .map(|p| p.crop[1] - p.crop[0])
+        .max()
+        .unwrap_or(0);
+    let band = Workload {
+        shape: [w.shape[0], rows, w.shape[2]],
+        copy_input: false,
+        ..*w
+    };
+    Ok((band, parts.len(), tiling::windows_run(&grid, 1, &parts)))
+}
+
+/// The prediction for `batch` windows of `roi` run in `bands` bands along H: the backend's
+/// estimate for the tallest band (what the budget is compared with), the whole volume's input
+/// and outputs beside the band's copy and outputs, and the grid's windows.
+pub fn estimate(
+    graph: &Graph,
+    model: &dyn MemoryModel,
+    w: &Workload,
+    roi: [usize; 3],
+    batch: usize,
+    bands: usize,
+) -> Result<Estimate> {
+    let (bw, n, _) = band_workload(w, roi, bands)?;
+    let mut e = model.estimate(graph, roi, batch, &bw)?;
+    if n > 1 {
+        let whole = model.estimate(graph, roi, batch, w)?;
+        e.volume_bytes = e.volume_bytes.saturating_add(whole.volume_bytes);
+        e.windows = whole.windows;
+    }
+    Ok(e)
+}
+
+/// Choose the batch (and, when the whole cross-section does not fit, the bands) for the model's
+/// window under the budget.
 ///
 /// The window is never shrunk (a smaller window changes the numerics): it is the user's roi (or
-/// a manifest's), else the model's fixed input size, else [`default_roi`]. Only the batch is
-/// planned. Heuristic (throughput): the batch with the lowest modelled time
-/// ([`MemoryModel::cost`]) among those
-/// that fit (ties: the larger); on CUDA a launch is costed as at least one 128³ window (small
-/// launches under-use the GPU), on the CPU a batch's windows run one after another, so the batch
-/// stays 1 unless given. Without an explicit budget the default batch (1 on CPU, 2 on CUDA) is
-/// kept when it fits.
+/// a manifest's), else the model's fixed input size, else [`default_roi`]. When batch 1 (or the
+/// user's batch) does not fit, the volume is cut into the fewest bands along H whose tallest
+/// fits: the bands run one after another and give the same result, at the price of the windows
+/// near a cut running twice. Then the batch is planned. Heuristic (throughput): the batch with
+/// the lowest modelled time ([`MemoryModel::cost`]) among those that fit (ties: the larger); on
+/// CUDA a launch is costed as at least one 128³ window (small launches under-use the GPU), on
+/// the CPU a batch's windows run one after another, so the batch stays 1 unless given. Without
+/// an explicit budget the default batch (1 on CPU, 2 on CUDA) is kept when it fits.
 ///
-/// When batch 1 at that window does not fit, it is an error naming the window and the budget it
-/// needs; a user's explicit roi + batch over the *default* budget only warns (run anyway). An
-/// explicit roi below the model's receptive field runs with a warning (`Plan::warning`).
+/// When batch 1 at that window does not fit even in the thinnest bands, it is an error naming the
+/// window and the budget it needs; a user's explicit roi + batch over the *default* budget only
+/// warns (run anyway, whole). An explicit roi below the model's receptive field runs with a
+/// warning (`Plan::warning`).
 pub fn choose(graph: &Graph, model: &dyn MemoryModel, req: &Request) -> Result<Plan> {
     let w = &req.workload;
     let roi = run_window(graph, req)?;
@@ -74,10 +121,15 @@ pub fn choose(graph: &Graph, model: &dyn MemoryModel, req: &Request) -> Result<P
         .and_then(|r| receptive_field_warning(graph, r))
         .into_iter()
         .collect();
-    let need = |b: usize| -> Result<u64> { Ok(model.estimate(graph, roi, b, w)?.budgeted.total()) };
+    let need = |b: usize, n: usize| -> Result<u64> {
+        Ok(estimate(graph, model, w, roi, b, n)?.budgeted.total())
+    };
     // Exports of transformer nets fix the batch in their Reshape targets.
     let cap = model.max_batch(graph, roi);
-    let (batch, how) = match req.user_batch {
+    let positions = Grid::new(w.shape, roi, w.overlap, w.placement)?
+        .origins(1)
+        .len();
+    let (batch, bands, how) = match req.user_batch {
         Some(b) => {
             if b > cap {
                 warnings.push(format!(
@@ -85,24 +137,25 @@ pub fn choose(graph: &Graph, model: &dyn MemoryModel, req: &Request) -> Result<P
                 ));
             }
             let b = b.min(windows).min(cap).max(1);
-            let need = need(b)?;
-            if need > req.budget {
-                if req.budget_explicit || req.user_roi.is_none() {
-                    return Err(too_small(model.target(), req, roi, b, need));
+            match fewest_bands(positions, |n| Ok(need(b, n)? <= req.budget))? {
+                Some(n) => (b, n, "user"),
+                None if req.budget_explicit || req.user_roi.is_none() => {
+                    return Err(too_small(model.target(), req, roi, b, need(b, positions)?));
                 }
-                warnings.push(format!(
-                    "roi {roi:?} with batch {b} needs {} but the memory budget is {}",
-                    format_bytes(need),
-                    format_bytes(req.budget)
-                ));
+                None => {
+                    warnings.push(format!(
+                        "roi {roi:?} with batch {b} needs {} but the memory budget is {}",
+                        format_bytes(need(b, 1)?),
+                        format_bytes(req.budget)
+                    ));
+                    (b, 1, "user")
+                }
             }
-            (b, "user")
         }
         None => {
-            let need1 = need(1)?;
-            if need1 > req.budget {
-                return Err(too_small(model.target(), req, roi, 1, need1));
-            }
+            let Some(n) = fewest_bands(positions, |n| Ok(need(1, n)? <= req.budget))? else {
+                return Err(too_small(model.target(), req, roi, 1, need(1, positions)?));
+            };
             let target = model.target();
             let default_batch = match target {
                 Target::Cpu => 1,
@@ -116,21 +169,47 @@ pub fn choose(graph: &Graph, model: &dyn MemoryModel, req: &Request) -> Result<P
             .min(windows)
             .min(cap)
             .max(1);
-            let b = best_batch(model, windows, roi, bmax, |b| Ok(need(b)? <= req.budget))?;
+            let run = band_workload(w, roi, n)?.2;
+            let b = best_batch(model, run, roi, bmax, |b| Ok(need(b, n)? <= req.budget))?;
             let kept_default = !req.budget_explicit && b == default_batch.min(windows).max(1);
-            (b, if kept_default { "default" } else { "planned" })
+            (b, n, if kept_default { "default" } else { "planned" })
         }
     };
-    let e = model.estimate(graph, roi, batch, w)?;
+    let (_, bands, windows_run) = band_workload(w, roi, bands)?;
+    let e = estimate(graph, model, w, roi, batch, bands)?;
     Ok(Plan {
         roi,
         batch,
         windows: e.windows,
+        bands,
+        windows_run,
         budget: req.budget,
         how: how.into(),
         estimate: e,
         warning: (!warnings.is_empty()).then(|| warnings.join("; ")),
     })
+}
+
+/// The fewest bands in `1..=positions` (the H positions of the grid) that fit: one when it
+/// fits, else a bisection (a band count that fits is checked; the tallest band shrinks as the
+/// count grows); None when even one band per position does not.
+fn fewest_bands(positions: usize, fits: impl Fn(usize) -> Result<bool>) -> Result<Option<usize>> {
+    if fits(1)? {
+        return Ok(Some(1));
+    }
+    if positions <= 1 || !fits(positions)? {
+        return Ok(None);
+    }
+    let (mut lo, mut hi) = (1, positions);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if fits(mid)? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(Some(hi))
 }
 
 /// The batch in `1..=bmax` of lowest modelled cost among those that fit (memory grows with the

@@ -13,6 +13,14 @@ impl Plan {
             "roi {:?}  batch {}  windows {}  ({} plan)\n",
             self.roi, self.batch, self.windows, self.how
         );
+        if self.bands > 1 {
+            s += &format!(
+                "bands {} along H, one after another: {} windows run ({} near the cuts run twice); the memory below is the tallest band's\n",
+                self.bands,
+                self.windows_run,
+                self.windows_run - self.windows
+            );
+        }
         let what = match e.target {
             Target::Cuda => "device",
             Target::Cpu => "host",

@@ -75,11 +75,12 @@ impl Grid {
         self.starts.len()
     }
 
-    /// Distinct D origins, ascending (the starts are D-major, so already sorted).
-    pub fn d_origins(&self) -> Vec<usize> {
-        let mut d: Vec<usize> = self.starts.iter().map(|s| s[0]).collect();
-        d.dedup();
-        d
+    /// Distinct origins along `axis`, ascending.
+    pub fn origins(&self, axis: usize) -> Vec<usize> {
+        let mut o: Vec<usize> = self.starts.iter().map(|s| s[axis]).collect();
+        o.sort_unstable();
+        o.dedup();
+        o
     }
 
     /// True when there are no windows (never, for a grid built by [`Grid::new`]).

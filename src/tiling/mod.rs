@@ -21,6 +21,7 @@
 mod blend;
 mod grid;
 mod parse;
+mod partition;
 mod weights;
 
 pub use blend::{
@@ -28,4 +29,5 @@ pub use blend::{
 };
 pub use grid::{window_count, Grid, Placement, MAX_WINDOWS};
 pub use parse::{parse_sigma_scale, parse_spacing, parse_triple_f64, parse_triple_usize};
+pub use partition::{bands, partition, sub_grid, windows_run, Part};
 pub use weights::{pass_weights, weight_map, weight_map_nnunet, BlendMode, NNUNET_VALUE_SCALING};

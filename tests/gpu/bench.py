@@ -36,7 +36,10 @@ def w4_note(vx):
     """Roi, batch, windows and device peak of a timed W4 voxtile run (its report removed)."""
     rep = vx.pop("report")
     pred = ((rep.get("predicted_peak_bytes") or {}).get("device") or 0) / bt.GIB
-    return (f"voxtile roi {'x'.join(map(str, rep['roi']))}, batch {rep['batch']}, {rep['windows']} windows, "
+    bands = rep.get("bands") or []
+    cut = (f" in {len(bands)} bands along H (rows {', '.join(f'{a}-{b}' for a, b in bands)}), "
+           f"{rep.get('windows_run')} windows run") if len(bands) > 1 else ""
+    return (f"voxtile roi {'x'.join(map(str, rep['roi']))}, batch {rep['batch']}, {rep['windows']} windows{cut}, "
             f"device peak predicted {pred:.3f} / measured {vx['peak_gib']:.3f} GiB")
 
 

@@ -23,13 +23,16 @@ run() {
   echo "=== rc $rc" | tee -a "$LOG"
   [ $rc -eq 0 ] || status=1
 }
-# QUICK=1 skips the op-level suite (kernel compile, lib unit tests, cuda_ops, cuda_pipeline).
-if [ "${QUICK:-0}" != 1 ]; then
+# The op-level suite: kernel compile, lib unit tests, cuda_ops (the long part, ~5.5 min).
+long_part() {
 run "$DIR/cuda_kernels_compile" --nocapture
 run "$DIR/voxtile_lib" --test-threads=1 backend::cuda
 # First run fills the PTX cache, the second must load every family from it.
 run "$DIR/cuda_ops" --test-threads=1 --nocapture
 run "$DIR/cuda_ops" --test-threads=1 --nocapture conv_transpose_variants
+}
+# Whole passes and op groups on the GPU.
+pass_part() {
 # The streamed sliding-window pipeline (vs f64, device peak vs D, OOM retry, stage overlap).
 [ -x "$DIR/cuda_pipeline" ] && run "$DIR/cuda_pipeline" --test-threads=1 --nocapture
 # Pad / Tile on the GPU (tests/ops_pad.rs, its cuda_ tests).
@@ -41,11 +44,23 @@ run "$DIR/cuda_ops" --test-threads=1 --nocapture conv_transpose_variants
 [ -x "$DIR/cuda_attention" ] && run "$DIR/cuda_attention" --test-threads=1 --nocapture
 # The architecture fixtures (tests/fixtures/archs) on the GPU: window and sliding window.
 [ -x "$DIR/archs" ] && run "$DIR/archs" --test-threads=1 --nocapture gpu
-fi
-# The planner's CUDA prediction against the launch list's buffers and the measured peak; OOM retry.
+}
+# The planner and the real fixtures.
+model_part() {
+# The planner's CUDA prediction against the launch list's buffers and the measured peak; OOM
+# retry; bands along H under a tight budget.
 [ -x "$DIR/plan_gpu" ] && VOXTILE_DATA_DIR="$PWD/data" VOXTILE_SHARED_DIR="$DIR/shared" run "$DIR/plan_gpu" --test-threads=1 --nocapture
 # The real fixtures: PyTorch model outputs, MONAI sliding windows, deepbrain vs onnxruntime, MeshNet.
 [ -x "$DIR/gpu_fixtures" ] && VOXTILE_SHARED_DIR="$DIR/shared" VOXTILE_DATA_DIR="$PWD/data" VOXTILE_REQUIRE_FIXTURES=1 run "$DIR/gpu_fixtures" --test-threads=1 --nocapture
+}
+# QUICK=1 skips the op-level suite and the op groups; LONG_LAST=1 runs the long part last (a run
+# that may be cut by the device budget keeps the whole-pass tests).
+if [ "${LONG_LAST:-0}" = 1 ]; then
+  pass_part; model_part; long_part
+else
+  if [ "${QUICK:-0}" != 1 ]; then long_part; pass_part; fi
+  model_part
+fi
 if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   run timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$DIR/cuda_ops" --test-threads=1 --skip bench
 fi

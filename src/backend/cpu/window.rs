@@ -27,12 +27,16 @@ impl Store<'_, '_> {
     fn put(&mut self, slab: Slab, seconds: &mut StageTimes) {
         let t = Instant::now();
         let n = slab.data.shape()[1];
-        let own = &self.pass.own;
-        // This device's own planes of the slab (the others belong to a neighbour's share).
+        let [own, rows] = &self.pass.own;
+        // This device's own planes and rows of the slab (the others belong to a neighbour).
         let (lo, hi) = (own.start.max(slab.d0), own.end.min(slab.d0 + n));
         if lo < hi {
-            self.nan_voxels +=
-                tiling::nan_voxels(slab.data.slice(s![.., lo - slab.d0..hi - slab.d0, .., ..]));
+            self.nan_voxels += tiling::nan_voxels(slab.data.slice(s![
+                ..,
+                lo - slab.d0..hi - slab.d0,
+                rows.clone(),
+                ..
+            ]));
         }
         let l = self.pass.labels.labels(slab.data.view());
         self.labels

@@ -8,7 +8,7 @@ use crate::backend::{Backend, MemoryModel, Pass, PassOutput, StageTimes};
 use crate::model::Graph;
 use crate::tiling::{self, PadMode};
 use crate::{Error, Result};
-use ndarray::{Array3, Array5, ArrayView5, Axis, Slice};
+use ndarray::{s, Array3, Array5, ArrayView5};
 use std::ops::Range;
 use std::time::Instant;
 
@@ -66,9 +66,10 @@ impl Backend for CudaBackend {
         };
         let nan_voxels = match (&logits, nan_planes) {
             (Some(o), _) => {
-                tiling::nan_voxels(o.slice_axis(Axis(1), Slice::from(pass.own.clone())))
+                let [own, rows] = pass.own.clone();
+                tiling::nan_voxels(o.slice(s![.., own, rows, ..]))
             }
-            (None, Some(nan)) => take_nan_labels(&mut labels, &nan, pass.own.clone()),
+            (None, Some(nan)) => take_nan_labels(&mut labels, &nan, &pass.own),
             (None, None) => 0,
         };
         progress(grid.len(), grid.len());
@@ -88,11 +89,18 @@ impl Backend for CudaBackend {
 }
 
 /// The device argmax marks a voxel whose blended outputs hold a NaN with label 0xFFFF (no model
-/// has that many channels; `nan` counts them per plane): the count over planes `own`, and every
-/// mark written as 0, as the CPU's argmax does.
-fn take_nan_labels(labels: &mut Array3<u16>, nan: &[usize], own: Range<usize>) -> usize {
-    if nan.iter().any(|&n| n > 0) {
-        labels.mapv_inplace(|l| if l == u16::MAX { 0 } else { l });
+/// has that many channels; `nan` counts them per plane): the marks in the planes and rows `own`,
+/// and every mark written as 0, as the CPU's argmax does.
+fn take_nan_labels(labels: &mut Array3<u16>, nan: &[usize], own: &[Range<usize>; 2]) -> usize {
+    if nan.iter().all(|&n| n == 0) {
+        return 0;
     }
-    nan.get(own).map_or(0, |p| p.iter().sum())
+    let [planes, rows] = own.clone();
+    let n = labels
+        .slice(s![planes, rows, ..])
+        .iter()
+        .filter(|&&l| l == u16::MAX)
+        .count();
+    labels.mapv_inplace(|l| if l == u16::MAX { 0 } else { l });
+    n
 }

@@ -257,15 +257,29 @@ pub(crate) fn load_all(
     let mut from_cache = 0;
     for fam in FAMILIES {
         let name = fam.name();
+        let t = std::time::Instant::now();
         let (image, cached) = image_cached(name, fam.source(), arch, driver_version)?;
         from_cache += cached as usize;
+        let got = t.elapsed().as_secs_f64() * 1e3;
+        let kind = if image.cubin.is_some() {
+            "cubin"
+        } else {
+            "PTX"
+        };
         let module = load_image(ctx, name, image)?;
+        let loaded = t.elapsed().as_secs_f64() * 1e3 - got;
         for e in fam.entries() {
             let f = module
                 .load_function(e)
                 .map_err(drv(&format!("loading kernel {e}")))?;
             funcs.insert(e, f);
         }
+        // Where a start's time goes (W3): the image from the cache or NVRTC, the driver's load.
+        tracing::debug!(
+            "kernels/{name}.cu: {kind} from {} in {got:.1} ms, module load {loaded:.1} ms, functions {:.1} ms",
+            if cached { "the cache" } else { "NVRTC" },
+            t.elapsed().as_secs_f64() * 1e3 - got - loaded
+        );
     }
     if major >= 8 {
         let halo = HALO_CONFIGS

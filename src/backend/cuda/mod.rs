@@ -100,7 +100,12 @@ impl CudaBackend {
                 "CUDA device {device} does not exist ({count} found)"
             )));
         }
+        let t = std::time::Instant::now();
         let ctx = CudaContext::new(device).map_err(drv("context creation"))?;
+        tracing::debug!(
+            "CUDA context on device {device} in {:.0} ms",
+            t.elapsed().as_secs_f64() * 1e3
+        );
         device::mem_start(&ctx);
         // SAFETY: this backend orders its own streams with events; nothing else uses the context's slices.
         unsafe { ctx.disable_event_tracking() };
