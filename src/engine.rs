@@ -183,7 +183,13 @@ impl Engine {
     /// [`crate::Pipeline::from_model`].
     pub fn from_file(model: impl AsRef<Path>, options: Options) -> Result<Engine> {
         let model = model.as_ref();
+        let t = Instant::now();
         let graph = crate::model::onnx::load(model)?;
+        tracing::debug!(
+            "model {} loaded in {:.0} ms",
+            model.display(),
+            t.elapsed().as_secs_f64() * 1e3
+        );
         let mut engine = Engine::new(graph, options).map_err(|e| e.with_model(model))?;
         engine.model_path = Some(model.to_path_buf());
         Ok(engine)

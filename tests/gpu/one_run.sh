@@ -4,7 +4,9 @@
 # and later calls poll it (the machine stays warm while calls follow each other).
 #   call 1, carrying .dev/one_bench.tar.xz:  bash tests/gpu/one_run.sh start [ARCHIVE_DIR=.dev]
 #   call 2, carrying .dev/one_suite.tar.xz:  bash tests/gpu/one_run.sh suite-ready; bash tests/gpu/one_run.sh poll 560
-#   later calls:                             bash tests/gpu/one_run.sh poll 560
+#   call 3, carrying .dev/one_fixtures.tar.xz: bash tests/gpu/one_run.sh fixtures-ready; bash tests/gpu/one_run.sh poll 540
+#   later calls:                             bash tests/gpu/one_run.sh poll 540
+# SUITE_ONLY=1 on `start` runs the suite alone (no bench archive, no bench): calls 2 and 3 as above.
 # The bench runs first, alone on the GPU (no test may overlap the peers' autotuning), then the suite
 # (tests/gpu/run.sh, its whole-pass tests first). Results in /tmp/one_run; `poll` packs them into
 # $OUT/one_run.tgz and prints the tables when done. BENCH_ARGS replaces the bench's arguments (default
@@ -18,17 +20,21 @@ start)
   mkdir -p $R /tmp/one_repo
   # A copy of the tree: the device's checkout is re-synced by every call.
   (cd "$here" && tar --exclude=./.dev --exclude=./.git --exclude=./target -cf - . | tar -xf - -C /tmp/one_repo)
-  cp "${2:-$here/.dev}/one_bench.tar.xz" $R/ && echo "${2:-$here/.dev}" > $R/archives
+  echo "${2:-$here/.dev}" > $R/archives
+  if [ "${SUITE_ONLY:-0}" = 1 ]; then touch $R/suite_only; else cp "${2:-$here/.dev}/one_bench.tar.xz" $R/; fi
   setsid nohup bash /tmp/one_repo/tests/gpu/one_run.sh run > $R/run.log 2>&1 < /dev/null &
   echo "started; bash tests/gpu/one_run.sh poll SECONDS"
   ;;
 suite-ready)
   cp "$(cat $R/archives)/one_suite.tar.xz" $R/ && touch $R/suite_ready
   ;;
+fixtures-ready)
+  cp "$(cat $R/archives)/one_fixtures.tar.xz" $R/ && touch $R/fixtures_ready
+  ;;
 run)
   cd /tmp/one_repo
-  B=/tmp/one_repo/.dev/one; mkdir -p $B
-  tar -xJf $R/one_bench.tar.xz -C $B
+  B=/tmp/one_repo/.dev/one; mkdir -p $B/gb
+  [ -f $R/suite_only ] || tar -xJf $R/one_bench.tar.xz -C $B
   export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
   export XDG_CACHE_HOME=/tmp/voxtile-cache VOXTILE_REQUIRE_GPU=1 VOXTILE_REQUIRE_NVRTC=1
   T0=$(date +%s)
@@ -40,6 +46,7 @@ run)
       if [ -f $R/suite_ready ]; then
         tar -xJf $R/one_suite.tar.xz -C $B && cp $B/cuda_ops $B/gb/ && touch $R/suite_in; break
       fi; sleep 5; done ) &
+  if [ ! -f $R/suite_only ]; then
   # shellcheck disable=SC2086
   OUT=$R BUNDLE=$B/gb bash tests/gpu/bench.sh --work /tmp/work ${BENCH_ARGS:---only w1,w2,w3,w4,k1 \
     --modes eager,default,reduce-overhead,max-autotune-no-cudagraphs --w4-modes eager --mode-timeout 900} \
@@ -56,7 +63,12 @@ run)
     echo "w3 debug rc $?" >> $R/w3_debug.log
   fi
   st w3 debug done
+  fi
   wait
+  # The sliding-window fixtures (gpu_fixtures requires them) come with the third call.
+  for _ in $(seq 60); do [ -f $R/fixtures_ready ] && break; sleep 5; done
+  [ -f $R/fixtures_ready ] && mkdir -p $B/shared/fixtures && tar -xJf $R/one_fixtures.tar.xz -C $B/shared/fixtures
+  st fixtures in
   # The whole-pass tests first: a run cut by the device budget loses the long op-level part.
   [ -f $R/suite_in ] && LONG_LAST=1 OUT=$R bash tests/gpu/run.sh $B > $R/suite_run.log 2>&1
   echo "suite rc $?" >> $R/suite_run.log
@@ -66,10 +78,13 @@ run)
 poll)
   end=$(( $(date +%s) + ${2:-560} ))
   while [ ! -f $R/done ] && [ "$(date +%s)" -lt $end ]; do sleep 5; done
-  tar --exclude=one_run/one_bench.tar.xz --exclude=one_run/one_suite.tar.xz -czf "${OUT:-/tmp}/one_run.tgz" -C /tmp one_run
+  tar --exclude=one_run/one_bench.tar.xz --exclude=one_run/one_suite.tar.xz \
+    --exclude=one_run/one_fixtures.tar.xz -czf "${OUT:-/tmp}/one_run.tgz" -C /tmp one_run
   cat $R/times.log 2>/dev/null
   tail -3 $R/bench_run.log 2>/dev/null
-  if [ -f $R/done ]; then tail -40 $R/suite_run.log; cat $R/bench/bench.md; echo "ONE RUN DONE"; fi
+  if [ -f $R/done ]; then
+    tail -40 $R/suite_run.log; [ -f $R/bench/bench.md ] && cat $R/bench/bench.md; echo "ONE RUN DONE"
+  fi
   ;;
 *)
   sed -n '2,12p' "$0"; exit 2

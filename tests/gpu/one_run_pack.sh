@@ -2,8 +2,10 @@
 # Packs what tests/gpu/one_run.sh needs into two archives that each fit a device call beside the
 # working tree (a call carries 64 MiB in all; the tree is ~47 MB): the bench bundle and the suite.
 # Run after tests/gpu/build.sh (and bench_bundle.sh):
-#   bash tests/gpu/one_run_pack.sh [SRC=.dev/gpu] [GB=.dev/gb]  ->  .dev/one_bench.tar.xz, .dev/one_suite.tar.xz
-# MeshNet (unknown licence) and the sliding-window fixtures (10 MB) stay behind: gpu_fixtures skips them.
+#   bash tests/gpu/one_run_pack.sh [SRC=.dev/gpu] [GB=.dev/gb]
+#     ->  .dev/one_bench.tar.xz, .dev/one_suite.tar.xz, .dev/one_fixtures.tar.xz
+# The sliding-window fixtures (10 MB, which gpu_fixtures requires) go in a third archive for a third
+# call; MeshNet (unknown licence) stays behind (gpu_fixtures skips it).
 set -euo pipefail
 SRC=${1:-.dev/gpu}
 GB=${2:-.dev/gb}
@@ -18,4 +20,5 @@ cp -r "$GB" "$tmp/bench/gb"
 rm -f "$tmp/bench/gb/cuda_ops" "$tmp/bench/gb/bench_old"   # one_run.sh copies the suite's cuda_ops in
 tar -cf - -C "$tmp/bench" gb | xz -T2 -6 > .dev/one_bench.tar.xz
 tar -cf - -C "$tmp/suite" . | xz -T2 -6 > .dev/one_suite.tar.xz
-ls -la .dev/one_bench.tar.xz .dev/one_suite.tar.xz
+tar -cf - -C "$SRC/shared/fixtures" sliding_window | xz -T2 -6 > .dev/one_fixtures.tar.xz
+ls -la .dev/one_bench.tar.xz .dev/one_suite.tar.xz .dev/one_fixtures.tar.xz

@@ -94,7 +94,12 @@ impl CudaBackend {
                 "no NVRTC found (libnvrtc.so): add the CUDA toolkit's lib64 folder to LD_LIBRARY_PATH".into(),
             ));
         }
+        let t = std::time::Instant::now();
         let count = CudaContext::device_count().map_err(drv("device count (cuInit)"))?;
+        tracing::debug!(
+            "cuInit and device count in {:.0} ms",
+            t.elapsed().as_secs_f64() * 1e3
+        );
         if device >= count.max(0) as usize {
             return Err(Error::Backend(format!(
                 "CUDA device {device} does not exist ({count} found)"
