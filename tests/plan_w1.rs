@@ -25,6 +25,22 @@ fn w1_workload() -> Workload {
     }
 }
 
+/// The planner's CUDA choice for `w` at an explicit `budget` (window and batch its own).
+fn plan_at(g: &Graph, w: Workload, budget: u64) -> plan::Plan {
+    choose_on(
+        g,
+        Target::Cuda,
+        &plan::Request {
+            budget,
+            budget_explicit: true,
+            user_roi: None,
+            user_batch: None,
+            workload: w,
+        },
+    )
+    .unwrap()
+}
+
 /// One line per node: op, weight shape / stride / pads of convs, and for a concat the ops that
 /// produce its inputs in order.
 fn structure(g: &Graph) -> Vec<String> {
@@ -234,18 +250,7 @@ fn w1_plan_fits_2gib_at_batch_2() {
             assert!(last < 2 << 30, "W1 at batch 2: {last}");
         }
     }
-    let p = choose_on(
-        &g,
-        Target::Cuda,
-        &plan::Request {
-            budget: 2 << 30,
-            budget_explicit: true,
-            user_roi: None,
-            user_batch: None,
-            workload: w,
-        },
-    )
-    .unwrap();
+    let p = plan_at(&g, w, 2 << 30);
     eprintln!(
         "RESULT w1 --memory-budget 2GiB: roi {:?} batch {} windows {} predicted {} ({:.3} GiB)",
         p.roi,
@@ -276,18 +281,7 @@ fn w4_runs_in_two_bands_at_4gib_on_the_models_window() {
         "{}",
         whole.budgeted.total()
     );
-    let p = choose_on(
-        &g,
-        Target::Cuda,
-        &plan::Request {
-            budget: 4 << 30,
-            budget_explicit: true,
-            user_roi: None,
-            user_batch: None,
-            workload: w,
-        },
-    )
-    .unwrap();
+    let p = plan_at(&g, w, 4 << 30);
     eprintln!(
         "RESULT w4 --memory-budget 4GiB: roi {:?} batch {} bands {} windows {} run {} predicted {} ({:.3} GiB; whole cross-section at batch 1 {:.3} GiB)",
         p.roi,
