@@ -33,8 +33,10 @@ W5_ROI, W5_BATCH = 96, 1
 
 
 def w4_note(vx):
-    """Roi, batch, windows and device peak of a timed W4 voxtile run (its report removed)."""
+    """Roi, batch, windows and device peak of a timed W4 voxtile run (its report replaced by its
+    stage times, kept as the W1/W2 rows keep theirs)."""
     rep = vx.pop("report")
+    vx["stages"] = dict(seconds=rep.get("seconds"), gpu=rep.get("gpu"), bands=rep.get("bands"))
     pred = ((rep.get("predicted_peak_bytes") or {}).get("device") or 0) / bt.GIB
     bands = rep.get("bands") or []
     cut = (f" in {len(bands)} bands along H (rows {', '.join(f'{a}-{b}' for a, b in bands)}), "
