@@ -14,7 +14,10 @@ pub use budget::{
     cgroup_available, cgroup_headroom, format_bytes, host_available, mem_available, parse_bytes,
     parse_cgroup_limit, parse_mem_available, parse_proc_cgroup, tightest,
 };
-pub use choose::{choose, default_roi, estimate, receptive_field_warning, with_budget_source};
+pub use choose::{
+    choose, default_roi, estimate, receptive_field_warning, with_budget_source, MAX_BANDS,
+    MAX_BAND_POSITIONS,
+};
 use serde::Serialize;
 
 /// What the planner was asked.

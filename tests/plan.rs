@@ -562,3 +562,31 @@ fn check_no_alias(name: &str, g: &Graph, bp: &voxtile::internals::cuda::plan::Bu
     }
     assert_eq!(bp.value_buf[g.output], Some(bp.output_buf));
 }
+
+/// A hostile shape cannot stall the planner in the band search: a million rows of 16-row windows
+/// (125000 H positions) under a budget too small for the whole cross-section is refused at once
+/// (no bands past `MAX_BAND_POSITIONS`), and a real wide volume is cut within `MAX_BANDS`.
+#[test]
+fn band_search_is_bounded() {
+    let g = voxtile::model::onnx::load(data("deepbrain.onnx")).unwrap();
+    let req = |shape: [usize; 3], budget: u64| Request {
+        budget,
+        budget_explicit: true,
+        user_roi: Some([16; 3]),
+        user_batch: None,
+        workload: workload(shape),
+    };
+    let t = std::time::Instant::now();
+    let e = choose_on(&g, Target::Cpu, &req([16, 1_000_000, 16], 1 << 20)).unwrap_err();
+    assert!(t.elapsed().as_secs_f64() < 10.0, "{:?}", t.elapsed());
+    assert!(e.to_string().contains("too small"), "{e}");
+    // 2000 rows of 16: 249 positions, a budget for about a tenth of the cross-section.
+    let shape = [16, 2000, 64];
+    let whole = estimate_on_target(&g, Target::Cpu, [16; 3], 1, &workload(shape))
+        .unwrap()
+        .budgeted
+        .total();
+    let p = choose_on(&g, Target::Cpu, &req(shape, whole / 4)).unwrap();
+    assert!(p.bands > 1 && p.bands <= plan::MAX_BANDS, "{}", p.bands);
+    assert!(p.estimate.budgeted.total() <= whole / 4);
+}

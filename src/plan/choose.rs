@@ -57,7 +57,7 @@ pub fn receptive_field_warning(graph: &Graph, roi: [usize; 3]) -> Option<String>
 /// as its own (no input copy of its own: the band is that copy). One band: `w` itself.
 fn band_workload(w: &Workload, roi: [usize; 3], n: usize) -> Result<(Workload, usize, usize)> {
     let grid = Grid::new(w.shape, roi, w.overlap, w.placement)?;
-    let parts = tiling::bands(&grid, n);
+    let parts = tiling::bands(&grid, n.min(band_positions(&grid)));
     if parts.len() == 1 {
         return Ok((*w, 1, grid.len()));
     }
@@ -126,9 +126,7 @@ pub fn choose(graph: &Graph, model: &dyn MemoryModel, req: &Request) -> Result<P
     };
     // Exports of transformer nets fix the batch in their Reshape targets.
     let cap = model.max_batch(graph, roi);
-    let positions = Grid::new(w.shape, roi, w.overlap, w.placement)?
-        .origins(1)
-        .len();
+    let positions = band_positions(&Grid::new(w.shape, roi, w.overlap, w.placement)?);
     let (batch, bands, how) = match req.user_batch {
         Some(b) => {
             if b > cap {
@@ -190,9 +188,28 @@ pub fn choose(graph: &Graph, model: &dyn MemoryModel, req: &Request) -> Result<P
     })
 }
 
-/// The fewest bands in `1..=positions` (the H positions of the grid) that fit: one when it
-/// fits, else a bisection (a band count that fits is checked; the tallest band shrinks as the
-/// count grows); None when even one band per position does not.
+/// Most bands the planner considers; past [`MAX_BAND_POSITIONS`] H positions it cuts none. The
+/// exact cut is a dynamic programme of `bands × positions²` steps per call: these bounds keep a
+/// hostile shape (a million rows of 16-row windows) from stalling the planner, and real volumes
+/// (W4's 1024 rows at roi 128: 15 positions) far inside them.
+pub const MAX_BANDS: usize = 64;
+/// See [`MAX_BANDS`].
+pub const MAX_BAND_POSITIONS: usize = 256;
+
+/// The most bands worth trying on `grid`: one per H position, within [`MAX_BANDS`]; 1 (no cut)
+/// past [`MAX_BAND_POSITIONS`].
+fn band_positions(grid: &Grid) -> usize {
+    let p = grid.origins(1).len();
+    if p > MAX_BAND_POSITIONS {
+        1
+    } else {
+        p.min(MAX_BANDS)
+    }
+}
+
+/// The fewest bands in `1..=positions` ([`band_positions`]) that fit: one when it fits, else a
+/// bisection (a band count that fits is checked; the tallest band shrinks as the count grows);
+/// None when even the most bands do not.
 fn fewest_bands(positions: usize, fits: impl Fn(usize) -> Result<bool>) -> Result<Option<usize>> {
     if fits(1)? {
         return Ok(Some(1));
