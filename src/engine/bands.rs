@@ -3,7 +3,7 @@
 //! ([`super::parts`]), and each keeps only its own rows of the labels and blended outputs. The
 //! device therefore holds one band's accumulators, and the result is bitwise the whole pass's.
 
-use super::parts::{run_parts, NetOut, PartRun, Worker};
+use super::parts::{put_own, run_parts, whole_outputs, NetOut, PartRun, Worker};
 use super::split::{self, Split};
 use crate::backend::Pass;
 use crate::tiling::{sub_grid, Part};
@@ -43,13 +43,7 @@ pub(super) fn run_bands(
     let total = splits.iter().map(Split::windows_run).sum();
     let mut done = Vec::new();
     let out = (|| {
-        let [d, h, w] = pass.grid.shape;
-        let mut labels = alloc::try_zeros((d, h, w), "the label map")?;
-        let mut logits = pass
-            .labels
-            .keep_logits
-            .then(|| alloc::try_zeros((pass.labels.cout, d, h, w), "the logits"))
-            .transpose()?;
+        let mut whole = whole_outputs(pass)?;
         let mut before = 0;
         for ((band, grid), split) in bands.iter().zip(&grids).zip(splits) {
             let t = Instant::now();
@@ -58,7 +52,7 @@ pub(super) fn run_bands(
             let band_pass = Pass {
                 volume: volume.view(),
                 grid,
-                own: [pass.own[0].clone(), own.clone()],
+                own: [pass.own[0].clone(), own],
                 // The hook fires once per pass: in its first band.
                 inject_oom: pass.inject_oom.filter(|_| done.is_empty()),
                 ..*pass
@@ -68,16 +62,7 @@ pub(super) fn run_bands(
             let (r, mut runs) = run_parts(workers, &band_pass, &split, &mut prog);
             before += split.windows_run();
             let t = Instant::now();
-            let r = r.map(|(l, g)| {
-                let [lo, hi] = band.planes;
-                labels
-                    .slice_mut(s![.., lo..hi, ..])
-                    .assign(&l.slice(s![.., own.clone(), ..]));
-                if let (Some(out), Some(g)) = (&mut logits, g) {
-                    out.slice_mut(s![.., .., lo..hi, ..])
-                        .assign(&g.slice(s![.., .., own, ..]));
-                }
-            });
+            let r = r.map(|out| put_own(&mut whole, out, 1, band));
             if let Some(first) = runs.first_mut() {
                 first.seconds.finalize += copy + t.elapsed().as_secs_f64();
             }
@@ -88,7 +73,7 @@ pub(super) fn run_bands(
             });
             r?;
         }
-        Ok((labels, logits))
+        Ok(whole)
     })();
     (out, done)
 }

@@ -2,8 +2,9 @@
 
 use super::split::Split;
 use crate::backend::{self, Backend, Device, Pass, PassOutput, StageTimes};
+use crate::tiling::Part;
 use crate::{Error, Result};
-use ndarray::{s, Array3, Array4, Axis, Slice};
+use ndarray::{Array3, Array4, Axis, Slice};
 use std::time::Instant;
 
 /// One device: its backend and the (batch, roi) it is prepared for.
@@ -175,30 +176,13 @@ fn assemble(
     outs: Vec<Result<NetOut>>,
     runs: &mut [PartRun],
 ) -> Result<NetOut> {
-    let shape = pass.grid.shape;
-    let mut labels = crate::alloc::try_zeros((shape[0], shape[1], shape[2]), "the label map")?;
-    let mut logits = pass
-        .labels
-        .keep_logits
-        .then(|| {
-            let c = pass.labels.cout;
-            crate::alloc::try_zeros((c, shape[0], shape[1], shape[2]), "the logits")
-        })
-        .transpose()?;
+    let mut whole = whole_outputs(pass)?;
     let (mut oom, mut failed) = (None, None);
     for ((r, run), part) in outs.into_iter().zip(runs.iter_mut()).zip(&split.parts) {
         match r {
-            Ok((l, g)) => {
+            Ok(out) => {
                 let t = Instant::now();
-                let [lo, hi] = part.planes;
-                let own = part.planes[0] - part.crop[0]..part.planes[1] - part.crop[0];
-                labels
-                    .slice_mut(s![lo..hi, .., ..])
-                    .assign(&l.slice(s![own.clone(), .., ..]));
-                if let (Some(out), Some(g)) = (&mut logits, g) {
-                    out.slice_mut(s![.., lo..hi, .., ..])
-                        .assign(&g.slice(s![.., own, .., ..]));
-                }
+                put_own(&mut whole, out, 0, part);
                 run.seconds.finalize += t.elapsed().as_secs_f64();
             }
             Err(e @ Error::OutOfMemory(_)) => {
@@ -211,6 +195,33 @@ fn assemble(
     }
     match failed.or(oom) {
         Some(e) => Err(e),
-        None => Ok((labels, logits)),
+        None => Ok(whole),
+    }
+}
+
+/// The whole volume's labels (and blended outputs when kept), zero, for parts to fill.
+pub(super) fn whole_outputs(pass: &Pass<'_>) -> Result<NetOut> {
+    let [d, h, w] = pass.grid.shape;
+    let labels = crate::alloc::try_zeros((d, h, w), "the label map")?;
+    let logits = pass
+        .labels
+        .keep_logits
+        .then(|| crate::alloc::try_zeros((pass.labels.cout, d, h, w), "the logits"))
+        .transpose()?;
+    Ok((labels, logits))
+}
+
+/// Copy `part`'s own planes along network `axis` (0: D, 1: H) from its outputs, which cover its
+/// crop, into the whole volume's.
+pub(super) fn put_own(whole: &mut NetOut, part_out: NetOut, axis: usize, part: &Part) {
+    let (lo, hi) = (part.planes[0], part.planes[1]);
+    let own = lo - part.crop[0]..hi - part.crop[0];
+    whole
+        .0
+        .slice_axis_mut(Axis(axis), Slice::from(lo..hi))
+        .assign(&part_out.0.slice_axis(Axis(axis), Slice::from(own.clone())));
+    if let (Some(out), Some(g)) = (&mut whole.1, part_out.1) {
+        out.slice_axis_mut(Axis(axis + 1), Slice::from(lo..hi))
+            .assign(&g.slice_axis(Axis(axis + 1), Slice::from(own)));
     }
 }
