@@ -7,13 +7,15 @@
 #   call 3, carrying .dev/one_fixtures.tar.xz: bash tests/gpu/one_run.sh fixtures-ready; bash tests/gpu/one_run.sh poll 540
 #   later calls:                             bash tests/gpu/one_run.sh poll 540
 # SUITE_ONLY=1 on `start` runs the suite alone (no bench archive, no bench): calls 2 and 3 as above.
+# BENCH_ONLY=1 on `start` runs the bench alone (call 1, then polls); RUN_DIR (default /tmp/one_run)
+# keeps a second run's results apart from the first's, on every subcommand.
 # The bench runs first, alone on the GPU (no test may overlap the peers' autotuning), then the suite
 # (tests/gpu/run.sh, its whole-pass tests first). Results in /tmp/one_run; `poll` packs them into
 # $OUT/one_run.tgz and prints the tables when done. BENCH_ARGS replaces the bench's arguments (default
 # below: every W1/W2 mode, W1 first so that nothing cuts its max-autotune compile, ~6-7 min on the
 # H200; K1 last, by when the second call has brought cuda_ops).
 set -u
-R=/tmp/one_run
+R=${RUN_DIR:-/tmp/one_run}
 here="$(cd "$(dirname "$0")/../.." && pwd)"
 case "${1:-}" in
 start)
@@ -22,7 +24,8 @@ start)
   (cd "$here" && tar --exclude=./.dev --exclude=./.git --exclude=./target -cf - . | tar -xf - -C /tmp/one_repo)
   echo "${2:-$here/.dev}" > $R/archives
   if [ "${SUITE_ONLY:-0}" = 1 ]; then touch $R/suite_only; else cp "${2:-$here/.dev}/one_bench.tar.xz" $R/; fi
-  setsid nohup bash /tmp/one_repo/tests/gpu/one_run.sh run > $R/run.log 2>&1 < /dev/null &
+  [ "${BENCH_ONLY:-0}" = 1 ] && touch $R/bench_only
+  RUN_DIR=$R BENCH_ARGS="${BENCH_ARGS:-}" setsid nohup bash /tmp/one_repo/tests/gpu/one_run.sh run > $R/run.log 2>&1 < /dev/null &
   echo "started; bash tests/gpu/one_run.sh poll SECONDS"
   ;;
 suite-ready)
@@ -42,7 +45,7 @@ run)
   nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader > $R/gpu.txt
   st start
   # The suite archive comes with the second call; K1 (last in the bench) needs its cuda_ops.
-  ( for _ in $(seq 240); do
+  [ -f $R/bench_only ] || ( for _ in $(seq 240); do
       if [ -f $R/suite_ready ]; then
         tar -xJf $R/one_suite.tar.xz -C $B && cp $B/cuda_ops $B/gb/ && touch $R/suite_in; break
       fi; sleep 5; done ) &
@@ -65,6 +68,7 @@ run)
   st w3 debug done
   fi
   wait
+  if [ -f $R/bench_only ]; then touch $R/done; exit 0; fi
   # The sliding-window fixtures (gpu_fixtures requires them) come with the third call.
   for _ in $(seq 60); do [ -f $R/fixtures_ready ] && break; sleep 5; done
   [ -f $R/fixtures_ready ] && mkdir -p $B/shared/fixtures && tar -xJf $R/one_fixtures.tar.xz -C $B/shared/fixtures
@@ -78,8 +82,8 @@ run)
 poll)
   end=$(( $(date +%s) + ${2:-560} ))
   while [ ! -f $R/done ] && [ "$(date +%s)" -lt $end ]; do sleep 5; done
-  tar --exclude=one_run/one_bench.tar.xz --exclude=one_run/one_suite.tar.xz \
-    --exclude=one_run/one_fixtures.tar.xz -czf "${OUT:-/tmp}/one_run.tgz" -C /tmp one_run
+  tar --exclude='*/one_bench.tar.xz' --exclude='*/one_suite.tar.xz' --exclude='*/one_fixtures.tar.xz' \
+    -czf "${OUT:-/tmp}/$(basename $R).tgz" -C "$(dirname $R)" "$(basename $R)"
   cat $R/times.log 2>/dev/null
   tail -3 $R/bench_run.log 2>/dev/null
   if [ -f $R/done ]; then

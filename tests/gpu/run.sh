@@ -55,7 +55,10 @@ model_part() {
 }
 # QUICK=1 skips the op-level suite and the op groups; LONG_LAST=1 runs the long part last (a run
 # that may be cut by the device budget keeps the whole-pass tests).
-if [ "${LONG_LAST:-0}" = 1 ]; then
+# PARTS="long" (any of pass, model, long, in that order) runs only those parts.
+if [ -n "${PARTS:-}" ]; then
+  for part in $PARTS; do "${part}_part"; done
+elif [ "${LONG_LAST:-0}" = 1 ]; then
   pass_part; model_part; long_part
 else
   if [ "${QUICK:-0}" != 1 ]; then long_part; pass_part; fi
