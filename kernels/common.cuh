@@ -49,7 +49,34 @@ struct ConvParams {
     int up_d, up_h, up_w;  // 0: no scatter
     int ocout;
     int od, oh, ow;
+    int out_f32;      // 1: y is fp32 (a value only a norm reads), indexed as the fp16 one would be
 };
+
+// Output stores of the conv epilogues: element i of y, fp16 or fp32 by p.out_f32. A conv whose
+// only reader is InstanceNorm/GroupNorm keeps its output in fp32: the norm divides by the
+// channel's spread, so fp16 rounding relative to the raw value grows relative to the result.
+__device__ __forceinline__ void out_store1(const ConvParams& p, half* y, i64 i, float v) {
+    if (p.out_f32) reinterpret_cast<float*>(y)[i] = v;
+    else y[i] = __float2half(v);
+}
+// Two adjacent elements (i even, y 4-byte aligned as fp16 / 8-byte as fp32).
+__device__ __forceinline__ void out_store2(const ConvParams& p, half* y, i64 i, float v0, float v1) {
+    if (p.out_f32) *reinterpret_cast<float2*>(reinterpret_cast<float*>(y) + i) = make_float2(v0, v1);
+    else *reinterpret_cast<__half2*>(y + i) = __floats2half2_rn(v0, v1);
+}
+// Eight adjacent elements (i % 8 == 0): one 16-byte store, or two as fp32.
+__device__ __forceinline__ void out_store8(const ConvParams& p, half* y, i64 i, const float (&v)[8]) {
+    if (p.out_f32) {
+        float4* d = reinterpret_cast<float4*>(reinterpret_cast<float*>(y) + i);
+        d[0] = make_float4(v[0], v[1], v[2], v[3]);
+        d[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+        __align__(16) __half2 o[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) o[k] = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+        *reinterpret_cast<uint4*>(y + i) = *reinterpret_cast<const uint4*>(o);
+    }
+}
 
 // Binary ops shared by eltwise.cu and tensor.cu (codes of `Bin` and `math::code`).
 // op: 0 add, 1 mul, 2 sub, 3 div

@@ -179,7 +179,7 @@ __device__ __forceinline__ void conv_igemm(const ConvParams& p, const half* __re
             float v = Cs[r * (BN + 4) + c];
             if (bias) v += bias[co];
             v = act_apply(v, co, p.act, p.alpha, slope, p.slope_n);
-            y[m * p.ldc + p.coff + co] = __float2half(v);
+            out_store1(p, y, m * p.ldc + p.coff + co, v);
         }
     }
 }
@@ -258,11 +258,11 @@ __device__ __noinline__ void conv_store(const ConvParams& p, half* __restrict__ 
                                         i64 ob, int off, int co, int c, float v0, float v1, bool pair,
                                         bool scatter) {
     i64 o = ob + off;
-    half* dst = y + o * p.ldc + p.coff + co;
+    const i64 dst = o * p.ldc + p.coff + co;
     if (bias) v0 += bias[co];
     v0 = act_apply(v0, co, p.act, p.alpha, slope, p.slope_n);
     if (c + 1 >= p.cout) {
-        dst[0] = __float2half(v0);
+        out_store1(p, y, dst, v0);
         return;
     }
     int co1 = co + 1;
@@ -277,10 +277,10 @@ __device__ __noinline__ void conv_store(const ConvParams& p, half* __restrict__ 
     if (bias) v1 += bias[co1];
     v1 = act_apply(v1, co1, p.act, p.alpha, slope, p.slope_n);
     if (pair) {
-        *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(v0, v1);
+        out_store2(p, y, dst, v0, v1);
     } else {
-        y[o1 * p.ldc + p.coff + co1] = __float2half(v1);
-        dst[0] = __float2half(v0);
+        out_store1(p, y, o1 * p.ldc + p.coff + co1, v1);
+        out_store1(p, y, dst, v0);
     }
 }
 
@@ -500,18 +500,17 @@ __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __rest
             const float4 a = *reinterpret_cast<const float4*>(cs + row * CLD + ch * 8);
             const float4 b = *reinterpret_cast<const float4*>(cs + row * CLD + ch * 8 + 4);
             float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-            __align__(16) half hv[8];
 #pragma unroll
             for (int q = 0; q < 8; q++) {
                 float u = v[q] + (bias ? bias[co + q] : 0.f);
-                hv[q] = __float2half(act_apply(u, co + q, p.act, p.alpha, slope, p.slope_n));
+                v[q] = act_apply(u, co + q, p.act, p.alpha, slope, p.slope_n);
             }
-            half* dst = y + o * p.ldc + p.coff + co;
+            const i64 dst = o * p.ldc + p.coff + co;
             if (vec) {
-                *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(hv);
+                out_store8(p, y, dst, v);
             } else {
 #pragma unroll
-                for (int q = 0; q < 8; q++) dst[q] = hv[q];
+                for (int q = 0; q < 8; q++) out_store1(p, y, dst + q, v[q]);
             }
         }
         return;
@@ -677,22 +676,22 @@ extern "C" __global__ void __launch_bounds__(256) conv_c1_k3(ConvParams p, const
             const int oz = oz0 + s;
             if (oz >= p.do_) continue;
             const i64 m = (((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox;
-            half* dst = y + m * p.ldc + p.coff + co;
-            __align__(16) half hv[8];
+            const i64 dst = m * p.ldc + p.coff + co;
+            float hv[8];
 #pragma unroll
             for (int q = 0; q < 8; q++) {
                 float u = 0.f;  // padding channels: never stored, no bias / slope read
                 if (co + q < p.cout)
                     u = act_apply((s ? a1[q] : a0[q]) + (bias ? bias[co + q] : 0.f), co + q, p.act,
                                   p.alpha, slope, p.slope_n);
-                hv[q] = __float2half(u);
+                hv[q] = u;
             }
             if (vec && co + 8 <= p.cout) {
-                *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(hv);
+                out_store8(p, y, dst, hv);
             } else {
 #pragma unroll
                 for (int q = 0; q < 8; q++)
-                    if (co + q < p.cout) dst[q] = hv[q];
+                    if (co + q < p.cout) out_store1(p, y, dst + q, hv[q]);
             }
         }
     }
@@ -922,15 +921,10 @@ __device__ __forceinline__ bool halo_store_vec(const ConvParams& p, half* __rest
         const float4 lo = *reinterpret_cast<const float4*>(stage + r * LDF + ch * 8);
         const float4 hi = *reinterpret_cast<const float4*>(stage + r * LDF + ch * 8 + 4);
         float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-        __align__(16) __half2 o[4];
 #pragma unroll
-        for (int k = 0; k < 8; k += 2) {
-            const float v0 = act_apply(v[k] + b[k], c0 + k, p.act, p.alpha, slope, p.slope_n);
-            const float v1 = act_apply(v[k + 1] + b[k + 1], c0 + k + 1, p.act, p.alpha, slope, p.slope_n);
-            o[k / 2] = __floats2half2_rn(v0, v1);
-        }
+        for (int k = 0; k < 8; k++) v[k] = act_apply(v[k] + b[k], c0 + k, p.act, p.alpha, slope, p.slope_n);
         const i64 m = (((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox;
-        *reinterpret_cast<uint4*>(y + m * p.ldc + p.coff + c0) = *reinterpret_cast<const uint4*>(o);
+        out_store8(p, y, m * p.ldc + p.coff + c0, v);
     }
     return true;
 }

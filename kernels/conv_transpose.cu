@@ -46,6 +46,6 @@ extern "C" __global__ void conv_direct(ConvParams p, const half* __restrict__ x,
         }
         if (bias) acc += bias[co];
         acc = act_apply(acc, co, p.act, p.alpha, slope, p.slope_n);
-        y[m * p.ldc + p.coff + co] = __float2half(acc);
+        out_store1(p, y, m * p.ldc + p.coff + co, acc);
     }
 }

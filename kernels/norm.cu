@@ -2,7 +2,36 @@
 // an OOM retry reproduces every bit): per-(block, channel) sums of values shifted by the first
 // value of the channel's group (reduces the cancellation of E[x^2] - E[x]^2) in fp32, then one
 // thread per (n, c) adds the blocks' partials in order in fp64 and writes scale/shift, then
-// normalise with the activation fused (16-byte vectors when C % 8 == 0).
+// normalise with the activation fused (16-byte vectors when C % 8 == 0). The input is fp16, or
+// fp32 (`_f32` kernels) when the producing conv kept it so (see out_store1 in common.cuh).
+
+// The dynamic shared memory of every partial kernel, declared once: template and plain kernels
+// declaring it each would clash in linkage.
+__device__ __forceinline__ float* norm_smem() {
+    extern __shared__ float norm_sh[];
+    return norm_sh;
+}
+
+__device__ __forceinline__ float to_f(half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(float v) { return v; }
+
+// Eight consecutive input values from x + i (i % 8 == 0): one 16-byte load of halves, two of floats.
+__device__ __forceinline__ void load8(const half* __restrict__ x, i64 i, float (&v)[8]) {
+    uint4 u = __ldg(reinterpret_cast<const uint4*>(x + i));
+    const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float2 f = __half22float2(h[k]);
+        v[2 * k] = f.x;
+        v[2 * k + 1] = f.y;
+    }
+}
+__device__ __forceinline__ void load8(const float* __restrict__ x, i64 i, float (&v)[8]) {
+    float4 a = __ldg(reinterpret_cast<const float4*>(x + i));
+    float4 b = __ldg(reinterpret_cast<const float4*>(x + i) + 1);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
 
 // Block tail shared by both partial kernels: sh holds [rows][C][2] per-thread sums; each
 // channel adds its rows in order and writes the block's partial.
@@ -18,46 +47,44 @@ __device__ __forceinline__ void norm_block_partial(const float* sh, int rows, in
     }
 }
 
-// Adds the 8 halves of `u`, each shifted by its channel's shf, to the sums s and the squares q.
-__device__ __forceinline__ void sums8(uint4 u, const float (&shf)[8], float (&s)[8], float (&q)[8]) {
-    const __half2* h = reinterpret_cast<const __half2*>(&u);
+// Adds the 8 values `v`, each shifted by its channel's shf, to the sums s and the squares q.
+__device__ __forceinline__ void sums8(const float (&v)[8], const float (&shf)[8], float (&s)[8], float (&q)[8]) {
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float2 f = __half22float2(h[k]);
-        float a = f.x - shf[2 * k], b = f.y - shf[2 * k + 1];
-        s[2 * k] += a;
-        q[2 * k] += a * a;
-        s[2 * k + 1] += b;
-        q[2 * k + 1] += b * b;
+    for (int k = 0; k < 8; k++) {
+        float a = v[k] - shf[k];
+        s[k] += a;
+        q[k] += a * a;
     }
 }
 
 // C % 8 == 0, C <= 2048: thread (r, cv) sums channels cv*8..+8 over pixels p0+r, p0+r+rows, ...
 // with 16-byte loads. grid (blocks per sample, N), block 256, dynamic smem rows*C*2 floats.
 // part: [N][gridDim.x][C][2] fp32.
-extern "C" __global__ void norm_partial_v8(const half* __restrict__ x, i64 P, int C, int groups, i64 chunk,
-                                           float* __restrict__ part) {
-    extern __shared__ float sh[];
+template <typename T>
+__device__ __forceinline__ void norm_partial_v8_t(const T* __restrict__ x, i64 P, int C, int groups, i64 chunk,
+                                                  float* __restrict__ part) {
+    float* sh = norm_smem();
     const int n = blockIdx.y, tid = threadIdx.x;
     const int vpp = C >> 3;
     const int rows = blockDim.x / vpp;
     const int cpg = C / groups;
-    const half* xn = x + (i64)n * P * C;
+    const T* xn = x + (i64)n * P * C;
     if (tid < rows * vpp) {
         const int r = tid / vpp, cv = tid - r * vpp;
         float shf[8], s[8], q[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             int c = cv * 8 + k;
-            shf[k] = __half2float(xn[(c / cpg) * cpg]);
+            shf[k] = to_f(xn[(c / cpg) * cpg]);
             s[k] = q[k] = 0.f;
         }
         const i64 p0 = (i64)blockIdx.x * chunk;
         const i64 p1 = min(p0 + chunk, P);
 #pragma unroll 4
         for (i64 p = p0 + r; p < p1; p += rows) {
-            uint4 u = __ldg(reinterpret_cast<const uint4*>(xn + p * C + cv * 8));
-            sums8(u, shf, s, q);
+            float v[8];
+            load8(xn, p * C + cv * 8, v);
+            sums8(v, shf, s, q);
         }
 #pragma unroll
         for (int k = 0; k < 8; k++) {
@@ -68,26 +95,35 @@ extern "C" __global__ void norm_partial_v8(const half* __restrict__ x, i64 P, in
     __syncthreads();
     norm_block_partial(sh, rows, C, part + ((i64)n * gridDim.x + blockIdx.x) * C * 2);
 }
+extern "C" __global__ void norm_partial_v8(const half* __restrict__ x, i64 P, int C, int groups, i64 chunk,
+                                           float* __restrict__ part) {
+    norm_partial_v8_t(x, P, C, groups, chunk, part);
+}
+extern "C" __global__ void norm_partial_v8_f32(const float* __restrict__ x, i64 P, int C, int groups, i64 chunk,
+                                               float* __restrict__ part) {
+    norm_partial_v8_t(x, P, C, groups, chunk, part);
+}
 
 // Any C: thread (r, c0) sums channels c0, c0+cg, ... over pixels p0+r, p0+r+rows, ...
 // (cg = min(C, blockDim)), smem [rows][C][2] floats. Same partial layout as the v8 kernel.
-extern "C" __global__ void norm_partial(const half* __restrict__ x, i64 P, int C, int groups, i64 chunk,
-                                        float* __restrict__ part) {
-    extern __shared__ float sh[];
+template <typename T>
+__device__ __forceinline__ void norm_partial_t(const T* __restrict__ x, i64 P, int C, int groups, i64 chunk,
+                                               float* __restrict__ part) {
+    float* sh = norm_smem();
     const int n = blockIdx.y, tid = threadIdx.x;
     const int cg = C < (int)blockDim.x ? C : (int)blockDim.x;
     const int rows = blockDim.x / cg;
     const int cpg = C / groups;
-    const half* xn = x + (i64)n * P * C;
+    const T* xn = x + (i64)n * P * C;
     const i64 p0 = (i64)blockIdx.x * chunk;
     const i64 p1 = min(p0 + chunk, P);
     if (tid < rows * cg) {
         const int r = tid / cg;
         for (int c = tid - r * cg; c < C; c += cg) {
-            float shift = __half2float(xn[(c / cpg) * cpg]);
+            float shift = to_f(xn[(c / cpg) * cpg]);
             float s = 0.f, q = 0.f;
             for (i64 pp = p0 + r; pp < p1; pp += rows) {
-                float v = __half2float(xn[pp * C + c]) - shift;
+                float v = to_f(xn[pp * C + c]) - shift;
                 s += v;
                 q += v * v;
             }
@@ -97,6 +133,14 @@ extern "C" __global__ void norm_partial(const half* __restrict__ x, i64 P, int C
     }
     __syncthreads();
     norm_block_partial(sh, rows, C, part + ((i64)n * gridDim.x + blockIdx.x) * C * 2);
+}
+extern "C" __global__ void norm_partial(const half* __restrict__ x, i64 P, int C, int groups, i64 chunk,
+                                        float* __restrict__ part) {
+    norm_partial_t(x, P, C, groups, chunk, part);
+}
+extern "C" __global__ void norm_partial_f32(const float* __restrict__ x, i64 P, int C, int groups, i64 chunk,
+                                            float* __restrict__ part) {
+    norm_partial_t(x, P, C, groups, chunk, part);
 }
 
 // Vectors of 8 halves over channel counts that are not multiples of 8 (P * C % 8 == 0): a sample is
@@ -115,7 +159,7 @@ __device__ __forceinline__ int flat8_period(int C) {
 // layout as the other partial kernels.
 extern "C" __global__ void norm_partial_flat8(const half* __restrict__ x, i64 P, int C, int groups, i64 chunkv,
                                               float* __restrict__ part) {
-    extern __shared__ float sh[];
+    float* sh = norm_smem();
     const int n = blockIdx.y, tid = threadIdx.x;
     const int period = flat8_period(C);
     const int T = ((int)blockDim.x / period) * period;
@@ -133,10 +177,10 @@ extern "C" __global__ void norm_partial_flat8(const half* __restrict__ x, i64 P,
             shf[k] = __half2float(xn[(c / cpg) * cpg]);
             s[k] = q[k] = 0.f;
         }
-        const uint4* xv = reinterpret_cast<const uint4*>(xn);
 #pragma unroll 4
         for (i64 v = v0 + tid; v < v1; v += T) {
-            uint4 u = __ldg(xv + v);
+            float u[8];
+            load8(xn, v * 8, u);
             sums8(u, shf, s, q);
         }
 #pragma unroll
@@ -167,8 +211,9 @@ extern "C" __global__ void norm_partial_flat8(const half* __restrict__ x, i64 P,
 // One warp per (n, c): lane l adds blocks l, l+32, ... of the channel's group (fp64), then a
 // fixed shuffle tree; writes ab[n][c] = {gamma*rstd, beta - mean*gamma*rstd}. Same order every
 // run. block 128 (4 warps).
-extern "C" __global__ void norm_finalize(const float* __restrict__ part, int nblk, const half* __restrict__ x,
-                                         int N, i64 P, int C, int groups, float eps,
+// x_f32: x is fp32 (only its group's first value is read: the shift of the partial sums).
+extern "C" __global__ void norm_finalize(const float* __restrict__ part, int nblk, const void* __restrict__ x,
+                                         int x_f32, int N, i64 P, int C, int groups, float eps,
                                          const float* __restrict__ gamma, const float* __restrict__ beta,
                                          float* __restrict__ ab) {
     int e = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -195,7 +240,9 @@ extern "C" __global__ void norm_finalize(const float* __restrict__ part, int nbl
     double ms = s / cnt;                       // mean of shifted values
     double var = q / cnt - ms * ms;
     if (var < 0.0) var = 0.0;
-    double mean = ms + (double)__half2float(x[(i64)n * P * C + g0]);
+    const i64 first = (i64)n * P * C + g0;
+    const float shift = x_f32 ? static_cast<const float*>(x)[first] : __half2float(static_cast<const half*>(x)[first]);
+    double mean = ms + (double)shift;
     double rstd = 1.0 / sqrt(var + (double)eps);
     double a = (double)gamma[c] * rstd;
     ab[e * 2] = (float)a;
@@ -203,43 +250,65 @@ extern "C" __global__ void norm_finalize(const float* __restrict__ part, int nbl
 }
 
 // y = act(x * a[n][c] + b[n][c]); ab_nstride 0 broadcasts one (a, b) per channel (ChannelAffine).
-extern "C" __global__ void affine_act(const half* __restrict__ x, half* __restrict__ y, i64 total, i64 P,
-                                      int C, const float* __restrict__ ab, int ab_nstride, int act,
-                                      float alpha, const float* __restrict__ slope, int slope_n) {
+template <typename T>
+__device__ __forceinline__ void affine_act_t(const T* __restrict__ x, half* __restrict__ y, i64 total, i64 P,
+                                             int C, const float* __restrict__ ab, int ab_nstride, int act,
+                                             float alpha, const float* __restrict__ slope, int slope_n) {
     for (i64 e = blockIdx.x * (i64)blockDim.x + threadIdx.x; e < total; e += (i64)gridDim.x * blockDim.x) {
         int c = (int)(e % C);
         int n = (int)(e / ((i64)C * P));
         const float* q = ab + ((i64)n * ab_nstride + c) * 2;
-        float v = __half2float(x[e]) * q[0] + q[1];
+        float v = to_f(x[e]) * q[0] + q[1];
         y[e] = __float2half(act_apply(v, c, act, alpha, slope, slope_n));
     }
+}
+extern "C" __global__ void affine_act(const half* __restrict__ x, half* __restrict__ y, i64 total, i64 P,
+                                      int C, const float* __restrict__ ab, int ab_nstride, int act,
+                                      float alpha, const float* __restrict__ slope, int slope_n) {
+    affine_act_t(x, y, total, P, C, ab, ab_nstride, act, alpha, slope, slope_n);
+}
+extern "C" __global__ void affine_act_f32(const float* __restrict__ x, half* __restrict__ y, i64 total, i64 P,
+                                          int C, const float* __restrict__ ab, int ab_nstride, int act,
+                                          float alpha, const float* __restrict__ slope, int slope_n) {
+    affine_act_t(x, y, total, P, C, ab, ab_nstride, act, alpha, slope, slope_n);
 }
 
 // affine_act for C % 8 == 0 with P*C/8 < 2^32: 16-byte vectors, sample n = blockIdx.y, 32-bit
 // index math, the vector's 8 (a, b) pairs read once.
-extern "C" __global__ void affine_act_v8(const half* __restrict__ x, half* __restrict__ y, i64 P, int C,
-                                         const float* __restrict__ ab, int ab_nstride, int act, float alpha,
-                                         const float* __restrict__ slope, int slope_n) {
+template <typename T>
+__device__ __forceinline__ void affine_act_v8_t(const T* __restrict__ x, half* __restrict__ y, i64 P, int C,
+                                                const float* __restrict__ ab, int ab_nstride, int act, float alpha,
+                                                const float* __restrict__ slope, int slope_n) {
     const int n = blockIdx.y;
     const unsigned vpp = (unsigned)C >> 3;
     const unsigned nv = (unsigned)P * vpp;
-    const uint4* xv = reinterpret_cast<const uint4*>(x + (i64)n * P * C);
+    const T* xn = x + (i64)n * P * C;
     uint4* yv = reinterpret_cast<uint4*>(y + (i64)n * P * C);
     const float2* abn = reinterpret_cast<const float2*>(ab) + (i64)n * ab_nstride;
     for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < nv; e += gridDim.x * blockDim.x) {
         const int c0 = (int)(e % vpp) * 8;
-        uint4 u = xv[e];
-        __half2* h = reinterpret_cast<__half2*>(&u);
+        float v[8];
+        load8(xn, (i64)e * 8, v);
+        __align__(16) __half2 h[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            float2 f = __half22float2(h[k]);
             float2 q0 = abn[c0 + 2 * k], q1 = abn[c0 + 2 * k + 1];
-            float a = act_apply(f.x * q0.x + q0.y, c0 + 2 * k, act, alpha, slope, slope_n);
-            float b = act_apply(f.y * q1.x + q1.y, c0 + 2 * k + 1, act, alpha, slope, slope_n);
+            float a = act_apply(v[2 * k] * q0.x + q0.y, c0 + 2 * k, act, alpha, slope, slope_n);
+            float b = act_apply(v[2 * k + 1] * q1.x + q1.y, c0 + 2 * k + 1, act, alpha, slope, slope_n);
             h[k] = __floats2half2_rn(a, b);
         }
-        yv[e] = u;
+        yv[e] = *reinterpret_cast<const uint4*>(h);
     }
+}
+extern "C" __global__ void affine_act_v8(const half* __restrict__ x, half* __restrict__ y, i64 P, int C,
+                                         const float* __restrict__ ab, int ab_nstride, int act, float alpha,
+                                         const float* __restrict__ slope, int slope_n) {
+    affine_act_v8_t(x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n);
+}
+extern "C" __global__ void affine_act_v8_f32(const float* __restrict__ x, half* __restrict__ y, i64 P, int C,
+                                             const float* __restrict__ ab, int ab_nstride, int act, float alpha,
+                                             const float* __restrict__ slope, int slope_n) {
+    affine_act_v8_t(x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n);
 }
 
 // affine_act for C % 8 != 0 with P * C % 8 == 0 (flat vectors, see flat8_period): sample n =

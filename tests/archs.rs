@@ -172,7 +172,8 @@ fn architectures_on_the_cpu() {
 /// Argmax agreement over the voxels where the reference is decisive: its top two outputs differ
 /// by more than 1% of the outputs' standard deviation. Random-weight nets have near-ties in
 /// ~0.3% of voxels, about where fp16 rounding (rel L2 ~1e-3) flips the winner, so their raw
-/// agreement sits at the 99.9% bar whatever the kernels do; the decisive voxels show the kernels.
+/// agreement sits near the 99.9% bar (above it on every fixture since norm inputs are fp32:
+/// 99.933% at the lowest, on the H200); the decisive voxels show the kernels.
 fn decisive_agreement(got: &Array5<f32>, want: &Array5<f32>) -> f64 {
     let n = want.len() as f64;
     let mean = want.iter().map(|&v| v as f64).sum::<f64>() / n;
@@ -232,7 +233,8 @@ fn gpu_case(arch: &str, exporter: &str, model: &Path, entry: &serde_json::Value)
             fmt(sw)
         ));
     }
-    if decisive < 0.999 || agree < 0.998 {
+    // The bars: raw argmax agreement >= 99.9%, and every decisive voxel but 0.1%.
+    if decisive < 0.999 || agree < 0.999 {
         bad.push(format!(
             "{arch} ({exporter}): argmax agreement {agree:.5}, decisive {decisive:.5}"
         ));

@@ -196,9 +196,10 @@ fn w1_launch_dump() {
 }
 
 /// The W1 plan against sizes computed from the tensors alone: the activation arena is the
-/// largest set of values live at once (before the last decoder level's transposed conv: its
-/// 64-channel concat at 128³, the 32-channel skip at 128³ and the 64-channel input at 64³,
-/// fp16), the accumulator ring holds roi_D planes at batch 1 and roi_D + step (64) for batches
+/// largest set of values live at once (the last decoder level's first conv: its 64-channel
+/// fp16 concat input at 128³ and its 32-channel output, fp32 because only an InstanceNorm
+/// reads it; with fp16 norm inputs it was before the transposed conv: the concat, the
+/// 32-channel skip at 128³ and the 64-channel input at 64³), the accumulator ring holds roi_D planes at batch 1 and roi_D + step (64) for batches
 /// up to a row of windows (7), 15 fp32 values (14 sums + weight) per voxel of a 512x128 plane;
 /// the single-window staging is not in the plan. At 2 GiB the planner now picks batch 2.
 #[test]
@@ -212,12 +213,24 @@ fn w1_plan_fits_2gib_at_batch_2() {
     let mut last = 0;
     for batch in [1usize, 2, 3, 4, 7, 8, 15] {
         let bp = buffer_plan(&g, batch, ROI, &ArchCaps::h200()).unwrap();
-        let live = batch * (64 * vox + 32 * vox + 64 * vox / 8) * 2;
-        assert_eq!(live, batch * 416 * mib);
+        let live = batch * (64 * vox * 2 + 32 * vox * 4);
+        assert_eq!(live, batch * 512 * mib);
         assert!(
             bp.arena >= live && bp.arena <= live + 64 * 256,
             "b{batch} {}",
             bp.arena
+        );
+        let fp16 = ArchCaps {
+            norm_f32: false,
+            ..ArchCaps::h200()
+        };
+        let bp16 = buffer_plan(&g, batch, ROI, &fp16).unwrap();
+        let live16 = batch * (64 * vox + 32 * vox + 64 * vox / 8) * 2;
+        assert_eq!(live16, batch * 416 * mib);
+        assert!(
+            bp16.arena >= live16 && bp16.arena <= live16 + 64 * 256,
+            "fp16 norm inputs, b{batch} {}",
+            bp16.arena
         );
         let pa = pipeline_alloc(&AllocQuery {
             roi: ROI,

@@ -1,5 +1,5 @@
-//! The CUDA backend's buffer plan, host only: which fp16 activation buffers exist and their
-//! bytes, which launch writes which buffer, the kernel of every conv and the constants it
+//! The CUDA backend's buffer plan, host only: which fp16 activation buffers exist (fp32 for a
+//! conv output only norms read) and their bytes, which launch writes which buffer, the kernel of every conv and the constants it
 //! uploads (re-laid fp16 GEMM operands with their padding, biases, norm parameters...), the
 //! per-plan norm scratch, and where each buffer sits in the one activation arena.
 //! `CudaBackend::prepare` allocates exactly this list and the memory planner (`crate::plan`) sums
@@ -85,6 +85,9 @@ pub struct BufferPlan {
     pub value_buf: Vec<Option<usize>>,
     /// Values written in place into their concat's slice (the concat copies nothing for them).
     pub in_place: Vec<bool>,
+    /// Values held in fp32 rather than fp16: conv outputs whose every reader is an
+    /// InstanceNorm / GroupNorm ([`keeps_f32`]).
+    pub f32_values: Vec<bool>,
     pub launches: Vec<Launch>,
     /// Constant uploads in the order the launch list makes them.
     pub consts: Vec<ConstBuf>,
@@ -143,19 +146,45 @@ impl BufferPlan {
 /// Alignment of every buffer's offset in the activation arena (what `cuMemAlloc` guarantees).
 pub const ARENA_ALIGN: usize = 256;
 
-/// Offsets in one arena for buffers of `sizes` used during launch intervals `life` (inclusive):
-/// largest first (then earliest), each at the lowest aligned offset where it overlaps no placed
-/// buffer whose interval meets its own. Returns the offsets and the arena size. Memory is then
-/// the peak of what is live at once (up to fragmentation), not the sum of every size a
-/// buffer ever had, as separate allocations reused by liveness would cost.
+/// Offsets in one arena for buffers of `sizes` used during launch intervals `life` (inclusive),
+/// each buffer at the lowest aligned offset where it overlaps no placed buffer whose interval
+/// meets its own. Returns the offsets and the arena size. Memory is then the peak of what is
+/// live at once up to fragmentation, not the sum of every size a buffer ever had, as separate
+/// allocations reused by liveness would cost. The placement order decides the fragmentation:
+/// largest first is tried, then up to [`ARENA_TRIES`] seeded shuffles (fewer for long lists),
+/// and the smallest arena wins. Largest-first alone left 128 MiB of holes in W1's decoder once
+/// its norm inputs became fp32 (640 MiB for 512 live); a shuffle finds 512 about one time in
+/// five.
 pub fn arena_offsets(sizes: &[usize], life: &[(usize, usize)]) -> (Vec<usize>, usize) {
-    let al = |b: usize| b.max(1).div_ceil(ARENA_ALIGN) * ARENA_ALIGN;
-    let mut order: Vec<usize> = (0..sizes.len()).collect();
+    let n = sizes.len();
+    let mut order: Vec<usize> = (0..n).collect();
     order.sort_by_key(|&b| (std::cmp::Reverse(sizes[b]), life[b].0, b));
+    let mut best = first_fit(sizes, life, &order);
+    let tries = ((1usize << 26) / (n * n).max(1)).min(ARENA_TRIES);
+    let mut rng = 0x5eed_u64;
+    for _ in 0..tries {
+        for i in (1..n).rev() {
+            let j = crate::backend::cuda::lcg_next(&mut rng) as usize % (i + 1);
+            order.swap(i, j);
+        }
+        let cand = first_fit(sizes, life, &order);
+        if cand.1 < best.1 {
+            best = cand;
+        }
+    }
+    best
+}
+
+/// Most shuffled placement orders [`arena_offsets`] tries.
+pub const ARENA_TRIES: usize = 64;
+
+/// [`arena_offsets`] for one placement order.
+fn first_fit(sizes: &[usize], life: &[(usize, usize)], order: &[usize]) -> (Vec<usize>, usize) {
+    let al = |b: usize| b.max(1).div_ceil(ARENA_ALIGN) * ARENA_ALIGN;
     let mut offsets = vec![0usize; sizes.len()];
     let mut placed: Vec<usize> = Vec::new();
     let mut arena = 0;
-    for b in order {
+    for &b in order {
         let meets = |o: usize| life[o].0 <= life[b].1 && life[b].0 <= life[o].1;
         let mut busy: Vec<(usize, usize)> = placed
             .iter()
@@ -222,6 +251,34 @@ fn numel(s: &Shape) -> usize {
     s.iter().product()
 }
 
+/// Whether node `i`'s output `out_v`, written by conv kernel `k`, is kept in fp32: a conv
+/// (not on the tensor path) whose every reader is an InstanceNorm / GroupNorm. The norm
+/// subtracts the channel mean and divides by the spread, so fp16 rounding relative to the raw
+/// value becomes a larger error relative to the normalised one: on random-weight MONAI nets
+/// it was the largest single term of the fp16 error (PERF_NOTES, session 9).
+pub fn keeps_f32(
+    graph: &Graph,
+    cons: &[Vec<usize>],
+    tensor: &[bool],
+    i: usize,
+    out_v: usize,
+    k: Option<&ConvKernel>,
+) -> bool {
+    let is_conv = matches!(graph.nodes[i].op, Op::Conv(_) | Op::ConvTranspose(_));
+    is_conv
+        && !tensor[i]
+        && out_v != graph.output
+        && k.is_some_and(ConvKernel::writes_f32)
+        && !cons[out_v].is_empty()
+        && cons[out_v].iter().all(|&j| {
+            !tensor[j]
+                && matches!(
+                    graph.nodes[j].op,
+                    Op::InstanceNorm { .. } | Op::GroupNorm { .. }
+                )
+        })
+}
+
 /// The buffers being placed: requested bytes, launch lifetimes, the freed ones.
 #[derive(Default)]
 struct Buffers {
@@ -271,10 +328,16 @@ struct Walk<'g> {
 }
 
 impl Walk<'_> {
-    /// Buffer, channel stride and offset of node `i`'s output `out_v`: a slice of the concat
-    /// it feeds (the concat's buffer made at its first producer), the concat's own buffer, or
-    /// a new one.
-    fn place(&mut self, i: usize, out_v: usize, oshape: Shape) -> (usize, usize, usize) {
+    /// Buffer, channel stride and offset of node `i`'s output `out_v` of `elem` bytes an
+    /// element: a slice of the concat it feeds (the concat's buffer made at its first producer),
+    /// the concat's own buffer, or a new one.
+    fn place(
+        &mut self,
+        i: usize,
+        out_v: usize,
+        oshape: Shape,
+        elem: usize,
+    ) -> (usize, usize, usize) {
         let graph = self.graph;
         let target = match &graph.nodes[i].op {
             _ if self.tensor[i] => None,
@@ -301,7 +364,7 @@ impl Walk<'_> {
             (b, oshape[0], 0)
         } else {
             (
-                self.b.alloc(self.batch * numel(&oshape) * 2, at),
+                self.b.alloc(self.batch * numel(&oshape) * elem, at),
                 oshape[0],
                 0,
             )
@@ -485,6 +548,7 @@ pub fn buffer_plan(
     w.live[graph.input] = Some(input_buf);
     w.value_buf[graph.input] = Some(input_buf);
     let mut fused_into = vec![false; graph.nodes.len()];
+    let mut f32_values = vec![false; nv];
     let mut cmax = 1;
     for (i, node) in graph.nodes.iter().enumerate() {
         if fused_into[i] {
@@ -516,16 +580,19 @@ pub fn buffer_plan(
         };
         let oshape = w.shapes[node.output];
         cmax = cmax.max(oshape[0]);
+        let conv = w.node_consts(caps, i, &act);
+        let f32_out =
+            caps.norm_f32 && keeps_f32(graph, &w.cons, &w.tensor, i, out_v, conv.as_ref());
+        f32_values[out_v] = f32_out;
         let (ob, ldc, coff) = if reshape_aliases(graph, &dims, i) {
             let b = w.live[node.inputs[0]].expect("checked live above");
             (b, oshape[0], 0)
         } else {
-            w.place(i, out_v, oshape)
+            w.place(i, out_v, oshape, if f32_out { 4 } else { 2 })
         };
         w.live[out_v] = Some(ob);
         w.value_buf[out_v] = Some(ob);
         let (live_bytes, live_bufs) = w.b.live();
-        let conv = w.node_consts(caps, i, &act);
         w.launches.push(Launch {
             node: i,
             fuse,
@@ -552,6 +619,7 @@ pub fn buffer_plan(
         arena,
         value_buf: w.value_buf,
         in_place: w.in_place,
+        f32_values,
         launches: w.launches,
         consts: w.consts,
         input_buf,

@@ -112,6 +112,11 @@ pub const AFFINE_ACT: Kernel = k(Family::Norm, "affine_act");
 pub const AFFINE_ACT_V8: Kernel = k(Family::Norm, "affine_act_v8");
 pub const NORM_PARTIAL_FLAT8: Kernel = k(Family::Norm, "norm_partial_flat8");
 pub const AFFINE_ACT_FLAT8: Kernel = k(Family::Norm, "affine_act_flat8");
+/// The norm kernels on fp32 input (a conv output kept in fp32 for its norm).
+pub const NORM_PARTIAL_F32: Kernel = k(Family::Norm, "norm_partial_f32");
+pub const NORM_PARTIAL_V8_F32: Kernel = k(Family::Norm, "norm_partial_v8_f32");
+pub const AFFINE_ACT_F32: Kernel = k(Family::Norm, "affine_act_f32");
+pub const AFFINE_ACT_V8_F32: Kernel = k(Family::Norm, "affine_act_v8_f32");
 pub const ACT_KERNEL: Kernel = k(Family::Eltwise, "act_kernel");
 pub const BINARY_KERNEL: Kernel = k(Family::Eltwise, "binary_kernel");
 pub const BINARY_CONST_KERNEL: Kernel = k(Family::Eltwise, "binary_const_kernel");
@@ -184,6 +189,10 @@ pub const KERNELS: &[Kernel] = &[
     AFFINE_ACT_V8,
     NORM_PARTIAL_FLAT8,
     AFFINE_ACT_FLAT8,
+    NORM_PARTIAL_F32,
+    NORM_PARTIAL_V8_F32,
+    AFFINE_ACT_F32,
+    AFFINE_ACT_V8_F32,
     ACT_KERNEL,
     BINARY_KERNEL,
     BINARY_CONST_KERNEL,

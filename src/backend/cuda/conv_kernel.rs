@@ -36,6 +36,8 @@ pub struct ArchCaps {
     pub conv_tile: Option<&'static MmaConfig>,
     /// A forced `conv_halo_*` kernel (benchmarks).
     pub halo_tile: Option<&'static HaloConfig>,
+    /// Conv outputs only norms read kept in fp32 (`CudaOptions::norm_f32`).
+    pub norm_f32: bool,
 }
 
 impl ArchCaps {
@@ -52,6 +54,7 @@ impl ArchCaps {
             parity_fused: true,
             conv_tile: None,
             halo_tile: None,
+            norm_f32: true,
         }
     }
 
@@ -70,6 +73,7 @@ impl ArchCaps {
             conv_c1: opts.c1_conv,
             conv_up_vec: opts.upsample_vec,
             parity_fused: opts.fused_parity,
+            norm_f32: opts.norm_f32,
             conv_tile: opts.conv_tile,
             halo_tile: opts.halo_tile,
             ..base
@@ -142,6 +146,12 @@ pub struct ConvGeom {
 }
 
 impl ConvKernel {
+    /// Whether its epilogue can store fp32 (`ConvParams::out_f32`): all but the pointwise
+    /// head, whose output no norm reads in the nets voxtile runs.
+    pub fn writes_f32(&self) -> bool {
+        !matches!(self, ConvKernel::Pointwise { .. })
+    }
+
     /// Kernel name of each launch (one per parity class, else one).
     pub fn funcs(&self) -> Vec<&'static str> {
         match self {

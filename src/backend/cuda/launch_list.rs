@@ -149,6 +149,8 @@ fn node_io<'g>(
         shapes: node.inputs.iter().map(|&v| bp.shapes[v]).collect(),
         xs,
         y: bufs[l.out_buf],
+        x_f32: bp.f32_values[node.inputs[0]],
+        y_f32: bp.f32_values[l.out_v],
         xshape: bp.shapes[node.inputs[0]],
         oshape,
         pix: oshape[1] * oshape[2] * oshape[3],
@@ -175,7 +177,8 @@ impl Prepared {
         Ok(())
     }
 
-    /// Fills the activation arena with NaN (`CudaOptions::poison`).
+    /// Fills the activation arena with NaN (`CudaOptions::poison`; an fp32 buffer reads the
+    /// fp16 NaN pairs as huge finite values, still nothing a conv's output could be).
     pub fn poison(&self, gpu: &Gpu) -> Result<()> {
         let len = self.arena.bytes / 2;
         gpu.eltwise(

@@ -48,8 +48,8 @@ use launch_list::Prepared;
 use ndarray::{Array3, Array4, Array5, ArrayView5};
 use pipeline::{PinnedCache, WindowJob};
 
-/// The unit tests' LCG (Knuth's MMIX constants): advances `state`, returns its top 31 bits.
-#[cfg(test)]
+/// An LCG (Knuth's MMIX constants) for the unit tests and the arena's seeded placement
+/// shuffles: advances `state`, returns its top 31 bits.
 pub(crate) fn lcg_next(state: &mut u64) -> u64 {
     *state = state
         .wrapping_mul(6364136223846793005)

@@ -31,6 +31,9 @@ pub struct CudaOptions {
     pub conv_tile: Option<&'static MmaConfig>,
     /// Where `segment_windows*` gathers the windows (both give the same bits).
     pub gather_mode: GatherMode,
+    /// Keep a conv output that only InstanceNorm / GroupNorm read in fp32 (more activation
+    /// bytes, fewer flipped labels: see `BufferPlan::f32_values`). Off only to measure it.
+    pub norm_f32: bool,
 }
 
 impl Default for CudaOptions {
@@ -45,6 +48,7 @@ impl Default for CudaOptions {
             halo_tile: None,
             conv_tile: None,
             gather_mode: GatherMode::Auto,
+            norm_f32: true,
         }
     }
 }

@@ -98,6 +98,8 @@ pub struct ConvParams {
     pub od: i32,
     pub oh: i32,
     pub ow: i32,
+    /// 1: the output is fp32 (a value only norms read, [`BufferPlan::f32_values`]).
+    pub out_f32: i32,
 }
 
 /// Where value `v` can be written in place: its only consumer is a channel concat (and `v` is

@@ -114,6 +114,7 @@ impl<'a> ConvOp<'a> {
             act: io.act.code(),
             alpha: io.act.alpha(),
             slope_n: io.slope_n,
+            out_f32: io.y_f32 as i32,
             ..Default::default()
         }
     }
@@ -176,7 +177,8 @@ pub(crate) fn build(
                 let wp = b.upload_const(&wh)?;
                 // The class's first output voxel: the scatter adds (j * stride) to it.
                 let first = (cl.r[0] * os[2] + cl.r[1]) * os[3] + cl.r[2];
-                let y = io.y + (first * io.ldc * 2) as u64;
+                let elem = if io.y_f32 { 4 } else { 2 };
+                let y = io.y + (first * io.ldc * elem) as u64;
                 let shape = (m.name, m.bm as u32, m.bn as u32, m.threads, m.smem_bytes());
                 out.push(step(q, wp, y, shape));
             }

@@ -103,6 +103,9 @@ pub(crate) struct NodeIo<'a> {
     pub shapes: Vec<Shape>,
     pub x: u64,
     pub y: u64,
+    /// x (input 0) and y are fp32 rather than fp16 (`BufferPlan::f32_values`).
+    pub x_f32: bool,
+    pub y_f32: bool,
     pub xshape: Shape,
     pub oshape: Shape,
     /// Output voxels per sample.

@@ -4,8 +4,8 @@
 use super::{Build, NodeIo};
 use crate::backend::cuda::buffers::norm_blocks;
 use crate::backend::cuda::catalogue::{
-    AFFINE_ACT, AFFINE_ACT_FLAT8, AFFINE_ACT_V8, NORM_FINALIZE, NORM_PARTIAL, NORM_PARTIAL_FLAT8,
-    NORM_PARTIAL_V8,
+    AFFINE_ACT, AFFINE_ACT_F32, AFFINE_ACT_FLAT8, AFFINE_ACT_V8, AFFINE_ACT_V8_F32, NORM_FINALIZE,
+    NORM_PARTIAL, NORM_PARTIAL_F32, NORM_PARTIAL_FLAT8, NORM_PARTIAL_V8, NORM_PARTIAL_V8_F32,
 };
 use crate::backend::cuda::launch::{Arg, Gpu};
 use crate::backend::cuda::plan::Act;
@@ -17,6 +17,8 @@ use cudarc::driver::CudaStream;
 pub(crate) struct Affine {
     pub x: u64,
     pub y: u64,
+    /// x is fp32 (the output fp16 either way).
+    pub x_f32: bool,
     pub pix: usize,
     pub c: usize,
     /// f32 (a, b) pairs.
@@ -82,6 +84,7 @@ fn affine_of(io: &NodeIo, ab: u64) -> Affine {
     Affine {
         x: io.x,
         y: io.y,
+        x_f32: io.x_f32,
         pix: io.pix,
         c: io.xshape[0],
         ab,
@@ -118,8 +121,13 @@ impl Norm {
         // (kernel, blocks per sample, pixels or vectors per block, shared memory bytes)
         let (k, nblk, chunk, smem) = if c % 8 == 0 && c <= 2048 {
             let rows = 256 / (c / 8);
-            (NORM_PARTIAL_V8, nblk, pix.div_ceil(nblk), rows * c * 8)
-        } else if let Some(period) = flat8_period(pix, c) {
+            let k = if a.x_f32 {
+                NORM_PARTIAL_V8_F32
+            } else {
+                NORM_PARTIAL_V8
+            };
+            (k, nblk, pix.div_ceil(nblk), rows * c * 8)
+        } else if let (false, Some(period)) = (a.x_f32, flat8_period(pix, c)) {
             // Blocks start at a multiple of the period, so each thread keeps its channels.
             let nv = pix * c / 8;
             let chunkv = nv.div_ceil(nblk).div_ceil(period) * period;
@@ -132,7 +140,12 @@ impl Norm {
             )
         } else {
             let rows = 256 / c.min(256);
-            (NORM_PARTIAL, nblk, pix.div_ceil(nblk), rows * c * 8)
+            let k = if a.x_f32 {
+                NORM_PARTIAL_F32
+            } else {
+                NORM_PARTIAL
+            };
+            (k, nblk, pix.div_ceil(nblk), rows * c * 8)
         };
         gpu.launch(
             s,
@@ -157,6 +170,7 @@ impl Norm {
                 Arg::Ptr(part),
                 Arg::I32(nblk as i32),
                 Arg::Ptr(a.x),
+                Arg::I32(a.x_f32 as i32),
                 Arg::I32(n as i32),
                 Arg::I64(pix as i64),
                 Arg::I32(c as i32),
@@ -178,15 +192,19 @@ impl Affine {
     }
 
     /// As `launch` with the pairs at `ab`; 16-byte vectors when C % 8 == 0, or over the
-    /// flattened sample when only P * C % 8 == 0.
+    /// flattened sample when only P * C % 8 == 0 (fp16 input only).
     fn launch_with(&self, gpu: &Gpu, s: &CudaStream, n: usize, ab: u64) -> Result<()> {
         let (pix, c, act) = (self.pix, self.c, &self.act);
         let nv = pix * c / 8;
         let v8 = c.is_multiple_of(8) && nv < (1usize << 32);
-        if v8 || flat8_period(pix, c).is_some() {
+        if v8 || (!self.x_f32 && flat8_period(pix, c).is_some()) {
             let per = (gpu.sm_count as usize * 16).div_ceil(n).max(1);
             let grid = (nv.div_ceil(256).clamp(1, per) as u32, n as u32, 1);
-            let k = if v8 { AFFINE_ACT_V8 } else { AFFINE_ACT_FLAT8 };
+            let k = match (v8, self.x_f32) {
+                (true, true) => AFFINE_ACT_V8_F32,
+                (true, false) => AFFINE_ACT_V8,
+                _ => AFFINE_ACT_FLAT8,
+            };
             return gpu.launch(
                 s,
                 k.name,
@@ -207,9 +225,14 @@ impl Affine {
             );
         }
         let total = n * pix * c;
+        let k = if self.x_f32 {
+            AFFINE_ACT_F32
+        } else {
+            AFFINE_ACT
+        };
         gpu.eltwise(
             s,
-            AFFINE_ACT.name,
+            k.name,
             total,
             &mut [
                 Arg::Ptr(self.x),
