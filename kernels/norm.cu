@@ -95,14 +95,14 @@ __device__ __forceinline__ void norm_partial_v8_t(const T* __restrict__ x, i64 P
     __syncthreads();
     norm_block_partial(sh, rows, C, part + ((i64)n * gridDim.x + blockIdx.x) * C * 2);
 }
-extern "C" __global__ void norm_partial_v8(const half* __restrict__ x, i64 P, int C, int groups, i64 chunk,
-                                           float* __restrict__ part) {
-    norm_partial_v8_t(x, P, C, groups, chunk, part);
-}
-extern "C" __global__ void norm_partial_v8_f32(const float* __restrict__ x, i64 P, int C, int groups, i64 chunk,
-                                               float* __restrict__ part) {
-    norm_partial_v8_t(x, P, C, groups, chunk, part);
-}
+// The kernels of a partial-sum template, one per input type (fp16, or fp32 from a conv kept so).
+#define NORM_PARTIAL_ENTRY(NAME, T, IMPL)                                                             \
+    extern "C" __global__ void NAME(const T* __restrict__ x, i64 P, int C, int groups, i64 chunk,       \
+                                    float* __restrict__ part) {                                         \
+        IMPL(x, P, C, groups, chunk, part);                                                             \
+    }
+NORM_PARTIAL_ENTRY(norm_partial_v8, half, norm_partial_v8_t)
+NORM_PARTIAL_ENTRY(norm_partial_v8_f32, float, norm_partial_v8_t)
 
 // Any C: thread (r, c0) sums channels c0, c0+cg, ... over pixels p0+r, p0+r+rows, ...
 // (cg = min(C, blockDim)), smem [rows][C][2] floats. Same partial layout as the v8 kernel.
@@ -134,14 +134,8 @@ __device__ __forceinline__ void norm_partial_t(const T* __restrict__ x, i64 P, i
     __syncthreads();
     norm_block_partial(sh, rows, C, part + ((i64)n * gridDim.x + blockIdx.x) * C * 2);
 }
-extern "C" __global__ void norm_partial(const half* __restrict__ x, i64 P, int C, int groups, i64 chunk,
-                                        float* __restrict__ part) {
-    norm_partial_t(x, P, C, groups, chunk, part);
-}
-extern "C" __global__ void norm_partial_f32(const float* __restrict__ x, i64 P, int C, int groups, i64 chunk,
-                                            float* __restrict__ part) {
-    norm_partial_t(x, P, C, groups, chunk, part);
-}
+NORM_PARTIAL_ENTRY(norm_partial, half, norm_partial_t)
+NORM_PARTIAL_ENTRY(norm_partial_f32, float, norm_partial_t)
 
 // Vectors of 8 halves over channel counts that are not multiples of 8 (P * C % 8 == 0): a sample is
 // a flat run of 16-byte vectors, vector v holding channels (8v + k) % C, which repeat every
