@@ -559,7 +559,7 @@ mod tests {
                 if let Some((mac, rest)) = l.split_once("_ENTRY(") {
                     if mac
                         .chars()
-                        .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+                        .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
                     {
                         out.push(rest.split(',').next().unwrap_or("").trim().to_string());
                     }
