@@ -1,5 +1,6 @@
 //! The CUDA backend's buffer plan, host only: which fp16 activation buffers exist (fp32 for a
-//! conv output only norms read) and their bytes, which launch writes which buffer, the kernel of every conv and the constants it
+//! conv output only norms read) and their bytes, which launch writes which buffer, the kernel
+//! of every conv and the constants it
 //! uploads (re-laid fp16 GEMM operands with their padding, biases, norm parameters...), the
 //! per-plan norm scratch, and where each buffer sits in the one activation arena.
 //! `CudaBackend::prepare` allocates exactly this list and the memory planner (`crate::plan`) sums
@@ -251,6 +252,15 @@ fn numel(s: &Shape) -> usize {
     s.iter().product()
 }
 
+/// Bytes of one activation element: fp16, or fp32 for a value [`keeps_f32`] keeps.
+pub fn elem_bytes(f32: bool) -> usize {
+    if f32 {
+        4
+    } else {
+        2
+    }
+}
+
 /// Whether node `i`'s output `out_v`, written by conv kernel `k`, is kept in fp32: a conv
 /// (not on the tensor path) whose every reader is an InstanceNorm / GroupNorm. The norm
 /// subtracts the channel mean and divides by the spread, so fp16 rounding relative to the raw
@@ -497,7 +507,7 @@ impl Walk<'_> {
 }
 
 /// The buffer plan of `graph` for `batch` windows of `roi` on a device with `caps`: fp16 NDHWC
-/// activations, a following activation fused into conv / norm / affine epilogues, convs and
+/// activations (fp32 where [`keeps_f32`] says so and `caps.norm_f32`), a following activation fused into conv / norm / affine epilogues, convs and
 /// binaries whose only consumer is a channel concat written into its slice (the concat's buffer
 /// taken at its first producer), every other output in a buffer of its own, inputs freed after
 /// their last reader (after the output is placed, so no kernel reads and writes one buffer);
@@ -588,7 +598,7 @@ pub fn buffer_plan(
             let b = w.live[node.inputs[0]].expect("checked live above");
             (b, oshape[0], 0)
         } else {
-            w.place(i, out_v, oshape, if f32_out { 4 } else { 2 })
+            w.place(i, out_v, oshape, elem_bytes(f32_out))
         };
         w.live[out_v] = Some(ob);
         w.value_buf[out_v] = Some(ob);

@@ -2,7 +2,7 @@
 //! (weights re-laid and uploaded at build), and their grids at run.
 
 use super::{Build, NodeIo};
-use crate::backend::cuda::buffers::ConvKernel;
+use crate::backend::cuda::buffers::{elem_bytes, ConvKernel};
 use crate::backend::cuda::catalogue::{halo_config, CONV1X1_N16, CONV1X1_N32, CONV_C1_K3};
 use crate::backend::cuda::launch::{Arg, Gpu};
 use crate::backend::cuda::plan::ConvParams;
@@ -177,8 +177,7 @@ pub(crate) fn build(
                 let wp = b.upload_const(&wh)?;
                 // The class's first output voxel: the scatter adds (j * stride) to it.
                 let first = (cl.r[0] * os[2] + cl.r[1]) * os[3] + cl.r[2];
-                let elem = if io.y_f32 { 4 } else { 2 };
-                let y = io.y + (first * io.ldc * elem) as u64;
+                let y = io.y + (first * io.ldc * elem_bytes(io.y_f32)) as u64;
                 let shape = (m.name, m.bm as u32, m.bn as u32, m.threads, m.smem_bytes());
                 out.push(step(q, wp, y, shape));
             }
