@@ -6,7 +6,7 @@ use crate::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Largest model file (`.onnx`) read into memory.
 pub const MODEL_CAP: u64 = 4 << 30;
@@ -97,6 +97,35 @@ pub fn read_regular_text(path: &Path, cap: u64) -> Result<String> {
         .map_err(|_| Error::Invalid(format!("{}: is not UTF-8 text", path.display())))
 }
 
+/// `dir/rel` with every symbolic link resolved, if it stays inside `dir` (itself resolved);
+/// otherwise why not (`whose` names the folder in the message: "model's", "header's"). A link
+/// beside a model or a header must not make weights or voxels out of `/etc/passwd`.
+pub fn contained(dir: &Path, rel: &Path, whose: &str) -> std::result::Result<PathBuf, String> {
+    let root = dir
+        .canonicalize()
+        .map_err(|e| format!("cannot resolve the {whose} folder {}: {e}", dir.display()))?;
+    let joined = dir.join(rel);
+    let real = joined
+        .canonicalize()
+        .map_err(|e| format!("cannot open {}: {e}", joined.display()))?;
+    if !real.starts_with(&root) {
+        return Err(format!(
+            "{} resolves to {}, outside the {whose} folder {}",
+            joined.display(),
+            real.display(),
+            root.display()
+        ));
+    }
+    Ok(real)
+}
+
+/// [`open_regular`] of `dir/rel` once [`contained`] says it stays inside `dir`: the resolved
+/// path is opened no-follow, so a link swapped in after the check is refused too.
+pub fn open_contained(dir: &Path, rel: &Path, whose: &str, cap: u64) -> Result<(File, u64)> {
+    let real = contained(dir, rel, whose).map_err(Error::Invalid)?;
+    open_regular(&real, cap, false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,5 +152,23 @@ mod tests {
         assert!(open_regular(&link, 100, true).is_ok());
         let e = open_regular(&link, 100, false).unwrap_err();
         assert!(e.to_string().contains("symbolic link"), "{e}");
+    }
+
+    #[test]
+    fn contained_refuses_links_out_of_the_folder() {
+        let top = tempfile::tempdir().unwrap();
+        let (inner, outside) = (top.path().join("in"), top.path().join("secret"));
+        std::fs::create_dir(&inner).unwrap();
+        std::fs::write(&outside, b"secret").unwrap();
+        std::fs::write(inner.join("data.raw"), b"voxels").unwrap();
+        std::os::unix::fs::symlink("../secret", inner.join("out.raw")).unwrap();
+        std::os::unix::fs::symlink("data.raw", inner.join("alias.raw")).unwrap();
+        let e = open_contained(&inner, Path::new("out.raw"), "header's", 1 << 20).unwrap_err();
+        assert!(e.to_string().contains("outside the header's folder"), "{e}");
+        assert!(!e.to_string().contains("secret\n"), "no content echoed: {e}");
+        for ok in ["data.raw", "alias.raw"] {
+            let (_, len) = open_contained(&inner, Path::new(ok), "header's", 1 << 20).unwrap();
+            assert_eq!(len, 6);
+        }
     }
 }

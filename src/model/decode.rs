@@ -244,7 +244,8 @@ fn read_external(
     }
     let dir = dir.ok_or_else(|| bad(format!("stored as external data in \"{location}\" but the model was loaded from memory without a folder")))?;
     let file_path =
-        contained(dir, rel).map_err(|m| bad(format!("external data \"{location}\": {m}")))?;
+        crate::fsio::contained(dir, rel, "model's")
+            .map_err(|m| bad(format!("external data \"{location}\": {m}")))?;
     // No-follow on the resolved path: a link swapped in after the check is refused, and a FIFO
     // or device is refused instead of read. The size cap is the file's own; only `need` bytes
     // are read from it.
@@ -268,27 +269,6 @@ fn read_external(
     f.read_exact(&mut buf)
         .map_err(|e| Error::io(&file_path, e))?;
     Ok(buf)
-}
-
-/// `dir/rel` with every symbolic link resolved, if it stays inside `dir` (itself resolved);
-/// otherwise why not. A link in the model's folder must not make weights out of `/etc/passwd`.
-fn contained(dir: &Path, rel: &Path) -> std::result::Result<std::path::PathBuf, String> {
-    let root = dir
-        .canonicalize()
-        .map_err(|e| format!("cannot resolve the model's folder {}: {e}", dir.display()))?;
-    let joined = dir.join(rel);
-    let real = joined
-        .canonicalize()
-        .map_err(|e| format!("cannot open {}: {e}", joined.display()))?;
-    if !real.starts_with(&root) {
-        return Err(format!(
-            "{} resolves to {}, outside the model's folder {}",
-            joined.display(),
-            real.display(),
-            root.display()
-        ));
-    }
-    Ok(real)
 }
 
 #[cfg(test)]
