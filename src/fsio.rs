@@ -165,7 +165,10 @@ mod tests {
         std::os::unix::fs::symlink("data.raw", inner.join("alias.raw")).unwrap();
         let e = open_contained(&inner, Path::new("out.raw"), "header's", 1 << 20).unwrap_err();
         assert!(e.to_string().contains("outside the header's folder"), "{e}");
-        assert!(!e.to_string().contains("secret\n"), "no content echoed: {e}");
+        assert!(
+            !e.to_string().contains("secret\n"),
+            "no content echoed: {e}"
+        );
         for ok in ["data.raw", "alias.raw"] {
             let (_, len) = open_contained(&inner, Path::new(ok), "header's", 1 << 20).unwrap();
             assert_eq!(len, 6);

@@ -1,7 +1,7 @@
-//! Clean exit on SIGINT/SIGTERM/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2: temp files being written and the
-//! outputs of the unfinished run are removed, then the process exits 128 + signal (130 for
-//! SIGINT, 143 for SIGTERM), so an interrupted run leaves neither a partial output nor a temp file
-//! behind.
+//! Clean exit on SIGINT/SIGTERM/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2: temp files being written are
+//! removed and the outputs the unfinished run already committed are taken back (see [`Undo`]),
+//! then the process exits 128 + signal (130 for SIGINT, 143 for SIGTERM), so an interrupted run
+//! leaves neither a partial output nor a temp file behind.
 //!
 //! Signals are received by `signal-hook`'s iterator (its self-pipe and a thread of its own), so
 //! the cleanup runs as ordinary code, not inside a signal handler, and may lock the registry.
@@ -17,7 +17,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 /// ([`registry`]); tests make their own so they cannot disturb writers running in parallel.
 #[derive(Debug, Default)]
 pub struct Registry {
-    temps: Mutex<Vec<PathBuf>>,
+    temps: Mutex<Vec<(PathBuf, Undo)>>,
     interrupted: AtomicBool,
 }
 
@@ -94,23 +94,18 @@ impl Registry {
         }
     }
 
-    fn temps(&self) -> MutexGuard<'_, Vec<PathBuf>> {
+    fn temps(&self) -> MutexGuard<'_, Vec<(PathBuf, Undo)>> {
         // A writer that panicked while holding the lock leaves a usable list behind.
         self.temps.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Mark the run interrupted and delete every registered temp file; returns how many existed.
-    /// The signal thread calls it on the global registry.
+    /// Mark the run interrupted and take back every registered path (temp files removed,
+    /// committed outputs undone); returns how many were taken back. The signal thread calls it
+    /// on the global registry.
     pub fn cleanup(&self) -> usize {
         self.interrupted.store(true, Ordering::SeqCst);
         let mut list = self.temps();
-        let mut removed = 0;
-        for p in list.drain(..) {
-            if std::fs::remove_file(&p).is_ok() {
-                removed += 1;
-            }
-        }
-        removed
+        list.drain(..).filter(|(p, undo)| undo.run(p)).count()
     }
 
     /// Whether a termination signal was received (or [`Registry::cleanup`] called).
@@ -121,7 +116,7 @@ impl Registry {
     /// Register `path` as a temp file to delete on a signal. Register before creating the file,
     /// so there is no moment where it exists unregistered.
     pub fn register(&'static self, path: &Path) -> TempGuard {
-        self.temps().push(path.to_path_buf());
+        self.temps().push((path.to_path_buf(), Undo::Remove));
         TempGuard {
             reg: self,
             path: path.to_path_buf(),
@@ -131,7 +126,7 @@ impl Registry {
     /// Whether `path` is registered right now.
     #[cfg(test)]
     pub fn is_registered(&self, path: &Path) -> bool {
-        self.temps().iter().any(|p| p == path)
+        self.temps().iter().any(|(p, _)| p == path)
     }
 }
 
@@ -145,14 +140,14 @@ pub struct TempGuard {
 impl TempGuard {
     /// Run `rename` (the temp → final step) under the registry lock, unless a signal arrived
     /// first, in which case nothing is renamed and an `Interrupted` error is returned. The final
-    /// path `dest` takes the temp file's place in the registry in the same locked step: the
-    /// returned guard keeps it there, so a signal before the whole run is finished removes the
-    /// committed output too.
+    /// path `dest` takes the temp file's place in the registry in the same locked step, with
+    /// the [`Undo`] that `rename` returns: the returned guard keeps it there, so a signal before
+    /// the whole run is finished takes the committed output back too.
     pub fn commit_to(
         &self,
         dest: &Path,
-        rename: impl FnOnce(&Path) -> std::io::Result<()>,
-    ) -> std::io::Result<TempGuard> {
+        rename: impl FnOnce(&Path) -> std::io::Result<Undo>,
+    ) -> std::io::Result<(TempGuard, Undo)> {
         let mut list = self.reg.temps();
         if self.reg.interrupted() {
             return Err(std::io::Error::new(
@@ -160,19 +155,78 @@ impl TempGuard {
                 "interrupted by a signal before the output was complete",
             ));
         }
-        rename(&self.path)?;
-        list.retain(|p| p != &self.path);
-        list.push(dest.to_path_buf());
-        Ok(TempGuard {
+        let undo = rename(&self.path)?;
+        list.retain(|(p, _)| p != &self.path);
+        list.push((dest.to_path_buf(), undo.clone()));
+        let guard = TempGuard {
             reg: self.reg,
             path: dest.to_path_buf(),
-        })
+        };
+        Ok((guard, undo))
     }
 }
 
 impl Drop for TempGuard {
     fn drop(&mut self) {
-        self.reg.temps().retain(|p| p != &self.path);
+        self.reg.temps().retain(|(p, _)| p != &self.path);
+    }
+}
+
+/// A file's identity: device and inode.
+pub type Ident = (u64, u64);
+
+/// The identity of the file at `path` itself (a symbolic link is not followed).
+pub fn ident_of(path: &Path) -> Option<Ident> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
+/// How a registered path is taken back when the run does not finish.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Undo {
+    /// A temp file of this run (its name is unique to it): removed.
+    Remove,
+    /// A committed output: taken back only while the path still holds the file this run wrote
+    /// (`ident`), since another run may have replaced it meanwhile; the file it replaced, kept
+    /// under `backup`, is put back.
+    Output {
+        /// The identity of the file this run wrote.
+        ident: Ident,
+        /// Where the file it replaced was kept (a hard link), if it replaced one.
+        backup: Option<PathBuf>,
+    },
+}
+
+impl Undo {
+    /// Take `path` back; true when something was removed or put back.
+    pub fn run(&self, path: &Path) -> bool {
+        match self {
+            Undo::Remove => std::fs::remove_file(path).is_ok(),
+            Undo::Output { ident, backup } => {
+                let ours = ident_of(path) == Some(*ident);
+                match backup {
+                    Some(b) if ours => std::fs::rename(b, path).is_ok(),
+                    Some(b) => {
+                        // Another run replaced our output: theirs stays, the old file goes.
+                        let _ = std::fs::remove_file(b);
+                        false
+                    }
+                    None => ours && std::fs::remove_file(path).is_ok(),
+                }
+            }
+        }
+    }
+
+    /// The run finished: the replaced file kept for an undo is not needed any more.
+    pub fn finish(&self) {
+        if let Undo::Output {
+            backup: Some(b), ..
+        } = self
+        {
+            let _ = std::fs::remove_file(b);
+        }
     }
 }
 
@@ -202,7 +256,9 @@ mod tests {
             let g = reg.register(&a);
             assert!(reg.is_registered(&a));
             let fin = dir.path().join("a.nii");
-            let kept = g.commit_to(&fin, |p| std::fs::rename(p, &fin)).unwrap();
+            let (kept, _) = g
+                .commit_to(&fin, |p| std::fs::rename(p, &fin).map(|_| Undo::Remove))
+                .unwrap();
             assert!(!reg.is_registered(&a));
             assert!(
                 reg.is_registered(&fin),
@@ -226,7 +282,7 @@ mod tests {
         );
         let e = g
             .commit_to(&dir.path().join("b.nii"), |p| {
-                std::fs::rename(p, dir.path().join("b.nii"))
+                std::fs::rename(p, dir.path().join("b.nii")).map(|_| Undo::Remove)
             })
             .unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::Interrupted);

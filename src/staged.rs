@@ -6,19 +6,34 @@
 //! opened create-new and no-follow, so a file or symbolic link planted at that name makes the
 //! open fail instead of being written through. Without `replace`, the commit never replaces a
 //! file that appeared meanwhile (`renameat2(RENAME_NOREPLACE)`, or link + unlink where the
-//! filesystem lacks it). Temp files and committed outputs of an unfinished run are registered
-//! with the crate's signal handler (`signals`), which removes them on a termination signal. Stale temp files of
-//! processes that no longer exist are removed when a new one is staged in the same folder.
+//! filesystem lacks it); with it, the file replaced is kept (a hard link) until the run is done.
+//! Temp files and committed outputs of an unfinished run are registered with the crate's signal
+//! handler (`signals`), which takes them back on a termination signal. A run only ever takes
+//! back what it wrote itself: a committed output is removed (or the file it replaced put back)
+//! only while its path still holds the file this run wrote, never by path alone.
+//!
+//! Stale temp files are removed when a new one is staged in the same folder, but only those
+//! known abandoned: a writer holds an exclusive `flock` on its temp file from creation to commit,
+//! so a temp file whose lock can be taken belongs to a process that has ended — whatever host
+//! (NFS) or PID namespace (containers) it ran in, where a pid says nothing. A temp file younger
+//! than [`STALE_AGE`] is spared too (its writer may be between the create and the lock).
 
-use crate::signals::{registry, TempGuard};
+use crate::signals::{registry, Ident, TempGuard, Undo};
 use crate::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// What sits between a temp file's name and its pid: `.<name>.voxtile-tmp-<pid>-<16 hex>`.
 const TMP_TAG: &str = ".voxtile-tmp-";
+/// What names the file a commit replaced while the run is not done:
+/// `.<name>.voxtile-old-<pid>-<16 hex>`. Not a temp name, so no stale-temp cleanup removes it.
+const OLD_TAG: &str = ".voxtile-old-";
+/// A temp file this young is never taken for abandoned.
+pub const STALE_AGE: Duration = Duration::from_secs(60);
 
 /// A complete output in its temp file, not yet under its final name. Dropped uncommitted, the
 /// temp file is removed.
@@ -27,13 +42,16 @@ pub struct Staged {
     tmp: PathBuf,
     dest: PathBuf,
     guard: Option<TempGuard>,
+    /// The temp file, open and locked until the commit is done.
+    file: Option<File>,
 }
 
-/// A committed output of a run that is not finished yet: removed on a signal (it is registered)
-/// and by [`Outputs`] when a later commit fails.
+/// A committed output of a run that is not finished yet: taken back on a signal (it is
+/// registered) and by [`Outputs`] when a later commit fails.
 #[derive(Debug)]
 struct Committed {
     path: PathBuf,
+    undo: Undo,
     _guard: TempGuard,
 }
 
@@ -62,16 +80,21 @@ fn random_u64() -> u64 {
     h.finish()
 }
 
-fn temp_name(dest: &Path) -> Result<PathBuf> {
+/// A name of ours beside `dest`: `.<name><tag><pid>-<16 hex>`.
+fn own_name(dest: &Path, tag: &str) -> Result<PathBuf> {
     let name = dest.file_name().ok_or_else(|| {
         Error::Invalid(format!("{}: output path has no file name", dest.display()))
     })?;
     Ok(parent_dir(dest).join(format!(
-        ".{}{TMP_TAG}{}-{:016x}",
+        ".{}{tag}{}-{:016x}",
         name.to_string_lossy(),
         std::process::id(),
         random_u64()
     )))
+}
+
+fn temp_name(dest: &Path) -> Result<PathBuf> {
+    own_name(dest, TMP_TAG)
 }
 
 /// The pid in a temp file name of ours, if `name` is one.
@@ -83,23 +106,47 @@ fn temp_pid(name: &str) -> Option<u32> {
         .flatten()
 }
 
-fn process_alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only asks whether the process exists; nothing is sent.
-    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+/// Take `file`'s exclusive lock; `wait` = false gives up at once when another holds it.
+fn lock(file: &File, wait: bool) -> bool {
+    let op = if wait {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_EX | libc::LOCK_NB
+    };
+    // SAFETY: flock on a descriptor owned by `file`, which outlives the call.
+    unsafe { libc::flock(file.as_raw_fd(), op) == 0 }
 }
 
-/// Remove temp files in `dir` left by voxtile processes that no longer run (best effort).
+/// Remove the temp file at `path` if it is abandoned: a regular file, older than
+/// [`STALE_AGE`], whose writer's lock is gone (taken here, so no writer can be mid-way).
+fn remove_if_abandoned(path: &Path) {
+    let Ok(f) = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+    else {
+        return;
+    };
+    let old = f.metadata().is_ok_and(|m| {
+        m.is_file()
+            && m.modified()
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= STALE_AGE)
+    });
+    if old && lock(&f, false) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Remove temp files in `dir` left by voxtile processes that have ended (best effort).
 pub fn remove_stale_temps(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
     for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
-        if let Some(pid) = temp_pid(&name) {
-            if pid != std::process::id() && !process_alive(pid) {
-                let _ = std::fs::remove_file(e.path());
-            }
+        if temp_pid(&e.file_name().to_string_lossy()).is_some() {
+            remove_if_abandoned(&e.path());
         }
     }
 }
@@ -113,18 +160,23 @@ where
     let tmp = temp_name(dest)?;
     // Registered before it exists: a termination signal from here on removes it.
     let guard = registry().register(&tmp);
-    let staged = Staged {
+    let mut staged = Staged {
         tmp,
         dest: dest.to_path_buf(),
         guard: Some(guard),
+        file: None,
     };
-    let mut file = OpenOptions::new()
+    let file = OpenOptions::new()
         .write(true)
         .create_new(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&staged.tmp)
         .map_err(|e| Error::io(dest, e))?;
-    body(&mut file)
+    // Held until the commit: the mark of a live writer that other runs' cleanup respects. A
+    // filesystem without locks refuses it for everyone, so nobody takes this file for stale.
+    lock(&file, true);
+    let file = staged.file.insert(file);
+    body(file)
         .and_then(|_| file.sync_all())
         .map_err(|e| Error::io(dest, e))?;
     crate::signals::test_pause_before_rename();
@@ -147,8 +199,16 @@ impl Staged {
     fn commit_registered(mut self, replace: bool) -> Result<Committed> {
         let guard = self.guard.take().expect("a staged file has its guard");
         let dest = self.dest.clone();
-        let kept = guard
-            .commit_to(&dest, |tmp| rename(tmp, &dest, replace))
+        let file = self.file.take().expect("a staged file is open");
+        let ident = file
+            .metadata()
+            .map(|m| {
+                use std::os::unix::fs::MetadataExt;
+                (m.dev(), m.ino())
+            })
+            .map_err(|e| Error::io(&dest, e))?;
+        let (kept, undo) = guard
+            .commit_to(&dest, |tmp| place(tmp, &dest, replace, ident))
             .map_err(|e| {
                 let _ = std::fs::remove_file(&self.tmp);
                 if e.kind() == io::ErrorKind::AlreadyExists {
@@ -160,19 +220,21 @@ impl Staged {
                     Error::io(&dest, e)
                 }
             })?;
+        drop(file);
         // Make the rename itself durable (best effort: not every filesystem allows it).
         if let Ok(d) = File::open(parent_dir(&dest)) {
             let _ = d.sync_all();
         }
         Ok(Committed {
             path: dest,
+            undo,
             _guard: kept,
         })
     }
 
     /// Rename to the final name now (replacing an existing file only if `replace`).
     pub fn commit(self, replace: bool) -> Result<()> {
-        self.commit_registered(replace).map(drop)
+        self.commit_registered(replace).map(|c| c.undo.finish())
     }
 }
 
@@ -184,11 +246,37 @@ impl Drop for Staged {
     }
 }
 
-/// `tmp` → `dest`; without `replace`, atomically refuses an existing `dest` (AlreadyExists).
-fn rename(tmp: &Path, dest: &Path, replace: bool) -> io::Result<()> {
-    if replace {
-        return std::fs::rename(tmp, dest);
+/// Put the temp file `tmp` (identity `ident`) at `dest`, and say how to take it back. Without
+/// `replace` an existing `dest` fails (AlreadyExists); with it, the file replaced is first kept
+/// as a hard link under an `OLD_TAG` name, for an undo to put back.
+fn place(tmp: &Path, dest: &Path, replace: bool, ident: Ident) -> io::Result<Undo> {
+    let placed = |backup| Undo::Output { ident, backup };
+    if !replace {
+        return rename_noreplace(tmp, dest).map(|_| placed(None));
     }
+    let backup = own_name(dest, OLD_TAG).map_err(|e| io::Error::other(e.to_string()))?;
+    match std::fs::hard_link(dest, &backup) {
+        Ok(()) => match std::fs::rename(tmp, dest) {
+            Ok(()) => Ok(placed(Some(backup))),
+            Err(e) => {
+                let _ = std::fs::remove_file(&backup);
+                Err(e)
+            }
+        },
+        // Nothing to replace (or it appeared just now, and --force says replace it).
+        Err(e) if e.kind() == io::ErrorKind::NotFound => match rename_noreplace(tmp, dest) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                std::fs::rename(tmp, dest).map(|_| placed(None))
+            }
+            r => r.map(|_| placed(None)),
+        },
+        // No hard links on this filesystem: replaced without a way back.
+        Err(_) => std::fs::rename(tmp, dest).map(|_| placed(None)),
+    }
+}
+
+/// `tmp` → `dest`, atomically refusing an existing `dest` (AlreadyExists).
+fn rename_noreplace(tmp: &Path, dest: &Path) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let c = |p: &Path| {
         std::ffi::CString::new(p.as_os_str().as_bytes())
@@ -254,21 +342,23 @@ impl Outputs {
         Ok(())
     }
 
-    /// Commit everything; on the first failure undo the commits made so far.
+    /// Commit everything; on the first failure take back the commits made so far (each only
+    /// while its path still holds what this run wrote, the file it replaced put back).
     pub fn commit(mut self) -> Result<Vec<PathBuf>> {
         let mut done: Vec<Committed> = Vec::new();
         for (s, replace) in std::mem::take(&mut self.staged) {
             match s.commit_registered(replace) {
                 Ok(c) => done.push(c),
                 Err(e) => {
-                    for c in &done {
-                        let _ = std::fs::remove_file(&c.path);
+                    for c in done.iter().rev() {
+                        c.undo.run(&c.path);
                     }
                     return Err(e);
                 }
             }
         }
         self.made_dirs.clear();
+        done.iter().for_each(|c| c.undo.finish());
         Ok(done.into_iter().map(|c| c.path).collect())
     }
 }
@@ -338,14 +428,19 @@ mod tests {
         assert!(!std::fs::symlink_metadata(&out).unwrap().is_symlink());
     }
 
+    /// A temp file named like ours, last modified `age` ago.
+    fn planted_temp(dir: &Path, pid: u32, age: Duration) -> PathBuf {
+        let p = dir.join(format!(".x.nii.voxtile-tmp-{pid}-0123456789abcdef"));
+        let f = File::create(&p).unwrap();
+        f.set_modified(std::time::SystemTime::now() - age).unwrap();
+        p
+    }
+
     #[test]
     fn failed_commit_undoes_the_others_and_stale_temps_go() {
         let dir = tempfile::tempdir().unwrap();
-        // A temp file of a process that cannot exist (pid above the kernel's maximum).
-        let stale = dir
-            .path()
-            .join(".x.nii.voxtile-tmp-99999999-0123456789abcdef");
-        std::fs::write(&stale, b"").unwrap();
+        // An abandoned temp file: nobody holds its lock, and it is old enough.
+        let stale = planted_temp(dir.path(), 99999999, STALE_AGE * 2);
         let (a, b) = (dir.path().join("a.nii"), dir.path().join("b.nii"));
         let mut outs = Outputs::new();
         outs.push(stage_bytes(&a, b"a").unwrap(), false);
@@ -361,5 +456,71 @@ mod tests {
         outs.push(stage_bytes(&sub.join("m.nii"), b"m").unwrap(), false);
         drop(outs);
         assert!(!sub.exists(), "uncommitted: the folder made for it is gone");
+    }
+
+    #[test]
+    fn a_temp_whose_writer_holds_its_lock_is_never_removed() {
+        // Defect 5 of the second trust round: the pid in the name says nothing about a writer on
+        // another host or in another PID namespace (here a pid no process has on this host), so
+        // only the writer's lock counts.
+        let dir = tempfile::tempdir().unwrap();
+        let live = planted_temp(dir.path(), 99999999, STALE_AGE * 2);
+        let writer = File::open(&live).unwrap();
+        assert!(lock(&writer, false));
+        remove_stale_temps(dir.path());
+        assert!(live.exists(), "a locked temp file is a live writer's");
+        drop(writer);
+        let young = planted_temp(dir.path(), 99999998, Duration::ZERO);
+        remove_stale_temps(dir.path());
+        assert!(!live.exists(), "its writer is gone: removed");
+        assert!(young.exists(), "too young to tell: spared");
+        // A staged file holds its lock until it is committed.
+        let out = dir.path().join("o.nii");
+        let s = stage_bytes(&out, b"o").unwrap();
+        let probe = File::open(&s.tmp).unwrap();
+        assert!(
+            !lock(&probe, false),
+            "the writer's lock is held while staged"
+        );
+        s.commit(false).unwrap();
+        assert!(lock(&probe, false), "released once committed");
+    }
+
+    #[test]
+    fn an_undo_takes_back_only_what_this_run_wrote() {
+        // Defect 2 of the second trust round: a failed commit undid the outputs by path, which
+        // by then could be another run's files.
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.nii"), dir.path().join("b.nii"));
+        // Ours at a, then another run puts its own a in place.
+        let c = stage_bytes(&a, b"ours")
+            .unwrap()
+            .commit_registered(false)
+            .unwrap();
+        stage_bytes(&a, b"theirs").unwrap().commit(true).unwrap();
+        assert!(!c.undo.run(&a));
+        assert_eq!(std::fs::read(&a).unwrap(), b"theirs");
+        // Replacing (--force) keeps the old file until the run is done; an undo puts it back.
+        std::fs::write(&b, b"before").unwrap();
+        let c = stage_bytes(&b, b"new")
+            .unwrap()
+            .commit_registered(true)
+            .unwrap();
+        assert_eq!(std::fs::read(&b).unwrap(), b"new");
+        assert!(c.undo.run(&b));
+        assert_eq!(std::fs::read(&b).unwrap(), b"before");
+        // Done: no file of ours is left beside the outputs.
+        let c = stage_bytes(&b, b"new")
+            .unwrap()
+            .commit_registered(true)
+            .unwrap();
+        c.undo.finish();
+        drop(c);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert_eq!(std::fs::read(&b).unwrap(), b"new");
     }
 }

@@ -446,18 +446,28 @@ fn of_two_concurrent_runs_on_one_output_one_fails() {
 #[test]
 fn stale_temp_files_of_dead_runs_are_removed() {
     let c = case();
-    // A temp file of a process that cannot exist (pid above the kernel's maximum), and one of
-    // this test process, which is alive: only the first goes.
-    let dead = c.d.join(".o.nii.gz.voxtile-tmp-99999999-0123456789abcdef");
-    let alive = c.d.join(format!(
-        ".o.nii.gz.voxtile-tmp-{}-0123456789abcdef",
-        std::process::id()
-    ));
-    std::fs::write(&dead, b"half").unwrap();
-    std::fs::write(&alive, b"busy").unwrap();
+    // Two temp files a minute and more old: one abandoned, one whose writer (this test, standing
+    // in for a run on another host or in another PID namespace, whose pid means nothing here)
+    // still holds its lock. Only the abandoned one goes; so does no young one.
+    let plant = |pid: u32, age: u64| {
+        let p =
+            c.d.join(format!(".o.nii.gz.voxtile-tmp-{pid}-0123456789abcdef"));
+        let f = std::fs::File::create(&p).unwrap();
+        f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(age))
+            .unwrap();
+        (p, f)
+    };
+    let (dead, _) = plant(99999999, 120);
+    let (live, writer) = plant(99999998, 120);
+    let (young, _) = plant(99999997, 0);
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor `writer` owns for the whole test.
+    assert_eq!(unsafe { libc::flock(writer.as_raw_fd(), libc::LOCK_EX) }, 0);
     let o = seg(&c, &["-o", s(&c.d.join("o.nii.gz"))]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(!dead.exists() && alive.exists());
+    assert!(!dead.exists(), "abandoned: removed");
+    assert!(live.exists(), "its writer holds the lock: kept");
+    assert!(young.exists(), "too young to tell: kept");
 }
 
 #[test]
