@@ -6,45 +6,50 @@
 mod args;
 mod batch;
 mod cases;
+mod claims;
 mod config;
 mod jobs;
 mod process;
 mod record;
 mod shard;
 
-use crate::gate::{Gate, Kind};
+use crate::gate::Gate;
 use crate::staged::Outputs;
 use crate::Result;
 pub use args::SegmentArgs;
 use config::Config;
-use process::{prepare, process, read_ahead, Processed, Replace};
+use process::{prepare, process, read_ahead, Processed};
 use std::path::Path;
 use std::time::Instant;
 
-/// Stage the report (`-`: kept to print on standard output once the outputs are committed).
-fn stage_report(path: &Path, json: String, outs: &mut Outputs) -> Result<Option<String>> {
+/// Stage the report (`-`: kept to print on standard output once the outputs are committed);
+/// `force`: it may replace an existing file (the gate refused one without it).
+fn stage_report(
+    path: &Path,
+    json: String,
+    outs: &mut Outputs,
+    force: bool,
+) -> Result<Option<String>> {
     if path == Path::new("-") {
         return Ok(Some(json));
     }
-    outs.push(crate::staged::stage_bytes(path, json.as_bytes())?, true);
+    outs.push(crate::staged::stage_bytes(path, json.as_bytes())?, force);
     Ok(None)
 }
 
 /// Run `voxtile segment`.
 pub fn run(args: SegmentArgs) -> Result<()> {
     let config = Config::new(&args)?;
-    let mut reads: Vec<&Path> = vec![args.input.as_path()];
-    reads.extend(args.pipe.more_inputs.iter().map(|m| m.as_path()));
-    reads.extend(args.model.iter().map(|m| m.as_path()));
+    let mut reads: Vec<&Path> = args.model.iter().map(|m| m.as_path()).collect();
     reads.extend(config.manifest_path.as_deref());
     let mut gate = Gate::new(&reads, args.force);
-    let (batch_mode, jobs) = jobs::jobs(&args, &mut gate)?;
-    if batch_mode {
-        return batch::run(&args, &config, &reads, jobs);
+    let masks = claims::mask_names(&config, args.pipe.split_classes.is_some())?;
+    let plan = jobs::jobs(&args, &mut gate, &masks)?;
+    drop(gate);
+    if plan.batch {
+        return batch::run(&args, &config, plan);
     }
-    if let Some(r) = &args.report {
-        gate.claim(r, Kind::Report, "--report")?;
-    }
+    let jobs = plan.todo;
     let Some(job) = jobs.first() else {
         return Ok(());
     };
@@ -55,10 +60,6 @@ pub fn run(args: SegmentArgs) -> Result<()> {
         prepare(&mut pipe, header, job, &config.models)?;
         Ok((pipe, engine_init))
     })?;
-    let replace = Replace {
-        force: args.force,
-        extras: args.force,
-    };
     let bar = super::progress::wanted();
     let Processed {
         outs,
@@ -71,7 +72,7 @@ pub fn run(args: SegmentArgs) -> Result<()> {
         job,
         (input, ahead),
         (bar, args.report.as_deref()),
-        replace,
+        args.force,
     )?;
     outs.commit()?;
     super::summary::emit(&summary.line());

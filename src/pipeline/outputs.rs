@@ -88,6 +88,15 @@ pub fn class_file_names(channels: &[usize], classes: Option<&[String]>) -> Resul
     Ok(names)
 }
 
+/// The `--split-classes` mask files of a model of `channels` output channels: (channel, file
+/// name) for each class channel ([`class_channels`], named by [`class_file_names`]). The one
+/// naming rule, used by the writer and by the output gate that claims the masks before any work.
+pub fn class_files(channels: usize, classes: Option<&[String]>) -> Result<Vec<(usize, String)>> {
+    let channels = class_channels(channels.max(1));
+    let names = class_file_names(&channels, classes)?;
+    Ok(channels.into_iter().zip(names).collect())
+}
+
 /// Stage `dir/<class>.nii.gz` = (labels == value of that class) as uint8 for each class channel
 /// into `outs` (`dir` created when missing); `values[c]` is the label value channel c was
 /// written as (after remapping).
@@ -100,10 +109,9 @@ pub fn stage_split_classes(
     outs: &mut Outputs,
     replace: bool,
 ) -> Result<()> {
-    let channels = class_channels(values.len().max(1));
-    let names = class_file_names(&channels, classes)?;
+    let files = class_files(values.len(), classes)?;
     outs.make_dir(dir)?;
-    for (c, name) in channels.into_iter().zip(names) {
+    for (c, name) in files {
         let value = values.get(c).copied().unwrap_or(c as u16);
         let mask = labels.mapv(|l| (l == value) as u16);
         outs.push(

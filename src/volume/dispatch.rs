@@ -9,7 +9,7 @@ use std::path::Path;
 
 /// The reader of one input path.
 #[derive(Clone, Copy)]
-enum Kind {
+pub(super) enum Kind {
     Dicom,
     Nrrd,
     MetaImage,
@@ -53,7 +53,7 @@ pub fn foreign_hint(path: &Path) -> Option<String> {
 }
 
 /// Choose the reader, or refuse with a hint.
-fn kind(path: &Path) -> Result<Kind> {
+pub(super) fn kind(path: &Path) -> Result<Kind> {
     // NIfTI names first, without a probe (the common case stays one open).
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let ends =

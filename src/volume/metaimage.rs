@@ -166,3 +166,10 @@ pub fn read(path: &Path) -> Result<Volume> {
     drop(bytes);
     raw::volume(path, values, m.header)
 }
+
+/// The detached data file the header at `path` names (None: `LOCAL`, the voxels follow the
+/// header), so that the output gate counts it as an input.
+pub(super) fn data_file(path: &Path) -> Result<Option<PathBuf>> {
+    let m = parse(path)?;
+    Ok((m.data_file != path).then_some(m.data_file))
+}

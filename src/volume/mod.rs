@@ -33,6 +33,7 @@ mod dispatch;
 mod geometry;
 mod header;
 mod hints;
+mod inputs;
 mod labels;
 mod metaimage;
 mod nrrd;
@@ -44,6 +45,7 @@ mod write;
 
 pub use dicom::{is_dicom_series_dir, read_dicom_header, read_dicom_series};
 pub use dispatch::{foreign_hint, read, read_header, read_series, read_series_header, volume_stem};
+pub use inputs::files_read;
 pub use labels::{
     read_label_names, stage_labels_json, write_labels_json, LabelNames, LabelOptions,
     NIFTI_ECODE_CARET, NIFTI_INTENT_LABEL,

@@ -228,3 +228,10 @@ pub fn read(path: &Path) -> Result<Volume> {
     drop(bytes);
     raw::volume(path, values, n.header)
 }
+
+/// The detached data file the header at `path` names (None: the voxels follow the header), so
+/// that the output gate counts it as an input.
+pub(super) fn data_file(path: &Path) -> Result<Option<PathBuf>> {
+    let n = parse(path)?;
+    Ok((n.data_file != path).then_some(n.data_file))
+}

@@ -8,7 +8,7 @@ use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 
 /// The `.hdr` and `.img` of a pair named by either (`.gz` kept on both sides).
-fn paths(path: &Path) -> (PathBuf, PathBuf) {
+pub(crate) fn paths(path: &Path) -> (PathBuf, PathBuf) {
     let s = path.to_string_lossy();
     let swap = |from: &str, to: &str| -> Option<PathBuf> {
         let lower = s.to_ascii_lowercase();

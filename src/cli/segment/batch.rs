@@ -3,12 +3,11 @@
 
 use super::args::SegmentArgs;
 use super::config::Config;
-use super::jobs::Job;
-use super::process::{prepare, process, read_ahead, Replace};
+use super::jobs::{Job, Plan};
+use super::process::{prepare, process, read_ahead};
 use super::record::not_run;
 use crate::cli::progress;
 use crate::cli::summary::{self, Summary};
-use crate::gate::{Gate, Kind};
 use crate::pipeline::batch;
 use crate::volume::{Header, Source};
 use crate::{Error, Result};
@@ -64,28 +63,19 @@ fn check_channel_files(job: &Job, header: &Header, wanted: usize, config: &Confi
     )))
 }
 
-/// Segment `jobs` (every output already claimed), skipping those whose labels exist unless
-/// `--force`.
-pub fn run(args: &SegmentArgs, config: &Config, reads: &[&Path], jobs: Vec<Job>) -> Result<()> {
-    if let Some(r) = &args.report {
-        // A log of the batch: appended to, so only its identity is checked.
-        let mut g = Gate::new(reads, true);
-        jobs.iter()
-            .flat_map(|j| j.source.paths())
-            .for_each(|f| g.add_input(f));
-        g.claim(r, Kind::Report, "--report")?;
-    }
-    let mut todo = Vec::new();
-    let mut lines: Vec<serde_json::Value> = Vec::new();
-    for job in jobs {
-        if job.output.exists() && !args.force {
+/// Segment the plan's cases (every output, the report included, already claimed); those
+/// skipped (label map there, no `--force`) get a report line.
+pub fn run(args: &SegmentArgs, config: &Config, plan: Plan) -> Result<()> {
+    let lines: Vec<serde_json::Value> = plan
+        .skipped
+        .iter()
+        .map(|job| {
             summary::emit(&summary::skipped(&job.input, &job.output));
             let status = "skipped (output exists)";
-            lines.push(not_run(config, &job.input, &job.output, status, None));
-            continue;
-        }
-        todo.push(job);
-    }
+            not_run(config, &job.input, &job.output, status, None)
+        })
+        .collect();
+    let todo = plan.todo;
     let mut report = match &args.report {
         Some(p) if p != Path::new("-") => Some((open_batch_report(p, args.force)?, p.clone())),
         _ => None,
@@ -113,10 +103,6 @@ pub fn run(args: &SegmentArgs, config: &Config, reads: &[&Path], jobs: Vec<Job>)
     let workers = groups.len();
     let (tx, rx) = std::sync::mpsc::channel::<(serde_json::Value, Option<Summary>)>();
     let mut failed = 0usize;
-    let replace = Replace {
-        force: args.force,
-        extras: true,
-    };
     std::thread::scope(|s| -> Result<()> {
         for (w, group) in groups.iter().enumerate() {
             let tx = tx.clone();
@@ -143,7 +129,8 @@ pub fn run(args: &SegmentArgs, config: &Config, reads: &[&Path], jobs: Vec<Job>)
                             Ok((p, engine_init))
                         })?;
                         let p = pipe.insert(p);
-                        let done = process(p, config, job, (input, ahead), (false, None), replace)?;
+                        let done =
+                            process(p, config, job, (input, ahead), (false, None), args.force)?;
                         done.outs.commit()?;
                         Ok((done.report, Some(done.summary)))
                     });

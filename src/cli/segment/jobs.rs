@@ -1,7 +1,7 @@
 //! The files a run segments and where each one's outputs go, claimed before any work.
 
 use super::args::SegmentArgs;
-use super::{cases, shard};
+use super::{cases, claims, shard};
 use crate::gate::{Gate, Kind};
 use crate::pipeline::batch::{self, stem};
 use crate::volume::Source;
@@ -73,25 +73,31 @@ fn single_output(input: &Path, output: &Path) -> Result<(PathBuf, Vec<PathBuf>)>
     Ok((file, made))
 }
 
-/// Claim the outputs of the one input; the folders made for them are removed again if one is
-/// refused.
+/// The cases of a run: those to segment and, in a batch, those skipped (label map there,
+/// no `--force`).
+pub struct Plan {
+    /// Several inputs or a folder of cases.
+    pub batch: bool,
+    /// The jobs to run, every output claimed.
+    pub todo: Vec<Job>,
+    /// Batch cases whose label map exists (nothing of theirs is written).
+    pub skipped: Vec<Job>,
+}
+
+/// Claim the outputs of the one input and the report; the folders made for them are removed
+/// again if one is refused.
 fn claim_single(
     gate: &mut Gate,
     job: &Job,
-    extras: &[(&Option<PathBuf>, Kind, &str)],
+    (masks, report): (&[String], Option<&Path>),
     made: &[PathBuf],
 ) -> Result<()> {
     let mut claim = || -> Result<()> {
-        gate.claim(&job.output, Kind::Volume, "-o")?;
-        if let Some(j) = &job.labels_json {
-            gate.claim(j, Kind::Report, "--labels-json")?;
+        claims::claim(gate, job, masks)?;
+        match report {
+            Some(r) => gate.claim(r, Kind::Report, "--report"),
+            None => Ok(()),
         }
-        for (path, kind, what) in extras {
-            if let Some(path) = path {
-                gate.claim(path, *kind, what)?;
-            }
-        }
-        Ok(())
     };
     let r = claim();
     if r.is_err() {
@@ -102,20 +108,22 @@ fn claim_single(
     r
 }
 
-/// The files to segment and where each one's outputs go, every output path claimed through the
-/// gate before any work. Batch mode: `-o` and the extra outputs name folders (created here, after
-/// every check), each file's outputs are `<folder>/<input name>.<ext>`.
-pub fn jobs(args: &SegmentArgs, gate: &mut Gate) -> Result<(bool, Vec<Job>)> {
+/// The files to segment and where each one's outputs go, every path written claimed through
+/// one gate before any work (`masks`: the `--split-classes` file names). Batch mode: `-o` and
+/// the extra outputs name folders (created here, after every check), each file's outputs are
+/// `<folder>/<input name>.<ext>`; the report and every case's outputs are claimed together, so
+/// that two of them naming one file are refused up front.
+pub fn jobs(args: &SegmentArgs, gate: &mut Gate, masks: &[String]) -> Result<Plan> {
     let p = &args.pipe;
     let mut inputs = vec![args.input.clone()];
     inputs.extend(p.more_inputs.iter().cloned());
     let batch_mode = inputs.len() > 1
         || (args.input.is_dir() && !crate::volume::is_dicom_series_dir(&args.input));
-    let extras = [
-        (&p.probabilities, Kind::Volume, "--probabilities"),
-        (&args.logits, Kind::Volume, "--logits"),
-        (&p.split_classes, Kind::Folder, "--split-classes"),
-        (&p.preview, Kind::Png, "--preview"),
+    let folders = [
+        (&p.probabilities, "--probabilities"),
+        (&args.logits, "--logits"),
+        (&p.split_classes, "--split-classes"),
+        (&p.preview, "--preview"),
     ];
     if !batch_mode {
         if let Some(s) = &p.shard {
@@ -125,6 +133,7 @@ pub fn jobs(args: &SegmentArgs, gate: &mut Gate) -> Result<(bool, Vec<Job>)> {
                 args.input.display()
             )));
         }
+        gate.add_volume(&args.input);
         let (output, made) = single_output(&args.input, &args.output)?;
         let job = Job {
             input: args.input.clone(),
@@ -139,8 +148,12 @@ pub fn jobs(args: &SegmentArgs, gate: &mut Gate) -> Result<(bool, Vec<Job>)> {
             split: p.split_classes.clone(),
             preview: p.preview.clone(),
         };
-        claim_single(gate, &job, &extras, &made)?;
-        return Ok((false, vec![job]));
+        claim_single(gate, &job, (masks, args.report.as_deref()), &made)?;
+        return Ok(Plan {
+            batch: false,
+            todo: vec![job],
+            skipped: Vec::new(),
+        });
     }
     if batch::is_nifti(&args.output) {
         return Err(Error::Invalid(format!(
@@ -154,64 +167,54 @@ pub fn jobs(args: &SegmentArgs, gate: &mut Gate) -> Result<(bool, Vec<Job>)> {
         )));
     }
     let mut cases = cases::list(&inputs)?;
+    for i in &inputs {
+        if i.is_dir() && !crate::volume::is_dicom_series_dir(i) {
+            gate.add_input(i);
+        }
+    }
     for c in &cases {
-        c.source.paths().iter().for_each(|f| gate.add_input(f));
+        c.source.paths().iter().for_each(|f| gate.add_volume(f));
     }
     gate.claim(&args.output, Kind::Folder, "-o")?;
-    for (path, _, what) in extras {
+    for (path, what) in folders {
         if let Some(path) = path {
             gate.claim(path, Kind::Folder, what)?;
         }
     }
+    if let Some(r) = &args.report {
+        // A log of the batch, appended to: an existing one needs no --force.
+        gate.claim_appended(r, Kind::Report, "--report")?;
+    }
     if let Some(s) = &p.shard {
         cases = shard::take(&cases, s)?;
     }
-    let jobs: Vec<Job> = cases
-        .into_iter()
-        .map(|c| {
-            let s = c.name;
-            let file = |d: &PathBuf, ext: &str| d.join(format!("{s}.{ext}"));
-            Job {
-                output: file(&args.output, "nii.gz"),
-                labels_json: p.labels_json.then(|| file(&args.output, "labels.json")),
-                probabilities: p.probabilities.as_ref().map(|d| file(d, "nii.gz")),
-                logits: args.logits.as_ref().map(|d| file(d, "nii.gz")),
-                split: p.split_classes.as_ref().map(|d| d.join(&s)),
-                preview: p.preview.as_ref().map(|d| file(d, "png")),
-                input: c.source.paths()[0].clone(),
-                source: c.source,
-            }
-        })
-        .collect();
-    // An input may sit inside an output folder under an output's name.
-    for job in &jobs {
-        let outs = [
-            Some(&job.output),
-            job.probabilities.as_ref(),
-            job.logits.as_ref(),
-        ];
-        let more = job.preview.iter().chain(job.labels_json.iter());
-        for o in outs.into_iter().flatten().chain(more) {
-            if let Some(inp) = gate.input_of(o) {
-                return Err(Error::Invalid(format!(
-                    "{}: is the input {}; refusing to overwrite an input",
-                    o.display(),
-                    inp.display()
-                )));
-            }
+    let (mut todo, mut skipped) = (Vec::new(), Vec::new());
+    for c in cases {
+        let s = c.name;
+        let file = |d: &PathBuf, ext: &str| d.join(format!("{s}.{ext}"));
+        let job = Job {
+            output: file(&args.output, "nii.gz"),
+            labels_json: p.labels_json.then(|| file(&args.output, "labels.json")),
+            probabilities: p.probabilities.as_ref().map(|d| file(d, "nii.gz")),
+            logits: args.logits.as_ref().map(|d| file(d, "nii.gz")),
+            split: p.split_classes.as_ref().map(|d| d.join(&s)),
+            preview: p.preview.as_ref().map(|d| file(d, "png")),
+            input: c.source.paths()[0].clone(),
+            source: c.source,
+        };
+        if job.output.exists() && !args.force {
+            skipped.push(job);
+        } else {
+            claims::claim(gate, &job, masks)?;
+            todo.push(job);
         }
     }
-    for d in [
-        Some(&args.output),
-        p.probabilities.as_ref(),
-        args.logits.as_ref(),
-    ]
-    .into_iter()
-    .flatten()
-    .chain(p.split_classes.as_ref())
-    .chain(p.preview.as_ref())
-    {
+    for d in std::iter::once(&args.output).chain(folders.iter().filter_map(|(d, _)| d.as_ref())) {
         std::fs::create_dir_all(d).map_err(|e| Error::io(d, e))?;
     }
-    Ok((true, jobs))
+    Ok(Plan {
+        batch: true,
+        todo,
+        skipped,
+    })
 }

@@ -121,15 +121,6 @@ pub fn name_error(e: Error, input: &Path, models: &[PathBuf]) -> Error {
     }
 }
 
-/// How outputs already there are treated: `force` for the labels, `extras` for the others.
-#[derive(Clone, Copy)]
-pub struct Replace {
-    /// The labels may replace an existing file.
-    pub force: bool,
-    /// The other outputs may.
-    pub extras: bool,
-}
-
 /// What [`process`] leaves: the staged outputs (the caller commits them), the file's report
 /// (one schema for every run) and, for `--report -`, its text to print once committed.
 pub struct Processed {
@@ -144,14 +135,15 @@ pub struct Processed {
 }
 
 /// Segment one prepared input and stage its outputs, its report at `report` when given (staged
-/// before the labels, which come last).
+/// before the labels, which come last); `force`: they may replace existing files (the gate
+/// refused those already there without it).
 pub fn process(
     pipe: &mut Pipeline,
     config: &Config,
     job: &Job,
     (input, ahead): (Input, Ahead),
     (bar, report): (bool, Option<&Path>),
-    replace: Replace,
+    force: bool,
 ) -> Result<Processed> {
     let pb = bar.then(crate::cli::progress::Bar::windows);
     let mut out = pipe
@@ -183,7 +175,7 @@ pub fn process(
         ahead.start,
     );
     let t = Instant::now();
-    let (mut outs, labels) = stage(pipe, config, job, &out, &names, input.raw.as_ref(), replace)?;
+    let (mut outs, labels) = stage(pipe, config, job, &out, &names, input.raw.as_ref(), force)?;
     let r = &mut out.report.engine;
     r.seconds.read = input.read;
     r.seconds.prepare += ahead.prepare;
@@ -210,9 +202,9 @@ pub fn process(
     if let Some(path) = report {
         // One line: a report is JSON Lines, one record per input file.
         let json = serde_json::to_string(&v).map_err(|e| Error::Invalid(format!("report: {e}")))?;
-        stdout = super::stage_report(path, json + "\n", &mut outs)?;
+        stdout = super::stage_report(path, json + "\n", &mut outs, force)?;
     }
-    outs.push(labels, replace.force);
+    outs.push(labels, force);
     Ok(Processed {
         outs,
         report: v,
@@ -230,22 +222,21 @@ fn stage(
     out: &crate::pipeline::Output,
     names: &LabelNames,
     raw: Option<&Array3<f32>>,
-    replace: Replace,
+    force: bool,
 ) -> Result<(Outputs, Staged)> {
     let mut outs = Outputs::new();
-    let extras = replace.extras;
     if let (Some(path), Some(p)) = (&job.probabilities, &out.probabilities) {
         let staged = if config.u8 {
             outputs::stage_probabilities_u8(path, p.view(), &out.header)?
         } else {
             crate::volume::stage_f32(path, p.view(), &out.header)?
         };
-        outs.push(staged, extras);
+        outs.push(staged, force);
     }
     if let (Some(path), Some(l)) = (&job.logits, &out.logits) {
         outs.push(
             crate::volume::stage_f32(path, l.view(), &out.header)?,
-            extras,
+            force,
         );
     }
     if let Some(dir) = &job.split {
@@ -261,7 +252,7 @@ fn stage(
             config.classes.as_deref(),
             &out.header,
             &mut outs,
-            extras,
+            force,
         )?;
     }
     if let (Some(path), Some(image)) = (&job.preview, raw) {
@@ -272,11 +263,11 @@ fn stage(
         };
         outs.push(
             preview::stage_png(path, image.view(), out.labels.view(), &ctx)?,
-            extras,
+            force,
         );
     }
     if let Some(path) = &job.labels_json {
-        outs.push(crate::volume::stage_labels_json(path, names)?, extras);
+        outs.push(crate::volume::stage_labels_json(path, names)?, force);
     }
     let opts = LabelOptions {
         names: Some(names),
