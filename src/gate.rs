@@ -328,4 +328,94 @@ mod tests {
         g.claim(&dir.path().join("out"), Kind::Folder, "-o")
             .unwrap();
     }
+
+    #[test]
+    fn detached_data_files_are_inputs() {
+        // Defect 10 of the second trust round: `-o scan.nii --force` beside a `scan.nhdr` that
+        // reads its voxels from scan.nii.
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("scan.nii"), b"voxels").unwrap();
+        let nhdr = d.join("scan.nhdr");
+        let text = "NRRD0004\ntype: float\ndimension: 3\nsizes: 2 2 2\nencoding: raw\ndata file: scan.nii\n";
+        std::fs::write(&nhdr, text).unwrap();
+        let mut g = Gate::new(&[], true);
+        g.add_volume(&nhdr);
+        let e = g
+            .claim(&d.join("scan.nii"), Kind::Volume, "-o")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("read for the input") && e.contains("scan.nhdr"),
+            "{e}"
+        );
+        g.claim(&d.join("seg.nii"), Kind::Volume, "-o").unwrap();
+    }
+
+    #[test]
+    fn files_of_folders_the_run_makes_are_claimed_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let input = d.join("liver.nii.gz");
+        std::fs::write(&input, b"x").unwrap();
+        let mut g = Gate::new(&[&input], false);
+        let e = g
+            .claim(&d.join("no").join("a.nii"), Kind::Volume, "-o")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not exist"), "{e}");
+        let masks = d.join("masks");
+        g.claim(&masks, Kind::Folder, "--split-classes").unwrap();
+        g.claim(&masks.join("case"), Kind::Folder, "--split-classes")
+            .unwrap();
+        let mask = masks.join("case").join("liver.nii.gz");
+        g.claim(&mask, Kind::Volume, "--split-classes").unwrap();
+        let e = g
+            .claim(
+                &masks.join(".").join("case/liver.nii.gz"),
+                Kind::Volume,
+                "-o",
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("this run (--split-classes"), "{e}");
+        assert!(!masks.exists(), "claims make nothing");
+    }
+
+    #[test]
+    fn nothing_is_written_into_an_input_dicom_folder() {
+        // Defect 11: batch `--split-classes .` wrote the masks of series folder ct into ct/.
+        let dir = tempfile::tempdir().unwrap();
+        let ct = dir.path().join("ct");
+        std::fs::create_dir(&ct).unwrap();
+        std::fs::write(ct.join("IM0001"), b"slice").unwrap();
+        let mut g = Gate::new(&[], true);
+        g.add_volume(&ct);
+        for (p, k) in [
+            (ct.clone(), Kind::Folder),
+            (ct.join("sub"), Kind::Folder),
+            (ct.join("seg.nii.gz"), Kind::Volume),
+            (ct.join("IM0001"), Kind::Volume),
+        ] {
+            let e = g.claim(&p, k, "x").unwrap_err().to_string();
+            assert!(e.contains("input folder") || e.contains("same file"), "{e}");
+        }
+        g.claim(&dir.path().join("seg.nii.gz"), Kind::Volume, "-o")
+            .unwrap();
+    }
+
+    #[test]
+    fn an_appended_log_needs_no_force_but_is_one_output() {
+        // Defect 12: a batch report named like a case's sidecar.
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("b.labels.json");
+        std::fs::write(&log, b"{}\n").unwrap();
+        let mut g = Gate::new(&[], false);
+        g.claim_appended(&log, Kind::Report, "--report").unwrap();
+        let e = g
+            .claim(&log, Kind::Report, "--labels-json")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("this run (--report"), "{e}");
+    }
 }
