@@ -55,7 +55,10 @@ mod tests {
             [nhdr.clone(), d.join("scan.raw")]
         );
         let attached = w("a.nrrd", &format!("{NHDR}\n"));
-        assert_eq!(files_read(&attached).unwrap(), [attached.clone()]);
+        assert_eq!(
+            files_read(&attached).unwrap(),
+            std::slice::from_ref(&attached)
+        );
         let mhd = w(
             "m.mhd",
             "NDims = 3\nDimSize = 2 2 2\nElementType = MET_FLOAT\nElementDataFile = scan.raw\n",
@@ -68,7 +71,7 @@ mod tests {
             );
         }
         let nii = d.join("v.nii.gz");
-        assert_eq!(files_read(&nii).unwrap(), [nii.clone()]);
+        assert_eq!(files_read(&nii).unwrap(), std::slice::from_ref(&nii));
         let series = d.join("ct");
         std::fs::create_dir(&series).unwrap();
         std::fs::write(series.join("b"), "").unwrap();
