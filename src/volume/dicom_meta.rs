@@ -95,7 +95,10 @@ fn floats(o: &Obj, tag: Tag) -> Option<Vec<f64>> {
 /// A numeric field as the file holds it: None when absent or empty, `Err` when it is not numbers.
 fn present_floats(o: &Obj, tag: Tag) -> Option<std::result::Result<Vec<f64>, ()>> {
     let e = o.element_opt(tag).ok()??;
-    let blank = || e.to_str().is_ok_and(|s| s.trim_matches(['\0', ' ']).is_empty());
+    let blank = || {
+        e.to_str()
+            .is_ok_and(|s| s.trim_matches(['\0', ' ']).is_empty())
+    };
     match e.to_multi_float64() {
         Ok(v) if v.is_empty() => None,
         Ok(v) => Some(Ok(v)),
@@ -463,4 +466,47 @@ pub(crate) fn check_lengths(b: &[u8]) -> std::result::Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn geometry_fields_are_validated_not_defaulted() {
+        assert_eq!(check_spacing(None), Ok(None));
+        assert_eq!(
+            check_spacing(Some(Ok(vec![0.8, 0.7]))),
+            Ok(Some([0.8, 0.7]))
+        );
+        for bad in [
+            vec![0.0, 0.7],
+            vec![f64::NAN, 1.0],
+            vec![-1.0, 1.0],
+            vec![1.0],
+        ] {
+            assert!(check_spacing(Some(Ok(bad.clone()))).is_err(), "{bad:?}");
+        }
+        assert!(check_spacing(Some(Err(()))).is_err());
+        assert!(check_orientation(&[1.0, 0.0, 0.0, 0.0, 1.0, 0.0]).is_ok());
+        let s = std::f64::consts::FRAC_1_SQRT_2;
+        assert!(check_orientation(&[s, s, 0.0, -s, s, 0.0]).is_ok());
+        for bad in [
+            [1.0, 0.0, 0.0, 0.5, 0.866_025_4, 0.0],
+            [2.0, 0.0, 0.0, 0.0, 1.0, 0.0],
+            [1.0, 0.0, 0.0, 0.0, 0.99, 0.0],
+            [f64::NAN, 0.0, 0.0, 0.0, 1.0, 0.0],
+        ] {
+            assert!(check_orientation(&bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(check_rescale(None, None), Ok((1.0, 0.0)));
+        assert_eq!(
+            check_rescale(Some(Ok(vec![2.0])), Some(Ok(vec![-1024.0]))),
+            Ok((2.0, -1024.0))
+        );
+        assert!(check_rescale(Some(Ok(vec![0.0])), None).is_err());
+        assert!(check_rescale(Some(Ok(vec![f64::INFINITY])), None).is_err());
+        assert!(check_rescale(None, Some(Ok(vec![f64::NAN]))).is_err());
+        assert!(check_rescale(Some(Err(())), None).is_err());
+    }
 }

@@ -5,8 +5,8 @@
 use super::geometry::Mat4;
 use super::header::{self, Header};
 use super::raw::{self, Encoding, Format};
-use super::{payload, Stats};
 use super::Volume;
+use super::{payload, Stats};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -139,13 +139,7 @@ fn parse(path: &Path) -> Result<Mha> {
     };
     let a = affine(path, &f)?;
     Ok(Mha {
-        header: raw::header_for(
-            Format::MetaImage,
-            sizes,
-            &a,
-            dt,
-            None,
-        ),
+        header: raw::header_for(Format::MetaImage, sizes, &a, dt, None),
         data_file,
         offset,
         encoding,
@@ -163,7 +157,11 @@ pub fn read(path: &Path) -> Result<Volume> {
     let m = parse(path)?;
     let count = raw::check_voxels(path, m.header.shape())?;
     let l = layout(path, &m, count as u64)?;
-    let bytes = payload::read_all(&m.data_file, payload::open_data(path, &m.data_file, payload::NO_CAP)?, l)?;
+    let bytes = payload::read_all(
+        &m.data_file,
+        payload::open_data(path, &m.data_file, payload::NO_CAP)?,
+        l,
+    )?;
     let values = raw::to_f32(&bytes, m.header.datatype, m.big_endian, None)
         .map_err(|e| Error::volume(path, e))?;
     drop(bytes);

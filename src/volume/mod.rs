@@ -37,11 +37,11 @@ mod labels;
 mod metaimage;
 mod nrrd;
 mod pair;
+mod payload;
 mod raw;
 mod read;
 mod source;
 mod summary;
-mod payload;
 mod write;
 
 pub use dicom::{is_dicom_series_dir, read_dicom_header, read_dicom_series};

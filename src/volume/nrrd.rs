@@ -4,8 +4,8 @@
 use super::geometry::Mat4;
 use super::header::{self, Header};
 use super::raw::{self, Encoding, Format};
-use super::{payload, Stats};
 use super::Volume;
+use super::{payload, Stats};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -224,7 +224,11 @@ pub fn read(path: &Path) -> Result<Volume> {
     let n = parse(path)?;
     let count = raw::check_voxels(path, n.header.shape())?;
     let l = layout(path, &n, count as u64)?;
-    let bytes = payload::read_all(&n.data_file, payload::open_data(path, &n.data_file, payload::NO_CAP)?, l)?;
+    let bytes = payload::read_all(
+        &n.data_file,
+        payload::open_data(path, &n.data_file, payload::NO_CAP)?,
+        l,
+    )?;
     let values = raw::to_f32(&bytes, n.header.datatype, n.big_endian, None)
         .map_err(|m| Error::volume(path, m))?;
     drop(bytes);

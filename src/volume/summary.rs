@@ -149,7 +149,6 @@ pub(crate) fn describe_with(path: &Path, h: &Header, st: &Stats) -> String {
     s
 }
 
-
 /// Statistics of f32 values (one chunk).
 pub(crate) fn stats_of(v: &[f32]) -> Stats {
     use rayon::prelude::*;
@@ -180,7 +179,13 @@ impl Accumulator {
     /// Add the voxels of `bytes` (whole voxels of the stored type).
     pub(crate) fn add_bytes(&mut self, bytes: &[u8]) {
         self.values.clear();
-        read::convert(bytes, self.datatype, self.big_endian, self.scale, &mut self.values);
+        read::convert(
+            bytes,
+            self.datatype,
+            self.big_endian,
+            self.scale,
+            &mut self.values,
+        );
         let chunk = stats_of(&self.values);
         self.merge(chunk);
     }
@@ -203,8 +208,8 @@ pub(crate) fn stream(
     big_endian: bool,
     scale: Option<(f64, f64)>,
 ) -> Result<Stats> {
-    let (_, bpv) = super::header::datatype_info(h.datatype)
-        .map_err(|m| crate::Error::volume(file, m))?;
+    let (_, bpv) =
+        super::header::datatype_info(h.datatype).map_err(|m| crate::Error::volume(file, m))?;
     let mut acc = Accumulator::new(h.datatype, big_endian, scale);
     payload::for_each_chunk(file, opened, l, bpv, |b| acc.add_bytes(b))?;
     Ok(acc.stats)
@@ -233,4 +238,3 @@ fn xform_name(code: i32) -> &'static str {
         _ => "invalid",
     }
 }
-
