@@ -235,6 +235,7 @@ pub(crate) fn summarize(dir: &Path, series: Option<&str>) -> Result<(Header, Sta
     let slices = select(dir, series)?;
     let h = header(dir, &slices)?;
     warn_assumed(dir, &slices);
+    super::read::check_hard_cap(dir, &h)?;
     let mut acc = Accumulator::new(h.datatype, false, None);
     let mut values = Vec::new();
     for s in &slices {

@@ -140,7 +140,7 @@ pub(crate) fn check_orientation(iop: &[f64]) -> std::result::Result<(), String> 
         (dot(c, c).sqrt() - 1.0).abs(),
         dot(r, c).abs(),
     ];
-    if iop.iter().any(|v| !v.is_finite()) || worst.iter().any(|w| !(*w <= ORIENTATION_TOLERANCE)) {
+    if iop.iter().any(|v| !v.is_finite()) || worst.iter().any(|&w| w > ORIENTATION_TOLERANCE) {
         return Err(format!(
             "ImageOrientationPatient {:?} is not two unit, orthogonal direction cosines (a sheared or scaled orientation)",
             iop

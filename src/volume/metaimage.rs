@@ -171,7 +171,7 @@ pub fn read(path: &Path) -> Result<Volume> {
 /// The header and the value statistics of a MetaImage volume, its payload streamed in chunks.
 pub(crate) fn summarize(path: &Path) -> Result<(Header, Stats)> {
     let m = parse(path)?;
-    let count = m.header.n_values().map_err(|e| Error::volume(path, e))?;
+    let count = super::read::check_hard_cap(path, &m.header)?;
     let l = layout(path, &m, count)?;
     let opened = payload::open_data(path, &m.data_file, payload::NO_CAP)?;
     let st = super::summary::stream(&m.data_file, opened, l, &m.header, m.big_endian, None)?;

@@ -238,7 +238,7 @@ pub fn read(path: &Path) -> Result<Volume> {
 /// The header and the value statistics of an NRRD volume, its payload streamed in chunks.
 pub(crate) fn summarize(path: &Path) -> Result<(Header, Stats)> {
     let n = parse(path)?;
-    let count = n.header.n_values().map_err(|m| Error::volume(path, m))?;
+    let count = super::read::check_hard_cap(path, &n.header)?;
     let l = layout(path, &n, count)?;
     let opened = payload::open_data(path, &n.data_file, payload::NO_CAP)?;
     let st = super::summary::stream(&n.data_file, opened, l, &n.header, n.big_endian, None)?;

@@ -88,9 +88,7 @@ fn open_img(path: &Path, h: &Header, n: u64) -> Result<(PathBuf, (std::fs::File,
 pub fn read(path: &Path) -> Result<Volume> {
     let h = read_header(path)?;
     let (hdr, _) = paths(path);
-    for w in h.geometry_warnings() {
-        tracing::warn!("{}: {w}", hdr.display());
-    }
+    warn_geometry(path, &h);
     let n = super::read::check_memory(&hdr, &h)?;
     let (img, opened, l) = open_img(path, &h, n as u64)?;
     let bytes = payload::read_all(&img, opened, l)?;
@@ -103,8 +101,17 @@ pub fn read(path: &Path) -> Result<Volume> {
 /// The header and the value statistics of a pair, the `.img` streamed in chunks.
 pub(crate) fn summarize(path: &Path) -> Result<(Header, Stats)> {
     let h = read_header(path)?;
-    let n = h.n_values().map_err(|m| Error::volume(path, m))?;
+    warn_geometry(path, &h);
+    let n = super::read::check_hard_cap(path, &h)?;
     let (img, opened, l) = open_img(path, &h, n)?;
     let st = super::summary::stream(&img, opened, l, &h, h.big_endian, h.scaling())?;
     Ok((h, st))
+}
+
+/// The header's geometry warnings, once per read, naming the `.hdr`.
+fn warn_geometry(path: &Path, h: &Header) {
+    let (hdr, _) = paths(path);
+    for w in h.geometry_warnings() {
+        tracing::warn!("{}: {w}", hdr.display());
+    }
 }

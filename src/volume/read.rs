@@ -176,6 +176,20 @@ pub(crate) fn check_memory(path: &Path, h: &Header) -> Result<usize> {
     Ok(n as usize)
 }
 
+/// The voxel count of `h` if voxtile would ever read it (the hard cap only, not this machine's
+/// memory): `voxtile info` streams a volume, yet describes no volume a run could never load.
+pub(crate) fn check_hard_cap(path: &Path, h: &Header) -> Result<u64> {
+    let n = h.n_values().map_err(|m| Error::volume(path, m))?;
+    memory_verdict(
+        n,
+        &format!("volume of {} voxels", dims_str(h)),
+        None,
+        HARD_CAP_BYTES,
+    )
+    .map_err(|m| Error::volume(path, m))?;
+    Ok(n)
+}
+
 /// Whether `n` float32 values (of `what`, e.g. "volume of 512x512x400 voxels") may be held: the
 /// rule of [`memory_verdict`] with this machine's numbers; `address_space` also counts what is
 /// left under `ulimit -v` (for buffers about to be allocated in one go).
@@ -366,8 +380,12 @@ fn for_each_chunk(
 pub(crate) fn summarize(path: &Path) -> Result<(Header, super::Stats)> {
     let mut src = open(path)?;
     let h = read_header_from(path, &mut src)?;
-    let total = usize::try_from(h.data_bytes().map_err(|m| Error::volume(path, m))?)
-        .map_err(|_| Error::volume(path, "voxel data size overflows"))?;
+    for w in h.geometry_warnings() {
+        tracing::warn!("{}: {w}", path.display());
+    }
+    let n = check_hard_cap(path, &h)?;
+    let (_, bpv) = datatype_info(h.datatype).map_err(|m| Error::volume(path, m))?;
+    let total = n as usize * bpv; // n * 4 is under the hard cap
     let mut acc = super::summary::Accumulator::new(h.datatype, h.big_endian, h.scaling());
     for_each_chunk(path, &mut src, &h, total, |b| {
         acc.add_bytes(b);
