@@ -3,18 +3,22 @@
 
 use crate::model::graph::{Graph, OutputActivation};
 use crate::pipeline::Manifest;
-use crate::volume::{AffineSource, Format, Volume};
+use crate::volume::{AffineSource, Format, Header, Stats};
 use crate::{Error, Result};
 use serde_json::{json, Value};
 use std::path::Path;
 
-/// Print what `voxtile info FILE [--json]` shows.
+/// Print what `voxtile info FILE [--json]` shows. The voxels are streamed for their statistics
+/// ([`crate::volume::summarize`]), never held whole as f32.
 pub fn info(input: &Path, series: Option<&str>, as_json: bool) -> Result<()> {
-    let v = crate::volume::read_series(input, series)?;
+    let (h, st) = crate::volume::summarize(input, series)?;
     if as_json {
-        print_json(&info_json(input, &v))
+        print_json(&info_json(input, &h, &st))
     } else {
-        super::print_stdout(&format!("{}\n", crate::volume::describe(input, &v)))
+        super::print_stdout(&format!(
+            "{}\n",
+            crate::volume::describe_with(input, &h, &st)
+        ))
     }
 }
 
@@ -80,10 +84,8 @@ fn print_json(v: &Value) -> Result<()> {
 }
 
 /// The facts of [`crate::volume::describe`], as JSON.
-fn info_json(path: &Path, v: &Volume) -> Value {
-    let h = &v.header;
+fn info_json(path: &Path, h: &Header, st: &Stats) -> Value {
     let (affine, source) = h.affine_with_source();
-    let st = crate::volume::stats(&v.data);
     let values = (st.finite > 0)
         .then(|| json!({"min": st.min, "max": st.max, "mean": st.sum / st.finite as f64}));
     let nifti = matches!(h.format, Format::Nifti | Format::NiftiPair);

@@ -11,7 +11,8 @@ use super::dicom_meta::Slice;
 use super::geometry::Mat4;
 use super::header::Header;
 use super::raw::{self, Format};
-use super::Volume;
+use super::summary::Accumulator;
+use super::{Stats, Volume};
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 
@@ -217,6 +218,7 @@ pub fn read_dicom_header(dir: &Path, series: Option<&str>) -> Result<Header> {
 pub fn read_dicom_series(dir: &Path, series: Option<&str>) -> Result<Volume> {
     let slices = select(dir, series)?;
     let h = header(dir, &slices)?;
+    warn_assumed(dir, &slices);
     let n = raw::check_voxels(dir, h.shape())?;
     let mut values: Vec<f32> = Vec::new();
     values
@@ -226,4 +228,30 @@ pub fn read_dicom_series(dir: &Path, series: Option<&str>) -> Result<Volume> {
         s.decode_into(&mut values)?;
     }
     raw::volume(dir, values, h)
+}
+
+/// The header and value statistics of a series, decoded one slice at a time (`voxtile info`).
+pub(crate) fn summarize(dir: &Path, series: Option<&str>) -> Result<(Header, Stats)> {
+    let slices = select(dir, series)?;
+    let h = header(dir, &slices)?;
+    warn_assumed(dir, &slices);
+    super::read::check_hard_cap(dir, &h)?;
+    let mut acc = Accumulator::new(h.datatype, false, None);
+    let mut values = Vec::new();
+    for s in &slices {
+        values.clear();
+        s.decode_into(&mut values)?;
+        acc.add_values(&values);
+    }
+    Ok((h, acc.stats))
+}
+
+/// One warning per series read whose files have no PixelSpacing: 1 mm is assumed in-plane.
+fn warn_assumed(dir: &Path, slices: &[Slice]) {
+    if slices[0].spacing_missing {
+        tracing::warn!(
+            "{}: no PixelSpacing in the series' files; 1 mm x 1 mm is assumed in-plane",
+            dir.display()
+        );
+    }
 }

@@ -54,6 +54,8 @@ pub(crate) struct Slice {
     pub ipp: [f64; 3],
     /// PixelSpacing: [between rows, between columns].
     pub spacing: [f64; 2],
+    /// No PixelSpacing in the file: `spacing` is the assumed 1 mm (the reader warns once).
+    pub spacing_missing: bool,
     pub thickness: f64,
     pub slope: f64,
     pub intercept: f64,
@@ -90,6 +92,81 @@ fn floats(o: &Obj, tag: Tag) -> Option<Vec<f64>> {
     o.element_opt(tag).ok()??.to_multi_float64().ok()
 }
 
+/// A numeric field as the file holds it: None when absent or empty, `Err` when it is not numbers.
+fn present_floats(o: &Obj, tag: Tag) -> Option<std::result::Result<Vec<f64>, ()>> {
+    let e = o.element_opt(tag).ok()??;
+    let blank = || {
+        e.to_str()
+            .is_ok_and(|s| s.trim_matches(['\0', ' ']).is_empty())
+    };
+    match e.to_multi_float64() {
+        Ok(v) if v.is_empty() => None,
+        Ok(v) => Some(Ok(v)),
+        Err(_) if blank() => None,
+        Err(_) => Some(Err(())),
+    }
+}
+
+/// Largest departure from unit length, or from a right angle (cosine), of the two direction
+/// cosines of ImageOrientationPatient: written values round to ~1e-6, a sheared or scaled one is
+/// off by far more.
+const ORIENTATION_TOLERANCE: f64 = 1e-3;
+
+/// PixelSpacing (rows, columns): two finite positive numbers; Ok(None) when the file has none
+/// (1 mm is then assumed, with a warning); zero, negative, NaN or unreadable is an error.
+pub(crate) fn check_spacing(
+    v: Option<std::result::Result<Vec<f64>, ()>>,
+) -> std::result::Result<Option<[f64; 2]>, String> {
+    match v {
+        None => Ok(None),
+        Some(Ok(v)) if v.len() == 2 && v.iter().all(|&s| s > 0.0 && s.is_finite()) => {
+            Ok(Some([v[0], v[1]]))
+        }
+        Some(Ok(v)) if v.len() == 2 => Err(format!(
+            "PixelSpacing {} x {} is not a positive voxel size",
+            v[0], v[1]
+        )),
+        Some(_) => Err("PixelSpacing is not two numbers".into()),
+    }
+}
+
+/// ImageOrientationPatient: two unit, orthogonal direction cosines (within
+/// [`ORIENTATION_TOLERANCE`]); a sheared or scaled orientation has no voxel grid voxtile can write.
+pub(crate) fn check_orientation(iop: &[f64]) -> std::result::Result<(), String> {
+    let (r, c) = (&iop[0..3], &iop[3..6]);
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+    let worst = [
+        (dot(r, r).sqrt() - 1.0).abs(),
+        (dot(c, c).sqrt() - 1.0).abs(),
+        dot(r, c).abs(),
+    ];
+    if iop.iter().any(|v| !v.is_finite()) || worst.iter().any(|&w| w > ORIENTATION_TOLERANCE) {
+        return Err(format!(
+            "ImageOrientationPatient {:?} is not two unit, orthogonal direction cosines (a sheared or scaled orientation)",
+            iop
+        ));
+    }
+    Ok(())
+}
+
+/// RescaleSlope / RescaleIntercept: absent is 1 / 0; a slope of 0 or a non-finite or unreadable
+/// value is an error (a slope of 0 would flatten the volume to one value).
+pub(crate) fn check_rescale(
+    slope: Option<std::result::Result<Vec<f64>, ()>>,
+    intercept: Option<std::result::Result<Vec<f64>, ()>>,
+) -> std::result::Result<(f64, f64), String> {
+    let one = |v: Option<std::result::Result<Vec<f64>, ()>>, name: &str, default: f64| match v {
+        None => Ok(default),
+        Some(Ok(v)) if v.len() == 1 && v[0].is_finite() => Ok(v[0]),
+        Some(_) => Err(format!("{name} is not one finite number")),
+    };
+    let slope = one(slope, "RescaleSlope", 1.0)?;
+    if slope == 0.0 {
+        return Err("RescaleSlope is 0 (every voxel would read as the intercept)".into());
+    }
+    Ok((slope, one(intercept, "RescaleIntercept", 0.0)?))
+}
+
 fn int(o: &Obj, tag: Tag) -> Option<i64> {
     o.element_opt(tag).ok()??.to_int::<i64>().ok()
 }
@@ -111,6 +188,7 @@ impl Slice {
             return Ok(None);
         };
         let bad = |m: String| Err(Error::volume(path, m));
+        let err = |m: String| Error::volume(path, m);
         let ts = o
             .meta()
             .transfer_syntax()
@@ -138,9 +216,13 @@ impl Slice {
                 "no ImageOrientationPatient/ImagePositionPatient: not a slice of a volume".into(),
             );
         };
-        let spacing = floats(&o, Tag(0x0028, 0x0030))
-            .filter(|v| v.len() == 2 && v.iter().all(|&s| s > 0.0 && s.is_finite()))
-            .unwrap_or_else(|| vec![1.0, 1.0]);
+        let spacing = check_spacing(present_floats(&o, Tag(0x0028, 0x0030))).map_err(err)?;
+        check_orientation(&iop).map_err(err)?;
+        let (slope, intercept) = check_rescale(
+            present_floats(&o, Tag(0x0028, 0x1053)),
+            present_floats(&o, Tag(0x0028, 0x1052)),
+        )
+        .map_err(err)?;
         let bits = int(&o, Tag(0x0028, 0x0100)).unwrap_or(16);
         if !matches!(bits, 8 | 16 | 32)
             || !(1..=65535).contains(&rows)
@@ -157,18 +239,14 @@ impl Slice {
             cols: cols as usize,
             iop: [iop[0], iop[1], iop[2], iop[3], iop[4], iop[5]],
             ipp: [ipp[0], ipp[1], ipp[2]],
-            spacing: [spacing[0], spacing[1]],
+            spacing: spacing.unwrap_or([1.0, 1.0]),
+            spacing_missing: spacing.is_none(),
             thickness: floats(&o, Tag(0x0018, 0x0050))
                 .and_then(|v| v.first().copied())
                 .filter(|t| *t > 0.0 && t.is_finite())
                 .unwrap_or(1.0),
-            slope: floats(&o, Tag(0x0028, 0x1053))
-                .and_then(|v| v.first().copied())
-                .filter(|s| *s != 0.0)
-                .unwrap_or(1.0),
-            intercept: floats(&o, Tag(0x0028, 0x1052))
-                .and_then(|v| v.first().copied())
-                .unwrap_or(0.0),
+            slope,
+            intercept,
             bits: bits as u16,
             signed: int(&o, Tag(0x0028, 0x0103)) == Some(1),
             modality: text(&o, Tag(0x0008, 0x0060)).unwrap_or_default(),
@@ -388,4 +466,47 @@ pub(crate) fn check_lengths(b: &[u8]) -> std::result::Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn geometry_fields_are_validated_not_defaulted() {
+        assert_eq!(check_spacing(None), Ok(None));
+        assert_eq!(
+            check_spacing(Some(Ok(vec![0.8, 0.7]))),
+            Ok(Some([0.8, 0.7]))
+        );
+        for bad in [
+            vec![0.0, 0.7],
+            vec![f64::NAN, 1.0],
+            vec![-1.0, 1.0],
+            vec![1.0],
+        ] {
+            assert!(check_spacing(Some(Ok(bad.clone()))).is_err(), "{bad:?}");
+        }
+        assert!(check_spacing(Some(Err(()))).is_err());
+        assert!(check_orientation(&[1.0, 0.0, 0.0, 0.0, 1.0, 0.0]).is_ok());
+        let s = std::f64::consts::FRAC_1_SQRT_2;
+        assert!(check_orientation(&[s, s, 0.0, -s, s, 0.0]).is_ok());
+        for bad in [
+            [1.0, 0.0, 0.0, 0.5, 0.866_025_4, 0.0],
+            [2.0, 0.0, 0.0, 0.0, 1.0, 0.0],
+            [1.0, 0.0, 0.0, 0.0, 0.99, 0.0],
+            [f64::NAN, 0.0, 0.0, 0.0, 1.0, 0.0],
+        ] {
+            assert!(check_orientation(&bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(check_rescale(None, None), Ok((1.0, 0.0)));
+        assert_eq!(
+            check_rescale(Some(Ok(vec![2.0])), Some(Ok(vec![-1024.0]))),
+            Ok((2.0, -1024.0))
+        );
+        assert!(check_rescale(Some(Ok(vec![0.0])), None).is_err());
+        assert!(check_rescale(Some(Ok(vec![f64::INFINITY])), None).is_err());
+        assert!(check_rescale(None, Some(Ok(vec![f64::NAN]))).is_err());
+        assert!(check_rescale(Some(Err(())), None).is_err());
+    }
 }

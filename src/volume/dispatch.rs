@@ -9,7 +9,7 @@ use std::path::Path;
 
 /// The reader of one input path.
 #[derive(Clone, Copy)]
-pub(super) enum Kind {
+pub(crate) enum Kind {
     Dicom,
     Nrrd,
     MetaImage,
@@ -117,7 +117,7 @@ fn first_stream_bytes(path: &Path) -> Vec<u8> {
 /// A NIfTI read that failed on a file that is really another format (a PNG or an MGZ renamed
 /// `.nii`) says what the file is instead of the NIfTI parse error; the common case, a good
 /// NIfTI, opens the file once.
-fn nifti<T>(path: &Path, read: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
+pub(crate) fn nifti<T>(path: &Path, read: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
     read(path).map_err(|e| match e {
         Error::Volume { .. } => match hints::hint_by_magic(path, &first_stream_bytes(path)) {
             Some(h) => Error::volume(path, h),
@@ -164,7 +164,7 @@ pub fn read_series_header(path: &Path, series: Option<&str>) -> Result<Header> {
 }
 
 /// The reader of `path`; a series UID only goes with a DICOM folder.
-fn series_kind(path: &Path, series: Option<&str>) -> Result<Kind> {
+pub(crate) fn series_kind(path: &Path, series: Option<&str>) -> Result<Kind> {
     let k = kind(path)?;
     match (series, k) {
         (Some(uid), k) if !matches!(k, Kind::Dicom) => Err(Error::volume(

@@ -6,6 +6,7 @@ use super::geometry::Mat4;
 use super::header::{self, Header};
 use super::raw::{self, Encoding, Format};
 use super::Volume;
+use super::{payload, Stats};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -107,9 +108,8 @@ fn parse(path: &Path) -> Result<Mha> {
     let dt = datatype(t).ok_or_else(|| {
         Error::volume(path, format!("MetaImage ElementType {t} is not supported"))
     })?;
-    let sizes = raw::numbers::<usize>(get("DimSize")?, 3)
-        .filter(|s| s.iter().all(|&d| d > 0))
-        .ok_or_else(|| Error::volume(path, "invalid MetaImage DimSize"))?;
+    let (_, bpv) = header::datatype_info(dt).map_err(|m| Error::volume(path, m))?;
+    let sizes = raw::sizes(path, "MetaImage DimSize", get("DimSize")?, bpv)?;
     let big_endian =
         is_true(f.get("BinaryDataByteOrderMSB")) || is_true(f.get("ElementByteOrderMSB"));
     let encoding = if is_true(f.get("CompressedData")) {
@@ -131,18 +131,15 @@ fn parse(path: &Path) -> Result<Mha> {
     let offset = match f.get("HeaderSize").map(|s| s.parse::<i64>()) {
         None => Some(base),
         Some(Ok(-1)) if encoding == Encoding::Raw => None,
-        Some(Ok(s)) if s >= 0 => Some(base.saturating_add(s as u64)),
+        Some(Ok(s)) if s >= 0 => Some(
+            base.checked_add(s as u64)
+                .ok_or_else(|| Error::volume(path, "invalid MetaImage HeaderSize"))?,
+        ),
         Some(_) => return Err(Error::volume(path, "invalid MetaImage HeaderSize")),
     };
     let a = affine(path, &f)?;
     Ok(Mha {
-        header: raw::header_for(
-            Format::MetaImage,
-            [sizes[0], sizes[1], sizes[2]],
-            &a,
-            dt,
-            None,
-        ),
+        header: raw::header_for(Format::MetaImage, sizes, &a, dt, None),
         data_file,
         offset,
         encoding,
@@ -159,8 +156,12 @@ pub fn read_header(path: &Path) -> Result<Header> {
 pub fn read(path: &Path) -> Result<Volume> {
     let m = parse(path)?;
     let count = raw::check_voxels(path, m.header.shape())?;
-    let (_, bpv) = header::datatype_info(m.header.datatype).map_err(|e| Error::volume(path, e))?;
-    let bytes = raw::payload(&m.data_file, m.offset, (count * bpv) as u64, m.encoding, 0)?;
+    let l = layout(path, &m, count as u64)?;
+    let bytes = payload::read_all(
+        &m.data_file,
+        payload::open_data(path, &m.data_file, payload::NO_CAP)?,
+        l,
+    )?;
     let values = raw::to_f32(&bytes, m.header.datatype, m.big_endian, None)
         .map_err(|e| Error::volume(path, e))?;
     drop(bytes);
@@ -172,4 +173,27 @@ pub fn read(path: &Path) -> Result<Volume> {
 pub(super) fn data_file(path: &Path) -> Result<Option<PathBuf>> {
     let m = parse(path)?;
     Ok((m.data_file != path).then_some(m.data_file))
+}
+
+/// The header and the value statistics of a MetaImage volume, its payload streamed in chunks.
+pub(crate) fn summarize(path: &Path) -> Result<(Header, Stats)> {
+    let m = parse(path)?;
+    let count = super::read::check_hard_cap(path, &m.header)?;
+    let l = layout(path, &m, count)?;
+    let opened = payload::open_data(path, &m.data_file, payload::NO_CAP)?;
+    let st = super::summary::stream(&m.data_file, opened, l, &m.header, m.big_endian, None)?;
+    Ok((m.header, st))
+}
+
+fn layout(path: &Path, m: &Mha, count: u64) -> Result<payload::Layout> {
+    let (_, bpv) = header::datatype_info(m.header.datatype).map_err(|e| Error::volume(path, e))?;
+    let len = count
+        .checked_mul(bpv as u64)
+        .ok_or_else(|| Error::volume(path, "voxel data size overflows"))?;
+    Ok(payload::Layout {
+        offset: m.offset,
+        len,
+        enc: m.encoding,
+        skip: 0,
+    })
 }

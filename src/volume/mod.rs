@@ -38,9 +38,11 @@ mod labels;
 mod metaimage;
 mod nrrd;
 mod pair;
+mod payload;
 mod raw;
 mod read;
 mod source;
+mod summary;
 mod write;
 
 pub use dicom::{is_dicom_series_dir, read_dicom_header, read_dicom_series};
@@ -52,6 +54,8 @@ pub use labels::{
 };
 pub use raw::Format;
 pub use source::Source;
+pub use summary::describe;
+pub(crate) use summary::{describe_with, stats, summarize, Stats};
 
 pub use geometry::{axcodes, mat44_to_quatern, quatern_to_mat44, AffineSource, Mat4};
 pub use header::{check_nifti1_shape, Header, NIFTI1_MAX_AXIS};
@@ -63,8 +67,6 @@ pub use write::{
 };
 
 use ndarray::Array4;
-use std::fmt::Write as _;
-use std::path::Path;
 
 /// A volume in memory: `data` axes are (channel, i, j, k) of the file (i fastest on disk), with
 /// scl_slope/scl_inter applied. Memory layout is whatever came cheapest (Fortran order from disk).
@@ -187,18 +189,6 @@ impl Header {
     }
 }
 
-fn xform_name(code: i32) -> &'static str {
-    match code {
-        0 => "unknown",
-        1 => "scanner",
-        2 => "aligned",
-        3 => "talairach",
-        4 => "mni",
-        5 => "template",
-        _ => "invalid",
-    }
-}
-
 pub(crate) fn space_unit(xyzt: i32) -> &'static str {
     match xyzt & 0x07 {
         1 => "m",
@@ -206,141 +196,6 @@ pub(crate) fn space_unit(xyzt: i32) -> &'static str {
         3 => "um",
         _ => "(unit unknown)",
     }
-}
-
-/// Finite min/max/sum/count and NaN/Inf counts.
-pub(crate) struct Stats {
-    pub(crate) min: f32,
-    pub(crate) max: f32,
-    pub(crate) sum: f64,
-    pub(crate) finite: u64,
-    pub(crate) nan: u64,
-    pub(crate) inf: u64,
-}
-
-impl Stats {
-    const EMPTY: Stats = Stats {
-        min: f32::INFINITY,
-        max: f32::NEG_INFINITY,
-        sum: 0.0,
-        finite: 0,
-        nan: 0,
-        inf: 0,
-    };
-    fn add(mut self, v: f32) -> Stats {
-        if v.is_nan() {
-            self.nan += 1;
-        } else if v.is_infinite() {
-            self.inf += 1;
-        } else {
-            self.min = self.min.min(v);
-            self.max = self.max.max(v);
-            self.sum += v as f64;
-            self.finite += 1;
-        }
-        self
-    }
-    fn merge(self, o: Stats) -> Stats {
-        Stats {
-            min: self.min.min(o.min),
-            max: self.max.max(o.max),
-            sum: self.sum + o.sum,
-            finite: self.finite + o.finite,
-            nan: self.nan + o.nan,
-            inf: self.inf + o.inf,
-        }
-    }
-}
-
-/// One pass in memory order, in parallel over contiguous memory (any other layout: serial `fold`).
-pub(crate) fn stats(a: &Array4<f32>) -> Stats {
-    use rayon::prelude::*;
-    match a.as_slice_memory_order() {
-        Some(s) => s
-            .par_chunks(1 << 16)
-            .map(|c| c.iter().fold(Stats::EMPTY, |st, &v| st.add(v)))
-            .reduce(|| Stats::EMPTY, Stats::merge),
-        None => a.fold(Stats::EMPTY, |st, &v| st.add(v)),
-    }
-}
-
-/// Human summary for `voxtile info`: format, shape, dtype, scaling, spacing, orientation, affine,
-/// and the value range of the loaded data (finite values only, plus NaN/Inf counts).
-pub fn describe(path: &Path, v: &Volume) -> String {
-    let h = &v.header;
-    let mut s = String::new();
-    let [x, y, z] = h.shape();
-    let _ = writeln!(s, "file:        {}", path.display());
-    let _ = match h.format {
-        Format::Nifti | Format::NiftiPair => writeln!(
-            s,
-            "format:      NIfTI-{}{}{}, {}-endian",
-            h.version,
-            if h.format == Format::NiftiPair {
-                " pair (.hdr/.img)"
-            } else {
-                ""
-            },
-            if h.gzipped { " (gzip)" } else { "" },
-            if h.big_endian { "big" } else { "little" }
-        ),
-        f => writeln!(
-            s,
-            "format:      {}, read as NIfTI with a RAS affine",
-            f.name()
-        ),
-    };
-    let _ = writeln!(
-        s,
-        "shape:       {x} x {y} x {z}, {} channel{}",
-        h.channels(),
-        if h.channels() == 1 { "" } else { "s" }
-    );
-    let scaling = match h.scaling() {
-        Some((sl, it)) => format!(" (scaled: x {sl} + {it})"),
-        None => String::new(),
-    };
-    let _ = writeln!(s, "dtype:       {}{scaling}", h.dtype_name());
-    let sp = h.spacing();
-    let _ = writeln!(
-        s,
-        "spacing:     {} x {} x {} {}",
-        sp[0],
-        sp[1],
-        sp[2],
-        space_unit(h.xyzt_units)
-    );
-    let _ = writeln!(s, "orientation: {}", h.orientation());
-    let (a, src) = h.affine_with_source();
-    let src = match src {
-        AffineSource::Sform => format!("sform, code {} {}", h.sform_code, xform_name(h.sform_code)),
-        AffineSource::Qform => format!("qform, code {} {}", h.qform_code, xform_name(h.qform_code)),
-        AffineSource::Pixdim if h.sform_code > 0 || h.qform_code > 0 => {
-            "sform/qform unusable: diag(pixdim)".to_string()
-        }
-        AffineSource::Pixdim => "no sform/qform code: diag(pixdim)".to_string(),
-    };
-    let _ = writeln!(s, "affine:      ({src})");
-    for row in &a[..3] {
-        let _ = writeln!(
-            s,
-            "  [{:>11.4} {:>11.4} {:>11.4} {:>11.4} ]",
-            row[0], row[1], row[2], row[3]
-        );
-    }
-    let st = stats(&v.data);
-    let (mn, mx, sum, n, nan, inf) = (st.min, st.max, st.sum, st.finite, st.nan, st.inf);
-    if n > 0 {
-        let _ = writeln!(
-            s,
-            "values:      min {mn}, max {mx}, mean {:.6}",
-            sum / n as f64
-        );
-    } else {
-        let _ = writeln!(s, "values:      no finite values");
-    }
-    let _ = write!(s, "non-finite:  {nan} NaN, {inf} Inf");
-    s
 }
 
 /// Replace NaN with 0 and ±Inf with the largest/smallest finite value of the volume (0 if it has

@@ -5,6 +5,7 @@ use super::geometry::Mat4;
 use super::header::{self, Header};
 use super::raw::{self, Encoding, Format};
 use super::Volume;
+use super::{payload, Stats};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -152,9 +153,11 @@ fn parse(path: &Path) -> Result<Nrrd> {
             format!("NRRD of dimension {dims}: voxtile reads 3-D scalar volumes"),
         ));
     }
-    let sizes = raw::numbers::<usize>(get("sizes")?, 3)
-        .filter(|s| s.iter().all(|&d| d > 0))
-        .ok_or_else(|| Error::volume(path, "invalid NRRD sizes"))?;
+    let (_, bpv) = header::datatype_info(dt).map_err(|m| Error::volume(path, m))?;
+    let shape = raw::sizes(path, "NRRD sizes", get("sizes")?, bpv)?;
+    if let Some(k) = f.get("kinds") {
+        check_kinds(path, k)?;
+    }
     let enc = match get("encoding")?.as_str() {
         "raw" => Encoding::Raw,
         "gzip" | "gz" => Encoding::Gzip,
@@ -190,12 +193,17 @@ fn parse(path: &Path) -> Result<Nrrd> {
     };
     let (offset, skip) = match skip {
         -1 if enc == Encoding::Raw => (None, 0),
-        s if s >= 0 && enc == Encoding::Raw => (Some(base.saturating_add(s as u64)), 0),
+        s if s >= 0 && enc == Encoding::Raw => (
+            Some(
+                base.checked_add(s as u64)
+                    .ok_or_else(|| Error::volume(path, "invalid NRRD byte skip"))?,
+            ),
+            0,
+        ),
         s if s >= 0 => (Some(base), s as u64),
         _ => return Err(Error::volume(path, "invalid NRRD byte skip")),
     };
     let a = affine(path, &f)?;
-    let shape = [sizes[0], sizes[1], sizes[2]];
     Ok(Nrrd {
         header: raw::header_for(Format::Nrrd, shape, &a, dt, None),
         data_file,
@@ -215,13 +223,11 @@ pub fn read_header(path: &Path) -> Result<Header> {
 pub fn read(path: &Path) -> Result<Volume> {
     let n = parse(path)?;
     let count = raw::check_voxels(path, n.header.shape())?;
-    let (_, bpv) = header::datatype_info(n.header.datatype).map_err(|m| Error::volume(path, m))?;
-    let bytes = raw::payload(
+    let l = layout(path, &n, count as u64)?;
+    let bytes = payload::read_all(
         &n.data_file,
-        n.offset,
-        (count * bpv) as u64,
-        n.encoding,
-        n.skip,
+        payload::open_data(path, &n.data_file, payload::NO_CAP)?,
+        l,
     )?;
     let values = raw::to_f32(&bytes, n.header.datatype, n.big_endian, None)
         .map_err(|m| Error::volume(path, m))?;
@@ -234,4 +240,52 @@ pub fn read(path: &Path) -> Result<Volume> {
 pub(super) fn data_file(path: &Path) -> Result<Option<PathBuf>> {
     let n = parse(path)?;
     Ok((n.data_file != path).then_some(n.data_file))
+}
+
+/// The header and the value statistics of an NRRD volume, its payload streamed in chunks.
+pub(crate) fn summarize(path: &Path) -> Result<(Header, Stats)> {
+    let n = parse(path)?;
+    let count = super::read::check_hard_cap(path, &n.header)?;
+    let l = layout(path, &n, count)?;
+    let opened = payload::open_data(path, &n.data_file, payload::NO_CAP)?;
+    let st = super::summary::stream(&n.data_file, opened, l, &n.header, n.big_endian, None)?;
+    Ok((n.header, st))
+}
+
+fn layout(path: &Path, n: &Nrrd, count: u64) -> Result<payload::Layout> {
+    let (_, bpv) = header::datatype_info(n.header.datatype).map_err(|m| Error::volume(path, m))?;
+    let len = count
+        .checked_mul(bpv as u64)
+        .ok_or_else(|| Error::volume(path, "voxel data size overflows"))?;
+    Ok(payload::Layout {
+        offset: n.offset,
+        len,
+        enc: n.encoding,
+        skip: n.skip,
+    })
+}
+
+/// Axis kinds NRRD gives a spatial axis; any other (vector, RGB-color, complex, list, time...)
+/// makes the volume not a 3-D scalar grid, which voxtile refuses rather than misread.
+const SPATIAL_KINDS: [&str; 4] = ["domain", "space", "none", "???"];
+
+/// Refuse a `kinds` field that names a non-spatial axis (one line naming the axis and its kind).
+fn check_kinds(path: &Path, kinds: &str) -> Result<()> {
+    let k: Vec<&str> = kinds.split_whitespace().collect();
+    if k.len() != 3 {
+        return Err(Error::volume(
+            path,
+            format!("invalid NRRD kinds: {} values for 3 axes", k.len()),
+        ));
+    }
+    match k.iter().position(|k| !SPATIAL_KINDS.contains(&k.to_ascii_lowercase().as_str())) {
+        Some(i) => Err(Error::volume(
+            path,
+            format!(
+                "NRRD axis {i} is of kind \"{}\", not a spatial axis: voxtile reads 3-D scalar volumes (kinds domain, space, none)",
+                raw::clip(k[i], 24)
+            ),
+        )),
+        None => Ok(()),
+    }
 }

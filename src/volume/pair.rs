@@ -2,7 +2,9 @@
 //! `header::parse_as`), the voxels read from the `.img` (plain or gzip) at vox_offset.
 
 use super::header::{self, Header};
+use super::payload::{self, Layout};
 use super::raw::{self, Encoding, Format};
+use super::Stats;
 use super::Volume;
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -32,11 +34,15 @@ pub(crate) fn paths(path: &Path) -> (PathBuf, PathBuf) {
 /// The pair's header, checked as a single file's would be (size of `.img` checked on read).
 pub fn read_header(path: &Path) -> Result<Header> {
     let (hdr, _) = paths(path);
-    let bytes = crate::fsio::read_regular(&hdr, 1 << 20)?;
+    use std::io::Read;
+    let (f, _) = payload::open_data(path, &hdr, HDR_CAP)?;
+    let mut bytes = Vec::new();
+    f.take(HDR_CAP)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(&hdr, e))?;
     let mut plain = Vec::new();
     let gz = bytes.starts_with(&[0x1f, 0x8b]);
     if gz {
-        use std::io::Read;
         flate2::read::MultiGzDecoder::new(&bytes[..])
             .take(header::NIFTI2_SIZE as u64)
             .read_to_end(&mut plain)
@@ -49,29 +55,63 @@ pub fn read_header(path: &Path) -> Result<Header> {
     Ok(h)
 }
 
-/// Read a pair: f32 voxels (channel, i, j, k), scaling applied, the header's geometry.
-pub fn read(path: &Path) -> Result<Volume> {
-    let h = read_header(path)?;
-    let (hdr, img) = paths(path);
-    for w in h.geometry_warnings() {
-        tracing::warn!("{}: {w}", hdr.display());
-    }
-    let n = super::read::check_memory(&hdr, &h)?;
-    let (_, bpv) = header::datatype_info(h.datatype).map_err(|m| Error::volume(&hdr, m))?;
-    let gz = {
-        use std::os::unix::fs::FileExt;
-        let (f, _) = crate::fsio::open_regular(&img, u64::MAX, true)?;
-        let mut m = [0u8; 2];
-        f.read_exact_at(&mut m, 0).is_ok() && m == [0x1f, 0x8b]
-    };
+/// Most bytes of a `.hdr` read (a NIfTI-1 header is 348, extensions live in the `.img`).
+const HDR_CAP: u64 = 1 << 20;
+
+/// The `.img` opened (the file the user named as it is; the partner of a named `.hdr` held inside
+/// its folder, as a detached data file is) and where its voxels start.
+fn open_img(path: &Path, h: &Header, n: u64) -> Result<(PathBuf, (std::fs::File, u64), Layout)> {
+    use std::os::unix::fs::FileExt;
+    let (_, img) = paths(path);
+    let opened = payload::open_data(path, &img, payload::NO_CAP)?;
+    let mut m = [0u8; 2];
+    let gz = opened.0.read_exact_at(&mut m, 0).is_ok() && m == [0x1f, 0x8b];
     let (enc, at, skip) = if gz {
         (Encoding::Gzip, 0, h.vox_offset)
     } else {
         (Encoding::Raw, h.vox_offset, 0)
     };
-    let bytes = raw::payload(&img, Some(at), (n * bpv) as u64, enc, skip)?;
+    let (_, bpv) = header::datatype_info(h.datatype).map_err(|m| Error::volume(&img, m))?;
+    let len = n
+        .checked_mul(bpv as u64)
+        .ok_or_else(|| Error::volume(&img, "voxel data size overflows"))?;
+    let l = Layout {
+        offset: Some(at),
+        len,
+        enc,
+        skip,
+    };
+    Ok((img, opened, l))
+}
+
+/// Read a pair: f32 voxels (channel, i, j, k), scaling applied, the header's geometry.
+pub fn read(path: &Path) -> Result<Volume> {
+    let h = read_header(path)?;
+    let (hdr, _) = paths(path);
+    warn_geometry(path, &h);
+    let n = super::read::check_memory(&hdr, &h)?;
+    let (img, opened, l) = open_img(path, &h, n as u64)?;
+    let bytes = payload::read_all(&img, opened, l)?;
     let values = raw::to_f32(&bytes, h.datatype, h.big_endian, h.scaling())
         .map_err(|m| Error::volume(&img, m))?;
     drop(bytes);
     raw::volume(&img, values, h)
+}
+
+/// The header and the value statistics of a pair, the `.img` streamed in chunks.
+pub(crate) fn summarize(path: &Path) -> Result<(Header, Stats)> {
+    let h = read_header(path)?;
+    warn_geometry(path, &h);
+    let n = super::read::check_hard_cap(path, &h)?;
+    let (img, opened, l) = open_img(path, &h, n)?;
+    let st = super::summary::stream(&img, opened, l, &h, h.big_endian, h.scaling())?;
+    Ok((h, st))
+}
+
+/// The header's geometry warnings, once per read, naming the `.hdr`.
+fn warn_geometry(path: &Path, h: &Header) {
+    let (hdr, _) = paths(path);
+    for w in h.geometry_warnings() {
+        tracing::warn!("{}: {w}", hdr.display());
+    }
 }

@@ -6,9 +6,8 @@ use super::geometry::{mat44_to_quatern, Mat4};
 use super::header::{self, Header};
 use super::Volume;
 use crate::{Error, Result};
-use flate2::bufread::{MultiGzDecoder, ZlibDecoder};
 use ndarray::{Array4, ShapeBuilder};
-use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// Largest text header (NRRD, MetaImage) read: real ones are a few hundred bytes.
@@ -158,6 +157,56 @@ pub(crate) fn sibling(header: &Path, name: &str) -> Result<PathBuf> {
     Ok(header.parent().unwrap_or(Path::new(".")).join(name))
 }
 
+/// The three axis sizes of a text header's `field` ("NRRD sizes", "MetaImage DimSize"): whole
+/// numbers from 1 to 2^63 - 1 (a NIfTI dim), whose voxel count times `bpv` bytes fits 64 bits. A
+/// size out of range is an error naming it, never wrapped or clamped (2^63 once read as 1).
+pub(crate) fn sizes(path: &Path, field: &str, text: &str, bpv: usize) -> Result<[usize; 3]> {
+    let bad = |why: String| Error::volume(path, format!("invalid {field}: {why}"));
+    let toks: Vec<&str> = text
+        .split(|c: char| c.is_whitespace() || c == ',')
+        .filter(|t| !t.is_empty())
+        .collect();
+    if toks.len() != 3 {
+        return Err(bad(format!(
+            "{} values, 3 expected (a 3-D volume)",
+            toks.len()
+        )));
+    }
+    let mut out = [0usize; 3];
+    for (o, t) in out.iter_mut().zip(&toks) {
+        let shown = clip(t, 24);
+        if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad(format!("\"{shown}\" is not a whole number")));
+        }
+        let v = t
+            .parse::<u64>()
+            .ok()
+            .filter(|&v| v <= i64::MAX as u64 && v <= usize::MAX as u64)
+            .ok_or_else(|| bad(format!("{shown} is more than an axis may have (2^63 - 1)")))?;
+        if v == 0 {
+            return Err(bad("an axis of size 0".into()));
+        }
+        *o = v as usize;
+    }
+    out.iter()
+        .try_fold(bpv as u64, |a, &d| a.checked_mul(d as u64))
+        .ok_or_else(|| {
+            bad(format!(
+                "{}x{}x{} voxels overflow a 64-bit byte count",
+                out[0], out[1], out[2]
+            ))
+        })?;
+    Ok(out)
+}
+
+/// At most `n` characters of `s` (a header value shown in a message), "..." marking a cut.
+pub(crate) fn clip(s: &str, n: usize) -> String {
+    match s.char_indices().nth(n) {
+        Some((at, _)) => format!("{}...", &s[..at]),
+        None => s.to_string(),
+    }
+}
+
 /// The voxel count of `shape`, checked against the memory rules before anything is allocated.
 pub(crate) fn check_voxels(path: &Path, shape: [usize; 3]) -> Result<usize> {
     let n = shape
@@ -167,68 +216,6 @@ pub(crate) fn check_voxels(path: &Path, shape: [usize; 3]) -> Result<usize> {
     let what = format!("volume of {}x{}x{} voxels", shape[0], shape[1], shape[2]);
     super::read::check_f32_values(n, &what, false).map_err(|m| Error::volume(path, m))?;
     Ok(n as usize)
-}
-
-/// Read `len` bytes of payload from `file` at `offset` (`offset` None: the last `len` bytes of a
-/// raw payload, MetaImage `HeaderSize = -1`), after skipping `skip` decompressed bytes of a
-/// compressed stream. A compressed stream is read through a cap, so a small stream cannot claim
-/// more than `len`, and ending early is "truncated".
-pub(crate) fn payload(
-    file: &Path,
-    offset: Option<u64>,
-    len: u64,
-    enc: Encoding,
-    skip: u64,
-) -> Result<Vec<u8>> {
-    let (mut f, flen) = crate::fsio::open_regular(file, u64::MAX, true)?;
-    let offset = match offset {
-        Some(o) => o,
-        None => flen
-            .checked_sub(len)
-            .ok_or_else(|| truncated(file, len, flen))?,
-    };
-    if enc == Encoding::Raw && offset.saturating_add(len) > flen {
-        return Err(truncated(file, len, flen.saturating_sub(offset)));
-    }
-    f.seek(SeekFrom::Start(offset))
-        .map_err(|e| Error::io(file, e))?;
-    let br = BufReader::with_capacity(1 << 20, f);
-    let mut r: Box<dyn Read> = match enc {
-        Encoding::Raw => Box::new(br),
-        Encoding::Gzip => Box::new(MultiGzDecoder::new(br)),
-        Encoding::Zlib => Box::new(ZlibDecoder::new(br)),
-    };
-    let zerr = |e: std::io::Error| {
-        Error::volume(file, format!("corrupt or truncated compressed data ({e})"))
-    };
-    if skip > 0 {
-        let n = std::io::copy(&mut (&mut r).take(skip), &mut std::io::sink()).map_err(zerr)?;
-        if n < skip {
-            return Err(truncated(file, len, 0));
-        }
-    }
-    let mut out = Vec::new();
-    if enc == Encoding::Raw {
-        out.try_reserve_exact(len as usize).map_err(|_| {
-            Error::volume(
-                file,
-                format!("not enough memory for {len} bytes of voxel data"),
-            )
-        })?;
-    }
-    // Compressed: read_to_end grows geometrically, so a bomb fails as truncated early.
-    (&mut r).take(len).read_to_end(&mut out).map_err(zerr)?;
-    if (out.len() as u64) < len {
-        return Err(truncated(file, len, out.len() as u64));
-    }
-    Ok(out)
-}
-
-fn truncated(file: &Path, need: u64, have: u64) -> Error {
-    Error::volume(
-        file,
-        format!("file is truncated: the header needs {need} bytes of voxel data, found {have}"),
-    )
 }
 
 /// f32 values (i fastest) of `bytes` stored as NIfTI `datatype`, scaled by `scale` in f64.

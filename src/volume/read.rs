@@ -176,6 +176,20 @@ pub(crate) fn check_memory(path: &Path, h: &Header) -> Result<usize> {
     Ok(n as usize)
 }
 
+/// The voxel count of `h` if voxtile would ever read it (the hard cap only, not this machine's
+/// memory): `voxtile info` streams a volume, yet describes no volume a run could never load.
+pub(crate) fn check_hard_cap(path: &Path, h: &Header) -> Result<u64> {
+    let n = h.n_values().map_err(|m| Error::volume(path, m))?;
+    memory_verdict(
+        n,
+        &format!("volume of {} voxels", dims_str(h)),
+        None,
+        HARD_CAP_BYTES,
+    )
+    .map_err(|m| Error::volume(path, m))?;
+    Ok(n)
+}
+
 /// Whether `n` float32 values (of `what`, e.g. "volume of 512x512x400 voxels") may be held: the
 /// rule of [`memory_verdict`] with this machine's numbers; `address_space` also counts what is
 /// left under `ulimit -v` (for buffers about to be allocated in one go).
@@ -297,7 +311,36 @@ fn read_from(path: &Path, mut src: Source<'_>) -> Result<Volume> {
         out.try_reserve_exact(n).map_err(|_| no_memory())?;
     }
     let scale = h.scaling();
-    // Large reads: each filled buffer is converted in parallel.
+    for_each_chunk(path, &mut src, &h, total, |bytes| {
+        let add = bytes.len() / bpv;
+        if out.capacity() - out.len() < add {
+            let grow = out.len().max(1 << 22).max(add).min(n - out.len());
+            out.try_reserve_exact(grow).map_err(|_| no_memory())?;
+        }
+        convert(bytes, h.datatype, h.big_endian, scale, &mut out);
+        Ok(())
+    })?;
+    let s = h.shape();
+    let c = h.channels();
+    // The file is Fortran-ordered (i fastest, channel slowest): view it as (i, j, k, c) with Fortran
+    // strides, then move the channel axis first. No copy.
+    let data = Array4::from_shape_vec((s[0], s[1], s[2], c).f(), out)
+        .map_err(|e| Error::volume(path, format!("internal shape error: {e}")))?
+        .permuted_axes([3, 0, 1, 2]);
+    Ok(Volume { data, header: h })
+}
+
+/// The `total` voxel bytes after the header, handed to `each` in buffers of whole voxels
+/// (converted in parallel by the caller); a short stream is "truncated", a gzip stream's CRC is
+/// checked at its end.
+fn for_each_chunk(
+    path: &Path,
+    src: &mut Source<'_>,
+    h: &Header,
+    total: usize,
+    mut each: impl FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let (_, bpv) = datatype_info(h.datatype).map_err(|m| Error::volume(path, m))?;
     let mut buf = crate::alloc::try_vec((8usize << 20).min(total.max(8)), 0u8, "the read buffer")
         .map_err(|e| Error::volume(path, e.to_string()))?;
     let (mut got, mut filled) = (0usize, 0usize);
@@ -308,12 +351,7 @@ fn read_from(path: &Path, mut src: Source<'_>) -> Result<Volume> {
         got += k;
         filled += k;
         let whole = filled / bpv * bpv;
-        let add = whole / bpv;
-        if out.capacity() - out.len() < add {
-            let grow = out.len().max(1 << 22).max(add).min(n - out.len());
-            out.try_reserve_exact(grow).map_err(|_| no_memory())?;
-        }
-        convert(&buf[..whole], h.datatype, h.big_endian, scale, &mut out);
+        each(&buf[..whole])?;
         buf.copy_within(whole..filled, 0);
         filled -= whole;
         if k < want {
@@ -321,7 +359,7 @@ fn read_from(path: &Path, mut src: Source<'_>) -> Result<Volume> {
                 path,
                 format!(
                     "file is truncated: dims {} of {} need {total} bytes of voxel data after vox_offset {}, found only {got}",
-                    dims_str(&h),
+                    dims_str(h),
                     h.dtype_name(),
                     h.vox_offset
                 ),
@@ -334,14 +372,26 @@ fn read_from(path: &Path, mut src: Source<'_>) -> Result<Volume> {
         let mut one = [0u8; 1];
         read_full(&mut src.reader, &mut one).map_err(|e| read_error(path, true, e))?;
     }
-    let s = h.shape();
-    let c = h.channels();
-    // The file is Fortran-ordered (i fastest, channel slowest): view it as (i, j, k, c) with Fortran
-    // strides, then move the channel axis first. No copy.
-    let data = Array4::from_shape_vec((s[0], s[1], s[2], c).f(), out)
-        .map_err(|e| Error::volume(path, format!("internal shape error: {e}")))?
-        .permuted_axes([3, 0, 1, 2]);
-    Ok(Volume { data, header: h })
+    Ok(())
+}
+
+/// The header and value statistics of a NIfTI file, its voxels streamed (`voxtile info`: no f32
+/// copy of the volume, whatever its size).
+pub(crate) fn summarize(path: &Path) -> Result<(Header, super::Stats)> {
+    let mut src = open(path)?;
+    let h = read_header_from(path, &mut src)?;
+    for w in h.geometry_warnings() {
+        tracing::warn!("{}: {w}", path.display());
+    }
+    let n = check_hard_cap(path, &h)?;
+    let (_, bpv) = datatype_info(h.datatype).map_err(|m| Error::volume(path, m))?;
+    let total = n as usize * bpv; // n * 4 is under the hard cap
+    let mut acc = super::summary::Accumulator::new(h.datatype, h.big_endian, h.scaling());
+    for_each_chunk(path, &mut src, &h, total, |b| {
+        acc.add_bytes(b);
+        Ok(())
+    })?;
+    Ok((h, acc.stats))
 }
 
 #[cfg(test)]
