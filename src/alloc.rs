@@ -25,8 +25,28 @@ pub fn retryable(e: Error) -> Error {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Unit-test hook: on this thread, requests of more bytes than this fail, as the allocator
+    /// says no under `ulimit -v` (see [`fail_above`]).
+    static FAIL_ABOVE: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+/// Unit tests: make every request of more than `bytes` on this thread fail (`usize::MAX`: none).
+#[cfg(test)]
+pub(crate) fn fail_above(bytes: usize) {
+    FAIL_ABOVE.with(|f| f.set(bytes));
+}
+
 /// An empty vector with room for `len` elements, or an error naming `what`.
 pub fn try_with_capacity<T>(len: usize, what: &str) -> Result<Vec<T>> {
+    #[cfg(test)]
+    if len.saturating_mul(std::mem::size_of::<T>()) > FAIL_ABOVE.with(|f| f.get()) {
+        return Err(no_memory(
+            what,
+            len as u128 * std::mem::size_of::<T>() as u128,
+        ));
+    }
     let mut v = Vec::new();
     v.try_reserve_exact(len)
         .map_err(|_| no_memory(what, len as u128 * std::mem::size_of::<T>() as u128))?;

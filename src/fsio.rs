@@ -77,6 +77,11 @@ fn clear_nonblock(file: &File) {
 /// The whole content of a regular file of at most `cap` bytes (symbolic links followed).
 pub fn read_regular(path: &Path, cap: u64) -> Result<Vec<u8>> {
     let (file, len) = open_regular(path, cap, true)?;
+    read_opened(file, len, cap, path)
+}
+
+/// The rest of `file` (`len` bytes by its metadata, at most `cap`), read fallibly.
+fn read_opened(file: File, len: u64, cap: u64, path: &Path) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
     buf.try_reserve_exact(len as usize).map_err(|_| {
         Error::Invalid(format!(
@@ -91,9 +96,12 @@ pub fn read_regular(path: &Path, cap: u64) -> Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// [`read_regular`] as UTF-8 text.
-pub fn read_regular_text(path: &Path, cap: u64) -> Result<String> {
-    String::from_utf8(read_regular(path, cap)?)
+/// The whole content of `dir/rel` as UTF-8 text, opened by [`open_contained`] (a manifest
+/// beside a model).
+pub fn read_contained_text(dir: &Path, rel: &Path, whose: &str, cap: u64) -> Result<String> {
+    let path = dir.join(rel);
+    let (file, len) = open_contained(dir, rel, whose, cap)?;
+    String::from_utf8(read_opened(file, len, cap, &path)?)
         .map_err(|_| Error::Invalid(format!("{}: is not UTF-8 text", path.display())))
 }
 

@@ -11,8 +11,9 @@ mod summary;
 pub use crate::backend::memory::{Breakdown, Estimate, PeakNode, Target, Workload};
 pub use crate::backend::MemoryModel;
 pub use budget::{
-    cgroup_available, cgroup_headroom, format_bytes, host_available, mem_available, parse_bytes,
-    parse_cgroup_limit, parse_mem_available, parse_proc_cgroup, tightest,
+    budget_of, budget_percent, cgroup_available, cgroup_headroom, format_bytes, host_available,
+    host_budget, mem_available, parse_bytes, parse_cgroup_limit, parse_mem_available,
+    parse_proc_cgroup, tightest, RLIMIT_AS_LEFT,
 };
 pub use choose::{
     choose, default_roi, estimate, receptive_field_warning, with_budget_source, MAX_BANDS,

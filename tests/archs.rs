@@ -91,8 +91,8 @@ fn argmax_agreement(got: &Array5<f32>, want: &Array5<f32>) -> f64 {
     let n = got.shape()[0];
     (0..n)
         .map(|i| {
-            let a = argmax(got.index_axis(Axis(0), i));
-            let b = argmax(want.index_axis(Axis(0), i));
+            let a = argmax(got.index_axis(Axis(0), i)).unwrap();
+            let b = argmax(want.index_axis(Axis(0), i)).unwrap();
             agreement(a.iter(), b.iter())
         })
         .sum::<f64>()
@@ -181,8 +181,8 @@ fn decisive_agreement(got: &Array5<f32>, want: &Array5<f32>) -> f64 {
     let (mut kept, mut same) = (0usize, 0usize);
     for i in 0..want.shape()[0] {
         let (a, b) = (
-            argmax(got.index_axis(Axis(0), i)),
-            argmax(want.index_axis(Axis(0), i)),
+            argmax(got.index_axis(Axis(0), i)).unwrap(),
+            argmax(want.index_axis(Axis(0), i)).unwrap(),
         );
         let w = want.index_axis(Axis(0), i);
         for ((idx, &la), &lb) in a.indexed_iter().zip(b.iter()) {

@@ -40,8 +40,8 @@ fn fixture_models_match_pytorch_on_gpu() {
         let want5 = want.view().into_dimensionality::<Ix5>().unwrap();
         let mut agree = Vec::new();
         for n in 0..s[0] {
-            let a = argmax(got.index_axis(Axis(0), n));
-            let b = argmax(want5.index_axis(Axis(0), n));
+            let a = argmax(got.index_axis(Axis(0), n)).unwrap();
+            let b = argmax(want5.index_axis(Axis(0), n)).unwrap();
             agree.push(agreement(a.iter(), b.iter()));
         }
         let agree = agree.iter().sum::<f64>() / agree.len() as f64;
@@ -82,7 +82,7 @@ fn sliding_window_fixtures_on_gpu() {
         let (labels, logits, report) = c.run(options);
         let want = c.want();
         let e = rel_l2(logits.iter(), want.iter());
-        let agree = agreement(labels.iter(), argmax(want).iter());
+        let agree = agreement(labels.iter(), argmax(want).unwrap().iter());
         println!(
             "RESULT gpu sliding window {id}: {} windows, rel L2 vs MONAI {e:.3e}, argmax agreement {agree:.5}, gpu {}",
             report.windows,

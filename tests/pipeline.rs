@@ -633,7 +633,7 @@ fn remap_split_classes_and_u8_probabilities() {
     let mut p = Pipeline::new(vec![engine(&three_class_onnx(), 8)], settings).unwrap();
     let out = p.run(&vol, &mut |_, _| {}).unwrap();
     let probs = out.probabilities.unwrap();
-    let raw = voxtile::tiling::argmax(probs.view());
+    let raw = voxtile::tiling::argmax(probs.view()).unwrap();
     for (l, r) in out.labels.iter().zip(raw.iter()) {
         assert_eq!(*l, [0, 10, 20][*r as usize]);
     }
@@ -769,7 +769,7 @@ fn cli_manifest_beside_the_model() {
     let p = voxtile::volume::read(&probs).unwrap();
     assert_eq!(p.header.dtype_name(), "float32");
     assert_eq!(p.data.dim(), (3, 16, 12, 10));
-    let am = voxtile::tiling::argmax(p.data.view());
+    let am = voxtile::tiling::argmax(p.data.view()).unwrap();
     for (a, l) in am.iter().zip(labels.iter()) {
         assert_eq!([0u16, 10, 20][*a as usize], *l);
     }

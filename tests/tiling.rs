@@ -217,7 +217,7 @@ fn run_tiled(
         blender.add(start, y.view());
     }
     assert_eq!(blender.added(), grid.len());
-    blender.finish()
+    blender.finish().unwrap()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -762,12 +762,12 @@ fn argmax_first_max_wins() {
     .unwrap();
     // ties -> first; NaN counts as the max (numpy/torch).
     assert_eq!(
-        argmax(logits.view()).into_raw_vec_and_offset().0,
+        argmax(logits.view()).unwrap().into_raw_vec_and_offset().0,
         vec![0, 1, 1, 1, 0]
     );
     // Random data against "first index equal to the max".
     let l = random_vol((5, 9, 8, 7), 13).mapv(|v| (v * 3.0).round()); // many ties
-    let a = argmax(l.view());
+    let a = argmax(l.view()).unwrap();
     for ((i, j, k), &lab) in a.indexed_iter() {
         let lane = l.slice(s![.., i, j, k]);
         let m = lane.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -780,7 +780,7 @@ fn argmax_first_max_wins() {
         .permuted_axes([1, 2, 3, 0])
         .as_standard_layout()
         .into_owned();
-    assert_eq!(argmax(cl.view().permuted_axes([3, 0, 1, 2])), a);
+    assert_eq!(argmax(cl.view().permuted_axes([3, 0, 1, 2])).unwrap(), a);
 }
 
 #[test]
@@ -788,7 +788,10 @@ fn threshold_strictly_above() {
     let p =
         Array4::from_shape_vec((1, 1, 2, 3), vec![0.2, 0.5, 0.50001, 0.9, -1.0, f32::NAN]).unwrap();
     assert_eq!(
-        threshold(p.view(), 0.5).into_raw_vec_and_offset().0,
+        threshold(p.view(), 0.5)
+            .unwrap()
+            .into_raw_vec_and_offset()
+            .0,
         vec![0, 0, 1, 1, 0, 0]
     );
 }
@@ -853,9 +856,9 @@ fn slab_blender_is_bit_identical_to_blender() {
         let mut slabs = vec![];
         for &st in &g.starts {
             gather_window(vol.view(), &g, st, PadMode::Edge, win.view_mut());
-            slabs.extend(sb.add(st, positional_f32(win.view()).view()));
+            slabs.extend(sb.add(st, positional_f32(win.view()).view()).unwrap());
         }
-        slabs.extend(sb.finish());
+        slabs.extend(sb.finish().unwrap());
         let mut next = 0;
         for sl in &slabs {
             assert_eq!(

@@ -309,3 +309,55 @@ fn model_file_must_be_a_regular_file() {
     assert_eq!(r.code, Some(1), "{}", r.stderr);
     assert!(r.stderr.contains("m.onnx"), "{}", r.stderr);
 }
+
+/// `len` Identity nodes copying `from` along i1..i{len}; the last one is named `to`.
+fn identity_chain(from: &str, to: &str, len: usize) -> Vec<proto::NodeProto> {
+    (1..=len)
+        .map(|k| {
+            let src = if k == 1 {
+                from.to_string()
+            } else {
+                format!("i{}", k - 1)
+            };
+            let dst = if k == len {
+                to.to_string()
+            } else {
+                format!("i{k}")
+            };
+            node_with("Identity", &dst, &[&src], &[&dst], vec![])
+        })
+        .collect()
+}
+
+#[test]
+fn identity_chain_at_the_node_cap_is_inspected_quickly() {
+    // Conv + 99 999 Identity = the 100 000-node cap. Resolving each read by walking the chain was
+    // quadratic: minutes in a debug build (~100 s for 99 000 nodes in release).
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "idchain.onnx",
+        &conv_model(identity_chain("h", "y", 99_999), vec![]),
+    );
+    let r = voxtile(&[Path::new("inspect"), &p], Duration::from_secs(20), None);
+    assert_clean(&r, "idchain.onnx");
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.elapsed < Duration::from_secs(5), "{:?}", r.elapsed);
+}
+
+#[test]
+fn identity_chain_of_a_large_constant_shares_it() {
+    // A 4 MB initializer copied by 99 000 Identity nodes: 400 GB if each copy held its own data.
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = identity_chain("k", "kk", 99_000);
+    nodes.push(node_with("Add", "add", &["h", "kk"], &["y"], vec![]));
+    let bytes = conv_model(nodes, vec![ftensor("k", &[1 << 20], vec![0.5; 1 << 20])]);
+    let p = write(dir.path(), "kchain.onnx", &bytes);
+    let r = voxtile(
+        &[Path::new("inspect"), &p],
+        Duration::from_secs(20),
+        Some(1 << 30),
+    );
+    assert_clean(&r, "kchain.onnx");
+    assert!(r.elapsed < Duration::from_secs(5), "{:?}", r.elapsed);
+}

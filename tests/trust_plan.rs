@@ -420,8 +420,9 @@ fn cgroup_rlimit_and_meminfo_parsing() {
     assert_eq!(t, (2 << 30, "cgroup memory left (x)".to_string()));
 }
 
-/// Under RLIMIT_AS the default CPU budget is half of the address space left, and its source says
-/// so (the host's MemAvailable is not ours).
+/// Under RLIMIT_AS the default CPU budget is three quarters of the address space left (not
+/// half: that space is the process's own and already net of what is mapped), and its source
+/// says so (the host's MemAvailable is not ours).
 #[test]
 fn default_budget_honours_rlimit_as() {
     use std::os::unix::process::CommandExt;
@@ -448,12 +449,76 @@ fn default_budget_honours_rlimit_as() {
     let budget = v["budget"].as_u64().unwrap();
     let source = v["budget_source"].as_str().unwrap();
     let ram = plan::mem_available().unwrap_or(u64::MAX);
-    if ram > limit {
-        assert!(source.contains("RLIMIT_AS"), "{source}");
-        assert!(budget > 0 && budget <= limit / 2, "{budget} under {limit}");
+    if ram / 2 > limit {
+        assert!(
+            source.starts_with("75% of") && source.contains("RLIMIT_AS"),
+            "{source}"
+        );
+        // The binary and the model are mapped already: a little less than 3/4 of the limit.
+        assert!(
+            budget > limit / 2 + limit / 8 && budget <= limit / 4 * 3,
+            "{budget} under {limit}"
+        );
     } else {
         assert!(budget <= ram / 2);
     }
+}
+
+/// Each limit's share: half of RAM or a cgroup's headroom, three quarters of the address space
+/// left; the least wins and names its source.
+#[test]
+fn default_budget_shares() {
+    let as_left = |m: u64| Some((m, plan::RLIMIT_AS_LEFT.to_string()));
+    let ram = |m: u64| Some((m, "available RAM".to_string()));
+    let (b, src) = plan::budget_of([ram(8 << 30), as_left(1 << 30), None]).unwrap();
+    assert_eq!(b, 3 << 28);
+    assert!(
+        src.starts_with("75% of the 1.00 GiB address space left"),
+        "{src}"
+    );
+    let (b, src) = plan::budget_of([ram(1 << 30), as_left(1 << 30)]).unwrap();
+    assert_eq!((b, src.starts_with("50% of")), (1 << 29, true), "{src}");
+    assert_eq!(plan::budget_of([None, None]), None);
+}
+
+/// The shipped sample under `ulimit -v 600M` (RLIMIT_AS 600 MiB) with the default budget: it
+/// runs (about 310 MB of working set; halving the address space left refused it), and the
+/// plan it runs under says RLIMIT_AS and predicts a working set within that budget.
+#[test]
+fn shipped_sample_runs_under_ulimit_v_600m() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("mask.nii.gz");
+    let report = dir.path().join("r.json");
+    let mut cmd = Command::new(voxtile_bin());
+    cmd.args(["segment", s(&data("head_t1_128.nii.gz")), "-m"])
+        .args([s(&data("deepbrain.onnx")), "-o", s(&out), "--device", "cpu"])
+        .args(["--report", s(&report)]);
+    limit_address_space(&mut cmd, 600 << 20);
+    let o = run_within(&mut cmd, Duration::from_secs(120)).expect("finishes");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(&report)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    let src = r["memory_budget_source"].as_str().unwrap_or_default();
+    assert!(src.contains("RLIMIT_AS"), "{r}");
+    let budget = r["memory_budget"].as_u64().unwrap();
+    let p = &r["predicted"]["budgeted"];
+    let need: u64 = [
+        "weights",
+        "activations",
+        "workspace",
+        "staging",
+        "accumulators",
+    ]
+    .iter()
+    .map(|k| p[k].as_u64().unwrap())
+    .sum();
+    assert!(need <= budget && budget < 600 << 20, "{need} {budget}");
 }
 
 /// A model whose output is NaN where the input is 0 (x / x).

@@ -14,7 +14,7 @@ use crate::tiling::{Grid, PadMode};
 use crate::{Error, Result};
 pub use memory::Target;
 use memory::{Estimate, Workload};
-use ndarray::{Array3, Array4, Array5, ArrayView3, ArrayView4, ArrayView5};
+use ndarray::{Array3, Array4, Array5, ArrayView3, ArrayView4, ArrayView5, ArrayViewMut3};
 use serde::Serialize;
 use std::ops::Range;
 
@@ -68,11 +68,19 @@ impl LabelRule {
         })
     }
 
-    /// Labels of blended outputs `(C, n, H, W)`.
-    pub fn labels(&self, blended: ArrayView4<f32>) -> Array3<u16> {
+    /// Labels of blended outputs `(C, n, H, W)`, allocated fallibly (an error, not an abort).
+    pub fn labels(&self, blended: ArrayView4<f32>) -> crate::Result<Array3<u16>> {
+        let (_, d, h, w) = blended.dim();
+        let mut out = crate::alloc::try_zeros((d, h, w), "the label map")?;
+        self.labels_into(blended, out.view_mut());
+        Ok(out)
+    }
+
+    /// Labels of blended outputs `(C, n, H, W)` written into `out` (`(n, H, W)`).
+    pub fn labels_into(&self, blended: ArrayView4<f32>, out: ArrayViewMut3<u16>) {
         match self.threshold() {
-            Some(t) => crate::tiling::threshold(blended, t),
-            None => crate::tiling::argmax(blended),
+            Some(t) => crate::tiling::threshold_into(blended, t, out),
+            None => crate::tiling::argmax_into(blended, out),
         }
     }
 

@@ -5,6 +5,7 @@ use super::bands::{run_bands, BandRun};
 use super::parts::{NetOut, PartRun};
 use super::report::{PartReport, PredictedPeak, Report, StageTimes};
 use super::{AxisOrder, Engine};
+use crate::alloc::try_to_owned;
 use crate::backend::{LabelRule, Pass};
 use crate::tiling::{self, Grid};
 use crate::{Error, Result};
@@ -85,16 +86,12 @@ impl Engine {
         // Back to the file's (i,j,k) axes.
         let (labels, logits) = match self.options.axis_order {
             AxisOrder::Xyz => (labels_net, logits_net),
+            // Volume-sized copies, allocated fallibly.
             AxisOrder::Zyx => (
-                labels_net
-                    .permuted_axes([2, 1, 0])
-                    .as_standard_layout()
-                    .to_owned(),
-                logits_net.map(|l| {
-                    l.permuted_axes([0, 3, 2, 1])
-                        .as_standard_layout()
-                        .to_owned()
-                }),
+                try_to_owned(labels_net.view().permuted_axes([2, 1, 0]), "the label map")?,
+                logits_net
+                    .map(|l| try_to_owned(l.view().permuted_axes([0, 3, 2, 1]), "the logits"))
+                    .transpose()?,
             ),
         };
         report.seconds.finalize += t.elapsed().as_secs_f64();

@@ -2,12 +2,20 @@
 //! order, spacing, intensity normalisation, window settings, activation, label values), kept in
 //! `net.toml` or `net.json` beside `net.onnx` so that a user does not have to repeat them as flags.
 
-use crate::engine::{AxisOrder, Normalize};
+use crate::engine::AxisOrder;
 use crate::tiling::BlendMode;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+mod intensity;
+mod remap;
+mod text;
+
+pub use intensity::{describe_intensity, Intensity};
+
+pub use text::MAX_STRING_BYTES;
 
 /// One number for every axis, or one per axis.
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize, Serialize)]
@@ -25,141 +33,6 @@ impl<T: Copy> OneOrThree<T> {
         match self {
             OneOrThree::One(v) => [v; 3],
             OneOrThree::Three(v) => v,
-        }
-    }
-}
-
-/// Intensity normalisation, applied per channel to the whole volume before resampling (as
-/// nnU-Net's preprocessing does). In a manifest: a `[normalize]` table with `kind` and the
-/// fields of that kind.
-#[derive(Clone, Copy, Debug, PartialEq, Deserialize, Serialize)]
-#[serde(try_from = "IntensityFile", into = "IntensityFile")]
-pub enum Intensity {
-    /// The volume as it is.
-    None,
-    /// (x − mean) / (std + 1e-8) over the volume.
-    Zscore,
-    /// nnU-Net's CTNormalization: clip to [lo, hi], then (x − mean) / max(std, 1e-8).
-    Ct {
-        /// Lower and upper clip bounds.
-        clip: [f32; 2],
-        /// Mean subtracted after clipping.
-        mean: f32,
-        /// Divisor (floored at 1e-8).
-        std: f32,
-    },
-    /// The volume's p_lo and p_hi percentiles (numpy's linear method) mapped to 0 and 1, clipped
-    /// (MONAI's ScaleIntensityRangePercentiles with clip=True).
-    Percentile {
-        /// Percentile mapped to 0.
-        p_lo: f64,
-        /// Percentile mapped to 1.
-        p_hi: f64,
-    },
-}
-
-/// The `[normalize]` table as written: flat, so that a field of another kind is an error (serde's
-/// internally tagged enums ignore unknown fields of unit variants).
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-struct IntensityFile {
-    kind: IntensityKind,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    clip: Option<[f32; 2]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    mean: Option<f32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    std: Option<f32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    p_lo: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    p_hi: Option<f64>,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-enum IntensityKind {
-    #[default]
-    None,
-    Zscore,
-    Ct,
-    Percentile,
-}
-
-impl TryFrom<IntensityFile> for Intensity {
-    type Error = String;
-    fn try_from(f: IntensityFile) -> std::result::Result<Self, String> {
-        let has_ct = f.clip.is_some() || f.mean.is_some() || f.std.is_some();
-        let has_pct = f.p_lo.is_some() || f.p_hi.is_some();
-        let extra =
-            |kind: &str| format!("normalize: kind {kind} takes no clip, mean, std, p_lo or p_hi");
-        Ok(match f.kind {
-            IntensityKind::None if has_ct || has_pct => return Err(extra("none")),
-            IntensityKind::Zscore if has_ct || has_pct => return Err(extra("zscore")),
-            IntensityKind::None => Intensity::None,
-            IntensityKind::Zscore => Intensity::Zscore,
-            IntensityKind::Ct => match (f.clip, f.mean, f.std, has_pct) {
-                (Some(clip), Some(mean), Some(std), false) => Intensity::Ct { clip, mean, std },
-                _ => return Err("normalize: kind ct takes clip = [lo, hi], mean and std".into()),
-            },
-            IntensityKind::Percentile => match (f.p_lo, f.p_hi, has_ct) {
-                (Some(p_lo), Some(p_hi), false) => Intensity::Percentile { p_lo, p_hi },
-                _ => return Err("normalize: kind percentile takes p_lo and p_hi".into()),
-            },
-        })
-    }
-}
-
-impl From<Intensity> for IntensityFile {
-    fn from(i: Intensity) -> Self {
-        let mut f = IntensityFile::default();
-        match i {
-            Intensity::None => {}
-            Intensity::Zscore => f.kind = IntensityKind::Zscore,
-            Intensity::Ct { clip, mean, std } => {
-                f.kind = IntensityKind::Ct;
-                (f.clip, f.mean, f.std) = (Some(clip), Some(mean), Some(std));
-            }
-            Intensity::Percentile { p_lo, p_hi } => {
-                f.kind = IntensityKind::Percentile;
-                (f.p_lo, f.p_hi) = (Some(p_lo), Some(p_hi));
-            }
-        }
-        f
-    }
-}
-
-impl Intensity {
-    /// Refuses parameters no run could use (non-finite, empty ranges), with the reason.
-    pub fn check(&self) -> std::result::Result<(), String> {
-        match *self {
-            Intensity::Ct { clip, mean, std }
-                if !(clip.iter().chain([&mean, &std]).all(|v| v.is_finite())
-                    && clip[0] <= clip[1]
-                    && std > 0.0) =>
-            {
-                Err("normalize: ct needs finite clip = [lo, hi] with lo <= hi, a finite mean and std > 0".into())
-            }
-            Intensity::Percentile { p_lo, p_hi }
-                if !(0.0 <= p_lo && p_lo < p_hi && p_hi <= 100.0) =>
-            {
-                Err("normalize: percentile needs 0 <= p_lo < p_hi <= 100".into())
-            }
-            _ => Ok(()),
-        }
-    }
-}
-
-impl From<Normalize> for Intensity {
-    fn from(n: Normalize) -> Self {
-        match n {
-            Normalize::None => Intensity::None,
-            Normalize::ZScore => Intensity::Zscore,
-            Normalize::Ct { lo, hi, mean, std } => Intensity::Ct {
-                clip: [lo, hi],
-                mean,
-                std,
-            },
         }
     }
 }
@@ -204,52 +77,63 @@ pub struct Manifest {
     /// Network axes that test-time mirroring flips when `--tta` is given without a list.
     pub mirror_axes: Option<Vec<usize>>,
     /// Output channel → label value written to the file (channels not listed keep their index).
+    #[serde(default, deserialize_with = "remap::unique_keys")]
     pub remap: Option<BTreeMap<String, u16>>,
 }
 
 impl Manifest {
     /// Parse TOML or JSON by extension (`.json` is JSON, anything else TOML) and check the values.
+    ///
+    /// The file is opened as model external data is: resolved, inside its own folder (a link
+    /// beside a model must not read a file elsewhere), no-follow, regular, at most
+    /// [`MANIFEST_CAP`](crate::fsio::MANIFEST_CAP) bytes. No error shows a line of the file.
     pub fn load(path: impl AsRef<Path>) -> Result<Manifest> {
         let path = path.as_ref();
-        let text = crate::fsio::read_regular_text(path, crate::fsio::MANIFEST_CAP)?;
+        let text = read_contained(path)?;
         let is_json = path
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("json"));
         let m: Manifest = if is_json {
-            serde_json::from_str(&text).map_err(|e| Error::model(path, format!("manifest: {e}")))?
+            serde_json::from_str(&text).map_err(|e| {
+                let at = format!(" line {} column {}", e.line(), e.column());
+                let msg = e.to_string();
+                let msg = msg.strip_suffix(&format!(" at{at}")).unwrap_or(&msg);
+                Error::model(path, format!("manifest{at}: {}", text::scrub(msg)))
+            })?
         } else {
             toml::from_str(&text).map_err(|e: toml::de::Error| {
-                // One line: the message and the offending line, not toml's multi-line excerpt.
                 let at = e
                     .span()
                     .map(|r| {
-                        let start = r.start.min(text.len());
-                        let n = text[..start].matches('\n').count();
-                        let line = text.lines().nth(n).unwrap_or("").trim();
-                        format!(" line {} `{line}`", n + 1)
+                        let before = &text.as_bytes()[..r.start.min(text.len())];
+                        let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+                        let col = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
+                        format!(" line {line} column {col}")
                     })
                     .unwrap_or_default();
-                let msg = e.message().replace('\n', " ");
-                Error::model(path, format!("manifest{at}: {}", msg.trim()))
+                Error::model(path, format!("manifest{at}: {}", text::scrub(e.message())))
             })?
         };
         m.check().map_err(|msg| Error::model(path, msg))?;
         Ok(m)
     }
 
-    /// `net.toml` or `net.json` beside `net.onnx`, whichever exists (TOML first).
+    /// `net.toml` or `net.json` beside `net.onnx`, whichever exists (TOML first). A link or
+    /// anything else by that name counts: [`Manifest::load`] then says what is wrong with it.
     pub fn beside(model: impl AsRef<Path>) -> Option<PathBuf> {
         let model = model.as_ref();
         ["toml", "json"]
             .iter()
             .map(|ext| model.with_extension(ext))
-            .find(|p| p.is_file())
+            .find(|p| p.symlink_metadata().is_ok())
     }
 
     /// Values a file can get wrong that serde does not see.
     pub fn check(&self) -> std::result::Result<(), String> {
+        self.check_strings()?;
         if let Some(a) = &self.axis_order {
-            a.parse::<AxisOrder>().map_err(|e| e.to_string())?;
+            a.parse::<AxisOrder>()
+                .map_err(|_| format!("unknown axis_order {}: use xyz or zyx", text::show(a)))?;
         }
         if let Some(b) = &self.blend {
             parse_blend(b)?;
@@ -290,30 +174,28 @@ impl Manifest {
 
     /// The label value of each of `channels` output channels (identity where `remap` is silent).
     pub fn remap_table(&self, channels: usize) -> std::result::Result<Option<Vec<u16>>, String> {
-        let Some(map) = &self.remap else {
-            return Ok(None);
+        match &self.remap {
+            Some(map) => remap::table(map, channels),
+            None => Ok(None),
+        }
+    }
+
+    /// Every string of the manifest: no control character, at most [`MAX_STRING_BYTES`].
+    fn check_strings(&self) -> std::result::Result<(), String> {
+        let one = |what: &str, s: &Option<String>| match s {
+            Some(s) => text::check_string(what, s),
+            None => Ok(()),
         };
-        let mut pairs = Vec::new();
-        for (k, v) in map {
-            let c: usize = k
-                .trim()
-                .parse()
-                .map_err(|_| format!("remap keys are output channel numbers, not '{k}'"))?;
-            if channels != usize::MAX && c >= channels {
-                return Err(format!(
-                    "remap names channel {c} but the model has {channels} output channel(s)"
-                ));
-            }
-            pairs.push((c, *v));
+        one("name", &self.name)?;
+        one("axis_order", &self.axis_order)?;
+        one("blend", &self.blend)?;
+        for (i, c) in self.classes.iter().flatten().enumerate() {
+            text::check_string(&format!("class {i}"), c)?;
         }
-        if channels == usize::MAX {
-            return Ok(None);
+        for k in self.remap.iter().flat_map(|m| m.keys()) {
+            text::check_string("a remap key", k)?;
         }
-        let mut table: Vec<u16> = (0..channels as u16).collect();
-        for (c, v) in pairs {
-            table[c] = v;
-        }
-        Ok(Some(table))
+        Ok(())
     }
 
     /// Several lines for `voxtile inspect`.
@@ -363,20 +245,6 @@ impl Manifest {
     }
 }
 
-/// A normalisation in words, for reports and `inspect`.
-pub fn describe_intensity(n: &Intensity) -> String {
-    match n {
-        Intensity::None => "none".into(),
-        Intensity::Zscore => "zscore (per volume)".into(),
-        Intensity::Ct { clip, mean, std } => {
-            format!("ct: clip [{}, {}], (x - {mean}) / {std}", clip[0], clip[1])
-        }
-        Intensity::Percentile { p_lo, p_hi } => {
-            format!("percentile: p{p_lo}..p{p_hi} -> [0, 1]")
-        }
-    }
-}
-
 /// Parses a blend name: "gaussian", "constant" or "hann".
 pub fn parse_blend(s: &str) -> std::result::Result<BlendMode, String> {
     match s {
@@ -384,7 +252,25 @@ pub fn parse_blend(s: &str) -> std::result::Result<BlendMode, String> {
         "constant" => Ok(BlendMode::Constant),
         "hann" => Ok(BlendMode::Hann),
         _ => Err(format!(
-            "unknown blend '{s}': use gaussian, constant or hann"
+            "unknown blend {}: use gaussian, constant or hann",
+            text::show(s)
         )),
     }
+}
+
+/// The manifest's text, read through [`crate::fsio::open_contained`] in its own folder.
+fn read_contained(path: &Path) -> Result<String> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| Error::model(path, "a manifest must name a file"))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    crate::fsio::read_contained_text(
+        dir,
+        Path::new(name),
+        "manifest's",
+        crate::fsio::MANIFEST_CAP,
+    )
 }

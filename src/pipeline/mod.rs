@@ -694,9 +694,9 @@ pub fn finalize(
     let same = [probs.shape()[1], probs.shape()[2], probs.shape()[3]] == grid;
     if same {
         let labels = if c == 1 {
-            crate::tiling::threshold(probs.view(), thr)
+            crate::tiling::threshold(probs.view(), thr)?
         } else {
-            crate::tiling::argmax(probs.view())
+            crate::tiling::argmax(probs.view())?
         };
         return Ok((labels, keep.then_some(probs)));
     }

@@ -155,12 +155,52 @@ pub fn tightest(limits: impl IntoIterator<Item = Option<(u64, String)>>) -> Opti
 /// ours under Slurm or Kubernetes), the address space left under RLIMIT_AS and the memory left
 /// to its cgroup.
 pub fn host_available() -> Option<(u64, String)> {
-    tightest([
+    tightest(host_limits())
+}
+
+/// The host's limits on this process, each with what it is: MemAvailable, the address space left
+/// under RLIMIT_AS, the memory left to its cgroup.
+fn host_limits() -> [Option<(u64, String)>; 3] {
+    [
         mem_available().map(|m| (m, "available RAM".to_string())),
-        crate::alloc::address_space_left()
-            .map(|m| (m, "address space left under RLIMIT_AS".to_string())),
+        crate::alloc::address_space_left().map(|m| (m, RLIMIT_AS_LEFT.to_string())),
         cgroup_available(),
-    ])
+    ]
+}
+
+/// What the address space left under RLIMIT_AS is called in budget sources.
+pub const RLIMIT_AS_LEFT: &str = "address space left under RLIMIT_AS";
+
+/// Percent of a limit the default CPU budget takes. RAM and a cgroup's headroom: half (other
+/// processes and the page cache share them, and the volume and outputs sit beside the working
+/// set). The address space left under RLIMIT_AS: three quarters, since it is this process's own
+/// and already net of what is mapped (the binary, the model); halving it too counted that margin
+/// twice and refused the shipped sample under `ulimit -v 600M`, which runs in about 310 MB.
+pub fn budget_percent(source: &str) -> u64 {
+    if source == RLIMIT_AS_LEFT {
+        75
+    } else {
+        50
+    }
+}
+
+/// The default CPU budget: the least of each limit's share ([`budget_percent`]) of what
+/// [`host_available`] considers, with a description; None when no limit is known.
+pub fn host_budget() -> Option<(u64, String)> {
+    budget_of(host_limits())
+}
+
+/// [`host_budget`] of given limits: (bytes, what) each.
+pub fn budget_of(limits: impl IntoIterator<Item = Option<(u64, String)>>) -> Option<(u64, String)> {
+    limits
+        .into_iter()
+        .flatten()
+        .map(|(m, what)| {
+            let pct = budget_percent(&what);
+            let b = u64::try_from(u128::from(m) * u128::from(pct) / 100).unwrap_or(u64::MAX);
+            (b, format!("{pct}% of the {} {what}", format_bytes(m)))
+        })
+        .min_by_key(|(b, _)| *b)
 }
 
 #[cfg(test)]

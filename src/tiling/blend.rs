@@ -227,25 +227,39 @@ impl Blender {
 
     /// Divide the sums by the weight sum and crop the padding: `(C, D, H, W)` at the original size, in
     /// standard layout. Voxels no added window covered come out NaN (0 / 0).
-    pub fn finish(self) -> Array4<f32> {
+    /// The cropped copy is allocated fallibly (an out-of-memory error, not an abort).
+    pub fn finish(self) -> crate::Result<Array4<f32>> {
         let (b, n) = (self.grid.pad_before, self.grid.shape);
         let (d, h, w) = (b[0]..b[0] + n[0], b[1]..b[1] + n[1], b[2]..b[2] + n[2]);
         let wsum = self.wsum.slice(s![d.clone(), h.clone(), w.clone()]);
         let mut out = self.acc.slice_move(s![.., d, h, w]);
         divide(out.view_mut(), wsum);
         if out.is_standard_layout() {
-            out
+            Ok(out)
         } else {
-            out.as_standard_layout().into_owned()
+            crate::alloc::try_to_owned(out.view(), "the blended outputs")
+                .map_err(crate::alloc::retryable)
         }
     }
 }
 
 /// Index of the largest channel per voxel of `(C, D, H, W)`; the first wins on ties, and a NaN counts as
 /// the largest (first NaN wins), like `numpy.argmax` / `torch.argmax`. Channels past 65535 saturate.
-pub fn argmax(logits: ArrayView4<f32>) -> Array3<u16> {
+///
+/// The label map is allocated fallibly: an out-of-memory error, not an abort.
+pub fn argmax(logits: ArrayView4<f32>) -> crate::Result<Array3<u16>> {
     let (_, d, h, w) = logits.dim();
-    let mut out = Array3::<u16>::zeros((d, h, w));
+    let mut out = crate::alloc::try_zeros((d, h, w), "the label map")?;
+    argmax_into(logits, out.view_mut());
+    Ok(out)
+}
+
+/// [`argmax`] into `out` (`(D, H, W)` of `logits`), which the caller allocated.
+///
+/// Panics if `out` does not have the shape of one channel of `logits` (a caller bug).
+pub fn argmax_into(logits: ArrayView4<f32>, mut out: ArrayViewMut3<u16>) {
+    let (_, d, h, w) = logits.dim();
+    assert_eq!(out.dim(), (d, h, w), "argmax_into: out must be (D, H, W)");
     Zip::from(&mut out)
         .and(logits.lanes(Axis(0)))
         .par_for_each(|o, lane| {
@@ -259,20 +273,30 @@ pub fn argmax(logits: ArrayView4<f32>) -> Array3<u16> {
             }
             *o = u16::try_from(best).unwrap_or(u16::MAX);
         });
-    out
 }
 
 /// Labels of a one-channel output `(1, D, H, W)`: 1 where the value is strictly above `t`, else 0.
 ///
+/// The label map is allocated fallibly: an out-of-memory error, not an abort.
+///
 /// Panics if there is not exactly one channel: the engine checks the model's output first.
-pub fn threshold(probs: ArrayView4<f32>, t: f32) -> Array3<u16> {
+pub fn threshold(probs: ArrayView4<f32>, t: f32) -> crate::Result<Array3<u16>> {
+    let (_, d, h, w) = probs.dim();
+    let mut out = crate::alloc::try_zeros((d, h, w), "the label map")?;
+    threshold_into(probs, t, out.view_mut());
+    Ok(out)
+}
+
+/// [`threshold`] into `out` (`(D, H, W)` of `probs`), which the caller allocated.
+///
+/// Panics unless `probs` has one channel and `out` its shape (caller bugs).
+pub fn threshold_into(probs: ArrayView4<f32>, t: f32, mut out: ArrayViewMut3<u16>) {
     assert_eq!(probs.dim().0, 1, "threshold: needs a one-channel output");
     let ch = probs.index_axis(Axis(0), 0);
-    let mut out = Array3::<u16>::zeros(ch.dim());
+    assert_eq!(out.dim(), ch.dim(), "threshold_into: out must be (D, H, W)");
     Zip::from(&mut out)
         .and(&ch)
         .par_for_each(|o, &v| *o = u16::from(v > t));
-    out
 }
 
 /// Voxels of a blended output `(C, D, H, W)` where some channel is NaN: the labels there are
@@ -281,14 +305,12 @@ pub fn nan_voxels(blended: ArrayView4<f32>) -> usize {
     if !blended.iter().any(|v| v.is_nan()) {
         return 0;
     }
-    let (_, d, h, w) = blended.dim();
-    let mut any = Array3::<bool>::from_elem((d, h, w), false);
-    for ch in blended.outer_iter() {
-        Zip::from(&mut any)
-            .and(&ch)
-            .for_each(|a, &v| *a |= v.is_nan());
-    }
-    any.iter().filter(|&&a| a).count()
+    // Voxel by voxel across the channels: no volume-sized mask to allocate.
+    blended
+        .lanes(Axis(0))
+        .into_iter()
+        .filter(|lane| lane.iter().any(|v| v.is_nan()))
+        .count()
 }
 
 /// Finished D-planes of the blended output: `data` is `(C, n, H, W)`, normalised and cropped, and
@@ -338,8 +360,14 @@ impl SlabBlender {
     /// Add one window's output `(C, roi)`; when its D origin is past earlier windows', the planes no
     /// later window can touch are finalised first and returned (`None` if they are all padding).
     ///
+    /// A slab that cannot be allocated is an out-of-memory error (not an abort).
+    ///
     /// Panics on a D origin lower than an earlier one, or a window that does not fit (caller bugs).
-    pub fn add(&mut self, start: [usize; 3], logits: ArrayView4<f32>) -> Option<Slab> {
+    pub fn add(
+        &mut self,
+        start: [usize; 3],
+        logits: ArrayView4<f32>,
+    ) -> crate::Result<Option<Slab>> {
         let r = self.grid.roi;
         check_window("SlabBlender", &self.grid, self.acc.dim().0, start, logits);
         assert!(
@@ -349,7 +377,7 @@ impl SlabBlender {
             self.base
         );
         let slab = if start[0] > self.base {
-            self.advance(start[0])
+            self.advance(start[0])?
         } else {
             None
         };
@@ -360,53 +388,113 @@ impl SlabBlender {
             logits,
             &self.weights,
         );
-        slab
+        Ok(slab)
     }
 
-    /// Finalise every remaining plane (`None` if they are all padding).
-    pub fn finish(mut self) -> Option<Slab> {
+    /// Finalise every remaining plane (`None` if they are all padding); an out-of-memory error
+    /// when the slab cannot be allocated.
+    pub fn finish(mut self) -> crate::Result<Option<Slab>> {
         let end = self.base + self.grid.roi[0];
         self.emit(end)
     }
 
     /// Normalise and crop padded planes `[base, upto)` into a slab.
-    fn emit(&mut self, upto: usize) -> Option<Slab> {
+    /// The slab's planes are allocated fallibly: they are as large as the accumulators.
+    fn emit(&mut self, upto: usize) -> crate::Result<Option<Slab>> {
         let (b, n) = (self.grid.pad_before, self.grid.shape);
         // Padded planes [base, upto) ∩ original [b0, b0 + n0), in buffer coordinates.
         let lo = self.base.max(b[0]);
         let hi = upto.min(b[0] + n[0]);
         if lo >= hi {
-            return None;
+            return Ok(None);
         }
         let (bl, bh) = (lo - self.base, hi - self.base);
         let (h, w) = (b[1]..b[1] + n[1], b[2]..b[2] + n[2]);
         let wsum = self.wsum.slice(s![bl..bh, h.clone(), w.clone()]);
-        let mut data = self.acc.slice(s![.., bl..bh, h, w]).to_owned();
+        let sums = self.acc.slice(s![.., bl..bh, h, w]);
+        let mut data = crate::alloc::try_to_owned(sums, "a slab of blended outputs")
+            .map_err(crate::alloc::retryable)?;
         divide(data.view_mut(), wsum);
-        Some(Slab {
+        Ok(Some(Slab {
             d0: lo - b[0],
             data,
-        })
+        }))
     }
 
     /// Emit planes `[base, new_base)` and shift the buffer so plane 0 is `new_base`.
-    fn advance(&mut self, new_base: usize) -> Option<Slab> {
-        let slab = self.emit(new_base.min(self.base + self.grid.roi[0]));
+    fn advance(&mut self, new_base: usize) -> crate::Result<Option<Slab>> {
+        let slab = self.emit(new_base.min(self.base + self.grid.roi[0]))?;
         let shift = new_base - self.base;
         let len = self.grid.roi[0];
         if shift >= len {
             self.acc.fill(0.0);
             self.wsum.fill(0.0);
         } else {
-            let keep = len - shift;
-            let tail = self.acc.slice(s![.., shift.., .., ..]).to_owned();
-            self.acc.slice_mut(s![.., ..keep, .., ..]).assign(&tail);
-            self.acc.slice_mut(s![.., keep.., .., ..]).fill(0.0);
-            let tail = self.wsum.slice(s![shift.., .., ..]).to_owned();
-            self.wsum.slice_mut(s![..keep, .., ..]).assign(&tail);
-            self.wsum.slice_mut(s![keep.., .., ..]).fill(0.0);
+            for mut c in self.acc.outer_iter_mut() {
+                shift_planes(c.view_mut(), shift);
+            }
+            shift_planes(self.wsum.view_mut(), shift);
         }
         self.base = new_base;
-        slab
+        Ok(slab)
+    }
+}
+
+/// Move planes `[shift, D)` of `a` to `[0, D - shift)` in place (plane by plane, lowest first, so
+/// a source is read before it is overwritten) and zero the last `shift`: no copy of the tail.
+fn shift_planes(mut a: ArrayViewMut3<f32>, shift: usize) {
+    let len = a.dim().0;
+    for k in 0..len - shift {
+        let (mut lo, hi) = a.view_mut().split_at(Axis(0), k + 1);
+        lo.index_axis_mut(Axis(0), k)
+            .assign(&hi.index_axis(Axis(0), shift - 1));
+    }
+    a.slice_mut(s![len - shift.., .., ..]).fill(0.0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{weight_map, BlendMode, Placement};
+    use super::*;
+
+    /// Under an allocation limit that the accumulators fit but a slab does not, the slab blender
+    /// reports out-of-memory (the engine then retries or stops with one line) instead of aborting
+    /// the process as `to_owned` did.
+    #[test]
+    fn slab_emit_reports_a_failed_allocation() {
+        let g = Grid::new([40, 32, 32], [16, 32, 32], [0.5; 3], Placement::Monai).unwrap();
+        let mut sb =
+            SlabBlender::try_new(2, &g, weight_map(g.roi, BlendMode::Constant, [0.125; 3]))
+                .unwrap();
+        let y = Array4::<f32>::from_elem((2, 16, 32, 32), 1.0);
+        assert!(sb.add([0, 0, 0], y.view()).unwrap().is_none());
+        // Moving on by 8 planes emits 8 planes of 2 channels: 64 KiB. Allow less.
+        crate::alloc::fail_above(32 << 10);
+        let e = sb.add([8, 0, 0], y.view()).unwrap_err();
+        crate::alloc::fail_above(usize::MAX);
+        assert!(matches!(e, crate::Error::OutOfMemory(_)), "{e}");
+        assert!(e.to_string().contains("a slab of blended outputs"), "{e}");
+        // Within the limit the same step emits the slab, and the shifted planes blend on.
+        let mut sb =
+            SlabBlender::try_new(2, &g, weight_map(g.roi, BlendMode::Constant, [0.125; 3]))
+                .unwrap();
+        sb.add([0, 0, 0], y.view()).unwrap();
+        let slab = sb.add([8, 0, 0], y.view()).unwrap().unwrap();
+        assert_eq!((slab.d0, slab.data.dim()), (0, (2, 8, 32, 32)));
+        assert!(slab.data.iter().all(|&v| (v - 1.0).abs() < 1e-6));
+        crate::alloc::fail_above(1);
+        assert!(sb.finish().is_err());
+        crate::alloc::fail_above(usize::MAX);
+    }
+
+    /// Shifting planes in place keeps the tail and zeroes the rest.
+    #[test]
+    fn shift_planes_moves_the_tail_down() {
+        let mut a = Array3::from_shape_fn((5, 2, 1), |(d, h, _)| (d * 10 + h) as f32);
+        shift_planes(a.view_mut(), 2);
+        let want = [2., 3., 4.].iter().flat_map(|&d| [d * 10., d * 10. + 1.]);
+        let got: Vec<f32> = a.iter().copied().collect();
+        assert_eq!(&got[..6], &want.collect::<Vec<_>>()[..]);
+        assert!(got[6..].iter().all(|&v| v == 0.0));
     }
 }

@@ -15,7 +15,7 @@
 //!     let logits = backend.run(..)?;
 //!     blender.add(start, logits.view());
 //! }
-//! let labels = argmax(blender.finish().view());
+//! let labels = argmax(blender.finish()?.view())?;
 //! ```
 
 mod blend;
@@ -25,7 +25,8 @@ mod partition;
 mod weights;
 
 pub use blend::{
-    argmax, gather_window, nan_voxels, threshold, Blender, PadMode, Slab, SlabBlender,
+    argmax, argmax_into, gather_window, nan_voxels, threshold, threshold_into, Blender, PadMode,
+    Slab, SlabBlender,
 };
 pub use grid::{window_count, Grid, Placement, MAX_WINDOWS};
 pub use parse::{parse_sigma_scale, parse_spacing, parse_triple_f64, parse_triple_usize};

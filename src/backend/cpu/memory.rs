@@ -6,13 +6,13 @@
 //! The rest is counted from the same code paths: weights (f32, held twice: the engine's graph
 //! and the backend's copy), workspace (the im2col/col2im chunk of each conv, ≤ 4 MiB unless one
 //! row is larger), staging (the window batch) and accumulators (`SlabBlender`: roi_D padded
-//! planes, plus its transient copy while it shifts).
+//! planes, plus the finished slab it hands out).
 
 use super::ops::node_runs_inplace;
 use crate::backend::memory::{prod, Breakdown, Estimate, PeakNode, Target, Workload, F32};
 use crate::backend::MemoryModel;
 use crate::model::graph::{Graph, Op};
-use crate::plan::{format_bytes, host_available};
+use crate::plan::host_budget;
 use crate::Result;
 
 /// The host's memory, as the CPU backend uses it.
@@ -38,9 +38,12 @@ impl MemoryModel for CpuMemory {
         let params = graph.param_count() as u64;
         let (act, peak_node, with_ws) = cpu_activations(graph, batch, roi)?;
         let plane = (w.shape[1].max(roi[1]) * w.shape[2].max(roi[2])) as u64;
-        // SlabBlender: (C + 1) sums over roi_D padded planes; shifting copies the kept tail
-        // while the finished slab is out, so up to the same again transiently.
+        // SlabBlender: (C + 1) sums over roi_D padded planes, shifted in place; the finished
+        // slab (C channels, at most roi_D planes) is out beside them until it is labelled.
         let acc = (cout as u64 + 1)
+            .saturating_mul(roi[0] as u64 * plane)
+            .saturating_mul(F32);
+        let slab = (cout as u64)
             .saturating_mul(roi[0] as u64 * plane)
             .saturating_mul(F32);
         let budgeted = Breakdown {
@@ -50,7 +53,7 @@ impl MemoryModel for CpuMemory {
             // The gathered window batch; the backend's own contiguous copy of it is the first
             // live activation.
             staging: (cin as u64).saturating_mul(batch as u64 * rvox * F32),
-            accumulators: acc.saturating_mul(2).saturating_add(rvox * F32),
+            accumulators: acc.saturating_add(slab).saturating_add(rvox * F32),
         };
         // Labels (u16), and the blended outputs when kept.
         let output = (prod(&w.shape) * 2).saturating_add(if w.keep_logits {
@@ -77,13 +80,11 @@ impl MemoryModel for CpuMemory {
         (windows as u64).saturating_mul(prod(&roi))
     }
 
-    /// Half of the memory left to the process ([`host_available`]: MemAvailable, RLIMIT_AS,
-    /// cgroup limit, whichever is least; 4 GiB when none is known).
+    /// A share of the memory left to the process ([`host_budget`]: half of MemAvailable or the
+    /// cgroup's headroom, three quarters of the address space left under RLIMIT_AS, whichever is
+    /// least; 4 GiB when none is known).
     fn default_budget(&self) -> (u64, String) {
-        match host_available() {
-            Some((m, what)) => (m / 2, format!("50% of the {} {what}", format_bytes(m))),
-            None => (4 << 30, "MemAvailable unknown: fixed default".into()),
-        }
+        host_budget().unwrap_or((4 << 30, "MemAvailable unknown: fixed default".into()))
     }
 }
 

@@ -38,10 +38,11 @@ impl Store<'_, '_> {
                 ..
             ]));
         }
-        let l = self.pass.labels.labels(slab.data.view());
-        self.labels
-            .slice_mut(s![slab.d0..slab.d0 + n, .., ..])
-            .assign(&l);
+        // Straight into the label map: no slab-sized label buffer.
+        self.pass.labels.labels_into(
+            slab.data.view(),
+            self.labels.slice_mut(s![slab.d0..slab.d0 + n, .., ..]),
+        );
         if let Some(lg) = &mut self.logits {
             lg.slice_mut(s![.., slab.d0..slab.d0 + n, .., ..])
                 .assign(&slab.data);
@@ -109,7 +110,7 @@ pub(super) fn sliding_window(
         let mut done = Vec::new();
         for (i, &start) in chunk.iter().enumerate() {
             match &mut acc {
-                Acc::Slab(b) => done.extend(b.add(start, y.index_axis(Axis(0), i))),
+                Acc::Slab(b) => done.extend(b.add(start, y.index_axis(Axis(0), i))?),
                 Acc::Whole(b) => b.add(start, y.index_axis(Axis(0), i)),
             }
         }
@@ -121,13 +122,13 @@ pub(super) fn sliding_window(
     }
     match acc {
         Acc::Slab(b) => {
-            if let Some(slab) = b.finish() {
+            if let Some(slab) = b.finish()? {
                 store.put(slab, &mut seconds);
             }
         }
         Acc::Whole(b) => {
             let t = Instant::now();
-            let out = b.finish();
+            let out = b.finish()?;
             seconds.blend += t.elapsed().as_secs_f64();
             store.put(Slab { d0: 0, data: out }, &mut seconds);
         }

@@ -62,7 +62,7 @@ impl Backend for CudaBackend {
             (labels, Some(nan), None, times)
         } else {
             let (out, times) = self.segment_windows(&job)?;
-            (rule.labels(out.view()), None, Some(out), times)
+            (rule.labels(out.view())?, None, Some(out), times)
         };
         let nan_voxels = match (&logits, nan_planes) {
             (Some(o), _) => {

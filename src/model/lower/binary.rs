@@ -25,7 +25,7 @@ impl Lowerer<'_> {
                 let act_first = matches!(a, Val::Act(_));
                 let c = self.values[*x].channels;
                 let k = match other {
-                    Val::Const(k) => k.clone(),
+                    Val::Const(k) => (**k).clone(),
                     Val::Sym(s) => sym_to_const(s)
                         .ok_or_else(|| ctx.err("constant operand depends on the window size"))?,
                     _ => return Err(ctx.err("unsupported operand combination")),

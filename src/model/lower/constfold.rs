@@ -142,13 +142,13 @@ impl Lowerer<'_> {
             .zip(&owned)
             .map(|(name, o)| match (o, vals.get(name)) {
                 (Some(c), _) => Some(c),
-                (None, Some(Val::Const(c))) => Some(c),
+                (None, Some(Val::Const(c))) => Some(&**c),
                 _ => None,
             })
             .collect();
         let out = self.const_op(n, ctx, &refs)?;
         self.release_inputs(n);
-        self.set(n, Val::Const(out))?;
+        self.set(n, Val::Const(Rc::new(out)))?;
         Ok(true)
     }
 
@@ -161,8 +161,7 @@ impl Lowerer<'_> {
                 continue;
             };
             *u = u.saturating_sub(1);
-            let aliased = || self.alias.values().any(|a| a == name);
-            if *u == 0 && !self.graph_outputs.contains(name) && !aliased() {
+            if *u == 0 && !self.graph_outputs.contains(name) && !self.alias.is_copied(name) {
                 if let Some(Val::Const(_)) = self.vals.get(name) {
                     self.vals.remove(name);
                 }

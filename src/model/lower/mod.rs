@@ -19,6 +19,7 @@ use std::path::Path;
 use std::rc::Rc;
 
 mod activation;
+mod alias;
 mod attention;
 mod attrs;
 mod binary;
@@ -64,7 +65,8 @@ const WORK_BUDGET: u64 = 1 << 24;
 #[derive(Clone, Debug)]
 enum Val {
     Act(ValueId),
-    Const(Const),
+    /// Shared: an Identity (or any read) copies the handle, not the data.
+    Const(Rc<Const>),
     Sym(Sym),
     /// `Reshape(x, [N, G, -1])` of activation `src` (GroupNorm export, step 1).
     Grouped {
@@ -88,7 +90,7 @@ struct Lowerer<'a> {
     nodes: Vec<Node>,
     /// ONNX consumer count per value name, with Identity chains resolved to their source.
     uses: HashMap<String, usize>,
-    alias: HashMap<String, String>,
+    alias: alias::Aliases,
     graph_outputs: HashSet<String>,
     input: ValueId,
     /// Symbolic expressions of this import.
@@ -167,7 +169,7 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         values: vec![],
         nodes: vec![],
         uses: HashMap::new(),
-        alias: HashMap::new(),
+        alias: alias::Aliases::default(),
         graph_outputs: HashSet::new(),
         input: 0,
         ex: RefCell::new(Exprs::default()),
@@ -190,7 +192,7 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
     for t in &g.initializer {
         let c = decode_tensor(t, dir, path)?;
         weight_bytes = weight_bytes.saturating_add(c.len() * if c.is_int() { 8 } else { 4 });
-        lw.vals.insert(t.name().to_string(), Val::Const(c));
+        lw.vals.insert(t.name().to_string(), Val::Const(Rc::new(c)));
     }
     lw.const_budget = constfold::CONST_BASE_BYTES
         .saturating_add(weight_bytes.saturating_mul(constfold::CONST_WEIGHT_FACTOR));
@@ -239,20 +241,15 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
     // memory (a hostile file carries hundreds of unused ConstantOfShape).
     let live = live_nodes(g, &out_name);
     let order: Vec<usize> = order.into_iter().filter(|&i| live[i]).collect();
-    for &i in &order {
-        let n = &g.node[i];
-        if n.op_type() == "Identity" && n.input.len() == 1 && n.output.len() == 1 {
-            lw.alias.insert(n.output[0].clone(), n.input[0].clone());
-        }
-    }
+    lw.alias = alias::Aliases::of(g, &order);
     for &i in &order {
         let n = &g.node[i];
         if n.op_type() == "Identity" {
             continue;
         }
         for i in n.input.iter().filter(|s| !s.is_empty()) {
-            *lw.uses.entry(lw.resolve(i)).or_default() += 1;
             let r = lw.resolve(i);
+            *lw.uses.entry(r.clone()).or_default() += 1;
             lw.readers
                 .entry(r)
                 .or_default()
@@ -349,17 +346,9 @@ impl Lowerer<'_> {
         Ok(graph)
     }
 
+    /// The value `name` copies through Identity nodes (itself when none).
     pub(super) fn resolve(&self, name: &str) -> String {
-        let mut cur = name.to_string();
-        let mut hops = 0;
-        while let Some(n) = self.alias.get(&cur) {
-            cur = n.clone();
-            hops += 1;
-            if hops > 10_000 {
-                break;
-            }
-        }
-        cur
+        self.alias.resolve(name).to_string()
     }
 
     pub(super) fn get(&self, ctx: &Ctx, n: &proto::NodeProto, i: usize) -> Result<Val> {
@@ -401,7 +390,7 @@ impl Lowerer<'_> {
         what: &str,
     ) -> Result<Const> {
         match self.get(ctx, n, i)? {
-            Val::Const(c) => Ok(c),
+            Val::Const(c) => Ok(Rc::unwrap_or_clone(c)),
             Val::Sym(s) => sym_to_const(&s).ok_or_else(|| ctx.err(format!("{what} (input {i}) depends on the window size and cannot be folded to a constant"))),
             _ => Err(ctx.err(format!("{what} (input {i}) must be a constant (initializer or folded constant)"))),
         }

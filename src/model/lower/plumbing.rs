@@ -34,7 +34,7 @@ impl Lowerer<'_> {
             },
             other => return Err(ctx.err(format!("attribute {other} is not supported"))),
         };
-        self.set(n, Val::Const(c))?;
+        self.set(n, Val::Const(Rc::new(c)))?;
         Ok(())
     }
 

@@ -59,10 +59,10 @@ impl Lowerer<'_> {
         let (scales_in, sizes_in) = if is_upsample {
             if let Some(a) = attr(n, "scales") {
                 (
-                    Some(Val::Const(Const {
+                    Some(Val::Const(Rc::new(Const {
                         shape: vec![a.floats.len()],
                         data: Data::F(a.floats.clone()),
-                    })),
+                    }))),
                     None,
                 )
             } else {
