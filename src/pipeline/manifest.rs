@@ -85,8 +85,8 @@ impl Manifest {
     /// Parse TOML or JSON by extension (`.json` is JSON, anything else TOML) and check the values.
     ///
     /// The file is opened as model external data is: resolved, inside its own folder (a link
-    /// beside a model must not read a file elsewhere), no-follow, regular, at most
-    /// [`MANIFEST_CAP`](crate::fsio::MANIFEST_CAP) bytes. No error shows a line of the file.
+    /// beside a model must not read a file elsewhere), no-follow, a regular file of capped size.
+    /// No error shows a line of the file.
     pub fn load(path: impl AsRef<Path>) -> Result<Manifest> {
         let path = path.as_ref();
         let text = read_contained(path)?;
@@ -108,7 +108,9 @@ impl Manifest {
                         let before = &text.as_bytes()[..r.start.min(text.len())];
                         let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
                         let col = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
-                        format!(" line {line} column {col}")
+                        let field = text.lines().nth(line - 1).and_then(text::key_of);
+                        let field = field.map(|k| format!(", field {k}")).unwrap_or_default();
+                        format!(" line {line} column {col}{field}")
                     })
                     .unwrap_or_default();
                 Error::model(path, format!("manifest{at}: {}", text::scrub(e.message())))
@@ -133,7 +135,7 @@ impl Manifest {
         self.check_strings()?;
         if let Some(a) = &self.axis_order {
             a.parse::<AxisOrder>()
-                .map_err(|_| format!("unknown axis_order {}: use xyz or zyx", text::show(a)))?;
+                .map_err(|_| format!("unknown axis order {}: use xyz or zyx", text::show(a)))?;
         }
         if let Some(b) = &self.blend {
             parse_blend(b)?;

@@ -84,6 +84,15 @@ pub fn scrub(msg: &str) -> String {
     one_line.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// The key a TOML line `key = value` sets, when it is a plain short identifier (the field an
+/// error is about); never any other text of the line.
+pub fn key_of(line: &str) -> Option<&str> {
+    let key = line.split_once('=')?.0.trim();
+    nameable(key)
+        .then_some(key)
+        .filter(|k| !k.starts_with(|c: char| c.is_ascii_punctuation()))
+}
+
 /// Byte offset of the quote `q` that closes `body` (a `"` preceded by a backslash is escaped).
 fn closing(body: &str, q: char) -> Option<usize> {
     let mut escaped = false;
@@ -128,5 +137,8 @@ mod tests {
         assert_eq!(m, "unknown variant `…`, expected `auto` more");
         assert_eq!(scrub("expected `.`, `=`"), "expected `.`, `=`");
         assert_eq!(scrub("dangling `quote here"), "dangling `…`");
+        assert_eq!(key_of("classes = 3"), Some("classes"));
+        assert_eq!(key_of("SECRET-7f3a alice = hunter2"), None);
+        assert_eq!(key_of("no equals sign"), None);
     }
 }
