@@ -62,8 +62,8 @@ pub struct SegmentArgs {
     pub force: bool,
     /// Memory the run may use, e.g. 4GiB, 512MiB, 8GB (device memory on CUDA, the host working
     /// set on CPU); the batch is planned under it, the window never shrinks (too small a budget
-    /// is an error). Default: 80% of free device memory, or half of the memory this process may
-    /// still take (MemAvailable, RLIMIT_AS, cgroup limit)
+    /// is an error). Default: 80% of free device memory, or the least of half of MemAvailable,
+    /// half of the cgroup's headroom and 75% of the address space left under RLIMIT_AS
     #[arg(long)]
     pub memory_budget: Option<String>,
 }
