@@ -105,3 +105,19 @@ fn an_empty_label_map_warns_even_under_q() {
         assert!(warned[0].starts_with("voxtile: warning: ") && warned[0].contains("ball.nii"));
     }
 }
+
+/// A manifest's roi below the receptive field is refused like `--roi` (deepbrain: 64).
+#[test]
+fn a_manifest_roi_below_the_receptive_field_is_refused() {
+    let dir = tempdir();
+    let vol = ball_volume(&dir.path().join("ball.nii"), [40, 36, 44]);
+    std::fs::write(dir.path().join("m.toml"), "roi = 32\n").unwrap();
+    let out = dir.path().join("o.nii.gz");
+    let man = dir.path().join("m.toml");
+    let a = ["--manifest", s(&man)];
+    let o = segment_cpu(&vol, &data("deepbrain.onnx"), &out, &a);
+    assert_one_error(&o, "receptive field [64, 64, 64]");
+    assert!(!out.exists());
+    let o = segment_cpu(&vol, &data("deepbrain.onnx"), &out, &[&a[..], &["--allow-small-roi"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+}

@@ -41,6 +41,10 @@ pub struct PlanArgs {
     /// Print the plan as JSON
     #[arg(long)]
     pub json: bool,
+    /// Plan a --roi smaller than the model's receptive field (with a warning) instead of
+    /// refusing it, as `segment --allow-small-roi` runs it
+    #[arg(long)]
+    pub allow_small_roi: bool,
 }
 
 /// Parse "512x512x128" (or "512,512,128").
@@ -88,6 +92,10 @@ pub fn run(args: PlanArgs) -> Result<()> {
             copy_input: false,
         },
     };
+    if !args.allow_small_roi {
+        plan::refuse_small_roi(&graph, req.user_roi)
+            .map_err(|e| Error::Invalid(format!("{}: {e}", args.model.display())))?;
+    }
     let p = plan::choose(&graph, model.as_ref(), &req)
         .map_err(|e| {
             if req.budget_explicit {

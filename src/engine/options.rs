@@ -129,6 +129,10 @@ pub struct Options {
     /// pipeline reads the variable itself).
     #[doc(hidden)]
     pub inject_oom: Option<usize>,
+    /// Refuse a window (`roi`) smaller than the model's receptive field (see
+    /// [`crate::plan::refuse_small_roi`]); off, it runs with a warning. The command line
+    /// refuses unless `--allow-small-roi`.
+    pub refuse_small_roi: bool,
 }
 
 impl Default for Options {
@@ -152,6 +156,7 @@ impl Default for Options {
             cancel: CancelToken::new(),
             blend_in_memory: false,
             inject_oom: None,
+            refuse_small_roi: false,
         }
     }
 }

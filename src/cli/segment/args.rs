@@ -66,6 +66,10 @@ pub struct SegmentArgs {
     /// still take (MemAvailable, RLIMIT_AS, cgroup limit)
     #[arg(long)]
     pub memory_budget: Option<String>,
+    /// Run a --roi (or a manifest's roi) smaller than the model's receptive field, with a
+    /// warning, instead of refusing it
+    #[arg(long)]
+    pub allow_small_roi: bool,
 }
 
 /// The flags beyond one model on one file: manifests, resampling, TTA, ensembles, extra

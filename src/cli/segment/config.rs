@@ -175,6 +175,7 @@ fn options(args: &SegmentArgs) -> Result<Options> {
         keep_logits: args.logits.is_some(),
         normalize,
         memory_budget: flags::memory_budget(args.memory_budget.as_deref())?,
+        refuse_small_roi: !args.allow_small_roi,
         ..Options::default()
     })
 }
