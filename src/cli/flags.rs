@@ -16,11 +16,16 @@ pub fn overlap(s: &str) -> Result<[f64; 3]> {
 
 /// `--placement` (clap allows only `monai` and `nnunet`).
 pub fn placement(s: &str) -> Placement {
-    if s == "nnunet" {
-        Placement::NnUnet
-    } else {
-        Placement::Monai
-    }
+    tiling::parse_placement(s).unwrap_or(Placement::Monai)
+}
+
+/// `--pad`: a finite number or "edge".
+pub fn pad(s: &str) -> Result<tiling::PadMode> {
+    tiling::parse_pad(s).ok_or_else(|| {
+        Error::Invalid(format!(
+            "--pad takes a finite number or 'edge', not '{s}'"
+        ))
+    })
 }
 
 /// `--roi`: one number or D,H,W.

@@ -154,7 +154,7 @@ pub struct Output {
 /// use voxtile::pipeline::{Mirror, Overrides, Pipeline};
 ///
 /// let options = Options { device: Device::Cpu, ..Options::default() };
-/// let overrides = Overrides { mirror: Mirror::Manifest, ..Overrides::default() };
+/// let overrides = Overrides { mirror: Some(Mirror::Manifest), ..Overrides::default() };
 /// let pipeline = Pipeline::from_model_with("liver.onnx", options, &overrides)?;
 /// assert_eq!(pipeline.flip_sets().len(), 8);
 /// # Ok::<(), voxtile::Error>(())

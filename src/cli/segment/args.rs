@@ -85,8 +85,9 @@ pub struct PipelineArgs {
     /// Resample to this voxel size (network axes D,H,W, mm) before inference, or "none"
     #[arg(long)]
     pub spacing: Option<String>,
-    /// Test-time mirroring: all flips of the manifest's mirror axes (default 0,1,2), or a list
-    /// of network axes like 0,1 (put it after the input path)
+    /// Test-time mirroring: all flips of the manifest's mirror axes (default 0,1,2), a list of
+    /// network axes like 0,1, or off (a manifest's `tta` turns it on without the flag); put it
+    /// after the input path
     #[arg(long, num_args = 0..=1, default_missing_value = "all", value_name = "AXES")]
     pub tta: Option<String>,
     /// Applied to each model's output before averaging: auto, softmax, sigmoid, none
