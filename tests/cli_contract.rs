@@ -118,6 +118,145 @@ fn a_manifest_roi_below_the_receptive_field_is_refused() {
     let o = segment_cpu(&vol, &data("deepbrain.onnx"), &out, &a);
     assert_one_error(&o, "receptive field [64, 64, 64]");
     assert!(!out.exists());
-    let o = segment_cpu(&vol, &data("deepbrain.onnx"), &out, &[&a[..], &["--allow-small-roi"]].concat());
+    let o = segment_cpu(
+        &vol,
+        &data("deepbrain.onnx"),
+        &out,
+        &[&a[..], &["--allow-small-roi"]].concat(),
+    );
     assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// The options in effect of a `--report -` run of the conv model with a manifest `toml` beside
+/// it and `extra` flags.
+fn options_in_effect(dir: &Path, toml: &str, extra: &[&str]) -> serde_json::Value {
+    let (vol, model) = inputs(dir);
+    std::fs::write(dir.join("m.toml"), toml).unwrap();
+    let out = dir.join("r.nii.gz");
+    std::fs::remove_file(&out).ok();
+    let o = segment_cpu(
+        &vol,
+        &model,
+        &out,
+        &[&["--report", "-"][..], extra].concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON on stdout");
+    v["provenance"]["options"].clone()
+}
+
+/// The manifest's placement, tta, sigma_scale and pad are in effect without flags; flags typed
+/// on the command line beat them; bad values are refused by the flags' rules.
+#[test]
+fn manifest_placement_tta_sigma_scale_and_pad_in_effect() {
+    let dir = tempdir();
+    let d = dir.path();
+    let toml = "placement = \"nnunet\"\ntta = true\nmirror_axes = [0, 2]\nsigma_scale = 0.25\npad = \"edge\"\n";
+    let o = options_in_effect(d, toml, &[]);
+    assert_eq!(o["placement"], "nnunet", "{o}");
+    assert_eq!(o["tta"], serde_json::json!([0, 2]), "{o}");
+    assert_eq!(
+        o["sigma_scale"],
+        serde_json::json!([0.25, 0.25, 0.25]),
+        "{o}"
+    );
+    assert_eq!(o["pad"], "edge", "{o}");
+    let flags = [
+        "--placement",
+        "monai",
+        "--sigma-scale",
+        "0.5",
+        "--pad=-1",
+        "--tta",
+        "off",
+    ];
+    let o = options_in_effect(d, toml, &flags);
+    assert_eq!(o["placement"], "monai", "{o}");
+    assert_eq!(o["tta"], serde_json::json!([]), "{o}");
+    assert_eq!(o["sigma_scale"], serde_json::json!([0.5, 0.5, 0.5]), "{o}");
+    assert_eq!(o["pad"], "-1", "{o}");
+    let o = options_in_effect(
+        d,
+        "tta = [1]\npad = 3\nsigma_scale = [0.1, 0.2, 0.3]\n",
+        &[],
+    );
+    assert_eq!(o["tta"], serde_json::json!([1]), "{o}");
+    assert_eq!(o["pad"], "3", "{o}");
+    assert_eq!(o["sigma_scale"], serde_json::json!([0.1, 0.2, 0.3]), "{o}");
+    // Without the fields: the flags' defaults.
+    let o = options_in_effect(d, "", &[]);
+    assert_eq!(
+        (o["placement"].as_str(), o["pad"].as_str()),
+        (Some("monai"), Some("0"))
+    );
+    assert_eq!(o["tta"], serde_json::json!([]), "{o}");
+    let (vol, model) = inputs(d);
+    for (bad, names) in [
+        ("placement = \"middle\"\n", "placement"),
+        ("sigma_scale = -1\n", "sigma_scale"),
+        ("pad = \"wrap\"\n", "pad"),
+        ("tta = [5]\n", "tta"),
+    ] {
+        std::fs::write(d.join("m.toml"), bad).unwrap();
+        let out = d.join("bad.nii.gz");
+        assert_one_error(&segment_cpu(&vol, &model, &out, &[]), names);
+        assert!(!out.exists());
+    }
+}
+
+/// `voxtile plan ARGS --json`, parsed.
+fn plan_json(args: &[&str]) -> serde_json::Value {
+    let o = voxtile(&[&["plan"][..], args, &["--json"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).expect("plan --json prints JSON")
+}
+
+/// `plan` reads the model arguments `segment` reads (the manifest beside the model or
+/// `--manifest`, its spacing or `--spacing`, an input file) and plans the window and window count
+/// `segment` runs; on a machine without a GPU it plans for the CPU.
+#[test]
+fn plan_reads_the_model_arguments_segment_reads() {
+    let dir = tempdir();
+    let d = dir.path();
+    let vol = ball_volume(&d.join("ball.nii"), [40, 36, 44]);
+    let model = conv_model(&d.join("m.onnx"), 2);
+    let toml =
+        "roi = [16, 16, 16]\noverlap = 0.25\nplacement = \"nnunet\"\nspacing = [2.0, 2.0, 2.0]\n";
+    std::fs::write(d.join("m.toml"), toml).unwrap();
+    let p = plan_json(&[s(&vol), "-m", s(&model)]);
+    assert_eq!(p["roi"], serde_json::json!([16, 16, 16]), "{p}");
+    assert_eq!(
+        p["volume"],
+        serde_json::json!([20, 18, 22]),
+        "resampled to 2 mm: {p}"
+    );
+    let out = d.join("seg.nii.gz");
+    let o = segment_cpu(&vol, &model, &out, &["--report", "-"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(p["windows"], r["windows"], "plan {p}\nsegment {r}");
+    assert_eq!(r["roi"], p["roi"]);
+    // Flags beat the manifest, as in segment; --manifest names another one.
+    let p = plan_json(&[s(&vol), "-m", s(&model), "--roi", "8", "--spacing", "none"]);
+    assert_eq!(
+        (p["roi"].clone(), p["volume"].clone()),
+        (
+            serde_json::json!([8, 8, 8]),
+            serde_json::json!([40, 36, 44])
+        )
+    );
+    std::fs::write(d.join("other.toml"), "roi = 12\n").unwrap();
+    let other = d.join("other.toml");
+    let p = plan_json(&[
+        "-m",
+        s(&model),
+        "--manifest",
+        s(&other),
+        "--volume",
+        "40x36x44",
+    ]);
+    assert_eq!(p["roi"], serde_json::json!([12, 12, 12]), "{p}");
+    if !gpu_present() {
+        assert_eq!(p["device"], "cpu", "--device auto without a GPU: {p}");
+    }
 }

@@ -14,6 +14,17 @@ pub enum AxisOrder {
     Zyx,
 }
 
+impl AxisOrder {
+    /// A per-axis value of the file's i,j,k (a shape, a spacing) in network axes D,H,W (the
+    /// permutation is its own inverse: it also maps network axes back to the file's).
+    pub fn network<T: Copy>(self, [i, j, k]: [T; 3]) -> [T; 3] {
+        match self {
+            AxisOrder::Xyz => [i, j, k],
+            AxisOrder::Zyx => [k, j, i],
+        }
+    }
+}
+
 impl std::str::FromStr for AxisOrder {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {

@@ -115,11 +115,7 @@ fn overrides(args: &SegmentArgs, options: &Options) -> Result<Overrides> {
         blend: explicit("blend").then_some(options.blend),
         axis_order: explicit("axis_order").then_some(options.axis_order),
         intensity: explicit("normalize").then(|| Intensity::from(options.normalize)),
-        spacing: match p.spacing.as_deref() {
-            Some("none") => Some(None),
-            Some(s) => Some(Some(tiling::parse_spacing(s)?)),
-            None => None,
-        },
+        spacing: flags::spacing(p.spacing.as_deref())?,
         mirror: match p.tta.as_deref() {
             None => None,
             Some("all") => Some(Mirror::Manifest),

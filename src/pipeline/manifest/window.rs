@@ -167,7 +167,10 @@ mod tests {
         assert_eq!(m.sigma_scale_triple(), Some([0.1, 0.2, 0.3]));
         assert_eq!(m.pad_mode(), Some(PadMode::Constant(-1024.0)));
         assert!(!toml("tta = false\n").unwrap().tta_on());
-        assert_eq!(toml("pad = \"0.5\"\n").unwrap().pad_mode(), Some(PadMode::Constant(0.5)));
+        assert_eq!(
+            toml("pad = \"0.5\"\n").unwrap().pad_mode(),
+            Some(PadMode::Constant(0.5))
+        );
         for bad in [
             "placement = \"middle\"",
             "sigma_scale = 0",
