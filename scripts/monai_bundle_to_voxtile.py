@@ -5,8 +5,9 @@
             [--weights models/model.pt] [--dynamo] [--force]
 
 The network is the bundle's `network_def` instantiated by monai.bundle.ConfigParser, with the state dict of
-models/model.pt. The window settings come from the `inferer` (SlidingWindowInferer: roi_size, overlap, mode;
-sw_batch_size only batches, voxtile picks its own), the class names from metadata.json's channel_def, and
+models/model.pt. The window settings come from the `inferer` (SlidingWindowInferer: roi_size, overlap, mode,
+sigma_scale, padding_mode/cval as `pad`, placement monai, tta false; sw_batch_size only batches, voxtile picks its
+own), the class names from metadata.json's channel_def, and
 the intensity transforms of `preprocessing` that the manifest can express:
   ScaleIntensityRanged           -> normalize ct (clip to [a_min, a_max], then the same linear map)
   NormalizeIntensityd            -> normalize zscore (or ct with its subtrahend / divisor)
@@ -157,16 +158,18 @@ def inferer_fields(p):
     if mode not in ("gaussian", "constant"):
         raise ExportError(f"inferer: blend mode {mode!r} has no voxtile equivalent")
     overlap = [float(v) for v in np.atleast_1d(inf.overlap)]
-    fields = {"roi": roi, "overlap": overlap[0] if len(overlap) == 1 else overlap, "blend": mode}
+    sigma = [float(s) for s in np.atleast_1d(inf.sigma_scale)]
+    # SlidingWindowInferer: MONAI's placement, no test-time mirroring.
+    fields = {"roi": roi, "overlap": overlap[0] if len(overlap) == 1 else overlap, "blend": mode,
+              "placement": "monai", "tta": False, "sigma_scale": sigma[0] if len(sigma) == 1 else sigma}
     notes, flags = [f"sw_batch_size {inf.sw_batch_size}: voxtile chooses its own batch (no effect on outputs)"], []
-    sigma = np.atleast_1d(inf.sigma_scale).astype(float)
-    if mode == "gaussian" and not np.allclose(sigma, 0.125):
-        flags.append("--sigma-scale " + ",".join(str(s) for s in (sigma if sigma.size > 1 else sigma[:1])))
     pad = str(getattr(inf.padding_mode, "value", inf.padding_mode))
-    if pad != "constant":
+    if pad == "constant":
+        fields["pad"] = float(inf.cval)
+    elif pad == "replicate":
+        fields["pad"] = "edge"
+    else:
         notes.append(f"inferer padding_mode {pad}: voxtile pads with a constant or 'edge' (--pad)")
-    elif float(inf.cval) != 0.0:
-        flags.append(f"--pad {float(inf.cval)}")
     return fields, notes, flags
 
 

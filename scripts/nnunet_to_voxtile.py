@@ -12,8 +12,9 @@ is what nnU-Net's default trainers call), the checkpoint's `network_weights` are
 is off, and the fold average is one ONNX graph (mean of the folds' logits: what nnUNetPredictor computes).
 
 What maps to the manifest, and what voxtile is told on the command line instead, is printed and written at
-the top of NAME.toml. Run the result as nnUNetv2_predict does by default:
-    voxtile segment ct.nii.gz --model NAME.onnx -o seg.nii.gz --placement nnunet --tta
+the top of NAME.toml. The manifest carries nnUNetv2_predict's defaults (placement nnunet, tta with the
+checkpoint's mirror axes, sigma_scale 0.125, zero padding), so the result runs as nnU-Net does with:
+    voxtile segment ct.nii.gz --model NAME.onnx -o seg.nii.gz
 """
 import argparse
 import copy
@@ -368,14 +369,18 @@ def run(a):
         "blend": "gaussian",
         "activation": "none",
         "mirror_axes": mirror,
+        # nnUNetv2_predict's defaults: even window steps, mirroring on, gaussian sigma 1/8 of the
+        # patch, the image padded with zeros (pad_nd_image 'constant', value 0).
+        "placement": "nnunet",
+        "tta": bool(mirror),
+        "sigma_scale": 0.125,
+        "pad": 0.0,
         "normalize": norm,
     }
     cmd_models = (f"--model {os.path.basename(base)}.onnx" if a.ensemble == "merged" else
                   " ".join(f"--model {os.path.basename(base)}_fold_{f}.onnx" for f in folds)
                   + f" --manifest {os.path.basename(base)}.toml")
     lacks = [
-        "the manifest has no window placement or default TTA: pass --placement nnunet --tta to match "
-        "nnUNetv2_predict's defaults (step 0.5, mirroring on)",
         "activation none: TTA, folds and resampling average logits, as nnU-Net does; --probabilities then "
         "holds averaged logits (use --activation softmax for probabilities: labels may then differ from "
         "nnU-Net's at a few boundary voxels)",
@@ -388,7 +393,7 @@ def run(a):
                         "checked against the original network")
     comments = [f"voxtile manifest written by scripts/nnunet_to_voxtile.py from {os.path.abspath(folder)}",
                 f"checkpoint {a.checkpoint}, folds {','.join(folds)}, trainer {trainer}, network built by {built_by}",
-                f"run: voxtile segment IN.nii.gz {cmd_models} -o OUT.nii.gz --placement nnunet --tta",
+                f"run: voxtile segment IN.nii.gz {cmd_models} -o OUT.nii.gz (placement nnunet and tta are in the manifest)",
                 *lacks, *notes]
     files = []
     if a.ensemble == "merged":

@@ -156,15 +156,15 @@ def test_nnunet(voxtile, tmp, transpose, results, device="cpu"):
     r = {}
     max_l2, min_pct = BARS[device]
     # A: one pass, MONAI placement and gaussian: voxtile against MONAI's sliding_window_inference.
-    labels, logits = voxtile_logits(voxtile, vol, name + ".onnx", tmp, "nnA", device=device)
+    labels, logits = voxtile_logits(voxtile, vol, name + ".onnx", tmp, "nnA", ["--placement", "monai", "--tta", "off"],
+                                    device=device)
     ref = back(nref.monai_logits(net, net_in, patch))
     r["monai_swi_rel_l2"], r["monai_swi_labels_pct"] = rel_l2(logits, ref), agree(labels, ref.argmax(0))
     bar("voxtile vs PyTorch+MONAI sliding window (no TTA): logits rel L2", f"{r['monai_swi_rel_l2']:.2e}",
         r["monai_swi_rel_l2"] <= max_l2)
     bar("  labels agree %", f"{r['monai_swi_labels_pct']:.4f}", r["monai_swi_labels_pct"] >= min_pct)
-    # B: as nnUNetv2_predict runs (--tta --placement nnunet) against nnU-Net's algorithm.
-    labels, logits = voxtile_logits(voxtile, vol, name + ".onnx", tmp, "nnB", ["--placement", "nnunet", "--tta"],
-                                    device=device)
+    # B: as nnUNetv2_predict runs (the manifest's placement nnunet and tta, no flags) against nnU-Net's algorithm.
+    labels, logits = voxtile_logits(voxtile, vol, name + ".onnx", tmp, "nnB", [], device=device)
     mirror = [0, 1, 2]
     windows = nref.nnunet_windows(net, net_in, patch, mirror)
     same = back(nref.nnunet_blend(windows, patch, gaussian="nnunet"))

@@ -418,6 +418,9 @@ impl Engine {
             user_batch: self.options.batch,
             workload: self.workload(shape),
         };
+        if self.options.refuse_small_roi {
+            plan::refuse_small_roi(&self.graph, req.user_roi).map_err(|e| self.name_error(e))?;
+        }
         plan::choose(&self.graph, self.memory(), &req).map_err(|e| {
             let e = if req.budget_explicit {
                 e

@@ -16,8 +16,8 @@ pub use budget::{
     parse_proc_cgroup, tightest, RLIMIT_AS_LEFT,
 };
 pub use choose::{
-    choose, default_roi, estimate, receptive_field_warning, with_budget_source, MAX_BANDS,
-    MAX_BAND_POSITIONS,
+    choose, default_roi, estimate, receptive_field_warning, refuse_small_roi, with_budget_source,
+    MAX_BANDS, MAX_BAND_POSITIONS,
 };
 use serde::Serialize;
 

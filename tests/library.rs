@@ -94,7 +94,7 @@ fn overrides_beat_the_manifest() {
     let volume = voxtile::volume::read(&input).unwrap();
     let overrides = voxtile::pipeline::Overrides {
         roi: Some([12, 12, 12]),
-        mirror: voxtile::pipeline::Mirror::Manifest,
+        mirror: Some(voxtile::pipeline::Mirror::Manifest),
         ..Default::default()
     };
     let mut p = Pipeline::from_model_with(&model, cpu(Options::default()), &overrides).unwrap();

@@ -266,10 +266,11 @@ fn write_volume(
     p
 }
 
-/// An explicit roi below the model's receptive field runs with one warning line; the model's
-/// own window (or one at the receptive field) gives none.
+/// An explicit roi below the model's receptive field is refused, naming the receptive field
+/// (the planner's warning is what `--allow-small-roi` runs with); the model's own window (or one
+/// at the receptive field) gives neither.
 #[test]
-fn roi_below_the_receptive_field_warns() {
+fn roi_below_the_receptive_field_is_refused_unless_allowed() {
     let g = deepbrain();
     assert_eq!(g.receptive_field(), [64, 64, 64]);
     let req = |roi: Option<[usize; 3]>| Request {
@@ -296,13 +297,29 @@ fn roi_below_the_receptive_field_warns() {
         .unwrap()
         .warning
         .is_none());
-    // Through the CLI: the run succeeds and says so once on stderr.
+    assert!(plan::refuse_small_roi(&g, Some([32, 64, 64]))
+        .unwrap_err()
+        .to_string()
+        .contains("receptive field [64, 64, 64]"));
+    assert!(plan::refuse_small_roi(&g, Some([64; 3])).is_ok());
+    assert!(plan::refuse_small_roi(&g, None).is_ok());
+    // Through the CLI: refused with one error line naming the receptive field, no output.
     let dir = tempdir();
     let input = write_volume(dir.path(), "v.nii", [40, 36, 44], |i, j, k| {
         ((i + 2 * j + 3 * k) % 13) as f32
     });
     let out = dir.path().join("o.nii.gz");
     let o = segment_cpu(&input, &data("deepbrain.onnx"), &out, &["--roi", "32"]);
+    let err = assert_one_error(&o, "receptive field [64, 64, 64]");
+    assert!(err.contains("--allow-small-roi"), "{err}");
+    assert!(!out.exists());
+    // With --allow-small-roi the run succeeds and says so once on stderr.
+    let o = segment_cpu(
+        &input,
+        &data("deepbrain.onnx"),
+        &out,
+        &["--roi", "32", "--allow-small-roi"],
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let err = String::from_utf8_lossy(&o.stderr);
     let lines: Vec<&str> = err
@@ -311,11 +328,12 @@ fn roi_below_the_receptive_field_warns() {
         .collect();
     assert_eq!(lines.len(), 1, "{err}");
     assert!(out.exists());
-    // `voxtile plan` reports it too.
-    let o = voxtile(&[
+    // `voxtile plan` refuses it too, and with --allow-small-roi reports the warning.
+    let model = data("deepbrain.onnx");
+    let plan_args = [
         "plan",
         "-m",
-        s(&data("deepbrain.onnx")),
+        s(&model),
         "--volume",
         "40x36x44",
         "--device",
@@ -323,7 +341,9 @@ fn roi_below_the_receptive_field_warns() {
         "--roi",
         "32",
         "--json",
-    ]);
+    ];
+    assert_one_error(&voxtile(&plan_args), "receptive field [64, 64, 64]");
+    let o = voxtile(&[&plan_args[..], &["--allow-small-roi"]].concat());
     assert!(o.status.success());
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(v["warning"]

@@ -16,11 +16,13 @@ pub fn overlap(s: &str) -> Result<[f64; 3]> {
 
 /// `--placement` (clap allows only `monai` and `nnunet`).
 pub fn placement(s: &str) -> Placement {
-    if s == "nnunet" {
-        Placement::NnUnet
-    } else {
-        Placement::Monai
-    }
+    tiling::parse_placement(s).unwrap_or(Placement::Monai)
+}
+
+/// `--pad`: a finite number or "edge".
+pub fn pad(s: &str) -> Result<tiling::PadMode> {
+    tiling::parse_pad(s)
+        .ok_or_else(|| Error::Invalid(format!("--pad takes a finite number or 'edge', not '{s}'")))
 }
 
 /// `--roi`: one number or D,H,W.
@@ -39,4 +41,14 @@ pub fn batch(b: Option<usize>) -> Result<Option<usize>> {
 /// `--memory-budget`: a byte size such as 4GiB.
 pub fn memory_budget(s: Option<&str>) -> Result<Option<u64>> {
     s.map(crate::plan::parse_bytes).transpose()
+}
+
+/// `--spacing`: a voxel size (network axes D,H,W, mm), or "none" (the input grid whatever the
+/// manifest says: `Some(None)`); not given: None (the manifest decides).
+pub fn spacing(s: Option<&str>) -> Result<Option<Option<[f64; 3]>>> {
+    Ok(match s {
+        Some("none") => Some(None),
+        Some(s) => Some(Some(tiling::parse_spacing(s)?)),
+        None => None,
+    })
 }

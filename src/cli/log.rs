@@ -7,8 +7,12 @@ use tracing_subscriber::fmt::{format::Writer, FmtContext, FormatEvent, FormatFie
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::EnvFilter;
 
-/// The target of the one-line-per-file summaries: shown by default, hidden by `-q`.
+/// The target of the one-line-per-file summaries: shown whatever `RUST_LOG` says, hidden by `-q`
+/// alone (a pipeline's inherited `RUST_LOG=warn` must not turn a run silent).
 pub(crate) const SUMMARY_TARGET: &str = "voxtile::summary";
+
+/// The target of warnings no filter hides, `-q` included (an empty label map).
+pub(crate) const ALERT_TARGET: &str = "voxtile::alert";
 
 /// `-q` and `-v`, accepted before or after the subcommand.
 #[derive(clap::Args, Debug, Default, Clone, Copy)]
@@ -35,17 +39,24 @@ impl Verbosity {
 }
 
 /// The filter: `-q`/`-v` when given, else `VOXTILE_LOG` or `RUST_LOG` (full `EnvFilter` syntax,
-/// for one module's debug output), else warnings and the per-file summaries.
+/// for one module's debug output), else warnings; then [`always`] on top.
 fn filter(v: Verbosity) -> EnvFilter {
-    let default = || EnvFilter::new(format!("warn,{SUMMARY_TARGET}=info"));
-    if let Some(d) = v.directives() {
-        return EnvFilter::new(d);
-    }
-    ["VOXTILE_LOG", "RUST_LOG"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok().filter(|s| !s.trim().is_empty()))
-        .and_then(|s| EnvFilter::try_new(s).ok())
-        .unwrap_or_else(default)
+    let base = match v.directives() {
+        Some(d) => d.to_string(),
+        None => ["VOXTILE_LOG", "RUST_LOG"]
+            .iter()
+            .find_map(|k| std::env::var(k).ok().filter(|s| !s.trim().is_empty()))
+            .filter(|s| EnvFilter::try_new(s).is_ok())
+            .unwrap_or_else(|| "warn".into()),
+    };
+    EnvFilter::new(format!("{base},{}", always(v.quiet)))
+}
+
+/// The directives no environment variable overrides (they come last, and the most specific
+/// target wins): the alerts always, the summaries unless `-q`.
+fn always(quiet: bool) -> String {
+    let summary = if quiet { "off" } else { "info" };
+    format!("{SUMMARY_TARGET}={summary},{ALERT_TARGET}=warn")
 }
 
 /// Install the stderr subscriber (a second call does nothing).
@@ -121,5 +132,11 @@ mod tests {
         assert_eq!(v(false, 0), None);
         assert_eq!(v(false, 1), Some("warn,voxtile=info"));
         assert_eq!(v(false, 2), Some("warn,voxtile=debug"));
+        assert_eq!(
+            always(false),
+            "voxtile::summary=info,voxtile::alert=warn",
+            "summaries on without -q"
+        );
+        assert!(always(true).starts_with("voxtile::summary=off,"));
     }
 }

@@ -1,7 +1,10 @@
-//! `voxtile plan`: the memory planner's choice for a model and a volume size, without running.
+//! `voxtile plan`: the memory planner's choice for a model and a volume (a file or a size), without
+//! running; the model arguments (manifest, spacing, window flags) are read as `segment` reads them.
 
 use super::flags;
 use crate::backend::{self, Device};
+use crate::engine::Options;
+use crate::pipeline::{resample, ModelSetup, Overrides};
 use crate::plan::{self, Request, Workload};
 use crate::{Error, Result};
 use clap::Args;
@@ -9,38 +12,80 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 pub struct PlanArgs {
+    /// Input volume (as `segment` takes it): its size, resampled to the spacing in effect, is
+    /// planned for; or give --volume
+    #[arg(required_unless_present = "volume", conflicts_with = "volume")]
+    pub input: Option<PathBuf>,
     /// ONNX model
     #[arg(long, short = 'm')]
     pub model: PathBuf,
-    /// Volume size in network axes D x H x W (the file's i x j x k), e.g. 512x512x128
+    /// Model manifest (TOML or JSON); default: NAME.toml or NAME.json beside NAME.onnx
     #[arg(long)]
-    pub volume: String,
+    pub manifest: Option<PathBuf>,
+    /// Resample the input to this voxel size (network axes D,H,W, mm), or "none"; default: the
+    /// manifest's
+    #[arg(long)]
+    pub spacing: Option<String>,
+    /// Volume size in network axes D x H x W (the file's i x j x k), e.g. 512x512x128, as the
+    /// network sees it (after any resampling)
+    #[arg(long)]
+    pub volume: Option<String>,
     /// Memory budget, e.g. 4GiB (default: 80% of free device memory, or half the memory left to
     /// the process: available RAM, RLIMIT_AS, cgroup limit)
     #[arg(long)]
     pub memory_budget: Option<String>,
-    /// Window size (one number or D,H,W); default: the model's (fixed input size, else 128
-    /// clipped to the volume). The planner never shrinks it: it only chooses the batch
+    /// Window size (one number or D,H,W); default: the manifest's, else the model's (fixed input
+    /// size, else 128 clipped to the volume). The planner never shrinks it: it only chooses the
+    /// batch
     #[arg(long)]
     pub roi: Option<String>,
     /// Fixed batch: the planner then only checks it against the budget
     #[arg(long)]
     pub batch: Option<usize>,
-    /// Which backend's memory to plan: cpu or cuda[:N]
-    #[arg(long, default_value = "cuda")]
+    /// Which backend's memory to plan: auto (CUDA device 0 if it opens, else the CPU, as
+    /// `segment` runs), cpu or cuda[:N]
+    #[arg(long, default_value = "auto")]
     pub device: String,
-    /// Overlap between windows in [0,1): one number or one per axis
-    #[arg(long, default_value = "0.5")]
-    pub overlap: String,
-    /// Window placement
-    #[arg(long, default_value = "monai", value_parser = ["monai", "nnunet"])]
-    pub placement: String,
+    /// Overlap between windows in [0,1): one number or one per axis; default: the manifest's,
+    /// else 0.5
+    #[arg(long)]
+    pub overlap: Option<String>,
+    /// Window placement; default: the manifest's, else monai
+    #[arg(long, value_parser = ["monai", "nnunet"])]
+    pub placement: Option<String>,
     /// Plan for keeping the blended outputs (--logits of segment)
     #[arg(long)]
     pub logits: bool,
     /// Print the plan as JSON
     #[arg(long)]
     pub json: bool,
+    /// Plan a --roi smaller than the model's receptive field (with a warning) instead of
+    /// refusing it, as `segment --allow-small-roi` runs it
+    #[arg(long)]
+    pub allow_small_roi: bool,
+}
+
+/// The model's manifest merged with the window flags typed here, by the merge `segment` uses
+/// (typed flags beat the manifest; absent ones take it, else the defaults).
+fn model_setup(args: &PlanArgs) -> Result<ModelSetup> {
+    let overrides = Overrides {
+        manifest: args.manifest.clone(),
+        roi: flags::roi(args.roi.as_deref())?,
+        overlap: args.overlap.as_deref().map(flags::overlap).transpose()?,
+        placement: args.placement.as_deref().map(flags::placement),
+        spacing: flags::spacing(args.spacing.as_deref())?,
+        keep_logits: args.logits,
+        ..Overrides::default()
+    };
+    ModelSetup::new(&[&args.model], Options::default(), &overrides)
+}
+
+/// "cpu" or "cuda:N": the device planned for.
+fn device_name(device: Device) -> String {
+    match device {
+        Device::Cuda(i) => format!("cuda:{i}"),
+        _ => "cpu".to_string(),
+    }
 }
 
 /// Parse "512x512x128" (or "512,512,128").
@@ -63,13 +108,26 @@ pub fn parse_volume(s: &str) -> Result<[usize; 3]> {
 pub fn run(args: PlanArgs) -> Result<()> {
     let graph = crate::model::onnx::load(&args.model)?;
     graph.validate()?;
-    let shape = parse_volume(&args.volume)?;
+    let setup = model_setup(&args)?;
+    let o = &setup.options;
+    let shape = match (&args.input, &args.volume) {
+        (Some(input), _) => {
+            let header = crate::volume::read_header(input)?;
+            let grid = resample::model_grid(&header, o.axis_order, setup.settings.spacing)
+                .map_err(|e| match e {
+                    Error::Invalid(m) => Error::Invalid(format!("{}: {m}", input.display())),
+                    e => e,
+                })?;
+            o.axis_order.network(grid)
+        }
+        (None, Some(v)) => parse_volume(v)?,
+        (None, None) => unreachable!("clap requires an input or --volume"),
+    };
     let device = match args.device.parse::<Device>()? {
-        Device::Auto => Device::Cuda(0),
+        Device::Auto => backend::open(Device::Auto)?.1,
         d => d,
     };
     let model = backend::memory_model(device);
-    let overlap = flags::overlap(&args.overlap)?;
     let user_batch = flags::batch(args.batch)?;
     let (budget, source) = match flags::memory_budget(args.memory_budget.as_deref())? {
         Some(b) => (b, "--memory-budget".to_string()),
@@ -78,16 +136,20 @@ pub fn run(args: PlanArgs) -> Result<()> {
     let req = Request {
         budget,
         budget_explicit: args.memory_budget.is_some(),
-        user_roi: flags::roi(args.roi.as_deref())?,
+        user_roi: o.roi,
         user_batch,
         workload: Workload {
             shape,
-            overlap,
-            placement: flags::placement(&args.placement),
+            overlap: o.overlap,
+            placement: o.placement,
             keep_logits: args.logits,
             copy_input: false,
         },
     };
+    if !args.allow_small_roi {
+        plan::refuse_small_roi(&graph, req.user_roi)
+            .map_err(|e| Error::Invalid(format!("{}: {e}", args.model.display())))?;
+    }
     let p = plan::choose(&graph, model.as_ref(), &req)
         .map_err(|e| {
             if req.budget_explicit {
@@ -109,6 +171,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
         let mut v = serde_json::to_value(&p).map_err(|e| Error::Invalid(format!("json: {e}")))?;
         v["budget_source"] = serde_json::Value::String(source);
         v["volume"] = serde_json::json!(shape);
+        v["device"] = serde_json::Value::String(device_name(device));
         super::print_stdout(&format!("{v}\n"))?;
     } else {
         super::print_stdout(&format!(
@@ -117,10 +180,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
             shape[0],
             shape[1],
             shape[2],
-            match device {
-                Device::Cuda(i) => format!("cuda:{i}"),
-                _ => "cpu".to_string(),
-            },
+            device_name(device),
             p.summary(&graph, &source)
         ))?;
     }

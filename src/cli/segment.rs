@@ -8,6 +8,7 @@ mod batch;
 mod cases;
 mod claims;
 mod config;
+mod empty;
 mod jobs;
 mod process;
 mod record;

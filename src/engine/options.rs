@@ -14,6 +14,17 @@ pub enum AxisOrder {
     Zyx,
 }
 
+impl AxisOrder {
+    /// A per-axis value of the file's i,j,k (a shape, a spacing) in network axes D,H,W (the
+    /// permutation is its own inverse: it also maps network axes back to the file's).
+    pub fn network<T: Copy>(self, [i, j, k]: [T; 3]) -> [T; 3] {
+        match self {
+            AxisOrder::Xyz => [i, j, k],
+            AxisOrder::Zyx => [k, j, i],
+        }
+    }
+}
+
 impl std::str::FromStr for AxisOrder {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
@@ -129,6 +140,10 @@ pub struct Options {
     /// pipeline reads the variable itself).
     #[doc(hidden)]
     pub inject_oom: Option<usize>,
+    /// Refuse a window (`roi`) smaller than the model's receptive field (see
+    /// [`crate::plan::refuse_small_roi`]); off, it runs with a warning. The command line
+    /// refuses unless `--allow-small-roi`.
+    pub refuse_small_roi: bool,
 }
 
 impl Default for Options {
@@ -152,6 +167,7 @@ impl Default for Options {
             cancel: CancelToken::new(),
             blend_in_memory: false,
             inject_oom: None,
+            refuse_small_roi: false,
         }
     }
 }

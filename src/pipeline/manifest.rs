@@ -12,10 +12,12 @@ use std::path::{Path, PathBuf};
 mod intensity;
 mod remap;
 mod text;
+mod window;
 
 pub use intensity::{describe_intensity, Intensity};
 
 pub use text::MAX_STRING_BYTES;
+pub use window::{describe_pad, Pad, Tta};
 
 /// One number for every axis, or one per axis.
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize, Serialize)]
@@ -79,6 +81,14 @@ pub struct Manifest {
     /// Output channel → label value written to the file (channels not listed keep their index).
     #[serde(default, deserialize_with = "remap::unique_keys")]
     pub remap: Option<BTreeMap<String, u16>>,
+    /// Window placement: "monai" or "nnunet" (see `manifest/window.rs`).
+    pub placement: Option<String>,
+    /// Test-time mirroring: true (`mirror_axes`, else all three), false, or the network axes.
+    pub tta: Option<Tta>,
+    /// Gaussian sigma as a fraction of the roi, one or per network axis.
+    pub sigma_scale: Option<OneOrThree<f64>>,
+    /// Padding where the volume is smaller than the roi: "edge" or a number, as `--pad`.
+    pub pad: Option<Pad>,
 }
 
 impl Manifest {
@@ -171,6 +181,7 @@ impl Manifest {
             }
         }
         self.remap_table(usize::MAX)?;
+        self.check_window()?;
         Ok(())
     }
 
@@ -242,6 +253,9 @@ impl Manifest {
         if let Some(r) = &self.remap {
             let list: Vec<String> = r.iter().map(|(k, v)| format!("{k}->{v}")).collect();
             line("remap", list.join(", "));
+        }
+        for (k, v) in self.describe_window() {
+            line(k, v);
         }
         s
     }

@@ -154,7 +154,7 @@ pub struct Output {
 /// use voxtile::pipeline::{Mirror, Overrides, Pipeline};
 ///
 /// let options = Options { device: Device::Cpu, ..Options::default() };
-/// let overrides = Overrides { mirror: Mirror::Manifest, ..Overrides::default() };
+/// let overrides = Overrides { mirror: Some(Mirror::Manifest), ..Overrides::default() };
 /// let pipeline = Pipeline::from_model_with("liver.onnx", options, &overrides)?;
 /// assert_eq!(pipeline.flip_sets().len(), 8);
 /// # Ok::<(), voxtile::Error>(())
@@ -361,18 +361,8 @@ impl Pipeline {
     /// The grid (i,j,k) the models run on for an input of `header`: the input's, or resampled
     /// to the settings' spacing.
     pub fn model_grid(&self, header: &Header) -> Result<[usize; 3]> {
-        let input_grid = header.shape();
         let order = self.engines[0].options().axis_order;
-        match self.settings.spacing {
-            Some(s) => {
-                let target = match order {
-                    AxisOrder::Xyz => s,
-                    AxisOrder::Zyx => [s[2], s[1], s[0]],
-                };
-                resample::shape_for_spacing(input_grid, header.spacing(), target)
-            }
-            None => Ok(input_grid),
-        }
+        resample::model_grid(header, order, self.settings.spacing)
     }
 
     /// One pass on the input grid: its labels are the engine's own, and only the outputs asked
@@ -397,12 +387,8 @@ impl Pipeline {
             return Ok(());
         }
         self.set_keep(self.single_pass(model_grid, input_grid));
-        let [x, y, z] = input_grid;
         for e in self.engines.iter_mut() {
-            let net = match e.options().axis_order {
-                AxisOrder::Xyz => [x, y, z],
-                AxisOrder::Zyx => [z, y, x],
-            };
+            let net = e.options().axis_order.network(input_grid);
             e.prepare_for(net)?;
         }
         Ok(())

@@ -43,6 +43,20 @@ pub fn shape_for_spacing(
     Ok(out)
 }
 
+/// The grid (i,j,k) a model runs on for an input of `header`: the input's, or resampled to
+/// `spacing` (network axes, mm, mapped to the file's by `order`). `segment` and `plan` both ask
+/// here.
+pub fn model_grid(
+    header: &crate::volume::Header,
+    order: crate::engine::AxisOrder,
+    spacing: Option<[f64; 3]>,
+) -> Result<[usize; 3]> {
+    match spacing {
+        Some(s) => shape_for_spacing(header.shape(), header.spacing(), order.network(s)),
+        None => Ok(header.shape()),
+    }
+}
+
 /// A voxel size or count as people write it, to 6 significant digits: 1.5 (not the float32's
 /// 1.5000000596), 1e30 (not 31 digits).
 fn short(v: f64) -> String {

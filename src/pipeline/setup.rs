@@ -5,7 +5,7 @@
 use super::manifest::{parse_blend, Activation, Intensity, Manifest};
 use super::{Pipeline, Settings};
 use crate::engine::{AxisOrder, Engine, Normalize, Options};
-use crate::tiling::BlendMode;
+use crate::tiling::{BlendMode, PadMode, Placement};
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 
@@ -15,7 +15,7 @@ pub enum Mirror {
     /// One pass, no mirroring (`voxtile segment` without `--tta`).
     #[default]
     Off,
-    /// The manifest's `mirror_axes`, or all three axes when it has none (`--tta`).
+    /// The manifest's `tta` axes or `mirror_axes`, or all three axes when it has none (`--tta`).
     Manifest,
     /// These network axes (0, 1, 2), whatever the manifest says (`--tta 0,2`).
     Axes(Vec<usize>),
@@ -41,14 +41,20 @@ pub struct Overrides {
     /// Voxel size to resample to, network axes (mm); `Some(None)`: the input grid whatever the
     /// manifest says.
     pub spacing: Option<Option<[f64; 3]>>,
-    /// Test-time mirroring.
-    pub mirror: Mirror,
+    /// Test-time mirroring; None: the manifest's `tta` (off when it has none).
+    pub mirror: Option<Mirror>,
     /// What turns outputs into probabilities before averaging.
     pub activation: Option<Activation>,
     /// Keep the averaged probabilities (`Output::probabilities`).
     pub keep_probabilities: bool,
     /// Keep the averaged raw outputs (`Output::logits`).
     pub keep_logits: bool,
+    /// Window placement.
+    pub placement: Option<Placement>,
+    /// Gaussian sigma as a fraction of the roi, per network axis.
+    pub sigma_scale: Option<[f64; 3]>,
+    /// Padding where the volume is smaller than the roi.
+    pub pad: Option<PadMode>,
 }
 
 /// Models, their manifest and the merged settings, as plain data: [`ModelSetup::build`] makes
@@ -167,10 +173,24 @@ fn merge(
     intensity.check().map_err(bad)?;
     // Normalised once, before the engines (see `pipeline::intensity::preprocess`).
     options.normalize = Normalize::None;
-    let mirror_axes = match &over.mirror {
+    options.placement = over
+        .placement
+        .or(manifest.placement_mode())
+        .unwrap_or(options.placement);
+    options.sigma_scale = over
+        .sigma_scale
+        .or(manifest.sigma_scale_triple())
+        .unwrap_or(options.sigma_scale);
+    options.pad = over.pad.or(manifest.pad_mode()).unwrap_or(options.pad);
+    let mirror = match &over.mirror {
+        Some(m) => m.clone(),
+        None if manifest.tta_on() => Mirror::Manifest,
+        None => Mirror::Off,
+    };
+    let mirror_axes = match mirror {
         Mirror::Off => Vec::new(),
-        Mirror::Manifest => manifest.mirror_axes.clone().unwrap_or(vec![0, 1, 2]),
-        Mirror::Axes(a) => a.clone(),
+        Mirror::Manifest => manifest.tta_axes(),
+        Mirror::Axes(a) => a,
     };
     let settings = Settings {
         intensity,

@@ -44,12 +44,30 @@ fn run_window(graph: &Graph, req: &Request) -> Result<[usize; 3]> {
 /// The one-line warning for a window smaller than the model's receptive field along some axis:
 /// its voxels see less context than the model was built for, so the result may change.
 pub fn receptive_field_warning(graph: &Graph, roi: [usize; 3]) -> Option<String> {
-    let rf = graph.receptive_field();
-    (0..3).any(|a| roi[a] < rf[a]).then(|| {
+    below_receptive_field(graph, roi).map(|rf| {
         format!(
             "roi {roi:?} is smaller than the model's receptive field {rf:?}: voxels see less context than the model was built for, and the result may differ from a larger window"
         )
     })
+}
+
+/// The error for a window (the user's or a manifest's) smaller than the model's receptive field:
+/// such a run gives a different, often empty, answer, so it runs only when the caller allows it
+/// (`--allow-small-roi`, [`crate::engine::Options::refuse_small_roi`] off), with
+/// [`receptive_field_warning`].
+pub fn refuse_small_roi(graph: &Graph, roi: Option<[usize; 3]>) -> Result<()> {
+    match roi.and_then(|r| below_receptive_field(graph, r).map(|rf| (r, rf))) {
+        Some((r, rf)) => Err(Error::Invalid(format!(
+            "roi {r:?} is smaller than the model's receptive field {rf:?}: use a roi of at least the receptive field, or --allow-small-roi to run it anyway"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The receptive field when `roi` is smaller along some axis.
+fn below_receptive_field(graph: &Graph, roi: [usize; 3]) -> Option<[usize; 3]> {
+    let rf = graph.receptive_field();
+    (0..3).any(|a| roi[a] < rf[a]).then_some(rf)
 }
 
 /// The workload one of `n` bands along H sees (see [`crate::tiling::bands`]): the volume cut to

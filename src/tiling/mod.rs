@@ -29,6 +29,9 @@ pub use blend::{
     Slab, SlabBlender,
 };
 pub use grid::{window_count, Grid, Placement, MAX_WINDOWS};
-pub use parse::{parse_sigma_scale, parse_spacing, parse_triple_f64, parse_triple_usize};
+pub use parse::{
+    parse_pad, parse_placement, parse_sigma_scale, parse_spacing, parse_triple_f64,
+    parse_triple_usize, sigma_scale_ok,
+};
 pub use partition::{bands, partition, sub_grid, windows_run, Part};
 pub use weights::{pass_weights, weight_map, weight_map_nnunet, BlendMode, NNUNET_VALUE_SCALING};

@@ -1,5 +1,6 @@
 //! Parsing of the CLI's per-axis triples ("96,96,64" or "128" for all three axes).
 
+use super::{PadMode, Placement};
 use crate::{Error, Result};
 
 /// Split "a,b,c" or "a" into three trimmed fields; `None` for any other count.
@@ -61,9 +62,39 @@ pub fn parse_triple_f64(s: &str) -> Result<[f64; 3]> {
 
 /// A gaussian sigma scale: one number for all axes or three separated by commas, each positive and finite.
 pub fn parse_sigma_scale(s: &str) -> Result<[f64; 3]> {
-    parse_f64s(s, "sigma scale", "positive and finite (e.g. 0.125)", |v| {
-        v.is_finite() && v > 0.0
-    })
+    parse_f64s(
+        s,
+        "sigma scale",
+        "positive and finite (e.g. 0.125)",
+        sigma_scale_ok,
+    )
+}
+
+/// The rule of a sigma scale value, `--sigma-scale`'s and the manifest's: positive and finite.
+pub fn sigma_scale_ok(v: f64) -> bool {
+    v.is_finite() && v > 0.0
+}
+
+/// A window placement by name, `--placement`'s and the manifest's: "monai" or "nnunet".
+pub fn parse_placement(s: &str) -> Option<Placement> {
+    match s {
+        "monai" => Some(Placement::Monai),
+        "nnunet" => Some(Placement::NnUnet),
+        _ => None,
+    }
+}
+
+/// A padding mode, `--pad`'s and the manifest's: "edge" or a number finite in f32 ("1e39"
+/// parses, as infinity, and is refused).
+pub fn parse_pad(s: &str) -> Option<PadMode> {
+    if s == "edge" {
+        return Some(PadMode::Edge);
+    }
+    s.trim()
+        .parse::<f32>()
+        .ok()
+        .filter(|v| v.is_finite())
+        .map(PadMode::Constant)
 }
 
 /// A voxel spacing in mm: one number for all axes or three separated by commas, each positive

@@ -66,6 +66,10 @@ pub struct SegmentArgs {
     /// half of the cgroup's headroom and 75% of the address space left under RLIMIT_AS
     #[arg(long)]
     pub memory_budget: Option<String>,
+    /// Run a --roi (or a manifest's roi) smaller than the model's receptive field, with a
+    /// warning, instead of refusing it
+    #[arg(long)]
+    pub allow_small_roi: bool,
 }
 
 /// The flags beyond one model on one file: manifests, resampling, TTA, ensembles, extra
@@ -81,8 +85,9 @@ pub struct PipelineArgs {
     /// Resample to this voxel size (network axes D,H,W, mm) before inference, or "none"
     #[arg(long)]
     pub spacing: Option<String>,
-    /// Test-time mirroring: all flips of the manifest's mirror axes (default 0,1,2), or a list
-    /// of network axes like 0,1 (put it after the input path)
+    /// Test-time mirroring: all flips of the manifest's mirror axes (default 0,1,2), a list of
+    /// network axes like 0,1, or off (a manifest's `tta` turns it on without the flag); put it
+    /// after the input path
     #[arg(long, num_args = 0..=1, default_missing_value = "all", value_name = "AXES")]
     pub tta: Option<String>,
     /// Applied to each model's output before averaging: auto, softmax, sigmoid, none

@@ -7,7 +7,7 @@ use crate::engine::{AxisOrder, Device, Normalize, Options};
 use crate::pipeline::batch::parse_devices;
 use crate::pipeline::manifest::{Activation, Intensity};
 use crate::pipeline::{Mirror, ModelSetup, Overrides, Pipeline};
-use crate::tiling::{self, BlendMode, PadMode};
+use crate::tiling::{self, BlendMode};
 use crate::volume::LabelNames;
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -115,15 +115,12 @@ fn overrides(args: &SegmentArgs, options: &Options) -> Result<Overrides> {
         blend: explicit("blend").then_some(options.blend),
         axis_order: explicit("axis_order").then_some(options.axis_order),
         intensity: explicit("normalize").then(|| Intensity::from(options.normalize)),
-        spacing: match p.spacing.as_deref() {
-            Some("none") => Some(None),
-            Some(s) => Some(Some(tiling::parse_spacing(s)?)),
-            None => None,
-        },
+        spacing: flags::spacing(p.spacing.as_deref())?,
         mirror: match p.tta.as_deref() {
-            None => Mirror::Off,
-            Some("all") => Mirror::Manifest,
-            Some(s) => Mirror::Axes(parse_axes(s)?),
+            None => None,
+            Some("all") => Some(Mirror::Manifest),
+            Some("off") => Some(Mirror::Off),
+            Some(s) => Some(Mirror::Axes(parse_axes(s)?)),
         },
         activation: p.activation.as_deref().map(|a| match a {
             "softmax" => Activation::Softmax,
@@ -133,25 +130,15 @@ fn overrides(args: &SegmentArgs, options: &Options) -> Result<Overrides> {
         }),
         keep_probabilities: p.probabilities.is_some(),
         keep_logits: args.logits.is_some(),
+        placement: explicit("placement").then_some(options.placement),
+        sigma_scale: explicit("sigma_scale").then_some(options.sigma_scale),
+        pad: explicit("pad").then_some(options.pad),
     })
 }
 
 /// The engine options the flags give (the device list is parsed apart).
 fn options(args: &SegmentArgs) -> Result<Options> {
-    let pad = if args.pad == "edge" {
-        PadMode::Edge
-    } else {
-        // Finite in f32 too: "1e39" parses, as infinity.
-        match args.pad.trim().parse::<f32>() {
-            Ok(v) if v.is_finite() => PadMode::Constant(v),
-            _ => {
-                return Err(Error::Invalid(format!(
-                    "--pad takes a finite number or 'edge', not '{}'",
-                    args.pad
-                )))
-            }
-        }
-    };
+    let pad = flags::pad(&args.pad)?;
     let overlap = flags::overlap(&args.overlap)?;
     let sigma_scale = tiling::parse_sigma_scale(&args.sigma_scale)?;
     let normalize = args.normalize.parse::<Normalize>()?;
@@ -175,13 +162,18 @@ fn options(args: &SegmentArgs) -> Result<Options> {
         keep_logits: args.logits.is_some(),
         normalize,
         memory_budget: flags::memory_budget(args.memory_budget.as_deref())?,
+        refuse_small_roi: !args.allow_small_roi,
         ..Options::default()
     })
 }
 
 /// `--tta` axes: network axes 0..=2, sorted, once each.
 fn parse_axes(s: &str) -> Result<Vec<usize>> {
-    let bad = || Error::Invalid(format!("--tta takes network axes like 0,1,2, not '{s}'"));
+    let bad = || {
+        Error::Invalid(format!(
+            "--tta takes network axes like 0,1,2 or off, not '{s}'"
+        ))
+    };
     let mut v = s
         .split(',')
         .map(|a| a.trim().parse::<usize>().map_err(|_| bad()))

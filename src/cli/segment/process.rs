@@ -166,7 +166,10 @@ pub fn process(
             out.nonfinite_voxels
         );
     }
-    let names = config.label_names(pipe.output_channels(), pipe.settings().remap.as_deref());
+    let remap = pipe.settings().remap.as_deref();
+    let background = remap.and_then(|t| t.first().copied()).unwrap_or(0);
+    super::empty::warn_if_empty(&job.input, out.labels.view(), background);
+    let names = config.label_names(pipe.output_channels(), remap);
     let summary = Summary::new(
         (&job.input, &job.output),
         out.labels.view(),

@@ -10,7 +10,6 @@ use super::config::Config;
 use super::jobs::Job;
 use crate::engine::{ClassVolume, FileDigest};
 use crate::pipeline::{manifest, PipelineReport};
-use crate::tiling::PadMode;
 use crate::{Error, Result};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -87,10 +86,7 @@ impl Provenance {
             sigma_scale: o.sigma_scale,
             placement: format!("{:?}", o.placement).to_lowercase(),
             batch: o.batch,
-            pad: match o.pad {
-                PadMode::Edge => "edge".into(),
-                PadMode::Constant(v) => v.to_string(),
-            },
+            pad: manifest::describe_pad(o.pad),
             axis_order: format!("{:?}", o.axis_order).to_lowercase(),
             normalize: manifest::describe_intensity(&s.intensity),
             spacing: s.spacing,
