@@ -9,6 +9,7 @@ mod cases;
 mod claims;
 mod config;
 mod jobs;
+mod post;
 mod process;
 mod record;
 mod shard;

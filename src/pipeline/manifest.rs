@@ -10,11 +10,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 mod intensity;
+mod postprocess;
 mod remap;
 mod text;
 
 pub use intensity::{describe_intensity, Intensity};
 
+pub use postprocess::{ClassSet, MinComponent};
 pub use text::MAX_STRING_BYTES;
 
 /// One number for every axis, or one per axis.
@@ -79,6 +81,13 @@ pub struct Manifest {
     /// Output channel → label value written to the file (channels not listed keep their index).
     #[serde(default, deserialize_with = "remap::unique_keys")]
     pub remap: Option<BTreeMap<String, u16>>,
+    /// Post-processing: keep the largest connected component of every foreground class (`true`)
+    /// or of the listed classes.
+    pub keep_largest: Option<ClassSet>,
+    /// Post-processing: remove components under this many mL (or `{ ml, classes }`).
+    pub min_component_ml: Option<MinComponent>,
+    /// Post-processing: fill the enclosed holes of every foreground class or the listed ones.
+    pub fill_holes: Option<ClassSet>,
 }
 
 impl Manifest {

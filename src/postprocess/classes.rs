@@ -95,20 +95,34 @@ mod tests {
     #[test]
     fn names_and_values_resolve_and_unknown_names_are_refused() {
         let names = LabelNames {
-            names: vec!["background".into(), "liver".into(), String::new(), "spleen".into()],
+            names: vec![
+                "background".into(),
+                "liver".into(),
+                String::new(),
+                "spleen".into(),
+            ],
         };
         let c = Classes::parse("liver, 2", "--keep-largest").unwrap();
         let m = c.mask(&names, "--keep-largest").unwrap();
         assert_eq!(&m[..4], &[false, true, true, false]);
-        let all = Classes::parse("all", "x").unwrap().mask(&names, "x").unwrap();
+        let all = Classes::parse("all", "x")
+            .unwrap()
+            .mask(&names, "x")
+            .unwrap();
         assert!(!all[0] && all[1] && all[65535]);
         let manifest = ["background".to_string(), "liver".into()];
         assert!(c.check(Some(&manifest), "x").is_ok());
         let e = Classes::parse("kidney", "--fill-holes").unwrap();
-        let msg = e.check(Some(&manifest), "--fill-holes").unwrap_err().to_string();
+        let msg = e
+            .check(Some(&manifest), "--fill-holes")
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("kidney") && msg.contains("liver"), "{msg}");
         assert!(Classes::parse("0", "x").unwrap().check(None, "x").is_err());
-        assert!(Classes::parse("background", "x").unwrap().check(Some(&manifest), "x").is_err());
+        assert!(Classes::parse("background", "x")
+            .unwrap()
+            .check(Some(&manifest), "x")
+            .is_err());
         assert!(Classes::parse("liver,,", "x").is_err());
     }
 }

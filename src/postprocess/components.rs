@@ -65,7 +65,10 @@ pub fn label(
     let rd = region.dims();
     let len = region.len();
     if u32::try_from(len).is_err() {
-        return Err(no_memory("connected components (over 2^32 voxels)", len as u128));
+        return Err(no_memory(
+            "connected components (over 2^32 voxels)",
+            len as u128,
+        ));
     }
     let global = |x: usize, y: usize, z: usize| {
         ((region.lo[0] + x) * dims[1] + region.lo[1] + y) * dims[2] + region.lo[2] + z
@@ -323,6 +326,9 @@ pub(crate) mod tests {
         let r = label(&vec![1u16; 8000], d, Region::whole(d), Some);
         crate::alloc::fail_above(usize::MAX);
         let e = r.err().expect("refused").to_string();
-        assert!(e.contains("not enough memory for connected components"), "{e}");
+        assert!(
+            e.contains("not enough memory for connected components"),
+            "{e}"
+        );
     }
 }

@@ -83,9 +83,7 @@ mod tests {
                 continue;
             }
             let on_border = |i: usize| neighbours(i, d).len() < 6;
-            let mut open: Vec<bool> = (0..v.len())
-                .map(|i| out[i] != c && on_border(i))
-                .collect();
+            let mut open: Vec<bool> = (0..v.len()).map(|i| out[i] != c && on_border(i)).collect();
             loop {
                 let mut changed = false;
                 for i in 0..v.len() {
@@ -118,7 +116,10 @@ mod tests {
             let filled = fill(&mut got, d, &classes).unwrap();
             let want = brute_fill(&v, d, &classes);
             assert_eq!(got, want, "{d:?} {v:?}");
-            assert_eq!(filled, v.iter().zip(&want).filter(|(a, b)| a != b).count() as u64);
+            assert_eq!(
+                filled,
+                v.iter().zip(&want).filter(|(a, b)| a != b).count() as u64
+            );
             some += filled;
         }
         assert!(some > 0, "the random volumes must hold some holes");

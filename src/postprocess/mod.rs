@@ -39,7 +39,12 @@ impl Postprocess {
 
     /// Apply every step to `labels` (`names`: the label map's class names; `voxel_ml`: the
     /// volume of one voxel). Returns the voxels changed.
-    pub fn apply(&self, labels: &mut Array3<u16>, names: &LabelNames, voxel_ml: f64) -> Result<u64> {
+    pub fn apply(
+        &self,
+        labels: &mut Array3<u16>,
+        names: &LabelNames,
+        voxel_ml: f64,
+    ) -> Result<u64> {
         if !self.is_on() {
             return Ok(0);
         }

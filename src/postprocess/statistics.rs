@@ -47,7 +47,11 @@ pub fn statistics(
             sum[l as usize] += v as f64;
         }
     }
-    let mean: Vec<f64> = sum.iter().zip(&n).map(|(s, &k)| s / k.max(1) as f64).collect();
+    let mean: Vec<f64> = sum
+        .iter()
+        .zip(&n)
+        .map(|(s, &k)| s / k.max(1) as f64)
+        .collect();
     let mut sq = vec![0f64; 1 << 16];
     for (&l, &v) in labels.iter().zip(image.iter()) {
         if v.is_finite() {
@@ -87,7 +91,11 @@ mod tests {
             names: vec!["background".into(), "a".into(), "b".into(), "never".into()],
         };
         let s = statistics(labels.view(), image.view(), &names, 0.5).unwrap();
-        assert_eq!(s.len(), 3, "classes 1, 2 and the named absent 3; no background");
+        assert_eq!(
+            s.len(),
+            3,
+            "classes 1, 2 and the named absent 3; no background"
+        );
         for c in &s[..2] {
             let vals: Vec<f64> = labels
                 .iter()
