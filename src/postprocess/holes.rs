@@ -5,18 +5,19 @@
 use super::components::{label, Region};
 use crate::Result;
 
-/// The box around every voxel of each label value (None: absent), in one pass.
-fn boxes(labels: &[u16], dims: [usize; 3]) -> Vec<Option<Region>> {
-    let mut b: Vec<Option<Region>> = vec![None; 1 << 16];
+/// The first and last voxel (inclusive, per axis) of each label value (None: absent), in one
+/// pass.
+fn boxes(labels: &[u16], dims: [usize; 3]) -> Vec<Option<[[usize; 3]; 2]>> {
+    let mut b: Vec<Option<[[usize; 3]; 2]>> = vec![None; 1 << 16];
     let mut i = 0;
     for x in 0..dims[0] {
         for y in 0..dims[1] {
             for z in 0..dims[2] {
                 let p = [x, y, z];
-                let r = b[labels[i] as usize].get_or_insert(Region { lo: p, hi: p });
-                for a in 0..3 {
-                    r.lo[a] = r.lo[a].min(p[a]);
-                    r.hi[a] = r.hi[a].max(p[a]);
+                let [lo, hi] = b[labels[i] as usize].get_or_insert([p, p]);
+                for (a, &c) in p.iter().enumerate() {
+                    lo[a] = lo[a].min(c);
+                    hi[a] = hi[a].max(c);
                 }
                 i += 1;
             }
@@ -36,12 +37,12 @@ pub fn fill(labels: &mut [u16], dims: [usize; 3], classes: &[bool]) -> Result<u6
     let boxes = boxes(labels, dims);
     let mut filled = 0;
     for (c, b) in boxes.iter().enumerate().skip(1) {
-        let (Some(b), true) = (b, classes.get(c).copied().unwrap_or(false)) else {
+        let (Some([first, last]), true) = (b, classes.get(c).copied().unwrap_or(false)) else {
             continue;
         };
         let region = Region {
-            lo: b.lo.map(|v| v.saturating_sub(1)),
-            hi: [0, 1, 2].map(|a| (b.hi[a] + 2).min(dims[a])),
+            lo: first.map(|v| v.saturating_sub(1)),
+            hi: [0, 1, 2].map(|a| (last[a] + 2).min(dims[a])),
         };
         let c = c as u16;
         let comps = label(labels, dims, region, |l| (l != c).then_some(0))?;
