@@ -16,6 +16,16 @@ pub enum Classes {
     Listed(Vec<String>),
 }
 
+/// The foreground names of a manifest's `classes`: all but the first (the background), or the
+/// one name of a one-channel model (its label 1).
+fn foreground(classes: &[String]) -> &[String] {
+    if classes.len() == 1 {
+        classes
+    } else {
+        &classes[1..]
+    }
+}
+
 impl Classes {
     /// Parse a flag's value: `all`, or a comma-separated list of class names and label values.
     pub fn parse(s: &str, flag: &str) -> Result<Classes> {
@@ -45,7 +55,7 @@ impl Classes {
                     )))
                 }
                 Ok(_) => {}
-                Err(_) if classes.is_some_and(|c| c.iter().skip(1).any(|n| n == t)) => {}
+                Err(_) if classes.is_some_and(|c| foreground(c).iter().any(|n| n == t)) => {}
                 Err(_) => {
                     let known = match classes {
                         Some(c) => format!("the manifest's classes are {}", c.join(", ")),
@@ -124,5 +134,10 @@ mod tests {
             .check(Some(&manifest), "x")
             .is_err());
         assert!(Classes::parse("liver,,", "x").is_err());
+        let one = ["brain".to_string()];
+        assert!(Classes::parse("brain", "x")
+            .unwrap()
+            .check(Some(&one), "x")
+            .is_ok());
     }
 }
