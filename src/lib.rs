@@ -49,6 +49,7 @@ pub mod model;
 mod npy;
 pub mod pipeline;
 pub mod plan;
+pub mod postprocess;
 #[allow(missing_docs)] // reached only through `internals`
 mod signals;
 pub mod staged;

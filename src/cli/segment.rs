@@ -10,6 +10,7 @@ mod claims;
 mod config;
 mod empty;
 mod jobs;
+mod post;
 mod process;
 mod record;
 mod shard;

@@ -10,12 +10,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 mod intensity;
+mod postprocess;
 mod remap;
 mod text;
 mod window;
 
 pub use intensity::{describe_intensity, Intensity};
 
+pub use postprocess::{ClassSet, MinComponent};
 pub use text::MAX_STRING_BYTES;
 pub use window::{describe_pad, Pad, Tta};
 
@@ -89,6 +91,13 @@ pub struct Manifest {
     pub sigma_scale: Option<OneOrThree<f64>>,
     /// Padding where the volume is smaller than the roi: "edge" or a number, as `--pad`.
     pub pad: Option<Pad>,
+    /// Post-processing: keep the largest connected component of every foreground class (`true`)
+    /// or of the listed classes.
+    pub keep_largest: Option<ClassSet>,
+    /// Post-processing: remove components under this many mL (or `{ ml, classes }`).
+    pub min_component_ml: Option<MinComponent>,
+    /// Post-processing: fill the enclosed holes of every foreground class or the listed ones.
+    pub fill_holes: Option<ClassSet>,
 }
 
 impl Manifest {

@@ -70,6 +70,22 @@ pub struct SegmentArgs {
     /// warning, instead of refusing it
     #[arg(long)]
     pub allow_small_roi: bool,
+    /// Keep only the largest connected component (6-connectivity) of each foreground class, or
+    /// of the classes listed after `=`: --keep-largest=liver,spleen (names or label values)
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "all", value_name = "CLASSES")]
+    pub keep_largest: Option<String>,
+    /// Remove connected components smaller than ML millilitres (from the voxel spacing), in
+    /// each foreground class or in those listed after a colon: 1.5 or 1.5:liver,spleen
+    #[arg(long, value_name = "ML[:CLASSES]")]
+    pub min_component_ml: Option<String>,
+    /// Fill enclosed holes (background not connected to the volume's border) of each
+    /// foreground class, or of the classes listed after `=`: --fill-holes=liver
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "all", value_name = "CLASSES")]
+    pub fill_holes: Option<String>,
+    /// Write per-class statistics as JSON (voxels, volume in mL, mean and std of the input's
+    /// intensity); a folder in batch mode (FOLDER/<case>.json)
+    #[arg(long, value_name = "FILE.json")]
+    pub statistics: Option<PathBuf>,
 }
 
 /// The flags beyond one model on one file: manifests, resampling, TTA, ensembles, extra

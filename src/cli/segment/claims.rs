@@ -34,7 +34,7 @@ pub fn mask_names(config: &Config, split: bool) -> Result<Vec<String>> {
 }
 
 /// Everything `job` writes, in the order its claims are checked: the label map, its sidecar,
-/// the extra outputs, the mask folder and its masks (`masks`: from [`mask_names`]).
+/// the extra outputs, the mask folder and its masks, the preview and the statistics (`masks`: from [`mask_names`]).
 pub fn of_job(job: &Job, masks: &[String]) -> Vec<Claim> {
     let c = |path: &PathBuf, kind, what| Claim {
         path: path.clone(),
@@ -62,6 +62,11 @@ pub fn of_job(job: &Job, masks: &[String]) -> Vec<Claim> {
         );
     }
     v.extend(job.preview.iter().map(|p| c(p, Kind::Png, "--preview")));
+    v.extend(
+        job.statistics
+            .iter()
+            .map(|p| c(p, Kind::Report, "--statistics")),
+    );
     v
 }
 

@@ -28,6 +28,8 @@ pub struct Config {
     /// What every report record says about the run; None without `--report` (the models are
     /// then not read through SHA-256).
     pub provenance: Option<Arc<super::record::Provenance>>,
+    /// The post-processing of the label map (manifest and flags merged).
+    pub post: crate::postprocess::Postprocess,
 }
 
 impl std::ops::Deref for Config {
@@ -51,7 +53,9 @@ impl Config {
         let overrides = overrides(args, &options)?;
         let devices = parse_devices(&args.device)?;
         let setup = ModelSetup::new(&args.model, options, &overrides)?;
+        let post = super::post::merge(args, &setup.manifest, setup.classes())?;
         let mut config = Config {
+            post,
             classes: setup.classes().map(<[String]>::to_vec),
             setup,
             devices,

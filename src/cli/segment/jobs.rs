@@ -27,6 +27,8 @@ pub struct Job {
     pub preview: Option<PathBuf>,
     /// `--labels-json` sidecar.
     pub labels_json: Option<PathBuf>,
+    /// `--statistics` JSON.
+    pub statistics: Option<PathBuf>,
 }
 
 /// The `labels.json` sidecar of a label map: `<name>.labels.json` beside it.
@@ -124,6 +126,7 @@ pub fn jobs(args: &SegmentArgs, gate: &mut Gate, masks: &[String]) -> Result<Pla
         (&args.logits, "--logits"),
         (&p.split_classes, "--split-classes"),
         (&p.preview, "--preview"),
+        (&args.statistics, "--statistics"),
     ];
     if !batch_mode {
         if let Some(s) = &p.shard {
@@ -147,6 +150,7 @@ pub fn jobs(args: &SegmentArgs, gate: &mut Gate, masks: &[String]) -> Result<Pla
             logits: args.logits.clone(),
             split: p.split_classes.clone(),
             preview: p.preview.clone(),
+            statistics: args.statistics.clone(),
         };
         claim_single(gate, &job, (masks, args.report.as_deref()), &made)?;
         return Ok(Plan {
@@ -199,6 +203,7 @@ pub fn jobs(args: &SegmentArgs, gate: &mut Gate, masks: &[String]) -> Result<Pla
             logits: args.logits.as_ref().map(|d| file(d, "nii.gz")),
             split: p.split_classes.as_ref().map(|d| d.join(&s)),
             preview: p.preview.as_ref().map(|d| file(d, "png")),
+            statistics: args.statistics.as_ref().map(|d| file(d, "json")),
             input: c.source.paths()[0].clone(),
             source: c.source,
         };

@@ -17,7 +17,8 @@ use std::time::Instant;
 /// A job's input, read and preprocessed.
 pub struct Input {
     volume: Volume,
-    /// Channel 0 as read (before the cleanup and normalisation), for `--preview`.
+    /// Channel 0 as read (before the cleanup and normalisation), for `--preview` and
+    /// `--statistics`.
     raw: Option<Array3<f32>>,
     nonfinite: usize,
     /// Seconds reading, preprocessing.
@@ -63,7 +64,8 @@ pub fn read_ahead(
     let start = Instant::now();
     let header = job.source.read_header()?;
     crate::volume::check_output_shape(&job.input, &header, 1)?;
-    let (input, keep_raw) = (job.source.clone(), job.preview.is_some());
+    let keep_raw = job.preview.is_some() || job.statistics.is_some();
+    let input = job.source.clone();
     let cfg = config.clone();
     let reader = std::thread::Builder::new()
         .name("voxtile-read".into())
@@ -167,9 +169,14 @@ pub fn process(
         );
     }
     let remap = pipe.settings().remap.as_deref();
+    let names = config.label_names(pipe.output_channels(), remap);
+    let voxel_ml = crate::engine::voxel_ml(out.header.spacing(), out.header.xyzt_units);
+    config
+        .post
+        .apply(&mut out.labels, &names, voxel_ml)
+        .map_err(|e| name_error(e, &job.input, &config.models))?;
     let background = remap.and_then(|t| t.first().copied()).unwrap_or(0);
     super::empty::warn_if_empty(&job.input, out.labels.view(), background);
-    let names = config.label_names(pipe.output_channels(), remap);
     let summary = Summary::new(
         (&job.input, &job.output),
         out.labels.view(),
@@ -195,7 +202,6 @@ pub fn process(
         sec.insert("engine_init".into(), ahead.engine_init.into());
         sec.insert("wait_for_read".into(), ahead.wait.into());
     }
-    let voxel_ml = crate::engine::voxel_ml(out.header.spacing(), out.header.xyzt_units);
     let measured = record::Measured {
         classes: crate::engine::class_volumes(out.labels.view(), &names, voxel_ml),
         voxel_ml,
@@ -272,6 +278,9 @@ fn stage(
     if let Some(path) = &job.labels_json {
         outs.push(crate::volume::stage_labels_json(path, names)?, force);
     }
+    if let (Some(path), Some(image)) = (&job.statistics, raw) {
+        outs.push(stage_statistics(path, image, out, names)?, force);
+    }
     let opts = LabelOptions {
         names: Some(names),
         nifti2: false,
@@ -279,4 +288,24 @@ fn stage(
     let labels =
         crate::volume::stage_labels_with(&job.output, out.labels.view(), &out.header, &opts)?;
     Ok((outs, labels))
+}
+
+/// The `--statistics` file: per foreground class its voxels, volume and the input's intensity
+/// (`image`: channel 0 as read, on the label map's grid).
+fn stage_statistics(
+    path: &Path,
+    image: &Array3<f32>,
+    out: &crate::pipeline::Output,
+    names: &LabelNames,
+) -> Result<Staged> {
+    let voxel_ml = crate::engine::voxel_ml(out.header.spacing(), out.header.xyzt_units);
+    let classes = crate::postprocess::statistics(out.labels.view(), image.view(), names, voxel_ml)?;
+    #[derive(serde::Serialize)]
+    struct File {
+        voxel_ml: f64,
+        classes: Vec<crate::postprocess::ClassStatistics>,
+    }
+    let text = serde_json::to_string_pretty(&File { voxel_ml, classes })
+        .map_err(|e| Error::Invalid(format!("statistics: {e}")))?;
+    crate::staged::stage_bytes(path, (text + "\n").as_bytes())
 }
