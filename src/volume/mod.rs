@@ -61,8 +61,8 @@ pub(crate) use summary::{describe_with, stats, summarize, Stats};
 pub use geometry::{
     axcodes, io_orientation, mat44_to_quatern, quatern_to_mat44, AffineSource, Mat4,
 };
-pub use orient::{all_axis_codes, Orientation, Reorientation};
 pub use header::{check_nifti1_shape, Header, NIFTI1_MAX_AXIS};
+pub use orient::{all_axis_codes, Orientation, Reorientation};
 pub(crate) use read::check_f32_values;
 pub use read::{read_bytes, HARD_CAP_BYTES};
 pub use write::{

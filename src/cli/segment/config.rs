@@ -133,6 +133,14 @@ fn overrides(args: &SegmentArgs, options: &Options) -> Result<Overrides> {
         }),
         keep_probabilities: p.probabilities.is_some(),
         keep_logits: args.logits.is_some(),
+        orientation: args
+            .orientation
+            .as_deref()
+            .map(|o| {
+                o.parse()
+                    .map_err(|e| Error::Invalid(format!("--orientation: {e}")))
+            })
+            .transpose()?,
     })
 }
 
