@@ -123,8 +123,11 @@ fn write_nifti(path: &Path, data: &Array4<f32>, m: &Mat4) {
     volume::write_f32(path, data.view(), &h).unwrap();
 }
 
-/// The scan (the DICOM fixture) and every stored form of it: (name, path, variant or None).
-fn stored_forms(dir: &Path) -> (Volume, Vec<(String, PathBuf, Option<&'static Variant>)>) {
+/// One stored form of the scan: its name, its path, and its storage order (None: the scan's).
+type Form = (String, PathBuf, Option<&'static Variant>);
+
+/// The scan (the DICOM fixture) and every stored form of it.
+fn stored_forms(dir: &Path) -> (Volume, Vec<Form>) {
     let dicom = fixture("dicom_ct");
     let scan = volume::read(&dicom).unwrap();
     let nrrd = dir.join("ct.nrrd");
@@ -145,7 +148,7 @@ fn stored_forms(dir: &Path) -> (Volume, Vec<(String, PathBuf, Option<&'static Va
 /// The outputs of one run (labels, probabilities, raw outputs) in the scan's order, and the
 /// label map's header.
 fn run(
-    form: &(String, PathBuf, Option<&Variant>),
+    form: &Form,
     model: &Path,
     dir: &Path,
     extra: &[&str],

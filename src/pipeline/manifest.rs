@@ -91,7 +91,7 @@ impl Manifest {
     ///
     /// The file is opened as model external data is: resolved, inside its own folder (a link
     /// beside a model must not read a file elsewhere), no-follow, regular, at most
-    /// [`MANIFEST_CAP`](crate::fsio::MANIFEST_CAP) bytes. No error shows a line of the file.
+    /// `fsio::MANIFEST_CAP` bytes. No error shows a line of the file.
     pub fn load(path: impl AsRef<Path>) -> Result<Manifest> {
         let path = path.as_ref();
         let text = read_contained(path)?;
