@@ -14,7 +14,7 @@ the intensity transforms of `preprocessing` that the manifest can express:
   ScaleIntensityRangePercentilesd-> normalize percentile (b_min 0, b_max 1, clip, not relative)
   ScaleIntensityd (0..1)         -> normalize percentile 0..100 (min-max)
   Spacingd                       -> spacing
-  Orientationd                   -> not in the manifest: printed (the input must be in that orientation)
+  Orientationd                   -> orientation (voxtile turns inputs to those axis codes and the outputs back)
 Every other transform that changes values or geometry is listed in a warning.
 """
 import argparse
@@ -239,9 +239,12 @@ def run(a):
         cout = net(torch.zeros(1, cin, *roi)).shape[1]
     fields = {"name": p.get("_meta_#name", os.path.basename(os.path.abspath(a.bundle))),
               "classes": classes_of(p, cout), "axis_order": "xyz", **fields, "activation": activation_of(p)}
-    if axcodes:
-        notes.insert(0, f"Orientationd(axcodes={axcodes}): the manifest has no orientation; give voxtile inputs "
-                        f"already in {axcodes} voxel order (e.g. nibabel.as_closest_canonical for RAS)")
+    codes = str(axcodes or "").upper()
+    if len(codes) == 3 and sorted("LRAPSI".index(c) // 2 for c in codes if c in "LRAPSI") == [0, 1, 2]:
+        fields["orientation"] = codes
+    elif axcodes:
+        notes.insert(0, f"Orientationd(axcodes={axcodes}): not three axis codes; give voxtile inputs already "
+                        f"in that voxel order")
     if "spacing" in fields:
         notes.append("Spacingd resamples in world coordinates (MONAI's grid); voxtile resamples voxel centres "
                      "over the same field of view, trilinearly, after the normalisation")

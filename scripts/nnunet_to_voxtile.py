@@ -376,6 +376,8 @@ def run(a):
         "sigma_scale": 0.125,
         "pad": 0.0,
         "normalize": norm,
+        # nnU-Net never reorients: it runs on the array as each dataset's files store it (SimpleITK, zyx).
+        "orientation": "stored",
     }
     cmd_models = (f"--model {os.path.basename(base)}.onnx" if a.ensemble == "merged" else
                   " ".join(f"--model {os.path.basename(base)}_fold_{f}.onnx" for f in folds)

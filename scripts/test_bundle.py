@@ -88,6 +88,9 @@ def test_bundle(voxtile, tmp, results, bar, device="cpu"):
     net = p.get_parsed_content("network_def")
     net.load_state_dict(torch.load(os.path.join(root, "models", "model.pt"), weights_only=True))
     net.eval()
+    with open(name + ".toml") as f:
+        orient = f.read().count('orientation = "RAS"')
+    bar("converter: Orientationd(RAS) -> manifest orientation", orient, orient == 1)
     vol = os.path.join(tmp, "ct_bundle.nii.gz")
     ct_volume(vol, (58, 45, 31), (1.2, 1.2, 2.0), seed=3)  # RAS affine: Orientationd(RAS) is a no-op
     # The bundle's own preprocessing (LoadImaged ... ScaleIntensityRanged) and inferer on the same file.

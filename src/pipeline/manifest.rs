@@ -4,12 +4,14 @@
 
 use crate::engine::AxisOrder;
 use crate::tiling::BlendMode;
+use crate::volume::Orientation;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 mod intensity;
+mod orientation;
 mod postprocess;
 mod remap;
 mod text;
@@ -98,6 +100,9 @@ pub struct Manifest {
     pub min_component_ml: Option<MinComponent>,
     /// Post-processing: fill the enclosed holes of every foreground class or the listed ones.
     pub fill_holes: Option<ClassSet>,
+    /// The orientation the model was trained in: axis codes such as "RAS" (the input is turned
+    /// to it and the outputs back), or "stored" (the default: the array as the file stores it).
+    pub orientation: Option<String>,
 }
 
 impl Manifest {
@@ -191,6 +196,7 @@ impl Manifest {
         }
         self.remap_table(usize::MAX)?;
         self.check_window()?;
+        self.orientation()?;
         Ok(())
     }
 
@@ -218,6 +224,11 @@ impl Manifest {
             text::check_string("a remap key", k)?;
         }
         Ok(())
+    }
+
+    /// The `orientation` asked for (None: not given), or why it is wrong.
+    pub fn orientation(&self) -> std::result::Result<Option<Orientation>, String> {
+        orientation::parse(&self.orientation)
     }
 
     /// Several lines for `voxtile inspect`.
@@ -258,6 +269,9 @@ impl Manifest {
         }
         if let Some(m) = &self.mirror_axes {
             line("mirror axes", format!("{m:?}"));
+        }
+        if let Some(o) = &self.orientation {
+            line("orientation", o.clone());
         }
         if let Some(r) = &self.remap {
             let list: Vec<String> = r.iter().map(|(k, v)| format!("{k}->{v}")).collect();

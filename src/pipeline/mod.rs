@@ -12,6 +12,7 @@
 pub mod batch;
 pub mod intensity;
 pub mod manifest;
+pub mod orient;
 pub mod outputs;
 pub mod preview;
 pub mod resample;
@@ -19,7 +20,7 @@ mod setup;
 
 use crate::engine::{AxisOrder, CancelToken, Engine, Options, Report};
 use crate::model::graph::OutputActivation;
-use crate::volume::{Header, Volume};
+use crate::volume::{Header, Orientation, Reorientation, Volume};
 use crate::{Error, Result};
 pub use manifest::{Activation, Intensity, Manifest};
 use ndarray::{Array3, Array4, ArrayView4, Axis, Zip};
@@ -45,6 +46,8 @@ pub struct Settings {
     pub keep_probabilities: bool,
     /// Keep the averaged raw outputs on the input grid (for `--logits`).
     pub keep_logits: bool,
+    /// The orientation the models run in (see [`orient`]); outputs come back on the input grid.
+    pub orientation: Orientation,
 }
 
 impl Default for Settings {
@@ -57,6 +60,7 @@ impl Default for Settings {
             remap: None,
             keep_probabilities: false,
             keep_logits: false,
+            orientation: Orientation::Stored,
         }
     }
 }
@@ -85,6 +89,8 @@ pub struct PipelineReport {
     pub target_spacing: Option<[f64; 3]>,
     /// Seconds per pipeline stage.
     pub pipeline_seconds: PipelineTimes,
+    /// The orientation in effect.
+    pub orientation: orient::OrientationReport,
 }
 
 /// Seconds per pipeline stage, around the engines' own.
@@ -358,9 +364,20 @@ impl Pipeline {
         Ok(())
     }
 
-    /// The grid (i,j,k) the models run on for an input of `header`: the input's, or resampled
-    /// to the settings' spacing.
+    /// The grid (i,j,k) the models run on for an input of `header`: the input's, turned to the
+    /// settings' orientation, resampled to their spacing.
     pub fn model_grid(&self, header: &Header) -> Result<[usize; 3]> {
+        let turned = self.reorientation(header)?.header(header);
+        self.grid_on(&turned)
+    }
+
+    /// How an input of `header` is turned to the settings' orientation (identity: stored).
+    pub fn reorientation(&self, header: &Header) -> Result<Reorientation> {
+        Reorientation::to(&header.affine(), self.settings.orientation).map_err(Error::Invalid)
+    }
+
+    /// The grid the models run on for an input of `header` already in the models' orientation.
+    fn grid_on(&self, header: &Header) -> Result<[usize; 3]> {
         let order = self.engines[0].options().axis_order;
         resample::model_grid(header, order, self.settings.spacing)
     }
@@ -382,7 +399,8 @@ impl Pipeline {
     /// Prepare every engine for a volume of `header` before its data is there (the CLI does it
     /// while the file is read and normalised). Nothing to do when the volume is resampled.
     pub fn prepare_for(&mut self, header: &Header) -> Result<()> {
-        let (input_grid, model_grid) = (header.shape(), self.model_grid(header)?);
+        let header = &self.reorientation(header)?.header(header);
+        let (input_grid, model_grid) = (header.shape(), self.grid_on(header)?);
         if model_grid != input_grid {
             return Ok(());
         }
@@ -395,7 +413,8 @@ impl Pipeline {
     }
 
     /// [`Pipeline::run`] on a volume already through [`intensity::preprocess`]; `pre`: its
-    /// non-finite voxel count and the seconds that took.
+    /// non-finite voxel count and the seconds that took. The volume is turned to the settings'
+    /// orientation first (a copy) and every output turned back onto its grid.
     pub fn run_preprocessed(
         &mut self,
         volume: &Volume,
@@ -403,13 +422,34 @@ impl Pipeline {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Output> {
         self.check_channels(volume.data.shape()[0])?;
+        let reo = self.reorientation(&volume.header)?;
+        let mut out = if reo.is_identity() {
+            self.run_on_grid(volume, pre, progress)?
+        } else {
+            let turned = orient::turn(volume, &reo)?;
+            let out = self.run_on_grid(&turned, pre, progress)?;
+            drop(turned);
+            orient::turn_back(out, &reo, &volume.header)?
+        };
+        out.report.orientation =
+            orient::OrientationReport::new(self.settings.orientation, &volume.header, &reo);
+        Ok(out)
+    }
+
+    /// [`Pipeline::run_preprocessed`] on a volume already in the models' orientation.
+    fn run_on_grid(
+        &mut self,
+        volume: &Volume,
+        pre: (usize, f64),
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Output> {
         let (nonfinite, normalize) = pre;
         let mut times = PipelineTimes {
             normalize,
             ..Default::default()
         };
         let input_grid = volume.shape();
-        let model_grid = self.model_grid(&volume.header)?;
+        let model_grid = self.grid_on(&volume.header)?;
         let single = self.single_pass(model_grid, input_grid);
         self.set_keep(single);
         let t = Instant::now();
@@ -451,6 +491,7 @@ impl Pipeline {
             model_grid,
             target_spacing: self.settings.spacing,
             pipeline_seconds: times,
+            orientation: Default::default(),
         };
         Ok(Output {
             labels,

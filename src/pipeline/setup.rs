@@ -6,6 +6,7 @@ use super::manifest::{parse_blend, Activation, Intensity, Manifest};
 use super::{Pipeline, Settings};
 use crate::engine::{AxisOrder, Engine, Normalize, Options};
 use crate::tiling::{BlendMode, PadMode, Placement};
+use crate::volume::Orientation;
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 
@@ -55,6 +56,8 @@ pub struct Overrides {
     pub sigma_scale: Option<[f64; 3]>,
     /// Padding where the volume is smaller than the roi.
     pub pad: Option<PadMode>,
+    /// The orientation the models run in (`--orientation`).
+    pub orientation: Option<Orientation>,
 }
 
 /// Models, their manifest and the merged settings, as plain data: [`ModelSetup::build`] makes
@@ -203,6 +206,10 @@ fn merge(
         remap: None,
         keep_probabilities: over.keep_probabilities,
         keep_logits: over.keep_logits,
+        orientation: match over.orientation {
+            Some(o) => o,
+            None => manifest.orientation().map_err(bad)?.unwrap_or_default(),
+        },
     };
     Ok((options, settings))
 }

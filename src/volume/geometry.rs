@@ -356,6 +356,21 @@ impl Header {
 /// Axis codes ("RAS", "LPI"...) of an affine, as nibabel `aff2axcodes(io_orientation(aff))`:
 /// for each voxel axis, the world axis it moves along most, picked greedily; '?' when undetermined.
 pub fn axcodes(m: &Mat4) -> String {
+    let labels = [('L', 'R'), ('P', 'A'), ('I', 'S')];
+    io_orientation(m)
+        .iter()
+        .map(|o| match o {
+            Some((w, true)) => labels[*w].1,
+            Some((w, false)) => labels[*w].0,
+            None => '?',
+        })
+        .collect()
+}
+
+/// nibabel's `io_orientation`: per voxel axis (i, j, k), the world axis (0 = x, 1 = y, 2 = z) it
+/// moves along most and whether it moves toward +x/+y/+z (R, A, S); None when undetermined.
+/// Greedy in voxel-axis order on the orthogonal polar factor, so no world axis is picked twice.
+pub fn io_orientation(m: &Mat4) -> [Option<(usize, bool)>; 3] {
     let mut rs: Mat3 = [[0.0; 3]; 3];
     for j in 0..3 {
         let mut n = (m[0][j] * m[0][j] + m[1][j] * m[1][j] + m[2][j] * m[2][j]).sqrt();
@@ -367,7 +382,7 @@ pub fn axcodes(m: &Mat4) -> String {
         }
     }
     if rs.iter().flatten().any(|v| !v.is_finite()) {
-        return "???".into();
+        return [None; 3];
     }
     // Orthogonal polar factor (nibabel: P @ Qs from the SVD); a singular matrix is used as it is.
     let mut r = if inv_transpose3(&rs).is_some() {
@@ -375,12 +390,10 @@ pub fn axcodes(m: &Mat4) -> String {
     } else {
         rs
     };
-    let labels = [('L', 'R'), ('P', 'A'), ('I', 'S')];
-    let mut out = String::new();
-    for in_ax in 0..3 {
+    let mut out = [None; 3];
+    for (in_ax, o) in out.iter_mut().enumerate() {
         let col = [r[0][in_ax], r[1][in_ax], r[2][in_ax]];
         if col.iter().all(|v| v.abs() <= 1e-8) {
-            out.push('?');
             continue;
         }
         let mut out_ax = 0;
@@ -389,11 +402,7 @@ pub fn axcodes(m: &Mat4) -> String {
                 out_ax = k;
             }
         }
-        out.push(if col[out_ax] < 0.0 {
-            labels[out_ax].0
-        } else {
-            labels[out_ax].1
-        });
+        *o = Some((out_ax, col[out_ax] >= 0.0));
         r[out_ax] = [0.0; 3];
     }
     out

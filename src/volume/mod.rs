@@ -37,6 +37,7 @@ mod inputs;
 mod labels;
 mod metaimage;
 mod nrrd;
+mod orient;
 mod pair;
 mod payload;
 mod raw;
@@ -57,8 +58,11 @@ pub use source::Source;
 pub use summary::describe;
 pub(crate) use summary::{describe_with, stats, summarize, Stats};
 
-pub use geometry::{axcodes, mat44_to_quatern, quatern_to_mat44, AffineSource, Mat4};
+pub use geometry::{
+    axcodes, io_orientation, mat44_to_quatern, quatern_to_mat44, AffineSource, Mat4,
+};
 pub use header::{check_nifti1_shape, Header, NIFTI1_MAX_AXIS};
+pub use orient::{all_axis_codes, Orientation, Reorientation};
 pub(crate) use read::check_f32_values;
 pub use read::{read_bytes, HARD_CAP_BYTES};
 pub use write::{

@@ -86,6 +86,10 @@ pub struct SegmentArgs {
     /// intensity); a folder in batch mode (FOLDER/<case>.json)
     #[arg(long, value_name = "FILE.json")]
     pub statistics: Option<PathBuf>,
+    /// Turn the input to these axis codes before the network (e.g. RAS, LPS; "stored": as the
+    /// file stores it) and every output back onto the input's grid; default: the manifest's
+    #[arg(long, value_name = "CODES|stored")]
+    pub orientation: Option<String>,
 }
 
 /// The flags beyond one model on one file: manifests, resampling, TTA, ensembles, extra

@@ -71,6 +71,9 @@ pub struct EffectiveOptions {
     pub probabilities_u8: bool,
     /// A `labels.json` sidecar written beside each label map.
     pub labels_json: bool,
+    /// The orientation the models ran in: "stored" or axis codes (the per-file report's
+    /// `orientation` says how each input was turned).
+    pub orientation: String,
 }
 
 impl Provenance {
@@ -96,6 +99,7 @@ impl Provenance {
             memory_budget: o.memory_budget,
             probabilities_u8: config.u8,
             labels_json,
+            orientation: s.orientation.to_string(),
         };
         Ok(Provenance {
             tool: "voxtile",
