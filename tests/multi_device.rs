@@ -223,7 +223,14 @@ fn cli_one_file_on_two_cpu_workers_is_the_one_worker_file() {
                 "--logits",
                 logits.to_str().unwrap(),
             ])
-            .args(["--roi", "16", "--device", devices, "--report"])
+            .args([
+                "--roi",
+                "16",
+                "--allow-small-roi",
+                "--device",
+                devices,
+                "--report",
+            ])
             .arg(&report)
             .output()
             .unwrap();

@@ -20,20 +20,6 @@ fn classes_model(d: &Path, classes: &[&str]) -> PathBuf {
     m
 }
 
-fn bytes(p: &Path) -> Vec<u8> {
-    std::fs::read(p).unwrap()
-}
-
-/// The names in `d`, sorted.
-fn listing(d: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(d)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .collect();
-    v.sort();
-    v
-}
-
 /// Defect 1: a class named like the input or like `-o` replaced it; an existing mask was
 /// refused only after the whole inference, for a false reason.
 #[test]

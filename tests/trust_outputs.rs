@@ -40,19 +40,6 @@ fn seg_in(c: &Case, input: &Path, extra: &[&str]) -> Output {
     voxtile(&a)
 }
 
-fn bytes(p: &Path) -> Vec<u8> {
-    std::fs::read(p).unwrap()
-}
-
-fn listing(d: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(d)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .collect();
-    v.sort();
-    v
-}
-
 #[test]
 fn report_never_replaces_an_input_a_model_or_an_existing_file() {
     let c = case();

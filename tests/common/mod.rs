@@ -255,3 +255,18 @@ pub fn parts(
         .unwrap_or_else(|| ndarray::Array4::zeros((0, x, y, z)));
     (seg.labels, logits, seg.report)
 }
+
+/// The bytes of `p` (the test fails when it cannot be read).
+pub fn bytes(p: &Path) -> Vec<u8> {
+    std::fs::read(p).unwrap()
+}
+
+/// The names in `d`, sorted.
+pub fn listing(d: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    v.sort();
+    v
+}
