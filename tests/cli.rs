@@ -139,6 +139,7 @@ fn output_readable_by_nibabel() {
         out.to_str().unwrap(),
         "--roi",
         "64,64,32",
+        "--allow-small-roi",
         "--device",
         "cpu",
     ]);
