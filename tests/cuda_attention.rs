@@ -8,7 +8,7 @@ mod common;
 use common::rng::Rng;
 use half::f16;
 use voxtile::internals::cpu::ops::attention;
-use voxtile::internals::cuda::{attention_f16, attention_offsets};
+use voxtile::internals::cuda::attention_offsets;
 use voxtile::model::graph::{Dims, Tensor};
 use voxtile::model::ops::Attention;
 
@@ -199,15 +199,15 @@ fn gpu_attention_matches_cpu() {
         };
         let (want, od) =
             attention::<f32>(&a, (&q, dims(&c.q)), (&k, dims(&c.k)), (&v, dims(&c.v))).unwrap();
-        let got = attention_f16(
-            &b,
-            &a,
-            (&q, dims(&c.q)),
-            (&k, dims(&c.k)),
-            (&v, dims(&c.v)),
-            c.bias_f32,
-        )
-        .unwrap();
+        let got = b
+            .attention_f16(
+                &a,
+                (&q, dims(&c.q)),
+                (&k, dims(&c.k)),
+                (&v, dims(&c.v)),
+                c.bias_f32,
+            )
+            .unwrap();
         assert_eq!(got.len(), od.numel());
         let e = common::rel_l2(&got, &want);
         println!(

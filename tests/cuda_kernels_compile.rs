@@ -4,8 +4,8 @@
 
 mod common;
 use common::rng::Rng;
-use voxtile::internals::cuda::catalogue::{self as cat, Family, FAMILIES};
-use voxtile::internals::cuda::compile;
+use voxtile::internals::cuda::host::catalogue::{self as cat, Family, FAMILIES};
+use voxtile::internals::cuda::runtime::compile;
 
 #[test]
 fn every_kernel_family_compiles_without_warnings() {
@@ -67,7 +67,7 @@ fn every_kernel_family_compiles_without_warnings() {
     );
 }
 
-use voxtile::internals::cuda::catalogue::{halo_config, HaloConfig, HALO_CONFIGS};
+use voxtile::internals::cuda::host::catalogue::{halo_config, HaloConfig, HALO_CONFIGS};
 
 /// The `HALO_ENTRY(...)` / `HALO2_ENTRY(...)` lines of kernels/conv.cu: name and numbers.
 fn halo_entries() -> Vec<(String, Vec<usize>)> {
@@ -891,7 +891,7 @@ fn halo_index_emulation() {
 /// of their `MMA_ENTRY` twin (plan::UPSAMPLE_VEC), so the twin's shared memory size is right.
 #[test]
 fn upsample_vec_entries_match_their_mma_twins() {
-    use voxtile::internals::cuda::catalogue::UPSAMPLE_VEC;
+    use voxtile::internals::cuda::host::catalogue::UPSAMPLE_VEC;
     let src = Family::Conv.source();
     let args = |prefix: &str| -> Vec<Vec<String>> {
         src.lines()

@@ -7,10 +7,10 @@
 mod common;
 use common::rng::Rng;
 use ndarray::{Array3, Array4, Array5};
-use voxtile::internals::cuda::buffers::ConvGeom;
-use voxtile::internals::cuda::catalogue::{self as cat, halo_config, MmaConfig, MMA_CONFIGS};
-use voxtile::internals::cuda::pipeline::WindowJob;
-use voxtile::internals::cuda::select::pick_halo;
+use voxtile::internals::cuda::host::catalogue::{self as cat, halo_config, MmaConfig, MMA_CONFIGS};
+use voxtile::internals::cuda::host::select::pick_halo;
+use voxtile::internals::cuda::host::select::ConvGeom;
+use voxtile::internals::cuda::stream::WindowJob;
 use voxtile::internals::cuda::{CudaBackend, CudaOptions};
 use voxtile::model::graph::*;
 
@@ -1643,7 +1643,7 @@ fn kernels_used(b: &mut CudaBackend, batch: usize) -> Vec<String> {
 /// run forced) and checks that it is the one that ran.
 #[test]
 fn conv_halo_cases() {
-    use voxtile::internals::cuda::catalogue::{HaloConfig, HALO_CONFIGS};
+    use voxtile::internals::cuda::host::catalogue::{HaloConfig, HALO_CONFIGS};
     let Some(mut b) = gpu() else { return };
     let mut r = Rng::tagged("halo");
     b.with(|o| o.conv_tile = None);
@@ -2504,7 +2504,7 @@ fn bench_w1_layers() {
 /// path (halo off: `conv_mma_*`) and a `RESULT w2 ... old ... new` summary line.
 #[test]
 fn bench_halo_variants() {
-    use voxtile::internals::cuda::catalogue::{HaloConfig, HALO_CONFIGS};
+    use voxtile::internals::cuda::host::catalogue::{HaloConfig, HALO_CONFIGS};
     let Some(mut b) = gpu() else { return };
     let mut r = Rng::tagged("halo-bench");
     b.with(|o| o.conv_tile = None);

@@ -10,7 +10,7 @@ use common::rng::Rng;
 use ndarray::{Array3, Array4};
 use rayon::prelude::*;
 use std::sync::Mutex;
-use voxtile::internals::cuda::pipeline::WindowJob;
+use voxtile::internals::cuda::stream::WindowJob;
 use voxtile::internals::cuda::{CudaBackend, CudaOptions};
 use voxtile::model::graph::*;
 use voxtile::Error;
@@ -444,7 +444,7 @@ fn pipeline_matches_f64_reference() {
 /// activation buffers make any element the gather misses show as NaN.
 #[test]
 fn device_gather_is_bitwise_the_host_gather() {
-    use voxtile::internals::cuda::pipeline::GatherMode;
+    use voxtile::internals::cuda::GatherMode;
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut b) = gpu() else { return };
     let mut r = Rng::tagged("devgather");

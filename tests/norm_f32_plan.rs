@@ -3,7 +3,8 @@
 //! InstanceNorm / GroupNorm, at 4 bytes an element, and none with `norm_f32` off.
 
 use std::path::Path;
-use voxtile::internals::cuda::plan::{buffer_plan, ArchCaps};
+use voxtile::internals::cuda::host::buffers::buffer_plan;
+use voxtile::internals::cuda::host::conv_kernel::ArchCaps;
 use voxtile::model::graph::{Graph, Op};
 
 fn is_norm(op: &Op) -> bool {
@@ -83,7 +84,8 @@ fn conv_outputs_only_norms_read_are_fp32() {
         };
         let bp16 = buffer_plan(g, 1, *roi, &off).unwrap();
         assert!(bp16.f32_values.iter().all(|&f| !f), "{name}");
-        let bytes = |p: &voxtile::internals::cuda::plan::BufferPlan| p.bufs.iter().sum::<usize>();
+        let bytes =
+            |p: &voxtile::internals::cuda::host::buffers::BufferPlan| p.bufs.iter().sum::<usize>();
         let extra: usize = bp
             .f32_values
             .iter()

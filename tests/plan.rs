@@ -431,7 +431,8 @@ fn plan_command_prints_a_summary_and_json() {
 /// never aliases a buffer that is still needed.
 #[test]
 fn cuda_prediction_is_the_backend_buffer_plan() {
-    use voxtile::internals::cuda::plan::{buffer_plan, ArchCaps};
+    use voxtile::internals::cuda::host::buffers::buffer_plan;
+    use voxtile::internals::cuda::host::conv_kernel::ArchCaps;
     let floor = |b: usize| b.max(256) as u64;
     let h200 = ArchCaps::h200();
     for (name, g) in models() {
@@ -511,7 +512,7 @@ fn cuda_prediction_is_the_backend_buffer_plan() {
 /// launch to its last reader, no launch writes memory (its buffer's byte range in the arena) that
 /// overlaps another live value's (except the channel slices of one concat, which share its
 /// buffer by design), and every buffer lies inside the arena.
-fn check_no_alias(name: &str, g: &Graph, bp: &voxtile::internals::cuda::plan::BufferPlan) {
+fn check_no_alias(name: &str, g: &Graph, bp: &voxtile::internals::cuda::host::buffers::BufferPlan) {
     let mut last = vec![0usize; g.values.len()];
     for (i, n) in g.nodes.iter().enumerate() {
         for &v in &n.inputs {

@@ -3,7 +3,8 @@
 //! exporters: every node launched (or fused into its producer), one offset table per attention.
 
 use std::path::Path;
-use voxtile::internals::cuda::plan::{buffer_plan, ArchCaps};
+use voxtile::internals::cuda::host::buffers::buffer_plan;
+use voxtile::internals::cuda::host::conv_kernel::ArchCaps;
 use voxtile::model::graph::Op;
 
 #[test]

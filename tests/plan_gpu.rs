@@ -2,7 +2,7 @@
 //! unless VOXTILE_REQUIRE_GPU=1).
 //!
 //! How the planner matches the device: `CudaBackend::prepare` allocates exactly the host-only
-//! `backend::cuda::plan::buffer_plan` (activation arena, constants, norm scratch) and the planner
+//! `backend::cuda::host::buffers::buffer_plan` (activation arena, constants, norm scratch) and the planner
 //! sums that same plan, so after `prepare` the tracked device bytes equal
 //! `BufferPlan::device_bytes()` exactly and the arena equals `CudaBackend::activation_bytes()`;
 //! the single-window API (`Backend::run`) adds its f32 staging on its first call
@@ -81,7 +81,8 @@ fn predicted_device_memory_matches_measured() {
 /// the planner's default (H200, sm_90) weights and workspace are not below this device's.
 #[test]
 fn prepare_allocates_exactly_the_buffer_plan() {
-    use voxtile::internals::cuda::plan::{buffer_plan, ArchCaps};
+    use voxtile::internals::cuda::host::buffers::buffer_plan;
+    use voxtile::internals::cuda::host::conv_kernel::ArchCaps;
     if !gpu_present() {
         return;
     }

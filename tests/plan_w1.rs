@@ -5,8 +5,10 @@
 mod common;
 use common::unet::*;
 use common::*;
-use voxtile::internals::cuda::pipeline::{pipeline_alloc, window_z0, AllocQuery, GatherMode};
-use voxtile::internals::cuda::plan::{buffer_plan, ArchCaps};
+use voxtile::internals::cuda::host::buffers::buffer_plan;
+use voxtile::internals::cuda::host::conv_kernel::ArchCaps;
+use voxtile::internals::cuda::stream::{pipeline_alloc, window_z0, AllocQuery};
+use voxtile::internals::cuda::GatherMode;
 use voxtile::model::graph::{Graph, Op};
 use voxtile::plan::{self, Target, Workload};
 use voxtile::tiling::Placement;

@@ -2,8 +2,8 @@
 //! (gather, run, blend on the device, streams overlapped); labels are made on the device unless
 //! the blended outputs are kept (or there is one channel, thresholded on the host).
 
-use super::pipeline::WindowJob;
 use super::CudaBackend;
+use crate::backend::cuda::stream::WindowJob;
 use crate::backend::{Backend, MemoryModel, Pass, PassOutput, StageTimes};
 use crate::model::Graph;
 use crate::tiling::{self, PadMode};

@@ -2,14 +2,15 @@
 //! activation arena, the constants, the norm scratch), built once per (roi, batch), and its
 //! launch for n samples.
 
-use super::buffers::{buffer_plan, ArchCaps, BufferPlan};
-use super::catalogue::FILL_HALF;
-use super::device::DevBuf;
-use super::launch::{Arg, Gpu};
 use super::ops::{build_node, Build, NodeIo, Step};
-use super::plan::Act;
-use super::profile::step_label;
-use crate::model::graph::Graph;
+use crate::backend::cuda::abi::{Act, Shape};
+use crate::backend::cuda::host::buffers::{buffer_plan, BufferPlan};
+use crate::backend::cuda::host::catalogue::FILL_HALF;
+use crate::backend::cuda::host::conv_kernel::ArchCaps;
+use crate::backend::cuda::ops::eltwise::Elt;
+use crate::backend::cuda::runtime::device::DevBuf;
+use crate::backend::cuda::runtime::launch::{Arg, Gpu};
+use crate::model::graph::{Graph, Op, Tensor};
 use crate::{Error, Result};
 use cudarc::driver::PinnedHostSlice;
 
@@ -118,7 +119,7 @@ fn node_io<'g>(
     bp: &BufferPlan,
     bufs: &[u64],
     graph: &'g Graph,
-    l: &super::buffers::Launch,
+    l: &crate::backend::cuda::host::buffers::Launch,
     act: Act,
 ) -> Result<NodeIo<'g>> {
     let node = &graph.nodes[l.node];
@@ -210,4 +211,38 @@ impl Prepared {
         }
         Ok(())
     }
+}
+
+/// Profile label of one step: op, input -> output shape (C x D x H x W per sample), fused
+/// activation and, for convs, the kernel. Steps of one label are summed by [`per_step`].
+pub(crate) fn step_label(step: &Step, op: &Op, act: &Act, x: Shape, o: Shape) -> String {
+    let sh = |s: Shape| format!("{}x{}x{}x{}", s[0], s[1], s[2], s[3]);
+    let act = match act {
+        Act::None => String::new(),
+        a => format!(" +{}", format!("{a:?}").split('(').next().unwrap_or("")),
+    };
+    // Kernel and stride of the op itself (a transposed conv runs as several GEMM steps).
+    let ks = |w: &Tensor, st: [usize; 3]| {
+        let w = &w.shape;
+        format!(
+            "k{}{}{} s{}",
+            w[2],
+            w[3],
+            w[4],
+            st.iter().max().unwrap_or(&1)
+        )
+    };
+    let what = match (step, op) {
+        (Step::Conv(c), Op::Conv(cv)) => {
+            format!("{} {} [{}]", op.name(), ks(&cv.weight, cv.stride), c.func)
+        }
+        (Step::Conv(c), Op::ConvTranspose(cv)) => {
+            format!("{} {} [{}]", op.name(), ks(&cv.weight, cv.stride), c.func)
+        }
+        (Step::Elt(Elt::Concat { cin, coff, .. }), _) => {
+            format!("{} copy {cin}@{coff}", op.name())
+        }
+        _ => op.name().to_string(),
+    };
+    format!("{what}{act} {} -> {}", sh(x), sh(o))
 }

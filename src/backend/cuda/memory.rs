@@ -9,9 +9,13 @@
 //! on the device: an opened backend answers with its own [`ArchCaps`], `voxtile plan` without
 //! one with an H200's.
 
-use super::buffers::{buffer_plan, ArchCaps, BufferPlan};
-use super::pipeline::{pipeline_alloc, stage_planes, window_z0, AllocQuery, GatherMode, OUT_SLOTS};
 use super::CudaBackend;
+use crate::backend::cuda::host::buffers::{buffer_plan, BufferPlan};
+use crate::backend::cuda::host::conv_kernel::ArchCaps;
+use crate::backend::cuda::host::options::GatherMode;
+use crate::backend::cuda::stream::{
+    pipeline_alloc, stage_planes, window_z0, AllocQuery, OUT_SLOTS,
+};
 use crate::backend::memory::{prod, Breakdown, Estimate, PeakNode, Target, Workload, F16, F32};
 use crate::backend::MemoryModel;
 use crate::model::graph::Graph;
@@ -155,7 +159,7 @@ impl MemoryModel for CudaMemory {
     /// Nodes on the tensor path (activations of other ranks, Softmax/Concat off the channel
     /// axis) run at batch 1 only.
     fn max_batch(&self, graph: &Graph, roi: [usize; 3]) -> usize {
-        match super::buffers::cuda_shapes(graph, roi) {
+        match crate::backend::cuda::host::buffers::cuda_shapes(graph, roi) {
             Ok((_, _, tensor)) if tensor.contains(&true) => 1,
             _ => graph.max_batch(roi),
         }

@@ -5,48 +5,42 @@
 //! launch list over buffers placed by liveness in one preallocated arena; `run` only launches.
 //! cudarc's per-buffer event tracking is switched off: this module orders its own streams.
 //!
-//! Layers, lowest first (each uses only those above it):
-//! - `catalogue`: every kernel's family, entry point and tile configuration;
-//! - `compile`: NVRTC build with the PTX and cubin cache, module loading;
-//! - `device`: driver errors, the allocation tracker, `DevBuf`;
-//! - `launch`: kernel arguments and launches on a `launch::Gpu` (context, streams, kernels);
-//! - host planning: `plan` (fusion, parameter blocks), `relayout` (weights), `select` and
-//!   `conv_kernel` (which conv kernel), `buffers` (the buffer plan the memory planner sums);
+//! Layers, lowest first; each uses only those above it (no circles):
+//! - `abi`: the kernel parameter blocks, activation codes, per-sample shape and allocation sizes;
+//! - `host/`: planning with no driver type, unit-tested without a GPU: `catalogue` (every kernel's
+//!   family, entry point and tile configuration), `options`, `select` and `conv_kernel` (which
+//!   conv kernel), `relayout` (weights), `tensor_layout`, `attention_table`, `fusion`, and
+//!   `buffers` (the buffer plan the memory planner sums);
+//! - `runtime/`: `compile` (NVRTC, the PTX and cubin cache), `device` (driver errors, the
+//!   allocation tracker, `DevBuf`), `launch` (kernel arguments and launches on a `Gpu`);
 //! - `ops/*`: one plan-and-launch unit per op family; `launch_list`: the prepared graph;
-//! - `single` (one batch in and out), `pipeline` (the streamed sliding window), `profile`;
-//! - this file: `CudaBackend`, which owns the device state and the options.
+//! - `single` (one batch in and out), `stream/` (the streamed sliding window), `profile`;
+//! - this file and `backend`/`memory`: `CudaBackend`, which owns the device state and options.
 
+pub mod abi;
 mod backend;
-pub mod buffers;
-pub mod catalogue;
-pub mod compile;
-pub mod conv_kernel;
-pub(crate) mod device;
-pub(crate) mod launch;
+pub mod host;
 pub(crate) mod launch_list;
 pub mod memory;
 pub(crate) mod ops;
-pub mod options;
-pub mod pipeline;
-pub mod plan;
 pub(crate) mod profile;
-pub mod relayout;
-pub mod select;
+pub mod runtime;
 pub(crate) mod single;
-pub mod tensor_layout;
+pub mod stream;
 
-pub use ops::attention::{attention_f16, offsets as attention_offsets, AttnTable};
-pub use options::CudaOptions;
-pub use pipeline::GpuTimes;
+pub use host::attention_table::{offsets as attention_offsets, AttnTable};
+pub use host::options::{CudaOptions, GatherMode};
+pub use stream::GpuTimes;
 
 use crate::model::graph::Graph;
+use crate::model::ops::{Attention, Dims};
 use crate::{Error, Result};
 use cudarc::driver::{sys, CudaContext};
-use device::{drv, mem_reset_peak, mem_stats};
-use launch::Gpu;
 use launch_list::Prepared;
 use ndarray::{Array3, Array4, Array5, ArrayView5};
-use pipeline::{PinnedCache, WindowJob};
+use runtime::device::{drv, mem_reset_peak, mem_stats};
+use runtime::launch::Gpu;
+use stream::{PinnedCache, WindowJob};
 
 /// An LCG (Knuth's MMIX constants) for the unit tests and the arena's seeded placement
 /// shuffles: advances `state`, returns its top 31 bits.
@@ -75,6 +69,19 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
+    /// Runs one attention on host f32 q, k, v (fp16 on the device; bias and mask as fp32 when
+    /// `bias_f32`, else fp16) and returns the f32 output: the attention kernel's test entry point.
+    pub fn attention_f16(
+        &self,
+        op: &Attention,
+        q: (&[f32], Dims),
+        k: (&[f32], Dims),
+        v: (&[f32], Dims),
+        bias_f32: bool,
+    ) -> Result<Vec<f32>> {
+        ops::attention::attention_f16(&self.gpu, op, q, k, v, bias_f32)
+    }
+
     /// Opens device `device` with the default options (see [`Self::with_options`]).
     pub fn new(device: usize) -> Result<Self> {
         CudaBackend::with_options(device, CudaOptions::default())
@@ -89,7 +96,7 @@ impl CudaBackend {
                 "no CUDA driver found (libcuda.so): install the NVIDIA driver or use the CPU backend".into(),
             ));
         }
-        if !compile::nvrtc_present() {
+        if !runtime::compile::nvrtc_present() {
             return Err(Error::Backend(
                 "no NVRTC found (libnvrtc.so): add the CUDA toolkit's lib64 folder to LD_LIBRARY_PATH".into(),
             ));
@@ -111,7 +118,7 @@ impl CudaBackend {
             "CUDA context on device {device} in {:.0} ms",
             t.elapsed().as_secs_f64() * 1e3
         );
-        device::mem_start(&ctx);
+        runtime::device::mem_start(&ctx);
         // SAFETY: this backend orders its own streams with events; nothing else uses the context's slices.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(drv("stream creation"))?;
@@ -132,7 +139,7 @@ impl CudaBackend {
             attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
                 as usize;
         let t = std::time::Instant::now();
-        let (funcs, ptx_from_cache) = compile::load_all(&ctx, &arch, dv, ma, smem_optin)?;
+        let (funcs, ptx_from_cache) = runtime::compile::load_all(&ctx, &arch, dv, ma, smem_optin)?;
         tracing::debug!(
             "kernel families loaded in {:.0} ms ({ptx_from_cache} from the cache)",
             t.elapsed().as_secs_f64() * 1e3
@@ -192,10 +199,10 @@ impl CudaBackend {
     }
 
     /// The device properties and switches the launch list depends on (for
-    /// [`buffers::buffer_plan`] and the memory planner).
-    pub fn caps(&self) -> buffers::ArchCaps {
+    /// [`host::buffers::buffer_plan`] and the memory planner).
+    pub fn caps(&self) -> host::conv_kernel::ArchCaps {
         let (ma, mi) = self.cc;
-        buffers::ArchCaps::with_options(
+        host::conv_kernel::ArchCaps::with_options(
             ma.max(0) as u32,
             mi.max(0) as u32,
             self.gpu.sm_count as usize,
@@ -222,7 +229,7 @@ impl CudaBackend {
         channels_out: usize,
         padded: [usize; 3],
     ) -> u64 {
-        pipeline::planned_device_bytes(self.prepared.as_ref(), roi, batch, channels_out, padded)
+        stream::planned_device_bytes(self.prepared.as_ref(), roi, batch, channels_out, padded)
     }
 
     /// Compiles the graph into a launch list for up to `batch` windows of `roi`.
@@ -247,10 +254,8 @@ impl CudaBackend {
     /// first. Any window order is accepted (sorted by D here).
     pub fn segment_windows(&mut self, job: &WindowJob) -> Result<(Array4<f32>, GpuTimes)> {
         match self.windows(job, false)? {
-            (pipeline::Out::Logits(a), t) => Ok((a, t)),
-            (pipeline::Out::Labels(..), _) => {
-                Err(Error::Backend("pipeline returned labels".into()))
-            }
+            (stream::Out::Logits(a), t) => Ok((a, t)),
+            (stream::Out::Labels(..), _) => Err(Error::Backend("pipeline returned labels".into())),
         }
     }
 
@@ -262,19 +267,19 @@ impl CudaBackend {
         job: &WindowJob,
     ) -> Result<(Array3<u16>, Vec<usize>, GpuTimes)> {
         match self.windows(job, true)? {
-            (pipeline::Out::Labels(a, nan), t) => Ok((a, nan, t)),
-            (pipeline::Out::Logits(_), _) => Err(Error::Backend("pipeline returned logits".into())),
+            (stream::Out::Labels(a, nan), t) => Ok((a, nan, t)),
+            (stream::Out::Logits(_), _) => Err(Error::Backend("pipeline returned logits".into())),
         }
     }
 
     /// Runs one pass with the pinned staging of earlier calls.
-    fn windows(&mut self, job: &WindowJob, argmax: bool) -> Result<(pipeline::Out, GpuTimes)> {
+    fn windows(&mut self, job: &WindowJob, argmax: bool) -> Result<(stream::Out, GpuTimes)> {
         if job.batch == 0 {
             return Err(Error::Invalid("window batch must be at least 1".into()));
         }
         let prep = self.prepared.as_ref().ok_or_else(not_prepared)?;
         let mut cache = self.pinned.take().unwrap_or_default();
-        let r = pipeline::run_windows(&self.gpu, prep, &self.opts, &mut cache, job, argmax);
+        let r = stream::run_windows(&self.gpu, prep, &self.opts, &mut cache, job, argmax);
         self.pinned = Some(cache);
         r
     }

@@ -1,48 +1,10 @@
 //! Profiling of the prepared launch list: whole-forward timing and per-step CUDA events
 //! aggregated by a label that names the op, its shapes and its conv kernel.
 
-use super::device::drv;
-use super::launch::{ev, Gpu};
 use super::launch_list::Prepared;
-use super::ops::eltwise::Elt;
-use super::ops::Step;
-use super::plan::{Act, Shape};
-use crate::model::graph::{Op, Tensor};
+use crate::backend::cuda::runtime::device::drv;
+use crate::backend::cuda::runtime::launch::{ev, Gpu};
 use crate::{Error, Result};
-
-/// Profile label of one step: op, input -> output shape (C x D x H x W per sample), fused
-/// activation and, for convs, the kernel. Steps of one label are summed by [`per_step`].
-pub(crate) fn step_label(step: &Step, op: &Op, act: &Act, x: Shape, o: Shape) -> String {
-    let sh = |s: Shape| format!("{}x{}x{}x{}", s[0], s[1], s[2], s[3]);
-    let act = match act {
-        Act::None => String::new(),
-        a => format!(" +{}", format!("{a:?}").split('(').next().unwrap_or("")),
-    };
-    // Kernel and stride of the op itself (a transposed conv runs as several GEMM steps).
-    let ks = |w: &Tensor, st: [usize; 3]| {
-        let w = &w.shape;
-        format!(
-            "k{}{}{} s{}",
-            w[2],
-            w[3],
-            w[4],
-            st.iter().max().unwrap_or(&1)
-        )
-    };
-    let what = match (step, op) {
-        (Step::Conv(c), Op::Conv(cv)) => {
-            format!("{} {} [{}]", op.name(), ks(&cv.weight, cv.stride), c.func)
-        }
-        (Step::Conv(c), Op::ConvTranspose(cv)) => {
-            format!("{} {} [{}]", op.name(), ks(&cv.weight, cv.stride), c.func)
-        }
-        (Step::Elt(Elt::Concat { cin, coff, .. }), _) => {
-            format!("{} copy {cin}@{coff}", op.name())
-        }
-        _ => op.name().to_string(),
-    };
-    format!("{what}{act} {} -> {}", sh(x), sh(o))
-}
 
 fn check_batch(prep: &Prepared, n: usize) -> Result<()> {
     if n == 0 || n > prep.batch {

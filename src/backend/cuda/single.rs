@@ -1,10 +1,10 @@
 //! The single-window API (`Backend::run`): one batch of f32 NCDHW windows in, through the
 //! prepared launch list, f32 NCDHW out, via pinned and device staging made on first use.
 
-use super::catalogue::{NCDHW_TO_NDHWC, NDHWC_TO_NCDHW};
-use super::device::{drv, DevBuf};
-use super::launch::{Arg, Gpu};
 use super::launch_list::{Prepared, SingleWindow};
+use crate::backend::cuda::host::catalogue::{NCDHW_TO_NDHWC, NDHWC_TO_NCDHW};
+use crate::backend::cuda::runtime::device::{drv, DevBuf};
+use crate::backend::cuda::runtime::launch::{Arg, Gpu};
 use crate::{Error, Result};
 use cudarc::driver::result as cu;
 use ndarray::{Array5, ArrayView5};

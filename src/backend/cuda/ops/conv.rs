@@ -2,14 +2,15 @@
 //! (weights re-laid and uploaded at build), and their grids at run.
 
 use super::{Build, NodeIo};
-use crate::backend::cuda::buffers::{elem_bytes, ConvKernel};
-use crate::backend::cuda::catalogue::{halo_config, CONV1X1_N16, CONV1X1_N32, CONV_C1_K3};
-use crate::backend::cuda::launch::{Arg, Gpu};
-use crate::backend::cuda::plan::ConvParams;
-use crate::backend::cuda::relayout::{
+use crate::backend::cuda::abi::elem_bytes;
+use crate::backend::cuda::abi::ConvParams;
+use crate::backend::cuda::host::catalogue::{halo_config, CONV1X1_N16, CONV1X1_N32, CONV_C1_K3};
+use crate::backend::cuda::host::conv_kernel::ConvKernel;
+use crate::backend::cuda::host::relayout::{
     relayout_fused_parity_weight, relayout_parity_weight, relayout_upsampling_weight,
     relayout_weight,
 };
+use crate::backend::cuda::runtime::launch::{Arg, Gpu};
 use crate::model::graph::{Op, Tensor};
 use crate::Result;
 use cudarc::driver::CudaStream;

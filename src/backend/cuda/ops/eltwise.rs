@@ -3,12 +3,12 @@
 
 use super::norm::slope_n;
 use super::{Build, NodeIo};
-use crate::backend::cuda::catalogue::{
+use crate::backend::cuda::abi::{Act, Shape};
+use crate::backend::cuda::host::catalogue::{
     ACT_KERNEL, ACT_V8, BINARY_CONST_KERNEL, BINARY_KERNEL, BINARY_V8, CONCAT_COPY, CONCAT_COPY_V8,
     COPY_HALF, SOFTMAX_CHANNELS,
 };
-use crate::backend::cuda::launch::{Arg, Gpu};
-use crate::backend::cuda::plan::{Act, Shape};
+use crate::backend::cuda::runtime::launch::{Arg, Gpu};
 use crate::model::graph::{Op, Tensor};
 use crate::{Error, Result};
 use cudarc::driver::CudaStream;

@@ -4,9 +4,9 @@
 
 use super::eltwise::Bin;
 use super::NodeIo;
-use crate::backend::cuda::catalogue::{BINARY_BCAST_KERNEL, POINTWISE_KERNEL};
-use crate::backend::cuda::launch::{Arg, Gpu};
-use crate::backend::cuda::plan::Shape;
+use crate::backend::cuda::abi::Shape;
+use crate::backend::cuda::host::catalogue::{BINARY_BCAST_KERNEL, POINTWISE_KERNEL};
+use crate::backend::cuda::runtime::launch::{Arg, Gpu};
 use crate::model::graph::Op;
 use crate::{Error, Result};
 use cudarc::driver::CudaStream;

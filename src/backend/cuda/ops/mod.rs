@@ -10,10 +10,11 @@ pub mod pad;
 pub mod pool_resize;
 pub mod tensor;
 
-use super::buffers::{ConstBuf, ConvKernel};
-use super::device::DevBuf;
-use super::launch::Gpu;
-use super::plan::{Act, PoolParams, Shape};
+use crate::backend::cuda::abi::{Act, PoolParams, Shape};
+use crate::backend::cuda::host::buffers::ConstBuf;
+use crate::backend::cuda::host::conv_kernel::ConvKernel;
+use crate::backend::cuda::runtime::device::DevBuf;
+use crate::backend::cuda::runtime::launch::Gpu;
 use crate::model::graph::Op;
 use crate::model::ops::Dims;
 use crate::{Error, Result};

@@ -2,13 +2,13 @@
 //! the affine pass) and the channel affine, both with a fused activation.
 
 use super::{Build, NodeIo};
-use crate::backend::cuda::buffers::norm_blocks;
-use crate::backend::cuda::catalogue::{
+use crate::backend::cuda::abi::norm_blocks;
+use crate::backend::cuda::abi::Act;
+use crate::backend::cuda::host::catalogue::{
     AFFINE_ACT, AFFINE_ACT_F32, AFFINE_ACT_FLAT8, AFFINE_ACT_V8, AFFINE_ACT_V8_F32, NORM_FINALIZE,
     NORM_PARTIAL, NORM_PARTIAL_F32, NORM_PARTIAL_FLAT8, NORM_PARTIAL_V8, NORM_PARTIAL_V8_F32,
 };
-use crate::backend::cuda::launch::{Arg, Gpu};
-use crate::backend::cuda::plan::Act;
+use crate::backend::cuda::runtime::launch::{Arg, Gpu};
 use crate::model::graph::Op;
 use crate::Result;
 use cudarc::driver::CudaStream;

@@ -2,9 +2,9 @@
 //! `model::ops::pad` passed per axis.
 
 use super::NodeIo;
-use crate::backend::cuda::catalogue::{PAD_NDHWC, TILE_CHANNELS};
-use crate::backend::cuda::launch::{i32a, Arg, Gpu};
-use crate::backend::cuda::plan::Shape;
+use crate::backend::cuda::abi::Shape;
+use crate::backend::cuda::host::catalogue::{PAD_NDHWC, TILE_CHANNELS};
+use crate::backend::cuda::runtime::launch::{i32a, Arg, Gpu};
 use crate::model::graph::{Pad, PadMode};
 use crate::model::ops::AxisMap;
 use crate::{Error, Result};

@@ -1,9 +1,10 @@
 //! Max / average pooling and nearest / linear resize.
 
 use super::NodeIo;
-use crate::backend::cuda::catalogue::{POOL_KERNEL, RESIZE_KERNEL};
-use crate::backend::cuda::launch::{i32a, Arg, Gpu};
-use crate::backend::cuda::plan::{is_linear, PoolParams};
+use crate::backend::cuda::abi::PoolParams;
+use crate::backend::cuda::host::catalogue::{POOL_KERNEL, RESIZE_KERNEL};
+use crate::backend::cuda::host::fusion::is_linear;
+use crate::backend::cuda::runtime::launch::{i32a, Arg, Gpu};
 use crate::model::graph::{CoordMode, NearestMode, Op, Pool, Resize};
 use crate::Result;
 use cudarc::driver::CudaStream;

@@ -8,13 +8,13 @@
 use super::eltwise::Elt;
 use super::math::{code, MathStep};
 use super::{Build, NodeIo, Step};
-use crate::backend::cuda::catalogue::{
+use crate::backend::cuda::abi::{Act, GemmParams, NdParams};
+use crate::backend::cuda::host::catalogue::{
     Kernel, GEMM_WMMA, GEMM_WMMA_V8, LAYERNORM_ROWS, LAYERNORM_STRIDED, ND_BINARY, ND_BINARY_CONST,
     ND_COPY, SOFTMAX_ROWS, SOFTMAX_STRIDED,
 };
-use crate::backend::cuda::launch::{Arg, Gpu};
-use crate::backend::cuda::plan::{Act, GemmParams, NdParams};
-use crate::backend::cuda::tensor_layout::{merge_axes, phys_order, phys_strides, Axis};
+use crate::backend::cuda::host::tensor_layout::{merge_axes, phys_order, phys_strides, Axis};
+use crate::backend::cuda::runtime::launch::{Arg, Gpu};
 use crate::model::graph::{Op, Tensor};
 use crate::model::ops::{gather_dims, norm_axis, Dims};
 use crate::{Error, Result};

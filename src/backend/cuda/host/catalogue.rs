@@ -6,7 +6,7 @@
 //! both sides list the same entry points and tests/cuda_kernels_compile.rs the template numbers.
 
 /// Prepended to every family: activation codes and helpers shared by the epilogues.
-pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
+pub const COMMON: &str = include_str!("../../../../kernels/common.cuh");
 
 /// One kernels/*.cu file, compiled by NVRTC as one module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,15 +54,15 @@ impl Family {
     /// The family's source (embedded), without the common prelude.
     pub fn source(self) -> &'static str {
         match self {
-            Family::Conv => include_str!("../../../kernels/conv.cu"),
-            Family::ConvTranspose => include_str!("../../../kernels/conv_transpose.cu"),
-            Family::Norm => include_str!("../../../kernels/norm.cu"),
-            Family::Eltwise => include_str!("../../../kernels/eltwise.cu"),
-            Family::PoolResize => include_str!("../../../kernels/pool_resize.cu"),
-            Family::Blend => include_str!("../../../kernels/blend.cu"),
-            Family::Pad => include_str!("../../../kernels/pad.cu"),
-            Family::Tensor => include_str!("../../../kernels/tensor.cu"),
-            Family::Attention => include_str!("../../../kernels/attention.cu"),
+            Family::Conv => include_str!("../../../../kernels/conv.cu"),
+            Family::ConvTranspose => include_str!("../../../../kernels/conv_transpose.cu"),
+            Family::Norm => include_str!("../../../../kernels/norm.cu"),
+            Family::Eltwise => include_str!("../../../../kernels/eltwise.cu"),
+            Family::PoolResize => include_str!("../../../../kernels/pool_resize.cu"),
+            Family::Blend => include_str!("../../../../kernels/blend.cu"),
+            Family::Pad => include_str!("../../../../kernels/pad.cu"),
+            Family::Tensor => include_str!("../../../../kernels/tensor.cu"),
+            Family::Attention => include_str!("../../../../kernels/attention.cu"),
         }
     }
 

@@ -1,7 +1,7 @@
 //! Device memory: driver errors as `crate::Error`, the per-backend live / high-water byte
 //! tracker, and `DevBuf`, the one owner of a raw device allocation.
 
-use super::buffers::alloc_size;
+use crate::backend::cuda::abi::alloc_size;
 use crate::{Error, Result};
 use cudarc::driver::{result as cu, sys, CudaContext, CudaStream};
 use std::collections::HashMap;

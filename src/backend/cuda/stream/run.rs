@@ -2,46 +2,23 @@
 //! per-batch input fill (device or host gather), the launch list, blends and finalisations,
 //! with worker threads for plane conversion and for storing finished planes.
 
-use super::host::{convert_planes, prefault, prefault_planes, store_planes, HostOut, Out};
-use super::pass::{Events, Pass, Stored};
+use super::gather::{convert_planes, prefault, prefault_planes, store_planes, HostOut, Out};
+use super::job::{Events, WindowJob};
+use super::pass::{Pass, Stored};
 use super::schedule::{Step as Batch, Upload};
 use super::{pipeline_bytes, GpuTimes, OUT_SLOTS};
-use crate::backend::cuda::device::{drv, mem_reset_peak, mem_stats};
-use crate::backend::cuda::launch::{ev, Gpu};
+use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::launch_list::Prepared;
-use crate::backend::cuda::options::CudaOptions;
+use crate::backend::cuda::runtime::device::{drv, mem_reset_peak, mem_stats};
+use crate::backend::cuda::runtime::launch::{ev, Gpu};
 use crate::{Error, Result};
 use cudarc::driver::{result as cu, CudaEvent, PinnedHostSlice};
-use ndarray::{Array3, Array4, ArrayView3, ArrayView4};
+use ndarray::{Array3, Array4, ArrayView4};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread::{Scope, ScopedJoinHandle};
 use std::time::Instant;
-
-/// One sliding-window pass: windows (`starts` in padded coordinates, padded size `padded`,
-/// `pad_before` voxels of `cval` before the volume `(C, D, H, W)`), run `batch` at a time and
-/// blended with `weights` (roi). Whether labels or blended outputs come back is the caller's
-/// choice of method (`CudaBackend::segment_windows` or `segment_windows_argmax`).
-#[derive(Clone, Copy, Debug)]
-pub struct WindowJob<'a> {
-    /// The volume `(C, D, H, W)`, network axes.
-    pub vol: ArrayView4<'a, f32>,
-    /// Padded volume size the window starts live in.
-    pub padded: [usize; 3],
-    /// Padding before the volume on each axis.
-    pub pad_before: [usize; 3],
-    /// Window size.
-    pub roi: [usize; 3],
-    /// Window origins in padded coordinates, any order.
-    pub starts: &'a [[usize; 3]],
-    /// Blending weights of one window (`roi`).
-    pub weights: ArrayView3<'a, f32>,
-    /// Windows per network run.
-    pub batch: usize,
-    /// Value of the padding.
-    pub cval: f32,
-}
 
 /// `VOXTILE_INJECT_OOM=N`: the N-th batch (1-based) of a call fails with `Error::OutOfMemory`
 /// before it touches anything, once per process for each N (test hook for the retry path).

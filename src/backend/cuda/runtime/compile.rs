@@ -2,8 +2,10 @@
 //! the first run on a machine pays for compilation, and a warm start loads machine code without
 //! the driver's JIT), and their loading into a context.
 
-use super::catalogue::{upsample_vec_name, Family, COMMON, FAMILIES, HALO_CONFIGS, MMA_CONFIGS};
 use super::device::drv;
+use crate::backend::cuda::host::catalogue::{
+    upsample_vec_name, Family, COMMON, FAMILIES, HALO_CONFIGS, MMA_CONFIGS,
+};
 use crate::{Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaFunction};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};

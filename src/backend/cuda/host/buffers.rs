@@ -7,29 +7,17 @@
 //! it, so the prediction cannot drift from what the backend allocates. Device-dependent choices
 //! come in as [`ArchCaps`].
 
-pub use super::conv_kernel::{ArchCaps, ConvGeom, ConvKernel};
-use super::ops::attention::{node_table, terms_f32};
-use super::plan::{concat_slice, consumers, fusable_activation, Act, Shape};
-use super::select::is_upsampling_convt;
-use super::tensor_layout::{is_standard, reshape_aliases, tensor_node, tensor_supported};
+use crate::backend::cuda::abi::{alloc_size, elem_bytes, Act, Shape};
+use crate::backend::cuda::host::attention_table::{node_table, terms_f32};
+use crate::backend::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
+use crate::backend::cuda::host::fusion::{concat_slice, consumers, fusable_activation};
+use crate::backend::cuda::host::select::{is_upsampling_convt, ConvGeom};
+use crate::backend::cuda::host::tensor_layout::{
+    is_standard, reshape_aliases, tensor_node, tensor_supported,
+};
 use crate::model::graph::{Graph, Op};
 use crate::model::ops::Dims;
 use crate::{Error, Result};
-
-/// Every device allocation of the backend takes at least this many bytes (the tracker counts
-/// `max(bytes, ALLOC_FLOOR)`, as `DevBuf` allocates).
-pub const ALLOC_FLOOR: usize = 256;
-
-/// Bytes one allocation of `bytes` takes.
-pub fn alloc_size(bytes: usize) -> u64 {
-    bytes.max(ALLOC_FLOOR) as u64
-}
-
-/// Blocks per sample of the norm statistics on `sm_count` SMs: >= 256 pixels each, at most 2
-/// per SM (with batch 4 that fills 132 SMs 8 deep at 128^3), so the partials stay small.
-pub fn norm_blocks(sm_count: usize, pix: usize) -> usize {
-    pix.div_ceil(256).clamp(1, 2 * sm_count.max(1))
-}
 
 /// One launched node of the list (a fused activation rides with its producer).
 #[derive(Clone, Debug, PartialEq)]
@@ -250,15 +238,6 @@ pub fn cuda_shapes(graph: &Graph, roi: [usize; 3]) -> Result<(Vec<Shape>, Vec<Di
 
 fn numel(s: &Shape) -> usize {
     s.iter().product()
-}
-
-/// Bytes of one activation element: fp16, or fp32 for a value [`keeps_f32`] keeps.
-pub fn elem_bytes(f32: bool) -> usize {
-    if f32 {
-        4
-    } else {
-        2
-    }
 }
 
 /// Whether node `i`'s output `out_v`, written by conv kernel `k`, is kept in fp32: a conv

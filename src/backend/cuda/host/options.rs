@@ -1,8 +1,7 @@
 //! The backend's switches: which kernel variants run (before/after benchmarks, tests that
 //! cover every tile) and test aids. `Default` is what production runs.
 
-use super::catalogue::{HaloConfig, MmaConfig};
-use super::pipeline::GatherMode;
+use crate::backend::cuda::host::catalogue::{HaloConfig, MmaConfig};
 
 /// Options of one `CudaBackend` (given at construction; `set_options` applies new ones from
 /// the next `prepare`).
@@ -51,4 +50,19 @@ impl Default for CudaOptions {
             norm_f32: true,
         }
     }
+}
+
+/// Where the windows of a batch are gathered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GatherMode {
+    /// `Device` when its plane ring is small next to the accumulator ring or no larger than the
+    /// host gather's staging (`stream::device_gather_fits`), else `Host`.
+    #[default]
+    Auto,
+    /// The volume's D-planes are converted to f16 on the host once each, streamed into a device
+    /// ring in step with the accumulator ring, and a kernel gathers the windows from it: about
+    /// 1/overlap^3 of the host work and copies of `Host`; device memory still independent of D.
+    Device,
+    /// Every window is gathered on the host into pinned staging and copied in (the reference).
+    Host,
 }

@@ -2,7 +2,7 @@
 //! argument list turned into the driver's pointer array.
 
 use super::device::drv;
-use super::plan::{ConvParams, GemmParams, NdParams, PoolParams};
+use crate::backend::cuda::abi::{ConvParams, GemmParams, NdParams, PoolParams};
 use crate::{Error, Result};
 use cudarc::driver::{result as cu, sys, CudaContext, CudaEvent, CudaFunction, CudaStream};
 use std::collections::HashMap;

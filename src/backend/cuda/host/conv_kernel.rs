@@ -1,15 +1,14 @@
 //! How one conv runs (host only): the device facts and option switches the choice depends on
 //! ([`ArchCaps`]), the chosen kernel ([`ConvKernel`]) and the bytes of its re-laid weights.
 
-use super::buffers::norm_blocks;
-use super::catalogue::{
+use crate::backend::cuda::abi::norm_blocks;
+use crate::backend::cuda::host::catalogue::{
     upsample_vec_name, HaloConfig, MmaConfig, CONV1X1_N16, CONV1X1_N32, CONV_C1_K3, CONV_DIRECT,
     CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8, CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8,
 };
-use super::options::CudaOptions;
-use super::plan::Shape;
-use super::relayout::{parity_split, FusedParity, ParityClass};
-use super::select::{gather_width, pick_halo, pick_mma, MMA_N_PAD};
+use crate::backend::cuda::host::options::CudaOptions;
+use crate::backend::cuda::host::relayout::{parity_split, FusedParity, ParityClass};
+use crate::backend::cuda::host::select::{gather_width, pick_halo, pick_mma, ConvGeom, MMA_N_PAD};
 
 /// Device properties and backend switches the launch list depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,21 +127,6 @@ pub enum ConvKernel {
         func: &'static str,
         bn: usize,
     },
-}
-
-/// Shape facts of one conv node the kernel choice needs.
-#[derive(Clone, Copy, Debug)]
-pub struct ConvGeom {
-    pub xs: Shape,
-    pub os: Shape,
-    pub k: [usize; 3],
-    pub stride: [usize; 3],
-    pub dil: [usize; 3],
-    /// Begin pads.
-    pub pads: [usize; 3],
-    pub groups: usize,
-    pub transposed: bool,
-    pub upsample: bool,
 }
 
 impl ConvKernel {
@@ -352,8 +336,9 @@ impl ConvKernel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cuda::catalogue::*;
-    use crate::backend::cuda::relayout::{
+    use crate::backend::cuda::abi::Shape;
+    use crate::backend::cuda::host::catalogue::*;
+    use crate::backend::cuda::host::relayout::{
         relayout_fused_parity_weight, relayout_parity_weight, relayout_upsampling_weight,
         relayout_weight,
     };

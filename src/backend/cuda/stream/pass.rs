@@ -1,32 +1,22 @@
 //! The device buffers and schedule of one streamed pass, and its launches and copies: plane
 //! uploads, the device gather, blends, finalisation and downloads.
 
-use super::host::{gather_windows, HostOut};
+use super::gather::{gather_windows, HostOut};
+use super::job::{Events, WindowJob};
 use super::schedule::{plane_uploads, schedule, window_z0, Step as Batch, Upload};
-use super::stream::WindowJob;
 use super::{chunk_planes, gathers_on_device, stage_planes, OUT_SLOTS};
-use crate::backend::cuda::catalogue::{
+use crate::backend::cuda::host::catalogue::{
     BLEND_WINDOW_RING, FINALIZE_PLANES, FINALIZE_PLANES_V4, GATHER_WINDOW_RING,
 };
-use crate::backend::cuda::device::{drv, DevBuf};
-use crate::backend::cuda::launch::{ev, i32a, Arg, Gpu};
+use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::launch_list::Prepared;
-use crate::backend::cuda::options::CudaOptions;
+use crate::backend::cuda::runtime::device::{drv, DevBuf};
+use crate::backend::cuda::runtime::launch::{ev, i32a, Arg, Gpu};
 use crate::{Error, Result};
 use cudarc::driver::{result as cu, CudaEvent, CudaStream};
 use ndarray::{CowArray, Ix4};
 use std::sync::Arc;
 use std::time::Instant;
-
-/// Events of the pass, per stage, for the times.
-#[derive(Default)]
-pub(super) struct Events {
-    pub(super) h2d: Vec<(CudaEvent, CudaEvent)>,
-    /// Per batch: input fill start, input filled, launch list done, blends done.
-    pub(super) cmp: Vec<(CudaEvent, CudaEvent, CudaEvent, CudaEvent)>,
-    pub(super) fin: Vec<(CudaEvent, CudaEvent)>,
-    pub(super) d2h: Vec<(CudaEvent, CudaEvent)>,
-}
 
 /// A finished slab handed to the store worker: (pinned slot, first plane, planes, its
 /// staging, download done).

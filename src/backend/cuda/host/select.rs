@@ -1,12 +1,27 @@
 //! Which tiled conv kernel runs a conv (host only): the mma tile for a GEMM shape, the halo
 //! kernel for a stride-1 3^3 conv, and the upsampling test for a transposed conv.
 
-use super::buffers::ConvGeom;
-use super::catalogue::{
+use crate::backend::cuda::abi::Shape;
+use crate::backend::cuda::host::catalogue::{
     HaloConfig, MmaConfig, CONV_MMA_M128N128_V8, CONV_MMA_M128N32_V1, CONV_MMA_M128N32_V2,
     CONV_MMA_M128N32_V8, CONV_MMA_M128N64_V1, CONV_MMA_M128N64_V2, CONV_MMA_M128N64_V8,
     CONV_MMA_M256N32_V8, HALO_CONFIGS,
 };
+
+/// Shape facts of one conv node the kernel choice needs.
+#[derive(Clone, Copy, Debug)]
+pub struct ConvGeom {
+    pub xs: Shape,
+    pub os: Shape,
+    pub k: [usize; 3],
+    pub stride: [usize; 3],
+    pub dil: [usize; 3],
+    /// Begin pads.
+    pub pads: [usize; 3],
+    pub groups: usize,
+    pub transposed: bool,
+    pub upsample: bool,
+}
 
 /// Weight rows of every mma conv are padded to this many columns (the largest BN).
 pub const MMA_N_PAD: usize = 128;
@@ -135,7 +150,7 @@ pub fn is_upsampling_convt(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cuda::catalogue::*;
+    use crate::backend::cuda::host::catalogue::*;
 
     /// A conv of Cin `ci` -> Cout `co` (8^3 in and out: the halo choice ignores the size).
     fn geom(

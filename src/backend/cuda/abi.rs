@@ -1,13 +1,9 @@
-//! Host-side planning facts of the CUDA backend, no GPU needed: activation fusion, the kernel
-//! parameter blocks (mirrored in kernels/*.cu), in-place concat slices and resize geometry.
-//! The buffer plan itself is [`super::buffers`] (re-exported here for the memory planner).
+//! The bottom of the CUDA backend: what host planning and device code must agree on, with no
+//! other module of the backend below it. The kernel parameter blocks (mirrored field for field in
+//! kernels/*.cu), the activation codes of kernels/common.cuh, the per-sample shape, and the
+//! allocation and element sizes both the buffer plan and the allocation tracker count.
 
-use crate::model::graph::{Graph, Op, Resize, ResizeMode};
-
-pub use super::buffers::{
-    alloc_size, buffer_plan, ArchCaps, BufferPlan, ConstBuf, ConvGeom, ConvKernel, Launch,
-    ALLOC_FLOOR,
-};
+use crate::model::graph::Op;
 
 /// Per-sample activation shape: [C, D, H, W].
 pub type Shape = [usize; 4];
@@ -98,31 +94,8 @@ pub struct ConvParams {
     pub od: i32,
     pub oh: i32,
     pub ow: i32,
-    /// 1: the output is fp32 (a value only norms read, [`BufferPlan::f32_values`]).
+    /// 1: the output is fp32 (a value only norms read, `host::buffers::BufferPlan::f32_values`).
     pub out_f32: i32,
-}
-
-/// Where value `v` can be written in place: its only consumer is a channel concat (and `v` is
-/// one of its inputs once, not the graph output). Returns (concat node, channel offset, total).
-pub fn concat_slice(
-    graph: &Graph,
-    cons: &[Vec<usize>],
-    shapes: &[Shape],
-    v: usize,
-) -> Option<(usize, usize, usize)> {
-    if v == graph.output || cons[v].len() != 1 {
-        return None;
-    }
-    let j = cons[v][0];
-    let node = &graph.nodes[j];
-    if !matches!(node.op, Op::Concat { axis: 1 })
-        || node.inputs.iter().filter(|&&u| u == v).count() != 1
-    {
-        return None;
-    }
-    let pos = node.inputs.iter().position(|&u| u == v)?;
-    let coff = node.inputs[..pos].iter().map(|&u| shapes[u][0]).sum();
-    Some((j, coff, shapes[node.output][0]))
 }
 
 /// Mirrors `struct PoolParams` in kernels/pool_resize.cu.
@@ -228,37 +201,26 @@ unsafe impl cudarc::driver::DeviceRepr for PoolParams {}
 unsafe impl cudarc::driver::DeviceRepr for NdParams {}
 unsafe impl cudarc::driver::DeviceRepr for GemmParams {}
 
-/// For each value, the node indices that consume it.
-pub fn consumers(graph: &Graph) -> Vec<Vec<usize>> {
-    let mut c = vec![Vec::new(); graph.values.len()];
-    for (i, n) in graph.nodes.iter().enumerate() {
-        for &v in &n.inputs {
-            if let Some(list) = c.get_mut(v) {
-                if !list.contains(&i) {
-                    list.push(i);
-                }
-            }
-        }
-    }
-    c
+/// Every device allocation of the backend takes at least this many bytes (the tracker counts
+/// `max(bytes, ALLOC_FLOOR)`, as `DevBuf` allocates).
+pub const ALLOC_FLOOR: usize = 256;
+
+/// Bytes one allocation of `bytes` takes.
+pub fn alloc_size(bytes: usize) -> u64 {
+    bytes.max(ALLOC_FLOOR) as u64
 }
 
-/// Whether node `i`'s output feeds exactly one activation node that can run in its epilogue;
-/// returns that node's index.
-pub fn fusable_activation(graph: &Graph, cons: &[Vec<usize>], i: usize) -> Option<usize> {
-    let out = graph.nodes[i].output;
-    if out == graph.output || cons[out].len() != 1 {
-        return None;
-    }
-    let j = cons[out][0];
-    let nj = &graph.nodes[j];
-    if nj.inputs.len() != 1 || Act::of(&nj.op).is_none() {
-        return None;
-    }
-    Some(j)
+/// Blocks per sample of the norm statistics on `sm_count` SMs: >= 256 pixels each, at most 2
+/// per SM (with batch 4 that fills 132 SMs 8 deep at 128^3), so the partials stay small.
+pub fn norm_blocks(sm_count: usize, pix: usize) -> usize {
+    pix.div_ceil(256).clamp(1, 2 * sm_count.max(1))
 }
 
-/// Whether the resize mode is linear (trilinear in 3D).
-pub fn is_linear(r: &Resize) -> bool {
-    r.mode == ResizeMode::Linear
+/// Bytes of one activation element: fp16, or fp32 for a value `host::buffers::keeps_f32` keeps.
+pub fn elem_bytes(f32: bool) -> usize {
+    if f32 {
+        4
+    } else {
+        2
+    }
 }

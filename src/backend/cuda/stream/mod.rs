@@ -19,16 +19,18 @@
 //! the most planes any `batch` consecutive windows span (so no batch is cut for it), at most
 //! `min(D, 2 * roi_d)`: `roi_d` at batch 1, `roi_d + step` while a batch spans two window rows.
 
-mod host;
+mod gather;
+mod job;
 mod pass;
+mod run;
 mod schedule;
-mod stream;
 
-pub(crate) use host::Out;
+pub(crate) use gather::Out;
+pub use job::WindowJob;
+pub(crate) use run::{planned_device_bytes, run_windows, PinnedCache};
 pub use schedule::{ring_planes, window_z0};
-pub use stream::WindowJob;
-pub(crate) use stream::{planned_device_bytes, run_windows, PinnedCache};
 
+use crate::backend::cuda::host::options::GatherMode;
 use schedule::ring_cap;
 use serde::Serialize;
 
@@ -80,21 +82,6 @@ pub struct GpuTimes {
     /// they are all made.
     pub mem_info_used_before: u64,
     pub mem_info_used_during: u64,
-}
-
-/// Where the windows of a batch are gathered.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum GatherMode {
-    /// `Device` when its plane ring is small next to the accumulator ring or no larger than the
-    /// host gather's staging ([`device_gather_fits`]), else `Host`.
-    #[default]
-    Auto,
-    /// The volume's D-planes are converted to f16 on the host once each, streamed into a device
-    /// ring in step with the accumulator ring, and a kernel gathers the windows from it: about
-    /// 1/overlap^3 of the host work and copies of `Host`; device memory still independent of D.
-    Device,
-    /// Every window is gathered on the host into pinned staging and copied in (the reference).
-    Host,
 }
 
 /// Whether the device gather's input ring (`ring_in` bytes) is cheap enough: no larger than the

@@ -1,0 +1,64 @@
+//! Host-side fusion facts of the CUDA backend, no GPU needed: who consumes a value, which
+//! activation runs in its producer's epilogue, which value a channel concat takes in place, and
+//! whether a resize is linear.
+
+use crate::backend::cuda::abi::{Act, Shape};
+use crate::model::graph::{Graph, Op, Resize, ResizeMode};
+
+/// Where value `v` can be written in place: its only consumer is a channel concat (and `v` is
+/// one of its inputs once, not the graph output). Returns (concat node, channel offset, total).
+pub fn concat_slice(
+    graph: &Graph,
+    cons: &[Vec<usize>],
+    shapes: &[Shape],
+    v: usize,
+) -> Option<(usize, usize, usize)> {
+    if v == graph.output || cons[v].len() != 1 {
+        return None;
+    }
+    let j = cons[v][0];
+    let node = &graph.nodes[j];
+    if !matches!(node.op, Op::Concat { axis: 1 })
+        || node.inputs.iter().filter(|&&u| u == v).count() != 1
+    {
+        return None;
+    }
+    let pos = node.inputs.iter().position(|&u| u == v)?;
+    let coff = node.inputs[..pos].iter().map(|&u| shapes[u][0]).sum();
+    Some((j, coff, shapes[node.output][0]))
+}
+
+/// For each value, the node indices that consume it.
+pub fn consumers(graph: &Graph) -> Vec<Vec<usize>> {
+    let mut c = vec![Vec::new(); graph.values.len()];
+    for (i, n) in graph.nodes.iter().enumerate() {
+        for &v in &n.inputs {
+            if let Some(list) = c.get_mut(v) {
+                if !list.contains(&i) {
+                    list.push(i);
+                }
+            }
+        }
+    }
+    c
+}
+
+/// Whether node `i`'s output feeds exactly one activation node that can run in its epilogue;
+/// returns that node's index.
+pub fn fusable_activation(graph: &Graph, cons: &[Vec<usize>], i: usize) -> Option<usize> {
+    let out = graph.nodes[i].output;
+    if out == graph.output || cons[out].len() != 1 {
+        return None;
+    }
+    let j = cons[out][0];
+    let nj = &graph.nodes[j];
+    if nj.inputs.len() != 1 || Act::of(&nj.op).is_none() {
+        return None;
+    }
+    Some(j)
+}
+
+/// Whether the resize mode is linear (trilinear in 3D).
+pub fn is_linear(r: &Resize) -> bool {
+    r.mode == ResizeMode::Linear
+}
