@@ -69,7 +69,7 @@ impl MemoryModel for CudaMemory {
         let bp = buffer_plan(graph, batch, roi, &self.caps)?;
         let argmax = !w.keep_logits && cout > 1;
         let win_in = (cin as u64).saturating_mul(batch as u64 * rvox);
-        // The streamed pipeline's own buffers, exactly as `pipeline` allocates them for the
+        // The streamed pipeline's own buffers, exactly as `stream` allocates them for the
         // engine's windows.
         let grid = Grid::new(w.shape, roi, w.overlap, w.placement)?;
         let z0 = window_z0(&grid.starts, grid.pad_before[0]);

@@ -112,7 +112,7 @@ pub(crate) fn chunk_planes(ring: usize, hw: usize, cout: usize, argmax: bool) ->
     CHUNK_BYTES.div_ceil(plane.max(1)).clamp(1, ring)
 }
 
-/// Whether `pipeline` gathers on the device: the mode, and for `Auto` [`device_gather_fits`]
+/// Whether the stream gathers on the device: the mode, and for `Auto` [`device_gather_fits`]
 /// on the input ring (`ring` planes of `plane_in` values) vs the host staging (`in_len` values
 /// twice) and the accumulator ring.
 pub(crate) fn gathers_on_device(
@@ -134,7 +134,7 @@ pub(crate) fn gathers_on_device(
     }
 }
 
-/// The pipeline's own device buffers, as `pipeline` allocates them for a volume of network
+/// The pipeline's own device buffers, as `stream` allocates them for a volume of network
 /// shape `shape` (D, H, W), each with the tracker's 256-byte floor: the planner's count.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PipelineAlloc {
@@ -178,7 +178,7 @@ pub struct AllocQuery<'a> {
     pub z0: &'a [i64],
 }
 
-/// What `pipeline` allocates for the pass `q`.
+/// What `stream` allocates for the pass `q`.
 pub fn pipeline_alloc(q: &AllocQuery) -> PipelineAlloc {
     let AllocQuery {
         roi,

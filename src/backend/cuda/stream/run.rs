@@ -1,4 +1,4 @@
-//! The streamed pass itself (see the module doc of `pipeline`): device buffers of one pass, the
+//! The streamed pass itself (see the module doc of `stream`): device buffers of one pass, the
 //! per-batch input fill (device or host gather), the launch list, blends and finalisations,
 //! with worker threads for plane conversion and for storing finished planes.
 
