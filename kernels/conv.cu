@@ -563,33 +563,23 @@ __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __rest
     }
 }
 
-// Name: conv_mma_m{TBM}n{TBN}_{v8 | v1}. Keep in sync with MMA_CONFIGS in plan.rs.
+// Name: conv_mma_m{TBM}n{TBN}_{v8 | v2 | v1}. Instantiated once per MMA_CONFIGS line by
+// `entry_lines` in src/backend/cuda/host/catalogue.rs (appended to this file before NVRTC).
 #define MMA_ENTRY(NAME, TBM, TBN, WM, WN, ST, VW)                                                   \
     extern "C" __global__ void __launch_bounds__(WM * WN * 32) NAME(                               \
         ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope) { \
         conv_mma<TBM, TBN, WM, WN, ST, VW>(p, x, w, bias, y, slope);                                \
     }
-MMA_ENTRY(conv_mma_m256n32_v8, 256, 32, 4, 1, 4, 8)
-MMA_ENTRY(conv_mma_m128n32_v8, 128, 32, 4, 1, 4, 8)
-MMA_ENTRY(conv_mma_m128n64_v8, 128, 64, 2, 2, 4, 8)
-MMA_ENTRY(conv_mma_m128n128_v8, 128, 128, 2, 4, 4, 8)
-MMA_ENTRY(conv_mma_m128n32_v2, 128, 32, 4, 1, 4, 2)
-MMA_ENTRY(conv_mma_m128n64_v2, 128, 64, 2, 2, 4, 2)
-MMA_ENTRY(conv_mma_m128n32_v1, 128, 32, 4, 1, 3, 1)
-MMA_ENTRY(conv_mma_m128n64_v1, 128, 64, 2, 2, 3, 1)
 
 // convt_up_m{TBM}n{TBN}_v8: the kernel == stride transposed conv as the upsampling GEMM
 // (conv_mma's scatter view, Cin % 8 == 0, Cout % 8 == 0) with the staged 16-byte epilogue.
-// Same tiles and shared memory as conv_mma_m{TBM}n{TBN}_v8 (UPSAMPLE_VEC in plan.rs).
+// Same tiles and shared memory as conv_mma_m{TBM}n{TBN}_v8 (UPSAMPLE_VEC in the catalogue,
+// which instantiates them).
 #define UP_ENTRY(NAME, TBM, TBN, WM, WN, ST)                                                        \
     extern "C" __global__ void __launch_bounds__(WM * WN * 32) NAME(                               \
         ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope) { \
         conv_mma<TBM, TBN, WM, WN, ST, 8, true>(p, x, w, bias, y, slope);                           \
     }
-UP_ENTRY(convt_up_m256n32_v8, 256, 32, 4, 1, 4)
-UP_ENTRY(convt_up_m128n32_v8, 128, 32, 4, 1, 4)
-UP_ENTRY(convt_up_m128n64_v8, 128, 64, 2, 2, 4)
-UP_ENTRY(convt_up_m128n128_v8, 128, 128, 2, 4, 4)
 
 // ---------------------------------------------------------------------------------------------
 // conv_c1_k3: Conv3d with Cin = 1 (the first layer), 3x3x3 taps, stride 1 or 2 per axis,
@@ -776,7 +766,7 @@ extern "C" __global__ void __launch_bounds__(256) conv1x1_n32(ConvParams p, cons
 // ---------------------------------------------------------------------------------------------
 // conv_halo_c{CIN}n{BN}: stride-1, dilation-1 3x3x3 conv (any pads) with Cin = k * CIN, any Cout
 // (blockIdx.y picks the BN-wide output-channel tile), or an even real Cin p.cin < CIN (e.g. 14 on
-// CIN 16), zero-padded to CIN channels in smem. Cin > CIN (phase 7) runs in chunks of CIN
+// CIN 16), zero-padded to CIN channels in smem. Cin > CIN runs in chunks of CIN
 // channels: each chunk's halo into the same smem buffer, then its 27 taps; the accumulators
 // stay in registers across chunks.
 // Each block computes a 4x8x8 output tile: its (4+2)x(8+2)x(8+2) input halo (600 voxels x CIN)
@@ -1024,7 +1014,8 @@ __device__ __forceinline__ void conv_halo(const ConvParams& p, const half* __res
     halo_store<MI, NI, TM, TN, HT_Y, HT_X>(p, y, bias, slope, acc, wm, wn, lane, n, oz0, oy0, ox0, nb0);
 }
 
-// Name: conv_halo_c{CIN}n{BN}[_w4]. Keep in sync with HALO_CONFIGS in plan.rs.
+// Name: conv_halo_c{CIN}n{BN}[_w4]; instantiated per HALO_CONFIGS line of the catalogue whose
+// tile, staging and halo buffers are this kernel's (4x8x8, 2, 1: `HaloConfig::is_plain`).
 // Min blocks per SM: 2 (8 warps) / 4 (4 warps) caps the registers at 128 (ptxas via NVRTC: no
 // spills); without it the chunk loop, the padded-Cin copies and the vector epilogue took them to
 // 151-206 and c64n32 / c64n64 down to 1 block per SM (measured 28% / 20% slower).
@@ -1033,21 +1024,9 @@ __device__ __forceinline__ void conv_halo(const ConvParams& p, const half* __res
         ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope) { \
         conv_halo<CIN, BN, WM, WN>(p, x, w, bias, y, slope);                                        \
     }
-HALO_ENTRY(conv_halo_c32n32, 32, 32, 8, 1)
-HALO_ENTRY(conv_halo_c64n32, 64, 32, 8, 1)
-HALO_ENTRY(conv_halo_c32n64, 32, 64, 4, 2)
-HALO_ENTRY(conv_halo_c64n64, 64, 64, 4, 2)
-// 4 warps of 64x32 (less smem read per mma, fewer warps per block): measured against the above.
-HALO_ENTRY(conv_halo_c32n32_w4, 32, 32, 4, 1)
-HALO_ENTRY(conv_halo_c64n32_w4, 64, 32, 4, 1)
-// Smem width 16 (real Cin 16, or an even Cin < 16 zero-padded): 4 / 8 warps of 64x16 / 32x16,
-// and Cout <= 32 on 4 warps of 64x32.
-HALO_ENTRY(conv_halo_c16n16, 16, 16, 4, 1)
-HALO_ENTRY(conv_halo_c16n16_w8, 16, 16, 8, 1)
-HALO_ENTRY(conv_halo_c16n32, 16, 32, 4, 1)
 
 // ---------------------------------------------------------------------------------------------
-// conv_halo_t (phase 4): the halo kernel with the output tile (TZ x TY x TX), the weight staging
+// conv_halo_t: the halo kernel with the output tile (TZ x TY x TX), the weight staging
 // and the block scheduling as parameters, measured against conv_halo above.
 //   WST >= 2: weights staged one tap at a time in a ring of WST stages (conv_halo is WST 2):
 //             one __syncthreads per tap, WST - 1 taps in flight.
@@ -1057,7 +1036,7 @@ HALO_ENTRY(conv_halo_c16n32, 16, 32, 4, 1)
 //   Blocks loop over tiles t = blockIdx.x, + gridDim.x, ...: the host launches one block per
 //   tile, or (persistent) a few blocks per SM that keep the resident weights for all their
 //   tiles. HB == 2: two halo buffers, the next tile's halo is copied while the current one is
-//   computed (resident); staged (phase 7): the next (tile, Cin chunk)'s halo is copied into the
+//   computed (resident); staged: the next (tile, Cin chunk)'s halo is copied into the
 //   other buffer in THREADS-wide slabs, one slab with each tap's weights.
 //   Cin = k * CIN (staged only; resident needs Cin == CIN): chunks of CIN channels, as conv_halo.
 //   blockIdx.y: the BN-wide output-channel tile.
@@ -1235,37 +1214,10 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
     cp_async_wait<0>();
 }
 
-// Name: conv_halo_c{CIN}n{BN}_{variant}; the arguments after the name are the template's.
-// Keep in sync with HALO_CONFIGS in plan.rs (a test there parses these lines).
+// Name: conv_halo_c{CIN}n{BN}_{variant}; the arguments after the name are the template's,
+// instantiated per other HALO_CONFIGS line by the catalogue's `entry_lines`.
 #define HALO2_ENTRY(NAME, CIN, BN, WM, WN, TZ, TY, TX, WST, HB)                                     \
     extern "C" __global__ void __launch_bounds__(WM * WN * 32) NAME(                               \
         ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope) { \
         conv_halo_t<CIN, BN, WM, WN, TZ, TY, TX, WST, HB>(p, x, w, bias, y, slope);                 \
     }
-// Resident weights, 4x8x8 tile, 4 warps of 64x32: one block per tile / persistent (2 per SM).
-HALO2_ENTRY(conv_halo_c32n32_r, 32, 32, 4, 1, 4, 8, 8, 0, 1)
-HALO2_ENTRY(conv_halo_c32n32_rp, 32, 32, 4, 1, 4, 8, 8, 0, 1)
-// Resident weights, persistent (1 per SM), double-buffered halo: 4x8x8 x 8 warps of 32x32, and
-// the bigger 8x8x8 tile (halo 1000 rows per 512 outputs) x 8 warps of 64x32.
-HALO2_ENTRY(conv_halo_c32n32_rp2, 32, 32, 8, 1, 4, 8, 8, 0, 2)
-HALO2_ENTRY(conv_halo_c32n32_rb, 32, 32, 8, 1, 8, 8, 8, 0, 2)
-// Staged weights with 4 stages (3 taps in flight): the deeper pipeline without residency.
-HALO2_ENTRY(conv_halo_c32n32_s4, 32, 32, 4, 1, 4, 8, 8, 4, 1)
-HALO2_ENTRY(conv_halo_c64n32_s4, 64, 32, 4, 1, 4, 8, 8, 4, 1)
-// Cin 64, Cout 32: resident weights (111 KB), persistent (1 per SM), 8 warps of 32x32.
-HALO2_ENTRY(conv_halo_c64n32_rp, 64, 32, 8, 1, 4, 8, 8, 0, 1)
-// Cin 64, Cout 64: 8x8x8 tile, 3 weight stages, 8 warps of 128x32 (4 taps' work per barrier).
-HALO2_ENTRY(conv_halo_c64n64_b, 64, 64, 4, 2, 8, 8, 8, 3, 1)
-// Session 2: more outputs per per-tap barrier at the same 16 warps per SM as `_w4` (2 blocks of
-// 8 warps of 64x32, ~91 / ~85 KB): 4x8x16 (halo 1080 rows per 512) and 8x8x8 (1000 per 512).
-HALO2_ENTRY(conv_halo_c32n32_x16, 32, 32, 8, 1, 4, 8, 16, 2, 1)
-HALO2_ENTRY(conv_halo_c32n32_y8, 32, 32, 8, 1, 8, 8, 8, 2, 1)
-// Smem width 16, Cout <= 16: the 27 taps' weights are only 14 KB, so resident (no per-tap
-// barrier) at 43 KB per block (5 blocks/SM); one block per tile, or persistent (3 per SM) with
-// the next tile's halo copied during the current one's math.
-HALO2_ENTRY(conv_halo_c16n16_r, 16, 16, 4, 1, 4, 8, 8, 0, 1)
-HALO2_ENTRY(conv_halo_c16n16_rp2, 16, 16, 4, 1, 4, 8, 8, 0, 2)
-// Phase 7 (Cin = k * CIN): 2 weight stages + two halo buffers, the next chunk's halo copied during
-// this chunk's taps: Cin-64 chunks at 1 block per SM (191 KB, sm_90 only), Cin-32 chunks at 2.
-HALO2_ENTRY(conv_halo_c64n64_h2, 64, 64, 4, 2, 4, 8, 8, 2, 2)
-HALO2_ENTRY(conv_halo_c32n64_h2, 32, 64, 4, 2, 4, 8, 8, 2, 2)

@@ -51,8 +51,8 @@ impl Family {
         }
     }
 
-    /// The family's source (embedded), without the common prelude.
-    pub fn source(self) -> &'static str {
+    /// The family's file as embedded: its kernels and entry macros, without the common prelude.
+    pub fn file(self) -> &'static str {
         match self {
             Family::Conv => include_str!("../../../../kernels/conv.cu"),
             Family::ConvTranspose => include_str!("../../../../kernels/conv_transpose.cu"),
@@ -64,6 +64,12 @@ impl Family {
             Family::Tensor => include_str!("../../../../kernels/tensor.cu"),
             Family::Attention => include_str!("../../../../kernels/attention.cu"),
         }
+    }
+
+    /// What NVRTC compiles for the family after the common prelude: its file, then the entry
+    /// lines of its configuration tables ([`entry_lines`]), so a tile is listed once, here.
+    pub fn source(self) -> String {
+        format!("{}\n{}", self.file(), entry_lines(self))
     }
 
     /// Entry points the family defines: the plain kernels, then (conv) the config tables.
@@ -237,6 +243,8 @@ pub struct MmaConfig {
     pub bm: usize,
     pub bn: usize,
     pub threads: u32,
+    /// Warps along M (the others split N).
+    pub wm: usize,
     pub stages: usize,
     /// Halves per A gather (8, 2 or 1): the kernel needs Cin % vw == 0.
     pub vw: usize,
@@ -249,36 +257,45 @@ impl MmaConfig {
     }
 }
 
-const fn mma(name: &'static str, bm: usize, bn: usize, threads: u32, stages: usize) -> MmaConfig {
+/// An mma tile of `wm` x `wn` warps with 16-byte A gathers.
+const fn mma(
+    name: &'static str,
+    bm: usize,
+    bn: usize,
+    wm: usize,
+    wn: usize,
+    stages: usize,
+) -> MmaConfig {
     MmaConfig {
         name,
         bm,
         bn,
-        threads,
+        threads: (wm * wn * 32) as u32,
+        wm,
         stages,
         vw: 8,
     }
 }
 
-pub const CONV_MMA_M256N32_V8: MmaConfig = mma("conv_mma_m256n32_v8", 256, 32, 128, 4);
-pub const CONV_MMA_M128N32_V8: MmaConfig = mma("conv_mma_m128n32_v8", 128, 32, 128, 4);
-pub const CONV_MMA_M128N64_V8: MmaConfig = mma("conv_mma_m128n64_v8", 128, 64, 128, 4);
-pub const CONV_MMA_M128N128_V8: MmaConfig = mma("conv_mma_m128n128_v8", 128, 128, 256, 4);
+pub const CONV_MMA_M256N32_V8: MmaConfig = mma("conv_mma_m256n32_v8", 256, 32, 4, 1, 4);
+pub const CONV_MMA_M128N32_V8: MmaConfig = mma("conv_mma_m128n32_v8", 128, 32, 4, 1, 4);
+pub const CONV_MMA_M128N64_V8: MmaConfig = mma("conv_mma_m128n64_v8", 128, 64, 2, 2, 4);
+pub const CONV_MMA_M128N128_V8: MmaConfig = mma("conv_mma_m128n128_v8", 128, 128, 2, 4, 4);
 pub const CONV_MMA_M128N32_V2: MmaConfig = MmaConfig {
     vw: 2,
-    ..mma("conv_mma_m128n32_v2", 128, 32, 128, 4)
+    ..mma("conv_mma_m128n32_v2", 128, 32, 4, 1, 4)
 };
 pub const CONV_MMA_M128N64_V2: MmaConfig = MmaConfig {
     vw: 2,
-    ..mma("conv_mma_m128n64_v2", 128, 64, 128, 4)
+    ..mma("conv_mma_m128n64_v2", 128, 64, 2, 2, 4)
 };
 pub const CONV_MMA_M128N32_V1: MmaConfig = MmaConfig {
     vw: 1,
-    ..mma("conv_mma_m128n32_v1", 128, 32, 128, 3)
+    ..mma("conv_mma_m128n32_v1", 128, 32, 4, 1, 3)
 };
 pub const CONV_MMA_M128N64_V1: MmaConfig = MmaConfig {
     vw: 1,
-    ..mma("conv_mma_m128n64_v1", 128, 64, 128, 3)
+    ..mma("conv_mma_m128n64_v1", 128, 64, 2, 2, 3)
 };
 
 /// The mma tiles, in the order of their MMA_ENTRY lines.
@@ -338,7 +355,7 @@ pub const HALO_TILE: [usize; 3] = [4, 8, 8];
 
 impl HaloConfig {
     /// Whether the kernel computes a conv with `cin` input channels: its smem width; an even Cin
-    /// below it on the zero-padding configs (phase 6); or (staged weights, width >= 32, phase 7)
+    /// below it on the zero-padding configs; or (staged weights, width >= 32)
     /// Cin = k * width in chunks of width channels. Resident weights hold the 27 taps of one
     /// chunk only, so those need Cin <= width.
     pub fn accepts_cin(&self, cin: usize) -> bool {
@@ -410,15 +427,17 @@ const fn halo(name: &'static str, cin: usize, bn: usize, wm: usize, wn: usize) -
     }
 }
 
-// Defaults (measured, PERF_NOTES.md phase 3): K1 on `_w4` 218.8 vs 209.8 TF/s.
+// Defaults (measured, PERF_NOTES.md): K1 on `_w4` 218.8 vs 209.8 TF/s.
 pub const CONV_HALO_C32N32_W4: HaloConfig = halo("conv_halo_c32n32_w4", 32, 32, 4, 1);
 pub const CONV_HALO_C64N32: HaloConfig = halo("conv_halo_c64n32", 64, 32, 8, 1);
 pub const CONV_HALO_C64N64: HaloConfig = halo("conv_halo_c64n64", 64, 64, 4, 2);
 pub const CONV_HALO_C32N64: HaloConfig = halo("conv_halo_c32n64", 32, 64, 4, 2);
-// Measured alternatives (8 warps of 32x32 for Cin 32; 4 warps of 64x32 for Cin 64).
+// Measured alternatives (8 warps of 32x32 for Cin 32; 4 warps of 64x32 for Cin 64: less smem
+// read per mma, fewer warps per block).
 pub const CONV_HALO_C32N32: HaloConfig = halo("conv_halo_c32n32", 32, 32, 8, 1);
 pub const CONV_HALO_C64N32_W4: HaloConfig = halo("conv_halo_c64n32_w4", 64, 32, 4, 1);
-// Phase 4, not measured yet (forced only; all need more smem than the defaults above).
+// `conv_halo_t` variants, forced only (all need more smem than the defaults above). Resident
+// weights, 4x8x8 tile, 4 warps of 64x32: one block per tile / persistent (2 per SM).
 pub const CONV_HALO_C32N32_R: HaloConfig = HaloConfig {
     wst: 0,
     ..halo("conv_halo_c32n32_r", 32, 32, 4, 1)
@@ -428,6 +447,8 @@ pub const CONV_HALO_C32N32_RP: HaloConfig = HaloConfig {
     persist: 2,
     ..halo("conv_halo_c32n32_rp", 32, 32, 4, 1)
 };
+// Resident weights, persistent (1 per SM), double-buffered halo: 4x8x8 x 8 warps of 32x32, and
+// the bigger 8x8x8 tile (halo 1000 rows per 512 outputs) x 8 warps of 64x32.
 pub const CONV_HALO_C32N32_RP2: HaloConfig = HaloConfig {
     wst: 0,
     hb: 2,
@@ -441,6 +462,7 @@ pub const CONV_HALO_C32N32_RB: HaloConfig = HaloConfig {
     persist: 1,
     ..halo("conv_halo_c32n32_rb", 32, 32, 8, 1)
 };
+// Staged weights with 4 stages (3 taps in flight): the deeper pipeline without residency.
 pub const CONV_HALO_C32N32_S4: HaloConfig = HaloConfig {
     wst: 4,
     ..halo("conv_halo_c32n32_s4", 32, 32, 4, 1)
@@ -449,16 +471,20 @@ pub const CONV_HALO_C64N32_S4: HaloConfig = HaloConfig {
     wst: 4,
     ..halo("conv_halo_c64n32_s4", 64, 32, 4, 1)
 };
+// Cin 64, Cout 32: resident weights (111 KB), persistent (1 per SM), 8 warps of 32x32.
 pub const CONV_HALO_C64N32_RP: HaloConfig = HaloConfig {
     wst: 0,
     persist: 1,
     ..halo("conv_halo_c64n32_rp", 64, 32, 8, 1)
 };
+// Cin 64, Cout 64: 8x8x8 tile, 3 weight stages, 8 warps of 128x32 (4 taps' work per barrier).
 pub const CONV_HALO_C64N64_B: HaloConfig = HaloConfig {
     tile: [8, 8, 8],
     wst: 3,
     ..halo("conv_halo_c64n64_b", 64, 64, 4, 2)
 };
+// More outputs per per-tap barrier at the same 16 warps per SM as `_w4` (2 blocks of 8 warps
+// of 64x32, ~91 / ~85 KB): 4x8x16 (halo 1080 rows per 512) and 8x8x8 (1000 per 512).
 pub const CONV_HALO_C32N32_X16: HaloConfig = HaloConfig {
     tile: [4, 8, 16],
     ..halo("conv_halo_c32n32_x16", 32, 32, 8, 1)
@@ -467,9 +493,10 @@ pub const CONV_HALO_C32N32_Y8: HaloConfig = HaloConfig {
     tile: [8, 8, 8],
     ..halo("conv_halo_c32n32_y8", 32, 32, 8, 1)
 };
-// Phase 6 (not measured yet): smem width 16 for Cin 16 and even Cin < 16 (W2's 14->14 at
-// 128^3), Cout <= 16 / <= 32, zero-padding (`pad_cin`). Default for Cout <= 16: resident
-// weights (14 KB, 5 blocks/SM, no per-tap barrier), predicted fastest (PERF_NOTES.md phase 6).
+// Smem width 16 for Cin 16 and even Cin < 16 zero-padded (`pad_cin`; W2's 14->14 at 128^3),
+// Cout <= 16 / <= 32. Default for Cout <= 16: resident weights (14 KB, 43 KB per block, 5
+// blocks/SM, no per-tap barrier), predicted fastest (PERF_NOTES.md); `_rp2` persistent (3 per
+// SM) with the next tile's halo copied during the current one's math.
 pub const CONV_HALO_C16N16_R: HaloConfig = HaloConfig {
     pad_cin: true,
     wst: 0,
@@ -494,7 +521,8 @@ pub const CONV_HALO_C16N32: HaloConfig = HaloConfig {
     pad_cin: true,
     ..halo("conv_halo_c16n32", 16, 32, 4, 1)
 };
-// Phase 7: two halo buffers, the next Cin chunk's halo copied during this chunk's taps.
+// Cin = k x width: two halo buffers, the next Cin chunk's halo copied during this chunk's taps:
+// Cin-64 chunks at 1 block per SM (191 KB, sm_90 only), Cin-32 chunks at 2.
 pub const CONV_HALO_C64N64_H2: HaloConfig = HaloConfig {
     hb: 2,
     ..halo("conv_halo_c64n64_h2", 64, 64, 4, 2)
@@ -534,6 +562,60 @@ pub const HALO_CONFIGS: &[HaloConfig] = &[
     CONV_HALO_C64N64_H2,
     CONV_HALO_C32N64_H2,
 ];
+
+/// Warps along N of a tile with `threads` threads and `wm` warps along M.
+const fn warps_n(threads: u32, wm: usize) -> usize {
+    threads as usize / 32 / wm
+}
+
+impl HaloConfig {
+    /// Whether it is `conv_halo`'s one configuration (4x8x8 tile, 2 weight stages, one halo
+    /// buffer); every other runs the `conv_halo_t` template.
+    pub fn is_plain(&self) -> bool {
+        self.tile == HALO_TILE && self.wst == 2 && self.hb == 1
+    }
+}
+
+/// The `*_ENTRY(...)` lines of `fam`'s configuration tables, appended to its file before NVRTC:
+/// `MMA_ENTRY` per mma tile, `UP_ENTRY` per `convt_up_*` twin, `HALO_ENTRY` / `HALO2_ENTRY` per
+/// halo config (the macros in kernels/conv.cu). Empty for a family without tables.
+pub fn entry_lines(fam: Family) -> String {
+    let mut out = String::new();
+    if fam != Family::Conv {
+        return out;
+    }
+    out.push_str("// Generated from src/backend/cuda/host/catalogue.rs (entry_lines).\n");
+    for c in MMA_CONFIGS {
+        let wn = warps_n(c.threads, c.wm);
+        out.push_str(&format!(
+            "MMA_ENTRY({}, {}, {}, {}, {wn}, {}, {})\n",
+            c.name, c.bm, c.bn, c.wm, c.stages, c.vw
+        ));
+    }
+    for (m, u) in UPSAMPLE_VEC {
+        if let Some(c) = MMA_CONFIGS.iter().find(|c| c.name == *m) {
+            let wn = warps_n(c.threads, c.wm);
+            out.push_str(&format!(
+                "UP_ENTRY({u}, {}, {}, {}, {wn}, {})\n",
+                c.bm, c.bn, c.wm, c.stages
+            ));
+        }
+    }
+    for c in HALO_CONFIGS {
+        let wn = warps_n(c.threads, c.wm);
+        let (name, cin, bn, wm) = (c.name, c.cin, c.bn, c.wm);
+        if c.is_plain() {
+            out.push_str(&format!("HALO_ENTRY({name}, {cin}, {bn}, {wm}, {wn})\n"));
+        } else {
+            let [z, y, x] = c.tile;
+            out.push_str(&format!(
+                "HALO2_ENTRY({name}, {cin}, {bn}, {wm}, {wn}, {z}, {y}, {x}, {}, {})\n",
+                c.wst, c.hb
+            ));
+        }
+    }
+    out
+}
 
 #[cfg(test)]
 mod tests {
@@ -575,7 +657,7 @@ mod tests {
     fn entries_match_the_sources() {
         let mut all = Vec::new();
         for f in FAMILIES {
-            let mut want = source_entries(f.source());
+            let mut want = source_entries(&f.source());
             let mut got: Vec<String> = f.entries().iter().map(|s| s.to_string()).collect();
             assert!(!got.is_empty(), "{}", f.name());
             want.sort();

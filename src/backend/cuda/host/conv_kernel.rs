@@ -375,7 +375,7 @@ mod tests {
                 vec![32, 32, 3, 3, 3],
                 "Halo",
             ),
-            // Cin 128 / Cout 128 (phase 7): Cin chunks and 2 channel tiles, the same weights.
+            // Cin 128 / Cout 128 : Cin chunks and 2 channel tiles, the same weights.
             (
                 h200,
                 geom([128, 8, 8, 8], [128, 8, 8, 8], 3, 1, 1, false),

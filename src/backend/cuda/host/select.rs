@@ -78,8 +78,8 @@ pub fn pick_mma(m: usize, n: usize, vw: usize, sms: usize) -> &'static MmaConfig
 pub const HALO_MAX_COUT: usize = 128;
 
 /// The halo kernel for a conv, when one applies: not transposed, one group, kernel 3^3,
-/// stride 1, dilation 1 (any pads), Cin 16, 32, 64 or a multiple of 32 (Cin > 64 in chunks:
-/// phase 7; an even Cin in 10..14 on the zero-padding width-16 kernels: phase 6), Cout <=
+/// stride 1, dilation 1 (any pads), Cin 16, 32, 64 or a multiple of 32 (Cin > 64 in chunks;
+/// an even Cin in 10..14 on the zero-padding width-16 kernels), Cout <=
 /// HALO_MAX_COUT (above the tile width: grid.y over bn-wide tiles), and its shared memory within
 /// `smem_max` (the device's opt-in limit per block). The tile width is the narrowest that holds
 /// Cout (64 above 64). Default: the first HALO_CONFIGS entry that runs it (the list is in
@@ -125,7 +125,7 @@ pub fn pick_halo(
     if cout > HALO_MAX_COUT {
         return None;
     }
-    // The first line that runs it (measured, PERF_NOTES phase 8: Cin 64 -> Cout 32 runs
+    // The first line that runs it (measured, PERF_NOTES: Cin 64 -> Cout 32 runs
     // faster as two 32-channel chunks on c32n32_w4 than on c64n32, 1.646 vs 1.728 ms).
     HALO_CONFIGS
         .iter()
@@ -234,7 +234,7 @@ mod tests {
             Some(CONV_HALO_C32N64.name)
         );
         assert_eq!(h(64, 64, [3; 3], [1; 3], [1; 3], 1, false, 50 * 1024), None);
-        // Chunked Cin (phase 7): the largest chunk that divides Cin; Cout 65..128 in 2 tiles.
+        // Chunked Cin : the largest chunk that divides Cin; Cout 65..128 in 2 tiles.
         for (ci, co, want) in [
             (128, 64, CONV_HALO_C64N64.name),
             (256, 64, CONV_HALO_C64N64.name),
@@ -374,7 +374,7 @@ mod tests {
         );
         // 600 halo rows of 40 halves + 2 x 32 weight rows.
         assert_eq!(hc(CONV_HALO_C32N32.name).smem_bytes(), (600 + 64) * 40 * 2);
-        // Smem width 16 (phase 6): Cin 16 and even Cin 10..14 by default, the narrowest tile
+        // Smem width 16: Cin 16 and even Cin 10..14 by default, the narrowest tile
         // width that holds Cout; Cin 2..8 only forced (more than half padding); odd Cin never.
         for cin in [10, 12, 14, 16] {
             assert_eq!(f(cin, 14, None), Some(CONV_HALO_C16N16_R.name), "Cin {cin}");

@@ -260,7 +260,7 @@ pub(crate) fn load_all(
     for fam in FAMILIES {
         let name = fam.name();
         let t = std::time::Instant::now();
-        let (image, cached) = image_cached(name, fam.source(), arch, driver_version)?;
+        let (image, cached) = image_cached(name, &fam.source(), arch, driver_version)?;
         from_cache += cached as usize;
         let got = t.elapsed().as_secs_f64() * 1e3;
         let kind = if image.cubin.is_some() {
@@ -309,5 +309,5 @@ pub(crate) fn load_all(
 
 /// Compiles `fam` for `arch` (see [`compile_image`]).
 pub fn compile(fam: Family, arch: &str) -> Result<Image> {
-    compile_image(fam.name(), fam.source(), arch)
+    compile_image(fam.name(), &fam.source(), arch)
 }
