@@ -17,7 +17,7 @@ mod run;
 mod split;
 
 pub use crate::backend::Device;
-pub use crate::cancel::CancelToken;
+pub use crate::sys::cancel::CancelToken;
 pub use options::{AxisOrder, Normalize, Options};
 pub use report::{
     class_volumes, peak_rss_bytes, voxel_ml, ClassVolume, FileDigest, PartReport, PredictedPeak,

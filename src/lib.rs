@@ -34,15 +34,11 @@
 //! ```
 #![warn(missing_docs)]
 
-#[allow(missing_docs)] // reached only through `internals`
-mod alloc;
 pub mod backend;
-mod cancel;
 #[allow(missing_docs)] // reached only through `internals`
 mod cli;
 pub mod engine;
 pub mod error;
-mod fsio;
 mod gate;
 pub mod model;
 #[allow(missing_docs)] // reached only through `internals`
@@ -50,16 +46,15 @@ mod npy;
 pub mod pipeline;
 pub mod plan;
 pub mod postprocess;
-#[allow(missing_docs)] // reached only through `internals`
-mod signals;
 pub mod staged;
+pub mod sys;
 pub mod tiling;
 pub mod volume;
 
-pub use cancel::CancelToken;
 pub use engine::{Engine, Options, Segmentation};
 pub use error::{Error, Result};
 pub use pipeline::Pipeline;
+pub use sys::cancel::CancelToken;
 pub use volume::Volume;
 
 /// The README's code blocks, compiled as doctests so that its library snippet stays true.
@@ -94,8 +89,8 @@ pub mod internals {
     }
     /// Temp-file cleanup on SIGINT/SIGTERM/SIGHUP (`src/main.rs`).
     pub mod signals {
-        pub use crate::signals::install;
+        pub use crate::sys::signals::install;
     }
     /// Process setup (`src/main.rs`).
-    pub use crate::alloc::init_thread_pool;
+    pub use crate::sys::alloc::init_thread_pool;
 }

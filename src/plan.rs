@@ -4,13 +4,12 @@
 //! prints the choice, `--report` puts its prediction next to the measured peak. How each backend
 //! models its memory: `backend::cpu::memory` and `backend::cuda::memory`.
 
-mod budget;
 mod choose;
 mod summary;
 
 pub use crate::backend::memory::{Breakdown, Estimate, PeakNode, Target, Workload};
 pub use crate::backend::MemoryModel;
-pub use budget::{
+pub use crate::sys::memory::{
     budget_of, budget_percent, cgroup_available, cgroup_headroom, format_bytes, host_available,
     host_budget, mem_available, parse_bytes, parse_cgroup_limit, parse_mem_available,
     parse_proc_cgroup, tightest, RLIMIT_AS_LEFT,

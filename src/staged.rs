@@ -18,7 +18,7 @@
 //! (NFS) or PID namespace (containers) it ran in, where a pid says nothing. A temp file younger
 //! than [`STALE_AGE`] is spared too (its writer may be between the create and the lock).
 
-use crate::signals::{registry, Ident, TempGuard, Undo};
+use crate::sys::signals::{registry, Ident, TempGuard, Undo};
 use crate::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -179,7 +179,7 @@ where
     body(file)
         .and_then(|_| file.sync_all())
         .map_err(|e| Error::io(dest, e))?;
-    crate::signals::test_pause_before_rename();
+    crate::sys::signals::test_pause_before_rename();
     Ok(staged)
 }
 

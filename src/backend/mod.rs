@@ -71,7 +71,7 @@ impl LabelRule {
     /// Labels of blended outputs `(C, n, H, W)`, allocated fallibly (an error, not an abort).
     pub fn labels(&self, blended: ArrayView4<f32>) -> crate::Result<Array3<u16>> {
         let (_, d, h, w) = blended.dim();
-        let mut out = crate::alloc::try_zeros((d, h, w), "the label map")?;
+        let mut out = crate::sys::alloc::try_zeros((d, h, w), "the label map")?;
         self.labels_into(blended, out.view_mut());
         Ok(out)
     }

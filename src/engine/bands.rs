@@ -6,8 +6,9 @@
 use super::parts::{put_own, run_parts, whole_outputs, NetOut, PartRun, Worker};
 use super::split::{self, Split};
 use crate::backend::Pass;
+use crate::sys::alloc;
 use crate::tiling::{sub_grid, Part};
-use crate::{alloc, Result};
+use crate::Result;
 use ndarray::{s, Array4, ArrayView4};
 use std::time::Instant;
 

@@ -1,7 +1,7 @@
 //! What decides a run besides the model and the volume: axes, normalisation, windows, devices.
 
 use crate::backend::Device;
-use crate::cancel::CancelToken;
+use crate::sys::cancel::CancelToken;
 use crate::tiling::{BlendMode, PadMode, Placement};
 use crate::{Error, Result};
 

@@ -202,11 +202,11 @@ fn assemble(
 /// The whole volume's labels (and blended outputs when kept), zero, for parts to fill.
 pub(super) fn whole_outputs(pass: &Pass<'_>) -> Result<NetOut> {
     let [d, h, w] = pass.grid.shape;
-    let labels = crate::alloc::try_zeros((d, h, w), "the label map")?;
+    let labels = crate::sys::alloc::try_zeros((d, h, w), "the label map")?;
     let logits = pass
         .labels
         .keep_logits
-        .then(|| crate::alloc::try_zeros((pass.labels.cout, d, h, w), "the logits"))
+        .then(|| crate::sys::alloc::try_zeros((pass.labels.cout, d, h, w), "the logits"))
         .transpose()?;
     Ok((labels, logits))
 }

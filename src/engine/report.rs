@@ -184,7 +184,7 @@ impl FileDigest {
     /// Read `path` (a regular file) through SHA-256.
     pub fn of(path: &Path) -> Result<FileDigest> {
         use sha2::{Digest, Sha256};
-        let (mut file, bytes) = crate::fsio::open_regular(path, u64::MAX, true)?;
+        let (mut file, bytes) = crate::sys::fsio::open_regular(path, u64::MAX, true)?;
         let mut h = Sha256::new();
         let mut buf = vec![0u8; 1 << 20];
         loop {

@@ -243,12 +243,12 @@ fn read_external(
         return Err(bad(format!("external data location \"{location}\" must be a relative path inside the model's folder")));
     }
     let dir = dir.ok_or_else(|| bad(format!("stored as external data in \"{location}\" but the model was loaded from memory without a folder")))?;
-    let file_path = crate::fsio::contained(dir, rel, "model's")
+    let file_path = crate::sys::fsio::contained(dir, rel, "model's")
         .map_err(|m| bad(format!("external data \"{location}\": {m}")))?;
     // No-follow on the resolved path: a link swapped in after the check is refused, and a FIFO
     // or device is refused instead of read. The size cap is the file's own; only `need` bytes
     // are read from it.
-    let (mut f, flen) = crate::fsio::open_regular(&file_path, u64::MAX, false)?;
+    let (mut f, flen) = crate::sys::fsio::open_regular(&file_path, u64::MAX, false)?;
     let len = length.unwrap_or(flen.saturating_sub(offset));
     if len != need as u64 {
         return Err(bad(format!(

@@ -10,13 +10,13 @@ use std::path::Path;
 
 pub(crate) use super::decode::proto;
 pub use super::decode::MAX_ELEMENTS;
-pub use crate::fsio::MODEL_CAP;
+pub use crate::sys::fsio::MODEL_CAP;
 
 /// Load an ONNX model file (external data is resolved relative to its folder) into the IR. The
 /// file must be a regular file of at most [`MODEL_CAP`] bytes.
 pub fn load(path: impl AsRef<Path>) -> Result<Graph> {
     let path = path.as_ref();
-    let bytes = crate::fsio::read_regular(path, MODEL_CAP)?;
+    let bytes = crate::sys::fsio::read_regular(path, MODEL_CAP)?;
     let dir = path.parent().map(|p| {
         if p.as_os_str().is_empty() {
             Path::new(".")

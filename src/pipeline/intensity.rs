@@ -99,7 +99,7 @@ pub fn percentiles(v: ArrayView3<f32>, p_lo: f64, p_hi: f64) -> (f32, f32) {
 
 /// [`percentiles`] with the copy allocated fallibly (a whole channel of the volume).
 fn try_percentiles(v: ArrayView3<f32>, p_lo: f64, p_hi: f64) -> Result<(f32, f32)> {
-    let mut buf = crate::alloc::try_with_capacity(v.len(), "the percentile copy")?;
+    let mut buf = crate::sys::alloc::try_with_capacity(v.len(), "the percentile copy")?;
     buf.extend(v.iter().copied());
     Ok(percentiles_in(&mut buf, p_lo, p_hi))
 }

@@ -297,7 +297,7 @@ pub fn parse_blend(s: &str) -> std::result::Result<BlendMode, String> {
     }
 }
 
-/// The manifest's text, read through [`crate::fsio::open_contained`] in its own folder.
+/// The manifest's text, read through [`crate::sys::fsio::open_contained`] in its own folder.
 fn read_contained(path: &Path) -> Result<String> {
     let name = path
         .file_name()
@@ -306,10 +306,10 @@ fn read_contained(path: &Path) -> Result<String> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    crate::fsio::read_contained_text(
+    crate::sys::fsio::read_contained_text(
         dir,
         Path::new(name),
         "manifest's",
-        crate::fsio::MANIFEST_CAP,
+        crate::sys::fsio::MANIFEST_CAP,
     )
 }

@@ -340,7 +340,8 @@ impl Pipeline {
     ) -> Result<Output> {
         self.check_channels(volume.data.shape()[0])?;
         let t = Instant::now();
-        let mut data = crate::alloc::try_to_owned(volume.data.view(), "the normalised volume")?;
+        let mut data =
+            crate::sys::alloc::try_to_owned(volume.data.view(), "the normalised volume")?;
         let nonfinite = intensity::preprocess(&mut data, &self.settings.intensity)?;
         let normalize = t.elapsed().as_secs_f64();
         let volume = Volume {
@@ -524,7 +525,7 @@ impl Pipeline {
         };
         let (probabilities, logits) = match (keep_p, keep_l, seg.logits) {
             (true, true, Some(out)) => (
-                Some(activated(crate::alloc::try_to_owned(
+                Some(activated(crate::sys::alloc::try_to_owned(
                     out.view(),
                     "the probabilities",
                 )?)),
@@ -616,7 +617,7 @@ impl Pipeline {
                     match &mut acc_raw {
                         Some(a) => *a += &out,
                         None => {
-                            acc_raw = Some(crate::alloc::try_to_owned(
+                            acc_raw = Some(crate::sys::alloc::try_to_owned(
                                 out.view(),
                                 "the averaged raw outputs",
                             )?)
@@ -679,7 +680,7 @@ pub fn flip_owned(data: ArrayView4<f32>, axes: &[usize]) -> Result<Array4<f32>> 
     for &a in axes {
         v.invert_axis(Axis(a + 1));
     }
-    crate::alloc::try_to_owned(v, "a mirrored volume")
+    crate::sys::alloc::try_to_owned(v, "a mirrored volume")
 }
 
 /// Softmax over channels or elementwise sigmoid, in place (channel-plane passes, vectorisable).
@@ -727,7 +728,7 @@ pub fn finalize(
         };
         return Ok((labels, keep.then_some(probs)));
     }
-    use crate::alloc::{try_full, try_zeros};
+    use crate::sys::alloc::{try_full, try_zeros};
     let mut labels = try_zeros::<u16, _>(grid, "the labels")?;
     let mut best = try_full(grid, f32::NEG_INFINITY, "the best class scores")?;
     let mut kept = match keep {

@@ -59,7 +59,10 @@ impl OrientationReport {
 /// `volume` turned by `reo`: its data copied in the new axis order, its header on the new grid.
 pub fn turn(volume: &Volume, reo: &Reorientation) -> Result<Volume> {
     Ok(Volume {
-        data: crate::alloc::try_to_owned(reo.apply(volume.data.view()), "the reoriented volume")?,
+        data: crate::sys::alloc::try_to_owned(
+            reo.apply(volume.data.view()),
+            "the reoriented volume",
+        )?,
         header: reo.header(&volume.header),
     })
 }
@@ -68,15 +71,15 @@ pub fn turn(volume: &Volume, reo: &Reorientation) -> Result<Volume> {
 /// probabilities and raw outputs turned back, the input's header and grid in the report.
 pub fn turn_back(mut out: Output, reo: &Reorientation, input: &Header) -> Result<Output> {
     let inv = reo.inverse();
-    out.labels = crate::alloc::try_to_owned(inv.apply3(out.labels.view()), "the labels")?;
+    out.labels = crate::sys::alloc::try_to_owned(inv.apply3(out.labels.view()), "the labels")?;
     if let Some(p) = out.probabilities.take() {
-        out.probabilities = Some(crate::alloc::try_to_owned(
+        out.probabilities = Some(crate::sys::alloc::try_to_owned(
             inv.apply(p.view()),
             "the probabilities",
         )?);
     }
     if let Some(l) = out.logits.take() {
-        out.logits = Some(crate::alloc::try_to_owned(
+        out.logits = Some(crate::sys::alloc::try_to_owned(
             inv.apply(l.view()),
             "the raw outputs",
         )?);

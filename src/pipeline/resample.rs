@@ -117,7 +117,7 @@ fn resample_axis(src: ArrayView4<f32>, axis: usize, n_out: usize) -> Result<Arra
     ];
     let n_in = shape[axis];
     shape[axis] = n_out;
-    let mut out = crate::alloc::try_zeros(shape, "the resampled volume")?;
+    let mut out = crate::sys::alloc::try_zeros(shape, "the resampled volume")?;
     for (o, (i0, i1, w)) in taps(n_in, n_out).enumerate() {
         let a = src.index_axis(Axis(axis), i0);
         let b = src.index_axis(Axis(axis), i1);
@@ -150,7 +150,7 @@ pub fn resample(data: ArrayView4<f32>, to: [usize; 3]) -> Result<Array4<f32>> {
     }
     match cur {
         Some(c) => Ok(c),
-        None => crate::alloc::try_to_owned(data, "the resampled volume"),
+        None => crate::sys::alloc::try_to_owned(data, "the resampled volume"),
     }
 }
 

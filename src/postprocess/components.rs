@@ -2,7 +2,7 @@
 //! structuring element, scipy.ndimage.label's default), found by breadth-first search with an
 //! explicit queue: linear time, no recursion, so a volume-sized blob cannot overflow the stack.
 
-use crate::alloc::{no_memory, try_vec};
+use crate::sys::alloc::{no_memory, try_vec};
 use crate::Result;
 
 /// A box of a volume of `dims` voxels (standard layout: the last axis varies fastest), `lo`
@@ -321,10 +321,10 @@ pub(crate) mod tests {
 
     #[test]
     fn a_refused_allocation_is_an_error() {
-        crate::alloc::fail_above(1000);
+        crate::sys::alloc::fail_above(1000);
         let d = [20, 20, 20];
         let r = label(&vec![1u16; 8000], d, Region::whole(d), Some);
-        crate::alloc::fail_above(usize::MAX);
+        crate::sys::alloc::fail_above(usize::MAX);
         let e = r.err().expect("refused").to_string();
         assert!(
             e.contains("not enough memory for connected components"),

@@ -49,7 +49,7 @@ impl Postprocess {
             return Ok(0);
         }
         if !labels.is_standard_layout() {
-            let mut s = crate::alloc::try_zeros(labels.raw_dim(), "the label map")?;
+            let mut s = crate::sys::alloc::try_zeros(labels.raw_dim(), "the label map")?;
             s.assign(labels);
             *labels = s;
         }

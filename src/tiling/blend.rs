@@ -104,8 +104,9 @@ fn accumulators(channels: usize, planes: [usize; 3]) -> crate::Result<(Array4<f3
     let [d, h, w] = planes;
     let what = "the blend accumulators";
     Ok((
-        crate::alloc::try_zeros((channels, d, h, w), what).map_err(crate::alloc::retryable)?,
-        crate::alloc::try_zeros((d, h, w), what).map_err(crate::alloc::retryable)?,
+        crate::sys::alloc::try_zeros((channels, d, h, w), what)
+            .map_err(crate::sys::alloc::retryable)?,
+        crate::sys::alloc::try_zeros((d, h, w), what).map_err(crate::sys::alloc::retryable)?,
     ))
 }
 
@@ -237,8 +238,8 @@ impl Blender {
         if out.is_standard_layout() {
             Ok(out)
         } else {
-            crate::alloc::try_to_owned(out.view(), "the blended outputs")
-                .map_err(crate::alloc::retryable)
+            crate::sys::alloc::try_to_owned(out.view(), "the blended outputs")
+                .map_err(crate::sys::alloc::retryable)
         }
     }
 }
@@ -249,7 +250,7 @@ impl Blender {
 /// The label map is allocated fallibly: an out-of-memory error, not an abort.
 pub fn argmax(logits: ArrayView4<f32>) -> crate::Result<Array3<u16>> {
     let (_, d, h, w) = logits.dim();
-    let mut out = crate::alloc::try_zeros((d, h, w), "the label map")?;
+    let mut out = crate::sys::alloc::try_zeros((d, h, w), "the label map")?;
     argmax_into(logits, out.view_mut());
     Ok(out)
 }
@@ -282,7 +283,7 @@ pub fn argmax_into(logits: ArrayView4<f32>, mut out: ArrayViewMut3<u16>) {
 /// Panics if there is not exactly one channel: the engine checks the model's output first.
 pub fn threshold(probs: ArrayView4<f32>, t: f32) -> crate::Result<Array3<u16>> {
     let (_, d, h, w) = probs.dim();
-    let mut out = crate::alloc::try_zeros((d, h, w), "the label map")?;
+    let mut out = crate::sys::alloc::try_zeros((d, h, w), "the label map")?;
     threshold_into(probs, t, out.view_mut());
     Ok(out)
 }
@@ -412,8 +413,8 @@ impl SlabBlender {
         let (h, w) = (b[1]..b[1] + n[1], b[2]..b[2] + n[2]);
         let wsum = self.wsum.slice(s![bl..bh, h.clone(), w.clone()]);
         let sums = self.acc.slice(s![.., bl..bh, h, w]);
-        let mut data = crate::alloc::try_to_owned(sums, "a slab of blended outputs")
-            .map_err(crate::alloc::retryable)?;
+        let mut data = crate::sys::alloc::try_to_owned(sums, "a slab of blended outputs")
+            .map_err(crate::sys::alloc::retryable)?;
         divide(data.view_mut(), wsum);
         Ok(Some(Slab {
             d0: lo - b[0],
@@ -469,9 +470,9 @@ mod tests {
         let y = Array4::<f32>::from_elem((2, 16, 32, 32), 1.0);
         assert!(sb.add([0, 0, 0], y.view()).unwrap().is_none());
         // Moving on by 8 planes emits 8 planes of 2 channels: 64 KiB. Allow less.
-        crate::alloc::fail_above(32 << 10);
+        crate::sys::alloc::fail_above(32 << 10);
         let e = sb.add([8, 0, 0], y.view()).unwrap_err();
-        crate::alloc::fail_above(usize::MAX);
+        crate::sys::alloc::fail_above(usize::MAX);
         assert!(matches!(e, crate::Error::OutOfMemory(_)), "{e}");
         assert!(e.to_string().contains("a slab of blended outputs"), "{e}");
         // Within the limit the same step emits the slab, and the shifted planes blend on.
@@ -482,9 +483,9 @@ mod tests {
         let slab = sb.add([8, 0, 0], y.view()).unwrap().unwrap();
         assert_eq!((slab.d0, slab.data.dim()), (0, (2, 8, 32, 32)));
         assert!(slab.data.iter().all(|&v| (v - 1.0).abs() < 1e-6));
-        crate::alloc::fail_above(1);
+        crate::sys::alloc::fail_above(1);
         assert!(sb.finish().is_err());
-        crate::alloc::fail_above(usize::MAX);
+        crate::sys::alloc::fail_above(usize::MAX);
     }
 
     /// Shifting planes in place keeps the tail and zeroes the rest.

@@ -36,7 +36,7 @@ pub fn is_dicom_series_dir(path: &Path) -> bool {
 /// The 128-byte preamble followed by `DICM`.
 fn has_dicm(p: &Path) -> bool {
     use std::os::unix::fs::FileExt;
-    let Ok((f, len)) = crate::fsio::open_regular(p, u64::MAX, true) else {
+    let Ok((f, len)) = crate::sys::fsio::open_regular(p, u64::MAX, true) else {
         return false;
     };
     let mut m = [0u8; 4];

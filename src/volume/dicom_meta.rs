@@ -67,7 +67,7 @@ pub(crate) struct Slice {
 
 /// The file's bytes, length-checked, parsed by dicom-rs (up to the pixel data when `header_only`).
 fn open(path: &Path, header_only: bool) -> Result<Obj> {
-    let bytes = crate::fsio::read_regular(path, super::dicom::FILE_CAP)?;
+    let bytes = crate::sys::fsio::read_regular(path, super::dicom::FILE_CAP)?;
     check_lengths(&bytes).map_err(|m| Error::volume(path, m))?;
     let mut opts = OpenFileOptions::new().read_preamble(dicom_object::file::ReadPreamble::Always);
     if header_only {

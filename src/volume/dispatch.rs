@@ -86,7 +86,7 @@ pub(super) fn kind(path: &Path) -> Result<Kind> {
 /// then says why).
 fn first_bytes(path: &Path) -> Vec<u8> {
     use std::os::unix::fs::FileExt;
-    let Ok((f, len)) = crate::fsio::open_regular(path, u64::MAX, true) else {
+    let Ok((f, len)) = crate::sys::fsio::open_regular(path, u64::MAX, true) else {
         return Vec::new();
     };
     let mut b = vec![0u8; len.min(hints::HEAD_LEN as u64) as usize];
@@ -103,7 +103,7 @@ fn first_stream_bytes(path: &Path) -> Vec<u8> {
     if !head.starts_with(&[0x1f, 0x8b]) {
         return head;
     }
-    let Ok((f, _)) = crate::fsio::open_regular(path, u64::MAX, true) else {
+    let Ok((f, _)) = crate::sys::fsio::open_regular(path, u64::MAX, true) else {
         return head;
     };
     let mut out = Vec::new();

@@ -249,7 +249,7 @@ const EXT_CAP: u64 = 16 << 20;
 /// when it has none.
 pub fn read_label_names(path: &Path) -> Result<Option<LabelNames>> {
     let h = super::read::read_header(path)?;
-    let (file, _) = crate::fsio::open_regular(path, u64::MAX, true)?;
+    let (file, _) = crate::sys::fsio::open_regular(path, u64::MAX, true)?;
     let mut r: Box<dyn Read> = if h.gzipped {
         Box::new(flate2::read::MultiGzDecoder::new(std::io::BufReader::new(
             file,

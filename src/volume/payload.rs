@@ -16,14 +16,14 @@ pub(crate) const NO_CAP: u64 = u64::MAX;
 const CHUNK: usize = 8 << 20;
 
 /// Open the payload of `header`: the header file itself when `data_file` is it (the user named
-/// it), else the detached `data_file` as model external data is opened ([`crate::fsio::open_contained`]):
+/// it), else the detached `data_file` as model external data is opened ([`crate::sys::fsio::open_contained`]):
 /// resolved, inside the header's folder, no-follow, a regular file. A link inside the folder to a
 /// file inside it is read; one leading out is refused, and nothing of its content is echoed.
 /// `cap`: the largest file accepted ([`NO_CAP`] for voxel data, whose reads are bounded by the
 /// header's checked byte count instead: a payload may sit anywhere in a larger file).
 pub(crate) fn open_data(header: &Path, data_file: &Path, cap: u64) -> Result<(File, u64)> {
     if data_file == header {
-        return crate::fsio::open_regular(header, cap, true);
+        return crate::sys::fsio::open_regular(header, cap, true);
     }
     let dir = match data_file.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -35,7 +35,7 @@ pub(crate) fn open_data(header: &Path, data_file: &Path, cap: u64) -> Result<(Fi
             format!("data file {} has no file name", data_file.display()),
         )
     })?;
-    crate::fsio::open_contained(dir, Path::new(name), "header's", cap)
+    crate::sys::fsio::open_contained(dir, Path::new(name), "header's", cap)
 }
 
 /// Where the payload starts and how it is stored.
@@ -118,8 +118,9 @@ pub(crate) fn for_each_chunk(
     mut each: impl FnMut(&[u8]),
 ) -> Result<()> {
     let mut r = reader(file, opened, l)?.take(l.len);
-    let mut buf = crate::alloc::try_vec(CHUNK.min(l.len as usize).max(bpv), 0u8, "a read buffer")
-        .map_err(|e| Error::volume(file, e.to_string()))?;
+    let mut buf =
+        crate::sys::alloc::try_vec(CHUNK.min(l.len as usize).max(bpv), 0u8, "a read buffer")
+            .map_err(|e| Error::volume(file, e.to_string()))?;
     let (mut got, mut filled) = (0u64, 0usize);
     loop {
         let k = r.read(&mut buf[filled..]).map_err(|e| zerr(file, e))?;

@@ -103,7 +103,7 @@ pub(crate) fn text_header(
     path: &Path,
     is_last: Option<&dyn Fn(&str) -> bool>,
 ) -> Result<(String, u64)> {
-    let (file, _) = crate::fsio::open_regular(path, u64::MAX, true)?;
+    let (file, _) = crate::sys::fsio::open_regular(path, u64::MAX, true)?;
     let mut buf = Vec::new();
     file.take(TEXT_HEADER_CAP as u64)
         .read_to_end(&mut buf)

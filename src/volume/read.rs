@@ -27,7 +27,7 @@ struct Source<'a> {
 /// size here: what is read is bounded by the header's dims, which [`check_memory`] holds under
 /// [`HARD_CAP_BYTES`] of float32 before anything large is allocated.
 fn open(path: &Path) -> Result<Source<'static>> {
-    let (file, len) = crate::fsio::open_regular(path, u64::MAX, true)?;
+    let (file, len) = crate::sys::fsio::open_regular(path, u64::MAX, true)?;
     let isize = gz_trailer_isize(&file, len);
     source(path, BufReader::with_capacity(1 << 20, file), len, isize)
 }
@@ -195,9 +195,9 @@ pub(crate) fn check_hard_cap(path: &Path, h: &Header) -> Result<u64> {
 /// left under `ulimit -v` (for buffers about to be allocated in one go).
 pub(crate) fn check_f32_values(n: u64, what: &str, address_space: bool) -> Result<(), String> {
     let left = address_space
-        .then(crate::alloc::address_space_left)
+        .then(crate::sys::alloc::address_space_left)
         .flatten();
-    let avail = match (crate::plan::mem_available(), left) {
+    let avail = match (crate::sys::memory::mem_available(), left) {
         (Some(m), Some(l)) => Some(m.min(l)),
         (m, l) => m.or(l),
     };
@@ -297,7 +297,7 @@ fn read_from(path: &Path, mut src: Source<'_>) -> Result<Volume> {
             path,
             format!(
                 "not enough memory for the volume ({})",
-                crate::plan::format_bytes(n as u64 * 4)
+                crate::sys::memory::format_bytes(n as u64 * 4)
             ),
         )
     };
@@ -341,8 +341,9 @@ fn for_each_chunk(
     mut each: impl FnMut(&[u8]) -> Result<()>,
 ) -> Result<()> {
     let (_, bpv) = datatype_info(h.datatype).map_err(|m| Error::volume(path, m))?;
-    let mut buf = crate::alloc::try_vec((8usize << 20).min(total.max(8)), 0u8, "the read buffer")
-        .map_err(|e| Error::volume(path, e.to_string()))?;
+    let mut buf =
+        crate::sys::alloc::try_vec((8usize << 20).min(total.max(8)), 0u8, "the read buffer")
+            .map_err(|e| Error::volume(path, e.to_string()))?;
     let (mut got, mut filled) = (0usize, 0usize);
     while got < total {
         let want = (buf.len() - filled).min(total - got);
@@ -419,6 +420,6 @@ mod tests {
         assert!(memory_verdict(gib, "d", None, 32 * gib).is_ok());
         assert!(memory_verdict(u64::MAX / 2, "d", None, u64::MAX).is_err());
         // The real machine: MemAvailable is parsed.
-        assert!(crate::plan::mem_available().is_some_and(|b| b > 0));
+        assert!(crate::sys::memory::mem_available().is_some_and(|b| b > 0));
     }
 }

@@ -12,7 +12,7 @@ use super::ops::node_runs_inplace;
 use crate::backend::memory::{prod, Breakdown, Estimate, PeakNode, Target, Workload, F32};
 use crate::backend::MemoryModel;
 use crate::model::graph::{Graph, Op};
-use crate::plan::host_budget;
+use crate::sys::memory::host_budget;
 use crate::Result;
 
 /// The host's memory, as the CPU backend uses it.

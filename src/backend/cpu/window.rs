@@ -63,11 +63,13 @@ pub(super) fn sliding_window(
     let cout = pass.labels.cout;
     let mut store = Store {
         pass,
-        labels: crate::alloc::try_zeros((shape[0], shape[1], shape[2]), "the label map")?,
+        labels: crate::sys::alloc::try_zeros((shape[0], shape[1], shape[2]), "the label map")?,
         logits: pass
             .labels
             .keep_logits
-            .then(|| crate::alloc::try_zeros((cout, shape[0], shape[1], shape[2]), "the logits"))
+            .then(|| {
+                crate::sys::alloc::try_zeros((cout, shape[0], shape[1], shape[2]), "the logits")
+            })
             .transpose()?,
         nan_voxels: 0,
     };
@@ -79,8 +81,8 @@ pub(super) fn sliding_window(
     };
     let batch = pass.batch.max(1);
     let mut xb =
-        crate::alloc::try_zeros((batch, cin, roi[0], roi[1], roi[2]), "a batch of windows")
-            .map_err(crate::alloc::retryable)?;
+        crate::sys::alloc::try_zeros((batch, cin, roi[0], roi[1], roi[2]), "a batch of windows")
+            .map_err(crate::sys::alloc::retryable)?;
     let mut seconds = StageTimes::default();
     let mut measured = 0u64;
     let total = grid.len();

@@ -19,7 +19,7 @@ use crate::backend::cuda::stream::{
 use crate::backend::memory::{prod, Breakdown, Estimate, PeakNode, Target, Workload, F16, F32};
 use crate::backend::MemoryModel;
 use crate::model::graph::Graph;
-use crate::plan::format_bytes;
+use crate::sys::memory::format_bytes;
 use crate::tiling::Grid;
 use crate::Result;
 

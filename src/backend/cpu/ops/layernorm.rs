@@ -19,8 +19,8 @@ pub fn layer_norm<T: Real>(l: &LayerNorm, x: &[T], xd: Dims) -> Result<Vec<T>> {
     }
     let scale = T::cast_slice(&l.scale.data);
     let bias = l.bias.as_ref().map(|b| T::cast_slice(&b.data));
-    let mut y = crate::alloc::try_with_capacity(x.len(), "a LayerNormalization output")
-        .map_err(crate::alloc::retryable)?;
+    let mut y = crate::sys::alloc::try_with_capacity(x.len(), "a LayerNormalization output")
+        .map_err(crate::sys::alloc::retryable)?;
     y.extend_from_slice(x);
     y.par_chunks_mut(inner)
         .with_min_len((4096 / inner).max(1))

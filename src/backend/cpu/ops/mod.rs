@@ -68,12 +68,12 @@ pub(crate) fn make_standard<T: Real>(x: &mut Array5<T>) -> Result<()> {
 /// An owned C-contiguous copy of an activation. Host memory running out is `OutOfMemory`, so
 /// the engine retries with a smaller batch or window instead of the process aborting.
 pub(crate) fn owned<T: Real>(x: ArrayView5<T>) -> Result<Array5<T>> {
-    crate::alloc::try_to_owned(x, "an activation").map_err(crate::alloc::retryable)
+    crate::sys::alloc::try_to_owned(x, "an activation").map_err(crate::sys::alloc::retryable)
 }
 
 /// A zero-filled activation or scratch buffer of `len` values, fallible as [`owned`].
 pub(crate) fn zeroed<T: Real>(len: usize, what: &str) -> Result<Vec<T>> {
-    crate::alloc::try_vec(len, T::ZERO, what).map_err(crate::alloc::retryable)
+    crate::sys::alloc::try_vec(len, T::ZERO, what).map_err(crate::sys::alloc::retryable)
 }
 
 /// As [`zeroed`], with the fill (and the page faults of a fresh allocation) spread over the
@@ -81,7 +81,8 @@ pub(crate) fn zeroed<T: Real>(len: usize, what: &str) -> Result<Vec<T>> {
 /// 1 -> 2 core speed-up below 1.8x.
 pub(crate) fn zeroed_par<T: Real>(len: usize, what: &str) -> Result<Vec<T>> {
     use rayon::prelude::*;
-    let mut v = crate::alloc::try_with_capacity::<T>(len, what).map_err(crate::alloc::retryable)?;
+    let mut v = crate::sys::alloc::try_with_capacity::<T>(len, what)
+        .map_err(crate::sys::alloc::retryable)?;
     v.spare_capacity_mut()
         .par_chunks_mut(1 << 16)
         .for_each(|c| {

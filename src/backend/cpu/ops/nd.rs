@@ -95,8 +95,8 @@ pub fn softmax<T: Real>(x: &[T], d: &[usize], axis: usize, shape: [usize; 5]) ->
         )));
     }
     let (o, n, i) = split(d, axis);
-    let mut v = crate::alloc::try_with_capacity(x.len(), "a Softmax output")
-        .map_err(crate::alloc::retryable)?;
+    let mut v = crate::sys::alloc::try_with_capacity(x.len(), "a Softmax output")
+        .map_err(crate::sys::alloc::retryable)?;
     v.extend_from_slice(x);
     let mut a = Array5::from_shape_vec([o, n, i, 1, 1], v).map_err(|e| err(e.to_string()))?;
     softmax_inplace(&mut a, 1)?;

@@ -163,7 +163,7 @@ pub fn host_available() -> Option<(u64, String)> {
 fn host_limits() -> [Option<(u64, String)>; 3] {
     [
         mem_available().map(|m| (m, "available RAM".to_string())),
-        crate::alloc::address_space_left().map(|m| (m, RLIMIT_AS_LEFT.to_string())),
+        crate::sys::alloc::address_space_left().map(|m| (m, RLIMIT_AS_LEFT.to_string())),
         cgroup_available(),
     ]
 }

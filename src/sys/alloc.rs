@@ -12,7 +12,7 @@ use ndarray::{Array, Dimension, ShapeBuilder};
 pub fn no_memory(what: &str, bytes: u128) -> Error {
     Error::Invalid(format!(
         "not enough memory for {what} ({})",
-        crate::plan::format_bytes(u64::try_from(bytes).unwrap_or(u64::MAX))
+        crate::sys::memory::format_bytes(u64::try_from(bytes).unwrap_or(u64::MAX))
     ))
 }
 

@@ -53,7 +53,7 @@ pub fn open_regular(path: &Path, cap: u64, follow: bool) -> Result<(File, u64)> 
             "{}: {} bytes is more than the {} this file may have",
             path.display(),
             meta.len(),
-            crate::plan::format_bytes(cap)
+            crate::sys::memory::format_bytes(cap)
         )));
     }
     clear_nonblock(&file);
