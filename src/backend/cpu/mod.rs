@@ -33,7 +33,7 @@ pub struct RunStats {
 
 /// A graph checked for one (batch, roi): shapes, liveness and which nodes matter.
 #[derive(Clone, Debug)]
-struct Plan {
+struct Schedule {
     batch: usize,
     roi: [usize; 3],
     /// Shape of every value at the prepared batch (None: never computed).
@@ -54,7 +54,7 @@ fn node_err(node: &Node, e: Error) -> Error {
     }
 }
 
-fn plan(graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<Plan> {
+fn schedule(graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<Schedule> {
     let nv = graph.values.len();
     if batch == 0 || roi.contains(&0) {
         return Err(Error::Invalid(format!(
@@ -111,7 +111,7 @@ fn plan(graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<Plan> {
         }
     }
     last_use[graph.output] = usize::MAX;
-    Ok(Plan {
+    Ok(Schedule {
         batch,
         roi,
         shapes,
@@ -123,7 +123,7 @@ fn plan(graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<Plan> {
 /// Runs a planned graph on one batch in precision T.
 fn execute<T: Real>(
     graph: &Graph,
-    plan: &Plan,
+    plan: &Schedule,
     input: Array5<T>,
     stats: &mut RunStats,
 ) -> Result<Array5<T>> {
@@ -230,7 +230,11 @@ fn execute<T: Real>(
         .ok_or_else(|| Error::Backend("internal: the graph output was not computed".into()))
 }
 
-fn check_input(plan: &Plan, graph: &Graph, d: (usize, usize, usize, usize, usize)) -> Result<()> {
+fn check_input(
+    plan: &Schedule,
+    graph: &Graph,
+    d: (usize, usize, usize, usize, usize),
+) -> Result<()> {
     let (n, c, sd, sh, sw) = d;
     if n == 0 || n > plan.batch {
         return Err(Error::Invalid(format!(
@@ -258,7 +262,7 @@ fn check_input(plan: &Plan, graph: &Graph, d: (usize, usize, usize, usize, usize
 /// The f32 CPU backend (rayon + matrixmultiply threads).
 #[derive(Default)]
 pub struct CpuBackend {
-    prepared: Option<(Graph, Plan)>,
+    prepared: Option<(Graph, Schedule)>,
     stats: RunStats,
 }
 
@@ -288,7 +292,7 @@ impl Backend for CpuBackend {
     }
 
     fn prepare(&mut self, graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<()> {
-        let p = plan(graph, batch, roi)?;
+        let p = schedule(graph, batch, roi)?;
         self.prepared = Some((graph.clone(), p));
         Ok(())
     }
@@ -318,7 +322,7 @@ fn run_generic<T: Real>(
     stats: &mut RunStats,
 ) -> Result<Array5<T>> {
     let (n, _, d, h, w) = input.dim();
-    let p = plan(graph, n.max(1), [d, h, w])?;
+    let p = schedule(graph, n.max(1), [d, h, w])?;
     check_input(&p, graph, input.dim())?;
     execute(graph, &p, ops::owned(input)?, stats)
 }
