@@ -48,7 +48,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .transpose()?,
         ..Options::default()
     };
-    options.set_devices(&voxtile::pipeline::batch::parse_devices(&a[7])?);
+    options.set_devices(&voxtile::internals::cli::dataset::parse_devices(&a[7])?);
     let reps: usize = a[6].parse()?;
     let t = Instant::now();
     let mut engine = Engine::from_file(&a[1], options)?;

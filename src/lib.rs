@@ -86,6 +86,8 @@ pub mod internals {
     /// The command line (`src/main.rs`).
     pub mod cli {
         pub use crate::cli::run;
+        /// Batch planning: input lists, shards, case names, device lists.
+        pub use crate::cli::segment::dataset;
     }
     /// Temp-file cleanup on SIGINT/SIGTERM/SIGHUP (`src/main.rs`).
     pub mod signals {

@@ -9,11 +9,13 @@ use ndarray::{Array3, Array4, ArrayView4, Axis};
 use prost::Message;
 use std::path::{Path, PathBuf};
 use voxtile::engine::{AxisOrder, Device, Engine, Options};
+use voxtile::internals::cli::dataset as batch;
 use voxtile::pipeline::{
-    self, batch, intensity, manifest::OneOrThree, outputs, resample, Activation, Intensity,
-    Manifest, Pipeline, Settings,
+    self, manifest::OneOrThree, outputs, resample, Activation, Intensity, Manifest, Pipeline,
+    Settings,
 };
 use voxtile::tiling::BlendMode;
+use voxtile::volume::intensity;
 use voxtile::volume::{Header, Volume};
 
 // ---------------------------------------------------------------- helpers

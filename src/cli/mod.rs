@@ -7,7 +7,7 @@ mod flags;
 mod log;
 mod plan;
 mod progress;
-mod segment;
+pub mod segment;
 mod summary;
 
 use crate::Error;

@@ -18,7 +18,8 @@ mod split;
 
 pub use crate::backend::Device;
 pub use crate::sys::cancel::CancelToken;
-pub use options::{AxisOrder, Normalize, Options};
+use crate::volume::intensity::{self, Intensity};
+pub use options::{AxisOrder, Options};
 pub use report::{
     class_volumes, peak_rss_bytes, voxel_ml, ClassVolume, FileDigest, PartReport, PredictedPeak,
     Report, StageTimes,
@@ -320,10 +321,9 @@ impl Engine {
         let mut nonfinite = 0;
         let owned;
         let has_nonfinite = volume.data.iter().any(|v| !v.is_finite());
-        let data = if has_nonfinite || self.options.normalize != Normalize::None {
+        let data = if has_nonfinite || self.options.normalize != Intensity::None {
             let mut d = volume.data.clone();
-            let how = crate::pipeline::Intensity::from(self.options.normalize);
-            nonfinite = crate::pipeline::intensity::preprocess(&mut d, &how)?;
+            nonfinite = intensity::preprocess(&mut d, &self.options.normalize)?;
             owned = d;
             owned.view()
         } else {
@@ -405,7 +405,7 @@ impl Engine {
             overlap: self.options.overlap,
             placement: self.options.placement,
             keep_logits: self.options.keep_logits,
-            copy_input: self.options.normalize != Normalize::None,
+            copy_input: self.options.normalize != Intensity::None,
         }
     }
 

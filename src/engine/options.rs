@@ -3,6 +3,7 @@
 use crate::backend::Device;
 use crate::sys::cancel::CancelToken;
 use crate::tiling::{BlendMode, PadMode, Placement};
+use crate::volume::intensity::Intensity;
 use crate::{Error, Result};
 
 /// How the network's D,H,W axes map onto the file's i,j,k axes.
@@ -34,55 +35,6 @@ impl std::str::FromStr for AxisOrder {
             _ => Err(Error::Invalid(format!(
                 "unknown axis order '{s}': use xyz or zyx"
             ))),
-        }
-    }
-}
-
-/// Intensity normalisation applied to the whole volume before windowing (per channel).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Normalize {
-    /// The network takes the volume as it is.
-    None,
-    /// (x − mean) / (std + 1e-8) over the volume: MONAI's NormalizeIntensity, the W3 peer.
-    ZScore,
-    /// nnU-Net's CTNormalization: clip to [lo, hi], then (x − mean) / max(std, 1e-8).
-    Ct {
-        /// Lower clip bound.
-        lo: f32,
-        /// Upper clip bound.
-        hi: f32,
-        /// Mean subtracted after clipping.
-        mean: f32,
-        /// Divisor (floored at 1e-8).
-        std: f32,
-    },
-}
-
-impl std::str::FromStr for Normalize {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "none" => Ok(Normalize::None),
-            "zscore" => Ok(Normalize::ZScore),
-            _ => {
-                let bad = || {
-                    Error::Invalid(format!(
-                        "unknown normalisation '{s}': use none, zscore or ct:LO,HI,MEAN,STD"
-                    ))
-                };
-                let v: Vec<f32> = s
-                    .strip_prefix("ct:")
-                    .ok_or_else(bad)?
-                    .split(',')
-                    .map(|x| x.trim().parse::<f32>().map_err(|_| bad()))
-                    .collect::<Result<_>>()?;
-                match v.as_slice() {
-                    &[lo, hi, mean, std] if lo <= hi && std > 0.0 => {
-                        Ok(Normalize::Ct { lo, hi, mean, std })
-                    }
-                    _ => Err(bad()),
-                }
-            }
         }
     }
 }
@@ -122,7 +74,7 @@ pub struct Options {
     /// per-window mirroring does (its gaussian is centred at `n // 2`, not symmetric).
     pub mirrored: [bool; 3],
     /// Intensity normalisation before windowing.
-    pub normalize: Normalize,
+    pub normalize: Intensity,
     /// Bytes the run may use (device memory on CUDA, the host working set on CPU); None: 80% of
     /// the device's free memory, or half of the memory left to the process (RAM, RLIMIT_AS,
     /// cgroup). The planner picks the batch under it and never shrinks the window (see
@@ -162,7 +114,7 @@ impl Default for Options {
             axis_order: AxisOrder::Xyz,
             keep_logits: false,
             mirrored: [false; 3],
-            normalize: Normalize::None,
+            normalize: Intensity::None,
             memory_budget: None,
             cancel: CancelToken::new(),
             blend_in_memory: false,

@@ -1,7 +1,7 @@
 //! What a segmentation tool does around the sliding window: normalise, resample to the model's
 //! spacing, mirror (TTA) and ensemble several models, average their probabilities, resample back
 //! to the input grid, argmax, remap labels; plus the outputs (probabilities, one file per class,
-//! preview picture) and batch planning (folders, shards).
+//! preview picture).
 //!
 //! Built only on [`Engine::segment_array`]: every model run is one sliding-window pass over an
 //! (optionally flipped) volume; the averaging happens here on the host.
@@ -9,8 +9,6 @@
 //! [`Pipeline::from_model`] reads a model's manifest (`NAME.toml` beside `NAME.onnx`) exactly as
 //! `voxtile segment` does: both go through [`ModelSetup`].
 
-pub mod batch;
-pub mod intensity;
 pub mod manifest;
 pub mod orient;
 pub mod outputs;
@@ -342,7 +340,7 @@ impl Pipeline {
         let t = Instant::now();
         let mut data =
             crate::sys::alloc::try_to_owned(volume.data.view(), "the normalised volume")?;
-        let nonfinite = intensity::preprocess(&mut data, &self.settings.intensity)?;
+        let nonfinite = crate::volume::intensity::preprocess(&mut data, &self.settings.intensity)?;
         let normalize = t.elapsed().as_secs_f64();
         let volume = Volume {
             data,
@@ -413,7 +411,7 @@ impl Pipeline {
         Ok(())
     }
 
-    /// [`Pipeline::run`] on a volume already through [`intensity::preprocess`]; `pre`: its
+    /// [`Pipeline::run`] on a volume already through [`crate::volume::intensity::preprocess`]; `pre`: its
     /// non-finite voxel count and the seconds that took. The volume is turned to the settings'
     /// orientation first (a copy) and every output turned back onto its grid.
     pub fn run_preprocessed(

@@ -4,7 +4,7 @@
 
 use super::manifest::{parse_blend, Activation, Intensity, Manifest};
 use super::{Pipeline, Settings};
-use crate::engine::{AxisOrder, Engine, Normalize, Options};
+use crate::engine::{AxisOrder, Engine, Options};
 use crate::tiling::{BlendMode, PadMode, Placement};
 use crate::volume::Orientation;
 use crate::{Error, Result};
@@ -172,10 +172,10 @@ fn merge(
     let intensity = over
         .intensity
         .or(manifest.normalize)
-        .unwrap_or(Intensity::from(options.normalize));
+        .unwrap_or(options.normalize);
     intensity.check().map_err(bad)?;
-    // Normalised once, before the engines (see `pipeline::intensity::preprocess`).
-    options.normalize = Normalize::None;
+    // Normalised once, before the engines (see `volume::intensity::preprocess`).
+    options.normalize = Intensity::None;
     options.placement = over
         .placement
         .or(manifest.placement_mode())

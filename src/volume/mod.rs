@@ -34,6 +34,7 @@ mod geometry;
 mod header;
 mod hints;
 mod inputs;
+pub mod intensity;
 mod labels;
 mod metaimage;
 mod nrrd;

@@ -3,12 +3,12 @@
 
 use super::args::SegmentArgs;
 use super::config::Config;
+use super::dataset;
 use super::jobs::{Job, Plan};
 use super::process::{prepare, process, read_ahead};
 use super::record::not_run;
 use crate::cli::progress;
 use crate::cli::summary::{self, Summary};
-use crate::pipeline::batch;
 use crate::volume::{Header, Source};
 use crate::{Error, Result};
 use std::io::Write;
@@ -99,14 +99,14 @@ pub fn run(args: &SegmentArgs, config: &Config, plan: Plan) -> Result<()> {
     // Batch: one worker per device (fewer files than devices: per file, the devices shared out),
     // files round robin; a failed file is reported and skipped.
     let total = todo.len();
-    let groups = batch::device_groups(&config.devices, total);
+    let groups = dataset::device_groups(&config.devices, total);
     let workers = groups.len();
     let (tx, rx) = std::sync::mpsc::channel::<(serde_json::Value, Option<Summary>)>();
     let mut failed = 0usize;
     std::thread::scope(|s| -> Result<()> {
         for (w, group) in groups.iter().enumerate() {
             let tx = tx.clone();
-            let mine = batch::worker_files(&todo, w, workers);
+            let mine = dataset::worker_files(&todo, w, workers);
             s.spawn(move || {
                 let fail = |job: &Job, e: &Error| {
                     let msg = format!("{}: {e}", job.input.display());

@@ -2,9 +2,9 @@
 //! model manifest merged in (flags typed on the command line beat it, defaults do not).
 
 use super::args::SegmentArgs;
+use super::dataset::parse_devices;
 use crate::cli::flags;
-use crate::engine::{AxisOrder, Device, Normalize, Options};
-use crate::pipeline::batch::parse_devices;
+use crate::engine::{AxisOrder, Device, Options};
 use crate::pipeline::manifest::{Activation, Intensity};
 use crate::pipeline::{Mirror, ModelSetup, Overrides, Pipeline};
 use crate::tiling::{self, BlendMode};
@@ -118,7 +118,7 @@ fn overrides(args: &SegmentArgs, options: &Options) -> Result<Overrides> {
         overlap: explicit("overlap").then_some(options.overlap),
         blend: explicit("blend").then_some(options.blend),
         axis_order: explicit("axis_order").then_some(options.axis_order),
-        intensity: explicit("normalize").then(|| Intensity::from(options.normalize)),
+        intensity: explicit("normalize").then_some(options.normalize),
         spacing: flags::spacing(p.spacing.as_deref())?,
         mirror: match p.tta.as_deref() {
             None => None,
@@ -153,8 +153,8 @@ fn options(args: &SegmentArgs) -> Result<Options> {
     let pad = flags::pad(&args.pad)?;
     let overlap = flags::overlap(&args.overlap)?;
     let sigma_scale = tiling::parse_sigma_scale(&args.sigma_scale)?;
-    let normalize = args.normalize.parse::<Normalize>()?;
-    Intensity::from(normalize)
+    let normalize = args.normalize.parse::<Intensity>()?;
+    normalize
         .check()
         .map_err(|m| Error::Invalid(format!("--normalize {}: {m}", args.normalize)))?;
     let batch = flags::batch(args.batch)?;

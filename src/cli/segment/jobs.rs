@@ -1,9 +1,9 @@
 //! The files a run segments and where each one's outputs go, claimed before any work.
 
 use super::args::SegmentArgs;
+use super::dataset::{self, stem};
 use super::{cases, claims, shard};
 use crate::gate::{Gate, Kind};
-use crate::pipeline::batch::{self, stem};
 use crate::volume::Source;
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -159,7 +159,7 @@ pub fn jobs(args: &SegmentArgs, gate: &mut Gate, masks: &[String]) -> Result<Pla
             skipped: Vec::new(),
         });
     }
-    if batch::is_nifti(&args.output) {
+    if dataset::is_nifti(&args.output) {
         return Err(Error::Invalid(format!(
             "{}: with several inputs -o names a folder, not a NIfTI file",
             args.output.display()

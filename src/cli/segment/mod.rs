@@ -8,6 +8,7 @@ mod batch;
 mod cases;
 mod claims;
 mod config;
+pub mod dataset;
 mod empty;
 mod jobs;
 mod post;

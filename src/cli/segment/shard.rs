@@ -2,7 +2,7 @@
 //! Slurm job array or a Kubernetes Indexed Job, so one script runs unchanged in every task (each
 //! task lists the same sorted cases and keeps those with position mod n == k).
 
-use crate::pipeline::batch::parse_shard;
+use super::dataset::parse_shard;
 use crate::{Error, Result};
 
 /// The variable that gives a Kubernetes Indexed Job's completion count (Kubernetes exports only
@@ -99,7 +99,7 @@ fn var(env: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<Option<usize>
 /// shard left without any says so on standard error and does nothing.
 pub fn take<T: Clone>(sorted: &[T], spec: &str) -> Result<Vec<T>> {
     let (k, n) = resolve(spec, &process_env)?;
-    let mine = crate::pipeline::batch::shard(sorted, k, n);
+    let mine = super::dataset::shard(sorted, k, n);
     if mine.is_empty() {
         crate::cli::say!(
             "voxtile: shard {k}/{n} has no cases ({} in all): nothing to do",

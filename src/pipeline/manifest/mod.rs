@@ -10,14 +10,13 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-mod intensity;
 mod orientation;
 mod postprocess;
 mod remap;
 mod text;
 mod window;
 
-pub use intensity::{describe_intensity, Intensity};
+pub use crate::volume::intensity::{describe_intensity, Intensity};
 
 pub use postprocess::{ClassSet, MinComponent};
 pub use text::MAX_STRING_BYTES;

@@ -1,7 +1,7 @@
 //! The grey window: CT's soft-tissue window on Hounsfield units, else the 0.5–99.5th
 //! percentiles (robust to a few hot voxels, as most viewers' auto-contrast).
 
-use crate::pipeline::intensity::percentile;
+use crate::volume::intensity::percentile;
 use ndarray::ArrayView3;
 
 /// Values from `lo` (black) to `hi` (white).

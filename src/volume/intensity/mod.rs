@@ -1,7 +1,10 @@
-//! Intensity normalisation per channel, and percentiles (also used to window the preview).
+//! Intensity normalisation per channel, and percentiles (also used to window the preview): the
+//! one preprocessing every run does before the engine, whoever calls it (CLI, library, TTA).
 
-use super::manifest::Intensity;
-use crate::engine::Normalize;
+mod spec;
+
+pub use spec::{describe_intensity, Intensity};
+
 use crate::Result;
 use ndarray::{Array4, ArrayView3};
 use rayon::prelude::*;
@@ -31,10 +34,11 @@ pub fn preprocess(data: &mut Array4<f32>, how: &Intensity) -> Result<usize> {
 
 /// Normalise each channel in place, in parallel (rayon): f64 sums over fixed pieces added in a
 /// fixed order (the same result on every run and machine; a 512²×128 volume overflows f32
-/// precision), MONAI's (x − mean) / (std + 1e-8) for z-score. A channel that is not contiguous
-/// in memory is normalised through a contiguous copy.
-pub fn normalize(data: &mut Array4<f32>, how: Normalize) {
-    if how == Normalize::None {
+/// precision), MONAI's (x − mean) / (std + 1e-8) for z-score; nnU-Net's clip then (x − mean) /
+/// max(std, 1e-8) for ct. A channel that is not contiguous in memory is normalised through a
+/// contiguous copy. The percentile rule is [`apply`]'s.
+fn normalize(data: &mut Array4<f32>, how: Intensity) {
+    if matches!(how, Intensity::None | Intensity::Percentile { .. }) {
         return;
     }
     for mut ch in data.outer_iter_mut() {
@@ -52,10 +56,10 @@ pub fn normalize(data: &mut Array4<f32>, how: Normalize) {
 }
 
 /// [`normalize`] of one channel's voxels.
-fn normalize_slice(s: &mut [f32], how: Normalize) {
+fn normalize_slice(s: &mut [f32], how: Intensity) {
     match how {
-        Normalize::None => {}
-        Normalize::ZScore => {
+        Intensity::None | Intensity::Percentile { .. } => {}
+        Intensity::Zscore => {
             let n = s.len().max(1) as f64;
             let mean = par_sum(s, |v| v as f64) / n;
             let var = par_sum(s, |v| (v as f64 - mean).powi(2)) / n;
@@ -63,7 +67,8 @@ fn normalize_slice(s: &mut [f32], how: Normalize) {
             s.par_chunks_mut(PIECE)
                 .for_each(|c| c.iter_mut().for_each(|v| *v = (*v - m) * inv));
         }
-        Normalize::Ct { lo, hi, mean, std } => {
+        Intensity::Ct { clip, mean, std } => {
+            let [lo, hi] = clip;
             let inv = 1.0 / std.max(1e-8);
             s.par_chunks_mut(PIECE).for_each(|c| {
                 c.iter_mut()
@@ -114,16 +119,7 @@ fn percentiles_in(buf: &mut [f32], p_lo: f64, p_hi: f64) -> (f32, f32) {
 pub fn apply(data: &mut Array4<f32>, how: &Intensity) -> Result<()> {
     match *how {
         Intensity::None => {}
-        Intensity::Zscore => normalize(data, Normalize::ZScore),
-        Intensity::Ct { clip, mean, std } => normalize(
-            data,
-            Normalize::Ct {
-                lo: clip[0],
-                hi: clip[1],
-                mean,
-                std,
-            },
-        ),
+        Intensity::Zscore | Intensity::Ct { .. } => normalize(data, *how),
         Intensity::Percentile { p_lo, p_hi } => {
             for mut ch in data.outer_iter_mut() {
                 let (lo, hi) = try_percentiles(ch.view(), p_lo, p_hi)?;
@@ -148,10 +144,9 @@ mod tests {
             ((i * 7 + j * 13 + k * 29 + ch * 5) % 97) as f32 * 3.5 - 100.0
         };
         for how in [
-            Normalize::ZScore,
-            Normalize::Ct {
-                lo: -50.0,
-                hi: 120.0,
+            Intensity::Zscore,
+            Intensity::Ct {
+                clip: [-50.0, 120.0],
                 mean: 10.0,
                 std: 30.0,
             },
@@ -182,18 +177,19 @@ mod tests {
                 let (i, j, k) = (3, 4, 5);
                 let raw = a[[1, i, j, k]] as f64;
                 let expect = match how {
-                    Normalize::ZScore => (raw - mean) / (sd + 1e-8),
-                    Normalize::Ct { lo, hi, mean, std } => {
-                        (raw.clamp(lo as f64, hi as f64) - mean as f64) / std as f64
-                    }
-                    Normalize::None => raw,
+                    Intensity::Ct {
+                        clip: [lo, hi],
+                        mean,
+                        std,
+                    } => (raw.clamp(lo as f64, hi as f64) - mean as f64) / std as f64,
+                    _ => (raw - mean) / (sd + 1e-8),
                 };
                 assert!((got[[1, i, j, k]] as f64 - expect).abs() < 1e-5, "{how:?}");
             }
         }
         // None leaves the data alone.
         let mut a = Array4::from_elem((1, 2, 2, 2), 5.0f32);
-        normalize(&mut a, Normalize::None);
+        normalize(&mut a, Intensity::None);
         assert!(a.iter().all(|&v| v == 5.0));
     }
 }

@@ -1,7 +1,7 @@
-//! The manifest's `[normalize]` table: intensity normalisation as a run applies it, and as a
-//! file writes it (flat, so that a field of another kind is an error).
+//! Intensity normalisation as a run applies it, as the manifest's `[normalize]` table writes it
+//! (flat, so that a field of another kind is an error), and as `--normalize` spells it.
 
-use crate::engine::Normalize;
+use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 
 /// Intensity normalisation, applied per channel to the whole volume before resampling (as
@@ -125,16 +125,35 @@ impl Intensity {
     }
 }
 
-impl From<Normalize> for Intensity {
-    fn from(n: Normalize) -> Self {
-        match n {
-            Normalize::None => Intensity::None,
-            Normalize::ZScore => Intensity::Zscore,
-            Normalize::Ct { lo, hi, mean, std } => Intensity::Ct {
-                clip: [lo, hi],
-                mean,
-                std,
-            },
+impl std::str::FromStr for Intensity {
+    type Err = Error;
+    /// `--normalize`: `none`, `zscore` or `ct:LO,HI,MEAN,STD` (the percentile rule is the
+    /// manifest's alone).
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "none" => Ok(Intensity::None),
+            "zscore" => Ok(Intensity::Zscore),
+            _ => {
+                let bad = || {
+                    Error::Invalid(format!(
+                        "unknown normalisation '{s}': use none, zscore or ct:LO,HI,MEAN,STD"
+                    ))
+                };
+                let v: Vec<f32> = s
+                    .strip_prefix("ct:")
+                    .ok_or_else(bad)?
+                    .split(',')
+                    .map(|x| x.trim().parse::<f32>().map_err(|_| bad()))
+                    .collect::<Result<_>>()?;
+                match v.as_slice() {
+                    &[lo, hi, mean, std] if lo <= hi && std > 0.0 => Ok(Intensity::Ct {
+                        clip: [lo, hi],
+                        mean,
+                        std,
+                    }),
+                    _ => Err(bad()),
+                }
+            }
         }
     }
 }
