@@ -142,3 +142,30 @@ print("nibabel ok")
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+/// The label table's colours (Caret XML floats, the 3D Slicer table's bytes) are the preview's.
+#[test]
+fn the_tables_and_the_preview_share_one_colour_per_label() {
+    let n = LabelNames::new((0..=14).map(|i| format!("class {i}")));
+    let xml = n.caret_xml();
+    let attr = |label: &str, key: &str| -> u8 {
+        let v = label.split(&format!("{key}=\"")).nth(1).unwrap();
+        let v: f64 = v.split('"').next().unwrap().parse().unwrap();
+        (v * 255.0).round() as u8
+    };
+    let ctbl = n.slicer_ctbl();
+    let rows: Vec<&str> = ctbl.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows.len(), 15, "{ctbl}");
+    for (l, label) in xml.split("<Label ").skip(1).enumerate() {
+        let want = if l == 0 {
+            [0; 3]
+        } else {
+            voxtile::pipeline::preview::label_colour(l as u16)
+        };
+        let got = ["Red", "Green", "Blue"].map(|k| attr(label, k));
+        assert_eq!(got, want, "label {l} in the Caret table");
+        let alpha = if l == 0 { 0 } else { 255 };
+        let [r, g, b] = want;
+        assert_eq!(rows[l], format!("{l} class_{l} {r} {g} {b} {alpha}"));
+    }
+}
