@@ -110,16 +110,14 @@ fn nibabel_reads_the_names() {
         volume::write_labels_with(&p, labels().view(), &like(), &opts).unwrap();
         paths.push(p.to_str().unwrap().to_string());
     }
-    // TotalSegmentator's reader: the extension's XML, Label Key -> name.
+    // TotalSegmentator's reader: extensions[0].get_content() as XML, Label Key -> name.
     let script = r#"
 import sys, re, nibabel as nib, numpy as np
 for path in sys.argv[1:]:
     img = nib.load(path)
     assert img.header.get_intent()[0] == 'label', img.header.get_intent()
-    raw = lambda e: e.content if hasattr(e, 'content') else e.get_content()
-    ext = [e for e in img.header.extensions if b'<CaretExtension' in raw(e)]
-    assert len(ext) == 1 and ext[0].get_code() == 30, img.header.extensions
-    xml = raw(ext[0]).decode().rstrip('\0')
+    assert len(img.header.extensions) == 1, img.header.extensions
+    xml = img.header.extensions[0].get_content()
     import xml.etree.ElementTree as ET
     root = ET.fromstring(xml)
     names = {int(l.get('Key')): l.text for l in root.iter('Label')}
