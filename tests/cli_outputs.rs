@@ -272,7 +272,7 @@ fn label_header(p: &Path) -> (i16, String, String) {
             size >= 16 && size.is_multiple_of(16) && at + size <= vox,
             "extension size {size}"
         );
-        if code == 30 {
+        if code == voxtile::volume::NIFTI_ECODE_IGNORE {
             xml = String::from_utf8_lossy(&b[at + 8..at + size]).to_string();
         }
         at += size;
@@ -307,7 +307,12 @@ fn label_maps_carry_class_names() {
     )
     .unwrap();
     let out = d.join("seg.nii.gz");
-    ok(&segment_cpu(&input, &model, &out, &["--labels-json"]));
+    ok(&segment_cpu(
+        &input,
+        &model,
+        &out,
+        &["--labels-json", "--color-table"],
+    ));
     let (intent, name, xml) = label_header(&out);
     assert_eq!(intent, 1002, "NIFTI_INTENT_LABEL");
     assert_eq!(name, "labels");
@@ -323,6 +328,19 @@ fn label_maps_carry_class_names() {
         serde_json::from_str(&std::fs::read_to_string(d.join("seg.labels.json")).unwrap()).unwrap();
     assert_eq!(json["7"], "liver");
     assert_eq!(json["2"], "spleen & <kidney>");
+    // The 3D Slicer colour table: "value name R G B A", spaces as `_`, the preview's colours.
+    let ctbl = std::fs::read_to_string(d.join("seg.ctbl")).unwrap();
+    let rows: Vec<&str> = ctbl.lines().filter(|l| !l.starts_with('#')).collect();
+    let [r, g, b] = voxtile::volume::label_colour(7);
+    assert_eq!(
+        rows,
+        [
+            "0 background 0 0 0 0".to_string(),
+            "2 spleen_&_<kidney> 60 180 75 255".to_string(),
+            format!("7 liver {r} {g} {b} 255"),
+        ],
+        "{ctbl}"
+    );
 
     // No manifest: still a label map, its values named background and label_<k>.
     let plain_model = conv_model(&d.join("plain.onnx"), 3);
@@ -332,29 +350,72 @@ fn label_maps_carry_class_names() {
     let names = voxtile::volume::read_label_names(&plain).unwrap().unwrap();
     assert_eq!(names.names, ["background", "label_1", "label_2"]);
     assert!(
-        !d.join("plain.labels.json").exists(),
-        "only with --labels-json"
+        !d.join("plain.labels.json").exists() && !d.join("plain.ctbl").exists(),
+        "only with --labels-json, --color-table"
     );
 
     let Some(py) = nibabel_python() else {
         return;
     };
-    let code = "import sys, nibabel as nib\n\
+    // As TotalSegmentator's load_multilabel_nifti reads it: extensions[0].get_content() parsed
+    // as XML (CaretExtension/VolumeInformation/LabelTable/Label, Key and text).
+    let code = "import sys, json, nibabel as nib, xml.etree.ElementTree as ET\n\
                 h = nib.load(sys.argv[1]).header\n\
                 assert int(h['intent_code']) == 1002, int(h['intent_code'])\n\
-                raw = lambda e: e.content if hasattr(e, 'content') else e.get_content()\n\
-                x = b''.join(raw(e) for e in h.extensions)\n\
-                assert b'liver' in x and b'spleen & <kidney>' in x, x\n\
-                print('ok')";
+                x = h.extensions[0].get_content()\n\
+                t = ET.fromstring(x)\n\
+                assert t.tag == 'CaretExtension', t.tag\n\
+                ls = t.find('VolumeInformation').find('LabelTable').findall('Label')\n\
+                c = lambda e, k: round(float(e.get(k)) * 255)\n\
+                print(json.dumps({e.get('Key'): [e.text, c(e, 'Red'), c(e, 'Green'), c(e, 'Blue')] for e in ls}))";
     let o = Command::new(py)
         .args(["-c", code, s(&out)])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        o.status.success() && o.stdout.starts_with(b"ok"),
-        "nibabel: {err}"
+    assert!(o.status.success(), "nibabel: {err}");
+    let table: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let entry = |l: u16, n: &str| {
+        let [r, g, b] = voxtile::volume::label_colour(l);
+        serde_json::json!([n, r, g, b])
+    };
+    assert_eq!(
+        table,
+        serde_json::json!({
+            "0": entry(0, "background"),
+            "2": entry(2, "spleen & <kidney>"),
+            "7": entry(7, "liver"),
+        })
     );
+}
+
+/// A one-channel model (labels 0 and 1) takes its classes as one name (the foreground) or two
+/// (background first); three are refused.
+#[test]
+fn a_one_channel_model_takes_background_and_foreground_names() {
+    let dir = tempdir();
+    let d = dir.path();
+    let input = volume(&d.join("case.nii"));
+    let model = conv_model(&d.join("brain.onnx"), 1);
+    let man = d.join("m.toml");
+    for (classes, want) in [
+        ("[\"background\", \"brain\"]", ["background", "brain"]),
+        ("[\"air\", \"brain\"]", ["air", "brain"]),
+        ("[\"brain\"]", ["background", "brain"]),
+    ] {
+        std::fs::write(&man, format!("classes = {classes}\n")).unwrap();
+        let out = d.join("seg.nii.gz");
+        let o = segment_cpu(&input, &model, &out, &["--manifest", s(&man), "--force"]);
+        ok(&o);
+        let names = voxtile::volume::read_label_names(&out).unwrap().unwrap();
+        assert_eq!(names.names, want, "{classes}");
+    }
+    std::fs::write(&man, "classes = [\"a\", \"b\", \"c\"]\n").unwrap();
+    let out = d.join("three.nii.gz");
+    let o = segment_cpu(&input, &model, &out, &["--manifest", s(&man)]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && !out.exists());
+    assert!(err.contains("lists 3 class(es)"), "{err}");
 }
 
 #[test]

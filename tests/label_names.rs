@@ -110,16 +110,14 @@ fn nibabel_reads_the_names() {
         volume::write_labels_with(&p, labels().view(), &like(), &opts).unwrap();
         paths.push(p.to_str().unwrap().to_string());
     }
-    // TotalSegmentator's reader: the extension's XML, Label Key -> name.
+    // TotalSegmentator's reader: extensions[0].get_content() as XML, Label Key -> name.
     let script = r#"
 import sys, re, nibabel as nib, numpy as np
 for path in sys.argv[1:]:
     img = nib.load(path)
     assert img.header.get_intent()[0] == 'label', img.header.get_intent()
-    raw = lambda e: e.content if hasattr(e, 'content') else e.get_content()
-    ext = [e for e in img.header.extensions if b'<CaretExtension' in raw(e)]
-    assert len(ext) == 1 and ext[0].get_code() == 30, img.header.extensions
-    xml = raw(ext[0]).decode().rstrip('\0')
+    assert len(img.header.extensions) == 1, img.header.extensions
+    xml = img.header.extensions[0].get_content()
     import xml.etree.ElementTree as ET
     root = ET.fromstring(xml)
     names = {int(l.get('Key')): l.text for l in root.iter('Label')}
@@ -141,4 +139,31 @@ print("nibabel ok")
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
+}
+
+/// The label table's colours (Caret XML floats, the 3D Slicer table's bytes) are the preview's.
+#[test]
+fn the_tables_and_the_preview_share_one_colour_per_label() {
+    let n = LabelNames::new((0..=14).map(|i| format!("class {i}")));
+    let xml = n.caret_xml();
+    let attr = |label: &str, key: &str| -> u8 {
+        let v = label.split(&format!("{key}=\"")).nth(1).unwrap();
+        let v: f64 = v.split('"').next().unwrap().parse().unwrap();
+        (v * 255.0).round() as u8
+    };
+    let ctbl = n.slicer_ctbl();
+    let rows: Vec<&str> = ctbl.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows.len(), 15, "{ctbl}");
+    for (l, label) in xml.split("<Label ").skip(1).enumerate() {
+        let want = if l == 0 {
+            [0; 3]
+        } else {
+            voxtile::pipeline::preview::label_colour(l as u16)
+        };
+        let got = ["Red", "Green", "Blue"].map(|k| attr(label, k));
+        assert_eq!(got, want, "label {l} in the Caret table");
+        let alpha = if l == 0 { 0 } else { 255 };
+        let [r, g, b] = want;
+        assert_eq!(rows[l], format!("{l} class_{l} {r} {g} {b} {alpha}"));
+    }
 }

@@ -5,7 +5,7 @@
 mod common;
 use common::tempdir;
 use ndarray::Array3;
-use voxtile::pipeline::preview::{self, Context, PANEL_GAP};
+use voxtile::pipeline::preview::{self, Context, MIN_PANEL, PANEL_GAP};
 use voxtile::volume::LabelNames;
 use voxtile::volume::Mat4;
 
@@ -145,30 +145,79 @@ fn lia_and_las_volumes_show_the_pattern_where_the_ras_one_does() {
     );
 }
 
+/// The size of the panel from column `x0` in a picture where every voxel is labelled (so a
+/// panel is never black and around it is): its width along row 30 and height down column
+/// `x0 + 40`, both clear of the letter boxes.
+fn panel_size(png: &Png, x0: usize) -> (usize, usize) {
+    let lit = |x: usize, y: usize| png.px(x, y) != [0; 3];
+    let h = (0..png.height).take_while(|&y| lit(x0 + 40, y)).count();
+    let w = (x0..png.width).take_while(|&x| lit(x, 30)).count();
+    (w, h)
+}
+
+/// A labelled volume of `dims` voxels of `mm` (RAS) and its picture.
+fn labelled(dims: (usize, usize, usize), mm: [f64; 3]) -> Png {
+    let image = Array3::from_shape_fn(dims, |(i, j, k)| (i + j + k) as f32);
+    let labels = Array3::from_elem(dims, 1u16);
+    let aff = affine([(0, 1.0, mm[0]), (1, 1.0, mm[1]), (2, 1.0, mm[2])]);
+    preview_png(&image, &labels, &Context::plain(aff))
+}
+
 #[test]
 fn panels_have_square_millimetres() {
-    // 512 x 512 x 20 at 0.7 x 0.7 x 2 mm: the coronal panel is 358.4 mm wide and 40 mm high.
-    let (nx, ny, nz) = (512, 512, 20);
-    let image = Array3::from_shape_fn((nx, ny, nz), |(i, j, k)| (i + j + k) as f32);
-    let labels = Array3::from_elem((nx, ny, nz), 1u16);
-    let aff = affine([(0, 1.0, 0.7), (1, 1.0, 0.7), (2, 1.0, 2.0)]);
-    let png = preview_png(&image, &labels, &Context::plain(aff));
-    // Everything is labelled, so a panel's pixels are never black; under a panel is black.
-    let run = |x: usize| {
-        (0..png.height)
-            .take_while(|&y| png.px(x, y) != [0; 3])
-            .count()
-    };
-    let axial_h = run(100);
-    assert!(axial_h > 400, "axial height {axial_h}");
-    // The axial panel is square (358.4 mm both ways), and as wide as the coronal one.
-    let coronal_h = run(axial_h + PANEL_GAP + 100);
-    let ratio = coronal_h as f64 / axial_h as f64;
-    let want = 40.0 / 358.4;
+    // 512 x 512 x 40 at 0.7 x 0.7 x 2 mm: the coronal slice is 358.4 mm wide and 80 mm high,
+    // enlarged to MIN_PANEL pixels high with its proportions kept.
+    let png = labelled((512, 512, 40), [0.7, 0.7, 2.0]);
+    let (axial_w, axial_h) = panel_size(&png, 0);
+    assert!(
+        axial_h > 400 && axial_w == axial_h,
+        "axial {axial_w}x{axial_h}"
+    );
+    let (w, h) = panel_size(&png, axial_w + PANEL_GAP);
+    assert_eq!(h, MIN_PANEL, "coronal height");
+    let (ratio, want) = (h as f64 / w as f64, 80.0 / 358.4);
     assert!(
         (ratio - want).abs() < 0.005,
-        "coronal height/width {coronal_h}/{axial_h} = {ratio:.4}, want {want:.4}"
+        "coronal height/width {h}/{w} = {ratio:.4}, want {want:.4}"
     );
+}
+
+/// Whether the picture has a white pixel (edge letters are white; labelled pixels never are)
+/// in the box from (x, y), w x h.
+fn white_in(png: &Png, (x, y): (usize, usize), (w, h): (usize, usize)) -> bool {
+    (x..x + w).any(|xx| (y..y + h).any(|yy| png.px(xx, yy) == [255; 3]))
+}
+
+#[test]
+fn thin_volumes_get_readable_panels_with_their_letters() {
+    // 20 slices: the coronal and sagittal slices are 128 x 20 mm (once 40-pixel strips without
+    // letters). Each panel is at least MIN_PANEL pixels a side with its four letters; square
+    // millimetres up to 8:1 (here 6.4:1), stretched beyond (4 slices: 128 x 4 mm).
+    for (slices, aspect) in [(20, 128.0 / 20.0), (4, 1024.0 / 128.0)] {
+        let png = labelled((128, 128, slices), [1.0, 1.0, 1.0]);
+        let (aw, _) = panel_size(&png, 0);
+        let mut x0 = aw + PANEL_GAP;
+        for view in ["coronal", "sagittal"] {
+            let (w, h) = panel_size(&png, x0);
+            assert_eq!(h, MIN_PANEL, "{view}, {slices} slices: height");
+            let ratio = w as f64 / h as f64;
+            assert!((ratio - aspect).abs() < 0.02, "{view}: {w}x{h}");
+            let edge = 24;
+            let (mid_x, mid_y) = (x0 + w / 2 - edge / 2, h / 2 - edge / 2);
+            for (name, at) in [
+                ("left", (x0, mid_y)),
+                ("right", (x0 + w - edge, mid_y)),
+                ("top", (mid_x, 0)),
+                ("bottom", (mid_x, h - edge)),
+            ] {
+                assert!(
+                    white_in(&png, at, (edge, edge)),
+                    "{view}, {slices} slices: no {name} letter"
+                );
+            }
+            x0 += w + PANEL_GAP;
+        }
+    }
 }
 
 #[test]

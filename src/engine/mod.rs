@@ -10,6 +10,7 @@
 //! device), and plans through its own [`crate::backend::MemoryModel`].
 
 mod bands;
+mod classes;
 mod options;
 mod parts;
 mod report;
@@ -19,6 +20,7 @@ mod split;
 pub use crate::backend::Device;
 pub use crate::sys::cancel::CancelToken;
 use crate::volume::intensity::{self, Intensity};
+pub use classes::{class_name, classes_fit};
 pub use options::{AxisOrder, Options};
 pub use report::{
     class_volumes, peak_rss_bytes, voxel_ml, ClassVolume, FileDigest, PartReport, PredictedPeak,
@@ -46,8 +48,9 @@ pub struct Segmentation {
     /// or Sigmoid, else logits) when `Options::keep_logits`; None otherwise, and then they were
     /// never held whole.
     pub logits: Option<Array4<f32>>,
-    /// One name per output channel, when the engine was given them ([`Engine::set_classes`],
-    /// or the manifest through [`crate::Pipeline::from_model`]).
+    /// One name per output channel ([`classes_fit`]: a one-channel model may list two), when
+    /// the engine was given them ([`Engine::set_classes`], or the manifest through
+    /// [`crate::Pipeline::from_model`]).
     pub classes: Option<Vec<String>>,
     /// The input volume's header ([`Engine::segment`]): write the outputs with it so they
     /// overlay the input. None for an array, which has no geometry.
@@ -260,14 +263,15 @@ impl Engine {
     pub fn model_path(&self) -> Option<&Path> {
         self.model_path.as_deref()
     }
-    /// The class names results carry: one per output channel.
+    /// The class names results carry: one per output channel (a one-channel model: one, or
+    /// two with the background first; see [`class_name`]).
     pub fn classes(&self) -> Option<&[String]> {
         self.classes.as_deref()
     }
-    /// Name the output channels (None: unnamed); refused unless there is one per channel.
+    /// Name the output channels (None: unnamed); refused unless they fit ([`classes_fit`]).
     pub fn set_classes(&mut self, classes: Option<Vec<String>>) -> Result<()> {
         let cout = self.graph.output_channels();
-        if let Some(c) = classes.as_ref().filter(|c| c.len() != cout) {
+        if let Some(c) = classes.as_ref().filter(|c| !classes_fit(c.len(), cout)) {
             return Err(Error::Invalid(format!(
                 "{} class name(s) for a model of {cout} output channel(s)",
                 c.len()

@@ -24,6 +24,8 @@ pub enum Kind {
     Png,
     /// A JSON report: `.json` or `.jsonl`; `-` is standard output.
     Report,
+    /// A 3D Slicer colour table: `.ctbl`.
+    ColorTable,
     /// A folder of outputs (created when missing).
     Folder,
 }
@@ -34,6 +36,7 @@ impl Kind {
             Kind::Volume => &[".nii", ".nii.gz"],
             Kind::Png => &[".png"],
             Kind::Report => &[".json", ".jsonl"],
+            Kind::ColorTable => &[".ctbl"],
             Kind::Folder => &[],
         }
     }

@@ -121,7 +121,8 @@ pub struct Output {
     pub probabilities: Option<Array4<f32>>,
     /// (C, i, j, k) averaged raw outputs, when kept.
     pub logits: Option<Array4<f32>>,
-    /// One name per output channel (the manifest's `classes`), when known.
+    /// One name per output channel (the manifest's `classes`; a one-channel model may list
+    /// two, background first), when known.
     pub classes: Option<Vec<String>>,
     /// The input's header: write the outputs with it so they overlay the input.
     pub header: Header,

@@ -127,7 +127,10 @@ impl ModelSetup {
             .manifest
             .remap_table(channels)
             .map_err(|m| Error::model(&mpath, m))?;
-        if let Some(c) = self.classes().filter(|c| c.len() != channels) {
+        if let Some(c) = self
+            .classes()
+            .filter(|c| !crate::engine::classes_fit(c.len(), channels))
+        {
             return Err(Error::model(
                 &mpath,
                 format!(

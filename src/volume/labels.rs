@@ -1,7 +1,10 @@
 //! Label maps that carry their class names: `intent_code` = NIFTI_INTENT_LABEL and a Caret XML
-//! label table (`<CaretExtension>` … `<LabelTable>`) in a NIfTI extension, as TotalSegmentator
-//! writes it (so Workbench, ITK-SNAP-style viewers and nibabel users read the names), plus an
-//! optional `labels.json` sidecar. NIfTI-1 or NIfTI-2 headers.
+//! label table (`<CaretExtension>` … `<LabelTable>`) in a NIfTI extension, written as
+//! TotalSegmentator writes it: extension code 0, because nibabel decodes code 30 (Caret) with a
+//! handler whose `get_content()` raises, and TotalSegmentator's `load_multilabel_nifti` reads
+//! `extensions[0].get_content()` as XML. Optional sidecars: `labels.json` and a 3D Slicer colour
+//! table (`.ctbl`; Slicer ignores NIfTI extensions). NIfTI-1 or NIfTI-2 headers. Colours come
+//! from [`crate::volume::label_colour`], the preview's too.
 
 use super::geometry::output_geometry;
 use super::header::{self, encode_nifti1, Header};
@@ -11,8 +14,11 @@ use std::path::Path;
 
 /// NIFTI_INTENT_LABEL: the values are indices into a label table.
 pub const NIFTI_INTENT_LABEL: i32 = 1002;
-/// NIFTI_ECODE_CARET: the extension holds Caret/Workbench XML.
+/// NIFTI_ECODE_CARET: Caret/Workbench XML; read back (voxtile wrote it before), not written.
 pub const NIFTI_ECODE_CARET: i32 = 30;
+/// NIFTI_ECODE_IGNORE: the code the label table is written with (TotalSegmentator's, which
+/// nibabel hands back as bytes).
+pub const NIFTI_ECODE_IGNORE: i32 = 0;
 
 /// Class names of a label map: `names[i]` names label value `i` (label 0 is usually
 /// "background"). An empty name leaves that value out of the table.
@@ -30,21 +36,6 @@ pub struct LabelOptions<'a> {
     pub names: Option<&'a LabelNames>,
     /// Write a NIfTI-2 header (540 bytes, 64-bit dims) instead of NIfTI-1.
     pub nifti2: bool,
-}
-
-/// A colour per label (golden-ratio hues), so viewers show distinct classes.
-fn colour(i: usize) -> [f64; 3] {
-    let h = (i as f64 * 0.618_033_988_749_895).fract() * 6.0;
-    let x = 1.0 - (h % 2.0 - 1.0).abs();
-    let rgb = match h as u32 {
-        0 => [1.0, x, 0.0],
-        1 => [x, 1.0, 0.0],
-        2 => [0.0, 1.0, x],
-        3 => [0.0, x, 1.0],
-        4 => [x, 0.0, 1.0],
-        _ => [1.0, 0.0, x],
-    };
-    rgb.map(|v| 0.2 + 0.8 * v)
 }
 
 /// `s` inside CDATA, a `]]>` in it split across two sections.
@@ -66,10 +57,10 @@ impl LabelNames {
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<CaretExtension Version=\"1.0\">\n<VolumeInformation Index=\"0\">\n<LabelTable>\n",
         );
         for (i, n) in self.names.iter().enumerate().filter(|(_, n)| !n.is_empty()) {
-            let [r, g, b] = if i == 0 { [0.0; 3] } else { colour(i) };
+            let [r, g, b] = super::label_colour(i as u16).map(|c| c as f64 / 255.0);
             let alpha = if i == 0 { 0 } else { 1 };
             x += &format!(
-                "<Label Key=\"{i}\" Red=\"{r:.3}\" Green=\"{g:.3}\" Blue=\"{b:.3}\" Alpha=\"{alpha}\">{}</Label>\n",
+                "<Label Key=\"{i}\" Red=\"{r:.6}\" Green=\"{g:.6}\" Blue=\"{b:.6}\" Alpha=\"{alpha}\">{}</Label>\n",
                 cdata(n)
             );
         }
@@ -113,6 +104,29 @@ impl LabelNames {
         Ok(LabelNames { names })
     }
 
+    /// The 3D Slicer colour table (`.ctbl`, "index name R G B A" a line, 0-255; spaces in a
+    /// name become `_`, as the format asks): load it with Add Data, then pick it when importing
+    /// the label map as a segmentation to get the names and colours.
+    pub fn slicer_ctbl(&self) -> String {
+        let named: Vec<(usize, &String)> = self
+            .names
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| !n.is_empty())
+            .collect();
+        let mut t = format!("# Color table file\n# {} values\n", named.len());
+        for (i, n) in named {
+            let [r, g, b] = super::label_colour(i as u16);
+            let alpha = if i == 0 { 0 } else { 255 };
+            let name: String = n
+                .chars()
+                .map(|c| if c.is_whitespace() { '_' } else { c })
+                .collect();
+            t += &format!("{i} {name} {r} {g} {b} {alpha}\n");
+        }
+        t
+    }
+
     /// `{"1": "spleen", ...}` as TotalSegmentator's label maps (values with a name only).
     pub fn to_json(&self) -> String {
         let map: serde_json::Map<String, serde_json::Value> = self
@@ -146,7 +160,7 @@ pub(crate) fn label_header(
 ) -> std::result::Result<Vec<u8>, String> {
     let ext = opts
         .names
-        .map(|n| extension(NIFTI_ECODE_CARET, n.caret_xml().as_bytes()))
+        .map(|n| extension(NIFTI_ECODE_IGNORE, n.caret_xml().as_bytes()))
         .unwrap_or_default();
     let intent = if opts.names.is_some() {
         NIFTI_INTENT_LABEL
@@ -242,6 +256,13 @@ pub fn stage_labels_json(path: &Path, names: &LabelNames) -> Result<crate::stage
     crate::staged::stage(path, |f| f.write_all(text.as_bytes()))
 }
 
+/// Stage the 3D Slicer colour table ([`LabelNames::slicer_ctbl`]) for the caller to commit with
+/// the run's other outputs.
+pub fn stage_color_table(path: &Path, names: &LabelNames) -> Result<crate::staged::Staged> {
+    let text = names.slicer_ctbl();
+    crate::staged::stage(path, |f| f.write_all(text.as_bytes()))
+}
+
 /// Largest header + extensions read back (vox_offset of a label map with thousands of names).
 const EXT_CAP: u64 = 16 << 20;
 
@@ -286,7 +307,9 @@ pub fn read_label_names(path: &Path) -> Result<Option<LabelNames>> {
         }
         let data = &b[at + 8..at + esize as usize];
         let text = String::from_utf8_lossy(data);
-        if (code == NIFTI_ECODE_CARET || code == 0) && text.contains("<CaretExtension") {
+        if (code == NIFTI_ECODE_CARET || code == NIFTI_ECODE_IGNORE)
+            && text.contains("<CaretExtension")
+        {
             let text = text.trim_end_matches('\0');
             return LabelNames::from_caret_xml(text)
                 .map(Some)

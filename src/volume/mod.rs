@@ -40,6 +40,7 @@ mod metaimage;
 mod nrrd;
 mod orient;
 mod pair;
+mod palette;
 mod payload;
 mod raw;
 mod read;
@@ -51,9 +52,10 @@ pub use dicom::{is_dicom_series_dir, read_dicom_header, read_dicom_series};
 pub use dispatch::{foreign_hint, read, read_header, read_series, read_series_header, volume_stem};
 pub use inputs::files_read;
 pub use labels::{
-    read_label_names, stage_labels_json, write_labels_json, LabelNames, LabelOptions,
-    NIFTI_ECODE_CARET, NIFTI_INTENT_LABEL,
+    read_label_names, stage_color_table, stage_labels_json, write_labels_json, LabelNames,
+    LabelOptions, NIFTI_ECODE_CARET, NIFTI_ECODE_IGNORE, NIFTI_INTENT_LABEL,
 };
+pub use palette::label_colour;
 pub use raw::Format;
 pub use source::Source;
 pub use summary::describe;

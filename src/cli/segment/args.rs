@@ -129,6 +129,10 @@ pub struct PipelineArgs {
     /// <label map name>.labels.json
     #[arg(long)]
     pub labels_json: bool,
+    /// Also write a 3D Slicer colour table (names and colours) beside each label map:
+    /// <label map name>.ctbl (Slicer does not read the table inside the NIfTI file)
+    #[arg(long)]
+    pub color_table: bool,
     /// Batch mode: process only cases i (sorted list) with i mod n == k; `auto` reads k and n
     /// from a Slurm job array (SLURM_ARRAY_TASK_*) or a Kubernetes Indexed Job
     /// (JOB_COMPLETION_INDEX, with VOXTILE_SHARD_COUNT or auto/N for the count)

@@ -33,7 +33,7 @@ pub fn mask_names(config: &Config, split: bool) -> Result<Vec<String>> {
     Ok(files.into_iter().map(|(_, name)| name).collect())
 }
 
-/// Everything `job` writes, in the order its claims are checked: the label map, its sidecar,
+/// Everything `job` writes, in the order its claims are checked: the label map, its sidecars,
 /// the extra outputs, the mask folder and its masks, the preview and the statistics (`masks`: from [`mask_names`]).
 pub fn of_job(job: &Job, masks: &[String]) -> Vec<Claim> {
     let c = |path: &PathBuf, kind, what| Claim {
@@ -46,6 +46,11 @@ pub fn of_job(job: &Job, masks: &[String]) -> Vec<Claim> {
         job.labels_json
             .iter()
             .map(|p| c(p, Kind::Report, "--labels-json")),
+    );
+    v.extend(
+        job.color_table
+            .iter()
+            .map(|p| c(p, Kind::ColorTable, "--color-table")),
     );
     v.extend(
         job.probabilities

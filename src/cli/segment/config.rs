@@ -70,19 +70,20 @@ impl Config {
     }
 
     /// The class name of each label value written, for the label map's table and the report:
-    /// the manifest's `classes` (one per output channel; a single-channel model's class is
-    /// label 1) moved to their remapped values; without them, 0 is "background" and value k
-    /// "label_k".
+    /// the manifest's `classes` ([`crate::engine::class_name`]: one per output channel; a
+    /// one-channel model's one name is label 1's) moved to their remapped values; without them,
+    /// 0 is "background" and value k "label_k".
     pub fn label_names(&self, channels: usize, remap: Option<&[u16]>) -> LabelNames {
-        // (label value before remapping, its channel's manifest name)
-        let raw: Vec<(u16, Option<&String>)> = if channels == 1 {
-            let first = self.classes.as_ref().and_then(|c| c.first());
-            vec![(0, None), (1, first)]
-        } else {
-            (0..channels)
-                .map(|c| (c as u16, self.classes.as_ref().and_then(|n| n.get(c))))
-                .collect()
-        };
+        // (label value before remapping, its manifest name); a one-channel model writes 0 and 1.
+        let raw: Vec<(u16, Option<&String>)> = (0..channels.max(2))
+            .map(|v| {
+                let name = self.classes.as_ref();
+                (
+                    v as u16,
+                    name.and_then(|c| crate::engine::class_name(c, channels, v)),
+                )
+            })
+            .collect();
         let mut names: Vec<String> = Vec::new();
         for (l, name) in raw {
             let v = remap.and_then(|t| t.get(l as usize).copied()).unwrap_or(l) as usize;

@@ -27,13 +27,15 @@ pub struct Job {
     pub preview: Option<PathBuf>,
     /// `--labels-json` sidecar.
     pub labels_json: Option<PathBuf>,
+    /// `--color-table` sidecar (3D Slicer).
+    pub color_table: Option<PathBuf>,
     /// `--statistics` JSON.
     pub statistics: Option<PathBuf>,
 }
 
-/// The `labels.json` sidecar of a label map: `<name>.labels.json` beside it.
-fn sidecar(output: &Path) -> PathBuf {
-    output.with_file_name(format!("{}.labels.json", stem(output)))
+/// A sidecar of a label map: `<name>.<ext>` beside it (`labels.json`, `ctbl`).
+fn sidecar(output: &Path, ext: &str) -> PathBuf {
+    output.with_file_name(format!("{}.{ext}", stem(output)))
 }
 
 /// The case name of an input, for outputs named after it: its file or folder name without the
@@ -144,7 +146,8 @@ pub fn jobs(args: &SegmentArgs, gate: &mut Gate, masks: &[String]) -> Result<Pla
                 path: args.input.clone(),
                 series: args.series.clone(),
             },
-            labels_json: p.labels_json.then(|| sidecar(&output)),
+            labels_json: p.labels_json.then(|| sidecar(&output, "labels.json")),
+            color_table: p.color_table.then(|| sidecar(&output, "ctbl")),
             output,
             probabilities: p.probabilities.clone(),
             logits: args.logits.clone(),
@@ -199,6 +202,7 @@ pub fn jobs(args: &SegmentArgs, gate: &mut Gate, masks: &[String]) -> Result<Pla
         let job = Job {
             output: file(&args.output, "nii.gz"),
             labels_json: p.labels_json.then(|| file(&args.output, "labels.json")),
+            color_table: p.color_table.then(|| file(&args.output, "ctbl")),
             probabilities: p.probabilities.as_ref().map(|d| file(d, "nii.gz")),
             logits: args.logits.as_ref().map(|d| file(d, "nii.gz")),
             split: p.split_classes.as_ref().map(|d| d.join(&s)),

@@ -279,6 +279,9 @@ fn stage(
     if let Some(path) = &job.labels_json {
         outs.push(crate::volume::stage_labels_json(path, names)?, force);
     }
+    if let Some(path) = &job.color_table {
+        outs.push(crate::volume::stage_color_table(path, names)?, force);
+    }
     if let (Some(path), Some(image)) = (&job.statistics, raw) {
         outs.push(stage_statistics(path, image, out, names)?, force);
     }

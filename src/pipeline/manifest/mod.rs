@@ -63,7 +63,8 @@ pub enum Activation {
 pub struct Manifest {
     /// The model's name, for messages and reports.
     pub name: Option<String>,
-    /// One name per output channel (channel 0 is usually the background).
+    /// One name per output channel (channel 0 is usually the background); a one-channel model
+    /// takes one (its label 1) or two (labels 0 and 1).
     pub classes: Option<Vec<String>>,
     /// "xyz" (nibabel/MONAI) or "zyx" (SimpleITK/nnU-Net).
     pub axis_order: Option<String>,

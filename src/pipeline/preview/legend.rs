@@ -16,6 +16,12 @@ const MARGIN: usize = 6;
 /// Space after an entry.
 const GAP: usize = 3 * ADVANCE;
 
+/// An edge letter's black box.
+const LETTER_BOX_W: usize = font::WIDTH * SCALE + 4;
+const LETTER_BOX_H: usize = TEXT_H + 4;
+// Every panel has room for three letter boxes along each side.
+const _: () = assert!(super::MIN_PANEL >= 3 * LETTER_BOX_W && super::MIN_PANEL >= 3 * LETTER_BOX_H);
+
 const WHITE: [u8; 3] = [255, 255, 255];
 const BLACK: [u8; 3] = [0, 0, 0];
 
@@ -53,12 +59,10 @@ impl Picture {
     }
 
     /// A letter in white on a black box (readable over any grey) inside the panel at `x0`
-    /// (`w` x `h`): `edges` = left, right, top, bottom.
+    /// (`w` x `h`, at least [`super::MIN_PANEL`] a side, so the four boxes never overlap):
+    /// `edges` = left, right, top, bottom.
     pub(super) fn edge_letters(&mut self, x0: usize, w: usize, h: usize, edges: [char; 4]) {
-        let (bw, bh) = (font::WIDTH * SCALE + 4, TEXT_H + 4);
-        if w < 3 * bw || h < 3 * bh {
-            return;
-        }
+        let (bw, bh) = (LETTER_BOX_W, LETTER_BOX_H);
         let spots = [
             (x0, (h - bh) / 2),
             (x0 + w - bw, (h - bh) / 2),

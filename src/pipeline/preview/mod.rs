@@ -1,7 +1,10 @@
 //! `--preview`: a PNG of three orthogonal slices (axial, coronal, sagittal, side by side) with a
 //! legend. The volume is turned to RAS from its affine and shown in radiological convention (the
 //! patient's right on the left, letters at the panel edges say so), with square pixels in mm;
-//! each slice cuts the segmentation's largest cross-section in its view. Grey: the first input
+//! each slice cuts the segmentation's largest cross-section in its view. A thin slice (a slab of
+//! 20 slices seen from the side) is enlarged to [`MIN_PANEL`] pixels on its short side, square
+//! millimetres kept up to an aspect of 8:1 and its short side stretched beyond that, so every
+//! panel is readable and carries its four letters. Grey: the first input
 //! channel as read, in CT's W400/L40 window on HU values, else its 0.5–99.5th percentiles;
 //! labels > 0 blended in colour at half opacity. A quick look, not a figure.
 
@@ -11,6 +14,8 @@ mod orient;
 mod panel;
 mod window;
 
+/// The overlay colour of a label: the label table's ([`crate::volume::label_colour`]).
+pub use crate::volume::label_colour;
 pub use orient::Orientation;
 pub use panel::{busiest_slice, View};
 pub use window::{Window, CT};
@@ -20,27 +25,6 @@ use crate::{Error, Result};
 use ndarray::ArrayView3;
 use std::collections::BTreeSet;
 use std::path::Path;
-
-/// Distinct colours for labels 1, 2, ... (cycled).
-const PALETTE: [[u8; 3]; 12] = [
-    [230, 25, 75],
-    [60, 180, 75],
-    [255, 225, 25],
-    [0, 130, 200],
-    [245, 130, 48],
-    [145, 30, 180],
-    [70, 240, 240],
-    [240, 50, 230],
-    [210, 245, 60],
-    [250, 190, 212],
-    [0, 128, 128],
-    [170, 110, 40],
-];
-
-/// The overlay colour of label `l` (1 and up; the palette repeats).
-pub fn label_colour(l: u16) -> [u8; 3] {
-    PALETTE[(l as usize - 1) % PALETTE.len()]
-}
 
 /// An RGB picture: width, height, rows top to bottom.
 pub struct Picture {
@@ -99,6 +83,20 @@ fn pixel_size(dims: [usize; 3], spacing: [f64; 3]) -> f64 {
     finest.max(extent / MAX_SIDE).min(extent / MIN_SIDE)
 }
 
+/// Shortest panel side (pixels): a readable slice with room for its four edge letters.
+pub const MIN_PANEL: usize = 128;
+
+/// A panel's size (pixels) for a slice `mm` wide and high at `pixel` mm per pixel: enlarged,
+/// square millimetres kept, until its shorter side reaches `MIN_PANEL` or its longer side
+/// `MAX_SIDE`; a slice still thinner is stretched along its short side to `MIN_PANEL`.
+fn panel_size(mm: [f64; 2], pixel: f64) -> [usize; 2] {
+    let natural = mm.map(|m| m / pixel);
+    let short = natural[0].min(natural[1]);
+    let long = natural[0].max(natural[1]);
+    let grow = (MIN_PANEL as f64 / short).min(MAX_SIDE / long).max(1.0);
+    natural.map(|n| ((n * grow).round() as usize).max(MIN_PANEL))
+}
+
 /// Black columns between two panels, so that their edge letters stay apart.
 pub const PANEL_GAP: usize = 12;
 
@@ -119,7 +117,10 @@ pub fn render(image: ArrayView3<f32>, labels: ArrayView3<u16>, ctx: &Context) ->
     let window = Window::choose(image, ctx.ct);
     let pixel = pixel_size(dims, spacing);
     let views = [View::Axial, View::Coronal, View::Sagittal];
-    let panels = views.map(|v| panel::render(img, lab, spacing, v, pixel, window));
+    let panels = views.map(|v| {
+        let size = panel_size(panel::extent(dims, spacing, v), pixel);
+        panel::render(img, lab, v, size, window)
+    });
     let entries = legend_entries(labels, ctx);
     let width: usize = panels.iter().map(|p| p.width).sum::<usize>() + 2 * PANEL_GAP;
     let top = panels.iter().map(|p| p.height).max().unwrap_or(0);

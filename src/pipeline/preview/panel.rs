@@ -27,6 +27,15 @@ impl View {
         }
     }
 
+    /// The RAS axes along the panel's columns and rows (the two it does not cut, in order).
+    pub fn axes(self) -> [usize; 2] {
+        match self.cut() {
+            0 => [1, 2],
+            1 => [0, 2],
+            _ => [0, 1],
+        }
+    }
+
     /// Letters at the left, right, top and bottom edges.
     pub fn edges(self) -> [char; 4] {
         match self {
@@ -64,14 +73,20 @@ pub fn busiest_slice(labels: ArrayView3<u16>, axis: usize) -> usize {
     best
 }
 
-/// Render `view` of RAS-ordered `image` and `labels` (voxel sizes `spacing` in mm) at `pixel`
-/// mm per pixel.
+/// The slice of `view` through a RAS-ordered volume of `dims` voxels of `spacing` mm: its width
+/// and height in mm.
+pub fn extent(dims: [usize; 3], spacing: [f64; 3], view: View) -> [f64; 2] {
+    let [a, b] = view.axes();
+    [dims[a] as f64 * spacing[a], dims[b] as f64 * spacing[b]]
+}
+
+/// Render `view` of RAS-ordered `image` and `labels` as a panel of `size` = [width, height]
+/// pixels (the slice stretched over them: [`extent`] gives its proportions in mm).
 pub fn render(
     image: ArrayView3<f32>,
     labels: ArrayView3<u16>,
-    spacing: [f64; 3],
     view: View,
-    pixel: f64,
+    size: [usize; 2],
     window: Window,
 ) -> Panel {
     let cut = view.cut();
@@ -79,21 +94,16 @@ pub fn render(
     // The slice's axes keep RAS order (column axis first); both run from their R/A/S end.
     let img = flip(image.index_axis(Axis(cut), at));
     let lab = flip(labels.index_axis(Axis(cut), at));
-    let [s0, s1] = match cut {
-        0 => [spacing[1], spacing[2]],
-        1 => [spacing[0], spacing[2]],
-        _ => [spacing[0], spacing[1]],
-    };
     let (n0, n1) = img.dim();
-    let width = ((n0 as f64 * s0 / pixel).round() as usize).max(1);
-    let height = ((n1 as f64 * s1 / pixel).round() as usize).max(1);
-    // Voxel coordinate of each pixel centre (voxel centres at integers).
-    let coords = |n: usize, s: f64, count: usize| -> Vec<f64> {
+    let [width, height] = size.map(|s| s.max(1));
+    // Voxel coordinate of each pixel centre (voxel centres at integers), the slice's n voxels
+    // spread over count pixels.
+    let coords = |n: usize, count: usize| -> Vec<f64> {
         (0..count)
-            .map(|p| ((p as f64 + 0.5) * pixel / s - 0.5).clamp(0.0, (n - 1) as f64))
+            .map(|p| ((p as f64 + 0.5) * n as f64 / count as f64 - 0.5).clamp(0.0, (n - 1) as f64))
             .collect()
     };
-    let (xs, ys) = (coords(n0, s0, width), coords(n1, s1, height));
+    let (xs, ys) = (coords(n0, width), coords(n1, height));
     let mut grey = Vec::with_capacity(width * height);
     let mut out = Vec::with_capacity(width * height);
     for &y in &ys {
