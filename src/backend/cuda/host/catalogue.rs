@@ -675,4 +675,32 @@ mod tests {
             Some(CONV_HALO_C16N32.bn)
         );
     }
+
+    /// kernels/README.md names every plain kernel and every configuration table, so the page
+    /// cannot fall behind the catalogue.
+    #[test]
+    fn the_kernels_readme_names_every_kernel() {
+        let readme = include_str!("../../../../kernels/README.md");
+        for k in KERNELS {
+            let listed = UPSAMPLE_VEC.iter().any(|(_, u)| *u == k.name);
+            assert!(
+                listed || readme.contains(&format!("`{}`", k.name)),
+                "kernels/README.md does not name {}",
+                k.name
+            );
+        }
+        for table in ["MMA_CONFIGS", "UPSAMPLE_VEC", "HALO_CONFIGS"] {
+            assert!(
+                readme.contains(table),
+                "kernels/README.md does not name {table}"
+            );
+        }
+        for f in FAMILIES {
+            assert!(
+                readme.contains(&format!("| `{}.cu` |", f.name())),
+                "kernels/README.md has no row for {}.cu",
+                f.name()
+            );
+        }
+    }
 }
