@@ -12,10 +12,11 @@ pub mod inspect;
 mod lower;
 pub mod onnx;
 pub mod ops;
+pub(crate) mod passes;
 pub mod shape;
 mod sym;
 pub mod tensor;
 
 pub use graph::{Graph, Node, Op, Tensor, ValueId};
-pub use lower::{fuse_attention, MAX_BIAS_ELEMS};
 pub use onnx::{load, load_bytes};
+pub use passes::{fuse_attention, MAX_BIAS_ELEMS};

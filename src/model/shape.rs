@@ -230,3 +230,14 @@ impl Graph {
         Ok(())
     }
 }
+/// The `m`-th probe window for spatial divisor `d` (axes differ so that mixed-up axes show);
+/// None once it no longer fits in memory arithmetic (a divisor grown absurdly large).
+pub(crate) fn probe_window(d: [usize; 3], m: usize) -> Option<[usize; 3]> {
+    const MAX: usize = 1 << 24;
+    let w = [
+        d[0].checked_mul(m)?,
+        d[1].checked_mul(m + 1)?,
+        d[2].checked_mul(m + 3)?,
+    ];
+    w.iter().all(|&v| v <= MAX).then_some(w)
+}

@@ -88,41 +88,6 @@ impl MemoryModel for CpuMemory {
     }
 }
 
-/// Nodes that contribute to the output and the last needed reader of each value, as the CPU
-/// executor computes them.
-fn cpu_liveness(graph: &Graph) -> (Vec<bool>, Vec<usize>) {
-    let nv = graph.values.len();
-    let mut needed_val = vec![false; nv];
-    if graph.output < nv {
-        needed_val[graph.output] = true;
-    }
-    let mut needed = vec![false; graph.nodes.len()];
-    for (i, node) in graph.nodes.iter().enumerate().rev() {
-        if node.output < nv && needed_val[node.output] {
-            needed[i] = true;
-            for &v in &node.inputs {
-                if v < nv {
-                    needed_val[v] = true;
-                }
-            }
-        }
-    }
-    let mut last_use = vec![0usize; nv];
-    for (i, node) in graph.nodes.iter().enumerate() {
-        if needed[i] {
-            for &v in &node.inputs {
-                if v < nv {
-                    last_use[v] = i;
-                }
-            }
-        }
-    }
-    if graph.output < nv {
-        last_use[graph.output] = usize::MAX;
-    }
-    (needed, last_use)
-}
-
 /// Workspace bytes of one CPU conv node (0 for other ops), as `backend::cpu::ops` allocates it.
 fn cpu_col_bytes(op: &Op, x: [usize; 5], y: [usize; 5]) -> u64 {
     super::ops::conv_workspace_bytes(op, x, y)
@@ -136,7 +101,7 @@ pub fn cpu_activations(
     roi: [usize; 3],
 ) -> Result<(u64, PeakNode, u64)> {
     let shapes = graph.infer_shapes(batch, roi)?;
-    let (needed, last_use) = cpu_liveness(graph);
+    let (needed, last_use) = crate::model::passes::uses::last_reads(graph);
     let bytes = |v: usize| prod(shapes[v].as_slice()).saturating_mul(F32);
     let mut live: Vec<Option<u64>> = vec![None; graph.values.len()];
     live[graph.input] = Some(bytes(graph.input));

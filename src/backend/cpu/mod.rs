@@ -91,26 +91,7 @@ fn schedule(graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<Schedule> {
         .map(|(s, c)| c.then_some(s))
         .collect();
     // Backward reachability from the output: dead branches (extra exported heads) are skipped.
-    let mut needed_val = vec![false; nv];
-    needed_val[graph.output] = true;
-    let mut needed = vec![false; graph.nodes.len()];
-    for (i, node) in graph.nodes.iter().enumerate().rev() {
-        if needed_val[node.output] {
-            needed[i] = true;
-            for &v in &node.inputs {
-                needed_val[v] = true;
-            }
-        }
-    }
-    let mut last_use = vec![0usize; nv];
-    for (i, node) in graph.nodes.iter().enumerate() {
-        if needed[i] {
-            for &v in &node.inputs {
-                last_use[v] = i;
-            }
-        }
-    }
-    last_use[graph.output] = usize::MAX;
+    let (needed, last_use) = crate::model::passes::uses::last_reads(graph);
     Ok(Schedule {
         batch,
         roi,

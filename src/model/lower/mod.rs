@@ -20,20 +20,17 @@ use std::rc::Rc;
 
 mod activation;
 mod alias;
-mod attention;
 mod attrs;
 mod binary;
 mod constfold;
 mod constmove;
 mod conv;
 mod fold;
-mod gelu;
 mod math;
 mod matmul;
 mod norm;
 mod order;
 mod pad;
-mod passes;
 mod plumbing;
 mod pool;
 mod reshape;
@@ -41,10 +38,8 @@ mod resize;
 mod symbolic;
 mod tensor;
 
-pub use attention::{fuse_attention, MAX_BIAS_ELEMS};
 use attrs::*;
 use order::*;
-use passes::*;
 use symbolic::*;
 
 /// Largest constant that shape-plumbing ops (Gather, Slice, elementwise folds...) will touch.
@@ -335,11 +330,7 @@ impl Lowerer<'_> {
             output,
             fixed_input_spatial: fixed,
         };
-        fuse_norm_affine(&mut graph);
-        fuse_linear_bias(&mut graph);
-        gelu::fuse_gelu(&mut graph);
-        fuse_attention(&mut graph);
-        prune(&mut graph);
+        super::passes::run(&mut graph);
         graph
             .validate()
             .map_err(|e| Error::model(path, e.to_string()))?;

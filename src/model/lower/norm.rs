@@ -164,3 +164,46 @@ impl Lowerer<'_> {
         Ok(())
     }
 }
+/// w'[o] = w[o]·mul[o]; b'[o] = b[o]·mul[o] + add[o], computed in f64.
+pub(crate) fn fold_bn_into_conv(cv: &mut Conv, mul: &[f64], add: &[f64]) {
+    let cout = cv.weight.shape[0];
+    let per = cv.weight.len() / cout.max(1);
+    for (row, &m) in cv.weight.data.chunks_mut(per.max(1)).zip(mul).take(cout) {
+        for w in row {
+            *w = (*w as f64 * m) as f32;
+        }
+    }
+    let b: Vec<f32> = (0..cout)
+        .map(|o| {
+            let b0 = cv.bias.as_ref().map_or(0.0, |b| b.data[o] as f64);
+            (b0 * mul[o] + add[o]) as f32
+        })
+        .collect();
+    cv.bias = Some(Tensor::new(vec![cout], b));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bn_fold_matches_f64() {
+        let w: Vec<f32> = (0..2 * 3).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut cv = Conv {
+            weight: Tensor::new(vec![2, 3, 1, 1, 1], w.clone()),
+            bias: Some(Tensor::new(vec![2], vec![0.5, -0.25])),
+            stride: [1; 3],
+            dilation: [1; 3],
+            pads: [0; 6],
+            groups: 1,
+        };
+        fold_bn_into_conv(&mut cv, &[2.0, -0.5], &[1.0, 3.0]);
+        for o in 0..2 {
+            let m = [2.0, -0.5][o];
+            for k in 0..3 {
+                assert_eq!(cv.weight.data[o * 3 + k], (w[o * 3 + k] as f64 * m) as f32);
+            }
+        }
+        assert_eq!(cv.bias.as_ref().unwrap().data, vec![2.0, 3.125]);
+    }
+}

@@ -2,6 +2,7 @@
 //! windows of the partial IR, and the budgets that bound both.
 
 use super::*;
+use crate::model::shape::probe_window;
 
 /// Shapes of the partial IR on the probe windows: (shapes per value, window) pairs.
 pub(super) type Probes = Rc<Vec<(Vec<Dims>, [usize; 3])>>;
@@ -12,18 +13,6 @@ pub(super) fn small_numel(shape: &[usize]) -> Option<usize> {
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .filter(|&n| n <= SMALL)
-}
-
-/// The `m`-th probe window for spatial divisor `d` (axes differ so that mixed-up axes show);
-/// None once it no longer fits in memory arithmetic (a divisor grown absurdly large).
-pub(super) fn probe_window(d: [usize; 3], m: usize) -> Option<[usize; 3]> {
-    const MAX: usize = 1 << 24;
-    let w = [
-        d[0].checked_mul(m)?,
-        d[1].checked_mul(m + 1)?,
-        d[2].checked_mul(m + 3)?,
-    ];
-    w.iter().all(|&v| v <= MAX).then_some(w)
 }
 
 pub(super) fn sym_to_const(s: &Sym) -> Option<Const> {
@@ -252,5 +241,17 @@ impl Lowerer<'_> {
         let p = Rc::new(vec![(shapes, *w)]);
         *self.probe_cache.borrow_mut() = Some((self.nodes.len(), p.clone()));
         Ok(Some(p))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn to5_right_aligns() {
+        assert_eq!(to5(&[4, 1, 1, 1]), Some([1, 4, 1, 1, 1]));
+        assert_eq!(to5(&[]), Some([1; 5]));
+        assert_eq!(to5(&[1; 6]), None);
     }
 }

@@ -4,7 +4,9 @@
 //! last node becomes one [`Pointwise::Gelu`] of `x` and the rest is pruned: one pass instead of
 //! five, and PyTorch's own GELU numerics. Anything else keeps its Erf.
 
-use super::*;
+use super::uses::Uses;
+use crate::model::graph::{Graph, Node, Op, ValueId};
+use crate::model::ops::Pointwise;
 
 /// Whether `op` is a Mul / Add by one scalar close to `want`.
 fn scalar_const(op: &Op, mul: bool, want: f64) -> bool {
@@ -15,17 +17,16 @@ fn scalar_const(op: &Op, mul: bool, want: f64) -> bool {
     t.data.len() == 1 && (t.data[0] as f64 - want).abs() <= 1e-6 * want.abs()
 }
 
-struct Uses<'g> {
+/// The graph and its use-def facts, for matching a chain.
+struct Chain<'g> {
     g: &'g Graph,
-    uses: Vec<usize>,
-    producer: Vec<usize>,
+    uses: Uses,
 }
 
-impl Uses<'_> {
+impl Chain<'_> {
     /// The node producing `v` when `v` is read once (and is not the graph output).
     fn only(&self, v: ValueId) -> Option<&Node> {
-        let p = self.producer[v];
-        (self.uses[v] == 1 && p != usize::MAX).then(|| &self.g.nodes[p])
+        self.uses.only(v).map(|p| &self.g.nodes[p])
     }
 
     /// `x` when `a` is `1 + erf(x / √2)` (Add by 1 of Erf of Mul by 1/√2 of x).
@@ -72,17 +73,11 @@ impl Uses<'_> {
 
 /// Rewrites every exact exported GELU chain into one node (the dead rest goes with `prune`).
 pub(super) fn fuse_gelu(g: &mut Graph) {
-    let mut uses = vec![0usize; g.values.len()];
-    let mut producer = vec![usize::MAX; g.values.len()];
-    for (k, n) in g.nodes.iter().enumerate() {
-        for &i in &n.inputs {
-            uses[i] += 1;
-        }
-        producer[n.output] = k;
-    }
-    uses[g.output] += 1;
     let found: Vec<(usize, ValueId)> = {
-        let u = Uses { g, uses, producer };
+        let u = Chain {
+            g,
+            uses: Uses::of(g),
+        };
         (0..g.nodes.len())
             .filter_map(|k| u.gelu_input(k).map(|x| (k, x)))
             .collect()

@@ -13,44 +13,24 @@
 //! the bias. Layout facts (ranks, what a Reshape moves) come from shape inference on a few
 //! probe windows; a chain is fused only when they all agree on the same folded constants.
 
-use super::symbolic::probe_window;
-use super::*;
+use super::uses::Uses;
+use crate::model::graph::*;
 use crate::model::ops::{transpose_dims, Attention, Dims};
+use crate::model::shape::{infer_shapes_raw, probe_window};
 
 /// Most elements one folded bias term may have (a chain whose term is bigger stays unfused).
 pub const MAX_BIAS_ELEMS: usize = 1 << 26;
 
-/// Readers and producer of every value.
-struct Uses<'g> {
+/// The graph and its use-def facts, for matching a chain.
+struct Walk<'g> {
     g: &'g Graph,
-    uses: Vec<usize>,
-    producer: Vec<usize>,
+    u: Uses,
 }
 
-impl Uses<'_> {
-    fn new(g: &Graph) -> Uses<'_> {
-        let mut uses = vec![0usize; g.values.len()];
-        let mut producer = vec![usize::MAX; g.values.len()];
-        for (k, n) in g.nodes.iter().enumerate() {
-            for &i in &n.inputs {
-                if let Some(u) = uses.get_mut(i) {
-                    *u += 1;
-                }
-            }
-            if let Some(p) = producer.get_mut(n.output) {
-                *p = k;
-            }
-        }
-        if let Some(u) = uses.get_mut(g.output) {
-            *u += 1;
-        }
-        Uses { g, uses, producer }
-    }
-
+impl Walk<'_> {
     /// The index of the node producing `v` when `v` is read once (and is not the output).
     fn only(&self, v: ValueId) -> Option<usize> {
-        let p = *self.producer.get(v)?;
-        (self.uses[v] == 1 && p != usize::MAX).then_some(p)
+        self.u.only(v)
     }
 }
 
@@ -91,7 +71,7 @@ struct Chain {
 }
 
 /// The chain ending at node `k2` when it has the attention pattern.
-fn match_chain(u: &Uses, k2: usize) -> Option<Chain> {
+fn match_chain(u: &Walk, k2: usize) -> Option<Chain> {
     let nodes = &u.g.nodes;
     let n2 = &nodes[k2];
     let (Op::MatMul, &[p, v]) = (&n2.op, &n2.inputs[..]) else {
@@ -352,7 +332,7 @@ fn probes(g: &Graph) -> Vec<Vec<Dims>> {
 /// node; returns how many. The absorbed nodes are dropped; values left unread stay for `prune`.
 pub fn fuse_attention(g: &mut Graph) -> usize {
     let chains: Vec<Chain> = {
-        let u = Uses::new(g);
+        let u = Walk { g, u: Uses::of(g) };
         (0..g.nodes.len())
             .filter_map(|k| match_chain(&u, k))
             .collect()
