@@ -28,11 +28,11 @@ pub(super) fn live_nodes(g: &proto::GraphProto, out: &str) -> Vec<bool> {
     live
 }
 
-/// Channels (must be fixed) and fixed spatial sizes of the model input.
+/// Channels (must be fixed), fixed spatial sizes, fixed batch and float type of the model input.
 pub(super) fn input_signature(
     inp: &proto::ValueInfoProto,
     path: &Path,
-) -> Result<(usize, [Option<usize>; 3], Option<usize>)> {
+) -> Result<(usize, [Option<usize>; 3], Option<usize>, super::Float)> {
     use proto::tensor_shape_proto::dimension::Value as DV;
     use proto::type_proto::Value as TV;
     let name = inp.name();
@@ -42,15 +42,15 @@ pub(super) fn input_signature(
             format!("input \"{name}\" is not a tensor"),
         ));
     };
-    if t.elem_type() != 1 {
-        return Err(Error::model(
+    let float = super::Float::of(t.elem_type()).ok_or_else(|| {
+        Error::model(
             path,
             format!(
-                "input \"{name}\" has element type {}; voxtile needs float32 (1)",
+                "input \"{name}\" has element type {}; voxtile needs float32 (1), float16 (10), bfloat16 (16) or double (11)",
                 t.elem_type()
             ),
-        ));
-    }
+        )
+    })?;
     let dims = t.shape.as_ref().map(|s| s.dim.as_slice()).unwrap_or(&[]);
     if dims.len() != 5 {
         return Err(Error::model(
@@ -71,7 +71,7 @@ pub(super) fn input_signature(
             format!("input \"{name}\" must declare a fixed channel count (dimension 1)"),
         )
     })?;
-    Ok((c, [fixed(2), fixed(3), fixed(4)], fixed(0)))
+    Ok((c, [fixed(2), fixed(3), fixed(4)], fixed(0), float))
 }
 
 /// Kahn's algorithm over value names; errors name a dangling input or the nodes of a cycle.

@@ -1,0 +1,113 @@
+//! fp16 and bf16 models (tests/fixtures/half, made by make.py there): the files PyTorch's
+//! `model.half()` export, a bfloat16 export and onnxconverter-common's float16 conversion give,
+//! against onnxruntime (CPU) on the same file and input. The CPU backend computes in f32 between
+//! the points where the model stores half values (its half input and output) and rounds there,
+//! as onnxruntime's CPU does; CUDA stores every activation in fp16. Skips the GPU part without a
+//! GPU unless VOXTILE_REQUIRE_GPU=1.
+
+mod common;
+use common::*;
+use ndarray::{Array5, Ix5};
+use std::path::{Path, PathBuf};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/half")
+        .join(name)
+}
+
+fn npy(name: &str) -> Array5<f32> {
+    voxtile::internals::npy::read_f32(&fixture(name))
+        .unwrap()
+        .into_dimensionality::<Ix5>()
+        .unwrap()
+}
+
+/// The spacing of representable values of the stored type at `v`: 2^-10 (float16, 11-bit
+/// significand) or 2^-7 (bfloat16, 8 bits) of its binade, taken at |v| >= 2^-4. The outputs here
+/// are O(1-10): below that a difference comes from cancelling sums, whose f32 noise (~1e-6) is
+/// many units of a tiny value's spacing without meaning anything.
+fn ulp(v: f32, bits: i32) -> f32 {
+    2f32.powf(v.abs().max(0.0625).log2().floor() - bits as f32)
+}
+
+/// Fraction of elements equal to the reference, and the largest difference in units of the
+/// stored type's spacing at the reference.
+fn compare(got: &Array5<f32>, want: &Array5<f32>, bits: i32) -> (f64, f32) {
+    assert_eq!(got.shape(), want.shape());
+    let equal = got.iter().zip(want).filter(|(a, b)| a == b).count();
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs() / ulp(*b, bits))
+        .fold(0f32, f32::max);
+    (equal as f64 / want.len() as f64, worst)
+}
+
+/// (file, onnxruntime's output, significand bits of the stored output type).
+const CASES: &[(&str, &str, i32)] = &[
+    ("fp16.onnx", "fp16_ort.npy", 10),
+    ("bf16.onnx", "bf16_ort.npy", 7),
+];
+
+/// CPU against onnxruntime: the same f32 arithmetic between the same rounding points, so the
+/// outputs are the same half values; summation order (f32, ~1e-7) may move a value sitting on a
+/// rounding boundary to its neighbour: at most one unit of the stored type, and rarely. Without the
+/// rounding at the output almost no element would be equal (f32 values against half values); without
+/// it at the input the input's rounding error (2^-11) would move many.
+#[test]
+fn half_models_on_the_cpu_match_onnxruntime() {
+    let x = npy("input.npy");
+    for &(file, reference, bits) in CASES {
+        let g = voxtile::model::onnx::load(fixture(file)).expect("loads");
+        let got = voxtile::internals::cpu::run_graph(&g, x.view()).expect("runs");
+        let got = got.into_dimensionality::<Ix5>().unwrap();
+        let (equal, worst) = compare(&got, &npy(reference), bits);
+        println!("RESULT cpu {file}: {equal:.4} equal to onnxruntime, worst {worst} unit(s)");
+        assert!(worst <= 1.0, "{file}: {worst} units of the stored type off");
+        assert!(equal >= 0.99, "{file}: only {equal:.4} equal to onnxruntime");
+    }
+}
+
+/// onnxconverter-common's keep_io_types=True file (Casts at the input and the output, float32 I/O):
+/// onnxruntime's CPU drops the Cast pairs it would make around its f32 kernels, so its result is the
+/// f32 net on the half weights; the CPU reference follows it (a Cast is a precision hint).
+#[test]
+fn converted_model_with_f32_io_on_the_cpu_matches_onnxruntime() {
+    let g = voxtile::model::onnx::load(fixture("fp16_io32.onnx")).expect("loads");
+    let got = voxtile::internals::cpu::run_graph(&g, npy("input.npy").view()).expect("runs");
+    let e = rel_l2(got.iter(), npy("fp16_io32_ort.npy").iter());
+    println!("RESULT cpu fp16_io32.onnx: rel L2 {e:.2e} against onnxruntime");
+    assert!(e <= 1e-6, "rel L2 {e:.3e}");
+}
+
+/// CUDA against onnxruntime: every activation is stored in fp16 (each layer's output rounded,
+/// where the CPU rounds only at the I/O): the conv sums of 27-108 terms with fp16 inputs differ by
+/// a few fp16 units (rel L2 ~1e-3, the same bar as the fp32 models' fp16 path); a bf16 output
+/// rounds those again to bf16 (2^-8), so most elements are equal and none is more than one bf16
+/// unit off.
+#[test]
+fn half_models_on_the_gpu_match_onnxruntime() {
+    let Some(mut b) = cuda_backend() else {
+        return;
+    };
+    let x = npy("input.npy");
+    let s = x.shape().to_vec();
+    let mut bad = vec![];
+    for &(file, reference, bits) in CASES.iter().chain([&("fp16_io32.onnx", "fp16_io32_ort.npy", 10)]) {
+        let g = voxtile::model::onnx::load(fixture(file)).expect("loads");
+        b.prepare(&g, s[0], [s[2], s[3], s[4]]).unwrap();
+        let got = b.run(x.view()).unwrap().into_dimensionality::<Ix5>().unwrap();
+        let want = npy(reference);
+        let e = rel_l2(got.iter(), want.iter());
+        let (equal, worst) = compare(&got, &want, bits);
+        println!("RESULT gpu {file}: rel L2 {e:.2e}, {equal:.4} equal, worst {worst} unit(s)");
+        if e > 2e-3 {
+            bad.push(format!("{file}: rel L2 {e:.3e} against onnxruntime"));
+        }
+        if bits == 7 && worst > 1.0 {
+            bad.push(format!("{file}: {worst} bfloat16 units off"));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
