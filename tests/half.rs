@@ -111,3 +111,74 @@ fn half_models_on_the_gpu_match_onnxruntime() {
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
+
+/// deepbrain as onnxconverter-common's `convert_float_to_float16(keep_io_types=False)` gives it
+/// (float16 initializers, input and output; deepbrain has no op it keeps in float32), made here
+/// from the committed fp32 file.
+fn deepbrain_fp16(out: &Path) {
+    use prost::Message;
+    use voxtile::internals::proto;
+    let mut m = proto::ModelProto::decode(&bytes(&data("deepbrain.onnx"))[..]).unwrap();
+    let g = m.graph.as_mut().unwrap();
+    for t in g.initializer.iter_mut().filter(|t| t.data_type() == 1) {
+        let f32s: Vec<f32> = match &t.raw_data {
+            Some(raw) => raw
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            None => t.float_data.clone(),
+        };
+        let raw = f32s
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect();
+        (t.data_type, t.raw_data, t.float_data) = (Some(10), Some(raw), vec![]);
+    }
+    for v in g.input.iter_mut().chain(g.output.iter_mut()) {
+        if let Some(proto::type_proto::Value::TensorType(t)) =
+            v.r#type.as_mut().and_then(|t| t.value.as_mut())
+        {
+            t.elem_type = Some(10);
+        }
+    }
+    std::fs::write(out, m.encode_to_vec()).unwrap();
+}
+
+/// The CLI segments with an fp16 file (half I/O, half weights), says so in `inspect`, and its
+/// answer is the fp32 model's within the contract's bars: probabilities rel L2 <= 1e-2 against
+/// onnxruntime on the fp32 file (fp16 weights and I/O: ~1e-3), mask agreement >= 99.9%.
+#[test]
+fn fp16_deepbrain_segments_from_the_cli() {
+    let dir = tempdir();
+    let model = dir.path().join("deepbrain_fp16.onnx");
+    deepbrain_fp16(&model);
+    let o = voxtile(&["inspect", s(&model)]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        text.contains("storage:           float16 weights, float16 I/O"),
+        "{text}"
+    );
+    let (mask, prob) = (dir.path().join("m.nii.gz"), dir.path().join("p.nii.gz"));
+    let input = data("mni_t1_128.nii.gz");
+    let o = segment_cpu(&input, &model, &mask, &["--logits", s(&prob)]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ort = voxtile::volume::read(data("mni_t1_128_prob_ort.nii.gz")).unwrap();
+    let (mask, prob) = (
+        voxtile::volume::read(&mask).unwrap(),
+        voxtile::volume::read(&prob).unwrap(),
+    );
+    let e = rel_l2(prob.data.iter(), ort.data.iter());
+    let agree = mask
+        .data
+        .iter()
+        .zip(ort.data.iter())
+        .filter(|(m, p)| (**m > 0.5) == (**p > 0.5))
+        .count() as f64
+        / ort.data.len() as f64;
+    println!("RESULT cli deepbrain fp16: rel L2 {e:.2e} against fp32 onnxruntime, mask agreement {agree:.5}");
+    assert!(e <= 1e-2, "rel L2 {e:.3e}");
+    assert!(agree >= 0.999, "mask agreement {agree:.5}");
+    let brain = mask.data.iter().filter(|m| **m > 0.5).count();
+    assert!(brain > mask.data.len() / 20, "a brain mask, not empty: {brain}");
+}
