@@ -65,7 +65,10 @@ fn half_models_on_the_cpu_match_onnxruntime() {
         let (equal, worst) = compare(&got, &npy(reference), bits);
         println!("RESULT cpu {file}: {equal:.4} equal to onnxruntime, worst {worst} unit(s)");
         assert!(worst <= 1.0, "{file}: {worst} units of the stored type off");
-        assert!(equal >= 0.99, "{file}: only {equal:.4} equal to onnxruntime");
+        assert!(
+            equal >= 0.99,
+            "{file}: only {equal:.4} equal to onnxruntime"
+        );
     }
 }
 
@@ -106,7 +109,9 @@ fn half_models_on_the_gpu_match_onnxruntime() {
         let e = rel_l2(got.iter(), npy(reference).iter());
         println!("RESULT gpu {file}: rel L2 {e:.2e} against onnxruntime (bar {bar:.0e})");
         if e > bar {
-            bad.push(format!("{file}: rel L2 {e:.3e} against onnxruntime, over {bar:.0e}"));
+            bad.push(format!(
+                "{file}: rel L2 {e:.3e} against onnxruntime, over {bar:.0e}"
+            ));
         }
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));
@@ -180,5 +185,8 @@ fn fp16_deepbrain_segments_from_the_cli() {
     assert!(e <= 1e-2, "rel L2 {e:.3e}");
     assert!(agree >= 0.999, "mask agreement {agree:.5}");
     let brain = mask.data.iter().filter(|m| **m > 0.5).count();
-    assert!(brain > mask.data.len() / 20, "a brain mask, not empty: {brain}");
+    assert!(
+        brain > mask.data.len() / 20,
+        "a brain mask, not empty: {brain}"
+    );
 }

@@ -216,7 +216,12 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         ));
     }
     let inp = acts[0];
-    let (channels, fixed, batch, float) = input_signature(inp, path)?;
+    let InputSignature {
+        channels,
+        fixed,
+        batch,
+        float,
+    } = input_signature(inp, path)?;
     lw.fixed_window = fixed;
     lw.fixed_batch = batch;
     lw.values.push(Value {
@@ -300,7 +305,11 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
 /// The float type the first graph output declares (f32 when it declares none voxtile reads).
 fn output_float(g: &proto::GraphProto) -> Float {
     use proto::type_proto::Value as TV;
-    match g.output.first().and_then(|o| o.r#type.as_ref()?.value.as_ref()) {
+    match g
+        .output
+        .first()
+        .and_then(|o| o.r#type.as_ref()?.value.as_ref())
+    {
         Some(TV::TensorType(t)) => Float::of(t.elem_type()).unwrap_or(Float::F32),
         _ => Float::F32,
     }

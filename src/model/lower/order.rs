@@ -28,11 +28,20 @@ pub(super) fn live_nodes(g: &proto::GraphProto, out: &str) -> Vec<bool> {
     live
 }
 
-/// Channels (must be fixed), fixed spatial sizes, fixed batch and float type of the model input.
-pub(super) fn input_signature(
-    inp: &proto::ValueInfoProto,
-    path: &Path,
-) -> Result<(usize, [Option<usize>; 3], Option<usize>, super::Float)> {
+/// What the model input declares.
+pub(super) struct InputSignature {
+    /// Channels (must be fixed).
+    pub channels: usize,
+    /// Spatial sizes given as numbers.
+    pub fixed: [Option<usize>; 3],
+    /// The batch size, when given as a number.
+    pub batch: Option<usize>,
+    /// The element type.
+    pub float: super::Float,
+}
+
+/// The model input's [`InputSignature`].
+pub(super) fn input_signature(inp: &proto::ValueInfoProto, path: &Path) -> Result<InputSignature> {
     use proto::tensor_shape_proto::dimension::Value as DV;
     use proto::type_proto::Value as TV;
     let name = inp.name();
@@ -71,7 +80,12 @@ pub(super) fn input_signature(
             format!("input \"{name}\" must declare a fixed channel count (dimension 1)"),
         )
     })?;
-    Ok((c, [fixed(2), fixed(3), fixed(4)], fixed(0), float))
+    Ok(InputSignature {
+        channels: c,
+        fixed: [fixed(2), fixed(3), fixed(4)],
+        batch: fixed(0),
+        float,
+    })
 }
 
 /// Kahn's algorithm over value names; errors name a dangling input or the nodes of a cycle.

@@ -193,7 +193,10 @@ mod tests {
         assert!(Pointwise::Clip { min: 1.0, max: 0.0 }.check().is_err());
         // 1 + 2^-11 is the tie between 1 and the next half (1 + 2^-10): to even, 1.
         assert_eq!(Pointwise::RoundF16.eval(1.0 + 2f64.powi(-11)), 1.0);
-        assert_eq!(Pointwise::RoundF16.eval(1.0 + 3.0 * 2f64.powi(-11)), 1.0 + 2f64.powi(-9));
+        assert_eq!(
+            Pointwise::RoundF16.eval(1.0 + 3.0 * 2f64.powi(-11)),
+            1.0 + 2f64.powi(-9)
+        );
         assert_eq!(Pointwise::RoundF16.eval(70000.0), f64::INFINITY);
         assert_eq!(Pointwise::RoundBf16.eval(1.0 + 2f64.powi(-8)), 1.0);
         assert_eq!(Pointwise::RoundBf16.eval(70000.0), 70144.0);
