@@ -1,4 +1,4 @@
-//! fp16 and bf16 models: which float type each ONNX activation has, and where the IR rounds.
+//! fp16 and bf16 models: where the IR rounds values to a 16-bit float type.
 //!
 //! Weights of any float type are decoded to f32 (`decode`). The values that cross the model's
 //! boundary in a 16-bit type are rounded to it: a half graph input (the engine's f32 window) and a
@@ -12,7 +12,7 @@
 
 use super::*;
 
-/// The float type of an activation as the model declares it.
+/// A float element type voxtile takes for activations (it computes in f32 whatever the file says).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Float {
     F32,
