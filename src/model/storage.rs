@@ -42,7 +42,9 @@ impl Storage {
                 .iter()
                 .map(|&d| d.max(0) as usize)
                 .fold(1usize, usize::saturating_mul);
-            *weights.entry(type_name(t.data_type())).or_default() += n;
+            // Saturating: a hostile file's dims are only checked later, by the decoder.
+            let e: &mut usize = weights.entry(type_name(t.data_type())).or_default();
+            *e = e.saturating_add(n);
         }
         let elem = |v: Option<&proto::ValueInfoProto>| match v
             .and_then(|v| v.r#type.as_ref()?.value.as_ref())
@@ -62,7 +64,10 @@ impl Storage {
     /// One line: "float16 weights, float16 I/O", "float32 weights (99.2% of 1204; also
     /// float16), float32 input, float16 output".
     pub fn describe(&self) -> String {
-        let total: usize = self.weights.values().sum();
+        let total = self
+            .weights
+            .values()
+            .fold(0usize, |t, &n| t.saturating_add(n));
         let mut by_size: Vec<(&str, usize)> = self.weights.iter().map(|(k, v)| (*k, *v)).collect();
         by_size.sort_by_key(|&(k, v)| (std::cmp::Reverse(v), k));
         let weights = match by_size.as_slice() {
