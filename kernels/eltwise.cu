@@ -137,6 +137,14 @@ extern "C" __global__ void ndhwc_to_ncdhw(const half* __restrict__ x, float* __r
 // One-input functions, codes of `Pointwise::code` in src/model/ops/pointwise.rs (fp32 math,
 // full-precision erff/tanhf/expf/logf: the fp16 output is the only rounding that matters).
 
+// v rounded to bfloat16 (to nearest even) and back; infinities and NaN pass (Pointwise::RoundBf16).
+__device__ __forceinline__ float bf16_round(float v) {
+    unsigned u = __float_as_uint(v);
+    if ((u & 0x7f800000u) == 0x7f800000u) return v;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return __uint_as_float(u & 0xffff0000u);
+}
+
 __device__ __forceinline__ float pointwise_apply(float v, int f, float p0, float p1) {
     switch (f) {
     case 0: return erff(v);
@@ -153,6 +161,8 @@ __device__ __forceinline__ float pointwise_apply(float v, int f, float p0, float
     case 10: return -v;
     case 11: return 1.f / v;
     case 12: return pow_real(v, p0);
+    case 14: return __half2float(__float2half_rn(v));
+    case 15: return bf16_round(v);
     default: return fminf(fmaxf(v, p0), p1);
     }
 }

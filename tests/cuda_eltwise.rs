@@ -136,6 +136,9 @@ fn pointwise_functions() {
             min: f32::NEG_INFINITY,
             max: 0.5,
         },
+        // The roundings at an fp16/bf16 model's I/O (the f16 one a no-op on fp16 activations).
+        Pointwise::RoundF16,
+        Pointwise::RoundBf16,
     ];
     for f in any {
         let g = common::graph::chain("pw", c, vec![(Op::Pointwise(f), vec![0], c)]);

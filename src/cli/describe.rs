@@ -26,7 +26,7 @@ pub fn info(input: &Path, series: Option<&str>, as_json: bool) -> Result<()> {
 /// A model voxtile cannot import gets the list of every construct it lacks on standard output
 /// (one per line, or as JSON), and the error.
 pub fn inspect(model: &Path, as_json: bool) -> Result<()> {
-    let g = match crate::model::onnx::load(model) {
+    let (g, storage) = match crate::model::onnx::load_with_storage(model) {
         Err(Error::UnsupportedOps { path, ops }) => {
             let listed = if as_json {
                 let items: Vec<Value> = ops
@@ -57,6 +57,11 @@ pub fn inspect(model: &Path, as_json: bool) -> Result<()> {
     };
     if as_json {
         let mut j = graph_json(model, &g);
+        j["storage"] = json!({
+            "weights": storage.weights,
+            "input": storage.input,
+            "output": storage.output,
+        });
         j["manifest"] = match &manifest {
             Some((m, p)) => {
                 let mut v = serde_json::to_value(m).map_err(json_error)?;
@@ -67,7 +72,12 @@ pub fn inspect(model: &Path, as_json: bool) -> Result<()> {
         };
         return print_json(&j);
     }
-    let mut text = format!("{}: {}\n", model.display(), g.summary());
+    let mut text = format!(
+        "{}: {}storage:           {}\n",
+        model.display(),
+        g.summary(),
+        storage.describe()
+    );
     if let Some((m, p)) = manifest {
         text += &format!("{}\n", m.describe(&p));
     }

@@ -1,7 +1,7 @@
 //! Static analyses of the IR: parameter and FLOP counts, receptive field, spatial divisor and
 //! output activation. Per-op facts come from [`super::ops`].
 
-use super::graph::{Graph, Node, Op, OutputActivation, Value, ValueId};
+use super::graph::{Graph, Node, Op, OutputActivation, Pointwise, Value, ValueId};
 use super::ops::window::dilated_extent;
 use super::ops::ResizeMode;
 use crate::Result;
@@ -131,9 +131,13 @@ impl Graph {
     pub fn output_activation(&self) -> OutputActivation {
         let last = self.nodes.iter().rev().find(|n| n.output == self.output);
         let mut node = last;
-        // Look through a trailing Identity (kept for an output name).
+        // Look through a trailing Identity (kept for an output name) and the rounding of a
+        // half output.
         while let Some(n) = node {
-            if matches!(n.op, Op::Identity) {
+            if matches!(
+                n.op,
+                Op::Identity | Op::Pointwise(Pointwise::RoundF16 | Pointwise::RoundBf16)
+            ) {
                 let src = n.inputs.first().copied();
                 node = self.nodes.iter().rev().find(|m| Some(m.output) == src);
             } else {

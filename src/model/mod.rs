@@ -3,7 +3,8 @@
 //! [`ops`] defines each operation once (parameters, validation, output shape, cost), [`shape`]
 //! walks a [`Graph`] with them (shapes per window, validation), [`analysis`] holds the static
 //! analyses (receptive field, spatial divisor, FLOPs...), [`lower`](self) folds the exporters'
-//! shape plumbing (`sym` holds the symbolic shape values) and [`inspect`] prints the summary.
+//! shape plumbing (`sym` holds the symbolic shape values), [`inspect`] prints the summary and
+//! [`storage`] names the file's float types.
 
 pub mod analysis;
 mod decode;
@@ -14,6 +15,7 @@ pub mod onnx;
 pub mod ops;
 pub(crate) mod passes;
 pub mod shape;
+pub mod storage;
 mod sym;
 pub mod tensor;
 

@@ -4,6 +4,7 @@
 //! graph passes) and the graph's own validation.
 
 use super::graph::Graph;
+pub use super::storage::Storage;
 use crate::{Error, Result};
 use prost::Message;
 use std::path::Path;
@@ -15,6 +16,11 @@ pub use crate::sys::fsio::MODEL_CAP;
 /// Load an ONNX model file (external data is resolved relative to its folder) into the IR. The
 /// file must be a regular file of at most [`MODEL_CAP`] bytes.
 pub fn load(path: impl AsRef<Path>) -> Result<Graph> {
+    load_with_storage(path).map(|(g, _)| g)
+}
+
+/// [`load`], with the float types the file stores its weights and I/O in (`voxtile inspect`).
+pub fn load_with_storage(path: impl AsRef<Path>) -> Result<(Graph, Storage)> {
     let path = path.as_ref();
     let bytes = crate::sys::fsio::read_regular(path, MODEL_CAP)?;
     let dir = path.parent().map(|p| {
@@ -24,12 +30,16 @@ pub fn load(path: impl AsRef<Path>) -> Result<Graph> {
             p
         }
     });
-    load_bytes(&bytes, dir, path)
+    decode(&bytes, dir, path)
 }
 
 /// Load a model from memory. `dir` is where external-data files live (None: external data is an
 /// error); `path_for_errors` only prefixes messages.
 pub fn load_bytes(bytes: &[u8], dir: Option<&Path>, path_for_errors: &Path) -> Result<Graph> {
+    decode(bytes, dir, path_for_errors).map(|(g, _)| g)
+}
+
+fn decode(bytes: &[u8], dir: Option<&Path>, path_for_errors: &Path) -> Result<(Graph, Storage)> {
     let model = proto::ModelProto::decode(bytes)
         .map_err(|e| Error::model(path_for_errors, format!("not a valid ONNX protobuf: {e}")))?;
     let nodes = model.graph.as_ref().map_or(0, |g| g.node.len());
@@ -39,7 +49,8 @@ pub fn load_bytes(bytes: &[u8], dir: Option<&Path>, path_for_errors: &Path) -> R
             format!("{nodes} nodes is more than the {MAX_NODES} a segmentation network needs; refusing a graph this large"),
         ));
     }
-    super::lower::lower(&model, dir, path_for_errors)
+    let storage = Storage::of(model.graph.as_ref().unwrap_or(&Default::default()));
+    Ok((super::lower::lower(&model, dir, path_for_errors)?, storage))
 }
 
 /// Most nodes a model may have. Exported 3D segmentation networks have a few thousand (a

@@ -44,6 +44,8 @@ pass_part() {
 [ -x "$DIR/cuda_attention" ] && run "$DIR/cuda_attention" --test-threads=1 --nocapture
 # The architecture fixtures (tests/fixtures/archs) on the GPU: window and sliding window.
 [ -x "$DIR/archs" ] && run "$DIR/archs" --test-threads=1 --nocapture gpu
+# fp16 and bf16 model files against onnxruntime (tests/fixtures/half) on the GPU.
+[ -x "$DIR/half" ] && run "$DIR/half" --test-threads=1 --nocapture gpu
 }
 # The planner and the real fixtures.
 model_part() {

@@ -26,6 +26,7 @@ mod constfold;
 mod constmove;
 mod conv;
 mod fold;
+mod half;
 mod math;
 mod matmul;
 mod norm;
@@ -39,6 +40,7 @@ mod symbolic;
 mod tensor;
 
 use attrs::*;
+use half::Float;
 use order::*;
 use symbolic::*;
 
@@ -209,7 +211,12 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         ));
     }
     let inp = acts[0];
-    let (channels, fixed, batch) = input_signature(inp, path)?;
+    let InputSignature {
+        channels,
+        fixed,
+        batch,
+        float,
+    } = input_signature(inp, path)?;
     lw.fixed_window = fixed;
     lw.fixed_batch = batch;
     lw.values.push(Value {
@@ -217,7 +224,9 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         channels,
     });
     lw.producer.push(None);
-    lw.vals.insert(inp.name().to_string(), Val::Act(0));
+    // A half input holds half values: the engine's f32 window is rounded to them first.
+    let stored = lw.store_as(0, float, &format!("{}_as_stored", inp.name()));
+    lw.vals.insert(inp.name().to_string(), Val::Act(stored));
 
     let out_name = match g.output.first() {
         Some(o) => o.name().to_string(),
@@ -284,7 +293,21 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
             ops: std::mem::take(&mut lw.unsupported),
         });
     }
-    lw.finish(g, out_name, fixed)
+    let declared = output_float(g);
+    lw.finish(g, out_name, declared, fixed)
+}
+
+/// The float type the first graph output declares (f32 when it declares none voxtile reads).
+fn output_float(g: &proto::GraphProto) -> Float {
+    use proto::type_proto::Value as TV;
+    match g
+        .output
+        .first()
+        .and_then(|o| o.r#type.as_ref()?.value.as_ref())
+    {
+        Some(TV::TensorType(t)) => Float::of(t.elem_type()).unwrap_or(Float::F32),
+        _ => Float::F32,
+    }
 }
 
 impl Lowerer<'_> {
@@ -294,11 +317,13 @@ impl Lowerer<'_> {
         mut self,
         g: &proto::GraphProto,
         out_name: String,
+        declared: Float,
         fixed: [Option<usize>; 3],
     ) -> Result<Graph> {
         let path = self.path;
         let output = match self.vals.get(&out_name) {
-            Some(Val::Act(v)) => *v,
+            // A half output is what the model stores: rounded to its type.
+            Some(Val::Act(v)) => self.store_as(*v, declared, &out_name),
             Some(_) => {
                 return Err(Error::model(
                     path,

@@ -28,11 +28,20 @@ pub(super) fn live_nodes(g: &proto::GraphProto, out: &str) -> Vec<bool> {
     live
 }
 
-/// Channels (must be fixed) and fixed spatial sizes of the model input.
-pub(super) fn input_signature(
-    inp: &proto::ValueInfoProto,
-    path: &Path,
-) -> Result<(usize, [Option<usize>; 3], Option<usize>)> {
+/// What the model input declares.
+pub(super) struct InputSignature {
+    /// Channels (must be fixed).
+    pub channels: usize,
+    /// Spatial sizes given as numbers.
+    pub fixed: [Option<usize>; 3],
+    /// The batch size, when given as a number.
+    pub batch: Option<usize>,
+    /// The element type.
+    pub float: super::Float,
+}
+
+/// The model input's [`InputSignature`].
+pub(super) fn input_signature(inp: &proto::ValueInfoProto, path: &Path) -> Result<InputSignature> {
     use proto::tensor_shape_proto::dimension::Value as DV;
     use proto::type_proto::Value as TV;
     let name = inp.name();
@@ -42,15 +51,15 @@ pub(super) fn input_signature(
             format!("input \"{name}\" is not a tensor"),
         ));
     };
-    if t.elem_type() != 1 {
-        return Err(Error::model(
+    let float = super::Float::of(t.elem_type()).ok_or_else(|| {
+        Error::model(
             path,
             format!(
-                "input \"{name}\" has element type {}; voxtile needs float32 (1)",
+                "input \"{name}\" has element type {}; voxtile needs float32 (1), float16 (10), bfloat16 (16) or double (11)",
                 t.elem_type()
             ),
-        ));
-    }
+        )
+    })?;
     let dims = t.shape.as_ref().map(|s| s.dim.as_slice()).unwrap_or(&[]);
     if dims.len() != 5 {
         return Err(Error::model(
@@ -71,7 +80,12 @@ pub(super) fn input_signature(
             format!("input \"{name}\" must declare a fixed channel count (dimension 1)"),
         )
     })?;
-    Ok((c, [fixed(2), fixed(3), fixed(4)], fixed(0)))
+    Ok(InputSignature {
+        channels: c,
+        fixed: [fixed(2), fixed(3), fixed(4)],
+        batch: fixed(0),
+        float,
+    })
 }
 
 /// Kahn's algorithm over value names; errors name a dangling input or the nodes of a cycle.

@@ -85,10 +85,11 @@ impl Lowerer<'_> {
         let is_float = matches!(to, 1 | 10 | 11 | 16);
         match self.get(ctx, n, 0)? {
             Val::Act(x) => {
-                if to != 1 {
-                    return Err(ctx.err(format!("casting an activation to type {to} is not supported (voxtile computes in float32)")));
-                }
-                self.set(n, Val::Act(x))?;
+                let Some(float) = Float::of(to) else {
+                    return Err(ctx.err(format!("casting an activation to type {to} is not supported (voxtile computes in float: float32, float16, bfloat16 or double)")));
+                };
+                let y = self.cast_act(n, x, float);
+                self.set(n, Val::Act(y))?;
             }
             other => {
                 let mut s = self.small(ctx, &other)?;
@@ -105,6 +106,13 @@ impl Lowerer<'_> {
                     } else {
                         let mut ex = self.ex.borrow_mut();
                         s.elems = s.elems.iter().map(|&e| ex.un(Round::Trunc, e)).collect();
+                    }
+                } else if let Some(f) = Float::of(to).and_then(Float::rounding) {
+                    // A constant cast to half holds half values, as the model computes with them.
+                    for e in &mut s.elems {
+                        if let X::K(v) = e {
+                            *v = f.eval(*v);
+                        }
                     }
                 }
                 s.int = !is_float;

@@ -49,6 +49,12 @@ pub enum Pointwise {
         /// Upper bound (may be +inf).
         max: f32,
     },
+    /// The value rounded to IEEE half precision and back (round to nearest even): where an fp16
+    /// model stores an activation (a half graph input or output, a `Cast` to or from float16),
+    /// so that computing in f32 between those points gives what the model's own runtime gives.
+    RoundF16,
+    /// The value rounded to bfloat16 and back (round to nearest even), as [`Pointwise::RoundF16`].
+    RoundBf16,
 }
 
 /// `sqrt(2 / pi)`, the tanh-GELU constant.
@@ -77,6 +83,8 @@ impl Pointwise {
             Pointwise::Reciprocal => "Reciprocal",
             Pointwise::Pow(_) => "Pow",
             Pointwise::Clip { .. } => "Clip",
+            Pointwise::RoundF16 => "Cast(float16)",
+            Pointwise::RoundBf16 => "Cast(bfloat16)",
         }
     }
 
@@ -125,6 +133,8 @@ impl Pointwise {
                     x.max(min as f64).min(max as f64)
                 }
             }
+            Pointwise::RoundF16 => half::f16::from_f32(x as f32).to_f64(),
+            Pointwise::RoundBf16 => half::bf16::from_f32(x as f32).to_f64(),
         }
     }
 
@@ -161,6 +171,8 @@ impl Pointwise {
             Pointwise::Reciprocal => (11, 0.0, 0.0),
             Pointwise::Pow(e) => (12, e, 0.0),
             Pointwise::Clip { min, max } => (13, min, max),
+            Pointwise::RoundF16 => (14, 0.0, 0.0),
+            Pointwise::RoundBf16 => (15, 0.0, 0.0),
         }
     }
 }
@@ -179,5 +191,15 @@ mod tests {
         assert_eq!(Pointwise::HardSwish.eval(3.0), 3.0);
         assert_eq!(Pointwise::Clip { min: 0.0, max: 6.0 }.eval(7.5), 6.0);
         assert!(Pointwise::Clip { min: 1.0, max: 0.0 }.check().is_err());
+        // 1 + 2^-11 is the tie between 1 and the next half (1 + 2^-10): to even, 1.
+        assert_eq!(Pointwise::RoundF16.eval(1.0 + 2f64.powi(-11)), 1.0);
+        assert_eq!(
+            Pointwise::RoundF16.eval(1.0 + 3.0 * 2f64.powi(-11)),
+            1.0 + 2f64.powi(-9)
+        );
+        assert_eq!(Pointwise::RoundF16.eval(70000.0), f64::INFINITY);
+        assert_eq!(Pointwise::RoundBf16.eval(1.0 + 2f64.powi(-8)), 1.0);
+        assert_eq!(Pointwise::RoundBf16.eval(70000.0), 70144.0);
+        assert!(Pointwise::RoundBf16.eval(f64::NAN).is_nan());
     }
 }
