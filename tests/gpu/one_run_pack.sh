@@ -12,7 +12,7 @@ GB=${2:-.dev/gb}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/suite/shared/fixtures" "$tmp/bench"
-for f in archs cuda_attention cuda_eltwise cuda_kernels_compile cuda_ops cuda_pipeline cuda_tensor gpu_fixtures ops_pad plan_gpu voxtile_lib; do
+for f in archs cuda_attention cuda_eltwise cuda_kernels_compile cuda_ops cuda_pipeline cuda_tensor gpu_fixtures half ops_pad plan_gpu voxtile_lib; do
   cp "$SRC/$f" "$tmp/suite/"
 done
 cp -r "$SRC/shared/fixtures/models" "$tmp/suite/shared/fixtures/"
