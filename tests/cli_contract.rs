@@ -260,3 +260,44 @@ fn plan_reads_the_model_arguments_segment_reads() {
         assert_eq!(p["device"], "cpu", "--device auto without a GPU: {p}");
     }
 }
+
+/// `plan` turns the input to the model's orientation as `segment` does (manifest `orientation`,
+/// or `--orientation` over it), so a permuting orientation plans the turned grid and the window
+/// count `segment` runs.
+#[test]
+fn plan_turns_the_input_to_the_model_orientation() {
+    let dir = tempdir();
+    let d = dir.path();
+    let vol = ball_volume(&d.join("ball.nii"), [40, 24, 56]);
+    let model = conv_model(&d.join("m.onnx"), 2);
+    std::fs::write(
+        d.join("m.toml"),
+        "roi = [16, 16, 16]\noverlap = 0.5\norientation = \"SAR\"\n",
+    )
+    .unwrap();
+    let p = plan_json(&[s(&vol), "-m", s(&model)]);
+    assert_eq!(
+        p["volume"],
+        serde_json::json!([56, 24, 40]),
+        "turned to SAR: {p}"
+    );
+    let out = d.join("seg.nii.gz");
+    let o = segment_cpu(&vol, &model, &out, &["--report", "-"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(p["windows"], r["windows"], "plan {p}\nsegment {r}");
+    // The flag beats the manifest, in plan as in segment.
+    let p = plan_json(&[s(&vol), "-m", s(&model), "--orientation", "stored"]);
+    assert_eq!(p["volume"], serde_json::json!([40, 24, 56]), "{p}");
+    let o = segment_cpu(
+        &vol,
+        &model,
+        &d.join("seg2.nii.gz"),
+        &["--report", "-", "--orientation", "stored"],
+    );
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(p["windows"], r["windows"], "plan {p}\nsegment {r}");
+    let bad = voxtile(&["plan", s(&vol), "-m", s(&model), "--orientation", "XYZ"]);
+    assert!(!bad.status.success());
+    assert!(stderr(&bad).contains("--orientation"), "{}", stderr(&bad));
+}

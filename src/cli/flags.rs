@@ -52,3 +52,12 @@ pub fn spacing(s: Option<&str>) -> Result<Option<Option<[f64; 3]>>> {
         None => None,
     })
 }
+
+/// `--orientation CODE` (`segment` and `plan`): nibabel's axis codes or `stored`.
+pub fn orientation(s: Option<&str>) -> Result<Option<crate::volume::Orientation>> {
+    s.map(|o| {
+        o.parse()
+            .map_err(|e| Error::Invalid(format!("--orientation: {e}")))
+    })
+    .transpose()
+}

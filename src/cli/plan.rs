@@ -6,6 +6,7 @@ use crate::backend::{self, Device};
 use crate::engine::Options;
 use crate::pipeline::{resample, ModelSetup, Overrides};
 use crate::plan::{self, Request, Workload};
+use crate::volume::Reorientation;
 use crate::{Error, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -63,6 +64,10 @@ pub struct PlanArgs {
     /// refusing it, as `segment --allow-small-roi` runs it
     #[arg(long)]
     pub allow_small_roi: bool,
+    /// The orientation the model runs in, as `segment --orientation` takes it (beats the
+    /// manifest's `orientation`): the input's grid is turned to it before it is planned
+    #[arg(long)]
+    pub orientation: Option<String>,
 }
 
 /// The model's manifest merged with the window flags typed here, by the merge `segment` uses
@@ -75,6 +80,7 @@ fn model_setup(args: &PlanArgs) -> Result<ModelSetup> {
         placement: args.placement.as_deref().map(flags::placement),
         spacing: flags::spacing(args.spacing.as_deref())?,
         keep_logits: args.logits,
+        orientation: flags::orientation(args.orientation.as_deref())?,
         ..Overrides::default()
     };
     ModelSetup::new(&[&args.model], Options::default(), &overrides)
@@ -113,6 +119,10 @@ pub fn run(args: PlanArgs) -> Result<()> {
     let shape = match (&args.input, &args.volume) {
         (Some(input), _) => {
             let header = crate::volume::read_header(input)?;
+            // Turned to the models' orientation first, as `segment` turns the volume.
+            let header = Reorientation::to(&header.affine(), setup.settings.orientation)
+                .map_err(|m| Error::Invalid(format!("{}: {m}", input.display())))?
+                .header(&header);
             let grid = resample::model_grid(&header, o.axis_order, setup.settings.spacing)
                 .map_err(|e| match e {
                     Error::Invalid(m) => Error::Invalid(format!("{}: {m}", input.display())),

@@ -138,14 +138,7 @@ fn overrides(args: &SegmentArgs, options: &Options) -> Result<Overrides> {
         placement: explicit("placement").then_some(options.placement),
         sigma_scale: explicit("sigma_scale").then_some(options.sigma_scale),
         pad: explicit("pad").then_some(options.pad),
-        orientation: args
-            .orientation
-            .as_deref()
-            .map(|o| {
-                o.parse()
-                    .map_err(|e| Error::Invalid(format!("--orientation: {e}")))
-            })
-            .transpose()?,
+        orientation: flags::orientation(args.orientation.as_deref())?,
     })
 }
 
