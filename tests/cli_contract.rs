@@ -301,3 +301,23 @@ fn plan_turns_the_input_to_the_model_orientation() {
     assert!(!bad.status.success());
     assert!(stderr(&bad).contains("--orientation"), "{}", stderr(&bad));
 }
+
+/// A roi below the receptive field that holds the whole volume runs without
+/// `--allow-small-roi` (no image context is lost: a larger window would only add padding); one
+/// that cuts the volume is refused.
+#[test]
+fn a_roi_holding_the_whole_volume_is_not_refused() {
+    let dir = tempdir();
+    let vol = ball_volume(&dir.path().join("ball.nii"), [32, 32, 32]);
+    let out = dir.path().join("o.nii.gz");
+    let o = segment_cpu(&vol, &data("deepbrain.onnx"), &out, &["--roi", "32"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("receptive field"), "{}", stderr(&o));
+    let o = segment_cpu(
+        &vol,
+        &data("deepbrain.onnx"),
+        &dir.path().join("p.nii.gz"),
+        &["--roi", "16"],
+    );
+    assert_one_error(&o, "receptive field [64, 64, 64]");
+}

@@ -297,12 +297,23 @@ fn roi_below_the_receptive_field_is_refused_unless_allowed() {
         .unwrap()
         .warning
         .is_none());
-    assert!(plan::refuse_small_roi(&g, Some([32, 64, 64]))
+    let vol = [40, 36, 44];
+    assert!(plan::refuse_small_roi(&g, Some([32, 64, 64]), vol)
         .unwrap_err()
         .to_string()
         .contains("receptive field [64, 64, 64]"));
-    assert!(plan::refuse_small_roi(&g, Some([64; 3])).is_ok());
-    assert!(plan::refuse_small_roi(&g, None).is_ok());
+    assert!(plan::refuse_small_roi(&g, Some([64; 3]), vol).is_ok());
+    assert!(plan::refuse_small_roi(&g, None, vol).is_ok());
+    // A window that holds the whole volume loses no context: neither refused nor warned,
+    // though it is below the receptive field; one voxel short of an axis is refused.
+    assert!(plan::refuse_small_roi(&g, Some(vol), vol).is_ok());
+    let whole = Request {
+        workload: workload([32; 3]),
+        ..req(Some([32; 3]))
+    };
+    let p = choose_on(&g, Target::Cpu, &whole);
+    assert!(p.as_ref().is_ok_and(|p| p.warning.is_none()), "{p:?}");
+    assert!(plan::refuse_small_roi(&g, Some([40, 36, 43]), vol).is_err());
     // Through the CLI: refused with one error line naming the receptive field, no output.
     let dir = tempdir();
     let input = write_volume(dir.path(), "v.nii", [40, 36, 44], |i, j, k| {

@@ -157,7 +157,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
         },
     };
     if !args.allow_small_roi {
-        plan::refuse_small_roi(&graph, req.user_roi)
+        plan::refuse_small_roi(&graph, req.user_roi, shape)
             .map_err(|e| Error::Invalid(format!("{}: {e}", args.model.display())))?;
     }
     let p = plan::choose(&graph, model.as_ref(), &req)

@@ -423,7 +423,8 @@ impl Engine {
             workload: self.workload(shape),
         };
         if self.options.refuse_small_roi {
-            plan::refuse_small_roi(&self.graph, req.user_roi).map_err(|e| self.name_error(e))?;
+            plan::refuse_small_roi(&self.graph, req.user_roi, shape)
+                .map_err(|e| self.name_error(e))?;
         }
         plan::choose(&self.graph, self.memory(), &req).map_err(|e| {
             let e = if req.budget_explicit {

@@ -41,10 +41,15 @@ fn run_window(graph: &Graph, req: &Request) -> Result<[usize; 3]> {
     Ok(r)
 }
 
-/// The one-line warning for a window smaller than the model's receptive field along some axis:
-/// its voxels see less context than the model was built for, so the result may change.
-pub fn receptive_field_warning(graph: &Graph, roi: [usize; 3]) -> Option<String> {
-    below_receptive_field(graph, roi).map(|rf| {
+/// The one-line warning for a window smaller than the model's receptive field along some axis
+/// of the volume (network axes `shape`) it does not cover: its voxels see less context than the
+/// model was built for, so the result may change.
+pub fn receptive_field_warning(
+    graph: &Graph,
+    roi: [usize; 3],
+    shape: [usize; 3],
+) -> Option<String> {
+    below_receptive_field(graph, roi, shape).map(|rf| {
         format!(
             "roi {roi:?} is smaller than the model's receptive field {rf:?}: voxels see less context than the model was built for, and the result may differ from a larger window"
         )
@@ -55,8 +60,8 @@ pub fn receptive_field_warning(graph: &Graph, roi: [usize; 3]) -> Option<String>
 /// such a run gives a different, often empty, answer, so it runs only when the caller allows it
 /// (`--allow-small-roi`, [`crate::engine::Options::refuse_small_roi`] off), with
 /// [`receptive_field_warning`].
-pub fn refuse_small_roi(graph: &Graph, roi: Option<[usize; 3]>) -> Result<()> {
-    match roi.and_then(|r| below_receptive_field(graph, r).map(|rf| (r, rf))) {
+pub fn refuse_small_roi(graph: &Graph, roi: Option<[usize; 3]>, shape: [usize; 3]) -> Result<()> {
+    match roi.and_then(|r| below_receptive_field(graph, r, shape).map(|rf| (r, rf))) {
         Some((r, rf)) => Err(Error::Invalid(format!(
             "roi {r:?} is smaller than the model's receptive field {rf:?}: use a roi of at least the receptive field, or --allow-small-roi to run it anyway"
         ))),
@@ -64,10 +69,14 @@ pub fn refuse_small_roi(graph: &Graph, roi: Option<[usize; 3]>) -> Result<()> {
     }
 }
 
-/// The receptive field when `roi` is smaller along some axis.
-fn below_receptive_field(graph: &Graph, roi: [usize; 3]) -> Option<[usize; 3]> {
+/// The receptive field when `roi` is smaller along some axis on which it does not cover the
+/// volume (network-axis `shape`). A window that holds the whole extent of an axis loses no image
+/// context there (a larger one would only add padding), so that axis never counts.
+fn below_receptive_field(graph: &Graph, roi: [usize; 3], shape: [usize; 3]) -> Option<[usize; 3]> {
     let rf = graph.receptive_field();
-    (0..3).any(|a| roi[a] < rf[a]).then_some(rf)
+    (0..3)
+        .any(|a| roi[a] < rf[a] && roi[a] < shape[a])
+        .then_some(rf)
 }
 
 /// The workload one of `n` bands along H sees (see [`crate::tiling::bands`]): the volume cut to
@@ -136,7 +145,7 @@ pub fn choose(graph: &Graph, model: &dyn MemoryModel, req: &Request) -> Result<P
     let windows = w.windows(roi)?;
     let mut warnings: Vec<String> = req
         .user_roi
-        .and_then(|r| receptive_field_warning(graph, r))
+        .and_then(|r| receptive_field_warning(graph, r, w.shape))
         .into_iter()
         .collect();
     let need = |b: usize, n: usize| -> Result<u64> {
