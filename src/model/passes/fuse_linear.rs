@@ -1,6 +1,6 @@
 //! MatMul + Add of the exporters: a Linear's per-column constant add becomes its bias.
 
-use super::uses::Uses;
+use super::uses::{remove_nodes, Uses};
 use crate::model::graph::{Graph, Op, Tensor};
 
 /// A Linear without bias whose sole reader adds a constant that is one value per output column
@@ -37,9 +37,5 @@ pub(super) fn fuse_linear_bias(g: &mut Graph) {
         g.nodes[i].output = g.nodes[j].output;
         removed[j] = true;
     }
-    let mut k = 0;
-    g.nodes.retain(|_| {
-        k += 1;
-        !removed[k - 1]
-    });
+    remove_nodes(g, &removed);
 }

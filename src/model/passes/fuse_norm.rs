@@ -1,7 +1,7 @@
 //! GroupNorm followed by per-channel MulConst / AddConst (PyTorch's GroupNorm export with its
 //! affine): the constants fold into the norm's own scale and bias.
 
-use super::uses::Uses;
+use super::uses::{remove_nodes, Uses};
 use crate::model::graph::{Graph, Op};
 
 /// GroupNorm (from the export pattern, unit affine) followed by per-channel MulConst then
@@ -54,9 +54,5 @@ pub(super) fn fuse_norm_affine(g: &mut Graph) {
             removed[j] = true;
         }
     }
-    let mut k = 0;
-    g.nodes.retain(|_| {
-        k += 1;
-        !removed[k - 1]
-    });
+    remove_nodes(g, &removed);
 }

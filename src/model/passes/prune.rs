@@ -1,16 +1,13 @@
 //! Dead-code removal: nodes that do not reach the output go, values are renumbered compactly.
 
-use super::uses::live;
+use super::uses::{live, remove_nodes};
 use crate::model::graph::Graph;
 
 /// Drop nodes that do not contribute to the output and renumber values compactly.
 pub(super) fn prune(g: &mut Graph) {
     let (keep, live) = live(g);
-    let mut k = 0;
-    g.nodes.retain(|_| {
-        k += 1;
-        keep[k - 1]
-    });
+    let dead: Vec<bool> = keep.iter().map(|k| !k).collect();
+    remove_nodes(g, &dead);
     let mut map = vec![usize::MAX; g.values.len()];
     let mut values = vec![];
     for (i, v) in g.values.iter().enumerate() {

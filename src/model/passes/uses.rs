@@ -94,3 +94,13 @@ pub(crate) fn last_reads(g: &Graph) -> (Vec<bool>, Vec<usize>) {
     }
     (needed, last)
 }
+
+/// Drops the nodes marked in `removed`, keeping the others in order (a fusion folds a node into
+/// its producer and removes it here, once, so a long chain costs its length).
+pub(crate) fn remove_nodes(g: &mut Graph, removed: &[bool]) {
+    let mut k = 0;
+    g.nodes.retain(|_| {
+        k += 1;
+        !removed[k - 1]
+    });
+}
