@@ -106,25 +106,54 @@ fn an_empty_label_map_warns_even_under_q() {
     }
 }
 
-/// A manifest's roi below the receptive field is refused like `--roi` (deepbrain: 64).
+/// A `--roi` below the receptive field is refused (deepbrain: 64), `--allow-small-roi` runs it; a
+/// manifest's roi is the model's own window: it runs, with the one-line warning.
 #[test]
-fn a_manifest_roi_below_the_receptive_field_is_refused() {
+fn a_typed_roi_below_the_receptive_field_is_refused_a_manifest_roi_warns() {
     let dir = tempdir();
     let vol = ball_volume(&dir.path().join("ball.nii"), [40, 36, 44]);
-    std::fs::write(dir.path().join("m.toml"), "roi = 32\n").unwrap();
     let out = dir.path().join("o.nii.gz");
-    let man = dir.path().join("m.toml");
-    let a = ["--manifest", s(&man)];
-    let o = segment_cpu(&vol, &data("deepbrain.onnx"), &out, &a);
+    let o = segment_cpu(&vol, &data("deepbrain.onnx"), &out, &["--roi", "32"]);
     assert_one_error(&o, "receptive field [64, 64, 64]");
     assert!(!out.exists());
     let o = segment_cpu(
         &vol,
         &data("deepbrain.onnx"),
         &out,
-        &[&a[..], &["--allow-small-roi"]].concat(),
+        &["--roi", "32", "--allow-small-roi"],
     );
     assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::write(dir.path().join("m.toml"), "roi = 32\n").unwrap();
+    let man = dir.path().join("m.toml");
+    let out = dir.path().join("m.nii.gz");
+    let o = segment_cpu(
+        &vol,
+        &data("deepbrain.onnx"),
+        &out,
+        &["--manifest", s(&man)],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("receptive field"), "{}", stderr(&o));
+}
+
+/// An encoder-decoder's theoretical receptive field (MONAI's BasicUNet: 200) counts only up to
+/// 64 voxels: its usual windows (96) plan, a 32-voxel one is refused.
+#[test]
+fn a_unet_window_of_64_or_more_is_not_below_its_receptive_field() {
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/archs/basicunet_legacy.onnx");
+    let p = plan_json(&["-m", s(&model), "--volume", "160x160x160", "--roi", "96"]);
+    assert_eq!(p["roi"], serde_json::json!([96, 96, 96]), "{p}");
+    let o = voxtile(&[
+        "plan",
+        "-m",
+        s(&model),
+        "--volume",
+        "160x160x160",
+        "--roi",
+        "32",
+    ]);
+    assert_one_error(&o, "receptive field [200, 200, 200]");
 }
 
 /// The options in effect of a `--report -` run of the conv model with a manifest `toml` beside

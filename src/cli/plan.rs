@@ -156,7 +156,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
             copy_input: false,
         },
     };
-    if !args.allow_small_roi {
+    if !args.allow_small_roi && args.roi.is_some() {
         plan::refuse_small_roi(&graph, req.user_roi, shape)
             .map_err(|e| Error::Invalid(format!("{}: {e}", args.model.display())))?;
     }

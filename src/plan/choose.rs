@@ -69,13 +69,20 @@ pub fn refuse_small_roi(graph: &Graph, roi: Option<[usize; 3]>, shape: [usize; 3
     }
 }
 
-/// The receptive field when `roi` is smaller along some axis on which it does not cover the
-/// volume (network-axis `shape`). A window that holds the whole extent of an axis loses no image
-/// context there (a larger one would only add padding), so that axis never counts.
+/// Windows of at least this many voxels along an axis are never below the receptive field there.
+/// An encoder-decoder's theoretical field (MONAI's BasicUNet: 200, nnU-Net's deep nets: more) is
+/// far beyond the patches such nets are trained with (64 to 192): counting it whole would refuse
+/// their own windows. Nets without downsampling (deepbrain: 64) are held to their whole field.
+pub const RECEPTIVE_FIELD_CAP: usize = 64;
+
+/// The receptive field when `roi` is smaller along some axis (the field counted up to
+/// [`RECEPTIVE_FIELD_CAP`]) on which it does not cover the volume (network-axis `shape`). A window
+/// that holds the whole extent of an axis loses no image context there (a larger one would only
+/// add padding), so that axis never counts.
 fn below_receptive_field(graph: &Graph, roi: [usize; 3], shape: [usize; 3]) -> Option<[usize; 3]> {
     let rf = graph.receptive_field();
     (0..3)
-        .any(|a| roi[a] < rf[a] && roi[a] < shape[a])
+        .any(|a| roi[a] < rf[a].min(RECEPTIVE_FIELD_CAP) && roi[a] < shape[a])
         .then_some(rf)
 }
 

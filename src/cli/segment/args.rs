@@ -66,8 +66,8 @@ pub struct SegmentArgs {
     /// half of the cgroup's headroom and 75% of the address space left under RLIMIT_AS
     #[arg(long)]
     pub memory_budget: Option<String>,
-    /// Run a --roi (or a manifest's roi) smaller than the model's receptive field, with a
-    /// warning, instead of refusing it
+    /// Run a --roi smaller than the model's receptive field (counted up to 64 voxels per axis),
+    /// with a warning, instead of refusing it
     #[arg(long)]
     pub allow_small_roi: bool,
     /// Keep only the largest connected component (6-connectivity) of each foreground class, or

@@ -168,7 +168,8 @@ fn options(args: &SegmentArgs) -> Result<Options> {
         keep_logits: args.logits.is_some(),
         normalize,
         memory_budget: flags::memory_budget(args.memory_budget.as_deref())?,
-        refuse_small_roi: !args.allow_small_roi,
+        // Only a window the user types is refused: a manifest's roi is the model's own.
+        refuse_small_roi: !args.allow_small_roi && args.roi.is_some(),
         ..Options::default()
     })
 }
