@@ -140,8 +140,8 @@ fn a_typed_roi_below_the_receptive_field_is_refused_a_manifest_roi_warns() {
 /// 64 voxels: its usual windows (96) plan, a 32-voxel one is refused.
 #[test]
 fn a_unet_window_of_64_or_more_is_not_below_its_receptive_field() {
-    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/archs/basicunet_legacy.onnx");
+    let model =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/archs/basicunet_legacy.onnx");
     let p = plan_json(&["-m", s(&model), "--volume", "160x160x160", "--roi", "96"]);
     assert_eq!(p["roi"], serde_json::json!([96, 96, 96]), "{p}");
     let o = voxtile(&[
@@ -233,6 +233,13 @@ fn manifest_placement_tta_sigma_scale_and_pad_in_effect() {
     }
 }
 
+/// `segment_cpu` with `--report -`: it succeeds, and its report, parsed.
+fn segment_report(vol: &Path, model: &Path, out: &Path, extra: &[&str]) -> serde_json::Value {
+    let o = segment_cpu(vol, model, out, &[&["--report", "-"][..], extra].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).expect("--report - prints JSON")
+}
+
 /// `voxtile plan ARGS --json`, parsed.
 fn plan_json(args: &[&str]) -> serde_json::Value {
     let o = voxtile(&[&["plan"][..], args, &["--json"]].concat());
@@ -260,9 +267,7 @@ fn plan_reads_the_model_arguments_segment_reads() {
         "resampled to 2 mm: {p}"
     );
     let out = d.join("seg.nii.gz");
-    let o = segment_cpu(&vol, &model, &out, &["--report", "-"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = segment_report(&vol, &model, &out, &[]);
     assert_eq!(p["windows"], r["windows"], "plan {p}\nsegment {r}");
     assert_eq!(r["roi"], p["roi"]);
     // Flags beat the manifest, as in segment; --manifest names another one.
@@ -311,20 +316,17 @@ fn plan_turns_the_input_to_the_model_orientation() {
         "turned to SAR: {p}"
     );
     let out = d.join("seg.nii.gz");
-    let o = segment_cpu(&vol, &model, &out, &["--report", "-"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = segment_report(&vol, &model, &out, &[]);
     assert_eq!(p["windows"], r["windows"], "plan {p}\nsegment {r}");
     // The flag beats the manifest, in plan as in segment.
     let p = plan_json(&[s(&vol), "-m", s(&model), "--orientation", "stored"]);
     assert_eq!(p["volume"], serde_json::json!([40, 24, 56]), "{p}");
-    let o = segment_cpu(
+    let r = segment_report(
         &vol,
         &model,
         &d.join("seg2.nii.gz"),
-        &["--report", "-", "--orientation", "stored"],
+        &["--orientation", "stored"],
     );
-    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(p["windows"], r["windows"], "plan {p}\nsegment {r}");
     let bad = voxtile(&["plan", s(&vol), "-m", s(&model), "--orientation", "XYZ"]);
     assert!(!bad.status.success());

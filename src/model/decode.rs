@@ -52,6 +52,16 @@ impl Const {
     }
 }
 
+/// The graph's activation inputs: its inputs that are no initializer (inputs that are also
+/// initializers are old-style defaults). voxtile takes models with exactly one.
+pub(crate) fn activation_inputs(g: &proto::GraphProto) -> Vec<&proto::ValueInfoProto> {
+    let inits: std::collections::HashSet<&str> = g.initializer.iter().map(|t| t.name()).collect();
+    g.input
+        .iter()
+        .filter(|i| !inits.contains(i.name()))
+        .collect()
+}
+
 /// Bytes per element of an ONNX data type we can decode, and whether it is a float type.
 fn elem_info(dt: i32) -> Option<(usize, bool)> {
     use proto::tensor_proto::DataType as T;

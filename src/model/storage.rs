@@ -28,7 +28,7 @@ fn type_name(t: i32) -> &'static str {
 }
 
 impl Storage {
-    /// The storage of graph `g`, whose activation input is the input that is no initializer.
+    /// The storage of graph `g` (its input: the first activation input).
     pub(crate) fn of(g: &proto::GraphProto) -> Storage {
         use proto::type_proto::Value as TV;
         let mut weights = BTreeMap::new();
@@ -52,11 +52,9 @@ impl Storage {
             Some(TV::TensorType(t)) => type_name(t.elem_type()),
             _ => "other",
         };
-        let inits: std::collections::HashSet<&str> =
-            g.initializer.iter().map(|t| t.name()).collect();
         Storage {
             weights,
-            input: elem(g.input.iter().find(|i| !inits.contains(i.name()))),
+            input: elem(super::decode::activation_inputs(g).first().copied()),
             output: elem(g.output.first()),
         }
     }

@@ -194,12 +194,7 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
     lw.const_budget = constfold::CONST_BASE_BYTES
         .saturating_add(weight_bytes.saturating_mul(constfold::CONST_WEIGHT_FACTOR));
     lw.const_left.set(lw.const_budget);
-    // The single activation input (inputs that are also initializers are old-style defaults).
-    let acts: Vec<&proto::ValueInfoProto> = g
-        .input
-        .iter()
-        .filter(|i| !lw.vals.contains_key(i.name()))
-        .collect();
+    let acts = super::decode::activation_inputs(g);
     if acts.len() != 1 {
         let names: Vec<&str> = acts.iter().map(|i| i.name()).collect();
         return Err(Error::model(
