@@ -1,0 +1,10 @@
+//! The CUDA backend (`src/backend/cuda`): kernel compilation (no GPU), the buffer plan (host only),
+//! and on a GPU the op families, tensor ops, fused attention and the real fixtures. The streamed
+//! pass is the separate binary `cuda_stream`. Skipped without a GPU unless VOXTILE_REQUIRE_GPU=1.
+
+mod attention;
+mod fixtures;
+mod kernels_compile;
+mod norm_f32_plan;
+mod ops;
+mod tensor;

@@ -1,0 +1,474 @@
+//! Timings on CUDA (K1, the W1 layers, the halo variants, per-op profiles): RESULT lines for
+//! tests/gpu/bench.py and PERF_NOTES.md, and the checks that keep them honest.
+
+use super::*;
+
+/// Throughput of the implicit-GEMM conv: 32->32 3^3 on 2x32x128^3 (fp16 NDHWC), and 64->64 on
+/// 2x64x96^3 (the BN=64 tile).
+#[test]
+fn bench_conv_32_32() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("bench");
+    for (c, s) in [(32usize, 128usize), (64, 96)] {
+        let w = Tensor::new(vec![c, c, 3, 3, 3], r.scaled(c * c * 27, 0.03));
+        let g = graph(
+            c,
+            vec![(
+                Op::Conv(Conv {
+                    weight: w,
+                    bias: None,
+                    stride: [1; 3],
+                    dilation: [1; 3],
+                    pads: [1; 6],
+                    groups: 1,
+                }),
+                vec![0],
+                c,
+            )],
+        );
+        b.with(|o| o.poison = false);
+        b.prepare(&g, 2, [s; 3]).unwrap();
+        let x = Array5::from_shape_vec((2, c, s, s, s), r.scaled(2 * c * s * s * s, 1.0)).unwrap();
+        b.run(x.view()).unwrap();
+        let ms = b.time_forward(2, 20).unwrap();
+        let flops = 2.0 * (2 * s * s * s) as f64 * c as f64 * (27 * c) as f64;
+        println!(
+            "RESULT bench conv {c}->{c} 3^3 2x{c}x{s}^3: {ms:.3} ms, {:.1} TFLOP/s",
+            flops / ms / 1e9
+        );
+    }
+}
+
+/// The W1 layer list (nnU-Net CT PlainConvUNet 32..320, roi 128, batch 4): every conv and
+/// transposed conv timed alone with CUDA events, legacy wmma kernel vs the mma kernels, and the
+/// K1 shape (32->32 3^3 on 2x32x128^3). Prints TFLOP/s per layer and the summed conv time.
+#[test]
+fn bench_w1_layers() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("w1");
+    // (kind, cin, cout, input size, kernel, stride): c = conv pad k/2, t = transposed k = s.
+    let feats = [32usize, 64, 128, 256, 320, 320];
+    let mut layers: Vec<(char, usize, usize, usize, usize, usize)> = Vec::new();
+    let mut s = 128;
+    let mut cin = 1;
+    for (i, &f) in feats.iter().enumerate() {
+        let st = if i == 0 { 1 } else { 2 };
+        layers.push(('c', cin, f, s, 3, st));
+        s /= st;
+        layers.push(('c', f, f, s, 3, 1));
+        cin = f;
+    }
+    for i in (0..5).rev() {
+        let f = feats[i];
+        layers.push(('t', feats[i + 1], f, s, 2, 2));
+        s *= 2;
+        layers.push(('c', 2 * f, f, s, 3, 1));
+        layers.push(('c', f, f, s, 3, 1));
+    }
+    layers.push(('c', 32, 14, 128, 1, 1));
+    let n = 4;
+    // Times by (kind, cin, cout, size, k, stride, variant).
+    type LayerKey = (char, usize, usize, usize, usize, usize, usize);
+    let mut cache: std::collections::HashMap<LayerKey, f64> = Default::default();
+    let (mut tot_old, mut tot_mma, mut tot_new, mut tot_flop) = (0.0, 0.0, 0.0, 0.0);
+    for &(kind, ci, co, s, k, st) in &layers {
+        let os = if kind == 't' { s * st } else { s / st };
+        let flop = if kind == 't' {
+            2.0 * (n * s * s * s) as f64 * ci as f64 * (co * k * k * k) as f64
+        } else {
+            2.0 * (n * os * os * os) as f64 * co as f64 * (ci * k * k * k) as f64
+        };
+        let mut ms = [0.0; 3];
+        // 0: legacy wmma, 1: conv_mma only (halo, Cin-1 and convt_up kernels off), 2: auto.
+        let c1 = kind == 'c' && ci == 1 && k == 3 && co <= 64;
+        let upv = kind == 't' && k == st && ci % 8 == 0 && co % 8 == 0;
+        // The planner's halo rule (Cin k x 32 in chunks, Cout <= 128; PERF_NOTES phase 7).
+        let halo = kind == 'c' && default_halo(ci, co, k, st).is_some();
+        let mut auto_kernels = Vec::new();
+        // (A layer seen before reuses its times: its kernels were checked then.)
+        let mut auto_fresh = false;
+        for (li, slot) in ms.iter_mut().enumerate() {
+            let key = (kind, ci, co, s, k, st, li);
+            if let Some(&t) = cache.get(&key) {
+                *slot = t;
+                continue;
+            }
+            if li == 1 && !(halo || c1 || upv) {
+                // No special kernel: the auto run is the same kernel.
+                continue;
+            }
+            b.with(|o| o.legacy_conv = li == 0);
+            b.with(|o| o.halo_conv = li == 2);
+            b.with(|o| o.c1_conv = li == 2);
+            b.with(|o| o.upsample_vec = li == 2);
+            let w = Tensor::new(
+                if kind == 't' {
+                    vec![ci, co, k, k, k]
+                } else {
+                    vec![co, ci, k, k, k]
+                },
+                r.scaled(ci * co * k * k * k, 1.0 / ((ci * k * k * k) as f32).sqrt()),
+            );
+            let bias = Some(Tensor::new(vec![co], r.scaled(co, 0.1)));
+            let op = if kind == 't' {
+                Op::ConvTranspose(ConvTranspose {
+                    weight: w,
+                    bias,
+                    stride: [st; 3],
+                    dilation: [1; 3],
+                    pads: [0; 6],
+                    output_padding: [0; 3],
+                    groups: 1,
+                })
+            } else {
+                Op::Conv(Conv {
+                    weight: w,
+                    bias,
+                    stride: [st; 3],
+                    dilation: [1; 3],
+                    pads: [k / 2; 6],
+                    groups: 1,
+                })
+            };
+            let t = time_one(&mut b, &mut r, op, ci, co, n, s);
+            if li == 2 && (c1 || upv || halo) {
+                auto_kernels = kernels_used(&mut b, n);
+                auto_fresh = true;
+            }
+            cache.insert(key, t);
+            *slot = t;
+        }
+        // "auto" must be the new kernel where it applies ("mma" is then the old path).
+        if c1 && auto_fresh {
+            assert!(
+                auto_kernels.iter().all(|k| k == cat::CONV_C1_K3.name),
+                "{auto_kernels:?}"
+            );
+        }
+        if upv && auto_fresh {
+            assert!(
+                auto_kernels.iter().all(|k| k.starts_with("convt_up_")),
+                "{auto_kernels:?}"
+            );
+        }
+        if halo && auto_fresh {
+            assert!(
+                !auto_kernels.is_empty()
+                    && auto_kernels.iter().all(|k| k.starts_with("conv_halo_")),
+                "{kind} {ci}->{co} at {s}^3: {auto_kernels:?}"
+            );
+        }
+        if ms[1] == 0.0 {
+            ms[1] = ms[2];
+        }
+        tot_old += ms[0];
+        tot_mma += ms[1];
+        tot_new += ms[2];
+        tot_flop += flop;
+        println!(
+            "RESULT w1 {kind} {ci:>3}->{co:<3} k{k}s{st} in {s:>3}^3: legacy {:7.3} ms {:6.1} TF/s | mma {:7.3} ms {:6.1} TF/s | auto {:7.3} ms {:6.1} TF/s{}",
+            ms[0],
+            flop / ms[0] / 1e9,
+            ms[1],
+            flop / ms[1] / 1e9,
+            ms[2],
+            flop / ms[2] / 1e9,
+            if auto_kernels.is_empty() {
+                String::new()
+            } else {
+                format!(" [{}]", auto_kernels.join(", "))
+            }
+        );
+    }
+    b.with(|o| o.halo_conv = true);
+    b.with(|o| o.c1_conv = true);
+    b.with(|o| o.upsample_vec = true);
+    println!(
+        "RESULT w1 convs total (batch 4): {:.1} GFLOP, legacy {tot_old:.2} ms ({:.1} TF/s), mma {tot_mma:.2} ms ({:.1} TF/s), auto (halo) {tot_new:.2} ms ({:.1} TF/s)",
+        tot_flop / 1e9,
+        tot_flop / tot_old / 1e9,
+        tot_flop / tot_mma / 1e9,
+        tot_flop / tot_new / 1e9
+    );
+    // K1: conv 32->32 3^3 on 2x32x128^3 (cuDNN NDHWC: 166 TF/s), every vectorised tile.
+    let flop = 2.0 * (2 * 128usize.pow(3)) as f64 * 32.0 * (27 * 32) as f64;
+    let k1 = |r: &mut Rng| {
+        Op::Conv(Conv {
+            weight: Tensor::new(vec![32, 32, 3, 3, 3], r.scaled(32 * 32 * 27, 0.03)),
+            bias: None,
+            stride: [1; 3],
+            dilation: [1; 3],
+            pads: [1; 6],
+            groups: 1,
+        })
+    };
+    b.with(|o| o.legacy_conv = true);
+    let op = k1(&mut r);
+    let t = time_one(&mut b, &mut r, op, 32, 32, 2, 128);
+    println!(
+        "RESULT K1 legacy wmma: {t:.3} ms {:.1} TF/s",
+        flop / t / 1e9
+    );
+    b.with(|o| o.legacy_conv = false);
+    for tile in [
+        None,
+        Some(cat::CONV_MMA_M256N32_V8.name),
+        Some(cat::CONV_MMA_M128N32_V8.name),
+    ] {
+        // auto = the halo kernel (CONV_HALO_C32N32); forced tiles turn it off.
+        b.with(|o| o.conv_tile = tile.map(mma_named));
+        let op = k1(&mut r);
+        let t = time_one(&mut b, &mut r, op, 32, 32, 2, 128);
+        println!(
+            "RESULT K1 {}: {t:.3} ms {:.1} TF/s ({:.2}x cuDNN 166)",
+            tile.unwrap_or("auto"),
+            flop / t / 1e9,
+            flop / t / 1e9 / 166.0
+        );
+    }
+    b.with(|o| o.conv_tile = None);
+    let op = k1(&mut r);
+    b.with(|o| o.halo_tile = Some(&cat::CONV_HALO_C32N32_W4));
+    let t = time_one(&mut b, &mut r, op, 32, 32, 2, 128);
+    println!(
+        "RESULT K1 {}: {t:.3} ms {:.1} TF/s ({:.2}x cuDNN 166)",
+        cat::CONV_HALO_C32N32_W4.name,
+        flop / t / 1e9,
+        flop / t / 1e9 / 166.0
+    );
+    // W1's 64->32 at 128^3 (batch 4) on the 4-warp variant (the layer table has the default).
+    let op = Op::Conv(Conv {
+        weight: Tensor::new(vec![32, 64, 3, 3, 3], r.scaled(32 * 64 * 27, 0.02)),
+        bias: None,
+        stride: [1; 3],
+        dilation: [1; 3],
+        pads: [1; 6],
+        groups: 1,
+    });
+    b.with(|o| o.halo_tile = Some(&cat::CONV_HALO_C64N32_W4));
+    let t = time_one(&mut b, &mut r, op, 64, 32, 4, 128);
+    println!(
+        "RESULT w1 c 64->32 k3s1 in 128^3 on {}: {t:.3} ms {:.1} TF/s",
+        cat::CONV_HALO_C64N32_W4.name,
+        2.0 * (4 * 128usize.pow(3)) as f64 * 32.0 * (27 * 64) as f64 / t / 1e9
+    );
+    b.with(|o| o.halo_tile = None);
+}
+
+/// Every `conv_halo_*` variant (forced by name) on K1 (32->32 3^3, 2x32x128^3; cuDNN NDHWC
+/// 166 TF/s), W1's 64->32 (2x64x128^3) and 64->64 (4x64x64^3), W2's 14->14 (4x14x128^3, the
+/// last ResidualUnit conv) and 16->16 (4x16x64^3), and a Cin-4 conv (forced only): one RESULT
+/// line per variant with ms and TF/s (real FLOPs, not the zero-padded ones), the default
+/// marked, so the HALO_CONFIGS order can be chosen from one run. For Cin < 32 also the old
+/// path (halo off: `conv_mma_*`) and a `RESULT w2 ... old ... new` summary line.
+#[test]
+fn bench_halo_variants() {
+    use voxtile::internals::cuda::host::catalogue::{HaloConfig, HALO_CONFIGS};
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("halo-bench");
+    b.with(|o| o.conv_tile = None);
+    b.with(|o| o.halo_conv = true);
+    for (cin, cout, n, s, label) in [
+        (32usize, 32usize, 2usize, 128usize, "K1 32->32 2x128^3"),
+        (64, 32, 2, 128, "64->32 2x128^3"),
+        (64, 64, 4, 64, "64->64 4x64^3"),
+        (14, 14, 4, 128, "W2 14->14 4x128^3"),
+        (16, 16, 4, 64, "W2 16->16 4x64^3"),
+        (4, 16, 4, 128, "Cin4 4->16 4x128^3"),
+        (128, 64, 4, 64, "128->64 4x64^3"),
+        (128, 128, 4, 32, "128->128 4x32^3"),
+    ] {
+        let flop = 2.0 * (n * s * s * s) as f64 * cout as f64 * (27 * cin) as f64;
+        let conv = |r: &mut Rng| {
+            Op::Conv(Conv {
+                weight: Tensor::new(
+                    vec![cout, cin, 3, 3, 3],
+                    r.scaled(cout * cin * 27, 1.0 / ((27 * cin) as f32).sqrt()),
+                ),
+                bias: None,
+                stride: [1; 3],
+                dilation: [1; 3],
+                pads: [1; 6],
+                groups: 1,
+            })
+        };
+        // The old path: halo off, asserted not to run a halo kernel.
+        let old = (!(32..=64).contains(&cin)).then(|| {
+            b.with(|o| o.halo_conv = false);
+            let op = conv(&mut r);
+            let t = time_one(&mut b, &mut r, op, cin, cout, n, s);
+            let used = kernels_used(&mut b, n);
+            assert!(
+                !used.is_empty() && used.iter().all(|k| !k.starts_with("conv_halo")),
+                "{label}: halo off ran {used:?}"
+            );
+            b.with(|o| o.halo_conv = true);
+            println!(
+                "RESULT halo {label} {:<22} {t:.3} ms {:6.1} TF/s (old path, halo off)",
+                used.join("+"),
+                flop / t / 1e9
+            );
+            t
+        });
+        // The variants at the planner's tile width (the narrowest that holds Cout).
+        // (Cout above every width: the widest, in grid.y channel tiles.)
+        let runs = |v: &&HaloConfig| v.accepts_cin(cin);
+        let widths = || HALO_CONFIGS.iter().filter(runs).map(|v| v.bn);
+        let bn = widths()
+            .filter(|&w| cout <= w)
+            .min()
+            .or_else(|| widths().max())
+            .unwrap();
+        let default = default_halo(cin, cout, 3, 1).map(|c| c.name);
+        let mut times: Vec<(f64, &str)> = Vec::new();
+        for v in HALO_CONFIGS.iter().filter(runs).filter(|v| v.bn == bn) {
+            b.with(|o| o.halo_tile = Some(v));
+            let op = conv(&mut r);
+            let t = time_one(&mut b, &mut r, op, cin, cout, n, s);
+            let used = kernels_used(&mut b, n);
+            if !used.iter().any(|k| k == v.name) {
+                println!(
+                    "RESULT halo {label} {}: not run (smem), ran {used:?}",
+                    v.name
+                );
+                continue;
+            }
+            println!(
+                "RESULT halo {label} {:<22} {t:.3} ms {:6.1} TF/s{}{}",
+                v.name,
+                flop / t / 1e9,
+                if cin == 32 && cout == 32 {
+                    format!(" ({:.2}x cuDNN 166)", flop / t / 1e9 / 166.0)
+                } else {
+                    String::new()
+                },
+                if default == Some(v.name) {
+                    " [default]"
+                } else {
+                    ""
+                }
+            );
+            times.push((t, v.name));
+        }
+        // "new": the default, or (Cin 4, forced only) the fastest variant.
+        let new = match default {
+            Some(d) => times.iter().find(|x| x.1 == d).copied(),
+            None => times.iter().copied().min_by(|a, b| a.0.total_cmp(&b.0)),
+        };
+        if let (Some(t0), Some((t1, name))) = (old, new) {
+            println!(
+                "RESULT halo-vs-old c {cin}->{cout} k3s1 {label}: old {t0:.3} ms {:.1} TF/s | new {t1:.3} ms {:.1} TF/s on {name}{} ({:.2}x)",
+                flop / t0 / 1e9,
+                flop / t1 / 1e9,
+                if default == Some(name) { " [default]" } else { " [fastest variant, forced]" },
+                t0 / t1
+            );
+        }
+    }
+    b.with(|o| o.halo_tile = None);
+}
+
+/// Per-op profile (`profile_forward`) of the models in VOXTILE_PROFILE_ONNX
+/// ("path[:roi[:batch]],...", e.g. W1/W2 exported by tests/gpu/bench.py), else of a small
+/// conv/norm/concat chain. Prints the ops by time; checks that the per-step sum matches the
+/// timed forward (events add only small gaps) and that the profile covers every launch. Then
+/// times the forward again with fp16 norm inputs (`CudaOptions::norm_f32` off) in the same
+/// run: the cost of the fp32 ones, and their activation bytes.
+#[test]
+fn profile_models() {
+    let Some(mut b) = gpu() else { return };
+    b.with(|o| o.poison = false);
+    let mut r = Rng::tagged("profile");
+    let spec = std::env::var("VOXTILE_PROFILE_ONNX").unwrap_or_default();
+    let mut cases: Vec<(String, Graph, usize, usize)> = Vec::new();
+    for item in spec.split(',').filter(|s| !s.is_empty()) {
+        let mut f = item.split(':');
+        let path = f.next().unwrap().to_string();
+        let roi = f.next().and_then(|v| v.parse().ok()).unwrap_or(128);
+        let batch = f.next().and_then(|v| v.parse().ok()).unwrap_or(4);
+        let g = voxtile::model::onnx::load(&path).expect("model loads");
+        cases.push((path, g, roi, batch));
+    }
+    if cases.is_empty() {
+        let c = 16;
+        let conv = |r: &mut Rng, ci: usize| {
+            Op::Conv(Conv {
+                weight: Tensor::new(vec![c, ci, 3, 3, 3], r.scaled(c * ci * 27, 0.1)),
+                bias: None,
+                stride: [1; 3],
+                dilation: [1; 3],
+                pads: [1; 6],
+                groups: 1,
+            })
+        };
+        let norm = Op::InstanceNorm {
+            eps: 1e-5,
+            scale: Tensor::new(vec![c], r.scaled(c, 1.0)),
+            bias: Tensor::new(vec![c], r.scaled(c, 1.0)),
+        };
+        let g = graph(
+            1,
+            vec![
+                (conv(&mut r, 1), vec![0], c),
+                (norm, vec![1], c),
+                (Op::LeakyRelu { alpha: 0.01 }, vec![2], c),
+                (conv(&mut r, c), vec![3], c),
+                (Op::Concat { axis: 1 }, vec![3, 4], 2 * c),
+            ],
+        );
+        cases.push(("chain".into(), g, 32, 2));
+    }
+    for (name, g, roi, batch) in cases {
+        b.prepare(&g, batch, [roi; 3]).expect("prepare");
+        let cin = g.input_channels();
+        let x = Array5::from_shape_vec(
+            (batch, cin, roi, roi, roi),
+            r.scaled(batch * cin * roi * roi * roi, 1.0),
+        )
+        .unwrap();
+        b.run(x.view()).expect("run");
+        let t = b.time_forward(batch, 5).expect("time");
+        let prof = b.profile_forward(batch, 3).expect("profile");
+        let sum: f64 = prof.iter().map(|p| p.1).sum();
+        let launches: usize = prof.iter().map(|p| p.2).sum();
+        println!("RESULT profile {name} roi {roi} batch {batch}: forward {t:.3} ms, per-op sum {sum:.3} ms, {launches} steps");
+        let mut kinds: Vec<(String, f64)> = Vec::new();
+        for (label, ms, _) in &prof {
+            let k = label.split(' ').next().unwrap_or("").to_string();
+            match kinds.iter_mut().find(|a| a.0 == k) {
+                Some(a) => a.1 += ms,
+                None => kinds.push((k, *ms)),
+            }
+        }
+        kinds.sort_by(|a, b| b.1.total_cmp(&a.1));
+        for (k, ms) in &kinds {
+            println!(
+                "RESULT profile {name} kind {k:<14} {ms:8.3} ms {:5.1}%",
+                100.0 * ms / sum
+            );
+        }
+        for (label, ms, cnt) in &prof {
+            println!("PROF {name} {ms:8.3} ms x{cnt:<3} {label}");
+        }
+        assert!(launches > 0 && prof.iter().all(|p| p.1 >= 0.0 && !p.0.is_empty()));
+        assert!(
+            sum > 0.7 * t && sum < 2.0 * t + 0.5,
+            "per-op sum {sum} ms vs forward {t} ms"
+        );
+        let arena = b.activation_bytes();
+        b.with(|o| o.norm_f32 = false);
+        b.prepare(&g, batch, [roi; 3]).expect("prepare");
+        let y16 = b.run(x.view()).expect("run").to_owned();
+        let t16 = b.time_forward(batch, 5).expect("time");
+        let arena16 = b.activation_bytes();
+        b.with(|o| o.norm_f32 = true);
+        println!(
+            "RESULT profile {name} roi {roi} batch {batch}: fp32 norm inputs {t:.3} ms, arena {:.1} MiB | fp16 {t16:.3} ms, arena {:.1} MiB ({:.3}x)",
+            arena as f64 / 1048576.0,
+            arena16 as f64 / 1048576.0,
+            t / t16
+        );
+        assert!(y16.iter().all(|v| v.is_finite()));
+        assert!(arena >= arena16);
+    }
+}

@@ -1,0 +1,409 @@
+//! Convolutions and transposed convolutions on CUDA: random geometries, every mma tile forced,
+//! the upsampling GEMM and its vector epilogue.
+
+use super::*;
+
+#[test]
+fn conv_variants() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("conv");
+    // Even Cin that is not a multiple of 8: the 4-byte gather tiles (`_v2`); the 1x1x1 head
+    // kernel with Cout 17..32 and a fused activation.
+    for (name, ci, co, k, st, pads) in [
+        (
+            "3^3 14->14 (v2 gather)",
+            14usize,
+            14usize,
+            3usize,
+            1usize,
+            1usize,
+        ),
+        ("3^3 s2 6->40 (v2 gather)", 6, 40, 3, 2, 1),
+        ("1x1 head 40->20 (conv1x1_n32)", 40, 20, 1, 1, 0),
+    ] {
+        conv_case(
+            &mut b,
+            &mut r,
+            ConvCase::new(name, ci, co, [9, 7, 11], k)
+                .st([st; 3])
+                .pads([pads; 6])
+                .act(Some(Op::LeakyRelu { alpha: 0.1 })),
+        );
+    }
+    for c in [
+        ConvCase::new("conv 3^3 16->32 pad1", 16, 32, [10, 9, 11], 3).pads([1; 6]),
+        ConvCase::new("conv 3^3 32->32 pad1 +leaky", 32, 32, [8, 8, 8], 3)
+            .pads([1; 6])
+            .act(Some(Op::LeakyRelu { alpha: 0.01 })),
+        ConvCase::new("conv 3^3 stride2 16->64", 16, 64, [12, 10, 9], 3)
+            .st([2; 3])
+            .pads([1; 6]),
+        ConvCase::new(
+            "conv 3^3 dilation 4 pad 4 (meshnet) +elu",
+            8,
+            20,
+            [12, 12, 12],
+            3,
+        )
+        .dl([4; 3])
+        .pads([4; 6])
+        .act(Some(Op::Elu { alpha: 1.0 })),
+        ConvCase::new("conv Cin=1 3^3 -> 8 +relu", 1, 8, [11, 10, 9], 3)
+            .pads([1; 6])
+            .act(Some(Op::Relu)),
+        ConvCase::new("conv Cin=3 asym pads 2x3x1 s(1,2,1)", 3, 40, [9, 10, 8], 1)
+            .k([2, 3, 1])
+            .st([1, 2, 1])
+            .pads([0, 1, 0, 1, 2, 0]),
+        ConvCase::new("conv 1x1x1 head 32->4 +sigmoid", 32, 4, [8, 9, 10], 1)
+            .act(Some(Op::Sigmoid)),
+        ConvCase::new("conv 1x1x1 head 20->3", 20, 3, [8, 9, 10], 1),
+        ConvCase::new("conv 80->80 3^3 (Cout>64) +tanh", 80, 80, [6, 6, 6], 3)
+            .pads([1; 6])
+            .act(Some(Op::Tanh)),
+        ConvCase::new("conv grouped g=4 16->16", 16, 16, [8, 8, 8], 3)
+            .pads([1; 6])
+            .groups(4),
+    ] {
+        conv_case(&mut b, &mut r, c);
+    }
+    let slope = Tensor::new(vec![8], r.scaled(8, 0.5));
+    conv_case(
+        &mut b,
+        &mut r,
+        ConvCase::new("conv depthwise g=8 8->8 +prelu", 8, 8, [7, 8, 9], 3)
+            .pads([1; 6])
+            .groups(8)
+            .act(Some(Op::PRelu { slope })),
+    );
+}
+
+#[test]
+fn conv_transpose_variants() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("convt");
+    for c in [
+        ConvCase::new("convT k2 s2 32->16 (nnU-Net)", 32, 16, [5, 6, 7], 2).st([2; 3]),
+        ConvCase::new(
+            "convT k3 s2 pads[0,0,0,1,1,1] (deepbrain)",
+            16,
+            8,
+            [5, 4, 6],
+            3,
+        )
+        .st([2; 3])
+        .pads([0, 0, 0, 1, 1, 1]),
+        ConvCase::new("convT k3 s2 p1 opad1 (MONAI)", 16, 8, [5, 4, 6], 3)
+            .st([2; 3])
+            .pads([1; 6])
+            .opad([1; 3]),
+        ConvCase::new("convT Cin=3 k3 s2 p1 opad1", 3, 5, [4, 5, 3], 3)
+            .st([2; 3])
+            .pads([1; 6])
+            .opad([1; 3]),
+    ] {
+        convt_case(&mut b, &mut r, c);
+    }
+    // Parity-class path: other kernels, strides 1 and 3, anisotropic strides, odd Cout; each
+    // fused (one launch over the classes' union of taps when out % stride == 0) and per class.
+    for (name, ci, co, sp, k, st, pads, opad) in [
+        (
+            "convT k4 s2 p1 24->12 (parity)",
+            24,
+            12,
+            [4, 5, 3],
+            [4; 3],
+            [2; 3],
+            [1; 6],
+            [0; 3],
+        ),
+        (
+            "convT k3 s1 p1 16->8 (parity, flipped conv)",
+            16,
+            8,
+            [5, 4, 6],
+            [3; 3],
+            [1; 3],
+            [1; 6],
+            [0; 3],
+        ),
+        (
+            "convT k3 s[1,2,3] opad[0,1,2] 16->14",
+            16,
+            14,
+            [4, 5, 3],
+            [3; 3],
+            [1, 2, 3],
+            [1; 6],
+            [0, 1, 2],
+        ),
+        (
+            "convT k3 s2 p1 opad1 32->14 16^3 (MONAI head)",
+            32,
+            14,
+            [16; 3],
+            [3; 3],
+            [2; 3],
+            [1; 6],
+            [1; 3],
+        ),
+        (
+            "convT k3 s2 p1 opad0 (odd output: per class)",
+            16,
+            14,
+            [4, 5, 3],
+            [3; 3],
+            [2; 3],
+            [1; 6],
+            [0; 3],
+        ),
+        (
+            "convT k1 s2 (no-tap classes: gather kernel)",
+            8,
+            8,
+            [3, 4, 5],
+            [1; 3],
+            [2; 3],
+            [0; 6],
+            [1; 3],
+        ),
+    ] {
+        for fused in [true, false] {
+            b.with(|o| o.fused_parity = fused);
+            let tag = if fused { "fused" } else { "classes" };
+            convt_case(
+                &mut b,
+                &mut r,
+                ConvCase::new(&format!("{name} {tag}"), ci, co, sp, 1)
+                    .k(k)
+                    .st(st)
+                    .pads(pads)
+                    .opad(opad),
+            );
+            // Launches: one when fused, one per parity class otherwise (k1 s2: gather kernel).
+            let out: Vec<usize> = (0..3)
+                .map(|a| (sp[a] - 1) * st[a] + k[a] + opad[a] - pads[a] - pads[a + 3])
+                .collect();
+            let fusable = (0..3).all(|a| out[a].is_multiple_of(st[a]));
+            let want = if k == [1; 3] || (fused && fusable) {
+                1
+            } else {
+                st.iter().product::<usize>()
+            };
+            let prof = b.profile_forward(2, 1).expect("profile");
+            let launches: usize = prof
+                .iter()
+                .filter(|(l, _, _)| l.contains('['))
+                .map(|(_, _, n)| n)
+                .sum();
+            assert_eq!(launches, want, "{name} {tag}: ran {prof:?}");
+        }
+    }
+    b.with(|o| o.fused_parity = true);
+    convt_case(
+        &mut b,
+        &mut r,
+        ConvCase::new("convT grouped g=2 k2 s2", 8, 8, [4, 5, 3], 2)
+            .st([2; 3])
+            .groups(2),
+    );
+}
+
+/// Every `conv_mma_*` tile (forced), the upsampling transposed conv (kernel == stride, run as a
+/// GEMM with a scatter epilogue) and the legacy wmma path, on shapes that leave partial tiles.
+#[test]
+fn conv_mma_tiles() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("mma");
+    let tiles: Vec<Option<&str>> = MMA_CONFIGS.iter().map(|c| Some(c.name)).collect();
+    for tile in tiles.into_iter().chain([None]) {
+        b.with(|o| o.conv_tile = tile.map(mma_named));
+        let t = tile.unwrap_or("auto");
+        let leaky = || Some(Op::LeakyRelu { alpha: 0.01 });
+        for c in [
+            ConvCase::new(&format!("{t} 3^3 16->32"), 16, 32, [6, 7, 9], 3).pads([1; 6]),
+            ConvCase::new(&format!("{t} 3^3 s2 24->72 +leaky"), 24, 72, [9, 8, 10], 3)
+                .st([2; 3])
+                .pads([1; 6])
+                .act(leaky()),
+            ConvCase::new(&format!("{t} 3^3 dil2 8->16"), 8, 16, [7, 8, 6], 3)
+                .dl([2; 3])
+                .pads([2; 6]),
+            ConvCase::new(&format!("{t} 1x1 head 32->14"), 32, 14, [8, 9, 10], 1),
+            ConvCase::new(&format!("{t} Cin=1 3^3 ->32 +leaky"), 1, 32, [9, 8, 7], 3)
+                .pads([1; 6])
+                .act(leaky()),
+            ConvCase::new(&format!("{t} 3^3 64->136"), 64, 136, [5, 6, 4], 3).pads([1; 6]),
+        ] {
+            conv_case(&mut b, &mut r, c);
+        }
+        for c in [
+            ConvCase::new(&format!("{t} convT k2s2 32->16"), 32, 16, [5, 6, 7], 2).st([2; 3]),
+            ConvCase::new(
+                &format!("{t} convT k2s2 3->5 (odd Cout)"),
+                3,
+                5,
+                [4, 3, 5],
+                2,
+            )
+            .st([2; 3]),
+            ConvCase::new(&format!("{t} convT k2s2 16->40"), 16, 40, [4, 4, 3], 2).st([2; 3]),
+            ConvCase::new(
+                &format!("{t} convT k(2,1,2) s(2,1,2) 8->24"),
+                8,
+                24,
+                [3, 5, 4],
+                1,
+            )
+            .k([2, 1, 2])
+            .st([2, 1, 2]),
+        ] {
+            convt_case(&mut b, &mut r, c);
+        }
+    }
+    b.with(|o| o.conv_tile = None);
+    b.with(|o| o.legacy_conv = true);
+    conv_case(
+        &mut b,
+        &mut r,
+        ConvCase::new("legacy 3^3 16->32", 16, 32, [6, 7, 9], 3).pads([1; 6]),
+    );
+    convt_case(
+        &mut b,
+        &mut r,
+        ConvCase::new("legacy convT k2s2 32->16", 32, 16, [5, 6, 7], 2).st([2; 3]),
+    );
+    b.with(|o| o.legacy_conv = false);
+}
+
+/// `convt_up_*` (kernel == stride transposed conv, Cin and Cout % 8 == 0, 16-byte staged
+/// epilogue) vs float64: k2s2 with Cin 32/64/128/320, Cout 32/64/16/24, odd spatial sizes
+/// (partial M tiles), every v8 tile forced once, Cout 14 (falls back to the scatter epilogue),
+/// outputs into concat slices (aligned: vector stores; offset 14: element stores).
+#[test]
+fn convt_up_vec_cases() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("upvec");
+    b.with(|o| o.conv_tile = None);
+    b.with(|o| o.upsample_vec = true);
+    let cases: Vec<(usize, usize, [usize; 3], Option<&str>)> = vec![
+        (32, 32, [5, 6, 7], None),
+        (64, 32, [3, 5, 9], None),
+        (128, 64, [4, 3, 5], None),
+        (320, 64, [3, 3, 2], None),
+        (64, 16, [7, 5, 3], None),
+        (128, 24, [5, 5, 5], None),
+        (32, 14, [5, 4, 3], None),
+        (64, 32, [9, 7, 5], Some(cat::CONV_MMA_M256N32_V8.name)),
+        (64, 32, [9, 7, 5], Some(cat::CONV_MMA_M128N32_V8.name)),
+        (64, 64, [5, 7, 3], Some(cat::CONV_MMA_M128N64_V8.name)),
+        (32, 64, [3, 3, 7], Some(cat::CONV_MMA_M128N128_V8.name)),
+    ];
+    for (cin, cout, sp, tile) in cases {
+        b.with(|o| o.conv_tile = tile.map(mma_named));
+        let name = format!(
+            "convt_up k2s2 {cin}->{cout} {sp:?} {}",
+            tile.unwrap_or("auto")
+        );
+        convt_case(
+            &mut b,
+            &mut r,
+            ConvCase::new(&name, cin, cout, sp, 2).st([2; 3]),
+        );
+        let used = kernels_used(&mut b, 2);
+        let ok = if cout % 8 == 0 {
+            used.iter().all(|k| {
+                k.starts_with("convt_up_")
+                    && tile.is_none_or(|t| k.as_str() == t.replace("conv_mma_", "convt_up_"))
+            })
+        } else {
+            used.iter().all(|k| k.starts_with("conv_mma_"))
+        };
+        assert!(ok && !used.is_empty(), "{name}: ran {used:?}");
+    }
+    b.with(|o| o.conv_tile = None);
+    // Concat slices of two k2s2 transposed convs of the same input: [32, 24] (stride 56,
+    // offset 32: vector stores) and [14, 32] (stride 46, offset 14: element stores).
+    for (ca, cb) in [(32usize, 24usize), (14, 32)] {
+        let (cin, sp) = (64usize, [3usize, 5, 4]);
+        let x = T::from([2, cin, sp[0], sp[1], sp[2]], &r.scaled(2 * cin * 60, 1.0));
+        let mut parts = Vec::new();
+        for c in [ca, cb] {
+            let w = Tensor::new(vec![cin, c, 2, 2, 2], r.scaled(cin * c * 8, 0.125));
+            let bias = Tensor::new(vec![c], r.scaled(c, 0.5));
+            let want = conv_ref(
+                &x,
+                &w,
+                Some(&bias),
+                Kernel {
+                    st: [2; 3],
+                    transposed: true,
+                    ..PLAIN
+                },
+            );
+            let op = Op::ConvTranspose(ConvTranspose {
+                weight: w,
+                bias: Some(bias),
+                stride: [2; 3],
+                dilation: [1; 3],
+                pads: [0; 6],
+                output_padding: [0; 3],
+                groups: 1,
+            });
+            parts.push((op, want));
+        }
+        let name = format!("convt_up into concat [{ca}, {cb}]");
+        let used = concat_parts_case(&mut b, &name, &x, parts, false);
+        assert!(
+            used.iter().any(|k| k.starts_with("convt_up_")),
+            "{name}: ran {used:?}"
+        );
+    }
+    // A fused activation after the transposed conv (the epilogue's act_apply), then off.
+    let (cin, cout, sp) = (32usize, 16usize, [3usize, 4, 5]);
+    let x = T::from([2, cin, sp[0], sp[1], sp[2]], &r.scaled(2 * cin * 60, 1.0));
+    let w = Tensor::new(vec![cin, cout, 2, 2, 2], r.scaled(cin * cout * 8, 0.18));
+    let bias = Tensor::new(vec![cout], r.scaled(cout, 0.5));
+    let want = conv_ref(
+        &x,
+        &w,
+        Some(&bias),
+        Kernel {
+            st: [2; 3],
+            transposed: true,
+            ..PLAIN
+        },
+    )
+    .map(|_, v| if v >= 0.0 { v } else { 0.1 * v });
+    let ct = Op::ConvTranspose(ConvTranspose {
+        weight: w,
+        bias: Some(bias),
+        stride: [2; 3],
+        dilation: [1; 3],
+        pads: [0; 6],
+        output_padding: [0; 3],
+        groups: 1,
+    });
+    let g = graph(
+        cin,
+        vec![
+            (ct, vec![0], cout),
+            (Op::LeakyRelu { alpha: 0.1 }, vec![1], cout),
+        ],
+    );
+    for on in [true, false] {
+        b.with(|o| o.upsample_vec = on);
+        let got = run(&mut b, &g, &x, 2);
+        report(
+            &format!("convt_up k2s2 + leaky (vec {on})"),
+            rel_l2(&got, &want),
+        );
+        let used = kernels_used(&mut b, 2);
+        let pre = if on { "convt_up_" } else { "conv_mma_" };
+        assert!(
+            !used.is_empty() && used.iter().all(|k| k.starts_with(pre)),
+            "{used:?}"
+        );
+    }
+    b.with(|o| o.upsample_vec = true);
+}

@@ -1,0 +1,7 @@
+//! The engine (`src/engine`): options, bands along H, devices splitting one volume, and the
+//! out-of-memory retry.
+
+mod bands;
+mod basics;
+mod multi_device;
+mod oom;

@@ -1,0 +1,7 @@
+//! The memory planner (`src/plan`) on the CPU and, host only, on the CUDA model; the planner on a
+//! real GPU is the separate binary `plan_gpu`.
+
+mod attention;
+mod planner;
+mod tensor;
+mod w1;
