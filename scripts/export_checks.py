@@ -6,7 +6,7 @@ import nibabel as nib
 import numpy as np
 
 # The bars per backend, (logits rel L2 at most, labels agree % at least): the CPU (f32) is the exact
-# reference; CUDA computes in fp16 (tests/archs.rs holds it to the same 1e-2 and 99.8 %).
+# reference; CUDA computes in fp16 (tests/it/model/archs.rs holds it to the same 1e-2 and 99.8 %).
 BARS = {"cpu": (1e-5, 99.99), "cuda": (1e-2, 99.8)}
 
 

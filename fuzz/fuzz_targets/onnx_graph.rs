@@ -9,9 +9,9 @@ use libfuzzer_sys::fuzz_target;
 use std::path::Path;
 use voxtile::internals::proto;
 
-// The tests' ONNX builder (tests/common/onnx.rs), shared by path: the fuzz crate is its own
+// The tests' ONNX builder (tests/it/common/onnx.rs), shared by path: the fuzz crate is its own
 // workspace and cannot name the test helpers as a crate.
-#[path = "../../tests/common/onnx.rs"]
+#[path = "../../tests/it/common/onnx.rs"]
 mod onnx;
 use onnx::{int_attr, ints_attr, itensor, model_with, node_with, vi_with};
 

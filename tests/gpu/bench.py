@@ -251,15 +251,16 @@ class Bench:
         else:
             row["peers"]["cuDNN NDHWC"] = dict(s=r["ndhwc"], tflops=fl / r["ndhwc"] / 1e12, run=self.id)
             row["peers"]["cuDNN NCDHW"] = dict(s=r["ncdhw"], tflops=fl / r["ncdhw"] / 1e12, run=self.id)
-        ops = f"{self.a.bundle}/cuda_ops"
-        p = self.job([ops, "bench_conv_32_32", "--nocapture", "--test-threads=1"], 300, "k1 voxtile (cuda_ops)", json_out=False)
+        ops = f"{self.a.bundle}/it"
+        p = self.job([ops, "cuda::ops::bench::bench_conv_32_32", "--nocapture", "--test-threads=1"], 300,
+                     "k1 voxtile (it cuda::ops::bench)", json_out=False)
         vx = None
         for line in p.get("stdout", "").splitlines():
             if line.startswith("RESULT bench conv 32->32"):
                 vx = float(line.split(":")[1].split("ms")[0]) / 1e3
         row["voxtile"][self.id] = (dict(s=vx, run=self.id, notes=[f"voxtile {fl / vx / 1e12:.1f} TF/s, cuDNN NDHWC "
                                                                    f"{row['peers'].get('cuDNN NDHWC', {}).get('tflops', 0):.1f} TF/s"])
-                                   if vx else dict(error=p.get("error") or p.get("skipped") or "no RESULT line from cuda_ops", run=self.id))
+                                   if vx else dict(error=p.get("error") or p.get("skipped") or "no RESULT line from it cuda::ops::bench", run=self.id))
         self.save()
 
     def mem(self):
@@ -317,7 +318,7 @@ def cli(argv):
     p = argparse.ArgumentParser(prog="bench.py", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="measure on this GPU machine")
-    r.add_argument("--bundle", default=".dev/gpu", help="folder with bench, voxtile, cuda_ops, wheels/, shared/ (tests/gpu/bench_bundle.sh)")
+    r.add_argument("--bundle", default=".dev/gpu", help="folder with bench, voxtile, it, wheels/, shared/ (tests/gpu/bench_bundle.sh)")
     r.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp/out"), "bench"), help="bench.json and bench.md go here")
     r.add_argument("--work", default="/tmp/voxtile-bench", help="volumes, ONNX, labels, caches (large: keep out of $OUT)")
     r.add_argument("--only", default=",".join(bt.WORKLOADS), help=f"workloads, of {','.join(bt.WORKLOADS + bt.EXTRAS)}")

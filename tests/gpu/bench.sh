@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: voxtile against its PyTorch + MONAI peers, one run (tests/gpu/bench.py; see
 # tests/gpu/README.md). BUNDLE (default .dev/gpu; .dev/gb from tests/gpu/bench_bundle.sh fits a
-# device call) holds bench, voxtile, cuda_ops, wheels/ and shared/. Arguments go to `bench.py run`:
+# device call) holds bench, voxtile, it, wheels/ and shared/. Arguments go to `bench.py run`:
 #   BUNDLE=.dev/gb bash tests/gpu/bench.sh --only w1,w2 --modes eager,default --deadline 560
 # The old form `bench.sh w1,w2[,compiled]` (all.sh) still works: eager only, plus compile default
 # with `compiled`. Results: $OUT/bench/{bench.json,bench.md,bench.log}.

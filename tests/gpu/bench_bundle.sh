@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The benchmark's part of tests/gpu/build.sh's bundle, small enough for a device call (the whole
-# .dev/gpu is ~70 MB, over the 64 MiB a call carries): bench, voxtile (W3), cuda_ops (K1), the
+# .dev/gpu is ~70 MB, over the 64 MiB a call carries): bench, voxtile (W3), it (K1: the test binary), the
 # peer's wheels and scripts, and the CT that W3 interpolates. Run after tests/gpu/build.sh:
 #   bash tests/gpu/bench_bundle.sh [SRC=.dev/gpu] [DEST=.dev/gb]
 set -euo pipefail
 SRC=${1:-.dev/gpu}
 DEST=${2:-.dev/gb}
-for f in bench voxtile cuda_ops wheels/peer_e2e.py wheels/make_ct512.py shared/fixtures/volumes/ts_ct_512x512x20.nii.gz; do
+for f in bench voxtile it wheels/peer_e2e.py wheels/make_ct512.py shared/fixtures/volumes/ts_ct_512x512x20.nii.gz; do
   [ -e "$SRC/$f" ] || { echo "bench_bundle.sh: $SRC/$f is missing: run tests/gpu/build.sh first" >&2; exit 1; }
 done
 mkdir -p "$DEST/wheels" "$DEST/shared/fixtures/volumes"
-cp "$SRC/bench" "$SRC/voxtile" "$SRC/cuda_ops" "$DEST/"
+cp "$SRC/bench" "$SRC/voxtile" "$SRC/it" "$DEST/"
 cp "$SRC"/wheels/* "$DEST/wheels/"
 cp "$SRC/shared/fixtures/volumes/ts_ct_512x512x20.nii.gz" "$DEST/shared/fixtures/volumes/"
 du -sh "$DEST"

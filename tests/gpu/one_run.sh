@@ -13,7 +13,7 @@
 # (tests/gpu/run.sh, its whole-pass tests first). Results in /tmp/one_run; `poll` packs them into
 # $OUT/one_run.tgz and prints the tables when done. BENCH_ARGS replaces the bench's arguments (default
 # below: every W1/W2 mode, W1 first so that nothing cuts its max-autotune compile, ~6-7 min on the
-# H200; K1 last, by when the second call has brought cuda_ops).
+# H200; K1 last, by when the second call has brought the `it` test binary).
 set -u
 R=${RUN_DIR:-/tmp/one_run}
 here="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -44,10 +44,10 @@ run)
   st() { echo "$* at $(( $(date +%s) - T0 )) s" >> $R/times.log; }
   nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader > $R/gpu.txt
   st start
-  # The suite archive comes with the second call; K1 (last in the bench) needs its cuda_ops.
+  # The suite archive comes with the second call; K1 (last in the bench) needs its `it`.
   [ -f $R/bench_only ] || ( for _ in $(seq 240); do
       if [ -f $R/suite_ready ]; then
-        tar -xJf $R/one_suite.tar.xz -C $B && cp $B/cuda_ops $B/gb/ && touch $R/suite_in; break
+        tar -xJf $R/one_suite.tar.xz -C $B && cp $B/it $B/gb/ && touch $R/suite_in; break
       fi; sleep 5; done ) &
   if [ ! -f $R/suite_only ]; then
   # shellcheck disable=SC2086
@@ -69,7 +69,7 @@ run)
   fi
   wait
   if [ -f $R/bench_only ]; then touch $R/done; exit 0; fi
-  # The sliding-window fixtures (gpu_fixtures requires them) come with the third call.
+  # The sliding-window fixtures (`it cuda::fixtures::` requires them) come with the third call.
   for _ in $(seq 60); do [ -f $R/fixtures_ready ] && break; sleep 5; done
   [ -f $R/fixtures_ready ] && mkdir -p $B/shared/fixtures && tar -xJf $R/one_fixtures.tar.xz -C $B/shared/fixtures
   st fixtures in

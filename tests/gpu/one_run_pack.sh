@@ -4,20 +4,20 @@
 # Run after tests/gpu/build.sh (and bench_bundle.sh):
 #   bash tests/gpu/one_run_pack.sh [SRC=.dev/gpu] [GB=.dev/gb]
 #     ->  .dev/one_bench.tar.xz, .dev/one_suite.tar.xz, .dev/one_fixtures.tar.xz
-# The sliding-window fixtures (10 MB, which gpu_fixtures requires) go in a third archive for a third
-# call; MeshNet (unknown licence) stays behind (gpu_fixtures skips it).
+# The sliding-window fixtures (10 MB, which `it cuda::fixtures::` requires) go in a third archive for a third
+# call; MeshNet (unknown licence) stays behind (cuda::fixtures skips it).
 set -euo pipefail
 SRC=${1:-.dev/gpu}
 GB=${2:-.dev/gb}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/suite/shared/fixtures" "$tmp/bench"
-for f in archs cuda_attention cuda_eltwise cuda_kernels_compile cuda_ops cuda_pipeline cuda_tensor gpu_fixtures half ops_pad plan_gpu voxtile_lib; do
+for f in it cuda_stream plan_gpu voxtile_lib; do
   cp "$SRC/$f" "$tmp/suite/"
 done
 cp -r "$SRC/shared/fixtures/models" "$tmp/suite/shared/fixtures/"
 cp -r "$GB" "$tmp/bench/gb"
-rm -f "$tmp/bench/gb/cuda_ops" "$tmp/bench/gb/bench_old"   # one_run.sh copies the suite's cuda_ops in
+rm -f "$tmp/bench/gb/it" "$tmp/bench/gb/bench_old"   # one_run.sh copies the suite's it in
 tar -cf - -C "$tmp/bench" gb | xz -T2 -6 > .dev/one_bench.tar.xz
 tar -cf - -C "$tmp/suite" . | xz -T2 -6 > .dev/one_suite.tar.xz
 tar -cf - -C "$SRC/shared/fixtures" sliding_window | xz -T2 -6 > .dev/one_fixtures.tar.xz

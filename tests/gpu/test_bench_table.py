@@ -1,6 +1,6 @@
 """Tests of tests/gpu/bench.py's pure-Python parts, runnable without a GPU or torch:
     /tmp/venv/bin/python -m unittest tests/gpu/test_bench_table.py   (numpy needed for the run test)
-The run test drives bench.py's orchestration with a fake bundle (bench, voxtile, cuda_ops, wheels)
+The run test drives bench.py's orchestration with a fake bundle (bench, voxtile, it, wheels)
 and a fake peer worker: one mode fails, one hangs past its timeout, the others give times."""
 import json, os, sys, tempfile, textwrap, time, unittest
 
@@ -172,7 +172,7 @@ class Run(unittest.TestCase):
                 f.write(f"#!{sys.executable}\n" + textwrap.dedent(body))
             os.chmod(path, 0o755)
         script(f"{bundle}/bench", FAKE_BENCH)
-        script(f"{bundle}/cuda_ops", FAKE_OPS)
+        script(f"{bundle}/it", FAKE_OPS)
         script(f"{bundle}/voxtile", FAKE_SEGMENT)
         script(f"{bundle}/wheels/make_ct512.py", "import sys; open(sys.argv[2], 'w').write('ct'); print((512, 512, 128))")
         script(f"{bundle}/wheels/peer_e2e.py", "import time; time.sleep(0.2); print('import 1s total 2s')")

@@ -26,4 +26,5 @@ check "cuda injected OOM at batch 1 is an error" 1 env VOXTILE_INJECT_OOM=1 "$VT
 check "cuda report + logits staged together" 0 "$VT" segment $S -m $M -o "$T/r.nii.gz" --device cuda --logits "$T/l.nii.gz" --report "$T/r.json"
 check "cuda tta + preview + probabilities" 0 "$VT" segment $S --tta 0 -m $M -o "$T/t.nii.gz" --device cuda --preview "$T/t.png" --probabilities "$T/p.nii.gz"
 ls "$T" >> "$LOG"
-[ -x "$DIR/trust_plan" ] && { "$DIR/trust_plan" --test-threads=1 nan_outputs_are_counted_on_gpu >> "$LOG" 2>&1 && echo "PASS trust_plan nan_outputs_are_counted_on_gpu" || echo "FAIL trust_plan nan_outputs_are_counted_on_gpu"; }
+t=trust::plan::nan_outputs_are_counted_on_gpu
+[ -x "$DIR/it" ] && { "$DIR/it" --test-threads=1 --exact $t >> "$LOG" 2>&1 && echo "PASS $t" || echo "FAIL $t"; }
