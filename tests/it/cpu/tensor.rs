@@ -492,15 +492,7 @@ fn softmax_over_any_axis_is_stable() {
 #[test]
 fn binaries_broadcast_both_ways() {
     let mut r = Rng::tagged("binary");
-    let fs: [(Op, Bin); 7] = [
-        (Op::Add, |a, b| a + b),
-        (Op::Sub, |a, b| a - b),
-        (Op::Mul, |a, b| a * b),
-        (Op::Div, |a, b| a / b),
-        (Op::Max, f64::max),
-        (Op::Min, f64::min),
-        (Op::Pow, f64::powf),
-    ];
+    let fs = crate::ops::reference::binaries();
     for rank in 1..=8 {
         for _ in 0..3 {
             let full = rand_dims(&mut r, rank, if rank > 5 { 3 } else { 5 });

@@ -300,3 +300,19 @@ pub fn erf(x: f64) -> f64 {
     }
     sum * 2.0 / std::f64::consts::PI.sqrt()
 }
+
+/// A two-input function's definition.
+pub type Bin = fn(f64, f64) -> f64;
+
+/// Every two-input elementwise op and its definition (numpy broadcasting is the caller's).
+pub fn binaries() -> [(Op, Bin); 7] {
+    [
+        (Op::Add, |a, b| a + b),
+        (Op::Sub, |a, b| a - b),
+        (Op::Mul, |a, b| a * b),
+        (Op::Div, |a, b| a / b),
+        (Op::Max, f64::max),
+        (Op::Min, f64::min),
+        (Op::Pow, f64::powf),
+    ]
+}
