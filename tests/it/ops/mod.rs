@@ -2,7 +2,8 @@
 //! inputs, a float64 reference from [`reference`], a tolerance per backend) is written once and
 //! [`test_device!`] runs it on the CPU backend in f32 (and the same graph in f64) and on CUDA in
 //! fp16. The CUDA instantiation (`*_cuda_f16`) skips without a GPU unless VOXTILE_REQUIRE_GPU=1.
-//! Adding an elementwise op: one row in `eltwise.rs`.
+//! Adding an elementwise op: one row in `eltwise.rs`. `pad.rs` (Pad, Tile, Expand from ONNX) checks
+//! the CPU in f32 and f64 and CUDA against the same float64 reference.
 
 pub mod eltwise;
 pub mod norm;
