@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The benchmark's part of tests/gpu/build.sh's bundle, small enough for a device call (the whole
-# .dev/gpu is ~70 MB, over the 64 MiB a call carries): bench, voxtile (W3), it (K1: the test binary), the
-# peer's wheels and scripts, and the CT that W3 interpolates. Run after tests/gpu/build.sh:
+# The benchmark's part of tests/gpu/build.sh's bundle: bench, voxtile (W3), it (K1: the test binary),
+# the peer's wheels and scripts, and the CT that W3 interpolates; and DEST.tar.xz of it (~17 MB),
+# which fits a device call beside the tree (the folder, ~35 MB, does not: a call carries 64 MiB in
+# all). Run after tests/gpu/build.sh:
 #   bash tests/gpu/bench_bundle.sh [SRC=.dev/gpu] [DEST=.dev/gb]
 set -euo pipefail
 SRC=${1:-.dev/gpu}
@@ -14,3 +15,5 @@ cp "$SRC/bench" "$SRC/voxtile" "$SRC/it" "$DEST/"
 cp "$SRC"/wheels/* "$DEST/wheels/"
 cp "$SRC/shared/fixtures/volumes/ts_ct_512x512x20.nii.gz" "$DEST/shared/fixtures/volumes/"
 du -sh "$DEST"
+tar -cf - -C "$(dirname "$DEST")" "$(basename "$DEST")" | xz -T2 -6 > "$DEST.tar.xz"
+ls -la "$DEST.tar.xz"
