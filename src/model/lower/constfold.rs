@@ -201,25 +201,16 @@ impl Lowerer<'_> {
         let op = n.op_type();
         match op {
             "Reshape" => self.c_reshape(n, ctx, input(0)?, input(1)?),
-            "Transpose" => self.c_transpose(n, ctx, input(0)?),
-            "Slice" => self.c_slice(ctx, input(0)?, ins),
-            "Gather" => self.c_gather(n, ctx, input(0)?, input(1)?),
+            "Transpose" => self.transpose(n, ctx, input(0)?),
+            "Slice" => self.slice(n, ctx, input(0)?),
+            "Gather" => self.gather(n, ctx, input(0)?),
             "Concat" => self.c_concat(n, ctx, ins),
-            "Expand" => {
-                let t = ints_of(ctx, input(1)?, "shape")?;
-                let t: Vec<usize> = t.iter().map(|&v| v.max(0) as usize).collect();
-                let c = input(0)?;
-                let shape = broadcast_shape(&c.shape, &t)
-                    .ok_or_else(|| ctx.err(format!("cannot expand {:?} to {t:?}", c.shape)))?;
-                self.c_broadcast(ctx, c, shape)
-            }
-            "Unsqueeze" | "Squeeze" => {
-                self.c_squeeze(n, ctx, input(0)?, ins.get(1).copied().flatten())
-            }
+            "Expand" => self.expand(n, ctx, input(0)?),
+            "Unsqueeze" | "Squeeze" => self.squeeze(n, ctx, input(0)?),
             "ScatterND" => self.c_scatter_nd(n, ctx, input(0)?, input(1)?, input(2)?),
             "GatherND" => self.c_gather_nd(n, ctx, input(0)?, input(1)?),
-            "ConstantOfShape" => self.c_constant_of_shape(n, ctx, input(0)?),
-            "Range" => self.c_range(ctx, input(0)?, input(1)?, input(2)?),
+            "ConstantOfShape" => self.constant_of_shape(n, ctx),
+            "Range" => self.range(n, ctx),
             _ => self.c_elementwise(n, ctx, ins),
         }
     }

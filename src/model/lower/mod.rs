@@ -29,6 +29,7 @@ mod fold;
 mod half;
 mod math;
 mod matmul;
+mod moves;
 mod norm;
 mod order;
 mod pad;
