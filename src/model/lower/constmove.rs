@@ -1,20 +1,8 @@
-//! The moves only the constant fast path ([`super::constfold`]) makes: Reshape, Concat,
-//! ScatterND and GatherND, each result charged to the constant budget before it is built (the
+//! The moves only the constant fast path ([`super::constfold`]) makes: Reshape and Concat, each result charged to the constant budget before it is built (the
 //! moves both kinds of folded value share are in [`super::moves`]).
 
 use super::constfold::{at, ints_of};
-use super::moves::{norm_index, strides};
-use super::*;
-
-/// Apply a generic element move to either kind of data.
-macro_rules! map_data {
-    ($d:expr, |$v:ident| $body:expr) => {
-        match $d {
-            Data::F($v) => Data::F($body),
-            Data::I($v) => Data::I($body),
-        }
-    };
-}
+use super::{attr, norm_axis, proto, Charge, Const, Ctx, Data, Lowerer, Result};
 
 impl Lowerer<'_> {
     pub(super) fn c_reshape(
@@ -53,7 +41,8 @@ impl Lowerer<'_> {
         if shape.iter().product::<usize>() != c.len() {
             return Err(ctx.err(format!("cannot reshape {:?} to {t:?}", c.shape)));
         }
-        self.charge_const(ctx, c.len(), if c.is_int() { 8 } else { 4 })?;
+        self.budget
+            .charge(ctx, Charge::constant(c.len(), c.is_int()))?;
         Ok(Const {
             shape,
             data: c.data.clone(),
@@ -87,7 +76,8 @@ impl Lowerer<'_> {
                 )));
             }
         }
-        self.charge_const(ctx, shape.iter().product(), if int { 8 } else { 4 })?;
+        self.budget
+            .charge(ctx, Charge::constant(shape.iter().product(), int))?;
         let outer: usize = shape[..axis].iter().product();
         let inner: usize = shape[axis + 1..].iter().product();
         let data = if int {
@@ -112,83 +102,5 @@ impl Lowerer<'_> {
             Data::F(out)
         };
         Ok(Const { shape, data })
-    }
-
-    /// Index tuples of the last axis of `idx` resolved to flat offsets into `shape`.
-    fn nd_offsets(&self, ctx: &Ctx, shape: &[usize], idx: &Const) -> Result<(Vec<usize>, usize)> {
-        let k = index_tuple_len(ctx, &idx.shape, shape.len())?;
-        let st = strides(shape);
-        let iv = ints_of(ctx, idx, "index")?;
-        let offs = iv
-            .chunks(k)
-            .map(|t| {
-                t.iter().enumerate().try_fold(0usize, |acc, (a, &i)| {
-                    norm_index(i, shape[a])
-                        .map(|j| acc + j * st[a])
-                        .ok_or_else(|| {
-                            ctx.err(format!("index {i} out of range for dimension {}", shape[a]))
-                        })
-                })
-            })
-            .collect::<Result<_>>()?;
-        Ok((offs, shape[k..].iter().product()))
-    }
-
-    pub(super) fn c_scatter_nd(
-        &self,
-        n: &proto::NodeProto,
-        ctx: &Ctx,
-        data: &Const,
-        idx: &Const,
-        upd: &Const,
-    ) -> Result<Const> {
-        if Self::sattr(n, "reduction", "none") != "none" {
-            return Err(ctx.err("a reduction other than none is not supported"));
-        }
-        let (offs, slice) = self.nd_offsets(ctx, &data.shape, idx)?;
-        if upd.len() != offs.len() * slice {
-            return Err(ctx.err("updates do not match the indexed slices"));
-        }
-        self.charge_const(ctx, data.len(), if data.is_int() { 8 } else { 4 })?;
-        let mut out = data.data.clone();
-        for (t, &o) in offs.iter().enumerate() {
-            for s in 0..slice {
-                let v = at(&upd.data, t * slice + s);
-                match &mut out {
-                    Data::F(d) => d[o + s] = v as f32,
-                    Data::I(d) => d[o + s] = v as i64,
-                }
-            }
-        }
-        Ok(Const {
-            shape: data.shape.clone(),
-            data: out,
-        })
-    }
-
-    pub(super) fn c_gather_nd(
-        &self,
-        n: &proto::NodeProto,
-        ctx: &Ctx,
-        data: &Const,
-        idx: &Const,
-    ) -> Result<Const> {
-        if attr(n, "batch_dims").and_then(|a| a.i).unwrap_or(0) != 0 {
-            return Err(ctx.err("batch_dims other than 0 is not supported"));
-        }
-        let (offs, slice) = self.nd_offsets(ctx, &data.shape, idx)?;
-        let k = idx.shape[idx.shape.len() - 1];
-        self.charge_const(
-            ctx,
-            offs.len().saturating_mul(slice),
-            if data.is_int() { 8 } else { 4 },
-        )?;
-        let mut shape = idx.shape[..idx.shape.len() - 1].to_vec();
-        shape.extend_from_slice(&data.shape[k..]);
-        let d = map_data!(&data.data, |v| offs
-            .iter()
-            .flat_map(|&o| v[o..o + slice].iter().copied())
-            .collect());
-        Ok(Const { shape, data: d })
     }
 }

@@ -6,10 +6,13 @@
 //! Index operands (indices, axes, bounds, shapes) are read by [`Lowerer::int_operand`], the same
 //! way for both kinds.
 
-use super::constfold::{ints_of, MAX_CONST_ELEMS};
-use super::{attr, norm_axis, squeeze_shape, to_i64, Ctx, Lowerer, Result, Val, SMALL};
+use super::budget::{Charge, MAX_CONST_ELEMS};
+use super::constfold::{at, ints_of};
+use super::{
+    attr, index_tuple_len, norm_axis, squeeze_shape, to_i64, Ctx, Lowerer, Result, Val, SMALL,
+};
 use crate::model::decode::{decode_tensor, proto, Const, Data};
-use crate::model::sym::{broadcast_index, broadcast_shape, for_each_index, Sym, X};
+use crate::model::sym::{broadcast_index, broadcast_shape, for_each_index, Elem, Sym};
 
 /// A folded value the moves work on.
 pub(super) trait Folded: Sized {
@@ -24,6 +27,8 @@ pub(super) trait Folded: Sized {
     fn reshaped(&self, shape: Vec<usize>) -> Self;
     /// A value of known numbers (Range, ConstantOfShape).
     fn from_values(shape: Vec<usize>, values: Vec<f64>, int: bool) -> Self;
+    /// This value with `upd`'s elements written, `slice` at a time, at each offset of `offs`.
+    fn scattered(&self, upd: &Self, offs: &[usize], slice: usize) -> Self;
     /// Check, before anything is allocated, that `elems` elements fit this kind's budget.
     fn charge(lw: &Lowerer, ctx: &Ctx, elems: usize, int: bool) -> Result<()>;
 }
@@ -83,8 +88,24 @@ impl Folded for Const {
         };
         Const { shape, data }
     }
+    fn scattered(&self, upd: &Self, offs: &[usize], slice: usize) -> Self {
+        let mut data = self.data.clone();
+        for (t, &o) in offs.iter().enumerate() {
+            for s in 0..slice {
+                let v = at(&upd.data, t * slice + s);
+                match &mut data {
+                    Data::F(d) => d[o + s] = v as f32,
+                    Data::I(d) => d[o + s] = v as i64,
+                }
+            }
+        }
+        Const {
+            shape: self.shape.clone(),
+            data,
+        }
+    }
     fn charge(lw: &Lowerer, ctx: &Ctx, elems: usize, int: bool) -> Result<()> {
-        lw.charge_const(ctx, elems, if int { 8 } else { 4 })
+        lw.budget.charge(ctx, Charge::constant(elems, int))
     }
 }
 
@@ -113,15 +134,22 @@ impl Folded for Sym {
     fn from_values(shape: Vec<usize>, values: Vec<f64>, int: bool) -> Self {
         Sym {
             shape,
-            elems: values.into_iter().map(X::K).collect(),
+            elems: values.into_iter().map(Elem::Known).collect(),
             int,
         }
+    }
+    fn scattered(&self, upd: &Self, offs: &[usize], slice: usize) -> Self {
+        let mut out = self.clone();
+        for (t, &o) in offs.iter().enumerate() {
+            out.elems[o..o + slice].copy_from_slice(&upd.elems[t * slice..(t + 1) * slice]);
+        }
+        out
     }
     fn charge(lw: &Lowerer, ctx: &Ctx, elems: usize, _int: bool) -> Result<()> {
         if elems > SMALL {
             return Err(ctx.err(format!("{elems} elements is too large a value to fold")));
         }
-        lw.check_fold(ctx, elems)
+        lw.budget.check(ctx, Charge::Fold(elems))
     }
 }
 
@@ -361,5 +389,77 @@ impl Lowerer<'_> {
         T::charge(self, ctx, numel, int)?;
         let v = value.map_or(0.0, |c| c.to_f64().first().copied().unwrap_or(0.0));
         Ok(T::from_values(shape, vec![v; numel], int))
+    }
+
+    /// Index tuples (operand 1, along its last axis) resolved to flat offsets into `shape`, and
+    /// the elements of the slice each one addresses.
+    fn nd_offsets(
+        &self,
+        n: &proto::NodeProto,
+        ctx: &Ctx,
+        shape: &[usize],
+    ) -> Result<(Vec<usize>, Vec<usize>, usize)> {
+        let (idx_shape, iv) = self.ints_required(ctx, n, 1, "indices")?;
+        let k = index_tuple_len(ctx, &idx_shape, shape.len())?;
+        let st = strides(shape);
+        let offs = iv
+            .chunks(k)
+            .map(|t| {
+                t.iter().enumerate().try_fold(0usize, |acc, (a, &i)| {
+                    norm_index(i, shape[a])
+                        .map(|j| acc + j * st[a])
+                        .ok_or_else(|| {
+                            ctx.err(format!("index {i} out of range for dimension {}", shape[a]))
+                        })
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok((offs, idx_shape, shape[k..].iter().product()))
+    }
+
+    /// ScatterND without reduction: `data` with the slices at the indices replaced by `upd`.
+    pub(super) fn scatter_nd<T: Folded>(
+        &self,
+        n: &proto::NodeProto,
+        ctx: &Ctx,
+        data: &T,
+        upd: &T,
+    ) -> Result<T> {
+        if Self::sattr(n, "reduction", "none") != "none" {
+            return Err(ctx.err("a reduction other than none is not supported"));
+        }
+        let (offs, _, slice) = self.nd_offsets(n, ctx, data.shape())?;
+        let upd_len: usize = upd.shape().iter().product();
+        if upd_len != offs.len() * slice {
+            return Err(ctx.err("updates do not match the indexed slices"));
+        }
+        T::charge(self, ctx, numel_of::<T>(ctx, data.shape())?, data.is_int())?;
+        Ok(data.scattered(upd, &offs, slice))
+    }
+
+    /// GatherND with batch_dims 0: the slices of `data` at each index tuple.
+    pub(super) fn gather_nd<T: Folded>(
+        &self,
+        n: &proto::NodeProto,
+        ctx: &Ctx,
+        data: &T,
+    ) -> Result<T> {
+        if attr(n, "batch_dims").and_then(|a| a.i).unwrap_or(0) != 0 {
+            return Err(ctx.err("batch_dims other than 0 is not supported"));
+        }
+        let ds = data.shape();
+        let (offs, idx_shape, _) = self.nd_offsets(n, ctx, ds)?;
+        let q = idx_shape.len() - 1;
+        let k = idx_shape[q];
+        let mut shape = idx_shape[..q].to_vec();
+        shape.extend_from_slice(&ds[k..]);
+        T::charge(self, ctx, numel_of::<T>(ctx, &shape)?, data.is_int())?;
+        let tuple = strides(&idx_shape[..q]);
+        let inner = strides(&ds[k..]);
+        Ok(data.moved(shape, |i| {
+            let t: usize = (0..q).map(|a| i[a] * tuple[a]).sum();
+            let e: usize = (q..i.len()).map(|a| i[a] * inner[a - q]).sum();
+            offs[t] + e
+        }))
     }
 }

@@ -1,7 +1,10 @@
 //! Lowering of the shape-plumbing ops on constants and shape values (Constant, Shape, Cast,
 //! Gather, Slice, Unsqueeze...).
 
-use super::*;
+use super::{
+    attr, decode_tensor, norm_axis, proto, Bop, Const, Ctx, Data, Elem, Float, Lowerer, Rc, Result,
+    Round, Sym, Val,
+};
 
 impl Lowerer<'_> {
     pub(super) fn constant(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
@@ -40,7 +43,7 @@ impl Lowerer<'_> {
 
     pub(super) fn shape_op(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
         let v = self.get(ctx, n, 0)?;
-        let dims: Vec<X> = match &v {
+        let dims: Vec<Elem> = match &v {
             Val::Act(x) if self.rank_fast(ctx, *x)? != 5 => {
                 let r = self.rank_of(ctx, *x)?;
                 (0..r).map(|a| self.ex.borrow_mut().dim(*x, a)).collect()
@@ -48,21 +51,21 @@ impl Lowerer<'_> {
             Val::Act(x) => (0..5)
                 .map(|a| {
                     if a == 1 {
-                        X::K(self.values[*x].channels as f64)
+                        Elem::Known(self.values[*x].channels as f64)
                     } else {
                         self.ex.borrow_mut().dim(*x, a)
                     }
                 })
                 .collect(),
-            Val::Const(c) => c.shape.iter().map(|&d| X::K(d as f64)).collect(),
-            Val::Sym(s) => s.shape.iter().map(|&d| X::K(d as f64)).collect(),
+            Val::Const(c) => c.shape.iter().map(|&d| Elem::Known(d as f64)).collect(),
+            Val::Sym(s) => s.shape.iter().map(|&d| Elem::Known(d as f64)).collect(),
             _ => return Err(ctx.err("the shape of a grouped reshape is not supported")),
         };
         let r = dims.len() as i64;
         let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
         let start = clamp(attr(n, "start").and_then(|a| a.i).unwrap_or(0));
         let end = clamp(attr(n, "end").and_then(|a| a.i).unwrap_or(r));
-        let elems: Vec<X> = if start < end {
+        let elems: Vec<Elem> = if start < end {
             dims[start..end].to_vec()
         } else {
             vec![]
@@ -99,7 +102,7 @@ impl Lowerer<'_> {
                             .elems
                             .iter()
                             .map(|e| match e {
-                                X::K(v) => X::K((*v != 0.0) as i32 as f64),
+                                Elem::Known(v) => Elem::Known((*v != 0.0) as i32 as f64),
                                 e => *e,
                             })
                             .collect();
@@ -110,7 +113,7 @@ impl Lowerer<'_> {
                 } else if let Some(f) = Float::of(to).and_then(Float::rounding) {
                     // A constant cast to half holds half values, as the model computes with them.
                     for e in &mut s.elems {
-                        if let X::K(v) = e {
+                        if let Elem::Known(v) = e {
                             *v = f.eval(*v);
                         }
                     }
@@ -189,7 +192,7 @@ impl Lowerer<'_> {
             elems: s
                 .elems
                 .iter()
-                .map(|&e| self.ex.borrow_mut().bin(Bop::Mul, e, X::K(-1.0)))
+                .map(|&e| self.ex.borrow_mut().bin(Bop::Mul, e, Elem::Known(-1.0)))
                 .collect(),
             ..s
         })
@@ -203,7 +206,7 @@ impl Lowerer<'_> {
             .ok_or_else(|| ctx.err("operand depends on the window size"))?;
         let elems = v
             .iter()
-            .map(|&x| X::K(if op == "Sqrt" { x.sqrt() } else { 1.0 / x }))
+            .map(|&x| Elem::Known(if op == "Sqrt" { x.sqrt() } else { 1.0 / x }))
             .collect();
         Ok(Sym {
             elems,
