@@ -43,25 +43,25 @@ impl Round {
 
 /// One arena node; operands always have smaller ids than the node (built bottom-up).
 #[derive(Clone, Copy, Debug)]
-enum E {
+enum Expr {
     /// Dimension `axis` of the IR value (an NCDHW activation).
     Dim(ValueId, usize),
-    Bin(Bop, X, X),
-    Un(Round, X),
+    Bin(Bop, Elem, Elem),
+    Un(Round, Elem),
 }
 
 /// One element: a known number or an expression (an index into [`Exprs`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum X {
-    K(f64),
-    E(u32),
+pub(crate) enum Elem {
+    Known(f64),
+    Expr(u32),
 }
 
-impl X {
+impl Elem {
     pub fn known(&self) -> Option<f64> {
         match self {
-            X::K(v) => Some(*v),
-            X::E(_) => None,
+            Elem::Known(v) => Some(*v),
+            Elem::Expr(_) => None,
         }
     }
 }
@@ -69,7 +69,7 @@ impl X {
 /// The expression arena of one model import.
 #[derive(Default, Debug)]
 pub(crate) struct Exprs {
-    nodes: Vec<E>,
+    nodes: Vec<Expr>,
 }
 
 impl Exprs {
@@ -78,34 +78,34 @@ impl Exprs {
         self.nodes.len()
     }
 
-    fn push(&mut self, e: E) -> X {
+    fn push(&mut self, e: Expr) -> Elem {
         let id = u32::try_from(self.nodes.len()).expect("the fold budget keeps the arena small");
         self.nodes.push(e);
-        X::E(id)
+        Elem::Expr(id)
     }
 
-    pub fn dim(&mut self, v: ValueId, axis: usize) -> X {
-        self.push(E::Dim(v, axis))
+    pub fn dim(&mut self, v: ValueId, axis: usize) -> Elem {
+        self.push(Expr::Dim(v, axis))
     }
 
-    pub fn bin(&mut self, op: Bop, a: X, b: X) -> X {
+    pub fn bin(&mut self, op: Bop, a: Elem, b: Elem) -> Elem {
         match (a, b) {
-            (X::K(x), X::K(y)) => X::K(apply(op, x, y)),
+            (Elem::Known(x), Elem::Known(y)) => Elem::Known(apply(op, x, y)),
             // x*1, x+0, x/1 stay x so that Shape→Gather→Mul(1) chains keep simple forms.
-            (e, X::K(y))
+            (e, Elem::Known(y))
                 if (y == 1.0 && matches!(op, Bop::Mul | Bop::Div))
                     || (y == 0.0 && matches!(op, Bop::Add | Bop::Sub)) =>
             {
                 e
             }
-            _ => self.push(E::Bin(op, a, b)),
+            _ => self.push(Expr::Bin(op, a, b)),
         }
     }
 
-    pub fn un(&mut self, r: Round, a: X) -> X {
+    pub fn un(&mut self, r: Round, a: Elem) -> Elem {
         match a {
-            X::K(x) => X::K(r.apply(x)),
-            X::E(_) => self.push(E::Un(r, a)),
+            Elem::Known(x) => Elem::Known(r.apply(x)),
+            Elem::Expr(_) => self.push(Expr::Un(r, a)),
         }
     }
 
@@ -114,36 +114,36 @@ impl Exprs {
     /// than their users, so one ascending pass over the arena evaluates every node once, without
     /// recursion. Also returns the number of nodes evaluated, which the importer charges to its
     /// work budget.
-    pub fn eval(&self, xs: &[X], shapes: &[Dims]) -> (Vec<f64>, usize) {
+    pub fn eval(&self, xs: &[Elem], shapes: &[Dims]) -> (Vec<f64>, usize) {
         let top = xs
             .iter()
             .filter_map(|x| match x {
-                X::E(id) => Some(*id as usize + 1),
-                X::K(_) => None,
+                Elem::Expr(id) => Some(*id as usize + 1),
+                Elem::Known(_) => None,
             })
             .max()
             .unwrap_or(0)
             .min(self.nodes.len());
         let mut memo = vec![f64::NAN; top];
         for id in 0..top {
-            let v = |x: X, memo: &[f64]| match x {
-                X::K(k) => k,
-                X::E(c) => memo[c as usize],
+            let v = |x: Elem, memo: &[f64]| match x {
+                Elem::Known(k) => k,
+                Elem::Expr(c) => memo[c as usize],
             };
             memo[id] = match self.nodes[id] {
-                E::Dim(val, a) => shapes
+                Expr::Dim(val, a) => shapes
                     .get(val)
                     .and_then(|s| s.as_slice().get(a))
                     .map_or(f64::NAN, |&d| d as f64),
-                E::Bin(op, a, b) => apply(op, v(a, &memo), v(b, &memo)),
-                E::Un(r, a) => r.apply(v(a, &memo)),
+                Expr::Bin(op, a, b) => apply(op, v(a, &memo), v(b, &memo)),
+                Expr::Un(r, a) => r.apply(v(a, &memo)),
             };
         }
         let out = xs
             .iter()
             .map(|x| match *x {
-                X::K(k) => k,
-                X::E(id) => memo.get(id as usize).copied().unwrap_or(f64::NAN),
+                Elem::Known(k) => k,
+                Elem::Expr(id) => memo.get(id as usize).copied().unwrap_or(f64::NAN),
             })
             .collect();
         (out, top)
@@ -161,17 +161,17 @@ fn apply(op: Bop, x: f64, y: f64) -> f64 {
     }
 }
 
-/// A small tensor of [`X`] (shape arbitrary but small), flagged integer or float.
+/// A small tensor of [`Elem`] (shape arbitrary but small), flagged integer or float.
 #[derive(Clone, Debug)]
 pub(crate) struct Sym {
     pub shape: Vec<usize>,
-    pub elems: Vec<X>,
+    pub elems: Vec<Elem>,
     pub int: bool,
 }
 
 impl Sym {
     pub fn all_known(&self) -> Option<Vec<f64>> {
-        self.elems.iter().map(X::known).collect()
+        self.elems.iter().map(Elem::known).collect()
     }
 }
 
@@ -236,15 +236,18 @@ mod tests {
     fn expressions_fold_and_evaluate() {
         let mut ex = Exprs::default();
         let d = ex.dim(0, 2);
-        let m = ex.bin(Bop::Mul, d, X::K(2.5));
+        let m = ex.bin(Bop::Mul, d, Elem::Known(2.5));
         let e = ex.un(Round::Floor, m);
         let shapes = [Dims::from([1, 3, 7, 8, 9])];
-        assert_eq!(ex.eval(&[e, X::K(4.0)], &shapes).0, vec![17.0, 4.0]);
+        assert_eq!(ex.eval(&[e, Elem::Known(4.0)], &shapes).0, vec![17.0, 4.0]);
         let missing = ex.dim(1, 0);
         assert!(ex.eval(&[missing], &shapes).0[0].is_nan());
-        assert_eq!(ex.bin(Bop::Add, X::K(2.0), X::K(3.0)).known(), Some(5.0));
-        assert_eq!(ex.bin(Bop::Mul, d, X::K(1.0)), d);
-        assert_eq!(ex.un(Round::Trunc, X::K(-2.5)).known(), Some(-2.0));
+        assert_eq!(
+            ex.bin(Bop::Add, Elem::Known(2.0), Elem::Known(3.0)).known(),
+            Some(5.0)
+        );
+        assert_eq!(ex.bin(Bop::Mul, d, Elem::Known(1.0)), d);
+        assert_eq!(ex.un(Round::Trunc, Elem::Known(-2.5)).known(), Some(-2.0));
     }
 
     /// s_{k+1} = (s_k + s_k) - s_k, 60 steps: a tree of 2^60 leaves, a DAG of 120 nodes.
@@ -262,8 +265,8 @@ mod tests {
         // A chain far deeper than the stack allows with recursion.
         let mut c = ex.dim(0, 4);
         for _ in 0..1_000_000 {
-            let t = ex.bin(Bop::Add, c, X::K(1.0));
-            c = ex.bin(Bop::Sub, t, X::K(1.0));
+            let t = ex.bin(Bop::Add, c, Elem::Known(1.0));
+            c = ex.bin(Bop::Sub, t, Elem::Known(1.0));
         }
         assert_eq!(ex.eval(&[c], &[Dims::from([1, 1, 1, 1, 7])]).0, vec![7.0]);
     }

@@ -1,6 +1,6 @@
 //! Lowering of the one-input activations: Relu, Sigmoid, Tanh, LeakyRelu, Elu, PRelu, Softmax.
 
-use super::*;
+use super::{attr, norm_axis, proto, Ctx, Lowerer, Op, Result};
 
 impl Lowerer<'_> {
     /// Relu, Sigmoid, Tanh, LeakyRelu, Elu (alpha defaults as ONNX) and PRelu (slope per channel

@@ -1,6 +1,6 @@
 //! Reading ONNX attributes: axes, integers, strings, and the window attributes of convs and pools.
 
-use super::*;
+use super::{proto, Ctx, Lowerer, Result, ATTR_LIMIT};
 
 /// Strides, dilations, pads (ONNX order) and auto_pad of a Conv / pool node.
 pub(super) type WindowAttrs = ([usize; 3], [usize; 3], [i64; 6], String);

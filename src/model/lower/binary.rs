@@ -1,7 +1,9 @@
 //! Lowering of Add/Sub/Mul/Div (two activations broadcast, broadcast constants, shape values)
 //! and Concat.
 
-use super::*;
+use super::{
+    attr, norm_axis, proto, sym_to_const, to5, Ctx, Lowerer, Op, Result, Sym, Tensor, Val, ValueId,
+};
 use crate::model::ops::binary_channels;
 
 impl Lowerer<'_> {

@@ -1,25 +1,17 @@
 //! Fast folding of pure constants: when every operand of a node is a known constant, the node is
 //! computed directly on the `Const` data (f32 / i64 vectors, numpy broadcasting) instead of going
-//! through the symbolic [`Sym`] machinery (an `X` enum per element). Transformer exports compute
+//! through the symbolic [`Sym`] machinery (an `Elem` enum per element). Transformer exports compute
 //! attention masks and relative-position indices in the graph this way (SwinUNETR: tens of millions
 //! of elements); the symbolic path stays for what depends on activation sizes.
 //!
 //! Results are charged, in bytes actually allocated, to the import's constant budget (see
-//! [`CONST_BASE_BYTES`]); a single folded value may hold at most [`MAX_CONST_ELEMS`] elements.
+//! [`super::budget`]); a single folded value may hold at most [`super::budget::MAX_CONST_ELEMS`] elements.
 //! Booleans (Equal, Not, Cast to bool...) are kept as f32 0/1: exact, and half the bytes of i64.
 
-use super::*;
-
-/// Largest constant one fold may produce (elements).
-pub(super) const MAX_CONST_ELEMS: usize = 1 << 26;
-
-/// Bytes that constant folds may allocate over a whole import, on top of [`CONST_WEIGHT_FACTOR`] times the bytes of
-/// the model's own initializers: a real export computes masks of the size of what its weights
-/// compute with, while a small hostile file stays at a few hundred megabytes.
-pub(super) const CONST_BASE_BYTES: usize = 1 << 28;
-
-/// The multiple of the initializers' bytes added to [`CONST_BASE_BYTES`].
-pub(super) const CONST_WEIGHT_FACTOR: usize = 8;
+use super::{
+    attr, broadcast_index, broadcast_shape, for_each_index, proto, sym_to_const, to_i64, Charge,
+    Const, Ctx, Data, Lowerer, Rc, Result, Val,
+};
 
 /// Operators with a constant-only fast path.
 const FAST_OPS: [&str; 26] = [
@@ -169,29 +161,12 @@ impl Lowerer<'_> {
         }
     }
 
-    /// Check (before allocating) and charge a folded constant of `elems` elements of `bytes` each.
-    pub(super) fn charge_const(&self, ctx: &Ctx, elems: usize, bytes: usize) -> Result<()> {
-        if elems > MAX_CONST_ELEMS {
-            return Err(ctx.err(format!(
-                "folding its constant computation makes {elems} elements, more than the \
-                 {MAX_CONST_ELEMS} voxtile allows for one value"
-            )));
-        }
-        let need = elems * bytes;
-        let left = self.const_left.get();
-        if need > left {
-            self.budget_hit.set(true);
-            return Err(ctx.err(format!(
-                "folding its constant computation needs {need} bytes; with the folds before it, \
-                 that is more than the {} bytes voxtile allows for this model",
-                self.const_budget
-            )));
-        }
-        self.const_left.set(left - need);
-        Ok(())
-    }
-
-    fn const_op(&self, n: &proto::NodeProto, ctx: &Ctx, ins: &[Option<&Const>]) -> Result<Const> {
+    pub(super) fn const_op(
+        &self,
+        n: &proto::NodeProto,
+        ctx: &Ctx,
+        ins: &[Option<&Const>],
+    ) -> Result<Const> {
         let input = |i: usize| -> Result<&Const> {
             ins.get(i)
                 .copied()
@@ -201,25 +176,16 @@ impl Lowerer<'_> {
         let op = n.op_type();
         match op {
             "Reshape" => self.c_reshape(n, ctx, input(0)?, input(1)?),
-            "Transpose" => self.c_transpose(n, ctx, input(0)?),
-            "Slice" => self.c_slice(ctx, input(0)?, ins),
-            "Gather" => self.c_gather(n, ctx, input(0)?, input(1)?),
+            "Transpose" => self.transpose(n, ctx, input(0)?),
+            "Slice" => self.slice(n, ctx, input(0)?),
+            "Gather" => self.gather(n, ctx, input(0)?),
             "Concat" => self.c_concat(n, ctx, ins),
-            "Expand" => {
-                let t = ints_of(ctx, input(1)?, "shape")?;
-                let t: Vec<usize> = t.iter().map(|&v| v.max(0) as usize).collect();
-                let c = input(0)?;
-                let shape = broadcast_shape(&c.shape, &t)
-                    .ok_or_else(|| ctx.err(format!("cannot expand {:?} to {t:?}", c.shape)))?;
-                self.c_broadcast(ctx, c, shape)
-            }
-            "Unsqueeze" | "Squeeze" => {
-                self.c_squeeze(n, ctx, input(0)?, ins.get(1).copied().flatten())
-            }
-            "ScatterND" => self.c_scatter_nd(n, ctx, input(0)?, input(1)?, input(2)?),
-            "GatherND" => self.c_gather_nd(n, ctx, input(0)?, input(1)?),
-            "ConstantOfShape" => self.c_constant_of_shape(n, ctx, input(0)?),
-            "Range" => self.c_range(ctx, input(0)?, input(1)?, input(2)?),
+            "Expand" => self.expand(n, ctx, input(0)?),
+            "Unsqueeze" | "Squeeze" => self.squeeze(n, ctx, input(0)?),
+            "ScatterND" => self.scatter_nd(n, ctx, input(0)?, input(2)?),
+            "GatherND" => self.gather_nd(n, ctx, input(0)?),
+            "ConstantOfShape" => self.constant_of_shape(n, ctx),
+            "Range" => self.range(n, ctx),
             _ => self.c_elementwise(n, ctx, ins),
         }
     }
@@ -260,7 +226,7 @@ impl Lowerer<'_> {
             "Where" => cs[1].is_int() && cs[2].is_int(),
             _ => cs.iter().all(|c| c.is_int()),
         };
-        self.charge_const(ctx, numel, if int { 8 } else { 4 })?;
+        self.budget.charge(ctx, Charge::constant(numel, int))?;
         let fmod = attr(n, "fmod").and_then(|a| a.i).unwrap_or(0) != 0;
         let same: Vec<bool> = cs.iter().map(|c| c.shape == shape).collect();
         let one: Vec<bool> = cs.iter().map(|c| c.len() == 1).collect();

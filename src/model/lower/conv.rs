@@ -1,6 +1,6 @@
 //! Lowering of Conv and ConvTranspose.
 
-use super::*;
+use super::{attr, proto, Conv, ConvTranspose, Ctx, Lowerer, Op, Result, Tensor};
 
 impl Lowerer<'_> {
     /// The optional third input of Conv / ConvTranspose: a constant of `cout` elements.

@@ -10,7 +10,7 @@
 //! reference tracks onnxruntime on the same file (the converted deepbrain to within one fp16
 //! unit, 97% of outputs equal; tests/half.rs).
 
-use super::*;
+use super::{proto, Lowerer, Node, Op, Pointwise, Value, ValueId};
 
 /// A float element type voxtile takes for activations (it computes in f32 whatever the file says).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

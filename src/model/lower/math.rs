@@ -4,7 +4,7 @@
 //! shape values they fold (Neg, Sqrt, Reciprocal, Min, Max through the shape plumbing, which
 //! keeps window-dependent values symbolic).
 
-use super::*;
+use super::{attr, proto, Ctx, Elem, Lowerer, Op, Pointwise, Result, Sym, Val};
 use crate::model::ops::binary_channels;
 
 /// ONNX operators this file lowers.
@@ -128,7 +128,7 @@ impl Lowerer<'_> {
         let vals = s
             .all_known()
             .ok_or_else(|| ctx.err("operand depends on the window size"))?;
-        let elems = vals.iter().map(|&x| X::K(f.eval(x))).collect();
+        let elems = vals.iter().map(|&x| Elem::Known(f.eval(x))).collect();
         self.set(
             n,
             Val::Sym(Sym {

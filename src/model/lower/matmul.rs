@@ -3,7 +3,7 @@
 //! two-operand Einsum that is a batched matrix product (-> Transposes around a MatMul), and
 //! LayerNormalization (-> [`Op::LayerNorm`]).
 
-use super::*;
+use super::{attr, proto, Const, Ctx, Lowerer, Op, Result, Tensor, Val};
 use crate::model::ops::{LayerNorm, Linear};
 
 /// How a two-operand einsum maps onto `MatMul`: the permutations that bring each operand to

@@ -10,10 +10,10 @@ use super::analysis::spatial_divisor_raw;
 use super::decode::{decode_tensor, proto, Const, Data};
 use super::graph::*;
 use super::shape::infer_shapes_raw;
-use super::sym::{broadcast_index, broadcast_shape, for_each_index, Bop, Exprs, Round, Sym, X};
+use super::sym::{broadcast_index, broadcast_shape, for_each_index, Bop, Elem, Exprs, Round, Sym};
 use crate::error::UnsupportedOp;
 use crate::{Error, Result};
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::rc::Rc;
@@ -22,6 +22,7 @@ mod activation;
 mod alias;
 mod attrs;
 mod binary;
+mod budget;
 mod constfold;
 mod constmove;
 mod conv;
@@ -29,6 +30,7 @@ mod fold;
 mod half;
 mod math;
 mod matmul;
+mod moves;
 mod norm;
 mod order;
 mod pad;
@@ -40,6 +42,7 @@ mod symbolic;
 mod tensor;
 
 use attrs::*;
+use budget::{Budget, Charge};
 use half::Float;
 use order::*;
 use symbolic::*;
@@ -49,15 +52,6 @@ const SMALL: usize = 1 << 22;
 
 /// Ceiling for strides, dilations and pads: keeps all size arithmetic far from overflow.
 const ATTR_LIMIT: i64 = 1 << 20;
-
-/// Elements that constant folding may produce over the whole import (folded tensors and the
-/// symbolic expressions built for them): real exports fold a few hundred, and this keeps a small
-/// hostile file (400 ConstantOfShape of 4 M elements each) far below the machine's memory.
-const FOLD_BUDGET: usize = 1 << 22;
-
-/// Steps of shape evaluation (probe shape inference per node, expression nodes evaluated) over
-/// the whole import: about a second of work, a hundred times what a real model needs.
-const WORK_BUDGET: u64 = 1 << 24;
 
 #[derive(Clone, Debug)]
 enum Val {
@@ -92,22 +86,12 @@ struct Lowerer<'a> {
     input: ValueId,
     /// Symbolic expressions of this import.
     ex: RefCell<Exprs>,
-    /// Elements left of [`FOLD_BUDGET`].
-    fold_left: Cell<usize>,
-    /// Bytes left for constant-only folds (see [`constfold`]).
-    const_left: Cell<usize>,
-    /// The whole constant-fold budget of this model, in bytes (for messages).
-    const_budget: usize,
-    /// Steps left of [`WORK_BUDGET`].
-    work_left: Cell<u64>,
+    /// What is left of the folding budgets.
+    budget: Budget,
     /// Probes of the IR as it was when it had this many nodes (reused while no node is added).
     probe_cache: RefCell<Option<(usize, Probes)>>,
-    /// Arena length already charged to the fold budget.
-    exprs_charged: Cell<usize>,
     /// Index of the node producing each IR value (None for the input).
     producer: Vec<Option<usize>>,
-    /// Set when a fold or work budget was exceeded: the import stops at once (no error list).
-    budget_hit: Cell<bool>,
     /// ONNX values computed by a node voxtile could not lower (or downstream of one).
     poisoned: HashSet<String>,
     /// Every construct voxtile could not lower, in graph order (see [`MAX_LISTED`]).
@@ -170,14 +154,9 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         graph_outputs: HashSet::new(),
         input: 0,
         ex: RefCell::new(Exprs::default()),
-        fold_left: Cell::new(FOLD_BUDGET),
-        const_left: Cell::new(0),
-        const_budget: 0,
-        work_left: Cell::new(WORK_BUDGET),
+        budget: Budget::new(0),
         probe_cache: RefCell::new(None),
-        exprs_charged: Cell::new(0),
         producer: vec![],
-        budget_hit: Cell::new(false),
         poisoned: HashSet::new(),
         unsupported: vec![],
         fixed_window: [None; 3],
@@ -191,9 +170,7 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         weight_bytes = weight_bytes.saturating_add(c.len() * if c.is_int() { 8 } else { 4 });
         lw.vals.insert(t.name().to_string(), Val::Const(Rc::new(c)));
     }
-    lw.const_budget = constfold::CONST_BASE_BYTES
-        .saturating_add(weight_bytes.saturating_mul(constfold::CONST_WEIGHT_FACTOR));
-    lw.const_left.set(lw.const_budget);
+    lw.budget = Budget::new(weight_bytes);
     let acts = super::decode::activation_inputs(g);
     if acts.len() != 1 {
         let names: Vec<&str> = acts.iter().map(|i| i.name()).collect();
@@ -374,7 +351,8 @@ impl Lowerer<'_> {
             .ok_or_else(|| ctx.err(format!("input \"{name}\" is not available")))?;
         // Copies of folded values are work: a big one read by many nodes must not be free.
         if let Val::Sym(s) = v {
-            self.charge_work(ctx, s.elems.len() as u64)?;
+            self.budget
+                .charge(ctx, Charge::Work(s.elems.len() as u64))?;
         }
         Ok(v.clone())
     }
@@ -413,9 +391,8 @@ impl Lowerer<'_> {
         if let Val::Sym(s) = &v {
             let built = self.ex.borrow().len();
             let ctx = self.ctx_of(n);
-            self.charge_fold(&ctx, s.elems.len())?;
-            let new_exprs = built.saturating_sub(self.exprs_charged.replace(built));
-            self.charge_fold(&ctx, new_exprs)?;
+            self.budget.charge(&ctx, Charge::Fold(s.elems.len()))?;
+            self.budget.charge_exprs(&ctx, built)?;
         }
         if let Some(o) = n.output.first() {
             self.vals.insert(o.clone(), v);
@@ -519,7 +496,7 @@ impl Lowerer<'_> {
             (None, true) => None,
             (None, false) => match self.node(n, ctx) {
                 Ok(()) => return Ok(()),
-                Err(e) if self.budget_hit.get() => return Err(e),
+                Err(e) if self.budget.hit() => return Err(e),
                 Err(Error::Model { msg, .. }) => {
                     let head = format!("node \"{}\" ({}): ", ctx.name, ctx.op);
                     Some(msg.strip_prefix(&head).unwrap_or(&msg).to_string())

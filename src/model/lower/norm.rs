@@ -1,7 +1,7 @@
 //! Lowering of BatchNormalization (folded into the conv when it can be), InstanceNormalization
 //! and GroupNormalization, and their per-channel parameters.
 
-use super::*;
+use super::{attr, proto, to5, Const, Conv, Ctx, Lowerer, Op, Result, Tensor, Val};
 
 impl Lowerer<'_> {
     /// A per-channel parameter as an IR tensor of `c` elements ([1] allowed when `allow_scalar`),

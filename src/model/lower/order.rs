@@ -1,7 +1,7 @@
 //! The order in which ONNX nodes are lowered: a topological sort that survives unsorted, cyclic
 //! or dangling files, liveness from the output, and the input's signature.
 
-use super::*;
+use super::{proto, Error, HashMap, Path, Result, Val};
 
 /// Per node: whether the graph output `out` depends on it (a walk back from `out`'s producer).
 pub(super) fn live_nodes(g: &proto::GraphProto, out: &str) -> Vec<bool> {

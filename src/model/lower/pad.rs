@@ -2,7 +2,9 @@
 //! constants; values computed from shapes are evaluated on the probe windows and accepted when
 //! they are the same on all of them (the IR's ops do not change with the window).
 
-use super::*;
+use super::{
+    attr, norm_axis, proto, to_i64, Ctx, Lowerer, Op, Result, Sym, Val, ValueId, ATTR_LIMIT,
+};
 use crate::model::ops::{Pad, PadMode, Tile, PAD_LIMIT};
 
 impl Lowerer<'_> {

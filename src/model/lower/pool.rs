@@ -1,6 +1,6 @@
 //! Lowering of MaxPool and AveragePool.
 
-use super::*;
+use super::{attr, proto, Ctx, Lowerer, Op, Pool, Result, ATTR_LIMIT};
 
 impl Lowerer<'_> {
     pub(super) fn pool(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {

@@ -1,7 +1,7 @@
 //! Lowering of Reshape: no-ops on NCDHW activations, GroupNorm's grouping, shape values, and
 //! [`Op::Reshape`] of activations (tensor.rs).
 
-use super::*;
+use super::{attr, proto, small_numel, to_i64, Ctx, Lowerer, Op, Result, Sym, Tensor, Val};
 
 impl Lowerer<'_> {
     pub(super) fn reshape(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {

@@ -1,6 +1,9 @@
 //! Lowering of Resize and Upsample (scales, or sizes computed from the input's shape).
 
-use super::*;
+use super::{
+    attr, proto, Const, CoordMode, Ctx, Data, Lowerer, NearestMode, Op, Rc, Resize, ResizeMode,
+    Result, Sym, Val, ValueId,
+};
 
 impl Lowerer<'_> {
     pub(super) fn resize(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
@@ -55,7 +58,7 @@ impl Lowerer<'_> {
                 "attribute keep_aspect_ratio_policy={policy} is not supported"
             )));
         }
-        // Inputs: Upsample(X, scales) / opset 7 attr; Resize-10 (X, scales); Resize-11+ (X, roi, scales, sizes).
+        // Inputs: Upsample(Elem, scales) / opset 7 attr; Resize-10 (Elem, scales); Resize-11+ (Elem, roi, scales, sizes).
         let (scales_in, sizes_in) = if is_upsample {
             if let Some(a) = attr(n, "scales") {
                 (

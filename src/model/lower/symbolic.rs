@@ -1,7 +1,10 @@
 //! Shape plumbing: folding of small constant / symbolic tensors, their evaluation on probe
 //! windows of the partial IR, and the budgets that bound both.
 
-use super::*;
+use super::{
+    broadcast_index, broadcast_shape, for_each_index, infer_shapes_raw, spatial_divisor_raw, Bop,
+    Charge, Const, Ctx, Data, Dims, Elem, Lowerer, Rc, Result, Round, Sym, Val, ValueId, SMALL,
+};
 use crate::model::shape::probe_window;
 
 /// Shapes of the partial IR on the probe windows: (shapes per value, window) pairs.
@@ -38,43 +41,10 @@ pub(super) fn to5(shape: &[usize]) -> Option<[usize; 5]> {
 }
 
 impl Lowerer<'_> {
-    /// Refuse a fold that would produce more than the elements left of [`FOLD_BUDGET`]
-    /// (checked before allocating, where the size is known up front).
-    pub(super) fn check_fold(&self, ctx: &Ctx, elems: usize) -> Result<()> {
-        if elems > self.fold_left.get() {
-            self.budget_hit.set(true);
-            return Err(ctx.err(format!(
-                "folding its constant/shape computation needs {elems} elements; with the folds \
-                 before it, that is more than the {FOLD_BUDGET} voxtile allows for a model"
-            )));
-        }
-        Ok(())
-    }
-
-    pub(super) fn charge_fold(&self, ctx: &Ctx, elems: usize) -> Result<()> {
-        self.check_fold(ctx, elems)?;
-        self.fold_left.set(self.fold_left.get() - elems);
-        Ok(())
-    }
-
-    /// Spend `steps` of [`WORK_BUDGET`]; past it the model is refused rather than left to run.
-    pub(super) fn charge_work(&self, ctx: &Ctx, steps: u64) -> Result<()> {
-        let left = self.work_left.get();
-        if steps > left {
-            self.budget_hit.set(true);
-            return Err(ctx.err(format!(
-                "evaluating the model's shape computations takes more than {WORK_BUDGET} steps; \
-                 the graph is too large or too deep to fold"
-            )));
-        }
-        self.work_left.set(left - steps);
-        Ok(())
-    }
-
     /// `xs` evaluated on one probe's shapes (NaN where unknown), charged to the work budget.
-    pub(super) fn eval(&self, ctx: &Ctx, xs: &[X], shapes: &[Dims]) -> Result<Vec<f64>> {
+    pub(super) fn eval(&self, ctx: &Ctx, xs: &[Elem], shapes: &[Dims]) -> Result<Vec<f64>> {
         let (v, visited) = self.ex.borrow().eval(xs, shapes);
-        self.charge_work(ctx, visited as u64 + 1)?;
+        self.budget.charge(ctx, Charge::Work(visited as u64 + 1))?;
         Ok(v)
     }
 
@@ -100,15 +70,15 @@ impl Lowerer<'_> {
     pub(super) fn small(&self, ctx: &Ctx, v: &Val) -> Result<Sym> {
         match v {
             Val::Sym(s) => {
-                self.charge_work(ctx, s.elems.len() as u64)?;
+                self.budget.charge(ctx, Charge::Work(s.elems.len() as u64))?;
                 Ok(s.clone())
             }
             Val::Const(c) => {
-                self.charge_work(ctx, c.len() as u64)?;
+                self.budget.charge(ctx, Charge::Work(c.len() as u64))?;
                 if c.len() > SMALL {
                     return Err(ctx.err(format!("folding a constant of {} elements is not supported", c.len())));
                 }
-                Ok(Sym { shape: c.shape.clone(), elems: c.to_f64().into_iter().map(X::K).collect(), int: c.is_int() })
+                Ok(Sym { shape: c.shape.clone(), elems: c.to_f64().into_iter().map(Elem::Known).collect(), int: c.is_int() })
             }
             _ => Err(ctx.err("this operation on an activation tensor is not supported (only constant / shape values can be folded)")),
         }
@@ -126,7 +96,7 @@ impl Lowerer<'_> {
         })?;
         let numel = small_numel(&shape)
             .ok_or_else(|| ctx.err(format!("broadcast result {shape:?} is too large to fold")))?;
-        self.check_fold(ctx, numel)?;
+        self.budget.check(ctx, Charge::Fold(numel))?;
         let int = sa.int && sb.int;
         let bop = match op {
             "Add" => Bop::Add,
@@ -167,7 +137,7 @@ impl Lowerer<'_> {
             return Ok(p);
         }
         let cost = self.nodes.len() as u64 + self.values.len() as u64 + 1;
-        self.charge_work(ctx, cost)?;
+        self.budget.charge(ctx, Charge::Work(cost))?;
         let d = spatial_divisor_raw(&self.values, &self.nodes, self.input);
         let fixed_all = self.fixed_batch.is_some() && self.fixed_window.iter().all(|f| f.is_some());
         let want = if fixed_all { 1 } else { 4 };
@@ -183,7 +153,7 @@ impl Lowerer<'_> {
                 }
             }
             let n = self.fixed_batch.unwrap_or(1 + (m % 2));
-            self.charge_work(ctx, cost)?;
+            self.budget.charge(ctx, Charge::Work(cost))?;
             match infer_shapes_raw(&self.values, &self.nodes, self.input, n, w) {
                 Ok(s) => {
                     out.push((s, w));
@@ -223,7 +193,8 @@ impl Lowerer<'_> {
         let mut shapes = shapes.clone();
         shapes.resize(self.values.len(), Dims::from([0; 5]));
         let fresh = self.nodes.get(len..).unwrap_or(&[]);
-        self.charge_work(ctx, fresh.len() as u64 + 1)?;
+        self.budget
+            .charge(ctx, Charge::Work(fresh.len() as u64 + 1))?;
         for node in fresh {
             let ins: Option<Vec<Dims>> = node
                 .inputs

@@ -3,7 +3,9 @@
 //! [`Op::Transpose`], Slice a chain of one-axis [`Op::Slice`], Gather of one index [`Op::Gather`],
 //! Split a Slice per output. Every op's output dims are checked on the probes before it is added.
 
-use super::*;
+use super::{
+    attr, norm_axis, proto, squeeze_shape, to_i64, Ctx, Lowerer, Op, Result, Sym, Val, ValueId,
+};
 use crate::model::ops::{reshape_dims, Dims, Slice};
 
 impl Lowerer<'_> {
