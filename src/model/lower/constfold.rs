@@ -139,26 +139,9 @@ impl Lowerer<'_> {
             })
             .collect();
         let out = self.const_op(n, ctx, &refs)?;
-        self.release_inputs(n);
+        self.vals.release_inputs(n);
         self.set(n, Val::Const(Rc::new(out)))?;
         Ok(true)
-    }
-
-    /// Drop folded constants this node was the last reader of, so that a chain of mask
-    /// computations holds one or two large values at a time, not all of them. Values that an
-    /// Identity aliases are kept (the alias may be read later under its own name).
-    fn release_inputs(&mut self, n: &proto::NodeProto) {
-        for name in n.input.iter().filter(|s| !s.is_empty()) {
-            let Some(u) = self.uses.get_mut(name) else {
-                continue;
-            };
-            *u = u.saturating_sub(1);
-            if *u == 0 && !self.graph_outputs.contains(name) && !self.alias.is_copied(name) {
-                if let Some(Val::Const(_)) = self.vals.get(name) {
-                    self.vals.remove(name);
-                }
-            }
-        }
     }
 
     pub(super) fn const_op(

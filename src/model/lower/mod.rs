@@ -14,7 +14,7 @@ use super::sym::{broadcast_index, broadcast_shape, for_each_index, Bop, Elem, Ex
 use crate::error::UnsupportedOp;
 use crate::{Error, Result};
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::Path;
 use std::rc::Rc;
 
@@ -40,12 +40,14 @@ mod reshape;
 mod resize;
 mod symbolic;
 mod tensor;
+mod values;
 
 use attrs::*;
 use budget::{Budget, Charge};
 use half::Float;
 use order::*;
 use symbolic::*;
+use values::OnnxValues;
 
 /// Largest constant that shape-plumbing ops (Gather, Slice, elementwise folds...) will touch.
 const SMALL: usize = 1 << 22;
@@ -76,13 +78,10 @@ struct Lowerer<'a> {
     path: &'a Path,
     dir: Option<&'a Path>,
     opset: i64,
-    vals: HashMap<String, Val>,
+    /// The ONNX values: bindings, aliases, readers.
+    vals: OnnxValues,
     values: Vec<Value>,
     nodes: Vec<Node>,
-    /// ONNX consumer count per value name, with Identity chains resolved to their source.
-    uses: HashMap<String, usize>,
-    alias: alias::Aliases,
-    graph_outputs: HashSet<String>,
     input: ValueId,
     /// Symbolic expressions of this import.
     ex: RefCell<Exprs>,
@@ -92,16 +91,12 @@ struct Lowerer<'a> {
     probe_cache: RefCell<Option<(usize, Probes)>>,
     /// Index of the node producing each IR value (None for the input).
     producer: Vec<Option<usize>>,
-    /// ONNX values computed by a node voxtile could not lower (or downstream of one).
-    poisoned: HashSet<String>,
     /// Every construct voxtile could not lower, in graph order (see [`MAX_LISTED`]).
     unsupported: Vec<UnsupportedOp>,
     /// Window sizes the input declares (probes use them: exports bake them into Reshape targets).
     fixed_window: [Option<usize>; 3],
     /// Batch size the input declares.
     fixed_batch: Option<usize>,
-    /// Operator types reading each value (Identity chains resolved).
-    readers: HashMap<String, Vec<String>>,
 }
 
 /// Unsupported constructs named in one error; a hostile file with thousands stops there.
@@ -146,22 +141,17 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         path,
         dir,
         opset,
-        vals: HashMap::new(),
+        vals: OnnxValues::default(),
         values: vec![],
         nodes: vec![],
-        uses: HashMap::new(),
-        alias: alias::Aliases::default(),
-        graph_outputs: HashSet::new(),
         input: 0,
         ex: RefCell::new(Exprs::default()),
         budget: Budget::new(0),
         probe_cache: RefCell::new(None),
         producer: vec![],
-        poisoned: HashSet::new(),
         unsupported: vec![],
         fixed_window: [None; 3],
         fixed_batch: None,
-        readers: HashMap::new(),
     };
 
     let mut weight_bytes = 0usize;
@@ -212,31 +202,12 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         );
     }
 
-    let order = topo_order(g, &lw.vals, path)?;
+    let order = topo_order(g, lw.vals.bound(), path)?;
     // Nodes the output does not need are never lowered: folding them could only cost time and
     // memory (a hostile file carries hundreds of unused ConstantOfShape).
     let live = live_nodes(g, &out_name);
     let order: Vec<usize> = order.into_iter().filter(|&i| live[i]).collect();
-    lw.alias = alias::Aliases::of(g, &order);
-    for &i in &order {
-        let n = &g.node[i];
-        if n.op_type() == "Identity" {
-            continue;
-        }
-        for i in n.input.iter().filter(|s| !s.is_empty()) {
-            let r = lw.resolve(i);
-            *lw.uses.entry(r.clone()).or_default() += 1;
-            lw.readers
-                .entry(r)
-                .or_default()
-                .push(n.op_type().to_string());
-        }
-    }
-    for o in &g.output {
-        let r = lw.resolve(o.name());
-        lw.graph_outputs.insert(r.clone());
-        *lw.uses.entry(r).or_default() += 1;
-    }
+    lw.vals.count_reads(g, &order);
 
     let ctx_of = |i: usize| {
         let n = &g.node[i];
@@ -332,11 +303,6 @@ impl Lowerer<'_> {
             .validate()
             .map_err(|e| Error::model(path, e.to_string()))?;
         Ok(graph)
-    }
-
-    /// The value `name` copies through Identity nodes (itself when none).
-    pub(super) fn resolve(&self, name: &str) -> String {
-        self.alias.resolve(name).to_string()
     }
 
     pub(super) fn get(&self, ctx: &Ctx, n: &proto::NodeProto, i: usize) -> Result<Val> {
@@ -457,7 +423,7 @@ impl Lowerer<'_> {
             && op != "Split"
             && n.output[1..]
                 .iter()
-                .any(|o| !o.is_empty() && self.uses.get(&self.resolve(o)).copied().unwrap_or(0) > 0)
+                .any(|o| !o.is_empty() && self.vals.uses(o) > 0)
         {
             return Err(ctx.err("its secondary outputs (indices / running statistics / mask) are used, which voxtile does not support"));
         }
@@ -487,10 +453,7 @@ impl Lowerer<'_> {
         } else {
             None
         };
-        let downstream = n
-            .input
-            .iter()
-            .any(|i| self.poisoned.contains(&self.resolve(i)));
+        let downstream = n.input.iter().any(|i| self.vals.is_poisoned(i));
         let failed = match (why, downstream) {
             (Some(why), _) => Some(why),
             (None, true) => None,
@@ -507,8 +470,8 @@ impl Lowerer<'_> {
         if let Some(why) = failed {
             self.unsupported.push(ctx.unsupported(why));
         }
-        self.poisoned
-            .extend(n.output.iter().filter(|o| !o.is_empty()).cloned());
+        self.vals
+            .poison(n.output.iter().filter(|o| !o.is_empty()).cloned());
         Ok(())
     }
 

@@ -63,9 +63,7 @@ impl Lowerer<'_> {
             add[ch] = p[1][ch] - p[2][ch] * mul[ch];
         }
         // Fold into the producing Conv when nothing else reads the conv's output.
-        let src_name = self.resolve(&n.input[0]);
-        let sole = self.uses.get(&src_name).copied().unwrap_or(0) == 1
-            && !self.graph_outputs.contains(&src_name);
+        let sole = self.vals.read_once(&n.input[0]);
         let producer = self.producer.get(x).copied().flatten();
         if let Some(last) = producer.and_then(|p| self.nodes.get_mut(p)) {
             if let (true, Op::Conv(cv)) = (sole, &mut last.op) {

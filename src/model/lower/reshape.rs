@@ -24,9 +24,8 @@ impl Lowerer<'_> {
                 // [N|0, G, -1]: GroupNorm step 1 (of an NCDHW activation).
                 let rank5 = probes.iter().all(|(sh, _)| sh[x].rank() == 5);
                 let to_norm = n.output.first().is_some_and(|o| {
-                    self.readers
-                        .get(o)
-                        .is_some_and(|r| r.iter().all(|op| op == "InstanceNormalization"))
+                    let r = self.vals.readers(o);
+                    !r.is_empty() && r.iter().all(|op| op == "InstanceNormalization")
                 });
                 if ts.elems.len() == 3 && rank5 && to_norm {
                     if let Some(g) = ts.elems[1].known() {
