@@ -8,7 +8,7 @@
 //! files: it runs f32 kernels inside the casts it inserts at the float16 boundary and drops the
 //! float16 cast pairs that meet there, while it runs bfloat16 Casts as they are. So the CPU
 //! reference tracks onnxruntime on the same file (the converted deepbrain to within one fp16
-//! unit, 97% of outputs equal; tests/half.rs).
+//! unit, 97% of outputs equal; tests/it/model/half.rs).
 
 use super::{proto, Lowerer, Node, Op, Pointwise, Value, ValueId};
 
