@@ -89,8 +89,16 @@ impl F32<'_> {
         }
     }
 
-    /// How many values are NaN or infinite.
+    /// How many values are NaN or infinite (counted only when there is one: the library's
+    /// parallel scan first).
     pub fn nonfinite(&self) -> usize {
-        self.view().fold(0, |n, v| n + !v.is_finite() as usize)
+        if voxtile::pipeline::all_finite(self.view()) {
+            return 0;
+        }
+        ndarray::Zip::from(&self.view()).par_fold(
+            || 0,
+            |n, v| n + !v.is_finite() as usize,
+            |a, b| a + b,
+        )
     }
 }

@@ -5,6 +5,7 @@
 use crate::arrays::Input;
 use crate::errors::to_py;
 use crate::watch::watched;
+use ndarray::Zip;
 use numpy::IntoPyArray;
 use pyo3::prelude::*;
 use std::ffi::OsString;
@@ -83,11 +84,9 @@ impl Session {
         let report = serde_json::to_string(&out.report)
             .map_err(|e| to_py(Error::Invalid(format!("report: {e}"))))?;
         let labels = if self.labels_u8 {
-            out.labels
-                .mapv(|v| v as u8)
-                .into_pyarray(py)
-                .into_any()
-                .unbind()
+            let labels = &out.labels;
+            let narrow = py.detach(|| Zip::from(labels).par_map_collect(|&v| v as u8));
+            narrow.into_pyarray(py).into_any().unbind()
         } else {
             out.labels.into_pyarray(py).into_any().unbind()
         };

@@ -352,8 +352,7 @@ impl Pipeline {
     ) -> Result<Output> {
         self.check_channels(data.shape()[0])?;
         let t = Instant::now();
-        let untouched = self.settings.intensity == Intensity::None
-            && data.fold(true, |ok, v| ok && v.is_finite());
+        let untouched = self.settings.intensity == Intensity::None && all_finite(data);
         if untouched {
             return self.run_view(data, header, (0, t.elapsed().as_secs_f64()), progress);
         }
@@ -675,6 +674,11 @@ impl Pipeline {
         report.seconds.total = t0.elapsed().as_secs_f64();
         Ok((acc, acc_raw, report))
     }
+}
+
+/// Whether every value is finite (in parallel: a 512²×128 volume is scanned in a few ms).
+pub fn all_finite(data: ArrayView4<f32>) -> bool {
+    Zip::from(&data).par_fold(|| true, |ok, v| ok && v.is_finite(), |a, b| a && b)
 }
 
 /// An engine asked to keep its blended outputs returned none (a backend bug, said as an error).
