@@ -59,3 +59,26 @@ def test_torch_cpu_tensor_in_place(shared):
         overlap=c["overlap"], mode=c["mode"], sigma_scale=c["sigma_scale"], device="cpu")
     assert isinstance(got, torch.Tensor)
     assert rel_l2(got.numpy(), want) <= TOLERANCE
+
+
+def test_a_dlpack_tensor_is_read_in_place(shared):
+    c = cases(shared)[0]
+    x = np.load(shared / "sliding_window" / c["input"])
+    want = np.load(shared / "sliding_window" / c["output"])
+
+    class Tensor:  # a CPU tensor of another library, seen only through DLPack
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, **kw):
+            return self.a.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    host, _ = voxtile._host_array(Tensor(x))
+    assert np.shares_memory(host, x)
+    got = voxtile.sliding_window_inference(
+        Tensor(x), shared / "models" / c["model"], roi_size=c["roi"], overlap=c["overlap"],
+        mode=c["mode"], sigma_scale=c["sigma_scale"], device="cpu")
+    assert rel_l2(got, want) <= TOLERANCE

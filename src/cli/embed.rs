@@ -111,6 +111,12 @@ mod tests {
         skew[3] = [0.0, 0.0, 1.0, 1.0];
         assert!(s.header([1, 4, 5, 6], Some(skew), None).is_err());
         assert!(s.header([1, 4, 5, 6], None, Some([0.0, 1.0, 1.0])).is_err());
+        let h = s.header([1, 4, 5, 6], None, Some([0.5, 2.0, 3.0])).unwrap();
+        assert_eq!(h.spacing(), [0.5, 2.0, 3.0]);
+        assert_eq!(
+            [h.affine()[0][0], h.affine()[1][1], h.affine()[2][2]],
+            [0.5, 2.0, 3.0]
+        );
     }
 
     #[test]

@@ -48,7 +48,13 @@ impl Session {
         spacing: Option<[f64; 3]>,
     ) -> Result<Header> {
         let [c, i, j, k] = shape;
-        let mut header = Header::new([i, j, k], c, [1.0; 3]);
+        if let Some(s) = spacing.filter(|s| s.iter().any(|v| !(v.is_finite() && *v > 0.0))) {
+            return Err(Error::Invalid(format!(
+                "the spacing must be three positive sizes (mm), got {s:?}"
+            )));
+        }
+        // Without an affine: diag(spacing), as a NIfTI file without sform or qform reads.
+        let mut header = Header::new([i, j, k], c, spacing.unwrap_or([1.0; 3]));
         if let Some(m) = affine {
             let finite = m.iter().flatten().all(|v| v.is_finite());
             if !finite || m[3] != [0.0, 0.0, 0.0, 1.0] {
@@ -59,11 +65,6 @@ impl Session {
             header.set_affine(&m);
         }
         if let Some(s) = spacing {
-            if s.iter().any(|v| !(v.is_finite() && *v > 0.0)) {
-                return Err(Error::Invalid(format!(
-                    "the spacing must be three positive sizes (mm), got {s:?}"
-                )));
-            }
             header.pixdim[1..4].copy_from_slice(&s);
         }
         let settings = self.pipe.settings();
