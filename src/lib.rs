@@ -85,6 +85,8 @@ pub mod internals {
     }
     /// The command line (`src/main.rs`).
     pub mod cli {
+        /// `segment` and `plan` for a caller in the same process (the Python package).
+        pub use crate::cli::embed;
         pub use crate::cli::run;
         /// Batch planning: input lists, shards, case names, device lists.
         pub use crate::cli::segment::dataset;

@@ -127,7 +127,7 @@ fn info_json(path: &Path, h: &Header, st: &Stats) -> Value {
 }
 
 /// The facts of [`Graph::summary`], as JSON.
-fn graph_json(path: &Path, g: &Graph) -> Value {
+pub(crate) fn graph_json(path: &Path, g: &Graph) -> Value {
     json!({
         "model": path.display().to_string(),
         "graph": g.name,

@@ -3,6 +3,7 @@
 
 mod completions;
 mod describe;
+pub mod embed;
 mod flags;
 mod log;
 mod plan;
@@ -79,13 +80,7 @@ pub fn run() -> i32 {
     if let (Command::Segment(args), Some(m)) =
         (&mut cli.command, matches.subcommand_matches("segment"))
     {
-        args.pipe.explicit = m
-            .ids()
-            .filter(|id| {
-                m.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine)
-            })
-            .map(|id| id.to_string())
-            .collect();
+        args.pipe.explicit = typed(m);
     }
     install_panic_hook();
     log::install(cli.verbosity);
@@ -108,6 +103,15 @@ pub fn run() -> i32 {
             1
         }
     }
+}
+
+/// The ids of the arguments typed on the command line (they beat a model's manifest; defaults
+/// do not).
+fn typed(m: &clap::ArgMatches) -> Vec<String> {
+    m.ids()
+        .filter(|id| m.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine))
+        .map(|id| id.to_string())
+        .collect()
 }
 
 /// `eprintln!` that never panics (a closed or broken stderr only loses the message) and never

@@ -111,10 +111,65 @@ pub fn parse_volume(s: &str) -> Result<[usize; 3]> {
     }
 }
 
+/// The planner's answer for `voxtile plan`'s arguments, with what its JSON names beside it.
+pub struct Planned {
+    /// The plan.
+    pub plan: plan::Plan,
+    graph: crate::model::Graph,
+    /// Where the budget came from.
+    pub source: String,
+    /// The volume planned for (network axes).
+    pub shape: [usize; 3],
+    /// The device planned for.
+    pub device: Device,
+}
+
+impl Planned {
+    /// The JSON `voxtile plan --json` prints.
+    pub fn json(&self) -> Result<serde_json::Value> {
+        json(&self.plan, &self.source, self.shape, self.device)
+    }
+}
+
+/// A plan as `voxtile plan --json` prints it: the plan's fields, where the budget came from, the
+/// volume and the device.
+pub fn json(
+    p: &plan::Plan,
+    source: &str,
+    shape: [usize; 3],
+    device: Device,
+) -> Result<serde_json::Value> {
+    let mut v = serde_json::to_value(p).map_err(|e| Error::Invalid(format!("json: {e}")))?;
+    v["budget_source"] = serde_json::Value::String(source.to_string());
+    v["volume"] = serde_json::json!(shape);
+    v["device"] = serde_json::Value::String(device_name(device));
+    Ok(v)
+}
+
 pub fn run(args: PlanArgs) -> Result<()> {
+    let planned = planned(&args)?;
+    if args.json {
+        super::print_stdout(&format!("{}\n", planned.json()?))?;
+    } else {
+        let shape = planned.shape;
+        super::print_stdout(&format!(
+            "{} on a {}x{}x{} volume, {}:\n{}",
+            args.model.display(),
+            shape[0],
+            shape[1],
+            shape[2],
+            device_name(planned.device),
+            planned.plan.summary(&planned.graph, &planned.source)
+        ))?;
+    }
+    Ok(())
+}
+
+/// Plan for `args` without printing.
+pub fn planned(args: &PlanArgs) -> Result<Planned> {
     let graph = crate::model::onnx::load(&args.model)?;
     graph.validate()?;
-    let setup = model_setup(&args)?;
+    let setup = model_setup(args)?;
     let o = &setup.options;
     let shape = match (&args.input, &args.volume) {
         (Some(input), _) => {
@@ -177,24 +232,13 @@ pub fn run(args: PlanArgs) -> Result<()> {
     if let Some(w) = &p.warning {
         tracing::warn!("{w}");
     }
-    if args.json {
-        let mut v = serde_json::to_value(&p).map_err(|e| Error::Invalid(format!("json: {e}")))?;
-        v["budget_source"] = serde_json::Value::String(source);
-        v["volume"] = serde_json::json!(shape);
-        v["device"] = serde_json::Value::String(device_name(device));
-        super::print_stdout(&format!("{v}\n"))?;
-    } else {
-        super::print_stdout(&format!(
-            "{} on a {}x{}x{} volume, {}:\n{}",
-            args.model.display(),
-            shape[0],
-            shape[1],
-            shape[2],
-            device_name(device),
-            p.summary(&graph, &source)
-        ))?;
-    }
-    Ok(())
+    Ok(Planned {
+        plan: p,
+        graph,
+        source,
+        shape,
+        device,
+    })
 }
 
 #[cfg(test)]

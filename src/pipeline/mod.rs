@@ -337,17 +337,36 @@ impl Pipeline {
         volume: &Volume,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Output> {
-        self.check_channels(volume.data.shape()[0])?;
+        self.run_array(volume.data.view(), &volume.header, progress)
+    }
+
+    /// [`Pipeline::run`] on `(channel, i, j, k)` data held by the caller (a NumPy array, in any
+    /// memory layout) and the header giving its geometry ([`Header::new`], [`Header::set_affine`]).
+    /// The data is read in place unless something has to change it: normalisation, NaN or
+    /// infinite voxels (then it is copied first, as [`Pipeline::run`] copies a volume).
+    pub fn run_array(
+        &mut self,
+        data: ArrayView4<f32>,
+        header: &Header,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Output> {
+        self.check_channels(data.shape()[0])?;
         let t = Instant::now();
-        let mut data =
-            crate::sys::alloc::try_to_owned(volume.data.view(), "the normalised volume")?;
-        let nonfinite = crate::volume::intensity::preprocess(&mut data, &self.settings.intensity)?;
+        let untouched = self.settings.intensity == Intensity::None && all_finite(data);
+        if untouched {
+            return self.run_view(data, header, (0, t.elapsed().as_secs_f64()), progress);
+        }
+        let mut owned = crate::sys::alloc::try_to_owned(data, "the normalised volume")?;
+        let nonfinite = crate::volume::intensity::preprocess(&mut owned, &self.settings.intensity)?;
         let normalize = t.elapsed().as_secs_f64();
-        let volume = Volume {
-            data,
-            header: volume.header.clone(),
-        };
-        self.run_preprocessed(&volume, (nonfinite, normalize), progress)
+        self.run_view(owned.view(), header, (nonfinite, normalize), progress)
+    }
+
+    /// Keep (or drop) the averaged probabilities and raw outputs of later runs
+    /// ([`Output::probabilities`], [`Output::logits`]).
+    pub fn set_keep_outputs(&mut self, probabilities: bool, logits: bool) {
+        self.settings.keep_probabilities = probabilities;
+        self.settings.keep_logits = logits;
     }
 
     /// The volume's channels against the models'.
@@ -421,25 +440,37 @@ impl Pipeline {
         pre: (usize, f64),
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Output> {
-        self.check_channels(volume.data.shape()[0])?;
-        let reo = self.reorientation(&volume.header)?;
+        self.run_view(volume.data.view(), &volume.header, pre, progress)
+    }
+
+    /// [`Pipeline::run_preprocessed`] on data and its header apart.
+    fn run_view(
+        &mut self,
+        data: ArrayView4<f32>,
+        header: &Header,
+        pre: (usize, f64),
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Output> {
+        self.check_channels(data.shape()[0])?;
+        let reo = self.reorientation(header)?;
         let mut out = if reo.is_identity() {
-            self.run_on_grid(volume, pre, progress)?
+            self.run_on_grid(data, header, pre, progress)?
         } else {
-            let turned = orient::turn(volume, &reo)?;
-            let out = self.run_on_grid(&turned, pre, progress)?;
+            let turned = orient::turn(data, header, &reo)?;
+            let out = self.run_on_grid(turned.data.view(), &turned.header, pre, progress)?;
             drop(turned);
-            orient::turn_back(out, &reo, &volume.header)?
+            orient::turn_back(out, &reo, header)?
         };
         out.report.orientation =
-            orient::OrientationReport::new(self.settings.orientation, &volume.header, &reo);
+            orient::OrientationReport::new(self.settings.orientation, header, &reo);
         Ok(out)
     }
 
-    /// [`Pipeline::run_preprocessed`] on a volume already in the models' orientation.
+    /// [`Pipeline::run_view`] on data already in the models' orientation.
     fn run_on_grid(
         &mut self,
-        volume: &Volume,
+        volume: ArrayView4<f32>,
+        header: &Header,
         pre: (usize, f64),
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Output> {
@@ -448,8 +479,8 @@ impl Pipeline {
             normalize,
             ..Default::default()
         };
-        let input_grid = volume.shape();
-        let model_grid = self.grid_on(&volume.header)?;
+        let input_grid = [1, 2, 3].map(|a| volume.shape()[a]);
+        let model_grid = self.grid_on(header)?;
         let single = self.single_pass(model_grid, input_grid);
         self.set_keep(single);
         let t = Instant::now();
@@ -457,10 +488,10 @@ impl Pipeline {
         let data = if model_grid != input_grid {
             // The input and the models' outputs both live on the model grid.
             resample::check_grid(model_grid, self.input_channels() + self.channels)?;
-            resampled = resample::resample(volume.data.view(), model_grid)?;
+            resampled = resample::resample(volume, model_grid)?;
             resampled.view()
         } else {
-            volume.data.view()
+            volume
         };
         times.resample_in = t.elapsed().as_secs_f64();
         let act = self.effective_activation();
@@ -476,7 +507,7 @@ impl Pipeline {
         }
         times.finalize += t.elapsed().as_secs_f64();
 
-        report.spacing = volume.header.spacing();
+        report.spacing = header.spacing();
         report.nonfinite_voxels = nonfinite;
         report.seconds.total = times.normalize + times.resample_in + times.passes + times.finalize;
         report.peak_host_bytes = crate::engine::peak_rss_bytes();
@@ -498,7 +529,7 @@ impl Pipeline {
             probabilities,
             logits,
             classes: self.classes().map(<[String]>::to_vec),
-            header: volume.header.clone(),
+            header: header.clone(),
             report,
             nonfinite_voxels: nonfinite,
         })
@@ -643,6 +674,11 @@ impl Pipeline {
         report.seconds.total = t0.elapsed().as_secs_f64();
         Ok((acc, acc_raw, report))
     }
+}
+
+/// Whether every value is finite (in parallel: a 512²×128 volume is scanned in a few ms).
+pub fn all_finite(data: ArrayView4<f32>) -> bool {
+    Zip::from(&data).par_fold(|| true, |ok, v| ok && v.is_finite(), |a, b| a && b)
 }
 
 /// An engine asked to keep its blended outputs returned none (a backend bug, said as an error).

@@ -9,6 +9,7 @@
 use super::Output;
 use crate::volume::{Header, Orientation, Reorientation, Volume};
 use crate::Result;
+use ndarray::ArrayView4;
 use serde::Serialize;
 
 /// The orientation in effect, as the report gives it.
@@ -56,14 +57,11 @@ impl OrientationReport {
     }
 }
 
-/// `volume` turned by `reo`: its data copied in the new axis order, its header on the new grid.
-pub fn turn(volume: &Volume, reo: &Reorientation) -> Result<Volume> {
+/// `data` of `header` turned by `reo`: copied in the new axis order, its header on the new grid.
+pub fn turn(data: ArrayView4<f32>, header: &Header, reo: &Reorientation) -> Result<Volume> {
     Ok(Volume {
-        data: crate::sys::alloc::try_to_owned(
-            reo.apply(volume.data.view()),
-            "the reoriented volume",
-        )?,
-        header: reo.header(&volume.header),
+        data: crate::sys::alloc::try_to_owned(reo.apply(data), "the reoriented volume")?,
+        header: reo.header(header),
     })
 }
 

@@ -39,6 +39,11 @@ impl CancelToken {
     pub fn cancel(&self) {
         self.0.store(true, Ordering::Relaxed);
     }
+    /// Clear the flag: a caller that reuses its engines after a cancelled run (the Python
+    /// package's `Model`) starts the next one afresh.
+    pub fn reset(&self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
     /// Whether [`CancelToken::cancel`] was called.
     pub fn is_cancelled(&self) -> bool {
         self.0.load(Ordering::Relaxed)

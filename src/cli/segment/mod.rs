@@ -9,6 +9,7 @@ mod cases;
 mod claims;
 mod config;
 pub mod dataset;
+pub mod embed;
 mod empty;
 mod jobs;
 mod post;
@@ -42,7 +43,14 @@ fn stage_report(
 
 /// Run `voxtile segment`.
 pub fn run(args: SegmentArgs) -> Result<()> {
-    let config = Config::new(&args)?;
+    run_with(args, crate::CancelToken::new())
+}
+
+/// Run `voxtile segment` under `cancel` (a caller in the same process stops it: the run returns
+/// `Error::Cancelled` and commits nothing).
+pub fn run_with(args: SegmentArgs, cancel: crate::CancelToken) -> Result<()> {
+    let mut config = Config::new(&args)?;
+    config.setup.options.cancel = cancel;
     let mut reads: Vec<&Path> = args.model.iter().map(|m| m.as_path()).collect();
     reads.extend(config.manifest_path.as_deref());
     let mut gate = Gate::new(&reads, args.force);

@@ -169,13 +169,9 @@ pub fn process(
             out.nonfinite_voxels
         );
     }
+    let (names, voxel_ml) =
+        post(pipe, config, &mut out).map_err(|e| name_error(e, &job.input, &config.models))?;
     let remap = pipe.settings().remap.as_deref();
-    let names = config.label_names(pipe.output_channels(), remap);
-    let voxel_ml = crate::engine::voxel_ml(out.header.spacing(), out.header.xyzt_units);
-    config
-        .post
-        .apply(&mut out.labels, &names, voxel_ml)
-        .map_err(|e| name_error(e, &job.input, &config.models))?;
     let background = remap.and_then(|t| t.first().copied()).unwrap_or(0);
     super::empty::warn_if_empty(&job.input, out.labels.view(), background);
     let summary = Summary::new(
@@ -221,6 +217,20 @@ pub fn process(
         stdout,
         summary,
     })
+}
+
+/// The label map's post-processing (manifest and flags merged) applied to `out`: the class names
+/// it carries and the voxel volume in mL.
+pub fn post(
+    pipe: &Pipeline,
+    config: &Config,
+    out: &mut crate::pipeline::Output,
+) -> Result<(LabelNames, f64)> {
+    let remap = pipe.settings().remap.as_deref();
+    let names = config.label_names(pipe.output_channels(), remap);
+    let voxel_ml = crate::engine::voxel_ml(out.header.spacing(), out.header.xyzt_units);
+    config.post.apply(&mut out.labels, &names, voxel_ml)?;
+    Ok((names, voxel_ml))
 }
 
 /// Every output of `job` staged, the labels apart (they are committed last); `names` are the
