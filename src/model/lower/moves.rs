@@ -162,7 +162,37 @@ fn numel_of<T: Folded>(ctx: &Ctx, shape: &[usize]) -> Result<usize> {
         .ok_or_else(|| ctx.err(format!("a result of shape {shape:?} is too large to fold")))
 }
 
+/// A Slice's bounds as the node gives them (axes and steps optional).
+pub(super) struct SliceBounds {
+    pub starts: Vec<i64>,
+    pub ends: Vec<i64>,
+    pub axes: Option<Vec<i64>>,
+    pub steps: Option<Vec<i64>>,
+}
+
 impl Lowerer<'_> {
+    /// A Slice's bounds: operands 1-4, or attributes before opset 10.
+    pub(super) fn slice_bounds(&self, n: &proto::NodeProto, ctx: &Ctx) -> Result<SliceBounds> {
+        let operand = |i: usize, w: &str| -> Result<Option<Vec<i64>>> {
+            Ok(self.int_operand(ctx, n, i, w)?.map(|(_, v)| v))
+        };
+        Ok(if n.input.len() > 1 {
+            SliceBounds {
+                starts: operand(1, "starts")?.unwrap_or_default(),
+                ends: operand(2, "ends")?.unwrap_or_default(),
+                axes: operand(3, "axes")?,
+                steps: operand(4, "steps")?,
+            }
+        } else {
+            SliceBounds {
+                starts: self.ints(n, "starts").unwrap_or_default(),
+                ends: self.ints(n, "ends").unwrap_or_default(),
+                axes: self.ints(n, "axes"),
+                steps: None,
+            }
+        })
+    }
+
     /// Operand `i` of `n` as integers with its shape (indices, axes, bounds, shapes); None when
     /// absent. Values that read activation sizes are evaluated on the probe windows when they are
     /// the same on every one (sizes a fixed input declares); values beyond i64 saturate (Slice
@@ -250,24 +280,12 @@ impl Lowerer<'_> {
 
     /// Slice: bounds from operands 1-4, or from attributes before opset 10.
     pub(super) fn slice<T: Folded>(&self, n: &proto::NodeProto, ctx: &Ctx, x: &T) -> Result<T> {
-        let operand = |i: usize, w: &str| -> Result<Option<Vec<i64>>> {
-            Ok(self.int_operand(ctx, n, i, w)?.map(|(_, v)| v))
-        };
-        let (starts, ends, axes, steps) = if n.input.len() > 1 {
-            (
-                operand(1, "starts")?.unwrap_or_default(),
-                operand(2, "ends")?.unwrap_or_default(),
-                operand(3, "axes")?,
-                operand(4, "steps")?,
-            )
-        } else {
-            (
-                self.ints(n, "starts").unwrap_or_default(),
-                self.ints(n, "ends").unwrap_or_default(),
-                self.ints(n, "axes"),
-                None,
-            )
-        };
+        let SliceBounds {
+            starts,
+            ends,
+            axes,
+            steps,
+        } = self.slice_bounds(n, ctx)?;
         let xs = x.shape();
         let r = xs.len();
         let axes: Vec<usize> = match axes {

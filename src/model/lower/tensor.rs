@@ -3,6 +3,7 @@
 //! [`Op::Transpose`], Slice a chain of one-axis [`Op::Slice`], Gather of one index [`Op::Gather`],
 //! Split a Slice per output. Every op's output dims are checked on the probes before it is added.
 
+use super::moves::SliceBounds;
 use super::{
     attr, norm_axis, proto, squeeze_shape, to_i64, Ctx, Lowerer, Op, Result, Sym, Val, ValueId,
 };
@@ -150,41 +151,6 @@ impl Lowerer<'_> {
         self.reshape_to(ctx, n, x, &outs)
     }
 
-    /// Known integer values of optional input `i` (evaluated on the probes; they must agree).
-    pub(super) fn probe_ints(
-        &self,
-        ctx: &Ctx,
-        n: &proto::NodeProto,
-        i: usize,
-        x: ValueId,
-        what: &str,
-    ) -> Result<Option<Vec<i64>>> {
-        let Some(v) = self.get_opt(ctx, n, i)? else {
-            return Ok(None);
-        };
-        let s = self.small(ctx, &v)?;
-        let probes = self.probe(ctx, x)?;
-        let mut first: Option<Vec<i64>> = None;
-        for (shapes, _) in probes.iter() {
-            let e = self.eval(ctx, &s.elems, shapes)?;
-            let k: Vec<i64> = e
-                .iter()
-                .map(|&v| {
-                    if v.is_nan() {
-                        return Err(ctx.err(format!("{what} cannot be evaluated")));
-                    }
-                    Ok(v.clamp(i64::MIN as f64, i64::MAX as f64) as i64)
-                })
-                .collect::<Result<_>>()?;
-            match &first {
-                None => first = Some(k),
-                Some(f) if *f == k => {}
-                Some(_) => return Err(ctx.err(format!("{what} depend on the window size"))),
-            }
-        }
-        Ok(first)
-    }
-
     /// Squeeze / Unsqueeze / Flatten of an activation, as a Reshape.
     pub(super) fn squeeze_act(
         &mut self,
@@ -195,7 +161,7 @@ impl Lowerer<'_> {
         let op = n.op_type();
         let axes = match op {
             "Flatten" => None,
-            _ => match self.probe_ints(ctx, n, 1, x, "axes")? {
+            _ => match self.int_operand(ctx, n, 1, "axes")?.map(|(_, v)| v) {
                 Some(a) => Some(a),
                 None => self.ints(n, "axes"),
             },
@@ -240,21 +206,12 @@ impl Lowerer<'_> {
 
     /// Slice of an activation: one [`Op::Slice`] per axis that is not kept whole.
     pub(super) fn slice_act(&mut self, ctx: &Ctx, n: &proto::NodeProto, x: ValueId) -> Result<()> {
-        let (starts, ends, axes, steps) = if n.input.len() > 1 {
-            (
-                self.probe_ints(ctx, n, 1, x, "starts")?.unwrap_or_default(),
-                self.probe_ints(ctx, n, 2, x, "ends")?.unwrap_or_default(),
-                self.probe_ints(ctx, n, 3, x, "axes")?,
-                self.probe_ints(ctx, n, 4, x, "steps")?,
-            )
-        } else {
-            (
-                self.ints(n, "starts").unwrap_or_default(),
-                self.ints(n, "ends").unwrap_or_default(),
-                self.ints(n, "axes"),
-                None,
-            )
-        };
+        let SliceBounds {
+            starts,
+            ends,
+            axes,
+            steps,
+        } = self.slice_bounds(n, ctx)?;
         let k = starts.len();
         let axes = axes.unwrap_or_else(|| (0..k as i64).collect());
         let steps = steps.unwrap_or_else(|| vec![1; k]);
@@ -338,7 +295,7 @@ impl Lowerer<'_> {
             return Err(ctx.err("the split axis depends on the window size"));
         }
         let parts = n.output.len();
-        let sizes: Vec<i64> = match self.probe_ints(ctx, n, 1, x, "split")? {
+        let sizes: Vec<i64> = match self.int_operand(ctx, n, 1, "split")?.map(|(_, v)| v) {
             Some(s) => s,
             None => match self.ints(n, "split") {
                 Some(s) => s,
