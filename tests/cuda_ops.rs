@@ -1917,7 +1917,9 @@ fn conv_halo_cases() {
     for (c, ca, cb, tile) in [
         (32usize, 32usize, 32usize, None),
         (32, 17, 32, None),
+        #[cfg(feature = "kernel-experiments")]
         (32, 17, 32, Some(cat::CONV_HALO_C32N32_RP.name)),
+        #[cfg(feature = "kernel-experiments")]
         (32, 32, 32, Some(cat::CONV_HALO_C32N32_RB.name)),
         (14, 14, 14, None),
         (14, 5, 14, None),
@@ -1926,6 +1928,7 @@ fn conv_halo_cases() {
         (16, 8, 16, None),
         // Chunked Cin 128 (phase 7): default (CONV_HALO_C32N32_W4, 4 chunks) and a staged 4-tap ring.
         (128, 17, 32, None),
+        #[cfg(feature = "kernel-experiments")]
         (128, 32, 32, Some(cat::CONV_HALO_C64N32_S4.name)),
         (128, 32, 64, None),
     ] {
