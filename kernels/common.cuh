@@ -5,7 +5,7 @@
 typedef long long i64;
 #define NEG_INF (-__int_as_float(0x7f800000))
 
-// Activation codes, kept in sync with `Act` in src/backend/cuda/plan.rs.
+// Activation codes, kept in sync with `Act` in src/backend/cuda/abi.rs.
 #define ACT_NONE 0
 #define ACT_RELU 1
 #define ACT_LEAKY 2
@@ -28,8 +28,8 @@ __device__ __forceinline__ float act_apply(float v, int c, int act, float alpha,
     }
 }
 
-// Parameters of every conv kernel (conv.cu, conv_transpose.cu); mirrors `ConvParams` in
-// src/backend/cuda/plan.rs field by field.
+// Parameters of every conv kernel (conv_*.cu); mirrors `ConvParams` in
+// src/backend/cuda/abi.rs field by field.
 struct ConvParams {
     int n, di, hi, wi, cin;
     int do_, ho, wo, cout;   // GEMM view: output dims and GEMM columns (= Cout, or taps*Cout when scattering)
@@ -51,6 +51,18 @@ struct ConvParams {
     int od, oh, ow;
     int out_f32;      // 1: y is fp32 (a value only a norm reads), indexed as the fp16 one would be
 };
+
+// Input coordinate (conv_wmma_legacy.cu, conv_transpose.cu) of output coordinate `o` through tap `k` along one axis, or -1 when none.
+__device__ __forceinline__ int in_coord(int o, int k, int s, int p, int d, int n, int transposed) {
+    if (!transposed) {
+        int i = o * s - p + k * d;
+        return (i >= 0 && i < n) ? i : -1;
+    }
+    int num = o + p - k * d;
+    if (num < 0) return -1;
+    int i = num / s;
+    return (i * s == num && i < n) ? i : -1;
+}
 
 // Output stores of the conv epilogues: element i of y, fp16 or fp32 by p.out_f32. A conv whose
 // only reader is InstanceNorm/GroupNorm keeps its output in fp32: the norm divides by the

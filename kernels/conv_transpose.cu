@@ -1,19 +1,9 @@
-// Direct (CUDA core, fp32 accumulate) convolution for what the implicit GEMM in conv.cu does not
-// take: grouped / depthwise convs and grouped transposed convs. One thread per output element.
+// Direct (CUDA core, fp32 accumulate) convolution for what the implicit GEMMs (conv_mma.cu,
+// conv_wmma_legacy.cu) do not take: grouped / depthwise convs and grouped transposed convs. One
+// thread per output element.
 // The weight layout is the GEMM's: [Cout][kd][kh][kw][Cin/groups] fp16, row length `kpad`.
-// (Ungrouped transposed convs run through conv.cu's gather formulation.)
-
-
-__device__ __forceinline__ int in_coord_d(int o, int k, int s, int p, int d, int n, int transposed) {
-    if (!transposed) {
-        int i = o * s - p + k * d;
-        return (i >= 0 && i < n) ? i : -1;
-    }
-    int num = o + p - k * d;
-    if (num < 0) return -1;
-    int i = num / s;
-    return (i * s == num && i < n) ? i : -1;
-}
+// (Ungrouped transposed convs run as mma parity classes or through conv_wmma_legacy.cu's gather
+// formulation.)
 
 extern "C" __global__ void conv_direct(ConvParams p, const half* __restrict__ x,
                                        const half* __restrict__ w, const float* __restrict__ bias,
@@ -30,13 +20,13 @@ extern "C" __global__ void conv_direct(ConvParams p, const half* __restrict__ x,
         const half* wr = w + (i64)co * p.kpad;
         float acc = 0.f;
         for (int tz = 0; tz < p.kd; tz++) {
-            int iz = in_coord_d(oz, tz, p.sd, p.pd, p.dd, p.di, p.transposed);
+            int iz = in_coord(oz, tz, p.sd, p.pd, p.dd, p.di, p.transposed);
             if (iz < 0) continue;
             for (int ty = 0; ty < p.kh; ty++) {
-                int iy = in_coord_d(oy, ty, p.sh, p.ph, p.dh, p.hi, p.transposed);
+                int iy = in_coord(oy, ty, p.sh, p.ph, p.dh, p.hi, p.transposed);
                 if (iy < 0) continue;
                 for (int tx = 0; tx < p.kw; tx++) {
-                    int ix = in_coord_d(ox, tx, p.sw, p.pw, p.dw, p.wi, p.transposed);
+                    int ix = in_coord(ox, tx, p.sw, p.pw, p.dw, p.wi, p.transposed);
                     if (ix < 0) continue;
                     const half* xr = x + ((((i64)n * p.di + iz) * p.hi + iy) * p.wi + ix) * p.cin + g * cin_g;
                     const half* wt = wr + ((tz * p.kh + ty) * p.kw + tx) * cin_g;

@@ -9,7 +9,7 @@ using namespace nvcuda;
 #define TGRID(e, total) \
     for (i64 e = blockIdx.x * (i64)blockDim.x + threadIdx.x; e < (total); e += (i64)gridDim.x * blockDim.x)
 
-// Mirrors `NdParams` in src/backend/cuda/plan.rs. An element index e is decomposed row-major
+// Mirrors `NdParams` in src/backend/cuda/abi.rs. An element index e is decomposed row-major
 // over xd (rx dims, outermost first); x is read at xoff + sum(c * xs). y is written at
 // yoff + sum(c * ys) over the same coordinates when ry == 0, else over e decomposed over yd
 // (ry dims: a Reshape, where both sides share the row-major logical index). Binaries read b at
@@ -178,7 +178,7 @@ extern "C" __global__ void layernorm_strided(const half* __restrict__ x, half* _
     }
 }
 
-// Mirrors `GemmParams` in src/backend/cuda/plan.rs: y[b] = a[b] (M x K) @ w[b] (K x N) + bias,
+// Mirrors `GemmParams` in src/backend/cuda/abi.rs: y[b] = a[b] (M x K) @ w[b] (K x N) + bias,
 // every operand at element strides (row, column), batch b decomposed over bd (nb dims) with
 // per-operand batch strides (0: broadcast).
 struct GemmParams {

@@ -1,17 +1,31 @@
 //! The kernel catalogue: every kernel the backend launches, stated once: its family (the
 //! kernels/*.cu file that defines it), its entry point and, for the tiled conv kernels, the
 //! configuration the launch needs (tile, threads, shared memory). Everything else (module
-//! loading, kernel choice, launches, tests) names kernels through these entries. The .cu files
-//! keep their `extern "C"` / `*_ENTRY(...)` lines; `tests::entries_match_the_sources` checks
-//! both sides list the same entry points and tests/cuda_kernels_compile.rs the template numbers.
+//! loading, kernel choice, launches, tests) names kernels through these entries. The plain
+//! kernels keep their `extern "C"` lines in the .cu files; the conv tile tables generate their
+//! `*_ENTRY(...)` lines ([`entry_lines`]). `tests::entries_match_the_sources` checks both sides
+//! list the same entry points and tests/it/cuda/kernels_compile.rs the template numbers.
+//!
+//! The `kernel-experiments` cargo feature adds the halo variants that are not measured yet (the
+//! `experiment` block of [`HALO_CONFIGS`]); without it they are neither listed nor compiled.
 
 /// Prepended to every family: activation codes and helpers shared by the epilogues.
 pub const COMMON: &str = include_str!("../../../../kernels/common.cuh");
 
+/// Prepended (after [`COMMON`]) to the two mma.sync families, `conv_mma` and `conv_halo`.
+pub const MMA: &str = include_str!("../../../../kernels/mma.cuh");
+
 /// One kernels/*.cu file, compiled by NVRTC as one module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
-    Conv,
+    /// `conv_mma_*` and `convt_up_*`: the implicit GEMM on mma.sync (sm_80+).
+    ConvMma,
+    /// `conv_halo_*`: stride-1 3^3 convs from an smem halo.
+    ConvHalo,
+    /// The memory-bound first layer (Cin 1) and head (1x1x1).
+    ConvSmall,
+    /// `conv_igemm_*`: the wmma implicit GEMM (transposed convs the mma path does not take).
+    ConvWmmaLegacy,
     ConvTranspose,
     Norm,
     Eltwise,
@@ -23,8 +37,11 @@ pub enum Family {
 }
 
 /// Every family, in load order.
-pub const FAMILIES: [Family; 9] = [
-    Family::Conv,
+pub const FAMILIES: [Family; 12] = [
+    Family::ConvMma,
+    Family::ConvHalo,
+    Family::ConvSmall,
+    Family::ConvWmmaLegacy,
     Family::ConvTranspose,
     Family::Norm,
     Family::Eltwise,
@@ -39,7 +56,10 @@ impl Family {
     /// The file stem (`kernels/<name>.cu`), also the kernel cache file prefix.
     pub fn name(self) -> &'static str {
         match self {
-            Family::Conv => "conv",
+            Family::ConvMma => "conv_mma",
+            Family::ConvHalo => "conv_halo",
+            Family::ConvSmall => "conv_small",
+            Family::ConvWmmaLegacy => "conv_wmma_legacy",
             Family::ConvTranspose => "conv_transpose",
             Family::Norm => "norm",
             Family::Eltwise => "eltwise",
@@ -54,7 +74,10 @@ impl Family {
     /// The family's file as embedded: its kernels and entry macros, without the common prelude.
     pub fn file(self) -> &'static str {
         match self {
-            Family::Conv => include_str!("../../../../kernels/conv.cu"),
+            Family::ConvMma => include_str!("../../../../kernels/conv_mma.cu"),
+            Family::ConvHalo => include_str!("../../../../kernels/conv_halo.cu"),
+            Family::ConvSmall => include_str!("../../../../kernels/conv_small.cu"),
+            Family::ConvWmmaLegacy => include_str!("../../../../kernels/conv_wmma_legacy.cu"),
             Family::ConvTranspose => include_str!("../../../../kernels/conv_transpose.cu"),
             Family::Norm => include_str!("../../../../kernels/norm.cu"),
             Family::Eltwise => include_str!("../../../../kernels/eltwise.cu"),
@@ -66,10 +89,15 @@ impl Family {
         }
     }
 
-    /// What NVRTC compiles for the family after the common prelude: its file, then the entry
-    /// lines of its configuration tables ([`entry_lines`]), so a tile is listed once, here.
+    /// What NVRTC compiles for the family after the common prelude: [`MMA`] for the mma.sync
+    /// families, its file, then the entry lines of its configuration tables ([`entry_lines`]),
+    /// so a tile is listed once, here.
     pub fn source(self) -> String {
-        format!("{}\n{}", self.file(), entry_lines(self))
+        let mma = match self {
+            Family::ConvMma | Family::ConvHalo => MMA,
+            _ => "",
+        };
+        format!("{mma}{}\n{}", self.file(), entry_lines(self))
     }
 
     /// Entry points the family defines: the plain kernels, then (conv) the config tables.
@@ -79,10 +107,13 @@ impl Family {
             .filter(|k| k.family == self)
             .map(|k| k.name)
             .collect();
-        if self == Family::Conv {
-            v.extend(MMA_CONFIGS.iter().map(|c| c.name));
-            v.extend(UPSAMPLE_VEC.iter().map(|(_, u)| *u));
-            v.extend(HALO_CONFIGS.iter().map(|c| c.name));
+        match self {
+            Family::ConvMma => {
+                v.extend(MMA_CONFIGS.iter().map(|c| c.name));
+                v.extend(UPSAMPLE_VEC.iter().map(|(_, u)| *u));
+            }
+            Family::ConvHalo => v.extend(HALO_CONFIGS.iter().map(|c| c.name)),
+            _ => {}
         }
         v
     }
@@ -99,16 +130,16 @@ const fn k(family: Family, name: &'static str) -> Kernel {
     Kernel { family, name }
 }
 
-/// The wmma implicit GEMM (legacy path): BN 64 / 32, 16-byte or element gathers.
-pub const CONV_IGEMM_N64_V8: Kernel = k(Family::Conv, "conv_igemm_n64_v8");
-pub const CONV_IGEMM_N32_V8: Kernel = k(Family::Conv, "conv_igemm_n32_v8");
-pub const CONV_IGEMM_N64_V1: Kernel = k(Family::Conv, "conv_igemm_n64_v1");
-pub const CONV_IGEMM_N32_V1: Kernel = k(Family::Conv, "conv_igemm_n32_v1");
+/// The wmma implicit GEMM: BN 64 / 32, 16-byte or element gathers.
+pub const CONV_IGEMM_N64_V8: Kernel = k(Family::ConvWmmaLegacy, "conv_igemm_n64_v8");
+pub const CONV_IGEMM_N32_V8: Kernel = k(Family::ConvWmmaLegacy, "conv_igemm_n32_v8");
+pub const CONV_IGEMM_N64_V1: Kernel = k(Family::ConvWmmaLegacy, "conv_igemm_n64_v1");
+pub const CONV_IGEMM_N32_V1: Kernel = k(Family::ConvWmmaLegacy, "conv_igemm_n32_v1");
 /// 1x1x1 conv with at most 16 / 32 outputs, one thread per voxel.
-pub const CONV1X1_N16: Kernel = k(Family::Conv, "conv1x1_n16");
-pub const CONV1X1_N32: Kernel = k(Family::Conv, "conv1x1_n32");
+pub const CONV1X1_N16: Kernel = k(Family::ConvSmall, "conv1x1_n16");
+pub const CONV1X1_N32: Kernel = k(Family::ConvSmall, "conv1x1_n32");
 /// Cin-1 3^3 conv, one block per 2x8x32 output tile.
-pub const CONV_C1_K3: Kernel = k(Family::Conv, "conv_c1_k3");
+pub const CONV_C1_K3: Kernel = k(Family::ConvSmall, "conv_c1_k3");
 /// Direct (grouped / fallback transposed) conv, one thread per output.
 pub const CONV_DIRECT: Kernel = k(Family::ConvTranspose, "conv_direct");
 pub const NORM_PARTIAL_V8: Kernel = k(Family::Norm, "norm_partial_v8");
@@ -173,10 +204,10 @@ pub const ATTENTION_FWD: Kernel = k(Family::Attention, "attention_fwd");
 pub const ATTENTION_WMMA_D16: Kernel = k(Family::Attention, "attention_wmma_d16");
 pub const ATTENTION_WMMA_D32: Kernel = k(Family::Attention, "attention_wmma_d32");
 pub const ATTENTION_WMMA_D64: Kernel = k(Family::Attention, "attention_wmma_d64");
-pub const CONVT_UP_M256N32_V8: Kernel = k(Family::Conv, "convt_up_m256n32_v8");
-pub const CONVT_UP_M128N32_V8: Kernel = k(Family::Conv, "convt_up_m128n32_v8");
-pub const CONVT_UP_M128N64_V8: Kernel = k(Family::Conv, "convt_up_m128n64_v8");
-pub const CONVT_UP_M128N128_V8: Kernel = k(Family::Conv, "convt_up_m128n128_v8");
+pub const CONVT_UP_M256N32_V8: Kernel = k(Family::ConvMma, "convt_up_m256n32_v8");
+pub const CONVT_UP_M128N32_V8: Kernel = k(Family::ConvMma, "convt_up_m128n32_v8");
+pub const CONVT_UP_M128N64_V8: Kernel = k(Family::ConvMma, "convt_up_m128n64_v8");
+pub const CONVT_UP_M128N128_V8: Kernel = k(Family::ConvMma, "convt_up_m128n128_v8");
 
 /// Every kernel outside the conv config tables, in load order within its family.
 pub const KERNELS: &[Kernel] = &[
@@ -236,7 +267,7 @@ pub const KERNELS: &[Kernel] = &[
     ATTENTION_WMMA_D64,
 ];
 
-/// One `conv_mma_*` kernel of kernels/conv.cu (its MMA_ENTRY line).
+/// One `conv_mma_*` kernel of kernels/conv_mma.cu (its MMA_ENTRY line).
 #[derive(Debug, PartialEq, Eq)]
 pub struct MmaConfig {
     pub name: &'static str,
@@ -326,7 +357,7 @@ pub fn upsample_vec_name(mma: &str) -> Option<&'static str> {
         .map(|(_, u)| *u)
 }
 
-/// One `conv_halo_*` kernel of kernels/conv.cu: stride-1 3^3 conv whose blocks load an output
+/// One `conv_halo_*` kernel of kernels/conv_halo.cu: stride-1 3^3 conv whose blocks load an output
 /// tile's input halo into shared memory once for all 27 taps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HaloConfig {
@@ -348,6 +379,9 @@ pub struct HaloConfig {
     pub hb: usize,
     /// Persistent blocks per SM (each loops over tiles); 0: one block per tile.
     pub persist: usize,
+    /// Not measured yet: listed and compiled only with the `kernel-experiments` feature, never a
+    /// default, run only when forced.
+    pub experiment: bool,
 }
 
 /// Output voxels of the original halo tile (z, y, x).
@@ -424,6 +458,7 @@ const fn halo(name: &'static str, cin: usize, bn: usize, wm: usize, wn: usize) -
         wst: 2,
         hb: 1,
         persist: 0,
+        experiment: false,
     }
 }
 
@@ -436,26 +471,35 @@ pub const CONV_HALO_C32N64: HaloConfig = halo("conv_halo_c32n64", 32, 64, 4, 2);
 // read per mma, fewer warps per block).
 pub const CONV_HALO_C32N32: HaloConfig = halo("conv_halo_c32n32", 32, 32, 8, 1);
 pub const CONV_HALO_C64N32_W4: HaloConfig = halo("conv_halo_c64n32_w4", 64, 32, 4, 1);
-// `conv_halo_t` variants, forced only (all need more smem than the defaults above). Resident
-// weights, 4x8x8 tile, 4 warps of 64x32: one block per tile / persistent (2 per SM).
+// Experiments (`kernel-experiments` only): `conv_halo_t` variants not measured yet, run only when
+// forced (each needs more smem than the default of its Cin and width). Resident weights, 4x8x8
+// tile, 4 warps of 64x32: one block per tile / persistent (2 per SM).
+#[cfg(feature = "kernel-experiments")]
 pub const CONV_HALO_C32N32_R: HaloConfig = HaloConfig {
+    experiment: true,
     wst: 0,
     ..halo("conv_halo_c32n32_r", 32, 32, 4, 1)
 };
+#[cfg(feature = "kernel-experiments")]
 pub const CONV_HALO_C32N32_RP: HaloConfig = HaloConfig {
+    experiment: true,
     wst: 0,
     persist: 2,
     ..halo("conv_halo_c32n32_rp", 32, 32, 4, 1)
 };
 // Resident weights, persistent (1 per SM), double-buffered halo: 4x8x8 x 8 warps of 32x32, and
 // the bigger 8x8x8 tile (halo 1000 rows per 512 outputs) x 8 warps of 64x32.
+#[cfg(feature = "kernel-experiments")]
 pub const CONV_HALO_C32N32_RP2: HaloConfig = HaloConfig {
+    experiment: true,
     wst: 0,
     hb: 2,
     persist: 1,
     ..halo("conv_halo_c32n32_rp2", 32, 32, 8, 1)
 };
+#[cfg(feature = "kernel-experiments")]
 pub const CONV_HALO_C32N32_RB: HaloConfig = HaloConfig {
+    experiment: true,
     tile: [8, 8, 8],
     wst: 0,
     hb: 2,
@@ -463,33 +507,45 @@ pub const CONV_HALO_C32N32_RB: HaloConfig = HaloConfig {
     ..halo("conv_halo_c32n32_rb", 32, 32, 8, 1)
 };
 // Staged weights with 4 stages (3 taps in flight): the deeper pipeline without residency.
+#[cfg(feature = "kernel-experiments")]
 pub const CONV_HALO_C32N32_S4: HaloConfig = HaloConfig {
+    experiment: true,
     wst: 4,
     ..halo("conv_halo_c32n32_s4", 32, 32, 4, 1)
 };
+#[cfg(feature = "kernel-experiments")]
 pub const CONV_HALO_C64N32_S4: HaloConfig = HaloConfig {
+    experiment: true,
     wst: 4,
     ..halo("conv_halo_c64n32_s4", 64, 32, 4, 1)
 };
 // Cin 64, Cout 32: resident weights (111 KB), persistent (1 per SM), 8 warps of 32x32.
+#[cfg(feature = "kernel-experiments")]
 pub const CONV_HALO_C64N32_RP: HaloConfig = HaloConfig {
+    experiment: true,
     wst: 0,
     persist: 1,
     ..halo("conv_halo_c64n32_rp", 64, 32, 8, 1)
 };
 // Cin 64, Cout 64: 8x8x8 tile, 3 weight stages, 8 warps of 128x32 (4 taps' work per barrier).
+#[cfg(feature = "kernel-experiments")]
 pub const CONV_HALO_C64N64_B: HaloConfig = HaloConfig {
+    experiment: true,
     tile: [8, 8, 8],
     wst: 3,
     ..halo("conv_halo_c64n64_b", 64, 64, 4, 2)
 };
 // More outputs per per-tap barrier at the same 16 warps per SM as `_w4` (2 blocks of 8 warps
 // of 64x32, ~91 / ~85 KB): 4x8x16 (halo 1080 rows per 512) and 8x8x8 (1000 per 512).
+#[cfg(feature = "kernel-experiments")]
 pub const CONV_HALO_C32N32_X16: HaloConfig = HaloConfig {
+    experiment: true,
     tile: [4, 8, 16],
     ..halo("conv_halo_c32n32_x16", 32, 32, 8, 1)
 };
+#[cfg(feature = "kernel-experiments")]
 pub const CONV_HALO_C32N32_Y8: HaloConfig = HaloConfig {
+    experiment: true,
     tile: [8, 8, 8],
     ..halo("conv_halo_c32n32_y8", 32, 32, 8, 1)
 };
@@ -536,7 +592,8 @@ pub const CONV_HALO_C32N64_H2: HaloConfig = HaloConfig {
 /// accepts the conv's Cin at its tile width and whose smem fits the device, so the default for
 /// a (Cin, width) is its first line here; the others run only when forced
 /// (`CudaOptions::halo_tile`) or where the ones above do not fit. To make a variant the default,
-/// move its line above the current default of its (Cin, width).
+/// move its line above the current default of its (Cin, width), and an experiment out of its
+/// `cfg` once measured (PERF_NOTES.md).
 pub const HALO_CONFIGS: &[HaloConfig] = &[
     CONV_HALO_C32N32_W4,
     CONV_HALO_C64N32,
@@ -544,15 +601,26 @@ pub const HALO_CONFIGS: &[HaloConfig] = &[
     CONV_HALO_C32N64,
     CONV_HALO_C32N32,
     CONV_HALO_C64N32_W4,
+    // Experiments: forced only (`kernel-experiments`).
+    #[cfg(feature = "kernel-experiments")]
     CONV_HALO_C32N32_R,
+    #[cfg(feature = "kernel-experiments")]
     CONV_HALO_C32N32_RP,
+    #[cfg(feature = "kernel-experiments")]
     CONV_HALO_C32N32_RP2,
+    #[cfg(feature = "kernel-experiments")]
     CONV_HALO_C32N32_RB,
+    #[cfg(feature = "kernel-experiments")]
     CONV_HALO_C32N32_S4,
+    #[cfg(feature = "kernel-experiments")]
     CONV_HALO_C64N32_S4,
+    #[cfg(feature = "kernel-experiments")]
     CONV_HALO_C64N32_RP,
+    #[cfg(feature = "kernel-experiments")]
     CONV_HALO_C64N64_B,
+    #[cfg(feature = "kernel-experiments")]
     CONV_HALO_C32N32_X16,
+    #[cfg(feature = "kernel-experiments")]
     CONV_HALO_C32N32_Y8,
     CONV_HALO_C16N16_R,
     CONV_HALO_C16N16,
@@ -578,28 +646,32 @@ impl HaloConfig {
 
 /// The `*_ENTRY(...)` lines of `fam`'s configuration tables, appended to its file before NVRTC:
 /// `MMA_ENTRY` per mma tile, `UP_ENTRY` per `convt_up_*` twin, `HALO_ENTRY` / `HALO2_ENTRY` per
-/// halo config (the macros in kernels/conv.cu). Empty for a family without tables.
+/// halo config (the macros in kernels/conv_mma.cu, conv_halo.cu). Empty for a family without
+/// tables.
 pub fn entry_lines(fam: Family) -> String {
     let mut out = String::new();
-    if fam != Family::Conv {
+    if !matches!(fam, Family::ConvMma | Family::ConvHalo) {
         return out;
     }
     out.push_str("// Generated from src/backend/cuda/host/catalogue.rs (entry_lines).\n");
-    for c in MMA_CONFIGS {
-        let wn = warps_n(c.threads, c.wm);
-        out.push_str(&format!(
-            "MMA_ENTRY({}, {}, {}, {}, {wn}, {}, {})\n",
-            c.name, c.bm, c.bn, c.wm, c.stages, c.vw
-        ));
-    }
-    for (m, u) in UPSAMPLE_VEC {
-        if let Some(c) = MMA_CONFIGS.iter().find(|c| c.name == *m) {
+    if fam == Family::ConvMma {
+        for c in MMA_CONFIGS {
             let wn = warps_n(c.threads, c.wm);
             out.push_str(&format!(
-                "UP_ENTRY({u}, {}, {}, {}, {wn}, {})\n",
-                c.bm, c.bn, c.wm, c.stages
+                "MMA_ENTRY({}, {}, {}, {}, {wn}, {}, {})\n",
+                c.name, c.bm, c.bn, c.wm, c.stages, c.vw
             ));
         }
+        for (m, u) in UPSAMPLE_VEC {
+            if let Some(c) = MMA_CONFIGS.iter().find(|c| c.name == *m) {
+                let wn = warps_n(c.threads, c.wm);
+                out.push_str(&format!(
+                    "UP_ENTRY({u}, {}, {}, {}, {wn}, {})\n",
+                    c.bm, c.bn, c.wm, c.stages
+                ));
+            }
+        }
+        return out;
     }
     for c in HALO_CONFIGS {
         let wn = warps_n(c.threads, c.wm);
@@ -674,6 +746,19 @@ mod tests {
             halo_config(CONV_HALO_C16N32.name).map(|c| c.bn),
             Some(CONV_HALO_C16N32.bn)
         );
+    }
+
+    /// The experiments are listed exactly with the `kernel-experiments` feature (their
+    /// `experiment` flag and their `cfg` agree), and the generated source instantiates every
+    /// listed halo config.
+    #[test]
+    fn experiments_only_with_the_feature() {
+        let on = cfg!(feature = "kernel-experiments");
+        assert_eq!(HALO_CONFIGS.iter().any(|c| c.experiment), on);
+        let src = Family::ConvHalo.source();
+        for c in HALO_CONFIGS {
+            assert!(src.contains(&format!("({}, ", c.name)), "{}", c.name);
+        }
     }
 
     /// kernels/README.md names every plain kernel and every configuration table, so the page

@@ -552,9 +552,7 @@ mod tests {
         assert!(k.funcs()[0].starts_with("convt_up_"), "{k:?}");
     }
 
-    /// Arena offsets: aligned, buffers whose lifetimes meet never share a byte, the arena is at
-    /// least the most bytes live at one launch (brute force over launches) and, for a chain of
-    /// values each read by the next launch only, exactly the largest neighbouring pair.
+    /// The H200 defaults and a forced mma tile.
     #[test]
     fn caps_and_forced_tiles() {
         let c = ArchCaps::h200();
@@ -569,5 +567,166 @@ mod tests {
         };
         assert_eq!(forced.mma_tile(1000, 32, 8).name, CONV_MMA_M128N64_V8.name);
         assert_eq!(forced.mma_tile(1000, 32, 2).name, CONV_MMA_M128N32_V2.name);
+    }
+
+    /// One conv layer per sample: Cin, Cout, input and output edge (cubes), kernel, stride,
+    /// transposed.
+    type Layer = (usize, usize, usize, usize, usize, usize, bool);
+
+    /// W1 (nnU-Net PlainConvUNet 32..320, 14 classes) at its 128^3 window: encoder, decoder
+    /// (k2 s2 transposed convs, then two 3^3 convs on the concat), head.
+    const W1: &[Layer] = &[
+        (1, 32, 128, 128, 3, 1, false),
+        (32, 32, 128, 128, 3, 1, false),
+        (32, 64, 128, 64, 3, 2, false),
+        (64, 64, 64, 64, 3, 1, false),
+        (64, 128, 64, 32, 3, 2, false),
+        (128, 128, 32, 32, 3, 1, false),
+        (128, 256, 32, 16, 3, 2, false),
+        (256, 256, 16, 16, 3, 1, false),
+        (256, 320, 16, 8, 3, 2, false),
+        (320, 320, 8, 8, 3, 1, false),
+        (320, 320, 8, 4, 3, 2, false),
+        (320, 320, 4, 4, 3, 1, false),
+        (320, 320, 4, 8, 2, 2, true),
+        (640, 320, 8, 8, 3, 1, false),
+        (320, 256, 8, 16, 2, 2, true),
+        (512, 256, 16, 16, 3, 1, false),
+        (256, 128, 16, 32, 2, 2, true),
+        (256, 128, 32, 32, 3, 1, false),
+        (128, 64, 32, 64, 2, 2, true),
+        (128, 64, 64, 64, 3, 1, false),
+        (64, 32, 64, 128, 2, 2, true),
+        (64, 32, 128, 128, 3, 1, false),
+        (32, 14, 128, 128, 1, 1, false),
+    ];
+
+    /// W2 (MONAI UNet 16..256, two residual units, 14 classes) at its 128^3 window: the
+    /// stride-2 units (two convs and the k3 s2 residual), the bottom unit (1x1 residual), the
+    /// k3 s2 transposed convs (parity classes) and their one-conv units.
+    const W2: &[Layer] = &[
+        (1, 16, 128, 64, 3, 2, false),
+        (16, 16, 64, 64, 3, 1, false),
+        (16, 32, 64, 32, 3, 2, false),
+        (32, 32, 32, 32, 3, 1, false),
+        (32, 64, 32, 16, 3, 2, false),
+        (64, 64, 16, 16, 3, 1, false),
+        (64, 128, 16, 8, 3, 2, false),
+        (128, 128, 8, 8, 3, 1, false),
+        (128, 256, 8, 8, 3, 1, false),
+        (256, 256, 8, 8, 3, 1, false),
+        (128, 256, 8, 8, 1, 1, false),
+        (384, 64, 8, 16, 3, 2, true),
+        (128, 32, 16, 32, 3, 2, true),
+        (64, 16, 32, 64, 3, 2, true),
+        (32, 14, 64, 128, 3, 2, true),
+        (14, 14, 128, 128, 3, 1, false),
+    ];
+
+    /// The kernels of every W1 / W2 layer on the H200 at batch 2 and 4, pinned: a change to
+    /// the catalogue, its order or the selection that moves a benchmark layer shows here.
+    #[test]
+    fn w1_w2_kernels_are_pinned() {
+        let pick = |net: &[Layer], batch: usize| -> Vec<String> {
+            net.iter()
+                .map(|&(ci, co, i, o, k, s, t)| {
+                    let g = geom([ci, i, i, i], [co, o, o, o], k, s, 1, t);
+                    let kern = ConvKernel::choose(&ArchCaps::h200(), batch, &g);
+                    let kind = format!("{kern:?}");
+                    let kind = kind.split('[').next().unwrap_or("");
+                    format!("{kind} {}", kern.funcs().join(" "))
+                })
+                .collect()
+        };
+        let w1_b2 = [
+            "Cin1 conv_c1_k3",
+            "Halo conv_halo_c32n32_w4",
+            "Mma conv_mma_m128n64_v8",
+            "Halo conv_halo_c64n64",
+            "Mma conv_mma_m128n128_v8",
+            "Halo conv_halo_c64n64",
+            "Mma conv_mma_m128n64_v8",
+            "Mma conv_mma_m128n64_v8",
+            "Mma conv_mma_m128n64_v8",
+            "Mma conv_mma_m128n64_v8",
+            "Mma conv_mma_m128n64_v8",
+            "Mma conv_mma_m128n64_v8",
+            "UpsampleVec convt_up_m128n64_v8",
+            "Mma conv_mma_m128n64_v8",
+            "UpsampleVec convt_up_m128n64_v8",
+            "Mma conv_mma_m128n64_v8",
+            "UpsampleVec convt_up_m128n128_v8",
+            "Halo conv_halo_c64n64",
+            "UpsampleVec convt_up_m128n128_v8",
+            "Halo conv_halo_c64n64",
+            "UpsampleVec convt_up_m128n128_v8",
+            "Halo conv_halo_c32n32_w4",
+            "Pointwise conv1x1_n16",
+        ];
+        let w1_b4 = [
+            "Cin1 conv_c1_k3",
+            "Halo conv_halo_c32n32_w4",
+            "Mma conv_mma_m128n64_v8",
+            "Halo conv_halo_c64n64",
+            "Mma conv_mma_m128n128_v8",
+            "Halo conv_halo_c64n64",
+            "Mma conv_mma_m128n128_v8",
+            "Mma conv_mma_m128n128_v8",
+            "Mma conv_mma_m128n64_v8",
+            "Mma conv_mma_m128n64_v8",
+            "Mma conv_mma_m128n64_v8",
+            "Mma conv_mma_m128n64_v8",
+            "UpsampleVec convt_up_m128n64_v8",
+            "Mma conv_mma_m128n64_v8",
+            "UpsampleVec convt_up_m128n128_v8",
+            "Mma conv_mma_m128n128_v8",
+            "UpsampleVec convt_up_m128n128_v8",
+            "Halo conv_halo_c64n64",
+            "UpsampleVec convt_up_m128n128_v8",
+            "Halo conv_halo_c64n64",
+            "UpsampleVec convt_up_m128n128_v8",
+            "Halo conv_halo_c32n32_w4",
+            "Pointwise conv1x1_n16",
+        ];
+        let w2_b2 = [
+            "Cin1 conv_c1_k3",
+            "Halo conv_halo_c16n16_r",
+            "Mma conv_mma_m128n32_v8",
+            "Halo conv_halo_c32n32_w4",
+            "Mma conv_mma_m128n64_v8",
+            "Halo conv_halo_c64n64",
+            "Mma conv_mma_m128n64_v8",
+            "Halo conv_halo_c64n64",
+            "Mma conv_mma_m128n64_v8",
+            "Mma conv_mma_m128n64_v8",
+            "Mma conv_mma_m128n64_v8",
+            "ParityFused conv_mma_m128n64_v8",
+            "ParityFused conv_mma_m128n64_v8",
+            "ParityFused conv_mma_m128n128_v8",
+            "ParityFused conv_mma_m128n128_v8",
+            "Halo conv_halo_c16n16_r",
+        ];
+        let w2_b4 = [
+            "Cin1 conv_c1_k3",
+            "Halo conv_halo_c16n16_r",
+            "Mma conv_mma_m128n32_v8",
+            "Halo conv_halo_c32n32_w4",
+            "Mma conv_mma_m128n64_v8",
+            "Halo conv_halo_c64n64",
+            "Mma conv_mma_m128n64_v8",
+            "Halo conv_halo_c64n64",
+            "Mma conv_mma_m128n64_v8",
+            "Mma conv_mma_m128n64_v8",
+            "Mma conv_mma_m128n64_v8",
+            "ParityFused conv_mma_m128n64_v8",
+            "ParityFused conv_mma_m128n128_v8",
+            "ParityFused conv_mma_m128n128_v8",
+            "ParityFused conv_mma_m128n128_v8",
+            "Halo conv_halo_c16n16_r",
+        ];
+        assert_eq!(pick(W1, 2), w1_b2);
+        assert_eq!(pick(W1, 4), w1_b4);
+        assert_eq!(pick(W2, 2), w2_b2);
+        assert_eq!(pick(W2, 4), w2_b4);
     }
 }

@@ -92,6 +92,16 @@ pub fn pick_halo(
     smem_max: usize,
     force: Option<&str>,
 ) -> Option<&'static HaloConfig> {
+    pick_halo_in(HALO_CONFIGS, g, smem_max, force)
+}
+
+/// [`pick_halo`] over `configs` (in preference order).
+fn pick_halo_in<'a>(
+    configs: &'a [HaloConfig],
+    g: &ConvGeom,
+    smem_max: usize,
+    force: Option<&str>,
+) -> Option<&'a HaloConfig> {
     let (cin, cout) = (g.xs[0], g.os[0]);
     if g.transposed
         || g.groups != 1
@@ -103,10 +113,10 @@ pub fn pick_halo(
         return None;
     }
     let runs = |c: &&HaloConfig| c.accepts_cin(cin) && c.smem_bytes() as usize <= smem_max;
-    let widths = || HALO_CONFIGS.iter().filter(runs).map(|c| c.bn);
-    // Cout above every width: grid.y channel tiles, on the phase-7 (width >= 32) configs only.
+    let widths = || configs.iter().filter(runs).map(|c| c.bn);
+    // Cout above every width: grid.y channel tiles, on the width >= 32 configs only.
     let tiled = || {
-        HALO_CONFIGS
+        configs
             .iter()
             .filter(runs)
             .filter(|c| c.cin >= 32)
@@ -118,7 +128,7 @@ pub fn pick_halo(
         .or_else(|| tiled().max())?;
     let fits = |c: &&HaloConfig| runs(c) && c.bn == bn;
     if let Some(f) = force {
-        if let Some(c) = HALO_CONFIGS.iter().filter(fits).find(|c| c.name == f) {
+        if let Some(c) = configs.iter().filter(fits).find(|c| c.name == f) {
             return Some(c);
         }
     }
@@ -127,7 +137,7 @@ pub fn pick_halo(
     }
     // The first line that runs it (measured, PERF_NOTES: Cin 64 -> Cout 32 runs
     // faster as two 32-channel chunks on c32n32_w4 than on c64n32, 1.646 vs 1.728 ms).
-    HALO_CONFIGS
+    configs
         .iter()
         .filter(fits)
         .find(|c| cin == c.cin || 2 * cin > c.cin)
@@ -283,16 +293,9 @@ mod tests {
             f(128, 64, Some(CONV_HALO_C32N64.name)),
             Some(CONV_HALO_C32N64.name)
         );
-        assert_eq!(
-            f(128, 32, Some(CONV_HALO_C64N32_RP.name)),
-            Some(CONV_HALO_C32N32_W4.name)
-        );
-        assert_eq!(f(256, 256, Some(CONV_HALO_C64N32_RP.name)), None);
         let hc = |n| halo_config(n).unwrap();
         assert!(hc(CONV_HALO_C64N64.name).accepts_cin(320));
         assert!(!hc(CONV_HALO_C64N64.name).accepts_cin(96));
-        assert!(hc(CONV_HALO_C32N32_S4.name).accepts_cin(96));
-        assert!(!hc(CONV_HALO_C32N32_RP.name).accepts_cin(64));
         assert_eq!(hc(CONV_HALO_C64N64.name).cout_tiles(128), 2);
         assert_eq!(hc(CONV_HALO_C64N64.name).cout_tiles(129), 3);
         assert_eq!(hc(CONV_HALO_C32N32.name).cout_tiles(17), 1);
@@ -305,26 +308,9 @@ mod tests {
             hc(CONV_HALO_C32N64_H2.name).smem_bytes(),
             (2 * 64 * 40 + 2 * 600 * 40) * 2
         );
-        // A forced Cin-32 staged tile runs Cin 64 in 2 chunks; a resident one (one chunk
-        // only) falls back to the default.
+        // A forced Cin-32 staged tile runs Cin 64 in 2 chunks.
         assert_eq!(
             f(64, 32, Some(CONV_HALO_C32N32_W4.name)),
-            Some(CONV_HALO_C32N32_W4.name)
-        );
-        assert_eq!(
-            f(64, 32, Some(CONV_HALO_C32N32_RP.name)),
-            Some(CONV_HALO_C32N32_W4.name)
-        );
-        // Phase-4 variants: forced by name where they fit, never the default; the 216 KB
-        // 8x8x8 tile falls back to the default under sm_80's 163 KB.
-        assert_eq!(
-            f(32, 32, Some(CONV_HALO_C32N32_RP.name)),
-            Some(CONV_HALO_C32N32_RP.name)
-        );
-        let g =
-            |n, m| pick_halo(&geom(32, 32, [3; 3], [1; 3], [1; 3], 1, false), m, n).map(|c| c.name);
-        assert_eq!(
-            g(Some(CONV_HALO_C32N32_RB.name), 163 * 1024),
             Some(CONV_HALO_C32N32_W4.name)
         );
         for c in HALO_CONFIGS {
@@ -351,23 +337,6 @@ mod tests {
                 d.name
             );
         }
-        // Resident weights: 32 rows of 27 * 32 + 8 halves + the 600-row halo; 8x8x8 tile:
-        // 1000-row halos, two of them; persistent grids stop at persist x SMs.
-        assert_eq!(
-            hc(CONV_HALO_C32N32_R.name).smem_bytes(),
-            (32 * 872 + 600 * 40) * 2
-        );
-        assert_eq!(
-            hc(CONV_HALO_C32N32_RB.name).smem_bytes(),
-            (32 * 872 + 2 * 1000 * 40) * 2
-        );
-        assert_eq!(
-            hc(CONV_HALO_C32N32_R.name).grid(2, [128; 3], 132),
-            2 * 32 * 16 * 16
-        );
-        assert_eq!(hc(CONV_HALO_C32N32_RP.name).grid(2, [128; 3], 132), 264);
-        assert_eq!(hc(CONV_HALO_C32N32_RP.name).grid(1, [4, 8, 9], 132), 2);
-        assert_eq!(hc(CONV_HALO_C32N32_RB.name).tiles(2, [9, 8, 17]), 2 * 2 * 3);
         assert_eq!(
             f(32, 64, Some(CONV_HALO_C32N32_W4.name)),
             Some(CONV_HALO_C32N64.name)
@@ -423,8 +392,89 @@ mod tests {
             hc(CONV_HALO_C16N16_RP2.name).grid(4, [128; 3], 132),
             3 * 132
         );
+        // One block per tile where not persistent.
+        assert_eq!(
+            hc(CONV_HALO_C16N16_R.name).grid(2, [128; 3], 132),
+            2 * 32 * 16 * 16
+        );
         assert!(!is_upsampling_convt(
             [3; 3], [2; 3], [1; 3], &[1; 6], [1; 3], 1
         ));
+    }
+
+    /// The experiments (`kernel-experiments`): forced by name where they accept the Cin and fit,
+    /// never a default; a resident kernel (one Cin chunk) or one over the device's smem falls
+    /// back to the default.
+    #[cfg(feature = "kernel-experiments")]
+    #[test]
+    fn forced_experiments() {
+        let big = 227 * 1024;
+        let f = |ci, co, n| {
+            pick_halo(&geom(ci, co, [3; 3], [1; 3], [1; 3], 1, false), big, n).map(|c| c.name)
+        };
+        let hc = |n| halo_config(n).unwrap();
+        assert_eq!(
+            f(128, 32, Some(CONV_HALO_C64N32_RP.name)),
+            Some(CONV_HALO_C32N32_W4.name)
+        );
+        assert_eq!(f(256, 256, Some(CONV_HALO_C64N32_RP.name)), None);
+        assert!(hc(CONV_HALO_C32N32_S4.name).accepts_cin(96));
+        assert!(!hc(CONV_HALO_C32N32_RP.name).accepts_cin(64));
+        assert_eq!(
+            f(64, 32, Some(CONV_HALO_C32N32_RP.name)),
+            Some(CONV_HALO_C32N32_W4.name)
+        );
+        // Where they fit; the 216 KB 8x8x8 tile falls back to the default under sm_80's 163 KB.
+        assert_eq!(
+            f(32, 32, Some(CONV_HALO_C32N32_RP.name)),
+            Some(CONV_HALO_C32N32_RP.name)
+        );
+        let g =
+            |n, m| pick_halo(&geom(32, 32, [3; 3], [1; 3], [1; 3], 1, false), m, n).map(|c| c.name);
+        assert_eq!(
+            g(Some(CONV_HALO_C32N32_RB.name), 163 * 1024),
+            Some(CONV_HALO_C32N32_W4.name)
+        );
+        // Resident weights: 32 rows of 27 * 32 + 8 halves + the 600-row halo; 8x8x8 tile:
+        // 1000-row halos, two of them; persistent grids stop at persist x SMs.
+        assert_eq!(
+            hc(CONV_HALO_C32N32_R.name).smem_bytes(),
+            (32 * 872 + 600 * 40) * 2
+        );
+        assert_eq!(
+            hc(CONV_HALO_C32N32_RB.name).smem_bytes(),
+            (32 * 872 + 2 * 1000 * 40) * 2
+        );
+        assert_eq!(
+            hc(CONV_HALO_C32N32_R.name).grid(2, [128; 3], 132),
+            2 * 32 * 16 * 16
+        );
+        assert_eq!(hc(CONV_HALO_C32N32_RP.name).grid(2, [128; 3], 132), 264);
+        assert_eq!(hc(CONV_HALO_C32N32_RP.name).grid(1, [4, 8, 9], 132), 2);
+        assert_eq!(hc(CONV_HALO_C32N32_RB.name).tiles(2, [9, 8, 17]), 2 * 2 * 3);
+    }
+
+    /// The experiments never change a default: for every stride-1 3^3 conv with Cin and Cout
+    /// up to 320, at the smem limits of sm_86, sm_80 and sm_90 (and a small one), the choice
+    /// over the whole list is the choice over the list without them (the default build's).
+    #[cfg(feature = "kernel-experiments")]
+    #[test]
+    fn experiments_change_no_default() {
+        let plain: Vec<HaloConfig> = HALO_CONFIGS
+            .iter()
+            .filter(|c| !c.experiment)
+            .copied()
+            .collect();
+        assert!(plain.len() < HALO_CONFIGS.len());
+        for smem in [48 * 1024, 99 * 1024, 163 * 1024, 227 * 1024] {
+            for cin in 1..=320 {
+                for cout in 1..=320 {
+                    let g = geom(cin, cout, [3; 3], [1; 3], [1; 3], 1, false);
+                    let all = pick_halo(&g, smem, None).map(|c| c.name);
+                    let def = pick_halo_in(&plain, &g, smem, None).map(|c| c.name);
+                    assert_eq!(all, def, "{cin}->{cout} at {smem} bytes");
+                }
+            }
+        }
     }
 }

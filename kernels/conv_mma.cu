@@ -1,0 +1,318 @@
+// conv_mma_*: the fast implicit GEMM (Ampere/Hopper): mma.sync.m16n8k16 fed by ldmatrix from
+// padded shared memory, STAGES-deep cp.async pipeline, TBM x TBN block tile split over WM x WN warps,
+// fp32 accumulators in registers, bias + activation epilogue stored straight from the
+// accumulators as half2 (`conv_store`, kernels/mma.cuh). Non-transposed convs only (plus the kernel==stride transposed conv run
+// as a 1x1x1 GEMM with the scatter epilogue, see ConvParams::up_d).
+// Smem rows are MLDS = 40 halves (80 bytes): the 8 row addresses of one ldmatrix phase land in
+// 8 different 16-byte bank groups, and every row start stays 16-byte aligned for cp.async.
+#define MBK 32
+#define MLDS 40
+
+__device__ __forceinline__ void cp_async16_ca(half* smem, const half* gmem, int bytes) {
+#if __CUDA_ARCH__ >= 800
+    // .ca: keep the gathered rows in L1, the next taps (tx+1) read them again shifted by a voxel.
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
+#else
+    *reinterpret_cast<uint4*>(smem) = bytes ? *reinterpret_cast<const uint4*>(gmem) : make_uint4(0, 0, 0, 0);
+#endif
+}
+
+
+// VW: halves per A gather: 8 (Cin % 8 == 0, 16-byte cp.async), 2 (even Cin, 4-byte cp.async),
+// 1 (element gathers by one thread per row).
+// VEC_EPI (upsampling GEMM only, Cout % 8 == 0): the epilogue stages the fp32 tile in shared
+// memory and writes each 8-channel chunk of a (voxel, tap) with one 16-byte store.
+template <int TBM, int TBN, int WM, int WN, int STAGES, int VW, bool VEC_EPI = false>
+__device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __restrict__ x,
+                                         const half* __restrict__ w, const float* __restrict__ bias,
+                                         half* __restrict__ y, const float* __restrict__ slope) {
+    constexpr int THREADS = WM * WN * 32;
+    constexpr int TM = TBM / WM, TN = TBN / WN;  // warp tile
+    constexpr int MI = TM / 16, NI = TN / 8;
+    static_assert(NI % 2 == 0, "warp tile N must be a multiple of 16");
+    constexpr int A_ST = TBM * MLDS, B_ST = TBN * MLDS;  // halves per stage
+    extern __shared__ __align__(16) unsigned char dsm[];
+    half* sA = reinterpret_cast<half*>(dsm);
+    half* sB = sA + STAGES * A_ST;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp % WM, wn = warp / WM;
+    const int M = p.n * p.do_ * p.ho * p.wo;  // host keeps M < 2^31
+    const int m0 = blockIdx.x * TBM;
+    const int n0 = blockIdx.y * TBN;
+    const int taps_hw = p.kh * p.kw;
+    const int K = p.kd * taps_hw * p.cin;
+    const int nk = (K + MBK - 1) / MBK;
+
+    // A rows owned by this thread: VEC: chunk v = tid % TPR of rows tid/TPR + r * THREADS/TPR
+    // (TPR = 32/VW threads per row); scalar: row tid (THREADS == TBM), all 32 k. Decode each
+    // row's input origin once.
+    constexpr bool VEC = VW > 1;
+    constexpr int TPR = MBK / VW;
+    constexpr int RSTEP = VEC ? THREADS / TPR : THREADS;
+    constexpr int AROWS = TBM / RSTEP;
+    static_assert(VEC || THREADS == TBM, "scalar gather wants one row per thread");
+    i64 base[AROWS];
+    int z0[AROWS], y0[AROWS], x0[AROWS];
+#pragma unroll
+    for (int r = 0; r < AROWS; r++) {
+        int row = (VEC ? tid / TPR : tid) + r * RSTEP;
+        int m = m0 + row;
+        if (m < M) {
+            int ox = m % p.wo, t = m / p.wo;
+            int oy = t % p.ho; t /= p.ho;
+            int oz = t % p.do_, n = t / p.do_;
+            z0[r] = oz * p.sd - p.pd;
+            y0[r] = oy * p.sh - p.ph;
+            x0[r] = ox * p.sw - p.pw;
+            base[r] = ((((i64)n * p.di + z0[r]) * p.hi + y0[r]) * p.wi + x0[r]) * p.cin;
+        } else {
+            z0[r] = -(1 << 28);  // fails every bounds check below
+            y0[r] = x0[r] = 0;
+            base[r] = 0;
+        }
+    }
+
+    // VEC: this thread's position in K (k = kt * 32 + v * VW), advanced incrementally.
+    const int v = tid % TPR;
+    int ci = 0, tx = 0, ty = 0, tz = 0;
+    if (VEC) {
+        int k = v * VW;
+        int tap = k / p.cin;
+        ci = k - tap * p.cin;
+        tz = tap / taps_hw;
+        int rem = tap - tz * taps_hw;
+        ty = rem / p.kw;
+        tx = rem - ty * p.kw;
+    }
+
+    auto load_tile = [&](int stage, int kt) {
+        half* as = sA + stage * A_ST;
+        half* bs = sB + stage * B_ST;
+        const int k0 = kt * MBK;
+        if (VEC) {
+            const bool kin = tz < p.kd;
+            const int dz = tz * p.dd, dy = ty * p.dh, dx = tx * p.dw;
+            const int off = ((dz * p.hi + dy) * p.wi + dx) * p.cin + ci;
+#pragma unroll
+            for (int r = 0; r < AROWS; r++) {
+                int row = tid / TPR + r * RSTEP;
+                int iz = z0[r] + dz, iy = y0[r] + dy, ix = x0[r] + dx;
+                bool ok = kin && (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi &&
+                          (unsigned)ix < (unsigned)p.wi;
+                if (VW == 8)
+                    cp_async16_ca(as + row * MLDS + v * 8, ok ? x + base[r] + off : x, ok ? 16 : 0);
+                else
+                    cp_async4_ca(as + row * MLDS + v * VW, ok ? x + base[r] + off : x, ok ? 4 : 0);
+            }
+            // Advance this thread's K position by one tile.
+            ci += MBK;
+            while (ci >= p.cin) {
+                ci -= p.cin;
+                if (++tx == p.kw) {
+                    tx = 0;
+                    if (++ty == p.kh) {
+                        ty = 0;
+                        ++tz;
+                    }
+                }
+            }
+        } else {
+            // Element gathers (Cin = 1, 3, ...): the 1-channel first conv has K = 27, one tile.
+            __align__(16) half vals[MBK];
+            // Decode k0 once, then step (c, qx, qy, qz) along K without divisions.
+            int tap = k0 / p.cin, c = k0 - tap * p.cin;
+            int qz = tap / taps_hw, rem = tap - qz * taps_hw;
+            int qy = rem / p.kw, qx = rem - qy * p.kw;
+#pragma unroll
+            for (int j = 0; j < MBK; j++) {
+                half val = __float2half(0.f);
+                int iz = z0[0] + qz * p.dd, iy = y0[0] + qy * p.dh, ix = x0[0] + qx * p.dw;
+                if (qz < p.kd && (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi &&
+                    (unsigned)ix < (unsigned)p.wi)
+                    val = x[base[0] + ((qz * p.dd * p.hi + qy * p.dh) * p.wi + qx * p.dw) * p.cin + c];
+                vals[j] = val;
+                if (++c == p.cin) {
+                    c = 0;
+                    if (++qx == p.kw) {
+                        qx = 0;
+                        if (++qy == p.kh) {
+                            qy = 0;
+                            ++qz;
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < MBK; j += 8)
+                *reinterpret_cast<uint4*>(as + tid * MLDS + j) = *reinterpret_cast<const uint4*>(vals + j);
+        }
+        // B: TBN weight rows x 4 chunks; rows are padded to the tile, so no bounds checks.
+#pragma unroll
+        for (int idx = tid; idx < TBN * 4; idx += THREADS) {
+            int nrow = idx >> 2, vv = idx & 3;
+            cp_async16_ca(bs + nrow * MLDS + vv * 8, w + (i64)(n0 + nrow) * p.kpad + k0 + vv * 8, 16);
+        }
+    };
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NI; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[i][j][q] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < nk) load_tile(s, s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // tile kt landed for all threads; everyone is done with tile kt-1
+        {
+            int nt = kt + STAGES - 1;
+            if (nt < nk) load_tile(nt % STAGES, nt);
+            cp_async_commit();
+        }
+        const half* as = sA + (kt % STAGES) * A_ST + (wm * TM) * MLDS;
+        const half* bs = sB + (kt % STAGES) * B_ST + (wn * TN) * MLDS;
+#pragma unroll
+        for (int kk = 0; kk < MBK; kk += 16) {
+            unsigned af[MI][4], bf[NI / 2][4];
+#pragma unroll
+            for (int i = 0; i < MI; i++)
+                ldsm_x4(af[i], as + (i * 16 + (lane & 15)) * MLDS + kk + (lane >> 4) * 8);
+#pragma unroll
+            for (int j = 0; j < NI / 2; j++)
+                ldsm_x4(bf[j], bs + (j * 16 + (lane >> 4) * 8 + (lane & 7)) * MLDS + kk + ((lane >> 3) & 1) * 8);
+#pragma unroll
+            for (int i = 0; i < MI; i++)
+#pragma unroll
+                for (int j = 0; j < NI; j++)
+                    mma16816(acc[i][j], af[i], bf[j >> 1][(j & 1) * 2], bf[j >> 1][(j & 1) * 2 + 1]);
+        }
+    }
+    cp_async_wait<0>();
+
+    if (VEC_EPI) {
+        // Stage the fp32 tile (row stride TBN + 8 floats: float4 aligned, the fragment's float2
+        // writes conflict-free per half warp) over the A/B stages,
+        // then one thread per (row, 8-column chunk): a chunk is 8 channels of one tap because
+        // Cout % 8 == 0, so it lands contiguously at output voxel ob(row) + off(tap).
+        constexpr int CLD = TBN + 8;
+        static_assert(TBM * CLD * 4 <= STAGES * (A_ST + B_ST) * 2, "staged tile must fit");
+        __syncthreads();  // every warp is done reading the operand stages
+        float* cs = reinterpret_cast<float*>(dsm);
+#pragma unroll
+        for (int i = 0; i < MI; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int j = 0; j < NI; j++) {
+                    int row = wm * TM + i * 16 + (lane >> 2) + h * 8;
+                    int col = wn * TN + j * 8 + (lane & 3) * 2;
+                    *reinterpret_cast<float2*>(cs + row * CLD + col) =
+                        make_float2(acc[i][j][h * 2], acc[i][j][h * 2 + 1]);
+                }
+        __syncthreads();
+        const bool vec = ((p.ldc | p.coff) & 7) == 0;
+        constexpr int CH = TBN / 8;
+        for (int idx = tid; idx < TBM * CH; idx += THREADS) {
+            int row = idx / CH, ch = idx - row * CH;
+            int m = m0 + row, c = n0 + ch * 8;
+            if (m >= M || c >= p.cout) continue;
+            int ix = m % p.wo, t = m / p.wo;
+            int iy = t % p.ho;
+            t /= p.ho;
+            int iz = t % p.do_, n = t / p.do_;
+            int tap = c / p.ocout, co = c - tap * p.ocout;
+            int qz = tap / (p.up_h * p.up_w), rem = tap - qz * p.up_h * p.up_w;
+            int qy = rem / p.up_w, qx = rem - qy * p.up_w;
+            i64 o = (((i64)n * p.od + iz * p.up_d + qz) * p.oh + iy * p.up_h + qy) * p.ow + ix * p.up_w + qx;
+            const float4 a = *reinterpret_cast<const float4*>(cs + row * CLD + ch * 8);
+            const float4 b = *reinterpret_cast<const float4*>(cs + row * CLD + ch * 8 + 4);
+            float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                float u = v[q] + (bias ? bias[co + q] : 0.f);
+                v[q] = act_apply(u, co + q, p.act, p.alpha, slope, p.slope_n);
+            }
+            const i64 dst = o * p.ldc + p.coff + co;
+            if (vec) {
+                out_store8(p, y, dst, v);
+            } else {
+#pragma unroll
+                for (int q = 0; q < 8; q++) out_store1(p, y, dst + q, v[q]);
+            }
+        }
+        return;
+    }
+
+    // Epilogue from registers: thread holds rows g, g+8 and column pairs (lane % 4) * 2.
+    // Column-only work (channel, scatter offset) once per column pair; the store (bias,
+    // activation) is out of line so the unrolled epilogue stays small.
+    const bool scatter = p.up_d > 0;
+    const int oc = scatter ? p.ocout : p.cout;
+    const bool pair = ((p.ldc | p.coff) & 1) == 0 && (oc & 1) == 0;
+    int coj[NI];
+    int offj[NI];  // output voxel offset of the column's tap (scatter), else 0
+#pragma unroll
+    for (int j = 0; j < NI; j++) {
+        int c = n0 + wn * TN + j * 8 + (lane & 3) * 2;
+        coj[j] = c;
+        offj[j] = 0;
+        if (scatter) {
+            int tap = c / p.ocout;
+            coj[j] = c - tap * p.ocout;
+            int qz = tap / (p.up_h * p.up_w), rem = tap - qz * p.up_h * p.up_w;
+            int qy = rem / p.up_w, qx = rem - qy * p.up_w;
+            offj[j] = (qz * p.oh + qy) * p.ow + qx;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MI; i++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int m = m0 + wm * TM + i * 16 + (lane >> 2) + h * 8;
+            if (m >= M) continue;
+            i64 ob;  // output voxel index of tap 0
+            if (scatter) {
+                int ix = m % p.wo, t = m / p.wo;
+                int iy = t % p.ho; t /= p.ho;
+                int iz = t % p.do_, n = t / p.do_;
+                ob = (((i64)n * p.od + iz * p.up_d) * p.oh + iy * p.up_h) * p.ow + ix * p.up_w;
+            } else {
+                ob = m;
+            }
+#pragma unroll
+            for (int j = 0; j < NI; j++) {
+                int c = n0 + wn * TN + j * 8 + (lane & 3) * 2;
+                if (c >= p.cout) continue;
+                conv_store(p, y, bias, slope, ob, offj[j], coj[j], c, acc[i][j][h * 2],
+                           acc[i][j][h * 2 + 1], pair, scatter);
+            }
+        }
+    }
+}
+
+// Name: conv_mma_m{TBM}n{TBN}_{v8 | v2 | v1}. Instantiated once per MMA_CONFIGS line by
+// `entry_lines` in src/backend/cuda/host/catalogue.rs (appended to this file before NVRTC).
+#define MMA_ENTRY(NAME, TBM, TBN, WM, WN, ST, VW)                                                   \
+    extern "C" __global__ void __launch_bounds__(WM * WN * 32) NAME(                               \
+        ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope) { \
+        conv_mma<TBM, TBN, WM, WN, ST, VW>(p, x, w, bias, y, slope);                                \
+    }
+
+// convt_up_m{TBM}n{TBN}_v8: the kernel == stride transposed conv as the upsampling GEMM
+// (conv_mma's scatter view, Cin % 8 == 0, Cout % 8 == 0) with the staged 16-byte epilogue.
+// Same tiles and shared memory as conv_mma_m{TBM}n{TBN}_v8 (UPSAMPLE_VEC in the catalogue,
+// which instantiates them).
+#define UP_ENTRY(NAME, TBM, TBN, WM, WN, ST)                                                        \
+    extern "C" __global__ void __launch_bounds__(WM * WN * 32) NAME(                               \
+        ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope) { \
+        conv_mma<TBM, TBN, WM, WN, ST, 8, true>(p, x, w, bias, y, slope);                           \
+    }
+

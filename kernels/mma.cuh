@@ -1,0 +1,72 @@
+// The mma.sync building blocks shared by kernels/conv_mma.cu and kernels/conv_halo.cu (sm_80+):
+// 4-byte cp.async gathers, ldmatrix, the m16n8k16 fp16 mma and the conv epilogue store. Prepended
+// (after common.cuh) to those two families only (`Family::source`).
+
+// 4-byte variant for the 2-half gathers (even Cin that is not a multiple of 8).
+__device__ __forceinline__ void cp_async4_ca(half* smem, const half* gmem, int bytes) {
+#if __CUDA_ARCH__ >= 800
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
+#else
+    *reinterpret_cast<unsigned*>(smem) = bytes ? *reinterpret_cast<const unsigned*>(gmem) : 0u;
+#endif
+}
+
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const half* p) {
+#if __CUDA_ARCH__ >= 800
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+#else
+    r[0] = r[1] = r[2] = r[3] = 0u;
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+}
+
+// Stores GEMM columns c, c+1 of one row (bias, activation): half2 when aligned, else one by one
+// (with an odd Cout the scatter's next column can belong to the next tap). Out of line: the
+// unrolled epilogue calls it MI x NI x 2 times; inlining it was measured slower on the H200
+// (K1 113 -> 75 TF/s, W1 convs 30.5 -> 38.6 ms: register pressure in the main loop).
+__device__ __noinline__ void conv_store(const ConvParams& p, half* __restrict__ y,
+                                        const float* __restrict__ bias, const float* __restrict__ slope,
+                                        i64 ob, int off, int co, int c, float v0, float v1, bool pair,
+                                        bool scatter) {
+    i64 o = ob + off;
+    const i64 dst = o * p.ldc + p.coff + co;
+    if (bias) v0 += bias[co];
+    v0 = act_apply(v0, co, p.act, p.alpha, slope, p.slope_n);
+    if (c + 1 >= p.cout) {
+        out_store1(p, y, dst, v0);
+        return;
+    }
+    int co1 = co + 1;
+    i64 o1 = o;
+    if (scatter && co1 == p.ocout) {
+        int tap = (c + 1) / p.ocout;
+        int qz = tap / (p.up_h * p.up_w), rem = tap - qz * p.up_h * p.up_w;
+        int qy = rem / p.up_w, qx = rem - qy * p.up_w;
+        o1 = ob + ((i64)qz * p.oh + qy) * p.ow + qx;
+        co1 = 0;
+    }
+    if (bias) v1 += bias[co1];
+    v1 = act_apply(v1, co1, p.act, p.alpha, slope, p.slope_n);
+    if (pair) {
+        out_store2(p, y, dst, v0, v1);
+    } else {
+        out_store1(p, y, o1 * p.ldc + p.coff + co1, v1);
+        out_store1(p, y, dst, v0);
+    }
+}
