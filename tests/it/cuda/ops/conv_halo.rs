@@ -295,13 +295,7 @@ fn conv_halo_cases() {
         (128, 17, 32, None),
         (128, 32, 64, None),
     ];
-    // Resident, persistent and staged-ring variants (experiments: built with the feature only).
-    #[cfg(feature = "kernel-experiments")]
-    cases.extend([
-        (32, 17, 32, Some(cat::CONV_HALO_C32N32_RP.name)),
-        (32, 32, 32, Some(cat::CONV_HALO_C32N32_RB.name)),
-        (128, 32, 32, Some(cat::CONV_HALO_C64N32_S4.name)),
-    ]);
+    cases.extend(experiment_slices());
     for (c, ca, cb, tile) in cases {
         b.with(|o| o.halo_tile = tile.map(halo_named));
         let sp = [5usize, 9, 10];
@@ -364,4 +358,17 @@ fn conv_halo_cases() {
         );
     }
     b.with(|o| o.halo_tile = None);
+}
+
+/// The concat-slice cases of the resident, persistent and staged-ring variants: experiments,
+/// which exist with the `kernel-experiments` feature only.
+fn experiment_slices() -> Vec<(usize, usize, usize, Option<&'static str>)> {
+    #[cfg(feature = "kernel-experiments")]
+    return vec![
+        (32, 17, 32, Some(cat::CONV_HALO_C32N32_RP.name)),
+        (32, 32, 32, Some(cat::CONV_HALO_C32N32_RB.name)),
+        (128, 32, 32, Some(cat::CONV_HALO_C64N32_S4.name)),
+    ];
+    #[cfg(not(feature = "kernel-experiments"))]
+    vec![]
 }
