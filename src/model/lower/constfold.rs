@@ -8,6 +8,7 @@
 //! [`super::budget`]); a single folded value may hold at most [`super::budget::MAX_CONST_ELEMS`] elements.
 //! Booleans (Equal, Not, Cast to bool...) are kept as f32 0/1: exact, and half the bytes of i64.
 
+use super::moves::Folded;
 use super::{
     attr, broadcast_index, broadcast_shape, for_each_index, proto, sym_to_const, to_i64, Charge,
     Const, Ctx, Data, Lowerer, Rc, Result, Val,
@@ -115,10 +116,7 @@ impl Lowerer<'_> {
                     Some(c) => Some(c),
                     None if i > 0 && SHAPE_OPERANDS.contains(&op) => {
                         match self.values_of(ctx, s, "a shape operand") {
-                            Ok(v) => Some(Const {
-                                shape: s.shape.clone(),
-                                data: Data::I(v.iter().map(|&x| x as i64).collect()),
-                            }),
+                            Ok(v) => Some(Const::from_values(s.shape.clone(), v, true)),
                             Err(_) => return Ok(false),
                         }
                     }

@@ -7,7 +7,7 @@
 
 use super::moves::Folded;
 use super::{Ctx, Lowerer, Result, Val};
-use crate::model::decode::{proto, Const, Data};
+use crate::model::decode::{proto, Const};
 use crate::model::sym::{broadcast_index, broadcast_shape, for_each_index, Sym};
 use std::rc::Rc;
 
@@ -63,15 +63,7 @@ impl Lowerer<'_> {
     /// they differ from one window to another).
     fn evaluated(&self, ctx: &Ctx, s: &Sym) -> Result<Const> {
         let v = self.values_of(ctx, s, "an operand")?;
-        let data = if s.int {
-            Data::I(v.iter().map(|&x| x as i64).collect())
-        } else {
-            Data::F(v.iter().map(|&x| x as f32).collect())
-        };
-        Ok(Const {
-            shape: s.shape.clone(),
-            data,
-        })
+        Ok(Const::from_values(s.shape.clone(), v, s.int))
     }
 
     /// Where with a known condition selecting between values that read activation sizes.

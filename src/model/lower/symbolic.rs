@@ -1,9 +1,10 @@
 //! Shape plumbing: folding of small constant / symbolic tensors, their evaluation on probe
 //! windows of the partial IR, and the budgets that bound both.
 
+use super::moves::Folded;
 use super::{
     broadcast_index, broadcast_shape, for_each_index, infer_shapes_raw, spatial_divisor_raw, Bop,
-    Charge, Const, Ctx, Data, Dims, Elem, Lowerer, Rc, Result, Round, Sym, Val, ValueId, SMALL,
+    Charge, Const, Ctx, Dims, Elem, Lowerer, Rc, Result, Round, Sym, Val, ValueId, SMALL,
 };
 use crate::model::shape::probe_window;
 
@@ -19,15 +20,7 @@ pub(super) fn small_numel(shape: &[usize]) -> Option<usize> {
 }
 
 pub(super) fn sym_to_const(s: &Sym) -> Option<Const> {
-    let v = s.all_known()?;
-    Some(Const {
-        shape: s.shape.clone(),
-        data: if s.int {
-            Data::I(v.iter().map(|&x| x as i64).collect())
-        } else {
-            Data::F(v.iter().map(|&x| x as f32).collect())
-        },
-    })
+    Some(Const::from_values(s.shape.clone(), s.all_known()?, s.int))
 }
 
 /// Right-align a shape against NCDHW (numpy broadcasting).

@@ -122,13 +122,25 @@ fn unary_rows(c: usize) -> Vec<Unary> {
             half::f16::from_f64(v).to_f64()
         }),
         pw("RoundBf16", Pointwise::RoundBf16, |v| {
-            half::bf16::from_f64(v).to_f64()
+            round_significand(v, 8)
         }),
         pos("Log of sigmoid", Pointwise::Log, f64::ln),
         pos("Sqrt of sigmoid", Pointwise::Sqrt, f64::sqrt),
         pos("Reciprocal of sigmoid", Pointwise::Reciprocal, |v| 1.0 / v),
         pos("Pow 0.5 of sigmoid", Pointwise::Pow(0.5), f64::sqrt),
     ]
+}
+
+/// `v` rounded to `bits` significant bits, ties to even: bfloat16 is 8 (exact for normal numbers;
+/// written out because `half::bf16::from_f64` does not round every f32 value as `from_f32` does,
+/// which is what a Cast to bfloat16 of a float32 does).
+fn round_significand(v: f64, bits: i32) -> f64 {
+    if v == 0.0 || !v.is_finite() {
+        return v;
+    }
+    let exp = ((v.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+    let q = 2f64.powi(exp - (bits - 1));
+    (v / q).round_ties_even() * q
 }
 
 fn input(r: &mut Rng, scale: f32) -> Array5<f32> {

@@ -689,9 +689,7 @@ mod tests {
             "ParityFused conv_mma_m128n128_v8",
             "Halo conv_halo_c16n16_r",
         ];
-        let w2_b4: &[(usize, &str)] = &[
-            (12, "ParityFused conv_mma_m128n128_v8"),
-        ];
+        let w2_b4: &[(usize, &str)] = &[(12, "ParityFused conv_mma_m128n128_v8")];
         // The batch-4 list: batch 2's with the changes applied.
         let at_b4 = |b2: &[&str], changes: &[(usize, &str)]| -> Vec<String> {
             let mut v: Vec<String> = b2.iter().map(|k| k.to_string()).collect();
