@@ -1,4 +1,4 @@
-// The streamed sliding-window path (src/backend/cuda/pipeline.rs): window logits are blended into
+// The streamed sliding-window path (src/backend/cuda/stream/): window logits are blended into
 // a ring of fp32 accumulators that covers only the D-planes in flight (never fp16: nnU-Net's fp16
 // accumulators overflow), with one weight sum per voxel; finished planes are normalised (and
 // argmaxed) into a staging buffer and their ring slots zeroed for reuse.
@@ -126,10 +126,34 @@ extern "C" __global__ void finalize_planes_v4(float* __restrict__ acc, float* __
     }
 }
 
+// Gathers one window into the network input `out` (rd, rh, rw, C) NDHWC f16 from a float32 volume
+// (C, D, H, W) already in device memory (a caller's tensor), element strides (sc, sd, sh, sw) of
+// any sign: the direct input. Values are rounded to f16 as the host gather rounds them
+// (round to nearest even), `cval` (f16 bits) outside the volume. The host checks
+// rd * rh * rw * C < 2^31 and that every element the strides reach lies in one allocation.
+extern "C" __global__ void gather_window_f32(const float* __restrict__ vol, unsigned short* __restrict__ out,
+                                             int C, int D, int H, int W, i64 sc, i64 sd, i64 sh, i64 sw,
+                                             int sz, int sy, int sx, int pz, int py, int px, int rd, int rh,
+                                             int rw, int cval) {
+    int total = rd * rh * rw * C;
+    unsigned short cv = (unsigned short)cval;
+    for (i64 e64 = blockIdx.x * (i64)blockDim.x + threadIdx.x; e64 < total; e64 += (i64)gridDim.x * blockDim.x) {
+        int e = (int)e64;
+        int c = e % C; int t = e / C;
+        int x = t % rw; t /= rw;
+        int y = t % rh; int z = t / rh;
+        int vz = sz + z - pz, vy = sy + y - py, vx = sx + x - px;
+        unsigned short v = cv;
+        if (vz >= 0 && vz < D && vy >= 0 && vy < H && vx >= 0 && vx < W)
+            v = __half_as_ushort(__float2half_rn(vol[c * sc + vz * sd + vy * sh + vx * sw]));
+        out[e] = v;
+    }
+}
+
 // Gathers one window into the network input `out` (rd, rh, rw, C) NDHWC f16 from the input ring:
 // volume plane z (all channels, f16 bits) in slot z % R, ring layout [R][C][H][W]. Start (sz, sy,
 // sx) in padded coordinates, (pz, py, px) voxels of padding before the volume (D, H, W); `cval`
-// (f16 bits) outside it. The bits equal the host gather's (pipeline.rs gather_windows). The host
+// (f16 bits) outside it. The bits equal the host gather's (stream/gather.rs gather_windows). The host
 // checks rd * rh * rw * C < 2^31.
 extern "C" __global__ void gather_window_ring(const unsigned short* __restrict__ ring,
                                               unsigned short* __restrict__ out, int C, int R, int D, int H,

@@ -51,6 +51,7 @@ pub mod sys;
 pub mod tiling;
 pub mod volume;
 
+pub use backend::DeviceVolume;
 pub use engine::{Engine, Options, Segmentation};
 pub use error::{Error, Result};
 pub use pipeline::Pipeline;

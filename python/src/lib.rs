@@ -5,6 +5,7 @@
 
 mod arrays;
 mod commands;
+mod dlpack;
 mod errors;
 mod session;
 mod watch;

@@ -115,6 +115,29 @@ impl Window {
         Ok(logits.into_pyarray(py).into_any().unbind())
     }
 
+    /// The blended raw outputs (C_out, D, H, W) of one (C, D, H, W) float32 CUDA tensor, given
+    /// as its `__dlpack__()` capsule: windows are gathered from it on the device, no host copy.
+    #[pyo3(signature = (capsule, progress))]
+    fn run_device(
+        &self,
+        py: Python<'_>,
+        capsule: &Bound<'_, PyAny>,
+        progress: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let volume = crate::dlpack::device_volume(capsule)?;
+        self.cancel.reset();
+        // The capsule (and the tensor behind it) stays referenced by the caller's frame until
+        // this returns.
+        let logits = watched(py, &self.cancel, progress.as_ref(), |cb| {
+            let mut engine = self.engine.lock().unwrap_or_else(|p| p.into_inner());
+            let seg = engine.segment_device(volume, cb)?;
+            seg.logits.ok_or_else(|| {
+                Error::Backend("the engine kept no blended outputs although asked to".into())
+            })
+        })?;
+        Ok(logits.into_pyarray(py).into_any().unbind())
+    }
+
     /// Stop the run in progress.
     fn cancel(&self) {
         self.cancel.cancel();

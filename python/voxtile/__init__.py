@@ -62,8 +62,9 @@ __all__ = [
 
 # The dtypes the native side reads (float32 in place, the other two converted there).
 _NATIVE = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int16))
-# DLPack's device type of host memory.
+# DLPack's device types of host and CUDA memory.
 _DLPACK_CPU = 1
+_DLPACK_CUDA = 2
 
 
 def _flags(options: dict) -> list:
@@ -86,10 +87,15 @@ def _flags(options: dict) -> list:
     return out
 
 
+def _on_cuda(x: Any) -> bool:
+    """Whether ``x`` is a DLPack tensor in CUDA memory."""
+    return hasattr(x, "__dlpack_device__") and x.__dlpack_device__()[0] == _DLPACK_CUDA
+
+
 def _host_array(x: Any) -> tuple:
     """``x`` as a NumPy array without a copy where possible, and whether it was a PyTorch tensor.
-    A CUDA tensor is refused: its on-device path is not built yet, and a silent copy to the host
-    would hide what it costs."""
+    A tensor on a GPU is refused here (only ``sliding_window_inference`` reads CUDA tensors in
+    place): a silent copy to the host would hide what it costs."""
     if isinstance(x, np.ndarray):
         return x, False
     torch_like = type(x).__module__.startswith("torch")
@@ -97,9 +103,9 @@ def _host_array(x: Any) -> tuple:
         device_type = x.__dlpack_device__()[0]
         if device_type != _DLPACK_CPU:
             raise InvalidInput(
-                "a tensor on a GPU (DLPack device type %d): voxtile takes host (CPU) memory for "
-                "now; move it with tensor.cpu() (a copy), or give the model the array before it "
-                "goes to the GPU" % device_type)
+                "a tensor on a GPU (DLPack device type %d): Model.segment takes host (CPU) "
+                "memory; voxtile.sliding_window_inference reads a CUDA tensor in place, or move "
+                "it with tensor.cpu() (a copy)" % device_type)
         if hasattr(x, "detach"):
             x = x.detach()
         return np.from_dlpack(x), torch_like
@@ -388,8 +394,9 @@ def sliding_window_inference(inputs: Any, model: Union[Model, str, os.PathLike],
     outputs (logits), for a user switching from MONAI's inferer.
 
     Args:
-        inputs: (N, C, D, H, W) or (C, D, H, W): a NumPy array or a PyTorch CPU tensor (read in
-            place through DLPack; a CUDA tensor is refused for now).
+        inputs: (N, C, D, H, W) or (C, D, H, W): a NumPy array, a PyTorch CPU tensor (read in
+            place through DLPack), or a float32 CUDA tensor, read in place on its GPU when the
+            model runs there (the windows are gathered from it on the device; no host copy).
         model: a ``Model`` (its device and budget; its engine for these settings is kept) or a
             path to the ``.onnx`` file. The manifest's normalisation is not applied: the inputs
             are taken as the network's, as MONAI's predictor takes them.
@@ -402,12 +409,19 @@ def sliding_window_inference(inputs: Any, model: Union[Model, str, os.PathLike],
 
     Returns:
         float32 (N, C_out, D, H, W) (or (C_out, D, H, W)), a NumPy array, or a PyTorch tensor
-        when ``inputs`` was one.
+        when ``inputs`` was one (on the inputs' device: the outputs are blended on the GPU and
+        come back per finished plane, then go to that device).
     """
-    x, torch_in = _host_array(inputs)
+    on_cuda = _on_cuda(inputs)
+    if on_cuda:
+        x, torch_in = inputs, type(inputs).__module__.startswith("torch")
+        if hasattr(x, "detach"):
+            x = x.detach()
+    else:
+        x, torch_in = _host_array(inputs)
     single = x.ndim == 4
     if single:
-        x = x[np.newaxis]
+        x = x[None]
     if x.ndim != 5:
         raise InvalidInput(
             f"expected (N, C, D, H, W) or (C, D, H, W) inputs, got shape {tuple(x.shape)}")
@@ -431,7 +445,10 @@ def sliding_window_inference(inputs: Any, model: Union[Model, str, os.PathLike],
             step = None
             if bar.call is not None:
                 step = (lambda d, t, n=n: bar.call(n * t + d, total * t))
-            outs.append(window.run(_as_input(item), step))
+            if on_cuda:
+                outs.append(window.run_device(_dlpack_capsule(item), step))
+            else:
+                outs.append(window.run(_as_input(item), step))
     finally:
         bar.close()
     y = outs[0][np.newaxis] if len(outs) == 1 else np.stack(outs)
@@ -439,5 +456,15 @@ def sliding_window_inference(inputs: Any, model: Union[Model, str, os.PathLike],
         y = y[0]
     if torch_in:
         import torch
-        return torch.from_numpy(y)
+        t = torch.from_numpy(y)
+        return t.to(inputs.device) if on_cuda else t
     return y
+
+
+def _dlpack_capsule(x: Any) -> Any:
+    """``x.__dlpack__()`` asking its producer not to synchronise (the engine waits for every
+    stream of the device's context before it reads the tensor)."""
+    try:
+        return x.__dlpack__(stream=-1)
+    except TypeError:
+        return x.__dlpack__()

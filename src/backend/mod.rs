@@ -7,6 +7,7 @@ pub(crate) mod cpu;
 #[allow(missing_docs)] // reached only through `crate::internals`
 pub(crate) mod cuda;
 pub mod memory;
+pub mod volume_ref;
 
 use crate::model::graph::OutputActivation;
 use crate::model::Graph;
@@ -17,6 +18,7 @@ use memory::{Estimate, Workload};
 use ndarray::{Array3, Array4, Array5, ArrayView3, ArrayView4, ArrayView5, ArrayViewMut3};
 use serde::Serialize;
 use std::ops::Range;
+pub use volume_ref::{DeviceVolume, VolumeRef};
 
 /// What a device will allocate for a (window, batch), answerable without opening it: `voxtile
 /// plan` on a machine without the GPU uses the model of an H200; an opened backend answers with
@@ -96,8 +98,9 @@ impl LabelRule {
 /// One sliding-window pass: the windows of `grid` over `volume`, run `batch` at a time and
 /// blended with `weights`.
 pub struct Pass<'a> {
-    /// The network input `(C, D, H, W)` in network axes, already normalised.
-    pub volume: ArrayView4<'a, f32>,
+    /// The network input `(C, D, H, W)` in network axes, already normalised: in host memory,
+    /// or in the CUDA device's (read there by the CUDA backend only).
+    pub volume: VolumeRef<'a>,
     /// Window origins (padded coordinates) and padding.
     pub grid: &'a Grid,
     /// Blending weights of one window (`roi`).

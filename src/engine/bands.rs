@@ -5,7 +5,7 @@
 
 use super::parts::{put_own, run_parts, whole_outputs, NetOut, PartRun, Worker};
 use super::split::{self, Split};
-use crate::backend::Pass;
+use crate::backend::{Pass, VolumeRef};
 use crate::sys::alloc;
 use crate::tiling::{sub_grid, Part};
 use crate::Result;
@@ -48,10 +48,19 @@ pub(super) fn run_bands(
         let mut before = 0;
         for ((band, grid), split) in bands.iter().zip(&grids).zip(splits) {
             let t = Instant::now();
-            let volume = band_copy(pass.volume, band.crop)?;
+            // A host band is copied (its rows contiguous for the gather); a device volume is
+            // read in place, the band a view of its rows.
+            let copied;
+            let volume = match pass.volume {
+                VolumeRef::Host(v) => {
+                    copied = band_copy(v, band.crop)?;
+                    VolumeRef::Host(copied.view())
+                }
+                dev => dev.slice_axis(2, band.crop[0]..band.crop[1]).reborrow(),
+            };
             let own = band.planes[0] - band.crop[0]..band.planes[1] - band.crop[0];
             let band_pass = Pass {
-                volume: volume.view(),
+                volume,
                 grid,
                 own: [pass.own[0].clone(), own],
                 // The hook fires once per pass: in its first band.

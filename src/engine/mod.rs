@@ -27,7 +27,7 @@ pub use report::{
     Report, StageTimes,
 };
 
-use crate::backend::MemoryModel;
+use crate::backend::{DeviceVolume, MemoryModel, VolumeRef};
 use crate::model::Graph;
 use crate::plan;
 use crate::tiling::Grid;
@@ -355,10 +355,40 @@ impl Engine {
         data: ArrayView4<f32>,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Segmentation> {
+        self.segment_input(data.into(), progress)
+    }
+
+    /// [`Engine::segment_array`] on a volume in CUDA device memory (a PyTorch tensor's, through
+    /// DLPack): the windows are gathered from it on the device, never copied to the host. The
+    /// engine must run on that device alone; the labels and kept outputs come back to the host.
+    /// Its values are read as they are: no check for NaN or infinite voxels (a NaN output is
+    /// counted in the report, as for any input).
+    pub fn segment_device(
+        &mut self,
+        volume: DeviceVolume,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Segmentation> {
+        if !self.is_cuda() {
+            return Err(Error::Invalid(format!(
+                "the volume is in CUDA device {}'s memory but the model runs on {}: use device=\"cuda:{}\" or pass host data",
+                volume.device(),
+                self.device_name,
+                volume.device()
+            )));
+        }
+        self.segment_input(VolumeRef::Device(volume), progress)
+    }
+
+    /// [`Engine::segment_array`] on a volume wherever it lives.
+    fn segment_input(
+        &mut self,
+        data: VolumeRef,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Segmentation> {
         self.check_channels(data.shape()[0])?;
         self.options.cancel.check()?;
         let (labels, logits, report) = self
-            .run_array(data, progress)
+            .run_input(data, progress)
             .map_err(|e| self.name_error(e))?;
         // A cancel that lands after the last batch still wins: the caller asked for nothing.
         self.options.cancel.check()?;

@@ -114,9 +114,7 @@ fn run_threads(
             .map(|(k, (worker, part))| {
                 let tx = tx.clone();
                 let sub = crate::tiling::sub_grid(pass.grid, 0, part);
-                let volume = pass
-                    .volume
-                    .slice_axis(Axis(1), Slice::from(part.crop[0]..part.crop[1]));
+                let volume = pass.volume.slice_axis(1, part.crop[0]..part.crop[1]);
                 let own = [
                     part.planes[0] - part.crop[0]..part.planes[1] - part.crop[0],
                     pass.own[1].clone(),
@@ -132,7 +130,7 @@ fn run_threads(
                 );
                 s.spawn(move || {
                     let part_pass = Pass {
-                        volume,
+                        volume: volume.reborrow(),
                         grid: &sub,
                         weights,
                         batch,

@@ -5,20 +5,20 @@ use super::bands::{run_bands, BandRun};
 use super::parts::{NetOut, PartRun};
 use super::report::{PartReport, PredictedPeak, Report, StageTimes};
 use super::{AxisOrder, Engine};
-use crate::backend::{LabelRule, Pass};
+use crate::backend::{LabelRule, Pass, VolumeRef};
 use crate::sys::alloc::try_to_owned;
 use crate::tiling::{self, Grid};
 use crate::{Error, Result};
-use ndarray::{Array3, Array4, ArrayView4};
+use ndarray::{Array3, Array4};
 use std::sync::Arc;
 use std::time::Instant;
 
 impl Engine {
-    /// [`Engine::segment_array`] once the channels are checked: labels (i,j,k), the blended
+    /// [`Engine::segment_array`] (or [`Engine::segment_device`]) once the channels are checked: labels (i,j,k), the blended
     /// outputs (channel, i, j, k) when `Options::keep_logits`, and the report.
-    pub(super) fn run_array(
+    pub(super) fn run_input(
         &mut self,
-        data: ArrayView4<f32>,
+        data: VolumeRef,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<(Array3<u16>, Option<Array4<f32>>, Report)> {
         let cin = self.graph.input_channels();
@@ -122,7 +122,7 @@ impl Engine {
     /// fields.
     fn run_with_retry(
         &mut self,
-        net: ArrayView4<f32>,
+        net: VolumeRef,
         mut batch: usize,
         bands: usize,
         report: &mut Report,
@@ -153,7 +153,7 @@ impl Engine {
             let prepared = self.prepare(batch, roi);
             report.seconds.prepare += t.elapsed().as_secs_f64();
             let pass = Pass {
-                volume: net,
+                volume: net.reborrow(),
                 grid: &grid,
                 weights: weights.view(),
                 batch,

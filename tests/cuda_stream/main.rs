@@ -362,7 +362,7 @@ fn pipeline_matches_f64_reference() {
         let want = reference(&net, &vol, before, roi, &starts, &wmap, cval);
         let (got, t) = b
             .segment_windows(&WindowJob {
-                vol: vol.view(),
+                vol: vol.view().into(),
                 padded,
                 pad_before: before,
                 roi,
@@ -376,7 +376,7 @@ fn pipeline_matches_f64_reference() {
         let e = rel_l2(got.as_slice().unwrap(), &want);
         let (labels, nan, t2) = b
             .segment_windows_argmax(&WindowJob {
-                vol: vol.view(),
+                vol: vol.view().into(),
                 padded,
                 pad_before: before,
                 roi,
@@ -425,7 +425,7 @@ fn pipeline_matches_f64_reference() {
     // A window outside the padded volume, a batch above the prepared 2, batch 0.
     for (start, batch) in [([9, 0, 0], 1), ([0; 3], 3), ([0; 3], 0)] {
         let res = b.segment_windows(&WindowJob {
-            vol: vol.view(),
+            vol: vol.view().into(),
             padded: [40; 3],
             pad_before: [0; 3],
             roi,
@@ -486,7 +486,7 @@ fn device_gather_is_bitwise_the_host_gather() {
             });
             let (lg, t) = b
                 .segment_windows(&WindowJob {
-                    vol: view,
+                    vol: view.into(),
                     padded,
                     pad_before: before,
                     roi,
@@ -498,7 +498,7 @@ fn device_gather_is_bitwise_the_host_gather() {
                 .unwrap();
             let (lb, _, t2) = b
                 .segment_windows_argmax(&WindowJob {
-                    vol: view,
+                    vol: view.into(),
                     padded,
                     pad_before: before,
                     roi,
@@ -562,7 +562,7 @@ fn device_peak_is_independent_of_depth() {
         let (padded, before, starts) = grid(size, roi, [0.5; 3]);
         let (labels, _, t) = b
             .segment_windows_argmax(&WindowJob {
-                vol: vol.view(),
+                vol: vol.view().into(),
                 padded,
                 pad_before: before,
                 roi,
@@ -575,7 +575,7 @@ fn device_peak_is_independent_of_depth() {
         assert_eq!(labels.dim(), (dd, 96, 80));
         let (_, tl) = b
             .segment_windows(&WindowJob {
-                vol: vol.view(),
+                vol: vol.view().into(),
                 padded,
                 pad_before: before,
                 roi,
@@ -628,7 +628,7 @@ fn injected_oom_then_retry_is_identical() {
     let wmap = gaussian(roi);
     let run = |b: &mut CudaBackend, batch: usize| {
         b.segment_windows(&WindowJob {
-            vol: vol.view(),
+            vol: vol.view().into(),
             padded,
             pad_before: before,
             roi,
@@ -716,7 +716,7 @@ fn stage_overlap_report() {
     for (i, argmax) in [false, false, true, true].into_iter().enumerate() {
         let t = if argmax {
             b.segment_windows_argmax(&WindowJob {
-                vol: vol.view(),
+                vol: vol.view().into(),
                 padded,
                 pad_before: before,
                 roi,
@@ -729,7 +729,7 @@ fn stage_overlap_report() {
             .2
         } else {
             b.segment_windows(&WindowJob {
-                vol: vol.view(),
+                vol: vol.view().into(),
                 padded,
                 pad_before: before,
                 roi,
@@ -819,5 +819,129 @@ fn split_across_devices_is_bitwise_one_device() {
             assert_eq!(diff_labels, 0, "labels differ from one device");
             assert_eq!(diff_logits, 0, "blended outputs differ from one device");
         }
+    }
+}
+
+/// A volume already in device memory (the direct input: a caller's tensor) gives bitwise the
+/// host gather's logits and labels, contiguous or as a strided (permuted) view of a buffer,
+/// through the backend and through the engine (`Engine::segment_device`, both label paths);
+/// a view on another device, one that reaches past its allocation and a host address are each
+/// refused with their own error before anything is read.
+#[test]
+fn direct_device_input_is_bitwise_the_host_gather() {
+    use cudarc::driver::{CudaContext, DevicePtr};
+    use voxtile::backend::{DeviceVolume, VolumeRef};
+    use voxtile::engine::{Engine, Options};
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("direct");
+    let roi = [32usize; 3];
+    let (size, ov, batch, cin, cout) =
+        ([70usize, 45, 50], [0.5, 0.25, 0.5], 3usize, 2usize, 3usize);
+    let mut net = Net::random(&mut r, cin, 8, cout);
+    net.norm = false;
+    b.set_options(CudaOptions {
+        poison: true,
+        ..*b.options()
+    });
+    b.prepare(&net.graph(), batch, roi).unwrap();
+    // Stored (C, W, H, D); the host volume is its (C, D, H, W) view made contiguous.
+    let stored = Array4::from_shape_vec(
+        (cin, size[2], size[1], size[0]),
+        r.scaled(cin * size.iter().product::<usize>(), 2.0),
+    )
+    .unwrap();
+    let vol = stored
+        .view()
+        .permuted_axes([0, 3, 2, 1])
+        .as_standard_layout()
+        .to_owned();
+    let ctx = CudaContext::new(0).unwrap();
+    let stream = ctx.default_stream();
+    let dev_std = stream.clone_htod(vol.as_slice().unwrap()).unwrap();
+    let dev_stored = stream.clone_htod(stored.as_slice().unwrap()).unwrap();
+    stream.synchronize().unwrap();
+    let (p_std, _s1) = dev_std.device_ptr(&stream);
+    let (p_stored, _s2) = dev_stored.device_ptr(&stream);
+    let [c, d, h, w] = [cin, size[0], size[1], size[2]];
+    let contiguous = [(d * h * w) as isize, (h * w) as isize, w as isize, 1];
+    // SAFETY: both buffers hold the viewed elements and outlive every run below.
+    let dv_std = unsafe { DeviceVolume::new(p_std, [c, d, h, w], contiguous, 0) }.unwrap();
+    let dv_turned = unsafe {
+        DeviceVolume::new(
+            p_stored,
+            [c, w, h, d],
+            [(w * h * d) as isize, (h * d) as isize, d as isize, 1],
+            0,
+        )
+    }
+    .unwrap()
+    .permuted_axes([0, 3, 2, 1]);
+    let (padded, before, mut starts) = grid(size, roi, ov);
+    r.shuffle(&mut starts);
+    let wmap = gaussian(roi);
+    let cval = 0.25 + 0.1 * r.uni();
+    let base = WindowJob {
+        vol: vol.view().into(),
+        padded,
+        pad_before: before,
+        roi,
+        starts: &starts,
+        weights: wmap.view(),
+        batch,
+        cval,
+    };
+    let job = |dv: DeviceVolume| {
+        let mut j = base;
+        j.vol = VolumeRef::Device(dv);
+        j
+    };
+    let (lg0, _) = b.segment_windows(&base).unwrap();
+    let (lb0, _, _) = b.segment_windows_argmax(&base).unwrap();
+    for (name, dv) in [("contiguous", dv_std), ("strided", dv_turned)] {
+        let (lg, t) = b.segment_windows(&job(dv)).unwrap();
+        let (lb, _, t2) = b.segment_windows_argmax(&job(dv)).unwrap();
+        assert!(t.input_on_device && t2.input_on_device && t.plane_uploads == 0);
+        let diff = lg
+            .iter()
+            .zip(&lg0)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        let ldiff = lb.iter().zip(&lb0).filter(|(a, b)| a != b).count();
+        println!("RESULT direct input {name}: {diff} logits, {ldiff} labels differ from the host gather; {t:?}");
+        assert_eq!((diff, ldiff), (0, 0), "{name}");
+    }
+    // Refused before anything is read.
+    let other = unsafe { DeviceVolume::new(p_std, [c, d, h, w], contiguous, 7) }.unwrap();
+    let e = b.segment_windows(&job(other)).unwrap_err();
+    assert!(e.to_string().contains("CUDA device 7"), "{e}");
+    let past = unsafe { DeviceVolume::new(p_std + 4, [c, d, h, w], contiguous, 0) }.unwrap();
+    let e = b.segment_windows(&job(past)).unwrap_err();
+    assert!(e.to_string().contains("past its allocation"), "{e}");
+    let host = vol.as_ptr() as u64;
+    let on_host = unsafe { DeviceVolume::new(host, [c, d, h, w], contiguous, 0) }.unwrap();
+    let e = b.segment_windows(&job(on_host)).unwrap_err();
+    assert!(e.to_string().contains("not memory of CUDA device 0"), "{e}");
+    drop(b);
+    // Through the engine: the labels path (argmax on the device) and the kept-outputs path.
+    for keep_logits in [false, true] {
+        let o = || Options {
+            roi: Some(roi),
+            batch: Some(batch),
+            keep_logits,
+            memory_budget: Some(4 << 30),
+            ..Options::default()
+        };
+        let mut e = Engine::new(net.graph(), o()).unwrap();
+        let host = common::parts(e.segment_array(vol.view(), &mut |_, _| {}).unwrap());
+        let dev = common::parts(e.segment_device(dv_turned, &mut |_, _| {}).unwrap());
+        assert!(host.0 == dev.0, "labels differ (keep_logits {keep_logits})");
+        assert!(
+            host.1
+                .iter()
+                .zip(&dev.1)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "logits differ (keep_logits {keep_logits})"
+        );
     }
 }

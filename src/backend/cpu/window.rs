@@ -59,7 +59,8 @@ pub(super) fn sliding_window(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<PassOutput> {
     let grid = pass.grid;
-    let (cin, roi, shape) = (pass.volume.shape()[0], grid.roi, grid.shape);
+    let volume = pass.volume.host("the CPU backend")?;
+    let (cin, roi, shape) = (volume.shape()[0], grid.roi, grid.shape);
     let cout = pass.labels.cout;
     let mut store = Store {
         pass,
@@ -91,13 +92,7 @@ pub(super) fn sliding_window(
         let n = chunk.len();
         let t = Instant::now();
         for (i, &start) in chunk.iter().enumerate() {
-            tiling::gather_window(
-                pass.volume,
-                grid,
-                start,
-                pass.pad,
-                xb.index_axis_mut(Axis(0), i),
-            );
+            tiling::gather_window(volume, grid, start, pass.pad, xb.index_axis_mut(Axis(0), i));
         }
         if pass.inject_oom == Some(call + 1) {
             return Err(Error::OutOfMemory(format!(

@@ -176,6 +176,8 @@ pub const BLEND_WINDOW_RING: Kernel = k(Family::Blend, "blend_window_ring");
 pub const FINALIZE_PLANES: Kernel = k(Family::Blend, "finalize_planes");
 pub const FINALIZE_PLANES_V4: Kernel = k(Family::Blend, "finalize_planes_v4");
 pub const GATHER_WINDOW_RING: Kernel = k(Family::Blend, "gather_window_ring");
+/// Windows gathered from a float32 volume already in device memory (the direct input).
+pub const GATHER_WINDOW_F32: Kernel = k(Family::Blend, "gather_window_f32");
 /// `convt_up_*`: the v8 mma tiles with a 16-byte staged scatter epilogue (see UPSAMPLE_VEC).
 /// Pad / crop of an activation, one thread per output element.
 pub const PAD_NDHWC: Kernel = k(Family::Pad, "pad_ndhwc");
@@ -250,6 +252,7 @@ pub const KERNELS: &[Kernel] = &[
     FINALIZE_PLANES,
     FINALIZE_PLANES_V4,
     GATHER_WINDOW_RING,
+    GATHER_WINDOW_F32,
     PAD_NDHWC,
     TILE_CHANNELS,
     ND_COPY,

@@ -1,8 +1,9 @@
 //! What one streamed pass is given (the windows and their volume) and the events it records:
 //! shared by the pass's setup (`pass`) and its loop (`run`), so neither imports the other.
 
+use crate::backend::VolumeRef;
 use cudarc::driver::CudaEvent;
-use ndarray::{ArrayView3, ArrayView4};
+use ndarray::ArrayView3;
 
 /// One sliding-window pass: windows (`starts` in padded coordinates, padded size `padded`,
 /// `pad_before` voxels of `cval` before the volume `(C, D, H, W)`), run `batch` at a time and
@@ -10,8 +11,9 @@ use ndarray::{ArrayView3, ArrayView4};
 /// choice of method (`CudaBackend::segment_windows` or `segment_windows_argmax`).
 #[derive(Clone, Copy, Debug)]
 pub struct WindowJob<'a> {
-    /// The volume `(C, D, H, W)`, network axes.
-    pub vol: ArrayView4<'a, f32>,
+    /// The volume `(C, D, H, W)`, network axes: host memory, or this device's (the direct
+    /// input, read in place).
+    pub vol: VolumeRef<'a>,
     /// Padded volume size the window starts live in.
     pub padded: [usize; 3],
     /// Padding before the volume on each axis.

@@ -19,6 +19,7 @@
 //! the most planes any `batch` consecutive windows span (so no batch is cut for it), at most
 //! `min(D, 2 * roi_d)`: `roi_d` at batch 1, `roi_d + step` while a batch spans two window rows.
 
+mod direct;
 mod gather;
 mod job;
 mod pass;
@@ -64,8 +65,12 @@ pub struct GpuTimes {
     /// Host time from queuing the last batch to the return (its GPU work, the last planes'
     /// finalisation, downloads and stores).
     pub tail_ms: f64,
-    /// Windows gathered on the device from streamed volume planes (else on the host).
+    /// Windows gathered on the device (from streamed volume planes, or from the direct input),
+    /// else on the host.
     pub gather_on_device: bool,
+    /// The volume was already in device memory: windows gathered from it in place (no staging,
+    /// no upload).
+    pub input_on_device: bool,
     /// Volume plane uploads (device gather).
     pub plane_uploads: usize,
     /// Sum of the stage times over wall time.

@@ -12,9 +12,10 @@ use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::launch_list::Prepared;
 use crate::backend::cuda::runtime::device::{drv, DevBuf};
 use crate::backend::cuda::runtime::launch::{ev, i32a, Arg, Gpu};
+use crate::backend::{DeviceVolume, VolumeRef};
 use crate::{Error, Result};
 use cudarc::driver::{result as cu, CudaEvent, CudaStream};
-use ndarray::{CowArray, Ix4};
+use ndarray::{ArrayView4, CowArray, Ix4};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -42,7 +43,12 @@ pub(super) struct Pass<'a, 'j> {
     pub(super) in_win: usize,
     pub(super) in_len: usize,
     pub(super) plane_in: usize,
+    /// Volume planes streamed into the input ring and gathered there (the device gather).
     pub(super) on_device: bool,
+    /// The volume when it is in this device's memory: windows gathered from it directly.
+    pub(super) direct: Option<DeviceVolume>,
+    /// The volume when it is in host memory.
+    pub(super) host_vol: Option<ArrayView4<'j, f32>>,
     /// The standard-layout volume the host gather indexes (host mode only).
     pub(super) vol_std: Option<CowArray<'a, f32, Ix4>>,
     pub(super) stage: usize,
@@ -70,7 +76,14 @@ impl<'a, 'j> Pass<'a, 'j> {
         job: &'a WindowJob<'j>,
         argmax: bool,
     ) -> Result<Self> {
-        let (c, d, h, w) = job.vol.dim();
+        let [c, d, h, w] = job.vol.shape();
+        let (direct, host_vol) = match job.vol {
+            VolumeRef::Device(v) => (Some(v), None),
+            VolumeRef::Host(v) => (None, Some(v)),
+        };
+        if let Some(v) = &direct {
+            super::direct::check_and_sync(&gpu.ctx, v)?;
+        }
         let (roi, hw, cout) = (job.roi, h * w, prep.cout);
         let mut order: Vec<[usize; 3]> = job.starts.to_vec();
         order.sort_by_key(|s| s[0]);
@@ -85,10 +98,14 @@ impl<'a, 'j> Pass<'a, 'j> {
         let in_win = prep.cin * rvox;
         let in_len = job.batch * in_win;
         let plane_in = c * hw;
-        let on_device = gathers_on_device(opts.gather_mode, ring, plane_in, in_len, cout, hw);
+        let on_device = direct.is_none()
+            && gathers_on_device(opts.gather_mode, ring, plane_in, in_len, cout, hw);
         // The host gather indexes a standard-layout slice; the device path's plane conversion
         // reads any layout, so it never copies the whole volume.
-        let vol_std = (!on_device).then(|| job.vol.as_standard_layout());
+        let vol_std = match &job.vol {
+            VolumeRef::Host(v) if !on_device => Some(v.as_standard_layout()),
+            _ => None,
+        };
         if let Some(v) = &vol_std {
             v.as_slice()
                 .ok_or_else(|| Error::Invalid("volume is not contiguous".into()))?;
@@ -111,7 +128,9 @@ impl<'a, 'j> Pass<'a, 'j> {
             Vec::new()
         };
         let ctx = &gpu.ctx;
-        let dev_in: Vec<DevBuf> = if on_device {
+        let dev_in: Vec<DevBuf> = if direct.is_some() {
+            Vec::new()
+        } else if on_device {
             vec![DevBuf::new(ctx, ring * plane_in * 2)?]
         } else {
             vec![DevBuf::new(ctx, in_len * 2)?, DevBuf::new(ctx, in_len * 2)?]
@@ -160,6 +179,8 @@ impl<'a, 'j> Pass<'a, 'j> {
             in_len,
             plane_in,
             on_device,
+            direct,
+            host_vol,
             vol_std,
             stage,
             uploads,

@@ -69,7 +69,7 @@ pub(crate) fn planned_device_bytes(
 fn check(prep: &Prepared, job: &WindowJob, argmax: bool) -> Result<()> {
     let (roi, padded, pad_before) = (job.roi, job.padded, job.pad_before);
     prep.check_window(roi, job.batch)?;
-    let (c, d, h, w) = job.vol.dim();
+    let [c, d, h, w] = job.vol.shape();
     if c != prep.cin {
         return Err(Error::Invalid(format!(
             "the volume has {c} channels, the model takes {}",
@@ -317,10 +317,15 @@ impl Pass<'_, '_> {
             self.in_len
         };
         let chunk = self.chunk;
-        let slots = [
-            Some(pinned(ctx, ia, stage_len)?),
-            Some(pinned(ctx, ib, stage_len)?),
-        ];
+        // The direct input needs no host staging.
+        let slots = if self.direct.is_some() {
+            [None, None]
+        } else {
+            [
+                Some(pinned(ctx, ia, stage_len)?),
+                Some(pinned(ctx, ib, stage_len)?),
+            ]
+        };
         let free_out: Vec<Option<HostOut>> = if argmax {
             outl.iter_mut()
                 .map(|p| Ok(Some(HostOut::L(pinned(ctx, p, chunk * hw)?))))
@@ -334,7 +339,8 @@ impl Pass<'_, '_> {
             windows: self.job.starts.len(),
             batches: self.batches.len(),
             ring_planes: self.ring,
-            gather_on_device: self.on_device,
+            gather_on_device: self.on_device || self.direct.is_some(),
+            input_on_device: self.direct.is_some(),
             plane_uploads: self.uploads.len(),
             mem_info_used_before: mem_before,
             mem_info_used_during: self.mem_during,
@@ -388,18 +394,18 @@ impl Pass<'_, '_> {
             free: free_tx,
             feeder: None,
         };
-        if self.on_device {
+        if let (true, Some(vol)) = (self.on_device, self.host_vol) {
             for sl in ls.slots.iter_mut() {
                 let _ = feed.free.send((sl.take().expect("slot free"), None));
             }
-            let (vol, ups, plane_in) = (self.job.vol, &self.uploads, self.plane_in);
+            let (ups, plane_in) = (&self.uploads, self.plane_in);
             feed.feeder =
                 Some(sc.spawn(move || feed_planes(vol, ups, plane_in, free_rx, ready_tx)));
         } else {
             drop((ready_tx, free_rx));
         }
         let mut pending: Pending<'s, 'b> = None;
-        if !self.on_device && !self.batches.is_empty() {
+        if self.vol_std.is_some() && !self.batches.is_empty() {
             let buf = ls.slots[0].take().expect("slot 0 free");
             pending = Some(sc.spawn(move || {
                 let ms = self.gather(0, buf);
@@ -450,7 +456,11 @@ impl Pass<'_, '_> {
             )));
         }
         let n = st.end - st.begin;
-        let c0 = if self.on_device {
+        let c0 = if let Some(v) = &self.direct {
+            let c0 = ev(s)?;
+            self.gather_direct(st, v)?;
+            c0
+        } else if self.on_device {
             self.fill_device(k, st, ls, feed)?
         } else {
             self.fill_host(sc, k, n, ls, pending)?

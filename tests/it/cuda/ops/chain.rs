@@ -213,7 +213,7 @@ fn sliding_window_blend_and_argmax() {
         b.prepare(&g, batch, roi).unwrap();
         let (got, times) = b
             .segment_windows(&WindowJob {
-                vol: vol.view(),
+                vol: vol.view().into(),
                 padded,
                 pad_before,
                 roi,
@@ -235,7 +235,7 @@ fn sliding_window_blend_and_argmax() {
         println!("times {times:?}");
         let (labels, _, _) = b
             .segment_windows_argmax(&WindowJob {
-                vol: vol.view(),
+                vol: vol.view().into(),
                 padded,
                 pad_before,
                 roi,
@@ -270,7 +270,7 @@ fn sliding_window_blend_and_argmax() {
     // Errors, not panics, on bad input.
     assert!(b
         .segment_windows(&WindowJob {
-            vol: vol.view(),
+            vol: vol.view().into(),
             padded,
             pad_before,
             roi: [8, 8, 4],
@@ -282,7 +282,7 @@ fn sliding_window_blend_and_argmax() {
         .is_err());
     assert!(b
         .segment_windows(&WindowJob {
-            vol: vol.view(),
+            vol: vol.view().into(),
             padded,
             pad_before,
             roi,
