@@ -8,6 +8,7 @@
 
 pub mod analysis;
 mod decode;
+mod ew_fold;
 pub mod graph;
 pub mod inspect;
 mod lower;

@@ -10,9 +10,10 @@
 
 use super::moves::Folded;
 use super::{
-    attr, broadcast_index, broadcast_shape, for_each_index, proto, sym_to_const, to_i64, Charge,
-    Const, Ctx, Data, Lowerer, Rc, Result, Val,
+    attr, broadcast_shape, proto, sym_to_const, to_i64, Charge, Const, Ctx, Data, Lowerer, Rc,
+    Result, Val,
 };
+use crate::model::ew_fold::{self, Ew};
 
 /// Operators with a constant-only fast path.
 const FAST_OPS: [&str; 26] = [
@@ -54,36 +55,7 @@ const SHAPE_OPERANDS: [&str; 6] = [
     "Squeeze",
 ];
 
-/// One elementwise operation, resolved from the operator name before the loop.
-#[derive(Clone, Copy)]
-enum Ew {
-    Add,
-    Sub,
-    Mul,
-    IDiv,
-    Div,
-    Min,
-    Max,
-    Equal,
-    Less,
-    Greater,
-    Not,
-    Neg,
-    ToBool,
-    Trunc,
-    Copy,
-    Where,
-    Mod,
-    Fmod,
-}
-
-/// Element `i` as f64.
-pub(super) fn at(d: &Data, i: usize) -> f64 {
-    match d {
-        Data::F(v) => v[i] as f64,
-        Data::I(v) => v[i] as f64,
-    }
-}
+pub(super) use crate::model::ew_fold::at;
 
 /// The values as i64 (indices, shapes, axes).
 pub(super) fn ints_of(ctx: &Ctx, c: &Const, what: &str) -> Result<Vec<i64>> {
@@ -209,10 +181,6 @@ impl Lowerer<'_> {
         };
         self.budget.charge(ctx, Charge::constant(numel, int))?;
         let fmod = attr(n, "fmod").and_then(|a| a.i).unwrap_or(0) != 0;
-        let same: Vec<bool> = cs.iter().map(|c| c.shape == shape).collect();
-        let one: Vec<bool> = cs.iter().map(|c| c.len() == 1).collect();
-        let mut fail = None;
-        let mut vals: Vec<f64> = vec![0.0; want];
         // The operator resolved once, not per element.
         let kind = match op {
             "Add" => Ew::Add,
@@ -234,80 +202,21 @@ impl Lowerer<'_> {
             _ if fmod => Ew::Fmod,
             _ => Ew::Mod,
         };
-        let mut f = |idx: &[usize], k: usize| -> f64 {
-            for (i, c) in cs.iter().enumerate() {
-                let j = if same[i] {
-                    k
-                } else if one[i] {
-                    0
-                } else {
-                    broadcast_index(&c.shape, &shape, idx)
-                };
-                vals[i] = at(&c.data, j);
-            }
-            let (x, y) = (vals[0], vals.get(1).copied().unwrap_or(0.0));
-            let b = |t: bool| t as i32 as f64;
-            match kind {
-                Ew::Add => x + y,
-                Ew::Sub => x - y,
-                Ew::Mul => x * y,
-                Ew::IDiv => {
-                    if y == 0.0 {
-                        fail = Some("integer division by zero");
-                    }
-                    (x / y).trunc()
-                }
-                Ew::Div => x / y,
-                Ew::Min => x.min(y),
-                Ew::Max => x.max(y),
-                Ew::Equal => b(x == y),
-                Ew::Less => b(x < y),
-                Ew::Greater => b(x > y),
-                Ew::Not => b(x == 0.0),
-                Ew::Neg => -x,
-                Ew::ToBool => b(x != 0.0),
-                Ew::Trunc => x.trunc(),
-                Ew::Copy => x,
-                Ew::Where => {
-                    if x != 0.0 {
-                        y
-                    } else {
-                        vals[2]
-                    }
-                }
-                Ew::Mod | Ew::Fmod if y == 0.0 => {
-                    fail = Some("modulo by zero");
-                    0.0
-                }
-                Ew::Fmod => x % y,
-                Ew::Mod => x - y * (x / y).floor(),
-            }
-        };
-        // Inputs of the output's shape or of one element need no index arithmetic.
-        let simple = cs.iter().all(|c| c.shape == shape || c.len() == 1);
-        let mut each = |push: &mut dyn FnMut(f64)| {
-            if simple {
-                (0..numel).for_each(|k| push(f(&[], k)));
+        // Every element of a divisor is read once the output is not empty.
+        if kind.divides() && numel > 0 && (0..cs[1].len()).any(|i| at(&cs[1].data, i) == 0.0) {
+            return Err(ctx.err(if kind == Ew::IDiv {
+                "integer division by zero"
             } else {
-                let mut k = 0usize;
-                for_each_index(&shape, |idx| {
-                    push(f(idx, k));
-                    k += 1;
-                });
-            }
-        };
-        let data = if int {
-            let mut out = Vec::with_capacity(numel);
-            each(&mut |v| out.push(v as i64));
-            Data::I(out)
-        } else {
-            let mut out = Vec::with_capacity(numel);
-            each(&mut |v| out.push(v as f32));
-            Data::F(out)
-        };
-        if let Some(e) = fail {
-            return Err(ctx.err(e));
+                "modulo by zero"
+            }));
         }
+        let operands: Vec<(&Data, &[usize])> =
+            cs.iter().map(|c| (&c.data, c.shape.as_slice())).collect();
+        let data = if int {
+            Data::I(ew_fold::fold(kind, &operands, &shape, |v| v as i64))
+        } else {
+            Data::F(ew_fold::fold(kind, &operands, &shape, |v| v as f32))
+        };
         Ok(Const { shape, data })
     }
 }

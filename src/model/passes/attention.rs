@@ -14,6 +14,7 @@
 //! probe windows; a chain is fused only when they all agree on the same folded constants.
 
 use super::uses::Uses;
+use crate::model::ew_fold::{broadcast_strides, par_rows};
 use crate::model::graph::*;
 use crate::model::ops::{transpose_dims, Attention, Dims};
 use crate::model::shape::{infer_shapes_raw, probe_window};
@@ -271,18 +272,14 @@ fn sum_terms(mapped: &[(f32, Tensor)], r: usize) -> Option<Tensor> {
     if total > MAX_BIAS_ELEMS {
         return None;
     }
-    let os = strides(&shape);
     let mut data = vec![0f32; total];
     for (c, t) in mapped {
-        let ts: Vec<usize> = strides(&t.shape)
-            .iter()
-            .zip(&t.shape)
-            .map(|(&st, &d)| if d == 1 { 0 } else { st })
-            .collect();
-        for (i, y) in data.iter_mut().enumerate() {
-            let off: usize = (0..r).map(|a| (i / os[a]) % shape[a] * ts[a]).sum();
-            *y += c * t.data[off];
-        }
+        let ts = [broadcast_strides(&t.shape, &shape)];
+        par_rows(&mut data, &shape, &ts, |row, at, step| {
+            for (j, y) in row.iter_mut().enumerate() {
+                *y += c * t.data[at[0] + j * step[0]];
+            }
+        });
     }
     Some(Tensor::new(shape, data))
 }
