@@ -365,7 +365,7 @@ def plan(model: Union[Model, str, os.PathLike], shape: Sequence[int],
         model: a ``Model`` (planned on its device and budget, with its settings) or a path
             (then ``memory_budget``, ``device`` and ``voxtile plan``'s flags as keyword
             arguments: ``roi``, ``batch``, ``overlap``, ``placement``, ``spacing``,
-            ``orientation``, ``manifest``, ``logits``).
+            ``orientation``, ``axis_order``, ``manifest``, ``logits``).
         shape: the volume's (D, H, W) as the network sees it (after any resampling).
     """
     dhw = [int(s) for s in shape]

@@ -134,4 +134,45 @@ mod tests {
         assert_eq!(v["volume"], serde_json::json!([96, 96, 96]));
         assert!(v["batch"].as_u64().unwrap() >= 1);
     }
+
+    /// `plan` plans what `segment` runs with the same flags: the manifest's window settings when
+    /// none is typed, the typed ones over it.
+    #[test]
+    fn plan_plans_what_segment_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let manifest = dir.path().join("m.toml");
+        std::fs::write(
+            &manifest,
+            "roi = 48\noverlap = 0.25\nplacement = \"nnunet\"\n",
+        )
+        .unwrap();
+        let manifest = manifest.to_str().unwrap();
+        let shared = [
+            "--device=cpu",
+            "--memory-budget=1GiB",
+            "--manifest",
+            manifest,
+        ];
+        let typed = [
+            "--roi=64",
+            "--overlap=0.5",
+            "--placement=monai",
+            "--batch=2",
+        ];
+        let mut seen = Vec::new();
+        for flags in [&shared[..], &[&shared[..], &typed[..]].concat()] {
+            let mut p = vec!["-m", MODEL, "--volume", "96x80x64"];
+            p.extend(flags);
+            let planned = plan(&argv(&p)).unwrap();
+            let s = session(Path::new(MODEL), &argv(flags)).unwrap();
+            let run = s.plan([96, 80, 64]).unwrap();
+            for key in ["roi", "batch", "windows", "budget"] {
+                assert_eq!(planned[key], run[key], "{key} with {flags:?}");
+            }
+            seen.push((planned["roi"].clone(), planned["windows"].clone()));
+        }
+        assert_eq!(seen[0].0, serde_json::json!([48, 48, 48]));
+        assert_eq!(seen[1].0, serde_json::json!([64, 64, 64]));
+        assert_ne!(seen[0].1, seen[1].1);
+    }
 }

@@ -10,6 +10,7 @@ mod plan;
 mod progress;
 pub mod segment;
 mod summary;
+mod window;
 
 use crate::Error;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};

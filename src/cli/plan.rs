@@ -1,15 +1,14 @@
 //! `voxtile plan`: the memory planner's choice for a model and a volume (a file or a size), without
 //! running; the model arguments (manifest, spacing, window flags) are read as `segment` reads them.
 
-use super::flags;
+use super::window::WindowArgs;
 use crate::backend::{self, Device};
-use crate::engine::Options;
-use crate::pipeline::{resample, ModelSetup, Overrides};
+use crate::pipeline::{resample, ModelSetup};
 use crate::plan::{self, Request, Workload};
 use crate::volume::Reorientation;
 use crate::{Error, Result};
 use clap::Args;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Args, Debug)]
 pub struct PlanArgs {
@@ -17,73 +16,50 @@ pub struct PlanArgs {
     /// planned for; or give --volume
     #[arg(required_unless_present = "volume", conflicts_with = "volume")]
     pub input: Option<PathBuf>,
-    /// ONNX model
-    #[arg(long, short = 'm')]
-    pub model: PathBuf,
-    /// Model manifest (TOML or JSON); default: NAME.toml or NAME.json beside NAME.onnx
-    #[arg(long)]
-    pub manifest: Option<PathBuf>,
-    /// Resample the input to this voxel size (network axes D,H,W, mm), or "none"; default: the
-    /// manifest's
-    #[arg(long)]
-    pub spacing: Option<String>,
+    #[command(flatten)]
+    pub window: WindowArgs,
     /// Volume size in network axes D x H x W (the file's i x j x k), e.g. 512x512x128, as the
     /// network sees it (after any resampling)
     #[arg(long)]
     pub volume: Option<String>,
-    /// Memory budget, e.g. 4GiB (default: 80% of free device memory, or half the memory left to
-    /// the process: available RAM, RLIMIT_AS, cgroup limit)
-    #[arg(long)]
-    pub memory_budget: Option<String>,
-    /// Window size (one number or D,H,W); default: the manifest's, else the model's (fixed input
-    /// size, else 128 clipped to the volume). The planner never shrinks it: it only chooses the
-    /// batch
-    #[arg(long)]
-    pub roi: Option<String>,
-    /// Fixed batch: the planner then only checks it against the budget
-    #[arg(long)]
-    pub batch: Option<usize>,
-    /// Which backend's memory to plan: auto (CUDA device 0 if it opens, else the CPU, as
-    /// `segment` runs), cpu or cuda[:N]
-    #[arg(long, default_value = "auto")]
-    pub device: String,
-    /// Overlap between windows in [0,1): one number or one per axis; default: the manifest's,
-    /// else 0.5
-    #[arg(long)]
-    pub overlap: Option<String>,
-    /// Window placement; default: the manifest's, else monai
-    #[arg(long, value_parser = ["monai", "nnunet"])]
-    pub placement: Option<String>,
     /// Plan for keeping the blended outputs (--logits of segment)
     #[arg(long)]
     pub logits: bool,
     /// Print the plan as JSON
     #[arg(long)]
     pub json: bool,
-    /// Plan a --roi smaller than the model's receptive field (with a warning) instead of
-    /// refusing it, as `segment --allow-small-roi` runs it
-    #[arg(long)]
-    pub allow_small_roi: bool,
-    /// The orientation the model runs in, as `segment --orientation` takes it (beats the
-    /// manifest's `orientation`): the input's grid is turned to it before it is planned
-    #[arg(long)]
-    pub orientation: Option<String>,
 }
 
-/// The model's manifest merged with the window flags typed here, by the merge `segment` uses
-/// (typed flags beat the manifest; absent ones take it, else the defaults).
-fn model_setup(args: &PlanArgs) -> Result<ModelSetup> {
-    let overrides = Overrides {
-        manifest: args.manifest.clone(),
-        roi: flags::roi(args.roi.as_deref())?,
-        overlap: args.overlap.as_deref().map(flags::overlap).transpose()?,
-        placement: args.placement.as_deref().map(flags::placement),
-        spacing: flags::spacing(args.spacing.as_deref())?,
-        keep_logits: args.logits,
-        orientation: flags::orientation(args.orientation.as_deref())?,
-        ..Overrides::default()
-    };
-    ModelSetup::new(&[&args.model], Options::default(), &overrides)
+/// The one model planned (an ensemble is planned model by model, each with its own -m).
+fn model(args: &PlanArgs) -> Result<&Path> {
+    match args.window.model.as_slice() {
+        [m] => Ok(m),
+        _ => Err(Error::Invalid(
+            "plan takes one model: plan each model of an ensemble with its own -m".into(),
+        )),
+    }
+}
+
+/// The one device planned (`--device` as `segment` reads it; a list is refused).
+fn device(args: &PlanArgs) -> Result<Device> {
+    match args.window.devices()?.as_slice() {
+        [d] => Ok(*d),
+        _ => Err(Error::Invalid(format!(
+            "--device {}: plan plans one device; give one of the list",
+            args.window.device
+        ))),
+    }
+}
+
+/// The model's manifest merged with the flags typed here, by the merge `segment` uses (typed
+/// flags beat the manifest; absent ones take it, else the defaults).
+fn model_setup(args: &PlanArgs, model: &Path) -> Result<ModelSetup> {
+    let w = &args.window;
+    ModelSetup::new(
+        &[model],
+        w.options(args.logits)?,
+        &w.overrides(args.logits)?,
+    )
 }
 
 /// "cpu" or "cuda:N": the device planned for.
@@ -148,13 +124,14 @@ pub fn json(
 
 pub fn run(args: PlanArgs) -> Result<()> {
     let planned = planned(&args)?;
+    let model = model(&args)?;
     if args.json {
         super::print_stdout(&format!("{}\n", planned.json()?))?;
     } else {
         let shape = planned.shape;
         super::print_stdout(&format!(
             "{} on a {}x{}x{} volume, {}:\n{}",
-            args.model.display(),
+            model.display(),
             shape[0],
             shape[1],
             shape[2],
@@ -167,9 +144,10 @@ pub fn run(args: PlanArgs) -> Result<()> {
 
 /// Plan for `args` without printing.
 pub fn planned(args: &PlanArgs) -> Result<Planned> {
-    let graph = crate::model::onnx::load(&args.model)?;
+    let model = model(args)?;
+    let graph = crate::model::onnx::load(model)?;
     graph.validate()?;
-    let setup = model_setup(args)?;
+    let setup = model_setup(args, model)?;
     let o = &setup.options;
     let shape = match (&args.input, &args.volume) {
         (Some(input), _) => {
@@ -188,34 +166,33 @@ pub fn planned(args: &PlanArgs) -> Result<Planned> {
         (None, Some(v)) => parse_volume(v)?,
         (None, None) => unreachable!("clap requires an input or --volume"),
     };
-    let device = match args.device.parse::<Device>()? {
+    let device = match device(args)? {
         Device::Auto => backend::open(Device::Auto)?.1,
         d => d,
     };
-    let model = backend::memory_model(device);
-    let user_batch = flags::batch(args.batch)?;
-    let (budget, source) = match flags::memory_budget(args.memory_budget.as_deref())? {
+    let memory = backend::memory_model(device);
+    let (budget, source) = match o.memory_budget {
         Some(b) => (b, "--memory-budget".to_string()),
-        None => model.default_budget(),
+        None => memory.default_budget(),
     };
     let req = Request {
         budget,
-        budget_explicit: args.memory_budget.is_some(),
+        budget_explicit: o.memory_budget.is_some(),
         user_roi: o.roi,
-        user_batch,
+        user_batch: o.batch,
         workload: Workload {
             shape,
             overlap: o.overlap,
             placement: o.placement,
-            keep_logits: args.logits,
+            keep_logits: o.keep_logits,
             copy_input: false,
         },
     };
-    if !args.allow_small_roi && args.roi.is_some() {
+    if o.refuse_small_roi {
         plan::refuse_small_roi(&graph, req.user_roi, shape)
-            .map_err(|e| Error::Invalid(format!("{}: {e}", args.model.display())))?;
+            .map_err(|e| Error::Invalid(format!("{}: {e}", model.display())))?;
     }
-    let p = plan::choose(&graph, model.as_ref(), &req)
+    let p = plan::choose(&graph, memory.as_ref(), &req)
         .map_err(|e| {
             if req.budget_explicit {
                 e
@@ -225,9 +202,9 @@ pub fn planned(args: &PlanArgs) -> Result<Planned> {
         })
         .map_err(|e| match e {
             Error::Invalid(m) | Error::Graph(m) => {
-                Error::Invalid(format!("{}: {m}", args.model.display()))
+                Error::Invalid(format!("{}: {m}", model.display()))
             }
-            e => e.with_model(&args.model),
+            e => e.with_model(model),
         })?;
     if let Some(w) = &p.warning {
         tracing::warn!("{w}");

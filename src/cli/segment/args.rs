@@ -1,6 +1,7 @@
 //! The flags of `voxtile segment`, as clap parses them; [`super::config`] turns them into the
 //! one validated configuration.
 
+use crate::cli::window::WindowArgs;
 use clap::Args;
 use std::path::PathBuf;
 
@@ -12,64 +13,72 @@ pub struct SegmentArgs {
     /// The SeriesInstanceUID to read from a DICOM folder that holds several series
     #[arg(long, value_name = "UID")]
     pub series: Option<String>,
-    /// ONNX model (exported from PyTorch); repeat for an ensemble
-    #[arg(long, short = 'm', required = true)]
-    pub model: Vec<PathBuf>,
     /// Output label map (.nii.gz or .nii), or a folder (ending in / or existing): FOLDER/<case>.nii.gz
     #[arg(long, short = 'o')]
     pub output: PathBuf,
     #[command(flatten)]
+    pub window: WindowArgs,
+    #[command(flatten)]
     pub pipe: PipelineArgs,
-    /// Window size in network axes: one number or D,H,W (default: the model's fixed size, else 128)
-    #[arg(long)]
-    pub roi: Option<String>,
-    /// Overlap between windows in [0,1): one number or one per axis
-    #[arg(long, default_value = "0.5")]
-    pub overlap: String,
     /// Window weights for blending
     #[arg(long, default_value = "gaussian", value_parser = ["gaussian", "constant", "hann"])]
     pub blend: String,
     /// Gaussian sigma as a fraction of the roi (MONAI's sigma_scale): one number or per axis
     #[arg(long, default_value = "0.125")]
     pub sigma_scale: String,
-    /// Window placement: MONAI's (fixed step, last window pulled back) or nnU-Net's (even steps)
-    #[arg(long, default_value = "monai", value_parser = ["monai", "nnunet"])]
-    pub placement: String,
-    /// Windows per network call
-    #[arg(long)]
-    pub batch: Option<usize>,
     /// Padding where the volume is smaller than the roi: a constant value or "edge"
     #[arg(long, default_value = "0")]
     pub pad: String,
     /// Also write the blended raw outputs (float32, x,y,z,channel)
     #[arg(long)]
     pub logits: Option<PathBuf>,
-    /// auto (CUDA if present, else CPU), cpu, cuda, cuda:N; a list like cuda:0,1 splits one
-    /// volume's windows across the GPUs, or hands several files out to them
-    #[arg(long, default_value = "auto")]
-    pub device: String,
     /// Write a JSON report (shapes, windows, stage times, peak memory)
     #[arg(long)]
     pub report: Option<PathBuf>,
-    /// Network axes from the file's: xyz (nibabel/MONAI, default) or zyx (SimpleITK/nnU-Net)
-    #[arg(long, default_value = "xyz", value_parser = ["xyz", "zyx"])]
-    pub axis_order: String,
     /// Intensity normalisation before windowing: none, zscore (per volume), ct:LO,HI,MEAN,STD
     #[arg(long, default_value = "none")]
     pub normalize: String,
     /// Overwrite existing output files
     #[arg(long)]
     pub force: bool,
-    /// Memory the run may use, e.g. 4GiB, 512MiB, 8GB (device memory on CUDA, the host working
-    /// set on CPU); the batch is planned under it, the window never shrinks (too small a budget
-    /// is an error). Default: 80% of free device memory, or the least of half of MemAvailable,
-    /// half of the cgroup's headroom and 75% of the address space left under RLIMIT_AS
-    #[arg(long)]
-    pub memory_budget: Option<String>,
-    /// Run a --roi smaller than the model's receptive field (counted up to 64 voxels per axis),
-    /// with a warning, instead of refusing it
-    #[arg(long)]
-    pub allow_small_roi: bool,
+    #[command(flatten)]
+    pub post: PostArgs,
+    /// Write per-class statistics as JSON (voxels, volume in mL, mean and std of the input's
+    /// intensity); a folder in batch mode (FOLDER/<case>.json)
+    #[arg(long, value_name = "FILE.json")]
+    pub statistics: Option<PathBuf>,
+}
+
+impl SegmentArgs {
+    /// The first flag given that names files or cases (refused by a run on arrays, which
+    /// returns its outputs instead).
+    pub fn file_flag(&self) -> Option<&'static str> {
+        let p = &self.pipe;
+        let named = [
+            ("--logits", self.logits.is_some()),
+            ("--report", self.report.is_some()),
+            ("--statistics", self.statistics.is_some()),
+            ("--series", self.series.is_some()),
+            ("--force", self.force),
+            ("--probabilities", p.probabilities.is_some()),
+            ("--probabilities-u8", p.probabilities_u8),
+            ("--split-classes", p.split_classes.is_some()),
+            ("--preview", p.preview.is_some()),
+            ("--labels-json", p.labels_json),
+            ("--color-table", p.color_table),
+            ("--shard", p.shard.is_some()),
+            ("more inputs", !p.more_inputs.is_empty()),
+        ];
+        named
+            .iter()
+            .find(|(_, given)| *given)
+            .map(|(flag, _)| *flag)
+    }
+}
+
+/// The post-processing flags of the label map (each beats the manifest's step).
+#[derive(Args, Debug, Default)]
+pub struct PostArgs {
     /// Keep only the largest connected component (6-connectivity) of each foreground class, or
     /// of the classes listed after `=`: --keep-largest=liver,spleen (names or label values)
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "all", value_name = "CLASSES")]
@@ -82,29 +91,15 @@ pub struct SegmentArgs {
     /// foreground class, or of the classes listed after `=`: --fill-holes=liver
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "all", value_name = "CLASSES")]
     pub fill_holes: Option<String>,
-    /// Write per-class statistics as JSON (voxels, volume in mL, mean and std of the input's
-    /// intensity); a folder in batch mode (FOLDER/<case>.json)
-    #[arg(long, value_name = "FILE.json")]
-    pub statistics: Option<PathBuf>,
-    /// Turn the input to these axis codes before the network (e.g. RAS, LPS; "stored": as the
-    /// file stores it) and every output back onto the input's grid; default: the manifest's
-    #[arg(long, value_name = "CODES|stored")]
-    pub orientation: Option<String>,
 }
 
-/// The flags beyond one model on one file: manifests, resampling, TTA, ensembles, extra
+/// The flags beyond one model on one file: TTA, ensembles, extra
 /// outputs, batches of files, shards.
 #[derive(Args, Debug, Default)]
 pub struct PipelineArgs {
     /// More inputs (files or folders): batch mode, -o names a folder
     #[arg(value_name = "MORE")]
     pub more_inputs: Vec<PathBuf>,
-    /// Model manifest (TOML or JSON); default: NAME.toml or NAME.json beside the first NAME.onnx
-    #[arg(long)]
-    pub manifest: Option<PathBuf>,
-    /// Resample to this voxel size (network axes D,H,W, mm) before inference, or "none"
-    #[arg(long)]
-    pub spacing: Option<String>,
     /// Test-time mirroring: all flips of the manifest's mirror axes (default 0,1,2), a list of
     /// network axes like 0,1, or off (a manifest's `tta` turns it on without the flag); put it
     /// after the input path

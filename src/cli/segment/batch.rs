@@ -1,7 +1,6 @@
 //! Batch mode: several files (or a folder), one worker per device, files round robin; a failed
 //! file is reported and skipped; the report is a log of JSON lines.
 
-use super::args::SegmentArgs;
 use super::config::Config;
 use super::dataset;
 use super::jobs::{Job, Plan};
@@ -65,7 +64,8 @@ fn check_channel_files(job: &Job, header: &Header, wanted: usize, config: &Confi
 
 /// Segment the plan's cases (every output, the report included, already claimed); those
 /// skipped (label map there, no `--force`) get a report line.
-pub fn run(args: &SegmentArgs, config: &Config, plan: Plan) -> Result<()> {
+pub fn run(config: &Config, plan: Plan) -> Result<()> {
+    let files = &config.files;
     let lines: Vec<serde_json::Value> = plan
         .skipped
         .iter()
@@ -76,11 +76,11 @@ pub fn run(args: &SegmentArgs, config: &Config, plan: Plan) -> Result<()> {
         })
         .collect();
     let todo = plan.todo;
-    let mut report = match &args.report {
-        Some(p) if p != Path::new("-") => Some((open_batch_report(p, args.force)?, p.clone())),
+    let mut report = match &files.report {
+        Some(p) if p != Path::new("-") => Some((open_batch_report(p, files.force)?, p.clone())),
         _ => None,
     };
-    let to_stdout = args.report.as_deref() == Some(Path::new("-"));
+    let to_stdout = files.report.as_deref() == Some(Path::new("-"));
     let mut emit = |v: &serde_json::Value| -> Result<()> {
         let s = serde_json::to_string(v).map_err(|e| Error::Invalid(format!("report: {e}")))?;
         if let Some((f, path)) = &mut report {
@@ -130,7 +130,7 @@ pub fn run(args: &SegmentArgs, config: &Config, plan: Plan) -> Result<()> {
                         })?;
                         let p = pipe.insert(p);
                         let done =
-                            process(p, config, job, (input, ahead), (false, None), args.force)?;
+                            process(p, config, job, (input, ahead), (false, None), files.force)?;
                         done.outs.commit()?;
                         Ok((done.report, Some(done.summary)))
                     });

@@ -2,19 +2,20 @@
 //! model manifest merged in (flags typed on the command line beat it, defaults do not).
 
 use super::args::SegmentArgs;
-use super::dataset::parse_devices;
 use crate::cli::flags;
-use crate::engine::{AxisOrder, Device, Options};
+use crate::engine::{Device, Options};
 use crate::pipeline::manifest::{Activation, Intensity};
 use crate::pipeline::{Mirror, ModelSetup, Overrides, Pipeline};
 use crate::tiling::{self, BlendMode};
 use crate::volume::LabelNames;
 use crate::{Error, Result};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-/// Everything a worker needs to build its pipeline (plain data: each worker owns its engines).
-/// The models, options, settings and manifest are the library's [`ModelSetup`] (reached through
-/// `Deref`): the manifest is merged there, the one place the library shares.
+/// Everything a run reads from its flags, parsed and checked once: after [`Config::new`] nothing
+/// reads [`SegmentArgs`]. Plain data: each worker owns its engines. The models, options, settings
+/// and manifest are the library's [`ModelSetup`] (reached through `Deref`): the manifest is
+/// merged there, the one place the library shares.
 #[derive(Clone)]
 pub struct Config {
     /// The models, the merged options and settings, the manifest.
@@ -30,6 +31,70 @@ pub struct Config {
     pub provenance: Option<Arc<super::record::Provenance>>,
     /// The post-processing of the label map (manifest and flags merged).
     pub post: crate::postprocess::Postprocess,
+    /// The files the run reads and writes, as the flags name them.
+    pub files: Files,
+}
+
+/// The files of a run as the flags name them; [`super::jobs`] turns them into each case's paths.
+#[derive(Clone, Debug)]
+pub struct Files {
+    /// The input (a file, a DICOM folder, or a folder of cases).
+    pub input: PathBuf,
+    /// More inputs: a batch.
+    pub more_inputs: Vec<PathBuf>,
+    /// `--series`.
+    pub series: Option<String>,
+    /// `-o`: the label map, or a folder.
+    pub output: PathBuf,
+    /// `--probabilities`.
+    pub probabilities: Option<PathBuf>,
+    /// `--logits`.
+    pub logits: Option<PathBuf>,
+    /// `--split-classes`.
+    pub split_classes: Option<PathBuf>,
+    /// `--preview`.
+    pub preview: Option<PathBuf>,
+    /// `--statistics`.
+    pub statistics: Option<PathBuf>,
+    /// `--labels-json`.
+    pub labels_json: bool,
+    /// `--color-table`.
+    pub color_table: bool,
+    /// `--report` (`-`: standard output).
+    pub report: Option<PathBuf>,
+    /// `--shard`.
+    pub shard: Option<String>,
+    /// `--force`: existing outputs are replaced.
+    pub force: bool,
+}
+
+impl Files {
+    /// The files `args` name; a `--statistics` of `-` is refused here, with the other checks
+    /// before any work.
+    fn new(args: &SegmentArgs) -> Result<Files> {
+        if args.statistics.as_deref() == Some(std::path::Path::new("-")) {
+            return Err(Error::Invalid(
+                "--statistics -: give a file name (standard output is --report's)".into(),
+            ));
+        }
+        let p = &args.pipe;
+        Ok(Files {
+            input: args.input.clone(),
+            more_inputs: p.more_inputs.clone(),
+            series: args.series.clone(),
+            output: args.output.clone(),
+            probabilities: p.probabilities.clone(),
+            logits: args.logits.clone(),
+            split_classes: p.split_classes.clone(),
+            preview: p.preview.clone(),
+            statistics: args.statistics.clone(),
+            labels_json: p.labels_json,
+            color_table: p.color_table,
+            report: args.report.clone(),
+            shard: p.shard.clone(),
+            force: args.force,
+        })
+    }
 }
 
 impl std::ops::Deref for Config {
@@ -49,11 +114,13 @@ impl Config {
                 "--probabilities-u8 needs --probabilities OUT".into(),
             ));
         }
+        let files = Files::new(args)?;
         let options = options(args)?;
         let overrides = overrides(args, &options)?;
-        let devices = parse_devices(&args.device)?;
-        let setup = ModelSetup::new(&args.model, options, &overrides)?;
-        let post = super::post::merge(args, &setup.manifest, setup.classes())?;
+        let w = &args.window;
+        let devices = w.devices()?;
+        let setup = ModelSetup::new(&w.model, options, &overrides)?;
+        let post = super::post::merge(&args.post, &setup.manifest, setup.classes())?;
         let mut config = Config {
             post,
             classes: setup.classes().map(<[String]>::to_vec),
@@ -61,9 +128,10 @@ impl Config {
             devices,
             u8: p.probabilities_u8,
             provenance: None,
+            files,
         };
         if args.report.is_some() {
-            let prov = super::record::Provenance::new(&config, &args.device, p.labels_json)?;
+            let prov = super::record::Provenance::new(&config, &w.device, p.labels_json)?;
             config.provenance = Some(Arc::new(prov));
         }
         Ok(config)
@@ -109,18 +177,14 @@ impl Config {
     }
 }
 
-/// The flags typed on the command line that beat the manifest (`options`: the flags parsed).
+/// The flags typed on the command line that beat the manifest (`options`: the flags parsed):
+/// the shared window flags', then `segment`'s own.
 fn overrides(args: &SegmentArgs, options: &Options) -> Result<Overrides> {
     let p = &args.pipe;
     let explicit = |id: &str| p.explicit.iter().any(|e| e == id);
     Ok(Overrides {
-        manifest: p.manifest.clone(),
-        roi: options.roi.filter(|_| explicit("roi")),
-        overlap: explicit("overlap").then_some(options.overlap),
         blend: explicit("blend").then_some(options.blend),
-        axis_order: explicit("axis_order").then_some(options.axis_order),
         intensity: explicit("normalize").then_some(options.normalize),
-        spacing: flags::spacing(p.spacing.as_deref())?,
         mirror: match p.tta.as_deref() {
             None => None,
             Some("all") => Some(Mirror::Manifest),
@@ -134,43 +198,31 @@ fn overrides(args: &SegmentArgs, options: &Options) -> Result<Overrides> {
             _ => Activation::Auto,
         }),
         keep_probabilities: p.probabilities.is_some(),
-        keep_logits: args.logits.is_some(),
-        placement: explicit("placement").then_some(options.placement),
         sigma_scale: explicit("sigma_scale").then_some(options.sigma_scale),
         pad: explicit("pad").then_some(options.pad),
-        orientation: flags::orientation(args.orientation.as_deref())?,
+        ..args.window.overrides(args.logits.is_some())?
     })
 }
 
-/// The engine options the flags give (the device list is parsed apart).
+/// The engine options the flags give (the device list is parsed apart): the shared window
+/// flags', then `segment`'s own.
 fn options(args: &SegmentArgs) -> Result<Options> {
     let pad = flags::pad(&args.pad)?;
-    let overlap = flags::overlap(&args.overlap)?;
     let sigma_scale = tiling::parse_sigma_scale(&args.sigma_scale)?;
     let normalize = args.normalize.parse::<Intensity>()?;
     normalize
         .check()
         .map_err(|m| Error::Invalid(format!("--normalize {}: {m}", args.normalize)))?;
-    let batch = flags::batch(args.batch)?;
     Ok(Options {
-        roi: flags::roi(args.roi.as_deref())?,
-        overlap,
         blend: match args.blend.as_str() {
             "constant" => BlendMode::Constant,
             "hann" => BlendMode::Hann,
             _ => BlendMode::Gaussian,
         },
         sigma_scale,
-        placement: flags::placement(&args.placement),
-        batch,
         pad,
-        axis_order: args.axis_order.parse::<AxisOrder>()?,
-        keep_logits: args.logits.is_some(),
         normalize,
-        memory_budget: flags::memory_budget(args.memory_budget.as_deref())?,
-        // Only a window the user types is refused: a manifest's roi is the model's own.
-        refuse_small_roi: !args.allow_small_roi && args.roi.is_some(),
-        ..Options::default()
+        ..args.window.options(args.logits.is_some())?
     })
 }
 

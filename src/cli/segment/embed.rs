@@ -21,7 +21,12 @@ impl Session {
     /// The configuration of `args` (input and output are placeholders: flags that name files
     /// are refused) and its pipeline on the devices it names.
     pub fn new(args: &SegmentArgs) -> Result<Session> {
-        refuse_files(args)?;
+        if let Some(flag) = args.file_flag() {
+            return Err(Error::Invalid(format!(
+                "{flag} is about files: a model run on arrays returns its outputs (segment_file \
+                 takes it)"
+            )));
+        }
         let config = Config::new(args)?;
         let pipe = config.build(&config.devices)?;
         Ok(Session { config, pipe })
@@ -131,32 +136,5 @@ impl Session {
             d => d,
         };
         crate::cli::plan::json(&p, engine.memory_budget().1, shape, device)
-    }
-}
-
-/// Refuse the flags that name files or cases: an array run returns its outputs instead.
-fn refuse_files(a: &SegmentArgs) -> Result<()> {
-    let p = &a.pipe;
-    let named = [
-        ("--logits", a.logits.is_some()),
-        ("--report", a.report.is_some()),
-        ("--statistics", a.statistics.is_some()),
-        ("--series", a.series.is_some()),
-        ("--force", a.force),
-        ("--probabilities", p.probabilities.is_some()),
-        ("--probabilities-u8", p.probabilities_u8),
-        ("--split-classes", p.split_classes.is_some()),
-        ("--preview", p.preview.is_some()),
-        ("--labels-json", p.labels_json),
-        ("--color-table", p.color_table),
-        ("--shard", p.shard.is_some()),
-        ("more inputs", !p.more_inputs.is_empty()),
-    ];
-    match named.iter().find(|(_, given)| *given) {
-        Some((flag, _)) => Err(Error::Invalid(format!(
-            "{flag} is about files: a model run on arrays returns its outputs (segment_file \
-             takes it)"
-        ))),
-        None => Ok(()),
     }
 }

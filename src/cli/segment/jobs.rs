@@ -1,6 +1,6 @@
 //! The files a run segments and where each one's outputs go, claimed before any work.
 
-use super::args::SegmentArgs;
+use super::config::Files;
 use super::dataset::{self, stem};
 use super::{cases, claims, shard};
 use crate::gate::{Gate, Kind};
@@ -117,58 +117,57 @@ fn claim_single(
 /// the extra outputs name folders (created here, after every check), each file's outputs are
 /// `<folder>/<input name>.<ext>`; the report and every case's outputs are claimed together, so
 /// that two of them naming one file are refused up front.
-pub fn jobs(args: &SegmentArgs, gate: &mut Gate, masks: &[String]) -> Result<Plan> {
-    let p = &args.pipe;
-    let mut inputs = vec![args.input.clone()];
-    inputs.extend(p.more_inputs.iter().cloned());
-    let batch_mode = inputs.len() > 1
-        || (args.input.is_dir() && !crate::volume::is_dicom_series_dir(&args.input));
+pub fn jobs(f: &Files, gate: &mut Gate, masks: &[String]) -> Result<Plan> {
+    let mut inputs = vec![f.input.clone()];
+    inputs.extend(f.more_inputs.iter().cloned());
+    let batch_mode =
+        inputs.len() > 1 || (f.input.is_dir() && !crate::volume::is_dicom_series_dir(&f.input));
     let folders = [
-        (&p.probabilities, "--probabilities"),
-        (&args.logits, "--logits"),
-        (&p.split_classes, "--split-classes"),
-        (&p.preview, "--preview"),
-        (&args.statistics, "--statistics"),
+        (&f.probabilities, "--probabilities"),
+        (&f.logits, "--logits"),
+        (&f.split_classes, "--split-classes"),
+        (&f.preview, "--preview"),
+        (&f.statistics, "--statistics"),
     ];
     if !batch_mode {
-        if let Some(s) = &p.shard {
+        if let Some(s) = &f.shard {
             shard::resolve(s, &shard::process_env)?;
             return Err(Error::Invalid(format!(
                 "--shard splits a batch: give a folder of cases or several inputs, not the one volume {}",
-                args.input.display()
+                f.input.display()
             )));
         }
-        gate.add_volume(&args.input);
-        let (output, made) = single_output(&args.input, &args.output)?;
+        gate.add_volume(&f.input);
+        let (output, made) = single_output(&f.input, &f.output)?;
         let job = Job {
-            input: args.input.clone(),
+            input: f.input.clone(),
             source: Source::One {
-                path: args.input.clone(),
-                series: args.series.clone(),
+                path: f.input.clone(),
+                series: f.series.clone(),
             },
-            labels_json: p.labels_json.then(|| sidecar(&output, "labels.json")),
-            color_table: p.color_table.then(|| sidecar(&output, "ctbl")),
+            labels_json: f.labels_json.then(|| sidecar(&output, "labels.json")),
+            color_table: f.color_table.then(|| sidecar(&output, "ctbl")),
             output,
-            probabilities: p.probabilities.clone(),
-            logits: args.logits.clone(),
-            split: p.split_classes.clone(),
-            preview: p.preview.clone(),
-            statistics: args.statistics.clone(),
+            probabilities: f.probabilities.clone(),
+            logits: f.logits.clone(),
+            split: f.split_classes.clone(),
+            preview: f.preview.clone(),
+            statistics: f.statistics.clone(),
         };
-        claim_single(gate, &job, (masks, args.report.as_deref()), &made)?;
+        claim_single(gate, &job, (masks, f.report.as_deref()), &made)?;
         return Ok(Plan {
             batch: false,
             todo: vec![job],
             skipped: Vec::new(),
         });
     }
-    if dataset::is_nifti(&args.output) {
+    if dataset::is_nifti(&f.output) {
         return Err(Error::Invalid(format!(
             "{}: with several inputs -o names a folder, not a NIfTI file",
-            args.output.display()
+            f.output.display()
         )));
     }
-    if let Some(uid) = &args.series {
+    if let Some(uid) = &f.series {
         return Err(Error::Invalid(format!(
             "--series {uid} picks a series in one DICOM folder; in a batch each DICOM folder must hold one series"
         )));
@@ -180,19 +179,19 @@ pub fn jobs(args: &SegmentArgs, gate: &mut Gate, masks: &[String]) -> Result<Pla
         }
     }
     for c in &cases {
-        c.source.paths().iter().for_each(|f| gate.add_volume(f));
+        c.source.paths().iter().for_each(|v| gate.add_volume(v));
     }
-    gate.claim(&args.output, Kind::Folder, "-o")?;
+    gate.claim(&f.output, Kind::Folder, "-o")?;
     for (path, what) in folders {
         if let Some(path) = path {
             gate.claim(path, Kind::Folder, what)?;
         }
     }
-    if let Some(r) = &args.report {
+    if let Some(r) = &f.report {
         // A log of the batch, appended to: an existing one needs no --force.
         gate.claim_appended(r, Kind::Report, "--report")?;
     }
-    if let Some(s) = &p.shard {
+    if let Some(s) = &f.shard {
         cases = shard::take(&cases, s)?;
     }
     let (mut todo, mut skipped) = (Vec::new(), Vec::new());
@@ -200,25 +199,25 @@ pub fn jobs(args: &SegmentArgs, gate: &mut Gate, masks: &[String]) -> Result<Pla
         let s = c.name;
         let file = |d: &PathBuf, ext: &str| d.join(format!("{s}.{ext}"));
         let job = Job {
-            output: file(&args.output, "nii.gz"),
-            labels_json: p.labels_json.then(|| file(&args.output, "labels.json")),
-            color_table: p.color_table.then(|| file(&args.output, "ctbl")),
-            probabilities: p.probabilities.as_ref().map(|d| file(d, "nii.gz")),
-            logits: args.logits.as_ref().map(|d| file(d, "nii.gz")),
-            split: p.split_classes.as_ref().map(|d| d.join(&s)),
-            preview: p.preview.as_ref().map(|d| file(d, "png")),
-            statistics: args.statistics.as_ref().map(|d| file(d, "json")),
+            output: file(&f.output, "nii.gz"),
+            labels_json: f.labels_json.then(|| file(&f.output, "labels.json")),
+            color_table: f.color_table.then(|| file(&f.output, "ctbl")),
+            probabilities: f.probabilities.as_ref().map(|d| file(d, "nii.gz")),
+            logits: f.logits.as_ref().map(|d| file(d, "nii.gz")),
+            split: f.split_classes.as_ref().map(|d| d.join(&s)),
+            preview: f.preview.as_ref().map(|d| file(d, "png")),
+            statistics: f.statistics.as_ref().map(|d| file(d, "json")),
             input: c.source.paths()[0].clone(),
             source: c.source,
         };
-        if job.output.exists() && !args.force {
+        if job.output.exists() && !f.force {
             skipped.push(job);
         } else {
             claims::claim(gate, &job, masks)?;
             todo.push(job);
         }
     }
-    for d in std::iter::once(&args.output).chain(folders.iter().filter_map(|(d, _)| d.as_ref())) {
+    for d in std::iter::once(&f.output).chain(folders.iter().filter_map(|(d, _)| d.as_ref())) {
         std::fs::create_dir_all(d).map_err(|e| Error::io(d, e))?;
     }
     Ok(Plan {

@@ -51,14 +51,15 @@ pub fn run(args: SegmentArgs) -> Result<()> {
 pub fn run_with(args: SegmentArgs, cancel: crate::CancelToken) -> Result<()> {
     let mut config = Config::new(&args)?;
     config.setup.options.cancel = cancel;
-    let mut reads: Vec<&Path> = args.model.iter().map(|m| m.as_path()).collect();
+    let files = &config.files;
+    let mut reads: Vec<&Path> = config.models.iter().map(|m| m.as_path()).collect();
     reads.extend(config.manifest_path.as_deref());
-    let mut gate = Gate::new(&reads, args.force);
-    let masks = claims::mask_names(&config, args.pipe.split_classes.is_some())?;
-    let plan = jobs::jobs(&args, &mut gate, &masks)?;
+    let mut gate = Gate::new(&reads, files.force);
+    let masks = claims::mask_names(&config, files.split_classes.is_some())?;
+    let plan = jobs::jobs(files, &mut gate, &masks)?;
     drop(gate);
     if plan.batch {
-        return batch::run(&args, &config, plan);
+        return batch::run(&config, plan);
     }
     let jobs = plan.todo;
     let Some(job) = jobs.first() else {
@@ -82,8 +83,8 @@ pub fn run_with(args: SegmentArgs, cancel: crate::CancelToken) -> Result<()> {
         &config,
         job,
         (input, ahead),
-        (bar, args.report.as_deref()),
-        args.force,
+        (bar, config.files.report.as_deref()),
+        config.files.force,
     )?;
     outs.commit()?;
     super::summary::emit(&summary.line());

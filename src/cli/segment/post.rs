@@ -1,7 +1,7 @@
 //! The post-processing of a run: the manifest's steps, each replaced by its flag when one is
 //! typed; class names checked against the manifest's classes before any work.
 
-use super::args::SegmentArgs;
+use super::args::PostArgs;
 use crate::pipeline::manifest::Manifest;
 use crate::postprocess::{Classes, Postprocess};
 use crate::{Error, Result};
@@ -20,18 +20,12 @@ fn min_component(s: &str) -> Result<(f64, Classes)> {
     }
 }
 
-/// The steps to run: the flags given beat the manifest's fields, step by step. A `--statistics`
-/// of `-` is refused here, with the other checks before any work.
+/// The steps to run: the flags given beat the manifest's fields, step by step.
 pub fn merge(
-    args: &SegmentArgs,
+    flags: &PostArgs,
     manifest: &Manifest,
     classes: Option<&[String]>,
 ) -> Result<Postprocess> {
-    if args.statistics.as_deref() == Some(std::path::Path::new("-")) {
-        return Err(Error::Invalid(
-            "--statistics -: give a file name (standard output is --report's)".into(),
-        ));
-    }
     let mut p = manifest.postprocess();
     for (what, c) in [
         ("keep_largest", &p.keep_largest),
@@ -42,16 +36,16 @@ pub fn merge(
     if let Some((_, c)) = &p.min_component {
         c.check(classes, "manifest min_component_ml")?;
     }
-    if let Some(s) = &args.keep_largest {
+    if let Some(s) = &flags.keep_largest {
         p.keep_largest = Classes::parse(s, "--keep-largest")?;
         p.keep_largest.check(classes, "--keep-largest")?;
     }
-    if let Some(s) = &args.min_component_ml {
+    if let Some(s) = &flags.min_component_ml {
         let m = min_component(s)?;
         m.1.check(classes, "--min-component-ml")?;
         p.min_component = Some(m);
     }
-    if let Some(s) = &args.fill_holes {
+    if let Some(s) = &flags.fill_holes {
         p.fill_holes = Classes::parse(s, "--fill-holes")?;
         p.fill_holes.check(classes, "--fill-holes")?;
     }
