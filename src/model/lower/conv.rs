@@ -1,6 +1,7 @@
 //! Lowering of Conv and ConvTranspose.
 
 use super::{attr, proto, Conv, ConvTranspose, Ctx, Lowerer, Op, Result, Tensor};
+use crate::model::decode::node::{ints, resolve_pads, window_attrs};
 
 impl Lowerer<'_> {
     /// The optional third input of Conv / ConvTranspose: a constant of `cout` elements.
@@ -50,8 +51,8 @@ impl Lowerer<'_> {
                 w.shape
             )));
         }
-        let (stride, dilation, pads, auto_pad) = self.window_attrs(ctx, n, kernel)?;
-        let pads = self.resolve_pads(ctx, &auto_pad, pads, kernel, stride, dilation)?;
+        let (stride, dilation, pads, auto_pad) = window_attrs(ctx, n, kernel)?;
+        let pads = resolve_pads(ctx, &auto_pad, pads, kernel, stride, dilation)?;
         let cout = w.shape[0];
         let bias = self.conv_bias(ctx, n, cout)?;
         let weight = Tensor::new(w.shape.clone(), w.to_f32());
@@ -99,11 +100,11 @@ impl Lowerer<'_> {
                 w.shape
             )));
         }
-        if let Some(os) = self.ints(n, "output_shape") {
+        if let Some(os) = ints(n, "output_shape") {
             return Err(ctx.err(format!("attribute output_shape={os:?} is not supported; export with explicit pads/output_padding")));
         }
-        let (stride, dilation, pads, auto_pad) = self.window_attrs(ctx, n, kernel)?;
-        let output_padding = match self.ints(n, "output_padding") {
+        let (stride, dilation, pads, auto_pad) = window_attrs(ctx, n, kernel)?;
+        let output_padding = match ints(n, "output_padding") {
             None => [0; 3],
             Some(v) if v.len() == 3 => {
                 let mut o = [0; 3];

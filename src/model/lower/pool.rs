@@ -1,13 +1,13 @@
 //! Lowering of MaxPool and AveragePool.
 
 use super::{attr, proto, Ctx, Lowerer, Op, Pool, Result, ATTR_LIMIT};
+use crate::model::decode::node::{ints, resolve_pads, window_attrs};
 
 impl Lowerer<'_> {
     pub(super) fn pool(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
         let x = self.act(ctx, n, 0)?;
         let c = self.values[x].channels;
-        let k = self
-            .ints(n, "kernel_shape")
+        let k = ints(n, "kernel_shape")
             .ok_or_else(|| ctx.err("attribute kernel_shape is missing"))?;
         if k.len() != 3 || k.iter().any(|&v| v <= 0 || v > ATTR_LIMIT) {
             return Err(ctx.err(format!(
@@ -15,8 +15,8 @@ impl Lowerer<'_> {
             )));
         }
         let kernel = [k[0] as usize, k[1] as usize, k[2] as usize];
-        let (stride, dilation, pads, auto_pad) = self.window_attrs(ctx, n, kernel)?;
-        let pads = self.resolve_pads(ctx, &auto_pad, pads, kernel, stride, dilation)?;
+        let (stride, dilation, pads, auto_pad) = window_attrs(ctx, n, kernel)?;
+        let pads = resolve_pads(ctx, &auto_pad, pads, kernel, stride, dilation)?;
         let ceil_mode = attr(n, "ceil_mode").and_then(|a| a.i).unwrap_or(0) != 0;
         let count_include_pad = attr(n, "count_include_pad").and_then(|a| a.i).unwrap_or(0) != 0;
         if let Some(so) = attr(n, "storage_order").and_then(|a| a.i) {
