@@ -135,15 +135,15 @@ pub(crate) fn window_attrs(
     Ok((stride, dilation, pads, sattr(n, "auto_pad", "NOTSET")))
 }
 
-/// Resolve auto_pad for Conv/pools. SAME with stride s pads k_eff - s in total, which matches
-/// ONNX whenever the input size is a multiple of s (guaranteed by the spatial divisor).
+/// Resolve auto_pad for convs and pools: `total(a, k_eff)` is the padding SAME needs along axis
+/// `a` for a kernel of dilated extent `k_eff` (split evenly, the odd one at the end for SAME_UPPER).
 pub(crate) fn resolve_pads(
     ctx: &Ctx,
     auto_pad: &str,
     pads: [i64; 6],
     kernel: [usize; 3],
-    stride: [usize; 3],
     dilation: [usize; 3],
+    total: impl Fn(usize, usize) -> Result<usize>,
 ) -> Result<[usize; 6]> {
     let mut p = [0usize; 6];
     match auto_pad {
@@ -156,7 +156,7 @@ pub(crate) fn resolve_pads(
         "SAME_UPPER" | "SAME_LOWER" => {
             for a in 0..3 {
                 let keff = dilation[a] * (kernel[a] - 1) + 1;
-                let total = keff.saturating_sub(stride[a]);
+                let total = total(a, keff)?;
                 let small = total / 2;
                 let (b, e) = if auto_pad == "SAME_UPPER" {
                     (small, total - small)

@@ -1,6 +1,6 @@
 //! Fast folding of pure constants: when every operand of a node is a known constant, the node is
 //! computed directly on the `Const` data (f32 / i64 vectors, numpy broadcasting) instead of going
-//! through the symbolic [`Sym`] machinery (an `Elem` enum per element). Transformer exports compute
+//! through the symbolic [`Sym`](crate::model::sym::Sym) machinery (an `Elem` enum per element). Transformer exports compute
 //! attention masks and relative-position indices in the graph this way (SwinUNETR: tens of millions
 //! of elements); the symbolic path stays for what depends on activation sizes.
 //!

@@ -1,8 +1,8 @@
 //! The evaluator of constants and shape values: one import's folds, apart from its lowering.
 //!
 //! Exporters compute shapes, masks and indices in the graph. What the lowering does not turn into
-//! IR ops is folded here, on constants ([`Const`]) and on symbolic tensors ([`Sym`], elements that
-//! may read activation sizes) alike: the element moves ([`moves`]), the constant fast path
+//! IR ops is folded here, on constants ([`Const`](super::decode::Const)) and on symbolic tensors
+//! ([`Sym`](super::sym::Sym), elements that may read activation sizes) alike: the element moves ([`moves`]), the constant fast path
 //! ([`constfold`], [`constmove`]), the comparison and scatter folds ([`fold`]), the one-input folds
 //! of shape values ([`plumb`]), and the evaluation of window-dependent values on probe windows of
 //! the partial IR ([`symbolic`]). Every fold is paid from the import's budgets ([`budget`]).

@@ -34,7 +34,9 @@ impl Eval<'_> {
     /// `xs` evaluated on one probe's shapes (NaN where unknown), charged to the work budget.
     pub(crate) fn eval(&self, ctx: &Ctx, xs: &[Elem], shapes: &[Dims]) -> Result<Vec<f64>> {
         let (v, visited) = self.st.ex.borrow().eval(xs, shapes);
-        self.st.budget.charge(ctx, Charge::Work(visited as u64 + 1))?;
+        self.st
+            .budget
+            .charge(ctx, Charge::Work(visited as u64 + 1))?;
         Ok(v)
     }
 
@@ -128,8 +130,9 @@ impl Eval<'_> {
         }
         let cost = self.nodes.len() as u64 + self.values.len() as u64 + 1;
         self.st.budget.charge(ctx, Charge::Work(cost))?;
-        let d = spatial_divisor_raw(&self.values, &self.nodes, self.input);
-        let fixed_all = self.st.fixed_batch.is_some() && self.st.fixed_window.iter().all(|f| f.is_some());
+        let d = spatial_divisor_raw(self.values, self.nodes, self.input);
+        let fixed_all =
+            self.st.fixed_batch.is_some() && self.st.fixed_window.iter().all(|f| f.is_some());
         let want = if fixed_all { 1 } else { 4 };
         let mut out = vec![];
         let mut last_err = None;
@@ -144,7 +147,7 @@ impl Eval<'_> {
             }
             let n = self.st.fixed_batch.unwrap_or(1 + (m % 2));
             self.st.budget.charge(ctx, Charge::Work(cost))?;
-            match infer_shapes_raw(&self.values, &self.nodes, self.input, n, w) {
+            match infer_shapes_raw(self.values, self.nodes, self.input, n, w) {
                 Ok(s) => {
                     out.push((s, w));
                     if out.len() == want {
@@ -172,7 +175,8 @@ impl Eval<'_> {
 
     /// With a fully fixed input (one probe), the cached shapes extended by the nodes added since.
     fn probe_incremental(&self, ctx: &Ctx) -> Result<Option<Probes>> {
-        let fixed_all = self.st.fixed_batch.is_some() && self.st.fixed_window.iter().all(|f| f.is_some());
+        let fixed_all =
+            self.st.fixed_batch.is_some() && self.st.fixed_window.iter().all(|f| f.is_some());
         let cached = self.st.probe_cache.borrow().clone();
         let Some((len, p)) = cached.filter(|_| fixed_all) else {
             return Ok(None);
@@ -183,7 +187,8 @@ impl Eval<'_> {
         let mut shapes = shapes.clone();
         shapes.resize(self.values.len(), Dims::from([0; 5]));
         let fresh = self.nodes.get(len..).unwrap_or(&[]);
-        self.st.budget
+        self.st
+            .budget
             .charge(ctx, Charge::Work(fresh.len() as u64 + 1))?;
         for node in fresh {
             let ins: Option<Vec<Dims>> = node

@@ -63,8 +63,7 @@ impl Lowerer<'_> {
             }
         };
         let (pads, value, axes) = if self.opset < 11 {
-            let pads = ints(n, "pads")
-                .ok_or_else(|| ctx.err("attribute pads is missing"))?;
+            let pads = ints(n, "pads").ok_or_else(|| ctx.err("attribute pads is missing"))?;
             let value = attr(n, "value").and_then(|a| a.f).unwrap_or(0.0);
             (pads, value, None)
         } else {

@@ -2,7 +2,9 @@
 //! Unsqueeze...): on activations the tensor ops (tensor.rs), on constants and shape values the
 //! evaluator's folds ([`crate::model::eval`]).
 
-use super::{attr, decode_tensor, proto, Const, Ctx, Data, Elem, Float, Lowerer, Rc, Result, Sym, Val};
+use super::{
+    attr, decode_tensor, proto, Const, Ctx, Data, Elem, Float, Lowerer, Rc, Result, Sym, Val,
+};
 
 impl Lowerer<'_> {
     pub(super) fn constant(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {

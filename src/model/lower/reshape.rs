@@ -103,7 +103,9 @@ impl Lowerer<'_> {
             other => {
                 let s = self.ev().small(ctx, &other)?;
                 let total = s.elems.len();
-                let dims = self.ev().values_of(ctx, &ts, "the target shape of a constant")?;
+                let dims = self
+                    .ev()
+                    .values_of(ctx, &ts, "the target shape of a constant")?;
                 let mut shape = vec![];
                 let mut infer = None;
                 for (i, &d) in dims.iter().enumerate() {

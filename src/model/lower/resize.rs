@@ -24,18 +24,17 @@ impl Lowerer<'_> {
         let (coord, nearest) = if old {
             (CoordMode::Asymmetric, NearestMode::Floor)
         } else {
-            let coord =
-                match sattr(n, "coordinate_transformation_mode", "half_pixel").as_str() {
-                    "half_pixel" => CoordMode::HalfPixel,
-                    "pytorch_half_pixel" => CoordMode::PytorchHalfPixel,
-                    "align_corners" => CoordMode::AlignCorners,
-                    "asymmetric" => CoordMode::Asymmetric,
-                    other => {
-                        return Err(ctx.err(format!(
-                            "attribute coordinate_transformation_mode={other} is not supported"
-                        )))
-                    }
-                };
+            let coord = match sattr(n, "coordinate_transformation_mode", "half_pixel").as_str() {
+                "half_pixel" => CoordMode::HalfPixel,
+                "pytorch_half_pixel" => CoordMode::PytorchHalfPixel,
+                "align_corners" => CoordMode::AlignCorners,
+                "asymmetric" => CoordMode::Asymmetric,
+                other => {
+                    return Err(ctx.err(format!(
+                        "attribute coordinate_transformation_mode={other} is not supported"
+                    )))
+                }
+            };
             let nearest = match sattr(n, "nearest_mode", "round_prefer_floor").as_str() {
                 "round_prefer_floor" => NearestMode::RoundPreferFloor,
                 "round_prefer_ceil" => NearestMode::RoundPreferCeil,

@@ -3,11 +3,11 @@
 //! [`Op::Transpose`], Slice a chain of one-axis [`Op::Slice`], Gather of one index [`Op::Gather`],
 //! Split a Slice per output. Every op's output dims are checked on the probes before it is added.
 
-use crate::model::eval::moves::SliceBounds;
-use crate::model::decode::node::{ints, perm_of};
 use super::{
     attr, norm_axis, proto, squeeze_shape, to_i64, Ctx, Lowerer, Op, Result, Sym, Val, ValueId,
 };
+use crate::model::decode::node::{ints, perm_of};
+use crate::model::eval::moves::SliceBounds;
 use crate::model::ops::{reshape_dims, Dims, Slice};
 
 impl Lowerer<'_> {
