@@ -8,8 +8,7 @@
 //! inference of the partial IR on several probe windows.
 
 use super::decode::node::{attr, norm_axis, to_i64, Ctx, ATTR_LIMIT};
-use super::decode::order::InputSignature;
-use super::decode::order::{input_signature, live_nodes, output_float, topo_order};
+use super::decode::order::{input_signature, live_nodes, output_float, topo_order, InputSignature};
 use super::decode::values::{OnnxValues, Val};
 use super::decode::{decode_tensor, proto, Const, Data, Float};
 use super::eval::moves::squeeze_shape;
