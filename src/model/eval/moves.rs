@@ -226,6 +226,11 @@ pub(crate) struct SliceBounds {
 }
 
 impl Eval<'_> {
+    /// Charge a result of kind `T` and `shape` (within the kind's limit) before it is built.
+    fn charge_shape<T: Folded>(&self, ctx: &Ctx, shape: &[usize], int: bool) -> Result<()> {
+        T::charge(&self.st.budget, ctx, numel_of::<T>(ctx, shape)?, int)
+    }
+
     /// A Slice's bounds: operands 1-4, or attributes before opset 10.
     pub(crate) fn slice_bounds(&self, n: &proto::NodeProto, ctx: &Ctx) -> Result<SliceBounds> {
         let operand = |i: usize, w: &str| -> Result<Option<Vec<i64>>> {
@@ -310,12 +315,7 @@ impl Eval<'_> {
         let mut shape = xs[..axis].to_vec();
         shape.extend_from_slice(&idx_shape);
         shape.extend_from_slice(&xs[axis + 1..]);
-        T::charge(
-            &self.st.budget,
-            ctx,
-            numel_of::<T>(ctx, &shape)?,
-            x.is_int(),
-        )?;
+        self.charge_shape::<T>(ctx, &shape, x.is_int())?;
         let st = strides(xs);
         let ist = strides(&idx_shape);
         let q = idx_shape.len();
@@ -332,12 +332,7 @@ impl Eval<'_> {
         let xs = x.shape();
         let perm = perm_of(n, ctx, xs.len())?;
         let shape: Vec<usize> = perm.iter().map(|&p| xs[p]).collect();
-        T::charge(
-            &self.st.budget,
-            ctx,
-            numel_of::<T>(ctx, &shape)?,
-            x.is_int(),
-        )?;
+        self.charge_shape::<T>(ctx, &shape, x.is_int())?;
         let st = strides(xs);
         let src: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
         Ok(x.moved(shape, |i| i.iter().zip(&src).map(|(a, b)| a * b).sum()))
@@ -393,12 +388,7 @@ impl Eval<'_> {
             keep[axes[i]] = (b, st, cnt);
         }
         let shape: Vec<usize> = keep.iter().map(|k| k.2).collect();
-        T::charge(
-            &self.st.budget,
-            ctx,
-            numel_of::<T>(ctx, &shape)?,
-            x.is_int(),
-        )?;
+        self.charge_shape::<T>(ctx, &shape, x.is_int())?;
         let st = strides(xs);
         Ok(x.moved(shape, |i| {
             i.iter()
@@ -418,12 +408,7 @@ impl Eval<'_> {
         let xs = x.shape();
         let shape = broadcast_shape(xs, &t)
             .ok_or_else(|| ctx.err(format!("cannot expand {xs:?} to {t:?}")))?;
-        T::charge(
-            &self.st.budget,
-            ctx,
-            numel_of::<T>(ctx, &shape)?,
-            x.is_int(),
-        )?;
+        self.charge_shape::<T>(ctx, &shape, x.is_int())?;
         Ok(x.moved(shape.clone(), |i| broadcast_index(xs, &shape, i)))
     }
 
@@ -435,12 +420,7 @@ impl Eval<'_> {
         };
         let unsqueeze = n.op_type() == "Unsqueeze";
         let shape = squeeze_shape(ctx, x.shape(), unsqueeze, axes.as_deref())?;
-        T::charge(
-            &self.st.budget,
-            ctx,
-            numel_of::<T>(ctx, &shape)?,
-            x.is_int(),
-        )?;
+        self.charge_shape::<T>(ctx, &shape, x.is_int())?;
         Ok(x.reshaped(shape))
     }
 
@@ -531,12 +511,7 @@ impl Eval<'_> {
         if upd_len != offs.len() * slice {
             return Err(ctx.err("updates do not match the indexed slices"));
         }
-        T::charge(
-            &self.st.budget,
-            ctx,
-            numel_of::<T>(ctx, data.shape())?,
-            data.is_int(),
-        )?;
+        self.charge_shape::<T>(ctx, data.shape(), data.is_int())?;
         Ok(data.scattered(upd, &offs, slice))
     }
 
@@ -556,12 +531,7 @@ impl Eval<'_> {
         let k = idx_shape[q];
         let mut shape = idx_shape[..q].to_vec();
         shape.extend_from_slice(&ds[k..]);
-        T::charge(
-            &self.st.budget,
-            ctx,
-            numel_of::<T>(ctx, &shape)?,
-            data.is_int(),
-        )?;
+        self.charge_shape::<T>(ctx, &shape, data.is_int())?;
         let tuple = strides(&idx_shape[..q]);
         let inner = strides(&ds[k..]);
         Ok(data.moved(shape, |i| {
