@@ -2,12 +2,14 @@
 //!
 //! [`ops`] defines each operation once (parameters, validation, output shape, cost), [`shape`]
 //! walks a [`Graph`] with them (shapes per window, validation), [`analysis`] holds the static
-//! analyses (receptive field, spatial divisor, FLOPs...), [`lower`](self) folds the exporters'
-//! shape plumbing (`sym` holds the symbolic shape values), [`inspect`] prints the summary and
-//! [`storage`] names the file's float types.
+//! analyses (receptive field, spatial divisor, FLOPs...), `decode` reads the ONNX graph, `lower`
+//! turns it into IR ops and `eval` folds the exporters' constants and shape plumbing (`sym` holds
+//! the symbolic shape values), [`inspect`] prints the summary and [`storage`] names the file's
+//! float types.
 
 pub mod analysis;
 mod decode;
+mod eval;
 mod ew_fold;
 pub mod graph;
 pub mod inspect;

@@ -1,7 +1,8 @@
 //! ONNX import: [`load`] reads a `.onnx` file (and its external-data files next to it),
 //! [`load_bytes`] does the same from memory. The work is done in three stages, each its own
-//! module: `decode` (protobuf and tensors), `lower` (per-op lowering and shape plumbing, then the
-//! graph passes) and the graph's own validation.
+//! module: `decode` (protobuf, tensors, the graph's node order and value bindings), `lower`
+//! (per-op lowering, with `eval` folding constants and shape plumbing, then the graph passes) and
+//! the graph's own validation.
 
 use super::graph::Graph;
 pub use super::storage::Storage;

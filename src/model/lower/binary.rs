@@ -91,7 +91,7 @@ impl Lowerer<'_> {
                 }
             }
             _ => {
-                let r = self.elementwise(ctx, &a, &b, op)?;
+                let r = self.ev().elementwise(ctx, &a, &b, op)?;
                 self.set(n, r)?;
             }
         }
@@ -134,7 +134,7 @@ impl Lowerer<'_> {
         }
         let parts: Vec<Sym> = ins
             .iter()
-            .map(|v| self.small(ctx, v))
+            .map(|v| self.ev().small(ctx, v))
             .collect::<Result<_>>()?;
         let rank = parts[0].shape.len();
         let axis = norm_axis(ctx, axis, rank)?;

@@ -1,6 +1,7 @@
 //! Lowering of Conv and ConvTranspose.
 
-use super::{attr, proto, Conv, ConvTranspose, Ctx, Lowerer, Op, Result, Tensor};
+use super::{attr, proto, Const, Conv, ConvTranspose, Ctx, Lowerer, Op, Result, Tensor, ValueId};
+use crate::model::decode::node::{ints, resolve_pads, window_attrs};
 
 impl Lowerer<'_> {
     /// The optional third input of Conv / ConvTranspose: a constant of `cout` elements.
@@ -23,18 +24,30 @@ impl Lowerer<'_> {
         Ok(Some(Tensor::new(vec![cout], b.to_f32())))
     }
 
-    pub(super) fn conv(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
+    /// The input, its channels, the 5D weight (no empty dimension; a ConvTranspose's first one
+    /// is checked against the input channels instead), its kernel and the group count.
+    fn conv_operands(
+        &self,
+        ctx: &Ctx,
+        n: &proto::NodeProto,
+        transpose: bool,
+    ) -> Result<(ValueId, usize, Const, [usize; 3], usize)> {
+        let kind = match transpose {
+            true => "transposed convolutions",
+            false => "convolutions",
+        };
         let x = self.act(ctx, n, 0)?;
         let cin = self.values[x].channels;
         let w = self.cst(ctx, n, 1, "weight")?;
         if w.shape.len() != 5 {
             return Err(ctx.err(format!(
-                "weight has shape {:?}; only 3D convolutions (5D weights) are supported",
+                "weight has shape {:?}; only 3D {kind} (5D weights) are supported",
                 w.shape
             )));
         }
         let kernel = [w.shape[2], w.shape[3], w.shape[4]];
-        if kernel.contains(&0) || w.shape[0] == 0 || w.shape[1] == 0 {
+        let out_empty = !transpose && w.shape[0] == 0;
+        if kernel.contains(&0) || out_empty || w.shape[1] == 0 {
             return Err(ctx.err(format!("weight has an empty dimension {:?}", w.shape)));
         }
         let groups = attr(n, "group").and_then(|a| a.i).unwrap_or(1);
@@ -43,15 +56,22 @@ impl Lowerer<'_> {
                 "attribute group={groups} does not divide input channels {cin}"
             )));
         }
-        let g = groups as usize;
+        Ok((x, cin, w, kernel, groups as usize))
+    }
+
+    pub(super) fn conv(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
+        let (x, cin, w, kernel, g) = self.conv_operands(ctx, n, false)?;
         if w.shape[1] * g != cin || w.shape[0] % g != 0 {
             return Err(ctx.err(format!(
                 "weight shape {:?} does not fit {cin} input channels with group={g}",
                 w.shape
             )));
         }
-        let (stride, dilation, pads, auto_pad) = self.window_attrs(ctx, n, kernel)?;
-        let pads = self.resolve_pads(ctx, &auto_pad, pads, kernel, stride, dilation)?;
+        let (stride, dilation, pads, auto_pad) = window_attrs(ctx, n, kernel)?;
+        // SAME with stride s pads k_eff - s in total, which matches ONNX whenever the input
+        // size is a multiple of s (guaranteed by the spatial divisor).
+        let same = |a: usize, keff: usize| Ok(keff.saturating_sub(stride[a]));
+        let pads = resolve_pads(ctx, &auto_pad, pads, kernel, dilation, same)?;
         let cout = w.shape[0];
         let bias = self.conv_bias(ctx, n, cout)?;
         let weight = Tensor::new(w.shape.clone(), w.to_f32());
@@ -73,37 +93,18 @@ impl Lowerer<'_> {
     }
 
     pub(super) fn conv_transpose(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
-        let x = self.act(ctx, n, 0)?;
-        let cin = self.values[x].channels;
-        let w = self.cst(ctx, n, 1, "weight")?;
-        if w.shape.len() != 5 {
-            return Err(ctx.err(format!(
-                "weight has shape {:?}; only 3D transposed convolutions (5D weights) are supported",
-                w.shape
-            )));
-        }
-        let kernel = [w.shape[2], w.shape[3], w.shape[4]];
-        if kernel.contains(&0) || w.shape[1] == 0 {
-            return Err(ctx.err(format!("weight has an empty dimension {:?}", w.shape)));
-        }
-        let groups = attr(n, "group").and_then(|a| a.i).unwrap_or(1);
-        if groups <= 0 || cin as i64 % groups != 0 {
-            return Err(ctx.err(format!(
-                "attribute group={groups} does not divide input channels {cin}"
-            )));
-        }
-        let g = groups as usize;
+        let (x, cin, w, kernel, g) = self.conv_operands(ctx, n, true)?;
         if w.shape[0] != cin {
             return Err(ctx.err(format!(
                 "weight shape {:?} does not fit {cin} input channels",
                 w.shape
             )));
         }
-        if let Some(os) = self.ints(n, "output_shape") {
+        if let Some(os) = ints(n, "output_shape") {
             return Err(ctx.err(format!("attribute output_shape={os:?} is not supported; export with explicit pads/output_padding")));
         }
-        let (stride, dilation, pads, auto_pad) = self.window_attrs(ctx, n, kernel)?;
-        let output_padding = match self.ints(n, "output_padding") {
+        let (stride, dilation, pads, auto_pad) = window_attrs(ctx, n, kernel)?;
+        let output_padding = match ints(n, "output_padding") {
             None => [0; 3],
             Some(v) if v.len() == 3 => {
                 let mut o = [0; 3];
@@ -119,31 +120,17 @@ impl Lowerer<'_> {
                 return Err(ctx.err(format!("attribute output_padding={v:?} must have 3 values")))
             }
         };
-        let mut p = [0usize; 6];
-        match auto_pad.as_str() {
-            "NOTSET" | "" => {
-                for i in 0..6 {
-                    p[i] = pads[i] as usize;
-                }
-            }
-            "VALID" => {}
-            "SAME_UPPER" | "SAME_LOWER" => {
-                // Output = input·stride: total padding is output_padding + k_eff - stride.
-                for a in 0..3 {
-                    let keff = dilation[a] * (kernel[a] - 1) + 1;
-                    let total = (output_padding[a] + keff).checked_sub(stride[a]).ok_or_else(|| ctx.err(format!("auto_pad={auto_pad} needs a kernel at least as large as the stride")))?;
-                    let half = total / 2;
-                    let (b, e) = if auto_pad == "SAME_UPPER" {
-                        (half, total - half)
-                    } else {
-                        (total - half, half)
-                    };
-                    p[a] = b;
-                    p[a + 3] = e;
-                }
-            }
-            other => return Err(ctx.err(format!("attribute auto_pad={other} is not supported"))),
-        }
+        // Output = input·stride: total padding is output_padding + k_eff - stride.
+        let same = |a: usize, keff: usize| {
+            (output_padding[a] + keff)
+                .checked_sub(stride[a])
+                .ok_or_else(|| {
+                    ctx.err(format!(
+                        "auto_pad={auto_pad} needs a kernel at least as large as the stride"
+                    ))
+                })
+        };
+        let p = resolve_pads(ctx, &auto_pad, pads, kernel, dilation, same)?;
         let cout = w.shape[1] * g;
         let bias = self.conv_bias(ctx, n, cout)?;
         let weight = Tensor::new(w.shape.clone(), w.to_f32());

@@ -11,29 +11,11 @@
 //! unit, 97% of outputs equal; tests/it/model/half.rs).
 
 use super::{proto, Lowerer, Node, Op, Pointwise, Value, ValueId};
-
-/// A float element type voxtile takes for activations (it computes in f32 whatever the file says).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Float {
-    F32,
-    F16,
-    Bf16,
-}
+use crate::model::decode::Float;
 
 impl Float {
-    /// The type of ONNX element type `t` (1, 10, 16; double counts as f32: voxtile computes in
-    /// f32), None for the others.
-    pub(super) fn of(t: i32) -> Option<Float> {
-        match t {
-            1 | 11 => Some(Float::F32),
-            10 => Some(Float::F16),
-            16 => Some(Float::Bf16),
-            _ => None,
-        }
-    }
-
     /// The rounding that stores a value in this type (None for f32).
-    pub(super) fn rounding(self) -> Option<Pointwise> {
+    pub(crate) fn rounding(self) -> Option<Pointwise> {
         match self {
             Float::F32 => None,
             Float::F16 => Some(Pointwise::RoundF16),

@@ -124,7 +124,7 @@ impl Lowerer<'_> {
         v: &Val,
         f: Pointwise,
     ) -> Result<()> {
-        let s = self.small(ctx, v)?;
+        let s = self.ev().small(ctx, v)?;
         let vals = s
             .all_known()
             .ok_or_else(|| ctx.err("operand depends on the window size"))?;

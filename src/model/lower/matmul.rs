@@ -4,6 +4,7 @@
 //! LayerNormalization (-> [`Op::LayerNorm`]).
 
 use super::{attr, proto, Const, Ctx, Lowerer, Op, Result, Tensor, Val};
+use crate::model::decode::node::sattr;
 use crate::model::ops::{LayerNorm, Linear};
 
 /// How a two-operand einsum maps onto `MatMul`: the permutations that bring each operand to
@@ -169,7 +170,7 @@ impl Lowerer<'_> {
 
     /// Two-operand Einsum that is a batched matrix product: Transposes + MatMul (+ Transpose).
     pub(super) fn einsum(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
-        let eq = Self::sattr(n, "equation", "");
+        let eq = sattr(n, "equation", "");
         let plan = einsum_plan(&eq).map_err(|e| ctx.err(format!("equation {e}")))?;
         if n.input.len() != 2 {
             return Err(ctx.err(format!("has {} inputs, expected 2", n.input.len())));

@@ -1,78 +1,41 @@
 //! Lowering of a decoded ONNX graph to the IR.
 //!
-//! Nodes are visited in a topological order computed here (hostile files may be unsorted, cyclic or
-//! dangling). Each ONNX value becomes one of [`Val`]: an NCDHW activation, a constant, a small
+//! Nodes are visited in a topological order ([`topo_order`]: hostile files may be unsorted, cyclic
+//! or dangling). Each ONNX value becomes one of [`Val`]: an NCDHW activation, a constant, a small
 //! symbolic tensor (shape plumbing computed from `Shape(x)`), or one of the two intermediate states
-//! of PyTorch's GroupNorm export. Shape plumbing is folded here; what depends on the window size is
-//! evaluated by running shape inference of the partial IR on several probe windows.
+//! of PyTorch's GroupNorm export. What is not an IR op is folded by the evaluator
+//! ([`crate::model::eval`]); what depends on the window size it evaluates by running shape
+//! inference of the partial IR on several probe windows.
 
-use super::analysis::spatial_divisor_raw;
-use super::decode::{decode_tensor, proto, Const, Data};
+use super::decode::node::{attr, norm_axis, to_i64, Ctx, ATTR_LIMIT};
+use super::decode::order::{input_signature, live_nodes, output_float, topo_order, InputSignature};
+use super::decode::values::{OnnxValues, Val};
+use super::decode::{decode_tensor, proto, Const, Data, Float};
+use super::eval::moves::squeeze_shape;
+use super::eval::symbolic::{small_numel, sym_to_const};
+use super::eval::{fold::FOLD_OPS, Eval, Folder};
 use super::graph::*;
-use super::shape::infer_shapes_raw;
-use super::sym::{broadcast_index, broadcast_shape, for_each_index, Bop, Elem, Exprs, Round, Sym};
+use super::sym::{Elem, Sym};
 use crate::error::UnsupportedOp;
 use crate::{Error, Result};
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::path::Path;
 use std::rc::Rc;
 
 mod activation;
-mod alias;
-mod attrs;
 mod binary;
-mod budget;
-mod constfold;
-mod constmove;
 mod conv;
-mod fold;
 mod half;
 mod math;
 mod matmul;
-mod moves;
 mod norm;
-mod order;
 mod pad;
 mod plumbing;
 mod pool;
 mod reshape;
 mod resize;
-mod symbolic;
 mod tensor;
-mod values;
 
-use attrs::*;
-use budget::{Budget, Charge};
-use half::Float;
-use order::*;
-use symbolic::*;
-use values::OnnxValues;
-
-/// Largest constant that shape-plumbing ops (Gather, Slice, elementwise folds...) will touch.
-const SMALL: usize = 1 << 22;
-
-/// Ceiling for strides, dilations and pads: keeps all size arithmetic far from overflow.
-const ATTR_LIMIT: i64 = 1 << 20;
-
-#[derive(Clone, Debug)]
-enum Val {
-    Act(ValueId),
-    /// Shared: an Identity (or any read) copies the handle, not the data.
-    Const(Rc<Const>),
-    Sym(Sym),
-    /// `Reshape(x, [N, G, -1])` of activation `src` (GroupNorm export, step 1).
-    Grouped {
-        src: ValueId,
-        groups: usize,
-    },
-    /// InstanceNormalization (scale 1, bias 0) of a [`Val::Grouped`] (step 2).
-    GroupedNormed {
-        src: ValueId,
-        groups: usize,
-        eps: f32,
-    },
-}
+use norm::to5;
 
 struct Lowerer<'a> {
     path: &'a Path,
@@ -83,48 +46,16 @@ struct Lowerer<'a> {
     values: Vec<Value>,
     nodes: Vec<Node>,
     input: ValueId,
-    /// Symbolic expressions of this import.
-    ex: RefCell<Exprs>,
-    /// What is left of the folding budgets.
-    budget: Budget,
-    /// Probes of the IR as it was when it had this many nodes (reused while no node is added).
-    probe_cache: RefCell<Option<(usize, Probes)>>,
+    /// The evaluator of constants and shape values (its budgets, expressions and probes).
+    folder: Folder<'a>,
     /// Index of the node producing each IR value (None for the input).
     producer: Vec<Option<usize>>,
     /// Every construct voxtile could not lower, in graph order (see [`MAX_LISTED`]).
     unsupported: Vec<UnsupportedOp>,
-    /// Window sizes the input declares (probes use them: exports bake them into Reshape targets).
-    fixed_window: [Option<usize>; 3],
-    /// Batch size the input declares.
-    fixed_batch: Option<usize>,
 }
 
 /// Unsupported constructs named in one error; a hostile file with thousands stops there.
 const MAX_LISTED: usize = 32;
-
-/// Context for error messages: `node "name" (Op)`.
-struct Ctx<'a> {
-    path: &'a Path,
-    name: String,
-    op: String,
-}
-
-impl Ctx<'_> {
-    /// This node as an unsupported one (its domain named when not the default).
-    fn unsupported(&self, why: String) -> UnsupportedOp {
-        UnsupportedOp {
-            op: self.op.clone(),
-            node: self.name.clone(),
-            why,
-        }
-    }
-    fn err(&self, msg: impl std::fmt::Display) -> Error {
-        Error::model(
-            self.path,
-            format!("node \"{}\" ({}): {msg}", self.name, self.op),
-        )
-    }
-}
 
 pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) -> Result<Graph> {
     let g = model
@@ -137,30 +68,13 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         .find(|o| matches!(o.domain(), "" | "ai.onnx"))
         .map(|o| o.version())
         .unwrap_or(17);
-    let mut lw = Lowerer {
-        path,
-        dir,
-        opset,
-        vals: OnnxValues::default(),
-        values: vec![],
-        nodes: vec![],
-        input: 0,
-        ex: RefCell::new(Exprs::default()),
-        budget: Budget::new(0),
-        probe_cache: RefCell::new(None),
-        producer: vec![],
-        unsupported: vec![],
-        fixed_window: [None; 3],
-        fixed_batch: None,
-    };
-
+    let mut vals = OnnxValues::default();
     let mut weight_bytes = 0usize;
     for t in &g.initializer {
         let c = decode_tensor(t, dir, path)?;
         weight_bytes = weight_bytes.saturating_add(c.len() * if c.is_int() { 8 } else { 4 });
-        lw.vals.insert(t.name().to_string(), Val::Const(Rc::new(c)));
+        vals.insert(t.name().to_string(), Val::Const(Rc::new(c)));
     }
-    lw.budget = Budget::new(weight_bytes);
     let acts = super::decode::activation_inputs(g);
     if acts.len() != 1 {
         let names: Vec<&str> = acts.iter().map(|i| i.name()).collect();
@@ -179,13 +93,21 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
         batch,
         float,
     } = input_signature(inp, path)?;
-    lw.fixed_window = fixed;
-    lw.fixed_batch = batch;
-    lw.values.push(Value {
-        name: inp.name().to_string(),
-        channels,
-    });
-    lw.producer.push(None);
+    let mut lw = Lowerer {
+        path,
+        dir,
+        opset,
+        vals,
+        values: vec![Value {
+            name: inp.name().to_string(),
+            channels,
+        }],
+        nodes: vec![],
+        input: 0,
+        folder: Folder::new(path, dir, weight_bytes, fixed, batch),
+        producer: vec![None],
+        unsupported: vec![],
+    };
     // A half input holds half values: the engine's f32 window is rounded to them first.
     let stored = lw.store_as(0, float, &format!("{}_as_stored", inp.name()));
     lw.vals.insert(inp.name().to_string(), Val::Act(stored));
@@ -240,19 +162,6 @@ pub(crate) fn lower(model: &proto::ModelProto, dir: Option<&Path>, path: &Path) 
     lw.finish(g, out_name, declared, fixed)
 }
 
-/// The float type the first graph output declares (f32 when it declares none voxtile reads).
-fn output_float(g: &proto::GraphProto) -> Float {
-    use proto::type_proto::Value as TV;
-    match g
-        .output
-        .first()
-        .and_then(|o| o.r#type.as_ref()?.value.as_ref())
-    {
-        Some(TV::TensorType(t)) => Float::of(t.elem_type()).unwrap_or(Float::F32),
-        _ => Float::F32,
-    }
-}
-
 impl Lowerer<'_> {
     /// The IR once every node is lowered: the output resolved and named, the passes run, and the
     /// result validated.
@@ -305,29 +214,23 @@ impl Lowerer<'_> {
         Ok(graph)
     }
 
-    pub(super) fn get(&self, ctx: &Ctx, n: &proto::NodeProto, i: usize) -> Result<Val> {
-        let name = n
-            .input
-            .get(i)
-            .filter(|s| !s.is_empty())
-            .ok_or_else(|| ctx.err(format!("input {i} is missing")))?;
-        let v = self
-            .vals
-            .get(name)
-            .ok_or_else(|| ctx.err(format!("input \"{name}\" is not available")))?;
-        // Copies of folded values are work: a big one read by many nodes must not be free.
-        if let Val::Sym(s) = v {
-            self.budget
-                .charge(ctx, Charge::Work(s.elems.len() as u64))?;
+    /// The evaluator of constants and shape values, reading this import's bindings and IR.
+    pub(super) fn ev(&self) -> Eval<'_> {
+        Eval {
+            st: &self.folder,
+            vals: &self.vals,
+            values: &self.values,
+            nodes: &self.nodes,
+            input: self.input,
         }
-        Ok(v.clone())
+    }
+
+    pub(super) fn get(&self, ctx: &Ctx, n: &proto::NodeProto, i: usize) -> Result<Val> {
+        self.ev().get(ctx, n, i)
     }
 
     pub(super) fn get_opt(&self, ctx: &Ctx, n: &proto::NodeProto, i: usize) -> Result<Option<Val>> {
-        match n.input.get(i) {
-            Some(s) if !s.is_empty() => self.get(ctx, n, i).map(Some),
-            _ => Ok(None),
-        }
+        self.ev().get_opt(ctx, n, i)
     }
 
     pub(super) fn act(&self, ctx: &Ctx, n: &proto::NodeProto, i: usize) -> Result<ValueId> {
@@ -355,10 +258,7 @@ impl Lowerer<'_> {
     /// expression nodes built since the last charge.
     pub(super) fn set(&mut self, n: &proto::NodeProto, v: Val) -> Result<()> {
         if let Val::Sym(s) = &v {
-            let built = self.ex.borrow().len();
-            let ctx = self.ctx_of(n);
-            self.budget.charge(&ctx, Charge::Fold(s.elems.len()))?;
-            self.budget.charge_exprs(&ctx, built)?;
+            self.folder.charge_bound(&self.ctx_of(n), s.elems.len())?;
         }
         if let Some(o) = n.output.first() {
             self.vals.insert(o.clone(), v);
@@ -427,8 +327,9 @@ impl Lowerer<'_> {
         {
             return Err(ctx.err("its secondary outputs (indices / running statistics / mask) are used, which voxtile does not support"));
         }
-        if self.try_const_fold(n, ctx)? {
-            return Ok(());
+        if let Some(c) = self.ev().const_fold(n, ctx)? {
+            self.vals.release_inputs(n);
+            return self.set(n, Val::Const(Rc::new(c)));
         }
         match lowering(op) {
             Some(f) => f(self, n, ctx),
@@ -459,7 +360,7 @@ impl Lowerer<'_> {
             (None, true) => None,
             (None, false) => match self.node(n, ctx) {
                 Ok(()) => return Ok(()),
-                Err(e) if self.budget.hit() => return Err(e),
+                Err(e) if self.folder.budget_hit() => return Err(e),
                 Err(Error::Model { msg, .. }) => {
                     let head = format!("node \"{}\" ({}): ", ctx.name, ctx.op);
                     Some(msg.strip_prefix(&head).unwrap_or(&msg).to_string())
@@ -477,6 +378,11 @@ impl Lowerer<'_> {
 
     fn identity(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
         let v = self.get(ctx, n, 0)?;
+        self.set(n, v)
+    }
+
+    fn fold(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
+        let v = self.ev().fold(n, ctx)?;
         self.set(n, v)
     }
 }
@@ -512,7 +418,7 @@ fn lowering<'a>(op: &str) -> Option<Lowering<'a>> {
         "Pad" => Lowerer::pad,
         "Expand" | "Tile" => Lowerer::expand_tile,
         m if math::MATH_OPS.contains(&m) => Lowerer::math,
-        m if fold::FOLD_OPS.contains(&m) => Lowerer::fold,
+        m if FOLD_OPS.contains(&m) => Lowerer::fold,
         _ => return None,
     })
 }

@@ -1,7 +1,17 @@
 //! Lowering of BatchNormalization (folded into the conv when it can be), InstanceNormalization
 //! and GroupNormalization, and their per-channel parameters.
 
-use super::{attr, proto, to5, Const, Conv, Ctx, Lowerer, Op, Result, Tensor, Val};
+use super::{attr, proto, Const, Conv, Ctx, Lowerer, Op, Result, Tensor, Val};
+
+/// Right-align a shape against NCDHW (numpy broadcasting).
+pub(super) fn to5(shape: &[usize]) -> Option<[usize; 5]> {
+    if shape.len() > 5 {
+        return None;
+    }
+    let mut o = [1usize; 5];
+    o[5 - shape.len()..].copy_from_slice(shape);
+    Some(o)
+}
 
 impl Lowerer<'_> {
     /// A per-channel parameter as an IR tensor of `c` elements ([1] allowed when `allow_scalar`),
@@ -203,5 +213,12 @@ mod tests {
             }
         }
         assert_eq!(cv.bias.as_ref().unwrap().data, vec![2.0, 3.125]);
+    }
+
+    #[test]
+    fn to5_right_aligns() {
+        assert_eq!(to5(&[4, 1, 1, 1]), Some([1, 4, 1, 1, 1]));
+        assert_eq!(to5(&[]), Some([1; 5]));
+        assert_eq!(to5(&[1; 6]), None);
     }
 }

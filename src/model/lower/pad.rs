@@ -5,6 +5,7 @@
 use super::{
     attr, norm_axis, proto, to_i64, Ctx, Lowerer, Op, Result, Sym, Val, ValueId, ATTR_LIMIT,
 };
+use crate::model::decode::node::{ints, sattr};
 use crate::model::ops::{Pad, PadMode, Tile, PAD_LIMIT};
 
 impl Lowerer<'_> {
@@ -14,10 +15,10 @@ impl Lowerer<'_> {
         if let Some(v) = s.all_known() {
             return Ok(v);
         }
-        let probes = self.probe(ctx, x)?;
+        let probes = self.ev().probe(ctx, x)?;
         let mut first: Option<(Vec<f64>, [usize; 3])> = None;
         for (shapes, w) in probes.iter() {
-            let v = self.eval(ctx, &s.elems, shapes)?;
+            let v = self.ev().eval(ctx, &s.elems, shapes)?;
             if v.iter().any(|e| !e.is_finite()) {
                 return Err(ctx.err(format!("{what} cannot be evaluated from the shapes")));
             }
@@ -39,7 +40,7 @@ impl Lowerer<'_> {
 
     /// Integers of `v` (a constant or shape value), folded per window when shape-derived.
     fn fold_ints(&self, ctx: &Ctx, x: ValueId, v: &Val, what: &str) -> Result<Vec<i64>> {
-        let s = self.small(ctx, v)?;
+        let s = self.ev().small(ctx, v)?;
         self.fold_per_window(ctx, x, &s, what)?
             .into_iter()
             .map(|f| to_i64(ctx, f, what))
@@ -51,7 +52,7 @@ impl Lowerer<'_> {
             Val::Act(x) => x,
             _ => return Err(ctx.err("Pad of a constant or shape value is not supported")),
         };
-        let mode = match Self::sattr(n, "mode", "constant").as_str() {
+        let mode = match sattr(n, "mode", "constant").as_str() {
             "constant" => PadMode::Constant,
             "reflect" => PadMode::Reflect,
             "edge" => PadMode::Edge,
@@ -62,16 +63,14 @@ impl Lowerer<'_> {
             }
         };
         let (pads, value, axes) = if self.opset < 11 {
-            let pads = self
-                .ints(n, "pads")
-                .ok_or_else(|| ctx.err("attribute pads is missing"))?;
+            let pads = ints(n, "pads").ok_or_else(|| ctx.err("attribute pads is missing"))?;
             let value = attr(n, "value").and_then(|a| a.f).unwrap_or(0.0);
             (pads, value, None)
         } else {
             let pads = self.fold_ints(ctx, x, &self.get(ctx, n, 1)?, "pads")?;
             let value = match self.get_opt(ctx, n, 2)? {
                 None => 0.0,
-                Some(v) => match self.small(ctx, &v)?.all_known().as_deref() {
+                Some(v) => match self.ev().small(ctx, &v)?.all_known().as_deref() {
                     Some([]) => 0.0,
                     Some([v]) => *v as f32,
                     _ => return Err(ctx.err("constant_value must be one constant number")),
@@ -162,7 +161,7 @@ impl Lowerer<'_> {
     /// Expand's channel repeats: a 1-channel activation expanded to C channels gives C; every
     /// other axis must keep its size (target 1 or the size itself) on every probe window.
     fn expand_repeats(&self, n: &proto::NodeProto, ctx: &Ctx, x: ValueId) -> Result<usize> {
-        let s = self.small(ctx, &self.get(ctx, n, 1)?)?;
+        let s = self.ev().small(ctx, &self.get(ctx, n, 1)?)?;
         if s.elems.len() > 5 || s.shape.len() != 1 {
             return Err(ctx.err(format!(
                 "target shape {:?} must be a list of at most 5 sizes (NCDHW)",
@@ -183,9 +182,9 @@ impl Lowerer<'_> {
             .iter()
             .all(|&a| t(a).is_none_or(|e| e.known() == Some(1.0)));
         if !rest_is_ones {
-            let probes = self.probe(ctx, x)?;
+            let probes = self.ev().probe(ctx, x)?;
             for (shapes, w) in probes.iter() {
-                let ev = self.eval(ctx, &s.elems, shapes)?;
+                let ev = self.ev().eval(ctx, &s.elems, shapes)?;
                 let xs = shapes[x];
                 for a in [0, 2, 3, 4] {
                     let Some(v) = (a >= off).then(|| ev[a - off]) else {

@@ -1,9 +1,9 @@
-//! Lowering of the shape-plumbing ops on constants and shape values (Constant, Shape, Cast,
-//! Gather, Slice, Unsqueeze...).
+//! Lowering of Constant, Shape and Cast, and of the shape-plumbing ops (Gather, Slice,
+//! Unsqueeze...): on activations the tensor ops (tensor.rs), on constants and shape values the
+//! evaluator's folds ([`crate::model::eval`]).
 
 use super::{
-    attr, decode_tensor, norm_axis, proto, Bop, Const, Ctx, Data, Elem, Float, Lowerer, Rc, Result,
-    Round, Sym, Val,
+    attr, decode_tensor, proto, Const, Ctx, Data, Elem, Float, Lowerer, Rc, Result, Sym, Val,
 };
 
 impl Lowerer<'_> {
@@ -46,14 +46,14 @@ impl Lowerer<'_> {
         let dims: Vec<Elem> = match &v {
             Val::Act(x) if self.rank_fast(ctx, *x)? != 5 => {
                 let r = self.rank_of(ctx, *x)?;
-                (0..r).map(|a| self.ex.borrow_mut().dim(*x, a)).collect()
+                (0..r).map(|a| self.folder.exprs().dim(*x, a)).collect()
             }
             Val::Act(x) => (0..5)
                 .map(|a| {
                     if a == 1 {
                         Elem::Known(self.values[*x].channels as f64)
                     } else {
-                        self.ex.borrow_mut().dim(*x, a)
+                        self.folder.exprs().dim(*x, a)
                     }
                 })
                 .collect(),
@@ -85,7 +85,6 @@ impl Lowerer<'_> {
         let to = attr(n, "to")
             .and_then(|a| a.i)
             .ok_or_else(|| ctx.err("attribute to is missing"))? as i32;
-        let is_float = matches!(to, 1 | 10 | 11 | 16);
         match self.get(ctx, n, 0)? {
             Val::Act(x) => {
                 let Some(float) = Float::of(to) else {
@@ -95,30 +94,7 @@ impl Lowerer<'_> {
                 self.set(n, Val::Act(y))?;
             }
             other => {
-                let mut s = self.small(ctx, &other)?;
-                if !is_float {
-                    if to == 9 {
-                        s.elems = s
-                            .elems
-                            .iter()
-                            .map(|e| match e {
-                                Elem::Known(v) => Elem::Known((*v != 0.0) as i32 as f64),
-                                e => *e,
-                            })
-                            .collect();
-                    } else {
-                        let mut ex = self.ex.borrow_mut();
-                        s.elems = s.elems.iter().map(|&e| ex.un(Round::Trunc, e)).collect();
-                    }
-                } else if let Some(f) = Float::of(to).and_then(Float::rounding) {
-                    // A constant cast to half holds half values, as the model computes with them.
-                    for e in &mut s.elems {
-                        if let Elem::Known(v) = e {
-                            *v = f.eval(*v);
-                        }
-                    }
-                }
-                s.int = !is_float;
+                let s = self.ev().cast(ctx, &other, to)?;
                 self.set(n, Val::Sym(s))?;
             }
         }
@@ -139,93 +115,8 @@ impl Lowerer<'_> {
                 _ => Err(ctx.err(format!("{op} on an activation tensor is not supported (only on constants and shape values)"))),
             };
         }
-        let s = self.small(ctx, &x)?;
-        let out = match op {
-            "Gather" => self.gather(n, ctx, &s)?,
-            "Unsqueeze" | "Squeeze" => self.squeeze(n, ctx, &s)?,
-            "Flatten" => self.flatten(n, ctx, s)?,
-            "Slice" => self.slice(n, ctx, &s)?,
-            "ConstantOfShape" => self.constant_of_shape(n, ctx)?,
-            "Floor" | "Ceil" => self.round(n, s)?,
-            "Neg" => self.neg(s)?,
-            "Sqrt" | "Reciprocal" => self.sqrt_reciprocal(n, ctx, s)?,
-            "Min" | "Max" => self.min_max(n, ctx, s)?,
-            "Range" => self.range(n, ctx)?,
-            "Expand" => self.expand(n, ctx, &s)?,
-            "Transpose" => self.transpose(n, ctx, &s)?,
-            _ => return Err(ctx.err(format!("operator {op} is not supported"))),
-        };
+        let out = self.ev().plumbing(n, ctx, &x)?;
         self.set(n, Val::Sym(out))?;
         Ok(())
-    }
-
-    /// Flatten to 2 dims at `axis`.
-    fn flatten(&self, n: &proto::NodeProto, ctx: &Ctx, s: Sym) -> Result<Sym> {
-        let r = s.shape.len();
-        let axis = norm_axis(ctx, attr(n, "axis").and_then(|a| a.i).unwrap_or(1), r + 1)?;
-        let a: usize = s.shape[..axis].iter().product();
-        let b: usize = s.shape[axis..].iter().product();
-        Ok(Sym {
-            shape: vec![a, b],
-            ..s
-        })
-    }
-
-    /// Floor / Ceil, kept symbolic.
-    fn round(&self, n: &proto::NodeProto, s: Sym) -> Result<Sym> {
-        let op = n.op_type();
-        let k = if op == "Floor" {
-            Round::Floor
-        } else {
-            Round::Ceil
-        };
-        let mut ex = self.ex.borrow_mut();
-        Ok(Sym {
-            elems: s.elems.iter().map(|&e| ex.un(k, e)).collect(),
-            ..s
-        })
-    }
-
-    /// Neg, kept symbolic.
-    fn neg(&self, s: Sym) -> Result<Sym> {
-        Ok(Sym {
-            elems: s
-                .elems
-                .iter()
-                .map(|&e| self.ex.borrow_mut().bin(Bop::Mul, e, Elem::Known(-1.0)))
-                .collect(),
-            ..s
-        })
-    }
-
-    /// Sqrt / Reciprocal of known values.
-    fn sqrt_reciprocal(&self, n: &proto::NodeProto, ctx: &Ctx, s: Sym) -> Result<Sym> {
-        let op = n.op_type();
-        let v = s
-            .all_known()
-            .ok_or_else(|| ctx.err("operand depends on the window size"))?;
-        let elems = v
-            .iter()
-            .map(|&x| Elem::Known(if op == "Sqrt" { x.sqrt() } else { 1.0 / x }))
-            .collect();
-        Ok(Sym {
-            elems,
-            int: false,
-            ..s
-        })
-    }
-
-    /// Min / Max over all inputs, elementwise.
-    fn min_max(&self, n: &proto::NodeProto, ctx: &Ctx, s: Sym) -> Result<Sym> {
-        let op = n.op_type();
-        let mut acc = Val::Sym(s);
-        for i in 1..n.input.len() {
-            let b = self.get(ctx, n, i)?;
-            acc = self.elementwise(ctx, &acc, &b, op)?;
-        }
-        Ok(match acc {
-            Val::Sym(s) => s,
-            _ => return Err(ctx.err("unexpected")),
-        })
     }
 }

@@ -7,7 +7,7 @@ impl Lowerer<'_> {
     pub(super) fn reshape(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
         let data = self.get(ctx, n, 0)?;
         let target = self.get(ctx, n, 1)?;
-        let ts = self.small(ctx, &target)?;
+        let ts = self.ev().small(ctx, &target)?;
         // allowzero only changes what a 0 in the target means.
         let zero = ts.elems.iter().any(|e| e.known() == Some(0.0));
         if attr(n, "allowzero").and_then(|a| a.i).unwrap_or(0) != 0 && zero {
@@ -16,10 +16,10 @@ impl Lowerer<'_> {
         match data {
             Val::Act(x) => {
                 let c = self.values[x].channels;
-                let probes = self.probe(ctx, x)?;
+                let probes = self.ev().probe(ctx, x)?;
                 let evs: Vec<Vec<f64>> = probes
                     .iter()
-                    .map(|(shapes, _)| self.eval(ctx, &ts.elems, shapes))
+                    .map(|(shapes, _)| self.ev().eval(ctx, &ts.elems, shapes))
                     .collect::<Result<_>>()?;
                 // [N|0, G, -1]: GroupNorm step 1 (of an NCDHW activation).
                 let rank5 = probes.iter().all(|(sh, _)| sh[x].rank() == 5);
@@ -64,10 +64,10 @@ impl Lowerer<'_> {
             }
             Val::GroupedNormed { src, groups, eps } => {
                 let c = self.values[src].channels;
-                let probes = self.probe(ctx, src)?;
+                let probes = self.ev().probe(ctx, src)?;
                 let evs: Vec<Vec<f64>> = probes
                     .iter()
-                    .map(|(shapes, _)| self.eval(ctx, &ts.elems, shapes))
+                    .map(|(shapes, _)| self.ev().eval(ctx, &ts.elems, shapes))
                     .collect::<Result<_>>()?;
                 let ok = ts.elems.len() == 5
                     && probes.iter().zip(&evs).all(|((sh, _), e)| {
@@ -101,9 +101,11 @@ impl Lowerer<'_> {
                 Err(ctx.err("reshaping a grouped activation again is not supported"))
             }
             other => {
-                let s = self.small(ctx, &other)?;
+                let s = self.ev().small(ctx, &other)?;
                 let total = s.elems.len();
-                let dims = self.values_of(ctx, &ts, "the target shape of a constant")?;
+                let dims = self
+                    .ev()
+                    .values_of(ctx, &ts, "the target shape of a constant")?;
                 let mut shape = vec![];
                 let mut infer = None;
                 for (i, &d) in dims.iter().enumerate() {

@@ -4,6 +4,7 @@ use super::{
     attr, proto, Const, CoordMode, Ctx, Data, Lowerer, NearestMode, Op, Rc, Resize, ResizeMode,
     Result, Sym, Val, ValueId,
 };
+use crate::model::decode::node::sattr;
 
 impl Lowerer<'_> {
     pub(super) fn resize(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
@@ -11,7 +12,7 @@ impl Lowerer<'_> {
         let c = self.values[x].channels;
         let is_upsample = n.op_type() == "Upsample";
         let old = is_upsample || self.opset < 11;
-        let mode = match Self::sattr(n, "mode", "nearest").as_str() {
+        let mode = match sattr(n, "mode", "nearest").as_str() {
             "nearest" => ResizeMode::Nearest,
             "linear" | "trilinear" => ResizeMode::Linear,
             other => {
@@ -23,19 +24,18 @@ impl Lowerer<'_> {
         let (coord, nearest) = if old {
             (CoordMode::Asymmetric, NearestMode::Floor)
         } else {
-            let coord =
-                match Self::sattr(n, "coordinate_transformation_mode", "half_pixel").as_str() {
-                    "half_pixel" => CoordMode::HalfPixel,
-                    "pytorch_half_pixel" => CoordMode::PytorchHalfPixel,
-                    "align_corners" => CoordMode::AlignCorners,
-                    "asymmetric" => CoordMode::Asymmetric,
-                    other => {
-                        return Err(ctx.err(format!(
-                            "attribute coordinate_transformation_mode={other} is not supported"
-                        )))
-                    }
-                };
-            let nearest = match Self::sattr(n, "nearest_mode", "round_prefer_floor").as_str() {
+            let coord = match sattr(n, "coordinate_transformation_mode", "half_pixel").as_str() {
+                "half_pixel" => CoordMode::HalfPixel,
+                "pytorch_half_pixel" => CoordMode::PytorchHalfPixel,
+                "align_corners" => CoordMode::AlignCorners,
+                "asymmetric" => CoordMode::Asymmetric,
+                other => {
+                    return Err(ctx.err(format!(
+                        "attribute coordinate_transformation_mode={other} is not supported"
+                    )))
+                }
+            };
+            let nearest = match sattr(n, "nearest_mode", "round_prefer_floor").as_str() {
                 "round_prefer_floor" => NearestMode::RoundPreferFloor,
                 "round_prefer_ceil" => NearestMode::RoundPreferCeil,
                 "floor" => NearestMode::Floor,
@@ -52,7 +52,7 @@ impl Lowerer<'_> {
         if attr(n, "axes").is_some() {
             return Err(ctx.err("attribute axes is not supported; export resizing all axes"));
         }
-        let policy = Self::sattr(n, "keep_aspect_ratio_policy", "stretch");
+        let policy = sattr(n, "keep_aspect_ratio_policy", "stretch");
         if policy != "stretch" {
             return Err(ctx.err(format!(
                 "attribute keep_aspect_ratio_policy={policy} is not supported"
@@ -80,7 +80,7 @@ impl Lowerer<'_> {
         let sizes_in = sizes_in.filter(|v| !matches!(v, Val::Const(c) if c.len() == 0));
         let r = match (scales_in, sizes_in) {
             (Some(s), None) => {
-                let s = self.small(ctx, &s)?;
+                let s = self.ev().small(ctx, &s)?;
                 let v = s.all_known().ok_or_else(|| {
                     ctx.err(
                         "scales depend on the window size; voxtile needs constant scales or sizes",
@@ -104,7 +104,7 @@ impl Lowerer<'_> {
                 }
             }
             (None, Some(sz)) => {
-                let s = self.small(ctx, &sz)?;
+                let s = self.ev().small(ctx, &sz)?;
                 if s.elems.len() != 5 {
                     return Err(ctx.err(format!(
                         "sizes has {} elements; expected 5 (NCDHW)",
@@ -132,10 +132,10 @@ impl Lowerer<'_> {
         nearest: NearestMode,
     ) -> Result<Resize> {
         let c = self.values[x].channels;
-        let probes = self.probe(ctx, x)?;
+        let probes = self.ev().probe(ctx, x)?;
         let evs: Vec<Vec<f64>> = probes
             .iter()
-            .map(|(shapes, _)| self.eval(ctx, &s.elems, shapes))
+            .map(|(shapes, _)| self.ev().eval(ctx, &s.elems, shapes))
             .collect::<Result<_>>()?;
         let s0 = &evs[0];
         let x0 = probes[0].0[x];

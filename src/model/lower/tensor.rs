@@ -3,16 +3,17 @@
 //! [`Op::Transpose`], Slice a chain of one-axis [`Op::Slice`], Gather of one index [`Op::Gather`],
 //! Split a Slice per output. Every op's output dims are checked on the probes before it is added.
 
-use super::moves::SliceBounds;
 use super::{
     attr, norm_axis, proto, squeeze_shape, to_i64, Ctx, Lowerer, Op, Result, Sym, Val, ValueId,
 };
+use crate::model::decode::node::{ints, perm_of};
+use crate::model::eval::moves::SliceBounds;
 use crate::model::ops::{reshape_dims, Dims, Slice};
 
 impl Lowerer<'_> {
     /// Dims of activation `x` on every probe.
     pub(super) fn dims_of(&self, ctx: &Ctx, x: ValueId) -> Result<Vec<Dims>> {
-        let p = self.probe(ctx, x)?;
+        let p = self.ev().probe(ctx, x)?;
         let d: Vec<Dims> = p.iter().filter_map(|(s, _)| s.get(x).copied()).collect();
         if d.is_empty() {
             return Err(ctx.err("no probe shape for its input"));
@@ -35,7 +36,7 @@ impl Lowerer<'_> {
         inputs: Vec<ValueId>,
         suffix: Option<String>,
     ) -> Result<ValueId> {
-        let probes = self.probe(ctx, inputs[0])?;
+        let probes = self.ev().probe(ctx, inputs[0])?;
         let mut out = None;
         for (shapes, _) in probes.iter() {
             let ins: Vec<Dims> = inputs
@@ -137,10 +138,10 @@ impl Lowerer<'_> {
         x: ValueId,
         ts: &Sym,
     ) -> Result<()> {
-        let probes = self.probe(ctx, x)?;
+        let probes = self.ev().probe(ctx, x)?;
         let mut outs = vec![];
         for (shapes, _) in probes.iter() {
-            let e = self.eval(ctx, &ts.elems, shapes)?;
+            let e = self.ev().eval(ctx, &ts.elems, shapes)?;
             let t: Vec<i64> = e
                 .iter()
                 .map(|&v| to_i64(ctx, v, "target shape"))
@@ -161,9 +162,9 @@ impl Lowerer<'_> {
         let op = n.op_type();
         let axes = match op {
             "Flatten" => None,
-            _ => match self.int_operand(ctx, n, 1, "axes")?.map(|(_, v)| v) {
+            _ => match self.ev().int_operand(ctx, n, 1, "axes")?.map(|(_, v)| v) {
                 Some(a) => Some(a),
-                None => self.ints(n, "axes"),
+                None => ints(n, "axes"),
             },
         };
         let mut outs = vec![];
@@ -196,7 +197,7 @@ impl Lowerer<'_> {
         x: ValueId,
     ) -> Result<()> {
         let r = self.rank_of(ctx, x)?;
-        let perm = self.perm_of(n, ctx, r)?;
+        let perm = perm_of(n, ctx, r)?;
         if perm.iter().enumerate().all(|(i, &p)| i == p) {
             return self.set(n, Val::Act(x));
         }
@@ -211,7 +212,7 @@ impl Lowerer<'_> {
             ends,
             axes,
             steps,
-        } = self.slice_bounds(n, ctx)?;
+        } = self.ev().slice_bounds(n, ctx)?;
         let k = starts.len();
         let axes = axes.unwrap_or_else(|| (0..k as i64).collect());
         let steps = steps.unwrap_or_else(|| vec![1; k]);
@@ -295,9 +296,9 @@ impl Lowerer<'_> {
             return Err(ctx.err("the split axis depends on the window size"));
         }
         let parts = n.output.len();
-        let sizes: Vec<i64> = match self.int_operand(ctx, n, 1, "split")?.map(|(_, v)| v) {
+        let sizes: Vec<i64> = match self.ev().int_operand(ctx, n, 1, "split")?.map(|(_, v)| v) {
             Some(s) => s,
-            None => match self.ints(n, "split") {
+            None => match ints(n, "split") {
                 Some(s) => s,
                 None => {
                     let k = attr(n, "num_outputs")

@@ -1,10 +1,15 @@
 //! The order in which ONNX nodes are lowered: a topological sort that survives unsorted, cyclic
-//! or dangling files, liveness from the output, and the input's signature.
+//! or dangling files, liveness from the output, and the signatures of the input and output.
 
-use super::{proto, Error, HashMap, Path, Result, Val};
+use super::proto;
+use super::values::Val;
+use super::Float;
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::path::Path;
 
 /// Per node: whether the graph output `out` depends on it (a walk back from `out`'s producer).
-pub(super) fn live_nodes(g: &proto::GraphProto, out: &str) -> Vec<bool> {
+pub(crate) fn live_nodes(g: &proto::GraphProto, out: &str) -> Vec<bool> {
     let mut producer: HashMap<&str, usize> = HashMap::new();
     for (i, n) in g.node.iter().enumerate() {
         for o in n.output.iter().filter(|s| !s.is_empty()) {
@@ -29,7 +34,7 @@ pub(super) fn live_nodes(g: &proto::GraphProto, out: &str) -> Vec<bool> {
 }
 
 /// What the model input declares.
-pub(super) struct InputSignature {
+pub(crate) struct InputSignature {
     /// Channels (must be fixed).
     pub channels: usize,
     /// Spatial sizes given as numbers.
@@ -37,11 +42,11 @@ pub(super) struct InputSignature {
     /// The batch size, when given as a number.
     pub batch: Option<usize>,
     /// The element type.
-    pub float: super::Float,
+    pub float: Float,
 }
 
 /// The model input's [`InputSignature`].
-pub(super) fn input_signature(inp: &proto::ValueInfoProto, path: &Path) -> Result<InputSignature> {
+pub(crate) fn input_signature(inp: &proto::ValueInfoProto, path: &Path) -> Result<InputSignature> {
     use proto::tensor_shape_proto::dimension::Value as DV;
     use proto::type_proto::Value as TV;
     let name = inp.name();
@@ -51,7 +56,7 @@ pub(super) fn input_signature(inp: &proto::ValueInfoProto, path: &Path) -> Resul
             format!("input \"{name}\" is not a tensor"),
         ));
     };
-    let float = super::Float::of(t.elem_type()).ok_or_else(|| {
+    let float = Float::of(t.elem_type()).ok_or_else(|| {
         Error::model(
             path,
             format!(
@@ -89,7 +94,7 @@ pub(super) fn input_signature(inp: &proto::ValueInfoProto, path: &Path) -> Resul
 }
 
 /// Kahn's algorithm over value names; errors name a dangling input or the nodes of a cycle.
-pub(super) fn topo_order(
+pub(crate) fn topo_order(
     g: &proto::GraphProto,
     known: &HashMap<String, Val>,
     path: &Path,
@@ -151,4 +156,17 @@ pub(super) fn topo_order(
         ));
     }
     Ok(order)
+}
+
+/// The float type the first graph output declares (f32 when it declares none voxtile reads).
+pub(crate) fn output_float(g: &proto::GraphProto) -> Float {
+    use proto::type_proto::Value as TV;
+    match g
+        .output
+        .first()
+        .and_then(|o| o.r#type.as_ref()?.value.as_ref())
+    {
+        Some(TV::TensorType(t)) => Float::of(t.elem_type()).unwrap_or(Float::F32),
+        _ => Float::F32,
+    }
 }

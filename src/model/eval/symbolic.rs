@@ -1,49 +1,48 @@
-//! Shape plumbing: folding of small constant / symbolic tensors, their evaluation on probe
-//! windows of the partial IR, and the budgets that bound both.
+//! Shape values: small constant / symbolic tensors folded elementwise, and their evaluation on
+//! probe windows of the partial IR.
 
+use super::budget::Charge;
 use super::moves::Folded;
-use super::{
-    broadcast_index, broadcast_shape, for_each_index, infer_shapes_raw, spatial_divisor_raw, Bop,
-    Charge, Const, Ctx, Dims, Elem, Lowerer, Rc, Result, Round, Sym, Val, ValueId, SMALL,
-};
-use crate::model::shape::probe_window;
+use super::{Eval, SMALL};
+use crate::model::analysis::spatial_divisor_raw;
+use crate::model::decode::node::Ctx;
+use crate::model::decode::values::Val;
+use crate::model::decode::Const;
+use crate::model::graph::ValueId;
+use crate::model::ops::Dims;
+use crate::model::shape::{infer_shapes_raw, probe_window};
+use crate::model::sym::{broadcast_index, broadcast_shape, for_each_index, Bop, Elem, Round, Sym};
+use crate::Result;
+use std::rc::Rc;
 
 /// Shapes of the partial IR on the probe windows: (shapes per value, window) pairs.
-pub(super) type Probes = Rc<Vec<(Vec<Dims>, [usize; 3])>>;
+pub(crate) type Probes = Rc<Vec<(Vec<Dims>, [usize; 3])>>;
 
 /// Element count of a shape, None on overflow or above [`SMALL`].
-pub(super) fn small_numel(shape: &[usize]) -> Option<usize> {
+pub(crate) fn small_numel(shape: &[usize]) -> Option<usize> {
     shape
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .filter(|&n| n <= SMALL)
 }
 
-pub(super) fn sym_to_const(s: &Sym) -> Option<Const> {
+pub(crate) fn sym_to_const(s: &Sym) -> Option<Const> {
     Some(Const::from_values(s.shape.clone(), s.all_known()?, s.int))
 }
 
-/// Right-align a shape against NCDHW (numpy broadcasting).
-pub(super) fn to5(shape: &[usize]) -> Option<[usize; 5]> {
-    if shape.len() > 5 {
-        return None;
-    }
-    let mut o = [1usize; 5];
-    o[5 - shape.len()..].copy_from_slice(shape);
-    Some(o)
-}
-
-impl Lowerer<'_> {
+impl Eval<'_> {
     /// `xs` evaluated on one probe's shapes (NaN where unknown), charged to the work budget.
-    pub(super) fn eval(&self, ctx: &Ctx, xs: &[Elem], shapes: &[Dims]) -> Result<Vec<f64>> {
-        let (v, visited) = self.ex.borrow().eval(xs, shapes);
-        self.budget.charge(ctx, Charge::Work(visited as u64 + 1))?;
+    pub(crate) fn eval(&self, ctx: &Ctx, xs: &[Elem], shapes: &[Dims]) -> Result<Vec<f64>> {
+        let (v, visited) = self.st.ex.borrow().eval(xs, shapes);
+        self.st
+            .budget
+            .charge(ctx, Charge::Work(visited as u64 + 1))?;
         Ok(v)
     }
 
     /// The values of `s`: known ones, or evaluated on the probes when they read activation
     /// sizes that are the same on every probe (a fixed input); else an error naming `what`.
-    pub(super) fn values_of(&self, ctx: &Ctx, s: &Sym, what: &str) -> Result<Vec<f64>> {
+    pub(crate) fn values_of(&self, ctx: &Ctx, s: &Sym, what: &str) -> Result<Vec<f64>> {
         if let Some(v) = s.all_known() {
             return Ok(v);
         }
@@ -60,14 +59,14 @@ impl Lowerer<'_> {
     }
 
     /// View a constant/symbolic value as a [`Sym`].
-    pub(super) fn small(&self, ctx: &Ctx, v: &Val) -> Result<Sym> {
+    pub(crate) fn small(&self, ctx: &Ctx, v: &Val) -> Result<Sym> {
         match v {
             Val::Sym(s) => {
-                self.budget.charge(ctx, Charge::Work(s.elems.len() as u64))?;
+                self.st.budget.charge(ctx, Charge::Work(s.elems.len() as u64))?;
                 Ok(s.clone())
             }
             Val::Const(c) => {
-                self.budget.charge(ctx, Charge::Work(c.len() as u64))?;
+                self.st.budget.charge(ctx, Charge::Work(c.len() as u64))?;
                 if c.len() > SMALL {
                     return Err(ctx.err(format!("folding a constant of {} elements is not supported", c.len())));
                 }
@@ -78,7 +77,7 @@ impl Lowerer<'_> {
     }
 
     /// Elementwise fold of two non-activation values (numpy broadcasting).
-    pub(super) fn elementwise(&self, ctx: &Ctx, a: &Val, b: &Val, op: &str) -> Result<Val> {
+    pub(crate) fn elementwise(&self, ctx: &Ctx, a: &Val, b: &Val, op: &str) -> Result<Val> {
         let sa = self.small(ctx, a)?;
         let sb = self.small(ctx, b)?;
         let shape = broadcast_shape(&sa.shape, &sb.shape).ok_or_else(|| {
@@ -89,7 +88,7 @@ impl Lowerer<'_> {
         })?;
         let numel = small_numel(&shape)
             .ok_or_else(|| ctx.err(format!("broadcast result {shape:?} is too large to fold")))?;
-        self.budget.check(ctx, Charge::Fold(numel))?;
+        self.st.budget.check(ctx, Charge::Fold(numel))?;
         let int = sa.int && sb.int;
         let bop = match op {
             "Add" => Bop::Add,
@@ -100,7 +99,7 @@ impl Lowerer<'_> {
             _ => Bop::Max,
         };
         let mut elems = Vec::with_capacity(numel);
-        let mut ex = self.ex.borrow_mut();
+        let mut ex = self.st.ex.borrow_mut();
         for_each_index(&shape, |idx| {
             let x = sa.elems[broadcast_index(&sa.shape, &shape, idx)];
             let y = sb.elems[broadcast_index(&sb.shape, &shape, idx)];
@@ -120,8 +119,8 @@ impl Lowerer<'_> {
     /// Returns (shapes, window) pairs. Each shape inference of the partial IR is charged to the
     /// work budget, and the result is reused until a node is added (a chain of no-op Reshapes
     /// probes once); with a fully fixed input the nodes added since are inferred incrementally.
-    pub(super) fn probe(&self, ctx: &Ctx, _x: ValueId) -> Result<Probes> {
-        if let Some((len, p)) = &*self.probe_cache.borrow() {
+    pub(crate) fn probe(&self, ctx: &Ctx, _x: ValueId) -> Result<Probes> {
+        if let Some((len, p)) = &*self.st.probe_cache.borrow() {
             if *len == self.nodes.len() {
                 return Ok(p.clone());
             }
@@ -130,9 +129,10 @@ impl Lowerer<'_> {
             return Ok(p);
         }
         let cost = self.nodes.len() as u64 + self.values.len() as u64 + 1;
-        self.budget.charge(ctx, Charge::Work(cost))?;
-        let d = spatial_divisor_raw(&self.values, &self.nodes, self.input);
-        let fixed_all = self.fixed_batch.is_some() && self.fixed_window.iter().all(|f| f.is_some());
+        self.st.budget.charge(ctx, Charge::Work(cost))?;
+        let d = spatial_divisor_raw(self.values, self.nodes, self.input);
+        let fixed_all =
+            self.st.fixed_batch.is_some() && self.st.fixed_window.iter().all(|f| f.is_some());
         let want = if fixed_all { 1 } else { 4 };
         let mut out = vec![];
         let mut last_err = None;
@@ -140,19 +140,19 @@ impl Lowerer<'_> {
             let Some(mut w) = probe_window(d, m) else {
                 break;
             };
-            for (a, f) in self.fixed_window.iter().enumerate() {
+            for (a, f) in self.st.fixed_window.iter().enumerate() {
                 if let Some(f) = f {
                     w[a] = *f;
                 }
             }
-            let n = self.fixed_batch.unwrap_or(1 + (m % 2));
-            self.budget.charge(ctx, Charge::Work(cost))?;
-            match infer_shapes_raw(&self.values, &self.nodes, self.input, n, w) {
+            let n = self.st.fixed_batch.unwrap_or(1 + (m % 2));
+            self.st.budget.charge(ctx, Charge::Work(cost))?;
+            match infer_shapes_raw(self.values, self.nodes, self.input, n, w) {
                 Ok(s) => {
                     out.push((s, w));
                     if out.len() == want {
                         let p = Rc::new(out);
-                        *self.probe_cache.borrow_mut() = Some((self.nodes.len(), p.clone()));
+                        *self.st.probe_cache.borrow_mut() = Some((self.nodes.len(), p.clone()));
                         return Ok(p);
                     }
                 }
@@ -175,8 +175,9 @@ impl Lowerer<'_> {
 
     /// With a fully fixed input (one probe), the cached shapes extended by the nodes added since.
     fn probe_incremental(&self, ctx: &Ctx) -> Result<Option<Probes>> {
-        let fixed_all = self.fixed_batch.is_some() && self.fixed_window.iter().all(|f| f.is_some());
-        let cached = self.probe_cache.borrow().clone();
+        let fixed_all =
+            self.st.fixed_batch.is_some() && self.st.fixed_window.iter().all(|f| f.is_some());
+        let cached = self.st.probe_cache.borrow().clone();
         let Some((len, p)) = cached.filter(|_| fixed_all) else {
             return Ok(None);
         };
@@ -186,7 +187,8 @@ impl Lowerer<'_> {
         let mut shapes = shapes.clone();
         shapes.resize(self.values.len(), Dims::from([0; 5]));
         let fresh = self.nodes.get(len..).unwrap_or(&[]);
-        self.budget
+        self.st
+            .budget
             .charge(ctx, Charge::Work(fresh.len() as u64 + 1))?;
         for node in fresh {
             let ins: Option<Vec<Dims>> = node
@@ -203,19 +205,7 @@ impl Lowerer<'_> {
             }
         }
         let p = Rc::new(vec![(shapes, *w)]);
-        *self.probe_cache.borrow_mut() = Some((self.nodes.len(), p.clone()));
+        *self.st.probe_cache.borrow_mut() = Some((self.nodes.len(), p.clone()));
         Ok(Some(p))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn to5_right_aligns() {
-        assert_eq!(to5(&[4, 1, 1, 1]), Some([1, 4, 1, 1, 1]));
-        assert_eq!(to5(&[]), Some([1; 5]));
-        assert_eq!(to5(&[1; 6]), None);
     }
 }

@@ -1,11 +1,15 @@
 //! The moves only the constant fast path ([`super::constfold`]) makes: Reshape and Concat, each result charged to the constant budget before it is built (the
 //! moves both kinds of folded value share are in [`super::moves`]).
 
+use super::budget::Charge;
 use super::constfold::{at, ints_of};
-use super::{attr, norm_axis, proto, Charge, Const, Ctx, Data, Lowerer, Result};
+use super::Eval;
+use crate::model::decode::node::{attr, norm_axis, Ctx};
+use crate::model::decode::{proto, Const, Data};
+use crate::Result;
 
-impl Lowerer<'_> {
-    pub(super) fn c_reshape(
+impl Eval<'_> {
+    pub(crate) fn c_reshape(
         &self,
         n: &proto::NodeProto,
         ctx: &Ctx,
@@ -41,7 +45,8 @@ impl Lowerer<'_> {
         if shape.iter().product::<usize>() != c.len() {
             return Err(ctx.err(format!("cannot reshape {:?} to {t:?}", c.shape)));
         }
-        self.budget
+        self.st
+            .budget
             .charge(ctx, Charge::constant(c.len(), c.is_int()))?;
         Ok(Const {
             shape,
@@ -49,7 +54,7 @@ impl Lowerer<'_> {
         })
     }
 
-    pub(super) fn c_concat(
+    pub(crate) fn c_concat(
         &self,
         n: &proto::NodeProto,
         ctx: &Ctx,
@@ -76,7 +81,8 @@ impl Lowerer<'_> {
                 )));
             }
         }
-        self.budget
+        self.st
+            .budget
             .charge(ctx, Charge::constant(shape.iter().product(), int))?;
         let outer: usize = shape[..axis].iter().product();
         let inner: usize = shape[axis + 1..].iter().product();

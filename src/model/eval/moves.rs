@@ -3,19 +3,20 @@
 //! i64 data, the fast path of [`super::constfold`]) and symbolic tensors ([`Sym`]: elements that
 //! may read activation sizes). A move computes where each output element comes from; the kind
 //! only says how its elements are copied and which budget pays for them ([`Folded`]).
-//! Index operands (indices, axes, bounds, shapes) are read by [`Lowerer::int_operand`], the same
+//! Index operands (indices, axes, bounds, shapes) are read by [`Eval::int_operand`], the same
 //! way for both kinds.
 
-use super::budget::{Charge, MAX_CONST_ELEMS};
+use super::budget::{Budget, Charge, MAX_CONST_ELEMS};
 use super::constfold::{at, ints_of};
-use super::{
-    attr, index_tuple_len, norm_axis, squeeze_shape, to_i64, Ctx, Lowerer, Result, Val, SMALL,
-};
+use super::{Eval, SMALL};
+use crate::model::decode::node::{attr, ints, norm_axis, perm_of, sattr, to_i64, Ctx};
+use crate::model::decode::values::Val;
 use crate::model::decode::{decode_tensor, proto, Const, Data};
 use crate::model::sym::{broadcast_index, broadcast_shape, for_each_index, Elem, Sym};
+use crate::Result;
 
 /// A folded value the moves work on.
-pub(super) trait Folded: Sized {
+pub(crate) trait Folded: Sized {
     /// The most elements one value of this kind may hold.
     const MAX_ELEMS: usize;
     fn shape(&self) -> &[usize];
@@ -30,11 +31,11 @@ pub(super) trait Folded: Sized {
     /// This value with `upd`'s elements written, `slice` at a time, at each offset of `offs`.
     fn scattered(&self, upd: &Self, offs: &[usize], slice: usize) -> Self;
     /// Check, before anything is allocated, that `elems` elements fit this kind's budget.
-    fn charge(lw: &Lowerer, ctx: &Ctx, elems: usize, int: bool) -> Result<()>;
+    fn charge(budget: &Budget, ctx: &Ctx, elems: usize, int: bool) -> Result<()>;
 }
 
 /// Row-major strides of `shape`.
-pub(super) fn strides(shape: &[usize]) -> Vec<usize> {
+pub(crate) fn strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1usize; shape.len()];
     for a in (0..shape.len().saturating_sub(1)).rev() {
         s[a] = s[a + 1] * shape[a + 1];
@@ -54,7 +55,7 @@ fn gather_by<T: Copy>(
 }
 
 /// Normalise a possibly negative index against `d`; None when out of range.
-pub(super) fn norm_index(i: i64, d: usize) -> Option<usize> {
+pub(crate) fn norm_index(i: i64, d: usize) -> Option<usize> {
     let j = if i < 0 { i + d as i64 } else { i };
     (0..d as i64).contains(&j).then_some(j as usize)
 }
@@ -104,8 +105,8 @@ impl Folded for Const {
             data,
         }
     }
-    fn charge(lw: &Lowerer, ctx: &Ctx, elems: usize, int: bool) -> Result<()> {
-        lw.budget.charge(ctx, Charge::constant(elems, int))
+    fn charge(budget: &Budget, ctx: &Ctx, elems: usize, int: bool) -> Result<()> {
+        budget.charge(ctx, Charge::constant(elems, int))
     }
 }
 
@@ -145,12 +146,66 @@ impl Folded for Sym {
         }
         out
     }
-    fn charge(lw: &Lowerer, ctx: &Ctx, elems: usize, _int: bool) -> Result<()> {
+    fn charge(budget: &Budget, ctx: &Ctx, elems: usize, _int: bool) -> Result<()> {
         if elems > SMALL {
             return Err(ctx.err(format!("{elems} elements is too large a value to fold")));
         }
-        lw.budget.check(ctx, Charge::Fold(elems))
+        budget.check(ctx, Charge::Fold(elems))
     }
+}
+
+/// The shape after ONNX Unsqueeze (`unsqueeze`) or Squeeze of `axes` (Squeeze without axes drops
+/// every 1): one rule for constants, shape values and activations.
+pub(crate) fn squeeze_shape(
+    ctx: &Ctx,
+    shape: &[usize],
+    unsqueeze: bool,
+    axes: Option<&[i64]>,
+) -> Result<Vec<usize>> {
+    let mut s = shape.to_vec();
+    if unsqueeze {
+        let axes = axes.ok_or_else(|| ctx.err("axes are missing"))?;
+        let r = s.len() + axes.len();
+        let mut ax: Vec<usize> = axes
+            .iter()
+            .map(|&a| norm_axis(ctx, a, r))
+            .collect::<Result<_>>()?;
+        ax.sort_unstable();
+        for a in ax {
+            s.insert(a, 1);
+        }
+        return Ok(s);
+    }
+    let Some(axes) = axes else {
+        s.retain(|&d| d != 1);
+        return Ok(s);
+    };
+    let r = s.len();
+    let mut ax: Vec<usize> = axes
+        .iter()
+        .map(|&a| norm_axis(ctx, a, r))
+        .collect::<Result<_>>()?;
+    ax.sort_unstable();
+    ax.dedup();
+    for a in ax.into_iter().rev() {
+        if s[a] != 1 {
+            return Err(ctx.err(format!("cannot squeeze axis {a} of size {}", s[a])));
+        }
+        s.remove(a);
+    }
+    Ok(s)
+}
+
+/// Length of the index tuples of a ScatterND / GatherND `indices` of shape `idx` (its last axis)
+/// into data of rank `rank`.
+pub(crate) fn index_tuple_len(ctx: &Ctx, idx: &[usize], rank: usize) -> Result<usize> {
+    let k = *idx.last().ok_or_else(|| ctx.err("indices are a scalar"))?;
+    if k == 0 || k > rank {
+        return Err(ctx.err(format!(
+            "index tuples of length {k} for data of rank {rank}"
+        )));
+    }
+    Ok(k)
 }
 
 /// Element count of `shape` within `T`'s limit, else an error.
@@ -163,16 +218,21 @@ fn numel_of<T: Folded>(ctx: &Ctx, shape: &[usize]) -> Result<usize> {
 }
 
 /// A Slice's bounds as the node gives them (axes and steps optional).
-pub(super) struct SliceBounds {
+pub(crate) struct SliceBounds {
     pub starts: Vec<i64>,
     pub ends: Vec<i64>,
     pub axes: Option<Vec<i64>>,
     pub steps: Option<Vec<i64>>,
 }
 
-impl Lowerer<'_> {
+impl Eval<'_> {
+    /// Charge a result of kind `T` and `shape` (within the kind's limit) before it is built.
+    fn charge_shape<T: Folded>(&self, ctx: &Ctx, shape: &[usize], int: bool) -> Result<()> {
+        T::charge(&self.st.budget, ctx, numel_of::<T>(ctx, shape)?, int)
+    }
+
     /// A Slice's bounds: operands 1-4, or attributes before opset 10.
-    pub(super) fn slice_bounds(&self, n: &proto::NodeProto, ctx: &Ctx) -> Result<SliceBounds> {
+    pub(crate) fn slice_bounds(&self, n: &proto::NodeProto, ctx: &Ctx) -> Result<SliceBounds> {
         let operand = |i: usize, w: &str| -> Result<Option<Vec<i64>>> {
             Ok(self.int_operand(ctx, n, i, w)?.map(|(_, v)| v))
         };
@@ -185,9 +245,9 @@ impl Lowerer<'_> {
             }
         } else {
             SliceBounds {
-                starts: self.ints(n, "starts").unwrap_or_default(),
-                ends: self.ints(n, "ends").unwrap_or_default(),
-                axes: self.ints(n, "axes"),
+                starts: ints(n, "starts").unwrap_or_default(),
+                ends: ints(n, "ends").unwrap_or_default(),
+                axes: ints(n, "axes"),
                 steps: None,
             }
         })
@@ -197,7 +257,7 @@ impl Lowerer<'_> {
     /// absent. Values that read activation sizes are evaluated on the probe windows when they are
     /// the same on every one (sizes a fixed input declares); values beyond i64 saturate (Slice
     /// bounds are often ±2^63).
-    pub(super) fn int_operand(
+    pub(crate) fn int_operand(
         &self,
         ctx: &Ctx,
         n: &proto::NodeProto,
@@ -236,7 +296,7 @@ impl Lowerer<'_> {
     }
 
     /// Gather along one axis (indices: operand 1).
-    pub(super) fn gather<T: Folded>(&self, n: &proto::NodeProto, ctx: &Ctx, x: &T) -> Result<T> {
+    pub(crate) fn gather<T: Folded>(&self, n: &proto::NodeProto, ctx: &Ctx, x: &T) -> Result<T> {
         let (idx_shape, idx) = self.ints_required(ctx, n, 1, "indices")?;
         let xs = x.shape();
         let r = xs.len();
@@ -255,7 +315,7 @@ impl Lowerer<'_> {
         let mut shape = xs[..axis].to_vec();
         shape.extend_from_slice(&idx_shape);
         shape.extend_from_slice(&xs[axis + 1..]);
-        T::charge(self, ctx, numel_of::<T>(ctx, &shape)?, x.is_int())?;
+        self.charge_shape::<T>(ctx, &shape, x.is_int())?;
         let st = strides(xs);
         let ist = strides(&idx_shape);
         let q = idx_shape.len();
@@ -268,18 +328,18 @@ impl Lowerer<'_> {
     }
 
     /// Transpose by `perm` (reversed axes by default).
-    pub(super) fn transpose<T: Folded>(&self, n: &proto::NodeProto, ctx: &Ctx, x: &T) -> Result<T> {
+    pub(crate) fn transpose<T: Folded>(&self, n: &proto::NodeProto, ctx: &Ctx, x: &T) -> Result<T> {
         let xs = x.shape();
-        let perm = self.perm_of(n, ctx, xs.len())?;
+        let perm = perm_of(n, ctx, xs.len())?;
         let shape: Vec<usize> = perm.iter().map(|&p| xs[p]).collect();
-        T::charge(self, ctx, numel_of::<T>(ctx, &shape)?, x.is_int())?;
+        self.charge_shape::<T>(ctx, &shape, x.is_int())?;
         let st = strides(xs);
         let src: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
         Ok(x.moved(shape, |i| i.iter().zip(&src).map(|(a, b)| a * b).sum()))
     }
 
     /// Slice: bounds from operands 1-4, or from attributes before opset 10.
-    pub(super) fn slice<T: Folded>(&self, n: &proto::NodeProto, ctx: &Ctx, x: &T) -> Result<T> {
+    pub(crate) fn slice<T: Folded>(&self, n: &proto::NodeProto, ctx: &Ctx, x: &T) -> Result<T> {
         let SliceBounds {
             starts,
             ends,
@@ -328,7 +388,7 @@ impl Lowerer<'_> {
             keep[axes[i]] = (b, st, cnt);
         }
         let shape: Vec<usize> = keep.iter().map(|k| k.2).collect();
-        T::charge(self, ctx, numel_of::<T>(ctx, &shape)?, x.is_int())?;
+        self.charge_shape::<T>(ctx, &shape, x.is_int())?;
         let st = strides(xs);
         Ok(x.moved(shape, |i| {
             i.iter()
@@ -339,7 +399,7 @@ impl Lowerer<'_> {
     }
 
     /// Expand to the shape of operand 1 (numpy broadcasting).
-    pub(super) fn expand<T: Folded>(&self, n: &proto::NodeProto, ctx: &Ctx, x: &T) -> Result<T> {
+    pub(crate) fn expand<T: Folded>(&self, n: &proto::NodeProto, ctx: &Ctx, x: &T) -> Result<T> {
         let (_, t) = self.ints_required(ctx, n, 1, "the target shape")?;
         if t.iter().any(|&d| d < 0) {
             return Err(ctx.err(format!("negative target shape {t:?}")));
@@ -348,24 +408,24 @@ impl Lowerer<'_> {
         let xs = x.shape();
         let shape = broadcast_shape(xs, &t)
             .ok_or_else(|| ctx.err(format!("cannot expand {xs:?} to {t:?}")))?;
-        T::charge(self, ctx, numel_of::<T>(ctx, &shape)?, x.is_int())?;
+        self.charge_shape::<T>(ctx, &shape, x.is_int())?;
         Ok(x.moved(shape.clone(), |i| broadcast_index(xs, &shape, i)))
     }
 
     /// Unsqueeze / Squeeze (axes from operand 1, or the attribute before opset 13).
-    pub(super) fn squeeze<T: Folded>(&self, n: &proto::NodeProto, ctx: &Ctx, x: &T) -> Result<T> {
+    pub(crate) fn squeeze<T: Folded>(&self, n: &proto::NodeProto, ctx: &Ctx, x: &T) -> Result<T> {
         let axes = match self.int_operand(ctx, n, 1, "axes")? {
             Some((_, a)) => Some(a),
-            None => self.ints(n, "axes"),
+            None => ints(n, "axes"),
         };
         let unsqueeze = n.op_type() == "Unsqueeze";
         let shape = squeeze_shape(ctx, x.shape(), unsqueeze, axes.as_deref())?;
-        T::charge(self, ctx, numel_of::<T>(ctx, &shape)?, x.is_int())?;
+        self.charge_shape::<T>(ctx, &shape, x.is_int())?;
         Ok(x.reshaped(shape))
     }
 
     /// Range of known bounds (operands 0-2); integer when the start is.
-    pub(super) fn range<T: Folded>(&self, n: &proto::NodeProto, ctx: &Ctx) -> Result<T> {
+    pub(crate) fn range<T: Folded>(&self, n: &proto::NodeProto, ctx: &Ctx) -> Result<T> {
         let one = |i: usize| -> Result<(f64, bool)> {
             let v = self.get(ctx, n, i)?;
             let s = self.small(ctx, &v)?;
@@ -382,13 +442,13 @@ impl Lowerer<'_> {
             return Err(ctx.err("range too long"));
         }
         let cnt = cnt as usize;
-        T::charge(self, ctx, cnt, int)?;
+        T::charge(&self.st.budget, ctx, cnt, int)?;
         let values = (0..cnt).map(|i| s + i as f64 * d).collect();
         Ok(T::from_values(vec![cnt], values, int))
     }
 
     /// ConstantOfShape: operand 0 the shape, the attribute the value (float 0 by default).
-    pub(super) fn constant_of_shape<T: Folded>(
+    pub(crate) fn constant_of_shape<T: Folded>(
         &self,
         n: &proto::NodeProto,
         ctx: &Ctx,
@@ -400,11 +460,11 @@ impl Lowerer<'_> {
         let shape: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
         let numel = numel_of::<T>(ctx, &shape)?;
         let value = match attr(n, "value").and_then(|a| a.t.as_ref()) {
-            Some(t) => Some(decode_tensor(t, self.dir, self.path)?),
+            Some(t) => Some(decode_tensor(t, self.st.dir, self.st.path)?),
             None => None,
         };
         let int = value.as_ref().is_some_and(|c| c.is_int());
-        T::charge(self, ctx, numel, int)?;
+        T::charge(&self.st.budget, ctx, numel, int)?;
         let v = value.map_or(0.0, |c| c.to_f64().first().copied().unwrap_or(0.0));
         Ok(T::from_values(shape, vec![v; numel], int))
     }
@@ -436,14 +496,14 @@ impl Lowerer<'_> {
     }
 
     /// ScatterND without reduction: `data` with the slices at the indices replaced by `upd`.
-    pub(super) fn scatter_nd<T: Folded>(
+    pub(crate) fn scatter_nd<T: Folded>(
         &self,
         n: &proto::NodeProto,
         ctx: &Ctx,
         data: &T,
         upd: &T,
     ) -> Result<T> {
-        if Self::sattr(n, "reduction", "none") != "none" {
+        if sattr(n, "reduction", "none") != "none" {
             return Err(ctx.err("a reduction other than none is not supported"));
         }
         let (offs, _, slice) = self.nd_offsets(n, ctx, data.shape())?;
@@ -451,12 +511,12 @@ impl Lowerer<'_> {
         if upd_len != offs.len() * slice {
             return Err(ctx.err("updates do not match the indexed slices"));
         }
-        T::charge(self, ctx, numel_of::<T>(ctx, data.shape())?, data.is_int())?;
+        self.charge_shape::<T>(ctx, data.shape(), data.is_int())?;
         Ok(data.scattered(upd, &offs, slice))
     }
 
     /// GatherND with batch_dims 0: the slices of `data` at each index tuple.
-    pub(super) fn gather_nd<T: Folded>(
+    pub(crate) fn gather_nd<T: Folded>(
         &self,
         n: &proto::NodeProto,
         ctx: &Ctx,
@@ -471,7 +531,7 @@ impl Lowerer<'_> {
         let k = idx_shape[q];
         let mut shape = idx_shape[..q].to_vec();
         shape.extend_from_slice(&ds[k..]);
-        T::charge(self, ctx, numel_of::<T>(ctx, &shape)?, data.is_int())?;
+        self.charge_shape::<T>(ctx, &shape, data.is_int())?;
         let tuple = strides(&idx_shape[..q]);
         let inner = strides(&ds[k..]);
         Ok(data.moved(shape, |i| {

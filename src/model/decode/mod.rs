@@ -1,10 +1,18 @@
 //! ONNX protobuf decoding (prost + the vendored schema subset) and of tensors. Initializers
 //! are decoded by [`decode_tensor`], which validates every size before it allocates, so a hostile
-//! file gets an error naming the tensor instead of an OOM.
+//! file gets an error naming the tensor instead of an OOM. The graph as the import reads it, apart
+//! from any lowering: the order of its nodes and the input's signature ([`order`]), what each
+//! value name is bound to and who reads it ([`values`]), a node's attributes and error context
+//! ([`node`]).
 
 use crate::{Error, Result};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Component, Path};
+
+mod alias;
+pub(crate) mod node;
+pub(crate) mod order;
+pub(crate) mod values;
 
 #[allow(clippy::all, dead_code, missing_docs)]
 pub mod proto {
@@ -16,6 +24,27 @@ pub mod proto {
 pub const MAX_ELEMENTS: u64 = 1 << 31;
 
 /// A decoded constant: float types become f32, integer/bool types i64.
+/// A float element type voxtile takes for activations (it computes in f32 whatever the file says).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Float {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl Float {
+    /// The type of ONNX element type `t` (1, 10, 16; double counts as f32: voxtile computes in
+    /// f32), None for the others.
+    pub(crate) fn of(t: i32) -> Option<Float> {
+        match t {
+            1 | 11 => Some(Float::F32),
+            10 => Some(Float::F16),
+            16 => Some(Float::Bf16),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Data {
     F(Vec<f32>),

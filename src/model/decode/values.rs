@@ -3,11 +3,34 @@
 //! once before the first node is lowered.
 
 use super::alias::Aliases;
-use super::{proto, Val};
+use super::{proto, Const};
+use crate::model::graph::ValueId;
+use crate::model::sym::Sym;
 use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+
+/// What an ONNX value name is bound to.
+#[derive(Clone, Debug)]
+pub(crate) enum Val {
+    Act(ValueId),
+    /// Shared: an Identity (or any read) copies the handle, not the data.
+    Const(Rc<Const>),
+    Sym(Sym),
+    /// `Reshape(x, [N, G, -1])` of activation `src` (GroupNorm export, step 1).
+    Grouped {
+        src: ValueId,
+        groups: usize,
+    },
+    /// InstanceNormalization (scale 1, bias 0) of a [`Val::Grouped`] (step 2).
+    GroupedNormed {
+        src: ValueId,
+        groups: usize,
+        eps: f32,
+    },
+}
 
 #[derive(Default)]
-pub(super) struct OnnxValues {
+pub(crate) struct OnnxValues {
     bound: HashMap<String, Val>,
     alias: Aliases,
     /// Readers left per value (Identity chains resolved; a graph output counts as one).

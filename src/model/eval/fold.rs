@@ -6,13 +6,16 @@
 //! Where whose selected values read activation sizes, which stays symbolic.
 
 use super::moves::Folded;
-use super::{Ctx, Lowerer, Result, Val};
+use super::Eval;
+use crate::model::decode::node::Ctx;
+use crate::model::decode::values::Val;
 use crate::model::decode::{proto, Const};
 use crate::model::sym::{broadcast_index, broadcast_shape, for_each_index, Sym};
+use crate::Result;
 use std::rc::Rc;
 
 /// ONNX operators this file folds.
-pub(super) const FOLD_OPS: [&str; 8] = [
+pub(crate) const FOLD_OPS: [&str; 8] = [
     "Equal",
     "Less",
     "Greater",
@@ -23,9 +26,9 @@ pub(super) const FOLD_OPS: [&str; 8] = [
     "GatherND",
 ];
 
-impl Lowerer<'_> {
-    /// Any [`FOLD_OPS`] node on constants / shape values.
-    pub(super) fn fold(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<()> {
+impl Eval<'_> {
+    /// Any [`FOLD_OPS`] node on constants / shape values, folded.
+    pub(crate) fn fold(&self, n: &proto::NodeProto, ctx: &Ctx) -> Result<Val> {
         let ins: Vec<Val> = (0..n.input.len())
             .map(|i| self.get(ctx, n, i))
             .collect::<Result<_>>()?;
@@ -53,10 +56,10 @@ impl Lowerer<'_> {
                     .collect::<Result<_>>()?;
                 let refs: Vec<Option<&Const>> = consts.iter().map(Some).collect();
                 let c = self.const_op(n, ctx, &refs)?;
-                return self.set(n, Val::Const(Rc::new(c)));
+                return Ok(Val::Const(Rc::new(c)));
             }
         };
-        self.set(n, Val::Sym(out))
+        Ok(Val::Sym(out))
     }
 
     /// `s` as a constant, its window-dependent elements evaluated on the probes (an error when
@@ -78,7 +81,7 @@ impl Lowerer<'_> {
             })?;
         }
         let numel: usize = shape.iter().product();
-        <Sym as Folded>::charge(self, ctx, numel, a.int && b.int)?;
+        <Sym as Folded>::charge(&self.st.budget, ctx, numel, a.int && b.int)?;
         let cond = self.values_of(ctx, c, "the condition")?;
         let mut elems = Vec::with_capacity(numel);
         for_each_index(&shape, |idx| {

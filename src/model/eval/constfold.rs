@@ -1,6 +1,6 @@
 //! Fast folding of pure constants: when every operand of a node is a known constant, the node is
 //! computed directly on the `Const` data (f32 / i64 vectors, numpy broadcasting) instead of going
-//! through the symbolic [`Sym`] machinery (an `Elem` enum per element). Transformer exports compute
+//! through the symbolic [`Sym`](crate::model::sym::Sym) machinery (an `Elem` enum per element). Transformer exports compute
 //! attention masks and relative-position indices in the graph this way (SwinUNETR: tens of millions
 //! of elements); the symbolic path stays for what depends on activation sizes.
 //!
@@ -8,12 +8,16 @@
 //! [`super::budget`]); a single folded value may hold at most [`super::budget::MAX_CONST_ELEMS`] elements.
 //! Booleans (Equal, Not, Cast to bool...) are kept as f32 0/1: exact, and half the bytes of i64.
 
+use super::budget::Charge;
 use super::moves::Folded;
-use super::{
-    attr, broadcast_shape, proto, sym_to_const, to_i64, Charge, Const, Ctx, Data, Lowerer, Rc,
-    Result, Val,
-};
+use super::symbolic::sym_to_const;
+use super::Eval;
+use crate::model::decode::node::{attr, to_i64, Ctx};
+use crate::model::decode::values::Val;
+use crate::model::decode::{proto, Const, Data};
 use crate::model::ew_fold::{self, Ew};
+use crate::model::sym::broadcast_shape;
+use crate::Result;
 
 /// Operators with a constant-only fast path.
 const FAST_OPS: [&str; 26] = [
@@ -55,27 +59,27 @@ const SHAPE_OPERANDS: [&str; 6] = [
     "Squeeze",
 ];
 
-pub(super) use crate::model::ew_fold::at;
+pub(crate) use crate::model::ew_fold::at;
 
 /// The values as i64 (indices, shapes, axes).
-pub(super) fn ints_of(ctx: &Ctx, c: &Const, what: &str) -> Result<Vec<i64>> {
+pub(crate) fn ints_of(ctx: &Ctx, c: &Const, what: &str) -> Result<Vec<i64>> {
     match &c.data {
         Data::I(v) => Ok(v.clone()),
         Data::F(v) => v.iter().map(|&x| to_i64(ctx, x as f64, what)).collect(),
     }
 }
 
-impl Lowerer<'_> {
-    /// Fold `n` directly when all its inputs are known constants and its operator has a fast
-    /// path; Ok(false) leaves it to the general lowering.
-    pub(super) fn try_const_fold(&mut self, n: &proto::NodeProto, ctx: &Ctx) -> Result<bool> {
+impl Eval<'_> {
+    /// `n` folded directly when all its inputs are known constants and its operator has a fast
+    /// path; Ok(None) leaves it to the general lowering.
+    pub(crate) fn const_fold(&self, n: &proto::NodeProto, ctx: &Ctx) -> Result<Option<Const>> {
         let op = n.op_type();
         if !FAST_OPS.contains(&op) || n.input.is_empty() || n.output.len() != 1 {
-            return Ok(false);
+            return Ok(None);
         }
         // Slice/Squeeze/Unsqueeze with attributes (old opsets) go the general way.
         if matches!(op, "Slice") && n.input.len() < 3 {
-            return Ok(false);
+            return Ok(None);
         }
         // Known symbolic values (shape arithmetic) become constants; anything else leaves.
         // Shape operands (Reshape targets...) that read the sizes of a fixed input are evaluated.
@@ -89,15 +93,15 @@ impl Lowerer<'_> {
                     None if i > 0 && SHAPE_OPERANDS.contains(&op) => {
                         match self.values_of(ctx, s, "a shape operand") {
                             Ok(v) => Some(Const::from_values(s.shape.clone(), v, true)),
-                            Err(_) => return Ok(false),
+                            Err(_) => return Ok(None),
                         }
                     }
-                    None => return Ok(false),
+                    None => return Ok(None),
                 },
-                _ => return Ok(false),
+                _ => return Ok(None),
             });
         }
-        let vals = &self.vals;
+        let vals = self.vals;
         let refs: Vec<Option<&Const>> = n
             .input
             .iter()
@@ -108,13 +112,10 @@ impl Lowerer<'_> {
                 _ => None,
             })
             .collect();
-        let out = self.const_op(n, ctx, &refs)?;
-        self.vals.release_inputs(n);
-        self.set(n, Val::Const(Rc::new(out)))?;
-        Ok(true)
+        self.const_op(n, ctx, &refs).map(Some)
     }
 
-    pub(super) fn const_op(
+    pub(crate) fn const_op(
         &self,
         n: &proto::NodeProto,
         ctx: &Ctx,
@@ -179,7 +180,7 @@ impl Lowerer<'_> {
             "Where" => cs[1].is_int() && cs[2].is_int(),
             _ => cs.iter().all(|c| c.is_int()),
         };
-        self.budget.charge(ctx, Charge::constant(numel, int))?;
+        self.st.budget.charge(ctx, Charge::constant(numel, int))?;
         let fmod = attr(n, "fmod").and_then(|a| a.i).unwrap_or(0) != 0;
         // The operator resolved once, not per element.
         let kind = match op {

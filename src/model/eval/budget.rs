@@ -3,33 +3,33 @@
 //! of folded constants (a base plus a multiple of the model's own weights), and take so many
 //! steps of shape evaluation ([`WORK_BUDGET`]); past any of them the import stops at once.
 
-use super::Ctx;
+use crate::model::decode::node::Ctx;
 use crate::Result;
 use std::cell::Cell;
 
 /// Elements that constant folding may produce over the whole import (folded tensors and the
 /// symbolic expressions built for them): real exports fold a few hundred, and this keeps a small
 /// hostile file (400 ConstantOfShape of 4 M elements each) far below the machine's memory.
-pub(super) const FOLD_BUDGET: usize = 1 << 22;
+pub(crate) const FOLD_BUDGET: usize = 1 << 22;
 
 /// Steps of shape evaluation (probe shape inference per node, expression nodes evaluated) over
 /// the whole import: about a second of work, a hundred times what a real model needs.
-pub(super) const WORK_BUDGET: u64 = 1 << 24;
+pub(crate) const WORK_BUDGET: u64 = 1 << 24;
 
 /// Largest constant one fold may produce (elements).
-pub(super) const MAX_CONST_ELEMS: usize = 1 << 26;
+pub(crate) const MAX_CONST_ELEMS: usize = 1 << 26;
 
 /// Bytes that constant folds may allocate over a whole import, on top of [`CONST_WEIGHT_FACTOR`]
 /// times the bytes of the model's own initializers: a real export computes masks of the size of
 /// what its weights compute with, while a small hostile file stays at a few hundred megabytes.
-pub(super) const CONST_BASE_BYTES: usize = 1 << 28;
+pub(crate) const CONST_BASE_BYTES: usize = 1 << 28;
 
 /// The multiple of the initializers' bytes added to [`CONST_BASE_BYTES`].
-pub(super) const CONST_WEIGHT_FACTOR: usize = 8;
+pub(crate) const CONST_WEIGHT_FACTOR: usize = 8;
 
 /// One charge against the budgets.
 #[derive(Clone, Copy, Debug)]
-pub(super) enum Charge {
+pub(crate) enum Charge {
     /// Elements of folded shape values and expression nodes ([`FOLD_BUDGET`]).
     Fold(usize),
     /// A folded constant of `elems` elements of `bytes` each.
@@ -47,7 +47,7 @@ impl Charge {
 }
 
 /// What is left of each budget.
-pub(super) struct Budget {
+pub(crate) struct Budget {
     fold_left: Cell<usize>,
     const_left: Cell<usize>,
     /// The whole constant budget of this model, in bytes (for messages).
