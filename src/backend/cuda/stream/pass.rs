@@ -81,9 +81,6 @@ impl<'a, 'j> Pass<'a, 'j> {
             VolumeRef::Device(v) => (Some(v), None),
             VolumeRef::Host(v) => (None, Some(v)),
         };
-        if let Some(v) = &direct {
-            super::direct::check_and_sync(&gpu.ctx, v)?;
-        }
         let (roi, hw, cout) = (job.roi, h * w, prep.cout);
         let mut order: Vec<[usize; 3]> = job.starts.to_vec();
         order.sort_by_key(|s| s[0]);

@@ -2,6 +2,7 @@
 //! per-batch input fill (device or host gather), the launch list, blends and finalisations,
 //! with worker threads for plane conversion and for storing finished planes.
 
+use super::direct::check_and_sync;
 use super::gather::{convert_planes, prefault, prefault_planes, store_planes, HostOut, Out};
 use super::job::{Events, WindowJob};
 use super::pass::{Pass, Stored};
@@ -11,6 +12,7 @@ use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::launch_list::Prepared;
 use crate::backend::cuda::runtime::device::{drv, mem_reset_peak, mem_stats};
 use crate::backend::cuda::runtime::launch::{ev, Gpu};
+use crate::backend::VolumeRef;
 use crate::{Error, Result};
 use cudarc::driver::{result as cu, CudaEvent, PinnedHostSlice};
 use ndarray::{Array3, Array4, ArrayView4};
@@ -123,6 +125,9 @@ pub(crate) fn run_windows(
 ) -> Result<(Out, GpuTimes)> {
     let t0 = Instant::now();
     check(prep, job, argmax)?;
+    if let VolumeRef::Device(v) = &job.vol {
+        check_and_sync(&gpu.ctx, v)?;
+    }
     mem_reset_peak(&gpu.ctx);
     let mem_before = cu::mem_get_info().map(|(f, t)| (t - f) as u64).unwrap_or(0);
     let r = Pass::new(gpu, prep, opts, job, argmax).and_then(|p| p.run(cache, t0, mem_before));
