@@ -67,7 +67,7 @@ impl DeviceVolume {
         self.device
     }
 
-    /// The axes in the order `p` (as [`ArrayView4::permuted_axes`]).
+    /// The axes in the order `p` (as ndarray's `permuted_axes`).
     pub fn permuted_axes(self, p: [usize; 4]) -> Self {
         DeviceVolume {
             dims: p.map(|a| self.dims[a]),
@@ -76,7 +76,7 @@ impl DeviceVolume {
         }
     }
 
-    /// Indices `r` of `axis` (as [`ArrayView4::slice_axis`]; `r` lies within the axis).
+    /// Indices `r` of `axis` (as ndarray's `slice_axis`; `r` lies within the axis).
     pub fn slice_axis(self, axis: usize, r: Range<usize>) -> Self {
         assert!(
             r.start < r.end && r.end <= self.dims[axis],
