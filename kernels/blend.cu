@@ -126,15 +126,13 @@ extern "C" __global__ void finalize_planes_v4(float* __restrict__ acc, float* __
     }
 }
 
-// Gathers one window into the network input `out` (rd, rh, rw, C) NDHWC f16 from a float32 volume
-// (C, D, H, W) already in device memory (a caller's tensor), element strides (sc, sd, sh, sw) of
-// any sign: the direct input. Values are rounded to f16 as the host gather rounds them
-// (round to nearest even), `cval` (f16 bits) outside the volume. The host checks
-// rd * rh * rw * C < 2^31 and that every element the strides reach lies in one allocation.
-extern "C" __global__ void gather_window_f32(const float* __restrict__ vol, unsigned short* __restrict__ out,
-                                             int C, int D, int H, int W, i64 sc, i64 sd, i64 sh, i64 sw,
-                                             int sz, int sy, int sx, int pz, int py, int px, int rd, int rh,
-                                             int rw, int cval) {
+// One window into the network input `out` (rd, rh, rw, C) NDHWC f16: start (sz, sy, sx) in padded
+// coordinates, (pz, py, px) voxels of padding before the volume (D, H, W), `cval` (f16 bits) outside
+// it; `read(c, z, y, x)` gives a voxel's f16 bits. The host checks rd * rh * rw * C < 2^31.
+template <class Read>
+__device__ __forceinline__ void gather_window(unsigned short* __restrict__ out, int C, int D, int H, int W,
+                                              int sz, int sy, int sx, int pz, int py, int px, int rd, int rh,
+                                              int rw, int cval, Read read) {
     int total = rd * rh * rw * C;
     unsigned short cv = (unsigned short)cval;
     for (i64 e64 = blockIdx.x * (i64)blockDim.x + threadIdx.x; e64 < total; e64 += (i64)gridDim.x * blockDim.x) {
@@ -144,33 +142,31 @@ extern "C" __global__ void gather_window_f32(const float* __restrict__ vol, unsi
         int y = t % rh; int z = t / rh;
         int vz = sz + z - pz, vy = sy + y - py, vx = sx + x - px;
         unsigned short v = cv;
-        if (vz >= 0 && vz < D && vy >= 0 && vy < H && vx >= 0 && vx < W)
-            v = __half_as_ushort(__float2half_rn(vol[c * sc + vz * sd + vy * sh + vx * sw]));
+        if (vz >= 0 && vz < D && vy >= 0 && vy < H && vx >= 0 && vx < W) v = read(c, vz, vy, vx);
         out[e] = v;
     }
 }
 
-// Gathers one window into the network input `out` (rd, rh, rw, C) NDHWC f16 from the input ring:
-// volume plane z (all channels, f16 bits) in slot z % R, ring layout [R][C][H][W]. Start (sz, sy,
-// sx) in padded coordinates, (pz, py, px) voxels of padding before the volume (D, H, W); `cval`
-// (f16 bits) outside it. The bits equal the host gather's (stream/gather.rs gather_windows). The host
-// checks rd * rh * rw * C < 2^31.
+// The direct input: a window from a float32 volume (C, D, H, W) already in device memory (a caller's
+// tensor), element strides (sc, sd, sh, sw) of any sign, rounded to f16 as the host gather rounds
+// (nearest even). The host checks that every element the strides reach lies in one allocation.
+extern "C" __global__ void gather_window_f32(const float* __restrict__ vol, unsigned short* __restrict__ out,
+                                             int C, int D, int H, int W, i64 sc, i64 sd, i64 sh, i64 sw,
+                                             int sz, int sy, int sx, int pz, int py, int px, int rd, int rh,
+                                             int rw, int cval) {
+    gather_window(out, C, D, H, W, sz, sy, sx, pz, py, px, rd, rh, rw, cval, [&](int c, int z, int y, int x) {
+        return __half_as_ushort(__float2half_rn(vol[c * sc + z * sd + y * sh + x * sw]));
+    });
+}
+
+// A window from the input ring: volume plane z (all channels, f16 bits) in slot z % R, ring layout
+// [R][C][H][W]. The bits equal the host gather's (stream/gather.rs gather_windows).
 extern "C" __global__ void gather_window_ring(const unsigned short* __restrict__ ring,
                                               unsigned short* __restrict__ out, int C, int R, int D, int H,
                                               int W, int sz, int sy, int sx, int pz, int py, int px, int rd,
                                               int rh, int rw, int cval) {
-    int total = rd * rh * rw * C;
     i64 HW = (i64)H * W;
-    unsigned short cv = (unsigned short)cval;
-    for (i64 e64 = blockIdx.x * (i64)blockDim.x + threadIdx.x; e64 < total; e64 += (i64)gridDim.x * blockDim.x) {
-        int e = (int)e64;
-        int c = e % C; int t = e / C;
-        int x = t % rw; t /= rw;
-        int y = t % rh; int z = t / rh;
-        int vz = sz + z - pz, vy = sy + y - py, vx = sx + x - px;
-        unsigned short v = cv;
-        if (vz >= 0 && vz < D && vy >= 0 && vy < H && vx >= 0 && vx < W)
-            v = ring[((i64)(vz % R) * C + c) * HW + (i64)vy * W + vx];
-        out[e] = v;
-    }
+    gather_window(out, C, D, H, W, sz, sy, sx, pz, py, px, rd, rh, rw, cval, [&](int c, int z, int y, int x) {
+        return ring[((i64)(z % R) * C + c) * HW + (i64)y * W + x];
+    });
 }

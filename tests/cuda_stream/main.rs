@@ -454,25 +454,10 @@ fn device_gather_is_bitwise_the_host_gather() {
         ([90usize, 45, 50], [0.5, 0.25, 0.5], 3usize, 2usize, 3usize),
         ([40, 20, 70], [0.5, 0.5, 0.0], 4, 1, 5),
     ] {
-        let mut net = Net::random(&mut r, cin, 8, cout);
-        net.norm = false;
-        b.set_options(CudaOptions {
-            poison: true,
-            ..*b.options()
-        });
-        b.prepare(&net.graph(), batch, roi).unwrap();
+        let (net, stored, vol) = gather_case(&mut b, &mut r, size, batch, (cin, cout), roi);
         // Stored (C, W, H, D), viewed as (C, D, H, W): a strided view for the plane conversion.
-        let stored = Array4::from_shape_vec(
-            (cin, size[2], size[1], size[0]),
-            r.scaled(cin * size.iter().product::<usize>(), 2.0),
-        )
-        .unwrap();
         let strided = stored.view().permuted_axes([0, 3, 2, 1]);
-        let vol = strided.as_standard_layout().to_owned();
-        let (padded, before, mut starts) = grid(size, roi, ov);
-        r.shuffle(&mut starts);
-        let wmap = gaussian(roi);
-        let cval = 0.25 + 0.1 * r.uni();
+        let (padded, before, starts, wmap, cval) = window_set(&mut r, size, roi, ov);
         let mut runs = Vec::new();
         for (mode, view) in [
             (GatherMode::Host, vol.view()),
@@ -838,24 +823,7 @@ fn direct_device_input_is_bitwise_the_host_gather() {
     let roi = [32usize; 3];
     let (size, ov, batch, cin, cout) =
         ([70usize, 45, 50], [0.5, 0.25, 0.5], 3usize, 2usize, 3usize);
-    let mut net = Net::random(&mut r, cin, 8, cout);
-    net.norm = false;
-    b.set_options(CudaOptions {
-        poison: true,
-        ..*b.options()
-    });
-    b.prepare(&net.graph(), batch, roi).unwrap();
-    // Stored (C, W, H, D); the host volume is its (C, D, H, W) view made contiguous.
-    let stored = Array4::from_shape_vec(
-        (cin, size[2], size[1], size[0]),
-        r.scaled(cin * size.iter().product::<usize>(), 2.0),
-    )
-    .unwrap();
-    let vol = stored
-        .view()
-        .permuted_axes([0, 3, 2, 1])
-        .as_standard_layout()
-        .to_owned();
+    let (net, stored, vol) = gather_case(&mut b, &mut r, size, batch, (cin, cout), roi);
     let ctx = CudaContext::new(0).unwrap();
     let stream = ctx.default_stream();
     let dev_std = stream.clone_htod(vol.as_slice().unwrap()).unwrap();
@@ -877,10 +845,7 @@ fn direct_device_input_is_bitwise_the_host_gather() {
     }
     .unwrap()
     .permuted_axes([0, 3, 2, 1]);
-    let (padded, before, mut starts) = grid(size, roi, ov);
-    r.shuffle(&mut starts);
-    let wmap = gaussian(roi);
-    let cval = 0.25 + 0.1 * r.uni();
+    let (padded, before, starts, wmap, cval) = window_set(&mut r, size, roi, ov);
     let base = WindowJob {
         vol: vol.view().into(),
         padded,
@@ -944,4 +909,43 @@ fn direct_device_input_is_bitwise_the_host_gather() {
             "logits differ (keep_logits {keep_logits})"
         );
     }
+}
+
+/// The gather tests' setup: a norm-free random net (deterministic: bitwise comparable) prepared on
+/// `b` with poisoned buffers, and a random volume of `size` stored (C, W, H, D) with its contiguous
+/// (C, D, H, W) copy.
+fn gather_case(
+    b: &mut CudaBackend,
+    r: &mut Rng,
+    size: [usize; 3],
+    batch: usize,
+    (cin, cout): (usize, usize),
+    roi: [usize; 3],
+) -> (Net, Array4<f32>, Array4<f32>) {
+    let mut net = Net::random(r, cin, 8, cout);
+    net.norm = false;
+    b.set_options(CudaOptions {
+        poison: true,
+        ..*b.options()
+    });
+    b.prepare(&net.graph(), batch, roi).unwrap();
+    let stored = Array4::from_shape_vec(
+        (cin, size[2], size[1], size[0]),
+        r.scaled(cin * size.iter().product::<usize>(), 2.0),
+    )
+    .unwrap();
+    let vol = stored
+        .view()
+        .permuted_axes([0, 3, 2, 1])
+        .as_standard_layout()
+        .to_owned();
+    (net, stored, vol)
+}
+
+/// A window grid over `size` in shuffled order, the gaussian weight map and a random padding value.
+type WindowSet = ([usize; 3], [usize; 3], Vec<[usize; 3]>, Array3<f32>, f32);
+fn window_set(r: &mut Rng, size: [usize; 3], roi: [usize; 3], ov: [f64; 3]) -> WindowSet {
+    let (padded, before, mut starts) = grid(size, roi, ov);
+    r.shuffle(&mut starts);
+    (padded, before, starts, gaussian(roi), 0.25 + 0.1 * r.uni())
 }

@@ -88,37 +88,26 @@ pub(super) fn check_and_sync(ctx: &CudaContext, v: &DeviceVolume) -> Result<()> 
 impl Pass<'_, '_> {
     /// The gather kernels of batch `st` from the device volume `v` into the network input.
     pub(super) fn gather_direct(&self, st: &Batch, v: &DeviceVolume) -> Result<()> {
-        let (s, j) = (&*self.gpu.stream, self.job);
         let [c, d, h, w] = self.dims;
         let [sc, sd, sh, sw] = v.strides().map(|x| x as i64);
         for (b, start) in self.order[st.begin..st.end].iter().enumerate() {
-            self.gpu.eltwise(
-                s,
-                GATHER_WINDOW_F32.name,
-                self.in_win,
-                &mut [
-                    Arg::Ptr(v.ptr()),
-                    Arg::Ptr(self.prep.input + (b * self.in_win * 2) as u64),
-                    i32a(c),
-                    i32a(d),
-                    i32a(h),
-                    i32a(w),
-                    Arg::I64(sc),
-                    Arg::I64(sd),
-                    Arg::I64(sh),
-                    Arg::I64(sw),
-                    i32a(start[0]),
-                    i32a(start[1]),
-                    i32a(start[2]),
-                    i32a(j.pad_before[0]),
-                    i32a(j.pad_before[1]),
-                    i32a(j.pad_before[2]),
-                    i32a(j.roi[0]),
-                    i32a(j.roi[1]),
-                    i32a(j.roi[2]),
-                    Arg::I32(half::f16::from_f32(j.cval).to_bits() as i32),
-                ],
-            )?;
+            let mut args = vec![
+                Arg::Ptr(v.ptr()),
+                Arg::Ptr(self.prep.input + (b * self.in_win * 2) as u64),
+                i32a(c),
+                i32a(d),
+                i32a(h),
+                i32a(w),
+                Arg::I64(sc),
+                Arg::I64(sd),
+                Arg::I64(sh),
+                Arg::I64(sw),
+            ];
+            args.extend(self.window_args(start));
+            args.push(self.cval_arg());
+            let s = &*self.gpu.stream;
+            self.gpu
+                .eltwise(s, GATHER_WINDOW_F32.name, self.in_win, &mut args)?;
         }
         Ok(())
     }

@@ -252,70 +252,70 @@ impl<'a, 'j> Pass<'a, 'j> {
 
     /// The gather kernels of batch `st` from the input ring into the network input.
     pub(super) fn gather_on_device(&self, st: &Batch) -> Result<()> {
-        let (s, j) = (&*self.gpu.stream, self.job);
         let [c, d, h, w] = self.dims;
         for (b, start) in self.order[st.begin..st.end].iter().enumerate() {
-            self.gpu.eltwise(
-                s,
-                GATHER_WINDOW_RING.name,
-                self.in_win,
-                &mut [
-                    Arg::Ptr(self.dev_in[0].ptr),
-                    Arg::Ptr(self.prep.input + (b * self.in_win * 2) as u64),
-                    i32a(c),
-                    i32a(self.ring),
-                    i32a(d),
-                    i32a(h),
-                    i32a(w),
-                    i32a(start[0]),
-                    i32a(start[1]),
-                    i32a(start[2]),
-                    i32a(j.pad_before[0]),
-                    i32a(j.pad_before[1]),
-                    i32a(j.pad_before[2]),
-                    i32a(j.roi[0]),
-                    i32a(j.roi[1]),
-                    i32a(j.roi[2]),
-                    Arg::I32(half::f16::from_f32(j.cval).to_bits() as i32),
-                ],
-            )?;
+            let mut args = vec![
+                Arg::Ptr(self.dev_in[0].ptr),
+                Arg::Ptr(self.prep.input + (b * self.in_win * 2) as u64),
+                i32a(c),
+                i32a(self.ring),
+                i32a(d),
+                i32a(h),
+                i32a(w),
+            ];
+            args.extend(self.window_args(start));
+            args.push(self.cval_arg());
+            let s = &*self.gpu.stream;
+            self.gpu
+                .eltwise(s, GATHER_WINDOW_RING.name, self.in_win, &mut args)?;
         }
         Ok(())
     }
 
+    /// Where a window lies, as the gather and blend kernels take it: its start (padded
+    /// coordinates), the padding before the volume, the window's size.
+    pub(super) fn window_args(&self, start: &[usize; 3]) -> [Arg; 9] {
+        let j = self.job;
+        [
+            i32a(start[0]),
+            i32a(start[1]),
+            i32a(start[2]),
+            i32a(j.pad_before[0]),
+            i32a(j.pad_before[1]),
+            i32a(j.pad_before[2]),
+            i32a(j.roi[0]),
+            i32a(j.roi[1]),
+            i32a(j.roi[2]),
+        ]
+    }
+
+    /// The padding value as the gather kernels take it (f16 bits).
+    pub(super) fn cval_arg(&self) -> Arg {
+        Arg::I32(half::f16::from_f32(self.job.cval).to_bits() as i32)
+    }
+
     /// Blends the logits of batch `st` into the accumulator ring.
     pub(super) fn blend(&self, st: &Batch) -> Result<()> {
-        let (s, j) = (&*self.gpu.stream, self.job);
+        let s = &*self.gpu.stream;
         let [_, d, h, w] = self.dims;
         let cout = self.prep.cout;
         let out_win = cout * self.rvox;
         for (b, start) in self.order[st.begin..st.end].iter().enumerate() {
             let src = self.prep.output + (b * out_win * 2) as u64;
-            self.gpu.eltwise(
-                s,
-                BLEND_WINDOW_RING.name,
-                self.rvox,
-                &mut [
-                    Arg::Ptr(src),
-                    Arg::Ptr(self.dw.ptr),
-                    Arg::Ptr(self.acc.ptr),
-                    Arg::Ptr(self.wsum.ptr),
-                    i32a(cout),
-                    i32a(self.ring),
-                    i32a(d),
-                    i32a(h),
-                    i32a(w),
-                    i32a(start[0]),
-                    i32a(start[1]),
-                    i32a(start[2]),
-                    i32a(j.pad_before[0]),
-                    i32a(j.pad_before[1]),
-                    i32a(j.pad_before[2]),
-                    i32a(j.roi[0]),
-                    i32a(j.roi[1]),
-                    i32a(j.roi[2]),
-                ],
-            )?;
+            let mut args = vec![
+                Arg::Ptr(src),
+                Arg::Ptr(self.dw.ptr),
+                Arg::Ptr(self.acc.ptr),
+                Arg::Ptr(self.wsum.ptr),
+                i32a(cout),
+                i32a(self.ring),
+                i32a(d),
+                i32a(h),
+                i32a(w),
+            ];
+            args.extend(self.window_args(start));
+            self.gpu
+                .eltwise(s, BLEND_WINDOW_RING.name, self.rvox, &mut args)?;
         }
         Ok(())
     }
