@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 impl Engine {
-    /// [`Engine::segment_array`] (or [`Engine::segment_device`]) once the channels are checked: labels (i,j,k), the blended
-    /// outputs (channel, i, j, k) when `Options::keep_logits`, and the report.
+    /// [`Engine::segment_array`] (or [`Engine::segment_device`]) once the channels are checked:
+    /// labels (i,j,k), the blended outputs (channel, i, j, k) when `Options::keep_logits`, and
+    /// the report.
     pub(super) fn run_input(
         &mut self,
         data: VolumeRef,
