@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use voxtile::engine::{Device, Engine, Options};
 use voxtile::tiling::{BlendMode, PadMode, Placement};
-use voxtile::{CancelToken, Error};
+use voxtile::{CancelToken, Error, Segmentation};
 
 /// An engine with one set of window settings.
 #[pyclass(module = "voxtile._voxtile", frozen)]
@@ -103,20 +103,15 @@ impl Window {
     ) -> PyResult<Py<PyAny>> {
         let input = Input::extract(array)?;
         let view = input.view();
-        self.cancel.reset();
-        let logits = watched(py, &self.cancel, progress.as_ref(), |cb| {
-            let mut engine = self.engine.lock().unwrap_or_else(|p| p.into_inner());
-            let data = view.to_f32();
-            let seg = engine.segment_array(data.view(), cb)?;
-            seg.logits.ok_or_else(|| {
-                Error::Backend("the engine kept no blended outputs although asked to".into())
-            })
-        })?;
-        Ok(logits.into_pyarray(py).into_any().unbind())
+        self.blended(py, progress, |engine, cb| {
+            engine.segment_array(view.to_f32().view(), cb)
+        })
     }
 
     /// The blended raw outputs (C_out, D, H, W) of one (C, D, H, W) float32 CUDA tensor, given
     /// as its `__dlpack__()` capsule: windows are gathered from it on the device, no host copy.
+    /// The capsule (and the tensor behind it) stays referenced by the caller's frame until this
+    /// returns.
     #[pyo3(signature = (capsule, progress))]
     fn run_device(
         &self,
@@ -125,21 +120,32 @@ impl Window {
         progress: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let volume = crate::dlpack::device_volume(capsule)?;
-        self.cancel.reset();
-        // The capsule (and the tensor behind it) stays referenced by the caller's frame until
-        // this returns.
-        let logits = watched(py, &self.cancel, progress.as_ref(), |cb| {
-            let mut engine = self.engine.lock().unwrap_or_else(|p| p.into_inner());
-            let seg = engine.segment_device(volume, cb)?;
-            seg.logits.ok_or_else(|| {
-                Error::Backend("the engine kept no blended outputs although asked to".into())
-            })
-        })?;
-        Ok(logits.into_pyarray(py).into_any().unbind())
+        self.blended(py, progress, |engine, cb| engine.segment_device(volume, cb))
     }
 
     /// Stop the run in progress.
     fn cancel(&self) {
         self.cancel.cancel();
+    }
+}
+
+impl Window {
+    /// `segment` on the engine without the GIL (progress and Ctrl-C watched), its blended
+    /// outputs as a NumPy array.
+    fn blended(
+        &self,
+        py: Python<'_>,
+        progress: Option<Py<PyAny>>,
+        segment: impl FnOnce(&mut Engine, &mut dyn FnMut(usize, usize)) -> Result<Segmentation, Error>
+            + Send,
+    ) -> PyResult<Py<PyAny>> {
+        self.cancel.reset();
+        let logits = watched(py, &self.cancel, progress.as_ref(), |cb| {
+            let mut engine = self.engine.lock().unwrap_or_else(|p| p.into_inner());
+            segment(&mut engine, cb)?.logits.ok_or_else(|| {
+                Error::Backend("the engine kept no blended outputs although asked to".into())
+            })
+        })?;
+        Ok(logits.into_pyarray(py).into_any().unbind())
     }
 }
