@@ -22,6 +22,8 @@ pub enum Family {
     ConvMma,
     /// `conv_halo_*`: stride-1 3^3 convs from an smem halo.
     ConvHalo,
+    /// `conv_wg_*`: the halo convs on wgmma (sm_90a only).
+    ConvWgmma,
     /// The memory-bound first layer (Cin 1) and head (1x1x1).
     ConvSmall,
     /// `conv_igemm_*`: the wmma implicit GEMM (transposed convs the mma path does not take).
@@ -37,9 +39,10 @@ pub enum Family {
 }
 
 /// Every family, in load order.
-pub const FAMILIES: [Family; 12] = [
+pub const FAMILIES: [Family; 13] = [
     Family::ConvMma,
     Family::ConvHalo,
+    Family::ConvWgmma,
     Family::ConvSmall,
     Family::ConvWmmaLegacy,
     Family::ConvTranspose,
@@ -58,6 +61,7 @@ impl Family {
         match self {
             Family::ConvMma => "conv_mma",
             Family::ConvHalo => "conv_halo",
+            Family::ConvWgmma => "conv_wgmma",
             Family::ConvSmall => "conv_small",
             Family::ConvWmmaLegacy => "conv_wmma_legacy",
             Family::ConvTranspose => "conv_transpose",
@@ -76,6 +80,7 @@ impl Family {
         match self {
             Family::ConvMma => include_str!("../../../../kernels/conv_mma.cu"),
             Family::ConvHalo => include_str!("../../../../kernels/conv_halo.cu"),
+            Family::ConvWgmma => include_str!("../../../../kernels/conv_wgmma.cu"),
             Family::ConvSmall => include_str!("../../../../kernels/conv_small.cu"),
             Family::ConvWmmaLegacy => include_str!("../../../../kernels/conv_wmma_legacy.cu"),
             Family::ConvTranspose => include_str!("../../../../kernels/conv_transpose.cu"),
@@ -94,10 +99,20 @@ impl Family {
     /// so a tile is listed once, here.
     pub fn source(self) -> String {
         let mma = match self {
-            Family::ConvMma | Family::ConvHalo => MMA,
+            Family::ConvMma | Family::ConvHalo | Family::ConvWgmma => MMA,
             _ => "",
         };
         format!("{mma}{}\n{}", self.file(), entry_lines(self))
+    }
+
+    /// The architecture NVRTC builds the family for on a device of architecture `arch`
+    /// ("sm_90"), or None where the family does not run there: the wgmma family needs the
+    /// arch-specific sm_90a and exists on compute capability 9.0 alone.
+    pub fn target(self, arch: &str) -> Option<String> {
+        match self {
+            Family::ConvWgmma => (arch == "sm_90").then(|| "sm_90a".to_string()),
+            _ => Some(arch.to_string()),
+        }
     }
 
     /// Entry points the family defines: the plain kernels, then (conv) the config tables.
@@ -113,6 +128,7 @@ impl Family {
                 v.extend(UPSAMPLE_VEC.iter().map(|(_, u)| *u));
             }
             Family::ConvHalo => v.extend(HALO_CONFIGS.iter().map(|c| c.name)),
+            Family::ConvWgmma => v.extend(wgmma_all().map(|c| c.name)),
             _ => {}
         }
         v
@@ -360,8 +376,9 @@ pub fn upsample_vec_name(mma: &str) -> Option<&'static str> {
         .map(|(_, u)| *u)
 }
 
-/// One `conv_halo_*` kernel of kernels/conv_halo.cu: stride-1 3^3 conv whose blocks load an output
-/// tile's input halo into shared memory once for all 27 taps.
+/// One halo conv kernel (`conv_halo_*` of kernels/conv_halo.cu, or with `wgmma` a `conv_wg_*` of
+/// kernels/conv_wgmma.cu): stride-1 3^3 conv whose blocks load an output tile's input halo into
+/// shared memory once for all 27 taps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HaloConfig {
     pub name: &'static str,
@@ -382,6 +399,13 @@ pub struct HaloConfig {
     pub hb: usize,
     /// Persistent blocks per SM (each loops over tiles); 0: one block per tile.
     pub persist: usize,
+    /// A `conv_wg_*` kernel of kernels/conv_wgmma.cu (wgmma, sm_90a; one warpgroup, 8x8 faces,
+    /// unpadded 16-byte rows), listed in [`WGMMA_CONFIGS`].
+    pub wgmma: bool,
+    /// wgmma: both operands' K step padded to an odd multiple of 64 bytes (bank experiment).
+    pub wg_pad: bool,
+    /// wgmma: the MMA loop run this many times (timing experiments only: > 1 gives wrong sums).
+    pub wg_reps: usize,
     /// Not measured yet: listed and compiled only with the `kernel-experiments` feature, never a
     /// default, run only when forced.
     pub experiment: bool,
@@ -409,6 +433,20 @@ impl HaloConfig {
     /// Dynamic shared memory: the weights (resident: bn rows of 27 * Cin + 8 halves; staged:
     /// wst x bn rows of Cin + 8) and hb halo buffers of Cin + 8 halves per row.
     pub fn smem_bytes(&self) -> u32 {
+        if self.wgmma {
+            // conv_wgmma.cu: 27 resident taps or `wst` one-tap stages, then the halo, all in
+            // unpadded 16-byte rows.
+            let taps = if self.wst == 0 { 27 } else { self.wst };
+            let (bn, rows) = if self.wg_pad {
+                (
+                    self.bn + 4,
+                    self.halo_rows() + (12 - self.halo_rows() % 8) % 8,
+                )
+            } else {
+                (self.bn, self.halo_rows())
+            };
+            return ((taps * bn + self.hb * rows) * self.cin * 2) as u32;
+        }
         let w = if self.wst == 0 {
             self.bn * (27 * self.cin + 8)
         } else {
@@ -444,7 +482,10 @@ impl HaloConfig {
 
 /// The `conv_halo_*` config named `name` (the launch needs its tile and grid).
 pub fn halo_config(name: &str) -> Option<&'static HaloConfig> {
-    HALO_CONFIGS.iter().find(|c| c.name == name)
+    HALO_CONFIGS
+        .iter()
+        .chain(wgmma_all())
+        .find(|c| c.name == name)
 }
 
 /// A HALO_ENTRY kernel (`conv_halo`): 4x8x8 tile, 2 weight stages, one block per tile, `wm` x
@@ -461,6 +502,9 @@ const fn halo(name: &'static str, cin: usize, bn: usize, wm: usize, wn: usize) -
         wst: 2,
         hb: 1,
         persist: 0,
+        wgmma: false,
+        wg_pad: false,
+        wg_reps: 1,
         experiment: false,
     }
 }
@@ -634,6 +678,148 @@ pub const HALO_CONFIGS: &[HaloConfig] = &[
     CONV_HALO_C32N64_H2,
 ];
 
+/// A `conv_wg_*` kernel: one warpgroup, a tile of `tz` 8x8 output faces, resident weights
+/// (`wst` 0) or a ring of `wst` one-tap stages.
+const fn wg(name: &'static str, cin: usize, bn: usize, tz: usize, wst: usize) -> HaloConfig {
+    HaloConfig {
+        name,
+        cin,
+        pad_cin: false,
+        bn,
+        threads: 128,
+        wm: 4,
+        tile: [tz, 8, 8],
+        wst,
+        hb: 1,
+        persist: 0,
+        wgmma: true,
+        wg_pad: false,
+        wg_reps: 1,
+        experiment: false,
+    }
+}
+
+/// The persistent `conv_wg_p` kernel: two warpgroups per block, one block per SM, resident
+/// weights, two halo buffers per warpgroup (`hb` 4).
+const fn wgp(name: &'static str, cin: usize, bn: usize) -> HaloConfig {
+    HaloConfig {
+        threads: 256,
+        hb: 4,
+        persist: 1,
+        ..wg(name, cin, bn, 4, 0)
+    }
+}
+
+pub const CONV_WG_C32N32_P: HaloConfig = wgp("conv_wg_c32n32_p", 32, 32);
+pub const CONV_WG_C16N16_P: HaloConfig = HaloConfig {
+    pad_cin: true,
+    ..wgp("conv_wg_c16n16_p", 16, 16)
+};
+pub const CONV_WG_C16N32_P: HaloConfig = HaloConfig {
+    pad_cin: true,
+    ..wgp("conv_wg_c16n32_p", 16, 32)
+};
+pub const CONV_WG_C32N32_R: HaloConfig = wg("conv_wg_c32n32_r", 32, 32, 4, 0);
+pub const CONV_WG_C16N16_R: HaloConfig = HaloConfig {
+    pad_cin: true,
+    ..wg("conv_wg_c16n16_r", 16, 16, 4, 0)
+};
+pub const CONV_WG_C16N32_R: HaloConfig = HaloConfig {
+    pad_cin: true,
+    ..wg("conv_wg_c16n32_r", 16, 32, 4, 0)
+};
+pub const CONV_WG_C64N32_S4: HaloConfig = wg("conv_wg_c64n32_s4", 64, 32, 4, 4);
+pub const CONV_WG_C32N32_S4: HaloConfig = wg("conv_wg_c32n32_s4", 32, 32, 4, 4);
+pub const CONV_WG_C64N64_S4: HaloConfig = wg("conv_wg_c64n64_s4", 64, 64, 4, 4);
+pub const CONV_WG_C32N64_S4: HaloConfig = wg("conv_wg_c32n64_s4", 32, 64, 4, 4);
+
+/// The wgmma halo kernels (kernels/conv_wgmma.cu) the planner takes before [`HALO_CONFIGS`] on
+/// compute capability 9.0 (`ArchCaps::conv_wgmma`). ORDER = PREFERENCE, as there.
+/// Measured (PERF_NOTES.md, session 13): the width-16 resident kernel beats `conv_halo_c16n16_r`
+/// on W2's 14->14 at 128^3 (0.95 vs 1.24 ms) and ties it at 64^3.
+pub const WGMMA_CONFIGS: &[HaloConfig] = &[CONV_WG_C16N16_R];
+
+/// wgmma kernels that run only when forced (`CudaOptions::halo_tile`): those measured slower than
+/// `conv_halo_*` on the same layers (PERF_NOTES.md, session 13: K1 on `_p` 1.11, `_s4` 1.09,
+/// `_r` 1.43 ms against 0.94; the width-16 persistent one 1.28 against 0.95), the one not
+/// measured against its `conv_halo` twin (`c16n32_r`), and the experiments.
+pub const WGMMA_FORCED: &[HaloConfig] = &[
+    CONV_WG_C32N32_P,
+    CONV_WG_C16N16_P,
+    CONV_WG_C16N32_P,
+    CONV_WG_C32N32_R,
+    CONV_WG_C16N32_R,
+    CONV_WG_C64N32_S4,
+    CONV_WG_C64N64_S4,
+    CONV_WG_C32N64_S4,
+    CONV_WG_C32N32_S4,
+    #[cfg(feature = "kernel-experiments")]
+    CONV_WG_C32N32_RP,
+    #[cfg(feature = "kernel-experiments")]
+    CONV_WG_C32N32_S4P,
+    #[cfg(feature = "kernel-experiments")]
+    CONV_WG_C32N32_R8,
+    #[cfg(feature = "kernel-experiments")]
+    CONV_WG_C32N32_RX2,
+    #[cfg(feature = "kernel-experiments")]
+    CONV_WG_C32N32_S4X2,
+    #[cfg(feature = "kernel-experiments")]
+    CONV_WG_C64N64_S4P,
+    #[cfg(feature = "kernel-experiments")]
+    CONV_WG_C16N16_RP,
+];
+
+/// Every wgmma kernel: the defaults, then the forced-only ones.
+pub fn wgmma_all() -> impl Iterator<Item = &'static HaloConfig> {
+    WGMMA_CONFIGS.iter().chain(WGMMA_FORCED)
+}
+
+// Experiments (`kernel-experiments`): padded K steps, 8-face tiles, the MMA loop twice (its cost
+// is the difference; the sums are wrong, so never a default). Measured in session 13: padding
+// changes nothing; 8 faces per tile (1 block per SM) is 1.8x slower.
+#[cfg(feature = "kernel-experiments")]
+pub const CONV_WG_C32N32_RP: HaloConfig = HaloConfig {
+    wg_pad: true,
+    experiment: true,
+    ..wg("conv_wg_c32n32_rp", 32, 32, 4, 0)
+};
+#[cfg(feature = "kernel-experiments")]
+pub const CONV_WG_C32N32_S4P: HaloConfig = HaloConfig {
+    wg_pad: true,
+    experiment: true,
+    ..wg("conv_wg_c32n32_s4p", 32, 32, 4, 4)
+};
+#[cfg(feature = "kernel-experiments")]
+pub const CONV_WG_C32N32_R8: HaloConfig = HaloConfig {
+    experiment: true,
+    ..wg("conv_wg_c32n32_r8", 32, 32, 8, 0)
+};
+#[cfg(feature = "kernel-experiments")]
+pub const CONV_WG_C32N32_RX2: HaloConfig = HaloConfig {
+    wg_reps: 2,
+    experiment: true,
+    ..wg("conv_wg_c32n32_rx2", 32, 32, 4, 0)
+};
+#[cfg(feature = "kernel-experiments")]
+pub const CONV_WG_C32N32_S4X2: HaloConfig = HaloConfig {
+    wg_reps: 2,
+    experiment: true,
+    ..wg("conv_wg_c32n32_s4x2", 32, 32, 4, 4)
+};
+#[cfg(feature = "kernel-experiments")]
+pub const CONV_WG_C64N64_S4P: HaloConfig = HaloConfig {
+    wg_pad: true,
+    experiment: true,
+    ..wg("conv_wg_c64n64_s4p", 64, 64, 4, 4)
+};
+#[cfg(feature = "kernel-experiments")]
+pub const CONV_WG_C16N16_RP: HaloConfig = HaloConfig {
+    pad_cin: true,
+    wg_pad: true,
+    experiment: true,
+    ..wg("conv_wg_c16n16_rp", 16, 16, 4, 0)
+};
+
 /// Warps along N of a tile with `threads` threads and `wm` warps along M.
 const fn warps_n(threads: u32, wm: usize) -> usize {
     threads as usize / 32 / wm
@@ -653,7 +839,7 @@ impl HaloConfig {
 /// tables.
 pub fn entry_lines(fam: Family) -> String {
     let mut out = String::new();
-    if !matches!(fam, Family::ConvMma | Family::ConvHalo) {
+    if !matches!(fam, Family::ConvMma | Family::ConvHalo | Family::ConvWgmma) {
         return out;
     }
     out.push_str("// Generated from src/backend/cuda/host/catalogue.rs (entry_lines).\n");
@@ -673,6 +859,20 @@ pub fn entry_lines(fam: Family) -> String {
                     c.bm, c.bn, c.wm, c.stages
                 ));
             }
+        }
+        return out;
+    }
+    if fam == Family::ConvWgmma {
+        for c in wgmma_all() {
+            let (name, cin, bn, tz, pad) = (c.name, c.cin, c.bn, c.tile[0], c.wg_pad as u8);
+            out.push_str(&if c.persist > 0 {
+                format!("WGP_ENTRY({name}, {cin}, {bn}, {tz}, {pad})\n")
+            } else {
+                format!(
+                    "WG_ENTRY({name}, {cin}, {bn}, {tz}, {}, {pad}, {})\n",
+                    c.wst, c.wg_reps
+                )
+            });
         }
         return out;
     }
@@ -777,7 +977,13 @@ mod tests {
                 k.name
             );
         }
-        for table in ["MMA_CONFIGS", "UPSAMPLE_VEC", "HALO_CONFIGS"] {
+        for table in [
+            "MMA_CONFIGS",
+            "UPSAMPLE_VEC",
+            "HALO_CONFIGS",
+            "WGMMA_CONFIGS",
+            "WGMMA_FORCED",
+        ] {
             assert!(
                 readme.contains(table),
                 "kernels/README.md does not name {table}"

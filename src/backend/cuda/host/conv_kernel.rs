@@ -8,7 +8,9 @@ use crate::backend::cuda::host::catalogue::{
 };
 use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::host::relayout::{parity_split, FusedParity, ParityClass};
-use crate::backend::cuda::host::select::{gather_width, pick_halo, pick_mma, ConvGeom, MMA_N_PAD};
+use crate::backend::cuda::host::select::{
+    gather_width, pick_halo, pick_mma, pick_wgmma, ConvGeom, MMA_N_PAD,
+};
 
 /// Device properties and backend switches the launch list depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,6 +25,9 @@ pub struct ArchCaps {
     /// Stride-1 3^3 convs with Cin 16, 32, 64 or a multiple of 32 (even Cin 10..14 zero-padded
     /// to 16) on `conv_halo_*` (plan::pick_halo).
     pub conv_halo: bool,
+    /// The halo convs on wgmma where a `conv_wg_*` kernel fits (compute capability 9.0 only:
+    /// the kernels are built for sm_90a).
+    pub conv_wgmma: bool,
     /// Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `CONV_C1_K3` (unless a tile is forced).
     pub conv_c1: bool,
     /// kernel == stride transposed convs with Cin, Cout % 8 == 0 on `convt_up_*` (16-byte
@@ -48,6 +53,7 @@ impl ArchCaps {
             smem_optin,
             conv_mma: major >= 8,
             conv_halo: true,
+            conv_wgmma: major == 9 && minor == 0,
             conv_c1: true,
             conv_up_vec: true,
             parity_fused: true,
@@ -69,6 +75,7 @@ impl ArchCaps {
         ArchCaps {
             conv_mma: base.conv_mma && !opts.legacy_conv,
             conv_halo: opts.halo_conv,
+            conv_wgmma: base.conv_wgmma && opts.wgmma_conv,
             conv_c1: opts.c1_conv,
             conv_up_vec: opts.upsample_vec,
             parity_fused: opts.fused_parity,
@@ -257,7 +264,14 @@ impl ConvKernel {
             return ConvKernel::Cin1;
         }
         if mma && !g.upsample && caps.conv_halo && caps.conv_tile.is_none() {
-            if let Some(c) = pick_halo(g, caps.smem_optin, caps.halo_tile.map(|c| c.name)) {
+            let force = caps.halo_tile.map(|c| c.name);
+            // wgmma first unless a plain halo kernel is forced.
+            let wg = caps.conv_wgmma && caps.halo_tile.is_none_or(|c| c.wgmma);
+            let halo = wg
+                .then(|| pick_wgmma(g, caps.smem_optin, force))
+                .flatten()
+                .or_else(|| pick_halo(g, caps.smem_optin, force));
+            if let Some(c) = halo {
                 return ConvKernel::Halo(c);
             }
         }
@@ -624,7 +638,8 @@ mod tests {
     ];
 
     /// The kernels of every W1 / W2 layer on the H200 at batch 2 and 4, pinned: a change to
-    /// the catalogue, its order or the selection that moves a benchmark layer shows here.
+    /// the catalogue, its order or the selection that moves a benchmark layer shows here. (W2's
+    /// width-16 convs take the wgmma kernel; everything else the mma.sync ones.)
     #[test]
     fn w1_w2_kernels_are_pinned() {
         let pick = |net: &[Layer], batch: usize| -> Vec<String> {
@@ -673,7 +688,7 @@ mod tests {
         // W2 at batch 2; at batch 4 the layers listed in `w2_b4` change tile.
         let w2_b2 = [
             "Cin1 conv_c1_k3",
-            "Halo conv_halo_c16n16_r",
+            "Halo conv_wg_c16n16_r",
             "Mma conv_mma_m128n32_v8",
             "Halo conv_halo_c32n32_w4",
             "Mma conv_mma_m128n64_v8",
@@ -687,7 +702,7 @@ mod tests {
             "ParityFused conv_mma_m128n64_v8",
             "ParityFused conv_mma_m128n128_v8",
             "ParityFused conv_mma_m128n128_v8",
-            "Halo conv_halo_c16n16_r",
+            "Halo conv_wg_c16n16_r",
         ];
         let w2_b4: &[(usize, &str)] = &[(12, "ParityFused conv_mma_m128n128_v8")];
         // The batch-4 list: batch 2's with the changes applied.

@@ -14,6 +14,9 @@ pub struct CudaOptions {
     /// Run eligible stride-1 3^3 convs (`select::pick_halo`) on the halo-tile kernels rather
     /// than on the `conv_mma_*` tiles. A forced mma tile also turns them off.
     pub halo_conv: bool,
+    /// On compute capability 9.0, run the halo convs on the wgmma kernels (`conv_wg_*`,
+    /// `select::pick_wgmma`) where one fits, else on `conv_halo_*`.
+    pub wgmma_conv: bool,
     /// Run Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `CONV_C1_K3`.
     pub c1_conv: bool,
     /// Run kernel == stride transposed convs with Cin, Cout % 8 == 0 on `convt_up_*` (16-byte
@@ -41,6 +44,7 @@ impl Default for CudaOptions {
             poison: false,
             legacy_conv: false,
             halo_conv: true,
+            wgmma_conv: true,
             c1_conv: true,
             upsample_vec: true,
             fused_parity: true,

@@ -5,7 +5,7 @@ use crate::backend::cuda::abi::Shape;
 use crate::backend::cuda::host::catalogue::{
     HaloConfig, MmaConfig, CONV_MMA_M128N128_V8, CONV_MMA_M128N32_V1, CONV_MMA_M128N32_V2,
     CONV_MMA_M128N32_V8, CONV_MMA_M128N64_V1, CONV_MMA_M128N64_V2, CONV_MMA_M128N64_V8,
-    CONV_MMA_M256N32_V8, HALO_CONFIGS,
+    CONV_MMA_M256N32_V8, HALO_CONFIGS, WGMMA_CONFIGS, WGMMA_FORCED,
 };
 
 /// Shape facts of one conv node the kernel choice needs.
@@ -93,6 +93,19 @@ pub fn pick_halo(
     force: Option<&str>,
 ) -> Option<&'static HaloConfig> {
     pick_halo_in(HALO_CONFIGS, g, smem_max, force)
+}
+
+/// The wgmma halo kernel (`conv_wg_*`) for a conv, by [`pick_halo`]'s rules over
+/// [`WGMMA_CONFIGS`] (or the forced-only [`WGMMA_FORCED`] one `force` names); the caller asks
+/// only on compute capability 9.0.
+pub fn pick_wgmma(
+    g: &ConvGeom,
+    smem_max: usize,
+    force: Option<&str>,
+) -> Option<&'static HaloConfig> {
+    force
+        .and_then(|f| pick_halo_in(WGMMA_FORCED, g, smem_max, Some(f)).filter(|c| c.name == f))
+        .or_else(|| pick_halo_in(WGMMA_CONFIGS, g, smem_max, force))
 }
 
 /// [`pick_halo`] over `configs` (in preference order).

@@ -4,7 +4,7 @@
 
 use super::device::drv;
 use crate::backend::cuda::host::catalogue::{
-    upsample_vec_name, Family, COMMON, FAMILIES, HALO_CONFIGS, MMA_CONFIGS,
+    upsample_vec_name, wgmma_all, Family, COMMON, FAMILIES, HALO_CONFIGS, MMA_CONFIGS,
 };
 use crate::{Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaFunction};
@@ -259,8 +259,11 @@ pub(crate) fn load_all(
     let mut from_cache = 0;
     for fam in FAMILIES {
         let name = fam.name();
+        let Some(target) = fam.target(arch) else {
+            continue;
+        };
         let t = std::time::Instant::now();
-        let (image, cached) = image_cached(name, &fam.source(), arch, driver_version)?;
+        let (image, cached) = image_cached(name, &fam.source(), &target, driver_version)?;
         from_cache += cached as usize;
         let got = t.elapsed().as_secs_f64() * 1e3;
         let kind = if image.cubin.is_some() {
@@ -286,6 +289,7 @@ pub(crate) fn load_all(
     if major >= 8 {
         let halo = HALO_CONFIGS
             .iter()
+            .chain(wgmma_all())
             .filter(|c| c.smem_bytes() as usize <= smem_optin)
             .map(|c| (c.name, c.smem_bytes()));
         // The mma conv tiles (and their convt_up twins) use more than the default 48 KB.

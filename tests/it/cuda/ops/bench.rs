@@ -260,10 +260,12 @@ fn bench_w1_layers() {
 /// last ResidualUnit conv) and 16->16 (4x16x64^3), and a Cin-4 conv (forced only): one RESULT
 /// line per variant with ms and TF/s (real FLOPs, not the zero-padded ones), the default
 /// marked, so the HALO_CONFIGS order can be chosen from one run. For Cin < 32 also the old
-/// path (halo off: `conv_mma_*`) and a `RESULT w2 ... old ... new` summary line.
+/// path (halo off: `conv_mma_*`) and a `RESULT w2 ... old ... new` summary line. On compute
+/// capability 9.0 the `conv_wg_*` (wgmma) variants too.
 #[test]
 fn bench_halo_variants() {
-    use voxtile::internals::cuda::host::catalogue::{HaloConfig, HALO_CONFIGS};
+    use super::conv_wgmma::default_wgmma;
+    use voxtile::internals::cuda::host::catalogue::{wgmma_all, HaloConfig, HALO_CONFIGS};
     let Some(mut b) = gpu() else { return };
     let mut r = Rng::tagged("halo-bench");
     b.with(|o| o.conv_tile = None);
@@ -277,7 +279,13 @@ fn bench_halo_variants() {
         (4, 16, 4, 128, "Cin4 4->16 4x128^3"),
         (128, 64, 4, 64, "128->64 4x64^3"),
         (128, 128, 4, 32, "128->128 4x32^3"),
-    ] {
+    ]
+    .into_iter()
+    // VOXTILE_BENCH_ONLY=K1,...: the layers whose label starts with one of these (ncu runs).
+    .filter(|l| {
+        std::env::var("VOXTILE_BENCH_ONLY")
+            .map_or(true, |v| v.split(',').any(|p| l.4.starts_with(p)))
+    }) {
         let flop = 2.0 * (n * s * s * s) as f64 * cout as f64 * (27 * cin) as f64;
         let conv = |r: &mut Rng| {
             Op::Conv(Conv {
@@ -312,16 +320,23 @@ fn bench_halo_variants() {
         });
         // The variants at the planner's tile width (the narrowest that holds Cout).
         // (Cout above every width: the widest, in grid.y channel tiles.)
+        // (wgmma ones too where the device has them.)
+        let wg = b.arch() == "sm_90";
+        let table = || HALO_CONFIGS.iter().chain(wgmma_all().filter(|_| wg));
         let runs = |v: &&HaloConfig| v.accepts_cin(cin);
-        let widths = || HALO_CONFIGS.iter().filter(runs).map(|v| v.bn);
+        let widths = || table().filter(runs).map(|v| v.bn);
         let bn = widths()
             .filter(|&w| cout <= w)
             .min()
             .or_else(|| widths().max())
             .unwrap();
-        let default = default_halo(cin, cout, 3, 1).map(|c| c.name);
+        let default = wg
+            .then(|| default_wgmma(cin, cout))
+            .flatten()
+            .or_else(|| default_halo(cin, cout, 3, 1))
+            .map(|c| c.name);
         let mut times: Vec<(f64, &str)> = Vec::new();
-        for v in HALO_CONFIGS.iter().filter(runs).filter(|v| v.bn == bn) {
+        for v in table().filter(runs).filter(|v| v.bn == bn) {
             b.with(|o| o.halo_tile = Some(v));
             let op = conv(&mut r);
             let t = time_one(&mut b, &mut r, op, cin, cout, n, s);

@@ -17,6 +17,8 @@ fn conv_halo_cases() {
     let mut r = Rng::tagged("halo");
     b.with(|o| o.conv_tile = None);
     b.with(|o| o.halo_conv = true);
+    // The mma.sync halo kernels (conv_wgmma.rs tests the wgmma ones).
+    b.with(|o| o.wgmma_conv = false);
     let leaky = || Some(Op::LeakyRelu { alpha: 0.01 });
     #[allow(clippy::type_complexity)]
     let cases: Vec<(usize, usize, [usize; 3], [usize; 6], Option<Op>, &str)> = vec![
@@ -297,66 +299,81 @@ fn conv_halo_cases() {
     ];
     cases.extend(experiment_slices());
     for (c, ca, cb, tile) in cases {
-        b.with(|o| o.halo_tile = tile.map(halo_named));
-        let sp = [5usize, 9, 10];
-        let nvox = sp.iter().product::<usize>();
-        let x = T::from([2, c, sp[0], sp[1], sp[2]], &r.scaled(2 * c * nvox, 1.0));
-        let wa = Tensor::new(vec![ca, c, 3, 3, 3], r.scaled(ca * c * 27, 0.03));
-        let wb = Tensor::new(vec![cb, c, 3, 3, 3], r.scaled(cb * c * 27, 0.03));
-        let ba = Tensor::new(vec![ca], r.scaled(ca, 0.5));
-        let conv = |w: &Tensor, bias: Option<Tensor>| {
-            Op::Conv(Conv {
-                weight: w.clone(),
-                bias,
-                stride: [1; 3],
-                dilation: [1; 3],
-                pads: [1; 6],
-                groups: 1,
-            })
-        };
-        let ct = ca + cb + c;
-        let g = graph(
-            c,
-            vec![
-                (conv(&wa, Some(ba.clone())), vec![0], ca),
-                (conv(&wb, None), vec![0], cb),
-                (Op::Concat { axis: 1 }, vec![1, 2, 0], ct),
-            ],
-        );
-        let va = conv_ref(&x, &wa, Some(&ba), PAD1);
-        let vb = conv_ref(&x, &wb, None, PAD1);
-        let mut want = T::zeros([2, ct, sp[0], sp[1], sp[2]]);
-        for n in 0..2 {
-            for ch in 0..ct {
-                for v in 0..nvox {
-                    want.d[(n * ct + ch) * nvox + v] = if ch < ca {
-                        va.d[(n * ca + ch) * nvox + v]
-                    } else if ch < ca + cb {
-                        vb.d[(n * cb + ch - ca) * nvox + v]
-                    } else {
-                        x.d[(n * c + ch - ca - cb) * nvox + v]
-                    };
-                }
+        slice_case(&mut b, &mut r, c, ca, cb, tile, "conv_halo");
+    }
+    b.with(|o| o.halo_tile = None);
+}
+
+/// Concat [conv a (Cout ca), conv b (cb), x] of a `c`-channel input written in place: both
+/// convs on `tile` (None: the default) of the kernel family named by the prefix `family`.
+pub(super) fn slice_case(
+    b: &mut CudaBackend,
+    r: &mut Rng,
+    c: usize,
+    ca: usize,
+    cb: usize,
+    tile: Option<&'static str>,
+    family: &str,
+) {
+    b.with(|o| o.halo_tile = tile.map(halo_named));
+    let sp = [5usize, 9, 10];
+    let nvox = sp.iter().product::<usize>();
+    let x = T::from([2, c, sp[0], sp[1], sp[2]], &r.scaled(2 * c * nvox, 1.0));
+    let wa = Tensor::new(vec![ca, c, 3, 3, 3], r.scaled(ca * c * 27, 0.03));
+    let wb = Tensor::new(vec![cb, c, 3, 3, 3], r.scaled(cb * c * 27, 0.03));
+    let ba = Tensor::new(vec![ca], r.scaled(ca, 0.5));
+    let conv = |w: &Tensor, bias: Option<Tensor>| {
+        Op::Conv(Conv {
+            weight: w.clone(),
+            bias,
+            stride: [1; 3],
+            dilation: [1; 3],
+            pads: [1; 6],
+            groups: 1,
+        })
+    };
+    let ct = ca + cb + c;
+    let g = graph(
+        c,
+        vec![
+            (conv(&wa, Some(ba.clone())), vec![0], ca),
+            (conv(&wb, None), vec![0], cb),
+            (Op::Concat { axis: 1 }, vec![1, 2, 0], ct),
+        ],
+    );
+    let va = conv_ref(&x, &wa, Some(&ba), PAD1);
+    let vb = conv_ref(&x, &wb, None, PAD1);
+    let mut want = T::zeros([2, ct, sp[0], sp[1], sp[2]]);
+    for n in 0..2 {
+        for ch in 0..ct {
+            for v in 0..nvox {
+                want.d[(n * ct + ch) * nvox + v] = if ch < ca {
+                    va.d[(n * ca + ch) * nvox + v]
+                } else if ch < ca + cb {
+                    vb.d[(n * cb + ch - ca) * nvox + v]
+                } else {
+                    x.d[(n * c + ch - ca - cb) * nvox + v]
+                };
             }
         }
-        let got = run(&mut b, &g, &x, 2);
-        report(
-            &format!(
-                "halo convs {c}->{ca},{cb} into concat slices (offset {ca}, {})",
-                tile.unwrap_or("default")
-            ),
-            rel_l2(&got, &want),
-        );
-        let used = kernels_used(&mut b, 2);
-        // (Same-shape convs share a profile label: count kernels, not labels.)
-        assert!(
-            !used.is_empty()
-                && used
-                    .iter()
-                    .all(|k| k.starts_with("conv_halo") && tile.is_none_or(|t| k == t)),
-            "both convs on the halo kernel {tile:?}: {used:?}"
-        );
     }
+    let got = run(b, &g, &x, 2);
+    report(
+        &format!(
+            "{family} convs {c}->{ca},{cb} into concat slices (offset {ca}, {})",
+            tile.unwrap_or("default")
+        ),
+        rel_l2(&got, &want),
+    );
+    let used = kernels_used(b, 2);
+    // (Same-shape convs share a profile label: count kernels, not labels.)
+    assert!(
+        !used.is_empty()
+            && used
+                .iter()
+                .all(|k| k.starts_with(family) && tile.is_none_or(|t| k == t)),
+        "both convs on a {family} kernel {tile:?}: {used:?}"
+    );
     b.with(|o| o.halo_tile = None);
 }
 

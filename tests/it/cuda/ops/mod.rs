@@ -10,6 +10,7 @@ mod chain;
 mod conv;
 mod conv_halo;
 mod conv_small;
+mod conv_wgmma;
 mod eltwise;
 mod norm;
 mod pool;

@@ -1,0 +1,364 @@
+// Stride-1 3x3x3 convs on Hopper's warpgroup MMA (`wgmma.mma_async`, sm_90a only: the catalogue
+// compiles this family for sm_90a and loads it on compute capability 9.0 alone). The same
+// problem and weight layout as kernels/conv_halo.cu (weights [Cout_pad][kpad], K = tap * Cin +
+// ci; an even real Cin below the width zero-padded; Cin = k x CIN in chunks), but the tensor
+// cores read both operands straight from shared memory, asynchronously, so the 27 taps need no
+// ldmatrix and (resident weights) no barrier between them.
+//
+// Shared memory holds 16-byte "core matrix" rows without swizzle (wgmma's interleaved layout):
+//   halo  [CIN/8][HV][8]: channel group g of halo voxel v at (g * HV + v) * 16 bytes, so the 8
+//         output voxels of one x-row through any tap are 8 consecutive 16-byte rows;
+//   weights [tap][CIN/8][BN][8]: channel group g of output channel n at ((tap * CIN/8 + g) *
+//         BN + n) * 16 bytes.
+// One wgmma m64nBNk16 takes one z-plane of the 8x8-voxel output face (64 rows: y-rows of 8
+// voxels HX halo rows apart, so the A descriptor's M step is HX * 16 bytes and its K step
+// HV * 16) against one tap's 16 input channels (B's N step 128 bytes, K step BN * 16).
+// A tile is TZ planes; one warpgroup (128 threads) owns all of them (TZ accumulators of
+// BN / 2 floats per thread, independent chains in flight). Kernels: `conv_wg` (one tile per
+// block, resident or staged weights) and `conv_wg_p` (persistent, two warpgroups).
+// Smem bytes: keep in sync with HaloConfig::smem_bytes (src/backend/cuda/host/catalogue.rs).
+
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "kernels/conv_wgmma.cu needs sm_90a (wgmma)"
+#endif
+
+// Matrix descriptor of a no-swizzle operand at shared address `saddr`: LBO = byte step between
+// core matrices along K, SBO = along M (A) or N (B); every field in 16-byte units.
+__device__ __forceinline__ unsigned long long wg_desc(unsigned saddr, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((saddr >> 4) & 0x3FFF) | ((unsigned long long)((lbo >> 4) & 0x3FFF) << 16) |
+           ((unsigned long long)((sbo >> 4) & 0x3FFF) << 32);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Shared memory written through the generic proxy (cp.async) before the tensor cores read it.
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// D (m64 x N fp32, N / 2 per thread) += A (m64 x k16) * B (k16 x N), both from shared memory.
+template <int N>
+struct Wg;
+template <>
+struct Wg<16> {
+    static __device__ __forceinline__ void mma(float (&d)[8], unsigned long long a, unsigned long long b) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+            : "l"(a), "l"(b), "r"(1));
+    }
+};
+template <>
+struct Wg<32> {
+    static __device__ __forceinline__ void mma(float (&d)[16], unsigned long long a, unsigned long long b) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+            : "l"(a), "l"(b), "r"(1));
+    }
+};
+template <>
+struct Wg<64> {
+    static __device__ __forceinline__ void mma(float (&d)[32], unsigned long long a, unsigned long long b) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "l"(a), "l"(b), "r"(1));
+    }
+};
+
+
+// The pieces every conv_wg kernel shares: one tile's geometry (output origin, batch index),
+// its halo and weight copies into the layouts above, one tap's wgmmas, and the epilogue. NT
+// threads (one or two warpgroups) share the copies; `tid` counts from 0 within them.
+template <int CIN, int BN, int TZ, int PAD>
+struct WgConv {
+    static constexpr int TY = 8, TX = 8, HY = TY + 2, HX = TX + 2, HP = HY * HX;
+    static constexpr int HV = (TZ + 2) * HP;  // halo voxels
+    // PAD: the K step of both operands made an odd multiple of 64 bytes (measured against none).
+    static constexpr int HVS = PAD ? HV + ((4 - HV % 8) + 8) % 8 : HV;  // halo rows per channel group
+    static constexpr int BNS = PAD ? BN + 4 : BN;                       // weight rows per channel group
+    static constexpr int CPV = CIN / 8;  // 16-byte channel groups per voxel
+    static constexpr int KS = CIN / 16;  // k16 steps per tap
+    static constexpr int NA = BN / 2;    // accumulators per plane per thread
+    static constexpr int HALO = CPV * HVS * 8, STAGE = CPV * BNS * 8;  // halves
+    static_assert(CIN % 16 == 0 && (BN == 16 || BN == 32 || BN == 64), "tile shape");
+
+    const ConvParams& p;
+    const half* x;
+    const half* w;
+    int ntx, nty, ntz, ntiles, nb0;
+    bool narrow;  // real Cin zero-padded to CIN: 4-byte copies
+
+    __device__ __forceinline__ WgConv(const ConvParams& p_, const half* x_, const half* w_)
+        : p(p_), x(x_), w(w_) {
+        ntx = (p.wo + TX - 1) / TX, nty = (p.ho + TY - 1) / TY, ntz = (p.do_ + TZ - 1) / TZ;
+        ntiles = p.n * ntz * nty * ntx;
+        nb0 = blockIdx.y * BN;
+        narrow = p.cin < CIN;
+    }
+
+    // Tile t -> batch index and output origin (x fastest, then y, z, n).
+    __device__ __forceinline__ void decode(int t, int& n, int& oz0, int& oy0, int& ox0) const {
+        ox0 = (t % ntx) * TX;
+        t /= ntx;
+        oy0 = (t % nty) * TY;
+        t /= nty;
+        oz0 = (t % ntz) * TZ;
+        n = t / ntz;
+    }
+
+    // Tile t's halo of channels c0..c0+CIN into `buf`, zero outside the input (source size 0).
+    template <int NT>
+    __device__ __forceinline__ void load_halo(half* buf, int t, int c0, int tid) const {
+        int n, oz0, oy0, ox0;
+        decode(t, n, oz0, oy0, ox0);
+        const int iz0 = oz0 - p.pd, iy0 = oy0 - p.ph, ix0 = ox0 - p.pw;
+        const half* xn = x + (i64)n * p.di * p.hi * p.wi * p.cin;
+        if (!narrow) {
+            for (int idx = tid; idx < HV * CPV; idx += NT) {
+                const int v = idx / CPV, g = idx - v * CPV;
+                const int hz = v / HP, r = v - hz * HP, hy = r / HX, hx = r - hy * HX;
+                const int iz = iz0 + hz, iy = iy0 + hy, ix = ix0 + hx;
+                const bool ok = (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi &&
+                                (unsigned)ix < (unsigned)p.wi;
+                const half* src = xn + (((i64)iz * p.hi + iy) * p.wi + ix) * p.cin + c0 + g * 8;
+                cp_async16(buf + (g * HVS + v) * 8, ok ? src : x, ok ? 16 : 0);
+            }
+        } else {
+            for (int idx = tid; idx < HV * (CIN / 2); idx += NT) {
+                const int v = idx / (CIN / 2), c = (idx - v * (CIN / 2)) * 2;
+                const int hz = v / HP, r = v - hz * HP, hy = r / HX, hx = r - hy * HX;
+                const int iz = iz0 + hz, iy = iy0 + hy, ix = ix0 + hx;
+                const bool ok = c < p.cin && (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi &&
+                                (unsigned)ix < (unsigned)p.wi;
+                const half* src = xn + (((i64)iz * p.hi + iy) * p.wi + ix) * p.cin + c;
+                cp_async4_ca(buf + ((c >> 3) * HVS + v) * 8 + (c & 7), ok ? src : x, ok ? 4 : 0);
+            }
+        }
+    }
+
+    // `nt` taps from tap0 of channels c0..c0+CIN into consecutive stages from `ws` (rows of
+    // output channels past Cout zero).
+    template <int NT>
+    __device__ __forceinline__ void load_w(half* ws, int tap0, int nt, int c0, int tid) const {
+        if (!narrow) {
+            for (int idx = tid; idx < nt * BN * CPV; idx += NT) {
+                const int g = idx % CPV, r = idx / CPV, co = r % BN, t = r / BN;
+                const bool ok = nb0 + co < p.cout;
+                const half* src = w + (i64)(nb0 + co) * p.kpad + (tap0 + t) * p.cin + c0 + g * 8;
+                cp_async16(ws + ((t * CPV + g) * BNS + co) * 8, ok ? src : w, ok ? 16 : 0);
+            }
+        } else {
+            for (int idx = tid; idx < nt * BN * (CIN / 2); idx += NT) {
+                const int c = (idx % (CIN / 2)) * 2, r = idx / (CIN / 2), co = r % BN, t = r / BN;
+                const bool ok = nb0 + co < p.cout && c < p.cin;
+                const half* src = w + (i64)(nb0 + co) * p.kpad + (tap0 + t) * p.cin + c;
+                cp_async4_ca(ws + ((t * CPV + (c >> 3)) * BNS + co) * 8 + (c & 7), ok ? src : w, ok ? 4 : 0);
+            }
+        }
+    }
+
+    // Descriptors of the halo at `in` and of the weight stage 0 at `ws`.
+    static __device__ __forceinline__ unsigned long long desc_a(const half* in) {
+        return wg_desc((unsigned)__cvta_generic_to_shared(in), HVS * 16, HX * 16);
+    }
+    static __device__ __forceinline__ unsigned long long desc_b(const half* ws) {
+        return wg_desc((unsigned)__cvta_generic_to_shared(ws), BNS * 16, 128);
+    }
+
+    // One tap's wgmmas: the halo of descriptor da0 against weight stage `st` (from db0).
+    static __device__ __forceinline__ void issue_tap(float (&acc)[TZ][NA], unsigned long long da0,
+                                                     unsigned long long db0, int tap, int st) {
+        const int dz = tap / 9, dy = (tap / 3) % 3, dx = tap % 3;
+        const int toff = (dz * HY + dy) * HX + dx;  // halo row of output (0, 0, 0) through the tap
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            const unsigned long long db = db0 + (unsigned long long)((st * CPV + 2 * ks) * BNS);
+#pragma unroll
+            for (int z = 0; z < TZ; z++) {
+                const unsigned long long da = da0 + (unsigned long long)(2 * ks * HVS + z * HP + toff);
+                Wg<BN>::mma(acc[z], da, db);
+            }
+        }
+    }
+
+    static __device__ __forceinline__ void zero(float (&acc)[TZ][NA]) {
+#pragma unroll
+        for (int z = 0; z < TZ; z++)
+#pragma unroll
+            for (int q = 0; q < NA; q++) acc[z][q] = 0.f;
+    }
+
+    // Bias, activation and fp16 / fp32 pairs straight from the accumulators of tile t. The
+    // warpgroup thread `wtid` holds rows (wtid / 32) * 16 + lane / 4 (+ 8) of each plane and
+    // columns j * 8 + (lane % 4) * 2.
+    __device__ __forceinline__ void store(const float (&acc)[TZ][NA], int t, int wtid, half* __restrict__ y,
+                                          const float* __restrict__ bias, const float* __restrict__ slope) const {
+        const int lane = wtid & 31, warp = wtid >> 5;
+        int n, oz0, oy0, ox0;
+        decode(t, n, oz0, oy0, ox0);
+        const bool pair = ((p.ldc | p.coff) & 1) == 0;
+        float b0[BN / 8], b1[BN / 8];
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            const int c = nb0 + j * 8 + (lane & 3) * 2;
+            b0[j] = bias && c < p.cout ? bias[c] : 0.f;
+            b1[j] = bias && c + 1 < p.cout ? bias[c + 1] : 0.f;
+        }
+#pragma unroll
+        for (int z = 0; z < TZ; z++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = warp * 16 + (lane >> 2) + h * 8;
+                const int oz = oz0 + z, oy = oy0 + (r >> 3), ox = ox0 + (r & 7);
+                if (oz >= p.do_ || oy >= p.ho || ox >= p.wo) continue;
+                const i64 m = (((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox;
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++) {
+                    const int c = nb0 + j * 8 + (lane & 3) * 2;
+                    if (c >= p.cout) continue;
+                    const i64 dst = m * p.ldc + p.coff + c;
+                    const float v0 = act_apply(acc[z][j * 4 + h * 2] + b0[j], c, p.act, p.alpha, slope, p.slope_n);
+                    if (c + 1 >= p.cout) {
+                        out_store1(p, y, dst, v0);
+                        continue;
+                    }
+                    const float v1 =
+                        act_apply(acc[z][j * 4 + h * 2 + 1] + b1[j], c + 1, p.act, p.alpha, slope, p.slope_n);
+                    if (pair) {
+                        out_store2(p, y, dst, v0, v1);
+                    } else {
+                        out_store1(p, y, dst, v0);
+                        out_store1(p, y, dst + 1, v1);
+                    }
+                }
+            }
+        }
+    }
+};
+
+// One tile per block (blockIdx.x), one warpgroup.
+//   WST == 0: all 27 taps' weights resident (Cin <= CIN: one chunk), loaded with the halo;
+//             the 27 x CIN/16 x TZ wgmmas issue back to back.
+//   WST >= 3: a ring of WST one-tap weight stages, WST - 2 taps loaded ahead; per tap one
+//             barrier, with the previous tap's wgmmas still running across it.
+template <int CIN, int BN, int TZ, int WST, int PAD, int REPS>
+__device__ __forceinline__ void conv_wg(const ConvParams& p, const half* __restrict__ x, const half* __restrict__ w,
+                                       const float* __restrict__ bias, half* __restrict__ y,
+                                       const float* __restrict__ slope) {
+    using C = WgConv<CIN, BN, TZ, PAD>;
+    constexpr bool RES = WST == 0;
+    static_assert(RES || WST >= 3, "staged weights: >= 3 stages");
+    extern __shared__ __align__(128) unsigned char dsm[];
+    half* sW = reinterpret_cast<half*>(dsm);
+    half* sIn = sW + (RES ? 27 : WST) * C::STAGE;
+    const C c(p, x, w);
+    const int tid = threadIdx.x, t = blockIdx.x;
+    float acc[TZ][C::NA];
+    C::zero(acc);
+    const unsigned long long da0 = C::desc_a(sIn), db0 = C::desc_b(sW);
+    if constexpr (RES) {
+        c.template load_halo<128>(sIn, t, 0, tid);
+        c.template load_w<128>(sW, 0, 27, 0, tid);
+        cp_async_commit();
+        cp_async_wait<0>();
+        fence_async_smem();
+        __syncthreads();
+        wg_fence();
+        for (int rep = 0; rep < REPS; rep++)  // REPS > 1: timing experiments only (wrong sums)
+            for (int tap = 0; tap < 27; tap++) C::issue_tap(acc, da0, db0, tap, tap);
+        wg_commit();
+        wg_wait<0>();
+    } else {
+        for (int c0 = 0; c0 < p.cin; c0 += CIN) {
+            if (c0 > 0) __syncthreads();  // every warp is done with the previous chunk (below)
+            c.template load_halo<128>(sIn, t, c0, tid);
+#pragma unroll
+            for (int s = 0; s < WST - 2; s++) {  // taps 0..WST-3 (the halo rides in the first group)
+                c.template load_w<128>(sW + s * C::STAGE, s, 1, c0, tid);
+                cp_async_commit();
+            }
+            for (int tap = 0; tap < 27; tap++) {
+                cp_async_wait<WST - 3>();
+                fence_async_smem();
+                // Tap's weights landed everywhere; every warp passed tap - 1's wait, so tap - 2's
+                // wgmmas are done and its stage takes tap + WST - 2.
+                __syncthreads();
+                if (tap + WST - 2 < 27)
+                    c.template load_w<128>(sW + ((tap + WST - 2) % WST) * C::STAGE, tap + WST - 2, 1, c0, tid);
+                cp_async_commit();
+                wg_fence();
+#pragma unroll
+                for (int rep = 0; rep < REPS; rep++) C::issue_tap(acc, da0, db0, tap, tap % WST);
+                wg_commit();
+                wg_wait<1>();
+            }
+            wg_wait<0>();  // the chunk's wgmmas are done with its halo and stages
+        }
+    }
+    c.store(acc, t, tid, y, bias, slope);
+}
+
+// Persistent, resident weights (Cin <= CIN), two warpgroups per block that each loop over their
+// own tiles (t = blockIdx.x + wg * gridDim.x, step 2 * gridDim.x) with two halo buffers of their
+// own: the next tile's halo is copied while the current one's wgmmas and epilogue run, and one
+// warpgroup's epilogue overlaps the other's wgmmas. The weights are loaded once per block.
+template <int CIN, int BN, int TZ, int PAD>
+__device__ __forceinline__ void conv_wg_p(const ConvParams& p, const half* __restrict__ x,
+                                         const half* __restrict__ w, const float* __restrict__ bias,
+                                         half* __restrict__ y, const float* __restrict__ slope) {
+    using C = WgConv<CIN, BN, TZ, PAD>;
+    extern __shared__ __align__(128) unsigned char dsm[];
+    half* sW = reinterpret_cast<half*>(dsm);
+    const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
+    half* sIn = sW + 27 * C::STAGE + wg * 2 * C::HALO;  // this warpgroup's two halo buffers
+    const C c(p, x, w);
+    const int step = 2 * gridDim.x;
+    int t = blockIdx.x + wg * gridDim.x;
+    c.template load_w<256>(sW, 0, 27, 0, tid);
+    if (t < c.ntiles) c.template load_halo<128>(sIn, t, 0, wtid);
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_async_smem();
+    __syncthreads();  // the weights (copied by both warpgroups) and the first halos landed
+    const unsigned long long db0 = C::desc_b(sW);
+    float acc[TZ][C::NA];
+    for (int buf = 0; t < c.ntiles; t += step, buf ^= 1) {
+        // The next tile's halo into the other buffer (its last reader, tile t - step, is done).
+        if (t + step < c.ntiles) c.template load_halo<128>(sIn + (buf ^ 1) * C::HALO, t + step, 0, wtid);
+        cp_async_commit();
+        cp_async_wait<1>();
+        fence_async_smem();
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");  // tile t's halo landed (warpgroup)
+        C::zero(acc);
+        wg_fence();
+        const unsigned long long da0 = C::desc_a(sIn + buf * C::HALO);
+        for (int tap = 0; tap < 27; tap++) C::issue_tap(acc, da0, db0, tap, tap);
+        wg_commit();
+        wg_wait<0>();
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");  // every warp is done with buf
+        c.store(acc, t, wtid, y, bias, slope);
+    }
+    cp_async_wait<0>();
+}
+
+// Name: conv_wg_c{CIN}n{BN}_{variant}; one line per WGMMA_CONFIGS entry (`entry_lines`).
+#define WG_ENTRY(NAME, CIN, BN, TZ, WST, PAD, REPS)                                                 \
+    extern "C" __global__ void __launch_bounds__(128) NAME(ConvParams p, const half* x, const half* w, \
+                                                         const float* bias, half* y, const float* slope) { \
+        conv_wg<CIN, BN, TZ, WST, PAD, REPS>(p, x, w, bias, y, slope);                             \
+    }
+#define WGP_ENTRY(NAME, CIN, BN, TZ, PAD)                                                           \
+    extern "C" __global__ void __launch_bounds__(256, 1) NAME(ConvParams p, const half* x, const half* w, \
+                                                            const float* bias, half* y, const float* slope) { \
+        conv_wg_p<CIN, BN, TZ, PAD>(p, x, w, bias, y, slope);                                      \
+    }

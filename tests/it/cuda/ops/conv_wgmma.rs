@@ -1,0 +1,144 @@
+//! The wgmma halo conv kernels (`conv_wg_*`, kernels/conv_wgmma.cu, compute capability 9.0
+//! only) on CUDA against float64: the halo kernels' shapes (partial 4x8x8 tiles on every axis,
+//! zero / asymmetric pads, odd Cout, Cout above the tile width, zero-padded Cin 14, Cin in
+//! chunks, activations, concat slices at even and odd offsets), each on its default kernel
+//! (asserted to be a `conv_wg_*` one) and on every wgmma variant that takes it, forced.
+
+use super::conv_halo::slice_case;
+use super::*;
+use voxtile::internals::cuda::host::catalogue::wgmma_all;
+use voxtile::internals::cuda::host::select::pick_wgmma;
+
+/// The wgmma kernel the H200 planner picks for a stride-1 3^3 conv of `cin` -> `cout`.
+pub(super) fn default_wgmma(cin: usize, cout: usize) -> Option<&'static cat::HaloConfig> {
+    let g = ConvGeom {
+        xs: [cin, 8, 8, 8],
+        os: [cout, 8, 8, 8],
+        k: [3; 3],
+        stride: [1; 3],
+        dil: [1; 3],
+        pads: [1; 3],
+        groups: 1,
+        transposed: false,
+        upsample: false,
+    };
+    pick_wgmma(&g, 227 * 1024, None)
+}
+
+#[test]
+fn conv_wgmma_cases() {
+    let Some(mut b) = gpu() else { return };
+    if b.arch() != "sm_90" {
+        println!("skipped: the wgmma kernels run on compute capability 9.0 only");
+        return;
+    }
+    let mut r = Rng::tagged("wgmma");
+    b.with(|o| o.conv_tile = None);
+    b.with(|o| o.halo_conv = true);
+    b.with(|o| o.wgmma_conv = true);
+    let leaky = || Some(Op::LeakyRelu { alpha: 0.01 });
+    #[allow(clippy::type_complexity)]
+    let cases: Vec<(usize, usize, [usize; 3], [usize; 6], Option<Op>)> = vec![
+        (32, 32, [9, 13, 17], [1; 6], None),
+        (32, 20, [7, 9, 11], [0; 6], None),
+        (32, 17, [3, 1, 12], [1; 6], leaky()),
+        (64, 32, [6, 10, 7], [1; 6], leaky()),
+        (32, 64, [5, 9, 8], [1; 6], Some(Op::Relu)),
+        (64, 64, [4, 8, 8], [1; 6], leaky()),
+        (64, 33, [5, 7, 9], [2, 1, 0, 0, 1, 2], None),
+        (14, 14, [9, 13, 17], [1; 6], None),
+        (16, 16, [6, 10, 7], [1; 6], leaky()),
+        (14, 5, [5, 7, 9], [2, 1, 0, 0, 1, 2], None),
+        (14, 20, [5, 9, 8], [1; 6], leaky()),
+        (16, 32, [7, 9, 11], [0, 1, 2, 2, 1, 0], None),
+        // Cin in chunks; Cout 128 / 100: two 64-wide channel tiles.
+        (128, 64, [5, 9, 10], [1; 6], leaky()),
+        (256, 33, [4, 7, 9], [2, 1, 0, 0, 1, 2], None),
+        (128, 17, [3, 9, 12], [1; 6], Some(Op::Relu)),
+        (128, 128, [5, 8, 9], [1; 6], leaky()),
+        (256, 100, [3, 5, 17], [0, 1, 1, 1, 0, 1], None),
+        (96, 20, [5, 6, 7], [1; 6], None),
+    ];
+    let mut ran = Vec::new();
+    for (cin, cout, sp, pads, act) in cases {
+        // The default (where the planner takes a wgmma kernel), then every other wgmma kernel
+        // that takes the Cin at the planner's width (the narrowest that holds Cout), forced.
+        let takes = |v: &&cat::HaloConfig| v.accepts_cin(cin) && v.wg_reps == 1;
+        let widths = || wgmma_all().filter(takes).map(|v| v.bn);
+        let Some(bn) = widths()
+            .filter(|&w| cout <= w)
+            .min()
+            .or_else(|| widths().max())
+        else {
+            continue;
+        };
+        let def = default_wgmma(cin, cout);
+        assert!(
+            def.is_none_or(|d| d.bn == bn),
+            "{cin}->{cout}: default {def:?}"
+        );
+        let forced = wgmma_all()
+            .filter(takes)
+            .filter(|v| v.bn == bn && def.is_none_or(|d| d.name != v.name))
+            .map(|v| (Some(v), v.name));
+        let runs = def.map(|d| (None, d.name)).into_iter().chain(forced);
+        for (tile, kern) in runs {
+            b.with(|o| o.halo_tile = tile);
+            let name = format!(
+                "{kern}{} {cin}->{cout} {sp:?} pads {pads:?}{}",
+                if tile.is_none() { " [default]" } else { "" },
+                if act.is_some() { " +act" } else { "" }
+            );
+            conv_case(
+                &mut b,
+                &mut r,
+                ConvCase::new(&name, cin, cout, sp, 3)
+                    .pads(pads)
+                    .act(act.clone()),
+            );
+            let used = kernels_used(&mut b, 2);
+            assert!(
+                !used.is_empty() && used.iter().all(|k| k == kern),
+                "{name}: expected {kern}, ran {used:?}"
+            );
+            ran.push(kern);
+        }
+    }
+    b.with(|o| o.halo_tile = None);
+    assert!(
+        wgmma_all().all(|v| v.wg_reps > 1 || ran.contains(&v.name)),
+        "every wgmma kernel has a case: {ran:?}"
+    );
+    // The persistent kernels on more tiles than two per block (H200: 132 blocks), so each
+    // warpgroup loops and double-buffers its halos; partial tiles on every axis, Cin 14 too.
+    for v in wgmma_all().filter(|v| v.persist > 0) {
+        b.with(|o| o.halo_tile = Some(v));
+        let sp = [21usize, 23, 89];
+        assert!(v.tiles(2, sp) > 2 * 132, "{}: tiles per block", v.name);
+        for cin in [v.cin, 14].into_iter().filter(|&c| v.accepts_cin(c)) {
+            let name = format!("{} {cin}->5 {sp:?} persistent", v.name);
+            conv_case(
+                &mut b,
+                &mut r,
+                ConvCase::new(&name, cin, 5, sp, 3)
+                    .pads([1; 6])
+                    .act(leaky()),
+            );
+            let used = kernels_used(&mut b, 2);
+            assert!(used.iter().any(|k| k == v.name), "{name}: ran {used:?}");
+        }
+    }
+    b.with(|o| o.halo_tile = None);
+    // Concat slices: even (32, 8) and odd (17, 5) channel offsets, Cin 14 / 16 on the defaults;
+    // Cin 128 on the staged kernels (forced).
+    for (c, ca, cb, tile) in [
+        (32usize, 32usize, 32usize, None),
+        (32, 17, 32, None),
+        (14, 5, 14, None),
+        (16, 8, 16, None),
+        (128, 17, 32, Some(cat::CONV_WG_C32N32_S4.name)),
+        (128, 32, 32, Some(cat::CONV_WG_C64N32_S4.name)),
+    ] {
+        slice_case(&mut b, &mut r, c, ca, cb, tile, "conv_wg");
+    }
+}
