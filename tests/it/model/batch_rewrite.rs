@@ -432,6 +432,58 @@ fn unetr_tokens_run_batched() {
     }
 }
 
+/// Heads split off the features of rank-5 tokens `[1, D, H, W, C]` of any window (symbolic
+/// spatial dims: the import checks its rewrite on several probe windows) and normalised per
+/// head: the targets
+/// `[1, 0, 0, 0, 2, C/2]` copy the window and fix the batch; freed, two windows of two
+/// sizes each run batched.
+#[test]
+fn any_window_heads_run_batched() {
+    let mut r = Rng::tagged("batch_rewrite_any_window");
+    let nodes = vec![
+        node(
+            "Transpose",
+            "tok",
+            &["x"],
+            &["t0"],
+            vec![("perm", Attr::Is(vec![0, 2, 3, 4, 1]))],
+        ),
+        node("Reshape", "heads", &["t0", "s_heads"], &["h0"], vec![]),
+        node(
+            "LayerNormalization",
+            "ln",
+            &["h0", "ln_s", "ln_b"],
+            &["h1"],
+            vec![("axis", Attr::I(-1))],
+        ),
+        node("Reshape", "merge", &["h1", "s_merge"], &["t1"], vec![]),
+        node(
+            "Transpose",
+            "ncdhw",
+            &["t1"],
+            &["out"],
+            vec![("perm", Attr::Is(vec![0, 4, 1, 2, 3]))],
+        ),
+    ];
+    let inits = vec![
+        itensor("s_heads", &[6], vec![1, 0, 0, 0, 2, C / 2]),
+        itensor("s_merge", &[5], vec![1, 0, 0, 0, C]),
+        ftensor("ln_s", &[C / 2], r.scaled(C as usize / 2, 0.5)),
+        ftensor("ln_b", &[C / 2], r.scaled(C as usize / 2, 0.5)),
+    ];
+    let x = vi("x", &[Some(1), Some(C), None, None, None]);
+    let m = model_with("t", 17, nodes, inits, vec![x], vec![vi("out", &[None; 5])]);
+    let g = lb(&m);
+    assert_eq!(
+        targets(&g),
+        vec![vec![-1, 0, 0, 0, 2, C / 2], vec![-1, 0, 0, 0, C]]
+    );
+    for side in [[2, 3, 4], [5, 3, 2]] {
+        assert_eq!(g.max_batch(side), usize::MAX);
+        batched_equals_single(&g, &windows(&mut r, 2, C as usize, side));
+    }
+}
+
 /// Tokens `[1, 64, C]` whose batch is taken apart: `Gather` of index 0 along it (`squeeze`), or
 /// a Transpose and Reshape that merge it into the features a Linear sums over. At batch 2
 /// either would mix windows, so the graph keeps its exported targets and batch 1.
