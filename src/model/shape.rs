@@ -141,8 +141,9 @@ impl Graph {
         self.nodes.iter().any(|n| n.op.is_tensor_op())
     }
 
-    /// The largest batch the graph runs (exports of transformer nets fix the batch in their
-    /// Reshape targets): 1 when batch 2 does not infer but batch 1 does, else unbounded.
+    /// The largest batch the graph runs: 1 when batch 2 does not infer but batch 1 does (an
+    /// export whose Reshape targets fix the batch and that the import could not free of it,
+    /// `passes::batch`), else unbounded.
     pub fn max_batch(&self, spatial: [usize; 3]) -> usize {
         if self.has_tensor_ops()
             && self.infer_shapes(2, spatial).is_err()
@@ -151,6 +152,18 @@ impl Graph {
             1
         } else {
             usize::MAX
+        }
+    }
+
+    /// The windows the import's passes check a graph on: its fixed input size, else the first
+    /// multiples of its spatial divisor.
+    pub(crate) fn probe_windows(&self) -> Vec<[usize; 3]> {
+        match self.fixed_input_spatial {
+            [Some(a), Some(b), Some(c)] => vec![[a, b, c]],
+            _ => {
+                let d = self.spatial_divisor();
+                (1..4).filter_map(|m| probe_window(d, m)).collect()
+            }
         }
     }
 
@@ -230,6 +243,7 @@ impl Graph {
         Ok(())
     }
 }
+
 /// The `m`-th probe window for spatial divisor `d` (axes differ so that mixed-up axes show);
 /// None once it no longer fits in memory arithmetic (a divisor grown absurdly large).
 pub(crate) fn probe_window(d: [usize; 3], m: usize) -> Option<[usize; 3]> {

@@ -158,7 +158,8 @@ pub fn choose(graph: &Graph, model: &dyn MemoryModel, req: &Request) -> Result<P
     let need = |b: usize, n: usize| -> Result<u64> {
         Ok(estimate(graph, model, w, roi, b, n)?.budgeted.total())
     };
-    // Exports of transformer nets fix the batch in their Reshape targets.
+    // An export whose Reshape targets fix the batch (and that the import could not free of
+    // it), or a device whose kernels take one window, caps the batch.
     let cap = model.max_batch(graph, roi);
     let positions = band_positions(&Grid::new(w.shape, roi, w.overlap, w.placement)?);
     let (batch, bands, how) = match req.user_batch {

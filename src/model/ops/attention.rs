@@ -14,7 +14,10 @@ pub struct Attention {
     /// Multiplies `q @ kᵀ` before the bias is added.
     pub scale: f32,
     /// Added to the scaled scores `[..., T, S]` before the softmax: same rank as the scores,
-    /// each dim 1 or equal (a relative-position bias, or every additive term summed).
+    /// each dim 1 or equal (a relative-position bias, or every additive term summed). A leading
+    /// dim may also divide the scores' and repeats along it (index modulo its size): a graph
+    /// rewritten for any batch keeps its per-window mask `[nW, ...]` against scores whose
+    /// leading axis is `batch · nW` (`passes::batch`).
     pub bias: Option<Tensor>,
     /// A second additive term of another broadcast shape (Swin's shifted-window mask, per
     /// window but not per head), kept apart from `bias` so that neither is materialised at
@@ -77,10 +80,14 @@ impl Attention {
             return Err(format!("Attention scale {} is not finite", self.scale));
         }
         let sc = a.scores();
+        let lead = sc.len() - 2;
         for (name, b) in self.terms() {
+            let fits = |(i, (&x, &y)): (usize, (&usize, &usize))| {
+                x == 1 || x == y || (i < lead && x > 0 && y.is_multiple_of(x))
+            };
             let ok = b.shape.len() == sc.len()
                 && b.is_consistent()
-                && b.shape.iter().zip(&sc).all(|(&x, &y)| x == 1 || x == y);
+                && b.shape.iter().zip(&sc).enumerate().all(fits);
             if !ok {
                 return Err(format!(
                     "Attention {name} of shape {:?} does not broadcast to the scores {sc:?}",
@@ -166,5 +173,12 @@ mod tests {
             .output_dims(&d(&[2, 4, 7, 8]), &d(&[2, 4, 9, 8]), &d(&[2, 4, 9, 8]))
             .unwrap_err();
         assert!(e.contains("mask"), "{e}");
+        // A leading dim that divides the scores' repeats (2 windows against 2 · 2 rows); T and
+        // S do not.
+        b.mask = Some(Tensor::new(vec![2, 1, 7, 9], vec![0.0; 126]));
+        let (q4, k4) = (d(&[4, 4, 7, 8]), d(&[4, 4, 9, 8]));
+        assert!(b.output_dims(&q4, &k4, &k4).is_ok());
+        b.mask = Some(Tensor::new(vec![1, 1, 7, 3], vec![0.0; 21]));
+        assert!(b.output_dims(&q4, &k4, &k4).is_err());
     }
 }

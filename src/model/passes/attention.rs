@@ -17,7 +17,7 @@ use super::uses::Uses;
 use crate::model::ew_fold::{broadcast_strides, par_rows};
 use crate::model::graph::*;
 use crate::model::ops::{transpose_dims, Attention, Dims};
-use crate::model::shape::{infer_shapes_raw, probe_window};
+use crate::model::shape::infer_shapes_raw;
 
 /// Most elements one folded bias term may have (a chain whose term is bigger stays unfused).
 pub const MAX_BIAS_ELEMS: usize = 1 << 26;
@@ -312,14 +312,8 @@ fn fold_bias(terms: &[(f32, &Tensor, Dims)], f: &Dims) -> Option<Terms> {
 /// Shape tables of `g` on a few windows (its fixed input size, else multiples of its spatial
 /// divisor) at batch 1 and 2; those where inference fails are left out.
 fn probes(g: &Graph) -> Vec<Vec<Dims>> {
-    let wins: Vec<[usize; 3]> = match g.fixed_input_spatial {
-        [Some(a), Some(b), Some(c)] => vec![[a, b, c]],
-        _ => {
-            let d = g.spatial_divisor();
-            (1..4).filter_map(|m| probe_window(d, m)).collect()
-        }
-    };
-    wins.iter()
+    g.probe_windows()
+        .iter()
         .flat_map(|&w| [1, 2].map(|n| (n, w)))
         .filter_map(|(n, w)| infer_shapes_raw(&g.values, &g.nodes, g.input, n, w).ok())
         .collect()

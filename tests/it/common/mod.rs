@@ -8,6 +8,7 @@ pub mod onnx;
 pub mod rng;
 pub mod small;
 pub mod sw;
+pub mod transformer;
 pub mod unet;
 
 use std::path::{Path, PathBuf};

@@ -57,6 +57,26 @@ fn offset_table_broadcasts() {
     .is_err());
 }
 
+/// A mask with one entry per window `[2, 1, T, S]` against scores of 2 samples of 2 windows
+/// (`[4, h, T, S]`, a graph freed of its batch) repeats per sample: leading index 3 reads
+/// window 1's mask (no GPU needed).
+#[test]
+fn offset_table_repeats_a_window_mask() {
+    let a = Attention {
+        scale: 1.0,
+        bias: None,
+        mask: Some(Tensor::new(vec![2, 1, 5, 7], vec![0.0; 70])),
+    };
+    let q = dims(&[4, 3, 5, 6]);
+    let k = dims(&[4, 3, 7, 6]);
+    let t = attention_offsets(&a, &q, &k, &k).unwrap();
+    let mask: Vec<i64> = t.offs.chunks(6).map(|o| o[4]).collect();
+    // Leading (window row, head): rows 0..3 are window 0, 3..6 window 1, then again.
+    let per_row = [0, 0, 0, 35, 35, 35];
+    let want: Vec<i64> = per_row.iter().chain(&per_row).copied().collect();
+    assert_eq!(mask, want);
+}
+
 struct Case {
     q: Vec<usize>,
     k: Vec<usize>,

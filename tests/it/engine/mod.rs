@@ -3,5 +3,6 @@
 
 mod bands;
 mod basics;
+mod batched_transformer;
 mod multi_device;
 mod oom;

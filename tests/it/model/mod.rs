@@ -3,6 +3,7 @@
 
 mod archs;
 mod attention;
+mod batch_rewrite;
 mod eltwise;
 mod fixtures;
 mod half;

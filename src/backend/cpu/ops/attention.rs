@@ -8,27 +8,29 @@ use crate::model::ops::{Attention, AttnDims, Dims};
 use crate::Result;
 use rayon::prelude::*;
 
-/// Element strides of the leading dims of a value of dims `d` read at the broadcast leading
-/// dims `lead` (0 along a broadcast axis), right-aligned.
-fn lead_strides(d: &[usize], lead: &[usize]) -> Vec<usize> {
+/// (element stride, size) of each leading dim of a value of dims `d` read at the broadcast
+/// leading dims `lead`, right-aligned: stride 0 along a broadcast axis, and a size that divides
+/// `lead`'s where the value repeats (an attention term of a batched graph).
+fn lead_strides(d: &[usize], lead: &[usize]) -> Vec<(usize, usize)> {
     let full = Dims::new(d).map(|x| x.strides()).unwrap_or_default();
     let r = lead.len();
     (0..r)
         .map(|a| {
             let da = (a + d.len()).checked_sub(r + 2).map(|i| (d[i], full[i]));
             match da {
-                Some((n, st)) if n == lead[a] && n != 1 => st,
-                _ => 0,
+                Some((n, st)) if n != 1 && lead[a].is_multiple_of(n) => (st, n),
+                _ => (0, 1),
             }
         })
         .collect()
 }
 
 /// Offset of leading index `i` (flat over `lead`) under `strides`.
-fn offset(mut i: usize, lead: &[usize], strides: &[usize]) -> usize {
+fn offset(mut i: usize, lead: &[usize], strides: &[(usize, usize)]) -> usize {
     let mut o = 0;
     for a in (0..lead.len()).rev() {
-        o += (i % lead[a]) * strides[a];
+        let (st, n) = strides[a];
+        o += (i % lead[a]) % n * st;
         i /= lead[a];
     }
     o

@@ -122,16 +122,24 @@ pub fn strided_offsets(
         None => (vec![0; n], [0, 0]),
     };
     let ((sb, bias_ts), (sm, mask_ts)) = (term(&op.bias), term(&op.mask));
+    // Each operand's size per leading axis: a term whose size divides the lead's repeats along it.
+    let size = |b: &Option<Tensor>| b.as_ref().map_or(vec![1; n], |b| b.shape[..n].to_vec());
+    let sizes = [q, k, v]
+        .map(|d| d.as_slice()[..n].to_vec())
+        .into_iter()
+        .chain([size(&op.bias), size(&op.mask), od.as_slice()[..n].to_vec()])
+        .collect::<Vec<_>>();
     let rows: usize = lead.iter().product();
     let mut offs = Vec::with_capacity(rows * 6);
     for l in 0..rows {
         let mut o = [0i64; 6];
         let mut i = l;
         for ax in (0..n).rev() {
-            let x = (i % lead[ax]) as i64;
+            let x = i % lead[ax];
             i /= lead[ax];
-            for (slot, st) in o.iter_mut().zip([&ls[0], &ls[1], &ls[2], &sb, &sm, &ls[3]]) {
-                *slot += x * st[ax];
+            let strides = [&ls[0], &ls[1], &ls[2], &sb, &sm, &ls[3]];
+            for ((slot, st), sz) in o.iter_mut().zip(strides).zip(&sizes) {
+                *slot += (x % sz[ax]) as i64 * st[ax];
             }
         }
         offs.extend(o);
