@@ -316,12 +316,7 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
 
     // Tile t -> batch index and output origin (x fastest, then y, z, n).
     auto decode = [&](int t, int& n, int& oz0, int& oy0, int& ox0) {
-        ox0 = (t % ntx) * TX;
-        t /= ntx;
-        oy0 = (t % nty) * TY;
-        t /= nty;
-        oz0 = (t % ntz) * TZ;
-        n = t / ntz;
+        tile_origin<TZ, TY, TX>(t, ntx, nty, ntz, n, oz0, oy0, ox0);
     };
     const bool narrow = p.cin < CIN;  // real Cin zero-padded to CIN: 4-byte copies
     // Tile t's input halo of channels c0..c0+CIN into `buf`, zero outside the input (source

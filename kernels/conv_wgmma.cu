@@ -106,14 +106,8 @@ struct WgConv {
         narrow = p.cin < CIN;
     }
 
-    // Tile t -> batch index and output origin (x fastest, then y, z, n).
     __device__ __forceinline__ void decode(int t, int& n, int& oz0, int& oy0, int& ox0) const {
-        ox0 = (t % ntx) * TX;
-        t /= ntx;
-        oy0 = (t % nty) * TY;
-        t /= nty;
-        oz0 = (t % ntz) * TZ;
-        n = t / ntz;
+        tile_origin<TZ, TY, TX>(t, ntx, nty, ntz, n, oz0, oy0, ox0);
     }
 
     // Tile t's halo of channels c0..c0+CIN into `buf`, zero outside the input (source size 0).

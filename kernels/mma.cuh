@@ -1,6 +1,7 @@
-// The mma.sync building blocks shared by kernels/conv_mma.cu and kernels/conv_halo.cu (sm_80+):
-// 4-byte cp.async gathers, ldmatrix, the m16n8k16 fp16 mma and the conv epilogue store. Prepended
-// (after common.cuh) to those two families only (`Family::source`).
+// The building blocks shared by the conv tile families (kernels/conv_mma.cu, conv_halo.cu,
+// conv_wgmma.cu; sm_80+): 4-byte cp.async gathers, the halo tile order, ldmatrix, the m16n8k16
+// fp16 mma and the conv epilogue store. Prepended (after common.cuh) to those families only
+// (`Family::source`).
 
 // 4-byte variant for the 2-half gathers (even Cin that is not a multiple of 8).
 __device__ __forceinline__ void cp_async4_ca(half* smem, const half* gmem, int bytes) {
@@ -10,6 +11,19 @@ __device__ __forceinline__ void cp_async4_ca(half* smem, const half* gmem, int b
 #else
     *reinterpret_cast<unsigned*>(smem) = bytes ? *reinterpret_cast<const unsigned*>(gmem) : 0u;
 #endif
+}
+
+// Tile t of a grid of ntz x nty x ntx tiles per sample -> batch index and output origin of its
+// TZ x TY x TX tile (x fastest, then y, z, n): the halo kernels' tile order.
+template <int TZ, int TY, int TX>
+__device__ __forceinline__ void tile_origin(int t, int ntx, int nty, int ntz, int& n, int& oz0, int& oy0,
+                                            int& ox0) {
+    ox0 = (t % ntx) * TX;
+    t /= ntx;
+    oy0 = (t % nty) * TY;
+    t /= nty;
+    oz0 = (t % ntz) * TZ;
+    n = t / ntz;
 }
 
 __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const half* p) {

@@ -76,35 +76,9 @@ pub fn swin_block(mask: bool, r: &mut Rng) -> proto::ModelProto {
         ),
         node("MatMul", "qkv", &["w1", "w_qkv"], &["q0"], vec![]),
         node("Add", "qkv_b", &["q0", "b_qkv"], &["q1"], vec![]),
-        node("Reshape", "heads", &["q1", "s_heads"], &["h0"], vec![]),
-        node(
-            "Transpose",
-            "heads_t",
-            &["h0"],
-            &["h1"],
-            vec![("perm", Attr::Is(vec![2, 0, 3, 1, 4]))],
-        ),
-        node(
-            "Gather",
-            "gq",
-            &["h1", "i0"],
-            &["q"],
-            vec![("axis", Attr::I(0))],
-        ),
-        node(
-            "Gather",
-            "gk",
-            &["h1", "i1"],
-            &["k"],
-            vec![("axis", Attr::I(0))],
-        ),
-        node(
-            "Gather",
-            "gv",
-            &["h1", "i2"],
-            &["v"],
-            vec![("axis", Attr::I(0))],
-        ),
+    ];
+    nodes.extend(qkv_heads("q1"));
+    nodes.extend(vec![
         node("Mul", "q_scale", &["q", "scale"], &["qs"], vec![]),
         node(
             "Transpose",
@@ -115,7 +89,7 @@ pub fn swin_block(mask: bool, r: &mut Rng) -> proto::ModelProto {
         ),
         node("MatMul", "scores", &["qs", "kt"], &["s0"], vec![]),
         node("Add", "rel_bias", &["s0", "rel"], &["s1"], vec![]),
-    ];
+    ]);
     let last = if mask {
         nodes.extend([
             node("Reshape", "split", &["s1", "s_split"], &["s2"], vec![]),
@@ -126,23 +100,8 @@ pub fn swin_block(mask: bool, r: &mut Rng) -> proto::ModelProto {
     } else {
         "s1"
     };
+    nodes.extend(attend(last, "s_win"));
     nodes.extend([
-        node(
-            "Softmax",
-            "softmax",
-            &[last],
-            &["pr"],
-            vec![("axis", Attr::I(-1))],
-        ),
-        node("MatMul", "av", &["pr", "v"], &["o0"], vec![]),
-        node(
-            "Transpose",
-            "o_t",
-            &["o0"],
-            &["o1"],
-            vec![("perm", Attr::Is(vec![0, 2, 1, 3]))],
-        ),
-        node("Reshape", "o_merge", &["o1", "s_win"], &["o2"], vec![]),
         node("MatMul", "proj", &["o2", "w_p"], &["o3"], vec![]),
         node("Add", "proj_b", &["o3", "b_p"], &["o4"], vec![]),
         node("Reshape", "rev", &["o4", "s_part"], &["u0"], vec![]),
@@ -215,7 +174,7 @@ pub fn swin_block(mask: bool, r: &mut Rng) -> proto::ModelProto {
 /// `[1, 8, 8]`, the tokens back to `[1, 8, 2, 2, 2]` and a ConvTranspose to 3 classes.
 pub fn unetr_block(r: &mut Rng) -> proto::ModelProto {
     let (hid, l) = (8i64, 8i64);
-    let nodes = vec![
+    let mut nodes = vec![
         node(
             "Conv",
             "patch",
@@ -243,35 +202,9 @@ pub fn unetr_block(r: &mut Rng) -> proto::ModelProto {
             vec![("axis", Attr::I(-1))],
         ),
         node("MatMul", "qkv", &["e4", "w_qkv"], &["q0"], vec![]),
-        node("Reshape", "heads", &["q0", "s_heads"], &["h0"], vec![]),
-        node(
-            "Transpose",
-            "heads_t",
-            &["h0"],
-            &["h1"],
-            vec![("perm", Attr::Is(vec![2, 0, 3, 1, 4]))],
-        ),
-        node(
-            "Gather",
-            "gq",
-            &["h1", "i0"],
-            &["q"],
-            vec![("axis", Attr::I(0))],
-        ),
-        node(
-            "Gather",
-            "gk",
-            &["h1", "i1"],
-            &["k"],
-            vec![("axis", Attr::I(0))],
-        ),
-        node(
-            "Gather",
-            "gv",
-            &["h1", "i2"],
-            &["v"],
-            vec![("axis", Attr::I(0))],
-        ),
+    ];
+    nodes.extend(qkv_heads("q0"));
+    nodes.extend(vec![
         node(
             "Transpose",
             "kt",
@@ -281,22 +214,9 @@ pub fn unetr_block(r: &mut Rng) -> proto::ModelProto {
         ),
         node("MatMul", "scores", &["q", "kt"], &["s0"], vec![]),
         node("Mul", "scaled", &["s0", "scale"], &["s1"], vec![]),
-        node(
-            "Softmax",
-            "softmax",
-            &["s1"],
-            &["pr"],
-            vec![("axis", Attr::I(-1))],
-        ),
-        node("MatMul", "av", &["pr", "v"], &["o0"], vec![]),
-        node(
-            "Transpose",
-            "o_t",
-            &["o0"],
-            &["o1"],
-            vec![("perm", Attr::Is(vec![0, 2, 1, 3]))],
-        ),
-        node("Reshape", "o_merge", &["o1", "s_tok"], &["o2"], vec![]),
+    ]);
+    nodes.extend(attend("s1", "s_tok"));
+    nodes.extend(vec![
         node("Add", "residual", &["o2", "e3"], &["o3"], vec![]),
         node("Reshape", "grid", &["o3", "s_grid"], &["g0"], vec![]),
         node(
@@ -316,7 +236,7 @@ pub fn unetr_block(r: &mut Rng) -> proto::ModelProto {
                 ("strides", Attr::Is(vec![2, 2, 2])),
             ],
         ),
-    ];
+    ]);
     let (cu, hu, lu) = (C as usize, hid as usize, l as usize);
     let inits = vec![
         itensor("s_flat", &[3], vec![1, hid, l]),
@@ -344,4 +264,51 @@ pub fn unetr_block(r: &mut Rng) -> proto::ModelProto {
         ftensor("b_up", &[3], r.scaled(3, 0.1)),
     ];
     model(nodes, inits)
+}
+
+/// The qkv heads of both blocks: `src` reshaped by `s_heads` (its axis 2 is q / k / v), that axis
+/// moved first, then q, k and v gathered from it (`i0`..`i2`).
+fn qkv_heads(src: &str) -> Vec<proto::NodeProto> {
+    let mut nodes = vec![
+        node("Reshape", "heads", &[src, "s_heads"], &["h0"], vec![]),
+        node(
+            "Transpose",
+            "heads_t",
+            &["h0"],
+            &["h1"],
+            vec![("perm", Attr::Is(vec![2, 0, 3, 1, 4]))],
+        ),
+    ];
+    for (i, out) in ["q", "k", "v"].into_iter().enumerate() {
+        nodes.push(node(
+            "Gather",
+            &format!("g{out}"),
+            &["h1", &format!("i{i}")],
+            &[out],
+            vec![("axis", Attr::I(0))],
+        ));
+    }
+    nodes
+}
+
+/// Softmax over the last axis of `scores`, times v, heads merged back by `merge` into `o2`.
+fn attend(scores: &str, merge: &str) -> Vec<proto::NodeProto> {
+    vec![
+        node(
+            "Softmax",
+            "softmax",
+            &[scores],
+            &["pr"],
+            vec![("axis", Attr::I(-1))],
+        ),
+        node("MatMul", "av", &["pr", "v"], &["o0"], vec![]),
+        node(
+            "Transpose",
+            "o_t",
+            &["o0"],
+            &["o1"],
+            vec![("perm", Attr::Is(vec![0, 2, 1, 3]))],
+        ),
+        node("Reshape", "o_merge", &["o1", merge], &["o2"], vec![]),
+    ]
 }

@@ -406,6 +406,17 @@ fn convt_case(b: &mut CudaBackend, r: &mut Rng, c: ConvCase<'_>) {
     report(name, rel_l2(&got, &want));
 }
 
+/// One conv case checked against float64, with every conv of it asserted to have run on `kern`.
+fn conv_case_on(b: &mut CudaBackend, r: &mut Rng, c: ConvCase<'_>, kern: &str) {
+    let name = c.name.to_string();
+    conv_case(b, r, c);
+    let used = kernels_used(b, 2);
+    assert!(
+        !used.is_empty() && used.iter().all(|k| k == kern),
+        "{name}: expected {kern}, ran {used:?}"
+    );
+}
+
 /// Conv kernels of the prepared plan (from the profile labels "... [kernel] ...").
 fn kernels_used(b: &mut CudaBackend, batch: usize) -> Vec<String> {
     let prof = b.profile_forward(batch, 1).expect("profile");
