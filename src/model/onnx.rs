@@ -23,7 +23,7 @@ pub fn load(path: impl AsRef<Path>) -> Result<Graph> {
 /// [`load`], with the float types the file stores its weights and I/O in (`voxtile inspect`).
 pub fn load_with_storage(path: impl AsRef<Path>) -> Result<(Graph, Storage)> {
     let path = path.as_ref();
-    let bytes = crate::sys::fsio::read_regular(path, MODEL_CAP)?;
+    let bytes = bytes::Bytes::from(crate::sys::fsio::read_regular(path, MODEL_CAP)?);
     let dir = path.parent().map(|p| {
         if p.as_os_str().is_empty() {
             Path::new(".")
@@ -31,16 +31,22 @@ pub fn load_with_storage(path: impl AsRef<Path>) -> Result<(Graph, Storage)> {
             p
         }
     });
-    decode(&bytes, dir, path)
+    decode(bytes, dir, path)
 }
 
 /// Load a model from memory. `dir` is where external-data files live (None: external data is an
 /// error); `path_for_errors` only prefixes messages.
 pub fn load_bytes(bytes: &[u8], dir: Option<&Path>, path_for_errors: &Path) -> Result<Graph> {
+    let bytes = bytes::Bytes::copy_from_slice(bytes);
     decode(bytes, dir, path_for_errors).map(|(g, _)| g)
 }
 
-fn decode(bytes: &[u8], dir: Option<&Path>, path_for_errors: &Path) -> Result<(Graph, Storage)> {
+/// Decodes the protobuf from `bytes` (tensor payloads stay views into it: see build.rs).
+fn decode(
+    bytes: bytes::Bytes,
+    dir: Option<&Path>,
+    path_for_errors: &Path,
+) -> Result<(Graph, Storage)> {
     let model = proto::ModelProto::decode(bytes)
         .map_err(|e| Error::model(path_for_errors, format!("not a valid ONNX protobuf: {e}")))?;
     let nodes = model.graph.as_ref().map_or(0, |g| g.node.len());

@@ -333,7 +333,11 @@ mod tests {
             Data::F(vec![1.5, -2.0])
         );
         let mut b = t(vec![2], 1);
-        b.raw_data = Some([1.5f32.to_le_bytes(), (-2.0f32).to_le_bytes()].concat());
+        b.raw_data = Some(
+            [1.5f32.to_le_bytes(), (-2.0f32).to_le_bytes()]
+                .concat()
+                .into(),
+        );
         assert_eq!(
             decode_tensor(&b, None, p).unwrap().data,
             Data::F(vec![1.5, -2.0])
@@ -359,7 +363,8 @@ mod tests {
                 half::bf16::from_f32(2.0).to_le_bytes(),
                 half::bf16::from_f32(-0.5).to_le_bytes(),
             ]
-            .concat(),
+            .concat()
+            .into(),
         );
         assert_eq!(
             decode_tensor(&e, None, p).unwrap().data,
@@ -387,7 +392,7 @@ mod tests {
         let e = decode_tensor(&a, None, p).unwrap_err().to_string();
         assert!(e.contains("\"w\"") && e.contains("need 3"), "{e}");
         let mut b = t(vec![1 << 20, 1 << 20], 1);
-        b.raw_data = Some(vec![0; 8]);
+        b.raw_data = Some(vec![0; 8].into());
         let e = decode_tensor(&b, None, p).unwrap_err().to_string();
         assert!(e.contains("2^31"), "{e}");
         let c = t(vec![-1], 1);
@@ -396,7 +401,7 @@ mod tests {
             .to_string()
             .contains("negative"));
         let mut d = t(vec![1], 8); // string
-        d.raw_data = Some(vec![0]);
+        d.raw_data = Some(vec![0].into());
         assert!(decode_tensor(&d, None, p)
             .unwrap_err()
             .to_string()

@@ -56,7 +56,13 @@ pub fn ftensor(name: &str, dims: &[i64], data: impl AsRef<[f32]>) -> proto::Tens
         name: Some(name.into()),
         dims: dims.to_vec(),
         data_type: Some(1),
-        raw_data: Some(data.as_ref().iter().flat_map(|v| v.to_le_bytes()).collect()),
+        raw_data: Some(
+            data.as_ref()
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>()
+                .into(),
+        ),
         ..Default::default()
     }
 }

@@ -132,11 +132,11 @@ fn deepbrain_fp16(out: &Path) {
                 .collect(),
             None => t.float_data.clone(),
         };
-        let raw = f32s
+        let raw: Vec<u8> = f32s
             .iter()
             .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
             .collect();
-        (t.data_type, t.raw_data, t.float_data) = (Some(10), Some(raw), vec![]);
+        (t.data_type, t.raw_data, t.float_data) = (Some(10), Some(raw.into()), vec![]);
     }
     for v in g.input.iter_mut().chain(g.output.iter_mut()) {
         if let Some(proto::type_proto::Value::TensorType(t)) =
