@@ -110,7 +110,7 @@ impl Family {
     /// arch-specific sm_90a and exists on compute capability 9.0 alone.
     pub fn target(self, arch: &str) -> Option<String> {
         match self {
-            Family::ConvWgmma => (arch == "sm_90").then(|| "sm_90a".to_string()),
+            Family::ConvWgmma => has_wgmma(arch).then(|| "sm_90a".to_string()),
             _ => Some(arch.to_string()),
         }
     }
@@ -133,6 +133,12 @@ impl Family {
         }
         v
     }
+}
+
+/// Whether the wgmma family (`conv_wg_*`) exists on a device of architecture `arch` ("sm_90"):
+/// it is built for the arch-specific sm_90a, which runs on compute capability 9.0 alone.
+pub fn has_wgmma(arch: &str) -> bool {
+    arch == "sm_90"
 }
 
 /// A kernel launched with the shape the calling op computes (no tile table).

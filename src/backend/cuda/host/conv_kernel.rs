@@ -3,8 +3,8 @@
 
 use crate::backend::cuda::abi::norm_blocks;
 use crate::backend::cuda::host::catalogue::{
-    upsample_vec_name, HaloConfig, MmaConfig, CONV1X1_N16, CONV1X1_N32, CONV_C1_K3, CONV_DIRECT,
-    CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8, CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8,
+    has_wgmma, upsample_vec_name, HaloConfig, MmaConfig, CONV1X1_N16, CONV1X1_N32, CONV_C1_K3,
+    CONV_DIRECT, CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8, CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8,
 };
 use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::host::relayout::{parity_split, FusedParity, ParityClass};
@@ -53,7 +53,7 @@ impl ArchCaps {
             smem_optin,
             conv_mma: major >= 8,
             conv_halo: true,
-            conv_wgmma: major == 9 && minor == 0,
+            conv_wgmma: has_wgmma(&format!("sm_{major}{minor}")),
             conv_c1: true,
             conv_up_vec: true,
             parity_fused: true,
@@ -636,6 +636,24 @@ mod tests {
         (32, 14, 64, 128, 3, 2, true),
         (14, 14, 128, 128, 3, 1, false),
     ];
+
+    /// The wgmma kernels are chosen on compute capability 9.0 only (their sm_90a build runs
+    /// nowhere else), and never when the option turns them off.
+    #[test]
+    fn wgmma_only_on_sm_90() {
+        assert!(ArchCaps::h200().conv_wgmma);
+        for (ma, mi) in [(8, 0), (8, 6), (8, 9), (10, 0), (12, 0)] {
+            assert!(
+                !ArchCaps::new(ma, mi, 100, 227 * 1024).conv_wgmma,
+                "sm_{ma}{mi}"
+            );
+        }
+        let off = CudaOptions {
+            wgmma_conv: false,
+            ..CudaOptions::default()
+        };
+        assert!(!ArchCaps::with_options(9, 0, 132, 227 * 1024, &off).conv_wgmma);
+    }
 
     /// The kernels of every W1 / W2 layer on the H200 at batch 2 and 4, pinned: a change to
     /// the catalogue, its order or the selection that moves a benchmark layer shows here. (W2's

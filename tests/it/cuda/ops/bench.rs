@@ -321,7 +321,7 @@ fn bench_halo_variants() {
         // The variants at the planner's tile width (the narrowest that holds Cout).
         // (Cout above every width: the widest, in grid.y channel tiles.)
         // (wgmma ones too where the device has them.)
-        let wg = b.arch() == "sm_90";
+        let wg = cat::has_wgmma(b.arch());
         let table = || HALO_CONFIGS.iter().chain(wgmma_all().filter(|_| wg));
         let runs = |v: &&HaloConfig| v.accepts_cin(cin);
         let widths = || table().filter(runs).map(|v| v.bn);

@@ -292,7 +292,7 @@ fn conv_norm_fp32_inputs() {
     let (mut sum32, mut sum16) = (0.0, 0.0);
     for (name, cin, cout, sp, k, st, pad, opad, groups, transposed, legacy, want_kernel) in cases {
         // (The wgmma kernels exist on compute capability 9.0 only.)
-        let want_kernel = if want_kernel == "conv_wg" && b.arch() != "sm_90" {
+        let want_kernel = if want_kernel == "conv_wg" && !cat::has_wgmma(b.arch()) {
             "conv_halo"
         } else {
             want_kernel
