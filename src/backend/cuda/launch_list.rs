@@ -143,8 +143,8 @@ fn node_io<'g>(
     Ok(NodeIo {
         name: &node.name,
         tensor: bp.tensor[l.node],
-        dims: node.inputs.iter().map(|&v| bp.dims[v]).collect(),
-        odims: bp.dims[node.output],
+        st: node.inputs.iter().map(|&v| bp.stored(v)).collect(),
+        ost: bp.stored(node.output),
         x: xs[0],
         cins: node.inputs.iter().map(|&v| bp.shapes[v][0]).collect(),
         shapes: node.inputs.iter().map(|&v| bp.shapes[v]).collect(),

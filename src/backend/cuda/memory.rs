@@ -156,14 +156,6 @@ impl MemoryModel for CudaMemory {
             ),
         }
     }
-    /// Nodes on the tensor path (activations of other ranks, Softmax/Concat off the channel
-    /// axis) run at batch 1 only.
-    fn max_batch(&self, graph: &Graph, roi: [usize; 3]) -> usize {
-        match crate::backend::cuda::host::buffers::cuda_shapes(graph, roi) {
-            Ok((_, _, tensor)) if tensor.contains(&true) => 1,
-            _ => graph.max_batch(roi),
-        }
-    }
 }
 
 /// An opened device models itself: its own capabilities and switches, its own free memory.

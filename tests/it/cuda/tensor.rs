@@ -226,6 +226,89 @@ fn reshape_and_transpose() {
     run_cases(cases);
 }
 
+/// A Swin block's token path: conv -> `[1, D, H, W, C]` tokens (a Transpose that moves
+/// nothing) -> LayerNorm -> Pad of D, H, W (and C) -> MLP -> Slices -> residual Add -> back to
+/// NCDHW -> conv. The tokens are stored row-major (the Pad runs its rank-5 kernel with the axes
+/// taken as C = 4, D, H, W = 1, 2, 3), checked on the host; the GPU result against the CPU's.
+/// The pads differ per axis and side, so a swapped axis fails.
+fn token_block(r: &mut Rng, mode: PadMode, begin: [i64; 5], end: [i64; 5]) -> Graph {
+    let conv = |r: &mut Rng, co: usize, ci: usize, k: usize| {
+        Op::Conv(Conv {
+            weight: Tensor::new(vec![co, ci, k, k, k], r.scaled(co * ci * k * k * k, 0.3)),
+            bias: Some(Tensor::new(vec![co], r.vec(co))),
+            stride: [1; 3],
+            dilation: [1; 3],
+            pads: [k / 2; 6],
+            groups: 1,
+        })
+    };
+    let (d, h, w) = (3i64, 4, 5);
+    let cp = 4 + (begin[4] + end[4]) as usize;
+    let nodes = vec![
+        (conv(r, 4, 2, 1), vec![0], 4),      // 1 NCDHW
+        n(tr(&[0, 2, 3, 4, 1]), &[1]),       // 2 tokens [1, 3, 4, 5, 4]
+        n(layer_norm(r, -1, 4, true), &[2]), // 3
+        (
+            Op::Pad(Pad {
+                mode,
+                begin,
+                end,
+                value: 0.5,
+            }),
+            vec![3],
+            (d + begin[1] + end[1]) as usize,
+        ), // 4: rank-5 ops declare axis 1 (D here) as their channels
+        n(linear(r, cp, 8, true), &[4]),     // 5
+        (
+            Op::Pointwise(Pointwise::Gelu { tanh: false }),
+            vec![5],
+            (d + begin[1] + end[1]) as usize,
+        ), // 6
+        n(linear(r, 8, 4, false), &[6]),     // 7
+        n(slice(1, begin[1], begin[1] + d, 1), &[7]), // 8
+        n(slice(2, begin[2], begin[2] + h, 1), &[8]), // 9
+        n(slice(3, begin[3], begin[3] + w, 1), &[9]), // 10
+        (Op::Add, vec![10, 3], d as usize),  // 11 residual
+        n(tr(&[0, 4, 1, 2, 3]), &[11]),      // 12 NCDHW
+        (conv(r, 2, 4, 3), vec![12], 2),     // 13
+    ];
+    let g = chain("token block", 2, nodes);
+    let bp = buffer_plan(&g, 1, [3, 4, 5], &ArchCaps::h200()).unwrap();
+    let row_major: Vec<usize> = (0..bp.dims.len())
+        .filter(|&v| bp.dims[v].rank() == 5 && !bp.ndhwc[v])
+        .collect();
+    assert_eq!(row_major, (2..=11).collect::<Vec<_>>(), "row-major values");
+    assert!(!bp.tensor[3], "the Pad runs its rank-5 kernel");
+    assert!(bp.tensor[10], "the residual Add joins the tensor path");
+    for t in [1, 11] {
+        let l = bp.launches.iter().find(|l| l.node == t).unwrap();
+        assert_eq!(
+            Some(l.out_buf),
+            bp.value_buf[g.nodes[t].inputs[0]],
+            "Transpose {t} moves nothing"
+        );
+    }
+    g
+}
+
+#[test]
+fn token_tensors_row_major() {
+    let mut r = Rng::tagged("cuda tensor tokens");
+    let cases = vec![
+        (
+            "tokens, constant pad",
+            token_block(&mut r, PadMode::Constant, [0, 1, 0, 2, 0], [0, 0, 1, 0, 0]),
+            [1, 2, 3, 4, 5],
+        ),
+        (
+            "tokens, edge pad with C",
+            token_block(&mut r, PadMode::Edge, [0, 0, 1, 0, 1], [0, 1, 0, 0, 0]),
+            [1, 2, 3, 4, 5],
+        ),
+    ];
+    run_cases(cases);
+}
+
 #[test]
 fn slice_gather_concat() {
     let cases = vec![
@@ -539,8 +622,10 @@ fn norms_softmax_binaries() {
 
 /// A transformer block on 64 tokens of 8 channels (2 heads of 4): LayerNorm, qkv Linear, heads
 /// split through a rank-5 [3, 1, 2, 64, 4] value (N = 3), scaled scores, softmax, attention,
-/// projection, residual, GELU MLP, residual, back to NCDHW and a 3^3 conv.
-fn attention_graph(r: &mut Rng) -> Graph {
+/// projection, residual, GELU MLP, residual, back to NCDHW and a 3^3 conv. `b` is the batch
+/// of the Reshape targets: 1 as a batch-1 trace bakes it, 0 (copy the input's) to run at any
+/// batch.
+fn attention_graph(r: &mut Rng, b: i64) -> Graph {
     let conv = Op::Conv(Conv {
         weight: Tensor::new(vec![2, 8, 3, 3, 3], r.scaled(2 * 8 * 27, 0.2)),
         bias: Some(Tensor::new(vec![2], r.vec(2))),
@@ -553,11 +638,11 @@ fn attention_graph(r: &mut Rng) -> Graph {
         "attention",
         8,
         vec![
-            n(reshape(&[1, 8, 64]), &[0]),                            // 1
+            n(reshape(&[b, 8, 64]), &[0]),                            // 1
             n(tr(&[0, 2, 1]), &[1]),                                  // 2 tokens [1, 64, 8]
             n(layer_norm(r, -1, 8, true), &[2]),                      // 3
             n(linear(r, 8, 24, true), &[3]),                          // 4 qkv
-            n(reshape(&[1, 64, 3, 2, 4]), &[4]),                      // 5
+            n(reshape(&[b, 64, 3, 2, 4]), &[4]),                      // 5
             n(tr(&[2, 0, 3, 1, 4]), &[5]),                            // 6 [3, 1, 2, 64, 4]
             n(Op::Gather { axis: 0, index: 0 }, &[6]),                // 7 q
             n(Op::Gather { axis: 0, index: 1 }, &[6]),                // 8 k
@@ -568,7 +653,7 @@ fn attention_graph(r: &mut Rng) -> Graph {
             n(Op::Softmax { axis: 3 }, &[12]),                        // 13
             n(Op::MatMul, &[13, 9]),                                  // 14 [1, 2, 64, 4]
             n(tr(&[0, 2, 1, 3]), &[14]),                              // 15
-            n(reshape(&[1, 64, 8]), &[15]),                           // 16
+            n(reshape(&[b, 64, 8]), &[15]),                           // 16
             n(linear(r, 8, 8, true), &[16]),                          // 17
             n(Op::Add, &[2, 17]),                                     // 18
             n(linear(r, 8, 16, true), &[18]),                         // 19
@@ -576,7 +661,7 @@ fn attention_graph(r: &mut Rng) -> Graph {
             n(linear(r, 16, 8, false), &[20]),                        // 21
             n(Op::Add, &[18, 21]),                                    // 22
             n(tr(&[0, 2, 1]), &[22]),                                 // 23
-            (reshape(&[1, 8, 4, 4, 4]), vec![23], 8),                 // 24 NCDHW
+            (reshape(&[b, 8, 4, 4, 4]), vec![23], 8),                 // 24 NCDHW
             (conv, vec![24], 2),                                      // 25
         ],
     )
@@ -585,8 +670,29 @@ fn attention_graph(r: &mut Rng) -> Graph {
 #[test]
 fn mini_attention_block() {
     let mut r = Rng::tagged("cuda tensor attention");
-    let g = attention_graph(&mut r);
+    let g = attention_graph(&mut r, 1);
     run_cases(vec![("attention block + conv", g, [1, 8, 4, 4, 4])]);
+}
+
+/// Tensor graphs at batch 3, three different windows against the CPU: the attention block
+/// with batch-free Reshape targets (its heads through a rank-5 value whose axis 1 is the
+/// batch) and the Swin token block (row-major tokens, a Pad on its rank-5 kernel).
+#[test]
+fn tensor_graphs_batched() {
+    let mut r = Rng::tagged("cuda tensor batched");
+    let cases = vec![
+        (
+            "attention block, batch 3",
+            attention_graph(&mut r, 0),
+            [3, 8, 4, 4, 4],
+        ),
+        (
+            "tokens, batch 3",
+            token_block(&mut r, PadMode::Reflect, [0, 1, 1, 0, 0], [0, 0, 1, 2, 0]),
+            [3, 2, 3, 4, 5],
+        ),
+    ];
+    run_cases(cases);
 }
 
 /// The planner's prediction is what `prepare` allocates for a tensor graph (device bytes and
@@ -594,7 +700,7 @@ fn mini_attention_block() {
 #[test]
 fn tensor_graph_memory_matches_the_plan() {
     let mut r = Rng::tagged("cuda tensor memory");
-    let g = attention_graph(&mut r);
+    let g = attention_graph(&mut r, 1);
     let roi = [4, 4, 4];
     let Some(mut b) = gpu() else { return };
     b.prepare(&g, 1, roi).unwrap();
@@ -618,11 +724,12 @@ fn tensor_graph_memory_matches_the_plan() {
 }
 
 /// Host only: a tensor graph plans at batch 1 (one Linear weight per Linear, fp16; aliased
-/// Reshapes cost no buffer) and refuses batch 2 with a message that says why.
+/// Reshapes cost no buffer); with its batch baked into the Reshapes it refuses batch 2 with a
+/// message that says why, without it the tensor buffers scale with the batch.
 #[test]
 fn tensor_graph_plan_on_the_host() {
     let mut r = Rng::tagged("cuda tensor plan");
-    let g = attention_graph(&mut r);
+    let g = attention_graph(&mut r, 1);
     let bp = buffer_plan(&g, 1, [4, 4, 4], &ArchCaps::h200()).unwrap();
     let linear_weights: Vec<usize> = bp
         .consts
@@ -644,7 +751,19 @@ fn tensor_graph_plan_on_the_host() {
     let e = buffer_plan(&g, 2, [4, 4, 4], &ArchCaps::h200())
         .unwrap_err()
         .to_string();
-    assert!(e.contains("one window per batch"), "{e}");
+    assert!(e.contains("does not run 2 windows per call"), "{e}");
+    let g = attention_graph(&mut r, 0);
+    let b1 = buffer_plan(&g, 1, [4, 4, 4], &ArchCaps::h200()).unwrap();
+    let b2 = buffer_plan(&g, 2, [4, 4, 4], &ArchCaps::h200()).unwrap();
+    assert_eq!(
+        b2.dims[6].as_slice(),
+        &[3, 2, 2, 64, 4],
+        "heads: batch on axis 1"
+    );
+    assert_eq!(b2.bufs.len(), b1.bufs.len());
+    for (x2, x1) in b2.bufs.iter().zip(&b1.bufs) {
+        assert_eq!(*x2, 2 * x1);
+    }
 }
 
 /// The fused attention case: keys shared by the heads (`kh` 1) or per head (2), the bias's
@@ -765,8 +884,9 @@ fn fused_attention_op() {
 }
 
 /// Host only: an attention node costs its offset table (i64, 6 per leading index) and its
-/// fp32 bias and mask as planned constants; q/k/v stored NDHWC with C > 1 (features not contiguous)
-/// are refused with a message that says why.
+/// fp32 bias and mask as planned constants; rank-5 q/k/v between tensor ops are stored
+/// row-major; a conv's output (NDHWC, C > 1: features not contiguous) is refused with a message
+/// that says why.
 #[test]
 fn fused_attention_plan_on_the_host() {
     let mut r = Rng::tagged("cuda tensor fused attention plan");
@@ -803,24 +923,45 @@ fn fused_attention_plan_on_the_host() {
         assert_eq!(y.shape(), &[1, 16, 4, 4, 6], "{name}");
         assert!(y.iter().all(|v| v.is_finite() && v.abs() < 50.0), "{name}");
     }
-    // q, k, v [1, 2, 1, 96, f] are rank-5 values with C = 2: stored NDHWC, features 2 apart.
+    // q, k, v [1, 2, 1, 96, 4] are rank-5 values only tensor ops touch: stored row-major,
+    // features contiguous, planned.
     let l = 96i64;
-    let mut nodes = vec![
-        n(reshape(&[1, 8, l]), &[0]),
-        n(tr(&[0, 2, 1]), &[1]),
-        n(linear(&mut r, 8, 8, false), &[2]),
-        n(reshape(&[1, 2, 1, l, 4]), &[3]),
-    ];
-    nodes.push(n(
+    let plain = || {
         Op::Attention(Attention {
             scale: 1.0,
             bias: None,
             mask: None,
-        }),
-        &[4, 4, 4],
-    ));
-    nodes.push((reshape(&[1, 8, 4, 4, 6]), vec![5], 8));
-    let g = chain("ndhwc attention", 8, nodes);
+        })
+    };
+    let nodes = vec![
+        n(reshape(&[1, 8, l]), &[0]),
+        n(tr(&[0, 2, 1]), &[1]),
+        n(linear(&mut r, 8, 8, false), &[2]),
+        n(reshape(&[1, 2, 1, l, 4]), &[3]),
+        n(plain(), &[4, 4, 4]),
+        (reshape(&[1, 8, 4, 4, 6]), vec![5], 8),
+    ];
+    let g = chain("row-major attention", 8, nodes);
+    let bp = buffer_plan(&g, 1, roi, &ArchCaps::h200()).unwrap();
+    assert!(
+        !bp.ndhwc[4] && !bp.ndhwc[5],
+        "q/k/v and the output row-major"
+    );
+    // A conv's output [1, 2, 4, 4, 6] is stored NDHWC (C = 2): its features (W) are 2 apart,
+    // which the attention kernels do not read: refused, saying why.
+    let conv = Op::Conv(Conv {
+        weight: Tensor::new(vec![2, 8, 1, 1, 1], r.scaled(16, 0.2)),
+        bias: None,
+        stride: [1; 3],
+        dilation: [1; 3],
+        pads: [0; 6],
+        groups: 1,
+    });
+    let g = chain(
+        "ndhwc attention",
+        8,
+        vec![(conv, vec![0], 2), (plain(), vec![1, 1, 1], 2)],
+    );
     let e = buffer_plan(&g, 1, roi, &ArchCaps::h200())
         .unwrap_err()
         .to_string();

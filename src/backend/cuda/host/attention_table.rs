@@ -2,7 +2,7 @@
 //! and bias strides of one attention's operands on any buffer layout, and the bias and mask as
 //! uploaded. The buffer plan counts these tables; `ops::attention` uploads them and launches.
 
-use crate::backend::cuda::host::tensor_layout::phys_strides;
+use crate::backend::cuda::host::tensor_layout::Stored;
 use crate::model::graph::Tensor;
 use crate::model::ops::{Attention, AttnDims, Dims};
 use crate::{Error, Result};
@@ -153,19 +153,29 @@ pub fn strided_offsets(
     })
 }
 
-/// The table of tensor-path node `op` on its planned layouts (`tensor_layout`: rank 5 NDHWC,
-/// other ranks row-major): what the buffer plan counts and the launch list uploads.
-pub fn node_table(op: &Attention, dims: &[Dims]) -> Result<AttnTable> {
-    let [q, k, v] = dims else {
+/// The table of tensor-path node `op` on its planned layouts (`tensor_layout::paths`): q, k,
+/// v as stored, the output NDHWC or row-major by `out_ndhwc`. What the buffer plan counts and
+/// the launch list uploads.
+pub fn node_table(op: &Attention, ins: &[Stored], out_ndhwc: bool) -> Result<AttnTable> {
+    let [q, k, v] = ins else {
         return Err(Error::Graph(format!(
             "Attention needs 3 inputs, got {}",
-            dims.len()
+            ins.len()
         )));
     };
-    let od = op.output_dims(q, k, v).map_err(Error::Graph)?;
-    let st = |d: &Dims| phys_strides(d);
-    let (sq, sk, sv) = (st(q), st(k), st(v));
-    strided_offsets(op, [(q, &sq), (k, &sk), (v, &sv)], &st(&od))
+    let od = op
+        .output_dims(&q.dims, &k.dims, &v.dims)
+        .map_err(Error::Graph)?;
+    let o = Stored {
+        dims: od,
+        ndhwc: out_ndhwc,
+    };
+    let (sq, sk, sv) = (q.strides(), k.strides(), v.strides());
+    strided_offsets(
+        op,
+        [(&q.dims, &sq), (&k.dims, &sk), (&v.dims, &sv)],
+        &o.strides(),
+    )
 }
 
 /// The bias and mask of `op` as uploaded, in that order: fp32, so masks of -100 plus small

@@ -13,7 +13,7 @@ use crate::backend::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
 use crate::backend::cuda::host::fusion::{concat_slice, consumers, fusable_activation};
 use crate::backend::cuda::host::select::{is_upsampling_convt, ConvGeom};
 use crate::backend::cuda::host::tensor_layout::{
-    is_standard, reshape_aliases, tensor_node, tensor_supported,
+    aliases, is_standard, paths, tensor_supported, Paths, Stored,
 };
 use crate::model::graph::{Graph, Op};
 use crate::model::ops::Dims;
@@ -55,10 +55,12 @@ pub struct BufferPlan {
     /// Per-sample shapes of every value ([1, 1, 1, elements] for a value only the tensor path
     /// handles: any rank but 5, or a rank-5 value whose dim 0 is not the batch).
     pub shapes: Vec<Shape>,
-    /// Dims of every value at batch 1 (what the tensor path plans with).
+    /// Dims of every value at the plan's batch (what the tensor path plans with).
     pub dims: Vec<Dims>,
-    /// Per node: whether it runs on the tensor path ([`tensor_node`]).
+    /// Per node: whether it runs on the tensor path (`tensor_layout::paths`).
     pub tensor: Vec<bool>,
+    /// Per value: whether a rank-5 value is stored NDHWC (else row-major).
+    pub ndhwc: Vec<bool>,
     /// Requested bytes of each fp16 activation buffer, allocation order. A buffer holds one
     /// value, or the values of one channel concat (its slices and output).
     pub bufs: Vec<usize>,
@@ -94,6 +96,13 @@ pub struct BufferPlan {
 }
 
 impl BufferPlan {
+    /// Value `v` as the kernels address it.
+    pub fn stored(&self, v: usize) -> Stored {
+        Stored {
+            dims: self.dims[v],
+            ndhwc: self.ndhwc[v],
+        }
+    }
     /// Activation arena bytes as requested (= `CudaBackend::activation_bytes()`).
     pub fn activation_bytes(&self) -> u64 {
         self.arena as u64
@@ -195,19 +204,60 @@ fn first_fit(sizes: &[usize], life: &[(usize, usize)], order: &[usize]) -> (Vec<
     (offsets, arena)
 }
 
+/// The dims of every value at `batch` windows, given those at batch 1 (`dims1`) and which
+/// nodes take the tensor path: every value a rank-5 kernel touches (and the graph's input and
+/// output) must hold the batch as its axis 0, and no value may grow faster than the batch (a
+/// buffer holds `batch` times its batch-1 elements). Exports whose batch `passes::batch` could
+/// not free do not infer at batch 2 and are refused here (the planners cap them at 1).
+fn batch_dims(
+    graph: &Graph,
+    roi: [usize; 3],
+    batch: usize,
+    dims1: Vec<Dims>,
+    tensor: &[bool],
+) -> Result<Vec<Dims>> {
+    if batch == 1 {
+        return Ok(dims1);
+    }
+    let dims = graph.infer_shapes(batch, roi).map_err(|e| {
+        Error::Invalid(format!(
+            "the graph does not run {batch} windows per call on CUDA: {e}"
+        ))
+    })?;
+    let mut kernel = vec![false; dims.len()];
+    kernel[graph.input] = true;
+    kernel[graph.output] = true;
+    for (n, _) in graph.nodes.iter().zip(tensor).filter(|(_, &t)| !t) {
+        for &v in n.inputs.iter().chain([&n.output]) {
+            kernel[v] = true;
+        }
+    }
+    for (v, (d1, dn)) in dims1.iter().zip(&dims).enumerate() {
+        let batched = dn.rank() == d1.rank()
+            && dn[0] == batch * d1[0]
+            && (1..d1.rank()).all(|a| dn[a] == d1[a]);
+        if dn.numel() > batch * d1.numel() || (kernel[v] && !batched) {
+            return Err(Error::Invalid(format!(
+                "value \"{}\" is {d1:?} at batch 1 but {dn:?} at batch {batch}: the CUDA backend runs this graph one window per call",
+                graph.values[v].name
+            )));
+        }
+    }
+    Ok(dims)
+}
+
 /// Per-sample shapes [C, D, H, W] of every value at window `roi` (the model's shape
 /// inference at batch 1; `[1, 1, 1, elements]` for values only the tensor path handles), the
-/// dims themselves and which nodes take the tensor path, after checking the graph only asks
-/// for what the kernels implement.
-pub fn cuda_shapes(graph: &Graph, roi: [usize; 3]) -> Result<(Vec<Shape>, Vec<Dims>, Vec<bool>)> {
+/// dims themselves, which nodes take the tensor path and how values are stored, after checking
+/// the graph only asks for what the kernels implement.
+pub fn cuda_shapes(graph: &Graph, roi: [usize; 3]) -> Result<(Vec<Shape>, Vec<Dims>, Paths)> {
     let dims = graph.infer_shapes(1, roi)?;
-    let tensor: Vec<bool> = (0..graph.nodes.len())
-        .map(|i| tensor_node(graph, &dims, i))
-        .collect();
-    for (node, _) in graph.nodes.iter().zip(&tensor).filter(|(_, &t)| t) {
+    let p = paths(graph, &dims);
+    for (node, _) in graph.nodes.iter().zip(&p.tensor).filter(|(_, &t)| t) {
         let ins: Vec<Dims> = node.inputs.iter().map(|&v| dims[v]).collect();
         if let Op::Attention(a) = &node.op {
-            node_table(a, &ins)
+            let st: Vec<Stored> = node.inputs.iter().map(|&v| p.stored(v, dims[v])).collect();
+            node_table(a, &st, p.ndhwc[node.output])
                 .map_err(|e| Error::Graph(format!("node {} (Attention): {e}", node.name)))?;
         }
         if !tensor_supported(&node.op) {
@@ -228,12 +278,13 @@ pub fn cuda_shapes(graph: &Graph, roi: [usize; 3]) -> Result<(Vec<Shape>, Vec<Di
     }
     let shapes = dims
         .iter()
-        .map(|d| match d.ncdhw() {
-            Some(s) if is_standard(d) => [s[1], s[2], s[3], s[4]],
+        .zip(&p.ndhwc)
+        .map(|(d, &nd)| match d.ncdhw() {
+            Some(s) if nd && is_standard(d) => [s[1], s[2], s[3], s[4]],
             _ => [1, 1, 1, d.numel()],
         })
         .collect();
-    Ok((shapes, dims, tensor))
+    Ok((shapes, dims, p))
 }
 
 fn numel(s: &Shape) -> usize {
@@ -302,7 +353,8 @@ struct Walk<'g> {
     graph: &'g Graph,
     batch: usize,
     shapes: Vec<Shape>,
-    dims: Vec<Dims>,
+    /// Every value as stored.
+    stored: Vec<Stored>,
     tensor: Vec<bool>,
     cons: Vec<Vec<usize>>,
     b: Buffers,
@@ -448,9 +500,10 @@ impl Walk<'_> {
                 }
             }
             Op::Attention(a) => {
-                let dims: Vec<Dims> = node.inputs.iter().map(|&v| self.dims[v]).collect();
+                let st: Vec<Stored> = node.inputs.iter().map(|&v| self.stored[v]).collect();
                 // `cuda_shapes` checked the table builds.
-                let rows = node_table(a, &dims).map_or(0, |t| t.offs.len());
+                let rows =
+                    node_table(a, &st, self.stored[node.output].ndhwc).map_or(0, |t| t.offs.len());
                 push(rows * 8, "attention offset table (i64)");
                 let what = ["attention bias (fp32)", "attention mask (fp32)"];
                 for (b, what) in terms_f32(a).into_iter().zip(what) {
@@ -502,12 +555,13 @@ pub fn buffer_plan(
             "batch {batch} and window {roi:?} must be non-zero"
         )));
     }
-    let (shapes, dims, tensor) = cuda_shapes(graph, roi)?;
-    if batch > 1 && tensor.iter().any(|&t| t) {
-        return Err(Error::Invalid(format!(
-            "the CUDA backend runs graphs with tensor ops (reshapes, attention, any rank but 5) one window per batch, not {batch}"
-        )));
-    }
+    let (shapes, dims1, Paths { tensor, ndhwc }) = cuda_shapes(graph, roi)?;
+    let dims = batch_dims(graph, roi, batch, dims1, &tensor)?;
+    let stored: Vec<Stored> = dims
+        .iter()
+        .zip(&ndhwc)
+        .map(|(&dims, &ndhwc)| Stored { dims, ndhwc })
+        .collect();
     let nv = graph.values.len();
     let mut last_use = vec![0usize; nv];
     for (i, n) in graph.nodes.iter().enumerate() {
@@ -522,7 +576,7 @@ pub fn buffer_plan(
         batch,
         cons: consumers(graph),
         shapes,
-        dims: dims.clone(),
+        stored: stored.clone(),
         tensor,
         b: Buffers::default(),
         live: vec![None; nv],
@@ -573,7 +627,7 @@ pub fn buffer_plan(
         let f32_out =
             caps.norm_f32 && keeps_f32(graph, &w.cons, &w.tensor, i, out_v, conv.as_ref());
         f32_values[out_v] = f32_out;
-        let (ob, ldc, coff) = if reshape_aliases(graph, &dims, i) {
+        let (ob, ldc, coff) = if aliases(graph, &stored, i) {
             let b = w.live[node.inputs[0]].expect("checked live above");
             (b, oshape[0], 0)
         } else {
@@ -621,6 +675,7 @@ pub fn buffer_plan(
         shapes: w.shapes,
         dims,
         tensor: w.tensor,
+        ndhwc,
     })
 }
 

@@ -7,6 +7,7 @@ use crate::backend::cuda::host::attention_table::{node_table, offsets, terms_f32
 use crate::backend::cuda::host::catalogue::{
     ATTENTION_FWD, ATTENTION_WMMA_D16, ATTENTION_WMMA_D32, ATTENTION_WMMA_D64,
 };
+use crate::backend::cuda::host::tensor_layout::Stored;
 use crate::backend::cuda::runtime::device::{drv, DevBuf};
 use crate::backend::cuda::runtime::launch::{Arg, Gpu};
 use crate::model::graph::Tensor;
@@ -68,11 +69,12 @@ pub struct AttnLaunch {
 pub(crate) fn build(
     b: &mut Build,
     op: &Attention,
-    dims: &[Dims],
+    ins: &[Stored],
+    out_ndhwc: bool,
     xs: &[u64],
     y: u64,
 ) -> Result<AttnLaunch> {
-    let tab = node_table(op, dims)?;
+    let tab = node_table(op, ins, out_ndhwc)?;
     let &[q, k, v] = xs else {
         return Err(Error::Graph(format!(
             "Attention needs 3 inputs, got {}",
@@ -262,16 +264,21 @@ mod tests {
             36, 20, 30, 5, 15, 54,
         ];
         assert_eq!(t.offs, want);
-        // Rank 5 with C = 1 is row-major; with C = 2 the features are 2 apart: refused.
+        // Rank 5 NDHWC with C = 1 is row-major; with C = 2 the features are 2 apart: refused;
+        // the same value stored row-major has them contiguous.
         let plain = Attention {
             scale: 1.0,
             bias: None,
             mask: None,
         };
-        let x = d(&[1, 1, 2, 3, 4]);
-        assert_eq!(node_table(&plain, &[x, x, x]).unwrap().ld, [4; 4]);
-        let y = d(&[1, 2, 1, 3, 4]);
-        let e = node_table(&plain, &[y, y, y]).unwrap_err().to_string();
+        let x = Stored::ndhwc(d(&[1, 1, 2, 3, 4]));
+        assert_eq!(node_table(&plain, &[x, x, x], true).unwrap().ld, [4; 4]);
+        let y = Stored::ndhwc(d(&[1, 2, 1, 3, 4]));
+        let e = node_table(&plain, &[y, y, y], true)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("features contiguous"), "{e}");
+        let r = Stored::row_major(y.dims);
+        assert_eq!(node_table(&plain, &[r, r, r], false).unwrap().ld, [4; 4]);
     }
 }

@@ -13,14 +13,15 @@ pub mod tensor;
 use crate::backend::cuda::abi::{Act, PoolParams, Shape};
 use crate::backend::cuda::host::buffers::ConstBuf;
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
+use crate::backend::cuda::host::tensor_layout::Stored;
 use crate::backend::cuda::runtime::device::DevBuf;
 use crate::backend::cuda::runtime::launch::Gpu;
 use crate::model::graph::Op;
-use crate::model::ops::Dims;
 use crate::{Error, Result};
 use cudarc::driver::CudaStream;
 
-/// One entry of the launch list. Pointers are final; sizes are per sample (times n at run).
+/// One entry of the launch list. Pointers are final; sizes are per sample (times n at run),
+/// except the tensor path's, which cover the plan's whole batch.
 pub(crate) enum Step {
     Conv(conv::ConvStep),
     Norm(norm::Norm),
@@ -54,7 +55,7 @@ impl Step {
             Step::Pad(p) => p.launch(gpu, s, n),
             Step::Tile(t) => t.launch(gpu, s, n),
             Step::Math(m) => m.launch(gpu, s, n),
-            Step::Tensor(t) => t.launch(gpu, s, n),
+            Step::Tensor(t) => t.launch(gpu, s),
         }
     }
 }
@@ -117,10 +118,11 @@ pub(crate) struct NodeIo<'a> {
     pub act: Act,
     pub slope: u64,
     pub slope_n: i32,
-    /// Whether the node runs on the tensor path, the dims of its inputs and output (batch 1).
+    /// Whether the node runs on the tensor path, its inputs and output as stored (dims at the
+    /// plan's batch, layout).
     pub tensor: bool,
-    pub dims: Vec<Dims>,
-    pub odims: Dims,
+    pub st: Vec<Stored>,
+    pub ost: Stored,
 }
 
 /// The launch(es) of node `op` (`conv`: its planned kernel; `in_place`: per input, whether it

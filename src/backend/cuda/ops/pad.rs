@@ -33,33 +33,42 @@ pub(crate) struct TileStep {
     pub cout: usize,
 }
 
-/// The pad of node `p` from the node's input to its output shape.
+/// The pad of node `p` from the node's input to its output shape. A rank-5 value stored
+/// row-major (`tensor_layout`: a `[N, D, H, W, C]` token tensor) is NDHWC storage of the NCDHW
+/// value with its axes 4, 1, 2, 3 as C, D, H, W, so the same kernel pads it with the maps
+/// taken in that order.
 pub(crate) fn pad(p: &Pad, io: &NodeIo) -> Result<PadStep> {
+    let order = if io.st[0].ndhwc {
+        [1, 2, 3, 4]
+    } else {
+        [4, 1, 2, 3]
+    };
+    let (xd, od) = (io.st[0].dims, io.ost.dims);
+    let xshape = order.map(|a| xd[a]);
+    let oshape = order.map(|a| od[a]);
     let mut maps = [AxisMap {
         lo: 0,
         len: 0,
         shift: 0,
         out: 0,
     }; 4];
-    for (a, m) in maps.iter_mut().enumerate() {
+    for (m, &a) in maps.iter_mut().zip(&order) {
         *m = p
-            .axis(a + 1, io.xshape[a])
+            .axis(a, xd[a])
             .map_err(|e| Error::Graph(format!("node {}: {e}", io.name)))?;
     }
-    if maps.map(|m| m.out) != io.oshape {
+    if maps.map(|m| m.out) != oshape || io.st[0].ndhwc != io.ost.ndhwc {
         return Err(Error::Graph(format!(
-            "node {}: pad maps {:?} to {:?}, the plan says {:?}",
+            "node {}: pad maps {xshape:?} to {:?}, the plan says {oshape:?}",
             io.name,
-            io.xshape,
             maps.map(|m| m.out),
-            io.oshape
         )));
     }
     Ok(PadStep {
         x: io.x,
         y: io.y,
-        xshape: io.xshape,
-        oshape: io.oshape,
+        xshape,
+        oshape,
         maps,
         mode: match p.mode {
             PadMode::Constant => 0,

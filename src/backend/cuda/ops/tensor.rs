@@ -1,5 +1,8 @@
 //! The tensor path: nodes on activations of any rank (transformer blocks), planned from the
-//! dims at batch 1 and the layouts of `tensor_layout` (rank 5 NDHWC, others row-major). Data
+//! dims at the plan's batch and the layouts of `tensor_layout` (NDHWC where a rank-5 kernel
+//! touches a value, else row-major). Each step covers every window of the planned batch in one
+//! launch, whatever the count of a call: a short last batch computes stale windows too, which
+//! nothing reads (no op mixes windows: the batch rewrite checked every value's batch axis). Data
 //! movement (Reshape, Transpose, Slice, Gather, Concat) is one strided copy each (one per
 //! input for Concat), binaries one broadcast launch, Softmax / LayerNorm one launch over
 //! (outer, axis, inner), MatMul / Linear one batched tensor-core GEMM. One-input elementwise
@@ -13,15 +16,14 @@ use crate::backend::cuda::host::catalogue::{
     Kernel, GEMM_WMMA, GEMM_WMMA_V8, LAYERNORM_ROWS, LAYERNORM_STRIDED, ND_BINARY, ND_BINARY_CONST,
     ND_COPY, SOFTMAX_ROWS, SOFTMAX_STRIDED,
 };
-use crate::backend::cuda::host::tensor_layout::{merge_axes, phys_order, phys_strides, Axis};
+use crate::backend::cuda::host::tensor_layout::{merge_axes, Axis, Stored};
 use crate::backend::cuda::runtime::launch::{Arg, Gpu};
 use crate::model::graph::{Op, Tensor};
 use crate::model::ops::{gather_dims, norm_axis, Dims};
 use crate::{Error, Result};
 use cudarc::driver::CudaStream;
 
-/// One tensor-path launch. Pointers are final; sizes are for batch 1 (the only batch a plan
-/// with tensor nodes has).
+/// One tensor-path launch. Pointers are final; sizes are for the plan's whole batch.
 pub(crate) enum TensorStep {
     Copy {
         x: u64,
@@ -67,14 +69,18 @@ pub(crate) enum TensorStep {
     },
     /// Fused attention (`ops::attention`).
     Attention(super::attention::AttnLaunch),
+    /// A one-input elementwise op run by the rank-5 kernels over the whole buffer (its length
+    /// already counts every window), launched once.
+    Flat(Box<Step>),
 }
 
 /// The launches of tensor-path node `op` (constants uploaded through `b`, in the order of the
 /// buffer plan's `node_consts`).
 pub(crate) fn build(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Vec<Step>> {
     let err = |m: String| Error::Graph(format!("node {} ({}): {m}", io.name, op.name()));
-    let (x, o) = (io.dims[0], io.odims);
-    let (xs, os) = (phys_strides(&x), phys_strides(&o));
+    let (xv, ov) = (io.st[0], io.ost);
+    let (x, o) = (xv.dims, ov.dims);
+    let (xs, os) = (xv.strides(), ov.strides());
     let t = |s: TensorStep| vec![Step::Tensor(s)];
     Ok(match op {
         Op::Reshape { .. }
@@ -83,8 +89,8 @@ pub(crate) fn build(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Vec<Step>> {
         | Op::Gather { .. }
         | Op::Concat { .. } => movement(op, io)?,
         Op::Add | Op::Mul | Op::Sub | Op::Div | Op::Max | Op::Min | Op::Pow => {
-            let (sa, sb) = (bcast(&x, &o), bcast(&io.dims[1], &o));
-            let axes = ordered(&o, |a| [sa[a], sb[a], os[a]]);
+            let (sa, sb) = (bcast(&xv, &o), bcast(&io.st[1], &o));
+            let axes = ordered(&ov, |a| [sa[a], sb[a], os[a]]);
             let op_code = code(op).ok_or_else(|| err("no binary code".into()))?;
             t(TensorStep::Binary {
                 a: io.x,
@@ -102,7 +108,7 @@ pub(crate) fn build(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Vec<Step>> {
                 ))
             })?;
             let kp = b.upload_const(&k.data)?;
-            let axes = ordered(&o, |a| [xs[a], ks[a], os[a]]);
+            let axes = ordered(&ov, |a| [xs[a], ks[a], os[a]]);
             let op_code = if matches!(op, Op::AddConst(_)) { 0 } else { 1 };
             t(TensorStep::Binary {
                 a: io.x,
@@ -113,7 +119,7 @@ pub(crate) fn build(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Vec<Step>> {
             })
         }
         Op::Softmax { axis } => {
-            let (outer, len, inner) = axis_run(&o, *axis, axis + 1)
+            let (outer, len, inner) = axis_run(&ov, *axis, axis + 1)
                 .ok_or_else(|| err(format!("axis {axis} of {o:?}")))?;
             t(TensorStep::Softmax {
                 x: io.x,
@@ -125,7 +131,7 @@ pub(crate) fn build(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Vec<Step>> {
         }
         Op::LayerNorm(l) => {
             let a = norm_axis(l.axis, x.rank()).map_err(err)?;
-            let (outer, len, inner, remap) = layer_norm_rows(&x, a).map_err(err)?;
+            let (outer, len, inner, remap) = layer_norm_rows(&xv, a).map_err(err)?;
             let scale = b.upload_const(&l.scale.data)?;
             let bias = match &l.bias {
                 Some(t) => b.upload_const(&t.data)?,
@@ -144,10 +150,10 @@ pub(crate) fn build(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Vec<Step>> {
             })
         }
         Op::MatMul => {
-            let bd = io.dims[1];
+            let bv = io.st[1];
             let p = gemm_params(
                 (x.as_slice(), &xs),
-                (bd.as_slice(), &phys_strides(&bd)),
+                (bv.dims.as_slice(), &bv.strides()),
                 (o.as_slice(), &os),
             )
             .map_err(err)?;
@@ -187,35 +193,40 @@ pub(crate) fn build(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Vec<Step>> {
             })
         }
         Op::Attention(a) => t(TensorStep::Attention(super::attention::build(
-            b, a, &io.dims, &io.xs, io.y,
+            b,
+            a,
+            &io.st,
+            io.ost.ndhwc,
+            &io.xs,
+            io.y,
         )?)),
-        Op::Identity => vec![Step::Elt(Elt::Copy {
+        Op::Identity => flat(Step::Elt(Elt::Copy {
             x: io.x,
             y: io.y,
             len: o.numel(),
-        })],
-        Op::Pointwise(f) => vec![Step::Math(MathStep::Pointwise {
+        })),
+        Op::Pointwise(f) => flat(Step::Math(MathStep::Pointwise {
             x: io.x,
             y: io.y,
             len: o.numel(),
             code: f.code(),
-        })],
+        })),
         _ if op.is_elementwise_unary() => {
             let act = Act::of(op).ok_or_else(|| err("not an activation".into()))?;
             let slope = b.act_slope(&act)?;
-            vec![Step::Elt(Elt::Act {
+            flat(Step::Elt(Elt::Act {
                 x: io.x,
                 y: io.y,
                 len: o.numel(),
                 c: 1,
                 act,
                 slope,
-            })]
+            }))
         }
         _ => {
             return Err(err(format!(
                 "not implemented on {:?} by the CUDA backend",
-                io.dims
+                io.st.iter().map(|s| s.dims).collect::<Vec<_>>()
             )))
         }
     })
@@ -225,8 +236,9 @@ pub(crate) fn build(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Vec<Step>> {
 /// that aliases its input).
 fn movement(op: &Op, io: &NodeIo) -> Result<Vec<Step>> {
     let err = |m: String| Error::Graph(format!("node {} ({}): {m}", io.name, op.name()));
-    let (x, o) = (io.dims[0], io.odims);
-    let (xs, os) = (phys_strides(&x), phys_strides(&o));
+    let (xv, ov) = (io.st[0], io.ost);
+    let x = xv.dims;
+    let (xs, os) = (xv.strides(), ov.strides());
     let copy = |p: NdParams| {
         vec![Step::Tensor(TensorStep::Copy {
             x: io.x,
@@ -235,43 +247,47 @@ fn movement(op: &Op, io: &NodeIo) -> Result<Vec<Step>> {
         })]
     };
     Ok(match op {
-        // The buffer plan gave an aliasing Reshape its input's buffer: nothing to do (two
-        // distinct buffers live at one launch never share an offset).
-        Op::Reshape { .. } if io.y == io.x => vec![],
-        Op::Reshape { .. } => copy(reshape_params(&x, &o)?),
+        // The buffer plan gave an aliasing Reshape / Transpose its input's buffer: nothing to
+        // do (two distinct buffers live at one launch never share an offset).
+        Op::Reshape { .. } | Op::Transpose { .. } if io.y == io.x => vec![],
+        Op::Reshape { .. } => copy(reshape_params(&xv, &ov)?),
         Op::Transpose { perm } => {
-            let axes = ordered(&o, |a| [xs[perm[a]], os[a]]);
+            let axes = ordered(&ov, |a| [xs[perm[a]], os[a]]);
             copy(nd(&axes, 0, 0)?)
         }
         Op::Slice(s) => {
             let r = s.resolve(&x).map_err(err)?;
             let step = |a: usize| if a == r.axis { r.step as i64 } else { 1 };
-            let axes = ordered(&o, |a| [xs[a] * step(a), os[a]]);
+            let axes = ordered(&ov, |a| [xs[a] * step(a), os[a]]);
             copy(nd(&axes, r.start as i64 * xs[r.axis], 0)?)
         }
         Op::Gather { axis, index } => {
             let (ax, i, _) = gather_dims(&x, *axis, *index).map_err(err)?;
             let src = |a: usize| if a < ax { a } else { a + 1 };
-            let axes = ordered(&o, |a| [xs.get(src(a)).copied().unwrap_or(0), os[a]]);
+            let axes = ordered(&ov, |a| [xs.get(src(a)).copied().unwrap_or(0), os[a]]);
             copy(nd(&axes, i as i64 * xs[ax], 0)?)
         }
         Op::Concat { axis } => {
             let mut steps = Vec::new();
             let mut at = 0usize;
-            for (d, &xp) in io.dims.iter().zip(&io.xs) {
-                let ds = phys_strides(d);
+            for (d, &xp) in io.st.iter().zip(&io.xs) {
+                let ds = d.strides();
                 let axes = ordered(d, |a| [ds[a], os[a]]);
                 steps.push(Step::Tensor(TensorStep::Copy {
                     x: xp,
                     y: io.y,
                     p: nd(&axes, 0, at as i64 * os[*axis])?,
                 }));
-                at += d[*axis];
+                at += d.dims[*axis];
             }
             steps
         }
         _ => return Err(err("not a data-movement op".into())),
     })
+}
+
+fn flat(s: Step) -> Vec<Step> {
+    vec![Step::Tensor(TensorStep::Flat(Box::new(s)))]
 }
 
 fn fits_i32(v: usize, err: &dyn Fn(String) -> Error) -> Result<usize> {
@@ -283,11 +299,11 @@ fn fits_i32(v: usize, err: &dyn Fn(String) -> Error) -> Result<usize> {
 
 /// The axes of `o` in its physical order (outermost first, so the innermost written elements
 /// are consecutive), each with the strides `f(axis)`.
-fn ordered<const K: usize>(o: &Dims, f: impl Fn(usize) -> [i64; K]) -> Vec<Axis<K>> {
-    phys_order(o)
+fn ordered<const K: usize>(o: &Stored, f: impl Fn(usize) -> [i64; K]) -> Vec<Axis<K>> {
+    o.order()
         .into_iter()
         .map(|a| Axis {
-            size: o[a],
+            size: o.dims[a],
             strides: f(a),
         })
         .collect()
@@ -331,9 +347,9 @@ fn nd3(axes: &[Axis<3>], op: i32) -> Result<NdParams> {
 
 /// A Reshape between layouts: both sides decompose the shared row-major logical index over
 /// their own dims (merged where contiguous).
-fn reshape_params(x: &Dims, o: &Dims) -> Result<NdParams> {
-    let side = |d: &Dims| {
-        let s = phys_strides(d);
+fn reshape_params(x: &Stored, o: &Stored) -> Result<NdParams> {
+    let side = |v: &Stored| {
+        let (d, s) = (v.dims, v.strides());
         let axes: Vec<Axis<1>> = (0..d.rank())
             .map(|a| Axis {
                 size: d[a],
@@ -344,7 +360,7 @@ fn reshape_params(x: &Dims, o: &Dims) -> Result<NdParams> {
     };
     let (mx, my) = (side(x), side(o));
     let mut p = NdParams {
-        total: x.numel() as i64,
+        total: x.dims.numel() as i64,
         rx: mx.len() as i32,
         ry: my.len() as i32,
         ..Default::default()
@@ -362,8 +378,8 @@ fn reshape_params(x: &Dims, o: &Dims) -> Result<NdParams> {
 
 /// Strides of operand `d` read at the positions of output `o` (numpy: right-aligned, 0 where
 /// broadcast), per axis of `o`.
-fn bcast(d: &Dims, o: &Dims) -> Vec<i64> {
-    let s = phys_strides(d);
+fn bcast(v: &Stored, o: &Dims) -> Vec<i64> {
+    let (d, s) = (v.dims, v.strides());
     let lead = o.rank() - d.rank().min(o.rank());
     (0..o.rank())
         .map(|a| match a.checked_sub(lead) {
@@ -394,8 +410,8 @@ fn const_strides(t: &Tensor, o: &Dims) -> Option<Vec<i64>> {
 
 /// (outer, len, inner) of logical axes `lo..hi` of `d` when they are consecutive in its
 /// physical order: `len` elements `inner` apart, in `outer` blocks.
-pub(crate) fn axis_run(d: &Dims, lo: usize, hi: usize) -> Option<(usize, usize, usize)> {
-    let order = phys_order(d);
+pub(crate) fn axis_run(v: &Stored, lo: usize, hi: usize) -> Option<(usize, usize, usize)> {
+    let (d, order) = (v.dims, v.order());
     let p0 = order.iter().position(|&a| a == lo)?;
     let want: Vec<usize> = (lo..hi).collect();
     if order.get(p0..p0 + want.len())? != want.as_slice() {
@@ -412,13 +428,14 @@ pub(crate) fn axis_run(d: &Dims, lo: usize, hi: usize) -> Option<(usize, usize, 
 /// LayerNorm over axes `a..` of `x`: (outer, len, inner, remap). A rank-5 value normalised from
 /// C (or from N when N is 1) has NDHWC rows whose scale index is remapped by C.
 fn layer_norm_rows(
-    x: &Dims,
+    xv: &Stored,
     a: usize,
 ) -> std::result::Result<(usize, usize, usize, usize), String> {
-    if let Some(r) = axis_run(x, a, x.rank()) {
+    let x = xv.dims;
+    if let Some(r) = axis_run(xv, a, x.rank()) {
         return Ok((r.0, r.1, r.2, 0));
     }
-    if x.rank() == 5 && (a == 1 || x[0] == 1) {
+    if xv.ndhwc && x.rank() == 5 && (a == 1 || x[0] == 1) {
         let rows = if a == 1 { x[0] } else { 1 };
         return Ok((rows, x.numel() / rows, 1, x[1]));
     }
@@ -509,13 +526,8 @@ fn gemm_params(
 }
 
 impl TensorStep {
-    /// Launches the step on `s`; `n` must be 1 (plans with tensor nodes have batch 1).
-    pub fn launch(&self, gpu: &Gpu, s: &CudaStream, n: usize) -> Result<()> {
-        if n != 1 {
-            return Err(Error::Backend(format!(
-                "a tensor-path launch for {n} windows (the plan runs one)"
-            )));
-        }
+    /// Launches the step on `s` for the plan's whole batch (see the module doc).
+    pub fn launch(&self, gpu: &Gpu, s: &CudaStream) -> Result<()> {
         let nd_launch = |k: Kernel, a: u64, b: Option<u64>, y: u64, p: &NdParams| {
             let mut args = vec![Arg::Ptr(a)];
             args.extend(b.map(Arg::Ptr));
@@ -605,6 +617,7 @@ impl TensorStep {
                 )
             }
             TensorStep::Attention(a) => a.launch(gpu, s),
+            TensorStep::Flat(step) => step.launch(gpu, s, 1, [0; 2]),
         }
     }
 }
@@ -619,16 +632,30 @@ mod tests {
 
     #[test]
     fn runs_of_axes() {
+        let (nd, rm) = (
+            |s: &[usize]| Stored::ndhwc(d(s)),
+            |s: &[usize]| Stored::row_major(d(s)),
+        );
         // Row-major: last axis rows, middle axis strided.
-        assert_eq!(axis_run(&d(&[2, 3, 4]), 2, 3), Some((6, 4, 1)));
-        assert_eq!(axis_run(&d(&[2, 3, 4]), 1, 2), Some((2, 3, 4)));
+        assert_eq!(axis_run(&nd(&[2, 3, 4]), 2, 3), Some((6, 4, 1)));
+        assert_eq!(axis_run(&nd(&[2, 3, 4]), 1, 2), Some((2, 3, 4)));
         // NDHWC: C is innermost, W has C inner.
-        assert_eq!(axis_run(&d(&[1, 3, 4, 5, 6]), 1, 2), Some((120, 3, 1)));
-        assert_eq!(axis_run(&d(&[1, 3, 4, 5, 6]), 4, 5), Some((20, 6, 3)));
-        assert_eq!(axis_run(&d(&[1, 3, 4, 5, 6]), 2, 5), Some((1, 120, 3)));
-        assert_eq!(axis_run(&d(&[1, 3, 4, 5, 6]), 1, 5), None);
-        assert_eq!(layer_norm_rows(&d(&[1, 3, 4, 5, 6]), 1), Ok((1, 360, 1, 3)));
-        assert!(layer_norm_rows(&d(&[2, 3, 4, 5, 6]), 0).is_err());
+        assert_eq!(axis_run(&nd(&[1, 3, 4, 5, 6]), 1, 2), Some((120, 3, 1)));
+        assert_eq!(axis_run(&nd(&[1, 3, 4, 5, 6]), 4, 5), Some((20, 6, 3)));
+        assert_eq!(axis_run(&nd(&[1, 3, 4, 5, 6]), 2, 5), Some((1, 120, 3)));
+        assert_eq!(axis_run(&nd(&[1, 3, 4, 5, 6]), 1, 5), None);
+        assert_eq!(
+            layer_norm_rows(&nd(&[1, 3, 4, 5, 6]), 1),
+            Ok((1, 360, 1, 3))
+        );
+        assert!(layer_norm_rows(&nd(&[2, 3, 4, 5, 6]), 0).is_err());
+        // A rank-5 token tensor stored row-major: its features are rows of their own.
+        assert_eq!(axis_run(&rm(&[1, 3, 4, 5, 6]), 4, 5), Some((60, 6, 1)));
+        assert_eq!(layer_norm_rows(&rm(&[1, 3, 4, 5, 6]), 4), Ok((60, 6, 1, 0)));
+        assert_eq!(
+            layer_norm_rows(&rm(&[1, 3, 4, 5, 6]), 1),
+            Ok((1, 360, 1, 0))
+        );
     }
 
     #[test]
@@ -675,8 +702,9 @@ mod tests {
 
     #[test]
     fn broadcast_and_constant_strides() {
-        assert_eq!(bcast(&d(&[4]), &d(&[2, 3, 4])), vec![0, 0, 1]);
-        assert_eq!(bcast(&d(&[3, 1]), &d(&[2, 3, 4])), vec![0, 1, 0]);
+        let rm = |s: &[usize]| Stored::row_major(d(s));
+        assert_eq!(bcast(&rm(&[4]), &d(&[2, 3, 4])), vec![0, 0, 1]);
+        assert_eq!(bcast(&rm(&[3, 1]), &d(&[2, 3, 4])), vec![0, 1, 0]);
         let t = Tensor::new(vec![1, 3, 1], vec![0.0; 3]);
         assert_eq!(const_strides(&t, &d(&[2, 3, 4])), Some(vec![0, 1, 0]));
         let t = Tensor::new(vec![3], vec![0.0; 3]);
