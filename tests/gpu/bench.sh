@@ -3,6 +3,7 @@
 # tests/gpu/README.md). BUNDLE (default .dev/gpu; .dev/gb from tests/gpu/bench_bundle.sh fits a
 # device call) holds bench, voxtile, it, wheels/ and shared/. Arguments go to `bench.py run`:
 #   BUNDLE=.dev/gb bash tests/gpu/bench.sh --only w1,w2 --modes eager,default --deadline 560
+#   BUNDLE=.dev/gb bash tests/gpu/bench.sh --only w5,w6 --w5-modes eager,default --deadline 540   (the transformers)
 # The old form `bench.sh w1,w2[,compiled]` (all.sh) still works: eager only, plus compile default
 # with `compiled`. Results: $OUT/bench/{bench.json,bench.md,bench.log}.
 set -euo pipefail

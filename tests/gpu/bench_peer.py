@@ -2,7 +2,7 @@
 hangs or crashes loses only itself (bench.py kills the process group at its timeout). The peer
 setup is /work/shared/peers/peers_plus.py's (copied, since only the repository travels to the GPU
 machine): the same nets, seeds and smooth random volume, MONAI sliding_window_inference with roi 128³
-(W5's SwinUNETR: 96³), sw_batch 4, overlap 0.5, gaussian, under no_grad + torch.autocast fp16, the
+(the transformers W5 and W6: 96³), sw_batch 4, overlap 0.5, gaussian, under no_grad + torch.autocast fp16, the
 volume on the GPU and the logits left there. Prints one JSON line last.
 
 usage: python3 bench_peer.py prep WORK NETS            (CPU: vol.npy, NET.onnx and NET.pt per net)
@@ -14,8 +14,9 @@ import numpy as np, torch, torch.nn as nn
 import bench_table as bt  # this folder (the script's own) is on sys.path
 
 ROI, SW_BATCH, OVERLAP = (128, 128, 128), 4, 0.5
-# W5's SwinUNETR runs at its usual roi; its ONNX fixes the window (the window masks are traced for it).
-ROIS = {"w5": (96, 96, 96)}
+# The transformers run at their usual roi; their ONNX fixes the window (SwinUNETR's window masks and
+# UNETR's position embedding are traced for it).
+ROIS = {"w5": (96, 96, 96), "w6": (96, 96, 96)}
 # Warm passes of a compiled mode: at least 2 (reduce-overhead records its CUDA graphs on the
 # second call), then until two passes agree within 5%, at most 4.
 WARM_MIN, WARM_MAX, WARM_TOL = 2, 4, 0.05
@@ -40,11 +41,19 @@ def swinunetr():
     return SwinUNETR(in_channels=1, out_channels=14, feature_size=48, depths=(2, 2, 2, 2), num_heads=(3, 6, 12, 24))
 
 
+def unetr():
+    """MONAI's UNETR as people train it (BTCV: feature_size 16, hidden 768, mlp 3072, 12 heads, conv
+    patch embedding), 14 classes, for a 96³ window. Its attention blocks need einops."""
+    from monai.networks.nets import UNETR
+    return UNETR(in_channels=1, out_channels=14, img_size=ROIS["w6"], feature_size=16, hidden_size=768, mlp_dim=3072,
+                 num_heads=12, proj_type="conv")
+
+
 # W4 runs W1's net on the large volume.
-NETS = {"w1": nnunet_ct, "w2": monai_unet, "w4": nnunet_ct, "w5": swinunetr}
-WEIGHTS = {"w1": "w1", "w2": "w2", "w4": "w1", "w5": "w5"}
+NETS = {"w1": nnunet_ct, "w2": monai_unet, "w4": nnunet_ct, "w5": swinunetr, "w6": unetr}
+WEIGHTS = {"w1": "w1", "w2": "w2", "w4": "w1", "w5": "w5", "w6": "w6"}
 # Workloads whose every peer mode keeps its labels (the agreement is with the best peer, known at the end).
-LABELS_EVERY_MODE = {"w5"}
+LABELS_EVERY_MODE = {"w5", "w6"}
 
 
 def build(name):
@@ -65,15 +74,19 @@ def prep(work, nets):
     np.save(f"{work}/vol.npy", vol[0, 0].numpy().astype(np.float32))
     export_errors = {}
     for name in nets:
-        model = build(name)
-        torch.save(model.state_dict(), f"{work}/{name}.pt")
-        if name in ROIS:  # a transformer: its export fixes batch 1 and the window; a failure costs W5 only
+        if name in ROIS:
+            # A transformer: its export fixes batch 1 and the window. A failure (UNETR's attention
+            # without einops, say) costs that net only.
             try:
+                model = build(name)
+                torch.save(model.state_dict(), f"{work}/{name}.pt")
                 torch.onnx.export(model, torch.randn(1, 1, *ROIS[name]), f"{work}/{name}.onnx", input_names=["image"],
                                   output_names=["logits"], opset_version=17, dynamo=False)
             except Exception as e:
                 export_errors[name] = f"{type(e).__name__}: {e}"[:300]
             continue
+        model = build(name)
+        torch.save(model.state_dict(), f"{work}/{name}.pt")
         torch.onnx.export(model, torch.randn(1, 1, 64, 64, 64), f"{work}/{name}.onnx", input_names=["image"],
                           output_names=["logits"], opset_version=17, dynamo=False,
                           dynamic_axes={"image": {0: "N", 2: "D", 3: "H", 4: "W"}, "logits": {0: "N", 2: "D", 3: "H", 4: "W"}})

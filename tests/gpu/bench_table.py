@@ -22,9 +22,13 @@ MODE_LABELS = {
 }
 COMPILE_MODES = ["default", "reduce-overhead", "max-autotune-no-cudagraphs"]
 # Every workload the bench knows, in table order; mem and w1x2 are extras outside the main table.
-WORKLOADS = ["w1", "w2", "w3", "w4", "w5", "k1"]
+WORKLOADS = ["w1", "w2", "w3", "w4", "w5", "w6", "k1"]
+# The transformer workloads (SwinUNETR, UNETR): exports fixed at the window, load times measured.
+TRANSFORMERS = ["w5", "w6"]
 # W5's peer modes (eager, the two compiles that reach steady state fastest on the GPU).
 W5_MODES = ["eager", "default", "max-autotune-no-cudagraphs"]
+# W6's: eager and compile default, issue 32's pair.
+W6_MODES = ["eager", "default"]
 EXTRAS = ["mem", "w1x2"]
 
 
@@ -138,8 +142,8 @@ def _gib(x):
 
 
 def modes_table(res):
-    """W1, W2, W4, W5: one column per peer mode (steady-state median; the first pass holds the compile)."""
-    rows = [w for w in ("w1", "w2", "w4", "w5") if w in res["rows"]]
+    """W1, W2, W4, W5, W6: one column per peer mode (steady-state median; the first pass holds the compile)."""
+    rows = [w for w in ("w1", "w2", "w4", "w5", "w6") if w in res["rows"]]
     if not rows:
         return ""
     modes = [m for m in MODES if any(m in res["rows"][w]["peers"] for w in rows)]
@@ -156,9 +160,23 @@ def modes_table(res):
     return "\n".join(lines)
 
 
+def _vox_of_best(row):
+    """voxtile's entry from the best peer's run ({} when there is none)."""
+    peer = row["peers"].get(summarize(row)["best_mode"]) or {}
+    return row["voxtile"].get(peer.get("run"), {}) if peer else {}
+
+
+def has_loads(res):
+    """Whether some row's voxtile (of its best peer's run) has an export's load time: the transformers'."""
+    return any("load_s" in _vox_of_best(row) for row in res["rows"].values())
+
+
 def summary_table(res):
-    """Every workload run: best peer, voxtile, the ratio in words, device peaks and what else to know."""
-    head = ["workload", "best peer", "voxtile", "voxtile / best peer", "peak GiB peer / voxtile", "notes"]
+    """Every workload run: best peer, voxtile, the ratio in words, device peaks, the export's load time
+    (a column only when some row has one) and what else to know."""
+    loads = has_loads(res)
+    head = ["workload", "best peer", "voxtile", "voxtile / best peer", "peak GiB peer / voxtile"] + \
+        (["load s"] if loads else []) + ["notes"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for w in WORKLOADS:
         row = res["rows"].get(w)
@@ -166,16 +184,17 @@ def summary_table(res):
             continue
         sm = summarize(row)
         peer = row["peers"].get(sm["best_mode"]) or {}
-        vox = row["voxtile"].get(peer.get("run"), {}) if peer else {}
+        vox = _vox_of_best(row)
         label = MODE_LABELS.get(sm["best_mode"], sm["best_mode"])
         best = "none" if sm["best_mode"] is None else f"{label} {_s(sm['best_s'])}"
         peaks = ""
         if peer.get("peak_gib") is not None or vox.get("peak_gib") is not None:
             peaks = f"{_gib(peer.get('peak_gib'))} / {_gib(vox.get('peak_gib'))}"
         notes = "; ".join(row.get("notes", []) + vox.get("notes", []))
+        load = [f"{vox['load_s']:.2f}" if vox.get("load_s") is not None else ""] if loads else []
         lines.append("| " + " | ".join([row.get("title", w), best, "" if sm["vox_s"] is None else _s(sm["vox_s"]),
                                           f"**{sm['words']}**" if sm["ratio"] is not None else sm["words"],
-                                          peaks, notes.replace("|", "/")]) + " |")
+                                          peaks] + load + [notes.replace("|", "/")]) + " |")
     return "\n".join(lines)
 
 
@@ -200,15 +219,19 @@ def markdown(res):
     """The whole report: run facts, then the tables, ready to paste into BENCHMARKS.md."""
     parts = ["# voxtile against its PyTorch + MONAI peers (tests/gpu/bench.py)", ""]
     for run in res["runs"]:
+        modes = f"peer modes {','.join(run.get('modes', []))}" + "".join(
+            f", {w.upper()} {','.join(run[f'{w}_modes'])}" for w in TRANSFORMERS
+            if w in run.get("only", []) and run.get(f"{w}_modes"))
         parts.append(f"- run `{run.get('id')}`: {run.get('gpu')}, torch {run.get('torch')}, MONAI {run.get('monai')}; "
-                     f"workloads {','.join(run.get('only', []))}, peer modes {','.join(run.get('modes', []))}; "
-                     f"{run.get('wall_s', 0):.0f} s wall")
+                     f"workloads {','.join(run.get('only', []))}, {modes}; {run.get('wall_s', 0):.0f} s wall")
     parts += ["", "Ratio = voxtile time / best peer time, voxtile's time taken from the best peer's own run "
               "(below 1: voxtile is faster). "
-              "Peers: MONAI sliding_window_inference (roi 128³, W5 96³; sw_batch 4, overlap 0.5, gaussian) under "
+              "Peers: MONAI sliding_window_inference (roi 128³, W5 and W6 96³; sw_batch 4, overlap 0.5, gaussian) under "
               "torch.autocast fp16, the volume on the GPU, logits left there; median of the timed passes after "
               "warm-up (a compiled mode's first pass holds its compile). voxtile: the engine on the host volume, "
-              "labels back on the host.", "", summary_table(res), ""]
+              "labels back on the host." + (" load s: the wall time of `voxtile plan --device cuda` on the export, a "
+              "process of its own (file read, constants folded, the volume planned; nothing run)." if has_loads(res) else ""),
+              "", summary_table(res), ""]
     for title, table in (("## Peer modes", modes_table(res)), ("## Memory budget (extra `mem`)", mem_table(res))):
         if table:
             parts += [title, "", table, ""]

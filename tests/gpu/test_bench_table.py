@@ -107,10 +107,13 @@ if job == "prep":
     print(json.dumps(dict(gpu="Fake GPU", torch="0", monai="0")))
 elif job == "k1":
     print(json.dumps(dict(ndhwc=1.3e-3, ncdhw=1.9e-3)))
-elif sys.argv[3] == "w5":  # SwinUNETR: every mode times and keeps its labels; max-autotune is the best
+elif sys.argv[3] in bt.TRANSFORMERS:  # every mode times and keeps its labels; the last compile is the best
     work, w, mode = sys.argv[2:5]
-    np.save(bt.peer_labels(work, w, mode), np.ones((4, 4, 4), np.uint8))
-    s = {"eager": 2.0, "default": 1.5, "max-autotune-no-cudagraphs": 1.2}[mode]
+    lab = np.ones((4, 4, 4), np.uint8)
+    lab[3, 3, 3] = 3 if mode == "eager" else 1  # eager's labels differ from the compiles' in one voxel
+    np.save(bt.peer_labels(work, w, mode), lab)
+    s = {"w5": {"eager": 2.0, "default": 1.5, "max-autotune-no-cudagraphs": 1.2},
+         "w6": {"eager": 1.0, "default": 0.7}}[w][mode]
     print(json.dumps(dict(s=s, first_s=s + 100, compile_s=100.0, compiled=mode != "eager", peak_gib=9.0)))
 else:
     work, w, mode = sys.argv[2:5]
@@ -134,22 +137,30 @@ if len(a) > 9 and a[9] == "4GiB" and os.environ.get("FAKE_W4_REFUSE"):
 if a[8] != "-":
     lab = np.ones((4, 4, 4), np.float32); lab[0, 0, 0] = 2; np.save(a[8], lab)
 rep = dict(windows=49, roi=[64, 128, 128], batch=4, peak_device_bytes=2**31, predicted_peak_bytes=dict(device=2**31))
-print(json.dumps(dict(median_s=0.28 if a[2].endswith(".npy") else 9.5, first_s=0.4, times=[0.28], report=rep)))
+print(json.dumps(dict(median_s=0.28 if a[2].endswith(".npy") else 9.5, first_s=0.4, load_s=0.9, times=[0.28], report=rep)))
 """
 FAKE_OPS = "print('RESULT bench conv 32->32 3^3 2x32x128^3: 0.930 ms')"
-FAKE_SEGMENT = """
-import json, sys
+FAKE_VOXTILE = """
+import json, os, sys, time
 a = sys.argv
-json.dump(dict(seconds=dict(total=1.0)), open(a[a.index("--report") + 1], "w"))
+if a[1] == "plan":  # the load time: the export planned for the prep volume on the GPU, nothing run
+    if os.environ.get("FAKE_PLAN_FAIL"):
+        sys.exit("Error: no CUDA device found")
+    if a[2:] != ["-m", a[3], "--volume", "512x512x128", "--device", "cuda", "--json"] or not os.path.exists(a[3]):
+        sys.exit(f"fake voxtile: unexpected plan call {a}")
+    time.sleep(0.2)
+    print(json.dumps(dict(roi=[96, 96, 96], batch=1, windows=200)))
+else:
+    json.dump(dict(seconds=dict(total=1.0)), open(a[a.index("--report") + 1], "w"))
 """
 
 
 def fake_bundle():
-    """A temp folder and, in it, a bundle whose `bench` and `peer.py` are the fakes above."""
+    """A temp folder and, in it, a bundle whose `bench`, `voxtile` and `peer.py` are the fakes above."""
     d = tempfile.mkdtemp()
     bundle = f"{d}/bundle"
     os.makedirs(f"{bundle}/wheels")
-    for name, body in (("bench", FAKE_BENCH), ("peer.py", FAKE_PEER)):
+    for name, body in (("bench", FAKE_BENCH), ("voxtile", FAKE_VOXTILE), ("peer.py", FAKE_PEER)):
         path = f"{bundle}/{name}"
         with open(path, "w") as f:
             f.write(f"#!{sys.executable}\n" + textwrap.dedent(body))
@@ -173,7 +184,7 @@ class Run(unittest.TestCase):
             os.chmod(path, 0o755)
         script(f"{bundle}/bench", FAKE_BENCH)
         script(f"{bundle}/it", FAKE_OPS)
-        script(f"{bundle}/voxtile", FAKE_SEGMENT)
+        script(f"{bundle}/voxtile", FAKE_VOXTILE)
         script(f"{bundle}/wheels/make_ct512.py", "import sys; open(sys.argv[2], 'w').write('ct'); print((512, 512, 128))")
         script(f"{bundle}/wheels/peer_e2e.py", "import time; time.sleep(0.2); print('import 1s total 2s')")
         script(f"{d}/peer.py", FAKE_PEER)
@@ -202,19 +213,20 @@ class Run(unittest.TestCase):
         self.assertIn("voxtile 1.04x faster", md)  # 0.28 against compile default's 0.29
         self.assertIn("FAILED: timed out after 3 s", md)
 
-    def run_w5(self, refuse):
-        """bench.py run --only w5 on fakes, voxtile refusing the net or not: the result file."""
+    def run_w5(self, refuse=False, only="w5", env=()):
+        """bench.py run --only ONLY on fakes, voxtile refusing SwinUNETR or not, with the fakes' switches
+        in env set: the result file, the run's id and its markdown."""
         import bench
         d, bundle = fake_bundle()
-        os.environ.pop("FAKE_REFUSE", None)
-        if refuse:
-            os.environ["FAKE_REFUSE"] = "1"
+        env = dict(env, **({"FAKE_REFUSE": "1"} if refuse else {}))
+        os.environ.update(env)
         try:
-            b = bench.Bench(bench.cli(["run", "--bundle", bundle, "--out", f"{d}/out", "--work", f"{d}/work", "--only", "w5"]))
+            b = bench.Bench(bench.cli(["run", "--bundle", bundle, "--out", f"{d}/out", "--work", f"{d}/work", "--only", only]))
             b.peer_script = f"{bundle}/peer.py"
             b.run()
         finally:
-            os.environ.pop("FAKE_REFUSE", None)
+            for k in env:
+                os.environ.pop(k, None)
         with open(f"{d}/out/bench.json") as f:
             res = json.load(f)
         with open(f"{d}/out/bench.md") as f:
@@ -236,6 +248,39 @@ class Run(unittest.TestCase):
         self.assertEqual(vx["agreement_with"], "max-autotune-no-cudagraphs")
         self.assertAlmostEqual(vx["label_agreement"], 63 / 64)
         self.assertIn("0.233 (voxtile 4.29x faster)", md)  # the fake's 0.28 s against max-autotune's 1.2 s
+
+    def test_w5_and_w6_in_one_call(self):
+        res, run, md = self.run_w5(only="w5,w6")
+        self.assertEqual(res["runs"][0]["w6_modes"], bt.W6_MODES)
+        w5, w6 = res["rows"]["w5"], res["rows"]["w6"]
+        self.assertEqual(sorted(w6["peers"]), sorted(bt.W6_MODES))
+        self.assertIn("UNETR", w6["title"])
+        vx = w6["voxtile"][run]
+        self.assertEqual((vx["agreement_with"], vx["s"]), ("default", 0.28))
+        self.assertAlmostEqual(vx["label_agreement"], 63 / 64)
+        self.assertAlmostEqual(vx["label_agreement_eager"], 62 / 64)
+        # The load time is the fake plan's wall (it sleeps 0.2 s); the engine's own load is kept apart.
+        for row in (w5, w6):
+            self.assertGreaterEqual(row["voxtile"][run]["load_s"], 0.2)
+            self.assertEqual(row["voxtile"][run]["engine_load_s"], 0.9)
+        self.assertIn("0.400 (voxtile 2.50x faster)", md)  # 0.28 s against W6's compile default 0.7 s
+        summary = md.split("\n\n")[3]
+        self.assertTrue(summary.startswith("| workload"), summary)
+        self.assertIn("| load s |", summary)
+        self.assertEqual({ln.count("|") for ln in summary.splitlines()}, {8})
+        w6_line = [ln for ln in summary.splitlines() if ln.startswith("| W6")][0]
+        self.assertRegex(w6_line.split(" | ")[5], r"^0\.[2-9]\d$")
+        self.assertIn("Engine::from_file 0.90 s", w6_line)
+
+    def test_w6_alone_and_a_failed_load_is_a_note(self):
+        res, run, md = self.run_w5(only="w6", env={"FAKE_PLAN_FAIL": "1"})
+        self.assertEqual(list(res["rows"]), ["w6"])
+        w6 = res["rows"]["w6"]
+        self.assertNotIn("load_s", w6["voxtile"][run])
+        self.assertEqual(w6["voxtile"][run]["s"], 0.28)  # the bench itself still ran
+        self.assertEqual(w6["notes"], ["voxtile plan (load): Error: no CUDA device found"])
+        self.assertNotIn("load s", md)
+        self.assertIn("workloads w6, peer modes eager,eager-cl,default,reduce-overhead,max-autotune-no-cudagraphs, W6 eager,default;", md)
 
     def test_w4_refused_at_its_budget_is_timed_at_a_fitting_one(self):
         import bench
@@ -267,6 +312,16 @@ class Run(unittest.TestCase):
         import bench
         with self.assertRaises(SystemExit):
             bench.cli(["run", "--only", "w1,w9"])
+        with self.assertRaises(SystemExit):
+            bench.cli(["run", "--only", "w6", "--w6-modes", "eager,fast"])
+        a = bench.cli(["run", "--only", "w6,w5", "--w6-modes", "default"])
+        self.assertEqual((a.only, a.w6_modes, a.w5_modes), (["w6", "w5"], ["default"], bt.W5_MODES))
+
+    def test_a_missing_binary_costs_its_step_only(self):
+        import bench
+        a = bench.cli(["run", "--bundle", "/nonexistent", "--out", tempfile.mkdtemp(), "--work", tempfile.mkdtemp()])
+        r = bench.Bench(a).job(["/nonexistent/voxtile", "plan"], 10, "missing")
+        self.assertEqual(r, {"error": "/nonexistent/voxtile: No such file or directory"})
 
 
 if __name__ == "__main__":
