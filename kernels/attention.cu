@@ -185,7 +185,7 @@ __device__ __forceinline__ void attention_wmma(const half* __restrict__ q, const
     const i64 qo = offs[l * 6], ko = offs[l * 6 + 1], vo = offs[l * 6 + 2];
     const i64 bo = offs[l * 6 + 3], mo = offs[l * 6 + 4], oo = offs[l * 6 + 5];
     // This lane's row of the warp's 16 and its half of the tile's 32 columns.
-    const int rw = lane >> 1, c0 = (lane & 1) * 16, t = t0 + warp * 16 + rw;
+    const int rw = lane >> 1, c0 = (lane & 1) * 16;
     float* srow = Ss + (warp * 16 + rw) * AW_LDS;
 
     aw_load_rows<DP>(Qs, q, qo, t0, AW_BM, T, ldq, d, tid);
@@ -201,19 +201,25 @@ __device__ __forceinline__ void attention_wmma(const half* __restrict__ q, const
         for (int j = 0; j < AW_BN / 16; j++)
             wmma::store_matrix_sync(Ss + warp * 16 * AW_LDS + j * 16, acc[j], AW_LDS, wmma::mem_row_major);
         __syncwarp();
-#pragma unroll
-        for (int c = c0; c < c0 + 16; c++) {
-            const int js = s0 + c;
+        // Scale, bias and mask one row of the warp's 16 at a time, lane = key column, so a warp's
+        // bias and mask loads are 32 consecutive keys of one row (coalesced); the softmax below
+        // reads the rows back per lane.
+        const int js = s0 + lane;
+#pragma unroll 4
+        for (int r = 0; r < 16; r++) {
+            const int tr = t0 + warp * 16 + r;
+            float* sr = Ss + (warp * 16 + r) * AW_LDS;
             float x = NEG_INF;
             if (js < S) {
-                x = srow[c] * scale;
-                if (t < T) {
-                    if (bias_kind != 0) x += att_bias(bias, bias_kind, bo + (i64)t * bias_t + (i64)js * bias_s);
-                    if (mask_kind != 0) x += att_bias(mask, mask_kind, mo + (i64)t * mask_t + (i64)js * mask_s);
+                x = sr[lane] * scale;
+                if (tr < T) {
+                    if (bias_kind != 0) x += att_bias(bias, bias_kind, bo + (i64)tr * bias_t + (i64)js * bias_s);
+                    if (mask_kind != 0) x += att_bias(mask, mask_kind, mo + (i64)tr * mask_t + (i64)js * mask_s);
                 }
             }
-            srow[c] = x;
+            sr[lane] = x;
         }
+        __syncwarp();
     };
 
     // Pass 1: row max and sum of exp.

@@ -244,33 +244,29 @@ fn token_block(r: &mut Rng, mode: PadMode, begin: [i64; 5], end: [i64; 5]) -> Gr
     };
     let (d, h, w) = (3i64, 4, 5);
     let cp = 4 + (begin[4] + end[4]) as usize;
+    // Every value declares its axis 1 as its channels (D for the tokens, dp once padded).
+    let (du, dp) = (d as usize, (d + begin[1] + end[1]) as usize);
+    let pad = Op::Pad(Pad {
+        mode,
+        begin,
+        end,
+        value: 0.5,
+    });
+    let gelu = Op::Pointwise(Pointwise::Gelu { tanh: false });
     let nodes = vec![
-        (conv(r, 4, 2, 1), vec![0], 4),      // 1 NCDHW
-        n(tr(&[0, 2, 3, 4, 1]), &[1]),       // 2 tokens [1, 3, 4, 5, 4]
-        n(layer_norm(r, -1, 4, true), &[2]), // 3
-        (
-            Op::Pad(Pad {
-                mode,
-                begin,
-                end,
-                value: 0.5,
-            }),
-            vec![3],
-            (d + begin[1] + end[1]) as usize,
-        ), // 4: rank-5 ops declare axis 1 (D here) as their channels
-        n(linear(r, cp, 8, true), &[4]),     // 5
-        (
-            Op::Pointwise(Pointwise::Gelu { tanh: false }),
-            vec![5],
-            (d + begin[1] + end[1]) as usize,
-        ), // 6
-        n(linear(r, 8, 4, false), &[6]),     // 7
-        n(slice(1, begin[1], begin[1] + d, 1), &[7]), // 8
-        n(slice(2, begin[2], begin[2] + h, 1), &[8]), // 9
-        n(slice(3, begin[3], begin[3] + w, 1), &[9]), // 10
-        (Op::Add, vec![10, 3], d as usize),  // 11 residual
-        n(tr(&[0, 4, 1, 2, 3]), &[11]),      // 12 NCDHW
-        (conv(r, 2, 4, 3), vec![12], 2),     // 13
+        (conv(r, 4, 2, 1), vec![0], 4),                     // 1 NCDHW
+        (tr(&[0, 2, 3, 4, 1]), vec![1], du),                // 2 tokens [1, 3, 4, 5, 4]
+        (layer_norm(r, -1, 4, true), vec![2], du),          // 3
+        (pad, vec![3], dp),                                 // 4
+        (linear(r, cp, 8, true), vec![4], dp),              // 5
+        (gelu, vec![5], dp),                                // 6
+        (linear(r, 8, 4, false), vec![6], dp),              // 7
+        (slice(1, begin[1], begin[1] + d, 1), vec![7], du), // 8
+        (slice(2, begin[2], begin[2] + h, 1), vec![8], du), // 9
+        (slice(3, begin[3], begin[3] + w, 1), vec![9], du), // 10
+        (Op::Add, vec![10, 3], du),                         // 11 residual
+        (tr(&[0, 4, 1, 2, 3]), vec![11], 4),                // 12 NCDHW
+        (conv(r, 2, 4, 3), vec![12], 2),                    // 13
     ];
     let g = chain("token block", 2, nodes);
     let bp = buffer_plan(&g, 1, [3, 4, 5], &ArchCaps::h200()).unwrap();
@@ -288,6 +284,10 @@ fn token_block(r: &mut Rng, mode: PadMode, begin: [i64; 5], end: [i64; 5]) -> Gr
             "Transpose {t} moves nothing"
         );
     }
+    // The GPU test's reference runs here too.
+    let x = input(r, [2, 2, 3, 4, 5]).mapv(f64::from);
+    let y = run_graph_f64(&g, x.view()).expect("CPU reference");
+    assert!(y.shape() == [2, 2, 3, 4, 5] && y.iter().all(|v| v.is_finite()));
     g
 }
 
