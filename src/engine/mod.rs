@@ -16,6 +16,7 @@ mod parts;
 mod report;
 mod run;
 mod split;
+mod start;
 
 pub use crate::backend::Device;
 pub use crate::sys::cancel::CancelToken;
@@ -183,18 +184,33 @@ fn default_budget(workers: &[Worker], opened: &[Device]) -> (u64, String) {
 }
 
 impl Engine {
-    /// Load an ONNX model and choose the backend. The model's manifest is not read: see
+    /// Load an ONNX model and choose the backend. The devices open on a thread of their own while
+    /// the model loads (a CPU alone: after it); the errors are those of loading first and then
+    /// opening (see `start`). The model's manifest is not read: see
     /// [`crate::Pipeline::from_model`].
     pub fn from_file(model: impl AsRef<Path>, options: Options) -> Result<Engine> {
-        let model = model.as_ref();
-        let t = Instant::now();
-        let graph = crate::model::onnx::load(model)?;
-        tracing::debug!(
-            "model {} loaded in {:.0} ms",
-            model.display(),
-            t.elapsed().as_secs_f64() * 1e3
-        );
-        let mut engine = Engine::new(graph, options).map_err(|e| e.with_model(model))?;
+        let concurrent = start::worth_a_thread(&options.devices());
+        Engine::load_and_open(model.as_ref(), options, concurrent)
+    }
+
+    /// [`Engine::from_file`], the devices opening on a thread of their own (`concurrent`) or
+    /// after the load.
+    fn load_and_open(model: &Path, options: Options, concurrent: bool) -> Result<Engine> {
+        let list = options.devices();
+        let load = || {
+            let t = Instant::now();
+            let graph = crate::model::onnx::load(model)?;
+            tracing::debug!(
+                "model {} loaded in {:.0} ms",
+                model.display(),
+                t.elapsed().as_secs_f64() * 1e3
+            );
+            graph.validate().map_err(|e| e.with_model(model))?;
+            Ok(graph)
+        };
+        let (graph, opened) =
+            start::load_and_open(&list, concurrent, load).map_err(|e| e.with_model(model))?;
+        let mut engine = Engine::with_devices(graph, options, opened);
         engine.model_path = Some(model.to_path_buf());
         Ok(engine)
     }
@@ -204,15 +220,13 @@ impl Engine {
     /// made under the smallest of their budgets (a device listed twice shares its memory).
     pub fn new(graph: Graph, options: Options) -> Result<Engine> {
         graph.validate()?;
-        let list = options.devices();
-        check_devices(&list)?;
-        let mut workers = Vec::with_capacity(list.len());
-        let mut opened = Vec::with_capacity(list.len());
-        for &d in &list {
-            let (w, dev) = Worker::open(d)?;
-            workers.push(w);
-            opened.push(dev);
-        }
+        let opened = start::open_all(&options.devices())?;
+        Ok(Engine::with_devices(graph, options, opened))
+    }
+
+    /// The engine of a validated graph on opened devices.
+    fn with_devices(graph: Graph, options: Options, opened: start::Opened) -> Engine {
+        let start::Opened { workers, devices } = opened;
         let device_name = workers
             .iter()
             .map(|w| w.name.as_str())
@@ -221,7 +235,7 @@ impl Engine {
         let mut options = options;
         let budget = match options.memory_budget {
             Some(b) => (b, "--memory-budget".to_string()),
-            None => default_budget(&workers, &opened),
+            None => default_budget(&workers, &devices),
         };
         let on_cpu = workers[0].backend.memory().target() == plan::Target::Cpu;
         if options.inject_oom.is_none() && on_cpu {
@@ -230,7 +244,7 @@ impl Engine {
                 .and_then(|v| v.trim().parse::<usize>().ok())
                 .filter(|&n| n > 0);
         }
-        Ok(Engine {
+        Engine {
             graph,
             options,
             model_path: None,
@@ -240,7 +254,7 @@ impl Engine {
             budget,
             warned: Default::default(),
             pass_weights: None,
-        })
+        }
     }
 
     /// The loaded model.

@@ -192,8 +192,8 @@ pub fn process(
     let mut v =
         serde_json::to_value(&out.report).map_err(|e| Error::Invalid(format!("report: {e}")))?;
     // Stages beyond the engine's: read and normalise ran on their own thread while the engines
-    // were made (engine_init: model load, device context) and prepared; wait is how long the
-    // data then still took.
+    // were made (engine_init: the model load and the device start, which overlap) and prepared;
+    // wait is how long the data then still took.
     if let Some(sec) = v.get_mut("seconds").and_then(|s| s.as_object_mut()) {
         sec.insert("normalize".into(), input.normalize.into());
         sec.insert("engine_init".into(), ahead.engine_init.into());

@@ -70,6 +70,13 @@ impl Const {
             Data::I(v) => v.iter().map(|&x| x as f32).collect(),
         }
     }
+    /// [`Self::to_f32`] without a copy of float data.
+    pub fn into_f32(self) -> Vec<f32> {
+        match self.data {
+            Data::F(v) => v,
+            Data::I(v) => v.iter().map(|&x| x as f32).collect(),
+        }
+    }
     pub fn to_f64(&self) -> Vec<f64> {
         match &self.data {
             Data::F(v) => v.iter().map(|&x| x as f64).collect(),

@@ -97,6 +97,20 @@ impl OnnxValues {
         self.uses.get(&r) == Some(&1) && !self.outputs.contains(&r)
     }
 
+    /// Whether the one reader left of `name` is the node reading it now, under its own name:
+    /// no other node, no graph output and no Identity copy will look it up again.
+    pub fn last_read(&self, name: &str) -> bool {
+        self.uses.get(name) == Some(&1)
+            && !self.outputs.contains(name)
+            && !self.alias.is_copied(name)
+            && self.resolve(name) == name
+    }
+
+    /// Unbind `name`, returning what it was bound to (see [`Self::last_read`]).
+    pub fn take(&mut self, name: &str) -> Option<Val> {
+        self.bound.remove(name)
+    }
+
     /// The operator types reading `name`.
     pub fn readers(&self, name: &str) -> &[String] {
         self.readers.get(name).map_or(&[], |r| r.as_slice())
@@ -125,5 +139,57 @@ impl OnnxValues {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(op: &str, ins: &[&str], out: &str) -> proto::NodeProto {
+        proto::NodeProto {
+            op_type: Some(op.into()),
+            input: ins.iter().map(|s| s.to_string()).collect(),
+            output: vec![out.into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_the_last_reader_under_its_own_name_may_take_a_constant() {
+        let g = proto::GraphProto {
+            node: vec![
+                node("Identity", &["shared"], "alias"),
+                node("Conv", &["x", "shared"], "y1"),
+                node("Conv", &["y1", "alias"], "y2"),
+                node("Conv", &["y2", "once"], "y3"),
+                node("Add", &["folded", "zero"], "f2"),
+                node("Conv", &["y3", "folded"], "y4"),
+                node("Conv", &["y4", "kept"], "out"),
+            ],
+            output: vec![proto::ValueInfoProto {
+                name: Some("kept".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut v = OnnxValues::default();
+        v.count_reads(&g, &(0..g.node.len()).collect::<Vec<_>>());
+        assert!(v.last_read("once"));
+        assert!(
+            !v.last_read("shared"),
+            "read twice, once through an Identity"
+        );
+        assert!(
+            !v.last_read("alias"),
+            "an Identity's name is not the value's own"
+        );
+        assert!(!v.last_read("kept"), "a graph output");
+        assert!(!v.last_read("folded"), "two readers left");
+        v.release_inputs(&g.node[4]);
+        assert!(v.last_read("folded"), "the folded reader is done");
+        v.insert("once".into(), Val::Act(3));
+        assert!(matches!(v.take("once"), Some(Val::Act(3))));
+        assert!(v.get("once").is_none());
     }
 }

@@ -6,7 +6,7 @@ use crate::model::decode::node::{ints, resolve_pads, window_attrs};
 impl Lowerer<'_> {
     /// The optional third input of Conv / ConvTranspose: a constant of `cout` elements.
     pub(super) fn conv_bias(
-        &self,
+        &mut self,
         ctx: &Ctx,
         n: &proto::NodeProto,
         cout: usize,
@@ -14,20 +14,20 @@ impl Lowerer<'_> {
         if self.get_opt(ctx, n, 2)?.is_none() {
             return Ok(None);
         }
-        let b = self.cst(ctx, n, 2, "bias")?;
+        let b = self.take_cst(ctx, n, 2, "bias")?;
         if b.len() != cout {
             return Err(ctx.err(format!(
                 "bias has {} elements for {cout} output channels",
                 b.len()
             )));
         }
-        Ok(Some(Tensor::new(vec![cout], b.to_f32())))
+        Ok(Some(Tensor::new(vec![cout], b.into_f32())))
     }
 
     /// The input, its channels, the 5D weight (no empty dimension; a ConvTranspose's first one
     /// is checked against the input channels instead), its kernel and the group count.
     fn conv_operands(
-        &self,
+        &mut self,
         ctx: &Ctx,
         n: &proto::NodeProto,
         transpose: bool,
@@ -38,7 +38,7 @@ impl Lowerer<'_> {
         };
         let x = self.act(ctx, n, 0)?;
         let cin = self.values[x].channels;
-        let w = self.cst(ctx, n, 1, "weight")?;
+        let w = self.take_cst(ctx, n, 1, "weight")?;
         if w.shape.len() != 5 {
             return Err(ctx.err(format!(
                 "weight has shape {:?}; only 3D {kind} (5D weights) are supported",
@@ -74,7 +74,7 @@ impl Lowerer<'_> {
         let pads = resolve_pads(ctx, &auto_pad, pads, kernel, dilation, same)?;
         let cout = w.shape[0];
         let bias = self.conv_bias(ctx, n, cout)?;
-        let weight = Tensor::new(w.shape.clone(), w.to_f32());
+        let weight = Tensor::new(w.shape.clone(), w.into_f32());
         self.emit(
             ctx,
             n,
@@ -133,7 +133,7 @@ impl Lowerer<'_> {
         let p = resolve_pads(ctx, &auto_pad, pads, kernel, dilation, same)?;
         let cout = w.shape[1] * g;
         let bias = self.conv_bias(ctx, n, cout)?;
-        let weight = Tensor::new(w.shape.clone(), w.to_f32());
+        let weight = Tensor::new(w.shape.clone(), w.into_f32());
         self.emit(
             ctx,
             n,

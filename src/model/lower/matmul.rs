@@ -82,7 +82,7 @@ fn identity(p: &[usize]) -> bool {
 }
 
 /// `k` as a `[K, N]` matrix (leading 1s dropped).
-fn matrix(ctx: &Ctx, k: &Const) -> Result<Tensor> {
+fn matrix(ctx: &Ctx, k: Const) -> Result<Tensor> {
     let lead = k.shape.len().saturating_sub(2);
     if k.shape.len() < 2 || k.shape[..lead].iter().any(|&d| d != 1) {
         return Err(ctx.err(format!(
@@ -90,7 +90,7 @@ fn matrix(ctx: &Ctx, k: &Const) -> Result<Tensor> {
             k.shape
         )));
     }
-    Ok(Tensor::new(k.shape[lead..].to_vec(), k.to_f32()))
+    Ok(Tensor::new(k.shape[lead..].to_vec(), k.into_f32()))
 }
 
 impl Lowerer<'_> {
@@ -103,8 +103,8 @@ impl Lowerer<'_> {
                 self.emit_tensor(ctx, n, Op::MatMul, vec![x, y], None)?;
             }
             (Val::Act(x), _) => {
-                let k = self.cst(ctx, n, 1, "matrix")?;
-                let weight = matrix(ctx, &k)?;
+                let k = self.take_cst(ctx, n, 1, "matrix")?;
+                let weight = matrix(ctx, k)?;
                 let op = Op::Linear(Linear { weight, bias: None });
                 self.emit_tensor(ctx, n, op, vec![x], None)?;
             }
@@ -125,12 +125,12 @@ impl Lowerer<'_> {
         if i("transA") != 0 {
             return Err(ctx.err("attribute transA=1 is not supported"));
         }
-        let k = self.cst(ctx, n, 1, "B")?;
+        let k = self.take_cst(ctx, n, 1, "B")?;
         if k.shape.len() != 2 {
             return Err(ctx.err(format!("B of shape {:?} is not a matrix", k.shape)));
         }
         let (r, c) = (k.shape[0], k.shape[1]);
-        let d = k.to_f32();
+        let mut d = k.into_f32();
         let alpha = f("alpha");
         let weight = if i("transB") != 0 {
             let mut t = vec![0.0; d.len()];
@@ -141,7 +141,8 @@ impl Lowerer<'_> {
             }
             Tensor::new(vec![c, r], t)
         } else {
-            Tensor::new(vec![r, c], d.iter().map(|v| alpha * v).collect())
+            d.iter_mut().for_each(|v| *v *= alpha);
+            Tensor::new(vec![r, c], d)
         };
         let nout = weight.shape[1];
         let bias = match self.get_opt(ctx, n, 2)? {

@@ -254,6 +254,25 @@ impl Lowerer<'_> {
         }
     }
 
+    /// [`Self::cst`] for the node that reads the constant last: its binding is dropped, so a
+    /// weight the file holds once is moved into the IR, not copied (W1 has 125 MB of them).
+    pub(super) fn take_cst(
+        &mut self,
+        ctx: &Ctx,
+        n: &proto::NodeProto,
+        i: usize,
+        what: &str,
+    ) -> Result<Const> {
+        if let Some(name) = n.input.get(i).filter(|s| !s.is_empty()) {
+            if self.vals.last_read(name) {
+                if let Some(Val::Const(c)) = self.vals.take(name) {
+                    return Ok(Rc::unwrap_or_clone(c));
+                }
+            }
+        }
+        self.cst(ctx, n, i, what)
+    }
+
     /// Bind the node's output. A folded value is charged to the fold budget, with the
     /// expression nodes built since the last charge.
     pub(super) fn set(&mut self, n: &proto::NodeProto, v: Val) -> Result<()> {

@@ -209,3 +209,31 @@ fn completions_for_bash_zsh_fish() {
     let o = voxtile(&["completions", "tcsh"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// A GPU opens on its own thread while the model loads (`engine/start.rs`): a broken model is still
+/// its one error line whatever the device would do, and a device that cannot open is one line too.
+#[test]
+fn a_broken_model_or_a_missing_device_is_one_error_line() {
+    let dir = tempdir();
+    let (vol, model) = inputs(dir.path());
+    let bad = dir.path().join("cut.onnx");
+    std::fs::write(&bad, &std::fs::read(&model).unwrap()[..40]).unwrap();
+    let run = |m: &Path, dev: &str| {
+        let out = dir.path().join("o.nii.gz");
+        voxtile(&[
+            "segment",
+            s(&vol),
+            "-m",
+            s(m),
+            "-o",
+            s(&out),
+            "--device",
+            dev,
+        ])
+    };
+    for dev in ["cuda", "auto", "cuda:7", "cuda:0,cpu"] {
+        assert_one_error(&run(&bad, dev), "cut.onnx: not a valid ONNX protobuf");
+    }
+    assert_one_error(&run(&model, "cuda:7"), "CUDA");
+    assert_one_error(&run(&model, "cuda:0,cpu"), "mix the CPU and CUDA");
+}

@@ -1176,3 +1176,54 @@ fn mutated_graphs_do_not_panic() {
     eprintln!("mutations: {ok} loaded, {err} rejected");
     assert!(err > 0);
 }
+
+/// Weights move into the IR when their last reader takes them (`take_cst`): a weight shared by
+/// several convs, one of them through an Identity, and one a folded node read first, must still
+/// reach every conv whole.
+#[test]
+fn shared_aliased_and_folded_weights_reach_every_conv() {
+    let w = |name: &str, k: f32| ftensor(name, &[2, 2, 1, 1, 1], seq(4, k));
+    let m = model(
+        vec![
+            node("Add", "fold", &["wf", "zero"], &["wf2"], vec![]),
+            node("Identity", "id", &["ws"], &["ws_alias"], vec![]),
+            conv_node("c1", "x", "ws", Some("b"), "y1", vec![]),
+            conv_node("c2", "y1", "ws_alias", None, "y2", vec![]),
+            conv_node("c3", "y2", "ws", None, "y3", vec![]),
+            conv_node("c4", "y3", "wonce", Some("bonce"), "y4", vec![]),
+            conv_node("c5", "y4", "wf", None, "y5", vec![]),
+            conv_node("c6", "y5", "wf2", None, "out", vec![]),
+        ],
+        vec![
+            w("ws", 0.3),
+            w("wonce", 0.7),
+            w("wf", 1.1),
+            ftensor("zero", &[], vec![0.0]),
+            ftensor("b", &[2], vec![0.5, -1.0]),
+            ftensor("bonce", &[2], vec![2.0, 0.25]),
+        ],
+        2,
+        &["out"],
+        13,
+    );
+    let g = lb(&m).unwrap();
+    let convs: Vec<(&[f32], Option<&[f32]>)> = g
+        .nodes
+        .iter()
+        .map(|n| match &n.op {
+            Op::Conv(c) => (&c.weight.data[..], c.bias.as_ref().map(|b| &b.data[..])),
+            o => panic!("{o:?}"),
+        })
+        .collect();
+    let (ws, wonce, wf) = (seq(4, 0.3), seq(4, 0.7), seq(4, 1.1));
+    let (b, bonce) = ([0.5, -1.0], [2.0, 0.25]);
+    let want: Vec<(&[f32], Option<&[f32]>)> = vec![
+        (&ws, Some(&b)),
+        (&ws, None),
+        (&ws, None),
+        (&wonce, Some(&bonce)),
+        (&wf, None),
+        (&wf, None),
+    ];
+    assert_eq!(convs, want);
+}
