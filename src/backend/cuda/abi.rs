@@ -195,6 +195,50 @@ impl GemmParams {
     }
 }
 
+impl NdParams {
+    /// The copy in 16-byte units for `nd_copy_v8`, when its buffers at `x` and `y` allow it:
+    /// on each side the innermost axis contiguous and a multiple of 8 long, every other stride
+    /// and the offsets multiples of 8, both bases 16-byte aligned. Every run of 8 consecutive
+    /// elements then stays one 16-byte vector on both sides.
+    pub fn vec8(&self, x: u64, y: u64) -> Option<NdParams> {
+        let (rx, ry) = (self.rx.clamp(0, 8) as usize, self.ry.clamp(0, 8) as usize);
+        let eight = |v: i64| v % 8 == 0;
+        let side = |d: &[i64], s: &[i64]| {
+            d.last().is_some_and(|&n| eight(n))
+                && s.last() == Some(&1)
+                && s[..s.len() - 1].iter().all(|&v| eight(v))
+        };
+        let ok = rx > 0
+            && self.total % 8 == 0
+            && eight(self.xoff)
+            && eight(self.yoff)
+            && x.is_multiple_of(16)
+            && y.is_multiple_of(16)
+            && side(&self.xd[..rx], &self.xs[..rx])
+            && if ry == 0 {
+                side(&self.xd[..rx], &self.ys[..rx])
+            } else {
+                side(&self.yd[..ry], &self.ys[..ry])
+            };
+        if !ok {
+            return None;
+        }
+        let mut v = *self;
+        v.total /= 8;
+        v.xoff /= 8;
+        v.yoff /= 8;
+        v.xd[rx - 1] /= 8;
+        v.xs[..rx - 1].iter_mut().for_each(|s| *s /= 8);
+        if ry == 0 {
+            v.ys[..rx - 1].iter_mut().for_each(|s| *s /= 8);
+        } else {
+            v.yd[ry - 1] /= 8;
+            v.ys[..ry - 1].iter_mut().for_each(|s| *s /= 8);
+        }
+        Some(v)
+    }
+}
+
 // SAFETY: plain #[repr(C)] structs of i32/i64/f32, laid out as their CUDA twins.
 unsafe impl cudarc::driver::DeviceRepr for ConvParams {}
 unsafe impl cudarc::driver::DeviceRepr for PoolParams {}

@@ -190,6 +190,22 @@ fn reshape_and_transpose() {
             ),
             [1, 3, 4, 5, 6],
         ),
+        // Heads of 8 features: the Transpose copies 16-byte vectors (`nd_copy_v8`).
+        (
+            "transpose heads, 16-byte copies",
+            chain(
+                "t",
+                16,
+                vec![
+                    n(reshape(&[1, 16, 96]), &[0]),
+                    n(tr(&[0, 2, 1]), &[1]),
+                    n(reshape(&[96, 2, 8]), &[2]),
+                    n(tr(&[1, 0, 2]), &[3]),
+                    (reshape(&[1, 16, 4, 4, 6]), vec![4], 16),
+                ],
+            ),
+            [1, 16, 4, 4, 6],
+        ),
         (
             "transpose rank 4",
             chain(

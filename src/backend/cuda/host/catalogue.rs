@@ -207,6 +207,8 @@ pub const PAD_NDHWC: Kernel = k(Family::Pad, "pad_ndhwc");
 pub const TILE_CHANNELS: Kernel = k(Family::Pad, "tile_channels");
 /// Strided copy of up to 8 dims (Reshape, Transpose, Slice, Gather, Concat, layout changes).
 pub const ND_COPY: Kernel = k(Family::Tensor, "nd_copy");
+/// `nd_copy` in 16-byte units, where every run of the copy is whole 8-half groups.
+pub const ND_COPY_V8: Kernel = k(Family::Tensor, "nd_copy_v8");
 /// Binaries with numpy broadcasting at any rank; the `_const` one with an f32 constant.
 pub const ND_BINARY: Kernel = k(Family::Tensor, "nd_binary");
 pub const ND_BINARY_CONST: Kernel = k(Family::Tensor, "nd_binary_const");
@@ -278,6 +280,7 @@ pub const KERNELS: &[Kernel] = &[
     PAD_NDHWC,
     TILE_CHANNELS,
     ND_COPY,
+    ND_COPY_V8,
     ND_BINARY,
     ND_BINARY_CONST,
     SOFTMAX_ROWS,

@@ -14,7 +14,7 @@ use super::{Build, NodeIo, Step};
 use crate::backend::cuda::abi::{Act, GemmParams, NdParams};
 use crate::backend::cuda::host::catalogue::{
     Kernel, GEMM_WMMA, GEMM_WMMA_V8, LAYERNORM_ROWS, LAYERNORM_STRIDED, ND_BINARY, ND_BINARY_CONST,
-    ND_COPY, SOFTMAX_ROWS, SOFTMAX_STRIDED,
+    ND_COPY, ND_COPY_V8, SOFTMAX_ROWS, SOFTMAX_STRIDED,
 };
 use crate::backend::cuda::host::tensor_layout::{merge_axes, Axis, Stored};
 use crate::backend::cuda::runtime::launch::{Arg, Gpu};
@@ -535,7 +535,10 @@ impl TensorStep {
             gpu.eltwise(s, k.name, p.total as usize, &mut args)
         };
         match self {
-            TensorStep::Copy { x, y, p } => nd_launch(ND_COPY, *x, None, *y, p),
+            TensorStep::Copy { x, y, p } => match p.vec8(*x, *y) {
+                Some(v) => nd_launch(ND_COPY_V8, *x, None, *y, &v),
+                None => nd_launch(ND_COPY, *x, None, *y, p),
+            },
             TensorStep::Binary { a, b, y, p, konst } => {
                 let k = if *konst { ND_BINARY_CONST } else { ND_BINARY };
                 nd_launch(k, *a, Some(*b), *y, p)
@@ -698,6 +701,71 @@ mod tests {
         // a read along K with stride 8 (a transposed view) takes the general kernel.
         let p = gemm_params((&[8, 8], &[1, 8]), (&[8, 8], &[8, 1]), (&[8, 8], &[8, 1])).unwrap();
         assert!(!p.vec8(0, 0));
+    }
+
+    /// `nd_copy`'s addressing of element `e` (kernels/tensor.cu), on the host.
+    fn addr(p: &NdParams, e: i64) -> (i64, i64) {
+        let (mut t, mut xo, mut yo) = (e, p.xoff, p.yoff);
+        for a in (0..p.rx as usize).rev() {
+            xo += t % p.xd[a] * p.xs[a];
+            if p.ry == 0 {
+                yo += t % p.xd[a] * p.ys[a];
+            }
+            t /= p.xd[a];
+        }
+        t = e;
+        for a in (0..p.ry as usize).rev() {
+            yo += t % p.yd[a] * p.ys[a];
+            t /= p.yd[a];
+        }
+        (xo, yo)
+    }
+
+    /// The 16-byte copy moves exactly the elements of the half one, where it is taken.
+    #[test]
+    fn vector_copies_keep_the_addressing() {
+        let (nd5, rm) = (
+            |s: &[usize]| Stored::ndhwc(d(s)),
+            |s: &[usize]| Stored::row_major(d(s)),
+        );
+        let tr_to = |x: Stored, perm: &[usize], ndhwc: bool| {
+            let o = Stored {
+                dims: crate::model::ops::transpose_dims(&x.dims, perm).unwrap(),
+                ndhwc,
+            };
+            let (xs, os) = (x.strides(), o.strides());
+            nd(&ordered(&o, |a| [xs[perm[a]], os[a]]), 0, 0).unwrap()
+        };
+        let tr = |x: Stored, perm: &[usize]| tr_to(x, perm, false);
+        let cases = [
+            // Swin's qkv heads: [T, 3, h, 16] -> [3, h, T, 16].
+            (tr(rm(&[7, 3, 2, 16]), &[1, 2, 0, 3]), true),
+            // Features of 5: no whole vectors.
+            (tr(rm(&[7, 3, 5]), &[1, 0, 2]), false),
+            // Tokens of 8 features to NCDHW stored NDHWC: the same bytes, one run.
+            (tr_to(rm(&[1, 2, 3, 4, 8]), &[0, 4, 1, 2, 3], true), true),
+            // NDHWC C = 8 read as row-major: C is strided on the reading side.
+            (tr(nd5(&[1, 8, 2, 3, 4]), &[0, 1, 2, 3, 4]), false),
+            (
+                reshape_params(&nd5(&[1, 8, 2, 3, 16]), &rm(&[1, 8, 96])).unwrap(),
+                false,
+            ),
+            (
+                reshape_params(&rm(&[4, 6, 16]), &rm(&[24, 2, 8])).unwrap(),
+                true,
+            ),
+        ];
+        for (i, (p, want)) in cases.iter().enumerate() {
+            assert_eq!(p.vec8(256, 512).is_some(), *want, "case {i}");
+            let Some(v) = p.vec8(256, 512) else { continue };
+            assert!(p.vec8(256 + 2, 512).is_none(), "an unaligned base");
+            assert_eq!(v.total * 8, p.total);
+            for e in 0..p.total {
+                let (u, j) = (e / 8, e % 8);
+                let (vx, vy) = addr(&v, u);
+                assert_eq!(addr(p, e), (vx * 8 + j, vy * 8 + j), "case {i} element {e}");
+            }
+        }
     }
 
     #[test]
