@@ -257,11 +257,11 @@ __device__ __forceinline__ void conv_halo(const ConvParams& p, const half* __res
 
 // Name: conv_halo_c{CIN}n{BN}[_w4]; instantiated per HALO_CONFIGS line of the catalogue whose
 // tile, staging and halo buffers are this kernel's (4x8x8, 2, 1: `HaloConfig::is_plain`).
-// Min blocks per SM: 2 (8 warps) / 4 (4 warps) caps the registers at 128 (ptxas via NVRTC: no
+// Min blocks per SM: 2 (6 or 8 warps) / 4 (4 warps) caps the registers at 128+ (ptxas via NVRTC: no
 // spills); without it the chunk loop, the padded-Cin copies and the vector epilogue took them to
 // 151-206 and c64n32 / c64n64 down to 1 block per SM (measured 28% / 20% slower).
 #define HALO_ENTRY(NAME, CIN, BN, WM, WN)                                                           \
-    extern "C" __global__ void __launch_bounds__(WM * WN * 32, WM * WN == 8 ? 2 : 4) NAME(        \
+    extern "C" __global__ void __launch_bounds__(WM * WN * 32, WM * WN >= 6 ? 2 : 4) NAME(         \
         ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope) { \
         conv_halo<CIN, BN, WM, WN>(p, x, w, bias, y, slope);                                        \
     }

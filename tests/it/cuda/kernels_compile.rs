@@ -635,6 +635,7 @@ const HALO_VEC: &[&str] = &[
     cat::CONV_HALO_C64N32_W4.name,
     cat::CONV_HALO_C16N16.name,
     cat::CONV_HALO_C16N16_W8.name,
+    cat::CONV_HALO_C48N48.name,
 ];
 
 /// One emulated launch: config, input d, h, w, begin pads, end pads, Cin, Cout, [ldc, coff],

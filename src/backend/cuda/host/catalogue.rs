@@ -526,6 +526,10 @@ pub const CONV_HALO_C32N64: HaloConfig = halo("conv_halo_c32n64", 32, 64, 4, 2);
 // Measured alternatives (8 warps of 32x32 for Cin 32; 4 warps of 64x32 for Cin 64: less smem
 // read per mma, fewer warps per block).
 pub const CONV_HALO_C32N32: HaloConfig = halo("conv_halo_c32n32", 32, 32, 8, 1);
+// Cin = k x 48, Cout <= 48 (the 48-feature stages of SwinUNETR 48, whose 48->48 convs at 96^3
+// otherwise take the implicit GEMM at ~125 TF/s): 2 x 3 warps, so the vector epilogue's six
+// 8-channel chunks divide the 192 threads.
+pub const CONV_HALO_C48N48: HaloConfig = halo("conv_halo_c48n48", 48, 48, 2, 3);
 pub const CONV_HALO_C64N32_W4: HaloConfig = halo("conv_halo_c64n32_w4", 64, 32, 4, 1);
 // Experiments (`kernel-experiments` only): `conv_halo_t` variants not measured yet, run only when
 // forced (each needs more smem than the default of its Cin and width). Resident weights, 4x8x8
@@ -657,6 +661,7 @@ pub const HALO_CONFIGS: &[HaloConfig] = &[
     CONV_HALO_C32N64,
     CONV_HALO_C32N32,
     CONV_HALO_C64N32_W4,
+    CONV_HALO_C48N48,
     // Experiments: forced only (`kernel-experiments`).
     #[cfg(feature = "kernel-experiments")]
     CONV_HALO_C32N32_R,

@@ -261,7 +261,8 @@ mod tests {
         for (ci, co, want) in [
             (128, 64, CONV_HALO_C64N64.name),
             (256, 64, CONV_HALO_C64N64.name),
-            (192, 33, CONV_HALO_C64N64.name),
+            (192, 33, CONV_HALO_C48N48.name),
+            (96, 48, CONV_HALO_C48N48.name),
             (128, 32, CONV_HALO_C32N32_W4.name),
             (96, 64, CONV_HALO_C32N64.name),
             (96, 20, CONV_HALO_C32N32_W4.name),
@@ -277,7 +278,11 @@ mod tests {
             );
         }
         assert_eq!(h(256, 256, [3; 3], [1; 3], [1; 3], 1, false, big), None);
-        assert_eq!(h(48, 32, [3; 3], [1; 3], [1; 3], 1, false, big), None);
+        assert_eq!(
+            h(48, 32, [3; 3], [1; 3], [1; 3], 1, false, big),
+            Some(CONV_HALO_C48N48.name)
+        );
+        assert_eq!(h(40, 32, [3; 3], [1; 3], [1; 3], 1, false, big), None);
         assert_eq!(h(0, 32, [3; 3], [1; 3], [1; 3], 1, false, big), None);
         assert_eq!(h(24, 32, [3; 3], [1; 3], [1; 3], 1, false, big), None);
         assert_eq!(h(32, 32, [3; 3], [2; 3], [1; 3], 1, false, big), None);

@@ -136,6 +136,23 @@ fn conv_halo_cases() {
             None,
             cat::CONV_HALO_C16N32.name,
         ),
+        // Width 48 (SwinUNETR 48's stages): Cout 48 and 40, partial tiles.
+        (
+            48,
+            48,
+            [5, 9, 8],
+            [1; 6],
+            leaky(),
+            cat::CONV_HALO_C48N48.name,
+        ),
+        (
+            48,
+            40,
+            [4, 7, 9],
+            [2, 1, 0, 0, 1, 2],
+            None,
+            cat::CONV_HALO_C48N48.name,
+        ),
         (6, 14, [5, 9, 10], [1; 6], None, "forced only"),
         (2, 16, [3, 9, 8], [1, 1, 1, 0, 0, 0], None, "forced only"),
     ];
@@ -227,9 +244,24 @@ fn conv_halo_cases() {
             None,
             cat::CONV_HALO_C32N32_W4.name,
         ),
+        // SwinUNETR 48's decoder conv 96 -> 48: two 48-channel chunks.
+        (
+            96,
+            48,
+            [4, 9, 8],
+            [1; 6],
+            leaky(),
+            cat::CONV_HALO_C48N48.name,
+        ),
     ];
     for (cin, cout, sp, pads, act, def) in chunked {
-        let bn = if cout <= 32 { 32 } else { 64 };
+        // The planner's width: the narrowest that holds Cout, else 64-wide channel tiles.
+        let bn = HALO_CONFIGS
+            .iter()
+            .filter(|v| v.accepts_cin(cin) && cout <= v.bn)
+            .map(|v| v.bn)
+            .min()
+            .unwrap_or(64);
         let forced = HALO_CONFIGS
             .iter()
             .filter(|v| v.accepts_cin(cin) && v.bn == bn)
