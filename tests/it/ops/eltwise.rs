@@ -312,8 +312,9 @@ fn softmax_axes(dev: &mut Device) {
     // would move the probabilities by about 1e-2.
     let x2 = input(&mut r, 30.0).mapv(|v| half::f16::from_f32(v).to_f32());
     for axis in 0..5 {
-        // Off the channel axis Softmax is a tensor op, which the CUDA backend runs one window per
-        // batch (it refuses batch 2 at `prepare`): there the case runs at batch 1.
+        // Off the channel axis Softmax is a tensor op, whose CUDA steps cover the planned batch
+        // whatever a call's count: there the case runs at batch 1 (over axis 0 it would
+        // normalise across windows).
         let x = match dev {
             Device::Cuda(_) if axis != 1 => x2.slice_axis(Axis(0), (0..1).into()).to_owned(),
             _ => x2.clone(),

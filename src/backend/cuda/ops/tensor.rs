@@ -1,8 +1,9 @@
 //! The tensor path: nodes on activations of any rank (transformer blocks), planned from the
 //! dims at the plan's batch and the layouts of `tensor_layout` (NDHWC where a rank-5 kernel
 //! touches a value, else row-major). Each step covers every window of the planned batch in one
-//! launch, whatever the count of a call: a short last batch computes stale windows too, which
-//! nothing reads (no op mixes windows: the batch rewrite checked every value's batch axis). Data
+//! launch, whatever the count of a call: a short last batch computes stale windows too, whose
+//! results nothing reads (the batch rewrite freed only graphs whose every value keeps its
+//! windows apart along one batch axis). Data
 //! movement (Reshape, Transpose, Slice, Gather, Concat) is one strided copy each (one per
 //! input for Concat), binaries one broadcast launch, Softmax / LayerNorm one launch over
 //! (outer, axis, inner), MatMul / Linear one batched tensor-core GEMM. One-input elementwise
