@@ -1,8 +1,8 @@
 // Fused attention softmax(scale * q @ k^T + bias + mask) @ v (the IR's Attention op), flash style:
 // the [T, S] scores never leave the block. One block per (leading index, tile of 64 query rows);
 // K / V tiles of 32 rows stream through shared memory; an online softmax in fp32 rescales the
-// fp32 output accumulators; fp16 in, fp16 out. SIMT (no tensor cores yet): 4 threads per query
-// row, each scoring 8 of the tile's 32 keys and owning every 4th output column.
+// fp32 output accumulators; fp16 in, fp16 out. SIMT (the kernel for d > 64, and before sm_80):
+// 4 threads per query row, each scoring 8 of the tile's 32 keys and owning every 4th output column.
 //
 // Operands are row-major fp16 [.., T, d], [.., S, d], [.., S, dv] with row strides ldq / ldk /
 // ldv (elements); `offs[l * 6 + {0..5}]` gives the element offset of leading index l in q, k, v,
@@ -122,168 +122,231 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_fwd(
     }
 }
 
-// attention_fwd on the tensor cores for d, dv <= DP (16, 32 or 64): one block of 4 warps per
-// (leading index, 64 query rows), each warp owning 16 rows. Two passes over the keys, in tiles of
-// 32: the first computes each row's max and sum of exp (fp32), the second P = exp(x - max) / sum
-// (fp16) and O += P @ V in wmma accumulators, so O never needs rescaling. Scores live in shared
-// memory a tile at a time (never in global memory); q @ k^T runs twice, on the tensor cores.
-#include <mma.h>
-#define AW_BM 64
-#define AW_BN 32
-#define AW_LDS (AW_BN + 4)
-#define AW_LDP (AW_BN + 8)
+// attention_fwd on the tensor cores (sm_80+) for d, dv <= DP (16, 32 or 64), one pass over the
+// keys (flash-attention 2): one block of 4 warps per (leading index, 64 query rows), each warp
+// owning 16 rows. Key and value tiles of 64 rows stream through a two-stage cp.async ring. A
+// tile's scores stay in the m16n8k16 accumulators (registers) where they are scaled, biased and
+// masked; an online softmax in fp32 rescales the output accumulators (each lane knows its rows:
+// g and g + 8 of the warp's 16), and P is repacked from the score registers into the A operand
+// of P @ V (the m16n8 accumulator and the m16n8k16 A fragment share their layout), so neither
+// the scores nor P touch shared memory and the keys are read once.
+#define AM_BM 64
+#define AM_BN 64
 
-// acc[j] += A (16 x K, row-major, lda) @ B_j (K x 16) for j < NJ, on one warp: B_j's fragment at
-// kk starts at B + kk * bk + j * bj (layout L, leading dimension ldb).
-template <int NJ, int K, typename L>
-__device__ __forceinline__ void warp_mma(nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> (&acc)[NJ],
-                                         const half* A, int lda, const half* B, int bk, int bj, int ldb) {
-    using namespace nvcuda;
+// Rows row0.. of a [rows, ld] fp16 operand (cols features of each) into a [64][DP + 8] tile,
+// zeros past nrows and cols: 16-byte cp.async when `vec` (cols, ld and the offset multiples of
+// 8, the base 16-byte aligned), element loads otherwise.
+template <int DP>
+__device__ __forceinline__ void am_tile(half* dst, const half* __restrict__ src, i64 off, int row0, int nrows, int ld,
+                                        int cols, bool vec, int tid) {
+    constexpr int CH = DP / 8, LD = DP + 8;
+    for (int i = tid; i < AM_BN * CH; i += 128) {
+        const int r = i / CH, c = (i - r * CH) * 8;
+        half* dp = dst + r * LD + c;
+        const bool in = row0 + r < nrows;
+        const i64 at = off + (i64)(row0 + r) * ld + c;
+        if (vec) {
+            const bool got = in && c < cols;
+            cp_async16(dp, got ? src + at : src, got ? 16 : 0);
+        } else {
 #pragma unroll
-    for (int kk = 0; kk < K; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> fa;
-        wmma::load_matrix_sync(fa, A + kk, lda);
-#pragma unroll
-        for (int j = 0; j < NJ; j++) {
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, half, L> fb;
-            wmma::load_matrix_sync(fb, B + kk * bk + j * bj, ldb);
-            wmma::mma_sync(acc[j], fa, fb, acc[j]);
+            for (int e = 0; e < 8; e++) dp[e] = (in && c + e < cols) ? src[at + e] : __float2half(0.f);
         }
     }
 }
 
-template <int DP>
-__device__ __forceinline__ void aw_load_rows(half* dst, const half* __restrict__ src, i64 off, int row0, int rows,
-                                             int nrows, int ld, int cols, int tid) {
-    for (int i = tid; i < rows * DP; i += 128) {
-        int r = i / DP, f = i - r * DP;
-        dst[r * (DP + 8) + f] = (row0 + r < nrows && f < cols) ? src[off + (i64)(row0 + r) * ld + f] : __float2half(0.f);
+// Adds a bias or mask term (kind 1 fp16, 2 fp32) at `at` (key j) and `at + ss` (key j + 1, when
+// `two`) to x0, x1: one 8-byte load where `pair` (fp32, ss == 1, `at` even).
+__device__ __forceinline__ void am_term(float& x0, float& x1, const void* p, int kind, i64 at, int ss, bool pair,
+                                        bool two) {
+    if (kind == 2 && pair && two) {
+        const float2 b = *reinterpret_cast<const float2*>((const float*)p + at);
+        x0 += b.x;
+        x1 += b.y;
+        return;
     }
+    x0 += att_bias(p, kind, at);
+    if (two) x1 += att_bias(p, kind, at + ss);
+}
+
+__device__ __forceinline__ unsigned am_pack(float a, float b) {
+    __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<unsigned*>(&h);
 }
 
 template <int DP>
-__device__ __forceinline__ void attention_wmma(const half* __restrict__ q, const half* __restrict__ k,
-                                               const half* __restrict__ v, const void* __restrict__ bias,
-                                               const void* __restrict__ mask, half* __restrict__ o,
-                                               const i64* __restrict__ offs, int T, int S, int d, int dv, int ldq,
-                                               int ldk, int ldv, int ldo, int bias_kind, int bias_t, int bias_s,
-                                               int mask_kind, int mask_t, int mask_s, float scale) {
-    using namespace nvcuda;
-    constexpr int LDQ = DP + 8;
-    constexpr int QB = AW_BM * LDQ * 2, KB = AW_BN * LDQ * 2, SB = AW_BM * AW_LDS * 4, PB = AW_BM * AW_LDP * 2;
-    __shared__ __align__(128) unsigned char smem[QB + 2 * KB + SB + PB];
-    half* Qs = reinterpret_cast<half*>(smem);
-    half* Ks = reinterpret_cast<half*>(smem + QB);
-    half* Vs = reinterpret_cast<half*>(smem + QB + KB);
-    float* Ss = reinterpret_cast<float*>(smem + QB + 2 * KB);
-    half* Ps = reinterpret_cast<half*>(smem + QB + 2 * KB + SB);
-    float* Os = reinterpret_cast<float*>(smem + QB);  // after the last tile: [AW_BM][DP + 4]
+__device__ __forceinline__ void attention_mma(const half* __restrict__ q, const half* __restrict__ k,
+                                              const half* __restrict__ v, const void* __restrict__ bias,
+                                              const void* __restrict__ mask, half* __restrict__ o,
+                                              const i64* __restrict__ offs, int T, int S, int d, int dv, int ldq,
+                                              int ldk, int ldv, int ldo, int bias_kind, int bias_t, int bias_s,
+                                              int mask_kind, int mask_t, int mask_s, float scale) {
+    constexpr int LD = DP + 8, TILE = AM_BN * LD, NB = AM_BN / 8, DB = DP / 8;
+    __shared__ __align__(128) half smem[AM_BM * LD + 4 * TILE];
+    half* Qs = smem;
+    half* Ks = smem + AM_BM * LD;  // two stages
+    half* Vs = Ks + 2 * TILE;      // two stages
 
-    const int tiles = (T + AW_BM - 1) / AW_BM;
-    const int l = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * AW_BM;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int tiles = (T + AM_BM - 1) / AM_BM;
+    const int l = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * AM_BM;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c2 = (lane & 3) * 2;
     const i64 qo = offs[l * 6], ko = offs[l * 6 + 1], vo = offs[l * 6 + 2];
     const i64 bo = offs[l * 6 + 3], mo = offs[l * 6 + 4], oo = offs[l * 6 + 5];
-    // This lane's row of the warp's 16 and its half of the tile's 32 columns.
-    const int rw = lane >> 1, c0 = (lane & 1) * 16;
-    float* srow = Ss + (warp * 16 + rw) * AW_LDS;
+    auto al16 = [](const void* p, int n, int ld, i64 off) {
+        return ((reinterpret_cast<unsigned long long>(p) & 15) | ((n | ld | (int)(off & 7)) & 7)) == 0;
+    };
+    const bool vq = al16(q, d, ldq, qo), vk = al16(k, d, ldk, ko), vv = al16(v, dv, ldv, vo);
+    const bool bpair = bias_s == 1 && ((bo | bias_t) & 1) == 0 && (reinterpret_cast<unsigned long long>(bias) & 7) == 0;
+    const bool mpair = mask_s == 1 && ((mo | mask_t) & 1) == 0 && (reinterpret_cast<unsigned long long>(mask) & 7) == 0;
 
-    aw_load_rows<DP>(Qs, q, qo, t0, AW_BM, T, ldq, d, tid);
+    const int ntiles = (S + AM_BN - 1) / AM_BN;
+    am_tile<DP>(Qs, q, qo, t0, T, ldq, d, vq, tid);
+    am_tile<DP>(Ks, k, ko, 0, S, ldk, d, vk, tid);
+    am_tile<DP>(Vs, v, vo, 0, S, ldv, dv, vv, tid);
+    cp_async_commit();
 
-    // Scores of key tile s0 for the warp's rows into Ss (scaled, biased, -inf past S).
-    auto scores = [&](int s0) {
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[AW_BN / 16];
+    const bool live = t0 + warp * 16 < T;  // a warp past the last row only helps load
+    const int row0 = t0 + warp * 16 + g;  // this lane's rows: row0 and row0 + 8
+    float acc[DB][4];
 #pragma unroll
-        for (int j = 0; j < AW_BN / 16; j++) wmma::fill_fragment(acc[j], 0.f);
-        // k^T: column-major over Ks (key j's features in row j).
-        warp_mma<AW_BN / 16, DP, wmma::col_major>(acc, Qs + warp * 16 * LDQ, LDQ, Ks, 1, 16 * LDQ, LDQ);
+    for (int j = 0; j < DB; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, lsum[2] = {0.f, 0.f};
+    unsigned qf[DP / 16][4];
+
+    for (int it = 0; it < ntiles; it++) {
+        const int s0 = it * AM_BN, buf = it & 1;
+        if (it + 1 < ntiles) {
+            am_tile<DP>(Ks + (buf ^ 1) * TILE, k, ko, s0 + AM_BN, S, ldk, d, vk, tid);
+            am_tile<DP>(Vs + (buf ^ 1) * TILE, v, vo, s0 + AM_BN, S, ldv, dv, vv, tid);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();  // tile it (and Q, the first time) landed for every thread
+        if (live) {
+            if (it == 0) {
 #pragma unroll
-        for (int j = 0; j < AW_BN / 16; j++)
-            wmma::store_matrix_sync(Ss + warp * 16 * AW_LDS + j * 16, acc[j], AW_LDS, wmma::mem_row_major);
-        __syncwarp();
-        // Scale, bias and mask one row of the warp's 16 at a time, lane = key column, so a warp's
-        // bias and mask loads are 32 consecutive keys of one row (coalesced); the softmax below
-        // reads the rows back per lane.
-        const int js = s0 + lane;
-#pragma unroll 4
-        for (int r = 0; r < 16; r++) {
-            const int tr = t0 + warp * 16 + r;
-            float* sr = Ss + (warp * 16 + r) * AW_LDS;
-            float x = NEG_INF;
-            if (js < S) {
-                x = sr[lane] * scale;
-                if (tr < T) {
-                    if (bias_kind != 0) x += att_bias(bias, bias_kind, bo + (i64)tr * bias_t + (i64)js * bias_s);
-                    if (mask_kind != 0) x += att_bias(mask, mask_kind, mo + (i64)tr * mask_t + (i64)js * mask_s);
+                for (int kk = 0; kk < DP / 16; kk++)
+                    ldsm_x4(qf[kk], Qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
+            }
+            const half* Kt = Ks + buf * TILE;
+            const half* Vt = Vs + buf * TILE;
+            const int kv = min(AM_BN, S - s0);  // keys of this tile
+            float sc[NB][4];
+#pragma unroll
+            for (int j = 0; j < NB; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+            for (int j2 = 0; j2 < NB / 2; j2++) {
+                if (j2 * 16 >= kv) continue;
+#pragma unroll
+                for (int kk = 0; kk < DP / 16; kk++) {
+                    unsigned b[4];
+                    ldsm_x4(b, Kt + (j2 * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+                    mma16816(sc[2 * j2], qf[kk], b[0], b[1]);
+                    mma16816(sc[2 * j2 + 1], qf[kk], b[2], b[3]);
                 }
             }
-            sr[lane] = x;
-        }
-        __syncwarp();
-    };
-
-    // Pass 1: row max and sum of exp.
-    float m = NEG_INF, lsum = 0.f;
-    for (int s0 = 0; s0 < S; s0 += AW_BN) {
-        __syncthreads();  // Qs written / the previous tile consumed
-        aw_load_rows<DP>(Ks, k, ko, s0, AW_BN, S, ldk, d, tid);
-        __syncthreads();
-        scores(s0);
-        float mt = NEG_INF;
+            // Scale, bias, mask; -inf past S. Lane holds keys s0 + 8j + c2 (+1) of rows g, g + 8.
+            float mt[2] = {NEG_INF, NEG_INF};
 #pragma unroll
-        for (int c = c0; c < c0 + 16; c++) mt = fmaxf(mt, srow[c]);
-        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-        const float mn = fmaxf(m, mt);
-        float ps = 0.f;
-        if (mn != NEG_INF) {
+            for (int j = 0; j < NB; j++) {
+                const int js = s0 + j * 8 + c2;
+                const bool one = js < S, two = js + 1 < S;
 #pragma unroll
-            for (int c = c0; c < c0 + 16; c++) ps += __expf(srow[c] - mn);
+                for (int h = 0; h < 2; h++) {
+                    float x0 = sc[j][2 * h] * scale, x1 = sc[j][2 * h + 1] * scale;
+                    if (one && (row0 + 8 * h) < T) {
+                        if (bias_kind != 0)
+                            am_term(x0, x1, bias, bias_kind, bo + (i64)(row0 + 8 * h) * bias_t + (i64)js * bias_s, bias_s,
+                                    bpair, two);
+                        if (mask_kind != 0)
+                            am_term(x0, x1, mask, mask_kind, mo + (i64)(row0 + 8 * h) * mask_t + (i64)js * mask_s, mask_s,
+                                    mpair, two);
+                    }
+                    x0 = one ? x0 : NEG_INF;
+                    x1 = two ? x1 : NEG_INF;
+                    sc[j][2 * h] = x0;
+                    sc[j][2 * h + 1] = x1;
+                    mt[h] = fmaxf(mt[h], fmaxf(x0, x1));
+                }
+            }
+            // Online softmax: the row max over the quad, rescale what the earlier tiles summed.
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
+                mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
+                const float mn = fmaxf(m[h], mt[h]);
+                // A row whose scores are all -inf so far keeps m = -inf and adds nothing.
+                const float alpha = mn == NEG_INF ? 1.f : __expf(m[h] - mn);
+                float ps = 0.f;
+#pragma unroll
+                for (int j = 0; j < NB; j++) {
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float x = sc[j][2 * h + e];
+                        const float p = mn == NEG_INF ? 0.f : __expf(x - mn);
+                        sc[j][2 * h + e] = p;
+                        ps += p;
+                    }
+                }
+                lsum[h] = lsum[h] * alpha + ps;  // this lane's columns; the quad sums at the end
+                m[h] = mn;
+#pragma unroll
+                for (int j = 0; j < DB; j++) {
+                    acc[j][2 * h] *= alpha;
+                    acc[j][2 * h + 1] *= alpha;
+                }
+            }
+            // O += P @ V, 16 keys per step; V^T fragments by ldmatrix.trans from the [key][feature] tile.
+#pragma unroll
+            for (int kj = 0; kj < AM_BN / 16; kj++) {
+                if (kj * 16 >= kv) continue;
+                const unsigned a[4] = {am_pack(sc[2 * kj][0], sc[2 * kj][1]), am_pack(sc[2 * kj][2], sc[2 * kj][3]),
+                                       am_pack(sc[2 * kj + 1][0], sc[2 * kj + 1][1]),
+                                       am_pack(sc[2 * kj + 1][2], sc[2 * kj + 1][3])};
+#pragma unroll
+                for (int n2 = 0; n2 < DP / 16; n2++) {
+                    unsigned b[4];
+                    ldsm_x4_trans(b, Vt + (kj * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n2 * 16 + (lane >> 4) * 8);
+                    mma16816(acc[2 * n2], a, b[0], b[1]);
+                    mma16816(acc[2 * n2 + 1], a, b[2], b[3]);
+                }
+            }
         }
-        ps += __shfl_xor_sync(0xffffffffu, ps, 1);
-        lsum = (m == NEG_INF ? 0.f : lsum * __expf(m - mn)) + ps;
-        m = mn;
+        __syncthreads();  // tile it consumed: the next iteration refills its buffer
     }
-    const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-
-    // Pass 2: P = exp(x - m) / sum, O += P @ V.
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> oacc[DP / 16];
+    if (!live) return;
+    const bool pair = ((oo | ldo | dv) & 1) == 0 && (reinterpret_cast<unsigned long long>(o) & 3) == 0;
 #pragma unroll
-    for (int j = 0; j < DP / 16; j++) wmma::fill_fragment(oacc[j], 0.f);
-    half* prow = Ps + (warp * 16 + rw) * AW_LDP;
-    for (int s0 = 0; s0 < S; s0 += AW_BN) {
-        __syncthreads();
-        aw_load_rows<DP>(Ks, k, ko, s0, AW_BN, S, ldk, d, tid);
-        aw_load_rows<DP>(Vs, v, vo, s0, AW_BN, S, ldv, dv, tid);
-        __syncthreads();
-        scores(s0);
+    for (int h = 0; h < 2; h++) {
+        float s = lsum[h];
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        const float inv = s > 0.f ? 1.f / s : 0.f;
+        if ((row0 + 8 * h) >= T) continue;
+        const i64 ob = oo + (i64)(row0 + 8 * h) * ldo;
 #pragma unroll
-        for (int c = c0; c < c0 + 16; c++) {
-            const float x = srow[c];
-            prow[c] = __float2half((m == NEG_INF || x == NEG_INF) ? 0.f : __expf(x - m) * inv);
+        for (int j = 0; j < DB; j++) {
+            const int col = j * 8 + c2;
+            const float y0 = acc[j][2 * h] * inv, y1 = acc[j][2 * h + 1] * inv;
+            if (pair && col + 1 < dv) {
+                *reinterpret_cast<__half2*>(o + ob + col) = __floats2half2_rn(y0, y1);
+            } else {
+                if (col < dv) o[ob + col] = __float2half(y0);
+                if (col + 1 < dv) o[ob + col + 1] = __float2half(y1);
+            }
         }
-        __syncwarp();
-        warp_mma<DP / 16, AW_BN, wmma::row_major>(oacc, Ps + warp * 16 * AW_LDP, AW_LDP, Vs, LDQ, 16, LDQ);
-    }
-    __syncthreads();  // every warp is done with Qs / Ks / Vs: O is staged over them
-#pragma unroll
-    for (int j = 0; j < DP / 16; j++)
-        wmma::store_matrix_sync(Os + warp * 16 * (DP + 4) + j * 16, oacc[j], DP + 4, wmma::mem_row_major);
-    __syncwarp();
-    for (int i = lane; i < 16 * dv; i += 32) {
-        const int r = i / dv, c = i - r * dv, tr = t0 + warp * 16 + r;
-        if (tr < T) o[oo + (i64)tr * ldo + c] = __float2half(Os[(warp * 16 + r) * (DP + 4) + c]);
     }
 }
 
-#define ATTWMMA_ENTRY(NAME, DP)                                                                            \
+#define ATTMMA_ENTRY(NAME, DP)                                                                             \
     extern "C" __global__ void __launch_bounds__(128) NAME(                                                      \
         const half* __restrict__ q, const half* __restrict__ k, const half* __restrict__ v,                      \
         const void* __restrict__ bias, const void* __restrict__ mask, half* __restrict__ o,                      \
         const i64* __restrict__ offs, int T, int S, int d, int dv, int ldq, int ldk, int ldv, int ldo,           \
         int bias_kind, int bias_t, int bias_s, int mask_kind, int mask_t, int mask_s, float scale) {             \
-        attention_wmma<DP>(q, k, v, bias, mask, o, offs, T, S, d, dv, ldq, ldk, ldv, ldo, bias_kind, bias_t,    \
-                           bias_s, mask_kind, mask_t, mask_s, scale);                                            \
+        attention_mma<DP>(q, k, v, bias, mask, o, offs, T, S, d, dv, ldq, ldk, ldv, ldo, bias_kind, bias_t,     \
+                          bias_s, mask_kind, mask_t, mask_s, scale);                                             \
     }
-ATTWMMA_ENTRY(attention_wmma_d16, 16)
-ATTWMMA_ENTRY(attention_wmma_d32, 32)
-ATTWMMA_ENTRY(attention_wmma_d64, 64)
+ATTMMA_ENTRY(attention_mma_d16, 16)
+ATTMMA_ENTRY(attention_mma_d32, 32)
+ATTMMA_ENTRY(attention_mma_d64, 64)

@@ -50,6 +50,9 @@ struct ConvParams {
     int ocout;
     int od, oh, ow;
     int out_f32;      // 1: y is fp32 (a value only a norm reads), indexed as the fp16 one would be
+    int ksplit;       // conv_mma: K split over grid.z (> 1: partials to ws, conv_splitk_reduce)
+    int pad_;
+    unsigned long long ws;  // fp32 [ksplit][M][cout] partial sums
 };
 
 // Input coordinate (conv_wmma_legacy.cu, conv_transpose.cu) of output coordinate `o` through tap `k` along one axis, or -1 when none.

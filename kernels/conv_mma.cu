@@ -44,6 +44,10 @@ __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __rest
     const int taps_hw = p.kh * p.kw;
     const int K = p.kd * taps_hw * p.cin;
     const int nk = (K + MBK - 1) / MBK;
+    // Split-K (p.ksplit > 1, grid.z = the splits): this block's share [kt0, kt1) of the K tiles;
+    // its fp32 partial sums go to p.ws and conv_splitk_reduce finishes the output.
+    const int ks = p.ksplit > 1 ? p.ksplit : 1;
+    const int kt0 = (int)((i64)nk * blockIdx.z / ks), kt1 = (int)((i64)nk * (blockIdx.z + 1) / ks);
 
     // A rows owned by this thread: VEC: chunk v = tid % TPR of rows tid/TPR + r * THREADS/TPR
     // (TPR = 32/VW threads per row); scalar: row tid (THREADS == TBM), all 32 k. Decode each
@@ -78,7 +82,7 @@ __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __rest
     const int v = tid % TPR;
     int ci = 0, tx = 0, ty = 0, tz = 0;
     if (VEC) {
-        int k = v * VW;
+        int k = kt0 * MBK + v * VW;
         int tap = k / p.cin;
         ci = k - tap * p.cin;
         tz = tap / taps_hw;
@@ -166,19 +170,20 @@ __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __rest
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-        if (s < nk) load_tile(s, s);
+        if (kt0 + s < kt1) load_tile(s, kt0 + s);
         cp_async_commit();
     }
-    for (int kt = 0; kt < nk; kt++) {
+    for (int kt = kt0; kt < kt1; kt++) {
+        const int st = kt - kt0;  // tiles are staged in the order this block loads them
         cp_async_wait<STAGES - 2>();
         __syncthreads();  // tile kt landed for all threads; everyone is done with tile kt-1
         {
             int nt = kt + STAGES - 1;
-            if (nt < nk) load_tile(nt % STAGES, nt);
+            if (nt < kt1) load_tile((st + STAGES - 1) % STAGES, nt);
             cp_async_commit();
         }
-        const half* as = sA + (kt % STAGES) * A_ST + (wm * TM) * MLDS;
-        const half* bs = sB + (kt % STAGES) * B_ST + (wn * TN) * MLDS;
+        const half* as = sA + (st % STAGES) * A_ST + (wm * TM) * MLDS;
+        const half* bs = sB + (st % STAGES) * B_ST + (wn * TN) * MLDS;
 #pragma unroll
         for (int kk = 0; kk < MBK; kk += 16) {
             unsigned af[MI][4], bf[NI / 2][4];
@@ -196,6 +201,32 @@ __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __rest
         }
     }
     cp_async_wait<0>();
+
+    if (ks > 1) {
+        // Raw partial sums of split blockIdx.z into p.ws ([split][M][cout] fp32): no bias, no
+        // activation, no scatter (the host splits plain convs only).
+        float* ws = reinterpret_cast<float*>(p.ws) + (i64)blockIdx.z * M * p.cout;
+        const bool two = (p.cout & 1) == 0;
+#pragma unroll
+        for (int i = 0; i < MI; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int m = m0 + wm * TM + i * 16 + (lane >> 2) + h * 8;
+                if (m >= M) continue;
+#pragma unroll
+                for (int j = 0; j < NI; j++) {
+                    const int c = n0 + wn * TN + j * 8 + (lane & 3) * 2;
+                    float* d = ws + (i64)m * p.cout + c;
+                    if (two && c + 1 < p.cout) {
+                        *reinterpret_cast<float2*>(d) = make_float2(acc[i][j][h * 2], acc[i][j][h * 2 + 1]);
+                    } else {
+                        if (c < p.cout) d[0] = acc[i][j][h * 2];
+                        if (c + 1 < p.cout) d[1] = acc[i][j][h * 2 + 1];
+                    }
+                }
+            }
+        return;
+    }
 
     if (VEC_EPI) {
         // Stage the fp32 tile (row stride TBN + 8 floats: float4 aligned, the fragment's float2
@@ -295,6 +326,23 @@ __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __rest
                            acc[i][j][h * 2 + 1], pair, scatter);
             }
         }
+    }
+}
+
+// The split-K conv's second launch: each (voxel, channel) sums its p.ksplit partials in split
+// order (deterministic), then bias, activation and the store of conv_store. Grid-stride; the
+// conv's argument list, so one ConvParams drives both launches.
+extern "C" __global__ void conv_splitk_reduce(ConvParams p, const half* x, const half* w, const float* bias,
+                                              half* y, const float* slope) {
+    const i64 total = (i64)p.n * p.do_ * p.ho * p.wo * p.cout;
+    const float* ws = reinterpret_cast<const float*>(p.ws);
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+        const i64 m = i / p.cout;
+        const int c = (int)(i - m * p.cout);
+        float v = 0.f;
+        for (int z = 0; z < p.ksplit; z++) v += ws[z * total + i];
+        if (bias) v += bias[c];
+        out_store1(p, y, m * p.ldc + p.coff + c, act_apply(v, c, p.act, p.alpha, slope, p.slope_n));
     }
 }
 

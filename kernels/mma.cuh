@@ -1,6 +1,7 @@
 // The building blocks shared by the conv tile families (kernels/conv_mma.cu, conv_halo.cu,
-// conv_wgmma.cu; sm_80+): 4-byte cp.async gathers, the halo tile order, ldmatrix, the m16n8k16
-// fp16 mma and the conv epilogue store. Prepended (after common.cuh) to those families only
+// conv_wgmma.cu; sm_80+) and the tensor-core attention (attention.cu): 4-byte cp.async gathers,
+// the halo tile order, ldmatrix (plain and .trans), the m16n8k16 fp16 mma and the conv epilogue
+// store. Prepended (after common.cuh) to those families only
 // (`Family::source`).
 
 // 4-byte variant for the 2-half gathers (even Cin that is not a multiple of 8).
@@ -30,6 +31,20 @@ __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const half* p) {
 #if __CUDA_ARCH__ >= 800
     unsigned s = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+#else
+    r[0] = r[1] = r[2] = r[3] = 0u;
+    __trap();
+#endif
+}
+
+// ldmatrix with .trans: each 8x8 matrix arrives transposed (the B operand of P @ V from a
+// row-major [key][feature] tile).
+__device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], const half* p) {
+#if __CUDA_ARCH__ >= 800
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(s));
 #else

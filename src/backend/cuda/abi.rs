@@ -96,6 +96,11 @@ pub struct ConvParams {
     pub ow: i32,
     /// 1: the output is fp32 (a value only norms read, `host::buffers::BufferPlan::f32_values`).
     pub out_f32: i32,
+    /// `conv_mma_*` only: the K tiles split over grid.z (> 1: fp32 partial sums to `ws`,
+    /// `[ksplit][M][cout]`, summed by `conv_splitk_reduce`); 0 or 1: no split.
+    pub ksplit: i32,
+    pub _pad: i32,
+    pub ws: u64,
 }
 
 /// Mirrors `struct PoolParams` in kernels/pool_resize.cu.

@@ -34,7 +34,8 @@ pub(crate) struct Prepared {
     pub single: Option<SingleWindow>,
     /// Its bytes (the buffer plan's `stage_in`, `stage_out`).
     pub stage_bytes: (usize, usize),
-    /// fp64 [batch][Cmax][2] channel sums and f32 [batch][Cmax][2] norm scale/shift.
+    /// fp64 [batch][Cmax][2] channel sums (also a split-K conv's fp32 partial sums) and f32
+    /// [batch][Cmax][2] norm scale/shift.
     pub norm_sums: DevBuf,
     pub norm_ab: DevBuf,
     /// Bytes of activation memory the plan allocated (after reuse).
@@ -233,6 +234,13 @@ pub(crate) fn step_label(step: &Step, op: &Op, act: &Act, x: Shape, o: Shape) ->
         )
     };
     let what = match (step, op) {
+        (Step::Conv(c), Op::Conv(cv)) if c.ksplit > 1 => format!(
+            "{} {} [{} split-K {}]",
+            op.name(),
+            ks(&cv.weight, cv.stride),
+            c.func,
+            c.ksplit
+        ),
         (Step::Conv(c), Op::Conv(cv)) => {
             format!("{} {} [{}]", op.name(), ks(&cv.weight, cv.stride), c.func)
         }

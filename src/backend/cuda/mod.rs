@@ -56,8 +56,6 @@ pub struct CudaBackend {
     gpu: Gpu,
     device_name: String,
     arch: String,
-    /// Compute capability (major, minor).
-    cc: (i32, i32),
     /// The device's opt-in shared memory per block (bytes): which halo kernels fit.
     smem_optin: usize,
     opts: CudaOptions,
@@ -152,10 +150,10 @@ impl CudaBackend {
                 copy,
                 funcs,
                 sm_count: sm_count as u32,
+                cc: (ma, mi),
             },
             device_name,
             arch,
-            cc: (ma, mi),
             smem_optin,
             opts,
             prepared: None,
@@ -201,7 +199,7 @@ impl CudaBackend {
     /// The device properties and switches the launch list depends on (for
     /// [`host::buffers::buffer_plan`] and the memory planner).
     pub fn caps(&self) -> host::conv_kernel::ArchCaps {
-        let (ma, mi) = self.cc;
+        let (ma, mi) = self.gpu.cc;
         host::conv_kernel::ArchCaps::with_options(
             ma.max(0) as u32,
             mi.max(0) as u32,

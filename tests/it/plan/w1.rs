@@ -320,3 +320,30 @@ fn w4_runs_in_two_bands_at_4gib_on_the_models_window() {
     let e = estimate_on_target(&g, Target::Cuda, ROI, p.batch, &band).unwrap();
     assert_eq!(p.estimate.budgeted, e.budgeted);
 }
+
+/// The plan's scratch holds the fp32 partial sums of every split-K conv (its K tiles split over
+/// several blocks): W1's 4^3 layers split at every batch, and `norm_sums` is at least
+/// splits x rows x Cout x 4 bytes for each.
+#[test]
+fn split_k_partials_fit_the_scratch() {
+    use voxtile::internals::cuda::host::conv_kernel::ConvKernel;
+    let g = w1_graph();
+    for batch in [1usize, 2, 4] {
+        let bp = buffer_plan(&g, batch, ROI, &ArchCaps::h200()).unwrap();
+        let mut split = 0;
+        for l in &bp.launches {
+            if let Some(ConvKernel::SplitK(_, ks)) = &l.conv {
+                let o = bp.shapes[g.nodes[l.node].output];
+                let need = ks * batch * o[1] * o[2] * o[3] * o[0] * 4;
+                assert!(*ks > 1, "batch {batch}: a split of 1");
+                assert!(
+                    need <= bp.norm_sums,
+                    "batch {batch}: {need} B of partials, scratch {} B",
+                    bp.norm_sums
+                );
+                split += 1;
+            }
+        }
+        assert!(split >= 2, "batch {batch}: {split} split-K convs");
+    }
+}

@@ -9,7 +9,7 @@
 
 use crate::backend::cuda::abi::{alloc_size, elem_bytes, Act, Shape};
 use crate::backend::cuda::host::attention_table::{node_table, terms_f32};
-use crate::backend::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
+use crate::backend::cuda::host::conv_kernel::{split_k_bytes, ArchCaps, ConvKernel};
 use crate::backend::cuda::host::fusion::{concat_slice, consumers, fusable_activation};
 use crate::backend::cuda::host::select::{is_upsampling_convt, ConvGeom};
 use crate::backend::cuda::host::tensor_layout::{
@@ -88,7 +88,8 @@ pub struct BufferPlan {
     /// API (`Backend::run`) on its first call, not by `prepare` nor the streamed pipeline.
     pub stage_in: usize,
     pub stage_out: usize,
-    /// Norm partial sums and per-(sample, channel) scale/shift.
+    /// Norm partial sums (also the fp32 partial sums of a split-K conv: the larger) and
+    /// per-(sample, channel) scale/shift.
     pub norm_sums: usize,
     pub norm_ab: usize,
     /// Widest output channel count.
@@ -653,6 +654,17 @@ pub fn buffer_plan(
         .ok_or_else(|| Error::Graph("the graph output is never computed".into()))?;
     let out_shape = w.shapes[graph.output];
     let (offsets, arena) = arena_offsets(&w.b.bufs, &w.b.life);
+    // The scratch also holds a split-K conv's partial sums (one conv at a time).
+    let split = w
+        .launches
+        .iter()
+        .filter_map(|l| {
+            let o = w.shapes[graph.nodes[l.node].output];
+            let rows = batch * o[1] * o[2] * o[3];
+            l.conv.as_ref().map(|k| split_k_bytes(k, rows, o[0]))
+        })
+        .max()
+        .unwrap_or(0);
     Ok(BufferPlan {
         batch,
         roi,
@@ -669,7 +681,7 @@ pub fn buffer_plan(
         output_buf,
         stage_in: batch * numel(&in_shape) * 4,
         stage_out: batch * numel(&out_shape) * 4,
-        norm_sums: batch * w.norm_part.max(cmax) * 2 * 4,
+        norm_sums: (batch * w.norm_part.max(cmax) * 2 * 4).max(split),
         norm_ab: batch * cmax * 2 * 4,
         cmax,
         shapes: w.shapes,

@@ -99,7 +99,7 @@ impl Family {
     /// so a tile is listed once, here.
     pub fn source(self) -> String {
         let mma = match self {
-            Family::ConvMma | Family::ConvHalo | Family::ConvWgmma => MMA,
+            Family::ConvMma | Family::ConvHalo | Family::ConvWgmma | Family::Attention => MMA,
             _ => "",
         };
         format!("{mma}{}\n{}", self.file(), entry_lines(self))
@@ -225,11 +225,14 @@ pub const GEMM_WMMA: Kernel = k(Family::Tensor, "gemm_wmma");
 pub const GEMM_WMMA_V8: Kernel = k(Family::Tensor, "gemm_wmma_v8");
 /// Fused flash-style attention (kernels/attention.cu), one block per 64 query rows.
 pub const ATTENTION_FWD: Kernel = k(Family::Attention, "attention_fwd");
-/// The tensor-core attention for q/k and v features up to 16, 32, 64: 64 query rows per block of
-/// 4 warps, two passes over the keys (row statistics, then P @ V).
-pub const ATTENTION_WMMA_D16: Kernel = k(Family::Attention, "attention_wmma_d16");
-pub const ATTENTION_WMMA_D32: Kernel = k(Family::Attention, "attention_wmma_d32");
-pub const ATTENTION_WMMA_D64: Kernel = k(Family::Attention, "attention_wmma_d64");
+/// The tensor-core attention (mma.sync, sm_80+) for q/k and v features up to 16, 32, 64: 64
+/// query rows per block of 4 warps, one pass over the keys with the scores in registers.
+pub const ATTENTION_MMA_D16: Kernel = k(Family::Attention, "attention_mma_d16");
+pub const ATTENTION_MMA_D32: Kernel = k(Family::Attention, "attention_mma_d32");
+pub const ATTENTION_MMA_D64: Kernel = k(Family::Attention, "attention_mma_d64");
+/// The split-K conv's second launch (kernels/conv_mma.cu): the fp32 partials summed in split
+/// order, bias, activation, the store.
+pub const CONV_SPLITK_REDUCE: Kernel = k(Family::ConvMma, "conv_splitk_reduce");
 pub const CONVT_UP_M256N32_V8: Kernel = k(Family::ConvMma, "convt_up_m256n32_v8");
 pub const CONVT_UP_M128N32_V8: Kernel = k(Family::ConvMma, "convt_up_m128n32_v8");
 pub const CONVT_UP_M128N64_V8: Kernel = k(Family::ConvMma, "convt_up_m128n64_v8");
@@ -245,6 +248,7 @@ pub const KERNELS: &[Kernel] = &[
     CONV1X1_N32,
     CONV_C1_K3,
     CONV_DIRECT,
+    CONV_SPLITK_REDUCE,
     NORM_PARTIAL_V8,
     NORM_PARTIAL,
     NORM_FINALIZE,
@@ -290,9 +294,9 @@ pub const KERNELS: &[Kernel] = &[
     GEMM_WMMA,
     GEMM_WMMA_V8,
     ATTENTION_FWD,
-    ATTENTION_WMMA_D16,
-    ATTENTION_WMMA_D32,
-    ATTENTION_WMMA_D64,
+    ATTENTION_MMA_D16,
+    ATTENTION_MMA_D32,
+    ATTENTION_MMA_D64,
 ];
 
 /// One `conv_mma_*` kernel of kernels/conv_mma.cu (its MMA_ENTRY line).

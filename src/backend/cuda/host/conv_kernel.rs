@@ -5,6 +5,7 @@ use crate::backend::cuda::abi::norm_blocks;
 use crate::backend::cuda::host::catalogue::{
     has_wgmma, upsample_vec_name, HaloConfig, MmaConfig, CONV1X1_N16, CONV1X1_N32, CONV_C1_K3,
     CONV_DIRECT, CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8, CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8,
+    CONV_SPLITK_REDUCE,
 };
 use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::host::relayout::{parity_split, FusedParity, ParityClass};
@@ -42,6 +43,8 @@ pub struct ArchCaps {
     pub halo_tile: Option<&'static HaloConfig>,
     /// Conv outputs only norms read kept in fp32 (`CudaOptions::norm_f32`).
     pub norm_f32: bool,
+    /// Split the K of tile-starved mma convs over several blocks ([`split_k`]).
+    pub split_k: bool,
 }
 
 impl ArchCaps {
@@ -60,6 +63,7 @@ impl ArchCaps {
             conv_tile: None,
             halo_tile: None,
             norm_f32: true,
+            split_k: true,
         }
     }
 
@@ -80,6 +84,7 @@ impl ArchCaps {
             conv_up_vec: opts.upsample_vec,
             parity_fused: opts.fused_parity,
             norm_f32: opts.norm_f32,
+            split_k: opts.split_k,
             conv_tile: opts.conv_tile,
             halo_tile: opts.halo_tile,
             ..base
@@ -129,6 +134,10 @@ pub enum ConvKernel {
     /// Cin-1 3^3 conv on `CONV_C1_K3` (mma weight layout).
     Cin1,
     Mma(&'static MmaConfig),
+    /// The same tile with its K tiles split over grid.z in this many parts (a conv whose
+    /// output tiles would leave most SMs idle while each streams a long K): fp32 partial sums
+    /// in the plan's scratch, then `CONV_SPLITK_REDUCE` (bias, activation, store).
+    SplitK(&'static MmaConfig, usize),
     /// The wmma implicit GEMM (`conv_igemm_*`) or, for grouped convs, `CONV_DIRECT`.
     Legacy {
         func: &'static str,
@@ -152,6 +161,7 @@ impl ConvKernel {
             ConvKernel::Pointwise { .. } => vec![CONV1X1_N32.name],
             ConvKernel::Halo(c) => vec![c.name],
             ConvKernel::Upsample(c) | ConvKernel::Mma(c) => vec![c.name],
+            ConvKernel::SplitK(c, _) => vec![c.name, CONV_SPLITK_REDUCE.name],
             ConvKernel::UpsampleVec(c) => vec![upsample_vec_name(c.name).unwrap_or(c.name)],
             ConvKernel::Cin1 => vec![CONV_C1_K3.name],
             ConvKernel::Legacy { func, .. } => vec![func],
@@ -170,6 +180,7 @@ impl std::fmt::Debug for ConvKernel {
             ConvKernel::UpsampleVec(_) => "UpsampleVec",
             ConvKernel::Cin1 => "Cin1",
             ConvKernel::Mma(_) => "Mma",
+            ConvKernel::SplitK(..) => "SplitK",
             ConvKernel::Legacy { .. } => "Legacy",
         };
         write!(f, "{kind}{:?}", self.funcs())
@@ -186,6 +197,29 @@ impl PartialEq for ConvKernel {
         std::mem::discriminant(self) == std::mem::discriminant(o)
             && self.funcs() == o.funcs()
             && classes(self) == classes(o)
+    }
+}
+
+/// K splits for an mma conv of `rows` GEMM rows (the batch's), `cout` columns and K = `k` on
+/// tile `t` with `sm` SMs: 1 unless its output tiles fill under half the SMs and K runs 128 tiles of 32 or
+/// more (SwinUNETR's 768-channel 3^3 convs on 3^3 / 6^3 voxels, nnU-Net's 320-channel 4^3
+/// ones); then enough splits to reach about one block per SM, each at least 32 K tiles long,
+/// at most 16 (the reduce reads every partial).
+pub fn split_k(sm: usize, rows: usize, cout: usize, k: usize, t: &MmaConfig) -> usize {
+    let tiles = rows.div_ceil(t.bm) * cout.div_ceil(t.bn);
+    let nk = k.div_ceil(32);
+    if tiles == 0 || tiles * 2 > sm || nk < 128 {
+        return 1;
+    }
+    (sm / tiles).min(nk / 32).clamp(1, 16)
+}
+
+/// Bytes of the fp32 partial sums a conv on `kernel` writes for `rows` GEMM rows (all the
+/// plan's windows) and `cout` channels: the plan's scratch holds the largest.
+pub fn split_k_bytes(kernel: &ConvKernel, rows: usize, cout: usize) -> usize {
+    match kernel {
+        ConvKernel::SplitK(_, ks) => ks * rows * cout * 4,
+        _ => 0,
     }
 }
 
@@ -262,6 +296,21 @@ impl ConvKernel {
             && g.stride.iter().all(|&s| s == 1 || s == 2)
         {
             return ConvKernel::Cin1;
+        }
+        // A conv whose output tiles leave most SMs idle while each streams a long K (also one
+        // the halo kernels take: their tiles starve the same way on a few voxels).
+        if mma && !g.upsample && !g.transposed && caps.split_k && caps.conv_tile.is_none() {
+            let t = caps.mma_tile(rows, cout, vw);
+            let ks = split_k(
+                caps.sm_count,
+                rows,
+                cout,
+                g.k.iter().product::<usize>() * cin,
+                t,
+            );
+            if ks > 1 {
+                return ConvKernel::SplitK(t, ks);
+            }
         }
         if mma && !g.upsample && caps.conv_halo && caps.conv_tile.is_none() {
             let force = caps.halo_tile.map(|c| c.name);
@@ -583,6 +632,50 @@ mod tests {
         assert_eq!(forced.mma_tile(1000, 32, 2).name, CONV_MMA_M128N32_V2.name);
     }
 
+    /// Split-K: SwinUNETR's 768-channel 3^3 conv on 3^3 voxels (its output tiles fill under a
+    /// tenth of the H200) splits into at most as many parts as fill the SMs; a short K (the
+    /// 1x1 768 -> 384), a forced tile or the switch off does not split; the partials' bytes
+    /// follow the split.
+    #[test]
+    fn split_k_where_tiles_starve() {
+        let h = ArchCaps::h200();
+        let g = geom([768, 3, 3, 3], [768, 3, 3, 3], 3, 1, 1, false);
+        let k = ConvKernel::choose(&h, 2, &g);
+        let ConvKernel::SplitK(t, ks) = k else {
+            panic!("768 -> 768 at 3^3: {k:?}")
+        };
+        let tiles = 54usize.div_ceil(t.bm) * 768usize.div_ceil(t.bn);
+        assert!(ks > 1 && tiles * ks <= 132, "{tiles} tiles x {ks}");
+        assert_eq!(ks, split_k(132, 54, 768, 768 * 27, t));
+        assert_eq!(split_k_bytes(&k, 54, 768), ks * 54 * 768 * 4);
+        assert_eq!(split_k_bytes(&ConvKernel::Mma(t), 54, 768), 0);
+        let short = geom([768, 6, 6, 6], [384, 6, 6, 6], 1, 1, 1, false);
+        assert!(matches!(
+            ConvKernel::choose(&h, 2, &short),
+            ConvKernel::Mma(_)
+        ));
+        let off = ArchCaps {
+            split_k: false,
+            ..h
+        };
+        assert!(matches!(
+            ConvKernel::choose(&off, 2, &g),
+            ConvKernel::Mma(_)
+        ));
+        let forced = ArchCaps {
+            conv_tile: Some(&CONV_MMA_M128N64_V8),
+            ..h
+        };
+        assert!(matches!(
+            ConvKernel::choose(&forced, 2, &g),
+            ConvKernel::Mma(_)
+        ));
+        // Enough tiles to fill half the SMs, or fewer than 128 K tiles: no split.
+        assert_eq!(split_k(132, t.bm * 67, t.bn, 768 * 27, t), 1);
+        assert_eq!(split_k(132, 54, 768, 127 * 32, t), 1);
+        assert_eq!(split_k(132, 1, 64, 1 << 20, t), 16);
+    }
+
     /// One conv layer per sample: Cin, Cout, input and output edge (cubes), kernel, stride,
     /// transposed.
     type Layer = (usize, usize, usize, usize, usize, usize, bool);
@@ -657,7 +750,8 @@ mod tests {
 
     /// The kernels of every W1 / W2 layer on the H200 at batch 2 and 4, pinned: a change to
     /// the catalogue, its order or the selection that moves a benchmark layer shows here. (W2's
-    /// width-16 convs take the wgmma kernel; everything else the mma.sync ones.)
+    /// width-16 convs take the wgmma kernel; everything else the mma.sync ones, W1's 8^3 / 4^3
+    /// layers with their K split where their tiles leave most SMs idle.)
     #[test]
     fn w1_w2_kernels_are_pinned() {
         let pick = |net: &[Layer], batch: usize| -> Vec<String> {
@@ -681,12 +775,12 @@ mod tests {
             "Halo conv_halo_c64n64",
             "Mma conv_mma_m128n64_v8",
             "Mma conv_mma_m128n64_v8",
-            "Mma conv_mma_m128n64_v8",
-            "Mma conv_mma_m128n64_v8",
-            "Mma conv_mma_m128n64_v8",
-            "Mma conv_mma_m128n64_v8",
+            "SplitK conv_mma_m128n64_v8 conv_splitk_reduce",
+            "SplitK conv_mma_m128n64_v8 conv_splitk_reduce",
+            "SplitK conv_mma_m128n64_v8 conv_splitk_reduce",
+            "SplitK conv_mma_m128n64_v8 conv_splitk_reduce",
             "UpsampleVec convt_up_m128n64_v8",
-            "Mma conv_mma_m128n64_v8",
+            "SplitK conv_mma_m128n64_v8 conv_splitk_reduce",
             "UpsampleVec convt_up_m128n64_v8",
             "Mma conv_mma_m128n64_v8",
             "UpsampleVec convt_up_m128n128_v8",
@@ -697,9 +791,13 @@ mod tests {
             "Halo conv_halo_c32n32_w4",
             "Pointwise conv1x1_n16",
         ];
+        // (The 8^3 layers fill the SMs at batch 4 and stop splitting K; the 4^3 ones split.)
         let w1_b4: &[(usize, &str)] = &[
             (6, "Mma conv_mma_m128n128_v8"),
             (7, "Mma conv_mma_m128n128_v8"),
+            (8, "Mma conv_mma_m128n64_v8"),
+            (9, "Mma conv_mma_m128n64_v8"),
+            (13, "Mma conv_mma_m128n64_v8"),
             (14, "UpsampleVec convt_up_m128n128_v8"),
             (15, "Mma conv_mma_m128n128_v8"),
         ];
@@ -714,7 +812,7 @@ mod tests {
             "Mma conv_mma_m128n64_v8",
             "Halo conv_halo_c64n64",
             "Mma conv_mma_m128n64_v8",
-            "Mma conv_mma_m128n64_v8",
+            "SplitK conv_mma_m128n64_v8 conv_splitk_reduce",
             "Mma conv_mma_m128n64_v8",
             "ParityFused conv_mma_m128n64_v8",
             "ParityFused conv_mma_m128n64_v8",

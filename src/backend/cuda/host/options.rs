@@ -36,6 +36,8 @@ pub struct CudaOptions {
     /// Keep a conv output that only InstanceNorm / GroupNorm read in fp32 (more activation
     /// bytes, fewer flipped labels: see `BufferPlan::f32_values`). Off only to measure it.
     pub norm_f32: bool,
+    /// Split the K of tile-starved mma convs over several blocks (`conv_kernel::split_k`).
+    pub split_k: bool,
 }
 
 impl Default for CudaOptions {
@@ -52,6 +54,7 @@ impl Default for CudaOptions {
             conv_tile: None,
             gather_mode: GatherMode::Auto,
             norm_f32: true,
+            split_k: true,
         }
     }
 }

@@ -5,7 +5,7 @@
 use super::Build;
 use crate::backend::cuda::host::attention_table::{node_table, offsets, terms_f32, MAX_FEATURES};
 use crate::backend::cuda::host::catalogue::{
-    ATTENTION_FWD, ATTENTION_WMMA_D16, ATTENTION_WMMA_D32, ATTENTION_WMMA_D64,
+    ATTENTION_FWD, ATTENTION_MMA_D16, ATTENTION_MMA_D32, ATTENTION_MMA_D64,
 };
 use crate::backend::cuda::host::tensor_layout::Stored;
 use crate::backend::cuda::runtime::device::{drv, DevBuf};
@@ -16,7 +16,7 @@ use crate::{Error, Result};
 use cudarc::driver::{result as cu, CudaStream};
 use half::f16;
 
-/// Query rows per block (`ATT_BM`, `AW_BM`) and threads per block of the SIMT kernel
+/// Query rows per block (`ATT_BM`, `AM_BM`) and threads per block of the SIMT kernel
 /// (`ATT_THREADS`).
 const ROWS: usize = 64;
 const THREADS: u32 = 256;
@@ -121,11 +121,13 @@ impl AttnLaunch {
                 self.d, self.dv
             )));
         }
-        // The tensor-core kernel for its feature sizes, the SIMT one above them.
+        // The tensor-core kernel for its feature sizes (mma.sync m16n8k16: sm_80+), the SIMT
+        // one above them and on older GPUs.
         let (kernel, threads) = match self.d.max(self.dv) {
-            0..=16 => (ATTENTION_WMMA_D16, 128),
-            17..=32 => (ATTENTION_WMMA_D32, 128),
-            33..=64 => (ATTENTION_WMMA_D64, 128),
+            _ if gpu.cc.0 < 8 => (ATTENTION_FWD, THREADS),
+            0..=16 => (ATTENTION_MMA_D16, 128),
+            17..=32 => (ATTENTION_MMA_D32, 128),
+            33..=64 => (ATTENTION_MMA_D64, 128),
             _ => (ATTENTION_FWD, THREADS),
         };
         let blocks = self.lead * self.t.div_ceil(ROWS);

@@ -4,7 +4,9 @@
 use super::{Build, NodeIo};
 use crate::backend::cuda::abi::elem_bytes;
 use crate::backend::cuda::abi::ConvParams;
-use crate::backend::cuda::host::catalogue::{halo_config, CONV1X1_N16, CONV1X1_N32, CONV_C1_K3};
+use crate::backend::cuda::host::catalogue::{
+    halo_config, CONV1X1_N16, CONV1X1_N32, CONV_C1_K3, CONV_SPLITK_REDUCE,
+};
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::backend::cuda::host::relayout::{
     relayout_fused_parity_weight, relayout_parity_weight, relayout_upsampling_weight,
@@ -12,7 +14,7 @@ use crate::backend::cuda::host::relayout::{
 };
 use crate::backend::cuda::runtime::launch::{Arg, Gpu};
 use crate::model::graph::{Op, Tensor};
-use crate::Result;
+use crate::{Error, Result};
 use cudarc::driver::CudaStream;
 
 /// One conv launch: the kernel, its parameter block (n filled in at run), the operands and the
@@ -34,6 +36,9 @@ pub(crate) struct ConvStep {
     pub direct: bool,
     /// 1x1x1 conv with few outputs on `conv1x1_n*` (one thread per voxel).
     pub pointwise: bool,
+    /// K splits of an mma conv (`ConvKernel::SplitK`; 1: none): partial sums in the plan's
+    /// scratch, then `conv_splitk_reduce`.
+    pub ksplit: usize,
 }
 
 /// The op's conv parameters, the same for a conv and a transposed conv.
@@ -149,6 +154,7 @@ pub(crate) fn build(
         smem,
         direct: c.groups != 1,
         pointwise: false,
+        ksplit: 1,
     };
     use ConvKernel as K;
     match kernel {
@@ -255,7 +261,7 @@ pub(crate) fn build(
         }
         // Stride-1 3^3 with Cin k x 32: the input halo of a 4x8x8 output tile loaded once
         // for all 27 taps (`conv_halo_*`), the mma weight layout; or the mma / legacy tiles.
-        K::Halo(_) | K::Mma(_) | K::Legacy { .. } | K::Cin1 => {
+        K::Halo(_) | K::Mma(_) | K::SplitK(..) | K::Legacy { .. } | K::Cin1 => {
             let w = &c.weight;
             let (wh, kpad) = relayout_weight(&w.data, &w.shape, c.groups, c.transposed, rows_pad);
             let mut p = p;
@@ -263,23 +269,41 @@ pub(crate) fn build(
             let wp = b.upload_const(&wh)?;
             let (func, bm, bn, threads, smem) = match kernel {
                 K::Halo(h) => (h.name, 256, h.bn, h.threads, h.smem_bytes()),
-                K::Mma(m) => (m.name, m.bm, m.bn, m.threads, m.smem_bytes()),
+                K::Mma(m) | K::SplitK(m, _) => (m.name, m.bm, m.bn, m.threads, m.smem_bytes()),
                 K::Legacy { func, bn } => (*func, 128, *bn, 128, 0),
                 // One block per 2x8x32 output tile, static shared memory.
                 K::Cin1 => (CONV_C1_K3.name, 512, 64, 256, 0),
                 _ => unreachable!("matched above"),
             };
             let shape = (func, bm as u32, bn as u32, threads, smem);
-            Ok(vec![step(p, wp, io.y, shape)])
+            let ksplit = match kernel {
+                K::SplitK(_, ks) => *ks,
+                _ => 1,
+            };
+            Ok(vec![ConvStep {
+                ksplit,
+                ..step(p, wp, io.y, shape)
+            }])
         }
     }
 }
 
 impl ConvStep {
-    /// Launches the conv for `n` samples on `s`.
-    pub fn launch(&self, gpu: &Gpu, s: &CudaStream, n: usize) -> Result<()> {
+    /// Launches the conv for `n` samples on `s`; `scratch`: the plan's scratch, which holds
+    /// a split conv's partial sums (`BufferPlan::norm_sums` is sized for them).
+    pub fn launch(&self, gpu: &Gpu, s: &CudaStream, n: usize, scratch: u64) -> Result<()> {
         let mut p = self.p;
         p.n = n as i32;
+        if self.ksplit > 1 {
+            if scratch == 0 {
+                return Err(Error::Backend(format!(
+                    "{}: a split-K conv launched without its scratch",
+                    self.func
+                )));
+            }
+            p.ksplit = self.ksplit as i32;
+            p.ws = scratch;
+        }
         let mut args = [
             Arg::Conv(p),
             Arg::Ptr(self.x),
@@ -312,9 +336,13 @@ impl ConvStep {
             let grid = (
                 m.div_ceil(self.bm as usize) as u32,
                 (p.cout as u32).div_ceil(self.bn),
-                1,
+                self.ksplit as u32,
             );
-            gpu.launch(s, func, grid, (self.threads, self.smem), &mut args)
+            gpu.launch(s, func, grid, (self.threads, self.smem), &mut args)?;
+            if self.ksplit > 1 {
+                gpu.eltwise(s, CONV_SPLITK_REDUCE.name, m * p.cout as usize, &mut args)?;
+            }
+            Ok(())
         }
     }
 }

@@ -37,7 +37,7 @@ pub(crate) enum Step {
 
 impl Step {
     /// Launches the step for `n` samples on `s`; `norm_scratch`: the plan's norm partial sums
-    /// and scale / shift pairs.
+    /// (also a split-K conv's partial sums) and scale / shift pairs.
     pub fn launch(
         &self,
         gpu: &Gpu,
@@ -46,7 +46,7 @@ impl Step {
         norm_scratch: [u64; 2],
     ) -> Result<()> {
         match self {
-            Step::Conv(c) => c.launch(gpu, s, n),
+            Step::Conv(c) => c.launch(gpu, s, n, norm_scratch[0]),
             Step::Norm(m) => m.launch(gpu, s, n, norm_scratch),
             Step::Affine(a) => a.launch(gpu, s, n),
             Step::Elt(e) => e.launch(gpu, s, n),

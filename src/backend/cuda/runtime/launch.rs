@@ -27,13 +27,15 @@ pub(crate) fn i32a(v: usize) -> Arg {
 }
 
 /// What every op and the pipeline launch on: the context, the compute stream, the copy
-/// stream, the loaded kernels and the SM count that sizes grid-stride grids.
+/// stream, the loaded kernels, the SM count that sizes grid-stride grids and the compute
+/// capability (major, minor) that picks kernels built for newer GPUs.
 pub(crate) struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub copy: Arc<CudaStream>,
     pub funcs: HashMap<&'static str, CudaFunction>,
     pub sm_count: u32,
+    pub cc: (i32, i32),
 }
 
 impl Gpu {

@@ -407,3 +407,103 @@ fn convt_up_vec_cases() {
     }
     b.with(|o| o.upsample_vec = true);
 }
+
+/// Split-K convs (`ConvKernel::SplitK`: K tiles over grid.z, fp32 partials in the plan's
+/// scratch, `conv_splitk_reduce`) vs float64: long-K convs on few voxels (W1's 320-channel 4^3,
+/// a 16-byte and a 4-byte gather, odd Cout, a fused activation), then one feeding an
+/// InstanceNorm (fp32 output) beside one written into its concat slice (channel stride and
+/// offset). Each must run split.
+#[test]
+fn conv_split_k() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("split-k");
+    for c in [
+        ConvCase::new("split 256->64 3^3 4x5x4 +leaky", 256, 64, [4, 5, 4], 3)
+            .pads([1; 6])
+            .act(Some(Op::LeakyRelu { alpha: 0.01 })),
+        ConvCase::new("split 320->320 3^3 4^3 (W1)", 320, 320, [4, 4, 4], 3).pads([1; 6]),
+        ConvCase::new("split 152->72 3^3 s2 5x6x5", 152, 72, [5, 6, 5], 3)
+            .st([2; 3])
+            .pads([1; 6]),
+        ConvCase::new(
+            "split 154->33 3^3 3^3 (v2 gather, odd Cout)",
+            154,
+            33,
+            [3, 3, 3],
+            3,
+        )
+        .pads([1; 6]),
+    ] {
+        let name = c.name.to_string();
+        conv_case(&mut b, &mut r, c);
+        let used = kernels_used(&mut b, 2);
+        assert!(
+            used.iter().any(|k| k.contains("split-K")),
+            "{name}: ran {used:?}"
+        );
+    }
+    // v1 = conv 256->64 (split, fp32 for the norm), v3 = leaky(norm(v1)), v4 = conv 256->40
+    // (split, into the concat's slice at channel 64 of 104), v5 = concat(v3, v4).
+    let (ci, sp) = (256usize, [4usize, 4, 4]);
+    let n_sp = sp.iter().product::<usize>();
+    let x = T::from([2, ci, sp[0], sp[1], sp[2]], &r.scaled(2 * ci * n_sp, 1.0));
+    let wt = |r: &mut Rng, co: usize| {
+        Tensor::new(
+            vec![co, ci, 3, 3, 3],
+            r.scaled(co * ci * 27, 1.0 / ((ci * 27) as f32).sqrt()),
+        )
+    };
+    let (w1, w4) = (wt(&mut r, 64), wt(&mut r, 40));
+    let b4 = Tensor::new(vec![40], r.scaled(40, 0.5));
+    let (g1, be1) = (
+        Tensor::new(vec![64], r.scaled(64, 1.0)),
+        Tensor::new(vec![64], r.scaled(64, 1.0)),
+    );
+    let conv = |w: &Tensor, bias: Option<&Tensor>| {
+        Op::Conv(Conv {
+            weight: w.clone(),
+            bias: bias.cloned(),
+            stride: [1; 3],
+            dilation: [1; 3],
+            pads: [1; 6],
+            groups: 1,
+        })
+    };
+    let leaky = Op::LeakyRelu { alpha: 0.01 };
+    let nodes = vec![
+        (conv(&w1, None), vec![0], 64),
+        (
+            Op::InstanceNorm {
+                eps: 1e-5,
+                scale: g1.clone(),
+                bias: be1.clone(),
+            },
+            vec![1],
+            64,
+        ),
+        (leaky.clone(), vec![2], 64),
+        (conv(&w4, Some(&b4)), vec![0], 40),
+        (Op::Concat { axis: 1 }, vec![3, 4], 104),
+    ];
+    let v3 = norm_ref(&conv_ref(&x, &w1, None, PAD1), 64, 1e-5, &g1, &be1)
+        .map(|c, v| act_ref(&leaky, c, v));
+    let v4 = conv_ref(&x, &w4, Some(&b4), PAD1);
+    let mut want = T::zeros([2, 104, sp[0], sp[1], sp[2]]);
+    for n in 0..2 {
+        want.d[n * 104 * n_sp..(n * 104 + 64) * n_sp]
+            .copy_from_slice(&v3.d[n * 64 * n_sp..(n + 1) * 64 * n_sp]);
+        want.d[(n * 104 + 64) * n_sp..(n + 1) * 104 * n_sp]
+            .copy_from_slice(&v4.d[n * 40 * n_sp..(n + 1) * 40 * n_sp]);
+    }
+    let got = run(&mut b, &graph(ci, nodes), &x, 2);
+    report(
+        "split-K conv -> norm, conv -> concat slice",
+        rel_l2(&got, &want),
+    );
+    let used = kernels_used(&mut b, 2);
+    assert_eq!(
+        used.iter().filter(|k| k.contains("split-K")).count(),
+        2,
+        "{used:?}"
+    );
+}
