@@ -25,43 +25,46 @@ fn every_kernel_family_compiles_without_warnings() {
         compile::include_dirs()
     );
     let mut failures = Vec::new();
-    for arch in ["sm_90", "sm_80"] {
-        for fam in FAMILIES {
-            let name = fam.name();
-            // A family for another architecture only (the wgmma one: sm_90a, on sm_90).
-            let Some(arch) = fam.target(arch) else {
-                continue;
-            };
-            let arch = arch.as_str();
-            match compile::compile(fam, arch) {
-                Ok(image) => {
-                    // The cubin is what a warm start loads: it must hold every entry too.
-                    let Some(cubin) = &image.cubin else {
-                        failures.push(format!("{name}.cu ({arch}): NVRTC gave no cubin"));
-                        continue;
-                    };
-                    let strings: std::collections::HashSet<&[u8]> =
-                        cubin.split(|b| *b == 0).collect();
-                    for e in fam.entries() {
-                        if !image.ptx.contains(&format!(".entry {e}(")) {
-                            failures.push(format!(
-                                "{name}.cu ({arch}): entry {e} missing from the PTX"
-                            ));
-                        }
-                        if !strings.contains(e.as_bytes()) {
-                            failures.push(format!(
-                                "{name}.cu ({arch}): symbol {e} missing from the cubin"
-                            ));
-                        }
+    // Every (family, architecture) at once, as a cold start builds them (`compile::compile_all`:
+    // rayon's threads); a family for another architecture only (the wgmma one: sm_90a, on
+    // sm_90) is skipped.
+    let targets: Vec<(Family, String)> = ["sm_90", "sm_80"]
+        .iter()
+        .flat_map(|arch| {
+            FAMILIES
+                .iter()
+                .filter_map(|f| f.target(arch).map(|t| (*f, t)))
+        })
+        .collect();
+    for ((fam, arch), got) in targets.iter().zip(compile::compile_all(&targets)) {
+        let name = fam.name();
+        match got {
+            Ok(image) => {
+                // The cubin is what a warm start loads: it must hold every entry too.
+                let Some(cubin) = &image.cubin else {
+                    failures.push(format!("{name}.cu ({arch}): NVRTC gave no cubin"));
+                    continue;
+                };
+                let strings: std::collections::HashSet<&[u8]> = cubin.split(|b| *b == 0).collect();
+                for e in fam.entries() {
+                    if !image.ptx.contains(&format!(".entry {e}(")) {
+                        failures.push(format!(
+                            "{name}.cu ({arch}): entry {e} missing from the PTX"
+                        ));
                     }
-                    println!(
-                        "{name}.cu {arch}: {} bytes of PTX, {} of cubin",
-                        image.ptx.len(),
-                        cubin.len()
-                    );
+                    if !strings.contains(e.as_bytes()) {
+                        failures.push(format!(
+                            "{name}.cu ({arch}): symbol {e} missing from the cubin"
+                        ));
+                    }
                 }
-                Err(e) => failures.push(e.to_string()),
+                println!(
+                    "{name}.cu {arch}: {} bytes of PTX, {} of cubin",
+                    image.ptx.len(),
+                    cubin.len()
+                );
             }
+            Err(e) => failures.push(e.to_string()),
         }
     }
     assert!(

@@ -9,6 +9,7 @@ use crate::backend::cuda::host::catalogue::{
 use crate::{Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaFunction};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
+use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
@@ -257,22 +258,22 @@ pub(crate) fn load_all(
 ) -> Result<(HashMap<&'static str, CudaFunction>, usize)> {
     let mut funcs = HashMap::new();
     let mut from_cache = 0;
-    for fam in FAMILIES {
-        let name = fam.name();
-        let Some(target) = fam.target(arch) else {
-            continue;
-        };
-        let t = std::time::Instant::now();
-        let (image, cached) = image_cached(name, &fam.source(), &target, driver_version)?;
+    let targets: Vec<(Family, String)> = FAMILIES
+        .iter()
+        .filter_map(|f| f.target(arch).map(|t| (*f, t)))
+        .collect();
+    for ((fam, _), got) in targets.iter().zip(images_of(&targets, driver_version)) {
+        let (name, fam) = (fam.name(), *fam);
+        let (image, cached, got) = got?;
         from_cache += cached as usize;
-        let got = t.elapsed().as_secs_f64() * 1e3;
+        let t = std::time::Instant::now();
         let kind = if image.cubin.is_some() {
             "cubin"
         } else {
             "PTX"
         };
         let module = load_image(ctx, name, image)?;
-        let loaded = t.elapsed().as_secs_f64() * 1e3 - got;
+        let loaded = t.elapsed().as_secs_f64() * 1e3;
         for e in fam.entries() {
             let f = module
                 .load_function(e)
@@ -283,7 +284,7 @@ pub(crate) fn load_all(
         tracing::debug!(
             "kernels/{name}.cu: {kind} from {} in {got:.1} ms, module load {loaded:.1} ms, functions {:.1} ms",
             if cached { "the cache" } else { "NVRTC" },
-            t.elapsed().as_secs_f64() * 1e3 - got - loaded
+            t.elapsed().as_secs_f64() * 1e3 - loaded
         );
     }
     if major >= 8 {
@@ -309,6 +310,33 @@ pub(crate) fn load_all(
         }
     }
     Ok((funcs, from_cache))
+}
+
+/// The image of each (family, architecture) in `targets`, from the cache or NVRTC, whether it
+/// came from the cache and the milliseconds it took, in `targets` order. The families build on
+/// rayon's threads: a cold start compiles every one (tens of seconds one after the other), and
+/// NVRTC programs are independent (their cache files too).
+pub fn images_of(
+    targets: &[(Family, String)],
+    driver_version: i32,
+) -> Vec<Result<(Image, bool, f64)>> {
+    targets
+        .par_iter()
+        .map(|(fam, arch)| {
+            let t = std::time::Instant::now();
+            let (image, cached) = image_cached(fam.name(), &fam.source(), arch, driver_version)?;
+            Ok((image, cached, t.elapsed().as_secs_f64() * 1e3))
+        })
+        .collect()
+}
+
+/// Compiles each (family, architecture) of `targets` with NVRTC, no cache, on rayon's threads
+/// (see [`compile_image`]), in `targets` order.
+pub fn compile_all(targets: &[(Family, String)]) -> Vec<Result<Image>> {
+    targets
+        .par_iter()
+        .map(|(fam, arch)| compile(*fam, arch))
+        .collect()
 }
 
 /// Compiles `fam` for `arch` (see [`compile_image`]).
