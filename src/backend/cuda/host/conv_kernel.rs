@@ -10,7 +10,7 @@ use crate::backend::cuda::host::catalogue::{
 use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::host::relayout::{parity_split, FusedParity, ParityClass};
 use crate::backend::cuda::host::select::{
-    gather_width, pick_halo, pick_mma, pick_wgmma, ConvGeom, MMA_N_PAD,
+    gather_width, pick_halo, pick_mma, pick_wgmma, split_k, ConvGeom, MMA_N_PAD,
 };
 
 /// Device properties and backend switches the launch list depends on.
@@ -198,20 +198,6 @@ impl PartialEq for ConvKernel {
             && self.funcs() == o.funcs()
             && classes(self) == classes(o)
     }
-}
-
-/// K splits for an mma conv of `rows` GEMM rows (the batch's), `cout` columns and K = `k` on
-/// tile `t` with `sm` SMs: 1 unless its output tiles fill under half the SMs and K runs 128 tiles of 32 or
-/// more (SwinUNETR's 768-channel 3^3 convs on 3^3 / 6^3 voxels, nnU-Net's 320-channel 4^3
-/// ones); then enough splits to reach about one block per SM, each at least 32 K tiles long,
-/// at most 16 (the reduce reads every partial).
-pub fn split_k(sm: usize, rows: usize, cout: usize, k: usize, t: &MmaConfig) -> usize {
-    let tiles = rows.div_ceil(t.bm) * cout.div_ceil(t.bn);
-    let nk = k.div_ceil(32);
-    if tiles == 0 || tiles * 2 > sm || nk < 128 {
-        return 1;
-    }
-    (sm / tiles).min(nk / 32).clamp(1, 16)
 }
 
 /// Bytes of the fp32 partial sums a conv on `kernel` writes for `rows` GEMM rows (all the
