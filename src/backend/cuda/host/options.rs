@@ -36,7 +36,7 @@ pub struct CudaOptions {
     /// Keep a conv output that only InstanceNorm / GroupNorm read in fp32 (more activation
     /// bytes, fewer flipped labels: see `BufferPlan::f32_values`). Off only to measure it.
     pub norm_f32: bool,
-    /// Split the K of tile-starved mma convs over several blocks (`conv_kernel::split_k`).
+    /// Split the K of tile-starved mma convs over several blocks (`select::split_k`).
     pub split_k: bool,
 }
 
