@@ -135,11 +135,14 @@ mod tests {
 
     const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/deepbrain.onnx");
 
+    /// An explicit budget: the default, half the RAM available when each engine is built, moves
+    /// between two builds while other processes run.
     fn cpu() -> Options {
         Options {
             device: Device::Cpu,
             roi: Some([16; 3]),
             keep_logits: true,
+            memory_budget: Some(1 << 30),
             ..Options::default()
         }
     }
