@@ -9,7 +9,7 @@
 
 use crate::backend::cuda::abi::{alloc_size, elem_bytes, Act, Shape};
 use crate::backend::cuda::host::attention_table::{node_table, terms_f32};
-use crate::backend::cuda::host::conv_kernel::{split_k_bytes, ArchCaps, ConvKernel};
+use crate::backend::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
 use crate::backend::cuda::host::fusion::{concat_slice, consumers, fusable_activation};
 use crate::backend::cuda::host::select::{is_upsampling_convt, ConvGeom};
 use crate::backend::cuda::host::tensor_layout::{
@@ -661,7 +661,7 @@ pub fn buffer_plan(
         .filter_map(|l| {
             let o = w.shapes[graph.nodes[l.node].output];
             let rows = batch * o[1] * o[2] * o[3];
-            l.conv.as_ref().map(|k| split_k_bytes(k, rows, o[0]))
+            l.conv.as_ref().map(|k| k.partial_bytes(rows, o[0]))
         })
         .max()
         .unwrap_or(0);

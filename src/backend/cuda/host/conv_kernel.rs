@@ -152,6 +152,23 @@ impl ConvKernel {
         !matches!(self, ConvKernel::Pointwise { .. })
     }
 
+    /// The parts its K is split into (`SplitK`), else 1.
+    pub fn k_splits(&self) -> usize {
+        match self {
+            ConvKernel::SplitK(_, ks) => *ks,
+            _ => 1,
+        }
+    }
+
+    /// Bytes of the fp32 partial sums it writes for `rows` GEMM rows (all the plan's windows)
+    /// and `cout` channels, 0 unless its K is split: the plan's scratch holds the largest.
+    pub fn partial_bytes(&self, rows: usize, cout: usize) -> usize {
+        match self.k_splits() {
+            1 => 0,
+            ks => ks * rows * cout * 4,
+        }
+    }
+
     /// Kernel name of each launch (one per parity class, else one).
     pub fn funcs(&self) -> Vec<&'static str> {
         match self {
@@ -197,15 +214,6 @@ impl PartialEq for ConvKernel {
         std::mem::discriminant(self) == std::mem::discriminant(o)
             && self.funcs() == o.funcs()
             && classes(self) == classes(o)
-    }
-}
-
-/// Bytes of the fp32 partial sums a conv on `kernel` writes for `rows` GEMM rows (all the
-/// plan's windows) and `cout` channels: the plan's scratch holds the largest.
-pub fn split_k_bytes(kernel: &ConvKernel, rows: usize, cout: usize) -> usize {
-    match kernel {
-        ConvKernel::SplitK(_, ks) => ks * rows * cout * 4,
-        _ => 0,
     }
 }
 
@@ -633,8 +641,8 @@ mod tests {
         let tiles = 54usize.div_ceil(t.bm) * 768usize.div_ceil(t.bn);
         assert!(ks > 1 && tiles * ks <= 132, "{tiles} tiles x {ks}");
         assert_eq!(ks, split_k(132, 54, 768, 768 * 27, t));
-        assert_eq!(split_k_bytes(&k, 54, 768), ks * 54 * 768 * 4);
-        assert_eq!(split_k_bytes(&ConvKernel::Mma(t), 54, 768), 0);
+        assert_eq!(k.partial_bytes(54, 768), ks * 54 * 768 * 4);
+        assert_eq!(ConvKernel::Mma(t).partial_bytes(54, 768), 0);
         let short = geom([768, 6, 6, 6], [384, 6, 6, 6], 1, 1, 1, false);
         assert!(matches!(
             ConvKernel::choose(&h, 2, &short),

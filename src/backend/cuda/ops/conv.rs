@@ -276,12 +276,8 @@ pub(crate) fn build(
                 _ => unreachable!("matched above"),
             };
             let shape = (func, bm as u32, bn as u32, threads, smem);
-            let ksplit = match kernel {
-                K::SplitK(_, ks) => *ks,
-                _ => 1,
-            };
             Ok(vec![ConvStep {
-                ksplit,
+                ksplit: kernel.k_splits(),
                 ..step(p, wp, io.y, shape)
             }])
         }
