@@ -155,18 +155,43 @@ __device__ __forceinline__ void am_tile(half* dst, const half* __restrict__ src,
     }
 }
 
-// Adds a bias or mask term (kind 1 fp16, 2 fp32) at `at` (key j) and `at + ss` (key j + 1, when
-// `two`) to x0, x1: one 8-byte load where `pair` (fp32, ss == 1, `at` even).
-__device__ __forceinline__ void am_term(float& x0, float& x1, const void* p, int kind, i64 at, int ss, bool pair,
-                                        bool two) {
-    if (kind == 2 && pair && two) {
-        const float2 b = *reinterpret_cast<const float2*>((const float*)p + at);
-        x0 += b.x;
-        x1 += b.y;
-        return;
+// Adds a tile's bias or mask terms (kind 1 fp16, 2 fp32; 0: none) for a lane's scores to tb:
+// rows r0 and r1 (already clamped below T), keys j0 + 8j (+1), clamped below S. Every address
+// lies inside the operand, so the loads carry no branch or predicate and issue back to back;
+// entries past T or S are discarded by the caller. `pair`: 8-byte loads (fp32, unit key stride,
+// even offsets, the whole tile inside S).
+template <int NB>
+__device__ __forceinline__ void am_terms(float (&tb)[NB][4], const void* __restrict__ p, int kind, i64 off, int st,
+                                         int ss, bool pair, int r0, int r1, int j0, int S) {
+    const i64 rb[2] = {off + (i64)r0 * st, off + (i64)r1 * st};
+    if (kind == 2 && pair) {
+        const float* f = (const float*)p;
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const float2 b = __ldg(reinterpret_cast<const float2*>(f + rb[h] + j0 + 8 * j));
+                tb[j][2 * h] += b.x;
+                tb[j][2 * h + 1] += b.y;
+            }
+    } else if (kind == 2) {
+        const float* f = (const float*)p;
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) tb[j][2 * h + e] += __ldg(f + rb[h] + (i64)min(j0 + 8 * j + e, S - 1) * ss);
+    } else if (kind == 1) {
+        const half* f = (const half*)p;
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    tb[j][2 * h + e] += __half2float(f[rb[h] + (i64)min(j0 + 8 * j + e, S - 1) * ss]);
     }
-    x0 += att_bias(p, kind, at);
-    if (two) x1 += att_bias(p, kind, at + ss);
 }
 
 __device__ __forceinline__ unsigned am_pack(float a, float b) {
@@ -220,6 +245,17 @@ __device__ __forceinline__ void attention_mma(const half* __restrict__ q, const 
             am_tile<DP>(Vs + (buf ^ 1) * TILE, v, vo, s0 + AM_BN, S, ldv, dv, vv, tid);
         }
         cp_async_commit();
+        // This tile's bias and mask terms, requested before the wait so that their latency hides
+        // behind it and behind q.k^T.
+        float tb[NB][4];
+#pragma unroll
+        for (int j = 0; j < NB; j++) tb[j][0] = tb[j][1] = tb[j][2] = tb[j][3] = 0.f;
+        if (live) {
+            const bool full = s0 + AM_BN <= S;
+            const int r0 = min(row0, T - 1), r1 = min(row0 + 8, T - 1), j0 = s0 + c2;
+            if (bias_kind != 0) am_terms<NB>(tb, bias, bias_kind, bo, bias_t, bias_s, bpair && full, r0, r1, j0, S);
+            if (mask_kind != 0) am_terms<NB>(tb, mask, mask_kind, mo, mask_t, mask_s, mpair && full, r0, r1, j0, S);
+        }
         cp_async_wait<1>();
         __syncthreads();  // tile it (and Q, the first time) landed for every thread
         if (live) {
@@ -245,7 +281,7 @@ __device__ __forceinline__ void attention_mma(const half* __restrict__ q, const 
                     mma16816(sc[2 * j2 + 1], qf[kk], b[2], b[3]);
                 }
             }
-            // Scale, bias, mask; -inf past S. Lane holds keys s0 + 8j + c2 (+1) of rows g, g + 8.
+            // Scale, add the terms; -inf past S. Lane holds keys s0 + 8j + c2 (+1) of rows g, g + 8.
             float mt[2] = {NEG_INF, NEG_INF};
 #pragma unroll
             for (int j = 0; j < NB; j++) {
@@ -253,17 +289,8 @@ __device__ __forceinline__ void attention_mma(const half* __restrict__ q, const 
                 const bool one = js < S, two = js + 1 < S;
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    float x0 = sc[j][2 * h] * scale, x1 = sc[j][2 * h + 1] * scale;
-                    if (one && (row0 + 8 * h) < T) {
-                        if (bias_kind != 0)
-                            am_term(x0, x1, bias, bias_kind, bo + (i64)(row0 + 8 * h) * bias_t + (i64)js * bias_s, bias_s,
-                                    bpair, two);
-                        if (mask_kind != 0)
-                            am_term(x0, x1, mask, mask_kind, mo + (i64)(row0 + 8 * h) * mask_t + (i64)js * mask_s, mask_s,
-                                    mpair, two);
-                    }
-                    x0 = one ? x0 : NEG_INF;
-                    x1 = two ? x1 : NEG_INF;
+                    const float x0 = one ? sc[j][2 * h] * scale + tb[j][2 * h] : NEG_INF;
+                    const float x1 = two ? sc[j][2 * h + 1] * scale + tb[j][2 * h + 1] : NEG_INF;
                     sc[j][2 * h] = x0;
                     sc[j][2 * h + 1] = x1;
                     mt[h] = fmaxf(mt[h], fmaxf(x0, x1));
@@ -338,8 +365,8 @@ __device__ __forceinline__ void attention_mma(const half* __restrict__ q, const 
     }
 }
 
-#define ATTMMA_ENTRY(NAME, DP)                                                                             \
-    extern "C" __global__ void __launch_bounds__(128) NAME(                                                      \
+#define ATTMMA_ENTRY(NAME, DP, MINB)                                                                            \
+    extern "C" __global__ void __launch_bounds__(128, MINB) NAME(                                                    \
         const half* __restrict__ q, const half* __restrict__ k, const half* __restrict__ v,                      \
         const void* __restrict__ bias, const void* __restrict__ mask, half* __restrict__ o,                      \
         const i64* __restrict__ offs, int T, int S, int d, int dv, int ldq, int ldk, int ldv, int ldo,           \
@@ -347,6 +374,6 @@ __device__ __forceinline__ void attention_mma(const half* __restrict__ q, const 
         attention_mma<DP>(q, k, v, bias, mask, o, offs, T, S, d, dv, ldq, ldk, ldv, ldo, bias_kind, bias_t,     \
                           bias_s, mask_kind, mask_t, mask_s, scale);                                             \
     }
-ATTMMA_ENTRY(attention_mma_d16, 16)
-ATTMMA_ENTRY(attention_mma_d32, 32)
-ATTMMA_ENTRY(attention_mma_d64, 64)
+ATTMMA_ENTRY(attention_mma_d16, 16, 4)
+ATTMMA_ENTRY(attention_mma_d32, 32, 4)
+ATTMMA_ENTRY(attention_mma_d64, 64, 3)

@@ -39,10 +39,10 @@ fn offset_table_broadcasts() {
     )
     .unwrap();
     assert_eq!(t.offs.len(), 6 * 6);
-    // Leading index (1, 2) = row 5: q (1·3+2)·30, k 2·42, v 1·28, bias 2·7, mask 1·35,
-    // out 5·20.
-    assert_eq!(&t.offs[30..36], &[150, 84, 28, 14, 35, 100]);
-    assert_eq!((t.bias_ts, t.mask_ts), ([0, 1], [7, 1]));
+    // Leading index (1, 2) = row 5: q (1·3+2)·30, k 2·42, v 1·28, bias 2·8, mask 1·40,
+    // out 5·20 (the bias and mask rows of 7 keys are uploaded 8 apart: even, for pair loads).
+    assert_eq!(&t.offs[30..36], &[150, 84, 28, 16, 40, 100]);
+    assert_eq!((t.bias_ts, t.mask_ts), ([0, 1], [8, 1]));
     let wide = Attention {
         scale: 1.0,
         bias: None,
@@ -71,8 +71,9 @@ fn offset_table_repeats_a_window_mask() {
     let k = dims(&[4, 3, 7, 6]);
     let t = attention_offsets(&a, &q, &k, &k).unwrap();
     let mask: Vec<i64> = t.offs.chunks(6).map(|o| o[4]).collect();
-    // Leading (window row, head): rows 0..3 are window 0, 3..6 window 1, then again.
-    let per_row = [0, 0, 0, 35, 35, 35];
+    // Leading (window row, head): rows 0..3 are window 0, 3..6 window 1 (5 rows of 7 keys,
+    // uploaded 8 apart), then again.
+    let per_row = [0, 0, 0, 40, 40, 40];
     let want: Vec<i64> = per_row.iter().chain(&per_row).copied().collect();
     assert_eq!(mask, want);
 }

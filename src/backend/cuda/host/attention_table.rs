@@ -6,6 +6,7 @@ use crate::backend::cuda::host::tensor_layout::Stored;
 use crate::model::graph::Tensor;
 use crate::model::ops::{Attention, AttnDims, Dims};
 use crate::{Error, Result};
+use std::borrow::Cow;
 
 /// Most features of q / k (d) and of v (dv) the kernel holds (its `ATT_DMAX`).
 pub const MAX_FEATURES: usize = 128;
@@ -18,7 +19,8 @@ pub struct AttnTable {
     pub offs: Vec<i64>,
     /// Row strides (elements) of q, k, v and the output.
     pub ld: [usize; 4],
-    /// Bias and mask strides along T and S (both are row-major constants).
+    /// Bias and mask strides along T and S (both are row-major constants, rows padded to
+    /// `row_stride` as uploaded).
     pub bias_ts: [usize; 2],
     pub mask_ts: [usize; 2],
 }
@@ -116,8 +118,9 @@ pub fn strided_offsets(
     let term = |b: &Option<Tensor>| match b {
         Some(b) => {
             let (bt, bs) = (b.shape[n], b.shape[n + 1]);
-            let st = lead_strides(&b.shape, &row_major(&b.shape), n);
-            (st, [if bt == 1 { 0 } else { bs }, usize::from(bs != 1)])
+            let up = uploaded_shape(b);
+            let st = lead_strides(&b.shape, &row_major(&up), n);
+            (st, [if bt == 1 { 0 } else { up[n + 1] }, usize::from(bs != 1)])
         }
         None => (vec![0; n], [0, 0]),
     };
@@ -178,9 +181,45 @@ pub fn node_table(op: &Attention, ins: &[Stored], out_ndhwc: bool) -> Result<Att
     )
 }
 
-/// The bias and mask of `op` as uploaded, in that order: fp32, so masks of -100 plus small
-/// relative-position biases keep every bit the CPU reference sees (fp16 would round 0.01 next
-/// to -100 away).
-pub fn terms_f32(op: &Attention) -> [Option<&[f32]>; 2] {
-    [&op.bias, &op.mask].map(|b| b.as_ref().map(|b| b.data.as_slice()))
+/// The bias and mask of `op`, in that order.
+pub fn terms(op: &Attention) -> [Option<&Tensor>; 2] {
+    [op.bias.as_ref(), op.mask.as_ref()]
+}
+
+/// A bias or mask row's stride as uploaded: its length rounded up to even, so that every row
+/// starts 8-byte aligned and the kernel reads two keys per load (SwinUNETR's rows of 343 keys
+/// would otherwise take one load per key).
+fn row_stride(s: usize) -> usize {
+    s + (s & 1) * usize::from(s > 1)
+}
+
+/// A term's shape as uploaded: its last axis padded to `row_stride`.
+fn uploaded_shape(t: &Tensor) -> Vec<usize> {
+    let mut s = t.shape.clone();
+    if let Some(last) = s.last_mut() {
+        *last = row_stride(*last);
+    }
+    s
+}
+
+/// Elements of a term as uploaded (the buffer plan's count).
+pub fn uploaded_len(t: &Tensor) -> usize {
+    uploaded_shape(t).iter().product()
+}
+
+/// A term as uploaded: fp32, so masks of -100 plus small relative-position biases keep every
+/// bit the CPU reference sees (fp16 would round 0.01 next to -100 away), rows padded with zeros
+/// to `row_stride` (the table's strides count the padding).
+pub fn uploaded_f32(t: &Tensor) -> Cow<'_, [f32]> {
+    let s = t.shape.last().copied().unwrap_or(1);
+    let ps = row_stride(s);
+    if ps == s {
+        return Cow::Borrowed(&t.data);
+    }
+    let mut out = Vec::with_capacity(uploaded_len(t));
+    for row in t.data.chunks(s) {
+        out.extend_from_slice(row);
+        out.resize(out.len() + ps - s, 0.0);
+    }
+    Cow::Owned(out)
 }

@@ -8,7 +8,7 @@
 //! come in as [`ArchCaps`].
 
 use crate::backend::cuda::abi::{alloc_size, elem_bytes, Act, Shape};
-use crate::backend::cuda::host::attention_table::{node_table, terms_f32};
+use crate::backend::cuda::host::attention_table::{node_table, terms, uploaded_len};
 use crate::backend::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
 use crate::backend::cuda::host::fusion::{concat_slice, consumers, fusable_activation};
 use crate::backend::cuda::host::select::{is_upsampling_convt, ConvGeom};
@@ -507,9 +507,9 @@ impl Walk<'_> {
                     node_table(a, &st, self.stored[node.output].ndhwc).map_or(0, |t| t.offs.len());
                 push(rows * 8, "attention offset table (i64)");
                 let what = ["attention bias (fp32)", "attention mask (fp32)"];
-                for (b, what) in terms_f32(a).into_iter().zip(what) {
+                for (b, what) in terms(a).into_iter().zip(what) {
                     if let Some(b) = b {
-                        push(f32s(b.len()), what);
+                        push(f32s(uploaded_len(b)), what);
                     }
                 }
             }

@@ -3,7 +3,9 @@
 //! strided views, broadcast operands) can drive it. `host::attention_table` builds the table; `attention_f16` runs one attention from host data (tests).
 
 use super::Build;
-use crate::backend::cuda::host::attention_table::{node_table, offsets, terms_f32, MAX_FEATURES};
+use crate::backend::cuda::host::attention_table::{
+    node_table, offsets, terms, uploaded_f32, MAX_FEATURES,
+};
 use crate::backend::cuda::host::catalogue::{
     ATTENTION_FWD, ATTENTION_MMA_D16, ATTENTION_MMA_D32, ATTENTION_MMA_D64,
 };
@@ -83,9 +85,9 @@ pub(crate) fn build(
     };
     let offs = b.upload_const(&tab.offs)?;
     let mut up = [(0, BiasKind::None); 2];
-    for (slot, x) in up.iter_mut().zip(terms_f32(op)) {
+    for (slot, x) in up.iter_mut().zip(terms(op)) {
         if let Some(x) = x {
-            *slot = (b.upload_const(x)?, BiasKind::F32);
+            *slot = (b.upload_const(&uploaded_f32(x))?, BiasKind::F32);
         }
     }
     let [(bias, bias_kind), (mask, mask_kind)] = up;
@@ -199,8 +201,8 @@ pub(crate) fn attention_f16(
     );
     let term = |b: &Option<Tensor>| -> Result<(Option<DevBuf>, BiasKind)> {
         Ok(match b {
-            Some(t) if bias_f32 => (Some(DevBuf::upload(ctx, s, &t.data)?), BiasKind::F32),
-            Some(t) => (Some(DevBuf::upload(ctx, s, &h(&t.data))?), BiasKind::F16),
+            Some(t) if bias_f32 => (Some(DevBuf::upload(ctx, s, &uploaded_f32(t))?), BiasKind::F32),
+            Some(t) => (Some(DevBuf::upload(ctx, s, &h(&uploaded_f32(t)))?), BiasKind::F16),
             None => (None, BiasKind::None),
         })
     };
@@ -241,6 +243,7 @@ pub(crate) fn attention_f16(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::cuda::host::attention_table::uploaded_len;
 
     fn d(s: &[usize]) -> Dims {
         Dims::new(s).unwrap()
@@ -257,15 +260,22 @@ mod tests {
         let t = offsets(&op, &d(&[2, 2, 3, 4]), &d(&[2, 1, 5, 4]), &d(&[1, 2, 5, 6])).unwrap();
         assert_eq!(t.ld, [4, 4, 6, 6]);
         assert_eq!(t.bias_ts, [0, 1]);
-        assert_eq!(t.mask_ts, [5, 1]);
+        // Rows of 5 keys are uploaded 6 apart (even, for the kernel's pair loads).
+        assert_eq!(t.mask_ts, [6, 1]);
         #[rustfmt::skip]
         let want = vec![
             0, 0, 0, 0, 0, 0,
-            12, 0, 30, 5, 0, 18,
-            24, 20, 0, 0, 15, 36,
-            36, 20, 30, 5, 15, 54,
+            12, 0, 30, 6, 0, 18,
+            24, 20, 0, 0, 18, 36,
+            36, 20, 30, 6, 18, 54,
         ];
         assert_eq!(t.offs, want);
+        let mask = op.mask.as_ref().unwrap();
+        assert_eq!(uploaded_len(mask), 36);
+        let m = Tensor::new(vec![1, 2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(&*uploaded_f32(&m), &[1.0, 2.0, 3.0, 0.0, 4.0, 5.0, 6.0, 0.0]);
+        let even = Tensor::new(vec![1, 2], vec![1.0, 2.0]);
+        assert_eq!(&*uploaded_f32(&even), &[1.0, 2.0]);
         // Rank 5 NDHWC with C = 1 is row-major; with C = 2 the features are 2 apart: refused;
         // the same value stored row-major has them contiguous.
         let plain = Attention {
