@@ -120,7 +120,10 @@ pub fn strided_offsets(
             let (bt, bs) = (b.shape[n], b.shape[n + 1]);
             let up = uploaded_shape(b);
             let st = lead_strides(&b.shape, &row_major(&up), n);
-            (st, [if bt == 1 { 0 } else { up[n + 1] }, usize::from(bs != 1)])
+            (
+                st,
+                [if bt == 1 { 0 } else { up[n + 1] }, usize::from(bs != 1)],
+            )
         }
         None => (vec![0; n], [0, 0]),
     };

@@ -201,8 +201,14 @@ pub(crate) fn attention_f16(
     );
     let term = |b: &Option<Tensor>| -> Result<(Option<DevBuf>, BiasKind)> {
         Ok(match b {
-            Some(t) if bias_f32 => (Some(DevBuf::upload(ctx, s, &uploaded_f32(t))?), BiasKind::F32),
-            Some(t) => (Some(DevBuf::upload(ctx, s, &h(&uploaded_f32(t)))?), BiasKind::F16),
+            Some(t) if bias_f32 => (
+                Some(DevBuf::upload(ctx, s, &uploaded_f32(t))?),
+                BiasKind::F32,
+            ),
+            Some(t) => (
+                Some(DevBuf::upload(ctx, s, &h(&uploaded_f32(t)))?),
+                BiasKind::F16,
+            ),
             None => (None, BiasKind::None),
         })
     };
@@ -273,7 +279,10 @@ mod tests {
         let mask = op.mask.as_ref().unwrap();
         assert_eq!(uploaded_len(mask), 36);
         let m = Tensor::new(vec![1, 2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-        assert_eq!(&*uploaded_f32(&m), &[1.0, 2.0, 3.0, 0.0, 4.0, 5.0, 6.0, 0.0]);
+        assert_eq!(
+            &*uploaded_f32(&m),
+            &[1.0, 2.0, 3.0, 0.0, 4.0, 5.0, 6.0, 0.0]
+        );
         let even = Tensor::new(vec![1, 2], vec![1.0, 2.0]);
         assert_eq!(&*uploaded_f32(&even), &[1.0, 2.0]);
         // Rank 5 NDHWC with C = 1 is row-major; with C = 2 the features are 2 apart: refused;
