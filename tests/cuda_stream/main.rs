@@ -528,6 +528,71 @@ fn device_gather_is_bitwise_the_host_gather() {
     }
 }
 
+/// Replaying each batch's launch list as a CUDA graph gives the bits of launching its steps: a
+/// run without graphs, then two runs on one plan with them (the first captures the full batch's
+/// list at its second batch, the second run also the short last batch's), logits bitwise equal,
+/// and graphs were captured. Poisoned activation buffers as in the gather test.
+#[test]
+fn graph_replay_is_bitwise_the_steps() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("graphs");
+    let roi = [32usize; 3];
+    let (size, batch) = ([70usize, 45, 60], 3usize);
+    let (net, _, vol) = gather_case(&mut b, &mut r, size, batch, (1, 4), roi);
+    let (padded, before, starts, wmap, cval) = window_set(&mut r, size, roi, [0.5, 0.5, 0.25]);
+    let mut runs = Vec::new();
+    for (graphs, reps) in [(false, 1), (true, 2)] {
+        b.set_options(CudaOptions {
+            graphs,
+            ..*b.options()
+        });
+        b.prepare(&net.graph(), batch, roi).unwrap();
+        for _ in 0..reps {
+            let (lg, _) = b
+                .segment_windows(&WindowJob {
+                    vol: vol.view().into(),
+                    padded,
+                    pad_before: before,
+                    roi,
+                    starts: &starts,
+                    weights: wmap.view(),
+                    batch,
+                    cval,
+                })
+                .unwrap();
+            runs.push(lg);
+        }
+        let captured = b.graphs_captured();
+        println!(
+            "RESULT graphs {graphs}: {} windows, batch {batch}, {captured} graphs captured",
+            starts.len()
+        );
+        assert_eq!(captured > 0, graphs, "graphs {graphs}: {captured} captured");
+    }
+    b.set_options(CudaOptions {
+        graphs: true,
+        ..*b.options()
+    });
+    let want = reference(&net, &vol, before, roi, &starts, &wmap, cval);
+    let e = rel_l2(runs[0].as_slice().unwrap(), &want);
+    assert!(e <= 1e-2, "steps rel L2 {e}");
+    for (i, lg) in runs.iter().enumerate().skip(1) {
+        let diff = lg
+            .iter()
+            .zip(runs[0].iter())
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        println!(
+            "RESULT graph run {i}: {diff} logits differ from the steps' (rel L2 to f64 {e:.2e})"
+        );
+        assert_eq!(
+            diff, 0,
+            "graph run {i}: logits differ from launching the steps"
+        );
+    }
+}
+
 /// Device memory of the pipeline does not grow with the volume's D: a volume 4x longer keeps the
 /// peak within 5%; the planner's prediction bounds it.
 #[test]

@@ -8,11 +8,13 @@ use crate::backend::cuda::host::buffers::{buffer_plan, BufferPlan};
 use crate::backend::cuda::host::catalogue::FILL_HALF;
 use crate::backend::cuda::host::conv_kernel::ArchCaps;
 use crate::backend::cuda::ops::eltwise::Elt;
+use crate::backend::cuda::runtime::device::drv;
 use crate::backend::cuda::runtime::device::DevBuf;
 use crate::backend::cuda::runtime::launch::{Arg, Gpu};
 use crate::model::graph::{Graph, Op, Tensor};
 use crate::{Error, Result};
-use cudarc::driver::PinnedHostSlice;
+use cudarc::driver::{sys, CudaGraph, PinnedHostSlice};
+use std::sync::Mutex;
 
 pub(crate) struct Prepared {
     pub batch: usize,
@@ -40,7 +42,22 @@ pub(crate) struct Prepared {
     pub norm_ab: DevBuf,
     /// Bytes of activation memory the plan allocated (after reuse).
     pub activation_bytes: usize,
+    /// The launch list as CUDA graphs per sample count (`CudaOptions::graphs`), or None.
+    pub graphs: Option<Graphs>,
 }
+
+/// The launch list captured as a CUDA graph per sample count, replayed per batch: one launch
+/// instead of one per step (SwinUNETR's list has 415). A count is captured the second time it
+/// runs: its first run launches the steps directly, so every kernel has run once (and been
+/// loaded) outside a capture. Every pointer the steps take is fixed by the plan, so a replay
+/// launches exactly what the list would.
+#[derive(Default)]
+pub(crate) struct Graphs(Mutex<Vec<(usize, Option<CudaGraph>)>>);
+
+// SAFETY: the graphs are reached only through the mutex, which serialises every call on them as
+// the CUDA driver asks of graph objects; the stream they launch on is Send + Sync.
+unsafe impl Send for Graphs {}
+unsafe impl Sync for Graphs {}
 
 /// Device and pinned f32 NCDHW staging of one window batch in and out (`Backend::run`).
 pub(crate) struct SingleWindow {
@@ -59,6 +76,7 @@ pub(crate) fn build(
     graph: &Graph,
     batch: usize,
     roi: [usize; 3],
+    graphs: bool,
 ) -> Result<Prepared> {
     let bp = buffer_plan(graph, batch, roi, caps)?;
     let arena = DevBuf::new(&gpu.ctx, bp.arena)?;
@@ -112,6 +130,7 @@ pub(crate) fn build(
         stage_bytes: (bp.stage_in, bp.stage_out),
         norm_sums: DevBuf::new(&gpu.ctx, bp.norm_sums)?,
         norm_ab: DevBuf::new(&gpu.ctx, bp.norm_ab)?,
+        graphs: graphs.then(Graphs::default),
     })
 }
 
@@ -177,6 +196,53 @@ impl Prepared {
             self.run_step(gpu, step, n)?;
         }
         Ok(())
+    }
+
+    /// Runs the list for `n` samples on the compute stream: its graph where one is captured
+    /// (see [`Graphs`]), else the steps.
+    pub fn run_batch(&self, gpu: &Gpu, n: usize) -> Result<()> {
+        let Some(graphs) = &self.graphs else {
+            return self.run_steps(gpu, n);
+        };
+        let mut g = graphs
+            .0
+            .lock()
+            .map_err(|_| Error::Backend("the CUDA graph cache was poisoned".into()))?;
+        match g.iter().position(|(m, _)| *m == n) {
+            None => {
+                g.push((n, None));
+                self.run_steps(gpu, n)
+            }
+            Some(i) => {
+                if g[i].1.is_none() {
+                    g[i].1 = Some(self.capture(gpu, n)?);
+                }
+                let graph = g[i].1.as_ref().expect("captured above");
+                graph.launch().map_err(drv("CUDA graph launch"))
+            }
+        }
+    }
+
+    /// How many sample counts have a captured graph (tests: the replay ran).
+    pub fn graphs_captured(&self) -> usize {
+        self.graphs.as_ref().map_or(0, |g| {
+            g.0.lock()
+                .map_or(0, |g| g.iter().filter(|(_, x)| x.is_some()).count())
+        })
+    }
+
+    /// The list for `n` samples captured from the compute stream (relaxed mode: the copy
+    /// thread's calls meanwhile are on other streams). The capture ends even when a step fails.
+    fn capture(&self, gpu: &Gpu, n: usize) -> Result<CudaGraph> {
+        let s = &gpu.stream;
+        s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(drv("CUDA graph capture"))?;
+        let ran = self.run_steps(gpu, n);
+        let graph = s.end_capture(sys::CUgraphInstantiate_flags(0));
+        ran?;
+        graph
+            .map_err(drv("CUDA graph capture"))?
+            .ok_or_else(|| Error::Backend("the CUDA graph capture was empty".into()))
     }
 
     /// Fills the activation arena with NaN (`CudaOptions::poison`; an fp32 buffer reads the

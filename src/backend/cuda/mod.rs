@@ -209,6 +209,12 @@ impl CudaBackend {
         )
     }
 
+    /// How many batch sizes of the prepared launch list run as a captured CUDA graph
+    /// (`CudaOptions::graphs`).
+    pub fn graphs_captured(&self) -> usize {
+        self.prepared.as_ref().map_or(0, |p| p.graphs_captured())
+    }
+
     /// High-water mark of this backend's device allocations (plan, constants, pipeline buffers)
     /// since the last `prepare` or `segment_windows*` call started.
     pub fn peak_device_bytes(&self) -> Option<u64> {
@@ -234,7 +240,7 @@ impl CudaBackend {
     pub fn prepare(&mut self, graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<()> {
         self.prepared = None;
         mem_reset_peak(&self.gpu.ctx);
-        let p = launch_list::build(&self.gpu, &self.caps(), graph, batch, roi)?;
+        let p = launch_list::build(&self.gpu, &self.caps(), graph, batch, roi, self.opts.graphs)?;
         self.gpu.stream.synchronize().map_err(drv("synchronize"))?;
         self.prepared = Some(p);
         Ok(())

@@ -38,6 +38,9 @@ pub struct CudaOptions {
     pub norm_f32: bool,
     /// Split the K of tile-starved mma convs over several blocks (`select::split_k`).
     pub split_k: bool,
+    /// Replay each batch's launch list as a CUDA graph (`launch_list::Graphs`) rather than
+    /// launching its steps one by one (the same kernels on the same buffers either way).
+    pub graphs: bool,
 }
 
 impl Default for CudaOptions {
@@ -55,6 +58,7 @@ impl Default for CudaOptions {
             gather_mode: GatherMode::Auto,
             norm_f32: true,
             split_k: true,
+            graphs: true,
         }
     }
 }

@@ -471,7 +471,7 @@ impl Pass<'_, '_> {
             self.fill_host(sc, k, n, ls, pending)?
         };
         let cg = ev(s)?;
-        self.prep.run_steps(self.gpu, n)?;
+        self.prep.run_batch(self.gpu, n)?;
         let c1 = ev(s)?;
         self.blend(st)?;
         let c2 = ev(s)?;
