@@ -457,7 +457,8 @@ fn device_gather_is_bitwise_the_host_gather() {
         let (net, stored, vol) = gather_case(&mut b, &mut r, size, batch, (cin, cout), roi);
         // Stored (C, W, H, D), viewed as (C, D, H, W): a strided view for the plane conversion.
         let strided = stored.view().permuted_axes([0, 3, 2, 1]);
-        let (padded, before, starts, wmap, cval) = window_set(&mut r, size, roi, ov);
+        let set = window_set(&mut r, size, roi, ov);
+        let (_, before, starts, wmap, cval) = &set;
         let mut runs = Vec::new();
         for (mode, view) in [
             (GatherMode::Host, vol.view()),
@@ -469,29 +470,9 @@ fn device_gather_is_bitwise_the_host_gather() {
                 gather_mode: mode,
                 ..*b.options()
             });
-            let (lg, t) = b
-                .segment_windows(&WindowJob {
-                    vol: view.into(),
-                    padded,
-                    pad_before: before,
-                    roi,
-                    starts: &starts,
-                    weights: wmap.view(),
-                    batch,
-                    cval,
-                })
-                .unwrap();
+            let (lg, t) = b.segment_windows(&job(view, &set, roi, batch)).unwrap();
             let (lb, _, t2) = b
-                .segment_windows_argmax(&WindowJob {
-                    vol: view.into(),
-                    padded,
-                    pad_before: before,
-                    roi,
-                    starts: &starts,
-                    weights: wmap.view(),
-                    batch,
-                    cval,
-                })
+                .segment_windows_argmax(&job(view, &set, roi, batch))
                 .unwrap();
             assert_eq!(t.gather_on_device, mode != GatherMode::Host, "{mode:?}");
             assert_eq!(t2.gather_on_device, mode != GatherMode::Host, "{mode:?}");
@@ -505,7 +486,7 @@ fn device_gather_is_bitwise_the_host_gather() {
             gather_mode: GatherMode::Auto,
             ..*b.options()
         });
-        let want = reference(&net, &vol, before, roi, &starts, &wmap, cval);
+        let want = reference(&net, &vol, *before, roi, starts, wmap, *cval);
         let e = rel_l2(runs[0].0.as_slice().unwrap(), &want);
         assert!(e <= 1e-2, "host gather rel L2 {e}");
         for (i, (lg, lb)) in runs.iter().enumerate().skip(1) {
@@ -540,7 +521,7 @@ fn graph_replay_is_bitwise_the_steps() {
     let roi = [32usize; 3];
     let (size, batch) = ([70usize, 45, 60], 3usize);
     let (net, _, vol) = gather_case(&mut b, &mut r, size, batch, (1, 4), roi);
-    let (padded, before, starts, wmap, cval) = window_set(&mut r, size, roi, [0.5, 0.5, 0.25]);
+    let set = window_set(&mut r, size, roi, [0.5, 0.5, 0.25]);
     let mut runs = Vec::new();
     for (graphs, reps) in [(false, 1), (true, 2)] {
         b.set_options(CudaOptions {
@@ -550,23 +531,14 @@ fn graph_replay_is_bitwise_the_steps() {
         b.prepare(&net.graph(), batch, roi).unwrap();
         for _ in 0..reps {
             let (lg, _) = b
-                .segment_windows(&WindowJob {
-                    vol: vol.view().into(),
-                    padded,
-                    pad_before: before,
-                    roi,
-                    starts: &starts,
-                    weights: wmap.view(),
-                    batch,
-                    cval,
-                })
+                .segment_windows(&job(vol.view(), &set, roi, batch))
                 .unwrap();
             runs.push(lg);
         }
         let captured = b.graphs_captured();
         println!(
             "RESULT graphs {graphs}: {} windows, batch {batch}, {captured} graphs captured",
-            starts.len()
+            set.2.len()
         );
         assert_eq!(captured > 0, graphs, "graphs {graphs}: {captured} captured");
     }
@@ -574,7 +546,8 @@ fn graph_replay_is_bitwise_the_steps() {
         graphs: true,
         ..*b.options()
     });
-    let want = reference(&net, &vol, before, roi, &starts, &wmap, cval);
+    let (_, before, starts, wmap, cval) = &set;
+    let want = reference(&net, &vol, *before, roi, starts, wmap, *cval);
     let e = rel_l2(runs[0].as_slice().unwrap(), &want);
     assert!(e <= 1e-2, "steps rel L2 {e}");
     for (i, lg) in runs.iter().enumerate().skip(1) {
@@ -1013,4 +986,24 @@ fn window_set(r: &mut Rng, size: [usize; 3], roi: [usize; 3], ov: [f64; 3]) -> W
     let (padded, before, mut starts) = grid(size, roi, ov);
     r.shuffle(&mut starts);
     (padded, before, starts, gaussian(roi), 0.25 + 0.1 * r.uni())
+}
+
+/// The job of window set `set` over `vol` (host memory) in batches of `batch`.
+fn job<'a>(
+    vol: ndarray::ArrayView4<'a, f32>,
+    set: &'a WindowSet,
+    roi: [usize; 3],
+    batch: usize,
+) -> WindowJob<'a> {
+    let (padded, pad_before, starts, wmap, cval) = set;
+    WindowJob {
+        vol: vol.into(),
+        padded: *padded,
+        pad_before: *pad_before,
+        roi,
+        starts,
+        weights: wmap.view(),
+        batch,
+        cval: *cval,
+    }
 }
