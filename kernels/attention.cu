@@ -155,6 +155,22 @@ __device__ __forceinline__ void am_tile(half* dst, const half* __restrict__ src,
     }
 }
 
+// One bias or mask value as fp32 (the term's element type is the overload).
+__device__ __forceinline__ float am_ld(const float* __restrict__ f, i64 at) { return __ldg(f + at); }
+__device__ __forceinline__ float am_ld(const half* __restrict__ f, i64 at) { return __half2float(f[at]); }
+
+// am_terms' one-load-per-key path: rows at rb[0], rb[1], keys j0 + 8j (+1) clamped below S.
+template <int NB, typename T>
+__device__ __forceinline__ void am_scalar(float (&tb)[NB][4], const T* __restrict__ f, const i64 (&rb)[2], int j0,
+                                          int S, int ss) {
+#pragma unroll
+    for (int j = 0; j < NB; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) tb[j][2 * h + e] += am_ld(f, rb[h] + (i64)min(j0 + 8 * j + e, S - 1) * ss);
+}
+
 // Adds a tile's bias or mask terms (kind 1 fp16, 2 fp32; 0: none) for a lane's scores to tb:
 // rows r0 and r1 (already clamped below T), keys j0 + 8j (+1), clamped below S. Every address
 // lies inside the operand, so the loads carry no branch or predicate and issue back to back;
@@ -175,22 +191,9 @@ __device__ __forceinline__ void am_terms(float (&tb)[NB][4], const void* __restr
                 tb[j][2 * h + 1] += b.y;
             }
     } else if (kind == 2) {
-        const float* f = (const float*)p;
-#pragma unroll
-        for (int j = 0; j < NB; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) tb[j][2 * h + e] += __ldg(f + rb[h] + (i64)min(j0 + 8 * j + e, S - 1) * ss);
+        am_scalar<NB>(tb, (const float*)p, rb, j0, S, ss);
     } else if (kind == 1) {
-        const half* f = (const half*)p;
-#pragma unroll
-        for (int j = 0; j < NB; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int e = 0; e < 2; e++)
-                    tb[j][2 * h + e] += __half2float(f[rb[h] + (i64)min(j0 + 8 * j + e, S - 1) * ss]);
+        am_scalar<NB>(tb, (const half*)p, rb, j0, S, ss);
     }
 }
 
