@@ -510,16 +510,17 @@ fn device_gather_is_bitwise_the_host_gather() {
 }
 
 /// Replaying each batch's launch list as a CUDA graph gives the bits of launching its steps: a
-/// run without graphs, then two runs on one plan with them (the first captures the full batch's
-/// list at its second batch, the second run also the short last batch's), logits bitwise equal,
-/// and graphs were captured. Poisoned activation buffers as in the gather test.
+/// run without graphs, then two runs on one plan with them (24 windows in batches of 5: the
+/// first run captures the full batches' list at its second batch, the second run also the short
+/// last batch's), logits bitwise equal, and graphs were captured. Poisoned activation buffers as
+/// in the gather test.
 #[test]
 fn graph_replay_is_bitwise_the_steps() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(mut b) = gpu() else { return };
     let mut r = Rng::tagged("graphs");
     let roi = [32usize; 3];
-    let (size, batch) = ([70usize, 45, 60], 3usize);
+    let (size, batch) = ([70usize, 45, 60], 5usize);
     let (net, _, vol) = gather_case(&mut b, &mut r, size, batch, (1, 4), roi);
     let set = window_set(&mut r, size, roi, [0.5, 0.5, 0.25]);
     let mut runs = Vec::new();
