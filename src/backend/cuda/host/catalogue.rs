@@ -22,7 +22,8 @@ pub enum Family {
     ConvMma,
     /// `conv_halo_*`: stride-1 3^3 convs from an smem halo.
     ConvHalo,
-    /// `conv_wg_*`: the halo convs on wgmma (sm_90a only).
+    /// `conv_wg_*` and `conv_wz_*`: the halo convs on wgmma (sm_90a only; kernels/wgmma.cuh,
+    /// conv_wgmma.cu and conv_wgmma_z.cu, one module).
     ConvWgmma,
     /// The memory-bound first layer (Cin 1) and head (1x1x1).
     ConvSmall,
@@ -80,7 +81,11 @@ impl Family {
         match self {
             Family::ConvMma => include_str!("../../../../kernels/conv_mma.cu"),
             Family::ConvHalo => include_str!("../../../../kernels/conv_halo.cu"),
-            Family::ConvWgmma => include_str!("../../../../kernels/conv_wgmma.cu"),
+            Family::ConvWgmma => concat!(
+                include_str!("../../../../kernels/wgmma.cuh"),
+                include_str!("../../../../kernels/conv_wgmma.cu"),
+                include_str!("../../../../kernels/conv_wgmma_z.cu")
+            ),
             Family::ConvSmall => include_str!("../../../../kernels/conv_small.cu"),
             Family::ConvWmmaLegacy => include_str!("../../../../kernels/conv_wmma_legacy.cu"),
             Family::ConvTranspose => include_str!("../../../../kernels/conv_transpose.cu"),
@@ -419,6 +424,10 @@ pub struct HaloConfig {
     pub wg_pad: bool,
     /// wgmma: the MMA loop run this many times (timing experiments only: > 1 gives wrong sums).
     pub wg_reps: usize,
+    /// A `conv_wz_*` kernel of kernels/conv_wgmma_z.cu: the weights as wgmma's A operand (32
+    /// output channels x 2 output planes), the halo as B; persistent, one warpgroup, `tile`
+    /// [z, y, 8] walked a plane pair at a time (Cin = `cin` only, Cout tiles of 32).
+    pub zpair: bool,
     /// Not measured yet: listed and compiled only with the `kernel-experiments` feature, never a
     /// default, run only when forced.
     pub experiment: bool,
@@ -446,6 +455,15 @@ impl HaloConfig {
     /// Dynamic shared memory: the weights (resident: bn rows of 27 * Cin + 8 halves; staged:
     /// wst x bn rows of Cin + 8) and hb halo buffers of Cin + 8 halves per row.
     pub fn smem_bytes(&self) -> u32 {
+        if self.zpair {
+            // conv_wgmma_z.cu: 4 weight blocks of 32 rows per (dy dx, channel group) and one
+            // zero block, 5 slots of two halo planes, two planes' fp32 staging (36-float rows).
+            let g = self.cin / 8;
+            let plane = (self.tile[1] + 2) * 10;
+            let n = 8 * self.tile[1];
+            return (((9 * g * 4 + 1) * 32 * 8 + 5 * g * 2 * plane * 8) * 2 + 2 * n * 36 * 4)
+                as u32;
+        }
         if self.wgmma {
             // conv_wgmma.cu: 27 resident taps or `wst` one-tap stages, then the halo, all in
             // unpadded 16-byte rows.
@@ -518,6 +536,7 @@ const fn halo(name: &'static str, cin: usize, bn: usize, wm: usize, wn: usize) -
         wgmma: false,
         wg_pad: false,
         wg_reps: 1,
+        zpair: false,
         experiment: false,
     }
 }
@@ -713,6 +732,7 @@ const fn wg(name: &'static str, cin: usize, bn: usize, tz: usize, wst: usize) ->
         wgmma: true,
         wg_pad: false,
         wg_reps: 1,
+        zpair: false,
         experiment: false,
     }
 }
@@ -727,6 +747,38 @@ const fn wgp(name: &'static str, cin: usize, bn: usize) -> HaloConfig {
         ..wg(name, cin, bn, 4, 0)
     }
 }
+
+/// A `conv_wz_*` kernel (kernels/conv_wgmma_z.cu): Cin `cin`, persistent blocks of one
+/// warpgroup walking tiles of `zt` x `ny` x 8 output voxels, five ring slots of two halo planes.
+const fn wz(name: &'static str, cin: usize, ny: usize, zt: usize) -> HaloConfig {
+    HaloConfig {
+        tile: [zt, ny, 8],
+        hb: 5,
+        persist: 1,
+        zpair: true,
+        ..wg(name, cin, 32, zt, 0)
+    }
+}
+
+pub const CONV_WZ_C32_Y16: HaloConfig = wz("conv_wz_c32_y16", 32, 16, 16);
+pub const CONV_WZ_C32_Y8: HaloConfig = wz("conv_wz_c32_y8", 32, 8, 16);
+pub const CONV_WZ_C16_Y16: HaloConfig = wz("conv_wz_c16_y16", 16, 16, 16);
+/// Two warpgroups (`threads` 256, `conv_wz_h`): the second copies the slots and stores the
+/// staged planes beside the first's MMA chain. An experiment: measured 0.696 ms on K1 (session
+/// 17, call 4) but wrong where a block walks more than one tile (a race, PERF_NOTES.md); the
+/// consumer-side proxy fence since added is not yet measured.
+#[cfg(feature = "kernel-experiments")]
+pub const CONV_WZ_C32_Y16_H: HaloConfig = HaloConfig {
+    threads: 256,
+    experiment: true,
+    ..wz("conv_wz_c32_y16_h", 32, 16, 16)
+};
+#[cfg(feature = "kernel-experiments")]
+pub const CONV_WZ_C32_Y8_H: HaloConfig = HaloConfig {
+    threads: 256,
+    experiment: true,
+    ..wz("conv_wz_c32_y8_h", 32, 8, 16)
+};
 
 pub const CONV_WG_C32N32_P: HaloConfig = wgp("conv_wg_c32n32_p", 32, 32);
 pub const CONV_WG_C16N16_P: HaloConfig = HaloConfig {
@@ -751,17 +803,22 @@ pub const CONV_WG_C32N32_S4: HaloConfig = wg("conv_wg_c32n32_s4", 32, 32, 4, 4);
 pub const CONV_WG_C64N64_S4: HaloConfig = wg("conv_wg_c64n64_s4", 64, 64, 4, 4);
 pub const CONV_WG_C32N64_S4: HaloConfig = wg("conv_wg_c32n64_s4", 32, 64, 4, 4);
 
-/// The wgmma halo kernels (kernels/conv_wgmma.cu) the planner takes before [`HALO_CONFIGS`] on
-/// compute capability 9.0 (`ArchCaps::conv_wgmma`). ORDER = PREFERENCE, as there.
-/// Measured (PERF_NOTES.md, session 13): the width-16 resident kernel beats `conv_halo_c16n16_r`
-/// on W2's 14->14 at 128^3 (0.95 vs 1.24 ms) and ties it at 64^3.
-pub const WGMMA_CONFIGS: &[HaloConfig] = &[CONV_WG_C16N16_R];
+/// The wgmma halo kernels (kernels/conv_wgmma.cu, conv_wgmma_z.cu) the planner takes before
+/// [`HALO_CONFIGS`] on compute capability 9.0 (`ArchCaps::conv_wgmma`). ORDER = PREFERENCE, as
+/// there. Measured (PERF_NOTES.md): the z-pair kernel on K1 (Cin 32 -> 32) 0.77-0.79 ms against
+/// `conv_halo_c32n32_w4`'s 0.94 (session 17); the width-16 resident kernel beats
+/// `conv_halo_c16n16_r` on W2's 14->14 at 128^3 (0.95 vs 1.24 ms) and ties it at 64^3
+/// (session 13).
+pub const WGMMA_CONFIGS: &[HaloConfig] = &[CONV_WZ_C32_Y16, CONV_WG_C16N16_R];
 
 /// wgmma kernels that run only when forced (`CudaOptions::halo_tile`): those measured slower than
 /// `conv_halo_*` on the same layers (PERF_NOTES.md, session 13: K1 on `_p` 1.11, `_s4` 1.09,
-/// `_r` 1.43 ms against 0.94; the width-16 persistent one 1.28 against 0.95), the one not
-/// measured against its `conv_halo` twin (`c16n32_r`), and the experiments.
+/// `_r` 1.43 ms against 0.94; the width-16 persistent one 1.28 against 0.95; session 17: the
+/// z-pair `_y8` 0.83 against `_y16`'s 0.77), the ones not measured against a twin (`c16n32_r`,
+/// `conv_wz_c16_y16`), and the experiments.
 pub const WGMMA_FORCED: &[HaloConfig] = &[
+    CONV_WZ_C32_Y8,
+    CONV_WZ_C16_Y16,
     CONV_WG_C32N32_P,
     CONV_WG_C16N16_P,
     CONV_WG_C16N32_P,
@@ -771,6 +828,10 @@ pub const WGMMA_FORCED: &[HaloConfig] = &[
     CONV_WG_C64N64_S4,
     CONV_WG_C32N64_S4,
     CONV_WG_C32N32_S4,
+    #[cfg(feature = "kernel-experiments")]
+    CONV_WZ_C32_Y16_H,
+    #[cfg(feature = "kernel-experiments")]
+    CONV_WZ_C32_Y8_H,
     #[cfg(feature = "kernel-experiments")]
     CONV_WG_C32N32_RP,
     #[cfg(feature = "kernel-experiments")]
@@ -883,7 +944,10 @@ pub fn entry_lines(fam: Family) -> String {
     if fam == Family::ConvWgmma {
         for c in wgmma_all() {
             let (name, cin, bn, tz, pad) = (c.name, c.cin, c.bn, c.tile[0], c.wg_pad as u8);
-            out.push_str(&if c.persist > 0 {
+            out.push_str(&if c.zpair {
+                let h = if c.threads == 256 { "WZH" } else { "WZ" };
+                format!("{h}_ENTRY({name}, {cin}, {}, {tz})\n", c.tile[1])
+            } else if c.persist > 0 {
                 format!("WGP_ENTRY({name}, {cin}, {bn}, {tz}, {pad})\n")
             } else {
                 format!(

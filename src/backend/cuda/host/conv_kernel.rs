@@ -292,8 +292,24 @@ impl ConvKernel {
             return ConvKernel::Cin1;
         }
         // A conv whose output tiles leave most SMs idle while each streams a long K (also one
-        // the halo kernels take: their tiles starve the same way on a few voxels).
-        if mma && !g.upsample && !g.transposed && caps.split_k && caps.conv_tile.is_none() {
+        // the halo kernels take: their tiles starve the same way on a few voxels). A forced
+        // halo kernel keeps the convs it takes, as a forced mma tile does.
+        let forced_halo = caps.halo_tile.is_some_and(|c| {
+            let (smem, f) = (caps.smem_optin, Some(c.name));
+            let k = if c.wgmma {
+                pick_wgmma(g, smem, f)
+            } else {
+                pick_halo(g, smem, f)
+            };
+            k.is_some_and(|k| k.name == c.name)
+        });
+        if mma
+            && !g.upsample
+            && !g.transposed
+            && caps.split_k
+            && caps.conv_tile.is_none()
+            && !forced_halo
+        {
             let t = caps.mma_tile(rows, cout, vw);
             let ks = split_k(
                 caps.sm_count,
@@ -744,8 +760,8 @@ mod tests {
 
     /// The kernels of every W1 / W2 layer on the H200 at batch 2 and 4, pinned: a change to
     /// the catalogue, its order or the selection that moves a benchmark layer shows here. (W2's
-    /// width-16 convs take the wgmma kernel; everything else the mma.sync ones, W1's 8^3 / 4^3
-    /// layers with their K split where their tiles leave most SMs idle.)
+    /// width-16 convs and the 32->32 convs take wgmma kernels; everything else the mma.sync
+    /// ones, W1's 8^3 / 4^3 layers with their K split where their tiles leave most SMs idle.)
     #[test]
     fn w1_w2_kernels_are_pinned() {
         let pick = |net: &[Layer], batch: usize| -> Vec<String> {
@@ -762,7 +778,7 @@ mod tests {
         // W1 at batch 2; at batch 4 the layers listed in `w1_b4` change tile.
         let w1_b2 = [
             "Cin1 conv_c1_k3",
-            "Halo conv_halo_c32n32_w4",
+            "Halo conv_wz_c32_y16",
             "Mma conv_mma_m128n64_v8",
             "Halo conv_halo_c64n64",
             "Mma conv_mma_m128n128_v8",
@@ -800,7 +816,7 @@ mod tests {
             "Cin1 conv_c1_k3",
             "Halo conv_wg_c16n16_r",
             "Mma conv_mma_m128n32_v8",
-            "Halo conv_halo_c32n32_w4",
+            "Halo conv_wz_c32_y16",
             "Mma conv_mma_m128n64_v8",
             "Halo conv_halo_c64n64",
             "Mma conv_mma_m128n64_v8",

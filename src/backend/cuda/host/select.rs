@@ -111,7 +111,8 @@ pub fn pick_halo(
 
 /// The wgmma halo kernel (`conv_wg_*`) for a conv, by [`pick_halo`]'s rules over
 /// [`WGMMA_CONFIGS`] (or the forced-only [`WGMMA_FORCED`] one `force` names); the caller asks
-/// only on compute capability 9.0.
+/// only on compute capability 9.0. By default a z-pair kernel (`conv_wz_*`) takes Cout <= 32
+/// only: it was measured on those (wider Cout runs it in 32-channel tiles, forced).
 pub fn pick_wgmma(
     g: &ConvGeom,
     smem_max: usize,
@@ -119,7 +120,10 @@ pub fn pick_wgmma(
 ) -> Option<&'static HaloConfig> {
     force
         .and_then(|f| pick_halo_in(WGMMA_FORCED, g, smem_max, Some(f)).filter(|c| c.name == f))
-        .or_else(|| pick_halo_in(WGMMA_CONFIGS, g, smem_max, force))
+        .or_else(|| {
+            pick_halo_in(WGMMA_CONFIGS, g, smem_max, force)
+                .filter(|c| !c.zpair || g.os[0] <= c.bn || force == Some(c.name))
+        })
 }
 
 /// [`pick_halo`] over `configs` (in preference order).

@@ -2,7 +2,8 @@
 //! only) on CUDA against float64: the halo kernels' shapes (partial 4x8x8 tiles on every axis,
 //! zero / asymmetric pads, odd Cout, Cout above the tile width, zero-padded Cin 14, Cin in
 //! chunks, activations, concat slices at even and odd offsets), each on its default kernel
-//! (asserted to be a `conv_wg_*` one) and on every wgmma variant that takes it, forced.
+//! (asserted to be a `conv_wg_*` one) and on every wgmma variant that takes it, forced; the
+//! z-pair kernels (`conv_wz_*`, kernels/conv_wgmma_z.cu) among them.
 
 use super::conv_halo::slice_case;
 use super::*;
@@ -99,18 +100,25 @@ fn conv_wgmma_cases() {
         wgmma_all().all(|v| v.wg_reps > 1 || ran.contains(&v.name)),
         "every wgmma kernel has a case: {ran:?}"
     );
-    // The persistent kernels on more tiles than two per block (H200: 132 blocks), so each
-    // warpgroup loops and double-buffers its halos; partial tiles on every axis, Cin 14 too.
+    // The persistent kernels on more tiles than one per tile-owning warpgroup (H200: 132
+    // blocks), so each loops and double-buffers its halos; partial tiles on every axis, Cin 14
+    // too. (The z-pair kernels: one warpgroup owns a block's tiles, 16 planes deep.)
     for v in wgmma_all().filter(|v| v.persist > 0) {
         b.with(|o| o.halo_tile = Some(v));
-        let sp = [21usize, 23, 89];
-        assert!(v.tiles(2, sp) > 2 * 132, "{}: tiles per block", v.name);
+        let (sp, owners) = if v.zpair {
+            ([37, 35, 72], 1)
+        } else {
+            ([21usize, 23, 89], 2)
+        };
+        assert!(v.tiles(2, sp) > owners * 132, "{}: tiles per block", v.name);
         for cin in [v.cin, 14].into_iter().filter(|&c| v.accepts_cin(c)) {
-            let name = format!("{} {cin}->5 {sp:?} persistent", v.name);
+            // (Cout 20 on the z-pair kernels: their 32-wide tile is the narrowest that holds it.)
+            let cout = if v.zpair { 20 } else { 5 };
+            let name = format!("{} {cin}->{cout} {sp:?} persistent", v.name);
             conv_case(
                 &mut b,
                 &mut r,
-                ConvCase::new(&name, cin, 5, sp, 3)
+                ConvCase::new(&name, cin, cout, sp, 3)
                     .pads([1; 6])
                     .act(leaky()),
             );
@@ -130,5 +138,17 @@ fn conv_wgmma_cases() {
         (128, 32, 32, Some(cat::CONV_WG_C64N32_S4.name)),
     ] {
         slice_case(&mut b, &mut r, c, ca, cb, tile, "conv_wg");
+    }
+    // The z-pair kernel's 8-channel stores (offsets 32, 64) and single ones (17, 49).
+    for ca in [32usize, 17] {
+        slice_case(
+            &mut b,
+            &mut r,
+            32,
+            ca,
+            32,
+            Some(cat::CONV_WZ_C32_Y16.name),
+            "conv_wz",
+        );
     }
 }

@@ -1,0 +1,375 @@
+// Stride-1 3x3x3 convs on wgmma with the roles of kernels/conv_wgmma.cu swapped: the weights are
+// the A operand and the input halo the B operand, so N is voxels (8 x NY of one output plane,
+// up to 128 per wgmma) instead of Cout. M = 64 rows = 32 output channels x 2 output z-planes:
+// rows s * 32 + co hold plane z + s. Input plane z + u (u = 0..3 around the pair) meets plane z
+// through kernel tap u and plane z + 1 through tap u - 1, so one wgmma per (u, dy, dx, k16)
+// serves both planes when the weight rows of tap u and tap u - 1 are consecutive in shared
+// memory: the taps are stored as five blocks b = 3 - kz (kz = 3 and -1 being zero), and A's
+// descriptor starts at block 3 - u. 4 / 3 of the MMA work is useful (the two outer planes
+// meet one output plane each); in exchange each wgmma reads 2 KB of A and 4 KB of B per 262
+// kFLOP, half the shared-memory bytes per FLOP of conv_wg's m64n32 (3 KB per 65.5 kFLOP).
+//
+// A persistent block (one warpgroup, one block per SM) keeps the 27 taps resident and walks its
+// tiles (ZT x NY x 8 output voxels) along z a plane pair at a time. Input planes come in pairs
+// (slot k of a tile: input planes 2k, 2k + 1 of its halo) through a ring of R slots, copied two
+// steps ahead with cp.async while the current step's wgmmas and epilogue run. The epilogue stages
+// one output plane's fp32 values in shared memory ([voxel][co], 36-float rows: the fragment
+// writes are conflict-free) and stores 8-channel pieces.
+// Shared layouts (16-byte core rows, no swizzle, as conv_wgmma.cu):
+//   weights [dy dx][Cin/8][block 5][co 32][8]   A: K step 5 * 512 bytes, M step 128
+//   slot    [Cin/8][plane 2][HY * HX][8]        B: K step 2 * HP * 16, N step HX * 16
+// Smem bytes: keep in sync with HaloConfig::smem_bytes (src/backend/cuda/host/catalogue.rs).
+
+// One activation over 8 values of channels c..c+7 (the switch once per piece, not per value).
+__device__ __forceinline__ void act8(float (&v)[8], int c, const ConvParams& p, const float* __restrict__ slope) {
+    switch (p.act) {
+    case ACT_NONE: return;
+    case ACT_RELU:
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = fmaxf(v[k], 0.f);
+        return;
+    case ACT_LEAKY:
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = v[k] >= 0.f ? v[k] : p.alpha * v[k];
+        return;
+    default:
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = act_apply(v[k], c + k, p.act, p.alpha, slope, p.slope_n);
+    }
+}
+
+template <int CIN, int NY, int ZT>
+struct WzConv {
+    static constexpr int CPV = CIN / 8, KS = CIN / 16;
+    static constexpr int TX = 8, HX = TX + 2, HY = NY + 2, HP = HY * HX;
+    static constexpr int N = TX * NY;  // output voxels of one plane = wgmma N
+    static constexpr int NA = N / 2;   // accumulators per thread
+    static constexpr int H = ZT / 2;   // steps (plane pairs) per tile
+    static constexpr int R = 5;        // ring slots: steps s, s + 1, s + 2 with one tile change
+    static constexpr int BLK = 32 * 8;                 // halves of one weight block
+    static constexpr int WH = (9 * CPV * 4 + 1) * BLK; // halves of the weights
+    static constexpr int SLOT = CPV * 2 * HP * 8;      // halves of one slot
+    static constexpr int SP = 36;                      // staging row (floats)
+    static constexpr unsigned SMEM = (WH + R * SLOT) * 2 + 2 * N * SP * 4;  // bytes
+    static_assert(CIN % 16 == 0 && (N == 64 || N == 128) && ZT % 2 == 0 && H >= 2, "tile shape");
+
+    const ConvParams& p;
+    const half* x;
+    const half* w;
+    int ntx, nty, ntz, ntiles, nb0;
+
+    __device__ __forceinline__ WzConv(const ConvParams& p_, const half* x_, const half* w_)
+        : p(p_), x(x_), w(w_) {
+        ntx = (p.wo + TX - 1) / TX, nty = (p.ho + NY - 1) / NY, ntz = (p.do_ + ZT - 1) / ZT;
+        ntiles = p.n * ntz * nty * ntx;
+        nb0 = blockIdx.y * 32;
+    }
+
+    // This block's steps (H per tile, tiles blockIdx.x + i * gridDim.x); 0 without a tile.
+    // Traps when the launch's dynamic shared memory is short of this layout (a disagreement
+    // with HaloConfig::smem_bytes).
+    __device__ __forceinline__ int steps() const {
+        unsigned dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < SMEM) __trap();
+        if ((int)blockIdx.x >= ntiles) return 0;
+        return (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x * H + H;
+    }
+
+    // Block i of the weights: (dy dx, group) = i / 4, then kz = 3 - i % 4 (kz 3 zero: with the
+    // next group's first block it is also the zero "kz = -1" after kz = 0); one zero block last.
+    __device__ __forceinline__ void load_w(half* sw, int tid) const {
+        for (int idx = tid; idx < (9 * CPV * 4 + 1) * 32; idx += 128) {
+            const int co = idx % 32, r = idx / 32, b = r % 4, r2 = r / 4, g = r2 % CPV, yx = r2 / CPV;
+            half* dst = sw + idx * 8;
+            const int kz = 3 - b;
+            if (kz > 2 || yx >= 9) {
+                *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+                continue;
+            }
+            const bool ok = nb0 + co < p.cout;
+            const half* src = w + (i64)(nb0 + co) * p.kpad + (kz * 9 + yx) * p.cin + g * 8;
+            cp_async16(dst, ok ? src : w, ok ? 16 : 0);
+        }
+    }
+
+    // Slot k of tile t (input planes oz0 - pd + 2k + {0, 1}), zero outside the input.
+    __device__ __forceinline__ void load_slot(half* slot, int t, int k, int tid) const {
+        int n, oz0, oy0, ox0;
+        tile_origin<ZT, NY, TX>(t, ntx, nty, ntz, n, oz0, oy0, ox0);
+        const int iz0 = oz0 - p.pd + 2 * k, iy0 = oy0 - p.ph, ix0 = ox0 - p.pw;
+        const half* xn = x + (i64)n * p.di * p.hi * p.wi * p.cin;
+#pragma unroll 1
+        for (int idx = tid; idx < 2 * HP * CPV; idx += 128) {
+            const int g = idx % CPV, vv = idx / CPV, pl = vv / HP, v = vv - pl * HP;
+            const int hy = v / HX, hx = v - hy * HX;
+            const int iz = iz0 + pl, iy = iy0 + hy, ix = ix0 + hx;
+            const bool ok =
+                (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi && (unsigned)ix < (unsigned)p.wi;
+            const half* src = xn + (((i64)iz * p.hi + iy) * p.wi + ix) * p.cin + g * 8;
+            cp_async16(slot + ((g * 2 + pl) * HP + v) * 8, ok ? src : x, ok ? 16 : 0);
+        }
+    }
+
+    // The slots step s of this block brings in: both of a tile's first step, else its next one.
+    __device__ __forceinline__ void load_step(half* ring, int s, int tid) const {
+        const int ti = s / H, j = s - ti * H, t = blockIdx.x + ti * gridDim.x;
+        for (int k = j == 0 ? 0 : j + 1; k <= j + 1; k++)
+            load_slot(ring + ((ti * (H + 1) + k) % R) * SLOT, t, k, tid);
+    }
+
+    // Issues step s's wgmmas (4 input planes x 9 (dy, dx) x KS k16 steps; the first overwrites
+    // acc) as one commit group; the caller waits.
+    __device__ __forceinline__ void mma_step(float (&acc)[NA], unsigned long long da0, unsigned long long db0,
+                                             int s) const {
+        const int ti = s / H, j = s - ti * H, q0 = ti * (H + 1) + j;
+        // Opaque copies: the 72 descriptors are derived here, per step, not hoisted out of the
+        // step loop into 144 live registers (which spilled).
+        asm volatile("mov.b64 %0, %0;" : "+l"(da0));
+        asm volatile("mov.b64 %0, %0;" : "+l"(db0));
+        wg_fence();
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            // Slot q0 + u / 2, plane u % 2 (in 16-byte units from the ring's start).
+            const unsigned long long db = db0 + (unsigned long long)(((q0 + u / 2) % R) * (SLOT / 8) + (u % 2) * HP);
+#pragma unroll
+            for (int yx = 0; yx < 9; yx++) {
+#pragma unroll
+                for (int ks = 0; ks < KS; ks++) {
+                    const unsigned long long da =
+                        da0 + (unsigned long long)(((yx * CPV + 2 * ks) * 4 + 3 - u) * (BLK / 8));
+                    const unsigned long long dbt =
+                        db + (unsigned long long)(4 * ks * HP + (yx / 3) * HX + yx % 3);
+                    Wg<N>::mma(acc, da, dbt, (u | yx | ks) != 0);
+                }
+            }
+        }
+        wg_commit();
+    }
+
+    // Step s's two planes in two halves. `stage`: the warpgroup that holds the accumulators
+    // writes them + bias to the fp32 staging rows ([plane][voxel][co], 36-float rows:
+    // conflict-free). Warp w holds rows w * 16 + lane / 4 (+ 8): plane w / 2, channel (w % 2) *
+    // 16 + lane / 4 (+ 8); columns i * 8 + (lane % 4) * 2 (+ 1): y row i, x (lane % 4) * 2 (+ 1).
+    __device__ __forceinline__ void stage(const float (&acc)[NA], int wtid, float* st,
+                                          const float* __restrict__ bias) const {
+        const int lane = wtid & 31, warp = wtid >> 5;
+        float* sp = st + (warp >> 1) * N * SP;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int co = (warp & 1) * 16 + (lane >> 2) + h * 8, c = nb0 + co;
+            const float b = bias && c < p.cout ? bias[c] : 0.f;
+#pragma unroll
+            for (int i = 0; i < NY; i++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) sp[(i * 8 + (lane & 3) * 2 + e) * SP + co] = acc[i * 4 + h * 2 + e] + b;
+        }
+    }
+
+    // `put` (after a barrier): 128 threads store the staged planes in pieces of 8 channels
+    // with the activation, thread t's x and channel piece fixed, y = warp + 4 * k.
+    __device__ __forceinline__ void put(int s, int htid, const float* st, half* __restrict__ y,
+                                        const float* __restrict__ slope) const {
+        const int warp = htid >> 5;
+        const int ti = s / H, j = s - ti * H, t = blockIdx.x + ti * gridDim.x;
+        int n, oz0, oy0, ox0;
+        tile_origin<ZT, NY, TX>(t, ntx, nty, ntz, n, oz0, oy0, ox0);
+        const int xq = (htid >> 2) & 7, c0 = (htid & 3) * 8, c = nb0 + c0;
+        const int ox = ox0 + xq;
+        if (ox >= p.wo || c >= p.cout) return;
+        const bool vec = ((p.ldc | p.coff) & 7) == 0 && c + 8 <= p.cout;
+#pragma unroll
+        for (int k = 0; k < NY / 2; k++) {
+            const int r = warp + 4 * k, pl = r / NY, yy = r - pl * NY;
+            const int oz = oz0 + 2 * j + pl, oy = oy0 + yy;
+            if (oz >= p.do_ || oy >= p.ho) continue;
+            const float4* src = reinterpret_cast<const float4*>(st + (pl * N + yy * 8 + xq) * SP + c0);
+            const float4 a = src[0], b = src[1];
+            float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            act8(v, c, p, slope);
+            const i64 dst = ((((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox) * p.ldc + p.coff + c;
+            if (vec) {
+                out_store8(p, y, dst, v);
+            } else {
+#pragma unroll
+                for (int q = 0; q < 8; q++)
+                    if (c + q < p.cout) out_store1(p, y, dst + q, v[q]);
+            }
+        }
+    }
+};
+
+// One block per SM (grid <= tiles), one warpgroup: the weights once, then the block's steps (H
+// per tile, tiles blockIdx.x + i * gridDim.x). Step s + 1's wgmmas run while step s's epilogue
+// does (two accumulator sets, `cur` and `nxt`; every wgmma is waited for within the step, so
+// none is in flight across a branch or the loop's back edge, which ptxas would serialise), and
+// the slots of step s + 2 are copied meanwhile (one cp.async group per step). Ring: while the
+// wgmmas of s + 1 read their slots, those of s + 2 land in the ones step s - 1 read (R = 5
+// holds one tile change).
+template <int CIN, int NY, int ZT>
+__device__ __forceinline__ void wz_step(const WzConv<CIN, NY, ZT>& c, int s, int steps, float (&cur)[WzConv<CIN, NY, ZT>::NA],
+                                        float (&nxt)[WzConv<CIN, NY, ZT>::NA], half* ring, float* st,
+                                        unsigned long long da0, unsigned long long db0, int tid, half* __restrict__ y,
+                                        const float* __restrict__ bias, const float* __restrict__ slope) {
+    cp_async_wait<0>();
+    fence_async_smem();
+    __syncthreads();  // step s + 1's slots landed; every warp is past step s - 1's epilogue
+    if (s + 2 < steps) c.load_step(ring, s + 2, tid);
+    cp_async_commit();
+    c.mma_step(nxt, da0, db0, s + 1);
+    c.stage(cur, tid, st, bias);
+    __syncthreads();
+    c.put(s, tid, st, y, slope);
+    wg_wait<0>();
+}
+
+// The last step's planes (no wgmmas left to overlap).
+template <int CIN, int NY, int ZT>
+__device__ __forceinline__ void wz_last(const WzConv<CIN, NY, ZT>& c, const float (&cur)[WzConv<CIN, NY, ZT>::NA], int s,
+                                        int tid, float* st, half* __restrict__ y, const float* __restrict__ bias,
+                                        const float* __restrict__ slope) {
+    c.stage(cur, tid, st, bias);
+    __syncthreads();
+    c.put(s, tid, st, y, slope);
+}
+
+template <int CIN, int NY, int ZT>
+__device__ __forceinline__ void wz_run(const WzConv<CIN, NY, ZT>& c, int steps, half* sW, half* ring, float* st,
+                                      int tid, half* __restrict__ y, const float* __restrict__ bias,
+                                      const float* __restrict__ slope) {
+    using C = WzConv<CIN, NY, ZT>;
+    c.load_w(sW, tid);
+    c.load_step(ring, 0, tid);
+    cp_async_commit();
+    c.load_step(ring, 1, tid);  // steps >= H >= 2
+    cp_async_commit();
+    const unsigned long long da0 = wg_desc((unsigned)__cvta_generic_to_shared(sW), 4 * C::BLK * 2, 128);
+    const unsigned long long db0 =
+        wg_desc((unsigned)__cvta_generic_to_shared(ring), 2 * C::HP * 16, C::HX * 16);
+    float acc0[C::NA], acc1[C::NA];
+    cp_async_wait<1>();
+    fence_async_smem();
+    __syncthreads();  // the weights and step 0's slots landed
+    c.mma_step(acc0, da0, db0, 0);
+    wg_wait<0>();
+    for (int s = 0;; s += 2) {
+        if (s + 1 >= steps) {
+            wz_last(c, acc0, s, tid, st, y, bias, slope);
+            break;
+        }
+        wz_step(c, s, steps, acc0, acc1, ring, st, da0, db0, tid, y, bias, slope);
+        if (s + 2 >= steps) {
+            wz_last(c, acc1, s + 1, tid, st, y, bias, slope);
+            break;
+        }
+        wz_step(c, s + 1, steps, acc1, acc0, ring, st, da0, db0, tid, y, bias, slope);
+    }
+    cp_async_wait<0>();
+}
+
+// (An experiment, `kernel-experiments` only: measured wrong where a block walks more than one
+// tile, PERF_NOTES.md session 17.)
+// Two warpgroups per block: the first only issues the wgmmas and stages the accumulators; the
+// second copies (weights, slots) and stores the staged planes. The copies' and stores' index
+// math then runs on warps of its own beside the MMA chain (one warp per scheduler cannot hide
+// its own latencies). Named barriers: 1 = step s + 1's slots landed and the staging rows are
+// free (the helper stored step s - 1), 2 = step s staged.
+__device__ __forceinline__ void wz_bar(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+
+template <int CIN, int NY, int ZT>
+__device__ __forceinline__ void wzh_step(const WzConv<CIN, NY, ZT>& c, int s, float (&cur)[WzConv<CIN, NY, ZT>::NA],
+                                         float (&nxt)[WzConv<CIN, NY, ZT>::NA], float* st, unsigned long long da0,
+                                         unsigned long long db0, int tid, const float* __restrict__ bias) {
+    wz_bar(1);
+    fence_async_smem();  // the helper's copies, seen by this warpgroup's wgmmas (unverified fix)
+    c.mma_step(nxt, da0, db0, s + 1);
+    c.stage(cur, tid, st, bias);
+    wz_bar(2);
+    wg_wait<0>();
+}
+
+template <int CIN, int NY, int ZT>
+__device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps, half* sW, half* ring, float* st,
+                                        int tid, half* __restrict__ y, const float* __restrict__ bias,
+                                        const float* __restrict__ slope) {
+    using C = WzConv<CIN, NY, ZT>;
+    if (tid >= 128) {  // the helper
+        const int h = tid - 128;
+        c.load_w(sW, h);
+        c.load_step(ring, 0, h);
+        cp_async_commit();
+        c.load_step(ring, 1, h);  // steps >= H >= 2
+        cp_async_commit();
+        cp_async_wait<1>();
+        fence_async_smem();
+        wz_bar(1);  // the weights and step 0's slots landed
+        for (int s = 0; s < steps; s++) {
+            if (s + 1 < steps) {
+                cp_async_wait<0>();
+                fence_async_smem();
+                wz_bar(1);
+                if (s + 2 < steps) c.load_step(ring, s + 2, h);
+                cp_async_commit();
+            }
+            wz_bar(2);
+            c.put(s, h, st, y, slope);
+        }
+        cp_async_wait<0>();
+        return;
+    }
+    const unsigned long long da0 = wg_desc((unsigned)__cvta_generic_to_shared(sW), 4 * C::BLK * 2, 128);
+    const unsigned long long db0 =
+        wg_desc((unsigned)__cvta_generic_to_shared(ring), 2 * C::HP * 16, C::HX * 16);
+    float acc0[C::NA], acc1[C::NA];
+    wz_bar(1);
+    fence_async_smem();
+    c.mma_step(acc0, da0, db0, 0);
+    wg_wait<0>();
+    for (int s = 0;; s += 2) {
+        if (s + 1 >= steps) {
+            c.stage(acc0, tid, st, bias);
+            wz_bar(2);
+            break;
+        }
+        wzh_step(c, s, acc0, acc1, st, da0, db0, tid, bias);
+        if (s + 2 >= steps) {
+            c.stage(acc1, tid, st, bias);
+            wz_bar(2);
+            break;
+        }
+        wzh_step(c, s + 1, acc1, acc0, st, da0, db0, tid, bias);
+    }
+}
+
+// The kernel: shared memory carved as the layouts above, then one warpgroup's loop (`wz_run`)
+// or two warpgroups' (`wz_run_h`, HELP).
+template <int CIN, int NY, int ZT, bool HELP>
+__device__ __forceinline__ void conv_wz(const ConvParams& p, const half* __restrict__ x, const half* __restrict__ w,
+                                       const float* __restrict__ bias, half* __restrict__ y,
+                                       const float* __restrict__ slope) {
+    using C = WzConv<CIN, NY, ZT>;
+    extern __shared__ __align__(128) unsigned char dsm[];
+    half* sW = reinterpret_cast<half*>(dsm);
+    half* ring = sW + C::WH;
+    float* st = reinterpret_cast<float*>(ring + C::R * C::SLOT);
+    const C c(p, x, w);
+    const int steps = c.steps();
+    if (steps == 0) return;
+    if constexpr (HELP)
+        wz_run_h(c, steps, sW, ring, st, (int)threadIdx.x, y, bias, slope);
+    else
+        wz_run(c, steps, sW, ring, st, (int)threadIdx.x, y, bias, slope);
+}
+
+// Name: conv_wz_c{CIN}_y{NY}[_h]; one line per WGMMA table entry with `zpair` (`entry_lines`):
+// WZ_ENTRY one warpgroup, WZH_ENTRY two (`wz_run_h`).
+#define WZ_ENTRY(NAME, CIN, NY, ZT)                                                                  \
+    extern "C" __global__ void __launch_bounds__(128, 1) NAME(ConvParams p, const half* x, const half* w, \
+                                                            const float* bias, half* y, const float* slope) { \
+        conv_wz<CIN, NY, ZT, false>(p, x, w, bias, y, slope);                                              \
+    }
+#define WZH_ENTRY(NAME, CIN, NY, ZT)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256, 1) NAME(ConvParams p, const half* x, const half* w, \
+                                                            const float* bias, half* y, const float* slope) { \
+        conv_wz<CIN, NY, ZT, true>(p, x, w, bias, y, slope);                                            \
+    }
