@@ -6,14 +6,7 @@
 # bash tests/gpu/bench_bundle.sh`, cuda_stream and bench_old copied into .dev/gb and the tarball
 # remade; there, carrying `.dev/gb.tar.xz`: `bash tests/gpu/graphs_call.sh`.
 set -u
-t0=$(date +%s)
-el() { echo "[$(($(date +%s) - t0)) s] $*"; }
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-[ -e /tmp/gb/bench ] || tar -xJf .dev/gb.tar.xz -C /tmp
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64 VOXTILE_REQUIRE_GPU=1 VOXTILE_REQUIRE_NVRTC=1
-export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/voxtile-cache}
-G=/tmp/gb
+. "$(dirname "$0")/call_env.sh"
 timeout 240 "$G/cuda_stream" --test-threads=1 --nocapture > "$OUT/t_cuda_stream.log" 2>&1
 el "TEST cuda_stream rc $?"
 grep -E "^RESULT graph|test result|panicked|FAILED" "$OUT/t_cuda_stream.log" | tail -12

@@ -1,0 +1,10 @@
+# Sourced by the device-call scripts (tests/gpu/*_call.sh): elapsed-time lines (`el`), OUT, the
+# bundle unpacked to /tmp/gb (G) once per machine, and the environment the binaries need there.
+t0=$(date +%s)
+el() { echo "[$(($(date +%s) - t0)) s] $*"; }
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+[ -e /tmp/gb/bench ] || tar -xJf .dev/gb.tar.xz -C /tmp
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64 VOXTILE_REQUIRE_GPU=1 VOXTILE_REQUIRE_NVRTC=1
+export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/voxtile-cache}
+G=/tmp/gb
