@@ -291,18 +291,23 @@ impl ConvKernel {
         {
             return ConvKernel::Cin1;
         }
+        // The halo kernel that takes the conv, if one does (wgmma first unless a plain halo
+        // kernel is forced).
+        let halo = (mma && !g.upsample && caps.conv_halo && caps.conv_tile.is_none())
+            .then(|| {
+                let force = caps.halo_tile.map(|c| c.name);
+                let wg = caps.conv_wgmma && caps.halo_tile.is_none_or(|c| c.wgmma);
+                wg.then(|| pick_wgmma(g, caps.smem_optin, force))
+                    .flatten()
+                    .or_else(|| pick_halo(g, caps.smem_optin, force))
+            })
+            .flatten();
         // A conv whose output tiles leave most SMs idle while each streams a long K (also one
         // the halo kernels take: their tiles starve the same way on a few voxels). A forced
         // halo kernel keeps the convs it takes, as a forced mma tile does.
-        let forced_halo = caps.halo_tile.is_some_and(|c| {
-            let (smem, f) = (caps.smem_optin, Some(c.name));
-            let k = if c.wgmma {
-                pick_wgmma(g, smem, f)
-            } else {
-                pick_halo(g, smem, f)
-            };
-            k.is_some_and(|k| k.name == c.name)
-        });
+        let forced_halo = caps
+            .halo_tile
+            .is_some_and(|f| halo.is_some_and(|c| c.name == f.name));
         if mma
             && !g.upsample
             && !g.transposed
@@ -322,17 +327,8 @@ impl ConvKernel {
                 return ConvKernel::SplitK(t, ks);
             }
         }
-        if mma && !g.upsample && caps.conv_halo && caps.conv_tile.is_none() {
-            let force = caps.halo_tile.map(|c| c.name);
-            // wgmma first unless a plain halo kernel is forced.
-            let wg = caps.conv_wgmma && caps.halo_tile.is_none_or(|c| c.wgmma);
-            let halo = wg
-                .then(|| pick_wgmma(g, caps.smem_optin, force))
-                .flatten()
-                .or_else(|| pick_halo(g, caps.smem_optin, force));
-            if let Some(c) = halo {
-                return ConvKernel::Halo(c);
-            }
+        if let Some(c) = halo {
+            return ConvKernel::Halo(c);
         }
         if mma && g.upsample {
             let taps = g.k[0] * g.k[1] * g.k[2];
