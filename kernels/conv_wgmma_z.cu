@@ -9,7 +9,8 @@
 // meet one output plane each); in exchange each wgmma reads 2 KB of A and 4 KB of B per 262
 // kFLOP, half the shared-memory bytes per FLOP of conv_wg's m64n32 (3 KB per 65.5 kFLOP).
 //
-// A persistent block (one warpgroup, one block per SM) keeps the 27 taps resident and walks its
+// A persistent block (one per SM: one warpgroup, or the MMA warpgroup and a helper of one or two,
+// `wz_run_h`) keeps the 27 taps resident and walks its
 // tiles (ZT x NY x 8 output voxels) along z a plane pair at a time. Input planes come in pairs
 // (slot k of a tile: input planes 2k, 2k + 1 of its halo) through a ring of R slots, copied two
 // steps ahead with cp.async while the current step's wgmmas and epilogue run. The epilogue stages
@@ -78,8 +79,9 @@ struct WzConv {
 
     // Block i of the weights: (dy dx, group) = i / 4, then kz = 3 - i % 4 (kz 3 zero: with the
     // next group's first block it is also the zero "kz = -1" after kz = 0); one zero block last.
+    template <int NT = 128>
     __device__ __forceinline__ void load_w(half* sw, int tid) const {
-        for (int idx = tid; idx < (9 * CPV * 4 + 1) * 32; idx += 128) {
+        for (int idx = tid; idx < (9 * CPV * 4 + 1) * 32; idx += NT) {
             const int co = idx % 32, r = idx / 32, b = r % 4, r2 = r / 4, g = r2 % CPV, yx = r2 / CPV;
             half* dst = sw + idx * 8;
             const int kz = 3 - b;
@@ -94,13 +96,14 @@ struct WzConv {
     }
 
     // Slot k of tile t (input planes oz0 - pd + 2k + {0, 1}), zero outside the input.
+    template <int NT = 128>
     __device__ __forceinline__ void load_slot(half* slot, int t, int k, int tid) const {
         int n, oz0, oy0, ox0;
         tile_origin<ZT, NY, TX>(t, ntx, nty, ntz, n, oz0, oy0, ox0);
         const int iz0 = oz0 - p.pd + 2 * k, iy0 = oy0 - p.ph, ix0 = ox0 - p.pw;
         const half* xn = x + (i64)n * p.di * p.hi * p.wi * p.cin;
 #pragma unroll 1
-        for (int idx = tid; idx < 2 * HP * CPV; idx += 128) {
+        for (int idx = tid; idx < 2 * HP * CPV; idx += NT) {
             const int g = idx % CPV, vv = idx / CPV, pl = vv / HP, v = vv - pl * HP;
             const int hy = v / HX, hx = v - hy * HX;
             const int iz = iz0 + pl, iy = iy0 + hy, ix = ix0 + hx;
@@ -112,10 +115,11 @@ struct WzConv {
     }
 
     // The slots step s of this block brings in: both of a tile's first step, else its next one.
+    template <int NT = 128>
     __device__ __forceinline__ void load_step(half* ring, int s, int tid) const {
         const int ti = s / H, j = s - ti * H, t = blockIdx.x + ti * gridDim.x;
         for (int k = j == 0 ? 0 : j + 1; k <= j + 1; k++)
-            load_slot(ring + ((ti * (H + 1) + k) % R) * SLOT, t, k, tid);
+            load_slot<NT>(ring + ((ti * (H + 1) + k) % R) * SLOT, t, k, tid);
     }
 
     // Issues step s's wgmmas (4 input planes x 9 (dy, dx) x KS k16 steps; the first overwrites
@@ -166,8 +170,9 @@ struct WzConv {
         }
     }
 
-    // `put` (after a barrier): 128 threads store the staged planes in pieces of 8 channels
-    // with the activation, thread t's x and channel piece fixed, y = warp + 4 * k.
+    // `put` (after a barrier): NT threads store the staged planes in pieces of 8 channels
+    // with the activation, thread t's x and channel piece fixed, row (plane, y) = warp + NT / 32 * k.
+    template <int NT = 128>
     __device__ __forceinline__ void put(int s, int htid, const float* st, half* __restrict__ y,
                                         const float* __restrict__ slope) const {
         const int warp = htid >> 5;
@@ -179,8 +184,8 @@ struct WzConv {
         if (ox >= p.wo || c >= p.cout) return;
         const bool vec = ((p.ldc | p.coff) & 7) == 0 && c + 8 <= p.cout;
 #pragma unroll
-        for (int k = 0; k < NY / 2; k++) {
-            const int r = warp + 4 * k, pl = r / NY, yy = r - pl * NY;
+        for (int k = 0; k < 2 * NY / (NT / 32); k++) {
+            const int r = warp + NT / 32 * k, pl = r / NY, yy = r - pl * NY;
             const int oz = oz0 + 2 * j + pl, oy = oy0 + yy;
             if (oz >= p.do_ || oy >= p.ho) continue;
             const float4* src = reinterpret_cast<const float4*>(st + (pl * N + yy * 8 + xq) * SP + c0);
@@ -223,11 +228,13 @@ __device__ __forceinline__ void wz_step(const WzConv<CIN, NY, ZT>& c, int s, int
     wg_wait<0>();
 }
 
-// The last step's planes (no wgmmas left to overlap).
+// The last step's planes (no wgmmas left to overlap). The barrier first: another warp may still
+// be storing step s - 1 from the staging rows.
 template <int CIN, int NY, int ZT>
 __device__ __forceinline__ void wz_last(const WzConv<CIN, NY, ZT>& c, const float (&cur)[WzConv<CIN, NY, ZT>::NA], int s,
                                         int tid, float* st, half* __restrict__ y, const float* __restrict__ bias,
                                         const float* __restrict__ slope) {
+    __syncthreads();
     c.stage(cur, tid, st, bias);
     __syncthreads();
     c.put(s, tid, st, y, slope);
@@ -267,52 +274,53 @@ __device__ __forceinline__ void wz_run(const WzConv<CIN, NY, ZT>& c, int steps, 
     cp_async_wait<0>();
 }
 
-// (An experiment, `kernel-experiments` only: measured wrong where a block walks more than one
-// tile, PERF_NOTES.md session 17.)
-// Two warpgroups per block: the first only issues the wgmmas and stages the accumulators; the
-// second copies (weights, slots) and stores the staged planes. The copies' and stores' index
-// math then runs on warps of its own beside the MMA chain (one warp per scheduler cannot hide
-// its own latencies). Named barriers: 1 = step s + 1's slots landed and the staging rows are
-// free (the helper stored step s - 1), 2 = step s staged.
-__device__ __forceinline__ void wz_bar(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+// A helper beside the MMA warpgroup (`wz_run_h`): the first warpgroup only issues the wgmmas and
+// stages the accumulators; HT more threads (one or two warpgroups) copy (weights, slots) and store
+// the staged planes. The copies' and stores' index math then runs on warps of their own beside the
+// MMA chain (one warp per scheduler cannot hide its own latencies). Named barriers over all
+// 128 + HT threads, both once per step: 1 = step s + 1's slots landed (none at the last step) and
+// the staging rows are free (the helper stored step s - 1), 2 = step s staged. The last step
+// takes barrier 1 too: without it, its staging overwrote the rows the helper was still storing
+// (the race session 17 measured where a block's last step had outputs).
+template <int HT>
+__device__ __forceinline__ void wz_bar(int id) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(128 + HT) : "memory");
+}
 
-template <int CIN, int NY, int ZT>
+template <int HT, int CIN, int NY, int ZT>
 __device__ __forceinline__ void wzh_step(const WzConv<CIN, NY, ZT>& c, int s, float (&cur)[WzConv<CIN, NY, ZT>::NA],
                                          float (&nxt)[WzConv<CIN, NY, ZT>::NA], float* st, unsigned long long da0,
                                          unsigned long long db0, int tid, const float* __restrict__ bias) {
-    wz_bar(1);
-    fence_async_smem();  // the helper's copies, seen by this warpgroup's wgmmas (unverified fix)
+    wz_bar<HT>(1);
     c.mma_step(nxt, da0, db0, s + 1);
     c.stage(cur, tid, st, bias);
-    wz_bar(2);
+    wz_bar<HT>(2);
     wg_wait<0>();
 }
 
-template <int CIN, int NY, int ZT>
+template <int HT, int CIN, int NY, int ZT>
 __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps, half* sW, half* ring, float* st,
                                         int tid, half* __restrict__ y, const float* __restrict__ bias,
                                         const float* __restrict__ slope) {
     using C = WzConv<CIN, NY, ZT>;
     if (tid >= 128) {  // the helper
         const int h = tid - 128;
-        c.load_w(sW, h);
-        c.load_step(ring, 0, h);
+        c.template load_w<HT>(sW, h);
+        c.template load_step<HT>(ring, 0, h);
         cp_async_commit();
-        c.load_step(ring, 1, h);  // steps >= H >= 2
+        c.template load_step<HT>(ring, 1, h);  // steps >= H >= 2
         cp_async_commit();
         cp_async_wait<1>();
         fence_async_smem();
-        wz_bar(1);  // the weights and step 0's slots landed
+        wz_bar<HT>(1);  // the weights and step 0's slots landed
         for (int s = 0; s < steps; s++) {
-            if (s + 1 < steps) {
-                cp_async_wait<0>();
-                fence_async_smem();
-                wz_bar(1);
-                if (s + 2 < steps) c.load_step(ring, s + 2, h);
-                cp_async_commit();
-            }
-            wz_bar(2);
-            c.put(s, h, st, y, slope);
+            cp_async_wait<0>();
+            fence_async_smem();  // by the copying threads, before the barrier (the async proxy)
+            wz_bar<HT>(1);
+            if (s + 2 < steps) c.template load_step<HT>(ring, s + 2, h);
+            cp_async_commit();
+            wz_bar<HT>(2);
+            c.template put<HT>(s, h, st, y, slope);
         }
         cp_async_wait<0>();
         return;
@@ -321,29 +329,30 @@ __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps
     const unsigned long long db0 =
         wg_desc((unsigned)__cvta_generic_to_shared(ring), 2 * C::HP * 16, C::HX * 16);
     float acc0[C::NA], acc1[C::NA];
-    wz_bar(1);
-    fence_async_smem();
+    wz_bar<HT>(1);
     c.mma_step(acc0, da0, db0, 0);
     wg_wait<0>();
     for (int s = 0;; s += 2) {
         if (s + 1 >= steps) {
+            wz_bar<HT>(1);
             c.stage(acc0, tid, st, bias);
-            wz_bar(2);
+            wz_bar<HT>(2);
             break;
         }
-        wzh_step(c, s, acc0, acc1, st, da0, db0, tid, bias);
+        wzh_step<HT>(c, s, acc0, acc1, st, da0, db0, tid, bias);
         if (s + 2 >= steps) {
+            wz_bar<HT>(1);
             c.stage(acc1, tid, st, bias);
-            wz_bar(2);
+            wz_bar<HT>(2);
             break;
         }
-        wzh_step(c, s + 1, acc1, acc0, st, da0, db0, tid, bias);
+        wzh_step<HT>(c, s + 1, acc1, acc0, st, da0, db0, tid, bias);
     }
 }
 
-// The kernel: shared memory carved as the layouts above, then one warpgroup's loop (`wz_run`)
-// or two warpgroups' (`wz_run_h`, HELP).
-template <int CIN, int NY, int ZT, bool HELP>
+// The kernel: shared memory carved as the layouts above, then one warpgroup's loop (`wz_run`,
+// HT 0) or the MMA warpgroup's and its helper's of HT threads (`wz_run_h`).
+template <int CIN, int NY, int ZT, int HT>
 __device__ __forceinline__ void conv_wz(const ConvParams& p, const half* __restrict__ x, const half* __restrict__ w,
                                        const float* __restrict__ bias, half* __restrict__ y,
                                        const float* __restrict__ slope) {
@@ -355,21 +364,22 @@ __device__ __forceinline__ void conv_wz(const ConvParams& p, const half* __restr
     const C c(p, x, w);
     const int steps = c.steps();
     if (steps == 0) return;
-    if constexpr (HELP)
-        wz_run_h(c, steps, sW, ring, st, (int)threadIdx.x, y, bias, slope);
+    if constexpr (HT > 0)
+        wz_run_h<HT>(c, steps, sW, ring, st, (int)threadIdx.x, y, bias, slope);
     else
         wz_run(c, steps, sW, ring, st, (int)threadIdx.x, y, bias, slope);
 }
 
-// Name: conv_wz_c{CIN}_y{NY}[_h]; one line per WGMMA table entry with `zpair` (`entry_lines`):
-// WZ_ENTRY one warpgroup, WZH_ENTRY two (`wz_run_h`).
+// Name: conv_wz_c{CIN}_y{NY}[_h | _h2]; one line per WGMMA table entry with `zpair`
+// (`entry_lines`): WZ_ENTRY one warpgroup, WZH_ENTRY a helper of HT threads (128: `_h`, 256:
+// `_h2`), the block 128 + HT threads.
 #define WZ_ENTRY(NAME, CIN, NY, ZT)                                                                  \
     extern "C" __global__ void __launch_bounds__(128, 1) NAME(ConvParams p, const half* x, const half* w, \
                                                             const float* bias, half* y, const float* slope) { \
-        conv_wz<CIN, NY, ZT, false>(p, x, w, bias, y, slope);                                              \
+        conv_wz<CIN, NY, ZT, 0>(p, x, w, bias, y, slope);                                                  \
     }
-#define WZH_ENTRY(NAME, CIN, NY, ZT)                                                                 \
-    extern "C" __global__ void __launch_bounds__(256, 1) NAME(ConvParams p, const half* x, const half* w, \
-                                                            const float* bias, half* y, const float* slope) { \
-        conv_wz<CIN, NY, ZT, true>(p, x, w, bias, y, slope);                                            \
+#define WZH_ENTRY(NAME, CIN, NY, ZT, HT)                                                             \
+    extern "C" __global__ void __launch_bounds__(128 + HT, 1) NAME(ConvParams p, const half* x, const half* w, \
+                                                                 const float* bias, half* y, const float* slope) { \
+        conv_wz<CIN, NY, ZT, HT>(p, x, w, bias, y, slope);                                                      \
     }

@@ -4,28 +4,48 @@
 # and the other halo layers (`bench_halo_variants`, RESULT lines), then (AB=1) W1 / W2 against
 # eager and old binary against new (tests/gpu/ab.py; bench_old in the bundle). Here: `bash tests/gpu/build.sh
 # && bash tests/gpu/bench_bundle.sh`; there, carrying `.dev/gb.tar.xz`: `bash tests/gpu/wz_call.sh`.
-#   ONLY=K1,64->32 (bench layers), TESTS=0 (skip the tests), AB=1 (the A/B too), NCU=1 (ncu on K1).
+#   ONLY=K1,64->32 (bench layers), TESTS=0 (skip the tests), BENCH=0 (skip the layers), AB=1 (the
+#   A/B too, ROUNDS=3 alternations), NCU=1 (ncu on K1,
+#   NCU_K=kernel names, comma-separated).
 set -u
 . "$(dirname "$0")/call_env.sh"
 if [ "${TESTS:-1}" = 1 ]; then
-  timeout 240 "$G/it" cuda::ops::conv_wgmma --test-threads=1 --nocapture > "$OUT/t_wgmma.log" 2>&1
+  timeout 420 "$G/it" cuda::ops::conv_wgmma --test-threads=1 --nocapture > "$OUT/t_wgmma.log" 2>&1
   el "TEST conv_wgmma rc $?"
   grep -E "conv_wz|test result|panicked|FAILED" "$OUT/t_wgmma.log" | tail -30
 fi
-VOXTILE_BENCH_ONLY=${ONLY:-K1} timeout 200 "$G/it" bench_halo_variants --nocapture --test-threads=1 > "$OUT/b_halo.log" 2>&1
-el "bench_halo_variants rc $?"
-grep -E "^RESULT|panicked" "$OUT/b_halo.log" | cut -c1-160
+if [ "${BENCH:-1}" = 1 ]; then
+  VOXTILE_BENCH_ONLY=${ONLY:-K1} timeout 200 "$G/it" bench_halo_variants --nocapture --test-threads=1 > "$OUT/b_halo.log" 2>&1
+  el "bench_halo_variants rc $?"
+  grep -E "^RESULT|panicked" "$OUT/b_halo.log" | cut -c1-160
+fi
 if [ "${AB:-0}" = 1 ]; then
   BUNDLE=$G OUT=$OUT timeout 200 bash tests/gpu/bench.sh --only w1,w2 --modes eager --deadline 190 > /dev/null 2>&1
   el "bench w1,w2 rc $?"
   tail -4 "$OUT/bench/bench.md"
-  timeout 150 python3 tests/gpu/ab.py "$G/bench_old" "$G/bench" /tmp/voxtile-bench 3 > "$OUT/ab.log" 2>&1
+  timeout 150 python3 tests/gpu/ab.py "$G/bench_old" "$G/bench" /tmp/voxtile-bench "${ROUNDS:-3}" > "$OUT/ab.log" 2>&1
   el "ab rc $?"
   cut -c1-300 "$OUT/ab.log"
 fi
+# ncu on K1's first launch of each kernel in NCU_K (comma-separated; default conv_wz_c32_y16_h2):
+# the full set into ncu_KERNEL.ncu-rep, and its tensor-pipe, issue, stall and shared-memory
+# metrics printed from the raw page.
 if [ "${NCU:-0}" = 1 ] && command -v ncu > /dev/null; then
-  VOXTILE_BENCH_ONLY=K1 timeout 200 ncu -k regex:conv_wz --launch-count 2 --set full -o "$OUT/wz" \
-    "$G/it" bench_halo_variants --nocapture --test-threads=1 > "$OUT/ncu.log" 2>&1
-  el "ncu rc $?"
-  ncu -i "$OUT/wz.ncu-rep" --page details 2>/dev/null | grep -E "Duration|Throughput|Eligible|Issue Slots|Registers|Bank" | head -30
+  for k in $(echo "${NCU_K:-conv_wz_c32_y16_h2}" | tr , ' '); do
+    VOXTILE_BENCH_ONLY=K1 timeout 150 ncu -k "$k" --launch-count 1 --set full -o "$OUT/ncu_$k" \
+      "$G/it" bench_halo_variants --nocapture --test-threads=1 > "$OUT/ncu_$k.log" 2>&1
+    el "ncu $k rc $?"
+    ncu -i "$OUT/ncu_$k.ncu-rep" --page raw --csv > "$OUT/ncu_$k.csv" 2>/dev/null
+    python3 - "$OUT/ncu_$k.csv" <<'PY'
+import csv, re, sys
+rows = list(csv.reader(open(sys.argv[1])))
+if len(rows) >= 3:
+    pat = re.compile(r"gpu__time_duration.sum|pipe_tensor.*(pct|active)|issue_active.avg.pct|inst_executed.sum$|"
+                     r"warp_latency_issue_stalled_.*ratio|pipe_shared|mem_shared.*(pct|sum)|bank_conflict|"
+                     r"warps_active.avg.per_cycle|sm__throughput.avg.pct")
+    for name, unit, val in zip(rows[0], rows[1], rows[2]):
+        if pat.search(name) and val not in ("", "0", "0.00"):
+            print(f"{name} [{unit}] {val}")
+PY
+  done
 fi

@@ -763,20 +763,19 @@ const fn wz(name: &'static str, cin: usize, ny: usize, zt: usize) -> HaloConfig 
 pub const CONV_WZ_C32_Y16: HaloConfig = wz("conv_wz_c32_y16", 32, 16, 16);
 pub const CONV_WZ_C32_Y8: HaloConfig = wz("conv_wz_c32_y8", 32, 8, 16);
 pub const CONV_WZ_C16_Y16: HaloConfig = wz("conv_wz_c16_y16", 16, 16, 16);
-/// Two warpgroups (`threads` 256, `conv_wz_h`): the second copies the slots and stores the
-/// staged planes beside the first's MMA chain. An experiment: measured 0.696 ms on K1 (session
-/// 17, call 4) but wrong where a block walks more than one tile (a race, PERF_NOTES.md); the
-/// consumer-side proxy fence since added is not yet measured.
-#[cfg(feature = "kernel-experiments")]
+/// The MMA warpgroup and a helper (`wz_run_h`) that copies the slots and stores the staged planes
+/// beside the MMA chain: one helper warpgroup (`threads` 256) or two (384; 168 registers, the
+/// cap, no spills). K1 (session 18): `_h2` 0.604 ms, `_h` 0.688, one warpgroup 0.779.
 pub const CONV_WZ_C32_Y16_H: HaloConfig = HaloConfig {
     threads: 256,
-    experiment: true,
     ..wz("conv_wz_c32_y16_h", 32, 16, 16)
 };
-#[cfg(feature = "kernel-experiments")]
+pub const CONV_WZ_C32_Y16_H2: HaloConfig = HaloConfig {
+    threads: 384,
+    ..wz("conv_wz_c32_y16_h2", 32, 16, 16)
+};
 pub const CONV_WZ_C32_Y8_H: HaloConfig = HaloConfig {
     threads: 256,
-    experiment: true,
     ..wz("conv_wz_c32_y8_h", 32, 8, 16)
 };
 
@@ -805,18 +804,21 @@ pub const CONV_WG_C32N64_S4: HaloConfig = wg("conv_wg_c32n64_s4", 32, 64, 4, 4);
 
 /// The wgmma halo kernels (kernels/conv_wgmma.cu, conv_wgmma_z.cu) the planner takes before
 /// [`HALO_CONFIGS`] on compute capability 9.0 (`ArchCaps::conv_wgmma`). ORDER = PREFERENCE, as
-/// there. Measured (PERF_NOTES.md): the z-pair kernel on K1 (Cin 32 -> 32) 0.77-0.79 ms against
-/// `conv_halo_c32n32_w4`'s 0.94 (session 17); the width-16 resident kernel beats
+/// there. Measured (PERF_NOTES.md): the z-pair kernel with its two-warpgroup helper on K1 (Cin 32
+/// -> 32) 0.60 ms against `conv_halo_c32n32_w4`'s 0.94 (session 18); the width-16 resident kernel beats
 /// `conv_halo_c16n16_r` on W2's 14->14 at 128^3 (0.95 vs 1.24 ms) and ties it at 64^3
 /// (session 13).
-pub const WGMMA_CONFIGS: &[HaloConfig] = &[CONV_WZ_C32_Y16, CONV_WG_C16N16_R];
+pub const WGMMA_CONFIGS: &[HaloConfig] = &[CONV_WZ_C32_Y16_H2, CONV_WG_C16N16_R];
 
 /// wgmma kernels that run only when forced (`CudaOptions::halo_tile`): those measured slower than
 /// `conv_halo_*` on the same layers (PERF_NOTES.md, session 13: K1 on `_p` 1.11, `_s4` 1.09,
-/// `_r` 1.43 ms against 0.94; the width-16 persistent one 1.28 against 0.95; session 17: the
-/// z-pair `_y8` 0.83 against `_y16`'s 0.77), the ones not measured against a twin (`c16n32_r`,
+/// `_r` 1.43 ms against 0.94; the width-16 persistent one 1.28 against 0.95; session 18: the
+/// z-pair `_y16_h` 0.69, `_y16` 0.78, `_y8_h` 0.75, `_y8` 0.85 against `_y16_h2`'s 0.60), the ones not measured against a twin (`c16n32_r`,
 /// `conv_wz_c16_y16`), and the experiments.
 pub const WGMMA_FORCED: &[HaloConfig] = &[
+    CONV_WZ_C32_Y16_H,
+    CONV_WZ_C32_Y16,
+    CONV_WZ_C32_Y8_H,
     CONV_WZ_C32_Y8,
     CONV_WZ_C16_Y16,
     CONV_WG_C32N32_P,
@@ -828,10 +830,6 @@ pub const WGMMA_FORCED: &[HaloConfig] = &[
     CONV_WG_C64N64_S4,
     CONV_WG_C32N64_S4,
     CONV_WG_C32N32_S4,
-    #[cfg(feature = "kernel-experiments")]
-    CONV_WZ_C32_Y16_H,
-    #[cfg(feature = "kernel-experiments")]
-    CONV_WZ_C32_Y8_H,
     #[cfg(feature = "kernel-experiments")]
     CONV_WG_C32N32_RP,
     #[cfg(feature = "kernel-experiments")]
@@ -945,8 +943,12 @@ pub fn entry_lines(fam: Family) -> String {
         for c in wgmma_all() {
             let (name, cin, bn, tz, pad) = (c.name, c.cin, c.bn, c.tile[0], c.wg_pad as u8);
             out.push_str(&if c.zpair {
-                let h = if c.threads == 256 { "WZH" } else { "WZ" };
-                format!("{h}_ENTRY({name}, {cin}, {}, {tz})\n", c.tile[1])
+                // One warpgroup, or the MMA warpgroup and a helper of the other threads.
+                let ny = c.tile[1];
+                match c.threads {
+                    128 => format!("WZ_ENTRY({name}, {cin}, {ny}, {tz})\n"),
+                    t => format!("WZH_ENTRY({name}, {cin}, {ny}, {tz}, {})\n", t - 128),
+                }
             } else if c.persist > 0 {
                 format!("WGP_ENTRY({name}, {cin}, {bn}, {tz}, {pad})\n")
             } else {

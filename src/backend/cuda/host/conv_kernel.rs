@@ -774,7 +774,7 @@ mod tests {
         // W1 at batch 2; at batch 4 the layers listed in `w1_b4` change tile.
         let w1_b2 = [
             "Cin1 conv_c1_k3",
-            "Halo conv_wz_c32_y16",
+            "Halo conv_wz_c32_y16_h2",
             "Mma conv_mma_m128n64_v8",
             "Halo conv_halo_c64n64",
             "Mma conv_mma_m128n128_v8",
@@ -812,7 +812,7 @@ mod tests {
             "Cin1 conv_c1_k3",
             "Halo conv_wg_c16n16_r",
             "Mma conv_mma_m128n32_v8",
-            "Halo conv_wz_c32_y16",
+            "Halo conv_wz_c32_y16_h2",
             "Mma conv_mma_m128n64_v8",
             "Halo conv_halo_c64n64",
             "Mma conv_mma_m128n64_v8",

@@ -41,6 +41,9 @@ fn conv_wgmma_cases() {
     #[allow(clippy::type_complexity)]
     let cases: Vec<(usize, usize, [usize; 3], [usize; 6], Option<Op>)> = vec![
         (32, 32, [9, 13, 17], [1; 6], None),
+        // 16 planes: a z-pair block's one tile ends on a step with outputs (its last step's
+        // staging against the previous step's stores).
+        (32, 32, [16, 11, 9], [1; 6], leaky()),
         (32, 20, [7, 9, 11], [0; 6], None),
         (32, 17, [3, 1, 12], [1; 6], leaky()),
         (64, 32, [6, 10, 7], [1; 6], leaky()),
@@ -139,16 +142,10 @@ fn conv_wgmma_cases() {
     ] {
         slice_case(&mut b, &mut r, c, ca, cb, tile, "conv_wg");
     }
-    // The z-pair kernel's 8-channel stores (offsets 32, 64) and single ones (17, 49).
-    for ca in [32usize, 17] {
-        slice_case(
-            &mut b,
-            &mut r,
-            32,
-            ca,
-            32,
-            Some(cat::CONV_WZ_C32_Y16.name),
-            "conv_wz",
-        );
+    // The z-pair kernels' 8-channel stores (offsets 32, 64) and single ones (17, 49).
+    for tile in [cat::CONV_WZ_C32_Y16_H2.name, cat::CONV_WZ_C32_Y16.name] {
+        for ca in [32usize, 17] {
+            slice_case(&mut b, &mut r, 32, ca, 32, Some(tile), "conv_wz");
+        }
     }
 }
