@@ -10,8 +10,8 @@
 // kFLOP, half the shared-memory bytes per FLOP of conv_wg's m64n32 (3 KB per 65.5 kFLOP).
 //
 // A persistent block (one per SM: one warpgroup, or the MMA warpgroup and a helper of one or two,
-// `wz_run_h`) keeps the 27 taps resident and walks its
-// tiles (ZT x NY x 8 output voxels) along z a plane pair at a time. Input planes come in pairs
+// `wz_run_h`) keeps the 27 taps resident and walks its tiles (ZT x NY x 8 output voxels) along z
+// a plane pair at a time. Input planes come in pairs
 // (slot k of a tile: input planes 2k, 2k + 1 of its halo) through a ring of R slots, copied two
 // steps ahead with cp.async while the current step's wgmmas and epilogue run. The epilogue stages
 // one output plane's fp32 values in shared memory ([voxel][co], 36-float rows: the fragment
@@ -175,6 +175,7 @@ struct WzConv {
     template <int NT = 128>
     __device__ __forceinline__ void put(int s, int htid, const float* st, half* __restrict__ y,
                                         const float* __restrict__ slope) const {
+        static_assert((2 * NY) % (NT / 32) == 0, "whole rows per warp");
         const int warp = htid >> 5;
         const int ti = s / H, j = s - ti * H, t = blockIdx.x + ti * gridDim.x;
         int n, oz0, oy0, ox0;

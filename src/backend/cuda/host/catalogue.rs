@@ -804,17 +804,17 @@ pub const CONV_WG_C32N64_S4: HaloConfig = wg("conv_wg_c32n64_s4", 32, 64, 4, 4);
 
 /// The wgmma halo kernels (kernels/conv_wgmma.cu, conv_wgmma_z.cu) the planner takes before
 /// [`HALO_CONFIGS`] on compute capability 9.0 (`ArchCaps::conv_wgmma`). ORDER = PREFERENCE, as
-/// there. Measured (PERF_NOTES.md): the z-pair kernel with its two-warpgroup helper on K1 (Cin 32
-/// -> 32) 0.60 ms against `conv_halo_c32n32_w4`'s 0.94 (session 18); the width-16 resident kernel beats
-/// `conv_halo_c16n16_r` on W2's 14->14 at 128^3 (0.95 vs 1.24 ms) and ties it at 64^3
-/// (session 13).
+/// there. Measured (PERF_NOTES.md): the z-pair kernel with its two-warpgroup helper on K1 (Cin
+/// 32 -> 32) 0.60 ms against `conv_halo_c32n32_w4`'s 0.94 (session 18); the width-16 resident
+/// kernel beats `conv_halo_c16n16_r` on W2's 14->14 at 128^3 (0.95 vs 1.24 ms) and ties it at
+/// 64^3 (session 13).
 pub const WGMMA_CONFIGS: &[HaloConfig] = &[CONV_WZ_C32_Y16_H2, CONV_WG_C16N16_R];
 
 /// wgmma kernels that run only when forced (`CudaOptions::halo_tile`): those measured slower than
 /// `conv_halo_*` on the same layers (PERF_NOTES.md, session 13: K1 on `_p` 1.11, `_s4` 1.09,
 /// `_r` 1.43 ms against 0.94; the width-16 persistent one 1.28 against 0.95; session 18: the
-/// z-pair `_y16_h` 0.69, `_y16` 0.78, `_y8_h` 0.75, `_y8` 0.85 against `_y16_h2`'s 0.60), the ones not measured against a twin (`c16n32_r`,
-/// `conv_wz_c16_y16`), and the experiments.
+/// z-pair `_y16_h` 0.69, `_y16` 0.78, `_y8_h` 0.75, `_y8` 0.85 against `_y16_h2`'s 0.60), the
+/// ones not measured against a twin (`c16n32_r`, `conv_wz_c16_y16`), and the experiments.
 pub const WGMMA_FORCED: &[HaloConfig] = &[
     CONV_WZ_C32_Y16_H,
     CONV_WZ_C32_Y16,
