@@ -4,7 +4,6 @@
 
 use super::log::SUMMARY_TARGET;
 use crate::volume::LabelNames;
-use ndarray::ArrayView3;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -25,17 +24,16 @@ impl Summary {
     /// engine's name, e.g. "cpu (2 threads)"), the run having started at `start`.
     pub fn new(
         (input, output): (&Path, &Path),
-        labels: ArrayView3<u16>,
+        (shape, counts): ([usize; 3], &[u64]),
         names: Option<&LabelNames>,
         device: &str,
         start: Instant,
     ) -> Summary {
-        let (i, j, k) = labels.dim();
         Summary {
             input: input.to_path_buf(),
             output: output.to_path_buf(),
-            labels: label_list(&present(labels), names),
-            shape: [i, j, k],
+            labels: label_list(&present(counts), names),
+            shape,
             device: short_device(device),
             start,
         }
@@ -77,10 +75,10 @@ pub fn emit(line: &str) {
 }
 
 /// The label values present, ascending.
-fn present(labels: ArrayView3<u16>) -> Vec<u16> {
-    let mut seen = vec![false; 1 << 16];
-    labels.for_each(|&v| seen[v as usize] = true);
-    (0..=u16::MAX).filter(|&v| seen[v as usize]).collect()
+fn present(counts: &[u64]) -> Vec<u16> {
+    (0..=u16::MAX)
+        .filter(|&v| counts.get(v as usize).is_some_and(|&n| n > 0))
+        .collect()
 }
 
 /// `0,1,2` or, with class names, `0,1,2 (background, liver, spleen)` (the names the label map's
@@ -115,7 +113,8 @@ mod tests {
         let mut a = Array3::<u16>::zeros((4, 3, 2));
         a[[1, 1, 1]] = 7;
         a[[2, 0, 0]] = 2;
-        assert_eq!(present(a.view()), vec![0, 2, 7]);
+        let counts = crate::engine::label_counts(a.view());
+        assert_eq!(present(&counts), vec![0, 2, 7]);
         assert_eq!(label_list(&[0, 2, 7], None), "0,2,7");
         let mut names = vec![String::new(); 8];
         names[0] = "bg".into();
@@ -126,7 +125,7 @@ mod tests {
         assert_eq!(label_list(&[0, 2, 7], c), "0,2,7 (bg, spleen, liver)");
         let s = Summary::new(
             (Path::new("in.nii"), Path::new("o/out.nii.gz")),
-            a.view(),
+            ([4, 3, 2], &counts),
             c,
             "cuda:0 NVIDIA H200 + cuda:1 NVIDIA H200",
             Instant::now(),

@@ -24,8 +24,8 @@ use crate::volume::intensity::{self, Intensity};
 pub use classes::{class_name, classes_fit};
 pub use options::{AxisOrder, Options};
 pub use report::{
-    class_volumes, peak_rss_bytes, voxel_ml, ClassVolume, FileDigest, PartReport, PredictedPeak,
-    Report, StageTimes,
+    class_volumes, class_volumes_of, label_counts, peak_rss_bytes, voxel_ml, ClassVolume,
+    FileDigest, PartReport, PredictedPeak, Report, StageTimes,
 };
 
 use crate::backend::{DeviceVolume, MemoryModel, VolumeRef};
@@ -441,7 +441,14 @@ impl Engine {
     /// `shape` before its data is there (the CLI does it while the file is read and
     /// normalised); [`Engine::segment_array`] then finds the backend ready.
     pub fn prepare_for(&mut self, shape: [usize; 3]) -> Result<()> {
+        let t = std::time::Instant::now();
         let p = self.plan_for(shape)?;
+        tracing::debug!(
+            "planned {:?} x {} in {:.0} ms",
+            p.roi,
+            p.batch,
+            t.elapsed().as_secs_f64() * 1e3
+        );
         let grid = Grid::new(shape, p.roi, self.options.overlap, self.options.placement)?;
         self.prepare(p.batch.min(grid.len()).max(1), p.roi)
     }
@@ -483,6 +490,16 @@ impl Engine {
     /// The memory budget in use and where it came from.
     pub fn memory_budget(&self) -> (u64, &str) {
         (self.budget.0, &self.budget.1)
+    }
+
+    /// Close the devices on a thread of their own (their memory freed, their contexts gone)
+    /// while the caller writes what it has: the CLI's last file. The engine cannot run after.
+    pub(crate) fn release_devices(&mut self) -> Option<std::thread::JoinHandle<()>> {
+        let workers = std::mem::take(&mut self.workers);
+        std::thread::Builder::new()
+            .name("voxtile-release".into())
+            .spawn(move || drop(workers))
+            .ok()
     }
 
     /// Prepare every device's backend for (batch, roi) unless it already is.

@@ -144,6 +144,43 @@ pub fn voxel_ml(spacing: [f64; 3], xyzt_units: i32) -> f64 {
     spacing.iter().map(|s| s * to_mm).product::<f64>() / 1000.0
 }
 
+/// Voxels per label value (65536 counts): one pass, over chunks on the thread pool, that the
+/// class volumes, the summary line and the empty-map warning share (three serial passes over
+/// a 512x512x128 map were ~0.1 s of W3's end).
+pub fn label_counts(labels: ArrayView3<u16>) -> Vec<u64> {
+    use rayon::prelude::*;
+    // Runs of one value (a label map is mostly runs) counted at once: no increment waits on
+    // the one before it for the same counter.
+    let count = |mut c: Vec<u64>, s: &[u16]| {
+        let mut it = s.iter();
+        if let Some(&first) = it.next() {
+            let (mut cur, mut run) = (first, 1u64);
+            for &v in it {
+                if v == cur {
+                    run += 1;
+                } else {
+                    c[cur as usize] += run;
+                    (cur, run) = (v, 1);
+                }
+            }
+            c[cur as usize] += run;
+        }
+        c
+    };
+    let zero = || vec![0u64; 1 << 16];
+    let add = |mut a: Vec<u64>, b: Vec<u64>| {
+        a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+        a
+    };
+    match labels.as_slice_memory_order() {
+        Some(s) => s.par_chunks(1 << 22).fold(zero, count).reduce(zero, add),
+        None => labels.iter().fold(zero(), |mut c, &l| {
+            c[l as usize] += 1;
+            c
+        }),
+    }
+}
+
 /// Voxel count and volume of every named label value, then of any value present without a
 /// name, in label order.
 pub fn class_volumes(
@@ -151,10 +188,11 @@ pub fn class_volumes(
     names: &LabelNames,
     voxel_ml: f64,
 ) -> Vec<ClassVolume> {
-    let mut counts = vec![0u64; 1 << 16];
-    for &l in labels.iter() {
-        counts[l as usize] += 1;
-    }
+    class_volumes_of(&label_counts(labels), names, voxel_ml)
+}
+
+/// [`class_volumes`] from the map's [`label_counts`].
+pub fn class_volumes_of(counts: &[u64], names: &LabelNames, voxel_ml: f64) -> Vec<ClassVolume> {
     let name = |l: usize| names.names.get(l).cloned().unwrap_or_default();
     counts
         .iter()
@@ -200,5 +238,34 @@ impl FileDigest {
             bytes,
             sha256,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::{s, Array3};
+
+    /// Runs, single voxels and chunk edges (chunks of 2^22 voxels) against a plain count, on
+    /// a contiguous map and on a strided view of it.
+    #[test]
+    fn label_counts_match_a_plain_count() {
+        let mut a = Array3::<u16>::zeros((64, 256, 300));
+        let mut x = 12345u64;
+        for (i, v) in a.iter_mut().enumerate() {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            *v = match i % 1000 {
+                0..=599 => 0,
+                600..=899 => 3,
+                _ => (x >> 60) as u16 + 65520,
+            };
+        }
+        for view in [a.view(), a.slice(s![.., ..;3, 1..])] {
+            let mut want = vec![0u64; 1 << 16];
+            view.iter().for_each(|&l| want[l as usize] += 1);
+            assert_eq!(label_counts(view), want);
+        }
     }
 }

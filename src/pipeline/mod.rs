@@ -194,6 +194,14 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
+    /// [`Engine::release_devices`] for every engine: the threads to join.
+    pub(crate) fn release_devices(&mut self) -> Vec<std::thread::JoinHandle<()>> {
+        self.engines
+            .iter_mut()
+            .filter_map(Engine::release_devices)
+            .collect()
+    }
+
     /// A model with its manifest applied as `voxtile segment` applies it: `NAME.toml` or
     /// `NAME.json` beside `NAME.onnx` (window, overlap, blend, axis order, normalisation,
     /// spacing, activation, classes, label remapping); on `Device::Auto`, no mirroring.

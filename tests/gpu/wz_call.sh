@@ -4,15 +4,22 @@
 # and the other halo layers (`bench_halo_variants`, RESULT lines), then (AB=1) W1 / W2 against
 # eager and old binary against new (tests/gpu/ab.py; bench_old in the bundle). Here: `bash tests/gpu/build.sh
 # && bash tests/gpu/bench_bundle.sh`; there, carrying `.dev/gb.tar.xz`: `bash tests/gpu/wz_call.sh`.
-#   ONLY=K1,64->32 (bench layers), TESTS=0 (skip the tests), BENCH=0 (skip the layers), AB=1 (the
+#   ONLY=K1,64->32 (bench layers), TESTS=0 (skip the tests; WZ_TESTS which of cases, persistent, slices; TEST_S their timeout), BENCH=0 (skip the layers), AB=1 (the
 #   A/B too, ROUNDS=3 alternations), NCU=1 (ncu on K1,
 #   NCU_K=kernel names, comma-separated).
 set -u
 . "$(dirname "$0")/call_env.sh"
 if [ "${TESTS:-1}" = 1 ]; then
-  timeout 420 "$G/it" cuda::ops::conv_wgmma --test-threads=1 --nocapture > "$OUT/t_wgmma.log" 2>&1
-  el "TEST conv_wgmma rc $?"
-  grep -E "conv_wz|test result|panicked|FAILED" "$OUT/t_wgmma.log" | tail -30
+  # The three tests in processes of their own, side by side (one GPU; the float64 references
+  # spread over the CPU cores).
+  for t in ${WZ_TESTS:-cases persistent slices}; do
+    timeout "${TEST_S:-420}" "$G/it" "cuda::ops::conv_wgmma::conv_wgmma_$t" --nocapture > "$OUT/t_wgmma_$t.log" 2>&1 &
+  done
+  wait
+  el "TEST conv_wgmma done"
+  for t in ${WZ_TESTS:-cases persistent slices}; do
+    grep -E "conv_wz|test result|panicked|FAILED" "$OUT/t_wgmma_$t.log" | tail -24
+  done
 fi
 if [ "${BENCH:-1}" = 1 ]; then
   VOXTILE_BENCH_ONLY=${ONLY:-K1} timeout 200 "$G/it" bench_halo_variants --nocapture --test-threads=1 > "$OUT/b_halo.log" 2>&1

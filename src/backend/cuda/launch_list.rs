@@ -78,8 +78,11 @@ pub(crate) fn build(
     roi: [usize; 3],
     graphs: bool,
 ) -> Result<Prepared> {
+    let t = std::time::Instant::now();
     let bp = buffer_plan(graph, batch, roi, caps)?;
+    let planned = t.elapsed();
     let arena = DevBuf::new(&gpu.ctx, bp.arena)?;
+    let allocated = t.elapsed();
     let bufs: Vec<u64> = bp.offsets.iter().map(|&o| arena.ptr + o as u64).collect();
     let mut b = Build {
         gpu,
@@ -111,6 +114,17 @@ pub(crate) fn build(
             bp.consts.len()
         )));
     }
+    // Where a run's `prepare` goes (W3's start-up).
+    tracing::debug!(
+        "launch list for {batch} x {roi:?}: buffer plan {:.0} ms, arena of {} MiB {:.0} ms, \
+         {} steps and {} constants {:.0} ms",
+        planned.as_secs_f64() * 1e3,
+        bp.arena >> 20,
+        (allocated - planned).as_secs_f64() * 1e3,
+        steps.len(),
+        b.bufs.len(),
+        (t.elapsed() - allocated).as_secs_f64() * 1e3
+    );
     let in_shape = bp.shapes[graph.input];
     let out_shape = bp.shapes[graph.output];
     Ok(Prepared {

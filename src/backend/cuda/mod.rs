@@ -110,36 +110,42 @@ impl CudaBackend {
                 "CUDA device {device} does not exist ({count} found)"
             )));
         }
+        let (ma, mi) = runtime::device::compute_capability(device)?;
+        if ma < 7 {
+            return Err(Error::Backend(format!("CUDA device {device} has compute capability {ma}.{mi}; tensor-core kernels need 7.0 or newer")));
+        }
+        let arch = format!("sm_{ma}{mi}");
+        let mut dv = 0i32;
+        // SAFETY: the driver is loaded; valid out pointer.
+        unsafe { sys::cuDriverGetVersion(&mut dv) };
+        // The kernels' images (the disk cache, NVRTC on a cold start) need no context: they are
+        // read on a thread of their own while the driver creates it (W3's start).
         let t = std::time::Instant::now();
-        let ctx = CudaContext::new(device).map_err(drv("context creation"))?;
-        tracing::debug!(
-            "CUDA context on device {device} in {:.0} ms",
-            t.elapsed().as_secs_f64() * 1e3
-        );
+        let (ctx, images) = std::thread::scope(|s| {
+            let images = s.spawn(|| runtime::compile::FamilyImages::new(&arch, dv));
+            let t = std::time::Instant::now();
+            let ctx = CudaContext::new(device).map_err(drv("context creation"));
+            tracing::debug!(
+                "CUDA context on device {device} in {:.0} ms",
+                t.elapsed().as_secs_f64() * 1e3
+            );
+            (ctx, images.join())
+        });
+        let ctx = ctx?;
+        let images = images.map_err(|_| Error::Backend("kernel images: internal error".into()))?;
         runtime::device::mem_start(&ctx);
         // SAFETY: this backend orders its own streams with events; nothing else uses the context's slices.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(drv("stream creation"))?;
         let copy = ctx.new_stream().map_err(drv("stream creation"))?;
-        let (ma, mi) = ctx
-            .compute_capability()
-            .map_err(drv("compute capability"))?;
-        if ma < 7 {
-            return Err(Error::Backend(format!("CUDA device {device} has compute capability {ma}.{mi}; tensor-core kernels need 7.0 or newer")));
-        }
-        let arch = format!("sm_{ma}{mi}");
         let attr = |a| ctx.attribute(a).map_err(drv("device attribute"));
         let sm_count = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        let mut dv = 0i32;
-        // SAFETY: the driver is loaded; valid out pointer.
-        unsafe { sys::cuDriverGetVersion(&mut dv) };
         let smem_optin =
             attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
                 as usize;
-        let t = std::time::Instant::now();
-        let (funcs, ptx_from_cache) = runtime::compile::load_all(&ctx, &arch, dv, ma, smem_optin)?;
+        let (funcs, ptx_from_cache) = runtime::compile::load_all(&ctx, images, ma, smem_optin)?;
         tracing::debug!(
-            "kernel families loaded in {:.0} ms ({ptx_from_cache} from the cache)",
+            "kernel families loaded {:.0} ms after the context was begun ({ptx_from_cache} from the cache)",
             t.elapsed().as_secs_f64() * 1e3
         );
         let device_name = ctx.name().unwrap_or_else(|_| "unknown".into());

@@ -129,8 +129,14 @@ pub fn run(config: &Config, plan: Plan) -> Result<()> {
                             Ok((p, engine_init))
                         })?;
                         let p = pipe.insert(p);
-                        let done =
-                            process(p, config, job, (input, ahead), (false, None), files.force)?;
+                        let done = process(
+                            p,
+                            config,
+                            job,
+                            (input, ahead),
+                            (false, None),
+                            (files.force, false),
+                        )?;
                         done.outs.commit()?;
                         Ok((done.report, Some(done.summary)))
                     });

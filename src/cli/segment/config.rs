@@ -131,7 +131,7 @@ impl Config {
             files,
         };
         if args.report.is_some() {
-            let prov = super::record::Provenance::new(&config, &w.device, p.labels_json)?;
+            let prov = super::record::Provenance::new(&config, &w.device, p.labels_json);
             config.provenance = Some(Arc::new(prov));
         }
         Ok(config)

@@ -77,6 +77,7 @@ pub fn run_with(args: SegmentArgs, cancel: crate::CancelToken) -> Result<()> {
         outs,
         stdout,
         summary,
+        released,
         ..
     } = process(
         &mut pipe,
@@ -84,15 +85,17 @@ pub fn run_with(args: SegmentArgs, cancel: crate::CancelToken) -> Result<()> {
         job,
         (input, ahead),
         (bar, config.files.report.as_deref()),
-        config.files.force,
+        (config.files.force, true),
     )?;
     outs.commit()?;
     super::summary::emit(&summary.line());
     if let Some(json) = stdout {
         super::print_stdout(&json)?;
     }
-    // The process ends right after this: the driver frees the device context with the process,
-    // faster than tearing down every buffer and module one by one.
+    // The devices closed while the outputs were written; what is left ends with the process.
+    for t in released {
+        let _ = t.join();
+    }
     std::mem::forget(pipe);
     Ok(())
 }

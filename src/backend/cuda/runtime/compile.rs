@@ -245,24 +245,40 @@ fn load_image(
         .map_err(drv(&format!("loading kernels/{name}.cu")))
 }
 
-/// Every entry point of every family, by name, compiled for `arch` (or from the cache), and
-/// how many families came from the cache. On sm_80+ the tiled conv kernels get their dynamic
+/// Every family's image for a device of `arch`, from the cache or NVRTC (see [`images_of`]):
+/// made before the device's context exists, so that a start reads them while the driver
+/// creates it.
+pub(crate) struct FamilyImages {
+    targets: Vec<(Family, String)>,
+    images: Vec<Result<(Image, bool, f64)>>,
+}
+
+impl FamilyImages {
+    /// The images of the families that have a target for `arch`.
+    pub fn new(arch: &str, driver_version: i32) -> FamilyImages {
+        let targets: Vec<(Family, String)> = FAMILIES
+            .iter()
+            .filter_map(|f| f.target(arch).map(|t| (*f, t)))
+            .collect();
+        let images = images_of(&targets, driver_version);
+        FamilyImages { targets, images }
+    }
+}
+
+/// Every entry point of every family, by name, loaded from `images` into `ctx`, and how many
+/// families came from the cache. On sm_80+ the tiled conv kernels get their dynamic
 /// shared memory limit raised to what their config needs (halo kernels only where the device's
 /// opt-in limit `smem_optin` holds them).
 pub(crate) fn load_all(
     ctx: &Arc<CudaContext>,
-    arch: &str,
-    driver_version: i32,
+    images: FamilyImages,
     major: i32,
     smem_optin: usize,
 ) -> Result<(HashMap<&'static str, CudaFunction>, usize)> {
     let mut funcs = HashMap::new();
     let mut from_cache = 0;
-    let targets: Vec<(Family, String)> = FAMILIES
-        .iter()
-        .filter_map(|f| f.target(arch).map(|t| (*f, t)))
-        .collect();
-    for ((fam, _), got) in targets.iter().zip(images_of(&targets, driver_version)) {
+    let FamilyImages { targets, images } = images;
+    for ((fam, _), got) in targets.iter().zip(images) {
         let (name, fam) = (fam.name(), *fam);
         let (image, cached, got) = got?;
         from_cache += cached as usize;

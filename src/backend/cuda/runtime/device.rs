@@ -18,6 +18,19 @@ pub(crate) fn drv(what: &str) -> impl Fn(cu::DriverError) -> Error + '_ {
     }
 }
 
+/// Compute capability (major, minor) of device `ordinal`, asked of the driver without a
+/// context (cuInit done), so that what depends on it can start before the context exists.
+pub(crate) fn compute_capability(ordinal: usize) -> Result<(i32, i32)> {
+    use sys::CUdevice_attribute as A;
+    let dev = cu::device::get(ordinal as i32).map_err(drv("device handle"))?;
+    // SAFETY: `dev` is a valid device handle of an initialised driver.
+    let get = |a| unsafe { cu::device::get_attribute(dev, a) }.map_err(drv("compute capability"));
+    Ok((
+        get(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+        get(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+    ))
+}
+
 /// Live and high-water device bytes per backend, keyed by the address of its context handle (each
 /// backend owns one `Arc<CudaContext>`), so every `DevBuf` counts without a tracker argument.
 fn mem_table() -> &'static Mutex<HashMap<usize, (u64, u64)>> {

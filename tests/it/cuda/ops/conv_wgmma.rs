@@ -3,7 +3,9 @@
 //! zero / asymmetric pads, odd Cout, Cout above the tile width, zero-padded Cin 14, Cin in
 //! chunks, activations, concat slices at even and odd offsets), each on its default kernel
 //! (asserted to be a `conv_wg_*` one) and on every wgmma variant that takes it, forced; the
-//! z-pair kernels (`conv_wz_*`, kernels/conv_wgmma_z.cu) among them.
+//! z-pair kernels (`conv_wz_*`, kernels/conv_wgmma_z.cu) among them. Three tests, so that each
+//! fits a device call's time: the shapes, the persistent kernels looping over many tiles, the
+//! concat slices.
 
 use super::conv_halo::slice_case;
 use super::*;
@@ -26,18 +28,27 @@ pub(super) fn default_wgmma(cin: usize, cout: usize) -> Option<&'static cat::Hal
     pick_wgmma(&g, 227 * 1024, None)
 }
 
-#[test]
-fn conv_wgmma_cases() {
-    let Some(mut b) = gpu() else { return };
+/// A backend on a GPU with the wgmma kernels, the halo and wgmma paths on (None elsewhere).
+fn wgmma_gpu() -> Option<CudaBackend> {
+    let mut b = gpu()?;
     if !cat::has_wgmma(b.arch()) {
         println!("skipped: the wgmma kernels run on compute capability 9.0 only");
-        return;
+        return None;
     }
-    let mut r = Rng::tagged("wgmma");
     b.with(|o| o.conv_tile = None);
     b.with(|o| o.halo_conv = true);
     b.with(|o| o.wgmma_conv = true);
-    let leaky = || Some(Op::LeakyRelu { alpha: 0.01 });
+    Some(b)
+}
+
+fn leaky() -> Option<Op> {
+    Some(Op::LeakyRelu { alpha: 0.01 })
+}
+
+#[test]
+fn conv_wgmma_cases() {
+    let Some(mut b) = wgmma_gpu() else { return };
+    let mut r = Rng::tagged("wgmma");
     #[allow(clippy::type_complexity)]
     let cases: Vec<(usize, usize, [usize; 3], [usize; 6], Option<Op>)> = vec![
         (32, 32, [9, 13, 17], [1; 6], None),
@@ -98,11 +109,16 @@ fn conv_wgmma_cases() {
             ran.push(kern);
         }
     }
-    b.with(|o| o.halo_tile = None);
     assert!(
         wgmma_all().all(|v| v.wg_reps > 1 || ran.contains(&v.name)),
         "every wgmma kernel has a case: {ran:?}"
     );
+}
+
+#[test]
+fn conv_wgmma_persistent() {
+    let Some(mut b) = wgmma_gpu() else { return };
+    let mut r = Rng::tagged("wgmma persistent");
     // The persistent kernels on more tiles than one per tile-owning warpgroup (H200: 132
     // blocks), so each loops and double-buffers its halos; partial tiles on every axis, Cin 14
     // too. (The z-pair kernels: one warpgroup owns a block's tiles, 16 planes deep.)
@@ -129,9 +145,15 @@ fn conv_wgmma_cases() {
             assert!(used.iter().any(|k| k == v.name), "{name}: ran {used:?}");
         }
     }
-    b.with(|o| o.halo_tile = None);
-    // Concat slices: even (32, 8) and odd (17, 5) channel offsets, Cin 14 / 16 on the defaults;
-    // Cin 128 on the staged kernels (forced).
+}
+
+#[test]
+fn conv_wgmma_slices() {
+    let Some(mut b) = wgmma_gpu() else { return };
+    let mut r = Rng::tagged("wgmma slices");
+    // Concat slices: even (32, 8) and odd (17, 5) channel offsets, Cin 32 / 14 / 16 on the
+    // defaults (the family the planner picks: Cin 32 on the z-pair kernels); Cin 128 on the
+    // staged kernels (forced).
     for (c, ca, cb, tile) in [
         (32usize, 32usize, 32usize, None),
         (32, 17, 32, None),
@@ -140,9 +162,14 @@ fn conv_wgmma_cases() {
         (128, 17, 32, Some(cat::CONV_WG_C32N32_S4.name)),
         (128, 32, 32, Some(cat::CONV_WG_C64N32_S4.name)),
     ] {
-        slice_case(&mut b, &mut r, c, ca, cb, tile, "conv_wg");
+        let name = tile.or(default_wgmma(c, cb).map(|d| d.name));
+        let family = match name {
+            Some(n) if n.starts_with("conv_wz") => "conv_wz",
+            _ => "conv_wg",
+        };
+        slice_case(&mut b, &mut r, c, ca, cb, tile, family);
     }
-    // The z-pair kernels' 8-channel stores (offsets 32, 64) and single ones (17, 49).
+    // The z-pair kernels' 8-channel stores (offsets 32, 64) and single ones (17, 49), forced.
     for tile in [cat::CONV_WZ_C32_Y16_H2.name, cat::CONV_WZ_C32_Y16.name] {
         for ca in [32usize, 17] {
             slice_case(&mut b, &mut r, 32, ca, 32, Some(tile), "conv_wz");
