@@ -266,3 +266,31 @@ fn complete<const N: usize>(
     head.append(&mut o);
     Ok(Value::Object(head))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The digests read on their thread are the file's (SHA-256 of "abc"); a model gone by then
+    /// fails the record with its path, and no digest is made up.
+    #[test]
+    fn digests_are_read_beside_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("m.onnx");
+        std::fs::write(&model, b"abc").unwrap();
+        let d = Digests::start(std::slice::from_ref(&model), None);
+        let got = d.get().expect("digest");
+        assert_eq!(
+            got.models[0].sha256,
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!((got.models[0].bytes, got.manifest.is_none()), (3, true));
+        let json = serde_json::to_value(&d).unwrap();
+        assert_eq!(json["models"][0]["bytes"], 3);
+        let missing = dir.path().join("gone.onnx");
+        let d = Digests::start(&[missing], None);
+        let e = d.get().expect_err("a missing model");
+        assert!(e.contains("gone.onnx"), "{e}");
+        assert!(serde_json::to_value(&d).is_err());
+    }
+}
