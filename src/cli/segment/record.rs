@@ -37,7 +37,7 @@ pub struct Provenance {
 }
 
 /// The files a run read its model from, by content.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Debug, Serialize)]
 pub struct ModelDigests {
     /// The ONNX models (several: an ensemble).
     pub models: Vec<FileDigest>,
@@ -62,23 +62,28 @@ impl ModelDigests {
 /// record first needs them; a file that cannot be read then fails the record (nothing was
 /// committed yet: the report is staged with the outputs).
 pub struct Digests {
-    paths: (Vec<PathBuf>, Option<PathBuf>),
     thread: Mutex<Option<JoinHandle<Result<ModelDigests>>>>,
     done: OnceLock<std::result::Result<ModelDigests, String>>,
 }
 
 impl Digests {
-    /// Start reading `models` and `manifest` (on the caller's thread later if no thread starts).
+    /// Start reading `models` and `manifest` (here and now if no thread starts).
     pub fn start(models: &[PathBuf], manifest: Option<&Path>) -> Digests {
         let (m, f) = (models.to_vec(), manifest.map(Path::to_path_buf));
-        let thread = std::thread::Builder::new()
+        let done = OnceLock::new();
+        let spawned = std::thread::Builder::new()
             .name("voxtile-digest".into())
-            .spawn(move || ModelDigests::read(&m, f.as_deref()))
-            .ok();
+            .spawn(move || ModelDigests::read(&m, f.as_deref()));
+        let thread = match spawned {
+            Ok(t) => Some(t),
+            Err(_) => {
+                let _ = done.set(ModelDigests::read(models, manifest).map_err(|e| e.to_string()));
+                None
+            }
+        };
         Digests {
-            paths: (models.to_vec(), manifest.map(Path::to_path_buf)),
             thread: Mutex::new(thread),
-            done: OnceLock::new(),
+            done,
         }
     }
 
@@ -86,12 +91,10 @@ impl Digests {
     pub fn get(&self) -> std::result::Result<&ModelDigests, &str> {
         let done = self.done.get_or_init(|| {
             let thread = self.thread.lock().ok().and_then(|mut t| t.take());
-            let read = match thread.map(JoinHandle::join) {
-                Some(Ok(r)) => r,
-                Some(Err(_)) => Err(Error::Invalid("model digest: internal error".into())),
-                None => ModelDigests::read(&self.paths.0, self.paths.1.as_deref()),
-            };
-            read.map_err(|e| e.to_string())
+            match thread.map(JoinHandle::join) {
+                Some(Ok(r)) => r.map_err(|e| e.to_string()),
+                _ => Err("model digest: internal error".into()),
+            }
         });
         done.as_ref().map_err(String::as_str)
     }
@@ -99,9 +102,7 @@ impl Digests {
 
 impl std::fmt::Debug for Digests {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Digests")
-            .field("paths", &self.paths)
-            .finish()
+        f.debug_struct("Digests").field("done", &self.done).finish()
     }
 }
 
