@@ -150,29 +150,30 @@ __device__ __forceinline__ int flat8_period(int C) {
 // Partial sums for C % 8 != 0 (flat vectors, see flat8_period): block b sums vectors
 // [b * chunkv, (b + 1) * chunkv) with its first T = (blockDim / period) * period threads, then
 // channel c adds its (thread, lane) slots in a fixed order. smem T * 8 * 2 floats. Same partial
-// layout as the other partial kernels.
-extern "C" __global__ void norm_partial_flat8(const half* __restrict__ x, i64 P, int C, int groups, i64 chunkv,
-                                              float* __restrict__ part) {
+// layout as the other partial kernels. A vector is 8 values: 16 bytes of fp16, 32 of fp32.
+template <typename T>
+__device__ __forceinline__ void norm_partial_flat8_t(const T* __restrict__ x, i64 P, int C, int groups, i64 chunkv,
+                                                     float* __restrict__ part) {
     float* sh = norm_smem();
     const int n = blockIdx.y, tid = threadIdx.x;
     const int period = flat8_period(C);
-    const int T = ((int)blockDim.x / period) * period;
+    const int TH = ((int)blockDim.x / period) * period;
     const int cpg = C / groups;
-    const half* xn = x + (i64)n * P * C;
+    const T* xn = x + (i64)n * P * C;
     const i64 nv = P * C / 8;
     const i64 v0 = (i64)blockIdx.x * chunkv;
     const i64 v1 = min(v0 + chunkv, nv);
-    if (tid < T) {
+    if (tid < TH) {
         float shf[8], s[8], q[8];
         const int c0 = (8 * tid) % C;
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             int c = (c0 + k) % C;
-            shf[k] = __half2float(xn[(c / cpg) * cpg]);
+            shf[k] = to_f(xn[(c / cpg) * cpg]);
             s[k] = q[k] = 0.f;
         }
 #pragma unroll 4
-        for (i64 v = v0 + tid; v < v1; v += T) {
+        for (i64 v = v0 + tid; v < v1; v += TH) {
             float u[8];
             load8(xn, v * 8, u);
             sums8(u, shf, s, q);
@@ -191,7 +192,7 @@ extern "C" __global__ void norm_partial_flat8(const half* __restrict__ x, i64 P,
             const int c0 = (8 * ph) % C;
             for (int k = 0; k < 8; k++) {
                 if ((c0 + k) % C != c) continue;
-                for (int t = ph; t < T; t += period) {
+                for (int t = ph; t < TH; t += period) {
                     s += sh[(t * 8 + k) * 2];
                     q += sh[(t * 8 + k) * 2 + 1];
                 }
@@ -201,6 +202,8 @@ extern "C" __global__ void norm_partial_flat8(const half* __restrict__ x, i64 P,
         pb[c * 2 + 1] = q;
     }
 }
+NORM_PARTIAL_ENTRY(norm_partial_flat8, half, norm_partial_flat8_t)
+NORM_PARTIAL_ENTRY(norm_partial_flat8_f32, float, norm_partial_flat8_t)
 
 // One warp per (n, c): lane l adds blocks l, l+32, ... of the channel's group (fp64), then a
 // fixed shuffle tree; writes ab[n][c] = {gamma*rstd, beta - mean*gamma*rstd}. Same order every
@@ -306,31 +309,42 @@ extern "C" __global__ void affine_act_v8_f32(const float* __restrict__ x, half* 
 }
 
 // affine_act for C % 8 != 0 with P * C % 8 == 0 (flat vectors, see flat8_period): sample n =
-// blockIdx.y; the channel of a vector's first half is (8v) % C, the next ones follow with wrap.
-extern "C" __global__ void affine_act_flat8(const half* __restrict__ x, half* __restrict__ y, i64 P, int C,
-                                            const float* __restrict__ ab, int ab_nstride, int act, float alpha,
-                                            const float* __restrict__ slope, int slope_n) {
+// blockIdx.y; the channel of a vector's first value is (8v) % C, the next ones follow with wrap.
+template <typename T>
+__device__ __forceinline__ void affine_act_flat8_t(const T* __restrict__ x, half* __restrict__ y, i64 P, int C,
+                                                   const float* __restrict__ ab, int ab_nstride, int act,
+                                                   float alpha, const float* __restrict__ slope, int slope_n) {
     const int n = blockIdx.y;
     const i64 nv = P * C / 8;
-    const uint4* xv = reinterpret_cast<const uint4*>(x + (i64)n * P * C);
+    const T* xn = x + (i64)n * P * C;
     uint4* yv = reinterpret_cast<uint4*>(y + (i64)n * P * C);
     const float2* abn = reinterpret_cast<const float2*>(ab) + (i64)n * ab_nstride;
     for (i64 e = blockIdx.x * (i64)blockDim.x + threadIdx.x; e < nv; e += (i64)gridDim.x * blockDim.x) {
         int c = (int)((e * 8) % C);
-        uint4 u = xv[e];
-        __half2* h = reinterpret_cast<__half2*>(&u);
+        float v[8];
+        load8(xn, e * 8, v);
+        __align__(16) __half2 h[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            float2 f = __half22float2(h[k]);
             const int ca = c;
             c = c + 1 == C ? 0 : c + 1;
             const int cb = c;
             c = c + 1 == C ? 0 : c + 1;
             float2 q0 = abn[ca], q1 = abn[cb];
-            float a = act_apply(f.x * q0.x + q0.y, ca, act, alpha, slope, slope_n);
-            float b = act_apply(f.y * q1.x + q1.y, cb, act, alpha, slope, slope_n);
+            float a = act_apply(v[2 * k] * q0.x + q0.y, ca, act, alpha, slope, slope_n);
+            float b = act_apply(v[2 * k + 1] * q1.x + q1.y, cb, act, alpha, slope, slope_n);
             h[k] = __floats2half2_rn(a, b);
         }
-        yv[e] = u;
+        yv[e] = *reinterpret_cast<const uint4*>(h);
     }
+}
+extern "C" __global__ void affine_act_flat8(const half* __restrict__ x, half* __restrict__ y, i64 P, int C,
+                                            const float* __restrict__ ab, int ab_nstride, int act, float alpha,
+                                            const float* __restrict__ slope, int slope_n) {
+    affine_act_flat8_t(x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n);
+}
+extern "C" __global__ void affine_act_flat8_f32(const float* __restrict__ x, half* __restrict__ y, i64 P, int C,
+                                                const float* __restrict__ ab, int ab_nstride, int act, float alpha,
+                                                const float* __restrict__ slope, int slope_n) {
+    affine_act_flat8_t(x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n);
 }

@@ -139,6 +139,10 @@ pub struct Engine {
     /// The last pass's blend weights and what they were made for (a 128³ map costs ~20 ms:
     /// not paid again per volume or TTA pass with the same settings).
     pass_weights: Option<(run::WeightsKey, std::sync::Arc<ndarray::Array3<f32>>)>,
+    /// The last plan and what it answered (a few ms each: the arena layouts it tries): the
+    /// CLI plans before reading, then again in the pass, and a benchmark or TTA pass plans the
+    /// same request per volume.
+    last_plan: std::sync::Mutex<Option<(plan::Request, plan::Plan)>>,
 }
 
 /// Refuse a device list that mixes the CPU and CUDA (one volume's parts must run the same
@@ -254,6 +258,7 @@ impl Engine {
             budget,
             warned: Default::default(),
             pass_weights: None,
+            last_plan: Default::default(),
         }
     }
 
@@ -477,14 +482,20 @@ impl Engine {
             plan::refuse_small_roi(&self.graph, req.user_roi, shape)
                 .map_err(|e| self.name_error(e))?;
         }
-        plan::choose(&self.graph, self.memory(), &req).map_err(|e| {
+        let mut last = self.last_plan.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, p)) = last.as_ref().filter(|(r, _)| *r == req) {
+            return Ok(p.clone());
+        }
+        let p = plan::choose(&self.graph, self.memory(), &req).map_err(|e| {
             let e = if req.budget_explicit {
                 e
             } else {
                 plan::with_budget_source(e, &self.budget.1)
             };
             self.name_error(e)
-        })
+        })?;
+        *last = Some((req, p.clone()));
+        Ok(p)
     }
 
     /// The memory budget in use and where it came from.

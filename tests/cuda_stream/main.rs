@@ -567,6 +567,53 @@ fn graph_replay_is_bitwise_the_steps() {
     }
 }
 
+/// The pass keeps its device buffers and the weight map between calls: a pass with other
+/// weights of the same shape in between, and a pass on another volume size, leave the next
+/// pass's logits bit for bit those of the first (no stale weights, no stale ring contents).
+#[test]
+fn kept_pass_buffers_change_nothing() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("kept");
+    let net = Net::random(&mut r, 1, 8, 3);
+    let roi = [32usize; 3];
+    let batch = 3;
+    b.prepare(&net.graph(), batch, roi).unwrap();
+    let (gauss, flat) = (gaussian(roi), Array3::from_elem((32, 32, 32), 1.0f32));
+    let run = |b: &mut CudaBackend, size: [usize; 3], w: &Array3<f32>| {
+        let vol = Array4::from_shape_fn((1, size[0], size[1], size[2]), |(_, z, y, x)| {
+            ((z * 7 + y * 3 + x) as f32 * 0.01).sin()
+        });
+        let (padded, before, starts) = grid(size, roi, [0.5; 3]);
+        b.segment_windows(&WindowJob {
+            vol: vol.view().into(),
+            padded,
+            pad_before: before,
+            roi,
+            starts: &starts,
+            weights: w.view(),
+            batch,
+            cval: 0.0,
+        })
+        .unwrap()
+        .0
+    };
+    let first = run(&mut b, [48, 40, 36], &gauss);
+    let other = run(&mut b, [48, 40, 36], &flat);
+    let differ = first.iter().zip(&other).filter(|(a, c)| a != c).count();
+    println!("RESULT kept buffers: {differ} logits differ between gaussian and flat weights");
+    assert!(differ > 0, "other weights changed no blended logit");
+    let _ = run(&mut b, [64, 40, 36], &gauss);
+    let again = run(&mut b, [48, 40, 36], &gauss);
+    assert!(
+        first
+            .iter()
+            .zip(&again)
+            .all(|(a, c)| a.to_bits() == c.to_bits()),
+        "the kept buffers changed the logits"
+    );
+}
+
 /// Device memory of the pipeline does not grow with the volume's D: a volume 4x longer keeps the
 /// peak within 5%; the planner's prediction bounds it.
 #[test]

@@ -138,6 +138,7 @@ impl CudaBackend {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(drv("stream creation"))?;
         let copy = ctx.new_stream().map_err(drv("stream creation"))?;
+        let down = ctx.new_stream().map_err(drv("stream creation"))?;
         let attr = |a| ctx.attribute(a).map_err(drv("device attribute"));
         let sm_count = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let smem_optin =
@@ -154,6 +155,7 @@ impl CudaBackend {
                 ctx,
                 stream,
                 copy,
+                down,
                 funcs,
                 sm_count: sm_count as u32,
                 cc: (ma, mi),
@@ -245,6 +247,10 @@ impl CudaBackend {
     /// Compiles the graph into a launch list for up to `batch` windows of `roi`.
     pub fn prepare(&mut self, graph: &Graph, batch: usize, roi: [usize; 3]) -> Result<()> {
         self.prepared = None;
+        // The last pass's buffers go before the new plan allocates (its budget assumes so).
+        if let Some(c) = self.pinned.as_mut() {
+            c.release_device();
+        }
         mem_reset_peak(&self.gpu.ctx);
         let p = launch_list::build(&self.gpu, &self.caps(), graph, batch, roi, self.opts.graphs)?;
         self.gpu.stream.synchronize().map_err(drv("synchronize"))?;

@@ -272,6 +272,42 @@ test_device!(
     broadcast_binaries_cuda_f16
 );
 
+/// Same-shape binaries written to a whole output of 14 channels (a residual unit's Add at the
+/// width of a 14-class head): one flat run of vectors on CUDA when the element count is a
+/// multiple of 8 ([2, 14, 4, 4, 4]), the element kernel when it is not ([2, 14, 3, 3, 3]).
+fn same_shape_binaries(dev: &mut Device) {
+    let mut r = Rng::tagged("same-shape binaries");
+    let c = 14;
+    for s in [[2, c, 4, 4, 4], [2, c, 3, 3, 3]] {
+        let x = Array5::from_shape_vec(s, r.scaled(s.iter().product(), 2.0)).unwrap();
+        let xf = x.mapv(f64::from);
+        let sig = xf.mapv(sigmoid);
+        for (op, f) in refr::binaries() {
+            // Pow on a negative base and Div near zero are the broadcast test's.
+            if matches!(op, Op::Pow | Op::Div) {
+                continue;
+            }
+            let g = chain(
+                "same",
+                c,
+                vec![(Op::Sigmoid, vec![0], c), (op.clone(), vec![1, 0], c)],
+            );
+            let mut want = Array5::zeros(s);
+            ndarray::Zip::from(&mut want)
+                .and(&sig)
+                .and(&xf)
+                .for_each(|o, &u, &v| *o = f(u, v));
+            let name = format!("{}(sigmoid(x), x) {s:?}", op.name());
+            dev.check(&name, &g, &x, &want, TOL);
+        }
+    }
+}
+test_device!(
+    same_shape_binaries,
+    same_shape_binaries_cpu_f32,
+    same_shape_binaries_cuda_f16
+);
+
 /// AddConst and MulConst of a constant of every broadcast shape.
 fn broadcast_constants(dev: &mut Device) {
     let mut r = Rng::tagged("broadcast constants");

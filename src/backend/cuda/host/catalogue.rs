@@ -181,6 +181,8 @@ pub const NORM_PARTIAL_F32: Kernel = k(Family::Norm, "norm_partial_f32");
 pub const NORM_PARTIAL_V8_F32: Kernel = k(Family::Norm, "norm_partial_v8_f32");
 pub const AFFINE_ACT_F32: Kernel = k(Family::Norm, "affine_act_f32");
 pub const AFFINE_ACT_V8_F32: Kernel = k(Family::Norm, "affine_act_v8_f32");
+pub const NORM_PARTIAL_FLAT8_F32: Kernel = k(Family::Norm, "norm_partial_flat8_f32");
+pub const AFFINE_ACT_FLAT8_F32: Kernel = k(Family::Norm, "affine_act_flat8_f32");
 pub const ACT_KERNEL: Kernel = k(Family::Eltwise, "act_kernel");
 pub const BINARY_KERNEL: Kernel = k(Family::Eltwise, "binary_kernel");
 pub const BINARY_CONST_KERNEL: Kernel = k(Family::Eltwise, "binary_const_kernel");
@@ -265,6 +267,8 @@ pub const KERNELS: &[Kernel] = &[
     NORM_PARTIAL_V8_F32,
     AFFINE_ACT_F32,
     AFFINE_ACT_V8_F32,
+    NORM_PARTIAL_FLAT8_F32,
+    AFFINE_ACT_FLAT8_F32,
     ACT_KERNEL,
     BINARY_KERNEL,
     BINARY_CONST_KERNEL,

@@ -230,6 +230,9 @@ impl Elt {
                 coff,
             } => {
                 let total = n * len;
+                // A whole contiguous output is one flat run of 16-byte vectors whatever C is.
+                let flat = ldc == c && *coff == 0 && total.is_multiple_of(8);
+                let (c, ldc) = if flat { (&8, &8) } else { (c, ldc) };
                 let (k, items) = if (c | ldc | coff) % 8 == 0 {
                     (BINARY_V8, total / 8)
                 } else {

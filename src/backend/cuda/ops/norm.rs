@@ -5,8 +5,9 @@ use super::{Build, NodeIo};
 use crate::backend::cuda::abi::norm_blocks;
 use crate::backend::cuda::abi::Act;
 use crate::backend::cuda::host::catalogue::{
-    AFFINE_ACT, AFFINE_ACT_F32, AFFINE_ACT_FLAT8, AFFINE_ACT_V8, AFFINE_ACT_V8_F32, NORM_FINALIZE,
-    NORM_PARTIAL, NORM_PARTIAL_F32, NORM_PARTIAL_FLAT8, NORM_PARTIAL_V8, NORM_PARTIAL_V8_F32,
+    AFFINE_ACT, AFFINE_ACT_F32, AFFINE_ACT_FLAT8, AFFINE_ACT_FLAT8_F32, AFFINE_ACT_V8,
+    AFFINE_ACT_V8_F32, NORM_FINALIZE, NORM_PARTIAL, NORM_PARTIAL_F32, NORM_PARTIAL_FLAT8,
+    NORM_PARTIAL_FLAT8_F32, NORM_PARTIAL_V8, NORM_PARTIAL_V8_F32,
 };
 use crate::backend::cuda::runtime::launch::{Arg, Gpu};
 use crate::model::graph::Op;
@@ -127,13 +128,17 @@ impl Norm {
                 NORM_PARTIAL_V8
             };
             (k, nblk, pix.div_ceil(nblk), rows * c * 8)
-        } else if let (false, Some(period)) = (a.x_f32, flat8_period(pix, c)) {
+        } else if let Some(period) = flat8_period(pix, c) {
             // Blocks start at a multiple of the period, so each thread keeps its channels.
             let nv = pix * c / 8;
             let chunkv = nv.div_ceil(nblk).div_ceil(period) * period;
             let threads = (256 / period) * period;
             (
-                NORM_PARTIAL_FLAT8,
+                if a.x_f32 {
+                    NORM_PARTIAL_FLAT8_F32
+                } else {
+                    NORM_PARTIAL_FLAT8
+                },
                 nv.div_ceil(chunkv),
                 chunkv,
                 threads * 8 * 8,
@@ -191,19 +196,20 @@ impl Affine {
         self.launch_with(gpu, s, n, self.ab)
     }
 
-    /// As `launch` with the pairs at `ab`; 16-byte vectors when C % 8 == 0, or over the
-    /// flattened sample when only P * C % 8 == 0 (fp16 input only).
+    /// As `launch` with the pairs at `ab`; vectors of 8 values when C % 8 == 0, or over the
+    /// flattened sample when only P * C % 8 == 0.
     fn launch_with(&self, gpu: &Gpu, s: &CudaStream, n: usize, ab: u64) -> Result<()> {
         let (pix, c, act) = (self.pix, self.c, &self.act);
         let nv = pix * c / 8;
         let v8 = c.is_multiple_of(8) && nv < (1usize << 32);
-        if v8 || (!self.x_f32 && flat8_period(pix, c).is_some()) {
+        if v8 || flat8_period(pix, c).is_some() {
             let per = (gpu.sm_count as usize * 16).div_ceil(n).max(1);
             let grid = (nv.div_ceil(256).clamp(1, per) as u32, n as u32, 1);
             let k = match (v8, self.x_f32) {
                 (true, true) => AFFINE_ACT_V8_F32,
                 (true, false) => AFFINE_ACT_V8,
-                _ => AFFINE_ACT_FLAT8,
+                (false, true) => AFFINE_ACT_FLAT8_F32,
+                (false, false) => AFFINE_ACT_FLAT8,
             };
             return gpu.launch(
                 s,

@@ -98,6 +98,42 @@ impl DevBuf {
     }
 }
 
+/// Device buffers a pass hands back for the next one of the same shape (allocating and freeing
+/// a few hundred MB per volume costs milliseconds of driver time).
+#[derive(Default)]
+pub(crate) struct DevPool(Vec<DevBuf>);
+
+impl DevPool {
+    /// Buffers of `sizes` bytes, in order: pooled ones of the same size first; the rest of the
+    /// pool is freed before anything new is allocated, so a pass never holds more than its own.
+    pub fn take(&mut self, ctx: &Arc<CudaContext>, sizes: &[usize]) -> Result<Vec<DevBuf>> {
+        let mut got: Vec<Option<DevBuf>> = sizes
+            .iter()
+            .map(|&b| {
+                let i = self.0.iter().position(|d| d.bytes == b)?;
+                Some(self.0.swap_remove(i))
+            })
+            .collect();
+        self.0.clear();
+        for (slot, &b) in got.iter_mut().zip(sizes) {
+            if slot.is_none() {
+                *slot = Some(DevBuf::new(ctx, b)?);
+            }
+        }
+        Ok(got.into_iter().flatten().collect())
+    }
+
+    /// Keeps `bufs` for the next pass.
+    pub fn put(&mut self, bufs: impl IntoIterator<Item = DevBuf>) {
+        self.0.extend(bufs);
+    }
+
+    /// Frees every pooled buffer (before a new plan allocates).
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
 impl Drop for DevBuf {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();

@@ -27,12 +27,14 @@ pub(crate) fn i32a(v: usize) -> Arg {
 }
 
 /// What every op and the pipeline launch on: the context, the compute stream, the copy
-/// stream, the loaded kernels, the SM count that sizes grid-stride grids and the compute
+/// stream, the pipeline's download stream (made once: stream creation is a driver call per
+/// volume otherwise), the loaded kernels, the SM count that sizes grid-stride grids and the compute
 /// capability (major, minor) that picks kernels built for newer GPUs.
 pub(crate) struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub copy: Arc<CudaStream>,
+    pub down: Arc<CudaStream>,
     pub funcs: HashMap<&'static str, CudaFunction>,
     pub sm_count: u32,
     pub cc: (i32, i32),

@@ -65,6 +65,12 @@ pub struct GpuTimes {
     /// Host time from queuing the last batch to the return (its GPU work, the last planes'
     /// finalisation, downloads and stores).
     pub tail_ms: f64,
+    /// Host time from the call's start to the first batch queued (setup, then the wait for
+    /// its volume planes).
+    pub first_batch_ms: f64,
+    /// Compute-stream time between its first and last event with none of its stages running
+    /// (waiting for uploads or for the host).
+    pub gpu_idle_ms: f64,
     /// Windows gathered on the device (from streamed volume planes, or from the direct input),
     /// else on the host.
     pub gather_on_device: bool,

@@ -10,7 +10,7 @@ use crate::backend::cuda::host::catalogue::{
 };
 use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::launch_list::Prepared;
-use crate::backend::cuda::runtime::device::{drv, DevBuf};
+use crate::backend::cuda::runtime::device::{drv, DevBuf, DevPool};
 use crate::backend::cuda::runtime::launch::{ev, i32a, Arg, Gpu};
 use crate::backend::{DeviceVolume, VolumeRef};
 use crate::{Error, Result};
@@ -56,7 +56,8 @@ pub(super) struct Pass<'a, 'j> {
     /// Host mode: two window-batch buffers. Device mode: the input ring of volume planes
     /// (slot z % ring, [ring][C][H][W] f16), in step with the accumulator ring.
     pub(super) dev_in: Vec<DevBuf>,
-    pub(super) dw: DevBuf,
+    /// The blend weights (kept between calls by the pinned cache).
+    pub(super) dw: Arc<DevBuf>,
     pub(super) acc: DevBuf,
     pub(super) wsum: DevBuf,
     pub(super) chunk: usize,
@@ -75,6 +76,7 @@ impl<'a, 'j> Pass<'a, 'j> {
         opts: &CudaOptions,
         job: &'a WindowJob<'j>,
         argmax: bool,
+        (dw, pool): (Arc<DevBuf>, &mut DevPool),
     ) -> Result<Self> {
         let [c, d, h, w] = job.vol.shape();
         let (direct, host_vol) = match job.vol {
@@ -107,10 +109,6 @@ impl<'a, 'j> Pass<'a, 'j> {
             v.as_slice()
                 .ok_or_else(|| Error::Invalid("volume is not contiguous".into()))?;
         }
-        let wmap: Vec<f32> = match job.weights.as_slice() {
-            Some(s) => s.to_vec(),
-            None => job.weights.iter().copied().collect(),
-        };
         if in_win > i32::MAX as usize {
             return Err(Error::Invalid(format!(
                 "window {roi:?} with {} channels is too large for the gather kernel",
@@ -125,26 +123,33 @@ impl<'a, 'j> Pass<'a, 'j> {
             Vec::new()
         };
         let ctx = &gpu.ctx;
-        let dev_in: Vec<DevBuf> = if direct.is_some() {
-            Vec::new()
-        } else if on_device {
-            vec![DevBuf::new(ctx, ring * plane_in * 2)?]
-        } else {
-            vec![DevBuf::new(ctx, in_len * 2)?, DevBuf::new(ctx, in_len * 2)?]
+        let n_in = match (direct.is_some(), on_device) {
+            (true, _) => 0,
+            (false, true) => 1,
+            (false, false) => 2,
         };
-        let dw = DevBuf::upload(ctx, &gpu.copy, &wmap)?;
-        let acc = DevBuf::new(ctx, ring * cout * hw * 4)?;
-        let wsum = DevBuf::new(ctx, ring * hw * 4)?;
+        let in_bytes = if on_device {
+            ring * plane_in * 2
+        } else {
+            in_len * 2
+        };
         let chunk = chunk_planes(ring, hw, cout, argmax);
         let out_bytes = if argmax {
             chunk * hw * 2
         } else {
             chunk * cout * hw * 4
         };
-        let dev_out = (0..OUT_SLOTS)
-            .map(|_| DevBuf::new(ctx, out_bytes))
-            .collect::<Result<Vec<_>>>()?;
-        let dl = ctx.new_stream().map_err(drv("stream creation"))?;
+        // [acc, wsum, dev_in.., dev_out..]
+        let sizes: Vec<usize> = [ring * cout * hw * 4, ring * hw * 4]
+            .into_iter()
+            .chain(std::iter::repeat_n(in_bytes, n_in))
+            .chain(std::iter::repeat_n(out_bytes, OUT_SLOTS))
+            .collect();
+        let mut bufs = pool.take(ctx, &sizes)?.into_iter();
+        let (acc, wsum) = (bufs.next().expect("sized"), bufs.next().expect("sized"));
+        let dev_in: Vec<DevBuf> = bufs.by_ref().take(n_in).collect();
+        let dev_out: Vec<DevBuf> = bufs.collect();
+        let dl = gpu.down.clone();
         let s = &*gpu.stream;
         // SAFETY: zeroing our own ring on the compute stream before any blend.
         unsafe {

@@ -10,12 +10,14 @@ use super::schedule::{Step as Batch, Upload};
 use super::{pipeline_bytes, GpuTimes, OUT_SLOTS};
 use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::launch_list::Prepared;
-use crate::backend::cuda::runtime::device::{drv, mem_reset_peak, mem_stats};
+use crate::backend::cuda::runtime::device::{drv, mem_reset_peak, mem_stats, DevBuf, DevPool};
 use crate::backend::cuda::runtime::launch::{ev, Gpu};
 use crate::backend::VolumeRef;
 use crate::{Error, Result};
 use cudarc::driver::{result as cu, CudaEvent, PinnedHostSlice};
-use ndarray::{Array3, Array4, ArrayView4};
+use ndarray::{Array3, Array4, ArrayView3, ArrayView4};
+use rayon::prelude::*;
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
@@ -128,9 +130,16 @@ pub(crate) fn run_windows(
     if let VolumeRef::Device(v) = &job.vol {
         check_and_sync(&gpu.ctx, v)?;
     }
-    mem_reset_peak(&gpu.ctx);
     let mem_before = cu::mem_get_info().map(|(f, t)| (t - f) as u64).unwrap_or(0);
-    let r = Pass::new(gpu, prep, opts, job, argmax).and_then(|p| p.run(cache, t0, mem_before));
+    // The high-water mark restarts once the pass holds its buffers, so that what the pool
+    // freed for it (an earlier pass's other sizes) does not count as this pass's.
+    let r = cache
+        .weight_map(gpu, job.weights)
+        .and_then(|dw| Pass::new(gpu, prep, opts, job, argmax, (dw, &mut cache.dev)))
+        .and_then(|p| {
+            mem_reset_peak(&gpu.ctx);
+            p.run(cache, t0, mem_before)
+        });
     if r.is_err() {
         // Nothing may still read or write buffers about to be freed.
         let _ = gpu.ctx.synchronize();
@@ -139,13 +148,55 @@ pub(crate) fn run_windows(
 }
 
 /// Pipeline state kept by the backend between calls (allocating pinned memory is slow): two
-/// input staging buffers (f16 bits: window batches or volume planes) and the finished-plane
-/// slots of each output kind.
+/// input staging buffers (f16 bits: window batches or volume planes), the finished-plane
+/// slots of each output kind, the blend weights on the device with their host copy (a 128³
+/// map is 8 MB to copy and upload per volume otherwise), and the pass's device buffers.
+/// [`PinnedCache::release_device`] frees the device part before a new plan allocates.
 #[derive(Default)]
 pub struct PinnedCache {
     inp: [Option<PinnedHostSlice<u16>>; 2],
     outf: [Option<PinnedHostSlice<f32>>; OUT_SLOTS],
     outl: [Option<PinnedHostSlice<u16>>; OUT_SLOTS],
+    wmap: Option<(Vec<f32>, Arc<DevBuf>)>,
+    /// The last pass's accumulator ring, input and output buffers.
+    dev: DevPool,
+}
+
+impl PinnedCache {
+    /// Frees what the cache holds on the device.
+    pub(crate) fn release_device(&mut self) {
+        self.wmap = None;
+        self.dev.clear();
+    }
+
+    /// The blend weights `w` on the device: the last call's buffer when they are the same
+    /// bits, else a new upload (the old buffer freed first, so the pass's peak is unchanged).
+    fn weight_map(&mut self, gpu: &Gpu, w: ArrayView3<f32>) -> Result<Arc<DevBuf>> {
+        let h: Cow<[f32]> = match w.as_slice() {
+            Some(s) => Cow::Borrowed(s),
+            None => Cow::Owned(w.iter().copied().collect()),
+        };
+        if let Some((_, d)) = self.wmap.as_ref().filter(|(c, _)| same_bits(c, &h)) {
+            return Ok(d.clone());
+        }
+        self.wmap = None;
+        let h = h.into_owned();
+        let d = Arc::new(DevBuf::upload(&gpu.ctx, &gpu.copy, &h)?);
+        self.wmap = Some((h, d.clone()));
+        Ok(d)
+    }
+}
+
+/// Whether `a` and `b` hold the same f32 bits (in parallel chunks: a 128³ map is 8 MB).
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    const CHUNK: usize = 1 << 16;
+    a.len() == b.len()
+        && a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)).all(|(x, y)| {
+            x.iter()
+                .zip(y)
+                .fold(0u32, |d, (p, q)| d | (p.to_bits() ^ q.to_bits()))
+                == 0
+        })
 }
 
 /// The cached pinned buffer when it holds `n` elements, else a new one.
@@ -265,6 +316,20 @@ fn fill_times(times: &mut GpuTimes, evs: &Events) -> Result<()> {
     for (a, b) in &evs.d2h {
         times.d2h_ms += ms(a, b)?;
     }
+    if let Some(first) = evs.cmp.first() {
+        let mut span = 0.0f64;
+        for last in evs
+            .cmp
+            .last()
+            .map(|c| &c.3)
+            .into_iter()
+            .chain(evs.fin.last().map(|f| &f.1))
+        {
+            span = span.max(ms(&first.0, last)?);
+        }
+        let busy = times.input_fill_ms + times.compute_ms + times.blend_ms + times.finalize_ms;
+        times.gpu_idle_ms = (span - busy).max(0.0);
+    }
     let sum = times.host_gather_ms
         + times.h2d_ms
         + times.input_fill_ms
@@ -291,6 +356,8 @@ struct LoopState<'b> {
     next_up: usize,
     evs: Events,
     times: GpuTimes,
+    /// The call's start and when its last batch was queued.
+    t0: Instant,
     t_last: Instant,
 }
 
@@ -314,7 +381,13 @@ impl Pass<'_, '_> {
         } else {
             Out::Logits(Array4::zeros((cout, d, h, w)))
         };
-        let PinnedCache { inp, outf, outl } = cache;
+        let PinnedCache {
+            inp,
+            outf,
+            outl,
+            dev,
+            ..
+        } = cache;
         let [ia, ib] = inp;
         let stage_len = if self.on_device {
             self.stage * self.plane_in
@@ -362,6 +435,7 @@ impl Pass<'_, '_> {
             next_up: 0,
             evs: Events::default(),
             times,
+            t0,
             t_last: Instant::now(),
         };
         let result = std::thread::scope(|sc| self.stream(sc, &mut ls, &mut out));
@@ -378,6 +452,15 @@ impl Pass<'_, '_> {
         times.peak_device_bytes = mem_stats(ctx).1;
         times.wall_ms = t0.elapsed().as_secs_f64() * 1e3;
         fill_times(&mut times, &ls.evs)?;
+        // Everything on the device is done (streams synchronised, downloads waited for).
+        let Pass {
+            acc,
+            wsum,
+            dev_in,
+            dev_out,
+            ..
+        } = self;
+        dev.put([acc, wsum].into_iter().chain(dev_in).chain(dev_out));
         Ok((out, times))
     }
 
@@ -476,6 +559,9 @@ impl Pass<'_, '_> {
         self.blend(st)?;
         let c2 = ev(s)?;
         ls.evs.cmp.push((c0, cg, c1, c2));
+        if k == 0 {
+            ls.times.first_batch_ms = ls.t0.elapsed().as_secs_f64() * 1e3;
+        }
         if k + 1 == self.batches.len() {
             ls.t_last = Instant::now();
         }
@@ -615,5 +701,26 @@ impl Pass<'_, '_> {
             p0 += np;
         }
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_bits;
+
+    /// The weight map is reused only for the same bits: a signed zero, one changed value in a
+    /// later chunk or another length is a new map; a NaN equals itself.
+    #[test]
+    fn weight_maps_compare_by_bits() {
+        let a: Vec<f32> = (0..200_000).map(|i| (i as f32 * 0.001).sin()).collect();
+        assert!(same_bits(&a, &a.clone()));
+        let mut b = a.clone();
+        b[150_000] = f32::from_bits(b[150_000].to_bits() ^ 1);
+        assert!(!same_bits(&a, &b));
+        assert!(!same_bits(&a, &a[1..]));
+        let (z, nz) = (vec![0.0f32; 4], vec![-0.0f32; 4]);
+        assert!(!same_bits(&z, &nz));
+        let n = vec![f32::NAN; 4];
+        assert!(same_bits(&n, &n.clone()));
     }
 }

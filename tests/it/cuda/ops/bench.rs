@@ -151,10 +151,15 @@ fn bench_w1_layers() {
                 "{auto_kernels:?}"
             );
         }
+        // (A halo rule's conv runs on a `conv_halo_*` kernel, or a wgmma one on sm_90.)
         if halo && auto_fresh {
             assert!(
                 !auto_kernels.is_empty()
-                    && auto_kernels.iter().all(|k| k.starts_with("conv_halo_")),
+                    && auto_kernels.iter().all(|k| {
+                        ["conv_halo_", "conv_wg_", "conv_wz_"]
+                            .iter()
+                            .any(|p| k.starts_with(p))
+                    }),
                 "{kind} {ci}->{co} at {s}^3: {auto_kernels:?}"
             );
         }
@@ -486,4 +491,70 @@ fn profile_models() {
         assert!(y16.iter().all(|v| v.is_finite()));
         assert!(arena >= arena16);
     }
+}
+
+/// W2's k3 s2 transposed convs (parity classes fused into one GEMM) at batch 4 with each
+/// `conv_mma` tile forced, each followed by an InstanceNorm as in W2 (so the conv stores fp32):
+/// the conv's own time per tile, against the planner's pick (`RESULT convt`).
+#[test]
+fn bench_convt_tiles() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("convt-tiles");
+    b.with(|o| o.poison = false);
+    let n = 4;
+    for (cin, cout, s) in [(32usize, 14usize, 64usize), (64, 16, 32), (128, 32, 16)] {
+        let op = Op::ConvTranspose(ConvTranspose {
+            weight: Tensor::new(
+                vec![cin, cout, 3, 3, 3],
+                r.scaled(cin * cout * 27, 1.0 / (cin as f32).sqrt()),
+            ),
+            bias: Some(Tensor::new(vec![cout], r.scaled(cout, 0.1))),
+            stride: [2; 3],
+            dilation: [1; 3],
+            pads: [1; 6],
+            output_padding: [1; 3],
+            groups: 1,
+        });
+        let norm = Op::InstanceNorm {
+            eps: 1e-5,
+            scale: Tensor::new(vec![cout], vec![1.0; cout]),
+            bias: Tensor::new(vec![cout], vec![0.0; cout]),
+        };
+        let g = graph(cin, vec![(op, vec![0], cout), (norm, vec![1], cout)]);
+        let x =
+            Array5::from_shape_vec((n, cin, s, s, s), r.scaled(n * cin * s * s * s, 1.0)).unwrap();
+        let flop = 2.0 * (n * s * s * s) as f64 * (cin * cout * 27) as f64;
+        let mut want: Option<Array5<f32>> = None;
+        for tile in std::iter::once(None).chain(MMA_CONFIGS.iter().map(Some)) {
+            b.with(|o| o.conv_tile = tile);
+            if b.prepare(&g, n, [s; 3]).is_err() {
+                continue;
+            }
+            let got = b.run(x.view()).expect("run").to_owned();
+            // Every tile computes the same conv: the outputs agree to fp16 rounding.
+            match &want {
+                None => want = Some(got),
+                Some(w) => {
+                    let (num, den) = w.iter().zip(got.iter()).fold((0.0, 0.0), |(a, d), (p, q)| {
+                        (a + ((p - q) as f64).powi(2), d + (*p as f64).powi(2))
+                    });
+                    let e = (num / den.max(1e-30)).sqrt();
+                    assert!(e < 1e-2, "{cin}->{cout}: tile {tile:?} rel L2 {e:e}");
+                }
+            }
+            let prof = b.profile_forward(n, 5).expect("profile");
+            let (label, ms) = prof
+                .iter()
+                .find(|p| p.0.starts_with("ConvTranspose"))
+                .map(|p| (p.0.clone(), p.1))
+                .expect("the transposed conv in the profile");
+            println!(
+                "RESULT convt {cin}->{cout} {n}x{s}^3 -> {}^3 {:<22} {ms:.3} ms ({:.0} TF/s useful)  {label}",
+                2 * s,
+                tile.map_or("auto", |t| t.name),
+                flop / ms / 1e9
+            );
+        }
+    }
+    b.with(|o| o.conv_tile = None);
 }

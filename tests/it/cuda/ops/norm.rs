@@ -106,7 +106,8 @@ fn norm_kernel_paths() {
 }
 
 /// Conv outputs that only an InstanceNorm reads are stored in fp32 (`CudaOptions::norm_f32`):
-/// every conv kernel family's fp32 epilogue (halo vector and pair stores, mma, Cin-1, grouped
+/// every conv kernel family's fp32 epilogue (the wgmma kernels' pair stores and the z-pair
+/// kernel's staged put on compute capability 9.0, halo vector and pair stores, mma, Cin-1, grouped
 /// direct, the upsampling GEMM with and without its staged epilogue, strided transposed convs
 /// per parity class and fused, the wmma GEMM) through conv -> InstanceNorm -> LeakyReLU against
 /// float64, with per-channel offsets (bias 4) large against the spread, where fp16 storage
@@ -133,7 +134,7 @@ fn conv_norm_fp32_inputs() {
         bool,
         &'static str,
     );
-    let cases: [Case; 11] = [
+    let cases: [Case; 12] = [
         (
             "wgmma 14->14 (pair store)",
             14,
@@ -149,9 +150,23 @@ fn conv_norm_fp32_inputs() {
             "conv_wg",
         ),
         (
-            "halo 32->32 (vector store)",
+            "z-pair 32->20 (staged put)",
             32,
-            32,
+            20,
+            [8, 9, 10],
+            3,
+            1,
+            1,
+            0,
+            1,
+            false,
+            false,
+            "conv_wz",
+        ),
+        (
+            "halo 64->64 (vector store)",
+            64,
+            64,
             [8, 9, 10],
             3,
             1,
@@ -163,9 +178,9 @@ fn conv_norm_fp32_inputs() {
             "conv_halo",
         ),
         (
-            "halo 32->20 (pair store)",
-            32,
-            20,
+            "halo 64->36 (pair store)",
+            64,
+            36,
             [8, 9, 10],
             3,
             1,
@@ -289,14 +304,15 @@ fn conv_norm_fp32_inputs() {
             "conv_igemm",
         ),
     ];
-    let (mut sum32, mut sum16) = (0.0, 0.0);
+    let (mut sum32, mut sum16, ncases) = (0.0, 0.0, cases.len() as f64);
     for (name, cin, cout, sp, k, st, pad, opad, groups, transposed, legacy, want_kernel) in cases {
         // (The wgmma kernels exist on compute capability 9.0 only.)
-        let want_kernel = if want_kernel == "conv_wg" && !cat::has_wgmma(b.arch()) {
-            "conv_halo"
-        } else {
-            want_kernel
-        };
+        let want_kernel =
+            if matches!(want_kernel, "conv_wg" | "conv_wz") && !cat::has_wgmma(b.arch()) {
+                "conv_halo"
+            } else {
+                want_kernel
+            };
         let x = T::from(
             [2, cin, sp[0], sp[1], sp[2]],
             &r.scaled(2 * cin * sp.iter().product::<usize>(), 1.0),
@@ -388,8 +404,8 @@ fn conv_norm_fp32_inputs() {
     });
     println!(
         "RESULT conv->norm mean rel L2: fp32 inputs {:.2e}, fp16 {:.2e}",
-        sum32 / 10.0,
-        sum16 / 10.0
+        sum32 / ncases,
+        sum16 / ncases
     );
     assert!(
         sum32 < 0.7 * sum16,

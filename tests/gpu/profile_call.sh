@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One device call that says where W1's and W2's time and memory go (issue 31): the W1 and W2
+# exports made as bench.py makes them, `bench` on each at several batches (median of REPS passes,
+# device peak from the report), then `profile_models` (per-op times, fp16 against fp32 norm inputs)
+# on each export at PROFILE_BATCHES. Here: `bash tests/gpu/build.sh && bash tests/gpu/bench_bundle.sh`;
+# there, carrying `.dev/gb.tar.xz`: `bash tests/gpu/profile_call.sh`. Everything comes back in
+# $OUT/all.tgz; the summary lines on stdout.
+#   NETS (w1,w2), BATCHES ("1 2 4"), REPS (3), PROFILE_BATCHES ("4 2"), BINS (bench; "bench_old
+#   bench" alternates two builds, each pass of ROUNDS (1) running every bin once per batch),
+#   TESTS (BIN:FILTER entries run first, BIN one of the bundle's test binaries, e.g.
+#   "it:cuda::ops::norm plan_gpu:"), TEST_S (seconds per test entry, default 200)
+set -u
+. "$(dirname "$0")/call_env.sh"
+W=/tmp/voxtile-bench
+NETS=${NETS:-w1,w2}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$G"/wheels/*.whl
+mkdir -p "$W" "$OUT/p"
+for t in ${TESTS:-}; do
+  bin=${t%%:*} filt=${t#*:}
+  f="$OUT/p/t_${bin}_${filt//::/_}.log"
+  timeout "${TEST_S:-200}" "$G/$bin" --test-threads=1 --nocapture $filt > "$f" 2>&1
+  el "TEST $bin $filt rc $?: $(grep -E "^test result" "$f" | tail -1)"
+  grep -E "panicked|FAILED|RESULT convt" "$f" | head -30
+done
+PYTHONPATH=/tmp/site timeout 240 python3 tests/gpu/bench_peer.py prep "$W" "$NETS" > "$OUT/p/prep.log" 2>&1
+el "prep rc $?"
+for round in $(seq 1 "${ROUNDS:-1}"); do
+for n in ${NETS//,/ }; do
+  for b in ${BATCHES:-1 2 4}; do
+    for bin in ${BINS:-bench}; do
+      f="$OUT/p/${bin}_${n}_b${b}_r$round.json"
+      timeout 120 "$G/$bin" "$W/$n.onnx" "$W/vol.npy" 128 0.5 "$b" "${REPS:-3}" cuda - > "$f" 2> "$f.err"
+      el "$bin $n batch $b round $round rc $?: $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); p=r['report']; g=p.get('gpu') or {}; print(f\"median {r['median_s']:.4f} s, peak {p.get('peak_device_bytes',0)/2**30:.3f} GiB, predicted {((p.get('predicted_peak_bytes') or {}).get('device') or 0)/2**30:.3f}; pass {g.get('wall_ms',0):.1f} ms (setup {g.get('setup_ms',0):.2f}, compute {g.get('compute_ms',0):.1f})\")" "$f" 2>&1 | tail -1)"
+    done
+  done
+done
+done
+for n in ${NETS//,/ }; do
+  for b in ${PROFILE_BATCHES:-4 2}; do
+    f="$OUT/p/profile_${n}_b$b.log"
+    VOXTILE_PROFILE_ONNX="$W/$n.onnx:128:$b" timeout 150 "$G/it" --test-threads=1 --nocapture \
+      cuda::ops::bench::profile_models > "$f" 2>&1
+    el "profile $n batch $b rc $?"
+    grep "RESULT" "$f" | head -24
+  done
+done
+tar -czf /tmp/all.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/all.tgz "$OUT/"
