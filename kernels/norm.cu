@@ -297,16 +297,15 @@ __device__ __forceinline__ void affine_act_v8_t(const T* __restrict__ x, half* _
         yv[e] = *reinterpret_cast<const uint4*>(h);
     }
 }
-extern "C" __global__ void affine_act_v8(const half* __restrict__ x, half* __restrict__ y, i64 P, int C,
-                                         const float* __restrict__ ab, int ab_nstride, int act, float alpha,
-                                         const float* __restrict__ slope, int slope_n) {
-    affine_act_v8_t(x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n);
-}
-extern "C" __global__ void affine_act_v8_f32(const float* __restrict__ x, half* __restrict__ y, i64 P, int C,
-                                             const float* __restrict__ ab, int ab_nstride, int act, float alpha,
-                                             const float* __restrict__ slope, int slope_n) {
-    affine_act_v8_t(x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n);
-}
+// The kernels of a vector affine template, one per input type (fp16, or fp32 from a conv kept so).
+#define AFFINE_VEC_ENTRY(NAME, T, IMPL)                                                               \
+    extern "C" __global__ void NAME(const T* __restrict__ x, half* __restrict__ y, i64 P, int C,         \
+                                    const float* __restrict__ ab, int ab_nstride, int act, float alpha,  \
+                                    const float* __restrict__ slope, int slope_n) {                      \
+        IMPL(x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n);                                    \
+    }
+AFFINE_VEC_ENTRY(affine_act_v8, half, affine_act_v8_t)
+AFFINE_VEC_ENTRY(affine_act_v8_f32, float, affine_act_v8_t)
 
 // affine_act for C % 8 != 0 with P * C % 8 == 0 (flat vectors, see flat8_period): sample n =
 // blockIdx.y; the channel of a vector's first value is (8v) % C, the next ones follow with wrap.
@@ -338,13 +337,5 @@ __device__ __forceinline__ void affine_act_flat8_t(const T* __restrict__ x, half
         yv[e] = *reinterpret_cast<const uint4*>(h);
     }
 }
-extern "C" __global__ void affine_act_flat8(const half* __restrict__ x, half* __restrict__ y, i64 P, int C,
-                                            const float* __restrict__ ab, int ab_nstride, int act, float alpha,
-                                            const float* __restrict__ slope, int slope_n) {
-    affine_act_flat8_t(x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n);
-}
-extern "C" __global__ void affine_act_flat8_f32(const float* __restrict__ x, half* __restrict__ y, i64 P, int C,
-                                                const float* __restrict__ ab, int ab_nstride, int act, float alpha,
-                                                const float* __restrict__ slope, int slope_n) {
-    affine_act_flat8_t(x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n);
-}
+AFFINE_VEC_ENTRY(affine_act_flat8, half, affine_act_flat8_t)
+AFFINE_VEC_ENTRY(affine_act_flat8_f32, float, affine_act_flat8_t)

@@ -585,18 +585,10 @@ fn kept_pass_buffers_change_nothing() {
             ((z * 7 + y * 3 + x) as f32 * 0.01).sin()
         });
         let (padded, before, starts) = grid(size, roi, [0.5; 3]);
-        b.segment_windows(&WindowJob {
-            vol: vol.view().into(),
-            padded,
-            pad_before: before,
-            roi,
-            starts: &starts,
-            weights: w.view(),
-            batch,
-            cval: 0.0,
-        })
-        .unwrap()
-        .0
+        let set = (padded, before, starts, w.clone(), 0.0);
+        b.segment_windows(&job(vol.view(), &set, roi, batch))
+            .unwrap()
+            .0
     };
     let first = run(&mut b, [48, 40, 36], &gauss);
     let other = run(&mut b, [48, 40, 36], &flat);
