@@ -232,8 +232,8 @@ impl Elt {
                 let total = n * len;
                 // A whole contiguous output is one flat run of 16-byte vectors whatever C is.
                 let flat = ldc == c && *coff == 0 && total.is_multiple_of(8);
-                let (c, ldc) = if flat { (&8, &8) } else { (c, ldc) };
-                let (k, items) = if (c | ldc | coff) % 8 == 0 {
+                let (c, ldc) = if flat { (8, 8) } else { (*c, *ldc) };
+                let (k, items) = if (c | ldc | *coff) % 8 == 0 {
                     (BINARY_V8, total / 8)
                 } else {
                     (BINARY_KERNEL, total)
@@ -248,8 +248,8 @@ impl Elt {
                         Arg::Ptr(*y),
                         Arg::I64(total as i64),
                         Arg::I32(*op as i32),
-                        Arg::I32(*c as i32),
-                        Arg::I32(*ldc as i32),
+                        Arg::I32(c as i32),
+                        Arg::I32(ldc as i32),
                         Arg::I32(*coff as i32),
                     ],
                 )
