@@ -53,6 +53,7 @@ struct ConvParams {
     int ksplit;       // conv_mma: K split over grid.z (> 1: partials to ws, conv_splitk_reduce)
     int pad_;
     unsigned long long ws;  // fp32 [ksplit][M][cout] partial sums
+    unsigned long long res; // fp16 residual indexed as y (a fused Add; conv_wg_* only), 0: none
 };
 
 // Input coordinate (conv_wmma_legacy.cu, conv_transpose.cu) of output coordinate `o` through tap `k` along one axis, or -1 when none.

@@ -21,8 +21,9 @@ __device__ __forceinline__ void cp_async16_ca(half* smem, const half* gmem, int 
 
 // VW: halves per A gather: 8 (Cin % 8 == 0, 16-byte cp.async), 2 (even Cin, 4-byte cp.async),
 // 1 (element gathers by one thread per row).
-// VEC_EPI (upsampling GEMM only, Cout % 8 == 0): the epilogue stages the fp32 tile in shared
-// memory and writes each 8-channel chunk of a (voxel, tap) with one 16-byte store.
+// VEC_EPI (scatter epilogues: the upsampling GEMM and the fused parity classes): the epilogue
+// stages the fp32 tile in shared memory, then writes each 8-channel chunk of a (voxel, tap) with
+// one 16-byte store when Cout % 8 == 0, else each tap row's run of voxels x channels by a warp.
 template <int TBM, int TBN, int WM, int WN, int STAGES, int VW, bool VEC_EPI = false>
 __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __restrict__ x,
                                          const half* __restrict__ w, const float* __restrict__ bias,
@@ -249,6 +250,79 @@ __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __rest
                         make_float2(acc[i][j][h * 2], acc[i][j][h * 2 + 1]);
                 }
         __syncthreads();
+        if (p.ocout % 8 != 0) {
+            // Any Cout (the fused parity classes of W2's 32 -> 14). The tile's rows share one
+            // output voxel base each (tap 0) and its columns one bias each: both staged once, so
+            // the stores below divide by nothing of the grid. Row r's taps (qz, qy, 0..up_w-1) x
+            // Cout channels are up_w * Cout contiguous values of a dense output.
+            static_assert(TBM * CLD * 4 + TBM * 8 + TBN * 4 <= STAGES * (A_ST + B_ST) * 2,
+                          "staged tile, row bases and biases must fit");
+            i64* rb = reinterpret_cast<i64*>(cs + TBM * CLD);
+            float* bc = reinterpret_cast<float*>(rb + TBM);
+            for (int r = tid; r < TBM; r += THREADS) {
+                const int m = m0 + r;
+                i64 o = -1;
+                if (m < M) {
+                    int ix = m % p.wo, t = m / p.wo;
+                    int iy = t % p.ho;
+                    t /= p.ho;
+                    int iz = t % p.do_, n = t / p.do_;
+                    o = (((i64)n * p.od + iz * p.up_d) * p.oh + iy * p.up_h) * p.ow + ix * p.up_w;
+                }
+                rb[r] = o;
+            }
+            for (int c = tid; c < TBN; c += THREADS)
+                bc[c] = bias && n0 + c < p.cout ? bias[(n0 + c) % p.ocout] : 0.f;
+            __syncthreads();
+            const int per = p.up_w * p.ocout, G = p.up_d * p.up_h;
+            if (p.ldc == p.ocout && p.coff == 0 && per % 4 == 0) {
+                // Dense: one thread per 4 values of a run (16 or 8 bytes, aligned: every term of
+                // the output index is a multiple of up_w * Cout or of Cout * ow).
+                const int Q = per / 4;
+                for (int idx = tid; idx < G * TBM * Q; idx += THREADS) {
+                    const int gr = idx / Q, q = idx - gr * Q;
+                    const int g = gr / TBM, row = gr - g * TBM;
+                    const int c = g * per + q * 4;
+                    const i64 ob = rb[row];
+                    if (ob < 0 || c < n0 || c >= n0 + TBN) continue;
+                    const int qz = g / p.up_h, qy = g - qz * p.up_h;
+                    const i64 dst = (ob + ((i64)qz * p.oh + qy) * p.ow) * p.ocout + q * 4;
+                    const float4 a = *reinterpret_cast<const float4*>(cs + row * CLD + (c - n0));
+                    const float4 b = *reinterpret_cast<const float4*>(bc + (c - n0));
+                    float u[4] = {a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w};
+                    if (p.act != ACT_NONE) {
+#pragma unroll
+                        for (int k = 0; k < 4; k++)
+                            u[k] = act_apply(u[k], (c + k) % p.ocout, p.act, p.alpha, slope, p.slope_n);
+                    }
+                    if (p.out_f32) {
+                        *reinterpret_cast<float4*>(reinterpret_cast<float*>(y) + dst) =
+                            make_float4(u[0], u[1], u[2], u[3]);
+                    } else {
+                        __align__(8) __half2 h[2] = {__floats2half2_rn(u[0], u[1]), __floats2half2_rn(u[2], u[3])};
+                        *reinterpret_cast<uint2*>(y + dst) = *reinterpret_cast<const uint2*>(h);
+                    }
+                }
+                return;
+            }
+            // A concat slice or an odd run: a warp per (row, tap row), one value per lane.
+            for (int u = warp; u < G * TBM; u += THREADS / 32) {
+                const int g = u / TBM, row = u - g * TBM;
+                const i64 ob = rb[row];
+                if (ob < 0) continue;
+                const int qz = g / p.up_h, qy = g - qz * p.up_h;
+                const i64 o0 = ob + ((i64)qz * p.oh + qy) * p.ow;
+                for (int e = lane; e < per; e += 32) {
+                    const int qx = e / p.ocout, co = e - qx * p.ocout;
+                    const int c = g * per + e;
+                    if (c < n0 || c >= n0 + TBN) continue;
+                    const float u0 = cs[row * CLD + (c - n0)] + bc[c - n0];
+                    out_store1(p, y, (o0 + qx) * p.ldc + p.coff + co,
+                               act_apply(u0, co, p.act, p.alpha, slope, p.slope_n));
+                }
+            }
+            return;
+        }
         const bool vec = ((p.ldc | p.coff) & 7) == 0;
         constexpr int CH = TBN / 8;
         for (int idx = tid; idx < TBM * CH; idx += THREADS) {
@@ -354,8 +428,9 @@ extern "C" __global__ void conv_splitk_reduce(ConvParams p, const half* x, const
         conv_mma<TBM, TBN, WM, WN, ST, VW>(p, x, w, bias, y, slope);                                \
     }
 
-// convt_up_m{TBM}n{TBN}_v8: the kernel == stride transposed conv as the upsampling GEMM
-// (conv_mma's scatter view, Cin % 8 == 0, Cout % 8 == 0) with the staged 16-byte epilogue.
+// convt_up_m{TBM}n{TBN}_v8: the scatter GEMMs (conv_mma's scatter view, Cin % 8 == 0) with the
+// staged epilogue: the kernel == stride transposed conv as the upsampling GEMM (Cout % 8 == 0),
+// and the strided transposed conv's fused parity classes (any Cout).
 // Same tiles and shared memory as conv_mma_m{TBM}n{TBN}_v8 (UPSAMPLE_VEC in the catalogue,
 // which instantiates them).
 #define UP_ENTRY(NAME, TBM, TBN, WM, WN, ST)                                                        \

@@ -138,7 +138,7 @@ struct WgConv {
             for (int q = 0; q < NA; q++) acc[z][q] = 0.f;
     }
 
-    // Bias, activation and fp16 / fp32 pairs straight from the accumulators of tile t. The
+    // Bias, activation (or residual) and fp16 / fp32 pairs straight from the accumulators of tile t. The
     // warpgroup thread `wtid` holds rows (wtid / 32) * 16 + lane / 4 (+ 8) of each plane and
     // columns j * 8 + (lane % 4) * 2.
     __device__ __forceinline__ void store(const float (&acc)[TZ][NA], int t, int wtid, half* __restrict__ y,
@@ -147,6 +147,8 @@ struct WgConv {
         int n, oz0, oy0, ox0;
         decode(t, n, oz0, oy0, ox0);
         const bool pair = ((p.ldc | p.coff) & 1) == 0;
+        // A fused residual Add (`ConvParams::res`: no activation, y dense, same index).
+        const half* __restrict__ res = reinterpret_cast<const half*>(p.res);
         float b0[BN / 8], b1[BN / 8];
 #pragma unroll
         for (int j = 0; j < BN / 8; j++) {
@@ -167,13 +169,18 @@ struct WgConv {
                     const int c = nb0 + j * 8 + (lane & 3) * 2;
                     if (c >= p.cout) continue;
                     const i64 dst = m * p.ldc + p.coff + c;
-                    const float v0 = act_apply(acc[z][j * 4 + h * 2] + b0[j], c, p.act, p.alpha, slope, p.slope_n);
+                    float v0 = act_apply(acc[z][j * 4 + h * 2] + b0[j], c, p.act, p.alpha, slope, p.slope_n);
                     if (c + 1 >= p.cout) {
+                        if (res) v0 += __half2float(res[dst]);
                         out_store1(p, y, dst, v0);
                         continue;
                     }
-                    const float v1 =
+                    float v1 =
                         act_apply(acc[z][j * 4 + h * 2 + 1] + b1[j], c + 1, p.act, p.alpha, slope, p.slope_n);
+                    if (res) {
+                        v0 += __half2float(res[dst]);
+                        v1 += __half2float(res[dst + 1]);
+                    }
                     if (pair) {
                         out_store2(p, y, dst, v0, v1);
                     } else {

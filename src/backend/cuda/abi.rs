@@ -101,6 +101,9 @@ pub struct ConvParams {
     pub ksplit: i32,
     pub _pad: i32,
     pub ws: u64,
+    /// fp16 residual added to each stored value (0: none): an Add fused into the conv's
+    /// epilogue (`host::fusion::fusable_residual`), indexed as the output (ldc == Cout, coff 0).
+    pub res: u64,
 }
 
 /// Mirrors `struct PoolParams` in kernels/pool_resize.cu.

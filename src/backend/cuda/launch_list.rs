@@ -194,6 +194,10 @@ fn node_io<'g>(
         act,
         slope: 0,
         slope_n,
+        res: match l.residual {
+            Some((_, r)) => bp.value_buf[r].map_or(0, |b| bufs[b]),
+            None => 0,
+        },
     })
 }
 
@@ -295,12 +299,13 @@ impl Prepared {
 }
 
 /// Profile label of one step: op, input -> output shape (C x D x H x W per sample), fused
-/// activation and, for convs, the kernel. Steps of one label are summed by [`per_step`].
+/// activation or residual Add and, for convs, the kernel. Steps of one label are summed by [`per_step`].
 pub(crate) fn step_label(step: &Step, op: &Op, act: &Act, x: Shape, o: Shape) -> String {
     let sh = |s: Shape| format!("{}x{}x{}x{}", s[0], s[1], s[2], s[3]);
-    let act = match act {
-        Act::None => String::new(),
-        a => format!(" +{}", format!("{a:?}").split('(').next().unwrap_or("")),
+    let act = match (act, step) {
+        (Act::None, Step::Conv(c)) if c.p.res != 0 => " +Add".to_string(),
+        (Act::None, _) => String::new(),
+        (a, _) => format!(" +{}", format!("{a:?}").split('(').next().unwrap_or("")),
     };
     // Kernel and stride of the op itself (a transposed conv runs as several GEMM steps).
     let ks = |w: &Tensor, st: [usize; 3]| {

@@ -18,7 +18,7 @@ fn unetr_plans_on_cuda_host_side() {
         let mut planned = vec![false; g.nodes.len()];
         for l in &bp.launches {
             planned[l.node] = true;
-            if let Some(j) = l.fuse {
+            for j in l.fuse.into_iter().chain(l.residual.map(|(j, _)| j)) {
                 planned[j] = true;
             }
         }

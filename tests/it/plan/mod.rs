@@ -3,5 +3,6 @@
 
 mod attention;
 mod planner;
+mod residual;
 mod tensor;
 mod w1;

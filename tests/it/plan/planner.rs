@@ -508,17 +508,21 @@ fn cuda_prediction_is_the_backend_buffer_plan() {
 }
 
 /// Independent check of the arena: walking the launches in order with each value live from its
-/// launch to its last reader, no launch writes memory (its buffer's byte range in the arena) that
-/// overlaps another live value's (except the channel slices of one concat, which share its
-/// buffer by design), and every buffer lies inside the arena.
-fn check_no_alias(name: &str, g: &Graph, bp: &voxtile::internals::cuda::host::buffers::BufferPlan) {
-    let mut last = vec![0usize; g.values.len()];
+/// launch until every node reading it has run (itself or fused into a launch), no launch writes
+/// memory (its buffer's byte range in the arena) that overlaps another live value's (except the
+/// channel slices of one concat, which share its buffer by design, and a view that reuses its
+/// input's buffer and writes nothing), and every buffer lies inside the arena.
+pub(super) fn check_no_alias(
+    name: &str,
+    g: &Graph,
+    bp: &voxtile::internals::cuda::host::buffers::BufferPlan,
+) {
+    let mut readers = vec![Vec::new(); g.values.len()];
     for (i, n) in g.nodes.iter().enumerate() {
         for &v in &n.inputs {
-            last[v] = last[v].max(i);
+            readers[v].push(i);
         }
     }
-    last[g.output] = usize::MAX;
     // Concat group of a value: the concat node it is written into, or its own node.
     let group = |v: usize| -> Option<usize> {
         if bp.in_place[v] {
@@ -532,9 +536,11 @@ fn check_no_alias(name: &str, g: &Graph, bp: &voxtile::internals::cuda::host::bu
                 .filter(|&j| matches!(g.nodes[j].op, voxtile::model::graph::Op::Concat { .. }))
         }
     };
+    let stored: Vec<_> = (0..g.values.len()).map(|v| bp.stored(v)).collect();
+    let mut ran = vec![false; g.nodes.len()];
     let mut live: Vec<usize> = vec![g.input];
     for l in &bp.launches {
-        let end = l.fuse.unwrap_or(l.node);
+        let view = voxtile::internals::cuda::host::tensor_layout::aliases(g, &stored, l.node);
         for &v in &g.nodes[l.node].inputs {
             assert!(bp.value_buf[v].is_some(), "{name}: input {v} has no buffer");
         }
@@ -548,7 +554,7 @@ fn check_no_alias(name: &str, g: &Graph, bp: &voxtile::internals::cuda::host::bu
         for &v in &live {
             let vb = bp.value_buf[v].unwrap();
             let (v0, v1) = range(vb);
-            if v != l.out_v && v0 < o1 && o0 < v1 {
+            if v != l.out_v && !view && v0 < o1 && o0 < v1 {
                 let shared = vb == l.out_buf && group(v).is_some() && group(v) == group(l.out_v);
                 assert!(
                     shared,
@@ -557,8 +563,12 @@ fn check_no_alias(name: &str, g: &Graph, bp: &voxtile::internals::cuda::host::bu
                 );
             }
         }
+        ran[l.node] = true;
+        for j in l.fuse.into_iter().chain(l.residual.map(|(j, _)| j)) {
+            ran[j] = true;
+        }
         live.push(l.out_v);
-        live.retain(|&v| last[v] > end);
+        live.retain(|&v| v == g.output || readers[v].iter().any(|&k| !ran[k]));
     }
     assert_eq!(bp.value_buf[g.output], Some(bp.output_buf));
 }

@@ -10,7 +10,9 @@
 use crate::backend::cuda::abi::{alloc_size, elem_bytes, Act, Shape};
 use crate::backend::cuda::host::attention_table::{node_table, terms, uploaded_len};
 use crate::backend::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
-use crate::backend::cuda::host::fusion::{concat_slice, consumers, fusable_activation};
+use crate::backend::cuda::host::fusion::{
+    concat_slice, consumers, fusable_activation, fusable_residual,
+};
 use crate::backend::cuda::host::select::{is_upsampling_convt, ConvGeom};
 use crate::backend::cuda::host::tensor_layout::{
     aliases, is_standard, paths, tensor_supported, Paths, Stored,
@@ -26,7 +28,9 @@ pub struct Launch {
     pub node: usize,
     /// The activation node fused into this one's epilogue.
     pub fuse: Option<usize>,
-    /// The value written (the fused activation's output when fused).
+    /// A conv's residual Add fused into its epilogue: (Add node, its other operand).
+    pub residual: Option<(usize, usize)>,
+    /// The value written (the fused activation's or Add's output when fused).
     pub out_v: usize,
     /// Buffer written, its channel stride and channel offset (a concat slice, else C and 0).
     pub out_buf: usize,
@@ -528,19 +532,33 @@ impl Walk<'_> {
     fn release_inputs(&mut self, i: usize, end: usize, out_v: usize, last_use: &[usize]) {
         for &v in &self.graph.nodes[i].inputs {
             if last_use[v] <= end && v != out_v {
-                if let Some(b) = self.live[v].take() {
-                    if !self.live.contains(&Some(b)) && !self.b.free.contains(&b) {
-                        self.b.free.push(b);
-                        self.b.life[b].1 = self.launches.len() - 1;
-                    }
-                }
+                self.release(v);
             }
+        }
+    }
+
+    /// Frees value `v`'s buffer at the last launch, unless another live value holds it.
+    fn release(&mut self, v: usize) {
+        if let Some(b) = self.live[v].take() {
+            if !self.live.contains(&Some(b)) && !self.b.free.contains(&b) {
+                self.b.free.push(b);
+                self.b.life[b].1 = self.launches.len() - 1;
+            }
+        }
+    }
+
+    /// Releases the residual `r` of Add node `j`, fused into node `i`'s launch, when no node
+    /// after `i` but that Add reads it.
+    fn release_residual(&mut self, j: usize, r: usize, i: usize) {
+        if r != self.graph.output && self.cons[r].iter().all(|&k| k == j || k <= i) {
+            self.release(r);
         }
     }
 }
 
 /// The buffer plan of `graph` for `batch` windows of `roi` on a device with `caps`: fp16 NDHWC
-/// activations (fp32 where [`keeps_f32`] says so and `caps.norm_f32`), a following activation fused into conv / norm / affine epilogues, convs and
+/// activations (fp32 where [`keeps_f32`] says so and `caps.norm_f32`), a following activation fused into conv / norm / affine epilogues, a conv's
+/// residual Add fused into its epilogue ([`fusable_residual`], on kernels that add one), convs and
 /// binaries whose only consumer is a channel concat written into its slice (the concat's buffer
 /// taken at its first producer), every other output in a buffer of its own, inputs freed after
 /// their last reader (after the output is placed, so no kernel reads and writes one buffer);
@@ -612,7 +630,7 @@ pub fn buffer_plan(
             | Op::ChannelAffine { .. } => fusable_activation(graph, &w.cons, i),
             _ => None,
         };
-        let (act, out_v) = match fuse {
+        let (act, mut out_v) = match fuse {
             Some(j) => {
                 fused_into[j] = true;
                 (
@@ -625,6 +643,18 @@ pub fn buffer_plan(
         let oshape = w.shapes[node.output];
         cmax = cmax.max(oshape[0]);
         let conv = w.node_consts(caps, i, &act);
+        let residual = match &conv {
+            Some(k) if fuse.is_none() && k.adds_residual() => {
+                fusable_residual(graph, &w.cons, &w.shapes, &w.tensor, i, |r| {
+                    w.live[r].is_some() && w.stored[r].ndhwc && !f32_values[r]
+                })
+            }
+            _ => None,
+        };
+        if let Some((j, _)) = residual {
+            fused_into[j] = true;
+            out_v = graph.nodes[j].output;
+        }
         let f32_out =
             caps.norm_f32 && keeps_f32(graph, &w.cons, &w.tensor, i, out_v, conv.as_ref());
         f32_values[out_v] = f32_out;
@@ -640,6 +670,7 @@ pub fn buffer_plan(
         w.launches.push(Launch {
             node: i,
             fuse,
+            residual,
             out_v,
             out_buf: ob,
             ldc,
@@ -649,6 +680,9 @@ pub fn buffer_plan(
             live_bufs,
         });
         w.release_inputs(i, fuse.unwrap_or(i), out_v, &last_use);
+        if let Some((j, r)) = residual {
+            w.release_residual(j, r, i);
+        }
     }
     let output_buf = w.value_buf[graph.output]
         .ok_or_else(|| Error::Graph("the graph output is never computed".into()))?;

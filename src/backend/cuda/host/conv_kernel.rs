@@ -31,8 +31,9 @@ pub struct ArchCaps {
     pub conv_wgmma: bool,
     /// Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `CONV_C1_K3` (unless a tile is forced).
     pub conv_c1: bool,
-    /// kernel == stride transposed convs with Cin, Cout % 8 == 0 on `convt_up_*` (16-byte
-    /// staged epilogue) instead of the `conv_mma_*` scatter epilogue.
+    /// kernel == stride transposed convs with Cin, Cout % 8 == 0, and fused parity classes
+    /// with Cin % 8 == 0, on `convt_up_*` (staged epilogue) instead of the `conv_mma_*`
+    /// scatter epilogue.
     pub conv_up_vec: bool,
     /// Strided transposed convs whose parity classes share one grid as one fused launch
     /// ([`FusedParity`]) rather than one launch per class.
@@ -122,6 +123,9 @@ pub enum ConvKernel {
     /// The same classes as one mma GEMM over the union of their taps (one column block per
     /// class, the scatter epilogue writes each class's outputs).
     ParityFused(FusedParity, &'static MmaConfig),
+    /// The same GEMM and weights on the tile's `convt_up_*` twin (staged scatter epilogue, any
+    /// Cout: coalesced runs of voxels x channels rather than `conv_store`'s 4-byte pairs).
+    ParityFusedVec(FusedParity, &'static MmaConfig),
     /// 1x1x1 conv with few outputs, one thread per voxel (`CONV1X1_N16` / `_n32`).
     Pointwise {
         nc: usize,
@@ -152,6 +156,13 @@ impl ConvKernel {
         !matches!(self, ConvKernel::Pointwise { .. })
     }
 
+    /// Whether its epilogue adds a fused residual (`ConvParams::res`): the `conv_wg_*` kernels
+    /// only. A never-taken residual branch in the shared `out_store*` slowed the mma kernels'
+    /// out-of-line `conv_store` by half (PERF_NOTES, session 21).
+    pub fn adds_residual(&self) -> bool {
+        matches!(self, ConvKernel::Halo(c) if c.wgmma && !c.zpair)
+    }
+
     /// The parts its K is split into (`SplitK`), else 1.
     pub fn k_splits(&self) -> usize {
         match self {
@@ -174,6 +185,7 @@ impl ConvKernel {
         match self {
             ConvKernel::Parity(cl) => cl.iter().map(|(_, c)| c.name).collect(),
             ConvKernel::ParityFused(_, c) => vec![c.name],
+            ConvKernel::ParityFusedVec(_, c) => vec![upsample_vec_name(c.name).unwrap_or(c.name)],
             ConvKernel::Pointwise { nc: 16 } => vec![CONV1X1_N16.name],
             ConvKernel::Pointwise { .. } => vec![CONV1X1_N32.name],
             ConvKernel::Halo(c) => vec![c.name],
@@ -191,6 +203,7 @@ impl std::fmt::Debug for ConvKernel {
         let kind = match self {
             ConvKernel::Parity(_) => "Parity",
             ConvKernel::ParityFused(..) => "ParityFused",
+            ConvKernel::ParityFusedVec(..) => "ParityFusedVec",
             ConvKernel::Pointwise { .. } => "Pointwise",
             ConvKernel::Halo(_) => "Halo",
             ConvKernel::Upsample(_) => "Upsample",
@@ -208,7 +221,7 @@ impl PartialEq for ConvKernel {
     fn eq(&self, o: &Self) -> bool {
         let classes = |k: &ConvKernel| match k {
             ConvKernel::Parity(c) => c.iter().map(|(cl, _)| cl.clone()).collect(),
-            ConvKernel::ParityFused(f, _) => f.classes.clone(),
+            ConvKernel::ParityFused(f, _) | ConvKernel::ParityFusedVec(f, _) => f.classes.clone(),
             _ => Vec::new(),
         };
         std::mem::discriminant(self) == std::mem::discriminant(o)
@@ -248,6 +261,9 @@ impl ConvKernel {
                 if let Some(f) = fused {
                     let rows = batch * f.grid.iter().product::<usize>();
                     let t = caps.mma_tile(rows, f.classes.len() * cout, vw);
+                    if caps.conv_up_vec && upsample_vec_name(t.name).is_some() {
+                        return ConvKernel::ParityFusedVec(f, t);
+                    }
                     return ConvKernel::ParityFused(f, t);
                 }
                 if !classes.is_empty() && classes.iter().all(|cl| rows_of(cl) < 1 << 31) {
@@ -367,7 +383,7 @@ impl ConvKernel {
                 let taps = wshape[2] * wshape[3] * wshape[4];
                 (taps * cout).div_ceil(MMA_N_PAD) * MMA_N_PAD
             }
-            ConvKernel::ParityFused(f, _) => {
+            ConvKernel::ParityFused(f, _) | ConvKernel::ParityFusedVec(f, _) => {
                 (f.classes.len() * cout).div_ceil(MMA_N_PAD) * MMA_N_PAD
             }
             _ => cout.div_ceil(MMA_N_PAD) * MMA_N_PAD,
@@ -387,7 +403,7 @@ impl ConvKernel {
                 })
                 .collect(),
             ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) => vec![rows * kpad(wshape[0])],
-            ConvKernel::ParityFused(f, _) => {
+            ConvKernel::ParityFused(f, _) | ConvKernel::ParityFusedVec(f, _) => {
                 vec![rows * kpad(f.k.iter().product::<usize>() * wshape[0])]
             }
             _ => {
@@ -529,9 +545,19 @@ mod tests {
                 vec![72, 1, 3, 3, 3],
                 "Mma",
             ),
-            // k3 s2: an even output fuses the 8 classes, an odd one (or the switch off) not.
+            // k3 s2: an even output fuses the 8 classes (on the staged twin; the scatter
+            // epilogue with the switch off), an odd one (or the fusion off) not.
             (
                 h200,
+                geom([40, 4, 4, 4], [20, 8, 8, 8], 3, 2, 1, true),
+                vec![40, 20, 3, 3, 3],
+                "ParityFusedVec",
+            ),
+            (
+                ArchCaps {
+                    conv_up_vec: false,
+                    ..h200
+                },
                 geom([40, 4, 4, 4], [20, 8, 8, 8], 3, 2, 1, true),
                 vec![40, 20, 3, 3, 3],
                 "ParityFused",
@@ -582,7 +608,7 @@ mod tests {
                 ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) => {
                     vec![relayout_upsampling_weight(&data, &ws, rows).0.len()]
                 }
-                ConvKernel::ParityFused(f, _) => {
+                ConvKernel::ParityFused(f, _) | ConvKernel::ParityFusedVec(f, _) => {
                     assert_eq!((f.k, f.grid, f.classes.len()), ([2; 3], [4; 3], 8));
                     vec![relayout_fused_parity_weight(&data, &ws, f, rows).0.len()]
                 }
@@ -820,13 +846,13 @@ mod tests {
             "Mma conv_mma_m128n64_v8",
             "SplitK conv_mma_m128n64_v8 conv_splitk_reduce",
             "Mma conv_mma_m128n64_v8",
-            "ParityFused conv_mma_m128n64_v8",
-            "ParityFused conv_mma_m128n64_v8",
-            "ParityFused conv_mma_m128n128_v8",
-            "ParityFused conv_mma_m128n128_v8",
+            "ParityFusedVec convt_up_m128n64_v8",
+            "ParityFusedVec convt_up_m128n64_v8",
+            "ParityFusedVec convt_up_m128n128_v8",
+            "ParityFusedVec convt_up_m128n128_v8",
             "Halo conv_wg_c16n16_r",
         ];
-        let w2_b4: &[(usize, &str)] = &[(12, "ParityFused conv_mma_m128n128_v8")];
+        let w2_b4: &[(usize, &str)] = &[(12, "ParityFusedVec convt_up_m128n128_v8")];
         // The batch-4 list: batch 2's with the changes applied.
         let at_b4 = |b2: &[&str], changes: &[(usize, &str)]| -> Vec<String> {
             let mut v: Vec<String> = b2.iter().map(|k| k.to_string()).collect();

@@ -1,6 +1,6 @@
 //! Host-side fusion facts of the CUDA backend, no GPU needed: who consumes a value, which
-//! activation runs in its producer's epilogue, which value a channel concat takes in place, and
-//! whether a resize is linear.
+//! activation runs in its producer's epilogue, which residual Add a conv's epilogue takes,
+//! which value a channel concat takes in place, and whether a resize is linear.
 
 use crate::backend::cuda::abi::{Act, Shape};
 use crate::model::graph::{Graph, Op, Resize, ResizeMode};
@@ -56,6 +56,41 @@ pub fn fusable_activation(graph: &Graph, cons: &[Vec<usize>], i: usize) -> Optio
         return None;
     }
     Some(j)
+}
+
+/// Whether conv node `i`'s only consumer is an Add of the same shape whose other operand is
+/// `ready` (computed, and stored fp16 NDHWC as the output will be), so the conv's epilogue can add it (`ConvParams::res`) and the Add
+/// never runs. Returns (Add node, other operand). The conv's output must be the Add's operand
+/// once, not the graph output; the Add's output must not go to a concat slice (the residual is
+/// indexed as a dense output) and neither operand may be a tensor-path value.
+pub fn fusable_residual(
+    graph: &Graph,
+    cons: &[Vec<usize>],
+    shapes: &[Shape],
+    tensor: &[bool],
+    i: usize,
+    ready: impl Fn(usize) -> bool,
+) -> Option<(usize, usize)> {
+    let out = graph.nodes[i].output;
+    if tensor[i] || !matches!(graph.nodes[i].op, Op::Conv(_)) {
+        return None;
+    }
+    if out == graph.output || cons[out].len() != 1 {
+        return None;
+    }
+    let j = cons[out][0];
+    let add = &graph.nodes[j];
+    if tensor[j] || !matches!(add.op, Op::Add) || add.inputs.len() != 2 {
+        return None;
+    }
+    let r = match add.inputs[..] {
+        [a, b] if a == out && b != out => b,
+        [a, b] if b == out && a != out => a,
+        _ => return None,
+    };
+    let same = shapes[r] == shapes[out] && shapes[add.output] == shapes[out];
+    let sliced = concat_slice(graph, cons, shapes, add.output).is_some();
+    (same && !sliced && ready(r)).then_some((j, r))
 }
 
 /// Whether the resize mode is linear (trilinear in 3D).

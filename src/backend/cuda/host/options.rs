@@ -19,8 +19,9 @@ pub struct CudaOptions {
     pub wgmma_conv: bool,
     /// Run Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `CONV_C1_K3`.
     pub c1_conv: bool,
-    /// Run kernel == stride transposed convs with Cin, Cout % 8 == 0 on `convt_up_*` (16-byte
-    /// staged epilogue) rather than the `conv_mma_*` scatter epilogue.
+    /// Run kernel == stride transposed convs with Cin, Cout % 8 == 0, and fused parity classes
+    /// with Cin % 8 == 0, on `convt_up_*` (staged epilogue) rather than the `conv_mma_*`
+    /// scatter epilogue.
     pub upsample_vec: bool,
     /// Run a strided transposed conv whose parity classes share one grid as one launch over
     /// the union of their taps, rather than one launch per class.

@@ -121,6 +121,7 @@ impl<'a> ConvOp<'a> {
             alpha: io.act.alpha(),
             slope_n: io.slope_n,
             out_f32: io.y_f32 as i32,
+            res: io.res,
             ..Default::default()
         }
     }
@@ -192,7 +193,7 @@ pub(crate) fn build(
         }
         // The classes as one conv over the union of their taps: GEMM column class * Cout + co,
         // the scatter epilogue stores row j's column block of class r at j * stride + r.
-        K::ParityFused(f, m) => {
+        K::ParityFused(f, m) | K::ParityFusedVec(f, m) => {
             let (os, stride, w) = (io.oshape, c.stride, &c.weight);
             let (wh, kpad) = relayout_fused_parity_weight(&w.data, &w.shape, f, rows_pad);
             let mut q = p;
@@ -208,7 +209,8 @@ pub(crate) fn build(
             (q.od, q.oh, q.ow) = (os[1] as i32, os[2] as i32, os[3] as i32);
             q.kpad = kpad as i32;
             let wp = b.upload_const(&wh)?;
-            let shape = (m.name, m.bm as u32, m.bn as u32, m.threads, m.smem_bytes());
+            let func = kernel.funcs()[0];
+            let shape = (func, m.bm as u32, m.bn as u32, m.threads, m.smem_bytes());
             Ok(vec![step(q, wp, io.y, shape)])
         }
         // 1x1x1 conv with few outputs (the head): memory bound, one thread per voxel.

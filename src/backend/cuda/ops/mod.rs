@@ -118,6 +118,8 @@ pub(crate) struct NodeIo<'a> {
     pub act: Act,
     pub slope: u64,
     pub slope_n: i32,
+    /// The fp16 residual a conv's epilogue adds (a fused Add), 0: none.
+    pub res: u64,
     /// Whether the node runs on the tensor path, its inputs and output as stored (dims at the
     /// plan's batch, layout).
     pub tensor: bool,

@@ -197,9 +197,37 @@ fn conv_transpose_variants() {
                 .map(|(_, _, n)| n)
                 .sum();
             assert_eq!(launches, want, "{name} {tag}: ran {prof:?}");
+            // Fused classes with Cin % 8 == 0 run the staged epilogue (`convt_up_*`: 8-channel
+            // chunks when Cout % 8 == 0, else a warp per tap row).
+            if fused && fusable && k != [1; 3] && ci % 8 == 0 {
+                let used = kernels_used(&mut b, 2);
+                assert!(
+                    used.iter().all(|k| k.starts_with("convt_up_")),
+                    "{name}: {used:?}"
+                );
+            }
         }
     }
+    // The fused classes on the scatter epilogue (`conv_store`), the staged twins switched off.
     b.with(|o| o.fused_parity = true);
+    b.with(|o| o.upsample_vec = false);
+    convt_case(
+        &mut b,
+        &mut r,
+        ConvCase::new(
+            "convT k3 s2 32->14 fused, scatter epilogue",
+            32,
+            14,
+            [9, 8, 10],
+            3,
+        )
+        .st([2; 3])
+        .pads([1; 6])
+        .opad([1; 3]),
+    );
+    let used = kernels_used(&mut b, 2);
+    assert!(used.iter().all(|k| k.starts_with("conv_mma_")), "{used:?}");
+    b.with(|o| o.upsample_vec = true);
     convt_case(
         &mut b,
         &mut r,

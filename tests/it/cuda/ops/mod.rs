@@ -14,6 +14,7 @@ mod conv_wgmma;
 mod eltwise;
 mod norm;
 mod pool;
+mod residual;
 
 pub use crate::common::rng::Rng;
 pub use crate::ops::reference::{self, act as act_ref, sh};

@@ -109,7 +109,7 @@ fn norm_kernel_paths() {
 /// every conv kernel family's fp32 epilogue (the wgmma kernels' pair stores and the z-pair
 /// kernel's staged put on compute capability 9.0, halo vector and pair stores, mma, Cin-1, grouped
 /// direct, the upsampling GEMM with and without its staged epilogue, strided transposed convs
-/// per parity class and fused, the wmma GEMM) through conv -> InstanceNorm -> LeakyReLU against
+/// per parity class and fused (staged epilogue), the wmma GEMM) through conv -> InstanceNorm -> LeakyReLU against
 /// float64, with per-channel offsets (bias 4) large against the spread, where fp16 storage
 /// loses most. Each case runs with fp32 and with fp16 norm inputs; over all cases the fp32
 /// error must be the smaller one by a clear margin (fp16 storage rounds the raw value; the
@@ -134,7 +134,7 @@ fn conv_norm_fp32_inputs() {
         bool,
         &'static str,
     );
-    let cases: [Case; 12] = [
+    let cases: [Case; 13] = [
         (
             "wgmma 14->14 (pair store)",
             14,
@@ -262,7 +262,7 @@ fn conv_norm_fp32_inputs() {
             "conv_mma",
         ),
         (
-            "convT k3 s2 40->20 (fused parity)",
+            "convT k3 s2 40->20 (fused parity, staged)",
             40,
             20,
             [4, 4, 4],
@@ -273,7 +273,21 @@ fn conv_norm_fp32_inputs() {
             1,
             true,
             false,
-            "conv_mma",
+            "convt_up",
+        ),
+        (
+            "convT k3 s2 32->14 (fused parity, staged: W2)",
+            32,
+            14,
+            [5, 6, 7],
+            3,
+            2,
+            1,
+            1,
+            1,
+            true,
+            false,
+            "convt_up",
         ),
         (
             "convT k3 s2 40->20 odd (parity)",

@@ -1,0 +1,153 @@
+//! Host only (no GPU): which residual Adds the CUDA buffer plan fuses into a conv's epilogue
+//! (`host::fusion::fusable_residual`, on the H200's `conv_wg_*` kernels), on hand-built graphs
+//! and the architecture fixtures, and that no fused plan writes over a value still to be read.
+
+use super::planner::check_no_alias;
+use crate::common::graph::chain;
+use crate::common::rng::Rng;
+use std::path::Path;
+use voxtile::internals::cuda::host::buffers::{buffer_plan, BufferPlan};
+use voxtile::internals::cuda::host::conv_kernel::ArchCaps;
+use voxtile::model::graph::{Conv, Graph, Op, Tensor};
+
+fn conv(r: &mut Rng, cin: usize, cout: usize) -> Op {
+    Op::Conv(Conv {
+        weight: Tensor::new(vec![cout, cin, 3, 3, 3], r.scaled(cout * cin * 27, 0.1)),
+        bias: None,
+        stride: [1; 3],
+        dilation: [1; 3],
+        pads: [1; 6],
+        groups: 1,
+    })
+}
+
+fn plan(g: &Graph) -> BufferPlan {
+    let bp = buffer_plan(g, 2, [8, 8, 8], &ArchCaps::h200()).unwrap();
+    check_no_alias(&g.name, g, &bp);
+    bp
+}
+
+/// (node, residual) of every launch.
+fn fused(bp: &BufferPlan) -> Vec<(usize, Option<(usize, usize)>)> {
+    bp.launches.iter().map(|l| (l.node, l.residual)).collect()
+}
+
+#[test]
+fn residual_adds_fuse_where_the_other_operand_is_ready() {
+    let mut r = Rng::tagged("residual plan");
+    // conv(x) + x: one launch, writing the Add's output; the conv's own output never exists.
+    let g = chain(
+        "identity skip",
+        16,
+        vec![
+            (conv(&mut r, 16, 16), vec![0], 16),
+            (Op::Add, vec![1, 0], 16),
+        ],
+    );
+    let bp = plan(&g);
+    assert_eq!(fused(&bp), vec![(0, Some((1, 0)))]);
+    assert_eq!(bp.launches[0].out_v, 2);
+    assert_eq!(bp.value_buf[1], None);
+    assert_eq!((bp.launches[0].ldc, bp.launches[0].coff), (16, 0));
+    assert_ne!(bp.value_buf[0], bp.value_buf[2]);
+
+    // v1 = conv(x), v2 = conv(x), v3 = v1 + v2: the first conv's partner is not computed yet,
+    // the second's is.
+    let g = chain(
+        "two convs",
+        16,
+        vec![
+            (conv(&mut r, 16, 16), vec![0], 16),
+            (conv(&mut r, 16, 16), vec![0], 16),
+            (Op::Add, vec![1, 2], 16),
+        ],
+    );
+    assert_eq!(fused(&plan(&g)), vec![(0, None), (1, Some((2, 1)))]);
+
+    // The skip x is read again after the fused launch (v2 = relu(x)): x must outlive it.
+    let g = chain(
+        "skip read later",
+        16,
+        vec![
+            (conv(&mut r, 16, 16), vec![0], 16),
+            (Op::Relu, vec![0], 16),
+            (Op::Add, vec![1, 0], 16),
+            (Op::Add, vec![3, 2], 16),
+        ],
+    );
+    let bp = plan(&g);
+    assert_eq!(bp.launches[0].residual, Some((2, 0)));
+    let xb = bp.value_buf[0].unwrap();
+    let relu = bp.launches.iter().position(|l| l.node == 1).unwrap();
+    assert!(bp.lifetimes[xb].1 >= relu, "{:?}", bp.lifetimes[xb]);
+
+    // Not fused: the conv's output read twice; the Add's output written into a concat slice
+    // (the residual is indexed as a dense output); a broadcast Add (other shape).
+    let g = chain(
+        "read twice",
+        16,
+        vec![
+            (conv(&mut r, 16, 16), vec![0], 16),
+            (Op::Add, vec![1, 0], 16),
+            (Op::Add, vec![2, 1], 16),
+        ],
+    );
+    assert!(fused(&plan(&g)).iter().all(|(_, f)| f.is_none()));
+    let g = chain(
+        "into a concat",
+        16,
+        vec![
+            (conv(&mut r, 16, 16), vec![0], 16),
+            (Op::Add, vec![1, 0], 16),
+            (Op::Concat { axis: 1 }, vec![2, 0], 32),
+        ],
+    );
+    assert!(fused(&plan(&g)).iter().all(|(_, f)| f.is_none()));
+    let g = chain(
+        "broadcast",
+        16,
+        vec![(conv(&mut r, 16, 1), vec![0], 1), (Op::Add, vec![1, 0], 16)],
+    );
+    assert!(fused(&plan(&g)).iter().all(|(_, f)| f.is_none()));
+}
+
+/// On the architecture fixtures: every fused residual is a conv on a kernel that adds one, whose
+/// only reader is an Add of the same shape, with the other operand written by an earlier launch,
+/// and the plan never aliases a live value. SegResNet's 16-channel blocks end in conv(x) + x on
+/// `conv_wg_c16n16_r`, so some must fuse.
+#[test]
+fn fixture_residuals_fuse_into_conv_epilogues() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/archs");
+    let text = std::fs::read_to_string(dir.join("index.json")).unwrap();
+    let index: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut count = 0;
+    for (arch, entry) in index.as_object().unwrap() {
+        let w: Vec<usize> = entry["window"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as usize)
+            .collect();
+        let p = dir.join(format!("{arch}_legacy.onnx"));
+        let Ok(g) = voxtile::model::onnx::load(&p) else {
+            continue;
+        };
+        let bp = buffer_plan(&g, 2, [w[0], w[1], w[2]], &ArchCaps::h200()).unwrap();
+        check_no_alias(arch, &g, &bp);
+        for (k, l) in bp.launches.iter().enumerate() {
+            let Some((j, r)) = l.residual else { continue };
+            count += 1;
+            let out = g.nodes[l.node].output;
+            assert!(matches!(g.nodes[l.node].op, Op::Conv(_)), "{arch}");
+            assert!(l.conv.as_ref().is_some_and(|k| k.adds_residual()), "{arch}");
+            assert!(matches!(g.nodes[j].op, Op::Add), "{arch}");
+            assert!(g.nodes[j].inputs.contains(&out) && g.nodes[j].inputs.contains(&r));
+            assert_eq!(l.out_v, g.nodes[j].output, "{arch}");
+            assert_eq!(bp.shapes[r], bp.shapes[out], "{arch}");
+            assert_eq!(bp.value_buf[out], None, "{arch}");
+            let writer = bp.launches.iter().position(|m| m.out_v == r);
+            assert!(r == g.input || writer.is_some_and(|m| m < k), "{arch}");
+        }
+    }
+    assert!(count > 0, "no residual Add fused on any fixture");
+}
