@@ -1,6 +1,7 @@
 //! Host only (no GPU): which residual Adds the CUDA buffer plan fuses into a conv's epilogue
 //! (`host::fusion::fusable_residual`, on the H200's `conv_wg_*` kernels), on hand-built graphs
-//! and the architecture fixtures, and that no fused plan writes over a value still to be read.
+//! and the architecture fixtures, and that no fused plan (residual or activation) frees or writes
+//! over a value still to be read.
 
 use super::planner::check_no_alias;
 use crate::common::graph::chain;
@@ -150,4 +151,26 @@ fn fixture_residuals_fuse_into_conv_epilogues() {
         }
     }
     assert!(count > 0, "no residual Add fused on any fixture");
+}
+
+/// A node between a conv and its fused activation that reads the conv's input (a skip conv
+/// exported between them: conv1(x), skip(x), relu(conv1)) must still find the input intact.
+#[test]
+fn inputs_outlive_nodes_between_a_conv_and_its_fused_activation() {
+    let mut r = Rng::tagged("fused act order");
+    let g = chain(
+        "skip between",
+        16,
+        vec![
+            (conv(&mut r, 16, 16), vec![0], 16),
+            (conv(&mut r, 16, 16), vec![0], 16),
+            (Op::Relu, vec![1], 16),
+            (Op::Add, vec![3, 2], 16),
+        ],
+    );
+    let bp = plan(&g);
+    assert_eq!(bp.launches[0].fuse, Some(2));
+    let xb = bp.value_buf[0].unwrap();
+    let skip = bp.launches.iter().position(|l| l.node == 1).unwrap();
+    assert!(bp.lifetimes[xb].1 >= skip, "{:?}", bp.lifetimes[xb]);
 }

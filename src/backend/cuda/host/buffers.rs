@@ -371,6 +371,8 @@ struct Walk<'g> {
     launches: Vec<Launch>,
     consts: Vec<ConstBuf>,
     norm_part: usize,
+    /// Per node: launched, or fused into a launch, so far.
+    ran: Vec<bool>,
 }
 
 impl Walk<'_> {
@@ -528,10 +530,14 @@ impl Walk<'_> {
         conv
     }
 
-    /// Releases the inputs of node `i` (fused through `end`) read for the last time.
-    fn release_inputs(&mut self, i: usize, end: usize, out_v: usize, last_use: &[usize]) {
-        for &v in &self.graph.nodes[i].inputs {
-            if last_use[v] <= end && v != out_v {
+    /// Releases the inputs of node `i` and the residual `r` of its launch, where every node
+    /// that reads them has run (`ran`: in an earlier launch, or fused into this one). A node
+    /// between a producer and the activation fused into it may still read them.
+    fn release_read(&mut self, i: usize, out_v: usize, r: Option<usize>) {
+        let node = &self.graph.nodes[i];
+        for v in node.inputs.iter().copied().chain(r) {
+            let read = self.cons[v].iter().all(|&k| self.ran[k]);
+            if read && v != out_v && v != self.graph.output {
                 self.release(v);
             }
         }
@@ -544,14 +550,6 @@ impl Walk<'_> {
                 self.b.free.push(b);
                 self.b.life[b].1 = self.launches.len() - 1;
             }
-        }
-    }
-
-    /// Releases the residual `r` of Add node `j`, fused into node `i`'s launch, when no node
-    /// after `i` but that Add reads it.
-    fn release_residual(&mut self, j: usize, r: usize, i: usize) {
-        if r != self.graph.output && self.cons[r].iter().all(|&k| k == j || k <= i) {
-            self.release(r);
         }
     }
 }
@@ -582,13 +580,6 @@ pub fn buffer_plan(
         .map(|(&dims, &ndhwc)| Stored { dims, ndhwc })
         .collect();
     let nv = graph.values.len();
-    let mut last_use = vec![0usize; nv];
-    for (i, n) in graph.nodes.iter().enumerate() {
-        for &v in &n.inputs {
-            last_use[v] = last_use[v].max(i);
-        }
-    }
-    last_use[graph.output] = usize::MAX;
     let in_shape = shapes[graph.input];
     let mut w = Walk {
         graph,
@@ -605,15 +596,15 @@ pub fn buffer_plan(
         launches: Vec::new(),
         consts: Vec::new(),
         norm_part: 0,
+        ran: vec![false; graph.nodes.len()],
     };
     let input_buf = w.b.alloc(batch * numel(&in_shape) * 2, 0);
     w.live[graph.input] = Some(input_buf);
     w.value_buf[graph.input] = Some(input_buf);
-    let mut fused_into = vec![false; graph.nodes.len()];
     let mut f32_values = vec![false; nv];
     let mut cmax = 1;
     for (i, node) in graph.nodes.iter().enumerate() {
-        if fused_into[i] {
+        if w.ran[i] {
             continue;
         }
         if let Some(&v) = node.inputs.iter().find(|&&v| w.live[v].is_none()) {
@@ -632,7 +623,7 @@ pub fn buffer_plan(
         };
         let (act, mut out_v) = match fuse {
             Some(j) => {
-                fused_into[j] = true;
+                w.ran[j] = true;
                 (
                     Act::of(&graph.nodes[j].op).unwrap_or(Act::None),
                     graph.nodes[j].output,
@@ -652,7 +643,7 @@ pub fn buffer_plan(
             _ => None,
         };
         if let Some((j, _)) = residual {
-            fused_into[j] = true;
+            w.ran[j] = true;
             out_v = graph.nodes[j].output;
         }
         let f32_out =
@@ -679,10 +670,8 @@ pub fn buffer_plan(
             live_bytes,
             live_bufs,
         });
-        w.release_inputs(i, fuse.unwrap_or(i), out_v, &last_use);
-        if let Some((j, r)) = residual {
-            w.release_residual(j, r, i);
-        }
+        w.ran[i] = true;
+        w.release_read(i, out_v, residual.map(|(_, r)| r));
     }
     let output_buf = w.value_buf[graph.output]
         .ok_or_else(|| Error::Graph("the graph output is never computed".into()))?;
