@@ -271,3 +271,27 @@ pub fn listing(d: &Path) -> Vec<String> {
     v.sort();
     v
 }
+
+/// Every committed architecture fixture (tests/fixtures/archs, both exporters) as (name
+/// "arch exporter", graph, window from index.json).
+pub fn arch_fixtures() -> Vec<(String, voxtile::model::Graph, [usize; 3])> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/archs");
+    let text = std::fs::read_to_string(dir.join("index.json")).expect("index.json");
+    let index: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut out = Vec::new();
+    for (arch, entry) in index.as_object().unwrap() {
+        let w: Vec<usize> = entry["window"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as usize)
+            .collect();
+        for exporter in ["legacy", "dynamo"] {
+            let p = dir.join(format!("{arch}_{exporter}.onnx"));
+            if let Ok(g) = voxtile::model::onnx::load(&p) {
+                out.push((format!("{arch} {exporter}"), g, [w[0], w[1], w[2]]));
+            }
+        }
+    }
+    out
+}

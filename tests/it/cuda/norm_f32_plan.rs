@@ -2,43 +2,19 @@
 //! architecture fixtures (no GPU): exactly the conv outputs whose every reader is an
 //! InstanceNorm / GroupNorm, at 4 bytes an element, and none with `norm_f32` off.
 
-use std::path::Path;
 use voxtile::internals::cuda::host::buffers::buffer_plan;
 use voxtile::internals::cuda::host::conv_kernel::ArchCaps;
-use voxtile::model::graph::{Graph, Op};
+use voxtile::model::graph::Op;
 
 fn is_norm(op: &Op) -> bool {
     matches!(op, Op::InstanceNorm { .. } | Op::GroupNorm { .. })
-}
-
-/// Every (arch, exporter, graph, window) of the committed fixtures.
-fn fixtures() -> Vec<(String, Graph, [usize; 3])> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/archs");
-    let text = std::fs::read_to_string(dir.join("index.json")).expect("index.json");
-    let index: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let mut out = Vec::new();
-    for (arch, entry) in index.as_object().unwrap() {
-        let w: Vec<usize> = entry["window"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as usize)
-            .collect();
-        for exporter in ["legacy", "dynamo"] {
-            let p = dir.join(format!("{arch}_{exporter}.onnx"));
-            if let Ok(g) = voxtile::model::onnx::load(&p) {
-                out.push((format!("{arch} {exporter}"), g, [w[0], w[1], w[2]]));
-            }
-        }
-    }
-    out
 }
 
 #[test]
 fn conv_outputs_only_norms_read_are_fp32() {
     let caps = ArchCaps::h200();
     let mut kept = 0;
-    let all = fixtures();
+    let all = crate::common::arch_fixtures();
     assert!(all.len() >= 20, "{} fixtures loaded", all.len());
     for (name, g, roi) in &all {
         let bp = buffer_plan(g, 1, *roi, &caps).unwrap();

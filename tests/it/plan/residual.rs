@@ -6,7 +6,6 @@
 use super::planner::check_no_alias;
 use crate::common::graph::chain;
 use crate::common::rng::Rng;
-use std::path::Path;
 use voxtile::internals::cuda::host::buffers::{buffer_plan, BufferPlan};
 use voxtile::internals::cuda::host::conv_kernel::ArchCaps;
 use voxtile::model::graph::{Conv, Graph, Op, Tensor};
@@ -118,23 +117,10 @@ fn residual_adds_fuse_where_the_other_operand_is_ready() {
 /// `conv_wg_c16n16_r`, so some must fuse.
 #[test]
 fn fixture_residuals_fuse_into_conv_epilogues() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/archs");
-    let text = std::fs::read_to_string(dir.join("index.json")).unwrap();
-    let index: serde_json::Value = serde_json::from_str(&text).unwrap();
     let mut count = 0;
-    for (arch, entry) in index.as_object().unwrap() {
-        let w: Vec<usize> = entry["window"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as usize)
-            .collect();
-        let p = dir.join(format!("{arch}_legacy.onnx"));
-        let Ok(g) = voxtile::model::onnx::load(&p) else {
-            continue;
-        };
-        let bp = buffer_plan(&g, 2, [w[0], w[1], w[2]], &ArchCaps::h200()).unwrap();
-        check_no_alias(arch, &g, &bp);
+    for (arch, g, w) in crate::common::arch_fixtures() {
+        let bp = buffer_plan(&g, 2, w, &ArchCaps::h200()).unwrap();
+        check_no_alias(&arch, &g, &bp);
         for (k, l) in bp.launches.iter().enumerate() {
             let Some((j, r)) = l.residual else { continue };
             count += 1;

@@ -43,14 +43,17 @@ pub fn consumers(graph: &Graph) -> Vec<Vec<usize>> {
     c
 }
 
+/// The one node reading node `i`'s output, unless that output is the graph's (an epilogue
+/// that takes over the reader writes the reader's output instead).
+fn sole_consumer(graph: &Graph, cons: &[Vec<usize>], i: usize) -> Option<usize> {
+    let out = graph.nodes[i].output;
+    (out != graph.output && cons[out].len() == 1).then(|| cons[out][0])
+}
+
 /// Whether node `i`'s output feeds exactly one activation node that can run in its epilogue;
 /// returns that node's index.
 pub fn fusable_activation(graph: &Graph, cons: &[Vec<usize>], i: usize) -> Option<usize> {
-    let out = graph.nodes[i].output;
-    if out == graph.output || cons[out].len() != 1 {
-        return None;
-    }
-    let j = cons[out][0];
+    let j = sole_consumer(graph, cons, i)?;
     let nj = &graph.nodes[j];
     if nj.inputs.len() != 1 || Act::of(&nj.op).is_none() {
         return None;
@@ -75,10 +78,7 @@ pub fn fusable_residual(
     if tensor[i] || !matches!(graph.nodes[i].op, Op::Conv(_)) {
         return None;
     }
-    if out == graph.output || cons[out].len() != 1 {
-        return None;
-    }
-    let j = cons[out][0];
+    let j = sole_consumer(graph, cons, i)?;
     let add = &graph.nodes[j];
     if tensor[j] || !matches!(add.op, Op::Add) || add.inputs.len() != 2 {
         return None;
