@@ -28,6 +28,28 @@ __device__ __forceinline__ float act_apply(float v, int c, int act, float alpha,
     }
 }
 
+// fp16 or fp32 activations as float (the norms' inputs, a head reading a norm's input).
+__device__ __forceinline__ float to_f(half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(float v) { return v; }
+
+// Eight consecutive input values from x + i (i % 8 == 0): one 16-byte load of halves, two of floats.
+__device__ __forceinline__ void load8(const half* __restrict__ x, i64 i, float (&v)[8]) {
+    uint4 u = __ldg(reinterpret_cast<const uint4*>(x + i));
+    const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float2 f = __half22float2(h[k]);
+        v[2 * k] = f.x;
+        v[2 * k + 1] = f.y;
+    }
+}
+__device__ __forceinline__ void load8(const float* __restrict__ x, i64 i, float (&v)[8]) {
+    float4 a = __ldg(reinterpret_cast<const float4*>(x + i));
+    float4 b = __ldg(reinterpret_cast<const float4*>(x + i) + 1);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+
 // Parameters of every conv kernel (conv_*.cu); mirrors `ConvParams` in
 // src/backend/cuda/abi.rs field by field.
 struct ConvParams {
@@ -55,6 +77,24 @@ struct ConvParams {
     unsigned long long ws;  // fp32 [ksplit][M][cout] partial sums
     unsigned long long res; // fp16 residual indexed as y (a fused Add; conv_wg_* only), 0: none
 };
+
+// One activation over 8 values of channels c..c+7 (the switch once per piece, not per value).
+__device__ __forceinline__ void act8(float (&v)[8], int c, const ConvParams& p, const float* __restrict__ slope) {
+    switch (p.act) {
+    case ACT_NONE: return;
+    case ACT_RELU:
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = fmaxf(v[k], 0.f);
+        return;
+    case ACT_LEAKY:
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = v[k] >= 0.f ? v[k] : p.alpha * v[k];
+        return;
+    default:
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = act_apply(v[k], c + k, p.act, p.alpha, slope, p.slope_n);
+    }
+}
 
 // Input coordinate (conv_wmma_legacy.cu, conv_transpose.cu) of output coordinate `o` through tap `k` along one axis, or -1 when none.
 __device__ __forceinline__ int in_coord(int o, int k, int s, int p, int d, int n, int transposed) {

@@ -250,107 +250,111 @@ __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __rest
                         make_float2(acc[i][j][h * 2], acc[i][j][h * 2 + 1]);
                 }
         __syncthreads();
-        if (p.ocout % 8 != 0) {
-            // Any Cout (the fused parity classes of W2's 32 -> 14). The tile's rows share one
-            // output voxel base each (tap 0) and its columns one bias each: both staged once, so
-            // the stores below divide by nothing of the grid. Row r's taps (qz, qy, 0..up_w-1) x
-            // Cout channels are up_w * Cout contiguous values of a dense output.
-            static_assert(TBM * CLD * 4 + TBM * 8 + TBN * 4 <= STAGES * (A_ST + B_ST) * 2,
-                          "staged tile, row bases and biases must fit");
-            i64* rb = reinterpret_cast<i64*>(cs + TBM * CLD);
-            float* bc = reinterpret_cast<float*>(rb + TBM);
-            for (int r = tid; r < TBM; r += THREADS) {
-                const int m = m0 + r;
-                i64 o = -1;
-                if (m < M) {
-                    int ix = m % p.wo, t = m / p.wo;
-                    int iy = t % p.ho;
-                    t /= p.ho;
-                    int iz = t % p.do_, n = t / p.do_;
-                    o = (((i64)n * p.od + iz * p.up_d) * p.oh + iy * p.up_h) * p.ow + ix * p.up_w;
-                }
-                rb[r] = o;
+        // The tile's rows share one output voxel base each (tap 0) and its columns one bias
+        // each: both staged once, so the stores below divide by nothing of the grid.
+        constexpr int CH = TBN / 8;
+        static_assert(TBM * CLD * 4 + TBM * 8 + TBN * 4 + CH * 12 <= STAGES * (A_ST + B_ST) * 2,
+                      "staged tile, row bases, biases and chunk offsets must fit");
+        i64* rb = reinterpret_cast<i64*>(cs + TBM * CLD);
+        float* bc = reinterpret_cast<float*>(rb + TBM);
+        for (int r = tid; r < TBM; r += THREADS) {
+            const int m = m0 + r;
+            i64 o = -1;
+            if (m < M) {
+                int ix = m % p.wo, t = m / p.wo;
+                int iy = t % p.ho;
+                t /= p.ho;
+                int iz = t % p.do_, n = t / p.do_;
+                o = (((i64)n * p.od + iz * p.up_d) * p.oh + iy * p.up_h) * p.ow + ix * p.up_w;
             }
-            for (int c = tid; c < TBN; c += THREADS)
-                bc[c] = bias && n0 + c < p.cout ? bias[(n0 + c) % p.ocout] : 0.f;
+            rb[r] = o;
+        }
+        for (int c = tid; c < TBN; c += THREADS)
+            bc[c] = bias && n0 + c < p.cout ? bias[(n0 + c) % p.ocout] : 0.f;
+        if (p.ocout % 8 == 0) {
+            // Chunk ch (8 channels of one tap, Cout % 8 == 0) lands at output voxel
+            // rb[row] + off[ch], channel co[ch]: staged once per tile.
+            i64* off = reinterpret_cast<i64*>(bc + TBN);
+            int* cof = reinterpret_cast<int*>(off + CH);
+            for (int ch = tid; ch < CH; ch += THREADS) {
+                const int c = n0 + ch * 8;
+                const int tap = c / p.ocout;
+                const int qz = tap / (p.up_h * p.up_w), rem = tap - qz * p.up_h * p.up_w;
+                const int qy = rem / p.up_w, qx = rem - qy * p.up_w;
+                off[ch] = c < p.cout ? ((i64)qz * p.oh + qy) * p.ow + qx : -1;
+                cof[ch] = c - tap * p.ocout;
+            }
             __syncthreads();
-            const int per = p.up_w * p.ocout, G = p.up_d * p.up_h;
-            if (p.ldc == p.ocout && p.coff == 0 && per % 4 == 0) {
-                // Dense: one thread per 4 values of a run (16 or 8 bytes, aligned: every term of
-                // the output index is a multiple of up_w * Cout or of Cout * ow).
-                const int Q = per / 4;
-                for (int idx = tid; idx < G * TBM * Q; idx += THREADS) {
-                    const int gr = idx / Q, q = idx - gr * Q;
-                    const int g = gr / TBM, row = gr - g * TBM;
-                    const int c = g * per + q * 4;
-                    const i64 ob = rb[row];
-                    if (ob < 0 || c < n0 || c >= n0 + TBN) continue;
-                    const int qz = g / p.up_h, qy = g - qz * p.up_h;
-                    const i64 dst = (ob + ((i64)qz * p.oh + qy) * p.ow) * p.ocout + q * 4;
-                    const float4 a = *reinterpret_cast<const float4*>(cs + row * CLD + (c - n0));
-                    const float4 b = *reinterpret_cast<const float4*>(bc + (c - n0));
-                    float u[4] = {a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w};
-                    if (p.act != ACT_NONE) {
+            const bool vec = ((p.ldc | p.coff) & 7) == 0;
+            for (int idx = tid; idx < TBM * CH; idx += THREADS) {
+                const int row = idx / CH, ch = idx - row * CH;
+                const i64 ob = rb[row], oo = off[ch];
+                if (ob < 0 || oo < 0) continue;
+                const int co = cof[ch];
+                const float4* a = reinterpret_cast<const float4*>(cs + row * CLD + ch * 8);
+                const float4* bb = reinterpret_cast<const float4*>(bc + ch * 8);
+                const float4 a0 = a[0], a1 = a[1], b0 = bb[0], b1 = bb[1];
+                float v[8] = {a0.x + b0.x, a0.y + b0.y, a0.z + b0.z, a0.w + b0.w,
+                              a1.x + b1.x, a1.y + b1.y, a1.z + b1.z, a1.w + b1.w};
+                act8(v, co, p, slope);
+                const i64 dst = (ob + oo) * p.ldc + p.coff + co;
+                if (vec) {
+                    out_store8(p, y, dst, v);
+                } else {
 #pragma unroll
-                        for (int k = 0; k < 4; k++)
-                            u[k] = act_apply(u[k], (c + k) % p.ocout, p.act, p.alpha, slope, p.slope_n);
-                    }
-                    if (p.out_f32) {
-                        *reinterpret_cast<float4*>(reinterpret_cast<float*>(y) + dst) =
-                            make_float4(u[0], u[1], u[2], u[3]);
-                    } else {
-                        __align__(8) __half2 h[2] = {__floats2half2_rn(u[0], u[1]), __floats2half2_rn(u[2], u[3])};
-                        *reinterpret_cast<uint2*>(y + dst) = *reinterpret_cast<const uint2*>(h);
-                    }
-                }
-                return;
-            }
-            // A concat slice or an odd run: a warp per (row, tap row), one value per lane.
-            for (int u = warp; u < G * TBM; u += THREADS / 32) {
-                const int g = u / TBM, row = u - g * TBM;
-                const i64 ob = rb[row];
-                if (ob < 0) continue;
-                const int qz = g / p.up_h, qy = g - qz * p.up_h;
-                const i64 o0 = ob + ((i64)qz * p.oh + qy) * p.ow;
-                for (int e = lane; e < per; e += 32) {
-                    const int qx = e / p.ocout, co = e - qx * p.ocout;
-                    const int c = g * per + e;
-                    if (c < n0 || c >= n0 + TBN) continue;
-                    const float u0 = cs[row * CLD + (c - n0)] + bc[c - n0];
-                    out_store1(p, y, (o0 + qx) * p.ldc + p.coff + co,
-                               act_apply(u0, co, p.act, p.alpha, slope, p.slope_n));
+                    for (int q = 0; q < 8; q++) out_store1(p, y, dst + q, v[q]);
                 }
             }
             return;
         }
-        const bool vec = ((p.ldc | p.coff) & 7) == 0;
-        constexpr int CH = TBN / 8;
-        for (int idx = tid; idx < TBM * CH; idx += THREADS) {
-            int row = idx / CH, ch = idx - row * CH;
-            int m = m0 + row, c = n0 + ch * 8;
-            if (m >= M || c >= p.cout) continue;
-            int ix = m % p.wo, t = m / p.wo;
-            int iy = t % p.ho;
-            t /= p.ho;
-            int iz = t % p.do_, n = t / p.do_;
-            int tap = c / p.ocout, co = c - tap * p.ocout;
-            int qz = tap / (p.up_h * p.up_w), rem = tap - qz * p.up_h * p.up_w;
-            int qy = rem / p.up_w, qx = rem - qy * p.up_w;
-            i64 o = (((i64)n * p.od + iz * p.up_d + qz) * p.oh + iy * p.up_h + qy) * p.ow + ix * p.up_w + qx;
-            const float4 a = *reinterpret_cast<const float4*>(cs + row * CLD + ch * 8);
-            const float4 b = *reinterpret_cast<const float4*>(cs + row * CLD + ch * 8 + 4);
-            float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        __syncthreads();
+        // Any Cout (the fused parity classes of W2's 32 -> 14). Row r's taps (qz, qy,
+        // 0..up_w-1) x Cout channels are up_w * Cout contiguous values of a dense output.
+        const int per = p.up_w * p.ocout, G = p.up_d * p.up_h;
+        if (p.ldc == p.ocout && p.coff == 0 && per % 4 == 0) {
+            // Dense: one thread per 4 values of a run (16 or 8 bytes, aligned: every term of
+            // the output index is a multiple of up_w * Cout or of Cout * ow).
+            const int Q = per / 4;
+            for (int idx = tid; idx < G * TBM * Q; idx += THREADS) {
+                const int gr = idx / Q, q = idx - gr * Q;
+                const int g = gr / TBM, row = gr - g * TBM;
+                const int c = g * per + q * 4;
+                const i64 ob = rb[row];
+                if (ob < 0 || c < n0 || c >= n0 + TBN) continue;
+                const int qz = g / p.up_h, qy = g - qz * p.up_h;
+                const i64 dst = (ob + ((i64)qz * p.oh + qy) * p.ow) * p.ocout + q * 4;
+                const float4 a = *reinterpret_cast<const float4*>(cs + row * CLD + (c - n0));
+                const float4 b = *reinterpret_cast<const float4*>(bc + (c - n0));
+                float u[4] = {a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w};
+                if (p.act != ACT_NONE) {
 #pragma unroll
-            for (int q = 0; q < 8; q++) {
-                float u = v[q] + (bias ? bias[co + q] : 0.f);
-                v[q] = act_apply(u, co + q, p.act, p.alpha, slope, p.slope_n);
+                    for (int k = 0; k < 4; k++)
+                        u[k] = act_apply(u[k], (c + k) % p.ocout, p.act, p.alpha, slope, p.slope_n);
+                }
+                if (p.out_f32) {
+                    *reinterpret_cast<float4*>(reinterpret_cast<float*>(y) + dst) =
+                        make_float4(u[0], u[1], u[2], u[3]);
+                } else {
+                    __align__(8) __half2 h[2] = {__floats2half2_rn(u[0], u[1]), __floats2half2_rn(u[2], u[3])};
+                    *reinterpret_cast<uint2*>(y + dst) = *reinterpret_cast<const uint2*>(h);
+                }
             }
-            const i64 dst = o * p.ldc + p.coff + co;
-            if (vec) {
-                out_store8(p, y, dst, v);
-            } else {
-#pragma unroll
-                for (int q = 0; q < 8; q++) out_store1(p, y, dst + q, v[q]);
+            return;
+        }
+        // A concat slice or an odd run: a warp per (row, tap row), one value per lane.
+        for (int u = warp; u < G * TBM; u += THREADS / 32) {
+            const int g = u / TBM, row = u - g * TBM;
+            const i64 ob = rb[row];
+            if (ob < 0) continue;
+            const int qz = g / p.up_h, qy = g - qz * p.up_h;
+            const i64 o0 = ob + ((i64)qz * p.oh + qy) * p.ow;
+            for (int e = lane; e < per; e += 32) {
+                const int qx = e / p.ocout, co = e - qx * p.ocout;
+                const int c = g * per + e;
+                if (c < n0 || c >= n0 + TBN) continue;
+                const float u0 = cs[row * CLD + (c - n0)] + bc[c - n0];
+                out_store1(p, y, (o0 + qx) * p.ldc + p.coff + co,
+                           act_apply(u0, co, p.act, p.alpha, slope, p.slope_n));
             }
         }
         return;

@@ -1,28 +1,33 @@
-// The memory-bound convs (no tensor cores): the first layer (Cin 1) and the head (1x1x1, few
+// The memory-bound convs: the first layer (Cin 1, on mma.sync) and the head (1x1x1, few
 // output channels).
 //
 // conv_c1_k3: Conv3d with Cin = 1 (the first layer), 3x3x3 taps, stride 1 or 2 per axis,
-// dilation 1, any begin pads, Cout <= 64. Memory bound (Cout halves written per input voxel),
-// so no tensor cores: each block loads the input halo of a C1_TZ x C1_TY x C1_TX output tile and
-// the 27 x Cout weights into shared memory as fp32; a thread computes 8 channels of the two
-// voxels (z, y, x) and (z + 1, y, x) of the tile (fp32), then bias, activation and one 16-byte
-// store per voxel (ldc / coff 8-aligned and the chunk inside Cout; else element stores).
-// Weights: the mma layout [Cout_pad][kpad] fp16, K = tap (kd, kh, kw row major). One block per
-// tile: grid = N * ceil(Do/TZ) * ceil(Ho/TY) * ceil(Wo/TX), 256 threads, static smem.
-#define C1_TZ 2
+// dilation 1, any begin pads, Cout <= 64. An implicit GEMM on mma.sync.m16n8k16: M = 16
+// output voxels along x, K = the 27 taps (padded to 32), N = 8 channels. Memory bound (Cout
+// values written per input voxel), so the point is few instructions per output: each block
+// loads the fp16 input halo of a C1_TZ x C1_TY x C1_TX output tile into shared memory once;
+// a lane's A fragment is 8 halo values (its two rows' voxels at its four taps), read straight
+// from the halo; its B fragments (the weights of 32 channels) stay in registers. Each warp
+// walks 16-voxel row groups; channels above 32 take a second pass over the groups. A group's
+// fp32 results are staged per warp and stored as 16-byte runs of 4 channels.
+// Weights: the mma layout [Cout_pad][kpad] fp16 (K = tap, kd kh kw row major; zero-padded to
+// kpad >= 32). One block per tile: grid = N * ceil(Do/TZ) * ceil(Ho/TY) * ceil(Wo/TX), 256
+// threads, static shared memory.
+#define C1_TZ 4
 #define C1_TY 8
 #define C1_TX 32
 #define C1_HALO (((C1_TZ - 1) * 2 + 3) * ((C1_TY - 1) * 2 + 3) * ((C1_TX - 1) * 2 + 3))
+#define C1_SP 40  // staged row: 32 channels + 8 (the fragment's float2 writes conflict-free)
 extern "C" __global__ void __launch_bounds__(256) conv_c1_k3(ConvParams p, const half* __restrict__ x,
                                                              const half* __restrict__ w,
                                                              const float* __restrict__ bias,
                                                              half* __restrict__ y,
                                                              const float* __restrict__ slope) {
-    static_assert(C1_TY * C1_TX == 256, "a thread's two voxels are one tile plane apart");
-    __shared__ float xs[C1_HALO];
-    __shared__ __align__(16) float ws[27 * 64];  // [tap][co], co padded to cg_n * 8
-    const int tid = threadIdx.x;
-    const int cg_n = (p.cout + 7) >> 3, cpad = cg_n * 8;
+    constexpr int GX = C1_TX / 16, GROUPS = C1_TZ * C1_TY * GX;
+    static_assert(C1_TX % 16 == 0 && GROUPS % 8 == 0, "whole 16-voxel groups, the same count per warp");
+    __shared__ half xs[C1_HALO];
+    __shared__ __align__(16) float stage[8][16 * C1_SP];  // a warp's group, [voxel][channel]
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nbx = (p.wo + C1_TX - 1) / C1_TX, nby = (p.ho + C1_TY - 1) / C1_TY;
     const int nbz = (p.do_ + C1_TZ - 1) / C1_TZ;
     int b = blockIdx.x;
@@ -36,71 +41,147 @@ extern "C" __global__ void __launch_bounds__(256) conv_c1_k3(ConvParams p, const
     const int hz = (C1_TZ - 1) * p.sd + 3;
     const int iz0 = oz0 * p.sd - p.pd, iy0 = oy0 * p.sh - p.ph, ix0 = ox0 * p.sw - p.pw;
     const half* xn = x + (i64)n * p.di * p.hi * p.wi;
-    for (int i = tid; i < hz * hy * hx; i += 256) {
-        int lx = i % hx, t = i / hx;
-        int ly = t % hy, lz = t / hy;
-        int iz = iz0 + lz, iy = iy0 + ly, ix = ix0 + lx;
-        float v = 0.f;
-        if ((unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi && (unsigned)ix < (unsigned)p.wi)
-            v = __half2float(xn[((i64)iz * p.hi + iy) * p.wi + ix]);
-        xs[i] = v;
+    // The halo, a row (lz, ly) of hx values per 64 threads.
+    for (int r = tid >> 6; r < hz * hy; r += 4) {
+        const int lz = r / hy, ly = r - lz * hy;
+        const int iz = iz0 + lz, iy = iy0 + ly;
+        const bool row = (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi;
+        const half* src = xn + ((i64)(row ? iz : 0) * p.hi + (row ? iy : 0)) * p.wi;
+        for (int lx = tid & 63; lx < hx; lx += 64) {
+            const int ix = ix0 + lx;
+            xs[r * hx + lx] = row && (unsigned)ix < (unsigned)p.wi ? src[ix] : __float2half(0.f);
+        }
     }
-    for (int i = tid; i < 27 * cpad; i += 256) {
-        int tap = i / cpad, co = i - tap * cpad;
-        ws[i] = co < p.cout ? __half2float(w[(i64)co * p.kpad + tap]) : 0.f;
-    }
+    // The lane's 8 taps: k-step s (taps s * 16 + ...), columns q * 2 + {0, 1} and + 8 + {0, 1};
+    // tap >= 27 reads nothing (A zero; its weights are zero too).
+    const int q = lane & 3, r0 = lane >> 2;
+    int toff[8];
+#pragma unroll
+    for (int s = 0; s < 2; s++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int t = s * 16 + h * 8 + q * 2 + e;
+                const int kz = t / 9, ky = (t / 3) % 3, kx = t % 3;
+                toff[(s * 2 + h) * 2 + e] = t < 27 ? (kz * hy + ky) * hx + kx : -1;
+            }
     __syncthreads();
-    const bool vec = ((p.ldc | p.coff) & 7) == 0;
-    const int zstep = p.sd * hy * hx;  // halo offset of the second voxel (one output plane on)
-    for (int it = tid; it < 256 * cg_n; it += 256) {
-        const int cg = it % cg_n, pv = it / cg_n;
-        const int ly = pv / C1_TX, lx = pv - ly * C1_TX;
-        const int oy = oy0 + ly, ox = ox0 + lx;
-        if (oy >= p.ho || ox >= p.wo) continue;
-        float a0[8], a1[8];
+    const bool pair = ((p.ldc | p.coff) & 1) == 0;
+    // 16-byte runs of 4 channels (aligned as fp32 and as fp16 pairs of half2).
+    const bool vec4 = ((p.ldc | p.coff | p.cout) & 3) == 0;
+    float* sc = stage[warp];
+    const half zero = __float2half(0.f);
+    for (int c0 = 0; c0 < p.cout; c0 += 32) {
+        // B fragments of channels c0 + j * 8 + r0: k rows q * 2 + {0, 1} (b0) and + 8 (b1).
+        unsigned bf[4][2][2];
 #pragma unroll
-        for (int q = 0; q < 8; q++) a0[q] = a1[q] = 0.f;
-        const float* xb = xs + (ly * p.sh) * hx + lx * p.sw;
-        const float4* wb = reinterpret_cast<const float4*>(ws + cg * 8);
+        for (int j = 0; j < 4; j++) {
+            const int co = c0 + j * 8 + r0;
 #pragma unroll
-        for (int kz = 0; kz < 3; kz++)
+            for (int s = 0; s < 2; s++)
 #pragma unroll
-            for (int ky = 0; ky < 3; ky++)
+                for (int h = 0; h < 2; h++) {
+                    const int k = s * 16 + h * 8 + q * 2;
+                    __half2 v = __halves2half2(zero, zero);
+                    if (co < p.cout && k < 27) {
+                        const half* wr = w + (i64)co * p.kpad + k;
+                        v = __halves2half2(wr[0], k + 1 < 27 ? wr[1] : zero);
+                    }
+                    bf[j][s][h] = *reinterpret_cast<unsigned*>(&v);
+                }
+        }
+        float bj[4][2];
 #pragma unroll
-                for (int kx = 0; kx < 3; kx++) {
-                    const int tap = (kz * 3 + ky) * 3 + kx;
-                    const float* xp = xb + (kz * hy + ky) * hx + kx;
-                    const float u0 = xp[0], u1 = xp[zstep];
-                    const float4 w0 = wb[tap * (cpad >> 2)], w1 = wb[tap * (cpad >> 2) + 1];
-                    const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+        for (int j = 0; j < 4; j++)
 #pragma unroll
-                    for (int q = 0; q < 8; q++) {
-                        a0[q] = fmaf(u0, wv[q], a0[q]);
-                        a1[q] = fmaf(u1, wv[q], a1[q]);
+            for (int e = 0; e < 2; e++) {
+                const int co = c0 + j * 8 + q * 2 + e;
+                bj[j][e] = bias && co < p.cout ? bias[co] : 0.f;
+            }
+        for (int g = warp; g < GROUPS; g += 8) {
+            const int gx = g % GX, gy = (g / GX) % C1_TY, gz = g / (GX * C1_TY);
+            const int oz = oz0 + gz, oy = oy0 + gy, oxg = ox0 + gx * 16;
+            if (oz >= p.do_ || oy >= p.ho || oxg >= p.wo) continue;  // warp-uniform
+            // Halo offsets of the lane's rows r0 and r0 + 8.
+            const int v0 = (gz * p.sd * hy + gy * p.sh) * hx + (gx * 16 + r0) * p.sw;
+            const int v1 = v0 + 8 * p.sw;
+            float acc[4][4];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) acc[j][k] = 0.f;
+#pragma unroll
+            for (int s = 0; s < 2; s++) {
+                unsigned a[4];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int t0 = toff[(s * 2 + h) * 2], t1 = toff[(s * 2 + h) * 2 + 1];
+                    __half2 lo = __halves2half2(t0 >= 0 ? xs[v0 + t0] : zero, t1 >= 0 ? xs[v0 + t1] : zero);
+                    __half2 hi = __halves2half2(t0 >= 0 ? xs[v1 + t0] : zero, t1 >= 0 ? xs[v1 + t1] : zero);
+                    a[h * 2] = *reinterpret_cast<unsigned*>(&lo);
+                    a[h * 2 + 1] = *reinterpret_cast<unsigned*>(&hi);
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++) mma16816(acc[j], a, bf[j][s][0], bf[j][s][1]);
+            }
+            // acc[j]: rows r0 (0, 1) and r0 + 8 (2, 3), channels c0 + j * 8 + q * 2 + {0, 1}.
+            const i64 mrow = (((i64)n * p.do_ + oz) * p.ho + oy) * p.wo;
+            if (vec4) {
+                // Staged, then each lane stores 4 channels of a voxel: a warp writes the group's
+                // 16 voxels x 32 channels as runs of whole 16-byte pieces (8-byte pieces from
+                // the fragments scattered every store over 8 voxels, at ~1.2 TB/s).
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int rr = 0; rr < 2; rr++)
+                        *reinterpret_cast<float2*>(sc + (r0 + rr * 8) * C1_SP + j * 8 + q * 2) =
+                            make_float2(acc[j][rr * 2], acc[j][rr * 2 + 1]);
+                __syncwarp();
+                const int c4n = min(32, p.cout - c0) >> 2;
+                for (int idx = lane; idx < 16 * c4n; idx += 32) {
+                    const int v = idx / c4n, c4 = idx - v * c4n;
+                    if (oxg + v >= p.wo) continue;
+                    const float4 a = *reinterpret_cast<const float4*>(sc + v * C1_SP + c4 * 4);
+                    const int co = c0 + c4 * 4;
+                    float u[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        u[e] = act_apply(u[e] + (bias ? bias[co + e] : 0.f), co + e, p.act, p.alpha, slope, p.slope_n);
+                    const i64 dst = (mrow + oxg + v) * p.ldc + p.coff + co;
+                    if (p.out_f32) {
+                        *reinterpret_cast<float4*>(reinterpret_cast<float*>(y) + dst) = make_float4(u[0], u[1], u[2], u[3]);
+                    } else {
+                        __align__(8) __half2 h[2] = {__floats2half2_rn(u[0], u[1]), __floats2half2_rn(u[2], u[3])};
+                        *reinterpret_cast<uint2*>(y + dst) = *reinterpret_cast<const uint2*>(h);
                     }
                 }
-        const int co = cg * 8;
-#pragma unroll
-        for (int s = 0; s < 2; s++) {
-            const int oz = oz0 + s;
-            if (oz >= p.do_) continue;
-            const i64 m = (((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox;
-            const i64 dst = m * p.ldc + p.coff + co;
-            float hv[8];
-#pragma unroll
-            for (int q = 0; q < 8; q++) {
-                float u = 0.f;  // padding channels: never stored, no bias / slope read
-                if (co + q < p.cout)
-                    u = act_apply((s ? a1[q] : a0[q]) + (bias ? bias[co + q] : 0.f), co + q, p.act,
-                                  p.alpha, slope, p.slope_n);
-                hv[q] = u;
+                __syncwarp();
+                continue;
             }
-            if (vec && co + 8 <= p.cout) {
-                out_store8(p, y, dst, hv);
-            } else {
 #pragma unroll
-                for (int q = 0; q < 8; q++)
-                    if (co + q < p.cout) out_store1(p, y, dst + q, hv[q]);
+            for (int rr = 0; rr < 2; rr++) {
+                const int ox = oxg + r0 + rr * 8;
+                if (ox >= p.wo) continue;
+                const i64 m = mrow + ox;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int co = c0 + j * 8 + q * 2;
+                    if (co >= p.cout) continue;
+                    const float u0 = act_apply(acc[j][rr * 2] + bj[j][0], co, p.act, p.alpha, slope, p.slope_n);
+                    const i64 dst = m * p.ldc + p.coff + co;
+                    if (co + 1 >= p.cout) {
+                        out_store1(p, y, dst, u0);
+                        continue;
+                    }
+                    const float u1 = act_apply(acc[j][rr * 2 + 1] + bj[j][1], co + 1, p.act, p.alpha, slope, p.slope_n);
+                    if (pair) {
+                        out_store2(p, y, dst, u0, u1);
+                    } else {
+                        out_store1(p, y, dst, u0);
+                        out_store1(p, y, dst + 1, u1);
+                    }
+                }
             }
         }
     }
@@ -109,13 +190,25 @@ extern "C" __global__ void __launch_bounds__(256) conv_c1_k3(ConvParams p, const
 // conv1x1_n{16,32}: 1x1x1 conv with few output channels (the segmentation head): a memory-bound
 // GEMV per voxel. One thread per voxel, Cin % 8 == 0 (16-byte loads), Cin <= 256, Cout <= NC;
 // weights as fp32 [Cin][NC] in dynamic smem (Cin * NC floats, read as broadcast float4, then
-// blockDim * NC halves of output staging), fp32
-// accumulate, bias + activation, output with ldc/coff. The mma tile would spend its time in
-// prologue/epilogue for K = 32.
-template <int NC>
-__device__ __forceinline__ void conv1x1(const ConvParams& p, const half* __restrict__ x, const half* __restrict__ w,
+// blockDim * NC halves of output staging), fp32 accumulate, bias + activation, output with
+// ldc/coff. The mma tile would spend its time in prologue/epilogue for K = 32.
+// conv1x1_norm_n{16,32}: the same head reading the InstanceNorm / GroupNorm before it, whose
+// statistics are done: x is the norm's input (fp16, or fp32 as a conv kept it), normalised and
+// activated on load from its (n, c) scale / shift pairs `nab`, then rounded to fp16 as the
+// norm's own output would be: the same values as the two launches, without writing and reading
+// the norm's output.
+struct NormLoad {
+    const float* ab;  // [n][C] (a, b) pairs
+    int x_f32, act;
+    float alpha;
+    const float* slope;
+    int slope_n;
+};
+
+template <int NC, bool NORM>
+__device__ __forceinline__ void conv1x1(const ConvParams& p, const void* __restrict__ xv, const half* __restrict__ w,
                                         const float* __restrict__ bias, half* __restrict__ y,
-                                        const float* __restrict__ slope) {
+                                        const float* __restrict__ slope, const NormLoad& nl) {
     extern __shared__ __align__(16) float ws[];  // [cin][NC]
     const int cin = p.cin, cout = p.cout;
     for (int i = threadIdx.x; i < cin * NC; i += blockDim.x) {
@@ -127,29 +220,39 @@ __device__ __forceinline__ void conv1x1(const ConvParams& p, const half* __restr
     // the output is dense (ldc == Cout): per-thread rows of 28 bytes would scatter the stores.
     half* so = reinterpret_cast<half*>(ws + cin * NC);
     const bool dense = p.ldc == cout && p.coff == 0;
-    const i64 M = (i64)p.n * p.do_ * p.ho * p.wo;
+    const i64 P = (i64)p.do_ * p.ho * p.wo;
+    const i64 M = p.n * P;
     for (i64 m0 = (i64)blockIdx.x * blockDim.x; m0 < M; m0 += (i64)gridDim.x * blockDim.x) {
         const i64 m = m0 + threadIdx.x;
         if (m < M) {
             float acc[NC];
 #pragma unroll
             for (int c = 0; c < NC; c++) acc[c] = 0.f;
-            const uint4* xr = reinterpret_cast<const uint4*>(x + m * cin);
+            const float2* abn = NORM ? reinterpret_cast<const float2*>(nl.ab) + (m / P) * cin : nullptr;
             for (int cv = 0; cv < (cin >> 3); cv++) {
-                uint4 u = __ldg(xr + cv);
-                const __half2* h = reinterpret_cast<const __half2*>(&u);
+                float f[8];
+                if (NORM && nl.x_f32)
+                    load8(static_cast<const float*>(xv), m * cin + cv * 8, f);
+                else
+                    load8(static_cast<const half*>(xv), m * cin + cv * 8, f);
+                if (NORM) {
+#pragma unroll
+                    for (int k = 0; k < 8; k++) {
+                        const float2 q = __ldg(abn + cv * 8 + k);
+                        const float u = act_apply(f[k] * q.x + q.y, cv * 8 + k, nl.act, nl.alpha, nl.slope, nl.slope_n);
+                        f[k] = __half2float(__float2half(u));
+                    }
+                }
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
-                    float2 f2 = __half22float2(h[k >> 1]);
-                    float f = (k & 1) ? f2.y : f2.x;
                     const float4* wr = reinterpret_cast<const float4*>(ws + (cv * 8 + k) * NC);
 #pragma unroll
                     for (int q = 0; q < NC / 4; q++) {
                         float4 wq = wr[q];
-                        acc[4 * q] += f * wq.x;
-                        acc[4 * q + 1] += f * wq.y;
-                        acc[4 * q + 2] += f * wq.z;
-                        acc[4 * q + 3] += f * wq.w;
+                        acc[4 * q] += f[k] * wq.x;
+                        acc[4 * q + 1] += f[k] * wq.y;
+                        acc[4 * q + 2] += f[k] * wq.z;
+                        acc[4 * q + 3] += f[k] * wq.w;
                     }
                 }
             }
@@ -172,12 +275,19 @@ __device__ __forceinline__ void conv1x1(const ConvParams& p, const half* __restr
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) conv1x1_n16(ConvParams p, const half* x, const half* w,
-                                                              const float* bias, half* y, const float* slope) {
-    conv1x1<16>(p, x, w, bias, y, slope);
-}
-extern "C" __global__ void __launch_bounds__(256) conv1x1_n32(ConvParams p, const half* x, const half* w,
-                                                              const float* bias, half* y, const float* slope) {
-    conv1x1<32>(p, x, w, bias, y, slope);
-}
+#define CONV1X1_ENTRY(NAME, NC)                                                                        \
+    extern "C" __global__ void __launch_bounds__(256) NAME(ConvParams p, const half* x, const half* w,  \
+                                                           const float* bias, half* y, const float* slope) { \
+        conv1x1<NC, false>(p, x, w, bias, y, slope, NormLoad{});                                      \
+    }
+CONV1X1_ENTRY(conv1x1_n16, 16)
+CONV1X1_ENTRY(conv1x1_n32, 32)
 
+#define CONV1X1_NORM_ENTRY(NAME, NC)                                                                   \
+    extern "C" __global__ void __launch_bounds__(256) NAME(                                            \
+        ConvParams p, const void* x, const half* w, const float* bias, half* y, const float* slope,     \
+        const float* nab, int x_f32, int nact, float nalpha, const float* nslope, int nslope_n) {       \
+        conv1x1<NC, true>(p, x, w, bias, y, slope, NormLoad{nab, x_f32, nact, nalpha, nslope, nslope_n}); \
+    }
+CONV1X1_NORM_ENTRY(conv1x1_norm_n16, 16)
+CONV1X1_NORM_ENTRY(conv1x1_norm_n32, 32)

@@ -21,24 +21,6 @@
 //   slot    [Cin/8][plane 2][HY * HX][8]        B: K step 2 * HP * 16, N step HX * 16
 // Smem bytes: keep in sync with HaloConfig::smem_bytes (src/backend/cuda/host/catalogue.rs).
 
-// One activation over 8 values of channels c..c+7 (the switch once per piece, not per value).
-__device__ __forceinline__ void act8(float (&v)[8], int c, const ConvParams& p, const float* __restrict__ slope) {
-    switch (p.act) {
-    case ACT_NONE: return;
-    case ACT_RELU:
-#pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = fmaxf(v[k], 0.f);
-        return;
-    case ACT_LEAKY:
-#pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = v[k] >= 0.f ? v[k] : p.alpha * v[k];
-        return;
-    default:
-#pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = act_apply(v[k], c + k, p.act, p.alpha, slope, p.slope_n);
-    }
-}
-
 template <int CIN, int NY, int ZT>
 struct WzConv {
     static constexpr int CPV = CIN / 8, KS = CIN / 16;

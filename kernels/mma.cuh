@@ -1,5 +1,5 @@
 // The building blocks shared by the conv tile families (kernels/conv_mma.cu, conv_halo.cu,
-// conv_wgmma.cu; sm_80+) and the tensor-core attention (attention.cu): 4-byte cp.async gathers,
+// conv_wgmma.cu, conv_small.cu; sm_80+) and the tensor-core attention (attention.cu): 4-byte cp.async gathers,
 // the halo tile order, ldmatrix (plain and .trans), the m16n8k16 fp16 mma and the conv epilogue
 // store. Prepended (after common.cuh) to those families only
 // (`Family::source`).

@@ -12,27 +12,6 @@ __device__ __forceinline__ float* norm_smem() {
     return norm_sh;
 }
 
-__device__ __forceinline__ float to_f(half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f(float v) { return v; }
-
-// Eight consecutive input values from x + i (i % 8 == 0): one 16-byte load of halves, two of floats.
-__device__ __forceinline__ void load8(const half* __restrict__ x, i64 i, float (&v)[8]) {
-    uint4 u = __ldg(reinterpret_cast<const uint4*>(x + i));
-    const __half2* h = reinterpret_cast<const __half2*>(&u);
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float2 f = __half22float2(h[k]);
-        v[2 * k] = f.x;
-        v[2 * k + 1] = f.y;
-    }
-}
-__device__ __forceinline__ void load8(const float* __restrict__ x, i64 i, float (&v)[8]) {
-    float4 a = __ldg(reinterpret_cast<const float4*>(x + i));
-    float4 b = __ldg(reinterpret_cast<const float4*>(x + i) + 1);
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-}
-
 // Block tail shared by both partial kernels: sh holds [rows][C][2] per-thread sums; each
 // channel adds its rows in order and writes the block's partial.
 __device__ __forceinline__ void norm_block_partial(const float* sh, int rows, int C, float* __restrict__ part) {

@@ -8,7 +8,10 @@
 #   NETS (w1,w2), BATCHES ("1 2 4"), REPS (3), PROFILE_BATCHES ("4 2"), BINS (bench; "bench_old
 #   bench" alternates two builds, each pass of ROUNDS (1) running every bin once per batch),
 #   TESTS (BIN:FILTER entries run first, BIN one of the bundle's test binaries, e.g.
-#   "it:cuda::ops::norm plan_gpu:"), TEST_S (seconds per test entry, default 200)
+#   "it:cuda::ops::norm plan_gpu:"), TEST_S (seconds per test entry, default 200),
+#   NCU (a kernel-name regex: Nsight Compute's speed-of-light, memory, occupancy and warp-state
+#   sections of the first NCU_COUNT (8) matching launches of `profile_models` on NCU_NET (w1) at
+#   batch 4, into p/ncu.txt; where ncu cannot read the counters it says so there)
 set -u
 . "$(dirname "$0")/call_env.sh"
 W=/tmp/voxtile-bench
@@ -35,6 +38,14 @@ for n in ${NETS//,/ }; do
   done
 done
 done
+if [ -n "${NCU:-}" ]; then
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  VOXTILE_PROFILE_ONNX="$W/${NCU_NET:-w1}.onnx:128:4" timeout 240 "$ncu" --clock-control none \
+    -k "regex:$NCU" -c "${NCU_COUNT:-8}" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section Occupancy --section WarpStateStats --section LaunchStats \
+    "$G/it" --test-threads=1 cuda::ops::bench::profile_models > "$OUT/p/ncu.txt" 2>&1
+  el "ncu rc $?: $(grep -c "Duration" "$OUT/p/ncu.txt") kernels profiled"
+fi
 for n in ${NETS//,/ }; do
   for b in ${PROFILE_BATCHES:-4 2}; do
     f="$OUT/p/profile_${n}_b$b.log"

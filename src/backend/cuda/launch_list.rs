@@ -2,9 +2,10 @@
 //! activation arena, the constants, the norm scratch), built once per (roi, batch), and its
 //! launch for n samples.
 
-use super::ops::{build_node, Build, NodeIo, Step};
+use super::ops::norm::{slope_n, Norm};
+use super::ops::{build_node, conv, Build, NodeIo, Step};
 use crate::backend::cuda::abi::{Act, Shape};
-use crate::backend::cuda::host::buffers::{buffer_plan, BufferPlan};
+use crate::backend::cuda::host::buffers::{buffer_plan, BufferPlan, NormHead};
 use crate::backend::cuda::host::catalogue::FILL_HALF;
 use crate::backend::cuda::host::conv_kernel::ArchCaps;
 use crate::backend::cuda::ops::eltwise::Elt;
@@ -102,6 +103,21 @@ pub(crate) fn build(
         let io = NodeIo { slope, ..io };
         let in_place: Vec<bool> = node.inputs.iter().map(|&v| bp.in_place[v]).collect();
         let new = build_node(&mut b, &node.op, &io, l.conv.as_ref(), &in_place, batch)?;
+        let new = match (&l.head, new.as_slice()) {
+            (Some(h), [Step::Norm(_)]) => {
+                let Some(Step::Norm(norm)) = new.into_iter().next() else {
+                    unreachable!("matched above")
+                };
+                vec![head_step(&mut b, &bp, graph, &io, h, norm)?]
+            }
+            (Some(_), _) => {
+                return Err(Error::Backend(format!(
+                    "node {}: a head fused into a node that is not a norm",
+                    node.name
+                )))
+            }
+            (None, _) => new,
+        };
         for s in &new {
             labels.push(step_label(s, &node.op, &io.act, io.xshape, io.oshape));
         }
@@ -146,6 +162,41 @@ pub(crate) fn build(
         norm_ab: DevBuf::new(&gpu.ctx, bp.norm_ab)?,
         graphs: graphs.then(Graphs::default),
     })
+}
+
+/// The norm's statistics and its head (`l.head`), which reads the norm's input (`io`: the
+/// norm launch's buffers) and writes the launch's output, with its own activation and slope.
+fn head_step(
+    b: &mut Build,
+    bp: &BufferPlan,
+    graph: &Graph,
+    io: &NodeIo,
+    h: &NormHead,
+    norm: Norm,
+) -> Result<Step> {
+    let conv = &graph.nodes[h.conv];
+    let act = h.fuse.map_or(Act::None, |f| {
+        Act::of(&graph.nodes[f].op).unwrap_or(Act::None)
+    });
+    let slope = b.act_slope(&act)?;
+    let hio = NodeIo {
+        name: &conv.name,
+        oshape: bp.shapes[conv.output],
+        y_f32: false,
+        slope,
+        slope_n: slope_n(&act),
+        act,
+        xs: vec![io.x],
+        ..io.clone()
+    };
+    let mut steps = conv::build(b, &conv.op, &h.kernel, &hio)?;
+    match (steps.pop(), steps.is_empty()) {
+        (Some(head), true) if head.pointwise => Ok(Step::NormHead { norm, head }),
+        _ => Err(Error::Backend(format!(
+            "node {}: a norm's head must be one pointwise launch",
+            conv.name
+        ))),
+    }
 }
 
 /// Buffers, shapes and fused activation of launch `l` (slope not uploaded yet).
@@ -337,5 +388,21 @@ pub(crate) fn step_label(step: &Step, op: &Op, act: &Act, x: Shape, o: Shape) ->
         }
         _ => op.name().to_string(),
     };
+    // A norm with its head: the head's kernel and output.
+    if let Step::NormHead { head, .. } = step {
+        let p = &head.p;
+        let o = [
+            p.cout as usize,
+            p.do_ as usize,
+            p.ho as usize,
+            p.wo as usize,
+        ];
+        return format!(
+            "{what}{act} +head [{}] {} -> {}",
+            head.func.replace("conv1x1_", "conv1x1_norm_"),
+            sh(x),
+            sh(o)
+        );
+    }
     format!("{what}{act} {} -> {}", sh(x), sh(o))
 }

@@ -930,21 +930,24 @@ fn upsample_vec_entries_match_their_mma_twins() {
     }
 }
 
-/// CPU emulation of `CONV_C1_K3`'s index math (block decode, halo load, the thread's two
-/// voxels, weight offsets, output ldc/coff): every output element written exactly once and
+/// CPU emulation of `CONV_C1_K3`'s index math (block decode, the halo rows, each lane's taps
+/// and halo offsets, the m16n8k16 fragments of A (halo), B (weights) and C, the warps' 16-voxel
+/// groups, the channel passes, output ldc/coff): every output element written exactly once and
 /// equal to a direct float64 conv, for strides 1/2/mixed, pads, partial tiles, Cout 5..64.
 #[test]
 fn conv_c1_index_emulation() {
-    const TZ: usize = 2;
+    const TZ: usize = 4;
     const TY: usize = 8;
     const TX: usize = 32;
+    const GX: usize = TX / 16;
+    const GROUPS: usize = TZ * TY * GX;
     #[allow(clippy::type_complexity)]
     let cases: [(usize, [usize; 3], [usize; 3], [usize; 6], usize, usize); 5] = [
         (32, [5, 9, 37], [1; 3], [1; 6], 32, 0),
         (20, [5, 17, 40], [2; 3], [1; 6], 37, 16),
         (64, [4, 9, 70], [2; 3], [2, 1, 0, 0, 1, 2], 64, 0),
         (5, [3, 5, 7], [2, 1, 2], [1, 0, 1, 1, 0, 1], 13, 8),
-        (24, [6, 3, 33], [1, 2, 1], [0; 6], 24, 0),
+        (40, [9, 3, 33], [1, 2, 1], [0; 6], 40, 0),
     ];
     for (cout, di, st, pads, ldc, coff) in cases {
         let n_b = 2usize;
@@ -955,14 +958,19 @@ fn conv_c1_index_emulation() {
             .map(|i| ((i * 7919) % 23) as f64 - 11.0)
             .collect();
         let kpad = 32;
+        // Padding taps 27..31 hold a value the kernel must never use.
         let w: Vec<f64> = (0..cout * kpad)
-            .map(|i| ((i * 104729) % 17) as f64 - 8.0)
+            .map(|i| {
+                if i % kpad >= 27 {
+                    1e30
+                } else {
+                    ((i * 104729) % 17) as f64 - 8.0
+                }
+            })
             .collect();
         let nvox = n_b * o[0] * o[1] * o[2];
         let mut y = vec![f64::NAN; nvox * ldc];
         let mut hits = vec![0u32; nvox * ldc];
-        let cg_n = cout.div_ceil(8);
-        let cpad = cg_n * 8;
         let (nbx, nby, nbz) = (o[2].div_ceil(TX), o[1].div_ceil(TY), o[0].div_ceil(TZ));
         for blk in 0..n_b * nbz * nby * nbx {
             let mut b = blk;
@@ -975,65 +983,155 @@ fn conv_c1_index_emulation() {
             let hy = (TY - 1) * st[1] + 3;
             let hx = (TX - 1) * st[2] + 3;
             let hz = (TZ - 1) * st[0] + 3;
-            assert!(hz * hy * hx <= 5 * 17 * 65);
+            assert!(hz * hy * hx <= 9 * 17 * 65);
             let iz0 = (oz0 * st[0]) as i64 - pads[0] as i64;
             let iy0 = (oy0 * st[1]) as i64 - pads[1] as i64;
             let ix0 = (ox0 * st[2]) as i64 - pads[2] as i64;
-            let mut xs = vec![0.0; hz * hy * hx];
-            for (i, v) in xs.iter_mut().enumerate() {
-                let (lx, t) = (i % hx, i / hx);
-                let (ly, lz) = (t % hy, t / hy);
-                let (iz, iy, ix) = (iz0 + lz as i64, iy0 + ly as i64, ix0 + lx as i64);
-                if (0..di[0] as i64).contains(&iz)
-                    && (0..di[1] as i64).contains(&iy)
-                    && (0..di[2] as i64).contains(&ix)
-                {
-                    *v = x[((n * di[0] + iz as usize) * di[1] + iy as usize) * di[2] + ix as usize];
+            let mut xs = vec![f64::NAN; hz * hy * hx];
+            for tid in 0..256usize {
+                let mut r = tid >> 6;
+                while r < hz * hy {
+                    let (lz, ly) = (r / hy, r % hy);
+                    let (iz, iy) = (iz0 + lz as i64, iy0 + ly as i64);
+                    let row = (0..di[0] as i64).contains(&iz) && (0..di[1] as i64).contains(&iy);
+                    let mut lx = tid & 63;
+                    while lx < hx {
+                        let ix = ix0 + lx as i64;
+                        xs[r * hx + lx] = if row && (0..di[2] as i64).contains(&ix) {
+                            x[((n * di[0] + iz as usize) * di[1] + iy as usize) * di[2]
+                                + ix as usize]
+                        } else {
+                            0.0
+                        };
+                        lx += 64;
+                    }
+                    r += 4;
                 }
             }
-            let ws: Vec<f64> = (0..27 * cpad)
-                .map(|i| {
-                    let (tap, co) = (i / cpad, i % cpad);
-                    if co < cout {
-                        w[co * kpad + tap]
-                    } else {
-                        0.0
-                    }
-                })
-                .collect();
-            let zstep = st[0] * hy * hx;
-            for it in 0..256 * cg_n {
-                let (cg, pv) = (it % cg_n, it / cg_n);
-                let (ly, lx) = (pv / TX, pv % TX);
-                let (oy, ox) = (oy0 + ly, ox0 + lx);
-                if oy >= o[1] || ox >= o[2] {
-                    continue;
-                }
-                let mut a = [[0.0f64; 8]; 2];
-                let xb = ly * st[1] * hx + lx * st[2];
-                for tap in 0..27 {
-                    let (kz, ky, kx) = (tap / 9, (tap / 3) % 3, tap % 3);
-                    let xp = xb + (kz * hy + ky) * hx + kx;
-                    for q in 0..8 {
-                        let wv = ws[tap * cpad + cg * 8 + q];
-                        a[0][q] += xs[xp] * wv;
-                        a[1][q] += xs[xp + zstep] * wv;
-                    }
-                }
-                let co = cg * 8;
-                for (s, acc) in a.iter().enumerate() {
-                    let oz = oz0 + s;
-                    if oz >= o[0] {
-                        continue;
-                    }
-                    let m = ((n * o[0] + oz) * o[1] + oy) * o[2] + ox;
-                    for (q, v) in acc.iter().enumerate() {
-                        if co + q < cout {
-                            y[m * ldc + coff + co + q] = *v;
-                            hits[m * ldc + coff + co + q] += 1;
+            for lane in 0..32usize {
+                let (q, r0) = (lane & 3, lane >> 2);
+                // The lane's taps: index (s * 2 + h) * 2 + e.
+                let tap = |i: usize| (i >> 2) * 16 + ((i >> 1) & 1) * 8 + q * 2 + (i & 1);
+                let toff: Vec<Option<usize>> = (0..8)
+                    .map(|i| {
+                        let t = tap(i);
+                        (t < 27).then(|| ((t / 9) * hy + (t / 3) % 3) * hx + t % 3)
+                    })
+                    .collect();
+                let mut c0 = 0;
+                while c0 < cout {
+                    for warp in 0..8usize {
+                        let mut g = warp;
+                        while g < GROUPS {
+                            let (gx, gy, gz) = (g % GX, (g / GX) % TY, g / (GX * TY));
+                            let (oz, oy, oxg) = (oz0 + gz, oy0 + gy, ox0 + gx * 16);
+                            g += 8;
+                            if oz >= o[0] || oy >= o[1] || oxg >= o[2] {
+                                continue;
+                            }
+                            let v0 = (gz * st[0] * hy + gy * st[1]) * hx + (gx * 16 + r0) * st[2];
+                            let v = [v0, v0 + 8 * st[2]];
+                            // C fragment: channels c0 + j * 8 + q * 2 + e of rows r0 + rr * 8,
+                            // the sum over k of A[row][k] * B[k][col] as the fragments hold them:
+                            // A[row][k] from the lane owning (row, k), B[k][col] from the lane
+                            // owning (k, col).
+                            for rr in 0..2 {
+                                let ox = oxg + r0 + rr * 8;
+                                if ox >= o[2] {
+                                    continue;
+                                }
+                                let m = ((n * o[0] + oz) * o[1] + oy) * o[2] + ox;
+                                for j in 0..4 {
+                                    for e in 0..2 {
+                                        let co = c0 + j * 8 + q * 2 + e;
+                                        if co >= cout {
+                                            continue;
+                                        }
+                                        let mut acc = 0.0;
+                                        for k in 0..32usize {
+                                            // A's owner: lane (row % 8) * 4 + (k % 8) / 2 holds it
+                                            // at index (k / 16) * 4 + ((k / 8) % 2) * 2 + k % 2.
+                                            let ql = (k % 8) / 2;
+                                            let i = (k / 16) * 4 + ((k / 8) % 2) * 2 + k % 2;
+                                            let t = (i >> 2) * 16
+                                                + ((i >> 1) & 1) * 8
+                                                + ql * 2
+                                                + (i & 1);
+                                            assert_eq!(t, k);
+                                            let a = if t < 27 {
+                                                let off = ((t / 9) * hy + (t / 3) % 3) * hx + t % 3;
+                                                xs[v[rr] + off]
+                                            } else {
+                                                0.0
+                                            };
+                                            if ql == q {
+                                                assert_eq!(toff[i].is_some(), t < 27);
+                                            }
+                                            // B's owner holds k rows q' * 2 + {0, 1} (+ 8, + 16):
+                                            // zero for k >= 27 or a channel past Cout.
+                                            let wv = if k < 27 && co < cout {
+                                                w[co * kpad + k]
+                                            } else {
+                                                0.0
+                                            };
+                                            acc += a * wv;
+                                        }
+                                        y[m * ldc + coff + co] = acc;
+                                        hits[m * ldc + coff + co] += 1;
+                                    }
+                                }
+                            }
                         }
                     }
+                    c0 += 32;
                 }
+            }
+        }
+        // The staged store (ldc, coff, Cout % 4 == 0): each (voxel, channel) of a group's pass
+        // once, from the lanes' 4-channel pieces.
+        if (ldc | coff | cout) % 4 == 0 {
+            let mut hits4 = vec![0u32; nvox * ldc];
+            for blk in 0..n_b * nbz * nby * nbx {
+                let (bx, by, bz, n) = (
+                    blk % nbx,
+                    (blk / nbx) % nby,
+                    (blk / nbx / nby) % nbz,
+                    blk / nbx / nby / nbz,
+                );
+                for g in 0..GROUPS {
+                    let (gx, gy, gz) = (g % GX, (g / GX) % TY, g / (GX * TY));
+                    let (oz, oy, oxg) = (bz * TZ + gz, by * TY + gy, bx * TX + gx * 16);
+                    if oz >= o[0] || oy >= o[1] || oxg >= o[2] {
+                        continue;
+                    }
+                    let mrow = ((n * o[0] + oz) * o[1] + oy) * o[2];
+                    let mut c0 = 0;
+                    while c0 < cout {
+                        let c4n = 32.min(cout - c0) / 4;
+                        for lane in 0..32 {
+                            let mut idx = lane;
+                            while idx < 16 * c4n {
+                                let (v, c4) = (idx / c4n, idx % c4n);
+                                idx += 32;
+                                if oxg + v >= o[2] {
+                                    continue;
+                                }
+                                let dst = (mrow + oxg + v) * ldc + coff + c0 + c4 * 4;
+                                for e in 0..4 {
+                                    hits4[dst + e] += 1;
+                                }
+                            }
+                        }
+                        c0 += 32;
+                    }
+                }
+            }
+            for (i, h) in hits4.iter().enumerate() {
+                let inside = (coff..coff + cout).contains(&(i % ldc));
+                assert_eq!(
+                    *h, inside as u32,
+                    "staged store: element {i} written {h} times"
+                );
             }
         }
         // Direct reference.
@@ -1078,7 +1176,8 @@ fn conv_c1_index_emulation() {
 }
 
 /// CPU emulation of the `convt_up_*` staged epilogue's mapping: GEMM (row m = input voxel,
-/// 8-column chunk c of tap * Cout + co) -> output voxel and channel; every output element of a
+/// 8-column chunk c of tap * Cout + co) -> output voxel (the row's staged base plus the chunk's
+/// staged tap offset) and channel; every output element of a
 /// k^3 stride-k transposed conv gets exactly one chunk lane, at its (voxel, channel).
 #[test]
 fn convt_up_epilogue_index_emulation() {
@@ -1101,7 +1200,10 @@ fn convt_up_epilogue_index_emulation() {
                 let (tap, co) = (c / cout, c % cout);
                 let (qz, rem) = (tap / (k * k), tap % (k * k));
                 let (qy, qx) = (rem / k, rem % k);
-                let o = ((n * od[0] + iz * k + qz) * od[1] + iy * k + qy) * od[2] + ix * k + qx;
+                // As the kernel stages them: the row's base (tap 0) and the chunk's tap offset.
+                let rb = ((n * od[0] + iz * k) * od[1] + iy * k) * od[2] + ix * k;
+                let off = (qz * od[1] + qy) * od[2] + qx;
+                let o = rb + off;
                 for q in 0..8 {
                     // The chunk's 8 columns are taps' channels co..co+8 of the same tap.
                     assert_eq!((c + q) / cout, tap);

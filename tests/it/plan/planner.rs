@@ -564,7 +564,13 @@ pub(super) fn check_no_alias(
             }
         }
         ran[l.node] = true;
-        for j in l.fuse.into_iter().chain(l.residual.map(|(j, _)| j)) {
+        let head = l.head.iter().flat_map(|h| [Some(h.conv), h.fuse]).flatten();
+        for j in l
+            .fuse
+            .into_iter()
+            .chain(l.residual.map(|(j, _)| j))
+            .chain(head)
+        {
             ran[j] = true;
         }
         live.push(l.out_v);

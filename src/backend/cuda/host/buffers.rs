@@ -11,7 +11,7 @@ use crate::backend::cuda::abi::{alloc_size, elem_bytes, Act, Shape};
 use crate::backend::cuda::host::attention_table::{node_table, terms, uploaded_len};
 use crate::backend::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
 use crate::backend::cuda::host::fusion::{
-    concat_slice, consumers, fusable_activation, fusable_residual,
+    concat_slice, consumers, fusable_activation, fusable_norm_head, fusable_residual,
 };
 use crate::backend::cuda::host::select::{is_upsampling_convt, ConvGeom};
 use crate::backend::cuda::host::tensor_layout::{
@@ -30,7 +30,9 @@ pub struct Launch {
     pub fuse: Option<usize>,
     /// A conv's residual Add fused into its epilogue: (Add node, its other operand).
     pub residual: Option<(usize, usize)>,
-    /// The value written (the fused activation's or Add's output when fused).
+    /// A norm's 1x1x1 head, run on the norm's input normalised on load.
+    pub head: Option<NormHead>,
+    /// The value written (the fused activation's, Add's or head's output when fused).
     pub out_v: usize,
     /// Buffer written, its channel stride and channel offset (a concat slice, else C and 0).
     pub out_buf: usize,
@@ -41,6 +43,16 @@ pub struct Launch {
     /// Activation bytes (buffers not free) right after the output is placed, and how many.
     pub live_bytes: usize,
     pub live_bufs: usize,
+}
+
+/// The 1x1x1 conv that reads a norm launch's normalised input ([`fusable_norm_head`]): the
+/// norm writes no output, its statistics go to the head, which normalises on load.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NormHead {
+    /// The conv node, the activation node fused into it, and its kernel (`Pointwise`).
+    pub conv: usize,
+    pub fuse: Option<usize>,
+    pub kernel: ConvKernel,
 }
 
 /// One constant upload.
@@ -419,12 +431,85 @@ impl Walk<'_> {
         }
     }
 
+    /// The geometry of conv / transposed conv node `i` (None for other ops).
+    fn conv_geom(&self, i: usize) -> Option<ConvGeom> {
+        let node = &self.graph.nodes[i];
+        let (xs, os) = (self.shapes[node.inputs[0]], self.shapes[node.output]);
+        match &node.op {
+            Op::Conv(c) => {
+                let w = &c.weight.shape;
+                Some(ConvGeom {
+                    xs,
+                    os,
+                    k: [w[2], w[3], w[4]],
+                    stride: c.stride,
+                    dil: c.dilation,
+                    pads: [c.pads[0], c.pads[1], c.pads[2]],
+                    groups: c.groups,
+                    transposed: false,
+                    upsample: false,
+                })
+            }
+            Op::ConvTranspose(c) => {
+                let w = &c.weight.shape;
+                let k3 = [w[2], w[3], w[4]];
+                Some(ConvGeom {
+                    xs,
+                    os,
+                    k: k3,
+                    stride: c.stride,
+                    dil: c.dilation,
+                    pads: [c.pads[0], c.pads[1], c.pads[2]],
+                    groups: c.groups,
+                    transposed: true,
+                    upsample: is_upsampling_convt(
+                        k3,
+                        c.stride,
+                        c.dilation,
+                        &c.pads,
+                        c.output_padding,
+                        c.groups,
+                    ),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// The head that norm node `i` (output `out_v` after its activation) hands its input to,
+    /// where that head runs on the pointwise kernel: its constants listed (after the norm's),
+    /// it and its own activation marked as run.
+    fn norm_head(&mut self, caps: &ArchCaps, i: usize, out_v: usize) -> Option<NormHead> {
+        let j = fusable_norm_head(self.graph, &self.cons, &self.tensor, i, out_v)?;
+        let kernel = ConvKernel::choose(caps, self.batch, &self.conv_geom(j)?);
+        if !matches!(kernel, ConvKernel::Pointwise { .. }) {
+            return None;
+        }
+        let fuse = fusable_activation(self.graph, &self.cons, j);
+        let act = fuse.map_or(Act::None, |f| {
+            Act::of(&self.graph.nodes[f].op).unwrap_or(Act::None)
+        });
+        self.node_consts(caps, j, &act);
+        self.ran[j] = true;
+        if let Some(f) = fuse {
+            self.ran[f] = true;
+        }
+        Some(NormHead {
+            conv: j,
+            fuse,
+            kernel,
+        })
+    }
+
     /// Node `i`'s constant uploads, in the order the launch list makes them, and its conv
     /// kernel.
     fn node_consts(&mut self, caps: &ArchCaps, i: usize, act: &Act) -> Option<ConvKernel> {
         let node = &self.graph.nodes[i];
         let xshape = self.shapes[node.inputs[0]];
         let oshape = self.shapes[node.output];
+        let kernel = self
+            .conv_geom(i)
+            .map(|g| ConvKernel::choose(caps, self.batch, &g));
         let f32s = |n: usize| n * 4;
         let consts = &mut self.consts;
         let mut push = |bytes: usize, what: &'static str| {
@@ -440,53 +525,21 @@ impl Walk<'_> {
         let mut conv = None;
         match &node.op {
             Op::Conv(c) => {
-                let w = &c.weight.shape;
-                let g = ConvGeom {
-                    xs: xshape,
-                    os: oshape,
-                    k: [w[2], w[3], w[4]],
-                    stride: c.stride,
-                    dil: c.dilation,
-                    pads: [c.pads[0], c.pads[1], c.pads[2]],
-                    groups: c.groups,
-                    transposed: false,
-                    upsample: false,
-                };
-                let k = ConvKernel::choose(caps, self.batch, &g);
+                let k = kernel.expect("a conv has a geometry");
                 if let Some(b) = &c.bias {
                     push(f32s(b.len()), "conv bias");
                 }
-                for h in k.weight_halves(w, c.groups, false) {
+                for h in k.weight_halves(&c.weight.shape, c.groups, false) {
                     push(h * 2, "conv weight (fp16 GEMM operand)");
                 }
                 conv = Some(k);
             }
             Op::ConvTranspose(c) => {
-                let w = &c.weight.shape;
-                let k3 = [w[2], w[3], w[4]];
-                let g = ConvGeom {
-                    xs: xshape,
-                    os: oshape,
-                    k: k3,
-                    stride: c.stride,
-                    dil: c.dilation,
-                    pads: [c.pads[0], c.pads[1], c.pads[2]],
-                    groups: c.groups,
-                    transposed: true,
-                    upsample: is_upsampling_convt(
-                        k3,
-                        c.stride,
-                        c.dilation,
-                        &c.pads,
-                        c.output_padding,
-                        c.groups,
-                    ),
-                };
-                let k = ConvKernel::choose(caps, self.batch, &g);
+                let k = kernel.expect("a transposed conv has a geometry");
                 if let Some(b) = &c.bias {
                     push(f32s(b.len()), "transposed conv bias");
                 }
-                for h in k.weight_halves(w, c.groups, true) {
+                for h in k.weight_halves(&c.weight.shape, c.groups, true) {
                     push(h * 2, "transposed conv weight (fp16 GEMM operand)");
                 }
                 conv = Some(k);
@@ -631,8 +684,7 @@ pub fn buffer_plan(
             }
             None => (Act::None, node.output),
         };
-        let oshape = w.shapes[node.output];
-        cmax = cmax.max(oshape[0]);
+        cmax = cmax.max(w.shapes[node.output][0]);
         let conv = w.node_consts(caps, i, &act);
         let residual = match &conv {
             Some(k) if fuse.is_none() && k.adds_residual() => {
@@ -646,6 +698,16 @@ pub fn buffer_plan(
             w.ran[j] = true;
             out_v = graph.nodes[j].output;
         }
+        let head = if caps.norm_head {
+            w.norm_head(caps, i, out_v)
+        } else {
+            None
+        };
+        if let Some(h) = &head {
+            out_v = graph.nodes[h.fuse.unwrap_or(h.conv)].output;
+        }
+        let oshape = w.shapes[out_v];
+        cmax = cmax.max(oshape[0]);
         let f32_out =
             caps.norm_f32 && keeps_f32(graph, &w.cons, &w.tensor, i, out_v, conv.as_ref());
         f32_values[out_v] = f32_out;
@@ -662,6 +724,7 @@ pub fn buffer_plan(
             node: i,
             fuse,
             residual,
+            head,
             out_v,
             out_buf: ob,
             ldc,

@@ -104,7 +104,11 @@ impl Family {
     /// so a tile is listed once, here.
     pub fn source(self) -> String {
         let mma = match self {
-            Family::ConvMma | Family::ConvHalo | Family::ConvWgmma | Family::Attention => MMA,
+            Family::ConvMma
+            | Family::ConvHalo
+            | Family::ConvWgmma
+            | Family::ConvSmall
+            | Family::Attention => MMA,
             _ => "",
         };
         format!("{mma}{}\n{}", self.file(), entry_lines(self))
@@ -165,7 +169,10 @@ pub const CONV_IGEMM_N32_V1: Kernel = k(Family::ConvWmmaLegacy, "conv_igemm_n32_
 /// 1x1x1 conv with at most 16 / 32 outputs, one thread per voxel.
 pub const CONV1X1_N16: Kernel = k(Family::ConvSmall, "conv1x1_n16");
 pub const CONV1X1_N32: Kernel = k(Family::ConvSmall, "conv1x1_n32");
-/// Cin-1 3^3 conv, one block per 2x8x32 output tile.
+/// The same heads reading the norm before them, normalised and activated on load.
+pub const CONV1X1_NORM_N16: Kernel = k(Family::ConvSmall, "conv1x1_norm_n16");
+pub const CONV1X1_NORM_N32: Kernel = k(Family::ConvSmall, "conv1x1_norm_n32");
+/// Cin-1 3^3 conv on mma.sync, one block per 4x8x32 output tile.
 pub const CONV_C1_K3: Kernel = k(Family::ConvSmall, "conv_c1_k3");
 /// Direct (grouped / fallback transposed) conv, one thread per output.
 pub const CONV_DIRECT: Kernel = k(Family::ConvTranspose, "conv_direct");
@@ -253,6 +260,8 @@ pub const KERNELS: &[Kernel] = &[
     CONV_IGEMM_N32_V1,
     CONV1X1_N16,
     CONV1X1_N32,
+    CONV1X1_NORM_N16,
+    CONV1X1_NORM_N32,
     CONV_C1_K3,
     CONV_DIRECT,
     CONV_SPLITK_REDUCE,

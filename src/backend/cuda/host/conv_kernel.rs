@@ -46,6 +46,8 @@ pub struct ArchCaps {
     pub norm_f32: bool,
     /// Split the K of tile-starved mma convs over several blocks ([`split_k`]).
     pub split_k: bool,
+    /// A pointwise head reads the norm before it, normalised on load (`CudaOptions::norm_head`).
+    pub norm_head: bool,
 }
 
 impl ArchCaps {
@@ -65,6 +67,7 @@ impl ArchCaps {
             halo_tile: None,
             norm_f32: true,
             split_k: true,
+            norm_head: true,
         }
     }
 
@@ -86,6 +89,7 @@ impl ArchCaps {
             parity_fused: opts.fused_parity,
             norm_f32: opts.norm_f32,
             split_k: opts.split_k,
+            norm_head: opts.norm_head,
             conv_tile: opts.conv_tile,
             halo_tile: opts.halo_tile,
             ..base

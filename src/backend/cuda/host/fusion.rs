@@ -1,6 +1,7 @@
 //! Host-side fusion facts of the CUDA backend, no GPU needed: who consumes a value, which
 //! activation runs in its producer's epilogue, which residual Add a conv's epilogue takes,
-//! which value a channel concat takes in place, and whether a resize is linear.
+//! which 1x1x1 head reads a norm's input normalised on load, which value a channel concat takes
+//! in place, and whether a resize is linear.
 
 use crate::backend::cuda::abi::{Act, Shape};
 use crate::model::graph::{Graph, Op, Resize, ResizeMode};
@@ -91,6 +92,38 @@ pub fn fusable_residual(
     let same = shapes[r] == shapes[out] && shapes[add.output] == shapes[out];
     let sliced = concat_slice(graph, cons, shapes, add.output).is_some();
     (same && !sliced && ready(r)).then_some((j, r))
+}
+
+/// Whether norm node `i`'s output (`out_v`: after its fused activation, if any) goes only to a
+/// 1x1x1 conv (stride 1, no pad, one group) that could read the norm's input instead and
+/// normalise it on load; returns that conv node. Whether its kernel does so is the caller's
+/// question (`ConvKernel::Pointwise`).
+pub fn fusable_norm_head(
+    graph: &Graph,
+    cons: &[Vec<usize>],
+    tensor: &[bool],
+    i: usize,
+    out_v: usize,
+) -> Option<usize> {
+    if tensor[i]
+        || !matches!(
+            graph.nodes[i].op,
+            Op::InstanceNorm { .. } | Op::GroupNorm { .. }
+        )
+        || out_v == graph.output
+        || cons[out_v].len() != 1
+    {
+        return None;
+    }
+    let j = cons[out_v][0];
+    let head = match &graph.nodes[j].op {
+        Op::Conv(c) => {
+            let w = &c.weight.shape;
+            w[2..] == [1, 1, 1] && c.stride == [1; 3] && c.pads == [0; 6] && c.groups == 1
+        }
+        _ => false,
+    };
+    (head && !tensor[j] && graph.nodes[j].inputs == [out_v]).then_some(j)
 }
 
 /// Whether the resize mode is linear (trilinear in 3D).

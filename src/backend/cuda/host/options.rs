@@ -39,6 +39,10 @@ pub struct CudaOptions {
     pub norm_f32: bool,
     /// Split the K of tile-starved mma convs over several blocks (`select::split_k`).
     pub split_k: bool,
+    /// Run a 1x1x1 head that reads an InstanceNorm / GroupNorm (after its activation) on the
+    /// norm's input, normalised on load (`fusion::fusable_norm_head`): the norm's output is
+    /// never written.
+    pub norm_head: bool,
     /// Replay each batch's launch list as a CUDA graph (`launch_list::Graphs`) rather than
     /// launching its steps one by one (the same kernels on the same buffers either way).
     pub graphs: bool,
@@ -59,6 +63,7 @@ impl Default for CudaOptions {
             gather_mode: GatherMode::Auto,
             norm_f32: true,
             split_k: true,
+            norm_head: true,
             graphs: true,
         }
     }

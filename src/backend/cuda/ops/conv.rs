@@ -1,11 +1,13 @@
 //! Convs and transposed convs: the launch(es) of one conv on the kernel the buffer plan chose
 //! (weights re-laid and uploaded at build), and their grids at run.
 
+use super::norm::{slope_n, Affine};
 use super::{Build, NodeIo};
 use crate::backend::cuda::abi::elem_bytes;
 use crate::backend::cuda::abi::ConvParams;
 use crate::backend::cuda::host::catalogue::{
-    halo_config, CONV1X1_N16, CONV1X1_N32, CONV_C1_K3, CONV_SPLITK_REDUCE,
+    halo_config, CONV1X1_N16, CONV1X1_N32, CONV1X1_NORM_N16, CONV1X1_NORM_N32, CONV_C1_K3,
+    CONV_SPLITK_REDUCE,
 };
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::backend::cuda::host::relayout::{
@@ -273,8 +275,8 @@ pub(crate) fn build(
                 K::Halo(h) => (h.name, 256, h.bn, h.threads, h.smem_bytes()),
                 K::Mma(m) | K::SplitK(m, _) => (m.name, m.bm, m.bn, m.threads, m.smem_bytes()),
                 K::Legacy { func, bn } => (*func, 128, *bn, 128, 0),
-                // One block per 2x8x32 output tile, static shared memory.
-                K::Cin1 => (CONV_C1_K3.name, 512, 64, 256, 0),
+                // One block per 4x8x32 output tile, static shared memory.
+                K::Cin1 => (CONV_C1_K3.name, 1024, 64, 256, 0),
                 _ => unreachable!("matched above"),
             };
             let shape = (func, bm as u32, bn as u32, threads, smem);
@@ -286,7 +288,59 @@ pub(crate) fn build(
     }
 }
 
+/// Blocks of a pointwise conv over `m` voxels: one thread a voxel, grid-stride past 16 blocks
+/// per SM.
+fn pointwise_blocks(gpu: &Gpu, m: usize) -> u32 {
+    m.div_ceil(256).clamp(1, gpu.sm_count as usize * 16) as u32
+}
+
 impl ConvStep {
+    /// Launches a pointwise head on the input of the norm `a` (its input pointer, type and
+    /// activation) for `n` samples, normalising on load with the (a, b) pairs at `ab`
+    /// (`conv1x1_norm_*`): the norm's output is never written.
+    pub fn launch_normed(
+        &self,
+        gpu: &Gpu,
+        s: &CudaStream,
+        n: usize,
+        ab: u64,
+        a: &Affine,
+    ) -> Result<()> {
+        let func = match self.func {
+            f if f == CONV1X1_N16.name => CONV1X1_NORM_N16.name,
+            f if f == CONV1X1_N32.name => CONV1X1_NORM_N32.name,
+            f => {
+                return Err(Error::Backend(format!(
+                    "{f}: only the pointwise heads read a norm's input"
+                )))
+            }
+        };
+        let mut p = self.p;
+        p.n = n as i32;
+        let m = n * (p.do_ * p.ho * p.wo) as usize;
+        let grid = (pointwise_blocks(gpu, m), 1, 1);
+        gpu.launch(
+            s,
+            func,
+            grid,
+            (self.threads, self.smem),
+            &mut [
+                Arg::Conv(p),
+                Arg::Ptr(a.x),
+                Arg::Ptr(self.w),
+                Arg::Ptr(self.bias),
+                Arg::Ptr(self.y),
+                Arg::Ptr(self.slope),
+                Arg::Ptr(ab),
+                Arg::I32(a.x_f32 as i32),
+                Arg::I32(a.act.code()),
+                Arg::F32(a.act.alpha()),
+                Arg::Ptr(a.slope),
+                Arg::I32(slope_n(&a.act)),
+            ],
+        )
+    }
+
     /// Launches the conv for `n` samples on `s`; `scratch`: the plan's scratch, which holds
     /// a split conv's partial sums (`BufferPlan::norm_sums` is sized for them).
     pub fn launch(&self, gpu: &Gpu, s: &CudaStream, n: usize, scratch: u64) -> Result<()> {
@@ -314,14 +368,13 @@ impl ConvStep {
         let m = n * out.iter().product::<usize>();
         let func = self.func;
         if self.pointwise {
-            let blocks = m.div_ceil(256).clamp(1, gpu.sm_count as usize * 16);
-            let grid = (blocks as u32, 1, 1);
+            let grid = (pointwise_blocks(gpu, m), 1, 1);
             gpu.launch(s, func, grid, (self.threads, self.smem), &mut args)
         } else if self.direct {
             gpu.eltwise(s, func, m * p.cout as usize, &mut args)
         } else if func == CONV_C1_K3.name {
-            // One block per C1_TZ x C1_TY x C1_TX = 2 x 8 x 32 output tile.
-            let tiles = out[0].div_ceil(2) * out[1].div_ceil(8) * out[2].div_ceil(32);
+            // One block per C1_TZ x C1_TY x C1_TX = 4 x 8 x 32 output tile.
+            let tiles = out[0].div_ceil(4) * out[1].div_ceil(8) * out[2].div_ceil(32);
             let grid = ((n * tiles) as u32, 1, 1);
             gpu.launch(s, func, grid, (self.threads, 0), &mut args)
         } else if let Some(c) = halo_config(func) {

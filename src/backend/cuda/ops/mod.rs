@@ -25,9 +25,19 @@ use cudarc::driver::CudaStream;
 pub(crate) enum Step {
     Conv(conv::ConvStep),
     Norm(norm::Norm),
+    /// A norm's statistics, then the pointwise head that reads its input normalised on load
+    /// (`buffers::NormHead`).
+    NormHead {
+        norm: norm::Norm,
+        head: conv::ConvStep,
+    },
     Affine(norm::Affine),
     Elt(eltwise::Elt),
-    Pool { p: PoolParams, x: u64, y: u64 },
+    Pool {
+        p: PoolParams,
+        x: u64,
+        y: u64,
+    },
     Resize(pool_resize::ResizeStep),
     Pad(pad::PadStep),
     Tile(pad::TileStep),
@@ -48,6 +58,10 @@ impl Step {
         match self {
             Step::Conv(c) => c.launch(gpu, s, n, norm_scratch[0]),
             Step::Norm(m) => m.launch(gpu, s, n, norm_scratch),
+            Step::NormHead { norm, head } => {
+                norm.stats(gpu, s, n, norm_scratch)?;
+                head.launch_normed(gpu, s, n, norm_scratch[1], &norm.affine)
+            }
             Step::Affine(a) => a.launch(gpu, s, n),
             Step::Elt(e) => e.launch(gpu, s, n),
             Step::Pool { p, x, y } => pool_resize::launch_pool(gpu, s, p, [*x, *y], n),
@@ -96,6 +110,7 @@ impl Build<'_> {
 }
 
 /// Where one node reads and writes, with its fused activation.
+#[derive(Clone)]
 pub(crate) struct NodeIo<'a> {
     pub name: &'a str,
     /// Input buffers (x = xs[0]) and their channels.

@@ -115,7 +115,14 @@ pub(crate) fn slope_n(act: &Act) -> i32 {
 impl Norm {
     /// The three launches for `n` samples: partial sums into `part`, scale / shift pairs into
     /// `ab`, the affine pass from them.
-    pub fn launch(&self, gpu: &Gpu, s: &CudaStream, n: usize, [part, ab]: [u64; 2]) -> Result<()> {
+    pub fn launch(&self, gpu: &Gpu, s: &CudaStream, n: usize, scratch: [u64; 2]) -> Result<()> {
+        self.stats(gpu, s, n, scratch)?;
+        self.affine.launch_with(gpu, s, n, scratch[1])
+    }
+
+    /// The statistics of `n` samples: partial sums into `part`, then the scale / shift pairs
+    /// into `ab` (what the affine pass, or a head normalising on load, reads).
+    pub fn stats(&self, gpu: &Gpu, s: &CudaStream, n: usize, [part, ab]: [u64; 2]) -> Result<()> {
         let a = &self.affine;
         let (pix, c) = (a.pix, a.c);
         let nblk = norm_blocks(gpu.sm_count as usize, pix);
@@ -185,8 +192,7 @@ impl Norm {
                 Arg::Ptr(self.beta),
                 Arg::Ptr(ab),
             ],
-        )?;
-        a.launch_with(gpu, s, n, ab)
+        )
     }
 }
 

@@ -8,7 +8,7 @@ fn conv_variants() {
     let Some(mut b) = gpu() else { return };
     let mut r = Rng::tagged("conv");
     // Even Cin that is not a multiple of 8: the 4-byte gather tiles (`_v2`); the 1x1x1 head
-    // kernel with Cout 17..32 and a fused activation.
+    // kernels with Cout 14..32, Cin 8..256 and a fused activation.
     for (name, ci, co, k, st, pads) in [
         (
             "3^3 14->14 (v2 gather)",
@@ -20,6 +20,10 @@ fn conv_variants() {
         ),
         ("3^3 s2 6->40 (v2 gather)", 6, 40, 3, 2, 1),
         ("1x1 head 40->20 (conv1x1_n32)", 40, 20, 1, 1, 0),
+        // The widest Cin (its staging past the default 48 KB of shared memory) and the
+        // narrowest (one k-step of 16, half of it padding).
+        ("1x1 head 256->14 (conv1x1_n16)", 256, 14, 1, 1, 0),
+        ("1x1 head 8->32 (conv1x1_n32)", 8, 32, 1, 1, 0),
     ] {
         conv_case(
             &mut b,

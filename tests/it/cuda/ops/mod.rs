@@ -13,6 +13,7 @@ mod conv_small;
 mod conv_wgmma;
 mod eltwise;
 mod norm;
+mod norm_head;
 mod pool;
 mod residual;
 

@@ -1,0 +1,160 @@
+//! A 1x1x1 head reading the InstanceNorm / GroupNorm before it, normalised on load
+//! (`conv1x1_norm_*`, `buffers::NormHead`) on CUDA: against float64, and bit for bit the values of
+//! the two launches it replaces (the norm's affine pass rounds to fp16, and so does the load).
+
+use super::*;
+
+/// x -> (conv 3^3 `cin` -> `c`) -> norm (`groups`) -> `act` -> 1x1x1 head `c` -> `cout` ->
+/// `head_act` on a batch of 2 `sp` volumes; checks the head was fused (its profile label, no
+/// head step of its own) and that the unfused plan gives the same bits.
+#[allow(clippy::too_many_arguments)]
+fn head_case(
+    b: &mut CudaBackend,
+    r: &mut Rng,
+    name: &str,
+    (cin, c, cout): (usize, usize, usize),
+    groups: usize,
+    act: Option<Op>,
+    head_act: Option<Op>,
+    opts: impl Fn(&mut CudaOptions),
+) {
+    let sp = [9usize, 10, 11];
+    let x = T::from(
+        [2, cin, sp[0], sp[1], sp[2]],
+        &r.scaled(2 * cin * sp.iter().product::<usize>(), 1.0),
+    );
+    let w = Tensor::new(
+        vec![c, cin, 3, 3, 3],
+        r.scaled(c * cin * 27, 1.0 / ((cin * 27) as f32).sqrt()),
+    );
+    // A bias of 4 makes the norm's input mean large next to its spread (fp32 inputs matter).
+    let bias = Tensor::new(vec![c], r.scaled(c, 0.5).iter().map(|v| v + 4.0).collect());
+    let (gamma, beta) = (
+        Tensor::new(vec![c], r.scaled(c, 1.0)),
+        Tensor::new(vec![c], r.scaled(c, 1.0)),
+    );
+    let hw = Tensor::new(vec![cout, c, 1, 1, 1], r.scaled(cout * c, 0.3));
+    let hb = Tensor::new(vec![cout], r.scaled(cout, 0.5));
+    let mut want = norm_ref(
+        &conv_ref(&x, &w, Some(&bias), PAD1),
+        groups,
+        1e-5,
+        &gamma,
+        &beta,
+    );
+    if let Some(a) = &act {
+        want = want.map(|ch, v| act_ref(a, ch, v));
+    }
+    want = conv_ref(&want, &hw, Some(&hb), PLAIN);
+    if let Some(a) = &head_act {
+        want = want.map(|ch, v| act_ref(a, ch, v));
+    }
+    let norm = if groups == c {
+        Op::InstanceNorm {
+            eps: 1e-5,
+            scale: gamma,
+            bias: beta,
+        }
+    } else {
+        Op::GroupNorm {
+            groups,
+            eps: 1e-5,
+            scale: gamma,
+            bias: beta,
+        }
+    };
+    let conv = |weight: Tensor, bias: Tensor, pads: usize| {
+        Op::Conv(Conv {
+            weight,
+            bias: Some(bias),
+            stride: [1; 3],
+            dilation: [1; 3],
+            pads: [pads; 6],
+            groups: 1,
+        })
+    };
+    let mut nodes = vec![(conv(w, bias, 1), vec![0], c), (norm, vec![1], c)];
+    if let Some(op) = act {
+        nodes.push((op, vec![nodes.len()], c));
+    }
+    nodes.push((conv(hw, hb, 0), vec![nodes.len()], cout));
+    if let Some(op) = head_act {
+        nodes.push((op, vec![nodes.len()], cout));
+    }
+    let g = graph(cin, nodes);
+    b.with(|o| *o = CudaOptions::default());
+    b.with(|o| o.poison = true);
+    b.with(&opts);
+    let fused = run(b, &g, &x, 2);
+    report(name, rel_l2(&fused, &want));
+    let prof = b.profile_forward(2, 1).expect("profile");
+    let labels: Vec<&String> = prof.iter().map(|(l, _, _)| l).collect();
+    assert!(
+        labels.iter().any(|l| l.contains("+head [conv1x1_norm_n")),
+        "{name}: {labels:?}"
+    );
+    assert!(
+        !labels.iter().any(|l| l.starts_with("Conv k111")),
+        "{name}: {labels:?}"
+    );
+    b.with(|o| o.norm_head = false);
+    let apart = run(b, &g, &x, 2);
+    let differ = fused.iter().zip(&apart).filter(|(a, b)| a != b).count();
+    assert_eq!(
+        differ, 0,
+        "{name}: fused and unfused differ in {differ} values"
+    );
+    b.with(|o| *o = CudaOptions::default());
+}
+
+#[test]
+fn heads_normalise_their_input_on_load() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("norm head");
+    let leaky = || Some(Op::LeakyRelu { alpha: 0.01 });
+    // nnU-Net's end (fp32 norm input, 14 outputs on the 16-wide head).
+    head_case(
+        &mut b,
+        &mut r,
+        "32 IN leaky -> 14",
+        (16, 32, 14),
+        32,
+        leaky(),
+        None,
+        |_| {},
+    );
+    // fp16 norm input.
+    head_case(
+        &mut b,
+        &mut r,
+        "32 IN leaky -> 14 fp16 in",
+        (16, 32, 14),
+        32,
+        leaky(),
+        None,
+        |o| o.norm_f32 = false,
+    );
+    // GroupNorm, a per-channel PRelu, the 32-wide head with its own Sigmoid.
+    let slope = Tensor::new(vec![24], r.scaled(24, 0.3));
+    head_case(
+        &mut b,
+        &mut r,
+        "24 GN4 prelu -> 20 sigmoid",
+        (8, 24, 20),
+        4,
+        Some(Op::PRelu { slope }),
+        Some(Op::Sigmoid),
+        |_| {},
+    );
+    // No activation between the norm and the head (MedNeXt's expansion conv).
+    head_case(
+        &mut b,
+        &mut r,
+        "16 GN1 -> 32",
+        (8, 16, 32),
+        1,
+        None,
+        None,
+        |_| {},
+    );
+}

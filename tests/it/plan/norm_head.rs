@@ -1,0 +1,161 @@
+//! Host only (no GPU): which 1x1x1 heads the CUDA buffer plan runs on their norm's input,
+//! normalised on load (`host::fusion::fusable_norm_head`, `buffers::NormHead`): the norm's and
+//! its activation's outputs never get a buffer, and no plan writes over a value still to be read.
+
+use super::planner::check_no_alias;
+use crate::common::graph::chain;
+use crate::common::rng::Rng;
+use voxtile::internals::cuda::host::buffers::{buffer_plan, BufferPlan};
+use voxtile::internals::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
+use voxtile::model::graph::{Conv, Graph, Op, Tensor};
+
+fn conv(r: &mut Rng, cin: usize, cout: usize, k: usize) -> Op {
+    Op::Conv(Conv {
+        weight: Tensor::new(
+            vec![cout, cin, k, k, k],
+            r.scaled(cout * cin * k * k * k, 0.1),
+        ),
+        bias: Some(Tensor::new(vec![cout], r.scaled(cout, 0.1))),
+        stride: [1; 3],
+        dilation: [1; 3],
+        pads: [k / 2; 6],
+        groups: 1,
+    })
+}
+
+fn norm(r: &mut Rng, c: usize) -> Op {
+    Op::InstanceNorm {
+        eps: 1e-5,
+        scale: Tensor::new(vec![c], r.scaled(c, 1.0)),
+        bias: Tensor::new(vec![c], r.scaled(c, 1.0)),
+    }
+}
+
+fn plan_with(g: &Graph, caps: &ArchCaps) -> BufferPlan {
+    let bp = buffer_plan(g, 2, [8, 8, 8], caps).unwrap();
+    check_no_alias(&g.name, g, &bp);
+    bp
+}
+
+fn plan(g: &Graph) -> BufferPlan {
+    plan_with(g, &ArchCaps::h200())
+}
+
+/// (node, head conv, head activation) of every launch that takes a head.
+fn heads(bp: &BufferPlan) -> Vec<(usize, usize, Option<usize>)> {
+    bp.launches
+        .iter()
+        .filter_map(|l| l.head.as_ref().map(|h| (l.node, h.conv, h.fuse)))
+        .collect()
+}
+
+#[test]
+fn pointwise_heads_read_their_norms_input() {
+    let mut r = Rng::tagged("norm head plan");
+    // conv -> norm -> leaky -> 1x1 head (nnU-Net's end): two launches; the norm's and the
+    // activation's outputs never exist; the conv's output is kept in fp32 for the norm.
+    let leaky = Op::LeakyRelu { alpha: 0.01 };
+    let g = chain(
+        "nnunet end",
+        16,
+        vec![
+            (conv(&mut r, 16, 32, 3), vec![0], 32),
+            (norm(&mut r, 32), vec![1], 32),
+            (leaky.clone(), vec![2], 32),
+            (conv(&mut r, 32, 14, 1), vec![3], 14),
+        ],
+    );
+    let bp = plan(&g);
+    assert_eq!(bp.launches.len(), 2);
+    assert_eq!(heads(&bp), vec![(1, 3, None)]);
+    let l = &bp.launches[1];
+    assert_eq!((l.fuse, l.out_v), (Some(2), 4));
+    assert!(matches!(
+        l.head.as_ref().unwrap().kernel,
+        ConvKernel::Pointwise { nc: 16 }
+    ));
+    assert_eq!((bp.value_buf[2], bp.value_buf[3]), (None, None));
+    assert!(bp.f32_values[1]);
+    assert_eq!(bp.value_buf[4], Some(bp.output_buf));
+
+    // A head with an activation of its own, after a norm without one.
+    let g = chain(
+        "sigmoid head",
+        16,
+        vec![
+            (norm(&mut r, 16), vec![0], 16),
+            (conv(&mut r, 16, 20, 1), vec![1], 20),
+            (Op::Sigmoid, vec![2], 20),
+        ],
+    );
+    let bp = plan(&g);
+    assert_eq!(heads(&bp), vec![(0, 1, Some(2))]);
+    assert!(matches!(
+        bp.launches[0].head.as_ref().unwrap().kernel,
+        ConvKernel::Pointwise { nc: 32 }
+    ));
+    assert_eq!(bp.launches.len(), 1);
+
+    // Not taken: a head wider than the pointwise kernel (40 outputs: an mma tile); a 3^3
+    // conv; the norm's output read twice; the switch off.
+    for (name, nodes) in [
+        (
+            "wide head",
+            vec![
+                (norm(&mut r, 16), vec![0], 16),
+                (conv(&mut r, 16, 40, 1), vec![1], 40),
+            ],
+        ),
+        (
+            "3^3 conv",
+            vec![
+                (norm(&mut r, 16), vec![0], 16),
+                (conv(&mut r, 16, 8, 3), vec![1], 8),
+            ],
+        ),
+        (
+            "read twice",
+            vec![
+                (norm(&mut r, 16), vec![0], 16),
+                (leaky.clone(), vec![1], 16),
+                (conv(&mut r, 16, 8, 1), vec![2], 8),
+                (Op::Concat { axis: 1 }, vec![3, 2], 24),
+            ],
+        ),
+    ] {
+        let bp = plan(&chain(name, 16, nodes));
+        assert!(heads(&bp).is_empty(), "{name}");
+    }
+    let caps = ArchCaps {
+        norm_head: false,
+        ..ArchCaps::h200()
+    };
+    assert!(heads(&plan_with(&g, &caps)).is_empty());
+}
+
+/// On the architecture fixtures: every head taken is a pointwise 1x1x1 conv whose only input is
+/// its norm launch's output after the activation, which never gets a buffer. DynUNet's and the
+/// nnU-Net-style nets' output blocks (conv, norm, LeakyReLU, 1x1x1 head) take one.
+#[test]
+fn fixture_heads_read_their_norms_input() {
+    let mut taken = Vec::new();
+    for (arch, g, w) in crate::common::arch_fixtures() {
+        let bp = buffer_plan(&g, 2, w, &ArchCaps::h200()).unwrap();
+        check_no_alias(&arch, &g, &bp);
+        for l in &bp.launches {
+            let Some(h) = &l.head else { continue };
+            let normed = g.nodes[l.fuse.unwrap_or(l.node)].output;
+            assert!(matches!(
+                g.nodes[l.node].op,
+                Op::InstanceNorm { .. } | Op::GroupNorm { .. }
+            ));
+            assert!(matches!(h.kernel, ConvKernel::Pointwise { .. }), "{arch}");
+            assert_eq!(g.nodes[h.conv].inputs, vec![normed], "{arch}");
+            assert_eq!(bp.value_buf[normed], None, "{arch}");
+            assert_eq!(l.out_v, g.nodes[h.fuse.unwrap_or(h.conv)].output, "{arch}");
+            taken.push(arch.clone());
+        }
+    }
+    eprintln!("heads taken: {taken:?}");
+    assert!(!taken.is_empty(), "no fixture's head read its norm's input");
+}
