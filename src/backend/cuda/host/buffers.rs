@@ -609,7 +609,9 @@ impl Walk<'_> {
 
 /// The buffer plan of `graph` for `batch` windows of `roi` on a device with `caps`: fp16 NDHWC
 /// activations (fp32 where [`keeps_f32`] says so and `caps.norm_f32`), a following activation fused into conv / norm / affine epilogues, a conv's
-/// residual Add fused into its epilogue ([`fusable_residual`], on kernels that add one), convs and
+/// residual Add fused into its epilogue ([`fusable_residual`], on kernels that add one), a norm's
+/// pointwise head run on the norm's input ([`fusable_norm_head`]: the norm's output never
+/// exists), convs and
 /// binaries whose only consumer is a channel concat written into its slice (the concat's buffer
 /// taken at its first producer), every other output in a buffer of its own, inputs freed after
 /// their last reader (after the output is placed, so no kernel reads and writes one buffer);
