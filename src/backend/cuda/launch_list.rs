@@ -399,7 +399,7 @@ pub(crate) fn step_label(step: &Step, op: &Op, act: &Act, x: Shape, o: Shape) ->
         ];
         return format!(
             "{what}{act} +head [{}] {} -> {}",
-            head.func.replace("conv1x1_", "conv1x1_norm_"),
+            conv::normed_func(head.func).unwrap_or(head.func),
             sh(x),
             sh(o)
         );

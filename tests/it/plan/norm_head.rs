@@ -3,32 +3,25 @@
 //! its activation's outputs never get a buffer, and no plan writes over a value still to be read.
 
 use super::planner::check_no_alias;
-use crate::common::graph::chain;
+use crate::common::graph::{self, chain};
 use crate::common::rng::Rng;
 use voxtile::internals::cuda::host::buffers::{buffer_plan, BufferPlan};
 use voxtile::internals::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
-use voxtile::model::graph::{Conv, Graph, Op, Tensor};
+use voxtile::model::graph::{Graph, Op, Tensor};
 
 fn conv(r: &mut Rng, cin: usize, cout: usize, k: usize) -> Op {
-    Op::Conv(Conv {
-        weight: Tensor::new(
-            vec![cout, cin, k, k, k],
-            r.scaled(cout * cin * k * k * k, 0.1),
-        ),
-        bias: Some(Tensor::new(vec![cout], r.scaled(cout, 0.1))),
-        stride: [1; 3],
-        dilation: [1; 3],
-        pads: [k / 2; 6],
-        groups: 1,
-    })
+    let w = Tensor::new(
+        vec![cout, cin, k, k, k],
+        r.scaled(cout * cin * k * k * k, 0.1),
+    );
+    graph::conv(w, Some(Tensor::new(vec![cout], r.scaled(cout, 0.1))), k / 2)
 }
 
 fn norm(r: &mut Rng, c: usize) -> Op {
-    Op::InstanceNorm {
-        eps: 1e-5,
-        scale: Tensor::new(vec![c], r.scaled(c, 1.0)),
-        bias: Tensor::new(vec![c], r.scaled(c, 1.0)),
-    }
+    graph::instance_norm(
+        Tensor::new(vec![c], r.scaled(c, 1.0)),
+        Tensor::new(vec![c], r.scaled(c, 1.0)),
+    )
 }
 
 fn plan_with(g: &Graph, caps: &ArchCaps) -> BufferPlan {

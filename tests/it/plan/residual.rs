@@ -4,21 +4,15 @@
 //! over a value still to be read.
 
 use super::planner::check_no_alias;
-use crate::common::graph::chain;
+use crate::common::graph::{self, chain};
 use crate::common::rng::Rng;
 use voxtile::internals::cuda::host::buffers::{buffer_plan, BufferPlan};
 use voxtile::internals::cuda::host::conv_kernel::ArchCaps;
-use voxtile::model::graph::{Conv, Graph, Op, Tensor};
+use voxtile::model::graph::{Graph, Op, Tensor};
 
 fn conv(r: &mut Rng, cin: usize, cout: usize) -> Op {
-    Op::Conv(Conv {
-        weight: Tensor::new(vec![cout, cin, 3, 3, 3], r.scaled(cout * cin * 27, 0.1)),
-        bias: None,
-        stride: [1; 3],
-        dilation: [1; 3],
-        pads: [1; 6],
-        groups: 1,
-    })
+    let w = Tensor::new(vec![cout, cin, 3, 3, 3], r.scaled(cout * cin * 27, 0.1));
+    graph::conv(w, None, 1)
 }
 
 fn plan(g: &Graph) -> BufferPlan {

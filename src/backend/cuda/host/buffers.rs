@@ -524,23 +524,32 @@ impl Walk<'_> {
         }
         let mut conv = None;
         match &node.op {
-            Op::Conv(c) => {
+            Op::Conv(_) | Op::ConvTranspose(_) => {
+                let (weight, bias, groups, t) = match &node.op {
+                    Op::Conv(c) => (&c.weight, &c.bias, c.groups, false),
+                    Op::ConvTranspose(c) => (&c.weight, &c.bias, c.groups, true),
+                    _ => unreachable!("matched above"),
+                };
                 let k = kernel.expect("a conv has a geometry");
-                if let Some(b) = &c.bias {
-                    push(f32s(b.len()), "conv bias");
+                if let Some(b) = bias {
+                    push(
+                        f32s(b.len()),
+                        if t {
+                            "transposed conv bias"
+                        } else {
+                            "conv bias"
+                        },
+                    );
                 }
-                for h in k.weight_halves(&c.weight.shape, c.groups, false) {
-                    push(h * 2, "conv weight (fp16 GEMM operand)");
-                }
-                conv = Some(k);
-            }
-            Op::ConvTranspose(c) => {
-                let k = kernel.expect("a transposed conv has a geometry");
-                if let Some(b) = &c.bias {
-                    push(f32s(b.len()), "transposed conv bias");
-                }
-                for h in k.weight_halves(&c.weight.shape, c.groups, true) {
-                    push(h * 2, "transposed conv weight (fp16 GEMM operand)");
+                for h in k.weight_halves(&weight.shape, groups, t) {
+                    push(
+                        h * 2,
+                        if t {
+                            "transposed conv weight (fp16 GEMM operand)"
+                        } else {
+                            "conv weight (fp16 GEMM operand)"
+                        },
+                    );
                 }
                 conv = Some(k);
             }

@@ -294,7 +294,29 @@ fn pointwise_blocks(gpu: &Gpu, m: usize) -> u32 {
     m.div_ceil(256).clamp(1, gpu.sm_count as usize * 16) as u32
 }
 
+/// The `conv1x1_norm_*` twin of pointwise kernel `func` (the head that normalises a norm's
+/// input on load), if it has one.
+pub(crate) fn normed_func(func: &str) -> Option<&'static str> {
+    match func {
+        f if f == CONV1X1_N16.name => Some(CONV1X1_NORM_N16.name),
+        f if f == CONV1X1_N32.name => Some(CONV1X1_NORM_N32.name),
+        _ => None,
+    }
+}
+
 impl ConvStep {
+    /// The arguments every conv kernel takes first, with `p` and input `x`.
+    fn args(&self, p: ConvParams, x: u64) -> [Arg; 6] {
+        [
+            Arg::Conv(p),
+            Arg::Ptr(x),
+            Arg::Ptr(self.w),
+            Arg::Ptr(self.bias),
+            Arg::Ptr(self.y),
+            Arg::Ptr(self.slope),
+        ]
+    }
+
     /// Launches a pointwise head on the input of the norm `a` (its input pointer, type and
     /// activation) for `n` samples, normalising on load with the (a, b) pairs at `ab`
     /// (`conv1x1_norm_*`): the norm's output is never written.
@@ -306,31 +328,29 @@ impl ConvStep {
         ab: u64,
         a: &Affine,
     ) -> Result<()> {
-        let func = match self.func {
-            f if f == CONV1X1_N16.name => CONV1X1_NORM_N16.name,
-            f if f == CONV1X1_N32.name => CONV1X1_NORM_N32.name,
-            f => {
-                return Err(Error::Backend(format!(
-                    "{f}: only the pointwise heads read a norm's input"
-                )))
-            }
-        };
+        let func = normed_func(self.func).ok_or_else(|| {
+            Error::Backend(format!(
+                "{}: only the pointwise heads read a norm's input",
+                self.func
+            ))
+        })?;
         let mut p = self.p;
         p.n = n as i32;
         let m = n * (p.do_ * p.ho * p.wo) as usize;
         let grid = (pointwise_blocks(gpu, m), 1, 1);
+        let [a0, a1, a2, a3, a4, a5] = self.args(p, a.x);
         gpu.launch(
             s,
             func,
             grid,
             (self.threads, self.smem),
             &mut [
-                Arg::Conv(p),
-                Arg::Ptr(a.x),
-                Arg::Ptr(self.w),
-                Arg::Ptr(self.bias),
-                Arg::Ptr(self.y),
-                Arg::Ptr(self.slope),
+                a0,
+                a1,
+                a2,
+                a3,
+                a4,
+                a5,
                 Arg::Ptr(ab),
                 Arg::I32(a.x_f32 as i32),
                 Arg::I32(a.act.code()),
@@ -356,14 +376,7 @@ impl ConvStep {
             p.ksplit = self.ksplit as i32;
             p.ws = scratch;
         }
-        let mut args = [
-            Arg::Conv(p),
-            Arg::Ptr(self.x),
-            Arg::Ptr(self.w),
-            Arg::Ptr(self.bias),
-            Arg::Ptr(self.y),
-            Arg::Ptr(self.slope),
-        ];
+        let mut args = self.args(p, self.x);
         let out = [p.do_ as usize, p.ho as usize, p.wo as usize];
         let m = n * out.iter().product::<usize>();
         let func = self.func;

@@ -412,20 +412,13 @@ fn profile_models() {
     if cases.is_empty() {
         let c = 16;
         let conv = |r: &mut Rng, ci: usize| {
-            Op::Conv(Conv {
-                weight: Tensor::new(vec![c, ci, 3, 3, 3], r.scaled(c * ci * 27, 0.1)),
-                bias: None,
-                stride: [1; 3],
-                dilation: [1; 3],
-                pads: [1; 6],
-                groups: 1,
-            })
+            let w = Tensor::new(vec![c, ci, 3, 3, 3], r.scaled(c * ci * 27, 0.1));
+            crate::common::graph::conv(w, None, 1)
         };
-        let norm = Op::InstanceNorm {
-            eps: 1e-5,
-            scale: Tensor::new(vec![c], r.scaled(c, 1.0)),
-            bias: Tensor::new(vec![c], r.scaled(c, 1.0)),
-        };
+        let norm = crate::common::graph::instance_norm(
+            Tensor::new(vec![c], r.scaled(c, 1.0)),
+            Tensor::new(vec![c], r.scaled(c, 1.0)),
+        );
         let g = graph(
             1,
             vec![

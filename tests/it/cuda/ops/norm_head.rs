@@ -3,6 +3,7 @@
 //! the two launches it replaces (the norm's affine pass rounds to fp16, and so does the load).
 
 use super::*;
+use crate::common::graph as hand;
 
 /// x -> (conv 3^3 `cin` -> `c`) -> norm (`groups`) -> `act` -> 1x1x1 head `c` -> `cout` ->
 /// `head_act` on a batch of 2 `sp` volumes; checks the head was fused (its profile label, no
@@ -50,11 +51,7 @@ fn head_case(
         want = want.map(|ch, v| act_ref(a, ch, v));
     }
     let norm = if groups == c {
-        Op::InstanceNorm {
-            eps: 1e-5,
-            scale: gamma,
-            bias: beta,
-        }
+        hand::instance_norm(gamma, beta)
     } else {
         Op::GroupNorm {
             groups,
@@ -63,21 +60,14 @@ fn head_case(
             bias: beta,
         }
     };
-    let conv = |weight: Tensor, bias: Tensor, pads: usize| {
-        Op::Conv(Conv {
-            weight,
-            bias: Some(bias),
-            stride: [1; 3],
-            dilation: [1; 3],
-            pads: [pads; 6],
-            groups: 1,
-        })
-    };
-    let mut nodes = vec![(conv(w, bias, 1), vec![0], c), (norm, vec![1], c)];
+    let mut nodes = vec![
+        (hand::conv(w, Some(bias), 1), vec![0], c),
+        (norm, vec![1], c),
+    ];
     if let Some(op) = act {
         nodes.push((op, vec![nodes.len()], c));
     }
-    nodes.push((conv(hw, hb, 0), vec![nodes.len()], cout));
+    nodes.push((hand::conv(hw, Some(hb), 0), vec![nodes.len()], cout));
     if let Some(op) = head_act {
         nodes.push((op, vec![nodes.len()], cout));
     }

@@ -4,6 +4,7 @@
 //! launch, and a fused residual whose only reader is an InstanceNorm (fp32 output).
 
 use super::*;
+use crate::common::graph as hand;
 use voxtile::internals::cuda::host::catalogue::{CONV_WG_C16N16_P, CONV_WG_C32N32_R};
 
 /// conv(x) + x for a `c` -> `c` "same" 3^3 conv (`groups`) on a batch of 2 `sp` volumes, after
@@ -139,25 +140,12 @@ fn conv_residual_into_norm() {
         d: conv_out.d.iter().zip(&x.d).map(|(a, b)| a + b).collect(),
     };
     let want = norm_ref(&sum, c, 1e-5, &gamma, &beta);
-    let conv = Conv {
-        weight: w,
-        bias: None,
-        stride: [1; 3],
-        dilation: [1; 3],
-        pads: [1; 6],
-        groups: 1,
-    };
-    let norm = Op::InstanceNorm {
-        eps: 1e-5,
-        scale: gamma,
-        bias: beta,
-    };
     let g = graph(
         c,
         vec![
-            (Op::Conv(conv), vec![0], c),
+            (hand::conv(w, None, 1), vec![0], c),
             (Op::Add, vec![1, 0], c),
-            (norm, vec![2], c),
+            (hand::instance_norm(gamma, beta), vec![2], c),
         ],
     );
     let got = run(&mut b, &g, &x, 2);
