@@ -567,6 +567,93 @@ fn graph_replay_is_bitwise_the_steps() {
     }
 }
 
+/// Window segments (`host::windowed`): a plain-conv U-Net at a 128³ window (segments need a
+/// window that fills the GPU alone) in batches of 3 runs its full-resolution ends one window at
+/// a time. Its streamed logits, its labels and the single-window API's outputs are the bits of
+/// the batched list's (the same kernels, each window's sums in the same order), its arena is
+/// smaller, and the graph replays match too. Poisoned buffers as in the gather test.
+#[test]
+fn window_segments_are_bitwise_the_batched_list() {
+    use prost::Message;
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("segments");
+    let m = common::unet::plain_conv_unet(1, &[8, 16, 32], 3);
+    let g = voxtile::model::onnx::load_bytes(&m.encode_to_vec(), None, "u.onnx".as_ref()).unwrap();
+    let (roi, batch, size) = ([128usize; 3], 3usize, [200usize, 150, 128]);
+    let vol = Array4::from_shape_vec(
+        (1, size[0], size[1], size[2]),
+        r.scaled(size.iter().product(), 2.0),
+    )
+    .unwrap();
+    let set = window_set(&mut r, size, roi, [0.5, 0.5, 0.25]);
+    let x = ndarray::Array5::from_shape_vec(
+        (batch, 1, roi[0], roi[1], roi[2]),
+        r.scaled(batch * roi.iter().product::<usize>(), 1.5),
+    )
+    .unwrap();
+    let mut runs = Vec::new();
+    for (segments, graphs) in [(false, false), (true, false), (true, true)] {
+        b.set_options(CudaOptions {
+            window_segments: segments,
+            graphs,
+            poison: true,
+            ..*b.options()
+        });
+        b.prepare(&g, batch, roi).unwrap();
+        let bytes = b.activation_bytes();
+        let mut logits = Vec::new();
+        for _ in 0..2 {
+            logits.push(
+                b.segment_windows(&job(vol.view(), &set, roi, batch))
+                    .unwrap()
+                    .0,
+            );
+        }
+        let (labels, _, _) = b
+            .segment_windows_argmax(&job(vol.view(), &set, roi, batch))
+            .unwrap();
+        let y = b.run(x.view()).unwrap();
+        println!(
+            "RESULT window segments {segments} graphs {graphs}: arena {bytes} B, {} windows in batches of {batch}",
+            set.2.len()
+        );
+        assert!(
+            logits[0].iter().all(|v| v.is_finite()),
+            "segments {segments}"
+        );
+        runs.push((bytes, logits, labels, y));
+    }
+    let bits = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count()
+    };
+    let (base, rest) = runs.split_first().unwrap();
+    for (i, run) in rest.iter().enumerate() {
+        assert!(
+            run.0 < base.0,
+            "run {i}: arena {} not below {}",
+            run.0,
+            base.0
+        );
+        for lg in &run.1 {
+            let d = bits(lg.as_slice().unwrap(), base.1[0].as_slice().unwrap());
+            assert_eq!(d, 0, "run {i}: {d} logits differ from the batched list's");
+        }
+        assert_eq!(run.2, base.2, "run {i}: labels differ");
+        let d = bits(run.3.as_slice().unwrap(), base.3.as_slice().unwrap());
+        assert_eq!(d, 0, "run {i}: {d} single-window outputs differ");
+    }
+    b.set_options(CudaOptions {
+        window_segments: true,
+        graphs: true,
+        poison: false,
+        ..*b.options()
+    });
+}
+
 /// The pass keeps its device buffers and the weight map between calls: a pass with other
 /// weights of the same shape in between, and a pass on another volume size, leave the next
 /// pass's logits bit for bit those of the first (no stale weights, no stale ring contents).

@@ -8,6 +8,7 @@ use crate::backend::cuda::abi::{Act, Shape};
 use crate::backend::cuda::host::buffers::{buffer_plan, BufferPlan, NormHead};
 use crate::backend::cuda::host::catalogue::FILL_HALF;
 use crate::backend::cuda::host::conv_kernel::ArchCaps;
+use crate::backend::cuda::host::windowed::Run;
 use crate::backend::cuda::ops::eltwise::Elt;
 use crate::backend::cuda::runtime::device::drv;
 use crate::backend::cuda::runtime::device::DevBuf;
@@ -23,9 +24,16 @@ pub(crate) struct Prepared {
     pub cin: usize,
     pub cout: usize,
     pub out_spatial: [usize; 3],
+    /// In the order they run: the front segment's steps window by window, the batched steps,
+    /// the back segment's window by window (`host::windowed`).
     pub steps: Vec<Step>,
+    /// Per step: how it runs, and for a segment's copy its window.
+    pub runs: Vec<(Run, usize)>,
     /// One label per step (op kind, shapes, kernel) for `profile_forward`.
     pub labels: Vec<String>,
+    /// Bytes from one window's network output to the next: 0 where the back segment writes
+    /// one window's output at a time, to be blended before the next window's pass.
+    pub output_stride: usize,
     /// The activation arena (fp16; every buffer of the plan at its offset), then constants;
     /// all kept alive for the launch list.
     pub arena: DevBuf,
@@ -47,13 +55,21 @@ pub(crate) struct Prepared {
     pub graphs: Option<Graphs>,
 }
 
-/// The launch list captured as a CUDA graph per sample count, replayed per batch: one launch
-/// instead of one per step (SwinUNETR's list has 415). A count is captured the second time it
-/// runs: its first run launches the steps directly, so every kernel has run once (and been
-/// loaded) outside a capture. Every pointer the steps take is fixed by the plan, so a replay
-/// launches exactly what the list would.
+/// The launch list captured as CUDA graphs, replayed per batch: one launch instead of one per
+/// step (SwinUNETR's list has 415). One graph per sample count for the front and batched steps,
+/// one per window for the back segment's. Each is captured the second time it runs: its first
+/// run launches the steps directly, so every kernel has run once (and been loaded) outside a
+/// capture. Every pointer the steps take is fixed by the plan, so a replay launches exactly
+/// what the list would.
 #[derive(Default)]
-pub(crate) struct Graphs(Mutex<Vec<(usize, Option<CudaGraph>)>>);
+pub(crate) struct Graphs(Mutex<Vec<(Part, Option<CudaGraph>)>>);
+
+/// What a graph replays: the front and batched steps for n samples, or window s's back steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Part {
+    Front(usize),
+    Back(usize),
+}
 
 // SAFETY: the graphs are reached only through the mutex, which serialises every call on them as
 // the CUDA driver asks of graph objects; the stream they launch on is Send + Sync.
@@ -89,40 +105,49 @@ pub(crate) fn build(
         gpu,
         bufs: Vec::new(),
         plan: &bp.consts,
+        replay: None,
     };
-    let mut steps: Vec<Step> = Vec::new();
-    let mut labels: Vec<String> = Vec::new();
-    for l in &bp.launches {
-        let node = &graph.nodes[l.node];
-        let act = match l.fuse {
-            Some(j) => Act::of(&graph.nodes[j].op).expect("checked by fusable_activation"),
-            None => Act::None,
-        };
-        let io = node_io(&bp, &bufs, graph, l, act)?;
-        let slope = b.act_slope(&io.act)?;
-        let io = NodeIo { slope, ..io };
-        let in_place: Vec<bool> = node.inputs.iter().map(|&v| bp.in_place[v]).collect();
-        let new = build_node(&mut b, &node.op, &io, l.conv.as_ref(), &in_place, batch)?;
-        let new = match (&l.head, new.as_slice()) {
-            (Some(h), [Step::Norm(_)]) => {
-                let Some(Step::Norm(norm)) = new.into_iter().next() else {
-                    unreachable!("matched above")
-                };
-                vec![head_step(&mut b, &bp, graph, &io, h, norm)?]
+    // (run, window, launch) of each step, sorted into running order below.
+    let mut built: Vec<((Run, usize, usize), Step, String)> = Vec::new();
+    for (t, l) in bp.launches.iter().enumerate() {
+        let run = bp.windows.run(t);
+        let copies = if run == Run::Batch { 1 } else { batch };
+        let k0 = b.bufs.len();
+        let mut k1 = None;
+        for w in 0..copies {
+            // Window w's copy: every batch-holding buffer at its w-th slice.
+            let at: Vec<u64> = bufs
+                .iter()
+                .zip(&bp.window_stride)
+                .map(|(&p, &st)| p + (w * st) as u64)
+                .collect();
+            b.replay = (w > 0).then_some(k0);
+            for (step, label) in launch_steps(&mut b, &bp, &at, graph, l, batch)? {
+                built.push(((run, w, t), step, label));
             }
-            (Some(_), _) => {
-                return Err(Error::Backend(format!(
-                    "node {}: a head fused into a node that is not a norm",
-                    node.name
-                )))
+            match (k1, b.replay) {
+                (None, _) => k1 = Some(b.bufs.len()),
+                (Some(k), Some(r)) if r == k => {}
+                _ => {
+                    return Err(Error::Backend(format!(
+                        "node {}: a window's copy of the launch took other constants",
+                        graph.nodes[l.node].name
+                    )))
+                }
             }
-            (None, _) => new,
-        };
-        for s in &new {
-            labels.push(step_label(s, &node.op, &io.act, io.xshape, io.oshape));
         }
-        steps.extend(new);
+        b.replay = None;
     }
+    // Front copies window by window, then the batched steps, then the back copies.
+    let rank = |r: Run| match r {
+        Run::Front => 0,
+        Run::Batch => 1,
+        Run::Back => 2,
+    };
+    built.sort_by_key(|&((r, w, t), _, _)| (rank(r), w, t));
+    let runs: Vec<(Run, usize)> = built.iter().map(|&((r, w, _), _, _)| (r, w)).collect();
+    let (steps, labels): (Vec<Step>, Vec<String>) =
+        built.into_iter().map(|(_, s, l)| (s, l)).unzip();
     if b.bufs.len() != bp.consts.len() {
         return Err(Error::Backend(format!(
             "CUDA launch list: {} constants uploaded, the buffer plan lists {}",
@@ -143,6 +168,12 @@ pub(crate) fn build(
     );
     let in_shape = bp.shapes[graph.input];
     let out_shape = bp.shapes[graph.output];
+    let back = bp.windows.post < bp.launches.len();
+    let output_stride = if back {
+        bp.window_stride[bp.output_buf]
+    } else {
+        out_shape.iter().product::<usize>() * 2
+    };
     Ok(Prepared {
         batch,
         roi,
@@ -150,7 +181,9 @@ pub(crate) fn build(
         cout: out_shape[0],
         out_spatial: [out_shape[1], out_shape[2], out_shape[3]],
         steps,
+        runs,
         labels,
+        output_stride,
         input: bufs[bp.input_buf],
         output: bufs[bp.output_buf],
         activation_bytes: arena.bytes,
@@ -162,6 +195,49 @@ pub(crate) fn build(
         norm_ab: DevBuf::new(&gpu.ctx, bp.norm_ab)?,
         graphs: graphs.then(Graphs::default),
     })
+}
+
+/// The steps (with their profile labels) of launch `l` over buffers at `bufs`.
+fn launch_steps(
+    b: &mut Build,
+    bp: &BufferPlan,
+    bufs: &[u64],
+    graph: &Graph,
+    l: &crate::backend::cuda::host::buffers::Launch,
+    batch: usize,
+) -> Result<Vec<(Step, String)>> {
+    let node = &graph.nodes[l.node];
+    let act = match l.fuse {
+        Some(j) => Act::of(&graph.nodes[j].op).expect("checked by fusable_activation"),
+        None => Act::None,
+    };
+    let io = node_io(bp, bufs, graph, l, act)?;
+    let slope = b.act_slope(&io.act)?;
+    let io = NodeIo { slope, ..io };
+    let in_place: Vec<bool> = node.inputs.iter().map(|&v| bp.in_place[v]).collect();
+    let new = build_node(b, &node.op, &io, l.conv.as_ref(), &in_place, batch)?;
+    let new = match (&l.head, new.as_slice()) {
+        (Some(h), [Step::Norm(_)]) => {
+            let Some(Step::Norm(norm)) = new.into_iter().next() else {
+                unreachable!("matched above")
+            };
+            vec![head_step(b, bp, graph, &io, h, norm)?]
+        }
+        (Some(_), _) => {
+            return Err(Error::Backend(format!(
+                "node {}: a head fused into a node that is not a norm",
+                node.name
+            )))
+        }
+        (None, _) => new,
+    };
+    Ok(new
+        .into_iter()
+        .map(|s| {
+            let label = step_label(&s, &node.op, &io.act, io.xshape, io.oshape);
+            (s, label)
+        })
+        .collect())
 }
 
 /// The norm's statistics and its head (`l.head`), which reads the norm's input (`io`: the
@@ -259,32 +335,77 @@ impl Prepared {
         step.launch(gpu, &gpu.stream, n, scratch)
     }
 
-    /// Launches the whole list for `n` samples on the compute stream.
-    pub fn run_steps(&self, gpu: &Gpu, n: usize) -> Result<()> {
-        for step in &self.steps {
-            self.run_step(gpu, step, n)?;
+    /// Whether step `i` runs in `part`, and on how many samples.
+    pub fn samples(&self, i: usize, part: Part) -> Option<usize> {
+        match (self.runs[i], part) {
+            ((Run::Batch, _), Part::Front(n)) => Some(n),
+            ((Run::Front, w), Part::Front(n)) if w < n => Some(1),
+            ((Run::Back, w), Part::Back(s)) if w == s => Some(1),
+            _ => None,
+        }
+    }
+
+    /// Launches the steps of `part` on the compute stream.
+    pub fn run_part(&self, gpu: &Gpu, part: Part) -> Result<()> {
+        for (i, step) in self.steps.iter().enumerate() {
+            if let Some(n) = self.samples(i, part) {
+                self.run_step(gpu, step, n)?;
+            }
         }
         Ok(())
     }
 
-    /// Runs the list for `n` samples on the compute stream: its graph where one is captured
-    /// (see [`Graphs`]), else the steps.
+    /// Launches the whole list for `n` samples: the front and batched steps, then each
+    /// window's back steps (for timing: a back segment's windows share one output buffer).
+    pub fn run_steps(&self, gpu: &Gpu, n: usize) -> Result<()> {
+        self.run_part(gpu, Part::Front(n))?;
+        if self.has_back() {
+            for s in 0..n {
+                self.run_part(gpu, Part::Back(s))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether window segments end the list: then each window's output exists only between
+    /// its back steps ([`Prepared::run_back`]) and the next window's.
+    pub fn has_back(&self) -> bool {
+        self.runs.iter().any(|r| r.0 == Run::Back)
+    }
+
+    /// Where window `b`'s network output is (after its back steps, where there are some).
+    pub fn window_output(&self, b: usize) -> u64 {
+        self.output + (b * self.output_stride) as u64
+    }
+
+    /// Runs the front and batched steps for `n` samples on the compute stream: their graph
+    /// where one is captured (see [`Graphs`]), else the steps. Without a back segment that is
+    /// the whole list.
     pub fn run_batch(&self, gpu: &Gpu, n: usize) -> Result<()> {
+        self.run_graph(gpu, Part::Front(n))
+    }
+
+    /// Runs window `s`'s back steps on the compute stream, as `run_batch` does.
+    pub fn run_back(&self, gpu: &Gpu, s: usize) -> Result<()> {
+        self.run_graph(gpu, Part::Back(s))
+    }
+
+    fn run_graph(&self, gpu: &Gpu, part: Part) -> Result<()> {
         let Some(graphs) = &self.graphs else {
-            return self.run_steps(gpu, n);
+            return self.run_part(gpu, part);
         };
         let mut g = graphs
             .0
             .lock()
             .map_err(|_| Error::Backend("the CUDA graph cache was poisoned".into()))?;
-        match g.iter().position(|(m, _)| *m == n) {
+        match g.iter().position(|(m, _)| *m == part) {
             None => {
-                g.push((n, None));
-                self.run_steps(gpu, n)
+                g.push((part, None));
+                self.run_part(gpu, part)
             }
             Some(i) => {
                 if g[i].1.is_none() {
-                    g[i].1 = Some(self.capture(gpu, n)?);
+                    g[i].1 = Some(self.capture(gpu, part)?);
                 }
                 let graph = g[i].1.as_ref().expect("captured above");
                 graph.launch().map_err(drv("CUDA graph launch"))
@@ -292,7 +413,7 @@ impl Prepared {
         }
     }
 
-    /// How many sample counts have a captured graph (tests: the replay ran).
+    /// How many parts have a captured graph (tests: the replay ran).
     pub fn graphs_captured(&self) -> usize {
         self.graphs.as_ref().map_or(0, |g| {
             g.0.lock()
@@ -300,13 +421,13 @@ impl Prepared {
         })
     }
 
-    /// The list for `n` samples captured from the compute stream (relaxed mode: the copy
-    /// thread's calls meanwhile are on other streams). The capture ends even when a step fails.
-    fn capture(&self, gpu: &Gpu, n: usize) -> Result<CudaGraph> {
+    /// The steps of `part` captured from the compute stream (relaxed mode: the copy thread's
+    /// calls meanwhile are on other streams). The capture ends even when a step fails.
+    fn capture(&self, gpu: &Gpu, part: Part) -> Result<CudaGraph> {
         let s = &gpu.stream;
         s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
             .map_err(drv("CUDA graph capture"))?;
-        let ran = self.run_steps(gpu, n);
+        let ran = self.run_part(gpu, part);
         let graph = s.end_capture(sys::CUgraphInstantiate_flags(0));
         ran?;
         graph

@@ -5,7 +5,7 @@
 //! parameters) and the norm scratch, each with the 256-byte allocation floor (the single-window
 //! API's f32 staging is made only when that API is used) — plus the streamed pipeline's own
 //! buffers ([`pipeline_alloc`]): the window input, the weight map, the ring of fp32 sums over the
-//! planes `batch` consecutive windows span and the finalised-plane staging. Kernel choices depend
+//! planes one window spans and the finalised-plane staging. Kernel choices depend
 //! on the device: an opened backend answers with its own [`ArchCaps`], `voxtile plan` without
 //! one with an H200's.
 
@@ -23,9 +23,7 @@ use crate::sys::memory::format_bytes;
 use crate::tiling::Grid;
 use crate::Result;
 
-/// Launch size (voxels) below which the GPU is taken as under-used: a launch of fewer voxels is
-/// costed as if it had this many (one 128³ window).
-pub const CUDA_SATURATION_VOXELS: u64 = 1 << 21;
+pub use crate::backend::cuda::host::windowed::CUDA_SATURATION_VOXELS;
 
 /// Fixed CUDA budget when the device cannot be asked.
 pub const CUDA_FALLBACK_BUDGET: u64 = 4 << 30;
@@ -87,7 +85,7 @@ impl MemoryModel for CudaMemory {
         let out_slot = pa.out_slots / OUT_SLOTS as u64;
         // Pinned input: two window batches (host gather) or two plane slots (device gather).
         let host_in = if pa.gather_on_device {
-            2 * (stage_planes(batch * cin * rvox as usize, cin * hw, pa.ring) * cin * hw) as u64
+            2 * (stage_planes(batch * cin * rvox as usize, cin * hw, pa.ring_in) * cin * hw) as u64
                 * F16
         } else {
             2 * win_in * F16

@@ -1,7 +1,7 @@
 //! Profiling of the prepared launch list: whole-forward timing and per-step CUDA events
 //! aggregated by a label that names the op, its shapes and its conv kernel.
 
-use super::launch_list::Prepared;
+use super::launch_list::{Part, Prepared};
 use crate::backend::cuda::runtime::device::drv;
 use crate::backend::cuda::runtime::launch::{ev, Gpu};
 use crate::{Error, Result};
@@ -44,26 +44,35 @@ pub(crate) fn per_step(
         )));
     }
     prep.run_steps(gpu, n)?;
-    let mut times = vec![0f64; prep.steps.len()];
+    // Each step on its samples, in running order (a window segment's copies run for windows
+    // below n only, one window each).
+    let ran: Vec<(usize, usize)> = (0..prep.steps.len())
+        .filter_map(|i| {
+            let back = (0..n).find_map(|s| prep.samples(i, Part::Back(s)));
+            prep.samples(i, Part::Front(n)).or(back).map(|m| (i, m))
+        })
+        .collect();
+    let mut times = vec![0f64; ran.len()];
     for _ in 0..reps {
-        let mut evs = Vec::with_capacity(prep.steps.len() + 1);
+        let mut evs = Vec::with_capacity(ran.len() + 1);
         evs.push(ev(&gpu.stream)?);
-        for step in &prep.steps {
-            prep.run_step(gpu, step, n)?;
+        for &(i, m) in &ran {
+            prep.run_step(gpu, &prep.steps[i], m)?;
             evs.push(ev(&gpu.stream)?);
         }
         evs.last()
             .expect("one event at least")
             .synchronize()
             .map_err(drv("synchronize"))?;
-        for (i, t) in times.iter_mut().enumerate() {
-            *t += evs[i]
-                .elapsed_ms(&evs[i + 1])
+        for (k, t) in times.iter_mut().enumerate() {
+            *t += evs[k]
+                .elapsed_ms(&evs[k + 1])
                 .map_err(drv("event timing"))? as f64;
         }
     }
     let mut agg: Vec<(String, f64, usize)> = Vec::new();
-    for (label, t) in prep.labels.iter().zip(&times) {
+    for (&(i, _), t) in ran.iter().zip(&times) {
+        let label = &prep.labels[i];
         match agg.iter_mut().find(|a| &a.0 == label) {
             Some(a) => {
                 a.1 += t / reps as f64;

@@ -1,7 +1,7 @@
 //! The single-window API (`Backend::run`): one batch of f32 NCDHW windows in, through the
 //! prepared launch list, f32 NCDHW out, via pinned and device staging made on first use.
 
-use super::launch_list::{Prepared, SingleWindow};
+use super::launch_list::{Part, Prepared, SingleWindow};
 use crate::backend::cuda::host::catalogue::{NCDHW_TO_NDHWC, NDHWC_TO_NCDHW};
 use crate::backend::cuda::runtime::device::{drv, DevBuf};
 use crate::backend::cuda::runtime::launch::{Arg, Gpu};
@@ -75,22 +75,34 @@ pub(crate) fn run_single(
             Arg::I64(sp as i64),
         ],
     )?;
-    prep.run_steps(gpu, n)?;
     let [od, oh, ow] = prep.out_spatial;
     let osp = od * oh * ow;
     let out_len = n * prep.cout * osp;
-    gpu.eltwise(
-        s,
-        NDHWC_TO_NCDHW.name,
-        out_len,
-        &mut [
-            Arg::Ptr(prep.output),
-            Arg::Ptr(stage_out),
-            Arg::I32(n as i32),
-            Arg::I32(prep.cout as i32),
-            Arg::I64(osp as i64),
-        ],
-    )?;
+    let to_ncdhw = |src: u64, dst: u64, windows: usize| {
+        gpu.eltwise(
+            s,
+            NDHWC_TO_NCDHW.name,
+            windows * prep.cout * osp,
+            &mut [
+                Arg::Ptr(src),
+                Arg::Ptr(dst),
+                Arg::I32(windows as i32),
+                Arg::I32(prep.cout as i32),
+                Arg::I64(osp as i64),
+            ],
+        )
+    };
+    prep.run_part(gpu, Part::Front(n))?;
+    if prep.has_back() {
+        // Each window's output exists between its back steps and the next window's.
+        for b in 0..n {
+            prep.run_part(gpu, Part::Back(b))?;
+            let dst = stage_out + (b * prep.cout * osp * 4) as u64;
+            to_ncdhw(prep.window_output(b), dst, 1)?;
+        }
+    } else {
+        to_ncdhw(prep.output, stage_out, n)?;
+    }
     let cout = prep.cout;
     let single = prep.single.as_mut().expect("made above");
     let ho = single

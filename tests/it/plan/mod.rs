@@ -7,3 +7,4 @@ mod planner;
 mod residual;
 mod tensor;
 mod w1;
+mod windowed;

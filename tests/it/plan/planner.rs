@@ -11,7 +11,7 @@ use voxtile::internals::cpu::CpuBackend;
 use voxtile::model::Graph;
 use voxtile::plan::{self, Request, Target};
 
-fn models() -> Vec<(String, Graph)> {
+pub(super) fn models() -> Vec<(String, Graph)> {
     let mut v = Vec::new();
     for name in ["nnunet_small.onnx", "monai_unet_small.onnx"] {
         if let Some(p) = shared(&format!("fixtures/models/{name}")) {
@@ -80,7 +80,12 @@ fn activations_scale_with_batch() {
             voxtile::internals::cuda::memory::cuda_activations(&g, 1, roi).unwrap();
         let (c4, r4, _, _) =
             voxtile::internals::cuda::memory::cuda_activations(&g, 4, roi).unwrap();
-        assert_eq!(r4, 4 * r1, "{name}: fp16 pool scales with the batch");
+        // Never more than the batch times one window's (less where segments run one window
+        // at a time: `plan::windowed`).
+        assert!(
+            r4 <= 4 * r1 && r4 > r1,
+            "{name}: fp16 pool scales with the batch"
+        );
         assert!(c4 >= r4 && c1 >= r1);
         // fp16 pool vs f32 liveness: never more buffers than values, so at most the f32 total of
         // all values / 2 and at least the f32 peak / 2 minus in-place savings.
@@ -473,8 +478,13 @@ fn cuda_prediction_is_the_backend_buffer_plan() {
                 assert_eq!(bp.stage_in, batch * cin * rv * 4);
                 // Every buffer scales with the batch; constants do not depend on it.
                 assert_eq!(bp.bufs.len(), one.bufs.len());
+                // A buffer a window segment has to itself holds one window (`plan::windowed`).
+                let segs = bp.windows.any(bp.launches.len());
                 for (b, b1) in bp.bufs.iter().zip(&one.bufs) {
-                    assert_eq!(*b, batch * b1, "{name}: buffer sizes scale with the batch");
+                    assert!(
+                        *b == batch * b1 || (segs && b == b1),
+                        "{name}: buffer sizes scale with the batch"
+                    );
                 }
                 assert_eq!(
                     bp.consts, one.consts,

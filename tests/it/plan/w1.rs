@@ -157,7 +157,7 @@ fn w1_plan_breakdown() {
             pa.gather_on_device,
             gib(pa.weight_map),
             gib(pa.accumulators),
-            pa.ring,
+            pa.acc_ring,
             gib(pa.out_slots),
             gib(bp.single_window_alloc()),
         );
@@ -200,11 +200,14 @@ fn w1_launch_dump() {
 /// largest set of values live at once (the last decoder level's first conv: its 64-channel
 /// fp16 concat input at 128³ and its 32-channel output, fp32 because only an InstanceNorm
 /// reads it; with fp16 norm inputs it was before the transposed conv: the concat, the
-/// 32-channel skip at 128³ and the 64-channel input at 64³), the accumulator ring holds roi_D planes at batch 1 and roi_D + step (64) for batches
-/// up to a row of windows (7), 15 fp32 values (14 sums + weight) per voxel of a 512x128 plane;
-/// the single-window staging is not in the plan. At 2 GiB the planner now picks batch 2.
+/// 32-channel skip at 128³ and the 64-channel input at 64³); the accumulator ring holds roi_D
+/// planes at every batch, 15 fp32 values (14 sums + weight) per voxel of a 512x128 plane; the
+/// device gather's input ring holds roi_D planes at batch 1 and roi_D + step (64) for batches up
+/// to a row of windows (7); the single-window staging is not in the plan. Those are the batched
+/// plan's figures; the default plan runs the full-resolution ends one window at a time, and
+/// holds W1 at batch 4 in 1.71 GiB, so at 2 GiB the planner picks batch 4 or more.
 #[test]
-fn w1_plan_fits_2gib_at_batch_2() {
+fn w1_plan_fits_2gib_at_batch_4() {
     let g = w1_graph();
     let w = w1_workload();
     let mib = 1usize << 20;
@@ -212,8 +215,12 @@ fn w1_plan_fits_2gib_at_batch_2() {
     let grid = voxtile::tiling::Grid::new(W1_SHAPE, ROI, [0.5; 3], Placement::Monai).unwrap();
     let z0 = window_z0(&grid.starts, grid.pad_before[0]);
     let mut last = 0;
+    let batched = ArchCaps {
+        window_segments: false,
+        ..ArchCaps::h200()
+    };
     for batch in [1usize, 2, 3, 4, 7, 8, 15] {
-        let bp = buffer_plan(&g, batch, ROI, &ArchCaps::h200()).unwrap();
+        let bp = buffer_plan(&g, batch, ROI, &batched).unwrap();
         let live = batch * (64 * vox * 2 + 32 * vox * 4);
         assert_eq!(live, batch * 512 * mib);
         assert!(
@@ -223,7 +230,7 @@ fn w1_plan_fits_2gib_at_batch_2() {
         );
         let fp16 = ArchCaps {
             norm_f32: false,
-            ..ArchCaps::h200()
+            ..batched
         };
         let bp16 = buffer_plan(&g, batch, ROI, &fp16).unwrap();
         let live16 = batch * (64 * vox + 32 * vox + 64 * vox / 8) * 2;
@@ -243,25 +250,30 @@ fn w1_plan_fits_2gib_at_batch_2() {
             mode: GatherMode::Auto,
             z0: &z0,
         });
-        let ring = match batch {
+        let ring_in = match batch {
             1 => 128,
             2..=8 => 192,
             _ => 256,
         };
-        assert_eq!(pa.ring, ring, "b{batch}");
+        assert_eq!((pa.ring_in, pa.acc_ring), (ring_in, 128), "b{batch}");
         let plane = 512 * 128;
         assert_eq!(
             pa.accumulators,
-            (ring * 14 * plane * 4 + ring * plane * 4) as u64
+            (128 * 14 * plane * 4 + 128 * plane * 4) as u64
         );
+        assert_eq!(pa.input, (ring_in * plane * 2) as u64, "b{batch}");
+        // The planner's estimate is the default plan's, whose window segments
+        // (`plan::windowed`) hold less from batch 2.
+        let bpw = buffer_plan(&g, batch, ROI, &ArchCaps::h200()).unwrap();
+        assert!(bpw.arena < bp.arena || batch == 1);
         let e = estimate_on_target(&g, Target::Cuda, ROI, batch, &w).unwrap();
-        assert_eq!(e.budgeted.total(), bp.device_bytes() + pa.total());
-        assert_eq!(e.budgeted.workspace, bp.scratch_alloc());
+        assert_eq!(e.budgeted.total(), bpw.device_bytes() + pa.total());
+        assert_eq!(e.budgeted.workspace, bpw.scratch_alloc());
         assert!(bp.single_window_alloc() >= (batch * 15 * vox * 4) as u64);
         assert!(e.budgeted.total() > last);
         last = e.budgeted.total();
-        if batch == 2 {
-            assert!(last < 2 << 30, "W1 at batch 2: {last}");
+        if batch == 4 {
+            assert!(last < 2 << 30, "W1 at batch 4: {last}");
         }
     }
     let p = plan_at(&g, w, 2 << 30);
@@ -275,7 +287,7 @@ fn w1_plan_fits_2gib_at_batch_2() {
     );
     assert!(p.estimate.budgeted.total() <= 2 << 30);
     assert_eq!(p.roi, ROI);
-    assert!(p.batch >= 2, "{}", p.batch);
+    assert!(p.batch >= 4, "{}", p.batch);
 }
 
 /// W4: the W1 net on 1024x1024x512 at `--memory-budget 4GiB`. The whole 1024x512 cross-section's

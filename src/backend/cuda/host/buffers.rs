@@ -17,6 +17,7 @@ use crate::backend::cuda::host::select::{is_upsampling_convt, ConvGeom};
 use crate::backend::cuda::host::tensor_layout::{
     aliases, is_standard, paths, tensor_supported, Paths, Stored,
 };
+use crate::backend::cuda::host::windowed::{self, Segments};
 use crate::model::graph::{Graph, Op};
 use crate::model::ops::Dims;
 use crate::{Error, Result};
@@ -88,6 +89,13 @@ pub struct BufferPlan {
     pub lifetimes: Vec<(usize, usize)>,
     /// Bytes of the arena (what `prepare` allocates for all activations).
     pub arena: usize,
+    /// The launches run one window at a time ([`windowed`]; none at batch 1 or where it would
+    /// not shrink the arena).
+    pub windows: Segments,
+    /// Per buffer, the bytes from one window's slice to the next where a window segment
+    /// touches it and it holds the batch; 0 otherwise (a buffer of one window, or one only
+    /// the batched launches touch).
+    pub window_stride: Vec<usize>,
     /// Buffer holding each value (None: never materialised: fused, dead or not computed).
     pub value_buf: Vec<Option<usize>>,
     /// Values written in place into their concat's slice (the concat copies nothing for them).
@@ -624,7 +632,9 @@ impl Walk<'_> {
 /// binaries whose only consumer is a channel concat written into its slice (the concat's buffer
 /// taken at its first producer), every other output in a buffer of its own, inputs freed after
 /// their last reader (after the output is placed, so no kernel reads and writes one buffer);
-/// then every buffer gets an offset in one arena by [`arena_offsets`] over those lifetimes.
+/// then every buffer gets an offset in one arena by [`arena_offsets`] over those lifetimes. At
+/// batch > 1 the full-resolution ends of the list may run one window at a time
+/// ([`windowed`]): kept where that makes the arena smaller.
 pub fn buffer_plan(
     graph: &Graph,
     batch: usize,
@@ -750,7 +760,47 @@ pub fn buffer_plan(
     let output_buf = w.value_buf[graph.output]
         .ok_or_else(|| Error::Graph("the graph output is never computed".into()))?;
     let out_shape = w.shapes[graph.output];
-    let (offsets, arena) = arena_offsets(&w.b.bufs, &w.b.life);
+    let (mut bufs, mut life) = (w.b.bufs, w.b.life);
+    let (mut offsets, mut arena) = arena_offsets(&bufs, &life);
+    let n = w.launches.len();
+    let mut windows = Segments { pre: 0, post: n };
+    let mut window_stride = vec![0; bufs.len()];
+    if caps.window_segments && batch > 1 {
+        let voxels = |v: usize| w.shapes[v][1..].iter().product::<usize>();
+        let spatial: Vec<usize> = w.launches.iter().map(|l| voxels(l.out_v)).collect();
+        let out_launch = w.launches.iter().position(|l| l.out_v == graph.output);
+        let seg = windowed::segments(
+            graph,
+            &w.tensor,
+            &w.launches,
+            &spatial,
+            roi.iter().product(),
+            out_launch,
+        );
+        if seg.any(n) {
+            let touched = windowed::touched(graph, &w.launches, &w.value_buf, bufs.len());
+            let (mut sizes, mut lf) = (bufs.clone(), life.clone());
+            let stride = windowed::adjust(
+                seg,
+                n,
+                batch,
+                &touched,
+                [input_buf, output_buf],
+                &mut sizes,
+                &mut lf,
+            );
+            let (o, a) = arena_offsets(&sizes, &lf);
+            if a < arena {
+                (bufs, life, offsets, arena) = (sizes, lf, o, a);
+                (windows, window_stride) = (seg, stride);
+                for (t, l) in w.launches.iter_mut().enumerate() {
+                    let live = (0..bufs.len()).filter(|&b| life[b].0 <= t && t <= life[b].1);
+                    (l.live_bytes, l.live_bufs) =
+                        live.fold((0, 0), |(by, k), b| (by + bufs[b], k + 1));
+                }
+            }
+        }
+    }
     // The scratch also holds a split-K conv's partial sums (one conv at a time).
     let split = w
         .launches
@@ -765,10 +815,12 @@ pub fn buffer_plan(
     Ok(BufferPlan {
         batch,
         roi,
-        bufs: w.b.bufs,
+        bufs,
         offsets,
-        lifetimes: w.b.life,
+        lifetimes: life,
         arena,
+        windows,
+        window_stride,
         value_buf: w.value_buf,
         in_place: w.in_place,
         f32_values,

@@ -48,6 +48,9 @@ pub struct ArchCaps {
     pub split_k: bool,
     /// A pointwise head reads the norm before it, normalised on load (`CudaOptions::norm_head`).
     pub norm_head: bool,
+    /// The full-resolution ends of the list run one window at a time
+    /// (`CudaOptions::window_segments`).
+    pub window_segments: bool,
 }
 
 impl ArchCaps {
@@ -68,6 +71,7 @@ impl ArchCaps {
             norm_f32: true,
             split_k: true,
             norm_head: true,
+            window_segments: true,
         }
     }
 
@@ -90,6 +94,7 @@ impl ArchCaps {
             norm_f32: opts.norm_f32,
             split_k: opts.split_k,
             norm_head: opts.norm_head,
+            window_segments: opts.window_segments,
             conv_tile: opts.conv_tile,
             halo_tile: opts.halo_tile,
             ..base

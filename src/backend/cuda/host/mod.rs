@@ -10,3 +10,4 @@ pub mod options;
 pub mod relayout;
 pub mod select;
 pub mod tensor_layout;
+pub mod windowed;

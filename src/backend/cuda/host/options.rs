@@ -43,6 +43,10 @@ pub struct CudaOptions {
     /// norm's input, normalised on load (`fusion::fusable_norm_head`): the norm's output is
     /// never written.
     pub norm_head: bool,
+    /// Run the launches at the window's full resolution before the first downsampling and after
+    /// the last upsampling one window at a time (`host::windowed`), where that makes the
+    /// activation arena smaller: their own buffers then hold one window, not the batch.
+    pub window_segments: bool,
     /// Replay each batch's launch list as a CUDA graph (`launch_list::Graphs`) rather than
     /// launching its steps one by one (the same kernels on the same buffers either way).
     pub graphs: bool,
@@ -64,6 +68,7 @@ impl Default for CudaOptions {
             norm_f32: true,
             split_k: true,
             norm_head: true,
+            window_segments: true,
             graphs: true,
         }
     }

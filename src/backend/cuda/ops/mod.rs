@@ -79,13 +79,28 @@ pub(crate) struct Build<'a> {
     pub gpu: &'a Gpu,
     pub bufs: Vec<DevBuf>,
     pub plan: &'a [ConstBuf],
+    /// Building another window's copy of a launch: the next constant is this one, already
+    /// uploaded by the first copy (a node's constants come in the same order every build).
+    pub replay: Option<usize>,
 }
 
 impl Build<'_> {
-    /// Uploads the next constant of the buffer plan; its bytes must be the plan's.
+    /// Uploads the next constant of the buffer plan (or, replaying, hands back the one the
+    /// first copy uploaded); its bytes must be the plan's.
     pub fn upload_const<T>(&mut self, data: &[T]) -> Result<u64> {
-        let k = self.bufs.len();
         let bytes = std::mem::size_of_val(data);
+        if let Some(k) = self.replay {
+            return match (self.plan.get(k), self.bufs.get(k)) {
+                (Some(c), Some(b)) if c.bytes == bytes => {
+                    self.replay = Some(k + 1);
+                    Ok(b.ptr)
+                }
+                (c, _) => Err(Error::Backend(format!(
+                    "CUDA launch list: a window's copy asks constant {k} for {bytes} bytes, the buffer plan says {c:?}"
+                ))),
+            };
+        }
+        let k = self.bufs.len();
         match self.plan.get(k) {
             Some(c) if c.bytes == bytes => {}
             c => {

@@ -300,8 +300,10 @@ mod tests {
             }
             starts.sort_by_key(|s| s[0]);
             let z0: Vec<i64> = starts.iter().map(|s| s[0] as i64 - pb[0] as i64).collect();
-            let (ring, sched) = schedule(&z0, roi[0], d, batch);
-            let spans: Vec<(usize, usize)> = sched
+            let sc = schedule(&z0, roi[0], d, batch);
+            let ring = sc.ring_in;
+            let spans: Vec<(usize, usize)> = sc
+                .steps
                 .iter()
                 .filter(|st| st.end > st.begin)
                 .map(|st| (st.begin, st.end))

@@ -34,8 +34,12 @@ pub struct WindowJob<'a> {
 #[derive(Default)]
 pub(super) struct Events {
     pub(super) h2d: Vec<(CudaEvent, CudaEvent)>,
-    /// Per batch: input fill start, input filled, launch list done, blends done.
-    pub(super) cmp: Vec<(CudaEvent, CudaEvent, CudaEvent, CudaEvent)>,
+    /// Per batch: input fill start, input filled, launch list done.
+    pub(super) cmp: Vec<(CudaEvent, CudaEvent, CudaEvent)>,
+    /// Per part of a batch: its blends' start and end (with the back steps run between them).
+    pub(super) blend: Vec<(CudaEvent, CudaEvent)>,
+    /// Per window of a launch list ending in a window segment: its back steps.
+    pub(super) back: Vec<(CudaEvent, CudaEvent)>,
     pub(super) fin: Vec<(CudaEvent, CudaEvent)>,
     pub(super) d2h: Vec<(CudaEvent, CudaEvent)>,
 }

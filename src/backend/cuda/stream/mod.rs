@@ -10,14 +10,16 @@
 //! - the compute stream waits on the copy events (no device-wide syncs) and runs the prepared
 //!   launch list;
 //! - window logits are blended into a ring of fp32 accumulators holding only the D-planes in
-//!   flight (`ring` planes, plane z in slot z % ring); once every window touching a plane has been
-//!   blended, the plane is finalised on the device (normalised logits or u16 argmax) into one of
-//!   two staging buffers and copied out on a third stream into pinned memory, overlapping the next
-//!   batch; the host stores finished planes into the output array.
+//!   flight (`acc_ring` planes, plane z in slot z % acc_ring); once every window touching a plane
+//!   has been blended, the plane is finalised on the device (normalised logits or u16 argmax) into
+//!   one of the staging slots and copied out on a third stream into pinned memory, overlapping
+//!   the next batch; the host stores finished planes into the output array.
 //!
-//! A batch never spans more D-planes than the ring holds (it is cut short instead). The ring is
-//! the most planes any `batch` consecutive windows span (so no batch is cut for it), at most
-//! `min(D, 2 * roi_d)`: `roi_d` at batch 1, `roi_d + step` while a batch spans two window rows.
+//! A batch never spans more D-planes than the input ring holds (it is cut short instead). The
+//! input ring is the most planes any `batch` consecutive windows span (so no batch is cut for
+//! it), at most `min(D, 2 * roi_d)`: `roi_d` at batch 1, `roi_d + step` while a batch spans two
+//! window rows. The accumulator ring is one window's planes (`roi_d`) at any batch: a batch's
+//! blends stop where its next window starts deeper, to finalise the planes above that start.
 
 mod direct;
 mod gather;
@@ -29,7 +31,7 @@ mod schedule;
 pub(crate) use gather::Out;
 pub use job::WindowJob;
 pub(crate) use run::{planned_device_bytes, run_windows, PinnedCache};
-pub use schedule::{ring_planes, window_z0};
+pub use schedule::{acc_planes, ring_planes, window_z0};
 
 use crate::backend::cuda::host::options::GatherMode;
 use schedule::ring_cap;
@@ -96,9 +98,11 @@ pub struct GpuTimes {
 }
 
 /// Whether the device gather's input ring (`ring_in` bytes) is cheap enough: no larger than the
-/// host gather's two window batches (`host_in`) or a quarter of the accumulator ring with its
-/// weight sums (`acc`). It is (Cin * 2) / ((Cout + 1) * 4) of the latter, so this holds unless
-/// the inputs have several times more channels than the outputs.
+/// host gather's two window batches (`host_in`) or a quarter of the fp32 sums and weights over
+/// as many planes (`acc`). It is (Cin * 2) / ((Cout + 1) * 4) of the latter, so this holds
+/// unless the inputs have several times more channels than the outputs. (The accumulator ring
+/// itself is smaller at batch > 1; comparing over the input ring's planes keeps the choice, and
+/// so the memory, monotone in the batch.)
 pub fn device_gather_fits(ring_in: usize, host_in: usize, acc: usize) -> bool {
     ring_in <= host_in.max(acc / 4)
 }
@@ -125,7 +129,7 @@ pub(crate) fn chunk_planes(ring: usize, hw: usize, cout: usize, argmax: bool) ->
 
 /// Whether the stream gathers on the device: the mode, and for `Auto` [`device_gather_fits`]
 /// on the input ring (`ring` planes of `plane_in` values) vs the host staging (`in_len` values
-/// twice) and the accumulator ring.
+/// twice) and the fp32 sums over `ring` planes.
 pub(crate) fn gathers_on_device(
     mode: GatherMode,
     ring: usize,
@@ -158,8 +162,10 @@ pub struct PipelineAlloc {
     /// The `OUT_SLOTS` finished-plane slots (u16 labels or f32 outputs).
     pub out_slots: u64,
     pub gather_on_device: bool,
-    /// D-planes of the accumulator (and device input) ring.
-    pub ring: usize,
+    /// D-planes of the device gather's input ring (what a batch spans).
+    pub ring_in: usize,
+    /// D-planes of the accumulator ring (what a window spans).
+    pub acc_ring: usize,
 }
 
 impl PipelineAlloc {
@@ -203,24 +209,26 @@ pub fn pipeline_alloc(q: &AllocQuery) -> PipelineAlloc {
     } = *q;
     let al = |b: usize| b.max(256) as u64;
     let rvox: usize = roi.iter().product();
-    let ring = ring_planes(z0, roi[0], shape[0], batch);
+    let ring_in = ring_planes(z0, roi[0], shape[0], batch);
+    let acc_ring = acc_planes(z0, roi[0], shape[0]);
     let hw = shape[1] * shape[2];
     let in_len = batch * cin * rvox;
     let plane_in = cin * hw;
-    let on_device = gathers_on_device(mode, ring, plane_in, in_len, cout, hw);
-    let chunk = chunk_planes(ring, hw, cout, argmax);
+    let on_device = gathers_on_device(mode, ring_in, plane_in, in_len, cout, hw);
+    let chunk = chunk_planes(acc_ring, hw, cout, argmax);
     let slot = chunk * hw * if argmax { 2 } else { cout * 4 };
     PipelineAlloc {
         input: if on_device {
-            al(ring * plane_in * 2)
+            al(ring_in * plane_in * 2)
         } else {
             2 * al(in_len * 2)
         },
         weight_map: al(rvox * 4),
-        accumulators: al(ring * cout * hw * 4) + al(ring * hw * 4),
+        accumulators: al(acc_ring * cout * hw * 4) + al(acc_ring * hw * 4),
         out_slots: OUT_SLOTS as u64 * al(slot),
         gather_on_device: on_device,
-        ring,
+        ring_in,
+        acc_ring,
     }
 }
 
@@ -239,19 +247,16 @@ pub(crate) fn pipeline_bytes(
     let al = |b: usize| b.max(256) as u64;
     let rvox: usize = roi.iter().product();
     let ring = ring_cap(padded[0], roi[0]);
+    let acc = padded[0].min(roi[0]).max(1);
     let hw = padded[1] * padded[2];
     let plane = if argmax { hw * 2 } else { cout * hw * 4 };
     // A chunk is under CHUNK_BYTES + one plane of the real volume, whose planes are no larger.
-    let slot = (ring * plane).min(CHUNK_BYTES + plane);
+    let slot = (acc * plane).min(CHUNK_BYTES + plane);
     // The device ring where `GatherMode::Auto` may pick it for some volume within `padded`.
     let host_in = 2 * batch * cin * rvox * 2;
     let ring_in = (ring * cin * hw * 2).min(host_in.max(ring * (cout + 1) * hw * 4 / 4));
     let input = (2 * al(batch * cin * rvox * 2)).max(al(ring_in));
-    input
-        + al(rvox * 4)
-        + al(ring * cout * hw * 4)
-        + al(ring * hw * 4)
-        + OUT_SLOTS as u64 * al(slot)
+    input + al(rvox * 4) + al(acc * cout * hw * 4) + al(acc * hw * 4) + OUT_SLOTS as u64 * al(slot)
 }
 
 #[cfg(test)]
@@ -277,7 +282,8 @@ mod tests {
                         padded[2],
                     );
                     let hw = h * w;
-                    let ring = ring_cap(d, roi[0]);
+                    // The largest rings any windows give.
+                    let (ring, acc) = (ring_cap(d, roi[0]), d.min(roi[0]));
                     let rvox: usize = roi.iter().product();
                     let in_len = batch * cin * rvox;
                     let dev = device_gather_fits(
@@ -290,12 +296,12 @@ mod tests {
                     } else {
                         2 * al(in_len * 2)
                     };
-                    let chunk = chunk_planes(ring, hw, cout, argmax);
+                    let chunk = chunk_planes(acc, hw, cout, argmax);
                     let slot = chunk * hw * if argmax { 2 } else { cout * 4 };
                     let used = input
                         + al(rvox * 4)
-                        + al(ring * cout * hw * 4)
-                        + al(ring * hw * 4)
+                        + al(acc * cout * hw * 4)
+                        + al(acc * hw * 4)
                         + OUT_SLOTS as u64 * al(slot);
                     assert!(
                         used <= planned,

@@ -3,7 +3,7 @@
 
 use super::gather::{gather_windows, HostOut};
 use super::job::{Events, WindowJob};
-use super::schedule::{plane_uploads, schedule, window_z0, Step as Batch, Upload};
+use super::schedule::{plane_uploads, schedule, window_z0, Part, Step as Batch, Upload};
 use super::{chunk_planes, gathers_on_device, stage_planes, OUT_SLOTS};
 use crate::backend::cuda::host::catalogue::{
     BLEND_WINDOW_RING, FINALIZE_PLANES, FINALIZE_PLANES_V4, GATHER_WINDOW_RING,
@@ -36,7 +36,9 @@ pub(super) struct Pass<'a, 'j> {
     /// Windows in D order; blending is order-independent up to fp32 rounding, the schedule
     /// needs order.
     pub(super) order: Vec<[usize; 3]>,
-    pub(super) ring: usize,
+    /// D-planes of the input ring (device gather) and of the accumulator ring.
+    pub(super) ring_in: usize,
+    pub(super) acc_ring: usize,
     pub(super) sched: Vec<Batch>,
     pub(super) batches: Vec<Batch>,
     pub(super) rvox: usize,
@@ -54,7 +56,7 @@ pub(super) struct Pass<'a, 'j> {
     pub(super) stage: usize,
     pub(super) uploads: Vec<Upload>,
     /// Host mode: two window-batch buffers. Device mode: the input ring of volume planes
-    /// (slot z % ring, [ring][C][H][W] f16), in step with the accumulator ring.
+    /// (slot z % ring_in, [ring_in][C][H][W] f16).
     pub(super) dev_in: Vec<DevBuf>,
     /// The blend weights (kept between calls by the pinned cache).
     pub(super) dw: Arc<DevBuf>,
@@ -87,18 +89,19 @@ impl<'a, 'j> Pass<'a, 'j> {
         let mut order: Vec<[usize; 3]> = job.starts.to_vec();
         order.sort_by_key(|s| s[0]);
         let z0 = window_z0(&order, job.pad_before[0]);
-        let (ring, sched) = schedule(&z0, roi[0], d, job.batch);
+        let plan = schedule(&z0, roi[0], d, job.batch);
+        let (ring_in, acc_ring, sched) = (plan.ring_in, plan.acc_ring, plan.steps);
         let batches: Vec<Batch> = sched
             .iter()
             .filter(|st| st.end > st.begin)
-            .copied()
+            .cloned()
             .collect();
         let rvox: usize = roi.iter().product();
         let in_win = prep.cin * rvox;
         let in_len = job.batch * in_win;
         let plane_in = c * hw;
         let on_device = direct.is_none()
-            && gathers_on_device(opts.gather_mode, ring, plane_in, in_len, cout, hw);
+            && gathers_on_device(opts.gather_mode, ring_in, plane_in, in_len, cout, hw);
         // The host gather indexes a standard-layout slice; the device path's plane conversion
         // reads any layout, so it never copies the whole volume.
         let vol_std = match &job.vol {
@@ -115,7 +118,7 @@ impl<'a, 'j> Pass<'a, 'j> {
                 prep.cin
             )));
         }
-        let stage = stage_planes(in_len, plane_in, ring);
+        let stage = stage_planes(in_len, plane_in, ring_in);
         let uploads = if on_device {
             let spans: Vec<(usize, usize)> = batches.iter().map(|st| (st.begin, st.end)).collect();
             plane_uploads(&z0, &spans, roi[0], d, stage)
@@ -129,18 +132,18 @@ impl<'a, 'j> Pass<'a, 'j> {
             (false, false) => 2,
         };
         let in_bytes = if on_device {
-            ring * plane_in * 2
+            ring_in * plane_in * 2
         } else {
             in_len * 2
         };
-        let chunk = chunk_planes(ring, hw, cout, argmax);
+        let chunk = chunk_planes(acc_ring, hw, cout, argmax);
         let out_bytes = if argmax {
             chunk * hw * 2
         } else {
             chunk * cout * hw * 4
         };
         // [acc, wsum, dev_in.., dev_out..]
-        let sizes: Vec<usize> = [ring * cout * hw * 4, ring * hw * 4]
+        let sizes: Vec<usize> = [acc_ring * cout * hw * 4, acc_ring * hw * 4]
             .into_iter()
             .chain(std::iter::repeat_n(in_bytes, n_in))
             .chain(std::iter::repeat_n(out_bytes, OUT_SLOTS))
@@ -153,9 +156,9 @@ impl<'a, 'j> Pass<'a, 'j> {
         let s = &*gpu.stream;
         // SAFETY: zeroing our own ring on the compute stream before any blend.
         unsafe {
-            cu::memset_d8_async(acc.ptr, 0, ring * cout * hw * 4, s.cu_stream())
+            cu::memset_d8_async(acc.ptr, 0, acc_ring * cout * hw * 4, s.cu_stream())
                 .map_err(drv("memset"))?;
-            cu::memset_d8_async(wsum.ptr, 0, ring * hw * 4, s.cu_stream())
+            cu::memset_d8_async(wsum.ptr, 0, acc_ring * hw * 4, s.cu_stream())
                 .map_err(drv("memset"))?;
         }
         if opts.poison {
@@ -173,7 +176,8 @@ impl<'a, 'j> Pass<'a, 'j> {
             dims: [c, d, h, w],
             hw,
             order,
-            ring,
+            ring_in,
+            acc_ring,
             sched,
             batches,
             rvox,
@@ -199,7 +203,7 @@ impl<'a, 'j> Pass<'a, 'j> {
 
     /// Host gather of batch `k` into `buf`; returns its ms.
     pub(super) fn gather(&self, k: usize, buf: &mut [u16]) -> f64 {
-        let st = self.batches[k];
+        let st = &self.batches[k];
         let t = Instant::now();
         let vols = self
             .vol_std
@@ -222,7 +226,7 @@ impl<'a, 'j> Pass<'a, 'j> {
         evs: &mut Events,
     ) -> Result<(CudaEvent, CudaEvent)> {
         let cp = &*self.gpu.copy;
-        let (ring, plane_in) = (self.ring, self.plane_in);
+        let (ring, plane_in) = (self.ring_in, self.plane_in);
         if k > 0 {
             cp.wait(&evs.cmp[k - 1].1).map_err(drv("stream wait"))?;
         }
@@ -263,7 +267,7 @@ impl<'a, 'j> Pass<'a, 'j> {
                 Arg::Ptr(self.dev_in[0].ptr),
                 Arg::Ptr(self.prep.input + (b * self.in_win * 2) as u64),
                 i32a(c),
-                i32a(self.ring),
+                i32a(self.ring_in),
                 i32a(d),
                 i32a(h),
                 i32a(w),
@@ -299,21 +303,28 @@ impl<'a, 'j> Pass<'a, 'j> {
         Arg::I32(half::f16::from_f32(self.job.cval).to_bits() as i32)
     }
 
-    /// Blends the logits of batch `st` into the accumulator ring.
-    pub(super) fn blend(&self, st: &Batch) -> Result<()> {
+    /// Blends the logits of part `p` of batch `st` into the accumulator ring, each window's
+    /// after its back steps where the launch list ends in a window segment; returns those
+    /// steps' (start, end) events.
+    pub(super) fn blend(&self, st: &Batch, p: &Part) -> Result<Vec<(CudaEvent, CudaEvent)>> {
         let s = &*self.gpu.stream;
         let [_, d, h, w] = self.dims;
         let cout = self.prep.cout;
-        let out_win = cout * self.rvox;
-        for (b, start) in self.order[st.begin..st.end].iter().enumerate() {
-            let src = self.prep.output + (b * out_win * 2) as u64;
+        let mut back = Vec::new();
+        for (i, start) in self.order.iter().enumerate().take(p.to).skip(p.from) {
+            if self.prep.has_back() {
+                let e0 = ev(s)?;
+                self.prep.run_back(self.gpu, i - st.begin)?;
+                back.push((e0, ev(s)?));
+            }
+            let src = self.prep.window_output(i - st.begin);
             let mut args = vec![
                 Arg::Ptr(src),
                 Arg::Ptr(self.dw.ptr),
                 Arg::Ptr(self.acc.ptr),
                 Arg::Ptr(self.wsum.ptr),
                 i32a(cout),
-                i32a(self.ring),
+                i32a(self.acc_ring),
                 i32a(d),
                 i32a(h),
                 i32a(w),
@@ -322,7 +333,7 @@ impl<'a, 'j> Pass<'a, 'j> {
             self.gpu
                 .eltwise(s, BLEND_WINDOW_RING.name, self.rvox, &mut args)?;
         }
-        Ok(())
+        Ok(back)
     }
 
     /// Finalises planes [p0, p0 + np) of the ring into `dev_out[slot]` (`FINALIZE_PLANES`; its
@@ -339,7 +350,7 @@ impl<'a, 'j> Pass<'a, 'j> {
             Arg::Ptr(o),
             Arg::Ptr(l),
             i32a(self.prep.cout),
-            i32a(self.ring),
+            i32a(self.acc_ring),
             i32a(h),
             i32a(w),
             i32a(p0),

@@ -6,7 +6,7 @@ use super::direct::check_and_sync;
 use super::gather::{convert_planes, prefault, prefault_planes, store_planes, HostOut, Out};
 use super::job::{Events, WindowJob};
 use super::pass::{Pass, Stored};
-use super::schedule::{Step as Batch, Upload};
+use super::schedule::{Part, Step as Batch, Upload};
 use super::{pipeline_bytes, GpuTimes, OUT_SLOTS};
 use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::launch_list::Prepared;
@@ -305,10 +305,18 @@ fn fill_times(times: &mut GpuTimes, evs: &Events) -> Result<()> {
     for (a, b) in &evs.h2d {
         times.h2d_ms += ms(a, b)?;
     }
-    for (a, g, b, e) in &evs.cmp {
+    for (a, g, b) in &evs.cmp {
         times.input_fill_ms += ms(a, g)?;
         times.compute_ms += ms(g, b)?;
-        times.blend_ms += ms(b, e)?;
+    }
+    for (a, b) in &evs.blend {
+        times.blend_ms += ms(a, b)?;
+    }
+    // The back steps run inside the parts' blend intervals: they are compute.
+    for (a, b) in &evs.back {
+        let t = ms(a, b)?;
+        times.compute_ms += t;
+        times.blend_ms -= t;
     }
     for (a, b) in &evs.fin {
         times.finalize_ms += ms(a, b)?;
@@ -319,9 +327,9 @@ fn fill_times(times: &mut GpuTimes, evs: &Events) -> Result<()> {
     if let Some(first) = evs.cmp.first() {
         let mut span = 0.0f64;
         for last in evs
-            .cmp
+            .blend
             .last()
-            .map(|c| &c.3)
+            .map(|c| &c.1)
             .into_iter()
             .chain(evs.fin.last().map(|f| &f.1))
         {
@@ -416,7 +424,7 @@ impl Pass<'_, '_> {
         let times = GpuTimes {
             windows: self.job.starts.len(),
             batches: self.batches.len(),
-            ring_planes: self.ring,
+            ring_planes: self.acc_ring,
             gather_on_device: self.on_device || self.direct.is_some(),
             input_on_device: self.direct.is_some(),
             plane_uploads: self.uploads.len(),
@@ -506,12 +514,20 @@ impl Pass<'_, '_> {
                 self.batch(sc, k, st, ls, &mut feed, &mut pending)?;
                 k += 1;
             }
-            if !self.finalize_step(st, ls, &tx, &ack_rx)? {
-                drop(tx);
-                storer
-                    .join()
-                    .map_err(|_| Error::Backend("the plane store thread panicked".into()))??;
-                return Err(Error::Backend("the plane store thread stopped".into()));
+            for p in &st.parts {
+                if p.to > p.from {
+                    let b0 = ev(&self.gpu.stream)?;
+                    let back = self.blend(st, p)?;
+                    ls.evs.blend.push((b0, ev(&self.gpu.stream)?));
+                    ls.evs.back.extend(back);
+                }
+                if !self.finalize_part(p, ls, &tx, &ack_rx)? {
+                    drop(tx);
+                    storer
+                        .join()
+                        .map_err(|_| Error::Backend("the plane store thread panicked".into()))??;
+                    return Err(Error::Backend("the plane store thread stopped".into()));
+                }
             }
         }
         drop(tx);
@@ -526,7 +542,7 @@ impl Pass<'_, '_> {
             .map_err(|_| Error::Backend("the plane store thread panicked".into()))?
     }
 
-    /// Batch `k` (`st`): its input filled, the launch list, the blends.
+    /// Batch `k` (`st`): its input filled, the launch list (its blends are its parts').
     fn batch<'s, 'b>(
         &'b self,
         sc: &'s Scope<'s, 'b>,
@@ -555,10 +571,7 @@ impl Pass<'_, '_> {
         };
         let cg = ev(s)?;
         self.prep.run_batch(self.gpu, n)?;
-        let c1 = ev(s)?;
-        self.blend(st)?;
-        let c2 = ev(s)?;
-        ls.evs.cmp.push((c0, cg, c1, c2));
+        ls.evs.cmp.push((c0, cg, ev(s)?));
         if k == 0 {
             ls.times.first_batch_ms = ls.t0.elapsed().as_secs_f64() * 1e3;
         }
@@ -661,19 +674,20 @@ impl Pass<'_, '_> {
         Ok(c0)
     }
 
-    /// Finalises the planes `st` completes in chunks of at most `chunk` (<= ring) planes, each
-    /// downloaded and handed to the store worker. Ok(false): the store worker is gone.
-    fn finalize_step<'b>(
+    /// Finalises the planes part `p` completes in chunks of at most `chunk` (<= the accumulator
+    /// ring) planes, each downloaded and handed to the store worker. Ok(false): the store worker
+    /// is gone.
+    fn finalize_part<'b>(
         &self,
-        st: &Batch,
+        p: &Part,
         ls: &mut LoopState<'b>,
         tx: &Sender<Stored<'b>>,
         ack: &Receiver<(usize, HostOut<'b>)>,
     ) -> Result<bool> {
         let s = &*self.gpu.stream;
-        let mut p0 = st.final_lo;
-        while p0 < st.final_hi {
-            let np = (st.final_hi - p0).min(self.chunk);
+        let mut p0 = p.final_lo;
+        while p0 < p.final_hi {
+            let np = (p.final_hi - p0).min(self.chunk);
             let slot = ls.nfin % OUT_SLOTS;
             ls.nfin += 1;
             // The download of finalisation m - OUT_SLOTS must have read dev_out[slot] ...

@@ -1,19 +1,41 @@
 //! The window schedule of the streamed pipeline (host only): windows sorted by D start, cut into
-//! batches that fit the ring of D-planes, the planes each batch completes, and (device gather)
-//! the volume planes uploaded before each batch.
+//! batches that fit the input ring of D-planes, where the blends of each batch stop to finalise
+//! the planes no later window touches, and (device gather) the volume planes uploaded before each
+//! batch.
 
-/// One batch of the schedule: windows `[begin, end)` of the D-sorted list, then planes
-/// `[final_lo, final_hi)` are complete and get finalised.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One batch of the schedule: windows `[begin, end)` of the D-sorted list run through the
+/// network, then its `parts` in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Step {
     pub begin: usize,
     pub end: usize,
+    pub parts: Vec<Part>,
+}
+
+/// Windows `[from, to)` blended, then planes `[final_lo, final_hi)` finalised: every window
+/// touching them has been blended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Part {
+    pub from: usize,
+    pub to: usize,
     pub final_lo: usize,
     pub final_hi: usize,
 }
 
-/// The most D-planes the ring ever holds: `min(d, 2 * rd)` for a volume of depth `d` and window
-/// depth `rd` (a bound on [`ring_planes`] whatever the windows).
+/// What one pass does, in order, and the two rings it needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Schedule {
+    /// D-planes of the device gather's input ring: a batch's windows are gathered together,
+    /// so it holds the most planes a batch spans ([`ring_planes`]).
+    pub ring_in: usize,
+    /// D-planes of the accumulator ring: the planes below a window's start are finalised
+    /// before it is blended, so it holds the most planes one window spans ([`acc_planes`]).
+    pub acc_ring: usize,
+    pub steps: Vec<Step>,
+}
+
+/// The most D-planes the input ring ever holds: `min(d, 2 * rd)` for a volume of depth `d` and
+/// window depth `rd` (a bound on [`ring_planes`] whatever the windows).
 pub(crate) fn ring_cap(d: usize, rd: usize) -> usize {
     d.min(2 * rd).max(1)
 }
@@ -29,8 +51,8 @@ pub fn window_z0(starts: &[[usize; 3]], pad_before: usize) -> Vec<i64> {
     z0
 }
 
-/// Ring depth in D-planes for windows with sorted volume D starts `z0`, window depth `rd`,
-/// volume depth `d`, `batch` windows per launch: the most planes any `batch` consecutive
+/// Input ring depth in D-planes for windows with sorted volume D starts `z0`, window depth
+/// `rd`, volume depth `d`, `batch` windows per launch: the most planes any `batch` consecutive
 /// windows span (clipped to the volume), so `schedule` cuts no batch short for the ring,
 /// capped at `ring_cap` (batches spanning more are cut). W1 (rows of 7 windows, step rd/2):
 /// `rd` at batch 1, `rd + step` for batches 2..7.
@@ -47,52 +69,87 @@ pub fn ring_planes(z0: &[i64], rd: usize, d: usize, batch: usize) -> usize {
     span.clamp(1, ring_cap(d, rd))
 }
 
-/// Batches over windows whose volume D starts `z0` (may be negative: padding) are sorted
-/// ascending. A batch is cut short where a window would reach past `lo + ring` (lo = first plane
-/// not yet finalised = the batch's first window's start), so every plane in flight has its own
-/// ring slot; planes before the first window are finalised first (an empty step).
-pub(crate) fn schedule(z0: &[i64], rd: usize, d: usize, batch: usize) -> (usize, Vec<Step>) {
-    let ring = ring_planes(z0, rd, d, batch);
+/// Accumulator ring depth in D-planes: the most planes one window spans within the volume
+/// (`min(rd, d)` for windows that cover it), whatever the batch.
+pub fn acc_planes(z0: &[i64], rd: usize, d: usize) -> usize {
+    let clamp = |z: i64| z.clamp(0, d as i64) as usize;
+    z0.iter()
+        .map(|&z| clamp(z + rd as i64) - clamp(z))
+        .max()
+        .unwrap_or(0)
+        .max(1)
+}
+
+/// The schedule of windows whose volume D starts `z0` (may be negative: padding) are sorted
+/// ascending. A batch is cut short where a window would reach past its first window's start
+/// plus the input ring. Planes before the first window are finalised first (an empty step);
+/// within a batch, the blends stop wherever the next window starts deeper, and the planes above
+/// its start are finalised, so every plane in flight has its own accumulator slot.
+pub(crate) fn schedule(z0: &[i64], rd: usize, d: usize, batch: usize) -> Schedule {
+    let ring_in = ring_planes(z0, rd, d, batch);
+    let acc_ring = acc_planes(z0, rd, d);
     let clamp = |z: i64| z.clamp(0, d as i64) as usize;
     let z1 = |i: usize| clamp(z0[i] + rd as i64);
     let mut steps = Vec::new();
     let (mut lo, mut i) = (0usize, 0usize);
+    let lead = |lo: usize, hi: usize| Step {
+        begin: 0,
+        end: 0,
+        parts: vec![Part {
+            from: 0,
+            to: 0,
+            final_lo: lo,
+            final_hi: hi,
+        }],
+    };
     if let Some(&first) = z0.first() {
         if clamp(first) > 0 {
-            steps.push(Step {
-                begin: 0,
-                end: 0,
-                final_lo: 0,
-                final_hi: clamp(first),
-            });
+            steps.push(lead(0, clamp(first)));
             lo = clamp(first);
         }
     }
     while i < z0.len() {
+        let top = clamp(z0[i]);
         let mut j = i + 1;
-        while j < z0.len() && j - i < batch && z1(j) <= lo + ring {
+        while j < z0.len() && j - i < batch && z1(j) <= top + ring_in {
             j += 1;
         }
-        let hi = if j < z0.len() { clamp(z0[j]) } else { d };
-        let hi = hi.max(lo);
+        let mut parts = Vec::new();
+        let mut from = i;
+        for (m, &z) in z0.iter().enumerate().take(j).skip(i + 1) {
+            if clamp(z) > lo {
+                parts.push(Part {
+                    from,
+                    to: m,
+                    final_lo: lo,
+                    final_hi: clamp(z),
+                });
+                (lo, from) = (clamp(z), m);
+            }
+        }
+        let hi = if j < z0.len() { clamp(z0[j]) } else { d }.max(lo);
+        parts.push(Part {
+            from,
+            to: j,
+            final_lo: lo,
+            final_hi: hi,
+        });
         steps.push(Step {
             begin: i,
             end: j,
-            final_lo: lo,
-            final_hi: hi,
+            parts,
         });
         lo = hi;
         i = j;
     }
     if z0.is_empty() && d > 0 {
-        steps.push(Step {
-            begin: 0,
-            end: 0,
-            final_lo: 0,
-            final_hi: d,
-        });
+        steps.push(lead(0, d));
     }
-    (ring, steps)
+    Schedule {
+        ring_in,
+        acc_ring,
+        steps,
+    }
 }
 
 /// One host-to-device upload of volume planes `[za, zb)` into the input ring, before batch `k`.
@@ -136,8 +193,81 @@ pub(crate) fn plane_uploads(
 mod tests {
     use super::*;
 
-    /// Every plane is finalised exactly once, after the last window touching it, and the planes
-    /// in flight never exceed the ring.
+    /// Rows of `per_row` windows `step` apart from `first` (the last row pulled back to end at
+    /// `d + 2 pb`), in volume coordinates (`pb` planes of padding before).
+    fn rows(d: usize, rd: usize, step: usize, per_row: usize, pb: i64) -> Vec<i64> {
+        let mut z0 = Vec::new();
+        let mut s = 0i64;
+        let end = d + 2 * pb as usize;
+        loop {
+            z0.extend(std::iter::repeat_n(s - pb, per_row));
+            if s as usize + rd >= end {
+                break;
+            }
+            s = (s + step as i64).min((end - rd.min(end)) as i64);
+        }
+        z0
+    }
+
+    /// Runs `sc` on a ring of `acc_ring` slots as the pass does (a window's blend adds to
+    /// the slots `z % acc_ring` of the planes it covers, a finalisation reads and zeroes them)
+    /// and checks: the steps cover the windows in order, in batches of at most `batch`, each
+    /// batch's windows blended once, in its parts; no blend lands in a slot holding another
+    /// plane; every plane is finalised once, after its last window, with the sum of the
+    /// windows covering it; the input ring holds each batch's planes.
+    fn emulate(case: &str, z0: &[i64], rd: usize, d: usize, batch: usize, sc: &Schedule) {
+        let clamp = |z: i64| z.clamp(0, d as i64) as usize;
+        let ring = sc.acc_ring;
+        let mut owner = vec![usize::MAX; ring];
+        let mut acc = vec![0u64; ring];
+        let mut fin = vec![None; d];
+        let mut windows = 0;
+        for st in &sc.steps {
+            assert_eq!(st.begin, windows, "{case}: steps out of order");
+            assert!(st.end - st.begin <= batch, "{case}: batch too large");
+            let mut from = st.begin;
+            for p in &st.parts {
+                assert_eq!(p.from, from, "{case}: parts out of order");
+                for i in p.from..p.to {
+                    assert!(
+                        clamp(z0[i] + rd as i64) <= clamp(z0[st.begin]) + sc.ring_in,
+                        "{case}: window {i} outside the input ring"
+                    );
+                    for z in clamp(z0[i])..clamp(z0[i] + rd as i64) {
+                        let s = z % ring;
+                        assert!(
+                            owner[s] == usize::MAX || owner[s] == z,
+                            "{case}: window {i} blends plane {z} into plane {}'s slot",
+                            owner[s]
+                        );
+                        owner[s] = z;
+                        acc[s] += 1 + i as u64;
+                    }
+                }
+                for z in p.final_lo..p.final_hi {
+                    let s = z % ring;
+                    assert!(owner[s] == usize::MAX || owner[s] == z, "{case}");
+                    assert!(fin[z].is_none(), "{case}: plane {z} finalised twice");
+                    fin[z] = Some(acc[s]);
+                    (owner[s], acc[s]) = (usize::MAX, 0);
+                }
+                from = p.to;
+            }
+            assert_eq!(from, st.end, "{case}: a window not blended");
+            windows = st.end;
+        }
+        assert_eq!(windows, z0.len(), "{case}: windows left");
+        for z in 0..d {
+            let want: u64 = (0..z0.len())
+                .filter(|&i| z0[i] <= z as i64 && (z as i64) < z0[i] + rd as i64)
+                .map(|i| 1 + i as u64)
+                .sum();
+            assert_eq!(fin[z], Some(want), "{case}: plane {z}");
+        }
+    }
+
+    /// Fixed layouts, W1's among them: every plane finalised once with all its windows, in a
+    /// ring of one window's planes at any batch.
     #[test]
     fn schedule_finalises_each_plane_once_after_its_last_window() {
         for (d, rd, batch, step, per_row, pb) in [
@@ -146,59 +276,27 @@ mod tests {
             (20, 32, 4, 32, 3, 6),
             (100, 16, 7, 4, 1, 0),
             (45, 32, 4, 24, 5, 3),
+            (512, 128, 4, 64, 7, 0),
+            (512, 128, 16, 64, 7, 0),
         ] {
-            let mut z0 = Vec::new();
-            let mut s = 0i64;
-            loop {
-                for _ in 0..per_row {
-                    z0.push(s - pb);
-                }
-                if s as usize + rd >= d + 2 * pb as usize {
-                    break;
-                }
-                s = (s + step as i64)
-                    .min((d + 2 * pb as usize - rd.min(d + 2 * pb as usize)) as i64);
+            let z0 = rows(d, rd, step, per_row, pb);
+            let sc = schedule(&z0, rd, d, batch);
+            let case = format!("d {d} rd {rd} batch {batch} step {step} rows of {per_row}");
+            assert!(sc.acc_ring <= rd.min(d), "{case}");
+            if pb == 0 {
+                assert_eq!(sc.acc_ring, rd.min(d), "{case}");
             }
-            let (ring, steps) = schedule(&z0, rd, d, batch);
-            let mut fin = vec![usize::MAX; d];
-            let mut done_windows = 0;
-            for (k, st) in steps.iter().enumerate() {
-                assert_eq!(st.begin, done_windows);
-                assert!(st.end - st.begin <= batch);
-                done_windows = st.end;
-                for p in st.final_lo..st.final_hi {
-                    assert_eq!(fin[p], usize::MAX, "plane {p} finalised twice");
-                    fin[p] = k;
-                }
-                // Every plane the batch's windows touch is in flight with its own ring slot.
-                for i in st.begin..st.end {
-                    let z1 = (z0[i] + rd as i64).clamp(0, d as i64) as usize;
-                    assert!(z1 <= st.final_lo + ring, "ring overflow at window {i}");
-                }
-            }
-            assert_eq!(done_windows, z0.len());
-            for p in 0..d {
-                assert_ne!(fin[p], usize::MAX, "plane {p} never finalised");
-                // No window touching p comes after its finalisation.
-                let k = fin[p];
-                for i in steps[k].end..z0.len() {
-                    let (a, b) = (z0[i], z0[i] + rd as i64);
-                    assert!(
-                        !(a <= p as i64 && (p as i64) < b),
-                        "window {i} touches finalised plane {p}"
-                    );
-                }
-            }
+            emulate(&case, &z0, rd, d, batch, &sc);
         }
     }
 
-    /// The ring is what the batches need: with rows of windows `step` apart, batches that fit in
-    /// `min(d, 2 rd)` planes are never cut (the steps are plain chunks of `batch` windows, as
-    /// with an unbounded ring), the ring is `rd` at batch 1 and at most `rd + step` while a
-    /// batch cannot span three rows; windows starting after plane 0 get their leading planes
-    /// finalised first and the ring still holds every plane in flight.
+    /// Random layouts: the input ring is what the batches need (with rows of windows `step`
+    /// apart, batches that fit in `min(d, 2 rd)` planes are never cut; the ring is `rd` at
+    /// batch 1 and at most `rd + step` while a batch cannot span three rows); the accumulator
+    /// ring is one window's planes; windows starting after plane 0 get their leading planes
+    /// finalised first; the emulated blends come out right.
     #[test]
-    fn ring_fits_the_batches_and_never_cuts_them() {
+    fn rings_fit_the_batches_and_never_cut_them() {
         let mut rng = 12345u64;
         let mut next = |m: usize| crate::backend::cuda::lcg_next(&mut rng) as usize % m;
         for case in 0..400 {
@@ -211,13 +309,14 @@ mod tests {
             let batch = 1 + next(12);
             let mut z0 = Vec::new();
             for r in 0..rows {
-                for _ in 0..per_row {
-                    z0.push(first + (r * step) as i64);
-                }
+                z0.extend(std::iter::repeat_n(first + (r * step) as i64, per_row));
             }
-            let ring = ring_planes(&z0, rd, d, batch);
+            let sc = schedule(&z0, rd, d, batch);
+            let ring = sc.ring_in;
             let clamp = |z: i64| z.clamp(0, d as i64) as usize;
+            assert_eq!(ring, ring_planes(&z0, rd, d, batch));
             assert!(ring <= ring_cap(d, rd) && ring >= 1);
+            assert!(sc.acc_ring <= rd.min(d).max(1), "case {case}");
             // Spans of the chunks an unbounded ring gives.
             let chunks: Vec<(usize, usize)> = (0..z0.len())
                 .step_by(batch)
@@ -235,9 +334,8 @@ mod tests {
             if batch <= per_row {
                 assert!(ring <= (rd + step).min(d), "case {case}: {ring}");
             }
-            let (r2, steps) = schedule(&z0, rd, d, batch);
-            assert_eq!(r2, ring);
-            let run: Vec<(usize, usize)> = steps
+            let run: Vec<(usize, usize)> = sc
+                .steps
                 .iter()
                 .filter(|s| s.end > s.begin)
                 .map(|s| (s.begin, s.end))
@@ -245,26 +343,29 @@ mod tests {
             if widest <= ring_cap(d, rd) {
                 assert_eq!(run, chunks, "case {case}: a batch was cut");
             }
-            let mut fin = vec![0usize; d];
-            for st in &steps {
-                for i in st.begin..st.end {
-                    let z1 = clamp(z0[i] + rd as i64);
-                    assert!(z1 <= st.final_lo + ring, "case {case}: ring overflow");
-                    assert!(
-                        clamp(z0[i]) >= st.final_lo,
-                        "case {case}: plane finalised early"
-                    );
-                }
-                for p in st.final_lo..st.final_hi {
-                    fin[p] += 1;
-                }
+            if first > 0 {
+                let lead = &sc.steps[0];
+                assert_eq!((lead.begin, lead.end), (0, 0), "case {case}");
+                assert_eq!(lead.parts[0].final_hi, clamp(first), "case {case}");
             }
-            assert!(fin.iter().all(|&f| f == 1), "case {case}: {fin:?}");
+            emulate(&format!("case {case}"), &z0, rd, d, batch, &sc);
         }
         // W1: 512 planes, rows of 7 windows 64 apart (the last pulled back to 384).
         let z0: Vec<i64> = (0..7).flat_map(|r| [r * 64; 7]).collect();
         for (batch, ring) in [(1, 128), (2, 192), (4, 192), (8, 192), (15, 256), (16, 256)] {
             assert_eq!(ring_planes(&z0, 128, 512, batch), ring, "batch {batch}");
+            assert_eq!(
+                schedule(&z0, 128, 512, batch).acc_ring,
+                128,
+                "batch {batch}"
+            );
         }
+        // No windows: the whole volume finalised (empty) in one step.
+        let sc = schedule(&[], 8, 5, 2);
+        assert_eq!(sc.steps.len(), 1);
+        assert_eq!(
+            (sc.steps[0].parts[0].final_lo, sc.steps[0].parts[0].final_hi),
+            (0, 5)
+        );
     }
 }
