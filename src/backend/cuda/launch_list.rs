@@ -62,11 +62,11 @@ pub(crate) struct Prepared {
 /// capture. Every pointer the steps take is fixed by the plan, so a replay launches exactly
 /// what the list would.
 #[derive(Default)]
-pub(crate) struct Graphs(Mutex<Vec<(Part, Option<CudaGraph>)>>);
+pub(crate) struct Graphs(Mutex<Vec<(Steps, Option<CudaGraph>)>>);
 
 /// What a graph replays: the front and batched steps for n samples, or window s's back steps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Part {
+pub(crate) enum Steps {
     Front(usize),
     Back(usize),
 }
@@ -336,17 +336,17 @@ impl Prepared {
     }
 
     /// Whether step `i` runs in `part`, and on how many samples.
-    pub fn samples(&self, i: usize, part: Part) -> Option<usize> {
+    pub fn samples(&self, i: usize, part: Steps) -> Option<usize> {
         match (self.runs[i], part) {
-            ((Run::Batch, _), Part::Front(n)) => Some(n),
-            ((Run::Front, w), Part::Front(n)) if w < n => Some(1),
-            ((Run::Back, w), Part::Back(s)) if w == s => Some(1),
+            ((Run::Batch, _), Steps::Front(n)) => Some(n),
+            ((Run::Front, w), Steps::Front(n)) if w < n => Some(1),
+            ((Run::Back, w), Steps::Back(s)) if w == s => Some(1),
             _ => None,
         }
     }
 
     /// Launches the steps of `part` on the compute stream.
-    pub fn run_part(&self, gpu: &Gpu, part: Part) -> Result<()> {
+    pub fn run_part(&self, gpu: &Gpu, part: Steps) -> Result<()> {
         for (i, step) in self.steps.iter().enumerate() {
             if let Some(n) = self.samples(i, part) {
                 self.run_step(gpu, step, n)?;
@@ -358,10 +358,10 @@ impl Prepared {
     /// Launches the whole list for `n` samples: the front and batched steps, then each
     /// window's back steps (for timing: a back segment's windows share one output buffer).
     pub fn run_steps(&self, gpu: &Gpu, n: usize) -> Result<()> {
-        self.run_part(gpu, Part::Front(n))?;
+        self.run_part(gpu, Steps::Front(n))?;
         if self.has_back() {
             for s in 0..n {
-                self.run_part(gpu, Part::Back(s))?;
+                self.run_part(gpu, Steps::Back(s))?;
             }
         }
         Ok(())
@@ -382,15 +382,15 @@ impl Prepared {
     /// where one is captured (see [`Graphs`]), else the steps. Without a back segment that is
     /// the whole list.
     pub fn run_batch(&self, gpu: &Gpu, n: usize) -> Result<()> {
-        self.run_graph(gpu, Part::Front(n))
+        self.run_graph(gpu, Steps::Front(n))
     }
 
     /// Runs window `s`'s back steps on the compute stream, as `run_batch` does.
     pub fn run_back(&self, gpu: &Gpu, s: usize) -> Result<()> {
-        self.run_graph(gpu, Part::Back(s))
+        self.run_graph(gpu, Steps::Back(s))
     }
 
-    fn run_graph(&self, gpu: &Gpu, part: Part) -> Result<()> {
+    fn run_graph(&self, gpu: &Gpu, part: Steps) -> Result<()> {
         let Some(graphs) = &self.graphs else {
             return self.run_part(gpu, part);
         };
@@ -423,7 +423,7 @@ impl Prepared {
 
     /// The steps of `part` captured from the compute stream (relaxed mode: the copy thread's
     /// calls meanwhile are on other streams). The capture ends even when a step fails.
-    fn capture(&self, gpu: &Gpu, part: Part) -> Result<CudaGraph> {
+    fn capture(&self, gpu: &Gpu, part: Steps) -> Result<CudaGraph> {
         let s = &gpu.stream;
         s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
             .map_err(drv("CUDA graph capture"))?;

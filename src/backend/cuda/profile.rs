@@ -1,7 +1,7 @@
 //! Profiling of the prepared launch list: whole-forward timing and per-step CUDA events
 //! aggregated by a label that names the op, its shapes and its conv kernel.
 
-use super::launch_list::{Part, Prepared};
+use super::launch_list::{Prepared, Steps};
 use crate::backend::cuda::runtime::device::drv;
 use crate::backend::cuda::runtime::launch::{ev, Gpu};
 use crate::{Error, Result};
@@ -48,8 +48,8 @@ pub(crate) fn per_step(
     // below n only, one window each).
     let ran: Vec<(usize, usize)> = (0..prep.steps.len())
         .filter_map(|i| {
-            let back = (0..n).find_map(|s| prep.samples(i, Part::Back(s)));
-            prep.samples(i, Part::Front(n)).or(back).map(|m| (i, m))
+            let back = (0..n).find_map(|s| prep.samples(i, Steps::Back(s)));
+            prep.samples(i, Steps::Front(n)).or(back).map(|m| (i, m))
         })
         .collect();
     let mut times = vec![0f64; ran.len()];

@@ -1,7 +1,7 @@
 //! The single-window API (`Backend::run`): one batch of f32 NCDHW windows in, through the
 //! prepared launch list, f32 NCDHW out, via pinned and device staging made on first use.
 
-use super::launch_list::{Part, Prepared, SingleWindow};
+use super::launch_list::{Prepared, SingleWindow, Steps};
 use crate::backend::cuda::host::catalogue::{NCDHW_TO_NDHWC, NDHWC_TO_NCDHW};
 use crate::backend::cuda::runtime::device::{drv, DevBuf};
 use crate::backend::cuda::runtime::launch::{Arg, Gpu};
@@ -92,11 +92,11 @@ pub(crate) fn run_single(
             ],
         )
     };
-    prep.run_part(gpu, Part::Front(n))?;
+    prep.run_part(gpu, Steps::Front(n))?;
     if prep.has_back() {
         // Each window's output exists between its back steps and the next window's.
         for b in 0..n {
-            prep.run_part(gpu, Part::Back(b))?;
+            prep.run_part(gpu, Steps::Back(b))?;
             let dst = stage_out + (b * prep.cout * osp * 4) as u64;
             to_ncdhw(prep.window_output(b), dst, 1)?;
         }

@@ -573,14 +573,7 @@ pub(super) fn check_no_alias(
                 );
             }
         }
-        ran[l.node] = true;
-        let head = l.head.iter().flat_map(|h| [Some(h.conv), h.fuse]).flatten();
-        for j in l
-            .fuse
-            .into_iter()
-            .chain(l.residual.map(|(j, _)| j))
-            .chain(head)
-        {
+        for j in l.nodes() {
             ran[j] = true;
         }
         live.push(l.out_v);

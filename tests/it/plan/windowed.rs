@@ -108,11 +108,9 @@ fn replay(name: &str, g: &Graph, bp: &BufferPlan) {
     let n = bp.launches.len();
     let run = |mem: &mut Bytes, t: usize, windows: &[usize]| {
         let l = &bp.launches[t];
-        let nodes = [Some(l.node), l.fuse, l.residual.map(|r| r.0)]
+        let reads: Vec<usize> = l
+            .nodes()
             .into_iter()
-            .chain(l.head.iter().flat_map(|h| [Some(h.conv), h.fuse]))
-            .flatten();
-        let reads: Vec<usize> = nodes
             .flat_map(|i| g.nodes[i].inputs.clone())
             .filter(|&v| bp.value_buf[v].is_some())
             .collect();

@@ -46,6 +46,17 @@ pub struct Launch {
     pub live_bufs: usize,
 }
 
+impl Launch {
+    /// The nodes this launch runs: its own, the fused activation, Add and head.
+    pub fn nodes(&self) -> Vec<usize> {
+        [Some(self.node), self.fuse, self.residual.map(|r| r.0)]
+            .into_iter()
+            .chain(self.head.iter().flat_map(|h| [Some(h.conv), h.fuse]))
+            .flatten()
+            .collect()
+    }
+}
+
 /// The 1x1x1 conv that reads a norm launch's normalised input ([`fusable_norm_head`]): the
 /// norm writes no output, its statistics go to the head, which normalises on load.
 #[derive(Clone, Debug, PartialEq)]
@@ -769,16 +780,18 @@ pub fn buffer_plan(
         let voxels = |v: usize| w.shapes[v][1..].iter().product::<usize>();
         let spatial: Vec<usize> = w.launches.iter().map(|l| voxels(l.out_v)).collect();
         let out_launch = w.launches.iter().position(|l| l.out_v == graph.output);
+        let nodes: Vec<Vec<usize>> = w.launches.iter().map(Launch::nodes).collect();
         let seg = windowed::segments(
             graph,
             &w.tensor,
-            &w.launches,
+            &nodes,
             &spatial,
             roi.iter().product(),
             out_launch,
         );
         if seg.any(n) {
-            let touched = windowed::touched(graph, &w.launches, &w.value_buf, bufs.len());
+            let out_bufs: Vec<usize> = w.launches.iter().map(|l| l.out_buf).collect();
+            let touched = windowed::touched(graph, &nodes, &out_bufs, &w.value_buf, bufs.len());
             let (mut sizes, mut lf) = (bufs.clone(), life.clone());
             let stride = windowed::adjust(
                 seg,

@@ -11,7 +11,6 @@
 //! batch; the segment reads or writes its window's slice, and the buffer stays live over the
 //! whole segment, since every window's pass touches it.
 
-use crate::backend::cuda::host::buffers::Launch;
 use crate::model::graph::{Graph, Op};
 
 /// Launch size (voxels) below which the GPU is taken as under-used: a launch of fewer voxels is
@@ -55,25 +54,20 @@ impl Segments {
     }
 }
 
-/// The nodes launch `l` runs: its own, the fused activation, Add and head.
-fn nodes(l: &Launch) -> impl Iterator<Item = usize> + '_ {
-    [Some(l.node), l.fuse, l.residual.map(|r| r.0)]
-        .into_iter()
-        .chain(l.head.iter().flat_map(|h| [Some(h.conv), h.fuse]))
-        .flatten()
-}
-
-/// Per buffer, the launches that read or write it (`value_buf`: each value's buffer).
+/// Per buffer, the launches that read or write it: launch k runs `nodes[k]` (its node, fused
+/// activation, Add and head) and writes buffer `out_bufs[k]`; `value_buf` holds each value's
+/// buffer.
 pub fn touched(
     graph: &Graph,
-    launches: &[Launch],
+    nodes: &[Vec<usize>],
+    out_bufs: &[usize],
     value_buf: &[Option<usize>],
     nbufs: usize,
 ) -> Vec<Vec<usize>> {
     let mut t = vec![Vec::new(); nbufs];
-    for (k, l) in launches.iter().enumerate() {
-        let reads = nodes(l).flat_map(|i| graph.nodes[i].inputs.iter());
-        for b in reads.filter_map(|&v| value_buf[v]).chain([l.out_buf]) {
+    for (k, (ns, &ob)) in nodes.iter().zip(out_bufs).enumerate() {
+        let reads = ns.iter().flat_map(|&i| graph.nodes[i].inputs.iter());
+        for b in reads.filter_map(|&v| value_buf[v]).chain([ob]) {
             if !t[b].contains(&k) {
                 t[b].push(k);
             }
@@ -82,11 +76,12 @@ pub fn touched(
     t
 }
 
-/// Whether every node of launch `l` computes each window from that window alone, on the NDHWC
-/// kernels: convs, norms (statistics per window and channel), channel concats, activations and
-/// same-shape binaries. The tensor path's values are not batch-major, so it never qualifies.
-fn per_window(graph: &Graph, tensor: &[bool], l: &Launch) -> bool {
-    nodes(l).all(|i| {
+/// Whether every one of a launch's `nodes` computes each window from that window alone, on the
+/// NDHWC kernels: convs, norms (statistics per window and channel), channel concats,
+/// activations and same-shape binaries. The tensor path's values are not batch-major, so it
+/// never qualifies.
+fn per_window(graph: &Graph, tensor: &[bool], nodes: &[usize]) -> bool {
+    nodes.iter().all(|&i| {
         !tensor[i]
             && match &graph.nodes[i].op {
                 Op::Conv(_)
@@ -104,24 +99,24 @@ fn per_window(graph: &Graph, tensor: &[bool], l: &Launch) -> bool {
     })
 }
 
-/// The segments of `launches` for windows of `roi_vox` voxels (`spatial[t]`: launch t's output
-/// voxels a window): the longest prefix and suffix of per-window launches whose outputs have
-/// the window's voxels, the suffix only where it writes the network output (`out_launch`), so
+/// The segments of a launch list (`nodes[t]`: the nodes launch t runs; `spatial[t]`: its
+/// output voxels a window) for windows of `roi_vox` voxels: the longest prefix and suffix of
+/// per-window launches whose outputs have the window's voxels, the suffix only where it writes the network output (`out_launch`), so
 /// each window's output can be blended before the next window's pass overwrites it. None for
 /// windows under [`CUDA_SATURATION_VOXELS`], whose launches need the batch to fill the GPU.
 pub fn segments(
     graph: &Graph,
     tensor: &[bool],
-    launches: &[Launch],
+    nodes: &[Vec<usize>],
     spatial: &[usize],
     roi_vox: usize,
     out_launch: Option<usize>,
 ) -> Segments {
-    let n = launches.len();
+    let n = nodes.len();
     if (roi_vox as u64) < CUDA_SATURATION_VOXELS {
         return Segments { pre: 0, post: n };
     }
-    let ok = |t: usize| spatial[t] == roi_vox && per_window(graph, tensor, &launches[t]);
+    let ok = |t: usize| spatial[t] == roi_vox && per_window(graph, tensor, &nodes[t]);
     let pre = (0..n).take_while(|&t| ok(t)).count();
     let mut post = n - (0..n).rev().take_while(|&t| ok(t)).count();
     if out_launch.is_none_or(|o| o < post) {
