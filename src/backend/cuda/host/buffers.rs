@@ -101,7 +101,7 @@ pub struct BufferPlan {
     /// Bytes of the arena (what `prepare` allocates for all activations).
     pub arena: usize,
     /// The launches run one window at a time ([`windowed`]; none at batch 1 or where it would
-    /// not shrink the arena).
+    /// not lower the bytes live at once).
     pub windows: Segments,
     /// Per buffer, the bytes from one window's slice to the next where a window segment
     /// touches it and it holds the batch; 0 otherwise (a buffer of one window, or one only
@@ -175,6 +175,12 @@ impl BufferPlan {
                 _ => Some(l),
             })
     }
+}
+
+/// (bytes, buffers) in use at launch `t` by lifetimes `life`.
+fn live_at(sizes: &[usize], life: &[(usize, usize)], t: usize) -> (usize, usize) {
+    let live = (0..sizes.len()).filter(|&b| life[b].0 <= t && t <= life[b].1);
+    live.fold((0, 0), |(by, k), b| (by + sizes[b], k + 1))
 }
 
 /// Alignment of every buffer's offset in the activation arena (what `cuMemAlloc` guarantees).
@@ -645,7 +651,7 @@ impl Walk<'_> {
 /// their last reader (after the output is placed, so no kernel reads and writes one buffer);
 /// then every buffer gets an offset in one arena by [`arena_offsets`] over those lifetimes. At
 /// batch > 1 the full-resolution ends of the list may run one window at a time
-/// ([`windowed`]): kept where that makes the arena smaller.
+/// ([`windowed`]): kept where that makes fewer bytes live at once.
 pub fn buffer_plan(
     graph: &Graph,
     batch: usize,
@@ -772,7 +778,6 @@ pub fn buffer_plan(
         .ok_or_else(|| Error::Graph("the graph output is never computed".into()))?;
     let out_shape = w.shapes[graph.output];
     let (mut bufs, mut life) = (w.b.bufs, w.b.life);
-    let (mut offsets, mut arena) = arena_offsets(&bufs, &life);
     let n = w.launches.len();
     let mut windows = Segments { pre: 0, post: n };
     let mut window_stride = vec![0; bufs.len()];
@@ -802,18 +807,21 @@ pub fn buffer_plan(
                 &mut sizes,
                 &mut lf,
             );
-            let (o, a) = arena_offsets(&sizes, &lf);
-            if a < arena {
-                (bufs, life, offsets, arena) = (sizes, lf, o, a);
+            // Judged by the bytes live at once (what the arena comes to, up to holes), so the
+            // arena is placed once.
+            let peak = |sizes: &[usize], life: &[(usize, usize)]| {
+                (0..n).map(|t| live_at(sizes, life, t).0).max().unwrap_or(0)
+            };
+            if peak(&sizes, &lf) < peak(&bufs, &life) {
+                (bufs, life) = (sizes, lf);
                 (windows, window_stride) = (seg, stride);
                 for (t, l) in w.launches.iter_mut().enumerate() {
-                    let live = (0..bufs.len()).filter(|&b| life[b].0 <= t && t <= life[b].1);
-                    (l.live_bytes, l.live_bufs) =
-                        live.fold((0, 0), |(by, k), b| (by + bufs[b], k + 1));
+                    (l.live_bytes, l.live_bufs) = live_at(&bufs, &life, t);
                 }
             }
         }
     }
+    let (offsets, arena) = arena_offsets(&bufs, &life);
     // The scratch also holds a split-K conv's partial sums (one conv at a time).
     let split = w
         .launches

@@ -44,8 +44,8 @@ pub struct CudaOptions {
     /// never written.
     pub norm_head: bool,
     /// Run the launches at the window's full resolution before the first downsampling and after
-    /// the last upsampling one window at a time (`host::windowed`), where that makes the
-    /// activation arena smaller: their own buffers then hold one window, not the batch.
+    /// the last upsampling one window at a time (`host::windowed`), where that lowers the
+    /// activation bytes live at once: their own buffers then hold one window, not the batch.
     pub window_segments: bool,
     /// Replay each batch's launch list as a CUDA graph (`launch_list::Graphs`) rather than
     /// launching its steps one by one (the same kernels on the same buffers either way).
