@@ -78,8 +78,9 @@ pub fn touched(
 
 /// Whether every one of a launch's `nodes` computes each window from that window alone, on the
 /// NDHWC kernels: convs, norms (statistics per window and channel), channel concats,
-/// activations and same-shape binaries. The tensor path's values are not batch-major, so it
-/// never qualifies.
+/// activations and binaries (whose operands all hold the batch, as every kernel value does:
+/// `buffers::batch_dims`). The tensor path's values are not batch-major, so it never
+/// qualifies.
 fn per_window(graph: &Graph, tensor: &[bool], nodes: &[usize]) -> bool {
     nodes.iter().all(|&i| {
         !tensor[i]
@@ -101,9 +102,10 @@ fn per_window(graph: &Graph, tensor: &[bool], nodes: &[usize]) -> bool {
 
 /// The segments of a launch list (`nodes[t]`: the nodes launch t runs; `spatial[t]`: its
 /// output voxels a window) for windows of `roi_vox` voxels: the longest prefix and suffix of
-/// per-window launches whose outputs have the window's voxels, the suffix only where it writes the network output (`out_launch`), so
-/// each window's output can be blended before the next window's pass overwrites it. None for
-/// windows under [`CUDA_SATURATION_VOXELS`], whose launches need the batch to fill the GPU.
+/// per-window launches whose outputs have the window's voxels, the suffix only where it writes
+/// the network output (`out_launch`), so each window's output can be blended before the next
+/// window's pass overwrites it. None for windows under [`CUDA_SATURATION_VOXELS`], whose
+/// launches need the batch to fill the GPU.
 pub fn segments(
     graph: &Graph,
     tensor: &[bool],
