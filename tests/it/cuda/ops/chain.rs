@@ -11,10 +11,7 @@ fn small_unet_chain() {
     let (cin, f) = (1usize, 16usize);
     let x = T::from([2, cin, 16, 16, 16], &r.scaled(2 * 4096, 1.0));
     let w1 = Tensor::new(vec![f, cin, 3, 3, 3], r.scaled(f * 27, 1.0 / 27f32.sqrt()));
-    let w2 = Tensor::new(
-        vec![2 * f, f, 3, 3, 3],
-        r.scaled(2 * f * f * 27, 1.0 / ((f * 27) as f32).sqrt()),
-    );
+    let w2 = weight3(&mut r, 2 * f, f);
     let wt = Tensor::new(
         vec![2 * f, f, 2, 2, 2],
         r.scaled(2 * f * f * 8, 1.0 / ((2 * f) as f32).sqrt()),

@@ -358,7 +358,7 @@ fn convt_up_vec_cases() {
     // offset 32: vector stores) and [14, 32] (stride 46, offset 14: element stores).
     for (ca, cb) in [(32usize, 24usize), (14, 32)] {
         let (cin, sp) = (64usize, [3usize, 5, 4]);
-        let x = T::from([2, cin, sp[0], sp[1], sp[2]], &r.scaled(2 * cin * 60, 1.0));
+        let x = input2(&mut r, cin, sp);
         let mut parts = Vec::new();
         for c in [ca, cb] {
             let w = Tensor::new(vec![cin, c, 2, 2, 2], r.scaled(cin * c * 8, 0.125));
@@ -393,7 +393,7 @@ fn convt_up_vec_cases() {
     }
     // A fused activation after the transposed conv (the epilogue's act_apply), then off.
     let (cin, cout, sp) = (32usize, 16usize, [3usize, 4, 5]);
-    let x = T::from([2, cin, sp[0], sp[1], sp[2]], &r.scaled(2 * cin * 60, 1.0));
+    let x = input2(&mut r, cin, sp);
     let w = Tensor::new(vec![cin, cout, 2, 2, 2], r.scaled(cin * cout * 8, 0.18));
     let bias = Tensor::new(vec![cout], r.scaled(cout, 0.5));
     let want = conv_ref(
@@ -478,14 +478,8 @@ fn conv_split_k() {
     // (split, into the concat's slice at channel 64 of 104), v5 = concat(v3, v4).
     let (ci, sp) = (256usize, [4usize, 4, 4]);
     let n_sp = sp.iter().product::<usize>();
-    let x = T::from([2, ci, sp[0], sp[1], sp[2]], &r.scaled(2 * ci * n_sp, 1.0));
-    let wt = |r: &mut Rng, co: usize| {
-        Tensor::new(
-            vec![co, ci, 3, 3, 3],
-            r.scaled(co * ci * 27, 1.0 / ((ci * 27) as f32).sqrt()),
-        )
-    };
-    let (w1, w4) = (wt(&mut r, 64), wt(&mut r, 40));
+    let x = input2(&mut r, ci, sp);
+    let (w1, w4) = (weight3(&mut r, 64, ci), weight3(&mut r, 40, ci));
     let b4 = Tensor::new(vec![40], r.scaled(40, 0.5));
     let (g1, be1) = (
         Tensor::new(vec![64], r.scaled(64, 1.0)),

@@ -340,7 +340,7 @@ pub(super) fn slice_case(
     b.with(|o| o.halo_tile = tile.map(halo_named));
     let sp = [5usize, 9, 10];
     let nvox = sp.iter().product::<usize>();
-    let x = T::from([2, c, sp[0], sp[1], sp[2]], &r.scaled(2 * c * nvox, 1.0));
+    let x = input2(r, c, sp);
     let wa = Tensor::new(vec![ca, c, 3, 3, 3], r.scaled(ca * c * 27, 0.03));
     let wb = Tensor::new(vec![cb, c, 3, 3, 3], r.scaled(cb * c * 27, 0.03));
     let ba = Tensor::new(vec![ca], r.scaled(ca, 0.5));

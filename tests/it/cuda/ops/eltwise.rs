@@ -66,7 +66,7 @@ fn concat_in_place_and_head() {
     let mut r = Rng::tagged("inplace");
     let (c, sp) = (8usize, [6usize, 7, 5]);
     let nvox = sp.iter().product::<usize>();
-    let x = T::from([2, c, sp[0], sp[1], sp[2]], &r.scaled(2 * c * nvox, 1.0));
+    let x = input2(&mut r, c, sp);
     let wa = Tensor::new(vec![16, c, 3, 3, 3], r.scaled(16 * c * 27, 0.1));
     let wb = Tensor::new(vec![c, c, 3, 3, 3], r.scaled(c * c * 27, 0.1));
     let wh = Tensor::new(vec![5, 32, 1, 1, 1], r.scaled(5 * 32, 0.3));

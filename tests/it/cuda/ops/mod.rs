@@ -71,6 +71,19 @@ fn default_halo(cin: usize, cout: usize, k: usize, st: usize) -> Option<&'static
     pick_halo(&g, 227 * 1024, None)
 }
 
+/// A random input of two samples of `c` channels over `sp`, values in [-1, 1).
+fn input2(r: &mut Rng, c: usize, sp: [usize; 3]) -> T {
+    let n = 2 * c * sp.iter().product::<usize>();
+    T::from([2, c, sp[0], sp[1], sp[2]], &r.scaled(n, 1.0))
+}
+
+/// Random 3^3 conv weights `[cout, cin, 3, 3, 3]` scaled by 1/sqrt(fan-in), so outputs stay
+/// near unit size whatever the channels.
+fn weight3(r: &mut Rng, cout: usize, cin: usize) -> Tensor {
+    let scale = 1.0 / ((cin * 27) as f32).sqrt();
+    Tensor::new(vec![cout, cin, 3, 3, 3], r.scaled(cout * cin * 27, scale))
+}
+
 fn gpu() -> Option<CudaBackend> {
     let mut b = crate::common::cuda_backend()?;
     println!(

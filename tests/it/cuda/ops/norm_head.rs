@@ -20,14 +20,8 @@ fn head_case(
     opts: impl Fn(&mut CudaOptions),
 ) {
     let sp = [9usize, 10, 11];
-    let x = T::from(
-        [2, cin, sp[0], sp[1], sp[2]],
-        &r.scaled(2 * cin * sp.iter().product::<usize>(), 1.0),
-    );
-    let w = Tensor::new(
-        vec![c, cin, 3, 3, 3],
-        r.scaled(c * cin * 27, 1.0 / ((cin * 27) as f32).sqrt()),
-    );
+    let x = input2(r, cin, sp);
+    let w = weight3(r, c, cin);
     // A bias of 4 makes the norm's input mean large next to its spread (fp32 inputs matter).
     let bias = Tensor::new(vec![c], r.scaled(c, 0.5).iter().map(|v| v + 4.0).collect());
     let (gamma, beta) = (

@@ -20,14 +20,8 @@ fn residual_case(
     b.with(|o| *o = CudaOptions::default());
     b.with(|o| o.poison = true);
     b.with(opts);
-    let x = T::from(
-        [2, c, sp[0], sp[1], sp[2]],
-        &r.scaled(2 * c * sp.iter().product::<usize>(), 1.0),
-    );
-    let w = Tensor::new(
-        vec![c, c / groups, 3, 3, 3],
-        r.scaled(c * c / groups * 27, 1.0 / ((c / groups * 27) as f32).sqrt()),
-    );
+    let x = input2(r, c, sp);
+    let w = weight3(r, c, c / groups);
     let bias = Tensor::new(vec![c], r.scaled(c, 0.5));
     let conv = Conv {
         weight: w.clone(),
@@ -122,14 +116,8 @@ fn conv_residual_into_norm() {
     let mut r = Rng::tagged("residual norm");
     b.with(|o| o.poison = true);
     let (c, sp) = (16usize, [8usize, 9, 10]);
-    let x = T::from(
-        [2, c, sp[0], sp[1], sp[2]],
-        &r.scaled(2 * c * sp.iter().product::<usize>(), 1.0),
-    );
-    let w = Tensor::new(
-        vec![c, c, 3, 3, 3],
-        r.scaled(c * c * 27, 1.0 / ((c * 27) as f32).sqrt()),
-    );
+    let x = input2(&mut r, c, sp);
+    let w = weight3(&mut r, c, c);
     let (gamma, beta) = (
         Tensor::new(vec![c], r.scaled(c, 1.0)),
         Tensor::new(vec![c], r.scaled(c, 1.0)),
