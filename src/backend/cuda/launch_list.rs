@@ -34,6 +34,9 @@ pub(crate) struct Prepared {
     /// Bytes from one window's network output to the next: 0 where the back segment writes
     /// one window's output at a time, to be blended before the next window's pass.
     pub output_stride: usize,
+    /// Whether window segments end the list: then each window's output exists only between
+    /// its back steps ([`Prepared::run_back`]) and the next window's.
+    pub back: bool,
     /// The activation arena (fp16; every buffer of the plan at its offset), then constants;
     /// all kept alive for the launch list.
     pub arena: DevBuf,
@@ -184,6 +187,7 @@ pub(crate) fn build(
         runs,
         labels,
         output_stride,
+        back,
         input: bufs[bp.input_buf],
         output: bufs[bp.output_buf],
         activation_bytes: arena.bytes,
@@ -359,18 +363,12 @@ impl Prepared {
     /// window's back steps (for timing: a back segment's windows share one output buffer).
     pub fn run_steps(&self, gpu: &Gpu, n: usize) -> Result<()> {
         self.run_part(gpu, Steps::Front(n))?;
-        if self.has_back() {
+        if self.back {
             for s in 0..n {
                 self.run_part(gpu, Steps::Back(s))?;
             }
         }
         Ok(())
-    }
-
-    /// Whether window segments end the list: then each window's output exists only between
-    /// its back steps ([`Prepared::run_back`]) and the next window's.
-    pub fn has_back(&self) -> bool {
-        self.runs.iter().any(|r| r.0 == Run::Back)
     }
 
     /// Where window `b`'s network output is (after its back steps, where there are some).

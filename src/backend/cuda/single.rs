@@ -93,7 +93,7 @@ pub(crate) fn run_single(
         )
     };
     prep.run_part(gpu, Steps::Front(n))?;
-    if prep.has_back() {
+    if prep.back {
         // Each window's output exists between its back steps and the next window's.
         for b in 0..n {
             prep.run_part(gpu, Steps::Back(b))?;

@@ -376,18 +376,6 @@ impl Buffers {
         self.life.push((at, usize::MAX));
         self.bufs.len() - 1
     }
-
-    /// (bytes, buffers) not freed.
-    fn live(&self) -> (usize, usize) {
-        let (mut bytes, mut n) = (0, 0);
-        for (b, &sz) in self.bufs.iter().enumerate() {
-            if !self.free.contains(&b) {
-                bytes += sz;
-                n += 1;
-            }
-        }
-        (bytes, n)
-    }
 }
 
 /// What the walk over the nodes has built so far.
@@ -757,7 +745,8 @@ pub fn buffer_plan(
         };
         w.live[out_v] = Some(ob);
         w.value_buf[out_v] = Some(ob);
-        let (live_bytes, live_bufs) = w.b.live();
+        // Buffers not freed: every lifetime that has not ended before this launch.
+        let (live_bytes, live_bufs) = live_at(&w.b.bufs, &w.b.life, w.launches.len());
         w.launches.push(Launch {
             node: i,
             fuse,

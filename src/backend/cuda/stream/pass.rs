@@ -312,7 +312,7 @@ impl<'a, 'j> Pass<'a, 'j> {
         let cout = self.prep.cout;
         let mut back = Vec::new();
         for (i, start) in self.order.iter().enumerate().take(p.to).skip(p.from) {
-            if self.prep.has_back() {
+            if self.prep.back {
                 let e0 = ev(s)?;
                 self.prep.run_back(self.gpu, i - st.begin)?;
                 back.push((e0, ev(s)?));
