@@ -76,6 +76,7 @@ struct ConvParams {
     int pad_;
     unsigned long long ws;  // fp32 [ksplit][M][cout] partial sums
     unsigned long long res; // fp16 residual indexed as y (a fused Add; conv_wg_* only), 0: none
+    unsigned long long stats; // float4 [tile][cout]: the output's norm statistics (tile_stats.cuh), 0: none
 };
 
 // One activation over 8 values of channels c..c+7 (the switch once per piece, not per value).

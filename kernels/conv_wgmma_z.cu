@@ -154,35 +154,57 @@ struct WzConv {
 
     // `put` (after a barrier): NT threads store the staged planes in pieces of 8 channels
     // with the activation, thread t's x and channel piece fixed, row (plane, y) = warp + NT / 32 * k.
-    template <int NT = 128>
-    __device__ __forceinline__ void put(int s, int htid, const float* st, half* __restrict__ y,
-                                        const float* __restrict__ slope) const {
+    // ST (the helper's stores in the `_st` twins): `ts` sums the thread's values of the tile, and
+    // the tile's last step adds the NT threads' sums into its statistics (tile_stats.cuh,
+    // barrier 3 over the NT threads, the staging rows reused once every thread has stored).
+    template <int NT = 128, bool ST = false>
+    __device__ __forceinline__ void put(int s, int htid, float* st, half* __restrict__ y,
+                                        const float* __restrict__ slope, TileStats8* ts = nullptr) const {
         static_assert((2 * NY) % (NT / 32) == 0, "whole rows per warp");
+        static_assert(2 * N * SP >= NT * 16 + 32, "the statistics fit the staging rows");
         const int warp = htid >> 5;
         const int ti = s / H, j = s - ti * H, t = blockIdx.x + ti * gridDim.x;
         int n, oz0, oy0, ox0;
         tile_origin<ZT, NY, TX>(t, ntx, nty, ntz, n, oz0, oy0, ox0);
         const int xq = (htid >> 2) & 7, c0 = (htid & 3) * 8, c = nb0 + c0;
         const int ox = ox0 + xq;
-        if (ox >= p.wo || c >= p.cout) return;
-        const bool vec = ((p.ldc | p.coff) & 7) == 0 && c + 8 <= p.cout;
+        constexpr bool stats = ST;
+        if (stats && j == 0) {
+            // The tile's first voxel (plane 0, row 0, x 0: always inside the output), as stored.
+            const float4 a = *reinterpret_cast<const float4*>(st + c0), b = *reinterpret_cast<const float4*>(st + c0 + 4);
+            float first[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            act8(first, c, p, slope);
+            ts->start(first);
+        }
+        if (ox < p.wo && c < p.cout) {
+            const bool vec = ((p.ldc | p.coff) & 7) == 0 && c + 8 <= p.cout;
 #pragma unroll
-        for (int k = 0; k < 2 * NY / (NT / 32); k++) {
-            const int r = warp + NT / 32 * k, pl = r / NY, yy = r - pl * NY;
-            const int oz = oz0 + 2 * j + pl, oy = oy0 + yy;
-            if (oz >= p.do_ || oy >= p.ho) continue;
-            const float4* src = reinterpret_cast<const float4*>(st + (pl * N + yy * 8 + xq) * SP + c0);
-            const float4 a = src[0], b = src[1];
-            float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-            act8(v, c, p, slope);
-            const i64 dst = ((((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox) * p.ldc + p.coff + c;
-            if (vec) {
-                out_store8(p, y, dst, v);
-            } else {
+            for (int k = 0; k < 2 * NY / (NT / 32); k++) {
+                const int r = warp + NT / 32 * k, pl = r / NY, yy = r - pl * NY;
+                const int oz = oz0 + 2 * j + pl, oy = oy0 + yy;
+                if (oz >= p.do_ || oy >= p.ho) continue;
+                const float4* src = reinterpret_cast<const float4*>(st + (pl * N + yy * 8 + xq) * SP + c0);
+                const float4 a = src[0], b = src[1];
+                float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                act8(v, c, p, slope);
+                const i64 dst = ((((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox) * p.ldc + p.coff + c;
+                if (vec) {
+                    out_store8(p, y, dst, v);
+                } else {
 #pragma unroll
-                for (int q = 0; q < 8; q++)
-                    if (c + q < p.cout) out_store1(p, y, dst + q, v[q]);
+                    for (int q = 0; q < 8; q++)
+                        if (c + q < p.cout) out_store1(p, y, dst + q, v[q]);
+                }
+                if (stats) {
+                    // Channels past Cout (a partial piece) are never flushed.
+                    ts->add(v);
+                }
             }
+        }
+        if (stats && j == H - 1) {
+            const float count = (float)(min(ZT, p.do_ - oz0) * min(NY, p.ho - oy0) * min(TX, p.wo - ox0));
+            tile_stats_flush<3, NT, 4>(*ts, htid, st, reinterpret_cast<float4*>(p.stats) + (i64)t * p.cout + nb0,
+                                       p.cout - nb0, count);
         }
     }
 };
@@ -281,7 +303,7 @@ __device__ __forceinline__ void wzh_step(const WzConv<CIN, NY, ZT>& c, int s, fl
     wg_wait<0>();
 }
 
-template <int HT, int CIN, int NY, int ZT>
+template <int HT, bool ST, int CIN, int NY, int ZT>
 __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps, half* sW, half* ring, float* st,
                                         int tid, half* __restrict__ y, const float* __restrict__ bias,
                                         const float* __restrict__ slope) {
@@ -296,6 +318,7 @@ __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps
         cp_async_wait<1>();
         fence_async_smem();
         wz_bar<HT>(1);  // the weights and step 0's slots landed
+        TileStats8 ts;  // ST: the tile's norm statistics, over its H steps
         for (int s = 0; s < steps; s++) {
             cp_async_wait<0>();
             fence_async_smem();  // by the copying threads, before the barrier (the async proxy)
@@ -303,7 +326,7 @@ __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps
             if (s + 2 < steps) c.template load_step<HT>(ring, s + 2, h);
             cp_async_commit();
             wz_bar<HT>(2);
-            c.template put<HT>(s, h, st, y, slope);
+            c.template put<HT, ST>(s, h, st, y, slope, &ts);
         }
         cp_async_wait<0>();
         return;
@@ -335,7 +358,7 @@ __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps
 
 // The kernel: shared memory carved as the layouts above, then one warpgroup's loop (`wz_run`,
 // HT 0) or the MMA warpgroup's and its helper's of HT threads (`wz_run_h`).
-template <int CIN, int NY, int ZT, int HT>
+template <int CIN, int NY, int ZT, int HT, bool ST>
 __device__ __forceinline__ void conv_wz(const ConvParams& p, const half* __restrict__ x, const half* __restrict__ w,
                                        const float* __restrict__ bias, half* __restrict__ y,
                                        const float* __restrict__ slope) {
@@ -347,10 +370,12 @@ __device__ __forceinline__ void conv_wz(const ConvParams& p, const half* __restr
     const C c(p, x, w);
     const int steps = c.steps();
     if (steps == 0) return;
-    if constexpr (HT > 0)
-        wz_run_h<HT>(c, steps, sW, ring, st, (int)threadIdx.x, y, bias, slope);
-    else
+    if constexpr (HT > 0) {
+        wz_run_h<HT, ST>(c, steps, sW, ring, st, (int)threadIdx.x, y, bias, slope);
+    } else {
+        static_assert(!ST, "norm statistics come from the helper's stores only");
         wz_run(c, steps, sW, ring, st, (int)threadIdx.x, y, bias, slope);
+    }
 }
 
 // Name: conv_wz_c{CIN}_y{NY}[_h | _h2]; one line per WGMMA table entry with `zpair`
@@ -359,10 +384,17 @@ __device__ __forceinline__ void conv_wz(const ConvParams& p, const half* __restr
 #define WZ_ENTRY(NAME, CIN, NY, ZT)                                                                  \
     extern "C" __global__ void __launch_bounds__(128, 1) NAME(ConvParams p, const half* x, const half* w, \
                                                             const float* bias, half* y, const float* slope) { \
-        conv_wz<CIN, NY, ZT, 0>(p, x, w, bias, y, slope);                                                  \
+        conv_wz<CIN, NY, ZT, 0, false>(p, x, w, bias, y, slope);                                                \
     }
 #define WZH_ENTRY(NAME, CIN, NY, ZT, HT)                                                             \
     extern "C" __global__ void __launch_bounds__(128 + HT, 1) NAME(ConvParams p, const half* x, const half* w, \
                                                                  const float* bias, half* y, const float* slope) { \
-        conv_wz<CIN, NY, ZT, HT>(p, x, w, bias, y, slope);                                                      \
+        conv_wz<CIN, NY, ZT, HT, false>(p, x, w, bias, y, slope);                                                    \
+    }
+// The `_st` twin of a WZH entry (`HaloConfig::stats`): the helper's stores also write the norm
+// statistics of each tile to `p.stats` (tile_stats.cuh).
+#define WZH_ST_ENTRY(NAME, CIN, NY, ZT, HT)                                                          \
+    extern "C" __global__ void __launch_bounds__(128 + HT, 1) NAME(ConvParams p, const half* x, const half* w, \
+                                                                 const float* bias, half* y, const float* slope) { \
+        conv_wz<CIN, NY, ZT, HT, true>(p, x, w, bias, y, slope);                                                \
     }

@@ -225,6 +225,66 @@ extern "C" __global__ void norm_finalize(const float* __restrict__ part, int nbl
     ab[e * 2 + 1] = (float)((double)beta[c] - mean * a);
 }
 
+// Sum over a block of 256 threads in a fixed order (a shuffle tree per warp, then the warps in
+// order); every thread gets the total. `red`: 9 doubles of shared memory.
+__device__ __forceinline__ double block_sum256(double v, double* red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int w = 0; w < 8; w++) t += red[w];
+        red[8] = t;
+    }
+    __syncthreads();
+    const double t = red[8];
+    __syncthreads();  // `red` may be reused
+    return t;
+}
+
+// norm_finalize from the statistics a conv's epilogue took per output tile (kernels/
+// tile_stats.cuh: float4 (sum, sum of squares, shift, count) at part[n][tile][C], each sum of
+// values less the tile's shift), in place of the partial-sum pass: one block of 256 per
+// (n, c). The group's mean in fp64 first, then its squared deviations: each entry's own about
+// its mean plus its count times its mean's distance from the group's squared (Chan's parallel
+// variance), so no E[x^2] - E[x]^2 of the whole group. Fixed orders: the same bits every run.
+extern "C" __global__ void __launch_bounds__(256) norm_finalize_tiles(
+    const float4* __restrict__ part, int ntiles, int C, int groups, float eps, const float* __restrict__ gamma,
+    const float* __restrict__ beta, float* __restrict__ ab) {
+    __shared__ double red[9];
+    const int e = blockIdx.x, n = e / C, c = e % C;
+    const int cpg = C / groups, g0 = (c / cpg) * cpg;
+    const int entries = ntiles * cpg;
+    const float4* pn = part + (i64)n * ntiles * C + g0;
+    double s = 0.0, cnt = 0.0;
+    for (int i = threadIdx.x; i < entries; i += 256) {
+        const float4 f = pn[(i64)(i / cpg) * C + i % cpg];
+        s += (double)f.z * (double)f.w + (double)f.x;
+        cnt += (double)f.w;
+    }
+    s = block_sum256(s, red);
+    cnt = block_sum256(cnt, red);
+    const double mean = cnt > 0.0 ? s / cnt : 0.0;
+    double m2 = 0.0;
+    for (int i = threadIdx.x; i < entries; i += 256) {
+        const float4 f = pn[(i64)(i / cpg) * C + i % cpg];
+        if (f.w > 0.f) {
+            const double d = (double)f.x / (double)f.w;  // the entry's mean less its shift
+            const double dm = (double)f.z + d - mean;
+            m2 += ((double)f.y - (double)f.x * d) + (double)f.w * dm * dm;
+        }
+    }
+    m2 = block_sum256(m2, red);
+    if (threadIdx.x != 0) return;
+    double var = cnt > 0.0 ? m2 / cnt : 0.0;
+    if (var < 0.0) var = 0.0;
+    const double rstd = 1.0 / sqrt(var + (double)eps);
+    const double a = (double)gamma[c] * rstd;
+    ab[e * 2] = (float)a;
+    ab[e * 2 + 1] = (float)((double)beta[c] - mean * a);
+}
+
 // y = act(x * a[n][c] + b[n][c]); ab_nstride 0 broadcasts one (a, b) per channel (ChannelAffine).
 template <typename T>
 __device__ __forceinline__ void affine_act_t(const T* __restrict__ x, half* __restrict__ y, i64 total, i64 P,

@@ -104,6 +104,9 @@ pub struct ConvParams {
     /// fp16 residual added to each stored value (0: none): an Add fused into the conv's
     /// epilogue (`host::fusion::fusable_residual`), indexed as the output (ldc == Cout, coff 0).
     pub res: u64,
+    /// float4 per (output tile, channel): the output's InstanceNorm / GroupNorm statistics,
+    /// written by the epilogue (kernels/tile_stats.cuh) for the norm right after; 0: none.
+    pub stats: u64,
 }
 
 /// Mirrors `struct PoolParams` in kernels/pool_resize.cu.

@@ -267,6 +267,7 @@ fn head_step(
         slope_n: slope_n(&act),
         act,
         xs: vec![io.x],
+        stats_tiles: None,
         ..io.clone()
     };
     let mut steps = conv::build(b, &conv.op, &h.kernel, &hio)?;
@@ -329,6 +330,7 @@ fn node_io<'g>(
             Some((_, r)) => bp.value_buf[r].map_or(0, |b| bufs[b]),
             None => 0,
         },
+        stats_tiles: l.tile_stats,
     })
 }
 

@@ -199,13 +199,21 @@ fn decisive_agreement(got: &Array5<f32>, want: &Array5<f32>) -> f64 {
 }
 
 /// The fp16 bars on one architecture's export; the failures, not a panic, so one run shows all.
-fn gpu_case(arch: &str, exporter: &str, model: &Path, entry: &serde_json::Value) -> Vec<String> {
+/// One export on the GPU with backend options `opts`: its window against the fixture's output,
+/// and (`entry`: the sliding-window spec) the engine's sliding window with the default options.
+fn gpu_case(
+    arch: &str,
+    exporter: &str,
+    model: &Path,
+    entry: Option<&serde_json::Value>,
+    opts: voxtile::internals::cuda::CudaOptions,
+) -> Vec<String> {
     let x = npy(&format!("{arch}_input.npy")).expect("window input");
     let want = npy(&format!("{arch}_output.npy")).expect("window output");
     let Ok(g) = voxtile::model::onnx::load(model) else {
         return vec![]; // refusals are the CPU test's concern
     };
-    let mut b = voxtile::internals::cuda::CudaBackend::new(0).unwrap();
+    let mut b = voxtile::internals::cuda::CudaBackend::with_options(0, opts).unwrap();
     let s = x.shape();
     b.prepare(&g, s[0], [s[2], s[3], s[4]]).unwrap();
     let got = b.run(x.view()).unwrap();
@@ -220,7 +228,7 @@ fn gpu_case(arch: &str, exporter: &str, model: &Path, entry: &serde_json::Value)
         argmax_agreement(&got, &want),
         decisive_agreement(&got, &want),
     );
-    let sw = sliding(model, entry, arch, Device::Cuda(0));
+    let sw = entry.and_then(|entry| sliding(model, entry, arch, Device::Cuda(0)));
     println!(
         "RESULT gpu {arch} {exporter}: window rel L2 {e:.2e}, argmax agreement {agree:.5} (decisive voxels {decisive:.5}), sliding window {}",
         fmt(sw)
@@ -249,7 +257,33 @@ fn architectures_on_the_gpu() {
     let mut bad = vec![];
     for (arch, entry) in &index() {
         for (exporter, model) in exports(arch) {
-            bad.extend(gpu_case(arch, exporter, &model, entry));
+            bad.extend(gpu_case(
+                arch,
+                exporter,
+                &model,
+                Some(entry),
+                Default::default(),
+            ));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// The exports' windows with the norms' statistics taken in the convs' epilogues
+/// (`CudaOptions::norm_stats`, off by default until measured): the same bars.
+#[test]
+fn architectures_on_the_gpu_with_norm_stats() {
+    if !gpu_present() {
+        return;
+    }
+    let opts = voxtile::internals::cuda::CudaOptions {
+        norm_stats: true,
+        ..Default::default()
+    };
+    let mut bad = vec![];
+    for (arch, _) in &index() {
+        for (exporter, model) in exports(arch) {
+            bad.extend(gpu_case(arch, exporter, &model, None, opts));
         }
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));

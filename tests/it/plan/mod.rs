@@ -6,5 +6,6 @@ mod norm_head;
 mod planner;
 mod residual;
 mod tensor;
+mod tile_stats;
 mod w1;
 mod windowed;

@@ -17,6 +17,7 @@ use crate::backend::cuda::host::select::{is_upsampling_convt, ConvGeom};
 use crate::backend::cuda::host::tensor_layout::{
     aliases, is_standard, paths, tensor_supported, Paths, Stored,
 };
+use crate::backend::cuda::host::tile_stats;
 use crate::backend::cuda::host::windowed::{self, Segments};
 use crate::model::graph::{Graph, Op};
 use crate::model::ops::Dims;
@@ -41,6 +42,10 @@ pub struct Launch {
     pub coff: usize,
     /// Kernel of a conv / transposed conv.
     pub conv: Option<ConvKernel>,
+    /// A conv handing the norm right after it its statistics, and that norm
+    /// ([`tile_stats::pair`]): the conv's output tiles per sample, whose sums the conv writes
+    /// to the norm scratch and the norm finalises.
+    pub tile_stats: Option<usize>,
     /// Activation bytes (buffers not free) right after the output is placed, and how many.
     pub live_bytes: usize,
     pub live_bufs: usize,
@@ -757,6 +762,7 @@ pub fn buffer_plan(
             ldc,
             coff,
             conv,
+            tile_stats: None,
             live_bytes,
             live_bufs,
         });
@@ -811,7 +817,22 @@ pub fn buffer_plan(
         }
     }
     let (offsets, arena) = arena_offsets(&bufs, &life);
-    // The scratch also holds a split-K conv's partial sums (one conv at a time).
+    let stat_bytes = if caps.norm_stats {
+        let shapes = &w.shapes;
+        tile_stats::pair(
+            graph,
+            &w.cons,
+            shapes,
+            &w.tensor,
+            &mut w.launches,
+            &windows,
+            batch,
+        )
+    } else {
+        0
+    };
+    // The scratch also holds a split-K conv's partial sums and a conv's tile statistics for
+    // the norm after it (one launch at a time).
     let split = w
         .launches
         .iter()
@@ -840,7 +861,9 @@ pub fn buffer_plan(
         output_buf,
         stage_in: batch * numel(&in_shape) * 4,
         stage_out: batch * numel(&out_shape) * 4,
-        norm_sums: (batch * w.norm_part.max(cmax) * 2 * 4).max(split),
+        norm_sums: (batch * w.norm_part.max(cmax) * 2 * 4)
+            .max(split)
+            .max(stat_bytes),
         norm_ab: batch * cmax * 2 * 4,
         cmax,
         shapes: w.shapes,

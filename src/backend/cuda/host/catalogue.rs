@@ -15,6 +15,10 @@ pub const COMMON: &str = include_str!("../../../../kernels/common.cuh");
 /// Prepended (after [`COMMON`]) to the two mma.sync families, `conv_mma` and `conv_halo`.
 pub const MMA: &str = include_str!("../../../../kernels/mma.cuh");
 
+/// Prepended (after [`MMA`]) to the conv families whose epilogues take a following norm's
+/// statistics (`conv_halo`, `conv_wgmma`).
+pub const TILE_STATS: &str = include_str!("../../../../kernels/tile_stats.cuh");
+
 /// One kernels/*.cu file, compiled by NVRTC as one module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
@@ -100,8 +104,9 @@ impl Family {
     }
 
     /// What NVRTC compiles for the family after the common prelude: [`MMA`] for the mma.sync
-    /// families, its file, then the entry lines of its configuration tables ([`entry_lines`]),
-    /// so a tile is listed once, here.
+    /// families, [`TILE_STATS`] for the two whose epilogues take norm statistics, its file,
+    /// then the entry lines of its configuration tables ([`entry_lines`]), so a tile is listed
+    /// once, here.
     pub fn source(self) -> String {
         let mma = match self {
             Family::ConvMma
@@ -111,7 +116,11 @@ impl Family {
             | Family::Attention => MMA,
             _ => "",
         };
-        format!("{mma}{}\n{}", self.file(), entry_lines(self))
+        let stats = match self {
+            Family::ConvHalo | Family::ConvWgmma => TILE_STATS,
+            _ => "",
+        };
+        format!("{mma}{stats}{}\n{}", self.file(), entry_lines(self))
     }
 
     /// The architecture NVRTC builds the family for on a device of architecture `arch`
@@ -136,8 +145,17 @@ impl Family {
                 v.extend(MMA_CONFIGS.iter().map(|c| c.name));
                 v.extend(UPSAMPLE_VEC.iter().map(|(_, u)| *u));
             }
-            Family::ConvHalo => v.extend(HALO_CONFIGS.iter().map(|c| c.name)),
-            Family::ConvWgmma => v.extend(wgmma_all().map(|c| c.name)),
+            Family::ConvHalo => v.extend(
+                HALO_CONFIGS
+                    .iter()
+                    .chain(STATS_TWINS.iter().filter(|c| !c.wgmma))
+                    .map(|c| c.name),
+            ),
+            Family::ConvWgmma => v.extend(
+                wgmma_all()
+                    .chain(STATS_TWINS.iter().filter(|c| c.wgmma))
+                    .map(|c| c.name),
+            ),
             _ => {}
         }
         v
@@ -179,6 +197,8 @@ pub const CONV_DIRECT: Kernel = k(Family::ConvTranspose, "conv_direct");
 pub const NORM_PARTIAL_V8: Kernel = k(Family::Norm, "norm_partial_v8");
 pub const NORM_PARTIAL: Kernel = k(Family::Norm, "norm_partial");
 pub const NORM_FINALIZE: Kernel = k(Family::Norm, "norm_finalize");
+/// `norm_finalize` from the per-tile statistics a conv's epilogue took (`ConvParams::stats`).
+pub const NORM_FINALIZE_TILES: Kernel = k(Family::Norm, "norm_finalize_tiles");
 pub const AFFINE_ACT: Kernel = k(Family::Norm, "affine_act");
 pub const AFFINE_ACT_V8: Kernel = k(Family::Norm, "affine_act_v8");
 pub const NORM_PARTIAL_FLAT8: Kernel = k(Family::Norm, "norm_partial_flat8");
@@ -268,6 +288,7 @@ pub const KERNELS: &[Kernel] = &[
     NORM_PARTIAL_V8,
     NORM_PARTIAL,
     NORM_FINALIZE,
+    NORM_FINALIZE_TILES,
     AFFINE_ACT,
     AFFINE_ACT_V8,
     NORM_PARTIAL_FLAT8,
@@ -444,6 +465,10 @@ pub struct HaloConfig {
     /// Not measured yet: listed and compiled only with the `kernel-experiments` feature, never a
     /// default, run only when forced.
     pub experiment: bool,
+    /// An `_st` twin ([`STATS_TWINS`]): the same kernel, whose epilogue also writes the
+    /// statistics of a following InstanceNorm / GroupNorm per output tile
+    /// (`ConvParams::stats`, kernels/tile_stats.cuh).
+    pub stats: bool,
 }
 
 /// Output voxels of the original halo tile (z, y, x).
@@ -499,6 +524,16 @@ impl HaloConfig {
         ((w + self.hb * self.halo_rows() * (self.cin + 8)) * 2) as u32
     }
 
+    /// Whether `conv_halo`'s vector epilogue fits its shared memory (the fp32 tile staged in
+    /// rows of bn + 8 floats over the halo and weight stages): the `VEC_FITS` of
+    /// kernels/conv_halo.cu.
+    pub fn vec_epilogue(&self) -> bool {
+        let (ld, rows) = (self.cin + 8, self.tile.iter().product::<usize>());
+        self.is_plain()
+            && !self.wgmma
+            && rows * (self.bn + 8) * 4 <= (self.halo_rows() * ld + 2 * self.bn * ld) * 2
+    }
+
     /// Output tiles of an n x d x h x w output.
     pub fn tiles(&self, n: usize, out: [usize; 3]) -> usize {
         n * (0..3)
@@ -529,6 +564,7 @@ pub fn halo_config(name: &str) -> Option<&'static HaloConfig> {
     HALO_CONFIGS
         .iter()
         .chain(wgmma_all())
+        .chain(STATS_TWINS)
         .find(|c| c.name == name)
 }
 
@@ -551,6 +587,7 @@ const fn halo(name: &'static str, cin: usize, bn: usize, wm: usize, wn: usize) -
         wg_reps: 1,
         zpair: false,
         experiment: false,
+        stats: false,
     }
 }
 
@@ -747,6 +784,7 @@ const fn wg(name: &'static str, cin: usize, bn: usize, tz: usize, wst: usize) ->
         wg_reps: 1,
         zpair: false,
         experiment: false,
+        stats: false,
     }
 }
 
@@ -864,6 +902,41 @@ pub fn wgmma_all() -> impl Iterator<Item = &'static HaloConfig> {
     WGMMA_CONFIGS.iter().chain(WGMMA_FORCED)
 }
 
+/// The `_st` twin of `base`: its kernel with the epilogue that also writes a following norm's
+/// statistics per output tile (kernels/tile_stats.cuh).
+const fn stats_twin_of(name: &'static str, base: HaloConfig) -> HaloConfig {
+    HaloConfig {
+        name,
+        stats: true,
+        ..base
+    }
+}
+
+pub const CONV_HALO_C32N32_W4_ST: HaloConfig =
+    stats_twin_of("conv_halo_c32n32_w4_st", CONV_HALO_C32N32_W4);
+pub const CONV_HALO_C64N32_ST: HaloConfig = stats_twin_of("conv_halo_c64n32_st", CONV_HALO_C64N32);
+pub const CONV_HALO_C64N64_ST: HaloConfig = stats_twin_of("conv_halo_c64n64_st", CONV_HALO_C64N64);
+pub const CONV_WZ_C32_Y16_H2_ST: HaloConfig =
+    stats_twin_of("conv_wz_c32_y16_h2_st", CONV_WZ_C32_Y16_H2);
+
+/// The kernels that hand a following InstanceNorm / GroupNorm its statistics
+/// (`CudaOptions::norm_stats`): `_st` twins of the defaults W1's norms follow (the plain halo
+/// kernels with the vector epilogue, the z-pair kernel with its two-warpgroup helper). The
+/// planner takes the twin in place of its base; not measured yet, so not on by default.
+pub const STATS_TWINS: &[HaloConfig] = &[
+    CONV_HALO_C32N32_W4_ST,
+    CONV_HALO_C64N32_ST,
+    CONV_HALO_C64N64_ST,
+    CONV_WZ_C32_Y16_H2_ST,
+];
+
+/// The `_st` twin of halo / wgmma kernel `c`, if it has one.
+pub fn stats_twin(c: &HaloConfig) -> Option<&'static HaloConfig> {
+    STATS_TWINS
+        .iter()
+        .find(|t| t.name.strip_suffix("_st") == Some(c.name))
+}
+
 // Experiments (`kernel-experiments`): padded K steps, 8-face tiles, the MMA loop twice (its cost
 // is the difference; the sums are wrong, so never a default). Measured in session 13: padding
 // changes nothing; 8 faces per tile (1 block per SM) is 1.8x slower.
@@ -971,6 +1044,12 @@ pub fn entry_lines(fam: Family) -> String {
                 )
             });
         }
+        // The `_st` twins: the helper's stores also take the norm statistics.
+        for c in STATS_TWINS.iter().filter(|c| c.zpair && c.threads > 128) {
+            let (name, cin, ny, tz) = (c.name, c.cin, c.tile[1], c.tile[0]);
+            let ht = c.threads - 128;
+            out.push_str(&format!("WZH_ST_ENTRY({name}, {cin}, {ny}, {tz}, {ht})\n"));
+        }
         return out;
     }
     for c in HALO_CONFIGS {
@@ -986,12 +1065,46 @@ pub fn entry_lines(fam: Family) -> String {
             ));
         }
     }
+    // The `_st` twins: the vector epilogue also takes the norm statistics.
+    for c in STATS_TWINS.iter().filter(|c| !c.wgmma && c.is_plain()) {
+        let wn = warps_n(c.threads, c.wm);
+        let (name, cin, bn, wm) = (c.name, c.cin, c.bn, c.wm);
+        out.push_str(&format!("HALO_ST_ENTRY({name}, {cin}, {bn}, {wm}, {wn})\n"));
+    }
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An `_st` twin is its base kernel with the statistics: the same tile, threads and shared
+    /// memory (so the same launch and weights), a base among the defaults.
+    #[test]
+    fn stats_twins_are_their_bases() {
+        for t in STATS_TWINS {
+            let base = HALO_CONFIGS
+                .iter()
+                .chain(WGMMA_CONFIGS)
+                .find(|c| Some(c.name) == t.name.strip_suffix("_st"))
+                .unwrap_or_else(|| panic!("{}: no default base", t.name));
+            assert!(t.stats && !base.stats, "{}", t.name);
+            assert_eq!(
+                HaloConfig {
+                    name: base.name,
+                    stats: false,
+                    ..*t
+                },
+                *base
+            );
+            assert_eq!(stats_twin(base).map(|c| c.name), Some(t.name));
+            assert!(
+                t.zpair || t.vec_epilogue(),
+                "{}: no vector epilogue",
+                t.name
+            );
+        }
+    }
 
     /// Entry points a family's source defines: `extern "C" __global__ void [bounds] NAME(` lines
     /// and the first argument of each `*_ENTRY(` macro use (the `#define`s excluded).

@@ -3,9 +3,9 @@
 
 use crate::backend::cuda::abi::norm_blocks;
 use crate::backend::cuda::host::catalogue::{
-    has_wgmma, upsample_vec_name, HaloConfig, MmaConfig, CONV1X1_N16, CONV1X1_N32, CONV_C1_K3,
-    CONV_DIRECT, CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8, CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8,
-    CONV_SPLITK_REDUCE,
+    has_wgmma, stats_twin, upsample_vec_name, HaloConfig, MmaConfig, CONV1X1_N16, CONV1X1_N32,
+    CONV_C1_K3, CONV_DIRECT, CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8, CONV_IGEMM_N64_V1,
+    CONV_IGEMM_N64_V8, CONV_SPLITK_REDUCE,
 };
 use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::host::relayout::{parity_split, FusedParity, ParityClass};
@@ -51,6 +51,8 @@ pub struct ArchCaps {
     /// The full-resolution ends of the list run one window at a time
     /// (`CudaOptions::window_segments`).
     pub window_segments: bool,
+    /// A conv hands the norm after it the statistics of its output (`CudaOptions::norm_stats`).
+    pub norm_stats: bool,
 }
 
 impl ArchCaps {
@@ -72,6 +74,7 @@ impl ArchCaps {
             split_k: true,
             norm_head: true,
             window_segments: true,
+            norm_stats: false,
         }
     }
 
@@ -95,6 +98,7 @@ impl ArchCaps {
             split_k: opts.split_k,
             norm_head: opts.norm_head,
             window_segments: opts.window_segments,
+            norm_stats: opts.norm_stats,
             conv_tile: opts.conv_tile,
             halo_tile: opts.halo_tile,
             ..base
@@ -170,6 +174,23 @@ impl ConvKernel {
     /// out-of-line `conv_store` by half (PERF_NOTES, session 21).
     pub fn adds_residual(&self) -> bool {
         matches!(self, ConvKernel::Halo(c) if c.wgmma && !c.zpair)
+    }
+
+    /// The kernel that also writes the statistics of a norm reading this conv's output (`cout`
+    /// channels at channel stride `ldc` and offset `coff`) per output tile: the `_st` twin
+    /// ([`stats_twin`]) of a halo kernel whose epilogue takes them (the vector epilogue of
+    /// `conv_halo`, which needs 8-channel pieces; the z-pair kernel's helper).
+    pub fn with_norm_stats(&self, cout: usize, ldc: usize, coff: usize) -> Option<ConvKernel> {
+        let ConvKernel::Halo(c) = self else {
+            return None;
+        };
+        let twin = stats_twin(c)?;
+        let takes = if twin.zpair {
+            twin.threads > 128
+        } else {
+            twin.vec_epilogue() && [cout, ldc, coff].iter().all(|v| v.is_multiple_of(8))
+        };
+        takes.then_some(ConvKernel::Halo(twin))
     }
 
     /// The parts its K is split into (`SplitK`), else 1.

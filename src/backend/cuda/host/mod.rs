@@ -10,4 +10,5 @@ pub mod options;
 pub mod relayout;
 pub mod select;
 pub mod tensor_layout;
+pub mod tile_stats;
 pub mod windowed;

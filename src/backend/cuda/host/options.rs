@@ -47,6 +47,11 @@ pub struct CudaOptions {
     /// the last upsampling one window at a time (`host::windowed`), where that lowers the
     /// activation bytes live at once: their own buffers then hold one window, not the batch.
     pub window_segments: bool,
+    /// Let a conv whose output only an InstanceNorm / GroupNorm right after it reads write that
+    /// norm's statistics per output tile in its epilogue (the `_st` kernels,
+    /// `host::tile_stats`), so the norm skips its partial-sum pass over the conv's output. Off
+    /// until measured on a GPU (PERF_NOTES, session 24).
+    pub norm_stats: bool,
     /// Replay each batch's launch list as a CUDA graph (`launch_list::Graphs`) rather than
     /// launching its steps one by one (the same kernels on the same buffers either way).
     pub graphs: bool,
@@ -69,6 +74,7 @@ impl Default for CudaOptions {
             split_k: true,
             norm_head: true,
             window_segments: true,
+            norm_stats: false,
             graphs: true,
         }
     }

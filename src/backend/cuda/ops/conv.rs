@@ -41,6 +41,9 @@ pub(crate) struct ConvStep {
     /// K splits of an mma conv (`ConvKernel::SplitK`; 1: none): partial sums in the plan's
     /// scratch, then `conv_splitk_reduce`.
     pub ksplit: usize,
+    /// An `_st` kernel writing the next norm's statistics per output tile into the plan's
+    /// scratch (`ConvParams::stats`).
+    pub stats: bool,
 }
 
 /// The op's conv parameters, the same for a conv and a transposed conv.
@@ -137,6 +140,13 @@ pub(crate) fn build(
     io: &NodeIo,
 ) -> Result<Vec<ConvStep>> {
     let c = ConvOp::of(op).expect("a conv op");
+    if io.stats_tiles.is_some() && !matches!(kernel, ConvKernel::Halo(h) if h.stats) {
+        return Err(Error::Backend(format!(
+            "node {}: norm statistics planned on {}, which does not write them",
+            io.name,
+            kernel.funcs()[0]
+        )));
+    }
     let bias = match c.bias {
         Some(t) => b.upload_const(&t.data)?,
         None => 0,
@@ -158,6 +168,7 @@ pub(crate) fn build(
         direct: c.groups != 1,
         pointwise: false,
         ksplit: 1,
+        stats: false,
     };
     use ConvKernel as K;
     match kernel {
@@ -282,6 +293,7 @@ pub(crate) fn build(
             let shape = (func, bm as u32, bn as u32, threads, smem);
             Ok(vec![ConvStep {
                 ksplit: kernel.k_splits(),
+                stats: io.stats_tiles.is_some(),
                 ..step(p, wp, io.y, shape)
             }])
         }
@@ -362,10 +374,20 @@ impl ConvStep {
     }
 
     /// Launches the conv for `n` samples on `s`; `scratch`: the plan's scratch, which holds
-    /// a split conv's partial sums (`BufferPlan::norm_sums` is sized for them).
+    /// a split conv's partial sums or an `_st` kernel's tile statistics
+    /// (`BufferPlan::norm_sums` is sized for them).
     pub fn launch(&self, gpu: &Gpu, s: &CudaStream, n: usize, scratch: u64) -> Result<()> {
         let mut p = self.p;
         p.n = n as i32;
+        if self.stats {
+            if scratch == 0 {
+                return Err(Error::Backend(format!(
+                    "{}: a conv writing norm statistics launched without the scratch",
+                    self.func
+                )));
+            }
+            p.stats = scratch;
+        }
         if self.ksplit > 1 {
             if scratch == 0 {
                 return Err(Error::Backend(format!(

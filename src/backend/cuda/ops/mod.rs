@@ -150,6 +150,9 @@ pub(crate) struct NodeIo<'a> {
     pub slope_n: i32,
     /// The fp16 residual a conv's epilogue adds (a fused Add), 0: none.
     pub res: u64,
+    /// A conv writing the norm after it its statistics, or that norm reading them
+    /// (`buffers::Launch::tile_stats`): the conv's output tiles per sample.
+    pub stats_tiles: Option<usize>,
     /// Whether the node runs on the tensor path, its inputs and output as stored (dims at the
     /// plan's batch, layout).
     pub tensor: bool,

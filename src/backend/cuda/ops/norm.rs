@@ -6,8 +6,8 @@ use crate::backend::cuda::abi::norm_blocks;
 use crate::backend::cuda::abi::Act;
 use crate::backend::cuda::host::catalogue::{
     AFFINE_ACT, AFFINE_ACT_F32, AFFINE_ACT_FLAT8, AFFINE_ACT_FLAT8_F32, AFFINE_ACT_V8,
-    AFFINE_ACT_V8_F32, NORM_FINALIZE, NORM_PARTIAL, NORM_PARTIAL_F32, NORM_PARTIAL_FLAT8,
-    NORM_PARTIAL_FLAT8_F32, NORM_PARTIAL_V8, NORM_PARTIAL_V8_F32,
+    AFFINE_ACT_V8_F32, NORM_FINALIZE, NORM_FINALIZE_TILES, NORM_PARTIAL, NORM_PARTIAL_F32,
+    NORM_PARTIAL_FLAT8, NORM_PARTIAL_FLAT8_F32, NORM_PARTIAL_V8, NORM_PARTIAL_V8_F32,
 };
 use crate::backend::cuda::runtime::launch::{Arg, Gpu};
 use crate::model::graph::Op;
@@ -38,6 +38,9 @@ pub(crate) struct Norm {
     pub beta: u64,
     /// Its `ab` is unused: the pairs are the plan's norm scratch, given at launch.
     pub affine: Affine,
+    /// The conv before it wrote its statistics for this many output tiles per sample
+    /// (`Launch::tile_stats`): finalised from those, with no partial-sum pass.
+    pub tiles: Option<usize>,
 }
 
 /// The norm of node `op` (InstanceNorm: one group per channel).
@@ -63,6 +66,7 @@ pub(crate) fn build_norm(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Norm> {
             nstride: io.xshape[0],
             ..affine_of(io, 0)
         },
+        tiles: io.stats_tiles,
     })
 }
 
@@ -121,10 +125,30 @@ impl Norm {
     }
 
     /// The statistics of `n` samples: partial sums into `part`, then the scale / shift pairs
-    /// into `ab` (what the affine pass, or a head normalising on load, reads).
+    /// into `ab` (what the affine pass, or a head normalising on load, reads); or only the
+    /// pairs, from the tile sums the conv before left in `part` (`tiles`).
     pub fn stats(&self, gpu: &Gpu, s: &CudaStream, n: usize, [part, ab]: [u64; 2]) -> Result<()> {
         let a = &self.affine;
         let (pix, c) = (a.pix, a.c);
+        if let Some(tiles) = self.tiles {
+            // The conv before wrote each tile's sums into `part`.
+            return gpu.launch(
+                s,
+                NORM_FINALIZE_TILES.name,
+                ((n * c) as u32, 1, 1),
+                (256, 0),
+                &mut [
+                    Arg::Ptr(part),
+                    Arg::I32(tiles as i32),
+                    Arg::I32(c as i32),
+                    Arg::I32(self.groups as i32),
+                    Arg::F32(self.eps),
+                    Arg::Ptr(self.gamma),
+                    Arg::Ptr(self.beta),
+                    Arg::Ptr(ab),
+                ],
+            );
+        }
         let nblk = norm_blocks(gpu.sm_count as usize, pix);
         // (kernel, blocks per sample, pixels or vectors per block, shared memory bytes)
         let (k, nblk, chunk, smem) = if c % 8 == 0 && c <= 2048 {

@@ -14,6 +14,7 @@ mod conv_wgmma;
 mod eltwise;
 mod norm;
 mod norm_head;
+mod norm_stats;
 mod pool;
 mod residual;
 

@@ -1,0 +1,72 @@
+// InstanceNorm / GroupNorm statistics taken in a conv's epilogue (`ConvParams::stats`), so the
+// norm after it skips its partial-sum pass over the conv's output (`norm_finalize_tiles`).
+// Prepended to the conv tile families that write them (`conv_halo.cu`'s vector epilogue, the
+// `conv_wz_*` helper's stores; `Family::source`).
+//
+// Per output tile and channel, one float4 in the plan's norm scratch at [tile][cout] (tiles as
+// `tile_origin` orders them, samples slowest): (sum, sum of squares, shift, count) of the
+// values as stored, each less the shift. The shift is the tile's first voxel's value, the same
+// in every thread of the tile, so the threads' sums add as they are; it keeps
+// E[x^2] - E[x]^2 from cancelling when the mean is far from 0. No atomics: fixed orders, the
+// same bits every run and at every batch (a tile's sums do not depend on the grid).
+
+// One thread's sums of 8 channels over the voxels it stores of one tile.
+struct TileStats8 {
+    float shf[8], s[8], q[8];
+
+    // A new tile whose first voxel's 8 values are `first`.
+    __device__ __forceinline__ void start(const float* first) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            shf[k] = first[k];
+            s[k] = q[k] = 0.f;
+        }
+    }
+    __device__ __forceinline__ void add(const float (&v)[8]) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const float a = v[k] - shf[k];
+            s[k] += a;
+            q[k] += a * a;
+        }
+    }
+};
+
+// A barrier over the NT threads that hold a tile's sums: the block (BAR 0) or named barrier BAR.
+template <int BAR, int NT>
+__device__ __forceinline__ void stats_bar() {
+    if constexpr (BAR == 0)
+        __syncthreads();
+    else
+        asm volatile("bar.sync %0, %1;\n" ::"n"(BAR), "n"(NT) : "memory");
+}
+
+// Adds the tile's sums of its NT threads into `part` (the tile's row at its first channel
+// nb0: part[c] for c < ncout). Thread t holds 8-channel chunk t % CH (channels chunk * 8 ..
+// + 8), thread chunk < CH the tile's shift. `sm`: (NT * 16 + CH * 8) floats of shared memory
+// that no thread of the NT reads or writes until they all pass the next barrier after this.
+// `count`: the tile's output voxels inside the output.
+template <int BAR, int NT, int CH>
+__device__ __forceinline__ void tile_stats_flush(const TileStats8& ts, int tid, float* sm, float4* __restrict__ part,
+                                                 int ncout, float count) {
+    stats_bar<BAR, NT>();  // every thread is done reading `sm`'s other use
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        sm[(tid * 8 + k) * 2] = ts.s[k];
+        sm[(tid * 8 + k) * 2 + 1] = ts.q[k];
+    }
+    if (tid < CH) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) sm[NT * 16 + tid * 8 + k] = ts.shf[k];
+    }
+    stats_bar<BAR, NT>();
+    for (int c = tid; c < CH * 8 && c < ncout; c += NT) {
+        const int ch = c >> 3, k = c & 7;
+        float s = 0.f, q = 0.f;
+        for (int t = ch; t < NT; t += CH) {
+            s += sm[(t * 8 + k) * 2];
+            q += sm[(t * 8 + k) * 2 + 1];
+        }
+        part[c] = make_float4(s, q, sm[NT * 16 + c], count);
+    }
+}

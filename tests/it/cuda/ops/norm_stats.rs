@@ -1,0 +1,172 @@
+//! A conv handing the InstanceNorm / GroupNorm after it its statistics (`CudaOptions::norm_stats`:
+//! the `_st` kernels write per-tile sums in their epilogue, `norm_finalize_tiles` reads them):
+//! each twin against float64 and against the norm's own partial sums, the same bits from run to
+//! run and at batch 1 as at batch 2.
+
+use super::*;
+
+/// conv (bias 4: means far from 0, so the sums' shift matters) -> norm -> LeakyReLU on every
+/// `_st` twin, with outputs that end inside a tile on every axis. Each case runs with the
+/// statistics from the epilogue and with the norm's partial-sum pass.
+#[test]
+fn conv_norm_tile_stats() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("normstats");
+    let wz = cat::has_wgmma(b.arch());
+    // (name, cin, cout, spatial, groups, the kernel expected with the statistics)
+    type Case = (&'static str, usize, usize, [usize; 3], usize, &'static str);
+    let cases: [Case; 7] = [
+        (
+            "z-pair 32->32 instancenorm",
+            32,
+            32,
+            [21, 19, 17],
+            32,
+            "conv_wz_c32_y16_h2_st",
+        ),
+        (
+            "z-pair 32->20 groupnorm g=4 (partial piece)",
+            32,
+            20,
+            [18, 17, 9],
+            4,
+            "conv_wz_c32_y16_h2_st",
+        ),
+        (
+            "halo 64->32 in 2 chunks instancenorm",
+            64,
+            32,
+            [9, 17, 10],
+            32,
+            "conv_halo_c32n32_w4_st",
+        ),
+        (
+            "halo 64->64 groupnorm g=8",
+            64,
+            64,
+            [6, 13, 11],
+            8,
+            "conv_halo_c64n64_st",
+        ),
+        (
+            "halo 64->48 (chunks past Cout)",
+            64,
+            48,
+            [7, 9, 10],
+            48,
+            "conv_halo_c64n64_st",
+        ),
+        (
+            "halo 64->96 (two channel tiles)",
+            64,
+            96,
+            [5, 9, 9],
+            96,
+            "conv_halo_c64n64_st",
+        ),
+        (
+            "halo 128->64 in 2 chunks",
+            128,
+            64,
+            [5, 8, 12],
+            64,
+            "conv_halo_c64n64_st",
+        ),
+    ];
+    for (name, cin, cout, sp, groups, want_kernel) in cases {
+        // Without wgmma (not compute capability 9.0) Cin 32 -> Cout <= 32 runs the halo kernel,
+        // whose vector epilogue (and so its statistics) needs Cout % 8 == 0.
+        let want_kernel = match want_kernel {
+            "conv_wz_c32_y16_h2_st" if !wz && cout % 8 == 0 => "conv_halo_c32n32_w4_st",
+            "conv_wz_c32_y16_h2_st" if !wz => "conv_halo_c32n32_w4",
+            k => k,
+        };
+        let x = input2(&mut r, cin, sp);
+        let w = weight3(&mut r, cout, cin);
+        let bias = Tensor::new(vec![cout], vec![4.0; cout]);
+        let scale = Tensor::new(vec![cout], r.scaled(cout, 1.0));
+        let shift = Tensor::new(vec![cout], r.scaled(cout, 0.5));
+        let norm = if groups == cout {
+            Op::InstanceNorm {
+                eps: 1e-5,
+                scale: scale.clone(),
+                bias: shift.clone(),
+            }
+        } else {
+            Op::GroupNorm {
+                groups,
+                eps: 1e-5,
+                scale: scale.clone(),
+                bias: shift.clone(),
+            }
+        };
+        let leaky = Op::LeakyRelu { alpha: 0.01 };
+        let want = norm_ref(
+            &conv_ref(&x, &w, Some(&bias), PAD1),
+            groups,
+            1e-5,
+            &scale,
+            &shift,
+        )
+        .map(|c, v| act_ref(&leaky, c, v));
+        let conv = Op::Conv(Conv {
+            weight: w,
+            bias: Some(bias),
+            stride: [1; 3],
+            dilation: [1; 3],
+            pads: [1; 6],
+            groups: 1,
+        });
+        let g = graph(
+            cin,
+            vec![
+                (conv, vec![0], cout),
+                (norm, vec![1], cout),
+                (leaky, vec![2], cout),
+            ],
+        );
+        b.with(|o| o.norm_stats = false);
+        let pass = run(&mut b, &g, &x, 2);
+        b.with(|o| o.norm_stats = true);
+        let got = run(&mut b, &g, &x, 2);
+        let used = kernels_used(&mut b, 2);
+        assert!(
+            used.iter().any(|k| k == want_kernel),
+            "{name}: ran {used:?}, expected {want_kernel}"
+        );
+        let again = run(&mut b, &g, &x, 2);
+        assert!(
+            got.iter()
+                .zip(&again)
+                .all(|(a, c)| a.to_bits() == c.to_bits()),
+            "{name}: two runs differ"
+        );
+        // One sample at batch 1: a tile's sums do not depend on the grid.
+        let x0 = T {
+            s: [1, cin, sp[0], sp[1], sp[2]],
+            d: x.d[..x.d.len() / 2].to_vec(),
+        };
+        let one = run(&mut b, &g, &x0, 1);
+        let first = got.index_axis(ndarray::Axis(0), 0);
+        assert!(
+            one.index_axis(ndarray::Axis(0), 0)
+                .iter()
+                .zip(first.iter())
+                .all(|(a, c)| a.to_bits() == c.to_bits()),
+            "{name}: batch 1 and batch 2 differ"
+        );
+        let (e, e_pass) = (rel_l2(&got, &want), rel_l2(&pass, &want));
+        let dev = got
+            .iter()
+            .zip(&pass)
+            .map(|(a, c)| (a - c).abs())
+            .fold(0f32, f32::max);
+        println!(
+            "RESULT tile stats {name:<44} rel L2 {e:.2e} (partial-sum pass {e_pass:.2e}), max |diff| {dev:.2e}"
+        );
+        report(name, e);
+        // The same statistics summed in another order: far below the fp16 output's rounding.
+        assert!(dev < 2e-2, "{name}: {dev} from the partial-sum pass");
+    }
+    b.with(|o| o.norm_stats = false);
+}
