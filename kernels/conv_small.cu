@@ -18,11 +18,16 @@
 #define C1_TX 32
 #define C1_HALO (((C1_TZ - 1) * 2 + 3) * ((C1_TY - 1) * 2 + 3) * ((C1_TX - 1) * 2 + 3))
 #define C1_SP 40  // staged row: 32 channels + 8 (the fragment's float2 writes conflict-free)
-extern "C" __global__ void __launch_bounds__(256) conv_c1_k3(ConvParams p, const half* __restrict__ x,
-                                                             const half* __restrict__ w,
-                                                             const float* __restrict__ bias,
-                                                             half* __restrict__ y,
-                                                             const float* __restrict__ slope) {
+// ST (`conv_c1_k3_st`, Cout 8, 16 or 32 with the 16-byte stores): each warp also sums the values
+// it stores for a following norm (kernels/tile_stats.cuh's layout with one "tile" per (block,
+// warp): entry blockIdx.x * 8 + warp, shifted by the warp's first stored voxel, counted in
+// voxels). A lane's 4 channels are fixed (32 lanes over Cout / 4 pieces), so a shuffle tree over
+// the lanes of a piece adds them. Capped at 3 blocks per SM as the default runs (ptxas: 80
+// registers, 72 bytes of spills; uncapped 128 registers and 2 blocks).
+template <bool ST>
+__device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __restrict__ x,
+                                             const half* __restrict__ w, const float* __restrict__ bias,
+                                             half* __restrict__ y, const float* __restrict__ slope) {
     constexpr int GX = C1_TX / 16, GROUPS = C1_TZ * C1_TY * GX;
     static_assert(C1_TX % 16 == 0 && GROUPS % 8 == 0, "whole 16-voxel groups, the same count per warp");
     __shared__ half xs[C1_HALO];
@@ -72,6 +77,10 @@ extern "C" __global__ void __launch_bounds__(256) conv_c1_k3(ConvParams p, const
     const bool vec4 = ((p.ldc | p.coff | p.cout) & 3) == 0;
     float* sc = stage[warp];
     const half zero = __float2half(0.f);
+    // The host asks for the sums only where they fit this: one 32-channel pass, fixed pieces.
+    if (ST && (!vec4 || p.cout > 32 || 32 % (p.cout >> 2) != 0)) __trap();
+    float shf[4] = {0.f, 0.f, 0.f, 0.f}, ss[4] = {0.f, 0.f, 0.f, 0.f}, sq[4] = {0.f, 0.f, 0.f, 0.f};
+    int counted = 0;  // voxels the warp stored (ST)
     for (int c0 = 0; c0 < p.cout; c0 += 32) {
         // B fragments of channels c0 + j * 8 + r0: k rows q * 2 + {0, 1} (b0) and + 8 (b1).
         unsigned bf[4][2][2];
@@ -139,6 +148,15 @@ extern "C" __global__ void __launch_bounds__(256) conv_c1_k3(ConvParams p, const
                             make_float2(acc[j][rr * 2], acc[j][rr * 2 + 1]);
                 __syncwarp();
                 const int c4n = min(32, p.cout - c0) >> 2;
+                if (ST) {
+                    if (counted == 0) {
+                        // The warp's first group: its voxel 0 (inside the output) is the shift.
+                        const int cs = (lane % c4n) * 4;
+#pragma unroll
+                        for (int e = 0; e < 4; e++) shf[e] = sc[cs + e] + (bias ? bias[cs + e] : 0.f);
+                    }
+                    counted += min(16, p.wo - oxg);
+                }
                 for (int idx = lane; idx < 16 * c4n; idx += 32) {
                     const int v = idx / c4n, c4 = idx - v * c4n;
                     if (oxg + v >= p.wo) continue;
@@ -149,6 +167,14 @@ extern "C" __global__ void __launch_bounds__(256) conv_c1_k3(ConvParams p, const
                     for (int e = 0; e < 4; e++)
                         u[e] = act_apply(u[e] + (bias ? bias[co + e] : 0.f), co + e, p.act, p.alpha, slope, p.slope_n);
                     const i64 dst = (mrow + oxg + v) * p.ldc + p.coff + co;
+                    if (ST) {
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const float d = u[e] - shf[e];
+                            ss[e] += d;
+                            sq[e] += d * d;
+                        }
+                    }
                     if (p.out_f32) {
                         *reinterpret_cast<float4*>(reinterpret_cast<float*>(y) + dst) = make_float4(u[0], u[1], u[2], u[3]);
                     } else {
@@ -185,6 +211,39 @@ extern "C" __global__ void __launch_bounds__(256) conv_c1_k3(ConvParams p, const
             }
         }
     }
+    if constexpr (ST) {
+        // The lanes of each 4-channel piece (lane % c4n) add up; lane < c4n writes the piece.
+        const int c4n = p.cout >> 2;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            if (o < c4n) break;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                ss[e] += __shfl_xor_sync(0xffffffffu, ss[e], o);
+                sq[e] += __shfl_xor_sync(0xffffffffu, sq[e], o);
+            }
+        }
+        if (lane < c4n) {
+            float4* part = reinterpret_cast<float4*>(p.stats) + ((i64)blockIdx.x * 8 + warp) * p.cout + lane * 4;
+#pragma unroll
+            for (int e = 0; e < 4; e++) part[e] = make_float4(ss[e], sq[e], shf[e], (float)counted);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) conv_c1_k3(ConvParams p, const half* __restrict__ x,
+                                                             const half* __restrict__ w,
+                                                             const float* __restrict__ bias,
+                                                             half* __restrict__ y,
+                                                             const float* __restrict__ slope) {
+    conv_c1_k3_t<false>(p, x, w, bias, y, slope);
+}
+extern "C" __global__ void __launch_bounds__(256, 3) conv_c1_k3_st(ConvParams p, const half* __restrict__ x,
+                                                                const half* __restrict__ w,
+                                                                const float* __restrict__ bias,
+                                                                half* __restrict__ y,
+                                                                const float* __restrict__ slope) {
+    conv_c1_k3_t<true>(p, x, w, bias, y, slope);
 }
 
 // conv1x1_n{16,32}: 1x1x1 conv with few output channels (the segmentation head): a memory-bound

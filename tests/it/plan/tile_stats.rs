@@ -3,10 +3,9 @@
 
 use crate::common::unet::w1_graph;
 use voxtile::internals::cuda::host::buffers::{buffer_plan, BufferPlan};
-use voxtile::internals::cuda::host::catalogue::{stats_twin, HaloConfig};
-use voxtile::internals::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
+use voxtile::internals::cuda::host::conv_kernel::ArchCaps;
 use voxtile::internals::cuda::host::fusion::consumers;
-use voxtile::internals::cuda::host::tile_stats::{tiles_per_sample, TILE_STAT_BYTES};
+use voxtile::internals::cuda::host::tile_stats::TILE_STAT_BYTES;
 use voxtile::internals::cuda::host::windowed::Run;
 use voxtile::model::graph::{Graph, Op};
 
@@ -17,16 +16,9 @@ fn stats_on() -> ArchCaps {
     }
 }
 
-fn halo(k: &Option<ConvKernel>) -> Option<&'static HaloConfig> {
-    match k {
-        Some(ConvKernel::Halo(c)) => Some(c),
-        _ => None,
-    }
-}
-
 /// Checks `on` (statistics handed over) against `off` (the same plan without): the same
-/// launches, buffers and arena; each pair is a conv on an `_st` twin of `off`'s kernel and the
-/// norm right after it, the conv's output read by that norm alone, both run the same way; every
+/// launches, buffers and arena; each pair is a conv on the `_st` twin of `off`'s kernel for its
+/// output (`with_norm_stats`) and the norm right after it, the conv's output read by that norm alone, both run the same way; every
 /// other launch as in `off`; the scratch holds every pair's partials. Returns the pairs.
 fn check_pairs(name: &str, g: &Graph, on: &BufferPlan, off: &BufferPlan) -> usize {
     assert_eq!(on.launches.len(), off.launches.len(), "{name}");
@@ -50,15 +42,17 @@ fn check_pairs(name: &str, g: &Graph, on: &BufferPlan, off: &BufferPlan) -> usiz
             continue; // the conv of a pair: checked from its norm
         }
         let c = &on.launches[t - 1];
-        let twin = halo(&c.conv).expect("a pair's conv runs a halo kernel");
-        let base_k = halo(&off.launches[t - 1].conv).expect("on a halo kernel without too");
-        assert!(twin.stats, "{name}: {} is not an _st kernel", twin.name);
-        assert_eq!(
-            stats_twin(base_k).map(|k| k.name),
-            Some(twin.name),
-            "{name}"
-        );
-        assert_eq!(c.tile_stats, Some(tiles), "{name}");
+        let base = off.launches[t - 1]
+            .conv
+            .as_ref()
+            .expect("a pair's conv has a kernel");
+        let os = on.shapes[c.out_v];
+        let (twin, entries) = base
+            .with_norm_stats(os, c.ldc, c.coff)
+            .expect("the twin of the kernel without statistics");
+        assert_eq!(c.conv.as_ref(), Some(&twin), "{name}");
+        assert!(twin.funcs()[0].ends_with("_st"), "{name}");
+        assert_eq!((c.tile_stats, tiles), (Some(entries), entries), "{name}");
         assert_eq!(
             cons[c.out_v],
             vec![l.node],
@@ -66,14 +60,12 @@ fn check_pairs(name: &str, g: &Graph, on: &BufferPlan, off: &BufferPlan) -> usiz
         );
         assert!(c.fuse.is_none() && c.residual.is_none(), "{name}");
         assert_eq!(on.windows.run(t - 1), on.windows.run(t), "{name}");
-        let os = on.shapes[c.out_v];
-        assert_eq!(tiles, tiles_per_sample(twin, os), "{name}");
         let n = if on.windows.run(t) == Run::Batch {
             on.batch
         } else {
             1
         };
-        need = need.max(n * tiles * os[0] * TILE_STAT_BYTES);
+        need = need.max(n * entries * os[0] * TILE_STAT_BYTES);
         pairs += 1;
     }
     assert!(
@@ -85,10 +77,10 @@ fn check_pairs(name: &str, g: &Graph, on: &BufferPlan, off: &BufferPlan) -> usiz
     pairs
 }
 
-/// W1 at batch 4: the nine convs on halo / z-pair kernels before a norm hand it their
-/// statistics (at 128³ the two z-pair 32 -> 32 convs and the 64 -> 32 decoder conv, the 64 ->
-/// 64 and 128 -> 64 convs at 64³ and 32³); the Cin-1 conv and the mma convs do not. The
-/// decoder's full-resolution pairs run in its window segment, one window at a time.
+/// W1 at batch 4: the ten convs before a norm on kernels with a twin hand it their statistics
+/// (at 128³ the Cin-1 conv, the two z-pair 32 -> 32 convs and the 64 -> 32 decoder conv; the
+/// 64 -> 64 and 128 -> 64 convs at 64³ and 32³); the mma convs do not. The full-resolution
+/// pairs run in the window segments, one window at a time.
 #[test]
 fn w1_convs_hand_their_norms_the_statistics() {
     let g = w1_graph();
@@ -101,22 +93,18 @@ fn w1_convs_hand_their_norms_the_statistics() {
         .launches
         .iter()
         .filter(|l| l.tile_stats.is_some())
-        .filter_map(|l| halo(&l.conv).map(|c| c.name))
+        .filter_map(|l| l.conv.as_ref().map(|k| k.funcs()[0]))
         .collect();
     eprintln!(
         "RESULT w1 pairs {pairs}: {kernels:?}, scratch {} bytes",
         on.norm_sums
     );
-    assert_eq!(pairs, 9);
-    assert_eq!(
-        kernels
-            .iter()
-            .filter(|k| **k == "conv_wz_c32_y16_h2_st")
-            .count(),
-        2
-    );
-    // The largest partials: the 64 -> 32 decoder conv's 8192 tiles x 32 channels, one window.
-    assert_eq!(on.norm_sums, 8192 * 32 * TILE_STAT_BYTES);
+    assert_eq!(pairs, 10);
+    let count = |k: &str| kernels.iter().filter(|n| **n == k).count();
+    assert_eq!(count("conv_c1_k3_st"), 1);
+    assert_eq!(count("conv_wz_c32_y16_h2_st"), 2);
+    assert_eq!(count("conv_halo_c32n32_w4_st"), 1);
+    assert_eq!(count("conv_halo_c64n64_st"), 6);
 }
 
 /// Every model and architecture fixture at 128³ (or its fixed window), batches 1 and 3: the

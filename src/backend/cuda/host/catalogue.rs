@@ -192,6 +192,11 @@ pub const CONV1X1_NORM_N16: Kernel = k(Family::ConvSmall, "conv1x1_norm_n16");
 pub const CONV1X1_NORM_N32: Kernel = k(Family::ConvSmall, "conv1x1_norm_n32");
 /// Cin-1 3^3 conv on mma.sync, one block per 4x8x32 output tile.
 pub const CONV_C1_K3: Kernel = k(Family::ConvSmall, "conv_c1_k3");
+/// Output voxels (z, y, x) of one `conv_c1_k3` block: C1_TZ, C1_TY, C1_TX of kernels/conv_small.cu.
+pub const C1_TILE: [usize; 3] = [4, 8, 32];
+/// Its `_st` twin: the warps also sum their stored values for a following norm
+/// (`ConvParams::stats`, one entry per (block, warp)).
+pub const CONV_C1_K3_ST: Kernel = k(Family::ConvSmall, "conv_c1_k3_st");
 /// Direct (grouped / fallback transposed) conv, one thread per output.
 pub const CONV_DIRECT: Kernel = k(Family::ConvTranspose, "conv_direct");
 pub const NORM_PARTIAL_V8: Kernel = k(Family::Norm, "norm_partial_v8");
@@ -283,6 +288,7 @@ pub const KERNELS: &[Kernel] = &[
     CONV1X1_NORM_N16,
     CONV1X1_NORM_N32,
     CONV_C1_K3,
+    CONV_C1_K3_ST,
     CONV_DIRECT,
     CONV_SPLITK_REDUCE,
     NORM_PARTIAL_V8,

@@ -3,9 +3,9 @@
 
 use crate::backend::cuda::abi::norm_blocks;
 use crate::backend::cuda::host::catalogue::{
-    has_wgmma, stats_twin, upsample_vec_name, HaloConfig, MmaConfig, CONV1X1_N16, CONV1X1_N32,
-    CONV_C1_K3, CONV_DIRECT, CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8, CONV_IGEMM_N64_V1,
-    CONV_IGEMM_N64_V8, CONV_SPLITK_REDUCE,
+    has_wgmma, stats_twin, upsample_vec_name, HaloConfig, MmaConfig, C1_TILE, CONV1X1_N16,
+    CONV1X1_N32, CONV_C1_K3, CONV_C1_K3_ST, CONV_DIRECT, CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8,
+    CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8, CONV_SPLITK_REDUCE,
 };
 use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::host::relayout::{parity_split, FusedParity, ParityClass};
@@ -148,8 +148,11 @@ pub enum ConvKernel {
     Upsample(&'static MmaConfig),
     /// The same GEMM and weights on `convt_up_*` (the tile's 16-byte staged epilogue).
     UpsampleVec(&'static MmaConfig),
-    /// Cin-1 3^3 conv on `CONV_C1_K3` (mma weight layout).
-    Cin1,
+    /// Cin-1 3^3 conv on `CONV_C1_K3` (mma weight layout); `stats`: its twin `CONV_C1_K3_ST`,
+    /// which also writes a following norm's statistics.
+    Cin1 {
+        stats: bool,
+    },
     Mma(&'static MmaConfig),
     /// The same tile with its K tiles split over grid.z in this many parts (a conv whose
     /// output tiles would leave most SMs idle while each streams a long K): fp32 partial sums
@@ -176,21 +179,38 @@ impl ConvKernel {
         matches!(self, ConvKernel::Halo(c) if c.wgmma && !c.zpair)
     }
 
-    /// The kernel that also writes the statistics of a norm reading this conv's output (`cout`
-    /// channels at channel stride `ldc` and offset `coff`) per output tile: the `_st` twin
-    /// ([`stats_twin`]) of a halo kernel whose epilogue takes them (the vector epilogue of
-    /// `conv_halo`, which needs 8-channel pieces; the z-pair kernel's helper).
-    pub fn with_norm_stats(&self, cout: usize, ldc: usize, coff: usize) -> Option<ConvKernel> {
-        let ConvKernel::Halo(c) = self else {
-            return None;
-        };
-        let twin = stats_twin(c)?;
-        let takes = if twin.zpair {
-            twin.threads > 128
-        } else {
-            twin.vec_epilogue() && [cout, ldc, coff].iter().all(|v| v.is_multiple_of(8))
-        };
-        takes.then_some(ConvKernel::Halo(twin))
+    /// The kernel that also writes the statistics of a norm reading this conv's output (per
+    /// sample shape `os`, at channel stride `ldc` and offset `coff`), with the entries it writes
+    /// per sample (kernels/tile_stats.cuh's layout): the `_st` twin ([`stats_twin`]) of a halo
+    /// kernel whose epilogue takes them (the vector epilogue of `conv_halo`, which needs
+    /// 8-channel pieces; the z-pair kernel's helper), one entry per output tile; or
+    /// `CONV_C1_K3_ST` for Cout 8, 16 or 32 on its 16-byte stores, one per (block, warp).
+    pub fn with_norm_stats(
+        &self,
+        os: [usize; 4],
+        ldc: usize,
+        coff: usize,
+    ) -> Option<(ConvKernel, usize)> {
+        let [cout, d, h, w] = os;
+        match self {
+            ConvKernel::Halo(c) => {
+                let twin = stats_twin(c)?;
+                let takes = if twin.zpair {
+                    twin.threads > 128
+                } else {
+                    twin.vec_epilogue() && [cout, ldc, coff].iter().all(|v| v.is_multiple_of(8))
+                };
+                takes.then(|| (ConvKernel::Halo(twin), twin.tiles(1, [d, h, w])))
+            }
+            ConvKernel::Cin1 { stats: false } => {
+                let fits =
+                    [8, 16, 32].contains(&cout) && [ldc, coff].iter().all(|v| v.is_multiple_of(4));
+                let blocks =
+                    d.div_ceil(C1_TILE[0]) * h.div_ceil(C1_TILE[1]) * w.div_ceil(C1_TILE[2]);
+                fits.then_some((ConvKernel::Cin1 { stats: true }, blocks * 8))
+            }
+            _ => None,
+        }
     }
 
     /// The parts its K is split into (`SplitK`), else 1.
@@ -222,7 +242,8 @@ impl ConvKernel {
             ConvKernel::Upsample(c) | ConvKernel::Mma(c) => vec![c.name],
             ConvKernel::SplitK(c, _) => vec![c.name, CONV_SPLITK_REDUCE.name],
             ConvKernel::UpsampleVec(c) => vec![upsample_vec_name(c.name).unwrap_or(c.name)],
-            ConvKernel::Cin1 => vec![CONV_C1_K3.name],
+            ConvKernel::Cin1 { stats: false } => vec![CONV_C1_K3.name],
+            ConvKernel::Cin1 { stats: true } => vec![CONV_C1_K3_ST.name],
             ConvKernel::Legacy { func, .. } => vec![func],
         }
     }
@@ -238,7 +259,7 @@ impl std::fmt::Debug for ConvKernel {
             ConvKernel::Halo(_) => "Halo",
             ConvKernel::Upsample(_) => "Upsample",
             ConvKernel::UpsampleVec(_) => "UpsampleVec",
-            ConvKernel::Cin1 => "Cin1",
+            ConvKernel::Cin1 { .. } => "Cin1",
             ConvKernel::Mma(_) => "Mma",
             ConvKernel::SplitK(..) => "SplitK",
             ConvKernel::Legacy { .. } => "Legacy",
@@ -335,7 +356,7 @@ impl ConvKernel {
             && g.dil == [1; 3]
             && g.stride.iter().all(|&s| s == 1 || s == 2)
         {
-            return ConvKernel::Cin1;
+            return ConvKernel::Cin1 { stats: false };
         }
         // The halo kernel that takes the conv, if one does (wgmma first unless a plain halo
         // kernel is forced).

@@ -1,27 +1,26 @@
 //! Which convs hand the InstanceNorm / GroupNorm right after them its statistics
 //! (`CudaOptions::norm_stats`). The conv runs its `_st` twin, whose epilogue writes per output
-//! tile the sums of its values (kernels/tile_stats.cuh) into the plan's norm scratch; the norm
+//! tile (or per block and warp) the sums of its values (kernels/tile_stats.cuh) into the plan's
+//! norm scratch; the norm
 //! then finalises those (`norm_finalize_tiles`) instead of reading the conv's output once more
 //! for its partial sums. At 128³ that read is W1's largest norm pass (1 GiB of fp32 per batch
 //! of 4).
 
 use crate::backend::cuda::abi::Shape;
 use crate::backend::cuda::host::buffers::Launch;
-use crate::backend::cuda::host::catalogue::HaloConfig;
-use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::backend::cuda::host::windowed::{Run, Segments};
 use crate::model::graph::{Graph, Op};
 
-/// Bytes of one tile's statistics of one channel: (sum, sum of squares, shift, count) as f32.
+/// Bytes of one entry's statistics of one channel: (sum, sum of squares, shift, count) as f32.
 pub const TILE_STAT_BYTES: usize = 16;
 
 /// Pairs each conv launch with the norm launch right after it where the conv can write the
 /// norm's statistics: its output is read by that norm alone, with no activation, residual or
 /// head in between, and its kernel has an `_st` twin for that output
-/// ([`ConvKernel::with_norm_stats`]); both launches run the same way (batched, or both in the
+/// (`ConvKernel::with_norm_stats`); both launches run the same way (batched, or both in the
 /// same window segment), so nothing else uses the scratch between them. The conv's kernel
-/// becomes the twin, and both launches get `tile_stats` (tiles per sample). Returns the scratch
-/// bytes the partials need for `batch` samples (0: no pair).
+/// becomes the twin, and both launches get `tile_stats` (the twin's entries per sample).
+/// Returns the scratch bytes the partials need for `batch` samples (0: no pair).
 pub fn pair(
     graph: &Graph,
     cons: &[Vec<usize>],
@@ -46,17 +45,13 @@ pub fn pair(
             continue;
         }
         let os = shapes[v];
-        let Some(twin) = conv
+        let Some((twin, tiles)) = conv
             .conv
             .as_ref()
-            .and_then(|k| k.with_norm_stats(os[0], conv.ldc, conv.coff))
+            .and_then(|k| k.with_norm_stats(os, conv.ldc, conv.coff))
         else {
             continue;
         };
-        let ConvKernel::Halo(c) = &twin else {
-            continue;
-        };
-        let tiles = tiles_per_sample(c, os);
         // A window segment's copies run one window at a time.
         let n = if windows.run(t) == Run::Batch {
             batch
@@ -69,9 +64,4 @@ pub fn pair(
         launches[t].tile_stats = Some(tiles);
     }
     bytes
-}
-
-/// Output tiles of one sample of a conv output of per-sample shape `os` on kernel `c`.
-pub fn tiles_per_sample(c: &HaloConfig, os: Shape) -> usize {
-    c.tiles(1, [os[1], os[2], os[3]])
 }

@@ -6,8 +6,8 @@ use super::{Build, NodeIo};
 use crate::backend::cuda::abi::elem_bytes;
 use crate::backend::cuda::abi::ConvParams;
 use crate::backend::cuda::host::catalogue::{
-    halo_config, CONV1X1_N16, CONV1X1_N32, CONV1X1_NORM_N16, CONV1X1_NORM_N32, CONV_C1_K3,
-    CONV_SPLITK_REDUCE,
+    halo_config, C1_TILE, CONV1X1_N16, CONV1X1_N32, CONV1X1_NORM_N16, CONV1X1_NORM_N32, CONV_C1_K3,
+    CONV_C1_K3_ST, CONV_SPLITK_REDUCE,
 };
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::backend::cuda::host::relayout::{
@@ -140,9 +140,11 @@ pub(crate) fn build(
     io: &NodeIo,
 ) -> Result<Vec<ConvStep>> {
     let c = ConvOp::of(op).expect("a conv op");
-    if io.stats_tiles.is_some() && !matches!(kernel, ConvKernel::Halo(h) if h.stats) {
+    let writes_stats = matches!(kernel, ConvKernel::Halo(h) if h.stats)
+        || matches!(kernel, ConvKernel::Cin1 { stats: true });
+    if io.stats_tiles.is_some() != writes_stats {
         return Err(Error::Backend(format!(
-            "node {}: norm statistics planned on {}, which does not write them",
+            "node {}: the plan and kernel {} disagree on writing norm statistics",
             io.name,
             kernel.funcs()[0]
         )));
@@ -276,7 +278,7 @@ pub(crate) fn build(
         }
         // Stride-1 3^3 with Cin k x 32: the input halo of a 4x8x8 output tile loaded once
         // for all 27 taps (`conv_halo_*`), the mma weight layout; or the mma / legacy tiles.
-        K::Halo(_) | K::Mma(_) | K::SplitK(..) | K::Legacy { .. } | K::Cin1 => {
+        K::Halo(_) | K::Mma(_) | K::SplitK(..) | K::Legacy { .. } | K::Cin1 { .. } => {
             let w = &c.weight;
             let (wh, kpad) = relayout_weight(&w.data, &w.shape, c.groups, c.transposed, rows_pad);
             let mut p = p;
@@ -287,7 +289,7 @@ pub(crate) fn build(
                 K::Mma(m) | K::SplitK(m, _) => (m.name, m.bm, m.bn, m.threads, m.smem_bytes()),
                 K::Legacy { func, bn } => (*func, 128, *bn, 128, 0),
                 // One block per 4x8x32 output tile, static shared memory.
-                K::Cin1 => (CONV_C1_K3.name, 1024, 64, 256, 0),
+                K::Cin1 { .. } => (kernel.funcs()[0], 1024, 64, 256, 0),
                 _ => unreachable!("matched above"),
             };
             let shape = (func, bm as u32, bn as u32, threads, smem);
@@ -407,9 +409,11 @@ impl ConvStep {
             gpu.launch(s, func, grid, (self.threads, self.smem), &mut args)
         } else if self.direct {
             gpu.eltwise(s, func, m * p.cout as usize, &mut args)
-        } else if func == CONV_C1_K3.name {
-            // One block per C1_TZ x C1_TY x C1_TX = 4 x 8 x 32 output tile.
-            let tiles = out[0].div_ceil(4) * out[1].div_ceil(8) * out[2].div_ceil(32);
+        } else if func == CONV_C1_K3.name || func == CONV_C1_K3_ST.name {
+            // One block per C1_TILE output tile.
+            let tiles = (0..3)
+                .map(|i| out[i].div_ceil(C1_TILE[i]))
+                .product::<usize>();
             let grid = ((n * tiles) as u32, 1, 1);
             gpu.launch(s, func, grid, (self.threads, 0), &mut args)
         } else if let Some(c) = halo_config(func) {

@@ -1,5 +1,6 @@
 //! A conv handing the InstanceNorm / GroupNorm after it its statistics (`CudaOptions::norm_stats`:
-//! the `_st` kernels write per-tile sums in their epilogue, `norm_finalize_tiles` reads them):
+//! the `_st` kernels write per-tile (Cin-1: per block and warp) sums in their epilogue,
+//! `norm_finalize_tiles` reads them):
 //! each twin against float64 and against the norm's own partial sums, the same bits from run to
 //! run and at batch 1 as at batch 2.
 
@@ -15,7 +16,26 @@ fn conv_norm_tile_stats() {
     let wz = cat::has_wgmma(b.arch());
     // (name, cin, cout, spatial, groups, the kernel expected with the statistics)
     type Case = (&'static str, usize, usize, [usize; 3], usize, &'static str);
-    let cases: [Case; 7] = [
+    let cases: [Case; 10] = [
+        (
+            "Cin-1 1->32 instancenorm",
+            1,
+            32,
+            [9, 17, 40],
+            32,
+            "conv_c1_k3_st",
+        ),
+        (
+            "Cin-1 1->8 groupnorm g=2",
+            1,
+            8,
+            [6, 9, 33],
+            2,
+            "conv_c1_k3_st",
+        ),
+        // Cout 24: a lane's 4-channel piece would change from one store to the next, so the
+        // norm keeps its partial-sum pass.
+        ("Cin-1 1->24 (no twin)", 1, 24, [5, 8, 20], 24, "conv_c1_k3"),
         (
             "z-pair 32->32 instancenorm",
             32,
