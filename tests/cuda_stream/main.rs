@@ -571,7 +571,10 @@ fn graph_replay_is_bitwise_the_steps() {
 /// window that fills the GPU alone) in batches of 3 runs its full-resolution ends one window at
 /// a time. Its streamed logits, its labels and the single-window API's outputs are the bits of
 /// the batched list's (the same kernels, each window's sums in the same order), its arena is
-/// smaller, and the graph replays match too. Poisoned buffers as in the gather test.
+/// smaller, and the graph replays match too. With the norms' statistics taken in the convs'
+/// epilogues (`CudaOptions::norm_stats`: per-tile sums, independent of the batch) the same
+/// holds between its own batched and segmented runs, and its labels agree with the partial-sum
+/// pass's on 99.9% of the voxels. Poisoned buffers as in the gather test.
 #[test]
 fn window_segments_are_bitwise_the_batched_list() {
     use prost::Message;
@@ -593,10 +596,20 @@ fn window_segments_are_bitwise_the_batched_list() {
     )
     .unwrap();
     let mut runs = Vec::new();
-    for (segments, graphs) in [(false, false), (true, false), (true, true)] {
+    // The last two: the norms' statistics from the conv epilogues (the Cin-1 conv's `_st` twin
+    // here), batched and segmented: bitwise each other, not the partial-sum pass.
+    let variants = [
+        (false, false, false),
+        (true, false, false),
+        (true, true, false),
+        (false, false, true),
+        (true, true, true),
+    ];
+    for (segments, graphs, norm_stats) in variants {
         b.set_options(CudaOptions {
             window_segments: segments,
             graphs,
+            norm_stats,
             poison: true,
             ..*b.options()
         });
@@ -615,7 +628,7 @@ fn window_segments_are_bitwise_the_batched_list() {
             .unwrap();
         let y = b.run(x.view()).unwrap();
         println!(
-            "RESULT window segments {segments} graphs {graphs}: arena {bytes} B, {} windows in batches of {batch}",
+            "RESULT window segments {segments} graphs {graphs} norm stats {norm_stats}: arena {bytes} B, {} windows in batches of {batch}",
             set.2.len()
         );
         assert!(
@@ -630,8 +643,25 @@ fn window_segments_are_bitwise_the_batched_list() {
             .filter(|(x, y)| x.to_bits() != y.to_bits())
             .count()
     };
+    let stats = runs.split_off(3);
     let (base, rest) = runs.split_first().unwrap();
-    for (i, run) in rest.iter().enumerate() {
+    let (sbase, srest) = stats.split_first().unwrap();
+    let d = bits(
+        sbase.1[0].as_slice().unwrap(),
+        base.1[0].as_slice().unwrap(),
+    );
+    println!(
+        "RESULT window segments: {d} of {} logits differ with the norms' statistics from the convs",
+        base.1[0].len()
+    );
+    let agree = sbase.2.iter().zip(&base.2).filter(|(a, c)| a == c).count();
+    assert!(
+        agree as f64 >= 0.999 * base.2.len() as f64,
+        "norm stats: labels agree on {agree} of {}",
+        base.2.len()
+    );
+    for (i, run) in rest.iter().chain(srest).enumerate() {
+        let base = if i < rest.len() { base } else { sbase };
         assert!(
             run.0 < base.0,
             "run {i}: arena {} not below {}",
@@ -649,6 +679,7 @@ fn window_segments_are_bitwise_the_batched_list() {
     b.set_options(CudaOptions {
         window_segments: true,
         graphs: true,
+        norm_stats: false,
         poison: false,
         ..*b.options()
     });

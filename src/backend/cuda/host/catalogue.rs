@@ -567,11 +567,12 @@ impl HaloConfig {
 
 /// The `conv_halo_*` config named `name` (the launch needs its tile and grid).
 pub fn halo_config(name: &str) -> Option<&'static HaloConfig> {
-    HALO_CONFIGS
-        .iter()
-        .chain(wgmma_all())
-        .chain(STATS_TWINS)
-        .find(|c| c.name == name)
+    halo_all().find(|c| c.name == name)
+}
+
+/// Every halo-tile kernel: the `conv_halo_*` table, the wgmma ones, the `_st` twins.
+pub fn halo_all() -> impl Iterator<Item = &'static HaloConfig> {
+    HALO_CONFIGS.iter().chain(wgmma_all()).chain(STATS_TWINS)
 }
 
 /// A HALO_ENTRY kernel (`conv_halo`): 4x8x8 tile, 2 weight stages, one block per tile, `wm` x

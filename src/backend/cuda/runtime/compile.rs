@@ -4,7 +4,7 @@
 
 use super::device::drv;
 use crate::backend::cuda::host::catalogue::{
-    upsample_vec_name, wgmma_all, Family, COMMON, FAMILIES, HALO_CONFIGS, MMA_CONFIGS,
+    halo_all, upsample_vec_name, Family, COMMON, FAMILIES, MMA_CONFIGS,
 };
 use crate::{Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaFunction};
@@ -304,9 +304,7 @@ pub(crate) fn load_all(
         );
     }
     if major >= 8 {
-        let halo = HALO_CONFIGS
-            .iter()
-            .chain(wgmma_all())
+        let halo = halo_all()
             .filter(|c| c.smem_bytes() as usize <= smem_optin)
             .map(|c| (c.name, c.smem_bytes()));
         // The mma conv tiles (and their convt_up twins) use more than the default 48 KB.
