@@ -264,7 +264,14 @@ struct NormLoad {
     int slope_n;
 };
 
-template <int NC, bool NORM>
+// STAGED (the `_s` entries, `CudaOptions::head_staged`): the block's voxels come in through
+// shared memory, 32 channels at a time, loaded cooperatively: consecutive threads read
+// consecutive 16-byte pieces of the block's contiguous voxels, where each thread's own 8-value
+// loads touched 32 lines per warp instruction (session 22: ~1.3 TB/s on W1's fp32 head input).
+// Then each thread reads its voxel's row (36-float rows: conflict-free) and computes as before,
+// the same sums in the same order. Shared memory: + blockDim * 36 floats.
+#define C1X1_SROW 36
+template <int NC, bool NORM, bool STAGED>
 __device__ __forceinline__ void conv1x1(const ConvParams& p, const void* __restrict__ xv, const half* __restrict__ w,
                                         const float* __restrict__ bias, half* __restrict__ y,
                                         const float* __restrict__ slope, const NormLoad& nl) {
@@ -278,22 +285,51 @@ __device__ __forceinline__ void conv1x1(const ConvParams& p, const void* __restr
     // Outputs of the block's voxels are staged in smem and stored as one contiguous run when
     // the output is dense (ldc == Cout): per-thread rows of 28 bytes would scatter the stores.
     half* so = reinterpret_cast<half*>(ws + cin * NC);
+    float* sx = reinterpret_cast<float*>(so + blockDim.x * NC);  // STAGED: [blockDim][C1X1_SROW]
     const bool dense = p.ldc == cout && p.coff == 0;
+    const bool xf32 = NORM && nl.x_f32;
     const i64 P = (i64)p.do_ * p.ho * p.wo;
     const i64 M = p.n * P;
     for (i64 m0 = (i64)blockIdx.x * blockDim.x; m0 < M; m0 += (i64)gridDim.x * blockDim.x) {
         const i64 m = m0 + threadIdx.x;
-        if (m < M) {
-            float acc[NC];
+        const int nvox = (int)min((i64)blockDim.x, M - m0);
+        float acc[NC];
 #pragma unroll
-            for (int c = 0; c < NC; c++) acc[c] = 0.f;
-            const float2* abn = NORM ? reinterpret_cast<const float2*>(nl.ab) + (m / P) * cin : nullptr;
-            for (int cv = 0; cv < (cin >> 3); cv++) {
+        for (int c = 0; c < NC; c++) acc[c] = 0.f;
+        const float2* abn = NORM ? reinterpret_cast<const float2*>(nl.ab) + (min(m, M - 1) / P) * cin : nullptr;
+        for (int c32 = 0; c32 < cin; c32 += STAGED ? 32 : cin) {
+            const int cw = STAGED ? min(32, cin - c32) : cin;  // channels of this pass
+            if (STAGED) {
+                __syncthreads();  // every thread is done with the previous pass's rows
+                const int per = cw >> 2;  // 4-value pieces of a voxel's pass
+                for (int i = threadIdx.x; i < nvox * per; i += blockDim.x) {
+                    const int v = i / per, q = i - v * per;
+                    const i64 src = (m0 + v) * cin + c32 + q * 4;
+                    float4 a;
+                    if (xf32) {
+                        a = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(xv) + src));
+                    } else {
+                        const uint2 u = __ldg(reinterpret_cast<const uint2*>(static_cast<const half*>(xv) + src));
+                        const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+                        const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+                        a = make_float4(lo.x, lo.y, hi.x, hi.y);
+                    }
+                    *reinterpret_cast<float4*>(sx + v * C1X1_SROW + q * 4) = a;
+                }
+                __syncthreads();
+            }
+            if (m >= M) continue;
+            for (int cv = c32 >> 3; cv < (c32 + cw) >> 3; cv++) {
                 float f[8];
-                if (NORM && nl.x_f32)
+                if (STAGED) {
+                    const float4* r = reinterpret_cast<const float4*>(sx + threadIdx.x * C1X1_SROW + cv * 8 - c32);
+                    const float4 a = r[0], b = r[1];
+                    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+                } else if (xf32) {
                     load8(static_cast<const float*>(xv), m * cin + cv * 8, f);
-                else
+                } else {
                     load8(static_cast<const half*>(xv), m * cin + cv * 8, f);
+                }
                 if (NORM) {
 #pragma unroll
                     for (int k = 0; k < 8; k++) {
@@ -315,6 +351,8 @@ __device__ __forceinline__ void conv1x1(const ConvParams& p, const void* __restr
                     }
                 }
             }
+        }
+        if (m < M) {
             half* yo = dense ? so + threadIdx.x * cout : y + m * p.ldc + p.coff;
 #pragma unroll
             for (int c = 0; c < NC; c++) {
@@ -334,19 +372,23 @@ __device__ __forceinline__ void conv1x1(const ConvParams& p, const void* __restr
     }
 }
 
-#define CONV1X1_ENTRY(NAME, NC)                                                                        \
+#define CONV1X1_ENTRY(NAME, NC, STAGED)                                                                      \
     extern "C" __global__ void __launch_bounds__(256) NAME(ConvParams p, const half* x, const half* w,  \
                                                            const float* bias, half* y, const float* slope) { \
-        conv1x1<NC, false>(p, x, w, bias, y, slope, NormLoad{});                                      \
+        conv1x1<NC, false, STAGED>(p, x, w, bias, y, slope, NormLoad{});                              \
     }
-CONV1X1_ENTRY(conv1x1_n16, 16)
-CONV1X1_ENTRY(conv1x1_n32, 32)
+CONV1X1_ENTRY(conv1x1_n16, 16, false)
+CONV1X1_ENTRY(conv1x1_n32, 32, false)
+CONV1X1_ENTRY(conv1x1_n16_s, 16, true)
+CONV1X1_ENTRY(conv1x1_n32_s, 32, true)
 
-#define CONV1X1_NORM_ENTRY(NAME, NC)                                                                   \
+#define CONV1X1_NORM_ENTRY(NAME, NC, STAGED)                                                                 \
     extern "C" __global__ void __launch_bounds__(256) NAME(                                            \
         ConvParams p, const void* x, const half* w, const float* bias, half* y, const float* slope,     \
         const float* nab, int x_f32, int nact, float nalpha, const float* nslope, int nslope_n) {       \
-        conv1x1<NC, true>(p, x, w, bias, y, slope, NormLoad{nab, x_f32, nact, nalpha, nslope, nslope_n}); \
+        conv1x1<NC, true, STAGED>(p, x, w, bias, y, slope, NormLoad{nab, x_f32, nact, nalpha, nslope, nslope_n}); \
     }
-CONV1X1_NORM_ENTRY(conv1x1_norm_n16, 16)
-CONV1X1_NORM_ENTRY(conv1x1_norm_n32, 32)
+CONV1X1_NORM_ENTRY(conv1x1_norm_n16, 16, false)
+CONV1X1_NORM_ENTRY(conv1x1_norm_n32, 32, false)
+CONV1X1_NORM_ENTRY(conv1x1_norm_n16_s, 16, true)
+CONV1X1_NORM_ENTRY(conv1x1_norm_n32_s, 32, true)

@@ -65,7 +65,10 @@ fn pointwise_heads_read_their_norms_input() {
     assert_eq!((l.fuse, l.out_v), (Some(2), 4));
     assert!(matches!(
         l.head.as_ref().unwrap().kernel,
-        ConvKernel::Pointwise { nc: 16 }
+        ConvKernel::Pointwise {
+            nc: 16,
+            staged: false
+        }
     ));
     assert_eq!((bp.value_buf[2], bp.value_buf[3]), (None, None));
     assert!(bp.f32_values[1]);
@@ -85,7 +88,10 @@ fn pointwise_heads_read_their_norms_input() {
     assert_eq!(heads(&bp), vec![(0, 1, Some(2))]);
     assert!(matches!(
         bp.launches[0].head.as_ref().unwrap().kernel,
-        ConvKernel::Pointwise { nc: 32 }
+        ConvKernel::Pointwise {
+            nc: 32,
+            staged: false
+        }
     ));
     assert_eq!(bp.launches.len(), 1);
 

@@ -190,6 +190,15 @@ pub const CONV1X1_N32: Kernel = k(Family::ConvSmall, "conv1x1_n32");
 /// The same heads reading the norm before them, normalised and activated on load.
 pub const CONV1X1_NORM_N16: Kernel = k(Family::ConvSmall, "conv1x1_norm_n16");
 pub const CONV1X1_NORM_N32: Kernel = k(Family::ConvSmall, "conv1x1_norm_n32");
+/// The four heads with the block's voxels loaded cooperatively through shared memory
+/// (`CudaOptions::head_staged`; [`C1X1_STAGE_BYTES`] more shared memory).
+pub const CONV1X1_N16_S: Kernel = k(Family::ConvSmall, "conv1x1_n16_s");
+pub const CONV1X1_N32_S: Kernel = k(Family::ConvSmall, "conv1x1_n32_s");
+pub const CONV1X1_NORM_N16_S: Kernel = k(Family::ConvSmall, "conv1x1_norm_n16_s");
+pub const CONV1X1_NORM_N32_S: Kernel = k(Family::ConvSmall, "conv1x1_norm_n32_s");
+/// Shared memory of a staged head's input rows: 256 threads x C1X1_SROW (36) floats
+/// (kernels/conv_small.cu).
+pub const C1X1_STAGE_BYTES: usize = 256 * 36 * 4;
 /// Cin-1 3^3 conv on mma.sync, one block per 4x8x32 output tile.
 pub const CONV_C1_K3: Kernel = k(Family::ConvSmall, "conv_c1_k3");
 /// Output voxels (z, y, x) of one `conv_c1_k3` block: C1_TZ, C1_TY, C1_TX of kernels/conv_small.cu.
@@ -287,6 +296,10 @@ pub const KERNELS: &[Kernel] = &[
     CONV1X1_N32,
     CONV1X1_NORM_N16,
     CONV1X1_NORM_N32,
+    CONV1X1_N16_S,
+    CONV1X1_N32_S,
+    CONV1X1_NORM_N16_S,
+    CONV1X1_NORM_N32_S,
     CONV_C1_K3,
     CONV_C1_K3_ST,
     CONV_DIRECT,

@@ -3,9 +3,9 @@
 
 use crate::backend::cuda::abi::norm_blocks;
 use crate::backend::cuda::host::catalogue::{
-    has_wgmma, stats_twin, upsample_vec_name, HaloConfig, MmaConfig, C1_TILE, CONV1X1_N16,
-    CONV1X1_N32, CONV_C1_K3, CONV_C1_K3_ST, CONV_DIRECT, CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8,
-    CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8, CONV_SPLITK_REDUCE,
+    has_wgmma, stats_twin, upsample_vec_name, HaloConfig, MmaConfig, C1X1_STAGE_BYTES, C1_TILE,
+    CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32, CONV1X1_N32_S, CONV_C1_K3, CONV_C1_K3_ST, CONV_DIRECT,
+    CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8, CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8, CONV_SPLITK_REDUCE,
 };
 use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::host::relayout::{parity_split, FusedParity, ParityClass};
@@ -51,6 +51,8 @@ pub struct ArchCaps {
     /// The full-resolution ends of the list run one window at a time
     /// (`CudaOptions::window_segments`).
     pub window_segments: bool,
+    /// The pointwise heads load their input through shared memory (`CudaOptions::head_staged`).
+    pub head_staged: bool,
     /// A conv hands the norm after it the statistics of its output (`CudaOptions::norm_stats`).
     pub norm_stats: bool,
 }
@@ -74,6 +76,7 @@ impl ArchCaps {
             split_k: true,
             norm_head: true,
             window_segments: true,
+            head_staged: false,
             norm_stats: false,
         }
     }
@@ -99,6 +102,7 @@ impl ArchCaps {
             norm_head: opts.norm_head,
             window_segments: opts.window_segments,
             norm_stats: opts.norm_stats,
+            head_staged: opts.head_staged,
             conv_tile: opts.conv_tile,
             halo_tile: opts.halo_tile,
             ..base
@@ -139,9 +143,11 @@ pub enum ConvKernel {
     /// The same GEMM and weights on the tile's `convt_up_*` twin (staged scatter epilogue, any
     /// Cout: coalesced runs of voxels x channels rather than `conv_store`'s 4-byte pairs).
     ParityFusedVec(FusedParity, &'static MmaConfig),
-    /// 1x1x1 conv with few outputs, one thread per voxel (`CONV1X1_N16` / `_n32`).
+    /// 1x1x1 conv with few outputs, one thread per voxel (`CONV1X1_N16` / `_n32`); `staged`:
+    /// the `_s` twins, which load the block's voxels through shared memory.
     Pointwise {
         nc: usize,
+        staged: bool,
     },
     Halo(&'static HaloConfig),
     /// kernel == stride transposed conv as a GEMM with a scatter epilogue.
@@ -213,6 +219,17 @@ impl ConvKernel {
         }
     }
 
+    /// Dynamic shared memory of a pointwise head over `cin` input channels: the fp32 weights
+    /// [cin][nc], the block's fp16 outputs, and (staged) its input rows; 0 for other kernels.
+    pub fn pointwise_smem(&self, cin: usize) -> usize {
+        match self {
+            ConvKernel::Pointwise { nc, staged } => {
+                cin * nc * 4 + 256 * nc * 2 + if *staged { C1X1_STAGE_BYTES } else { 0 }
+            }
+            _ => 0,
+        }
+    }
+
     /// The parts its K is split into (`SplitK`), else 1.
     pub fn k_splits(&self) -> usize {
         match self {
@@ -236,8 +253,12 @@ impl ConvKernel {
             ConvKernel::Parity(cl) => cl.iter().map(|(_, c)| c.name).collect(),
             ConvKernel::ParityFused(_, c) => vec![c.name],
             ConvKernel::ParityFusedVec(_, c) => vec![upsample_vec_name(c.name).unwrap_or(c.name)],
-            ConvKernel::Pointwise { nc: 16 } => vec![CONV1X1_N16.name],
-            ConvKernel::Pointwise { .. } => vec![CONV1X1_N32.name],
+            ConvKernel::Pointwise { nc, staged } => vec![match (nc, staged) {
+                (16, false) => CONV1X1_N16.name,
+                (16, true) => CONV1X1_N16_S.name,
+                (_, false) => CONV1X1_N32.name,
+                (_, true) => CONV1X1_N32_S.name,
+            }],
             ConvKernel::Halo(c) => vec![c.name],
             ConvKernel::Upsample(c) | ConvKernel::Mma(c) => vec![c.name],
             ConvKernel::SplitK(c, _) => vec![c.name, CONV_SPLITK_REDUCE.name],
@@ -343,6 +364,7 @@ impl ConvKernel {
         {
             return ConvKernel::Pointwise {
                 nc: if cout <= 16 { 16 } else { 32 },
+                staged: caps.head_staged,
             };
         }
         // (A forced mma tile keeps Cin-1 convs on that tile, as it does the halo convs.)

@@ -47,6 +47,9 @@ pub struct CudaOptions {
     /// the last upsampling one window at a time (`host::windowed`), where that lowers the
     /// activation bytes live at once: their own buffers then hold one window, not the batch.
     pub window_segments: bool,
+    /// Run the pointwise heads on their `_s` twins, which load the block's voxels through
+    /// shared memory in coalesced 16-byte pieces (kernels/conv_small.cu). Off until measured.
+    pub head_staged: bool,
     /// Let a conv whose output only an InstanceNorm / GroupNorm right after it reads write that
     /// norm's statistics per output tile in its epilogue (the `_st` kernels,
     /// `host::tile_stats`), so the norm skips its partial-sum pass over the conv's output. Off
@@ -74,6 +77,7 @@ impl Default for CudaOptions {
             split_k: true,
             norm_head: true,
             window_segments: true,
+            head_staged: false,
             norm_stats: false,
             graphs: true,
         }

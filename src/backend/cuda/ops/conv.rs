@@ -6,8 +6,9 @@ use super::{Build, NodeIo};
 use crate::backend::cuda::abi::elem_bytes;
 use crate::backend::cuda::abi::ConvParams;
 use crate::backend::cuda::host::catalogue::{
-    halo_config, C1_TILE, CONV1X1_N16, CONV1X1_N32, CONV1X1_NORM_N16, CONV1X1_NORM_N32, CONV_C1_K3,
-    CONV_C1_K3_ST, CONV_SPLITK_REDUCE,
+    halo_config, C1_TILE, CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32, CONV1X1_N32_S, CONV1X1_NORM_N16,
+    CONV1X1_NORM_N16_S, CONV1X1_NORM_N32, CONV1X1_NORM_N32_S, CONV_C1_K3, CONV_C1_K3_ST,
+    CONV_SPLITK_REDUCE,
 };
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::backend::cuda::host::relayout::{
@@ -229,19 +230,15 @@ pub(crate) fn build(
             Ok(vec![step(q, wp, io.y, shape)])
         }
         // 1x1x1 conv with few outputs (the head): memory bound, one thread per voxel.
-        K::Pointwise { nc } => {
+        K::Pointwise { nc, .. } => {
             let cin = io.xshape[0];
             let w = &c.weight;
             let (wh, kpad) = relayout_weight(&w.data, &w.shape, 1, false, rows_pad);
             let mut p = p;
             p.kpad = kpad as i32;
             let wp = b.upload_const(&wh)?;
-            let func = if *nc == 16 {
-                CONV1X1_N16.name
-            } else {
-                CONV1X1_N32.name
-            };
-            let smem = (cin * nc * 4 + 256 * nc * 2) as u32;
+            let func = kernel.funcs()[0];
+            let smem = kernel.pointwise_smem(cin) as u32;
             Ok(vec![ConvStep {
                 direct: false,
                 pointwise: true,
@@ -314,6 +311,8 @@ pub(crate) fn normed_func(func: &str) -> Option<&'static str> {
     match func {
         f if f == CONV1X1_N16.name => Some(CONV1X1_NORM_N16.name),
         f if f == CONV1X1_N32.name => Some(CONV1X1_NORM_N32.name),
+        f if f == CONV1X1_N16_S.name => Some(CONV1X1_NORM_N16_S.name),
+        f if f == CONV1X1_N32_S.name => Some(CONV1X1_NORM_N32_S.name),
         _ => None,
     }
 }

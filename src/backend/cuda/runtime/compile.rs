@@ -6,6 +6,7 @@ use super::device::drv;
 use crate::backend::cuda::host::catalogue::{
     halo_all, upsample_vec_name, Family, COMMON, FAMILIES, MMA_CONFIGS,
 };
+use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::{Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaFunction};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
@@ -313,7 +314,12 @@ pub(crate) fn load_all(
                 .chain(upsample_vec_name(c.name))
                 .map(move |n| (n, c.smem_bytes()))
         });
-        for (name, bytes) in halo.chain(mma) {
+        // The staged heads pass 48 KB from Cin 64 (Cout 32) on; they may take Cin 256.
+        let heads = [16, 32].into_iter().map(|nc| {
+            let k = ConvKernel::Pointwise { nc, staged: true };
+            (k.funcs()[0], k.pointwise_smem(256) as u32)
+        });
+        for (name, bytes) in halo.chain(mma).chain(heads) {
             if let Some(f) = funcs.get(name) {
                 f.set_attribute(
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

@@ -393,8 +393,9 @@ fn bench_halo_variants() {
 /// conv/norm/concat chain. Prints the ops by time; checks that the per-step sum matches the
 /// timed forward (events add only small gaps) and that the profile covers every launch. Then
 /// times the forward again with fp16 norm inputs (`CudaOptions::norm_f32` off) in the same
-/// run: the cost of the fp32 ones, and their activation bytes; and with the norms' statistics
-/// taken in the convs' epilogues (`CudaOptions::norm_stats`), with its per-op profile (`PROFST`).
+/// run: the cost of the fp32 ones, and their activation bytes; and with the switches not on by
+/// default yet (`CudaOptions::norm_stats`, `head_staged`), alone and together, with the per-op
+/// profile of both (`PROFST`).
 #[test]
 fn profile_models() {
     let Some(mut b) = gpu() else { return };
@@ -484,26 +485,45 @@ fn profile_models() {
         );
         assert!(y16.iter().all(|v| v.is_finite()));
         assert!(arena >= arena16);
-        // The norms' statistics from the convs' epilogues (`CudaOptions::norm_stats`).
-        b.with(|o| o.norm_stats = true);
-        b.prepare(&g, batch, [roi; 3]).expect("prepare");
-        let ys = b.run(x.view()).expect("run").to_owned();
-        let ts = b.time_forward(batch, 5).expect("time");
-        let profs = b.profile_forward(batch, 3).expect("profile");
-        b.with(|o| o.norm_stats = false);
-        for (label, ms, cnt) in &profs {
-            println!("PROFST {name} {ms:8.3} ms x{cnt:<3} {label}");
+        // Switches not on by default yet, alone and together (the per-op profile of both):
+        // the norms' statistics from the convs' epilogues, the staged heads.
+        type Switch = (&'static str, fn(&mut CudaOptions));
+        let variants: [Switch; 3] = [
+            ("norm statistics in the conv epilogues", |o| {
+                o.norm_stats = true
+            }),
+            ("staged heads", |o| o.head_staged = true),
+            ("both", |o| {
+                o.norm_stats = true;
+                o.head_staged = true;
+            }),
+        ];
+        for (what, set) in variants {
+            b.with(set);
+            b.prepare(&g, batch, [roi; 3]).expect("prepare");
+            let ys = b.run(x.view()).expect("run").to_owned();
+            let ts = b.time_forward(batch, 5).expect("time");
+            if what == "both" {
+                let profs = b.profile_forward(batch, 3).expect("profile");
+                for (label, ms, cnt) in &profs {
+                    println!("PROFST {name} {ms:8.3} ms x{cnt:<3} {label}");
+                }
+            }
+            b.with(|o| {
+                o.norm_stats = false;
+                o.head_staged = false;
+            });
+            let dev = ys
+                .iter()
+                .zip(y.iter())
+                .map(|(a, c)| (a - c).abs())
+                .fold(0f32, f32::max);
+            println!(
+                "RESULT profile {name} roi {roi} batch {batch}: {what} {ts:.3} ms against {t:.3} ({:.3}x), max |diff| {dev:.2e}",
+                ts / t
+            );
+            assert!(ys.iter().all(|v| v.is_finite()), "{what}");
         }
-        let dev = ys
-            .iter()
-            .zip(y.iter())
-            .map(|(a, c)| (a - c).abs())
-            .fold(0f32, f32::max);
-        println!(
-            "RESULT profile {name} roi {roi} batch {batch}: norm statistics in the conv epilogues {ts:.3} ms against {t:.3} ({:.3}x), max |diff| {dev:.2e}",
-            ts / t
-        );
-        assert!(ys.iter().all(|v| v.is_finite()));
     }
 }
 

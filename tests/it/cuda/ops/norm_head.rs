@@ -88,7 +88,58 @@ fn head_case(
         differ, 0,
         "{name}: fused and unfused differ in {differ} values"
     );
+    // The staged twin (`head_staged`): the same sums in the same order.
     b.with(|o| *o = CudaOptions::default());
+    b.with(&opts);
+    b.with(|o| o.head_staged = true);
+    let staged = run(b, &g, &x, 2);
+    let used = kernels_used(b, 2);
+    assert!(
+        used.iter()
+            .any(|k| k.starts_with("conv1x1_norm_n") && k.ends_with("_s")),
+        "{name}: {used:?}"
+    );
+    let differ = fused.iter().zip(&staged).filter(|(a, b)| a != b).count();
+    assert_eq!(
+        differ, 0,
+        "{name}: staged and plain heads differ in {differ} values"
+    );
+    b.with(|o| *o = CudaOptions::default());
+}
+
+/// The plain heads (`conv1x1_n*`, fp16 input) against their staged twins (`head_staged`):
+/// bit for bit, over Cin 8 (one pass of 8 channels), 40 (a pass of 32, one of 8) and 256 (past
+/// 48 KB of shared memory), Cout 3 to 32, and a voxel count that leaves the last block short.
+#[test]
+fn staged_heads_are_the_plain_heads_bit_for_bit() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("staged head");
+    for (cin, cout) in [(8usize, 14usize), (40, 20), (256, 32), (32, 3)] {
+        let name = format!("head {cin}->{cout}");
+        let sp = [7usize, 9, 13];
+        let x = input2(&mut r, cin, sp);
+        let hw = Tensor::new(vec![cout, cin, 1, 1, 1], r.scaled(cout * cin, 0.3));
+        let hb = Tensor::new(vec![cout], r.scaled(cout, 0.5));
+        let want = conv_ref(&x, &hw, Some(&hb), PLAIN);
+        let g = graph(cin, vec![(hand::conv(hw, Some(hb), 0), vec![0], cout)]);
+        b.with(|o| o.head_staged = false);
+        let plain = run(&mut b, &g, &x, 2);
+        b.with(|o| o.head_staged = true);
+        let staged = run(&mut b, &g, &x, 2);
+        let used = kernels_used(&mut b, 2);
+        assert!(
+            used.iter()
+                .all(|k| k.starts_with("conv1x1_n") && k.ends_with("_s")),
+            "{name}: {used:?}"
+        );
+        report(&name, rel_l2(&staged, &want));
+        let differ = plain.iter().zip(&staged).filter(|(a, c)| a != c).count();
+        assert_eq!(
+            differ, 0,
+            "{name}: staged and plain heads differ in {differ} values"
+        );
+    }
+    b.with(|o| o.head_staged = false);
 }
 
 #[test]
