@@ -5,10 +5,11 @@
 # on each export at PROFILE_BATCHES. Here: `bash tests/gpu/build.sh && bash tests/gpu/bench_bundle.sh`;
 # there, carrying `.dev/gb.tar.xz`: `bash tests/gpu/profile_call.sh`. Everything comes back in
 # $OUT/all.tgz; the summary lines on stdout.
-#   NETS (w1,w2), BATCHES ("1 2 4"), REPS (3), PROFILE_BATCHES ("4 2"), BINS (bench; "bench_old
+#   NETS (w1,w2; "-": the TESTS only), BATCHES ("1 2 4"), REPS (3), PROFILE_BATCHES ("4 2"), BINS (bench; "bench_old
 #   bench" alternates two builds, each pass of ROUNDS (1) running every bin once per batch),
 #   TESTS (BIN:FILTER entries run first, BIN one of the bundle's test binaries, e.g.
 #   "it:cuda::ops::norm plan_gpu:"), TEST_S (seconds per test entry, default 200),
+#   PROFILE_S (seconds per profile, default 150),
 #   NCU (a kernel-name regex: Nsight Compute's speed-of-light, memory, occupancy and warp-state
 #   sections of the first NCU_COUNT (8) matching launches of `profile_models` on NCU_NET (w1) at
 #   batch 4, into p/ncu.txt; where ncu cannot read the counters it says so there)
@@ -23,8 +24,12 @@ for t in ${TESTS:-}; do
   f="$OUT/p/t_${bin}_${filt//::/_}.log"
   timeout "${TEST_S:-200}" "$G/$bin" --test-threads=1 --nocapture $filt > "$f" 2>&1
   el "TEST $bin $filt rc $?: $(grep -E "^test result" "$f" | tail -1)"
-  grep -E "panicked|FAILED|RESULT convt" "$f" | head -30
+  grep -E "panicked|FAILED|RESULT (convt|tile stats|window segments)" "$f" | head -30
 done
+if [ "$NETS" = - ]; then
+  tar -czf /tmp/all.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/all.tgz "$OUT/"
+  exit 0
+fi
 PYTHONPATH=/tmp/site timeout 240 python3 tests/gpu/bench_peer.py prep "$W" "$NETS" > "$OUT/p/prep.log" 2>&1
 el "prep rc $?"
 for round in $(seq 1 "${ROUNDS:-1}"); do
@@ -49,10 +54,10 @@ fi
 for n in ${NETS//,/ }; do
   for b in ${PROFILE_BATCHES:-4 2}; do
     f="$OUT/p/profile_${n}_b$b.log"
-    VOXTILE_PROFILE_ONNX="$W/$n.onnx:128:$b" timeout 150 "$G/it" --test-threads=1 --nocapture \
+    VOXTILE_PROFILE_ONNX="$W/$n.onnx:128:$b" timeout "${PROFILE_S:-150}" "$G/it" --test-threads=1 --nocapture \
       cuda::ops::bench::profile_models > "$f" 2>&1
     el "profile $n batch $b rc $?"
-    grep "RESULT" "$f" | head -24
+    grep "RESULT" "$f" | head -40
   done
 done
 tar -czf /tmp/all.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/all.tgz "$OUT/"
