@@ -112,6 +112,19 @@ __device__ __forceinline__ void halo_store(const ConvParams& p, half* __restrict
     }
 }
 
+// Row r of a staged TZ x TY x TX tile (rows of LDF floats): its output voxel (oz, oy, ox), false
+// where that is outside the output; else `v`, its 8 values of channel chunk `ch`.
+template <int TY, int TX, int LDF>
+__device__ __forceinline__ bool staged_row(const ConvParams& p, const float* stage, int r, int ch, int oz0, int oy0,
+                                           int ox0, int& oz, int& oy, int& ox, float (&v)[8]) {
+    oz = oz0 + r / (TY * TX), oy = oy0 + (r / TX) % TY, ox = ox0 + r % TX;
+    if (oz >= p.do_ || oy >= p.ho || ox >= p.wo) return false;
+    const float4 lo = *reinterpret_cast<const float4*>(stage + r * LDF + ch * 8);
+    const float4 hi = *reinterpret_cast<const float4*>(stage + r * LDF + ch * 8 + 4);
+    v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+    return true;
+}
+
 // The tile's norm statistics (tile_stats.cuh) from the staged rows, after the stores: a pass of
 // its own, so the store loop keeps its registers (inside it, the sums made ptxas spill). The
 // host asks only where the conv has no activation (`ConvKernel::norm_stats`): the values as
@@ -133,11 +146,9 @@ __device__ __noinline__ void halo_tile_stats(const ConvParams& p, const float* _
     ts.start(first);
     if (live) {
         for (int r = tid / CH; r < TBM; r += THREADS / CH) {
-            const int oz = oz0 + r / (TY * TX), oy = oy0 + (r / TX) % TY, ox = ox0 + r % TX;
-            if (oz >= p.do_ || oy >= p.ho || ox >= p.wo) continue;
-            const float4 lo = *reinterpret_cast<const float4*>(stage + r * LDF + ch * 8);
-            const float4 hi = *reinterpret_cast<const float4*>(stage + r * LDF + ch * 8 + 4);
-            float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            int oz, oy, ox;
+            float v[8];
+            if (!staged_row<TY, TX, LDF>(p, stage, r, ch, oz0, oy0, ox0, oz, oy, ox, v)) continue;
 #pragma unroll
             for (int k = 0; k < 8; k++) v[k] += b[k];
             ts.add(v);
@@ -183,11 +194,9 @@ __device__ __forceinline__ bool halo_store_vec(const ConvParams& p, half* __rest
 #pragma unroll
         for (int k = 0; k < 8; k++) b[k] = bias ? bias[c0 + k] : 0.f;
         for (int r = tid / CH; r < TBM; r += THREADS / CH) {
-            const int oz = oz0 + r / (TY * TX), oy = oy0 + (r / TX) % TY, ox = ox0 + r % TX;
-            if (oz >= p.do_ || oy >= p.ho || ox >= p.wo) continue;
-            const float4 lo = *reinterpret_cast<const float4*>(stage + r * LDF + ch * 8);
-            const float4 hi = *reinterpret_cast<const float4*>(stage + r * LDF + ch * 8 + 4);
-            float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            int oz, oy, ox;
+            float v[8];
+            if (!staged_row<TY, TX, LDF>(p, stage, r, ch, oz0, oy0, ox0, oz, oy, ox, v)) continue;
 #pragma unroll
             for (int k = 0; k < 8; k++) v[k] = act_apply(v[k] + b[k], c0 + k, p.act, p.alpha, slope, p.slope_n);
             const i64 m = (((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox;

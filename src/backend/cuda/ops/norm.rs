@@ -130,6 +130,14 @@ impl Norm {
     pub fn stats(&self, gpu: &Gpu, s: &CudaStream, n: usize, [part, ab]: [u64; 2]) -> Result<()> {
         let a = &self.affine;
         let (pix, c) = (a.pix, a.c);
+        // The finalisations' last arguments: groups, eps, gamma, beta, the pairs' destination.
+        let [g, eps, gamma, beta, ab] = [
+            Arg::I32(self.groups as i32),
+            Arg::F32(self.eps),
+            Arg::Ptr(self.gamma),
+            Arg::Ptr(self.beta),
+            Arg::Ptr(ab),
+        ];
         if let Some(tiles) = self.tiles {
             // The conv before wrote each tile's sums into `part`.
             return gpu.launch(
@@ -141,11 +149,11 @@ impl Norm {
                     Arg::Ptr(part),
                     Arg::I32(tiles as i32),
                     Arg::I32(c as i32),
-                    Arg::I32(self.groups as i32),
-                    Arg::F32(self.eps),
-                    Arg::Ptr(self.gamma),
-                    Arg::Ptr(self.beta),
-                    Arg::Ptr(ab),
+                    g,
+                    eps,
+                    gamma,
+                    beta,
+                    ab,
                 ],
             );
         }
@@ -210,11 +218,11 @@ impl Norm {
                 Arg::I32(n as i32),
                 Arg::I64(pix as i64),
                 Arg::I32(c as i32),
-                Arg::I32(self.groups as i32),
-                Arg::F32(self.eps),
-                Arg::Ptr(self.gamma),
-                Arg::Ptr(self.beta),
-                Arg::Ptr(ab),
+                g,
+                eps,
+                gamma,
+                beta,
+                ab,
             ],
         )
     }

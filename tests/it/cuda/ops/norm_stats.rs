@@ -129,14 +129,7 @@ fn conv_norm_tile_stats() {
             &shift,
         )
         .map(|c, v| act_ref(&leaky, c, v));
-        let conv = Op::Conv(Conv {
-            weight: w,
-            bias: Some(bias),
-            stride: [1; 3],
-            dilation: [1; 3],
-            pads: [1; 6],
-            groups: 1,
-        });
+        let conv = crate::common::graph::conv(w, Some(bias), 1);
         let g = graph(
             cin,
             vec![
