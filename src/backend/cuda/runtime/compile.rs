@@ -4,7 +4,8 @@
 
 use super::device::drv;
 use crate::backend::cuda::host::catalogue::{
-    halo_all, upsample_vec_name, Family, COMMON, FAMILIES, MMA_CONFIGS,
+    halo_all, upsample_vec_name, Family, COMMON, CONV1X1_N16_S, CONV1X1_N32_S, CONV1X1_NORM_N16_S,
+    CONV1X1_NORM_N32_S, FAMILIES, MMA_CONFIGS,
 };
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::{Error, Result};
@@ -314,10 +315,16 @@ pub(crate) fn load_all(
                 .chain(upsample_vec_name(c.name))
                 .map(move |n| (n, c.smem_bytes()))
         });
-        // The staged heads pass 48 KB from Cin 64 (Cout 32) on; they may take Cin 256.
-        let heads = [16, 32].into_iter().map(|nc| {
-            let k = ConvKernel::Pointwise { nc, staged: true };
-            (k.funcs()[0], k.pointwise_smem(256) as u32)
+        // The staged heads (and their twins that normalise on load) pass 48 KB from Cin 64 on
+        // (at Cout 32 always); they may take Cin 256.
+        let heads = [
+            (16, [CONV1X1_N16_S, CONV1X1_NORM_N16_S]),
+            (32, [CONV1X1_N32_S, CONV1X1_NORM_N32_S]),
+        ]
+        .into_iter()
+        .flat_map(|(nc, kernels)| {
+            let bytes = ConvKernel::Pointwise { nc, staged: true }.pointwise_smem(256) as u32;
+            kernels.into_iter().map(move |k| (k.name, bytes))
         });
         for (name, bytes) in halo.chain(mma).chain(heads) {
             if let Some(f) = funcs.get(name) {
