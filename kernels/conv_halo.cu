@@ -112,66 +112,19 @@ __device__ __forceinline__ void halo_store(const ConvParams& p, half* __restrict
     }
 }
 
-// Row r of a staged TZ x TY x TX tile (rows of LDF floats): its output voxel (oz, oy, ox), false
-// where that is outside the output; else `v`, its 8 values of channel chunk `ch`.
-template <int TY, int TX, int LDF>
-__device__ __forceinline__ bool staged_row(const ConvParams& p, const float* stage, int r, int ch, int oz0, int oy0,
-                                           int ox0, int& oz, int& oy, int& ox, float (&v)[8]) {
-    oz = oz0 + r / (TY * TX), oy = oy0 + (r / TX) % TY, ox = ox0 + r % TX;
-    if (oz >= p.do_ || oy >= p.ho || ox >= p.wo) return false;
-    const float4 lo = *reinterpret_cast<const float4*>(stage + r * LDF + ch * 8);
-    const float4 hi = *reinterpret_cast<const float4*>(stage + r * LDF + ch * 8 + 4);
-    v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
-    return true;
-}
-
-// The tile's norm statistics (tile_stats.cuh) from the staged rows, after the stores: a pass of
-// its own, so the store loop keeps its registers (inside it, the sums made ptxas spill). The
-// host asks only where the conv has no activation (`ConvKernel::norm_stats`): the values as
-// stored are the staged ones plus the bias. Every thread of the block takes the barriers.
-template <int TZ, int TY, int TX, int BN, int THREADS>
-__device__ __noinline__ void halo_tile_stats(const ConvParams& p, const float* __restrict__ bias, float* stage,
-                                             int tid, int oz0, int oy0, int ox0, int nb0, int t) {
-    constexpr int TBM = TZ * TY * TX, LDF = BN + 8, CH = BN / 8;
-    static_assert(TBM * LDF >= THREADS * 16 + BN, "the statistics fit the staging rows");
-    const int ch = tid % CH, c0 = nb0 + ch * 8;
-    const bool live = c0 < p.cout;  // a chunk past Cout (the last channel tile) adds nothing
-    float b[8];
-#pragma unroll
-    for (int k = 0; k < 8; k++) b[k] = live && bias ? bias[c0 + k] : 0.f;
-    float first[8];  // row 0: the tile's first voxel, always inside the output
-#pragma unroll
-    for (int k = 0; k < 8; k++) first[k] = stage[ch * 8 + k] + b[k];
-    TileStats8 ts;
-    ts.start(first);
-    if (live) {
-        for (int r = tid / CH; r < TBM; r += THREADS / CH) {
-            int oz, oy, ox;
-            float v[8];
-            if (!staged_row<TY, TX, LDF>(p, stage, r, ch, oz0, oy0, ox0, oz, oy, ox, v)) continue;
-#pragma unroll
-            for (int k = 0; k < 8; k++) v[k] += b[k];
-            ts.add(v);
-        }
-    }
-    const float count = (float)(min(TZ, p.do_ - oz0) * min(TY, p.ho - oy0) * min(TX, p.wo - ox0));
-    tile_stats_flush<0, THREADS, CH>(ts, tid, stage, reinterpret_cast<float4*>(p.stats) + (i64)t * p.cout + nb0,
-                                     p.cout - nb0, count);
-}
-
 // Vector epilogue of the halo kernels, used where Cout, ldc and coff are multiples of 8 (else
 // halo_store): the fp32 accumulators are staged in `stage` (the block's shared memory, no longer
 // needed by the taps: TZ*TY*TX rows of BN + 8 floats, conflict-free float2 writes per half-warp),
 // then each thread adds bias, applies the activation and writes 8 channels of one voxel with one
 // 16-byte store: a warp writes whole contiguous voxel rows instead of 4-byte pairs through the
 // out-of-line conv_store (ncu on K1: the epilogue was ~40% of the kernel's instructions).
-// ST (the `_st` twins): the tile's norm statistics too (`halo_tile_stats`, tile `t`). Returns false (nothing written) when the layout does not allow it.
-template <int MI, int NI, int TM, int TN, int TZ, int TY, int TX, int BN, int THREADS, bool ST>
+// Returns false (nothing written) when the layout does not allow it.
+template <int MI, int NI, int TM, int TN, int TZ, int TY, int TX, int BN, int THREADS>
 __device__ __forceinline__ bool halo_store_vec(const ConvParams& p, half* __restrict__ y,
                                                const float* __restrict__ bias,
                                                const float* __restrict__ slope, float (&acc)[MI][NI][4],
                                                int wm, int wn, int lane, int tid, int n, int oz0, int oy0,
-                                               int ox0, int nb0, int t, float* stage) {
+                                               int ox0, int nb0, float* stage) {
     constexpr int TBM = TZ * TY * TX, LDF = BN + 8, CH = BN / 8;
     static_assert(THREADS % CH == 0, "a thread keeps one 8-channel chunk");
     if (((p.cout | p.ldc | p.coff) & 7) != 0) return false;
@@ -189,21 +142,21 @@ __device__ __forceinline__ bool halo_store_vec(const ConvParams& p, half* __rest
         }
     __syncthreads();
     const int ch = tid % CH, c0 = nb0 + ch * 8;  // output channel of the thread's chunk
-    if (c0 < p.cout) {
-        float b[8];
+    if (c0 >= p.cout) return true;
+    float b[8];
 #pragma unroll
-        for (int k = 0; k < 8; k++) b[k] = bias ? bias[c0 + k] : 0.f;
-        for (int r = tid / CH; r < TBM; r += THREADS / CH) {
-            int oz, oy, ox;
-            float v[8];
-            if (!staged_row<TY, TX, LDF>(p, stage, r, ch, oz0, oy0, ox0, oz, oy, ox, v)) continue;
+    for (int k = 0; k < 8; k++) b[k] = bias ? bias[c0 + k] : 0.f;
+    for (int r = tid / CH; r < TBM; r += THREADS / CH) {
+        const int oz = oz0 + r / (TY * TX), oy = oy0 + (r / TX) % TY, ox = ox0 + r % TX;
+        if (oz >= p.do_ || oy >= p.ho || ox >= p.wo) continue;
+        const float4 lo = *reinterpret_cast<const float4*>(stage + r * LDF + ch * 8);
+        const float4 hi = *reinterpret_cast<const float4*>(stage + r * LDF + ch * 8 + 4);
+        float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
-            for (int k = 0; k < 8; k++) v[k] = act_apply(v[k] + b[k], c0 + k, p.act, p.alpha, slope, p.slope_n);
-            const i64 m = (((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox;
-            out_store8(p, y, m * p.ldc + p.coff + c0, v);
-        }
+        for (int k = 0; k < 8; k++) v[k] = act_apply(v[k] + b[k], c0 + k, p.act, p.alpha, slope, p.slope_n);
+        const i64 m = (((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox;
+        out_store8(p, y, m * p.ldc + p.coff + c0, v);
     }
-    if constexpr (ST) halo_tile_stats<TZ, TY, TX, BN, THREADS>(p, bias, stage, tid, oz0, oy0, ox0, nb0, t);
     return true;
 }
 
@@ -212,7 +165,7 @@ __device__ __forceinline__ bool halo_store_vec(const ConvParams& p, half* __rest
 #define HT_X 8
 #define HVOX ((HT_Z + 2) * (HT_Y + 2) * (HT_X + 2))
 
-template <int CIN, int BN, int WM, int WN, bool ST>
+template <int CIN, int BN, int WM, int WN>
 __device__ __forceinline__ void conv_halo(const ConvParams& p, const half* __restrict__ x,
                                           const half* __restrict__ w, const float* __restrict__ bias,
                                           half* __restrict__ y, const float* __restrict__ slope) {
@@ -296,11 +249,9 @@ __device__ __forceinline__ void conv_halo(const ConvParams& p, const half* __res
 
     // The vector epilogue stages the fp32 tile in the block's smem where it fits.
     constexpr bool VEC_FITS = TBM * (BN + 8) * 4 <= (HVOX * LD + 2 * BN * LD) * 2;
-    if (VEC_FITS && halo_store_vec<MI, NI, TM, TN, HT_Z, HT_Y, HT_X, BN, THREADS, ST>(
-                        p, y, bias, slope, acc, wm, wn, lane, tid, n, oz0, oy0, ox0, nb0, blockIdx.x,
-                        reinterpret_cast<float*>(dsm)))
+    if (VEC_FITS && halo_store_vec<MI, NI, TM, TN, HT_Z, HT_Y, HT_X, BN, THREADS>(
+                        p, y, bias, slope, acc, wm, wn, lane, tid, n, oz0, oy0, ox0, nb0, reinterpret_cast<float*>(dsm)))
         return;
-    if (ST) __trap();  // the host asked for statistics where this epilogue cannot take them
     halo_store<MI, NI, TM, TN, HT_Y, HT_X>(p, y, bias, slope, acc, wm, wn, lane, n, oz0, oy0, ox0, nb0);
 }
 
@@ -312,14 +263,7 @@ __device__ __forceinline__ void conv_halo(const ConvParams& p, const half* __res
 #define HALO_ENTRY(NAME, CIN, BN, WM, WN)                                                           \
     extern "C" __global__ void __launch_bounds__(WM * WN * 32, WM * WN >= 6 ? 2 : 4) NAME(         \
         ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope) { \
-        conv_halo<CIN, BN, WM, WN, false>(p, x, w, bias, y, slope);                                 \
-    }
-// The `_st` twin (`HaloConfig::stats`): the same kernel, its epilogue also writing the norm
-// statistics of its tiles to `p.stats` (tile_stats.cuh).
-#define HALO_ST_ENTRY(NAME, CIN, BN, WM, WN)                                                        \
-    extern "C" __global__ void __launch_bounds__(WM * WN * 32, WM * WN >= 6 ? 2 : 4) NAME(         \
-        ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope) { \
-        conv_halo<CIN, BN, WM, WN, true>(p, x, w, bias, y, slope);                                  \
+        conv_halo<CIN, BN, WM, WN>(p, x, w, bias, y, slope);                                        \
     }
 
 // ---------------------------------------------------------------------------------------------

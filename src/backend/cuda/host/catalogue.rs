@@ -15,8 +15,8 @@ pub const COMMON: &str = include_str!("../../../../kernels/common.cuh");
 /// Prepended (after [`COMMON`]) to the two mma.sync families, `conv_mma` and `conv_halo`.
 pub const MMA: &str = include_str!("../../../../kernels/mma.cuh");
 
-/// Prepended (after [`MMA`]) to the conv families whose epilogues take a following norm's
-/// statistics (`conv_halo`, `conv_wgmma`).
+/// Prepended (after [`MMA`]) to the conv family whose epilogue takes a following norm's
+/// statistics per output tile (`conv_wgmma`: the z-pair helper's stores).
 pub const TILE_STATS: &str = include_str!("../../../../kernels/tile_stats.cuh");
 
 /// One kernels/*.cu file, compiled by NVRTC as one module.
@@ -104,7 +104,7 @@ impl Family {
     }
 
     /// What NVRTC compiles for the family after the common prelude: [`MMA`] for the mma.sync
-    /// families, [`TILE_STATS`] for the two whose epilogues take norm statistics, its file,
+    /// families, [`TILE_STATS`] for the one whose epilogue takes norm statistics, its file,
     /// then the entry lines of its configuration tables ([`entry_lines`]), so a tile is listed
     /// once, here.
     pub fn source(self) -> String {
@@ -117,7 +117,7 @@ impl Family {
             _ => "",
         };
         let stats = match self {
-            Family::ConvHalo | Family::ConvWgmma => TILE_STATS,
+            Family::ConvWgmma => TILE_STATS,
             _ => "",
         };
         format!("{mma}{stats}{}\n{}", self.file(), entry_lines(self))
@@ -145,17 +145,8 @@ impl Family {
                 v.extend(MMA_CONFIGS.iter().map(|c| c.name));
                 v.extend(UPSAMPLE_VEC.iter().map(|(_, u)| *u));
             }
-            Family::ConvHalo => v.extend(
-                HALO_CONFIGS
-                    .iter()
-                    .chain(STATS_TWINS.iter().filter(|c| !c.wgmma))
-                    .map(|c| c.name),
-            ),
-            Family::ConvWgmma => v.extend(
-                wgmma_all()
-                    .chain(STATS_TWINS.iter().filter(|c| c.wgmma))
-                    .map(|c| c.name),
-            ),
+            Family::ConvHalo => v.extend(HALO_CONFIGS.iter().map(|c| c.name)),
+            Family::ConvWgmma => v.extend(wgmma_all().chain(STATS_TWINS).map(|c| c.name)),
             _ => {}
         }
         v
@@ -543,16 +534,6 @@ impl HaloConfig {
         ((w + self.hb * self.halo_rows() * (self.cin + 8)) * 2) as u32
     }
 
-    /// Whether `conv_halo`'s vector epilogue fits its shared memory (the fp32 tile staged in
-    /// rows of bn + 8 floats over the halo and weight stages): the `VEC_FITS` of
-    /// kernels/conv_halo.cu.
-    pub fn vec_epilogue(&self) -> bool {
-        let (ld, rows) = (self.cin + 8, self.tile.iter().product::<usize>());
-        self.is_plain()
-            && !self.wgmma
-            && rows * (self.bn + 8) * 4 <= (self.halo_rows() * ld + 2 * self.bn * ld) * 2
-    }
-
     /// Output tiles of an n x d x h x w output.
     pub fn tiles(&self, n: usize, out: [usize; 3]) -> usize {
         n * (0..3)
@@ -932,23 +913,16 @@ const fn stats_twin_of(name: &'static str, base: HaloConfig) -> HaloConfig {
     }
 }
 
-pub const CONV_HALO_C32N32_W4_ST: HaloConfig =
-    stats_twin_of("conv_halo_c32n32_w4_st", CONV_HALO_C32N32_W4);
-pub const CONV_HALO_C64N32_ST: HaloConfig = stats_twin_of("conv_halo_c64n32_st", CONV_HALO_C64N32);
-pub const CONV_HALO_C64N64_ST: HaloConfig = stats_twin_of("conv_halo_c64n64_st", CONV_HALO_C64N64);
 pub const CONV_WZ_C32_Y16_H2_ST: HaloConfig =
     stats_twin_of("conv_wz_c32_y16_h2_st", CONV_WZ_C32_Y16_H2);
 
-/// The kernels that hand a following InstanceNorm / GroupNorm its statistics
-/// (`CudaOptions::norm_stats`): `_st` twins of the defaults W1's norms follow (the plain halo
-/// kernels with the vector epilogue, the z-pair kernel with its two-warpgroup helper). The
-/// planner takes the twin in place of its base; not measured yet, so not on by default.
-pub const STATS_TWINS: &[HaloConfig] = &[
-    CONV_HALO_C32N32_W4_ST,
-    CONV_HALO_C64N32_ST,
-    CONV_HALO_C64N64_ST,
-    CONV_WZ_C32_Y16_H2_ST,
-];
+/// The halo-tile kernels that hand a following InstanceNorm / GroupNorm its statistics
+/// (`CudaOptions::norm_stats`; with `CONV_C1_K3_ST`): the `_st` twin of the z-pair kernel with
+/// its two-warpgroup helper. The planner takes the twin in place of its base. Twins of the
+/// `conv_halo` kernels (a pass over the staged tile after the vector epilogue) were measured
+/// 13-34% slower than their bases on W1's layers, more than the norm pass they save
+/// (PERF_NOTES, session 24), and were removed.
+pub const STATS_TWINS: &[HaloConfig] = &[CONV_WZ_C32_Y16_H2_ST];
 
 /// The `_st` twin of halo / wgmma kernel `c`, if it has one.
 pub fn stats_twin(c: &HaloConfig) -> Option<&'static HaloConfig> {
@@ -1085,12 +1059,6 @@ pub fn entry_lines(fam: Family) -> String {
             ));
         }
     }
-    // The `_st` twins: the vector epilogue also takes the norm statistics.
-    for c in STATS_TWINS.iter().filter(|c| !c.wgmma && c.is_plain()) {
-        let wn = warps_n(c.threads, c.wm);
-        let (name, cin, bn, wm) = (c.name, c.cin, c.bn, c.wm);
-        out.push_str(&format!("HALO_ST_ENTRY({name}, {cin}, {bn}, {wm}, {wn})\n"));
-    }
     out
 }
 
@@ -1119,8 +1087,8 @@ mod tests {
             );
             assert_eq!(stats_twin(base).map(|c| c.name), Some(t.name));
             assert!(
-                t.zpair || t.vec_epilogue(),
-                "{}: no vector epilogue",
+                t.zpair && t.threads > 128,
+                "{}: not the helper's stores",
                 t.name
             );
         }

@@ -187,10 +187,9 @@ impl ConvKernel {
 
     /// The kernel that also writes the statistics of a norm reading this conv's output (per
     /// sample shape `os`, at channel stride `ldc` and offset `coff`), with the entries it writes
-    /// per sample (kernels/tile_stats.cuh's layout): the `_st` twin ([`stats_twin`]) of a halo
-    /// kernel whose epilogue takes them (the vector epilogue of `conv_halo`, which needs
-    /// 8-channel pieces; the z-pair kernel's helper), one entry per output tile; or
-    /// `CONV_C1_K3_ST` for Cout 8, 16 or 32 on its 16-byte stores, one per (block, warp).
+    /// per sample (kernels/tile_stats.cuh's layout): the `_st` twin ([`stats_twin`]) of the
+    /// z-pair kernel (its helper's stores), one entry per output tile; or `CONV_C1_K3_ST` for
+    /// Cout 8, 16 or 32 on its 16-byte stores, one per (block, warp).
     pub fn with_norm_stats(
         &self,
         os: [usize; 4],
@@ -201,12 +200,7 @@ impl ConvKernel {
         match self {
             ConvKernel::Halo(c) => {
                 let twin = stats_twin(c)?;
-                let takes = if twin.zpair {
-                    twin.threads > 128
-                } else {
-                    twin.vec_epilogue() && [cout, ldc, coff].iter().all(|v| v.is_multiple_of(8))
-                };
-                takes.then(|| (ConvKernel::Halo(twin), twin.tiles(1, [d, h, w])))
+                Some((ConvKernel::Halo(twin), twin.tiles(1, [d, h, w])))
             }
             ConvKernel::Cin1 { stats: false } => {
                 let fits =
