@@ -170,7 +170,9 @@ struct WzConv {
         const int ox = ox0 + xq;
         constexpr bool stats = ST;
         if (stats && j == 0) {
-            // The tile's first voxel (plane 0, row 0, x 0: always inside the output), as stored.
+            // The tile's first voxel (plane 0, row 0, x 0: always inside the output), as stored
+            // (this launch's part of it where the launch accumulates: the shift need only be the
+            // same in every thread of the tile).
             const float4 a = *reinterpret_cast<const float4*>(st + c0), b = *reinterpret_cast<const float4*>(st + c0 + 4);
             float first[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
             act8(first, c, p, slope);
@@ -186,8 +188,21 @@ struct WzConv {
                 const float4* src = reinterpret_cast<const float4*>(st + (pl * N + yy * 8 + xq) * SP + c0);
                 const float4 a = src[0], b = src[1];
                 float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-                act8(v, c, p, slope);
                 const i64 dst = ((((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox) * p.ldc + p.coff + c;
+                if (p.accum) {
+                    // The earlier parts' sums (fp32, as the host asks only then), this thread's alone.
+                    const float* prev = reinterpret_cast<const float*>(y) + dst;
+                    if (vec) {
+                        const float4 u = reinterpret_cast<const float4*>(prev)[0], w = reinterpret_cast<const float4*>(prev)[1];
+                        v[0] += u.x; v[1] += u.y; v[2] += u.z; v[3] += u.w;
+                        v[4] += w.x; v[5] += w.y; v[6] += w.z; v[7] += w.w;
+                    } else {
+#pragma unroll
+                        for (int q = 0; q < 8; q++)
+                            if (c + q < p.cout) v[q] += prev[q];
+                    }
+                }
+                act8(v, c, p, slope);
                 if (vec) {
                     out_store8(p, y, dst, v);
                 } else {

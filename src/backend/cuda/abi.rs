@@ -99,7 +99,9 @@ pub struct ConvParams {
     /// `conv_mma_*` only: the K tiles split over grid.z (> 1: fp32 partial sums to `ws`,
     /// `[ksplit][M][cout]`, summed by `conv_splitk_reduce`); 0 or 1: no split.
     pub ksplit: i32,
-    pub _pad: i32,
+    /// 1: the conv adds its sums to the fp32 output already there (`conv_wz_*` only): a
+    /// conv over a channel concat run as one launch per part (`host::concat_split`).
+    pub accum: i32,
     pub ws: u64,
     /// fp16 residual added to each stored value (0: none): an Add fused into the conv's
     /// epilogue (`host::fusion::fusable_residual`), indexed as the output (ldc == Cout, coff 0).

@@ -268,6 +268,7 @@ fn head_step(
         act,
         xs: vec![io.x],
         stats_tiles: None,
+        part: None,
         ..io.clone()
     };
     let mut steps = conv::build(b, &conv.op, &h.kernel, &hio)?;
@@ -289,8 +290,12 @@ fn node_io<'g>(
     act: Act,
 ) -> Result<NodeIo<'g>> {
     let node = &graph.nodes[l.node];
-    let xs: Vec<u64> = node
-        .inputs
+    // A split conv's launch reads its part of the concat, not the concat.
+    let ins: Vec<usize> = match l.part {
+        Some(p) => vec![p.value],
+        None => node.inputs.clone(),
+    };
+    let xs: Vec<u64> = ins
         .iter()
         .map(|&v| {
             bp.value_buf[v].map(|b| bufs[b]).ok_or_else(|| {
@@ -309,16 +314,16 @@ fn node_io<'g>(
     Ok(NodeIo {
         name: &node.name,
         tensor: bp.tensor[l.node],
-        st: node.inputs.iter().map(|&v| bp.stored(v)).collect(),
+        st: ins.iter().map(|&v| bp.stored(v)).collect(),
         ost: bp.stored(node.output),
         x: xs[0],
-        cins: node.inputs.iter().map(|&v| bp.shapes[v][0]).collect(),
-        shapes: node.inputs.iter().map(|&v| bp.shapes[v]).collect(),
+        cins: ins.iter().map(|&v| bp.shapes[v][0]).collect(),
+        shapes: ins.iter().map(|&v| bp.shapes[v]).collect(),
         xs,
         y: bufs[l.out_buf],
-        x_f32: bp.f32_values[node.inputs[0]],
+        x_f32: bp.f32_values[ins[0]],
         y_f32: bp.f32_values[l.out_v],
-        xshape: bp.shapes[node.inputs[0]],
+        xshape: bp.shapes[ins[0]],
         oshape,
         pix: oshape[1] * oshape[2] * oshape[3],
         ldc: l.ldc,
@@ -331,6 +336,7 @@ fn node_io<'g>(
             None => 0,
         },
         stats_tiles: l.tile_stats,
+        part: l.part.map(|p| (p.cin_off, p.accumulate)),
     })
 }
 

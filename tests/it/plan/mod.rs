@@ -2,6 +2,7 @@
 //! real GPU is the separate binary `plan_gpu`.
 
 mod attention;
+mod concat_split;
 mod norm_head;
 mod planner;
 mod residual;

@@ -9,11 +9,12 @@
 
 use crate::backend::cuda::abi::{alloc_size, elem_bytes, Act, Shape};
 use crate::backend::cuda::host::attention_table::{node_table, terms, uploaded_len};
+use crate::backend::cuda::host::concat_split::{self, Part, Split};
 use crate::backend::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
 use crate::backend::cuda::host::fusion::{
     concat_slice, consumers, fusable_activation, fusable_norm_head, fusable_residual,
 };
-use crate::backend::cuda::host::select::{is_upsampling_convt, ConvGeom};
+use crate::backend::cuda::host::select::ConvGeom;
 use crate::backend::cuda::host::tensor_layout::{
     aliases, is_standard, paths, tensor_supported, Paths, Stored,
 };
@@ -34,6 +35,9 @@ pub struct Launch {
     pub residual: Option<(usize, usize)>,
     /// A norm's 1x1x1 head, run on the norm's input normalised on load.
     pub head: Option<NormHead>,
+    /// A conv over a channel concat run one launch per part ([`concat_split`]): the part this
+    /// launch reads (the conv node's own input, the concat, is never written).
+    pub part: Option<Part>,
     /// The value written (the fused activation's, Add's or head's output when fused).
     pub out_v: usize,
     /// Buffer written, its channel stride and channel offset (a concat slice, else C and 0).
@@ -59,6 +63,18 @@ impl Launch {
             .chain(self.head.iter().flat_map(|h| [Some(h.conv), h.fuse]))
             .flatten()
             .collect()
+    }
+
+    /// The values it reads: its part of a split conv's concat, else its nodes' inputs.
+    pub fn reads(&self, graph: &Graph) -> Vec<usize> {
+        match self.part {
+            Some(p) => vec![p.value],
+            None => self
+                .nodes()
+                .iter()
+                .flat_map(|&i| graph.nodes[i].inputs.iter().copied())
+                .collect(),
+        }
     }
 }
 
@@ -398,6 +414,10 @@ struct Walk<'g> {
     value_buf: Vec<Option<usize>>,
     in_place: Vec<bool>,
     concat_buf: Vec<Option<usize>>,
+    /// Per node: a conv that runs split ([`concat_split`]), and whether a concat is one such
+    /// conv's (never written).
+    splits: Vec<Option<Split>>,
+    split_concat: Vec<bool>,
     launches: Vec<Launch>,
     consts: Vec<ConstBuf>,
     norm_part: usize,
@@ -421,7 +441,7 @@ impl Walk<'_> {
             _ if self.tensor[i] => None,
             Op::Conv(_) | Op::ConvTranspose(_) | Op::Add | Op::Mul | Op::Sub | Op::Div => {
                 concat_slice(graph, &self.cons, &self.shapes, out_v)
-                    .filter(|&(j, _, _)| !self.tensor[j])
+                    .filter(|&(j, _, _)| !self.tensor[j] && !self.split_concat[j])
             }
             _ => None,
         };
@@ -453,45 +473,7 @@ impl Walk<'_> {
     fn conv_geom(&self, i: usize) -> Option<ConvGeom> {
         let node = &self.graph.nodes[i];
         let (xs, os) = (self.shapes[node.inputs[0]], self.shapes[node.output]);
-        match &node.op {
-            Op::Conv(c) => {
-                let w = &c.weight.shape;
-                Some(ConvGeom {
-                    xs,
-                    os,
-                    k: [w[2], w[3], w[4]],
-                    stride: c.stride,
-                    dil: c.dilation,
-                    pads: [c.pads[0], c.pads[1], c.pads[2]],
-                    groups: c.groups,
-                    transposed: false,
-                    upsample: false,
-                })
-            }
-            Op::ConvTranspose(c) => {
-                let w = &c.weight.shape;
-                let k3 = [w[2], w[3], w[4]];
-                Some(ConvGeom {
-                    xs,
-                    os,
-                    k: k3,
-                    stride: c.stride,
-                    dil: c.dilation,
-                    pads: [c.pads[0], c.pads[1], c.pads[2]],
-                    groups: c.groups,
-                    transposed: true,
-                    upsample: is_upsampling_convt(
-                        k3,
-                        c.stride,
-                        c.dilation,
-                        &c.pads,
-                        c.output_padding,
-                        c.groups,
-                    ),
-                })
-            }
-            _ => None,
-        }
+        ConvGeom::of(&node.op, xs, os)
     }
 
     /// The head that norm node `i` (output `out_v` after its activation) hands its input to,
@@ -543,32 +525,8 @@ impl Walk<'_> {
         let mut conv = None;
         match &node.op {
             Op::Conv(_) | Op::ConvTranspose(_) => {
-                let (weight, bias, groups, t) = match &node.op {
-                    Op::Conv(c) => (&c.weight, &c.bias, c.groups, false),
-                    Op::ConvTranspose(c) => (&c.weight, &c.bias, c.groups, true),
-                    _ => unreachable!("matched above"),
-                };
                 let k = kernel.expect("a conv has a geometry");
-                if let Some(b) = bias {
-                    push(
-                        f32s(b.len()),
-                        if t {
-                            "transposed conv bias"
-                        } else {
-                            "conv bias"
-                        },
-                    );
-                }
-                for h in k.weight_halves(&weight.shape, groups, t) {
-                    push(
-                        h * 2,
-                        if t {
-                            "transposed conv weight (fp16 GEMM operand)"
-                        } else {
-                            "conv weight (fp16 GEMM operand)"
-                        },
-                    );
-                }
+                self.conv_consts(i, &k, None, true);
                 conv = Some(k);
             }
             Op::InstanceNorm { scale, bias, .. } | Op::GroupNorm { scale, bias, .. } => {
@@ -608,6 +566,77 @@ impl Walk<'_> {
             _ => {}
         }
         conv
+    }
+
+    /// The bias (where `bias`) and re-laid weight uploads of conv node `i` on kernel `k`; with
+    /// `part`, of that part's slice of the weights ([`concat_split`]).
+    fn conv_consts(&mut self, i: usize, k: &ConvKernel, part: Option<&Part>, bias: bool) {
+        let node = &self.graph.nodes[i];
+        let (weight, b, groups, t) = match &node.op {
+            Op::Conv(c) => (&c.weight, &c.bias, c.groups, false),
+            Op::ConvTranspose(c) => (&c.weight, &c.bias, c.groups, true),
+            _ => return,
+        };
+        let mut wshape = weight.shape.clone();
+        if let Some(p) = part {
+            wshape[1] = self.shapes[p.value][0];
+        }
+        let mut push = |bytes: usize, what: &'static str| {
+            self.consts.push(ConstBuf {
+                node: i,
+                bytes,
+                what,
+            })
+        };
+        if let Some(b) = b.as_ref().filter(|_| bias) {
+            let what = if t {
+                "transposed conv bias"
+            } else {
+                "conv bias"
+            };
+            push(b.len() * 4, what);
+        }
+        for h in k.weight_halves(&wshape, groups, t) {
+            let what = if t {
+                "transposed conv weight (fp16 GEMM operand)"
+            } else {
+                "conv weight (fp16 GEMM operand)"
+            };
+            push(h * 2, what);
+        }
+    }
+
+    /// Conv node `i` run split ([`concat_split`]): one launch per part into one fp32 output
+    /// buffer, the first writing it, the later ones adding to it; then the concat counts as
+    /// run and its inputs are released where nothing else reads them.
+    fn split_conv(&mut self, i: usize, s: &Split) {
+        let out_v = self.graph.nodes[i].output;
+        let oshape = self.shapes[out_v];
+        let (ob, ldc, coff) = self.place(i, out_v, oshape, elem_bytes(true));
+        self.live[out_v] = Some(ob);
+        self.value_buf[out_v] = Some(ob);
+        for (k, (part, kernel)) in s.parts.iter().enumerate() {
+            self.conv_consts(i, kernel, Some(part), k == 0);
+            let (live_bytes, live_bufs) = live_at(&self.b.bufs, &self.b.life, self.launches.len());
+            self.launches.push(Launch {
+                node: i,
+                fuse: None,
+                residual: None,
+                head: None,
+                part: Some(*part),
+                out_v,
+                out_buf: ob,
+                ldc,
+                coff,
+                conv: Some(kernel.clone()),
+                tile_stats: None,
+                live_bytes,
+                live_bufs,
+            });
+        }
+        self.ran[i] = true;
+        self.ran[s.concat] = true;
+        self.release_read(s.concat, out_v, None);
     }
 
     /// Releases the inputs of node `i` and the residual `r` of its launch, where every node
@@ -665,10 +694,16 @@ pub fn buffer_plan(
         .collect();
     let nv = graph.values.len();
     let in_shape = shapes[graph.input];
+    let cons = consumers(graph);
+    let splits = concat_split::splits(graph, &cons, &shapes, &tensor, &ndhwc, caps, batch);
+    let mut split_concat = vec![false; graph.nodes.len()];
+    for s in splits.iter().flatten() {
+        split_concat[s.concat] = true;
+    }
     let mut w = Walk {
         graph,
         batch,
-        cons: consumers(graph),
+        cons,
         shapes,
         stored: stored.clone(),
         tensor,
@@ -677,6 +712,8 @@ pub fn buffer_plan(
         value_buf: vec![None; nv],
         in_place: vec![false; nv],
         concat_buf: vec![None; graph.nodes.len()],
+        splits,
+        split_concat,
         launches: Vec::new(),
         consts: Vec::new(),
         norm_part: 0,
@@ -691,11 +728,25 @@ pub fn buffer_plan(
         if w.ran[i] {
             continue;
         }
-        if let Some(&v) = node.inputs.iter().find(|&&v| w.live[v].is_none()) {
+        // A split conv reads its concat's inputs, not the concat (which runs with it).
+        let reads = match &w.splits[i] {
+            Some(s) => &graph.nodes[s.concat].inputs,
+            None => &node.inputs,
+        };
+        if let Some(&v) = reads.iter().find(|&&v| w.live[v].is_none()) {
             return Err(Error::Graph(format!(
                 "node {}: input value {v} was never computed",
                 node.name
             )));
+        }
+        if w.split_concat[i] {
+            continue;
+        }
+        if let Some(s) = w.splits[i].clone() {
+            cmax = cmax.max(w.shapes[node.output][0]);
+            f32_values[node.output] = true;
+            w.split_conv(i, &s);
+            continue;
         }
         let fuse = match &node.op {
             Op::Conv(_)
@@ -757,6 +808,7 @@ pub fn buffer_plan(
             fuse,
             residual,
             head,
+            part: None,
             out_v,
             out_buf: ob,
             ldc,
@@ -781,6 +833,7 @@ pub fn buffer_plan(
         let spatial: Vec<usize> = w.launches.iter().map(|l| voxels(l.out_v)).collect();
         let out_launch = w.launches.iter().position(|l| l.out_v == graph.output);
         let nodes: Vec<Vec<usize>> = w.launches.iter().map(Launch::nodes).collect();
+        let reads: Vec<Vec<usize>> = w.launches.iter().map(|l| l.reads(graph)).collect();
         let seg = windowed::segments(
             graph,
             &w.tensor,
@@ -791,7 +844,7 @@ pub fn buffer_plan(
         );
         if seg.any(n) {
             let out_bufs: Vec<usize> = w.launches.iter().map(|l| l.out_buf).collect();
-            let touched = windowed::touched(graph, &nodes, &out_bufs, &w.value_buf, bufs.len());
+            let touched = windowed::touched(&reads, &out_bufs, &w.value_buf, bufs.len());
             let (mut sizes, mut lf) = (bufs.clone(), life.clone());
             let stride = windowed::adjust(
                 seg,

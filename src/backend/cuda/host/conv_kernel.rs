@@ -55,6 +55,8 @@ pub struct ArchCaps {
     pub head_staged: bool,
     /// A conv hands the norm after it the statistics of its output (`CudaOptions::norm_stats`).
     pub norm_stats: bool,
+    /// A conv over a channel concat runs as one launch per part (`CudaOptions::concat_split`).
+    pub concat_split: bool,
 }
 
 impl ArchCaps {
@@ -78,6 +80,7 @@ impl ArchCaps {
             window_segments: true,
             head_staged: false,
             norm_stats: false,
+            concat_split: false,
         }
     }
 
@@ -102,6 +105,7 @@ impl ArchCaps {
             norm_head: opts.norm_head,
             window_segments: opts.window_segments,
             norm_stats: opts.norm_stats,
+            concat_split: opts.concat_split,
             head_staged: opts.head_staged,
             conv_tile: opts.conv_tile,
             halo_tile: opts.halo_tile,

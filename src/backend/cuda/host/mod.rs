@@ -4,6 +4,7 @@
 pub mod attention_table;
 pub mod buffers;
 pub mod catalogue;
+pub mod concat_split;
 pub mod conv_kernel;
 pub mod fusion;
 pub mod options;

@@ -55,6 +55,11 @@ pub struct CudaOptions {
     /// `host::tile_stats`), so the norm skips its partial-sum pass over the conv's output. Off
     /// until measured on a GPU (PERF_NOTES, session 24).
     pub norm_stats: bool,
+    /// Run a conv over a channel concat whose parts the z-pair kernel takes (and the whole does
+    /// not) as one launch per part, each on its slice of the weights, the later ones adding to
+    /// the fp32 output (`host::concat_split`): the concat is never written. Off until measured
+    /// on a GPU (PERF_NOTES, session 25).
+    pub concat_split: bool,
     /// Replay each batch's launch list as a CUDA graph (`launch_list::Graphs`) rather than
     /// launching its steps one by one (the same kernels on the same buffers either way).
     pub graphs: bool,
@@ -79,6 +84,7 @@ impl Default for CudaOptions {
             window_segments: true,
             head_staged: false,
             norm_stats: false,
+            concat_split: false,
             graphs: true,
         }
     }

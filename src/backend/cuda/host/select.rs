@@ -7,6 +7,7 @@ use crate::backend::cuda::host::catalogue::{
     CONV_MMA_M128N32_V8, CONV_MMA_M128N64_V1, CONV_MMA_M128N64_V2, CONV_MMA_M128N64_V8,
     CONV_MMA_M256N32_V8, HALO_CONFIGS, WGMMA_CONFIGS, WGMMA_FORCED,
 };
+use crate::model::graph::Op;
 
 /// Shape facts of one conv node the kernel choice needs.
 #[derive(Clone, Copy, Debug)]
@@ -21,6 +22,45 @@ pub struct ConvGeom {
     pub groups: usize,
     pub transposed: bool,
     pub upsample: bool,
+}
+
+impl ConvGeom {
+    /// The geometry of a conv / transposed conv `op` from input shape `xs` to output shape
+    /// `os` (None for other ops).
+    pub fn of(op: &Op, xs: Shape, os: Shape) -> Option<ConvGeom> {
+        let (w, stride, dil, pads, groups, upsample) = match op {
+            Op::Conv(c) => (
+                &c.weight.shape,
+                c.stride,
+                c.dilation,
+                &c.pads,
+                c.groups,
+                None,
+            ),
+            Op::ConvTranspose(c) => (
+                &c.weight.shape,
+                c.stride,
+                c.dilation,
+                &c.pads,
+                c.groups,
+                Some(c.output_padding),
+            ),
+            _ => return None,
+        };
+        let k = [w[2], w[3], w[4]];
+        Some(ConvGeom {
+            xs,
+            os,
+            k,
+            stride,
+            dil,
+            pads: [pads[0], pads[1], pads[2]],
+            groups,
+            transposed: upsample.is_some(),
+            upsample: upsample
+                .is_some_and(|op| is_upsampling_convt(k, stride, dil, pads, op, groups)),
+        })
+    }
 }
 
 /// Weight rows of every mma conv are padded to this many columns (the largest BN).

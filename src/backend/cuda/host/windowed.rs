@@ -54,20 +54,17 @@ impl Segments {
     }
 }
 
-/// Per buffer, the launches that read or write it: launch k runs `nodes[k]` (its node, fused
-/// activation, Add and head) and writes buffer `out_bufs[k]`; `value_buf` holds each value's
-/// buffer.
+/// Per buffer, the launches that read or write it: launch k reads the values `reads[k]`
+/// (`Launch::reads`) and writes buffer `out_bufs[k]`; `value_buf` holds each value's buffer.
 pub fn touched(
-    graph: &Graph,
-    nodes: &[Vec<usize>],
+    reads: &[Vec<usize>],
     out_bufs: &[usize],
     value_buf: &[Option<usize>],
     nbufs: usize,
 ) -> Vec<Vec<usize>> {
     let mut t = vec![Vec::new(); nbufs];
-    for (k, (ns, &ob)) in nodes.iter().zip(out_bufs).enumerate() {
-        let reads = ns.iter().flat_map(|&i| graph.nodes[i].inputs.iter());
-        for b in reads.filter_map(|&v| value_buf[v]).chain([ob]) {
+    for (k, (vs, &ob)) in reads.iter().zip(out_bufs).enumerate() {
+        for b in vs.iter().filter_map(|&v| value_buf[v]).chain([ob]) {
             if !t[b].contains(&k) {
                 t[b].push(k);
             }

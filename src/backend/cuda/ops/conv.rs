@@ -127,6 +127,7 @@ impl<'a> ConvOp<'a> {
             alpha: io.act.alpha(),
             slope_n: io.slope_n,
             out_f32: io.y_f32 as i32,
+            accum: io.part.is_some_and(|(_, acc)| acc) as i32,
             res: io.res,
             ..Default::default()
         }
@@ -141,6 +142,27 @@ pub(crate) fn build(
     io: &NodeIo,
 ) -> Result<Vec<ConvStep>> {
     let c = ConvOp::of(op).expect("a conv op");
+    // A split conv's launch: its part's slice of the weights, the bias on the first part only.
+    let sliced;
+    let c = match io.part {
+        Some((off, acc)) => {
+            let zpair = matches!(kernel, ConvKernel::Halo(h) if h.zpair);
+            if acc && !(zpair && io.y_f32) {
+                return Err(Error::Backend(format!(
+                    "node {}: only a z-pair kernel adds to an fp32 output, not {}",
+                    io.name,
+                    kernel.funcs()[0]
+                )));
+            }
+            sliced = cin_slice(c.weight, off, io.xshape[0]);
+            ConvOp {
+                weight: &sliced,
+                bias: c.bias.filter(|_| !acc),
+                ..c
+            }
+        }
+        None => c,
+    };
     let writes_stats = matches!(kernel, ConvKernel::Halo(h) if h.stats)
         || matches!(kernel, ConvKernel::Cin1 { stats: true });
     if io.stats_tiles.is_some() != writes_stats {
@@ -297,6 +319,20 @@ pub(crate) fn build(
             }])
         }
     }
+}
+
+/// Input channels `[off, off + n)` of conv weight `w` ([Cout, Cin, kd, kh, kw]).
+fn cin_slice(w: &Tensor, off: usize, n: usize) -> Tensor {
+    let (cin, taps) = (w.shape[1], w.shape[2..].iter().product::<usize>());
+    let data = w
+        .data
+        .chunks(cin * taps)
+        .flat_map(|co| &co[off * taps..(off + n) * taps])
+        .copied()
+        .collect();
+    let mut shape = w.shape.clone();
+    shape[1] = n;
+    Tensor::new(shape, data)
 }
 
 /// Blocks of a pointwise conv over `m` voxels: one thread a voxel, grid-stride past 16 blocks

@@ -153,6 +153,9 @@ pub(crate) struct NodeIo<'a> {
     /// A conv writing the norm after it its statistics, or that norm reading them
     /// (`buffers::Launch::tile_stats`): the conv's output tiles per sample.
     pub stats_tiles: Option<usize>,
+    /// A split conv's launch (`buffers::Launch::part`): its input's first channel in the
+    /// concat (its slice of the weights) and whether it adds to the output.
+    pub part: Option<(usize, bool)>,
     /// Whether the node runs on the tensor path, its inputs and output as stored (dims at the
     /// plan's batch, layout).
     pub tensor: bool,

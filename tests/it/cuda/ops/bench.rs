@@ -394,7 +394,7 @@ fn bench_halo_variants() {
 /// timed forward (events add only small gaps) and that the profile covers every launch. Then
 /// times the forward again with fp16 norm inputs (`CudaOptions::norm_f32` off) in the same
 /// run: the cost of the fp32 ones, and their activation bytes; and with the switches not on by
-/// default yet (`CudaOptions::norm_stats`, `head_staged`), alone and together, with the per-op
+/// default yet (`CudaOptions::norm_stats`, `concat_split`), alone and together, with the per-op
 /// profile of both (`PROFST`).
 #[test]
 fn profile_models() {
@@ -486,16 +486,16 @@ fn profile_models() {
         assert!(y16.iter().all(|v| v.is_finite()));
         assert!(arena >= arena16);
         // Switches not on by default yet, alone and together (the per-op profile of both):
-        // the norms' statistics from the convs' epilogues, the staged heads.
+        // the norms' statistics from the convs' epilogues, the convs over a concat per part.
         type Switch = (&'static str, fn(&mut CudaOptions));
         let variants: [Switch; 3] = [
             ("norm statistics in the conv epilogues", |o| {
                 o.norm_stats = true
             }),
-            ("staged heads", |o| o.head_staged = true),
+            ("concat split", |o| o.concat_split = true),
             ("both", |o| {
                 o.norm_stats = true;
-                o.head_staged = true;
+                o.concat_split = true;
             }),
         ];
         for (what, set) in variants {
@@ -511,7 +511,7 @@ fn profile_models() {
             }
             b.with(|o| {
                 o.norm_stats = false;
-                o.head_staged = false;
+                o.concat_split = false;
             });
             let dev = ys
                 .iter()

@@ -7,6 +7,7 @@
 
 mod bench;
 mod chain;
+mod concat_split;
 mod conv;
 mod conv_halo;
 mod conv_small;

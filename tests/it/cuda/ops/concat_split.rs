@@ -1,0 +1,151 @@
+//! A conv over a channel concat run one launch per part (`CudaOptions::concat_split`): each
+//! part on the z-pair kernel over its slice of the weights, the later parts adding to the fp32
+//! output in their epilogue (`ConvParams::accum`). Against float64 and against the conv run
+//! whole, with and without the norm statistics from the last part's epilogue.
+
+use super::*;
+
+/// Channel concat of NCDHW tensors of the same batch and spatial size.
+fn cat(parts: &[&T]) -> T {
+    let [n, _, d, h, w] = parts[0].s;
+    let sp = d * h * w;
+    let c: usize = parts.iter().map(|p| p.s[1]).sum();
+    let mut out = T::zeros([n, c, d, h, w]);
+    for b in 0..n {
+        let mut at = b * c * sp;
+        for p in parts {
+            let run = p.s[1] * sp;
+            out.d[at..at + run].copy_from_slice(&p.d[b * run..(b + 1) * run]);
+            at += run;
+        }
+    }
+    out
+}
+
+/// x (32 channels) -> a = ReLU(conv a(x)), b = conv b(x); concat `parts` of [x, a, b] -> conv
+/// (bias 4) -> norm -> LeakyReLU. The parts are 32 channels each, so on compute capability 9.0
+/// each runs the z-pair kernel (the whole, Cin 64 or 96, does not); outputs end inside a tile
+/// on every axis.
+#[test]
+fn conv_over_a_concat_per_part() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("concatsplit");
+    let wz = cat::has_wgmma(b.arch());
+    let c = 32;
+    // (name, concat inputs among [x = 0, a = 1, b = 2], Cout, groups, spatial)
+    type Case = (&'static str, &'static [usize], usize, usize, [usize; 3]);
+    let cases: [Case; 3] = [
+        ("[a, b] 64->32 instancenorm", &[1, 2], 32, 32, [21, 19, 17]),
+        (
+            "[x, a, b] 96->32 instancenorm",
+            &[0, 1, 2],
+            32,
+            32,
+            [9, 17, 10],
+        ),
+        (
+            "[b, a] 64->20 groupnorm g=4 (partial piece)",
+            &[2, 1],
+            20,
+            4,
+            [18, 17, 9],
+        ),
+    ];
+    for (name, parts, cout, groups, sp) in cases {
+        let x = input2(&mut r, c, sp);
+        let (wa, wb) = (weight3(&mut r, c, c), weight3(&mut r, c, c));
+        let ba = Tensor::new(vec![c], r.scaled(c, 0.5));
+        let cin = parts.len() * c;
+        let wc = weight3(&mut r, cout, cin);
+        let bc = Tensor::new(vec![cout], vec![4.0; cout]);
+        let scale = Tensor::new(vec![cout], r.scaled(cout, 1.0));
+        let shift = Tensor::new(vec![cout], r.scaled(cout, 0.5));
+        let norm = Op::GroupNorm {
+            groups,
+            eps: 1e-5,
+            scale: scale.clone(),
+            bias: shift.clone(),
+        };
+        let leaky = Op::LeakyRelu { alpha: 0.01 };
+        let va = conv_ref(&x, &wa, Some(&ba), PAD1).map(|_, v| v.max(0.0));
+        let vb = conv_ref(&x, &wb, None, PAD1);
+        let vals = [&x, &va, &vb];
+        let xc = cat(&parts.iter().map(|&p| vals[p]).collect::<Vec<_>>());
+        let want = norm_ref(
+            &conv_ref(&xc, &wc, Some(&bc), PAD1),
+            groups,
+            1e-5,
+            &scale,
+            &shift,
+        )
+        .map(|ch, v| act_ref(&leaky, ch, v));
+        let conv = |w: Tensor, bias| crate::common::graph::conv(w, bias, 1);
+        // Values: 0 x, 1 conv a, 2 ReLU, 3 conv b, 4 concat, 5 conv, 6 norm, 7 LeakyReLU.
+        let ids = [0, 2, 3];
+        let g = graph(
+            c,
+            vec![
+                (conv(wa, Some(ba)), vec![0], c),
+                (Op::Relu, vec![1], c),
+                (conv(wb, None), vec![0], c),
+                (
+                    Op::Concat { axis: 1 },
+                    parts.iter().map(|&p| ids[p]).collect(),
+                    cin,
+                ),
+                (conv(wc, Some(bc)), vec![4], cout),
+                (norm, vec![5], cout),
+                (leaky, vec![6], cout),
+            ],
+        );
+        b.with(|o| o.concat_split = false);
+        let whole = run(&mut b, &g, &x, 2);
+        for stats in [false, true] {
+            b.with(|o| {
+                o.concat_split = true;
+                o.norm_stats = stats;
+            });
+            let got = run(&mut b, &g, &x, 2);
+            let used = kernels_used(&mut b, 2);
+            let want_k = if stats {
+                "conv_wz_c32_y16_h2_st"
+            } else {
+                "conv_wz_c32_y16_h2"
+            };
+            if wz {
+                let n = used
+                    .iter()
+                    .filter(|k| k.starts_with("conv_wz_c32_y16_h2"))
+                    .count();
+                assert!(
+                    n >= 1 && used.iter().any(|k| k == want_k),
+                    "{name}: ran {used:?}, expected the parts on {want_k}"
+                );
+            }
+            let again = run(&mut b, &g, &x, 2);
+            assert!(
+                got.iter()
+                    .zip(&again)
+                    .all(|(p, q)| p.to_bits() == q.to_bits()),
+                "{name}: two runs differ"
+            );
+            let (e, e_whole) = (rel_l2(&got, &want), rel_l2(&whole, &want));
+            let dev = got
+                .iter()
+                .zip(&whole)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0f32, f32::max);
+            let label = format!("{name}{}", if stats { " +stats" } else { "" });
+            println!(
+                "RESULT concat split {label:<52} rel L2 {e:.2e} (whole {e_whole:.2e}), max |diff| {dev:.2e}"
+            );
+            report(&label, e);
+            // The same sums in another order, rounded to fp16 at the output.
+            assert!(dev < 2e-2, "{label}: {dev} from the conv run whole");
+        }
+    }
+    b.with(|o| {
+        o.concat_split = false;
+        o.norm_stats = false;
+    });
+}

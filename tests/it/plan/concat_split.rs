@@ -1,0 +1,190 @@
+//! Convs over a channel concat run one launch per part (`ArchCaps::concat_split`,
+//! `host::concat_split`), host only: which convs split, their launches, constants and buffers.
+
+use crate::common::unet::w1_graph;
+use voxtile::internals::cuda::host::buffers::{buffer_plan, BufferPlan};
+use voxtile::internals::cuda::host::concat_split::Part;
+use voxtile::internals::cuda::host::conv_kernel::ArchCaps;
+use voxtile::internals::cuda::host::fusion::consumers;
+use voxtile::model::graph::{Graph, Op};
+
+fn split_on(caps: ArchCaps) -> ArchCaps {
+    ArchCaps {
+        concat_split: true,
+        ..caps
+    }
+}
+
+/// Checks `on` (splits taken) against `off` (the same plan without), returns the split convs:
+/// - each split conv runs as consecutive launches, one per input of its concat in order, each
+///   on a z-pair kernel over that input, the first writing the fp32 output, the later adding;
+///   `off` ran the conv on one launch of another kernel, over a concat that `on` never runs;
+/// - the concat is the conv's alone, and its inputs are not written into its slices;
+/// - every other launch is `off`'s, the constants' bytes are the same, the arena no larger.
+fn check_splits(name: &str, g: &Graph, on: &BufferPlan, off: &BufferPlan) -> usize {
+    let cons = consumers(g);
+    let mut splits = 0;
+    let (mut a, mut b) = (0, 0);
+    while a < on.launches.len() {
+        let l = &on.launches[a];
+        let Some(p0) = l.part else {
+            let base = &off.launches[b];
+            if base.node != l.node {
+                // The concat of a split conv: `on` has no launch for it.
+                let concat = &g.nodes[base.node];
+                assert!(
+                    matches!(concat.op, Op::Concat { axis: 1 }),
+                    "{name}: launch {a} is {} where the plan without splits runs {}",
+                    g.nodes[l.node].name,
+                    concat.name
+                );
+                assert!(cons[concat.output].len() == 1, "{name}");
+                assert!(
+                    concat.inputs.iter().all(|&v| !on.in_place[v]),
+                    "{name}: a split concat's input written into its slice"
+                );
+                b += 1;
+                continue;
+            }
+            assert_eq!((l.out_v, &l.conv), (base.out_v, &base.conv), "{name}: {a}");
+            a += 1;
+            b += 1;
+            continue;
+        };
+        let node = &g.nodes[l.node];
+        let x = node.inputs[0];
+        let concat = g
+            .nodes
+            .iter()
+            .find(|n| n.output == x)
+            .expect("a split conv reads a concat");
+        assert_eq!(
+            cons[x],
+            vec![l.node],
+            "{name}: the concat is the conv's alone"
+        );
+        let parts: Vec<Part> = on.launches[a..a + concat.inputs.len()]
+            .iter()
+            .map(|p| {
+                assert_eq!((p.node, p.out_v, p.out_buf), (l.node, l.out_v, l.out_buf));
+                let k = p.conv.as_ref().expect("a part's kernel").funcs()[0];
+                assert!(k.starts_with("conv_wz_"), "{name}: part on {k}");
+                p.part.expect("every launch of a split conv has its part")
+            })
+            .collect();
+        let mut off_c = 0;
+        for (k, (p, &v)) in parts.iter().zip(&concat.inputs).enumerate() {
+            assert_eq!(
+                *p,
+                Part {
+                    value: v,
+                    cin_off: off_c,
+                    accumulate: k > 0
+                },
+                "{name}"
+            );
+            off_c += on.shapes[v][0];
+        }
+        assert_eq!(off_c, on.shapes[x][0], "{name}");
+        assert!(
+            on.f32_values[l.out_v],
+            "{name}: a split conv's output is fp32"
+        );
+        assert_eq!(on.value_buf[x], None, "{name}: the concat is never written");
+        assert_eq!(p0.cin_off, 0);
+        if off.launches[b].out_v == x {
+            b += 1; // `off` runs the concat right before the conv
+        }
+        let whole = &off.launches[b];
+        assert_eq!(whole.node, l.node, "{name}");
+        let k = whole.conv.as_ref().expect("a conv's kernel").funcs()[0];
+        assert!(!k.starts_with("conv_wz_"), "{name}: split a z-pair conv");
+        a += parts.len();
+        b += 1;
+        splits += 1;
+    }
+    assert_eq!(b, off.launches.len(), "{name}");
+    let bytes = |p: &BufferPlan| p.consts.iter().map(|c| c.bytes).sum::<usize>();
+    assert_eq!(bytes(on), bytes(off), "{name}: constants");
+    assert!(
+        on.arena <= off.arena,
+        "{name}: arena {} > {}",
+        on.arena,
+        off.arena
+    );
+    splits
+}
+
+/// W1 at batches 1 and 4: the first decoder conv (64 -> 32 at 128³, `conv_halo_c32n32_w4` in
+/// two Cin chunks) runs as two 32 -> 32 z-pair launches over the skip and the transposed conv's
+/// output; the other decoder levels (Cin 128 and up: parts of 64 and more, which no z-pair
+/// kernel takes) do not split. Without wgmma (sm_80) nothing splits.
+#[test]
+fn w1_first_decoder_conv_runs_per_part() {
+    let g = w1_graph();
+    let roi = [128; 3];
+    for batch in [1, 4] {
+        let off = buffer_plan(&g, batch, roi, &ArchCaps::h200()).unwrap();
+        let on = buffer_plan(&g, batch, roi, &split_on(ArchCaps::h200())).unwrap();
+        assert_eq!(check_splits("w1", &g, &on, &off), 1);
+        let parts: Vec<_> = on.launches.iter().filter(|l| l.part.is_some()).collect();
+        assert_eq!(parts.len(), 2);
+        assert!(parts
+            .iter()
+            .all(|l| l.conv.as_ref().unwrap().funcs()[0] == "conv_wz_c32_y16_h2"));
+        assert_eq!(on.shapes[parts[0].out_v], [32, 128, 128, 128]);
+        eprintln!(
+            "RESULT w1 b{batch} concat split: arena {} -> {} MiB, {} -> {} launches",
+            off.arena >> 20,
+            on.arena >> 20,
+            off.launches.len(),
+            on.launches.len()
+        );
+        let sm80 = ArchCaps::new(8, 0, 108, 163 * 1024);
+        let a = buffer_plan(&g, batch, roi, &split_on(sm80)).unwrap();
+        assert!(a.launches.iter().all(|l| l.part.is_none()));
+    }
+}
+
+/// Every model and architecture fixture at 128³ (or its fixed window), batches 1 and 3: the
+/// splits follow the rules of `check_splits`; with norm statistics on as well, a split conv's
+/// last part hands the norm after it the statistics and no other part does.
+#[test]
+fn fixtures_split_by_the_rules() {
+    let mut nets: Vec<(String, Graph)> = crate::common::arch_fixtures()
+        .into_iter()
+        .map(|(name, g, _)| (name, g))
+        .collect();
+    nets.extend(super::planner::models());
+    nets.push(("w1".into(), w1_graph()));
+    let mut splits = 0;
+    for (name, g) in &nets {
+        let roi = g.spatial_divisor().map(|d| 128usize.div_ceil(d) * d);
+        for batch in [1usize, 3] {
+            let Ok(off) = buffer_plan(g, batch, roi, &ArchCaps::h200()) else {
+                continue;
+            };
+            let on = buffer_plan(g, batch, roi, &split_on(ArchCaps::h200())).unwrap();
+            splits += check_splits(name, g, &on, &off);
+            let both = ArchCaps {
+                norm_stats: true,
+                ..split_on(ArchCaps::h200())
+            };
+            let st = buffer_plan(g, batch, roi, &both).unwrap();
+            for (t, l) in st.launches.iter().enumerate() {
+                let last = st
+                    .launches
+                    .get(t + 1)
+                    .is_none_or(|n| n.part.is_none() || n.node != l.node);
+                if l.part.is_some() && !last {
+                    assert!(
+                        l.tile_stats.is_none(),
+                        "{name}: a part before the last pairs"
+                    );
+                }
+            }
+        }
+    }
+    eprintln!("RESULT {splits} split convs over the fixtures");
+    assert!(splits > 0, "no fixture splits a conv");
+}
