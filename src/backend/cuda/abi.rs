@@ -267,13 +267,10 @@ pub fn alloc_size(bytes: usize) -> u64 {
     bytes.max(ALLOC_FLOOR) as u64
 }
 
-/// Blocks per sample of the norm statistics on `sm_count` SMs: >= 256 pixels each, at most 8
-/// per SM, so one sample alone fills the SMs 8 deep: a window segment runs its 128^3 norms one
-/// window at a time (2 per SM left them half idle there, PERF_NOTES session 24). The count does
-/// not depend on how many samples a launch takes, so a window's sums are the same bits batched
-/// or alone.
+/// Blocks per sample of the norm statistics on `sm_count` SMs: >= 256 pixels each, at most 2
+/// per SM (with batch 4 that fills 132 SMs 8 deep at 128^3), so the partials stay small.
 pub fn norm_blocks(sm_count: usize, pix: usize) -> usize {
-    pix.div_ceil(256).clamp(1, 8 * sm_count.max(1))
+    pix.div_ceil(256).clamp(1, 2 * sm_count.max(1))
 }
 
 /// Bytes of one activation element: fp16, or fp32 for a value `host::buffers::keeps_f32` keeps.

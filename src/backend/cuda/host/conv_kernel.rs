@@ -725,7 +725,7 @@ mod tests {
         assert_eq!((c.sm, c.sm_count, c.conv_mma), (90, 132, true));
         assert!(!ArchCaps::new(7, 5, 40, 65536).conv_mma);
         assert_eq!(c.norm_blocks(1), 1);
-        assert_eq!(c.norm_blocks(1 << 30), 8 * 132);
+        assert_eq!(c.norm_blocks(1 << 30), 264);
         // A forced tile applies only where its gather width divides the conv's.
         let forced = ArchCaps {
             conv_tile: Some(&CONV_MMA_M128N64_V8),
