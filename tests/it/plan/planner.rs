@@ -551,7 +551,12 @@ pub(super) fn check_no_alias(
     let mut live: Vec<usize> = vec![g.input];
     for l in &bp.launches {
         let view = voxtile::internals::cuda::host::tensor_layout::aliases(g, &stored, l.node);
-        for &v in &g.nodes[l.node].inputs {
+        // (A fused node reads its producer's output, which is never materialised.)
+        let ins = match l.part {
+            Some(_) => l.reads(g),
+            None => g.nodes[l.node].inputs.clone(),
+        };
+        for v in ins {
             assert!(bp.value_buf[v].is_some(), "{name}: input {v} has no buffer");
         }
         let range = |b: usize| (bp.offsets[b], bp.offsets[b] + bp.bufs[b]);
@@ -575,6 +580,13 @@ pub(super) fn check_no_alias(
         }
         for j in l.nodes() {
             ran[j] = true;
+        }
+        // A split conv's concat runs with its parts (it is never written).
+        if l.part.is_some() {
+            let x = g.nodes[l.node].inputs[0];
+            if let Some(j) = g.nodes.iter().position(|n| n.output == x) {
+                ran[j] = true;
+            }
         }
         live.push(l.out_v);
         live.retain(|&v| v == g.output || readers[v].iter().any(|&k| !ran[k]));

@@ -198,14 +198,16 @@ fn w1_launch_dump() {
 
 /// The W1 plan against sizes computed from the tensors alone: the activation arena is the
 /// largest set of values live at once (the last decoder level's first conv: its 64-channel
-/// fp16 concat input at 128³ and its 32-channel output, fp32 because only an InstanceNorm
+/// fp16 concat input at 128³ (the concat's two parts, which the conv run per part reads: the
+/// same bytes) and its 32-channel output, fp32 because only an InstanceNorm
 /// reads it; with fp16 norm inputs it was before the transposed conv: the concat, the
 /// 32-channel skip at 128³ and the 64-channel input at 64³); the accumulator ring holds roi_D
 /// planes at every batch, 15 fp32 values (14 sums + weight) per voxel of a 512x128 plane; the
 /// device gather's input ring holds roi_D planes at batch 1 and roi_D + step (64) for batches up
 /// to a row of windows (7); the single-window staging is not in the plan. Those are the batched
 /// plan's figures; the default plan runs the full-resolution ends one window at a time, and
-/// holds W1 at batch 4 in 1.71 GiB, so at 2 GiB the planner picks batch 4 or more.
+/// holds W1 at batch 4 in 1.59 GiB (1.71 with its first decoder conv run whole over the
+/// concat), so at 2 GiB the planner picks batch 4 or more.
 #[test]
 fn w1_plan_fits_2gib_at_batch_4() {
     let g = w1_graph();

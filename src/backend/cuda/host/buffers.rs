@@ -65,9 +65,11 @@ impl Launch {
             .collect()
     }
 
-    /// The values it reads: its part of a split conv's concat, else its nodes' inputs.
+    /// The values it reads: its part of a split conv's concat (and the output, where it adds
+    /// to it), else its nodes' inputs.
     pub fn reads(&self, graph: &Graph) -> Vec<usize> {
         match self.part {
+            Some(p) if p.accumulate => vec![p.value, self.out_v],
             Some(p) => vec![p.value],
             None => self
                 .nodes()

@@ -79,8 +79,8 @@ impl ArchCaps {
             norm_head: true,
             window_segments: true,
             head_staged: false,
-            norm_stats: false,
-            concat_split: false,
+            norm_stats: true,
+            concat_split: true,
         }
     }
 

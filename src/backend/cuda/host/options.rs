@@ -52,13 +52,13 @@ pub struct CudaOptions {
     pub head_staged: bool,
     /// Let a conv whose output only an InstanceNorm / GroupNorm right after it reads write that
     /// norm's statistics per output tile in its epilogue (the `_st` kernels,
-    /// `host::tile_stats`), so the norm skips its partial-sum pass over the conv's output. Off
-    /// until measured on a GPU (PERF_NOTES, session 24).
+    /// `host::tile_stats`), so the norm skips its partial-sum pass over the conv's output
+    /// (W1's forward 0.973x, PERF_NOTES session 25).
     pub norm_stats: bool,
     /// Run a conv over a channel concat whose parts the z-pair kernel takes (and the whole does
     /// not) as one launch per part, each on its slice of the weights, the later ones adding to
-    /// the fp32 output (`host::concat_split`): the concat is never written. Off until measured
-    /// on a GPU (PERF_NOTES, session 25).
+    /// the fp32 output (`host::concat_split`): the concat is never written (W1's forward 0.970x,
+    /// with `norm_stats` 0.932x: PERF_NOTES, session 25).
     pub concat_split: bool,
     /// Replay each batch's launch list as a CUDA graph (`launch_list::Graphs`) rather than
     /// launching its steps one by one (the same kernels on the same buffers either way).
@@ -83,8 +83,8 @@ impl Default for CudaOptions {
             norm_head: true,
             window_segments: true,
             head_staged: false,
-            norm_stats: false,
-            concat_split: false,
+            norm_stats: true,
+            concat_split: true,
             graphs: true,
         }
     }
