@@ -48,75 +48,90 @@ pub fn splits(
     for (j, n) in graph.nodes.iter().enumerate() {
         producer[n.output] = Some(j);
     }
+    let f = Facts {
+        graph,
+        cons,
+        shapes,
+        tensor,
+        ndhwc,
+        caps,
+        batch,
+    };
     (0..graph.nodes.len())
         .map(|i| {
-            if !caps.concat_split {
-                return None;
-            }
-            let node = &graph.nodes[i];
-            let j = producer[*node.inputs.first()?]?;
-            split(graph, cons, shapes, tensor, ndhwc, caps, batch, i, j)
+            let j = producer[*graph.nodes[i].inputs.first()?]?;
+            caps.concat_split.then(|| f.split(i, j)).flatten()
         })
         .collect()
 }
 
-/// Conv node `i` over concat node `j`, split if every rule of the module doc holds.
-#[allow(clippy::too_many_arguments)]
-fn split(
-    graph: &Graph,
-    cons: &[Vec<usize>],
-    shapes: &[Shape],
-    tensor: &[bool],
-    ndhwc: &[bool],
-    caps: &ArchCaps,
+/// What [`splits`] decides by.
+struct Facts<'a> {
+    graph: &'a Graph,
+    cons: &'a [Vec<usize>],
+    shapes: &'a [Shape],
+    tensor: &'a [bool],
+    ndhwc: &'a [bool],
+    caps: &'a ArchCaps,
     batch: usize,
-    i: usize,
-    j: usize,
-) -> Option<Split> {
-    let (node, concat) = (&graph.nodes[i], &graph.nodes[j]);
-    let is_conv = matches!(&node.op, Op::Conv(c) if c.groups == 1) && node.inputs.len() == 1;
-    let x = concat.output;
-    let parts = &concat.inputs;
-    let distinct = parts
-        .iter()
-        .all(|v| parts.iter().filter(|&u| u == v).count() == 1);
-    if !is_conv
-        || !matches!(concat.op, Op::Concat { axis: 1 })
-        || tensor[i]
-        || tensor[j]
-        || x == graph.output
-        || cons[x].as_slice() != [i]
-        || parts.len() < 2
-        || !distinct
-        || !parts.iter().all(|&v| ndhwc[v])
-    {
-        return None;
-    }
-    let os = shapes[node.output];
-    let whole = ConvKernel::choose(caps, batch, &ConvGeom::of(&node.op, shapes[x], os)?);
-    if zpair(&whole) {
-        return None;
-    }
-    let mut cin_off = 0;
-    let mut out = Vec::new();
-    for (k, &v) in parts.iter().enumerate() {
-        let kernel = ConvKernel::choose(caps, batch, &ConvGeom::of(&node.op, shapes[v], os)?);
-        if !zpair(&kernel) {
+}
+
+impl Facts<'_> {
+    /// Conv node `i` over concat node `j`, split if every rule of the module doc holds.
+    fn split(&self, i: usize, j: usize) -> Option<Split> {
+        let (graph, shapes) = (self.graph, self.shapes);
+        let (node, concat) = (&graph.nodes[i], &graph.nodes[j]);
+        let is_conv = matches!(&node.op, Op::Conv(c) if c.groups == 1) && node.inputs.len() == 1;
+        let x = concat.output;
+        let parts = &concat.inputs;
+        let distinct = parts
+            .iter()
+            .all(|v| parts.iter().filter(|&u| u == v).count() == 1);
+        if !is_conv
+            || !matches!(concat.op, Op::Concat { axis: 1 })
+            || self.tensor[i]
+            || self.tensor[j]
+            || x == graph.output
+            || self.cons[x].as_slice() != [i]
+            || parts.len() < 2
+            || !distinct
+            || !parts.iter().all(|&v| self.ndhwc[v])
+        {
             return None;
         }
-        let part = Part {
-            value: v,
-            cin_off,
-            accumulate: k > 0,
+        let os = shapes[node.output];
+        let kernel = |xs: Shape| {
+            ConvGeom::of(&node.op, xs, os).map(|g| ConvKernel::choose(self.caps, self.batch, &g))
         };
-        cin_off += shapes[v][0];
-        out.push((part, kernel));
+        if zpair(&kernel(shapes[x])?) {
+            return None;
+        }
+        let mut cin_off = 0;
+        let mut out = Vec::new();
+        for (k, &v) in parts.iter().enumerate() {
+            let kernel = kernel(shapes[v]).filter(zpair)?;
+            let part = Part {
+                value: v,
+                cin_off,
+                accumulate: k > 0,
+            };
+            cin_off += shapes[v][0];
+            out.push((part, kernel));
+        }
+        let f32_out = self.caps.norm_f32
+            && keeps_f32(
+                graph,
+                self.cons,
+                self.tensor,
+                i,
+                node.output,
+                Some(&out[0].1),
+            );
+        f32_out.then_some(Split {
+            concat: j,
+            parts: out,
+        })
     }
-    let f32_out = caps.norm_f32 && keeps_f32(graph, cons, tensor, i, node.output, Some(&out[0].1));
-    f32_out.then_some(Split {
-        concat: j,
-        parts: out,
-    })
 }
 
 /// Whether `k` is a z-pair kernel, the one whose epilogue adds to its output.
