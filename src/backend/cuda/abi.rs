@@ -273,7 +273,7 @@ pub fn norm_blocks(sm_count: usize, pix: usize) -> usize {
     pix.div_ceil(256).clamp(1, 2 * sm_count.max(1))
 }
 
-/// Bytes of one activation element: fp16, or fp32 for a value `host::buffers::keeps_f32` keeps.
+/// Bytes of one activation element: fp16, or fp32 for a value `host::fusion::keeps_f32` keeps.
 pub fn elem_bytes(f32: bool) -> usize {
     if f32 {
         4

@@ -5,9 +5,10 @@
 use super::ops::norm::{slope_n, Norm};
 use super::ops::{build_node, conv, Build, NodeIo, Step};
 use crate::backend::cuda::abi::{Act, Shape};
-use crate::backend::cuda::host::buffers::{buffer_plan, BufferPlan, NormHead};
+use crate::backend::cuda::host::buffers::{buffer_plan, BufferPlan};
 use crate::backend::cuda::host::catalogue::FILL_HALF;
 use crate::backend::cuda::host::conv_kernel::ArchCaps;
+use crate::backend::cuda::host::launch::{Launch, NormHead};
 use crate::backend::cuda::host::windowed::Run;
 use crate::backend::cuda::ops::eltwise::Elt;
 use crate::backend::cuda::runtime::device::drv;
@@ -207,7 +208,7 @@ fn launch_steps(
     bp: &BufferPlan,
     bufs: &[u64],
     graph: &Graph,
-    l: &crate::backend::cuda::host::buffers::Launch,
+    l: &Launch,
     batch: usize,
 ) -> Result<Vec<(Step, String)>> {
     let node = &graph.nodes[l.node];
@@ -286,7 +287,7 @@ fn node_io<'g>(
     bp: &BufferPlan,
     bufs: &[u64],
     graph: &'g Graph,
-    l: &crate::backend::cuda::host::buffers::Launch,
+    l: &Launch,
     act: Act,
 ) -> Result<NodeIo<'g>> {
     let node = &graph.nodes[l.node];

@@ -9,8 +9,10 @@
 //! - `abi`: the kernel parameter blocks, activation codes, per-sample shape and allocation sizes;
 //! - `host/`: planning with no driver type, unit-tested without a GPU: `catalogue` (every kernel's
 //!   family, entry point and tile configuration), `options`, `select` and `conv_kernel` (which
-//!   conv kernel), `relayout` (weights), `tensor_layout`, `attention_table`, `fusion`, and
-//!   `buffers` (the buffer plan the memory planner sums);
+//!   conv kernel), `relayout` (weights), `tensor_layout`, `attention_table`, `windowed`,
+//!   `fusion`, `concat_split`, `launch`, `tile_stats`, and `buffers` (the buffer plan the memory
+//!   planner sums); the files of `host/` import one another without circles either (the test
+//!   `cuda::host_layers`);
 //! - `runtime/`: `compile` (NVRTC, the PTX and cubin cache), `device` (driver errors, the
 //!   allocation tracker, `DevBuf`), `launch` (kernel arguments and launches on a `Gpu`);
 //! - `ops/*`: one plan-and-launch unit per op family; `launch_list`: the prepared graph;

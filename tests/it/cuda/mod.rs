@@ -4,6 +4,7 @@
 
 mod attention;
 mod fixtures;
+mod host_layers;
 mod kernels_compile;
 mod norm_f32_plan;
 mod ops;

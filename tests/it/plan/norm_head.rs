@@ -1,5 +1,5 @@
 //! Host only (no GPU): which 1x1x1 heads the CUDA buffer plan runs on their norm's input,
-//! normalised on load (`host::fusion::fusable_norm_head`, `buffers::NormHead`): the norm's and
+//! normalised on load (`host::fusion::fusable_norm_head`, `launch::NormHead`): the norm's and
 //! its activation's outputs never get a buffer, and no plan writes over a value still to be read.
 
 use super::planner::check_no_alias;

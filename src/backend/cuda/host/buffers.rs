@@ -12,8 +12,9 @@ use crate::backend::cuda::host::attention_table::{node_table, terms, uploaded_le
 use crate::backend::cuda::host::concat_split::{self, Part, Split};
 use crate::backend::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
 use crate::backend::cuda::host::fusion::{
-    concat_slice, consumers, fusable_activation, fusable_norm_head, fusable_residual,
+    concat_slice, consumers, fusable_activation, fusable_norm_head, fusable_residual, keeps_f32,
 };
+use crate::backend::cuda::host::launch::{Launch, NormHead};
 use crate::backend::cuda::host::select::ConvGeom;
 use crate::backend::cuda::host::tensor_layout::{
     aliases, is_standard, paths, tensor_supported, Paths, Stored,
@@ -23,72 +24,6 @@ use crate::backend::cuda::host::windowed::{self, Segments};
 use crate::model::graph::{Graph, Op};
 use crate::model::ops::Dims;
 use crate::{Error, Result};
-
-/// One launched node of the list (a fused activation rides with its producer).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Launch {
-    /// Index in `Graph::nodes`.
-    pub node: usize,
-    /// The activation node fused into this one's epilogue.
-    pub fuse: Option<usize>,
-    /// A conv's residual Add fused into its epilogue: (Add node, its other operand).
-    pub residual: Option<(usize, usize)>,
-    /// A norm's 1x1x1 head, run on the norm's input normalised on load.
-    pub head: Option<NormHead>,
-    /// A conv over a channel concat run one launch per part ([`concat_split`]): the part this
-    /// launch reads (the conv node's own input, the concat, is never written).
-    pub part: Option<Part>,
-    /// The value written (the fused activation's, Add's or head's output when fused).
-    pub out_v: usize,
-    /// Buffer written, its channel stride and channel offset (a concat slice, else C and 0).
-    pub out_buf: usize,
-    pub ldc: usize,
-    pub coff: usize,
-    /// Kernel of a conv / transposed conv.
-    pub conv: Option<ConvKernel>,
-    /// A conv handing the norm right after it its statistics, and that norm
-    /// ([`tile_stats::pair`]): the conv's output tiles per sample, whose sums the conv writes
-    /// to the norm scratch and the norm finalises.
-    pub tile_stats: Option<usize>,
-    /// Activation bytes (buffers not free) right after the output is placed, and how many.
-    pub live_bytes: usize,
-    pub live_bufs: usize,
-}
-
-impl Launch {
-    /// The nodes this launch runs: its own, the fused activation, Add and head.
-    pub fn nodes(&self) -> Vec<usize> {
-        [Some(self.node), self.fuse, self.residual.map(|r| r.0)]
-            .into_iter()
-            .chain(self.head.iter().flat_map(|h| [Some(h.conv), h.fuse]))
-            .flatten()
-            .collect()
-    }
-
-    /// The values it reads: its part of a split conv's concat (and the output, where it adds
-    /// to it), else its nodes' inputs.
-    pub fn reads(&self, graph: &Graph) -> Vec<usize> {
-        match self.part {
-            Some(p) if p.accumulate => vec![p.value, self.out_v],
-            Some(p) => vec![p.value],
-            None => self
-                .nodes()
-                .iter()
-                .flat_map(|&i| graph.nodes[i].inputs.iter().copied())
-                .collect(),
-        }
-    }
-}
-
-/// The 1x1x1 conv that reads a norm launch's normalised input ([`fusable_norm_head`]): the
-/// norm writes no output, its statistics go to the head, which normalises on load.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NormHead {
-    /// The conv node, the activation node fused into it, and its kernel (`Pointwise`).
-    pub conv: usize,
-    pub fuse: Option<usize>,
-    pub kernel: ConvKernel,
-}
 
 /// One constant upload.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -354,34 +289,6 @@ pub fn cuda_shapes(graph: &Graph, roi: [usize; 3]) -> Result<(Vec<Shape>, Vec<Di
 
 fn numel(s: &Shape) -> usize {
     s.iter().product()
-}
-
-/// Whether node `i`'s output `out_v`, written by conv kernel `k`, is kept in fp32: a conv
-/// (not on the tensor path) whose every reader is an InstanceNorm / GroupNorm. The norm
-/// subtracts the channel mean and divides by the spread, so fp16 rounding relative to the raw
-/// value becomes a larger error relative to the normalised one: on random-weight MONAI nets
-/// it was the largest single term of the fp16 error (PERF_NOTES, session 9).
-pub fn keeps_f32(
-    graph: &Graph,
-    cons: &[Vec<usize>],
-    tensor: &[bool],
-    i: usize,
-    out_v: usize,
-    k: Option<&ConvKernel>,
-) -> bool {
-    let is_conv = matches!(graph.nodes[i].op, Op::Conv(_) | Op::ConvTranspose(_));
-    is_conv
-        && !tensor[i]
-        && out_v != graph.output
-        && k.is_some_and(ConvKernel::writes_f32)
-        && !cons[out_v].is_empty()
-        && cons[out_v].iter().all(|&j| {
-            !tensor[j]
-                && matches!(
-                    graph.nodes[j].op,
-                    Op::InstanceNorm { .. } | Op::GroupNorm { .. }
-                )
-        })
 }
 
 /// The buffers being placed: requested bytes, launch lifetimes, the freed ones.

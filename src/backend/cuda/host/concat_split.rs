@@ -10,8 +10,8 @@
 //! that stays fp32 (its readers are norms: `keeps_f32`) takes the partial sums without rounding.
 
 use crate::backend::cuda::abi::Shape;
-use crate::backend::cuda::host::buffers::keeps_f32;
 use crate::backend::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
+use crate::backend::cuda::host::fusion::keeps_f32;
 use crate::backend::cuda::host::select::ConvGeom;
 use crate::model::graph::{Graph, Op};
 

@@ -1,9 +1,10 @@
 //! Host-side fusion facts of the CUDA backend, no GPU needed: who consumes a value, which
 //! activation runs in its producer's epilogue, which residual Add a conv's epilogue takes,
 //! which 1x1x1 head reads a norm's input normalised on load, which value a channel concat takes
-//! in place, and whether a resize is linear.
+//! in place, which conv output stays fp32, and whether a resize is linear.
 
 use crate::backend::cuda::abi::{Act, Shape};
+use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::model::graph::{Graph, Op, Resize, ResizeMode};
 
 /// Where value `v` can be written in place: its only consumer is a channel concat (and `v` is
@@ -129,4 +130,32 @@ pub fn fusable_norm_head(
 /// Whether the resize mode is linear (trilinear in 3D).
 pub fn is_linear(r: &Resize) -> bool {
     r.mode == ResizeMode::Linear
+}
+
+/// Whether node `i`'s output `out_v`, written by conv kernel `k`, is kept in fp32: a conv
+/// (not on the tensor path) whose every reader is an InstanceNorm / GroupNorm. The norm
+/// subtracts the channel mean and divides by the spread, so fp16 rounding relative to the raw
+/// value becomes a larger error relative to the normalised one: on random-weight MONAI nets
+/// it was the largest single term of the fp16 error (PERF_NOTES, session 9).
+pub fn keeps_f32(
+    graph: &Graph,
+    cons: &[Vec<usize>],
+    tensor: &[bool],
+    i: usize,
+    out_v: usize,
+    k: Option<&ConvKernel>,
+) -> bool {
+    let is_conv = matches!(graph.nodes[i].op, Op::Conv(_) | Op::ConvTranspose(_));
+    is_conv
+        && !tensor[i]
+        && out_v != graph.output
+        && k.is_some_and(ConvKernel::writes_f32)
+        && !cons[out_v].is_empty()
+        && cons[out_v].iter().all(|&j| {
+            !tensor[j]
+                && matches!(
+                    graph.nodes[j].op,
+                    Op::InstanceNorm { .. } | Op::GroupNorm { .. }
+                )
+        })
 }

@@ -7,6 +7,7 @@ pub mod catalogue;
 pub mod concat_split;
 pub mod conv_kernel;
 pub mod fusion;
+pub mod launch;
 pub mod options;
 pub mod relayout;
 pub mod select;

@@ -7,7 +7,7 @@
 //! of 4).
 
 use crate::backend::cuda::abi::Shape;
-use crate::backend::cuda::host::buffers::Launch;
+use crate::backend::cuda::host::launch::Launch;
 use crate::backend::cuda::host::windowed::{Run, Segments};
 use crate::model::graph::{Graph, Op};
 

@@ -26,7 +26,7 @@ pub(crate) enum Step {
     Conv(conv::ConvStep),
     Norm(norm::Norm),
     /// A norm's statistics, then the pointwise head that reads its input normalised on load
-    /// (`buffers::NormHead`).
+    /// (`launch::NormHead`).
     NormHead {
         norm: norm::Norm,
         head: conv::ConvStep,
@@ -151,9 +151,9 @@ pub(crate) struct NodeIo<'a> {
     /// The fp16 residual a conv's epilogue adds (a fused Add), 0: none.
     pub res: u64,
     /// A conv writing the norm after it its statistics, or that norm reading them
-    /// (`buffers::Launch::tile_stats`): the conv's output tiles per sample.
+    /// (`launch::Launch::tile_stats`): the conv's output tiles per sample.
     pub stats_tiles: Option<usize>,
-    /// A split conv's launch (`buffers::Launch::part`): its input's first channel in the
+    /// A split conv's launch (`launch::Launch::part`): its input's first channel in the
     /// concat (its slice of the weights) and whether it adds to the output.
     pub part: Option<(usize, bool)>,
     /// Whether the node runs on the tensor path, its inputs and output as stored (dims at the

@@ -1,5 +1,5 @@
 //! A 1x1x1 head reading the InstanceNorm / GroupNorm before it, normalised on load
-//! (`conv1x1_norm_*`, `buffers::NormHead`) on CUDA: against float64, and bit for bit the values of
+//! (`conv1x1_norm_*`, `launch::NormHead`) on CUDA: against float64, and bit for bit the values of
 //! the two launches it replaces (the norm's affine pass rounds to fp16, and so does the load).
 
 use super::*;

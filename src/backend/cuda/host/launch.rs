@@ -1,0 +1,73 @@
+//! One launch of the buffer plan (host only): the node it runs, what is fused into it, the
+//! buffer it writes and its kernel. [`buffers`](super::buffers) builds the list;
+//! [`tile_stats`](super::tile_stats) and [`windowed`](super::windowed) read it.
+
+use crate::backend::cuda::host::concat_split::Part;
+use crate::backend::cuda::host::conv_kernel::ConvKernel;
+use crate::model::graph::Graph;
+
+/// One launched node of the list (a fused activation rides with its producer).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Launch {
+    /// Index in `Graph::nodes`.
+    pub node: usize,
+    /// The activation node fused into this one's epilogue.
+    pub fuse: Option<usize>,
+    /// A conv's residual Add fused into its epilogue: (Add node, its other operand).
+    pub residual: Option<(usize, usize)>,
+    /// A norm's 1x1x1 head, run on the norm's input normalised on load.
+    pub head: Option<NormHead>,
+    /// A conv over a channel concat run one launch per part ([`concat_split`](super::concat_split)): the part this
+    /// launch reads (the conv node's own input, the concat, is never written).
+    pub part: Option<Part>,
+    /// The value written (the fused activation's, Add's or head's output when fused).
+    pub out_v: usize,
+    /// Buffer written, its channel stride and channel offset (a concat slice, else C and 0).
+    pub out_buf: usize,
+    pub ldc: usize,
+    pub coff: usize,
+    /// Kernel of a conv / transposed conv.
+    pub conv: Option<ConvKernel>,
+    /// A conv handing the norm right after it its statistics, and that norm
+    /// ([`tile_stats::pair`](super::tile_stats::pair)): the conv's output tiles per sample, whose sums the conv writes
+    /// to the norm scratch and the norm finalises.
+    pub tile_stats: Option<usize>,
+    /// Activation bytes (buffers not free) right after the output is placed, and how many.
+    pub live_bytes: usize,
+    pub live_bufs: usize,
+}
+
+impl Launch {
+    /// The nodes this launch runs: its own, the fused activation, Add and head.
+    pub fn nodes(&self) -> Vec<usize> {
+        [Some(self.node), self.fuse, self.residual.map(|r| r.0)]
+            .into_iter()
+            .chain(self.head.iter().flat_map(|h| [Some(h.conv), h.fuse]))
+            .flatten()
+            .collect()
+    }
+
+    /// The values it reads: its part of a split conv's concat (and the output, where it adds
+    /// to it), else its nodes' inputs.
+    pub fn reads(&self, graph: &Graph) -> Vec<usize> {
+        match self.part {
+            Some(p) if p.accumulate => vec![p.value, self.out_v],
+            Some(p) => vec![p.value],
+            None => self
+                .nodes()
+                .iter()
+                .flat_map(|&i| graph.nodes[i].inputs.iter().copied())
+                .collect(),
+        }
+    }
+}
+
+/// The 1x1x1 conv that reads a norm launch's normalised input ([`fusable_norm_head`](super::fusion::fusable_norm_head)): the
+/// norm writes no output, its statistics go to the head, which normalises on load.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NormHead {
+    /// The conv node, the activation node fused into it, and its kernel (`Pointwise`).
+    pub conv: usize,
+    pub fuse: Option<usize>,
+    pub kernel: ConvKernel,
+}
