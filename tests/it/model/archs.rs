@@ -269,15 +269,17 @@ fn architectures_on_the_gpu() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
-/// The exports' windows with the norms' statistics taken in the convs' epilogues
-/// (`CudaOptions::norm_stats`, off by default until measured): the same bars.
+/// The exports' windows with the norms' statistics from their own pass and the convs over a
+/// concat run whole (`CudaOptions::norm_stats`, `concat_split` off: the paths the defaults
+/// replaced, kept as options): the same bars.
 #[test]
-fn architectures_on_the_gpu_with_norm_stats() {
+fn architectures_on_the_gpu_without_epilogue_statistics_or_split_convs() {
     if !gpu_present() {
         return;
     }
     let opts = voxtile::internals::cuda::CudaOptions {
-        norm_stats: true,
+        norm_stats: false,
+        concat_split: false,
         ..Default::default()
     };
     let mut bad = vec![];

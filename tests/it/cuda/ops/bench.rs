@@ -393,9 +393,9 @@ fn bench_halo_variants() {
 /// conv/norm/concat chain. Prints the ops by time; checks that the per-step sum matches the
 /// timed forward (events add only small gaps) and that the profile covers every launch. Then
 /// times the forward again with fp16 norm inputs (`CudaOptions::norm_f32` off) in the same
-/// run: the cost of the fp32 ones, and their activation bytes; and with the switches not on by
-/// default yet (`CudaOptions::norm_stats`, `concat_split`), alone and together, with the per-op
-/// profile of both (`PROFST`).
+/// run: the cost of the fp32 ones, and their activation bytes; and with the fusions on by
+/// default (`CudaOptions::norm_stats`, `concat_split`) switched off, alone and together, with
+/// the per-op profile of both off (`PROFST`).
 #[test]
 fn profile_models() {
     let Some(mut b) = gpu() else { return };
@@ -485,17 +485,18 @@ fn profile_models() {
         );
         assert!(y16.iter().all(|v| v.is_finite()));
         assert!(arena >= arena16);
-        // Switches not on by default yet, alone and together (the per-op profile of both):
-        // the norms' statistics from the convs' epilogues, the convs over a concat per part.
+        // The fusions the defaults run, each switched off alone and both (the per-op profile
+        // of both off): the norms' statistics from the convs' epilogues, the convs over a
+        // concat per part.
         type Switch = (&'static str, fn(&mut CudaOptions));
         let variants: [Switch; 3] = [
-            ("norm statistics in the conv epilogues", |o| {
-                o.norm_stats = true
+            ("without norm statistics in the conv epilogues", |o| {
+                o.norm_stats = false
             }),
-            ("concat split", |o| o.concat_split = true),
-            ("both", |o| {
-                o.norm_stats = true;
-                o.concat_split = true;
+            ("without concat split", |o| o.concat_split = false),
+            ("without both", |o| {
+                o.norm_stats = false;
+                o.concat_split = false;
             }),
         ];
         for (what, set) in variants {
@@ -503,15 +504,15 @@ fn profile_models() {
             b.prepare(&g, batch, [roi; 3]).expect("prepare");
             let ys = b.run(x.view()).expect("run").to_owned();
             let ts = b.time_forward(batch, 5).expect("time");
-            if what == "both" {
+            if what == "without both" {
                 let profs = b.profile_forward(batch, 3).expect("profile");
                 for (label, ms, cnt) in &profs {
                     println!("PROFST {name} {ms:8.3} ms x{cnt:<3} {label}");
                 }
             }
             b.with(|o| {
-                o.norm_stats = false;
-                o.concat_split = false;
+                let d = CudaOptions::default();
+                (o.norm_stats, o.concat_split) = (d.norm_stats, d.concat_split);
             });
             let dev = ys
                 .iter()
