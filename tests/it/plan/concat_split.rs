@@ -163,11 +163,7 @@ fn w1_first_decoder_conv_runs_per_part() {
 /// last part hands the norm after it the statistics and no other part does.
 #[test]
 fn fixtures_split_by_the_rules() {
-    let mut nets: Vec<(String, Graph)> = crate::common::arch_fixtures()
-        .into_iter()
-        .map(|(name, g, _)| (name, g))
-        .collect();
-    nets.extend(super::planner::models());
+    let mut nets = super::planner::fixtures_and_models();
     nets.push(("w1".into(), w1_graph()));
     let mut splits = 0;
     for (name, g) in &nets {

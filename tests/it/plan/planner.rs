@@ -11,6 +11,17 @@ use voxtile::internals::cpu::CpuBackend;
 use voxtile::model::Graph;
 use voxtile::plan::{self, Request, Target};
 
+/// Every architecture fixture and then the models of [`models`]: what the plan tests check
+/// their rules over.
+pub(super) fn fixtures_and_models() -> Vec<(String, Graph)> {
+    let mut nets: Vec<(String, Graph)> = crate::common::arch_fixtures()
+        .into_iter()
+        .map(|(name, g, _)| (name, g))
+        .collect();
+    nets.extend(models());
+    nets
+}
+
 pub(super) fn models() -> Vec<(String, Graph)> {
     let mut v = Vec::new();
     for name in ["nnunet_small.onnx", "monai_unet_small.onnx"] {

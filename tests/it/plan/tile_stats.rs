@@ -124,11 +124,7 @@ fn w1_convs_hand_their_norms_the_statistics() {
 /// pairs follow the rules of `check_pairs`.
 #[test]
 fn fixtures_pair_by_the_rules() {
-    let mut nets: Vec<(String, Graph)> = crate::common::arch_fixtures()
-        .into_iter()
-        .map(|(name, g, _)| (name, g))
-        .collect();
-    nets.extend(super::planner::models());
+    let nets = super::planner::fixtures_and_models();
     let mut pairs = 0;
     for (name, g) in &nets {
         let roi = g.spatial_divisor().map(|d| 128usize.div_ceil(d) * d);

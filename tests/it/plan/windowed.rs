@@ -237,11 +237,7 @@ fn w1_runs_its_full_resolution_ends_one_window_at_a_time() {
 /// them, and `check_no_alias`'s walk still holds.
 #[test]
 fn fixtures_replay_in_the_windowed_order() {
-    let mut nets: Vec<(String, Graph)> = crate::common::arch_fixtures()
-        .into_iter()
-        .map(|(name, g, _)| (name, g))
-        .collect();
-    nets.extend(super::planner::models());
+    let nets = super::planner::fixtures_and_models();
     let mut windowed = 0;
     for (name, g) in &nets {
         let roi = g.spatial_divisor().map(|d| 128usize.div_ceil(d) * d);

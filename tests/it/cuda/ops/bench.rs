@@ -514,11 +514,7 @@ fn profile_models() {
                 let d = CudaOptions::default();
                 (o.norm_stats, o.concat_split) = (d.norm_stats, d.concat_split);
             });
-            let dev = ys
-                .iter()
-                .zip(y.iter())
-                .map(|(a, c)| (a - c).abs())
-                .fold(0f32, f32::max);
+            let dev = max_abs_diff(&ys, &y);
             println!(
                 "RESULT profile {name} roi {roi} batch {batch}: {what} {ts:.3} ms against {t:.3} ({:.3}x), max |diff| {dev:.2e}",
                 ts / t

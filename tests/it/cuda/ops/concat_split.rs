@@ -123,18 +123,9 @@ fn conv_over_a_concat_per_part() {
                 );
             }
             let again = run(&mut b, &g, &x, 2);
-            assert!(
-                got.iter()
-                    .zip(&again)
-                    .all(|(p, q)| p.to_bits() == q.to_bits()),
-                "{name}: two runs differ"
-            );
+            assert!(same_bits(&got, &again), "{name}: two runs differ");
             let (e, e_whole) = (rel_l2(&got, &want), rel_l2(&whole, &want));
-            let dev = got
-                .iter()
-                .zip(&whole)
-                .map(|(p, q)| (p - q).abs())
-                .fold(0f32, f32::max);
+            let dev = max_abs_diff(&got, &whole);
             let label = format!("{name}{}", if stats { " +stats" } else { "" });
             println!(
                 "RESULT concat split {label:<52} rel L2 {e:.2e} (whole {e_whole:.2e}), max |diff| {dev:.2e}"

@@ -156,6 +156,27 @@ fn rel_l2(got: &Array5<f32>, want: &T) -> f64 {
     (num / den).sqrt()
 }
 
+/// Whether two outputs are the same bits, element for element (fixed-order reductions).
+fn same_bits<'a>(
+    a: impl IntoIterator<Item = &'a f32>,
+    b: impl IntoIterator<Item = &'a f32>,
+) -> bool {
+    a.into_iter()
+        .zip(b)
+        .all(|(p, q)| p.to_bits() == q.to_bits())
+}
+
+/// The largest |a - b| over two outputs.
+fn max_abs_diff<'a>(
+    a: impl IntoIterator<Item = &'a f32>,
+    b: impl IntoIterator<Item = &'a f32>,
+) -> f32 {
+    a.into_iter()
+        .zip(b)
+        .map(|(p, q)| (p - q).abs())
+        .fold(0f32, f32::max)
+}
+
 /// A graph of nodes applied in order (see [`crate::common::graph::chain`]).
 fn graph(cin: usize, nodes: Vec<(Op, Vec<usize>, usize)>) -> Graph {
     crate::common::graph::chain("t", cin, nodes)

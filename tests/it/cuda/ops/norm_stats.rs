@@ -147,12 +147,7 @@ fn conv_norm_tile_stats() {
             "{name}: ran {used:?}, expected {want_kernel}"
         );
         let again = run(&mut b, &g, &x, 2);
-        assert!(
-            got.iter()
-                .zip(&again)
-                .all(|(a, c)| a.to_bits() == c.to_bits()),
-            "{name}: two runs differ"
-        );
+        assert!(same_bits(&got, &again), "{name}: two runs differ");
         // One sample at batch 1: a tile's sums do not depend on the grid.
         let x0 = T {
             s: [1, cin, sp[0], sp[1], sp[2]],
@@ -161,18 +156,11 @@ fn conv_norm_tile_stats() {
         let one = run(&mut b, &g, &x0, 1);
         let first = got.index_axis(ndarray::Axis(0), 0);
         assert!(
-            one.index_axis(ndarray::Axis(0), 0)
-                .iter()
-                .zip(first.iter())
-                .all(|(a, c)| a.to_bits() == c.to_bits()),
+            same_bits(one.index_axis(ndarray::Axis(0), 0), first),
             "{name}: batch 1 and batch 2 differ"
         );
         let (e, e_pass) = (rel_l2(&got, &want), rel_l2(&pass, &want));
-        let dev = got
-            .iter()
-            .zip(&pass)
-            .map(|(a, c)| (a - c).abs())
-            .fold(0f32, f32::max);
+        let dev = max_abs_diff(&got, &pass);
         println!(
             "RESULT tile stats {name:<44} rel L2 {e:.2e} (partial-sum pass {e_pass:.2e}), max |diff| {dev:.2e}"
         );
