@@ -435,7 +435,7 @@ impl Walk<'_> {
         match &node.op {
             Op::Conv(_) | Op::ConvTranspose(_) => {
                 let k = kernel.expect("a conv has a geometry");
-                self.conv_consts(i, &k, None, true);
+                self.conv_consts(i, &k, None);
                 conv = Some(k);
             }
             Op::InstanceNorm { scale, bias, .. } | Op::GroupNorm { scale, bias, .. } => {
@@ -477,9 +477,10 @@ impl Walk<'_> {
         conv
     }
 
-    /// The bias (where `bias`) and re-laid weight uploads of conv node `i` on kernel `k`; with
-    /// `part`, of that part's slice of the weights ([`concat_split`]).
-    fn conv_consts(&mut self, i: usize, k: &ConvKernel, part: Option<&Part>, bias: bool) {
+    /// The bias and re-laid weight uploads of conv node `i` on kernel `k`; with `part`, of that
+    /// part's slice of the weights ([`concat_split`]), the bias only where it does not add to
+    /// an earlier part's output.
+    fn conv_consts(&mut self, i: usize, k: &ConvKernel, part: Option<&Part>) {
         let node = &self.graph.nodes[i];
         let (weight, b, groups, t) = match &node.op {
             Op::Conv(c) => (&c.weight, &c.bias, c.groups, false),
@@ -497,7 +498,7 @@ impl Walk<'_> {
                 what,
             })
         };
-        if let Some(b) = b.as_ref().filter(|_| bias) {
+        if let Some(b) = b.as_ref().filter(|_| part.is_none_or(|p| !p.accumulate)) {
             let what = if t {
                 "transposed conv bias"
             } else {
@@ -524,8 +525,8 @@ impl Walk<'_> {
         let (ob, ldc, coff) = self.place(i, out_v, oshape, elem_bytes(true));
         self.live[out_v] = Some(ob);
         self.value_buf[out_v] = Some(ob);
-        for (k, (part, kernel)) in s.parts.iter().enumerate() {
-            self.conv_consts(i, kernel, Some(part), k == 0);
+        for (part, kernel) in &s.parts {
+            self.conv_consts(i, kernel, Some(part));
             let (live_bytes, live_bufs) = live_at(&self.b.bufs, &self.b.life, self.launches.len());
             self.launches.push(Launch {
                 node: i,
