@@ -74,6 +74,7 @@ struct ConvParams {
     int out_f32;      // 1: y is fp32 (a value only a norm reads), indexed as the fp16 one would be
     int ksplit;       // conv_mma: K split over grid.z (> 1: partials to ws, conv_splitk_reduce)
     int accum;        // conv_wz_*: 1: y (fp32) += this launch's sums (a conv over a concat, one launch per part)
+    int ldi;          // conv_wz_*: the input's channel stride (x points at the launch's first channel: Cin chunks of a wider input)
     unsigned long long ws;  // fp32 [ksplit][M][cout] partial sums
     unsigned long long res; // fp16 residual indexed as y (a fused Add; conv_wg_* only), 0: none
     unsigned long long stats; // float4 [tile][cout]: the output's norm statistics (tile_stats.cuh), 0: none

@@ -77,13 +77,14 @@ struct WzConv {
         }
     }
 
-    // Slot k of tile t (input planes oz0 - pd + 2k + {0, 1}), zero outside the input.
+    // Slot k of tile t (input planes oz0 - pd + 2k + {0, 1}), zero outside the input. The
+    // input's voxels are p.ldi channels apart, of which the launch reads p.cin from x on.
     template <int NT = 128>
     __device__ __forceinline__ void load_slot(half* slot, int t, int k, int tid) const {
         int n, oz0, oy0, ox0;
         tile_origin<ZT, NY, TX>(t, ntx, nty, ntz, n, oz0, oy0, ox0);
         const int iz0 = oz0 - p.pd + 2 * k, iy0 = oy0 - p.ph, ix0 = ox0 - p.pw;
-        const half* xn = x + (i64)n * p.di * p.hi * p.wi * p.cin;
+        const half* xn = x + (i64)n * p.di * p.hi * p.wi * p.ldi;
 #pragma unroll 1
         for (int idx = tid; idx < 2 * HP * CPV; idx += NT) {
             const int g = idx % CPV, vv = idx / CPV, pl = vv / HP, v = vv - pl * HP;
@@ -91,7 +92,7 @@ struct WzConv {
             const int iz = iz0 + pl, iy = iy0 + hy, ix = ix0 + hx;
             const bool ok =
                 (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi && (unsigned)ix < (unsigned)p.wi;
-            const half* src = xn + (((i64)iz * p.hi + iy) * p.wi + ix) * p.cin + g * 8;
+            const half* src = xn + (((i64)iz * p.hi + iy) * p.wi + ix) * p.ldi + g * 8;
             cp_async16(slot + ((g * 2 + pl) * HP + v) * 8, ok ? src : x, ok ? 16 : 0);
         }
     }

@@ -102,6 +102,9 @@ pub struct ConvParams {
     /// 1: the conv adds its sums to the fp32 output already there (`conv_wz_*` only): a
     /// conv over a channel concat run as one launch per part (`host::concat_split`).
     pub accum: i32,
+    /// `conv_wz_*`: the input's channel stride, of which the launch reads `cin` channels from
+    /// its `x` on (a conv run in Cin chunks of one input, `host::concat_split`); else `cin`.
+    pub ldi: i32,
     pub ws: u64,
     /// fp16 residual added to each stored value (0: none): an Add fused into the conv's
     /// epilogue (`host::fusion::fusable_residual`), indexed as the output (ldc == Cout, coff 0).

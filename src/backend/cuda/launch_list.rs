@@ -337,7 +337,7 @@ fn node_io<'g>(
             None => 0,
         },
         stats_tiles: l.tile_stats,
-        part: l.part.map(|p| (p.cin_off, p.accumulate)),
+        part: l.part,
     })
 }
 

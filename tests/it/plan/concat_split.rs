@@ -24,10 +24,12 @@ fn split_off(caps: ArchCaps) -> ArchCaps {
 }
 
 /// Checks `on` (splits taken) against `off` (the same plan without), returns the split convs:
-/// - each split conv runs as consecutive launches, one per input of its concat in order, each
-///   on a z-pair kernel over that input, the first writing the fp32 output, the later adding;
-///   `off` ran the conv on one launch of another kernel, over a concat that `on` never runs;
-/// - the concat is the conv's alone, and its inputs are not written into its slices;
+/// - each split conv runs as consecutive launches, one per part in channel order, each on a
+///   z-pair kernel over its part (an input of the concat it reads in place of its input, or
+///   of that input itself; whole, or a 32-channel chunk), the parts' channels adding up to the
+///   input's, the first writing the fp32 output, the later adding; `off` ran the conv on one
+///   launch of another kernel (over the concat, which `on` never runs);
+/// - such a concat is the conv's alone, and its inputs are not written into its slices;
 /// - every other launch is `off`'s, the constants' bytes are the same, the arena no larger.
 fn check_splits(name: &str, g: &Graph, on: &BufferPlan, off: &BufferPlan) -> usize {
     let cons = consumers(g);
@@ -35,7 +37,7 @@ fn check_splits(name: &str, g: &Graph, on: &BufferPlan, off: &BufferPlan) -> usi
     let (mut a, mut b) = (0, 0);
     while a < on.launches.len() {
         let l = &on.launches[a];
-        let Some(p0) = l.part else {
+        if l.part.is_none() {
             let base = &off.launches[b];
             if base.node != l.node {
                 // The concat of a split conv: `on` has no launch for it.
@@ -58,49 +60,53 @@ fn check_splits(name: &str, g: &Graph, on: &BufferPlan, off: &BufferPlan) -> usi
             a += 1;
             b += 1;
             continue;
-        };
+        }
         let node = &g.nodes[l.node];
         let x = node.inputs[0];
         let concat = g
             .nodes
             .iter()
-            .find(|n| n.output == x)
-            .expect("a split conv reads a concat");
-        assert_eq!(
-            cons[x],
-            vec![l.node],
-            "{name}: the concat is the conv's alone"
-        );
-        let parts: Vec<Part> = on.launches[a..a + concat.inputs.len()]
+            .find(|n| n.output == x && on.value_buf[x].is_none());
+        let sources = concat.map_or(vec![x], |c| c.inputs.clone());
+        if concat.is_some() {
+            assert_eq!(
+                cons[x],
+                vec![l.node],
+                "{name}: the concat is the conv's alone"
+            );
+        }
+        let parts: Vec<Part> = on.launches[a..]
             .iter()
+            .take_while(|p| p.node == l.node && p.part.is_some())
             .map(|p| {
-                assert_eq!((p.node, p.out_v, p.out_buf), (l.node, l.out_v, l.out_buf));
+                assert_eq!((p.out_v, p.out_buf), (l.out_v, l.out_buf));
                 let k = p.conv.as_ref().expect("a part's kernel").funcs()[0];
                 assert!(k.starts_with("conv_wz_"), "{name}: part on {k}");
-                p.part.expect("every launch of a split conv has its part")
+                p.part.unwrap()
             })
             .collect();
-        let mut off_c = 0;
-        for (k, (p, &v)) in parts.iter().zip(&concat.inputs).enumerate() {
-            assert_eq!(
-                *p,
-                Part {
-                    value: v,
-                    cin_off: off_c,
-                    accumulate: k > 0
-                },
-                "{name}"
+        assert!(parts.len() >= 2, "{name}: a conv split in one part");
+        let mut cin_off = 0;
+        for (k, p) in parts.iter().enumerate() {
+            let src = sources.iter().position(|&v| v == p.value);
+            let src = src.unwrap_or_else(|| panic!("{name}: part {p:?} reads no source"));
+            let before: usize = sources[..src].iter().map(|&v| on.shapes[v][0]).sum();
+            assert_eq!(p.cin_off, before + p.x_coff, "{name}: {p:?}");
+            assert_eq!(p.cin_off, cin_off, "{name}: parts in channel order");
+            assert!(p.x_coff + p.cin <= on.shapes[p.value][0], "{name}: {p:?}");
+            assert!(
+                p.cin == on.shapes[p.value][0] || p.cin == 32,
+                "{name}: {p:?}"
             );
-            off_c += on.shapes[v][0];
+            assert_eq!(p.accumulate, k > 0, "{name}");
+            cin_off += p.cin;
         }
-        assert_eq!(off_c, on.shapes[x][0], "{name}");
+        assert_eq!(cin_off, on.shapes[x][0], "{name}");
         assert!(
             on.f32_values[l.out_v],
             "{name}: a split conv's output is fp32"
         );
-        assert_eq!(on.value_buf[x], None, "{name}: the concat is never written");
-        assert_eq!(p0.cin_off, 0);
-        if off.launches[b].out_v == x {
+        if concat.is_some() && off.launches[b].out_v == x {
             b += 1; // `off` runs the concat right before the conv
         }
         let whole = &off.launches[b];
@@ -158,25 +164,29 @@ fn w1_first_decoder_conv_runs_per_part() {
     }
 }
 
-/// Every model and architecture fixture at 128³ (or its fixed window), batches 1 and 3: the
-/// splits follow the rules of `check_splits`; with norm statistics on as well, a split conv's
-/// last part hands the norm after it the statistics and no other part does.
+/// Every model and architecture fixture at 128³ (or its fixed window), batches 1 and 3, with
+/// and without Cin chunks: the splits follow the rules of `check_splits`; with norm statistics
+/// on as well, a split conv's last part hands the norm after it the statistics and no other
+/// part does.
 #[test]
 fn fixtures_split_by_the_rules() {
     let mut nets = super::planner::fixtures_and_models();
     nets.push(("w1".into(), w1_graph()));
-    let mut splits = 0;
+    let mut splits = [0, 0];
     for (name, g) in &nets {
         let roi = g.spatial_divisor().map(|d| 128usize.div_ceil(d) * d);
-        for batch in [1usize, 3] {
+        for (batch, (c, caps)) in [1usize, 3]
+            .into_iter()
+            .flat_map(|b| [(b, (0, split_on as fn(_) -> _)), (b, (1, chunks_on))])
+        {
             let Ok(off) = buffer_plan(g, batch, roi, &split_off(ArchCaps::h200())) else {
                 continue;
             };
-            let on = buffer_plan(g, batch, roi, &split_on(ArchCaps::h200())).unwrap();
-            splits += check_splits(name, g, &on, &off);
+            let on = buffer_plan(g, batch, roi, &caps(ArchCaps::h200())).unwrap();
+            splits[c] += check_splits(name, g, &on, &off);
             let both = ArchCaps {
                 norm_stats: true,
-                ..split_on(ArchCaps::h200())
+                ..caps(ArchCaps::h200())
             };
             let st = buffer_plan(g, batch, roi, &both).unwrap();
             for (t, l) in st.launches.iter().enumerate() {
@@ -193,6 +203,67 @@ fn fixtures_split_by_the_rules() {
             }
         }
     }
-    eprintln!("RESULT {splits} split convs over the fixtures");
-    assert!(splits > 0, "no fixture splits a conv");
+    eprintln!(
+        "RESULT {} split convs over the fixtures, {} with Cin chunks",
+        splits[0], splits[1]
+    );
+    assert!(splits[0] > 0, "no fixture splits a conv");
+    assert!(
+        splits[1] > splits[0],
+        "no fixture runs a conv in Cin chunks"
+    );
+}
+
+/// `split_on` with the Cin chunks too.
+fn chunks_on(caps: ArchCaps) -> ArchCaps {
+    ArchCaps {
+        cin_chunks: true,
+        ..split_on(caps)
+    }
+}
+
+/// W1 at batches 1 and 4 with `cin_chunks`: the convs that `conv_halo_*` takes whole at 64³ and
+/// 32³ (Cin 64, 128 and the concats of 2 x 64 and 2 x 128) run in 32-channel chunks on the
+/// z-pair kernel, Cout 64 and 128 in 32-channel tiles; the first decoder conv at 128³ splits
+/// per concat part as without chunks; the strided and the 16³-and-smaller convs do not split.
+#[test]
+fn w1_convs_run_in_cin_chunks() {
+    let g = w1_graph();
+    let roi = [128; 3];
+    for batch in [1, 4] {
+        let off = buffer_plan(&g, batch, roi, &split_off(ArchCaps::h200())).unwrap();
+        let on = buffer_plan(&g, batch, roi, &chunks_on(ArchCaps::h200())).unwrap();
+        assert_eq!(check_splits("w1 chunks", &g, &on, &off), 7);
+        let mut split: Vec<(usize, usize, usize, usize)> = Vec::new();
+        for l in on.launches.iter().filter(|l| l.part.is_some()) {
+            let x = g.nodes[l.node].inputs[0];
+            let os = on.shapes[l.out_v];
+            match split.last_mut() {
+                Some(s) if s.0 == l.node => s.3 += 1,
+                _ => split.push((l.node, on.shapes[x][0], os[0] * 1000 + os[1], 1)),
+            }
+        }
+        let got: Vec<_> = split.iter().map(|s| (s.1, s.2, s.3)).collect();
+        // (Cin, Cout * 1000 + side, launches) in the list's order.
+        assert_eq!(
+            got,
+            [
+                (64, 64_064, 2),
+                (128, 128_032, 4),
+                (256, 128_032, 8),
+                (128, 128_032, 4),
+                (128, 64_064, 4),
+                (64, 64_064, 2),
+                (64, 32_128, 2),
+            ],
+            "w1 b{batch}"
+        );
+        eprintln!(
+            "RESULT w1 b{batch} cin chunks: arena {} -> {} MiB, {} -> {} launches",
+            off.arena >> 20,
+            on.arena >> 20,
+            off.launches.len(),
+            on.launches.len()
+        );
+    }
 }

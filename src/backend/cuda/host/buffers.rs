@@ -489,7 +489,7 @@ impl Walk<'_> {
         };
         let mut wshape = weight.shape.clone();
         if let Some(p) = part {
-            wshape[1] = self.shapes[p.value][0];
+            wshape[1] = p.cin;
         }
         let mut push = |bytes: usize, what: &'static str| {
             self.consts.push(ConstBuf {
@@ -517,8 +517,9 @@ impl Walk<'_> {
     }
 
     /// Conv node `i` run split ([`concat_split`]): one launch per part into one fp32 output
-    /// buffer, the first writing it, the later ones adding to it; then the concat counts as
-    /// run and its inputs are released where nothing else reads them.
+    /// buffer, the first writing it, the later ones adding to it; then the concat it reads in
+    /// place of its input (if any) counts as run, and what it read is released where nothing
+    /// else reads it.
     fn split_conv(&mut self, i: usize, s: &Split) {
         let out_v = self.graph.nodes[i].output;
         let oshape = self.shapes[out_v];
@@ -545,8 +546,11 @@ impl Walk<'_> {
             });
         }
         self.ran[i] = true;
-        self.ran[s.concat] = true;
-        self.release_read(s.concat, out_v, None);
+        if let Some(c) = s.concat {
+            self.ran[c] = true;
+            self.release_read(c, out_v, None);
+        }
+        self.release_read(i, out_v, None);
     }
 
     /// Releases the inputs of node `i` and the residual `r` of its launch, where every node
@@ -607,8 +611,8 @@ pub fn buffer_plan(
     let cons = consumers(graph);
     let splits = concat_split::splits(graph, &cons, &shapes, &tensor, &ndhwc, caps, batch);
     let mut split_concat = vec![false; graph.nodes.len()];
-    for s in splits.iter().flatten() {
-        split_concat[s.concat] = true;
+    for c in splits.iter().flatten().filter_map(|s| s.concat) {
+        split_concat[c] = true;
     }
     let mut w = Walk {
         graph,
@@ -639,8 +643,8 @@ pub fn buffer_plan(
             continue;
         }
         // A split conv reads its concat's inputs, not the concat (which runs with it).
-        let reads = match &w.splits[i] {
-            Some(s) => &graph.nodes[s.concat].inputs,
+        let reads = match w.splits[i].as_ref().and_then(|s| s.concat) {
+            Some(c) => &graph.nodes[c].inputs,
             None => &node.inputs,
         };
         if let Some(&v) = reads.iter().find(|&&v| w.live[v].is_none()) {

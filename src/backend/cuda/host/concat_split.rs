@@ -1,40 +1,51 @@
-//! A conv over a channel concat run as one conv per part (`CudaOptions::concat_split`): the sum
-//! over the concat's channels is the sum over each part's, so the conv runs once per part on
-//! that part's slice of the weights, the first with the bias writing the fp32 output, each later
-//! one adding its sums to it in its epilogue (`ConvParams::accum`). The concat is never written;
-//! its parts stay in their own buffers until the conv has read them.
+//! A conv run as a sum over its input channels (`CudaOptions::concat_split`): the sum over the
+//! input's channels is the sum over each part's, so the conv runs once per part on that part's
+//! slice of the weights, the first with the bias writing the fp32 output, each later one adding
+//! its sums to it in its epilogue (`ConvParams::accum`).
 //!
-//! Taken where the z-pair kernel runs every part and not the whole: W1's first decoder conv
-//! (64 -> 32 at 128³) becomes two 32 -> 32 z-pair launches instead of two Cin chunks on
-//! `conv_halo_c32n32_w4`, and its 64-channel concat (256 MiB a window) is gone. Only an output
-//! that stays fp32 (its readers are norms: `keeps_f32`) takes the partial sums without rounding.
+//! - Over a channel concat whose parts the z-pair kernel takes (and the whole does not), one
+//!   launch per part: W1's first decoder conv (64 -> 32 at 128³) becomes two 32 -> 32 z-pair
+//!   launches instead of two Cin chunks on `conv_halo_c32n32_w4`, and its 64-channel concat
+//!   (256 MiB a window) is never written; its parts stay in their own buffers until the conv
+//!   has read them.
+//! - With `cin_chunks`, a conv that a halo kernel would take whole, over one input or a concat,
+//!   runs each input of Cin = k x 32 as k launches of 32 channels (the z-pair kernel reading a
+//!   channel slice, `ConvParams::ldi`; Cout in 32-channel tiles): W1's Cin-64 and Cin-128 convs
+//!   at 64³ and 32³.
+//!
+//! Only an output that stays fp32 (its readers are norms: `keeps_f32`) takes the partial sums
+//! without rounding.
 
 use crate::backend::cuda::abi::Shape;
 use crate::backend::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
 use crate::backend::cuda::host::fusion::keeps_f32;
-use crate::backend::cuda::host::select::ConvGeom;
+use crate::backend::cuda::host::select::{zpair_config, ConvGeom};
 use crate::model::graph::{Graph, Op};
 
-/// One launch of a split conv: the concat input it reads, where that input's channels start in
-/// the concat (its slice of the weights), and whether it adds to what the earlier parts wrote.
+/// One launch of a split conv: the value it reads and which of its channels (`cin` of them from
+/// `x_coff` on: the whole value, or a 32-channel chunk), where those channels start in the
+/// conv's input (`cin_off`: its slice of the weights), and whether it adds to what the earlier
+/// parts wrote.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Part {
     pub value: usize,
+    pub x_coff: usize,
+    pub cin: usize,
     pub cin_off: usize,
     pub accumulate: bool,
 }
 
-/// A conv that runs split: the concat node it reads, and its parts in the concat's order with
-/// the kernel of each.
+/// A conv that runs split: the concat node it reads in place of its input, if any (never
+/// written), and its parts in the input's channel order with the kernel of each.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Split {
-    pub concat: usize,
+    pub concat: Option<usize>,
     pub parts: Vec<(Part, ConvKernel)>,
 }
 
-/// Per node, how a conv over a concat runs split (None for every other node, and for all of
-/// them unless `caps.concat_split`) for `batch` windows. `shapes`: per-sample value shapes;
-/// `ndhwc`: which values are stored NDHWC (the z-pair kernel's layout).
+/// Per node, how a conv runs split (None for every other node, and for all of them unless
+/// `caps.concat_split`) for `batch` windows. `shapes`: per-sample value shapes; `ndhwc`: which
+/// values are stored NDHWC (the z-pair kernel's layout).
 pub fn splits(
     graph: &Graph,
     cons: &[Vec<usize>],
@@ -56,12 +67,10 @@ pub fn splits(
         ndhwc,
         caps,
         batch,
+        producer,
     };
     (0..graph.nodes.len())
-        .map(|i| {
-            let j = producer[*graph.nodes[i].inputs.first()?]?;
-            caps.concat_split.then(|| f.split(i, j)).flatten()
-        })
+        .map(|i| caps.concat_split.then(|| f.split(i)).flatten())
         .collect()
 }
 
@@ -74,51 +83,71 @@ struct Facts<'a> {
     ndhwc: &'a [bool],
     caps: &'a ArchCaps,
     batch: usize,
+    producer: Vec<Option<usize>>,
 }
 
 impl Facts<'_> {
-    /// Conv node `i` over concat node `j`, split if every rule of the module doc holds.
-    fn split(&self, i: usize, j: usize) -> Option<Split> {
-        let (graph, shapes) = (self.graph, self.shapes);
-        let (node, concat) = (&graph.nodes[i], &graph.nodes[j]);
+    /// Conv node `i` split if every rule of the module doc holds.
+    fn split(&self, i: usize) -> Option<Split> {
+        let (graph, shapes, caps) = (self.graph, self.shapes, self.caps);
+        let node = &graph.nodes[i];
         let is_conv = matches!(&node.op, Op::Conv(c) if c.groups == 1) && node.inputs.len() == 1;
-        let x = concat.output;
-        let parts = &concat.inputs;
-        let distinct = parts
-            .iter()
-            .all(|v| parts.iter().filter(|&u| u == v).count() == 1);
-        if !is_conv
-            || !matches!(concat.op, Op::Concat { axis: 1 })
-            || self.tensor[i]
-            || self.tensor[j]
-            || x == graph.output
-            || self.cons[x].as_slice() != [i]
-            || parts.len() < 2
-            || !distinct
-            || !parts.iter().all(|&v| self.ndhwc[v])
-        {
+        if !is_conv || self.tensor[i] {
             return None;
         }
-        let os = shapes[node.output];
-        let kernel = |xs: Shape| {
-            ConvGeom::of(&node.op, xs, os).map(|g| ConvKernel::choose(self.caps, self.batch, &g))
+        let (x, os) = (node.inputs[0], shapes[node.output]);
+        let geom = |c: usize, v: usize| {
+            let [_, d, h, w] = shapes[v];
+            ConvGeom::of(&node.op, [c, d, h, w], os)
         };
-        if zpair(&kernel(shapes[x])?) {
+        let whole = ConvKernel::choose(caps, self.batch, &geom(shapes[x][0], x)?);
+        if zpair(&whole) {
             return None;
         }
+        // Cin chunks where a halo kernel would run the whole (and none is forced).
+        let chunked = caps.cin_chunks
+            && matches!(whole, ConvKernel::Halo(_))
+            && caps.halo_tile.is_none()
+            && caps.conv_tile.is_none();
+        let concat = self.concat_of(i, x);
+        let sources = match concat {
+            Some(j) => graph.nodes[j].inputs.clone(),
+            None if chunked && self.ndhwc[x] => vec![x],
+            None => return None,
+        };
+        let zcaps = ArchCaps {
+            halo_tile: zpair_config(32),
+            ..*caps
+        };
+        let chunk = |v: usize| {
+            let k = ConvKernel::choose(&zcaps, self.batch, &geom(32, v)?);
+            zpair(&k).then_some(k)
+        };
+        let mut out: Vec<(Part, ConvKernel)> = Vec::new();
         let mut cin_off = 0;
-        let mut out = Vec::new();
-        for (k, &v) in parts.iter().enumerate() {
-            let kernel = kernel(shapes[v]).filter(zpair)?;
-            let part = Part {
-                value: v,
-                cin_off,
-                accumulate: k > 0,
+        for v in sources {
+            let cv = shapes[v][0];
+            let pieces: Vec<(usize, usize, ConvKernel)> = if chunked && cv.is_multiple_of(32) {
+                let k = chunk(v)?;
+                (0..cv / 32).map(|c| (32 * c, 32, k.clone())).collect()
+            } else {
+                let k = ConvKernel::choose(caps, self.batch, &geom(cv, v)?);
+                vec![(0, cv, Some(k).filter(zpair)?)]
             };
-            cin_off += shapes[v][0];
-            out.push((part, kernel));
+            for (x_coff, cin, kernel) in pieces {
+                let part = Part {
+                    value: v,
+                    x_coff,
+                    cin,
+                    cin_off: cin_off + x_coff,
+                    accumulate: !out.is_empty(),
+                };
+                out.push((part, kernel));
+            }
+            cin_off += cv;
         }
-        let f32_out = self.caps.norm_f32
+        let f32_out = out.len() >= 2
+            && caps.norm_f32
             && keeps_f32(
                 graph,
                 self.cons,
@@ -127,10 +156,27 @@ impl Facts<'_> {
                 node.output,
                 Some(&out[0].1),
             );
-        f32_out.then_some(Split {
-            concat: j,
-            parts: out,
-        })
+        f32_out.then_some(Split { concat, parts: out })
+    }
+
+    /// The concat node producing conv node `i`'s input `x`, where the conv can read its parts
+    /// in place of it: channel concat of two or more distinct NDHWC values, read by the conv
+    /// alone, not the graph's output.
+    fn concat_of(&self, i: usize, x: usize) -> Option<usize> {
+        let j = self.producer[x]?;
+        let concat = &self.graph.nodes[j];
+        let parts = &concat.inputs;
+        let distinct = parts
+            .iter()
+            .all(|v| parts.iter().filter(|&u| u == v).count() == 1);
+        let ok = matches!(concat.op, Op::Concat { axis: 1 })
+            && !self.tensor[j]
+            && x != self.graph.output
+            && self.cons[x].as_slice() == [i]
+            && parts.len() >= 2
+            && distinct
+            && parts.iter().all(|&v| self.ndhwc[v]);
+        ok.then_some(j)
     }
 }
 

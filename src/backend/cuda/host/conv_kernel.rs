@@ -57,6 +57,9 @@ pub struct ArchCaps {
     pub norm_stats: bool,
     /// A conv over a channel concat runs as one launch per part (`CudaOptions::concat_split`).
     pub concat_split: bool,
+    /// With `concat_split`, a conv of Cin = k x 32 also runs in 32-channel chunks
+    /// (`CudaOptions::cin_chunks`).
+    pub cin_chunks: bool,
 }
 
 impl ArchCaps {
@@ -81,6 +84,7 @@ impl ArchCaps {
             head_staged: false,
             norm_stats: true,
             concat_split: true,
+            cin_chunks: false,
         }
     }
 
@@ -106,6 +110,7 @@ impl ArchCaps {
             window_segments: opts.window_segments,
             norm_stats: opts.norm_stats,
             concat_split: opts.concat_split,
+            cin_chunks: opts.cin_chunks,
             head_staged: opts.head_staged,
             conv_tile: opts.conv_tile,
             halo_tile: opts.halo_tile,

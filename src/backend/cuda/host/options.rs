@@ -60,6 +60,11 @@ pub struct CudaOptions {
     /// the fp32 output (`host::concat_split`): the concat is never written (W1's forward 0.970x,
     /// with `norm_stats` 0.932x: PERF_NOTES, session 25).
     pub concat_split: bool,
+    /// With `concat_split`: also run a conv (or a concat part) of Cin = k x 32 that a halo kernel
+    /// would take whole as k launches of 32 input channels on the z-pair kernel (Cout in
+    /// 32-channel tiles), the later ones adding to the fp32 output (W1's Cin-64 and Cin-128
+    /// convs at 64³ and 32³). Off until measured.
+    pub cin_chunks: bool,
     /// Replay each batch's launch list as a CUDA graph (`launch_list::Graphs`) rather than
     /// launching its steps one by one (the same kernels on the same buffers either way).
     pub graphs: bool,
@@ -85,6 +90,7 @@ impl Default for CudaOptions {
             head_staged: false,
             norm_stats: true,
             concat_split: true,
+            cin_chunks: false,
             graphs: true,
         }
     }

@@ -166,6 +166,12 @@ pub fn pick_wgmma(
         })
 }
 
+/// The default z-pair kernel for Cin `cin` (the first of [`WGMMA_CONFIGS`]): what a Cin chunk
+/// of a conv run split (`host::concat_split`) is forced to, at any Cout (32-channel tiles).
+pub fn zpair_config(cin: usize) -> Option<&'static HaloConfig> {
+    WGMMA_CONFIGS.iter().find(|c| c.zpair && c.accepts_cin(cin))
+}
+
 /// [`pick_halo`] over `configs` (in preference order).
 fn pick_halo_in<'a>(
     configs: &'a [HaloConfig],

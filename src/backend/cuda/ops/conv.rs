@@ -101,7 +101,7 @@ impl<'a> ConvOp<'a> {
             di: xs[1] as i32,
             hi: xs[2] as i32,
             wi: xs[3] as i32,
-            cin: xs[0] as i32,
+            cin: io.part.map_or(xs[0], |p| p.cin) as i32,
             do_: os[1] as i32,
             ho: os[2] as i32,
             wo: os[3] as i32,
@@ -127,7 +127,8 @@ impl<'a> ConvOp<'a> {
             alpha: io.act.alpha(),
             slope_n: io.slope_n,
             out_f32: io.y_f32 as i32,
-            accum: io.part.is_some_and(|(_, acc)| acc) as i32,
+            accum: io.part.is_some_and(|p| p.accumulate) as i32,
+            ldi: xs[0] as i32,
             res: io.res,
             ..Default::default()
         }
@@ -142,26 +143,38 @@ pub(crate) fn build(
     io: &NodeIo,
 ) -> Result<Vec<ConvStep>> {
     let c = ConvOp::of(op).expect("a conv op");
-    // A split conv's launch: its part's slice of the weights, the bias on the first part only.
+    // A split conv's launch: its part's slice of the weights, the bias on the first part only,
+    // x at the part's first channel (fp16).
     let sliced;
-    let c = match io.part {
-        Some((off, acc)) => {
+    let (c, x) = match io.part {
+        Some(part) => {
             let zpair = matches!(kernel, ConvKernel::Halo(h) if h.zpair);
-            if acc && !(zpair && io.y_f32) {
+            if part.accumulate && !(zpair && io.y_f32) {
                 return Err(Error::Backend(format!(
                     "node {}: only a z-pair kernel adds to an fp32 output, not {}",
                     io.name,
                     kernel.funcs()[0]
                 )));
             }
-            sliced = cin_slice(c.weight, off, io.xshape[0]);
-            ConvOp {
-                weight: &sliced,
-                bias: c.bias.filter(|_| !acc),
-                ..c
+            let slice = part.cin != io.xshape[0];
+            if slice && !(zpair && !io.x_f32 && part.x_coff % 8 == 0) {
+                return Err(Error::Backend(format!(
+                    "node {}: {} cannot read channels {}..{} of its input",
+                    io.name,
+                    kernel.funcs()[0],
+                    part.x_coff,
+                    part.x_coff + part.cin
+                )));
             }
+            sliced = cin_slice(c.weight, part.cin_off, part.cin);
+            let c = ConvOp {
+                weight: &sliced,
+                bias: c.bias.filter(|_| !part.accumulate),
+                ..c
+            };
+            (c, io.x + (part.x_coff * 2) as u64)
         }
-        None => c,
+        None => (c, io.x),
     };
     let writes_stats = matches!(kernel, ConvKernel::Halo(h) if h.stats)
         || matches!(kernel, ConvKernel::Cin1 { stats: true });
@@ -181,7 +194,7 @@ pub(crate) fn build(
     let step = |p: ConvParams, w: u64, y: u64, (func, bm, bn, threads, smem)| ConvStep {
         func,
         p,
-        x: io.x,
+        x,
         w,
         bias,
         y,

@@ -12,6 +12,7 @@ pub mod tensor;
 
 use crate::backend::cuda::abi::{Act, PoolParams, Shape};
 use crate::backend::cuda::host::buffers::ConstBuf;
+use crate::backend::cuda::host::concat_split::Part;
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::backend::cuda::host::tensor_layout::Stored;
 use crate::backend::cuda::runtime::device::DevBuf;
@@ -153,9 +154,9 @@ pub(crate) struct NodeIo<'a> {
     /// A conv writing the norm after it its statistics, or that norm reading them
     /// (`launch::Launch::tile_stats`): the conv's output tiles per sample.
     pub stats_tiles: Option<usize>,
-    /// A split conv's launch (`launch::Launch::part`): its input's first channel in the
-    /// concat (its slice of the weights) and whether it adds to the output.
-    pub part: Option<(usize, bool)>,
+    /// A split conv's launch (`launch::Launch::part`): the channels of `x` it reads, their
+    /// slice of the weights, and whether it adds to the output.
+    pub part: Option<Part>,
     /// Whether the node runs on the tensor path, its inputs and output as stored (dims at the
     /// plan's batch, layout).
     pub tensor: bool,

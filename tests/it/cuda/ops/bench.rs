@@ -395,7 +395,7 @@ fn bench_halo_variants() {
 /// times the forward again with fp16 norm inputs (`CudaOptions::norm_f32` off) in the same
 /// run: the cost of the fp32 ones, and their activation bytes; and with the fusions on by
 /// default (`CudaOptions::norm_stats`, `concat_split`) switched off, alone and together, with
-/// the per-op profile of both off (`PROFST`).
+/// the per-op profile of both off (`PROFST`); and with `cin_chunks` on (`PROFCH`).
 #[test]
 fn profile_models() {
     let Some(mut b) = gpu() else { return };
@@ -486,33 +486,42 @@ fn profile_models() {
         assert!(y16.iter().all(|v| v.is_finite()));
         assert!(arena >= arena16);
         // The fusions the defaults run, each switched off alone and both (the per-op profile
-        // of both off): the norms' statistics from the convs' epilogues, the convs over a
-        // concat per part.
-        type Switch = (&'static str, fn(&mut CudaOptions));
-        let variants: [Switch; 3] = [
-            ("without norm statistics in the conv epilogues", |o| {
-                o.norm_stats = false
-            }),
-            ("without concat split", |o| o.concat_split = false),
-            ("without both", |o| {
-                o.norm_stats = false;
-                o.concat_split = false;
-            }),
+        // of both off, `PROFST`): the norms' statistics from the convs' epilogues, the convs
+        // over a concat per part; and the convs in Cin chunks, off by default (its per-op
+        // profile `PROFCH`).
+        type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
+        let variants: [Switch; 4] = [
+            (
+                "without norm statistics in the conv epilogues",
+                |o| o.norm_stats = false,
+                None,
+            ),
+            ("without concat split", |o| o.concat_split = false, None),
+            (
+                "without both",
+                |o| {
+                    o.norm_stats = false;
+                    o.concat_split = false;
+                },
+                Some("PROFST"),
+            ),
+            ("with cin chunks", |o| o.cin_chunks = true, Some("PROFCH")),
         ];
-        for (what, set) in variants {
+        for (what, set, tag) in variants {
             b.with(set);
             b.prepare(&g, batch, [roi; 3]).expect("prepare");
             let ys = b.run(x.view()).expect("run").to_owned();
             let ts = b.time_forward(batch, 5).expect("time");
-            if what == "without both" {
+            if let Some(tag) = tag {
                 let profs = b.profile_forward(batch, 3).expect("profile");
                 for (label, ms, cnt) in &profs {
-                    println!("PROFST {name} {ms:8.3} ms x{cnt:<3} {label}");
+                    println!("{tag} {name} {ms:8.3} ms x{cnt:<3} {label}");
                 }
             }
             b.with(|o| {
                 let d = CudaOptions::default();
-                (o.norm_stats, o.concat_split) = (d.norm_stats, d.concat_split);
+                (o.norm_stats, o.concat_split, o.cin_chunks) =
+                    (d.norm_stats, d.concat_split, d.cin_chunks);
             });
             let dev = max_abs_diff(&ys, &y);
             println!(

@@ -1,7 +1,8 @@
-//! A conv over a channel concat run one launch per part (`CudaOptions::concat_split`): each
+//! A conv run as one launch per part of its input channels (`CudaOptions::concat_split`): each
 //! part on the z-pair kernel over its slice of the weights, the later parts adding to the fp32
-//! output in their epilogue (`ConvParams::accum`). Against float64 and against the conv run
-//! whole, with and without the norm statistics from the last part's epilogue.
+//! output in their epilogue (`ConvParams::accum`). The parts are a concat's inputs, or with
+//! `cin_chunks` 32-channel chunks of one input (`ConvParams::ldi`). Against float64 and against
+//! the conv run whole, with and without the norm statistics from the last part's epilogue.
 
 use super::*;
 
@@ -139,4 +140,113 @@ fn conv_over_a_concat_per_part() {
         o.concat_split = false;
         o.norm_stats = false;
     });
+}
+
+/// With `cin_chunks`: x (Cin channels) -> conv -> norm -> LeakyReLU, the conv in 32-channel
+/// chunks of x on the z-pair kernel (Cout in 32-channel tiles, the last one partial in the
+/// GroupNorm case); and a concat of a 64-channel part (two chunks) and x (whole). Outputs end
+/// inside a tile on every axis.
+#[test]
+fn conv_in_cin_chunks() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("cinchunks");
+    let wz = cat::has_wgmma(b.arch());
+    // (name, Cin of x, concat [a = ReLU(conv 32 -> 64 of x), x] first, Cout, groups, spatial)
+    type Case = (&'static str, usize, bool, usize, usize, [usize; 3]);
+    let cases: [Case; 3] = [
+        ("64->64 instancenorm", 64, false, 64, 64, [17, 18, 9]),
+        (
+            "128->36 groupnorm g=4 (partial piece)",
+            128,
+            false,
+            36,
+            4,
+            [9, 17, 10],
+        ),
+        ("[a, x] 96->64 instancenorm", 32, true, 64, 64, [18, 9, 17]),
+    ];
+    for (name, c, concat, cout, groups, sp) in cases {
+        let x = input2(&mut r, c, sp);
+        let wa = weight3(&mut r, 64, c);
+        let cin = if concat { 64 + c } else { c };
+        let wc = weight3(&mut r, cout, cin);
+        let bc = Tensor::new(vec![cout], r.scaled(cout, 2.0));
+        let scale = Tensor::new(vec![cout], r.scaled(cout, 1.0));
+        let shift = Tensor::new(vec![cout], r.scaled(cout, 0.5));
+        let norm = Op::GroupNorm {
+            groups,
+            eps: 1e-5,
+            scale: scale.clone(),
+            bias: shift.clone(),
+        };
+        let leaky = Op::LeakyRelu { alpha: 0.01 };
+        let conv = |w: Tensor, bias| crate::common::graph::conv(w, bias, 1);
+        let (xc, g) = if concat {
+            let va = conv_ref(&x, &wa, None, PAD1).map(|_, v| v.max(0.0));
+            // Values: 0 x, 1 conv a, 2 ReLU, 3 concat, 4 conv, 5 norm, 6 LeakyReLU.
+            let g = graph(
+                c,
+                vec![
+                    (conv(wa, None), vec![0], 64),
+                    (Op::Relu, vec![1], 64),
+                    (Op::Concat { axis: 1 }, vec![2, 0], cin),
+                    (conv(wc.clone(), Some(bc.clone())), vec![3], cout),
+                    (norm, vec![4], cout),
+                    (leaky.clone(), vec![5], cout),
+                ],
+            );
+            (cat(&[&va, &x]), g)
+        } else {
+            let g = graph(
+                c,
+                vec![
+                    (conv(wc.clone(), Some(bc.clone())), vec![0], cout),
+                    (norm, vec![1], cout),
+                    (leaky.clone(), vec![2], cout),
+                ],
+            );
+            (x.clone(), g)
+        };
+        let want = norm_ref(
+            &conv_ref(&xc, &wc, Some(&bc), PAD1),
+            groups,
+            1e-5,
+            &scale,
+            &shift,
+        )
+        .map(|ch, v| act_ref(&leaky, ch, v));
+        b.with(|o| (o.concat_split, o.cin_chunks) = (false, false));
+        let whole = run(&mut b, &g, &x, 2);
+        for stats in [false, true] {
+            b.with(|o| {
+                (o.concat_split, o.cin_chunks) = (true, true);
+                o.norm_stats = stats;
+            });
+            let got = run(&mut b, &g, &x, 2);
+            let used = kernels_used(&mut b, 2);
+            let want_k = if stats {
+                "conv_wz_c32_y16_h2_st"
+            } else {
+                "conv_wz_c32_y16_h2"
+            };
+            if wz {
+                assert!(
+                    used.iter().any(|k| k == want_k)
+                        && (concat || !used.iter().any(|k| k.starts_with("conv_halo"))),
+                    "{name}: ran {used:?}, expected the chunks on {want_k}"
+                );
+            }
+            let again = run(&mut b, &g, &x, 2);
+            assert!(same_bits(&got, &again), "{name}: two runs differ");
+            let (e, e_whole) = (rel_l2(&got, &want), rel_l2(&whole, &want));
+            let dev = max_abs_diff(&got, &whole);
+            let label = format!("{name}{}", if stats { " +stats" } else { "" });
+            println!(
+                "RESULT cin chunks {label:<52} rel L2 {e:.2e} (whole {e_whole:.2e}), max |diff| {dev:.2e}"
+            );
+            report(&label, e);
+            assert!(dev < 2e-2, "{label}: {dev} from the conv run whole");
+        }
+    }
+    b.with(|o| (o.concat_split, o.cin_chunks, o.norm_stats) = (false, false, false));
 }
