@@ -80,6 +80,24 @@ struct ConvParams {
     unsigned long long stats; // float4 [tile][cout]: the output's norm statistics (tile_stats.cuh), 0: none
 };
 
+// A conv reading the input of the InstanceNorm / GroupNorm before it, whose statistics are
+// done, normalised and activated on load as the norm's own output would be (`conv1x1_norm_*`,
+// `conv_wz_*_nl`): the norm's (a, b) pairs per (sample, channel), the norm input's type and the
+// activation after the norm.
+struct NormLoad {
+    const float* ab;  // [n][C] (a, b) pairs
+    int x_f32, act;
+    float alpha;
+    const float* slope;
+    int slope_n;
+};
+
+// The norm's output value of input v in channel c (a, b its pair), rounded to fp16 as the
+// norm's affine pass stores it.
+__device__ __forceinline__ half norm_load1(float v, float2 ab, int c, const NormLoad& nl) {
+    return __float2half(act_apply(v * ab.x + ab.y, c, nl.act, nl.alpha, nl.slope, nl.slope_n));
+}
+
 // One activation over 8 values of channels c..c+7 (the switch once per piece, not per value).
 __device__ __forceinline__ void act8(float (&v)[8], int c, const ConvParams& p, const float* __restrict__ slope) {
     switch (p.act) {

@@ -256,13 +256,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) conv_c1_k3_st(ConvParams p,
 // activated on load from its (n, c) scale / shift pairs `nab`, then rounded to fp16 as the
 // norm's own output would be: the same values as the two launches, without writing and reading
 // the norm's output.
-struct NormLoad {
-    const float* ab;  // [n][C] (a, b) pairs
-    int x_f32, act;
-    float alpha;
-    const float* slope;
-    int slope_n;
-};
+// (NormLoad: common.cuh.)
 
 // STAGED (the `_s` entries, `CudaOptions::head_staged`): the block's voxels come in through
 // shared memory, 32 channels at a time, loaded cooperatively: consecutive threads read
@@ -333,9 +327,7 @@ __device__ __forceinline__ void conv1x1(const ConvParams& p, const void* __restr
                 if (NORM) {
 #pragma unroll
                     for (int k = 0; k < 8; k++) {
-                        const float2 q = __ldg(abn + cv * 8 + k);
-                        const float u = act_apply(f[k] * q.x + q.y, cv * 8 + k, nl.act, nl.alpha, nl.slope, nl.slope_n);
-                        f[k] = __half2float(__float2half(u));
+                        f[k] = __half2float(norm_load1(f[k], __ldg(abn + cv * 8 + k), cv * 8 + k, nl));
                     }
                 }
 #pragma unroll

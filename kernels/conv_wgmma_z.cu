@@ -39,10 +39,11 @@ struct WzConv {
     const ConvParams& p;
     const half* x;
     const half* w;
+    NormLoad nl;  // the `_nl` kernels: x is a norm's input, normalised on load
     int ntx, nty, ntz, ntiles, nb0;
 
-    __device__ __forceinline__ WzConv(const ConvParams& p_, const half* x_, const half* w_)
-        : p(p_), x(x_), w(w_) {
+    __device__ __forceinline__ WzConv(const ConvParams& p_, const half* x_, const half* w_, const NormLoad& nl_)
+        : p(p_), x(x_), w(w_), nl(nl_) {
         ntx = (p.wo + TX - 1) / TX, nty = (p.ho + NY - 1) / NY, ntz = (p.do_ + ZT - 1) / ZT;
         ntiles = p.n * ntz * nty * ntx;
         nb0 = blockIdx.y * 32;
@@ -78,12 +79,17 @@ struct WzConv {
     }
 
     // Slot k of tile t (input planes oz0 - pd + 2k + {0, 1}), zero outside the input. The
-    // input's voxels are p.ldi channels apart, of which the launch reads p.cin from x on.
-    template <int NT = 128>
+    // input's voxels are p.ldi channels apart, of which the launch reads p.cin from x on. NL:
+    // through `load_normed`.
+    template <int NT = 128, bool NL = false>
     __device__ __forceinline__ void load_slot(half* slot, int t, int k, int tid) const {
         int n, oz0, oy0, ox0;
         tile_origin<ZT, NY, TX>(t, ntx, nty, ntz, n, oz0, oy0, ox0);
         const int iz0 = oz0 - p.pd + 2 * k, iy0 = oy0 - p.ph, ix0 = ox0 - p.pw;
+        if constexpr (NL) {
+            load_normed<NT>(slot, n, iz0, iy0, ix0, tid);
+            return;
+        }
         const half* xn = x + (i64)n * p.di * p.hi * p.wi * p.ldi;
 #pragma unroll 1
         for (int idx = tid; idx < 2 * HP * CPV; idx += NT) {
@@ -97,12 +103,58 @@ struct WzConv {
         }
     }
 
+    // A slot from the input of the norm before the conv (x: fp16, or fp32 as a conv kept it),
+    // each value normalised and activated with its sample's (a, b) pair and rounded to fp16 as
+    // the norm's output would be (`norm_load1`), stored with st.shared (the fence before the
+    // barrier that hands the slot to the wgmmas orders these for the async proxy, as it does
+    // the cp.async copies). Outside the input: zeros, the conv's padding of the norm's output.
+    // A thread's pieces are all loaded before any is stored, so their loads are in flight
+    // together on the helper's path.
+    template <int NT>
+    __device__ __forceinline__ void load_normed(half* slot, int n, int iz0, int iy0, int ix0, int tid) const {
+        constexpr int TOT = 2 * HP * CPV, IT = (TOT + NT - 1) / NT, G = 3;  // G pieces in flight
+        static_assert(NT % CPV == 0, "a thread's channel group is the same in every piece");
+        const i64 xn = (i64)n * p.di * p.hi * p.wi;
+        float2 ab[8];  // the pairs of the thread's channels (group tid % CPV)
+#pragma unroll
+        for (int q = 0; q < 8; q++)
+            ab[q] = __ldg(reinterpret_cast<const float2*>(nl.ab) + (i64)n * p.ldi + (tid % CPV) * 8 + q);
+#pragma unroll
+        for (int i0 = 0; i0 < IT; i0 += G) {
+            float v[G][8];
+            bool in[G];
+#pragma unroll
+            for (int k = 0; k < G; k++) {
+                const int idx = tid + (i0 + k) * NT, g = idx % CPV, vv = idx / CPV, pl = vv / HP, u = vv - pl * HP;
+                const int hy = u / HX, hx = u - hy * HX;
+                const int iz = iz0 + pl, iy = iy0 + hy, ix = ix0 + hx;
+                in[k] = i0 + k < IT && idx < TOT && (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi &&
+                        (unsigned)ix < (unsigned)p.wi;
+                if (in[k]) {
+                    const i64 e = (xn + ((i64)iz * p.hi + iy) * p.wi + ix) * p.ldi + g * 8;
+                    if (nl.x_f32) load8(reinterpret_cast<const float*>(x), e, v[k]);
+                    else load8(x, e, v[k]);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < G; k++) {
+                const int idx = tid + (i0 + k) * NT, g = idx % CPV, vv = idx / CPV, pl = vv / HP, u = vv - pl * HP;
+                if (i0 + k >= IT || idx >= TOT) break;
+                __align__(16) half o[8];
+#pragma unroll
+                for (int q = 0; q < 8; q++)
+                    o[q] = in[k] ? norm_load1(v[k][q], ab[q], g * 8 + q, nl) : __float2half(0.f);
+                *reinterpret_cast<uint4*>(slot + ((g * 2 + pl) * HP + u) * 8) = *reinterpret_cast<const uint4*>(o);
+            }
+        }
+    }
+
     // The slots step s of this block brings in: both of a tile's first step, else its next one.
-    template <int NT = 128>
+    template <int NT = 128, bool NL = false>
     __device__ __forceinline__ void load_step(half* ring, int s, int tid) const {
         const int ti = s / H, j = s - ti * H, t = blockIdx.x + ti * gridDim.x;
         for (int k = j == 0 ? 0 : j + 1; k <= j + 1; k++)
-            load_slot<NT>(ring + ((ti * (H + 1) + k) % R) * SLOT, t, k, tid);
+            load_slot<NT, NL>(ring + ((ti * (H + 1) + k) % R) * SLOT, t, k, tid);
     }
 
     // Issues step s's wgmmas (4 input planes x 9 (dy, dx) x KS k16 steps; the first overwrites
@@ -319,7 +371,7 @@ __device__ __forceinline__ void wzh_step(const WzConv<CIN, NY, ZT>& c, int s, fl
     wg_wait<0>();
 }
 
-template <int HT, bool ST, int CIN, int NY, int ZT>
+template <int HT, bool ST, bool NL, int CIN, int NY, int ZT>
 __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps, half* sW, half* ring, float* st,
                                         int tid, half* __restrict__ y, const float* __restrict__ bias,
                                         const float* __restrict__ slope) {
@@ -327,9 +379,9 @@ __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps
     if (tid >= 128) {  // the helper
         const int h = tid - 128;
         c.template load_w<HT>(sW, h);
-        c.template load_step<HT>(ring, 0, h);
+        c.template load_step<HT, NL>(ring, 0, h);
         cp_async_commit();
-        c.template load_step<HT>(ring, 1, h);  // steps >= H >= 2
+        c.template load_step<HT, NL>(ring, 1, h);  // steps >= H >= 2
         cp_async_commit();
         cp_async_wait<1>();
         fence_async_smem();
@@ -339,7 +391,7 @@ __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps
             cp_async_wait<0>();
             fence_async_smem();  // by the copying threads, before the barrier (the async proxy)
             wz_bar<HT>(1);
-            if (s + 2 < steps) c.template load_step<HT>(ring, s + 2, h);
+            if (s + 2 < steps) c.template load_step<HT, NL>(ring, s + 2, h);
             cp_async_commit();
             wz_bar<HT>(2);
             c.template put<HT, ST>(s, h, st, y, slope, &ts);
@@ -374,22 +426,22 @@ __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps
 
 // The kernel: shared memory carved as the layouts above, then one warpgroup's loop (`wz_run`,
 // HT 0) or the MMA warpgroup's and its helper's of HT threads (`wz_run_h`).
-template <int CIN, int NY, int ZT, int HT, bool ST>
+template <int CIN, int NY, int ZT, int HT, bool ST, bool NL = false>
 __device__ __forceinline__ void conv_wz(const ConvParams& p, const half* __restrict__ x, const half* __restrict__ w,
                                        const float* __restrict__ bias, half* __restrict__ y,
-                                       const float* __restrict__ slope) {
+                                       const float* __restrict__ slope, const NormLoad& nl = NormLoad{}) {
     using C = WzConv<CIN, NY, ZT>;
     extern __shared__ __align__(128) unsigned char dsm[];
     half* sW = reinterpret_cast<half*>(dsm);
     half* ring = sW + C::WH;
     float* st = reinterpret_cast<float*>(ring + C::R * C::SLOT);
-    const C c(p, x, w);
+    const C c(p, x, w, nl);
     const int steps = c.steps();
     if (steps == 0) return;
     if constexpr (HT > 0) {
-        wz_run_h<HT, ST>(c, steps, sW, ring, st, (int)threadIdx.x, y, bias, slope);
+        wz_run_h<HT, ST, NL>(c, steps, sW, ring, st, (int)threadIdx.x, y, bias, slope);
     } else {
-        static_assert(!ST, "norm statistics come from the helper's stores only");
+        static_assert(!ST && !NL, "norm statistics and norm loads are the helper's only");
         wz_run(c, steps, sW, ring, st, (int)threadIdx.x, y, bias, slope);
     }
 }
@@ -413,4 +465,14 @@ __device__ __forceinline__ void conv_wz(const ConvParams& p, const half* __restr
     extern "C" __global__ void __launch_bounds__(128 + HT, 1) NAME(ConvParams p, const half* x, const half* w, \
                                                                  const float* bias, half* y, const float* slope) { \
         conv_wz<CIN, NY, ZT, HT, true>(p, x, w, bias, y, slope);                                                \
+    }
+// The `_nl` twin of a WZH entry (`HaloConfig::norm_load`): x is the input of the InstanceNorm /
+// GroupNorm before the conv, normalised and activated on load (`NormLoad`, as `conv1x1_norm_*`
+// takes it): the norm's output is never written.
+#define WZH_NL_ENTRY(NAME, CIN, NY, ZT, HT)                                                          \
+    extern "C" __global__ void __launch_bounds__(128 + HT, 1) NAME(                                  \
+        ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope,   \
+        const float* nab, int x_f32, int nact, float nalpha, const float* nslope, int nslope_n) {     \
+        conv_wz<CIN, NY, ZT, HT, false, true>(p, x, w, bias, y, slope,                               \
+                                              NormLoad{nab, x_f32, nact, nalpha, nslope, nslope_n}); \
     }

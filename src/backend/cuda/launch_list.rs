@@ -263,7 +263,6 @@ fn head_step(
     let hio = NodeIo {
         name: &conv.name,
         oshape: bp.shapes[conv.output],
-        y_f32: false,
         slope,
         slope_n: slope_n(&act),
         act,
@@ -274,9 +273,9 @@ fn head_step(
     };
     let mut steps = conv::build(b, &conv.op, &h.kernel, &hio)?;
     match (steps.pop(), steps.is_empty()) {
-        (Some(head), true) if head.pointwise => Ok(Step::NormHead { norm, head }),
+        (Some(head), true) if head.reads_norm_input() => Ok(Step::NormHead { norm, head }),
         _ => Err(Error::Backend(format!(
-            "node {}: a norm's head must be one pointwise launch",
+            "node {}: a norm's head must be one pointwise or `_nl` launch",
             conv.name
         ))),
     }

@@ -290,3 +290,25 @@ fn architectures_on_the_gpu_without_epilogue_statistics_or_split_convs() {
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
+
+/// The exports' windows with the fusions that are off until measured: convs in Cin chunks and
+/// z-pair convs reading their norm's input (`CudaOptions::cin_chunks`, `norm_load_conv`): the
+/// same bars.
+#[test]
+fn architectures_on_the_gpu_with_cin_chunks_and_norm_load_convs() {
+    if !gpu_present() {
+        return;
+    }
+    let opts = voxtile::internals::cuda::CudaOptions {
+        cin_chunks: true,
+        norm_load_conv: true,
+        ..Default::default()
+    };
+    let mut bad = vec![];
+    for (arch, _) in &index() {
+        for (exporter, model) in exports(arch) {
+            bad.extend(gpu_case(arch, exporter, &model, None, opts));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}

@@ -132,29 +132,106 @@ fn pointwise_heads_read_their_norms_input() {
     assert!(heads(&plan_with(&g, &caps)).is_empty());
 }
 
-/// On the architecture fixtures: every head taken is a pointwise 1x1x1 conv whose only input is
-/// its norm launch's output after the activation, which never gets a buffer. DynUNet's and the
+/// On the architecture fixtures, with and without `norm_load_conv`: every head taken is a
+/// pointwise 1x1x1 conv (or with the switch an `_nl` z-pair conv) whose only input is its norm
+/// launch's output after the activation, which never gets a buffer. DynUNet's and the
 /// nnU-Net-style nets' output blocks (conv, norm, LeakyReLU, 1x1x1 head) take one.
 #[test]
 fn fixture_heads_read_their_norms_input() {
-    let mut taken = Vec::new();
+    let mut taken = [Vec::new(), Vec::new()];
     for (arch, g, w) in crate::common::arch_fixtures() {
-        let bp = buffer_plan(&g, 2, w, &ArchCaps::h200()).unwrap();
-        check_no_alias(&arch, &g, &bp);
-        for l in &bp.launches {
-            let Some(h) = &l.head else { continue };
-            let normed = g.nodes[l.fuse.unwrap_or(l.node)].output;
-            assert!(matches!(
-                g.nodes[l.node].op,
-                Op::InstanceNorm { .. } | Op::GroupNorm { .. }
-            ));
-            assert!(matches!(h.kernel, ConvKernel::Pointwise { .. }), "{arch}");
-            assert_eq!(g.nodes[h.conv].inputs, vec![normed], "{arch}");
-            assert_eq!(bp.value_buf[normed], None, "{arch}");
-            assert_eq!(l.out_v, g.nodes[h.fuse.unwrap_or(h.conv)].output, "{arch}");
-            taken.push(arch.clone());
+        for (k, load) in [false, true].into_iter().enumerate() {
+            let caps = ArchCaps {
+                norm_load_conv: load,
+                ..ArchCaps::h200()
+            };
+            let bp = buffer_plan(&g, 2, w, &caps).unwrap();
+            check_no_alias(&arch, &g, &bp);
+            for l in &bp.launches {
+                let Some(h) = &l.head else { continue };
+                let normed = g.nodes[l.fuse.unwrap_or(l.node)].output;
+                assert!(matches!(
+                    g.nodes[l.node].op,
+                    Op::InstanceNorm { .. } | Op::GroupNorm { .. }
+                ));
+                let nl = matches!(h.kernel, ConvKernel::Halo(c) if c.norm_load);
+                assert!(
+                    matches!(h.kernel, ConvKernel::Pointwise { .. }) || (load && nl),
+                    "{arch}: {:?}",
+                    h.kernel
+                );
+                assert_eq!(g.nodes[h.conv].inputs, vec![normed], "{arch}");
+                assert_eq!(bp.value_buf[normed], None, "{arch}");
+                assert_eq!(l.out_v, g.nodes[h.fuse.unwrap_or(h.conv)].output, "{arch}");
+                taken[k].push(format!("{arch}{}", if nl { " (nl)" } else { "" }));
+            }
         }
     }
-    eprintln!("heads taken: {taken:?}");
-    assert!(!taken.is_empty(), "no fixture's head read its norm's input");
+    eprintln!(
+        "heads taken: {:?}; with norm_load_conv: {:?}",
+        taken[0], taken[1]
+    );
+    assert!(
+        !taken[0].is_empty(),
+        "no fixture's head read its norm's input"
+    );
+}
+
+/// With `norm_load_conv`: a 32 -> 32 3³ conv on the z-pair kernel that alone reads a norm
+/// (after its activation) runs on its `_nl` twin on the norm's input, in the norm's launch; the
+/// norm's and the activation's outputs never get a buffer; the conv's output stays fp32 for the
+/// norm after it. W1 at batches 1 and 4: the second conv of the first encoder stage and of the
+/// last decoder stage, and no other; the constants are the same bytes.
+#[test]
+fn zpair_convs_read_their_norms_input() {
+    let mut r = Rng::tagged("norm load conv plan");
+    let leaky = Op::LeakyRelu { alpha: 0.01 };
+    let g = chain(
+        "z-pair after a norm",
+        32,
+        vec![
+            (conv(&mut r, 32, 32, 3), vec![0], 32),
+            (norm(&mut r, 32), vec![1], 32),
+            (leaky.clone(), vec![2], 32),
+            (conv(&mut r, 32, 32, 3), vec![3], 32),
+            (norm(&mut r, 32), vec![4], 32),
+            (leaky.clone(), vec![5], 32),
+        ],
+    );
+    let on = ArchCaps {
+        norm_load_conv: true,
+        ..ArchCaps::h200()
+    };
+    let bp = plan_with(&g, &on);
+    assert_eq!(heads(&bp), vec![(1, 3, None)]);
+    assert_eq!(bp.launches.len(), 3);
+    let h = bp.launches[1].head.as_ref().unwrap();
+    assert_eq!(h.kernel.funcs(), ["conv_wz_c32_y16_h2_nl"]);
+    assert_eq!((bp.value_buf[2], bp.value_buf[3]), (None, None));
+    assert!(bp.f32_values[1] && bp.f32_values[4]);
+    assert_eq!(bp.launches[1].out_v, 4);
+    assert!(heads(&plan(&g)).is_empty(), "off by default");
+
+    let w1 = crate::common::unet::w1_graph();
+    for batch in [1, 4] {
+        let off = buffer_plan(&w1, batch, [128; 3], &ArchCaps::h200()).unwrap();
+        let bp = buffer_plan(&w1, batch, [128; 3], &on).unwrap();
+        check_no_alias("w1", &w1, &bp);
+        let nl: Vec<_> = bp
+            .launches
+            .iter()
+            .filter_map(|l| l.head.as_ref())
+            .filter(|h| matches!(h.kernel, ConvKernel::Halo(c) if c.norm_load))
+            .map(|h| bp.shapes[w1.nodes[h.conv].output])
+            .collect();
+        assert_eq!(nl, [[32, 128, 128, 128]; 2], "w1 b{batch}");
+        assert_eq!(bp.launches.len(), off.launches.len() - 2);
+        let bytes = |p: &BufferPlan| p.consts.iter().map(|c| c.bytes).sum::<usize>();
+        assert_eq!(bytes(&bp), bytes(&off));
+        eprintln!(
+            "RESULT w1 b{batch} norm-load convs: arena {} -> {} MiB",
+            off.arena >> 20,
+            bp.arena >> 20
+        );
+    }
 }

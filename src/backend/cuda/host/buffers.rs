@@ -9,6 +9,7 @@
 
 use crate::backend::cuda::abi::{alloc_size, elem_bytes, Act, Shape};
 use crate::backend::cuda::host::attention_table::{node_table, terms, uploaded_len};
+use crate::backend::cuda::host::catalogue::norm_load_twin;
 use crate::backend::cuda::host::concat_split::{self, Part, Split};
 use crate::backend::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
 use crate::backend::cuda::host::fusion::{
@@ -386,14 +387,21 @@ impl Walk<'_> {
     }
 
     /// The head that norm node `i` (output `out_v` after its activation) hands its input to,
-    /// where that head runs on the pointwise kernel: its constants listed (after the norm's),
-    /// it and its own activation marked as run.
+    /// where that head runs on the pointwise kernel, or (`caps.norm_load_conv`) on a z-pair
+    /// kernel's `_nl` twin, which it then runs on (the norm's input stored NDHWC, not in a
+    /// concat slice, the conv not split): its constants listed (after the norm's), it and its
+    /// own activation marked as run.
     fn norm_head(&mut self, caps: &ArchCaps, i: usize, out_v: usize) -> Option<NormHead> {
         let j = fusable_norm_head(self.graph, &self.cons, &self.tensor, i, out_v)?;
-        let kernel = ConvKernel::choose(caps, self.batch, &self.conv_geom(j)?);
-        if !matches!(kernel, ConvKernel::Pointwise { .. }) {
-            return None;
-        }
+        let kernel = match ConvKernel::choose(caps, self.batch, &self.conv_geom(j)?) {
+            k @ ConvKernel::Pointwise { .. } => k,
+            ConvKernel::Halo(c) if caps.norm_load_conv => {
+                let x = self.graph.nodes[i].inputs[0];
+                let plain = self.stored[x].ndhwc && !self.in_place[x] && self.splits[j].is_none();
+                ConvKernel::Halo(norm_load_twin(c).filter(|_| plain)?)
+            }
+            _ => return None,
+        };
         let fuse = fusable_activation(self.graph, &self.cons, j);
         let act = fuse.map_or(Act::None, |f| {
             Act::of(&self.graph.nodes[f].op).unwrap_or(Act::None)
@@ -580,8 +588,8 @@ impl Walk<'_> {
 /// The buffer plan of `graph` for `batch` windows of `roi` on a device with `caps`: fp16 NDHWC
 /// activations (fp32 where [`keeps_f32`] says so and `caps.norm_f32`), a following activation fused into conv / norm / affine epilogues, a conv's
 /// residual Add fused into its epilogue ([`fusable_residual`], on kernels that add one), a norm's
-/// pointwise head run on the norm's input ([`fusable_norm_head`]: the norm's output never
-/// exists), convs and
+/// pointwise head (or `_nl` z-pair conv) run on the norm's input ([`fusable_norm_head`]: the
+/// norm's output never exists), convs and
 /// binaries whose only consumer is a channel concat written into its slice (the concat's buffer
 /// taken at its first producer), every other output in a buffer of its own, inputs freed after
 /// their last reader (after the output is placed, so no kernel reads and writes one buffer);
@@ -704,8 +712,12 @@ pub fn buffer_plan(
         }
         let oshape = w.shapes[out_v];
         cmax = cmax.max(oshape[0]);
-        let f32_out =
-            caps.norm_f32 && keeps_f32(graph, &w.cons, &w.tensor, i, out_v, conv.as_ref());
+        // A head writes its conv's output (fp32 where only norms read it, as the conv would).
+        let (wi, wk) = match &head {
+            Some(h) => (h.conv, Some(&h.kernel)),
+            None => (i, conv.as_ref()),
+        };
+        let f32_out = caps.norm_f32 && keeps_f32(graph, &w.cons, &w.tensor, wi, out_v, wk);
         f32_values[out_v] = f32_out;
         let (ob, ldc, coff) = if aliases(graph, &stored, i) {
             let b = w.live[node.inputs[0]].expect("checked live above");

@@ -146,7 +146,12 @@ impl Family {
                 v.extend(UPSAMPLE_VEC.iter().map(|(_, u)| *u));
             }
             Family::ConvHalo => v.extend(HALO_CONFIGS.iter().map(|c| c.name)),
-            Family::ConvWgmma => v.extend(wgmma_all().chain(STATS_TWINS).map(|c| c.name)),
+            Family::ConvWgmma => v.extend(
+                wgmma_all()
+                    .chain(STATS_TWINS)
+                    .chain(NORM_LOAD_TWINS)
+                    .map(|c| c.name),
+            ),
             _ => {}
         }
         v
@@ -479,6 +484,9 @@ pub struct HaloConfig {
     /// statistics of a following InstanceNorm / GroupNorm per output tile
     /// (`ConvParams::stats`, kernels/tile_stats.cuh).
     pub stats: bool,
+    /// An `_nl` twin ([`NORM_LOAD_TWINS`]): the same kernel, whose input is a norm's input,
+    /// normalised and activated on load (`NormLoad` in kernels/common.cuh).
+    pub norm_load: bool,
 }
 
 /// Output voxels of the original halo tile (z, y, x).
@@ -564,9 +572,13 @@ pub fn halo_config(name: &str) -> Option<&'static HaloConfig> {
     halo_all().find(|c| c.name == name)
 }
 
-/// Every halo-tile kernel: the `conv_halo_*` table, the wgmma ones, the `_st` twins.
+/// Every halo-tile kernel: the `conv_halo_*` table, the wgmma ones, the `_st` and `_nl` twins.
 pub fn halo_all() -> impl Iterator<Item = &'static HaloConfig> {
-    HALO_CONFIGS.iter().chain(wgmma_all()).chain(STATS_TWINS)
+    HALO_CONFIGS
+        .iter()
+        .chain(wgmma_all())
+        .chain(STATS_TWINS)
+        .chain(NORM_LOAD_TWINS)
 }
 
 /// A HALO_ENTRY kernel (`conv_halo`): 4x8x8 tile, 2 weight stages, one block per tile, `wm` x
@@ -589,6 +601,7 @@ const fn halo(name: &'static str, cin: usize, bn: usize, wm: usize, wn: usize) -
         zpair: false,
         experiment: false,
         stats: false,
+        norm_load: false,
     }
 }
 
@@ -786,6 +799,7 @@ const fn wg(name: &'static str, cin: usize, bn: usize, tz: usize, wst: usize) ->
         zpair: false,
         experiment: false,
         stats: false,
+        norm_load: false,
     }
 }
 
@@ -931,6 +945,25 @@ pub fn stats_twin(c: &HaloConfig) -> Option<&'static HaloConfig> {
         .find(|t| t.name.strip_suffix("_st") == Some(c.name))
 }
 
+pub const CONV_WZ_C32_Y16_H2_NL: HaloConfig = HaloConfig {
+    name: "conv_wz_c32_y16_h2_nl",
+    norm_load: true,
+    ..CONV_WZ_C32_Y16_H2
+};
+
+/// The halo-tile kernels that read the input of the InstanceNorm / GroupNorm before them,
+/// normalised and activated on load (`CudaOptions::norm_load_conv`): the `_nl` twin of the
+/// z-pair kernel, whose helper's loads do it. The norm then writes no output (as before a
+/// pointwise head: `launch::NormHead`).
+pub const NORM_LOAD_TWINS: &[HaloConfig] = &[CONV_WZ_C32_Y16_H2_NL];
+
+/// The `_nl` twin of halo / wgmma kernel `c`, if it has one.
+pub fn norm_load_twin(c: &HaloConfig) -> Option<&'static HaloConfig> {
+    NORM_LOAD_TWINS
+        .iter()
+        .find(|t| t.name.strip_suffix("_nl") == Some(c.name))
+}
+
 // Experiments (`kernel-experiments`): padded K steps, 8-face tiles, the MMA loop twice (its cost
 // is the difference; the sums are wrong, so never a default). Measured in session 13: padding
 // changes nothing; 8 faces per tile (1 block per SM) is 1.8x slower.
@@ -1044,6 +1077,15 @@ pub fn entry_lines(fam: Family) -> String {
             let ht = c.threads - 128;
             out.push_str(&format!("WZH_ST_ENTRY({name}, {cin}, {ny}, {tz}, {ht})\n"));
         }
+        // The `_nl` twins: the helper's loads normalise a norm's input.
+        for c in NORM_LOAD_TWINS
+            .iter()
+            .filter(|c| c.zpair && c.threads > 128)
+        {
+            let (name, cin, ny, tz) = (c.name, c.cin, c.tile[1], c.tile[0]);
+            let ht = c.threads - 128;
+            out.push_str(&format!("WZH_NL_ENTRY({name}, {cin}, {ny}, {tz}, {ht})\n"));
+        }
         return out;
     }
     for c in HALO_CONFIGS {
@@ -1089,6 +1131,34 @@ mod tests {
             assert!(
                 t.zpair && t.threads > 128,
                 "{}: not the helper's stores",
+                t.name
+            );
+        }
+    }
+
+    /// An `_nl` twin is its base kernel loading a norm's input: the same tile, threads and
+    /// shared memory (so the same launch and weights), a z-pair base with the helper among the
+    /// defaults.
+    #[test]
+    fn norm_load_twins_are_their_bases() {
+        for t in NORM_LOAD_TWINS {
+            let base = WGMMA_CONFIGS
+                .iter()
+                .find(|c| Some(c.name) == t.name.strip_suffix("_nl"))
+                .unwrap_or_else(|| panic!("{}: no default base", t.name));
+            assert!(t.norm_load && !base.norm_load && !t.stats, "{}", t.name);
+            assert_eq!(
+                HaloConfig {
+                    name: base.name,
+                    norm_load: false,
+                    ..*t
+                },
+                *base
+            );
+            assert_eq!(norm_load_twin(base).map(|c| c.name), Some(t.name));
+            assert!(
+                t.zpair && t.threads > 128,
+                "{}: not the helper's loads",
                 t.name
             );
         }

@@ -60,6 +60,9 @@ pub struct ArchCaps {
     /// With `concat_split`, a conv of Cin = k x 32 also runs in 32-channel chunks
     /// (`CudaOptions::cin_chunks`).
     pub cin_chunks: bool,
+    /// A z-pair conv reads the norm before it normalised on load
+    /// (`CudaOptions::norm_load_conv`).
+    pub norm_load_conv: bool,
 }
 
 impl ArchCaps {
@@ -85,6 +88,7 @@ impl ArchCaps {
             norm_stats: true,
             concat_split: true,
             cin_chunks: false,
+            norm_load_conv: false,
         }
     }
 
@@ -111,6 +115,7 @@ impl ArchCaps {
             norm_stats: opts.norm_stats,
             concat_split: opts.concat_split,
             cin_chunks: opts.cin_chunks,
+            norm_load_conv: opts.norm_load_conv,
             head_staged: opts.head_staged,
             conv_tile: opts.conv_tile,
             halo_tile: opts.halo_tile,

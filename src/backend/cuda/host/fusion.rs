@@ -96,9 +96,9 @@ pub fn fusable_residual(
 }
 
 /// Whether norm node `i`'s output (`out_v`: after its fused activation, if any) goes only to a
-/// 1x1x1 conv (stride 1, no pad, one group) that could read the norm's input instead and
-/// normalise it on load; returns that conv node. Whether its kernel does so is the caller's
-/// question (`ConvKernel::Pointwise`).
+/// conv (one group, that one input) that could read the norm's input instead and normalise it
+/// on load; returns that conv node. Whether its kernel does so is the caller's question: a
+/// 1x1x1 head on `ConvKernel::Pointwise`, or a z-pair conv with an `_nl` twin.
 pub fn fusable_norm_head(
     graph: &Graph,
     cons: &[Vec<usize>],
@@ -117,13 +117,7 @@ pub fn fusable_norm_head(
         return None;
     }
     let j = cons[out_v][0];
-    let head = match &graph.nodes[j].op {
-        Op::Conv(c) => {
-            let w = &c.weight.shape;
-            w[2..] == [1, 1, 1] && c.stride == [1; 3] && c.pads == [0; 6] && c.groups == 1
-        }
-        _ => false,
-    };
+    let head = matches!(&graph.nodes[j].op, Op::Conv(c) if c.groups == 1);
     (head && !tensor[j] && graph.nodes[j].inputs == [out_v]).then_some(j)
 }
 

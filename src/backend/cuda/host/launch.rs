@@ -15,7 +15,8 @@ pub struct Launch {
     pub fuse: Option<usize>,
     /// A conv's residual Add fused into its epilogue: (Add node, its other operand).
     pub residual: Option<(usize, usize)>,
-    /// A norm's 1x1x1 head, run on the norm's input normalised on load.
+    /// The conv reading a norm's output (a 1x1x1 head, or an `_nl` z-pair conv), run on the
+    /// norm's input normalised on load.
     pub head: Option<NormHead>,
     /// A conv over a channel concat run one launch per part ([`concat_split`](super::concat_split)): the part this
     /// launch reads (the conv node's own input, the concat, is never written).
@@ -62,11 +63,14 @@ impl Launch {
     }
 }
 
-/// The 1x1x1 conv that reads a norm launch's normalised input ([`fusable_norm_head`](super::fusion::fusable_norm_head)): the
-/// norm writes no output, its statistics go to the head, which normalises on load.
+/// The conv that reads a norm launch's normalised input ([`fusable_norm_head`](super::fusion::fusable_norm_head)): the
+/// norm writes no output, its statistics go to the head, which normalises on load. A 1x1x1
+/// conv on the pointwise kernel, or (`CudaOptions::norm_load_conv`) a z-pair conv on its `_nl`
+/// twin.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NormHead {
-    /// The conv node, the activation node fused into it, and its kernel (`Pointwise`).
+    /// The conv node, the activation node fused into it, and its kernel (`Pointwise`, or the
+    /// `_nl` twin as `Halo`).
     pub conv: usize,
     pub fuse: Option<usize>,
     pub kernel: ConvKernel,

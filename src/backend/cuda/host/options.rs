@@ -65,6 +65,11 @@ pub struct CudaOptions {
     /// 32-channel tiles), the later ones adding to the fp32 output (W1's Cin-64 and Cin-128
     /// convs at 64³ and 32³). Off until measured.
     pub cin_chunks: bool,
+    /// With `norm_head`: a z-pair conv (`conv_wz_*`) that alone reads an InstanceNorm /
+    /// GroupNorm (after its activation) also reads the norm's input, normalised and activated
+    /// on load (its `_nl` twin), so the norm's output is never written: W1's second conv at
+    /// 128³ in the encoder and in the decoder. Off until measured.
+    pub norm_load_conv: bool,
     /// Replay each batch's launch list as a CUDA graph (`launch_list::Graphs`) rather than
     /// launching its steps one by one (the same kernels on the same buffers either way).
     pub graphs: bool,
@@ -91,6 +96,7 @@ impl Default for CudaOptions {
             norm_stats: true,
             concat_split: true,
             cin_chunks: false,
+            norm_load_conv: false,
             graphs: true,
         }
     }

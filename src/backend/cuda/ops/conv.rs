@@ -367,6 +367,13 @@ pub(crate) fn normed_func(func: &str) -> Option<&'static str> {
 }
 
 impl ConvStep {
+    /// Whether it can run on a norm's input ([`launch_normed`](Self::launch_normed)): a
+    /// pointwise head with a `conv1x1_norm_*` twin, or an `_nl` z-pair kernel.
+    pub fn reads_norm_input(&self) -> bool {
+        (self.pointwise && normed_func(self.func).is_some())
+            || halo_config(self.func).is_some_and(|c| c.norm_load)
+    }
+
     /// The arguments every conv kernel takes first, with `p` and input `x`.
     fn args(&self, p: ConvParams, x: u64) -> [Arg; 6] {
         [
@@ -379,9 +386,10 @@ impl ConvStep {
         ]
     }
 
-    /// Launches a pointwise head on the input of the norm `a` (its input pointer, type and
-    /// activation) for `n` samples, normalising on load with the (a, b) pairs at `ab`
-    /// (`conv1x1_norm_*`): the norm's output is never written.
+    /// Launches the conv on the input of the norm `a` (its input pointer, type and activation)
+    /// for `n` samples, normalising on load with the (a, b) pairs at `ab`: a pointwise head
+    /// on its `conv1x1_norm_*` twin, or an `_nl` z-pair kernel. The norm's output is never
+    /// written.
     pub fn launch_normed(
         &self,
         gpu: &Gpu,
@@ -390,16 +398,26 @@ impl ConvStep {
         ab: u64,
         a: &Affine,
     ) -> Result<()> {
-        let func = normed_func(self.func).ok_or_else(|| {
-            Error::Backend(format!(
-                "{}: only the pointwise heads read a norm's input",
+        if !self.reads_norm_input() {
+            return Err(Error::Backend(format!(
+                "{}: only the pointwise heads and the `_nl` kernels read a norm's input",
                 self.func
-            ))
-        })?;
+            )));
+        }
         let mut p = self.p;
         p.n = n as i32;
-        let m = n * (p.do_ * p.ho * p.wo) as usize;
-        let grid = (pointwise_blocks(gpu, m), 1, 1);
+        let out = [p.do_ as usize, p.ho as usize, p.wo as usize];
+        let (func, grid) = match halo_config(self.func) {
+            Some(c) => {
+                let blocks = c.grid(n, out, gpu.sm_count as usize);
+                (self.func, (blocks, c.cout_tiles(p.cout as usize), 1))
+            }
+            None => {
+                let m = n * out.iter().product::<usize>();
+                let func = normed_func(self.func).expect("checked by reads_norm_input");
+                (func, (pointwise_blocks(gpu, m), 1, 1))
+            }
+        };
         let [a0, a1, a2, a3, a4, a5] = self.args(p, a.x);
         gpu.launch(
             s,

@@ -395,7 +395,8 @@ fn bench_halo_variants() {
 /// times the forward again with fp16 norm inputs (`CudaOptions::norm_f32` off) in the same
 /// run: the cost of the fp32 ones, and their activation bytes; and with the fusions on by
 /// default (`CudaOptions::norm_stats`, `concat_split`) switched off, alone and together, with
-/// the per-op profile of both off (`PROFST`); and with `cin_chunks` on (`PROFCH`).
+/// the per-op profile of both off (`PROFST`); and with `cin_chunks` (`PROFCH`), `norm_load_conv`
+/// (`PROFNL`) and both on.
 #[test]
 fn profile_models() {
     let Some(mut b) = gpu() else { return };
@@ -487,10 +488,10 @@ fn profile_models() {
         assert!(arena >= arena16);
         // The fusions the defaults run, each switched off alone and both (the per-op profile
         // of both off, `PROFST`): the norms' statistics from the convs' epilogues, the convs
-        // over a concat per part; and the convs in Cin chunks, off by default (its per-op
-        // profile `PROFCH`).
+        // over a concat per part; and the fusions off by default: the convs in Cin chunks
+        // (`PROFCH`), the z-pair convs reading their norm's input (`PROFNL`), both.
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
-        let variants: [Switch; 4] = [
+        let variants: [Switch; 6] = [
             (
                 "without norm statistics in the conv epilogues",
                 |o| o.norm_stats = false,
@@ -506,6 +507,16 @@ fn profile_models() {
                 Some("PROFST"),
             ),
             ("with cin chunks", |o| o.cin_chunks = true, Some("PROFCH")),
+            (
+                "with norm-load convs",
+                |o| o.norm_load_conv = true,
+                Some("PROFNL"),
+            ),
+            (
+                "with cin chunks and norm-load convs",
+                |o| (o.cin_chunks, o.norm_load_conv) = (true, true),
+                None,
+            ),
         ];
         for (what, set, tag) in variants {
             b.with(set);
@@ -520,8 +531,8 @@ fn profile_models() {
             }
             b.with(|o| {
                 let d = CudaOptions::default();
-                (o.norm_stats, o.concat_split, o.cin_chunks) =
-                    (d.norm_stats, d.concat_split, d.cin_chunks);
+                (o.norm_stats, o.concat_split) = (d.norm_stats, d.concat_split);
+                (o.cin_chunks, o.norm_load_conv) = (d.cin_chunks, d.norm_load_conv);
             });
             let dev = max_abs_diff(&ys, &y);
             println!(

@@ -193,3 +193,126 @@ fn heads_normalise_their_input_on_load() {
         |_| {},
     );
 }
+
+/// With `norm_load_conv`: x -> conv 3³ `cin` -> 32 -> norm (`groups`) -> `act` -> z-pair conv
+/// 32 -> `cout` (its `_nl` twin on the norm's input) -> `tail` on a batch of 2 whose outputs end
+/// inside a tile on every axis: against float64, and bit for bit the plan without the switch
+/// (the norm's affine pass rounds to fp16, and so does the load). Cin 32 hands the norm its
+/// statistics from the first conv's epilogue; Cin 16 leaves them to the norm's own pass.
+#[test]
+fn zpair_convs_normalise_their_input_on_load() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("norm load conv");
+    let wz = cat::has_wgmma(b.arch());
+    let leaky = Op::LeakyRelu { alpha: 0.01 };
+    let slope = Tensor::new(vec![32], r.scaled(32, 0.3));
+    // (name, Cin, norm groups, activation, Cout, what follows the z-pair conv, fp32 norm input)
+    type Case = (&'static str, usize, usize, Op, usize, &'static str, bool);
+    let cases: [Case; 4] = [
+        (
+            "32 IN leaky -> 32 IN",
+            32,
+            32,
+            leaky.clone(),
+            32,
+            "norm",
+            true,
+        ),
+        (
+            "16 IN leaky -> 32 IN",
+            16,
+            32,
+            leaky.clone(),
+            32,
+            "norm",
+            true,
+        ),
+        (
+            "32 IN leaky -> 32 fp16 in",
+            32,
+            32,
+            leaky.clone(),
+            32,
+            "relu",
+            false,
+        ),
+        (
+            "32 GN4 prelu -> 20 relu",
+            32,
+            4,
+            Op::PRelu { slope },
+            20,
+            "relu",
+            true,
+        ),
+    ];
+    for (name, cin, groups, act, cout, tail, f32_in) in cases {
+        let sp = [17usize, 18, 9];
+        let x = input2(&mut r, cin, sp);
+        let w1 = weight3(&mut r, 32, cin);
+        let b1 = Tensor::new(
+            vec![32],
+            r.scaled(32, 0.5).iter().map(|v| v + 4.0).collect(),
+        );
+        let (g1, s1) = (
+            Tensor::new(vec![32], r.scaled(32, 1.0)),
+            Tensor::new(vec![32], r.scaled(32, 0.5)),
+        );
+        let w2 = weight3(&mut r, cout, 32);
+        let b2 = Tensor::new(vec![cout], r.scaled(cout, 0.5));
+        let (g2, s2) = (
+            Tensor::new(vec![cout], r.scaled(cout, 1.0)),
+            Tensor::new(vec![cout], r.scaled(cout, 0.5)),
+        );
+        let norm1 = Op::GroupNorm {
+            groups,
+            eps: 1e-5,
+            scale: g1.clone(),
+            bias: s1.clone(),
+        };
+        let mid = norm_ref(&conv_ref(&x, &w1, Some(&b1), PAD1), groups, 1e-5, &g1, &s1)
+            .map(|ch, v| act_ref(&act, ch, v));
+        let y = conv_ref(&mid, &w2, Some(&b2), PAD1);
+        let mut nodes = vec![
+            (hand::conv(w1, Some(b1), 1), vec![0], 32),
+            (norm1, vec![1], 32),
+            (act, vec![2], 32),
+            (hand::conv(w2, Some(b2), 1), vec![3], cout),
+        ];
+        let want = if tail == "norm" {
+            nodes.push((hand::instance_norm(g2.clone(), s2.clone()), vec![4], cout));
+            norm_ref(&y, cout, 1e-5, &g2, &s2)
+        } else {
+            nodes.push((Op::Relu, vec![4], cout));
+            y.map(|_, v| v.max(0.0))
+        };
+        let g = graph(cin, nodes);
+        let set = |o: &mut CudaOptions, load: bool| {
+            *o = CudaOptions::default();
+            o.poison = true;
+            o.norm_f32 = f32_in;
+            o.norm_load_conv = load;
+        };
+        b.with(|o| set(o, true));
+        let got = run(&mut b, &g, &x, 2);
+        let used = kernels_used(&mut b, 2);
+        if wz {
+            assert!(
+                used.iter().any(|k| k == "conv_wz_c32_y16_h2_nl"),
+                "{name}: ran {used:?}, expected the z-pair conv on its `_nl` twin"
+            );
+        }
+        report(name, rel_l2(&got, &want));
+        let again = run(&mut b, &g, &x, 2);
+        assert!(same_bits(&got, &again), "{name}: two runs differ");
+        b.with(|o| set(o, false));
+        let apart = run(&mut b, &g, &x, 2);
+        let differ = got.iter().zip(&apart).filter(|(a, c)| a != c).count();
+        println!("RESULT norm-load conv {name:<40} {differ} values differ from the two launches");
+        assert_eq!(
+            differ, 0,
+            "{name}: fused and unfused differ in {differ} values"
+        );
+    }
+    b.with(|o| *o = CudaOptions::default());
+}
