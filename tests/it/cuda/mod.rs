@@ -9,3 +9,4 @@ mod kernels_compile;
 mod norm_f32_plan;
 mod ops;
 mod tensor;
+mod wz_emulation;

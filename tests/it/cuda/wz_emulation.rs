@@ -1,0 +1,414 @@
+//! CPU emulation of the z-pair conv's index math (kernels/conv_wgmma_z.cu, `conv_wz_*_h2` and
+//! its `_nl` twin), no GPU: the persistent blocks' tiles and steps, the weight blocks
+//! (`load_w`), the ring of two-plane slots (`load_slot`: a channel slice of a wider input,
+//! `ConvParams::ldi`; or `load_normed`: a norm's input normalised on load), each step's wgmma
+//! operands through their descriptors (no-swizzle core matrices), the staged planes and the
+//! helper's stores (`put`, adding to the output where the launch accumulates), over Cout tiles
+//! (grid.y). Each launch writes every output element once; the launches of a conv in Cin
+//! chunks sum to a direct float64 conv. The values are small integers, so every sum is exact.
+
+use voxtile::internals::cuda::host::catalogue::{HaloConfig, CONV_WZ_C32_Y16_H2};
+use voxtile::internals::cuda::host::relayout::relayout_weight;
+
+const CIN: usize = 32;
+const CPV: usize = CIN / 8;
+const KS: usize = CIN / 16;
+const TX: usize = 8;
+const R: usize = 5;
+const BLK: usize = 32 * 8;
+/// The helper's threads (`_h2`: two warpgroups).
+const NT: usize = 256;
+
+/// One launch: input dims (per sample, NDHWC with `ldi` channels, the launch's 32 from `x_coff`
+/// on), the output's dims and Cout, begin pads, and whether it adds to the output.
+#[derive(Clone, Copy)]
+struct Launch {
+    n: usize,
+    di: [usize; 3],
+    ldi: usize,
+    x_coff: usize,
+    out: [usize; 3],
+    cout: usize,
+    pads: [usize; 3],
+    accum: bool,
+}
+
+/// A norm's (a, b) pairs per (sample, channel of the `ldi`), with a LeakyReLU (`_nl`).
+struct NormIn<'a> {
+    ab: &'a [(f64, f64)],
+    alpha: f64,
+}
+
+fn f16r(v: f64) -> f64 {
+    half::f16::from_f64(v).to_f64()
+}
+
+/// The norm's output value as `norm_load1` gives it: act(v * a + b) rounded to fp16 (the
+/// fp32 rounding of v * a + b does not arise: the test's values are exact in fp32).
+fn norm_load(v: f64, (a, b): (f64, f64), alpha: f64) -> f64 {
+    let u = v * a + b;
+    f16r(if u >= 0.0 { u } else { alpha * u })
+}
+
+/// Runs launch `l` of the z-pair kernel `c` on `sms` SMs: weights `wh` ([Cout_pad][kpad], tap
+/// major), bias, input x (the whole `ldi`-channel tensor), output y (fp32, Cout channels).
+/// Returns how often each output element was written.
+#[allow(clippy::too_many_arguments)]
+fn run(
+    c: &HaloConfig,
+    l: Launch,
+    sms: usize,
+    wh: &[f64],
+    kpad: usize,
+    bias: Option<&[f64]>,
+    x: &[f64],
+    norm: Option<&NormIn>,
+    y: &mut [f64],
+) -> Vec<u32> {
+    let [zt, ny] = [c.tile[0], c.tile[1]];
+    let (hx, hy) = (TX + 2, ny + 2);
+    let hp = hx * hy;
+    let nn = TX * ny;
+    let h = zt / 2;
+    let slot = CPV * 2 * hp * 8;
+    let wn = (9 * CPV * 4 + 1) * BLK;
+    let [dout, hout, wout] = l.out;
+    let (ntx, nty, ntz) = (wout.div_ceil(TX), hout.div_ceil(ny), dout.div_ceil(zt));
+    let ntiles = l.n * ntz * nty * ntx;
+    assert_eq!(ntiles, c.tiles(l.n, l.out));
+    let grid = c.grid(l.n, l.out, sms) as usize;
+    let mut hits = vec![0u32; y.len()];
+    // tile_origin: x fastest, then y, z, sample.
+    let origin = |t: usize| {
+        let (tx, r) = (t % ntx, t / ntx);
+        let (ty, r) = (r % nty, r / nty);
+        let (tz, n) = (r % ntz, r / ntz);
+        (n, tz * zt, ty * ny, tx * TX)
+    };
+    for by in 0..c.cout_tiles(l.cout) as usize {
+        let nb0 = by * 32;
+        for bx in 0..grid {
+            if bx >= ntiles {
+                continue;
+            }
+            let steps = (ntiles - 1 - bx) / grid * h + h;
+            // load_w: block i = (dy dx, group) * 4 + 3 - kz, zero for kz 3 and the last.
+            let mut sw = vec![0.0; wn];
+            for idx in 0..(9 * CPV * 4 + 1) * 32 {
+                let (co, r) = (idx % 32, idx / 32);
+                let (b, r2) = (r % 4, r / 4);
+                let (g, yx) = (r2 % CPV, r2 / CPV);
+                let kz = 3 - b as i64;
+                if kz > 2 || yx >= 9 || nb0 + co >= l.cout {
+                    continue;
+                }
+                let src = (nb0 + co) * kpad + (kz as usize * 9 + yx) * CIN + g * 8;
+                sw[idx * 8..idx * 8 + 8].copy_from_slice(&wh[src..src + 8]);
+            }
+            let mut ring = vec![f64::NAN; R * slot];
+            let load_slot = |ring: &mut [f64], at: usize, t: usize, k: usize| {
+                let (n, oz0, oy0, ox0) = origin(t);
+                let iz0 = (oz0 + 2 * k) as i64 - l.pads[0] as i64;
+                let iy0 = oy0 as i64 - l.pads[1] as i64;
+                let ix0 = ox0 as i64 - l.pads[2] as i64;
+                let s = &mut ring[at * slot..(at + 1) * slot];
+                for idx in 0..2 * hp * CPV {
+                    let (g, vv) = (idx % CPV, idx / CPV);
+                    let (pl, v) = (vv / hp, vv % hp);
+                    let (yy, xx) = (v / hx, v % hx);
+                    let (iz, iy, ix) = (iz0 + pl as i64, iy0 + yy as i64, ix0 + xx as i64);
+                    let inside = [iz, iy, ix]
+                        .iter()
+                        .zip(l.di)
+                        .all(|(&i, d)| (0..d as i64).contains(&i));
+                    let dst = ((g * 2 + pl) * hp + v) * 8;
+                    // `load_normed`: the thread's channel group is fixed (NT % CPV == 0).
+                    assert_eq!((idx % NT) % CPV, g);
+                    for q in 0..8 {
+                        s[dst + q] = if inside {
+                            let vox = ((n * l.di[0] + iz as usize) * l.di[1] + iy as usize)
+                                * l.di[2]
+                                + ix as usize;
+                            let ch = l.x_coff + g * 8 + q;
+                            let v = x[vox * l.ldi + ch];
+                            match norm {
+                                Some(nl) => norm_load(v, nl.ab[n * l.ldi + ch], nl.alpha),
+                                None => v,
+                            }
+                        } else {
+                            0.0
+                        };
+                    }
+                }
+            };
+            let load_step = |ring: &mut [f64], s: usize| {
+                let (ti, j) = (s / h, s % h);
+                let t = bx + ti * grid;
+                let k0 = if j == 0 { 0 } else { j + 1 };
+                for k in k0..=j + 1 {
+                    load_slot(ring, (ti * (h + 1) + k) % R, t, k);
+                }
+            };
+            // mma_step: acc[m][v] over 4 input planes x 9 (dy, dx) x KS k16 steps, A and B
+            // read through their descriptors (A: K step 4 blocks, M step 8 rows of 16 bytes;
+            // B: K step two planes of the slot, N step a halo row).
+            let mma = |ring: &[f64], s: usize| {
+                let (ti, j) = (s / h, s % h);
+                let q0 = ti * (h + 1) + j;
+                let mut acc = vec![0.0; 64 * nn];
+                for u in 0..4 {
+                    let db = ((q0 + u / 2) % R) * slot + (u % 2) * hp * 8;
+                    for yx in 0..9 {
+                        for ks in 0..KS {
+                            let da = ((yx * CPV + 2 * ks) * 4 + 3 - u) * BLK;
+                            let dbt = db + (4 * ks * hp + (yx / 3) * hx + yx % 3) * 8;
+                            for k in 0..16 {
+                                // B's row k (N voxels), then A's column k against it.
+                                let brow: Vec<f64> = (0..nn)
+                                    .map(|v| {
+                                        let at = dbt + (k / 8) * 2 * hp * 8 + (v / 8) * hx * 8;
+                                        ring[at + (v % 8) * 8 + k % 8]
+                                    })
+                                    .collect();
+                                assert!(
+                                    brow.iter().all(|b| !b.is_nan()),
+                                    "a wgmma read a slot never loaded"
+                                );
+                                for m in 0..64 {
+                                    let a = sw[da
+                                        + (m / 8) * 64
+                                        + (m % 8) * 8
+                                        + (k / 8) * 4 * BLK
+                                        + k % 8];
+                                    if a != 0.0 {
+                                        let row = &mut acc[m * nn..(m + 1) * nn];
+                                        for (o, b) in row.iter_mut().zip(&brow) {
+                                            *o += a * b;
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                acc
+            };
+            // put: the staged planes (row m = plane * 32 + co, + bias), thread t's x and
+            // 8-channel piece fixed, row (plane, y) = warp + 8k.
+            let mut put = |acc: &[f64], s: usize| {
+                let (ti, j) = (s / h, s % h);
+                let (n, oz0, oy0, ox0) = origin(bx + ti * grid);
+                for t in 0..NT {
+                    let (warp, xq, c0) = (t >> 5, (t >> 2) & 7, (t & 3) * 8);
+                    let (ox, ch) = (ox0 + xq, nb0 + c0);
+                    if ox >= wout || ch >= l.cout {
+                        continue;
+                    }
+                    for k in 0..2 * ny / (NT / 32) {
+                        let r = warp + NT / 32 * k;
+                        let (pl, yy) = (r / ny, r % ny);
+                        let (oz, oy) = (oz0 + 2 * j + pl, oy0 + yy);
+                        if oz >= dout || oy >= hout {
+                            continue;
+                        }
+                        let dst = (((n * dout + oz) * hout + oy) * wout + ox) * l.cout + ch;
+                        for q in 0..8.min(l.cout - ch) {
+                            let co = c0 + q;
+                            let b = bias.map_or(0.0, |b| b[nb0 + co]);
+                            let v = acc[(pl * 32 + co) * nn + yy * 8 + xq] + b;
+                            y[dst + q] = if l.accum { y[dst + q] + v } else { v };
+                            hits[dst + q] += 1;
+                        }
+                    }
+                }
+            };
+            // The block's order: the weights and steps 0, 1 loaded, step 0's wgmmas; then per
+            // step s, step s + 2's slots, step s + 1's wgmmas, step s's stores.
+            load_step(&mut ring, 0);
+            load_step(&mut ring, 1);
+            let mut cur = mma(&ring, 0);
+            for s in 0..steps {
+                if s + 2 < steps {
+                    load_step(&mut ring, s + 2);
+                }
+                let next = (s + 1 < steps).then(|| mma(&ring, s + 1));
+                put(&cur, s);
+                if let Some(a) = next {
+                    cur = a;
+                }
+            }
+        }
+    }
+    hits
+}
+
+/// A direct float64 conv, 3³, stride 1: x NDHWC (`ldi` channels, `cin` from `x_coff`), w
+/// [cout][cin_total][27], output NDHWC.
+#[allow(clippy::too_many_arguments)]
+fn direct(
+    x: &[f64],
+    n: usize,
+    di: [usize; 3],
+    ldi: usize,
+    w: &[f64],
+    cin: usize,
+    bias: &[f64],
+    out: [usize; 3],
+    pads: [usize; 3],
+) -> Vec<f64> {
+    let cout = bias.len();
+    let mut y = vec![0.0; n * out.iter().product::<usize>() * cout];
+    for s in 0..n {
+        for oz in 0..out[0] {
+            for oy in 0..out[1] {
+                for ox in 0..out[2] {
+                    let o = ((s * out[0] + oz) * out[1] + oy) * out[2] + ox;
+                    for co in 0..cout {
+                        let mut acc = bias[co];
+                        for t in 0..27 {
+                            let (kz, ky, kx) = (t / 9, (t / 3) % 3, t % 3);
+                            let iz = (oz + kz) as i64 - pads[0] as i64;
+                            let iy = (oy + ky) as i64 - pads[1] as i64;
+                            let ix = (ox + kx) as i64 - pads[2] as i64;
+                            let inside = [iz, iy, ix]
+                                .iter()
+                                .zip(di)
+                                .all(|(&i, d)| (0..d as i64).contains(&i));
+                            if !inside {
+                                continue;
+                            }
+                            let vox = ((s * di[0] + iz as usize) * di[1] + iy as usize) * di[2]
+                                + ix as usize;
+                            for ci in 0..cin {
+                                acc += x[vox * ldi + ci] * w[(co * cin + ci) * 27 + t];
+                            }
+                        }
+                        y[o * cout + co] = acc;
+                    }
+                }
+            }
+        }
+    }
+    y
+}
+
+/// Small integers (exact through fp16 products and fp64 sums).
+fn ints(len: usize, seed: usize, m: usize) -> Vec<f64> {
+    (0..len)
+        .map(|i| ((i * 7919 + seed * 104729) % m) as f64 - (m / 2) as f64)
+        .collect()
+}
+
+/// The weights of input channels [off, off + 32) of `w` ([cout][cin][27]) as the z-pair
+/// kernel's launch uploads them (`cin_slice`, then the mma layout [Cout_pad][kpad], tap major).
+fn chunk_weights(w: &[f64], cout: usize, cin: usize, off: usize) -> (Vec<f64>, usize) {
+    let sliced: Vec<f32> = (0..cout)
+        .flat_map(|co| (off..off + CIN).flat_map(move |ci| (0..27).map(move |t| (co, ci, t))))
+        .map(|(co, ci, t)| w[(co * cin + ci) * 27 + t] as f32)
+        .collect();
+    let (wh, kpad) = relayout_weight(
+        &sliced,
+        &[cout, CIN, 3, 3, 3],
+        1,
+        false,
+        cout.div_ceil(64) * 64,
+    );
+    (wh.iter().map(|v| v.to_f64()).collect(), kpad)
+}
+
+/// A conv of Cin `cin` (a multiple of 32) as `cin / 32` chunk launches, the first with the bias
+/// and the later adding: every launch writes each output once, and the sum is the direct
+/// conv's, over partial tiles on every axis, Cout tiles (a partial last one), several tiles per
+/// block (ring slots reused across tile changes), same and valid padding.
+#[test]
+fn zpair_chunks_sum_to_the_conv() {
+    let c = &CONV_WZ_C32_Y16_H2;
+    // (samples, input dims, Cin, Cout, pads, SMs)
+    type Case = (usize, [usize; 3], usize, usize, [usize; 3], usize);
+    let cases: [Case; 3] = [
+        (1, [19, 17, 10], 64, 40, [1, 1, 1], 3),
+        (1, [18, 20, 9], 96, 32, [0, 0, 0], 2),
+        (2, [5, 3, 17], 32, 12, [1, 1, 1], 132),
+    ];
+    for (n, di, cin, cout, pads, sms) in cases {
+        let out: [usize; 3] = std::array::from_fn(|a| di[a] + 2 * pads[a] - 2);
+        let x = ints(n * di.iter().product::<usize>() * cin, 1, 9);
+        let w = ints(cout * cin * 27, 2, 7);
+        let bias = ints(cout, 3, 11);
+        let want = direct(&x, n, di, cin, &w, cin, &bias, out, pads);
+        let mut y = vec![f64::NAN; want.len()];
+        for k in 0..cin / CIN {
+            let (wh, kpad) = chunk_weights(&w, cout, cin, k * CIN);
+            let l = Launch {
+                n,
+                di,
+                ldi: cin,
+                x_coff: k * CIN,
+                out,
+                cout,
+                pads,
+                accum: k > 0,
+            };
+            let b = (k == 0).then_some(bias.as_slice());
+            let hits = run(c, l, sms, &wh, kpad, b, &x, None, &mut y);
+            assert!(
+                hits.iter().all(|&h| h == 1),
+                "chunk {k}: an output written {} times",
+                hits.iter().max().unwrap()
+            );
+        }
+        let bad = y.iter().zip(&want).filter(|(a, b)| a != b).count();
+        assert_eq!(bad, 0, "Cin {cin} -> {cout} {di:?}: {bad} outputs differ");
+    }
+}
+
+/// The `_nl` twin: the slots hold the norm's output values (act(v * a + b) per sample and
+/// channel, rounded to fp16), zeros outside the input; the conv of those is the direct conv of
+/// the norm's output.
+#[test]
+fn zpair_normed_loads_are_the_norms_output() {
+    let c = &CONV_WZ_C32_Y16_H2;
+    let (n, di, cout, pads) = (2usize, [17usize, 18, 9], 32usize, [1usize; 3]);
+    let out: [usize; 3] = std::array::from_fn(|a| di[a] + 2 * pads[a] - 2);
+    let x = ints(n * di.iter().product::<usize>() * CIN, 4, 13);
+    // a = 2^-k and b a multiple of 1/4: v * a + b exact, the activation's 1/4 exact.
+    let ab: Vec<(f64, f64)> = (0..n * CIN)
+        .map(|i| {
+            (
+                1.0 / (1 << (i % 3)) as f64,
+                ((i * 5) % 9) as f64 / 4.0 - 1.0,
+            )
+        })
+        .collect();
+    let nl = NormIn {
+        ab: &ab,
+        alpha: 0.25,
+    };
+    let normed: Vec<f64> = x
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let (s, ch) = (i / (x.len() / n), i % CIN);
+            norm_load(v, ab[s * CIN + ch], nl.alpha)
+        })
+        .collect();
+    let w = ints(cout * CIN * 27, 5, 7);
+    let bias = ints(cout, 6, 11);
+    let want = direct(&normed, n, di, CIN, &w, CIN, &bias, out, pads);
+    let (wh, kpad) = chunk_weights(&w, cout, CIN, 0);
+    let l = Launch {
+        n,
+        di,
+        ldi: CIN,
+        x_coff: 0,
+        out,
+        cout,
+        pads,
+        accum: false,
+    };
+    let mut y = vec![f64::NAN; want.len()];
+    let hits = run(c, l, 4, &wh, kpad, Some(&bias), &x, Some(&nl), &mut y);
+    assert!(hits.iter().all(|&h| h == 1));
+    let bad = y.iter().zip(&want).filter(|(a, b)| a != b).count();
+    assert_eq!(bad, 0, "{bad} outputs differ");
+}
