@@ -31,7 +31,6 @@ fn cat(parts: &[&T]) -> T {
 fn conv_over_a_concat_per_part() {
     let Some(mut b) = gpu() else { return };
     let mut r = Rng::tagged("concatsplit");
-    let wz = cat::has_wgmma(b.arch());
     let c = 32;
     // (name, concat inputs among [x = 0, a = 1, b = 2], Cout, groups, spatial)
     type Case = (&'static str, &'static [usize], usize, usize, [usize; 3]);
@@ -59,27 +58,12 @@ fn conv_over_a_concat_per_part() {
         let cin = parts.len() * c;
         let wc = weight3(&mut r, cout, cin);
         let bc = Tensor::new(vec![cout], vec![4.0; cout]);
-        let scale = Tensor::new(vec![cout], r.scaled(cout, 1.0));
-        let shift = Tensor::new(vec![cout], r.scaled(cout, 0.5));
-        let norm = Op::GroupNorm {
-            groups,
-            eps: 1e-5,
-            scale: scale.clone(),
-            bias: shift.clone(),
-        };
-        let leaky = Op::LeakyRelu { alpha: 0.01 };
+        let tail = Tail::new(&mut r, cout, groups);
         let va = conv_ref(&x, &wa, Some(&ba), PAD1).map(|_, v| v.max(0.0));
         let vb = conv_ref(&x, &wb, None, PAD1);
         let vals = [&x, &va, &vb];
         let xc = cat(&parts.iter().map(|&p| vals[p]).collect::<Vec<_>>());
-        let want = norm_ref(
-            &conv_ref(&xc, &wc, Some(&bc), PAD1),
-            groups,
-            1e-5,
-            &scale,
-            &shift,
-        )
-        .map(|ch, v| act_ref(&leaky, ch, v));
+        let want = tail.reference(&conv_ref(&xc, &wc, Some(&bc), PAD1));
         let conv = |w: Tensor, bias| crate::common::graph::conv(w, bias, 1);
         // Values: 0 x, 1 conv a, 2 ReLU, 3 conv b, 4 concat, 5 conv, 6 norm, 7 LeakyReLU.
         let ids = [0, 2, 3];
@@ -95,46 +79,23 @@ fn conv_over_a_concat_per_part() {
                     cin,
                 ),
                 (conv(wc, Some(bc)), vec![4], cout),
-                (norm, vec![5], cout),
-                (leaky, vec![6], cout),
+                (tail.norm.clone(), vec![5], cout),
+                (tail.leaky.clone(), vec![6], cout),
             ],
         );
         b.with(|o| o.concat_split = false);
         let whole = run(&mut b, &g, &x, 2);
-        for stats in [false, true] {
-            b.with(|o| {
-                o.concat_split = true;
-                o.norm_stats = stats;
-            });
-            let got = run(&mut b, &g, &x, 2);
-            let used = kernels_used(&mut b, 2);
-            let want_k = if stats {
-                "conv_wz_c32_y16_h2_st"
-            } else {
-                "conv_wz_c32_y16_h2"
-            };
-            if wz {
-                let n = used
-                    .iter()
-                    .filter(|k| k.starts_with("conv_wz_c32_y16_h2"))
-                    .count();
-                assert!(
-                    n >= 1 && used.iter().any(|k| k == want_k),
-                    "{name}: ran {used:?}, expected the parts on {want_k}"
-                );
-            }
-            let again = run(&mut b, &g, &x, 2);
-            assert!(same_bits(&got, &again), "{name}: two runs differ");
-            let (e, e_whole) = (rel_l2(&got, &want), rel_l2(&whole, &want));
-            let dev = max_abs_diff(&got, &whole);
-            let label = format!("{name}{}", if stats { " +stats" } else { "" });
-            println!(
-                "RESULT concat split {label:<52} rel L2 {e:.2e} (whole {e_whole:.2e}), max |diff| {dev:.2e}"
-            );
-            report(&label, e);
-            // The same sums in another order, rounded to fp16 at the output.
-            assert!(dev < 2e-2, "{label}: {dev} from the conv run whole");
-        }
+        let on = |o: &mut CudaOptions| o.concat_split = true;
+        let ran = |used: &[String], k: &str| used.iter().any(|u| u == k);
+        split_runs(
+            &mut b,
+            "concat split",
+            name,
+            (&g, &x),
+            (&want, &whole),
+            on,
+            ran,
+        );
     }
     b.with(|o| {
         o.concat_split = false;
@@ -150,7 +111,6 @@ fn conv_over_a_concat_per_part() {
 fn conv_in_cin_chunks() {
     let Some(mut b) = gpu() else { return };
     let mut r = Rng::tagged("cinchunks");
-    let wz = cat::has_wgmma(b.arch());
     // (name, Cin of x, concat [a = ReLU(conv 32 -> 64 of x), x] first, Cout, groups, spatial)
     type Case = (&'static str, usize, bool, usize, usize, [usize; 3]);
     let cases: [Case; 3] = [
@@ -171,15 +131,7 @@ fn conv_in_cin_chunks() {
         let cin = if concat { 64 + c } else { c };
         let wc = weight3(&mut r, cout, cin);
         let bc = Tensor::new(vec![cout], r.scaled(cout, 2.0));
-        let scale = Tensor::new(vec![cout], r.scaled(cout, 1.0));
-        let shift = Tensor::new(vec![cout], r.scaled(cout, 0.5));
-        let norm = Op::GroupNorm {
-            groups,
-            eps: 1e-5,
-            scale: scale.clone(),
-            bias: shift.clone(),
-        };
-        let leaky = Op::LeakyRelu { alpha: 0.01 };
+        let tail = Tail::new(&mut r, cout, groups);
         let conv = |w: Tensor, bias| crate::common::graph::conv(w, bias, 1);
         let (xc, g) = if concat {
             let va = conv_ref(&x, &wa, None, PAD1).map(|_, v| v.max(0.0));
@@ -191,8 +143,8 @@ fn conv_in_cin_chunks() {
                     (Op::Relu, vec![1], 64),
                     (Op::Concat { axis: 1 }, vec![2, 0], cin),
                     (conv(wc.clone(), Some(bc.clone())), vec![3], cout),
-                    (norm, vec![4], cout),
-                    (leaky.clone(), vec![5], cout),
+                    (tail.norm.clone(), vec![4], cout),
+                    (tail.leaky.clone(), vec![5], cout),
                 ],
             );
             (cat(&[&va, &x]), g)
@@ -201,52 +153,111 @@ fn conv_in_cin_chunks() {
                 c,
                 vec![
                     (conv(wc.clone(), Some(bc.clone())), vec![0], cout),
-                    (norm, vec![1], cout),
-                    (leaky.clone(), vec![2], cout),
+                    (tail.norm.clone(), vec![1], cout),
+                    (tail.leaky.clone(), vec![2], cout),
                 ],
             );
             (x.clone(), g)
         };
-        let want = norm_ref(
-            &conv_ref(&xc, &wc, Some(&bc), PAD1),
-            groups,
-            1e-5,
-            &scale,
-            &shift,
-        )
-        .map(|ch, v| act_ref(&leaky, ch, v));
+        let want = tail.reference(&conv_ref(&xc, &wc, Some(&bc), PAD1));
         b.with(|o| (o.concat_split, o.cin_chunks) = (false, false));
         let whole = run(&mut b, &g, &x, 2);
-        for stats in [false, true] {
-            b.with(|o| {
-                (o.concat_split, o.cin_chunks) = (true, true);
-                o.norm_stats = stats;
-            });
-            let got = run(&mut b, &g, &x, 2);
-            let used = kernels_used(&mut b, 2);
-            let want_k = if stats {
-                "conv_wz_c32_y16_h2_st"
-            } else {
-                "conv_wz_c32_y16_h2"
-            };
-            if wz {
-                assert!(
-                    used.iter().any(|k| k == want_k)
-                        && (concat || !used.iter().any(|k| k.starts_with("conv_halo"))),
-                    "{name}: ran {used:?}, expected the chunks on {want_k}"
-                );
-            }
-            let again = run(&mut b, &g, &x, 2);
-            assert!(same_bits(&got, &again), "{name}: two runs differ");
-            let (e, e_whole) = (rel_l2(&got, &want), rel_l2(&whole, &want));
-            let dev = max_abs_diff(&got, &whole);
-            let label = format!("{name}{}", if stats { " +stats" } else { "" });
-            println!(
-                "RESULT cin chunks {label:<52} rel L2 {e:.2e} (whole {e_whole:.2e}), max |diff| {dev:.2e}"
-            );
-            report(&label, e);
-            assert!(dev < 2e-2, "{label}: {dev} from the conv run whole");
-        }
+        let on = |o: &mut CudaOptions| (o.concat_split, o.cin_chunks) = (true, true);
+        // Every conv chunked but the concat's 32 -> 64 producer.
+        let ran = |used: &[String], k: &str| {
+            used.iter().any(|u| u == k)
+                && (concat || !used.iter().any(|u| u.starts_with("conv_halo")))
+        };
+        split_runs(
+            &mut b,
+            "cin chunks",
+            name,
+            (&g, &x),
+            (&want, &whole),
+            on,
+            ran,
+        );
     }
     b.with(|o| (o.concat_split, o.cin_chunks, o.norm_stats) = (false, false, false));
+}
+
+/// Runs `g` on `x` split (`on`), without and with the norm statistics: on compute capability
+/// 9.0 the parts ran the z-pair kernel (`ran(used, kernel)`), two runs bit for bit, within the
+/// fp16 bar of float64 `want` and 2e-2 of the conv run `whole` (the same sums in another order,
+/// rounded to fp16 at the output). Leaves the options at their defaults.
+fn split_runs(
+    b: &mut CudaBackend,
+    what: &str,
+    name: &str,
+    (g, x): (&Graph, &T),
+    (want, whole): (&T, &Array5<f32>),
+    on: impl Fn(&mut CudaOptions),
+    ran: impl Fn(&[String], &str) -> bool,
+) {
+    let wz = cat::has_wgmma(b.arch());
+    for stats in [false, true] {
+        b.with(|o| {
+            on(o);
+            o.norm_stats = stats;
+        });
+        let got = run(b, g, x, 2);
+        let used = kernels_used(b, 2);
+        let want_k = if stats {
+            "conv_wz_c32_y16_h2_st"
+        } else {
+            "conv_wz_c32_y16_h2"
+        };
+        if wz {
+            assert!(
+                ran(&used, want_k),
+                "{name}: ran {used:?}, expected the parts on {want_k}"
+            );
+        }
+        let again = run(b, g, x, 2);
+        assert!(same_bits(&got, &again), "{name}: two runs differ");
+        let (e, e_whole) = (rel_l2(&got, want), rel_l2(whole, want));
+        let dev = max_abs_diff(&got, whole);
+        let label = format!("{name}{}", if stats { " +stats" } else { "" });
+        println!(
+            "RESULT {what} {label:<52} rel L2 {e:.2e} (whole {e_whole:.2e}), max |diff| {dev:.2e}"
+        );
+        report(&label, e);
+        assert!(dev < 2e-2, "{label}: {dev} from the conv run whole");
+    }
+    b.with(|o| *o = CudaOptions::default());
+}
+
+/// What follows the split conv in these tests: a GroupNorm of random scale and shift, then
+/// LeakyReLU(0.01).
+struct Tail {
+    norm: Op,
+    leaky: Op,
+}
+
+impl Tail {
+    fn new(r: &mut Rng, c: usize, groups: usize) -> Tail {
+        Tail {
+            norm: Op::GroupNorm {
+                groups,
+                eps: 1e-5,
+                scale: Tensor::new(vec![c], r.scaled(c, 1.0)),
+                bias: Tensor::new(vec![c], r.scaled(c, 0.5)),
+            },
+            leaky: Op::LeakyRelu { alpha: 0.01 },
+        }
+    }
+
+    /// The float64 reference of the tail over `y`.
+    fn reference(&self, y: &T) -> T {
+        let Op::GroupNorm {
+            groups,
+            eps,
+            scale,
+            bias,
+        } = &self.norm
+        else {
+            unreachable!("a GroupNorm")
+        };
+        norm_ref(y, *groups, *eps, scale, bias).map(|ch, v| act_ref(&self.leaky, ch, v))
+    }
 }
