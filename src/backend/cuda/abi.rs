@@ -52,7 +52,7 @@ impl Act {
     }
 }
 
-/// Mirrors `struct ConvParams` in kernels/conv.cu and kernels/conv_transpose.cu.
+/// Mirrors `struct ConvParams` in kernels/common.cuh (`cuda::abi_mirrors` checks the fields).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ConvParams {

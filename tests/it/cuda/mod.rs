@@ -2,6 +2,7 @@
 //! and on a GPU the op families, tensor ops, fused attention and the real fixtures. The streamed
 //! pass is the separate binary `cuda_stream`. Skipped without a GPU unless VOXTILE_REQUIRE_GPU=1.
 
+mod abi_mirrors;
 mod attention;
 mod fixtures;
 mod host_layers;
