@@ -64,6 +64,7 @@ fn run(
     x: &[f64],
     norm: Option<&NormIn>,
     y: &mut [f64],
+    mut stats: Option<&mut [[f64; 4]]>,
 ) -> Vec<u32> {
     let [zt, ny] = [c.tile[0], c.tile[1]];
     let (hx, hy) = (TX + 2, ny + 2);
@@ -193,13 +194,31 @@ fn run(
                 }
                 acc
             };
-            // put: the staged planes (row m = plane * 32 + co, + bias), thread t's x and
-            // 8-channel piece fixed, row (plane, y) = warp + 8k.
+            // A thread's `TileStats8` (the `_st` twin): shift, sums, sums of squares.
+            let mut ts = vec![[[0.0f64; 8]; 3]; NT];
+            // put: the staged planes (row m = plane * 32 + co, + bias where co < Cout), thread
+            // t's x and 8-channel piece fixed, row (plane, y) = warp + 8k; with `stats`, every
+            // thread's sums of the values it stores, from the tile's first voxel's staged
+            // values on, flushed into [tile][cout] at the tile's last step (tile_stats.cuh).
             let mut put = |acc: &[f64], s: usize| {
                 let (ti, j) = (s / h, s % h);
-                let (n, oz0, oy0, ox0) = origin(bx + ti * grid);
-                for t in 0..NT {
+                let tile = bx + ti * grid;
+                let (n, oz0, oy0, ox0) = origin(tile);
+                let staged = |pl: usize, v: usize, co: usize| {
+                    let b = bias
+                        .filter(|_| nb0 + co < l.cout)
+                        .map_or(0.0, |b| b[nb0 + co]);
+                    acc[(pl * 32 + co) * nn + v] + b
+                };
+                for (t, tst) in ts.iter_mut().enumerate() {
                     let (warp, xq, c0) = (t >> 5, (t >> 2) & 7, (t & 3) * 8);
+                    if j == 0 {
+                        *tst = [
+                            std::array::from_fn(|q| staged(0, 0, c0 + q)),
+                            [0.0; 8],
+                            [0.0; 8],
+                        ];
+                    }
                     let (ox, ch) = (ox0 + xq, nb0 + c0);
                     if ox >= wout || ch >= l.cout {
                         continue;
@@ -212,13 +231,28 @@ fn run(
                             continue;
                         }
                         let dst = (((n * dout + oz) * hout + oy) * wout + ox) * l.cout + ch;
-                        for q in 0..8.min(l.cout - ch) {
-                            let co = c0 + q;
-                            let b = bias.map_or(0.0, |b| b[nb0 + co]);
-                            let v = acc[(pl * 32 + co) * nn + yy * 8 + xq] + b;
-                            y[dst + q] = if l.accum { y[dst + q] + v } else { v };
-                            hits[dst + q] += 1;
+                        for q in 0..8 {
+                            let mut v = staged(pl, yy * 8 + xq, c0 + q);
+                            if ch + q < l.cout {
+                                if l.accum {
+                                    v += y[dst + q];
+                                }
+                                y[dst + q] = v;
+                                hits[dst + q] += 1;
+                            }
+                            let d = v - tst[0][q];
+                            tst[1][q] += d;
+                            tst[2][q] += d * d;
                         }
+                    }
+                }
+                if let (Some(st), true) = (stats.as_deref_mut(), j == h - 1) {
+                    let count = zt.min(dout - oz0) * ny.min(hout - oy0) * TX.min(wout - ox0);
+                    for c in 0..32.min(l.cout - nb0) {
+                        let (chunk, k) = (c >> 3, c & 7);
+                        let sum = |i: usize| (chunk..NT).step_by(4).map(|t| ts[t][i][k]).sum();
+                        let e = [sum(1), sum(2), ts[chunk][0][k], count as f64];
+                        st[tile * l.cout + nb0 + c] = e;
                     }
                 }
             };
@@ -319,7 +353,8 @@ fn chunk_weights(w: &[f64], cout: usize, cin: usize, off: usize) -> (Vec<f64>, u
 /// A conv of Cin `cin` (a multiple of 32) as `cin / 32` chunk launches, the first with the bias
 /// and the later adding: every launch writes each output once, and the sum is the direct
 /// conv's, over partial tiles on every axis, Cout tiles (a partial last one), several tiles per
-/// block (ring slots reused across tile changes), same and valid padding.
+/// block (ring slots reused across tile changes), same and valid padding; the last launch's
+/// norm statistics (its `_st` twin's) give the output's mean and spread per sample and channel.
 #[test]
 fn zpair_chunks_sum_to_the_conv() {
     let c = &CONV_WZ_C32_Y16_H2;
@@ -337,6 +372,8 @@ fn zpair_chunks_sum_to_the_conv() {
         let bias = ints(cout, 3, 11);
         let want = direct(&x, n, di, cin, &w, cin, &bias, out, pads);
         let mut y = vec![f64::NAN; want.len()];
+        let tps = c.tiles(1, out);
+        let mut stats = vec![[f64::NAN; 4]; n * tps * cout];
         for k in 0..cin / CIN {
             let (wh, kpad) = chunk_weights(&w, cout, cin, k * CIN);
             let l = Launch {
@@ -350,7 +387,10 @@ fn zpair_chunks_sum_to_the_conv() {
                 accum: k > 0,
             };
             let b = (k == 0).then_some(bias.as_slice());
-            let hits = run(c, l, sms, &wh, kpad, b, &x, None, &mut y);
+            // The last chunk writes the norm statistics (the `_st` twin, as paired in W1).
+            let last = k + 1 == cin / CIN;
+            let st = last.then_some(stats.as_mut_slice());
+            let hits = run(c, l, sms, &wh, kpad, b, &x, None, &mut y, st);
             assert!(
                 hits.iter().all(|&h| h == 1),
                 "chunk {k}: an output written {} times",
@@ -359,6 +399,40 @@ fn zpair_chunks_sum_to_the_conv() {
         }
         let bad = y.iter().zip(&want).filter(|(a, b)| a != b).count();
         assert_eq!(bad, 0, "Cin {cin} -> {cout} {di:?}: {bad} outputs differ");
+        check_stats(&stats, &y, n, tps, cout);
+    }
+}
+
+/// The tiles' statistics, combined per (sample, channel) as `norm_finalize_tiles` does (each
+/// tile's mean from its shift, then Chan's combination of the squared deviations), against the
+/// mean and the sum of squared deviations of the output itself.
+fn check_stats(stats: &[[f64; 4]], y: &[f64], n: usize, tps: usize, cout: usize) {
+    let per = y.len() / n / cout;
+    for s in 0..n {
+        for c in 0..cout {
+            let (mut cnt, mut mean, mut m2) = (0.0, 0.0, 0.0);
+            for t in s * tps..(s + 1) * tps {
+                let [sum, sq, shift, k] = stats[t * cout + c];
+                assert!(k > 0.0, "tile {t} channel {c} never flushed");
+                let (mt, m2t) = (shift + sum / k, sq - sum * sum / k);
+                let d = mt - mean;
+                m2 += m2t + d * d * cnt * k / (cnt + k);
+                mean += d * k / (cnt + k);
+                cnt += k;
+            }
+            let vals: Vec<f64> = (0..per).map(|v| y[(s * per + v) * cout + c]).collect();
+            let want_mean = vals.iter().sum::<f64>() / per as f64;
+            let want_m2: f64 = vals.iter().map(|v| (v - want_mean).powi(2)).sum();
+            assert_eq!(cnt, per as f64, "sample {s} channel {c}: voxels counted");
+            assert!(
+                (mean - want_mean).abs() <= 1e-9 * (1.0 + want_mean.abs()),
+                "sample {s} channel {c}: mean {mean} against {want_mean}"
+            );
+            assert!(
+                (m2 - want_m2).abs() <= 1e-9 * (1.0 + want_m2),
+                "sample {s} channel {c}: m2 {m2} against {want_m2}"
+            );
+        }
     }
 }
 
@@ -407,7 +481,7 @@ fn zpair_normed_loads_are_the_norms_output() {
         accum: false,
     };
     let mut y = vec![f64::NAN; want.len()];
-    let hits = run(c, l, 4, &wh, kpad, Some(&bias), &x, Some(&nl), &mut y);
+    let hits = run(c, l, 4, &wh, kpad, Some(&bias), &x, Some(&nl), &mut y, None);
     assert!(hits.iter().all(|&h| h == 1));
     let bad = y.iter().zip(&want).filter(|(a, b)| a != b).count();
     assert_eq!(bad, 0, "{bad} outputs differ");
