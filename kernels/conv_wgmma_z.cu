@@ -78,6 +78,18 @@ struct WzConv {
         }
     }
 
+    // Piece idx of a slot (channel group g of one halo voxel of one plane): its offset in the
+    // slot (halves), its input element (the group's first channel, in elements of x, from the
+    // sample's start at xn voxels), and whether its voxel is inside the input.
+    __device__ __forceinline__ bool piece(int idx, int iz0, int iy0, int ix0, int& dst, i64& src) const {
+        const int g = idx % CPV, vv = idx / CPV, pl = vv / HP, v = vv - pl * HP;
+        const int hy = v / HX, hx = v - hy * HX;
+        const int iz = iz0 + pl, iy = iy0 + hy, ix = ix0 + hx;
+        dst = ((g * 2 + pl) * HP + v) * 8;
+        src = (((i64)iz * p.hi + iy) * p.wi + ix) * p.ldi + g * 8;
+        return (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi && (unsigned)ix < (unsigned)p.wi;
+    }
+
     // Slot k of tile t (input planes oz0 - pd + 2k + {0, 1}), zero outside the input. The
     // input's voxels are p.ldi channels apart, of which the launch reads p.cin from x on. NL:
     // through `load_normed`.
@@ -93,13 +105,10 @@ struct WzConv {
         const half* xn = x + (i64)n * p.di * p.hi * p.wi * p.ldi;
 #pragma unroll 1
         for (int idx = tid; idx < 2 * HP * CPV; idx += NT) {
-            const int g = idx % CPV, vv = idx / CPV, pl = vv / HP, v = vv - pl * HP;
-            const int hy = v / HX, hx = v - hy * HX;
-            const int iz = iz0 + pl, iy = iy0 + hy, ix = ix0 + hx;
-            const bool ok =
-                (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi && (unsigned)ix < (unsigned)p.wi;
-            const half* src = xn + (((i64)iz * p.hi + iy) * p.wi + ix) * p.ldi + g * 8;
-            cp_async16(slot + ((g * 2 + pl) * HP + v) * 8, ok ? src : x, ok ? 16 : 0);
+            int dst;
+            i64 src;
+            const bool ok = piece(idx, iz0, iy0, ix0, dst, src);
+            cp_async16(slot + dst, ok ? xn + src : x, ok ? 16 : 0);
         }
     }
 
@@ -114,7 +123,7 @@ struct WzConv {
     __device__ __forceinline__ void load_normed(half* slot, int n, int iz0, int iy0, int ix0, int tid) const {
         constexpr int TOT = 2 * HP * CPV, IT = (TOT + NT - 1) / NT, G = 3;  // G pieces in flight
         static_assert(NT % CPV == 0, "a thread's channel group is the same in every piece");
-        const i64 xn = (i64)n * p.di * p.hi * p.wi;
+        const i64 xn = (i64)n * p.di * p.hi * p.wi * p.ldi;
         float2 ab[8];  // the pairs of the thread's channels (group tid % CPV)
 #pragma unroll
         for (int q = 0; q < 8; q++)
@@ -125,26 +134,27 @@ struct WzConv {
             bool in[G];
 #pragma unroll
             for (int k = 0; k < G; k++) {
-                const int idx = tid + (i0 + k) * NT, g = idx % CPV, vv = idx / CPV, pl = vv / HP, u = vv - pl * HP;
-                const int hy = u / HX, hx = u - hy * HX;
-                const int iz = iz0 + pl, iy = iy0 + hy, ix = ix0 + hx;
-                in[k] = i0 + k < IT && idx < TOT && (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi &&
-                        (unsigned)ix < (unsigned)p.wi;
+                const int idx = tid + (i0 + k) * NT;
+                int dst;
+                i64 src;
+                in[k] = piece(idx, iz0, iy0, ix0, dst, src) && i0 + k < IT && idx < TOT;
                 if (in[k]) {
-                    const i64 e = (xn + ((i64)iz * p.hi + iy) * p.wi + ix) * p.ldi + g * 8;
-                    if (nl.x_f32) load8(reinterpret_cast<const float*>(x), e, v[k]);
-                    else load8(x, e, v[k]);
+                    if (nl.x_f32) load8(reinterpret_cast<const float*>(x), xn + src, v[k]);
+                    else load8(x, xn + src, v[k]);
                 }
             }
 #pragma unroll
             for (int k = 0; k < G; k++) {
-                const int idx = tid + (i0 + k) * NT, g = idx % CPV, vv = idx / CPV, pl = vv / HP, u = vv - pl * HP;
+                const int idx = tid + (i0 + k) * NT, c0 = (tid % CPV) * 8;
+                int dst;
+                i64 src;
+                piece(idx, iz0, iy0, ix0, dst, src);
                 if (i0 + k >= IT || idx >= TOT) break;
                 __align__(16) half o[8];
 #pragma unroll
                 for (int q = 0; q < 8; q++)
-                    o[q] = in[k] ? norm_load1(v[k][q], ab[q], g * 8 + q, nl) : __float2half(0.f);
-                *reinterpret_cast<uint4*>(slot + ((g * 2 + pl) * HP + u) * 8) = *reinterpret_cast<const uint4*>(o);
+                    o[q] = in[k] ? norm_load1(v[k][q], ab[q], c0 + q, nl) : __float2half(0.f);
+                *reinterpret_cast<uint4*>(slot + dst) = *reinterpret_cast<const uint4*>(o);
             }
         }
     }

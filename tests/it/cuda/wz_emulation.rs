@@ -276,14 +276,13 @@ fn run(
     hits
 }
 
-/// A direct float64 conv, 3³, stride 1: x NDHWC (`ldi` channels, `cin` from `x_coff`), w
-/// [cout][cin_total][27], output NDHWC.
+/// A direct float64 conv, 3³, stride 1: x NDHWC (`cin` channels), w [cout][cin][27], output
+/// NDHWC.
 #[allow(clippy::too_many_arguments)]
 fn direct(
     x: &[f64],
     n: usize,
     di: [usize; 3],
-    ldi: usize,
     w: &[f64],
     cin: usize,
     bias: &[f64],
@@ -314,7 +313,7 @@ fn direct(
                             let vox = ((s * di[0] + iz as usize) * di[1] + iy as usize) * di[2]
                                 + ix as usize;
                             for ci in 0..cin {
-                                acc += x[vox * ldi + ci] * w[(co * cin + ci) * 27 + t];
+                                acc += x[vox * cin + ci] * w[(co * cin + ci) * 27 + t];
                             }
                         }
                         y[o * cout + co] = acc;
@@ -370,7 +369,7 @@ fn zpair_chunks_sum_to_the_conv() {
         let x = ints(n * di.iter().product::<usize>() * cin, 1, 9);
         let w = ints(cout * cin * 27, 2, 7);
         let bias = ints(cout, 3, 11);
-        let want = direct(&x, n, di, cin, &w, cin, &bias, out, pads);
+        let want = direct(&x, n, di, &w, cin, &bias, out, pads);
         let mut y = vec![f64::NAN; want.len()];
         let tps = c.tiles(1, out);
         let mut stats = vec![[f64::NAN; 4]; n * tps * cout];
@@ -468,7 +467,7 @@ fn zpair_normed_loads_are_the_norms_output() {
         .collect();
     let w = ints(cout * CIN * 27, 5, 7);
     let bias = ints(cout, 6, 11);
-    let want = direct(&normed, n, di, CIN, &w, CIN, &bias, out, pads);
+    let want = direct(&normed, n, di, &w, CIN, &bias, out, pads);
     let (wh, kpad) = chunk_weights(&w, cout, CIN, 0);
     let l = Launch {
         n,

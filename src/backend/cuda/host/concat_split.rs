@@ -96,6 +96,11 @@ impl Facts<'_> {
             return None;
         }
         let (x, os) = (node.inputs[0], shapes[node.output]);
+        // Nothing to split: not over a concat, and no chunks asked for.
+        let concat = self.concat_of(i, x);
+        if concat.is_none() && !caps.cin_chunks {
+            return None;
+        }
         let geom = |c: usize, v: usize| {
             let [_, d, h, w] = shapes[v];
             ConvGeom::of(&node.op, [c, d, h, w], os)
@@ -109,7 +114,6 @@ impl Facts<'_> {
             && matches!(whole, ConvKernel::Halo(_))
             && caps.halo_tile.is_none()
             && caps.conv_tile.is_none();
-        let concat = self.concat_of(i, x);
         let sources = match concat {
             Some(j) => graph.nodes[j].inputs.clone(),
             None if chunked && self.ndhwc[x] => vec![x],

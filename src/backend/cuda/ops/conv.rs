@@ -6,9 +6,9 @@ use super::{Build, NodeIo};
 use crate::backend::cuda::abi::elem_bytes;
 use crate::backend::cuda::abi::ConvParams;
 use crate::backend::cuda::host::catalogue::{
-    halo_config, C1_TILE, CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32, CONV1X1_N32_S, CONV1X1_NORM_N16,
-    CONV1X1_NORM_N16_S, CONV1X1_NORM_N32, CONV1X1_NORM_N32_S, CONV_C1_K3, CONV_C1_K3_ST,
-    CONV_SPLITK_REDUCE,
+    halo_config, HaloConfig, C1_TILE, CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32, CONV1X1_N32_S,
+    CONV1X1_NORM_N16, CONV1X1_NORM_N16_S, CONV1X1_NORM_N32, CONV1X1_NORM_N32_S, CONV_C1_K3,
+    CONV_C1_K3_ST, CONV_SPLITK_REDUCE,
 };
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::backend::cuda::host::relayout::{
@@ -348,6 +348,14 @@ fn cin_slice(w: &Tensor, off: usize, n: usize) -> Tensor {
     Tensor::new(shape, data)
 }
 
+/// The grid of halo kernel `c` over `p` (its samples set): one block per output tile, or
+/// persistent blocks that loop over the tiles; grid.y: the bn-wide output-channel tiles.
+fn halo_grid(gpu: &Gpu, c: &HaloConfig, p: &ConvParams) -> (u32, u32, u32) {
+    let out = [p.do_ as usize, p.ho as usize, p.wo as usize];
+    let blocks = c.grid(p.n as usize, out, gpu.sm_count as usize);
+    (blocks, c.cout_tiles(p.cout as usize), 1)
+}
+
 /// Blocks of a pointwise conv over `m` voxels: one thread a voxel, grid-stride past 16 blocks
 /// per SM.
 fn pointwise_blocks(gpu: &Gpu, m: usize) -> u32 {
@@ -406,14 +414,10 @@ impl ConvStep {
         }
         let mut p = self.p;
         p.n = n as i32;
-        let out = [p.do_ as usize, p.ho as usize, p.wo as usize];
         let (func, grid) = match halo_config(self.func) {
-            Some(c) => {
-                let blocks = c.grid(n, out, gpu.sm_count as usize);
-                (self.func, (blocks, c.cout_tiles(p.cout as usize), 1))
-            }
+            Some(c) => (self.func, halo_grid(gpu, c, &p)),
             None => {
-                let m = n * out.iter().product::<usize>();
+                let m = n * (p.do_ * p.ho * p.wo) as usize;
                 let func = normed_func(self.func).expect("checked by reads_norm_input");
                 (func, (pointwise_blocks(gpu, m), 1, 1))
             }
@@ -483,11 +487,13 @@ impl ConvStep {
             let grid = ((n * tiles) as u32, 1, 1);
             gpu.launch(s, func, grid, (self.threads, 0), &mut args)
         } else if let Some(c) = halo_config(func) {
-            // One block per output tile, or persistent blocks that loop over the tiles;
-            // grid.y: the bn-wide output-channel tiles.
-            let blocks = c.grid(n, out, gpu.sm_count as usize);
-            let grid = (blocks, c.cout_tiles(p.cout as usize), 1);
-            gpu.launch(s, func, grid, (self.threads, self.smem), &mut args)
+            gpu.launch(
+                s,
+                func,
+                halo_grid(gpu, c, &p),
+                (self.threads, self.smem),
+                &mut args,
+            )
         } else {
             let grid = (
                 m.div_ceil(self.bm as usize) as u32,
