@@ -26,6 +26,11 @@ __device__ __forceinline__ void norm_block_partial(const float* sh, int rows, in
     }
 }
 
+// Vectors a partial-sum thread loads before adding them (in the order it would one at a time):
+// a sample's one-window norm runs 2 blocks per SM (`norm_blocks`), too few threads to keep the
+// memory busy with one load each in flight.
+#define NORM_LOADS 4
+
 // Adds the 8 values `v`, each shifted by its channel's shf, to the sums s and the squares q.
 __device__ __forceinline__ void sums8(const float (&v)[8], const float (&shf)[8], float (&s)[8], float (&q)[8]) {
 #pragma unroll
@@ -59,8 +64,15 @@ __device__ __forceinline__ void norm_partial_v8_t(const T* __restrict__ x, i64 P
         }
         const i64 p0 = (i64)blockIdx.x * chunk;
         const i64 p1 = min(p0 + chunk, P);
-#pragma unroll 4
-        for (i64 p = p0 + r; p < p1; p += rows) {
+        i64 p = p0 + r;
+        for (; p + (NORM_LOADS - 1) * rows < p1; p += NORM_LOADS * rows) {
+            float v[NORM_LOADS][8];
+#pragma unroll
+            for (int u = 0; u < NORM_LOADS; u++) load8(xn, (p + u * rows) * C + cv * 8, v[u]);
+#pragma unroll
+            for (int u = 0; u < NORM_LOADS; u++) sums8(v[u], shf, s, q);
+        }
+        for (; p < p1; p += rows) {
             float v[8];
             load8(xn, p * C + cv * 8, v);
             sums8(v, shf, s, q);
@@ -151,8 +163,15 @@ __device__ __forceinline__ void norm_partial_flat8_t(const T* __restrict__ x, i6
             shf[k] = to_f(xn[(c / cpg) * cpg]);
             s[k] = q[k] = 0.f;
         }
-#pragma unroll 4
-        for (i64 v = v0 + tid; v < v1; v += TH) {
+        i64 v = v0 + tid;
+        for (; v + (NORM_LOADS - 1) * TH < v1; v += NORM_LOADS * TH) {
+            float u[NORM_LOADS][8];
+#pragma unroll
+            for (int l = 0; l < NORM_LOADS; l++) load8(xn, (v + l * TH) * 8, u[l]);
+#pragma unroll
+            for (int l = 0; l < NORM_LOADS; l++) sums8(u[l], shf, s, q);
+        }
+        for (; v < v1; v += TH) {
             float u[8];
             load8(xn, v * 8, u);
             sums8(u, shf, s, q);
@@ -167,10 +186,10 @@ __device__ __forceinline__ void norm_partial_flat8_t(const T* __restrict__ x, i6
     float* pb = part + ((i64)n * gridDim.x + blockIdx.x) * C * 2;
     for (int c = tid; c < C; c += blockDim.x) {
         float s = 0.f, q = 0.f;
-        for (int ph = 0; ph < period; ph++) {
-            const int c0 = (8 * ph) % C;
-            for (int k = 0; k < 8; k++) {
-                if ((c0 + k) % C != c) continue;
+        // Phase ph's vectors start at channel c0 = 8 ph % C; lane k holds c where k = c - c0
+        // (mod C), and again every C lanes: the same (ph, k, t) order as a search over all k.
+        for (int ph = 0, c0 = 0; ph < period; ph++, c0 = (c0 + 8) % C) {
+            for (int k = c >= c0 ? c - c0 : c - c0 + C; k < 8; k += C) {
                 for (int t = ph; t < TH; t += period) {
                     s += sh[(t * 8 + k) * 2];
                     q += sh[(t * 8 + k) * 2 + 1];
@@ -257,9 +276,24 @@ extern "C" __global__ void __launch_bounds__(256) norm_finalize_tiles(
     const int cpg = C / groups, g0 = (c / cpg) * cpg;
     const int entries = ntiles * cpg;
     const float4* pn = part + (i64)n * ntiles * C + g0;
+    // Entry i of the group, NORM_LOADS of a thread's entries loaded before they are added (in
+    // the order one at a time would add them): one block per (n, c) is few threads.
+    auto entry = [&](int i) { return pn[(i64)(i / cpg) * C + i % cpg]; };
+    constexpr int U = NORM_LOADS, S = 256 * NORM_LOADS;
     double s = 0.0, cnt = 0.0;
-    for (int i = threadIdx.x; i < entries; i += 256) {
-        const float4 f = pn[(i64)(i / cpg) * C + i % cpg];
+    int i = threadIdx.x;
+    for (; i + S - 256 < entries; i += S) {
+        float4 f[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) f[u] = entry(i + u * 256);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            s += (double)f[u].z * (double)f[u].w + (double)f[u].x;
+            cnt += (double)f[u].w;
+        }
+    }
+    for (; i < entries; i += 256) {
+        const float4 f = entry(i);
         s += (double)f.z * (double)f.w + (double)f.x;
         cnt += (double)f.w;
     }
@@ -267,14 +301,23 @@ extern "C" __global__ void __launch_bounds__(256) norm_finalize_tiles(
     cnt = block_sum256(cnt, red);
     const double mean = cnt > 0.0 ? s / cnt : 0.0;
     double m2 = 0.0;
-    for (int i = threadIdx.x; i < entries; i += 256) {
-        const float4 f = pn[(i64)(i / cpg) * C + i % cpg];
+    // The entry's squared deviations about the group's mean.
+    auto dev = [&](const float4& f) {
         if (f.w > 0.f) {
             const double d = (double)f.x / (double)f.w;  // the entry's mean less its shift
             const double dm = (double)f.z + d - mean;
             m2 += ((double)f.y - (double)f.x * d) + (double)f.w * dm * dm;
         }
+    };
+    i = threadIdx.x;
+    for (; i + S - 256 < entries; i += S) {
+        float4 f[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) f[u] = entry(i + u * 256);
+#pragma unroll
+        for (int u = 0; u < U; u++) dev(f[u]);
     }
+    for (; i < entries; i += 256) dev(entry(i));
     m2 = block_sum256(m2, red);
     if (threadIdx.x != 0) return;
     double var = cnt > 0.0 ? m2 / cnt : 0.0;

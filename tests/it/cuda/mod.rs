@@ -7,6 +7,7 @@ mod attention;
 mod fixtures;
 mod host_layers;
 mod kernels_compile;
+mod norm_emulation;
 mod norm_f32_plan;
 mod ops;
 mod tensor;
