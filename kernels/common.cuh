@@ -98,6 +98,28 @@ __device__ __forceinline__ half norm_load1(float v, float2 ab, int c, const Norm
     return __float2half(act_apply(v * ab.x + ab.y, c, nl.act, nl.alpha, nl.slope, nl.slope_n));
 }
 
+// norm_load1 over the 8 values of channels c..c+7 with their pairs `ab`, as floats, the
+// activation's switch taken once per piece: a switch per value is an indirect branch between
+// dependent loads. Each case is norm_load1's expression with the activation fixed, so the same
+// values.
+template <int ACT>
+__device__ __forceinline__ void norm_load8_t(float (&v)[8], const float2 (&ab)[8], int c, const NormLoad& nl) {
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        v[k] = __half2float(__float2half(act_apply(v[k] * ab[k].x + ab[k].y, c + k, ACT, nl.alpha, nl.slope, nl.slope_n)));
+}
+__device__ __forceinline__ void norm_load8(float (&v)[8], const float2 (&ab)[8], int c, const NormLoad& nl) {
+    switch (nl.act) {
+    case ACT_NONE: return norm_load8_t<ACT_NONE>(v, ab, c, nl);
+    case ACT_RELU: return norm_load8_t<ACT_RELU>(v, ab, c, nl);
+    case ACT_LEAKY: return norm_load8_t<ACT_LEAKY>(v, ab, c, nl);
+    case ACT_PRELU: return norm_load8_t<ACT_PRELU>(v, ab, c, nl);
+    default:
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = __half2float(norm_load1(v[k], ab[k], c + k, nl));
+    }
+}
+
 // One activation over 8 values of channels c..c+7 (the switch once per piece, not per value).
 __device__ __forceinline__ void act8(float (&v)[8], int c, const ConvParams& p, const float* __restrict__ slope) {
     switch (p.act) {

@@ -265,6 +265,9 @@ extern "C" __global__ void __launch_bounds__(256, 3) conv_c1_k3_st(ConvParams p,
 // Then each thread reads its voxel's row (36-float rows: conflict-free) and computes as before,
 // the same sums in the same order. Shared memory: + blockDim * 36 floats.
 #define C1X1_SROW 36
+// 8-value pieces of a voxel a head thread loads before it uses them.
+#define C1X1_PIECES 4
+
 template <int NC, bool NORM, bool STAGED>
 __device__ __forceinline__ void conv1x1(const ConvParams& p, const void* __restrict__ xv, const half* __restrict__ w,
                                         const float* __restrict__ bias, half* __restrict__ y,
@@ -313,33 +316,48 @@ __device__ __forceinline__ void conv1x1(const ConvParams& p, const void* __restr
                 __syncthreads();
             }
             if (m >= M) continue;
-            for (int cv = c32 >> 3; cv < (c32 + cw) >> 3; cv++) {
-                float f[8];
-                if (STAGED) {
-                    const float4* r = reinterpret_cast<const float4*>(sx + threadIdx.x * C1X1_SROW + cv * 8 - c32);
-                    const float4 a = r[0], b = r[1];
-                    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-                } else if (xf32) {
-                    load8(static_cast<const float*>(xv), m * cin + cv * 8, f);
-                } else {
-                    load8(static_cast<const half*>(xv), m * cin + cv * 8, f);
-                }
-                if (NORM) {
+            // Up to C1X1_PIECES of the voxel's 8-value pieces loaded before any is used (one
+            // thread per voxel is few bytes in flight otherwise); then normalised and summed
+            // piece by piece in channel order, as one at a time would.
+            for (int cv0 = c32 >> 3; cv0 < (c32 + cw) >> 3; cv0 += C1X1_PIECES) {
+                const int np = min(C1X1_PIECES, ((c32 + cw) >> 3) - cv0);
+                float f[C1X1_PIECES][8];
 #pragma unroll
-                    for (int k = 0; k < 8; k++) {
-                        f[k] = __half2float(norm_load1(f[k], __ldg(abn + cv * 8 + k), cv * 8 + k, nl));
+                for (int u = 0; u < C1X1_PIECES; u++) {
+                    if (u >= np) break;
+                    const int cv = cv0 + u;
+                    if (STAGED) {
+                        const float4* r = reinterpret_cast<const float4*>(sx + threadIdx.x * C1X1_SROW + cv * 8 - c32);
+                        const float4 a = r[0], b = r[1];
+                        f[u][0] = a.x, f[u][1] = a.y, f[u][2] = a.z, f[u][3] = a.w;
+                        f[u][4] = b.x, f[u][5] = b.y, f[u][6] = b.z, f[u][7] = b.w;
+                    } else if (xf32) {
+                        load8(static_cast<const float*>(xv), m * cin + cv * 8, f[u]);
+                    } else {
+                        load8(static_cast<const half*>(xv), m * cin + cv * 8, f[u]);
                     }
                 }
 #pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    const float4* wr = reinterpret_cast<const float4*>(ws + (cv * 8 + k) * NC);
+                for (int u = 0; u < C1X1_PIECES; u++) {
+                    if (u >= np) break;
+                    const int cv = cv0 + u;
+                    if (NORM) {
+                        float2 ab[8];
 #pragma unroll
-                    for (int q = 0; q < NC / 4; q++) {
-                        float4 wq = wr[q];
-                        acc[4 * q] += f[k] * wq.x;
-                        acc[4 * q + 1] += f[k] * wq.y;
-                        acc[4 * q + 2] += f[k] * wq.z;
-                        acc[4 * q + 3] += f[k] * wq.w;
+                        for (int k = 0; k < 8; k++) ab[k] = __ldg(abn + cv * 8 + k);
+                        norm_load8(f[u], ab, cv * 8, nl);
+                    }
+#pragma unroll
+                    for (int k = 0; k < 8; k++) {
+                        const float4* wr = reinterpret_cast<const float4*>(ws + (cv * 8 + k) * NC);
+#pragma unroll
+                        for (int q = 0; q < NC / 4; q++) {
+                            float4 wq = wr[q];
+                            acc[4 * q] += f[u][k] * wq.x;
+                            acc[4 * q + 1] += f[u][k] * wq.y;
+                            acc[4 * q + 2] += f[u][k] * wq.z;
+                            acc[4 * q + 3] += f[u][k] * wq.w;
+                        }
                     }
                 }
             }
