@@ -1,6 +1,6 @@
 // Stride-1 3x3x3 convs from an input halo in shared memory: `conv_halo` (4x8x8 tile, two weight
 // stages, one halo buffer, one block per tile, vector epilogue) and the `conv_halo_t` template
-// (tile, weight staging, halo buffers and persistence as parameters). conv_halo is not written as
+// (tile, weight staging, halo buffers, persistence and the stride, 1 or 2, as parameters). conv_halo is not written as
 // a conv_halo_t config: as conv_halo_t<CIN, BN, WM, WN, 4, 8, 8, 2, 1> under the same launch
 // bounds ptxas (sm_90, NVRTC 13.0) spills 216 / 240 bytes instead of 92 / 100 on the c32n32_w4 /
 // c64n64 defaults (0 -> 96 on c16n16), and the template has no vector epilogue.
@@ -24,8 +24,14 @@
 // [Cout_pad][kpad] with K = tap * p.cin + ci (kpad and p.cin even: 4-byte aligned).
 //
 // The input halo of a tile: rows (hz, hy, hx) of an HZ x HY x HX box at input (iz0, iy0, ix0)
-// of sample xn, CIN channels per row of LD halves; zero outside the input.
-template <int U, int CIN, int LD, int HZ, int HY, int HX, int THREADS>
+// of sample xn, CIN channels per row of LD halves; zero outside the input. S == 2 (stride-2
+// convs) stores each x-row's even voxels first, then its odd ones (`halo_x`), so the 8 A rows
+// of an ldmatrix (8 outputs along x, 2 input voxels apart) are 8 consecutive rows, as at S 1.
+template <int S, int HX>
+__device__ __forceinline__ int halo_x(int hx) {
+    return S == 1 ? hx : (hx & 1) ? (HX + 1) / 2 + (hx >> 1) : hx >> 1;
+}
+template <int U, int CIN, int LD, int HZ, int HY, int HX, int THREADS, int S = 1>
 __device__ __forceinline__ void halo_copy(half* buf, const half* xn, const half* x, const ConvParams& p,
                                           int iz0, int iy0, int ix0, int tid, int c0, int lo, int hi) {
     constexpr int UPV = CIN / U;  // copies per row
@@ -37,11 +43,12 @@ __device__ __forceinline__ void halo_copy(half* buf, const half* xn, const half*
         int iz = iz0 + hz, iy = iy0 + hy, ix = ix0 + hx;
         bool ok = (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi && (unsigned)ix < (unsigned)p.wi;
         const half* src = xn + (((i64)iz * p.hi + iy) * p.wi + ix) * p.cin + c0 + c;
+        half* dst = buf + (v - hx + halo_x<S, HX>(hx)) * LD + c;
         if constexpr (U == 8) {
-            cp_async16(buf + v * LD + c, ok ? src : x, ok ? 16 : 0);
+            cp_async16(dst, ok ? src : x, ok ? 16 : 0);
         } else {
             ok = ok && c < p.cin;
-            cp_async4_ca(buf + v * LD + c, ok ? src : x, ok ? 4 : 0);
+            cp_async4_ca(dst, ok ? src : x, ok ? 4 : 0);
         }
     }
 }
@@ -281,11 +288,15 @@ __device__ __forceinline__ void conv_halo(const ConvParams& p, const half* __res
 //   other buffer in THREADS-wide slabs, one slab with each tap's weights.
 //   Cin = k * CIN (staged only; resident needs Cin == CIN): chunks of CIN channels, as conv_halo.
 //   blockIdx.y: the BN-wide output-channel tile.
+//   S == 2: stride 2 on every axis. The halo is the tile's reach, (T - 1) * 2 + 3 input voxels per
+//           axis, each read from global memory once where the implicit GEMM (conv_mma) gathers
+//           every input voxel for each of the ~3.4 outputs whose taps reach it; x-rows stored
+//           even voxels first (`halo_x`).
 // Smem layout: weights first (BN * 27 * CIN + 8 resident, else WST * BN * (CIN + 8) halves),
 // then HB halo buffers of (TZ+2)(TY+2)(TX+2) rows of CIN + 8 halves. Keep in sync with
 // HaloConfig::smem_bytes (src/backend/cuda/host/catalogue.rs) and its emulation in
 // tests/it/cuda/kernels_compile.rs.
-template <int CIN, int BN, int WM, int WN, int TZ, int TY, int TX, int WST, int HB>
+template <int CIN, int BN, int WM, int WN, int TZ, int TY, int TX, int WST, int HB, int S>
 __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __restrict__ x,
                                             const half* __restrict__ w, const float* __restrict__ bias,
                                             half* __restrict__ y, const float* __restrict__ slope) {
@@ -295,8 +306,10 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
     constexpr int MI = TM / 16, NI = TN / 8;
     constexpr int LD = CIN + 8;
     constexpr int CPV = CIN / 8;  // 16-byte chunks per voxel
-    constexpr int HY = TY + 2, HX = TX + 2;
-    constexpr int HV = (TZ + 2) * HY * HX;  // halo rows
+    // The tile's reach in the input: (T - 1) * S + 3 voxels per axis.
+    constexpr int HZ = (TZ - 1) * S + 3, HY = (TY - 1) * S + 3, HX = (TX - 1) * S + 3;
+    constexpr int HV = HZ * HY * HX;  // halo rows
+    static_assert(S == 1 || S == 2, "stride 1 or 2");
     constexpr bool RES = WST == 0;
     constexpr int WLD = RES ? 27 * CIN + 8 : LD;      // smem weight row (halves)
     constexpr int WROWS = RES ? BN : WST * BN;        // smem weight rows
@@ -324,13 +337,16 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
     auto load_halo = [&](half* buf, int t, int c0, int lo, int hi) {
         int n, oz0, oy0, ox0;
         decode(t, n, oz0, oy0, ox0);
-        const int iz0 = oz0 - p.pd, iy0 = oy0 - p.ph, ix0 = ox0 - p.pw;
+        const int iz0 = oz0 * S - p.pd, iy0 = oy0 * S - p.ph, ix0 = ox0 * S - p.pw;
         const half* xn = x + (i64)n * p.di * p.hi * p.wi * p.cin;
         if (narrow)
-            halo_copy<2, CIN, LD, TZ + 2, HY, HX, THREADS>(buf, xn, x, p, iz0, iy0, ix0, tid, 0, lo * 4,
-                                                           hi * 4);
+            halo_copy<2, CIN, LD, HZ, HY, HX, THREADS, S>(buf, xn, x, p, iz0, iy0, ix0, tid, 0, lo * 4, hi * 4);
         else
-            halo_copy<8, CIN, LD, TZ + 2, HY, HX, THREADS>(buf, xn, x, p, iz0, iy0, ix0, tid, c0, lo, hi);
+            halo_copy<8, CIN, LD, HZ, HY, HX, THREADS, S>(buf, xn, x, p, iz0, iy0, ix0, tid, c0, lo, hi);
+    };
+    // Halo row offset of tap (dz, dy, dx) (S 2: dx 1 is in the odd half of the x-row).
+    auto tap_off = [](int dz, int dy, int dx) {
+        return (dz * HY + dy) * HX + (S == 1 ? dx : dx == 1 ? (HX + 1) / 2 : dx >> 1);
     };
     // Staged: tap `tap`'s BN x CIN weights of channels c0.. into stage `stage` (K = tap * Cin + ci).
     auto load_w = [&](int stage, int tap, int c0) {
@@ -341,13 +357,13 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
             halo_wcopy<8, CIN, BN, 1, LD, THREADS>(ws, w, p, tap, tid, c0, nb0);
     };
 
-    // Halo row of each A row this lane addresses for ldmatrix (tap 0).
+    // Halo row of each A row this lane addresses for ldmatrix (tap 0; S 2: x in the even half).
     int hrow[MI];
 #pragma unroll
     for (int i = 0; i < MI; i++) {
         int r = wm * TM + i * 16 + (lane & 15);
         int z = r / (TY * TX), yy = (r / TX) % TY, xx = r % TX;
-        hrow[i] = (z * HY + yy) * HX + xx;
+        hrow[i] = (z * S * HY + yy * S) * HX + xx;
     }
     // ldmatrix offsets inside a 16-row x 16-col A block / two 8-col B blocks.
     const int a_col = (lane >> 4) * 8;
@@ -393,7 +409,7 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
                 for (int dy = 0; dy < 3; dy++) {
 #pragma unroll
                     for (int dx = 0; dx < 3; dx++) {
-                        const int toff = (dz * HY + dy) * HX + dx;
+                        const int toff = tap_off(dz, dy, dx);
                         const half* ws = wsb + ((dz * 3 + dy) * 3 + dx) * CIN;
                         halo_tap<MI, NI, CIN, LD, WLD>(acc, hin, hrow, toff, a_col, ws);
                     }
@@ -424,8 +440,7 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
                     load_halo(sIn + (buf ^ 1) * HV * LD, pt, pc, tap * THREADS,
                               tap == 26 ? HV * CPV : min(HV * CPV, (tap + 1) * THREADS));
                 cp_async_commit();
-                const int dz = tap / 9, dy = (tap / 3) % 3, dx = tap % 3;
-                const int toff = (dz * HY + dy) * HX + dx;
+                const int toff = tap_off(tap / 9, (tap / 3) % 3, tap % 3);
                 const half* ws = sW + (tap % WS) * BN * LD + (wn * TN + b_row) * LD + b_col;
                 halo_tap<MI, NI, CIN, LD, LD>(acc, hin, hrow, toff, a_col, ws);
             }
@@ -452,9 +467,9 @@ __device__ __forceinline__ void conv_halo_t(const ConvParams& p, const half* __r
 }
 
 // Name: conv_halo_c{CIN}n{BN}_{variant}; the arguments after the name are the template's,
-// instantiated per other HALO_CONFIGS line by the catalogue's `entry_lines`.
-#define HALO2_ENTRY(NAME, CIN, BN, WM, WN, TZ, TY, TX, WST, HB)                                     \
+// instantiated per other HALO_CONFIGS line by the catalogue's `entry_lines` (S: the stride).
+#define HALO2_ENTRY(NAME, CIN, BN, WM, WN, TZ, TY, TX, WST, HB, S)                                  \
     extern "C" __global__ void __launch_bounds__(WM * WN * 32) NAME(                               \
         ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope) { \
-        conv_halo_t<CIN, BN, WM, WN, TZ, TY, TX, WST, HB>(p, x, w, bias, y, slope);                 \
+        conv_halo_t<CIN, BN, WM, WN, TZ, TY, TX, WST, HB, S>(p, x, w, bias, y, slope);              \
     }

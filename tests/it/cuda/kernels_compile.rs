@@ -118,7 +118,8 @@ fn halo_configs_match_the_kernel_entries() {
             vec![c.cin, c.bn, c.wm, wn]
         } else {
             let [z, y, x] = c.tile;
-            vec![c.cin, c.bn, c.wm, wn, z, y, x, c.wst, c.hb]
+            assert!(c.stride == 1 || c.stride == 2, "{name}: stride");
+            vec![c.cin, c.bn, c.wm, wn, z, y, x, c.wst, c.hb, c.stride]
         };
         assert_eq!(&want, a, "{name}: config vs kernel entry");
         assert!(
@@ -207,8 +208,19 @@ fn emulate_halo(c: &HaloConfig, prob: HaloProblem<'_>) -> (Vec<f64>, Vec<u32>, H
     let narrow = xc < cin; // `narrow = p.cin < CIN`: 4-byte copies, zero-padded channels
     let (ld, cpv) = (cin + 8, cin / 8); // LD; CPV: 16-byte pieces per halo row
     let [tz, ty, tx] = c.tile;
-    let (hy, hx) = (ty + 2, tx + 2);
+    // The tile's reach at the config's stride; stride 2 stores each x-row's even voxels first
+    // (`halo_x`), so tap dx of output xx is row xx, (hx + 1) / 2 + xx or xx + 1.
+    let s = c.stride;
+    let (hy, hx) = ((ty - 1) * s + 3, (tx - 1) * s + 3);
     let hv = c.halo_rows();
+    let halo_x = |h: usize| {
+        if s == 1 || h.is_multiple_of(2) {
+            h / s
+        } else {
+            hx.div_ceil(2) + h / 2
+        }
+    };
+    let tap_x = |dx: usize| if s == 1 { dx } else { halo_x(dx) };
     let res = c.wst == 0;
     let wld = if res { 27 * cin + 8 } else { ld };
     let ws_n = if res { 2 } else { c.wst };
@@ -279,9 +291,9 @@ fn emulate_halo(c: &HaloConfig, prob: HaloProblem<'_>) -> (Vec<f64>, Vec<u32>, H
             let upv = cin / u;
             let (n, oz0, oy0, ox0) = decode(t);
             let (iz0, iy0, ix0) = (
-                oz0 as isize - pads[0] as isize,
-                oy0 as isize - pads[1] as isize,
-                ox0 as isize - pads[2] as isize,
+                (oz0 * s) as isize - pads[0] as isize,
+                (oy0 * s) as isize - pads[1] as isize,
+                (ox0 * s) as isize - pads[2] as isize,
             );
             let end = end.min(hv * upv);
             for idx in lo..end {
@@ -297,7 +309,7 @@ fn emulate_halo(c: &HaloConfig, prob: HaloProblem<'_>) -> (Vec<f64>, Vec<u32>, H
                     let vox = (((n * di) as isize + iz) * hi as isize + iy) * wi as isize + ix;
                     (x, vox as usize * xc + c0 + ch)
                 });
-                copy(sm, u, buf + v * ld + ch, src);
+                copy(sm, u, buf + (v - xx + halo_x(xx)) * ld + ch, src);
             }
             end.saturating_sub(lo)
         };
@@ -413,7 +425,7 @@ fn emulate_halo(c: &HaloConfig, prob: HaloProblem<'_>) -> (Vec<f64>, Vec<u32>, H
                             }
                         }
                         let (dz, dy, dx) = (tap / 9, (tap / 3) % 3, tap % 3);
-                        let toff = (dz * hy + dy) * hx + dx;
+                        let toff = (dz * hy + dy) * hx + tap_x(dx);
                         for warp in 0..wm_n * wn_n {
                             let (wm, wn) = (warp % wm_n, warp / wm_n);
                             for kk in (0..cin).step_by(16) {
@@ -421,7 +433,7 @@ fn emulate_halo(c: &HaloConfig, prob: HaloProblem<'_>) -> (Vec<f64>, Vec<u32>, H
                                 let a_addr = |i: usize, lane: usize| {
                                     let r = wm * tm + i * 16 + (lane & 15);
                                     let (z, yy, xx) = (r / (ty * tx), (r / tx) % ty, r % tx);
-                                    let hrow = (z * hy + yy) * hx + xx;
+                                    let hrow = (z * s * hy + yy * s) * hx + xx;
                                     hin + (hrow + toff) * ld + kk + (lane >> 4) * 8
                                 };
                                 let b_addr = |j: usize, lane: usize| {
@@ -775,7 +787,8 @@ fn halo_index_emulation() {
             chunked += usize::from(cin > c.cin);
             padded += usize::from(cin < c.cin);
             let nb = 2;
-            let out = [0, 1, 2].map(|i| inp[i] + pb[i] + pe[i] - 2);
+            let st = c.stride;
+            let out = [0, 1, 2].map(|i| (inp[i] + pb[i] + pe[i] - 3) / st + 1);
             let x: Vec<f64> = (0..nb * inp.iter().product::<usize>() * cin)
                 .map(|_| rnd())
                 .collect();
@@ -836,9 +849,9 @@ fn halo_index_emulation() {
                             for co in 0..cout {
                                 let mut s = 0.0;
                                 for tap in 0..27 {
-                                    let iz = (oz + tap / 9) as isize - pb[0] as isize;
-                                    let iy = (oy + (tap / 3) % 3) as isize - pb[1] as isize;
-                                    let ix = (ox + tap % 3) as isize - pb[2] as isize;
+                                    let iz = (oz * st + tap / 9) as isize - pb[0] as isize;
+                                    let iy = (oy * st + (tap / 3) % 3) as isize - pb[1] as isize;
+                                    let ix = (ox * st + tap % 3) as isize - pb[2] as isize;
                                     if iz < 0
                                         || iy < 0
                                         || ix < 0

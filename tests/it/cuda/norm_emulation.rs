@@ -6,7 +6,10 @@
 
 /// The vector period of a channel count (`flat8_period` in the kernel and in ops/norm.rs).
 fn period(c: usize) -> usize {
-    let g = [8, 4, 2, 1].into_iter().find(|g| c % g == 0).unwrap();
+    let g = [8, 4, 2, 1]
+        .into_iter()
+        .find(|g| c.is_multiple_of(*g))
+        .unwrap();
     c / g
 }
 
@@ -14,7 +17,13 @@ const NORM_LOADS: usize = 4;
 
 /// The partials [block][c] = (sum, sum of squares) of one sample of `p` voxels x `c` channels,
 /// as the kernel's blocks of `block` threads compute them over `nblk` requested blocks.
-fn flat8_partials(x: &[f64], p: usize, c: usize, nblk: usize, block: usize) -> Vec<Vec<(f64, f64)>> {
+fn flat8_partials(
+    x: &[f64],
+    p: usize,
+    c: usize,
+    nblk: usize,
+    block: usize,
+) -> Vec<Vec<(f64, f64)>> {
     let per = period(c);
     let nv = p * c / 8;
     // The host's chunk (ops/norm.rs): a multiple of the period, so a thread keeps its channels.
@@ -76,14 +85,16 @@ fn flat8_partials(x: &[f64], p: usize, c: usize, nblk: usize, block: usize) -> V
 fn flat8_partials_sum_to_each_channels_sums() {
     let mut seed = 7u64;
     let mut next = move || {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((seed >> 33) % 17) as f64 - 8.0
     };
     // Channel counts below, between and above 8 (several lanes of one channel in a vector
     // when C < 8), periods 1 to 15, and sample sizes that leave a short last block.
     for c in [1usize, 2, 3, 5, 6, 7, 10, 12, 14, 15, 20, 30] {
         for (p, nblk) in [(8 * 97, 3), (4096, 7), (2000 + 8, 264), (512, 1)] {
-            if (p * c) % 8 != 0 {
+            if !(p * c).is_multiple_of(8) {
                 continue;
             }
             let x: Vec<f64> = (0..p * c).map(|_| next()).collect();
@@ -93,7 +104,9 @@ fn flat8_partials_sum_to_each_channels_sums() {
                 let (s, q) = (0..p)
                     .map(|i| x[i * c + ch] - sh)
                     .fold((0.0, 0.0), |(s, q), a| (s + a, q + a * a));
-                let got = parts.iter().fold((0.0, 0.0), |a, b| (a.0 + b[ch].0, a.1 + b[ch].1));
+                let got = parts
+                    .iter()
+                    .fold((0.0, 0.0), |a, b| (a.0 + b[ch].0, a.1 + b[ch].1));
                 assert_eq!(got, (s, q), "C {c}, P {p}, {nblk} blocks, channel {ch}");
             }
         }

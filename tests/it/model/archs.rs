@@ -295,17 +295,18 @@ fn gpu_cases_with(opts: voxtile::internals::cuda::CudaOptions) {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
-/// The exports' windows with the fusions that are off until measured: convs in Cin chunks and
-/// z-pair convs reading their norm's input (`CudaOptions::cin_chunks`, `norm_load_conv`): the
-/// same bars.
+/// The exports' windows with the switches that are off until measured: convs in Cin chunks,
+/// z-pair convs reading their norm's input and stride-2 convs on the stride-2 halo kernel
+/// (`CudaOptions::cin_chunks`, `norm_load_conv`, `halo_s2`): the same bars.
 #[test]
-fn architectures_on_the_gpu_with_cin_chunks_and_norm_load_convs() {
+fn architectures_on_the_gpu_with_unmeasured_switches() {
     if !gpu_present() {
         return;
     }
     gpu_cases_with(voxtile::internals::cuda::CudaOptions {
         cin_chunks: true,
         norm_load_conv: true,
+        halo_s2: true,
         ..Default::default()
     });
 }

@@ -3,6 +3,7 @@
 
 mod attention;
 mod concat_split;
+mod halo_s2;
 mod norm_head;
 mod planner;
 mod residual;

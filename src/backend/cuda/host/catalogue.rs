@@ -487,6 +487,9 @@ pub struct HaloConfig {
     /// An `_nl` twin ([`NORM_LOAD_TWINS`]): the same kernel, whose input is a norm's input,
     /// normalised and activated on load (`NormLoad` in kernels/common.cuh).
     pub norm_load: bool,
+    /// The conv's stride on every axis: 1, or 2 for a `conv_halo_t` whose halo is the tile's
+    /// reach at stride 2 (`CudaOptions::halo_s2`).
+    pub stride: usize,
 }
 
 /// Output voxels of the original halo tile (z, y, x).
@@ -503,9 +506,12 @@ impl HaloConfig {
             || (self.wst != 0 && self.cin >= 32 && cin > 0 && cin.is_multiple_of(self.cin))
     }
 
-    /// Rows of one halo buffer: the tile grown by the 3^3 kernel's reach.
+    /// Rows of one halo buffer: the tile's reach through the 3^3 kernel at its stride.
     pub fn halo_rows(&self) -> usize {
-        self.tile.iter().map(|t| t + 2).product()
+        self.tile
+            .iter()
+            .map(|t| (t - 1) * self.stride + 3)
+            .product()
     }
 
     /// Dynamic shared memory: the weights (resident: bn rows of 27 * Cin + 8 halves; staged:
@@ -602,6 +608,7 @@ const fn halo(name: &'static str, cin: usize, bn: usize, wm: usize, wn: usize) -
         experiment: false,
         stats: false,
         norm_load: false,
+        stride: 1,
     }
 }
 
@@ -777,7 +784,18 @@ pub const HALO_CONFIGS: &[HaloConfig] = &[
     CONV_HALO_C16N32,
     CONV_HALO_C64N64_H2,
     CONV_HALO_C32N64_H2,
+    CONV_HALO_C32N64_S2,
 ];
+
+/// Stride-2 3^3 convs with Cin = k x 32 (`CudaOptions::halo_s2`; not measured yet): a 2x4x8
+/// output tile whose 5x9x17 input halo (61 KB) is copied once, 4 warps of 32x32, two weight
+/// stages (71 KB in all: 3 blocks per SM). W1's 32 -> 64 at 128³ -> 64³ runs on the implicit
+/// GEMM at ~130 TF/s, which gathers each input voxel for every output whose taps reach it.
+pub const CONV_HALO_C32N64_S2: HaloConfig = HaloConfig {
+    tile: [2, 4, 8],
+    stride: 2,
+    ..halo("conv_halo_c32n64_s2", 32, 64, 2, 2)
+};
 
 /// A `conv_wg_*` kernel: one warpgroup, a tile of `tz` 8x8 output faces, resident weights
 /// (`wst` 0) or a ring of `wst` one-tap stages.
@@ -800,6 +818,7 @@ const fn wg(name: &'static str, cin: usize, bn: usize, tz: usize, wst: usize) ->
         experiment: false,
         stats: false,
         norm_load: false,
+        stride: 1,
     }
 }
 
@@ -1019,7 +1038,7 @@ impl HaloConfig {
     /// Whether it is `conv_halo`'s one configuration (4x8x8 tile, 2 weight stages, one halo
     /// buffer); every other runs the `conv_halo_t` template.
     pub fn is_plain(&self) -> bool {
-        self.tile == HALO_TILE && self.wst == 2 && self.hb == 1
+        self.tile == HALO_TILE && self.wst == 2 && self.hb == 1 && self.stride == 1
     }
 }
 
@@ -1096,8 +1115,8 @@ pub fn entry_lines(fam: Family) -> String {
         } else {
             let [z, y, x] = c.tile;
             out.push_str(&format!(
-                "HALO2_ENTRY({name}, {cin}, {bn}, {wm}, {wn}, {z}, {y}, {x}, {}, {})\n",
-                c.wst, c.hb
+                "HALO2_ENTRY({name}, {cin}, {bn}, {wm}, {wn}, {z}, {y}, {x}, {}, {}, {})\n",
+                c.wst, c.hb, c.stride
             ));
         }
     }

@@ -63,6 +63,8 @@ pub struct ArchCaps {
     /// A z-pair conv reads the norm before it normalised on load
     /// (`CudaOptions::norm_load_conv`).
     pub norm_load_conv: bool,
+    /// Stride-2 convs may take a stride-2 halo kernel (`CudaOptions::halo_s2`).
+    pub halo_s2: bool,
 }
 
 impl ArchCaps {
@@ -89,6 +91,7 @@ impl ArchCaps {
             concat_split: true,
             cin_chunks: false,
             norm_load_conv: false,
+            halo_s2: false,
         }
     }
 
@@ -116,6 +119,7 @@ impl ArchCaps {
             concat_split: opts.concat_split,
             cin_chunks: opts.cin_chunks,
             norm_load_conv: opts.norm_load_conv,
+            halo_s2: opts.halo_s2,
             head_staged: opts.head_staged,
             conv_tile: opts.conv_tile,
             halo_tile: opts.halo_tile,
@@ -390,7 +394,12 @@ impl ConvKernel {
         }
         // The halo kernel that takes the conv, if one does (wgmma first unless a plain halo
         // kernel is forced).
-        let halo = (mma && !g.upsample && caps.conv_halo && caps.conv_tile.is_none())
+        let strided = g.stride != [1; 3];
+        let halo = (mma
+            && !g.upsample
+            && caps.conv_halo
+            && caps.conv_tile.is_none()
+            && (!strided || caps.halo_s2))
             .then(|| {
                 let force = caps.halo_tile.map(|c| c.name);
                 let wg = caps.conv_wgmma && caps.halo_tile.is_none_or(|c| c.wgmma);
@@ -559,6 +568,23 @@ mod tests {
                 geom([3, 16, 16, 16], [24, 8, 8, 8], 3, 2, 1, false),
                 vec![24, 3, 3, 3, 3],
                 "Mma",
+            ),
+            // 3^3 stride 2, Cin 32: the implicit GEMM by default, the stride-2 halo kernel
+            // with `halo_s2` (the same weight layout).
+            (
+                h200,
+                geom([32, 16, 16, 16], [64, 8, 8, 8], 3, 2, 1, false),
+                vec![64, 32, 3, 3, 3],
+                "Mma",
+            ),
+            (
+                ArchCaps {
+                    halo_s2: true,
+                    ..h200
+                },
+                geom([32, 16, 16, 16], [64, 8, 8, 8], 3, 2, 1, false),
+                vec![64, 32, 3, 3, 3],
+                "Halo",
             ),
             (
                 h200,

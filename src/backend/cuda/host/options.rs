@@ -70,6 +70,9 @@ pub struct CudaOptions {
     /// on load (its `_nl` twin), so the norm's output is never written: W1's second conv at
     /// 128³ in the encoder and in the decoder. Off until measured.
     pub norm_load_conv: bool,
+    /// Run stride-2 3^3 convs of Cin = k x 32 on a halo kernel (`conv_halo_c32n64_s2`: the
+    /// tile's input reach copied once) rather than the implicit GEMM. Off until measured.
+    pub halo_s2: bool,
     /// Replay each batch's launch list as a CUDA graph (`launch_list::Graphs`) rather than
     /// launching its steps one by one (the same kernels on the same buffers either way).
     pub graphs: bool,
@@ -97,6 +100,7 @@ impl Default for CudaOptions {
             concat_split: true,
             cin_chunks: false,
             norm_load_conv: false,
+            halo_s2: false,
             graphs: true,
         }
     }

@@ -132,7 +132,7 @@ pub fn split_k(sm: usize, rows: usize, cout: usize, k: usize, t: &MmaConfig) -> 
 pub const HALO_MAX_COUT: usize = 128;
 
 /// The halo kernel for a conv, when one applies: not transposed, one group, kernel 3^3,
-/// stride 1, dilation 1 (any pads), Cin 16, 32, 64 or a multiple of 32 (Cin > 64 in chunks;
+/// stride 1 (or 2 on every axis, on the stride-2 configs), dilation 1 (any pads), Cin 16, 32, 64 or a multiple of 32 (Cin > 64 in chunks;
 /// an even Cin in 10..14 on the zero-padding width-16 kernels), Cout <=
 /// HALO_MAX_COUT (above the tile width: grid.y over bn-wide tiles), and its shared memory within
 /// `smem_max` (the device's opt-in limit per block). The tile width is the narrowest that holds
@@ -180,16 +180,20 @@ fn pick_halo_in<'a>(
     force: Option<&str>,
 ) -> Option<&'a HaloConfig> {
     let (cin, cout) = (g.xs[0], g.os[0]);
+    // One stride on every axis, a config's (1, or 2 on the stride-2 configs).
+    let s = g.stride[0];
     if g.transposed
         || g.groups != 1
         || g.k != [3; 3]
-        || g.stride != [1; 3]
+        || g.stride != [s; 3]
         || g.dil != [1; 3]
         || cout == 0
     {
         return None;
     }
-    let runs = |c: &&HaloConfig| c.accepts_cin(cin) && c.smem_bytes() as usize <= smem_max;
+    let runs = |c: &&HaloConfig| {
+        c.stride == s && c.accepts_cin(cin) && c.smem_bytes() as usize <= smem_max
+    };
     let widths = || configs.iter().filter(runs).map(|c| c.bn);
     // Cout above every width: grid.y channel tiles, on the width >= 32 configs only.
     let tiled = || {
@@ -349,7 +353,15 @@ mod tests {
         assert_eq!(h(40, 32, [3; 3], [1; 3], [1; 3], 1, false, big), None);
         assert_eq!(h(0, 32, [3; 3], [1; 3], [1; 3], 1, false, big), None);
         assert_eq!(h(24, 32, [3; 3], [1; 3], [1; 3], 1, false, big), None);
-        assert_eq!(h(32, 32, [3; 3], [2; 3], [1; 3], 1, false, big), None);
+        // Stride 2 on every axis: the stride-2 config (Cin k x 32; the caller's `halo_s2`
+        // decides whether it is asked), never a stride-1 one; mixed or larger strides: none.
+        let s2 = Some(CONV_HALO_C32N64_S2.name);
+        assert_eq!(h(32, 32, [3; 3], [2; 3], [1; 3], 1, false, big), s2);
+        assert_eq!(h(64, 128, [3; 3], [2; 3], [1; 3], 1, false, big), s2);
+        assert_eq!(h(16, 32, [3; 3], [2; 3], [1; 3], 1, false, big), None);
+        assert_eq!(h(32, 64, [3; 3], [2, 1, 2], [1; 3], 1, false, big), None);
+        assert_eq!(h(32, 64, [3; 3], [3; 3], [1; 3], 1, false, big), None);
+        assert_eq!(h(32, 256, [3; 3], [2; 3], [1; 3], 1, false, big), None);
         assert_eq!(h(32, 32, [3; 3], [1; 3], [2; 3], 1, false, big), None);
         assert_eq!(h(32, 32, [1; 3], [1; 3], [1; 3], 1, false, big), None);
         assert_eq!(h(32, 32, [3; 3], [1; 3], [1; 3], 2, false, big), None);

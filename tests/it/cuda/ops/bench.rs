@@ -489,9 +489,10 @@ fn profile_models() {
         // The fusions the defaults run, each switched off alone and both (the per-op profile
         // of both off, `PROFST`): the norms' statistics from the convs' epilogues, the convs
         // over a concat per part; and the fusions off by default: the convs in Cin chunks
-        // (`PROFCH`), the z-pair convs reading their norm's input (`PROFNL`), both.
+        // (`PROFCH`), the z-pair convs reading their norm's input (`PROFNL`), both; the
+        // stride-2 convs on the stride-2 halo kernel (`PROFS2`).
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
-        let variants: [Switch; 6] = [
+        let variants: [Switch; 7] = [
             (
                 "without norm statistics in the conv epilogues",
                 |o| o.norm_stats = false,
@@ -517,6 +518,11 @@ fn profile_models() {
                 |o| (o.cin_chunks, o.norm_load_conv) = (true, true),
                 None,
             ),
+            (
+                "with the stride-2 halo kernel",
+                |o| o.halo_s2 = true,
+                Some("PROFS2"),
+            ),
         ];
         for (what, set, tag) in variants {
             b.with(set);
@@ -533,6 +539,7 @@ fn profile_models() {
                 let d = CudaOptions::default();
                 (o.norm_stats, o.concat_split) = (d.norm_stats, d.concat_split);
                 (o.cin_chunks, o.norm_load_conv) = (d.cin_chunks, d.norm_load_conv);
+                o.halo_s2 = d.halo_s2;
             });
             let dev = max_abs_diff(&ys, &y);
             println!(

@@ -160,8 +160,9 @@ fn conv_halo_cases() {
     // holds Cout): forced by name, so each case checks the kernel it names whatever the
     // defaults are; the default (where there is one) is the case's last field.
     let mut all = Vec::new();
+    let stride1 = || HALO_CONFIGS.iter().filter(|v| v.stride == 1);
     for c in &cases {
-        let ok = |v: &&HaloConfig| v.accepts_cin(c.0) && c.1 <= v.bn;
+        let ok = |v: &&HaloConfig| v.stride == 1 && v.accepts_cin(c.0) && c.1 <= v.bn;
         let bn = HALO_CONFIGS.iter().filter(ok).map(|v| v.bn).min().unwrap();
         let def = default_halo(c.0, c.1, 3, 1);
         assert_eq!(def.map_or("forced only", |d| d.name), c.5, "{c:?}");
@@ -171,8 +172,8 @@ fn conv_halo_cases() {
     }
     let names: Vec<&str> = all.iter().map(|c| c.5).collect();
     assert!(
-        HALO_CONFIGS.iter().all(|v| names.contains(&v.name)),
-        "every halo kernel has a case: {names:?}"
+        stride1().all(|v| names.contains(&v.name)),
+        "every stride-1 halo kernel has a case: {names:?}"
     );
     for (cin, cout, sp, pads, act, kern) in all {
         b.with(|o| o.halo_tile = Some(halo_named(kern)));
@@ -256,14 +257,12 @@ fn conv_halo_cases() {
     ];
     for (cin, cout, sp, pads, act, def) in chunked {
         // The planner's width: the narrowest that holds Cout, else 64-wide channel tiles.
-        let bn = HALO_CONFIGS
-            .iter()
+        let bn = stride1()
             .filter(|v| v.accepts_cin(cin) && cout <= v.bn)
             .map(|v| v.bn)
             .min()
             .unwrap_or(64);
-        let forced = HALO_CONFIGS
-            .iter()
+        let forced = stride1()
             .filter(|v| v.accepts_cin(cin) && v.bn == bn)
             .map(|v| Some(v.name));
         for tile in std::iter::once(None).chain(forced) {
@@ -410,4 +409,54 @@ fn experiment_slices() -> Vec<(usize, usize, usize, Option<&'static str>)> {
     ];
     #[cfg(not(feature = "kernel-experiments"))]
     vec![]
+}
+
+/// The stride-2 halo kernels (`halo_s2`; `conv_halo_c32n64_s2`: the 2x4x8 tile's 5x9x17 input
+/// reach, x-rows stored even voxels first) vs float64: W1's 32 -> 64 shape at small sizes, odd
+/// and even input edges (the last tile partial, the end pad used or not), zero and asymmetric
+/// begin pads, Cout 20 (odd channel pairs, one channel tile) and 128 (two tiles), Cin 64 and 96
+/// in 32-channel chunks; each checked to run the stride-2 kernel, and the default (switch off)
+/// checked to keep the implicit GEMM.
+#[test]
+fn conv_halo_stride2_cases() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("halo s2");
+    b.with(|o| o.conv_tile = None);
+    b.with(|o| o.halo_tile = None);
+    let kern = cat::CONV_HALO_C32N64_S2.name;
+    let leaky = || Some(Op::LeakyRelu { alpha: 0.01 });
+    #[allow(clippy::type_complexity)]
+    let cases: Vec<(usize, usize, [usize; 3], [usize; 6], Option<Op>)> = vec![
+        (32, 64, [16, 16, 16], [1; 6], None),
+        (32, 64, [9, 13, 17], [1; 6], leaky()),
+        (32, 20, [7, 10, 21], [0; 6], None),
+        (32, 64, [8, 11, 18], [1, 0, 1, 0, 1, 1], Some(Op::Relu)),
+        (64, 128, [10, 9, 16], [1; 6], leaky()),
+        (96, 33, [5, 7, 19], [1; 6], None),
+    ];
+    for (cin, cout, sp, pads, act) in cases {
+        for on in [true, false] {
+            b.with(|o| o.halo_s2 = on);
+            let name = format!(
+                "s2 {cin}->{cout} {sp:?} pads {pads:?}{}{}",
+                if act.is_some() { " +act" } else { "" },
+                if on { "" } else { " (switch off)" }
+            );
+            conv_case(
+                &mut b,
+                &mut r,
+                ConvCase::new(&name, cin, cout, sp, 3)
+                    .st([2; 3])
+                    .pads(pads)
+                    .act(act.clone()),
+            );
+            let used = kernels_used(&mut b, 2);
+            assert_eq!(
+                used.iter().any(|k| k == kern),
+                on,
+                "{name}: {kern} expected {on}, ran {used:?}"
+            );
+        }
+    }
+    b.with(|o| o.halo_s2 = false);
 }

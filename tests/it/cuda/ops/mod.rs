@@ -59,6 +59,10 @@ fn halo_named(name: &str) -> &'static cat::HaloConfig {
 
 /// The halo kernel the planner picks by default for a stride-1 3^3 conv (227 KiB of smem).
 fn default_halo(cin: usize, cout: usize, k: usize, st: usize) -> Option<&'static cat::HaloConfig> {
+    // The stride-2 halo kernels run only with `halo_s2` (off by default).
+    if st != 1 {
+        return None;
+    }
     let g = ConvGeom {
         xs: [cin, 8, 8, 8],
         os: [cout, 8, 8, 8],
