@@ -266,7 +266,8 @@ fn bench_w1_layers() {
 /// line per variant with ms and TF/s (real FLOPs, not the zero-padded ones), the default
 /// marked, so the HALO_CONFIGS order can be chosen from one run. For Cin < 32 also the old
 /// path (halo off: `conv_mma_*`) and a `RESULT w2 ... old ... new` summary line. On compute
-/// capability 9.0 the `conv_wg_*` (wgmma) variants too.
+/// capability 9.0 the `conv_wg_*` (wgmma) variants too. Then W1's stride-2 convs of Cin 32 and
+/// 64 on the implicit GEMM and on the stride-2 halo kernel (`RESULT halo-s2`).
 #[test]
 fn bench_halo_variants() {
     use super::conv_wgmma::default_wgmma;
@@ -328,7 +329,7 @@ fn bench_halo_variants() {
         // (wgmma ones too where the device has them.)
         let wg = cat::has_wgmma(b.arch());
         let table = || HALO_CONFIGS.iter().chain(wgmma_all().filter(|_| wg));
-        let runs = |v: &&HaloConfig| v.accepts_cin(cin);
+        let runs = |v: &&HaloConfig| v.stride == 1 && v.accepts_cin(cin);
         let widths = || table().filter(runs).map(|v| v.bn);
         let bn = widths()
             .filter(|&w| cout <= w)
@@ -386,6 +387,46 @@ fn bench_halo_variants() {
         }
     }
     b.with(|o| o.halo_tile = None);
+    // W1's stride-2 convs of Cin 32 and 64 (128³ -> 64³, 64³ -> 32³) on the implicit GEMM
+    // (the default) and on the stride-2 halo kernel (`halo_s2`), each checked to be the one
+    // that ran.
+    for (cin, cout, n, s, label) in [
+        (32usize, 64usize, 4usize, 128usize, "W1 32->64 s2 4x128^3"),
+        (64, 128, 4, 64, "W1 64->128 s2 4x64^3"),
+    ] {
+        let os = s / 2;
+        let flop = 2.0 * (n * os * os * os) as f64 * cout as f64 * (27 * cin) as f64;
+        let mut t = [0.0; 2];
+        for (i, on) in [false, true].into_iter().enumerate() {
+            b.with(|o| o.halo_s2 = on);
+            let op = Op::Conv(Conv {
+                weight: Tensor::new(
+                    vec![cout, cin, 3, 3, 3],
+                    r.scaled(cout * cin * 27, 1.0 / ((27 * cin) as f32).sqrt()),
+                ),
+                bias: None,
+                stride: [2; 3],
+                dilation: [1; 3],
+                pads: [1; 6],
+                groups: 1,
+            });
+            t[i] = time_one(&mut b, &mut r, op, cin, cout, n, s);
+            let used = kernels_used(&mut b, n);
+            let s2 = used.iter().any(|k| k == cat::CONV_HALO_C32N64_S2.name);
+            assert_eq!(s2, on, "{label}: halo_s2 {on} ran {used:?}");
+            println!(
+                "RESULT halo-s2 {label} {:<22} {:.3} ms {:6.1} TF/s",
+                used.join("+"),
+                t[i],
+                flop / t[i] / 1e9
+            );
+        }
+        println!(
+            "RESULT halo-s2 {label}: stride-2 halo / implicit GEMM {:.3}",
+            t[1] / t[0]
+        );
+    }
+    b.with(|o| o.halo_s2 = false);
 }
 
 /// Per-op profile (`profile_forward`) of the models in VOXTILE_PROFILE_ONNX
