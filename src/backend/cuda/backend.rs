@@ -3,7 +3,8 @@
 //! the blended outputs are kept (or there is one channel, thresholded on the host).
 
 use super::CudaBackend;
-use crate::backend::cuda::stream::WindowJob;
+use crate::backend::cuda::layers::layer_kernels;
+use crate::backend::cuda::stream::{GpuTimes, WindowJob};
 use crate::backend::{Backend, MemoryModel, Pass, PassOutput, StageTimes};
 use crate::model::Graph;
 use crate::tiling::{self, PadMode};
@@ -83,8 +84,21 @@ impl Backend for CudaBackend {
             },
             measured_activation_bytes: self.activation_bytes() as u64,
             peak_device_bytes: self.peak_device_bytes(),
-            details: serde_json::to_value(&times).ok(),
+            details: self.details(&times),
         })
+    }
+}
+
+impl CudaBackend {
+    /// The report's CUDA details: the pass's event times and the kernel of each layer of the
+    /// prepared launch list (`layers`).
+    fn details(&self, times: &GpuTimes) -> Option<serde_json::Value> {
+        let mut d = serde_json::to_value(times).ok()?;
+        if let (serde_json::Value::Object(m), Some(p)) = (&mut d, self.prepared.as_ref()) {
+            let layers = serde_json::to_value(layer_kernels(&p.labels)).ok()?;
+            m.insert("layers".into(), layers);
+        }
+        Some(d)
     }
 }
 

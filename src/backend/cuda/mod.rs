@@ -16,13 +16,15 @@
 //! - `runtime/`: `compile` (NVRTC, the PTX and cubin cache), `device` (driver errors, the
 //!   allocation tracker, `DevBuf`), `launch` (kernel arguments and launches on a `Gpu`);
 //! - `ops/*`: one plan-and-launch unit per op family; `launch_list`: the prepared graph;
-//! - `single` (one batch in and out), `stream/` (the streamed sliding window), `profile`;
+//! - `single` (one batch in and out), `stream/` (the streamed sliding window), `profile`,
+//!   `layers` (the report's kernel per layer);
 //! - this file and `backend`/`memory`: `CudaBackend`, which owns the device state and options.
 
 pub mod abi;
 mod backend;
 pub mod host;
 pub(crate) mod launch_list;
+pub mod layers;
 pub mod memory;
 pub(crate) mod ops;
 pub(crate) mod profile;

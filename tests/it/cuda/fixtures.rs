@@ -85,8 +85,25 @@ fn sliding_window_fixtures_on_gpu() {
         println!(
             "RESULT gpu sliding window {id}: {} windows, rel L2 vs MONAI {e:.3e}, argmax agreement {agree:.5}, gpu {}",
             report.windows,
-            report.gpu.map(|g| g.to_string()).unwrap_or_default()
+            report.gpu.as_ref().map(|g| g.to_string()).unwrap_or_default()
         );
+        // The report names each layer's kernel and its family: every conv has one.
+        let layers = report
+            .gpu
+            .as_ref()
+            .and_then(|g| g["layers"].as_array().cloned());
+        let layers = layers.unwrap_or_else(|| panic!("{id}: no gpu.layers in the report"));
+        let convs: Vec<_> = layers
+            .iter()
+            .filter(|l| l["layer"].as_str().is_some_and(|s| s.starts_with("Conv")))
+            .collect();
+        assert!(!convs.is_empty(), "{id}: no conv layer in {layers:?}");
+        for l in convs {
+            assert!(
+                l["family"].is_string() && l["launches"].as_u64() >= Some(1),
+                "{id}: {l}"
+            );
+        }
         assert!(e <= 1e-2, "{id}: rel L2 {e}");
         assert!(agree >= 0.999, "{id}: agreement {agree}");
     }

@@ -158,6 +158,11 @@ impl Family {
     }
 }
 
+/// The family that defines kernel `name`, if one does.
+pub fn family_of(name: &str) -> Option<Family> {
+    FAMILIES.into_iter().find(|f| f.entries().contains(&name))
+}
+
 /// Whether the wgmma family (`conv_wg_*`) exists on a device of architecture `arch` ("sm_90"):
 /// it is built for the arch-specific sm_90a, which runs on compute capability 9.0 alone.
 pub fn has_wgmma(arch: &str) -> bool {
