@@ -593,25 +593,35 @@ fn profile_models() {
 }
 
 /// W2's k3 s2 transposed convs (parity classes fused into one GEMM) at batch 4 with each
-/// `conv_mma` tile forced, each followed by an InstanceNorm as in W2 (so the conv stores fp32):
-/// the conv's own time per tile, against the planner's pick (`RESULT convt`).
+/// `conv_mma` tile forced, each followed by an InstanceNorm as in W2 (so the conv stores fp32),
+/// and W1's k2 s2 ones at 128³ and 64³ (fp16 output): the conv's own time per tile, against the
+/// planner's pick (`RESULT convt`).
 #[test]
 fn bench_convt_tiles() {
     let Some(mut b) = gpu() else { return };
     let mut r = Rng::tagged("convt-tiles");
     b.with(|o| o.poison = false);
     let n = 4;
-    for (cin, cout, s) in [(32usize, 14usize, 64usize), (64, 16, 32), (128, 32, 16)] {
+    // (Cin, Cout, input side, kernel): W2's k3 s2 ones, then W1's k2 s2 ones at 128³ and 64³
+    // (the upsampling GEMM; there without a norm after it, as W1's go into their concat).
+    for (cin, cout, s, k) in [
+        (32usize, 14usize, 64usize, 3usize),
+        (64, 16, 32, 3),
+        (128, 32, 16, 3),
+        (64, 32, 64, 2),
+        (128, 64, 32, 2),
+    ] {
+        let k3 = k == 3;
         let op = Op::ConvTranspose(ConvTranspose {
             weight: Tensor::new(
-                vec![cin, cout, 3, 3, 3],
-                r.scaled(cin * cout * 27, 1.0 / (cin as f32).sqrt()),
+                vec![cin, cout, k, k, k],
+                r.scaled(cin * cout * k * k * k, 1.0 / (cin as f32).sqrt()),
             ),
             bias: Some(Tensor::new(vec![cout], r.scaled(cout, 0.1))),
             stride: [2; 3],
             dilation: [1; 3],
-            pads: [1; 6],
-            output_padding: [1; 3],
+            pads: [usize::from(k3); 6],
+            output_padding: [usize::from(k3); 3],
             groups: 1,
         });
         let norm = Op::InstanceNorm {
@@ -619,10 +629,14 @@ fn bench_convt_tiles() {
             scale: Tensor::new(vec![cout], vec![1.0; cout]),
             bias: Tensor::new(vec![cout], vec![0.0; cout]),
         };
-        let g = graph(cin, vec![(op, vec![0], cout), (norm, vec![1], cout)]);
+        let mut nodes = vec![(op, vec![0], cout)];
+        if k3 {
+            nodes.push((norm, vec![1], cout));
+        }
+        let g = graph(cin, nodes);
         let x =
             Array5::from_shape_vec((n, cin, s, s, s), r.scaled(n * cin * s * s * s, 1.0)).unwrap();
-        let flop = 2.0 * (n * s * s * s) as f64 * (cin * cout * 27) as f64;
+        let flop = 2.0 * (n * s * s * s) as f64 * (cin * cout * k * k * k) as f64;
         let mut want: Option<Array5<f32>> = None;
         for tile in std::iter::once(None).chain(MMA_CONFIGS.iter().map(Some)) {
             b.with(|o| o.conv_tile = tile);
@@ -648,7 +662,7 @@ fn bench_convt_tiles() {
                 .map(|p| (p.0.clone(), p.1))
                 .expect("the transposed conv in the profile");
             println!(
-                "RESULT convt {cin}->{cout} {n}x{s}^3 -> {}^3 {:<22} {ms:.3} ms ({:.0} TF/s useful)  {label}",
+                "RESULT convt {cin}->{cout} k{k} {n}x{s}^3 -> {}^3 {:<22} {ms:.3} ms ({:.0} TF/s useful)  {label}",
                 2 * s,
                 tile.map_or("auto", |t| t.name),
                 flop / ms / 1e9
