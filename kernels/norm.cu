@@ -352,10 +352,29 @@ extern "C" __global__ void affine_act_f32(const float* __restrict__ x, half* __r
     affine_act_t(x, y, total, P, C, ab, ab_nstride, act, alpha, slope, slope_n);
 }
 
+// An activation code fixed at compile time (ACT >= 0: the switch folds away) or read at run time
+// (ACT_ANY): the affine kernels take the switch once per launch, not once per value, where a
+// switch per value is an indirect branch between dependent loads. The same expression either way.
+#define ACT_ANY (-1)
+template <int ACT>
+__device__ __forceinline__ float act_of(float v, int c, int act, float alpha, const float* __restrict__ slope,
+                                        int slope_n) {
+    return act_apply(v, c, ACT == ACT_ANY ? act : ACT, alpha, slope, slope_n);
+}
+// Calls BODY<T, ACT> with the activation fixed where it is one the networks use.
+#define AFFINE_BY_ACT(BODY, T, ...)                                                                    \
+    switch (act) {                                                                                      \
+    case ACT_NONE: return BODY<T, ACT_NONE>(__VA_ARGS__);                                               \
+    case ACT_RELU: return BODY<T, ACT_RELU>(__VA_ARGS__);                                               \
+    case ACT_LEAKY: return BODY<T, ACT_LEAKY>(__VA_ARGS__);                                             \
+    case ACT_PRELU: return BODY<T, ACT_PRELU>(__VA_ARGS__);                                             \
+    default: return BODY<T, ACT_ANY>(__VA_ARGS__);                                                      \
+    }
+
 // affine_act for C % 8 == 0 with P*C/8 < 2^32: 16-byte vectors, sample n = blockIdx.y, 32-bit
 // index math, the vector's 8 (a, b) pairs read once.
-template <typename T>
-__device__ __forceinline__ void affine_act_v8_t(const T* __restrict__ x, half* __restrict__ y, i64 P, int C,
+template <typename T, int ACT>
+__device__ __forceinline__ void affine_act_v8_b(const T* __restrict__ x, half* __restrict__ y, i64 P, int C,
                                                 const float* __restrict__ ab, int ab_nstride, int act, float alpha,
                                                 const float* __restrict__ slope, int slope_n) {
     const int n = blockIdx.y;
@@ -372,12 +391,18 @@ __device__ __forceinline__ void affine_act_v8_t(const T* __restrict__ x, half* _
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             float2 q0 = abn[c0 + 2 * k], q1 = abn[c0 + 2 * k + 1];
-            float a = act_apply(v[2 * k] * q0.x + q0.y, c0 + 2 * k, act, alpha, slope, slope_n);
-            float b = act_apply(v[2 * k + 1] * q1.x + q1.y, c0 + 2 * k + 1, act, alpha, slope, slope_n);
+            float a = act_of<ACT>(v[2 * k] * q0.x + q0.y, c0 + 2 * k, act, alpha, slope, slope_n);
+            float b = act_of<ACT>(v[2 * k + 1] * q1.x + q1.y, c0 + 2 * k + 1, act, alpha, slope, slope_n);
             h[k] = __floats2half2_rn(a, b);
         }
         yv[e] = *reinterpret_cast<const uint4*>(h);
     }
+}
+template <typename T>
+__device__ __forceinline__ void affine_act_v8_t(const T* __restrict__ x, half* __restrict__ y, i64 P, int C,
+                                                const float* __restrict__ ab, int ab_nstride, int act, float alpha,
+                                                const float* __restrict__ slope, int slope_n) {
+    AFFINE_BY_ACT(affine_act_v8_b, T, x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n)
 }
 // The kernels of a vector affine template, one per input type (fp16, or fp32 from a conv kept so).
 #define AFFINE_VEC_ENTRY(NAME, T, IMPL)                                                               \
@@ -391,8 +416,8 @@ AFFINE_VEC_ENTRY(affine_act_v8_f32, float, affine_act_v8_t)
 
 // affine_act for C % 8 != 0 with P * C % 8 == 0 (flat vectors, see flat8_period): sample n =
 // blockIdx.y; the channel of a vector's first value is (8v) % C, the next ones follow with wrap.
-template <typename T>
-__device__ __forceinline__ void affine_act_flat8_t(const T* __restrict__ x, half* __restrict__ y, i64 P, int C,
+template <typename T, int ACT>
+__device__ __forceinline__ void affine_act_flat8_b(const T* __restrict__ x, half* __restrict__ y, i64 P, int C,
                                                    const float* __restrict__ ab, int ab_nstride, int act,
                                                    float alpha, const float* __restrict__ slope, int slope_n) {
     const int n = blockIdx.y;
@@ -412,12 +437,18 @@ __device__ __forceinline__ void affine_act_flat8_t(const T* __restrict__ x, half
             const int cb = c;
             c = c + 1 == C ? 0 : c + 1;
             float2 q0 = abn[ca], q1 = abn[cb];
-            float a = act_apply(v[2 * k] * q0.x + q0.y, ca, act, alpha, slope, slope_n);
-            float b = act_apply(v[2 * k + 1] * q1.x + q1.y, cb, act, alpha, slope, slope_n);
+            float a = act_of<ACT>(v[2 * k] * q0.x + q0.y, ca, act, alpha, slope, slope_n);
+            float b = act_of<ACT>(v[2 * k + 1] * q1.x + q1.y, cb, act, alpha, slope, slope_n);
             h[k] = __floats2half2_rn(a, b);
         }
         yv[e] = *reinterpret_cast<const uint4*>(h);
     }
+}
+template <typename T>
+__device__ __forceinline__ void affine_act_flat8_t(const T* __restrict__ x, half* __restrict__ y, i64 P, int C,
+                                                   const float* __restrict__ ab, int ab_nstride, int act,
+                                                   float alpha, const float* __restrict__ slope, int slope_n) {
+    AFFINE_BY_ACT(affine_act_flat8_b, T, x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n)
 }
 AFFINE_VEC_ENTRY(affine_act_flat8, half, affine_act_flat8_t)
 AFFINE_VEC_ENTRY(affine_act_flat8_f32, float, affine_act_flat8_t)

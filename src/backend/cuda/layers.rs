@@ -9,7 +9,7 @@ use serde::Serialize;
 /// One layer of the launch list as the report shows it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LayerKernel {
-    /// The step's profile label ("Conv k333 s1 [conv_wz_c32_y16_h2] 32x128x128x128 -> ...").
+    /// The step's profile label (`Conv k333 s1 [conv_wz_c32_y16_h2] 32x128x128x128 -> ...`).
     pub layer: String,
     /// Its launches in one pass over a batch (a window segment's steps run once per window).
     pub launches: usize,
