@@ -197,7 +197,8 @@ fn heads_normalise_their_input_on_load() {
 /// With `norm_load_conv`: x -> conv 3³ `cin` -> 32 -> norm (`groups`) -> `act` -> z-pair conv
 /// 32 -> `cout` (its `_nl` twin on the norm's input) -> `tail` on a batch of 2 whose outputs end
 /// inside a tile on every axis: against float64, and bit for bit the plan without the switch
-/// (the norm's affine pass rounds to fp16, and so does the load). Cin 32 hands the norm its
+/// (the norm's affine pass rounds to fp16, and so does the load); where a norm follows the
+/// second conv, within that norm's summation order (see below). Cin 32 hands the norm its
 /// statistics from the first conv's epilogue; Cin 16 leaves them to the norm's own pass.
 #[test]
 fn zpair_convs_normalise_their_input_on_load() {
@@ -308,11 +309,25 @@ fn zpair_convs_normalise_their_input_on_load() {
         b.with(|o| set(o, false));
         let apart = run(&mut b, &g, &x, 2);
         let differ = got.iter().zip(&apart).filter(|(a, c)| a != c).count();
-        println!("RESULT norm-load conv {name:<40} {differ} values differ from the two launches");
-        assert_eq!(
-            differ, 0,
-            "{name}: fused and unfused differ in {differ} values"
+        let (num, den) = got.iter().zip(&apart).fold((0f64, 0f64), |(n, d), (a, c)| {
+            (n + f64::from(a - c).powi(2), d + f64::from(*c).powi(2))
+        });
+        let e = (num / den.max(1e-30)).sqrt();
+        println!(
+            "RESULT norm-load conv {name:<40} {differ} values differ from the two launches (rel L2 {e:.1e})"
         );
+        if tail == "norm" {
+            // Unfused, the second conv runs its `_st` twin and the tail norm finalises the
+            // tile statistics; fused (`_nl` has no `_st` twin) the tail norm takes its own
+            // partial-sum pass: the same values summed in another order (session 27's device
+            // run: 130 values differ in their last bits).
+            assert!(e < 1e-5, "{name}: fused and unfused differ (rel L2 {e:e})");
+        } else {
+            assert_eq!(
+                differ, 0,
+                "{name}: fused and unfused differ in {differ} values"
+            );
+        }
     }
     b.with(|o| *o = CudaOptions::default());
 }
