@@ -21,6 +21,24 @@
 //   slot    [Cin/8][plane 2][HY * HX][8]        B: K step 2 * HP * 16, N step HX * 16
 // Smem bytes: keep in sync with HaloConfig::smem_bytes (src/backend/cuda/host/catalogue.rs).
 
+// The 8 fp32 values of output y at dst (channels c.. of the piece; those past Cout, and every
+// value where dst < 0, read as 0): what earlier launches wrote where this one accumulates.
+__device__ __forceinline__ void prev8(const ConvParams& p, const half* y, i64 dst, bool vec, int c, float (&u)[8]) {
+#pragma unroll
+    for (int q = 0; q < 8; q++) u[q] = 0.f;
+    if (dst < 0) return;
+    const float* prev = reinterpret_cast<const float*>(y) + dst;
+    if (vec) {
+        const float4 a = reinterpret_cast<const float4*>(prev)[0], b = reinterpret_cast<const float4*>(prev)[1];
+        u[0] = a.x; u[1] = a.y; u[2] = a.z; u[3] = a.w;
+        u[4] = b.x; u[5] = b.y; u[6] = b.z; u[7] = b.w;
+    } else {
+#pragma unroll
+        for (int q = 0; q < 8; q++)
+            if (c + q < p.cout) u[q] = prev[q];
+    }
+}
+
 template <int CIN, int NY, int ZT>
 struct WzConv {
     static constexpr int CPV = CIN / 8, KS = CIN / 16;
@@ -243,27 +261,44 @@ struct WzConv {
         }
         if (ox < p.wo && c < p.cout) {
             const bool vec = ((p.ldc | p.coff) & 7) == 0 && c + 8 <= p.cout;
-#pragma unroll
-            for (int k = 0; k < 2 * NY / (NT / 32); k++) {
+            constexpr int RW = 2 * NY / (NT / 32);  // rows a thread stores
+            // Row k's output index, or -1 outside the output.
+            auto dst_of = [&](int k) -> i64 {
                 const int r = warp + NT / 32 * k, pl = r / NY, yy = r - pl * NY;
                 const int oz = oz0 + 2 * j + pl, oy = oy0 + yy;
-                if (oz >= p.do_ || oy >= p.ho) continue;
+                if (oz >= p.do_ || oy >= p.ho) return -1;
+                return ((((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox) * p.ldc + p.coff + c;
+            };
+            // Where the launch accumulates, the earlier parts' sums (fp32, as the host asks only
+            // then; this thread's alone) of every row are loaded before any row is stored: y is
+            // read and written here, so a load after a store waits for it, and row by row each
+            // load's latency would sit on the helper's path. Up to 4 rows (32 registers) a thread.
+            constexpr bool PRE = RW <= 4;
+            float pv[PRE ? RW : 1][8];
+            if (PRE && p.accum) {
+#pragma unroll
+                for (int k = 0; k < (PRE ? RW : 1); k++) {
+                    prev8(p, y, dst_of(k), vec, c, pv[k]);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < RW; k++) {
+                const int r = warp + NT / 32 * k, pl = r / NY, yy = r - pl * NY;
+                const i64 dst = dst_of(k);
+                if (dst < 0) continue;
                 const float4* src = reinterpret_cast<const float4*>(st + (pl * N + yy * 8 + xq) * SP + c0);
                 const float4 a = src[0], b = src[1];
                 float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-                const i64 dst = ((((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox) * p.ldc + p.coff + c;
                 if (p.accum) {
-                    // The earlier parts' sums (fp32, as the host asks only then), this thread's alone.
-                    const float* prev = reinterpret_cast<const float*>(y) + dst;
-                    if (vec) {
-                        const float4 u = reinterpret_cast<const float4*>(prev)[0], w = reinterpret_cast<const float4*>(prev)[1];
-                        v[0] += u.x; v[1] += u.y; v[2] += u.z; v[3] += u.w;
-                        v[4] += w.x; v[5] += w.y; v[6] += w.z; v[7] += w.w;
-                    } else {
+                    float u[8];
+                    if (PRE) {
 #pragma unroll
-                        for (int q = 0; q < 8; q++)
-                            if (c + q < p.cout) v[q] += prev[q];
+                        for (int q = 0; q < 8; q++) u[q] = pv[PRE ? k : 0][q];
+                    } else {
+                        prev8(p, y, dst, vec, c, u);
                     }
+#pragma unroll
+                    for (int q = 0; q < 8; q++) v[q] += u[q];
                 }
                 act8(v, c, p, slope);
                 if (vec) {
