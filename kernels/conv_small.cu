@@ -30,6 +30,7 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
                                              half* __restrict__ y, const float* __restrict__ slope) {
     constexpr int GX = C1_TX / 16, GROUPS = C1_TZ * C1_TY * GX;
     static_assert(C1_TX % 16 == 0 && GROUPS % 8 == 0, "whole 16-voxel groups, the same count per warp");
+    static_assert((C1_TX - 1) * 2 + 3 <= 128, "two x values per thread cover a halo row");
     __shared__ half xs[C1_HALO];
     __shared__ __align__(16) float stage[8][16 * C1_SP];  // a warp's group, [voxel][channel]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -46,15 +47,32 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
     const int hz = (C1_TZ - 1) * p.sd + 3;
     const int iz0 = oz0 * p.sd - p.pd, iy0 = oy0 * p.sh - p.ph, ix0 = ox0 * p.sw - p.pw;
     const half* xn = x + (i64)n * p.di * p.hi * p.wi;
-    // The halo, a row (lz, ly) of hx values per 64 threads.
-    for (int r = tid >> 6; r < hz * hy; r += 4) {
-        const int lz = r / hy, ly = r - lz * hy;
-        const int iz = iz0 + lz, iy = iy0 + ly;
-        const bool row = (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi;
-        const half* src = xn + ((i64)(row ? iz : 0) * p.hi + (row ? iy : 0)) * p.wi;
-        for (int lx = tid & 63; lx < hx; lx += 64) {
-            const int ix = ix0 + lx;
-            xs[r * hx + lx] = row && (unsigned)ix < (unsigned)p.wi ? src[ix] : __float2half(0.f);
+    // The halo, a row (lz, ly) of hx values per 64 threads (hx <= 65: x values tid & 63 and,
+    // at stride 2, + 64). Eight of a thread's rows at a time: their loads are issued before any
+    // store, so they are in flight together (one latency per eight rows, not one per row).
+    constexpr int RB = 8;
+    for (int r0 = tid >> 6; r0 < hz * hy; r0 += 4 * RB) {
+        half v[RB][2];
+#pragma unroll
+        for (int k = 0; k < RB; k++) {
+            const int r = r0 + 4 * k, lz = r / hy, ly = r - lz * hy;
+            const int iz = iz0 + lz, iy = iy0 + ly;
+            const bool row = r < hz * hy && (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi;
+            const half* src = xn + ((i64)(row ? iz : 0) * p.hi + (row ? iy : 0)) * p.wi;
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int ix = ix0 + (tid & 63) + 64 * e;
+                v[k][e] = row && (unsigned)ix < (unsigned)p.wi ? src[ix] : __float2half(0.f);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < RB; k++) {
+            const int r = r0 + 4 * k;
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int lx = (tid & 63) + 64 * e;
+                if (r < hz * hy && lx < hx) xs[r * hx + lx] = v[k][e];
+            }
         }
     }
     // The lane's 8 taps: k-step s (taps s * 16 + ...), columns q * 2 + {0, 1} and + 8 + {0, 1};
