@@ -238,7 +238,9 @@ struct WzConv {
     // ST (the helper's stores in the `_st` twins): `ts` sums the thread's values of the tile, and
     // the tile's last step adds the NT threads' sums into its statistics (tile_stats.cuh,
     // barrier 3 over the NT threads, the staging rows reused once every thread has stored).
-    template <int NT = 128, bool ST = false>
+    // ACC false (the `_nl` kernels, which the host never asks to accumulate): no registers
+    // set aside for the earlier sums.
+    template <int NT = 128, bool ST = false, bool ACC = true>
     __device__ __forceinline__ void put(int s, int htid, float* st, half* __restrict__ y,
                                         const float* __restrict__ slope, TileStats8* ts = nullptr) const {
         static_assert((2 * NY) % (NT / 32) == 0, "whole rows per warp");
@@ -273,7 +275,7 @@ struct WzConv {
             // then; this thread's alone) of every row are loaded before any row is stored: y is
             // read and written here, so a load after a store waits for it, and row by row each
             // load's latency would sit on the helper's path. Up to 4 rows (32 registers) a thread.
-            constexpr bool PRE = RW <= 4;
+            constexpr bool PRE = ACC && RW <= 4;
             float pv[PRE ? RW : 1][8];
             if (PRE && p.accum) {
 #pragma unroll
@@ -439,7 +441,7 @@ __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps
             if (s + 2 < steps) c.template load_step<HT, NL>(ring, s + 2, h);
             cp_async_commit();
             wz_bar<HT>(2);
-            c.template put<HT, ST>(s, h, st, y, slope, &ts);
+            c.template put<HT, ST, !NL>(s, h, st, y, slope, &ts);  // an `_nl` conv never accumulates
         }
         cp_async_wait<0>();
         return;
