@@ -293,19 +293,7 @@ fn bench_halo_variants() {
             .map_or(true, |v| v.split(',').any(|p| l.4.starts_with(p)))
     }) {
         let flop = 2.0 * (n * s * s * s) as f64 * cout as f64 * (27 * cin) as f64;
-        let conv = |r: &mut Rng| {
-            Op::Conv(Conv {
-                weight: Tensor::new(
-                    vec![cout, cin, 3, 3, 3],
-                    r.scaled(cout * cin * 27, 1.0 / ((27 * cin) as f32).sqrt()),
-                ),
-                bias: None,
-                stride: [1; 3],
-                dilation: [1; 3],
-                pads: [1; 6],
-                groups: 1,
-            })
-        };
+        let conv = |r: &mut Rng| conv3(r, cin, cout, 1);
         // The old path: halo off, asserted not to run a halo kernel.
         let old = (!(32..=64).contains(&cin)).then(|| {
             b.with(|o| o.halo_conv = false);
@@ -399,17 +387,7 @@ fn bench_halo_variants() {
         let mut t = [0.0; 2];
         for (i, on) in [false, true].into_iter().enumerate() {
             b.with(|o| o.halo_s2 = on);
-            let op = Op::Conv(Conv {
-                weight: Tensor::new(
-                    vec![cout, cin, 3, 3, 3],
-                    r.scaled(cout * cin * 27, 1.0 / ((27 * cin) as f32).sqrt()),
-                ),
-                bias: None,
-                stride: [2; 3],
-                dilation: [1; 3],
-                pads: [1; 6],
-                groups: 1,
-            });
+            let op = conv3(&mut r, cin, cout, 2);
             t[i] = time_one(&mut b, &mut r, op, cin, cout, n, s);
             let used = kernels_used(&mut b, n);
             let s2 = used.iter().any(|k| k == cat::CONV_HALO_C32N64_S2.name);
@@ -427,6 +405,22 @@ fn bench_halo_variants() {
         );
     }
     b.with(|o| o.halo_s2 = false);
+}
+
+/// A 3^3 conv `cin` -> `cout` of stride `st` (pads 1, no bias) with random weights of unit
+/// output scale: the layers `bench_halo_variants` times.
+fn conv3(r: &mut Rng, cin: usize, cout: usize, st: usize) -> Op {
+    Op::Conv(Conv {
+        weight: Tensor::new(
+            vec![cout, cin, 3, 3, 3],
+            r.scaled(cout * cin * 27, 1.0 / ((27 * cin) as f32).sqrt()),
+        ),
+        bias: None,
+        stride: [st; 3],
+        dilation: [1; 3],
+        pads: [1; 6],
+        groups: 1,
+    })
 }
 
 /// Per-op profile (`profile_forward`) of the models in VOXTILE_PROFILE_ONNX
