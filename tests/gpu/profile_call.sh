@@ -10,9 +10,10 @@
 #   TESTS (BIN:FILTER entries run first, BIN one of the bundle's test binaries, e.g.
 #   "it:cuda::ops::norm plan_gpu:"), TEST_S (seconds per test entry, default 200),
 #   PROFILE_S (seconds per profile, default 150),
-#   NCU (a kernel-name regex: Nsight Compute's speed-of-light, memory, occupancy and warp-state
-#   sections of the first NCU_COUNT (8) matching launches of `profile_models` on NCU_NET (w1) at
-#   batch 4, into p/ncu.txt; where ncu cannot read the counters it says so there)
+#   NCU (a kernel-name regex: Nsight Compute's NCU_SECTIONS (speed of light, memory, compute,
+#   occupancy, warp state, scheduler, launch) of the first NCU_COUNT (8) matching launches of
+#   `profile_models` at batch 4 on each net of NCU_NET (w1; space-separated), into p/ncu_NET.txt,
+#   NCU_S (240) seconds each; where ncu cannot read the counters it says so there)
 set -u
 . "$(dirname "$0")/call_env.sh"
 W=/tmp/voxtile-bench
@@ -45,11 +46,16 @@ done
 done
 if [ -n "${NCU:-}" ]; then
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  VOXTILE_PROFILE_ONNX="$W/${NCU_NET:-w1}.onnx:128:4" timeout 240 "$ncu" --clock-control none \
-    -k "regex:$NCU" -c "${NCU_COUNT:-8}" --section SpeedOfLight --section MemoryWorkloadAnalysis \
-    --section Occupancy --section WarpStateStats --section LaunchStats \
-    "$G/it" --test-threads=1 cuda::ops::bench::profile_models > "$OUT/p/ncu.txt" 2>&1
-  el "ncu rc $?: $(grep -c "Duration" "$OUT/p/ncu.txt") kernels profiled"
+  secs=""
+  for s in ${NCU_SECTIONS:-SpeedOfLight MemoryWorkloadAnalysis ComputeWorkloadAnalysis Occupancy WarpStateStats SchedulerStats LaunchStats}; do
+    secs="$secs --section $s"
+  done
+  for n in ${NCU_NET:-w1}; do
+    VOXTILE_PROFILE_ONNX="$W/$n.onnx:128:4" timeout "${NCU_S:-240}" "$ncu" --clock-control none \
+      -k "regex:$NCU" -c "${NCU_COUNT:-8}" $secs \
+      "$G/it" --test-threads=1 cuda::ops::bench::profile_models > "$OUT/p/ncu_$n.txt" 2>&1
+    el "ncu $n rc $?: $(grep -c "Duration" "$OUT/p/ncu_$n.txt") kernels profiled"
+  done
 fi
 for n in ${NETS//,/ }; do
   for b in ${PROFILE_BATCHES:-4 2}; do
