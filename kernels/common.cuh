@@ -28,6 +28,26 @@ __device__ __forceinline__ float act_apply(float v, int c, int act, float alpha,
     }
 }
 
+// An activation code fixed at compile time (ACT >= 0: act_apply's switch folds away) or read at
+// run time (ACT_ANY). A loop over values that takes the switch once (BY_ACT) rather than per
+// value avoids an indirect branch between dependent loads; the same expression either way.
+#define ACT_ANY (-1)
+template <int ACT>
+__device__ __forceinline__ float act_of(float v, int c, int act, float alpha, const float* __restrict__ slope,
+                                        int slope_n) {
+    return act_apply(v, c, ACT == ACT_ANY ? act : ACT, alpha, slope, slope_n);
+}
+// Runs the statement in which ACT_T names the activation `act` as a constant where it is one the
+// networks use, ACT_ANY for the rest.
+#define BY_ACT(act, ...)                                                                               \
+    switch (act) {                                                                                      \
+    case ACT_NONE: { constexpr int ACT_T = ACT_NONE; __VA_ARGS__; } break;                              \
+    case ACT_RELU: { constexpr int ACT_T = ACT_RELU; __VA_ARGS__; } break;                              \
+    case ACT_LEAKY: { constexpr int ACT_T = ACT_LEAKY; __VA_ARGS__; } break;                            \
+    case ACT_PRELU: { constexpr int ACT_T = ACT_PRELU; __VA_ARGS__; } break;                            \
+    default: { constexpr int ACT_T = ACT_ANY; __VA_ARGS__; }                                            \
+    }
+
 // fp16 or fp32 activations as float (the norms' inputs, a head reading a norm's input).
 __device__ __forceinline__ float to_f(half v) { return __half2float(v); }
 __device__ __forceinline__ float to_f(float v) { return v; }

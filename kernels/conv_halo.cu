@@ -35,20 +35,24 @@ template <int U, int CIN, int LD, int HZ, int HY, int HX, int THREADS, int S = 1
 __device__ __forceinline__ void halo_copy(half* buf, const half* xn, const half* x, const ConvParams& p,
                                           int iz0, int iy0, int ix0, int tid, int c0, int lo, int hi) {
     constexpr int UPV = CIN / U;  // copies per row
+    // A thread's piece of a row is fixed; its rows walk THREADS / UPV apart (`BoxWalk`), one
+    // copy an iteration: unrolled, the walk's registers spilled under the 128-register caps.
+    static_assert(THREADS % UPV == 0, "a thread's piece of a row is fixed");
     hi = min(hi, HZ * HY * HX * UPV);
-    for (int idx = lo + tid; idx < hi; idx += THREADS) {
-        int v = idx / UPV, c = (idx - v * UPV) * U;
-        int hz = v / (HY * HX), r = v - hz * (HY * HX);
-        int hy = r / HX, hx = r - hy * HX;
-        int iz = iz0 + hz, iy = iy0 + hy, ix = ix0 + hx;
-        bool ok = (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi && (unsigned)ix < (unsigned)p.wi;
-        const half* src = xn + (((i64)iz * p.hi + iy) * p.wi + ix) * p.cin + c0 + c;
-        half* dst = buf + (v - hx + halo_x<S, HX>(hx)) * LD + c;
+    const int i0 = lo + tid, c = (i0 % UPV) * U;
+    const i64 ex = p.cin, ey = (i64)p.wi * p.cin, ez = (i64)p.hi * ey;
+    const i64 o0 = iz0 * ez + iy0 * ey + ix0 * ex + c0 + c;  // the box origin (never read outside)
+    const bool cok = U == 8 || c < p.cin;
+    BoxWalk<HY, HX, THREADS / UPV> b(i0 / UPV, ex, ey, ez);
+#pragma unroll 1
+    for (int idx = i0, v = i0 / UPV; idx < hi; idx += THREADS, v += THREADS / UPV, b.step()) {
+        const bool ok = cok && (unsigned)(iz0 + b.z) < (unsigned)p.di && (unsigned)(iy0 + b.y) < (unsigned)p.hi &&
+                        (unsigned)(ix0 + b.x) < (unsigned)p.wi;
+        half* dst = buf + (v - b.x + halo_x<S, HX>(b.x)) * LD + c;
         if constexpr (U == 8) {
-            cp_async16(dst, ok ? src : x, ok ? 16 : 0);
+            cp_async16(dst, ok ? xn + (o0 + b.off) : x, ok ? 16 : 0);
         } else {
-            ok = ok && c < p.cin;
-            cp_async4_ca(dst, ok ? src : x, ok ? 4 : 0);
+            cp_async4_ca(dst, ok ? xn + (o0 + b.off) : x, ok ? 4 : 0);
         }
     }
 }

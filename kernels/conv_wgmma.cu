@@ -57,52 +57,60 @@ struct WgConv {
     }
 
     // Tile t's halo of channels c0..c0+CIN into `buf`, zero outside the input (source size 0).
+    // A voxel's PV pieces (16-byte groups, or 4-byte pairs when narrow) are copied by PV
+    // consecutive threads, so a thread's piece is fixed and its voxels walk NT / PV apart.
     template <int NT>
     __device__ __forceinline__ void load_halo(half* buf, int t, int c0, int tid) const {
         int n, oz0, oy0, ox0;
         decode(t, n, oz0, oy0, ox0);
         const int iz0 = oz0 - p.pd, iy0 = oy0 - p.ph, ix0 = ox0 - p.pw;
-        const half* xn = x + (i64)n * p.di * p.hi * p.wi * p.cin;
+        const i64 ex = p.cin, ey = (i64)p.wi * p.cin, ez = (i64)p.hi * ey;
+        // The box origin's element offset (negative at a low border: never read there).
+        const i64 o0 = (i64)n * p.di * ez + iz0 * ez + iy0 * ey + ix0 * ex + c0;
         if (!narrow) {
-            for (int idx = tid; idx < HV * CPV; idx += NT) {
-                const int v = idx / CPV, g = idx - v * CPV;
-                const int hz = v / HP, r = v - hz * HP, hy = r / HX, hx = r - hy * HX;
-                const int iz = iz0 + hz, iy = iy0 + hy, ix = ix0 + hx;
-                const bool ok = (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi &&
-                                (unsigned)ix < (unsigned)p.wi;
-                const half* src = xn + (((i64)iz * p.hi + iy) * p.wi + ix) * p.cin + c0 + g * 8;
-                cp_async16(buf + (g * HVS + v) * 8, ok ? src : x, ok ? 16 : 0);
+            static_assert(NT % CPV == 0, "a thread's channel group is fixed");
+            const int g = tid % CPV;
+            BoxWalk<HY, HX, NT / CPV> b(tid / CPV, ex, ey, ez);
+            half* dst = buf + g * HVS * 8;
+            for (int v = tid / CPV; v < HV; v += NT / CPV, b.step()) {
+                const bool ok = (unsigned)(iz0 + b.z) < (unsigned)p.di && (unsigned)(iy0 + b.y) < (unsigned)p.hi &&
+                                (unsigned)(ix0 + b.x) < (unsigned)p.wi;
+                cp_async16(dst + v * 8, ok ? x + (o0 + b.off + g * 8) : x, ok ? 16 : 0);
             }
         } else {
-            for (int idx = tid; idx < HV * (CIN / 2); idx += NT) {
-                const int v = idx / (CIN / 2), c = (idx - v * (CIN / 2)) * 2;
-                const int hz = v / HP, r = v - hz * HP, hy = r / HX, hx = r - hy * HX;
-                const int iz = iz0 + hz, iy = iy0 + hy, ix = ix0 + hx;
-                const bool ok = c < p.cin && (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi &&
-                                (unsigned)ix < (unsigned)p.wi;
-                const half* src = xn + (((i64)iz * p.hi + iy) * p.wi + ix) * p.cin + c;
-                cp_async4_ca(buf + ((c >> 3) * HVS + v) * 8 + (c & 7), ok ? src : x, ok ? 4 : 0);
+            static_assert(NT % (CIN / 2) == 0, "a thread's channel pair is fixed");
+            const int c = (tid % (CIN / 2)) * 2;
+            BoxWalk<HY, HX, NT / (CIN / 2)> b(tid / (CIN / 2), ex, ey, ez);
+            half* dst = buf + (c >> 3) * HVS * 8 + (c & 7);
+            const bool cok = c < p.cin;
+            for (int v = tid / (CIN / 2); v < HV; v += NT / (CIN / 2), b.step()) {
+                const bool ok = cok && (unsigned)(iz0 + b.z) < (unsigned)p.di &&
+                                (unsigned)(iy0 + b.y) < (unsigned)p.hi && (unsigned)(ix0 + b.x) < (unsigned)p.wi;
+                cp_async4_ca(dst + v * 8, ok ? x + (o0 + b.off + c) : x, ok ? 4 : 0);
             }
         }
     }
 
     // `nt` taps from tap0 of channels c0..c0+CIN into consecutive stages from `ws` (rows of
-    // output channels past Cout zero).
+    // output channels past Cout zero). Rows (tap, output channel) walk as the halo's voxels do.
     template <int NT>
     __device__ __forceinline__ void load_w(half* ws, int tap0, int nt, int c0, int tid) const {
+        const half* w0 = w + (i64)nb0 * p.kpad + tap0 * p.cin + c0;
         if (!narrow) {
-            for (int idx = tid; idx < nt * BN * CPV; idx += NT) {
-                const int g = idx % CPV, r = idx / CPV, co = r % BN, t = r / BN;
-                const bool ok = nb0 + co < p.cout;
-                const half* src = w + (i64)(nb0 + co) * p.kpad + (tap0 + t) * p.cin + c0 + g * 8;
-                cp_async16(ws + ((t * CPV + g) * BNS + co) * 8, ok ? src : w, ok ? 16 : 0);
+            const int g = tid % CPV;
+            BoxWalk<1, BN, NT / CPV> b(tid / CPV, p.kpad, p.cin, p.cin);
+            for (; b.z < nt; b.step()) {
+                const bool ok = nb0 + b.x < p.cout;
+                cp_async16(ws + ((b.z * CPV + g) * BNS + b.x) * 8, ok ? w0 + b.off + g * 8 : w, ok ? 16 : 0);
             }
         } else {
-            for (int idx = tid; idx < nt * BN * (CIN / 2); idx += NT) {
-                const int c = (idx % (CIN / 2)) * 2, r = idx / (CIN / 2), co = r % BN, t = r / BN;
-                const bool ok = nb0 + co < p.cout && c < p.cin;
-                const half* src = w + (i64)(nb0 + co) * p.kpad + (tap0 + t) * p.cin + c;
-                cp_async4_ca(ws + ((t * CPV + (c >> 3)) * BNS + co) * 8 + (c & 7), ok ? src : w, ok ? 4 : 0);
+            const int c = (tid % (CIN / 2)) * 2;
+            BoxWalk<1, BN, NT / (CIN / 2)> b(tid / (CIN / 2), p.kpad, p.cin, p.cin);
+            const bool cok = c < p.cin;
+            for (; b.z < nt; b.step()) {
+                const bool ok = cok && nb0 + b.x < p.cout;
+                cp_async4_ca(ws + ((b.z * CPV + (c >> 3)) * BNS + b.x) * 8 + (c & 7), ok ? w0 + b.off + c : w,
+                             ok ? 4 : 0);
             }
         }
     }
@@ -138,10 +146,32 @@ struct WgConv {
             for (int q = 0; q < NA; q++) acc[z][q] = 0.f;
     }
 
+    // Bias and activation over the accumulators in place, the activation fixed (BY_ACT): a switch
+    // per value is an indirect branch each. Columns past Cout are left as they are.
+    template <int ACT>
+    __device__ __forceinline__ void bias_act(float (&acc)[TZ][NA], const float (&b0)[BN / 8],
+                                             const float (&b1)[BN / 8], int lane,
+                                             const float* __restrict__ slope) const {
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            const int c = nb0 + j * 8 + (lane & 3) * 2;
+            const bool ok0 = c < p.cout, ok1 = c + 1 < p.cout;
+#pragma unroll
+            for (int z = 0; z < TZ; z++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float& v0 = acc[z][j * 4 + h * 2];
+                    float& v1 = acc[z][j * 4 + h * 2 + 1];
+                    if (ok0) v0 = act_of<ACT>(v0 + b0[j], c, p.act, p.alpha, slope, p.slope_n);
+                    if (ok1) v1 = act_of<ACT>(v1 + b1[j], c + 1, p.act, p.alpha, slope, p.slope_n);
+                }
+        }
+    }
+
     // Bias, activation (or residual) and fp16 / fp32 pairs straight from the accumulators of tile t. The
     // warpgroup thread `wtid` holds rows (wtid / 32) * 16 + lane / 4 (+ 8) of each plane and
     // columns j * 8 + (lane % 4) * 2.
-    __device__ __forceinline__ void store(const float (&acc)[TZ][NA], int t, int wtid, half* __restrict__ y,
+    __device__ __forceinline__ void store(float (&acc)[TZ][NA], int t, int wtid, half* __restrict__ y,
                                           const float* __restrict__ bias, const float* __restrict__ slope) const {
         const int lane = wtid & 31, warp = wtid >> 5;
         int n, oz0, oy0, ox0;
@@ -156,6 +186,7 @@ struct WgConv {
             b0[j] = bias && c < p.cout ? bias[c] : 0.f;
             b1[j] = bias && c + 1 < p.cout ? bias[c + 1] : 0.f;
         }
+        BY_ACT(p.act, bias_act<ACT_T>(acc, b0, b1, lane, slope));
 #pragma unroll
         for (int z = 0; z < TZ; z++) {
 #pragma unroll
@@ -169,21 +200,25 @@ struct WgConv {
                     const int c = nb0 + j * 8 + (lane & 3) * 2;
                     if (c >= p.cout) continue;
                     const i64 dst = m * p.ldc + p.coff + c;
-                    float v0 = act_apply(acc[z][j * 4 + h * 2] + b0[j], c, p.act, p.alpha, slope, p.slope_n);
+                    float v0 = acc[z][j * 4 + h * 2];
                     if (c + 1 >= p.cout) {
                         if (res) v0 += __half2float(res[dst]);
                         out_store1(p, y, dst, v0);
                         continue;
                     }
-                    float v1 =
-                        act_apply(acc[z][j * 4 + h * 2 + 1] + b1[j], c + 1, p.act, p.alpha, slope, p.slope_n);
-                    if (res) {
-                        v0 += __half2float(res[dst]);
-                        v1 += __half2float(res[dst + 1]);
-                    }
+                    float v1 = acc[z][j * 4 + h * 2 + 1];
                     if (pair) {
+                        if (res) {
+                            const float2 r2 = __half22float2(*reinterpret_cast<const __half2*>(res + dst));
+                            v0 += r2.x;
+                            v1 += r2.y;
+                        }
                         out_store2(p, y, dst, v0, v1);
                     } else {
+                        if (res) {
+                            v0 += __half2float(res[dst]);
+                            v1 += __half2float(res[dst + 1]);
+                        }
                         out_store1(p, y, dst, v0);
                         out_store1(p, y, dst + 1, v1);
                     }

@@ -352,24 +352,8 @@ extern "C" __global__ void affine_act_f32(const float* __restrict__ x, half* __r
     affine_act_t(x, y, total, P, C, ab, ab_nstride, act, alpha, slope, slope_n);
 }
 
-// An activation code fixed at compile time (ACT >= 0: the switch folds away) or read at run time
-// (ACT_ANY): the affine kernels take the switch once per launch, not once per value, where a
-// switch per value is an indirect branch between dependent loads. The same expression either way.
-#define ACT_ANY (-1)
-template <int ACT>
-__device__ __forceinline__ float act_of(float v, int c, int act, float alpha, const float* __restrict__ slope,
-                                        int slope_n) {
-    return act_apply(v, c, ACT == ACT_ANY ? act : ACT, alpha, slope, slope_n);
-}
-// Calls BODY<T, ACT> with the activation fixed where it is one the networks use.
-#define AFFINE_BY_ACT(BODY, T, ...)                                                                    \
-    switch (act) {                                                                                      \
-    case ACT_NONE: return BODY<T, ACT_NONE>(__VA_ARGS__);                                               \
-    case ACT_RELU: return BODY<T, ACT_RELU>(__VA_ARGS__);                                               \
-    case ACT_LEAKY: return BODY<T, ACT_LEAKY>(__VA_ARGS__);                                             \
-    case ACT_PRELU: return BODY<T, ACT_PRELU>(__VA_ARGS__);                                             \
-    default: return BODY<T, ACT_ANY>(__VA_ARGS__);                                                      \
-    }
+// Calls BODY<T, ACT> with the activation fixed where it is one the networks use (`BY_ACT`).
+#define AFFINE_BY_ACT(BODY, T, ...) BY_ACT(act, return BODY<T, ACT_T>(__VA_ARGS__))
 
 // affine_act for C % 8 == 0 with P*C/8 < 2^32: 16-byte vectors, sample n = blockIdx.y, 32-bit
 // index math, the vector's 8 (a, b) pairs read once.

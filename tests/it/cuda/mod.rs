@@ -11,4 +11,5 @@ mod norm_emulation;
 mod norm_f32_plan;
 mod ops;
 mod tensor;
+mod walk_emulation;
 mod wz_emulation;

@@ -883,6 +883,13 @@ pub const CONV_WG_C16N16_R: HaloConfig = HaloConfig {
     pad_cin: true,
     ..wg("conv_wg_c16n16_r", 16, 16, 4, 0)
 };
+/// `conv_wg_c16n16_r` with 8 planes a tile (46 KB of smem, 4 blocks per SM): half the weight
+/// copies and 10/8 rather than 6/4 halo planes per output plane, against 64 accumulators a
+/// thread and fewer blocks in flight. Forced only, to be timed against `_r` on W2's layers.
+pub const CONV_WG_C16N16_R8: HaloConfig = HaloConfig {
+    pad_cin: true,
+    ..wg("conv_wg_c16n16_r8", 16, 16, 8, 0)
+};
 pub const CONV_WG_C16N32_R: HaloConfig = HaloConfig {
     pad_cin: true,
     ..wg("conv_wg_c16n32_r", 16, 32, 4, 0)
@@ -914,6 +921,7 @@ pub const WGMMA_FORCED: &[HaloConfig] = &[
     CONV_WG_C32N32_P,
     CONV_WG_C16N16_P,
     CONV_WG_C16N32_P,
+    CONV_WG_C16N16_R8,
     CONV_WG_C32N32_R,
     CONV_WG_C16N32_R,
     CONV_WG_C64N32_S4,
