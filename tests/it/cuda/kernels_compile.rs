@@ -2,6 +2,7 @@
 //! Skips with a message when libnvrtc cannot be loaded, unless VOXTILE_REQUIRE_NVRTC=1.
 //! CI: LD_LIBRARY_PATH=<wheel>/nvidia/cu13/lib VOXTILE_CUDA_INCLUDE=<wheel>/nvidia/cu13/include.
 
+use super::walk_emulation::BoxWalk;
 use crate::common::rng::Rng;
 use voxtile::internals::cuda::host::catalogue::{self as cat, Family, FAMILIES};
 use voxtile::internals::cuda::runtime::compile;
@@ -285,31 +286,48 @@ fn emulate_halo(c: &HaloConfig, prob: HaloProblem<'_>) -> (Vec<f64>, Vec<u32>, H
         }
     };
     // `halo_copy<U>`: copies lo..end (U halves each, CIN / U per row, end clamped to the halo)
-    // of tile t's halo of channels c0.. into `buf`; returns how many it made.
+    // of tile t's halo of channels c0.. into `buf`; returns how many it made. As the kernel
+    // does it: each thread's piece of a row fixed, its rows walked (`BoxWalk`), the source at
+    // the box origin's offset plus the walk's.
     let halo_copy =
         |sm: &mut Vec<f64>, u: usize, buf: usize, t: usize, c0: usize, lo: usize, end: usize| {
             let upv = cin / u;
+            assert_eq!(threads % upv, 0, "{}: a thread's piece is fixed", c.name);
             let (n, oz0, oy0, ox0) = decode(t);
             let (iz0, iy0, ix0) = (
-                (oz0 * s) as isize - pads[0] as isize,
-                (oy0 * s) as isize - pads[1] as isize,
-                (ox0 * s) as isize - pads[2] as isize,
+                (oz0 * s) as i64 - pads[0] as i64,
+                (oy0 * s) as i64 - pads[1] as i64,
+                (ox0 * s) as i64 - pads[2] as i64,
             );
+            let (ex, ey) = (xc as i64, (wi * xc) as i64);
+            let ez = hi as i64 * ey;
             let end = end.min(hv * upv);
-            for idx in lo..end {
-                let (v, ch) = (idx / upv, idx % upv * u);
-                let (hz, r) = (v / (hy * hx), v % (hy * hx));
-                let (yy, xx) = (r / hx, r % hx);
-                let (iz, iy, ix) = (iz0 + hz as isize, iy0 + yy as isize, ix0 + xx as isize);
-                let inside = (0..di as isize).contains(&iz)
-                    && (0..hi as isize).contains(&iy)
-                    && (0..wi as isize).contains(&ix);
-                let ok = inside && (u == 8 || ch < xc);
-                let src = ok.then(|| {
-                    let vox = (((n * di) as isize + iz) * hi as isize + iy) * wi as isize + ix;
-                    (x, vox as usize * xc + c0 + ch)
-                });
-                copy(sm, u, buf + (v - xx + halo_x(xx)) * ld + ch, src);
+            for tid in 0..threads {
+                let i0 = lo + tid;
+                let ch = i0 % upv * u;
+                let o0 = (n * di) as i64 * ez + iz0 * ez + iy0 * ey + ix0 * ex + (c0 + ch) as i64;
+                let mut b = BoxWalk::new(
+                    hy as i64,
+                    hx as i64,
+                    (threads / upv) as i64,
+                    (i0 / upv) as i64,
+                    ex,
+                    ey,
+                    ez,
+                );
+                let (mut idx, mut v) = (i0, i0 / upv);
+                while idx < end {
+                    let xx = b.x as usize;
+                    let inside = (0..di as i64).contains(&(iz0 + b.z))
+                        && (0..hi as i64).contains(&(iy0 + b.y))
+                        && (0..wi as i64).contains(&(ix0 + b.x));
+                    let ok = inside && (u == 8 || ch < xc);
+                    let src = ok.then(|| (x, (o0 + b.off) as usize));
+                    copy(sm, u, buf + (v - xx + halo_x(xx)) * ld + ch, src);
+                    idx += threads;
+                    v += threads / upv;
+                    b.step();
+                }
             }
             end.saturating_sub(lo)
         };

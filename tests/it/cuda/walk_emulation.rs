@@ -4,24 +4,25 @@
 //! instead of divided out of every copy's index. The walk must visit what the division gives,
 //! and the copies must fill the halo and weight stages exactly as the per-index formulas do.
 
-/// `BoxWalk<HY, HX, VS>` line for line (mma.cuh).
-struct BoxWalk {
+/// `BoxWalk<HY, HX, VS>` line for line (mma.cuh); `kernels_compile`'s halo emulation walks
+/// `conv_halo`'s copies with it.
+pub(super) struct BoxWalk {
     hy: i64,
     hx: i64,
     sz: i64,
     sy: i64,
     sx: i64,
-    z: i64,
-    y: i64,
-    x: i64,
-    off: i64,
+    pub z: i64,
+    pub y: i64,
+    pub x: i64,
+    pub off: i64,
     d: i64,
     wx: i64,
     wy: i64,
 }
 
 impl BoxWalk {
-    fn new(hy: i64, hx: i64, vs: i64, v0: i64, ex: i64, ey: i64, ez: i64) -> Self {
+    pub fn new(hy: i64, hx: i64, vs: i64, v0: i64, ex: i64, ey: i64, ez: i64) -> Self {
         let hp = hy * hx;
         let (sz, sy, sx) = (vs / hp, vs % hp / hx, vs % hx);
         let z = v0 / hp;
@@ -44,7 +45,7 @@ impl BoxWalk {
         }
     }
 
-    fn step(&mut self) {
+    pub fn step(&mut self) {
         self.x += self.sx;
         self.y += self.sy;
         self.z += self.sz;
