@@ -121,10 +121,11 @@ struct BoxWalk {
         wy = ez - HY * ey;
     }
     __device__ __forceinline__ void step() {
-        x += SX;
-        y += SY;
         z += SZ;
         off += d;
+        if (SX == 0 && SY == 0) return;  // whole planes (rows) a step: no carry
+        x += SX;
+        y += SY;
         if (x >= HX) {
             x -= HX;
             if (HY > 1) y++;

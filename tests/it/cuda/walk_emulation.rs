@@ -46,10 +46,13 @@ impl BoxWalk {
     }
 
     pub fn step(&mut self) {
-        self.x += self.sx;
-        self.y += self.sy;
         self.z += self.sz;
         self.off += self.d;
+        if self.sx == 0 && self.sy == 0 {
+            return;
+        }
+        self.x += self.sx;
+        self.y += self.sy;
         if self.x >= self.hx {
             self.x -= self.hx;
             if self.hy > 1 {
