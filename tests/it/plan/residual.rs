@@ -108,7 +108,7 @@ fn residual_adds_fuse_where_the_other_operand_is_ready() {
 /// On the architecture fixtures: every fused residual is a conv on a kernel that adds one, whose
 /// only reader is an Add of the same shape, with the other operand written by an earlier launch,
 /// and the plan never aliases a live value. SegResNet's 16-channel blocks end in conv(x) + x on
-/// `conv_wg_c16n16_r`, so some must fuse.
+/// `conv_wg_c16n16_r8`, so some must fuse.
 #[test]
 fn fixture_residuals_fuse_into_conv_epilogues() {
     let mut count = 0;

@@ -885,7 +885,8 @@ pub const CONV_WG_C16N16_R: HaloConfig = HaloConfig {
 };
 /// `conv_wg_c16n16_r` with 8 planes a tile (46 KB of smem, 4 blocks per SM): half the weight
 /// copies and 10/8 rather than 6/4 halo planes per output plane, against 64 accumulators a
-/// thread and fewer blocks in flight. Forced only, to be timed against `_r` on W2's layers.
+/// thread and fewer blocks in flight. Measured against `_r` on W2's layers (H100, session 29):
+/// 14 -> 14 at 4x128³ 0.611 against 0.673 ms, 16 -> 16 at 4x64³ 0.103 against 0.123.
 pub const CONV_WG_C16N16_R8: HaloConfig = HaloConfig {
     pad_cin: true,
     ..wg("conv_wg_c16n16_r8", 16, 16, 8, 0)
@@ -904,14 +905,15 @@ pub const CONV_WG_C32N64_S4: HaloConfig = wg("conv_wg_c32n64_s4", 32, 64, 4, 4);
 /// there. Measured (PERF_NOTES.md): the z-pair kernel with its two-warpgroup helper on K1 (Cin
 /// 32 -> 32) 0.60 ms against `conv_halo_c32n32_w4`'s 0.94 (session 18); the width-16 resident
 /// kernel beats `conv_halo_c16n16_r` on W2's 14->14 at 128^3 (0.95 vs 1.24 ms) and ties it at
-/// 64^3 (session 13).
-pub const WGMMA_CONFIGS: &[HaloConfig] = &[CONV_WZ_C32_Y16_H2, CONV_WG_C16N16_R];
+/// 64^3 (session 13); with 8 planes a tile (`_r8`) it beats the 4-plane `_r` (session 29).
+pub const WGMMA_CONFIGS: &[HaloConfig] = &[CONV_WZ_C32_Y16_H2, CONV_WG_C16N16_R8];
 
 /// wgmma kernels that run only when forced (`CudaOptions::halo_tile`): those measured slower than
 /// `conv_halo_*` on the same layers (PERF_NOTES.md, session 13: K1 on `_p` 1.11, `_s4` 1.09,
 /// `_r` 1.43 ms against 0.94; the width-16 persistent one 1.28 against 0.95; session 18: the
 /// z-pair `_y16_h` 0.69, `_y16` 0.78, `_y8_h` 0.75, `_y8` 0.85 against `_y16_h2`'s 0.60), the
-/// ones not measured against a twin (`c16n32_r`, `conv_wz_c16_y16`), and the experiments.
+/// ones not measured against a twin (`c16n32_r`, `conv_wz_c16_y16`), `c16n16_r` (slower than its
+/// 8-plane `_r8`, session 29), and the experiments.
 pub const WGMMA_FORCED: &[HaloConfig] = &[
     CONV_WZ_C32_Y16_H,
     CONV_WZ_C32_Y16,
@@ -921,7 +923,7 @@ pub const WGMMA_FORCED: &[HaloConfig] = &[
     CONV_WG_C32N32_P,
     CONV_WG_C16N16_P,
     CONV_WG_C16N32_P,
-    CONV_WG_C16N16_R8,
+    CONV_WG_C16N16_R,
     CONV_WG_C32N32_R,
     CONV_WG_C16N32_R,
     CONV_WG_C64N32_S4,

@@ -943,7 +943,7 @@ mod tests {
         // W2 at batch 2; at batch 4 the layers listed in `w2_b4` change tile.
         let w2_b2 = [
             "Cin1 conv_c1_k3",
-            "Halo conv_wg_c16n16_r",
+            "Halo conv_wg_c16n16_r8",
             "Mma conv_mma_m128n32_v8",
             "Halo conv_wz_c32_y16_h2",
             "Mma conv_mma_m128n64_v8",
@@ -957,7 +957,7 @@ mod tests {
             "ParityFusedVec convt_up_m128n64_v8",
             "ParityFusedVec convt_up_m128n128_v8",
             "ParityFusedVec convt_up_m128n128_v8",
-            "Halo conv_wg_c16n16_r",
+            "Halo conv_wg_c16n16_r8",
         ];
         let w2_b4: &[(usize, &str)] = &[(12, "ParityFusedVec convt_up_m128n128_v8")];
         // The batch-4 list: batch 2's with the changes applied.
