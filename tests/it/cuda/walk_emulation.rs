@@ -122,6 +122,25 @@ struct Shape {
     cout: i64,
 }
 
+/// A [`Shape`] as one row: (n, di, Cin, pads, CIN, TZ, NT, BN, Cout).
+type ShapeRow = (i64, [i64; 3], i64, [i64; 3], i64, i64, i64, i64, i64);
+
+impl From<ShapeRow> for Shape {
+    fn from((n, di, cin, pads, width, tz, nt, bn, cout): ShapeRow) -> Self {
+        Shape {
+            n,
+            di,
+            cin,
+            pads,
+            width,
+            tz,
+            nt,
+            bn,
+            cout,
+        }
+    }
+}
+
 /// The input's value at (n, z, y, x, c): distinct and non-zero, so a misplaced or missed copy shows.
 fn xval(s: &Shape, n: i64, z: i64, y: i64, x: i64, c: i64) -> i64 {
     1 + ((((n * s.di[0] + z) * s.di[1] + y) * s.di[2] + x) * s.cin + c)
@@ -180,54 +199,16 @@ fn halo_walked(s: &Shape, n: i64, o: [i64; 3], c0: i64) -> (Vec<i64>, Vec<u32>) 
 
 #[test]
 fn halo_copies_fill_what_the_indices_name() {
+    // (n, di, Cin, pads, CIN, TZ, NT, BN, Cout)
     let shapes = [
         // W2's 14 -> 14 (narrow 4-byte pairs), a short last tile in every axis.
-        Shape {
-            n: 2,
-            di: [6, 11, 9],
-            cin: 14,
-            pads: [1, 1, 1],
-            width: 16,
-            tz: 4,
-            nt: 128,
-            bn: 16,
-            cout: 14,
-        },
+        (2, [6, 11, 9], 14, [1, 1, 1], 16, 4, 128, 16, 14),
         // Wide, one chunk and two (c0 16), 256 threads (the persistent kernel's weights).
-        Shape {
-            n: 1,
-            di: [5, 9, 12],
-            cin: 32,
-            pads: [1, 1, 1],
-            width: 16,
-            tz: 4,
-            nt: 256,
-            bn: 16,
-            cout: 16,
-        },
-        Shape {
-            n: 1,
-            di: [9, 8, 8],
-            cin: 64,
-            pads: [1, 2, 0],
-            width: 64,
-            tz: 8,
-            nt: 128,
-            bn: 64,
-            cout: 40,
-        },
-        Shape {
-            n: 2,
-            di: [4, 10, 10],
-            cin: 32,
-            pads: [1, 1, 1],
-            width: 32,
-            tz: 4,
-            nt: 128,
-            bn: 32,
-            cout: 32,
-        },
-    ];
+        (1, [5, 9, 12], 32, [1, 1, 1], 16, 4, 256, 16, 16),
+        (1, [9, 8, 8], 64, [1, 2, 0], 64, 8, 128, 64, 40),
+        (2, [4, 10, 10], 32, [1, 1, 1], 32, 4, 128, 32, 32),
+    ]
+    .map(Shape::from);
     for s in &shapes {
         let tiles = [
             (s.di[0] + s.tz - 1) / s.tz,
@@ -274,52 +255,14 @@ fn halo_copies_fill_what_the_indices_name() {
 
 #[test]
 fn weight_copies_fill_what_the_indices_name() {
+    // (n, di, Cin, pads, CIN, TZ, NT, BN, Cout)
     let shapes = [
-        Shape {
-            n: 1,
-            di: [1, 1, 1],
-            cin: 14,
-            pads: [0; 3],
-            width: 16,
-            tz: 4,
-            nt: 128,
-            bn: 16,
-            cout: 14,
-        },
-        Shape {
-            n: 1,
-            di: [1, 1, 1],
-            cin: 32,
-            pads: [0; 3],
-            width: 16,
-            tz: 4,
-            nt: 256,
-            bn: 16,
-            cout: 16,
-        },
-        Shape {
-            n: 1,
-            di: [1, 1, 1],
-            cin: 64,
-            pads: [0; 3],
-            width: 64,
-            tz: 4,
-            nt: 128,
-            bn: 64,
-            cout: 100,
-        },
-        Shape {
-            n: 1,
-            di: [1, 1, 1],
-            cin: 32,
-            pads: [0; 3],
-            width: 32,
-            tz: 4,
-            nt: 128,
-            bn: 32,
-            cout: 30,
-        },
-    ];
+        (1, [1, 1, 1], 14, [0; 3], 16, 4, 128, 16, 14),
+        (1, [1, 1, 1], 32, [0; 3], 16, 4, 256, 16, 16),
+        (1, [1, 1, 1], 64, [0; 3], 64, 4, 128, 64, 100),
+        (1, [1, 1, 1], 32, [0; 3], 32, 4, 128, 32, 30),
+    ]
+    .map(Shape::from);
     for s in &shapes {
         // Weights [Cout_pad][kpad], K = tap * Cin + ci; value 1 + flat index.
         let kpad = (27 * s.cin + 63) / 64 * 64;
