@@ -12,15 +12,20 @@ pub fn sh(a: &Array5<f64>) -> [usize; 5] {
     [s[0], s[1], s[2], s[3], s[4]]
 }
 
-/// Runs `f(b, c, z, plane)` for every output plane (sample b, channel c, depth z; the plane's
-/// rows y of `w` values) of `out`, in parallel: the references are direct loops, and the GPU
-/// tests' larger cases spent minutes of device time in them. Each value is the same sum.
-fn for_each_plane(out: &mut Array5<f64>, f: impl Fn(usize, usize, usize, &mut [f64]) + Sync) {
+/// Sets every element of `out` to `f([b, c, z, y, x])`, its output planes in parallel: the
+/// references are direct loops, and the GPU tests' larger cases spent minutes of device time in
+/// them. Each value is the same sum.
+fn fill(out: &mut Array5<f64>, f: impl Fn([usize; 5]) -> f64 + Sync) {
     let [_, c, d, h, w] = sh(out);
     let all = out.as_slice_mut().expect("a new array is contiguous");
     all.par_chunks_mut(h * w)
         .enumerate()
-        .for_each(|(i, plane)| f(i / (c * d), i / d % c, i % d, plane));
+        .for_each(|(i, plane)| {
+            let (b, ch, z) = (i / (c * d), i / d % c, i % d);
+            for (j, v) in plane.iter_mut().enumerate() {
+                *v = f([b, ch, z, j / w, j % w]);
+            }
+        });
 }
 
 /// Conv by its definition.
@@ -40,38 +45,32 @@ pub fn conv(x: &Array5<f64>, p: &Conv) -> Array5<f64> {
         p.weight.data[(((co * cig + ci) * k[0] + a) * k[1] + b) * k[2] + c] as f64
     };
     let mut out = Array5::zeros([n, cout, os[0], os[1], os[2]]);
-    for_each_plane(&mut out, |b, co, z, plane| {
+    fill(&mut out, |[b, co, z, y, xx]| {
         let g = co / cog;
-        for y in 0..os[1] {
-            for xx in 0..os[2] {
-                let mut s = p.bias.as_ref().map_or(0.0, |t| t.data[co] as f64);
-                for ci in 0..cig {
-                    for a in 0..k[0] {
-                        let id = (z * p.stride[0] + a * p.dilation[0]) as i64 - p.pads[0] as i64;
-                        if id < 0 || id >= d as i64 {
+        let mut s = p.bias.as_ref().map_or(0.0, |t| t.data[co] as f64);
+        for ci in 0..cig {
+            for a in 0..k[0] {
+                let id = (z * p.stride[0] + a * p.dilation[0]) as i64 - p.pads[0] as i64;
+                if id < 0 || id >= d as i64 {
+                    continue;
+                }
+                for bb in 0..k[1] {
+                    let ih = (y * p.stride[1] + bb * p.dilation[1]) as i64 - p.pads[1] as i64;
+                    if ih < 0 || ih >= h as i64 {
+                        continue;
+                    }
+                    for c in 0..k[2] {
+                        let iw = (xx * p.stride[2] + c * p.dilation[2]) as i64 - p.pads[2] as i64;
+                        if iw < 0 || iw >= w as i64 {
                             continue;
                         }
-                        for bb in 0..k[1] {
-                            let ih =
-                                (y * p.stride[1] + bb * p.dilation[1]) as i64 - p.pads[1] as i64;
-                            if ih < 0 || ih >= h as i64 {
-                                continue;
-                            }
-                            for c in 0..k[2] {
-                                let iw = (xx * p.stride[2] + c * p.dilation[2]) as i64
-                                    - p.pads[2] as i64;
-                                if iw < 0 || iw >= w as i64 {
-                                    continue;
-                                }
-                                s += x[[b, g * cig + ci, id as usize, ih as usize, iw as usize]]
-                                    * wt(co, ci, a, bb, c);
-                            }
-                        }
+                        s += x[[b, g * cig + ci, id as usize, ih as usize, iw as usize]]
+                            * wt(co, ci, a, bb, c);
                     }
                 }
-                plane[y * os[2] + xx] = s;
             }
         }
+        s
     });
     out
 }
@@ -103,27 +102,23 @@ pub fn conv_t(x: &Array5<f64>, p: &ConvTranspose) -> Array5<f64> {
         (i < ins[a]).then_some(i)
     };
     let mut out = Array5::zeros([n, cout, os[0], os[1], os[2]]);
-    for_each_plane(&mut out, |b, co, z, plane| {
+    fill(&mut out, |[b, co, z, y, xx]| {
         let g = co / cog;
-        for y in 0..os[1] {
-            for xx in 0..os[2] {
-                let mut s = p.bias.as_ref().map_or(0.0, |t| t.data[co] as f64);
-                for ci in 0..cig {
-                    for a in 0..k[0] {
-                        let Some(id) = src(0, z, a) else { continue };
-                        for bb in 0..k[1] {
-                            let Some(ih) = src(1, y, bb) else { continue };
-                            for c in 0..k[2] {
-                                let Some(iw) = src(2, xx, c) else { continue };
-                                s += x[[b, g * cig + ci, id, ih, iw]]
-                                    * wt(g * cig + ci, co - g * cog, a, bb, c);
-                            }
-                        }
+        let mut s = p.bias.as_ref().map_or(0.0, |t| t.data[co] as f64);
+        for ci in 0..cig {
+            for a in 0..k[0] {
+                let Some(id) = src(0, z, a) else { continue };
+                for bb in 0..k[1] {
+                    let Some(ih) = src(1, y, bb) else { continue };
+                    for c in 0..k[2] {
+                        let Some(iw) = src(2, xx, c) else { continue };
+                        s += x[[b, g * cig + ci, id, ih, iw]]
+                            * wt(g * cig + ci, co - g * cog, a, bb, c);
                     }
                 }
-                plane[y * os[2] + xx] = s;
             }
         }
+        s
     });
     out
 }
