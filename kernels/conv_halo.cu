@@ -45,16 +45,9 @@ __device__ __forceinline__ void halo_copy(half* buf, const half* xn, const half*
     const bool cok = U == 8 || c < p.cin;
     BoxWalk<HY, HX, THREADS / UPV> b(i0 / UPV, ex, ey, ez);
 #pragma unroll 1
-    for (int idx = i0, v = i0 / UPV; idx < hi; idx += THREADS, v += THREADS / UPV, b.step()) {
-        const bool ok = cok && (unsigned)(iz0 + b.z) < (unsigned)p.di && (unsigned)(iy0 + b.y) < (unsigned)p.hi &&
-                        (unsigned)(ix0 + b.x) < (unsigned)p.wi;
-        half* dst = buf + (v - b.x + halo_x<S, HX>(b.x)) * LD + c;
-        if constexpr (U == 8) {
-            cp_async16(dst, ok ? xn + (o0 + b.off) : x, ok ? 16 : 0);
-        } else {
-            cp_async4_ca(dst, ok ? xn + (o0 + b.off) : x, ok ? 4 : 0);
-        }
-    }
+    for (int idx = i0, v = i0 / UPV; idx < hi; idx += THREADS, v += THREADS / UPV, b.step())
+        cp_async_piece<U>(buf + (v - b.x + halo_x<S, HX>(b.x)) * LD + c, xn + (o0 + b.off), x,
+                          cok && b.inside(iz0, iy0, ix0, p.di, p.hi, p.wi));
 }
 
 // NT taps (from tap0) of the weight rows 0..BN-1 into smem rows of WLD halves, tap t of a row at
@@ -67,12 +60,7 @@ __device__ __forceinline__ void halo_wcopy(half* ws, const half* w, const ConvPa
         int co = idx / (NT * UPT), r = idx - co * (NT * UPT);
         int t = NT == 1 ? 0 : r / UPT, c = (r - t * UPT) * U;
         const half* src = w + (i64)(nb0 + co) * p.kpad + (tap0 + t) * p.cin + c0 + c;
-        if constexpr (U == 8) {
-            cp_async16(ws + co * WLD + t * CIN + c, src, 16);
-        } else {
-            bool ok = c < p.cin;
-            cp_async4_ca(ws + co * WLD + t * CIN + c, ok ? src : w, ok ? 4 : 0);
-        }
+        cp_async_piece<U>(ws + co * WLD + t * CIN + c, src, w, U == 8 || c < p.cin);
     }
 }
 

@@ -56,63 +56,55 @@ struct WgConv {
         tile_origin<TZ, TY, TX>(t, ntx, nty, ntz, n, oz0, oy0, ox0);
     }
 
-    // Tile t's halo of channels c0..c0+CIN into `buf`, zero outside the input (source size 0).
-    // A voxel's PV pieces (16-byte groups, or 4-byte pairs when narrow) are copied by PV
-    // consecutive threads, so a thread's piece is fixed and its voxels walk NT / PV apart.
+    // Tile t's halo of channels c0..c0+CIN into `buf`, zero outside the input (source size 0):
+    // 16-byte groups, or (narrow) 4-byte channel pairs, channels past p.cin zero.
     template <int NT>
     __device__ __forceinline__ void load_halo(half* buf, int t, int c0, int tid) const {
+        if (narrow)
+            halo_pieces<NT, 2>(buf, t, c0, tid);
+        else
+            halo_pieces<NT, 8>(buf, t, c0, tid);
+    }
+    // A voxel's CIN / U pieces are copied by consecutive threads, so a thread's piece is fixed
+    // and its voxels walk NT / (CIN / U) apart (`BoxWalk`).
+    template <int NT, int U>
+    __device__ __forceinline__ void halo_pieces(half* buf, int t, int c0, int tid) const {
+        constexpr int PV = CIN / U;
+        static_assert(NT % PV == 0, "a thread's piece is fixed");
         int n, oz0, oy0, ox0;
         decode(t, n, oz0, oy0, ox0);
         const int iz0 = oz0 - p.pd, iy0 = oy0 - p.ph, ix0 = ox0 - p.pw;
+        const int c = (tid % PV) * U;
         const i64 ex = p.cin, ey = (i64)p.wi * p.cin, ez = (i64)p.hi * ey;
         // The box origin's element offset (negative at a low border: never read there).
-        const i64 o0 = (i64)n * p.di * ez + iz0 * ez + iy0 * ey + ix0 * ex + c0;
-        if (!narrow) {
-            static_assert(NT % CPV == 0, "a thread's channel group is fixed");
-            const int g = tid % CPV;
-            BoxWalk<HY, HX, NT / CPV> b(tid / CPV, ex, ey, ez);
-            half* dst = buf + g * HVS * 8;
-            for (int v = tid / CPV; v < HV; v += NT / CPV, b.step()) {
-                const bool ok = (unsigned)(iz0 + b.z) < (unsigned)p.di && (unsigned)(iy0 + b.y) < (unsigned)p.hi &&
-                                (unsigned)(ix0 + b.x) < (unsigned)p.wi;
-                cp_async16(dst + v * 8, ok ? x + (o0 + b.off + g * 8) : x, ok ? 16 : 0);
-            }
-        } else {
-            static_assert(NT % (CIN / 2) == 0, "a thread's channel pair is fixed");
-            const int c = (tid % (CIN / 2)) * 2;
-            BoxWalk<HY, HX, NT / (CIN / 2)> b(tid / (CIN / 2), ex, ey, ez);
-            half* dst = buf + (c >> 3) * HVS * 8 + (c & 7);
-            const bool cok = c < p.cin;
-            for (int v = tid / (CIN / 2); v < HV; v += NT / (CIN / 2), b.step()) {
-                const bool ok = cok && (unsigned)(iz0 + b.z) < (unsigned)p.di &&
-                                (unsigned)(iy0 + b.y) < (unsigned)p.hi && (unsigned)(ix0 + b.x) < (unsigned)p.wi;
-                cp_async4_ca(dst + v * 8, ok ? x + (o0 + b.off + c) : x, ok ? 4 : 0);
-            }
-        }
+        const i64 o0 = (i64)n * p.di * ez + iz0 * ez + iy0 * ey + ix0 * ex + c0 + c;
+        const bool cok = U == 8 || c < p.cin;
+        half* dst = buf + (c >> 3) * HVS * 8 + (c & 7);
+        BoxWalk<HY, HX, NT / PV> b(tid / PV, ex, ey, ez);
+        for (int v = tid / PV; v < HV; v += NT / PV, b.step())
+            cp_async_piece<U>(dst + v * 8, x + (o0 + b.off), x, cok && b.inside(iz0, iy0, ix0, p.di, p.hi, p.wi));
     }
 
     // `nt` taps from tap0 of channels c0..c0+CIN into consecutive stages from `ws` (rows of
-    // output channels past Cout zero). Rows (tap, output channel) walk as the halo's voxels do.
+    // output channels past Cout zero), in pieces as the halo's.
     template <int NT>
     __device__ __forceinline__ void load_w(half* ws, int tap0, int nt, int c0, int tid) const {
-        const half* w0 = w + (i64)nb0 * p.kpad + tap0 * p.cin + c0;
-        if (!narrow) {
-            const int g = tid % CPV;
-            BoxWalk<1, BN, NT / CPV> b(tid / CPV, p.kpad, p.cin, p.cin);
-            for (; b.z < nt; b.step()) {
-                const bool ok = nb0 + b.x < p.cout;
-                cp_async16(ws + ((b.z * CPV + g) * BNS + b.x) * 8, ok ? w0 + b.off + g * 8 : w, ok ? 16 : 0);
-            }
-        } else {
-            const int c = (tid % (CIN / 2)) * 2;
-            BoxWalk<1, BN, NT / (CIN / 2)> b(tid / (CIN / 2), p.kpad, p.cin, p.cin);
-            const bool cok = c < p.cin;
-            for (; b.z < nt; b.step()) {
-                const bool ok = cok && nb0 + b.x < p.cout;
-                cp_async4_ca(ws + ((b.z * CPV + (c >> 3)) * BNS + b.x) * 8 + (c & 7), ok ? w0 + b.off + c : w,
-                             ok ? 4 : 0);
-            }
-        }
+        if (narrow)
+            w_pieces<NT, 2>(ws, tap0, nt, c0, tid);
+        else
+            w_pieces<NT, 8>(ws, tap0, nt, c0, tid);
+    }
+    // The rows (tap, output channel) walk as the halo's voxels do.
+    template <int NT, int U>
+    __device__ __forceinline__ void w_pieces(half* ws, int tap0, int nt, int c0, int tid) const {
+        constexpr int PV = CIN / U;
+        static_assert(NT % PV == 0, "a thread's piece is fixed");
+        const int c = (tid % PV) * U;
+        const half* w0 = w + (i64)nb0 * p.kpad + tap0 * p.cin + c0 + c;
+        const bool cok = U == 8 || c < p.cin;
+        half* dst = ws + (c >> 3) * BNS * 8 + (c & 7);
+        for (BoxWalk<1, BN, NT / PV> b(tid / PV, p.kpad, p.cin, p.cin); b.z < nt; b.step())
+            cp_async_piece<U>(dst + (b.z * CPV * BNS + b.x) * 8, w0 + b.off, w, cok && nb0 + b.x < p.cout);
     }
 
     // Descriptors of the halo at `in` and of the weight stage 0 at `ws`.

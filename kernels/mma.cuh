@@ -14,6 +14,17 @@ __device__ __forceinline__ void cp_async4_ca(half* smem, const half* gmem, int b
 #endif
 }
 
+// One U-half piece (U 8: a 16-byte group; U 2: a 4-byte channel pair) from src to smem, or zeros
+// where !ok (source size 0; `fallback` is a valid address that is not read).
+template <int U>
+__device__ __forceinline__ void cp_async_piece(half* dst, const half* src, const half* fallback, bool ok) {
+    static_assert(U == 8 || U == 2, "16-byte groups or 4-byte pairs");
+    if constexpr (U == 8)
+        cp_async16(dst, ok ? src : fallback, ok ? 16 : 0);
+    else
+        cp_async4_ca(dst, ok ? src : fallback, ok ? 4 : 0);
+}
+
 // Tile t of a grid of ntz x nty x ntx tiles per sample -> batch index and output origin of its
 // TZ x TY x TX tile (x fastest, then y, z, n): the halo kernels' tile order.
 template <int TZ, int TY, int TX>
@@ -119,6 +130,10 @@ struct BoxWalk {
         d = SX * ex + SY * ey + SZ * ez;
         wx = (HY > 1 ? ey : ez) - HX * ex;  // HY 1: a row walk, x's carry goes to z
         wy = ez - HY * ey;
+    }
+    // Whether the walk's voxel, at (z0, y0, x0) + (z, y, x), is inside a d x h x w box.
+    __device__ __forceinline__ bool inside(int z0, int y0, int x0, int d, int h, int w) const {
+        return (unsigned)(z0 + z) < (unsigned)d && (unsigned)(y0 + y) < (unsigned)h && (unsigned)(x0 + x) < (unsigned)w;
     }
     __device__ __forceinline__ void step() {
         z += SZ;

@@ -141,6 +141,16 @@ impl From<ShapeRow> for Shape {
     }
 }
 
+/// Halves a copy moves: 2 (4-byte channel pairs) when the real Cin is below the kernel's width,
+/// else 8 (16-byte groups), as `load_halo` / `load_w` choose.
+fn piece_halves(s: &Shape) -> i64 {
+    if s.cin < s.width {
+        2
+    } else {
+        8
+    }
+}
+
 /// The input's value at (n, z, y, x, c): distinct and non-zero, so a misplaced or missed copy shows.
 fn xval(s: &Shape, n: i64, z: i64, y: i64, x: i64, c: i64) -> i64 {
     1 + ((((n * s.di[0] + z) * s.di[1] + y) * s.di[2] + x) * s.cin + c)
@@ -165,30 +175,21 @@ fn halo_walked(s: &Shape, n: i64, o: [i64; 3], c0: i64) -> (Vec<i64>, Vec<u32>) 
     };
     // The flat tensor's value at element offset e (NDHWC).
     let at = |e: i64| 1 + e;
-    let narrow = s.cin < s.width;
-    let pieces = if narrow { s.width / 2 } else { cpv };
+    // `halo_pieces<NT, U>`: U 2 (narrow: 4-byte pairs) or 8 (16-byte groups).
+    let u = piece_halves(s);
+    let pieces = s.width / u;
     assert_eq!(s.nt % pieces, 0);
     for tid in 0..s.nt {
         let vs = s.nt / pieces;
+        let c = (tid % pieces) * u;
         let mut b = BoxWalk::new(hy, hx, vs, tid / pieces, ex, ey, ez);
         let mut v = tid / pieces;
         while v < hv {
-            if narrow {
-                let c = (tid % pieces) * 2;
-                let ok = c < s.cin && inside(&b);
-                let dst = ((c >> 3) * hv + v) * 8 + (c & 7);
-                for k in 0..2 {
-                    buf[(dst + k) as usize] = if ok { at(o0 + b.off + c + k) } else { 0 };
-                    writes[(dst + k) as usize] += 1;
-                }
-            } else {
-                let g = tid % pieces;
-                let ok = inside(&b);
-                let dst = (g * hv + v) * 8;
-                for k in 0..8 {
-                    buf[(dst + k) as usize] = if ok { at(o0 + b.off + g * 8 + k) } else { 0 };
-                    writes[(dst + k) as usize] += 1;
-                }
+            let ok = (u == 8 || c < s.cin) && inside(&b);
+            let dst = ((c >> 3) * hv + v) * 8 + (c & 7);
+            for k in 0..u {
+                buf[(dst + k) as usize] = if ok { at(o0 + b.off + c + k) } else { 0 };
+                writes[(dst + k) as usize] += 1;
             }
             v += vs;
             b.step();
@@ -267,8 +268,8 @@ fn weight_copies_fill_what_the_indices_name() {
         // Weights [Cout_pad][kpad], K = tap * Cin + ci; value 1 + flat index.
         let kpad = (27 * s.cin + 63) / 64 * 64;
         let cpv = s.width / 8;
-        let narrow = s.cin < s.width;
-        let pieces = if narrow { s.width / 2 } else { cpv };
+        let u = piece_halves(s);
+        let pieces = s.width / u;
         let ntiles_n = (s.cout + s.bn - 1) / s.bn;
         for nb in 0..ntiles_n {
             let nb0 = nb * s.bn;
@@ -282,14 +283,10 @@ fn weight_copies_fill_what_the_indices_name() {
                         let mut b =
                             BoxWalk::new(1, s.bn, s.nt / pieces, tid / pieces, kpad, s.cin, s.cin);
                         while b.z < ntaps {
-                            let (c, k_n) = if narrow {
-                                ((tid % pieces) * 2, 2)
-                            } else {
-                                ((tid % pieces) * 8, 8)
-                            };
-                            let ok = nb0 + b.x < s.cout && c < s.cin;
+                            let c = (tid % pieces) * u;
+                            let ok = nb0 + b.x < s.cout && (u == 8 || c < s.cin);
                             let dst = ((b.z * cpv + (c >> 3)) * s.bn + b.x) * 8 + (c & 7);
-                            for k in 0..k_n {
+                            for k in 0..u {
                                 st[(dst + k) as usize] =
                                     if ok { 1 + w0 + b.off + c + k } else { 0 };
                                 writes[(dst + k) as usize] += 1;
