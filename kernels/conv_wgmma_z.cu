@@ -244,7 +244,7 @@ struct WzConv {
     __device__ __forceinline__ void put(int s, int htid, float* st, half* __restrict__ y,
                                         const float* __restrict__ slope, TileStats8* ts = nullptr) const {
         static_assert((2 * NY) % (NT / 32) == 0, "whole rows per warp");
-        static_assert(2 * N * SP >= NT * 16 + 32, "the statistics fit the staging rows");
+        static_assert(2 * N * SP >= NT / 2 + 32, "the statistics fit the staging rows");
         const int warp = htid >> 5;
         const int ti = s / H, j = s - ti * H, t = blockIdx.x + ti * gridDim.x;
         int n, oz0, oy0, ox0;

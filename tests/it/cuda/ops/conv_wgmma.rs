@@ -131,8 +131,9 @@ fn conv_wgmma_persistent() {
         };
         assert!(v.tiles(2, sp) > owners * 132, "{}: tiles per block", v.name);
         for cin in [v.cin, 14].into_iter().filter(|&c| v.accepts_cin(c)) {
-            // (Cout 20 on the z-pair kernels: their 32-wide tile is the narrowest that holds it.)
-            let cout = if v.zpair { 20 } else { 5 };
+            // Cout within the kernel's width and above the next narrower one (a forced kernel
+            // takes the convs of its width only): 20 on the 32-wide tiles, 5 on the 16-wide.
+            let cout = if v.bn > 16 { 20 } else { 5 };
             let name = format!("{} {cin}->{cout} {sp:?} persistent", v.name);
             conv_case(
                 &mut b,
