@@ -329,27 +329,46 @@ extern "C" __global__ void __launch_bounds__(256) norm_finalize_tiles(
 }
 
 // y = act(x * a[n][c] + b[n][c]); ab_nstride 0 broadcasts one (a, b) per channel (ChannelAffine).
+// res (or null): a residual Add fused after the activation (`host::fusion::fusable_residual`),
+// dense fp16 at y's index: the value is rounded to fp16 as the norm stores it, then added in fp32
+// and rounded again, as `binary_v8` adds the two stored operands.
+__device__ __forceinline__ half res_add(half v, const half* __restrict__ res, i64 i) {
+    return res ? __float2half(__half2float(v) + __half2float(res[i])) : v;
+}
+__device__ __forceinline__ __half2 res_add2(__half2 v, const __half2& r) {
+    const float2 a = __half22float2(v), b = __half22float2(r);
+    return __floats2half2_rn(a.x + b.x, a.y + b.y);
+}
+// res_add2 over a 16-byte vector's four pairs.
+__device__ __forceinline__ void res_add8(__half2 (&h)[4], const uint4& r) {
+    const __half2* rh = reinterpret_cast<const __half2*>(&r);
+#pragma unroll
+    for (int k = 0; k < 4; k++) h[k] = res_add2(h[k], rh[k]);
+}
 template <typename T>
 __device__ __forceinline__ void affine_act_t(const T* __restrict__ x, half* __restrict__ y, i64 total, i64 P,
                                              int C, const float* __restrict__ ab, int ab_nstride, int act,
-                                             float alpha, const float* __restrict__ slope, int slope_n) {
+                                             float alpha, const float* __restrict__ slope, int slope_n,
+                                             const half* __restrict__ res) {
     for (i64 e = blockIdx.x * (i64)blockDim.x + threadIdx.x; e < total; e += (i64)gridDim.x * blockDim.x) {
         int c = (int)(e % C);
         int n = (int)(e / ((i64)C * P));
         const float* q = ab + ((i64)n * ab_nstride + c) * 2;
         float v = to_f(x[e]) * q[0] + q[1];
-        y[e] = __float2half(act_apply(v, c, act, alpha, slope, slope_n));
+        y[e] = res_add(__float2half(act_apply(v, c, act, alpha, slope, slope_n)), res, e);
     }
 }
 extern "C" __global__ void affine_act(const half* __restrict__ x, half* __restrict__ y, i64 total, i64 P,
                                       int C, const float* __restrict__ ab, int ab_nstride, int act,
-                                      float alpha, const float* __restrict__ slope, int slope_n) {
-    affine_act_t(x, y, total, P, C, ab, ab_nstride, act, alpha, slope, slope_n);
+                                      float alpha, const float* __restrict__ slope, int slope_n,
+                                      const half* __restrict__ res) {
+    affine_act_t(x, y, total, P, C, ab, ab_nstride, act, alpha, slope, slope_n, res);
 }
 extern "C" __global__ void affine_act_f32(const float* __restrict__ x, half* __restrict__ y, i64 total, i64 P,
                                           int C, const float* __restrict__ ab, int ab_nstride, int act,
-                                          float alpha, const float* __restrict__ slope, int slope_n) {
-    affine_act_t(x, y, total, P, C, ab, ab_nstride, act, alpha, slope, slope_n);
+                                          float alpha, const float* __restrict__ slope, int slope_n,
+                                          const half* __restrict__ res) {
+    affine_act_t(x, y, total, P, C, ab, ab_nstride, act, alpha, slope, slope_n, res);
 }
 
 // Calls BODY<T, ACT> with the activation fixed where it is one the networks use (`BY_ACT`).
@@ -360,12 +379,14 @@ extern "C" __global__ void affine_act_f32(const float* __restrict__ x, half* __r
 template <typename T, int ACT>
 __device__ __forceinline__ void affine_act_v8_b(const T* __restrict__ x, half* __restrict__ y, i64 P, int C,
                                                 const float* __restrict__ ab, int ab_nstride, int act, float alpha,
-                                                const float* __restrict__ slope, int slope_n) {
+                                                const float* __restrict__ slope, int slope_n,
+                                                const half* __restrict__ res) {
     const int n = blockIdx.y;
     const unsigned vpp = (unsigned)C >> 3;
     const unsigned nv = (unsigned)P * vpp;
     const T* xn = x + (i64)n * P * C;
     uint4* yv = reinterpret_cast<uint4*>(y + (i64)n * P * C);
+    const uint4* rv = res ? reinterpret_cast<const uint4*>(res + (i64)n * P * C) : nullptr;
     const float2* abn = reinterpret_cast<const float2*>(ab) + (i64)n * ab_nstride;
     for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < nv; e += gridDim.x * blockDim.x) {
         const int c0 = (int)(e % vpp) * 8;
@@ -379,21 +400,24 @@ __device__ __forceinline__ void affine_act_v8_b(const T* __restrict__ x, half* _
             float b = act_of<ACT>(v[2 * k + 1] * q1.x + q1.y, c0 + 2 * k + 1, act, alpha, slope, slope_n);
             h[k] = __floats2half2_rn(a, b);
         }
+        if (rv) res_add8(h, rv[e]);
         yv[e] = *reinterpret_cast<const uint4*>(h);
     }
 }
 template <typename T>
 __device__ __forceinline__ void affine_act_v8_t(const T* __restrict__ x, half* __restrict__ y, i64 P, int C,
                                                 const float* __restrict__ ab, int ab_nstride, int act, float alpha,
-                                                const float* __restrict__ slope, int slope_n) {
-    AFFINE_BY_ACT(affine_act_v8_b, T, x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n)
+                                                const float* __restrict__ slope, int slope_n,
+                                                const half* __restrict__ res) {
+    AFFINE_BY_ACT(affine_act_v8_b, T, x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n, res)
 }
 // The kernels of a vector affine template, one per input type (fp16, or fp32 from a conv kept so).
 #define AFFINE_VEC_ENTRY(NAME, T, IMPL)                                                               \
     extern "C" __global__ void NAME(const T* __restrict__ x, half* __restrict__ y, i64 P, int C,         \
                                     const float* __restrict__ ab, int ab_nstride, int act, float alpha,  \
-                                    const float* __restrict__ slope, int slope_n) {                      \
-        IMPL(x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n);                                    \
+                                    const float* __restrict__ slope, int slope_n,                        \
+                                    const half* __restrict__ res) {                                      \
+        IMPL(x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n, res);                               \
     }
 AFFINE_VEC_ENTRY(affine_act_v8, half, affine_act_v8_t)
 AFFINE_VEC_ENTRY(affine_act_v8_f32, float, affine_act_v8_t)
@@ -403,11 +427,13 @@ AFFINE_VEC_ENTRY(affine_act_v8_f32, float, affine_act_v8_t)
 template <typename T, int ACT>
 __device__ __forceinline__ void affine_act_flat8_b(const T* __restrict__ x, half* __restrict__ y, i64 P, int C,
                                                    const float* __restrict__ ab, int ab_nstride, int act,
-                                                   float alpha, const float* __restrict__ slope, int slope_n) {
+                                                   float alpha, const float* __restrict__ slope, int slope_n,
+                                                   const half* __restrict__ res) {
     const int n = blockIdx.y;
     const i64 nv = P * C / 8;
     const T* xn = x + (i64)n * P * C;
     uint4* yv = reinterpret_cast<uint4*>(y + (i64)n * P * C);
+    const uint4* rv = res ? reinterpret_cast<const uint4*>(res + (i64)n * P * C) : nullptr;
     const float2* abn = reinterpret_cast<const float2*>(ab) + (i64)n * ab_nstride;
     for (i64 e = blockIdx.x * (i64)blockDim.x + threadIdx.x; e < nv; e += (i64)gridDim.x * blockDim.x) {
         int c = (int)((e * 8) % C);
@@ -425,14 +451,16 @@ __device__ __forceinline__ void affine_act_flat8_b(const T* __restrict__ x, half
             float b = act_of<ACT>(v[2 * k + 1] * q1.x + q1.y, cb, act, alpha, slope, slope_n);
             h[k] = __floats2half2_rn(a, b);
         }
+        if (rv) res_add8(h, rv[e]);
         yv[e] = *reinterpret_cast<const uint4*>(h);
     }
 }
 template <typename T>
 __device__ __forceinline__ void affine_act_flat8_t(const T* __restrict__ x, half* __restrict__ y, i64 P, int C,
                                                    const float* __restrict__ ab, int ab_nstride, int act,
-                                                   float alpha, const float* __restrict__ slope, int slope_n) {
-    AFFINE_BY_ACT(affine_act_flat8_b, T, x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n)
+                                                   float alpha, const float* __restrict__ slope, int slope_n,
+                                                   const half* __restrict__ res) {
+    AFFINE_BY_ACT(affine_act_flat8_b, T, x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n, res)
 }
 AFFINE_VEC_ENTRY(affine_act_flat8, half, affine_act_flat8_t)
 AFFINE_VEC_ENTRY(affine_act_flat8_f32, float, affine_act_flat8_t)

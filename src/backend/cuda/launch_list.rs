@@ -480,11 +480,15 @@ impl Prepared {
 /// activation or residual Add and, for convs, the kernel. Steps of one label are summed by [`per_step`].
 pub(crate) fn step_label(step: &Step, op: &Op, act: &Act, x: Shape, o: Shape) -> String {
     let sh = |s: Shape| format!("{}x{}x{}x{}", s[0], s[1], s[2], s[3]);
-    let act = match (act, step) {
-        (Act::None, Step::Conv(c)) if c.p.res != 0 => " +Add".to_string(),
-        (Act::None, _) => String::new(),
-        (a, _) => format!(" +{}", format!("{a:?}").split('(').next().unwrap_or("")),
+    let res = match step {
+        Step::Conv(c) => c.p.res != 0,
+        Step::Norm(n) => n.affine.res != 0,
+        _ => false,
     };
+    let act = match act {
+        Act::None => String::new(),
+        a => format!(" +{}", format!("{a:?}").split('(').next().unwrap_or("")),
+    } + if res { " +Add" } else { "" };
     // Kernel and stride of the op itself (a transposed conv runs as several GEMM steps).
     let ks = |w: &Tensor, st: [usize; 3]| {
         let w = &w.shape;

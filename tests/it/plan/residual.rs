@@ -1,5 +1,6 @@
 //! Host only (no GPU): which residual Adds the CUDA buffer plan fuses into a conv's epilogue
-//! (`host::fusion::fusable_residual`, on the H200's `conv_wg_*` kernels), on hand-built graphs
+//! (`host::fusion::fusable_residual`, on the H200's `conv_wg_*` kernels) or a norm's affine
+//! pass, on hand-built graphs
 //! and the architecture fixtures, and that no fused plan (residual or activation) frees or writes
 //! over a value still to be read.
 
@@ -105,22 +106,99 @@ fn residual_adds_fuse_where_the_other_operand_is_ready() {
     assert!(fused(&plan(&g)).iter().all(|(_, f)| f.is_none()));
 }
 
-/// On the architecture fixtures: every fused residual is a conv on a kernel that adds one, whose
-/// only reader is an Add of the same shape, with the other operand written by an earlier launch,
-/// and the plan never aliases a live value. SegResNet's 16-channel blocks end in conv(x) + x on
-/// `conv_wg_c16n16_r8`, so some must fuse.
+/// norm(v) -> activation -> + skip: the norm's affine pass adds the skip (`norm_residual`), the
+/// Add never runs and the activation's output never exists; not with the switch off, nor where
+/// the activation's output is read twice.
+#[test]
+fn residual_adds_fuse_into_norms() {
+    let mut r = Rng::tagged("norm residual plan");
+    let norm = |r: &mut Rng| {
+        graph::instance_norm(
+            Tensor::new(vec![16], r.scaled(16, 1.0)),
+            Tensor::new(vec![16], r.scaled(16, 1.0)),
+        )
+    };
+    let leaky = Op::LeakyRelu { alpha: 0.01 };
+    // v1 = conv(x), v2 = norm(v1), v3 = leaky(v2), v4 = v3 + x.
+    let g = chain(
+        "norm act skip",
+        16,
+        vec![
+            (conv(&mut r, 16, 16), vec![0], 16),
+            (norm(&mut r), vec![1], 16),
+            (leaky.clone(), vec![2], 16),
+            (Op::Add, vec![3, 0], 16),
+        ],
+    );
+    let bp = plan(&g);
+    let l = bp.launches.iter().find(|l| l.node == 1).unwrap();
+    assert_eq!((l.fuse, l.residual, l.out_v), (Some(2), Some((3, 0)), 4));
+    assert_eq!(bp.value_buf[3], None);
+    assert!(bp.launches.iter().all(|l| l.node != 3));
+    // Without the activation, and with the switch off.
+    let g = chain(
+        "norm skip",
+        16,
+        vec![
+            (conv(&mut r, 16, 16), vec![0], 16),
+            (norm(&mut r), vec![1], 16),
+            (Op::Add, vec![0, 2], 16),
+        ],
+    );
+    let l = plan(&g).launches.into_iter().find(|l| l.node == 1).unwrap();
+    assert_eq!((l.fuse, l.residual), (None, Some((2, 0))));
+    let caps = ArchCaps {
+        norm_residual: false,
+        ..ArchCaps::h200()
+    };
+    let bp = buffer_plan(&g, 2, [8, 8, 8], &caps).unwrap();
+    assert!(bp.launches.iter().all(|l| l.residual.is_none()));
+    assert!(bp.launches.iter().any(|l| l.node == 2));
+    // The activation's output read twice: the Add runs.
+    let g = chain(
+        "norm act read twice",
+        16,
+        vec![
+            (conv(&mut r, 16, 16), vec![0], 16),
+            (norm(&mut r), vec![1], 16),
+            (leaky, vec![2], 16),
+            (Op::Add, vec![3, 0], 16),
+            (Op::Add, vec![4, 3], 16),
+        ],
+    );
+    assert!(plan(&g).launches.iter().all(|l| l.residual.is_none()));
+}
+
+/// On the architecture fixtures: every fused residual is a conv on a kernel that adds one, or a
+/// norm (the Add reading its activation's output, if one is fused), whose only reader is an Add
+/// of the same shape, with the other operand written by an earlier launch, and the plan never
+/// aliases a live value. SegResNet's 16-channel blocks end in conv(x) + x on
+/// `conv_wg_c16n16_r8`, and MONAI's residual units in norm, activation, + skip, so both must
+/// fuse.
 #[test]
 fn fixture_residuals_fuse_into_conv_epilogues() {
-    let mut count = 0;
+    let (mut convs, mut norms) = (0, 0);
     for (arch, g, w) in crate::common::arch_fixtures() {
         let bp = buffer_plan(&g, 2, w, &ArchCaps::h200()).unwrap();
         check_no_alias(&arch, &g, &bp);
         for (k, l) in bp.launches.iter().enumerate() {
             let Some((j, r)) = l.residual else { continue };
-            count += 1;
-            let out = g.nodes[l.node].output;
-            assert!(matches!(g.nodes[l.node].op, Op::Conv(_)), "{arch}");
-            assert!(l.conv.as_ref().is_some_and(|k| k.adds_residual()), "{arch}");
+            let out = g.nodes[l.fuse.unwrap_or(l.node)].output;
+            if matches!(g.nodes[l.node].op, Op::Conv(_)) {
+                convs += 1;
+                assert!(l.conv.as_ref().is_some_and(|k| k.adds_residual()), "{arch}");
+                assert_eq!(l.fuse, None, "{arch}");
+            } else {
+                norms += 1;
+                assert!(
+                    matches!(
+                        g.nodes[l.node].op,
+                        Op::InstanceNorm { .. } | Op::GroupNorm { .. }
+                    ),
+                    "{arch}"
+                );
+                assert!(l.head.is_none(), "{arch}");
+            }
             assert!(matches!(g.nodes[j].op, Op::Add), "{arch}");
             assert!(g.nodes[j].inputs.contains(&out) && g.nodes[j].inputs.contains(&r));
             assert_eq!(l.out_v, g.nodes[j].output, "{arch}");
@@ -130,7 +208,8 @@ fn fixture_residuals_fuse_into_conv_epilogues() {
             assert!(r == g.input || writer.is_some_and(|m| m < k), "{arch}");
         }
     }
-    assert!(count > 0, "no residual Add fused on any fixture");
+    assert!(convs > 0, "no residual Add fused into a conv on any fixture");
+    assert!(norms > 0, "no residual Add fused into a norm on any fixture");
 }
 
 /// A node between a conv and its fused activation that reads the conv's input (a skip conv

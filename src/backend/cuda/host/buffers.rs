@@ -587,7 +587,8 @@ impl Walk<'_> {
 
 /// The buffer plan of `graph` for `batch` windows of `roi` on a device with `caps`: fp16 NDHWC
 /// activations (fp32 where [`keeps_f32`] says so and `caps.norm_f32`), a following activation fused into conv / norm / affine epilogues, a conv's
-/// residual Add fused into its epilogue ([`fusable_residual`], on kernels that add one), a norm's
+/// residual Add fused into its epilogue ([`fusable_residual`], on kernels that add one) and a
+/// norm's into its affine pass (`caps.norm_residual`), a norm's
 /// pointwise head (or `_nl` z-pair conv) run on the norm's input ([`fusable_norm_head`]: the
 /// norm's output never exists), convs and
 /// binaries whose only consumer is a channel concat written into its slice (the concat's buffer
@@ -690,19 +691,30 @@ pub fn buffer_plan(
         };
         cmax = cmax.max(w.shapes[node.output][0]);
         let conv = w.node_consts(caps, i, &act);
+        // The Add after a conv whose kernel adds a residual (no activation), or after a norm
+        // (and its activation): the affine pass adds it.
+        let ready = |r: usize| w.live[r].is_some() && w.stored[r].ndhwc && !f32_values[r];
+        let norm = matches!(node.op, Op::InstanceNorm { .. } | Op::GroupNorm { .. });
         let residual = match &conv {
             Some(k) if fuse.is_none() && k.adds_residual() => {
-                fusable_residual(graph, &w.cons, &w.shapes, &w.tensor, i, |r| {
-                    w.live[r].is_some() && w.stored[r].ndhwc && !f32_values[r]
-                })
+                fusable_residual(graph, &w.cons, &w.shapes, &w.tensor, (i, i), ready)
             }
+            None if norm && caps.norm_residual => fusable_residual(
+                graph,
+                &w.cons,
+                &w.shapes,
+                &w.tensor,
+                (i, fuse.unwrap_or(i)),
+                ready,
+            ),
             _ => None,
         };
         if let Some((j, _)) = residual {
             w.ran[j] = true;
             out_v = graph.nodes[j].output;
         }
-        let head = if caps.norm_head {
+        // (A norm whose Add is fused has no head: the Add's output is what a head would read.)
+        let head = if caps.norm_head && residual.is_none() {
             w.norm_head(caps, i, out_v)
         } else {
             None

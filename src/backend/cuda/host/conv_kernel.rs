@@ -48,6 +48,8 @@ pub struct ArchCaps {
     pub split_k: bool,
     /// A pointwise head reads the norm before it, normalised on load (`CudaOptions::norm_head`).
     pub norm_head: bool,
+    /// A norm's affine pass adds the residual of the Add after it (`CudaOptions::norm_residual`).
+    pub norm_residual: bool,
     /// The full-resolution ends of the list run one window at a time
     /// (`CudaOptions::window_segments`).
     pub window_segments: bool,
@@ -85,6 +87,7 @@ impl ArchCaps {
             norm_f32: true,
             split_k: true,
             norm_head: true,
+            norm_residual: true,
             window_segments: true,
             head_staged: false,
             norm_stats: true,
@@ -114,6 +117,7 @@ impl ArchCaps {
             norm_f32: opts.norm_f32,
             split_k: opts.split_k,
             norm_head: opts.norm_head,
+            norm_residual: opts.norm_residual,
             window_segments: opts.window_segments,
             norm_stats: opts.norm_stats,
             concat_split: opts.concat_split,

@@ -1,5 +1,6 @@
 //! Host-side fusion facts of the CUDA backend, no GPU needed: who consumes a value, which
-//! activation runs in its producer's epilogue, which residual Add a conv's epilogue takes,
+//! activation runs in its producer's epilogue, which residual Add a conv's epilogue or a norm's
+//! affine pass takes,
 //! which 1x1x1 head reads a norm's input normalised on load, which value a channel concat takes
 //! in place, which conv output stays fp32, and whether a resize is linear.
 
@@ -63,24 +64,31 @@ pub fn fusable_activation(graph: &Graph, cons: &[Vec<usize>], i: usize) -> Optio
     Some(j)
 }
 
-/// Whether conv node `i`'s only consumer is an Add of the same shape whose other operand is
-/// `ready` (computed, and stored fp16 NDHWC as the output will be), so the conv's epilogue can add it (`ConvParams::res`) and the Add
-/// never runs. Returns (Add node, other operand). The conv's output must be the Add's operand
-/// once, not the graph output; the Add's output must not go to a concat slice (the residual is
-/// indexed as a dense output) and neither operand may be a tensor-path value.
+/// Whether the output of node `i` (a conv, or an InstanceNorm / GroupNorm) goes only to an Add
+/// of the same shape whose other operand is `ready` (computed, and stored fp16 NDHWC as the
+/// output will be), so the conv's epilogue (`ConvParams::res`) or the norm's affine pass adds it
+/// and the Add never runs. `last` is node `i`, or the activation fused after it (a norm's): the
+/// node whose output the Add reads. Returns (Add node, other operand). That output must be the
+/// Add's operand once, not the graph output; the Add's output must not go to a concat slice
+/// (the residual is indexed as a dense output) and neither operand may be a tensor-path value.
 pub fn fusable_residual(
     graph: &Graph,
     cons: &[Vec<usize>],
     shapes: &[Shape],
     tensor: &[bool],
-    i: usize,
+    (i, last): (usize, usize),
     ready: impl Fn(usize) -> bool,
 ) -> Option<(usize, usize)> {
-    let out = graph.nodes[i].output;
-    if tensor[i] || !matches!(graph.nodes[i].op, Op::Conv(_)) {
+    let out = graph.nodes[last].output;
+    let op = &graph.nodes[i].op;
+    let takes = matches!(
+        op,
+        Op::Conv(_) | Op::InstanceNorm { .. } | Op::GroupNorm { .. }
+    );
+    if tensor[i] || tensor[last] || !takes {
         return None;
     }
-    let j = sole_consumer(graph, cons, i)?;
+    let j = sole_consumer(graph, cons, last)?;
     let add = &graph.nodes[j];
     if tensor[j] || !matches!(add.op, Op::Add) || add.inputs.len() != 2 {
         return None;

@@ -39,6 +39,10 @@ pub struct CudaOptions {
     pub norm_f32: bool,
     /// Split the K of tile-starved mma convs over several blocks (`select::split_k`).
     pub split_k: bool,
+    /// Add a residual that only an Add reads after an InstanceNorm / GroupNorm (and its
+    /// activation) in the norm's affine pass (`fusion::fusable_residual`): the Add never runs
+    /// (MONAI's residual units: norm, PReLU, then + the shortcut).
+    pub norm_residual: bool,
     /// Run a 1x1x1 head that reads an InstanceNorm / GroupNorm (after its activation) on the
     /// norm's input, normalised on load (`fusion::fusable_norm_head`): the norm's output is
     /// never written.
@@ -94,6 +98,7 @@ impl Default for CudaOptions {
             norm_f32: true,
             split_k: true,
             norm_head: true,
+            norm_residual: true,
             window_segments: true,
             head_staged: false,
             norm_stats: true,

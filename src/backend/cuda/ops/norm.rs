@@ -1,5 +1,6 @@
 //! Instance / group norm (partial sums, finalise into per-(sample, channel) scale and shift, then
-//! the affine pass) and the channel affine, both with a fused activation.
+//! the affine pass) and the channel affine, both with a fused activation and, for the norm, a
+//! fused residual Add after it.
 
 use super::{Build, NodeIo};
 use crate::backend::cuda::abi::norm_blocks;
@@ -28,6 +29,8 @@ pub(crate) struct Affine {
     pub nstride: usize,
     pub act: Act,
     pub slope: u64,
+    /// fp16 residual added after the activation (a fused Add, dense at y's index), 0: none.
+    pub res: u64,
 }
 
 /// A norm: statistics of `x` into the scratch, then the affine pass with its scale / shift.
@@ -96,6 +99,7 @@ fn affine_of(io: &NodeIo, ab: u64) -> Affine {
         nstride: 0,
         act: io.act.clone(),
         slope: io.slope,
+        res: io.res,
     }
 }
 
@@ -265,6 +269,7 @@ impl Affine {
                     Arg::F32(act.alpha()),
                     Arg::Ptr(self.slope),
                     Arg::I32(slope_n(act)),
+                    Arg::Ptr(self.res),
                 ],
             );
         }
@@ -290,6 +295,7 @@ impl Affine {
                 Arg::F32(act.alpha()),
                 Arg::Ptr(self.slope),
                 Arg::I32(slope_n(act)),
+                Arg::Ptr(self.res),
             ],
         )
     }

@@ -522,12 +522,17 @@ fn profile_models() {
         assert!(y16.iter().all(|v| v.is_finite()));
         assert!(arena >= arena16);
         // The fusions the defaults run, each switched off alone and both (the per-op profile
-        // of both off, `PROFST`): the norms' statistics from the convs' epilogues, the convs
-        // over a concat per part; and the fusions off by default: the convs in Cin chunks
+        // of both off, `PROFST`): the residual Adds in the norms' affine passes, the norms'
+        // statistics from the convs' epilogues, the convs over a concat per part; and the fusions off by default: the convs in Cin chunks
         // (`PROFCH`), the z-pair convs reading their norm's input (`PROFNL`), both; the
         // stride-2 convs on the stride-2 halo kernel (`PROFS2`).
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
-        let variants: [Switch; 7] = [
+        let variants: [Switch; 8] = [
+            (
+                "without residual Adds in the norms",
+                |o| o.norm_residual = false,
+                None,
+            ),
             (
                 "without norm statistics in the conv epilogues",
                 |o| o.norm_stats = false,
@@ -574,7 +579,7 @@ fn profile_models() {
                 let d = CudaOptions::default();
                 (o.norm_stats, o.concat_split) = (d.norm_stats, d.concat_split);
                 (o.cin_chunks, o.norm_load_conv) = (d.cin_chunks, d.norm_load_conv);
-                o.halo_s2 = d.halo_s2;
+                (o.halo_s2, o.norm_residual) = (d.halo_s2, d.norm_residual);
             });
             let dev = max_abs_diff(&ys, &y);
             println!(

@@ -144,3 +144,85 @@ fn conv_residual_into_norm() {
     }
     b.with(|o| o.poison = false);
 }
+
+/// conv(x) -> InstanceNorm -> PReLU -> + x (MONAI's residual unit end) with the Add fused into
+/// the norm's affine pass (`norm_residual`) against float64, and bit for bit the plan that runs
+/// the Add on its own: Cin 16 (the 8-channel vector pass), 14 (the flat vectors) and 5 on an
+/// odd volume (the scalar pass); the conv's output fp32 (only the norm reads it) or fp16
+/// (`norm_f32` off).
+#[test]
+fn norm_residual_add_fused_and_not() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("norm residual");
+    for (c, sp, f32_in) in [
+        (16usize, [8usize, 9, 10], true),
+        (14, [9, 8, 10], true),
+        (14, [9, 8, 10], false),
+        (5, [7, 9, 5], true),
+    ] {
+        let x = input2(&mut r, c, sp);
+        let w = weight3(&mut r, c, c);
+        let bias = Tensor::new(vec![c], r.scaled(c, 2.0));
+        let (gamma, beta) = (
+            Tensor::new(vec![c], r.scaled(c, 1.0)),
+            Tensor::new(vec![c], r.scaled(c, 1.0)),
+        );
+        let slope = Tensor::new(vec![c], r.scaled(c, 0.3));
+        let prelu = Op::PRelu {
+            slope: slope.clone(),
+        };
+        let conv_out = conv_ref(&x, &w, Some(&bias), PAD1);
+        let normed = norm_ref(&conv_out, c, 1e-5, &gamma, &beta);
+        let vox = normed.d.len() / (normed.s[0] * c);
+        let want = T {
+            s: normed.s,
+            d: normed
+                .d
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| act_ref(&prelu, (i / vox) % c, v))
+                .zip(&x.d)
+                .map(|(a, b)| a + b)
+                .collect(),
+        };
+        let g = graph(
+            c,
+            vec![
+                (hand::conv(w, Some(bias), 1), vec![0], c),
+                (hand::instance_norm(gamma, beta), vec![1], c),
+                (prelu, vec![2], c),
+                (Op::Add, vec![3, 0], c),
+            ],
+        );
+        let mut outs = Vec::new();
+        for fused in [true, false] {
+            b.with(|o| *o = CudaOptions::default());
+            b.with(|o| {
+                o.poison = true;
+                o.norm_residual = fused;
+                o.norm_f32 = f32_in;
+            });
+            let got = run(&mut b, &g, &x, 2);
+            let name = format!(
+                "{c}ch {sp:?} norm +PRelu +x {} {}",
+                if f32_in { "f32 in" } else { "f16 in" },
+                if fused { "fused" } else { "unfused" }
+            );
+            let e = rel_l2(&got, &want);
+            report(&name, e);
+            assert!(e <= TOL, "{name}: rel L2 {e:.2e}");
+            let prof = b.profile_forward(2, 1).expect("profile");
+            let norm_add = prof
+                .iter()
+                .any(|(l, _, _)| l.starts_with("InstanceNorm") && l.contains(" +PRelu +Add "));
+            let add_step = prof.iter().any(|(l, _, _)| l.starts_with("Add"));
+            assert_eq!((norm_add, add_step), (fused, !fused), "{name}: {prof:?}");
+            outs.push(got);
+        }
+        assert!(
+            same_bits(outs[0].iter(), outs[1].iter()),
+            "{c}ch: the fused Add differs from the Add's own launch"
+        );
+    }
+    b.with(|o| *o = CudaOptions::default());
+}
