@@ -208,8 +208,14 @@ fn fixture_residuals_fuse_into_conv_epilogues() {
             assert!(r == g.input || writer.is_some_and(|m| m < k), "{arch}");
         }
     }
-    assert!(convs > 0, "no residual Add fused into a conv on any fixture");
-    assert!(norms > 0, "no residual Add fused into a norm on any fixture");
+    assert!(
+        convs > 0,
+        "no residual Add fused into a conv on any fixture"
+    );
+    assert!(
+        norms > 0,
+        "no residual Add fused into a norm on any fixture"
+    );
 }
 
 /// A node between a conv and its fused activation that reads the conv's input (a skip conv
