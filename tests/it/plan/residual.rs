@@ -112,23 +112,21 @@ fn residual_adds_fuse_where_the_other_operand_is_ready() {
 #[test]
 fn residual_adds_fuse_into_norms() {
     let mut r = Rng::tagged("norm residual plan");
-    let norm = |r: &mut Rng| {
-        graph::instance_norm(
+    // v1 = conv(x), v2 = norm(v1), then `tail`.
+    let mut with_tail = |name: &str, tail: Vec<(Op, Vec<usize>, usize)>| {
+        let norm = graph::instance_norm(
             Tensor::new(vec![16], r.scaled(16, 1.0)),
             Tensor::new(vec![16], r.scaled(16, 1.0)),
-        )
+        );
+        let mut nodes = vec![(conv(&mut r, 16, 16), vec![0], 16), (norm, vec![1], 16)];
+        nodes.extend(tail);
+        chain(name, 16, nodes)
     };
     let leaky = Op::LeakyRelu { alpha: 0.01 };
-    // v1 = conv(x), v2 = norm(v1), v3 = leaky(v2), v4 = v3 + x.
-    let g = chain(
+    // v3 = leaky(v2), v4 = v3 + x.
+    let g = with_tail(
         "norm act skip",
-        16,
-        vec![
-            (conv(&mut r, 16, 16), vec![0], 16),
-            (norm(&mut r), vec![1], 16),
-            (leaky.clone(), vec![2], 16),
-            (Op::Add, vec![3, 0], 16),
-        ],
+        vec![(leaky.clone(), vec![2], 16), (Op::Add, vec![3, 0], 16)],
     );
     let bp = plan(&g);
     let l = bp.launches.iter().find(|l| l.node == 1).unwrap();
@@ -136,15 +134,7 @@ fn residual_adds_fuse_into_norms() {
     assert_eq!(bp.value_buf[3], None);
     assert!(bp.launches.iter().all(|l| l.node != 3));
     // Without the activation, and with the switch off.
-    let g = chain(
-        "norm skip",
-        16,
-        vec![
-            (conv(&mut r, 16, 16), vec![0], 16),
-            (norm(&mut r), vec![1], 16),
-            (Op::Add, vec![0, 2], 16),
-        ],
-    );
+    let g = with_tail("norm skip", vec![(Op::Add, vec![0, 2], 16)]);
     let l = plan(&g).launches.into_iter().find(|l| l.node == 1).unwrap();
     assert_eq!((l.fuse, l.residual), (None, Some((2, 0))));
     let caps = ArchCaps {
@@ -155,12 +145,9 @@ fn residual_adds_fuse_into_norms() {
     assert!(bp.launches.iter().all(|l| l.residual.is_none()));
     assert!(bp.launches.iter().any(|l| l.node == 2));
     // The activation's output read twice: the Add runs.
-    let g = chain(
+    let g = with_tail(
         "norm act read twice",
-        16,
         vec![
-            (conv(&mut r, 16, 16), vec![0], 16),
-            (norm(&mut r), vec![1], 16),
             (leaky, vec![2], 16),
             (Op::Add, vec![3, 0], 16),
             (Op::Add, vec![4, 3], 16),
@@ -176,7 +163,7 @@ fn residual_adds_fuse_into_norms() {
 /// `conv_wg_c16n16_r8`, and MONAI's residual units in norm, activation, + skip, so both must
 /// fuse.
 #[test]
-fn fixture_residuals_fuse_into_conv_epilogues() {
+fn fixture_residuals_fuse_into_convs_and_norms() {
     let (mut convs, mut norms) = (0, 0);
     for (arch, g, w) in crate::common::arch_fixtures() {
         let bp = buffer_plan(&g, 2, w, &ArchCaps::h200()).unwrap();
