@@ -13,7 +13,11 @@
 #   NCU (a kernel-name regex: Nsight Compute's NCU_SECTIONS (speed of light, memory, compute,
 #   occupancy, warp state, scheduler, launch) of the first NCU_COUNT (8) matching launches of
 #   `profile_models` at batch 4 on each net of NCU_NET (w1; space-separated), into p/ncu_NET.txt,
-#   NCU_S (240) seconds each; where ncu cannot read the counters it says so there)
+#   NCU_S (240) seconds each; where ncu cannot read the counters it says so there),
+#   NCU_EACH ("NET:REGEX ...": one ncu run per entry on the first launch whose name matches,
+#   with the speed of light, occupancy and scheduler sections and the warps' stall reasons per
+#   issued instruction, into p/ncu1_NET_NAME.txt, NCU_S seconds each; NETS must hold its nets,
+#   whose exports it profiles)
 set -u
 . "$(dirname "$0")/call_env.sh"
 W=/tmp/voxtile-bench
@@ -57,6 +61,17 @@ if [ -n "${NCU:-}" ]; then
     el "ncu $n rc $?: $(grep -c "Duration" "$OUT/p/ncu_$n.txt") kernels profiled"
   done
 fi
+for e in ${NCU_EACH:-}; do
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  n=${e%%:*} k=${e#*:}
+  f="$OUT/p/ncu1_${n}_${k//[^A-Za-z0-9_]/}.txt"
+  VOXTILE_PROFILE_ONNX="$W/$n.onnx:128:4" timeout "${NCU_S:-240}" "$ncu" --clock-control none \
+    -k "regex:$k" -c 1 --section SpeedOfLight --section Occupancy --section SchedulerStats \
+    --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+    "$G/it" --test-threads=1 cuda::ops::bench::profile_models > "$f" 2>&1
+  el "ncu $n $k rc $?"
+  grep -E "Duration|Throughput|stalled_.*ratio|Eligible" "$f" | sed 's/  */ /g' | head -40
+done
 for n in ${NETS//,/ }; do
   for b in ${PROFILE_BATCHES:-4 2}; do
     f="$OUT/p/profile_${n}_b$b.log"
