@@ -48,8 +48,9 @@ for n in ${NETS//,/ }; do
   done
 done
 done
+# Nsight Compute, where the machine has it (NCU, NCU_EACH).
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "${NCU:-}" ]; then
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   secs=""
   for s in ${NCU_SECTIONS:-SpeedOfLight MemoryWorkloadAnalysis ComputeWorkloadAnalysis Occupancy WarpStateStats SchedulerStats LaunchStats}; do
     secs="$secs --section $s"
@@ -62,7 +63,6 @@ if [ -n "${NCU:-}" ]; then
   done
 fi
 for e in ${NCU_EACH:-}; do
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   n=${e%%:*} k=${e#*:}
   f="$OUT/p/ncu1_${n}_${k//[^A-Za-z0-9_]/}.txt"
   VOXTILE_PROFILE_ONNX="$W/$n.onnx:128:4" timeout "${NCU_S:-240}" "$ncu" --clock-control none \
