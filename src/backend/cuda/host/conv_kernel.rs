@@ -87,7 +87,7 @@ impl ArchCaps {
             norm_f32: true,
             split_k: true,
             norm_head: true,
-            norm_residual: false,
+            norm_residual: true,
             window_segments: true,
             head_staged: false,
             norm_stats: true,

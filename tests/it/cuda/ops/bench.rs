@@ -521,17 +521,17 @@ fn profile_models() {
         );
         assert!(y16.iter().all(|v| v.is_finite()));
         assert!(arena >= arena16);
-        // The residual Adds in the norms' affine passes (off by default); the fusions the
-        // defaults run, each switched off alone and both (the per-op profile of both off,
-        // `PROFST`): the norms' statistics from the convs' epilogues, the convs over a concat
-        // per part; and the fusions off by default: the convs in Cin chunks
-        // (`PROFCH`), the z-pair convs reading their norm's input (`PROFNL`), both; the
-        // stride-2 convs on the stride-2 halo kernel (`PROFS2`).
+        // The fusions the defaults run: the residual Adds in the norms' affine passes; the
+        // norms' statistics from the convs' epilogues and the convs over a concat per part,
+        // each switched off alone and both (the per-op profile of both off, `PROFST`); and the
+        // fusions off by default: the convs in Cin chunks (`PROFCH`), the z-pair convs reading
+        // their norm's input (`PROFNL`), both; the stride-2 convs on the stride-2 halo kernel
+        // (`PROFS2`).
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
         let variants: [Switch; 8] = [
             (
-                "with residual Adds in the norms",
-                |o| o.norm_residual = true,
+                "without residual Adds in the norms",
+                |o| o.norm_residual = false,
                 None,
             ),
             (
