@@ -19,7 +19,14 @@
 // Shared layouts (16-byte core rows, no swizzle, as conv_wgmma.cu):
 //   weights [dy dx][Cin/8][block 5][co 32][8]   A: K step 5 * 512 bytes, M step 128
 //   slot    [Cin/8][plane 2][HY * HX][8]        B: K step 2 * HP * 16, N step HX * 16
+// then the staging rows and R + 1 mbarriers (the slots' and the weights': `wz_run_h`).
 // Smem bytes: keep in sync with HaloConfig::smem_bytes (src/backend/cuda/host/catalogue.rs).
+
+// Where the block's tile ti starts (`tile_origin`), kept while the tile lasts: the origin
+// divides by runtime tile counts, which every step repeated before (a tile has H steps).
+struct WzTile {
+    int ti = -1, n = 0, oz0 = 0, oy0 = 0, ox0 = 0;
+};
 
 // The 8 fp32 values of output y at dst (channels c.. of the piece; those past Cout, and every
 // value where dst < 0, read as 0): what earlier launches wrote where this one accumulates.
@@ -51,7 +58,10 @@ struct WzConv {
     static constexpr int WH = (9 * CPV * 4 + 1) * BLK; // halves of the weights
     static constexpr int SLOT = CPV * 2 * HP * 8;      // halves of one slot
     static constexpr int SP = 36;                      // staging row (floats)
-    static constexpr unsigned SMEM = (WH + R * SLOT) * 2 + 2 * N * SP * 4;  // bytes
+    static constexpr int ST_BYTES = 2 * N * SP * 4;    // staging rows
+    static constexpr unsigned SMEM = (WH + R * SLOT) * 2 + ST_BYTES + (R + 1) * 8;  // bytes
+    // The descriptors' high words (SBO: A's M step, B's N step), constants of the layouts.
+    static constexpr unsigned AHI = wg_desc_hi(128), BHI = wg_desc_hi(HX * 16);
     static_assert(CIN % 16 == 0 && (N == 64 || N == 128) && ZT % 2 == 0 && H >= 2, "tile shape");
 
     const ConvParams& p;
@@ -77,6 +87,19 @@ struct WzConv {
         if ((int)blockIdx.x >= ntiles) return 0;
         return (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x * H + H;
     }
+
+    // The origin of this block's tile ti, from `c` while it holds that tile.
+    __device__ __forceinline__ const WzTile& tile(WzTile& c, int ti) const {
+        if (c.ti != ti) {
+            c.ti = ti;
+            tile_origin<ZT, NY, TX>(blockIdx.x + ti * gridDim.x, ntx, nty, ntz, c.n, c.oz0, c.oy0, c.ox0);
+        }
+        return c;
+    }
+
+    // The slot fill (ti, k) in order of the block's fills: its ring slot is q % R, and the
+    // slot's mbarrier completes phase q / R when it lands.
+    static __device__ __forceinline__ int fill(int ti, int k) { return ti * (H + 1) + k; }
 
     // Block i of the weights: (dy dx, group) = i / 4, then kz = 3 - i % 4 (kz 3 zero: with the
     // next group's first block it is also the zero "kz = -1" after kz = 0); one zero block last.
@@ -108,25 +131,31 @@ struct WzConv {
         return (unsigned)iz < (unsigned)p.di && (unsigned)iy < (unsigned)p.hi && (unsigned)ix < (unsigned)p.wi;
     }
 
-    // Slot k of tile t (input planes oz0 - pd + 2k + {0, 1}), zero outside the input. The
+    // Slot k of tile `o` (input planes oz0 - pd + 2k + {0, 1}), zero outside the input. The
     // input's voxels are p.ldi channels apart, of which the launch reads p.cin from x on. NL:
-    // through `load_normed`.
+    // through `load_normed`. A thread's channel group is fixed (NT % CPV == 0) and its voxels
+    // walked (`BoxWalk`: the slot's voxel vv = plane * HP + v is also its row in the group's
+    // [plane][HP] block), so no piece divides or multiplies out its coordinates.
     template <int NT = 128, bool NL = false>
-    __device__ __forceinline__ void load_slot(half* slot, int t, int k, int tid) const {
-        int n, oz0, oy0, ox0;
-        tile_origin<ZT, NY, TX>(t, ntx, nty, ntz, n, oz0, oy0, ox0);
-        const int iz0 = oz0 - p.pd + 2 * k, iy0 = oy0 - p.ph, ix0 = ox0 - p.pw;
+    __device__ __forceinline__ void load_slot(half* slot, const WzTile& o, int k, int tid) const {
+        const int iz0 = o.oz0 - p.pd + 2 * k, iy0 = o.oy0 - p.ph, ix0 = o.ox0 - p.pw;
         if constexpr (NL) {
-            load_normed<NT>(slot, n, iz0, iy0, ix0, tid);
+            load_normed<NT>(slot, o.n, iz0, iy0, ix0, tid);
             return;
         }
-        const half* xn = x + (i64)n * p.di * p.hi * p.wi * p.ldi;
+        static_assert(NT % CPV == 0, "a thread's channel group is the same in every piece");
+        constexpr int VS = NT / CPV;  // voxels a step
+        const int g = tid % CPV;
+        const i64 ex = p.ldi, ey = (i64)p.wi * p.ldi, ez = (i64)p.hi * ey;
+        const i64 base = (i64)o.n * p.di * ez + iz0 * ez + iy0 * ey + ix0 * ex + g * 8;
+        BoxWalk<HY, HX, VS> wk(tid / CPV, ex, ey, ez);
+        half* dst = slot + (g * 2 * HP + tid / CPV) * 8;
 #pragma unroll 1
-        for (int idx = tid; idx < 2 * HP * CPV; idx += NT) {
-            int dst;
-            i64 src;
-            const bool ok = piece(idx, iz0, iy0, ix0, dst, src);
-            cp_async16(slot + dst, ok ? xn + src : x, ok ? 16 : 0);
+        for (int vv = tid / CPV; vv < 2 * HP; vv += VS) {
+            const bool ok = wk.inside(iz0, iy0, ix0, p.di, p.hi, p.wi);
+            cp_async16(dst, ok ? x + (base + wk.off) : x, ok ? 16 : 0);
+            dst += VS * 8;
+            wk.step();
         }
     }
 
@@ -178,36 +207,55 @@ struct WzConv {
     }
 
     // The slots step s of this block brings in: both of a tile's first step, else its next one.
+    // With `bars` (the helper's loads, `wz_run_h`): each slot's mbarrier is arrived on as its
+    // copies land (cp.async), or after its stores and the proxy fence (NL).
     template <int NT = 128, bool NL = false>
-    __device__ __forceinline__ void load_step(half* ring, int s, int tid) const {
-        const int ti = s / H, j = s - ti * H, t = blockIdx.x + ti * gridDim.x;
-        for (int k = j == 0 ? 0 : j + 1; k <= j + 1; k++)
-            load_slot<NT, NL>(ring + ((ti * (H + 1) + k) % R) * SLOT, t, k, tid);
+    __device__ __forceinline__ void load_step(half* ring, int s, int tid, WzTile& tc, unsigned bars = 0) const {
+        const int ti = s / H, j = s - ti * H;
+        const WzTile& o = tile(tc, ti);
+        for (int k = j == 0 ? 0 : j + 1; k <= j + 1; k++) {
+            const int q = fill(ti, k) % R;
+            load_slot<NT, NL>(ring + q * SLOT, o, k, tid);
+            if (bars == 0) continue;
+            if constexpr (NL) {
+                fence_async_smem();
+                mbar_arrive(bars + q * 8);
+            } else {
+                mbar_arrive_cp_async(bars + q * 8);
+            }
+        }
+    }
+
+    // Until step s's two slots have landed (`load_step` with `bars`), then the proxy fence
+    // before the wgmmas read them.
+    __device__ __forceinline__ void wait_step(unsigned bars, int s) const {
+        const int ti = s / H, q = fill(ti, s - ti * H);
+        mbar_wait(bars + q % R * 8, q / R & 1);
+        mbar_wait(bars + (q + 1) % R * 8, (q + 1) / R & 1);
+        fence_async_smem();
     }
 
     // Issues step s's wgmmas (4 input planes x 9 (dy, dx) x KS k16 steps; the first overwrites
     // acc) as one commit group; the caller waits.
-    __device__ __forceinline__ void mma_step(float (&acc)[NA], unsigned long long da0, unsigned long long db0,
-                                             int s) const {
-        const int ti = s / H, j = s - ti * H, q0 = ti * (H + 1) + j;
+    // da0 / db0: the descriptors' low words (`wg_desc_lo`) of the weights and the ring.
+    __device__ __forceinline__ void mma_step(float (&acc)[NA], unsigned da0, unsigned db0, int s) const {
+        const int ti = s / H, q0 = fill(ti, s - ti * H);
         // Opaque copies: the 72 descriptors are derived here, per step, not hoisted out of the
         // step loop into 144 live registers (which spilled).
-        asm volatile("mov.b64 %0, %0;" : "+l"(da0));
-        asm volatile("mov.b64 %0, %0;" : "+l"(db0));
+        asm volatile("mov.b32 %0, %0;" : "+r"(da0));
+        asm volatile("mov.b32 %0, %0;" : "+r"(db0));
         wg_fence();
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             // Slot q0 + u / 2, plane u % 2 (in 16-byte units from the ring's start).
-            const unsigned long long db = db0 + (unsigned long long)(((q0 + u / 2) % R) * (SLOT / 8) + (u % 2) * HP);
+            const unsigned db = db0 + ((q0 + u / 2) % R) * (SLOT / 8) + (u % 2) * HP;
 #pragma unroll
             for (int yx = 0; yx < 9; yx++) {
 #pragma unroll
                 for (int ks = 0; ks < KS; ks++) {
-                    const unsigned long long da =
-                        da0 + (unsigned long long)(((yx * CPV + 2 * ks) * 4 + 3 - u) * (BLK / 8));
-                    const unsigned long long dbt =
-                        db + (unsigned long long)(4 * ks * HP + (yx / 3) * HX + yx % 3);
-                    Wg<N>::mma(acc, da, dbt, (u | yx | ks) != 0);
+                    const unsigned da = da0 + ((yx * CPV + 2 * ks) * 4 + 3 - u) * (BLK / 8);
+                    const unsigned dbt = db + 4 * ks * HP + (yx / 3) * HX + yx % 3;
+                    Wg<N>::mma(acc, wg_desc_of(da, AHI), wg_desc_of(dbt, BHI), (u | yx | ks) != 0);
                 }
             }
         }
@@ -220,16 +268,18 @@ struct WzConv {
     // 16 + lane / 4 (+ 8); columns i * 8 + (lane % 4) * 2 (+ 1): y row i, x (lane % 4) * 2 (+ 1).
     __device__ __forceinline__ void stage(const float (&acc)[NA], int wtid, float* st,
                                           const float* __restrict__ bias) const {
-        const int lane = wtid & 31, warp = wtid >> 5;
-        float* sp = st + (warp >> 1) * N * SP;
+        const int lane = wtid & 31, warp = wtid >> 5, co0 = (warp & 1) * 16 + (lane >> 2);
+        // The thread's first value's place; the others at constant offsets from it (one store
+        // each, where the index form cost two more instructions a store).
+        float* sp = st + (warp >> 1) * N * SP + (lane & 3) * 2 * SP + co0;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int co = (warp & 1) * 16 + (lane >> 2) + h * 8, c = nb0 + co;
+            const int c = nb0 + co0 + h * 8;
             const float b = bias && c < p.cout ? bias[c] : 0.f;
 #pragma unroll
             for (int i = 0; i < NY; i++)
 #pragma unroll
-                for (int e = 0; e < 2; e++) sp[(i * 8 + (lane & 3) * 2 + e) * SP + co] = acc[i * 4 + h * 2 + e] + b;
+                for (int e = 0; e < 2; e++) sp[(i * 8 + e) * SP + h * 8] = acc[i * 4 + h * 2 + e] + b;
         }
     }
 
@@ -242,13 +292,13 @@ struct WzConv {
     // set aside for the earlier sums.
     template <int NT = 128, bool ST = false, bool ACC = true>
     __device__ __forceinline__ void put(int s, int htid, float* st, half* __restrict__ y,
-                                        const float* __restrict__ slope, TileStats8* ts = nullptr) const {
+                                        const float* __restrict__ slope, WzTile& tc, TileStats8* ts = nullptr) const {
         static_assert((2 * NY) % (NT / 32) == 0, "whole rows per warp");
         static_assert(2 * N * SP >= NT / 2 + 32, "the statistics fit the staging rows");
         const int warp = htid >> 5;
         const int ti = s / H, j = s - ti * H, t = blockIdx.x + ti * gridDim.x;
-        int n, oz0, oy0, ox0;
-        tile_origin<ZT, NY, TX>(t, ntx, nty, ntz, n, oz0, oy0, ox0);
+        const WzTile& o = tile(tc, ti);
+        const int n = o.n, oz0 = o.oz0, oy0 = o.oy0, ox0 = o.ox0;
         const int xq = (htid >> 2) & 7, c0 = (htid & 3) * 8, c = nb0 + c0;
         const int ox = ox0 + xq;
         constexpr bool stats = ST;
@@ -333,18 +383,18 @@ struct WzConv {
 // holds one tile change).
 template <int CIN, int NY, int ZT>
 __device__ __forceinline__ void wz_step(const WzConv<CIN, NY, ZT>& c, int s, int steps, float (&cur)[WzConv<CIN, NY, ZT>::NA],
-                                        float (&nxt)[WzConv<CIN, NY, ZT>::NA], half* ring, float* st,
-                                        unsigned long long da0, unsigned long long db0, int tid, half* __restrict__ y,
+                                        float (&nxt)[WzConv<CIN, NY, ZT>::NA], half* ring, float* st, unsigned da0,
+                                        unsigned db0, int tid, WzTile (&tc)[2], half* __restrict__ y,
                                         const float* __restrict__ bias, const float* __restrict__ slope) {
     cp_async_wait<0>();
     fence_async_smem();
     __syncthreads();  // step s + 1's slots landed; every warp is past step s - 1's epilogue
-    if (s + 2 < steps) c.load_step(ring, s + 2, tid);
+    if (s + 2 < steps) c.load_step(ring, s + 2, tid, tc[0]);
     cp_async_commit();
     c.mma_step(nxt, da0, db0, s + 1);
     c.stage(cur, tid, st, bias);
     __syncthreads();
-    c.put(s, tid, st, y, slope);
+    c.put(s, tid, st, y, slope, tc[1]);
     wg_wait<0>();
 }
 
@@ -352,12 +402,12 @@ __device__ __forceinline__ void wz_step(const WzConv<CIN, NY, ZT>& c, int s, int
 // be storing step s - 1 from the staging rows.
 template <int CIN, int NY, int ZT>
 __device__ __forceinline__ void wz_last(const WzConv<CIN, NY, ZT>& c, const float (&cur)[WzConv<CIN, NY, ZT>::NA], int s,
-                                        int tid, float* st, half* __restrict__ y, const float* __restrict__ bias,
+                                        int tid, WzTile& tc, float* st, half* __restrict__ y, const float* __restrict__ bias,
                                         const float* __restrict__ slope) {
     __syncthreads();
     c.stage(cur, tid, st, bias);
     __syncthreads();
-    c.put(s, tid, st, y, slope);
+    c.put(s, tid, st, y, slope, tc);
 }
 
 template <int CIN, int NY, int ZT>
@@ -365,14 +415,14 @@ __device__ __forceinline__ void wz_run(const WzConv<CIN, NY, ZT>& c, int steps, 
                                       int tid, half* __restrict__ y, const float* __restrict__ bias,
                                       const float* __restrict__ slope) {
     using C = WzConv<CIN, NY, ZT>;
+    WzTile tc[2];  // the loads' tile, the stores'
     c.load_w(sW, tid);
-    c.load_step(ring, 0, tid);
+    c.load_step(ring, 0, tid, tc[0]);
     cp_async_commit();
-    c.load_step(ring, 1, tid);  // steps >= H >= 2
+    c.load_step(ring, 1, tid, tc[0]);  // steps >= H >= 2
     cp_async_commit();
-    const unsigned long long da0 = wg_desc((unsigned)__cvta_generic_to_shared(sW), 4 * C::BLK * 2, 128);
-    const unsigned long long db0 =
-        wg_desc((unsigned)__cvta_generic_to_shared(ring), 2 * C::HP * 16, C::HX * 16);
+    const unsigned da0 = wg_desc_lo((unsigned)__cvta_generic_to_shared(sW), 4 * C::BLK * 2);
+    const unsigned db0 = wg_desc_lo((unsigned)__cvta_generic_to_shared(ring), 2 * C::HP * 16);
     float acc0[C::NA], acc1[C::NA];
     cp_async_wait<1>();
     fence_async_smem();
@@ -381,15 +431,15 @@ __device__ __forceinline__ void wz_run(const WzConv<CIN, NY, ZT>& c, int steps, 
     wg_wait<0>();
     for (int s = 0;; s += 2) {
         if (s + 1 >= steps) {
-            wz_last(c, acc0, s, tid, st, y, bias, slope);
+            wz_last(c, acc0, s, tid, tc[1], st, y, bias, slope);
             break;
         }
-        wz_step(c, s, steps, acc0, acc1, ring, st, da0, db0, tid, y, bias, slope);
+        wz_step(c, s, steps, acc0, acc1, ring, st, da0, db0, tid, tc, y, bias, slope);
         if (s + 2 >= steps) {
-            wz_last(c, acc1, s + 1, tid, st, y, bias, slope);
+            wz_last(c, acc1, s + 1, tid, tc[1], st, y, bias, slope);
             break;
         }
-        wz_step(c, s + 1, steps, acc1, acc0, ring, st, da0, db0, tid, y, bias, slope);
+        wz_step(c, s + 1, steps, acc1, acc0, ring, st, da0, db0, tid, tc, y, bias, slope);
     }
     cp_async_wait<0>();
 }
@@ -397,77 +447,86 @@ __device__ __forceinline__ void wz_run(const WzConv<CIN, NY, ZT>& c, int steps, 
 // A helper beside the MMA warpgroup (`wz_run_h`): the first warpgroup only issues the wgmmas and
 // stages the accumulators; HT more threads (one or two warpgroups) copy (weights, slots) and store
 // the staged planes. The copies' and stores' index math then runs on warps of their own beside the
-// MMA chain (one warp per scheduler cannot hide its own latencies). Named barriers over all
-// 128 + HT threads, both once per step: 1 = step s + 1's slots landed (none at the last step) and
-// the staging rows are free (the helper stored step s - 1), 2 = step s staged. The last step
-// takes barrier 1 too: without it, its staging overwrote the rows the helper was still storing
-// (the race session 17 measured where a block's last step had outputs).
+// MMA chain (one warp per scheduler cannot hide its own latencies).
+// The slots land on mbarriers (`load_step` with `bars`; `wait_step`), so the MMA warpgroup issues
+// step s + 1's wgmmas as soon as its slots are in, whatever the helper is doing; the staging
+// rows are handed back and forth on two named barriers over all 128 + HT threads, each synced by
+// one side and arrived on by the other: 1 = the rows are free (the helper stored the step before),
+// 2 = step s staged. So the helper's stores of step s - 1 overlap the wgmmas of step s + 1, where
+// one barrier for both (slots and rows) held those wgmmas until the stores were done (session 31's
+// ncu: the tensor pipe idle while the helper stored).
+// Ring: the helper copies step s + 2's slots once it has taken step s - 1's staged planes (the
+// MMA warpgroup waited for step s - 1's wgmmas before staging them), while step s's and s + 1's
+// wgmmas may still read theirs: five consecutive fills, which R = 5 holds across a tile change.
 template <int HT>
 __device__ __forceinline__ void wz_bar(int id) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(128 + HT) : "memory");
 }
+template <int HT>
+__device__ __forceinline__ void wz_arrive(int id) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(128 + HT) : "memory");
+}
 
 template <int HT, int CIN, int NY, int ZT>
 __device__ __forceinline__ void wzh_step(const WzConv<CIN, NY, ZT>& c, int s, float (&cur)[WzConv<CIN, NY, ZT>::NA],
-                                         float (&nxt)[WzConv<CIN, NY, ZT>::NA], float* st, unsigned long long da0,
-                                         unsigned long long db0, int tid, const float* __restrict__ bias) {
-    wz_bar<HT>(1);
+                                         float (&nxt)[WzConv<CIN, NY, ZT>::NA], float* st, unsigned bars, unsigned da0,
+                                         unsigned db0, int tid, const float* __restrict__ bias) {
+    c.wait_step(bars, s + 1);
     c.mma_step(nxt, da0, db0, s + 1);
+    wz_bar<HT>(1);
     c.stage(cur, tid, st, bias);
-    wz_bar<HT>(2);
+    wz_arrive<HT>(2);
     wg_wait<0>();
 }
 
 template <int HT, bool ST, bool NL, int CIN, int NY, int ZT>
 __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps, half* sW, half* ring, float* st,
-                                        int tid, half* __restrict__ y, const float* __restrict__ bias,
+                                        unsigned bars, int tid, half* __restrict__ y, const float* __restrict__ bias,
                                         const float* __restrict__ slope) {
     using C = WzConv<CIN, NY, ZT>;
+    // The slots' mbarriers, then the weights': one arrival per helper thread a phase.
+    if (tid == 0)
+        for (int i = 0; i <= C::R; i++) mbar_init(bars + i * 8, HT);
+    __syncthreads();
     if (tid >= 128) {  // the helper
         const int h = tid - 128;
+        WzTile lt, pt;  // the loads' tile, the stores'
         c.template load_w<HT>(sW, h);
-        c.template load_step<HT, NL>(ring, 0, h);
-        cp_async_commit();
-        c.template load_step<HT, NL>(ring, 1, h);  // steps >= H >= 2
-        cp_async_commit();
-        cp_async_wait<1>();
-        fence_async_smem();
-        wz_bar<HT>(1);  // the weights and step 0's slots landed
-        TileStats8 ts;  // ST: the tile's norm statistics, over its H steps
+        mbar_arrive_cp_async(bars + C::R * 8);
+        c.template load_step<HT, NL>(ring, 0, h, lt, bars);
+        c.template load_step<HT, NL>(ring, 1, h, lt, bars);  // steps >= H >= 2
+        wz_arrive<HT>(1);  // the staging rows are free
+        TileStats8 ts;     // ST: the tile's norm statistics, over its H steps
         for (int s = 0; s < steps; s++) {
-            cp_async_wait<0>();
-            fence_async_smem();  // by the copying threads, before the barrier (the async proxy)
-            wz_bar<HT>(1);
-            if (s + 2 < steps) c.template load_step<HT, NL>(ring, s + 2, h);
-            cp_async_commit();
+            if (s + 2 < steps) c.template load_step<HT, NL>(ring, s + 2, h, lt, bars);
             wz_bar<HT>(2);
-            c.template put<HT, ST, !NL>(s, h, st, y, slope, &ts);  // an `_nl` conv never accumulates
+            c.template put<HT, ST, !NL>(s, h, st, y, slope, pt, &ts);  // an `_nl` conv never accumulates
+            if (s + 1 < steps) wz_arrive<HT>(1);
         }
-        cp_async_wait<0>();
         return;
     }
-    const unsigned long long da0 = wg_desc((unsigned)__cvta_generic_to_shared(sW), 4 * C::BLK * 2, 128);
-    const unsigned long long db0 =
-        wg_desc((unsigned)__cvta_generic_to_shared(ring), 2 * C::HP * 16, C::HX * 16);
+    const unsigned da0 = wg_desc_lo((unsigned)__cvta_generic_to_shared(sW), 4 * C::BLK * 2);
+    const unsigned db0 = wg_desc_lo((unsigned)__cvta_generic_to_shared(ring), 2 * C::HP * 16);
     float acc0[C::NA], acc1[C::NA];
-    wz_bar<HT>(1);
+    mbar_wait(bars + C::R * 8, 0);  // the weights
+    c.wait_step(bars, 0);
     c.mma_step(acc0, da0, db0, 0);
     wg_wait<0>();
     for (int s = 0;; s += 2) {
         if (s + 1 >= steps) {
             wz_bar<HT>(1);
             c.stage(acc0, tid, st, bias);
-            wz_bar<HT>(2);
+            wz_arrive<HT>(2);
             break;
         }
-        wzh_step<HT>(c, s, acc0, acc1, st, da0, db0, tid, bias);
+        wzh_step<HT>(c, s, acc0, acc1, st, bars, da0, db0, tid, bias);
         if (s + 2 >= steps) {
             wz_bar<HT>(1);
             c.stage(acc1, tid, st, bias);
-            wz_bar<HT>(2);
+            wz_arrive<HT>(2);
             break;
         }
-        wzh_step<HT>(c, s + 1, acc1, acc0, st, da0, db0, tid, bias);
+        wzh_step<HT>(c, s + 1, acc1, acc0, st, bars, da0, db0, tid, bias);
     }
 }
 
@@ -482,11 +541,12 @@ __device__ __forceinline__ void conv_wz(const ConvParams& p, const half* __restr
     half* sW = reinterpret_cast<half*>(dsm);
     half* ring = sW + C::WH;
     float* st = reinterpret_cast<float*>(ring + C::R * C::SLOT);
+    const unsigned bars = (unsigned)__cvta_generic_to_shared(st) + C::ST_BYTES;
     const C c(p, x, w, nl);
     const int steps = c.steps();
     if (steps == 0) return;
     if constexpr (HT > 0) {
-        wz_run_h<HT, ST, NL>(c, steps, sW, ring, st, (int)threadIdx.x, y, bias, slope);
+        wz_run_h<HT, ST, NL>(c, steps, sW, ring, st, bars, (int)threadIdx.x, y, bias, slope);
     } else {
         static_assert(!ST && !NL, "norm statistics and norm loads are the helper's only");
         wz_run(c, steps, sW, ring, st, (int)threadIdx.x, y, bias, slope);

@@ -3,9 +3,18 @@
 
 // Matrix descriptor of a no-swizzle operand at shared address `saddr`: LBO = byte step between
 // core matrices along K, SBO = along M (A) or N (B); every field in 16-byte units.
+// The high word (SBO) is a constant of the layout and the start address never carries out of
+// its 14 bits within shared memory, so a descriptor stepped through shared memory changes only
+// in its low word (`wg_desc_lo`): 32-bit adds, no carry into the high word (`wg_desc_of`).
+__host__ __device__ constexpr unsigned wg_desc_hi(unsigned sbo) { return (sbo >> 4) & 0x3FFF; }
+__device__ __forceinline__ unsigned wg_desc_lo(unsigned saddr, unsigned lbo) {
+    return ((saddr >> 4) & 0x3FFF) | (((lbo >> 4) & 0x3FFF) << 16);
+}
+__device__ __forceinline__ unsigned long long wg_desc_of(unsigned lo, unsigned hi) {
+    return (unsigned long long)hi << 32 | lo;
+}
 __device__ __forceinline__ unsigned long long wg_desc(unsigned saddr, unsigned lbo, unsigned sbo) {
-    return (unsigned long long)((saddr >> 4) & 0x3FFF) | ((unsigned long long)((lbo >> 4) & 0x3FFF) << 16) |
-           ((unsigned long long)((sbo >> 4) & 0x3FFF) << 32);
+    return wg_desc_of(wg_desc_lo(saddr, lbo), wg_desc_hi(sbo));
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -15,6 +24,27 @@ __device__ __forceinline__ void wg_wait() {
 }
 // Shared memory written through the generic proxy (cp.async) before the tensor cores read it.
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// mbarriers (shared::cta, 8 bytes each, given by shared address): a producer's copies or
+// stores signal a consumer that waits on the phase's parity, without a block-wide barrier
+// between them. `mbar_arrive_cp_async`: this thread's arrival once all its earlier cp.async
+// copies have landed (`noinc`: the init count holds these arrivals). A consumer that reads the
+// landed data with wgmma fences the proxies after its wait (`fence_async_smem`).
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_cp_async(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
 
 // D (m64 x N fp32, N / 2 per thread) += A (m64 x k16) * B (k16 x N), both from shared memory
 // (scale_d 0: D = A * B, the accumulators' old values ignored).

@@ -113,32 +113,48 @@ fn run(
                 let iy0 = oy0 as i64 - l.pads[1] as i64;
                 let ix0 = ox0 as i64 - l.pads[2] as i64;
                 let s = &mut ring[at * slot..(at + 1) * slot];
-                for idx in 0..2 * hp * CPV {
-                    let (g, vv) = (idx % CPV, idx / CPV);
-                    let (pl, v) = (vv / hp, vv % hp);
-                    let (yy, xx) = (v / hx, v % hx);
-                    let (iz, iy, ix) = (iz0 + pl as i64, iy0 + yy as i64, ix0 + xx as i64);
-                    let inside = [iz, iy, ix]
-                        .iter()
-                        .zip(l.di)
-                        .all(|(&i, d)| (0..d as i64).contains(&i));
-                    let dst = ((g * 2 + pl) * hp + v) * 8;
-                    // `load_normed`: the thread's channel group is fixed (NT % CPV == 0).
-                    assert_eq!((idx % NT) % CPV, g);
-                    for q in 0..8 {
-                        s[dst + q] = if inside {
-                            let vox = ((n * l.di[0] + iz as usize) * l.di[1] + iy as usize)
-                                * l.di[2]
-                                + ix as usize;
-                            let ch = l.x_coff + g * 8 + q;
-                            let v = x[vox * l.ldi + ch];
-                            match norm {
-                                Some(nl) => norm_load(v, nl.ab[n * l.ldi + ch], nl.alpha),
-                                None => v,
-                            }
-                        } else {
-                            0.0
-                        };
+                // Thread t's pieces: its channel group g = t % CPV fixed (NT % CPV == 0), its
+                // voxels vv = t / CPV, + NT / CPV, ... walked as `BoxWalk` does (x and y
+                // stepped with carries; the copies), checked against the division form (the
+                // walk's start, and `load_normed`'s `piece`).
+                let vs = NT / CPV;
+                let (sz, sy, sx) = (vs / hp, vs % hp / hx, vs % hx);
+                for (tid, g) in (0..NT).map(|t| (t, t % CPV)) {
+                    let v0 = tid / CPV;
+                    let (mut wz, mut wy, mut wx) = (v0 / hp, v0 % hp / hx, v0 % hx);
+                    for vv in (v0..2 * hp).step_by(vs) {
+                        let (pl, v) = (vv / hp, vv % hp);
+                        let (yy, xx) = (v / hx, v % hx);
+                        assert_eq!((wz, wy, wx), (pl, yy, xx), "the walk");
+                        (wz, wy, wx) = (wz + sz, wy + sy, wx + sx);
+                        if wx >= hx {
+                            (wx, wy) = (wx - hx, wy + 1);
+                        }
+                        if wy >= hy {
+                            (wy, wz) = (wy - hy, wz + 1);
+                        }
+                        let (iz, iy, ix) = (iz0 + pl as i64, iy0 + yy as i64, ix0 + xx as i64);
+                        let inside = [iz, iy, ix]
+                            .iter()
+                            .zip(l.di)
+                            .all(|(&i, d)| (0..d as i64).contains(&i));
+                        let dst = (g * 2 * hp + vv) * 8;
+                        assert_eq!(dst, ((g * 2 + pl) * hp + v) * 8);
+                        for q in 0..8 {
+                            s[dst + q] = if inside {
+                                let vox = ((n * l.di[0] + iz as usize) * l.di[1] + iy as usize)
+                                    * l.di[2]
+                                    + ix as usize;
+                                let ch = l.x_coff + g * 8 + q;
+                                let v = x[vox * l.ldi + ch];
+                                match norm {
+                                    Some(nl) => norm_load(v, nl.ab[n * l.ldi + ch], nl.alpha),
+                                    None => v,
+                                }
+                            } else {
+                                0.0
+                            };
+                        }
                     }
                 }
             };

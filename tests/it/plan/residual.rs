@@ -147,11 +147,7 @@ fn residual_adds_fuse_into_norms() {
     assert!(bp.launches.iter().all(|l| l.node != 3));
     // Without the activation, and with the switch off.
     let g = with_tail("norm skip", vec![(Op::Add, vec![0, 2], 16)]);
-    let l = plan(&g)
-        .launches
-        .into_iter()
-        .find(|l| l.node == 1)
-        .unwrap();
+    let l = plan(&g).launches.into_iter().find(|l| l.node == 1).unwrap();
     assert_eq!((l.fuse, l.residual), (None, Some((2, 0))));
     let bp = plan_on(&g, &norm_residual_off());
     assert!(bp.launches.iter().all(|l| l.residual.is_none()));
@@ -165,10 +161,7 @@ fn residual_adds_fuse_into_norms() {
             (Op::Add, vec![4, 3], 16),
         ],
     );
-    assert!(plan(&g)
-        .launches
-        .iter()
-        .all(|l| l.residual.is_none()));
+    assert!(plan(&g).launches.iter().all(|l| l.residual.is_none()));
 }
 
 /// On the architecture fixtures: every fused residual is a conv on a kernel that adds one, or a

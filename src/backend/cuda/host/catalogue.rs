@@ -524,11 +524,12 @@ impl HaloConfig {
     pub fn smem_bytes(&self) -> u32 {
         if self.zpair {
             // conv_wgmma_z.cu: 4 weight blocks of 32 rows per (dy dx, channel group) and one
-            // zero block, 5 slots of two halo planes, two planes' fp32 staging (36-float rows).
+            // zero block, 5 slots of two halo planes, two planes' fp32 staging (36-float rows),
+            // 6 mbarriers (the slots' and the weights').
             let g = self.cin / 8;
             let plane = (self.tile[1] + 2) * 10;
             let n = 8 * self.tile[1];
-            return (((9 * g * 4 + 1) * 32 * 8 + 5 * g * 2 * plane * 8) * 2 + 2 * n * 36 * 4)
+            return (((9 * g * 4 + 1) * 32 * 8 + 5 * g * 2 * plane * 8) * 2 + 2 * n * 36 * 4 + 6 * 8)
                 as u32;
         }
         if self.wgmma {
