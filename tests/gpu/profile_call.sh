@@ -17,7 +17,10 @@
 #   NCU_EACH ("NET:REGEX ...": one ncu run per entry on the first launch whose name matches,
 #   with the speed of light, occupancy and scheduler sections and the warps' stall reasons per
 #   issued instruction, into p/ncu1_NET_NAME.txt, NCU_S seconds each; NETS must hold its nets,
-#   whose exports it profiles)
+#   whose exports it profiles),
+#   NCU_SRC ("NET:REGEX ...": as NCU_EACH, the per-instruction warp-state samples instead
+#   (SourceCounters): the report p/src_NET_NAME.ncu-rep and its SASS source page as CSV,
+#   p/src_NET_NAME.csv, one row per instruction with its stall reasons)
 set -u
 . "$(dirname "$0")/call_env.sh"
 W=/tmp/voxtile-bench
@@ -71,6 +74,16 @@ for e in ${NCU_EACH:-}; do
     "$G/it" --test-threads=1 cuda::ops::bench::profile_models > "$f" 2>&1
   el "ncu $n $k rc $?"
   grep -E "Duration|Throughput|stalled_.*ratio|Eligible" "$f" | sed 's/  */ /g' | head -40
+done
+for e in ${NCU_SRC:-}; do
+  n=${e%%:*} k=${e#*:}
+  f="$OUT/p/src_${n}_${k//[^A-Za-z0-9_]/}"
+  VOXTILE_PROFILE_ONNX="$W/$n.onnx:128:4" timeout "${NCU_S:-240}" "$ncu" --clock-control none \
+    -k "regex:$k" -c 1 --section SourceCounters --section WarpStateStats --section SpeedOfLight \
+    --import-source no -o "$f" -f "$G/it" --test-threads=1 cuda::ops::bench::profile_models > "$f.log" 2>&1
+  el "ncu source $n $k rc $?"
+  "$ncu" -i "$f.ncu-rep" --page source --csv --print-source sass > "$f.csv" 2> "$f.err"
+  el "source page rc $? ($(wc -l < "$f.csv") lines)"
 done
 for n in ${NETS//,/ }; do
   for b in ${PROFILE_BATCHES:-4 2}; do
