@@ -28,6 +28,11 @@ struct WzTile {
     int ti = -1, n = 0, oz0 = 0, oy0 = 0, ox0 = 0;
 };
 
+// `put`'s hand-back of the staging rows where the caller does it after `put` (no early release).
+struct WzNoRelease {
+    __device__ __forceinline__ void operator()() const {}
+};
+
 // The 8 fp32 values of output y at dst (channels c.. of the piece; those past Cout, and every
 // value where dst < 0, read as 0): what earlier launches wrote where this one accumulates.
 __device__ __forceinline__ void prev8(const ConvParams& p, const half* y, i64 dst, bool vec, int c, float (&u)[8]) {
@@ -60,6 +65,10 @@ struct WzConv {
     static constexpr int SP = 36;                      // staging row (floats)
     static constexpr int ST_BYTES = 2 * N * SP * 4;    // staging rows
     static constexpr unsigned SMEM = (WH + R * SLOT) * 2 + ST_BYTES + (R + 1) * 8;  // bytes
+    // The early-release kernels' (`ER`) scratch for the statistics' flush after the mbarriers,
+    // their staging rows being back with the MMA warpgroup by then: tile_stats_flush<3, NT, 4>
+    // with NT <= 256.
+    static constexpr int FLUSH_FLOATS = 256 / 32 * 4 * 16 + 4 * 8;
     // The descriptors' high words (SBO: A's M step, B's N step), constants of the layouts.
     static constexpr unsigned AHI = wg_desc_hi(128), BHI = wg_desc_hi(HX * 16);
     static_assert(CIN % 16 == 0 && (N == 64 || N == 128) && ZT % 2 == 0 && H >= 2, "tile shape");
@@ -80,10 +89,10 @@ struct WzConv {
     // This block's steps (H per tile, tiles blockIdx.x + i * gridDim.x); 0 without a tile.
     // Traps when the launch's dynamic shared memory is short of this layout (a disagreement
     // with HaloConfig::smem_bytes).
-    __device__ __forceinline__ int steps() const {
+    __device__ __forceinline__ int steps(unsigned need = SMEM) const {
         unsigned dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-        if (dyn < SMEM) __trap();
+        if (dyn < need) __trap();
         if ((int)blockIdx.x >= ntiles) return 0;
         return (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x * H + H;
     }
@@ -289,12 +298,16 @@ struct WzConv {
     // the tile's last step adds the NT threads' sums into its statistics (tile_stats.cuh,
     // barrier 3 over the NT threads, the staging rows reused once every thread has stored).
     // ACC false (the `_nl` kernels, which the host never asks to accumulate): no registers
-    // set aside for the earlier sums.
-    template <int NT = 128, bool ST = false, bool ACC = true>
+    // set aside for the earlier sums. ER (early release, the `_h2e` kernels): the thread takes
+    // its rows into registers, then `release` hands the staging rows back before any store, and
+    // the flush works in `scratch`.
+    template <int NT = 128, bool ST = false, bool ACC = true, bool ER = false, class Release = WzNoRelease>
     __device__ __forceinline__ void put(int s, int htid, float* st, half* __restrict__ y,
-                                        const float* __restrict__ slope, WzTile& tc, TileStats8* ts = nullptr) const {
+                                        const float* __restrict__ slope, WzTile& tc, TileStats8* ts = nullptr,
+                                        float* scratch = nullptr, Release release = {}) const {
         static_assert((2 * NY) % (NT / 32) == 0, "whole rows per warp");
         static_assert(2 * N * SP >= NT / 2 + 32, "the statistics fit the staging rows");
+        static_assert(!ER || NT / 32 * 4 * 16 + 4 * 8 <= FLUSH_FLOATS, "the flush fits its scratch");
         const int warp = htid >> 5;
         const int ti = s / H, j = s - ti * H, t = blockIdx.x + ti * gridDim.x;
         const WzTile& o = tile(tc, ti);
@@ -311,9 +324,24 @@ struct WzConv {
             act8(first, c, p, slope);
             ts->start(first);
         }
-        if (ox < p.wo && c < p.cout) {
+        constexpr int RW = 2 * NY / (NT / 32);  // rows a thread stores
+        const bool active = ox < p.wo && c < p.cout;
+        float rows[ER ? RW : 1][8];  // ER: the thread's staged rows
+        if constexpr (ER) {
+            if (active) {
+#pragma unroll
+                for (int k = 0; k < RW; k++) {
+                    const int r = warp + NT / 32 * k, pl = r / NY, yy = r - pl * NY;
+                    const float4* src = reinterpret_cast<const float4*>(st + (pl * N + yy * 8 + xq) * SP + c0);
+                    const float4 a = src[0], b = src[1];
+                    rows[k][0] = a.x, rows[k][1] = a.y, rows[k][2] = a.z, rows[k][3] = a.w;
+                    rows[k][4] = b.x, rows[k][5] = b.y, rows[k][6] = b.z, rows[k][7] = b.w;
+                }
+            }
+            release();
+        }
+        if (active) {
             const bool vec = ((p.ldc | p.coff) & 7) == 0 && c + 8 <= p.cout;
-            constexpr int RW = 2 * NY / (NT / 32);  // rows a thread stores
             // Row k's output index, or -1 outside the output.
             auto dst_of = [&](int k) -> i64 {
                 const int r = warp + NT / 32 * k, pl = r / NY, yy = r - pl * NY;
@@ -338,9 +366,15 @@ struct WzConv {
                 const int r = warp + NT / 32 * k, pl = r / NY, yy = r - pl * NY;
                 const i64 dst = dst_of(k);
                 if (dst < 0) continue;
-                const float4* src = reinterpret_cast<const float4*>(st + (pl * N + yy * 8 + xq) * SP + c0);
-                const float4 a = src[0], b = src[1];
-                float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                float v[8];
+                if constexpr (ER) {
+#pragma unroll
+                    for (int q = 0; q < 8; q++) v[q] = rows[k][q];
+                } else {
+                    const float4* src = reinterpret_cast<const float4*>(st + (pl * N + yy * 8 + xq) * SP + c0);
+                    const float4 a = src[0], b = src[1];
+                    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+                }
                 if (p.accum) {
                     float u[8];
                     if (PRE) {
@@ -368,8 +402,8 @@ struct WzConv {
         }
         if (stats && j == H - 1) {
             const float count = (float)(min(ZT, p.do_ - oz0) * min(NY, p.ho - oy0) * min(TX, p.wo - ox0));
-            tile_stats_flush<3, NT, 4>(*ts, htid, st, reinterpret_cast<float4*>(p.stats) + (i64)t * p.cout + nb0,
-                                       p.cout - nb0, count);
+            tile_stats_flush<3, NT, 4>(*ts, htid, ER ? scratch : st,
+                                       reinterpret_cast<float4*>(p.stats) + (i64)t * p.cout + nb0, p.cout - nb0, count);
         }
     }
 };
@@ -479,10 +513,13 @@ __device__ __forceinline__ void wzh_step(const WzConv<CIN, NY, ZT>& c, int s, fl
     wg_wait<0>();
 }
 
-template <int HT, bool ST, bool NL, int CIN, int NY, int ZT>
+// ER (the `_h2e` kernels): the helper hands the staging rows back as soon as it has taken its
+// rows into registers (`put`'s early release), before its stores, so the MMA warpgroup's next
+// staging waits for those loads only (session 31's ncu: ~23% of its samples at barrier 1).
+template <int HT, bool ST, bool NL, bool ER, int CIN, int NY, int ZT>
 __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps, half* sW, half* ring, float* st,
-                                        unsigned bars, int tid, half* __restrict__ y, const float* __restrict__ bias,
-                                        const float* __restrict__ slope) {
+                                        unsigned bars, float* scratch, int tid, half* __restrict__ y,
+                                        const float* __restrict__ bias, const float* __restrict__ slope) {
     using C = WzConv<CIN, NY, ZT>;
     // The slots' mbarriers, then the weights': one arrival per helper thread a phase.
     if (tid == 0)
@@ -500,8 +537,15 @@ __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps
         for (int s = 0; s < steps; s++) {
             if (s + 2 < steps) c.template load_step<HT, NL>(ring, s + 2, h, lt, bars);
             wz_bar<HT>(2);
-            c.template put<HT, ST, !NL>(s, h, st, y, slope, pt, &ts);  // an `_nl` conv never accumulates
-            if (s + 1 < steps) wz_arrive<HT>(1);
+            // An `_nl` conv never accumulates.
+            if constexpr (ER) {
+                c.template put<HT, ST, !NL, true>(s, h, st, y, slope, pt, &ts, scratch, [&] {
+                    if (s + 1 < steps) wz_arrive<HT>(1);
+                });
+            } else {
+                c.template put<HT, ST, !NL>(s, h, st, y, slope, pt, &ts);
+                if (s + 1 < steps) wz_arrive<HT>(1);
+            }
         }
         return;
     }
@@ -532,7 +576,7 @@ __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps
 
 // The kernel: shared memory carved as the layouts above, then one warpgroup's loop (`wz_run`,
 // HT 0) or the MMA warpgroup's and its helper's of HT threads (`wz_run_h`).
-template <int CIN, int NY, int ZT, int HT, bool ST, bool NL = false>
+template <int CIN, int NY, int ZT, int HT, bool ST, bool NL = false, bool ER = false>
 __device__ __forceinline__ void conv_wz(const ConvParams& p, const half* __restrict__ x, const half* __restrict__ w,
                                        const float* __restrict__ bias, half* __restrict__ y,
                                        const float* __restrict__ slope, const NormLoad& nl = NormLoad{}) {
@@ -542,36 +586,37 @@ __device__ __forceinline__ void conv_wz(const ConvParams& p, const half* __restr
     half* ring = sW + C::WH;
     float* st = reinterpret_cast<float*>(ring + C::R * C::SLOT);
     const unsigned bars = (unsigned)__cvta_generic_to_shared(st) + C::ST_BYTES;
+    float* scratch = reinterpret_cast<float*>(dsm + C::SMEM);  // ER only
     const C c(p, x, w, nl);
-    const int steps = c.steps();
+    const int steps = c.steps(C::SMEM + (ER ? C::FLUSH_FLOATS * 4 : 0));
     if (steps == 0) return;
     if constexpr (HT > 0) {
-        wz_run_h<HT, ST, NL>(c, steps, sW, ring, st, bars, (int)threadIdx.x, y, bias, slope);
+        wz_run_h<HT, ST, NL, ER>(c, steps, sW, ring, st, bars, scratch, (int)threadIdx.x, y, bias, slope);
     } else {
-        static_assert(!ST && !NL, "norm statistics and norm loads are the helper's only");
+        static_assert(!ST && !NL && !ER, "norm statistics, norm loads and early release are the helper's only");
         wz_run(c, steps, sW, ring, st, (int)threadIdx.x, y, bias, slope);
     }
 }
 
-// Name: conv_wz_c{CIN}_y{NY}[_h | _h2]; one line per WGMMA table entry with `zpair`
+// Name: conv_wz_c{CIN}_y{NY}[_h | _h2 | _h2e]; one line per WGMMA table entry with `zpair`
 // (`entry_lines`): WZ_ENTRY one warpgroup, WZH_ENTRY a helper of HT threads (128: `_h`, 256:
-// `_h2`), the block 128 + HT threads.
+// `_h2`), the block 128 + HT threads; ER 1: the helper's early release (`_h2e`).
 #define WZ_ENTRY(NAME, CIN, NY, ZT)                                                                  \
     extern "C" __global__ void __launch_bounds__(128, 1) NAME(ConvParams p, const half* x, const half* w, \
                                                             const float* bias, half* y, const float* slope) { \
         conv_wz<CIN, NY, ZT, 0, false>(p, x, w, bias, y, slope);                                                \
     }
-#define WZH_ENTRY(NAME, CIN, NY, ZT, HT)                                                             \
+#define WZH_ENTRY(NAME, CIN, NY, ZT, HT, ER)                                                         \
     extern "C" __global__ void __launch_bounds__(128 + HT, 1) NAME(ConvParams p, const half* x, const half* w, \
                                                                  const float* bias, half* y, const float* slope) { \
-        conv_wz<CIN, NY, ZT, HT, false>(p, x, w, bias, y, slope);                                                    \
+        conv_wz<CIN, NY, ZT, HT, false, false, ER>(p, x, w, bias, y, slope);                                         \
     }
 // The `_st` twin of a WZH entry (`HaloConfig::stats`): the helper's stores also write the norm
 // statistics of each tile to `p.stats` (tile_stats.cuh).
-#define WZH_ST_ENTRY(NAME, CIN, NY, ZT, HT)                                                          \
+#define WZH_ST_ENTRY(NAME, CIN, NY, ZT, HT, ER)                                                      \
     extern "C" __global__ void __launch_bounds__(128 + HT, 1) NAME(ConvParams p, const half* x, const half* w, \
                                                                  const float* bias, half* y, const float* slope) { \
-        conv_wz<CIN, NY, ZT, HT, true>(p, x, w, bias, y, slope);                                                \
+        conv_wz<CIN, NY, ZT, HT, true, false, ER>(p, x, w, bias, y, slope);                                     \
     }
 // The `_nl` twin of a WZH entry (`HaloConfig::norm_load`): x is the input of the InstanceNorm /
 // GroupNorm before the conv, normalised and activated on load (`NormLoad`, as `conv1x1_norm_*`

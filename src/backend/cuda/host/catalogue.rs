@@ -482,6 +482,9 @@ pub struct HaloConfig {
     /// output channels x 2 output planes), the halo as B; persistent, one warpgroup, `tile`
     /// [z, y, 8] walked a plane pair at a time (Cin = `cin` only, Cout tiles of 32).
     pub zpair: bool,
+    /// A z-pair kernel whose helper hands the staging rows back before its stores (`ER` in
+    /// kernels/conv_wgmma_z.cu), the statistics' flush in scratch of its own.
+    pub release_early: bool,
     /// Not measured yet: listed and compiled only with the `kernel-experiments` feature, never a
     /// default, run only when forced.
     pub experiment: bool,
@@ -525,12 +528,20 @@ impl HaloConfig {
         if self.zpair {
             // conv_wgmma_z.cu: 4 weight blocks of 32 rows per (dy dx, channel group) and one
             // zero block, 5 slots of two halo planes, two planes' fp32 staging (36-float rows),
-            // 6 mbarriers (the slots' and the weights').
+            // 6 mbarriers (the slots' and the weights'); with `release_early`, the flush's
+            // scratch (8 warps x 4 chunks x 16 floats + 32).
             let g = self.cin / 8;
             let plane = (self.tile[1] + 2) * 10;
             let n = 8 * self.tile[1];
-            return (((9 * g * 4 + 1) * 32 * 8 + 5 * g * 2 * plane * 8) * 2 + 2 * n * 36 * 4 + 6 * 8)
-                as u32;
+            let flush = if self.release_early {
+                (8 * 4 * 16 + 32) * 4
+            } else {
+                0
+            };
+            return (((9 * g * 4 + 1) * 32 * 8 + 5 * g * 2 * plane * 8) * 2
+                + 2 * n * 36 * 4
+                + 6 * 8
+                + flush) as u32;
         }
         if self.wgmma {
             // conv_wgmma.cu: 27 resident taps or `wst` one-tap stages, then the halo, all in
@@ -611,6 +622,7 @@ const fn halo(name: &'static str, cin: usize, bn: usize, wm: usize, wn: usize) -
         wg_pad: false,
         wg_reps: 1,
         zpair: false,
+        release_early: false,
         experiment: false,
         stats: false,
         norm_load: false,
@@ -821,6 +833,7 @@ const fn wg(name: &'static str, cin: usize, bn: usize, tz: usize, wst: usize) ->
         wg_pad: false,
         wg_reps: 1,
         zpair: false,
+        release_early: false,
         experiment: false,
         stats: false,
         norm_load: false,
@@ -864,6 +877,15 @@ pub const CONV_WZ_C32_Y16_H: HaloConfig = HaloConfig {
 pub const CONV_WZ_C32_Y16_H2: HaloConfig = HaloConfig {
     threads: 384,
     ..wz("conv_wz_c32_y16_h2", 32, 16, 16)
+};
+/// `_h2` whose helper takes its staged rows into registers and hands the rows back before
+/// storing them, so the MMA warpgroup's next staging waits only for those loads (session 31's
+/// ncu of `_h2_st`: ~23% of the MMA warps' samples at the staging rows' barrier). Forced only
+/// until measured against `_h2`.
+pub const CONV_WZ_C32_Y16_H2E: HaloConfig = HaloConfig {
+    name: "conv_wz_c32_y16_h2e",
+    release_early: true,
+    ..CONV_WZ_C32_Y16_H2
 };
 pub const CONV_WZ_C32_Y8_H: HaloConfig = HaloConfig {
     threads: 256,
@@ -916,6 +938,7 @@ pub const WGMMA_CONFIGS: &[HaloConfig] = &[CONV_WZ_C32_Y16_H2, CONV_WG_C16N16_R8
 /// ones not measured against a twin (`c16n32_r`, `conv_wz_c16_y16`), `c16n16_r` (slower than its
 /// 8-plane `_r8`, session 29), and the experiments.
 pub const WGMMA_FORCED: &[HaloConfig] = &[
+    CONV_WZ_C32_Y16_H2E,
     CONV_WZ_C32_Y16_H,
     CONV_WZ_C32_Y16,
     CONV_WZ_C32_Y8_H,
@@ -964,14 +987,16 @@ const fn stats_twin_of(name: &'static str, base: HaloConfig) -> HaloConfig {
 
 pub const CONV_WZ_C32_Y16_H2_ST: HaloConfig =
     stats_twin_of("conv_wz_c32_y16_h2_st", CONV_WZ_C32_Y16_H2);
+pub const CONV_WZ_C32_Y16_H2E_ST: HaloConfig =
+    stats_twin_of("conv_wz_c32_y16_h2e_st", CONV_WZ_C32_Y16_H2E);
 
 /// The halo-tile kernels that hand a following InstanceNorm / GroupNorm its statistics
 /// (`CudaOptions::norm_stats`; with `CONV_C1_K3_ST`): the `_st` twin of the z-pair kernel with
 /// its two-warpgroup helper. The planner takes the twin in place of its base. Twins of the
 /// `conv_halo` kernels (a pass over the staged tile after the vector epilogue) were measured
 /// 13-34% slower than their bases on W1's layers, more than the norm pass they save
-/// (PERF_NOTES, session 24), and were removed.
-pub const STATS_TWINS: &[HaloConfig] = &[CONV_WZ_C32_Y16_H2_ST];
+/// (PERF_NOTES, session 24), and were removed. `_h2e_st`: its forced base's.
+pub const STATS_TWINS: &[HaloConfig] = &[CONV_WZ_C32_Y16_H2_ST, CONV_WZ_C32_Y16_H2E_ST];
 
 /// The `_st` twin of halo / wgmma kernel `c`, if it has one.
 pub fn stats_twin(c: &HaloConfig) -> Option<&'static HaloConfig> {
@@ -1095,7 +1120,11 @@ pub fn entry_lines(fam: Family) -> String {
                 let ny = c.tile[1];
                 match c.threads {
                     128 => format!("WZ_ENTRY({name}, {cin}, {ny}, {tz})\n"),
-                    t => format!("WZH_ENTRY({name}, {cin}, {ny}, {tz}, {})\n", t - 128),
+                    t => format!(
+                        "WZH_ENTRY({name}, {cin}, {ny}, {tz}, {}, {})\n",
+                        t - 128,
+                        c.release_early as u8
+                    ),
                 }
             } else if c.persist > 0 {
                 format!("WGP_ENTRY({name}, {cin}, {bn}, {tz}, {pad})\n")
@@ -1109,8 +1138,10 @@ pub fn entry_lines(fam: Family) -> String {
         // The `_st` twins: the helper's stores also take the norm statistics.
         for c in STATS_TWINS.iter().filter(|c| c.zpair && c.threads > 128) {
             let (name, cin, ny, tz) = (c.name, c.cin, c.tile[1], c.tile[0]);
-            let ht = c.threads - 128;
-            out.push_str(&format!("WZH_ST_ENTRY({name}, {cin}, {ny}, {tz}, {ht})\n"));
+            let (ht, er) = (c.threads - 128, c.release_early as u8);
+            out.push_str(&format!(
+                "WZH_ST_ENTRY({name}, {cin}, {ny}, {tz}, {ht}, {er})\n"
+            ));
         }
         // The `_nl` twins: the helper's loads normalise a norm's input.
         for c in NORM_LOAD_TWINS
@@ -1144,13 +1175,13 @@ mod tests {
     use super::*;
 
     /// An `_st` twin is its base kernel with the statistics: the same tile, threads and shared
-    /// memory (so the same launch and weights), a base among the defaults.
+    /// memory (so the same launch and weights), a base among the kernels.
     #[test]
     fn stats_twins_are_their_bases() {
         for t in STATS_TWINS {
             let base = HALO_CONFIGS
                 .iter()
-                .chain(WGMMA_CONFIGS)
+                .chain(wgmma_all())
                 .find(|c| Some(c.name) == t.name.strip_suffix("_st"))
                 .unwrap_or_else(|| panic!("{}: no default base", t.name));
             assert!(t.stats && !base.stats, "{}", t.name);
