@@ -100,73 +100,96 @@ fn conv_norm_tile_stats() {
             "conv_wz_c32_y16_h2_st" if !wz => "conv_halo_c32n32_w4",
             k => k,
         };
-        let x = input2(&mut r, cin, sp);
-        let w = weight3(&mut r, cout, cin);
-        let bias = Tensor::new(vec![cout], vec![4.0; cout]);
-        let scale = Tensor::new(vec![cout], r.scaled(cout, 1.0));
-        let shift = Tensor::new(vec![cout], r.scaled(cout, 0.5));
-        let norm = if groups == cout {
-            Op::InstanceNorm {
-                eps: 1e-5,
-                scale: scale.clone(),
-                bias: shift.clone(),
-            }
-        } else {
-            Op::GroupNorm {
-                groups,
-                eps: 1e-5,
-                scale: scale.clone(),
-                bias: shift.clone(),
-            }
-        };
-        let leaky = Op::LeakyRelu { alpha: 0.01 };
-        let want = norm_ref(
-            &conv_ref(&x, &w, Some(&bias), PAD1),
-            groups,
-            1e-5,
-            &scale,
-            &shift,
-        )
-        .map(|c, v| act_ref(&leaky, c, v));
-        let conv = crate::common::graph::conv(w, Some(bias), 1);
-        let g = graph(
-            cin,
-            vec![
-                (conv, vec![0], cout),
-                (norm, vec![1], cout),
-                (leaky, vec![2], cout),
-            ],
-        );
-        b.with(|o| o.norm_stats = false);
-        let pass = run(&mut b, &g, &x, 2);
-        b.with(|o| o.norm_stats = true);
-        let got = run(&mut b, &g, &x, 2);
-        let used = kernels_used(&mut b, 2);
-        assert!(
-            used.iter().any(|k| k == want_kernel),
-            "{name}: ran {used:?}, expected {want_kernel}"
-        );
-        let again = run(&mut b, &g, &x, 2);
-        assert!(same_bits(&got, &again), "{name}: two runs differ");
-        // One sample at batch 1: a tile's sums do not depend on the grid.
-        let x0 = T {
-            s: [1, cin, sp[0], sp[1], sp[2]],
-            d: x.d[..x.d.len() / 2].to_vec(),
-        };
-        let one = run(&mut b, &g, &x0, 1);
-        let first = got.index_axis(ndarray::Axis(0), 0);
-        assert!(
-            same_bits(one.index_axis(ndarray::Axis(0), 0), first),
-            "{name}: batch 1 and batch 2 differ"
-        );
-        let (e, e_pass) = (rel_l2(&got, &want), rel_l2(&pass, &want));
-        let dev = max_abs_diff(&got, &pass);
-        println!(
-            "RESULT tile stats {name:<44} rel L2 {e:.2e} (partial-sum pass {e_pass:.2e}), max |diff| {dev:.2e}"
-        );
-        report(name, e);
-        // The same statistics summed in another order: far below the fp16 output's rounding.
-        assert!(dev < 2e-2, "{name}: {dev} from the partial-sum pass");
+        tile_stats_case(&mut b, &mut r, (name, cin, cout, sp, groups, want_kernel));
+    }
+    // The z-pair cases on the early-release helper (`_h2e`, forced only): its `_st` twin.
+    if wz {
+        b.with(|o| o.halo_tile = Some(&cat::CONV_WZ_C32_Y16_H2E));
+        for (name, cin, cout, sp, groups, _) in cases.iter().filter(|c| c.0.starts_with("z-pair")) {
+            let name = format!("{name} (_h2e)");
+            tile_stats_case(
+                &mut b,
+                &mut r,
+                (&name, *cin, *cout, *sp, *groups, "conv_wz_c32_y16_h2e_st"),
+            );
+        }
+        b.with(|o| o.halo_tile = None);
     }
     b.with(|o| o.norm_stats = false);
+}
+
+/// One case of [`conv_norm_tile_stats`]: (name, cin, cout, spatial, groups, the kernel expected
+/// with the statistics).
+fn tile_stats_case(
+    b: &mut CudaBackend,
+    r: &mut Rng,
+    (name, cin, cout, sp, groups, want_kernel): (&str, usize, usize, [usize; 3], usize, &str),
+) {
+    let x = input2(r, cin, sp);
+    let w = weight3(r, cout, cin);
+    let bias = Tensor::new(vec![cout], vec![4.0; cout]);
+    let scale = Tensor::new(vec![cout], r.scaled(cout, 1.0));
+    let shift = Tensor::new(vec![cout], r.scaled(cout, 0.5));
+    let norm = if groups == cout {
+        Op::InstanceNorm {
+            eps: 1e-5,
+            scale: scale.clone(),
+            bias: shift.clone(),
+        }
+    } else {
+        Op::GroupNorm {
+            groups,
+            eps: 1e-5,
+            scale: scale.clone(),
+            bias: shift.clone(),
+        }
+    };
+    let leaky = Op::LeakyRelu { alpha: 0.01 };
+    let want = norm_ref(
+        &conv_ref(&x, &w, Some(&bias), PAD1),
+        groups,
+        1e-5,
+        &scale,
+        &shift,
+    )
+    .map(|c, v| act_ref(&leaky, c, v));
+    let conv = crate::common::graph::conv(w, Some(bias), 1);
+    let g = graph(
+        cin,
+        vec![
+            (conv, vec![0], cout),
+            (norm, vec![1], cout),
+            (leaky, vec![2], cout),
+        ],
+    );
+    b.with(|o| o.norm_stats = false);
+    let pass = run(b, &g, &x, 2);
+    b.with(|o| o.norm_stats = true);
+    let got = run(b, &g, &x, 2);
+    let used = kernels_used(b, 2);
+    assert!(
+        used.iter().any(|k| k == want_kernel),
+        "{name}: ran {used:?}, expected {want_kernel}"
+    );
+    let again = run(b, &g, &x, 2);
+    assert!(same_bits(&got, &again), "{name}: two runs differ");
+    // One sample at batch 1: a tile's sums do not depend on the grid.
+    let x0 = T {
+        s: [1, cin, sp[0], sp[1], sp[2]],
+        d: x.d[..x.d.len() / 2].to_vec(),
+    };
+    let one = run(b, &g, &x0, 1);
+    let first = got.index_axis(ndarray::Axis(0), 0);
+    assert!(
+        same_bits(one.index_axis(ndarray::Axis(0), 0), first),
+        "{name}: batch 1 and batch 2 differ"
+    );
+    let (e, e_pass) = (rel_l2(&got, &want), rel_l2(&pass, &want));
+    let dev = max_abs_diff(&got, &pass);
+    println!(
+            "RESULT tile stats {name:<44} rel L2 {e:.2e} (partial-sum pass {e_pass:.2e}), max |diff| {dev:.2e}"
+        );
+    report(name, e);
+    // The same statistics summed in another order: far below the fp16 output's rounding.
+    assert!(dev < 2e-2, "{name}: {dev} from the partial-sum pass");
 }
