@@ -226,38 +226,3 @@ fn split_runs(
     }
     b.with(|o| *o = CudaOptions::default());
 }
-
-/// What follows the split conv in these tests: a GroupNorm of random scale and shift, then
-/// LeakyReLU(0.01).
-struct Tail {
-    norm: Op,
-    leaky: Op,
-}
-
-impl Tail {
-    fn new(r: &mut Rng, c: usize, groups: usize) -> Tail {
-        Tail {
-            norm: Op::GroupNorm {
-                groups,
-                eps: 1e-5,
-                scale: Tensor::new(vec![c], r.scaled(c, 1.0)),
-                bias: Tensor::new(vec![c], r.scaled(c, 0.5)),
-            },
-            leaky: Op::LeakyRelu { alpha: 0.01 },
-        }
-    }
-
-    /// The float64 reference of the tail over `y`.
-    fn reference(&self, y: &T) -> T {
-        let Op::GroupNorm {
-            groups,
-            eps,
-            scale,
-            bias,
-        } = &self.norm
-        else {
-            unreachable!("a GroupNorm")
-        };
-        norm_ref(y, *groups, *eps, scale, bias).map(|ch, v| act_ref(&self.leaky, ch, v))
-    }
-}

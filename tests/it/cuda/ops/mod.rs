@@ -288,6 +288,74 @@ fn norm_ref(x: &T, groups: usize, eps: f32, scale: &Tensor, bias: &Tensor) -> T 
     ))
 }
 
+/// A norm of random scale (x1) and shift (x0.5) over `c` channels in `groups`, eps 1e-5, then
+/// LeakyReLU(0.01): what follows the conv in the norm and split-conv tests.
+struct Tail {
+    norm: Op,
+    leaky: Op,
+}
+
+impl Tail {
+    /// A GroupNorm (of `c` groups too).
+    fn new(r: &mut Rng, c: usize, groups: usize) -> Tail {
+        Tail::of(r, c, groups, false)
+    }
+
+    /// An InstanceNorm where `groups` is `c`, else a GroupNorm.
+    fn instance_or_group(r: &mut Rng, c: usize, groups: usize) -> Tail {
+        Tail::of(r, c, groups, groups == c)
+    }
+
+    fn of(r: &mut Rng, c: usize, groups: usize, instance: bool) -> Tail {
+        let (scale, bias) = (
+            Tensor::new(vec![c], r.scaled(c, 1.0)),
+            Tensor::new(vec![c], r.scaled(c, 0.5)),
+        );
+        let eps = 1e-5;
+        let norm = if instance {
+            Op::InstanceNorm { eps, scale, bias }
+        } else {
+            Op::GroupNorm {
+                groups,
+                eps,
+                scale,
+                bias,
+            }
+        };
+        Tail {
+            norm,
+            leaky: Op::LeakyRelu { alpha: 0.01 },
+        }
+    }
+
+    /// `conv` (`cin` -> `cout` channels) over input 0, then the tail.
+    fn after(self, cin: usize, conv: Op, cout: usize) -> Graph {
+        graph(
+            cin,
+            vec![
+                (conv, vec![0], cout),
+                (self.norm, vec![1], cout),
+                (self.leaky, vec![2], cout),
+            ],
+        )
+    }
+
+    /// The float64 reference of the tail over `y`.
+    fn reference(&self, y: &T) -> T {
+        let (groups, eps, scale, bias) = match &self.norm {
+            Op::InstanceNorm { eps, scale, bias } => (y.s[1], eps, scale, bias),
+            Op::GroupNorm {
+                groups,
+                eps,
+                scale,
+                bias,
+            } => (*groups, eps, scale, bias),
+            _ => unreachable!("a norm"),
+        };
+        norm_ref(y, groups, *eps, scale, bias).map(|ch, v| act_ref(&self.leaky, ch, v))
+    }
+}
+
 /// A pool by the shared reference, whose output size must be `o`.
 fn pool_ref(x: &T, p: &Pool, max: bool, o: [usize; 3]) -> T {
     let y = reference::pool(&x.array(), p, max);
