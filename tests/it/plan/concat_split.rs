@@ -222,10 +222,12 @@ fn chunks_on(caps: ArchCaps) -> ArchCaps {
     }
 }
 
-/// W1 at batches 1 and 4 with `cin_chunks`: the convs that `conv_halo_*` takes whole at 64³ and
-/// 32³ (Cin 64, 128 and the concats of 2 x 64 and 2 x 128) run in 32-channel chunks on the
-/// z-pair kernel, Cout 64 and 128 in 32-channel tiles; the first decoder conv at 128³ splits
-/// per concat part as without chunks; the strided and the 16³-and-smaller convs do not split.
+/// W1 at batches 1 and 4 with `cin_chunks` (132 SMs): at batch 4 the convs that `conv_halo_*`
+/// takes whole at 64³ (Cin 64 and the concat of 2 x 64; 512 z-pair tiles) run in 32-channel
+/// chunks on the z-pair kernel, Cout 64 in 32-channel tiles; at 32³ (64 tiles) and at batch 1
+/// (128 tiles at 64³) nothing is chunked: fewer tiles than SMs. The first decoder conv at 128³
+/// splits per concat part as without chunks; the strided and the 16³-and-smaller convs do not
+/// split.
 #[test]
 fn w1_convs_run_in_cin_chunks() {
     let g = w1_graph();
@@ -233,7 +235,17 @@ fn w1_convs_run_in_cin_chunks() {
     for batch in [1, 4] {
         let off = buffer_plan(&g, batch, roi, &split_off(ArchCaps::h200())).unwrap();
         let on = buffer_plan(&g, batch, roi, &chunks_on(ArchCaps::h200())).unwrap();
-        assert_eq!(check_splits("w1 chunks", &g, &on, &off), 7);
+        let want: &[(usize, usize, usize)] = if batch == 4 {
+            &[
+                (64, 64_064, 2),
+                (128, 64_064, 4),
+                (64, 64_064, 2),
+                (64, 32_128, 2),
+            ]
+        } else {
+            &[(64, 32_128, 2)]
+        };
+        assert_eq!(check_splits("w1 chunks", &g, &on, &off), want.len());
         let mut split: Vec<(usize, usize, usize, usize)> = Vec::new();
         for l in on.launches.iter().filter(|l| l.part.is_some()) {
             let x = g.nodes[l.node].inputs[0];
@@ -245,19 +257,7 @@ fn w1_convs_run_in_cin_chunks() {
         }
         let got: Vec<_> = split.iter().map(|s| (s.1, s.2, s.3)).collect();
         // (Cin, Cout * 1000 + side, launches) in the list's order.
-        assert_eq!(
-            got,
-            [
-                (64, 64_064, 2),
-                (128, 128_032, 4),
-                (256, 128_032, 8),
-                (128, 128_032, 4),
-                (128, 64_064, 4),
-                (64, 64_064, 2),
-                (64, 32_128, 2),
-            ],
-            "w1 b{batch}"
-        );
+        assert_eq!(got, want, "w1 b{batch}");
         eprintln!(
             "RESULT w1 b{batch} cin chunks: arena {} -> {} MiB, {} -> {} launches",
             off.arena >> 20,

@@ -10,8 +10,8 @@
 //!   has read them.
 //! - With `cin_chunks`, a conv that a halo kernel would take whole, over one input or a concat,
 //!   runs each input of Cin = k x 32 as k launches of 32 channels (the z-pair kernel reading a
-//!   channel slice, `ConvParams::ldi`; Cout in 32-channel tiles): W1's Cin-64 and Cin-128 convs
-//!   at 64³ and 32³.
+//!   channel slice, `ConvParams::ldi`; Cout in 32-channel tiles), where such a launch has a
+//!   tile for every SM: W1's Cin-64 and Cin-128 convs at 64³ at batch 4, not at 32³.
 //!
 //! Only an output that stays fp32 (its readers are norms: `keeps_f32`) takes the partial sums
 //! without rounding.
@@ -123,20 +123,29 @@ impl Facts<'_> {
             halo_tile: zpair_config(32),
             ..*caps
         };
+        // A chunk's z-pair kernel, where its launch has a tile for every SM: with fewer, each
+        // persistent block pays the resident weights and the ring's fill for one tile's steps
+        // (W1's 32³ convs in chunks, 64 tiles a batch of 4: 1.56 ms against `conv_halo`'s
+        // 1.34; its 64³ ones, 512 tiles: 2.54 against 2.79; session 31).
+        let (batch, out) = (self.batch, [os[1], os[2], os[3]]);
         let chunk = |v: usize| {
-            let k = ConvKernel::choose(&zcaps, self.batch, &geom(32, v)?);
-            zpair(&k).then_some(k)
+            let k = ConvKernel::choose(&zcaps, batch, &geom(32, v)?);
+            let fills = matches!(&k, ConvKernel::Halo(c) if c.zpair && c.tiles(batch, out) >= caps.sm_count);
+            fills.then_some(k)
         };
         let mut out: Vec<(Part, ConvKernel)> = Vec::new();
         let mut cin_off = 0;
         for v in sources {
             let cv = shapes[v][0];
-            let pieces: Vec<(usize, usize, ConvKernel)> = if chunked && cv.is_multiple_of(32) {
-                let k = chunk(v)?;
-                (0..cv / 32).map(|c| (32 * c, 32, k.clone())).collect()
-            } else {
-                let k = ConvKernel::choose(caps, self.batch, &geom(cv, v)?);
-                vec![(0, cv, Some(k).filter(zpair)?)]
+            let chunks = (chunked && cv.is_multiple_of(32))
+                .then(|| chunk(v))
+                .flatten();
+            let pieces: Vec<(usize, usize, ConvKernel)> = match chunks {
+                Some(k) => (0..cv / 32).map(|c| (32 * c, 32, k.clone())).collect(),
+                None => {
+                    let k = ConvKernel::choose(caps, self.batch, &geom(cv, v)?);
+                    vec![(0, cv, Some(k).filter(zpair)?)]
+                }
             };
             for (x_coff, cin, kernel) in pieces {
                 let part = Part {

@@ -67,8 +67,9 @@ pub struct CudaOptions {
     pub concat_split: bool,
     /// With `concat_split`: also run a conv (or a concat part) of Cin = k x 32 that a halo kernel
     /// would take whole as k launches of 32 input channels on the z-pair kernel (Cout in
-    /// 32-channel tiles), the later ones adding to the fp32 output (W1's Cin-64 and Cin-128
-    /// convs at 64³ and 32³). Off until measured.
+    /// 32-channel tiles), the later ones adding to the fp32 output, where such a launch has a
+    /// tile for every SM (W1's Cin-64 convs at 64³ at batch 4). Off until measured with that
+    /// rule (session 31 measured 0.967x of W1's forward with every such conv chunked, 32³ too).
     pub cin_chunks: bool,
     /// With `norm_head`: a z-pair conv (`conv_wz_*`) that alone reads an InstanceNorm /
     /// GroupNorm (after its activation) also reads the norm's input, normalised and activated
