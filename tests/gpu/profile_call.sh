@@ -53,34 +53,37 @@ done
 done
 # Nsight Compute, where the machine has it (NCU, NCU_EACH).
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+# ncu_net NET LOG OPTION...: Nsight Compute over `profile_models` on NET's export at batch 4,
+# NCU_S seconds, its output into LOG.
+ncu_net() {
+  local n=$1 log=$2
+  shift 2
+  VOXTILE_PROFILE_ONNX="$W/$n.onnx:128:4" timeout "${NCU_S:-240}" "$ncu" --clock-control none "$@" \
+    "$G/it" --test-threads=1 cuda::ops::bench::profile_models > "$log" 2>&1
+}
 if [ -n "${NCU:-}" ]; then
   secs=""
   for s in ${NCU_SECTIONS:-SpeedOfLight MemoryWorkloadAnalysis ComputeWorkloadAnalysis Occupancy WarpStateStats SchedulerStats LaunchStats}; do
     secs="$secs --section $s"
   done
   for n in ${NCU_NET:-w1}; do
-    VOXTILE_PROFILE_ONNX="$W/$n.onnx:128:4" timeout "${NCU_S:-240}" "$ncu" --clock-control none \
-      -k "regex:$NCU" -c "${NCU_COUNT:-8}" $secs \
-      "$G/it" --test-threads=1 cuda::ops::bench::profile_models > "$OUT/p/ncu_$n.txt" 2>&1
+    ncu_net "$n" "$OUT/p/ncu_$n.txt" -k "regex:$NCU" -c "${NCU_COUNT:-8}" $secs
     el "ncu $n rc $?: $(grep -c "Duration" "$OUT/p/ncu_$n.txt") kernels profiled"
   done
 fi
 for e in ${NCU_EACH:-}; do
   n=${e%%:*} k=${e#*:}
   f="$OUT/p/ncu1_${n}_${k//[^A-Za-z0-9_]/}.txt"
-  VOXTILE_PROFILE_ONNX="$W/$n.onnx:128:4" timeout "${NCU_S:-240}" "$ncu" --clock-control none \
-    -k "regex:$k" -c 1 --section SpeedOfLight --section Occupancy --section SchedulerStats \
-    --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
-    "$G/it" --test-threads=1 cuda::ops::bench::profile_models > "$f" 2>&1
+  ncu_net "$n" "$f" -k "regex:$k" -c 1 --section SpeedOfLight --section Occupancy --section SchedulerStats \
+    --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
   el "ncu $n $k rc $?"
   grep -E "Duration|Throughput|stalled_.*ratio|Eligible" "$f" | sed 's/  */ /g' | head -40
 done
 for e in ${NCU_SRC:-}; do
   n=${e%%:*} k=${e#*:}
   f="$OUT/p/src_${n}_${k//[^A-Za-z0-9_]/}"
-  VOXTILE_PROFILE_ONNX="$W/$n.onnx:128:4" timeout "${NCU_S:-240}" "$ncu" --clock-control none \
-    -k "regex:$k" -c 1 --section SourceCounters --section WarpStateStats --section SpeedOfLight \
-    --import-source no -o "$f" -f "$G/it" --test-threads=1 cuda::ops::bench::profile_models > "$f.log" 2>&1
+  ncu_net "$n" "$f.log" -k "regex:$k" -c 1 --section SourceCounters --section WarpStateStats \
+    --section SpeedOfLight --import-source no -o "$f" -f
   el "ncu source $n $k rc $?"
   "$ncu" -i "$f.ncu-rep" --page source --csv --print-source sass > "$f.csv" 2> "$f.err"
   el "source page rc $? ($(wc -l < "$f.csv") lines)"
