@@ -68,7 +68,7 @@ struct WzConv {
     // The early-release kernels' (`ER`) scratch for the statistics' flush after the mbarriers,
     // their staging rows being back with the MMA warpgroup by then: tile_stats_flush<3, NT, 4>
     // with NT <= 256.
-    static constexpr int FLUSH_FLOATS = 256 / 32 * 4 * 16 + 4 * 8;
+    static constexpr int FLUSH_FLOATS = tile_stats_floats<256, 4>();
     // The descriptors' high words (SBO: A's M step, B's N step), constants of the layouts.
     static constexpr unsigned AHI = wg_desc_hi(128), BHI = wg_desc_hi(HX * 16);
     static_assert(CIN % 16 == 0 && (N == 64 || N == 128) && ZT % 2 == 0 && H >= 2, "tile shape");
@@ -306,8 +306,8 @@ struct WzConv {
                                         const float* __restrict__ slope, WzTile& tc, TileStats8* ts = nullptr,
                                         float* scratch = nullptr, Release release = {}) const {
         static_assert((2 * NY) % (NT / 32) == 0, "whole rows per warp");
-        static_assert(2 * N * SP >= NT / 2 + 32, "the statistics fit the staging rows");
-        static_assert(!ER || NT / 32 * 4 * 16 + 4 * 8 <= FLUSH_FLOATS, "the flush fits its scratch");
+        static_assert(2 * N * SP >= tile_stats_floats<NT, 4>(), "the statistics fit the staging rows");
+        static_assert(!ER || tile_stats_floats<NT, 4>() <= FLUSH_FLOATS, "the flush fits its scratch");
         const int warp = htid >> 5;
         const int ti = s / H, j = s - ti * H, t = blockIdx.x + ti * gridDim.x;
         const WzTile& o = tile(tc, ti);

@@ -48,9 +48,13 @@ __device__ __forceinline__ void stats_bar() {
 // every run), then one thread per channel adds the NT / 32 warps' in warp order: the old
 // per-channel loop over NT / CH threads' shared-memory sums was a chain of dependent loads that
 // held every helper thread at the next barrier (~1.6K cycles a tile at NT 256). `sm`:
-// (NT / 2 + CH * 8) floats of shared memory that no thread of the NT reads or writes until
-// they all pass the next barrier after this. `count`: the tile's output voxels inside the
-// output.
+// `tile_stats_floats<NT, CH>()` floats of shared memory that no thread of the NT reads or
+// writes until they all pass the next barrier after this. `count`: the tile's output voxels
+// inside the output.
+template <int NT, int CH>
+__host__ __device__ constexpr int tile_stats_floats() {
+    return NT / 32 * CH * 16 + CH * 8;  // each warp's chunks' (sum, sum of squares), the shifts
+}
 template <int BAR, int NT, int CH>
 __device__ __forceinline__ void tile_stats_flush(const TileStats8& ts, int tid, float* sm, float4* __restrict__ part,
                                                  int ncout, float count) {

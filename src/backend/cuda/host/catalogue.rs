@@ -529,7 +529,8 @@ impl HaloConfig {
             // conv_wgmma_z.cu: 4 weight blocks of 32 rows per (dy dx, channel group) and one
             // zero block, 5 slots of two halo planes, two planes' fp32 staging (36-float rows),
             // 6 mbarriers (the slots' and the weights'); with `release_early`, the flush's
-            // scratch (8 warps x 4 chunks x 16 floats + 32).
+            // scratch (`tile_stats_floats<256, 4>()` in kernels/tile_stats.cuh: 8 warps x 4
+            // chunks x 16 floats + 32 shifts).
             let g = self.cin / 8;
             let plane = (self.tile[1] + 2) * 10;
             let n = 8 * self.tile[1];
