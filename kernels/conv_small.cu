@@ -24,10 +24,20 @@
 // voxels). A lane's 4 channels are fixed (32 lanes over Cout / 4 pieces), so a shuffle tree over
 // the lanes of a piece adds them. Capped at 3 blocks per SM as the default runs (ptxas: 80
 // registers, 72 bytes of spills; uncapped 128 registers and 2 blocks).
-template <bool ST>
+// The norm recomputed (`conv_c1_k3_sto` then `conv_c1_k3_nrm`, `CudaOptions::norm_recompute`):
+// the conv is a few MACs per output, its fp32 output 128 bytes a voxel at Cout 32, so rather than
+// storing that for the norm's affine pass to read, the `_sto` launch only sums (ST without the
+// stores) and, once the norm's pairs are final, `_nrm` computes the same fp32 values again and
+// stores the norm's output: norm_load1 of each (the affine pass's expression), 4 channels of
+// fp16 a lane. The same values in the same order both times, so the same bits as conv, norm, affine.
+enum C1Mode { C1_PLAIN, C1_STATS, C1_STATS_ONLY, C1_NORMED };
+template <int MODE>
 __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __restrict__ x,
                                              const half* __restrict__ w, const float* __restrict__ bias,
-                                             half* __restrict__ y, const float* __restrict__ slope) {
+                                             half* __restrict__ y, const float* __restrict__ slope,
+                                             const NormLoad& nl) {
+    constexpr bool ST = MODE == C1_STATS || MODE == C1_STATS_ONLY;
+    constexpr bool STORE = MODE != C1_STATS_ONLY, NORMED = MODE == C1_NORMED;
     constexpr int GX = C1_TX / 16, GROUPS = C1_TZ * C1_TY * GX;
     static_assert(C1_TX % 16 == 0 && GROUPS % 8 == 0, "whole 16-voxel groups, the same count per warp");
     static_assert((C1_TX - 1) * 2 + 3 <= 128, "two x values per thread cover a halo row");
@@ -96,7 +106,9 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
     float* sc = stage[warp];
     const half zero = __float2half(0.f);
     // The host asks for the sums only where they fit this: one 32-channel pass, fixed pieces.
-    if (ST && (!vec4 || p.cout > 32 || 32 % (p.cout >> 2) != 0)) __trap();
+    if ((ST || NORMED) && (!vec4 || p.cout > 32 || 32 % (p.cout >> 2) != 0)) __trap();
+    // NORMED: the sample's (a, b) pairs, one per output channel.
+    const float2* abn = NORMED ? reinterpret_cast<const float2*>(nl.ab) + (i64)n * p.cout : nullptr;
     float shf[4] = {0.f, 0.f, 0.f, 0.f}, ss[4] = {0.f, 0.f, 0.f, 0.f}, sq[4] = {0.f, 0.f, 0.f, 0.f};
     int counted = 0;  // voxels the warp stored (ST)
     for (int c0 = 0; c0 < p.cout; c0 += 32) {
@@ -193,7 +205,13 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
                             sq[e] += d * d;
                         }
                     }
-                    if (p.out_f32) {
+                    if (!STORE) continue;
+                    if (NORMED) {
+                        __align__(8) half h[4];
+#pragma unroll
+                        for (int e = 0; e < 4; e++) h[e] = norm_load1(u[e], abn[co + e], co + e, nl);
+                        *reinterpret_cast<uint2*>(y + dst) = *reinterpret_cast<const uint2*>(h);
+                    } else if (p.out_f32) {
                         *reinterpret_cast<float4*>(reinterpret_cast<float*>(y) + dst) = make_float4(u[0], u[1], u[2], u[3]);
                     } else {
                         __align__(8) __half2 h[2] = {__floats2half2_rn(u[0], u[1]), __floats2half2_rn(u[2], u[3])};
@@ -254,14 +272,28 @@ extern "C" __global__ void __launch_bounds__(256) conv_c1_k3(ConvParams p, const
                                                              const float* __restrict__ bias,
                                                              half* __restrict__ y,
                                                              const float* __restrict__ slope) {
-    conv_c1_k3_t<false>(p, x, w, bias, y, slope);
+    conv_c1_k3_t<C1_PLAIN>(p, x, w, bias, y, slope, NormLoad{});
 }
 extern "C" __global__ void __launch_bounds__(256, 3) conv_c1_k3_st(ConvParams p, const half* __restrict__ x,
                                                                 const half* __restrict__ w,
                                                                 const float* __restrict__ bias,
                                                                 half* __restrict__ y,
                                                                 const float* __restrict__ slope) {
-    conv_c1_k3_t<true>(p, x, w, bias, y, slope);
+    conv_c1_k3_t<C1_STATS>(p, x, w, bias, y, slope, NormLoad{});
+}
+extern "C" __global__ void __launch_bounds__(256, 3) conv_c1_k3_sto(ConvParams p, const half* __restrict__ x,
+                                                                 const half* __restrict__ w,
+                                                                 const float* __restrict__ bias,
+                                                                 half* __restrict__ y,
+                                                                 const float* __restrict__ slope) {
+    conv_c1_k3_t<C1_STATS_ONLY>(p, x, w, bias, y, slope, NormLoad{});
+}
+// The norm's arguments as `conv1x1_norm_*` takes them (x_f32 unused: the values are the conv's).
+extern "C" __global__ void __launch_bounds__(256, 3) conv_c1_k3_nrm(
+    ConvParams p, const half* __restrict__ x, const half* __restrict__ w, const float* __restrict__ bias,
+    half* __restrict__ y, const float* __restrict__ slope, const float* nab, int x_f32, int nact, float nalpha,
+    const float* nslope, int nslope_n) {
+    conv_c1_k3_t<C1_NORMED>(p, x, w, bias, y, slope, NormLoad{nab, x_f32, nact, nalpha, nslope, nslope_n});
 }
 
 // conv1x1_n{16,32}: 1x1x1 conv with few output channels (the segmentation head): a memory-bound

@@ -216,12 +216,30 @@ fn launch_steps(
         Some(j) => Act::of(&graph.nodes[j].op).expect("checked by fusable_activation"),
         None => Act::None,
     };
+    // The conv a norm recomputes is built first (its constants come first in the plan).
+    let recomputed = match l.recompute {
+        Some(c) => Some(recomputed_conv(b, bp, bufs, graph, l, c)?),
+        None => None,
+    };
     let io = node_io(bp, bufs, graph, l, act)?;
     let slope = b.act_slope(&io.act)?;
     let io = NodeIo { slope, ..io };
     let in_place: Vec<bool> = node.inputs.iter().map(|&v| bp.in_place[v]).collect();
-    let new = build_node(b, &node.op, &io, l.conv.as_ref(), &in_place, batch)?;
+    let conv = l.conv.as_ref().filter(|_| recomputed.is_none());
+    let new = build_node(b, &node.op, &io, conv, &in_place, batch)?;
     let new = match (&l.head, new.as_slice()) {
+        (None, [Step::Norm(_)]) if recomputed.is_some() => {
+            let (Some((stats, conv)), Some(Step::Norm(norm))) =
+                (recomputed, new.into_iter().next())
+            else {
+                unreachable!("matched above")
+            };
+            vec![Step::NormRecompute {
+                stats: Box::new(stats),
+                norm,
+                conv: Box::new(conv),
+            }]
+        }
         (Some(h), [Step::Norm(_)]) => {
             let Some(Step::Norm(norm)) = new.into_iter().next() else {
                 unreachable!("matched above")
@@ -234,6 +252,12 @@ fn launch_steps(
                 node.name
             )))
         }
+        (None, _) if recomputed.is_some() => {
+            return Err(Error::Backend(format!(
+                "node {}: a conv recomputed by a node that is not a norm",
+                node.name
+            )))
+        }
         (None, _) => new,
     };
     Ok(new
@@ -243,6 +267,39 @@ fn launch_steps(
             (s, label)
         })
         .collect())
+}
+
+/// The two launches of conv node `c` that norm launch `l` runs (`l.recompute`): the conv on
+/// its statistics twin reading its own input and writing the launch's output, split into the
+/// statistics-only and the normalising launch ([`conv::ConvStep::recomputed`]).
+fn recomputed_conv(
+    b: &mut Build,
+    bp: &BufferPlan,
+    bufs: &[u64],
+    graph: &Graph,
+    l: &Launch,
+    c: usize,
+) -> Result<(conv::ConvStep, conv::ConvStep)> {
+    let node = &graph.nodes[c];
+    let cl = Launch {
+        node: c,
+        fuse: None,
+        recompute: None,
+        ..l.clone()
+    };
+    let io = node_io(bp, bufs, graph, &cl, Act::None)?;
+    let kernel = l
+        .conv
+        .as_ref()
+        .ok_or_else(|| Error::Backend(format!("node {}: no conv kernel planned", node.name)))?;
+    let mut steps = conv::build(b, &node.op, kernel, &io)?;
+    match (steps.pop(), steps.is_empty()) {
+        (Some(step), true) => step.recomputed(),
+        _ => Err(Error::Backend(format!(
+            "node {}: a recomputed conv must be one launch",
+            node.name
+        ))),
+    }
 }
 
 /// The norm's statistics and its head (`l.head`), which reads the norm's input (`io`: the
@@ -295,9 +352,14 @@ fn node_io<'g>(
         Some(p) => vec![p.value],
         None => node.inputs.clone(),
     };
+    // A recomputed conv's output is never stored (its norm's `x` is unused).
+    let inner = l.recompute.map(|c| graph.nodes[c].output);
     let xs: Vec<u64> = ins
         .iter()
         .map(|&v| {
+            if Some(v) == inner {
+                return Ok(0);
+            }
             bp.value_buf[v].map(|b| bufs[b]).ok_or_else(|| {
                 Error::Graph(format!(
                     "node {}: input value {v} was never computed",
@@ -519,6 +581,12 @@ pub(crate) fn step_label(step: &Step, op: &Op, act: &Act, x: Shape, o: Shape) ->
         }
         _ => op.name().to_string(),
     };
+    // A norm running the conv before it: that conv's kernel and input.
+    if let Step::NormRecompute { conv, .. } = step {
+        let p = &conv.p;
+        let xc = [p.cin as usize, p.di as usize, p.hi as usize, p.wi as usize];
+        return format!("{what}{act} +conv [{}] {} -> {}", conv.func, sh(xc), sh(o));
+    }
     // A norm with its head: the head's kernel and output.
     if let Step::NormHead { head, .. } = step {
         let p = &head.p;

@@ -139,3 +139,111 @@ fn fixtures_pair_by_the_rules() {
     eprintln!("RESULT {pairs} pairs over the fixtures");
     assert!(pairs > 0, "no fixture pairs a conv with its norm");
 }
+
+/// Checks `on` (`norm_recompute`) against `off` (the same caps without): each norm launch that
+/// runs a conv (`Launch::recompute`) replaces that conv's launch and its own, the conv's kernel
+/// and entries those of `off`'s pair (the Cin-1 `_st` twin), the conv's output stored nowhere and read by
+/// that norm alone, which takes no residual or head; the constants as in `off`, every other
+/// launch's node and output too; the scratch holds the partials. Returns the recomputed convs.
+fn check_recomputed(name: &str, g: &Graph, on: &BufferPlan, off: &BufferPlan) -> usize {
+    assert_eq!(on.consts, off.consts, "{name}: constants");
+    let cons = consumers(g);
+    let mut n = 0;
+    let mut need = 0;
+    let mut rest = off.launches.iter().enumerate();
+    for (t, l) in on.launches.iter().enumerate() {
+        let Some(c) = l.recompute else {
+            let (_, base) = rest.next().expect("as many other launches");
+            assert_eq!((l.node, l.out_v), (base.node, base.out_v), "{name}");
+            continue;
+        };
+        let (_, conv) = rest.next().expect("the conv's launch in off");
+        let (_, norm) = rest.next().expect("the norm's launch in off");
+        assert_eq!((conv.node, norm.node), (c, l.node), "{name}: launch {t}");
+        assert_eq!(l.out_v, norm.out_v, "{name}");
+        let v = g.nodes[c].output;
+        assert_eq!(
+            cons[v],
+            vec![l.node],
+            "{name}: the norm must be the only reader"
+        );
+        assert!(
+            on.value_buf[v].is_none(),
+            "{name}: the conv's output is stored"
+        );
+        assert!(l.residual.is_none() && l.head.is_none(), "{name}");
+        // `off` pairs the conv with its norm (`check_pairs`): the same twin and entries.
+        let entries = conv.tile_stats.expect("off pairs the conv with its norm");
+        let twin = conv.conv.as_ref().expect("a conv kernel");
+        assert_eq!(twin.funcs(), ["conv_c1_k3_st"], "{name}");
+        assert_eq!(
+            (l.conv.as_ref(), l.tile_stats),
+            (Some(twin), Some(entries)),
+            "{name}"
+        );
+        assert!(!l.reads(g).contains(&v), "{name}: reads the conv's output");
+        let samples = if on.windows.run(t) == Run::Batch {
+            on.batch
+        } else {
+            1
+        };
+        need = need.max(samples * entries * on.shapes[v][0] * TILE_STAT_BYTES);
+        n += 1;
+    }
+    assert!(rest.next().is_none(), "{name}: launches left over");
+    assert!(
+        on.norm_sums >= need,
+        "{name}: scratch {} < {need}",
+        on.norm_sums
+    );
+    n
+}
+
+/// W1 at batch 4 with `norm_recompute`: its Cin-1 conv runs in the first norm's launch, which
+/// needs no fp32 buffer for the conv's output: fewer bytes live there, the arena no larger.
+#[test]
+fn w1_norm_recomputes_its_cin1_conv() {
+    let g = w1_graph();
+    let on_caps = ArchCaps {
+        norm_recompute: true,
+        ..ArchCaps::h200()
+    };
+    let on = buffer_plan(&g, 4, [128; 3], &on_caps).unwrap();
+    let off = buffer_plan(&g, 4, [128; 3], &ArchCaps::h200()).unwrap();
+    assert_eq!(check_recomputed("w1", &g, &on, &off), 1);
+    let l = on.launches.iter().find(|l| l.recompute.is_some()).unwrap();
+    let norm = off.launches.iter().find(|b| b.node == l.node).unwrap();
+    eprintln!(
+        "RESULT w1 arena {} -> {} bytes, live at the norm {} -> {}",
+        off.arena, on.arena, norm.live_bytes, l.live_bytes
+    );
+    assert!(on.arena <= off.arena, "{} > {}", on.arena, off.arena);
+    assert!(
+        l.live_bytes < norm.live_bytes,
+        "the conv's fp32 output still live"
+    );
+}
+
+/// Every model and architecture fixture at 128³ (or its fixed window), batches 1 and 3, with
+/// `norm_recompute`: the recomputing launches follow the rules of `check_recomputed`.
+#[test]
+fn fixtures_recompute_by_the_rules() {
+    let nets = super::planner::fixtures_and_models();
+    let on_caps = ArchCaps {
+        norm_recompute: true,
+        ..ArchCaps::h200()
+    };
+    let mut n = 0;
+    for (name, g) in &nets {
+        let roi = g.spatial_divisor().map(|d| 128usize.div_ceil(d) * d);
+        for batch in [1usize, 3] {
+            let Ok(off) = buffer_plan(g, batch, roi, &ArchCaps::h200()) else {
+                continue;
+            };
+            let on = buffer_plan(g, batch, roi, &on_caps).unwrap();
+            n += check_recomputed(name, g, &on, &off);
+        }
+    }
+    eprintln!("RESULT {n} recomputed convs over the fixtures");
+    assert!(n > 0, "no fixture recomputes a conv");
+}

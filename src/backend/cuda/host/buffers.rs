@@ -14,6 +14,7 @@ use crate::backend::cuda::host::concat_split::{self, Part, Split};
 use crate::backend::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
 use crate::backend::cuda::host::fusion::{
     concat_slice, consumers, fusable_activation, fusable_norm_head, fusable_residual, keeps_f32,
+    recomputable_norm,
 };
 use crate::backend::cuda::host::launch::{Launch, NormHead};
 use crate::backend::cuda::host::select::ConvGeom;
@@ -392,16 +393,7 @@ impl Walk<'_> {
     /// concat slice, the conv not split): its constants listed (after the norm's), it and its
     /// own activation marked as run.
     fn norm_head(&mut self, caps: &ArchCaps, i: usize, out_v: usize) -> Option<NormHead> {
-        let j = fusable_norm_head(self.graph, &self.cons, &self.tensor, i, out_v)?;
-        let kernel = match ConvKernel::choose(caps, self.batch, &self.conv_geom(j)?) {
-            k @ ConvKernel::Pointwise { .. } => k,
-            ConvKernel::Halo(c) if caps.norm_load_conv => {
-                let x = self.graph.nodes[i].inputs[0];
-                let plain = self.stored[x].ndhwc && !self.in_place[x] && self.splits[j].is_none();
-                ConvKernel::Halo(norm_load_twin(c).filter(|_| plain)?)
-            }
-            _ => return None,
-        };
+        let (j, kernel) = self.head_kernel(caps, i, out_v)?;
         let fuse = fusable_activation(self.graph, &self.cons, j);
         let act = fuse.map_or(Act::None, |f| {
             Act::of(&self.graph.nodes[f].op).unwrap_or(Act::None)
@@ -416,6 +408,51 @@ impl Walk<'_> {
             fuse,
             kernel,
         })
+    }
+
+    /// [`norm_head`](Self::norm_head)'s conv node and kernel, nothing listed or marked.
+    fn head_kernel(&self, caps: &ArchCaps, i: usize, out_v: usize) -> Option<(usize, ConvKernel)> {
+        let j = fusable_norm_head(self.graph, &self.cons, &self.tensor, i, out_v)?;
+        let kernel = match ConvKernel::choose(caps, self.batch, &self.conv_geom(j)?) {
+            k @ ConvKernel::Pointwise { .. } => k,
+            ConvKernel::Halo(c) if caps.norm_load_conv => {
+                let x = self.graph.nodes[i].inputs[0];
+                let plain = self.stored[x].ndhwc && !self.in_place[x] && self.splits[j].is_none();
+                ConvKernel::Halo(norm_load_twin(c).filter(|_| plain)?)
+            }
+            _ => return None,
+        };
+        Some((j, kernel))
+    }
+
+    /// The norm node that runs Cin-1 conv node `i` itself (`caps.norm_recompute`, see
+    /// [`Launch::recompute`]): [`recomputable_norm`], the conv on `conv_c1_k3` with a statistics
+    /// twin for its output, and no residual Add or head after the norm (its activation), which
+    /// the recomputing kernel neither adds nor hands on.
+    fn recompute_norm(&self, caps: &ArchCaps, i: usize) -> Option<usize> {
+        if !(caps.norm_recompute && caps.norm_stats) || self.splits[i].is_some() {
+            return None;
+        }
+        let graph = self.graph;
+        let j = recomputable_norm(graph, &self.cons, &self.tensor, i)?;
+        let k = ConvKernel::choose(caps, self.batch, &self.conv_geom(i)?);
+        let os = self.shapes[graph.nodes[i].output];
+        let twin = matches!(k, ConvKernel::Cin1 { stats: false })
+            && k.with_norm_stats(os, os[0], 0).is_some();
+        let last = fusable_activation(graph, &self.cons, j).unwrap_or(j);
+        let out_v = graph.nodes[last].output;
+        let residual = caps.norm_residual
+            && fusable_residual(
+                graph,
+                &self.cons,
+                &self.shapes,
+                &self.tensor,
+                (j, last),
+                |_| true,
+            )
+            .is_some();
+        let head = caps.norm_head && self.head_kernel(caps, j, out_v).is_some();
+        (twin && !residual && !head).then_some(j)
     }
 
     /// Node `i`'s constant uploads, in the order the launch list makes them, and its conv
@@ -542,6 +579,7 @@ impl Walk<'_> {
                 fuse: None,
                 residual: None,
                 head: None,
+                recompute: None,
                 part: Some(*part),
                 out_v,
                 out_buf: ob,
@@ -651,10 +689,17 @@ pub fn buffer_plan(
         if w.ran[i] {
             continue;
         }
-        // A split conv reads its concat's inputs, not the concat (which runs with it).
-        let reads = match w.splits[i].as_ref().and_then(|s| s.concat) {
-            Some(c) => &graph.nodes[c].inputs,
-            None => &node.inputs,
+        // A Cin-1 conv its norm runs (`Launch::recompute`): this is the norm's launch.
+        let recompute = w.recompute_norm(caps, i);
+        let (i, node, recompute) = match recompute {
+            Some(j) => (j, &graph.nodes[j], Some(i)),
+            None => (i, node, None),
+        };
+        // A split conv reads its concat's inputs, not the concat (which runs with it); a
+        // recomputing norm the conv's.
+        let reads = match (recompute, w.splits[i].as_ref().and_then(|s| s.concat)) {
+            (Some(c), _) | (None, Some(c)) => &graph.nodes[c].inputs,
+            (None, None) => &node.inputs,
         };
         if let Some(&v) = reads.iter().find(|&&v| w.live[v].is_none()) {
             return Err(Error::Graph(format!(
@@ -690,6 +735,12 @@ pub fn buffer_plan(
             None => (Act::None, node.output),
         };
         cmax = cmax.max(w.shapes[node.output][0]);
+        // The recomputed conv's constants come first (its launch builds the conv first).
+        let recomputed = recompute.and_then(|c| {
+            let k = ConvKernel::choose(caps, batch, &w.conv_geom(c)?);
+            w.conv_consts(c, &k, None);
+            Some(k)
+        });
         let conv = w.node_consts(caps, i, &act);
         // The Add after a conv whose kernel adds a residual (no activation), or after a norm
         // (and its activation): the affine pass adds it.
@@ -746,17 +797,22 @@ pub fn buffer_plan(
             fuse,
             residual,
             head,
+            recompute,
             part: None,
             out_v,
             out_buf: ob,
             ldc,
             coff,
-            conv,
+            conv: conv.or(recomputed),
             tile_stats: None,
             live_bytes,
             live_bufs,
         });
         w.ran[i] = true;
+        if let Some(c) = recompute {
+            w.ran[c] = true;
+            w.release_read(c, out_v, None);
+        }
         w.release_read(i, out_v, residual.map(|(_, r)| r));
     }
     let output_buf = w.value_buf[graph.output]

@@ -207,6 +207,10 @@ pub const C1_TILE: [usize; 3] = [4, 8, 32];
 /// Its `_st` twin: the warps also sum their stored values for a following norm
 /// (`ConvParams::stats`, one entry per (block, warp)).
 pub const CONV_C1_K3_ST: Kernel = k(Family::ConvSmall, "conv_c1_k3_st");
+/// The norm recomputed (`CudaOptions::norm_recompute`): `_sto` writes only the statistics,
+/// `_nrm` runs the conv again and stores the norm's output (its pairs, as `conv1x1_norm_*`).
+pub const CONV_C1_K3_STO: Kernel = k(Family::ConvSmall, "conv_c1_k3_sto");
+pub const CONV_C1_K3_NRM: Kernel = k(Family::ConvSmall, "conv_c1_k3_nrm");
 /// Direct (grouped / fallback transposed) conv, one thread per output.
 pub const CONV_DIRECT: Kernel = k(Family::ConvTranspose, "conv_direct");
 pub const NORM_PARTIAL_V8: Kernel = k(Family::Norm, "norm_partial_v8");
@@ -303,6 +307,8 @@ pub const KERNELS: &[Kernel] = &[
     CONV1X1_NORM_N32_S,
     CONV_C1_K3,
     CONV_C1_K3_ST,
+    CONV_C1_K3_STO,
+    CONV_C1_K3_NRM,
     CONV_DIRECT,
     CONV_SPLITK_REDUCE,
     NORM_PARTIAL_V8,

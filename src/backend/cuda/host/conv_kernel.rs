@@ -57,6 +57,9 @@ pub struct ArchCaps {
     pub head_staged: bool,
     /// A conv hands the norm after it the statistics of its output (`CudaOptions::norm_stats`).
     pub norm_stats: bool,
+    /// A norm reruns the Cin-1 conv before it rather than read its output
+    /// (`CudaOptions::norm_recompute`).
+    pub norm_recompute: bool,
     /// A conv over a channel concat runs as one launch per part (`CudaOptions::concat_split`).
     pub concat_split: bool,
     /// With `concat_split`, a conv of Cin = k x 32 also runs in 32-channel chunks
@@ -91,6 +94,7 @@ impl ArchCaps {
             window_segments: true,
             head_staged: false,
             norm_stats: true,
+            norm_recompute: false,
             concat_split: true,
             cin_chunks: false,
             norm_load_conv: false,
@@ -120,6 +124,7 @@ impl ArchCaps {
             norm_residual: opts.norm_residual,
             window_segments: opts.window_segments,
             norm_stats: opts.norm_stats,
+            norm_recompute: opts.norm_recompute,
             concat_split: opts.concat_split,
             cin_chunks: opts.cin_chunks,
             norm_load_conv: opts.norm_load_conv,

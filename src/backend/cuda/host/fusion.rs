@@ -1,7 +1,8 @@
 //! Host-side fusion facts of the CUDA backend, no GPU needed: who consumes a value, which
 //! activation runs in its producer's epilogue, which residual Add a conv's epilogue or a norm's
 //! affine pass takes,
-//! which 1x1x1 head reads a norm's input normalised on load, which value a channel concat takes
+//! which 1x1x1 head reads a norm's input normalised on load, which norm reruns the conv before
+//! it, which value a channel concat takes
 //! in place, which conv output stays fp32, and whether a resize is linear.
 
 use crate::backend::cuda::abi::{Act, Shape};
@@ -127,6 +128,26 @@ pub fn fusable_norm_head(
     let j = cons[out_v][0];
     let head = matches!(&graph.nodes[j].op, Op::Conv(c) if c.groups == 1);
     (head && !tensor[j] && graph.nodes[j].inputs == [out_v]).then_some(j)
+}
+
+/// Whether conv node `i`'s output goes only to an InstanceNorm / GroupNorm (as its one input,
+/// not the graph output) that could run the conv itself, computing it once for the statistics
+/// and once more normalising on store, rather than read its output (`Launch::recompute`);
+/// returns that norm node. Whether the conv's kernel has those two forms is the caller's
+/// question.
+pub fn recomputable_norm(
+    graph: &Graph,
+    cons: &[Vec<usize>],
+    tensor: &[bool],
+    i: usize,
+) -> Option<usize> {
+    if tensor[i] || !matches!(graph.nodes[i].op, Op::Conv(_)) {
+        return None;
+    }
+    let j = sole_consumer(graph, cons, i)?;
+    let norm = &graph.nodes[j];
+    let is_norm = matches!(norm.op, Op::InstanceNorm { .. } | Op::GroupNorm { .. });
+    (is_norm && !tensor[j] && norm.inputs == [graph.nodes[i].output]).then_some(j)
 }
 
 /// Whether the resize mode is linear (trilinear in 3D).

@@ -18,6 +18,12 @@ pub struct Launch {
     /// The conv reading a norm's output (a 1x1x1 head, or an `_nl` z-pair conv), run on the
     /// norm's input normalised on load.
     pub head: Option<NormHead>,
+    /// A norm launch that runs the Cin-1 conv before it itself (`CudaOptions::norm_recompute`):
+    /// that conv node, whose output only the norm reads and which has no launch of its own.
+    /// The launch runs the conv for the statistics alone, finalises them and runs the conv
+    /// again normalising on store: the conv's output never exists. Its `conv` is the conv's
+    /// kernel, the statistics twin once [`tile_stats::pair`](super::tile_stats::pair) sized them.
+    pub recompute: Option<usize>,
     /// A conv over a channel concat run one launch per part ([`concat_split`](super::concat_split)): the part this
     /// launch reads (the conv node's own input, the concat, is never written).
     pub part: Option<Part>,
@@ -41,24 +47,32 @@ pub struct Launch {
 impl Launch {
     /// The nodes this launch runs: its own, the fused activation, Add and head.
     pub fn nodes(&self) -> Vec<usize> {
-        [Some(self.node), self.fuse, self.residual.map(|r| r.0)]
-            .into_iter()
-            .chain(self.head.iter().flat_map(|h| [Some(h.conv), h.fuse]))
-            .flatten()
-            .collect()
+        [
+            self.recompute,
+            Some(self.node),
+            self.fuse,
+            self.residual.map(|r| r.0),
+        ]
+        .into_iter()
+        .chain(self.head.iter().flat_map(|h| [Some(h.conv), h.fuse]))
+        .flatten()
+        .collect()
     }
 
     /// The values it reads: its part of a split conv's concat (and the output, where it adds
-    /// to it), else its nodes' inputs.
+    /// to it), else its nodes' inputs but the recomputed conv's output (never stored).
     pub fn reads(&self, graph: &Graph) -> Vec<usize> {
         match self.part {
             Some(p) if p.accumulate => vec![p.value, self.out_v],
             Some(p) => vec![p.value],
-            None => self
-                .nodes()
-                .iter()
-                .flat_map(|&i| graph.nodes[i].inputs.iter().copied())
-                .collect(),
+            None => {
+                let inner = self.recompute.map(|c| graph.nodes[c].output);
+                self.nodes()
+                    .iter()
+                    .flat_map(|&i| graph.nodes[i].inputs.iter().copied())
+                    .filter(|&v| Some(v) != inner)
+                    .collect()
+            }
         }
     }
 }

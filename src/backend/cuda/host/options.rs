@@ -60,6 +60,12 @@ pub struct CudaOptions {
     /// `host::tile_stats`), so the norm skips its partial-sum pass over the conv's output
     /// (W1's forward 0.973x, PERF_NOTES session 25).
     pub norm_stats: bool,
+    /// With `norm_stats`: a Cin-1 conv whose output only an InstanceNorm / GroupNorm reads is
+    /// run by the norm's launch twice, once for the statistics (no output) and once more after
+    /// them, normalising and activating on store (`conv_c1_k3_sto`, `conv_c1_k3_nrm`): its fp32
+    /// output is never written nor read (W1: 128 bytes a voxel, twice). The same bits as conv,
+    /// norm and affine pass. Off until measured.
+    pub norm_recompute: bool,
     /// Run a conv over a channel concat whose parts the z-pair kernel takes (and the whole does
     /// not) as one launch per part, each on its slice of the weights, the later ones adding to
     /// the fp32 output (`host::concat_split`): the concat is never written (W1's forward 0.970x,
@@ -104,6 +110,7 @@ impl Default for CudaOptions {
             window_segments: true,
             head_staged: false,
             norm_stats: true,
+            norm_recompute: false,
             concat_split: true,
             cin_chunks: false,
             norm_load_conv: false,

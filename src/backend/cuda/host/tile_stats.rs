@@ -20,7 +20,9 @@ pub const TILE_STAT_BYTES: usize = 16;
 /// (`ConvKernel::with_norm_stats`); both launches run the same way (batched, or both in the
 /// same window segment), so nothing else uses the scratch between them. The conv's kernel
 /// becomes the twin, and both launches get `tile_stats` (the twin's entries per sample).
-/// Returns the scratch bytes the partials need for `batch` samples (0: no pair).
+/// A norm launch that runs the conv before it (`Launch::recompute`) is a pair in itself: its
+/// conv kernel becomes the twin too. Returns the scratch bytes the partials need for `batch`
+/// samples (0: no pair).
 pub fn pair(
     graph: &Graph,
     cons: &[Vec<usize>],
@@ -31,6 +33,27 @@ pub fn pair(
     batch: usize,
 ) -> usize {
     let mut bytes = 0;
+    // A window segment's copies run one window at a time.
+    let samples = |t: usize| {
+        if windows.run(t) == Run::Batch {
+            batch
+        } else {
+            1
+        }
+    };
+    for (t, l) in launches.iter_mut().enumerate() {
+        let Some(c) = l.recompute else { continue };
+        let os = shapes[graph.nodes[c].output];
+        if let Some((twin, tiles)) = l
+            .conv
+            .as_ref()
+            .and_then(|k| k.with_norm_stats(os, l.ldc, l.coff))
+        {
+            bytes = bytes.max(samples(t) * tiles * os[0] * TILE_STAT_BYTES);
+            l.conv = Some(twin);
+            l.tile_stats = Some(tiles);
+        }
+    }
     for t in 1..launches.len() {
         let (conv, norm) = (&launches[t - 1], &launches[t]);
         let nnode = &graph.nodes[norm.node];
@@ -52,13 +75,7 @@ pub fn pair(
         else {
             continue;
         };
-        // A window segment's copies run one window at a time.
-        let n = if windows.run(t) == Run::Batch {
-            batch
-        } else {
-            1
-        };
-        bytes = bytes.max(n * tiles * os[0] * TILE_STAT_BYTES);
+        bytes = bytes.max(samples(t) * tiles * os[0] * TILE_STAT_BYTES);
         launches[t - 1].conv = Some(twin);
         launches[t - 1].tile_stats = Some(tiles);
         launches[t].tile_stats = Some(tiles);

@@ -8,7 +8,7 @@ use crate::backend::cuda::abi::ConvParams;
 use crate::backend::cuda::host::catalogue::{
     halo_config, HaloConfig, C1_TILE, CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32, CONV1X1_N32_S,
     CONV1X1_NORM_N16, CONV1X1_NORM_N16_S, CONV1X1_NORM_N32, CONV1X1_NORM_N32_S, CONV_C1_K3,
-    CONV_C1_K3_ST, CONV_SPLITK_REDUCE,
+    CONV_C1_K3_NRM, CONV_C1_K3_ST, CONV_C1_K3_STO, CONV_SPLITK_REDUCE,
 };
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::backend::cuda::host::relayout::{
@@ -22,6 +22,7 @@ use cudarc::driver::CudaStream;
 
 /// One conv launch: the kernel, its parameter block (n filled in at run), the operands and the
 /// launch shape.
+#[derive(Clone)]
 pub(crate) struct ConvStep {
     pub func: &'static str,
     pub p: ConvParams,
@@ -356,6 +357,22 @@ fn halo_grid(gpu: &Gpu, c: &HaloConfig, p: &ConvParams) -> (u32, u32, u32) {
     (blocks, c.cout_tiles(p.cout as usize), 1)
 }
 
+/// Whether `func` is one of the Cin-1 kernels (one block per `C1_TILE` output tile).
+fn is_c1(func: &str) -> bool {
+    [CONV_C1_K3, CONV_C1_K3_ST, CONV_C1_K3_STO, CONV_C1_K3_NRM]
+        .iter()
+        .any(|k| k.name == func)
+}
+
+/// The grid of a Cin-1 kernel over `p` (its samples set): one block per `C1_TILE` output tile.
+fn c1_grid(p: &ConvParams) -> (u32, u32, u32) {
+    let out = [p.do_ as usize, p.ho as usize, p.wo as usize];
+    let tiles = (0..3)
+        .map(|i| out[i].div_ceil(C1_TILE[i]))
+        .product::<usize>();
+    ((p.n as usize * tiles) as u32, 1, 1)
+}
+
 /// Blocks of a pointwise conv over `m` voxels: one thread a voxel, grid-stride past 16 blocks
 /// per SM.
 fn pointwise_blocks(gpu: &Gpu, m: usize) -> u32 {
@@ -382,6 +399,28 @@ impl ConvStep {
             || halo_config(self.func).is_some_and(|c| c.norm_load)
     }
 
+    /// The two launches of a Cin-1 conv its norm recomputes (`Launch::recompute`), from its
+    /// statistics twin (`CONV_C1_K3_ST`): the statistics alone (`_sto`), and the conv
+    /// normalising on store (`_nrm`, run by [`launch_normed`](Self::launch_normed)).
+    pub fn recomputed(self) -> Result<(ConvStep, ConvStep)> {
+        if self.func != CONV_C1_K3_ST.name || self.p.act != 0 {
+            return Err(Error::Backend(format!(
+                "{}: only a Cin-1 conv without an activation, on its statistics twin, is recomputed",
+                self.func
+            )));
+        }
+        let stats = ConvStep {
+            func: CONV_C1_K3_STO.name,
+            ..self.clone()
+        };
+        let normed = ConvStep {
+            func: CONV_C1_K3_NRM.name,
+            stats: false,
+            ..self
+        };
+        Ok((stats, normed))
+    }
+
     /// The arguments every conv kernel takes first, with `p` and input `x`.
     fn args(&self, p: ConvParams, x: u64) -> [Arg; 6] {
         [
@@ -406,15 +445,17 @@ impl ConvStep {
         ab: u64,
         a: &Affine,
     ) -> Result<()> {
-        if !self.reads_norm_input() {
+        let nrm = self.func == CONV_C1_K3_NRM.name;
+        if !self.reads_norm_input() && !nrm {
             return Err(Error::Backend(format!(
-                "{}: only the pointwise heads and the `_nl` kernels read a norm's input",
-                self.func
+                "{}: only the pointwise heads, the `_nl` kernels and `{}` normalise",
+                self.func, CONV_C1_K3_NRM.name
             )));
         }
         let mut p = self.p;
         p.n = n as i32;
         let (func, grid) = match halo_config(self.func) {
+            _ if nrm => (self.func, c1_grid(&p)),
             Some(c) => (self.func, halo_grid(gpu, c, &p)),
             None => {
                 let m = n * (p.do_ * p.ho * p.wo) as usize;
@@ -422,7 +463,9 @@ impl ConvStep {
                 (func, (pointwise_blocks(gpu, m), 1, 1))
             }
         };
-        let [a0, a1, a2, a3, a4, a5] = self.args(p, a.x);
+        // The recomputed conv reads its own input; the others the norm's.
+        let x = if nrm { self.x } else { a.x };
+        let [a0, a1, a2, a3, a4, a5] = self.args(p, x);
         gpu.launch(
             s,
             func,
@@ -479,13 +522,8 @@ impl ConvStep {
             gpu.launch(s, func, grid, (self.threads, self.smem), &mut args)
         } else if self.direct {
             gpu.eltwise(s, func, m * p.cout as usize, &mut args)
-        } else if func == CONV_C1_K3.name || func == CONV_C1_K3_ST.name {
-            // One block per C1_TILE output tile.
-            let tiles = (0..3)
-                .map(|i| out[i].div_ceil(C1_TILE[i]))
-                .product::<usize>();
-            let grid = ((n * tiles) as u32, 1, 1);
-            gpu.launch(s, func, grid, (self.threads, 0), &mut args)
+        } else if is_c1(func) {
+            gpu.launch(s, func, c1_grid(&p), (self.threads, 0), &mut args)
         } else if let Some(c) = halo_config(func) {
             gpu.launch(
                 s,

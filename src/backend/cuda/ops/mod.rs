@@ -32,6 +32,14 @@ pub(crate) enum Step {
         norm: norm::Norm,
         head: conv::ConvStep,
     },
+    /// A norm that runs the Cin-1 conv before it (`launch::Launch::recompute`): the conv for
+    /// the statistics alone (`stats`), their finalisation, then the conv again normalising on
+    /// store (`conv`).
+    NormRecompute {
+        stats: Box<conv::ConvStep>,
+        norm: norm::Norm,
+        conv: Box<conv::ConvStep>,
+    },
     Affine(norm::Affine),
     Elt(eltwise::Elt),
     Pool {
@@ -62,6 +70,11 @@ impl Step {
             Step::NormHead { norm, head } => {
                 norm.stats(gpu, s, n, norm_scratch)?;
                 head.launch_normed(gpu, s, n, norm_scratch[1], &norm.affine)
+            }
+            Step::NormRecompute { stats, norm, conv } => {
+                stats.launch(gpu, s, n, norm_scratch[0])?;
+                norm.stats(gpu, s, n, norm_scratch)?;
+                conv.launch_normed(gpu, s, n, norm_scratch[1], &norm.affine)
             }
             Step::Affine(a) => a.launch(gpu, s, n),
             Step::Elt(e) => e.launch(gpu, s, n),

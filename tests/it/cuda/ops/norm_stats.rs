@@ -163,3 +163,81 @@ fn tile_stats_case(
     // The same statistics summed in another order: far below the fp16 output's rounding.
     assert!(dev < 2e-2, "{name}: {dev} from the partial-sum pass");
 }
+
+/// A Cin-1 conv its norm recomputes (`CudaOptions::norm_recompute`: `conv_c1_k3_sto` for the
+/// statistics, `conv_c1_k3_nrm` normalising on store) against float64, and bit for bit the plan
+/// that stores the conv's fp32 output for the norm's affine pass; batch 1 = batch 2. Cout 32 /
+/// 8 / 16, InstanceNorm and GroupNorm, stride 1 and 2, LeakyReLU and PRelu after the norm, and
+/// Cout 24 (no statistics twin: nothing recomputed).
+#[test]
+fn cin1_norm_recomputed() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("norm recompute");
+    // (cout, spatial, groups, stride, PRelu, recomputed)
+    for (cout, sp, groups, st, prelu, recomputed) in [
+        (32usize, [9usize, 17, 40], 32usize, 1usize, false, true),
+        (8, [6, 9, 33], 2, 1, true, true),
+        (16, [11, 18, 37], 16, 2, false, true),
+        (24, [5, 8, 20], 24, 1, false, false),
+    ] {
+        let x = input2(&mut r, 1, sp);
+        let w = weight3(&mut r, cout, 1);
+        let bias = Tensor::new(vec![cout], r.scaled(cout, 4.0));
+        let mut tail = Tail::instance_or_group(&mut r, cout, groups);
+        if prelu {
+            tail.leaky = Op::PRelu {
+                slope: Tensor::new(vec![cout], r.scaled(cout, 0.3)),
+            };
+        }
+        let geo = Kernel {
+            st: [st; 3],
+            ..PAD1
+        };
+        let want = tail.reference(&conv_ref(&x, &w, Some(&bias), geo));
+        let conv = Op::Conv(Conv {
+            weight: w,
+            bias: Some(bias),
+            stride: [st; 3],
+            dilation: [1; 3],
+            pads: [1; 6],
+            groups: 1,
+        });
+        let g = tail.after(1, conv, cout);
+        let name = format!("Cin-1 1->{cout} {sp:?} s{st} g={groups}");
+        let mut outs = Vec::new();
+        for on in [true, false] {
+            b.with(|o| *o = CudaOptions::default());
+            b.with(|o| {
+                o.poison = true;
+                o.norm_recompute = on;
+            });
+            let got = run(&mut b, &g, &x, 2);
+            let used = kernels_used(&mut b, 2);
+            let nrm = used.iter().any(|k| k == "conv_c1_k3_nrm");
+            assert_eq!(nrm, on && recomputed, "{name} (on: {on}): ran {used:?}");
+            let e = rel_l2(&got, &want);
+            report(&format!("{name} recompute {on}"), e);
+            assert!(e <= TOL, "{name} (on: {on}): rel L2 {e:.2e}");
+            if on {
+                let x0 = T {
+                    s: [1, 1, sp[0], sp[1], sp[2]],
+                    d: x.d[..x.d.len() / 2].to_vec(),
+                };
+                let one = run(&mut b, &g, &x0, 1);
+                assert!(
+                    same_bits(
+                        one.index_axis(ndarray::Axis(0), 0),
+                        got.index_axis(ndarray::Axis(0), 0)
+                    ),
+                    "{name}: batch 1 and batch 2 differ"
+                );
+            }
+            outs.push(got);
+        }
+        assert!(
+            same_bits(&outs[0], &outs[1]),
+            "{name}: the recomputed conv differs from the stored one"
+        );
+    }
+    b.with(|o| *o = CudaOptions::default());
+}
