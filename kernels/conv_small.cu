@@ -426,7 +426,16 @@ __device__ __forceinline__ void conv1x1(const ConvParams& p, const void* __restr
             __syncthreads();
             const int cnt = (int)min((i64)blockDim.x, M - m0) * cout;
             half* yb = y + m0 * cout;
-            for (int i = threadIdx.x; i < cnt; i += blockDim.x) yb[i] = so[i];
+            // 16-byte pieces where the run starts on one (blockDim * cout halves a block: always
+            // for even Cout when y is aligned), then the halves past the last whole piece.
+            int done = 0;
+            if ((reinterpret_cast<size_t>(yb) & 15) == 0) {
+                done = cnt & ~7;
+                const uint4* s4 = reinterpret_cast<const uint4*>(so);
+                uint4* y4 = reinterpret_cast<uint4*>(yb);
+                for (int i = threadIdx.x; i < done >> 3; i += blockDim.x) y4[i] = s4[i];
+            }
+            for (int i = done + threadIdx.x; i < cnt; i += blockDim.x) yb[i] = so[i];
             __syncthreads();
         }
     }
