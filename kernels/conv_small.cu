@@ -461,3 +461,174 @@ CONV1X1_NORM_ENTRY(conv1x1_norm_n16, 16, false)
 CONV1X1_NORM_ENTRY(conv1x1_norm_n32, 32, false)
 CONV1X1_NORM_ENTRY(conv1x1_norm_n16_s, 16, true)
 CONV1X1_NORM_ENTRY(conv1x1_norm_n32_s, 32, true)
+
+// conv1x1_mma_n16 / conv1x1_norm_mma_n16 (`CudaOptions::head_mma`): the head on mma.sync
+// m16n8k16. A warp takes 16 voxels at a time: A is their Cin values as fp16 (the input, or for
+// the `_norm` twin the norm's output rounded as its affine pass stores it: norm_load1), B the
+// weights (Cin x 16 fp16, in registers for the launch), fp32 accumulators; then bias and
+// activation, staged per warp as the dense output rows and stored in 16-byte pieces. The
+// one-thread-per-voxel loop above issues ~420 instructions a lane per 16 voxels (its fp32 FMA
+// chain and the weights' shared loads, at 121 registers and 2 blocks per SM for
+// `conv1x1_norm_n16`: W1's head at ~1.3 TB/s); this ~150. Cin = 16 x KS (16 or 32), Cout <= 16,
+// N x D x H x W < 2^31 (32-bit voxel indices: the host asks so). The products are exact in fp32
+// either way; the sums run in another order than the FMA chain's.
+template <int KS, bool NORM, bool XF32>
+__device__ __forceinline__ void conv1x1_mma_t(const ConvParams& p, const void* __restrict__ xv,
+                                              const half* __restrict__ w, const float* __restrict__ bias,
+                                              half* __restrict__ y, const float* __restrict__ slope,
+                                              const NormLoad& nl, half (*stage)[16 * 16]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int q = lane & 3, r0 = lane >> 2;
+    const int cin = KS * 16, cout = p.cout;
+    const half zero = __float2half(0.f);
+    // B: k-step s, n-tile j (channel j * 8 + r0), rows s * 16 + h * 8 + q * 2 + {0, 1}.
+    unsigned bf[KS][2][2];
+#pragma unroll
+    for (int s = 0; s < KS; s++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int co = j * 8 + r0, k = s * 16 + h * 8 + q * 2;
+                __half2 v = __halves2half2(zero, zero);
+                if (co < cout) v = __halves2half2(w[(i64)co * p.kpad + k], w[(i64)co * p.kpad + k + 1]);
+                bf[s][j][h] = *reinterpret_cast<unsigned*>(&v);
+            }
+    // The lane's output channels j * 8 + q * 2 + e.
+    float bj[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int co = j * 8 + q * 2 + e;
+            bj[j][e] = bias && co < cout ? bias[co] : 0.f;
+        }
+    const unsigned P = (unsigned)p.do_ * p.ho * p.wo, M = (unsigned)p.n * P;
+    const unsigned groups = (M + 15) / 16;
+    const bool dense = p.ldc == cout && p.coff == 0;
+    // NORM: the (a, b) pairs of the lane's input channels s * 16 + h * 8 + q * 2 + e for
+    // sample `cur` (reloaded when a row's sample changes).
+    float2 ab[KS][2][2];
+    int cur = -1;
+    half* sw = stage[warp];
+    for (unsigned g = blockIdx.x * 8 + warp; g < groups; g += gridDim.x * 8) {
+        const unsigned m0 = g * 16;
+        unsigned a[KS][4];
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const unsigned m = min(m0 + r0 + rr * 8, M - 1);
+            float v[KS][2][2];
+#pragma unroll
+            for (int s = 0; s < KS; s++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const i64 at = (i64)m * cin + s * 16 + h * 8 + q * 2;
+                    float2 t;
+                    if (XF32) {
+                        t = __ldg(reinterpret_cast<const float2*>(static_cast<const float*>(xv) + at));
+                    } else {
+                        t = __half22float2(__ldg(reinterpret_cast<const __half2*>(static_cast<const half*>(xv) + at)));
+                    }
+                    v[s][h][0] = t.x, v[s][h][1] = t.y;
+                }
+            if (NORM) {
+                const int n = (int)(m / P);
+                if (n != cur) {
+                    const float2* abn = reinterpret_cast<const float2*>(nl.ab) + (i64)n * cin;
+#pragma unroll
+                    for (int s = 0; s < KS; s++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++)
+#pragma unroll
+                            for (int e = 0; e < 2; e++) ab[s][h][e] = __ldg(abn + s * 16 + h * 8 + q * 2 + e);
+                    cur = n;
+                }
+            }
+#pragma unroll
+            for (int s = 0; s < KS; s++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    __half2 hv;
+                    if (NORM) {
+                        const int c = s * 16 + h * 8 + q * 2;
+                        hv = __halves2half2(norm_load1(v[s][h][0], ab[s][h][0], c, nl),
+                                            norm_load1(v[s][h][1], ab[s][h][1], c + 1, nl));
+                    } else {
+                        hv = __floats2half2_rn(v[s][h][0], v[s][h][1]);
+                    }
+                    a[s][h * 2 + rr] = *reinterpret_cast<unsigned*>(&hv);
+                }
+        }
+        float acc[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) acc[j][k] = 0.f;
+#pragma unroll
+        for (int s = 0; s < KS; s++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) mma16816(acc[j], a[s], bf[s][j][0], bf[s][j][1]);
+        // acc[j]: rows r0 (0, 1) and r0 + 8 (2, 3), channels j * 8 + q * 2 + {0, 1}.
+        const int rows = (int)min(16u, M - m0);
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int r = r0 + rr * 8, co = j * 8 + q * 2 + e;
+                    if (co >= cout || r >= rows) continue;
+                    const half o = __float2half(act_apply(acc[j][rr * 2 + e] + bj[j][e], co, p.act, p.alpha, slope, p.slope_n));
+                    if (dense) {
+                        sw[r * cout + co] = o;
+                    } else {
+                        y[(i64)(m0 + r) * p.ldc + p.coff + co] = o;
+                    }
+                }
+        if (dense) {
+            __syncwarp();
+            // The group's rows are one run of rows * cout halves; whole 16-byte pieces where
+            // it starts on one (m0 * cout halves: 16 voxels x even Cout), then the rest.
+            const int cnt = rows * cout;
+            half* yo = y + (i64)m0 * cout;
+            int done = 0;
+            if ((reinterpret_cast<size_t>(yo) & 15) == 0) {
+                done = cnt & ~7;
+                for (int i = lane; i < done >> 3; i += 32)
+                    reinterpret_cast<uint4*>(yo)[i] = reinterpret_cast<const uint4*>(sw)[i];
+            }
+            for (int i = done + lane; i < cnt; i += 32) yo[i] = sw[i];
+            __syncwarp();
+        }
+    }
+}
+
+// The entries by Cin (16 or 32) and input type; the `_norm` one reads a norm's input. One
+// staging array for every path (a warp's 16 output rows, dense).
+#define C1X1_MMA_STAGE __shared__ __align__(16) half stage[8][16 * 16]
+template <bool NORM, bool XF32>
+__device__ __forceinline__ void conv1x1_mma_cin(const ConvParams& p, const void* xv, const half* w,
+                                                const float* bias, half* y, const float* slope,
+                                                const NormLoad& nl, half (*stage)[16 * 16]) {
+    switch (p.cin) {
+    case 16: return conv1x1_mma_t<1, NORM, XF32>(p, xv, w, bias, y, slope, nl, stage);
+    case 32: return conv1x1_mma_t<2, NORM, XF32>(p, xv, w, bias, y, slope, nl, stage);
+    default: __trap();
+    }
+}
+extern "C" __global__ void __launch_bounds__(256) conv1x1_mma_n16(ConvParams p, const half* x, const half* w,
+                                                                   const float* bias, half* y, const float* slope) {
+    C1X1_MMA_STAGE;
+    conv1x1_mma_cin<false, false>(p, x, w, bias, y, slope, NormLoad{}, stage);
+}
+extern "C" __global__ void __launch_bounds__(256) conv1x1_norm_mma_n16(
+    ConvParams p, const void* x, const half* w, const float* bias, half* y, const float* slope, const float* nab,
+    int x_f32, int nact, float nalpha, const float* nslope, int nslope_n) {
+    C1X1_MMA_STAGE;
+    const NormLoad nl{nab, x_f32, nact, nalpha, nslope, nslope_n};
+    if (x_f32) {
+        conv1x1_mma_cin<true, true>(p, x, w, bias, y, slope, nl, stage);
+    } else {
+        conv1x1_mma_cin<true, false>(p, x, w, bias, y, slope, nl, stage);
+    }
+}

@@ -67,12 +67,33 @@ fn pointwise_heads_read_their_norms_input() {
         l.head.as_ref().unwrap().kernel,
         ConvKernel::Pointwise {
             nc: 16,
-            staged: false
+            staged: false,
+            mma: false
         }
     ));
     assert_eq!((bp.value_buf[2], bp.value_buf[3]), (None, None));
     assert!(bp.f32_values[1]);
     assert_eq!(bp.value_buf[4], Some(bp.output_buf));
+    // With `head_mma` (Cin 32, Cout 14): the mma head, the same launches and buffers.
+    let mma_caps = ArchCaps {
+        head_mma: true,
+        head_staged: true,
+        ..ArchCaps::h200()
+    };
+    let bm = plan_with(&g, &mma_caps);
+    let k = &bm.launches[1].head.as_ref().unwrap().kernel;
+    assert_eq!(
+        (k, k.funcs()),
+        (
+            &ConvKernel::Pointwise {
+                nc: 16,
+                staged: false,
+                mma: true
+            },
+            vec!["conv1x1_mma_n16"]
+        )
+    );
+    assert_eq!((&bm.bufs, bm.arena), (&bp.bufs, bp.arena));
 
     // A head with an activation of its own, after a norm without one.
     let g = chain(
@@ -90,7 +111,8 @@ fn pointwise_heads_read_their_norms_input() {
         bp.launches[0].head.as_ref().unwrap().kernel,
         ConvKernel::Pointwise {
             nc: 32,
-            staged: false
+            staged: false,
+            mma: false
         }
     ));
     assert_eq!(bp.launches.len(), 1);

@@ -197,6 +197,10 @@ pub const CONV1X1_N16_S: Kernel = k(Family::ConvSmall, "conv1x1_n16_s");
 pub const CONV1X1_N32_S: Kernel = k(Family::ConvSmall, "conv1x1_n32_s");
 pub const CONV1X1_NORM_N16_S: Kernel = k(Family::ConvSmall, "conv1x1_norm_n16_s");
 pub const CONV1X1_NORM_N32_S: Kernel = k(Family::ConvSmall, "conv1x1_norm_n32_s");
+/// The 16-wide heads on mma.sync, 16 voxels a warp (`CudaOptions::head_mma`: Cin 16 or 32,
+/// Cout <= 16), and the twin reading the norm before them.
+pub const CONV1X1_MMA_N16: Kernel = k(Family::ConvSmall, "conv1x1_mma_n16");
+pub const CONV1X1_NORM_MMA_N16: Kernel = k(Family::ConvSmall, "conv1x1_norm_mma_n16");
 /// Shared memory of a staged head's input rows: 256 threads x C1X1_SROW (36) floats
 /// (kernels/conv_small.cu).
 pub const C1X1_STAGE_BYTES: usize = 256 * 36 * 4;
@@ -305,6 +309,8 @@ pub const KERNELS: &[Kernel] = &[
     CONV1X1_N32_S,
     CONV1X1_NORM_N16_S,
     CONV1X1_NORM_N32_S,
+    CONV1X1_MMA_N16,
+    CONV1X1_NORM_MMA_N16,
     CONV_C1_K3,
     CONV_C1_K3_ST,
     CONV_C1_K3_STO,

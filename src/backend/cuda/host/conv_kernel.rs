@@ -4,8 +4,9 @@
 use crate::backend::cuda::abi::norm_blocks;
 use crate::backend::cuda::host::catalogue::{
     has_wgmma, stats_twin, upsample_vec_name, HaloConfig, MmaConfig, C1X1_STAGE_BYTES, C1_TILE,
-    CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32, CONV1X1_N32_S, CONV_C1_K3, CONV_C1_K3_ST, CONV_DIRECT,
-    CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8, CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8, CONV_SPLITK_REDUCE,
+    CONV1X1_MMA_N16, CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32, CONV1X1_N32_S, CONV_C1_K3,
+    CONV_C1_K3_ST, CONV_DIRECT, CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8, CONV_IGEMM_N64_V1,
+    CONV_IGEMM_N64_V8, CONV_SPLITK_REDUCE,
 };
 use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::host::relayout::{parity_split, FusedParity, ParityClass};
@@ -55,6 +56,8 @@ pub struct ArchCaps {
     pub window_segments: bool,
     /// The pointwise heads load their input through shared memory (`CudaOptions::head_staged`).
     pub head_staged: bool,
+    /// The pointwise heads run on mma.sync (`CudaOptions::head_mma`).
+    pub head_mma: bool,
     /// A conv hands the norm after it the statistics of its output (`CudaOptions::norm_stats`).
     pub norm_stats: bool,
     /// A norm reruns the Cin-1 conv before it rather than read its output
@@ -93,6 +96,7 @@ impl ArchCaps {
             norm_residual: true,
             window_segments: true,
             head_staged: false,
+            head_mma: false,
             norm_stats: true,
             norm_recompute: false,
             concat_split: true,
@@ -130,6 +134,7 @@ impl ArchCaps {
             norm_load_conv: opts.norm_load_conv,
             halo_s2: opts.halo_s2,
             head_staged: opts.head_staged,
+            head_mma: opts.head_mma,
             conv_tile: opts.conv_tile,
             halo_tile: opts.halo_tile,
             ..base
@@ -171,10 +176,12 @@ pub enum ConvKernel {
     /// Cout: coalesced runs of voxels x channels rather than `conv_store`'s 4-byte pairs).
     ParityFusedVec(FusedParity, &'static MmaConfig),
     /// 1x1x1 conv with few outputs, one thread per voxel (`CONV1X1_N16` / `_n32`); `staged`:
-    /// the `_s` twins, which load the block's voxels through shared memory.
+    /// the `_s` twins, which load the block's voxels through shared memory; `mma`: 16 voxels a
+    /// warp on mma.sync (`CONV1X1_MMA_N16`, nc 16).
     Pointwise {
         nc: usize,
         staged: bool,
+        mma: bool,
     },
     Halo(&'static HaloConfig),
     /// kernel == stride transposed conv as a GEMM with a scatter epilogue.
@@ -244,7 +251,9 @@ impl ConvKernel {
     /// [cin][nc], the block's fp16 outputs, and (staged) its input rows; 0 for other kernels.
     pub fn pointwise_smem(&self, cin: usize) -> usize {
         match self {
-            ConvKernel::Pointwise { nc, staged } => {
+            // (The mma heads' staging is static.)
+            ConvKernel::Pointwise { mma: true, .. } => 0,
+            ConvKernel::Pointwise { nc, staged, .. } => {
                 cin * nc * 4 + 256 * nc * 2 + if *staged { C1X1_STAGE_BYTES } else { 0 }
             }
             _ => 0,
@@ -274,7 +283,8 @@ impl ConvKernel {
             ConvKernel::Parity(cl) => cl.iter().map(|(_, c)| c.name).collect(),
             ConvKernel::ParityFused(_, c) => vec![c.name],
             ConvKernel::ParityFusedVec(_, c) => vec![upsample_vec_name(c.name).unwrap_or(c.name)],
-            ConvKernel::Pointwise { nc, staged } => vec![match (nc, staged) {
+            ConvKernel::Pointwise { mma: true, .. } => vec![CONV1X1_MMA_N16.name],
+            ConvKernel::Pointwise { nc, staged, .. } => vec![match (nc, staged) {
                 (16, false) => CONV1X1_N16.name,
                 (16, true) => CONV1X1_N16_S.name,
                 (_, false) => CONV1X1_N32.name,
@@ -383,9 +393,13 @@ impl ConvKernel {
             && cin <= 256
             && cout <= 32
         {
+            // The mma heads index voxels in 32 bits.
+            let voxels = batch * osp.iter().product::<usize>();
+            let mma = caps.head_mma && (cin == 16 || cin == 32) && cout <= 16 && voxels < 1 << 31;
             return ConvKernel::Pointwise {
                 nc: if cout <= 16 { 16 } else { 32 },
-                staged: caps.head_staged,
+                staged: caps.head_staged && !mma,
+                mma,
             };
         }
         // (A forced mma tile keeps Cin-1 convs on that tile, as it does the halo convs.)

@@ -55,6 +55,10 @@ pub struct CudaOptions {
     /// Run the pointwise heads on their `_s` twins, which load the block's voxels through
     /// shared memory in coalesced 16-byte pieces (kernels/conv_small.cu). Off until measured.
     pub head_staged: bool,
+    /// Run the pointwise heads of Cin 16 or 32 and Cout <= 16 on mma.sync, 16 voxels a
+    /// warp (`conv1x1_mma_n16`, `conv1x1_norm_mma_n16`) rather than one thread per voxel.
+    /// Off until measured.
+    pub head_mma: bool,
     /// Let a conv whose output only an InstanceNorm / GroupNorm right after it reads write that
     /// norm's statistics per output tile in its epilogue (the `_st` kernels,
     /// `host::tile_stats`), so the norm skips its partial-sum pass over the conv's output
@@ -109,6 +113,7 @@ impl Default for CudaOptions {
             norm_residual: true,
             window_segments: true,
             head_staged: false,
+            head_mma: false,
             norm_stats: true,
             norm_recompute: false,
             concat_split: true,

@@ -6,9 +6,10 @@ use super::{Build, NodeIo};
 use crate::backend::cuda::abi::elem_bytes;
 use crate::backend::cuda::abi::ConvParams;
 use crate::backend::cuda::host::catalogue::{
-    halo_config, HaloConfig, C1_TILE, CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32, CONV1X1_N32_S,
-    CONV1X1_NORM_N16, CONV1X1_NORM_N16_S, CONV1X1_NORM_N32, CONV1X1_NORM_N32_S, CONV_C1_K3,
-    CONV_C1_K3_NRM, CONV_C1_K3_ST, CONV_C1_K3_STO, CONV_SPLITK_REDUCE,
+    halo_config, HaloConfig, C1_TILE, CONV1X1_MMA_N16, CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32,
+    CONV1X1_N32_S, CONV1X1_NORM_MMA_N16, CONV1X1_NORM_N16, CONV1X1_NORM_N16_S, CONV1X1_NORM_N32,
+    CONV1X1_NORM_N32_S, CONV_C1_K3, CONV_C1_K3_NRM, CONV_C1_K3_ST, CONV_C1_K3_STO,
+    CONV_SPLITK_REDUCE,
 };
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::backend::cuda::host::relayout::{
@@ -387,6 +388,7 @@ pub(crate) fn normed_func(func: &str) -> Option<&'static str> {
         f if f == CONV1X1_N32.name => Some(CONV1X1_NORM_N32.name),
         f if f == CONV1X1_N16_S.name => Some(CONV1X1_NORM_N16_S.name),
         f if f == CONV1X1_N32_S.name => Some(CONV1X1_NORM_N32_S.name),
+        f if f == CONV1X1_MMA_N16.name => Some(CONV1X1_NORM_MMA_N16.name),
         _ => None,
     }
 }

@@ -323,7 +323,12 @@ pub(crate) fn load_all(
         ]
         .into_iter()
         .flat_map(|(nc, kernels)| {
-            let bytes = ConvKernel::Pointwise { nc, staged: true }.pointwise_smem(256) as u32;
+            let bytes = ConvKernel::Pointwise {
+                nc,
+                staged: true,
+                mma: false,
+            }
+            .pointwise_smem(256) as u32;
             kernels.into_iter().map(move |k| (k.name, bytes))
         });
         for (name, bytes) in halo.chain(mma).chain(heads) {

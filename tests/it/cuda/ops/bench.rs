@@ -431,7 +431,7 @@ fn conv3(r: &mut Rng, cin: usize, cout: usize, st: usize) -> Op {
 /// run: the cost of the fp32 ones, and their activation bytes; and with the fusions on by
 /// default (`CudaOptions::norm_stats`, `concat_split`) switched off, alone and together, with
 /// the per-op profile of both off (`PROFST`); and with `cin_chunks` (`PROFCH`), `norm_load_conv`
-/// (`PROFNL`), both, `halo_s2` (`PROFS2`) and `norm_recompute` (`PROFRC`) on.
+/// (`PROFNL`), both, `halo_s2` (`PROFS2`), `norm_recompute` (`PROFRC`) and `head_mma` on.
 #[test]
 fn profile_models() {
     let Some(mut b) = gpu() else { return };
@@ -526,9 +526,9 @@ fn profile_models() {
         // each switched off alone and both (the per-op profile of both off, `PROFST`); and the
         // fusions off by default: the convs in Cin chunks (`PROFCH`), the z-pair convs reading
         // their norm's input (`PROFNL`), both; the stride-2 convs on the stride-2 halo kernel
-        // (`PROFS2`); the norms rerunning their Cin-1 convs (`PROFRC`).
+        // (`PROFS2`); the norms rerunning their Cin-1 convs (`PROFRC`); the heads on mma.sync.
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
-        let variants: [Switch; 9] = [
+        let variants: [Switch; 10] = [
             (
                 "without residual Adds in the norms",
                 |o| o.norm_residual = false,
@@ -569,6 +569,7 @@ fn profile_models() {
                 |o| o.norm_recompute = true,
                 Some("PROFRC"),
             ),
+            ("with the mma heads", |o| o.head_mma = true, None),
         ];
         for (what, set, tag) in variants {
             b.with(set);
@@ -586,7 +587,7 @@ fn profile_models() {
                 (o.norm_stats, o.concat_split) = (d.norm_stats, d.concat_split);
                 (o.cin_chunks, o.norm_load_conv) = (d.cin_chunks, d.norm_load_conv);
                 (o.halo_s2, o.norm_residual) = (d.halo_s2, d.norm_residual);
-                o.norm_recompute = d.norm_recompute;
+                (o.norm_recompute, o.head_mma) = (d.norm_recompute, d.head_mma);
             });
             let dev = max_abs_diff(&ys, &y);
             println!(

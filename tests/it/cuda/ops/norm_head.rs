@@ -104,7 +104,77 @@ fn head_case(
         differ, 0,
         "{name}: staged and plain heads differ in {differ} values"
     );
+    // The mma twin (`head_mma`, Cin 16 or 32, Cout <= 16): the same fp16 inputs, the sums in
+    // another order.
+    if (c == 16 || c == 32) && cout <= 16 {
+        b.with(|o| *o = CudaOptions::default());
+        b.with(&opts);
+        b.with(|o| o.head_mma = true);
+        let mma = run(b, &g, &x, 2);
+        let used = kernels_used(b, 2);
+        assert!(
+            used.iter().any(|k| k == "conv1x1_norm_mma_n16"),
+            "{name}: {used:?}"
+        );
+        let e = rel_l2(&mma, &want);
+        report(&format!("{name} (mma)"), e);
+        assert!(e <= TOL, "{name} (mma): rel L2 {e:.2e}");
+        let dev = max_abs_diff(&mma, &fused);
+        assert!(dev <= 1e-2, "{name}: mma and plain heads {dev} apart");
+    }
     b.with(|o| *o = CudaOptions::default());
+}
+
+/// The plain heads on mma.sync (`head_mma`: `conv1x1_mma_n16`, fp16 input) against float64 and
+/// the one-thread-per-voxel head: Cin 16 and 32, Cout 14 / 5 / 16, a voxel count that leaves the
+/// last 16-voxel group short, a concat slice as the output (the scattered stores).
+#[test]
+fn mma_heads() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("mma head");
+    for (cin, cout, sp) in [
+        (32usize, 14usize, [7usize, 9, 13]),
+        (16, 5, [5, 6, 7]),
+        (32, 16, [4, 8, 8]),
+    ] {
+        let name = format!("mma head {cin}->{cout} {sp:?}");
+        let x = input2(&mut r, cin, sp);
+        let hw = Tensor::new(vec![cout, cin, 1, 1, 1], r.scaled(cout * cin, 0.3));
+        let hb = Tensor::new(vec![cout], r.scaled(cout, 0.5));
+        let want = conv_ref(&x, &hw, Some(&hb), PLAIN);
+        let g = graph(cin, vec![(hand::conv(hw, Some(hb), 0), vec![0], cout)]);
+        b.with(|o| o.head_mma = false);
+        let plain = run(&mut b, &g, &x, 2);
+        b.with(|o| o.head_mma = true);
+        let mma = run(&mut b, &g, &x, 2);
+        let used = kernels_used(&mut b, 2);
+        assert_eq!(used, ["conv1x1_mma_n16"], "{name}");
+        let e = rel_l2(&mma, &want);
+        report(&name, e);
+        assert!(e <= TOL, "{name}: rel L2 {e:.2e}");
+        let dev = max_abs_diff(&mma, &plain);
+        assert!(dev <= 1e-2, "{name}: mma and plain heads {dev} apart");
+    }
+    // Into a concat slice (channel stride 6 + 14, offset 6): the fragments' own stores.
+    let (cin, cout, sp) = (32usize, 14usize, [5usize, 7, 9]);
+    let x = input2(&mut r, cin, sp);
+    let hw = Tensor::new(vec![cout, cin, 1, 1, 1], r.scaled(cout * cin, 0.3));
+    let hb = Tensor::new(vec![cout], r.scaled(cout, 0.5));
+    let w6 = weight3(&mut r, 6, cin);
+    let parts = vec![
+        (
+            hand::conv(w6.clone(), None, 1),
+            conv_ref(&x, &w6, None, PAD1),
+        ),
+        (
+            hand::conv(hw.clone(), Some(hb.clone()), 0),
+            conv_ref(&x, &hw, Some(&hb), PLAIN),
+        ),
+    ];
+    b.with(|o| o.head_mma = true);
+    let used = concat_parts_case(&mut b, "mma head into a concat slice", &x, parts, false);
+    assert!(used.iter().any(|k| k == "conv1x1_mma_n16"), "{used:?}");
+    b.with(|o| o.head_mma = false);
 }
 
 /// The plain heads (`conv1x1_n*`, fp16 input) against their staged twins (`head_staged`):
@@ -179,6 +249,17 @@ fn heads_normalise_their_input_on_load() {
         4,
         Some(Op::PRelu { slope }),
         Some(Op::Sigmoid),
+        |_| {},
+    );
+    // Cin 16 into a partial 8-channel tile (the mma twin's one k-step).
+    head_case(
+        &mut b,
+        &mut r,
+        "16 IN relu -> 5",
+        (8, 16, 5),
+        16,
+        Some(Op::Relu),
+        None,
         |_| {},
     );
     // No activation between the norm and the head (MedNeXt's expansion conv).
