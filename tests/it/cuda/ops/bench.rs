@@ -678,3 +678,79 @@ fn bench_convt_tiles() {
     }
     b.with(|o| o.conv_tile = None);
 }
+
+/// W1's convs on the `conv_mma` tiles (its stride-2 3³ convs, and the 16³ / 8³ stride-1 ones):
+/// each followed by an InstanceNorm as in W1 (the conv stores fp32), at batch 4, with every
+/// tile forced (and at 16³ and below split-K off and on): the conv's own time per tile against
+/// the planner's pick
+/// (`RESULT mma tiles`). The outputs agree to fp16 rounding across tiles.
+#[test]
+fn bench_mma_tiles() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("mma-tiles");
+    b.with(|o| o.poison = false);
+    let n = 4;
+    // (Cin, Cout, input side, stride)
+    for (cin, cout, s, st) in [
+        (32usize, 64usize, 128usize, 2usize),
+        (64, 128, 64, 2),
+        (128, 256, 32, 2),
+        (256, 320, 16, 2),
+        (256, 256, 16, 1),
+        (320, 320, 8, 1),
+        (640, 320, 8, 1),
+    ] {
+        let os = s / st;
+        let norm = Op::InstanceNorm {
+            eps: 1e-5,
+            scale: Tensor::new(vec![cout], vec![1.0; cout]),
+            bias: Tensor::new(vec![cout], vec![0.0; cout]),
+        };
+        let g = graph(
+            cin,
+            vec![
+                (conv3(&mut r, cin, cout, st), vec![0], cout),
+                (norm, vec![1], cout),
+            ],
+        );
+        let x =
+            Array5::from_shape_vec((n, cin, s, s, s), r.scaled(n * cin * s * s * s, 1.0)).unwrap();
+        let flop = 2.0 * (n * os * os * os) as f64 * (cout * cin * 27) as f64;
+        let mut want: Option<Array5<f32>> = None;
+        // (The 16-byte tiles: every Cin here is a multiple of 8.)
+        let v8 = MMA_CONFIGS.iter().filter(|c| c.name.ends_with("_v8"));
+        let tiles = std::iter::once(None).chain(v8.map(Some));
+        // (Split-K only applies to the small outputs.)
+        let splits: &[bool] = if os <= 16 { &[true, false] } else { &[true] };
+        for (tile, split) in tiles.flat_map(|t| splits.iter().map(move |&sp| (t, sp))) {
+            b.with(|o| (o.conv_tile, o.split_k) = (tile, split));
+            if b.prepare(&g, n, [s; 3]).is_err() {
+                continue;
+            }
+            let got = b.run(x.view()).expect("run").to_owned();
+            match &want {
+                None => want = Some(got),
+                Some(w) => {
+                    let (num, den) = w.iter().zip(got.iter()).fold((0.0, 0.0), |(a, d), (p, q)| {
+                        (a + ((p - q) as f64).powi(2), d + (*p as f64).powi(2))
+                    });
+                    let e = (num / den.max(1e-30)).sqrt();
+                    assert!(e < 1e-2, "{cin}->{cout}: tile {tile:?} rel L2 {e:e}");
+                }
+            }
+            let prof = b.profile_forward(n, 5).expect("profile");
+            let (label, ms) = prof
+                .iter()
+                .find(|p| p.0.starts_with("Conv"))
+                .map(|p| (p.0.clone(), p.1))
+                .expect("the conv in the profile");
+            println!(
+                "RESULT mma tiles {cin}->{cout} s{st} {n}x{s}^3 {:<22} split-K {:<5} {ms:.3} ms ({:.0} TF/s)  {label}",
+                tile.map_or("auto", |t| t.name),
+                split,
+                flop / ms / 1e9
+            );
+        }
+    }
+    b.with(|o| (o.conv_tile, o.split_k) = (None, true));
+}
