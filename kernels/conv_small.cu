@@ -267,27 +267,16 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) conv_c1_k3(ConvParams p, const half* __restrict__ x,
-                                                             const half* __restrict__ w,
-                                                             const float* __restrict__ bias,
-                                                             half* __restrict__ y,
-                                                             const float* __restrict__ slope) {
-    conv_c1_k3_t<C1_PLAIN>(p, x, w, bias, y, slope, NormLoad{});
-}
-extern "C" __global__ void __launch_bounds__(256, 3) conv_c1_k3_st(ConvParams p, const half* __restrict__ x,
-                                                                const half* __restrict__ w,
-                                                                const float* __restrict__ bias,
-                                                                half* __restrict__ y,
-                                                                const float* __restrict__ slope) {
-    conv_c1_k3_t<C1_STATS>(p, x, w, bias, y, slope, NormLoad{});
-}
-extern "C" __global__ void __launch_bounds__(256, 3) conv_c1_k3_sto(ConvParams p, const half* __restrict__ x,
-                                                                 const half* __restrict__ w,
-                                                                 const float* __restrict__ bias,
-                                                                 half* __restrict__ y,
-                                                                 const float* __restrict__ slope) {
-    conv_c1_k3_t<C1_STATS_ONLY>(p, x, w, bias, y, slope, NormLoad{});
-}
+// The entries by mode, after it their launch bounds (the summing ones capped at 3 blocks per SM).
+#define C1_ENTRY(NAME, MODE, ...)                                                                      \
+    extern "C" __global__ void __launch_bounds__(__VA_ARGS__) NAME(                                   \
+        ConvParams p, const half* __restrict__ x, const half* __restrict__ w,                        \
+        const float* __restrict__ bias, half* __restrict__ y, const float* __restrict__ slope) {     \
+        conv_c1_k3_t<MODE>(p, x, w, bias, y, slope, NormLoad{});                                     \
+    }
+C1_ENTRY(conv_c1_k3, C1_PLAIN, 256)
+C1_ENTRY(conv_c1_k3_st, C1_STATS, 256, 3)
+C1_ENTRY(conv_c1_k3_sto, C1_STATS_ONLY, 256, 3)
 // The norm's arguments as `conv1x1_norm_*` takes them (x_f32 unused: the values are the conv's).
 extern "C" __global__ void __launch_bounds__(256, 3) conv_c1_k3_nrm(
     ConvParams p, const half* __restrict__ x, const half* __restrict__ w, const float* __restrict__ bias,

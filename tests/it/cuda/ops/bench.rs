@@ -644,30 +644,16 @@ fn bench_convt_tiles() {
         let x =
             Array5::from_shape_vec((n, cin, s, s, s), r.scaled(n * cin * s * s * s, 1.0)).unwrap();
         let flop = 2.0 * (n * s * s * s) as f64 * (cin * cout * k * k * k) as f64;
-        let mut want: Option<Array5<f32>> = None;
-        for tile in std::iter::once(None).chain(MMA_CONFIGS.iter().map(Some)) {
-            b.with(|o| o.conv_tile = tile);
-            if b.prepare(&g, n, [s; 3]).is_err() {
-                continue;
-            }
-            let got = b.run(x.view()).expect("run").to_owned();
-            // Every tile computes the same conv: the outputs agree to fp16 rounding.
-            match &want {
-                None => want = Some(got),
-                Some(w) => {
-                    let (num, den) = w.iter().zip(got.iter()).fold((0.0, 0.0), |(a, d), (p, q)| {
-                        (a + ((p - q) as f64).powi(2), d + (*p as f64).powi(2))
-                    });
-                    let e = (num / den.max(1e-30)).sqrt();
-                    assert!(e < 1e-2, "{cin}->{cout}: tile {tile:?} rel L2 {e:e}");
-                }
-            }
-            let prof = b.profile_forward(n, 5).expect("profile");
-            let (label, ms) = prof
-                .iter()
-                .find(|p| p.0.starts_with("ConvTranspose"))
-                .map(|p| (p.0.clone(), p.1))
-                .expect("the transposed conv in the profile");
+        let tiles = std::iter::once(None).chain(MMA_CONFIGS.iter().map(Some));
+        let runs = tile_sweep(
+            &mut b,
+            &g,
+            &x,
+            (n, s),
+            "ConvTranspose",
+            tiles.map(|t| (t, true)),
+        );
+        for (tile, _, ms, label) in runs {
             println!(
                 "RESULT convt {cin}->{cout} k{k} {n}x{s}^3 -> {}^3 {:<22} {ms:.3} ms ({:.0} TF/s useful)  {label}",
                 2 * s,
@@ -676,14 +662,12 @@ fn bench_convt_tiles() {
             );
         }
     }
-    b.with(|o| o.conv_tile = None);
 }
 
 /// W1's convs on the `conv_mma` tiles (its stride-2 3³ convs, and the 16³ / 8³ stride-1 ones):
 /// each followed by an InstanceNorm as in W1 (the conv stores fp32), at batch 4, with every
 /// tile forced (and at 16³ and below split-K off and on): the conv's own time per tile against
-/// the planner's pick
-/// (`RESULT mma tiles`). The outputs agree to fp16 rounding across tiles.
+/// the planner's pick (`RESULT mma tiles`). The outputs agree to fp16 rounding across tiles.
 #[test]
 fn bench_mma_tiles() {
     let Some(mut b) = gpu() else { return };
@@ -716,34 +700,13 @@ fn bench_mma_tiles() {
         let x =
             Array5::from_shape_vec((n, cin, s, s, s), r.scaled(n * cin * s * s * s, 1.0)).unwrap();
         let flop = 2.0 * (n * os * os * os) as f64 * (cout * cin * 27) as f64;
-        let mut want: Option<Array5<f32>> = None;
         // (The 16-byte tiles: every Cin here is a multiple of 8.)
         let v8 = MMA_CONFIGS.iter().filter(|c| c.name.ends_with("_v8"));
         let tiles = std::iter::once(None).chain(v8.map(Some));
         // (Split-K only applies to the small outputs.)
         let splits: &[bool] = if os <= 16 { &[true, false] } else { &[true] };
-        for (tile, split) in tiles.flat_map(|t| splits.iter().map(move |&sp| (t, sp))) {
-            b.with(|o| (o.conv_tile, o.split_k) = (tile, split));
-            if b.prepare(&g, n, [s; 3]).is_err() {
-                continue;
-            }
-            let got = b.run(x.view()).expect("run").to_owned();
-            match &want {
-                None => want = Some(got),
-                Some(w) => {
-                    let (num, den) = w.iter().zip(got.iter()).fold((0.0, 0.0), |(a, d), (p, q)| {
-                        (a + ((p - q) as f64).powi(2), d + (*p as f64).powi(2))
-                    });
-                    let e = (num / den.max(1e-30)).sqrt();
-                    assert!(e < 1e-2, "{cin}->{cout}: tile {tile:?} rel L2 {e:e}");
-                }
-            }
-            let prof = b.profile_forward(n, 5).expect("profile");
-            let (label, ms) = prof
-                .iter()
-                .find(|p| p.0.starts_with("Conv"))
-                .map(|p| (p.0.clone(), p.1))
-                .expect("the conv in the profile");
+        let variants = tiles.flat_map(|t| splits.iter().map(move |&sp| (t, sp)));
+        for (tile, split, ms, label) in tile_sweep(&mut b, &g, &x, (n, s), "Conv", variants) {
             println!(
                 "RESULT mma tiles {cin}->{cout} s{st} {n}x{s}^3 {:<22} split-K {:<5} {ms:.3} ms ({:.0} TF/s)  {label}",
                 tile.map_or("auto", |t| t.name),
@@ -752,5 +715,48 @@ fn bench_mma_tiles() {
             );
         }
     }
+}
+
+/// Runs graph `g` (`n` windows of side `s`) once per `(tile, split-K)` of `variants` (None: the
+/// planner's tile), skipping any the plan refuses; asserts every output agrees with the first to
+/// fp16 rounding; returns each variant's time of its first step whose label starts with
+/// `step` (ms per forward), with that label.
+#[allow(clippy::type_complexity)]
+fn tile_sweep(
+    b: &mut CudaBackend,
+    g: &Graph,
+    x: &Array5<f32>,
+    (n, s): (usize, usize),
+    step: &str,
+    variants: impl Iterator<Item = (Option<&'static MmaConfig>, bool)>,
+) -> Vec<(Option<&'static MmaConfig>, bool, f64, String)> {
+    let mut want: Option<Array5<f32>> = None;
+    let mut out = Vec::new();
+    for (tile, split) in variants {
+        b.with(|o| (o.conv_tile, o.split_k) = (tile, split));
+        if b.prepare(g, n, [s; 3]).is_err() {
+            continue;
+        }
+        let got = b.run(x.view()).expect("run").to_owned();
+        // Every tile computes the same conv: the outputs agree to fp16 rounding.
+        match &want {
+            None => want = Some(got),
+            Some(w) => {
+                let (num, den) = w.iter().zip(got.iter()).fold((0.0, 0.0), |(a, d), (p, q)| {
+                    (a + ((p - q) as f64).powi(2), d + (*p as f64).powi(2))
+                });
+                let e = (num / den.max(1e-30)).sqrt();
+                assert!(e < 1e-2, "{}: tile {tile:?} rel L2 {e:e}", g.name);
+            }
+        }
+        let prof = b.profile_forward(n, 5).expect("profile");
+        let (label, ms) = prof
+            .iter()
+            .find(|p| p.0.starts_with(step))
+            .map(|p| (p.0.clone(), p.1))
+            .expect("the step in the profile");
+        out.push((tile, split, ms, label));
+    }
     b.with(|o| (o.conv_tile, o.split_k) = (None, true));
+    out
 }
