@@ -24,7 +24,12 @@ __device__ __forceinline__ void cp_async16_ca(half* smem, const half* gmem, int 
 // VEC_EPI (scatter epilogues: the upsampling GEMM and the fused parity classes): the epilogue
 // stages the fp32 tile in shared memory, then writes each 8-channel chunk of a (voxel, tap) with
 // one 16-byte store when Cout % 8 == 0, else each tap row's run of voxels x channels by a warp.
-template <int TBM, int TBN, int WM, int WN, int STAGES, int VW, bool VEC_EPI = false>
+// ST (with VEC_EPI, the `convt_up_*_st` twins): the block also writes a following norm's
+// statistics of its tile (tile_stats.cuh's entry layout, one entry per M tile: the host asks only
+// where a sample's rows are whole tiles and every GEMM column is in this block, n0 == 0): one
+// thread per column sums it over the tile's rows (less the channel's shift, the tile's first
+// value: row 0, column block 0), then one thread per channel adds its column blocks in order.
+template <int TBM, int TBN, int WM, int WN, int STAGES, int VW, bool VEC_EPI = false, bool ST = false>
 __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __restrict__ x,
                                          const half* __restrict__ w, const float* __restrict__ bias,
                                          half* __restrict__ y, const float* __restrict__ slope) {
@@ -271,6 +276,37 @@ __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __rest
         }
         for (int c = tid; c < TBN; c += THREADS)
             bc[c] = bias && n0 + c < p.cout ? bias[(n0 + c) % p.ocout] : 0.f;
+        if constexpr (ST) {
+            static_assert(TBM * CLD * 4 + TBM * 8 + TBN * 4 + TBN * 8 <= STAGES * (A_ST + B_ST) * 2,
+                          "staged tile, row bases, biases and column sums must fit");
+            // (The chunk offsets below reuse the column sums' space once they are added.)
+            float2* colsum = reinterpret_cast<float2*>(bc + TBN);
+            const int rows = min(TBM, M - m0);
+            __syncthreads();  // the staged tile and biases
+            for (int c = tid; c < p.cout; c += THREADS) {
+                const int co = c % p.ocout;
+                const float shift = cs[co] + bc[co], b = bc[c];
+                float a = 0.f, q = 0.f;
+                for (int r = 0; r < rows; r++) {
+                    const float v = cs[r * CLD + c] + b - shift;
+                    a += v;
+                    q += v * v;
+                }
+                colsum[c] = make_float2(a, q);
+            }
+            __syncthreads();
+            float4* part = reinterpret_cast<float4*>(p.stats) + (i64)blockIdx.x * p.ocout;
+            const int blocks = p.cout / p.ocout;
+            for (int co = tid; co < p.ocout; co += THREADS) {
+                float a = 0.f, q = 0.f;
+                for (int k = 0; k < blocks; k++) {
+                    a += colsum[k * p.ocout + co].x;
+                    q += colsum[k * p.ocout + co].y;
+                }
+                part[co] = make_float4(a, q, cs[co] + bc[co], (float)(rows * blocks));
+            }
+            __syncthreads();
+        }
         if (p.ocout % 8 == 0) {
             // Chunk ch (8 channels of one tap, Cout % 8 == 0) lands at output voxel
             // rb[row] + off[ch], channel co[ch]: staged once per tile.
@@ -441,5 +477,11 @@ extern "C" __global__ void conv_splitk_reduce(ConvParams p, const half* x, const
     extern "C" __global__ void __launch_bounds__(WM * WN * 32) NAME(                               \
         ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope) { \
         conv_mma<TBM, TBN, WM, WN, ST, 8, true>(p, x, w, bias, y, slope);                           \
+    }
+// Their `_st` twins (the norm's statistics too; UPSAMPLE_VEC_ST in the catalogue).
+#define UP_ST_ENTRY(NAME, TBM, TBN, WM, WN, ST)                                                     \
+    extern "C" __global__ void __launch_bounds__(WM * WN * 32) NAME(                               \
+        ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope) { \
+        conv_mma<TBM, TBN, WM, WN, ST, 8, true, true>(p, x, w, bias, y, slope);                     \
     }
 

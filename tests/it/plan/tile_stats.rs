@@ -9,11 +9,12 @@ use voxtile::internals::cuda::host::tile_stats::TILE_STAT_BYTES;
 use voxtile::internals::cuda::host::windowed::Run;
 use voxtile::model::graph::{Graph, Op};
 
-/// The H200's defaults with the norm statistics on, convs over a concat run whole (their
-/// parts' pairs: `plan::concat_split`).
+/// The H200's defaults with the norm statistics on (the fused parity classes' too), convs over
+/// a concat run whole (their parts' pairs: `plan::concat_split`).
 fn stats_on() -> ArchCaps {
     ArchCaps {
         norm_stats: true,
+        convt_stats: true,
         concat_split: false,
         ..ArchCaps::h200()
     }
@@ -246,4 +247,52 @@ fn fixtures_recompute_by_the_rules() {
     }
     eprintln!("RESULT {n} recomputed convs over the fixtures");
     assert!(n > 0, "no fixture recomputes a conv");
+}
+
+/// The fixtures' strided transposed convs on the fused parity classes' `_st` twin
+/// (`convt_stats`): each pairs with its norm where a sample's GEMM rows are whole M tiles and
+/// the columns one tile (`check_pairs` holds them to the rules; here, that some do, at 128³,
+/// and none without the switch).
+#[test]
+fn fused_parity_convs_hand_their_norms_the_statistics() {
+    let nets = super::planner::fixtures_and_models();
+    let mut names = Vec::new();
+    for (name, g) in &nets {
+        let roi = g.spatial_divisor().map(|d| 128usize.div_ceil(d) * d);
+        let Ok(on) = buffer_plan(g, 2, roi, &stats_on()) else {
+            continue;
+        };
+        for l in on.launches.iter().filter(|l| l.tile_stats.is_some()) {
+            let f = l.conv.as_ref().map(|k| k.funcs()[0]).unwrap_or("");
+            if f.starts_with("convt_up_") {
+                names.push(format!("{name}: {f}"));
+            }
+        }
+    }
+    eprintln!("RESULT fused parity pairs {names:?}");
+    assert!(!names.is_empty(), "no transposed conv pairs with its norm");
+    assert!(names.iter().all(|n| n.ends_with("_st")), "{names:?}");
+    let off = ArchCaps {
+        convt_stats: false,
+        ..stats_on()
+    };
+    for (name, g) in &nets {
+        let roi = g.spatial_divisor().map(|d| 128usize.div_ceil(d) * d);
+        let Ok(bp) = buffer_plan(g, 2, roi, &off) else {
+            continue;
+        };
+        let convt = bp
+            .launches
+            .iter()
+            .filter(|l| l.tile_stats.is_some())
+            .any(|l| {
+                l.conv
+                    .as_ref()
+                    .is_some_and(|k| k.funcs()[0].starts_with("convt_up_"))
+            });
+        assert!(
+            !convt,
+            "{name}: a transposed conv paired without convt_stats"
+        );
+    }
 }

@@ -867,6 +867,7 @@ pub fn buffer_plan(
     let stat_bytes = if caps.norm_stats {
         let shapes = &w.shapes;
         tile_stats::pair(
+            caps.convt_stats,
             graph,
             &w.cons,
             shapes,

@@ -144,6 +144,7 @@ impl Family {
             Family::ConvMma => {
                 v.extend(MMA_CONFIGS.iter().map(|c| c.name));
                 v.extend(UPSAMPLE_VEC.iter().map(|(_, u)| *u));
+                v.extend(UPSAMPLE_VEC_ST.iter().map(|(_, u)| *u));
             }
             Family::ConvHalo => v.extend(HALO_CONFIGS.iter().map(|c| c.name)),
             Family::ConvWgmma => v.extend(
@@ -294,6 +295,10 @@ pub const CONVT_UP_M256N32_V8: Kernel = k(Family::ConvMma, "convt_up_m256n32_v8"
 pub const CONVT_UP_M128N32_V8: Kernel = k(Family::ConvMma, "convt_up_m128n32_v8");
 pub const CONVT_UP_M128N64_V8: Kernel = k(Family::ConvMma, "convt_up_m128n64_v8");
 pub const CONVT_UP_M128N128_V8: Kernel = k(Family::ConvMma, "convt_up_m128n128_v8");
+/// `_st` twins of the fused parity classes' tiles: they also write a following norm's statistics
+/// per M tile (see UPSAMPLE_VEC_ST).
+pub const CONVT_UP_M128N64_V8_ST: Kernel = k(Family::ConvMma, "convt_up_m128n64_v8_st");
+pub const CONVT_UP_M128N128_V8_ST: Kernel = k(Family::ConvMma, "convt_up_m128n128_v8_st");
 
 /// Every kernel outside the conv config tables, in load order within its family.
 pub const KERNELS: &[Kernel] = &[
@@ -450,6 +455,13 @@ pub const UPSAMPLE_VEC: &[(&str, &str)] = &[
     (CONV_MMA_M128N32_V8.name, CONVT_UP_M128N32_V8.name),
     (CONV_MMA_M128N64_V8.name, CONVT_UP_M128N64_V8.name),
     (CONV_MMA_M128N128_V8.name, CONVT_UP_M128N128_V8.name),
+];
+
+/// `convt_up_*` tile -> its `_st` twin (`ConvKernel::with_norm_stats` of the fused parity
+/// classes: W2's 32 -> 14 at 128³ and the like, Cout x classes within one column tile).
+pub const UPSAMPLE_VEC_ST: &[(&str, &str)] = &[
+    (CONVT_UP_M128N64_V8.name, CONVT_UP_M128N64_V8_ST.name),
+    (CONVT_UP_M128N128_V8.name, CONVT_UP_M128N128_V8_ST.name),
 ];
 
 /// The `convt_up_*` twin of an mma tile, if it has one.
@@ -1121,6 +1133,12 @@ pub fn entry_lines(fam: Family) -> String {
                     "UP_ENTRY({u}, {}, {}, {}, {wn}, {})\n",
                     c.bm, c.bn, c.wm, c.stages
                 ));
+                if let Some((_, t)) = UPSAMPLE_VEC_ST.iter().find(|(b, _)| b == u) {
+                    out.push_str(&format!(
+                        "UP_ST_ENTRY({t}, {}, {}, {}, {wn}, {})\n",
+                        c.bm, c.bn, c.wm, c.stages
+                    ));
+                }
             }
         }
         return out;

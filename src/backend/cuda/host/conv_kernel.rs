@@ -6,7 +6,7 @@ use crate::backend::cuda::host::catalogue::{
     has_wgmma, stats_twin, upsample_vec_name, HaloConfig, MmaConfig, C1X1_STAGE_BYTES, C1_TILE,
     CONV1X1_MMA_N16, CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32, CONV1X1_N32_S, CONV_C1_K3,
     CONV_C1_K3_ST, CONV_DIRECT, CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8, CONV_IGEMM_N64_V1,
-    CONV_IGEMM_N64_V8, CONV_SPLITK_REDUCE,
+    CONV_IGEMM_N64_V8, CONV_SPLITK_REDUCE, UPSAMPLE_VEC_ST,
 };
 use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::host::relayout::{parity_split, FusedParity, ParityClass};
@@ -63,6 +63,8 @@ pub struct ArchCaps {
     /// A norm reruns the Cin-1 conv before it rather than read its output
     /// (`CudaOptions::norm_recompute`).
     pub norm_recompute: bool,
+    /// The fused parity classes hand a norm its statistics (`CudaOptions::convt_stats`).
+    pub convt_stats: bool,
     /// A conv over a channel concat runs as one launch per part (`CudaOptions::concat_split`).
     pub concat_split: bool,
     /// With `concat_split`, a conv of Cin = k x 32 also runs in 32-channel chunks
@@ -99,6 +101,7 @@ impl ArchCaps {
             head_mma: false,
             norm_stats: true,
             norm_recompute: false,
+            convt_stats: false,
             concat_split: true,
             cin_chunks: false,
             norm_load_conv: false,
@@ -129,6 +132,7 @@ impl ArchCaps {
             window_segments: opts.window_segments,
             norm_stats: opts.norm_stats,
             norm_recompute: opts.norm_recompute,
+            convt_stats: opts.convt_stats,
             concat_split: opts.concat_split,
             cin_chunks: opts.cin_chunks,
             norm_load_conv: opts.norm_load_conv,
@@ -173,8 +177,10 @@ pub enum ConvKernel {
     /// class, the scatter epilogue writes each class's outputs).
     ParityFused(FusedParity, &'static MmaConfig),
     /// The same GEMM and weights on the tile's `convt_up_*` twin (staged scatter epilogue, any
-    /// Cout: coalesced runs of voxels x channels rather than `conv_store`'s 4-byte pairs).
-    ParityFusedVec(FusedParity, &'static MmaConfig),
+    /// Cout: coalesced runs of voxels x channels rather than `conv_store`'s 4-byte pairs);
+    /// `true`: its `_st` twin, which also writes a following norm's statistics
+    /// ([`with_norm_stats`](Self::with_norm_stats)).
+    ParityFusedVec(FusedParity, &'static MmaConfig, bool),
     /// 1x1x1 conv with few outputs, one thread per voxel (`CONV1X1_N16` / `_n32`); `staged`:
     /// the `_s` twins, which load the block's voxels through shared memory; `mma`: 16 voxels a
     /// warp on mma.sync (`CONV1X1_MMA_N16`, nc 16).
@@ -236,6 +242,15 @@ impl ConvKernel {
                 let twin = stats_twin(c)?;
                 Some((ConvKernel::Halo(twin), twin.tiles(1, [d, h, w])))
             }
+            // The fused parity classes' GEMM: one entry per M tile, where a sample's rows are
+            // whole tiles and every column (classes x Cout) is in one column tile.
+            ConvKernel::ParityFusedVec(f, t, false) => {
+                let rows = f.grid.iter().product::<usize>();
+                let up = upsample_vec_name(t.name)?;
+                UPSAMPLE_VEC_ST.iter().find(|(b, _)| *b == up)?;
+                let fits = rows.is_multiple_of(t.bm) && f.classes.len() * cout <= t.bn;
+                fits.then(|| (ConvKernel::ParityFusedVec(f.clone(), t, true), rows / t.bm))
+            }
             ConvKernel::Cin1 { stats: false } => {
                 let fits =
                     [8, 16, 32].contains(&cout) && [ldc, coff].iter().all(|v| v.is_multiple_of(4));
@@ -282,7 +297,14 @@ impl ConvKernel {
         match self {
             ConvKernel::Parity(cl) => cl.iter().map(|(_, c)| c.name).collect(),
             ConvKernel::ParityFused(_, c) => vec![c.name],
-            ConvKernel::ParityFusedVec(_, c) => vec![upsample_vec_name(c.name).unwrap_or(c.name)],
+            ConvKernel::ParityFusedVec(_, c, stats) => {
+                let up = upsample_vec_name(c.name).unwrap_or(c.name);
+                let twin = UPSAMPLE_VEC_ST.iter().find(|(b, _)| *b == up);
+                vec![match twin {
+                    Some((_, t)) if *stats => t,
+                    _ => up,
+                }]
+            }
             ConvKernel::Pointwise { mma: true, .. } => vec![CONV1X1_MMA_N16.name],
             ConvKernel::Pointwise { nc, staged, .. } => vec![match (nc, staged) {
                 (16, false) => CONV1X1_N16.name,
@@ -324,7 +346,9 @@ impl PartialEq for ConvKernel {
     fn eq(&self, o: &Self) -> bool {
         let classes = |k: &ConvKernel| match k {
             ConvKernel::Parity(c) => c.iter().map(|(cl, _)| cl.clone()).collect(),
-            ConvKernel::ParityFused(f, _) | ConvKernel::ParityFusedVec(f, _) => f.classes.clone(),
+            ConvKernel::ParityFused(f, _) | ConvKernel::ParityFusedVec(f, _, _) => {
+                f.classes.clone()
+            }
             _ => Vec::new(),
         };
         std::mem::discriminant(self) == std::mem::discriminant(o)
@@ -365,7 +389,7 @@ impl ConvKernel {
                     let rows = batch * f.grid.iter().product::<usize>();
                     let t = caps.mma_tile(rows, f.classes.len() * cout, vw);
                     if caps.conv_up_vec && upsample_vec_name(t.name).is_some() {
-                        return ConvKernel::ParityFusedVec(f, t);
+                        return ConvKernel::ParityFusedVec(f, t, false);
                     }
                     return ConvKernel::ParityFused(f, t);
                 }
@@ -496,7 +520,7 @@ impl ConvKernel {
                 let taps = wshape[2] * wshape[3] * wshape[4];
                 (taps * cout).div_ceil(MMA_N_PAD) * MMA_N_PAD
             }
-            ConvKernel::ParityFused(f, _) | ConvKernel::ParityFusedVec(f, _) => {
+            ConvKernel::ParityFused(f, _) | ConvKernel::ParityFusedVec(f, _, _) => {
                 (f.classes.len() * cout).div_ceil(MMA_N_PAD) * MMA_N_PAD
             }
             _ => cout.div_ceil(MMA_N_PAD) * MMA_N_PAD,
@@ -516,7 +540,7 @@ impl ConvKernel {
                 })
                 .collect(),
             ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) => vec![rows * kpad(wshape[0])],
-            ConvKernel::ParityFused(f, _) | ConvKernel::ParityFusedVec(f, _) => {
+            ConvKernel::ParityFused(f, _) | ConvKernel::ParityFusedVec(f, _, _) => {
                 vec![rows * kpad(f.k.iter().product::<usize>() * wshape[0])]
             }
             _ => {
@@ -738,7 +762,7 @@ mod tests {
                 ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) => {
                     vec![relayout_upsampling_weight(&data, &ws, rows).0.len()]
                 }
-                ConvKernel::ParityFused(f, _) | ConvKernel::ParityFusedVec(f, _) => {
+                ConvKernel::ParityFused(f, _) | ConvKernel::ParityFusedVec(f, _, _) => {
                     assert_eq!((f.k, f.grid, f.classes.len()), ([2; 3], [4; 3], 8));
                     vec![relayout_fused_parity_weight(&data, &ws, f, rows).0.len()]
                 }

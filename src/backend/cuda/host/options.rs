@@ -70,6 +70,10 @@ pub struct CudaOptions {
     /// output is never written nor read (W1: 128 bytes a voxel, twice). The same bits as conv,
     /// norm and affine pass. Off until measured.
     pub norm_recompute: bool,
+    /// With `norm_stats`: a strided transposed conv on the fused parity classes' staged epilogue
+    /// also hands the norm after it its statistics (`convt_up_*_st`: W2's 32 -> 14 and 64 -> 16
+    /// at 128³ / 64³). Off until measured.
+    pub convt_stats: bool,
     /// Run a conv over a channel concat whose parts the z-pair kernel takes (and the whole does
     /// not) as one launch per part, each on its slice of the weights, the later ones adding to
     /// the fp32 output (`host::concat_split`): the concat is never written (W1's forward 0.970x,
@@ -116,6 +120,7 @@ impl Default for CudaOptions {
             head_mma: false,
             norm_stats: true,
             norm_recompute: false,
+            convt_stats: false,
             concat_split: true,
             cin_chunks: false,
             norm_load_conv: false,

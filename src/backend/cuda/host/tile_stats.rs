@@ -7,6 +7,7 @@
 //! of 4).
 
 use crate::backend::cuda::abi::Shape;
+use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::backend::cuda::host::launch::Launch;
 use crate::backend::cuda::host::windowed::{Run, Segments};
 use crate::model::graph::{Graph, Op};
@@ -22,8 +23,10 @@ pub const TILE_STAT_BYTES: usize = 16;
 /// becomes the twin, and both launches get `tile_stats` (the twin's entries per sample).
 /// A norm launch that runs the conv before it (`Launch::recompute`) is a pair in itself: its
 /// conv kernel becomes the twin too. Returns the scratch bytes the partials need for `batch`
-/// samples (0: no pair).
+/// samples (0: no pair). The fused parity classes' twin only with `convt` (`ArchCaps::convt_stats`).
+#[allow(clippy::too_many_arguments)]
 pub fn pair(
+    convt: bool,
     graph: &Graph,
     cons: &[Vec<usize>],
     shapes: &[Shape],
@@ -61,6 +64,9 @@ pub fn pair(
         let v = conv.out_v;
         let sole = cons[v].as_slice() == [norm.node] && nnode.inputs.as_slice() == [v];
         let plain = conv.fuse.is_none() && conv.residual.is_none() && conv.head.is_none();
+        if !convt && matches!(conv.conv, Some(ConvKernel::ParityFusedVec(..))) {
+            continue;
+        }
         if !is_norm || tensor[norm.node] || tensor[conv.node] || !sole || !plain {
             continue;
         }

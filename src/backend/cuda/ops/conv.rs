@@ -179,7 +179,10 @@ pub(crate) fn build(
         None => (c, io.x),
     };
     let writes_stats = matches!(kernel, ConvKernel::Halo(h) if h.stats)
-        || matches!(kernel, ConvKernel::Cin1 { stats: true });
+        || matches!(
+            kernel,
+            ConvKernel::Cin1 { stats: true } | ConvKernel::ParityFusedVec(_, _, true)
+        );
     if io.stats_tiles.is_some() != writes_stats {
         return Err(Error::Backend(format!(
             "node {}: the plan and kernel {} disagree on writing norm statistics",
@@ -246,7 +249,7 @@ pub(crate) fn build(
         }
         // The classes as one conv over the union of their taps: GEMM column class * Cout + co,
         // the scatter epilogue stores row j's column block of class r at j * stride + r.
-        K::ParityFused(f, m) | K::ParityFusedVec(f, m) => {
+        K::ParityFused(f, m) | K::ParityFusedVec(f, m, _) => {
             let (os, stride, w) = (io.oshape, c.stride, &c.weight);
             let (wh, kpad) = relayout_fused_parity_weight(&w.data, &w.shape, f, rows_pad);
             let mut q = p;
@@ -264,7 +267,10 @@ pub(crate) fn build(
             let wp = b.upload_const(&wh)?;
             let func = kernel.funcs()[0];
             let shape = (func, m.bm as u32, m.bn as u32, m.threads, m.smem_bytes());
-            Ok(vec![step(q, wp, io.y, shape)])
+            Ok(vec![ConvStep {
+                stats: writes_stats,
+                ..step(q, wp, io.y, shape)
+            }])
         }
         // 1x1x1 conv with few outputs (the head): memory bound, one thread per voxel.
         K::Pointwise { nc, .. } => {

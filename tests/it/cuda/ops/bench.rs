@@ -431,7 +431,8 @@ fn conv3(r: &mut Rng, cin: usize, cout: usize, st: usize) -> Op {
 /// run: the cost of the fp32 ones, and their activation bytes; and with the fusions on by
 /// default (`CudaOptions::norm_stats`, `concat_split`) switched off, alone and together, with
 /// the per-op profile of both off (`PROFST`); and with `cin_chunks` (`PROFCH`), `norm_load_conv`
-/// (`PROFNL`), both, `halo_s2` (`PROFS2`), `norm_recompute` (`PROFRC`) and `head_mma` on.
+/// (`PROFNL`), both, `halo_s2` (`PROFS2`), `norm_recompute` (`PROFRC`), `head_mma` and
+/// `convt_stats` on.
 #[test]
 fn profile_models() {
     let Some(mut b) = gpu() else { return };
@@ -526,9 +527,10 @@ fn profile_models() {
         // each switched off alone and both (the per-op profile of both off, `PROFST`); and the
         // fusions off by default: the convs in Cin chunks (`PROFCH`), the z-pair convs reading
         // their norm's input (`PROFNL`), both; the stride-2 convs on the stride-2 halo kernel
-        // (`PROFS2`); the norms rerunning their Cin-1 convs (`PROFRC`); the heads on mma.sync.
+        // (`PROFS2`); the norms rerunning their Cin-1 convs (`PROFRC`); the heads on mma.sync;
+        // the transposed convs' `_st` twins.
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
-        let variants: [Switch; 10] = [
+        let variants: [Switch; 11] = [
             (
                 "without residual Adds in the norms",
                 |o| o.norm_residual = false,
@@ -570,6 +572,11 @@ fn profile_models() {
                 Some("PROFRC"),
             ),
             ("with the mma heads", |o| o.head_mma = true, None),
+            (
+                "with the transposed convs' statistics",
+                |o| o.convt_stats = true,
+                None,
+            ),
         ];
         for (what, set, tag) in variants {
             b.with(set);
@@ -588,6 +595,7 @@ fn profile_models() {
                 (o.cin_chunks, o.norm_load_conv) = (d.cin_chunks, d.norm_load_conv);
                 (o.halo_s2, o.norm_residual) = (d.halo_s2, d.norm_residual);
                 (o.norm_recompute, o.head_mma) = (d.norm_recompute, d.head_mma);
+                o.convt_stats = d.convt_stats;
             });
             let dev = max_abs_diff(&ys, &y);
             println!(

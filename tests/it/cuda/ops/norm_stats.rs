@@ -241,3 +241,84 @@ fn cin1_norm_recomputed() {
     }
     b.with(|o| *o = CudaOptions::default());
 }
+
+/// A strided transposed conv (k3 s2, pads 1, output padding 1: the fused parity classes on
+/// their staged epilogue) handing the norm after it its statistics (`convt_stats`: the
+/// `convt_up_*_st` twin, one entry per M tile) against float64 and the norm's own partial-sum
+/// pass, the same bits from run to run and at batch 1 as at batch 2: W2's 32 -> 14 (one column
+/// tile of 8 x 14, the any-Cout epilogue) and a 16 -> 8 GroupNorm (Cout % 8 == 0: the chunk
+/// epilogue), on inputs whose rows are whole 128-row tiles.
+#[test]
+fn convt_norm_tile_stats() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("convt stats");
+    for (cin, cout, sp, groups) in [
+        (32usize, 14usize, [4usize, 8, 8], 14usize),
+        (16, 8, [8, 4, 12], 2),
+    ] {
+        let name = format!("convT k3 s2 {cin}->{cout} {sp:?} g={groups}");
+        let x = input2(&mut r, cin, sp);
+        let w = Tensor::new(
+            vec![cin, cout, 3, 3, 3],
+            r.scaled(cin * cout * 27, 1.0 / (cin as f32).sqrt()),
+        );
+        let bias = Tensor::new(vec![cout], vec![4.0; cout]);
+        let geo = Kernel {
+            st: [2; 3],
+            pads: [1; 6],
+            transposed: true,
+            opad: [1; 3],
+            ..PLAIN
+        };
+        let tail = Tail::instance_or_group(&mut r, cout, groups);
+        let want = tail.reference(&conv_ref(&x, &w, Some(&bias), geo));
+        let convt = Op::ConvTranspose(ConvTranspose {
+            weight: w,
+            bias: Some(bias),
+            stride: [2; 3],
+            dilation: [1; 3],
+            pads: [1; 6],
+            output_padding: [1; 3],
+            groups: 1,
+        });
+        let g = tail.after(cin, convt, cout);
+        b.with(|o| *o = CudaOptions::default());
+        b.with(|o| o.poison = true);
+        let pass = run(&mut b, &g, &x, 2);
+        let used = kernels_used(&mut b, 2);
+        assert!(
+            used.iter().all(|k| !k.ends_with("_st")),
+            "{name}: without the switch ran {used:?}"
+        );
+        b.with(|o| o.convt_stats = true);
+        let got = run(&mut b, &g, &x, 2);
+        let used = kernels_used(&mut b, 2);
+        assert!(
+            used.iter()
+                .any(|k| k.starts_with("convt_up_") && k.ends_with("_st")),
+            "{name}: ran {used:?}"
+        );
+        let again = run(&mut b, &g, &x, 2);
+        assert!(same_bits(&got, &again), "{name}: two runs differ");
+        let x0 = T {
+            s: [1, cin, sp[0], sp[1], sp[2]],
+            d: x.d[..x.d.len() / 2].to_vec(),
+        };
+        let one = run(&mut b, &g, &x0, 1);
+        assert!(
+            same_bits(
+                one.index_axis(ndarray::Axis(0), 0),
+                got.index_axis(ndarray::Axis(0), 0)
+            ),
+            "{name}: batch 1 and batch 2 differ"
+        );
+        let (e, e_pass) = (rel_l2(&got, &want), rel_l2(&pass, &want));
+        let dev = max_abs_diff(&got, &pass);
+        println!(
+            "RESULT tile stats {name:<44} rel L2 {e:.2e} (partial-sum pass {e_pass:.2e}), max |diff| {dev:.2e}"
+        );
+        report(&name, e);
+        assert!(dev < 2e-2, "{name}: {dev} from the partial-sum pass");
+    }
+    b.with(|o| *o = CudaOptions::default());
+}
