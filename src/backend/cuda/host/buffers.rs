@@ -628,7 +628,8 @@ impl Walk<'_> {
 /// residual Add fused into its epilogue ([`fusable_residual`], on kernels that add one) and a
 /// norm's into its affine pass (`caps.norm_residual`), a norm's
 /// pointwise head (or `_nl` z-pair conv) run on the norm's input ([`fusable_norm_head`]: the
-/// norm's output never exists), convs and
+/// norm's output never exists), a Cin-1 conv run by the norm after it (`caps.norm_recompute`,
+/// [`Launch::recompute`]: the conv's output never exists), convs and
 /// binaries whose only consumer is a channel concat written into its slice (the concat's buffer
 /// taken at its first producer), every other output in a buffer of its own, inputs freed after
 /// their last reader (after the output is placed, so no kernel reads and writes one buffer);
