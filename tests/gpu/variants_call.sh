@@ -7,7 +7,8 @@
 # Here: `bash tests/gpu/build.sh && bash tests/gpu/bench_bundle.sh`; there, carrying
 # `.dev/gb.tar.xz`: `bash tests/gpu/variants_call.sh`.
 #   TESTS (it:FILTER ... run before the profile, TEST_S seconds each), GATE (one it test that
-#   must pass, else the call stops: a hang or a broken kernel costs nothing more), ROUNDS (1).
+#   must pass, else the call stops: a hang or a broken kernel costs nothing more), ROUNDS (1),
+#   MMA_TILES=1 (then `bench_mma_tiles`, MMA_TILES_S seconds).
 set -u
 . "$(dirname "$0")/call_env.sh"
 export VOXTILE_SHARED_DIR=$G/shared
@@ -33,3 +34,9 @@ TEST_S=${TEST_S:-150} TESTS=${TESTS:-"it:cuda::ops::norm it:cuda::ops::conv_wgmm
   NETS=w1,w2 BATCHES=4 REPS=5 ROUNDS=${ROUNDS:-1} BINS="$bins" PROFILE_BATCHES=4 PROFILE_S=${PROFILE_S:-90} \
   OUT=$OUT/a bash "$(dirname "$0")/profile_call.sh" 2>&1 | grep -v "^WARNING" | grep -v "^PROF" |
   grep -v "RESULT profile .* kind \|tile stats" | tail -70
+# MMA_TILES=1: then the conv_mma tile and split-K sweep of W1's strided and small convs.
+if [ "${MMA_TILES:-0}" = 1 ]; then
+  timeout "${MMA_TILES_S:-300}" "$G/it" --test-threads=1 --nocapture cuda::ops::bench::bench_mma_tiles > "$OUT/g/mma_tiles.log" 2>&1
+  el "mma tiles rc $?"
+  grep -E "RESULT mma tiles" "$OUT/g/mma_tiles.log" | cut -c1-160
+fi
