@@ -284,6 +284,23 @@ fn architectures_on_the_gpu_without_epilogue_statistics_or_split_convs() {
     });
 }
 
+/// The exports' windows with the other switches that are off until measured (session 32): the
+/// norms rerunning their Cin-1 convs, the heads on mma.sync and the transposed convs' statistics
+/// (`CudaOptions::norm_recompute`, `head_mma`, `convt_stats`), apart from `norm_load_conv`, whose
+/// heads would take the place of the recompute: the same bars.
+#[test]
+fn architectures_on_the_gpu_with_recompute_mma_heads_and_convt_stats() {
+    if !gpu_present() {
+        return;
+    }
+    gpu_cases_with(voxtile::internals::cuda::CudaOptions {
+        norm_recompute: true,
+        head_mma: true,
+        convt_stats: true,
+        ..Default::default()
+    });
+}
+
 /// Every export's window on the GPU with `opts`, against the bars (no timing reference).
 fn gpu_cases_with(opts: voxtile::internals::cuda::CudaOptions) {
     let mut bad = vec![];
