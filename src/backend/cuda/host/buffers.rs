@@ -428,8 +428,8 @@ impl Walk<'_> {
     /// The norm node that runs Cin-1 conv node `i` itself (`caps.norm_recompute`, see
     /// [`Launch::recompute`]): [`recomputable_norm`], the conv on `conv_c1_k3` with a statistics
     /// twin for its output, and no residual Add or head after the norm (its activation), which
-    /// the recomputing kernel neither adds nor hands on.
-    fn recompute_norm(&self, caps: &ArchCaps, i: usize) -> Option<usize> {
+    /// the recomputing kernel neither adds nor hands on. Returns the norm and the conv's kernel.
+    fn recompute_norm(&self, caps: &ArchCaps, i: usize) -> Option<(usize, ConvKernel)> {
         if !(caps.norm_recompute && caps.norm_stats) || self.splits[i].is_some() {
             return None;
         }
@@ -452,7 +452,7 @@ impl Walk<'_> {
             )
             .is_some();
         let head = caps.norm_head && self.head_kernel(caps, j, out_v).is_some();
-        (twin && !residual && !head).then_some(j)
+        (twin && !residual && !head).then_some((j, k))
     }
 
     /// Node `i`'s constant uploads, in the order the launch list makes them, and its conv
@@ -691,10 +691,9 @@ pub fn buffer_plan(
             continue;
         }
         // A Cin-1 conv its norm runs (`Launch::recompute`): this is the norm's launch.
-        let recompute = w.recompute_norm(caps, i);
-        let (i, node, recompute) = match recompute {
-            Some(j) => (j, &graph.nodes[j], Some(i)),
-            None => (i, node, None),
+        let (i, node, recompute, recomputed) = match w.recompute_norm(caps, i) {
+            Some((j, k)) => (j, &graph.nodes[j], Some(i), Some(k)),
+            None => (i, node, None, None),
         };
         // A split conv reads its concat's inputs, not the concat (which runs with it); a
         // recomputing norm the conv's.
@@ -737,11 +736,9 @@ pub fn buffer_plan(
         };
         cmax = cmax.max(w.shapes[node.output][0]);
         // The recomputed conv's constants come first (its launch builds the conv first).
-        let recomputed = recompute.and_then(|c| {
-            let k = ConvKernel::choose(caps, batch, &w.conv_geom(c)?);
-            w.conv_consts(c, &k, None);
-            Some(k)
-        });
+        if let (Some(c), Some(k)) = (recompute, &recomputed) {
+            w.conv_consts(c, k, None);
+        }
         let conv = w.node_consts(caps, i, &act);
         // The Add after a conv whose kernel adds a residual (no activation), or after a norm
         // (and its activation): the affine pass adds it.

@@ -639,11 +639,7 @@ fn bench_convt_tiles() {
             output_padding: [usize::from(k3); 3],
             groups: 1,
         });
-        let norm = Op::InstanceNorm {
-            eps: 1e-5,
-            scale: Tensor::new(vec![cout], vec![1.0; cout]),
-            bias: Tensor::new(vec![cout], vec![0.0; cout]),
-        };
+        let norm = unit_norm(cout);
         let mut nodes = vec![(op, vec![0], cout)];
         if k3 {
             nodes.push((norm, vec![1], cout));
@@ -693,11 +689,7 @@ fn bench_mma_tiles() {
         (640, 320, 8, 1),
     ] {
         let os = s / st;
-        let norm = Op::InstanceNorm {
-            eps: 1e-5,
-            scale: Tensor::new(vec![cout], vec![1.0; cout]),
-            bias: Tensor::new(vec![cout], vec![0.0; cout]),
-        };
+        let norm = unit_norm(cout);
         let g = graph(
             cin,
             vec![
@@ -767,4 +759,14 @@ fn tile_sweep(
     }
     b.with(|o| (o.conv_tile, o.split_k) = (None, true));
     out
+}
+
+/// An InstanceNorm of unit scale and no shift over `c` channels (after a conv whose own time a
+/// bench takes: the conv then stores fp32, as in the nets).
+fn unit_norm(c: usize) -> Op {
+    Op::InstanceNorm {
+        eps: 1e-5,
+        scale: Tensor::new(vec![c], vec![1.0; c]),
+        bias: Tensor::new(vec![c], vec![0.0; c]),
+    }
 }
