@@ -270,8 +270,8 @@ fn architectures_on_the_gpu() {
 }
 
 /// The exports' windows with the norms' statistics from their own pass and the convs over a
-/// concat run whole (`CudaOptions::norm_stats`, `concat_split` off: the paths the defaults
-/// replaced, kept as options): the same bars.
+/// concat or 32-channel chunks run whole (`CudaOptions::norm_stats`, `concat_split`,
+/// `cin_chunks` off: the paths the defaults replaced, kept as options): the same bars.
 #[test]
 fn architectures_on_the_gpu_without_epilogue_statistics_or_split_convs() {
     if !gpu_present() {
@@ -280,6 +280,7 @@ fn architectures_on_the_gpu_without_epilogue_statistics_or_split_convs() {
     gpu_cases_with(voxtile::internals::cuda::CudaOptions {
         norm_stats: false,
         concat_split: false,
+        cin_chunks: false,
         ..Default::default()
     });
 }
@@ -312,16 +313,15 @@ fn gpu_cases_with(opts: voxtile::internals::cuda::CudaOptions) {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
-/// The exports' windows with the switches that are off until measured: convs in Cin chunks,
-/// z-pair convs reading their norm's input and stride-2 convs on the stride-2 halo kernel
-/// (`CudaOptions::cin_chunks`, `norm_load_conv`, `halo_s2`): the same bars.
+/// The exports' windows with the switches that measured slower: z-pair convs reading their
+/// norm's input and stride-2 convs on the stride-2 halo kernel (`CudaOptions::norm_load_conv`,
+/// `halo_s2`): the same bars.
 #[test]
 fn architectures_on_the_gpu_with_unmeasured_switches() {
     if !gpu_present() {
         return;
     }
     gpu_cases_with(voxtile::internals::cuda::CudaOptions {
-        cin_chunks: true,
         norm_load_conv: true,
         halo_s2: true,
         ..Default::default()

@@ -8,9 +8,11 @@ use voxtile::internals::cuda::host::conv_kernel::ArchCaps;
 use voxtile::internals::cuda::host::fusion::consumers;
 use voxtile::model::graph::{Graph, Op};
 
+/// `caps` with the convs over a concat run per part (Cin chunks off: `chunks_on` adds them).
 fn split_on(caps: ArchCaps) -> ArchCaps {
     ArchCaps {
         concat_split: true,
+        cin_chunks: false,
         ..caps
     }
 }
@@ -19,6 +21,7 @@ fn split_on(caps: ArchCaps) -> ArchCaps {
 fn split_off(caps: ArchCaps) -> ArchCaps {
     ArchCaps {
         concat_split: false,
+        cin_chunks: false,
         ..caps
     }
 }

@@ -103,7 +103,7 @@ impl ArchCaps {
             norm_recompute: false,
             convt_stats: false,
             concat_split: true,
-            cin_chunks: false,
+            cin_chunks: true,
             norm_load_conv: false,
             halo_s2: false,
         }

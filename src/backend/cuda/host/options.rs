@@ -82,8 +82,8 @@ pub struct CudaOptions {
     /// With `concat_split`: also run a conv (or a concat part) of Cin = k x 32 that a halo kernel
     /// would take whole as k launches of 32 input channels on the z-pair kernel (Cout in
     /// 32-channel tiles), the later ones adding to the fp32 output, where such a launch has a
-    /// tile for every SM (W1's Cin-64 convs at 64³ at batch 4). Off until measured with that
-    /// rule (session 31 measured 0.967x of W1's forward with every such conv chunked, 32³ too).
+    /// tile for every SM (W1's Cin-64 convs at 64³ at batch 4): 0.966x of W1's forward on an
+    /// H100 (session 33), W2 unchanged.
     pub cin_chunks: bool,
     /// With `norm_head`: a z-pair conv (`conv_wz_*`) that alone reads an InstanceNorm /
     /// GroupNorm (after its activation) also reads the norm's input, normalised and activated
@@ -122,7 +122,7 @@ impl Default for CudaOptions {
             norm_recompute: false,
             convt_stats: false,
             concat_split: true,
-            cin_chunks: false,
+            cin_chunks: true,
             norm_load_conv: false,
             halo_s2: false,
             graphs: true,

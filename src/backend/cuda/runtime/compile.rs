@@ -5,7 +5,7 @@
 use super::device::drv;
 use crate::backend::cuda::host::catalogue::{
     halo_all, upsample_vec_name, Family, COMMON, CONV1X1_N16_S, CONV1X1_N32_S, CONV1X1_NORM_N16_S,
-    CONV1X1_NORM_N32_S, FAMILIES, MMA_CONFIGS,
+    CONV1X1_NORM_N32_S, FAMILIES, MMA_CONFIGS, UPSAMPLE_VEC_ST,
 };
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::{Error, Result};
@@ -306,32 +306,7 @@ pub(crate) fn load_all(
         );
     }
     if major >= 8 {
-        let halo = halo_all()
-            .filter(|c| c.smem_bytes() as usize <= smem_optin)
-            .map(|c| (c.name, c.smem_bytes()));
-        // The mma conv tiles (and their convt_up twins) use more than the default 48 KB.
-        let mma = MMA_CONFIGS.iter().flat_map(|c| {
-            std::iter::once(c.name)
-                .chain(upsample_vec_name(c.name))
-                .map(move |n| (n, c.smem_bytes()))
-        });
-        // The staged heads (and their twins that normalise on load) pass 48 KB from Cin 64 on
-        // (at Cout 32 always); they may take Cin 256.
-        let heads = [
-            (16, [CONV1X1_N16_S, CONV1X1_NORM_N16_S]),
-            (32, [CONV1X1_N32_S, CONV1X1_NORM_N32_S]),
-        ]
-        .into_iter()
-        .flat_map(|(nc, kernels)| {
-            let bytes = ConvKernel::Pointwise {
-                nc,
-                staged: true,
-                mma: false,
-            }
-            .pointwise_smem(256) as u32;
-            kernels.into_iter().map(move |k| (k.name, bytes))
-        });
-        for (name, bytes) in halo.chain(mma).chain(heads) {
+        for (name, bytes) in smem_limits(smem_optin) {
             if let Some(f) = funcs.get(name) {
                 f.set_attribute(
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -342,6 +317,47 @@ pub(crate) fn load_all(
         }
     }
     Ok((funcs, from_cache))
+}
+
+/// The kernels (sm_80+) whose dynamic shared memory passes the default 48 KB, with the bytes
+/// their launches ask: a kernel missing here fails its launch ("invalid argument"). The halo
+/// kernels only where the device's opt-in limit `smem_optin` holds them.
+fn smem_limits(smem_optin: usize) -> Vec<(&'static str, u32)> {
+    let halo = halo_all()
+        .filter(|c| c.smem_bytes() as usize <= smem_optin)
+        .map(|c| (c.name, c.smem_bytes()));
+    // The mma conv tiles, their convt_up twins and those twins' `_st` twins share the tile's
+    // shared memory.
+    let mma = MMA_CONFIGS.iter().flat_map(|c| {
+        let up = upsample_vec_name(c.name);
+        let st = up.and_then(|u| {
+            UPSAMPLE_VEC_ST
+                .iter()
+                .find(|(b, _)| *b == u)
+                .map(|(_, t)| *t)
+        });
+        std::iter::once(c.name)
+            .chain(up)
+            .chain(st)
+            .map(move |n| (n, c.smem_bytes()))
+    });
+    // The staged heads (and their twins that normalise on load) pass 48 KB from Cin 64 on
+    // (at Cout 32 always); they may take Cin 256.
+    let heads = [
+        (16, [CONV1X1_N16_S, CONV1X1_NORM_N16_S]),
+        (32, [CONV1X1_N32_S, CONV1X1_NORM_N32_S]),
+    ]
+    .into_iter()
+    .flat_map(|(nc, kernels)| {
+        let bytes = ConvKernel::Pointwise {
+            nc,
+            staged: true,
+            mma: false,
+        }
+        .pointwise_smem(256) as u32;
+        kernels.into_iter().map(move |k| (k.name, bytes))
+    });
+    halo.chain(mma).chain(heads).collect()
 }
 
 /// The image of each (family, architecture) in `targets`, from the cache or NVRTC, whether it
@@ -374,4 +390,27 @@ pub fn compile_all(targets: &[(Family, String)]) -> Vec<Result<Image>> {
 /// Compiles `fam` for `arch` (see [`compile_image`]).
 pub fn compile(fam: Family, arch: &str) -> Result<Image> {
     compile_image(fam.name(), &fam.source(), arch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::host::catalogue::UPSAMPLE_VEC;
+
+    /// Every mma tile's staged twins (`convt_up_*`, their `_st` twins) get the tile's limit:
+    /// the `_st` twins once missed it and failed their first launch.
+    #[test]
+    fn every_mma_twin_gets_its_tiles_shared_memory() {
+        let limits: HashMap<_, _> = smem_limits(227 * 1024).into_iter().collect();
+        let tile = |name: &str| MMA_CONFIGS.iter().find(|c| c.name == name).unwrap();
+        for (mma, up) in UPSAMPLE_VEC {
+            assert_eq!(limits.get(up), Some(&tile(mma).smem_bytes()), "{up}");
+            for (_, st) in UPSAMPLE_VEC_ST.iter().filter(|(b, _)| b == up) {
+                assert_eq!(limits.get(st), Some(&tile(mma).smem_bytes()), "{st}");
+            }
+        }
+        assert!(UPSAMPLE_VEC_ST
+            .iter()
+            .all(|(b, _)| UPSAMPLE_VEC.iter().any(|(_, u)| u == b)));
+    }
 }

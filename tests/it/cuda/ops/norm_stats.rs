@@ -227,13 +227,15 @@ fn cin1_norm_recomputed() {
 /// `convt_up_*_st` twin, one entry per M tile) against float64 and the norm's own partial-sum
 /// pass, the same bits from run to run and at batch 1 as at batch 2: W2's 32 -> 14 (one column
 /// tile of 8 x 14, the any-Cout epilogue) and a 16 -> 8 GroupNorm (Cout % 8 == 0: the chunk
-/// epilogue), on inputs whose rows are whole 128-row tiles.
+/// epilogue), on inputs whose rows are whole 128-row tiles. The first has enough rows a sample
+/// (>= 132 tiles of 128) for `pick_mma`'s m128n128 tile at batch 1 and 2, W2's tile: 8 x 14
+/// columns pass the m128n64 tile, which has no room for the statistics.
 #[test]
 fn convt_norm_tile_stats() {
     let Some(mut b) = gpu() else { return };
     let mut r = Rng::tagged("convt stats");
     for (cin, cout, sp, groups) in [
-        (32usize, 14usize, [4usize, 8, 8], 14usize),
+        (32usize, 14usize, [16usize, 32, 36], 14usize),
         (16, 8, [8, 4, 12], 2),
     ] {
         let name = format!("convT k3 s2 {cin}->{cout} {sp:?} g={groups}");
