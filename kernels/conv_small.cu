@@ -71,8 +71,9 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
             const half* src = xn + ((i64)(row ? iz : 0) * p.hi + (row ? iy : 0)) * p.wi;
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                const int ix = ix0 + (tid & 63) + 64 * e;
-                v[k][e] = row && (unsigned)ix < (unsigned)p.wi ? src[ix] : __float2half(0.f);
+                // (Past the row's hx values a thread loads nothing: at stride 1 over 3/4 of them.)
+                const int lx = (tid & 63) + 64 * e, ix = ix0 + lx;
+                v[k][e] = row && lx < hx && (unsigned)ix < (unsigned)p.wi ? src[ix] : __float2half(0.f);
             }
         }
 #pragma unroll
