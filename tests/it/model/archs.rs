@@ -313,9 +313,9 @@ fn gpu_cases_with(opts: voxtile::internals::cuda::CudaOptions) {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
-/// The exports' windows with the switches that measured slower: z-pair convs reading their
-/// norm's input and stride-2 convs on the stride-2 halo kernel (`CudaOptions::norm_load_conv`,
-/// `halo_s2`): the same bars.
+/// The exports' windows with the switches that measured slower or not yet: z-pair convs reading
+/// their norm's input, stride-2 convs on the stride-2 halo kernel, split-K to two blocks an SM
+/// (`CudaOptions::norm_load_conv`, `halo_s2`, `split_k_fill`): the same bars.
 #[test]
 fn architectures_on_the_gpu_with_unmeasured_switches() {
     if !gpu_present() {
@@ -324,6 +324,7 @@ fn architectures_on_the_gpu_with_unmeasured_switches() {
     gpu_cases_with(voxtile::internals::cuda::CudaOptions {
         norm_load_conv: true,
         halo_s2: true,
+        split_k_fill: true,
         ..Default::default()
     });
 }

@@ -47,6 +47,9 @@ pub struct ArchCaps {
     pub norm_f32: bool,
     /// Split the K of tile-starved mma convs over several blocks ([`split_k`]).
     pub split_k: bool,
+    /// With `split_k`: split to about two blocks an SM, where the output tiles fill under one
+    /// (`CudaOptions::split_k_fill`).
+    pub split_k_fill: bool,
     /// A pointwise head reads the norm before it, normalised on load (`CudaOptions::norm_head`).
     pub norm_head: bool,
     /// A norm's affine pass adds the residual of the Add after it (`CudaOptions::norm_residual`).
@@ -94,6 +97,7 @@ impl ArchCaps {
             halo_tile: None,
             norm_f32: true,
             split_k: true,
+            split_k_fill: false,
             norm_head: true,
             norm_residual: true,
             window_segments: true,
@@ -127,6 +131,7 @@ impl ArchCaps {
             parity_fused: opts.fused_parity,
             norm_f32: opts.norm_f32,
             split_k: opts.split_k,
+            split_k_fill: opts.split_k_fill,
             norm_head: opts.norm_head,
             norm_residual: opts.norm_residual,
             window_segments: opts.window_segments,
@@ -475,6 +480,7 @@ impl ConvKernel {
                 cout,
                 g.k.iter().product::<usize>() * cin,
                 t,
+                if caps.split_k_fill { 2 } else { 1 },
             );
             if ks > 1 {
                 return ConvKernel::SplitK(t, ks);
@@ -832,7 +838,7 @@ mod tests {
         };
         let tiles = 54usize.div_ceil(t.bm) * 768usize.div_ceil(t.bn);
         assert!(ks > 1 && tiles * ks <= 132, "{tiles} tiles x {ks}");
-        assert_eq!(ks, split_k(132, 54, 768, 768 * 27, t));
+        assert_eq!(ks, split_k(132, 54, 768, 768 * 27, t, 1));
         assert_eq!(k.partial_bytes(54, 768), ks * 54 * 768 * 4);
         assert_eq!(ConvKernel::Mma(t).partial_bytes(54, 768), 0);
         let short = geom([768, 6, 6, 6], [384, 6, 6, 6], 1, 1, 1, false);
@@ -857,9 +863,26 @@ mod tests {
             ConvKernel::Mma(_)
         ));
         // Enough tiles to fill half the SMs, or fewer than 128 K tiles: no split.
-        assert_eq!(split_k(132, t.bm * 67, t.bn, 768 * 27, t), 1);
-        assert_eq!(split_k(132, 54, 768, 127 * 32, t), 1);
-        assert_eq!(split_k(132, 1, 64, 1 << 20, t), 16);
+        assert_eq!(split_k(132, t.bm * 67, t.bn, 768 * 27, t, 1), 1);
+        assert_eq!(split_k(132, 54, 768, 127 * 32, t, 1), 1);
+        assert_eq!(split_k(132, 1, 64, 1 << 20, t, 1), 16);
+        // Two blocks an SM (`split_k_fill`): W1's 8³ 320 -> 320 convs at batch 4 (16 x 5
+        // tiles of m128n64) split in 3, over 2 x 132 / 80; 67 tiles now split too, 133 do not.
+        let w1_8 = ArchCaps {
+            split_k_fill: true,
+            ..h
+        };
+        let g8 = geom([320, 8, 8, 8], [320, 8, 8, 8], 3, 1, 1, false);
+        assert!(matches!(
+            ConvKernel::choose(&h, 4, &g8),
+            ConvKernel::Mma(t) if t.name == CONV_MMA_M128N64_V8.name
+        ));
+        assert!(matches!(
+            ConvKernel::choose(&w1_8, 4, &g8),
+            ConvKernel::SplitK(t, 3) if t.name == CONV_MMA_M128N64_V8.name
+        ));
+        assert_eq!(split_k(132, t.bm * 67, t.bn, 768 * 27, t, 2), 3);
+        assert_eq!(split_k(132, t.bm * 133, t.bn, 768 * 27, t, 2), 1);
     }
 
     /// One conv layer per sample: Cin, Cout, input and output edge (cubes), kernel, stride,

@@ -39,6 +39,10 @@ pub struct CudaOptions {
     pub norm_f32: bool,
     /// Split the K of tile-starved mma convs over several blocks (`select::split_k`).
     pub split_k: bool,
+    /// With `split_k`: split where the output tiles fill under one block an SM (not half),
+    /// to about two blocks an SM. W1's 8³ 320-channel convs run 80 m128n64 tiles on 132 SMs
+    /// unsplit at ~75 TF/s. Off until measured.
+    pub split_k_fill: bool,
     /// Add a residual that only an Add reads after an InstanceNorm / GroupNorm (and its
     /// activation) in the norm's affine pass (`fusion::fusable_residual`): the Add never runs
     /// (MONAI's residual units: norm, PReLU, then + the shortcut). The same bits as the Add's
@@ -113,6 +117,7 @@ impl Default for CudaOptions {
             gather_mode: GatherMode::Auto,
             norm_f32: true,
             split_k: true,
+            split_k_fill: false,
             norm_head: true,
             norm_residual: true,
             window_segments: true,

@@ -111,17 +111,25 @@ pub fn pick_mma(m: usize, n: usize, vw: usize, sms: usize) -> &'static MmaConfig
 }
 
 /// K splits for an mma conv of `rows` GEMM rows (the batch's), `cout` columns and K = `k` on
-/// tile `t` with `sm` SMs: 1 unless its output tiles fill under half the SMs and K runs 128 tiles of 32 or
-/// more (SwinUNETR's 768-channel 3^3 convs on 3^3 / 6^3 voxels, nnU-Net's 320-channel 4^3
-/// ones); then enough splits to reach about one block per SM, each at least 32 K tiles long,
-/// at most 16 (the reduce reads every partial).
-pub fn split_k(sm: usize, rows: usize, cout: usize, k: usize, t: &MmaConfig) -> usize {
+/// tile `t` with `sm` SMs: 1 unless its output tiles fill under `per_sm` / 2 blocks an SM and K
+/// runs 128 tiles of 32 or more (SwinUNETR's 768-channel 3^3 convs on 3^3 / 6^3 voxels, nnU-Net's
+/// 320-channel 4^3 ones); then enough splits to reach about `per_sm` blocks an SM, each at least
+/// 32 K tiles long, at most 16 (the reduce reads every partial). `per_sm` is 1 by default; 2
+/// with `CudaOptions::split_k_fill` (W1's 8³ convs: 80 tiles on 132 SMs, unsplit at 1).
+pub fn split_k(
+    sm: usize,
+    rows: usize,
+    cout: usize,
+    k: usize,
+    t: &MmaConfig,
+    per_sm: usize,
+) -> usize {
     let tiles = rows.div_ceil(t.bm) * cout.div_ceil(t.bn);
     let nk = k.div_ceil(32);
-    if tiles == 0 || tiles * 2 > sm || nk < 128 {
+    if tiles == 0 || tiles * 2 > sm * per_sm || nk < 128 {
         return 1;
     }
-    (sm / tiles).min(nk / 32).clamp(1, 16)
+    (sm * per_sm / tiles).min(nk / 32).clamp(1, 16)
 }
 
 /// Largest Cout that takes a halo kernel by default (grid.y over 64-wide tiles; a forced

@@ -431,8 +431,8 @@ fn conv3(r: &mut Rng, cin: usize, cout: usize, st: usize) -> Op {
 /// run: the cost of the fp32 ones, and their activation bytes; and with the fusions on by
 /// default (`CudaOptions::norm_stats`, `concat_split`, `cin_chunks` (`PROFCH`)) switched off,
 /// with the per-op profile of the first two off (`PROFST`); and with `norm_load_conv`
-/// (`PROFNL`), `halo_s2` (`PROFS2`), `norm_recompute` (`PROFRC`), `head_mma` and `convt_stats`
-/// on.
+/// (`PROFNL`), `halo_s2` (`PROFS2`), `norm_recompute` (`PROFRC`), `head_mma`, `convt_stats` and
+/// `split_k_fill` on.
 #[test]
 fn profile_models() {
     let Some(mut b) = gpu() else { return };
@@ -528,9 +528,9 @@ fn profile_models() {
         // in Cin chunks off (`PROFCH`); and the fusions off by default: the z-pair convs reading
         // their norm's input (`PROFNL`); the stride-2 convs on the stride-2 halo kernel
         // (`PROFS2`); the norms rerunning their Cin-1 convs (`PROFRC`); the heads on mma.sync;
-        // the transposed convs' `_st` twins.
+        // the transposed convs' `_st` twins; split-K to two blocks an SM.
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
-        let variants: [Switch; 10] = [
+        let variants: [Switch; 11] = [
             (
                 "without residual Adds in the norms",
                 |o| o.norm_residual = false,
@@ -576,6 +576,11 @@ fn profile_models() {
                 |o| o.convt_stats = true,
                 None,
             ),
+            (
+                "with split-K to two blocks an SM",
+                |o| o.split_k_fill = true,
+                None,
+            ),
         ];
         for (what, set, tag) in variants {
             b.with(set);
@@ -594,7 +599,7 @@ fn profile_models() {
                 (o.cin_chunks, o.norm_load_conv) = (d.cin_chunks, d.norm_load_conv);
                 (o.halo_s2, o.norm_residual) = (d.halo_s2, d.norm_residual);
                 (o.norm_recompute, o.head_mma) = (d.norm_recompute, d.head_mma);
-                o.convt_stats = d.convt_stats;
+                (o.convt_stats, o.split_k_fill) = (d.convt_stats, d.split_k_fill);
             });
             let dev = max_abs_diff(&ys, &y);
             println!(
@@ -654,7 +659,7 @@ fn bench_convt_tiles() {
             &x,
             (n, s),
             "ConvTranspose",
-            tiles.map(|t| (t, true)),
+            tiles.map(|t| (t, 1)),
         );
         for (tile, _, ms, label) in runs {
             println!(
@@ -669,8 +674,10 @@ fn bench_convt_tiles() {
 
 /// W1's convs on the `conv_mma` tiles (its stride-2 3³ convs, and the 16³ / 8³ stride-1 ones):
 /// each followed by an InstanceNorm as in W1 (the conv stores fp32), at batch 4, with every
-/// tile forced (and at 16³ and below split-K off and on): the conv's own time per tile against
-/// the planner's pick (`RESULT mma tiles`). The outputs agree to fp16 rounding across tiles.
+/// tile forced (and at 16³ and below, on the planner's tile, split-K off, on, and to two blocks
+/// an SM, `split_k_fill`): the conv's own time per tile against the planner's pick (`RESULT mma
+/// tiles`; "split-K" 0 off, 1 the default rule, 2 the fill rule). The outputs agree to fp16
+/// rounding across tiles.
 #[test]
 fn bench_mma_tiles() {
     let Some(mut b) = gpu() else { return };
@@ -702,12 +709,18 @@ fn bench_mma_tiles() {
         // (The 16-byte tiles: every Cin here is a multiple of 8.)
         let v8 = MMA_CONFIGS.iter().filter(|c| c.name.ends_with("_v8"));
         let tiles = std::iter::once(None).chain(v8.map(Some));
-        // (Split-K only applies to the small outputs.)
-        let splits: &[bool] = if os <= 16 { &[true, false] } else { &[true] };
-        let variants = tiles.flat_map(|t| splits.iter().map(move |&sp| (t, sp)));
+        // (Split-K only applies to the small outputs, on the planner's tile.)
+        let variants = tiles.flat_map(|t| {
+            let splits: &[usize] = if os <= 16 && t.is_none() {
+                &[1, 0, 2]
+            } else {
+                &[1]
+            };
+            splits.iter().map(move |&sp| (t, sp))
+        });
         for (tile, split, ms, label) in tile_sweep(&mut b, &g, &x, (n, s), "Conv", variants) {
             println!(
-                "RESULT mma tiles {cin}->{cout} s{st} {n}x{s}^3 {:<22} split-K {:<5} {ms:.3} ms ({:.0} TF/s)  {label}",
+                "RESULT mma tiles {cin}->{cout} s{st} {n}x{s}^3 {:<22} split-K {} {ms:.3} ms ({:.0} TF/s)  {label}",
                 tile.map_or("auto", |t| t.name),
                 split,
                 flop / ms / 1e9
@@ -717,7 +730,8 @@ fn bench_mma_tiles() {
 }
 
 /// Runs graph `g` (`n` windows of side `s`) once per `(tile, split-K)` of `variants` (None: the
-/// planner's tile), skipping any the plan refuses; asserts every output agrees with the first to
+/// planner's tile; split-K 0 off, 1 the default rule, 2 with `split_k_fill`), skipping any the
+/// plan refuses; asserts every output agrees with the first to
 /// fp16 rounding; returns each variant's time of its first step whose label starts with
 /// `step` (ms per forward), with that label.
 #[allow(clippy::type_complexity)]
@@ -727,12 +741,12 @@ fn tile_sweep(
     x: &Array5<f32>,
     (n, s): (usize, usize),
     step: &str,
-    variants: impl Iterator<Item = (Option<&'static MmaConfig>, bool)>,
-) -> Vec<(Option<&'static MmaConfig>, bool, f64, String)> {
+    variants: impl Iterator<Item = (Option<&'static MmaConfig>, usize)>,
+) -> Vec<(Option<&'static MmaConfig>, usize, f64, String)> {
     let mut want: Option<Array5<f32>> = None;
     let mut out = Vec::new();
     for (tile, split) in variants {
-        b.with(|o| (o.conv_tile, o.split_k) = (tile, split));
+        b.with(|o| (o.conv_tile, o.split_k, o.split_k_fill) = (tile, split > 0, split == 2));
         if b.prepare(g, n, [s; 3]).is_err() {
             continue;
         }
@@ -756,7 +770,7 @@ fn tile_sweep(
             .expect("the step in the profile");
         out.push((tile, split, ms, label));
     }
-    b.with(|o| (o.conv_tile, o.split_k) = (None, true));
+    b.with(|o| (o.conv_tile, o.split_k, o.split_k_fill) = (None, true, false));
     out
 }
 

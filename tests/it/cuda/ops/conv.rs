@@ -444,7 +444,7 @@ fn convt_up_vec_cases() {
 /// scratch, `conv_splitk_reduce`) vs float64: long-K convs on few voxels (W1's 320-channel 4^3,
 /// a 16-byte and a 4-byte gather, odd Cout, a fused activation), then one feeding an
 /// InstanceNorm (fp32 output) beside one written into its concat slice (channel stride and
-/// offset). Each must run split.
+/// offset). Each must run split; one more only with `split_k_fill`.
 #[test]
 fn conv_split_k() {
     let Some(mut b) = gpu() else { return };
@@ -474,6 +474,21 @@ fn conv_split_k() {
             "{name}: ran {used:?}"
         );
     }
+    // `split_k_fill`: 68 m128n64 tiles at batch 2 (the default rule splits under 66 on 132
+    // SMs) split to about two blocks an SM.
+    b.with(|o| o.split_k_fill = true);
+    let name = "split (fill) 152->64 3^3 8x16x34";
+    conv_case(
+        &mut b,
+        &mut r,
+        ConvCase::new(name, 152, 64, [8, 16, 34], 3).pads([1; 6]),
+    );
+    let used = kernels_used(&mut b, 2);
+    b.with(|o| o.split_k_fill = false);
+    assert!(
+        used.iter().any(|k| k.contains("split-K")),
+        "{name}: ran {used:?}"
+    );
     // v1 = conv 256->64 (split, fp32 for the norm), v3 = leaky(norm(v1)), v4 = conv 256->40
     // (split, into the concat's slice at channel 64 of 104), v5 = concat(v3, v4).
     let (ci, sp) = (256usize, [4usize, 4, 4]);
