@@ -464,6 +464,14 @@ pub const UPSAMPLE_VEC_ST: &[(&str, &str)] = &[
     (CONVT_UP_M128N128_V8.name, CONVT_UP_M128N128_V8_ST.name),
 ];
 
+/// The `_st` twin of a `convt_up_*` kernel, if it has one (UPSAMPLE_VEC_ST).
+pub fn upsample_vec_st_name(up: &str) -> Option<&'static str> {
+    UPSAMPLE_VEC_ST
+        .iter()
+        .find(|(b, _)| *b == up)
+        .map(|(_, t)| *t)
+}
+
 /// The `convt_up_*` twin of an mma tile, if it has one.
 pub fn upsample_vec_name(mma: &str) -> Option<&'static str> {
     UPSAMPLE_VEC
@@ -1133,7 +1141,7 @@ pub fn entry_lines(fam: Family) -> String {
                     "UP_ENTRY({u}, {}, {}, {}, {wn}, {})\n",
                     c.bm, c.bn, c.wm, c.stages
                 ));
-                if let Some((_, t)) = UPSAMPLE_VEC_ST.iter().find(|(b, _)| b == u) {
+                if let Some(t) = upsample_vec_st_name(u) {
                     out.push_str(&format!(
                         "UP_ST_ENTRY({t}, {}, {}, {}, {wn}, {})\n",
                         c.bm, c.bn, c.wm, c.stages

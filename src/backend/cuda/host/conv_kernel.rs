@@ -3,10 +3,10 @@
 
 use crate::backend::cuda::abi::norm_blocks;
 use crate::backend::cuda::host::catalogue::{
-    has_wgmma, stats_twin, upsample_vec_name, HaloConfig, MmaConfig, C1X1_STAGE_BYTES, C1_TILE,
-    CONV1X1_MMA_N16, CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32, CONV1X1_N32_S, CONV_C1_K3,
-    CONV_C1_K3_ST, CONV_DIRECT, CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8, CONV_IGEMM_N64_V1,
-    CONV_IGEMM_N64_V8, CONV_SPLITK_REDUCE, UPSAMPLE_VEC_ST,
+    has_wgmma, stats_twin, upsample_vec_name, upsample_vec_st_name, HaloConfig, MmaConfig,
+    C1X1_STAGE_BYTES, C1_TILE, CONV1X1_MMA_N16, CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32,
+    CONV1X1_N32_S, CONV_C1_K3, CONV_C1_K3_ST, CONV_DIRECT, CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8,
+    CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8, CONV_SPLITK_REDUCE,
 };
 use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::host::relayout::{parity_split, FusedParity, ParityClass};
@@ -252,7 +252,7 @@ impl ConvKernel {
             ConvKernel::ParityFusedVec(f, t, false) => {
                 let rows = f.grid.iter().product::<usize>();
                 let up = upsample_vec_name(t.name)?;
-                UPSAMPLE_VEC_ST.iter().find(|(b, _)| *b == up)?;
+                upsample_vec_st_name(up)?;
                 let fits = rows.is_multiple_of(t.bm) && f.classes.len() * cout <= t.bn;
                 fits.then(|| (ConvKernel::ParityFusedVec(f.clone(), t, true), rows / t.bm))
             }
@@ -304,9 +304,8 @@ impl ConvKernel {
             ConvKernel::ParityFused(_, c) => vec![c.name],
             ConvKernel::ParityFusedVec(_, c, stats) => {
                 let up = upsample_vec_name(c.name).unwrap_or(c.name);
-                let twin = UPSAMPLE_VEC_ST.iter().find(|(b, _)| *b == up);
-                vec![match twin {
-                    Some((_, t)) if *stats => t,
+                vec![match upsample_vec_st_name(up) {
+                    Some(t) if *stats => t,
                     _ => up,
                 }]
             }

@@ -4,8 +4,8 @@
 
 use super::device::drv;
 use crate::backend::cuda::host::catalogue::{
-    halo_all, upsample_vec_name, Family, COMMON, CONV1X1_N16_S, CONV1X1_N32_S, CONV1X1_NORM_N16_S,
-    CONV1X1_NORM_N32_S, FAMILIES, MMA_CONFIGS, UPSAMPLE_VEC_ST,
+    halo_all, upsample_vec_name, upsample_vec_st_name, Family, COMMON, CONV1X1_N16_S,
+    CONV1X1_N32_S, CONV1X1_NORM_N16_S, CONV1X1_NORM_N32_S, FAMILIES, MMA_CONFIGS,
 };
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::{Error, Result};
@@ -330,12 +330,7 @@ fn smem_limits(smem_optin: usize) -> Vec<(&'static str, u32)> {
     // shared memory.
     let mma = MMA_CONFIGS.iter().flat_map(|c| {
         let up = upsample_vec_name(c.name);
-        let st = up.and_then(|u| {
-            UPSAMPLE_VEC_ST
-                .iter()
-                .find(|(b, _)| *b == u)
-                .map(|(_, t)| *t)
-        });
+        let st = up.and_then(upsample_vec_st_name);
         std::iter::once(c.name)
             .chain(up)
             .chain(st)
@@ -395,7 +390,7 @@ pub fn compile(fam: Family, arch: &str) -> Result<Image> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cuda::host::catalogue::UPSAMPLE_VEC;
+    use crate::backend::cuda::host::catalogue::{UPSAMPLE_VEC, UPSAMPLE_VEC_ST};
 
     /// Every mma tile's staged twins (`convt_up_*`, their `_st` twins) get the tile's limit:
     /// the `_st` twins once missed it and failed their first launch.
