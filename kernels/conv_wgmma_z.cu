@@ -300,14 +300,20 @@ struct WzConv {
     // ACC false (the `_nl` kernels, which the host never asks to accumulate): no registers
     // set aside for the earlier sums. ER (early release, the `_h2e` kernels): the thread takes
     // its rows into registers, then `release` hands the staging rows back before any store, and
-    // the flush works in `scratch`.
-    template <int NT = 128, bool ST = false, bool ACC = true, bool ER = false, class Release = WzNoRelease>
+    // the flush works in `scratch`. BS (bulk stores, the `_h2b` kernels): where the output is
+    // fp32 and stored as staged (no activation, no earlier parts to add), each staged voxel's
+    // channels of the Cout tile go out in one bulk copy (`bulk_store`: the TMA unit, not the
+    // helper's load-store path), the threads reading the rows only for the statistics; the
+    // copies have read the rows before `put` returns (the staging rows are handed back after).
+    template <int NT = 128, bool ST = false, bool ACC = true, bool ER = false, bool BS = false,
+              class Release = WzNoRelease>
     __device__ __forceinline__ void put(int s, int htid, float* st, half* __restrict__ y,
                                         const float* __restrict__ slope, WzTile& tc, TileStats8* ts = nullptr,
                                         float* scratch = nullptr, Release release = {}) const {
         static_assert((2 * NY) % (NT / 32) == 0, "whole rows per warp");
         static_assert(2 * N * SP >= tile_stats_floats<NT, 4>(), "the statistics fit the staging rows");
         static_assert(!ER || tile_stats_floats<NT, 4>() <= FLUSH_FLOATS, "the flush fits its scratch");
+        static_assert(!(ER && BS), "one way to hand the staging rows back");
         const int warp = htid >> 5;
         const int ti = s / H, j = s - ti * H, t = blockIdx.x + ti * gridDim.x;
         const WzTile& o = tile(tc, ti);
@@ -325,7 +331,22 @@ struct WzConv {
             ts->start(first);
         }
         constexpr int RW = 2 * NY / (NT / 32);  // rows a thread stores
-        const bool active = ox < p.wo && c < p.cout;
+        // BS: the Cout tile's channels of a voxel (cw x 4 bytes, 16-byte aligned at both ends).
+        const int cw = min(32, p.cout - nb0);
+        const bool bulk = BS && p.out_f32 && !p.accum && p.act == ACT_NONE && ((p.ldc | p.coff | cw) & 3) == 0 &&
+                          (reinterpret_cast<unsigned long long>(y) & 15) == 0;
+        if (bulk) {
+            for (int v = htid; v < 2 * N; v += NT) {
+                const int pl = v / N, yy = (v - pl * N) / TX, xx = v % TX;
+                const int oz = oz0 + 2 * j + pl, oy = oy0 + yy, vx = ox0 + xx;
+                if (oz < p.do_ && oy < p.ho && vx < p.wo)
+                    bulk_store(reinterpret_cast<float*>(y) +
+                                   ((((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + vx) * p.ldc + p.coff + nb0,
+                               st + v * SP, cw * 4);
+            }
+            bulk_commit();
+        }
+        const bool active = ox < p.wo && c < p.cout && (!bulk || stats);
         float rows[ER ? RW : 1][8];  // ER: the thread's staged rows
         if constexpr (ER) {
             if (active) {
@@ -387,7 +408,9 @@ struct WzConv {
                     for (int q = 0; q < 8; q++) v[q] += u[q];
                 }
                 act8(v, c, p, slope);
-                if (vec) {
+                if (bulk) {
+                    // (stored by the bulk copies)
+                } else if (vec) {
                     out_store8(p, y, dst, v);
                 } else {
 #pragma unroll
@@ -400,6 +423,7 @@ struct WzConv {
                 }
             }
         }
+        if (bulk) bulk_wait_read();
         if (stats && j == H - 1) {
             const float count = (float)(min(ZT, p.do_ - oz0) * min(NY, p.ho - oy0) * min(TX, p.wo - ox0));
             tile_stats_flush<3, NT, 4>(*ts, htid, ER ? scratch : st,
@@ -501,22 +525,38 @@ __device__ __forceinline__ void wz_arrive(int id) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(128 + HT) : "memory");
 }
 
-template <int HT, int CIN, int NY, int ZT>
+// How the helper stores the staged planes (`WZH_ENTRY`'s SM): its own 16-byte stores after the
+// rows (0), early release (1, `_h2e`) or bulk copies (2, `_h2b`).
+constexpr int WZ_STORES = 0, WZ_RELEASE_EARLY = 1, WZ_BULK = 2;
+
+// The MMA warpgroup's hand-over of staged planes: once the rows are free (barrier 1), stage
+// `acc`, then barrier 2. Bulk copies read the rows through the async proxy, so the stagers fence
+// their writes for it first.
+template <int HT, int SM, int CIN, int NY, int ZT>
+__device__ __forceinline__ void wzh_stage(const WzConv<CIN, NY, ZT>& c, const float (&acc)[WzConv<CIN, NY, ZT>::NA],
+                                          float* st, int tid, const float* __restrict__ bias) {
+    wz_bar<HT>(1);
+    c.stage(acc, tid, st, bias);
+    if constexpr (SM == WZ_BULK) fence_async_smem();
+    wz_arrive<HT>(2);
+}
+
+template <int HT, int SM, int CIN, int NY, int ZT>
 __device__ __forceinline__ void wzh_step(const WzConv<CIN, NY, ZT>& c, int s, float (&cur)[WzConv<CIN, NY, ZT>::NA],
                                          float (&nxt)[WzConv<CIN, NY, ZT>::NA], float* st, unsigned bars, unsigned da0,
                                          unsigned db0, int tid, const float* __restrict__ bias) {
     c.wait_step(bars, s + 1);
     c.mma_step(nxt, da0, db0, s + 1);
-    wz_bar<HT>(1);
-    c.stage(cur, tid, st, bias);
-    wz_arrive<HT>(2);
+    wzh_stage<HT, SM>(c, cur, st, tid, bias);
     wg_wait<0>();
 }
 
-// ER (the `_h2e` kernels): the helper hands the staging rows back as soon as it has taken its
-// rows into registers (`put`'s early release), before its stores, so the MMA warpgroup's next
-// staging waits for those loads only (session 31's ncu: ~23% of its samples at barrier 1).
-template <int HT, bool ST, bool NL, bool ER, int CIN, int NY, int ZT>
+// WZ_RELEASE_EARLY (the `_h2e` kernels): the helper hands the staging rows back as soon as it
+// has taken its rows into registers (`put`'s early release), before its stores, so the MMA
+// warpgroup's next staging waits for those loads only (session 31's ncu: ~23% of its samples at
+// barrier 1). WZ_BULK (`_h2b`): the TMA unit stores the rows (`put`'s BS), the helper's
+// load-store path keeps the slot copies alone (session 31's ncu: its warps at `lg_throttle`).
+template <int HT, bool ST, bool NL, int SM, int CIN, int NY, int ZT>
 __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps, half* sW, half* ring, float* st,
                                         unsigned bars, float* scratch, int tid, half* __restrict__ y,
                                         const float* __restrict__ bias, const float* __restrict__ slope) {
@@ -538,15 +578,16 @@ __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps
             if (s + 2 < steps) c.template load_step<HT, NL>(ring, s + 2, h, lt, bars);
             wz_bar<HT>(2);
             // An `_nl` conv never accumulates.
-            if constexpr (ER) {
+            if constexpr (SM == WZ_RELEASE_EARLY) {
                 c.template put<HT, ST, !NL, true>(s, h, st, y, slope, pt, &ts, scratch, [&] {
                     if (s + 1 < steps) wz_arrive<HT>(1);
                 });
             } else {
-                c.template put<HT, ST, !NL>(s, h, st, y, slope, pt, &ts);
+                c.template put<HT, ST, !NL, false, SM == WZ_BULK>(s, h, st, y, slope, pt, &ts);
                 if (s + 1 < steps) wz_arrive<HT>(1);
             }
         }
+        if constexpr (SM == WZ_BULK) bulk_wait();  // the copies' writes done before the block ends
         return;
     }
     const unsigned da0 = wg_desc_lo((unsigned)__cvta_generic_to_shared(sW), 4 * C::BLK * 2);
@@ -558,25 +599,21 @@ __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps
     wg_wait<0>();
     for (int s = 0;; s += 2) {
         if (s + 1 >= steps) {
-            wz_bar<HT>(1);
-            c.stage(acc0, tid, st, bias);
-            wz_arrive<HT>(2);
+            wzh_stage<HT, SM>(c, acc0, st, tid, bias);
             break;
         }
-        wzh_step<HT>(c, s, acc0, acc1, st, bars, da0, db0, tid, bias);
+        wzh_step<HT, SM>(c, s, acc0, acc1, st, bars, da0, db0, tid, bias);
         if (s + 2 >= steps) {
-            wz_bar<HT>(1);
-            c.stage(acc1, tid, st, bias);
-            wz_arrive<HT>(2);
+            wzh_stage<HT, SM>(c, acc1, st, tid, bias);
             break;
         }
-        wzh_step<HT>(c, s + 1, acc1, acc0, st, bars, da0, db0, tid, bias);
+        wzh_step<HT, SM>(c, s + 1, acc1, acc0, st, bars, da0, db0, tid, bias);
     }
 }
 
 // The kernel: shared memory carved as the layouts above, then one warpgroup's loop (`wz_run`,
 // HT 0) or the MMA warpgroup's and its helper's of HT threads (`wz_run_h`).
-template <int CIN, int NY, int ZT, int HT, bool ST, bool NL = false, bool ER = false>
+template <int CIN, int NY, int ZT, int HT, bool ST, bool NL = false, int SM = WZ_STORES>
 __device__ __forceinline__ void conv_wz(const ConvParams& p, const half* __restrict__ x, const half* __restrict__ w,
                                        const float* __restrict__ bias, half* __restrict__ y,
                                        const float* __restrict__ slope, const NormLoad& nl = NormLoad{}) {
@@ -586,37 +623,39 @@ __device__ __forceinline__ void conv_wz(const ConvParams& p, const half* __restr
     half* ring = sW + C::WH;
     float* st = reinterpret_cast<float*>(ring + C::R * C::SLOT);
     const unsigned bars = (unsigned)__cvta_generic_to_shared(st) + C::ST_BYTES;
-    float* scratch = reinterpret_cast<float*>(dsm + C::SMEM);  // ER only
+    float* scratch = reinterpret_cast<float*>(dsm + C::SMEM);  // WZ_RELEASE_EARLY only
     const C c(p, x, w, nl);
-    const int steps = c.steps(C::SMEM + (ER ? C::FLUSH_FLOATS * 4 : 0));
+    const int steps = c.steps(C::SMEM + (SM == WZ_RELEASE_EARLY ? C::FLUSH_FLOATS * 4 : 0));
     if (steps == 0) return;
     if constexpr (HT > 0) {
-        wz_run_h<HT, ST, NL, ER>(c, steps, sW, ring, st, bars, scratch, (int)threadIdx.x, y, bias, slope);
+        wz_run_h<HT, ST, NL, SM>(c, steps, sW, ring, st, bars, scratch, (int)threadIdx.x, y, bias, slope);
     } else {
-        static_assert(!ST && !NL && !ER, "norm statistics, norm loads and early release are the helper's only");
+        static_assert(!ST && !NL && SM == WZ_STORES,
+                      "norm statistics, norm loads and the other stores are the helper's only");
         wz_run(c, steps, sW, ring, st, (int)threadIdx.x, y, bias, slope);
     }
 }
 
-// Name: conv_wz_c{CIN}_y{NY}[_h | _h2 | _h2e]; one line per WGMMA table entry with `zpair`
-// (`entry_lines`): WZ_ENTRY one warpgroup, WZH_ENTRY a helper of HT threads (128: `_h`, 256:
-// `_h2`), the block 128 + HT threads; ER 1: the helper's early release (`_h2e`).
+// Name: conv_wz_c{CIN}_y{NY}[_h | _h2 | _h2e | _h2b]; one line per WGMMA table entry with
+// `zpair` (`entry_lines`): WZ_ENTRY one warpgroup, WZH_ENTRY a helper of HT threads (128: `_h`,
+// 256: `_h2`), the block 128 + HT threads; SM the helper's stores (`WZ_STORES`, 1: early
+// release `_h2e`, 2: bulk copies `_h2b`).
 #define WZ_ENTRY(NAME, CIN, NY, ZT)                                                                  \
     extern "C" __global__ void __launch_bounds__(128, 1) NAME(ConvParams p, const half* x, const half* w, \
                                                             const float* bias, half* y, const float* slope) { \
         conv_wz<CIN, NY, ZT, 0, false>(p, x, w, bias, y, slope);                                                \
     }
-#define WZH_ENTRY(NAME, CIN, NY, ZT, HT, ER)                                                         \
+#define WZH_ENTRY(NAME, CIN, NY, ZT, HT, SM)                                                         \
     extern "C" __global__ void __launch_bounds__(128 + HT, 1) NAME(ConvParams p, const half* x, const half* w, \
                                                                  const float* bias, half* y, const float* slope) { \
-        conv_wz<CIN, NY, ZT, HT, false, false, ER>(p, x, w, bias, y, slope);                                         \
+        conv_wz<CIN, NY, ZT, HT, false, false, SM>(p, x, w, bias, y, slope);                                         \
     }
 // The `_st` twin of a WZH entry (`HaloConfig::stats`): the helper's stores also write the norm
 // statistics of each tile to `p.stats` (tile_stats.cuh).
-#define WZH_ST_ENTRY(NAME, CIN, NY, ZT, HT, ER)                                                      \
+#define WZH_ST_ENTRY(NAME, CIN, NY, ZT, HT, SM)                                                      \
     extern "C" __global__ void __launch_bounds__(128 + HT, 1) NAME(ConvParams p, const half* x, const half* w, \
                                                                  const float* bias, half* y, const float* slope) { \
-        conv_wz<CIN, NY, ZT, HT, true, false, ER>(p, x, w, bias, y, slope);                                     \
+        conv_wz<CIN, NY, ZT, HT, true, false, SM>(p, x, w, bias, y, slope);                                     \
     }
 // The `_nl` twin of a WZH entry (`HaloConfig::norm_load`): x is the input of the InstanceNorm /
 // GroupNorm before the conv, normalised and activated on load (`NormLoad`, as `conv1x1_norm_*`

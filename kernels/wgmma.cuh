@@ -46,6 +46,20 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
         : "memory");
 }
 
+// Bulk stores (the TMA unit's `cp.async.bulk`, shared::cta -> global, no tensor map): `bytes`
+// (a multiple of 16, both addresses 16-byte aligned) copied by the async proxy, so the writers
+// of the shared source fence it first (`fence_async_smem`). One bulk group per thread;
+// `bulk_wait_read` returns once the group's copies have read their source (the rows may be
+// written again), `bulk_wait` once their writes are done.
+__device__ __forceinline__ void bulk_store(void* gmem, const void* smem, unsigned bytes) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(gmem), "r"(s), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
 // D (m64 x N fp32, N / 2 per thread) += A (m64 x k16) * B (k16 x N), both from shared memory
 // (scale_d 0: D = A * B, the accumulators' old values ignored).
 template <int N>

@@ -3,11 +3,13 @@
 //! (`load_w`), the ring of two-plane slots (`load_slot`: a channel slice of a wider input,
 //! `ConvParams::ldi`; or `load_normed`: a norm's input normalised on load), each step's wgmma
 //! operands through their descriptors (no-swizzle core matrices), the staged planes and the
-//! helper's stores (`put`, adding to the output where the launch accumulates), over Cout tiles
-//! (grid.y). Each launch writes every output element once; the launches of a conv in Cin
+//! helper's stores (`put`, adding to the output where the launch accumulates; `_h2b`: one
+//! bulk copy per staged voxel where it does not), over Cout tiles (grid.y). Each launch writes every output element once; the launches of a conv in Cin
 //! chunks sum to a direct float64 conv. The values are small integers, so every sum is exact.
 
-use voxtile::internals::cuda::host::catalogue::{HaloConfig, CONV_WZ_C32_Y16_H2};
+use voxtile::internals::cuda::host::catalogue::{
+    HaloConfig, WzStores, CONV_WZ_C32_Y16_H2, CONV_WZ_C32_Y16_H2B,
+};
 use voxtile::internals::cuda::host::relayout::relayout_weight;
 
 const CIN: usize = 32;
@@ -226,6 +228,29 @@ fn run(
                         .map_or(0.0, |b| b[nb0 + co]);
                     acc[(pl * 32 + co) * nn + v] + b
                 };
+                // `_h2b` where the output is stored as staged (never added to; fp32 and no
+                // activation here): voxel v of the two planes (v = plane * nn + y * 8 + x, its
+                // staging row) copied whole, the Cout tile's cw channels; the threads below
+                // then only sum.
+                let cw = 32.min(l.cout - nb0);
+                let bulk = c.stores == WzStores::Bulk
+                    && !l.accum
+                    && cw.is_multiple_of(4)
+                    && l.cout.is_multiple_of(4);
+                if bulk {
+                    for v in 0..2 * nn {
+                        let (pl, yy, xx) = (v / nn, v % nn / TX, v % TX);
+                        let (oz, oy, ox) = (oz0 + 2 * j + pl, oy0 + yy, ox0 + xx);
+                        if oz >= dout || oy >= hout || ox >= wout {
+                            continue;
+                        }
+                        let dst = (((n * dout + oz) * hout + oy) * wout + ox) * l.cout + nb0;
+                        for q in 0..cw {
+                            y[dst + q] = staged(pl, v % nn, q);
+                            hits[dst + q] += 1;
+                        }
+                    }
+                }
                 for (t, tst) in ts.iter_mut().enumerate() {
                     let (warp, xq, c0) = (t >> 5, (t >> 2) & 7, (t & 3) * 8);
                     if j == 0 {
@@ -249,7 +274,7 @@ fn run(
                         let dst = (((n * dout + oz) * hout + oy) * wout + ox) * l.cout + ch;
                         for q in 0..8 {
                             let mut v = staged(pl, yy * 8 + xq, c0 + q);
-                            if ch + q < l.cout {
+                            if ch + q < l.cout && !bulk {
                                 if l.accum {
                                     v += y[dst + q];
                                 }
@@ -370,9 +395,10 @@ fn chunk_weights(w: &[f64], cout: usize, cin: usize, off: usize) -> (Vec<f64>, u
 /// conv's, over partial tiles on every axis, Cout tiles (a partial last one), several tiles per
 /// block (ring slots reused across tile changes), same and valid padding; the last launch's
 /// norm statistics (its `_st` twin's) give the output's mean and spread per sample and channel.
+/// On `_h2` and on `_h2b`, whose first launch stores by bulk copies (Cout 40: a 32-channel copy,
+/// then an 8-channel one; Cout 12, 48 bytes).
 #[test]
 fn zpair_chunks_sum_to_the_conv() {
-    let c = &CONV_WZ_C32_Y16_H2;
     // (samples, input dims, Cin, Cout, pads, SMs)
     type Case = (usize, [usize; 3], usize, usize, [usize; 3], usize);
     let cases: [Case; 3] = [
@@ -380,7 +406,11 @@ fn zpair_chunks_sum_to_the_conv() {
         (1, [18, 20, 9], 96, 32, [0, 0, 0], 2),
         (2, [5, 3, 17], 32, 12, [1, 1, 1], 132),
     ];
-    for (n, di, cin, cout, pads, sms) in cases {
+    let kernels = [&CONV_WZ_C32_Y16_H2, &CONV_WZ_C32_Y16_H2B];
+    for (c, (n, di, cin, cout, pads, sms)) in kernels
+        .into_iter()
+        .flat_map(|c| cases.map(|case| (c, case)))
+    {
         let out: [usize; 3] = std::array::from_fn(|a| di[a] + 2 * pads[a] - 2);
         let x = ints(n * di.iter().product::<usize>() * cin, 1, 9);
         let w = ints(cout * cin * 27, 2, 7);

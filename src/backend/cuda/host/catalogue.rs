@@ -514,9 +514,8 @@ pub struct HaloConfig {
     /// output channels x 2 output planes), the halo as B; persistent, one warpgroup, `tile`
     /// [z, y, 8] walked a plane pair at a time (Cin = `cin` only, Cout tiles of 32).
     pub zpair: bool,
-    /// A z-pair kernel whose helper hands the staging rows back before its stores (`ER` in
-    /// kernels/conv_wgmma_z.cu), the statistics' flush in scratch of its own.
-    pub release_early: bool,
+    /// How a z-pair kernel's helper stores the staged planes (`SM` in kernels/conv_wgmma_z.cu).
+    pub stores: WzStores,
     /// Not measured yet: listed and compiled only with the `kernel-experiments` feature, never a
     /// default, run only when forced.
     pub experiment: bool,
@@ -530,6 +529,20 @@ pub struct HaloConfig {
     /// The conv's stride on every axis: 1, or 2 for a `conv_halo_t` whose halo is the tile's
     /// reach at stride 2 (`CudaOptions::halo_s2`).
     pub stride: usize,
+}
+
+/// How the helper of a z-pair kernel stores the staged output planes (the `SM` of its entry,
+/// `WZ_STORES` ... in kernels/conv_wgmma_z.cu).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WzStores {
+    /// Its own 16-byte stores after loading the rows; the rows go back after the stores.
+    Staged = 0,
+    /// The rows go back once loaded into registers, before the stores (`_h2e`); the statistics'
+    /// flush then works in scratch of its own.
+    ReleaseEarly = 1,
+    /// One bulk copy (the TMA unit) per staged voxel where the output is fp32 and stored as
+    /// staged (`_h2b`); the rows go back once the copies have read them.
+    Bulk = 2,
 }
 
 /// Output voxels of the original halo tile (z, y, x).
@@ -560,13 +573,13 @@ impl HaloConfig {
         if self.zpair {
             // conv_wgmma_z.cu: 4 weight blocks of 32 rows per (dy dx, channel group) and one
             // zero block, 5 slots of two halo planes, two planes' fp32 staging (36-float rows),
-            // 6 mbarriers (the slots' and the weights'); with `release_early`, the flush's
+            // 6 mbarriers (the slots' and the weights'); with early release, the flush's
             // scratch (`tile_stats_floats<256, 4>()` in kernels/tile_stats.cuh: 8 warps x 4
             // chunks x 16 floats + 32 shifts).
             let g = self.cin / 8;
             let plane = (self.tile[1] + 2) * 10;
             let n = 8 * self.tile[1];
-            let flush = if self.release_early {
+            let flush = if self.stores == WzStores::ReleaseEarly {
                 (8 * 4 * 16 + 32) * 4
             } else {
                 0
@@ -655,7 +668,7 @@ const fn halo(name: &'static str, cin: usize, bn: usize, wm: usize, wn: usize) -
         wg_pad: false,
         wg_reps: 1,
         zpair: false,
-        release_early: false,
+        stores: WzStores::Staged,
         experiment: false,
         stats: false,
         norm_load: false,
@@ -866,7 +879,7 @@ const fn wg(name: &'static str, cin: usize, bn: usize, tz: usize, wst: usize) ->
         wg_pad: false,
         wg_reps: 1,
         zpair: false,
-        release_early: false,
+        stores: WzStores::Staged,
         experiment: false,
         stats: false,
         norm_load: false,
@@ -917,7 +930,16 @@ pub const CONV_WZ_C32_Y16_H2: HaloConfig = HaloConfig {
 /// until measured against `_h2`.
 pub const CONV_WZ_C32_Y16_H2E: HaloConfig = HaloConfig {
     name: "conv_wz_c32_y16_h2e",
-    release_early: true,
+    stores: WzStores::ReleaseEarly,
+    ..CONV_WZ_C32_Y16_H2
+};
+/// `_h2` whose staged planes the TMA unit stores (one bulk copy per voxel) where the output
+/// is fp32 and stored as staged, the helper only reading them for the statistics (session 31's
+/// ncu of `_h2_st`: the helper's warps at `lg_throttle`, the MMA warps waiting on its stores).
+/// Taken for `_h2` by `CudaOptions::zpair_bulk`; off until measured.
+pub const CONV_WZ_C32_Y16_H2B: HaloConfig = HaloConfig {
+    name: "conv_wz_c32_y16_h2b",
+    stores: WzStores::Bulk,
     ..CONV_WZ_C32_Y16_H2
 };
 pub const CONV_WZ_C32_Y8_H: HaloConfig = HaloConfig {
@@ -972,6 +994,7 @@ pub const WGMMA_CONFIGS: &[HaloConfig] = &[CONV_WZ_C32_Y16_H2, CONV_WG_C16N16_R8
 /// 8-plane `_r8`, session 29), and the experiments.
 pub const WGMMA_FORCED: &[HaloConfig] = &[
     CONV_WZ_C32_Y16_H2E,
+    CONV_WZ_C32_Y16_H2B,
     CONV_WZ_C32_Y16_H,
     CONV_WZ_C32_Y16,
     CONV_WZ_C32_Y8_H,
@@ -1022,14 +1045,25 @@ pub const CONV_WZ_C32_Y16_H2_ST: HaloConfig =
     stats_twin_of("conv_wz_c32_y16_h2_st", CONV_WZ_C32_Y16_H2);
 pub const CONV_WZ_C32_Y16_H2E_ST: HaloConfig =
     stats_twin_of("conv_wz_c32_y16_h2e_st", CONV_WZ_C32_Y16_H2E);
+pub const CONV_WZ_C32_Y16_H2B_ST: HaloConfig =
+    stats_twin_of("conv_wz_c32_y16_h2b_st", CONV_WZ_C32_Y16_H2B);
 
 /// The halo-tile kernels that hand a following InstanceNorm / GroupNorm its statistics
 /// (`CudaOptions::norm_stats`; with `CONV_C1_K3_ST`): the `_st` twin of the z-pair kernel with
 /// its two-warpgroup helper. The planner takes the twin in place of its base. Twins of the
 /// `conv_halo` kernels (a pass over the staged tile after the vector epilogue) were measured
 /// 13-34% slower than their bases on W1's layers, more than the norm pass they save
-/// (PERF_NOTES, session 24), and were removed. `_h2e_st`: its forced base's.
-pub const STATS_TWINS: &[HaloConfig] = &[CONV_WZ_C32_Y16_H2_ST, CONV_WZ_C32_Y16_H2E_ST];
+/// (PERF_NOTES, session 24), and were removed. `_h2e_st`, `_h2b_st`: their bases'.
+pub const STATS_TWINS: &[HaloConfig] = &[
+    CONV_WZ_C32_Y16_H2_ST,
+    CONV_WZ_C32_Y16_H2E_ST,
+    CONV_WZ_C32_Y16_H2B_ST,
+];
+
+/// The bulk-store twin of a z-pair kernel (`CudaOptions::zpair_bulk`): `_h2b` for `_h2`.
+pub fn bulk_twin(c: &HaloConfig) -> Option<&'static HaloConfig> {
+    (c.name == CONV_WZ_C32_Y16_H2.name).then_some(&CONV_WZ_C32_Y16_H2B)
+}
 
 /// The `_st` twin of halo / wgmma kernel `c`, if it has one.
 pub fn stats_twin(c: &HaloConfig) -> Option<&'static HaloConfig> {
@@ -1162,7 +1196,7 @@ pub fn entry_lines(fam: Family) -> String {
                     t => format!(
                         "WZH_ENTRY({name}, {cin}, {ny}, {tz}, {}, {})\n",
                         t - 128,
-                        c.release_early as u8
+                        c.stores as u8
                     ),
                 }
             } else if c.persist > 0 {
@@ -1177,9 +1211,9 @@ pub fn entry_lines(fam: Family) -> String {
         // The `_st` twins: the helper's stores also take the norm statistics.
         for c in STATS_TWINS.iter().filter(|c| c.zpair && c.threads > 128) {
             let (name, cin, ny, tz) = (c.name, c.cin, c.tile[1], c.tile[0]);
-            let (ht, er) = (c.threads - 128, c.release_early as u8);
+            let (ht, sm) = (c.threads - 128, c.stores as u8);
             out.push_str(&format!(
-                "WZH_ST_ENTRY({name}, {cin}, {ny}, {tz}, {ht}, {er})\n"
+                "WZH_ST_ENTRY({name}, {cin}, {ny}, {tz}, {ht}, {sm})\n"
             ));
         }
         // The `_nl` twins: the helper's loads normalise a norm's input.

@@ -3,8 +3,8 @@
 
 use crate::backend::cuda::abi::norm_blocks;
 use crate::backend::cuda::host::catalogue::{
-    has_wgmma, stats_twin, upsample_vec_name, upsample_vec_st_name, HaloConfig, MmaConfig,
-    C1X1_STAGE_BYTES, C1_TILE, CONV1X1_MMA_N16, CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32,
+    bulk_twin, has_wgmma, stats_twin, upsample_vec_name, upsample_vec_st_name, HaloConfig,
+    MmaConfig, C1X1_STAGE_BYTES, C1_TILE, CONV1X1_MMA_N16, CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32,
     CONV1X1_N32_S, CONV_C1_K3, CONV_C1_K3_ST, CONV_DIRECT, CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8,
     CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8, CONV_SPLITK_REDUCE,
 };
@@ -78,6 +78,8 @@ pub struct ArchCaps {
     pub norm_load_conv: bool,
     /// Stride-2 convs may take a stride-2 halo kernel (`CudaOptions::halo_s2`).
     pub halo_s2: bool,
+    /// The z-pair kernel's staged planes go out as bulk copies (`CudaOptions::zpair_bulk`).
+    pub zpair_bulk: bool,
 }
 
 impl ArchCaps {
@@ -110,6 +112,7 @@ impl ArchCaps {
             cin_chunks: true,
             norm_load_conv: false,
             halo_s2: false,
+            zpair_bulk: false,
         }
     }
 
@@ -142,6 +145,7 @@ impl ArchCaps {
             cin_chunks: opts.cin_chunks,
             norm_load_conv: opts.norm_load_conv,
             halo_s2: opts.halo_s2,
+            zpair_bulk: opts.zpair_bulk,
             head_staged: opts.head_staged,
             head_mma: opts.head_mma,
             conv_tile: opts.conv_tile,
@@ -486,7 +490,9 @@ impl ConvKernel {
             }
         }
         if let Some(c) = halo {
-            return ConvKernel::Halo(c);
+            // (After the forced-kernel test above: a forced `_h2` may run as `_h2b`.)
+            let bulk = caps.zpair_bulk.then(|| bulk_twin(c)).flatten();
+            return ConvKernel::Halo(bulk.unwrap_or(c));
         }
         if mma && g.upsample {
             let taps = g.k[0] * g.k[1] * g.k[2];
@@ -954,6 +960,43 @@ mod tests {
             ..CudaOptions::default()
         };
         assert!(!ArchCaps::with_options(9, 0, 132, 227 * 1024, &off).conv_wgmma);
+    }
+
+    /// `zpair_bulk` runs the z-pair convs on `_h2b` (its `_st` twin with the statistics), a
+    /// forced `_h2` too (the Cin chunks'), and nothing else changes kernel.
+    #[test]
+    fn zpair_bulk_takes_the_bulk_twin() {
+        let on = ArchCaps {
+            zpair_bulk: true,
+            ..ArchCaps::h200()
+        };
+        let g = geom([32, 64, 64, 64], [32, 64, 64, 64], 3, 1, 1, false);
+        let k = ConvKernel::choose(&on, 4, &g);
+        assert_eq!(k.funcs(), ["conv_wz_c32_y16_h2b"]);
+        let (st, _) = k.with_norm_stats([32, 64, 64, 64], 32, 0).unwrap();
+        assert_eq!(st.funcs(), ["conv_wz_c32_y16_h2b_st"]);
+        let forced = ArchCaps {
+            halo_tile: Some(&CONV_WZ_C32_Y16_H2),
+            ..on
+        };
+        let g64 = geom([32, 64, 64, 64], [64, 64, 64, 64], 3, 1, 1, false);
+        assert_eq!(
+            ConvKernel::choose(&forced, 4, &g64).funcs(),
+            ["conv_wz_c32_y16_h2b"]
+        );
+        for (ci, co, i, o, k, s, t) in W1.iter().chain(W2) {
+            let g = geom([*ci, *i, *i, *i], [*co, *o, *o, *o], *k, *s, 1, *t);
+            let (a, b) = (
+                ConvKernel::choose(&ArchCaps::h200(), 4, &g),
+                ConvKernel::choose(&on, 4, &g),
+            );
+            match (&a, &b) {
+                (ConvKernel::Halo(x), ConvKernel::Halo(y)) if x.name != y.name => {
+                    assert_eq!(bulk_twin(x).map(|c| c.name), Some(y.name))
+                }
+                _ => assert_eq!(a, b),
+            }
+        }
     }
 
     /// The kernels of every W1 / W2 layer on the H200 at batch 2 and 4, pinned: a change to

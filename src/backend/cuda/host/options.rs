@@ -97,6 +97,10 @@ pub struct CudaOptions {
     /// Run stride-2 3^3 convs of Cin = k x 32 on a halo kernel (`conv_halo_c32n64_s2`: the
     /// tile's input reach copied once) rather than the implicit GEMM. Off until measured.
     pub halo_s2: bool,
+    /// Run the z-pair convs on `_h2b` rather than `_h2` (catalogue `CONV_WZ_C32_Y16_H2B`): the
+    /// staged planes of an fp32 output stored as staged go out as bulk copies, not the
+    /// helper's stores. The same bits. Off until measured.
+    pub zpair_bulk: bool,
     /// Replay each batch's launch list as a CUDA graph (`launch_list::Graphs`) rather than
     /// launching its steps one by one (the same kernels on the same buffers either way).
     pub graphs: bool,
@@ -130,6 +134,7 @@ impl Default for CudaOptions {
             cin_chunks: true,
             norm_load_conv: false,
             halo_s2: false,
+            zpair_bulk: false,
             graphs: true,
         }
     }

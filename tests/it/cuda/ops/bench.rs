@@ -528,9 +528,10 @@ fn profile_models() {
         // in Cin chunks off (`PROFCH`); and the fusions off by default: the z-pair convs reading
         // their norm's input (`PROFNL`); the stride-2 convs on the stride-2 halo kernel
         // (`PROFS2`); the norms rerunning their Cin-1 convs (`PROFRC`); the heads on mma.sync;
-        // the transposed convs' `_st` twins; split-K to two blocks an SM.
+        // the transposed convs' `_st` twins; split-K to two blocks an SM; the z-pair convs' bulk
+        // stores (`PROFBK`).
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
-        let variants: [Switch; 11] = [
+        let variants: [Switch; 12] = [
             (
                 "without residual Adds in the norms",
                 |o| o.norm_residual = false,
@@ -581,6 +582,11 @@ fn profile_models() {
                 |o| o.split_k_fill = true,
                 None,
             ),
+            (
+                "with the z-pair convs' bulk stores",
+                |o| o.zpair_bulk = true,
+                Some("PROFBK"),
+            ),
         ];
         for (what, set, tag) in variants {
             b.with(set);
@@ -600,6 +606,7 @@ fn profile_models() {
                 (o.halo_s2, o.norm_residual) = (d.halo_s2, d.norm_residual);
                 (o.norm_recompute, o.head_mma) = (d.norm_recompute, d.head_mma);
                 (o.convt_stats, o.split_k_fill) = (d.convt_stats, d.split_k_fill);
+                o.zpair_bulk = d.zpair_bulk;
             });
             let dev = max_abs_diff(&ys, &y);
             println!(

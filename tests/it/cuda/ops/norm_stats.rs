@@ -118,6 +118,43 @@ fn conv_norm_tile_stats() {
     b.with(|o| o.norm_stats = false);
 }
 
+/// The z-pair convs on bulk stores (`CudaOptions::zpair_bulk`: `_h2b`, `_h2b_st`) bit for bit
+/// the helper's own stores (`_h2`, `_h2_st`): conv -> norm -> LeakyReLU (an fp32 conv output,
+/// stored as staged), with the statistics from the epilogue and from the norm's pass; Cout 32
+/// and 20 (80-byte copies); outputs that end inside a tile on every axis; batch 2.
+#[test]
+fn zpair_bulk_stores_same_bits() {
+    let Some(mut b) = gpu() else { return };
+    if !cat::has_wgmma(b.arch()) {
+        return;
+    }
+    let mut r = Rng::tagged("zpair bulk");
+    for (cout, sp, groups) in [(32, [21, 19, 17], 32), (20, [18, 17, 9], 4)] {
+        let x = input2(&mut r, 32, sp);
+        let w = weight3(&mut r, cout, 32);
+        let bias = Tensor::new(vec![cout], vec![4.0; cout]);
+        let tail = Tail::instance_or_group(&mut r, cout, groups);
+        let g = tail.after(32, crate::common::graph::conv(w, Some(bias), 1), cout);
+        for stats in [true, false] {
+            b.with(|o| (o.norm_stats, o.zpair_bulk) = (stats, false));
+            let staged = run(&mut b, &g, &x, 2);
+            b.with(|o| o.zpair_bulk = true);
+            let bulk = run(&mut b, &g, &x, 2);
+            let used = kernels_used(&mut b, 2);
+            let want = if stats {
+                cat::CONV_WZ_C32_Y16_H2B_ST.name
+            } else {
+                cat::CONV_WZ_C32_Y16_H2B.name
+            };
+            let name = format!("32->{cout} {sp:?} statistics {stats}");
+            assert!(used.iter().any(|k| k == want), "{name}: ran {used:?}");
+            assert!(same_bits(&bulk, &staged), "{name}: bulk stores differ");
+            println!("RESULT zpair bulk {name}: same bits on {want}");
+        }
+    }
+    b.with(|o| *o = CudaOptions::default());
+}
+
 /// One case of [`conv_norm_tile_stats`]: (name, cin, cout, spatial, groups, the kernel expected
 /// with the statistics).
 fn tile_stats_case(
