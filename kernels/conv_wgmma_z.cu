@@ -77,10 +77,12 @@ struct WzConv {
     const half* x;
     const half* w;
     NormLoad nl;  // the `_nl` kernels: x is a norm's input, normalised on load
+    const TmaMap* tmap;  // the `_h2t` kernels: x's tensor map (`load_step`'s TL)
     int ntx, nty, ntz, ntiles, nb0;
 
-    __device__ __forceinline__ WzConv(const ConvParams& p_, const half* x_, const half* w_, const NormLoad& nl_)
-        : p(p_), x(x_), w(w_), nl(nl_) {
+    __device__ __forceinline__ WzConv(const ConvParams& p_, const half* x_, const half* w_, const NormLoad& nl_,
+                                      const TmaMap* tmap_)
+        : p(p_), x(x_), w(w_), nl(nl_), tmap(tmap_) {
         ntx = (p.wo + TX - 1) / TX, nty = (p.ho + NY - 1) / NY, ntz = (p.do_ + ZT - 1) / ZT;
         ntiles = p.n * ntz * nty * ntx;
         nb0 = blockIdx.y * 32;
@@ -217,13 +219,30 @@ struct WzConv {
 
     // The slots step s of this block brings in: both of a tile's first step, else its next one.
     // With `bars` (the helper's loads, `wz_run_h`): each slot's mbarrier is arrived on as its
-    // copies land (cp.async), or after its stores and the proxy fence (NL).
-    template <int NT = 128, bool NL = false>
+    // copies land (cp.async), or after its stores and the proxy fence (NL). TL (the `_h2t`
+    // kernels): the helper's thread 0 alone loads a slot, with one tensor load per channel
+    // group (`tmap`: the launch's input as dimensions [channel][x][y][z][n], dimension 0
+    // fastest; the box 8 x HX x HY x 2 x 1 at channel 8g is the group's [plane][HP][8] block of
+    // the slot), zeros outside the input from the TMA unit, SLOT * 2 bytes on the slot's
+    // mbarrier (whose count is then 1).
+    template <int NT = 128, bool NL = false, bool TL = false>
     __device__ __forceinline__ void load_step(half* ring, int s, int tid, WzTile& tc, unsigned bars = 0) const {
         const int ti = s / H, j = s - ti * H;
         const WzTile& o = tile(tc, ti);
         for (int k = j == 0 ? 0 : j + 1; k <= j + 1; k++) {
             const int q = fill(ti, k) % R;
+            if constexpr (TL) {
+                static_assert(!NL, "tensor loads copy the input as it is");
+                if (tid == 0) {
+                    const unsigned bar = bars + q * 8;
+                    const int iz0 = o.oz0 - p.pd + 2 * k, iy0 = o.oy0 - p.ph, ix0 = o.ox0 - p.pw;
+                    mbar_arrive_expect_tx(bar, SLOT * 2);
+#pragma unroll
+                    for (int g = 0; g < CPV; g++)
+                        tma_load5(ring + q * SLOT + g * 2 * HP * 8, tmap, g * 8, ix0, iy0, iz0, o.n, bar);
+                }
+                continue;
+            }
             load_slot<NT, NL>(ring + q * SLOT, o, k, tid);
             if (bars == 0) continue;
             if constexpr (NL) {
@@ -556,26 +575,27 @@ __device__ __forceinline__ void wzh_step(const WzConv<CIN, NY, ZT>& c, int s, fl
 // warpgroup's next staging waits for those loads only (session 31's ncu: ~23% of its samples at
 // barrier 1). WZ_BULK (`_h2b`): the TMA unit stores the rows (`put`'s BS), the helper's
 // load-store path keeps the slot copies alone (session 31's ncu: its warps at `lg_throttle`).
-template <int HT, bool ST, bool NL, int SM, int CIN, int NY, int ZT>
+template <int HT, bool ST, bool NL, int SM, bool TL, int CIN, int NY, int ZT>
 __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps, half* sW, half* ring, float* st,
                                         unsigned bars, float* scratch, int tid, half* __restrict__ y,
                                         const float* __restrict__ bias, const float* __restrict__ slope) {
     using C = WzConv<CIN, NY, ZT>;
-    // The slots' mbarriers, then the weights': one arrival per helper thread a phase.
+    // The slots' mbarriers, then the weights': one arrival per helper thread a phase (TL: the
+    // slots' one thread's, with the tensor loads' bytes).
     if (tid == 0)
-        for (int i = 0; i <= C::R; i++) mbar_init(bars + i * 8, HT);
+        for (int i = 0; i <= C::R; i++) mbar_init(bars + i * 8, TL && i < C::R ? 1 : HT);
     __syncthreads();
     if (tid >= 128) {  // the helper
         const int h = tid - 128;
         WzTile lt, pt;  // the loads' tile, the stores'
         c.template load_w<HT>(sW, h);
         mbar_arrive_cp_async(bars + C::R * 8);
-        c.template load_step<HT, NL>(ring, 0, h, lt, bars);
-        c.template load_step<HT, NL>(ring, 1, h, lt, bars);  // steps >= H >= 2
+        c.template load_step<HT, NL, TL>(ring, 0, h, lt, bars);
+        c.template load_step<HT, NL, TL>(ring, 1, h, lt, bars);  // steps >= H >= 2
         wz_arrive<HT>(1);  // the staging rows are free
         TileStats8 ts;     // ST: the tile's norm statistics, over its H steps
         for (int s = 0; s < steps; s++) {
-            if (s + 2 < steps) c.template load_step<HT, NL>(ring, s + 2, h, lt, bars);
+            if (s + 2 < steps) c.template load_step<HT, NL, TL>(ring, s + 2, h, lt, bars);
             wz_bar<HT>(2);
             // An `_nl` conv never accumulates.
             if constexpr (SM == WZ_RELEASE_EARLY) {
@@ -613,10 +633,11 @@ __device__ __forceinline__ void wz_run_h(const WzConv<CIN, NY, ZT>& c, int steps
 
 // The kernel: shared memory carved as the layouts above, then one warpgroup's loop (`wz_run`,
 // HT 0) or the MMA warpgroup's and its helper's of HT threads (`wz_run_h`).
-template <int CIN, int NY, int ZT, int HT, bool ST, bool NL = false, int SM = WZ_STORES>
+template <int CIN, int NY, int ZT, int HT, bool ST, bool NL = false, int SM = WZ_STORES, bool TL = false>
 __device__ __forceinline__ void conv_wz(const ConvParams& p, const half* __restrict__ x, const half* __restrict__ w,
                                        const float* __restrict__ bias, half* __restrict__ y,
-                                       const float* __restrict__ slope, const NormLoad& nl = NormLoad{}) {
+                                       const float* __restrict__ slope, const NormLoad& nl = NormLoad{},
+                                       const TmaMap* tmap = nullptr) {
     using C = WzConv<CIN, NY, ZT>;
     extern __shared__ __align__(128) unsigned char dsm[];
     half* sW = reinterpret_cast<half*>(dsm);
@@ -624,14 +645,14 @@ __device__ __forceinline__ void conv_wz(const ConvParams& p, const half* __restr
     float* st = reinterpret_cast<float*>(ring + C::R * C::SLOT);
     const unsigned bars = (unsigned)__cvta_generic_to_shared(st) + C::ST_BYTES;
     float* scratch = reinterpret_cast<float*>(dsm + C::SMEM);  // WZ_RELEASE_EARLY only
-    const C c(p, x, w, nl);
+    const C c(p, x, w, nl, tmap);
     const int steps = c.steps(C::SMEM + (SM == WZ_RELEASE_EARLY ? C::FLUSH_FLOATS * 4 : 0));
     if (steps == 0) return;
     if constexpr (HT > 0) {
-        wz_run_h<HT, ST, NL, SM>(c, steps, sW, ring, st, bars, scratch, (int)threadIdx.x, y, bias, slope);
+        wz_run_h<HT, ST, NL, SM, TL>(c, steps, sW, ring, st, bars, scratch, (int)threadIdx.x, y, bias, slope);
     } else {
-        static_assert(!ST && !NL && SM == WZ_STORES,
-                      "norm statistics, norm loads and the other stores are the helper's only");
+        static_assert(!ST && !NL && SM == WZ_STORES && !TL,
+                      "norm statistics, norm loads, the other stores and tensor loads are the helper's only");
         wz_run(c, steps, sW, ring, st, (int)threadIdx.x, y, bias, slope);
     }
 }
@@ -656,6 +677,15 @@ __device__ __forceinline__ void conv_wz(const ConvParams& p, const half* __restr
     extern "C" __global__ void __launch_bounds__(128 + HT, 1) NAME(ConvParams p, const half* x, const half* w, \
                                                                  const float* bias, half* y, const float* slope) { \
         conv_wz<CIN, NY, ZT, HT, true, false, SM>(p, x, w, bias, y, slope);                                     \
+    }
+// A WZH entry whose helper loads the slots with tensor loads (`HaloConfig::tma_loads`, `_h2t`):
+// the input's tensor map (`TmaMap`, encoded by the host for this launch) as a last parameter;
+// ST 1: the `_st` twin.
+#define WZH_TMA_ENTRY(NAME, CIN, NY, ZT, HT, SM, ST)                                                 \
+    extern "C" __global__ void __launch_bounds__(128 + HT, 1) NAME(                                  \
+        ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope,   \
+        const __grid_constant__ TmaMap tmap) {                                                       \
+        conv_wz<CIN, NY, ZT, HT, ST, false, SM, true>(p, x, w, bias, y, slope, NormLoad{}, &tmap);   \
     }
 // The `_nl` twin of a WZH entry (`HaloConfig::norm_load`): x is the input of the InstanceNorm /
 // GroupNorm before the conv, normalised and activated on load (`NormLoad`, as `conv1x1_norm_*`

@@ -46,6 +46,28 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
         : "memory");
 }
 
+// Tensor loads (TMA, `cp.async.bulk.tensor`): a tensor map encoded on the host
+// (cuTensorMapEncodeTiled), passed as a `__grid_constant__` kernel parameter (its address is
+// then one in param space, which the TMA unit reads), copies a box of the tensor into shared
+// memory in the box's dimension order (dimension 0 fastest), zero where the box leaves the
+// tensor, and completes `bytes` of transaction on an mbarrier: the issuing thread's arrival
+// announces them first (`mbar_arrive_expect_tx`).
+struct alignas(128) TmaMap {
+    unsigned long long words[16];
+};
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void tma_load5(void* smem, const TmaMap* map, int c0, int c1, int c2, int c3, int c4,
+                                          unsigned bar) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, "
+        "%6}], [%7];\n" ::"r"(s),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar)
+        : "memory");
+}
+
 // Bulk stores (the TMA unit's `cp.async.bulk`, shared::cta -> global, no tensor map): `bytes`
 // (a multiple of 16, both addresses 16-byte aligned) copied by the async proxy, so the writers
 // of the shared source fence it first (`fence_async_smem`). One bulk group per thread;

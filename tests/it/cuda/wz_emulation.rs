@@ -4,11 +4,12 @@
 //! `ConvParams::ldi`; or `load_normed`: a norm's input normalised on load), each step's wgmma
 //! operands through their descriptors (no-swizzle core matrices), the staged planes and the
 //! helper's stores (`put`, adding to the output where the launch accumulates; `_h2b`: one
-//! bulk copy per staged voxel where it does not), over Cout tiles (grid.y). Each launch writes every output element once; the launches of a conv in Cin
+//! bulk copy per staged voxel where it does not; `_h2t`: the slots as tensor loads' boxes), over
+//! Cout tiles (grid.y). Each launch writes every output element once; the launches of a conv in Cin
 //! chunks sum to a direct float64 conv. The values are small integers, so every sum is exact.
 
 use voxtile::internals::cuda::host::catalogue::{
-    HaloConfig, WzStores, CONV_WZ_C32_Y16_H2, CONV_WZ_C32_Y16_H2B,
+    HaloConfig, WzStores, CONV_WZ_C32_Y16_H2, CONV_WZ_C32_Y16_H2B, CONV_WZ_C32_Y16_H2T,
 };
 use voxtile::internals::cuda::host::relayout::relayout_weight;
 
@@ -115,6 +116,37 @@ fn run(
                 let iy0 = oy0 as i64 - l.pads[1] as i64;
                 let ix0 = ox0 as i64 - l.pads[2] as i64;
                 let s = &mut ring[at * slot..(at + 1) * slot];
+                // `_h2t`: the slot as the TMA unit writes it, one tensor load per channel group
+                // g: the box [c 8][x hx][y hy][z 2] (dimension 0 fastest) of the launch's input
+                // as dims [channel, x, y, z, n] (`runtime::tma::halo_map`) from (8g, ix0, iy0,
+                // iz0, n), written in order from the group's block on, zeros outside.
+                if c.tma_loads {
+                    assert!(norm.is_none(), "tensor loads copy the input as it is");
+                    for g in 0..CPV {
+                        let mut e = g * 2 * hp * 8;
+                        for (z, y, xx, q) in (0..2).flat_map(|z| {
+                            (0..hy).flat_map(move |y| {
+                                (0..hx).flat_map(move |xx| (0..8).map(move |q| (z, y, xx, q)))
+                            })
+                        }) {
+                            let (iz, iy, ix) = (iz0 + z as i64, iy0 + y as i64, ix0 + xx as i64);
+                            let inside = [iz, iy, ix]
+                                .iter()
+                                .zip(l.di)
+                                .all(|(&i, d)| (0..d as i64).contains(&i));
+                            s[e] = if inside {
+                                let vox = ((n * l.di[0] + iz as usize) * l.di[1] + iy as usize)
+                                    * l.di[2]
+                                    + ix as usize;
+                                x[vox * l.ldi + l.x_coff + g * 8 + q]
+                            } else {
+                                0.0
+                            };
+                            e += 1;
+                        }
+                    }
+                    return;
+                }
                 // Thread t's pieces: its channel group g = t % CPV fixed (NT % CPV == 0), its
                 // voxels vv = t / CPV, + NT / CPV, ... walked as `BoxWalk` does (x and y
                 // stepped with carries; the copies), checked against the division form (the
@@ -395,8 +427,9 @@ fn chunk_weights(w: &[f64], cout: usize, cin: usize, off: usize) -> (Vec<f64>, u
 /// conv's, over partial tiles on every axis, Cout tiles (a partial last one), several tiles per
 /// block (ring slots reused across tile changes), same and valid padding; the last launch's
 /// norm statistics (its `_st` twin's) give the output's mean and spread per sample and channel.
-/// On `_h2` and on `_h2b`, whose first launch stores by bulk copies (Cout 40: a 32-channel copy,
-/// then an 8-channel one; Cout 12, 48 bytes).
+/// On `_h2`, on `_h2b`, whose first launch stores by bulk copies (Cout 40: a 32-channel copy,
+/// then an 8-channel one; Cout 12, 48 bytes), and on `_h2t`, whose slots are the TMA unit's
+/// boxes.
 #[test]
 fn zpair_chunks_sum_to_the_conv() {
     // (samples, input dims, Cin, Cout, pads, SMs)
@@ -406,7 +439,11 @@ fn zpair_chunks_sum_to_the_conv() {
         (1, [18, 20, 9], 96, 32, [0, 0, 0], 2),
         (2, [5, 3, 17], 32, 12, [1, 1, 1], 132),
     ];
-    let kernels = [&CONV_WZ_C32_Y16_H2, &CONV_WZ_C32_Y16_H2B];
+    let kernels = [
+        &CONV_WZ_C32_Y16_H2,
+        &CONV_WZ_C32_Y16_H2B,
+        &CONV_WZ_C32_Y16_H2T,
+    ];
     for (c, (n, di, cin, cout, pads, sms)) in kernels
         .into_iter()
         .flat_map(|c| cases.map(|case| (c, case)))

@@ -315,8 +315,8 @@ fn gpu_cases_with(opts: voxtile::internals::cuda::CudaOptions) {
 
 /// The exports' windows with the switches that measured slower or not yet: z-pair convs reading
 /// their norm's input, stride-2 convs on the stride-2 halo kernel, split-K to two blocks an SM,
-/// the z-pair convs' bulk stores (`CudaOptions::norm_load_conv`, `halo_s2`, `split_k_fill`,
-/// `zpair_bulk`): the same bars.
+/// the z-pair convs' tensor loads and bulk stores (`CudaOptions::norm_load_conv`, `halo_s2`,
+/// `split_k_fill`, `zpair_tma`): the same bars.
 #[test]
 fn architectures_on_the_gpu_with_unmeasured_switches() {
     if !gpu_present() {
@@ -326,7 +326,7 @@ fn architectures_on_the_gpu_with_unmeasured_switches() {
         norm_load_conv: true,
         halo_s2: true,
         split_k_fill: true,
-        zpair_bulk: true,
+        zpair_tma: true,
         ..Default::default()
     });
 }

@@ -516,6 +516,10 @@ pub struct HaloConfig {
     pub zpair: bool,
     /// How a z-pair kernel's helper stores the staged planes (`SM` in kernels/conv_wgmma_z.cu).
     pub stores: WzStores,
+    /// A z-pair kernel whose helper loads the slots with tensor loads (TMA: `TL` in
+    /// kernels/conv_wgmma_z.cu), from a tensor map of its input passed with each launch
+    /// (`runtime::tma`).
+    pub tma_loads: bool,
     /// Not measured yet: listed and compiled only with the `kernel-experiments` feature, never a
     /// default, run only when forced.
     pub experiment: bool,
@@ -669,6 +673,7 @@ const fn halo(name: &'static str, cin: usize, bn: usize, wm: usize, wn: usize) -
         wg_reps: 1,
         zpair: false,
         stores: WzStores::Staged,
+        tma_loads: false,
         experiment: false,
         stats: false,
         norm_load: false,
@@ -880,6 +885,7 @@ const fn wg(name: &'static str, cin: usize, bn: usize, tz: usize, wst: usize) ->
         wg_reps: 1,
         zpair: false,
         stores: WzStores::Staged,
+        tma_loads: false,
         experiment: false,
         stats: false,
         norm_load: false,
@@ -942,6 +948,15 @@ pub const CONV_WZ_C32_Y16_H2B: HaloConfig = HaloConfig {
     stores: WzStores::Bulk,
     ..CONV_WZ_C32_Y16_H2
 };
+/// `_h2b` whose helper loads each slot with four tensor loads (TMA: one thread, zeros outside
+/// the input from the TMA unit) rather than ~6 16-byte `cp.async` copies a thread (session 31's
+/// ncu: ~60% of the helper's instructions; the MMA warps ~12% waiting on the slots). Taken for
+/// `_h2` by `CudaOptions::zpair_tma`; off until measured.
+pub const CONV_WZ_C32_Y16_H2T: HaloConfig = HaloConfig {
+    name: "conv_wz_c32_y16_h2t",
+    tma_loads: true,
+    ..CONV_WZ_C32_Y16_H2B
+};
 pub const CONV_WZ_C32_Y8_H: HaloConfig = HaloConfig {
     threads: 256,
     ..wz("conv_wz_c32_y8_h", 32, 8, 16)
@@ -995,6 +1010,7 @@ pub const WGMMA_CONFIGS: &[HaloConfig] = &[CONV_WZ_C32_Y16_H2, CONV_WG_C16N16_R8
 pub const WGMMA_FORCED: &[HaloConfig] = &[
     CONV_WZ_C32_Y16_H2E,
     CONV_WZ_C32_Y16_H2B,
+    CONV_WZ_C32_Y16_H2T,
     CONV_WZ_C32_Y16_H,
     CONV_WZ_C32_Y16,
     CONV_WZ_C32_Y8_H,
@@ -1047,22 +1063,32 @@ pub const CONV_WZ_C32_Y16_H2E_ST: HaloConfig =
     stats_twin_of("conv_wz_c32_y16_h2e_st", CONV_WZ_C32_Y16_H2E);
 pub const CONV_WZ_C32_Y16_H2B_ST: HaloConfig =
     stats_twin_of("conv_wz_c32_y16_h2b_st", CONV_WZ_C32_Y16_H2B);
+pub const CONV_WZ_C32_Y16_H2T_ST: HaloConfig =
+    stats_twin_of("conv_wz_c32_y16_h2t_st", CONV_WZ_C32_Y16_H2T);
 
 /// The halo-tile kernels that hand a following InstanceNorm / GroupNorm its statistics
 /// (`CudaOptions::norm_stats`; with `CONV_C1_K3_ST`): the `_st` twin of the z-pair kernel with
 /// its two-warpgroup helper. The planner takes the twin in place of its base. Twins of the
 /// `conv_halo` kernels (a pass over the staged tile after the vector epilogue) were measured
 /// 13-34% slower than their bases on W1's layers, more than the norm pass they save
-/// (PERF_NOTES, session 24), and were removed. `_h2e_st`, `_h2b_st`: their bases'.
+/// (PERF_NOTES, session 24), and were removed. `_h2e_st`, `_h2b_st`, `_h2t_st`: their bases'.
 pub const STATS_TWINS: &[HaloConfig] = &[
     CONV_WZ_C32_Y16_H2_ST,
     CONV_WZ_C32_Y16_H2E_ST,
     CONV_WZ_C32_Y16_H2B_ST,
+    CONV_WZ_C32_Y16_H2T_ST,
 ];
 
-/// The bulk-store twin of a z-pair kernel (`CudaOptions::zpair_bulk`): `_h2b` for `_h2`.
-pub fn bulk_twin(c: &HaloConfig) -> Option<&'static HaloConfig> {
-    (c.name == CONV_WZ_C32_Y16_H2.name).then_some(&CONV_WZ_C32_Y16_H2B)
+/// The twin of z-pair kernel `c` that stores by bulk copies (`CudaOptions::zpair_bulk`:
+/// `_h2b` for `_h2`), or that also loads by tensor loads (`tma`, `CudaOptions::zpair_tma`:
+/// `_h2t`).
+pub fn bulk_twin(c: &HaloConfig, tma: bool) -> Option<&'static HaloConfig> {
+    let twin = if tma {
+        &CONV_WZ_C32_Y16_H2T
+    } else {
+        &CONV_WZ_C32_Y16_H2B
+    };
+    (c.name == CONV_WZ_C32_Y16_H2.name).then_some(twin)
 }
 
 /// The `_st` twin of halo / wgmma kernel `c`, if it has one.
@@ -1193,6 +1219,11 @@ pub fn entry_lines(fam: Family) -> String {
                 let ny = c.tile[1];
                 match c.threads {
                     128 => format!("WZ_ENTRY({name}, {cin}, {ny}, {tz})\n"),
+                    t if c.tma_loads => format!(
+                        "WZH_TMA_ENTRY({name}, {cin}, {ny}, {tz}, {}, {}, 0)\n",
+                        t - 128,
+                        c.stores as u8
+                    ),
                     t => format!(
                         "WZH_ENTRY({name}, {cin}, {ny}, {tz}, {}, {})\n",
                         t - 128,
@@ -1212,9 +1243,11 @@ pub fn entry_lines(fam: Family) -> String {
         for c in STATS_TWINS.iter().filter(|c| c.zpair && c.threads > 128) {
             let (name, cin, ny, tz) = (c.name, c.cin, c.tile[1], c.tile[0]);
             let (ht, sm) = (c.threads - 128, c.stores as u8);
-            out.push_str(&format!(
-                "WZH_ST_ENTRY({name}, {cin}, {ny}, {tz}, {ht}, {sm})\n"
-            ));
+            out.push_str(&if c.tma_loads {
+                format!("WZH_TMA_ENTRY({name}, {cin}, {ny}, {tz}, {ht}, {sm}, 1)\n")
+            } else {
+                format!("WZH_ST_ENTRY({name}, {cin}, {ny}, {tz}, {ht}, {sm})\n")
+            });
         }
         // The `_nl` twins: the helper's loads normalise a norm's input.
         for c in NORM_LOAD_TWINS

@@ -80,6 +80,8 @@ pub struct ArchCaps {
     pub halo_s2: bool,
     /// The z-pair kernel's staged planes go out as bulk copies (`CudaOptions::zpair_bulk`).
     pub zpair_bulk: bool,
+    /// ... and its slots come in by tensor loads (`CudaOptions::zpair_tma`).
+    pub zpair_tma: bool,
 }
 
 impl ArchCaps {
@@ -113,6 +115,7 @@ impl ArchCaps {
             norm_load_conv: false,
             halo_s2: false,
             zpair_bulk: false,
+            zpair_tma: false,
         }
     }
 
@@ -146,6 +149,7 @@ impl ArchCaps {
             norm_load_conv: opts.norm_load_conv,
             halo_s2: opts.halo_s2,
             zpair_bulk: opts.zpair_bulk,
+            zpair_tma: opts.zpair_tma,
             head_staged: opts.head_staged,
             head_mma: opts.head_mma,
             conv_tile: opts.conv_tile,
@@ -491,7 +495,9 @@ impl ConvKernel {
         }
         if let Some(c) = halo {
             // (After the forced-kernel test above: a forced `_h2` may run as `_h2b`.)
-            let bulk = caps.zpair_bulk.then(|| bulk_twin(c)).flatten();
+            let bulk = (caps.zpair_bulk || caps.zpair_tma)
+                .then(|| bulk_twin(c, caps.zpair_tma))
+                .flatten();
             return ConvKernel::Halo(bulk.unwrap_or(c));
         }
         if mma && g.upsample {
@@ -963,7 +969,8 @@ mod tests {
     }
 
     /// `zpair_bulk` runs the z-pair convs on `_h2b` (its `_st` twin with the statistics), a
-    /// forced `_h2` too (the Cin chunks'), and nothing else changes kernel.
+    /// forced `_h2` too (the Cin chunks'), and nothing else changes kernel; `zpair_tma` on
+    /// `_h2t`.
     #[test]
     fn zpair_bulk_takes_the_bulk_twin() {
         let on = ArchCaps {
@@ -984,6 +991,18 @@ mod tests {
             ConvKernel::choose(&forced, 4, &g64).funcs(),
             ["conv_wz_c32_y16_h2b"]
         );
+        // `zpair_tma`: `_h2t` (bulk stores too), whatever `zpair_bulk` says.
+        for bulk in [false, true] {
+            let tma = ArchCaps {
+                zpair_tma: true,
+                zpair_bulk: bulk,
+                ..ArchCaps::h200()
+            };
+            let k = ConvKernel::choose(&tma, 4, &g);
+            assert_eq!(k.funcs(), ["conv_wz_c32_y16_h2t"]);
+            let (st, _) = k.with_norm_stats([32, 64, 64, 64], 32, 0).unwrap();
+            assert_eq!(st.funcs(), ["conv_wz_c32_y16_h2t_st"]);
+        }
         for (ci, co, i, o, k, s, t) in W1.iter().chain(W2) {
             let g = geom([*ci, *i, *i, *i], [*co, *o, *o, *o], *k, *s, 1, *t);
             let (a, b) = (
@@ -992,7 +1011,7 @@ mod tests {
             );
             match (&a, &b) {
                 (ConvKernel::Halo(x), ConvKernel::Halo(y)) if x.name != y.name => {
-                    assert_eq!(bulk_twin(x).map(|c| c.name), Some(y.name))
+                    assert_eq!(bulk_twin(x, false).map(|c| c.name), Some(y.name))
                 }
                 _ => assert_eq!(a, b),
             }

@@ -101,6 +101,9 @@ pub struct CudaOptions {
     /// staged planes of an fp32 output stored as staged go out as bulk copies, not the
     /// helper's stores. The same bits. Off until measured.
     pub zpair_bulk: bool,
+    /// Run the z-pair convs on `_h2t` (`CONV_WZ_C32_Y16_H2T`): `_h2b` whose slots come in by
+    /// tensor loads (TMA), not the helper's copies. The same bits. Off until measured.
+    pub zpair_tma: bool,
     /// Replay each batch's launch list as a CUDA graph (`launch_list::Graphs`) rather than
     /// launching its steps one by one (the same kernels on the same buffers either way).
     pub graphs: bool,
@@ -135,6 +138,7 @@ impl Default for CudaOptions {
             norm_load_conv: false,
             halo_s2: false,
             zpair_bulk: false,
+            zpair_tma: false,
             graphs: true,
         }
     }

@@ -17,6 +17,7 @@ use crate::backend::cuda::host::relayout::{
     relayout_weight,
 };
 use crate::backend::cuda::runtime::launch::{Arg, Gpu};
+use crate::backend::cuda::runtime::tma::halo_map;
 use crate::model::graph::{Op, Tensor};
 use crate::{Error, Result};
 use cudarc::driver::CudaStream;
@@ -533,13 +534,17 @@ impl ConvStep {
         } else if is_c1(func) {
             gpu.launch(s, func, c1_grid(&p), (self.threads, 0), &mut args)
         } else if let Some(c) = halo_config(func) {
-            gpu.launch(
-                s,
-                func,
-                halo_grid(gpu, c, &p),
-                (self.threads, self.smem),
-                &mut args,
-            )
+            let grid = halo_grid(gpu, c, &p);
+            if !c.tma_loads {
+                return gpu.launch(s, func, grid, (self.threads, self.smem), &mut args);
+            }
+            // The input's tensor map, for this launch's samples (`runtime::tma`).
+            let dims = [p.di, p.hi, p.wi].map(|v| v as usize);
+            let map = halo_map(n, dims, p.cin as usize, p.ldi as usize, c.tile[1])
+                .encode(self.x)
+                .map_err(|e| Error::Backend(format!("{func}: {e}")))?;
+            let mut args: Vec<Arg> = args.into_iter().chain([Arg::Tma(map)]).collect();
+            gpu.launch(s, func, grid, (self.threads, self.smem), &mut args)
         } else {
             let grid = (
                 m.div_ceil(self.bm as usize) as u32,

@@ -19,6 +19,8 @@ pub(crate) enum Arg {
     Pool(PoolParams),
     Nd(NdParams),
     Gemm(GemmParams),
+    /// A tensor map (`runtime::tma`), passed by value.
+    Tma(Box<sys::CUtensorMap>),
 }
 
 /// `v` as an i32 argument.
@@ -65,6 +67,7 @@ impl Gpu {
                 Arg::Pool(v) => v as *mut PoolParams as *mut c_void,
                 Arg::Nd(v) => v as *mut NdParams as *mut c_void,
                 Arg::Gemm(v) => v as *mut GemmParams as *mut c_void,
+                Arg::Tma(v) => &mut **v as *mut sys::CUtensorMap as *mut c_void,
             })
             .collect();
         // SAFETY: every pointer points into `args`, alive for the call; the argument lists match

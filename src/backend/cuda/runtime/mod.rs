@@ -4,3 +4,4 @@
 pub mod compile;
 pub(crate) mod device;
 pub(crate) mod launch;
+pub mod tma;

@@ -529,9 +529,9 @@ fn profile_models() {
         // their norm's input (`PROFNL`); the stride-2 convs on the stride-2 halo kernel
         // (`PROFS2`); the norms rerunning their Cin-1 convs (`PROFRC`); the heads on mma.sync;
         // the transposed convs' `_st` twins; split-K to two blocks an SM; the z-pair convs' bulk
-        // stores (`PROFBK`).
+        // stores (`PROFBK`), and their tensor loads with them (`PROFTM`).
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
-        let variants: [Switch; 12] = [
+        let variants: [Switch; 13] = [
             (
                 "without residual Adds in the norms",
                 |o| o.norm_residual = false,
@@ -587,6 +587,11 @@ fn profile_models() {
                 |o| o.zpair_bulk = true,
                 Some("PROFBK"),
             ),
+            (
+                "with the z-pair convs' tensor loads and bulk stores",
+                |o| o.zpair_tma = true,
+                Some("PROFTM"),
+            ),
         ];
         for (what, set, tag) in variants {
             b.with(set);
@@ -606,7 +611,7 @@ fn profile_models() {
                 (o.halo_s2, o.norm_residual) = (d.halo_s2, d.norm_residual);
                 (o.norm_recompute, o.head_mma) = (d.norm_recompute, d.head_mma);
                 (o.convt_stats, o.split_k_fill) = (d.convt_stats, d.split_k_fill);
-                o.zpair_bulk = d.zpair_bulk;
+                (o.zpair_bulk, o.zpair_tma) = (d.zpair_bulk, d.zpair_tma);
             });
             let dev = max_abs_diff(&ys, &y);
             println!(

@@ -224,6 +224,19 @@ fn split_runs(
         );
         report(&label, e);
         assert!(dev < 2e-2, "{label}: {dev} from the conv run whole");
+        // The parts on the bulk-store and tensor-load twins (`zpair_bulk`, `zpair_tma`; the
+        // input at a chunk's channel, an accumulating launch): the same bits.
+        for (twin, tma) in [("_h2b", false), ("_h2t", true)] {
+            b.with(|o| (o.zpair_bulk, o.zpair_tma) = (!tma, tma));
+            let t = run(b, g, x, 2);
+            if wz {
+                let k = want_k.replace("_h2", twin);
+                let used = kernels_used(b, 2);
+                assert!(ran(&used, &k), "{label}: ran {used:?}, expected {k}");
+            }
+            assert!(same_bits(&t, &got), "{label}: the {twin} twin differs");
+            b.with(|o| (o.zpair_bulk, o.zpair_tma) = (false, false));
+        }
     }
     b.with(|o| *o = CudaOptions::default());
 }

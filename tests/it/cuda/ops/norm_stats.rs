@@ -118,38 +118,41 @@ fn conv_norm_tile_stats() {
     b.with(|o| o.norm_stats = false);
 }
 
-/// The z-pair convs on bulk stores (`CudaOptions::zpair_bulk`: `_h2b`, `_h2b_st`) bit for bit
-/// the helper's own stores (`_h2`, `_h2_st`): conv -> norm -> LeakyReLU (an fp32 conv output,
-/// stored as staged), with the statistics from the epilogue and from the norm's pass; Cout 32
-/// and 20 (80-byte copies); outputs that end inside a tile on every axis; batch 2.
+/// The z-pair convs on bulk stores (`CudaOptions::zpair_bulk`: `_h2b`, `_h2b_st`) and on tensor
+/// loads with them (`zpair_tma`: `_h2t`, `_h2t_st`) bit for bit the helper's own copies and
+/// stores (`_h2`, `_h2_st`): conv -> norm -> LeakyReLU (an fp32 conv output, stored as staged),
+/// with the statistics from the epilogue and from the norm's pass; Cout 32 and 20 (80-byte
+/// copies); outputs that end inside a tile on every axis, same and valid padding; batch 2.
 #[test]
-fn zpair_bulk_stores_same_bits() {
+fn zpair_twins_same_bits() {
     let Some(mut b) = gpu() else { return };
     if !cat::has_wgmma(b.arch()) {
         return;
     }
     let mut r = Rng::tagged("zpair bulk");
-    for (cout, sp, groups) in [(32, [21, 19, 17], 32), (20, [18, 17, 9], 4)] {
+    for (cout, sp, groups, pad) in [
+        (32, [21, 19, 17], 32, 1),
+        (20, [18, 17, 9], 4, 1),
+        (32, [11, 20, 13], 8, 0),
+    ] {
         let x = input2(&mut r, 32, sp);
         let w = weight3(&mut r, cout, 32);
         let bias = Tensor::new(vec![cout], vec![4.0; cout]);
         let tail = Tail::instance_or_group(&mut r, cout, groups);
-        let g = tail.after(32, crate::common::graph::conv(w, Some(bias), 1), cout);
+        let g = tail.after(32, crate::common::graph::conv(w, Some(bias), pad), cout);
         for stats in [true, false] {
-            b.with(|o| (o.norm_stats, o.zpair_bulk) = (stats, false));
+            b.with(|o| (o.norm_stats, o.zpair_bulk, o.zpair_tma) = (stats, false, false));
             let staged = run(&mut b, &g, &x, 2);
-            b.with(|o| o.zpair_bulk = true);
-            let bulk = run(&mut b, &g, &x, 2);
-            let used = kernels_used(&mut b, 2);
-            let want = if stats {
-                cat::CONV_WZ_C32_Y16_H2B_ST.name
-            } else {
-                cat::CONV_WZ_C32_Y16_H2B.name
-            };
-            let name = format!("32->{cout} {sp:?} statistics {stats}");
-            assert!(used.iter().any(|k| k == want), "{name}: ran {used:?}");
-            assert!(same_bits(&bulk, &staged), "{name}: bulk stores differ");
-            println!("RESULT zpair bulk {name}: same bits on {want}");
+            for (twin, tma) in [("_h2b", false), ("_h2t", true)] {
+                b.with(|o| (o.zpair_bulk, o.zpair_tma) = (!tma, tma));
+                let got = run(&mut b, &g, &x, 2);
+                let used = kernels_used(&mut b, 2);
+                let want = format!("conv_wz_c32_y16{twin}{}", if stats { "_st" } else { "" });
+                let name = format!("32->{cout} {sp:?} pad {pad} statistics {stats}");
+                assert!(used.contains(&want), "{name}: ran {used:?}");
+                assert!(same_bits(&got, &staged), "{name}: {want} differs from _h2");
+                println!("RESULT zpair twins {name}: same bits on {want}");
+            }
         }
     }
     b.with(|o| *o = CudaOptions::default());
