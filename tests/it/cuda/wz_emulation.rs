@@ -123,12 +123,12 @@ fn run(
                 if c.tma_loads {
                     assert!(norm.is_none(), "tensor loads copy the input as it is");
                     for g in 0..CPV {
-                        let mut e = g * 2 * hp * 8;
-                        for (z, y, xx, q) in (0..2).flat_map(|z| {
+                        let boxed = (0..2).flat_map(|z| {
                             (0..hy).flat_map(move |y| {
                                 (0..hx).flat_map(move |xx| (0..8).map(move |q| (z, y, xx, q)))
                             })
-                        }) {
+                        });
+                        for (e, (z, y, xx, q)) in (g * 2 * hp * 8..).zip(boxed) {
                             let (iz, iy, ix) = (iz0 + z as i64, iy0 + y as i64, ix0 + xx as i64);
                             let inside = [iz, iy, ix]
                                 .iter()
@@ -142,7 +142,6 @@ fn run(
                             } else {
                                 0.0
                             };
-                            e += 1;
                         }
                     }
                     return;
