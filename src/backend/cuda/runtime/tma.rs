@@ -12,7 +12,7 @@ use std::ffi::c_void;
 /// The shape of a z-pair launch's input map: dimensions fastest first [channel, x, y, z, n]
 /// (the launch's `cin` channels of an input `ldi` channels wide, NDHWC fp16), the byte strides
 /// of dimensions 1 to 4, and the box of one slot's channel group (8 channels, the halo's x
-/// and y, two planes, one sample): the group's [plane][y][x][8] block of the slot, as
+/// and y, two planes, one sample): the group's `[plane][y][x][8]` block of the slot, as
 /// kernels/conv_wgmma_z.cu lays it out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HaloMap {
