@@ -114,8 +114,8 @@ fn w1_convs_hand_their_norms_the_statistics() {
         kernels,
         [
             "conv_c1_k3_st",
-            "conv_wz_c32_y16_h2_st",
-            "conv_wz_c32_y16_h2_st"
+            "conv_wz_c32_y16_h2t_st",
+            "conv_wz_c32_y16_h2t_st"
         ]
     );
     assert_eq!(pairs, 3);

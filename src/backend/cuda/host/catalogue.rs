@@ -999,7 +999,9 @@ pub const CONV_WG_C32N64_S4: HaloConfig = wg("conv_wg_c32n64_s4", 32, 64, 4, 4);
 /// 32 -> 32) 0.60 ms against `conv_halo_c32n32_w4`'s 0.94 (session 18); the width-16 resident
 /// kernel beats `conv_halo_c16n16_r` on W2's 14->14 at 128^3 (0.95 vs 1.24 ms) and ties it at
 /// 64^3 (session 13); with 8 planes a tile (`_r8`) it beats the 4-plane `_r` (session 29).
-pub const WGMMA_CONFIGS: &[HaloConfig] = &[CONV_WZ_C32_Y16_H2, CONV_WG_C16N16_R8];
+/// The z-pair kernel is `_h2t` (tensor loads, bulk stores: W1's forward 0.986x of `_h2`'s on an
+/// H200, session 34); `CudaOptions::zpair_tma` off runs `_h2` or `_h2b` ([`zpair_variant`]).
+pub const WGMMA_CONFIGS: &[HaloConfig] = &[CONV_WZ_C32_Y16_H2T, CONV_WG_C16N16_R8];
 
 /// wgmma kernels that run only when forced (`CudaOptions::halo_tile`): those measured slower than
 /// `conv_halo_*` on the same layers (PERF_NOTES.md, session 13: K1 on `_p` 1.11, `_s4` 1.09,
@@ -1008,9 +1010,9 @@ pub const WGMMA_CONFIGS: &[HaloConfig] = &[CONV_WZ_C32_Y16_H2, CONV_WG_C16N16_R8
 /// ones not measured against a twin (`c16n32_r`, `conv_wz_c16_y16`), `c16n16_r` (slower than its
 /// 8-plane `_r8`, session 29), and the experiments.
 pub const WGMMA_FORCED: &[HaloConfig] = &[
+    CONV_WZ_C32_Y16_H2,
     CONV_WZ_C32_Y16_H2E,
     CONV_WZ_C32_Y16_H2B,
-    CONV_WZ_C32_Y16_H2T,
     CONV_WZ_C32_Y16_H,
     CONV_WZ_C32_Y16,
     CONV_WZ_C32_Y8_H,
@@ -1079,16 +1081,15 @@ pub const STATS_TWINS: &[HaloConfig] = &[
     CONV_WZ_C32_Y16_H2T_ST,
 ];
 
-/// The twin of z-pair kernel `c` that stores by bulk copies (`CudaOptions::zpair_bulk`:
-/// `_h2b` for `_h2`), or that also loads by tensor loads (`tma`, `CudaOptions::zpair_tma`:
-/// `_h2t`).
-pub fn bulk_twin(c: &HaloConfig, tma: bool) -> Option<&'static HaloConfig> {
-    let twin = if tma {
-        &CONV_WZ_C32_Y16_H2T
-    } else {
-        &CONV_WZ_C32_Y16_H2B
-    };
-    (c.name == CONV_WZ_C32_Y16_H2.name).then_some(twin)
+/// What the default z-pair kernel `c` (`_h2t`) runs as: itself with tensor loads (`tma`,
+/// `CudaOptions::zpair_tma`), else `_h2b` with bulk stores (`bulk`, `zpair_bulk`), else `_h2`
+/// (the helper's copies and stores). Other kernels: themselves.
+pub fn zpair_variant(c: &'static HaloConfig, tma: bool, bulk: bool) -> &'static HaloConfig {
+    match (c.name == CONV_WZ_C32_Y16_H2T.name, tma, bulk) {
+        (true, false, true) => &CONV_WZ_C32_Y16_H2B,
+        (true, false, false) => &CONV_WZ_C32_Y16_H2,
+        _ => c,
+    }
 }
 
 /// The `_st` twin of halo / wgmma kernel `c`, if it has one.
@@ -1110,11 +1111,18 @@ pub const CONV_WZ_C32_Y16_H2_NL: HaloConfig = HaloConfig {
 /// pointwise head: `launch::NormHead`).
 pub const NORM_LOAD_TWINS: &[HaloConfig] = &[CONV_WZ_C32_Y16_H2_NL];
 
-/// The `_nl` twin of halo / wgmma kernel `c`, if it has one.
+/// The `_nl` twin of halo / wgmma kernel `c`, if it has one (of a bulk or tensor-load twin:
+/// its base's, whose loads the norm's replace).
 pub fn norm_load_twin(c: &HaloConfig) -> Option<&'static HaloConfig> {
+    let twins = [CONV_WZ_C32_Y16_H2B.name, CONV_WZ_C32_Y16_H2T.name];
+    let base = if twins.contains(&c.name) {
+        CONV_WZ_C32_Y16_H2.name
+    } else {
+        c.name
+    };
     NORM_LOAD_TWINS
         .iter()
-        .find(|t| t.name.strip_suffix("_nl") == Some(c.name))
+        .find(|t| t.name.strip_suffix("_nl") == Some(base))
 }
 
 // Experiments (`kernel-experiments`): padded K steps, 8-face tiles, the MMA loop twice (its cost
@@ -1309,13 +1317,16 @@ mod tests {
     }
 
     /// An `_nl` twin is its base kernel loading a norm's input: the same tile, threads and
-    /// shared memory (so the same launch and weights), a z-pair base with the helper among the
-    /// defaults.
+    /// shared memory (so the same launch and weights), a z-pair base with the helper (`_h2`,
+    /// also the twin of the default `_h2t`).
     #[test]
     fn norm_load_twins_are_their_bases() {
+        assert_eq!(
+            norm_load_twin(&CONV_WZ_C32_Y16_H2T).map(|c| c.name),
+            Some(CONV_WZ_C32_Y16_H2_NL.name)
+        );
         for t in NORM_LOAD_TWINS {
-            let base = WGMMA_CONFIGS
-                .iter()
+            let base = wgmma_all()
                 .find(|c| Some(c.name) == t.name.strip_suffix("_nl"))
                 .unwrap_or_else(|| panic!("{}: no default base", t.name));
             assert!(t.norm_load && !base.norm_load && !t.stats, "{}", t.name);

@@ -3,7 +3,7 @@
 
 use crate::backend::cuda::abi::norm_blocks;
 use crate::backend::cuda::host::catalogue::{
-    bulk_twin, has_wgmma, stats_twin, upsample_vec_name, upsample_vec_st_name, HaloConfig,
+    has_wgmma, stats_twin, upsample_vec_name, upsample_vec_st_name, zpair_variant, HaloConfig,
     MmaConfig, C1X1_STAGE_BYTES, C1_TILE, CONV1X1_MMA_N16, CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32,
     CONV1X1_N32_S, CONV_C1_K3, CONV_C1_K3_ST, CONV_DIRECT, CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8,
     CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8, CONV_SPLITK_REDUCE,
@@ -101,7 +101,7 @@ impl ArchCaps {
             halo_tile: None,
             norm_f32: true,
             split_k: true,
-            split_k_fill: false,
+            split_k_fill: true,
             norm_head: true,
             norm_residual: true,
             window_segments: true,
@@ -115,7 +115,7 @@ impl ArchCaps {
             norm_load_conv: false,
             halo_s2: false,
             zpair_bulk: false,
-            zpair_tma: false,
+            zpair_tma: true,
         }
     }
 
@@ -494,11 +494,8 @@ impl ConvKernel {
             }
         }
         if let Some(c) = halo {
-            // (After the forced-kernel test above: a forced `_h2` may run as `_h2b`.)
-            let bulk = (caps.zpair_bulk || caps.zpair_tma)
-                .then(|| bulk_twin(c, caps.zpair_tma))
-                .flatten();
-            return ConvKernel::Halo(bulk.unwrap_or(c));
+            // (After the forced-kernel test above: a forced `_h2t` may run as `_h2`.)
+            return ConvKernel::Halo(zpair_variant(c, caps.zpair_tma, caps.zpair_bulk));
         }
         if mma && g.upsample {
             let taps = g.k[0] * g.k[1] * g.k[2];
@@ -841,7 +838,11 @@ mod tests {
     /// follow the split.
     #[test]
     fn split_k_where_tiles_starve() {
-        let h = ArchCaps::h200();
+        // The default rule before `split_k_fill` (on by default), then with it.
+        let h = ArchCaps {
+            split_k_fill: false,
+            ..ArchCaps::h200()
+        };
         let g = geom([768, 3, 3, 3], [768, 3, 3, 3], 3, 1, 1, false);
         let k = ConvKernel::choose(&h, 2, &g);
         let ConvKernel::SplitK(t, ks) = k else {
@@ -968,52 +969,47 @@ mod tests {
         assert!(!ArchCaps::with_options(9, 0, 132, 227 * 1024, &off).conv_wgmma);
     }
 
-    /// `zpair_bulk` runs the z-pair convs on `_h2b` (its `_st` twin with the statistics), a
-    /// forced `_h2` too (the Cin chunks'), and nothing else changes kernel; `zpair_tma` on
-    /// `_h2t`.
+    /// The z-pair convs run on `_h2t` by default (its `_st` twin with the statistics), the Cin
+    /// chunks' forced z-pair kernel too; with `zpair_tma` off on `_h2b` (`zpair_bulk`) or `_h2`;
+    /// nothing else changes kernel.
     #[test]
-    fn zpair_bulk_takes_the_bulk_twin() {
-        let on = ArchCaps {
-            zpair_bulk: true,
-            ..ArchCaps::h200()
-        };
+    fn zpair_variants() {
         let g = geom([32, 64, 64, 64], [32, 64, 64, 64], 3, 1, 1, false);
-        let k = ConvKernel::choose(&on, 4, &g);
-        assert_eq!(k.funcs(), ["conv_wz_c32_y16_h2b"]);
-        let (st, _) = k.with_norm_stats([32, 64, 64, 64], 32, 0).unwrap();
-        assert_eq!(st.funcs(), ["conv_wz_c32_y16_h2b_st"]);
-        let forced = ArchCaps {
-            halo_tile: Some(&CONV_WZ_C32_Y16_H2),
-            ..on
-        };
         let g64 = geom([32, 64, 64, 64], [64, 64, 64, 64], 3, 1, 1, false);
-        assert_eq!(
-            ConvKernel::choose(&forced, 4, &g64).funcs(),
-            ["conv_wz_c32_y16_h2b"]
-        );
-        // `zpair_tma`: `_h2t` (bulk stores too), whatever `zpair_bulk` says.
-        for bulk in [false, true] {
-            let tma = ArchCaps {
-                zpair_tma: true,
+        let h = ArchCaps::h200();
+        assert!(h.zpair_tma);
+        for (tma, bulk, want) in [
+            (true, false, "conv_wz_c32_y16_h2t"),
+            (true, true, "conv_wz_c32_y16_h2t"),
+            (false, true, "conv_wz_c32_y16_h2b"),
+            (false, false, "conv_wz_c32_y16_h2"),
+        ] {
+            let caps = ArchCaps {
+                zpair_tma: tma,
                 zpair_bulk: bulk,
-                ..ArchCaps::h200()
+                ..h
             };
-            let k = ConvKernel::choose(&tma, 4, &g);
-            assert_eq!(k.funcs(), ["conv_wz_c32_y16_h2t"]);
+            let k = ConvKernel::choose(&caps, 4, &g);
+            assert_eq!(k.funcs(), [want]);
             let (st, _) = k.with_norm_stats([32, 64, 64, 64], 32, 0).unwrap();
-            assert_eq!(st.funcs(), ["conv_wz_c32_y16_h2t_st"]);
-        }
-        for (ci, co, i, o, k, s, t) in W1.iter().chain(W2) {
-            let g = geom([*ci, *i, *i, *i], [*co, *o, *o, *o], *k, *s, 1, *t);
-            let (a, b) = (
-                ConvKernel::choose(&ArchCaps::h200(), 4, &g),
-                ConvKernel::choose(&on, 4, &g),
-            );
-            match (&a, &b) {
-                (ConvKernel::Halo(x), ConvKernel::Halo(y)) if x.name != y.name => {
-                    assert_eq!(bulk_twin(x, false).map(|c| c.name), Some(y.name))
+            assert_eq!(st.funcs(), [format!("{want}_st")]);
+            let forced = ArchCaps {
+                halo_tile: crate::backend::cuda::host::select::zpair_config(32),
+                ..caps
+            };
+            assert_eq!(ConvKernel::choose(&forced, 4, &g64).funcs(), [want]);
+            for (ci, co, i, o, k, s, t) in W1.iter().chain(W2) {
+                let g = geom([*ci, *i, *i, *i], [*co, *o, *o, *o], *k, *s, 1, *t);
+                let (a, b) = (
+                    ConvKernel::choose(&h, 4, &g),
+                    ConvKernel::choose(&caps, 4, &g),
+                );
+                match (&a, &b) {
+                    (ConvKernel::Halo(x), ConvKernel::Halo(y)) if x.name != y.name => {
+                        assert_eq!((x.name, y.name), (CONV_WZ_C32_Y16_H2T.name, want))
+                    }
+                    _ => assert_eq!(a, b),
                 }
-                _ => assert_eq!(a, b),
             }
         }
     }
@@ -1038,7 +1034,7 @@ mod tests {
         // W1 at batch 2; at batch 4 the layers listed in `w1_b4` change tile.
         let w1_b2 = [
             "Cin1 conv_c1_k3",
-            "Halo conv_wz_c32_y16_h2",
+            "Halo conv_wz_c32_y16_h2t",
             "Mma conv_mma_m128n64_v8",
             "Halo conv_halo_c64n64",
             "Mma conv_mma_m128n128_v8",
@@ -1061,13 +1057,11 @@ mod tests {
             "Halo conv_halo_c32n32_w4",
             "Pointwise conv1x1_n16",
         ];
-        // (The 8^3 layers fill the SMs at batch 4 and stop splitting K; the 4^3 ones split.)
+        // (The 8^3 layers' tiles fill under one block an SM at batch 4 too: their K splits,
+        // `split_k_fill`, as the 4^3 ones' does.)
         let w1_b4: &[(usize, &str)] = &[
             (6, "Mma conv_mma_m128n128_v8"),
             (7, "Mma conv_mma_m128n128_v8"),
-            (8, "Mma conv_mma_m128n64_v8"),
-            (9, "Mma conv_mma_m128n64_v8"),
-            (13, "Mma conv_mma_m128n64_v8"),
             (14, "UpsampleVec convt_up_m128n128_v8"),
             (15, "Mma conv_mma_m128n128_v8"),
         ];
@@ -1076,7 +1070,7 @@ mod tests {
             "Cin1 conv_c1_k3",
             "Halo conv_wg_c16n16_r8",
             "Mma conv_mma_m128n32_v8",
-            "Halo conv_wz_c32_y16_h2",
+            "Halo conv_wz_c32_y16_h2t",
             "Mma conv_mma_m128n64_v8",
             "Halo conv_halo_c64n64",
             "Mma conv_mma_m128n64_v8",

@@ -40,8 +40,8 @@ pub struct CudaOptions {
     /// Split the K of tile-starved mma convs over several blocks (`select::split_k`).
     pub split_k: bool,
     /// With `split_k`: split where the output tiles fill under one block an SM (not half),
-    /// to about two blocks an SM. W1's 8³ 320-channel convs run 80 m128n64 tiles on 132 SMs
-    /// unsplit at ~75 TF/s. Off until measured.
+    /// to about two blocks an SM: W1's 8³ 320-channel convs (80 m128n64 tiles on 132 SMs,
+    /// unsplit at ~75 TF/s) in 3. W1's forward 0.981x on an H200 (session 34).
     pub split_k_fill: bool,
     /// Add a residual that only an Add reads after an InstanceNorm / GroupNorm (and its
     /// activation) in the norm's affine pass (`fusion::fusable_residual`): the Add never runs
@@ -102,7 +102,8 @@ pub struct CudaOptions {
     /// helper's stores. The same bits. Off until measured.
     pub zpair_bulk: bool,
     /// Run the z-pair convs on `_h2t` (`CONV_WZ_C32_Y16_H2T`): `_h2b` whose slots come in by
-    /// tensor loads (TMA), not the helper's copies. The same bits. Off until measured.
+    /// tensor loads (TMA), not the helper's copies. The same bits; W1's forward 0.986x on an
+    /// H200 (session 34: the plain launches 6-10% faster, the `_st` ones 2.6% slower).
     pub zpair_tma: bool,
     /// Replay each batch's launch list as a CUDA graph (`launch_list::Graphs`) rather than
     /// launching its steps one by one (the same kernels on the same buffers either way).
@@ -124,7 +125,7 @@ impl Default for CudaOptions {
             gather_mode: GatherMode::Auto,
             norm_f32: true,
             split_k: true,
-            split_k_fill: false,
+            split_k_fill: true,
             norm_head: true,
             norm_residual: true,
             window_segments: true,
@@ -138,7 +139,7 @@ impl Default for CudaOptions {
             norm_load_conv: false,
             halo_s2: false,
             zpair_bulk: false,
-            zpair_tma: false,
+            zpair_tma: true,
             graphs: true,
         }
     }

@@ -528,8 +528,9 @@ fn profile_models() {
         // in Cin chunks off (`PROFCH`); and the fusions off by default: the z-pair convs reading
         // their norm's input (`PROFNL`); the stride-2 convs on the stride-2 halo kernel
         // (`PROFS2`); the norms rerunning their Cin-1 convs (`PROFRC`); the heads on mma.sync;
-        // the transposed convs' `_st` twins; split-K to two blocks an SM; the z-pair convs' bulk
-        // stores (`PROFBK`), and their tensor loads with them (`PROFTM`).
+        // the transposed convs' `_st` twins; split-K to two blocks an SM only where tiles fill
+        // under half the SMs (off: the old rule); the z-pair convs without tensor loads (`_h2`,
+        // `PROFTM`) and with bulk stores only (`_h2b`, `PROFBK`).
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
         let variants: [Switch; 13] = [
             (
@@ -578,18 +579,18 @@ fn profile_models() {
                 None,
             ),
             (
-                "with split-K to two blocks an SM",
-                |o| o.split_k_fill = true,
+                "without split-K to two blocks an SM",
+                |o| o.split_k_fill = false,
                 None,
             ),
             (
-                "with the z-pair convs' bulk stores",
-                |o| o.zpair_bulk = true,
+                "with the z-pair convs' bulk stores alone",
+                |o| (o.zpair_tma, o.zpair_bulk) = (false, true),
                 Some("PROFBK"),
             ),
             (
-                "with the z-pair convs' tensor loads and bulk stores",
-                |o| o.zpair_tma = true,
+                "without the z-pair convs' tensor loads and bulk stores",
+                |o| o.zpair_tma = false,
                 Some("PROFTM"),
             ),
         ];

@@ -42,7 +42,7 @@ fn conv_norm_tile_stats() {
             32,
             [21, 19, 17],
             32,
-            "conv_wz_c32_y16_h2_st",
+            "conv_wz_c32_y16_h2t_st",
         ),
         (
             "z-pair 32->20 groupnorm g=4 (partial piece)",
@@ -50,7 +50,7 @@ fn conv_norm_tile_stats() {
             20,
             [18, 17, 9],
             4,
-            "conv_wz_c32_y16_h2_st",
+            "conv_wz_c32_y16_h2t_st",
         ),
         (
             "halo 64->32 in 2 chunks instancenorm",
@@ -97,7 +97,7 @@ fn conv_norm_tile_stats() {
         // Without wgmma (not compute capability 9.0) Cin 32 -> Cout <= 32 runs the halo kernel,
         // which has no twin.
         let want_kernel = match want_kernel {
-            "conv_wz_c32_y16_h2_st" if !wz => "conv_halo_c32n32_w4",
+            "conv_wz_c32_y16_h2t_st" if !wz => "conv_halo_c32n32_w4",
             k => k,
         };
         tile_stats_case(&mut b, &mut r, (name, cin, cout, sp, groups, want_kernel));
