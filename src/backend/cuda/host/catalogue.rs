@@ -942,7 +942,8 @@ pub const CONV_WZ_C32_Y16_H2E: HaloConfig = HaloConfig {
 /// `_h2` whose staged planes the TMA unit stores (one bulk copy per voxel) where the output
 /// is fp32 and stored as staged, the helper only reading them for the statistics (session 31's
 /// ncu of `_h2_st`: the helper's warps at `lg_throttle`, the MMA warps waiting on its stores).
-/// Taken for `_h2` by `CudaOptions::zpair_bulk`; off until measured.
+/// Run with `zpair_tma` off and `zpair_bulk` on ([`zpair_variant`]): W1's forward 1.017x of
+/// `_h2`'s (session 34; its `_st` twin 9% slower, the plain one 5% faster).
 pub const CONV_WZ_C32_Y16_H2B: HaloConfig = HaloConfig {
     name: "conv_wz_c32_y16_h2b",
     stores: WzStores::Bulk,
@@ -950,8 +951,8 @@ pub const CONV_WZ_C32_Y16_H2B: HaloConfig = HaloConfig {
 };
 /// `_h2b` whose helper loads each slot with four tensor loads (TMA: one thread, zeros outside
 /// the input from the TMA unit) rather than ~6 16-byte `cp.async` copies a thread (session 31's
-/// ncu: ~60% of the helper's instructions; the MMA warps ~12% waiting on the slots). Taken for
-/// `_h2` by `CudaOptions::zpair_tma`; off until measured.
+/// ncu: ~60% of the helper's instructions; the MMA warps ~12% waiting on the slots). The
+/// default z-pair kernel (`WGMMA_CONFIGS`; W1's forward 0.986x of `_h2`'s, session 34).
 pub const CONV_WZ_C32_Y16_H2T: HaloConfig = HaloConfig {
     name: "conv_wz_c32_y16_h2t",
     tma_loads: true,
@@ -1111,15 +1112,20 @@ pub const CONV_WZ_C32_Y16_H2_NL: HaloConfig = HaloConfig {
 /// pointwise head: `launch::NormHead`).
 pub const NORM_LOAD_TWINS: &[HaloConfig] = &[CONV_WZ_C32_Y16_H2_NL];
 
-/// The `_nl` twin of halo / wgmma kernel `c`, if it has one (of a bulk or tensor-load twin:
-/// its base's, whose loads the norm's replace).
+/// The `_nl` twin of halo / wgmma kernel `c`, if it has one: that of the kernel `c` is but for
+/// the helper's ways of loading and storing (`_h2` for `_h2t` and `_h2b`), whose loads the
+/// norm's replace.
 pub fn norm_load_twin(c: &HaloConfig) -> Option<&'static HaloConfig> {
-    let twins = [CONV_WZ_C32_Y16_H2B.name, CONV_WZ_C32_Y16_H2T.name];
-    let base = if twins.contains(&c.name) {
-        CONV_WZ_C32_Y16_H2.name
-    } else {
-        c.name
+    let plain = |b: &&HaloConfig| {
+        let same = HaloConfig {
+            name: b.name,
+            stores: WzStores::Staged,
+            tma_loads: false,
+            ..*c
+        };
+        same == **b
     };
+    let base = wgmma_all().find(plain).map_or(c.name, |b| b.name);
     NORM_LOAD_TWINS
         .iter()
         .find(|t| t.name.strip_suffix("_nl") == Some(base))

@@ -97,9 +97,9 @@ pub struct CudaOptions {
     /// Run stride-2 3^3 convs of Cin = k x 32 on a halo kernel (`conv_halo_c32n64_s2`: the
     /// tile's input reach copied once) rather than the implicit GEMM. Off until measured.
     pub halo_s2: bool,
-    /// Run the z-pair convs on `_h2b` rather than `_h2` (catalogue `CONV_WZ_C32_Y16_H2B`): the
-    /// staged planes of an fp32 output stored as staged go out as bulk copies, not the
-    /// helper's stores. The same bits. Off until measured.
+    /// With `zpair_tma` off: run the z-pair convs on `_h2b` rather than `_h2` (catalogue
+    /// `CONV_WZ_C32_Y16_H2B`): the staged planes of an fp32 output stored as staged go out as
+    /// bulk copies, not the helper's stores. The same bits; W1's forward 1.017x (session 34).
     pub zpair_bulk: bool,
     /// Run the z-pair convs on `_h2t` (`CONV_WZ_C32_Y16_H2T`): `_h2b` whose slots come in by
     /// tensor loads (TMA), not the helper's copies. The same bits; W1's forward 0.986x on an
