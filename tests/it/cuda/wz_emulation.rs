@@ -9,7 +9,8 @@
 //! chunks sum to a direct float64 conv. The values are small integers, so every sum is exact.
 
 use voxtile::internals::cuda::host::catalogue::{
-    HaloConfig, WzStores, CONV_WZ_C32_Y16_H2, CONV_WZ_C32_Y16_H2B, CONV_WZ_C32_Y16_H2T,
+    HaloConfig, WzStores, CONV_WZ_C32_Y16_H2, CONV_WZ_C32_Y16_H2B, CONV_WZ_C32_Y16_H2L,
+    CONV_WZ_C32_Y16_H2T,
 };
 use voxtile::internals::cuda::host::relayout::relayout_weight;
 
@@ -427,8 +428,8 @@ fn chunk_weights(w: &[f64], cout: usize, cin: usize, off: usize) -> (Vec<f64>, u
 /// block (ring slots reused across tile changes), same and valid padding; the last launch's
 /// norm statistics (its `_st` twin's) give the output's mean and spread per sample and channel.
 /// On `_h2`, on `_h2b`, whose first launch stores by bulk copies (Cout 40: a 32-channel copy,
-/// then an 8-channel one; Cout 12, 48 bytes), and on `_h2t`, whose slots are the TMA unit's
-/// boxes.
+/// then an 8-channel one; Cout 12, 48 bytes), on `_h2t`, whose slots are the TMA unit's
+/// boxes, and on `_h2l`, the boxes with the helper's stores.
 #[test]
 fn zpair_chunks_sum_to_the_conv() {
     // (samples, input dims, Cin, Cout, pads, SMs)
@@ -442,6 +443,7 @@ fn zpair_chunks_sum_to_the_conv() {
         &CONV_WZ_C32_Y16_H2,
         &CONV_WZ_C32_Y16_H2B,
         &CONV_WZ_C32_Y16_H2T,
+        &CONV_WZ_C32_Y16_H2L,
     ];
     for (c, (n, di, cin, cout, pads, sms)) in kernels
         .into_iter()

@@ -865,7 +865,7 @@ pub fn buffer_plan(
     let stat_bytes = if caps.norm_stats {
         let shapes = &w.shapes;
         tile_stats::pair(
-            caps.convt_stats,
+            caps,
             graph,
             &w.cons,
             shapes,

@@ -958,6 +958,15 @@ pub const CONV_WZ_C32_Y16_H2T: HaloConfig = HaloConfig {
     tma_loads: true,
     ..CONV_WZ_C32_Y16_H2B
 };
+/// `_h2t` whose helper stores the staged planes itself (tensor loads only), for the `_st`
+/// twin (`CudaOptions::zpair_st_staged`): that helper reads every row for the statistics
+/// anyway, and with bulk stores also waits for the TMA unit to have read them (session 34 on
+/// W1's 128³ `_st` launches: `_h2t_st` 3.672 ms, `_h2_st` 3.580). Forced only until measured.
+pub const CONV_WZ_C32_Y16_H2L: HaloConfig = HaloConfig {
+    name: "conv_wz_c32_y16_h2l",
+    tma_loads: true,
+    ..CONV_WZ_C32_Y16_H2
+};
 pub const CONV_WZ_C32_Y8_H: HaloConfig = HaloConfig {
     threads: 256,
     ..wz("conv_wz_c32_y8_h", 32, 8, 16)
@@ -1014,6 +1023,7 @@ pub const WGMMA_FORCED: &[HaloConfig] = &[
     CONV_WZ_C32_Y16_H2,
     CONV_WZ_C32_Y16_H2E,
     CONV_WZ_C32_Y16_H2B,
+    CONV_WZ_C32_Y16_H2L,
     CONV_WZ_C32_Y16_H,
     CONV_WZ_C32_Y16,
     CONV_WZ_C32_Y8_H,
@@ -1068,19 +1078,33 @@ pub const CONV_WZ_C32_Y16_H2B_ST: HaloConfig =
     stats_twin_of("conv_wz_c32_y16_h2b_st", CONV_WZ_C32_Y16_H2B);
 pub const CONV_WZ_C32_Y16_H2T_ST: HaloConfig =
     stats_twin_of("conv_wz_c32_y16_h2t_st", CONV_WZ_C32_Y16_H2T);
+pub const CONV_WZ_C32_Y16_H2L_ST: HaloConfig =
+    stats_twin_of("conv_wz_c32_y16_h2l_st", CONV_WZ_C32_Y16_H2L);
 
 /// The halo-tile kernels that hand a following InstanceNorm / GroupNorm its statistics
 /// (`CudaOptions::norm_stats`; with `CONV_C1_K3_ST`): the `_st` twin of the z-pair kernel with
 /// its two-warpgroup helper. The planner takes the twin in place of its base. Twins of the
 /// `conv_halo` kernels (a pass over the staged tile after the vector epilogue) were measured
 /// 13-34% slower than their bases on W1's layers, more than the norm pass they save
-/// (PERF_NOTES, session 24), and were removed. `_h2e_st`, `_h2b_st`, `_h2t_st`: their bases'.
+/// (PERF_NOTES, session 24), and were removed. `_h2e_st`, `_h2b_st`, `_h2t_st`, `_h2l_st`:
+/// their bases'.
 pub const STATS_TWINS: &[HaloConfig] = &[
     CONV_WZ_C32_Y16_H2_ST,
     CONV_WZ_C32_Y16_H2E_ST,
     CONV_WZ_C32_Y16_H2B_ST,
     CONV_WZ_C32_Y16_H2T_ST,
+    CONV_WZ_C32_Y16_H2L_ST,
 ];
+
+/// The `_st` twin `twin` runs as: `_h2t_st` as `_h2l_st` (the helper's own stores) where
+/// `staged` (`CudaOptions::zpair_st_staged`). Other twins: themselves.
+pub fn zpair_st_variant(twin: &'static HaloConfig, staged: bool) -> &'static HaloConfig {
+    if staged && twin.name == CONV_WZ_C32_Y16_H2T_ST.name {
+        &CONV_WZ_C32_Y16_H2L_ST
+    } else {
+        twin
+    }
+}
 
 /// What the default z-pair kernel `c` (`_h2t`) runs as: itself with tensor loads (`tma`,
 /// `CudaOptions::zpair_tma`), else `_h2b` with bulk stores (`bulk`, `zpair_bulk`), else `_h2`

@@ -82,6 +82,8 @@ pub struct ArchCaps {
     pub zpair_bulk: bool,
     /// ... and its slots come in by tensor loads (`CudaOptions::zpair_tma`).
     pub zpair_tma: bool,
+    /// ... whose `_st` twin stores as the helper did (`CudaOptions::zpair_st_staged`).
+    pub zpair_st_staged: bool,
 }
 
 impl ArchCaps {
@@ -116,6 +118,7 @@ impl ArchCaps {
             halo_s2: false,
             zpair_bulk: false,
             zpair_tma: true,
+            zpair_st_staged: false,
         }
     }
 
@@ -150,6 +153,7 @@ impl ArchCaps {
             halo_s2: opts.halo_s2,
             zpair_bulk: opts.zpair_bulk,
             zpair_tma: opts.zpair_tma,
+            zpair_st_staged: opts.zpair_st_staged,
             head_staged: opts.head_staged,
             head_mma: opts.head_mma,
             conv_tile: opts.conv_tile,

@@ -105,6 +105,10 @@ pub struct CudaOptions {
     /// tensor loads (TMA), not the helper's copies. The same bits; W1's forward 0.986x on an
     /// H200 (session 34: the plain launches 6-10% faster, the `_st` ones 2.6% slower).
     pub zpair_tma: bool,
+    /// With `zpair_tma`: the z-pair convs that write a norm's statistics run `_h2l_st` (tensor
+    /// loads, the helper's own stores) rather than `_h2t_st` (bulk stores): their helper reads
+    /// the rows for the statistics anyway. The same bits; off until measured.
+    pub zpair_st_staged: bool,
     /// Replay each batch's launch list as a CUDA graph (`launch_list::Graphs`) rather than
     /// launching its steps one by one (the same kernels on the same buffers either way).
     pub graphs: bool,
@@ -140,6 +144,7 @@ impl Default for CudaOptions {
             halo_s2: false,
             zpair_bulk: false,
             zpair_tma: true,
+            zpair_st_staged: false,
             graphs: true,
         }
     }

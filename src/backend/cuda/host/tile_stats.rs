@@ -7,7 +7,8 @@
 //! of 4).
 
 use crate::backend::cuda::abi::Shape;
-use crate::backend::cuda::host::conv_kernel::ConvKernel;
+use crate::backend::cuda::host::catalogue::zpair_st_variant;
+use crate::backend::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
 use crate::backend::cuda::host::launch::Launch;
 use crate::backend::cuda::host::windowed::{Run, Segments};
 use crate::model::graph::{Graph, Op};
@@ -23,10 +24,10 @@ pub const TILE_STAT_BYTES: usize = 16;
 /// becomes the twin, and both launches get `tile_stats` (the twin's entries per sample).
 /// A norm launch that runs the conv before it (`Launch::recompute`) is a pair in itself: its
 /// conv kernel becomes the twin too. Returns the scratch bytes the partials need for `batch`
-/// samples (0: no pair). The fused parity classes' twin only with `convt` (`ArchCaps::convt_stats`).
-#[allow(clippy::too_many_arguments)]
+/// samples (0: no pair). The fused parity classes' twin only with `ArchCaps::convt_stats`; the
+/// z-pair twin as `ArchCaps::zpair_st_staged` says (`zpair_st_variant`).
 pub fn pair(
-    convt: bool,
+    caps: &ArchCaps,
     graph: &Graph,
     cons: &[Vec<usize>],
     shapes: &[Shape],
@@ -36,6 +37,16 @@ pub fn pair(
     batch: usize,
 ) -> usize {
     let mut bytes = 0;
+    let twin_of = |k: &ConvKernel, os: [usize; 4], ldc: usize, coff: usize| {
+        let (twin, tiles) = k.with_norm_stats(os, ldc, coff)?;
+        Some(match twin {
+            ConvKernel::Halo(c) => (
+                ConvKernel::Halo(zpair_st_variant(c, caps.zpair_st_staged)),
+                tiles,
+            ),
+            t => (t, tiles),
+        })
+    };
     // A window segment's copies run one window at a time.
     let samples = |t: usize| {
         if windows.run(t) == Run::Batch {
@@ -50,7 +61,7 @@ pub fn pair(
         if let Some((twin, tiles)) = l
             .conv
             .as_ref()
-            .and_then(|k| k.with_norm_stats(os, l.ldc, l.coff))
+            .and_then(|k| twin_of(k, os, l.ldc, l.coff))
         {
             bytes = bytes.max(samples(t) * tiles * os[0] * TILE_STAT_BYTES);
             l.conv = Some(twin);
@@ -64,7 +75,7 @@ pub fn pair(
         let v = conv.out_v;
         let sole = cons[v].as_slice() == [norm.node] && nnode.inputs.as_slice() == [v];
         let plain = conv.fuse.is_none() && conv.residual.is_none() && conv.head.is_none();
-        if !convt && matches!(conv.conv, Some(ConvKernel::ParityFusedVec(..))) {
+        if !caps.convt_stats && matches!(conv.conv, Some(ConvKernel::ParityFusedVec(..))) {
             continue;
         }
         if !is_norm || tensor[norm.node] || tensor[conv.node] || !sole || !plain {
@@ -77,7 +88,7 @@ pub fn pair(
         let Some((twin, tiles)) = conv
             .conv
             .as_ref()
-            .and_then(|k| k.with_norm_stats(os, conv.ldc, conv.coff))
+            .and_then(|k| twin_of(k, os, conv.ldc, conv.coff))
         else {
             continue;
         };

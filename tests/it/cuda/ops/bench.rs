@@ -431,8 +431,9 @@ fn conv3(r: &mut Rng, cin: usize, cout: usize, st: usize) -> Op {
 /// run: the cost of the fp32 ones, and their activation bytes; and with the fusions on by
 /// default (`CudaOptions::norm_stats`, `concat_split`, `cin_chunks` (`PROFCH`)) switched off,
 /// with the per-op profile of the first two off (`PROFST`); and with `norm_load_conv`
-/// (`PROFNL`), `halo_s2` (`PROFS2`), `norm_recompute` (`PROFRC`), `head_mma`, `convt_stats` and
-/// `split_k_fill` on.
+/// (`PROFNL`), `halo_s2` (`PROFS2`), `norm_recompute` (`PROFRC`), `head_mma`, `convt_stats`,
+/// `zpair_st_staged` (`PROFSS`) on; `split_k_fill`, `zpair_tma` (`PROFTM`; `PROFBK` with
+/// `zpair_bulk`) off.
 #[test]
 fn profile_models() {
     let Some(mut b) = gpu() else { return };
@@ -532,7 +533,7 @@ fn profile_models() {
         // under half the SMs (off: the old rule); the z-pair convs without tensor loads (`_h2`,
         // `PROFTM`) and with bulk stores only (`_h2b`, `PROFBK`).
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
-        let variants: [Switch; 13] = [
+        let variants: [Switch; 14] = [
             (
                 "without residual Adds in the norms",
                 |o| o.norm_residual = false,
@@ -593,6 +594,11 @@ fn profile_models() {
                 |o| o.zpair_tma = false,
                 Some("PROFTM"),
             ),
+            (
+                "with the z-pair convs' statistics on the helper's stores",
+                |o| o.zpair_st_staged = true,
+                Some("PROFSS"),
+            ),
         ];
         for (what, set, tag) in variants {
             b.with(set);
@@ -613,6 +619,7 @@ fn profile_models() {
                 (o.norm_recompute, o.head_mma) = (d.norm_recompute, d.head_mma);
                 (o.convt_stats, o.split_k_fill) = (d.convt_stats, d.split_k_fill);
                 (o.zpair_bulk, o.zpair_tma) = (d.zpair_bulk, d.zpair_tma);
+                o.zpair_st_staged = d.zpair_st_staged;
             });
             let dev = max_abs_diff(&ys, &y);
             println!(

@@ -119,7 +119,8 @@ fn conv_norm_tile_stats() {
 }
 
 /// The z-pair convs on bulk stores (`CudaOptions::zpair_bulk`: `_h2b`, `_h2b_st`) and on tensor
-/// loads with them (`zpair_tma`: `_h2t`, `_h2t_st`) bit for bit the helper's own copies and
+/// loads with them (`zpair_tma`: `_h2t`, `_h2t_st`; `zpair_st_staged`: `_h2l_st`, tensor loads
+/// and the helper's stores) bit for bit the helper's own copies and
 /// stores (`_h2`, `_h2_st`): conv -> norm -> LeakyReLU (an fp32 conv output, stored as staged),
 /// with the statistics from the epilogue and from the norm's pass; Cout 32 and 20 (80-byte
 /// copies); outputs that end inside a tile on every axis, same and valid padding; batch 2.
@@ -143,8 +144,17 @@ fn zpair_twins_same_bits() {
         for stats in [true, false] {
             b.with(|o| (o.norm_stats, o.zpair_bulk, o.zpair_tma) = (stats, false, false));
             let staged = run(&mut b, &g, &x, 2);
-            for (twin, tma) in [("_h2b", false), ("_h2t", true)] {
+            for (twin, tma, st_staged) in [
+                ("_h2b", false, false),
+                ("_h2t", true, false),
+                ("_h2l", true, true),
+            ] {
+                // (`zpair_st_staged` changes the `_st` twin only.)
+                if st_staged && !stats {
+                    continue;
+                }
                 b.with(|o| (o.zpair_bulk, o.zpair_tma) = (!tma, tma));
+                b.with(|o| o.zpair_st_staged = st_staged);
                 let got = run(&mut b, &g, &x, 2);
                 let used = kernels_used(&mut b, 2);
                 let want = format!("conv_wz_c32_y16{twin}{}", if stats { "_st" } else { "" });
