@@ -26,6 +26,7 @@ pub const TILE_STAT_BYTES: usize = 16;
 /// conv kernel becomes the twin too. Returns the scratch bytes the partials need for `batch`
 /// samples (0: no pair). The fused parity classes' twin only with `ArchCaps::convt_stats`; the
 /// z-pair twin as `ArchCaps::zpair_st_staged` says (`zpair_st_variant`).
+#[allow(clippy::too_many_arguments)]
 pub fn pair(
     caps: &ArchCaps,
     graph: &Graph,
@@ -58,11 +59,7 @@ pub fn pair(
     for (t, l) in launches.iter_mut().enumerate() {
         let Some(c) = l.recompute else { continue };
         let os = shapes[graph.nodes[c].output];
-        if let Some((twin, tiles)) = l
-            .conv
-            .as_ref()
-            .and_then(|k| twin_of(k, os, l.ldc, l.coff))
-        {
+        if let Some((twin, tiles)) = l.conv.as_ref().and_then(|k| twin_of(k, os, l.ldc, l.coff)) {
             bytes = bytes.max(samples(t) * tiles * os[0] * TILE_STAT_BYTES);
             l.conv = Some(twin);
             l.tile_stats = Some(tiles);
