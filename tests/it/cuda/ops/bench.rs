@@ -531,9 +531,11 @@ fn profile_models() {
         // (`PROFS2`); the norms rerunning their Cin-1 convs (`PROFRC`); the heads on mma.sync;
         // the transposed convs' `_st` twins; split-K to two blocks an SM only where tiles fill
         // under half the SMs (off: the old rule); the z-pair convs without tensor loads (`_h2`,
-        // `PROFTM`) and with bulk stores only (`_h2b`, `PROFBK`).
+        // `PROFTM`) and with bulk stores only (`_h2b`, `PROFBK`); the `_st` twins on the
+        // helper's stores (`_h2l_st`, `PROFSS`); the full-resolution launches batched rather
+        // than one window at a time (more activation bytes).
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
-        let variants: [Switch; 14] = [
+        let variants: [Switch; 15] = [
             (
                 "without residual Adds in the norms",
                 |o| o.norm_residual = false,
@@ -599,6 +601,11 @@ fn profile_models() {
                 |o| o.zpair_st_staged = true,
                 Some("PROFSS"),
             ),
+            (
+                "without window segments",
+                |o| o.window_segments = false,
+                None,
+            ),
         ];
         for (what, set, tag) in variants {
             b.with(set);
@@ -619,7 +626,7 @@ fn profile_models() {
                 (o.norm_recompute, o.head_mma) = (d.norm_recompute, d.head_mma);
                 (o.convt_stats, o.split_k_fill) = (d.convt_stats, d.split_k_fill);
                 (o.zpair_bulk, o.zpair_tma) = (d.zpair_bulk, d.zpair_tma);
-                o.zpair_st_staged = d.zpair_st_staged;
+                (o.zpair_st_staged, o.window_segments) = (d.zpair_st_staged, d.window_segments);
             });
             let dev = max_abs_diff(&ys, &y);
             println!(
