@@ -91,7 +91,7 @@ struct ConvParams {
     int up_d, up_h, up_w;  // 0: no scatter
     int ocout;
     int od, oh, ow;
-    int out_f32;      // 1: y is fp32 (a value only a norm reads), indexed as the fp16 one would be
+    int out_f32;      // 1: y is fp32 (a value only a norm reads), indexed as the fp16 one would be; OUT_SHIFTED: fp16 less the tile's shift
     int ksplit;       // conv_mma: K split over grid.z (> 1: partials to ws, conv_splitk_reduce)
     int accum;        // conv_wz_*: 1: y (fp32) += this launch's sums (a conv over a concat, one launch per part)
     int ldi;          // conv_wz_*: the input's channel stride (x points at the launch's first channel: Cin chunks of a wider input)
@@ -182,6 +182,13 @@ __device__ __forceinline__ void out_store2(const ConvParams& p, half* y, i64 i, 
     if (p.out_f32) *reinterpret_cast<float2*>(reinterpret_cast<float*>(y) + i) = make_float2(v0, v1);
     else *reinterpret_cast<__half2*>(y + i) = __floats2half2_rn(v0, v1);
 }
+// Eight adjacent fp16 elements (i % 8 == 0): one 16-byte store.
+__device__ __forceinline__ void store8_half(half* y, i64 i, const float (&v)[8]) {
+    __align__(16) __half2 o[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) o[k] = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+    *reinterpret_cast<uint4*>(y + i) = *reinterpret_cast<const uint4*>(o);
+}
 // Eight adjacent elements (i % 8 == 0): one 16-byte store, or two as fp32.
 __device__ __forceinline__ void out_store8(const ConvParams& p, half* y, i64 i, const float (&v)[8]) {
     if (p.out_f32) {
@@ -189,12 +196,13 @@ __device__ __forceinline__ void out_store8(const ConvParams& p, half* y, i64 i, 
         d[0] = make_float4(v[0], v[1], v[2], v[3]);
         d[1] = make_float4(v[4], v[5], v[6], v[7]);
     } else {
-        __align__(16) __half2 o[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++) o[k] = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
-        *reinterpret_cast<uint4*>(y + i) = *reinterpret_cast<const uint4*>(o);
+        store8_half(y, i, v);
     }
 }
+// `ConvParams::out_f32` of a conv whose `_st` twin stores fp16 values less their tile's shift
+// (`CudaOptions::norm_shifted`; the z-pair helper's stores only): the norm after it adds the
+// shift back (`affine_act_v8_shifted` in norm.cu).
+#define OUT_SHIFTED 2
 
 // Binary ops shared by eltwise.cu and tensor.cu (codes of `Bin` and `math::code`).
 // op: 0 add, 1 mul, 2 sub, 3 div

@@ -340,6 +340,10 @@ struct WzConv {
         const int xq = (htid >> 2) & 7, c0 = (htid & 3) * 8, c = nb0 + c0;
         const int ox = ox0 + xq;
         constexpr bool stats = ST;
+        // OUT_SHIFTED (common.cuh): fp16 less the tile's shift, the statistics' (`_st` twins
+        // only, never accumulating: the host asks so).
+        const bool shifted = ST && p.out_f32 == OUT_SHIFTED;
+        if (p.out_f32 == OUT_SHIFTED && (!ST || p.accum)) __trap();
         if (stats && j == 0) {
             // The tile's first voxel (plane 0, row 0, x 0: always inside the output), as stored
             // (this launch's part of it where the launch accumulates: the shift need only be the
@@ -352,7 +356,7 @@ struct WzConv {
         constexpr int RW = 2 * NY / (NT / 32);  // rows a thread stores
         // BS: the Cout tile's channels of a voxel (cw x 4 bytes, 16-byte aligned at both ends).
         const int cw = min(32, p.cout - nb0);
-        const bool bulk = BS && p.out_f32 && !p.accum && p.act == ACT_NONE && ((p.ldc | p.coff | cw) & 3) == 0 &&
+        const bool bulk = BS && p.out_f32 == 1 && !p.accum && p.act == ACT_NONE && ((p.ldc | p.coff | cw) & 3) == 0 &&
                           (reinterpret_cast<unsigned long long>(y) & 15) == 0;
         if (bulk) {
             for (int v = htid; v < 2 * N; v += NT) {
@@ -429,6 +433,19 @@ struct WzConv {
                 act8(v, c, p, slope);
                 if (bulk) {
                     // (stored by the bulk copies)
+                } else if (shifted) {
+                    // fp16 less the tile's shift: the rounding is relative to the value's
+                    // distance from its tile's first one, not to the value.
+                    float d[8];
+#pragma unroll
+                    for (int q = 0; q < 8; q++) d[q] = v[q] - ts->shf[q];
+                    if (vec) {
+                        store8_half(y, dst, d);
+                    } else {
+#pragma unroll
+                        for (int q = 0; q < 8; q++)
+                            if (c + q < p.cout) y[dst + q] = __float2half(d[q]);
+                    }
                 } else if (vec) {
                     out_store8(p, y, dst, v);
                 } else {

@@ -94,7 +94,8 @@ pub struct ConvParams {
     pub od: i32,
     pub oh: i32,
     pub ow: i32,
-    /// 1: the output is fp32 (a value only norms read, `host::buffers::BufferPlan::f32_values`).
+    /// 1: the output is fp32 (a value only norms read, `host::buffers::BufferPlan::f32_values`);
+    /// [`OUT_SHIFTED`]: fp16 less each output tile's shift (`CudaOptions::norm_shifted`).
     pub out_f32: i32,
     /// `conv_mma_*` only: the K tiles split over grid.z (> 1: fp32 partial sums to `ws`,
     /// `[ksplit][M][cout]`, summed by `conv_splitk_reduce`); 0 or 1: no split.
@@ -113,6 +114,10 @@ pub struct ConvParams {
     /// written by the epilogue (kernels/tile_stats.cuh) for the norm right after; 0: none.
     pub stats: u64,
 }
+
+/// `ConvParams::out_f32` of a z-pair `_st` conv storing fp16 less each output tile's shift
+/// (`OUT_SHIFTED` in kernels/common.cuh).
+pub const OUT_SHIFTED: i32 = 2;
 
 /// Mirrors `struct PoolParams` in kernels/pool_resize.cu.
 #[repr(C)]

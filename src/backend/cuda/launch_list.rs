@@ -325,6 +325,7 @@ fn head_step(
         act,
         xs: vec![io.x],
         stats_tiles: None,
+        shifted: None,
         part: None,
         ..io.clone()
     };
@@ -398,6 +399,7 @@ fn node_io<'g>(
             None => 0,
         },
         stats_tiles: l.tile_stats,
+        shifted: l.shifted,
         part: l.part,
     })
 }

@@ -287,10 +287,12 @@ fn architectures_on_the_gpu_without_epilogue_statistics_or_split_convs() {
     });
 }
 
-/// The exports' windows with the other switches that are off until measured (session 32): the
-/// norms rerunning their Cin-1 convs, the heads on mma.sync and the transposed convs' statistics
-/// (`CudaOptions::norm_recompute`, `head_mma`, `convt_stats`), apart from `norm_load_conv`, whose
-/// heads would take the place of the recompute: the same bars.
+/// The exports' windows with the other switches that are off until measured (sessions 32, 35):
+/// the norms rerunning their Cin-1 convs, the heads on mma.sync, the transposed convs'
+/// statistics, the z-pair convs' outputs stored as fp16 less each tile's shift for their norms,
+/// and their `_st` twins on the helper's stores (`CudaOptions::norm_recompute`, `head_mma`,
+/// `convt_stats`, `norm_shifted`, `zpair_st_staged`), apart from `norm_load_conv`, whose heads
+/// would take the place of the recompute: the same bars.
 #[test]
 fn architectures_on_the_gpu_with_recompute_mma_heads_and_convt_stats() {
     if !gpu_present() {
@@ -300,6 +302,8 @@ fn architectures_on_the_gpu_with_recompute_mma_heads_and_convt_stats() {
         norm_recompute: true,
         head_mma: true,
         convt_stats: true,
+        norm_shifted: true,
+        zpair_st_staged: true,
         ..Default::default()
     });
 }

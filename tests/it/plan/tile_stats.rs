@@ -3,8 +3,9 @@
 
 use crate::common::unet::w1_graph;
 use voxtile::internals::cuda::host::buffers::{buffer_plan, BufferPlan};
-use voxtile::internals::cuda::host::conv_kernel::ArchCaps;
+use voxtile::internals::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
 use voxtile::internals::cuda::host::fusion::consumers;
+use voxtile::internals::cuda::host::launch::Launch;
 use voxtile::internals::cuda::host::tile_stats::TILE_STAT_BYTES;
 use voxtile::internals::cuda::host::windowed::Run;
 use voxtile::model::graph::{Graph, Op};
@@ -295,4 +296,84 @@ fn fused_parity_convs_hand_their_norms_the_statistics() {
             "{name}: a transposed conv paired without convt_stats"
         );
     }
+}
+
+/// Checks `on` (`norm_shifted`) against `off` (the same caps without): the same launches,
+/// kernels, buffers and scratch, but for `Launch::shifted`, which a pair has on both launches
+/// where its conv is a z-pair twin writing all of a dense output of Cout % 8 == 0 in one launch
+/// (no part of a split conv) and its norm writes its own output (no head), the tile the
+/// twin's; no other launch has it. Returns the shifted pairs.
+fn check_shifted(name: &str, on: &BufferPlan, off: &BufferPlan) -> usize {
+    assert_eq!(on.launches.len(), off.launches.len(), "{name}");
+    assert_eq!(
+        (&on.bufs, on.arena, on.norm_sums),
+        (&off.bufs, off.arena, off.norm_sums),
+        "{name}"
+    );
+    let mut pairs = 0;
+    for (t, (l, base)) in on.launches.iter().zip(&off.launches).enumerate() {
+        assert_eq!(
+            Launch {
+                shifted: None,
+                ..l.clone()
+            },
+            *base,
+            "{name}: launch {t}"
+        );
+        let is_conv = l.conv.is_some() && l.head.is_none();
+        let Some(next) = on.launches.get(t + 1).filter(|_| is_conv) else {
+            continue;
+        };
+        let twin = match &l.conv {
+            Some(ConvKernel::Halo(c)) if c.zpair && c.stats => Some(c),
+            _ => None,
+        };
+        let c = on.shapes[l.out_v][0];
+        let want = match twin {
+            Some(tw)
+                if l.tile_stats.is_some()
+                    && l.part.is_none()
+                    && next.head.is_none()
+                    && c.is_multiple_of(8)
+                    && (l.ldc, l.coff) == (c, 0) =>
+            {
+                Some(tw.tile)
+            }
+            _ => None,
+        };
+        assert_eq!(l.shifted, want, "{name}: conv launch {t}");
+        assert_eq!(next.shifted, want, "{name}: its norm");
+        pairs += want.is_some() as usize;
+    }
+    let marked = on.launches.iter().filter(|l| l.shifted.is_some()).count();
+    assert_eq!(marked, 2 * pairs, "{name}: a shifted launch outside a pair");
+    pairs
+}
+
+/// `norm_shifted` on the defaults: W1 at batch 4 shifts its 128³ encoder's second conv (the
+/// decoder's are a split conv's launches, or before the norm the head reads); the fixtures by
+/// the rules of `check_shifted`.
+#[test]
+fn shifted_pairs_follow_the_rules() {
+    let shifted = ArchCaps {
+        norm_shifted: true,
+        ..ArchCaps::h200()
+    };
+    let g = w1_graph();
+    let on = buffer_plan(&g, 4, [128; 3], &shifted).unwrap();
+    let off = buffer_plan(&g, 4, [128; 3], &ArchCaps::h200()).unwrap();
+    assert_eq!(check_shifted("w1", &on, &off), 1);
+    let mut pairs = 0;
+    for (name, g) in &super::planner::fixtures_and_models() {
+        let roi = g.spatial_divisor().map(|d| 128usize.div_ceil(d) * d);
+        for batch in [1usize, 3] {
+            let Ok(off) = buffer_plan(g, batch, roi, &ArchCaps::h200()) else {
+                continue;
+            };
+            let on = buffer_plan(g, batch, roi, &shifted).unwrap();
+            pairs += check_shifted(name, &on, &off);
+        }
+    }
+    eprintln!("RESULT {pairs} shifted pairs over the fixtures");
+    assert!(pairs > 0, "no fixture shifts a pair");
 }

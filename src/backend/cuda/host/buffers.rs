@@ -587,6 +587,7 @@ impl Walk<'_> {
                 coff,
                 conv: Some(kernel.clone()),
                 tile_stats: None,
+                shifted: None,
                 live_bytes,
                 live_bufs,
             });
@@ -803,6 +804,7 @@ pub fn buffer_plan(
             coff,
             conv: conv.or(recomputed),
             tile_stats: None,
+            shifted: None,
             live_bytes,
             live_bufs,
         });

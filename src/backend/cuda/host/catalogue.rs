@@ -232,6 +232,9 @@ pub const NORM_PARTIAL_F32: Kernel = k(Family::Norm, "norm_partial_f32");
 pub const NORM_PARTIAL_V8_F32: Kernel = k(Family::Norm, "norm_partial_v8_f32");
 pub const AFFINE_ACT_F32: Kernel = k(Family::Norm, "affine_act_f32");
 pub const AFFINE_ACT_V8_F32: Kernel = k(Family::Norm, "affine_act_v8_f32");
+/// The affine pass over a conv's output stored as fp16 less each tile's shift
+/// (`CudaOptions::norm_shifted`).
+pub const AFFINE_ACT_V8_SHIFTED: Kernel = k(Family::Norm, "affine_act_v8_shifted");
 pub const NORM_PARTIAL_FLAT8_F32: Kernel = k(Family::Norm, "norm_partial_flat8_f32");
 pub const AFFINE_ACT_FLAT8_F32: Kernel = k(Family::Norm, "affine_act_flat8_f32");
 pub const ACT_KERNEL: Kernel = k(Family::Eltwise, "act_kernel");
@@ -334,6 +337,7 @@ pub const KERNELS: &[Kernel] = &[
     NORM_PARTIAL_V8_F32,
     AFFINE_ACT_F32,
     AFFINE_ACT_V8_F32,
+    AFFINE_ACT_V8_SHIFTED,
     NORM_PARTIAL_FLAT8_F32,
     AFFINE_ACT_FLAT8_F32,
     ACT_KERNEL,

@@ -84,6 +84,8 @@ pub struct ArchCaps {
     pub zpair_tma: bool,
     /// ... whose `_st` twin stores as the helper did (`CudaOptions::zpair_st_staged`).
     pub zpair_st_staged: bool,
+    /// ... and stores fp16 less each tile's shift for the norm (`CudaOptions::norm_shifted`).
+    pub norm_shifted: bool,
 }
 
 impl ArchCaps {
@@ -119,6 +121,7 @@ impl ArchCaps {
             zpair_bulk: false,
             zpair_tma: true,
             zpair_st_staged: false,
+            norm_shifted: false,
         }
     }
 
@@ -154,6 +157,7 @@ impl ArchCaps {
             zpair_bulk: opts.zpair_bulk,
             zpair_tma: opts.zpair_tma,
             zpair_st_staged: opts.zpair_st_staged,
+            norm_shifted: opts.norm_shifted,
             head_staged: opts.head_staged,
             head_mma: opts.head_mma,
             conv_tile: opts.conv_tile,

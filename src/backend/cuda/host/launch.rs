@@ -39,6 +39,9 @@ pub struct Launch {
     /// ([`tile_stats::pair`](super::tile_stats::pair)): the conv's output tiles per sample, whose sums the conv writes
     /// to the norm scratch and the norm finalises.
     pub tile_stats: Option<usize>,
+    /// With `tile_stats`: the conv stores fp16 less each output tile's shift, the norm adds it
+    /// back (`CudaOptions::norm_shifted`); the conv's output tile (z, y, x voxels).
+    pub shifted: Option<[usize; 3]>,
     /// Activation bytes (buffers not free) right after the output is placed, and how many.
     pub live_bytes: usize,
     pub live_bufs: usize,

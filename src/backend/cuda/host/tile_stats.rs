@@ -25,7 +25,10 @@ pub const TILE_STAT_BYTES: usize = 16;
 /// A norm launch that runs the conv before it (`Launch::recompute`) is a pair in itself: its
 /// conv kernel becomes the twin too. Returns the scratch bytes the partials need for `batch`
 /// samples (0: no pair). The fused parity classes' twin only with `ArchCaps::convt_stats`; the
-/// z-pair twin as `ArchCaps::zpair_st_staged` says (`zpair_st_variant`).
+/// z-pair twin as `ArchCaps::zpair_st_staged` says (`zpair_st_variant`). With
+/// `ArchCaps::norm_shifted`, a z-pair pair whose conv writes all of a dense output of Cout % 8
+/// == 0 in one launch, and whose norm writes its own output (no head reads its input), stores
+/// the conv's values as fp16 less each tile's shift (`Launch::shifted`).
 #[allow(clippy::too_many_arguments)]
 pub fn pair(
     caps: &ArchCaps,
@@ -90,9 +93,24 @@ pub fn pair(
             continue;
         };
         bytes = bytes.max(samples(t) * tiles * os[0] * TILE_STAT_BYTES);
+        let shifted = match &twin {
+            ConvKernel::Halo(c)
+                if caps.norm_shifted
+                    && c.zpair
+                    && launches[t - 1].part.is_none()
+                    && launches[t].head.is_none()
+                    && os[0].is_multiple_of(8)
+                    && (launches[t - 1].ldc, launches[t - 1].coff) == (os[0], 0) =>
+            {
+                Some(c.tile)
+            }
+            _ => None,
+        };
         launches[t - 1].conv = Some(twin);
-        launches[t - 1].tile_stats = Some(tiles);
-        launches[t].tile_stats = Some(tiles);
+        for l in [t - 1, t] {
+            launches[l].tile_stats = Some(tiles);
+            launches[l].shifted = shifted;
+        }
     }
     bytes
 }

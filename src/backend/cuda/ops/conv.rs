@@ -4,7 +4,7 @@
 use super::norm::{slope_n, Affine};
 use super::{Build, NodeIo};
 use crate::backend::cuda::abi::elem_bytes;
-use crate::backend::cuda::abi::ConvParams;
+use crate::backend::cuda::abi::{ConvParams, OUT_SHIFTED};
 use crate::backend::cuda::host::catalogue::{
     halo_config, HaloConfig, C1_TILE, CONV1X1_MMA_N16, CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32,
     CONV1X1_N32_S, CONV1X1_NORM_MMA_N16, CONV1X1_NORM_N16, CONV1X1_NORM_N16_S, CONV1X1_NORM_N32,
@@ -129,7 +129,11 @@ impl<'a> ConvOp<'a> {
             act: io.act.code(),
             alpha: io.act.alpha(),
             slope_n: io.slope_n,
-            out_f32: io.y_f32 as i32,
+            out_f32: if io.shifted.is_some() {
+                OUT_SHIFTED
+            } else {
+                io.y_f32 as i32
+            },
             accum: io.part.is_some_and(|p| p.accumulate) as i32,
             ldi: xs[0] as i32,
             res: io.res,

@@ -167,6 +167,9 @@ pub(crate) struct NodeIo<'a> {
     /// A conv writing the norm after it its statistics, or that norm reading them
     /// (`launch::Launch::tile_stats`): the conv's output tiles per sample.
     pub stats_tiles: Option<usize>,
+    /// ... whose values the conv stores as fp16 less each tile's shift (`Launch::shifted`):
+    /// the conv's output tile.
+    pub shifted: Option<[usize; 3]>,
     /// A split conv's launch (`launch::Launch::part`): the channels of `x` it reads, their
     /// slice of the weights, and whether it adds to the output.
     pub part: Option<Part>,

@@ -7,8 +7,9 @@ use crate::backend::cuda::abi::norm_blocks;
 use crate::backend::cuda::abi::Act;
 use crate::backend::cuda::host::catalogue::{
     AFFINE_ACT, AFFINE_ACT_F32, AFFINE_ACT_FLAT8, AFFINE_ACT_FLAT8_F32, AFFINE_ACT_V8,
-    AFFINE_ACT_V8_F32, NORM_FINALIZE, NORM_FINALIZE_TILES, NORM_PARTIAL, NORM_PARTIAL_F32,
-    NORM_PARTIAL_FLAT8, NORM_PARTIAL_FLAT8_F32, NORM_PARTIAL_V8, NORM_PARTIAL_V8_F32,
+    AFFINE_ACT_V8_F32, AFFINE_ACT_V8_SHIFTED, NORM_FINALIZE, NORM_FINALIZE_TILES, NORM_PARTIAL,
+    NORM_PARTIAL_F32, NORM_PARTIAL_FLAT8, NORM_PARTIAL_FLAT8_F32, NORM_PARTIAL_V8,
+    NORM_PARTIAL_V8_F32,
 };
 use crate::backend::cuda::runtime::launch::{Arg, Gpu};
 use crate::model::graph::Op;
@@ -31,6 +32,19 @@ pub(crate) struct Affine {
     pub slope: u64,
     /// fp16 residual added after the activation (a fused Add, dense at y's index), 0: none.
     pub res: u64,
+    /// x is fp16 less each output tile's shift of the conv before (`Launch::shifted`).
+    pub shifted: Option<Shifted>,
+}
+
+/// Where the shifts of a norm's input stored as fp16 less each tile's shift are
+/// (`affine_act_v8_shifted`): the statistics of `tiles` tiles per sample of `tile` voxels
+/// (z, y, x, `tile_origin`'s order) over an output of `h` x `w` planes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shifted {
+    pub tile: [usize; 3],
+    pub tiles: usize,
+    pub h: usize,
+    pub w: usize,
 }
 
 /// A norm: statistics of `x` into the scratch, then the affine pass with its scale / shift.
@@ -67,6 +81,13 @@ pub(crate) fn build_norm(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Norm> {
         beta,
         affine: Affine {
             nstride: io.xshape[0],
+            x_f32: io.x_f32 && io.shifted.is_none(),
+            shifted: io.shifted.zip(io.stats_tiles).map(|(tile, tiles)| Shifted {
+                tile,
+                tiles,
+                h: io.xshape[2],
+                w: io.xshape[3],
+            }),
             ..affine_of(io, 0)
         },
         tiles: io.stats_tiles,
@@ -100,6 +121,7 @@ fn affine_of(io: &NodeIo, ab: u64) -> Affine {
         act: io.act.clone(),
         slope: io.slope,
         res: io.res,
+        shifted: None,
     }
 }
 
@@ -125,7 +147,10 @@ impl Norm {
     /// `ab`, the affine pass from them.
     pub fn launch(&self, gpu: &Gpu, s: &CudaStream, n: usize, scratch: [u64; 2]) -> Result<()> {
         self.stats(gpu, s, n, scratch)?;
-        self.affine.launch_with(gpu, s, n, scratch[1])
+        match self.affine.shifted {
+            Some(sh) => self.affine.launch_shifted(gpu, s, n, scratch, sh),
+            None => self.affine.launch_with(gpu, s, n, scratch[1]),
+        }
     }
 
     /// The statistics of `n` samples: partial sums into `part`, then the scale / shift pairs
@@ -236,6 +261,54 @@ impl Affine {
     /// y = act(x * a + b) for `n` samples.
     pub fn launch(&self, gpu: &Gpu, s: &CudaStream, n: usize) -> Result<()> {
         self.launch_with(gpu, s, n, self.ab)
+    }
+
+    /// As `launch` over fp16 values less their tile's shift, the shifts in the tile statistics
+    /// at `part` (the norm scratch, as the conv before left it), the pairs at `ab`.
+    fn launch_shifted(
+        &self,
+        gpu: &Gpu,
+        s: &CudaStream,
+        n: usize,
+        [part, ab]: [u64; 2],
+        sh: Shifted,
+    ) -> Result<()> {
+        let (pix, c, act) = (self.pix, self.c, &self.act);
+        let nv = pix * c / 8;
+        if !c.is_multiple_of(8) || nv >= (1usize << 32) {
+            return Err(crate::Error::Backend(format!(
+                "a shifted norm input needs C % 8 == 0 and fewer than 2^32 vectors (C {c}, {pix} voxels)"
+            )));
+        }
+        let per = (gpu.sm_count as usize * 16).div_ceil(n).max(1);
+        let grid = (nv.div_ceil(256).clamp(1, per) as u32, n as u32, 1);
+        let [tz, ty, tx] = sh.tile.map(|t| Arg::I32(t as i32));
+        gpu.launch(
+            s,
+            AFFINE_ACT_V8_SHIFTED.name,
+            grid,
+            (256, 0),
+            &mut [
+                Arg::Ptr(self.x),
+                Arg::Ptr(self.y),
+                Arg::I64(pix as i64),
+                Arg::I32(c as i32),
+                Arg::Ptr(ab),
+                Arg::I32(self.nstride as i32),
+                Arg::I32(act.code()),
+                Arg::F32(act.alpha()),
+                Arg::Ptr(self.slope),
+                Arg::I32(slope_n(act)),
+                Arg::Ptr(self.res),
+                Arg::Ptr(part),
+                Arg::I32(sh.h as i32),
+                Arg::I32(sh.w as i32),
+                tz,
+                ty,
+                tx,
+                Arg::I32(sh.tiles as i32),
+            ],
+        )
     }
 
     /// As `launch` with the pairs at `ab`; vectors of 8 values when C % 8 == 0, or over the

@@ -532,10 +532,11 @@ fn profile_models() {
         // the transposed convs' `_st` twins; split-K to two blocks an SM only where tiles fill
         // under half the SMs (off: the old rule); the z-pair convs without tensor loads (`_h2`,
         // `PROFTM`) and with bulk stores only (`_h2b`, `PROFBK`); the `_st` twins on the
-        // helper's stores (`_h2l_st`, `PROFSS`); the full-resolution launches batched rather
-        // than one window at a time (more activation bytes).
+        // helper's stores (`_h2l_st`, `PROFSS`); their outputs as fp16 less each tile's shift
+        // (`norm_shifted`, `PROFSH`); the full-resolution launches batched rather than one
+        // window at a time (more activation bytes).
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
-        let variants: [Switch; 15] = [
+        let variants: [Switch; 16] = [
             (
                 "without residual Adds in the norms",
                 |o| o.norm_residual = false,
@@ -602,6 +603,11 @@ fn profile_models() {
                 Some("PROFSS"),
             ),
             (
+                "with the z-pair convs' outputs shifted fp16 for their norms",
+                |o| o.norm_shifted = true,
+                Some("PROFSH"),
+            ),
+            (
                 "without window segments",
                 |o| o.window_segments = false,
                 None,
@@ -627,6 +633,7 @@ fn profile_models() {
                 (o.convt_stats, o.split_k_fill) = (d.convt_stats, d.split_k_fill);
                 (o.zpair_bulk, o.zpair_tma) = (d.zpair_bulk, d.zpair_tma);
                 (o.zpair_st_staged, o.window_segments) = (d.zpair_st_staged, d.window_segments);
+                o.norm_shifted = d.norm_shifted;
             });
             let dev = max_abs_diff(&ys, &y);
             println!(

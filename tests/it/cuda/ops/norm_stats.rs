@@ -168,6 +168,67 @@ fn zpair_twins_same_bits() {
     b.with(|o| *o = CudaOptions::default());
 }
 
+/// The z-pair conv storing fp16 less each tile's shift for its norm (`CudaOptions::norm_shifted`:
+/// `affine_act_v8_shifted` adds it back) against float64: conv (bias 4 plus a channel ramp, so
+/// means far from 0 and unlike per channel) -> norm -> LeakyReLU, InstanceNorm and GroupNorm,
+/// outputs ending inside a tile on every axis, batch 2, on `_h2t_st` and `_h2l_st`. Its error
+/// within 2x the fp32 input's (the tile's shift keeps the rounding relative to the values'
+/// spread) and below half the fp16 input's (`norm_f32` off: rounding relative to the values);
+/// the same bits from run to run and at batch 1.
+#[test]
+fn shifted_norm_inputs() {
+    let Some(mut b) = gpu() else { return };
+    if !cat::has_wgmma(b.arch()) {
+        return;
+    }
+    let mut r = Rng::tagged("shifted");
+    for (cout, sp, groups) in [(32, [21, 19, 17], 32), (16, [18, 35, 9], 4)] {
+        let x = input2(&mut r, 32, sp);
+        let w = weight3(&mut r, cout, 32);
+        let bias = Tensor::new(
+            vec![cout],
+            (0..cout).map(|c| 4.0 + c as f32 / 4.0).collect(),
+        );
+        let tail = Tail::instance_or_group(&mut r, cout, groups);
+        let want = tail.reference(&conv_ref(&x, &w, Some(&bias), PAD1));
+        let g = tail.after(32, crate::common::graph::conv(w, Some(bias), 1), cout);
+        let f32_in = run(&mut b, &g, &x, 2);
+        b.with(|o| o.norm_f32 = false);
+        let f16_in = run(&mut b, &g, &x, 2);
+        b.with(|o| (o.norm_f32, o.norm_shifted) = (true, true));
+        for st_staged in [false, true] {
+            b.with(|o| o.zpair_st_staged = st_staged);
+            let name = format!("32->{cout} {sp:?} groups {groups} _st staged {st_staged}");
+            let got = run(&mut b, &g, &x, 2);
+            let used = kernels_used(&mut b, 2);
+            let twin = if st_staged { "_h2l_st" } else { "_h2t_st" };
+            for k in [
+                format!("conv_wz_c32_y16{twin}"),
+                "affine_act_v8_shifted".into(),
+            ] {
+                assert!(used.contains(&k), "{name}: ran {used:?}, not {k}");
+            }
+            let again = run(&mut b, &g, &x, 2);
+            assert!(same_bits(&got, &again), "{name}: two runs differ");
+            first_sample_alone(&mut b, &g, &x, &got, &name);
+            let [e, e32, e16] = [&got, &f32_in, &f16_in].map(|y| rel_l2(y, &want));
+            println!(
+                "RESULT shifted norm input {name:<44} rel L2 {e:.2e} (fp32 input {e32:.2e}, fp16 input {e16:.2e})"
+            );
+            report(&name, e);
+            assert!(
+                e <= 2.0 * e32,
+                "{name}: {e:.2e} against fp32 input's {e32:.2e}"
+            );
+            assert!(
+                e <= 0.5 * e16,
+                "{name}: {e:.2e} against fp16 input's {e16:.2e}"
+            );
+        }
+        b.with(|o| *o = CudaOptions::default());
+    }
+}
+
 /// One case of [`conv_norm_tile_stats`]: (name, cin, cout, spatial, groups, the kernel expected
 /// with the statistics).
 fn tile_stats_case(
