@@ -271,7 +271,9 @@ fn architectures_on_the_gpu() {
 
 /// The exports' windows with the norms' statistics from their own pass and the convs over a
 /// concat or 32-channel chunks run whole (`CudaOptions::norm_stats`, `concat_split`,
-/// `cin_chunks` off: the paths the defaults replaced, kept as options): the same bars.
+/// `cin_chunks` off), the z-pair convs without tensor loads, the old split-K rule, the fp32 norm
+/// inputs and the bulk-store `_st` twins (`zpair_tma`, `split_k_fill`, `norm_shifted`,
+/// `zpair_st_staged` off: the paths the defaults replaced, kept as options): the same bars.
 #[test]
 fn architectures_on_the_gpu_without_epilogue_statistics_or_split_convs() {
     if !gpu_present() {
@@ -283,16 +285,16 @@ fn architectures_on_the_gpu_without_epilogue_statistics_or_split_convs() {
         cin_chunks: false,
         zpair_tma: false,
         split_k_fill: false,
+        norm_shifted: false,
+        zpair_st_staged: false,
         ..Default::default()
     });
 }
 
-/// The exports' windows with the other switches that are off until measured (sessions 32, 35):
-/// the norms rerunning their Cin-1 convs, the heads on mma.sync, the transposed convs'
-/// statistics, the z-pair convs' outputs stored as fp16 less each tile's shift for their norms,
-/// and their `_st` twins on the helper's stores (`CudaOptions::norm_recompute`, `head_mma`,
-/// `convt_stats`, `norm_shifted`, `zpair_st_staged`), apart from `norm_load_conv`, whose heads
-/// would take the place of the recompute: the same bars.
+/// The exports' windows with the other switches that are off until measured (session 32): the
+/// norms rerunning their Cin-1 convs, the heads on mma.sync and the transposed convs' statistics
+/// (`CudaOptions::norm_recompute`, `head_mma`, `convt_stats`), apart from `norm_load_conv`, whose
+/// heads would take the place of the recompute: the same bars.
 #[test]
 fn architectures_on_the_gpu_with_recompute_mma_heads_and_convt_stats() {
     if !gpu_present() {
@@ -302,8 +304,6 @@ fn architectures_on_the_gpu_with_recompute_mma_heads_and_convt_stats() {
         norm_recompute: true,
         head_mma: true,
         convt_stats: true,
-        norm_shifted: true,
-        zpair_st_staged: true,
         ..Default::default()
     });
 }

@@ -151,7 +151,7 @@ fn w1_first_decoder_conv_runs_per_part() {
             .iter()
             .map(|l| l.conv.as_ref().unwrap().funcs()[0])
             .collect();
-        assert_eq!(funcs, ["conv_wz_c32_y16_h2t", "conv_wz_c32_y16_h2t_st"]);
+        assert_eq!(funcs, ["conv_wz_c32_y16_h2t", "conv_wz_c32_y16_h2l_st"]);
         assert!(parts[0].tile_stats.is_none() && parts[1].tile_stats.is_some());
         assert_eq!(on.shapes[parts[0].out_v], [32, 128, 128, 128]);
         eprintln!(

@@ -120,8 +120,8 @@ impl ArchCaps {
             halo_s2: false,
             zpair_bulk: false,
             zpair_tma: true,
-            zpair_st_staged: false,
-            norm_shifted: false,
+            zpair_st_staged: true,
+            norm_shifted: true,
         }
     }
 

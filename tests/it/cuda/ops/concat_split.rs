@@ -203,8 +203,9 @@ fn split_runs(
         });
         let got = run(b, g, x, 2);
         let used = kernels_used(b, 2);
+        // (The `_st` twin on the helper's stores: `zpair_st_staged`.)
         let want_k = if stats {
-            "conv_wz_c32_y16_h2t_st"
+            "conv_wz_c32_y16_h2l_st"
         } else {
             "conv_wz_c32_y16_h2t"
         };
@@ -230,7 +231,7 @@ fn split_runs(
             b.with(|o| (o.zpair_bulk, o.zpair_tma) = (bulk, false));
             let t = run(b, g, x, 2);
             if wz {
-                let k = want_k.replace("_h2t", twin);
+                let k = format!("conv_wz_c32_y16{twin}{}", if stats { "_st" } else { "" });
                 let used = kernels_used(b, 2);
                 assert!(ran(&used, &k), "{label}: ran {used:?}, expected {k}");
             }

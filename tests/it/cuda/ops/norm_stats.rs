@@ -42,7 +42,7 @@ fn conv_norm_tile_stats() {
             32,
             [21, 19, 17],
             32,
-            "conv_wz_c32_y16_h2t_st",
+            "conv_wz_c32_y16_h2l_st",
         ),
         (
             "z-pair 32->20 groupnorm g=4 (partial piece)",
@@ -50,7 +50,7 @@ fn conv_norm_tile_stats() {
             20,
             [18, 17, 9],
             4,
-            "conv_wz_c32_y16_h2t_st",
+            "conv_wz_c32_y16_h2l_st",
         ),
         (
             "halo 64->32 in 2 chunks instancenorm",
@@ -97,7 +97,7 @@ fn conv_norm_tile_stats() {
         // Without wgmma (not compute capability 9.0) Cin 32 -> Cout <= 32 runs the halo kernel,
         // which has no twin.
         let want_kernel = match want_kernel {
-            "conv_wz_c32_y16_h2t_st" if !wz => "conv_halo_c32n32_w4",
+            "conv_wz_c32_y16_h2l_st" if !wz => "conv_halo_c32n32_w4",
             k => k,
         };
         tile_stats_case(&mut b, &mut r, (name, cin, cout, sp, groups, want_kernel));
@@ -192,6 +192,7 @@ fn shifted_norm_inputs() {
         let tail = Tail::instance_or_group(&mut r, cout, groups);
         let want = tail.reference(&conv_ref(&x, &w, Some(&bias), PAD1));
         let g = tail.after(32, crate::common::graph::conv(w, Some(bias), 1), cout);
+        b.with(|o| o.norm_shifted = false);
         let f32_in = run(&mut b, &g, &x, 2);
         b.with(|o| o.norm_f32 = false);
         let f16_in = run(&mut b, &g, &x, 2);
