@@ -341,9 +341,13 @@ struct WzConv {
         const int ox = ox0 + xq;
         constexpr bool stats = ST;
         // OUT_SHIFTED (common.cuh): fp16 less the tile's shift, the statistics' (`_st` twins
-        // only, never accumulating: the host asks so).
+        // only, never accumulating: the host asks so). (No test outside ST: a branch here in the
+        // one-warpgroup kernels, whose `put` runs beside wgmmas in flight, makes ptxas wait on
+        // them, C7517.)
         const bool shifted = ST && p.out_f32 == OUT_SHIFTED;
-        if (p.out_f32 == OUT_SHIFTED && (!ST || p.accum)) __trap();
+        if constexpr (ST) {
+            if (shifted && p.accum) __trap();
+        }
         if (stats && j == 0) {
             // The tile's first voxel (plane 0, row 0, x 0: always inside the output), as stored
             // (this launch's part of it where the launch accumulates: the shift need only be the
