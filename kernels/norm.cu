@@ -374,6 +374,24 @@ extern "C" __global__ void affine_act_f32(const float* __restrict__ x, half* __r
 // Calls BODY<T, ACT> with the activation fixed where it is one the networks use (`BY_ACT`).
 #define AFFINE_BY_ACT(BODY, T, ...) BY_ACT(act, return BODY<T, ACT_T>(__VA_ARGS__))
 
+// Vector e's 8 values v (channels c0..) through their (a, b) pairs and the activation, rounded
+// to fp16, plus the residual's vector (rv, or null), stored as y's vector e.
+template <int ACT>
+__device__ __forceinline__ void affine8(const float (&v)[8], const float2* __restrict__ abn, int c0, int act,
+                                        float alpha, const float* __restrict__ slope, int slope_n,
+                                        const uint4* __restrict__ rv, uint4* __restrict__ yv, unsigned e) {
+    __align__(16) __half2 h[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float2 q0 = abn[c0 + 2 * k], q1 = abn[c0 + 2 * k + 1];
+        float a = act_of<ACT>(v[2 * k] * q0.x + q0.y, c0 + 2 * k, act, alpha, slope, slope_n);
+        float b = act_of<ACT>(v[2 * k + 1] * q1.x + q1.y, c0 + 2 * k + 1, act, alpha, slope, slope_n);
+        h[k] = __floats2half2_rn(a, b);
+    }
+    if (rv) res_add8(h, rv[e]);
+    yv[e] = *reinterpret_cast<const uint4*>(h);
+}
+
 // affine_act for C % 8 == 0 with P*C/8 < 2^32: 16-byte vectors, sample n = blockIdx.y, 32-bit
 // index math, the vector's 8 (a, b) pairs read once.
 template <typename T, int ACT>
@@ -392,16 +410,7 @@ __device__ __forceinline__ void affine_act_v8_b(const T* __restrict__ x, half* _
         const int c0 = (int)(e % vpp) * 8;
         float v[8];
         load8(xn, (i64)e * 8, v);
-        __align__(16) __half2 h[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            float2 q0 = abn[c0 + 2 * k], q1 = abn[c0 + 2 * k + 1];
-            float a = act_of<ACT>(v[2 * k] * q0.x + q0.y, c0 + 2 * k, act, alpha, slope, slope_n);
-            float b = act_of<ACT>(v[2 * k + 1] * q1.x + q1.y, c0 + 2 * k + 1, act, alpha, slope, slope_n);
-            h[k] = __floats2half2_rn(a, b);
-        }
-        if (rv) res_add8(h, rv[e]);
-        yv[e] = *reinterpret_cast<const uint4*>(h);
+        affine8<ACT>(v, abn, c0, act, alpha, slope, slope_n, rv, yv, e);
     }
 }
 template <typename T>
@@ -450,16 +459,7 @@ __device__ __forceinline__ void affine_act_v8_shifted_b(const half* __restrict__
         load8(xn, (i64)e * 8, v);
 #pragma unroll
         for (int k = 0; k < 8; k++) v[k] += sh[k].z;
-        __align__(16) __half2 h[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            float2 q0 = abn[c0 + 2 * k], q1 = abn[c0 + 2 * k + 1];
-            float a = act_of<ACT>(v[2 * k] * q0.x + q0.y, c0 + 2 * k, act, alpha, slope, slope_n);
-            float b = act_of<ACT>(v[2 * k + 1] * q1.x + q1.y, c0 + 2 * k + 1, act, alpha, slope, slope_n);
-            h[k] = __floats2half2_rn(a, b);
-        }
-        if (rv) res_add8(h, rv[e]);
-        yv[e] = *reinterpret_cast<const uint4*>(h);
+        affine8<ACT>(v, abn, c0, act, alpha, slope, slope_n, rv, yv, e);
     }
 }
 extern "C" __global__ void affine_act_v8_shifted(const half* __restrict__ x, half* __restrict__ y, i64 P, int C,

@@ -147,10 +147,8 @@ impl Norm {
     /// `ab`, the affine pass from them.
     pub fn launch(&self, gpu: &Gpu, s: &CudaStream, n: usize, scratch: [u64; 2]) -> Result<()> {
         self.stats(gpu, s, n, scratch)?;
-        match self.affine.shifted {
-            Some(sh) => self.affine.launch_shifted(gpu, s, n, scratch, sh),
-            None => self.affine.launch_with(gpu, s, n, scratch[1]),
-        }
+        let shift = self.affine.shifted.map(|sh| (scratch[0], sh));
+        self.affine.launch_with(gpu, s, n, scratch[1], shift)
     }
 
     /// The statistics of `n` samples: partial sums into `part`, then the scale / shift pairs
@@ -260,91 +258,53 @@ impl Norm {
 impl Affine {
     /// y = act(x * a + b) for `n` samples.
     pub fn launch(&self, gpu: &Gpu, s: &CudaStream, n: usize) -> Result<()> {
-        self.launch_with(gpu, s, n, self.ab)
+        self.launch_with(gpu, s, n, self.ab, None)
     }
 
-    /// As `launch` over fp16 values less their tile's shift, the shifts in the tile statistics
-    /// at `part` (the norm scratch, as the conv before left it), the pairs at `ab`.
-    fn launch_shifted(
+    /// As `launch` with the pairs at `ab`; vectors of 8 values when C % 8 == 0, or over the
+    /// flattened sample when only P * C % 8 == 0. `shift`: x is fp16 less each tile's shift,
+    /// the shifts in the tile statistics at that address (the norm scratch, as the conv before
+    /// left it; vectors of 8 only).
+    fn launch_with(
         &self,
         gpu: &Gpu,
         s: &CudaStream,
         n: usize,
-        [part, ab]: [u64; 2],
-        sh: Shifted,
+        ab: u64,
+        shift: Option<(u64, Shifted)>,
     ) -> Result<()> {
-        let (pix, c, act) = (self.pix, self.c, &self.act);
+        let (pix, c) = (self.pix, self.c);
         let nv = pix * c / 8;
-        if !c.is_multiple_of(8) || nv >= (1usize << 32) {
+        let v8 = c.is_multiple_of(8) && nv < (1usize << 32);
+        if shift.is_some() && !v8 {
             return Err(crate::Error::Backend(format!(
                 "a shifted norm input needs C % 8 == 0 and fewer than 2^32 vectors (C {c}, {pix} voxels)"
             )));
         }
-        let per = (gpu.sm_count as usize * 16).div_ceil(n).max(1);
-        let grid = (nv.div_ceil(256).clamp(1, per) as u32, n as u32, 1);
-        let [tz, ty, tx] = sh.tile.map(|t| Arg::I32(t as i32));
-        gpu.launch(
-            s,
-            AFFINE_ACT_V8_SHIFTED.name,
-            grid,
-            (256, 0),
-            &mut [
-                Arg::Ptr(self.x),
-                Arg::Ptr(self.y),
-                Arg::I64(pix as i64),
-                Arg::I32(c as i32),
-                Arg::Ptr(ab),
-                Arg::I32(self.nstride as i32),
-                Arg::I32(act.code()),
-                Arg::F32(act.alpha()),
-                Arg::Ptr(self.slope),
-                Arg::I32(slope_n(act)),
-                Arg::Ptr(self.res),
-                Arg::Ptr(part),
-                Arg::I32(sh.h as i32),
-                Arg::I32(sh.w as i32),
-                tz,
-                ty,
-                tx,
-                Arg::I32(sh.tiles as i32),
-            ],
-        )
-    }
-
-    /// As `launch` with the pairs at `ab`; vectors of 8 values when C % 8 == 0, or over the
-    /// flattened sample when only P * C % 8 == 0.
-    fn launch_with(&self, gpu: &Gpu, s: &CudaStream, n: usize, ab: u64) -> Result<()> {
-        let (pix, c, act) = (self.pix, self.c, &self.act);
-        let nv = pix * c / 8;
-        let v8 = c.is_multiple_of(8) && nv < (1usize << 32);
         if v8 || flat8_period(pix, c).is_some() {
             let per = (gpu.sm_count as usize * 16).div_ceil(n).max(1);
             let grid = (nv.div_ceil(256).clamp(1, per) as u32, n as u32, 1);
             let k = match (v8, self.x_f32) {
+                _ if shift.is_some() => AFFINE_ACT_V8_SHIFTED,
                 (true, true) => AFFINE_ACT_V8_F32,
                 (true, false) => AFFINE_ACT_V8,
                 (false, true) => AFFINE_ACT_FLAT8_F32,
                 (false, false) => AFFINE_ACT_FLAT8,
             };
-            return gpu.launch(
-                s,
-                k.name,
-                grid,
-                (256, 0),
-                &mut [
-                    Arg::Ptr(self.x),
-                    Arg::Ptr(self.y),
-                    Arg::I64(pix as i64),
-                    Arg::I32(c as i32),
-                    Arg::Ptr(ab),
-                    Arg::I32(self.nstride as i32),
-                    Arg::I32(act.code()),
-                    Arg::F32(act.alpha()),
-                    Arg::Ptr(self.slope),
-                    Arg::I32(slope_n(act)),
-                    Arg::Ptr(self.res),
-                ],
-            );
+            let mut args = vec![
+                Arg::Ptr(self.x),
+                Arg::Ptr(self.y),
+                Arg::I64(pix as i64),
+                Arg::I32(c as i32),
+            ];
+            args.extend(self.pair_args(ab));
+            if let Some((part, sh)) = shift {
+                let [h, w, tz, ty, tx, tiles] =
+                    [sh.h, sh.w, sh.tile[0], sh.tile[1], sh.tile[2], sh.tiles];
+                args.push(Arg::Ptr(part));
+                args.extend([h, w, tz, ty, tx, tiles].map(|v| Arg::I32(v as i32)));
+            }
+            return gpu.launch(s, k.name, grid, (256, 0), &mut args);
         }
         let total = n * pix * c;
         let k = if self.x_f32 {
@@ -352,24 +312,29 @@ impl Affine {
         } else {
             AFFINE_ACT
         };
-        gpu.eltwise(
-            s,
-            k.name,
-            total,
-            &mut [
-                Arg::Ptr(self.x),
-                Arg::Ptr(self.y),
-                Arg::I64(total as i64),
-                Arg::I64(pix as i64),
-                Arg::I32(c as i32),
-                Arg::Ptr(ab),
-                Arg::I32(self.nstride as i32),
-                Arg::I32(act.code()),
-                Arg::F32(act.alpha()),
-                Arg::Ptr(self.slope),
-                Arg::I32(slope_n(act)),
-                Arg::Ptr(self.res),
-            ],
-        )
+        let mut args = vec![
+            Arg::Ptr(self.x),
+            Arg::Ptr(self.y),
+            Arg::I64(total as i64),
+            Arg::I64(pix as i64),
+            Arg::I32(c as i32),
+        ];
+        args.extend(self.pair_args(ab));
+        gpu.eltwise(s, k.name, total, &mut args)
+    }
+
+    /// The arguments every affine kernel takes after the shapes: the pairs at `ab`, their
+    /// stride between samples, the activation and the residual.
+    fn pair_args(&self, ab: u64) -> [Arg; 7] {
+        let act = &self.act;
+        [
+            Arg::Ptr(ab),
+            Arg::I32(self.nstride as i32),
+            Arg::I32(act.code()),
+            Arg::F32(act.alpha()),
+            Arg::Ptr(self.slope),
+            Arg::I32(slope_n(act)),
+            Arg::Ptr(self.res),
+        ]
     }
 }
