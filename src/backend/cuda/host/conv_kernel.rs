@@ -89,40 +89,10 @@ pub struct ArchCaps {
 }
 
 impl ArchCaps {
-    /// The defaults of a device of compute capability `major.minor`.
+    /// The defaults of a device of compute capability `major.minor`: its switches those of
+    /// `CudaOptions::default()` (defined there once).
     pub fn new(major: u32, minor: u32, sm_count: usize, smem_optin: usize) -> Self {
-        ArchCaps {
-            sm: major * 10 + minor,
-            sm_count,
-            smem_optin,
-            conv_mma: major >= 8,
-            conv_halo: true,
-            conv_wgmma: has_wgmma(&format!("sm_{major}{minor}")),
-            conv_c1: true,
-            conv_up_vec: true,
-            parity_fused: true,
-            conv_tile: None,
-            halo_tile: None,
-            norm_f32: true,
-            split_k: true,
-            split_k_fill: true,
-            norm_head: true,
-            norm_residual: true,
-            window_segments: true,
-            head_staged: false,
-            head_mma: false,
-            norm_stats: true,
-            norm_recompute: false,
-            convt_stats: false,
-            concat_split: true,
-            cin_chunks: true,
-            norm_load_conv: false,
-            halo_s2: false,
-            zpair_bulk: false,
-            zpair_tma: true,
-            zpair_st_staged: true,
-            norm_shifted: true,
-        }
+        ArchCaps::with_options(major, minor, sm_count, smem_optin, &CudaOptions::default())
     }
 
     /// A device of compute capability `major.minor` with the switches of `opts`.
@@ -133,11 +103,13 @@ impl ArchCaps {
         smem_optin: usize,
         opts: &CudaOptions,
     ) -> Self {
-        let base = ArchCaps::new(major, minor, sm_count, smem_optin);
         ArchCaps {
-            conv_mma: base.conv_mma && !opts.legacy_conv,
+            sm: major * 10 + minor,
+            sm_count,
+            smem_optin,
+            conv_mma: major >= 8 && !opts.legacy_conv,
             conv_halo: opts.halo_conv,
-            conv_wgmma: base.conv_wgmma && opts.wgmma_conv,
+            conv_wgmma: has_wgmma(&format!("sm_{major}{minor}")) && opts.wgmma_conv,
             conv_c1: opts.c1_conv,
             conv_up_vec: opts.upsample_vec,
             parity_fused: opts.fused_parity,
@@ -162,7 +134,6 @@ impl ArchCaps {
             head_mma: opts.head_mma,
             conv_tile: opts.conv_tile,
             halo_tile: opts.halo_tile,
-            ..base
         }
     }
 
