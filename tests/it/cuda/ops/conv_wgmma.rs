@@ -28,19 +28,6 @@ pub(super) fn default_wgmma(cin: usize, cout: usize) -> Option<&'static cat::Hal
     pick_wgmma(&g, 227 * 1024, None)
 }
 
-/// A backend on a GPU with the wgmma kernels, the halo and wgmma paths on (None elsewhere).
-fn wgmma_gpu() -> Option<CudaBackend> {
-    let mut b = gpu()?;
-    if !cat::has_wgmma(b.arch()) {
-        println!("skipped: the wgmma kernels run on compute capability 9.0 only");
-        return None;
-    }
-    b.with(|o| o.conv_tile = None);
-    b.with(|o| o.halo_conv = true);
-    b.with(|o| o.wgmma_conv = true);
-    Some(b)
-}
-
 fn leaky() -> Option<Op> {
     Some(Op::LeakyRelu { alpha: 0.01 })
 }

@@ -90,6 +90,19 @@ fn weight3(r: &mut Rng, cout: usize, cin: usize) -> Tensor {
     Tensor::new(vec![cout, cin, 3, 3, 3], r.scaled(cout * cin * 27, scale))
 }
 
+/// A backend on a GPU with the wgmma kernels, the halo and wgmma paths on (None elsewhere).
+fn wgmma_gpu() -> Option<CudaBackend> {
+    let mut b = gpu()?;
+    if !cat::has_wgmma(b.arch()) {
+        println!("skipped: the wgmma kernels run on compute capability 9.0 only");
+        return None;
+    }
+    b.with(|o| o.conv_tile = None);
+    b.with(|o| o.halo_conv = true);
+    b.with(|o| o.wgmma_conv = true);
+    Some(b)
+}
+
 fn gpu() -> Option<CudaBackend> {
     let mut b = crate::common::cuda_backend()?;
     println!(

@@ -126,10 +126,7 @@ fn conv_norm_tile_stats() {
 /// copies); outputs that end inside a tile on every axis, same and valid padding; batch 2.
 #[test]
 fn zpair_twins_same_bits() {
-    let Some(mut b) = gpu() else { return };
-    if !cat::has_wgmma(b.arch()) {
-        return;
-    }
+    let Some(mut b) = wgmma_gpu() else { return };
     let mut r = Rng::tagged("zpair bulk");
     for (cout, sp, groups, pad) in [
         (32, [21, 19, 17], 32, 1),
@@ -177,10 +174,7 @@ fn zpair_twins_same_bits() {
 /// the same bits from run to run and at batch 1.
 #[test]
 fn shifted_norm_inputs() {
-    let Some(mut b) = gpu() else { return };
-    if !cat::has_wgmma(b.arch()) {
-        return;
-    }
+    let Some(mut b) = wgmma_gpu() else { return };
     let mut r = Rng::tagged("shifted");
     for (cout, sp, groups) in [(32, [21, 19, 17], 32), (16, [18, 35, 9], 4)] {
         let x = input2(&mut r, 32, sp);
