@@ -13,6 +13,12 @@
 // One wgmma m64nBNk16 takes one z-plane of the 8x8-voxel output face (64 rows: y-rows of 8
 // voxels HX halo rows apart, so the A descriptor's M step is HX * 16 bytes and its K step
 // HV * 16) against one tap's 16 input channels (B's N step 128 bytes, K step BN * 16).
+// Stride 2 (S, `conv_wg_*_s2`): the tile's reach is (T - 1) * 2 + 3 voxels per axis, stored by
+// parity class ("phase") of its (z, y, x): each phase a dense box [z / 2][y / 2][x / 2], the
+// phases in (pz, py, px) order. Tap (dz, dy, dx) of the outputs (z, y, x) reads phase (dz & 1,
+// dy & 1, dx & 1) at (z + dz / 2, y + dy / 2, x + dx / 2), so an x-row's 8 outputs are again 8
+// consecutive rows and the M step one row of that phase (9 or 8 rows: the descriptor's M step
+// is set per tap).
 // A tile is TZ planes; one warpgroup (128 threads) owns all of them (TZ accumulators of
 // BN / 2 floats per thread, independent chains in flight). Kernels: `conv_wg` (one tile per
 // block, resident or staged weights) and `conv_wg_p` (persistent, two warpgroups).
@@ -25,10 +31,12 @@
 // The pieces every conv_wg kernel shares: one tile's geometry (output origin, batch index),
 // its halo and weight copies into the layouts above, one tap's wgmmas, and the epilogue. NT
 // threads (one or two warpgroups) share the copies; `tid` counts from 0 within them.
-template <int CIN, int BN, int TZ, int PAD>
+template <int CIN, int BN, int TZ, int PAD, int S = 1>
 struct WgConv {
-    static constexpr int TY = 8, TX = 8, HY = TY + 2, HX = TX + 2, HP = HY * HX;
-    static constexpr int HV = (TZ + 2) * HP;  // halo voxels
+    static_assert(S == 1 || (S == 2 && !PAD), "stride 1, or 2 without the bank padding");
+    static constexpr int TY = 8, TX = 8;
+    static constexpr int HZ = (TZ - 1) * S + 3, HY = (TY - 1) * S + 3, HX = (TX - 1) * S + 3, HP = HY * HX;
+    static constexpr int HV = HZ * HP;  // halo voxels
     // PAD: the K step of both operands made an odd multiple of 64 bytes (measured against none).
     static constexpr int HVS = PAD ? HV + ((4 - HV % 8) + 8) % 8 : HV;  // halo rows per channel group
     static constexpr int BNS = PAD ? BN + 4 : BN;                       // weight rows per channel group
@@ -37,6 +45,19 @@ struct WgConv {
     static constexpr int NA = BN / 2;    // accumulators per plane per thread
     static constexpr int HALO = CPV * HVS * 8, STAGE = CPV * BNS * 8;  // halves
     static_assert(CIN % 16 == 0 && (BN == 16 || BN == 32 || BN == 64), "tile shape");
+
+    // Extent of phase p (0 even, 1 odd) of a halo axis of h voxels (the axis itself at stride 1).
+    static __device__ __forceinline__ constexpr int ext(int h, int ph) { return S == 1 ? h : (h + 1 - ph) / 2; }
+    // First row of phase (pz, py, px): the phases before it, in (pz, py, px) order.
+    static __device__ __forceinline__ constexpr int phase_off(int pz, int py, int px) {
+        return pz * ext(HZ, 0) * HP + py * ext(HZ, pz) * ext(HY, 0) * HX + px * ext(HZ, pz) * ext(HY, py) * ext(HX, 0);
+    }
+    // The row of halo voxel (z, y, x) (relative to the tile's reach).
+    static __device__ __forceinline__ int row_of(int z, int y, int x) {
+        if constexpr (S == 1) return (z * HY + y) * HX + x;
+        const int py = y & 1, px = x & 1;
+        return phase_off(z & 1, py, px) + ((z >> 1) * ext(HY, py) + (y >> 1)) * ext(HX, px) + (x >> 1);
+    }
 
     const ConvParams& p;
     const half* x;
@@ -73,7 +94,7 @@ struct WgConv {
         static_assert(NT % PV == 0, "a thread's piece is fixed");
         int n, oz0, oy0, ox0;
         decode(t, n, oz0, oy0, ox0);
-        const int iz0 = oz0 - p.pd, iy0 = oy0 - p.ph, ix0 = ox0 - p.pw;
+        const int iz0 = oz0 * S - p.pd, iy0 = oy0 * S - p.ph, ix0 = ox0 * S - p.pw;
         const int c = (tid % PV) * U;
         const i64 ex = p.cin, ey = (i64)p.wi * p.cin, ez = (i64)p.hi * ey;
         // The box origin's element offset (negative at a low border: never read there).
@@ -82,7 +103,8 @@ struct WgConv {
         half* dst = buf + (c >> 3) * HVS * 8 + (c & 7);
         BoxWalk<HY, HX, NT / PV> b(tid / PV, ex, ey, ez);
         for (int v = tid / PV; v < HV; v += NT / PV, b.step())
-            cp_async_piece<U>(dst + v * 8, x + (o0 + b.off), x, cok && b.inside(iz0, iy0, ix0, p.di, p.hi, p.wi));
+            cp_async_piece<U>(dst + (S == 1 ? v : row_of(b.z, b.y, b.x)) * 8, x + (o0 + b.off), x,
+                              cok && b.inside(iz0, iy0, ix0, p.di, p.hi, p.wi));
     }
 
     // `nt` taps from tap0 of channels c0..c0+CIN into consecutive stages from `ws` (rows of
@@ -119,13 +141,20 @@ struct WgConv {
     static __device__ __forceinline__ void issue_tap(float (&acc)[TZ][NA], unsigned long long da0,
                                                      unsigned long long db0, int tap, int st) {
         const int dz = tap / 9, dy = (tap / 3) % 3, dx = tap % 3;
-        const int toff = (dz * HY + dy) * HX + dx;  // halo row of output (0, 0, 0) through the tap
+        // The halo row of output (0, 0, 0) through the tap, and the rows between output planes.
+        int toff = (dz * HY + dy) * HX + dx, plane = HP;
+        if constexpr (S == 2) {
+            const int py = dy & 1, px = dx & 1, ny = ext(HY, py), nx = ext(HX, px);
+            toff = phase_off(dz & 1, py, px) + ((dz >> 1) * ny + (dy >> 1)) * nx + (dx >> 1);
+            plane = ny * nx;
+            da0 = wg_desc_of((unsigned)da0, wg_desc_hi(nx * 16));  // M step: one row of the phase
+        }
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
             const unsigned long long db = db0 + (unsigned long long)((st * CPV + 2 * ks) * BNS);
 #pragma unroll
             for (int z = 0; z < TZ; z++) {
-                const unsigned long long da = da0 + (unsigned long long)(2 * ks * HVS + z * HP + toff);
+                const unsigned long long da = da0 + (unsigned long long)(2 * ks * HVS + z * plane + toff);
                 Wg<BN>::mma(acc[z], da, db);
             }
         }
@@ -225,11 +254,14 @@ struct WgConv {
 //             the 27 x CIN/16 x TZ wgmmas issue back to back.
 //   WST >= 3: a ring of WST one-tap weight stages, WST - 2 taps loaded ahead; per tap one
 //             barrier, with the previous tap's wgmmas still running across it.
-template <int CIN, int BN, int TZ, int WST, int PAD, int REPS>
+template <int CIN, int BN, int TZ, int WST, int PAD, int REPS, int S>
 __device__ __forceinline__ void conv_wg(const ConvParams& p, const half* __restrict__ x, const half* __restrict__ w,
                                        const float* __restrict__ bias, half* __restrict__ y,
                                        const float* __restrict__ slope) {
-    using C = WgConv<CIN, BN, TZ, PAD>;
+    using C = WgConv<CIN, BN, TZ, PAD, S>;
+    // The stride is the kernel's (the host picks a stride-2 kernel for stride 2 on every axis).
+    if constexpr (S != 1)
+        if (p.sd != S || p.sh != S || p.sw != S) __trap();
     constexpr bool RES = WST == 0;
     static_assert(RES || WST >= 3, "staged weights: >= 3 stages");
     extern __shared__ __align__(128) unsigned char dsm[];
@@ -326,10 +358,10 @@ __device__ __forceinline__ void conv_wg_p(const ConvParams& p, const half* __res
 }
 
 // Name: conv_wg_c{CIN}n{BN}_{variant}; one line per WGMMA_CONFIGS entry (`entry_lines`).
-#define WG_ENTRY(NAME, CIN, BN, TZ, WST, PAD, REPS)                                                 \
+#define WG_ENTRY(NAME, CIN, BN, TZ, WST, PAD, REPS, S)                                              \
     extern "C" __global__ void __launch_bounds__(128) NAME(ConvParams p, const half* x, const half* w, \
                                                          const float* bias, half* y, const float* slope) { \
-        conv_wg<CIN, BN, TZ, WST, PAD, REPS>(p, x, w, bias, y, slope);                             \
+        conv_wg<CIN, BN, TZ, WST, PAD, REPS, S>(p, x, w, bias, y, slope);                          \
     }
 #define WGP_ENTRY(NAME, CIN, BN, TZ, PAD)                                                           \
     extern "C" __global__ void __launch_bounds__(256, 1) NAME(ConvParams p, const half* x, const half* w, \

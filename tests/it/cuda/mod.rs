@@ -12,4 +12,5 @@ mod norm_f32_plan;
 mod ops;
 mod tensor;
 mod walk_emulation;
+mod wg_emulation;
 mod wz_emulation;

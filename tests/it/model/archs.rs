@@ -292,9 +292,10 @@ fn architectures_on_the_gpu_without_epilogue_statistics_or_split_convs() {
 }
 
 /// The exports' windows with the other switches that are off until measured (session 32): the
-/// norms rerunning their Cin-1 convs, the heads on mma.sync and the transposed convs' statistics
-/// (`CudaOptions::norm_recompute`, `head_mma`, `convt_stats`), apart from `norm_load_conv`, whose
-/// heads would take the place of the recompute: the same bars.
+/// norms rerunning their Cin-1 convs, the heads on mma.sync, the transposed convs' statistics
+/// and (session 36) the stride-2 convs on wgmma (`CudaOptions::norm_recompute`, `head_mma`,
+/// `convt_stats`, `wg_s2`), apart from `norm_load_conv`, whose heads would take the place of
+/// the recompute: the same bars.
 #[test]
 fn architectures_on_the_gpu_with_recompute_mma_heads_and_convt_stats() {
     if !gpu_present() {
@@ -304,6 +305,7 @@ fn architectures_on_the_gpu_with_recompute_mma_heads_and_convt_stats() {
         norm_recompute: true,
         head_mma: true,
         convt_stats: true,
+        wg_s2: true,
         ..Default::default()
     });
 }

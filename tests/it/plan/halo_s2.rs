@@ -1,9 +1,10 @@
-//! Stride-2 convs on the stride-2 halo kernel (`ArchCaps::halo_s2`), host only: which of W1's
-//! convs take it, and that nothing else in the plan changes.
+//! Stride-2 convs on the stride-2 halo kernel (`ArchCaps::halo_s2`) and on the stride-2
+//! wgmma kernel (`ArchCaps::wg_s2`), host only: which of W1's convs take it, and that nothing
+//! else in the plan changes.
 
 use crate::common::unet::w1_graph;
 use voxtile::internals::cuda::host::buffers::{buffer_plan, BufferPlan};
-use voxtile::internals::cuda::host::catalogue::CONV_HALO_C32N64_S2;
+use voxtile::internals::cuda::host::catalogue::{CONV_HALO_C32N64_S2, CONV_WG_C32N64_S2};
 use voxtile::internals::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
 use voxtile::model::graph::Op;
 
@@ -14,15 +15,31 @@ use voxtile::model::graph::Op;
 /// weight layout).
 #[test]
 fn w1_strided_convs_on_the_stride2_halo_kernel() {
-    let g = w1_graph();
-    let roi = [128; 3];
     let on_caps = ArchCaps {
         halo_s2: true,
         ..ArchCaps::h200()
     };
+    w1_strided_on(&on_caps, CONV_HALO_C32N64_S2.name);
+}
+
+/// The same with `wg_s2`: the same two convs run `conv_wg_c32n64_s2`.
+#[test]
+fn w1_strided_convs_on_the_stride2_wgmma_kernel() {
+    let on_caps = ArchCaps {
+        wg_s2: true,
+        ..ArchCaps::h200()
+    };
+    w1_strided_on(&on_caps, CONV_WG_C32N64_S2.name);
+}
+
+/// W1's plan with `on_caps` against the defaults: the stride-2 convs of Cin 32 and 64 run
+/// `kernel`, nothing else changes.
+fn w1_strided_on(on_caps: &ArchCaps, kernel: &str) {
+    let g = w1_graph();
+    let roi = [128; 3];
     for batch in [1, 4] {
         let off = buffer_plan(&g, batch, roi, &ArchCaps::h200()).unwrap();
-        let on = buffer_plan(&g, batch, roi, &on_caps).unwrap();
+        let on = buffer_plan(&g, batch, roi, on_caps).unwrap();
         assert_eq!(on.launches.len(), off.launches.len(), "b{batch}");
         let (mut taken, mut strided) = (Vec::new(), 0);
         for (a, b) in off.launches.iter().zip(&on.launches) {
@@ -31,7 +48,7 @@ fn w1_strided_convs_on_the_stride2_halo_kernel() {
             let s2 = matches!(&node.op, Op::Conv(c) if c.stride == [2; 3]);
             strided += usize::from(s2);
             let names = |k: &Option<ConvKernel>| k.as_ref().map(ConvKernel::funcs);
-            if names(&b.conv) == Some(vec![CONV_HALO_C32N64_S2.name]) {
+            if names(&b.conv) == Some(vec![kernel]) {
                 assert!(s2, "b{batch}: {} is not strided", node.name);
                 let x = g.nodes[b.node].inputs[0];
                 taken.push((on.shapes[x][0], on.shapes[b.out_v][0], on.shapes[x][1]));

@@ -1006,6 +1006,22 @@ pub const CONV_WG_C64N32_S4: HaloConfig = wg("conv_wg_c64n32_s4", 64, 32, 4, 4);
 pub const CONV_WG_C32N32_S4: HaloConfig = wg("conv_wg_c32n32_s4", 32, 32, 4, 4);
 pub const CONV_WG_C64N64_S4: HaloConfig = wg("conv_wg_c64n64_s4", 64, 64, 4, 4);
 pub const CONV_WG_C32N64_S4: HaloConfig = wg("conv_wg_c32n64_s4", 32, 64, 4, 4);
+/// Stride-2 3^3 convs with Cin k x 32 on wgmma (`CudaOptions::wg_s2`, off until measured): a
+/// 2x8x8 output tile, its 5x17x17 reach stored by parity class (kernels/conv_wgmma.cu), four
+/// one-tap weight stages; 106 KB, two blocks per SM. W1's 32 -> 64 conv at 128³ -> 64³ runs
+/// the implicit GEMM at ~130 TF/s (it gathers each input voxel for each of the ~3.4 outputs
+/// that reach it, and every 128-row tile streams all the weights); `conv_halo_c32n64_s2` (the
+/// same reach on mma.sync, one barrier a tap) lost to it (session 26).
+pub const CONV_WG_C32N64_S2: HaloConfig = HaloConfig {
+    stride: 2,
+    ..wg("conv_wg_c32n64_s2", 32, 64, 2, 4)
+};
+/// `conv_wg_c32n64_s2` with one output plane a tile (3x17x17 reach, 70 KB, three blocks per
+/// SM): forced only, for the comparison.
+pub const CONV_WG_C32N64_S2Z1: HaloConfig = HaloConfig {
+    stride: 2,
+    ..wg("conv_wg_c32n64_s2z1", 32, 64, 1, 4)
+};
 
 /// The wgmma halo kernels (kernels/conv_wgmma.cu, conv_wgmma_z.cu) the planner takes before
 /// [`HALO_CONFIGS`] on compute capability 9.0 (`ArchCaps::conv_wgmma`). ORDER = PREFERENCE, as
@@ -1015,7 +1031,9 @@ pub const CONV_WG_C32N64_S4: HaloConfig = wg("conv_wg_c32n64_s4", 32, 64, 4, 4);
 /// 64^3 (session 13); with 8 planes a tile (`_r8`) it beats the 4-plane `_r` (session 29).
 /// The z-pair kernel is `_h2t` (tensor loads, bulk stores: W1's forward 0.986x of `_h2`'s on an
 /// H200, session 34); `CudaOptions::zpair_tma` off runs `_h2` or `_h2b` ([`zpair_variant`]).
-pub const WGMMA_CONFIGS: &[HaloConfig] = &[CONV_WZ_C32_Y16_H2T, CONV_WG_C16N16_R8];
+/// Stride-2 convs take `conv_wg_c32n64_s2` only with `CudaOptions::wg_s2` (`ConvKernel::choose`).
+pub const WGMMA_CONFIGS: &[HaloConfig] =
+    &[CONV_WZ_C32_Y16_H2T, CONV_WG_C16N16_R8, CONV_WG_C32N64_S2];
 
 /// wgmma kernels that run only when forced (`CudaOptions::halo_tile`): those measured slower than
 /// `conv_halo_*` on the same layers (PERF_NOTES.md, session 13: K1 on `_p` 1.11, `_s4` 1.09,
@@ -1043,6 +1061,7 @@ pub const WGMMA_FORCED: &[HaloConfig] = &[
     CONV_WG_C64N64_S4,
     CONV_WG_C32N64_S4,
     CONV_WG_C32N32_S4,
+    CONV_WG_C32N64_S2Z1,
     #[cfg(feature = "kernel-experiments")]
     CONV_WG_C32N32_RP,
     #[cfg(feature = "kernel-experiments")]
@@ -1276,8 +1295,8 @@ pub fn entry_lines(fam: Family) -> String {
                 format!("WGP_ENTRY({name}, {cin}, {bn}, {tz}, {pad})\n")
             } else {
                 format!(
-                    "WG_ENTRY({name}, {cin}, {bn}, {tz}, {}, {pad}, {})\n",
-                    c.wst, c.wg_reps
+                    "WG_ENTRY({name}, {cin}, {bn}, {tz}, {}, {pad}, {}, {})\n",
+                    c.wst, c.wg_reps, c.stride
                 )
             });
         }

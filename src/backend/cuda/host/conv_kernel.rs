@@ -78,6 +78,8 @@ pub struct ArchCaps {
     pub norm_load_conv: bool,
     /// Stride-2 convs may take a stride-2 halo kernel (`CudaOptions::halo_s2`).
     pub halo_s2: bool,
+    /// Stride-2 convs may take the stride-2 wgmma kernel (`CudaOptions::wg_s2`).
+    pub wg_s2: bool,
     /// The z-pair kernel's staged planes go out as bulk copies (`CudaOptions::zpair_bulk`).
     pub zpair_bulk: bool,
     /// ... and its slots come in by tensor loads (`CudaOptions::zpair_tma`).
@@ -126,6 +128,7 @@ impl ArchCaps {
             cin_chunks: opts.cin_chunks,
             norm_load_conv: opts.norm_load_conv,
             halo_s2: opts.halo_s2,
+            wg_s2: opts.wg_s2,
             zpair_bulk: opts.zpair_bulk,
             zpair_tma: opts.zpair_tma,
             zpair_st_staged: opts.zpair_st_staged,
@@ -431,19 +434,21 @@ impl ConvKernel {
             return ConvKernel::Cin1 { stats: false };
         }
         // The halo kernel that takes the conv, if one does (wgmma first unless a plain halo
-        // kernel is forced).
+        // kernel is forced); a strided conv only with the switch of that kernel kind.
         let strided = g.stride != [1; 3];
-        let halo = (mma
-            && !g.upsample
-            && caps.conv_halo
-            && caps.conv_tile.is_none()
-            && (!strided || caps.halo_s2))
+        let halo = (mma && !g.upsample && caps.conv_halo && caps.conv_tile.is_none())
             .then(|| {
                 let force = caps.halo_tile.map(|c| c.name);
-                let wg = caps.conv_wgmma && caps.halo_tile.is_none_or(|c| c.wgmma);
+                let wg = caps.conv_wgmma
+                    && caps.halo_tile.is_none_or(|c| c.wgmma)
+                    && (!strided || caps.wg_s2);
                 wg.then(|| pick_wgmma(g, caps.smem_optin, force))
                     .flatten()
-                    .or_else(|| pick_halo(g, caps.smem_optin, force))
+                    .or_else(|| {
+                        (!strided || caps.halo_s2)
+                            .then(|| pick_halo(g, caps.smem_optin, force))
+                            .flatten()
+                    })
             })
             .flatten();
         // A conv whose output tiles leave most SMs idle while each streams a long K (also one
@@ -620,6 +625,16 @@ mod tests {
             (
                 ArchCaps {
                     halo_s2: true,
+                    ..h200
+                },
+                geom([32, 16, 16, 16], [64, 8, 8, 8], 3, 2, 1, false),
+                vec![64, 32, 3, 3, 3],
+                "Halo",
+            ),
+            // ... and with `wg_s2` the stride-2 wgmma kernel (same layout again).
+            (
+                ArchCaps {
+                    wg_s2: true,
                     ..h200
                 },
                 geom([32, 16, 16, 16], [64, 8, 8, 8], 3, 2, 1, false),

@@ -97,6 +97,10 @@ pub struct CudaOptions {
     /// Run stride-2 3^3 convs of Cin = k x 32 on a halo kernel (`conv_halo_c32n64_s2`: the
     /// tile's input reach copied once) rather than the implicit GEMM. Off until measured.
     pub halo_s2: bool,
+    /// Run stride-2 3^3 convs of Cin = k x 32 and Cout <= 128 on wgmma (`conv_wg_c32n64_s2`:
+    /// the tile's input reach copied once, stored by parity class) rather than the implicit
+    /// GEMM. Off until measured.
+    pub wg_s2: bool,
     /// With `zpair_tma` off: run the z-pair convs on `_h2b` rather than `_h2` (catalogue
     /// `CONV_WZ_C32_Y16_H2B`): the staged planes of an fp32 output stored as staged go out as
     /// bulk copies, not the helper's stores. The same bits; W1's forward 1.017x (session 34).
@@ -150,6 +154,7 @@ impl Default for CudaOptions {
             cin_chunks: true,
             norm_load_conv: false,
             halo_s2: false,
+            wg_s2: false,
             zpair_bulk: false,
             zpair_tma: true,
             zpair_st_staged: true,

@@ -376,35 +376,45 @@ fn bench_halo_variants() {
     }
     b.with(|o| o.halo_tile = None);
     // W1's stride-2 convs of Cin 32 and 64 (128³ -> 64³, 64³ -> 32³) on the implicit GEMM
-    // (the default) and on the stride-2 halo kernel (`halo_s2`), each checked to be the one
-    // that ran.
+    // (the default), on the stride-2 halo kernel (`halo_s2`) and on the stride-2 wgmma kernels
+    // (`wg_s2`: its default, then each other one forced), each checked to be the one that ran.
+    let wg_forced = wgmma_all().filter(|c| c.stride == 2 && c.name != cat::CONV_WG_C32N64_S2.name);
+    let runs: Vec<(&str, bool, bool, Option<&'static cat::HaloConfig>)> = [
+        ("the implicit GEMM", false, false, None),
+        (cat::CONV_HALO_C32N64_S2.name, true, false, None),
+        (cat::CONV_WG_C32N64_S2.name, false, true, None),
+    ]
+    .into_iter()
+    .chain(wg_forced.map(|c| (c.name, false, true, Some(c))))
+    .collect();
     for (cin, cout, n, s, label) in [
         (32usize, 64usize, 4usize, 128usize, "W1 32->64 s2 4x128^3"),
         (64, 128, 4, 64, "W1 64->128 s2 4x64^3"),
     ] {
         let os = s / 2;
         let flop = 2.0 * (n * os * os * os) as f64 * cout as f64 * (27 * cin) as f64;
-        let mut t = [0.0; 2];
-        for (i, on) in [false, true].into_iter().enumerate() {
-            b.with(|o| o.halo_s2 = on);
+        let mut t0 = None;
+        for &(want, halo, wg, tile) in &runs {
+            b.with(|o| (o.halo_s2, o.wg_s2, o.halo_tile) = (halo, wg, tile));
             let op = conv3(&mut r, cin, cout, 2);
-            t[i] = time_one(&mut b, &mut r, op, cin, cout, n, s);
+            let t = time_one(&mut b, &mut r, op, cin, cout, n, s);
             let used = kernels_used(&mut b, n);
-            let s2 = used.iter().any(|k| k == cat::CONV_HALO_C32N64_S2.name);
-            assert_eq!(s2, on, "{label}: halo_s2 {on} ran {used:?}");
+            let ok = if halo || wg {
+                used.iter().any(|k| k == want)
+            } else {
+                used.iter().all(|k| k.starts_with("conv_mma_"))
+            };
+            assert!(ok, "{label}: expected {want}, ran {used:?}");
+            let base = *t0.get_or_insert(t);
             println!(
-                "RESULT halo-s2 {label} {:<22} {:.3} ms {:6.1} TF/s",
+                "RESULT halo-s2 {label} {:<22} {t:.3} ms {:6.1} TF/s ({:.3}x the implicit GEMM)",
                 used.join("+"),
-                t[i],
-                flop / t[i] / 1e9
+                flop / t / 1e9,
+                t / base
             );
         }
-        println!(
-            "RESULT halo-s2 {label}: stride-2 halo / implicit GEMM {:.3}",
-            t[1] / t[0]
-        );
     }
-    b.with(|o| o.halo_s2 = false);
+    b.with(|o| (o.halo_s2, o.wg_s2, o.halo_tile) = (false, false, None));
 }
 
 /// A 3^3 conv `cin` -> `cout` of stride `st` (pads 1, no bias) with random weights of unit
@@ -431,9 +441,9 @@ fn conv3(r: &mut Rng, cin: usize, cout: usize, st: usize) -> Op {
 /// run: the cost of the fp32 ones, and their activation bytes; and with the fusions on by
 /// default (`CudaOptions::norm_stats`, `concat_split`, `cin_chunks` (`PROFCH`)) switched off,
 /// with the per-op profile of the first two off (`PROFST`); and with `norm_load_conv`
-/// (`PROFNL`), `halo_s2` (`PROFS2`), `norm_recompute` (`PROFRC`), `head_mma`, `convt_stats`,
-/// `zpair_st_staged` (`PROFSS`) on; `split_k_fill`, `zpair_tma` (`PROFTM`; `PROFBK` with
-/// `zpair_bulk`) off.
+/// (`PROFNL`), `halo_s2`, `wg_s2` (`PROFW2`), `norm_recompute` (`PROFRC`), `head_mma`,
+/// `convt_stats` on; `split_k_fill`, `zpair_tma` (`PROFTM`; `PROFBK` with `zpair_bulk`),
+/// `zpair_st_staged`, `norm_shifted` off.
 #[test]
 fn profile_models() {
     let Some(mut b) = gpu() else { return };
@@ -527,16 +537,16 @@ fn profile_models() {
         // norms' statistics from the convs' epilogues and the convs over a concat per part,
         // each switched off alone and both (the per-op profile of both off, `PROFST`), the convs
         // in Cin chunks off (`PROFCH`); and the fusions off by default: the z-pair convs reading
-        // their norm's input (`PROFNL`); the stride-2 convs on the stride-2 halo kernel
-        // (`PROFS2`); the norms rerunning their Cin-1 convs (`PROFRC`); the heads on mma.sync;
-        // the transposed convs' `_st` twins; split-K to two blocks an SM only where tiles fill
-        // under half the SMs (off: the old rule); the z-pair convs without tensor loads (`_h2`,
-        // `PROFTM`) and with bulk stores only (`_h2b`, `PROFBK`); the `_st` twins on the
-        // helper's stores (`_h2l_st`, `PROFSS`); their outputs as fp16 less each tile's shift
-        // (`norm_shifted`, `PROFSH`); the full-resolution launches batched rather than one
-        // window at a time (more activation bytes).
+        // their norm's input (`PROFNL`); the stride-2 convs on the stride-2 halo kernel and on
+        // the stride-2 wgmma kernel (`PROFW2`); the norms rerunning their Cin-1 convs
+        // (`PROFRC`); the heads on mma.sync; the transposed convs' `_st` twins; split-K to two
+        // blocks an SM only where tiles fill under half the SMs (off: the old rule); the z-pair
+        // convs without tensor loads (`_h2`, `PROFTM`) and with bulk stores only (`_h2b`,
+        // `PROFBK`); the `_st` twins without the helper's stores (`_h2t_st`) and without their
+        // outputs as fp16 less each tile's shift (`norm_shifted`); the full-resolution launches
+        // batched rather than one window at a time (more activation bytes).
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
-        let variants: [Switch; 16] = [
+        let variants: [Switch; 17] = [
             (
                 "without residual Adds in the norms",
                 |o| o.norm_residual = false,
@@ -566,10 +576,11 @@ fn profile_models() {
                 |o| o.norm_load_conv = true,
                 Some("PROFNL"),
             ),
+            ("with the stride-2 halo kernel", |o| o.halo_s2 = true, None),
             (
-                "with the stride-2 halo kernel",
-                |o| o.halo_s2 = true,
-                Some("PROFS2"),
+                "with the stride-2 wgmma kernel",
+                |o| o.wg_s2 = true,
+                Some("PROFW2"),
             ),
             (
                 "with the norms recomputing their Cin-1 convs",
@@ -598,14 +609,14 @@ fn profile_models() {
                 Some("PROFTM"),
             ),
             (
-                "with the z-pair convs' statistics on the helper's stores",
-                |o| o.zpair_st_staged = true,
-                Some("PROFSS"),
+                "without the z-pair convs' statistics on the helper's stores",
+                |o| o.zpair_st_staged = false,
+                None,
             ),
             (
-                "with the z-pair convs' outputs shifted fp16 for their norms",
-                |o| o.norm_shifted = true,
-                Some("PROFSH"),
+                "without the z-pair convs' outputs shifted fp16 for their norms",
+                |o| o.norm_shifted = false,
+                None,
             ),
             (
                 "without window segments",
@@ -629,6 +640,7 @@ fn profile_models() {
                 (o.norm_stats, o.concat_split) = (d.norm_stats, d.concat_split);
                 (o.cin_chunks, o.norm_load_conv) = (d.cin_chunks, d.norm_load_conv);
                 (o.halo_s2, o.norm_residual) = (d.halo_s2, d.norm_residual);
+                o.wg_s2 = d.wg_s2;
                 (o.norm_recompute, o.head_mma) = (d.norm_recompute, d.head_mma);
                 (o.convt_stats, o.split_k_fill) = (d.convt_stats, d.split_k_fill);
                 (o.zpair_bulk, o.zpair_tma) = (d.zpair_bulk, d.zpair_tma);

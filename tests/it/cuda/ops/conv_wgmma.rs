@@ -3,9 +3,9 @@
 //! zero / asymmetric pads, odd Cout, Cout above the tile width, zero-padded Cin 14, Cin in
 //! chunks, activations, concat slices at even and odd offsets), each on its default kernel
 //! (asserted to be a `conv_wg_*` one) and on every wgmma variant that takes it, forced; the
-//! z-pair kernels (`conv_wz_*`, kernels/conv_wgmma_z.cu) among them. Three tests, so that each
+//! z-pair kernels (`conv_wz_*`, kernels/conv_wgmma_z.cu) among them. Four tests, so that each
 //! fits a device call's time: the shapes, the persistent kernels looping over many tiles, the
-//! concat slices.
+//! concat slices, the stride-2 kernels.
 
 use super::conv_halo::slice_case;
 use super::*;
@@ -65,7 +65,8 @@ fn conv_wgmma_cases() {
     for (cin, cout, sp, pads, act) in cases {
         // The default (where the planner takes a wgmma kernel), then every other wgmma kernel
         // that takes the Cin at the planner's width (the narrowest that holds Cout), forced.
-        let takes = |v: &&cat::HaloConfig| v.accepts_cin(cin) && v.wg_reps == 1;
+        // (The stride-2 kernels: `conv_wgmma_stride2`.)
+        let takes = |v: &&cat::HaloConfig| v.accepts_cin(cin) && v.wg_reps == 1 && v.stride == 1;
         let widths = || wgmma_all().filter(takes).map(|v| v.bn);
         let Some(bn) = widths()
             .filter(|&w| cout <= w)
@@ -97,9 +98,66 @@ fn conv_wgmma_cases() {
         }
     }
     assert!(
-        wgmma_all().all(|v| v.wg_reps > 1 || ran.contains(&v.name)),
-        "every wgmma kernel has a case: {ran:?}"
+        wgmma_all().all(|v| v.wg_reps > 1 || v.stride != 1 || ran.contains(&v.name)),
+        "every stride-1 wgmma kernel has a case: {ran:?}"
     );
+}
+
+/// The stride-2 wgmma kernels (`wg_s2`; `conv_wg_c32n64_s2`: the 2x8x8 tile's 5x17x17 reach
+/// stored by parity class) vs float64: W1's 32 -> 64 shape at small sizes, odd and even input
+/// edges (the last tile partial, the end pad used or not), zero and asymmetric begin pads,
+/// Cout 20 (odd channel pairs, one channel tile) and 128 (two tiles), Cin 64 and 96 in
+/// 32-channel chunks, activations; each run on the default with the switch (checked to be
+/// `conv_wg_c32n64_s2`), on every other stride-2 wgmma kernel forced, and without the switch
+/// (checked to keep the implicit GEMM); split-K off throughout.
+#[test]
+fn conv_wgmma_stride2() {
+    let Some(mut b) = wgmma_gpu() else { return };
+    let mut r = Rng::tagged("wgmma s2");
+    let def = cat::CONV_WG_C32N64_S2.name;
+    // These small convs leave SMs idle: split-K off, so that the kernel under test takes them.
+    b.with(|o| o.split_k = false);
+    #[allow(clippy::type_complexity)]
+    let cases: Vec<(usize, usize, [usize; 3], [usize; 6], Option<Op>)> = vec![
+        (32, 64, [16, 16, 16], [1; 6], None),
+        (32, 64, [9, 13, 17], [1; 6], leaky()),
+        (32, 20, [7, 10, 21], [0; 6], None),
+        (32, 64, [8, 11, 18], [1, 0, 1, 0, 1, 1], Some(Op::Relu)),
+        (64, 128, [10, 9, 16], [1; 6], leaky()),
+        (96, 33, [5, 7, 19], [1; 6], None),
+    ];
+    let forced = wgmma_all().filter(|v| v.stride == 2 && v.name != def);
+    let runs: Vec<(Option<&'static cat::HaloConfig>, bool)> = [(None, true)]
+        .into_iter()
+        .chain(forced.map(|v| (Some(v), true)))
+        .chain([(None, false)])
+        .collect();
+    for (cin, cout, sp, pads, act) in cases {
+        for &(tile, on) in &runs {
+            b.with(|o| (o.wg_s2, o.halo_tile) = (on, tile));
+            let kern = tile.map_or(def, |t| t.name);
+            let name = format!(
+                "s2 {cin}->{cout} {sp:?} pads {pads:?}{} on {}",
+                if act.is_some() { " +act" } else { "" },
+                if on { kern } else { "the GEMM (switch off)" }
+            );
+            let case = ConvCase::new(&name, cin, cout, sp, 3)
+                .st([2; 3])
+                .pads(pads)
+                .act(act.clone());
+            if on {
+                conv_case_on(&mut b, &mut r, case, kern);
+            } else {
+                conv_case(&mut b, &mut r, case);
+                let used = kernels_used(&mut b, 2);
+                assert!(
+                    used.iter().all(|k| k.starts_with("conv_mma_")),
+                    "{name}: ran {used:?}"
+                );
+            }
+        }
+    }
+    b.with(|o| (o.wg_s2, o.halo_tile, o.split_k) = (false, None, true));
 }
 
 #[test]
