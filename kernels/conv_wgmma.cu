@@ -315,18 +315,23 @@ __device__ __forceinline__ void conv_wg(const ConvParams& p, const half* __restr
 }
 
 // Persistent, resident weights (Cin <= CIN), two warpgroups per block that each loop over their
-// own tiles (t = blockIdx.x + wg * gridDim.x, step 2 * gridDim.x) with two halo buffers of their
-// own: the next tile's halo is copied while the current one's wgmmas and epilogue run, and one
-// warpgroup's epilogue overlaps the other's wgmmas. The weights are loaded once per block.
-template <int CIN, int BN, int TZ, int PAD>
+// own tiles (t = blockIdx.x + wg * gridDim.x, step 2 * gridDim.x) with HB halo buffers of their
+// own. HB 2: the next tile's halo is copied while the current one's wgmmas and epilogue run;
+// HB 1 (where two buffers do not fit beside the weights, `conv_wg_c32n64_s2p`): it is copied
+// during the current one's epilogue. Either way one warpgroup's copies and epilogue overlap the
+// other's wgmmas. The weights are loaded once per block.
+template <int CIN, int BN, int TZ, int PAD, int S, int HB>
 __device__ __forceinline__ void conv_wg_p(const ConvParams& p, const half* __restrict__ x,
                                          const half* __restrict__ w, const float* __restrict__ bias,
                                          half* __restrict__ y, const float* __restrict__ slope) {
-    using C = WgConv<CIN, BN, TZ, PAD>;
+    static_assert(HB == 1 || HB == 2, "one or two halo buffers a warpgroup");
+    using C = WgConv<CIN, BN, TZ, PAD, S>;
+    if constexpr (S != 1)
+        if (p.sd != S || p.sh != S || p.sw != S) __trap();
     extern __shared__ __align__(128) unsigned char dsm[];
     half* sW = reinterpret_cast<half*>(dsm);
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
-    half* sIn = sW + 27 * C::STAGE + wg * 2 * C::HALO;  // this warpgroup's two halo buffers
+    half* sIn = sW + 27 * C::STAGE + wg * HB * C::HALO;  // this warpgroup's halo buffers
     const C c(p, x, w);
     const int step = 2 * gridDim.x;
     int t = blockIdx.x + wg * gridDim.x;
@@ -338,13 +343,15 @@ __device__ __forceinline__ void conv_wg_p(const ConvParams& p, const half* __res
     __syncthreads();  // the weights (copied by both warpgroups) and the first halos landed
     const unsigned long long db0 = C::desc_b(sW);
     float acc[TZ][C::NA];
-    for (int buf = 0; t < c.ntiles; t += step, buf ^= 1) {
-        // The next tile's halo into the other buffer (its last reader, tile t - step, is done).
-        if (t + step < c.ntiles) c.template load_halo<128>(sIn + (buf ^ 1) * C::HALO, t + step, 0, wtid);
-        cp_async_commit();
-        cp_async_wait<1>();
-        fence_async_smem();
-        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");  // tile t's halo landed (warpgroup)
+    for (int buf = 0; t < c.ntiles; t += step, buf ^= HB - 1) {
+        if constexpr (HB == 2) {
+            // The next tile's halo into the other buffer (its last reader, tile t - step, is done).
+            if (t + step < c.ntiles) c.template load_halo<128>(sIn + (buf ^ 1) * C::HALO, t + step, 0, wtid);
+            cp_async_commit();
+            cp_async_wait<1>();
+            fence_async_smem();
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");  // tile t's halo landed (warpgroup)
+        }
         C::zero(acc);
         wg_fence();
         const unsigned long long da0 = C::desc_a(sIn + buf * C::HALO);
@@ -352,7 +359,16 @@ __device__ __forceinline__ void conv_wg_p(const ConvParams& p, const half* __res
         wg_commit();
         wg_wait<0>();
         asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");  // every warp is done with buf
+        if constexpr (HB == 1) {
+            if (t + step < c.ntiles) c.template load_halo<128>(sIn, t + step, 0, wtid);
+            cp_async_commit();
+        }
         c.store(acc, t, wtid, y, bias, slope);
+        if constexpr (HB == 1) {
+            cp_async_wait<0>();
+            fence_async_smem();
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");  // tile t + step's halo landed
+        }
     }
     cp_async_wait<0>();
 }
@@ -363,8 +379,8 @@ __device__ __forceinline__ void conv_wg_p(const ConvParams& p, const half* __res
                                                          const float* bias, half* y, const float* slope) { \
         conv_wg<CIN, BN, TZ, WST, PAD, REPS, S>(p, x, w, bias, y, slope);                          \
     }
-#define WGP_ENTRY(NAME, CIN, BN, TZ, PAD)                                                           \
+#define WGP_ENTRY(NAME, CIN, BN, TZ, PAD, S, HB)                                                    \
     extern "C" __global__ void __launch_bounds__(256, 1) NAME(ConvParams p, const half* x, const half* w, \
                                                             const float* bias, half* y, const float* slope) { \
-        conv_wg_p<CIN, BN, TZ, PAD>(p, x, w, bias, y, slope);                                      \
+        conv_wg_p<CIN, BN, TZ, PAD, S, HB>(p, x, w, bias, y, slope);                               \
     }

@@ -7,7 +7,7 @@
 //! is exact.
 
 use voxtile::internals::cuda::host::catalogue::{
-    HaloConfig, CONV_WG_C32N64_S2, CONV_WG_C32N64_S2Z1, CONV_WG_C32N64_S4,
+    HaloConfig, CONV_WG_C32N64_S2, CONV_WG_C32N64_S2P, CONV_WG_C32N64_S2Z1, CONV_WG_C32N64_S4,
 };
 use voxtile::internals::cuda::host::relayout::relayout_weight;
 
@@ -255,6 +255,7 @@ fn conv_wg_index_emulation() {
         (&CONV_WG_C32N64_S2, 1, [7, 17, 18], 32, 72, [0; 3]),
         (&CONV_WG_C32N64_S2Z1, 1, [5, 11, 19], 64, 128, [1; 3]),
         (&CONV_WG_C32N64_S2Z1, 2, [4, 9, 9], 32, 20, [1; 3]),
+        (&CONV_WG_C32N64_S2P, 1, [7, 12, 15], 32, 64, [1; 3]),
         (&CONV_WG_C32N64_S4, 1, [6, 9, 11], 64, 72, [1; 3]),
     ];
     for (i, &(c, n, di, cin, cout, pads)) in cases.iter().enumerate() {

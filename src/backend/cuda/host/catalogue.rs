@@ -1022,6 +1022,15 @@ pub const CONV_WG_C32N64_S2Z1: HaloConfig = HaloConfig {
     stride: 2,
     ..wg("conv_wg_c32n64_s2z1", 32, 64, 1, 4)
 };
+/// The persistent stride-2 kernel: the 27 taps' weights resident (108 KB, loaded once a block),
+/// two warpgroups with one 3x17x17 halo buffer each (one output plane a tile), 216 KB, one block
+/// per SM: no weight traffic per tile. Forced only, for the comparison.
+pub const CONV_WG_C32N64_S2P: HaloConfig = HaloConfig {
+    stride: 2,
+    hb: 2,
+    tile: [1, 8, 8],
+    ..wgp("conv_wg_c32n64_s2p", 32, 64)
+};
 
 /// The wgmma halo kernels (kernels/conv_wgmma.cu, conv_wgmma_z.cu) the planner takes before
 /// [`HALO_CONFIGS`] on compute capability 9.0 (`ArchCaps::conv_wgmma`). ORDER = PREFERENCE, as
@@ -1062,6 +1071,7 @@ pub const WGMMA_FORCED: &[HaloConfig] = &[
     CONV_WG_C32N64_S4,
     CONV_WG_C32N32_S4,
     CONV_WG_C32N64_S2Z1,
+    CONV_WG_C32N64_S2P,
     #[cfg(feature = "kernel-experiments")]
     CONV_WG_C32N32_RP,
     #[cfg(feature = "kernel-experiments")]
@@ -1292,7 +1302,12 @@ pub fn entry_lines(fam: Family) -> String {
                     ),
                 }
             } else if c.persist > 0 {
-                format!("WGP_ENTRY({name}, {cin}, {bn}, {tz}, {pad})\n")
+                // hb: the block's halo buffers, two warpgroups' worth.
+                format!(
+                    "WGP_ENTRY({name}, {cin}, {bn}, {tz}, {pad}, {}, {})\n",
+                    c.stride,
+                    c.hb / 2
+                )
             } else {
                 format!(
                     "WG_ENTRY({name}, {cin}, {bn}, {tz}, {}, {pad}, {}, {})\n",

@@ -395,6 +395,9 @@ fn bench_halo_variants() {
         let flop = 2.0 * (n * os * os * os) as f64 * cout as f64 * (27 * cin) as f64;
         let mut t0 = None;
         for &(want, halo, wg, tile) in &runs {
+            if tile.is_some_and(|t| !t.accepts_cin(cin)) {
+                continue;
+            }
             b.with(|o| (o.halo_s2, o.wg_s2, o.halo_tile) = (halo, wg, tile));
             let op = conv3(&mut r, cin, cout, 2);
             let t = time_one(&mut b, &mut r, op, cin, cout, n, s);
