@@ -272,8 +272,9 @@ fn architectures_on_the_gpu() {
 /// The exports' windows with the norms' statistics from their own pass and the convs over a
 /// concat or 32-channel chunks run whole (`CudaOptions::norm_stats`, `concat_split`,
 /// `cin_chunks` off), the z-pair convs without tensor loads, the old split-K rule, the fp32 norm
-/// inputs and the bulk-store `_st` twins (`zpair_tma`, `split_k_fill`, `norm_shifted`,
-/// `zpair_st_staged` off: the paths the defaults replaced, kept as options): the same bars.
+/// inputs, the bulk-store `_st` twins and the stride-2 convs on the implicit GEMM (`zpair_tma`,
+/// `split_k_fill`, `norm_shifted`, `zpair_st_staged`, `wg_s2` off: the paths the defaults
+/// replaced, kept as options): the same bars.
 #[test]
 fn architectures_on_the_gpu_without_epilogue_statistics_or_split_convs() {
     if !gpu_present() {
@@ -287,15 +288,15 @@ fn architectures_on_the_gpu_without_epilogue_statistics_or_split_convs() {
         split_k_fill: false,
         norm_shifted: false,
         zpair_st_staged: false,
+        wg_s2: false,
         ..Default::default()
     });
 }
 
 /// The exports' windows with the other switches that are off until measured (session 32): the
-/// norms rerunning their Cin-1 convs, the heads on mma.sync, the transposed convs' statistics
-/// and (session 36) the stride-2 convs on wgmma (`CudaOptions::norm_recompute`, `head_mma`,
-/// `convt_stats`, `wg_s2`), apart from `norm_load_conv`, whose heads would take the place of
-/// the recompute: the same bars.
+/// norms rerunning their Cin-1 convs, the heads on mma.sync and the transposed convs' statistics
+/// (`CudaOptions::norm_recompute`, `head_mma`, `convt_stats`), apart from `norm_load_conv`, whose
+/// heads would take the place of the recompute: the same bars.
 #[test]
 fn architectures_on_the_gpu_with_recompute_mma_heads_and_convt_stats() {
     if !gpu_present() {
@@ -305,7 +306,6 @@ fn architectures_on_the_gpu_with_recompute_mma_heads_and_convt_stats() {
         norm_recompute: true,
         head_mma: true,
         convt_stats: true,
-        wg_s2: true,
         ..Default::default()
     });
 }

@@ -4,7 +4,7 @@
 
 use crate::common::unet::w1_graph;
 use voxtile::internals::cuda::host::buffers::{buffer_plan, BufferPlan};
-use voxtile::internals::cuda::host::catalogue::{CONV_HALO_C32N64_S2, CONV_WG_C32N64_S2};
+use voxtile::internals::cuda::host::catalogue::{CONV_HALO_C32N64_S2, CONV_WG_C32N64_S2P};
 use voxtile::internals::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
 use voxtile::model::graph::Op;
 
@@ -17,28 +17,36 @@ use voxtile::model::graph::Op;
 fn w1_strided_convs_on_the_stride2_halo_kernel() {
     let on_caps = ArchCaps {
         halo_s2: true,
+        wg_s2: false,
         ..ArchCaps::h200()
     };
-    w1_strided_on(&on_caps, CONV_HALO_C32N64_S2.name);
+    w1_strided_on(
+        &on_caps,
+        CONV_HALO_C32N64_S2.name,
+        &[(32, 64, 128), (64, 128, 64)],
+    );
 }
 
-/// The same with `wg_s2`: the same two convs run `conv_wg_c32n64_s2`.
+/// The same with `wg_s2` (the default): the Cin-32 one runs `conv_wg_c32n64_s2p` (its resident
+/// weights hold Cin 32 only).
 #[test]
 fn w1_strided_convs_on_the_stride2_wgmma_kernel() {
-    let on_caps = ArchCaps {
-        wg_s2: true,
-        ..ArchCaps::h200()
-    };
-    w1_strided_on(&on_caps, CONV_WG_C32N64_S2.name);
+    let on_caps = ArchCaps::h200();
+    w1_strided_on(&on_caps, CONV_WG_C32N64_S2P.name, &[(32, 64, 128)]);
 }
 
-/// W1's plan with `on_caps` against the defaults: the stride-2 convs of Cin 32 and 64 run
-/// `kernel`, nothing else changes.
-fn w1_strided_on(on_caps: &ArchCaps, kernel: &str) {
+/// W1's plan with `on_caps` against the implicit GEMM's (both switches off): the stride-2 convs
+/// `want` ((Cin, Cout, input side)) run `kernel`, nothing else changes.
+fn w1_strided_on(on_caps: &ArchCaps, kernel: &str, want: &[(usize, usize, usize)]) {
     let g = w1_graph();
     let roi = [128; 3];
+    let off_caps = ArchCaps {
+        wg_s2: false,
+        halo_s2: false,
+        ..ArchCaps::h200()
+    };
     for batch in [1, 4] {
-        let off = buffer_plan(&g, batch, roi, &ArchCaps::h200()).unwrap();
+        let off = buffer_plan(&g, batch, roi, &off_caps).unwrap();
         let on = buffer_plan(&g, batch, roi, on_caps).unwrap();
         assert_eq!(on.launches.len(), off.launches.len(), "b{batch}");
         let (mut taken, mut strided) = (Vec::new(), 0);
@@ -63,7 +71,7 @@ fn w1_strided_on(on_caps: &ArchCaps, kernel: &str) {
             }
         }
         // (Cin, Cout, input side)
-        assert_eq!(taken, [(32, 64, 128), (64, 128, 64)], "b{batch}");
+        assert_eq!(taken, want, "b{batch}");
         assert_eq!(strided, 5, "b{batch}: W1's stride-2 convs");
         assert_eq!(on.arena, off.arena, "b{batch}: arena");
         assert_eq!(on.bufs, off.bufs, "b{batch}: buffers");

@@ -1006,12 +1006,11 @@ pub const CONV_WG_C64N32_S4: HaloConfig = wg("conv_wg_c64n32_s4", 64, 32, 4, 4);
 pub const CONV_WG_C32N32_S4: HaloConfig = wg("conv_wg_c32n32_s4", 32, 32, 4, 4);
 pub const CONV_WG_C64N64_S4: HaloConfig = wg("conv_wg_c64n64_s4", 64, 64, 4, 4);
 pub const CONV_WG_C32N64_S4: HaloConfig = wg("conv_wg_c32n64_s4", 32, 64, 4, 4);
-/// Stride-2 3^3 convs with Cin k x 32 on wgmma (`CudaOptions::wg_s2`, off until measured): a
-/// 2x8x8 output tile, its 5x17x17 reach stored by parity class (kernels/conv_wgmma.cu), four
-/// one-tap weight stages; 106 KB, two blocks per SM. W1's 32 -> 64 conv at 128³ -> 64³ runs
-/// the implicit GEMM at ~130 TF/s (it gathers each input voxel for each of the ~3.4 outputs
-/// that reach it, and every 128-row tile streams all the weights); `conv_halo_c32n64_s2` (the
-/// same reach on mma.sync, one barrier a tap) lost to it (session 26).
+/// Stride-2 3^3 convs with Cin k x 32 on wgmma: a 2x8x8 output tile, its 5x17x17 reach stored
+/// by parity class (kernels/conv_wgmma.cu), four one-tap weight stages; 106 KB, two blocks per
+/// SM. Forced only: slower than the implicit GEMM (session 36, H100: W1's 32 -> 64 at 128³
+/// 1.079 against 0.865 ms, 64 -> 128 at 64³ 0.492 against 0.314): every tile streams all 27
+/// taps' weights.
 pub const CONV_WG_C32N64_S2: HaloConfig = HaloConfig {
     stride: 2,
     ..wg("conv_wg_c32n64_s2", 32, 64, 2, 4)
@@ -1022,9 +1021,12 @@ pub const CONV_WG_C32N64_S2Z1: HaloConfig = HaloConfig {
     stride: 2,
     ..wg("conv_wg_c32n64_s2z1", 32, 64, 1, 4)
 };
-/// The persistent stride-2 kernel: the 27 taps' weights resident (108 KB, loaded once a block),
-/// two warpgroups with one 3x17x17 halo buffer each (one output plane a tile), 216 KB, one block
-/// per SM: no weight traffic per tile. Forced only, for the comparison.
+/// Stride-2 3^3 convs with Cin 32 on wgmma (`CudaOptions::wg_s2`): persistent, the 27 taps'
+/// weights resident (108 KB, loaded once a block), two warpgroups with one 3x17x17 halo buffer
+/// each (one output plane a tile, its reach stored by parity class), 216 KB, one block per SM.
+/// W1's 32 -> 64 conv at 128³ -> 64³: 0.595 ms against the implicit GEMM's 0.865 (H100, session
+/// 36; the GEMM gathers each input voxel for each of the ~3.4 outputs that reach it, and every
+/// 128-row tile streams all the weights). Cin 64 does not fit (its weights alone 216 KB).
 pub const CONV_WG_C32N64_S2P: HaloConfig = HaloConfig {
     stride: 2,
     hb: 2,
@@ -1040,9 +1042,9 @@ pub const CONV_WG_C32N64_S2P: HaloConfig = HaloConfig {
 /// 64^3 (session 13); with 8 planes a tile (`_r8`) it beats the 4-plane `_r` (session 29).
 /// The z-pair kernel is `_h2t` (tensor loads, bulk stores: W1's forward 0.986x of `_h2`'s on an
 /// H200, session 34); `CudaOptions::zpair_tma` off runs `_h2` or `_h2b` ([`zpair_variant`]).
-/// Stride-2 convs take `conv_wg_c32n64_s2` only with `CudaOptions::wg_s2` (`ConvKernel::choose`).
+/// Stride-2 convs take `conv_wg_c32n64_s2p` only with `CudaOptions::wg_s2` (`ConvKernel::choose`).
 pub const WGMMA_CONFIGS: &[HaloConfig] =
-    &[CONV_WZ_C32_Y16_H2T, CONV_WG_C16N16_R8, CONV_WG_C32N64_S2];
+    &[CONV_WZ_C32_Y16_H2T, CONV_WG_C16N16_R8, CONV_WG_C32N64_S2P];
 
 /// wgmma kernels that run only when forced (`CudaOptions::halo_tile`): those measured slower than
 /// `conv_halo_*` on the same layers (PERF_NOTES.md, session 13: K1 on `_p` 1.11, `_s4` 1.09,
@@ -1070,8 +1072,8 @@ pub const WGMMA_FORCED: &[HaloConfig] = &[
     CONV_WG_C64N64_S4,
     CONV_WG_C32N64_S4,
     CONV_WG_C32N32_S4,
+    CONV_WG_C32N64_S2,
     CONV_WG_C32N64_S2Z1,
-    CONV_WG_C32N64_S2P,
     #[cfg(feature = "kernel-experiments")]
     CONV_WG_C32N32_RP,
     #[cfg(feature = "kernel-experiments")]

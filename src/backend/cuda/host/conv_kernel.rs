@@ -442,7 +442,17 @@ impl ConvKernel {
                 let wg = caps.conv_wgmma
                     && caps.halo_tile.is_none_or(|c| c.wgmma)
                     && (!strided || caps.wg_s2);
-                wg.then(|| pick_wgmma(g, caps.smem_optin, force))
+                // The persistent stride-2 kernel loads its 108 KB of weights once a block: only
+                // where each warpgroup gets two tiles or more (not measured below that: W2's
+                // 32 -> 64 at 16³ keeps the GEMM).
+                let out = [g.os[1], g.os[2], g.os[3]];
+                let amortised = |c: &&HaloConfig| {
+                    c.stride == 1
+                        || c.persist == 0
+                        || force == Some(c.name)
+                        || c.tiles(batch, out) >= 4 * caps.sm_count
+                };
+                wg.then(|| pick_wgmma(g, caps.smem_optin, force).filter(amortised))
                     .flatten()
                     .or_else(|| {
                         (!strided || caps.halo_s2)
@@ -614,10 +624,13 @@ mod tests {
                 vec![24, 3, 3, 3, 3],
                 "Mma",
             ),
-            // 3^3 stride 2, Cin 32: the implicit GEMM by default, the stride-2 halo kernel
+            // 3^3 stride 2, Cin 32: the implicit GEMM without `wg_s2`, the stride-2 halo kernel
             // with `halo_s2` (the same weight layout).
             (
-                h200,
+                ArchCaps {
+                    wg_s2: false,
+                    ..h200
+                },
                 geom([32, 16, 16, 16], [64, 8, 8, 8], 3, 2, 1, false),
                 vec![64, 32, 3, 3, 3],
                 "Mma",
@@ -625,21 +638,26 @@ mod tests {
             (
                 ArchCaps {
                     halo_s2: true,
+                    wg_s2: false,
                     ..h200
                 },
                 geom([32, 16, 16, 16], [64, 8, 8, 8], 3, 2, 1, false),
                 vec![64, 32, 3, 3, 3],
                 "Halo",
             ),
-            // ... and with `wg_s2` the stride-2 wgmma kernel (same layout again).
+            // ... and with `wg_s2` (the default) the stride-2 wgmma kernel (same layout again)
+            // where each persistent warpgroup gets two tiles or more, else the GEMM.
             (
-                ArchCaps {
-                    wg_s2: true,
-                    ..h200
-                },
-                geom([32, 16, 16, 16], [64, 8, 8, 8], 3, 2, 1, false),
+                h200,
+                geom([32, 64, 64, 64], [64, 32, 32, 32], 3, 2, 1, false),
                 vec![64, 32, 3, 3, 3],
                 "Halo",
+            ),
+            (
+                h200,
+                geom([32, 16, 16, 16], [64, 8, 8, 8], 3, 2, 1, false),
+                vec![64, 32, 3, 3, 3],
+                "Mma",
             ),
             (
                 h200,
@@ -1010,8 +1028,9 @@ mod tests {
 
     /// The kernels of every W1 / W2 layer on the H200 at batch 2 and 4, pinned: a change to
     /// the catalogue, its order or the selection that moves a benchmark layer shows here. (W2's
-    /// width-16 convs and the 32->32 convs take wgmma kernels; everything else the mma.sync
-    /// ones, W1's 8^3 / 4^3 layers with their K split where their tiles leave most SMs idle.)
+    /// width-16 convs, the 32->32 convs and the stride-2 Cin-32 convs take wgmma kernels;
+    /// everything else the mma.sync ones, W1's 8^3 / 4^3 layers with their K split where their
+    /// tiles leave most SMs idle.)
     #[test]
     fn w1_w2_kernels_are_pinned() {
         let pick = |net: &[Layer], batch: usize| -> Vec<String> {
@@ -1029,7 +1048,7 @@ mod tests {
         let w1_b2 = [
             "Cin1 conv_c1_k3",
             "Halo conv_wz_c32_y16_h2t",
-            "Mma conv_mma_m128n64_v8",
+            "Halo conv_wg_c32n64_s2p",
             "Halo conv_halo_c64n64",
             "Mma conv_mma_m128n128_v8",
             "Halo conv_halo_c64n64",

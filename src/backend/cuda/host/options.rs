@@ -97,9 +97,9 @@ pub struct CudaOptions {
     /// Run stride-2 3^3 convs of Cin = k x 32 on a halo kernel (`conv_halo_c32n64_s2`: the
     /// tile's input reach copied once) rather than the implicit GEMM. Off until measured.
     pub halo_s2: bool,
-    /// Run stride-2 3^3 convs of Cin = k x 32 and Cout <= 128 on wgmma (`conv_wg_c32n64_s2`:
-    /// the tile's input reach copied once, stored by parity class) rather than the implicit
-    /// GEMM. Off until measured.
+    /// Run stride-2 3^3 convs of Cin 32 and Cout <= 128 on wgmma (`conv_wg_c32n64_s2p`:
+    /// persistent, resident weights, the tile's input reach copied once, stored by parity
+    /// class) rather than the implicit GEMM: W1's 32 -> 64 layer 0.688x (H100, session 36).
     pub wg_s2: bool,
     /// With `zpair_tma` off: run the z-pair convs on `_h2b` rather than `_h2` (catalogue
     /// `CONV_WZ_C32_Y16_H2B`): the staged planes of an fp32 output stored as staged go out as
@@ -154,7 +154,7 @@ impl Default for CudaOptions {
             cin_chunks: true,
             norm_load_conv: false,
             halo_s2: false,
-            wg_s2: false,
+            wg_s2: true,
             zpair_bulk: false,
             zpair_tma: true,
             zpair_st_staged: true,

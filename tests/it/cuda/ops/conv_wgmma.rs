@@ -10,6 +10,7 @@
 use super::conv_halo::slice_case;
 use super::*;
 use voxtile::internals::cuda::host::catalogue::wgmma_all;
+use voxtile::internals::cuda::host::conv_kernel::ConvKernel;
 use voxtile::internals::cuda::host::select::pick_wgmma;
 
 /// The wgmma kernel the H200 planner picks for a stride-1 3^3 conv of `cin` -> `cout`.
@@ -103,18 +104,20 @@ fn conv_wgmma_cases() {
     );
 }
 
-/// The stride-2 wgmma kernels (`wg_s2`; `conv_wg_c32n64_s2`: the 2x8x8 tile's 5x17x17 reach
-/// stored by parity class) vs float64: W1's 32 -> 64 shape at small sizes, odd and even input
-/// edges (the last tile partial, the end pad used or not), zero and asymmetric begin pads,
+/// The stride-2 wgmma kernels (the reach stored by parity class; `wg_s2` runs the persistent
+/// `conv_wg_c32n64_s2p` at Cin 32) vs float64: W1's 32 -> 64 shape at small sizes, odd and even
+/// input edges (the last tile partial, the end pad used or not), zero and asymmetric begin pads,
 /// Cout 20 (odd channel pairs, one channel tile) and 128 (two tiles), Cin 64 and 96 in
-/// 32-channel chunks, activations; each run on the default with the switch (checked to be
-/// `conv_wg_c32n64_s2`), on every other stride-2 wgmma kernel that takes the Cin forced, and
-/// without the switch (checked to keep the implicit GEMM); split-K off throughout.
+/// 32-channel chunks, activations, and one of more tiles than two per SM (each persistent
+/// warpgroup reloads its halo buffer); each run on the default with the switch (checked to be
+/// `conv_wg_c32n64_s2p` at Cin 32, the implicit GEMM above), on every other stride-2 wgmma
+/// kernel that takes the Cin forced, and without the switch (checked to keep the implicit
+/// GEMM); split-K off throughout.
 #[test]
 fn conv_wgmma_stride2() {
     let Some(mut b) = wgmma_gpu() else { return };
     let mut r = Rng::tagged("wgmma s2");
-    let def = cat::CONV_WG_C32N64_S2.name;
+    let def = cat::CONV_WG_C32N64_S2P.name;
     // These small convs leave SMs idle: split-K off, so that the kernel under test takes them.
     b.with(|o| o.split_k = false);
     #[allow(clippy::type_complexity)]
@@ -125,6 +128,9 @@ fn conv_wgmma_stride2() {
         (32, 64, [8, 11, 18], [1, 0, 1, 0, 1, 1], Some(Op::Relu)),
         (64, 128, [10, 9, 16], [1; 6], leaky()),
         (96, 33, [5, 7, 19], [1; 6], None),
+        // 2 x 20 x 4 x 4 = 640 tiles of 1x8x8 outputs: more than two a warpgroup on 132 SMs
+        // (the default takes the persistent kernel only there).
+        (32, 64, [40, 64, 64], [1; 6], leaky()),
     ];
     let forced = wgmma_all().filter(|v| v.stride == 2 && v.name != def);
     let runs: Vec<(Option<&'static cat::HaloConfig>, bool)> = [(None, true)]
@@ -132,6 +138,7 @@ fn conv_wgmma_stride2() {
         .chain(forced.map(|v| (Some(v), true)))
         .chain([(None, false)])
         .collect();
+    let mut default_ran = false;
     for (cin, cout, sp, pads, act) in cases {
         for &(tile, on) in &runs {
             // (A forced kernel of resident weights holds one Cin chunk only.)
@@ -139,17 +146,38 @@ fn conv_wgmma_stride2() {
                 continue;
             }
             b.with(|o| (o.wg_s2, o.halo_tile) = (on, tile));
+            // The planner's pick with the switch: the persistent kernel at Cin 32 where its
+            // warpgroups get two tiles or more (batch 2, `ConvKernel::choose`), else the GEMM.
+            let o = [0, 1, 2].map(|i| (sp[i] + pads[i] + pads[i + 3] - 3) / 2 + 1);
+            let geo = ConvGeom {
+                xs: [cin, sp[0], sp[1], sp[2]],
+                os: [cout, o[0], o[1], o[2]],
+                k: [3; 3],
+                stride: [2; 3],
+                dil: [1; 3],
+                pads: [1; 3],
+                groups: 1,
+                transposed: false,
+                upsample: false,
+            };
+            let picked = matches!(ConvKernel::choose(&b.caps(), 2, &geo), ConvKernel::Halo(c) if c.name == def);
+            let runs_wg = tile.is_some() || (on && picked);
+            default_ran |= on && tile.is_none() && picked;
             let kern = tile.map_or(def, |t| t.name);
             let name = format!(
                 "s2 {cin}->{cout} {sp:?} pads {pads:?}{} on {}",
                 if act.is_some() { " +act" } else { "" },
-                if on { kern } else { "the GEMM (switch off)" }
+                match (on, runs_wg) {
+                    (true, true) => kern,
+                    (true, false) => "the GEMM (not the switch's kernel's)",
+                    _ => "the GEMM (switch off)",
+                }
             );
             let case = ConvCase::new(&name, cin, cout, sp, 3)
                 .st([2; 3])
                 .pads(pads)
                 .act(act.clone());
-            if on {
+            if runs_wg {
                 conv_case_on(&mut b, &mut r, case, kern);
             } else {
                 conv_case(&mut b, &mut r, case);
@@ -161,7 +189,9 @@ fn conv_wgmma_stride2() {
             }
         }
     }
-    b.with(|o| (o.wg_s2, o.halo_tile, o.split_k) = (false, None, true));
+    let d = voxtile::internals::cuda::CudaOptions::default();
+    b.with(|o| (o.wg_s2, o.halo_tile, o.split_k) = (d.wg_s2, None, d.split_k));
+    assert!(default_ran, "a case ran {def} as the planner's pick");
 }
 
 #[test]
