@@ -503,7 +503,8 @@ pub struct HaloConfig {
     pub tile: [usize; 3],
     /// Weight stages of one tap each (2: `conv_halo`'s double buffer); 0: all 27 taps resident.
     pub wst: usize,
-    /// Halo buffers (2: the next tile's halo is copied during the current one's math).
+    /// Halo buffers of the block (2: the next tile's halo is copied during the current one's
+    /// math; a persistent `conv_wg_p` has two warpgroups, each with hb / 2 of them).
     pub hb: usize,
     /// Persistent blocks per SM (each loops over tiles); 0: one block per tile.
     pub persist: usize,
