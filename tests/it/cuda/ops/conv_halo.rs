@@ -414,6 +414,24 @@ fn experiment_slices() -> Vec<(usize, usize, usize, Option<&'static str>)> {
     vec![]
 }
 
+/// A stride-2 conv case: Cin, Cout, input dims, pads (begins, ends), activation.
+pub(super) type Stride2Case = (usize, usize, [usize; 3], [usize; 6], Option<Op>);
+
+/// The stride-2 kernels' shapes (`conv_halo_stride2_cases`, `conv_wgmma_stride2`): W1's
+/// 32 -> 64 at small sizes, odd and even input edges, zero and asymmetric begin pads, Cout 20
+/// and 128, Cin 64 and 96 in 32-channel chunks, activations.
+pub(super) fn stride2_cases() -> Vec<Stride2Case> {
+    let leaky = || Some(Op::LeakyRelu { alpha: 0.01 });
+    vec![
+        (32, 64, [16, 16, 16], [1; 6], None),
+        (32, 64, [9, 13, 17], [1; 6], leaky()),
+        (32, 20, [7, 10, 21], [0; 6], None),
+        (32, 64, [8, 11, 18], [1, 0, 1, 0, 1, 1], Some(Op::Relu)),
+        (64, 128, [10, 9, 16], [1; 6], leaky()),
+        (96, 33, [5, 7, 19], [1; 6], None),
+    ]
+}
+
 /// The stride-2 halo kernels (`halo_s2`; `conv_halo_c32n64_s2`: the 2x4x8 tile's 5x9x17 input
 /// reach, x-rows stored even voxels first) vs float64: W1's 32 -> 64 shape at small sizes, odd
 /// and even input edges (the last tile partial, the end pad used or not), zero and asymmetric
@@ -427,17 +445,7 @@ fn conv_halo_stride2_cases() {
     b.with(|o| o.conv_tile = None);
     b.with(|o| o.halo_tile = None);
     let kern = cat::CONV_HALO_C32N64_S2.name;
-    let leaky = || Some(Op::LeakyRelu { alpha: 0.01 });
-    #[allow(clippy::type_complexity)]
-    let cases: Vec<(usize, usize, [usize; 3], [usize; 6], Option<Op>)> = vec![
-        (32, 64, [16, 16, 16], [1; 6], None),
-        (32, 64, [9, 13, 17], [1; 6], leaky()),
-        (32, 20, [7, 10, 21], [0; 6], None),
-        (32, 64, [8, 11, 18], [1, 0, 1, 0, 1, 1], Some(Op::Relu)),
-        (64, 128, [10, 9, 16], [1; 6], leaky()),
-        (96, 33, [5, 7, 19], [1; 6], None),
-    ];
-    for (cin, cout, sp, pads, act) in cases {
+    for (cin, cout, sp, pads, act) in stride2_cases() {
         for on in [true, false] {
             b.with(|o| o.halo_s2 = on);
             let name = format!(

@@ -7,7 +7,7 @@
 //! fits a device call's time: the shapes, the persistent kernels looping over many tiles, the
 //! concat slices, the stride-2 kernels.
 
-use super::conv_halo::slice_case;
+use super::conv_halo::{slice_case, stride2_cases};
 use super::*;
 use voxtile::internals::cuda::host::catalogue::wgmma_all;
 use voxtile::internals::cuda::host::conv_kernel::ConvKernel;
@@ -121,18 +121,10 @@ fn conv_wgmma_stride2() {
     let def = cat::CONV_WG_C32N64_S2P.name;
     // These small convs leave SMs idle: split-K off, so that the kernel under test takes them.
     b.with(|o| o.split_k = false);
-    #[allow(clippy::type_complexity)]
-    let cases: Vec<(usize, usize, [usize; 3], [usize; 6], Option<Op>)> = vec![
-        (32, 64, [16, 16, 16], [1; 6], None),
-        (32, 64, [9, 13, 17], [1; 6], leaky()),
-        (32, 20, [7, 10, 21], [0; 6], None),
-        (32, 64, [8, 11, 18], [1, 0, 1, 0, 1, 1], Some(Op::Relu)),
-        (64, 128, [10, 9, 16], [1; 6], leaky()),
-        (96, 33, [5, 7, 19], [1; 6], None),
-        // 2 x 20 x 4 x 4 = 640 tiles of 1x8x8 outputs: more than two a warpgroup on 132 SMs
-        // (the default takes the persistent kernel only there).
-        (32, 64, [40, 64, 64], [1; 6], leaky()),
-    ];
+    let mut cases = stride2_cases();
+    // 2 x 20 x 4 x 4 = 640 tiles of 1x8x8 outputs: more than two a warpgroup on 132 SMs (the
+    // default takes the persistent kernel only there).
+    cases.push((32, 64, [40, 64, 64], [1; 6], leaky()));
     let forced = wgmma_all().filter(|v| v.stride == 2);
     let runs: Vec<(Option<&'static cat::HaloConfig>, bool)> = [(None, true)]
         .into_iter()
