@@ -2,8 +2,8 @@
 # Builds everything the GPU machine runs (it has no cargo) into DEST (default .dev/gpu), which the
 # device call carries: the test binaries (`it`, the one integration binary; `cuda_stream` and
 # `plan_gpu`, the two that need a process of their own; `voxtile_lib`, the unit tests), the release
-# `voxtile` and `bench` binaries, a copy of the shared fixtures (../shared does not travel) and the
-# peer's wheels. Then, there: tests/gpu/all.sh.
+# `voxtile` and `bench` binaries, a copy of the shared fixtures (../shared does not travel), the
+# peer's wheels and the kernel cache of an sm_90 device (`cache/`). Then, there: tests/gpu/all.sh.
 set -euo pipefail
 DEST=${1:-.dev/gpu}
 mkdir -p "$DEST"
@@ -39,4 +39,11 @@ if [ -d "$shared" ]; then
   [ -e "$DEST"/wheels/nibabel-*.whl ] || python3 -m pip download -q --no-deps --only-binary=:all: \
     -d "$DEST/wheels" nibabel==5.4.2
 fi
+# The kernel cache of an sm_90 device (H100 / H200, CUDA 13.0 driver), so that a fresh device
+# machine reads its families rather than compiling them (`examples/warm_cache.rs`; skipped where
+# NVRTC is missing here: the device then compiles as before).
+cargo build --release --example warm_cache
+rm -rf "$DEST/cache"
+XDG_CACHE_HOME="$DEST/cache" "$t/release/examples/warm_cache" sm_90 13000 > /dev/null ||
+  { echo "build.sh: no kernel cache (NVRTC?); the device compiles the families" >&2; rm -rf "$DEST/cache"; }
 ls -la "$DEST"
