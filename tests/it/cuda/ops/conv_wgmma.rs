@@ -15,18 +15,7 @@ use voxtile::internals::cuda::host::select::pick_wgmma;
 
 /// The wgmma kernel the H200 planner picks for a stride-1 3^3 conv of `cin` -> `cout`.
 pub(super) fn default_wgmma(cin: usize, cout: usize) -> Option<&'static cat::HaloConfig> {
-    let g = ConvGeom {
-        xs: [cin, 8, 8, 8],
-        os: [cout, 8, 8, 8],
-        k: [3; 3],
-        stride: [1; 3],
-        dil: [1; 3],
-        pads: [1; 3],
-        groups: 1,
-        transposed: false,
-        upsample: false,
-    };
-    pick_wgmma(&g, 227 * 1024, None)
+    pick_wgmma(&geom3(cin, cout, [8; 3], [8; 3], 3, 1), 227 * 1024, None)
 }
 
 fn leaky() -> Option<Op> {
@@ -143,17 +132,7 @@ fn conv_wgmma_stride2() {
             // The planner's pick with the switch: the persistent kernel at Cin 32 where its
             // warpgroups get two tiles or more (batch 2, `ConvKernel::choose`), else the GEMM.
             let o = [0, 1, 2].map(|i| (sp[i] + pads[i] + pads[i + 3] - 3) / 2 + 1);
-            let geo = ConvGeom {
-                xs: [cin, sp[0], sp[1], sp[2]],
-                os: [cout, o[0], o[1], o[2]],
-                k: [3; 3],
-                stride: [2; 3],
-                dil: [1; 3],
-                pads: [1; 3],
-                groups: 1,
-                transposed: false,
-                upsample: false,
-            };
+            let geo = geom3(cin, cout, sp, o, 3, 2);
             let picked = matches!(ConvKernel::choose(&b.caps(), 2, &geo), ConvKernel::Halo(c) if c.name == def);
             let runs_wg = tile.is_some() || (on && picked);
             default_ran |= on && tile.is_none() && picked;

@@ -63,9 +63,15 @@ fn default_halo(cin: usize, cout: usize, k: usize, st: usize) -> Option<&'static
     if st != 1 {
         return None;
     }
-    let g = ConvGeom {
-        xs: [cin, 8, 8, 8],
-        os: [cout, 8, 8, 8],
+    pick_halo(&geom3(cin, cout, [8; 3], [8; 3], k, st), 227 * 1024, None)
+}
+
+/// A plain `k`^3 conv of stride `st` (pads 1, one group) from `xs` to `os` voxels: what the
+/// kernel choice reads.
+fn geom3(cin: usize, cout: usize, xs: [usize; 3], os: [usize; 3], k: usize, st: usize) -> ConvGeom {
+    ConvGeom {
+        xs: [cin, xs[0], xs[1], xs[2]],
+        os: [cout, os[0], os[1], os[2]],
         k: [k; 3],
         stride: [st; 3],
         dil: [1; 3],
@@ -73,8 +79,7 @@ fn default_halo(cin: usize, cout: usize, k: usize, st: usize) -> Option<&'static
         groups: 1,
         transposed: false,
         upsample: false,
-    };
-    pick_halo(&g, 227 * 1024, None)
+    }
 }
 
 /// A random input of two samples of `c` channels over `sp`, values in [-1, 1).
