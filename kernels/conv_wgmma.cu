@@ -71,6 +71,9 @@ struct WgConv {
         ntiles = p.n * ntz * nty * ntx;
         nb0 = blockIdx.y * BN;
         narrow = p.cin < CIN;
+        // The stride is the kernel's (the host picks a stride-2 kernel for stride 2 on every axis).
+        if constexpr (S != 1)
+            if (p.sd != S || p.sh != S || p.sw != S) __trap();
     }
 
     __device__ __forceinline__ void decode(int t, int& n, int& oz0, int& oy0, int& ox0) const {
@@ -259,9 +262,6 @@ __device__ __forceinline__ void conv_wg(const ConvParams& p, const half* __restr
                                        const float* __restrict__ bias, half* __restrict__ y,
                                        const float* __restrict__ slope) {
     using C = WgConv<CIN, BN, TZ, PAD, S>;
-    // The stride is the kernel's (the host picks a stride-2 kernel for stride 2 on every axis).
-    if constexpr (S != 1)
-        if (p.sd != S || p.sh != S || p.sw != S) __trap();
     constexpr bool RES = WST == 0;
     static_assert(RES || WST >= 3, "staged weights: >= 3 stages");
     extern __shared__ __align__(128) unsigned char dsm[];
@@ -326,8 +326,6 @@ __device__ __forceinline__ void conv_wg_p(const ConvParams& p, const half* __res
                                          half* __restrict__ y, const float* __restrict__ slope) {
     static_assert(HB == 1 || HB == 2, "one or two halo buffers a warpgroup");
     using C = WgConv<CIN, BN, TZ, PAD, S>;
-    if constexpr (S != 1)
-        if (p.sd != S || p.sh != S || p.sw != S) __trap();
     extern __shared__ __align__(128) unsigned char dsm[];
     half* sW = reinterpret_cast<half*>(dsm);
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
