@@ -200,7 +200,7 @@ __device__ __forceinline__ void out_store8(const ConvParams& p, half* y, i64 i, 
     }
 }
 // `ConvParams::out_f32` of a conv whose `_st` twin stores fp16 values less their tile's shift
-// (`CudaOptions::norm_shifted`; the z-pair helper's stores only): the norm after it adds the
+// (`CudaOptions::norm_shifted`; the z-pair helper's stores and `conv_c1_k3_st`): the norm after it adds the
 // shift back (`affine_act_v8_shifted` in norm.cu).
 #define OUT_SHIFTED 2
 

@@ -18,12 +18,17 @@
 #define C1_TX 32
 #define C1_HALO (((C1_TZ - 1) * 2 + 3) * ((C1_TY - 1) * 2 + 3) * ((C1_TX - 1) * 2 + 3))
 #define C1_SP 40  // staged row: 32 channels + 8 (the fragment's float2 writes conflict-free)
-// ST (`conv_c1_k3_st`, Cout 8, 16 or 32 with the 16-byte stores): each warp also sums the values
-// it stores for a following norm (kernels/tile_stats.cuh's layout with one "tile" per (block,
-// warp): entry blockIdx.x * 8 + warp, shifted by the warp's first stored voxel, counted in
-// voxels). A lane's 4 channels are fixed (32 lanes over Cout / 4 pieces), so a shuffle tree over
-// the lanes of a piece adds them. Capped at 3 blocks per SM as the default runs (ptxas: 80
-// registers, 72 bytes of spills; uncapped 128 registers and 2 blocks).
+// ST (`conv_c1_k3_st`, Cout 8, 16 or 32 with the 16-byte stores): the block also sums the values
+// it stores for a following norm (kernels/tile_stats.cuh's layout, one tile per block: entry
+// blockIdx.x, counted in voxels). The shift is the conv's value at the block's first voxel
+// (always inside the output), computed in fp32 from the halo by every warp alike (the same bits
+// in each: the shift need only be one value per tile and channel). A lane's 4 channels are fixed
+// (32 lanes over Cout / 4 pieces), so a shuffle tree over the lanes of a piece adds a warp's
+// sums, then one thread per channel adds the 8 warps' in order. With `p.out_f32 == OUT_SHIFTED`
+// (`CudaOptions::norm_shifted`) the stores are fp16 less that shift (`affine_act_v8_shifted`
+// adds it back): half the bytes of fp32, the rounding relative to a value's distance from its
+// tile's first one. Capped at 3 blocks per SM as the default runs (ptxas: 80 registers, 32
+// bytes of spills; uncapped 128 registers and 2 blocks).
 // The norm recomputed (`conv_c1_k3_sto` then `conv_c1_k3_nrm`, `CudaOptions::norm_recompute`):
 // the conv is a few MACs per output, its fp32 output 128 bytes a voxel at Cout 32, so rather than
 // storing that for the norm's affine pass to read, the `_sto` launch only sums (ST without the
@@ -111,7 +116,19 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
     // NORMED: the sample's (a, b) pairs, one per output channel.
     const float2* abn = NORMED ? reinterpret_cast<const float2*>(nl.ab) + (i64)n * p.cout : nullptr;
     float shf[4] = {0.f, 0.f, 0.f, 0.f}, ss[4] = {0.f, 0.f, 0.f, 0.f}, sq[4] = {0.f, 0.f, 0.f, 0.f};
-    int counted = 0;  // voxels the warp stored (ST)
+    const bool shifted = ST && p.out_f32 == OUT_SHIFTED;
+    if constexpr (ST) {
+        // The block's shift of the lane's 4 channels: the conv at its first voxel (halo origin).
+        const int cs = (lane % (p.cout >> 2)) * 4;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float a = bias ? bias[cs + e] : 0.f;
+#pragma unroll
+            for (int t = 0; t < 27; t++)
+                a += __half2float(w[(i64)(cs + e) * p.kpad + t]) * __half2float(xs[((t / 9) * hy + (t / 3) % 3) * hx + t % 3]);
+            shf[e] = a;
+        }
+    }
     for (int c0 = 0; c0 < p.cout; c0 += 32) {
         // B fragments of channels c0 + j * 8 + r0: k rows q * 2 + {0, 1} (b0) and + 8 (b1).
         unsigned bf[4][2][2];
@@ -179,15 +196,6 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
                             make_float2(acc[j][rr * 2], acc[j][rr * 2 + 1]);
                 __syncwarp();
                 const int c4n = min(32, p.cout - c0) >> 2;
-                if (ST) {
-                    if (counted == 0) {
-                        // The warp's first group: its voxel 0 (inside the output) is the shift.
-                        const int cs = (lane % c4n) * 4;
-#pragma unroll
-                        for (int e = 0; e < 4; e++) shf[e] = sc[cs + e] + (bias ? bias[cs + e] : 0.f);
-                    }
-                    counted += min(16, p.wo - oxg);
-                }
                 for (int idx = lane; idx < 16 * c4n; idx += 32) {
                     const int v = idx / c4n, c4 = idx - v * c4n;
                     if (oxg + v >= p.wo) continue;
@@ -211,6 +219,10 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
                         __align__(8) half h[4];
 #pragma unroll
                         for (int e = 0; e < 4; e++) h[e] = norm_load1(u[e], abn[co + e], co + e, nl);
+                        *reinterpret_cast<uint2*>(y + dst) = *reinterpret_cast<const uint2*>(h);
+                    } else if (shifted) {
+                        __align__(8) __half2 h[2] = {__floats2half2_rn(u[0] - shf[0], u[1] - shf[1]),
+                                                     __floats2half2_rn(u[2] - shf[2], u[3] - shf[3])};
                         *reinterpret_cast<uint2*>(y + dst) = *reinterpret_cast<const uint2*>(h);
                     } else if (p.out_f32) {
                         *reinterpret_cast<float4*>(reinterpret_cast<float*>(y) + dst) = make_float4(u[0], u[1], u[2], u[3]);
@@ -260,10 +272,35 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
                 sq[e] += __shfl_xor_sync(0xffffffffu, sq[e], o);
             }
         }
+        // Then the 8 warps' sums in warp order (the staging rows are free once all are here).
+        __syncthreads();
+        float* red = &stage[0][0];  // [warp][channel][2]
         if (lane < c4n) {
-            float4* part = reinterpret_cast<float4*>(p.stats) + ((i64)blockIdx.x * 8 + warp) * p.cout + lane * 4;
 #pragma unroll
-            for (int e = 0; e < 4; e++) part[e] = make_float4(ss[e], sq[e], shf[e], (float)counted);
+            for (int e = 0; e < 4; e++) {
+                red[(warp * 32 + lane * 4 + e) * 2] = ss[e];
+                red[(warp * 32 + lane * 4 + e) * 2 + 1] = sq[e];
+            }
+        }
+        __syncthreads();
+        if (warp == 0) {
+            // Channel `lane`'s shift: lane lane / 4's entry lane % 4 (the whole warp shuffles).
+            float sh = 0.f;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float v = __shfl_sync(0xffffffffu, shf[e], lane >> 2);
+                if ((lane & 3) == e) sh = v;
+            }
+            if (lane < p.cout) {
+                float s = 0.f, q = 0.f;
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    s += red[(k * 32 + lane) * 2];
+                    q += red[(k * 32 + lane) * 2 + 1];
+                }
+                const int count = min(C1_TZ, p.do_ - oz0) * min(C1_TY, p.ho - oy0) * min(C1_TX, p.wo - ox0);
+                reinterpret_cast<float4*>(p.stats)[(i64)blockIdx.x * p.cout + lane] = make_float4(s, q, sh, (float)count);
+            }
         }
     }
 }

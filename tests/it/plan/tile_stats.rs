@@ -3,7 +3,7 @@
 
 use crate::common::unet::w1_graph;
 use voxtile::internals::cuda::host::buffers::{buffer_plan, BufferPlan};
-use voxtile::internals::cuda::host::catalogue::zpair_st_variant;
+use voxtile::internals::cuda::host::catalogue::{zpair_st_variant, C1_TILE};
 use voxtile::internals::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
 use voxtile::internals::cuda::host::fusion::consumers;
 use voxtile::internals::cuda::host::launch::Launch;
@@ -308,7 +308,7 @@ fn fused_parity_convs_hand_their_norms_the_statistics() {
 
 /// Checks `on` (`norm_shifted`) against `off` (the same caps without): the same launches,
 /// kernels, buffers and scratch, but for `Launch::shifted`, which a pair has on both launches
-/// where its conv is a z-pair twin writing all of a dense output of Cout % 8 == 0 in one launch
+/// where its conv is a z-pair or Cin-1 twin writing all of a dense output of Cout % 8 == 0 in one launch
 /// (no part of a split conv) and its norm writes its own output (no head), the tile the
 /// twin's; no other launch has it. Returns the shifted pairs.
 fn check_shifted(name: &str, on: &BufferPlan, off: &BufferPlan) -> usize {
@@ -328,24 +328,26 @@ fn check_shifted(name: &str, on: &BufferPlan, off: &BufferPlan) -> usize {
             *base,
             "{name}: launch {t}"
         );
+        // (A conv right before another conv: the second's own turn checks it.)
         let is_conv = l.conv.is_some() && l.head.is_none();
-        let Some(next) = on.launches.get(t + 1).filter(|_| is_conv) else {
+        let Some(next) = on.launches.get(t + 1).filter(|n| is_conv && n.conv.is_none()) else {
             continue;
         };
-        let twin = match &l.conv {
-            Some(ConvKernel::Halo(c)) if c.zpair && c.stats => Some(c),
+        let twin_tile = match &l.conv {
+            Some(ConvKernel::Halo(c)) if c.zpair && c.stats => Some(c.tile),
+            Some(ConvKernel::Cin1 { stats: true }) => Some(C1_TILE),
             _ => None,
         };
         let c = on.shapes[l.out_v][0];
-        let want = match twin {
-            Some(tw)
+        let want = match twin_tile {
+            Some(tile)
                 if l.tile_stats.is_some()
                     && l.part.is_none()
                     && next.head.is_none()
                     && c.is_multiple_of(8)
                     && (l.ldc, l.coff) == (c, 0) =>
             {
-                Some(tw.tile)
+                Some(tile)
             }
             _ => None,
         };
@@ -358,9 +360,9 @@ fn check_shifted(name: &str, on: &BufferPlan, off: &BufferPlan) -> usize {
     pairs
 }
 
-/// `norm_shifted` (on by default): W1 at batch 4 shifts its 128³ encoder's second conv (the
-/// decoder's are a split conv's launches, or before the norm the head reads); the fixtures by
-/// the rules of `check_shifted`.
+/// `norm_shifted` (on by default): W1 at batch 4 shifts its 128³ encoder's two convs (the Cin-1
+/// one and the z-pair one; the decoder's are a split conv's launches, or before the norm the
+/// head reads); the fixtures by the rules of `check_shifted`.
 #[test]
 fn shifted_pairs_follow_the_rules() {
     let shifted = ArchCaps {
@@ -374,7 +376,7 @@ fn shifted_pairs_follow_the_rules() {
     let g = w1_graph();
     let on = buffer_plan(&g, 4, [128; 3], &shifted).unwrap();
     let off = buffer_plan(&g, 4, [128; 3], &unshifted).unwrap();
-    assert_eq!(check_shifted("w1", &on, &off), 1);
+    assert_eq!(check_shifted("w1", &on, &off), 2);
     let mut pairs = 0;
     for (name, g) in &super::planner::fixtures_and_models() {
         let roi = g.spatial_divisor().map(|d| 128usize.div_ceil(d) * d);

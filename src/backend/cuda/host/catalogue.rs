@@ -209,8 +209,8 @@ pub const C1X1_STAGE_BYTES: usize = 256 * 36 * 4;
 pub const CONV_C1_K3: Kernel = k(Family::ConvSmall, "conv_c1_k3");
 /// Output voxels (z, y, x) of one `conv_c1_k3` block: C1_TZ, C1_TY, C1_TX of kernels/conv_small.cu.
 pub const C1_TILE: [usize; 3] = [4, 8, 32];
-/// Its `_st` twin: the warps also sum their stored values for a following norm
-/// (`ConvParams::stats`, one entry per (block, warp)).
+/// Its `_st` twin: the block also sums its stored values for a following norm
+/// (`ConvParams::stats`, one entry per block, its tile `C1_TILE`).
 pub const CONV_C1_K3_ST: Kernel = k(Family::ConvSmall, "conv_c1_k3_st");
 /// The norm recomputed (`CudaOptions::norm_recompute`): `_sto` writes only the statistics,
 /// `_nrm` runs the conv again and stores the norm's output (its pairs, as `conv1x1_norm_*`).

@@ -224,7 +224,7 @@ impl ConvKernel {
     /// sample shape `os`, at channel stride `ldc` and offset `coff`), with the entries it writes
     /// per sample (kernels/tile_stats.cuh's layout): the `_st` twin ([`stats_twin`]) of the
     /// z-pair kernel (its helper's stores), one entry per output tile; or `CONV_C1_K3_ST` for
-    /// Cout 8, 16 or 32 on its 16-byte stores, one per (block, warp).
+    /// Cout 8, 16 or 32 on its 16-byte stores, one per block (a `C1_TILE` tile).
     pub fn with_norm_stats(
         &self,
         os: [usize; 4],
@@ -251,7 +251,7 @@ impl ConvKernel {
                     [8, 16, 32].contains(&cout) && [ldc, coff].iter().all(|v| v.is_multiple_of(4));
                 let blocks =
                     d.div_ceil(C1_TILE[0]) * h.div_ceil(C1_TILE[1]) * w.div_ceil(C1_TILE[2]);
-                fits.then_some((ConvKernel::Cin1 { stats: true }, blocks * 8))
+                fits.then_some((ConvKernel::Cin1 { stats: true }, blocks))
             }
             _ => None,
         }

@@ -113,13 +113,13 @@ pub struct CudaOptions {
     /// loads, the helper's own stores) rather than `_h2t_st` (bulk stores): their helper reads
     /// the rows for the statistics anyway. The same bits; W1's forward 0.979x (H100, session 35).
     pub zpair_st_staged: bool,
-    /// A z-pair conv handing the norm after it its statistics (`_st` twin, not accumulating,
-    /// Cout % 8 == 0) stores fp16 values less its output tile's shift (the statistics' own, the
+    /// A z-pair or Cin-1 conv handing the norm after it its statistics (`_st` twin, not
+    /// accumulating, Cout % 8 == 0) stores fp16 values less its output tile's shift (the statistics' own, the
     /// tile's first voxel) rather than fp32, and the norm adds the shift back
     /// (`affine_act_v8_shifted`): half the bytes of the fp32 output, whose point was that fp16
     /// rounding relative to a value far from 0 grows relative to the normalised result; here it
     /// is relative to the value's distance from its tile's first one. W1's forward 0.976x (H100,
-    /// session 35; one pair a window there).
+    /// session 35, the z-pair pair alone; the Cin-1 one since session 37).
     pub norm_shifted: bool,
     /// Replay each batch's launch list as a CUDA graph (`launch_list::Graphs`) rather than
     /// launching its steps one by one (the same kernels on the same buffers either way).

@@ -1,13 +1,13 @@
 //! Which convs hand the InstanceNorm / GroupNorm right after them its statistics
 //! (`CudaOptions::norm_stats`). The conv runs its `_st` twin, whose epilogue writes per output
-//! tile (or per block and warp) the sums of its values (kernels/tile_stats.cuh) into the plan's
+//! tile the sums of its values (kernels/tile_stats.cuh) into the plan's
 //! norm scratch; the norm
 //! then finalises those (`norm_finalize_tiles`) instead of reading the conv's output once more
 //! for its partial sums. At 128³ that read is W1's largest norm pass (1 GiB of fp32 per batch
 //! of 4).
 
 use crate::backend::cuda::abi::Shape;
-use crate::backend::cuda::host::catalogue::zpair_st_variant;
+use crate::backend::cuda::host::catalogue::{zpair_st_variant, C1_TILE};
 use crate::backend::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
 use crate::backend::cuda::host::launch::Launch;
 use crate::backend::cuda::host::windowed::{Run, Segments};
@@ -26,8 +26,8 @@ pub const TILE_STAT_BYTES: usize = 16;
 /// conv kernel becomes the twin too. Returns the scratch bytes the partials need for `batch`
 /// samples (0: no pair). The fused parity classes' twin only with `ArchCaps::convt_stats`; the
 /// z-pair twin as `ArchCaps::zpair_st_staged` says (`zpair_st_variant`). With
-/// `ArchCaps::norm_shifted`, a z-pair pair whose conv writes all of a dense output of Cout % 8
-/// == 0 in one launch, and whose norm writes its own output (no head reads its input), stores
+/// `ArchCaps::norm_shifted`, a z-pair or Cin-1 pair whose conv writes all of a dense output of
+/// Cout % 8 == 0 in one launch, and whose norm writes its own output (no head reads its input), stores
 /// the conv's values as fp16 less each tile's shift (`Launch::shifted`).
 #[allow(clippy::too_many_arguments)]
 pub fn pair(
@@ -93,19 +93,19 @@ pub fn pair(
             continue;
         };
         bytes = bytes.max(samples(t) * tiles * os[0] * TILE_STAT_BYTES);
-        let shifted = match &twin {
-            ConvKernel::Halo(c)
-                if caps.norm_shifted
-                    && c.zpair
-                    && launches[t - 1].part.is_none()
-                    && launches[t].head.is_none()
-                    && os[0].is_multiple_of(8)
-                    && (launches[t - 1].ldc, launches[t - 1].coff) == (os[0], 0) =>
-            {
-                Some(c.tile)
-            }
+        // The twins that can store shifted values, by their tile.
+        let tile = match &twin {
+            ConvKernel::Halo(c) if c.zpair => Some(c.tile),
+            ConvKernel::Cin1 { .. } => Some(C1_TILE),
             _ => None,
         };
+        let shifted = tile.filter(|_| {
+            caps.norm_shifted
+                && launches[t - 1].part.is_none()
+                && launches[t].head.is_none()
+                && os[0].is_multiple_of(8)
+                && (launches[t - 1].ldc, launches[t - 1].coff) == (os[0], 0)
+        });
         launches[t - 1].conv = Some(twin);
         for l in [t - 1, t] {
             launches[l].tile_stats = Some(tiles);

@@ -1,5 +1,5 @@
 //! A conv handing the InstanceNorm / GroupNorm after it its statistics (`CudaOptions::norm_stats`:
-//! the `_st` kernels write per-tile (Cin-1: per block and warp) sums in their epilogue,
+//! the `_st` kernels write per-tile sums in their epilogue,
 //! `norm_finalize_tiles` reads them): each twin against float64 and against the norm's own
 //! partial sums, the same bits from run to run and at batch 1 as at batch 2; the convs on
 //! kernels without a twin keep the partial-sum pass.
@@ -165,10 +165,11 @@ fn zpair_twins_same_bits() {
     b.with(|o| *o = CudaOptions::default());
 }
 
-/// The z-pair conv storing fp16 less each tile's shift for its norm (`CudaOptions::norm_shifted`:
-/// `affine_act_v8_shifted` adds it back) against float64: conv (bias 4 plus a channel ramp, so
-/// means far from 0 and unlike per channel) -> norm -> LeakyReLU, InstanceNorm and GroupNorm,
-/// outputs ending inside a tile on every axis, batch 2, on `_h2t_st` and `_h2l_st`. Its error
+/// The z-pair and Cin-1 convs storing fp16 less each tile's shift for their norm
+/// (`CudaOptions::norm_shifted`: `affine_act_v8_shifted` adds it back) against float64: conv
+/// (bias 4 plus a channel ramp, so means far from 0 and unlike per channel) -> norm -> LeakyReLU,
+/// InstanceNorm and GroupNorm, outputs ending inside a tile on every axis, batch 2, the z-pair
+/// one on `_h2t_st` and `_h2l_st`, the Cin-1 one on `conv_c1_k3_st`. Its error
 /// within 2x the fp32 input's (the tile's shift keeps the rounding relative to the values'
 /// spread) and below half the fp16 input's (`norm_f32` off: rounding relative to the values);
 /// the same bits from run to run and at batch 1.
@@ -176,31 +177,39 @@ fn zpair_twins_same_bits() {
 fn shifted_norm_inputs() {
     let Some(mut b) = wgmma_gpu() else { return };
     let mut r = Rng::tagged("shifted");
-    for (cout, sp, groups) in [(32, [21, 19, 17], 32), (16, [18, 35, 9], 4)] {
-        let x = input2(&mut r, 32, sp);
-        let w = weight3(&mut r, cout, 32);
+    let cases = [
+        (32, 32, [21, 19, 17], 32),
+        (32, 16, [18, 35, 9], 4),
+        (1, 32, [21, 19, 17], 32),
+        (1, 16, [18, 35, 9], 4),
+    ];
+    for (cin, cout, sp, groups) in cases {
+        let x = input2(&mut r, cin, sp);
+        let w = weight3(&mut r, cout, cin);
         let bias = Tensor::new(
             vec![cout],
             (0..cout).map(|c| 4.0 + c as f32 / 4.0).collect(),
         );
         let tail = Tail::instance_or_group(&mut r, cout, groups);
         let want = tail.reference(&conv_ref(&x, &w, Some(&bias), PAD1));
-        let g = tail.after(32, crate::common::graph::conv(w, Some(bias), 1), cout);
+        let g = tail.after(cin, crate::common::graph::conv(w, Some(bias), 1), cout);
         b.with(|o| o.norm_shifted = false);
         let f32_in = run(&mut b, &g, &x, 2);
         b.with(|o| o.norm_f32 = false);
         let f16_in = run(&mut b, &g, &x, 2);
         b.with(|o| (o.norm_f32, o.norm_shifted) = (true, true));
-        for st_staged in [false, true] {
+        // (The `_st` staging switch is the z-pair twin's alone.)
+        for st_staged in if cin == 1 { vec![false] } else { vec![false, true] } {
             b.with(|o| o.zpair_st_staged = st_staged);
-            let name = format!("32->{cout} {sp:?} groups {groups} _st staged {st_staged}");
+            let name = format!("{cin}->{cout} {sp:?} groups {groups} _st staged {st_staged}");
             let got = run(&mut b, &g, &x, 2);
             let used = kernels_used(&mut b, 2);
-            let twin = if st_staged { "_h2l_st" } else { "_h2t_st" };
-            for k in [
-                format!("conv_wz_c32_y16{twin}"),
-                "affine_act_v8_shifted".into(),
-            ] {
+            let twin = match (cin, st_staged) {
+                (1, _) => "conv_c1_k3_st".to_string(),
+                (_, true) => "conv_wz_c32_y16_h2l_st".into(),
+                _ => "conv_wz_c32_y16_h2t_st".into(),
+            };
+            for k in [twin, "affine_act_v8_shifted".into()] {
                 assert!(used.contains(&k), "{name}: ran {used:?}, not {k}");
             }
             let again = run(&mut b, &g, &x, 2);
