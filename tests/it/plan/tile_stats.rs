@@ -330,7 +330,11 @@ fn check_shifted(name: &str, on: &BufferPlan, off: &BufferPlan) -> usize {
         );
         // (A conv right before another conv: the second's own turn checks it.)
         let is_conv = l.conv.is_some() && l.head.is_none();
-        let Some(next) = on.launches.get(t + 1).filter(|n| is_conv && n.conv.is_none()) else {
+        let Some(next) = on
+            .launches
+            .get(t + 1)
+            .filter(|n| is_conv && n.conv.is_none())
+        else {
             continue;
         };
         let twin_tile = match &l.conv {

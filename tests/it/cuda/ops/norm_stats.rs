@@ -199,7 +199,11 @@ fn shifted_norm_inputs() {
         let f16_in = run(&mut b, &g, &x, 2);
         b.with(|o| (o.norm_f32, o.norm_shifted) = (true, true));
         // (The `_st` staging switch is the z-pair twin's alone.)
-        for st_staged in if cin == 1 { vec![false] } else { vec![false, true] } {
+        for st_staged in if cin == 1 {
+            vec![false]
+        } else {
+            vec![false, true]
+        } {
             b.with(|o| o.zpair_st_staged = st_staged);
             let name = format!("{cin}->{cout} {sp:?} groups {groups} _st staged {st_staged}");
             let got = run(&mut b, &g, &x, 2);
