@@ -117,18 +117,6 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
     const float2* abn = NORMED ? reinterpret_cast<const float2*>(nl.ab) + (i64)n * p.cout : nullptr;
     float shf[4] = {0.f, 0.f, 0.f, 0.f}, ss[4] = {0.f, 0.f, 0.f, 0.f}, sq[4] = {0.f, 0.f, 0.f, 0.f};
     const bool shifted = ST && p.out_f32 == OUT_SHIFTED;
-    if constexpr (ST) {
-        // The block's shift of the lane's 4 channels: the conv at its first voxel (halo origin).
-        const int cs = (lane % (p.cout >> 2)) * 4;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float a = bias ? bias[cs + e] : 0.f;
-#pragma unroll
-            for (int t = 0; t < 27; t++)
-                a += __half2float(w[(i64)(cs + e) * p.kpad + t]) * __half2float(xs[((t / 9) * hy + (t / 3) % 3) * hx + t % 3]);
-            shf[e] = a;
-        }
-    }
     for (int c0 = 0; c0 < p.cout; c0 += 32) {
         // B fragments of channels c0 + j * 8 + r0: k rows q * 2 + {0, 1} (b0) and + 8 (b1).
         unsigned bf[4][2][2];
@@ -156,14 +144,10 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
                 const int co = c0 + j * 8 + q * 2 + e;
                 bj[j][e] = bias && co < p.cout ? bias[co] : 0.f;
             }
-        for (int g = warp; g < GROUPS; g += 8) {
-            const int gx = g % GX, gy = (g / GX) % C1_TY, gz = g / (GX * C1_TY);
-            const int oz = oz0 + gz, oy = oy0 + gy, oxg = ox0 + gx * 16;
-            if (oz >= p.do_ || oy >= p.ho || oxg >= p.wo) continue;  // warp-uniform
-            // Halo offsets of the lane's rows r0 and r0 + 8.
+        // One 16-voxel group's sums (the halo offsets of the lane's rows r0 and r0 + 8).
+        auto group_mma = [&](int gz, int gy, int gx, float (&acc)[4][4]) {
             const int v0 = (gz * p.sd * hy + gy * p.sh) * hx + (gx * 16 + r0) * p.sw;
             const int v1 = v0 + 8 * p.sw;
-            float acc[4][4];
 #pragma unroll
             for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -182,6 +166,29 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
 #pragma unroll
                 for (int j = 0; j < 4; j++) mma16816(acc[j], a, bf[j][s][0], bf[j][s][1]);
             }
+        };
+        if constexpr (ST) {
+            // The block's shift of the lane's channels cs .. cs + 3 (one pass: Cout <= 32): the
+            // conv at the block's first voxel, group 0's row 0, as warp 0 stores it (every warp
+            // computes it alike). Row 0 is lanes 0-3's acc[j][0, 1] (channels j * 8 + q * 2 +
+            // {0, 1}): channels cs, cs + 1 from lane (cs & 7) / 2, cs + 2, cs + 3 from the next.
+            float acc[4][4];
+            group_mma(0, 0, 0, acc);
+            const int cs = (lane % (p.cout >> 2)) * 4, src = (cs & 7) >> 1, js = cs >> 3;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float v = __shfl_sync(0xffffffffu, acc[j][e & 1] + bj[j][e & 1], src + (e >> 1));
+                    if (j == js) shf[e] = v;
+                }
+        }
+        for (int g = warp; g < GROUPS; g += 8) {
+            const int gx = g % GX, gy = (g / GX) % C1_TY, gz = g / (GX * C1_TY);
+            const int oz = oz0 + gz, oy = oy0 + gy, oxg = ox0 + gx * 16;
+            if (oz >= p.do_ || oy >= p.ho || oxg >= p.wo) continue;  // warp-uniform
+            float acc[4][4];
+            group_mma(gz, gy, gx, acc);
             // acc[j]: rows r0 (0, 1) and r0 + 8 (2, 3), channels c0 + j * 8 + q * 2 + {0, 1}.
             const i64 mrow = (((i64)n * p.do_ + oz) * p.ho + oy) * p.wo;
             if (vec4) {

@@ -272,9 +272,9 @@ fn architectures_on_the_gpu() {
 /// The exports' windows with the norms' statistics from their own pass and the convs over a
 /// concat or 32-channel chunks run whole (`CudaOptions::norm_stats`, `concat_split`,
 /// `cin_chunks` off), the z-pair convs without tensor loads, the old split-K rule, the fp32 norm
-/// inputs, the bulk-store `_st` twins and the stride-2 convs on the implicit GEMM (`zpair_tma`,
-/// `split_k_fill`, `norm_shifted`, `zpair_st_staged`, `wg_s2` off: the paths the defaults
-/// replaced, kept as options): the same bars.
+/// inputs, the bulk-store `_st` twins, the stride-2 convs on the implicit GEMM and the heads a
+/// thread a voxel (`zpair_tma`, `split_k_fill`, `norm_shifted`, `zpair_st_staged`, `wg_s2`,
+/// `head_mma` off: the paths the defaults replaced, kept as options): the same bars.
 #[test]
 fn architectures_on_the_gpu_without_epilogue_statistics_or_split_convs() {
     if !gpu_present() {
@@ -289,14 +289,16 @@ fn architectures_on_the_gpu_without_epilogue_statistics_or_split_convs() {
         norm_shifted: false,
         zpair_st_staged: false,
         wg_s2: false,
+        head_mma: false,
         ..Default::default()
     });
 }
 
 /// The exports' windows with the other switches that are off until measured (session 32): the
-/// norms rerunning their Cin-1 convs, the heads on mma.sync and the transposed convs' statistics
-/// (`CudaOptions::norm_recompute`, `head_mma`, `convt_stats`), apart from `norm_load_conv`, whose
-/// heads would take the place of the recompute: the same bars.
+/// norms rerunning their Cin-1 convs and the transposed convs' statistics
+/// (`CudaOptions::norm_recompute`, `convt_stats`; the heads on mma.sync, `head_mma`, a default
+/// since session 37), apart from `norm_load_conv`, whose heads would take the place of the
+/// recompute: the same bars.
 #[test]
 fn architectures_on_the_gpu_with_recompute_mma_heads_and_convt_stats() {
     if !gpu_present() {

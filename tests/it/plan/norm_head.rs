@@ -30,8 +30,15 @@ fn plan_with(g: &Graph, caps: &ArchCaps) -> BufferPlan {
     bp
 }
 
+/// The plain heads (`head_mma` off: the mma head is a case of its own).
 fn plan(g: &Graph) -> BufferPlan {
-    plan_with(g, &ArchCaps::h200())
+    plan_with(
+        g,
+        &ArchCaps {
+            head_mma: false,
+            ..ArchCaps::h200()
+        },
+    )
 }
 
 /// (node, head conv, head activation) of every launch that takes a head.

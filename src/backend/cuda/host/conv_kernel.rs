@@ -1068,7 +1068,7 @@ mod tests {
             "Halo conv_halo_c64n64",
             "UpsampleVec convt_up_m128n128_v8",
             "Halo conv_halo_c32n32_w4",
-            "Pointwise conv1x1_n16",
+            "Pointwise conv1x1_mma_n16",
         ];
         // (The 8^3 layers' tiles fill under one block an SM at batch 4 too: their K splits,
         // `split_k_fill`, as the 4^3 ones' does.)

@@ -450,7 +450,7 @@ fn conv3(r: &mut Rng, cin: usize, cout: usize, st: usize) -> Op {
 /// run: the cost of the fp32 ones, and their activation bytes; and with the fusions on by
 /// default (`CudaOptions::norm_stats`, `concat_split`, `cin_chunks` (`PROFCH`)) switched off,
 /// with the per-op profile of the first two off (`PROFST`); and with `norm_load_conv`
-/// (`PROFNL`), `halo_s2`, `norm_recompute` (`PROFRC`), `head_mma`, `convt_stats` on;
+/// (`PROFNL`), `halo_s2`, `norm_recompute` (`PROFRC`), `convt_stats` on; `head_mma`,
 /// `split_k_fill`, `zpair_tma` (`PROFTM`; `PROFBK` with `zpair_bulk`), `zpair_st_staged`,
 /// `norm_shifted`, `wg_s2` (`PROFW2`) off.
 #[test]
@@ -596,7 +596,7 @@ fn profile_models() {
                 |o| o.norm_recompute = true,
                 Some("PROFRC"),
             ),
-            ("with the mma heads", |o| o.head_mma = true, None),
+            ("without the mma heads", |o| o.head_mma = false, None),
             (
                 "with the transposed convs' statistics",
                 |o| o.convt_stats = true,

@@ -66,7 +66,8 @@ fn head_case(
         nodes.push((op, vec![nodes.len()], cout));
     }
     let g = graph(cin, nodes);
-    b.with(|o| *o = CudaOptions::default());
+    // The plain heads (`head_mma` off: the mma twin is checked below).
+    b.with(|o| (*o, o.head_mma) = (CudaOptions::default(), false));
     b.with(|o| o.poison = true);
     b.with(&opts);
     let fused = run(b, &g, &x, 2);
@@ -89,7 +90,7 @@ fn head_case(
         "{name}: fused and unfused differ in {differ} values"
     );
     // The staged twin (`head_staged`): the same sums in the same order.
-    b.with(|o| *o = CudaOptions::default());
+    b.with(|o| (*o, o.head_mma) = (CudaOptions::default(), false));
     b.with(&opts);
     b.with(|o| o.head_staged = true);
     let staged = run(b, &g, &x, 2);
@@ -184,6 +185,7 @@ fn mma_heads() {
 fn staged_heads_are_the_plain_heads_bit_for_bit() {
     let Some(mut b) = gpu() else { return };
     let mut r = Rng::tagged("staged head");
+    b.with(|o| o.head_mma = false);
     for (cin, cout) in [(8usize, 14usize), (40, 20), (256, 32), (32, 3)] {
         let name = format!("head {cin}->{cout}");
         let sp = [7usize, 9, 13];
@@ -209,7 +211,7 @@ fn staged_heads_are_the_plain_heads_bit_for_bit() {
             "{name}: staged and plain heads differ in {differ} values"
         );
     }
-    b.with(|o| o.head_staged = false);
+    b.with(|o| *o = CudaOptions::default());
 }
 
 #[test]
