@@ -108,11 +108,13 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
     __syncthreads();
     const bool pair = ((p.ldc | p.coff) & 1) == 0;
     // 16-byte runs of 4 channels (aligned as fp32 and as fp16 pairs of half2).
-    const bool vec4 = ((p.ldc | p.coff | p.cout) & 3) == 0;
+    const bool vec4_ok = ((p.ldc | p.coff | p.cout) & 3) == 0;
     float* sc = stage[warp];
     const half zero = __float2half(0.f);
     // The host asks for the sums only where they fit this: one 32-channel pass, fixed pieces.
-    if ((ST || NORMED) && (!vec4 || p.cout > 32 || 32 % (p.cout >> 2) != 0)) __trap();
+    if ((ST || NORMED) && (!vec4_ok || p.cout > 32 || 32 % (p.cout >> 2) != 0)) __trap();
+    // (Known at compile time where the sums are taken: the other stores' code is dead there.)
+    const bool vec4 = ST || NORMED || vec4_ok;
     // NORMED: the sample's (a, b) pairs, one per output channel.
     const float2* abn = NORMED ? reinterpret_cast<const float2*>(nl.ab) + (i64)n * p.cout : nullptr;
     float shf[4] = {0.f, 0.f, 0.f, 0.f}, ss[4] = {0.f, 0.f, 0.f, 0.f}, sq[4] = {0.f, 0.f, 0.f, 0.f};
@@ -183,6 +185,14 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
                     if (j == js) shf[e] = v;
                 }
         }
+        // The staged stores' pieces (vec4): c4n 4-channel pieces of this pass; where they
+        // divide 32 (`whole`) each lane keeps one piece, co4 .. co4 + 3, for every voxel.
+        const int c4n = min(32, p.cout - c0) >> 2;
+        const bool whole = ST || NORMED || (vec4 && 32 % c4n == 0);
+        const int co4 = whole ? c0 + (lane % c4n) * 4 : c0, v4 = whole ? lane / c4n : 0, vstep = whole ? 32 / c4n : 1;
+        float b4[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) b4[e] = whole && bias ? bias[co4 + e] : 0.f;
         for (int g = warp; g < GROUPS; g += 8) {
             const int gx = g % GX, gy = (g / GX) % C1_TY, gz = g / (GX * C1_TY);
             const int oz = oz0 + gz, oy = oy0 + gy, oxg = ox0 + gx * 16;
@@ -202,17 +212,15 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
                         *reinterpret_cast<float2*>(sc + (r0 + rr * 8) * C1_SP + j * 8 + q * 2) =
                             make_float2(acc[j][rr * 2], acc[j][rr * 2 + 1]);
                 __syncwarp();
-                const int c4n = min(32, p.cout - c0) >> 2;
-                for (int idx = lane; idx < 16 * c4n; idx += 32) {
-                    const int v = idx / c4n, c4 = idx - v * c4n;
-                    if (oxg + v >= p.wo) continue;
-                    const float4 a = *reinterpret_cast<const float4*>(sc + v * C1_SP + c4 * 4);
-                    const int co = c0 + c4 * 4;
-                    float u[4] = {a.x, a.y, a.z, a.w};
+                // The lane's 4 channels co .. co + 3 of voxel v, bias b4 added, to dst.
+                auto put4 = [&](int v, int co, const float (&b4)[4], i64 dst) {
+                    if (oxg + v >= p.wo) return;
+                    const float4 a = *reinterpret_cast<const float4*>(sc + v * C1_SP + (co - c0));
+                    float u[4] = {a.x + b4[0], a.y + b4[1], a.z + b4[2], a.w + b4[3]};
+                    if (p.act != ACT_NONE) {
 #pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        u[e] = act_apply(u[e] + (bias ? bias[co + e] : 0.f), co + e, p.act, p.alpha, slope, p.slope_n);
-                    const i64 dst = (mrow + oxg + v) * p.ldc + p.coff + co;
+                        for (int e = 0; e < 4; e++) u[e] = act_apply(u[e], co + e, p.act, p.alpha, slope, p.slope_n);
+                    }
                     if (ST) {
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
@@ -221,7 +229,7 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
                             sq[e] += d * d;
                         }
                     }
-                    if (!STORE) continue;
+                    if (!STORE) return;
                     if (NORMED) {
                         __align__(8) half h[4];
 #pragma unroll
@@ -236,6 +244,20 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
                     } else {
                         __align__(8) __half2 h[2] = {__floats2half2_rn(u[0], u[1]), __floats2half2_rn(u[2], u[3])};
                         *reinterpret_cast<uint2*>(y + dst) = *reinterpret_cast<const uint2*>(h);
+                    }
+                };
+                const i64 row = (mrow + oxg) * p.ldc + p.coff;
+                if (whole) {
+                    // The lane's piece is fixed (32 lanes over c4n pieces): voxels lane / c4n,
+                    // then every 32 / c4n; its bias hoisted (the loop is issue-bound, ncu).
+                    for (int v = v4; v < 16; v += vstep) put4(v, co4, b4, row + (i64)v * p.ldc + co4);
+                } else {
+                    for (int idx = lane; idx < 16 * c4n; idx += 32) {
+                        const int v = idx / c4n, co = c0 + (idx - v * c4n) * 4;
+                        float b[4];
+#pragma unroll
+                        for (int e = 0; e < 4; e++) b[e] = bias ? bias[co + e] : 0.f;
+                        put4(v, co, b, row + (i64)v * p.ldc + co);
                     }
                 }
                 __syncwarp();

@@ -376,6 +376,9 @@ fn zpair_convs_normalise_their_input_on_load() {
             o.poison = true;
             o.norm_f32 = f32_in;
             o.norm_load_conv = load;
+            // (The tail norm's input as fp32 both ways: unfused, `norm_shifted` would store
+            // it as fp16 less each tile's shift, which the `_nl` twin has no way to.)
+            o.norm_shifted = false;
         };
         b.with(|o| set(o, true));
         let got = run(&mut b, &g, &x, 2);
