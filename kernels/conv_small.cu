@@ -27,7 +27,7 @@
 // sums, then one thread per channel adds the 8 warps' in order. With `p.out_f32 == OUT_SHIFTED`
 // (`CudaOptions::norm_shifted`) the stores are fp16 less that shift (`affine_act_v8_shifted`
 // adds it back): half the bytes of fp32, the rounding relative to a value's distance from its
-// tile's first one. Capped at 3 blocks per SM as the default runs (ptxas: 80 registers, 32
+// tile's first one. Capped at 3 blocks per SM as the default runs (ptxas: 80 registers, 64
 // bytes of spills; uncapped 128 registers and 2 blocks).
 // The norm recomputed (`conv_c1_k3_sto` then `conv_c1_k3_nrm`, `CudaOptions::norm_recompute`):
 // the conv is a few MACs per output, its fp32 output 128 bytes a voxel at Cout 32, so rather than
@@ -247,13 +247,14 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
                     }
                 };
                 const i64 row = (mrow + oxg) * p.ldc + p.coff;
-                if (whole) {
-                    // The lane's piece is fixed (32 lanes over c4n pieces): voxels lane / c4n,
-                    // then every 32 / c4n; its bias hoisted (the loop is issue-bound, ncu).
-                    for (int v = v4; v < 16; v += vstep) put4(v, co4, b4, row + (i64)v * p.ldc + co4);
-                } else {
-                    for (int idx = lane; idx < 16 * c4n; idx += 32) {
-                        const int v = idx / c4n, co = c0 + (idx - v * c4n) * 4;
+                // `whole`: the lane's piece is fixed (32 lanes over c4n pieces), voxels lane /
+                // c4n, then every 32 / c4n, its bias hoisted (the loop is issue-bound, ncu);
+                // else piece idx of 16 x c4n, its voxel and channels divided out.
+                for (int i = whole ? v4 : lane; i < (whole ? 16 : 16 * c4n); i += whole ? vstep : 32) {
+                    if (whole) {
+                        put4(i, co4, b4, row + (i64)i * p.ldc + co4);
+                    } else {
+                        const int v = i / c4n, co = c0 + (i - v * c4n) * 4;
                         float b[4];
 #pragma unroll
                         for (int e = 0; e < 4; e++) b[e] = bias ? bias[co + e] : 0.f;
@@ -261,29 +262,30 @@ __device__ __forceinline__ void conv_c1_k3_t(const ConvParams& p, const half* __
                     }
                 }
                 __syncwarp();
-                continue;
-            }
+            } else {
+                // The fragments' own stores (no 16-byte pieces).
 #pragma unroll
-            for (int rr = 0; rr < 2; rr++) {
-                const int ox = oxg + r0 + rr * 8;
-                if (ox >= p.wo) continue;
-                const i64 m = mrow + ox;
+                for (int rr = 0; rr < 2; rr++) {
+                    const int ox = oxg + r0 + rr * 8;
+                    if (ox >= p.wo) continue;
+                    const i64 m = mrow + ox;
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const int co = c0 + j * 8 + q * 2;
-                    if (co >= p.cout) continue;
-                    const float u0 = act_apply(acc[j][rr * 2] + bj[j][0], co, p.act, p.alpha, slope, p.slope_n);
-                    const i64 dst = m * p.ldc + p.coff + co;
-                    if (co + 1 >= p.cout) {
-                        out_store1(p, y, dst, u0);
-                        continue;
-                    }
-                    const float u1 = act_apply(acc[j][rr * 2 + 1] + bj[j][1], co + 1, p.act, p.alpha, slope, p.slope_n);
-                    if (pair) {
-                        out_store2(p, y, dst, u0, u1);
-                    } else {
-                        out_store1(p, y, dst, u0);
-                        out_store1(p, y, dst + 1, u1);
+                    for (int j = 0; j < 4; j++) {
+                        const int co = c0 + j * 8 + q * 2;
+                        if (co >= p.cout) continue;
+                        const float u0 = act_apply(acc[j][rr * 2] + bj[j][0], co, p.act, p.alpha, slope, p.slope_n);
+                        const i64 dst = m * p.ldc + p.coff + co;
+                        if (co + 1 >= p.cout) {
+                            out_store1(p, y, dst, u0);
+                            continue;
+                        }
+                        const float u1 = act_apply(acc[j][rr * 2 + 1] + bj[j][1], co + 1, p.act, p.alpha, slope, p.slope_n);
+                        if (pair) {
+                            out_store2(p, y, dst, u0, u1);
+                        } else {
+                            out_store1(p, y, dst, u0);
+                            out_store1(p, y, dst + 1, u1);
+                        }
                     }
                 }
             }
