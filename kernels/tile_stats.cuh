@@ -1,7 +1,7 @@
 // InstanceNorm / GroupNorm statistics taken in a conv's epilogue (`ConvParams::stats`), so the
 // norm after it skips its partial-sum pass over the conv's output (`norm_finalize_tiles`).
 // Prepended to the conv tile family that writes them (`conv_wgmma.cu`: the `conv_wz_*` helper's
-// stores, `Family::source`); `conv_c1_k3_st` keeps per-warp sums of its own in the same layout.
+// stores, `Family::source`); `conv_c1_k3_st` adds its warps' sums per block in the same layout.
 //
 // Per output tile and channel, one float4 in the plan's norm scratch at [tile][cout] (tiles as
 // `tile_origin` orders them, samples slowest): (sum, sum of squares, shift, count) of the
