@@ -2,7 +2,7 @@
 # One device call that says where W1's and W2's time and memory go (issue 31): the W1 and W2
 # exports made as bench.py makes them, `bench` on each at several batches (median of REPS passes,
 # device peak from the report), then `profile_models` (per-op times, fp16 against fp32 norm inputs)
-# on each export at PROFILE_BATCHES. Here: `bash tests/gpu/build.sh && bash tests/gpu/bench_bundle.sh`;
+# on each export at PROFILE_BATCHES. Here: `bash tests/gpu/build.sh && bash tests/gpu/bench_bundle.sh` (`TEST_BINS=1` for cuda_stream / plan_gpu TESTS);
 # there, carrying `.dev/gb.tar.xz`: `bash tests/gpu/profile_call.sh`. Everything comes back in
 # $OUT/all.tgz; the summary lines on stdout.
 #   NETS (w1,w2; "-": the TESTS only), BATCHES ("1 2 4"), REPS (3), PROFILE_BATCHES ("4 2"), BINS (bench; "bench_old
