@@ -21,8 +21,8 @@
 // ST (`conv_c1_k3_st`, Cout 8, 16 or 32 with the 16-byte stores): the block also sums the values
 // it stores for a following norm (kernels/tile_stats.cuh's layout, one tile per block: entry
 // blockIdx.x, counted in voxels). The shift is the conv's value at the block's first voxel
-// (always inside the output), computed in fp32 from the halo by every warp alike (the same bits
-// in each: the shift need only be one value per tile and channel). A lane's 4 channels are fixed
+// (always inside the output): group 0's row 0, which every warp computes with the same mma as
+// warp 0's stores (the same bits in each, no barrier; group 0's 8 mma run once more a warp). A lane's 4 channels are fixed
 // (32 lanes over Cout / 4 pieces), so a shuffle tree over the lanes of a piece adds a warp's
 // sums, then one thread per channel adds the 8 warps' in order. With `p.out_f32 == OUT_SHIFTED`
 // (`CudaOptions::norm_shifted`) the stores are fp16 less that shift (`affine_act_v8_shifted`

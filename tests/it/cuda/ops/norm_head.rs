@@ -67,7 +67,12 @@ fn head_case(
     }
     let g = graph(cin, nodes);
     // The plain heads (`head_mma` off: the mma twin is checked below).
-    b.with(|o| (*o, o.head_mma) = (CudaOptions::default(), false));
+    b.with(|o| {
+        *o = CudaOptions {
+            head_mma: false,
+            ..Default::default()
+        }
+    });
     b.with(|o| o.poison = true);
     b.with(&opts);
     let fused = run(b, &g, &x, 2);
@@ -90,7 +95,12 @@ fn head_case(
         "{name}: fused and unfused differ in {differ} values"
     );
     // The staged twin (`head_staged`): the same sums in the same order.
-    b.with(|o| (*o, o.head_mma) = (CudaOptions::default(), false));
+    b.with(|o| {
+        *o = CudaOptions {
+            head_mma: false,
+            ..Default::default()
+        }
+    });
     b.with(&opts);
     b.with(|o| o.head_staged = true);
     let staged = run(b, &g, &x, 2);
