@@ -341,21 +341,34 @@ struct WzConv {
         const int ox = ox0 + xq;
         constexpr bool stats = ST;
         // OUT_SHIFTED (common.cuh): fp16 less the tile's shift, the statistics' (`_st` twins
-        // only, never accumulating: the host asks so). (No test outside ST: a branch here in the
-        // one-warpgroup kernels, whose `put` runs beside wgmmas in flight, makes ptxas wait on
-        // them, C7517.)
+        // only). (No test outside ST: a branch here in the one-warpgroup kernels, whose `put`
+        // runs beside wgmmas in flight, makes ptxas wait on them, C7517.) `wide`: a split
+        // conv's last part (it accumulates) stores them where it reads the earlier parts'
+        // fp32 sums, each voxel's fp16 values at the start of its fp32 slot (a voxel stride of
+        // 2 ldc halves): each voxel's sums are read before any of its halves is written, and no
+        // other voxel's slot is touched, so no tile's stores can overwrite a sum another tile
+        // has yet to read.
         const bool shifted = ST && p.out_f32 == OUT_SHIFTED;
-        if constexpr (ST) {
-            if (shifted && p.accum) __trap();
-        }
+        const bool wide = shifted && p.accum;
         if (stats && j == 0) {
             // The tile's first voxel (plane 0, row 0, x 0: always inside the output), as stored
-            // (this launch's part of it where the launch accumulates: the shift need only be the
-            // same in every thread of the tile).
+            // (this launch's part of it where the launch accumulates into fp32: the shift need
+            // only be the same in every thread of the tile). `wide`: the whole value, the
+            // earlier parts' sums added, as the stored values are taken less it; then the
+            // helper's barrier 3, so no thread stores over the voxel's sums before every thread
+            // has read them.
             const float4 a = *reinterpret_cast<const float4*>(st + c0), b = *reinterpret_cast<const float4*>(st + c0 + 4);
             float first[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            if (wide) {
+                float u[8];
+                prev8(p, y, ((((i64)n * p.do_ + oz0) * p.ho + oy0) * p.wo + ox0) * p.ldc + p.coff + c,
+                      ((p.ldc | p.coff) & 7) == 0 && c + 8 <= p.cout, c, u);
+#pragma unroll
+                for (int q = 0; q < 8; q++) first[q] += u[q];
+            }
             act8(first, c, p, slope);
             ts->start(first);
+            if (wide) stats_bar<3, NT>();
         }
         constexpr int RW = 2 * NY / (NT / 32);  // rows a thread stores
         // BS: the Cout tile's channels of a voxel (cw x 4 bytes, 16-byte aligned at both ends).
@@ -374,6 +387,7 @@ struct WzConv {
             bulk_commit();
         }
         const bool active = ox < p.wo && c < p.cout && (!bulk || stats);
+        const unsigned amask = wide ? __ballot_sync(0xffffffffu, active) : 0u;  // `wide`'s lanes
         float rows[ER ? RW : 1][8];  // ER: the thread's staged rows
         if constexpr (ER) {
             if (active) {
@@ -402,12 +416,16 @@ struct WzConv {
             // read and written here, so a load after a store waits for it, and row by row each
             // load's latency would sit on the helper's path. Up to 4 rows (32 registers) a thread.
             constexpr bool PRE = ACC && RW <= 4;
+            static_assert(!ST || PRE, "`wide` stores follow every row's sums");
             float pv[PRE ? RW : 1][8];
             if (PRE && p.accum) {
 #pragma unroll
                 for (int k = 0; k < (PRE ? RW : 1); k++) {
                     prev8(p, y, dst_of(k), vec, c, pv[k]);
                 }
+                // `wide`: the voxel's other pieces are this warp's lanes (htid & 3), whose sums
+                // must be in before any of them stores.
+                if (wide) __syncwarp(amask);
             }
 #pragma unroll
             for (int k = 0; k < RW; k++) {
@@ -443,12 +461,14 @@ struct WzConv {
                     float d[8];
 #pragma unroll
                     for (int q = 0; q < 8; q++) d[q] = v[q] - ts->shf[q];
+                    // `wide`: the voxel's fp32 slot (coff 0: the host asks so) as halves.
+                    const i64 d16 = wide ? 2 * (dst - c) + c : dst;
                     if (vec) {
-                        store8_half(y, dst, d);
+                        store8_half(y, d16, d);
                     } else {
 #pragma unroll
                         for (int q = 0; q < 8; q++)
-                            if (c + q < p.cout) y[dst + q] = __float2half(d[q]);
+                            if (c + q < p.cout) y[d16 + q] = __float2half(d[q]);
                     }
                 } else if (vec) {
                     out_store8(p, y, dst, v);

@@ -434,19 +434,20 @@ AFFINE_VEC_ENTRY(affine_act_v8_f32, float, affine_act_v8_t)
 // affine_act_v8 over a conv's OUT_SHIFTED output (common.cuh; `CudaOptions::norm_shifted`): x
 // is fp16 less the shift of its voxel's output tile, whose statistics the conv left in `part`
 // ([n][tile][C] float4 (sum, sum of squares, shift, count), tile_stats.cuh; per sample `tiles`
-// tiles of TZ x TY x TX voxels in `tile_origin`'s order over a D x H x W output). The value is
-// x + shift in fp32, then as affine_act_v8.
+// tiles of TZ x TY x TX voxels in `tile_origin`'s order over a D x H x W output), a voxel's
+// values `xs` halves from the next one's (C; 2C where a split conv's last part stored them in
+// its fp32 sums' place). The value is x + shift in fp32, then as affine_act_v8.
 template <typename T, int ACT>
 __device__ __forceinline__ void affine_act_v8_shifted_b(const half* __restrict__ x, half* __restrict__ y, i64 P, int C,
                                                         const float* __restrict__ ab, int ab_nstride, int act,
                                                         float alpha, const float* __restrict__ slope, int slope_n,
                                                         const half* __restrict__ res, const float4* __restrict__ part,
-                                                        int H, int W, int tz, int ty, int tx, int tiles) {
+                                                        int H, int W, int tz, int ty, int tx, int tiles, int xs) {
     const int n = blockIdx.y;
     const unsigned vpp = (unsigned)C >> 3;
     const unsigned nv = (unsigned)P * vpp;
     const unsigned ntx = (W + tx - 1) / tx, nty = (H + ty - 1) / ty;
-    const half* xn = x + (i64)n * P * C;
+    const half* xn = x + (i64)n * P * xs;
     uint4* yv = reinterpret_cast<uint4*>(y + (i64)n * P * C);
     const uint4* rv = res ? reinterpret_cast<const uint4*>(res + (i64)n * P * C) : nullptr;
     const float2* abn = reinterpret_cast<const float2*>(ab) + (i64)n * ab_nstride;
@@ -456,7 +457,7 @@ __device__ __forceinline__ void affine_act_v8_shifted_b(const half* __restrict__
         const unsigned xw = vox % (unsigned)W, r = vox / (unsigned)W, yh = r % (unsigned)H, z = r / (unsigned)H;
         const float4* sh = pn + (((z / tz) * nty + yh / ty) * ntx + xw / tx) * C + c0;
         float v[8];
-        load8(xn, (i64)e * 8, v);
+        load8(xn, (i64)vox * xs + c0, v);
 #pragma unroll
         for (int k = 0; k < 8; k++) v[k] += sh[k].z;
         affine8<ACT>(v, abn, c0, act, alpha, slope, slope_n, rv, yv, e);
@@ -466,9 +467,9 @@ extern "C" __global__ void affine_act_v8_shifted(const half* __restrict__ x, hal
                                                  const float* __restrict__ ab, int ab_nstride, int act, float alpha,
                                                  const float* __restrict__ slope, int slope_n,
                                                  const half* __restrict__ res, const float4* __restrict__ part, int H,
-                                                 int W, int tz, int ty, int tx, int tiles) {
+                                                 int W, int tz, int ty, int tx, int tiles, int xs) {
     AFFINE_BY_ACT(affine_act_v8_shifted_b, half, x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n, res, part,
-                  H, W, tz, ty, tx, tiles)
+                  H, W, tz, ty, tx, tiles, xs)
 }
 
 // affine_act for C % 8 != 0 with P * C % 8 == 0 (flat vectors, see flat8_period): sample n =

@@ -6,7 +6,7 @@ use voxtile::internals::cuda::host::buffers::{buffer_plan, BufferPlan};
 use voxtile::internals::cuda::host::catalogue::{zpair_st_variant, C1_TILE};
 use voxtile::internals::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
 use voxtile::internals::cuda::host::fusion::consumers;
-use voxtile::internals::cuda::host::launch::Launch;
+use voxtile::internals::cuda::host::launch::{Launch, ShiftedOut};
 use voxtile::internals::cuda::host::tile_stats::TILE_STAT_BYTES;
 use voxtile::internals::cuda::host::windowed::Run;
 use voxtile::model::graph::{Graph, Op};
@@ -309,8 +309,8 @@ fn fused_parity_convs_hand_their_norms_the_statistics() {
 /// Checks `on` (`norm_shifted`) against `off` (the same caps without): the same launches,
 /// kernels, buffers and scratch, but for `Launch::shifted`, which a pair has on both launches
 /// where its conv is a z-pair or Cin-1 twin writing all of a dense output of Cout % 8 == 0 in one launch
-/// (no part of a split conv) and its norm writes its own output (no head), the tile the
-/// twin's; no other launch has it. Returns the shifted pairs.
+/// or as a split conv's last part (wide), and its norm writes its own output (no head), the
+/// tile the twin's; no other launch has it. Returns the shifted pairs.
 fn check_shifted(name: &str, on: &BufferPlan, off: &BufferPlan) -> usize {
     assert_eq!(on.launches.len(), off.launches.len(), "{name}");
     assert_eq!(
@@ -343,15 +343,19 @@ fn check_shifted(name: &str, on: &BufferPlan, off: &BufferPlan) -> usize {
             _ => None,
         };
         let c = on.shapes[l.out_v][0];
+        // A split conv's last part (it adds the earlier parts' sums) stores wide.
         let want = match twin_tile {
             Some(tile)
                 if l.tile_stats.is_some()
-                    && l.part.is_none()
+                    && l.part.is_none_or(|p| p.accumulate)
                     && next.head.is_none()
                     && c.is_multiple_of(8)
                     && (l.ldc, l.coff) == (c, 0) =>
             {
-                Some(tile)
+                Some(ShiftedOut {
+                    tile,
+                    wide: l.part.is_some(),
+                })
             }
             _ => None,
         };
@@ -365,8 +369,9 @@ fn check_shifted(name: &str, on: &BufferPlan, off: &BufferPlan) -> usize {
 }
 
 /// `norm_shifted` (on by default): W1 at batch 4 shifts its 128³ encoder's two convs (the Cin-1
-/// one and the z-pair one; the decoder's are a split conv's launches, or before the norm the
-/// head reads); the fixtures by the rules of `check_shifted`.
+/// one and the z-pair one), the decoder's first 128³ conv (a split conv's last part: wide) and
+/// its three 64³ convs in Cin chunks (wide), not the conv before the norm the head reads; the
+/// fixtures by the rules of `check_shifted`.
 #[test]
 fn shifted_pairs_follow_the_rules() {
     let shifted = ArchCaps {
@@ -380,7 +385,7 @@ fn shifted_pairs_follow_the_rules() {
     let g = w1_graph();
     let on = buffer_plan(&g, 4, [128; 3], &shifted).unwrap();
     let off = buffer_plan(&g, 4, [128; 3], &unshifted).unwrap();
-    assert_eq!(check_shifted("w1", &on, &off), 2);
+    assert_eq!(check_shifted("w1", &on, &off), 6);
     let mut pairs = 0;
     for (name, g) in &super::planner::fixtures_and_models() {
         let roi = g.spatial_divisor().map(|d| 128usize.div_ceil(d) * d);

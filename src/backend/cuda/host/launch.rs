@@ -40,11 +40,23 @@ pub struct Launch {
     /// to the norm scratch and the norm finalises.
     pub tile_stats: Option<usize>,
     /// With `tile_stats`: the conv stores fp16 less each output tile's shift, the norm adds it
-    /// back (`CudaOptions::norm_shifted`); the conv's output tile (z, y, x voxels).
-    pub shifted: Option<[usize; 3]>,
+    /// back (`CudaOptions::norm_shifted`).
+    pub shifted: Option<ShiftedOut>,
     /// Activation bytes (buffers not free) right after the output is placed, and how many.
     pub live_bytes: usize,
     pub live_bufs: usize,
+}
+
+/// How a conv's output stored for its norm as fp16 less each tile's shift lies
+/// ([`Launch::shifted`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShiftedOut {
+    /// The conv's output tile (z, y, x voxels), whose shift a voxel's values are stored less.
+    pub tile: [usize; 3],
+    /// Stored by a split conv's last part where it read the earlier parts' fp32 sums: each
+    /// voxel's halves at the start of its fp32 slot (a voxel stride of 2 C halves), so no
+    /// store lands on another voxel's sums.
+    pub wide: bool,
 }
 
 impl Launch {

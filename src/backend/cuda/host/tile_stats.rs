@@ -9,7 +9,7 @@
 use crate::backend::cuda::abi::Shape;
 use crate::backend::cuda::host::catalogue::{zpair_st_variant, C1_TILE};
 use crate::backend::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
-use crate::backend::cuda::host::launch::Launch;
+use crate::backend::cuda::host::launch::{Launch, ShiftedOut};
 use crate::backend::cuda::host::windowed::{Run, Segments};
 use crate::model::graph::{Graph, Op};
 
@@ -27,8 +27,9 @@ pub const TILE_STAT_BYTES: usize = 16;
 /// samples (0: no pair). The fused parity classes' twin only with `ArchCaps::convt_stats`; the
 /// z-pair twin as `ArchCaps::zpair_st_staged` says (`zpair_st_variant`). With
 /// `ArchCaps::norm_shifted`, a z-pair or Cin-1 pair whose conv writes all of a dense output of
-/// Cout % 8 == 0 in one launch, and whose norm writes its own output (no head reads its input), stores
-/// the conv's values as fp16 less each tile's shift (`Launch::shifted`).
+/// Cout % 8 == 0 (in one launch, or as a split conv's last part, which adds the earlier parts'
+/// fp32 sums: `ShiftedOut::wide`), and whose norm writes its own output (no head reads its
+/// input), stores the conv's values as fp16 less each tile's shift (`Launch::shifted`).
 #[allow(clippy::too_many_arguments)]
 pub fn pair(
     caps: &ArchCaps,
@@ -99,13 +100,19 @@ pub fn pair(
             ConvKernel::Cin1 { .. } => Some(C1_TILE),
             _ => None,
         };
-        let shifted = tile.filter(|_| {
-            caps.norm_shifted
-                && launches[t - 1].part.is_none()
-                && launches[t].head.is_none()
-                && os[0].is_multiple_of(8)
-                && (launches[t - 1].ldc, launches[t - 1].coff) == (os[0], 0)
-        });
+        let part = launches[t - 1].part;
+        let shifted = tile
+            .filter(|_| {
+                caps.norm_shifted
+                    && part.is_none_or(|p| p.accumulate)
+                    && launches[t].head.is_none()
+                    && os[0].is_multiple_of(8)
+                    && (launches[t - 1].ldc, launches[t - 1].coff) == (os[0], 0)
+            })
+            .map(|tile| ShiftedOut {
+                tile,
+                wide: part.is_some(),
+            });
         launches[t - 1].conv = Some(twin);
         for l in [t - 1, t] {
             launches[l].tile_stats = Some(tiles);

@@ -14,6 +14,7 @@ use crate::backend::cuda::abi::{Act, PoolParams, Shape};
 use crate::backend::cuda::host::buffers::ConstBuf;
 use crate::backend::cuda::host::concat_split::Part;
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
+use crate::backend::cuda::host::launch::ShiftedOut;
 use crate::backend::cuda::host::tensor_layout::Stored;
 use crate::backend::cuda::runtime::device::DevBuf;
 use crate::backend::cuda::runtime::launch::Gpu;
@@ -167,9 +168,8 @@ pub(crate) struct NodeIo<'a> {
     /// A conv writing the norm after it its statistics, or that norm reading them
     /// (`launch::Launch::tile_stats`): the conv's output tiles per sample.
     pub stats_tiles: Option<usize>,
-    /// ... whose values the conv stores as fp16 less each tile's shift (`Launch::shifted`):
-    /// the conv's output tile.
-    pub shifted: Option<[usize; 3]>,
+    /// ... whose values the conv stores as fp16 less each tile's shift (`Launch::shifted`).
+    pub shifted: Option<ShiftedOut>,
     /// A split conv's launch (`launch::Launch::part`): the channels of `x` it reads, their
     /// slice of the weights, and whether it adds to the output.
     pub part: Option<Part>,

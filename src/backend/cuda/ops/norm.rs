@@ -38,13 +38,15 @@ pub(crate) struct Affine {
 
 /// Where the shifts of a norm's input stored as fp16 less each tile's shift are
 /// (`affine_act_v8_shifted`): the statistics of `tiles` tiles per sample of `tile` voxels
-/// (z, y, x, `tile_origin`'s order) over an output of `h` x `w` planes.
+/// (z, y, x, `tile_origin`'s order) over an output of `h` x `w` planes; `xs` halves from one
+/// voxel's values to the next (C, or 2C: `ShiftedOut::wide`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Shifted {
     pub tile: [usize; 3],
     pub tiles: usize,
     pub h: usize,
     pub w: usize,
+    pub xs: usize,
 }
 
 /// A norm: statistics of `x` into the scratch, then the affine pass with its scale / shift.
@@ -82,11 +84,12 @@ pub(crate) fn build_norm(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Norm> {
         affine: Affine {
             nstride: io.xshape[0],
             x_f32: io.x_f32 && io.shifted.is_none(),
-            shifted: io.shifted.zip(io.stats_tiles).map(|(tile, tiles)| Shifted {
-                tile,
+            shifted: io.shifted.zip(io.stats_tiles).map(|(sh, tiles)| Shifted {
+                tile: sh.tile,
                 tiles,
                 h: io.xshape[2],
                 w: io.xshape[3],
+                xs: io.xshape[0] * if sh.wide { 2 } else { 1 },
             }),
             ..affine_of(io, 0)
         },
@@ -299,10 +302,10 @@ impl Affine {
             ];
             args.extend(self.pair_args(ab));
             if let Some((part, sh)) = shift {
-                let [h, w, tz, ty, tx, tiles] =
-                    [sh.h, sh.w, sh.tile[0], sh.tile[1], sh.tile[2], sh.tiles];
+                let [h, w, tz, ty, tx, tiles, xs] =
+                    [sh.h, sh.w, sh.tile[0], sh.tile[1], sh.tile[2], sh.tiles, sh.xs];
                 args.push(Arg::Ptr(part));
-                args.extend([h, w, tz, ty, tx, tiles].map(|v| Arg::I32(v as i32)));
+                args.extend([h, w, tz, ty, tx, tiles, xs].map(|v| Arg::I32(v as i32)));
             }
             return gpu.launch(s, k.name, grid, (256, 0), &mut args);
         }

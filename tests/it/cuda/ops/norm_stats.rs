@@ -169,7 +169,9 @@ fn zpair_twins_same_bits() {
 /// (`CudaOptions::norm_shifted`: `affine_act_v8_shifted` adds it back) against float64: conv
 /// (bias 4 plus a channel ramp, so means far from 0 and unlike per channel) -> norm -> LeakyReLU,
 /// InstanceNorm and GroupNorm, outputs ending inside a tile on every axis, batch 2, the z-pair
-/// one on `_h2t_st` and `_h2l_st`, the Cin-1 one on `conv_c1_k3_st`. Its error
+/// one on `_h2t_st` and `_h2l_st`, the Cin-1 one on `conv_c1_k3_st`, a Cin-64 one in two
+/// 32-channel chunks (`cin_chunks`: a tile for every SM at batch 1 too) whose last chunk
+/// stores its values where it read the first one's fp32 sums (`ShiftedOut::wide`). Its error
 /// within 2x the fp32 input's (the tile's shift keeps the rounding relative to the values'
 /// spread) and below half the fp16 input's (`norm_f32` off: rounding relative to the values);
 /// the same bits from run to run and at batch 1.
@@ -182,6 +184,7 @@ fn shifted_norm_inputs() {
         (32, 16, [18, 35, 9], 4),
         (1, 32, [21, 19, 17], 32),
         (1, 16, [18, 35, 9], 4),
+        (64, 16, [34, 33, 129], 4),
     ];
     for (cin, cout, sp, groups) in cases {
         let x = input2(&mut r, cin, sp);
