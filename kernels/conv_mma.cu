@@ -485,3 +485,146 @@ extern "C" __global__ void conv_splitk_reduce(ConvParams p, const half* x, const
         conv_mma<TBM, TBN, WM, WN, ST, 8, true, true>(p, x, w, bias, y, slope);                     \
     }
 
+
+// convt_up2_p (`CudaOptions::convt_up2`): the kernel == stride == 2 transposed conv (the
+// upsampling GEMM's weights and parameters: w row tap * ocout + co, K = Cin, kpad wide) for
+// Cin = 16 KS (16, 32, 64) and Cout <= 32 (a multiple of 8), persistent. W1's 64 -> 32 at
+// 64³ -> 128³ on `convt_up_m128n128_v8` moves ~1.5 TB/s (PERF_NOTES, session 38): each block
+// loads its A tile, runs two k-steps, stages 64 KB of fp32 and stores, nothing overlapping. Here
+// a block walks tiles of 64 consecutive input voxels with the next tile's copy in flight; warp
+// w computes tap w's 64 x 32 outputs with the tap's weights in registers for the launch (loaded
+// once), stages each 16-voxel row block as fp16 in its own rows and stores whole 16-byte
+// pieces (a voxel's Cout halves are contiguous). Output voxel (2z + a, 2y + b, 2x + c) of input
+// voxel (z, y, x) and tap (a, b, c); its offset less the tap's is computed once a tile per voxel.
+#define UP2_TV 64   // input voxels a tile
+#define UP2_SR 40   // staging row (halves): 8 rows x 4 lanes of half2 writes conflict-free
+// The shared memory (the kernel's, sized for Cin 64): A rows of two tiles, each warp's staging
+// rows, two tiles' voxel offsets.
+struct Up2Smem {
+    __align__(16) half a[2][UP2_TV * 72];
+    __align__(16) half st[8][16 * UP2_SR];
+    i64 ob[2][UP2_TV];
+};
+template <int KS>
+__device__ __forceinline__ void convt_up2(const ConvParams& p, const half* __restrict__ x, const half* __restrict__ w,
+                                          const float* __restrict__ bias, half* __restrict__ y,
+                                          const float* __restrict__ slope, Up2Smem& sm) {
+    constexpr int CIN = KS * 16, AR = CIN + 8;  // A rows padded: ldmatrix's 8 rows in 8 bank groups
+    static_assert(UP2_TV * AR <= UP2_TV * 72, "the A rows fit");
+    auto& sa = sm.a;
+    auto& st = sm.st;
+    auto& ob = sm.ob;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, q = lane & 3, r0 = lane >> 2;
+    const int cout = p.ocout, cpv = cout >> 3;  // output halves a voxel, 16-byte pieces
+    const int a = warp >> 2, b = (warp >> 1) & 1, c = warp & 1;  // this warp's tap
+    const half zero = __float2half(0.f);
+    // B: k-step s, n-tile j (channel j * 8 + r0), rows s * 16 + h * 8 + q * 2 + {0, 1}.
+    unsigned bf[KS][4][2];
+#pragma unroll
+    for (int s = 0; s < KS; s++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int co = j * 8 + r0, k = s * 16 + h * 8 + q * 2;
+                __half2 v = __halves2half2(zero, zero);
+                if (co < cout) {
+                    const half* wr = w + (i64)(warp * cout + co) * p.kpad + k;
+                    v = __halves2half2(wr[0], wr[1]);
+                }
+                bf[s][j][h] = *reinterpret_cast<unsigned*>(&v);
+            }
+    float bj[4][2];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int co = j * 8 + q * 2 + e;
+            bj[j][e] = bias && co < cout ? bias[co] : 0.f;
+        }
+    const int M = p.n * p.do_ * p.ho * p.wo;  // input voxels (do_ .. wo: the input's, as the GEMM's)
+    const int tiles = (M + UP2_TV - 1) / UP2_TV;
+    const i64 tap = (((i64)a * p.oh + b) * p.ow + c) * p.ldc + p.coff;
+    // Tile t's A rows into buffer k (zeros past M), and its voxels' output offsets (-1 past M).
+    auto fetch = [&](int t, int k) {
+        const int m0 = t * UP2_TV;
+        for (int i = tid; i < UP2_TV * (CIN / 8); i += 256) {
+            const int r = i / (CIN / 8), g = i % (CIN / 8);
+            const bool ok = m0 + r < M;
+            cp_async16(&sa[k][r * AR + g * 8], ok ? x + (i64)(m0 + r) * p.cin + g * 8 : x, ok ? 16 : 0);
+        }
+        if (tid < UP2_TV) {
+            const int m = m0 + tid;
+            i64 o = -1;
+            if (m < M) {
+                const int xx = m % p.wo, t1 = m / p.wo, yy = t1 % p.ho, t2 = t1 / p.ho, zz = t2 % p.do_, n = t2 / p.do_;
+                o = ((((i64)n * p.od + 2 * zz) * p.oh + 2 * yy) * p.ow + 2 * xx) * p.ldc;
+            }
+            ob[k][tid] = o;
+        }
+    };
+    int t = blockIdx.x;
+    if (t < tiles) fetch(t, 0);
+    cp_async_commit();
+    half* sw = st[warp];
+    for (int i = 0; t < tiles; i++, t += gridDim.x) {
+        const int k = i & 1;
+        cp_async_wait<0>();
+        __syncthreads();  // tile t landed (rows and offsets); every warp is done with buffer k ^ 1
+        if (t + (int)gridDim.x < tiles) fetch(t + gridDim.x, k ^ 1);
+        cp_async_commit();
+#pragma unroll 1
+        for (int mt = 0; mt < UP2_TV / 16; mt++) {
+            float acc[4][4];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
+#pragma unroll
+            for (int s = 0; s < KS; s++) {
+                unsigned af[4];
+                ldsm_x4(af, &sa[k][(mt * 16 + (lane & 15)) * AR + s * 16 + (lane >> 4) * 8]);
+#pragma unroll
+                for (int j = 0; j < 4; j++) mma16816(acc[j], af, bf[s][j][0], bf[s][j][1]);
+            }
+            // acc[j]: rows r0 (0, 1) and r0 + 8 (2, 3), channels j * 8 + q * 2 + {0, 1}.
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++) {
+                    const int co = j * 8 + q * 2;
+                    const float v0 = act_apply(acc[j][rr * 2] + bj[j][0], co, p.act, p.alpha, slope, p.slope_n);
+                    const float v1 = act_apply(acc[j][rr * 2 + 1] + bj[j][1], co + 1, p.act, p.alpha, slope, p.slope_n);
+                    if (p.out_f32) {
+                        // fp32 (an output only norms read), straight from the registers.
+                        const i64 o = ob[k][mt * 16 + r0 + rr * 8];
+                        if (o >= 0 && co < cout)
+                            *reinterpret_cast<float2*>(reinterpret_cast<float*>(y) + o + tap + co) = make_float2(v0, v1);
+                    } else {
+                        *reinterpret_cast<__half2*>(&sw[(r0 + rr * 8) * UP2_SR + co]) = __floats2half2_rn(v0, v1);
+                    }
+                }
+            if (p.out_f32) continue;
+            __syncwarp();
+            for (int e = lane; e < 16 * cpv; e += 32) {
+                const int r = e / cpv, g = e - r * cpv;
+                const i64 o = ob[k][mt * 16 + r];
+                if (o >= 0)
+                    *reinterpret_cast<uint4*>(y + o + tap + g * 8) =
+                        *reinterpret_cast<const uint4*>(&sw[r * UP2_SR + g * 8]);
+            }
+            __syncwarp();
+        }
+    }
+    cp_async_wait<0>();
+}
+extern "C" __global__ void __launch_bounds__(256, 2) convt_up2_p(ConvParams p, const half* x, const half* w,
+                                                                const float* bias, half* y, const float* slope) {
+    __shared__ Up2Smem sm;
+    switch (p.cin) {
+    case 16: return convt_up2<1>(p, x, w, bias, y, slope, sm);
+    case 32: return convt_up2<2>(p, x, w, bias, y, slope, sm);
+    case 64: return convt_up2<4>(p, x, w, bias, y, slope, sm);
+    default: __trap();
+    }
+}

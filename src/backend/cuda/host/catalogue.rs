@@ -294,6 +294,12 @@ pub const ATTENTION_MMA_D64: Kernel = k(Family::Attention, "attention_mma_d64");
 /// The split-K conv's second launch (kernels/conv_mma.cu): the fp32 partials summed in split
 /// order, bias, activation, the store.
 pub const CONV_SPLITK_REDUCE: Kernel = k(Family::ConvMma, "conv_splitk_reduce");
+/// The persistent kernel == stride == 2 transposed conv (kernels/conv_mma.cu, `ConvKernel::Up2`):
+/// 256 threads, static shared memory, 64 input voxels a tile.
+pub const CONVT_UP2_P: Kernel = k(Family::ConvMma, "convt_up2_p");
+/// Its input voxels a tile (`UP2_TV` in the kernel), for sizing the grid only: the blocks walk
+/// whatever tiles there are.
+pub const UP2_TILE_VOXELS: usize = 64;
 pub const CONVT_UP_M256N32_V8: Kernel = k(Family::ConvMma, "convt_up_m256n32_v8");
 pub const CONVT_UP_M128N32_V8: Kernel = k(Family::ConvMma, "convt_up_m128n32_v8");
 pub const CONVT_UP_M128N64_V8: Kernel = k(Family::ConvMma, "convt_up_m128n64_v8");
@@ -325,6 +331,7 @@ pub const KERNELS: &[Kernel] = &[
     CONV_C1_K3_NRM,
     CONV_DIRECT,
     CONV_SPLITK_REDUCE,
+    CONVT_UP2_P,
     NORM_PARTIAL_V8,
     NORM_PARTIAL,
     NORM_FINALIZE,

@@ -5,8 +5,8 @@ use crate::backend::cuda::abi::norm_blocks;
 use crate::backend::cuda::host::catalogue::{
     has_wgmma, stats_twin, upsample_vec_name, upsample_vec_st_name, zpair_variant, HaloConfig,
     MmaConfig, C1X1_STAGE_BYTES, C1_TILE, CONV1X1_MMA_N16, CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32,
-    CONV1X1_N32_S, CONV_C1_K3, CONV_C1_K3_ST, CONV_DIRECT, CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8,
-    CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8, CONV_SPLITK_REDUCE,
+    CONV1X1_N32_S, CONVT_UP2_P, CONV_C1_K3, CONV_C1_K3_ST, CONV_DIRECT, CONV_IGEMM_N32_V1,
+    CONV_IGEMM_N32_V8, CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8, CONV_SPLITK_REDUCE,
 };
 use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::host::relayout::{parity_split, FusedParity, ParityClass};
@@ -36,6 +36,9 @@ pub struct ArchCaps {
     /// with Cin % 8 == 0, on `convt_up_*` (staged epilogue) instead of the `conv_mma_*`
     /// scatter epilogue.
     pub conv_up_vec: bool,
+    /// kernel == stride == 2 transposed convs with Cin 16, 32 or 64 and Cout <= 32 (a multiple
+    /// of 8) on the persistent `CONVT_UP2_P` (`CudaOptions::convt_up2`).
+    pub convt_up2: bool,
     /// Strided transposed convs whose parity classes share one grid as one fused launch
     /// ([`FusedParity`]) rather than one launch per class.
     pub parity_fused: bool,
@@ -114,6 +117,7 @@ impl ArchCaps {
             conv_wgmma: has_wgmma(&format!("sm_{major}{minor}")) && opts.wgmma_conv,
             conv_c1: opts.c1_conv,
             conv_up_vec: opts.upsample_vec,
+            convt_up2: opts.convt_up2,
             parity_fused: opts.fused_parity,
             norm_f32: opts.norm_f32,
             split_k: opts.split_k,
@@ -189,6 +193,9 @@ pub enum ConvKernel {
     Upsample(&'static MmaConfig),
     /// The same GEMM and weights on `convt_up_*` (the tile's 16-byte staged epilogue).
     UpsampleVec(&'static MmaConfig),
+    /// The same weights on the persistent `CONVT_UP2_P` (kernel == stride == 2, Cin 16 / 32 /
+    /// 64, Cout <= 32 a multiple of 8).
+    Up2,
     /// Cin-1 3^3 conv on `CONV_C1_K3` (mma weight layout); `stats`: its twin `CONV_C1_K3_ST`,
     /// which also writes a following norm's statistics.
     Cin1 {
@@ -310,6 +317,7 @@ impl ConvKernel {
             ConvKernel::Upsample(c) | ConvKernel::Mma(c) => vec![c.name],
             ConvKernel::SplitK(c, _) => vec![c.name, CONV_SPLITK_REDUCE.name],
             ConvKernel::UpsampleVec(c) => vec![upsample_vec_name(c.name).unwrap_or(c.name)],
+            ConvKernel::Up2 => vec![CONVT_UP2_P.name],
             ConvKernel::Cin1 { stats: false } => vec![CONV_C1_K3.name],
             ConvKernel::Cin1 { stats: true } => vec![CONV_C1_K3_ST.name],
             ConvKernel::Legacy { func, .. } => vec![func],
@@ -327,6 +335,7 @@ impl std::fmt::Debug for ConvKernel {
             ConvKernel::Halo(_) => "Halo",
             ConvKernel::Upsample(_) => "Upsample",
             ConvKernel::UpsampleVec(_) => "UpsampleVec",
+            ConvKernel::Up2 => "Up2",
             ConvKernel::Cin1 { .. } => "Cin1",
             ConvKernel::Mma(_) => "Mma",
             ConvKernel::SplitK(..) => "SplitK",
@@ -492,6 +501,15 @@ impl ConvKernel {
             return ConvKernel::Halo(zpair_variant(c, caps.zpair_tma, caps.zpair_bulk));
         }
         if mma && g.upsample {
+            if caps.convt_up2
+                && caps.conv_tile.is_none()
+                && g.k == [2; 3]
+                && [16, 32, 64].contains(&cin)
+                && cout % 8 == 0
+                && cout <= 32
+            {
+                return ConvKernel::Up2;
+            }
             let taps = g.k[0] * g.k[1] * g.k[2];
             let t = caps.mma_tile(rows, taps * cout, vw);
             if caps.conv_up_vec && cout % 8 == 0 && upsample_vec_name(t.name).is_some() {
@@ -524,7 +542,7 @@ impl ConvKernel {
         match self {
             ConvKernel::Pointwise { .. } => 64,
             ConvKernel::Legacy { .. } => cout.div_ceil(64) * 64,
-            ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) => {
+            ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) | ConvKernel::Up2 => {
                 let taps = wshape[2] * wshape[3] * wshape[4];
                 (taps * cout).div_ceil(MMA_N_PAD) * MMA_N_PAD
             }
@@ -547,7 +565,9 @@ impl ConvKernel {
                     rows * kpad(nt * wshape[0])
                 })
                 .collect(),
-            ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) => vec![rows * kpad(wshape[0])],
+            ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) | ConvKernel::Up2 => {
+                vec![rows * kpad(wshape[0])]
+            }
             ConvKernel::ParityFused(f, _) | ConvKernel::ParityFusedVec(f, _, _) => {
                 vec![rows * kpad(f.k.iter().product::<usize>() * wshape[0])]
             }
@@ -669,6 +689,13 @@ mod tests {
                 h200,
                 geom([64, 4, 4, 4], [32, 8, 8, 8], 2, 2, 1, true),
                 vec![64, 32, 2, 2, 2],
+                "Up2",
+            ),
+            // Cout 64 (past `convt_up2_p`'s 32): the GEMM's staged epilogue.
+            (
+                h200,
+                geom([64, 4, 4, 4], [64, 8, 8, 8], 2, 2, 1, true),
+                vec![64, 64, 2, 2, 2],
                 "UpsampleVec",
             ),
             // Cout 14 (no 8-channel chunks) or the switch off: the scatter epilogue.
@@ -681,6 +708,7 @@ mod tests {
             (
                 ArchCaps {
                     conv_up_vec: false,
+                    convt_up2: false,
                     ..h200
                 },
                 geom([64, 4, 4, 4], [32, 8, 8, 8], 2, 2, 1, true),
@@ -785,7 +813,7 @@ mod tests {
                     .iter()
                     .map(|(c, _)| relayout_parity_weight(&data, &ws, &c.taps, rows).0.len())
                     .collect(),
-                ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) => {
+                ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) | ConvKernel::Up2 => {
                     vec![relayout_upsampling_weight(&data, &ws, rows).0.len()]
                 }
                 ConvKernel::ParityFused(f, _) | ConvKernel::ParityFusedVec(f, _, _) => {
@@ -1066,7 +1094,7 @@ mod tests {
             "Halo conv_halo_c64n64",
             "UpsampleVec convt_up_m128n128_v8",
             "Halo conv_halo_c64n64",
-            "UpsampleVec convt_up_m128n128_v8",
+            "Up2 convt_up2_p",
             "Halo conv_halo_c32n32_w4",
             "Pointwise conv1x1_mma_n16",
         ];

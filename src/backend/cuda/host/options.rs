@@ -23,6 +23,10 @@ pub struct CudaOptions {
     /// with Cin % 8 == 0, on `convt_up_*` (staged epilogue) rather than the `conv_mma_*`
     /// scatter epilogue.
     pub upsample_vec: bool,
+    /// kernel == stride == 2 transposed convs (Cin 16 / 32 / 64, Cout <= 32) on the persistent
+    /// `convt_up2_p`, the next tile's input in flight while a tile is stored, rather than the
+    /// upsampling GEMM (`ConvKernel::Up2`).
+    pub convt_up2: bool,
     /// Run a strided transposed conv whose parity classes share one grid as one launch over
     /// the union of their taps, rather than one launch per class.
     pub fused_parity: bool,
@@ -136,6 +140,7 @@ impl Default for CudaOptions {
             wgmma_conv: true,
             c1_conv: true,
             upsample_vec: true,
+            convt_up2: true,
             fused_parity: true,
             halo_tile: None,
             conv_tile: None,

@@ -8,8 +8,8 @@ use crate::backend::cuda::abi::{ConvParams, OUT_SHIFTED};
 use crate::backend::cuda::host::catalogue::{
     halo_config, HaloConfig, C1_TILE, CONV1X1_MMA_N16, CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32,
     CONV1X1_N32_S, CONV1X1_NORM_MMA_N16, CONV1X1_NORM_N16, CONV1X1_NORM_N16_S, CONV1X1_NORM_N32,
-    CONV1X1_NORM_N32_S, CONV_C1_K3, CONV_C1_K3_NRM, CONV_C1_K3_ST, CONV_C1_K3_STO,
-    CONV_SPLITK_REDUCE,
+    CONV1X1_NORM_N32_S, CONVT_UP2_P, CONV_C1_K3, CONV_C1_K3_NRM, CONV_C1_K3_ST, CONV_C1_K3_STO,
+    CONV_SPLITK_REDUCE, UP2_TILE_VOXELS,
 };
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::backend::cuda::host::relayout::{
@@ -294,7 +294,7 @@ pub(crate) fn build(
             }])
         }
         // Plain GEMM [input voxels x Cin] x [Cin x taps*Cout], scattered to the k^3 blocks.
-        K::Upsample(m) | K::UpsampleVec(m) => {
+        K::Upsample(_) | K::UpsampleVec(_) | K::Up2 => {
             let (xs, os, w) = (io.xshape, io.oshape, &c.weight);
             let k = [w.shape[2], w.shape[3], w.shape[4]];
             let (wh, kpad) = relayout_upsampling_weight(&w.data, &w.shape, rows_pad);
@@ -312,13 +312,17 @@ pub(crate) fn build(
             (p.od, p.oh, p.ow) = (os[1] as i32, os[2] as i32, os[3] as i32);
             p.kpad = kpad as i32;
             let wp = b.upload_const(&wh)?;
-            let shape = (
-                kernel.funcs()[0],
-                m.bm as u32,
-                m.bn as u32,
-                m.threads,
-                m.smem_bytes(),
-            );
+            let shape = match kernel {
+                K::Upsample(m) | K::UpsampleVec(m) => (
+                    kernel.funcs()[0],
+                    m.bm as u32,
+                    m.bn as u32,
+                    m.threads,
+                    m.smem_bytes(),
+                ),
+                // Static shared memory; `launch` sizes its persistent grid.
+                _ => (kernel.funcs()[0], UP2_TILE_VOXELS as u32, 0, 256, 0),
+            };
             Ok(vec![step(p, wp, io.y, shape)])
         }
         // Stride-1 3^3 with Cin k x 32: the input halo of a 4x8x8 output tile loaded once
@@ -537,6 +541,11 @@ impl ConvStep {
             gpu.eltwise(s, func, m * p.cout as usize, &mut args)
         } else if is_c1(func) {
             gpu.launch(s, func, c1_grid(&p), (self.threads, 0), &mut args)
+        } else if func == CONVT_UP2_P.name {
+            // Persistent: two blocks an SM (its launch bounds), or one a tile.
+            let tiles = m.div_ceil(UP2_TILE_VOXELS);
+            let grid = (tiles.min(2 * gpu.sm_count as usize).max(1) as u32, 1, 1);
+            gpu.launch(s, func, grid, (self.threads, 0), &mut args)
         } else if let Some(c) = halo_config(func) {
             let grid = halo_grid(gpu, c, &p);
             if !c.tma_loads {

@@ -302,8 +302,9 @@ impl Affine {
             ];
             args.extend(self.pair_args(ab));
             if let Some((part, sh)) = shift {
-                let [h, w, tz, ty, tx, tiles, xs] =
-                    [sh.h, sh.w, sh.tile[0], sh.tile[1], sh.tile[2], sh.tiles, sh.xs];
+                let [h, w, tz, ty, tx, tiles, xs] = [
+                    sh.h, sh.w, sh.tile[0], sh.tile[1], sh.tile[2], sh.tiles, sh.xs,
+                ];
                 args.push(Arg::Ptr(part));
                 args.extend([h, w, tz, ty, tx, tiles, xs].map(|v| Arg::I32(v as i32)));
             }

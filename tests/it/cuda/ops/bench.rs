@@ -100,7 +100,7 @@ fn bench_w1_layers() {
             b.with(|o| o.legacy_conv = li == 0);
             b.with(|o| o.halo_conv = li == 2);
             b.with(|o| o.c1_conv = li == 2);
-            b.with(|o| o.upsample_vec = li == 2);
+            b.with(|o| (o.upsample_vec, o.convt_up2) = (li == 2, li == 2));
             let w = Tensor::new(
                 if kind == 't' {
                     vec![ci, co, k, k, k]
@@ -147,7 +147,7 @@ fn bench_w1_layers() {
         }
         if upv && auto_fresh {
             assert!(
-                auto_kernels.iter().all(|k| k.starts_with("convt_up_")),
+                auto_kernels.iter().all(|k| k.starts_with("convt_up")),
                 "{auto_kernels:?}"
             );
         }
@@ -553,9 +553,10 @@ fn profile_models() {
         // convs without tensor loads (`_h2`, `PROFTM`) and with bulk stores only (`_h2b`,
         // `PROFBK`); the `_st` twins without the helper's stores (`_h2t_st`) and without their
         // outputs as fp16 less each tile's shift (`norm_shifted`); the full-resolution launches
-        // batched rather than one window at a time (more activation bytes).
+        // batched rather than one window at a time (more activation bytes); the k2 transposed
+        // convs on the upsampling GEMM rather than `convt_up2_p`.
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
-        let variants: [Switch; 17] = [
+        let variants: [Switch; 18] = [
             (
                 "without residual Adds in the norms",
                 |o| o.norm_residual = false,
@@ -630,6 +631,11 @@ fn profile_models() {
             (
                 "without window segments",
                 |o| o.window_segments = false,
+                None,
+            ),
+            (
+                "without the persistent k2 transposed conv",
+                |o| o.convt_up2 = false,
                 None,
             ),
         ];

@@ -312,12 +312,13 @@ fn conv_mma_tiles() {
 /// epilogue) vs float64: k2s2 with Cin 32/64/128/320, Cout 32/64/16/24, odd spatial sizes
 /// (partial M tiles), every v8 tile forced once, Cout 14 (falls back to the scatter epilogue),
 /// outputs into concat slices (aligned: vector stores; offset 14: element stores).
+/// (`convt_up2` off: the GEMM those shapes would otherwise leave for `convt_up2_p`.)
 #[test]
 fn convt_up_vec_cases() {
     let Some(mut b) = gpu() else { return };
     let mut r = Rng::tagged("upvec");
     b.with(|o| o.conv_tile = None);
-    b.with(|o| o.upsample_vec = true);
+    b.with(|o| (o.upsample_vec, o.convt_up2) = (true, false));
     let cases: Vec<(usize, usize, [usize; 3], Option<&str>)> = vec![
         (32, 32, [5, 6, 7], None),
         (64, 32, [3, 5, 9], None),
@@ -437,7 +438,122 @@ fn convt_up_vec_cases() {
             "{used:?}"
         );
     }
-    b.with(|o| o.upsample_vec = true);
+    b.with(|o| *o = CudaOptions::default());
+}
+
+/// `convt_up2_p` (`CudaOptions::convt_up2`: kernel == stride == 2, Cin 16 / 32 / 64, Cout <= 32
+/// a multiple of 8) against float64 and against the upsampling GEMM it replaces (`convt_up_*`,
+/// the same weights and fp32 sums: within one fp16 rounding): partial 64-voxel tiles, tiles
+/// across rows and samples (batch 2), more tiles than its persistent grid (each block walks
+/// several, the next one's copy in flight), a volume smaller than one tile; into a concat slice
+/// (channel stride and offset); a fused LeakyReLU; fp32 output for an InstanceNorm.
+#[test]
+fn convt_up2_cases() {
+    let Some(mut b) = gpu() else { return };
+    let mut r = Rng::tagged("up2");
+    let convt = |w: Tensor, bias: Tensor| {
+        Op::ConvTranspose(ConvTranspose {
+            weight: w,
+            bias: Some(bias),
+            stride: [2; 3],
+            dilation: [1; 3],
+            pads: [0; 6],
+            output_padding: [0; 3],
+            groups: 1,
+        })
+    };
+    let up = Kernel {
+        st: [2; 3],
+        transposed: true,
+        ..PLAIN
+    };
+    let weights = |r: &mut Rng, cin: usize, cout: usize| {
+        (
+            Tensor::new(
+                vec![cin, cout, 2, 2, 2],
+                r.scaled(cin * cout * 8, 1.0 / (cin as f32).sqrt()),
+            ),
+            Tensor::new(vec![cout], r.scaled(cout, 0.5)),
+        )
+    };
+    // (cin, cout, spatial, with the tail: InstanceNorm + LeakyReLU, the conv's output fp32)
+    let cases: [(usize, usize, [usize; 3], bool); 8] = [
+        (64, 32, [5, 6, 7], false),
+        (32, 16, [3, 5, 9], false),
+        (16, 8, [4, 3, 5], false),
+        (64, 24, [7, 5, 3], false),
+        (64, 32, [16, 16, 40], false),
+        (32, 32, [1, 2, 3], false),
+        (64, 32, [5, 4, 9], true),
+        (16, 16, [6, 3, 5], true),
+    ];
+    for (cin, cout, sp, tail) in cases {
+        let x = input2(&mut r, cin, sp);
+        let (w, bias) = weights(&mut r, cin, cout);
+        let y = conv_ref(&x, &w, Some(&bias), up);
+        let (g, want) = if tail {
+            let t = Tail::instance_or_group(&mut r, cout, cout);
+            let want = t.reference(&y);
+            (t.after(cin, convt(w, bias), cout), want)
+        } else {
+            (graph(cin, vec![(convt(w, bias), vec![0], cout)]), y)
+        };
+        let name = format!("convt_up2 {cin}->{cout} {sp:?} tail {tail}");
+        let mut outs = Vec::new();
+        for on in [true, false] {
+            b.with(|o| o.convt_up2 = on);
+            outs.push(run(&mut b, &g, &x, 2));
+            let used = kernels_used(&mut b, 2);
+            let k = if on { "convt_up2_p" } else { "convt_up_" };
+            assert!(
+                used.iter().any(|u| u.starts_with(k)),
+                "{name} (up2 {on}): ran {used:?}"
+            );
+        }
+        let e = rel_l2(&outs[0], &want);
+        let dev = max_abs_diff(&outs[0], &outs[1]);
+        println!("RESULT {name:<44} rel L2 {e:.2e}, max |diff| from the GEMM {dev:.2e}");
+        report(&name, e);
+        let top = outs[1].iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert!(
+            dev <= top / 512.0,
+            "{name}: {dev:.3e} from the GEMM (values up to {top:.3e})"
+        );
+    }
+    b.with(|o| o.convt_up2 = true);
+    // Into a concat slice: [32, 24] of two k2s2 transposed convs (stride 56, offset 32).
+    let (cin, sp) = (64usize, [3usize, 5, 4]);
+    let x = input2(&mut r, cin, sp);
+    let parts = [32usize, 24]
+        .into_iter()
+        .map(|c| {
+            let (w, bias) = weights(&mut r, cin, c);
+            let want = conv_ref(&x, &w, Some(&bias), up);
+            (convt(w, bias), want)
+        })
+        .collect();
+    let used = concat_parts_case(&mut b, "convt_up2 into concat [32, 24]", &x, parts, false);
+    assert!(
+        used.iter().any(|k| k == "convt_up2_p"),
+        "concat: ran {used:?}"
+    );
+    // A fused LeakyReLU (the epilogue's act_apply).
+    let (cin, cout, sp) = (32usize, 16usize, [3usize, 4, 5]);
+    let x = input2(&mut r, cin, sp);
+    let (w, bias) = weights(&mut r, cin, cout);
+    let want = conv_ref(&x, &w, Some(&bias), up).map(|_, v| if v >= 0.0 { v } else { 0.1 * v });
+    let g = graph(
+        cin,
+        vec![
+            (convt(w, bias), vec![0], cout),
+            (Op::LeakyRelu { alpha: 0.1 }, vec![1], cout),
+        ],
+    );
+    let got = run(&mut b, &g, &x, 2);
+    report("convt_up2 k2s2 + leaky", rel_l2(&got, &want));
+    let used = kernels_used(&mut b, 2);
+    assert_eq!(used, ["convt_up2_p"], "leaky: ran {used:?}");
+    b.with(|o| *o = CudaOptions::default());
 }
 
 /// Split-K convs (`ConvKernel::SplitK`: K tiles over grid.z, fp32 partials in the plan's
