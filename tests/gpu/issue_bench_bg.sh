@@ -7,7 +7,8 @@
 # the machine's warm time, 30 s), waits on and prints it, its files into $OUT/bench. Carrying
 # `.dev/gb.tar.xz`:
 #   bash tests/gpu/issue_bench_bg.sh start   then   bash tests/gpu/issue_bench_bg.sh wait
-#   (DEADLINE: the bench's seconds, default 1100; WAIT: seconds a call waits, default 570)
+#   (DEADLINE: the bench's seconds, default 1100; WAIT: seconds a call waits, default 570;
+#   ONLY: the workloads, default k1,w3,w2,w1: `ONLY=w1` is W1 against every peer mode, ~500 s)
 set -u
 . "$(dirname "$0")/call_env.sh"
 B=/tmp/issue_bench
@@ -15,7 +16,7 @@ case "${1:-}" in
 start)
   rm -rf "$B"
   mkdir -p "$B"
-  setsid nohup bash -c "BUNDLE=$G OUT=$B bash tests/gpu/bench.sh --only k1,w3,w2,w1 \
+  setsid nohup bash -c "BUNDLE=$G OUT=$B bash tests/gpu/bench.sh --only ${ONLY:-k1,w3,w2,w1} \
     --modes eager,default,max-autotune-no-cudagraphs --mode-timeout 480 --deadline ${DEADLINE:-1100}; \
     echo \$? > $B/done" > "$B/run.log" 2>&1 < /dev/null &
   el "bench started"
