@@ -489,13 +489,17 @@ extern "C" __global__ void conv_splitk_reduce(ConvParams p, const half* x, const
 // convt_up2_p (`CudaOptions::convt_up2`): the kernel == stride == 2 transposed conv (the
 // upsampling GEMM's weights and parameters: w row tap * ocout + co, K = Cin, kpad wide) for
 // Cin = 16 KS (16, 32, 64) and Cout <= 32 (a multiple of 8), persistent. W1's 64 -> 32 at
-// 64³ -> 128³ on `convt_up_m128n128_v8` moves ~1.5 TB/s (PERF_NOTES, session 38): each block
+// 64³ -> 128³ on `convt_up_m128n128_v8` moves ~1.25 TB/s (PERF_NOTES, session 38): each block
 // loads its A tile, runs two k-steps, stages 64 KB of fp32 and stores, nothing overlapping. Here
 // a block walks tiles of 64 consecutive input voxels with the next tile's copy in flight; warp
 // w computes tap w's 64 x 32 outputs with the tap's weights in registers for the launch (loaded
 // once), stages each 16-voxel row block as fp16 in its own rows and stores whole 16-byte
-// pieces (a voxel's Cout halves are contiguous). Output voxel (2z + a, 2y + b, 2x + c) of input
-// voxel (z, y, x) and tap (a, b, c); its offset less the tap's is computed once a tile per voxel.
+// pieces (a voxel's Cout halves are contiguous; element stores where the channel stride or
+// offset is not a multiple of 8). Output voxel (2z + a, 2y + b, 2x + c) of input voxel (z, y, x)
+// and tap (a, b, c); its offset less the tap's is computed once a tile per voxel. fp32 output
+// (for a norm) goes out from the registers. No activation is a template case (no switch per
+// value: a first version issued ~1,600 instructions a warp a tile at 9.4 cycles each, ncu,
+// two blocks an SM); three blocks an SM.
 #define UP2_TV 64   // input voxels a tile
 #define UP2_SR 40   // staging row (halves): 8 rows x 4 lanes of half2 writes conflict-free
 // The shared memory (the kernel's, sized for Cin 64): A rows of two tiles, each warp's staging
@@ -505,18 +509,18 @@ struct Up2Smem {
     __align__(16) half st[8][16 * UP2_SR];
     i64 ob[2][UP2_TV];
 };
-template <int KS>
+template <int KS, int ACT>
 __device__ __forceinline__ void convt_up2(const ConvParams& p, const half* __restrict__ x, const half* __restrict__ w,
                                           const float* __restrict__ bias, half* __restrict__ y,
                                           const float* __restrict__ slope, Up2Smem& sm) {
     constexpr int CIN = KS * 16, AR = CIN + 8;  // A rows padded: ldmatrix's 8 rows in 8 bank groups
     static_assert(UP2_TV * AR <= UP2_TV * 72, "the A rows fit");
     auto& sa = sm.a;
-    auto& st = sm.st;
     auto& ob = sm.ob;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, q = lane & 3, r0 = lane >> 2;
     const int cout = p.ocout, cpv = cout >> 3;  // output halves a voxel, 16-byte pieces
     const int a = warp >> 2, b = (warp >> 1) & 1, c = warp & 1;  // this warp's tap
+    const bool vec = ((p.ldc | p.coff) & 7) == 0, f32 = p.out_f32 != 0;
     const half zero = __float2half(0.f);
     // B: k-step s, n-tile j (channel j * 8 + r0), rows s * 16 + h * 8 + q * 2 + {0, 1}.
     unsigned bf[KS][4][2];
@@ -566,7 +570,9 @@ __device__ __forceinline__ void convt_up2(const ConvParams& p, const half* __res
     int t = blockIdx.x;
     if (t < tiles) fetch(t, 0);
     cp_async_commit();
-    half* sw = st[warp];
+    half* sw = sm.st[warp];
+    // The staged pieces this lane stores: voxel lane / 2 of the 16, pieces (lane & 1) * 2 + {0, 1}.
+    const int sr = lane >> 1, g0 = (lane & 1) * 2;
     for (int i = 0; t < tiles; i++, t += gridDim.x) {
         const int k = i & 1;
         cp_async_wait<0>();
@@ -591,40 +597,73 @@ __device__ __forceinline__ void convt_up2(const ConvParams& p, const half* __res
 #pragma unroll
             for (int j = 0; j < 4; j++)
 #pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc[j][e] = act_of<ACT>(acc[j][e] + bj[j][e & 1], j * 8 + q * 2 + (e & 1), p.act, p.alpha, slope,
+                                            p.slope_n);
+            if (f32) {
+                // fp32 (an output only norms read), straight from the registers.
+#pragma unroll
                 for (int rr = 0; rr < 2; rr++) {
-                    const int co = j * 8 + q * 2;
-                    const float v0 = act_apply(acc[j][rr * 2] + bj[j][0], co, p.act, p.alpha, slope, p.slope_n);
-                    const float v1 = act_apply(acc[j][rr * 2 + 1] + bj[j][1], co + 1, p.act, p.alpha, slope, p.slope_n);
-                    if (p.out_f32) {
-                        // fp32 (an output only norms read), straight from the registers.
-                        const i64 o = ob[k][mt * 16 + r0 + rr * 8];
-                        if (o >= 0 && co < cout)
-                            *reinterpret_cast<float2*>(reinterpret_cast<float*>(y) + o + tap + co) = make_float2(v0, v1);
-                    } else {
-                        *reinterpret_cast<__half2*>(&sw[(r0 + rr * 8) * UP2_SR + co]) = __floats2half2_rn(v0, v1);
+                    const i64 o = ob[k][mt * 16 + r0 + rr * 8];
+                    if (o < 0) continue;
+                    float* yo = reinterpret_cast<float*>(y) + o + tap;
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const int co = j * 8 + q * 2;
+                        if (co >= cout) continue;
+                        yo[co] = acc[j][rr * 2];
+                        yo[co + 1] = acc[j][rr * 2 + 1];
                     }
                 }
-            if (p.out_f32) continue;
+                continue;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++)
+                    *reinterpret_cast<__half2*>(&sw[(r0 + rr * 8) * UP2_SR + j * 8 + q * 2]) =
+                        __floats2half2_rn(acc[j][rr * 2], acc[j][rr * 2 + 1]);
             __syncwarp();
-            for (int e = lane; e < 16 * cpv; e += 32) {
-                const int r = e / cpv, g = e - r * cpv;
-                const i64 o = ob[k][mt * 16 + r];
-                if (o >= 0)
-                    *reinterpret_cast<uint4*>(y + o + tap + g * 8) =
-                        *reinterpret_cast<const uint4*>(&sw[r * UP2_SR + g * 8]);
+            const i64 o = ob[k][mt * 16 + sr];
+            if (o >= 0) {
+                half* yo = y + o + tap;
+#pragma unroll
+                for (int gg = 0; gg < 2; gg++) {
+                    const int g = g0 + gg;
+                    if (g >= cpv) break;
+                    const uint4 v = *reinterpret_cast<const uint4*>(&sw[sr * UP2_SR + g * 8]);
+                    if (vec) {
+                        *reinterpret_cast<uint4*>(yo + g * 8) = v;
+                    } else {
+                        const half* h = reinterpret_cast<const half*>(&v);
+#pragma unroll
+                        for (int e = 0; e < 8; e++) yo[g * 8 + e] = h[e];
+                    }
+                }
             }
             __syncwarp();
         }
     }
     cp_async_wait<0>();
 }
-extern "C" __global__ void __launch_bounds__(256, 2) convt_up2_p(ConvParams p, const half* x, const half* w,
+template <int KS>
+__device__ __forceinline__ void convt_up2_k(const ConvParams& p, const half* x, const half* w, const float* bias,
+                                            half* y, const float* slope, Up2Smem& sm) {
+    // (No activation: W1's; the others through act_apply's switch. Every case BY_ACT makes a
+    // template of took registers the common one then spilled.)
+    if (p.act == ACT_NONE) {
+        convt_up2<KS, ACT_NONE>(p, x, w, bias, y, slope, sm);
+    } else {
+        convt_up2<KS, ACT_ANY>(p, x, w, bias, y, slope, sm);
+    }
+}
+extern "C" __global__ void __launch_bounds__(256, 3) convt_up2_p(ConvParams p, const half* x, const half* w,
                                                                 const float* bias, half* y, const float* slope) {
     __shared__ Up2Smem sm;
     switch (p.cin) {
-    case 16: return convt_up2<1>(p, x, w, bias, y, slope, sm);
-    case 32: return convt_up2<2>(p, x, w, bias, y, slope, sm);
-    case 64: return convt_up2<4>(p, x, w, bias, y, slope, sm);
+    case 16: return convt_up2_k<1>(p, x, w, bias, y, slope, sm);
+    case 32: return convt_up2_k<2>(p, x, w, bias, y, slope, sm);
+    case 64: return convt_up2_k<4>(p, x, w, bias, y, slope, sm);
     default: __trap();
     }
 }

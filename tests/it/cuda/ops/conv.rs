@@ -445,8 +445,9 @@ fn convt_up_vec_cases() {
 /// a multiple of 8) against float64 and against the upsampling GEMM it replaces (`convt_up_*`,
 /// the same weights and fp32 sums: within one fp16 rounding): partial 64-voxel tiles, tiles
 /// across rows and samples (batch 2), more tiles than its persistent grid (each block walks
-/// several, the next one's copy in flight), a volume smaller than one tile; into a concat slice
-/// (channel stride and offset); a fused LeakyReLU; fp32 output for an InstanceNorm.
+/// several, the next one's copy in flight), a volume smaller than one tile; into concat slices
+/// (channel stride and offset; 16-byte and element stores); a fused LeakyReLU; fp32 output for
+/// an InstanceNorm.
 #[test]
 fn convt_up2_cases() {
     let Some(mut b) = gpu() else { return };
@@ -521,22 +522,26 @@ fn convt_up2_cases() {
         );
     }
     b.with(|o| o.convt_up2 = true);
-    // Into a concat slice: [32, 24] of two k2s2 transposed convs (stride 56, offset 32).
-    let (cin, sp) = (64usize, [3usize, 5, 4]);
-    let x = input2(&mut r, cin, sp);
-    let parts = [32usize, 24]
-        .into_iter()
-        .map(|c| {
-            let (w, bias) = weights(&mut r, cin, c);
-            let want = conv_ref(&x, &w, Some(&bias), up);
-            (convt(w, bias), want)
-        })
-        .collect();
-    let used = concat_parts_case(&mut b, "convt_up2 into concat [32, 24]", &x, parts, false);
-    assert!(
-        used.iter().any(|k| k == "convt_up2_p"),
-        "concat: ran {used:?}"
-    );
+    // Into concat slices of two k2s2 transposed convs: [32, 24] (stride 56, offset 32: 16-byte
+    // stores) and [14, 32] (stride 46, the second at offset 14: element stores).
+    for cs in [[32usize, 24], [14, 32]] {
+        let (cin, sp) = (64usize, [3usize, 5, 4]);
+        let x = input2(&mut r, cin, sp);
+        let parts = cs
+            .into_iter()
+            .map(|c| {
+                let (w, bias) = weights(&mut r, cin, c);
+                let want = conv_ref(&x, &w, Some(&bias), up);
+                (convt(w, bias), want)
+            })
+            .collect();
+        let name = format!("convt_up2 into concat {cs:?}");
+        let used = concat_parts_case(&mut b, &name, &x, parts, false);
+        assert!(
+            used.iter().any(|k| k == "convt_up2_p"),
+            "{name}: ran {used:?}"
+        );
+    }
     // A fused LeakyReLU (the epilogue's act_apply).
     let (cin, cout, sp) = (32usize, 16usize, [3usize, 4, 5]);
     let x = input2(&mut r, cin, sp);
