@@ -657,6 +657,7 @@ __device__ __forceinline__ void convt_up2_k(const ConvParams& p, const half* x, 
         convt_up2<KS, ACT_ANY>(p, x, w, bias, y, slope, sm);
     }
 }
+// (3: `UP2_BLOCKS_PER_SM` in the catalogue, which sizes the grid.)
 extern "C" __global__ void __launch_bounds__(256, 3) convt_up2_p(ConvParams p, const half* x, const half* w,
                                                                 const float* bias, half* y, const float* slope) {
     __shared__ Up2Smem sm;

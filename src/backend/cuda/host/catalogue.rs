@@ -300,6 +300,8 @@ pub const CONVT_UP2_P: Kernel = k(Family::ConvMma, "convt_up2_p");
 /// Its input voxels a tile (`UP2_TV` in the kernel), for sizing the grid only: the blocks walk
 /// whatever tiles there are.
 pub const UP2_TILE_VOXELS: usize = 64;
+/// Its blocks an SM: the second number of its `__launch_bounds__` (80 registers a thread).
+pub const UP2_BLOCKS_PER_SM: usize = 3;
 pub const CONVT_UP_M256N32_V8: Kernel = k(Family::ConvMma, "convt_up_m256n32_v8");
 pub const CONVT_UP_M128N32_V8: Kernel = k(Family::ConvMma, "convt_up_m128n32_v8");
 pub const CONVT_UP_M128N64_V8: Kernel = k(Family::ConvMma, "convt_up_m128n64_v8");

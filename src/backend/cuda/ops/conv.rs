@@ -9,7 +9,7 @@ use crate::backend::cuda::host::catalogue::{
     halo_config, HaloConfig, C1_TILE, CONV1X1_MMA_N16, CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32,
     CONV1X1_N32_S, CONV1X1_NORM_MMA_N16, CONV1X1_NORM_N16, CONV1X1_NORM_N16_S, CONV1X1_NORM_N32,
     CONV1X1_NORM_N32_S, CONVT_UP2_P, CONV_C1_K3, CONV_C1_K3_NRM, CONV_C1_K3_ST, CONV_C1_K3_STO,
-    CONV_SPLITK_REDUCE, UP2_TILE_VOXELS,
+    CONV_SPLITK_REDUCE, UP2_BLOCKS_PER_SM, UP2_TILE_VOXELS,
 };
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::backend::cuda::host::relayout::{
@@ -542,9 +542,13 @@ impl ConvStep {
         } else if is_c1(func) {
             gpu.launch(s, func, c1_grid(&p), (self.threads, 0), &mut args)
         } else if func == CONVT_UP2_P.name {
-            // Persistent: two blocks an SM (its launch bounds), or one a tile.
+            // Persistent: as many blocks an SM as its launch bounds fit, or one a tile.
             let tiles = m.div_ceil(UP2_TILE_VOXELS);
-            let grid = (tiles.min(2 * gpu.sm_count as usize).max(1) as u32, 1, 1);
+            let grid = (
+                tiles.min(UP2_BLOCKS_PER_SM * gpu.sm_count as usize).max(1) as u32,
+                1,
+                1,
+            );
             gpu.launch(s, func, grid, (self.threads, 0), &mut args)
         } else if let Some(c) = halo_config(func) {
             let grid = halo_grid(gpu, c, &p);
