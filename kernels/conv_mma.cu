@@ -498,8 +498,9 @@ extern "C" __global__ void conv_splitk_reduce(ConvParams p, const half* x, const
 // offset is not a multiple of 8). Output voxel (2z + a, 2y + b, 2x + c) of input voxel (z, y, x)
 // and tap (a, b, c); its offset less the tap's is computed once a tile per voxel. fp32 output
 // (for a norm) goes out from the registers. No activation is a template case (no switch per
-// value: a first version issued ~1,600 instructions a warp a tile at 9.4 cycles each, ncu,
-// two blocks an SM); three blocks an SM.
+// value: a first version issued ~1,600 instructions a warp a tile at 9.4 cycles each, ncu).
+// Now L2-bound (~80% of its throughput) at ~1.3 TB/s of DRAM traffic: 113 us a window against
+// the GEMM's ~135 (PERF_NOTES, session 38).
 #define UP2_TV 64   // input voxels a tile
 #define UP2_SR 40   // staging row (halves): 8 rows x 4 lanes of half2 writes conflict-free
 // The shared memory (the kernel's, sized for Cin 64): A rows of two tiles, each warp's staging
@@ -657,7 +658,8 @@ __device__ __forceinline__ void convt_up2_k(const ConvParams& p, const half* x, 
         convt_up2<KS, ACT_ANY>(p, x, w, bias, y, slope, sm);
     }
 }
-// (3: `UP2_BLOCKS_PER_SM` in the catalogue, which sizes the grid.)
+// (Three blocks an SM fit its 80 registers; the grid, `UP2_BLOCKS_PER_SM` in the catalogue,
+// takes two: measured faster.)
 extern "C" __global__ void __launch_bounds__(256, 3) convt_up2_p(ConvParams p, const half* x, const half* w,
                                                                 const float* bias, half* y, const float* slope) {
     __shared__ Up2Smem sm;

@@ -300,8 +300,9 @@ pub const CONVT_UP2_P: Kernel = k(Family::ConvMma, "convt_up2_p");
 /// Its input voxels a tile (`UP2_TV` in the kernel), for sizing the grid only: the blocks walk
 /// whatever tiles there are.
 pub const UP2_TILE_VOXELS: usize = 64;
-/// Its blocks an SM: the second number of its `__launch_bounds__` (80 registers a thread).
-pub const UP2_BLOCKS_PER_SM: usize = 3;
+/// Its blocks an SM: two, though its launch bounds' 80 registers allow three (W1's 64 -> 32
+/// under ncu: 112.8 us a window on two, 121.1 on three; L2-bound at ~80% either way, session 38).
+pub const UP2_BLOCKS_PER_SM: usize = 2;
 pub const CONVT_UP_M256N32_V8: Kernel = k(Family::ConvMma, "convt_up_m256n32_v8");
 pub const CONVT_UP_M128N32_V8: Kernel = k(Family::ConvMma, "convt_up_m128n32_v8");
 pub const CONVT_UP_M128N64_V8: Kernel = k(Family::ConvMma, "convt_up_m128n64_v8");
