@@ -522,31 +522,11 @@ __device__ __forceinline__ void convt_up2(const ConvParams& p, const half* __res
     const int cout = p.ocout, cpv = cout >> 3;  // output halves a voxel, 16-byte pieces
     const int a = warp >> 2, b = (warp >> 1) & 1, c = warp & 1;  // this warp's tap
     const bool vec = ((p.ldc | p.coff) & 7) == 0, f32 = p.out_f32 != 0;
-    const half zero = __float2half(0.f);
-    // B: k-step s, n-tile j (channel j * 8 + r0), rows s * 16 + h * 8 + q * 2 + {0, 1}.
+    // B: tap w's weights (Cin x 32) for the launch.
     unsigned bf[KS][4][2];
-#pragma unroll
-    for (int s = 0; s < KS; s++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int co = j * 8 + r0, k = s * 16 + h * 8 + q * 2;
-                __half2 v = __halves2half2(zero, zero);
-                if (co < cout) {
-                    const half* wr = w + (i64)(warp * cout + co) * p.kpad + k;
-                    v = __halves2half2(wr[0], wr[1]);
-                }
-                bf[s][j][h] = *reinterpret_cast<unsigned*>(&v);
-            }
-    float bj[4][2];
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int co = j * 8 + q * 2 + e;
-            bj[j][e] = bias && co < cout ? bias[co] : 0.f;
-        }
+    mma_b_rows(bf, w, (i64)warp * cout, p.kpad, cout, lane);
+    float bj[4][2];  // the bias of the lane's output channels
+    mma_bias_cols(bj, bias, cout, lane);
     const int M = p.n * p.do_ * p.ho * p.wo;  // input voxels (do_ .. wo: the input's, as the GEMM's)
     const int tiles = (M + UP2_TV - 1) / UP2_TV;
     const i64 tap = (((i64)a * p.oh + b) * p.ow + c) * p.ldc + p.coff;

@@ -538,29 +538,11 @@ __device__ __forceinline__ void conv1x1_mma_t(const ConvParams& p, const void* _
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int q = lane & 3, r0 = lane >> 2;
     const int cin = KS * 16, cout = p.cout;
-    const half zero = __float2half(0.f);
-    // B: k-step s, n-tile j (channel j * 8 + r0), rows s * 16 + h * 8 + q * 2 + {0, 1}.
+    // B: the weights (Cin x 16) for the launch.
     unsigned bf[KS][2][2];
-#pragma unroll
-    for (int s = 0; s < KS; s++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int co = j * 8 + r0, k = s * 16 + h * 8 + q * 2;
-                __half2 v = __halves2half2(zero, zero);
-                if (co < cout) v = __halves2half2(w[(i64)co * p.kpad + k], w[(i64)co * p.kpad + k + 1]);
-                bf[s][j][h] = *reinterpret_cast<unsigned*>(&v);
-            }
-    // The lane's output channels j * 8 + q * 2 + e.
-    float bj[2][2];
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int co = j * 8 + q * 2 + e;
-            bj[j][e] = bias && co < cout ? bias[co] : 0.f;
-        }
+    mma_b_rows(bf, w, 0, p.kpad, cout, lane);
+    float bj[2][2];  // the bias of the lane's output channels
+    mma_bias_cols(bj, bias, cout, lane);
     const unsigned P = (unsigned)p.do_ * p.ho * p.wo, M = (unsigned)p.n * P;
     const unsigned groups = (M + 15) / 16;
     const bool dense = p.ldc == cout && p.coff == 0;

@@ -76,6 +76,42 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], 
 #endif
 }
 
+// The bias of the lane's accumulator columns j * 8 + (lane % 4) * 2 + e (0 past `ncol` or
+// without a bias).
+template <int NT>
+__device__ __forceinline__ void mma_bias_cols(float (&bj)[NT][2], const float* __restrict__ bias, int ncol, int lane) {
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int n = j * 8 + (lane & 3) * 2 + e;
+            bj[j][e] = bias && n < ncol ? bias[n] : 0.f;
+        }
+}
+
+// mma16816's B fragments of a weight matrix held as rows of K (row row0 + n for GEMM column n,
+// `kpad` halves apart; columns n >= ncol read as zero), for the launch: k-step s, n-tile j
+// (column j * 8 + lane / 4), K rows s * 16 + h * 8 + (lane % 4) * 2 + {0, 1}.
+template <int KS, int NT>
+__device__ __forceinline__ void mma_b_rows(unsigned (&bf)[KS][NT][2], const half* __restrict__ w, i64 row0, int kpad,
+                                           int ncol, int lane) {
+    const half zero = __float2half(0.f);
+#pragma unroll
+    for (int s = 0; s < KS; s++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int n = j * 8 + (lane >> 2), k = s * 16 + h * 8 + (lane & 3) * 2;
+                __half2 v = __halves2half2(zero, zero);
+                if (n < ncol) {
+                    const half* wr = w + (row0 + n) * kpad + k;
+                    v = __halves2half2(wr[0], wr[1]);
+                }
+                bf[s][j][h] = *reinterpret_cast<unsigned*>(&v);
+            }
+}
+
 // Stores GEMM columns c, c+1 of one row (bias, activation): half2 when aligned, else one by one
 // (with an odd Cout the scatter's next column can belong to the next tap). Out of line: the
 // unrolled epilogue calls it MI x NI x 2 times; inlining it was measured slower on the H200

@@ -364,26 +364,8 @@ fn convt_up_vec_cases() {
         for c in [ca, cb] {
             let w = Tensor::new(vec![cin, c, 2, 2, 2], r.scaled(cin * c * 8, 0.125));
             let bias = Tensor::new(vec![c], r.scaled(c, 0.5));
-            let want = conv_ref(
-                &x,
-                &w,
-                Some(&bias),
-                Kernel {
-                    st: [2; 3],
-                    transposed: true,
-                    ..PLAIN
-                },
-            );
-            let op = Op::ConvTranspose(ConvTranspose {
-                weight: w,
-                bias: Some(bias),
-                stride: [2; 3],
-                dilation: [1; 3],
-                pads: [0; 6],
-                output_padding: [0; 3],
-                groups: 1,
-            });
-            parts.push((op, want));
+            let want = conv_ref(&x, &w, Some(&bias), UP2);
+            parts.push((convt2(w, bias), want));
         }
         let name = format!("convt_up into concat [{ca}, {cb}]");
         let used = concat_parts_case(&mut b, &name, &x, parts, false);
@@ -397,30 +379,11 @@ fn convt_up_vec_cases() {
     let x = input2(&mut r, cin, sp);
     let w = Tensor::new(vec![cin, cout, 2, 2, 2], r.scaled(cin * cout * 8, 0.18));
     let bias = Tensor::new(vec![cout], r.scaled(cout, 0.5));
-    let want = conv_ref(
-        &x,
-        &w,
-        Some(&bias),
-        Kernel {
-            st: [2; 3],
-            transposed: true,
-            ..PLAIN
-        },
-    )
-    .map(|_, v| if v >= 0.0 { v } else { 0.1 * v });
-    let ct = Op::ConvTranspose(ConvTranspose {
-        weight: w,
-        bias: Some(bias),
-        stride: [2; 3],
-        dilation: [1; 3],
-        pads: [0; 6],
-        output_padding: [0; 3],
-        groups: 1,
-    });
+    let want = conv_ref(&x, &w, Some(&bias), UP2).map(|_, v| if v >= 0.0 { v } else { 0.1 * v });
     let g = graph(
         cin,
         vec![
-            (ct, vec![0], cout),
+            (convt2(w, bias), vec![0], cout),
             (Op::LeakyRelu { alpha: 0.1 }, vec![1], cout),
         ],
     );
@@ -452,22 +415,6 @@ fn convt_up_vec_cases() {
 fn convt_up2_cases() {
     let Some(mut b) = gpu() else { return };
     let mut r = Rng::tagged("up2");
-    let convt = |w: Tensor, bias: Tensor| {
-        Op::ConvTranspose(ConvTranspose {
-            weight: w,
-            bias: Some(bias),
-            stride: [2; 3],
-            dilation: [1; 3],
-            pads: [0; 6],
-            output_padding: [0; 3],
-            groups: 1,
-        })
-    };
-    let up = Kernel {
-        st: [2; 3],
-        transposed: true,
-        ..PLAIN
-    };
     let weights = |r: &mut Rng, cin: usize, cout: usize| {
         (
             Tensor::new(
@@ -491,13 +438,13 @@ fn convt_up2_cases() {
     for (cin, cout, sp, tail) in cases {
         let x = input2(&mut r, cin, sp);
         let (w, bias) = weights(&mut r, cin, cout);
-        let y = conv_ref(&x, &w, Some(&bias), up);
+        let y = conv_ref(&x, &w, Some(&bias), UP2);
         let (g, want) = if tail {
             let t = Tail::instance_or_group(&mut r, cout, cout);
             let want = t.reference(&y);
-            (t.after(cin, convt(w, bias), cout), want)
+            (t.after(cin, convt2(w, bias), cout), want)
         } else {
-            (graph(cin, vec![(convt(w, bias), vec![0], cout)]), y)
+            (graph(cin, vec![(convt2(w, bias), vec![0], cout)]), y)
         };
         let name = format!("convt_up2 {cin}->{cout} {sp:?} tail {tail}");
         let mut outs = Vec::new();
@@ -531,8 +478,8 @@ fn convt_up2_cases() {
             .into_iter()
             .map(|c| {
                 let (w, bias) = weights(&mut r, cin, c);
-                let want = conv_ref(&x, &w, Some(&bias), up);
-                (convt(w, bias), want)
+                let want = conv_ref(&x, &w, Some(&bias), UP2);
+                (convt2(w, bias), want)
             })
             .collect();
         let name = format!("convt_up2 into concat {cs:?}");
@@ -546,11 +493,11 @@ fn convt_up2_cases() {
     let (cin, cout, sp) = (32usize, 16usize, [3usize, 4, 5]);
     let x = input2(&mut r, cin, sp);
     let (w, bias) = weights(&mut r, cin, cout);
-    let want = conv_ref(&x, &w, Some(&bias), up).map(|_, v| if v >= 0.0 { v } else { 0.1 * v });
+    let want = conv_ref(&x, &w, Some(&bias), UP2).map(|_, v| if v >= 0.0 { v } else { 0.1 * v });
     let g = graph(
         cin,
         vec![
-            (convt(w, bias), vec![0], cout),
+            (convt2(w, bias), vec![0], cout),
             (Op::LeakyRelu { alpha: 0.1 }, vec![1], cout),
         ],
     );

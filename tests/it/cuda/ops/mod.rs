@@ -258,6 +258,27 @@ const PLAIN: Kernel = Kernel {
     opad: [0; 3],
 };
 
+/// A kernel == stride == 2 transposed conv without pads (the upsampling GEMM's and
+/// `convt_up2_p`'s), for [`conv_ref`]; [`convt2`] is the op.
+const UP2: Kernel = Kernel {
+    st: [2; 3],
+    transposed: true,
+    ..PLAIN
+};
+
+/// That transposed conv with weight `w` ([Cin, Cout, 2, 2, 2]) and `bias`.
+fn convt2(w: Tensor, bias: Tensor) -> Op {
+    Op::ConvTranspose(ConvTranspose {
+        weight: w,
+        bias: Some(bias),
+        stride: [2; 3],
+        dilation: [1; 3],
+        pads: [0; 6],
+        output_padding: [0; 3],
+        groups: 1,
+    })
+}
+
 /// [`PLAIN`] with pads 1 on every side (a "same" 3^3 conv).
 const PAD1: Kernel = Kernel {
     pads: [1; 6],
