@@ -542,7 +542,7 @@ impl ConvStep {
         } else if is_c1(func) {
             gpu.launch(s, func, c1_grid(&p), (self.threads, 0), &mut args)
         } else if func == CONVT_UP2_P.name {
-            // Persistent: as many blocks an SM as its launch bounds fit, or one a tile.
+            // Persistent: `UP2_BLOCKS_PER_SM` blocks an SM, or one a tile.
             let tiles = m.div_ceil(UP2_TILE_VOXELS);
             let grid = (
                 tiles.min(UP2_BLOCKS_PER_SM * gpu.sm_count as usize).max(1) as u32,
