@@ -26,8 +26,9 @@ pub enum Family {
     ConvMma,
     /// `conv_halo_*`: stride-1 3^3 convs from an smem halo.
     ConvHalo,
-    /// `conv_wg_*` and `conv_wz_*`: the halo convs on wgmma (sm_90a only; kernels/wgmma.cuh,
-    /// conv_wgmma.cu and conv_wgmma_z.cu, one module).
+    /// `conv_wg_*` and `conv_wz_*`: the halo convs on wgmma, and `conv_wgk_*`: the implicit
+    /// GEMM on wgmma (sm_90a only; kernels/wgmma.cuh, conv_wgmma.cu, conv_wgmma_z.cu and
+    /// conv_wgmma_k.cu, one module).
     ConvWgmma,
     /// The memory-bound first layer (Cin 1) and head (1x1x1).
     ConvSmall,
@@ -88,7 +89,8 @@ impl Family {
             Family::ConvWgmma => concat!(
                 include_str!("../../../../kernels/wgmma.cuh"),
                 include_str!("../../../../kernels/conv_wgmma.cu"),
-                include_str!("../../../../kernels/conv_wgmma_z.cu")
+                include_str!("../../../../kernels/conv_wgmma_z.cu"),
+                include_str!("../../../../kernels/conv_wgmma_k.cu")
             ),
             Family::ConvSmall => include_str!("../../../../kernels/conv_small.cu"),
             Family::ConvWmmaLegacy => include_str!("../../../../kernels/conv_wmma_legacy.cu"),
@@ -151,7 +153,8 @@ impl Family {
                 wgmma_all()
                     .chain(STATS_TWINS)
                     .chain(NORM_LOAD_TWINS)
-                    .map(|c| c.name),
+                    .map(|c| c.name)
+                    .chain(WGK_CONFIGS.iter().map(|c| c.name)),
             ),
             _ => {}
         }
@@ -653,6 +656,75 @@ impl HaloConfig {
         };
         g.max(1) as u32
     }
+}
+
+/// A `conv_wgk_*` kernel (kernels/conv_wgmma_k.cu): a conv of stride `stride` on every axis
+/// with Cin a multiple of [`WGK_BK`] as an implicit GEMM on wgmma fed by tensor loads. Tiles of
+/// 128 output voxels (a `tile` box, [z, y, x]) by `bn` output channels (grid.y over them), a
+/// ring of `stages` k-steps (one tap's `WGK_BK` input channels each), [`WGK_THREADS`] threads
+/// (a producer warpgroup and two of the MMA), one block an SM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgkConfig {
+    pub name: &'static str,
+    pub bn: usize,
+    pub stages: usize,
+    pub tile: [usize; 3],
+    pub stride: usize,
+}
+
+/// Input channels of a `conv_wgk_*` k-step: a 128-byte row, the swizzle's width.
+pub const WGK_BK: usize = 64;
+/// Threads of a `conv_wgk_*` block.
+pub const WGK_THREADS: u32 = 384;
+
+impl WgkConfig {
+    /// Dynamic shared memory: the stages (A's 128 rows and B's `bn`, 128 bytes each), 1 KB to
+    /// align them to the swizzle, two mbarriers a stage.
+    pub const fn smem_bytes(&self) -> u32 {
+        (self.stages * (128 + self.bn) * 128 + 1024 + 16 * self.stages) as u32
+    }
+
+    /// Output tiles of `n` samples of `out` voxels (grid.x).
+    pub fn tiles(&self, n: usize, out: [usize; 3]) -> usize {
+        n * (0..3)
+            .map(|i| out[i].div_ceil(self.tile[i]))
+            .product::<usize>()
+    }
+
+    /// Output-channel tiles of `cout` (grid.y).
+    pub fn cout_tiles(&self, cout: usize) -> usize {
+        cout.div_ceil(self.bn)
+    }
+}
+
+/// Cout 129..256 (W1's 16³ convs): 4 stages of 48 KB.
+pub const CONV_WGK_N256: WgkConfig = wgk("conv_wgk_n256", 256, 4, 1);
+/// Cout up to 128 (W1's 32³ convs): 6 stages of 32 KB.
+pub const CONV_WGK_N128: WgkConfig = wgk("conv_wgk_n128", 128, 6, 1);
+/// The two at stride 2 (W1's 128 -> 256 and 64 -> 128).
+pub const CONV_WGK_N256_S2: WgkConfig = wgk("conv_wgk_n256_s2", 256, 4, 2);
+pub const CONV_WGK_N128_S2: WgkConfig = wgk("conv_wgk_n128_s2", 128, 6, 2);
+/// The `conv_wgk_*` kernels, widest first.
+pub const WGK_CONFIGS: &[WgkConfig] = &[
+    CONV_WGK_N256,
+    CONV_WGK_N128,
+    CONV_WGK_N256_S2,
+    CONV_WGK_N128_S2,
+];
+
+const fn wgk(name: &'static str, bn: usize, stages: usize, stride: usize) -> WgkConfig {
+    WgkConfig {
+        name,
+        bn,
+        stages,
+        tile: [1, 8, 16],
+        stride,
+    }
+}
+
+/// The `conv_wgk_*` config named `name`.
+pub fn wgk_config(name: &str) -> Option<&'static WgkConfig> {
+    WGK_CONFIGS.iter().find(|c| c.name == name)
 }
 
 /// The `conv_halo_*` config named `name` (the launch needs its tile and grid).
@@ -1338,6 +1410,13 @@ pub fn entry_lines(fam: Family) -> String {
                 format!("WZH_ST_ENTRY({name}, {cin}, {ny}, {tz}, {ht}, {sm})\n")
             });
         }
+        for c in WGK_CONFIGS {
+            let [z, y, x] = c.tile;
+            out.push_str(&format!(
+                "WGK_ENTRY({}, {}, {}, {z}, {y}, {x}, {})\n",
+                c.name, c.bn, c.stages, c.stride
+            ));
+        }
         // The `_nl` twins: the helper's loads normalise a norm's input.
         for c in NORM_LOAD_TWINS
             .iter()
@@ -1515,6 +1594,7 @@ mod tests {
             "HALO_CONFIGS",
             "WGMMA_CONFIGS",
             "WGMMA_FORCED",
+            "WGK_CONFIGS",
         ] {
             assert!(
                 readme.contains(table),

@@ -4,14 +4,14 @@
 use crate::backend::cuda::abi::norm_blocks;
 use crate::backend::cuda::host::catalogue::{
     has_wgmma, stats_twin, upsample_vec_name, upsample_vec_st_name, zpair_variant, HaloConfig,
-    MmaConfig, C1X1_STAGE_BYTES, C1_TILE, CONV1X1_MMA_N16, CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32,
-    CONV1X1_N32_S, CONVT_UP2_P, CONV_C1_K3, CONV_C1_K3_ST, CONV_DIRECT, CONV_IGEMM_N32_V1,
-    CONV_IGEMM_N32_V8, CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8, CONV_SPLITK_REDUCE,
+    MmaConfig, WgkConfig, C1X1_STAGE_BYTES, C1_TILE, CONV1X1_MMA_N16, CONV1X1_N16, CONV1X1_N16_S,
+    CONV1X1_N32, CONV1X1_N32_S, CONVT_UP2_P, CONV_C1_K3, CONV_C1_K3_ST, CONV_DIRECT,
+    CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8, CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8, CONV_SPLITK_REDUCE,
 };
 use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::host::relayout::{parity_split, FusedParity, ParityClass};
 use crate::backend::cuda::host::select::{
-    gather_width, pick_halo, pick_mma, pick_wgmma, split_k, ConvGeom, MMA_N_PAD,
+    gather_width, pick_halo, pick_mma, pick_wgk, pick_wgmma, split_k, ConvGeom, MMA_N_PAD,
 };
 
 /// Device properties and backend switches the launch list depends on.
@@ -30,6 +30,11 @@ pub struct ArchCaps {
     /// The halo convs on wgmma where a `conv_wg_*` kernel fits (compute capability 9.0 only:
     /// the kernels are built for sm_90a).
     pub conv_wgmma: bool,
+    /// Stride-1 convs with Cin a multiple of 64 on `conv_wgk_*` by [`pick_wgk`]'s rules
+    /// (`CudaOptions::wgk_conv`; with `conv_wgmma` only).
+    pub conv_wgk: bool,
+    /// A forced `conv_wgk_*` kernel (tests, benchmarks).
+    pub wgk_tile: Option<&'static WgkConfig>,
     /// Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `CONV_C1_K3` (unless a tile is forced).
     pub conv_c1: bool,
     /// kernel == stride transposed convs with Cin, Cout % 8 == 0, and fused parity classes
@@ -115,6 +120,8 @@ impl ArchCaps {
             conv_mma: major >= 8 && !opts.legacy_conv,
             conv_halo: opts.halo_conv,
             conv_wgmma: has_wgmma(&format!("sm_{major}{minor}")) && opts.wgmma_conv,
+            conv_wgk: opts.wgk_conv,
+            wgk_tile: opts.wgk_tile,
             conv_c1: opts.c1_conv,
             conv_up_vec: opts.upsample_vec,
             convt_up2: opts.convt_up2,
@@ -202,6 +209,8 @@ pub enum ConvKernel {
         stats: bool,
     },
     Mma(&'static MmaConfig),
+    /// The implicit GEMM on wgmma fed by tensor loads (`conv_wgk_*`; the mma weight layout).
+    Wgk(&'static WgkConfig),
     /// The same tile with its K tiles split over grid.z in this many parts (a conv whose
     /// output tiles would leave most SMs idle while each streams a long K): fp32 partial sums
     /// in the plan's scratch, then `CONV_SPLITK_REDUCE` (bias, activation, store).
@@ -315,6 +324,7 @@ impl ConvKernel {
             }],
             ConvKernel::Halo(c) => vec![c.name],
             ConvKernel::Upsample(c) | ConvKernel::Mma(c) => vec![c.name],
+            ConvKernel::Wgk(c) => vec![c.name],
             ConvKernel::SplitK(c, _) => vec![c.name, CONV_SPLITK_REDUCE.name],
             ConvKernel::UpsampleVec(c) => vec![upsample_vec_name(c.name).unwrap_or(c.name)],
             ConvKernel::Up2 => vec![CONVT_UP2_P.name],
@@ -338,6 +348,7 @@ impl std::fmt::Debug for ConvKernel {
             ConvKernel::Up2 => "Up2",
             ConvKernel::Cin1 { .. } => "Cin1",
             ConvKernel::Mma(_) => "Mma",
+            ConvKernel::Wgk(_) => "Wgk",
             ConvKernel::SplitK(..) => "SplitK",
             ConvKernel::Legacy { .. } => "Legacy",
         };
@@ -470,6 +481,15 @@ impl ConvKernel {
                     })
             })
             .flatten();
+        // The wgmma implicit GEMM where it fills the SMs (before a halo kernel: measured faster
+        // on every conv its rule takes), or forced.
+        let wgk = (mma && caps.conv_wgmma && caps.conv_tile.is_none())
+            .then(|| pick_wgk(g, batch, caps.sm_count, caps.smem_optin, caps.wgk_tile))
+            .flatten()
+            .filter(|_| caps.wgk_tile.is_some() || caps.conv_wgk);
+        if let Some(c) = wgk {
+            return ConvKernel::Wgk(c);
+        }
         // A conv whose output tiles leave most SMs idle while each streams a long K (also one
         // the halo kernels take: their tiles starve the same way on a few voxels). A forced
         // halo kernel keeps the convs it takes, as a forced mma tile does.
@@ -714,6 +734,23 @@ mod tests {
                 geom([64, 4, 4, 4], [32, 8, 8, 8], 2, 2, 1, true),
                 vec![64, 32, 2, 2, 2],
                 "Upsample",
+            ),
+            // Cin 256 -> 256, 3^3 over 32 x 16 x 16 (128 tiles at batch 2): the wgmma
+            // implicit GEMM; switch off: the mma tile (the same weight layout).
+            (
+                h200,
+                geom([256, 32, 16, 16], [256, 32, 16, 16], 3, 1, 1, false),
+                vec![256, 256, 3, 3, 3],
+                "Wgk",
+            ),
+            (
+                ArchCaps {
+                    conv_wgk: false,
+                    ..h200
+                },
+                geom([256, 32, 16, 16], [256, 32, 16, 16], 3, 1, 1, false),
+                vec![256, 256, 3, 3, 3],
+                "Mma",
             ),
             // Cin 1, 3^3, stride 1 / 2: CONV_C1_K3 (mma weight layout); switch off: mma tile.
             (
@@ -1056,9 +1093,10 @@ mod tests {
 
     /// The kernels of every W1 / W2 layer on the H200 at batch 2 and 4, pinned: a change to
     /// the catalogue, its order or the selection that moves a benchmark layer shows here. (W2's
-    /// width-16 convs, the 32->32 convs and the stride-2 Cin-32 convs take wgmma kernels;
-    /// everything else the mma.sync ones, W1's 8^3 / 4^3 layers with their K split where their
-    /// tiles leave most SMs idle.)
+    /// width-16 convs, the 32->32 convs and the stride-2 Cin-32 convs take wgmma kernels, and
+    /// so do W1's Cin-64k convs to Cout 128 and 256 where their tiles fill the SMs (the
+    /// implicit GEMM, `conv_wgk_*`); everything else the mma.sync ones, W1's 8^3 / 4^3 layers
+    /// with their K split where their tiles leave most SMs idle.)
     #[test]
     fn w1_w2_kernels_are_pinned() {
         let pick = |net: &[Layer], batch: usize| -> Vec<String> {
@@ -1078,8 +1116,8 @@ mod tests {
             "Halo conv_wz_c32_y16_h2t",
             "Halo conv_wg_c32n64_s2p",
             "Halo conv_halo_c64n64",
-            "Mma conv_mma_m128n128_v8",
-            "Halo conv_halo_c64n64",
+            "Wgk conv_wgk_n128_s2",
+            "Wgk conv_wgk_n128",
             "Mma conv_mma_m128n64_v8",
             "Mma conv_mma_m128n64_v8",
             "SplitK conv_mma_m128n64_v8 conv_splitk_reduce",
@@ -1091,7 +1129,7 @@ mod tests {
             "UpsampleVec convt_up_m128n64_v8",
             "Mma conv_mma_m128n64_v8",
             "UpsampleVec convt_up_m128n128_v8",
-            "Halo conv_halo_c64n64",
+            "Wgk conv_wgk_n128",
             "UpsampleVec convt_up_m128n128_v8",
             "Halo conv_halo_c64n64",
             "Up2 convt_up2_p",
@@ -1101,10 +1139,10 @@ mod tests {
         // (The 8^3 layers' tiles fill under one block an SM at batch 4 too: their K splits,
         // `split_k_fill`, as the 4^3 ones' does.)
         let w1_b4: &[(usize, &str)] = &[
-            (6, "Mma conv_mma_m128n128_v8"),
-            (7, "Mma conv_mma_m128n128_v8"),
+            (6, "Wgk conv_wgk_n256_s2"),
+            (7, "Wgk conv_wgk_n256"),
             (14, "UpsampleVec convt_up_m128n128_v8"),
-            (15, "Mma conv_mma_m128n128_v8"),
+            (15, "Wgk conv_wgk_n256"),
         ];
         // W2 at batch 2; at batch 4 the layers listed in `w2_b4` change tile.
         let w2_b2 = [

@@ -1,7 +1,7 @@
 //! The backend's switches: which kernel variants run (before/after benchmarks, tests that
 //! cover every tile) and test aids. `Default` is what production runs.
 
-use crate::backend::cuda::host::catalogue::{HaloConfig, MmaConfig};
+use crate::backend::cuda::host::catalogue::{HaloConfig, MmaConfig, WgkConfig};
 
 /// Options of one `CudaBackend` (given at construction; `set_options` applies new ones from
 /// the next `prepare`).
@@ -17,6 +17,13 @@ pub struct CudaOptions {
     /// On compute capability 9.0, run the halo convs on the wgmma kernels (`conv_wg_*`,
     /// `select::pick_wgmma`) where one fits, else on `conv_halo_*`.
     pub wgmma_conv: bool,
+    /// On compute capability 9.0, run the stride-1 convs with Cin a multiple of 64 and Cout
+    /// 129..256 that fill the SMs (`select::pick_wgk`) on the wgmma implicit GEMM fed by tensor
+    /// loads (`conv_wgk_*`) rather than `conv_mma_*`.
+    pub wgk_conv: bool,
+    /// Force this `conv_wgk_*` kernel for every conv it runs (any Cout, any tile count, before
+    /// the halo kernels); None: the defaults.
+    pub wgk_tile: Option<&'static WgkConfig>,
     /// Run Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `CONV_C1_K3`.
     pub c1_conv: bool,
     /// Run kernel == stride transposed convs with Cin, Cout % 8 == 0, and fused parity classes
@@ -138,6 +145,8 @@ impl Default for CudaOptions {
             legacy_conv: false,
             halo_conv: true,
             wgmma_conv: true,
+            wgk_conv: true,
+            wgk_tile: None,
             c1_conv: true,
             upsample_vec: true,
             convt_up2: true,

@@ -3,9 +3,10 @@
 
 use crate::backend::cuda::abi::Shape;
 use crate::backend::cuda::host::catalogue::{
-    HaloConfig, MmaConfig, CONV_MMA_M128N128_V8, CONV_MMA_M128N32_V1, CONV_MMA_M128N32_V2,
-    CONV_MMA_M128N32_V8, CONV_MMA_M128N64_V1, CONV_MMA_M128N64_V2, CONV_MMA_M128N64_V8,
-    CONV_MMA_M256N32_V8, HALO_CONFIGS, WGMMA_CONFIGS, WGMMA_FORCED,
+    HaloConfig, MmaConfig, WgkConfig, CONV_MMA_M128N128_V8, CONV_MMA_M128N32_V1,
+    CONV_MMA_M128N32_V2, CONV_MMA_M128N32_V8, CONV_MMA_M128N64_V1, CONV_MMA_M128N64_V2,
+    CONV_MMA_M128N64_V8, CONV_MMA_M256N32_V8, HALO_CONFIGS, WGK_BK, WGK_CONFIGS, WGMMA_CONFIGS,
+    WGMMA_FORCED,
 };
 use crate::model::graph::Op;
 
@@ -174,6 +175,42 @@ pub fn pick_wgmma(
         })
 }
 
+/// The wgmma implicit GEMM (`conv_wgk_*`) for a conv of `batch` windows on `sms` SMs, when it
+/// runs it: not transposed, one group, stride 1 or 2 on every axis (a config of that stride;
+/// any kernel, pads, dilation), Cin a multiple of `WGK_BK`, its shared memory within
+/// `smem_max`. `force` takes every such conv of its stride. By default Cout 97..128 on the
+/// 128-wide tile and 129..256 on the 256-wide one (at most a quarter of the tile padding,
+/// where measured: W1's 16³ convs 3.1x `conv_mma_m128n128`, its 32³ ones 1.7x
+/// `conv_halo_c64n64`), where the tiles fill half the SMs or more (fewer: the split-K GEMM).
+/// The caller asks on compute capability 9.0 only.
+pub fn pick_wgk(
+    g: &ConvGeom,
+    batch: usize,
+    sms: usize,
+    smem_max: usize,
+    force: Option<&'static WgkConfig>,
+) -> Option<&'static WgkConfig> {
+    let (cin, cout) = (g.xs[0], g.os[0]);
+    let runs = |c: &WgkConfig| {
+        !g.transposed
+            && g.groups == 1
+            && g.stride == [c.stride; 3]
+            && cin > 0
+            && cin.is_multiple_of(WGK_BK)
+            && cout > 0
+            && c.smem_bytes() as usize <= smem_max
+    };
+    if let Some(c) = force {
+        return runs(c).then_some(c);
+    }
+    let bn = if cout <= 128 { 128 } else { 256 };
+    let c = WGK_CONFIGS
+        .iter()
+        .find(|c| c.bn == bn && c.stride == g.stride[0])?;
+    let tiles = c.tiles(batch, [g.os[1], g.os[2], g.os[3]]) * c.cout_tiles(cout);
+    (runs(c) && (97..=256).contains(&cout) && 2 * tiles >= sms).then_some(c)
+}
+
 /// The default z-pair kernel for Cin `cin` (the first of [`WGMMA_CONFIGS`]): what a Cin chunk
 /// of a conv run split (`host::concat_split`) is forced to, at any Cout (32-channel tiles).
 pub fn zpair_config(cin: usize) -> Option<&'static HaloConfig> {
@@ -272,6 +309,77 @@ mod tests {
             transposed,
             upsample: false,
         }
+    }
+
+    /// The wgmma implicit GEMM: W1's 16³ convs (Cin 256 / 512, Cout 256) at batch 4 (128
+    /// tiles) on the 256-wide tile, not at batch 2 (64 tiles: under half the SMs); its 32³ ones
+    /// (Cout 128) on the 128-wide one; its stride-2 64 -> 128 and 128 -> 256 on the stride-2
+    /// twins. Cout 96 and 320, Cin 96, stride 3, mixed strides or a grouped conv not by
+    /// default; forced, any Cout, tile count, kernel size or dilation, but never another
+    /// stride, Cin 96, a transposed conv, or past shared memory.
+    #[test]
+    fn wgk_choice() {
+        let at = |ci, co, sp: usize, k: usize| ConvGeom {
+            xs: [ci, sp, sp, sp],
+            os: [co, sp, sp, sp],
+            ..geom(ci, co, [k; 3], [1; 3], [1; 3], 1, false)
+        };
+        let s2 = |ci, co, sp: usize| ConvGeom {
+            xs: [ci, 2 * sp, 2 * sp, 2 * sp],
+            stride: [2; 3],
+            ..at(ci, co, sp, 3)
+        };
+        let big = 227 * 1024;
+        let pick = |g: &ConvGeom, n, f| pick_wgk(g, n, 132, big, f).map(|c| c.name);
+        for (g, n, want) in [
+            (at(256, 256, 16, 3), 4, Some(&CONV_WGK_N256)),
+            (at(512, 256, 16, 3), 4, Some(&CONV_WGK_N256)),
+            (at(256, 256, 16, 3), 2, None),
+            (at(128, 128, 32, 3), 4, Some(&CONV_WGK_N128)),
+            (at(256, 128, 32, 3), 1, Some(&CONV_WGK_N128)),
+            (s2(64, 128, 32), 4, Some(&CONV_WGK_N128_S2)),
+            (s2(128, 256, 16), 4, Some(&CONV_WGK_N256_S2)),
+            (at(256, 96, 32, 3), 4, None),
+            (at(256, 320, 16, 3), 4, None),
+            (at(96, 256, 16, 3), 4, None),
+        ] {
+            assert_eq!(pick(&g, n, None), want.map(|c| c.name), "{g:?} x{n}");
+        }
+        let odd = [
+            ConvGeom {
+                stride: [3; 3],
+                ..at(256, 256, 16, 3)
+            },
+            ConvGeom {
+                stride: [1, 2, 2],
+                ..at(256, 256, 16, 3)
+            },
+            ConvGeom {
+                groups: 2,
+                ..at(256, 256, 16, 3)
+            },
+        ];
+        for g in odd {
+            assert_eq!(pick(&g, 4, None), None, "{g:?}");
+        }
+        let f = Some(&CONV_WGK_N128);
+        for g in [at(64, 40, 4, 1), at(128, 320, 8, 3), at(64, 64, 5, 5)] {
+            assert_eq!(pick(&g, 1, f), Some(CONV_WGK_N128.name), "{g:?}");
+        }
+        let t = ConvGeom {
+            transposed: true,
+            ..at(64, 64, 8, 3)
+        };
+        for g in [s2(64, 64, 8), at(96, 64, 8, 3), t] {
+            assert_eq!(pick(&g, 4, f), None, "{g:?}");
+        }
+        assert_eq!(
+            pick(&s2(64, 64, 8), 1, Some(&CONV_WGK_N128_S2)),
+            Some(CONV_WGK_N128_S2.name)
+        );
+        let small = CONV_WGK_N256.smem_bytes() as usize - 1;
+        assert_eq!(pick_wgk(&at(256, 256, 16, 3), 4, 132, small, None), None);
+        assert!(WGK_CONFIGS.iter().all(|c| c.smem_bytes() as usize <= big));
     }
 
     #[test]

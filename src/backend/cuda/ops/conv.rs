@@ -6,10 +6,10 @@ use super::{Build, NodeIo};
 use crate::backend::cuda::abi::elem_bytes;
 use crate::backend::cuda::abi::{ConvParams, OUT_SHIFTED};
 use crate::backend::cuda::host::catalogue::{
-    halo_config, HaloConfig, C1_TILE, CONV1X1_MMA_N16, CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32,
-    CONV1X1_N32_S, CONV1X1_NORM_MMA_N16, CONV1X1_NORM_N16, CONV1X1_NORM_N16_S, CONV1X1_NORM_N32,
-    CONV1X1_NORM_N32_S, CONVT_UP2_P, CONV_C1_K3, CONV_C1_K3_NRM, CONV_C1_K3_ST, CONV_C1_K3_STO,
-    CONV_SPLITK_REDUCE, UP2_BLOCKS_PER_SM, UP2_TILE_VOXELS,
+    halo_config, wgk_config, HaloConfig, C1_TILE, CONV1X1_MMA_N16, CONV1X1_N16, CONV1X1_N16_S,
+    CONV1X1_N32, CONV1X1_N32_S, CONV1X1_NORM_MMA_N16, CONV1X1_NORM_N16, CONV1X1_NORM_N16_S,
+    CONV1X1_NORM_N32, CONV1X1_NORM_N32_S, CONVT_UP2_P, CONV_C1_K3, CONV_C1_K3_NRM, CONV_C1_K3_ST,
+    CONV_C1_K3_STO, CONV_SPLITK_REDUCE, UP2_BLOCKS_PER_SM, UP2_TILE_VOXELS, WGK_THREADS,
 };
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::backend::cuda::host::relayout::{
@@ -17,7 +17,7 @@ use crate::backend::cuda::host::relayout::{
     relayout_weight,
 };
 use crate::backend::cuda::runtime::launch::{Arg, Gpu};
-use crate::backend::cuda::runtime::tma::halo_map;
+use crate::backend::cuda::runtime::tma::{halo_map, tile_map, weight_map};
 use crate::model::graph::{Op, Tensor};
 use crate::{Error, Result};
 use cudarc::driver::CudaStream;
@@ -327,7 +327,7 @@ pub(crate) fn build(
         }
         // Stride-1 3^3 with Cin k x 32: the input halo of a 4x8x8 output tile loaded once
         // for all 27 taps (`conv_halo_*`), the mma weight layout; or the mma / legacy tiles.
-        K::Halo(_) | K::Mma(_) | K::SplitK(..) | K::Legacy { .. } | K::Cin1 { .. } => {
+        K::Halo(_) | K::Mma(_) | K::Wgk(_) | K::SplitK(..) | K::Legacy { .. } | K::Cin1 { .. } => {
             let w = &c.weight;
             let (wh, kpad) = relayout_weight(&w.data, &w.shape, c.groups, c.transposed, rows_pad);
             let mut p = p;
@@ -336,6 +336,7 @@ pub(crate) fn build(
             let (func, bm, bn, threads, smem) = match kernel {
                 K::Halo(h) => (h.name, 256, h.bn, h.threads, h.smem_bytes()),
                 K::Mma(m) | K::SplitK(m, _) => (m.name, m.bm, m.bn, m.threads, m.smem_bytes()),
+                K::Wgk(c) => (c.name, 128, c.bn, WGK_THREADS, c.smem_bytes()),
                 K::Legacy { func, bn } => (*func, 128, *bn, 128, 0),
                 // One block per 4x8x32 output tile, static shared memory.
                 K::Cin1 { .. } => (kernel.funcs()[0], 1024, 64, 256, 0),
@@ -550,6 +551,24 @@ impl ConvStep {
                 1,
             );
             gpu.launch(s, func, grid, (self.threads, 0), &mut args)
+        } else if let Some(c) = wgk_config(func) {
+            // The input's and the weights' tensor maps, for this launch's samples.
+            let grid = (
+                c.tiles(n, out) as u32,
+                c.cout_tiles(p.cout as usize) as u32,
+                1,
+            );
+            let dims = [p.di, p.hi, p.wi].map(|v| v as usize);
+            let maps = [
+                tile_map(n, dims, p.cin as usize, p.ldi as usize, c.tile, c.stride).encode(self.x),
+                weight_map(p.cout as usize, p.kpad as usize, c.bn).encode(self.w),
+            ];
+            let mut args: Vec<Arg> = args.into_iter().collect();
+            for m in maps {
+                let m = m.map_err(|e| Error::Backend(format!("{func}: {e}")))?;
+                args.push(Arg::Tma(m));
+            }
+            gpu.launch(s, func, grid, (self.threads, self.smem), &mut args)
         } else if let Some(c) = halo_config(func) {
             let grid = halo_grid(gpu, c, &p);
             if !c.tma_loads {

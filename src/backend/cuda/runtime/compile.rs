@@ -5,7 +5,7 @@
 use super::device::drv;
 use crate::backend::cuda::host::catalogue::{
     halo_all, upsample_vec_name, upsample_vec_st_name, Family, COMMON, CONV1X1_N16_S,
-    CONV1X1_N32_S, CONV1X1_NORM_N16_S, CONV1X1_NORM_N32_S, FAMILIES, MMA_CONFIGS,
+    CONV1X1_N32_S, CONV1X1_NORM_N16_S, CONV1X1_NORM_N32_S, FAMILIES, MMA_CONFIGS, WGK_CONFIGS,
 };
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::{Error, Result};
@@ -352,7 +352,11 @@ fn smem_limits(smem_optin: usize) -> Vec<(&'static str, u32)> {
         .pointwise_smem(256) as u32;
         kernels.into_iter().map(move |k| (k.name, bytes))
     });
-    halo.chain(mma).chain(heads).collect()
+    let wgk = WGK_CONFIGS
+        .iter()
+        .filter(|c| c.smem_bytes() as usize <= smem_optin)
+        .map(|c| (c.name, c.smem_bytes()));
+    halo.chain(mma).chain(heads).chain(wgk).collect()
 }
 
 /// The image of each (family, architecture) in `targets`, from the cache or NVRTC, whether it

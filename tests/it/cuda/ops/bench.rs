@@ -556,7 +556,7 @@ fn profile_models() {
         // batched rather than one window at a time (more activation bytes); the k2 transposed
         // convs on the upsampling GEMM rather than `convt_up2_p`.
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
-        let variants: [Switch; 18] = [
+        let variants: [Switch; 20] = [
             (
                 "without residual Adds in the norms",
                 |o| o.norm_residual = false,
@@ -638,6 +638,16 @@ fn profile_models() {
                 |o| o.convt_up2 = false,
                 None,
             ),
+            (
+                "without the wgmma implicit GEMM",
+                |o| o.wgk_conv = false,
+                None,
+            ),
+            (
+                "with every Cin-64k stride-1 conv on conv_wgk_n128",
+                |o| o.wgk_tile = Some(&cat::CONV_WGK_N128),
+                Some("PROFWK"),
+            ),
         ];
         for (what, set, tag) in variants {
             b.with(set);
@@ -661,6 +671,7 @@ fn profile_models() {
                 (o.zpair_bulk, o.zpair_tma) = (d.zpair_bulk, d.zpair_tma);
                 (o.zpair_st_staged, o.window_segments) = (d.zpair_st_staged, d.window_segments);
                 o.norm_shifted = d.norm_shifted;
+                (o.wgk_conv, o.wgk_tile) = (d.wgk_conv, d.wgk_tile);
             });
             let dev = max_abs_diff(&ys, &y);
             println!(
@@ -788,6 +799,79 @@ fn bench_mma_tiles() {
             );
         }
     }
+}
+
+/// W1's convs from 64³ down to 16³ with Cin a multiple of 64, each followed by an
+/// InstanceNorm (the conv stores fp32), at batch 4: the conv's own time on the planner's
+/// choice, with the wgmma implicit GEMM off (`conv_mma` or a halo kernel), and on each
+/// `conv_wgk_*` forced (`RESULT wgk`); the outputs agree to fp16 rounding.
+#[test]
+fn bench_wgk() {
+    let Some(mut b) = gpu() else { return };
+    if !cat::has_wgmma(b.arch()) {
+        println!("skipped: the wgmma kernels run on compute capability 9.0 only");
+        return;
+    }
+    let mut r = Rng::tagged("wgk-bench");
+    b.with(|o| o.poison = false);
+    let n = 4;
+    // (Cin, Cout, input side, stride)
+    for (cin, cout, s, st) in [
+        (256usize, 256usize, 16usize, 1usize),
+        (512, 256, 16, 1),
+        (128, 128, 32, 1),
+        (256, 128, 32, 1),
+        (64, 64, 64, 1),
+        (64, 128, 64, 2),
+        (128, 256, 32, 2),
+    ] {
+        let g = graph(
+            cin,
+            vec![
+                (conv3(&mut r, cin, cout, st), vec![0], cout),
+                (unit_norm(cout), vec![1], cout),
+            ],
+        );
+        let x =
+            Array5::from_shape_vec((n, cin, s, s, s), r.scaled(n * cin * s * s * s, 1.0)).unwrap();
+        let os = s / st;
+        let flop = 2.0 * (n * os * os * os) as f64 * (cout * cin * 27) as f64;
+        let of = |bn: usize| {
+            cat::WGK_CONFIGS
+                .iter()
+                .find(|c| c.bn == bn && c.stride == st)
+        };
+        let variants: [(&str, bool, Option<&'static cat::WgkConfig>); 4] = [
+            ("auto", true, None),
+            ("wgk off", false, None),
+            ("n256", true, of(256)),
+            ("n128", true, of(128)),
+        ];
+        let mut want: Option<Array5<f32>> = None;
+        for (what, on, tile) in variants {
+            b.with(|o| (o.wgk_conv, o.wgk_tile) = (on, tile));
+            b.prepare(&g, n, [s; 3]).expect("prepare");
+            let got = b.run(x.view()).expect("run").to_owned();
+            if let Some(w) = &want {
+                let e = max_abs_diff(&got, w);
+                let top = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+                assert!(e <= top / 256.0, "{cin}->{cout} {what}: {e:e} from auto");
+            } else {
+                want = Some(got);
+            }
+            let prof = b.profile_forward(n, 5).expect("profile");
+            let (label, ms) = prof
+                .iter()
+                .find(|p| p.0.starts_with("Conv"))
+                .map(|p| (p.0.clone(), p.1))
+                .expect("the conv in the profile");
+            println!(
+                "RESULT wgk {cin}->{cout} s{st} {n}x{s}^3 {what:<8} {ms:.3} ms ({:.0} TF/s)  {label}",
+                flop / ms / 1e9
+            );
+        }
+    }
+    b.with(|o| (o.wgk_conv, o.wgk_tile) = (true, None));
 }
 
 /// Runs graph `g` (`n` windows of side `s`) once per `(tile, split-K)` of `variants` (None: the

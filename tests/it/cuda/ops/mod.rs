@@ -11,6 +11,7 @@ mod concat_split;
 mod conv;
 mod conv_halo;
 mod conv_small;
+mod conv_wgk;
 mod conv_wgmma;
 mod eltwise;
 mod norm;

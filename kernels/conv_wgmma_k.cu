@@ -1,0 +1,153 @@
+// conv_wgk_*: convs of stride 1 or 2 (on every axis) with Cin a multiple of 64 (any kernel size,
+// pads and dilation) as an implicit GEMM on wgmma whose operands the TMA unit brings in: W1's
+// 16³ convs (Cin 256 / 512, Cout 256; 128 tiles of 128 voxels at batch 4, one wave), which
+// conv_mma's m128n128 ran at ~220 TF/s and no halo kernel holds (a 256-channel halo is larger
+// than shared memory), and its 32³ and stride-2 ones.
+//
+// A tile is 128 output voxels, a TZ x TY x TX box of one sample; its GEMM rows in box order (x
+// fastest). A k-step is one tap and 64 input channels: the A stage is the box of input voxels
+// that tap reads for the tile (one tensor load of [64 channels][TX][TY][TZ] at the tap's offset,
+// the TMA unit writing zeros where the box leaves the input: the pads; at stride 2 the map's
+// element strides take every other voxel of a box twice as long), the B stage the
+// weights' BN rows of K = tap * Cin + c0 .. + 64 (weights [Cout_pad][kpad] as conv_mma's; rows
+// past the padded Cout read as zeros). Both are 128-byte rows in the 128-byte swizzle (the
+// tensor loads write it, the descriptors read it: no bank conflicts, no padding).
+// Warpgroup 0 is the producer: one thread keeps a ring of STAGES stages filled, waiting on each
+// stage's `empty` barrier (every consumer warp's arrival) before loading it again. Warpgroups 1
+// and 2 take 64 rows each against all BN columns, each k-step on the stage's `full` barrier
+// (its loads' bytes), a stage released once the next one's wgmmas are issued and its own done.
+// Smem bytes: keep in sync with WgkConfig::smem_bytes (src/backend/cuda/host/catalogue.rs).
+
+#define WGK_BM 128
+
+// Bias, activation and the stores of one consumer thread's accumulators (rows `m[h]`'s first
+// element, `ok[h]` inside the output; columns nb0 + j * 8 + (lane % 4) * 2 + {0, 1}).
+template <int ACT, int BN>
+__device__ __forceinline__ void wgk_store(const ConvParams& p, const float (&acc)[BN / 2], const i64 (&m)[2],
+                                          const bool (&ok)[2], int nb0, int lane, half* __restrict__ y,
+                                          const float* __restrict__ bias, const float* __restrict__ slope) {
+    const bool pair = ((p.ldc | p.coff) & 1) == 0;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        const int c = nb0 + j * 8 + (lane & 3) * 2;
+        if (c >= p.cout) continue;
+        const bool two = c + 1 < p.cout;
+        const float b0 = bias ? bias[c] : 0.f, b1 = bias && two ? bias[c + 1] : 0.f;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (!ok[h]) continue;
+            const i64 dst = m[h] + c;
+            const float v0 = act_of<ACT>(acc[j * 4 + h * 2] + b0, c, p.act, p.alpha, slope, p.slope_n);
+            const float v1 = act_of<ACT>(acc[j * 4 + h * 2 + 1] + b1, c + 1, p.act, p.alpha, slope, p.slope_n);
+            if (two && pair) {
+                out_store2(p, y, dst, v0, v1);
+            } else {
+                out_store1(p, y, dst, v0);
+                if (two) out_store1(p, y, dst + 1, v1);
+            }
+        }
+    }
+}
+
+template <int BN, int STAGES, int TZ, int TY, int TX, int S>
+__device__ __forceinline__ void conv_wgk(const ConvParams& p, const float* __restrict__ bias, half* __restrict__ y,
+                                         const float* __restrict__ slope, const TmaMap* xmap, const TmaMap* wmap) {
+    static_assert(TZ * TY * TX == WGK_BM, "a tile is 128 voxels");
+    static_assert(BN == 64 || BN == 128 || BN == 256, "tile width");
+    static_assert(S == 1 || S == 2, "stride 1 or 2");
+    constexpr unsigned A_BYTES = WGK_BM * 128, STAGE = A_BYTES + BN * 128;
+    extern __shared__ __align__(1024) unsigned char dsm[];
+    // The swizzle is of address bits: the stages start 1024-byte aligned (the host asks 1 KB more).
+    const unsigned raw = (unsigned)__cvta_generic_to_shared(dsm);
+    const unsigned pad = (1024 - (raw & 1023)) & 1023;
+    unsigned char* sm = dsm + pad;
+    const unsigned sbase = raw + pad;
+    // full[s] at bars + 8 s, empty[s] at bars + 8 (STAGES + s).
+    const unsigned bars = sbase + STAGES * STAGE;
+    const int tid = threadIdx.x, wg = tid >> 7;
+
+    const int ntx = (p.wo + TX - 1) / TX, nty = (p.ho + TY - 1) / TY, ntz = (p.do_ + TZ - 1) / TZ;
+    int n, oz0, oy0, ox0;
+    tile_origin<TZ, TY, TX>(blockIdx.x, ntx, nty, ntz, n, oz0, oy0, ox0);
+    const int nb0 = blockIdx.y * BN;
+    // The stride is the kernel's (the host picks a stride-2 kernel for stride 2 on every axis).
+    if (p.sd != S || p.sh != S || p.sw != S) __trap();
+    const int nk = p.kd * p.kh * p.kw * (p.cin / 64);
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(bars + 8 * s, 1);
+            mbar_init(bars + 8 * (STAGES + s), 8);  // the eight consumer warps
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        if (tid != 0) return;
+        int c0 = 0, tap = 0, dz = 0, dy = 0, dx = 0;
+        for (int kt = 0; kt < nk; kt++) {
+            const int s = kt % STAGES;
+            // Its last use (kt - STAGES) released by every consumer warp.
+            if (kt >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((kt / STAGES) & 1) ^ 1);
+            const unsigned full = bars + 8 * s;
+            mbar_arrive_expect_tx(full, STAGE);
+            unsigned char* st = sm + s * STAGE;
+            tma_load5(st, xmap, c0, ox0 * S + dx * p.dw - p.pw, oy0 * S + dy * p.dh - p.ph,
+                      oz0 * S + dz * p.dd - p.pd, n, full);
+            tma_load2(st + A_BYTES, wmap, tap * p.cin + c0, nb0, full);
+            if ((c0 += 64) == p.cin) {
+                c0 = 0;
+                tap++;
+                if (++dx == p.kw) {
+                    dx = 0;
+                    if (++dy == p.kh) {
+                        dy = 0;
+                        dz++;
+                    }
+                }
+            }
+        }
+        return;
+    }
+
+    // Consumer warpgroup cw: rows cw * 64 .. + 63 of the tile.
+    const int cw = wg - 1, lane = tid & 31, warp = (tid >> 5) & 3;
+    float acc[BN / 2];
+#pragma unroll
+    for (int q = 0; q < BN / 2; q++) acc[q] = 0.f;
+    const unsigned a0 = sbase + cw * 64 * 128, b0 = sbase + A_BYTES;
+    for (int kt = 0; kt < nk; kt++) {
+        const int s = kt % STAGES;
+        mbar_wait(bars + 8 * s, (kt / STAGES) & 1);
+        wg_fence();
+        const unsigned long long da = wg_desc_sw128(a0 + s * STAGE), db = wg_desc_sw128(b0 + s * STAGE);
+#pragma unroll
+        for (int k = 0; k < 4; k++) Wg<BN>::mma(acc, da + 2 * k, db + 2 * k);
+        wg_commit();
+        wg_wait<1>();  // k-step kt - 1's wgmmas are done: its stage is free
+        if (kt > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (kt - 1) % STAGES));
+    }
+    wg_wait<0>();
+
+    // Thread rows warp * 16 + lane / 4 (+ 8) of the warpgroup's 64.
+    i64 m[2];
+    bool ok[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = cw * 64 + warp * 16 + (lane >> 2) + h * 8;
+        const int oz = oz0 + r / (TY * TX), oy = oy0 + (r / TX) % TY, ox = ox0 + r % TX;
+        ok[h] = oz < p.do_ && oy < p.ho && ox < p.wo;
+        m[h] = ((((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox) * p.ldc + p.coff;
+    }
+    BY_ACT(p.act, (wgk_store<ACT_T, BN>(p, acc, m, ok, nb0, lane, y, bias, slope)));
+}
+
+// Name: conv_wgk_n{BN}_{variant}; one line per WGK_CONFIGS entry (`entry_lines`). The input's and
+// the weights' tensor maps (encoded by the host for the launch) are the last parameters.
+#define WGK_ENTRY(NAME, BN, STAGES, TZ, TY, TX, S)                                                        \
+    extern "C" __global__ void __launch_bounds__(384, 1) NAME(                                           \
+        ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope,       \
+        const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap) {                     \
+        conv_wgk<BN, STAGES, TZ, TY, TX, S>(p, bias, y, slope, &xmap, &wmap);                            \
+    }
