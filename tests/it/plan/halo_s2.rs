@@ -8,16 +8,17 @@ use voxtile::internals::cuda::host::catalogue::{CONV_HALO_C32N64_S2, CONV_WG_C32
 use voxtile::internals::cuda::host::conv_kernel::{ArchCaps, ConvKernel};
 use voxtile::model::graph::Op;
 
-/// W1 at batches 1 and 4: with the switch, the stride-2 convs of Cin 32 and 64 (Cout 64 and
-/// 128, at 128³ -> 64³ and 64³ -> 32³) run `conv_halo_c32n64_s2`; those of Cout 256 and 320
-/// keep the implicit GEMM (above `HALO_MAX_COUT`), every other conv its kernel, and the
-/// buffers, the arena and the constants are the same (the halo kernels share the GEMM's
-/// weight layout).
+/// W1 at batches 1 and 4 without the wgmma implicit GEMM (`conv_wgk`): with the switch, the
+/// stride-2 convs of Cin 32 and 64 (Cout 64 and 128, at 128³ -> 64³ and 64³ -> 32³) run
+/// `conv_halo_c32n64_s2`; those of Cout 256 and 320 keep the mma GEMM (above
+/// `HALO_MAX_COUT`), every other conv its kernel, and the buffers, the arena and the constants
+/// are the same (the halo kernels share the GEMM's weight layout).
 #[test]
 fn w1_strided_convs_on_the_stride2_halo_kernel() {
     let on_caps = ArchCaps {
         halo_s2: true,
         wg_s2: false,
+        conv_wgk: false,
         ..ArchCaps::h200()
     };
     w1_strided_on(
@@ -27,23 +28,24 @@ fn w1_strided_convs_on_the_stride2_halo_kernel() {
     );
 }
 
-/// The same with `wg_s2` (the default): the Cin-32 one runs `conv_wg_c32n64_s2p` (its resident
-/// weights hold Cin 32 only).
+/// The same with `wg_s2` and `conv_wgk` (the defaults): the Cin-32 one runs
+/// `conv_wg_c32n64_s2p` (its resident weights hold Cin 32 only), the Cin-64 one the implicit
+/// GEMM on wgmma either way.
 #[test]
 fn w1_strided_convs_on_the_stride2_wgmma_kernel() {
     let on_caps = ArchCaps::h200();
     w1_strided_on(&on_caps, CONV_WG_C32N64_S2P.name, &[(32, 64, 128)]);
 }
 
-/// W1's plan with `on_caps` against the implicit GEMM's (both switches off): the stride-2 convs
-/// `want` ((Cin, Cout, input side)) run `kernel`, nothing else changes.
+/// W1's plan with `on_caps` against the same caps with both switches off (the implicit GEMM):
+/// the stride-2 convs `want` ((Cin, Cout, input side)) run `kernel`, nothing else changes.
 fn w1_strided_on(on_caps: &ArchCaps, kernel: &str, want: &[(usize, usize, usize)]) {
     let g = w1_graph();
     let roi = [128; 3];
     let off_caps = ArchCaps {
         wg_s2: false,
         halo_s2: false,
-        ..ArchCaps::h200()
+        ..*on_caps
     };
     for batch in [1, 4] {
         let off = buffer_plan(&g, batch, roi, &off_caps).unwrap();

@@ -15,13 +15,34 @@ fn forced(b: &mut CudaBackend, c: Option<&'static WgkConfig>) {
     b.with(|o| o.wgk_tile = c);
 }
 
+/// Each case against float64 with `c` forced, asserted to have run on it.
+fn on_each<const N: usize>(
+    b: &mut CudaBackend,
+    r: &mut Rng,
+    c: &'static WgkConfig,
+    cases: [ConvCase<'_>; N],
+) {
+    forced(b, Some(c));
+    for case in cases {
+        let name = format!("{} on {}", case.name, c.name);
+        conv_case_on(
+            b,
+            r,
+            ConvCase {
+                name: &name,
+                ..case
+            },
+            c.name,
+        );
+    }
+}
+
 #[test]
 fn conv_wgk_cases() {
     let Some(mut b) = wgmma_gpu() else { return };
     let mut r = Rng::tagged("wgk");
     let leaky = || Some(Op::LeakyRelu { alpha: 0.01 });
     for c in [&CONV_WGK_N128, &CONV_WGK_N256] {
-        forced(&mut b, Some(c));
         let k = c.name;
         let cases = [
             ConvCase::new("wgk 64->64 k3 p1 [5,9,17]", 64, 64, [5, 9, 17], 3).pads([1; 6]),
@@ -37,18 +58,7 @@ fn conv_wgk_cases() {
                 .pads([1; 6])
                 .act(leaky()),
         ];
-        for case in cases {
-            let name = format!("{} on {k}", case.name);
-            conv_case_on(
-                &mut b,
-                &mut r,
-                ConvCase {
-                    name: &name,
-                    ..case
-                },
-                k,
-            );
-        }
+        on_each(&mut b, &mut r, c, cases);
         // fp32 output for an InstanceNorm, and a GroupNorm of 8 groups.
         for groups in [64, 8] {
             let (cin, cout, sp) = (128usize, 64usize, [3usize, 10, 17]);
@@ -60,14 +70,7 @@ fn conv_wgk_cases() {
             let want = conv_ref(&x, &w, Some(&bias), PAD1);
             let t = Tail::instance_or_group(&mut r, cout, groups);
             let want = t.reference(&want);
-            let conv = Op::Conv(Conv {
-                weight: w,
-                bias: Some(bias),
-                stride: [1; 3],
-                dilation: [1; 3],
-                pads: [1; 6],
-                groups: 1,
-            });
+            let conv = crate::common::graph::conv(w, Some(bias), 1);
             let got = run(&mut b, &t.after(cin, conv, cout), &x, 2);
             report(
                 &format!("wgk {cin}->{cout} + norm ({groups} groups) on {k}"),
@@ -84,8 +87,6 @@ fn conv_wgk_cases() {
     // Stride 2 on the stride-2 twins: odd and even sides, asymmetric pads, a 1x1x1 kernel,
     // dilation 2 with a fused activation, Cout above the tile width.
     for c in [&CONV_WGK_N128_S2, &CONV_WGK_N256_S2] {
-        forced(&mut b, Some(c));
-        let k = c.name;
         let cases = [
             ConvCase::new("wgk s2 64->64 k3 p1 [9,16,33]", 64, 64, [9, 16, 33], 3)
                 .st([2; 3])
@@ -106,18 +107,7 @@ fn conv_wgk_cases() {
                 .pads([2; 6])
                 .act(leaky()),
         ];
-        for case in cases {
-            let name = format!("{} on {k}", case.name);
-            conv_case_on(
-                &mut b,
-                &mut r,
-                ConvCase {
-                    name: &name,
-                    ..case
-                },
-                k,
-            );
-        }
+        on_each(&mut b, &mut r, c, cases);
     }
     forced(&mut b, None);
 }
