@@ -16,14 +16,17 @@
 // stage's `empty` barrier (every consumer warp's arrival) before loading it again. Warpgroups 1
 // and 2 take 64 rows each against all BN columns, each k-step on the stage's `full` barrier
 // (its loads' bytes), a stage released once the next one's wgmmas are issued and its own done.
+// The `_st` twins also write the norm statistics of their tile (`wgk_stats`).
 // Smem bytes: keep in sync with WgkConfig::smem_bytes (src/backend/cuda/host/catalogue.rs).
 
 #define WGK_BM 128
 
 // Bias, activation and the stores of one consumer thread's accumulators (rows `m[h]`'s first
-// element, `ok[h]` inside the output; columns nb0 + j * 8 + (lane % 4) * 2 + {0, 1}).
-template <int ACT, int BN>
-__device__ __forceinline__ void wgk_store(const ConvParams& p, const float (&acc)[BN / 2], const i64 (&m)[2],
+// element, `ok[h]` inside the output; columns nb0 + j * 8 + (lane % 4) * 2 + {0, 1}). ST: each
+// stored value back into its accumulator as stored (fp16-rounded unless the output is fp32),
+// for the norm statistics.
+template <int ACT, int BN, bool ST>
+__device__ __forceinline__ void wgk_store(const ConvParams& p, float (&acc)[BN / 2], const i64 (&m)[2],
                                           const bool (&ok)[2], int nb0, int lane, half* __restrict__ y,
                                           const float* __restrict__ bias, const float* __restrict__ slope) {
     const bool pair = ((p.ldc | p.coff) & 1) == 0;
@@ -35,10 +38,16 @@ __device__ __forceinline__ void wgk_store(const ConvParams& p, const float (&acc
         const float b0 = bias ? bias[c] : 0.f, b1 = bias && two ? bias[c + 1] : 0.f;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
+            float& v0 = acc[j * 4 + h * 2];
+            float& v1 = acc[j * 4 + h * 2 + 1];
+            v0 = act_of<ACT>(v0 + b0, c, p.act, p.alpha, slope, p.slope_n);
+            v1 = act_of<ACT>(v1 + b1, c + 1, p.act, p.alpha, slope, p.slope_n);
+            if (ST && !p.out_f32) {
+                v0 = __half2float(__float2half(v0));
+                v1 = __half2float(__float2half(v1));
+            }
             if (!ok[h]) continue;
             const i64 dst = m[h] + c;
-            const float v0 = act_of<ACT>(acc[j * 4 + h * 2] + b0, c, p.act, p.alpha, slope, p.slope_n);
-            const float v1 = act_of<ACT>(acc[j * 4 + h * 2 + 1] + b1, c + 1, p.act, p.alpha, slope, p.slope_n);
             if (two && pair) {
                 out_store2(p, y, dst, v0, v1);
             } else {
@@ -49,7 +58,64 @@ __device__ __forceinline__ void wgk_store(const ConvParams& p, const float (&acc
     }
 }
 
-template <int BN, int STAGES, int TZ, int TY, int TX, int S>
+// The `_st` twins: the tile's norm statistics from the stored values in the accumulators, one
+// tile_stats.cuh entry per (tile, channel) at [blockIdx.x][cout] (the block's BN channels). The
+// shift is the tile's first voxel's value (row 0: lanes 0-3 of the first MMA warp); each warp
+// adds its 8 row groups with shuffles (a fixed tree), then one thread per channel the 8 warps'
+// sums in order: the same bits every run. `sm`: the stages' shared memory, free once both MMA
+// warpgroups pass the first barrier. `count`: the tile's voxels inside the output.
+template <int BN>
+__device__ __forceinline__ void wgk_stats(const ConvParams& p, const float (&acc)[BN / 2], const bool (&ok)[2],
+                                          int nb0, int lane, int w8, float* sm, float count) {
+    float* shf = sm;          // [BN]
+    float* part = sm + BN;    // [8 warps][BN][2]
+    stats_bar<1, 256>();      // both warpgroups' wgmmas are done with the stages
+    if (w8 == 0 && lane < 4) {
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            shf[j * 8 + lane * 2] = acc[j * 4];
+            shf[j * 8 + lane * 2 + 1] = acc[j * 4 + 1];
+        }
+    }
+    stats_bar<1, 256>();
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int c = j * 8 + (lane & 3) * 2 + e;
+            const float sh = shf[c];
+            float s = 0.f, q = 0.f;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const float a = ok[h] ? acc[j * 4 + h * 2 + e] - sh : 0.f;
+                s += a;
+                q += a * a;
+            }
+#pragma unroll
+            for (int o = 4; o < 32; o *= 2) {
+                s += __shfl_xor_sync(0xffffffffu, s, o);
+                q += __shfl_xor_sync(0xffffffffu, q, o);
+            }
+            if (lane < 4) {
+                part[(w8 * BN + c) * 2] = s;
+                part[(w8 * BN + c) * 2 + 1] = q;
+            }
+        }
+    }
+    stats_bar<1, 256>();
+    const int t = w8 * 32 + lane;
+    if (t < BN && nb0 + t < p.cout) {
+        float a = 0.f, b = 0.f;
+#pragma unroll
+        for (int w = 0; w < 8; w++) {
+            a += part[(w * BN + t) * 2];
+            b += part[(w * BN + t) * 2 + 1];
+        }
+        reinterpret_cast<float4*>(p.stats)[(i64)blockIdx.x * p.cout + nb0 + t] = make_float4(a, b, shf[t], count);
+    }
+}
+
+template <int BN, int STAGES, int TZ, int TY, int TX, int S, bool ST>
 __device__ __forceinline__ void conv_wgk(const ConvParams& p, const float* __restrict__ bias, half* __restrict__ y,
                                          const float* __restrict__ slope, const TmaMap* xmap, const TmaMap* wmap) {
     static_assert(TZ * TY * TX == WGK_BM, "a tile is 128 voxels");
@@ -140,14 +206,18 @@ __device__ __forceinline__ void conv_wgk(const ConvParams& p, const float* __res
         ok[h] = oz < p.do_ && oy < p.ho && ox < p.wo;
         m[h] = ((((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox) * p.ldc + p.coff;
     }
-    BY_ACT(p.act, (wgk_store<ACT_T, BN>(p, acc, m, ok, nb0, lane, y, bias, slope)));
+    BY_ACT(p.act, (wgk_store<ACT_T, BN, ST>(p, acc, m, ok, nb0, lane, y, bias, slope)));
+    if constexpr (ST) {
+        const float count = (float)(min(TZ, p.do_ - oz0) * min(TY, p.ho - oy0) * min(TX, p.wo - ox0));
+        wgk_stats<BN>(p, acc, ok, nb0, lane, cw * 4 + warp, reinterpret_cast<float*>(sm), count);
+    }
 }
 
 // Name: conv_wgk_n{BN}_{variant}; one line per WGK_CONFIGS entry (`entry_lines`). The input's and
 // the weights' tensor maps (encoded by the host for the launch) are the last parameters.
-#define WGK_ENTRY(NAME, BN, STAGES, TZ, TY, TX, S)                                                        \
+#define WGK_ENTRY(NAME, BN, STAGES, TZ, TY, TX, S, ST)                                                     \
     extern "C" __global__ void __launch_bounds__(384, 1) NAME(                                           \
         ConvParams p, const half* x, const half* w, const float* bias, half* y, const float* slope,       \
         const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap) {                     \
-        conv_wgk<BN, STAGES, TZ, TY, TX, S>(p, bias, y, slope, &xmap, &wmap);                            \
+        conv_wgk<BN, STAGES, TZ, TY, TX, S, ST>(p, bias, y, slope, &xmap, &wmap);                        \
     }

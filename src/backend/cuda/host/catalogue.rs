@@ -662,7 +662,9 @@ impl HaloConfig {
 /// with Cin a multiple of [`WGK_BK`] as an implicit GEMM on wgmma fed by tensor loads. Tiles of
 /// 128 output voxels (a `tile` box, [z, y, x]) by `bn` output channels (grid.y over them), a
 /// ring of `stages` k-steps (one tap's `WGK_BK` input channels each), [`WGK_THREADS`] threads
-/// (a producer warpgroup and two of the MMA), one block an SM.
+/// (a producer warpgroup and two of the MMA), one block an SM. `stats`: the `_st` twin, whose
+/// epilogue also writes a following norm's statistics per tile (kernels/tile_stats.cuh's
+/// layout; `ConvKernel::with_norm_stats`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WgkConfig {
     pub name: &'static str,
@@ -670,6 +672,7 @@ pub struct WgkConfig {
     pub stages: usize,
     pub tile: [usize; 3],
     pub stride: usize,
+    pub stats: bool,
 }
 
 /// Input channels of a `conv_wgk_*` k-step: a 128-byte row, the swizzle's width.
@@ -704,12 +707,32 @@ pub const CONV_WGK_N128: WgkConfig = wgk("conv_wgk_n128", 128, 6, 1);
 /// The two at stride 2 (W1's 128 -> 256 and 64 -> 128).
 pub const CONV_WGK_N256_S2: WgkConfig = wgk("conv_wgk_n256_s2", 256, 4, 2);
 pub const CONV_WGK_N128_S2: WgkConfig = wgk("conv_wgk_n128_s2", 128, 6, 2);
-/// The `conv_wgk_*` kernels, widest first.
+/// The `conv_wgk_*` kernels, widest first, then their `_st` twins ([`wgk_stats_twin`]).
 pub const WGK_CONFIGS: &[WgkConfig] = &[
     CONV_WGK_N256,
     CONV_WGK_N128,
     CONV_WGK_N256_S2,
     CONV_WGK_N128_S2,
+    WgkConfig {
+        name: "conv_wgk_n256_st",
+        stats: true,
+        ..CONV_WGK_N256
+    },
+    WgkConfig {
+        name: "conv_wgk_n128_st",
+        stats: true,
+        ..CONV_WGK_N128
+    },
+    WgkConfig {
+        name: "conv_wgk_n256_s2_st",
+        stats: true,
+        ..CONV_WGK_N256_S2
+    },
+    WgkConfig {
+        name: "conv_wgk_n128_s2_st",
+        stats: true,
+        ..CONV_WGK_N128_S2
+    },
 ];
 
 const fn wgk(name: &'static str, bn: usize, stages: usize, stride: usize) -> WgkConfig {
@@ -719,7 +742,16 @@ const fn wgk(name: &'static str, bn: usize, stages: usize, stride: usize) -> Wgk
         stages,
         tile: [1, 8, 16],
         stride,
+        stats: false,
     }
+}
+
+/// The `_st` twin of `conv_wgk_*` kernel `c`: the same kernel and launch, writing the norm
+/// statistics too.
+pub fn wgk_stats_twin(c: &WgkConfig) -> Option<&'static WgkConfig> {
+    WGK_CONFIGS
+        .iter()
+        .find(|t| t.stats && t.name.strip_suffix("_st") == Some(c.name))
 }
 
 /// The `conv_wgk_*` config named `name`.
@@ -1413,8 +1445,8 @@ pub fn entry_lines(fam: Family) -> String {
         for c in WGK_CONFIGS {
             let [z, y, x] = c.tile;
             out.push_str(&format!(
-                "WGK_ENTRY({}, {}, {}, {z}, {y}, {x}, {})\n",
-                c.name, c.bn, c.stages, c.stride
+                "WGK_ENTRY({}, {}, {}, {z}, {y}, {x}, {}, {})\n",
+                c.name, c.bn, c.stages, c.stride, c.stats
             ));
         }
         // The `_nl` twins: the helper's loads normalise a norm's input.
@@ -1474,6 +1506,23 @@ mod tests {
                 t.name
             );
         }
+    }
+
+    /// Each `conv_wgk_*` kernel has an `_st` twin of its tile, stages and stride.
+    #[test]
+    fn wgk_stats_twins_are_their_bases() {
+        for c in WGK_CONFIGS.iter().filter(|c| !c.stats) {
+            let t = wgk_stats_twin(c).unwrap_or_else(|| panic!("{}: no twin", c.name));
+            assert_eq!(
+                WgkConfig {
+                    name: c.name,
+                    stats: false,
+                    ..*t
+                },
+                *c
+            );
+        }
+        assert_eq!(WGK_CONFIGS.iter().filter(|c| c.stats).count(), 4);
     }
 
     /// An `_nl` twin is its base kernel loading a norm's input: the same tile, threads and

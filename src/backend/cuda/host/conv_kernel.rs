@@ -3,9 +3,9 @@
 
 use crate::backend::cuda::abi::norm_blocks;
 use crate::backend::cuda::host::catalogue::{
-    has_wgmma, stats_twin, upsample_vec_name, upsample_vec_st_name, zpair_variant, HaloConfig,
-    MmaConfig, WgkConfig, C1X1_STAGE_BYTES, C1_TILE, CONV1X1_MMA_N16, CONV1X1_N16, CONV1X1_N16_S,
-    CONV1X1_N32, CONV1X1_N32_S, CONVT_UP2_P, CONV_C1_K3, CONV_C1_K3_ST, CONV_DIRECT,
+    has_wgmma, stats_twin, upsample_vec_name, upsample_vec_st_name, wgk_stats_twin, zpair_variant,
+    HaloConfig, MmaConfig, WgkConfig, C1X1_STAGE_BYTES, C1_TILE, CONV1X1_MMA_N16, CONV1X1_N16,
+    CONV1X1_N16_S, CONV1X1_N32, CONV1X1_N32_S, CONVT_UP2_P, CONV_C1_K3, CONV_C1_K3_ST, CONV_DIRECT,
     CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8, CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8, CONV_SPLITK_REDUCE,
 };
 use crate::backend::cuda::host::options::CudaOptions;
@@ -239,8 +239,9 @@ impl ConvKernel {
     /// The kernel that also writes the statistics of a norm reading this conv's output (per
     /// sample shape `os`, at channel stride `ldc` and offset `coff`), with the entries it writes
     /// per sample (kernels/tile_stats.cuh's layout): the `_st` twin ([`stats_twin`]) of the
-    /// z-pair kernel (its helper's stores), one entry per output tile; or `CONV_C1_K3_ST` for
-    /// Cout 8, 16 or 32 on its 16-byte stores, one per block (a `C1_TILE` tile).
+    /// z-pair kernel (its helper's stores) or of a `conv_wgk_*` kernel ([`wgk_stats_twin`]),
+    /// one entry per output tile; or `CONV_C1_K3_ST` for Cout 8, 16 or 32 on its 16-byte
+    /// stores, one per block (a `C1_TILE` tile).
     pub fn with_norm_stats(
         &self,
         os: [usize; 4],
@@ -261,6 +262,11 @@ impl ConvKernel {
                 upsample_vec_st_name(up)?;
                 let fits = rows.is_multiple_of(t.bm) && f.classes.len() * cout <= t.bn;
                 fits.then(|| (ConvKernel::ParityFusedVec(f.clone(), t, true), rows / t.bm))
+            }
+            // One entry per output tile; each block writes its own channels' entries.
+            ConvKernel::Wgk(c) => {
+                let twin = wgk_stats_twin(c)?;
+                Some((ConvKernel::Wgk(twin), twin.tiles(1, [d, h, w])))
             }
             ConvKernel::Cin1 { stats: false } => {
                 let fits =

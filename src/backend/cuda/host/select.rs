@@ -192,7 +192,8 @@ pub fn pick_wgk(
 ) -> Option<&'static WgkConfig> {
     let (cin, cout) = (g.xs[0], g.os[0]);
     let runs = |c: &WgkConfig| {
-        !g.transposed
+        !c.stats
+            && !g.transposed
             && g.groups == 1
             && g.stride == [c.stride; 3]
             && cin > 0
@@ -206,7 +207,7 @@ pub fn pick_wgk(
     let bn = if cout <= 128 { 128 } else { 256 };
     let c = WGK_CONFIGS
         .iter()
-        .find(|c| c.bn == bn && c.stride == g.stride[0])?;
+        .find(|c| c.bn == bn && c.stride == g.stride[0] && !c.stats)?;
     let tiles = c.tiles(batch, [g.os[1], g.os[2], g.os[3]]) * c.cout_tiles(cout);
     (runs(c) && (97..=256).contains(&cout) && 2 * tiles >= sms).then_some(c)
 }

@@ -839,7 +839,7 @@ fn bench_wgk() {
         let of = |bn: usize| {
             cat::WGK_CONFIGS
                 .iter()
-                .find(|c| c.bn == bn && c.stride == st)
+                .find(|c| c.bn == bn && c.stride == st && !c.stats)
         };
         let variants: [(&str, bool, Option<&'static cat::WgkConfig>); 4] = [
             ("auto", true, None),
