@@ -99,8 +99,9 @@ fn check_pairs(name: &str, g: &Graph, on: &BufferPlan, off: &BufferPlan) -> usiz
 }
 
 /// W1 at batch 4: the three convs before a norm on kernels with a twin hand it their
-/// statistics (at 128³ the Cin-1 conv and the two z-pair 32 -> 32 convs); the halo and mma convs
-/// do not. The pairs run in the window segments, one window at a time.
+/// statistics (at 128³ the Cin-1 conv and the two z-pair 32 -> 32 convs, in the window
+/// segments, one window at a time); the halo and mma convs do not, nor (`wgk_stats` off) those
+/// on the wgmma implicit GEMM; with `wgk_stats` the eight of those (32³ and 16³, batched) do.
 #[test]
 fn w1_convs_hand_their_norms_the_statistics() {
     let g = w1_graph();
@@ -128,6 +129,31 @@ fn w1_convs_hand_their_norms_the_statistics() {
         ]
     );
     assert_eq!(pairs, 3);
+    let wgk = ArchCaps {
+        wgk_stats: true,
+        ..stats_on()
+    };
+    let on = buffer_plan(&g, 4, roi, &wgk).unwrap();
+    assert_eq!(check_pairs("w1 wgk", &g, &on, &off), 11);
+    let kernels: Vec<&str> = on
+        .launches
+        .iter()
+        .filter_map(|l| l.tile_stats.and(l.conv.as_ref()).map(|k| k.funcs()[0]))
+        .filter(|k| k.starts_with("conv_wgk"))
+        .collect();
+    assert_eq!(
+        kernels,
+        [
+            "conv_wgk_n128_s2_st",
+            "conv_wgk_n128_st",
+            "conv_wgk_n256_s2_st",
+            "conv_wgk_n256_st",
+            "conv_wgk_n256_st",
+            "conv_wgk_n256_st",
+            "conv_wgk_n128_st",
+            "conv_wgk_n128_st"
+        ]
+    );
 }
 
 /// Every model and architecture fixture at 128³ (or its fixed window), batches 1 and 3: the

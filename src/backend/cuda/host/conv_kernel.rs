@@ -35,6 +35,8 @@ pub struct ArchCaps {
     pub conv_wgk: bool,
     /// A forced `conv_wgk_*` kernel (tests, benchmarks).
     pub wgk_tile: Option<&'static WgkConfig>,
+    /// A `conv_wgk_*` conv before a norm hands it the statistics (`CudaOptions::wgk_stats`).
+    pub wgk_stats: bool,
     /// Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `CONV_C1_K3` (unless a tile is forced).
     pub conv_c1: bool,
     /// kernel == stride transposed convs with Cin, Cout % 8 == 0, and fused parity classes
@@ -122,6 +124,7 @@ impl ArchCaps {
             conv_wgmma: has_wgmma(&format!("sm_{major}{minor}")) && opts.wgmma_conv,
             conv_wgk: opts.wgk_conv,
             wgk_tile: opts.wgk_tile,
+            wgk_stats: opts.wgk_stats,
             conv_c1: opts.c1_conv,
             conv_up_vec: opts.upsample_vec,
             convt_up2: opts.convt_up2,
@@ -234,6 +237,17 @@ impl ConvKernel {
     /// out-of-line `conv_store` by half (PERF_NOTES, session 21).
     pub fn adds_residual(&self) -> bool {
         matches!(self, ConvKernel::Halo(c) if c.wgmma && !c.zpair)
+    }
+
+    /// Whether it is a twin that writes a following norm's statistics
+    /// ([`with_norm_stats`](Self::with_norm_stats)'s kernels).
+    pub fn writes_stats(&self) -> bool {
+        match self {
+            ConvKernel::Halo(h) => h.stats,
+            ConvKernel::Wgk(c) => c.stats,
+            ConvKernel::Cin1 { stats } | ConvKernel::ParityFusedVec(_, _, stats) => *stats,
+            _ => false,
+        }
     }
 
     /// The kernel that also writes the statistics of a norm reading this conv's output (per

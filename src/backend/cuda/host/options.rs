@@ -24,6 +24,9 @@ pub struct CudaOptions {
     /// Force this `conv_wgk_*` kernel for every conv it runs (any Cout, any tile count, before
     /// the halo kernels); None: the defaults.
     pub wgk_tile: Option<&'static WgkConfig>,
+    /// A `conv_wgk_*` conv before a norm runs its `_st` twin, which writes the norm's
+    /// statistics (`host::tile_stats`). Off: not yet run on a device (PERF_NOTES, session 39).
+    pub wgk_stats: bool,
     /// Run Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `CONV_C1_K3`.
     pub c1_conv: bool,
     /// Run kernel == stride transposed convs with Cin, Cout % 8 == 0, and fused parity classes
@@ -147,6 +150,7 @@ impl Default for CudaOptions {
             wgmma_conv: true,
             wgk_conv: true,
             wgk_tile: None,
+            wgk_stats: false,
             c1_conv: true,
             upsample_vec: true,
             convt_up2: true,

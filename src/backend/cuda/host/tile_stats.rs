@@ -24,7 +24,8 @@ pub const TILE_STAT_BYTES: usize = 16;
 /// becomes the twin, and both launches get `tile_stats` (the twin's entries per sample).
 /// A norm launch that runs the conv before it (`Launch::recompute`) is a pair in itself: its
 /// conv kernel becomes the twin too. Returns the scratch bytes the partials need for `batch`
-/// samples (0: no pair). The fused parity classes' twin only with `ArchCaps::convt_stats`; the
+/// samples (0: no pair). The fused parity classes' twin only with `ArchCaps::convt_stats`, the
+/// `conv_wgk_*` twins only with `ArchCaps::wgk_stats`; the
 /// z-pair twin as `ArchCaps::zpair_st_staged` says (`zpair_st_variant`). With
 /// `ArchCaps::norm_shifted`, a z-pair or Cin-1 pair whose conv writes all of a dense output of
 /// Cout % 8 == 0 (in one launch, or as a split conv's last part, which adds the earlier parts'
@@ -43,6 +44,9 @@ pub fn pair(
 ) -> usize {
     let mut bytes = 0;
     let twin_of = |k: &ConvKernel, os: [usize; 4], ldc: usize, coff: usize| {
+        if matches!(k, ConvKernel::Wgk(_)) && !caps.wgk_stats {
+            return None;
+        }
         let (twin, tiles) = k.with_norm_stats(os, ldc, coff)?;
         Some(match twin {
             ConvKernel::Halo(c) => (

@@ -183,12 +183,7 @@ pub(crate) fn build(
         }
         None => (c, io.x),
     };
-    let writes_stats = matches!(kernel, ConvKernel::Halo(h) if h.stats)
-        || matches!(
-            kernel,
-            ConvKernel::Cin1 { stats: true } | ConvKernel::ParityFusedVec(_, _, true)
-        );
-    if io.stats_tiles.is_some() != writes_stats {
+    if io.stats_tiles.is_some() != kernel.writes_stats() {
         return Err(Error::Backend(format!(
             "node {}: the plan and kernel {} disagree on writing norm statistics",
             io.name,
@@ -273,7 +268,7 @@ pub(crate) fn build(
             let func = kernel.funcs()[0];
             let shape = (func, m.bm as u32, m.bn as u32, m.threads, m.smem_bytes());
             Ok(vec![ConvStep {
-                stats: writes_stats,
+                stats: kernel.writes_stats(),
                 ..step(q, wp, io.y, shape)
             }])
         }

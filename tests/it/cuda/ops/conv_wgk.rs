@@ -2,7 +2,7 @@
 //! on CUDA against float64: partial 1x8x16 tiles on every axis, asymmetric pads, a 1x1x1 and a
 //! dilated kernel, odd Cout and Cout above the tile width (grid.y), Cin in several 64-channel
 //! steps, a fused activation, fp32 output for an InstanceNorm or a GroupNorm (whose statistics
-//! the `_st` twin writes), concat slices at even and odd offsets; each forced on both widths;
+//! the `_st` twin writes, `wgk_stats`), concat slices at even and odd offsets; each forced on both widths;
 //! stride 2 on both stride-2 twins; then W1's shapes on the default choice.
 
 use super::conv_halo::slice_case;
@@ -59,7 +59,9 @@ fn conv_wgk_cases() {
                 .act(leaky()),
         ];
         on_each(&mut b, &mut r, c, cases);
-        // fp32 output for an InstanceNorm, and a GroupNorm of 8 groups.
+        // fp32 output for an InstanceNorm, and a GroupNorm of 8 groups, the statistics from the
+        // `_st` twin (`wgk_stats`).
+        b.with(|o| o.wgk_stats = true);
         for groups in [64, 8] {
             let (cin, cout, sp) = (128usize, 64usize, [3usize, 10, 17]);
             let x = input2(&mut r, cin, sp);
@@ -81,6 +83,7 @@ fn conv_wgk_cases() {
             let st = format!("{k}_st");
             assert!(used.contains(&st), "norm tail: ran {used:?}");
         }
+        b.with(|o| o.wgk_stats = false);
         // Concat slices: 64 -> [32, 32] (offset 32) and [17, 40] (offset 17: element stores).
         for (ca, cb) in [(32usize, 32usize), (17, 40)] {
             slice_case(&mut b, &mut r, 64, ca, cb, None, k);
