@@ -635,9 +635,7 @@ impl HaloConfig {
 
     /// Output tiles of an n x d x h x w output.
     pub fn tiles(&self, n: usize, out: [usize; 3]) -> usize {
-        n * (0..3)
-            .map(|i| out[i].div_ceil(self.tile[i]))
-            .product::<usize>()
+        box_tiles(n, out, self.tile)
     }
 
     /// grid.y: the bn-wide output-channel tiles of a Cout-channel conv (the weight rows are
@@ -656,6 +654,12 @@ impl HaloConfig {
         };
         g.max(1) as u32
     }
+}
+
+/// Tiles of `tile` ([z, y, x]) over `n` samples of `out` voxels, partial tiles counted: the
+/// halo, `conv_wgk_*` and Cin-1 kernels' blocks (`tile_origin` in kernels/mma.cuh).
+pub fn box_tiles(n: usize, out: [usize; 3], tile: [usize; 3]) -> usize {
+    n * (0..3).map(|i| out[i].div_ceil(tile[i])).product::<usize>()
 }
 
 /// A `conv_wgk_*` kernel (kernels/conv_wgmma_k.cu): a conv of stride `stride` on every axis
@@ -689,9 +693,7 @@ impl WgkConfig {
 
     /// Output tiles of `n` samples of `out` voxels (grid.x).
     pub fn tiles(&self, n: usize, out: [usize; 3]) -> usize {
-        n * (0..3)
-            .map(|i| out[i].div_ceil(self.tile[i]))
-            .product::<usize>()
+        box_tiles(n, out, self.tile)
     }
 
     /// Output-channel tiles of `cout` (grid.y).

@@ -3,10 +3,11 @@
 
 use crate::backend::cuda::abi::norm_blocks;
 use crate::backend::cuda::host::catalogue::{
-    has_wgmma, stats_twin, upsample_vec_name, upsample_vec_st_name, wgk_stats_twin, zpair_variant,
-    HaloConfig, MmaConfig, WgkConfig, C1X1_STAGE_BYTES, C1_TILE, CONV1X1_MMA_N16, CONV1X1_N16,
-    CONV1X1_N16_S, CONV1X1_N32, CONV1X1_N32_S, CONVT_UP2_P, CONV_C1_K3, CONV_C1_K3_ST, CONV_DIRECT,
-    CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8, CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8, CONV_SPLITK_REDUCE,
+    box_tiles, has_wgmma, stats_twin, upsample_vec_name, upsample_vec_st_name, wgk_stats_twin,
+    zpair_variant, HaloConfig, MmaConfig, WgkConfig, C1X1_STAGE_BYTES, C1_TILE, CONV1X1_MMA_N16,
+    CONV1X1_N16, CONV1X1_N16_S, CONV1X1_N32, CONV1X1_N32_S, CONVT_UP2_P, CONV_C1_K3, CONV_C1_K3_ST,
+    CONV_DIRECT, CONV_IGEMM_N32_V1, CONV_IGEMM_N32_V8, CONV_IGEMM_N64_V1, CONV_IGEMM_N64_V8,
+    CONV_SPLITK_REDUCE,
 };
 use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::host::relayout::{parity_split, FusedParity, ParityClass};
@@ -30,8 +31,8 @@ pub struct ArchCaps {
     /// The halo convs on wgmma where a `conv_wg_*` kernel fits (compute capability 9.0 only:
     /// the kernels are built for sm_90a).
     pub conv_wgmma: bool,
-    /// Stride-1 convs with Cin a multiple of 64 on `conv_wgk_*` by [`pick_wgk`]'s rules
-    /// (`CudaOptions::wgk_conv`; with `conv_wgmma` only).
+    /// Stride-1 and stride-2 convs with Cin a multiple of 64 on `conv_wgk_*` by [`pick_wgk`]'s
+    /// rules (`CudaOptions::wgk_conv`; with `conv_wgmma` only).
     pub conv_wgk: bool,
     /// A forced `conv_wgk_*` kernel (tests, benchmarks).
     pub wgk_tile: Option<&'static WgkConfig>,
@@ -285,8 +286,7 @@ impl ConvKernel {
             ConvKernel::Cin1 { stats: false } => {
                 let fits =
                     [8, 16, 32].contains(&cout) && [ldc, coff].iter().all(|v| v.is_multiple_of(4));
-                let blocks =
-                    d.div_ceil(C1_TILE[0]) * h.div_ceil(C1_TILE[1]) * w.div_ceil(C1_TILE[2]);
+                let blocks = box_tiles(1, [d, h, w], C1_TILE);
                 fits.then_some((ConvKernel::Cin1 { stats: true }, blocks))
             }
             _ => None,

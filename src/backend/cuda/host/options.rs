@@ -17,12 +17,12 @@ pub struct CudaOptions {
     /// On compute capability 9.0, run the halo convs on the wgmma kernels (`conv_wg_*`,
     /// `select::pick_wgmma`) where one fits, else on `conv_halo_*`.
     pub wgmma_conv: bool,
-    /// On compute capability 9.0, run the stride-1 convs with Cin a multiple of 64 and Cout
-    /// 129..256 that fill the SMs (`select::pick_wgk`) on the wgmma implicit GEMM fed by tensor
-    /// loads (`conv_wgk_*`) rather than `conv_mma_*`.
+    /// On compute capability 9.0, run the stride-1 and stride-2 convs with Cin a multiple of 64
+    /// and Cout 97..256 that fill the SMs (`select::pick_wgk`) on the wgmma implicit GEMM fed by
+    /// tensor loads (`conv_wgk_*`) rather than `conv_mma_*` or a halo kernel.
     pub wgk_conv: bool,
-    /// Force this `conv_wgk_*` kernel for every conv it runs (any Cout, any tile count, before
-    /// the halo kernels); None: the defaults.
+    /// Force this `conv_wgk_*` kernel for every conv of its stride it runs (any Cout, any tile
+    /// count); None: the defaults.
     pub wgk_tile: Option<&'static WgkConfig>,
     /// A `conv_wgk_*` conv before a norm runs its `_st` twin, which writes the norm's
     /// statistics (`host::tile_stats`). Off: not yet run on a device (PERF_NOTES, session 39).

@@ -6,10 +6,11 @@ use super::{Build, NodeIo};
 use crate::backend::cuda::abi::elem_bytes;
 use crate::backend::cuda::abi::{ConvParams, OUT_SHIFTED};
 use crate::backend::cuda::host::catalogue::{
-    halo_config, wgk_config, HaloConfig, C1_TILE, CONV1X1_MMA_N16, CONV1X1_N16, CONV1X1_N16_S,
-    CONV1X1_N32, CONV1X1_N32_S, CONV1X1_NORM_MMA_N16, CONV1X1_NORM_N16, CONV1X1_NORM_N16_S,
-    CONV1X1_NORM_N32, CONV1X1_NORM_N32_S, CONVT_UP2_P, CONV_C1_K3, CONV_C1_K3_NRM, CONV_C1_K3_ST,
-    CONV_C1_K3_STO, CONV_SPLITK_REDUCE, UP2_BLOCKS_PER_SM, UP2_TILE_VOXELS, WGK_THREADS,
+    box_tiles, halo_config, wgk_config, HaloConfig, C1_TILE, CONV1X1_MMA_N16, CONV1X1_N16,
+    CONV1X1_N16_S, CONV1X1_N32, CONV1X1_N32_S, CONV1X1_NORM_MMA_N16, CONV1X1_NORM_N16,
+    CONV1X1_NORM_N16_S, CONV1X1_NORM_N32, CONV1X1_NORM_N32_S, CONVT_UP2_P, CONV_C1_K3,
+    CONV_C1_K3_NRM, CONV_C1_K3_ST, CONV_C1_K3_STO, CONV_SPLITK_REDUCE, UP2_BLOCKS_PER_SM,
+    UP2_TILE_VOXELS, WGK_THREADS,
 };
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::backend::cuda::host::relayout::{
@@ -379,10 +380,7 @@ fn is_c1(func: &str) -> bool {
 /// The grid of a Cin-1 kernel over `p` (its samples set): one block per `C1_TILE` output tile.
 fn c1_grid(p: &ConvParams) -> (u32, u32, u32) {
     let out = [p.do_ as usize, p.ho as usize, p.wo as usize];
-    let tiles = (0..3)
-        .map(|i| out[i].div_ceil(C1_TILE[i]))
-        .product::<usize>();
-    ((p.n as usize * tiles) as u32, 1, 1)
+    (box_tiles(p.n as usize, out, C1_TILE) as u32, 1, 1)
 }
 
 /// Blocks of a pointwise conv over `m` voxels: one thread a voxel, grid-stride past 16 blocks
