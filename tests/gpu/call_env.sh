@@ -1,10 +1,12 @@
 # Sourced by the device-call scripts (tests/gpu/*_call.sh): elapsed-time lines (`el`), OUT, the
-# bundle unpacked to /tmp/gb (G) once per machine, and the environment the binaries need there.
+# bundle unpacked to /tmp/gb (G) once per machine and bundle, and the environment the binaries need there.
 t0=$(date +%s)
 el() { echo "[$(($(date +%s) - t0)) s] $*"; }
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-[ -e /tmp/gb/bench ] || tar -xJf .dev/gb.tar.xz -C /tmp
+# Unpacked again where a later call on the same machine carries another bundle (its size differs).
+stamp=/tmp/gb.unpacked.$(stat -c %s .dev/gb.tar.xz 2>/dev/null)
+[ -e "$stamp" ] || { rm -rf /tmp/gb /tmp/gb.unpacked.*; tar -xJf .dev/gb.tar.xz -C /tmp && touch "$stamp"; }
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 VOXTILE_REQUIRE_GPU=1 VOXTILE_REQUIRE_NVRTC=1
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/voxtile-cache}
 # The bundle's prebuilt kernel cache (tests/gpu/build.sh), files the machine lacks only.

@@ -10,6 +10,7 @@
 #   TESTS (BIN:FILTER entries run first, BIN one of the bundle's test binaries, e.g.
 #   "it:cuda::ops::norm plan_gpu:"), TEST_S (seconds per test entry, default 200),
 #   PROFILE_S (seconds per profile, default 150),
+#   VOXTILE_PROFILE_ONLY (the profile's variants whose name holds one of its |-separated words),
 #   NCU (a kernel-name regex: Nsight Compute's NCU_SECTIONS (speed of light, memory, compute,
 #   occupancy, warp state, scheduler, launch) of the first NCU_COUNT (8) matching launches of
 #   `profile_models` at batch 4 on each net of NCU_NET (w1; space-separated), into p/ncu_NET.txt,

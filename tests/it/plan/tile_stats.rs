@@ -101,12 +101,17 @@ fn check_pairs(name: &str, g: &Graph, on: &BufferPlan, off: &BufferPlan) -> usiz
 /// W1 at batch 4: the three convs before a norm on kernels with a twin hand it their
 /// statistics (at 128³ the Cin-1 conv and the two z-pair 32 -> 32 convs, in the window
 /// segments, one window at a time); the halo and mma convs do not, nor (`wgk_stats` off) those
-/// on the wgmma implicit GEMM; with `wgk_stats` the eight of those (32³ and 16³, batched) do.
+/// on the wgmma implicit GEMM; with `wgk_stats` (the default) the eight of those (32³ and 16³,
+/// batched) do.
 #[test]
 fn w1_convs_hand_their_norms_the_statistics() {
     let g = w1_graph();
     let roi = [128; 3];
-    let on = buffer_plan(&g, 4, roi, &stats_on()).unwrap();
+    let no_wgk = ArchCaps {
+        wgk_stats: false,
+        ..stats_on()
+    };
+    let on = buffer_plan(&g, 4, roi, &no_wgk).unwrap();
     let off = buffer_plan(&g, 4, roi, &stats_off()).unwrap();
     assert!(off.launches.iter().all(|l| l.tile_stats.is_none()));
     let pairs = check_pairs("w1", &g, &on, &off);
@@ -129,11 +134,8 @@ fn w1_convs_hand_their_norms_the_statistics() {
         ]
     );
     assert_eq!(pairs, 3);
-    let wgk = ArchCaps {
-        wgk_stats: true,
-        ..stats_on()
-    };
-    let on = buffer_plan(&g, 4, roi, &wgk).unwrap();
+    assert!(stats_on().wgk_stats, "the default");
+    let on = buffer_plan(&g, 4, roi, &stats_on()).unwrap();
     assert_eq!(check_pairs("w1 wgk", &g, &on, &off), 11);
     let kernels: Vec<&str> = on
         .launches

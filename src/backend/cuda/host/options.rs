@@ -25,7 +25,7 @@ pub struct CudaOptions {
     /// count); None: the defaults.
     pub wgk_tile: Option<&'static WgkConfig>,
     /// A `conv_wgk_*` conv before a norm runs its `_st` twin, which writes the norm's
-    /// statistics (`host::tile_stats`). Off: not yet run on a device (PERF_NOTES, session 39).
+    /// statistics (`host::tile_stats`): W1's forward 0.995x on an H100 (PERF_NOTES, session 40).
     pub wgk_stats: bool,
     /// Run Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `CONV_C1_K3`.
     pub c1_conv: bool,
@@ -91,7 +91,7 @@ pub struct CudaOptions {
     pub norm_recompute: bool,
     /// With `norm_stats`: a strided transposed conv on the fused parity classes' staged epilogue
     /// also hands the norm after it its statistics (`convt_up_*_st`: W2's 32 -> 14 and 64 -> 16
-    /// at 128³ / 64³). Off until measured.
+    /// at 128³ / 64³): W2's forward 0.950x on an H100, W1's ~1.0 (PERF_NOTES, sessions 34, 40).
     pub convt_stats: bool,
     /// Run a conv over a channel concat whose parts the z-pair kernel takes (and the whole does
     /// not) as one launch per part, each on its slice of the weights, the later ones adding to
@@ -150,7 +150,7 @@ impl Default for CudaOptions {
             wgmma_conv: true,
             wgk_conv: true,
             wgk_tile: None,
-            wgk_stats: false,
+            wgk_stats: true,
             c1_conv: true,
             upsample_vec: true,
             convt_up2: true,
@@ -168,7 +168,7 @@ impl Default for CudaOptions {
             head_mma: true,
             norm_stats: true,
             norm_recompute: false,
-            convt_stats: false,
+            convt_stats: true,
             concat_split: true,
             cin_chunks: true,
             norm_load_conv: false,

@@ -554,9 +554,10 @@ fn profile_models() {
         // `PROFBK`); the `_st` twins without the helper's stores (`_h2t_st`) and without their
         // outputs as fp16 less each tile's shift (`norm_shifted`); the full-resolution launches
         // batched rather than one window at a time (more activation bytes); the k2 transposed
-        // convs on the upsampling GEMM rather than `convt_up2_p`.
+        // convs on the upsampling GEMM rather than `convt_up2_p`; the `conv_wgk` convs without
+        // the implicit GEMM, all on its n128 tile (`PROFWK`), and on their `_st` twins (`PROFWS`).
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
-        let variants: [Switch; 20] = [
+        let variants: [Switch; 21] = [
             (
                 "without residual Adds in the norms",
                 |o| o.norm_residual = false,
@@ -648,8 +649,20 @@ fn profile_models() {
                 |o| o.wgk_tile = Some(&cat::CONV_WGK_N128),
                 Some("PROFWK"),
             ),
+            (
+                "with the conv_wgk convs' norm statistics",
+                |o| o.wgk_stats = true,
+                Some("PROFWS"),
+            ),
         ];
-        for (what, set, tag) in variants {
+        // `VOXTILE_PROFILE_ONLY`: the variants whose name holds one of its `|`-separated words
+        // (a device call's time is short); unset, every variant.
+        let only = std::env::var("VOXTILE_PROFILE_ONLY").ok();
+        let wanted = |what: &str| {
+            only.as_deref()
+                .is_none_or(|o| o.split('|').any(|w| !w.is_empty() && what.contains(w)))
+        };
+        for (what, set, tag) in variants.into_iter().filter(|v| wanted(v.0)) {
             b.with(set);
             b.prepare(&g, batch, [roi; 3]).expect("prepare");
             let ys = b.run(x.view()).expect("run").to_owned();
@@ -672,6 +685,7 @@ fn profile_models() {
                 (o.zpair_st_staged, o.window_segments) = (d.zpair_st_staged, d.window_segments);
                 o.norm_shifted = d.norm_shifted;
                 (o.wgk_conv, o.wgk_tile) = (d.wgk_conv, d.wgk_tile);
+                o.wgk_stats = d.wgk_stats;
             });
             let dev = max_abs_diff(&ys, &y);
             println!(
