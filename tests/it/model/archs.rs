@@ -294,10 +294,10 @@ fn architectures_on_the_gpu_without_epilogue_statistics_or_split_convs() {
     });
 }
 
-/// The exports' windows with the other switches that are off until measured (session 32): the
-/// norms rerunning their Cin-1 convs and the transposed convs' statistics
-/// (`CudaOptions::norm_recompute`, `convt_stats`; the heads on mma.sync, `head_mma`, a default
-/// since session 37), apart from `norm_load_conv`, whose heads would take the place of the
+/// The exports' windows with the switches that were off until measured (session 32): the
+/// norms rerunning their Cin-1 convs (`CudaOptions::norm_recompute`, still off), the
+/// transposed convs' statistics (`convt_stats`, a default since session 40) and the heads on
+/// mma.sync (`head_mma`, a default since session 37), apart from `norm_load_conv`, whose heads would take the place of the
 /// recompute: the same bars.
 #[test]
 fn architectures_on_the_gpu_with_recompute_mma_heads_and_convt_stats() {

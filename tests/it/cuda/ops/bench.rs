@@ -450,9 +450,9 @@ fn conv3(r: &mut Rng, cin: usize, cout: usize, st: usize) -> Op {
 /// run: the cost of the fp32 ones, and their activation bytes; and with the fusions on by
 /// default (`CudaOptions::norm_stats`, `concat_split`, `cin_chunks` (`PROFCH`)) switched off,
 /// with the per-op profile of the first two off (`PROFST`); and with `norm_load_conv`
-/// (`PROFNL`), `halo_s2`, `norm_recompute` (`PROFRC`), `convt_stats` on; `head_mma`,
+/// (`PROFNL`), `halo_s2`, `norm_recompute` (`PROFRC`) on; `head_mma`, `convt_stats`,
 /// `split_k_fill`, `zpair_tma` (`PROFTM`; `PROFBK` with `zpair_bulk`), `zpair_st_staged`,
-/// `norm_shifted`, `wg_s2` (`PROFW2`) off.
+/// `norm_shifted`, `wg_s2` (`PROFW2`) off; `conv_wgk`'s variants (`PROFWK`, `PROFWS`).
 #[test]
 fn profile_models() {
     let Some(mut b) = gpu() else { return };
@@ -548,14 +548,14 @@ fn profile_models() {
         // in Cin chunks off (`PROFCH`); and the fusions off by default: the z-pair convs reading
         // their norm's input (`PROFNL`); the stride-2 convs on the stride-2 halo kernel, and
         // without the stride-2 wgmma kernel (`PROFW2`); the norms rerunning their Cin-1 convs
-        // (`PROFRC`); the heads on mma.sync; the transposed convs' `_st` twins; split-K to two
+        // (`PROFRC`); the heads on mma.sync; without the transposed convs' `_st` twins; split-K to two
         // blocks an SM only where tiles fill under half the SMs (off: the old rule); the z-pair
         // convs without tensor loads (`_h2`, `PROFTM`) and with bulk stores only (`_h2b`,
         // `PROFBK`); the `_st` twins without the helper's stores (`_h2t_st`) and without their
         // outputs as fp16 less each tile's shift (`norm_shifted`); the full-resolution launches
         // batched rather than one window at a time (more activation bytes); the k2 transposed
         // convs on the upsampling GEMM rather than `convt_up2_p`; the `conv_wgk` convs without
-        // the implicit GEMM, all on its n128 tile (`PROFWK`), and on their `_st` twins (`PROFWS`).
+        // the implicit GEMM, all on its n128 tile (`PROFWK`), and with their `_st` twins (`PROFWS`, the default).
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
         let variants: [Switch; 21] = [
             (
@@ -600,8 +600,8 @@ fn profile_models() {
             ),
             ("without the mma heads", |o| o.head_mma = false, None),
             (
-                "with the transposed convs' statistics",
-                |o| o.convt_stats = true,
+                "without the transposed convs' statistics",
+                |o| o.convt_stats = false,
                 None,
             ),
             (
@@ -650,8 +650,8 @@ fn profile_models() {
                 Some("PROFWK"),
             ),
             (
-                "with the conv_wgk convs' norm statistics",
-                |o| o.wgk_stats = true,
+                "without the conv_wgk convs' norm statistics",
+                |o| o.wgk_stats = false,
                 Some("PROFWS"),
             ),
         ];
