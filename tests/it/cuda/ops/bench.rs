@@ -156,7 +156,7 @@ fn bench_w1_layers() {
             assert!(
                 !auto_kernels.is_empty()
                     && auto_kernels.iter().all(|k| {
-                        ["conv_halo_", "conv_wg_", "conv_wz_"]
+                        ["conv_halo_", "conv_wg_", "conv_wz_", "conv_wgk_"]
                             .iter()
                             .any(|p| k.starts_with(p))
                     }),
@@ -398,7 +398,8 @@ fn bench_halo_variants() {
             if tile.is_some_and(|t| !t.accepts_cin(cin)) {
                 continue;
             }
-            b.with(|o| (o.halo_s2, o.wg_s2, o.halo_tile) = (halo, wg, tile));
+            // (Against the mma GEMM: `bench_wgk` times the wgmma implicit GEMM at stride 2.)
+            b.with(|o| (o.halo_s2, o.wg_s2, o.halo_tile, o.wgk_conv) = (halo, wg, tile, false));
             let op = conv3(&mut r, cin, cout, 2);
             let t = time_one(&mut b, &mut r, op, cin, cout, n, s);
             let used = kernels_used(&mut b, n);
@@ -423,7 +424,7 @@ fn bench_halo_variants() {
             );
         }
     }
-    b.with(|o| (o.halo_s2, o.wg_s2, o.halo_tile) = (false, false, None));
+    b.with(|o| (o.halo_s2, o.wg_s2, o.halo_tile, o.wgk_conv) = (false, false, None, true));
 }
 
 /// A 3^3 conv `cin` -> `cout` of stride `st` (pads 1, no bias) with random weights of unit

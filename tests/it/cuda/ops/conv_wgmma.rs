@@ -174,7 +174,8 @@ fn conv_wgmma_persistent() {
     // The persistent kernels on more tiles than one per tile-owning warpgroup (H200: 132
     // blocks), so each loops and double-buffers its halos; partial tiles on every axis, Cin 14
     // too. (The z-pair kernels: one warpgroup owns a block's tiles, 16 planes deep.)
-    for v in wgmma_all().filter(|v| v.persist > 0) {
+    // (The stride-2 `_s2p`: `conv_wgmma_stride2`.)
+    for v in wgmma_all().filter(|v| v.persist > 0 && v.stride == 1) {
         b.with(|o| o.halo_tile = Some(v));
         let (sp, owners) = if v.zpair {
             ([37, 35, 72], 1)

@@ -390,7 +390,7 @@ fn convt_norm_tile_stats() {
         });
         let g = tail.after(cin, convt, cout);
         b.with(|o| *o = CudaOptions::default());
-        b.with(|o| o.poison = true);
+        b.with(|o| (o.poison, o.convt_stats) = (true, false));
         let pass = run(&mut b, &g, &x, 2);
         let used = kernels_used(&mut b, 2);
         assert!(
