@@ -85,6 +85,15 @@ __device__ __forceinline__ unsigned long long wg_desc_sw128(unsigned saddr) {
     return wg_desc_of(((saddr >> 4) & 0x3FFF) | (1u << 16), (1024u >> 4) | (1u << 30));
 }
 
+// The same in the 64-byte swizzle (CU_TENSOR_MAP_SWIZZLE_64B): rows of 64 bytes (32 halves of
+// K), 8-row groups 512 bytes apart, layout type 2; by the row width ROW (64 or 128 bytes).
+template <int ROW>
+__device__ __forceinline__ unsigned long long wg_desc_sw(unsigned saddr) {
+    static_assert(ROW == 64 || ROW == 128, "a swizzled row");
+    if constexpr (ROW == 128) return wg_desc_sw128(saddr);
+    return wg_desc_of(((saddr >> 4) & 0x3FFF) | (1u << 16), (512u >> 4) | (2u << 30));
+}
+
 // Bulk stores (the TMA unit's `cp.async.bulk`, shared::cta -> global, no tensor map): `bytes`
 // (a multiple of 16, both addresses 16-byte aligned) copied by the async proxy, so the writers
 // of the shared source fence it first (`fence_async_smem`). One bulk group per thread;

@@ -334,6 +334,54 @@ fn fused_parity_convs_hand_their_norms_the_statistics() {
     }
 }
 
+/// The same classes on the wgmma implicit GEMM (`wgk_convt`): the fixtures' k3 s2 transposed
+/// convs of Cin 32k take `conv_wgk_up_n128` (none without the switch), and with the statistics
+/// those whose classes x Cout fit its 128 columns pair with their norm on the `_st` twin, one
+/// entry per tile of the input grid (`check_pairs` holds them to the rules).
+#[test]
+fn fused_parity_convs_on_wgk() {
+    let nets = super::planner::fixtures_and_models();
+    let wgk = ArchCaps {
+        wgk_convt: true,
+        ..stats_on()
+    };
+    let off = ArchCaps {
+        norm_stats: false,
+        ..wgk
+    };
+    let (mut ran, mut paired) = (Vec::new(), 0);
+    for (name, g) in &nets {
+        let roi = g.spatial_divisor().map(|d| 128usize.div_ceil(d) * d);
+        let (Ok(on), Ok(bare), Ok(mma)) = (
+            buffer_plan(g, 2, roi, &wgk),
+            buffer_plan(g, 2, roi, &off),
+            buffer_plan(g, 2, roi, &stats_on()),
+        ) else {
+            continue;
+        };
+        let up = |bp: &BufferPlan| {
+            bp.launches
+                .iter()
+                .filter_map(|l| l.conv.as_ref())
+                .filter(|k| matches!(k, ConvKernel::ParityFusedWgk(..)))
+                .count()
+        };
+        assert_eq!(up(&mma), 0, "{name}: conv_wgk_up without the switch");
+        if up(&on) == 0 {
+            continue;
+        }
+        paired += check_pairs(name, g, &on, &bare);
+        for l in on.launches.iter().filter(|l| l.tile_stats.is_some()) {
+            if let Some(k @ ConvKernel::ParityFusedWgk(..)) = &l.conv {
+                assert_eq!(k.funcs(), ["conv_wgk_up_n128_st"], "{name}");
+            }
+        }
+        ran.push(name.to_string());
+    }
+    eprintln!("RESULT conv_wgk_up nets {ran:?}, {paired} pairs");
+    assert!(!ran.is_empty() && paired > 0, "{ran:?}: {paired} pairs");
+}
+
 /// Checks `on` (`norm_shifted`) against `off` (the same caps without): the same launches,
 /// kernels, buffers and scratch, but for `Launch::shifted`, which a pair has on both launches
 /// where its conv is a z-pair or Cin-1 twin writing all of a dense output of Cout % 8 == 0 in one launch

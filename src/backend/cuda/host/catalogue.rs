@@ -663,12 +663,14 @@ pub fn box_tiles(n: usize, out: [usize; 3], tile: [usize; 3]) -> usize {
 }
 
 /// A `conv_wgk_*` kernel (kernels/conv_wgmma_k.cu): a conv of stride `stride` on every axis
-/// with Cin a multiple of [`WGK_BK`] as an implicit GEMM on wgmma fed by tensor loads. Tiles of
+/// with Cin a multiple of `ck` as an implicit GEMM on wgmma fed by tensor loads. Tiles of
 /// 128 output voxels (a `tile` box, [z, y, x]) by `bn` output channels (grid.y over them), a
-/// ring of `stages` k-steps (one tap's `WGK_BK` input channels each), [`WGK_THREADS`] threads
-/// (a producer warpgroup and two of the MMA), one block an SM. `stats`: the `_st` twin, whose
-/// epilogue also writes a following norm's statistics per tile (kernels/tile_stats.cuh's
-/// layout; `ConvKernel::with_norm_stats`).
+/// ring of `stages` k-steps (one tap's `ck` input channels each: a row of the 128-byte swizzle
+/// at 64, of the 64-byte one at 32), [`WGK_THREADS`] threads (a producer warpgroup and two of
+/// the MMA), one block an SM. `up`: the fused parity classes of a strided transposed conv
+/// (`conv_wgk_up_*`: rows are input voxels, columns class x Cout, a staged scatter epilogue).
+/// `stats`: the `_st` twin, whose epilogue also writes a following norm's statistics per tile
+/// (kernels/tile_stats.cuh's layout; `ConvKernel::with_norm_stats`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WgkConfig {
     pub name: &'static str,
@@ -676,19 +678,20 @@ pub struct WgkConfig {
     pub stages: usize,
     pub tile: [usize; 3],
     pub stride: usize,
+    pub ck: usize,
+    pub up: bool,
     pub stats: bool,
 }
 
-/// Input channels of a `conv_wgk_*` k-step: a 128-byte row, the swizzle's width.
-pub const WGK_BK: usize = 64;
 /// Threads of a `conv_wgk_*` block.
 pub const WGK_THREADS: u32 = 384;
 
 impl WgkConfig {
-    /// Dynamic shared memory: the stages (A's 128 rows and B's `bn`, 128 bytes each), 1 KB to
-    /// align them to the swizzle, two mbarriers a stage.
+    /// Dynamic shared memory: the stages (A's 128 rows and B's `bn`, `ck` halves each), 1 KB
+    /// to align them to the swizzle, two mbarriers a stage. (An `up` kernel stages its tile in
+    /// the stages' bytes: `wgk_up_floats` in the kernel checks that it fits.)
     pub const fn smem_bytes(&self) -> u32 {
-        (self.stages * (128 + self.bn) * 128 + 1024 + 16 * self.stages) as u32
+        (self.stages * (128 + self.bn) * self.ck * 2 + 1024 + 16 * self.stages) as u32
     }
 
     /// Output tiles of `n` samples of `out` voxels (grid.x).
@@ -709,7 +712,15 @@ pub const CONV_WGK_N128: WgkConfig = wgk("conv_wgk_n128", 128, 6, 1);
 /// The two at stride 2 (W1's 128 -> 256 and 64 -> 128).
 pub const CONV_WGK_N256_S2: WgkConfig = wgk("conv_wgk_n256_s2", 256, 4, 2);
 pub const CONV_WGK_N128_S2: WgkConfig = wgk("conv_wgk_n128_s2", 128, 6, 2);
-/// The `conv_wgk_*` kernels, widest first, then their `_st` twins ([`wgk_stats_twin`]).
+/// The fused parity classes of a k3 s2 transposed conv with Cin 32k and classes x Cout up to
+/// 128 (W2's 32 -> 14 and 64 -> 16 at 128³ / 64³): 5 stages of 16 KB, the tile staged in them.
+pub const CONV_WGK_UP_N128: WgkConfig = WgkConfig {
+    ck: 32,
+    up: true,
+    ..wgk("conv_wgk_up_n128", 128, 5, 1)
+};
+/// The `conv_wgk_*` kernels, widest first, then their `_st` twins ([`wgk_stats_twin`]), then
+/// the fused parity classes' kernel and its twin.
 pub const WGK_CONFIGS: &[WgkConfig] = &[
     CONV_WGK_N256,
     CONV_WGK_N128,
@@ -735,6 +746,12 @@ pub const WGK_CONFIGS: &[WgkConfig] = &[
         stats: true,
         ..CONV_WGK_N128_S2
     },
+    CONV_WGK_UP_N128,
+    WgkConfig {
+        name: "conv_wgk_up_n128_st",
+        stats: true,
+        ..CONV_WGK_UP_N128
+    },
 ];
 
 const fn wgk(name: &'static str, bn: usize, stages: usize, stride: usize) -> WgkConfig {
@@ -744,6 +761,8 @@ const fn wgk(name: &'static str, bn: usize, stages: usize, stride: usize) -> Wgk
         stages,
         tile: [1, 8, 16],
         stride,
+        ck: 64,
+        up: false,
         stats: false,
     }
 }
@@ -1447,8 +1466,8 @@ pub fn entry_lines(fam: Family) -> String {
         for c in WGK_CONFIGS {
             let [z, y, x] = c.tile;
             out.push_str(&format!(
-                "WGK_ENTRY({}, {}, {}, {z}, {y}, {x}, {}, {})\n",
-                c.name, c.bn, c.stages, c.stride, c.stats
+                "WGK_ENTRY({}, {}, {}, {z}, {y}, {x}, {}, {}, {}, {})\n",
+                c.name, c.bn, c.stages, c.stride, c.ck, c.up, c.stats
             ));
         }
         // The `_nl` twins: the helper's loads normalise a norm's input.
@@ -1524,7 +1543,7 @@ mod tests {
                 *c
             );
         }
-        assert_eq!(WGK_CONFIGS.iter().filter(|c| c.stats).count(), 4);
+        assert_eq!(WGK_CONFIGS.iter().filter(|c| c.stats).count(), 5);
     }
 
     /// An `_nl` twin is its base kernel loading a norm's input: the same tile, threads and

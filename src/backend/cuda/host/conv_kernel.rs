@@ -12,7 +12,8 @@ use crate::backend::cuda::host::catalogue::{
 use crate::backend::cuda::host::options::CudaOptions;
 use crate::backend::cuda::host::relayout::{parity_split, FusedParity, ParityClass};
 use crate::backend::cuda::host::select::{
-    gather_width, pick_halo, pick_mma, pick_wgk, pick_wgmma, split_k, ConvGeom, MMA_N_PAD,
+    gather_width, pick_halo, pick_mma, pick_wgk, pick_wgk_up, pick_wgmma, split_k, ConvGeom,
+    MMA_N_PAD,
 };
 
 /// Device properties and backend switches the launch list depends on.
@@ -38,6 +39,9 @@ pub struct ArchCaps {
     pub wgk_tile: Option<&'static WgkConfig>,
     /// A `conv_wgk_*` conv before a norm hands it the statistics (`CudaOptions::wgk_stats`).
     pub wgk_stats: bool,
+    /// The fused parity classes of strided transposed convs with Cin 32k on `conv_wgk_up_*`
+    /// (`CudaOptions::wgk_convt`; with `conv_wgmma` only).
+    pub wgk_convt: bool,
     /// Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `CONV_C1_K3` (unless a tile is forced).
     pub conv_c1: bool,
     /// kernel == stride transposed convs with Cin, Cout % 8 == 0, and fused parity classes
@@ -126,6 +130,7 @@ impl ArchCaps {
             conv_wgk: opts.wgk_conv,
             wgk_tile: opts.wgk_tile,
             wgk_stats: opts.wgk_stats,
+            wgk_convt: opts.wgk_convt,
             conv_c1: opts.c1_conv,
             conv_up_vec: opts.upsample_vec,
             convt_up2: opts.convt_up2,
@@ -191,6 +196,10 @@ pub enum ConvKernel {
     /// `true`: its `_st` twin, which also writes a following norm's statistics
     /// ([`with_norm_stats`](Self::with_norm_stats)).
     ParityFusedVec(FusedParity, &'static MmaConfig, bool),
+    /// The same GEMM and weights on the wgmma implicit GEMM (`conv_wgk_up_*`, tiles of the
+    /// input grid, the staged scatter epilogue; its `_st` twin writes a following norm's
+    /// statistics). `CudaOptions::wgk_convt`.
+    ParityFusedWgk(FusedParity, &'static WgkConfig),
     /// 1x1x1 conv with few outputs, one thread per voxel (`CONV1X1_N16` / `_n32`); `staged`:
     /// the `_s` twins, which load the block's voxels through shared memory; `mma`: 16 voxels a
     /// warp on mma.sync (`CONV1X1_MMA_N16`, nc 16).
@@ -245,7 +254,7 @@ impl ConvKernel {
     pub fn writes_stats(&self) -> bool {
         match self {
             ConvKernel::Halo(h) => h.stats,
-            ConvKernel::Wgk(c) => c.stats,
+            ConvKernel::Wgk(c) | ConvKernel::ParityFusedWgk(_, c) => c.stats,
             ConvKernel::Cin1 { stats } | ConvKernel::ParityFusedVec(_, _, stats) => *stats,
             _ => false,
         }
@@ -277,6 +286,15 @@ impl ConvKernel {
                 upsample_vec_st_name(up)?;
                 let fits = rows.is_multiple_of(t.bm) && f.classes.len() * cout <= t.bn;
                 fits.then(|| (ConvKernel::ParityFusedVec(f.clone(), t, true), rows / t.bm))
+            }
+            // One entry per tile of the input grid, where every column is in one column tile.
+            ConvKernel::ParityFusedWgk(f, c) => {
+                let twin = wgk_stats_twin(c)?;
+                let fits = f.classes.len() * cout <= twin.bn;
+                fits.then(|| {
+                    let tiles = box_tiles(1, f.grid, twin.tile);
+                    (ConvKernel::ParityFusedWgk(f.clone(), twin), tiles)
+                })
             }
             // One entry per output tile; each block writes its own channels' entries.
             ConvKernel::Wgk(c) => {
@@ -328,6 +346,7 @@ impl ConvKernel {
         match self {
             ConvKernel::Parity(cl) => cl.iter().map(|(_, c)| c.name).collect(),
             ConvKernel::ParityFused(_, c) => vec![c.name],
+            ConvKernel::ParityFusedWgk(_, c) => vec![c.name],
             ConvKernel::ParityFusedVec(_, c, stats) => {
                 let up = upsample_vec_name(c.name).unwrap_or(c.name);
                 vec![match upsample_vec_st_name(up) {
@@ -361,6 +380,7 @@ impl std::fmt::Debug for ConvKernel {
             ConvKernel::Parity(_) => "Parity",
             ConvKernel::ParityFused(..) => "ParityFused",
             ConvKernel::ParityFusedVec(..) => "ParityFusedVec",
+            ConvKernel::ParityFusedWgk(..) => "ParityFusedWgk",
             ConvKernel::Pointwise { .. } => "Pointwise",
             ConvKernel::Halo(_) => "Halo",
             ConvKernel::Upsample(_) => "Upsample",
@@ -380,9 +400,9 @@ impl PartialEq for ConvKernel {
     fn eq(&self, o: &Self) -> bool {
         let classes = |k: &ConvKernel| match k {
             ConvKernel::Parity(c) => c.iter().map(|(cl, _)| cl.clone()).collect(),
-            ConvKernel::ParityFused(f, _) | ConvKernel::ParityFusedVec(f, _, _) => {
-                f.classes.clone()
-            }
+            ConvKernel::ParityFused(f, _)
+            | ConvKernel::ParityFusedVec(f, _, _)
+            | ConvKernel::ParityFusedWgk(f, _) => f.classes.clone(),
             _ => Vec::new(),
         };
         std::mem::discriminant(self) == std::mem::discriminant(o)
@@ -421,6 +441,12 @@ impl ConvKernel {
                 });
                 if let Some(f) = fused {
                     let rows = batch * f.grid.iter().product::<usize>();
+                    if caps.conv_wgmma && caps.wgk_convt {
+                        let columns = f.classes.len() * cout;
+                        if let Some(c) = pick_wgk_up(cin, columns, caps.smem_optin) {
+                            return ConvKernel::ParityFusedWgk(f, c);
+                        }
+                    }
                     let t = caps.mma_tile(rows, f.classes.len() * cout, vw);
                     if caps.conv_up_vec && upsample_vec_name(t.name).is_some() {
                         return ConvKernel::ParityFusedVec(f, t, false);
@@ -586,7 +612,9 @@ impl ConvKernel {
                 let taps = wshape[2] * wshape[3] * wshape[4];
                 (taps * cout).div_ceil(MMA_N_PAD) * MMA_N_PAD
             }
-            ConvKernel::ParityFused(f, _) | ConvKernel::ParityFusedVec(f, _, _) => {
+            ConvKernel::ParityFused(f, _)
+            | ConvKernel::ParityFusedVec(f, _, _)
+            | ConvKernel::ParityFusedWgk(f, _) => {
                 (f.classes.len() * cout).div_ceil(MMA_N_PAD) * MMA_N_PAD
             }
             _ => cout.div_ceil(MMA_N_PAD) * MMA_N_PAD,
@@ -608,7 +636,9 @@ impl ConvKernel {
             ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) | ConvKernel::Up2 => {
                 vec![rows * kpad(wshape[0])]
             }
-            ConvKernel::ParityFused(f, _) | ConvKernel::ParityFusedVec(f, _, _) => {
+            ConvKernel::ParityFused(f, _)
+            | ConvKernel::ParityFusedVec(f, _, _)
+            | ConvKernel::ParityFusedWgk(f, _) => {
                 vec![rows * kpad(f.k.iter().product::<usize>() * wshape[0])]
             }
             _ => {

@@ -5,7 +5,7 @@ use crate::backend::cuda::abi::Shape;
 use crate::backend::cuda::host::catalogue::{
     HaloConfig, MmaConfig, WgkConfig, CONV_MMA_M128N128_V8, CONV_MMA_M128N32_V1,
     CONV_MMA_M128N32_V2, CONV_MMA_M128N32_V8, CONV_MMA_M128N64_V1, CONV_MMA_M128N64_V2,
-    CONV_MMA_M128N64_V8, CONV_MMA_M256N32_V8, HALO_CONFIGS, WGK_BK, WGK_CONFIGS, WGMMA_CONFIGS,
+    CONV_MMA_M128N64_V8, CONV_MMA_M256N32_V8, HALO_CONFIGS, WGK_CONFIGS, WGMMA_CONFIGS,
     WGMMA_FORCED,
 };
 use crate::model::graph::Op;
@@ -177,7 +177,7 @@ pub fn pick_wgmma(
 
 /// The wgmma implicit GEMM (`conv_wgk_*`) for a conv of `batch` windows on `sms` SMs, when it
 /// runs it: not transposed, one group, stride 1 or 2 on every axis (a config of that stride;
-/// any kernel, pads, dilation), Cin a multiple of `WGK_BK`, its shared memory within
+/// any kernel, pads, dilation), Cin a multiple of the config's `ck`, its shared memory within
 /// `smem_max`. `force` takes every such conv of its stride. By default Cout 97..128 on the
 /// 128-wide tile and 129..256 on the 256-wide one (at most a quarter of the tile padding,
 /// where measured: W1's 16³ convs 3.1x `conv_mma_m128n128`, its 32³ ones 1.7x
@@ -193,11 +193,12 @@ pub fn pick_wgk(
     let (cin, cout) = (g.xs[0], g.os[0]);
     let runs = |c: &WgkConfig| {
         !c.stats
+            && !c.up
             && !g.transposed
             && g.groups == 1
             && g.stride == [c.stride; 3]
             && cin > 0
-            && cin.is_multiple_of(WGK_BK)
+            && cin.is_multiple_of(c.ck)
             && cout > 0
             && c.smem_bytes() as usize <= smem_max
     };
@@ -207,9 +208,23 @@ pub fn pick_wgk(
     let bn = if cout <= 128 { 128 } else { 256 };
     let c = WGK_CONFIGS
         .iter()
-        .find(|c| c.bn == bn && c.stride == g.stride[0] && !c.stats)?;
+        .find(|c| c.bn == bn && c.stride == g.stride[0] && !c.stats && !c.up)?;
     let tiles = c.tiles(batch, [g.os[1], g.os[2], g.os[3]]) * c.cout_tiles(cout);
     (runs(c) && (97..=256).contains(&cout) && 2 * tiles >= sms).then_some(c)
+}
+
+/// The fused parity classes of a strided transposed conv on `conv_wgk_up_*` (the caller asks
+/// on compute capability 9.0, for `CudaOptions::wgk_convt`): Cin a multiple of its `ck`, the
+/// classes x Cout columns of one row within its width (more columns: tiles over grid.y), its
+/// shared memory within `smem_max`.
+pub fn pick_wgk_up(cin: usize, columns: usize, smem_max: usize) -> Option<&'static WgkConfig> {
+    WGK_CONFIGS.iter().find(|c| {
+        c.up && !c.stats
+            && cin > 0
+            && cin.is_multiple_of(c.ck)
+            && columns > 0
+            && c.smem_bytes() as usize <= smem_max
+    })
 }
 
 /// The default z-pair kernel for Cin `cin` (the first of [`WGMMA_CONFIGS`]): what a Cin chunk

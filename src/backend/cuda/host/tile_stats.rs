@@ -80,7 +80,11 @@ pub fn pair(
         let v = conv.out_v;
         let sole = cons[v].as_slice() == [norm.node] && nnode.inputs.as_slice() == [v];
         let plain = conv.fuse.is_none() && conv.residual.is_none() && conv.head.is_none();
-        if !caps.convt_stats && matches!(conv.conv, Some(ConvKernel::ParityFusedVec(..))) {
+        let fused = matches!(
+            conv.conv,
+            Some(ConvKernel::ParityFusedVec(..) | ConvKernel::ParityFusedWgk(..))
+        );
+        if !caps.convt_stats && fused {
             continue;
         }
         if !is_norm || tensor[norm.node] || tensor[conv.node] || !sole || !plain {

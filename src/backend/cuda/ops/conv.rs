@@ -249,8 +249,9 @@ pub(crate) fn build(
             Ok(out)
         }
         // The classes as one conv over the union of their taps: GEMM column class * Cout + co,
-        // the scatter epilogue stores row j's column block of class r at j * stride + r.
-        K::ParityFused(f, m) | K::ParityFusedVec(f, m, _) => {
+        // the scatter epilogue stores row j's column block of class r at j * stride + r (on
+        // mma.sync, or on wgmma over tiles of the input grid).
+        K::ParityFused(f, _) | K::ParityFusedVec(f, _, _) | K::ParityFusedWgk(f, _) => {
             let (os, stride, w) = (io.oshape, c.stride, &c.weight);
             let (wh, kpad) = relayout_fused_parity_weight(&w.data, &w.shape, f, rows_pad);
             let mut q = p;
@@ -267,7 +268,13 @@ pub(crate) fn build(
             q.kpad = kpad as i32;
             let wp = b.upload_const(&wh)?;
             let func = kernel.funcs()[0];
-            let shape = (func, m.bm as u32, m.bn as u32, m.threads, m.smem_bytes());
+            let shape = match kernel {
+                K::ParityFusedWgk(_, c) => (func, 128, c.bn as u32, WGK_THREADS, c.smem_bytes()),
+                K::ParityFused(_, m) | K::ParityFusedVec(_, m, _) => {
+                    (func, m.bm as u32, m.bn as u32, m.threads, m.smem_bytes())
+                }
+                _ => unreachable!("matched above"),
+            };
             Ok(vec![ConvStep {
                 stats: kernel.writes_stats(),
                 ..step(q, wp, io.y, shape)
@@ -553,8 +560,17 @@ impl ConvStep {
             );
             let dims = [p.di, p.hi, p.wi].map(|v| v as usize);
             let maps = [
-                tile_map(n, dims, p.cin as usize, p.ldi as usize, c.tile, c.stride).encode(self.x),
-                weight_map(p.cout as usize, p.kpad as usize, c.bn).encode(self.w),
+                tile_map(
+                    n,
+                    dims,
+                    p.cin as usize,
+                    p.ldi as usize,
+                    c.tile,
+                    c.stride,
+                    c.ck,
+                )
+                .encode(self.x),
+                weight_map(p.cout as usize, p.kpad as usize, c.bn, c.ck).encode(self.w),
             ];
             let mut args: Vec<Arg> = args.into_iter().collect();
             for m in maps {

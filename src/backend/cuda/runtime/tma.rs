@@ -12,9 +12,9 @@ use std::ffi::c_void;
 
 /// The shape of a map of fp16 elements: its first `rank` dimensions fastest first, the byte
 /// strides of dimensions 1 to rank - 1, the box a load spans, the element strides it takes
-/// within the box (a box side of b at stride e copies b / e elements), and whether the box
-/// lands in shared memory in the 128-byte swizzle (rows of 128 bytes, as wgmma's swizzled
-/// descriptors read them) or as it is.
+/// within the box (a box side of b at stride e copies b / e elements), and the swizzle the box
+/// lands in shared memory in: rows of `swizzle` bytes (128 or 64), as wgmma's swizzled
+/// descriptors read them, or as it is (0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TensorMap {
     pub rank: usize,
@@ -22,7 +22,7 @@ pub struct TensorMap {
     pub strides: [u64; 4],
     pub boxes: [u32; 5],
     pub steps: [u32; 5],
-    pub swizzle: bool,
+    pub swizzle: u32,
 }
 
 /// An input's dimensions fastest first [channel, x, y, z, n] (the launch's `cin` channels of
@@ -48,14 +48,14 @@ pub fn halo_map(n: usize, dhw: [usize; 3], cin: usize, ldi: usize, ny: usize) ->
         strides,
         boxes: [8, 10, (ny + 2) as u32, 2, 1],
         steps: [1; 5],
-        swizzle: false,
+        swizzle: 0,
     }
 }
 
 /// The input map of a `conv_wgk_*` launch of stride `s` (dims as [`halo_map`]'s): the box of
-/// one k-step's A stage, 64 channels over the input voxels of the output tile's `[z, y, x]`
-/// box (every `s`-th along each axis; a tap's shift is the load's coordinates), one sample,
-/// swizzled.
+/// one k-step's A stage, `ck` channels (64 or 32) over the input voxels of the output tile's
+/// `[z, y, x]` box (every `s`-th along each axis; a tap's shift is the load's coordinates), one
+/// sample, swizzled by its rows' `2 * ck` bytes.
 pub fn tile_map(
     n: usize,
     dhw: [usize; 3],
@@ -63,6 +63,7 @@ pub fn tile_map(
     ldi: usize,
     tile: [usize; 3],
     s: usize,
+    ck: usize,
 ) -> TensorMap {
     let (dims, strides) = input_dims(n, dhw, cin, ldi);
     let side = |t: usize| (t * s) as u32;
@@ -71,30 +72,31 @@ pub fn tile_map(
         rank: 5,
         dims,
         strides,
-        boxes: [64, side(tile[2]), side(tile[1]), side(tile[0]), 1],
+        boxes: [ck as u32, side(tile[2]), side(tile[1]), side(tile[0]), 1],
         steps: [1, s, s, s, 1],
-        swizzle: true,
+        swizzle: 2 * ck as u32,
     }
 }
 
 /// The weight map of a `conv_wgk_*` launch: `rows` rows (output channels; the box's rows past
-/// them read as zeros) of `kpad` halves; the box one k-step's B stage, 64 halves of `bn` rows,
-/// swizzled.
-pub fn weight_map(rows: usize, kpad: usize, bn: usize) -> TensorMap {
+/// them read as zeros) of `kpad` halves; the box one k-step's B stage, `ck` halves of `bn`
+/// rows, swizzled as the input's.
+pub fn weight_map(rows: usize, kpad: usize, bn: usize, ck: usize) -> TensorMap {
     TensorMap {
         rank: 2,
         dims: [kpad as u64, rows as u64, 1, 1, 1],
         strides: [(kpad * 2) as u64, 0, 0, 0],
-        boxes: [64, bn as u32, 1, 1, 1],
+        boxes: [ck as u32, bn as u32, 1, 1, 1],
         steps: [1; 5],
-        swizzle: true,
+        swizzle: 2 * ck as u32,
     }
 }
 
 impl TensorMap {
     /// Why the TMA unit cannot take it at device address `x`, if it cannot: the address and
     /// the strides must be multiples of 16 bytes, a box side at most 256 and inside its
-    /// dimension's channels (a channel group whole), a swizzled box's rows 128 bytes.
+    /// dimension's channels (a channel group whole), a swizzled box's rows as wide as the
+    /// swizzle (64 or 128 bytes).
     pub fn unfit(&self, x: u64) -> Option<String> {
         let strides = &self.strides[..self.rank - 1];
         if !x.is_multiple_of(16) || strides.iter().any(|s| !s.is_multiple_of(16)) {
@@ -108,7 +110,8 @@ impl TensorMap {
             || boxes.iter().any(|&b| b == 0 || b > 256)
             || steps.iter().any(|&e| !(1..=8).contains(&e))
             || steps[0] != 1
-            || (self.swizzle && boxes[0] != 64)
+            || !matches!(self.swizzle, 0 | 64 | 128)
+            || (self.swizzle > 0 && boxes[0] * 2 != self.swizzle)
         {
             return Some(format!("box {boxes:?} over dims {:?}", self.dims));
         }
@@ -134,10 +137,10 @@ impl TensorMap {
                 self.boxes.as_ptr(),
                 self.steps.as_ptr(),
                 sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                if self.swizzle {
-                    sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B
-                } else {
-                    sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE
+                match self.swizzle {
+                    128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                    64 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+                    _ => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
                 },
                 sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
@@ -173,19 +176,21 @@ mod tests {
     }
 
     /// W1's 16³ conv of Cin 256: the input box of a k-step (64 channels over a 1 x 8 x 16 tile,
-    /// x fastest after the channels) and the weights' box (64 halves of 256 rows), both
-    /// swizzled; a swizzled box of rows other than 128 bytes, or an odd row stride, is refused.
+    /// x fastest after the channels) and the weights' box (64 halves of 256 rows), both in the
+    /// 128-byte swizzle; W2's fused 32 -> 14 transposed conv at 64³ in 32-channel k-steps, in
+    /// the 64-byte one; a swizzled box of rows other than the swizzle's width, or an odd row
+    /// stride, is refused.
     #[test]
     fn gemm_maps() {
-        let s2 = tile_map(4, [32, 32, 32], 128, 128, [1, 8, 16], 2);
+        let s2 = tile_map(4, [32, 32, 32], 128, 128, [1, 8, 16], 2, 64);
         assert_eq!((s2.boxes, s2.steps), ([64, 32, 16, 2, 1], [1, 2, 2, 2, 1]));
         assert!(s2.unfit(0).is_none());
-        let m = tile_map(4, [16, 16, 16], 256, 256, [1, 8, 16], 1);
+        let m = tile_map(4, [16, 16, 16], 256, 256, [1, 8, 16], 1, 64);
         assert_eq!(m.dims, [256, 16, 16, 16, 4]);
         assert_eq!(m.boxes, [64, 16, 8, 1, 1]);
         assert_eq!(m.strides[0], 512);
-        assert!(m.swizzle && m.unfit(0x7f00_0000_0000).is_none());
-        let w = weight_map(256, 27 * 256, 256);
+        assert!(m.swizzle == 128 && m.unfit(0x7f00_0000_0000).is_none());
+        let w = weight_map(256, 27 * 256, 256, 64);
         assert_eq!((w.rank, w.dims[..2].to_vec()), (2, vec![6912, 256]));
         assert_eq!(
             (w.strides[0], w.boxes[..2].to_vec()),
@@ -198,6 +203,13 @@ mod tests {
         }
         .unfit(0)
         .is_some());
-        assert!(weight_map(256, 27 * 36, 128).unfit(0).is_some());
+        let up = tile_map(1, [64, 64, 64], 32, 32, [1, 8, 16], 1, 32);
+        assert_eq!((up.boxes, up.swizzle), ([32, 16, 8, 1, 1], 64));
+        assert!(up.unfit(0).is_none());
+        let uw = weight_map(112, 256, 128, 32);
+        assert_eq!((uw.boxes[..2].to_vec(), uw.swizzle), (vec![32, 128], 64));
+        assert!(uw.unfit(0).is_none());
+        assert!(TensorMap { swizzle: 128, ..uw }.unfit(0).is_some());
+        assert!(weight_map(256, 27 * 36, 128, 64).unfit(0).is_some());
     }
 }

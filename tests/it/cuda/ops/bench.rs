@@ -453,7 +453,8 @@ fn conv3(r: &mut Rng, cin: usize, cout: usize, st: usize) -> Op {
 /// with the per-op profile of the first two off (`PROFST`); and with `norm_load_conv`
 /// (`PROFNL`), `halo_s2`, `norm_recompute` (`PROFRC`) on; `head_mma`, `convt_stats`,
 /// `split_k_fill`, `zpair_tma` (`PROFTM`; `PROFBK` with `zpair_bulk`), `zpair_st_staged`,
-/// `norm_shifted`, `wg_s2` (`PROFW2`) off; `conv_wgk`'s variants (`PROFWK`, `PROFWS`).
+/// `norm_shifted`, `wg_s2` (`PROFW2`) off; `conv_wgk`'s variants (`PROFWK`, `PROFWS`, and
+/// `wgk_convt` on: `PROFWT`).
 #[test]
 fn profile_models() {
     let Some(mut b) = gpu() else { return };
@@ -558,7 +559,7 @@ fn profile_models() {
         // convs on the upsampling GEMM rather than `convt_up2_p`; the `conv_wgk` convs without
         // the implicit GEMM, all on its n128 tile (`PROFWK`), and with their `_st` twins (`PROFWS`, the default).
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
-        let variants: [Switch; 21] = [
+        let variants: [Switch; 22] = [
             (
                 "without residual Adds in the norms",
                 |o| o.norm_residual = false,
@@ -655,6 +656,11 @@ fn profile_models() {
                 |o| o.wgk_stats = false,
                 Some("PROFWS"),
             ),
+            (
+                "with the fused transposed convs on conv_wgk_up",
+                |o| o.wgk_convt = true,
+                Some("PROFWT"),
+            ),
         ];
         // `VOXTILE_PROFILE_ONLY`: the variants whose name holds one of its `|`-separated words
         // (a device call's time is short); unset, every variant.
@@ -686,7 +692,7 @@ fn profile_models() {
                 (o.zpair_st_staged, o.window_segments) = (d.zpair_st_staged, d.window_segments);
                 o.norm_shifted = d.norm_shifted;
                 (o.wgk_conv, o.wgk_tile) = (d.wgk_conv, d.wgk_tile);
-                o.wgk_stats = d.wgk_stats;
+                (o.wgk_stats, o.wgk_convt) = (d.wgk_stats, d.wgk_convt);
             });
             let dev = max_abs_diff(&ys, &y);
             println!(

@@ -347,6 +347,45 @@ fn cin1_norm_recomputed() {
     b.with(|o| *o = CudaOptions::default());
 }
 
+/// A k3 s2 transposed conv (pads 1, output padding 1: the fused parity classes) `cin` ->
+/// `cout` over a batch of two `sp` inputs, then an InstanceNorm / GroupNorm of `groups`:
+/// (name, input, graph, float64 reference).
+fn convt_norm_case(
+    r: &mut Rng,
+    cin: usize,
+    cout: usize,
+    sp: [usize; 3],
+    groups: usize,
+) -> (String, T, Graph, T) {
+    let name = format!("convT k3 s2 {cin}->{cout} {sp:?} g={groups}");
+    let x = input2(r, cin, sp);
+    let w = Tensor::new(
+        vec![cin, cout, 3, 3, 3],
+        r.scaled(cin * cout * 27, 1.0 / (cin as f32).sqrt()),
+    );
+    let bias = Tensor::new(vec![cout], vec![4.0; cout]);
+    let geo = Kernel {
+        st: [2; 3],
+        pads: [1; 6],
+        transposed: true,
+        opad: [1; 3],
+        ..PLAIN
+    };
+    let tail = Tail::instance_or_group(r, cout, groups);
+    let want = tail.reference(&conv_ref(&x, &w, Some(&bias), geo));
+    let convt = Op::ConvTranspose(ConvTranspose {
+        weight: w,
+        bias: Some(bias),
+        stride: [2; 3],
+        dilation: [1; 3],
+        pads: [1; 6],
+        output_padding: [1; 3],
+        groups: 1,
+    });
+    let g = tail.after(cin, convt, cout);
+    (name, x, g, want)
+}
+
 /// A strided transposed conv (k3 s2, pads 1, output padding 1: the fused parity classes on
 /// their staged epilogue) handing the norm after it its statistics (`convt_stats`: the
 /// `convt_up_*_st` twin, one entry per M tile) against float64 and the norm's own partial-sum
@@ -363,32 +402,7 @@ fn convt_norm_tile_stats() {
         (32usize, 14usize, [16usize, 32, 36], 14usize),
         (16, 8, [8, 4, 12], 2),
     ] {
-        let name = format!("convT k3 s2 {cin}->{cout} {sp:?} g={groups}");
-        let x = input2(&mut r, cin, sp);
-        let w = Tensor::new(
-            vec![cin, cout, 3, 3, 3],
-            r.scaled(cin * cout * 27, 1.0 / (cin as f32).sqrt()),
-        );
-        let bias = Tensor::new(vec![cout], vec![4.0; cout]);
-        let geo = Kernel {
-            st: [2; 3],
-            pads: [1; 6],
-            transposed: true,
-            opad: [1; 3],
-            ..PLAIN
-        };
-        let tail = Tail::instance_or_group(&mut r, cout, groups);
-        let want = tail.reference(&conv_ref(&x, &w, Some(&bias), geo));
-        let convt = Op::ConvTranspose(ConvTranspose {
-            weight: w,
-            bias: Some(bias),
-            stride: [2; 3],
-            dilation: [1; 3],
-            pads: [1; 6],
-            output_padding: [1; 3],
-            groups: 1,
-        });
-        let g = tail.after(cin, convt, cout);
+        let (name, x, g, want) = convt_norm_case(&mut r, cin, cout, sp, groups);
         b.with(|o| *o = CudaOptions::default());
         b.with(|o| (o.poison, o.convt_stats) = (true, false));
         let pass = run(&mut b, &g, &x, 2);
@@ -415,6 +429,54 @@ fn convt_norm_tile_stats() {
         );
         report(&name, e);
         assert!(dev < 2e-2, "{name}: {dev} from the partial-sum pass");
+    }
+    b.with(|o| *o = CudaOptions::default());
+}
+
+/// The fused parity classes on the wgmma implicit GEMM (`wgk_convt`, compute capability 9.0):
+/// `conv_wgk_up_n128` with the norm's own partial-sum pass and its `_st` twin handing the norm
+/// the statistics, each against float64 and the mma path (`convt_up_*`), the twin the same bits
+/// from run to run and at batch 1 as at batch 2: W2's 32 -> 14 (the any-Cout epilogue; x of 36:
+/// tiles of the input grid partly outside it), a 64 -> 8 GroupNorm (two k-steps a tap, the
+/// chunk epilogue) and 32 -> 20 (8 x 20 columns: two column tiles, no statistics twin).
+#[test]
+fn convt_on_wgk() {
+    let Some(mut b) = wgmma_gpu() else { return };
+    let mut r = Rng::tagged("convt wgk");
+    for (cin, cout, sp, groups) in [
+        (32usize, 14usize, [16usize, 32, 36], 14usize),
+        (64, 8, [8, 4, 12], 2),
+        (32, 20, [6, 10, 17], 20),
+    ] {
+        let (name, x, g, want) = convt_norm_case(&mut r, cin, cout, sp, groups);
+        b.with(|o| *o = CudaOptions::default());
+        b.with(|o| (o.poison, o.wgk_convt) = (true, false));
+        let mma = run(&mut b, &g, &x, 2);
+        for stats in [false, true] {
+            b.with(|o| (o.wgk_convt, o.convt_stats) = (true, stats));
+            let got = run(&mut b, &g, &x, 2);
+            let used = kernels_used(&mut b, 2);
+            let twin = stats && 8 * cout <= 128;
+            let want_k = if twin {
+                "conv_wgk_up_n128_st"
+            } else {
+                "conv_wgk_up_n128"
+            };
+            assert!(used.iter().any(|k| k == want_k), "{name}: ran {used:?}");
+            if twin {
+                let again = run(&mut b, &g, &x, 2);
+                assert!(same_bits(&got, &again), "{name}: two runs differ");
+                first_sample_alone(&mut b, &g, &x, &got, &name);
+            }
+            let e = rel_l2(&got, &want);
+            let dev = max_abs_diff(&got, &mma);
+            println!(
+                "RESULT convt wgk {name:<40} stats {stats}: rel L2 {e:.2e} (mma {:.2e}), max |diff| {dev:.2e}",
+                rel_l2(&mma, &want)
+            );
+            report(&name, e);
+            assert!(dev < 2e-2, "{name}: {dev} from the mma path");
+        }
     }
     b.with(|o| *o = CudaOptions::default());
 }
