@@ -120,35 +120,29 @@ __device__ __forceinline__ void wgk_stats(const ConvParams& p, const float (&acc
     }
 }
 
-// Floats of shared memory `wgk_up_store` stages a tile in: the tile [128][BN + 8], then the
-// rows' output bases (i64), the columns' biases, their sums (float2) and the chunks' offsets
-// (i64) and channels (int).
+// Floats of shared memory `wgk_up_store` stages a tile in: the tile [128][BN + 8], the rows'
+// output bases (i64), the columns' biases, then their sums (float2; later the chunks' offsets).
 template <int BN>
 __host__ __device__ constexpr int wgk_up_floats() {
-    return WGK_BM * (BN + 8) + WGK_BM * 2 + BN + BN * 2 + BN / 8 * 3;
+    return WGK_BM * (BN + 8) + WGK_BM * 2 + BN + BN * 2;
 }
 
-// The fused parity classes' epilogue (conv_mma's staged scatter on the 256 MMA threads, `ct`
-// the thread's index among them): the accumulators into shared memory, each row's output base
-// (input voxel (iz, iy, ix) of the tile box -> output (iz * up_d, iy * up_h, ix * up_w); -1
-// outside the grid), each column's bias; ST: the norm statistics of the tile per channel co
-// (the sum over the rows inside and the classes' columns of co, about row 0's value of class 0),
-// one tile_stats.cuh entry at [blockIdx.x][co]; then the stores: 8-channel chunks of one class
-// (Cout % 8 == 0), runs of up_w x Cout values of a dense output, or one value a lane.
+// The fused parity classes' epilogue on the 256 MMA threads (`ct` the thread's index among
+// them): the accumulators into shared memory, each row's output base (input voxel (iz, iy, ix)
+// of the tile box -> output (iz * up_d, iy * up_h, ix * up_w); -1 outside the grid), each
+// column's bias, then conv_mma's staged scatter (`up_store_staged`, the rows without a base
+// left out of the statistics).
 template <int BN, int TZ, int TY, int TX, bool ST>
 __device__ __forceinline__ void wgk_up_store(const ConvParams& p, const float (&acc)[BN / 2], int cw, int warp,
                                              int lane, int ct, int n, int oz0, int oy0, int ox0, float* sm,
                                              half* __restrict__ y, const float* __restrict__ bias,
                                              const float* __restrict__ slope) {
-    constexpr int CLD = BN + 8, NT = 256, CH = BN / 8;
+    constexpr int CLD = BN + 8;
     float* cs = sm;
     i64* rb = reinterpret_cast<i64*>(cs + WGK_BM * CLD);
     float* bc = reinterpret_cast<float*>(rb + WGK_BM);
-    float2* colsum = reinterpret_cast<float2*>(bc + BN);
-    i64* off = reinterpret_cast<i64*>(colsum + BN);
-    int* cof = reinterpret_cast<int*>(off + CH);
     const int nb0 = blockIdx.y * BN;
-    stats_bar<1, NT>();  // both warpgroups' wgmmas are done with the stages
+    stats_bar<1, 256>();  // both warpgroups' wgmmas are done with the stages
 #pragma unroll
     for (int j = 0; j < BN / 8; j++)
 #pragma unroll
@@ -156,118 +150,14 @@ __device__ __forceinline__ void wgk_up_store(const ConvParams& p, const float (&
             const int row = cw * 64 + warp * 16 + (lane >> 2) + h * 8, col = j * 8 + (lane & 3) * 2;
             *reinterpret_cast<float2*>(cs + row * CLD + col) = make_float2(acc[j * 4 + h * 2], acc[j * 4 + h * 2 + 1]);
         }
-    for (int r = ct; r < WGK_BM; r += NT) {
+    for (int r = ct; r < WGK_BM; r += 256) {
         const int iz = oz0 + r / (TY * TX), iy = oy0 + (r / TX) % TY, ix = ox0 + r % TX;
         const bool in = iz < p.do_ && iy < p.ho && ix < p.wo;
         rb[r] = in ? (((i64)n * p.od + iz * p.up_d) * p.oh + iy * p.up_h) * p.ow + ix * p.up_w : -1;
     }
-    for (int c = ct; c < BN; c += NT) bc[c] = bias && nb0 + c < p.cout ? bias[(nb0 + c) % p.ocout] : 0.f;
-    stats_bar<1, NT>();
-    if constexpr (ST) {
-        // (The host pairs a norm only where classes x Cout fit one column tile: nb0 == 0.)
-        int rows = 0;
-        for (int r = 0; r < WGK_BM; r++) rows += rb[r] >= 0;
-        for (int c = ct; c < p.cout && c < BN; c += NT) {
-            const int co = c % p.ocout;
-            const float shift = cs[co] + bc[co], b = bc[c];
-            float a = 0.f, q = 0.f;
-            for (int r = 0; r < WGK_BM; r++) {
-                if (rb[r] < 0) continue;
-                const float v = cs[r * CLD + c] + b - shift;
-                a += v;
-                q += v * v;
-            }
-            colsum[c] = make_float2(a, q);
-        }
-        stats_bar<1, NT>();
-        float4* part = reinterpret_cast<float4*>(p.stats) + (i64)blockIdx.x * p.ocout;
-        const int blocks = p.cout / p.ocout;
-        for (int co = ct; co < p.ocout; co += NT) {
-            float a = 0.f, q = 0.f;
-            for (int k = 0; k < blocks; k++) {
-                a += colsum[k * p.ocout + co].x;
-                q += colsum[k * p.ocout + co].y;
-            }
-            part[co] = make_float4(a, q, cs[co] + bc[co], (float)(rows * blocks));
-        }
-    }
-    if (p.ocout % 8 == 0) {
-        for (int ch = ct; ch < CH; ch += NT) {
-            const int c = nb0 + ch * 8;
-            const int tap = c / p.ocout;
-            const int qz = tap / (p.up_h * p.up_w), rem = tap - qz * p.up_h * p.up_w;
-            const int qy = rem / p.up_w, qx = rem - qy * p.up_w;
-            off[ch] = c < p.cout ? ((i64)qz * p.oh + qy) * p.ow + qx : -1;
-            cof[ch] = c - tap * p.ocout;
-        }
-        stats_bar<1, NT>();
-        const bool vec = ((p.ldc | p.coff) & 7) == 0;
-        for (int idx = ct; idx < WGK_BM * CH; idx += NT) {
-            const int row = idx / CH, ch = idx - row * CH;
-            const i64 ob = rb[row], oo = off[ch];
-            if (ob < 0 || oo < 0) continue;
-            const int co = cof[ch];
-            const float4* a = reinterpret_cast<const float4*>(cs + row * CLD + ch * 8);
-            const float4* bb = reinterpret_cast<const float4*>(bc + ch * 8);
-            const float4 a0 = a[0], a1 = a[1], b0 = bb[0], b1 = bb[1];
-            float v[8] = {a0.x + b0.x, a0.y + b0.y, a0.z + b0.z, a0.w + b0.w,
-                          a1.x + b1.x, a1.y + b1.y, a1.z + b1.z, a1.w + b1.w};
-            act8(v, co, p, slope);
-            const i64 dst = (ob + oo) * p.ldc + p.coff + co;
-            if (vec) {
-                out_store8(p, y, dst, v);
-            } else {
-#pragma unroll
-                for (int q = 0; q < 8; q++) out_store1(p, y, dst + q, v[q]);
-            }
-        }
-        return;
-    }
-    // Any Cout (W2's 32 -> 14). Row r's taps (qz, qy, 0..up_w-1) x Cout channels are up_w * Cout
-    // contiguous values of a dense output.
-    const int per = p.up_w * p.ocout, G = p.up_d * p.up_h;
-    if (p.ldc == p.ocout && p.coff == 0 && per % 4 == 0) {
-        const int Q = per / 4;
-        for (int idx = ct; idx < G * WGK_BM * Q; idx += NT) {
-            const int gr = idx / Q, q = idx - gr * Q;
-            const int g = gr / WGK_BM, row = gr - g * WGK_BM;
-            const int c = g * per + q * 4;
-            const i64 ob = rb[row];
-            if (ob < 0 || c < nb0 || c >= nb0 + BN) continue;
-            const int qz = g / p.up_h, qy = g - qz * p.up_h;
-            const i64 dst = (ob + ((i64)qz * p.oh + qy) * p.ow) * p.ocout + q * 4;
-            const float4 a = *reinterpret_cast<const float4*>(cs + row * CLD + (c - nb0));
-            const float4 b = *reinterpret_cast<const float4*>(bc + (c - nb0));
-            float u[4] = {a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w};
-            if (p.act != ACT_NONE) {
-#pragma unroll
-                for (int k = 0; k < 4; k++) u[k] = act_apply(u[k], (c + k) % p.ocout, p.act, p.alpha, slope, p.slope_n);
-            }
-            if (p.out_f32) {
-                *reinterpret_cast<float4*>(reinterpret_cast<float*>(y) + dst) = make_float4(u[0], u[1], u[2], u[3]);
-            } else {
-                __align__(8) __half2 hv[2] = {__floats2half2_rn(u[0], u[1]), __floats2half2_rn(u[2], u[3])};
-                *reinterpret_cast<uint2*>(y + dst) = *reinterpret_cast<const uint2*>(hv);
-            }
-        }
-        return;
-    }
-    // A concat slice or an odd run: a warp per (row, tap row), one value a lane.
-    const int w8 = ct >> 5;
-    for (int u = w8; u < G * WGK_BM; u += NT / 32) {
-        const int g = u / WGK_BM, row = u - g * WGK_BM;
-        const i64 ob = rb[row];
-        if (ob < 0) continue;
-        const int qz = g / p.up_h, qy = g - qz * p.up_h;
-        const i64 o0 = ob + ((i64)qz * p.oh + qy) * p.ow;
-        for (int e = lane; e < per; e += 32) {
-            const int qx = e / p.ocout, co = e - qx * p.ocout;
-            const int c = g * per + e;
-            if (c < nb0 || c >= nb0 + BN) continue;
-            const float u0 = cs[row * CLD + (c - nb0)] + bc[c - nb0];
-            out_store1(p, y, (o0 + qx) * p.ldc + p.coff + co, act_apply(u0, co, p.act, p.alpha, slope, p.slope_n));
-        }
-    }
+    for (int c = ct; c < BN; c += 256) bc[c] = bias && nb0 + c < p.cout ? bias[(nb0 + c) % p.ocout] : 0.f;
+    up_store_staged<WGK_BM, BN, 256, ST, true>(p, cs, rb, bc, bc + BN, ct, ct >> 5, lane, nb0, WGK_BM, y, slope,
+                                               [] { stats_bar<1, 256>(); });
 }
 
 template <int BN, int STAGES, int TZ, int TY, int TX, int S, int CK, bool UP, bool ST>
@@ -357,22 +247,22 @@ __device__ __forceinline__ void conv_wgk(const ConvParams& p, const float* __res
     if constexpr (UP) {
         wgk_up_store<BN, TZ, TY, TX, ST>(p, acc, cw, warp, lane, tid - 128, n, oz0, oy0, ox0,
                                          reinterpret_cast<float*>(sm), y, bias, slope);
-        return;
-    }
-    // Thread rows warp * 16 + lane / 4 (+ 8) of the warpgroup's 64.
-    i64 m[2];
-    bool ok[2];
+    } else {
+        // Thread rows warp * 16 + lane / 4 (+ 8) of the warpgroup's 64.
+        i64 m[2];
+        bool ok[2];
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int r = cw * 64 + warp * 16 + (lane >> 2) + h * 8;
-        const int oz = oz0 + r / (TY * TX), oy = oy0 + (r / TX) % TY, ox = ox0 + r % TX;
-        ok[h] = oz < p.do_ && oy < p.ho && ox < p.wo;
-        m[h] = ((((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox) * p.ldc + p.coff;
-    }
-    BY_ACT(p.act, (wgk_store<ACT_T, BN, ST>(p, acc, m, ok, nb0, lane, y, bias, slope)));
-    if constexpr (ST) {
-        const float count = (float)(min(TZ, p.do_ - oz0) * min(TY, p.ho - oy0) * min(TX, p.wo - ox0));
-        wgk_stats<BN>(p, acc, ok, nb0, lane, cw * 4 + warp, reinterpret_cast<float*>(sm), count);
+        for (int h = 0; h < 2; h++) {
+            const int r = cw * 64 + warp * 16 + (lane >> 2) + h * 8;
+            const int oz = oz0 + r / (TY * TX), oy = oy0 + (r / TX) % TY, ox = ox0 + r % TX;
+            ok[h] = oz < p.do_ && oy < p.ho && ox < p.wo;
+            m[h] = ((((i64)n * p.do_ + oz) * p.ho + oy) * p.wo + ox) * p.ldc + p.coff;
+        }
+        BY_ACT(p.act, (wgk_store<ACT_T, BN, ST>(p, acc, m, ok, nb0, lane, y, bias, slope)));
+        if constexpr (ST) {
+            const float count = (float)(min(TZ, p.do_ - oz0) * min(TY, p.ho - oy0) * min(TX, p.wo - ox0));
+            wgk_stats<BN>(p, acc, ok, nb0, lane, cw * 4 + warp, reinterpret_cast<float*>(sm), count);
+        }
     }
 }
 

@@ -190,3 +190,140 @@ struct BoxWalk {
         }
     }
 };
+
+// The staged scatter epilogue of the upsampling and fused-parity GEMMs (conv_mma's VEC_EPI
+// `convt_up_*`, conv_wgmma_k.cu's `conv_wgk_up_*`): NT threads (`tid` among them, `warp` its
+// warp among them) have staged the fp32 tile at `cs` (TBM rows of TBN + 8 floats), each row's
+// output base at `rb` (-1: none) and each column's bias at `bc`, and call this before any
+// barrier; `sums`: shared floats for the column sums (ST), then the chunk offsets. ST: the norm
+// statistics of the tile per output channel co (over its first `nrows` rows, CHECK: those with
+// a base; the classes' columns of co; about row 0's value of class 0), one tile_stats.cuh
+// entry at [blockIdx.x][co]. Then the stores: a chunk is 8 channels of one tap when Cout % 8
+// == 0, landing contiguously at output voxel ob(row) + off(tap); else runs of up_w x Cout
+// values of a dense output, or one value a lane. `bar`: the NT threads' barrier.
+template <int TBM, int TBN, int NT, bool ST, bool CHECK, class Bar>
+__device__ __forceinline__ void up_store_staged(const ConvParams& p, float* cs, i64* rb, float* bc, float* sums,
+                                                int tid, int warp, int lane, int n0, int nrows,
+                                                half* __restrict__ y, const float* __restrict__ slope, Bar bar) {
+    constexpr int CLD = TBN + 8, CH = TBN / 8;
+    if constexpr (ST) {
+        // (The chunk offsets below reuse the column sums' space once they are added.)
+        float2* colsum = reinterpret_cast<float2*>(sums);
+        bar();  // the staged tile and biases
+        int rows = nrows;
+        if constexpr (CHECK) {
+            rows = 0;
+            for (int r = 0; r < nrows; r++) rows += rb[r] >= 0;
+        }
+        for (int c = tid; c < p.cout; c += NT) {
+            const int co = c % p.ocout;
+            const float shift = cs[co] + bc[co], b = bc[c];
+            float a = 0.f, q = 0.f;
+            for (int r = 0; r < nrows; r++) {
+                if (CHECK && rb[r] < 0) continue;
+                const float v = cs[r * CLD + c] + b - shift;
+                a += v;
+                q += v * v;
+            }
+            colsum[c] = make_float2(a, q);
+        }
+        bar();
+        float4* part = reinterpret_cast<float4*>(p.stats) + (i64)blockIdx.x * p.ocout;
+        const int blocks = p.cout / p.ocout;
+        for (int co = tid; co < p.ocout; co += NT) {
+            float a = 0.f, q = 0.f;
+            for (int k = 0; k < blocks; k++) {
+                a += colsum[k * p.ocout + co].x;
+                q += colsum[k * p.ocout + co].y;
+            }
+            part[co] = make_float4(a, q, cs[co] + bc[co], (float)(rows * blocks));
+        }
+        bar();
+    }
+    if (p.ocout % 8 == 0) {
+        // Chunk ch (8 channels of one tap, Cout % 8 == 0) lands at output voxel
+        // rb[row] + off[ch], channel co[ch]: staged once per tile.
+        i64* off = reinterpret_cast<i64*>(sums);
+        int* cof = reinterpret_cast<int*>(off + CH);
+        for (int ch = tid; ch < CH; ch += NT) {
+            const int c = n0 + ch * 8;
+            const int tap = c / p.ocout;
+            const int qz = tap / (p.up_h * p.up_w), rem = tap - qz * p.up_h * p.up_w;
+            const int qy = rem / p.up_w, qx = rem - qy * p.up_w;
+            off[ch] = c < p.cout ? ((i64)qz * p.oh + qy) * p.ow + qx : -1;
+            cof[ch] = c - tap * p.ocout;
+        }
+        bar();
+        const bool vec = ((p.ldc | p.coff) & 7) == 0;
+        for (int idx = tid; idx < TBM * CH; idx += NT) {
+            const int row = idx / CH, ch = idx - row * CH;
+            const i64 ob = rb[row], oo = off[ch];
+            if (ob < 0 || oo < 0) continue;
+            const int co = cof[ch];
+            const float4* a = reinterpret_cast<const float4*>(cs + row * CLD + ch * 8);
+            const float4* bb = reinterpret_cast<const float4*>(bc + ch * 8);
+            const float4 a0 = a[0], a1 = a[1], b0 = bb[0], b1 = bb[1];
+            float v[8] = {a0.x + b0.x, a0.y + b0.y, a0.z + b0.z, a0.w + b0.w,
+                          a1.x + b1.x, a1.y + b1.y, a1.z + b1.z, a1.w + b1.w};
+            act8(v, co, p, slope);
+            const i64 dst = (ob + oo) * p.ldc + p.coff + co;
+            if (vec) {
+                out_store8(p, y, dst, v);
+            } else {
+#pragma unroll
+                for (int q = 0; q < 8; q++) out_store1(p, y, dst + q, v[q]);
+            }
+        }
+        return;
+    }
+    bar();
+    // Any Cout (the fused parity classes of W2's 32 -> 14). Row r's taps (qz, qy,
+    // 0..up_w-1) x Cout channels are up_w * Cout contiguous values of a dense output.
+    const int per = p.up_w * p.ocout, G = p.up_d * p.up_h;
+    if (p.ldc == p.ocout && p.coff == 0 && per % 4 == 0) {
+        // Dense: one thread per 4 values of a run (16 or 8 bytes, aligned: every term of
+        // the output index is a multiple of up_w * Cout or of Cout * ow).
+        const int Q = per / 4;
+        for (int idx = tid; idx < G * TBM * Q; idx += NT) {
+            const int gr = idx / Q, q = idx - gr * Q;
+            const int g = gr / TBM, row = gr - g * TBM;
+            const int c = g * per + q * 4;
+            const i64 ob = rb[row];
+            if (ob < 0 || c < n0 || c >= n0 + TBN) continue;
+            const int qz = g / p.up_h, qy = g - qz * p.up_h;
+            const i64 dst = (ob + ((i64)qz * p.oh + qy) * p.ow) * p.ocout + q * 4;
+            const float4 a = *reinterpret_cast<const float4*>(cs + row * CLD + (c - n0));
+            const float4 b = *reinterpret_cast<const float4*>(bc + (c - n0));
+            float u[4] = {a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w};
+            if (p.act != ACT_NONE) {
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+                    u[k] = act_apply(u[k], (c + k) % p.ocout, p.act, p.alpha, slope, p.slope_n);
+            }
+            if (p.out_f32) {
+                *reinterpret_cast<float4*>(reinterpret_cast<float*>(y) + dst) =
+                    make_float4(u[0], u[1], u[2], u[3]);
+            } else {
+                __align__(8) __half2 h[2] = {__floats2half2_rn(u[0], u[1]), __floats2half2_rn(u[2], u[3])};
+                *reinterpret_cast<uint2*>(y + dst) = *reinterpret_cast<const uint2*>(h);
+            }
+        }
+        return;
+    }
+    // A concat slice or an odd run: a warp per (row, tap row), one value per lane.
+    for (int u = warp; u < G * TBM; u += NT / 32) {
+        const int g = u / TBM, row = u - g * TBM;
+        const i64 ob = rb[row];
+        if (ob < 0) continue;
+        const int qz = g / p.up_h, qy = g - qz * p.up_h;
+        const i64 o0 = ob + ((i64)qz * p.oh + qy) * p.ow;
+        for (int e = lane; e < per; e += 32) {
+            const int qx = e / p.ocout, co = e - qx * p.ocout;
+            const int c = g * per + e;
+            if (c < n0 || c >= n0 + TBN) continue;
+            const float u0 = cs[row * CLD + (c - n0)] + bc[c - n0];
+            out_store1(p, y, (o0 + qx) * p.ldc + p.coff + co,
+                       act_apply(u0, co, p.act, p.alpha, slope, p.slope_n));
+        }
+    }
+}
