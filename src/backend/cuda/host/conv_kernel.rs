@@ -857,6 +857,26 @@ mod tests {
                 vec![40, 20, 3, 3, 3],
                 "ParityFused",
             ),
+            // With `wgk_convt`, Cin 32k: the same classes on the wgmma implicit GEMM (the same
+            // weight layout); Cin 40 keeps the staged twin.
+            (
+                ArchCaps {
+                    wgk_convt: true,
+                    ..h200
+                },
+                geom([32, 4, 4, 4], [20, 8, 8, 8], 3, 2, 1, true),
+                vec![32, 20, 3, 3, 3],
+                "ParityFusedWgk",
+            ),
+            (
+                ArchCaps {
+                    wgk_convt: true,
+                    ..h200
+                },
+                geom([40, 4, 4, 4], [20, 8, 8, 8], 3, 2, 1, true),
+                vec![40, 20, 3, 3, 3],
+                "ParityFusedVec",
+            ),
             (
                 h200,
                 geom([40, 4, 4, 4], [20, 7, 7, 7], 3, 2, 1, true),
@@ -903,7 +923,9 @@ mod tests {
                 ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) | ConvKernel::Up2 => {
                     vec![relayout_upsampling_weight(&data, &ws, rows).0.len()]
                 }
-                ConvKernel::ParityFused(f, _) | ConvKernel::ParityFusedVec(f, _, _) => {
+                ConvKernel::ParityFused(f, _)
+                | ConvKernel::ParityFusedVec(f, _, _)
+                | ConvKernel::ParityFusedWgk(f, _) => {
                     assert_eq!((f.k, f.grid, f.classes.len()), ([2; 3], [4; 3], 8));
                     vec![relayout_fused_parity_weight(&data, &ws, f, rows).0.len()]
                 }
