@@ -788,17 +788,7 @@ fn bench_mma_tiles() {
         (640, 320, 8, 1),
     ] {
         let os = s / st;
-        let norm = unit_norm(cout);
-        let g = graph(
-            cin,
-            vec![
-                (conv3(&mut r, cin, cout, st), vec![0], cout),
-                (norm, vec![1], cout),
-            ],
-        );
-        let x =
-            Array5::from_shape_vec((n, cin, s, s, s), r.scaled(n * cin * s * s * s, 1.0)).unwrap();
-        let flop = 2.0 * (n * os * os * os) as f64 * (cout * cin * 27) as f64;
+        let (g, x, flop) = conv_norm_case(&mut r, (cin, cout, st), (n, s));
         // (The 16-byte tiles: every Cin here is a multiple of 8.)
         let v8 = MMA_CONFIGS.iter().filter(|c| c.name.ends_with("_v8"));
         let tiles = std::iter::once(None).chain(v8.map(Some));
@@ -846,17 +836,7 @@ fn bench_wgk() {
         (64, 128, 64, 2),
         (128, 256, 32, 2),
     ] {
-        let g = graph(
-            cin,
-            vec![
-                (conv3(&mut r, cin, cout, st), vec![0], cout),
-                (unit_norm(cout), vec![1], cout),
-            ],
-        );
-        let x =
-            Array5::from_shape_vec((n, cin, s, s, s), r.scaled(n * cin * s * s * s, 1.0)).unwrap();
-        let os = s / st;
-        let flop = 2.0 * (n * os * os * os) as f64 * (cout * cin * 27) as f64;
+        let (g, x, flop) = conv_norm_case(&mut r, (cin, cout, st), (n, s));
         let of = |bn: usize| {
             cat::WGK_CONFIGS
                 .iter()
@@ -880,12 +860,7 @@ fn bench_wgk() {
             } else {
                 want = Some(got);
             }
-            let prof = b.profile_forward(n, 5).expect("profile");
-            let (label, ms) = prof
-                .iter()
-                .find(|p| p.0.starts_with("Conv"))
-                .map(|p| (p.0.clone(), p.1))
-                .expect("the conv in the profile");
+            let (label, ms) = step_ms(&mut b, n, "Conv");
             println!(
                 "RESULT wgk {cin}->{cout} s{st} {n}x{s}^3 {what:<8} {ms:.3} ms ({:.0} TF/s)  {label}",
                 flop / ms / 1e9
@@ -928,16 +903,45 @@ fn tile_sweep(
                 assert!(e < 1e-2, "{}: tile {tile:?} rel L2 {e:e}", g.name);
             }
         }
-        let prof = b.profile_forward(n, 5).expect("profile");
-        let (label, ms) = prof
-            .iter()
-            .find(|p| p.0.starts_with(step))
-            .map(|p| (p.0.clone(), p.1))
-            .expect("the step in the profile");
+        let (label, ms) = step_ms(b, n, step);
         out.push((tile, split, ms, label));
     }
     b.with(|o| (o.conv_tile, o.split_k, o.split_k_fill) = (None, true, false));
     out
+}
+
+/// The first profiled step of the forward at batch `n` whose label starts with `step`: its
+/// label and time (ms, a median of 5).
+fn step_ms(b: &mut CudaBackend, n: usize, step: &str) -> (String, f64) {
+    let prof = b.profile_forward(n, 5).expect("profile");
+    prof.iter()
+        .find(|p| p.0.starts_with(step))
+        .map(|p| (p.0.clone(), p.1))
+        .expect("the step in the profile")
+}
+
+/// A 3^3 conv `cin` -> `cout` of stride `st` then a unit InstanceNorm (the conv stores fp32,
+/// as in the nets), on `n` random windows of side `s`: the graph, its input and the conv's
+/// flops.
+fn conv_norm_case(
+    r: &mut Rng,
+    (cin, cout, st): (usize, usize, usize),
+    (n, s): (usize, usize),
+) -> (Graph, Array5<f32>, f64) {
+    let g = graph(
+        cin,
+        vec![
+            (conv3(r, cin, cout, st), vec![0], cout),
+            (unit_norm(cout), vec![1], cout),
+        ],
+    );
+    let x = Array5::from_shape_vec((n, cin, s, s, s), r.scaled(n * cin * s * s * s, 1.0)).unwrap();
+    let os = s / st;
+    (
+        g,
+        x,
+        2.0 * (n * os * os * os) as f64 * (cout * cin * 27) as f64,
+    )
 }
 
 /// An InstanceNorm of unit scale and no shift over `c` channels (after a conv whose own time a
