@@ -818,11 +818,7 @@ fn bench_mma_tiles() {
 /// `conv_wgk_*` forced (`RESULT wgk`); the outputs agree to fp16 rounding.
 #[test]
 fn bench_wgk() {
-    let Some(mut b) = gpu() else { return };
-    if !cat::has_wgmma(b.arch()) {
-        println!("skipped: the wgmma kernels run on compute capability 9.0 only");
-        return;
-    }
+    let Some(mut b) = wgmma_gpu() else { return };
     let mut r = Rng::tagged("wgk-bench");
     b.with(|o| o.poison = false);
     let n = 4;
