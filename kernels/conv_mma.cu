@@ -279,8 +279,9 @@ __device__ __forceinline__ void conv_mma(const ConvParams& p, const half* __rest
         if constexpr (ST)
             static_assert(TBM * CLD * 4 + TBM * 8 + TBN * 4 + TBN * 8 <= STAGES * (A_ST + B_ST) * 2,
                           "staged tile, row bases, biases and column sums must fit");
-        up_store_staged<TBM, TBN, THREADS, ST, false>(p, cs, rb, bc, bc + TBN, tid, warp, lane, n0,
-                                                      min(TBM, M - m0), y, slope, [] { __syncthreads(); });
+        const int rows = min(TBM, M - m0);
+        up_store_staged<TBM, TBN, THREADS, ST, false>(p, cs, rb, bc, bc + TBN, tid, warp, lane, n0, rows, rows, y,
+                                                      slope, [] { __syncthreads(); });
         return;
     }
 

@@ -156,8 +156,10 @@ __device__ __forceinline__ void wgk_up_store(const ConvParams& p, const float (&
         rb[r] = in ? (((i64)n * p.od + iz * p.up_d) * p.oh + iy * p.up_h) * p.ow + ix * p.up_w : -1;
     }
     for (int c = ct; c < BN; c += 256) bc[c] = bias && nb0 + c < p.cout ? bias[(nb0 + c) % p.ocout] : 0.f;
-    up_store_staged<WGK_BM, BN, 256, ST, true>(p, cs, rb, bc, bc + BN, ct, ct >> 5, lane, nb0, WGK_BM, y, slope,
-                                               [] { stats_bar<1, 256>(); });
+    // (The tile's voxels inside the grid: the rows with a base.)
+    const int count = min(TZ, p.do_ - oz0) * min(TY, p.ho - oy0) * min(TX, p.wo - ox0);
+    up_store_staged<WGK_BM, BN, 256, ST, true>(p, cs, rb, bc, bc + BN, ct, ct >> 5, lane, nb0, WGK_BM, count, y,
+                                               slope, [] { stats_bar<1, 256>(); });
 }
 
 template <int BN, int STAGES, int TZ, int TY, int TX, int S, int CK, bool UP, bool ST>

@@ -197,24 +197,19 @@ struct BoxWalk {
 // output base at `rb` (-1: none) and each column's bias at `bc`, and call this before any
 // barrier; `sums`: shared floats for the column sums (ST), then the chunk offsets. ST: the norm
 // statistics of the tile per output channel co (over its first `nrows` rows, CHECK: those with
-// a base; the classes' columns of co; about row 0's value of class 0), one tile_stats.cuh
-// entry at [blockIdx.x][co]. Then the stores: a chunk is 8 channels of one tap when Cout % 8
+// a base, `count` of them; the classes' columns of co; about row 0's value of class 0), one
+// tile_stats.cuh entry at [blockIdx.x][co]. Then the stores: a chunk is 8 channels of one tap when Cout % 8
 // == 0, landing contiguously at output voxel ob(row) + off(tap); else runs of up_w x Cout
 // values of a dense output, or one value a lane. `bar`: the NT threads' barrier.
 template <int TBM, int TBN, int NT, bool ST, bool CHECK, class Bar>
 __device__ __forceinline__ void up_store_staged(const ConvParams& p, float* cs, i64* rb, float* bc, float* sums,
-                                                int tid, int warp, int lane, int n0, int nrows,
+                                                int tid, int warp, int lane, int n0, int nrows, int count,
                                                 half* __restrict__ y, const float* __restrict__ slope, Bar bar) {
     constexpr int CLD = TBN + 8, CH = TBN / 8;
     if constexpr (ST) {
         // (The chunk offsets below reuse the column sums' space once they are added.)
         float2* colsum = reinterpret_cast<float2*>(sums);
         bar();  // the staged tile and biases
-        int rows = nrows;
-        if constexpr (CHECK) {
-            rows = 0;
-            for (int r = 0; r < nrows; r++) rows += rb[r] >= 0;
-        }
         for (int c = tid; c < p.cout; c += NT) {
             const int co = c % p.ocout;
             const float shift = cs[co] + bc[co], b = bc[c];
@@ -236,7 +231,7 @@ __device__ __forceinline__ void up_store_staged(const ConvParams& p, float* cs, 
                 a += colsum[k * p.ocout + co].x;
                 q += colsum[k * p.ocout + co].y;
             }
-            part[co] = make_float4(a, q, cs[co] + bc[co], (float)(rows * blocks));
+            part[co] = make_float4(a, q, cs[co] + bc[co], (float)(count * blocks));
         }
         bar();
     }
