@@ -214,9 +214,9 @@ pub fn pick_wgk(
 }
 
 /// The fused parity classes of a strided transposed conv on `conv_wgk_up_*` (the caller asks
-/// on compute capability 9.0, for `CudaOptions::wgk_convt`): Cin a multiple of its `ck`, the
-/// classes x Cout columns of one row within its width (more columns: tiles over grid.y), its
-/// shared memory within `smem_max`.
+/// on compute capability 9.0, for `CudaOptions::wgk_convt`): Cin a multiple of its `ck`, any
+/// number of classes x Cout columns (tiles of its width over grid.y), its shared memory within
+/// `smem_max`.
 pub fn pick_wgk_up(cin: usize, columns: usize, smem_max: usize) -> Option<&'static WgkConfig> {
     WGK_CONFIGS.iter().find(|c| {
         c.up && !c.stats

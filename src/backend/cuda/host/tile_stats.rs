@@ -43,8 +43,14 @@ pub fn pair(
     batch: usize,
 ) -> usize {
     let mut bytes = 0;
+    // The kinds whose twins are behind a switch of their own.
+    let switched_on = |k: &ConvKernel| match k {
+        ConvKernel::Wgk(_) => caps.wgk_stats,
+        ConvKernel::ParityFusedVec(..) | ConvKernel::ParityFusedWgk(..) => caps.convt_stats,
+        _ => true,
+    };
     let twin_of = |k: &ConvKernel, os: [usize; 4], ldc: usize, coff: usize| {
-        if matches!(k, ConvKernel::Wgk(_)) && !caps.wgk_stats {
+        if !switched_on(k) {
             return None;
         }
         let (twin, tiles) = k.with_norm_stats(os, ldc, coff)?;
@@ -80,13 +86,6 @@ pub fn pair(
         let v = conv.out_v;
         let sole = cons[v].as_slice() == [norm.node] && nnode.inputs.as_slice() == [v];
         let plain = conv.fuse.is_none() && conv.residual.is_none() && conv.head.is_none();
-        let fused = matches!(
-            conv.conv,
-            Some(ConvKernel::ParityFusedVec(..) | ConvKernel::ParityFusedWgk(..))
-        );
-        if !caps.convt_stats && fused {
-            continue;
-        }
         if !is_norm || tensor[norm.node] || tensor[conv.node] || !sole || !plain {
             continue;
         }
