@@ -249,6 +249,17 @@ impl ConvKernel {
         matches!(self, ConvKernel::Halo(c) if c.wgmma && !c.zpair)
     }
 
+    /// The fused parity classes it runs, on whichever kernel (None: not a fused transposed
+    /// conv).
+    pub fn fused_parity(&self) -> Option<&FusedParity> {
+        match self {
+            ConvKernel::ParityFused(f, _)
+            | ConvKernel::ParityFusedVec(f, _, _)
+            | ConvKernel::ParityFusedWgk(f, _) => Some(f),
+            _ => None,
+        }
+    }
+
     /// Whether it is a twin that writes a following norm's statistics
     /// ([`with_norm_stats`](Self::with_norm_stats)'s kernels).
     pub fn writes_stats(&self) -> bool {
@@ -398,11 +409,9 @@ impl std::fmt::Debug for ConvKernel {
 
 impl PartialEq for ConvKernel {
     fn eq(&self, o: &Self) -> bool {
-        let classes = |k: &ConvKernel| match k {
-            ConvKernel::Parity(c) => c.iter().map(|(cl, _)| cl.clone()).collect(),
-            ConvKernel::ParityFused(f, _)
-            | ConvKernel::ParityFusedVec(f, _, _)
-            | ConvKernel::ParityFusedWgk(f, _) => f.classes.clone(),
+        let classes = |k: &ConvKernel| match (k, k.fused_parity()) {
+            (ConvKernel::Parity(c), _) => c.iter().map(|(cl, _)| cl.clone()).collect(),
+            (_, Some(f)) => f.classes.clone(),
             _ => Vec::new(),
         };
         std::mem::discriminant(self) == std::mem::discriminant(o)
@@ -605,17 +614,15 @@ impl ConvKernel {
         } else {
             wshape[0]
         };
+        if let Some(f) = self.fused_parity() {
+            return (f.classes.len() * cout).div_ceil(MMA_N_PAD) * MMA_N_PAD;
+        }
         match self {
             ConvKernel::Pointwise { .. } => 64,
             ConvKernel::Legacy { .. } => cout.div_ceil(64) * 64,
             ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) | ConvKernel::Up2 => {
                 let taps = wshape[2] * wshape[3] * wshape[4];
                 (taps * cout).div_ceil(MMA_N_PAD) * MMA_N_PAD
-            }
-            ConvKernel::ParityFused(f, _)
-            | ConvKernel::ParityFusedVec(f, _, _)
-            | ConvKernel::ParityFusedWgk(f, _) => {
-                (f.classes.len() * cout).div_ceil(MMA_N_PAD) * MMA_N_PAD
             }
             _ => cout.div_ceil(MMA_N_PAD) * MMA_N_PAD,
         }
@@ -625,6 +632,9 @@ impl ConvKernel {
     pub fn weight_halves(&self, wshape: &[usize], groups: usize, transposed: bool) -> Vec<usize> {
         let rows = self.weight_rows(wshape, groups, transposed);
         let taps = wshape[2] * wshape[3] * wshape[4];
+        if let Some(f) = self.fused_parity() {
+            return vec![rows * kpad(f.k.iter().product::<usize>() * wshape[0])];
+        }
         match self {
             ConvKernel::Parity(classes) => classes
                 .iter()
@@ -635,11 +645,6 @@ impl ConvKernel {
                 .collect(),
             ConvKernel::Upsample(_) | ConvKernel::UpsampleVec(_) | ConvKernel::Up2 => {
                 vec![rows * kpad(wshape[0])]
-            }
-            ConvKernel::ParityFused(f, _)
-            | ConvKernel::ParityFusedVec(f, _, _)
-            | ConvKernel::ParityFusedWgk(f, _) => {
-                vec![rows * kpad(f.k.iter().product::<usize>() * wshape[0])]
             }
             _ => {
                 let cin_g = if transposed {
