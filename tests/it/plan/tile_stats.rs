@@ -334,19 +334,20 @@ fn fused_parity_convs_hand_their_norms_the_statistics() {
     }
 }
 
-/// The same classes on the wgmma implicit GEMM (`wgk_convt`): the fixtures' k3 s2 transposed
-/// convs of Cin 32k take `conv_wgk_up_n128` (none without the switch), and with the statistics
-/// those whose classes x Cout fit its 128 columns pair with their norm on the `_st` twin, one
-/// entry per tile of the input grid (`check_pairs` holds them to the rules).
+/// The same classes on the wgmma implicit GEMM (`wgk_convt`, on by default): the fixtures' k3 s2
+/// transposed convs of Cin 64k take `conv_wgk_up_n128` (none without the switch), and with the
+/// statistics those whose classes x Cout fit its 128 columns pair with their norm on the `_st`
+/// twin, one entry per tile of the input grid (`check_pairs` holds them to the rules).
 #[test]
 fn fused_parity_convs_on_wgk() {
     let nets = super::planner::fixtures_and_models();
-    let wgk = ArchCaps {
-        wgk_convt: true,
-        ..stats_on()
-    };
+    let wgk = stats_on();
     let off = ArchCaps {
         norm_stats: false,
+        ..wgk
+    };
+    let mma = ArchCaps {
+        wgk_convt: false,
         ..wgk
     };
     let (mut ran, mut paired) = (Vec::new(), 0);
@@ -355,7 +356,7 @@ fn fused_parity_convs_on_wgk() {
         let (Ok(on), Ok(bare), Ok(mma)) = (
             buffer_plan(g, 2, roi, &wgk),
             buffer_plan(g, 2, roi, &off),
-            buffer_plan(g, 2, roi, &stats_on()),
+            buffer_plan(g, 2, roi, &mma),
         ) else {
             continue;
         };

@@ -39,7 +39,7 @@ pub struct ArchCaps {
     pub wgk_tile: Option<&'static WgkConfig>,
     /// A `conv_wgk_*` conv before a norm hands it the statistics (`CudaOptions::wgk_stats`).
     pub wgk_stats: bool,
-    /// The fused parity classes of strided transposed convs with Cin 32k on `conv_wgk_up_*`
+    /// The fused parity classes of strided transposed convs with Cin 64k on `conv_wgk_up_*`
     /// (`CudaOptions::wgk_convt`; with `conv_wgmma` only).
     pub wgk_convt: bool,
     /// Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `CONV_C1_K3` (unless a tile is forced).
@@ -450,9 +450,10 @@ impl ConvKernel {
                 });
                 if let Some(f) = fused {
                     let rows = batch * f.grid.iter().product::<usize>();
-                    if caps.conv_wgmma && caps.wgk_convt {
+                    let forced = caps.wgk_tile.filter(|c| c.up);
+                    if caps.conv_wgmma && (caps.wgk_convt || forced.is_some()) {
                         let columns = f.classes.len() * cout;
-                        if let Some(c) = pick_wgk_up(cin, columns, caps.smem_optin) {
+                        if let Some(c) = pick_wgk_up(cin, columns, caps.smem_optin, forced) {
                             return ConvKernel::ParityFusedWgk(f, c);
                         }
                     }
@@ -862,11 +863,33 @@ mod tests {
                 vec![40, 20, 3, 3, 3],
                 "ParityFused",
             ),
-            // With `wgk_convt`, Cin 32k: the same classes on the wgmma implicit GEMM (the same
-            // weight layout); Cin 40 keeps the staged twin.
+            // With `wgk_convt`, Cin 64k: the same classes on the wgmma implicit GEMM (the same
+            // weight layout); Cin 32 (one k-step a tap) and Cin 40 keep mma.sync, and the up
+            // kernel forced takes Cin 32.
+            (
+                h200,
+                geom([64, 4, 4, 4], [20, 8, 8, 8], 3, 2, 1, true),
+                vec![64, 20, 3, 3, 3],
+                "ParityFusedWgk",
+            ),
             (
                 ArchCaps {
-                    wgk_convt: true,
+                    wgk_convt: false,
+                    ..h200
+                },
+                geom([64, 4, 4, 4], [20, 8, 8, 8], 3, 2, 1, true),
+                vec![64, 20, 3, 3, 3],
+                "ParityFusedVec",
+            ),
+            (
+                h200,
+                geom([32, 4, 4, 4], [20, 8, 8, 8], 3, 2, 1, true),
+                vec![32, 20, 3, 3, 3],
+                "ParityFusedVec",
+            ),
+            (
+                ArchCaps {
+                    wgk_tile: Some(&CONV_WGK_UP_N128),
                     ..h200
                 },
                 geom([32, 4, 4, 4], [20, 8, 8, 8], 3, 2, 1, true),
@@ -874,10 +897,7 @@ mod tests {
                 "ParityFusedWgk",
             ),
             (
-                ArchCaps {
-                    wgk_convt: true,
-                    ..h200
-                },
+                h200,
                 geom([40, 4, 4, 4], [20, 8, 8, 8], 3, 2, 1, true),
                 vec![40, 20, 3, 3, 3],
                 "ParityFusedVec",
@@ -1221,7 +1241,7 @@ mod tests {
             (14, "UpsampleVec convt_up_m128n128_v8"),
             (15, "Wgk conv_wgk_n256"),
         ];
-        // W2 at batch 2; at batch 4 the layers listed in `w2_b4` change tile.
+        // W2 at batch 2; at batch 4 the layers listed in `w2_b4` change tile (none today).
         let w2_b2 = [
             "Cin1 conv_c1_k3",
             "Halo conv_wg_c16n16_r8",
@@ -1234,13 +1254,13 @@ mod tests {
             "Mma conv_mma_m128n64_v8",
             "SplitK conv_mma_m128n64_v8 conv_splitk_reduce",
             "Mma conv_mma_m128n64_v8",
-            "ParityFusedVec convt_up_m128n64_v8",
-            "ParityFusedVec convt_up_m128n64_v8",
-            "ParityFusedVec convt_up_m128n128_v8",
+            "ParityFusedWgk conv_wgk_up_n128",
+            "ParityFusedWgk conv_wgk_up_n128",
+            "ParityFusedWgk conv_wgk_up_n128",
             "ParityFusedVec convt_up_m128n128_v8",
             "Halo conv_wg_c16n16_r8",
         ];
-        let w2_b4: &[(usize, &str)] = &[(12, "ParityFusedVec convt_up_m128n128_v8")];
+        let w2_b4: &[(usize, &str)] = &[];
         // The batch-4 list: batch 2's with the changes applied.
         let at_b4 = |b2: &[&str], changes: &[(usize, &str)]| -> Vec<String> {
             let mut v: Vec<String> = b2.iter().map(|k| k.to_string()).collect();

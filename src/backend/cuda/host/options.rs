@@ -28,9 +28,9 @@ pub struct CudaOptions {
     /// statistics (`host::tile_stats`): W1's forward 0.995x on an H100 (PERF_NOTES, session 40).
     pub wgk_stats: bool,
     /// On compute capability 9.0, the fused parity classes of strided transposed convs with Cin
-    /// a multiple of 32 on the wgmma implicit GEMM (`conv_wgk_up_*`, `select::pick_wgk_up`)
-    /// rather than `convt_up_*` on mma.sync. Off until measured (written in session 40, not yet
-    /// run on a device).
+    /// of two or more k-steps a tap (Cin 64k, `select::pick_wgk_up`) on the wgmma implicit GEMM
+    /// (`conv_wgk_up_*`) rather than `convt_up_*` on mma.sync: W2's forward 0.98x on an H100
+    /// (PERF_NOTES, session 41). A forced `wgk_tile` of theirs takes any Cin 32k.
     pub wgk_convt: bool,
     /// Run Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `CONV_C1_K3`.
     pub c1_conv: bool,
@@ -156,7 +156,7 @@ impl Default for CudaOptions {
             wgk_conv: true,
             wgk_tile: None,
             wgk_stats: true,
-            wgk_convt: false,
+            wgk_convt: true,
             c1_conv: true,
             upsample_vec: true,
             convt_up2: true,

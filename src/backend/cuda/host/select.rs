@@ -214,18 +214,36 @@ pub fn pick_wgk(
 }
 
 /// The fused parity classes of a strided transposed conv on `conv_wgk_up_*` (the caller asks
-/// on compute capability 9.0, for `CudaOptions::wgk_convt`): Cin a multiple of its `ck`, any
-/// number of classes x Cout columns (tiles of its width over grid.y), its shared memory within
-/// `smem_max`.
-pub fn pick_wgk_up(cin: usize, columns: usize, smem_max: usize) -> Option<&'static WgkConfig> {
-    WGK_CONFIGS.iter().find(|c| {
+/// on compute capability 9.0, for `CudaOptions::wgk_convt`): Cin at least
+/// [`WGK_UP_MIN_TAP_STEPS`] k-steps of its `ck` a tap (any multiple of `ck` where `force` names
+/// it), any number of classes x Cout columns (tiles of its width over grid.y), its shared memory
+/// within `smem_max`.
+pub fn pick_wgk_up(
+    cin: usize,
+    columns: usize,
+    smem_max: usize,
+    force: Option<&'static WgkConfig>,
+) -> Option<&'static WgkConfig> {
+    let runs = |c: &WgkConfig| {
         c.up && !c.stats
             && cin > 0
             && cin.is_multiple_of(c.ck)
             && columns > 0
             && c.smem_bytes() as usize <= smem_max
-    })
+    };
+    if let Some(c) = force {
+        return runs(c).then_some(c);
+    }
+    WGK_CONFIGS
+        .iter()
+        .find(|c| runs(c) && cin / c.ck >= WGK_UP_MIN_TAP_STEPS)
 }
+
+/// With one k-step a tap (8 a tile) `conv_wgk_up_n128`'s epilogue, one block an SM, is not hidden
+/// behind a mainloop: W2's 32 -> 14 at 128^3 took 0.640 ms on it against 0.595 on
+/// `convt_up_m128n128_v8` (two blocks an SM), while its Cin 64, 128 and 384 layers took
+/// 0.092 / 0.030 / 0.033 ms against 0.111 / 0.048 / 0.062 (H100, PERF_NOTES session 41).
+pub const WGK_UP_MIN_TAP_STEPS: usize = 2;
 
 /// The default z-pair kernel for Cin `cin` (the first of [`WGMMA_CONFIGS`]): what a Cin chunk
 /// of a conv run split (`host::concat_split`) is forced to, at any Cout (32-channel tiles).

@@ -454,7 +454,7 @@ fn conv3(r: &mut Rng, cin: usize, cout: usize, st: usize) -> Op {
 /// (`PROFNL`), `halo_s2`, `norm_recompute` (`PROFRC`) on; `head_mma`, `convt_stats`,
 /// `split_k_fill`, `zpair_tma` (`PROFTM`; `PROFBK` with `zpair_bulk`), `zpair_st_staged`,
 /// `norm_shifted`, `wg_s2` (`PROFW2`) off; `conv_wgk`'s variants (`PROFWK`, `PROFWS`, and
-/// `wgk_convt` on: `PROFWT`).
+/// `wgk_convt` off: `PROFWT`).
 #[test]
 fn profile_models() {
     let Some(mut b) = gpu() else { return };
@@ -657,8 +657,8 @@ fn profile_models() {
                 Some("PROFWS"),
             ),
             (
-                "with the fused transposed convs on conv_wgk_up",
-                |o| o.wgk_convt = true,
+                "without the fused transposed convs on conv_wgk_up",
+                |o| o.wgk_convt = false,
                 Some("PROFWT"),
             ),
         ];

@@ -5,6 +5,7 @@
 //! kernels without a twin keep the partial-sum pass.
 
 use super::*;
+use voxtile::internals::cuda::host::catalogue::CONV_WGK_UP_N128;
 
 /// conv (bias 4: means far from 0, so the sums' shift matters) -> norm -> LeakyReLU on each
 /// `_st` twin and on halo kernels without one, with outputs that end inside a tile on every axis. Each case runs with the
@@ -433,8 +434,8 @@ fn convt_norm_tile_stats() {
     b.with(|o| *o = CudaOptions::default());
 }
 
-/// The fused parity classes on the wgmma implicit GEMM (`wgk_convt`, compute capability 9.0):
-/// `conv_wgk_up_n128` with the norm's own partial-sum pass and its `_st` twin handing the norm
+/// The fused parity classes on the wgmma implicit GEMM (compute capability 9.0; forced, as the
+/// defaults keep Cin 32 on mma.sync): `conv_wgk_up_n128` with the norm's own partial-sum pass and its `_st` twin handing the norm
 /// the statistics, each against float64 and the mma path (`convt_up_*`), the twin the same bits
 /// from run to run and at batch 1 as at batch 2: W2's 32 -> 14 (the any-Cout epilogue; x of 36:
 /// tiles of the input grid partly outside it), a 64 -> 8 GroupNorm (two k-steps a tap, the
@@ -453,7 +454,7 @@ fn convt_on_wgk() {
         b.with(|o| (o.poison, o.wgk_convt) = (true, false));
         let mma = run(&mut b, &g, &x, 2);
         for stats in [false, true] {
-            b.with(|o| (o.wgk_convt, o.convt_stats) = (true, stats));
+            b.with(|o| (o.wgk_tile, o.convt_stats) = (Some(&CONV_WGK_UP_N128), stats));
             let got = run(&mut b, &g, &x, 2);
             let used = kernels_used(&mut b, 2);
             let twin = stats && 8 * cout <= 128;
