@@ -29,7 +29,7 @@ pub struct CudaOptions {
     pub wgk_stats: bool,
     /// On compute capability 9.0, the fused parity classes of strided transposed convs with Cin
     /// of two or more k-steps a tap (Cin 64k, `select::pick_wgk_up`) on the wgmma implicit GEMM
-    /// (`conv_wgk_up_*`) rather than `convt_up_*` on mma.sync: W2's forward 0.98x on an H100
+    /// (`conv_wgk_up_*`) rather than `convt_up_*` on mma.sync: W2's forward 0.985x on an H100
     /// (PERF_NOTES, session 41). A forced `wgk_tile` of theirs takes any Cin 32k.
     pub wgk_convt: bool,
     /// Run Cin-1 3^3 convs (stride 1/2, Cout <= 64) on `CONV_C1_K3`.
