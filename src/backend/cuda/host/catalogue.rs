@@ -694,6 +694,12 @@ impl WgkConfig {
         (self.stages * (128 + self.bn) * self.ck * 2 + 1024 + 16 * self.stages) as u32
     }
 
+    /// Whether it runs Cin `cin` (whole k-steps of `ck` channels) within `smem_max` bytes of
+    /// shared memory.
+    pub fn fits(&self, cin: usize, smem_max: usize) -> bool {
+        cin > 0 && cin.is_multiple_of(self.ck) && self.smem_bytes() as usize <= smem_max
+    }
+
     /// Output tiles of `n` samples of `out` voxels (grid.x).
     pub fn tiles(&self, n: usize, out: [usize; 3]) -> usize {
         box_tiles(n, out, self.tile)

@@ -197,10 +197,8 @@ pub fn pick_wgk(
             && !g.transposed
             && g.groups == 1
             && g.stride == [c.stride; 3]
-            && cin > 0
-            && cin.is_multiple_of(c.ck)
             && cout > 0
-            && c.smem_bytes() as usize <= smem_max
+            && c.fits(cin, smem_max)
     };
     if let Some(c) = force {
         return runs(c).then_some(c);
@@ -224,13 +222,7 @@ pub fn pick_wgk_up(
     smem_max: usize,
     force: Option<&'static WgkConfig>,
 ) -> Option<&'static WgkConfig> {
-    let runs = |c: &WgkConfig| {
-        c.up && !c.stats
-            && cin > 0
-            && cin.is_multiple_of(c.ck)
-            && columns > 0
-            && c.smem_bytes() as usize <= smem_max
-    };
+    let runs = |c: &WgkConfig| c.up && !c.stats && columns > 0 && c.fits(cin, smem_max);
     if let Some(c) = force {
         return runs(c).then_some(c);
     }
