@@ -5,8 +5,7 @@
 //! (a minute or more of a call's time). A key that does not match there costs nothing: the
 //! device compiles as before.
 //!   XDG_CACHE_HOME=DIR cargo run --release --example warm_cache -- [arch] [driver]
-use voxtile::internals::cuda::host::catalogue::FAMILIES;
-use voxtile::internals::cuda::runtime::compile::images_of;
+use voxtile::internals::cuda::runtime::compile::{images_of, targets_for};
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
@@ -18,22 +17,19 @@ fn main() {
             eprintln!("warm_cache: driver version {:?}: {e}", a[2]);
             std::process::exit(2)
         });
-    let targets: Vec<_> = FAMILIES
-        .iter()
-        .filter_map(|f| f.target(arch).map(|t| (*f, t)))
-        .collect();
+    let targets = targets_for(arch);
     let mut failed = false;
-    for ((fam, t), got) in targets.iter().zip(images_of(&targets, driver)) {
+    for ((unit, t), got) in targets.iter().zip(images_of(&targets, driver)) {
         match got {
             Ok((_, cached, ms)) => {
                 println!(
                     "{} {t}: {} in {ms:.0} ms",
-                    fam.name(),
+                    unit.label(),
                     if cached { "cached" } else { "compiled" }
                 )
             }
             Err(e) => {
-                eprintln!("warm_cache: {} {t}: {e}", fam.name());
+                eprintln!("warm_cache: {} {t}: {e}", unit.label());
                 failed = true;
             }
         }

@@ -587,7 +587,7 @@ __device__ __forceinline__ void wz_arrive(int id) {
 
 // How the helper stores the staged planes (`WZH_ENTRY`'s SM): its own 16-byte stores after the
 // rows (0), early release (1, `_h2e`) or bulk copies (2, `_h2b`).
-constexpr int WZ_STORES = 0, WZ_RELEASE_EARLY = 1, WZ_BULK = 2;
+enum WzStores { WZ_STORES = 0, WZ_RELEASE_EARLY = 1, WZ_BULK = 2 };
 
 // The MMA warpgroup's hand-over of staged planes: once the rows are free (barrier 1), stage
 // `acc`, then barrier 2. Bulk copies read the rows through the async proxy, so the stagers fence

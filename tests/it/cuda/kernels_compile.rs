@@ -4,7 +4,7 @@
 
 use super::walk_emulation::BoxWalk;
 use crate::common::rng::Rng;
-use voxtile::internals::cuda::host::catalogue::{self as cat, Family, FAMILIES};
+use voxtile::internals::cuda::host::catalogue::{self as cat, Family};
 use voxtile::internals::cuda::runtime::compile;
 
 #[test]
@@ -26,19 +26,15 @@ fn every_kernel_family_compiles_without_warnings() {
         compile::include_dirs()
     );
     let mut failures = Vec::new();
-    // Every (family, architecture) at once, as a cold start builds them (`compile::compile_all`:
+    // Every (program, architecture) at once, as a cold start builds them (`compile::compile_all`:
     // rayon's threads); a family for another architecture only (the wgmma one: sm_90a, on
     // sm_90) is skipped.
-    let targets: Vec<(Family, String)> = ["sm_90", "sm_80"]
+    let targets: Vec<_> = ["sm_90", "sm_80"]
         .iter()
-        .flat_map(|arch| {
-            FAMILIES
-                .iter()
-                .filter_map(|f| f.target(arch).map(|t| (*f, t)))
-        })
+        .flat_map(|arch| compile::targets_for(arch))
         .collect();
-    for ((fam, arch), got) in targets.iter().zip(compile::compile_all(&targets)) {
-        let name = fam.name();
+    for ((unit, arch), got) in targets.iter().zip(compile::compile_all(&targets)) {
+        let name = unit.label();
         match got {
             Ok(image) => {
                 // The cubin is what a warm start loads: it must hold every entry too.
@@ -47,7 +43,7 @@ fn every_kernel_family_compiles_without_warnings() {
                     continue;
                 };
                 let strings: std::collections::HashSet<&[u8]> = cubin.split(|b| *b == 0).collect();
-                for e in fam.entries() {
+                for e in unit.entries() {
                     if !image.ptx.contains(&format!(".entry {e}(")) {
                         failures.push(format!(
                             "{name}.cu ({arch}): entry {e} missing from the PTX"

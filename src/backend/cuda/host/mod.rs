@@ -13,4 +13,5 @@ pub mod relayout;
 pub mod select;
 pub mod tensor_layout;
 pub mod tile_stats;
+pub mod units;
 pub mod windowed;

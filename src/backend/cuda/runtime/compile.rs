@@ -4,10 +4,11 @@
 
 use super::device::drv;
 use crate::backend::cuda::host::catalogue::{
-    halo_all, upsample_vec_name, upsample_vec_st_name, Family, COMMON, CONV1X1_N16_S,
-    CONV1X1_N32_S, CONV1X1_NORM_N16_S, CONV1X1_NORM_N32_S, FAMILIES, MMA_CONFIGS, WGK_CONFIGS,
+    halo_all, upsample_vec_name, upsample_vec_st_name, COMMON, CONV1X1_N16_S, CONV1X1_N32_S,
+    CONV1X1_NORM_N16_S, CONV1X1_NORM_N32_S, FAMILIES, MMA_CONFIGS, WGK_CONFIGS,
 };
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
+use crate::backend::cuda::host::units::{units, Unit};
 use crate::{Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaFunction};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
@@ -247,21 +248,28 @@ fn load_image(
         .map_err(drv(&format!("loading kernels/{name}.cu")))
 }
 
+/// Every program of the families that have a target for `arch`, with that target (see
+/// [`units`]).
+pub fn targets_for(arch: &str) -> Vec<(Unit, String)> {
+    FAMILIES
+        .iter()
+        .filter_map(|f| f.target(arch).map(|t| (*f, t)))
+        .flat_map(|(f, t)| units(f).map(move |u| (u, t.clone())))
+        .collect()
+}
+
 /// Every family's image for a device of `arch`, from the cache or NVRTC (see [`images_of`]):
 /// made before the device's context exists, so that a start reads them while the driver
 /// creates it.
 pub(crate) struct FamilyImages {
-    targets: Vec<(Family, String)>,
+    targets: Vec<(Unit, String)>,
     images: Vec<Result<(Image, bool, f64)>>,
 }
 
 impl FamilyImages {
     /// The images of the families that have a target for `arch`.
     pub fn new(arch: &str, driver_version: i32) -> FamilyImages {
-        let targets: Vec<(Family, String)> = FAMILIES
-            .iter()
-            .filter_map(|f| f.target(arch).map(|t| (*f, t)))
-            .collect();
+        let targets = targets_for(arch);
         let images = images_of(&targets, driver_version);
         FamilyImages { targets, images }
     }
@@ -280,8 +288,8 @@ pub(crate) fn load_all(
     let mut funcs = HashMap::new();
     let mut from_cache = 0;
     let FamilyImages { targets, images } = images;
-    for ((fam, _), got) in targets.iter().zip(images) {
-        let (name, fam) = (fam.name(), *fam);
+    for ((unit, _), got) in targets.iter().zip(images) {
+        let name = unit.label();
         let (image, cached, got) = got?;
         from_cache += cached as usize;
         let t = std::time::Instant::now();
@@ -290,9 +298,9 @@ pub(crate) fn load_all(
         } else {
             "PTX"
         };
-        let module = load_image(ctx, name, image)?;
+        let module = load_image(ctx, &name, image)?;
         let loaded = t.elapsed().as_secs_f64() * 1e3;
-        for e in fam.entries() {
+        for e in unit.entries() {
             let f = module
                 .load_function(e)
                 .map_err(drv(&format!("loading kernel {e}")))?;
@@ -359,36 +367,37 @@ fn smem_limits(smem_optin: usize) -> Vec<(&'static str, u32)> {
     halo.chain(mma).chain(heads).chain(wgk).collect()
 }
 
-/// The image of each (family, architecture) in `targets`, from the cache or NVRTC, whether it
-/// came from the cache and the milliseconds it took, in `targets` order. The families build on
-/// rayon's threads: a cold start compiles every one (tens of seconds one after the other), and
-/// NVRTC programs are independent (their cache files too).
+/// The image of each (program, architecture) in `targets`, from the cache or NVRTC, whether it
+/// came from the cache and the milliseconds it took, in `targets` order. The programs build on
+/// rayon's threads: a cold start compiles every one (minutes one after the other), and NVRTC
+/// programs are independent (their cache files too).
 pub fn images_of(
-    targets: &[(Family, String)],
+    targets: &[(Unit, String)],
     driver_version: i32,
 ) -> Vec<Result<(Image, bool, f64)>> {
     targets
         .par_iter()
-        .map(|(fam, arch)| {
+        .map(|(unit, arch)| {
             let t = std::time::Instant::now();
-            let (image, cached) = image_cached(fam.name(), &fam.source(), arch, driver_version)?;
+            let (image, cached) =
+                image_cached(&unit.label(), &unit.source(), arch, driver_version)?;
             Ok((image, cached, t.elapsed().as_secs_f64() * 1e3))
         })
         .collect()
 }
 
-/// Compiles each (family, architecture) of `targets` with NVRTC, no cache, on rayon's threads
+/// Compiles each (program, architecture) of `targets` with NVRTC, no cache, on rayon's threads
 /// (see [`compile_image`]), in `targets` order.
-pub fn compile_all(targets: &[(Family, String)]) -> Vec<Result<Image>> {
+pub fn compile_all(targets: &[(Unit, String)]) -> Vec<Result<Image>> {
     targets
         .par_iter()
-        .map(|(fam, arch)| compile(*fam, arch))
+        .map(|(unit, arch)| compile(*unit, arch))
         .collect()
 }
 
-/// Compiles `fam` for `arch` (see [`compile_image`]).
-pub fn compile(fam: Family, arch: &str) -> Result<Image> {
-    compile_image(fam.name(), &fam.source(), arch)
+/// Compiles `unit` for `arch` (see [`compile_image`]).
+pub fn compile(unit: Unit, arch: &str) -> Result<Image> {
+    compile_image(&unit.label(), &unit.source(), arch)
 }
 
 #[cfg(test)]
