@@ -2,7 +2,7 @@
 //! generated conv instances is cut into parts, each its file with a share of the `*_ENTRY(...)`
 //! lines. A cold start builds the programs on rayon's threads, so it takes about its slowest
 //! program: `conv_wgmma`'s 40 instances as one program took ~120 s of NVRTC (W3's first run
-//! timed out behind it), as eight parts 7-23 s each.
+//! timed out behind it), as ten parts 6-18 s each.
 
 use super::catalogue::{entry_lines, Family, KERNELS};
 
