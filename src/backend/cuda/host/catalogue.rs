@@ -19,7 +19,8 @@ pub const MMA: &str = include_str!("../../../../kernels/mma.cuh");
 /// statistics per output tile (`conv_wgmma`: the z-pair helper's stores).
 pub const TILE_STATS: &str = include_str!("../../../../kernels/tile_stats.cuh");
 
-/// One kernels/*.cu file, compiled by NVRTC as one module.
+/// One kernels/*.cu file, compiled by NVRTC as one module, or a large one as a few (its
+/// generated instances shared out: [`super::units`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
     /// `conv_mma_*` and `convt_up_*`: the implicit GEMM on mma.sync (sm_80+).
@@ -28,7 +29,7 @@ pub enum Family {
     ConvHalo,
     /// `conv_wg_*` and `conv_wz_*`: the halo convs on wgmma, and `conv_wgk_*`: the implicit
     /// GEMM on wgmma (sm_90a only; kernels/wgmma.cuh, conv_wgmma.cu, conv_wgmma_z.cu and
-    /// conv_wgmma_k.cu, one module).
+    /// conv_wgmma_k.cu, one source).
     ConvWgmma,
     /// The memory-bound first layer (Cin 1) and head (1x1x1).
     ConvSmall,
