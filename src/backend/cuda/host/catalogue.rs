@@ -111,6 +111,11 @@ impl Family {
     /// then the entry lines of its configuration tables ([`entry_lines`]), so a tile is listed
     /// once, here.
     pub fn source(self) -> String {
+        format!("{}{}", self.head(), entry_lines(self))
+    }
+
+    /// The family's source before its generated entry lines (see [`Family::source`]).
+    pub fn head(self) -> String {
         let mma = match self {
             Family::ConvMma
             | Family::ConvHalo
@@ -123,7 +128,7 @@ impl Family {
             Family::ConvWgmma => TILE_STATS,
             _ => "",
         };
-        format!("{mma}{stats}{}\n{}", self.file(), entry_lines(self))
+        format!("{mma}{stats}{}\n", self.file())
     }
 
     /// The architecture NVRTC builds the family for on a device of architecture `arch`
@@ -1392,45 +1397,63 @@ impl HaloConfig {
     }
 }
 
-/// The `*_ENTRY(...)` lines of `fam`'s configuration tables, appended to its file before NVRTC:
-/// `MMA_ENTRY` per mma tile, `UP_ENTRY` per `convt_up_*` twin, `HALO_ENTRY` / `HALO2_ENTRY` per
-/// halo config (the macros in kernels/conv_mma.cu, conv_halo.cu). Empty for a family without
-/// tables.
+/// The `*_ENTRY(...)` lines of `fam`'s configuration tables, appended to its file before NVRTC
+/// (see [`instances`]); empty for a family without tables.
 pub fn entry_lines(fam: Family) -> String {
-    let mut out = String::new();
-    if !matches!(fam, Family::ConvMma | Family::ConvHalo | Family::ConvWgmma) {
-        return out;
+    let lines = instances(fam);
+    if lines.is_empty() {
+        return String::new();
     }
-    out.push_str("// Generated from src/backend/cuda/host/catalogue.rs (entry_lines).\n");
+    let mut out =
+        String::from("// Generated from src/backend/cuda/host/catalogue.rs (entry_lines).\n");
+    for (_, l) in lines {
+        out.push_str(&l);
+    }
+    out
+}
+
+/// Each generated instance of `fam`: its entry point and its `*_ENTRY(...)` line. `MMA_ENTRY`
+/// per mma tile, `UP_ENTRY` per `convt_up_*` twin, `HALO_ENTRY` / `HALO2_ENTRY` per halo
+/// config, the `W*_ENTRY` lines of the wgmma tables (the macros in kernels/conv_mma.cu,
+/// conv_halo.cu, conv_wgmma*.cu).
+pub fn instances(fam: Family) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
     if fam == Family::ConvMma {
         for c in MMA_CONFIGS {
             let wn = warps_n(c.threads, c.wm);
-            out.push_str(&format!(
-                "MMA_ENTRY({}, {}, {}, {}, {wn}, {}, {})\n",
-                c.name, c.bm, c.bn, c.wm, c.stages, c.vw
+            out.push((
+                c.name,
+                format!(
+                    "MMA_ENTRY({}, {}, {}, {}, {wn}, {}, {})\n",
+                    c.name, c.bm, c.bn, c.wm, c.stages, c.vw
+                ),
             ));
         }
         for (m, u) in UPSAMPLE_VEC {
             if let Some(c) = MMA_CONFIGS.iter().find(|c| c.name == *m) {
                 let wn = warps_n(c.threads, c.wm);
-                out.push_str(&format!(
-                    "UP_ENTRY({u}, {}, {}, {}, {wn}, {})\n",
-                    c.bm, c.bn, c.wm, c.stages
+                out.push((
+                    *u,
+                    format!(
+                        "UP_ENTRY({u}, {}, {}, {}, {wn}, {})\n",
+                        c.bm, c.bn, c.wm, c.stages
+                    ),
                 ));
                 if let Some(t) = upsample_vec_st_name(u) {
-                    out.push_str(&format!(
-                        "UP_ST_ENTRY({t}, {}, {}, {}, {wn}, {})\n",
-                        c.bm, c.bn, c.wm, c.stages
+                    out.push((
+                        t,
+                        format!(
+                            "UP_ST_ENTRY({t}, {}, {}, {}, {wn}, {})\n",
+                            c.bm, c.bn, c.wm, c.stages
+                        ),
                     ));
                 }
             }
         }
-        return out;
-    }
-    if fam == Family::ConvWgmma {
+    } else if fam == Family::ConvWgmma {
         for c in wgmma_all() {
             let (name, cin, bn, tz, pad) = (c.name, c.cin, c.bn, c.tile[0], c.wg_pad as u8);
-            out.push_str(&if c.zpair {
+            let line = if c.zpair {
                 // One warpgroup, or the MMA warpgroup and a helper of the other threads.
                 let ny = c.tile[1];
                 match c.threads {
@@ -1458,23 +1481,30 @@ pub fn entry_lines(fam: Family) -> String {
                     "WG_ENTRY({name}, {cin}, {bn}, {tz}, {}, {pad}, {}, {})\n",
                     c.wst, c.wg_reps, c.stride
                 )
-            });
+            };
+            out.push((name, line));
         }
         // The `_st` twins: the helper's stores also take the norm statistics.
         for c in STATS_TWINS.iter().filter(|c| c.zpair && c.threads > 128) {
             let (name, cin, ny, tz) = (c.name, c.cin, c.tile[1], c.tile[0]);
             let (ht, sm) = (c.threads - 128, c.stores as u8);
-            out.push_str(&if c.tma_loads {
-                format!("WZH_TMA_ENTRY({name}, {cin}, {ny}, {tz}, {ht}, {sm}, 1)\n")
-            } else {
-                format!("WZH_ST_ENTRY({name}, {cin}, {ny}, {tz}, {ht}, {sm})\n")
-            });
+            out.push((
+                name,
+                if c.tma_loads {
+                    format!("WZH_TMA_ENTRY({name}, {cin}, {ny}, {tz}, {ht}, {sm}, 1)\n")
+                } else {
+                    format!("WZH_ST_ENTRY({name}, {cin}, {ny}, {tz}, {ht}, {sm})\n")
+                },
+            ));
         }
         for c in WGK_CONFIGS {
             let [z, y, x] = c.tile;
-            out.push_str(&format!(
-                "WGK_ENTRY({}, {}, {}, {z}, {y}, {x}, {}, {}, {}, {})\n",
-                c.name, c.bn, c.stages, c.stride, c.ck, c.up, c.stats
+            out.push((
+                c.name,
+                format!(
+                    "WGK_ENTRY({}, {}, {}, {z}, {y}, {x}, {}, {}, {}, {})\n",
+                    c.name, c.bn, c.stages, c.stride, c.ck, c.up, c.stats
+                ),
             ));
         }
         // The `_nl` twins: the helper's loads normalise a norm's input.
@@ -1484,20 +1514,26 @@ pub fn entry_lines(fam: Family) -> String {
         {
             let (name, cin, ny, tz) = (c.name, c.cin, c.tile[1], c.tile[0]);
             let ht = c.threads - 128;
-            out.push_str(&format!("WZH_NL_ENTRY({name}, {cin}, {ny}, {tz}, {ht})\n"));
+            out.push((
+                name,
+                format!("WZH_NL_ENTRY({name}, {cin}, {ny}, {tz}, {ht})\n"),
+            ));
         }
-        return out;
-    }
-    for c in HALO_CONFIGS {
-        let wn = warps_n(c.threads, c.wm);
-        let (name, cin, bn, wm) = (c.name, c.cin, c.bn, c.wm);
-        if c.is_plain() {
-            out.push_str(&format!("HALO_ENTRY({name}, {cin}, {bn}, {wm}, {wn})\n"));
-        } else {
-            let [z, y, x] = c.tile;
-            out.push_str(&format!(
-                "HALO2_ENTRY({name}, {cin}, {bn}, {wm}, {wn}, {z}, {y}, {x}, {}, {}, {})\n",
-                c.wst, c.hb, c.stride
+    } else if fam == Family::ConvHalo {
+        for c in HALO_CONFIGS {
+            let wn = warps_n(c.threads, c.wm);
+            let (name, cin, bn, wm) = (c.name, c.cin, c.bn, c.wm);
+            out.push((
+                name,
+                if c.is_plain() {
+                    format!("HALO_ENTRY({name}, {cin}, {bn}, {wm}, {wn})\n")
+                } else {
+                    let [z, y, x] = c.tile;
+                    format!(
+                        "HALO2_ENTRY({name}, {cin}, {bn}, {wm}, {wn}, {z}, {y}, {x}, {}, {}, {})\n",
+                        c.wst, c.hb, c.stride
+                    )
+                },
             ));
         }
     }

@@ -4,7 +4,7 @@
 //! program: `conv_wgmma`'s 40 instances as one program took ~120 s of NVRTC (W3's first run
 //! timed out behind it), as ten parts 6-18 s each.
 
-use super::catalogue::{entry_lines, Family, KERNELS};
+use super::catalogue::{instances, Family, KERNELS};
 
 /// One NVRTC program: part `part` of `parts` of a family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,15 +46,12 @@ impl Unit {
         }
     }
 
-    /// The generated entry lines this part instantiates: every `parts`-th from `part` on.
-    fn lines(self) -> Vec<String> {
-        entry_lines(self.family)
-            .lines()
-            .filter(|l| !l.starts_with("//"))
-            .enumerate()
-            .filter(|(i, _)| i % self.parts == self.part)
-            .map(|(_, l)| l.to_string())
-            .collect()
+    /// The generated instances this part compiles: every `parts`-th from `part` on.
+    fn instances(self) -> impl Iterator<Item = (&'static str, String)> {
+        instances(self.family)
+            .into_iter()
+            .skip(self.part)
+            .step_by(self.parts)
     }
 
     /// What NVRTC compiles: the family's source with this part's entry lines alone (the plain
@@ -63,12 +60,8 @@ impl Unit {
         if self.parts == 1 {
             return self.family.source();
         }
-        let whole = self.family.source();
-        let all = entry_lines(self.family);
-        let head = whole
-            .strip_suffix(all.as_str())
-            .expect("a family's source ends with its entry lines");
-        format!("{head}{}\n", self.lines().join("\n"))
+        let lines: String = self.instances().map(|(_, l)| l).collect();
+        format!("{}{lines}", self.family.head())
     }
 
     /// The entry points loaded from this part's module.
@@ -76,28 +69,11 @@ impl Unit {
         if self.parts == 1 {
             return self.family.entries();
         }
-        let names: Vec<String> = self
-            .lines()
+        let plain = KERNELS
             .iter()
-            .filter_map(|l| l.split_once("_ENTRY("))
-            .map(|(_, rest)| rest.split(',').next().unwrap_or("").trim().to_string())
-            .collect();
-        let plain = |e: &&str| {
-            KERNELS
-                .iter()
-                .any(|k| k.family == self.family && k.name == *e)
-        };
-        self.family
-            .entries()
-            .into_iter()
-            .filter(|e| {
-                if plain(e) {
-                    self.part == 0
-                } else {
-                    names.iter().any(|n| n == e)
-                }
-            })
-            .collect()
+            .filter(|k| k.family == self.family && self.part == 0)
+            .map(|k| k.name);
+        plain.chain(self.instances().map(|(e, _)| e)).collect()
     }
 }
 
