@@ -7,12 +7,7 @@ use tracing_subscriber::fmt::{format::Writer, FmtContext, FormatEvent, FormatFie
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::EnvFilter;
 
-/// The target of the one-line-per-file summaries: shown whatever `RUST_LOG` says, hidden by `-q`
-/// alone (a pipeline's inherited `RUST_LOG=warn` must not turn a run silent).
-pub(crate) const SUMMARY_TARGET: &str = "voxtile::summary";
-
-/// The target of warnings no filter hides, `-q` included (an empty label map).
-pub(crate) const ALERT_TARGET: &str = "voxtile::alert";
+use crate::sys::notice::{ALERT_TARGET, SUMMARY_TARGET};
 
 /// `-q` and `-v`, accepted before or after the subcommand.
 #[derive(clap::Args, Debug, Default, Clone, Copy)]

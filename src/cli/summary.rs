@@ -2,7 +2,7 @@
 //! `voxtile: t1.nii.gz -> out/t1.nii.gz  labels 0,1 (background, brain)  128x128x128  3.2 s  cpu`.
 //! Shown by default, hidden by `-q` (events of [`SUMMARY_TARGET`] at info level).
 
-use super::log::SUMMARY_TARGET;
+use crate::sys::notice::SUMMARY_TARGET;
 use crate::volume::LabelNames;
 use std::path::{Path, PathBuf};
 use std::time::Instant;

@@ -2,7 +2,7 @@
 //! window, spacing or normalisation, or truly nothing there) must not pass unnoticed, so it is
 //! said even under `-q`.
 
-use crate::cli::log::ALERT_TARGET;
+use crate::sys::notice::ALERT_TARGET;
 use std::path::Path;
 
 /// Warn (whatever `-q` or `RUST_LOG` say) when every voxel of the map whose

@@ -9,6 +9,7 @@ use crate::backend::cuda::host::catalogue::{
 };
 use crate::backend::cuda::host::conv_kernel::ConvKernel;
 use crate::backend::cuda::host::units::{units, Unit};
+use crate::sys::notice::SUMMARY_TARGET;
 use crate::{Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaFunction};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
@@ -210,6 +211,7 @@ pub fn image_cached(
             }
         }
     }
+    first_compile_notice(arch, path.as_deref());
     let image = compile_image(name, src, arch)?;
     // The cubin first: a reader that finds the PTX finds its cubin too.
     if let Some(c) = &image.cubin {
@@ -217,6 +219,22 @@ pub fn image_cached(
     }
     cache_write(path.as_deref(), image.ptx.as_bytes());
     Ok((image, false))
+}
+
+/// Says once per process that the kernels are being compiled: a cold cache costs a first run
+/// ~20 s on 16 cores (minutes on 2) that would otherwise pass in silence.
+fn first_compile_notice(arch: &str, path: Option<&std::path::Path>) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let kept = match path.and_then(|p| p.parent()) {
+            Some(d) => format!("kept in {} for later runs", d.display()),
+            None => "not kept: neither XDG_CACHE_HOME nor HOME is set".into(),
+        };
+        tracing::info!(
+            target: SUMMARY_TARGET,
+            "compiling the CUDA kernels for {arch} (first run with this driver and NVRTC; {kept})"
+        );
+    });
 }
 
 /// Writes one cache file through a temporary name (readers never see half a file).
