@@ -119,6 +119,10 @@ pub struct ConvParams {
 /// (`OUT_SHIFTED` in kernels/common.cuh).
 pub const OUT_SHIFTED: i32 = 2;
 
+/// The voxels along x of one thread's run in `affine_act_v8_shifted_runs` (`NORM_RUN` in
+/// kernels/norm.cu).
+pub const NORM_RUN: usize = 4;
+
 /// Mirrors `struct PoolParams` in kernels/pool_resize.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

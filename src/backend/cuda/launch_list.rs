@@ -6,7 +6,7 @@ use super::ops::norm::{slope_n, Norm};
 use super::ops::{build_node, conv, Build, NodeIo, Step};
 use crate::backend::cuda::abi::{Act, Shape};
 use crate::backend::cuda::host::buffers::{buffer_plan, BufferPlan};
-use crate::backend::cuda::host::catalogue::{AFFINE_ACT_V8_SHIFTED, FILL_HALF};
+use crate::backend::cuda::host::catalogue::FILL_HALF;
 use crate::backend::cuda::host::conv_kernel::ArchCaps;
 use crate::backend::cuda::host::launch::{Launch, NormHead};
 use crate::backend::cuda::host::windowed::Run;
@@ -580,7 +580,8 @@ pub(crate) fn step_label(step: &Step, op: &Op, act: &Act, x: Shape, o: Shape) ->
         }
         // A norm over a conv's shifted fp16 output: its affine kernel.
         (Step::Norm(n), _) if n.affine.shifted.is_some() => {
-            format!("{} [{}]", op.name(), AFFINE_ACT_V8_SHIFTED.name)
+            let k = n.affine.shifted.map(|sh| sh.kernel().name);
+            format!("{} [{}]", op.name(), k.unwrap_or_default())
         }
         (Step::Elt(Elt::Concat { cin, coff, .. }), _) => {
             format!("{} copy {cin}@{coff}", op.name())

@@ -387,8 +387,9 @@ fn fused_parity_convs_on_wgk() {
 /// kernels, buffers and scratch, but for `Launch::shifted`, which a pair has on both launches
 /// where its conv is a z-pair or Cin-1 twin writing all of a dense output of Cout % 8 == 0 in one launch
 /// or as a split conv's last part (wide), and its norm writes its own output (no head), the
-/// tile the twin's; no other launch has it. Returns the shifted pairs.
-fn check_shifted(name: &str, on: &BufferPlan, off: &BufferPlan) -> usize {
+/// tile the twin's, read in runs where `runs` (`norm_runs`) and the tile and width fit; no other
+/// launch has it. Returns the shifted pairs.
+fn check_shifted(name: &str, on: &BufferPlan, off: &BufferPlan, runs: bool) -> usize {
     assert_eq!(on.launches.len(), off.launches.len(), "{name}");
     assert_eq!(
         (&on.bufs, on.arena, on.norm_sums),
@@ -432,6 +433,7 @@ fn check_shifted(name: &str, on: &BufferPlan, off: &BufferPlan) -> usize {
                 Some(ShiftedOut {
                     tile,
                     wide: l.part.is_some(),
+                    runs: runs && ShiftedOut::runs_fit(tile, on.shapes[l.out_v][3]),
                 })
             }
             _ => None,
@@ -449,31 +451,63 @@ fn check_shifted(name: &str, on: &BufferPlan, off: &BufferPlan) -> usize {
 /// one and the z-pair one), the decoder's first 128³ conv (a split conv's last part: wide) and
 /// its three 64³ convs in Cin chunks (wide), not the conv before the norm the head reads; the
 /// fixtures by the rules of `check_shifted`.
+/// With `norm_runs` W1's six pairs are all read in runs (128³ and 64³ outputs, z-pair tiles 8
+/// wide, the Cin-1 tile 32), and the plan is otherwise the same.
 #[test]
 fn shifted_pairs_follow_the_rules() {
-    let shifted = ArchCaps {
-        norm_shifted: true,
-        ..ArchCaps::h200()
-    };
-    let unshifted = ArchCaps {
-        norm_shifted: false,
-        ..shifted
-    };
     let g = w1_graph();
-    let on = buffer_plan(&g, 4, [128; 3], &shifted).unwrap();
-    let off = buffer_plan(&g, 4, [128; 3], &unshifted).unwrap();
-    assert_eq!(check_shifted("w1", &on, &off), 6);
-    let mut pairs = 0;
-    for (name, g) in &super::planner::fixtures_and_models() {
-        let roi = g.spatial_divisor().map(|d| 128usize.div_ceil(d) * d);
-        for batch in [1usize, 3] {
-            let Ok(off) = buffer_plan(g, batch, roi, &unshifted) else {
-                continue;
-            };
-            let on = buffer_plan(g, batch, roi, &shifted).unwrap();
-            pairs += check_shifted(name, &on, &off);
+    let mut in_runs = 0;
+    for runs in [false, true] {
+        let shifted = ArchCaps {
+            norm_shifted: true,
+            norm_runs: runs,
+            ..ArchCaps::h200()
+        };
+        let unshifted = ArchCaps {
+            norm_shifted: false,
+            ..shifted
+        };
+        let on = buffer_plan(&g, 4, [128; 3], &shifted).unwrap();
+        let off = buffer_plan(&g, 4, [128; 3], &unshifted).unwrap();
+        assert_eq!(check_shifted("w1", &on, &off, runs), 6);
+        let read_in_runs = on
+            .launches
+            .iter()
+            .filter(|l| l.shifted.is_some_and(|s| s.runs));
+        assert_eq!(
+            read_in_runs.count(),
+            if runs { 12 } else { 0 },
+            "runs {runs}"
+        );
+        let mut pairs = 0;
+        for (name, g) in &super::planner::fixtures_and_models() {
+            let roi = g.spatial_divisor().map(|d| 128usize.div_ceil(d) * d);
+            for batch in [1usize, 3] {
+                let Ok(off) = buffer_plan(g, batch, roi, &unshifted) else {
+                    continue;
+                };
+                let on = buffer_plan(g, batch, roi, &shifted).unwrap();
+                pairs += check_shifted(name, &on, &off, runs);
+                in_runs += on
+                    .launches
+                    .iter()
+                    .filter(|l| l.shifted.is_some_and(|s| s.runs))
+                    .count();
+            }
         }
+        eprintln!("RESULT runs {runs}: {pairs} shifted pairs over the fixtures");
+        assert!(pairs > 0, "no fixture shifts a pair");
     }
-    eprintln!("RESULT {pairs} shifted pairs over the fixtures");
-    assert!(pairs > 0, "no fixture shifts a pair");
+    assert!(in_runs > 0, "no fixture's norm reads in runs");
+}
+
+/// Runs fit where the tile's x and the width are multiples of the run, and nowhere else.
+#[test]
+fn runs_fit_only_whole_runs() {
+    let run = voxtile::internals::cuda::abi::NORM_RUN;
+    assert!(ShiftedOut::runs_fit([16, 16, 8], 128));
+    assert!(ShiftedOut::runs_fit([4, 8, 32], 64));
+    assert!(!ShiftedOut::runs_fit([16, 16, 8], 128 + run / 2));
+    assert!(!ShiftedOut::runs_fit([16, 16, run / 2], 128));
+    assert!(ShiftedOut::runs_fit([1, 1, run], 3 * run));
 }

@@ -103,6 +103,8 @@ pub struct ArchCaps {
     pub zpair_st_staged: bool,
     /// ... and stores fp16 less each tile's shift for the norm (`CudaOptions::norm_shifted`).
     pub norm_shifted: bool,
+    /// ... which its norm reads in runs of voxels where they fit (`CudaOptions::norm_runs`).
+    pub norm_runs: bool,
 }
 
 impl ArchCaps {
@@ -153,6 +155,7 @@ impl ArchCaps {
             zpair_tma: opts.zpair_tma,
             zpair_st_staged: opts.zpair_st_staged,
             norm_shifted: opts.norm_shifted,
+            norm_runs: opts.norm_runs,
             head_staged: opts.head_staged,
             head_mma: opts.head_mma,
             conv_tile: opts.conv_tile,

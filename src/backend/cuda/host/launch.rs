@@ -57,6 +57,19 @@ pub struct ShiftedOut {
     /// voxel's halves at the start of its fp32 slot (a voxel stride of 2 C halves), so no
     /// store lands on another voxel's sums.
     pub wide: bool,
+    /// Its norm reads it in runs of voxels along x (`CudaOptions::norm_runs`; see
+    /// [`ShiftedOut::runs_fit`]).
+    pub runs: bool,
+}
+
+impl ShiftedOut {
+    /// Whether the norm's runs of `abi::NORM_RUN` voxels along x, each from a multiple
+    /// of it, lie in one row of one output tile (`tile`, z y x) of an output `w` voxels wide:
+    /// both multiples of the run.
+    pub fn runs_fit(tile: [usize; 3], w: usize) -> bool {
+        let run = crate::backend::cuda::abi::NORM_RUN;
+        tile[2].is_multiple_of(run) && w.is_multiple_of(run)
+    }
 }
 
 impl Launch {

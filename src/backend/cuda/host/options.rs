@@ -141,6 +141,11 @@ pub struct CudaOptions {
     /// is relative to the value's distance from its tile's first one. W1's forward 0.976x (H100,
     /// session 35, the z-pair pair alone; the Cin-1 one since session 37).
     pub norm_shifted: bool,
+    /// The affine pass over a shifted norm input whose W and tile x fit (`ShiftedOut::runs_fit`)
+    /// goes by runs of 4 voxels along x (`affine_act_v8_shifted_runs`), a run's 8 shifts and 8
+    /// pairs loaded once rather than once a voxel (192 bytes of L1 loads for 16 of input): the
+    /// same bits. Off until measured.
+    pub norm_runs: bool,
     /// Replay each batch's launch list as a CUDA graph (`launch_list::Graphs`) rather than
     /// launching its steps one by one (the same kernels on the same buffers either way).
     pub graphs: bool,
@@ -184,6 +189,7 @@ impl Default for CudaOptions {
             zpair_tma: true,
             zpair_st_staged: true,
             norm_shifted: true,
+            norm_runs: false,
             graphs: true,
         }
     }

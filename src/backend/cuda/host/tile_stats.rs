@@ -119,6 +119,7 @@ pub fn pair(
             .map(|tile| ShiftedOut {
                 tile,
                 wide: part.is_some(),
+                runs: caps.norm_runs && ShiftedOut::runs_fit(tile, os[3]),
             });
         launches[t - 1].conv = Some(twin);
         for l in [t - 1, t] {

@@ -3,13 +3,13 @@
 //! fused residual Add after it.
 
 use super::{Build, NodeIo};
-use crate::backend::cuda::abi::norm_blocks;
 use crate::backend::cuda::abi::Act;
+use crate::backend::cuda::abi::{norm_blocks, NORM_RUN};
 use crate::backend::cuda::host::catalogue::{
-    AFFINE_ACT, AFFINE_ACT_F32, AFFINE_ACT_FLAT8, AFFINE_ACT_FLAT8_F32, AFFINE_ACT_V8,
-    AFFINE_ACT_V8_F32, AFFINE_ACT_V8_SHIFTED, NORM_FINALIZE, NORM_FINALIZE_TILES, NORM_PARTIAL,
-    NORM_PARTIAL_F32, NORM_PARTIAL_FLAT8, NORM_PARTIAL_FLAT8_F32, NORM_PARTIAL_V8,
-    NORM_PARTIAL_V8_F32,
+    Kernel, AFFINE_ACT, AFFINE_ACT_F32, AFFINE_ACT_FLAT8, AFFINE_ACT_FLAT8_F32, AFFINE_ACT_V8,
+    AFFINE_ACT_V8_F32, AFFINE_ACT_V8_SHIFTED, AFFINE_ACT_V8_SHIFTED_RUNS, NORM_FINALIZE,
+    NORM_FINALIZE_TILES, NORM_PARTIAL, NORM_PARTIAL_F32, NORM_PARTIAL_FLAT8,
+    NORM_PARTIAL_FLAT8_F32, NORM_PARTIAL_V8, NORM_PARTIAL_V8_F32,
 };
 use crate::backend::cuda::runtime::launch::{Arg, Gpu};
 use crate::model::graph::Op;
@@ -47,6 +47,20 @@ pub(crate) struct Shifted {
     pub h: usize,
     pub w: usize,
     pub xs: usize,
+    /// Read in runs of `NORM_RUN` voxels along x (`affine_act_v8_shifted_runs`,
+    /// `ShiftedOut::runs`).
+    pub runs: bool,
+}
+
+impl Shifted {
+    /// The affine kernel that reads it.
+    pub fn kernel(&self) -> Kernel {
+        if self.runs {
+            AFFINE_ACT_V8_SHIFTED_RUNS
+        } else {
+            AFFINE_ACT_V8_SHIFTED
+        }
+    }
 }
 
 /// A norm: statistics of `x` into the scratch, then the affine pass with its scale / shift.
@@ -90,6 +104,7 @@ pub(crate) fn build_norm(b: &mut Build, op: &Op, io: &NodeIo) -> Result<Norm> {
                 h: io.xshape[2],
                 w: io.xshape[3],
                 xs: io.xshape[0] * if sh.wide { 2 } else { 1 },
+                runs: sh.runs,
             }),
             ..affine_of(io, 0)
         },
@@ -285,14 +300,17 @@ impl Affine {
             )));
         }
         if v8 || flat8_period(pix, c).is_some() {
+            let runs = shift.is_some_and(|(_, sh)| sh.runs);
+            // A thread's unit: one vector, or with runs one channel group of a run's voxels.
+            let units = if runs { nv / NORM_RUN } else { nv };
             let per = (gpu.sm_count as usize * 16).div_ceil(n).max(1);
-            let grid = (nv.div_ceil(256).clamp(1, per) as u32, n as u32, 1);
-            let k = match (v8, self.x_f32) {
-                _ if shift.is_some() => AFFINE_ACT_V8_SHIFTED,
-                (true, true) => AFFINE_ACT_V8_F32,
-                (true, false) => AFFINE_ACT_V8,
-                (false, true) => AFFINE_ACT_FLAT8_F32,
-                (false, false) => AFFINE_ACT_FLAT8,
+            let grid = (units.div_ceil(256).clamp(1, per) as u32, n as u32, 1);
+            let k = match (shift, v8, self.x_f32) {
+                (Some((_, sh)), _, _) => sh.kernel(),
+                (None, true, true) => AFFINE_ACT_V8_F32,
+                (None, true, false) => AFFINE_ACT_V8,
+                (None, false, true) => AFFINE_ACT_FLAT8_F32,
+                (None, false, false) => AFFINE_ACT_FLAT8,
             };
             let mut args = vec![
                 Arg::Ptr(self.x),

@@ -554,12 +554,13 @@ fn profile_models() {
         // blocks an SM only where tiles fill under half the SMs (off: the old rule); the z-pair
         // convs without tensor loads (`_h2`, `PROFTM`) and with bulk stores only (`_h2b`,
         // `PROFBK`); the `_st` twins without the helper's stores (`_h2t_st`) and without their
-        // outputs as fp16 less each tile's shift (`norm_shifted`); the full-resolution launches
+        // outputs as fp16 less each tile's shift (`norm_shifted`), their norms by runs of voxels
+        // (`PROFRN`); the full-resolution launches
         // batched rather than one window at a time (more activation bytes); the k2 transposed
         // convs on the upsampling GEMM rather than `convt_up2_p`; the `conv_wgk` convs without
         // the implicit GEMM, all on its n128 tile (`PROFWK`), and with their `_st` twins (`PROFWS`, the default).
         type Switch = (&'static str, fn(&mut CudaOptions), Option<&'static str>);
-        let variants: [Switch; 22] = [
+        let variants: [Switch; 23] = [
             (
                 "without residual Adds in the norms",
                 |o| o.norm_residual = false,
@@ -632,6 +633,11 @@ fn profile_models() {
                 None,
             ),
             (
+                "with the shifted norms by runs of voxels",
+                |o| o.norm_runs = true,
+                Some("PROFRN"),
+            ),
+            (
                 "without window segments",
                 |o| o.window_segments = false,
                 None,
@@ -690,7 +696,7 @@ fn profile_models() {
                 (o.convt_stats, o.split_k_fill) = (d.convt_stats, d.split_k_fill);
                 (o.zpair_bulk, o.zpair_tma) = (d.zpair_bulk, d.zpair_tma);
                 (o.zpair_st_staged, o.window_segments) = (d.zpair_st_staged, d.window_segments);
-                o.norm_shifted = d.norm_shifted;
+                (o.norm_shifted, o.norm_runs) = (d.norm_shifted, d.norm_runs);
                 (o.wgk_conv, o.wgk_tile) = (d.wgk_conv, d.wgk_tile);
                 (o.wgk_stats, o.wgk_convt) = (d.wgk_stats, d.wgk_convt);
             });

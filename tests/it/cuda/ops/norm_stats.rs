@@ -241,6 +241,54 @@ fn shifted_norm_inputs() {
     }
 }
 
+/// `norm_runs`: the affine pass over shifted inputs by runs of voxels
+/// (`affine_act_v8_shifted_runs`) gives the same bits as the pass by voxels, on widths that are
+/// multiples of the run with partial tiles in every axis (W 20 and 36 against the z-pair tile's
+/// 8 and the Cin-1 tile's 32), a split conv's wide store (Cin 64), InstanceNorm and GroupNorm.
+#[test]
+fn shifted_norm_runs() {
+    let Some(mut b) = wgmma_gpu() else { return };
+    let mut r = Rng::tagged("shifted runs");
+    let cases = [
+        (32, 32, [21, 19, 20], 32),
+        (32, 16, [18, 35, 36], 4),
+        (1, 32, [21, 19, 36], 32),
+        (1, 16, [9, 35, 20], 4),
+        (64, 16, [34, 33, 24], 4),
+    ];
+    for (cin, cout, sp, groups) in cases {
+        let name = format!("{cin}->{cout} {sp:?} groups {groups}");
+        let x = input2(&mut r, cin, sp);
+        let w = weight3(&mut r, cout, cin);
+        let bias = Tensor::new(
+            vec![cout],
+            (0..cout).map(|c| 4.0 + c as f32 / 4.0).collect(),
+        );
+        let tail = Tail::instance_or_group(&mut r, cout, groups);
+        let g = tail.after(cin, crate::common::graph::conv(w, Some(bias), 1), cout);
+        let mut outs = Vec::new();
+        for (runs, kernel) in [
+            (false, "affine_act_v8_shifted"),
+            (true, "affine_act_v8_shifted_runs"),
+        ] {
+            b.with(|o| o.norm_runs = runs);
+            outs.push(run(&mut b, &g, &x, 2));
+            let used = kernels_used(&mut b, 2);
+            assert!(
+                used.iter().any(|k| k == kernel),
+                "{name}: ran {used:?}, not {kernel}"
+            );
+        }
+        let diff = max_abs_diff(&outs[0], &outs[1]);
+        println!("RESULT shifted norm runs {name:<36} max |diff| {diff:.2e}");
+        assert!(
+            same_bits(&outs[0], &outs[1]),
+            "{name}: runs differ ({diff:.2e})"
+        );
+        b.with(|o| *o = CudaOptions::default());
+    }
+}
+
 /// One case of [`conv_norm_tile_stats`]: (name, cin, cout, spatial, groups, the kernel expected
 /// with the statistics).
 fn tile_stats_case(
