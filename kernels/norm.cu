@@ -491,11 +491,11 @@ extern "C" __global__ void affine_act_v8_shifted(const half* __restrict__ x, hal
 constexpr int NORM_RUN = 4;
 template <typename T, int ACT>
 __device__ __forceinline__ void affine_act_v8_shifted_runs_b(const half* __restrict__ x, half* __restrict__ y, i64 P,
-                                                           int C, const float* __restrict__ ab, int ab_nstride,
-                                                           int act, float alpha, const float* __restrict__ slope,
-                                                           int slope_n, const half* __restrict__ res,
-                                                           const float4* __restrict__ part, int H, int W, int tz,
-                                                           int ty, int tx, int tiles, int xs) {
+                                                             int C, const float* __restrict__ ab, int ab_nstride,
+                                                             int act, float alpha, const float* __restrict__ slope,
+                                                             int slope_n, const half* __restrict__ res,
+                                                             const float4* __restrict__ part, int H, int W, int tz,
+                                                             int ty, int tx, int tiles, int xs) {
     const int n = blockIdx.y;
     const unsigned vpp = (unsigned)C >> 3;
     const unsigned nu = ((unsigned)P / NORM_RUN) * vpp;
@@ -511,7 +511,8 @@ __device__ __forceinline__ void affine_act_v8_shifted_runs_b(const half* __restr
         const float4* sh = pn + (((z / tz) * nty + yh / ty) * ntx + xw / tx) * C + c0;
         uint4 raw[NORM_RUN];
 #pragma unroll
-        for (int i = 0; i < NORM_RUN; i++) raw[i] = __ldg(reinterpret_cast<const uint4*>(xn + (i64)(vox0 + i) * xs + c0));
+        for (int i = 0; i < NORM_RUN; i++)
+            raw[i] = __ldg(reinterpret_cast<const uint4*>(xn + (i64)(vox0 + i) * xs + c0));
         float s[8];
         float2 q[8];
 #pragma unroll
@@ -536,10 +537,10 @@ __device__ __forceinline__ void affine_act_v8_shifted_runs_b(const half* __restr
     }
 }
 extern "C" __global__ void affine_act_v8_shifted_runs(const half* __restrict__ x, half* __restrict__ y, i64 P, int C,
-                                                    const float* __restrict__ ab, int ab_nstride, int act,
-                                                    float alpha, const float* __restrict__ slope, int slope_n,
-                                                    const half* __restrict__ res, const float4* __restrict__ part,
-                                                    int H, int W, int tz, int ty, int tx, int tiles, int xs) {
+                                                      const float* __restrict__ ab, int ab_nstride, int act,
+                                                      float alpha, const float* __restrict__ slope, int slope_n,
+                                                      const half* __restrict__ res, const float4* __restrict__ part,
+                                                      int H, int W, int tz, int ty, int tx, int tiles, int xs) {
     AFFINE_BY_ACT(affine_act_v8_shifted_runs_b, half, x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n, res,
                   part, H, W, tz, ty, tx, tiles, xs)
 }
