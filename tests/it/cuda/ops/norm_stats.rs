@@ -188,15 +188,7 @@ fn shifted_norm_inputs() {
         (64, 16, [34, 33, 129], 4),
     ];
     for (cin, cout, sp, groups) in cases {
-        let x = input2(&mut r, cin, sp);
-        let w = weight3(&mut r, cout, cin);
-        let bias = Tensor::new(
-            vec![cout],
-            (0..cout).map(|c| 4.0 + c as f32 / 4.0).collect(),
-        );
-        let tail = Tail::instance_or_group(&mut r, cout, groups);
-        let want = tail.reference(&conv_ref(&x, &w, Some(&bias), PAD1));
-        let g = tail.after(cin, crate::common::graph::conv(w, Some(bias), 1), cout);
+        let (x, g, want) = shifted_case(&mut r, cin, cout, sp, groups);
         b.with(|o| o.norm_shifted = false);
         let f32_in = run(&mut b, &g, &x, 2);
         b.with(|o| o.norm_f32 = false);
@@ -241,6 +233,27 @@ fn shifted_norm_inputs() {
     }
 }
 
+/// A conv (bias 4 plus a channel ramp: means far from 0 and unlike per channel) -> norm ->
+/// LeakyReLU case of the shifted norm tests: its input, graph and float64 reference.
+fn shifted_case(
+    r: &mut Rng,
+    cin: usize,
+    cout: usize,
+    sp: [usize; 3],
+    groups: usize,
+) -> (T, Graph, T) {
+    let x = input2(r, cin, sp);
+    let w = weight3(r, cout, cin);
+    let bias = Tensor::new(
+        vec![cout],
+        (0..cout).map(|c| 4.0 + c as f32 / 4.0).collect(),
+    );
+    let tail = Tail::instance_or_group(r, cout, groups);
+    let want = tail.reference(&conv_ref(&x, &w, Some(&bias), PAD1));
+    let g = tail.after(cin, crate::common::graph::conv(w, Some(bias), 1), cout);
+    (x, g, want)
+}
+
 /// `norm_runs`: the affine pass over shifted inputs by runs of voxels
 /// (`affine_act_v8_shifted_runs`) gives the same bits as the pass by voxels, on widths that are
 /// multiples of the run with partial tiles in every axis (W 20 and 36 against the z-pair tile's
@@ -258,14 +271,7 @@ fn shifted_norm_runs() {
     ];
     for (cin, cout, sp, groups) in cases {
         let name = format!("{cin}->{cout} {sp:?} groups {groups}");
-        let x = input2(&mut r, cin, sp);
-        let w = weight3(&mut r, cout, cin);
-        let bias = Tensor::new(
-            vec![cout],
-            (0..cout).map(|c| 4.0 + c as f32 / 4.0).collect(),
-        );
-        let tail = Tail::instance_or_group(&mut r, cout, groups);
-        let g = tail.after(cin, crate::common::graph::conv(w, Some(bias), 1), cout);
+        let (x, g, want) = shifted_case(&mut r, cin, cout, sp, groups);
         let mut outs = Vec::new();
         for (runs, kernel) in [
             (false, "affine_act_v8_shifted"),
@@ -280,7 +286,8 @@ fn shifted_norm_runs() {
             );
         }
         let diff = max_abs_diff(&outs[0], &outs[1]);
-        println!("RESULT shifted norm runs {name:<36} max |diff| {diff:.2e}");
+        let e = rel_l2(&outs[1], &want);
+        println!("RESULT shifted norm runs {name:<36} max |diff| {diff:.2e}, rel L2 {e:.2e}");
         assert!(
             same_bits(&outs[0], &outs[1]),
             "{name}: runs differ ({diff:.2e})"
