@@ -9,6 +9,7 @@ mod host_layers;
 mod kernels_compile;
 mod norm_emulation;
 mod norm_f32_plan;
+mod norm_runs_emulation;
 mod ops;
 mod tensor;
 mod walk_emulation;
