@@ -447,7 +447,15 @@ AFFINE_VEC_ENTRY(affine_act_v8_f32, float, affine_act_v8_t)
 // tiles of TZ x TY x TX voxels in `tile_origin`'s order over a D x H x W output), a voxel's
 // values `xs` halves from the next one's (C; 2C where a split conv's last part stored them in
 // its fp32 sums' place). The value is x + shift in fp32, then as affine_act_v8.
-template <typename T, int ACT>
+// A thread's unit is one channel group of RUN voxels along x: `affine_act_v8_shifted` takes
+// RUN 1; `affine_act_v8_shifted_runs` NORM_RUN (`CudaOptions::norm_runs`; W and the tile's x
+// multiples of it, so a run lies in one row of one tile), loading the tile's 8 shifts and the
+// 8 (a, b) pairs and computing the tile (5 divisions) once a run rather than once a voxel (192
+// bytes of L1 loads for 16 bytes of input). The same arithmetic either way (the same bits); a
+// run's loads are issued first. NORM_RUN 4: 87 registers, none spilled (8 took 167). Mirrors
+// `NORM_RUN` in abi.rs.
+constexpr int NORM_RUN = 4;
+template <int ACT, int RUN>
 __device__ __forceinline__ void affine_act_v8_shifted_b(const half* __restrict__ x, half* __restrict__ y, i64 P, int C,
                                                         const float* __restrict__ ab, int ab_nstride, int act,
                                                         float alpha, const float* __restrict__ slope, int slope_n,
@@ -455,50 +463,7 @@ __device__ __forceinline__ void affine_act_v8_shifted_b(const half* __restrict__
                                                         int H, int W, int tz, int ty, int tx, int tiles, int xs) {
     const int n = blockIdx.y;
     const unsigned vpp = (unsigned)C >> 3;
-    const unsigned nv = (unsigned)P * vpp;
-    const unsigned ntx = (W + tx - 1) / tx, nty = (H + ty - 1) / ty;
-    const half* xn = x + (i64)n * P * xs;
-    uint4* yv = reinterpret_cast<uint4*>(y + (i64)n * P * C);
-    const uint4* rv = res ? reinterpret_cast<const uint4*>(res + (i64)n * P * C) : nullptr;
-    const float2* abn = reinterpret_cast<const float2*>(ab) + (i64)n * ab_nstride;
-    const float4* pn = part + (i64)n * tiles * C;
-    for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < nv; e += gridDim.x * blockDim.x) {
-        const unsigned vox = e / vpp, c0 = (e - vox * vpp) * 8;
-        const unsigned xw = vox % (unsigned)W, r = vox / (unsigned)W, yh = r % (unsigned)H, z = r / (unsigned)H;
-        const float4* sh = pn + (((z / tz) * nty + yh / ty) * ntx + xw / tx) * C + c0;
-        float v[8];
-        load8(xn, (i64)vox * xs + c0, v);
-#pragma unroll
-        for (int k = 0; k < 8; k++) v[k] += sh[k].z;
-        affine8<ACT>(v, abn, c0, act, alpha, slope, slope_n, rv, yv, e);
-    }
-}
-extern "C" __global__ void affine_act_v8_shifted(const half* __restrict__ x, half* __restrict__ y, i64 P, int C,
-                                                 const float* __restrict__ ab, int ab_nstride, int act, float alpha,
-                                                 const float* __restrict__ slope, int slope_n,
-                                                 const half* __restrict__ res, const float4* __restrict__ part, int H,
-                                                 int W, int tz, int ty, int tx, int tiles, int xs) {
-    AFFINE_BY_ACT(affine_act_v8_shifted_b, half, x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n, res, part,
-                  H, W, tz, ty, tx, tiles, xs)
-}
-
-// affine_act_v8_shifted over runs of NORM_RUN voxels along x, one channel group a thread (W and
-// the tile's x both multiples of NORM_RUN, so a run lies in one row of one tile): the tile's 8
-// shifts and the 8 (a, b) pairs are loaded once a run rather than once a voxel (192 bytes of L1
-// loads for 16 bytes of input), and a voxel's tile takes 5 divisions once a run. The same
-// arithmetic as affine_act_v8_shifted (the same bits); a run's loads are issued first. Runs of
-// 4 (87 registers, none spilled; runs of 8 took 167). Mirrors `NORM_RUN` in abi.rs.
-constexpr int NORM_RUN = 4;
-template <typename T, int ACT>
-__device__ __forceinline__ void affine_act_v8_shifted_runs_b(const half* __restrict__ x, half* __restrict__ y, i64 P,
-                                                             int C, const float* __restrict__ ab, int ab_nstride,
-                                                             int act, float alpha, const float* __restrict__ slope,
-                                                             int slope_n, const half* __restrict__ res,
-                                                             const float4* __restrict__ part, int H, int W, int tz,
-                                                             int ty, int tx, int tiles, int xs) {
-    const int n = blockIdx.y;
-    const unsigned vpp = (unsigned)C >> 3;
-    const unsigned nu = ((unsigned)P / NORM_RUN) * vpp;
+    const unsigned nu = ((unsigned)P / RUN) * vpp;
     const unsigned ntx = (W + tx - 1) / tx, nty = (H + ty - 1) / ty;
     const half* xn = x + (i64)n * P * xs;
     uint4* yv = reinterpret_cast<uint4*>(y + (i64)n * P * C);
@@ -506,13 +471,12 @@ __device__ __forceinline__ void affine_act_v8_shifted_runs_b(const half* __restr
     const float2* abn = reinterpret_cast<const float2*>(ab) + (i64)n * ab_nstride;
     const float4* pn = part + (i64)n * tiles * C;
     for (unsigned u = blockIdx.x * blockDim.x + threadIdx.x; u < nu; u += gridDim.x * blockDim.x) {
-        const unsigned run = u / vpp, c0 = (u - run * vpp) * 8, vox0 = run * NORM_RUN;
+        const unsigned run = u / vpp, c0 = (u - run * vpp) * 8, vox0 = run * RUN;
         const unsigned xw = vox0 % (unsigned)W, r = vox0 / (unsigned)W, yh = r % (unsigned)H, z = r / (unsigned)H;
         const float4* sh = pn + (((z / tz) * nty + yh / ty) * ntx + xw / tx) * C + c0;
-        uint4 raw[NORM_RUN];
+        uint4 raw[RUN];
 #pragma unroll
-        for (int i = 0; i < NORM_RUN; i++)
-            raw[i] = __ldg(reinterpret_cast<const uint4*>(xn + (i64)(vox0 + i) * xs + c0));
+        for (int i = 0; i < RUN; i++) raw[i] = __ldg(reinterpret_cast<const uint4*>(xn + (i64)(vox0 + i) * xs + c0));
         float s[8];
         float2 q[8];
 #pragma unroll
@@ -521,7 +485,7 @@ __device__ __forceinline__ void affine_act_v8_shifted_runs_b(const half* __restr
             q[k] = abn[c0 + k];
         }
 #pragma unroll
-        for (int i = 0; i < NORM_RUN; i++) {
+        for (int i = 0; i < RUN; i++) {
             const __half2* hv = reinterpret_cast<const __half2*>(&raw[i]);
             float v[8];
 #pragma unroll
@@ -536,13 +500,26 @@ __device__ __forceinline__ void affine_act_v8_shifted_runs_b(const half* __restr
         }
     }
 }
+// Five blocks an SM at 48 registers, as before the runs shared its body (55 unbounded).
+extern "C" __global__ void __launch_bounds__(256, 5) affine_act_v8_shifted(const half* __restrict__ x,
+                                                                           half* __restrict__ y, i64 P, int C,
+                                                                           const float* __restrict__ ab, int ab_nstride,
+                                                                           int act, float alpha,
+                                                                           const float* __restrict__ slope, int slope_n,
+                                                                           const half* __restrict__ res,
+                                                                           const float4* __restrict__ part, int H,
+                                                                           int W, int tz, int ty, int tx, int tiles,
+                                                                           int xs) {
+    BY_ACT(act, return affine_act_v8_shifted_b<ACT_T, 1>(x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n, res,
+                                                         part, H, W, tz, ty, tx, tiles, xs))
+}
 extern "C" __global__ void affine_act_v8_shifted_runs(const half* __restrict__ x, half* __restrict__ y, i64 P, int C,
                                                       const float* __restrict__ ab, int ab_nstride, int act,
                                                       float alpha, const float* __restrict__ slope, int slope_n,
                                                       const half* __restrict__ res, const float4* __restrict__ part,
                                                       int H, int W, int tz, int ty, int tx, int tiles, int xs) {
-    AFFINE_BY_ACT(affine_act_v8_shifted_runs_b, half, x, y, P, C, ab, ab_nstride, act, alpha, slope, slope_n, res,
-                  part, H, W, tz, ty, tx, tiles, xs)
+    BY_ACT(act, return affine_act_v8_shifted_b<ACT_T, NORM_RUN>(x, y, P, C, ab, ab_nstride, act, alpha, slope,
+                                                                slope_n, res, part, H, W, tz, ty, tx, tiles, xs))
 }
 
 // affine_act for C % 8 != 0 with P * C % 8 == 0 (flat vectors, see flat8_period): sample n =

@@ -2,7 +2,7 @@
 //! activation arena, the constants, the norm scratch), built once per (roi, batch), and its
 //! launch for n samples.
 
-use super::ops::norm::{slope_n, Norm};
+use super::ops::norm::{slope_n, Affine, Norm};
 use super::ops::{build_node, conv, Build, NodeIo, Step};
 use crate::backend::cuda::abi::{Act, Shape};
 use crate::backend::cuda::host::buffers::{buffer_plan, BufferPlan};
@@ -579,10 +579,15 @@ pub(crate) fn step_label(step: &Step, op: &Op, act: &Act, x: Shape, o: Shape) ->
             format!("{} {} [{}]", op.name(), ks(&cv.weight, cv.stride), c.func)
         }
         // A norm over a conv's shifted fp16 output: its affine kernel.
-        (Step::Norm(n), _) if n.affine.shifted.is_some() => {
-            let k = n.affine.shifted.map(|sh| sh.kernel().name);
-            format!("{} [{}]", op.name(), k.unwrap_or_default())
-        }
+        (
+            Step::Norm(Norm {
+                affine: Affine {
+                    shifted: Some(sh), ..
+                },
+                ..
+            }),
+            _,
+        ) => format!("{} [{}]", op.name(), sh.kernel().0.name),
         (Step::Elt(Elt::Concat { cin, coff, .. }), _) => {
             format!("{} copy {cin}@{coff}", op.name())
         }

@@ -244,8 +244,8 @@ pub const AFFINE_ACT_V8_F32: Kernel = k(Family::Norm, "affine_act_v8_f32");
 /// The affine pass over a conv's output stored as fp16 less each tile's shift
 /// (`CudaOptions::norm_shifted`).
 pub const AFFINE_ACT_V8_SHIFTED: Kernel = k(Family::Norm, "affine_act_v8_shifted");
-/// `affine_act_v8_shifted` over runs of 8 voxels along x, a run's shifts and pairs loaded once
-/// (`CudaOptions::norm_runs`).
+/// `affine_act_v8_shifted` by runs of voxels along x (`abi::NORM_RUN`), a run's shifts and pairs
+/// loaded once (`CudaOptions::norm_runs`).
 pub const AFFINE_ACT_V8_SHIFTED_RUNS: Kernel = k(Family::Norm, "affine_act_v8_shifted_runs");
 pub const NORM_PARTIAL_FLAT8_F32: Kernel = k(Family::Norm, "norm_partial_flat8_f32");
 pub const AFFINE_ACT_FLAT8_F32: Kernel = k(Family::Norm, "affine_act_flat8_f32");

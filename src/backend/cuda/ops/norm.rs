@@ -53,12 +53,12 @@ pub(crate) struct Shifted {
 }
 
 impl Shifted {
-    /// The affine kernel that reads it.
-    pub fn kernel(&self) -> Kernel {
+    /// The affine kernel that reads it, and the voxels of a thread's unit (one channel group).
+    pub fn kernel(&self) -> (Kernel, usize) {
         if self.runs {
-            AFFINE_ACT_V8_SHIFTED_RUNS
+            (AFFINE_ACT_V8_SHIFTED_RUNS, NORM_RUN)
         } else {
-            AFFINE_ACT_V8_SHIFTED
+            (AFFINE_ACT_V8_SHIFTED, 1)
         }
     }
 }
@@ -300,18 +300,16 @@ impl Affine {
             )));
         }
         if v8 || flat8_period(pix, c).is_some() {
-            let runs = shift.is_some_and(|(_, sh)| sh.runs);
-            // A thread's unit: one vector, or with runs one channel group of a run's voxels.
-            let units = if runs { nv / NORM_RUN } else { nv };
-            let per = (gpu.sm_count as usize * 16).div_ceil(n).max(1);
-            let grid = (units.div_ceil(256).clamp(1, per) as u32, n as u32, 1);
-            let k = match (shift, v8, self.x_f32) {
+            // A thread's unit: one vector, or a channel group of a shifted kernel's run.
+            let (k, run) = match (shift, v8, self.x_f32) {
                 (Some((_, sh)), _, _) => sh.kernel(),
-                (None, true, true) => AFFINE_ACT_V8_F32,
-                (None, true, false) => AFFINE_ACT_V8,
-                (None, false, true) => AFFINE_ACT_FLAT8_F32,
-                (None, false, false) => AFFINE_ACT_FLAT8,
+                (None, true, true) => (AFFINE_ACT_V8_F32, 1),
+                (None, true, false) => (AFFINE_ACT_V8, 1),
+                (None, false, true) => (AFFINE_ACT_FLAT8_F32, 1),
+                (None, false, false) => (AFFINE_ACT_FLAT8, 1),
             };
+            let per = (gpu.sm_count as usize * 16).div_ceil(n).max(1);
+            let grid = ((nv / run).div_ceil(256).clamp(1, per) as u32, n as u32, 1);
             let mut args = vec![
                 Arg::Ptr(self.x),
                 Arg::Ptr(self.y),
