@@ -633,8 +633,8 @@ fn profile_models() {
                 None,
             ),
             (
-                "with the shifted norms by runs of voxels",
-                |o| o.norm_runs = true,
+                "without the shifted norms by runs of voxels",
+                |o| o.norm_runs = false,
                 Some("PROFRN"),
             ),
             (
