@@ -5,7 +5,9 @@
 //! kernels without a twin keep the partial-sum pass.
 
 use super::*;
+use voxtile::internals::cuda::host::buffers::buffer_plan;
 use voxtile::internals::cuda::host::catalogue::CONV_WGK_UP_N128;
+use voxtile::internals::cuda::host::conv_kernel::ArchCaps;
 
 /// conv (bias 4: means far from 0, so the sums' shift matters) -> norm -> LeakyReLU on each
 /// `_st` twin and on halo kernels without one, with outputs that end inside a tile on every axis. Each case runs with the
@@ -254,22 +256,49 @@ fn shifted_case(
     (x, g, want)
 }
 
+/// The cases of [`shifted_norm_runs`] (cin, cout, spatial, groups): widths that are multiples
+/// of the run with partial tiles in every axis (W 20, 36 and 132 against the z-pair tile's 8 and
+/// the Cin-1 tile's 32), a split conv's wide store (Cin 64, wide enough for Cin chunks),
+/// InstanceNorm and GroupNorm.
+const RUNS_CASES: [(usize, usize, [usize; 3], usize); 5] = [
+    (32, 32, [21, 19, 20], 32),
+    (32, 16, [18, 35, 36], 4),
+    (1, 32, [21, 19, 36], 32),
+    (1, 16, [9, 35, 20], 4),
+    (64, 16, [34, 33, 132], 4),
+];
+
+/// Every case of [`shifted_norm_runs`] plans (at batch 2, on an H200's caps) a shifted pair
+/// read in runs where `norm_runs` is on, and by voxels where it is off: the GPU test's cases
+/// test what they mean to (a Cin-64 conv too narrow for Cin chunks runs unsplit, unshifted).
+#[test]
+fn runs_cases_plan_runs() {
+    let mut r = Rng::tagged("shifted runs");
+    for (cin, cout, sp, groups) in RUNS_CASES {
+        let (_, g, _) = shifted_case(&mut r, cin, cout, sp, groups);
+        for runs in [false, true] {
+            let caps = ArchCaps {
+                norm_runs: runs,
+                ..ArchCaps::h200()
+            };
+            let plan = buffer_plan(&g, 2, sp, &caps).expect("plan");
+            let shifted: Vec<_> = plan.launches.iter().filter_map(|l| l.shifted).collect();
+            assert_eq!(shifted.len(), 2, "{cin}->{cout} {sp:?}: {shifted:?}");
+            assert!(
+                shifted.iter().all(|s| s.runs == runs),
+                "{cin}->{cout} {sp:?} runs {runs}: {shifted:?}"
+            );
+        }
+    }
+}
+
 /// `norm_runs`: the affine pass over shifted inputs by runs of voxels
-/// (`affine_act_v8_shifted_runs`) gives the same bits as the pass by voxels, on widths that are
-/// multiples of the run with partial tiles in every axis (W 20 and 36 against the z-pair tile's
-/// 8 and the Cin-1 tile's 32), a split conv's wide store (Cin 64), InstanceNorm and GroupNorm.
+/// (`affine_act_v8_shifted_runs`) gives the same bits as the pass by voxels on [`RUNS_CASES`].
 #[test]
 fn shifted_norm_runs() {
     let Some(mut b) = wgmma_gpu() else { return };
     let mut r = Rng::tagged("shifted runs");
-    let cases = [
-        (32, 32, [21, 19, 20], 32),
-        (32, 16, [18, 35, 36], 4),
-        (1, 32, [21, 19, 36], 32),
-        (1, 16, [9, 35, 20], 4),
-        (64, 16, [34, 33, 24], 4),
-    ];
-    for (cin, cout, sp, groups) in cases {
+    for (cin, cout, sp, groups) in RUNS_CASES {
         let name = format!("{cin}->{cout} {sp:?} groups {groups}");
         let (x, g, want) = shifted_case(&mut r, cin, cout, sp, groups);
         let mut outs = Vec::new();
@@ -557,3 +586,4 @@ fn first_sample_alone(b: &mut CudaBackend, g: &Graph, x: &T, got: &Array5<f32>, 
         "{name}: batch 1 and batch 2 differ"
     );
 }
+
