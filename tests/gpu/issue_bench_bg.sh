@@ -8,7 +8,8 @@
 # `.dev/gb.tar.xz`:
 #   bash tests/gpu/issue_bench_bg.sh start   then   bash tests/gpu/issue_bench_bg.sh wait
 #   (DEADLINE: the bench's seconds, default 1100; WAIT: seconds a call waits, default 570;
-#   ONLY: the workloads, default k1,w3,w2,w1: `ONLY=w1` is W1 against every peer mode, ~500 s)
+#   ONLY: the workloads, default k1,w3,w2,w1: `ONLY=w1` is W1 against every peer mode, ~500 s;
+#   a `wait` carrying `.dev/one_fixtures.tar.xz` runs the sliding-window fixtures after the bench)
 set -u
 . "$(dirname "$0")/call_env.sh"
 B=/tmp/issue_bench
@@ -37,6 +38,14 @@ if [ -e "$B/done" ]; then
   mkdir -p "$OUT/bench"
   cp -r "$B"/bench/. "$OUT/bench/" 2>/dev/null
   cat "$B/bench/bench.md"
+  # Carried `.dev/one_fixtures.tar.xz` (one_run_pack.sh): the MONAI sliding-window fixtures'
+  # test once the GPU is free, the suite's part a call without them leaves out.
+  if [ -f .dev/one_fixtures.tar.xz ]; then
+    mkdir -p /tmp/fx/fixtures && tar -xJf .dev/one_fixtures.tar.xz -C /tmp/fx/fixtures
+    VOXTILE_SHARED_DIR=/tmp/fx VOXTILE_REQUIRE_FIXTURES=1 timeout 300 "$G/it" --test-threads=1 \
+      --nocapture cuda::fixtures::sliding_window > "$OUT/bench/fixtures.log" 2>&1
+    el "sliding-window fixtures rc $?: $(grep -E "^test result" "$OUT/bench/fixtures.log" | tail -1)"
+  fi
 else
   el "bench still running: call 'wait' again at once"
 fi
