@@ -144,7 +144,8 @@ pub struct CudaOptions {
     /// The affine pass over a shifted norm input whose W and tile x fit (`ShiftedOut::runs_fit`)
     /// goes by runs of 4 voxels along x (`affine_act_v8_shifted_runs`), a run's 8 shifts and 8
     /// pairs loaded once rather than once a voxel (192 bytes of L1 loads for 16 of input): the
-    /// same bits. Session 44 measures it on W1 (`PROFRN` in the profile) before the issue bench.
+    /// same bits. W1's forward 1.008x on an H100 (session 44: its 128³ passes -5%, near the copy
+    /// ceiling either way; its 64³ ones -34%).
     pub norm_runs: bool,
     /// Replay each batch's launch list as a CUDA graph (`launch_list::Graphs`) rather than
     /// launching its steps one by one (the same kernels on the same buffers either way).
