@@ -586,4 +586,3 @@ fn first_sample_alone(b: &mut CudaBackend, g: &Graph, x: &T, got: &Array5<f32>, 
         "{name}: batch 1 and batch 2 differ"
     );
 }
-
