@@ -2,9 +2,10 @@
 # One device call that checks a change and, where it holds, starts issue 31's bench on the same
 # machine (a fresh start costs minutes of the session's device time): `profile_call.sh` with the
 # caller's settings, then `issue_bench_bg.sh start` (waiting the rest of the call) only where
-# every TESTS entry passed and the profile's GATE variant ran GATE_MIN (1.0) times slower than
-# the default or more, i.e. the default (the change) is the faster (no GATE: the tests alone). Then `issue_bench_bg.sh
-# wait` at once. Carrying `.dev/gb.tar.xz`, e.g.
+# every TESTS entry passed and, with GATE, the profile's GATE variant ran GATE_MIN (1.0) times
+# slower than the default or more (the default, i.e. the change, is the faster); without GATE
+# (NETS=-) the tests alone decide. Then `issue_bench_bg.sh wait` at once. Carrying
+# `.dev/gb.tar.xz`, e.g.
 #   NETS=w1 BATCHES=4 PROFILE_BATCHES=4 VOXTILE_PROFILE_ONLY=runs GATE="by runs of voxels" \
 #   TESTS="it:cuda::ops::norm_stats::shifted_norm" bash tests/gpu/profile_then_bench.sh
 #   (CALL_S: the call's seconds, default 575)
